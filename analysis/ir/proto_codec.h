@@ -1,0 +1,36 @@
+// GraphDef (wire format, proto/fxdp/v1/graph.proto) <-> Graph.
+//
+// Decoding rejects unknown fields, unknown enum values, missing required
+// sub-messages and future format versions, then runs the verifier. For every
+// graph it accepts, EncodeGraph(DecodeGraph(def)) serializes to the same
+// bytes as `def` (the encoding is canonical: no maps, fields in order).
+#ifndef FXDP_ANALYSIS_IR_PROTO_CODEC_H_
+#define FXDP_ANALYSIS_IR_PROTO_CODEC_H_
+
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/statusor.h"
+#include "analysis/ir/graph.h"
+#include "proto/fxdp/v1/graph.pb.h"
+
+namespace fxdp::ir {
+
+// Serialized graphs larger than this are refused before parsing.
+inline constexpr int64_t kMaxGraphBytes = int64_t{1} << 30;
+
+absl::StatusOr<Graph> DecodeGraph(const v1::GraphDef& def);
+// Parses serialized GraphDef bytes (bounded by kMaxGraphBytes), then decodes.
+absl::StatusOr<Graph> DecodeGraphBytes(absl::string_view bytes);
+
+v1::GraphDef EncodeGraph(const Graph& g);
+std::string EncodeGraphBytes(const Graph& g);
+
+// Reads/writes a binary GraphDef file.
+absl::StatusOr<Graph> ReadGraphFile(const std::string& path);
+absl::Status WriteGraphFile(const Graph& g, const std::string& path);
+absl::StatusOr<std::string> ReadFileBytes(const std::string& path);
+
+}  // namespace fxdp::ir
+
+#endif  // FXDP_ANALYSIS_IR_PROTO_CODEC_H_

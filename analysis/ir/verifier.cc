@@ -1,0 +1,261 @@
+#include "analysis/ir/verifier.h"
+
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "analysis/ir/status_macros.h"
+
+namespace fxdp::ir {
+namespace {
+
+std::string Where(const std::vector<Node>& nodes, int i) {
+  return absl::StrCat("node '", nodes[i].name, "' (#", i, ")");
+}
+
+absl::Status NodeError(const std::vector<Node>& nodes, int i, absl::string_view msg) {
+  return absl::InvalidArgumentError(absl::StrCat(Where(nodes, i), ": ", msg));
+}
+
+// Checks every reference inside `arg` (argument `label` of node i).
+absl::Status VerifyArgument(const std::vector<Node>& nodes, int i, const Argument& arg,
+                            const std::string& label, int depth) {
+  if (depth > kMaxListDepth)
+    return NodeError(nodes, i, absl::StrCat(label, ": lists nested deeper than ", kMaxListDepth));
+  if (const auto* r = arg.get_if<ValueRef>()) {
+    const int src = r->node.value;
+    if (src < 0 || src >= static_cast<int>(nodes.size()))
+      return NodeError(nodes, i,
+                       absl::StrCat(label, " references node #", src, ", which does not exist (",
+                                    nodes.size(), " nodes)"));
+    if (src >= i)
+      return NodeError(nodes, i,
+                       absl::StrCat(label, " references node '", nodes[src].name, "' (#", src,
+                                    "), which is not defined before it (nodes must be in "
+                                    "topological order; a cycle or forward reference)"));
+    if (r->output < 0 || r->output >= static_cast<int>(nodes[src].outputs.size()))
+      return NodeError(nodes, i,
+                       absl::StrCat(label, " references output ", r->output, " of node '",
+                                    nodes[src].name, "', which has ", nodes[src].outputs.size(),
+                                    " output(s)"));
+  } else if (const auto* l = arg.get_if<Argument::List>()) {
+    for (size_t k = 0; k < l->size(); ++k)
+      FXDP_RETURN_IF_ERROR(
+          VerifyArgument(nodes, i, (*l)[k], absl::StrCat(label, "[", k, "]"), depth + 1));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status VerifyOutputs(const std::vector<Node>& nodes, int i) {
+  const Node& n = nodes[i];
+  for (size_t k = 0; k < n.outputs.size(); ++k) {
+    const ValueType& v = n.outputs[k];
+    if (!v.is_tensor()) continue;
+    absl::Status s = ValidateTensorType(v.tensor);
+    if (!s.ok()) return NodeError(nodes, i, absl::StrCat("output ", k, ": ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status VerifyNode(const std::vector<Node>& nodes, int i) {
+  const Node& n = nodes[i];
+  if (n.name.empty()) return absl::InvalidArgumentError(absl::StrCat("node #", i, " has no name"));
+  if (n.args.size() + n.kwargs.size() > static_cast<size_t>(kMaxArgsPerNode))
+    return NodeError(nodes, i, absl::StrCat("has ", n.args.size() + n.kwargs.size(),
+                                            " arguments, more than the limit ", kMaxArgsPerNode));
+  if (n.target.name.empty()) return NodeError(nodes, i, "target name is empty");
+  if (n.kind != NodeKind::kPlaceholder && !n.placeholder.state_name.empty())
+    return NodeError(nodes, i, absl::StrCat("is a ", NodeKindName(n.kind),
+                                            " but carries a placeholder spec"));
+  if (n.kind != NodeKind::kOutput && !n.output_specs.empty())
+    return NodeError(nodes, i, absl::StrCat("is a ", NodeKindName(n.kind),
+                                            " but carries output roles"));
+  for (size_t k = 0; k < n.args.size(); ++k)
+    FXDP_RETURN_IF_ERROR(VerifyArgument(nodes, i, n.args[k], absl::StrCat("argument ", k), 0));
+  for (const KeywordArgument& kw : n.kwargs) {
+    if (kw.name.empty()) return NodeError(nodes, i, "keyword argument with an empty name");
+    FXDP_RETURN_IF_ERROR(
+        VerifyArgument(nodes, i, kw.value, absl::StrCat("keyword argument '", kw.name, "'"), 0));
+  }
+  FXDP_RETURN_IF_ERROR(VerifyOutputs(nodes, i));
+
+  switch (n.kind) {
+    case NodeKind::kPlaceholder: {
+      if (!n.args.empty() || !n.kwargs.empty())
+        return NodeError(nodes, i, "a placeholder takes no arguments");
+      if (n.outputs.size() != 1 || !n.outputs[0].is_tensor())
+        return NodeError(nodes, i,
+                         absl::StrCat("a placeholder must produce exactly one tensor, got ",
+                                      n.outputs.size(), " output(s)",
+                                      n.outputs.size() == 1 ? " of kind " : "",
+                                      n.outputs.size() == 1 ? n.outputs[0].ToString() : ""));
+      const PlaceholderSpec& p = n.placeholder;
+      if (p.state_name.empty())
+        return NodeError(nodes, i, absl::StrCat("placeholder with role ",
+                                                PlaceholderRoleName(p.role), " has no state name"));
+      const int64_t rank = n.outputs[0].tensor.rank();
+      if (p.role == PlaceholderRole::kInput) {
+        if (p.batch_dim < -1 || p.batch_dim >= rank)
+          return NodeError(nodes, i,
+                           absl::StrCat("batch_dim ", p.batch_dim, " is out of range for a rank-",
+                                        rank, " input (expected -1 or 0..", rank - 1, ")"));
+      } else if (p.batch_dim != 0) {
+        return NodeError(nodes, i,
+                         absl::StrCat("batch_dim ", p.batch_dim, " set on a ",
+                                      PlaceholderRoleName(p.role),
+                                      " placeholder; only INPUT placeholders have a batch dim"));
+      }
+      break;
+    }
+    case NodeKind::kGetAttr:
+      if (!n.args.empty() || !n.kwargs.empty())
+        return NodeError(nodes, i, "get_attr takes no arguments");
+      if (n.outputs.size() != 1 || !n.outputs[0].is_tensor())
+        return NodeError(nodes, i, "get_attr must produce exactly one tensor");
+      break;
+    case NodeKind::kCallFunction:
+      if (n.outputs.empty())
+        return NodeError(nodes, i, absl::StrCat("call to ", n.target.ToString(),
+                                                " has no output metadata"));
+      if (n.is_getitem()) {
+        const ValueRef* src = n.args.size() == 2 ? n.args[0].get_if<ValueRef>() : nullptr;
+        const int64_t* idx = n.args.size() == 2 ? n.args[1].get_if<int64_t>() : nullptr;
+        if (src == nullptr || idx == nullptr || !n.kwargs.empty())
+          return NodeError(nodes, i, "operator.getitem expects (ref, int) arguments");
+        if (*idx != src->output)
+          return NodeError(nodes, i,
+                           absl::StrCat("operator.getitem index ", *idx,
+                                        " does not match the referenced output ", src->output));
+        if (n.outputs.size() != 1 || !(n.outputs[0] == nodes[src->node.value].outputs[src->output]))
+          return NodeError(nodes, i,
+                           absl::StrCat("operator.getitem output type ",
+                                        n.outputs.empty() ? "<none>" : n.outputs[0].ToString(),
+                                        " differs from the element it extracts (",
+                                        nodes[src->node.value].outputs[src->output].ToString(),
+                                        ")"));
+      } else if (n.target.name.find("::") == std::string::npos) {
+        return NodeError(nodes, i, absl::StrCat("target '", n.target.name,
+                                                "' is not a schema name (expected "
+                                                "'namespace::op', e.g. 'aten::addmm')"));
+      }
+      break;
+    case NodeKind::kOutput:
+      if (i != static_cast<int>(nodes.size()) - 1)
+        return NodeError(nodes, i, "the output node must be the last node");
+      if (!n.outputs.empty()) return NodeError(nodes, i, "the output node produces no values");
+      break;
+  }
+  if (!n.grad_of.empty() && !(n.kind == NodeKind::kCallFunction && !n.outputs.empty() &&
+                              n.outputs[0].is_tensor()))
+    return NodeError(nodes, i, "grad_of is set but the node does not produce a tensor");
+  return absl::OkStatus();
+}
+
+// Graph-level role checks: state names, output specs, gradient marks.
+absl::Status VerifyRoles(const std::vector<Node>& nodes) {
+  absl::flat_hash_map<std::string, int> state;  // state_name -> node index
+  for (int i = 0; i < static_cast<int>(nodes.size()); ++i) {
+    if (!nodes[i].is_placeholder()) continue;
+    auto [it, inserted] = state.emplace(nodes[i].placeholder.state_name, i);
+    if (!inserted)
+      return NodeError(nodes, i,
+                       absl::StrCat("state name '", nodes[i].placeholder.state_name,
+                                    "' is already used by ", Where(nodes, it->second)));
+  }
+
+  const int out = static_cast<int>(nodes.size()) - 1;
+  const Node& o = nodes[out];
+  const Argument::List* returned =
+      o.args.size() == 1 ? o.args[0].get_if<Argument::List>() : nullptr;
+  if (returned == nullptr || !o.kwargs.empty())
+    return NodeError(nodes, out, "the output node must take exactly one list argument");
+  if (o.output_specs.size() != returned->size())
+    return NodeError(nodes, out,
+                     absl::StrCat("has ", o.output_specs.size(), " output roles for ",
+                                  returned->size(), " returned values"));
+  absl::flat_hash_set<std::string> updated;
+  int losses = 0;
+  for (size_t k = 0; k < returned->size(); ++k) {
+    const OutputSpec& spec = o.output_specs[k];
+    const ValueRef* r = (*returned)[k].get_if<ValueRef>();
+    const std::string label = absl::StrCat("returned value ", k, " (", OutputRoleName(spec.role),
+                                           spec.state_name.empty() ? "" : " '", spec.state_name,
+                                           spec.state_name.empty() ? "" : "'", ")");
+    if (spec.role == OutputRole::kOther) continue;
+    if (r == nullptr || !nodes[r->node.value].outputs[r->output].is_tensor())
+      return NodeError(nodes, out, absl::StrCat(label, ": expected a tensor"));
+    const TensorType& t = nodes[r->node.value].outputs[r->output].tensor;
+    if (spec.role == OutputRole::kLoss) {
+      if (!spec.state_name.empty())
+        return NodeError(nodes, out, absl::StrCat(label, ": a LOSS output has no state name"));
+      if (++losses > 1) return NodeError(nodes, out, absl::StrCat(label, ": a second LOSS output"));
+      if (t.numel() != 1)
+        return NodeError(nodes, out, absl::StrCat(label, ": the loss must have one element, got ",
+                                                  t.ToString()));
+      continue;
+    }
+    auto it = state.find(spec.state_name);
+    if (it == state.end())
+      return NodeError(nodes, out, absl::StrCat(label, ": no placeholder has that state name"));
+    const Node& p = nodes[it->second];
+    if (UpdatedRole(spec.role) != p.placeholder.role)
+      return NodeError(nodes, out,
+                       absl::StrCat(label, ": expected a placeholder of role ",
+                                    PlaceholderRoleName(*UpdatedRole(spec.role)), ", but '",
+                                    p.name, "' is ", PlaceholderRoleName(p.placeholder.role)));
+    const TensorType& pt = p.outputs[0].tensor;
+    if (t.shape != pt.shape || t.dtype != pt.dtype)
+      return NodeError(nodes, out,
+                       absl::StrCat(label, ": type ", t.ToString(), " differs from the state it ",
+                                    "replaces (", pt.ToString(), ")"));
+    if (!updated.insert(spec.state_name).second)
+      return NodeError(nodes, out, absl::StrCat(label, ": that state is updated twice"));
+  }
+
+  absl::flat_hash_map<std::string, int> grads;
+  for (int i = 0; i < static_cast<int>(nodes.size()); ++i) {
+    const std::string& g = nodes[i].grad_of;
+    if (g.empty()) continue;
+    auto it = state.find(g);
+    if (it == state.end() || nodes[it->second].placeholder.role != PlaceholderRole::kParameter)
+      return NodeError(nodes, i, absl::StrCat("grad_of names '", g, "', which is not a parameter"));
+    auto [prev, inserted] = grads.emplace(g, i);
+    if (!inserted)
+      return NodeError(nodes, i, absl::StrCat("a second gradient for parameter '", g,
+                                              "' (the first is ", Where(nodes, prev->second),
+                                              ")"));
+    const TensorType& pt = nodes[it->second].outputs[0].tensor;
+    const TensorType& gt = nodes[i].outputs[0].tensor;
+    if (gt.shape != pt.shape)
+      return NodeError(nodes, i,
+                       absl::StrCat("gradient of '", g, "' has type ", gt.ToString(),
+                                    ", expected the parameter's shape (", pt.ToString(), ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status VerifyGraph(const GraphHeader& header, const std::vector<Node>& nodes) {
+  if (header.format_version != kFormatVersion)
+    return absl::InvalidArgumentError(
+        absl::StrCat("unsupported format_version ", header.format_version, " (this build reads ",
+                     kFormatVersion, ")"));
+  if (static_cast<int64_t>(nodes.size()) > kMaxNodes)
+    return absl::InvalidArgumentError(
+        absl::StrCat("graph has ", nodes.size(), " nodes, more than the limit ", kMaxNodes));
+  if (nodes.empty() || !nodes.back().is_output())
+    return absl::InvalidArgumentError("graph has no output node (the last node must be OUTPUT)");
+  absl::flat_hash_map<absl::string_view, int> names;
+  for (int i = 0; i < static_cast<int>(nodes.size()); ++i) {
+    FXDP_RETURN_IF_ERROR(VerifyNode(nodes, i));
+    auto [it, inserted] = names.emplace(nodes[i].name, i);
+    if (!inserted)
+      return NodeError(nodes, i, absl::StrCat("duplicate node name (also node #", it->second, ")"));
+  }
+  return VerifyRoles(nodes);
+}
+
+}  // namespace fxdp::ir

@@ -1,0 +1,25 @@
+// Subcommands of the `fxdp` CLI. Each takes the arguments after its name and
+// returns the process exit code (see kExit* below).
+#ifndef FXDP_CLIENT_CLI_COMMANDS_H_
+#define FXDP_CLIENT_CLI_COMMANDS_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace fxdp::cli {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitInvalidInput = 1;  // the graph or file is bad
+inline constexpr int kExitUsage = 2;         // wrong command line
+inline constexpr int kExitIo = 3;            // cannot read or write a file
+
+// Prints `status` to stderr as "fxdp <cmd>: <message>" and maps it to an exit code.
+int ReportError(const std::string& cmd, const absl::Status& status);
+
+int GraphCommand(const std::vector<std::string>& args);
+
+}  // namespace fxdp::cli
+
+#endif  // FXDP_CLIENT_CLI_COMMANDS_H_

@@ -1,0 +1,35 @@
+// fxdp: the command-line client. `fxdp --help` lists the commands.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "client/cli/commands.h"
+
+namespace {
+
+constexpr char kUsage[] =
+    "usage: fxdp <command> [args]\n"
+    "\n"
+    "commands:\n"
+    "  graph     inspect and validate saved graphs (print, check, roundtrip, parse)\n"
+    "\n"
+    "Run 'fxdp <command> --help' for the arguments of a command.\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty()) {
+    std::fputs(kUsage, stderr);
+    return fxdp::cli::kExitUsage;
+  }
+  const std::string cmd = args[0];
+  args.erase(args.begin());
+  if (cmd == "--help" || cmd == "-h" || cmd == "help") {
+    std::fputs(kUsage, stdout);
+    return fxdp::cli::kExitOk;
+  }
+  if (cmd == "graph") return fxdp::cli::GraphCommand(args);
+  std::fprintf(stderr, "fxdp: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);
+  return fxdp::cli::kExitUsage;
+}

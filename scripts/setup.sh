@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Installs what fxdp needs on Debian 12, idempotently:
+#   1. Debian packages (only the missing ones; apt-get update only when needed)
+#   2. a project-local .venv with torch==2.13.0 (CPU), grpcio, protobuf, numpy, pytest
+#   3. the Python package client/python (editable) and its generated protobuf code
+# Re-running it does nothing when everything is present.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+APT_PACKAGES=(
+  g++ cmake ninja-build pkg-config make ccache python3-venv
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
+  libabsl-dev libgtest-dev libgmock-dev googletest nlohmann-json3-dev libbenchmark-dev
+)
+PY_PACKAGES=(torch==2.13.0 "grpcio>=1.60" "grpcio-tools>=1.60" "protobuf>=5" numpy pytest safetensors)
+
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# Python: prefer the interpreter on PATH (3.11), fall back to Debian's.
+PY=${PYTHON:-python3}
+STAMP=.venv/.fxdp-setup-stamp
+want="$(printf '%s\n' "${PY_PACKAGES[@]}")"
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv"
+  "$PY" -m venv .venv
+fi
+if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$want" ]; then
+  echo "setup: installing Python packages into .venv"
+  .venv/bin/pip install -q "${PY_PACKAGES[@]}"
+  .venv/bin/pip install -q --no-deps --no-build-isolation -e client/python
+  printf '%s' "$want" > "$STAMP"
+fi
+
+# Generated Python protobuf/gRPC code, regenerated only when a .proto changed.
+GEN_STAMP=client/python/fxdp/v1/.stamp
+protos=(proto/fxdp/v1/*.proto)
+if [ ! -f "$GEN_STAMP" ] || [ -n "$(find proto -name '*.proto' -newer "$GEN_STAMP")" ]; then
+  echo "setup: generating Python protobuf code"
+  rm -f client/python/fxdp/v1/*_pb2*.py
+  .venv/bin/python -m grpc_tools.protoc -Iproto --python_out=client/python --grpc_python_out=client/python "${protos[@]}"
+  touch "$GEN_STAMP"
+fi
