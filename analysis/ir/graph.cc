@@ -1,6 +1,7 @@
 #include "analysis/ir/graph.h"
 
 #include <array>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "analysis/ir/status_macros.h"
@@ -44,6 +45,26 @@ std::optional<PlaceholderRole> UpdatedRole(OutputRole r) {
     case OutputRole::kUpdatedOptimizerState: return PlaceholderRole::kOptimizerState;
     default: return std::nullopt;
   }
+}
+
+namespace {
+bool SameBits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+}  // namespace
+
+bool Scalar::operator==(const Scalar& o) const {
+  if (value.index() != o.value.index()) return false;
+  if (auto* d = std::get_if<double>(&value)) return SameBits(*d, std::get<double>(o.value));
+  if (auto* c = std::get_if<std::complex<double>>(&value)) {
+    const auto& oc = std::get<std::complex<double>>(o.value);
+    return SameBits(c->real(), oc.real()) && SameBits(c->imag(), oc.imag());
+  }
+  return value == o.value;
+}
+
+bool Argument::operator==(const Argument& o) const {
+  if (value_.index() != o.value_.index()) return false;
+  if (auto* d = get_if<double>()) return SameBits(*d, o.as<double>());
+  return value_ == o.value_;
 }
 
 std::string Target::ToString() const {

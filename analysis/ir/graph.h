@@ -53,7 +53,7 @@ struct NoneArg {
 // A value for a `Scalar` schema argument.
 struct Scalar {
   std::variant<int64_t, double, bool, std::complex<double>> value;
-  bool operator==(const Scalar& o) const { return value == o.value; }
+  bool operator==(const Scalar& o) const;  // by bit pattern for floats
 };
 
 // A node argument: a typed union, lists nest.
@@ -89,7 +89,8 @@ class Argument {
   bool is_list() const { return is<List>(); }
   bool is_none() const { return is<NoneArg>(); }
 
-  bool operator==(const Argument& o) const { return value_ == o.value_; }
+  // Structural equality; floats compare by bit pattern, so NaN == NaN.
+  bool operator==(const Argument& o) const;
   bool operator!=(const Argument& o) const { return !(*this == o); }
 
   // Calls f(ref) for every ValueRef inside this argument, lists included.

@@ -343,6 +343,7 @@ class Parser {
 
   absl::StatusOr<ValueType> ParseType() {
     if (tok_.kind != Tok::kIdent) return Error(absl::StrCat("expected a type, got ", Describe()));
+    const Token type_tok = tok_;
     const std::string name = tok_.text;
     FXDP_RETURN_IF_ERROR(Advance());
     if (name == "none") return ValueType::Of(ValueKind::kNone);
@@ -350,7 +351,7 @@ class Parser {
     if (name == "float") return ValueType::Of(ValueKind::kFloat);
     if (name == "bool") return ValueType::Of(ValueKind::kBool);
     auto dtype = DTypeFromShortName(name);
-    if (!dtype.ok()) return Error(dtype.status().message());
+    if (!dtype.ok()) return Lexer::Error(type_tok, dtype.status().message());
     TensorType t;
     t.dtype = *dtype;
     FXDP_ASSIGN_OR_RETURN(t.shape, ParseIntList("[", "]"));

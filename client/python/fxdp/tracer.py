@@ -478,8 +478,7 @@ def trace(
             if loss_fn is None:
                 loss = out
             else:
-                with mstack_loss():
-                    loss = loss_fn(out, *x_in[num_model_inputs:])
+                loss = loss_fn(out, *x_in[num_model_inputs:])
         if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
             raise TraceError(
                 f"the loss must be a scalar tensor, got {type(loss).__name__}"
@@ -528,10 +527,6 @@ def trace(
                 leaf.grad = None
         outs = [leaf.detach() for leaf in leaves.values()] + list(bufs.values()) + final_state
         return outs + [loss.detach()] + snaps
-
-    @contextlib.contextmanager
-    def mstack_loss():
-        yield
 
     flat_real = (
         [params[n].detach() for n in pnames]
@@ -588,6 +583,7 @@ def trace(
     n_state_out = n_p + n_b + n_s
     snaps = ret[n_state_out + 1 :]
     marked = set()
+    extra = []
     for pn, s in zip(trainable, snaps):
         if s is None:
             continue
@@ -596,9 +592,16 @@ def trace(
             s.replace_all_uses_with(src)
             graph.erase_node(s)
             s = src
+        else:
+            # the gradient is a value that cannot carry the mark itself (an input, or a node shared
+            # with another parameter's gradient): it keeps its own clone, alive as an OTHER output
+            if s.op == "placeholder" or s in marked:
+                with graph.inserting_before(out_node):
+                    s = graph.call_function(aten.clone.default, (s,))
+                s.meta["val"] = s.args[0].meta["val"]
+            extra.append(s)
         s.meta["fxdp_grad_of"] = pn
         marked.add(s)
-    # snapshots stay as clones only where needed; they leave the output list
     kept = ret[: n_state_out + 1]
     out_roles = (
         [(pb.UPDATED_PARAMETER, n) for n in pnames]
@@ -612,9 +615,6 @@ def trace(
             continue  # unchanged state
         final_ret.append(v)
         final_roles.append(r)
-    # graph nodes for grad snapshots that were kept (a grad that is itself a placeholder) must
-    # not be dropped by dead-code elimination: give them a use through OTHER outputs.
-    extra = [n for n in marked if n.op == "call_function" and n.target is aten.clone.default and not n.users]
     for n in extra:
         final_ret.append(n)
         final_roles.append((pb.OTHER, ""))
@@ -631,14 +631,10 @@ def trace(
         if not isinstance(val, torch.Tensor):
             raise TraceError(f"node '{n.name}': non-tensor attribute {n.target}")
         sname = f"const.{n.target}"
-        if first_input is not None:
-            with graph.inserting_before(first_input):
-                ph = graph.placeholder(n.name)
-        else:
-            with graph.inserting_before(placeholders[0]):
-                pass
-            with graph.inserting_after(placeholders[-1] if placeholders else None):
-                ph = graph.placeholder(n.name)
+        anchor = graph.inserting_before(first_input) if first_input is not None else \
+            graph.inserting_after([p for p in graph.nodes if p.op == "placeholder"][-1])
+        with anchor:
+            ph = graph.placeholder(n.name)
         ph.meta["val"] = val
         ph.meta["fxdp_placeholder"] = (pb.CONSTANT, sname, 0)
         n.replace_all_uses_with(ph)

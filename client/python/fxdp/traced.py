@@ -1,0 +1,153 @@
+"""TracedStep: a traced training step (GraphDef) plus its state, runnable locally with torch.fx."""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import torch
+
+from . import convert
+from .errors import GraphFormatError
+from .v1 import graph_pb2 as pb
+
+StateDict = "OrderedDict[str, torch.Tensor]"
+
+
+class TracedStep:
+    """One training step as an fxdp graph.
+
+    Attributes:
+        graph: the ``fxdp.v1.GraphDef`` protobuf.
+    """
+
+    def __init__(self, graph: "pb.GraphDef", state: Optional[Mapping[str, torch.Tensor]] = None):
+        self.graph = graph
+        self._state = OrderedDict(state) if state is not None else None
+        self._gm = None
+
+    # ----------------------------------------------------------------- description
+    @property
+    def placeholders(self) -> List["pb.Node"]:
+        return [n for n in self.graph.nodes if n.kind == pb.PLACEHOLDER]
+
+    @property
+    def output_node(self) -> "pb.Node":
+        return next(n for n in self.graph.nodes if n.kind == pb.OUTPUT)
+
+    def state_names(self) -> List[str]:
+        """Names of the non-input placeholders (parameters, buffers, optimizer state, constants), in order."""
+        return [n.placeholder.state_name for n in self.placeholders if n.placeholder.role != pb.INPUT]
+
+    def input_names(self) -> List[str]:
+        return [n.placeholder.state_name for n in self.placeholders if n.placeholder.role == pb.INPUT]
+
+    def metadata(self) -> Dict[str, str]:
+        return {kv.key: kv.value for kv in self.graph.metadata}
+
+    # ----------------------------------------------------------------- persistence
+    def serialize(self) -> bytes:
+        return self.graph.SerializeToString(deterministic=True)
+
+    def save(self, path: Union[str, os.PathLike]) -> None:
+        """Write the binary-serialized GraphDef to ``path``."""
+        with open(path, "wb") as f:
+            f.write(self.serialize())
+
+    def initial_state(self) -> "OrderedDict[str, torch.Tensor]":
+        """Parameters, buffers, optimizer state and lifted constants, by stable name (copies)."""
+        if self._state is None:
+            raise GraphFormatError(
+                "this TracedStep has no state: it was loaded from a graph alone; pass state= to fxdp.load"
+            )
+        return OrderedDict((k, v.detach().clone()) for k, v in self._state.items())
+
+    def to_safetensors(self, path: Union[str, os.PathLike], state: Optional[Mapping[str, torch.Tensor]] = None) -> None:
+        """Write ``state`` (default: the initial state) as a safetensors file, same names."""
+        from safetensors.torch import save_file
+
+        st = self.initial_state() if state is None else state
+        save_file({k: v.detach().contiguous().cpu() for k, v in st.items()}, str(path))
+
+    # ----------------------------------------------------------------- execution
+    def graph_module(self) -> torch.fx.GraphModule:
+        """The GraphDef converted to a runnable torch.fx.GraphModule (cached)."""
+        if self._gm is None:
+            self._gm = convert.graphdef_to_fx(self.graph)
+        return self._gm
+
+    def run_local(
+        self,
+        state: Mapping[str, torch.Tensor],
+        batch: Union[Sequence[torch.Tensor], Mapping[str, torch.Tensor], torch.Tensor],
+    ) -> Tuple["OrderedDict[str, torch.Tensor]", torch.Tensor]:
+        """Execute the graph with PyTorch: returns ``(new_state, loss)``.
+
+        ``state`` maps every state name (see :meth:`state_names`) to a tensor; ``batch`` is a
+        sequence of inputs in trace order or a mapping by input name. ``new_state`` holds every
+        entry of ``state``, replaced where the step updates it. Inputs are not modified.
+        """
+        if isinstance(batch, torch.Tensor):
+            batch = (batch,)
+        in_names = self.input_names()
+        if isinstance(batch, Mapping):
+            missing = [n for n in in_names if n not in batch]
+            if missing:
+                raise KeyError(f"batch lacks inputs {missing}")
+            batch_by_name = dict(batch)
+        else:
+            batch = list(batch)
+            if len(batch) != len(in_names):
+                raise ValueError(f"batch has {len(batch)} tensors, the graph takes {len(in_names)} inputs {in_names}")
+            batch_by_name = dict(zip(in_names, batch))
+        args = []
+        for ph in self.placeholders:
+            spec = ph.placeholder
+            if spec.role == pb.INPUT:
+                args.append(batch_by_name[spec.state_name])
+            else:
+                if spec.state_name not in state:
+                    raise KeyError(f"state lacks '{spec.state_name}'")
+                args.append(state[spec.state_name])
+        with torch.no_grad():
+            outs = self.graph_module()(*args)
+        new_state = OrderedDict(state.items())
+        loss = None
+        for spec, v in zip(self.output_node.output_specs, outs):
+            if spec.role in (pb.UPDATED_PARAMETER, pb.UPDATED_BUFFER, pb.UPDATED_OPTIMIZER_STATE):
+                new_state[spec.state_name] = v
+            elif spec.role == pb.LOSS:
+                loss = v
+        return new_state, loss
+
+    def __repr__(self) -> str:
+        return (
+            f"TracedStep({len(self.graph.nodes)} nodes, {len(self.state_names())} state tensors, "
+            f"inputs={self.input_names()})"
+        )
+
+
+def load(path: Union[str, os.PathLike], state: Union[None, str, os.PathLike, Mapping[str, torch.Tensor]] = None) -> TracedStep:
+    """Read a GraphDef written by :meth:`TracedStep.save`.
+
+    ``state`` may be a mapping or a safetensors path; without it, a sibling ``<stem>.safetensors``
+    is used when present, so ``initial_state()`` works for exported zoo graphs.
+    """
+    with open(path, "rb") as f:
+        data = f.read()
+    g = pb.GraphDef()
+    g.ParseFromString(data)
+    if g.format_version != pb.FORMAT_VERSION_1:
+        raise GraphFormatError(f"{path}: unsupported format_version {g.format_version}")
+    if state is None:
+        sibling = os.path.splitext(str(path))[0] + ".safetensors"
+        if os.path.exists(sibling):
+            state = sibling
+    if isinstance(state, (str, os.PathLike)):
+        from safetensors.torch import load_file
+
+        loaded = load_file(str(state))
+        names = [n.placeholder.state_name for n in g.nodes if n.kind == pb.PLACEHOLDER and n.placeholder.role != pb.INPUT]
+        state = OrderedDict((k, loaded[k]) for k in names if k in loaded)
+    return TracedStep(g, state)
