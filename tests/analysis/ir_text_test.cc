@@ -95,7 +95,7 @@ const ParseErrorCase kParseErrors[] = {
     {"MissingGraphKeyword", "grph {}", "line 1, column 1: expected 'graph', got 'grph'"},
     {"UndefinedValue",
      "graph format=1 {\n  %y: f32[2] = aten::neg(%x)\n}", "line 2, column 28: '%x' is not defined before this use"},
-    {"UnknownDType", "graph format=1 {\n  %x: q7[2] = placeholder()\n}", "line 2, column 11: unknown dtype 'q7'"},
+    {"UnknownDType", "graph format=1 {\n  %x: q7[2] = placeholder()\n}", "line 2, column 7: unknown dtype 'q7'"},
     {"UnterminatedString", "graph producer=\"abc {}", "line 1, column 16: unterminated string"},
     {"UnknownAttribute",
      "graph format=1 {\n  %x: f32[2] = placeholder() {colour=INPUT}\n}", "unknown node attribute 'colour'"},
