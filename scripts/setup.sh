@@ -31,6 +31,8 @@ fi
 # Python: prefer the interpreter on PATH (3.11), fall back to Debian's.
 PY=${PYTHON:-python3}
 STAMP=.venv/.fxdp-setup-stamp
+# pip warns about every missing local mirror directory; keep real errors.
+pip_quiet() { .venv/bin/pip -q "$@" 2> >(grep -v "^WARNING: Location" >&2); }
 want="$(printf '%s\n' "${PY_PACKAGES[@]}")"
 if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv"
@@ -38,9 +40,20 @@ if [ ! -x .venv/bin/python ]; then
 fi
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$want" ]; then
   echo "setup: installing Python packages into .venv"
-  .venv/bin/pip install -q "${PY_PACKAGES[@]}"
-  .venv/bin/pip install -q --no-deps --no-build-isolation -e client/python
+  pip_quiet install "${PY_PACKAGES[@]}"
+  pip_quiet install --no-deps --no-build-isolation -e client/python
   printf '%s' "$want" > "$STAMP"
+fi
+
+# NCCL headers and library for the CUDA/NCCL build path: the CUDA toolkit
+# does not ship NCCL, PyPI does. Only where a CUDA toolkit is installed, so a
+# CPU-only machine downloads nothing.
+NCCL_PIN="nvidia-nccl-cu13==2.28.9"
+if command -v nvcc >/dev/null 2>&1 || [ -d /usr/local/cuda/include ]; then
+  if ! ls .venv/lib/python3*/site-packages/nvidia/nccl/include/nccl.h >/dev/null 2>&1; then
+    echo "setup: installing NCCL ($NCCL_PIN) for the CUDA build path"
+    pip_quiet install --no-deps "$NCCL_PIN"
+  fi
 fi
 
 # Generated Python protobuf/gRPC code, regenerated only when a .proto changed.

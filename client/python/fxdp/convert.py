@@ -130,7 +130,7 @@ def encode_argument(a: Any, out: "pb.Argument", ref: Callable[[fx.Node], tuple[i
         raise _err(f"{where}: cannot encode argument {a!r} of type {type(a).__name__}")
 
 
-def _value_meta(v: Any, out: "pb.ValueMeta", requires_grad: bool, where: str) -> None:
+def _value_meta(v: Any, out: "pb.ValueMeta", requires_grad: bool, where: str, device: Any = None) -> None:
     if isinstance(v, torch.Tensor):
         out.kind = pb.TENSOR
         t = out.tensor
@@ -140,7 +140,7 @@ def _value_meta(v: Any, out: "pb.ValueMeta", requires_grad: bool, where: str) ->
         if v.dtype not in DTYPE_TO_PB:
             raise _err(f"{where}: dtype {v.dtype} is not representable in the wire format")
         t.dtype = DTYPE_TO_PB[v.dtype]
-        _device_pb(v.device, t.device, where)
+        _device_pb(device if device is not None else v.device, t.device, where)
         t.requires_grad = bool(requires_grad)
     elif v is None:
         out.kind = pb.NONE_VALUE
@@ -181,7 +181,8 @@ def fx_to_graphdef(gm: fx.GraphModule, metadata: Sequence[tuple[str, str]] = ())
             p.placeholder.role = role
             p.placeholder.state_name = state_name
             p.placeholder.batch_dim = batch_dim
-            _value_meta(node.meta["val"], p.outputs.add(), node.meta.get("fxdp_requires_grad", False), where)
+            _value_meta(node.meta["val"], p.outputs.add(), node.meta.get("fxdp_requires_grad", False), where,
+                        node.meta.get("fxdp_device"))
         elif node.op == "call_function":
             p.kind = pb.CALL_FUNCTION
             p.target.name, p.target.overload = target_of(node.target)
@@ -202,17 +203,19 @@ def fx_to_graphdef(gm: fx.GraphModule, metadata: Sequence[tuple[str, str]] = ())
                     encode_argument(a, kw.value, ref, where)
             val = node.meta.get("val")
             rg = node.meta.get("fxdp_requires_grad", False)
+            dev = node.meta.get("fxdp_device")
             if isinstance(val, (tuple, list)):
-                for v in val:
-                    _value_meta(v, p.outputs.add(), rg, where)
+                devs = dev if isinstance(dev, (tuple, list)) else [None] * len(val)
+                for v, d in zip(val, devs):
+                    _value_meta(v, p.outputs.add(), rg, where, d)
             else:
-                _value_meta(val, p.outputs.add(), rg, where)
+                _value_meta(val, p.outputs.add(), rg, where, dev)
             if node.meta.get("fxdp_grad_of"):
                 p.grad_of = node.meta["fxdp_grad_of"]
         elif node.op == "get_attr":
             p.kind = pb.GET_ATTR
             p.target.name = str(node.target)
-            _value_meta(node.meta.get("val"), p.outputs.add(), False, where)
+            _value_meta(node.meta.get("val"), p.outputs.add(), False, where, node.meta.get("fxdp_device"))
         elif node.op == "output":
             p.kind = pb.OUTPUT
             p.target.name = str(node.target)

@@ -385,6 +385,72 @@ def _validate_ops(gm: fx.GraphModule) -> None:
                 raise TraceError(f"node '{n.name}': in-place op {t} survived functionalization")
 
 
+# --------------------------------------------------------------------------- data-dependence guard
+
+_DATA_DEPENDENT_OPS = {
+    "aten::_local_scalar_dense",
+    "aten::item",
+    "aten::is_nonzero",
+    "aten::equal",
+    "aten::nonzero",
+    "aten::argwhere",
+    "aten::masked_select",
+    "aten::_unique",
+    "aten::_unique2",
+    "aten::unique_dim",
+    "aten::unique_consecutive",
+    "aten::unique_dim_consecutive",
+    "aten::bincount",
+    "aten::repeat_interleave",
+    "aten::allclose",
+}
+
+
+class DataDependenceError(RuntimeError):
+    def __init__(self, func):
+        super().__init__(
+            f"{func} makes the step depend on tensor values (Python control flow on a tensor, .item(), "
+            "or an op whose output shape depends on the data)"
+        )
+        self.func = func
+
+
+class _DataDependenceGuard(torch.utils._python_dispatch.TorchDispatchMode):
+    """Raises on ops whose result feeds Python control flow or shapes (works in real tracing mode)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func._schema.name in _DATA_DEPENDENT_OPS:
+            raise DataDependenceError(func)
+        return func(*args, **(kwargs or {}))
+
+
+def _record_real_meta(gm: fx.GraphModule, args: Sequence[Any]) -> None:
+    """Run the graph once on real tensors and store each value's exact layout in node.meta['val']
+    (a meta-device tensor with the same shape/stride/offset) and its device in
+    node.meta['fxdp_device'], so the wire metadata matches what the kernels really produce."""
+
+    def describe(v):
+        if isinstance(v, torch.Tensor):
+            m = torch.empty(0, dtype=v.dtype, device="meta").as_strided(v.shape, v.stride(), v.storage_offset())
+            return m, v.device
+        return v, None
+
+    class _Rec(fx.Interpreter):
+        def run_node(self, n):
+            r = super().run_node(n)
+            if n.op != "output":
+                if isinstance(r, (tuple, list)):
+                    d = [describe(x) for x in r]
+                    n.meta["val"] = type(r)(x for x, _ in d)
+                    n.meta["fxdp_device"] = [dev for _, dev in d]
+                else:
+                    n.meta["val"], n.meta["fxdp_device"] = describe(r)
+            return r
+
+    with torch.no_grad():
+        _Rec(gm).run(*args)
+
+
 # --------------------------------------------------------------------------- trace
 
 
@@ -399,6 +465,7 @@ def trace(
     input_names: Optional[Sequence[str]] = None,
     loss_reduction: Optional[str] = None,
     decompositions: Optional[Dict[Any, Callable]] = None,
+    tracing_mode: str = "real",
 ):
     """Trace one training step of ``model`` with ``optimizer`` into a :class:`fxdp.TracedStep`.
 
@@ -415,7 +482,14 @@ def trace(
     ``input.1``... unless ``input_names`` is given). ``batch_dim`` is an int applied to every input
     or one entry per input; ``-1`` marks an input without a batch dim.
 
-    The model, its buffers and the optimizer are left unchanged; tracing runs on FakeTensors.
+    ``tracing_mode="real"`` (default) runs the step once on the real example tensors while
+    recording it, so every view/reshape decision and every recorded stride is the one the real
+    kernels produce (FakeTensor stride propagation is not exact for every op, e.g.
+    ``mse_loss_backward``, and a wrongly baked ``view`` fails at run time). Data-dependent
+    control flow is detected by a dispatch guard. ``tracing_mode="fake"`` traces without
+    computing (for models that are too big to step once), at the price of that fidelity.
+
+    The model, its buffers and the optimizer are left unchanged.
     Raises :class:`fxdp.TraceError` for what cannot be traced.
     """
     from .traced import TracedStep
@@ -455,13 +529,22 @@ def trace(
     pnames = list(params)
     bnames = list(buffers)
     state_names = [(pn, k) for pn, st in ostate.items() for k in st]
-    trainable = [n for n in pnames if params[n].requires_grad]
     in_optimizer = {pname_of[id(p)] for ps in group_params for p in ps}
+    # the graph differentiates w.r.t. the parameters the optimizer updates
+    trainable = [n for n in pnames if params[n].requires_grad and n in in_optimizer]
+    trainable_set = set(trainable)
     n_p, n_b, n_s, n_x = len(pnames), len(bnames), len(state_names), len(inputs)
 
     mstack = _ModuleStack(model)
 
+    if tracing_mode not in ("real", "fake"):
+        raise TraceError(f"tracing_mode must be 'real' or 'fake', got {tracing_mode!r}")
+
     def step(*flat):
+        with _DataDependenceGuard():
+            return _step(*flat)
+
+    def _step(*flat):
         p_in = flat[:n_p]
         b_in = flat[n_p : n_p + n_b]
         s_in = flat[n_p + n_b : n_p + n_b + n_s]
@@ -469,7 +552,7 @@ def trace(
         leaves = OrderedDict()
         for n, t in zip(pnames, p_in):
             leaf = t.clone()
-            if params[n].requires_grad:
+            if n in trainable_set:
                 leaf.requires_grad_(True)
             leaves[n] = leaf
         bufs = OrderedDict((n, t.clone()) for n, t in zip(bnames, b_in))
@@ -511,7 +594,7 @@ def trace(
                 new_state[leaves[pn]] = st
             optimizer.state = new_state
             for n in trainable:
-                leaves[n].grad = grad_of[n] if n in in_optimizer else None
+                leaves[n].grad = grad_of[n]
             with torch.no_grad(), _compiling():
                 optimizer.step()
             final_state = [optimizer.state[leaves[pn]][k] for pn, k in state_names]
@@ -539,11 +622,11 @@ def trace(
         table.update(decompositions)
     try:
         with mstack:
-            gm1 = make_fx(step, tracing_mode="fake", decomposition_table=table, _allow_non_fake_inputs=True)(
+            gm1 = make_fx(step, tracing_mode=tracing_mode, decomposition_table=table, _allow_non_fake_inputs=True)(
                 *flat_real
             )
         gm = make_fx(
-            torch.func.functionalize(gm1, remove="mutations"), tracing_mode="fake", _allow_non_fake_inputs=True
+            torch.func.functionalize(gm1, remove="mutations"), tracing_mode=tracing_mode, _allow_non_fake_inputs=True
         )(*flat_real)
     except TraceError:
         raise
@@ -577,16 +660,20 @@ def trace(
     )
     for ph, spec in zip(placeholders, roles):
         ph.meta["fxdp_placeholder"] = spec
-        ph.meta["fxdp_requires_grad"] = spec[0] == pb.PARAMETER and params[spec[1]].requires_grad
+        # requires_grad is True exactly for the parameters whose gradient the graph computes
+        # (trainable, in the optimizer, reached by autograd): each has one grad_of node
+        ph.meta["fxdp_requires_grad"] = False
 
     # --- gradients
     n_state_out = n_p + n_b + n_s
     snaps = ret[n_state_out + 1 :]
     marked = set()
     extra = []
+    ph_of = dict(zip(pnames, placeholders[:n_p]))
     for pn, s in zip(trainable, snaps):
         if s is None:
             continue
+        ph_of[pn].meta["fxdp_requires_grad"] = True
         src = s.args[0] if (s.op == "call_function" and s.target is aten.clone.default) else None
         if src is not None and src.op == "call_function" and src not in marked:
             s.replace_all_uses_with(src)
@@ -660,6 +747,23 @@ def trace(
             env[n] = new.node_copy(n, lambda a: env[a])
     new.lint()
     final_gm = fx.GraphModule(torch.nn.Module(), new)
+    if tracing_mode == "real":
+        by_role = {}
+        for n, t in zip(pnames, flat_real[:n_p]):
+            by_role[(pb.PARAMETER, n)] = t
+        for n in bnames:
+            by_role[(pb.BUFFER, n)] = buffers[n]
+        for pn, k in state_names:
+            by_role[(pb.OPTIMIZER_STATE, f"optim.{pn}.{k}")] = ostate[pn][k]
+        for n, t in zip(names, inputs):
+            by_role[(pb.INPUT, n)] = t
+        for n, t in consts.items():
+            by_role[(pb.CONSTANT, n)] = t
+        args = [by_role[n.meta["fxdp_placeholder"][:2]] for n in new.nodes if n.op == "placeholder"]
+        try:
+            _record_real_meta(final_gm, args)
+        except Exception as e:  # noqa: BLE001
+            raise TraceError(f"the traced graph does not run on the example tensors: {type(e).__name__}: {e}") from e
 
     red = loss_reduction or getattr(loss_fn, "reduction", None) or "mean"
     meta = [

@@ -30,7 +30,9 @@ class CNN(nn.Module):
 
     def __init__(self, channels: int = 3, width: int = 8, hw: int = 10, classes: int = 7):
         super().__init__()
-        self.conv = nn.Conv2d(channels, width, kernel_size=3, padding=1)
+        # no conv bias: BatchNorm cancels it, its gradient would be pure rounding noise (which Adam
+        # amplifies into O(lr) updates, making exact comparisons meaningless)
+        self.conv = nn.Conv2d(channels, width, kernel_size=3, padding=1, bias=False)
         self.bn = nn.BatchNorm2d(width)
         self.act = nn.ReLU()
         self.pool = nn.MaxPool2d(2)
@@ -47,7 +49,9 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, d_model: int, heads: int):
         super().__init__()
         self.heads = heads
-        self.qkv = nn.Linear(d_model, 3 * d_model)
+        # no qkv bias: the key bias has an exactly-zero gradient (softmax is shift invariant), so
+        # its computed gradient is rounding noise; see CNN.
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.proj = nn.Linear(d_model, d_model)
 
     def forward(self, x):  # (B, S, D)
@@ -109,7 +113,7 @@ class SeqFirstAttention(nn.Module):
         super().__init__()
         self.inp = nn.Linear(d_in, d_model)
         self.q = nn.Linear(d_model, d_model)
-        self.k = nn.Linear(d_model, d_model)
+        self.k = nn.Linear(d_model, d_model, bias=False)  # key bias has a zero gradient
         self.v = nn.Linear(d_model, d_model)
         self.out = nn.Linear(d_model, d_out)
 

@@ -1,0 +1,29 @@
+// The boundary between the fxdp IR and LibTorch: dtype/device/layout tables
+// and operator lookup through the c10 dispatcher.
+#ifndef FXDP_EXECUTOR_TORCH_TYPES_H_
+#define FXDP_EXECUTOR_TORCH_TYPES_H_
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/Device.h>
+#include <c10/core/Layout.h>
+#include <c10/core/MemoryFormat.h>
+#include <c10/core/ScalarType.h>
+
+#include "absl/status/statusor.h"
+#include "analysis/ir/graph.h"
+
+namespace fxdp::executor {
+
+c10::ScalarType ToTorch(ir::DType d);
+absl::StatusOr<ir::DType> FromTorch(c10::ScalarType t);
+c10::Device ToTorch(const ir::Device& d);
+c10::Layout ToTorch(ir::Layout l);
+c10::MemoryFormat ToTorch(ir::MemoryFormat m);
+
+// The dispatcher's handle for an op target ("aten::addmm", ""), or NOT_FOUND
+// naming the op when this LibTorch does not know it.
+absl::StatusOr<c10::OperatorHandle> FindOperator(const ir::Target& target);
+
+}  // namespace fxdp::executor
+
+#endif  // FXDP_EXECUTOR_TORCH_TYPES_H_

@@ -1,0 +1,92 @@
+"""Shared helpers for the fxdp Python tests."""
+
+from __future__ import annotations
+
+import functools
+import operator
+from typing import Dict, Tuple
+
+import torch
+
+import fxdp
+from fxdp import zoo
+from fxdp.v1 import graph_pb2 as pb
+
+MODELS = list(zoo.MODELS)
+OPTIMS = list(zoo.OPTIMIZERS)
+RTOL, ATOL = 1e-5, 1e-6
+
+
+@functools.lru_cache(maxsize=None)
+def traced(model: str, optim: str, overrides: Tuple[Tuple[str, object], ...] = ()) -> fxdp.TracedStep:
+    """Trace a zoo entry (cached: tracing leaves model and optimizer untouched)."""
+    step, _, _ = zoo.trace_entry(model, optim, **dict(overrides))
+    return step
+
+
+def eager_steps(model_name: str, optim: str, steps: int, overrides=(), warmup: int = 0):
+    """Train the zoo entry eagerly; returns (model, optimizer, losses)."""
+    e = zoo.get(model_name)
+    model = e.model(0)
+    opt = zoo.make_optimizer(optim, model, **dict(overrides))
+    losses = []
+    for i in range(warmup + steps):
+        b = e.batch(i)
+        opt.zero_grad()
+        loss = e.loss_fn(model(*b[:-1]), b[-1])
+        loss.backward()
+        opt.step()
+        if i >= warmup:
+            losses.append(loss.detach())
+    return model, opt, losses
+
+
+def local_steps(step: fxdp.TracedStep, model_name: str, steps: int, start: int = 0, state=None):
+    e = zoo.get(model_name)
+    state = step.initial_state() if state is None else state
+    losses = []
+    for i in range(start, start + steps):
+        state, loss = step.run_local(state, e.batch(i))
+        losses.append(loss)
+    return state, losses
+
+
+def assert_state_matches(state: Dict[str, torch.Tensor], model, opt, check_optimizer=True):
+    pname = {id(p): n for n, p in model.named_parameters()}
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(state[n], p.detach(), rtol=RTOL, atol=ATOL, msg=lambda m: f"{n}: {m}")
+    for n, b in model.named_buffers():
+        torch.testing.assert_close(state[n], b, rtol=RTOL, atol=ATOL, msg=lambda m: f"{n}: {m}")
+    if not check_optimizer:
+        return
+    seen = set()
+    for p, st in opt.state.items():
+        for k, v in st.items():
+            if v is None:
+                continue
+            key = f"optim.{pname[id(p)]}.{k}"
+            seen.add(key)
+            torch.testing.assert_close(
+                state[key].to(torch.as_tensor(v).device),
+                torch.as_tensor(v),
+                rtol=RTOL,
+                atol=ATOL,
+                check_dtype=True,
+                msg=lambda m: f"{key}: {m}",
+            )
+    traced_opt = {k for k in state if k.startswith("optim.")}
+    assert traced_opt == seen, f"optimizer state names differ: traced-only {traced_opt - seen}, eager-only {seen - traced_opt}"
+
+
+def placeholders(g: "pb.GraphDef"):
+    return [n for n in g.nodes if n.kind == pb.PLACEHOLDER]
+
+
+def output_node(g: "pb.GraphDef"):
+    outs = [n for n in g.nodes if n.kind == pb.OUTPUT]
+    assert len(outs) == 1
+    return outs[0]
+
+
+def target_str(n: "pb.Node") -> str:
+    return n.target.name + ("." + n.target.overload if n.target.overload else "")

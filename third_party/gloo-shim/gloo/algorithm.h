@@ -1,0 +1,3 @@
+#pragma once
+// Shim (see gloo/README.md).
+#include "gloo/context.h"
