@@ -173,3 +173,30 @@ def test_loss_fn_none_model_returns_loss():
     assert step.metadata()["loss_reduction"] == "sum"
     state, loss = step.run_local(step.initial_state(), (x, y))
     torch.testing.assert_close(loss, model(x, y))
+
+
+def test_tied_weights():
+    """A parameter shared by two modules appears once (first name) and gets the summed gradient."""
+    from fxdp.zoo.models import TransformerLM, lm_loss
+
+    e = zoo.get("transformer")
+
+    def make():
+        torch.manual_seed(0)
+        m = TransformerLM()
+        m.head.weight = m.tok.weight
+        return m
+
+    model = make()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
+    step = fxdp.trace(model, opt, lm_loss, e.batch(0), input_names=e.input_names)
+    assert "head.weight" not in step.state_names() and "tok.weight" in step.state_names()
+    state, _ = local_steps(step, "transformer", 3)
+    m2 = make()
+    o2 = torch.optim.AdamW(m2.parameters(), lr=1e-2, foreach=True)
+    for i in range(3):
+        b = e.batch(i)
+        o2.zero_grad()
+        lm_loss(m2(b[0]), b[1]).backward()
+        o2.step()
+    assert_state_matches(state, m2, o2)

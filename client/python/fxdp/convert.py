@@ -354,7 +354,6 @@ def graphdef_to_fx(g: "pb.GraphDef", attrs: Optional[Dict[str, torch.Tensor]] = 
                 kwargs = {kw.name: dec(kw.value, where) for kw in n.kwargs}
                 node = graph.call_function(fn, args, kwargs)
                 is_seq = returns_sequence(fn)
-            node.name  # noqa: B018  (name assigned by the graph namespace)
         elif n.kind == pb.OUTPUT:
             if len(n.args) != 1:
                 raise GraphFormatError(f"{where}: OUTPUT takes exactly one (list) argument")

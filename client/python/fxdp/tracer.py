@@ -7,15 +7,18 @@ How it works
    ``torch.func.functional_call``, the user's loss function, ``torch.autograd.grad`` for the
    trainable parameters, and then the user's own ``torch.optim`` object (``optimizer.step()``),
    re-pointed for the duration of the call at the traced parameters and state.
-2. Pass 1: ``make_fx(step, tracing_mode="fake", decomposition_table=...)`` records every aten op
-   below autograd (so the backward ops are explicit nodes). Tracing with FakeTensors means no
-   real compute happens and data-dependent Python control flow raises.
+2. Pass 1: ``make_fx(step, tracing_mode=..., decomposition_table=...)`` records every aten op
+   below autograd (so the backward ops are explicit nodes). The default ``"real"`` mode runs the
+   step once on the real example tensors, so layouts and view decisions are exactly those of the
+   real kernels; a dispatch guard turns data-dependent ops (``.item()``/``bool()`` on tensors,
+   ``nonzero``, boolean masks...) into TraceErrors. ``"fake"`` traces on FakeTensors.
 3. Pass 2: the pass-1 graph is re-traced under ``torch.func.functionalize(remove="mutations")``,
    which turns every in-place op (optimizer ``add_``/``_foreach_*_``, BatchNorm running-stat
    updates, ``num_batches_tracked += 1``) into its functional variant. View ops are kept as views.
 4. Clean-up: ``detach``/``alias``, profiler record-function ops and the clones the step function
    makes of its inputs are removed; tensor constants are lifted to CONSTANT placeholders;
-   gradients are marked with ``grad_of``; outputs that did not change are dropped.
+   gradients are marked with ``grad_of``; outputs that did not change are dropped. In real mode
+   the finished graph is run once more to record each value's exact shape/stride/offset.
 
 Decomposition table
 -------------------
@@ -158,6 +161,7 @@ def _is_data_dependent(e: BaseException) -> bool:
     from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
     names = {"GuardOnDataDependentSymNode", "DataDependentOutputException", "DynamicOutputShapeException",
+             "DataDependenceError",
              "UserError", "PendingUnbackedSymbolNotFound"}
     if isinstance(e, (DataDependentOutputException, DynamicOutputShapeException)):
         return True
@@ -419,8 +423,13 @@ class _DataDependenceGuard(torch.utils._python_dispatch.TorchDispatchMode):
     """Raises on ops whose result feeds Python control flow or shapes (works in real tracing mode)."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func._schema.name in _DATA_DEPENDENT_OPS:
+        name = func._schema.name
+        if name in _DATA_DEPENDENT_OPS:
             raise DataDependenceError(func)
+        if name == "aten::index" and len(args) > 1:
+            # boolean-mask indexing: the result's shape depends on the mask's values
+            if any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in args[1]):
+                raise DataDependenceError(func)
         return func(*args, **(kwargs or {}))
 
 
@@ -711,33 +720,43 @@ def trace(
     # --- lift tensor constants to CONSTANT placeholders (before the inputs)
     consts: "OrderedDict[str, torch.Tensor]" = OrderedDict()
     first_input = placeholders[n_p + n_b + n_s] if n_x else None
+    lifted: Dict[str, fx.Node] = {}
     for n in list(graph.nodes):
         if n.op != "get_attr":
             continue
-        val = getattr(gm, n.target)
-        if not isinstance(val, torch.Tensor):
-            raise TraceError(f"node '{n.name}': non-tensor attribute {n.target}")
-        sname = f"const.{n.target}"
-        anchor = graph.inserting_before(first_input) if first_input is not None else \
-            graph.inserting_after([p for p in graph.nodes if p.op == "placeholder"][-1])
-        with anchor:
-            ph = graph.placeholder(n.name)
-        ph.meta["val"] = val
-        ph.meta["fxdp_placeholder"] = (pb.CONSTANT, sname, 0)
-        n.replace_all_uses_with(ph)
+        if n.target not in lifted:
+            val = getattr(gm, n.target)
+            if not isinstance(val, torch.Tensor):
+                raise TraceError(f"node '{n.name}': non-tensor attribute {n.target}")
+            sname = f"const.{n.target}"
+            anchor = graph.inserting_before(first_input) if first_input is not None else \
+                graph.inserting_after([p for p in graph.nodes if p.op == "placeholder"][-1])
+            with anchor:
+                ph = graph.placeholder(_ident(str(n.target)))
+            ph.meta["val"] = val
+            ph.meta["fxdp_placeholder"] = (pb.CONSTANT, sname, 0)
+            lifted[n.target] = ph
+            consts[sname] = val.detach().clone()
+        n.replace_all_uses_with(lifted[n.target])
         graph.erase_node(n)
-        consts[sname] = val.detach().clone()
 
     _validate_ops(gm)
 
     # --- rebuild with readable placeholder names
     new = fx.Graph()
     env: Dict[fx.Node, fx.Node] = {}
+    used_names = {n.name for n in graph.nodes if n.op != "placeholder"}
     for n in graph.nodes:
         if n.op == "placeholder":
             role, sname, _ = n.meta["fxdp_placeholder"]
             prefix = {pb.PARAMETER: "p", pb.BUFFER: "b", pb.OPTIMIZER_STATE: "s", pb.INPUT: "x", pb.CONSTANT: "c"}[role]
-            nn_ = new.placeholder(f"{prefix}_{_ident(sname)}")
+            base = cand = f"{prefix}_{_ident(sname)}"
+            k = 1
+            while cand in used_names:
+                cand = f"{base}_{k}"
+                k += 1
+            used_names.add(cand)
+            nn_ = new.placeholder(cand)
             nn_.meta = dict(n.meta)
             env[n] = nn_
         elif n.op == "output":

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Sequence, Tuple, Union
+from dataclasses import dataclass
+from typing import Callable, Dict, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
