@@ -20,15 +20,13 @@ using ::fxdp::testing::ReadTestData;
 using ::fxdp::testing::StatusIs;
 using ::fxdp::testing::ValueOrDie;
 
-constexpr const char* kGoldens[] = {"mlp_sgd.txt", "batchnorm_getitem.txt",
-                                    "foreach_adam_like.txt"};
 
 v1::GraphDef GoldenProto(const std::string& name = "mlp_sgd.txt") {
   return EncodeGraph(ValueOrDie(ParseGraphText(ReadTestData(name))));
 }
 
 TEST(CodecTest, GoldenGraphsRoundTripByteForByte) {
-  for (const char* name : kGoldens) {
+  for (const char* name : ::fxdp::testing::kGoldenGraphs) {
     SCOPED_TRACE(name);
     const std::string text = ReadTestData(name);
     Graph g = ValueOrDie(ParseGraphText(text));
@@ -213,7 +211,7 @@ namespace {
 TEST(CodecTest, CorruptedInputsNeverCrash) {
   std::mt19937 rng(1234);
   int accepted = 0, rejected = 0;
-  for (const char* name : kGoldens) {
+  for (const char* name : ::fxdp::testing::kGoldenGraphs) {
     const std::string text = ReadTestData(name);
     const std::string bytes = EncodeGraphBytes(ValueOrDie(ParseGraphText(text)));
     for (int i = 0; i < 1500; ++i) {

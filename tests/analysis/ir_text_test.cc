@@ -14,7 +14,7 @@ using ::fxdp::testing::StatusIs;
 using ::fxdp::testing::ValueOrDie;
 
 TEST(TextTest, GoldensPrintBackIdentically) {
-  for (const char* name : {"mlp_sgd.txt", "batchnorm_getitem.txt", "foreach_adam_like.txt"}) {
+  for (const char* name : ::fxdp::testing::kGoldenGraphs) {
     const std::string text = ReadTestData(name);
     EXPECT_EQ(PrintGraph(ValueOrDie(ParseGraphText(text))), text) << name;
   }

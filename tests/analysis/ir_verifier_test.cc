@@ -159,7 +159,7 @@ INSTANTIATE_TEST_SUITE_P(All, VerifierTest, ::testing::ValuesIn(kCases),
                          [](const auto& info) { return info.param.name; });
 
 TEST(VerifierTest, GoldenGraphsVerify) {
-  for (const char* name : {"mlp_sgd.txt", "batchnorm_getitem.txt", "foreach_adam_like.txt"}) {
+  for (const char* name : ::fxdp::testing::kGoldenGraphs) {
     const Graph g = ValueOrDie(ParseGraphText(ReadTestData(name)));
     EXPECT_TRUE(VerifyGraph(g.header(), g.nodes()).ok()) << name;
   }

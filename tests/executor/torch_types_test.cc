@@ -43,7 +43,7 @@ TEST(TorchTypesTest, DevicesLayoutsAndFormats) {
 
 TEST(TorchTypesTest, EveryOpInTheGoldenGraphsIsKnownToTheDispatcher) {
   int resolved = 0;
-  for (const char* name : {"mlp_sgd.txt", "batchnorm_getitem.txt", "foreach_adam_like.txt"}) {
+  for (const char* name : ::fxdp::testing::kGoldenGraphs) {
     const ir::Graph g = ValueOrDie(ir::ParseGraphText(ReadTestData(name)));
     for (const ir::Node& n : g.nodes()) {
       if (!n.is_call() || n.is_getitem()) continue;
