@@ -19,6 +19,7 @@ inline constexpr int kExitIo = 3;            // cannot read or write a file
 int ReportError(const std::string& cmd, const absl::Status& status);
 
 int GraphCommand(const std::vector<std::string>& args);
+int AnalyzeCommand(const std::vector<std::string>& args);
 
 }  // namespace fxdp::cli
 

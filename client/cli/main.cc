@@ -12,6 +12,7 @@ constexpr char kUsage[] =
     "\n"
     "commands:\n"
     "  graph     inspect and validate saved graphs (print, check, roundtrip, parse)\n"
+    "  analyze   batch dim and placement of every node of a saved graph\n"
     "\n"
     "Run 'fxdp <command> --help' for the arguments of a command.\n";
 
@@ -30,6 +31,7 @@ int main(int argc, char** argv) {
     return fxdp::cli::kExitOk;
   }
   if (cmd == "graph") return fxdp::cli::GraphCommand(args);
+  if (cmd == "analyze") return fxdp::cli::AnalyzeCommand(args);
   std::fprintf(stderr, "fxdp: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);
   return fxdp::cli::kExitUsage;
 }

@@ -1,0 +1,1598 @@
+#include "analysis/batch_dim.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "analysis/dim_spec.h"
+#include "analysis/ir/status_macros.h"
+#include "analysis/op_rules.h"
+#include "analysis/view_rules.h"
+
+namespace fxdp {
+
+using ir::Argument;
+using ir::Graph;
+using ir::Node;
+using ir::NodeId;
+using ir::TensorType;
+using ir::ValueRef;
+
+bool Placement::operator==(const Placement& o) const {
+  if (kind != o.kind) return false;
+  if (kind == Kind::kShard) return dim == o.dim;
+  if (kind == Kind::kPartial) return reduce == o.reduce;
+  return true;
+}
+
+std::string Placement::ToString() const {
+  switch (kind) {
+    case Kind::kReplicate: return "R";
+    case Kind::kShard: return absl::StrCat("S(", dim, ")");
+    case Kind::kPartial: return reduce == ReduceOp::kAvg ? "P(avg)" : "P(sum)";
+  }
+  return "?";
+}
+
+namespace {
+
+const ValueInfo kReplicated{};
+
+ValueInfo Shard(int32_t dim, int64_t outer, bool scaled) {
+  ValueInfo v;
+  v.placement = Placement::Shard(dim);
+  v.outer = outer;
+  v.mean_scaled = scaled;
+  return v;
+}
+
+ValueInfo Partial(bool avg) {
+  ValueInfo v;
+  v.placement = Placement::Partial(avg ? ReduceOp::kAvg : ReduceOp::kSum);
+  v.mean_scaled = avg;
+  return v;
+}
+
+bool IsSpecial(const ValueInfo& v) {
+  return v.placement.is_partial() || (v.placement.is_shard() && v.mean_scaled);
+}
+
+// An operand of the node being analysed: a tensor argument.
+struct Operand {
+  int arg;         // positional index; 64 + k for keyword argument k.
+  int elem;        // index in a list argument, else -1.
+  ValueRef ref;
+  const TensorType* type;
+  ValueInfo info;  // as this use reads it.
+};
+
+// Where the batch sits in one output dim of a view (see Locate).
+struct BatchLoc {
+  enum Kind : int8_t { kNone, kWhole, kBroken } kind = kNone;
+  int64_t outer = 1;
+  int64_t inner = 1;
+};
+
+std::string TargetString(const Node& n) { return n.target.ToString(); }
+
+}  // namespace
+
+class BatchDimAnalyzer {
+ public:
+  BatchDimAnalyzer(const Graph& g, const AnalyzeOptions& options) : g_(g), options_(options) {}
+
+  absl::StatusOr<BatchDimAnalysis> Run() {
+    if (options_.world_size < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("world size must be >= 1, got ", options_.world_size));
+    }
+    a_.world_size_ = options_.world_size;
+    a_.value_offset_.resize(g_.size() + 1);
+    int32_t off = 0;
+    for (int32_t i = 0; i < g_.size(); ++i) {
+      a_.value_offset_[i] = off;
+      off += static_cast<int32_t>(g_.nodes()[i].outputs.size());
+    }
+    a_.value_offset_[g_.size()] = off;
+    a_.reduced_.assign(off, 0);
+    SeedReductions();
+    FXDP_RETURN_IF_ERROR(FindBatchSize());
+    // Each pass may discover values that must be all-reduced or factories
+    // that must be built sharded; both sets only grow, so this converges.
+    constexpr int kMaxPasses = 32;
+    for (int pass = 0;; ++pass) {
+      changed_ = false;
+      FXDP_RETURN_IF_ERROR(Pass());
+      if (!changed_) break;
+      if (pass + 1 == kMaxPasses) {
+        return absl::InternalError("batch-dim analysis did not converge");
+      }
+    }
+    Finish();
+    return std::move(a_);
+  }
+
+ private:
+  // ---- setup -------------------------------------------------------------
+
+  int32_t Offset(ValueRef r) const { return a_.value_offset_[r.node.value] + r.output; }
+
+  void SeedReductions() {
+    // Gradients and non-loss outputs are all-reduced when they come out partial.
+    for (int32_t i = 0; i < g_.size(); ++i) {
+      const Node& n = g_.nodes()[i];
+      if (!n.grad_of.empty() && !n.outputs.empty()) a_.reduced_[Offset({NodeId{i}, 0})] = 1;
+    }
+  }
+
+  absl::Status FindBatchSize() {
+    const Node* first = nullptr;
+    for (const Node& n : g_.nodes()) {
+      if (!n.is_placeholder() || n.placeholder.role != ir::PlaceholderRole::kInput) continue;
+      const int32_t bd = n.placeholder.batch_dim;
+      if (bd < 0) continue;
+      if (n.outputs.empty() || !n.outputs[0].is_tensor()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "input ", n.name, " has batch_dim ", bd, " but is not a tensor"));
+      }
+      const TensorType& t = n.outputs[0].tensor;
+      if (bd >= t.rank()) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "input %s: batch_dim %d is out of range for a tensor of rank %d (shape %s)",
+            n.name, bd, t.rank(), t.ToString()));
+      }
+      const int64_t b = t.shape[bd];
+      if (b < 1) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "input %s: batch dim %d has size %d; a batch needs at least one sample", n.name,
+            bd, b));
+      }
+      if (first == nullptr) {
+        first = &n;
+        a_.batch_size_ = b;
+      } else if (b != a_.batch_size_) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "inputs disagree on the batch size: %s has %d along its batch dim %d, %s has %d",
+            first->name, a_.batch_size_, first->placeholder.batch_dim, n.name, b, bd));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // ---- one pass ----------------------------------------------------------
+
+  absl::Status Pass() {
+    a_.values_.assign(a_.value_offset_.back(), ValueInfo{});
+    a_.nodes_.assign(g_.size(), NodeInfo{});
+    a_.sharded_reads_.clear();
+    a_.notes_.clear();
+    fallback_ops_.clear();
+    fallback_order_.clear();
+    for (int32_t i = 0; i < g_.size(); ++i) {
+      const NodeId id{i};
+      const Node& n = g_.nodes()[i];
+      FXDP_RETURN_IF_ERROR(Visit(id, n));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Visit(NodeId id, const Node& n) {
+    switch (n.kind) {
+      case ir::NodeKind::kPlaceholder: return VisitPlaceholder(id, n);
+      case ir::NodeKind::kOutput: return VisitOutput(id, n);
+      case ir::NodeKind::kGetAttr:
+        a_.nodes_[id.value].decision = Decision::kState;
+        return absl::OkStatus();
+      case ir::NodeKind::kCallFunction: break;
+    }
+    NodeInfo& info = a_.nodes_[id.value];
+    if (auto it = upgrades_.find(id.value); it != upgrades_.end()) {
+      info.decision = Decision::kShapedByUse;
+      info.rule = static_cast<int16_t>(OpRuleIndex(FindOpRule(n.target)));
+      info.shaped_by = it->second.user;
+      SetOut(id, 0, Shard(it->second.dim, it->second.outer, false));
+      return absl::OkStatus();
+    }
+    if (n.is_getitem()) {
+      const ValueRef src = n.args[0].as<ValueRef>();
+      info.decision = Decision::kGetItem;
+      SetOut(id, 0, Read(src));
+      return absl::OkStatus();
+    }
+    if (IsViewOp(n.target)) return VisitView(id, n);
+    const OpRule* rule = FindOpRule(n.target);
+    if (rule == nullptr) return VisitFallback(id, n);
+    info.decision = Decision::kRule;
+    info.rule = static_cast<int16_t>(OpRuleIndex(rule));
+    return VisitRule(id, n, *rule);
+  }
+
+  absl::Status VisitPlaceholder(NodeId id, const Node& n) {
+    NodeInfo& info = a_.nodes_[id.value];
+    if (n.placeholder.role != ir::PlaceholderRole::kInput) {
+      info.decision = Decision::kState;
+      return absl::OkStatus();
+    }
+    info.decision = Decision::kInput;
+    if (n.placeholder.batch_dim >= 0) SetOut(id, 0, Shard(n.placeholder.batch_dim, 1, false));
+    return absl::OkStatus();
+  }
+
+  absl::Status VisitOutput(NodeId id, const Node& n) {
+    a_.nodes_[id.value].decision = Decision::kOutput;
+    // args[0] lists the outputs, aligned with output_specs.
+    if (n.args.empty() || !n.args[0].is_list()) return absl::OkStatus();
+    const auto& list = n.args[0].as<Argument::List>();
+    for (size_t k = 0; k < list.size(); ++k) {
+      const ValueRef* r = list[k].get_if<ValueRef>();
+      if (r == nullptr) continue;
+      const bool loss = k < n.output_specs.size() &&
+                        n.output_specs[k].role == ir::OutputRole::kLoss;
+      if (!loss) RequireWhole(*r, id);
+    }
+    return absl::OkStatus();
+  }
+
+  // ---- reading values ----------------------------------------------------
+
+  void SetOut(NodeId id, int k, const ValueInfo& v) {
+    if (k >= static_cast<int>(g_.node(id).outputs.size())) return;
+    if (!g_.node(id).outputs[k].is_tensor()) return;
+    a_.values_[a_.value_offset_[id.value] + k] = v;
+  }
+
+  void SetAllOut(NodeId id, const ValueInfo& v) {
+    const int n = static_cast<int>(g_.node(id).outputs.size());
+    for (int k = 0; k < n; ++k) SetOut(id, k, v);
+  }
+
+  // The value as a use reads it: replicated once all-reduced.
+  ValueInfo Read(ValueRef r) const {
+    const ValueInfo& v = a_.values_[Offset(r)];
+    if (v.placement.is_partial() && a_.reduced_[Offset(r)]) return kReplicated;
+    return v;
+  }
+
+  // A use needs the whole value: a partial value is all-reduced first.
+  void RequireWhole(ValueRef r, NodeId user) {
+    const int32_t off = Offset(r);
+    if (!a_.values_[off].placement.is_partial() || a_.reduced_[off]) return;
+    a_.reduced_[off] = 1;
+    changed_ = true;
+  }
+
+  const TensorType* TypeOf(ValueRef r) const {
+    const ir::ValueType& t = g_.type(r);
+    return t.is_tensor() ? &t.tensor : nullptr;
+  }
+
+  void AddOperand(std::vector<Operand>& ops, int arg, int elem, const Argument& a) const {
+    const ValueRef* r = a.get_if<ValueRef>();
+    if (r == nullptr) return;
+    const TensorType* t = TypeOf(*r);
+    if (t == nullptr) return;
+    ops.push_back(Operand{arg, elem, *r, t, Read(*r)});
+  }
+
+  // Tensor operands of `n`, lists flattened, keyword arguments numbered 64+.
+  std::vector<Operand> Operands(const Node& n) const {
+    std::vector<Operand> ops;
+    ops.reserve(4);
+    for (size_t i = 0; i < n.args.size(); ++i) {
+      const Argument& a = n.args[i];
+      if (const auto* l = a.get_if<Argument::List>()) {
+        for (size_t e = 0; e < l->size(); ++e) AddOperand(ops, int(i), int(e), (*l)[e]);
+      } else {
+        AddOperand(ops, int(i), -1, a);
+      }
+    }
+    for (size_t k = 0; k < n.kwargs.size(); ++k) AddOperand(ops, 64 + int(k), -1, n.kwargs[k].value);
+    return ops;
+  }
+
+  // ---- linearity: partial and mean-scaled operands -------------------------
+
+  struct Special {
+    bool partial = false;
+    bool scaled = false;  // partial: avg; shard: mean-scaled.
+  };
+
+  static bool InMask(const OpRule& rule, int arg) {
+    return arg < 8 && ((rule.linear_args >> arg) & 1);
+  }
+
+  absl::Status ScaledError(NodeId id, const Node& n, const Operand& o, absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "node %s (%s): arg %d (%s) is a batch value scaled by a mean over the local batch "
+        "(it descends from a mean-reduced loss); %s. Reduce the loss by sum, or keep this op "
+        "out of the backward path",
+        n.name, TargetString(n), o.arg, g_.node(o.ref.node).name, why));
+  }
+
+  // Applies the op's linearity to its operands. Partial operands that may not
+  // flow through are all-reduced (and read replicated from then on); a
+  // mean-scaled operand the op is not linear in is an error.
+  absl::StatusOr<Special> Linear(NodeId id, const Node& n, const OpRule& rule,
+                                 std::vector<Operand>& ops, int exempt_arg = -1) {
+    Special s;
+    int specials = 0;
+    for (Operand& o : ops) {
+      if (!IsSpecial(o.info) || o.arg == exempt_arg) continue;
+      if (!InMask(rule, o.arg) || rule.linearity == Linearity::kNone) {
+        if (o.info.placement.is_partial()) {
+          RequireWhole(o.ref, id);
+          o.info = kReplicated;
+          continue;
+        }
+        return ScaledError(id, n, o, "the op is not linear in it");
+      }
+      ++specials;
+    }
+    if (specials == 0) return s;
+    // Partial operands next to anything they cannot be combined with are reduced.
+    bool any_partial = false, any_scaled_shard = false, other_linear = false;
+    bool other_shard = false;
+    bool avg = false, sum = false;
+    for (const Operand& o : ops) {
+      if (o.arg == exempt_arg) continue;
+      if (o.info.placement.is_partial()) {
+        any_partial = true;
+        (o.info.mean_scaled ? avg : sum) = true;
+      } else if (IsSpecial(o.info)) {
+        any_scaled_shard = true;
+      } else {
+        if (InMask(rule, o.arg)) other_linear = true;
+        if (o.info.placement.is_shard()) other_shard = true;
+      }
+    }
+    bool reduce_partials = false;
+    if (any_partial) {
+      if (any_scaled_shard || (avg && sum)) reduce_partials = true;
+      if (rule.linearity == Linearity::kAdditive && other_linear) reduce_partials = true;
+      if (rule.linearity == Linearity::kMultilinear) {
+        int n_partial = 0;
+        for (const Operand& o : ops) n_partial += o.info.placement.is_partial() && o.arg != exempt_arg;
+        if (n_partial > 1 || other_shard) reduce_partials = true;
+      }
+    }
+    if (reduce_partials) {
+      for (Operand& o : ops) {
+        if (o.info.placement.is_partial() && o.arg != exempt_arg) {
+          RequireWhole(o.ref, id);
+          o.info = kReplicated;
+        }
+      }
+      any_partial = false;
+    }
+    if (any_scaled_shard) {
+      int n_scaled = 0;
+      for (const Operand& o : ops) {
+        if (o.arg == exempt_arg || !IsSpecial(o.info)) continue;
+        ++n_scaled;
+        if (rule.linearity == Linearity::kMultilinear && n_scaled > 1) {
+          return ScaledError(id, n, o, "it is multiplied by another mean-scaled value");
+        }
+      }
+      if (rule.linearity == Linearity::kAdditive) {
+        for (const Operand& o : ops) {
+          if (o.arg != exempt_arg && InMask(rule, o.arg) && !IsSpecial(o.info) &&
+              o.type->numel() > 0) {
+            return ScaledError(id, n, o, "it is added to a value that is not mean-scaled");
+          }
+        }
+      }
+      s.scaled = true;
+    }
+    if (any_partial) {
+      s.partial = true;
+      s.scaled = avg;
+    }
+    return s;
+  }
+
+  // ---- sharding a replicated operand for a sharded use -----------------------
+
+  struct Upgrade {
+    int32_t dim;
+    int64_t outer;
+    NodeId user;
+  };
+
+  // A replicated operand whose dim `dim` spans the batch of a sharded use.
+  // A factory-like value (zeros, ones_like, expand of a replicated value, and
+  // chains of those) is built sharded; anything else is sliced by the
+  // expansion (no communication).
+  void NeedShard(const Operand& o, int32_t dim, int64_t outer, NodeId user) {
+    if (o.type->shape[dim] == 1) return;  // broadcast.
+    std::vector<std::pair<int32_t, Upgrade>> marks;
+    if (TryUpgrade(o.ref, dim, outer, user, marks, 0)) {
+      for (auto& [node, up] : marks) {
+        if (upgrades_.emplace(node, up).second) changed_ = true;
+      }
+      return;
+    }
+    a_.sharded_reads_.push_back(ShardedRead{o.ref, dim, outer, user});
+  }
+
+  bool TryUpgrade(ValueRef r, int32_t dim, int64_t outer, NodeId user,
+                  std::vector<std::pair<int32_t, Upgrade>>& marks, int depth) {
+    if (depth > 64 || r.output != 0) return false;
+    const Node& n = g_.node(r.node);
+    if (!n.is_call() || n.outputs.size() != 1) return false;
+    if (!a_.values_[Offset(r)].placement.is_replicate()) return false;
+    const TensorType* t = TypeOf(r);
+    if (t == nullptr || dim >= t->rank()) return false;
+    const Upgrade up{dim, outer, user};
+    if (upgrades_.contains(r.node.value)) return true;
+    if (IsViewOp(n.target)) {
+      if (n.target.name != "aten::expand" && n.target.name != "aten::broadcast_to") return false;
+      const ValueRef* in = n.args.empty() ? nullptr : n.args[0].get_if<ValueRef>();
+      const TensorType* it = in ? TypeOf(*in) : nullptr;
+      if (it == nullptr) return false;
+      const int32_t in_dim = dim - static_cast<int32_t>(t->rank() - it->rank());
+      if (in_dim >= 0 && it->shape[in_dim] != 1) {
+        if (!TryUpgrade(*in, in_dim, outer, user, marks, depth + 1)) return false;
+      }
+      marks.emplace_back(r.node.value, up);
+      return true;
+    }
+    const OpRule* rule = FindOpRule(n.target);
+    if (rule == nullptr) return false;
+    switch (rule->family) {
+      case OpFamily::kFactory:
+      case OpFamily::kNewFactory:
+      case OpFamily::kLike:
+        marks.emplace_back(r.node.value, up);
+        return true;
+      case OpFamily::kPointwise: {
+        for (const Operand& o : Operands(n)) {
+          const int32_t in_dim = dim - static_cast<int32_t>(t->rank() - o.type->rank());
+          if (in_dim < 0 || o.type->shape[in_dim] == 1) continue;
+          if (!TryUpgrade(o.ref, in_dim, outer, user, marks, depth + 1)) return false;
+        }
+        marks.emplace_back(r.node.value, up);
+        return true;
+      }
+      default:
+        return false;
+    }
+  }
+
+  // ---- view ops ------------------------------------------------------------
+
+  // Where the batch (input dim `d`, outer/inner factors) ends up in the dim
+  // `spec` describes. `size` receives the spec's size.
+  BatchLoc Locate(const DimSpec& spec, const std::vector<int64_t>& in_shape, int64_t d,
+                  int64_t outer, int64_t inner, int64_t* size) const {
+    const int64_t b = a_.batch_size_;
+    switch (spec.kind()) {
+      case DimSpec::Kind::kSingleton: *size = 1; return {};
+      case DimSpec::Kind::kNewDim: *size = spec.size(); return {};
+      case DimSpec::Kind::kInputDim:
+        *size = in_shape[spec.input_dim()];
+        if (spec.input_dim() == d) return {BatchLoc::kWhole, outer, inner};
+        return {};
+      case DimSpec::Kind::kBroadcast: {
+        int64_t s = 0;
+        BatchLoc l = Locate(spec.inputs()[0], in_shape, d, outer, inner, &s);
+        *size = spec.size();
+        if (l.kind == BatchLoc::kNone) return l;
+        return b == 1 ? BatchLoc{} : BatchLoc{BatchLoc::kBroken};
+      }
+      case DimSpec::Kind::kRepeat: {
+        int64_t s = 0;
+        BatchLoc l = Locate(spec.inputs()[0], in_shape, d, outer, inner, &s);
+        *size = s * spec.size();
+        if (l.kind == BatchLoc::kNone) return l;
+        return BatchLoc{BatchLoc::kBroken};
+      }
+      case DimSpec::Kind::kFlatten: {
+        std::vector<int64_t> sizes;
+        int found = -1;
+        BatchLoc member;
+        for (const DimSpec& m : spec.inputs()) {
+          int64_t s = 0;
+          BatchLoc l = Locate(m, in_shape, d, outer, inner, &s);
+          if (l.kind == BatchLoc::kBroken) return l;
+          if (l.kind == BatchLoc::kWhole) {
+            found = static_cast<int>(sizes.size());
+            member = l;
+          }
+          sizes.push_back(s);
+        }
+        int64_t total = 1;
+        for (int64_t s : sizes) total *= s;
+        *size = total;
+        if (found < 0) return {};
+        for (int i = 0; i < found; ++i) member.outer *= sizes[i];
+        for (size_t i = found + 1; i < sizes.size(); ++i) member.inner *= sizes[i];
+        return member;
+      }
+      case DimSpec::Kind::kSplit: {
+        int64_t s = 0;
+        BatchLoc l = Locate(spec.inputs()[0], in_shape, d, outer, inner, &s);
+        const auto& group = spec.group_shape();
+        const int64_t id = spec.split_id();
+        *size = group[id];
+        if (l.kind != BatchLoc::kWhole) return l;
+        int64_t lo = 1;
+        for (int64_t i = 0; i < id; ++i) lo *= group[i];
+        const int64_t hi = lo * group[id];
+        // The batch occupies radix span (outer, outer*B]; this piece (lo, hi].
+        const int64_t blo = l.outer, bhi = l.outer * b;
+        if (bhi <= lo || hi <= blo) return {};
+        if (blo % lo == 0 && hi % bhi == 0) return {BatchLoc::kWhole, blo / lo, hi / bhi};
+        return BatchLoc{BatchLoc::kBroken};
+      }
+    }
+    return {};
+  }
+
+  absl::Status VisitView(NodeId id, const Node& n) {
+    NodeInfo& info = a_.nodes_[id.value];
+    info.decision = Decision::kView;
+    const ValueRef* in = n.args.empty() ? nullptr : n.args[0].get_if<ValueRef>();
+    const TensorType* it = in ? TypeOf(*in) : nullptr;
+    if (it == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("node %s (%s): arg 0 must be a tensor", n.name, TargetString(n)));
+    }
+    const ValueInfo src = Read(*in);
+    if (!src.placement.is_shard()) {
+      // Views are linear: replicated stays replicated, partial stays partial.
+      SetAllOut(id, src);
+      info.detail = src.placement.is_partial() ? Detail::kPartialLinear : Detail::kNoBatch;
+      return absl::OkStatus();
+    }
+    auto map = ComputeViewDimMap(n.target, it->shape, n.args, n.kwargs);
+    if (!map.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("node ", n.name, ": ", map.status().message()));
+    }
+    const int64_t d = src.placement.dim;
+    const int64_t n_in = it->shape[d];
+    const int64_t inner = n_in / (src.outer * a_.batch_size_);
+    int found = -1;
+    BatchLoc loc;
+    for (size_t k = 0; k < map->size(); ++k) {
+      int64_t size = 0;
+      BatchLoc l = Locate((*map)[k], it->shape, d, src.outer, inner, &size);
+      if (l.kind == BatchLoc::kBroken) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "node %s (%s): the view %s splits or repeats the batch (size %d, in input dim %d "
+            "of %s) across output dim %d; the batch cannot stay split over ranks",
+            n.name, TargetString(n), DimMapToString(*map), a_.batch_size_, d, it->ToString(),
+            k));
+      }
+      if (l.kind == BatchLoc::kWhole && found < 0) {
+        found = static_cast<int>(k);
+        loc = l;
+      }
+    }
+    if (found < 0) {
+      if (a_.batch_size_ == 1) {
+        SetAllOut(id, kReplicated);
+        return absl::OkStatus();
+      }
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "node %s (%s): the view %s drops the batch dim %d of %s", n.name, TargetString(n),
+          DimMapToString(*map), d, it->ToString()));
+    }
+    info.detail = Detail::kFromArg;
+    info.arg = 0;
+    SetAllOut(id, Shard(found, loc.outer, src.mean_scaled));
+    return absl::OkStatus();
+  }
+
+  // ---- rules -----------------------------------------------------------------
+
+  static int64_t NormDim(int64_t d, int64_t rank) {
+    const int64_t r = std::max<int64_t>(rank, 1);
+    return d < 0 ? d + r : d;
+  }
+
+  // Positional arg `i`, or keyword `name`, or nullptr.
+  static const Argument* ArgAt(const Node& n, int i, absl::string_view name) {
+    if (i >= 0 && i < static_cast<int>(n.args.size())) return &n.args[i];
+    if (!name.empty()) return n.kwarg(name);
+    return nullptr;
+  }
+
+  static std::optional<int64_t> IntArg(const Node& n, int i, absl::string_view name) {
+    const Argument* a = ArgAt(n, i, name);
+    if (a == nullptr) return std::nullopt;
+    if (const auto* v = a->get_if<int64_t>()) return *v;
+    if (const auto* s = a->get_if<ir::Scalar>()) {
+      if (const auto* v = std::get_if<int64_t>(&s->value)) return *v;
+    }
+    return std::nullopt;
+  }
+
+  static std::optional<bool> BoolArg(const Node& n, int i, absl::string_view name) {
+    const Argument* a = ArgAt(n, i, name);
+    if (a == nullptr) return std::nullopt;
+    if (const auto* v = a->get_if<bool>()) return *v;
+    return std::nullopt;
+  }
+
+  // Dims listed by an int or int-list argument; nullopt when absent or None.
+  static std::optional<std::vector<int64_t>> DimsArg(const Node& n, int i,
+                                                     absl::string_view name) {
+    const Argument* a = ArgAt(n, i, name);
+    if (a == nullptr || a->is_none()) return std::nullopt;
+    std::vector<int64_t> dims;
+    if (const auto* v = a->get_if<int64_t>()) {
+      dims.push_back(*v);
+    } else if (const auto* l = a->get_if<Argument::List>()) {
+      for (const Argument& e : *l) {
+        if (const auto* v = e.get_if<int64_t>()) dims.push_back(*v);
+      }
+    }
+    return dims;
+  }
+
+  absl::Status Error(const Node& n, const std::string& what) const {
+    return absl::InvalidArgumentError(
+        absl::StrCat("node ", n.name, " (", TargetString(n), "): ", what));
+  }
+
+  const TensorType* OutType(const Node& n, int k = 0) const {
+    if (k >= static_cast<int>(n.outputs.size()) || !n.outputs[k].is_tensor()) return nullptr;
+    return &n.outputs[k].tensor;
+  }
+
+  struct Combined {
+    int32_t dim = -1;      // output dim holding the batch, or -1.
+    int64_t outer = 1;
+    int arg = -1;          // operand that decided.
+  };
+
+  // Broadcasting combination: every sharded operand must put the batch on the
+  // same output dim; replicated operands spanning that dim are sharded too.
+  absl::StatusOr<Combined> Broadcast(NodeId id, const Node& n, const std::vector<Operand>& ops,
+                                     int64_t out_rank, bool broadcast = true) {
+    Combined c;
+    for (const Operand& o : ops) {
+      if (!o.info.placement.is_shard()) continue;
+      const int32_t d = o.info.placement.dim +
+                        (broadcast ? static_cast<int32_t>(out_rank - o.type->rank()) : 0);
+      if (c.dim < 0) {
+        c = {d, o.info.outer, o.arg};
+      } else if (c.dim != d || c.outer != o.info.outer) {
+        return Error(n, absl::StrFormat(
+            "operands put the batch on different dims: arg %d (%s) on output dim %d, "
+            "arg %d (%s) on output dim %d",
+            c.arg, OperandName(ops, c.arg), c.dim, o.arg, g_.node(o.ref.node).name, d));
+      }
+    }
+    if (c.dim >= 0) {
+      for (const Operand& o : ops) {
+        if (!o.info.placement.is_replicate()) continue;
+        const int32_t d = c.dim - (broadcast ? static_cast<int32_t>(out_rank - o.type->rank()) : 0);
+        if (d >= 0 && d < o.type->rank()) NeedShard(o, d, c.outer, id);
+      }
+    }
+    return c;
+  }
+
+  std::string OperandName(const std::vector<Operand>& ops, int arg) const {
+    for (const Operand& o : ops) {
+      if (o.arg == arg) return g_.node(o.ref.node).name;
+    }
+    return "?";
+  }
+
+  // Sets every tensor output from a combination.
+  void SetCombined(NodeId id, const Combined& c, const Special& s) {
+    NodeInfo& info = a_.nodes_[id.value];
+    if (c.dim >= 0) {
+      info.detail = Detail::kFromArg;
+      info.arg = static_cast<int8_t>(std::min(c.arg, 127));
+      SetAllOut(id, Shard(c.dim, c.outer, s.scaled));
+    } else if (s.partial) {
+      info.detail = Detail::kPartialLinear;
+      SetAllOut(id, Partial(s.scaled));
+    } else {
+      info.detail = Detail::kNoBatch;
+      SetAllOut(id, kReplicated);
+    }
+  }
+
+  absl::Status Pointwise(NodeId id, const Node& n, const OpRule& rule, int64_t out_rank,
+                         bool broadcast = true) {
+    std::vector<Operand> ops = Operands(n);
+    OpRule r = rule;
+    // masked_fill(x, mask, 0) is linear in x.
+    if (n.target.name == "aten::masked_fill" && n.target.overload == "Scalar") {
+      const Argument* v = ArgAt(n, 2, "value");
+      bool zero = false;
+      if (v != nullptr) {
+        if (const auto* s = v->get_if<ir::Scalar>()) {
+          if (const auto* i = std::get_if<int64_t>(&s->value)) zero = *i == 0;
+          if (const auto* f = std::get_if<double>(&s->value)) zero = *f == 0.0;
+        } else if (const auto* i = v->get_if<int64_t>()) {
+          zero = *i == 0;
+        } else if (const auto* f = v->get_if<double>()) {
+          zero = *f == 0.0;
+        }
+      }
+      if (zero) {
+        r.linearity = Linearity::kMultilinear;
+        r.linear_args = 1;
+      }
+    }
+    FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, r, ops));
+    FXDP_ASSIGN_OR_RETURN(Combined c, Broadcast(id, n, ops, out_rank, broadcast));
+    if (c.dim >= 0 && s.partial) {
+      return Error(n, "combines a partial value with a batch-sharded one");
+    }
+    SetCombined(id, c, s);
+    return absl::OkStatus();
+  }
+
+  absl::Status VisitRule(NodeId id, const Node& n, const OpRule& rule) {
+    const TensorType* out = OutType(n);
+    const int64_t out_rank = out ? out->rank() : 0;
+    NodeInfo& info = a_.nodes_[id.value];
+    switch (rule.family) {
+      case OpFamily::kPointwise:
+        return Pointwise(id, n, rule, out_rank);
+
+      case OpFamily::kLike: {
+        std::vector<Operand> ops = Operands(n);
+        const Operand* self = ops.empty() ? nullptr : &ops[0];
+        if (self != nullptr && self->info.placement.is_shard()) {
+          info.detail = Detail::kFromArg;
+          info.arg = 0;
+          SetAllOut(id, Shard(self->info.placement.dim, self->info.outer, false));
+        } else {
+          info.detail = Detail::kNoBatch;
+        }
+        return absl::OkStatus();
+      }
+
+      case OpFamily::kNewFactory:
+      case OpFamily::kFactory:
+      case OpFamily::kNoTensor:
+        info.detail = Detail::kNoBatch;
+        return absl::OkStatus();
+
+      case OpFamily::kMatmul: return Matmul(id, n, rule);
+      case OpFamily::kReduce: return Reduce(id, n, rule);
+
+      case OpFamily::kAlongDim:
+      case OpFamily::kLastDims:
+      case OpFamily::kDimsList:
+      case OpFamily::kPad: {
+        FXDP_RETURN_IF_ERROR(Pointwise(id, n, rule, out_rank, /*broadcast=*/false));
+        const ValueInfo& v = a_.values_[a_.value_offset_[id.value]];
+        if (!v.placement.is_shard()) return absl::OkStatus();
+        const int64_t d = v.placement.dim;
+        if (rule.family == OpFamily::kAlongDim) {
+          const int64_t dim = NormDim(IntArg(n, rule.a, "dim").value_or(-1), out_rank);
+          if (dim == d) {
+            return Error(n, absl::StrFormat("works along dim %d, which holds the batch; it "
+                                            "needs the whole batch on every rank", dim));
+          }
+        } else if (rule.family == OpFamily::kLastDims || rule.family == OpFamily::kPad) {
+          int64_t last = rule.a;
+          if (rule.family == OpFamily::kPad) {
+            auto pad = DimsArg(n, 1, "pad");
+            last = pad ? static_cast<int64_t>(pad->size() / 2) : 0;
+          }
+          if (d >= out_rank - last) {
+            return Error(n, absl::StrFormat("works on the last %d dims, which include the batch "
+                                            "dim %d", last, d));
+          }
+        } else {
+          auto dims = DimsArg(n, rule.a, "dims").value_or(std::vector<int64_t>{});
+          for (int64_t x : dims) {
+            if (NormDim(x, out_rank) == d) {
+              return Error(n, absl::StrFormat("works on dim %d, which holds the batch", d));
+            }
+          }
+        }
+        return absl::OkStatus();
+      }
+
+      case OpFamily::kLayerNorm: return LayerNorm(id, n, rule);
+      case OpFamily::kLayerNormBackward:
+      case OpFamily::kBatchNormBackward:
+      case OpFamily::kConvBackward:
+        return NormOrConvBackward(id, n, rule);
+      case OpFamily::kBatchNorm: return BatchNorm(id, n, rule);
+      case OpFamily::kSpatial: return Spatial(id, n, rule);
+      case OpFamily::kEmbedding: return Embedding(id, n, rule);
+      case OpFamily::kEmbeddingBackward: return EmbeddingBackward(id, n, rule);
+      case OpFamily::kLoss:
+      case OpFamily::kNllLoss:
+        return Loss(id, n, rule);
+      case OpFamily::kLossBackward:
+      case OpFamily::kNllLossBackward:
+        return LossBackward(id, n, rule);
+      case OpFamily::kCat:
+      case OpFamily::kStack:
+        return CatStack(id, n, rule);
+      case OpFamily::kSplit:
+      case OpFamily::kSlice:
+      case OpFamily::kSelect:
+      case OpFamily::kIndexWithDim:
+      case OpFamily::kSliceBackward:
+        return DimOp(id, n, rule);
+      case OpFamily::kIndex: return Index(id, n, rule);
+      case OpFamily::kForeach: return Foreach(id, n, rule);
+    }
+    return absl::OkStatus();
+  }
+
+  // -- matmul --------------------------------------------------------------
+
+  absl::Status Matmul(NodeId id, const Node& n, const OpRule& rule) {
+    std::vector<Operand> ops = Operands(n);
+    const TensorType* out = OutType(n);
+    if (out == nullptr) return Error(n, "expected a tensor output");
+    // Labels: letters for named dims, 1000+i for broadcast dims.
+    std::vector<std::vector<int>> labels;  // per operand, by operand position.
+    std::vector<int> out_labels;
+    std::vector<int> operand_args;
+    bool bias = false;
+    auto letters = [](absl::string_view s) {
+      std::vector<int> v;
+      for (char ch : s) v.push_back(ch);
+      return v;
+    };
+    auto ell = [](int64_t k, int64_t total) {
+      std::vector<int> v;
+      for (int64_t i = total - k; i < total; ++i) v.push_back(1000 + static_cast<int>(i));
+      return v;
+    };
+    auto cat = [](std::vector<int> a, const std::vector<int>& b) {
+      a.insert(a.end(), b.begin(), b.end());
+      return a;
+    };
+    auto rank_of = [&](int arg) -> int64_t {
+      for (const Operand& o : ops) {
+        if (o.arg == arg) return o.type->rank();
+      }
+      return -1;
+    };
+    if (rule.spec == "linear") {
+      const int64_t r = rank_of(0);
+      if (r < 1) return Error(n, "arg 0 must be a tensor of rank >= 1");
+      labels = {cat(ell(r - 1, r - 1), letters("k")), letters("nk"), letters("n")};
+      out_labels = cat(ell(r - 1, r - 1), letters("n"));
+      operand_args = {0, 1, 2};
+      bias = true;
+    } else if (rule.spec == "matmul") {
+      const int64_t ra = rank_of(0), rb = rank_of(1);
+      if (ra < 1 || rb < 1) return Error(n, "args 0 and 1 must be tensors of rank >= 1");
+      const int64_t e = std::max<int64_t>({ra - 2, rb - 2, 0});
+      if (ra == 1 && rb == 1) {
+        labels = {letters("k"), letters("k")};
+      } else if (rb == 1) {
+        labels = {cat(ell(ra - 2, e), letters("ik")), letters("k")};
+        out_labels = cat(ell(ra - 2, e), letters("i"));
+      } else if (ra == 1) {
+        labels = {letters("k"), cat(ell(rb - 2, e), letters("kj"))};
+        out_labels = cat(ell(rb - 2, e), letters("j"));
+      } else {
+        labels = {cat(ell(ra - 2, e), letters("ik")), cat(ell(rb - 2, e), letters("kj"))};
+        out_labels = cat(ell(e, e), letters("ij"));
+      }
+      operand_args = {0, 1};
+    } else {
+      absl::string_view spec = rule.spec;
+      if (absl::ConsumePrefix(&spec, "+")) bias = true;
+      const size_t arrow = spec.find("->");
+      std::vector<absl::string_view> ins = absl::StrSplit(spec.substr(0, arrow), ',');
+      for (absl::string_view s : ins) labels.push_back(letters(s));
+      out_labels = letters(spec.substr(arrow + 2));
+      for (size_t i = 0; i < labels.size(); ++i) operand_args.push_back(static_cast<int>(i));
+    }
+    // Operand dim -> label (a bias is right-aligned against its labels).
+    auto label_of = [&](const Operand& o, int64_t dim) -> int {
+      for (size_t i = 0; i < operand_args.size(); ++i) {
+        if (operand_args[i] != o.arg) continue;
+        const auto& l = labels[i];
+        const int64_t shift = static_cast<int64_t>(l.size()) - o.type->rank();
+        if (shift < 0 || dim + shift >= static_cast<int64_t>(l.size())) return -1;
+        return l[dim + shift];
+      }
+      return -1;
+    };
+    FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule, ops));
+    int batch_label = -1;
+    int64_t outer = 1;
+    int decided = -1;
+    for (const Operand& o : ops) {
+      if (!o.info.placement.is_shard()) continue;
+      const int l = label_of(o, o.info.placement.dim);
+      if (l < 0) return Error(n, absl::StrFormat("arg %d has an unexpected rank %d", o.arg,
+                                                o.type->rank()));
+      if (batch_label < 0) {
+        batch_label = l;
+        outer = o.info.outer;
+        decided = o.arg;
+      } else if (batch_label != l || outer != o.info.outer) {
+        return Error(n, absl::StrFormat(
+            "operands put the batch on different dims of the product (arg %d and arg %d)",
+            decided, o.arg));
+      }
+    }
+    NodeInfo& info = a_.nodes_[id.value];
+    if (batch_label < 0) {
+      SetCombined(id, Combined{}, s);
+      return absl::OkStatus();
+    }
+    // Replicated operands that span the batch label are sharded too.
+    for (const Operand& o : ops) {
+      if (!o.info.placement.is_replicate()) continue;
+      for (int64_t d = 0; d < o.type->rank(); ++d) {
+        if (label_of(o, d) == batch_label) NeedShard(o, static_cast<int32_t>(d), outer, id);
+      }
+    }
+    auto pos = std::find(out_labels.begin(), out_labels.end(), batch_label);
+    info.arg = static_cast<int8_t>(decided);
+    if (pos != out_labels.end()) {
+      info.detail = Detail::kFromArg;
+      SetAllOut(id, Shard(static_cast<int32_t>(pos - out_labels.begin()), outer, s.scaled));
+      return absl::OkStatus();
+    }
+    if (bias) {
+      for (const Operand& o : ops) {
+        if (o.arg == operand_args[0] && rule.spec != "linear") {
+          return Error(n, "adds a bias to a product that contracts the batch; the bias would "
+                          "be counted once per rank");
+        }
+        if (rule.spec == "linear" && o.arg == 2) {
+          return Error(n, "adds a bias to a product that contracts the batch; the bias would "
+                          "be counted once per rank");
+        }
+      }
+    }
+    info.detail = Detail::kContracted;
+    SetAllOut(id, Partial(s.scaled));
+    return absl::OkStatus();
+  }
+
+  // -- reductions ------------------------------------------------------------
+
+  absl::Status Reduce(NodeId id, const Node& n, const OpRule& rule) {
+    std::vector<Operand> ops = Operands(n);
+    FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule, ops));
+    NodeInfo& info = a_.nodes_[id.value];
+    const Operand* self = nullptr;
+    for (const Operand& o : ops) {
+      if (o.arg == 0) self = &o;
+    }
+    if (self == nullptr) return Error(n, "arg 0 must be a tensor");
+    if (!self->info.placement.is_shard()) {
+      SetCombined(id, Combined{}, s);
+      return absl::OkStatus();
+    }
+    const int64_t rank = self->type->rank();
+    std::vector<int64_t> dims;
+    if (rule.a >= 0) {
+      dims = DimsArg(n, rule.a, "dim").value_or(std::vector<int64_t>{});
+    }
+    bool all = dims.empty();
+    std::vector<bool> reduced(std::max<int64_t>(rank, 1), all);
+    for (int64_t d : dims) {
+      const int64_t nd = NormDim(d, rank);
+      if (nd < 0 || nd >= std::max<int64_t>(rank, 1)) {
+        return Error(n, absl::StrFormat("dim %d is out of range for rank %d", d, rank));
+      }
+      reduced[nd] = true;
+    }
+    const bool keepdim = rule.b >= 0 && BoolArg(n, rule.b, "keepdim").value_or(false);
+    const int32_t d = self->info.placement.dim;
+    const auto kind = static_cast<ReduceKind>(rule.c);
+    info.arg = 0;
+    if (!reduced[d]) {
+      int32_t nd = d;
+      if (!keepdim) {
+        for (int32_t i = 0; i < d; ++i) nd -= reduced[i] ? 1 : 0;
+      }
+      info.detail = Detail::kFromArg;
+      SetAllOut(id, Shard(nd, self->info.outer, s.scaled));
+      return absl::OkStatus();
+    }
+    if (kind == ReduceKind::kOther) {
+      return Error(n, absl::StrFormat(
+          "reduces the batch dim %d, which is not a sum or mean of per-rank results; it "
+          "needs the whole batch on every rank",
+          d));
+    }
+    if (kind == ReduceKind::kMean && s.scaled) {
+      return ScaledError(id, n, *self, "a second mean over the batch would scale it twice");
+    }
+    info.detail = Detail::kReducedBatch;
+    SetAllOut(id, Partial(kind == ReduceKind::kMean || s.scaled));
+    return absl::OkStatus();
+  }
+
+  // -- norms, convolutions, pooling ---------------------------------------------
+
+  const Operand* Find(const std::vector<Operand>& ops, int arg) const {
+    for (const Operand& o : ops) {
+      if (o.arg == arg) return &o;
+    }
+    return nullptr;
+  }
+
+  absl::Status RequireReplicatedArgs(const Node& n, const std::vector<Operand>& ops,
+                                     std::initializer_list<int> args) const {
+    for (int a : args) {
+      const Operand* o = Find(ops, a);
+      if (o != nullptr && o->info.placement.is_shard()) {
+        return Error(n, absl::StrFormat("arg %d (%s) is sharded on the batch; this op needs it "
+                                        "replicated (a weight, bias or running statistic)",
+                                        a, g_.node(o->ref.node).name));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status LayerNorm(NodeId id, const Node& n, const OpRule& rule) {
+    std::vector<Operand> ops = Operands(n);
+    FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule, ops));
+    FXDP_RETURN_IF_ERROR(RequireReplicatedArgs(n, ops, {2, 3}));
+    const Operand* x = Find(ops, 0);
+    if (x == nullptr || !x->info.placement.is_shard()) {
+      SetCombined(id, Combined{}, s);
+      return absl::OkStatus();
+    }
+    auto shape = DimsArg(n, 1, "normalized_shape").value_or(std::vector<int64_t>{});
+    const int32_t d = x->info.placement.dim;
+    if (d >= x->type->rank() - static_cast<int64_t>(shape.size())) {
+      return Error(n, absl::StrFormat("normalises over the last %d dims, which include the "
+                                      "batch dim %d", shape.size(), d));
+    }
+    SetCombined(id, Combined{d, x->info.outer, 0}, s);
+    return absl::OkStatus();
+  }
+
+  // native_layer_norm_backward, native_batch_norm_backward, convolution_backward:
+  // (grad_input, grad_weight, grad_bias) from (grad_output, input, ...).
+  absl::Status NormOrConvBackward(NodeId id, const Node& n, const OpRule& rule) {
+    std::vector<Operand> ops = Operands(n);
+    FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule, ops));
+    const Operand* g = Find(ops, 0);
+    const Operand* x = Find(ops, 1);
+    const bool sharded = (g && g->info.placement.is_shard()) || (x && x->info.placement.is_shard());
+    if (!sharded) {
+      SetCombined(id, Combined{}, s);
+      return absl::OkStatus();
+    }
+    if (rule.family == OpFamily::kConvBackward) {
+      FXDP_RETURN_IF_ERROR(RequireReplicatedArgs(n, ops, {2}));
+    } else if (rule.family == OpFamily::kLayerNormBackward) {
+      FXDP_RETURN_IF_ERROR(RequireReplicatedArgs(n, ops, {5, 6}));
+    } else {
+      FXDP_RETURN_IF_ERROR(RequireReplicatedArgs(n, ops, {2, 3, 4}));
+    }
+    // grad_output and input hold the batch on the same dim.
+    std::vector<Operand> batched;
+    for (const Operand& o : ops) {
+      if (o.arg == 0 || o.arg == 1) batched.push_back(o);
+    }
+    FXDP_ASSIGN_OR_RETURN(Combined c, Broadcast(id, n, batched, OutType(n) ? OutType(n)->rank() : 0,
+                                                /*broadcast=*/false));
+    if (rule.family != OpFamily::kLayerNormBackward && c.dim != 0 && c.dim >= 0 &&
+        rule.family == OpFamily::kBatchNormBackward && c.dim == 1) {
+      return Error(n, "holds the batch on dim 1, the channel dim of batch norm");
+    }
+    NodeInfo& info = a_.nodes_[id.value];
+    info.detail = Detail::kFromArg;
+    info.arg = static_cast<int8_t>(c.arg);
+    SetOut(id, 0, Shard(c.dim, c.outer, s.scaled));
+    SetOut(id, 1, Partial(s.scaled));
+    SetOut(id, 2, Partial(s.scaled));
+    return absl::OkStatus();
+  }
+
+  absl::Status BatchNorm(NodeId id, const Node& n, const OpRule& rule) {
+    std::vector<Operand> ops = Operands(n);
+    FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule, ops));
+    FXDP_RETURN_IF_ERROR(RequireReplicatedArgs(n, ops, {1, 2, 3, 4}));
+    const Operand* x = Find(ops, 0);
+    if (x == nullptr || !x->info.placement.is_shard()) {
+      SetCombined(id, Combined{}, s);
+      return absl::OkStatus();
+    }
+    const int32_t d = x->info.placement.dim;
+    if (d == 1) return Error(n, "holds the batch on dim 1, the channel dim of batch norm");
+    const bool training = rule.a >= 0 && BoolArg(n, rule.a, "training").value_or(true);
+    NodeInfo& info = a_.nodes_[id.value];
+    info.arg = 0;
+    SetOut(id, 0, Shard(d, x->info.outer, false));
+    if (training) {
+      info.detail = Detail::kLocalStats;
+      a_.notes_.push_back(absl::StrCat(
+          n.name, " (", TargetString(n), "): batch norm normalises with each rank's local batch "
+          "statistics, as DDP does; running statistics are updated from them"));
+    } else {
+      info.detail = Detail::kFromArg;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Spatial(NodeId id, const Node& n, const OpRule& rule) {
+    std::vector<Operand> ops = Operands(n);
+    FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule, ops));
+    Combined c;
+    for (const Operand& o : ops) {
+      if (!o.info.placement.is_shard()) continue;
+      if (o.info.placement.dim != 0) {
+        return Error(n, absl::StrFormat("arg %d (%s) holds the batch on dim %d; spatial ops "
+                                        "(convolution, pooling) need it on dim 0",
+                                        o.arg, g_.node(o.ref.node).name, o.info.placement.dim));
+      }
+      if (c.dim >= 0 && c.outer != o.info.outer) {
+        return Error(n, "operands fold the batch differently into dim 0");
+      }
+      if (c.dim < 0) c = {0, o.info.outer, o.arg};
+    }
+    if (c.dim >= 0 && n.target.name == "aten::convolution") {
+      FXDP_RETURN_IF_ERROR(RequireReplicatedArgs(n, ops, {1, 2}));
+    }
+    SetCombined(id, c, s);
+    return absl::OkStatus();
+  }
+
+  absl::Status Embedding(NodeId id, const Node& n, const OpRule& rule) {
+    std::vector<Operand> ops = Operands(n);
+    FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule, ops));
+    FXDP_RETURN_IF_ERROR(RequireReplicatedArgs(n, ops, {0}));
+    const Operand* idx = Find(ops, 1);
+    if (idx == nullptr || !idx->info.placement.is_shard()) {
+      SetCombined(id, Combined{}, s);
+      return absl::OkStatus();
+    }
+    SetCombined(id, Combined{idx->info.placement.dim, idx->info.outer, 1}, s);
+    return absl::OkStatus();
+  }
+
+  absl::Status EmbeddingBackward(NodeId id, const Node& n, const OpRule& rule) {
+    std::vector<Operand> ops = Operands(n);
+    FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule, ops));
+    const Operand* g = Find(ops, 0);
+    const Operand* idx = Find(ops, 1);
+    const bool sharded = (g && g->info.placement.is_shard()) || (idx && idx->info.placement.is_shard());
+    if (!sharded) {
+      SetCombined(id, Combined{}, s);
+      return absl::OkStatus();
+    }
+    if (BoolArg(n, 4, "scale_grad_by_freq").value_or(false)) {
+      a_.notes_.push_back(absl::StrCat(n.name, ": scale_grad_by_freq counts token frequencies "
+                                       "in each rank's local batch"));
+    }
+    NodeInfo& info = a_.nodes_[id.value];
+    info.detail = Detail::kContracted;
+    info.arg = 0;
+    SetAllOut(id, Partial(s.scaled));
+    return absl::OkStatus();
+  }
+
+  // -- losses --------------------------------------------------------------------
+
+  int64_t ReductionArg(const Node& n, const OpRule& rule) const {
+    return IntArg(n, rule.a, "reduction").value_or(1);
+  }
+
+  absl::Status Loss(NodeId id, const Node& n, const OpRule& rule) {
+    std::vector<Operand> ops = Operands(n);
+    FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule, ops));
+    std::vector<Operand> batched;
+    for (const Operand& o : ops) {
+      if (o.arg <= 1) batched.push_back(o);
+    }
+    const bool nll = rule.family == OpFamily::kNllLoss;
+    const Operand* self = Find(ops, 0);
+    const int64_t self_rank = self ? self->type->rank() : 0;
+    // nll: target has the class dim removed; align on the leading (batch) dims.
+    FXDP_ASSIGN_OR_RETURN(Combined c, Broadcast(id, n, batched, self_rank, /*broadcast=*/!nll));
+    if (nll && c.dim >= 0 && self_rank >= 2 && c.dim != 0) {
+      return Error(n, absl::StrFormat("holds the batch on dim %d; nll_loss needs it on dim 0 "
+                                      "(dim 1 is the class dim)",
+                                      c.dim));
+    }
+    const int64_t reduction = ReductionArg(n, rule);
+    NodeInfo& info = a_.nodes_[id.value];
+    if (c.dim < 0) {
+      SetCombined(id, c, s);
+      return absl::OkStatus();
+    }
+    info.arg = static_cast<int8_t>(c.arg);
+    if (reduction == 0) {
+      info.detail = Detail::kFromArg;
+      SetOut(id, 0, Shard(c.dim, c.outer, false));
+    } else {
+      info.detail = Detail::kLossReduced;
+      SetOut(id, 0, Partial(reduction == 1));
+    }
+    if (nll) SetOut(id, 1, Partial(false));  // total_weight: a local count.
+    return absl::OkStatus();
+  }
+
+  absl::Status LossBackward(NodeId id, const Node& n, const OpRule& rule) {
+    std::vector<Operand> ops = Operands(n);
+    const bool nll = rule.family == OpFamily::kNllLossBackward;
+    FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule, ops, nll ? rule.b : -1));
+    std::vector<Operand> batched;
+    for (const Operand& o : ops) {
+      if (o.arg <= 2) batched.push_back(o);
+    }
+    const Operand* self = Find(ops, 1);
+    const int64_t self_rank = self ? self->type->rank() : 0;
+    std::vector<Operand> aligned;  // grad_output (when per-sample) and self.
+    for (const Operand& o : batched) {
+      if (o.arg != 2 || !nll) aligned.push_back(o);
+    }
+    FXDP_ASSIGN_OR_RETURN(Combined c, Broadcast(id, n, aligned, self_rank, /*broadcast=*/true));
+    if (nll) {
+      const Operand* target = Find(ops, 2);
+      if (target != nullptr && target->info.placement.is_shard() && c.dim >= 0 &&
+          target->info.placement.dim != c.dim) {
+        return Error(n, "target and self hold the batch on different dims");
+      }
+      if (c.dim < 0 && target != nullptr && target->info.placement.is_shard()) {
+        c = {target->info.placement.dim, target->info.outer, 2};
+      }
+    }
+    if (c.dim < 0) {
+      SetCombined(id, c, s);
+      return absl::OkStatus();
+    }
+    const int64_t reduction = ReductionArg(n, rule);
+    bool scaled = s.scaled;
+    if (reduction == 1) {
+      if (scaled) {
+        return ScaledError(id, n, *Find(ops, 0), "the mean reduction would scale it twice");
+      }
+      scaled = true;
+    }
+    Special t = s;
+    t.scaled = scaled;
+    SetCombined(id, c, t);
+    return absl::OkStatus();
+  }
+
+  // -- cat / stack / split / slice / select / index ----------------------------------
+
+  absl::Status CatStack(NodeId id, const Node& n, const OpRule& rule) {
+    std::vector<Operand> ops = Operands(n);
+    FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule, ops));
+    const TensorType* out = OutType(n);
+    const int64_t out_rank = out ? out->rank() : 0;
+    const bool stack = rule.family == OpFamily::kStack;
+    const int64_t dim = NormDim(IntArg(n, rule.a, "dim").value_or(0), out_rank);
+    // Operands of a stack gain the new dim `dim`.
+    std::vector<Operand> moved = ops;
+    Combined c;
+    for (Operand& o : moved) {
+      if (!o.info.placement.is_shard()) continue;
+      int32_t d = o.info.placement.dim;
+      if (stack && d >= dim) ++d;
+      if (!stack && o.type->rank() == 1 && o.type->shape[0] == 0) continue;
+      if (c.dim < 0) {
+        c = {d, o.info.outer, o.arg};
+      } else if (c.dim != d || c.outer != o.info.outer) {
+        return Error(n, "operands hold the batch on different dims");
+      }
+    }
+    if (c.dim >= 0) {
+      if (!stack && c.dim == dim) {
+        return Error(n, absl::StrFormat("concatenates along dim %d, which holds the batch; the "
+                                        "result's rows would interleave across ranks",
+                                        dim));
+      }
+      for (const Operand& o : ops) {
+        if (!o.info.placement.is_replicate()) continue;
+        const int32_t d = stack && c.dim > dim ? c.dim - 1 : c.dim;
+        if (d < o.type->rank()) NeedShard(o, d, c.outer, id);
+      }
+    }
+    SetCombined(id, c, s);
+    return absl::OkStatus();
+  }
+
+  absl::Status DimOp(NodeId id, const Node& n, const OpRule& rule) {
+    std::vector<Operand> ops = Operands(n);
+    FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule, ops));
+    const Operand* self = Find(ops, 0);
+    if (self == nullptr) return Error(n, "arg 0 must be a tensor");
+    const bool index_select = n.target.name == "aten::index_select";
+    if (rule.family == OpFamily::kIndexWithDim && !index_select) {
+      // gather / scatter: every tensor operand has self's rank.
+      FXDP_ASSIGN_OR_RETURN(Combined c, Broadcast(id, n, ops, self->type->rank(), false));
+      if (c.dim >= 0 && c.dim == NormDim(IntArg(n, rule.a, "dim").value_or(0), self->type->rank())) {
+        return Error(n, absl::StrFormat("indexes along dim %d, which holds the batch", c.dim));
+      }
+      SetCombined(id, c, s);
+      return absl::OkStatus();
+    }
+    for (const Operand& o : ops) {
+      if (o.arg != 0 && o.info.placement.is_shard()) {
+        return Error(n, absl::StrFormat("arg %d (%s) is sharded on the batch; only arg 0 may be",
+                                        o.arg, g_.node(o.ref.node).name));
+      }
+    }
+    if (!self->info.placement.is_shard()) {
+      SetCombined(id, Combined{}, s);
+      return absl::OkStatus();
+    }
+    const int64_t in_rank = self->type->rank();
+    const int32_t d = self->info.placement.dim;
+    const TensorType* out = OutType(n);
+    const int64_t out_rank = out ? out->rank() : in_rank;
+    // select_backward / slice_backward work in the output's coordinates.
+    const int64_t dim_rank = rule.family == OpFamily::kSliceBackward ? out_rank : in_rank;
+    const int64_t dim = NormDim(IntArg(n, rule.a, "dim").value_or(0), dim_rank);
+    int32_t nd = d;
+    switch (rule.family) {
+      case OpFamily::kSplit:
+        if (dim == d) {
+          return Error(n, absl::StrFormat("splits along dim %d, which holds the batch", d));
+        }
+        if (rule.b == 1 && d > dim) --nd;
+        break;
+      case OpFamily::kSelect:
+        if (dim == d) {
+          return Error(n, absl::StrFormat("selects one entry of dim %d, which holds the batch; "
+                                          "it lives on one rank only", d));
+        }
+        if (d > dim) --nd;
+        break;
+      case OpFamily::kIndexWithDim:
+        if (dim == d) {
+          return Error(n, absl::StrFormat("indexes along dim %d, which holds the batch", d));
+        }
+        break;
+      case OpFamily::kSlice: {
+        if (dim != d) break;
+        const int64_t size = self->type->shape[d];
+        bool full;
+        if (rule.c == 1) {  // narrow(self, dim, start, length)
+          full = IntArg(n, 2, "start").value_or(-1) == 0 &&
+                 IntArg(n, 3, "length").value_or(-1) == size;
+        } else {
+          const int64_t start = IntArg(n, 2, "start").value_or(0);
+          const int64_t end = IntArg(n, 3, "end").value_or(std::numeric_limits<int64_t>::max());
+          const int64_t step = IntArg(n, 4, "step").value_or(1);
+          full = start == 0 && end >= size && step == 1;
+        }
+        if (!full) {
+          return Error(n, absl::StrFormat("takes part of dim %d, which holds the batch; a "
+                                          "slice of the batch is not a slice of each rank's part",
+                                          d));
+        }
+        break;
+      }
+      case OpFamily::kSliceBackward: {
+        if (rule.c == 1) {  // select_backward: the selected dim is re-inserted.
+          if (d >= dim) ++nd;
+        } else if (dim == d) {
+          return Error(n, absl::StrFormat("scatters a slice into dim %d, which holds the batch",
+                                          d));
+        }
+        break;
+      }
+      default:
+        break;
+    }
+    NodeInfo& info = a_.nodes_[id.value];
+    info.detail = Detail::kFromArg;
+    info.arg = 0;
+    SetAllOut(id, Shard(nd, self->info.outer, s.scaled));
+    return absl::OkStatus();
+  }
+
+  absl::Status Index(NodeId id, const Node& n, const OpRule& rule) {
+    std::vector<Operand> ops = Operands(n);
+    FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule, ops));
+    const Operand* self = Find(ops, 0);
+    if (self == nullptr) return Error(n, "arg 0 must be a tensor");
+    const Argument* idx = ArgAt(n, 1, "indices");
+    const Argument::List* list = idx ? idx->get_if<Argument::List>() : nullptr;
+    if (list == nullptr) return Error(n, "arg 1 must be a list of indices");
+    std::vector<int64_t> indexed;
+    int64_t bcast_rank = 0;
+    const Operand* sharded_index = nullptr;
+    for (size_t i = 0; i < list->size(); ++i) {
+      if ((*list)[i].is_none()) continue;
+      indexed.push_back(static_cast<int64_t>(i));
+      for (const Operand& o : ops) {
+        if (o.arg == 1 && o.elem == static_cast<int>(i)) {
+          bcast_rank = std::max<int64_t>(bcast_rank, o.type->rank());
+          if (o.info.placement.is_shard()) sharded_index = &o;
+        }
+      }
+    }
+    const bool adjacent =
+        indexed.empty() || indexed.back() - indexed.front() + 1 == static_cast<int64_t>(indexed.size());
+    if (self->info.placement.is_shard()) {
+      if (sharded_index != nullptr) {
+        return Error(n, "indexes a batch-sharded tensor with a batch-sharded index");
+      }
+      const int32_t d = self->info.placement.dim;
+      if (std::find(indexed.begin(), indexed.end(), d) != indexed.end()) {
+        return Error(n, absl::StrFormat("indexes dim %d, which holds the batch", d));
+      }
+      int64_t nd;
+      if (adjacent && !indexed.empty() && d < indexed.front()) {
+        nd = d;
+      } else if (adjacent) {
+        nd = d - static_cast<int64_t>(indexed.size()) + bcast_rank;
+      } else {
+        int64_t before = 0;
+        for (int64_t i = 0; i < d; ++i) {
+          if (std::find(indexed.begin(), indexed.end(), i) == indexed.end()) ++before;
+        }
+        nd = bcast_rank + before;
+      }
+      NodeInfo& info = a_.nodes_[id.value];
+      info.detail = Detail::kFromArg;
+      info.arg = 0;
+      SetAllOut(id, Shard(static_cast<int32_t>(nd), self->info.outer, s.scaled));
+      return absl::OkStatus();
+    }
+    if (sharded_index != nullptr) {
+      const int64_t k = sharded_index->info.placement.dim +
+                        (bcast_rank - sharded_index->type->rank());
+      const int64_t nd = adjacent ? indexed.front() + k : k;
+      NodeInfo& info = a_.nodes_[id.value];
+      info.detail = Detail::kFromArg;
+      info.arg = 1;
+      SetAllOut(id, Shard(static_cast<int32_t>(nd), sharded_index->info.outer, false));
+      return absl::OkStatus();
+    }
+    SetCombined(id, Combined{}, s);
+    return absl::OkStatus();
+  }
+
+  // -- foreach ---------------------------------------------------------------------
+
+  absl::Status Foreach(NodeId id, const Node& n, const OpRule& rule) {
+    std::vector<Operand> ops = Operands(n);
+    const int n_out = static_cast<int>(n.outputs.size());
+    NodeInfo& info = a_.nodes_[id.value];
+    info.detail = Detail::kNoBatch;
+    for (int k = 0; k < n_out; ++k) {
+      if (!n.outputs[k].is_tensor()) continue;
+      std::vector<Operand> elem;
+      for (const Operand& o : ops) {
+        if (o.elem < 0 || o.elem == k) elem.push_back(o);
+      }
+      FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule, elem));
+      FXDP_ASSIGN_OR_RETURN(Combined c, Broadcast(id, n, elem, n.outputs[k].tensor.rank()));
+      if (c.dim >= 0) {
+        info.detail = Detail::kFromArg;
+        SetOut(id, k, Shard(c.dim, c.outer, s.scaled));
+      } else if (s.partial) {
+        SetOut(id, k, Partial(s.scaled));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // -- fallback --------------------------------------------------------------------
+
+  absl::Status VisitFallback(NodeId id, const Node& n) {
+    NodeInfo& info = a_.nodes_[id.value];
+    info.decision = Decision::kFallback;
+    std::vector<Operand> ops = Operands(n);
+    int64_t batch_extent = -1;
+    int64_t outer = 1;
+    bool partial = false, avg = false;
+    for (const Operand& o : ops) {
+      if (o.info.placement.is_partial()) {
+        partial = true;
+        avg |= o.info.mean_scaled;
+      }
+      if (o.info.placement.is_shard() && batch_extent < 0) {
+        batch_extent = o.type->shape[o.info.placement.dim];
+        outer = o.info.outer;
+        info.arg = static_cast<int8_t>(std::min(o.arg, 127));
+      }
+    }
+    for (const Operand& o : ops) {
+      if (o.info.placement.is_partial()) RequireWhole(o.ref, id);
+    }
+    (void)partial;
+    (void)avg;
+    std::string what = "replicated (no operand carries the batch)";
+    for (size_t k = 0; k < n.outputs.size(); ++k) {
+      if (!n.outputs[k].is_tensor() || batch_extent < 0) continue;
+      const auto& shape = n.outputs[k].tensor.shape;
+      auto it = std::find(shape.begin(), shape.end(), batch_extent);
+      if (it != shape.end()) {
+        SetOut(id, static_cast<int>(k), Shard(static_cast<int32_t>(it - shape.begin()), outer, false));
+        what = absl::StrFormat("batch dim matched by size %d", batch_extent);
+      }
+    }
+    auto [entry, inserted] = fallback_ops_.try_emplace(TargetString(n), 0, id, what);
+    if (inserted) fallback_order_.push_back(entry->first);
+    ++std::get<0>(entry->second);
+    return absl::OkStatus();
+  }
+
+  // ---- results -------------------------------------------------------------------
+
+  void Finish() {
+    // Reductions, in graph order, with their first use.
+    const ir::UseMap uses = ir::ComputeUses(g_);
+    for (int32_t i = 0; i < g_.size(); ++i) {
+      const Node& n = g_.nodes()[i];
+      for (int32_t k = 0; k < static_cast<int32_t>(n.outputs.size()); ++k) {
+        const ValueRef r{NodeId{i}, k};
+        const int32_t off = Offset(r);
+        const ValueInfo& v = a_.values_[off];
+        if (!a_.reduced_[off]) continue;
+        if (!v.placement.is_partial()) {
+          a_.reduced_[off] = 0;
+          continue;
+        }
+        Reduction red;
+        red.value = r;
+        red.op = v.placement.reduce;
+        red.grad_of = k == 0 ? n.grad_of : std::string();
+        NodeId first;
+        for (const ir::Use& u : uses[i][k]) {
+          if (!first.valid() || u.user < first) first = u.user;
+        }
+        red.first_use = first;
+        a_.reductions_.push_back(std::move(red));
+      }
+    }
+    for (const std::string& op : fallback_order_) {
+      const auto& [count, first, what] = fallback_ops_.at(op);
+      a_.warnings_.push_back(absl::StrFormat(
+          "no batch-dim rule for %s (%d node%s, first %s): fell back to size matching: %s", op,
+          count, count == 1 ? "" : "s", g_.node(first).name, what));
+    }
+  }
+
+  const Graph& g_;
+  const AnalyzeOptions options_;
+  BatchDimAnalysis a_;
+  bool changed_ = false;
+  absl::flat_hash_map<int32_t, Upgrade> upgrades_;
+  absl::flat_hash_map<std::string, std::tuple<int, NodeId, std::string>> fallback_ops_;
+  std::vector<std::string> fallback_order_;
+};
+
+absl::StatusOr<BatchDimAnalysis> AnalyzeBatchDims(const Graph& graph,
+                                                  const AnalyzeOptions& options) {
+  return BatchDimAnalyzer(graph, options).Run();
+}
+
+const ValueInfo& BatchDimAnalysis::primary(NodeId n) const {
+  if (num_outputs(n) == 0) return kReplicated;
+  return values_[value_offset_[n.value]];
+}
+
+Placement BatchDimAnalysis::ReadPlacement(ValueRef r) const {
+  const ValueInfo& v = value(r);
+  if (v.placement.is_partial() && reduced_[value_offset_[r.node.value] + r.output]) {
+    return Placement::Replicate();
+  }
+  return v.placement;
+}
+
+bool BatchDimAnalysis::IsReduced(ValueRef r) const {
+  return reduced_[value_offset_[r.node.value] + r.output] != 0;
+}
+
+}  // namespace fxdp

@@ -1,0 +1,215 @@
+// BatchDimAnalyzer: where the batch dimension lives in every value of a
+// traced training step, and each value's placement on N data-parallel ranks.
+//
+// The batch dim is followed by provenance, never by matching sizes: it starts
+// at the INPUT placeholders (PlaceholderSpec::batch_dim) and moves through
+// each op by that op's rule (op_rules.h: view-op dim maps, broadcasting,
+// einsum-like specs for matmuls, reductions, convolutions, norms, losses,
+// indexing, factories, foreach ops). A (B, B) tensor, or a view that folds
+// the batch into another dim and splits it back, is therefore analysed
+// exactly. Only an op with no rule falls back to size matching, and the
+// result names it in `warnings`.
+//
+// Placements (DESIGN.md) describe the per-rank graph that expansion builds,
+// in which every shape is local (B_r rows on rank r) but scalar literals are
+// kept:
+//   S(d)    the rank holds its contiguous slice of the batch along dim d.
+//   R       every rank holds the same, whole value.
+//   P(sum)  the global value is the sum of the ranks' values.
+//   P(avg)  the global value is the batch-weighted mean of the ranks' values
+//           (sum of (B_r / B) * value_r; the plain mean when B % N == 0).
+// P(avg) comes from ops that divide by a size the local graph computes from
+// its own batch (mean over the batch, a loss or loss backward with
+// reduction=mean, nll's total_weight). A sharded value downstream of such an
+// op is "mean-scaled" (ValueInfo::mean_scaled): rank r holds its slice times
+// B / B_r; contracting it over the batch gives P(avg).
+//
+// Partial values are combined linearly (add, scale, view, matmul with a
+// replicated operand) and stay partial; an op that needs the whole value
+// reads it after an all-reduce, listed in `reductions`. Every gradient
+// (Node::grad_of) that comes out partial is such a reduction, so the
+// optimizer reads replicated gradients, as in DDP.
+//
+//   FXDP_ASSIGN_OR_RETURN(BatchDimAnalysis a, AnalyzeBatchDims(graph, {.world_size = 4}));
+//   a.value(ValueRef{id, 0}).placement.ToString();  // "S(0)"
+#ifndef FXDP_ANALYSIS_BATCH_DIM_H_
+#define FXDP_ANALYSIS_BATCH_DIM_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "analysis/ir/graph.h"
+
+namespace fxdp {
+
+enum class ReduceOp : int8_t { kSum, kAvg };
+
+struct Placement {
+  enum class Kind : int8_t { kReplicate, kShard, kPartial };
+  Kind kind = Kind::kReplicate;
+  int32_t dim = -1;                // kShard only.
+  ReduceOp reduce = ReduceOp::kSum;  // kPartial only.
+
+  static Placement Replicate() { return {}; }
+  static Placement Shard(int32_t d) { return {Kind::kShard, d, ReduceOp::kSum}; }
+  static Placement Partial(ReduceOp op) { return {Kind::kPartial, -1, op}; }
+  bool is_replicate() const { return kind == Kind::kReplicate; }
+  bool is_shard() const { return kind == Kind::kShard; }
+  bool is_partial() const { return kind == Kind::kPartial; }
+  bool operator==(const Placement& o) const;
+  bool operator!=(const Placement& o) const { return !(*this == o); }
+  std::string ToString() const;  // "S(0)", "R", "P(sum)", "P(avg)"
+};
+
+// What the analysis knows about one output value of a node.
+//
+// A sharded dim d of size n holds the batch as one factor of n = outer * B *
+// inner in row-major order: outer == 1 is the usual batch-major dim ([B*T]
+// after flattening [B, T]); outer > 1 is a batch folded inside a dim ([T*B]
+// after flattening a seq-first [T, B]). Each rank holds outer * B_r * inner
+// entries, its batch slice within every outer block, so the local size is
+// always n / B * B_r.
+struct ValueInfo {
+  Placement placement;
+  int64_t outer = 1;  // kShard only.
+  // kShard: rank r's slice is the global slice times B / B_r (the value
+  // descends from a mean over the local batch). kPartial: the reduce op is
+  // kAvg. Always false for kReplicate.
+  bool mean_scaled = false;
+
+  int32_t batch_dim() const { return placement.is_shard() ? placement.dim : -1; }
+  bool operator==(const ValueInfo& o) const {
+    return placement == o.placement && mean_scaled == o.mean_scaled && outer == o.outer;
+  }
+};
+
+// Which rule decided a node (printed by DescribeDecision).
+enum class Decision : int8_t {
+  kInput,           // INPUT placeholder: sharded on its batch dim, or replicated (batch_dim -1).
+  kState,           // PARAMETER / BUFFER / OPTIMIZER_STATE / CONSTANT placeholder.
+  kRule,            // the op's rule (op_rules.h).
+  kView,            // a view-op dim map.
+  kGetItem,         // output k of a multi-output op.
+  kShapedByUse,     // a factory-like value sharded because a use needs its batch rows.
+  kFallback,        // no rule: size matching (a warning names the op).
+  kNoTensor,        // outputs no tensor.
+  kOutput,          // the graph's output node.
+};
+
+// How a rule decided (printed by DescribeDecision).
+enum class Detail : int8_t {
+  kNone,
+  kNoBatch,        // no operand carries the batch: replicated.
+  kFromArg,        // the batch dim comes from operand `arg`.
+  kContracted,     // a matmul contracts the batch: partial.
+  kReducedBatch,   // a sum/mean over the batch dim: partial.
+  kLossReduced,    // a loss reduced over the batch: partial.
+  kPartialLinear,  // a partial operand flows through a linear op.
+  kLocalStats,     // batch norm: local batch statistics, as DDP.
+};
+
+struct NodeInfo {
+  Decision decision = Decision::kNoTensor;
+  Detail detail = Detail::kNone;
+  int8_t arg = -1;    // kFromArg: the positional argument.
+  int16_t rule = -1;  // index into the op-rule table (kRule, kShapedByUse), else -1.
+  // kShapedByUse: the node whose use required the batch rows.
+  ir::NodeId shaped_by;
+};
+
+// A partial value that must be all-reduced before some of its uses.
+struct Reduction {
+  ir::ValueRef value;
+  ReduceOp op = ReduceOp::kSum;
+  // The first node that needs the whole value.
+  ir::NodeId first_use;
+  // The parameter, when the value is that parameter's gradient.
+  std::string grad_of;
+};
+
+// A replicated value that a sharded use reads only its batch rows of: the
+// expansion slices it (no communication).
+struct ShardedRead {
+  ir::ValueRef value;
+  int32_t dim = 0;     // the batch dim the use needs it sharded on.
+  int64_t outer = 1;   // ValueInfo::outer of that dim.
+  ir::NodeId user;
+};
+
+struct AnalyzeOptions {
+  int32_t world_size = 1;
+};
+
+class BatchDimAnalysis {
+ public:
+  int32_t world_size() const { return world_size_; }
+  // The global batch size B; 0 when the graph has no batched input.
+  int64_t batch_size() const { return batch_size_; }
+  const ValueInfo& value(ir::ValueRef r) const {
+    return values_[value_offset_[r.node.value] + r.output];
+  }
+  // Output 0's info, or a replicated default for nodes without outputs.
+  const ValueInfo& primary(ir::NodeId n) const;
+  int32_t num_outputs(ir::NodeId n) const {
+    return value_offset_[n.value + 1] - value_offset_[n.value];
+  }
+  const NodeInfo& node(ir::NodeId n) const { return nodes_[n.value]; }
+  const std::vector<Reduction>& reductions() const { return reductions_; }
+  const std::vector<ShardedRead>& sharded_reads() const { return sharded_reads_; }
+  // One line per op that had no rule: "aten::foo (3 nodes, first n12): ...".
+  const std::vector<std::string>& warnings() const { return warnings_; }
+  // Notes about semantics the user should know (local batch statistics, ...).
+  const std::vector<std::string>& notes() const { return notes_; }
+
+  // The placement a use of `r` sees: R when the value is all-reduced first.
+  Placement ReadPlacement(ir::ValueRef r) const;
+  // Whether `r` is all-reduced before its non-output uses.
+  bool IsReduced(ir::ValueRef r) const;
+
+ private:
+  friend class BatchDimAnalyzer;
+  int32_t world_size_ = 1;
+  int64_t batch_size_ = 0;
+  std::vector<int32_t> value_offset_;  // size nodes + 1
+  std::vector<ValueInfo> values_;
+  std::vector<NodeInfo> nodes_;
+  std::vector<Reduction> reductions_;
+  std::vector<uint8_t> reduced_;  // per value
+  std::vector<ShardedRead> sharded_reads_;
+  std::vector<std::string> warnings_;
+  std::vector<std::string> notes_;
+};
+
+// Analyses `graph`. INVALID_ARGUMENT naming the node for: world size < 1, an
+// input batch dim out of range, inputs whose batch sizes disagree, and ops
+// whose use of the batch cannot be split across ranks (a reduction over the
+// batch that is not a sum or mean, a cat along the batch, a view that moves
+// the batch inside another dim, sharded operands on different dims, ...).
+absl::StatusOr<BatchDimAnalysis> AnalyzeBatchDims(const ir::Graph& graph,
+                                                  const AnalyzeOptions& options);
+
+// Human-readable reason for a node's placement: "mm: batch dim contracted
+// (arg 0 dim 1, arg 1 dim 0) -> P(avg)", "view (In0, Fl(In1,In2)): batch dim 0
+// -> 0", ...
+std::string DescribeDecision(const ir::Graph& graph, const BatchDimAnalysis& analysis,
+                             ir::NodeId node);
+
+// All output placements of a node: "S(0)" when it has one output or all are
+// equal, else "(S(0), P(avg), P(avg))"; "-" when it has no tensor outputs.
+std::string PlacementsString(const ir::Graph& graph, const BatchDimAnalysis& analysis,
+                             ir::NodeId node);
+
+// DESIGN.md's JSON: {"world_size": N, "batch_size": B, "nodes": [{"name",
+// "target", "batch_dim", "placement", "reason"}], "reductions": [...],
+// "warnings": [...], "notes": [...]}.
+std::string AnalysisToJson(const ir::Graph& graph, const BatchDimAnalysis& analysis);
+
+// A table: name, op, batch dim, placement, reason; then reductions, warnings
+// and notes.
+std::string AnalysisToTable(const ir::Graph& graph, const BatchDimAnalysis& analysis);
+
+}  // namespace fxdp
+
+#endif  // FXDP_ANALYSIS_BATCH_DIM_H_

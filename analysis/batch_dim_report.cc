@@ -1,0 +1,257 @@
+// Printing a BatchDimAnalysis: reasons, the table and DESIGN.md's JSON.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "analysis/batch_dim.h"
+#include "analysis/op_rules.h"
+#include "analysis/view_rules.h"
+#include "nlohmann/json.hpp"
+
+namespace fxdp {
+
+using ir::Graph;
+using ir::Node;
+using ir::NodeId;
+using ir::ValueRef;
+
+namespace {
+
+std::string Lower(absl::string_view s) { return absl::AsciiStrToLower(s); }
+
+std::string ReduceName(ReduceOp op) { return op == ReduceOp::kAvg ? "avg" : "sum"; }
+
+std::string DetailText(const Graph& g, const BatchDimAnalysis& a, NodeId id) {
+  const NodeInfo& info = a.node(id);
+  const ValueInfo& v = a.primary(id);
+  switch (info.detail) {
+    case Detail::kNone: return "";
+    case Detail::kNoBatch: return "no operand carries the batch";
+    case Detail::kFromArg: {
+      std::string s = absl::StrFormat("batch from arg %d", info.arg);
+      if (v.placement.is_shard()) absl::StrAppend(&s, " -> dim ", v.placement.dim);
+      return s;
+    }
+    case Detail::kContracted:
+      return absl::StrFormat("batch (arg %d) contracted -> partial %s", info.arg,
+                             ReduceName(v.placement.reduce));
+    case Detail::kReducedBatch:
+      return absl::StrFormat("batch dim reduced -> partial %s", ReduceName(v.placement.reduce));
+    case Detail::kLossReduced:
+      return absl::StrFormat("loss reduced over the batch by %s",
+                             v.placement.reduce == ReduceOp::kAvg ? "mean" : "sum");
+    case Detail::kPartialLinear: return "partial operand through a linear op";
+    case Detail::kLocalStats: return "normalised with local batch statistics (as DDP)";
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string DescribeDecision(const Graph& g, const BatchDimAnalysis& a, NodeId id) {
+  const Node& n = g.node(id);
+  const NodeInfo& info = a.node(id);
+  const ValueInfo& v = a.primary(id);
+  std::string s;
+  switch (info.decision) {
+    case Decision::kInput:
+      s = n.placeholder.batch_dim >= 0
+              ? absl::StrFormat("input, batch dim %d (B=%d)", n.placeholder.batch_dim,
+                                a.batch_size())
+              : "input without a batch dim";
+      break;
+    case Decision::kState:
+      s = n.is_placeholder()
+              ? absl::StrCat(Lower(ir::PlaceholderRoleName(n.placeholder.role)),
+                             n.placeholder.state_name.empty() ? "" : " ",
+                             n.placeholder.state_name)
+              : "attribute";
+      break;
+    case Decision::kView: {
+      s = "view";
+      if (v.placement.is_shard()) {
+        const ValueRef in = n.args[0].as<ValueRef>();
+        const ir::ValueType& t = g.type(in);
+        auto map = ComputeViewDimMap(n.target, t.tensor.shape, n.args, n.kwargs);
+        if (map.ok()) absl::StrAppend(&s, " ", DimMapToString(*map));
+        absl::StrAppend(&s, ": batch dim ", a.value(in).placement.dim, " -> ", v.placement.dim);
+      } else {
+        absl::StrAppend(&s, ": ", DetailText(g, a, id));
+      }
+      break;
+    }
+    case Decision::kRule: {
+      const OpRule& r = OpRuleAt(info.rule);
+      s = absl::StrCat(OpFamilyName(r.family));
+      if (r.family == OpFamily::kMatmul && r.spec != "linear" && r.spec != "matmul") {
+        absl::StrAppend(&s, " ", r.spec);
+      }
+      const std::string d = DetailText(g, a, id);
+      if (!d.empty()) absl::StrAppend(&s, ": ", d);
+      break;
+    }
+    case Decision::kGetItem: {
+      const ValueRef src = n.args[0].as<ValueRef>();
+      s = absl::StrFormat("output %d of %s", src.output, g.node(src.node).name);
+      break;
+    }
+    case Decision::kShapedByUse:
+      s = absl::StrFormat("sized by the batch: built sharded for its use by %s",
+                          g.node(info.shaped_by).name);
+      break;
+    case Decision::kFallback:
+      s = absl::StrFormat("NO RULE for %s: size matching", n.target.ToString());
+      break;
+    case Decision::kNoTensor: s = "no tensor output"; break;
+    case Decision::kOutput: s = "graph output"; break;
+  }
+  if (v.placement.is_shard() && v.outer > 1) {
+    absl::StrAppend(&s, absl::StrFormat(" (batch inside the dim, %d blocks)", v.outer));
+  }
+  if (v.placement.is_shard() && v.mean_scaled) absl::StrAppend(&s, " (mean-scaled)");
+  if (!n.grad_of.empty()) absl::StrAppend(&s, "; gradient of ", n.grad_of);
+  if (a.num_outputs(id) > 0 && a.IsReduced(ValueRef{id, 0})) {
+    absl::StrAppend(&s, "; all-reduced (", ReduceName(v.placement.reduce), ") before use");
+  }
+  return s;
+}
+
+std::string PlacementsString(const Graph& g, const BatchDimAnalysis& a, NodeId id) {
+  const Node& n = g.node(id);
+  std::vector<std::string> parts;
+  bool all_same = true;
+  const ValueInfo* first = nullptr;
+  for (int32_t k = 0; k < static_cast<int32_t>(n.outputs.size()); ++k) {
+    if (!n.outputs[k].is_tensor()) {
+      parts.push_back("-");
+      all_same = false;
+      continue;
+    }
+    const ValueInfo& v = a.value(ValueRef{id, k});
+    if (first == nullptr) {
+      first = &v;
+    } else if (!(v.placement == first->placement)) {
+      all_same = false;
+    }
+    parts.push_back(v.placement.ToString());
+  }
+  if (first == nullptr) return "-";
+  if (all_same) return first->placement.ToString();
+  return absl::StrCat("(", absl::StrJoin(parts, ", "), ")");
+}
+
+namespace {
+
+nlohmann::json NodeJson(const Graph& g, const BatchDimAnalysis& a, NodeId id) {
+  const Node& n = g.node(id);
+  nlohmann::json j;
+  j["name"] = n.name;
+  j["target"] = n.is_call() ? n.target.ToString() : std::string(ir::NodeKindName(n.kind));
+  const int32_t bd = a.primary(id).batch_dim();
+  bool tensor = !n.outputs.empty() && n.outputs[0].is_tensor();
+  j["batch_dim"] = tensor && bd >= 0 ? nlohmann::json(bd) : nlohmann::json(nullptr);
+  j["placement"] = PlacementsString(g, a, id);
+  j["reason"] = DescribeDecision(g, a, id);
+  if (n.is_placeholder()) {
+    j["role"] = std::string(ir::PlaceholderRoleName(n.placeholder.role));
+    j["state_name"] = n.placeholder.state_name;
+  }
+  if (!n.grad_of.empty()) j["grad_of"] = n.grad_of;
+  return j;
+}
+
+}  // namespace
+
+std::string AnalysisToJson(const Graph& g, const BatchDimAnalysis& a) {
+  nlohmann::json j;
+  j["world_size"] = a.world_size();
+  j["batch_size"] = a.batch_size();
+  nlohmann::json nodes = nlohmann::json::array();
+  for (int32_t i = 0; i < g.size(); ++i) nodes.push_back(NodeJson(g, a, NodeId{i}));
+  j["nodes"] = std::move(nodes);
+  nlohmann::json reds = nlohmann::json::array();
+  for (const Reduction& r : a.reductions()) {
+    nlohmann::json x;
+    x["value"] = g.node(r.value.node).name;
+    x["output"] = r.value.output;
+    x["op"] = ReduceName(r.op);
+    x["first_use"] = r.first_use.valid() ? g.node(r.first_use).name : std::string();
+    x["grad_of"] = r.grad_of;
+    reds.push_back(std::move(x));
+  }
+  j["reductions"] = std::move(reds);
+  nlohmann::json reads = nlohmann::json::array();
+  for (const ShardedRead& r : a.sharded_reads()) {
+    nlohmann::json x;
+    x["value"] = g.node(r.value.node).name;
+    x["output"] = r.value.output;
+    x["dim"] = r.dim;
+    x["user"] = g.node(r.user).name;
+    reads.push_back(std::move(x));
+  }
+  j["sharded_reads"] = std::move(reads);
+  j["warnings"] = a.warnings();
+  j["notes"] = a.notes();
+  return j.dump(1) + "\n";
+}
+
+std::string AnalysisToTable(const Graph& g, const BatchDimAnalysis& a) {
+  struct Row {
+    std::string name, op, bd, placement, reason;
+  };
+  std::vector<Row> rows;
+  rows.reserve(g.size());
+  size_t w[4] = {4, 2, 9, 9};
+  for (int32_t i = 0; i < g.size(); ++i) {
+    const NodeId id{i};
+    const Node& n = g.node(id);
+    Row r;
+    r.name = n.name;
+    r.op = n.is_call() ? n.target.ToString() : std::string(ir::NodeKindName(n.kind));
+    const int32_t bd = a.primary(id).batch_dim();
+    r.bd = bd >= 0 ? absl::StrCat(bd) : "-";
+    r.placement = PlacementsString(g, a, id);
+    r.reason = DescribeDecision(g, a, id);
+    w[0] = std::max(w[0], r.name.size());
+    w[1] = std::max(w[1], r.op.size());
+    w[3] = std::max(w[3], r.placement.size());
+    rows.push_back(std::move(r));
+  }
+  std::string out = absl::StrFormat("world size %d, batch size %d, %d nodes\n\n", a.world_size(),
+                                    a.batch_size(), g.size());
+  auto line = [&](const std::string& a0, const std::string& a1, const std::string& a2,
+                  const std::string& a3, const std::string& a4) {
+    absl::StrAppendFormat(&out, "%-*s  %-*s  %-*s  %-*s  %s\n", w[0], a0, w[1], a1, w[2], a2,
+                          w[3], a3, a4);
+  };
+  line("name", "op", "batch dim", "placement", "reason");
+  for (const Row& r : rows) line(r.name, r.op, r.bd, r.placement, r.reason);
+  absl::StrAppendFormat(&out, "\nreductions (%d):\n", a.reductions().size());
+  for (const Reduction& r : a.reductions()) {
+    absl::StrAppendFormat(&out, "  all-reduce %s of %s:%d before %s%s\n", ReduceName(r.op),
+                          g.node(r.value.node).name, r.value.output,
+                          r.first_use.valid() ? g.node(r.first_use).name : "-",
+                          r.grad_of.empty() ? "" : absl::StrCat(" (gradient of ", r.grad_of, ")"));
+  }
+  if (!a.sharded_reads().empty()) {
+    absl::StrAppendFormat(&out, "\nsharded reads of replicated values (%d):\n",
+                          a.sharded_reads().size());
+    for (const ShardedRead& r : a.sharded_reads()) {
+      absl::StrAppendFormat(&out, "  %s:%d sliced on dim %d for %s\n", g.node(r.value.node).name,
+                            r.value.output, r.dim, g.node(r.user).name);
+    }
+  }
+  absl::StrAppendFormat(&out, "\nwarnings (%d):\n", a.warnings().size());
+  for (const std::string& s : a.warnings()) absl::StrAppend(&out, "  ", s, "\n");
+  if (!a.notes().empty()) {
+    absl::StrAppendFormat(&out, "\nnotes (%d):\n", a.notes().size());
+    for (const std::string& s : a.notes()) absl::StrAppend(&out, "  ", s, "\n");
+  }
+  return out;
+}
+
+}  // namespace fxdp
