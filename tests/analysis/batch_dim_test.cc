@@ -1,0 +1,438 @@
+// BatchDimAnalyzer: golden tests per op family on hand-written graphs (text
+// form), the traps the seed's size matching got wrong, and bad input.
+// Real traced zoo graphs are covered by tests/python/test_analyze.py.
+#include "analysis/batch_dim.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "analysis/ir/text.h"
+#include "analysis/op_rules.h"
+#include "tests/test_util.h"
+
+namespace fxdp {
+namespace {
+
+using ::fxdp::testing::StatusIs;
+using ::fxdp::testing::ValueOrDie;
+using ::fxdp::testing::ReadTestData;
+using ::testing::HasSubstr;
+
+struct Analysed {
+  ir::Graph graph;
+  BatchDimAnalysis a;
+
+  // Placement string of every output of node `name`.
+  std::string P(const std::string& name) const {
+    auto id = graph.FindNode(name);
+    EXPECT_TRUE(id.has_value()) << name;
+    return id ? PlacementsString(graph, a, *id) : "?";
+  }
+  const ValueInfo& V(const std::string& name, int k = 0) const {
+    return a.value(ir::ValueRef{*graph.FindNode(name), k});
+  }
+  std::string Why(const std::string& name) const {
+    return DescribeDecision(graph, a, *graph.FindNode(name));
+  }
+};
+
+std::string Wrap(const std::string& body) {
+  return "graph format=1 producer=\"test\" torch=\"2.13.0+cpu\" {\n" + body + "}\n";
+}
+
+absl::StatusOr<Analysed> Analyze(const std::string& body, int world = 2) {
+  auto g = ir::ParseGraphText(Wrap(body));
+  if (!g.ok()) return g.status();
+  auto a = AnalyzeBatchDims(*g, AnalyzeOptions{world});
+  if (!a.ok()) return a.status();
+  return Analysed{*std::move(g), *std::move(a)};
+}
+
+Analysed MustRun(const std::string& body, int world = 2) {
+  return ValueOrDie(Analyze(body, world));
+}
+
+TEST(OpRules, TableIsSortedUniqueAndLookedUp) {
+  const std::vector<std::string> names = OpRuleNames();
+  ASSERT_GT(names.size(), 200u);
+  std::set<std::string> seen;
+  for (size_t i = 0; i < names.size(); ++i) {
+    EXPECT_TRUE(seen.insert(names[i]).second) << "duplicate " << names[i];
+  }
+  for (int i = 1; i < static_cast<int>(names.size()); ++i) {
+    const OpRule& a = OpRuleAt(i - 1);
+    const OpRule& b = OpRuleAt(i);
+    EXPECT_TRUE(std::make_pair(a.name, a.overload) < std::make_pair(b.name, b.overload))
+        << a.name << "." << a.overload << " before " << b.name << "." << b.overload;
+  }
+  EXPECT_EQ(FindOpRule({"aten::mm", ""})->family, OpFamily::kMatmul);
+  EXPECT_EQ(FindOpRule({"aten::relu", "default"})->family, OpFamily::kPointwise);  // wildcard
+  EXPECT_EQ(FindOpRule({"aten::_foreach_addcdiv", "ScalarList"})->family, OpFamily::kForeach);
+  EXPECT_EQ(FindOpRule({"aten::view", ""}), nullptr);  // view ops have dim maps instead
+  EXPECT_EQ(FindOpRule({"aten::no_such_op", ""}), nullptr);
+}
+
+TEST(BatchDim, MlpSgdGolden) {
+  auto g = ValueOrDie(ir::ParseGraphText(ReadTestData("mlp_sgd.txt")));
+  BatchDimAnalysis a = ValueOrDie(AnalyzeBatchDims(g, {2}));
+  Analysed r{g, std::move(a)};
+  EXPECT_EQ(r.a.batch_size(), 8);
+  EXPECT_EQ(r.P("x"), "S(0)");
+  EXPECT_EQ(r.P("y"), "S(0)");
+  EXPECT_EQ(r.P("w"), "R");
+  EXPECT_EQ(r.P("t"), "R");
+  EXPECT_EQ(r.P("addmm"), "S(0)");
+  EXPECT_EQ(r.P("loss"), "P(avg)");  // mean over the local batch
+  EXPECT_EQ(r.P("ones"), "R");
+  // The mean's backward expands a scalar to the batch shape: built sharded.
+  EXPECT_EQ(r.P("expand"), "S(0)");
+  EXPECT_THAT(r.Why("expand"), HasSubstr("built sharded for its use by"));
+  EXPECT_EQ(r.P("div"), "S(0)");
+  // div by the literal 24 (the global numel) is kept, so gradients are sums.
+  EXPECT_EQ(r.P("mm"), "P(sum)");
+  EXPECT_EQ(r.P("sum"), "P(sum)");
+  EXPECT_EQ(r.P("new_w"), "R");
+  ASSERT_EQ(r.a.reductions().size(), 2u);
+  EXPECT_EQ(r.a.reductions()[0].grad_of, "fc.weight");
+  EXPECT_EQ(r.a.reductions()[0].op, ReduceOp::kSum);
+  EXPECT_EQ(g.node(r.a.reductions()[0].first_use).name, "new_w");
+  EXPECT_TRUE(r.a.warnings().empty());
+}
+
+// B = 8 and every other dim is 8 too: size matching cannot tell them apart.
+TEST(BatchDim, AllDimsEqualToTheBatchSize) {
+  auto r = MustRun(R"(
+  %w: f32[8, 8] rg = placeholder() {role=PARAMETER, state="w"}
+  %x: f32[8, 8] = placeholder() {role=INPUT, state="x", batch_dim=1}
+  %xt: f32[8, 8]{1, 8} = aten::t(%x)
+  %wt: f32[8, 8]{1, 8} = aten::t(%w)
+  %h: f32[8, 8] = aten::mm(%xt, %wt)
+  %ht: f32[8, 8]{1, 8} = aten::t(%h)
+  %g: f32[8, 8] = aten::mm(%ht, %xt)
+  %s: f32[8] = aten::sum.dim_IntList(%h, [1], false)
+  %s2: f32[8] = aten::sum.dim_IntList(%h, [0], false)
+  %output = output([%g, %s, %s2]) {specs=[OTHER, OTHER, OTHER]}
+)");
+  EXPECT_EQ(r.P("x"), "S(1)");
+  EXPECT_EQ(r.P("xt"), "S(0)");
+  EXPECT_EQ(r.P("wt"), "R");
+  EXPECT_EQ(r.P("h"), "S(0)");
+  EXPECT_EQ(r.P("ht"), "S(1)");
+  EXPECT_EQ(r.P("g"), "P(sum)");   // contracts the batch
+  EXPECT_EQ(r.P("s"), "S(0)");     // sums a feature dim
+  EXPECT_EQ(r.P("s2"), "P(sum)");  // sums the batch dim
+  // Non-loss outputs that are partial get all-reduced.
+  EXPECT_EQ(r.a.reductions().size(), 2u);
+}
+
+TEST(BatchDim, FlattenTheBatchIntoAnotherDimAndSplitItBack) {
+  auto r = MustRun(R"(
+  %x: f32[4, 6, 5] = placeholder() {role=INPUT, state="x", batch_dim=0}
+  %s: f32[6, 4, 5] = placeholder() {role=INPUT, state="s", batch_dim=1}
+  %a: f32[24, 5] = aten::view(%x, [24, 5])
+  %b: f32[4, 6, 5] = aten::view(%a, [4, -1, 5])
+  %d: f32[24, 5] = aten::view(%s, [24, 5])
+  %e: f32[6, 4, 5] = aten::view(%d, [6, 4, 5])
+  %f: f32[120] = aten::view(%s, [120])
+  %g: f32[6, 20] = aten::view(%f, [6, 20])
+  %h: f32[8, 15] = aten::_unsafe_view(%x, [8, 15])
+  %output = output([%b, %e, %g, %h]) {specs=[OTHER, OTHER, OTHER, OTHER]}
+)");
+  EXPECT_EQ(r.P("a"), "S(0)");
+  EXPECT_EQ(r.V("a").outer, 1);
+  EXPECT_EQ(r.P("b"), "S(0)");
+  EXPECT_EQ(r.P("d"), "S(0)");
+  EXPECT_EQ(r.V("d").outer, 6);  // seq-first: the batch is inside the flattened dim
+  EXPECT_THAT(r.Why("d"), HasSubstr("batch inside the dim"));
+  EXPECT_EQ(r.P("e"), "S(1)");
+  EXPECT_EQ(r.V("e").outer, 1);
+  EXPECT_EQ(r.P("g"), "S(1)");
+  EXPECT_EQ(r.V("g").outer, 1);
+  // [4*6*5] as (8, 15): 8 = 4 samples x 2 blocks, batch-major.
+  EXPECT_EQ(r.P("h"), "S(0)");
+}
+
+TEST(BatchDim, ViewThatBreaksTheBatchIsAnError) {
+  EXPECT_THAT(Analyze(R"(
+  %x: f32[4, 6] = placeholder() {role=INPUT, state="x", batch_dim=0}
+  %a: f32[24] = aten::view(%x, [24])
+  %c: f32[2, 12] = aten::view(%a, [2, 12])
+  %output = output([%c]) {specs=[OTHER]}
+)").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "node c (aten::view)"));
+  EXPECT_THAT(Analyze(R"(
+  %x: f32[4, 6] = placeholder() {role=INPUT, state="x", batch_dim=0}
+  %r: f32[8, 6] = aten::repeat(%x, [2, 1])
+  %output = output([%r]) {specs=[OTHER]}
+)").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "repeats the batch"));
+}
+
+TEST(BatchDim, PointwiseBroadcastsAndShardsFactories) {
+  auto r = MustRun(R"(
+  %x: f32[4, 3] = placeholder() {role=INPUT, state="x", batch_dim=0}
+  %b: f32[3] rg = placeholder() {role=PARAMETER, state="b"}
+  %z: f32[4, 3] = aten::zeros([4, 3], dtype=torch.float32)
+  %f: f32[4, 1] = aten::full([4, 1], 2.0)
+  %a: f32[4, 3] = aten::add.Tensor(%x, %b)
+  %m: f32[4, 3] = aten::mul.Tensor(%a, %z)
+  %n: f32[4, 3] = aten::mul.Tensor(%f, %x)
+  %r: f32[3] = aten::relu(%b)
+  %output = output([%m, %n, %r]) {specs=[OTHER, OTHER, OTHER]}
+)");
+  EXPECT_EQ(r.P("a"), "S(0)");
+  EXPECT_EQ(r.P("z"), "S(0)");
+  EXPECT_EQ(r.P("f"), "S(0)");
+  EXPECT_THAT(r.Why("z"), HasSubstr("for its use by m"));
+  EXPECT_EQ(r.P("r"), "R");
+  EXPECT_TRUE(r.a.sharded_reads().empty());
+}
+
+TEST(BatchDim, ReplicatedValueSpanningTheBatchIsSlicedNotUpgraded) {
+  // A parameter of shape [B, 3] added to the batch: rank r needs its rows.
+  auto r = MustRun(R"(
+  %x: f32[4, 3] = placeholder() {role=INPUT, state="x", batch_dim=0}
+  %p: f32[4, 3] rg = placeholder() {role=PARAMETER, state="p"}
+  %a: f32[4, 3] = aten::add.Tensor(%x, %p)
+  %output = output([%a]) {specs=[OTHER]}
+)");
+  EXPECT_EQ(r.P("p"), "R");
+  ASSERT_EQ(r.a.sharded_reads().size(), 1u);
+  EXPECT_EQ(r.graph.node(r.a.sharded_reads()[0].value.node).name, "p");
+  EXPECT_EQ(r.a.sharded_reads()[0].dim, 0);
+}
+
+TEST(BatchDim, OperandsOnDifferentDimsAreAnError) {
+  EXPECT_THAT(Analyze(R"(
+  %x: f32[4, 4] = placeholder() {role=INPUT, state="x", batch_dim=0}
+  %xt: f32[4, 4]{1, 4} = aten::t(%x)
+  %a: f32[4, 4] = aten::add.Tensor(%x, %xt)
+  %output = output([%a]) {specs=[OTHER]}
+)").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "node a (aten::add.Tensor)"));
+}
+
+TEST(BatchDim, ReductionsOverAndBesideTheBatch) {
+  auto r = MustRun(R"(
+  %x: f32[4, 3] = placeholder() {role=INPUT, state="x", batch_dim=0}
+  %s: f32[4] = aten::sum.dim_IntList(%x, [1], false)
+  %m: f32[1, 3] = aten::mean.dim(%x, [0], true)
+  %c: f32[4, 3] = aten::sub.Tensor(%x, %m)
+  %k: f32[4, 1] = aten::amax(%x, [-1], true)
+  %t: f32[] = aten::sum(%x)
+  %output = output([%s, %c, %k, %t]) {specs=[OTHER, OTHER, OTHER, LOSS]}
+)");
+  EXPECT_EQ(r.P("s"), "S(0)");
+  EXPECT_EQ(r.P("m"), "P(avg)");
+  // x - mean(x, 0): the batch statistic is all-reduced before the sub.
+  ASSERT_EQ(r.a.reductions().size(), 1u);
+  EXPECT_EQ(r.graph.node(r.a.reductions()[0].value.node).name, "m");
+  EXPECT_EQ(r.graph.node(r.a.reductions()[0].first_use).name, "c");
+  EXPECT_EQ(r.a.ReadPlacement(r.a.reductions()[0].value).ToString(), "R");
+  EXPECT_EQ(r.P("c"), "S(0)");
+  EXPECT_EQ(r.P("k"), "S(0)");
+  EXPECT_EQ(r.P("t"), "P(sum)");  // the loss output stays partial (no reduction)
+
+  EXPECT_THAT(Analyze(R"(
+  %x: f32[4, 3] = placeholder() {role=INPUT, state="x", batch_dim=0}
+  %k: f32[3] = aten::amax(%x, [0], false)
+  %output = output([%k]) {specs=[OTHER]}
+)").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "not a sum or mean"));
+}
+
+TEST(BatchDim, SoftmaxCatSliceSelectAlongTheBatchAreErrors) {
+  const std::string head = R"(
+  %x: f32[4, 3] = placeholder() {role=INPUT, state="x", batch_dim=0}
+)";
+  EXPECT_THAT(Analyze(head + R"(  %s: f32[4, 3] = aten::_softmax(%x, 0, false)
+  %output = output([%s]) {specs=[OTHER]}
+)").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "node s (aten::_softmax)"));
+  EXPECT_THAT(Analyze(head + R"(  %c: f32[8, 3] = aten::cat([%x, %x])
+  %output = output([%c]) {specs=[OTHER]}
+)").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "concatenates along dim 0"));
+  EXPECT_THAT(Analyze(head + R"(  %c: f32[2, 3] = aten::slice.Tensor(%x, 0, 0, 2)
+  %output = output([%c]) {specs=[OTHER]}
+)").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "takes part of dim 0"));
+  EXPECT_THAT(Analyze(head + R"(  %c: f32[3] = aten::select.int(%x, 0, 1)
+  %output = output([%c]) {specs=[OTHER]}
+)").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "selects one entry of dim 0"));
+  // Along other dims they keep the batch.
+  auto r = MustRun(head + R"(  %s: f32[4, 3] = aten::_softmax(%x, -1, false)
+  %c: f32[4, 6] = aten::cat([%x, %s], 1)
+  %k: f32[2, 4, 3] = aten::stack([%x, %s])
+  %l: f32[4, 2] = aten::slice.Tensor(%c, 1, 0, 2)
+  %f: f32[4, 3] = aten::slice.Tensor(%x, 0, 0, 9223372036854775807)
+  %e: f32[4] = aten::select.int(%x, 1, 0)
+  %output = output([%k, %l, %f, %e]) {specs=[OTHER, OTHER, OTHER, OTHER]}
+)");
+  EXPECT_EQ(r.P("s"), "S(0)");
+  EXPECT_EQ(r.P("c"), "S(0)");
+  EXPECT_EQ(r.P("k"), "S(1)");
+  EXPECT_EQ(r.P("l"), "S(0)");
+  EXPECT_EQ(r.P("f"), "S(0)");
+  EXPECT_EQ(r.P("e"), "S(0)");
+}
+
+TEST(BatchDim, LossesAndTheirBackwardScaleByTheLocalBatch) {
+  auto r = MustRun(R"(
+  %w: f32[5, 3] rg = placeholder() {role=PARAMETER, state="w"}
+  %x: f32[4, 3] = placeholder() {role=INPUT, state="x", batch_dim=0}
+  %y: i64[4] = placeholder() {role=INPUT, state="y", batch_dim=0}
+  %wt: f32[3, 5]{1, 3} = aten::t(%w)
+  %h: f32[4, 5] = aten::mm(%x, %wt)
+  %ls: f32[4, 5] = aten::_log_softmax(%h, 1, false)
+  %nll: (f32[], f32[]) = aten::nll_loss_forward(%ls, %y, None, 1, -100)
+  %loss: f32[] = operator.getitem(%nll#0, 0)
+  %tw: f32[] = operator.getitem(%nll#1, 1)
+  %one: f32[] = aten::ones_like(%loss, pin_memory=false, memory_format=torch.preserve_format)
+  %gls: f32[4, 5] = aten::nll_loss_backward(%one, %ls, %y, None, 1, -100, %tw)
+  %gh: f32[4, 5] = aten::_log_softmax_backward_data(%gls, %ls, 1, torch.float32)
+  %ght: f32[5, 4]{1, 5} = aten::t(%gh)
+  %gw: f32[5, 3] = aten::mm(%ght, %x) {grad_of="w"}
+  %nw: f32[5, 3] = aten::sub.Tensor(%w, %gw, alpha=0.1)
+  %output = output([%nw, %loss]) {specs=[UPDATED_PARAMETER "w", LOSS]}
+)");
+  EXPECT_EQ(r.P("nll"), "(P(avg), P(sum))");
+  EXPECT_EQ(r.P("loss"), "P(avg)");
+  EXPECT_EQ(r.P("one"), "R");
+  EXPECT_EQ(r.P("gls"), "S(0)");
+  EXPECT_TRUE(r.V("gls").mean_scaled);
+  EXPECT_TRUE(r.V("gh").mean_scaled);
+  EXPECT_EQ(r.P("gw"), "P(avg)");
+  EXPECT_EQ(r.P("nw"), "R");
+  // total_weight is read locally by nll_loss_backward, never all-reduced.
+  ASSERT_EQ(r.a.reductions().size(), 1u);
+  EXPECT_EQ(r.a.reductions()[0].grad_of, "w");
+  EXPECT_EQ(r.a.reductions()[0].op, ReduceOp::kAvg);
+  EXPECT_THAT(r.Why("gw"), HasSubstr("gradient of w; all-reduced (avg) before use"));
+}
+
+TEST(BatchDim, NonlinearOpOnAMeanScaledGradientIsAnError) {
+  EXPECT_THAT(Analyze(R"(
+  %x: f32[4, 3] = placeholder() {role=INPUT, state="x", batch_dim=0}
+  %y: f32[4, 3] = placeholder() {role=INPUT, state="y", batch_dim=0}
+  %loss: f32[] = aten::mse_loss(%x, %y, 1)
+  %one: f32[] = aten::ones_like(%loss)
+  %g: f32[4, 3] = aten::mse_loss_backward(%one, %x, %y, 1)
+  %e: f32[4, 3] = aten::exp(%g)
+  %output = output([%e, %loss]) {specs=[OTHER, LOSS]}
+)").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "node e (aten::exp)"));
+}
+
+TEST(BatchDim, NormsConvPoolEmbedding) {
+  auto r = MustRun(R"(
+  %cw: f32[2, 3, 3, 3] rg = placeholder() {role=PARAMETER, state="conv.weight"}
+  %bw: f32[2] rg = placeholder() {role=PARAMETER, state="bn.weight"}
+  %bb: f32[2] rg = placeholder() {role=PARAMETER, state="bn.bias"}
+  %rm: f32[2] = placeholder() {role=BUFFER, state="bn.running_mean"}
+  %rv: f32[2] = placeholder() {role=BUFFER, state="bn.running_var"}
+  %emb: f32[10, 4] rg = placeholder() {role=PARAMETER, state="emb.weight"}
+  %x: f32[2, 3, 6, 6] = placeholder() {role=INPUT, state="x", batch_dim=0}
+  %tok: i64[2, 5] = placeholder() {role=INPUT, state="tok", batch_dim=0}
+  %c: f32[2, 2, 4, 4] = aten::convolution(%x, %cw, None, [1, 1], [0, 0], [1, 1], false, [0, 0], 1)
+  %bn: (f32[2, 2, 4, 4], f32[2], f32[2], f32[2], f32[2]) = aten::_native_batch_norm_legit_functional(%c, %bw, %bb, %rm, %rv, true, 0.1, 1e-05)
+  %y: f32[2, 2, 4, 4] = operator.getitem(%bn#0, 0)
+  %mp: (f32[2, 2, 2, 2], i64[2, 2, 2, 2]) = aten::max_pool2d_with_indices(%y, [2, 2], [2, 2])
+  %p: f32[2, 2, 2, 2] = operator.getitem(%mp#0, 0)
+  %e: f32[2, 5, 4] = aten::embedding(%emb, %tok)
+  %ln: (f32[2, 5, 4], f32[2, 5, 1], f32[2, 5, 1]) = aten::native_layer_norm(%e, [4], None, None, 1e-05)
+  %ge: f32[10, 4] = aten::embedding_dense_backward(%e, %tok, 10, -1, false)
+  %output = output([%p, %ln#0, %ge]) {specs=[OTHER, OTHER, OTHER]}
+)");
+  EXPECT_EQ(r.P("c"), "S(0)");
+  EXPECT_EQ(r.P("bn"), "(S(0), R, R, R, R)");
+  EXPECT_THAT(r.Why("bn"), HasSubstr("local batch statistics"));
+  ASSERT_EQ(r.a.notes().size(), 1u);
+  EXPECT_EQ(r.P("mp"), "S(0)");
+  EXPECT_EQ(r.P("e"), "S(0)");
+  EXPECT_EQ(r.P("ln"), "S(0)");
+  EXPECT_EQ(r.P("ge"), "P(sum)");
+}
+
+TEST(BatchDim, ForeachOptimizerReadsReducedGradients) {
+  auto r = MustRun(R"(
+  %w0: f32[3, 2] rg = placeholder() {role=PARAMETER, state="w0"}
+  %w1: f32[3] rg = placeholder() {role=PARAMETER, state="w1"}
+  %x: f32[4, 2] = placeholder() {role=INPUT, state="x", batch_dim=0}
+  %g: f32[4, 3] = placeholder() {role=INPUT, state="g", batch_dim=0}
+  %gt: f32[3, 4]{1, 3} = aten::t(%g)
+  %g0: f32[3, 2] = aten::mm(%gt, %x) {grad_of="w0"}
+  %g1: f32[3] = aten::sum.dim_IntList(%g, [0], false) {grad_of="w1"}
+  %upd: (f32[3, 2], f32[3]) = aten::_foreach_add.List([%w0, %w1], [%g0, %g1], alpha=-0.1)
+  %n0: f32[3, 2] = operator.getitem(%upd#0, 0)
+  %n1: f32[3] = operator.getitem(%upd#1, 1)
+  %output = output([%n0, %n1]) {specs=[UPDATED_PARAMETER "w0", UPDATED_PARAMETER "w1"]}
+)");
+  EXPECT_EQ(r.P("g0"), "P(sum)");
+  EXPECT_EQ(r.P("g1"), "P(sum)");
+  EXPECT_EQ(r.P("upd"), "R");
+  EXPECT_EQ(r.a.reductions().size(), 2u);
+}
+
+TEST(BatchDim, OpWithoutRuleFallsBackWithAWarningNamingIt) {
+  auto r = MustRun(R"(
+  %x: f32[4, 3] = placeholder() {role=INPUT, state="x", batch_dim=0}
+  %a: f32[3, 4] = aten::frobnicate(%x)
+  %b: f32[3, 4] = aten::frobnicate(%a)
+  %output = output([%b]) {specs=[OTHER]}
+)");
+  EXPECT_EQ(r.P("a"), "S(1)");
+  ASSERT_EQ(r.a.warnings().size(), 1u);
+  EXPECT_THAT(r.a.warnings()[0], HasSubstr("aten::frobnicate (2 nodes, first a)"));
+  EXPECT_THAT(r.Why("a"), HasSubstr("NO RULE for aten::frobnicate"));
+}
+
+TEST(BatchDim, BadInput) {
+  const std::string ok = R"(
+  %x: f32[4, 3] = placeholder() {role=INPUT, state="x", batch_dim=0}
+  %output = output([%x]) {specs=[OTHER]}
+)";
+  EXPECT_THAT(Analyze(ok, 0).status(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                            "world size must be >= 1, got 0"));
+  EXPECT_THAT(Analyze(R"(
+  %x: f32[4, 3] = placeholder() {role=INPUT, state="x", batch_dim=2}
+  %output = output([%x]) {specs=[OTHER]}
+)").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "node 'x' (#0): batch_dim 2 is out of range"));
+  EXPECT_THAT(Analyze(R"(
+  %x: f32[4, 3] = placeholder() {role=INPUT, state="x", batch_dim=0}
+  %y: f32[5, 3] = placeholder() {role=INPUT, state="y", batch_dim=0}
+  %output = output([%x, %y]) {specs=[OTHER, OTHER]}
+)").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "inputs disagree on the batch size: x has 4 along its batch dim 0, y has 5"));
+  // An input without a batch dim is replicated.
+  auto r = MustRun(R"(
+  %x: f32[4, 3] = placeholder() {role=INPUT, state="x", batch_dim=0}
+  %c: f32[3] = placeholder() {role=INPUT, state="c", batch_dim=-1}
+  %a: f32[4, 3] = aten::add.Tensor(%x, %c)
+  %output = output([%a]) {specs=[OTHER]}
+)");
+  EXPECT_EQ(r.P("c"), "R");
+  EXPECT_EQ(r.P("a"), "S(0)");
+}
+
+TEST(BatchDim, JsonAndTableNameEveryNode) {
+  auto g = ValueOrDie(ir::ParseGraphText(ReadTestData("mlp_sgd.txt")));
+  BatchDimAnalysis a = ValueOrDie(AnalyzeBatchDims(g, {4}));
+  const std::string json = AnalysisToJson(g, a);
+  EXPECT_THAT(json, HasSubstr("\"world_size\": 4"));
+  EXPECT_THAT(json, HasSubstr("\"placement\": \"P(sum)\""));
+  const std::string table = AnalysisToTable(g, a);
+  for (const ir::Node& n : g.nodes()) EXPECT_THAT(table, HasSubstr(n.name));
+  EXPECT_THAT(table, HasSubstr("all-reduce sum of mm:0 before new_w (gradient of fc.weight)"));
+}
+
+}  // namespace
+}  // namespace fxdp
