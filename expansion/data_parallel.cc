@@ -1,0 +1,526 @@
+#include "expansion/data_parallel.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "analysis/ir/status_macros.h"
+
+namespace fxdp {
+
+using ir::Argument;
+using ir::Graph;
+using ir::Node;
+using ir::NodeId;
+using ir::TensorType;
+using ir::ValueRef;
+using ir::ValueType;
+
+std::vector<RankSlice> SplitBatch(int64_t batch, int32_t world) {
+  std::vector<RankSlice> out;
+  int64_t start = 0;
+  for (int32_t r = 0; r < world; ++r) {
+    const int64_t size = batch / world + (r < batch % world ? 1 : 0);
+    out.push_back(RankSlice{r, start, size});
+    start += size;
+  }
+  return out;
+}
+
+namespace {
+
+// Ops whose argument `index` is a size list that spells the output's shape.
+struct SizeArg {
+  absl::string_view name;
+  int index;
+};
+constexpr SizeArg kSizeArgs[] = {
+    {"aten::_unsafe_view", 1}, {"aten::broadcast_to", 1}, {"aten::empty", 0},
+    {"aten::empty_strided", 0}, {"aten::expand", 1},      {"aten::full", 0},
+    {"aten::new_empty", 1},     {"aten::new_empty_strided", 1}, {"aten::new_full", 1},
+    {"aten::new_ones", 1},      {"aten::new_zeros", 1},   {"aten::ones", 0},
+    {"aten::rand", 0},          {"aten::randn", 0},       {"aten::reshape", 1},
+    {"aten::select_backward", 1}, {"aten::slice_backward", 1}, {"aten::view", 1},
+    {"aten::zeros", 0},
+};
+
+int SizeArgIndex(const ir::Target& t) {
+  for (const SizeArg& s : kSizeArgs) {
+    if (s.name == t.name) return s.index;
+  }
+  return -1;
+}
+
+// A planned all-reduce of gradients (rank independent).
+struct PlannedBucket {
+  Bucket info;
+  std::vector<ValueRef> values;  // global graph refs, production order.
+  int32_t start = 0;             // all-reduce after this node.
+  int32_t wait = 0;              // wait before this node.
+};
+
+int64_t Bytes(const TensorType& t) { return t.numel() * ir::DTypeItemSize(t.dtype); }
+
+class Expander {
+ public:
+  Expander(const Graph& g, const BatchDimAnalysis& a, const ExpandOptions& o,
+           const std::vector<PlannedBucket>& buckets, RankSlice slice)
+      : g_(g), a_(a), o_(o), buckets_(buckets), slice_(slice), batch_(a.batch_size()) {
+    for (const Node& n : g.nodes()) used_names_.insert(n.name);
+  }
+
+  absl::StatusOr<Graph> Run(std::vector<Collective>* collectives) {
+    collectives_ = collectives;
+    new_id_.assign(g_.size(), -1);
+    for (const ShardedRead& r : a_.sharded_reads()) reads_[r.user.value].push_back(r);
+    // Non-gradient reductions: all-reduced right after they are produced.
+    for (const Reduction& r : a_.reductions()) {
+      if (r.grad_of.empty()) solo_[r.value.node.value].push_back(r);
+    }
+    for (int32_t i = 0; i < g_.size(); ++i) {
+      const Node& n = g_.nodes()[i];
+      for (size_t b = 0; b < buckets_.size(); ++b) {
+        if (buckets_[b].wait == i) FXDP_RETURN_IF_ERROR(EmitWait(b));
+      }
+      if (n.is_output()) {
+        FXDP_RETURN_IF_ERROR(EmitOutput(n));
+        break;
+      }
+      FXDP_RETURN_IF_ERROR(EmitNode(NodeId{i}, n));
+      if (auto it = solo_.find(i); it != solo_.end()) {
+        for (const Reduction& r : it->second) FXDP_RETURN_IF_ERROR(EmitSolo(r));
+      }
+      for (size_t b = 0; b < buckets_.size(); ++b) {
+        if (buckets_[b].start == i) FXDP_RETURN_IF_ERROR(EmitStart(b));
+      }
+    }
+    ir::GraphHeader h = g_.header();
+    h.metadata.emplace_back("fxdp.world_size", absl::StrCat(o_.world_size));
+    h.metadata.emplace_back("fxdp.local_batch", absl::StrCat(slice_.size));
+    return Graph::Create(std::move(h), std::move(out_));
+  }
+
+ private:
+  // ---- names, types, refs ------------------------------------------------------
+
+  std::string Fresh(absl::string_view base) {
+    std::string name(base);
+    for (int k = 1; used_names_.contains(name); ++k) name = absl::StrCat(base, "_", k);
+    used_names_.insert(name);
+    return name;
+  }
+
+  int64_t LocalExtent(int64_t global) const { return global / batch_ * slice_.size; }
+
+  TensorType Local(const TensorType& t, const ValueInfo& v) const {
+    if (!v.placement.is_shard()) return t;
+    TensorType l = t;
+    const int32_t d = v.placement.dim;
+    l.shape[d] = LocalExtent(t.shape[d]);
+    if (t.IsContiguous()) {
+      l.stride = ir::ContiguousStrides(l.shape);
+    } else {
+      // Same memory order, dense: innermost (smallest stride) first.
+      std::vector<int> order(t.rank());
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(),
+                       [&](int x, int y) { return t.stride[x] > t.stride[y]; });
+      int64_t running = 1;
+      for (auto it = order.rbegin(); it != order.rend(); ++it) {
+        if (t.stride[*it] == 0) {
+          l.stride[*it] = 0;
+          continue;
+        }
+        l.stride[*it] = running;
+        running *= std::max<int64_t>(l.shape[*it], 1);
+      }
+    }
+    // Views into a batch-sized base: the offset scales with the batch (approximate
+    // for views of views; the executor never reads it).
+    l.storage_offset = t.storage_offset / batch_ * slice_.size;
+    return l;
+  }
+
+  ValueType LocalValue(ValueRef r) const {
+    const ValueType& t = g_.type(r);
+    if (!t.is_tensor()) return t;
+    return ValueType::Tensor(Local(t.tensor, a_.value(r)));
+  }
+
+  ValueRef Map(ValueRef old) const {
+    if (auto it = replaced_.find(old); it != replaced_.end()) return it->second;
+    return ValueRef{NodeId{new_id_[old.node.value]}, old.output};
+  }
+
+  void MapArgs(Argument& a, const absl::flat_hash_map<ValueRef, ValueRef>& local) {
+    if (const ValueRef* r = a.get_if<ValueRef>()) {
+      auto it = local.find(*r);
+      a = Argument(it != local.end() ? it->second : Map(*r));
+    } else if (a.is_list()) {
+      Argument::List l = a.as<Argument::List>();
+      for (Argument& e : l) MapArgs(e, local);
+      a = Argument(std::move(l));
+    }
+  }
+
+  ValueRef Emit(Node n) {
+    out_.push_back(std::move(n));
+    return ValueRef{NodeId{static_cast<int32_t>(out_.size() - 1)}, 0};
+  }
+
+  Node Call(absl::string_view base, absl::string_view target, absl::string_view overload,
+            std::vector<Argument> args, TensorType type) {
+    Node n;
+    n.name = Fresh(base);
+    n.kind = ir::NodeKind::kCallFunction;
+    n.target = ir::Target{std::string(target), std::string(overload)};
+    n.args = std::move(args);
+    n.outputs.push_back(ValueType::Tensor(std::move(type)));
+    return n;
+  }
+
+  static TensorType Flat(const TensorType& t, int64_t numel) {
+    TensorType f = t;
+    f.shape = {numel};
+    f.stride = {1};
+    f.storage_offset = 0;
+    f.requires_grad = false;
+    return f;
+  }
+
+  static Argument Ints(const std::vector<int64_t>& v) {
+    Argument::List l;
+    for (int64_t x : v) l.emplace_back(x);
+    return l;
+  }
+
+  double Weight(ReduceOp op) const {
+    return op == ReduceOp::kAvg ? static_cast<double>(slice_.size) / static_cast<double>(batch_)
+                                : 1.0;
+  }
+
+  // scale (if needed) + all_reduce(sum) + wait on a 1-D or any tensor value.
+  ValueRef AllReduce(ValueRef v, const TensorType& t, ReduceOp op, const std::string& purpose,
+                     bool wait_now) {
+    ValueRef x = v;
+    const double w = Weight(op);
+    if (w != 1.0) {
+      x = Emit(Call("fxdp_scale", "aten::mul", "Scalar", {x, Argument(ir::Scalar{w})}, t));
+    }
+    Node ar = Call("fxdp_all_reduce", "_c10d_functional::all_reduce", "",
+                   {x, Argument(std::string("sum")), Argument(o_.group_name)}, t);
+    const std::string name = ar.name;
+    ValueRef r = Emit(std::move(ar));
+    if (collectives_ != nullptr) {
+      collectives_->push_back(Collective{name, purpose, Bytes(t), r.node.value});
+    }
+    if (!wait_now) return r;
+    return Emit(Call("fxdp_wait", "_c10d_functional::wait_tensor", "", {r}, t));
+  }
+
+  // ---- emission -------------------------------------------------------------------
+
+  absl::Status EmitNode(NodeId id, const Node& old) {
+    Node n = old;
+    // Sharded reads: slice the replicated operand's rows for this use.
+    absl::flat_hash_map<ValueRef, ValueRef> local;
+    if (auto it = reads_.find(id.value); it != reads_.end()) {
+      for (const ShardedRead& r : it->second) {
+        if (!local.contains(r.value)) local[r.value] = EmitSlice(r);
+      }
+    }
+    for (Argument& a : n.args) MapArgs(a, local);
+    for (ir::KeywordArgument& k : n.kwargs) MapArgs(k.value, local);
+    for (int32_t k = 0; k < static_cast<int32_t>(n.outputs.size()); ++k) {
+      n.outputs[k] = LocalValue(ValueRef{id, k});
+    }
+    // Size lists that spell a sharded output's global shape.
+    const ValueInfo& v = a_.primary(id);
+    const int si = SizeArgIndex(n.target);
+    if (si >= 0 && v.placement.is_shard() && si < static_cast<int>(n.args.size()) &&
+        n.args[si].is_list()) {
+      Argument::List sizes = n.args[si].as<Argument::List>();
+      const int32_t d = v.placement.dim;
+      if (d < static_cast<int32_t>(sizes.size())) {
+        if (const auto* x = sizes[d].get_if<int64_t>(); x != nullptr && *x != -1) {
+          if (*x % batch_ != 0) {
+            return absl::InvalidArgumentError(absl::StrFormat(
+                "node %s (%s): size %d of dim %d is not a multiple of the batch size %d",
+                old.name, old.target.ToString(), *x, d, batch_));
+          }
+          sizes[d] = Argument(LocalExtent(*x));
+        }
+      }
+      n.args[si] = Argument(std::move(sizes));
+    } else if (v.placement.is_shard() && a_.node(id).decision == Decision::kShapedByUse &&
+               si < 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "node %s (%s) is built sharded for its use by %s, but the expansion does not know "
+          "how to build it locally",
+          old.name, old.target.ToString(), g_.node(a_.node(id).shaped_by).name));
+    }
+    out_.push_back(std::move(n));
+    new_id_[id.value] = static_cast<int32_t>(out_.size() - 1);
+    return absl::OkStatus();
+  }
+
+  ValueRef EmitSlice(const ShardedRead& r) {
+    const ValueRef src = Map(r.value);
+    const TensorType& t = g_.type(r.value).tensor;
+    TensorType local = t;
+    local.shape[r.dim] = LocalExtent(t.shape[r.dim]);
+    local.stride = ir::ContiguousStrides(local.shape);
+    local.storage_offset = 0;
+    const std::string base = absl::StrCat("fxdp_rows_", g_.node(r.value.node).name);
+    if (r.outer == 1) {
+      const int64_t inner = t.shape[r.dim] / batch_;
+      TensorType s = t;
+      s.shape[r.dim] = local.shape[r.dim];
+      return Emit(Call(base, "aten::slice", "Tensor",
+                       {src, Argument(int64_t{r.dim}), Argument(slice_.start * inner),
+                        Argument((slice_.start + slice_.size) * inner), Argument(int64_t{1})},
+                       s));
+    }
+    // [.., outer*B*inner, ..] -> [.., outer, B*inner, ..], slice, merge back.
+    const int64_t inner = t.shape[r.dim] / (batch_ * r.outer);
+    std::vector<int64_t> split = t.shape;
+    split[r.dim] = batch_ * inner;
+    split.insert(split.begin() + r.dim, r.outer);
+    TensorType st = t;
+    st.shape = split;
+    st.stride = ir::ContiguousStrides(split);
+    ValueRef v = Emit(Call(base, "aten::reshape", "", {src, Ints(split)}, st));
+    std::vector<int64_t> sliced = split;
+    sliced[r.dim + 1] = slice_.size * inner;
+    TensorType sl = st;
+    sl.shape = sliced;
+    v = Emit(Call(base, "aten::slice", "Tensor",
+                  {v, Argument(int64_t{r.dim + 1}), Argument(slice_.start * inner),
+                   Argument((slice_.start + slice_.size) * inner), Argument(int64_t{1})},
+                  sl));
+    return Emit(Call(base, "aten::reshape", "", {v, Ints(local.shape)}, local));
+  }
+
+  absl::Status EmitSolo(const Reduction& r) {
+    const TensorType& t = g_.type(r.value).tensor;
+    replaced_[r.value] = AllReduce(Map(r.value), t, r.op,
+                                   absl::StrCat("reduce ", g_.node(r.value.node).name), true);
+    return absl::OkStatus();
+  }
+
+  absl::Status EmitStart(size_t b) {
+    const PlannedBucket& pb = buckets_[b];
+    std::vector<Argument> flats;
+    int64_t total = 0;
+    const TensorType& first = g_.type(pb.values[0]).tensor;
+    for (const ValueRef& v : pb.values) {
+      const TensorType& t = g_.type(v).tensor;
+      flats.emplace_back(Emit(Call(absl::StrCat("fxdp_flat_", g_.node(v.node).name),
+                                   "aten::reshape", "", {Map(v), Ints({-1})}, Flat(t, t.numel()))));
+      total += t.numel();
+    }
+    const TensorType flat = Flat(first, total);
+    ValueRef packed = flats[0].as<ValueRef>();
+    if (flats.size() > 1) {
+      packed = Emit(Call(absl::StrCat("fxdp_bucket", b), "aten::cat", "",
+                         {Argument(Argument::List(flats)), Argument(int64_t{0})}, flat));
+    }
+    started_[b] = AllReduce(packed, flat, pb.info.op, absl::StrCat("bucket ", b), false);
+    return absl::OkStatus();
+  }
+
+  absl::Status EmitWait(size_t b) {
+    const PlannedBucket& pb = buckets_[b];
+    auto it = started_.find(b);
+    if (it == started_.end()) {
+      return absl::InternalError(absl::StrCat("bucket ", b, " waited on before it started"));
+    }
+    int64_t total = 0;
+    for (const ValueRef& v : pb.values) total += g_.type(v).tensor.numel();
+    const TensorType flat = Flat(g_.type(pb.values[0]).tensor, total);
+    ValueRef w = Emit(Call(absl::StrCat("fxdp_wait_bucket", b), "_c10d_functional::wait_tensor",
+                           "", {it->second}, flat));
+    int64_t off = 0;
+    for (const ValueRef& v : pb.values) {
+      const TensorType& t = g_.type(v).tensor;
+      const std::string base = absl::StrCat("fxdp_reduced_", g_.node(v.node).name);
+      ValueRef s = w;
+      if (pb.values.size() > 1) {
+        s = Emit(Call(base, "aten::slice", "Tensor",
+                      {w, Argument(int64_t{0}), Argument(off), Argument(off + t.numel()),
+                       Argument(int64_t{1})},
+                      Flat(t, t.numel())));
+      }
+      TensorType shaped = t;
+      shaped.stride = ir::ContiguousStrides(t.shape);
+      shaped.storage_offset = 0;
+      shaped.requires_grad = false;
+      replaced_[v] = Emit(Call(base, "aten::view", "", {s, Ints(t.shape)}, shaped));
+      off += t.numel();
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status EmitOutput(const Node& old) {
+    Node n = old;
+    Argument::List list = n.args[0].as<Argument::List>();
+    const Argument::List& orig = old.args[0].as<Argument::List>();
+    ValueRef local_loss;
+    bool have_loss = false;
+    for (size_t k = 0; k < list.size(); ++k) {
+      const bool loss = k < n.output_specs.size() && n.output_specs[k].role == ir::OutputRole::kLoss;
+      const ValueRef* r = orig[k].get_if<ValueRef>();
+      if (!loss || r == nullptr) {
+        MapArgs(list[k], {});
+        continue;
+      }
+      local_loss = ValueRef{NodeId{new_id_[r->node.value]}, r->output};
+      have_loss = true;
+      const ValueInfo& v = a_.value(*r);
+      if (replaced_.contains(*r)) {
+        list[k] = replaced_[*r];
+      } else if (v.placement.is_partial()) {
+        list[k] = AllReduce(local_loss, g_.type(*r).tensor, v.placement.reduce, "loss", true);
+      } else {
+        list[k] = local_loss;
+      }
+    }
+    if (have_loss) {
+      list.emplace_back(local_loss);
+      n.output_specs.push_back(ir::OutputSpec{ir::OutputRole::kOther, "local_loss"});
+    }
+    n.args[0] = Argument(std::move(list));
+    out_.push_back(std::move(n));
+    return absl::OkStatus();
+  }
+
+  const Graph& g_;
+  const BatchDimAnalysis& a_;
+  const ExpandOptions& o_;
+  const std::vector<PlannedBucket>& buckets_;
+  const RankSlice slice_;
+  const int64_t batch_;
+  std::vector<Node> out_;
+  std::vector<int32_t> new_id_;
+  absl::flat_hash_set<std::string> used_names_;
+  absl::flat_hash_map<ValueRef, ValueRef> replaced_;
+  absl::flat_hash_map<int32_t, std::vector<ShardedRead>> reads_;
+  absl::flat_hash_map<int32_t, std::vector<Reduction>> solo_;
+  absl::flat_hash_map<size_t, ValueRef> started_;
+  std::vector<Collective>* collectives_ = nullptr;
+};
+
+absl::StatusOr<std::vector<PlannedBucket>> PlanBuckets(const Graph& g, const BatchDimAnalysis& a,
+                                                       const ExpandOptions& o) {
+  std::vector<const Reduction*> grads;
+  for (const Reduction& r : a.reductions()) {
+    if (!r.grad_of.empty()) grads.push_back(&r);
+  }
+  std::sort(grads.begin(), grads.end(),
+            [](const Reduction* x, const Reduction* y) { return x->value.node < y->value.node; });
+  std::vector<PlannedBucket> buckets;
+  const auto cap = [&](size_t index) {
+    return static_cast<int64_t>((index == 0 ? o.first_bucket_mb : o.bucket_cap_mb) * 1024 * 1024);
+  };
+  PlannedBucket cur;
+  auto close = [&]() {
+    if (cur.values.empty()) return;
+    cur.info.index = static_cast<int32_t>(buckets.size());
+    cur.info.start_after = g.node(NodeId{cur.start}).name;
+    cur.info.wait_before = g.node(NodeId{cur.wait}).name;
+    cur.info.start_position = cur.start;
+    cur.info.wait_position = cur.wait;
+    buckets.push_back(std::move(cur));
+    cur = PlannedBucket{};
+  };
+  for (const Reduction* r : grads) {
+    const TensorType* t = g.type(r->value).is_tensor() ? &g.type(r->value).tensor : nullptr;
+    if (t == nullptr) continue;
+    const int32_t produced = r->value.node.value;
+    const int32_t first_use = r->first_use.valid() ? r->first_use.value : g.size() - 1;
+    if (!cur.values.empty()) {
+      const TensorType& head = g.type(cur.values[0]).tensor;
+      if (produced >= cur.wait || head.dtype != t->dtype || head.device != t->device ||
+          cur.info.op != r->op || cur.info.bytes >= cap(buckets.size())) {
+        close();
+      }
+    }
+    if (cur.values.empty()) {
+      cur.info.op = r->op;
+      cur.wait = first_use;
+    }
+    cur.values.push_back(r->value);
+    cur.info.gradients.push_back(r->grad_of);
+    cur.info.bytes += Bytes(*t);
+    cur.start = std::max(cur.start, produced);
+    cur.wait = std::min(cur.wait, first_use);
+  }
+  close();
+  return buckets;
+}
+
+}  // namespace
+
+absl::StatusOr<Expansion> ExpandDataParallel(const Graph& graph, const BatchDimAnalysis& analysis,
+                                             const ExpandOptions& options) {
+  const int32_t world = options.world_size;
+  if (world < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("world size must be >= 1, got ", world));
+  }
+  if (analysis.world_size() != world) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the analysis is for world size %d, the expansion for %d", analysis.world_size(), world));
+  }
+  const int64_t batch = analysis.batch_size();
+  if (batch == 0) {
+    return absl::InvalidArgumentError(
+        "the graph has no input with a batch dim (every INPUT placeholder has batch_dim -1)");
+  }
+  if (world > batch) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "world size %d is larger than the batch (%d samples): every rank needs at least one",
+        world, batch));
+  }
+  bool any_grad = false;
+  for (const Node& n : graph.nodes()) any_grad |= !n.grad_of.empty();
+  if (!any_grad) {
+    return absl::InvalidArgumentError(
+        "the graph marks no gradients (no node has grad_of): nothing to all-reduce; trace it "
+        "with fxdp.trace");
+  }
+  if (options.bucket_cap_mb <= 0 || options.first_bucket_mb <= 0) {
+    return absl::InvalidArgumentError("bucket sizes must be positive");
+  }
+  FXDP_ASSIGN_OR_RETURN(std::vector<PlannedBucket> buckets, PlanBuckets(graph, analysis, options));
+
+  Expansion e;
+  ExpansionReport& rep = e.report;
+  rep.world_size = world;
+  rep.batch_size = batch;
+  rep.slices = SplitBatch(batch, world);
+  rep.sharded_reads = static_cast<int32_t>(analysis.sharded_reads().size());
+  rep.notes = analysis.notes();
+  for (const PlannedBucket& b : buckets) rep.buckets.push_back(b.info);
+  e.identical = batch % world == 0;
+  for (int32_t r = 0; r < world; ++r) {
+    if (r > 0 && e.identical) {
+      e.graphs.push_back(e.graphs[0]);
+      continue;
+    }
+    Expander x(graph, analysis, options, buckets, rep.slices[r]);
+    FXDP_ASSIGN_OR_RETURN(Graph local, x.Run(r == 0 ? &rep.collectives : nullptr));
+    e.graphs.push_back(std::move(local));
+  }
+  for (const Collective& c : rep.collectives) rep.bytes_per_step += c.bytes;
+  return e;
+}
+
+}  // namespace fxdp

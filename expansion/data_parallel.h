@@ -1,0 +1,101 @@
+// Data-parallel expansion: rewrites an analysed single-device training step
+// into the graph each of N ranks runs.
+//
+//   * Batch inputs become the rank's contiguous slice along their batch dim
+//     (balanced: the first B % N ranks get one extra sample).
+//   * Every value sharded on the batch gets its local shape, and every
+//     argument that spells a global batch-sized extent (view/reshape/expand
+//     sizes, factory sizes, select/slice_backward input sizes) the local one.
+//     Scalar literals are kept: the analysis' placements already account for
+//     them (batch_dim.h).
+//   * Partial gradients are flattened into buckets in the order backward
+//     produces them (DDP's caps: the first bucket 1 MiB, then 25 MiB), scaled
+//     by the rank's weight (1/N, or B_r/B for an uneven split of a mean) and
+//     summed with `_c10d_functional::all_reduce` right after the bucket's last
+//     gradient is produced; `_c10d_functional::wait_tensor` sits right before
+//     the first use of any of its gradients, so communication overlaps the rest
+//     of backward. Sum-then-scale works on Gloo, which has no AVG.
+//   * The loss output becomes the global loss (all-reduced); the rank-local
+//     loss is an extra OTHER output named "local_loss".
+//   * Replicated values a sharded use reads by rows are sliced locally.
+//
+// The result is a standard torch graph: torch.fx can run it under a process
+// group whose name is ExpandOptions::group_name.
+#ifndef FXDP_EXPANSION_DATA_PARALLEL_H_
+#define FXDP_EXPANSION_DATA_PARALLEL_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "analysis/batch_dim.h"
+#include "analysis/ir/graph.h"
+
+namespace fxdp {
+
+struct ExpandOptions {
+  int32_t world_size = 1;
+  double bucket_cap_mb = 25.0;       // DDP's bucket_cap_mb.
+  double first_bucket_mb = 1.0;      // DDP's first bucket.
+  std::string group_name = "0";      // the default process group's name in torch.
+};
+
+struct RankSlice {
+  int32_t rank = 0;
+  int64_t start = 0;  // first sample of the global batch.
+  int64_t size = 0;   // B_r.
+};
+
+struct Bucket {
+  int32_t index = 0;
+  std::vector<std::string> gradients;  // parameter names, in production order.
+  int64_t bytes = 0;
+  ReduceOp op = ReduceOp::kSum;
+  std::string start_after;   // node after which the all-reduce starts (global graph).
+  std::string wait_before;   // node before which it is waited on.
+  int32_t start_position = 0;  // node index in the global graph.
+  int32_t wait_position = 0;
+};
+
+struct Collective {
+  std::string node;     // all_reduce node name in the expanded graph.
+  std::string purpose;  // "bucket 0", "loss", "reduce <value>".
+  int64_t bytes = 0;
+  int32_t position = 0;  // index in rank 0's expanded graph.
+};
+
+struct ExpansionReport {
+  int32_t world_size = 1;
+  int64_t batch_size = 0;
+  std::vector<RankSlice> slices;
+  std::vector<Bucket> buckets;
+  std::vector<Collective> collectives;  // rank 0's.
+  int64_t bytes_per_step = 0;           // all-reduced bytes per rank per step.
+  int32_t sharded_reads = 0;
+  std::vector<std::string> notes;
+
+  std::string ToJson() const;
+  std::string ToTable() const;
+};
+
+struct Expansion {
+  std::vector<ir::Graph> graphs;  // one per rank
+  // Whether every rank's graph is the same (B % N == 0).
+  bool identical = false;
+  ExpansionReport report;
+};
+
+// INVALID_ARGUMENT for: world size < 1 or larger than the batch, a graph
+// without a batched input, a graph without gradients marked (grad_of),
+// placements the expansion cannot realise.
+absl::StatusOr<Expansion> ExpandDataParallel(const ir::Graph& graph,
+                                             const BatchDimAnalysis& analysis,
+                                             const ExpandOptions& options);
+
+// The balanced split of `batch` samples over `world` ranks.
+std::vector<RankSlice> SplitBatch(int64_t batch, int32_t world);
+
+}  // namespace fxdp
+
+#endif  // FXDP_EXPANSION_DATA_PARALLEL_H_

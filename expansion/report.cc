@@ -1,0 +1,77 @@
+// Printing an ExpansionReport.
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "expansion/data_parallel.h"
+#include "nlohmann/json.hpp"
+
+namespace fxdp {
+
+namespace {
+const char* OpName(ReduceOp op) { return op == ReduceOp::kAvg ? "avg" : "sum"; }
+}  // namespace
+
+std::string ExpansionReport::ToJson() const {
+  nlohmann::json j;
+  j["world_size"] = world_size;
+  j["batch_size"] = batch_size;
+  nlohmann::json sl = nlohmann::json::array();
+  for (const RankSlice& s : slices) {
+    sl.push_back({{"rank", s.rank}, {"start", s.start}, {"size", s.size}});
+  }
+  j["slices"] = std::move(sl);
+  nlohmann::json bs = nlohmann::json::array();
+  for (const Bucket& b : buckets) {
+    bs.push_back({{"index", b.index},
+                  {"gradients", b.gradients},
+                  {"bytes", b.bytes},
+                  {"op", OpName(b.op)},
+                  {"start_after", b.start_after},
+                  {"wait_before", b.wait_before},
+                  {"start_position", b.start_position},
+                  {"wait_position", b.wait_position}});
+  }
+  j["buckets"] = std::move(bs);
+  nlohmann::json cs = nlohmann::json::array();
+  for (const Collective& c : collectives) {
+    cs.push_back({{"node", c.node}, {"purpose", c.purpose}, {"bytes", c.bytes},
+                  {"position", c.position}});
+  }
+  j["collectives"] = std::move(cs);
+  j["bytes_per_step"] = bytes_per_step;
+  j["sharded_reads"] = sharded_reads;
+  j["notes"] = notes;
+  return j.dump(1) + "\n";
+}
+
+std::string ExpansionReport::ToTable() const {
+  std::string out = absl::StrFormat("world size %d, global batch %d\n\nrank slices:\n", world_size,
+                                    batch_size);
+  for (const RankSlice& s : slices) {
+    absl::StrAppendFormat(&out, "  rank %d: samples [%d, %d) (%d)\n", s.rank, s.start,
+                          s.start + s.size, s.size);
+  }
+  absl::StrAppendFormat(&out, "\nbuckets (%d):\n", buckets.size());
+  for (const Bucket& b : buckets) {
+    absl::StrAppendFormat(&out, "  bucket %d: %d gradients, %d bytes, %s; starts after %s (#%d), "
+                          "waited before %s (#%d)\n    %s\n",
+                          b.index, b.gradients.size(), b.bytes, OpName(b.op), b.start_after,
+                          b.start_position, b.wait_before, b.wait_position,
+                          absl::StrJoin(b.gradients, ", "));
+  }
+  absl::StrAppendFormat(&out, "\ncollectives on rank 0 (%d):\n", collectives.size());
+  for (const Collective& c : collectives) {
+    absl::StrAppendFormat(&out, "  #%-6d %-28s %-14s %d bytes\n", c.position, c.node, c.purpose,
+                          c.bytes);
+  }
+  absl::StrAppendFormat(&out, "\nbytes all-reduced per rank per step: %d\n", bytes_per_step);
+  if (sharded_reads > 0) {
+    absl::StrAppendFormat(&out, "replicated values sliced locally: %d\n", sharded_reads);
+  }
+  for (const std::string& n : notes) absl::StrAppend(&out, "note: ", n, "\n");
+  return out;
+}
+
+}  // namespace fxdp

@@ -1,0 +1,61 @@
+"""One rank of a data-parallel run of an expanded fxdp graph, with PyTorch as the executor.
+
+Used by test_expand_oracle.py as an independent check of the C++ expansion: the expanded
+GraphDef is loaded back into torch.fx (fxdp.convert.graphdef_to_fx) and run under a real Gloo
+process group, where ``_c10d_functional`` collectives resolve the default group by name.
+
+usage: python dp_worker.py RANK WORLD PORT GRAPH STATE.safetensors DATA.pt OUT.pt
+DATA.pt holds a list of full global batches (tuples of tensors, one per step); each rank
+takes its contiguous slice along every input's batch dim, as the expansion's report says.
+"""
+
+import sys
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file
+
+import fxdp
+from fxdp.v1 import graph_pb2 as pb
+
+
+def main() -> None:
+    rank, world, port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    graph, state_path, data_path, out_path = sys.argv[4:8]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=60))
+    assert dist.group.WORLD.group_name == "0", dist.group.WORLD.group_name
+    step = fxdp.load(graph)
+    state = load_file(state_path)
+    batches = torch.load(data_path)
+    inputs = [p for p in step.placeholders if p.placeholder.role == pb.INPUT]
+    losses, local_losses = [], []
+    for full in batches:
+        shard = []
+        for ph, x in zip(inputs, full):
+            d = ph.placeholder.batch_dim
+            if d < 0:
+                shard.append(x)
+                continue
+            b = x.shape[d]
+            sizes = [b // world + (r < b % world) for r in range(world)]
+            start = sum(sizes[:rank])
+            shard.append(x.narrow(d, start, sizes[rank]).contiguous())
+        outs = step.graph_module()(*[
+            shard.pop(0) if p.placeholder.role == pb.INPUT else state[p.placeholder.state_name]
+            for p in step.placeholders])
+        for spec, v in zip(step.output_node.output_specs, outs):
+            if spec.role in (pb.UPDATED_PARAMETER, pb.UPDATED_BUFFER, pb.UPDATED_OPTIMIZER_STATE):
+                state[spec.state_name] = v
+            elif spec.role == pb.LOSS:
+                losses.append(v.detach().clone())
+            elif spec.state_name == "local_loss":
+                local_losses.append(v.detach().clone())
+    torch.save({"state": dict(state), "losses": losses, "local_losses": local_losses}, out_path)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    with torch.no_grad():
+        main()
