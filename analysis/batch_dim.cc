@@ -239,7 +239,17 @@ class BatchDimAnalyzer {
       if (r == nullptr) continue;
       const bool loss = k < n.output_specs.size() &&
                         n.output_specs[k].role == ir::OutputRole::kLoss;
-      if (!loss) RequireWhole(*r, id);
+      if (loss) continue;
+      RequireWhole(*r, id);
+      const ir::OutputRole role =
+          k < n.output_specs.size() ? n.output_specs[k].role : ir::OutputRole::kOther;
+      if (ir::UpdatedRole(role).has_value() && a_.values_[Offset(*r)].placement.is_shard()) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "output %d (%s '%s') is %s: the updated state depends on batch rows (%s), so "
+            "ranks would hold different parts of it; data parallelism needs it replicated",
+            k, ir::OutputRoleName(role), n.output_specs[k].state_name,
+            a_.values_[Offset(*r)].placement.ToString(), g_.node(r->node).name));
+      }
     }
     return absl::OkStatus();
   }
@@ -436,13 +446,23 @@ class BatchDimAnalyzer {
     const Upgrade up{dim, outer, user};
     if (upgrades_.contains(r.node.value)) return true;
     if (IsViewOp(n.target)) {
-      if (n.target.name != "aten::expand" && n.target.name != "aten::broadcast_to") return false;
       const ValueRef* in = n.args.empty() ? nullptr : n.args[0].get_if<ValueRef>();
       const TensorType* it = in ? TypeOf(*in) : nullptr;
       if (it == nullptr) return false;
-      const int32_t in_dim = dim - static_cast<int32_t>(t->rank() - it->rank());
-      if (in_dim >= 0 && it->shape[in_dim] != 1) {
-        if (!TryUpgrade(*in, in_dim, outer, user, marks, depth + 1)) return false;
+      auto map = ComputeViewDimMap(n.target, it->shape, n.args, n.kwargs);
+      if (!map.ok() || dim >= static_cast<int32_t>(map->size())) return false;
+      const DimSpec& spec = (*map)[dim];
+      if (spec.is(DimSpec::Kind::kInputDim)) {
+        // The dim comes from the input unchanged: build the input sharded.
+        const int32_t in_dim = static_cast<int32_t>(spec.input_dim());
+        if (it->shape[in_dim] != 1 &&
+            !TryUpgrade(*in, in_dim, outer, user, marks, depth + 1)) {
+          return false;
+        }
+      } else if (!(spec.is(DimSpec::Kind::kBroadcast) || spec.is(DimSpec::Kind::kNewDim)) ||
+                 (n.target.name != "aten::expand" && n.target.name != "aten::broadcast_to")) {
+        // Only expand spells a new dim's size, which the expansion rewrites.
+        return false;
       }
       marks.emplace_back(r.node.value, up);
       return true;
@@ -451,10 +471,21 @@ class BatchDimAnalyzer {
     if (rule == nullptr) return false;
     switch (rule->family) {
       case OpFamily::kFactory:
-      case OpFamily::kNewFactory:
-      case OpFamily::kLike:
+        // zeros/ones/full/empty/rand*(size, ...): the expansion rewrites the
+        // size. arange(n) and friends are sliced instead (their values matter).
+        if (n.args.empty() || !n.args[0].is_list()) return false;
         marks.emplace_back(r.node.value, up);
         return true;
+      case OpFamily::kNewFactory:
+        marks.emplace_back(r.node.value, up);
+        return true;
+      case OpFamily::kLike: {
+        // ones_like(self) takes self's shape: self must be built sharded too.
+        const ValueRef* self = n.args.empty() ? nullptr : n.args[0].get_if<ValueRef>();
+        if (self == nullptr || !TryUpgrade(*self, dim, outer, user, marks, depth + 1)) return false;
+        marks.emplace_back(r.node.value, up);
+        return true;
+      }
       case OpFamily::kPointwise: {
         for (const Operand& o : Operands(n)) {
           const int32_t in_dim = dim - static_cast<int32_t>(t->rank() - o.type->rank());

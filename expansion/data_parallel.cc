@@ -213,7 +213,7 @@ class Expander {
     ValueRef x = v;
     const double w = Weight(op);
     if (w != 1.0) {
-      x = Emit(Call("fxdp_scale", "aten::mul", "Scalar", {x, Argument(ir::Scalar{w})}, t));
+      x = Emit(Call("fxdp_scale", "aten::mul", "Scalar", {x, Argument(w)}, t));
     }
     Node ar = Call("fxdp_all_reduce", "_c10d_functional::all_reduce", "",
                    {x, Argument(std::string("sum")), Argument(o_.group_name)}, t);
@@ -261,7 +261,7 @@ class Expander {
       }
       n.args[si] = Argument(std::move(sizes));
     } else if (v.placement.is_shard() && a_.node(id).decision == Decision::kShapedByUse &&
-               si < 0) {
+               si < 0 && !HasTensorInput(old)) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "node %s (%s) is built sharded for its use by %s, but the expansion does not know "
           "how to build it locally",
@@ -270,6 +270,12 @@ class Expander {
     out_.push_back(std::move(n));
     new_id_[id.value] = static_cast<int32_t>(out_.size() - 1);
     return absl::OkStatus();
+  }
+
+  bool HasTensorInput(const Node& n) const {
+    bool any = false;
+    n.ForEachInput([&](ValueRef r) { any |= g_.type(r).is_tensor(); });
+    return any;
   }
 
   ValueRef EmitSlice(const ShardedRead& r) {
@@ -354,7 +360,7 @@ class Expander {
       const std::string base = absl::StrCat("fxdp_reduced_", g_.node(v.node).name);
       ValueRef s = w;
       if (pb.values.size() > 1) {
-        s = Emit(Call(base, "aten::slice", "Tensor",
+        s = Emit(Call(absl::StrCat("fxdp_unpack_", g_.node(v.node).name), "aten::slice", "Tensor",
                       {w, Argument(int64_t{0}), Argument(off), Argument(off + t.numel()),
                        Argument(int64_t{1})},
                       Flat(t, t.numel())));
@@ -509,7 +515,8 @@ absl::StatusOr<Expansion> ExpandDataParallel(const Graph& graph, const BatchDimA
   rep.sharded_reads = static_cast<int32_t>(analysis.sharded_reads().size());
   rep.notes = analysis.notes();
   for (const PlannedBucket& b : buckets) rep.buckets.push_back(b.info);
-  e.identical = batch % world == 0;
+  // Rank-specific slices of replicated values make the graphs differ too.
+  e.identical = batch % world == 0 && analysis.sharded_reads().empty();
   for (int32_t r = 0; r < world; ++r) {
     if (r > 0 && e.identical) {
       e.graphs.push_back(e.graphs[0]);
