@@ -210,12 +210,31 @@ class BatchDimAnalyzer {
       SetOut(id, 0, Read(src));
       return absl::OkStatus();
     }
-    if (IsViewOp(n.target)) return VisitView(id, n);
-    const OpRule* rule = FindOpRule(n.target);
-    if (rule == nullptr) return VisitFallback(id, n);
-    info.decision = Decision::kRule;
-    info.rule = static_cast<int16_t>(OpRuleIndex(rule));
-    return VisitRule(id, n, *rule);
+    if (IsViewOp(n.target)) {
+      FXDP_RETURN_IF_ERROR(VisitView(id, n));
+    } else if (const OpRule* rule = FindOpRule(n.target); rule == nullptr) {
+      FXDP_RETURN_IF_ERROR(VisitFallback(id, n));
+    } else {
+      info.decision = Decision::kRule;
+      info.rule = static_cast<int16_t>(OpRuleIndex(rule));
+      FXDP_RETURN_IF_ERROR(VisitRule(id, n, *rule));
+    }
+    PropagateRankLocal(id, n);
+    return absl::OkStatus();
+  }
+
+  // A replicated result computed from a rank-local operand is rank-local.
+  void PropagateRankLocal(NodeId id, const Node& n) {
+    bool local = false;
+    n.ForEachInput([&](ValueRef r) {
+      if (g_.type(r).is_tensor() && Read(r).rank_local) local = true;
+    });
+    if (!local) return;
+    const int32_t base = a_.value_offset_[id.value];
+    for (int32_t k = 0; k < a_.num_outputs(id); ++k) {
+      ValueInfo& v = a_.values_[base + k];
+      if (n.outputs[k].is_tensor() && v.placement.is_replicate()) v.rank_local = true;
+    }
   }
 
   absl::Status VisitPlaceholder(NodeId id, const Node& n) {
@@ -1150,6 +1169,11 @@ class BatchDimAnalyzer {
     SetOut(id, 0, Shard(d, x->info.outer, false));
     if (training) {
       info.detail = Detail::kLocalStats;
+      for (int k = 1; k < static_cast<int>(n.outputs.size()); ++k) {
+        ValueInfo stats;
+        stats.rank_local = true;
+        SetOut(id, k, stats);
+      }
       a_.notes_.push_back(absl::StrCat(
           n.name, " (", TargetString(n), "): batch norm normalises with each rank's local batch "
           "statistics, as DDP does; running statistics are updated from them"));

@@ -78,10 +78,15 @@ struct ValueInfo {
   // descends from a mean over the local batch). kPartial: the reduce op is
   // kAvg. Always false for kReplicate.
   bool mean_scaled = false;
+  // kReplicate only: the value is computed from this rank's batch (batch-norm
+  // running statistics), so ranks hold different values. Updated state that
+  // is rank-local gets averaged over ranks by the expansion.
+  bool rank_local = false;
 
   int32_t batch_dim() const { return placement.is_shard() ? placement.dim : -1; }
   bool operator==(const ValueInfo& o) const {
-    return placement == o.placement && mean_scaled == o.mean_scaled && outer == o.outer;
+    return placement == o.placement && mean_scaled == o.mean_scaled && outer == o.outer &&
+           rank_local == o.rank_local;
   }
 };
 

@@ -113,6 +113,7 @@ std::string DescribeDecision(const Graph& g, const BatchDimAnalysis& a, NodeId i
     absl::StrAppend(&s, absl::StrFormat(" (batch inside the dim, %d blocks)", v.outer));
   }
   if (v.placement.is_shard() && v.mean_scaled) absl::StrAppend(&s, " (mean-scaled)");
+  if (v.rank_local) absl::StrAppend(&s, " (rank-local: from local batch statistics)");
   if (!n.grad_of.empty()) absl::StrAppend(&s, "; gradient of ", n.grad_of);
   if (a.num_outputs(id) > 0 && a.IsReduced(ValueRef{id, 0})) {
     absl::StrAppend(&s, "; all-reduced (", ReduceName(v.placement.reduce), ") before use");

@@ -386,6 +386,14 @@ class Expander {
       const ValueRef* r = orig[k].get_if<ValueRef>();
       if (!loss || r == nullptr) {
         MapArgs(list[k], {});
+        if (r != nullptr && k < n.output_specs.size() &&
+            ir::UpdatedRole(n.output_specs[k].role).has_value() && a_.value(*r).rank_local) {
+          // State computed from local batch statistics (batch-norm running
+          // stats): every rank keeps the batch-weighted mean.
+          list[k] = AllReduce(list[k].as<ValueRef>(), Local(g_.type(*r).tensor, a_.value(*r)),
+                              ReduceOp::kAvg, absl::StrCat("sync ", n.output_specs[k].state_name),
+                              true);
+        }
         continue;
       }
       local_loss = ValueRef{NodeId{new_id_[r->node.value]}, r->output};
@@ -514,6 +522,19 @@ absl::StatusOr<Expansion> ExpandDataParallel(const Graph& graph, const BatchDimA
   rep.slices = SplitBatch(batch, world);
   rep.sharded_reads = static_cast<int32_t>(analysis.sharded_reads().size());
   rep.notes = analysis.notes();
+  for (const Node& n : graph.nodes()) {
+    if (!n.is_output() || n.args.empty() || !n.args[0].is_list()) continue;
+    const auto& list = n.args[0].as<Argument::List>();
+    for (size_t k = 0; k < list.size() && k < n.output_specs.size(); ++k) {
+      const ValueRef* r = list[k].get_if<ValueRef>();
+      if (r != nullptr && ir::UpdatedRole(n.output_specs[k].role).has_value() &&
+          analysis.value(*r).rank_local) {
+        rep.notes.push_back(absl::StrCat("updated state '", n.output_specs[k].state_name,
+                                         "' comes from local batch statistics: all-reduced to "
+                                         "the batch-weighted mean over ranks each step"));
+      }
+    }
+  }
   for (const PlannedBucket& b : buckets) rep.buckets.push_back(b.info);
   // Rank-specific slices of replicated values make the graphs differ too.
   e.identical = batch % world == 0 && analysis.sharded_reads().empty();

@@ -4,9 +4,11 @@ Used by test_expand_oracle.py as an independent check of the C++ expansion: the 
 GraphDef is loaded back into torch.fx (fxdp.convert.graphdef_to_fx) and run under a real Gloo
 process group, where ``_c10d_functional`` collectives resolve the default group by name.
 
-usage: python dp_worker.py RANK WORLD PORT GRAPH STATE.safetensors DATA.pt OUT.pt
+usage: python dp_worker.py RANK WORLD PORT GRAPH STATE.safetensors DATA.pt OUT.pt [MODEL OPTIM]
 DATA.pt holds a list of full global batches (tuples of tensors, one per step); each rank
 takes its contiguous slice along every input's batch dim, as the expansion's report says.
+With MODEL and OPTIM (a zoo entry), the rank then trains the same model eagerly under
+PyTorch's DistributedDataParallel on the same shards and saves its parameters too.
 """
 
 import sys
@@ -20,6 +22,23 @@ import fxdp
 from fxdp.v1 import graph_pb2 as pb
 
 
+def ddp_params(model_name: str, optim: str, shards) -> dict:
+    """Eager DDP (Gloo) training of the zoo entry on this rank's shards: final parameters."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from fxdp import zoo
+
+    e = zoo.get(model_name)
+    model = e.model(0)
+    ddp = DDP(model)
+    opt = zoo.make_optimizer(optim, model)
+    with torch.enable_grad():
+        for b in shards:
+            opt.zero_grad()
+            e.loss_fn(ddp(*b[:-1]), b[-1]).backward()
+            opt.step()
+    return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
 def main() -> None:
     rank, world, port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     graph, state_path, data_path, out_path = sys.argv[4:8]
@@ -30,7 +49,7 @@ def main() -> None:
     state = load_file(state_path)
     batches = torch.load(data_path)
     inputs = [p for p in step.placeholders if p.placeholder.role == pb.INPUT]
-    losses, local_losses = [], []
+    losses, local_losses, shards = [], [], []
     for full in batches:
         shard = []
         for ph, x in zip(inputs, full):
@@ -42,6 +61,7 @@ def main() -> None:
             sizes = [b // world + (r < b % world) for r in range(world)]
             start = sum(sizes[:rank])
             shard.append(x.narrow(d, start, sizes[rank]).contiguous())
+        shards.append(list(shard))
         outs = step.graph_module()(*[
             shard.pop(0) if p.placeholder.role == pb.INPUT else state[p.placeholder.state_name]
             for p in step.placeholders])
@@ -52,7 +72,10 @@ def main() -> None:
                 losses.append(v.detach().clone())
             elif spec.state_name == "local_loss":
                 local_losses.append(v.detach().clone())
-    torch.save({"state": dict(state), "losses": losses, "local_losses": local_losses}, out_path)
+    result = {"state": dict(state), "losses": losses, "local_losses": local_losses}
+    if len(sys.argv) > 9:
+        result["ddp"] = ddp_params(sys.argv[8], sys.argv[9], shards)
+    torch.save(result, out_path)
     dist.destroy_process_group()
 
 

@@ -95,6 +95,35 @@ def test_expanded_graph_trains_like_one_device(tmp_path, model, optim, world, ex
     assert len(results[0]["local_losses"]) == STEPS
 
 
+def test_batchnorm_model_trains_like_ddp(tmp_path):
+    """cnn has BatchNorm: each rank normalises with its local batch statistics, as DDP does.
+    Its parameters must equal PyTorch DDP's on the same shards; ranks agree bit for bit,
+    running statistics included (fxdp averages them over ranks every step)."""
+    model, optim, world = "cnn", "sgd", 2
+    step = traced(model, optim)
+    graph, state, data = (str(tmp_path / f) for f in ("g.pb", "s.safetensors", "d.pt"))
+    step.save(graph)
+    step.to_safetensors(state)
+    torch.save([zoo.get(model).batch(i) for i in range(STEPS)], data)
+    report = expand(graph, str(tmp_path / "x.pb"), world)
+    assert any("bn.running_mean" in n for n in report["notes"])
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "dp_worker.py"), str(r), str(world),
+                               str(port), str(tmp_path / "x.pb"), state, data, str(tmp_path / f"out{r}.pt"),
+                               model, optim],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(world)]
+    for p in procs:
+        out, _ = p.communicate(timeout=120)
+        assert p.returncode == 0, out
+    results = [torch.load(tmp_path / f"out{r}.pt") for r in range(world)]
+    for name, want in results[0]["ddp"].items():
+        torch.testing.assert_close(results[0]["state"][name], want, rtol=RTOL, atol=ATOL,
+                                   msg=lambda m: f"{name}: {m}")
+    for name, got in results[0]["state"].items():
+        assert torch.equal(results[1]["state"][name], got), f"rank 1 differs on {name}"
+
+
 def test_expand_report_and_errors(tmp_path):
     step = traced("mlp", "sgd")
     graph = str(tmp_path / "g.pb")
