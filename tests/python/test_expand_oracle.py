@@ -21,6 +21,7 @@ import sys
 import pytest
 import torch
 
+import fxdp
 from _util import ATOL, RTOL, traced
 from fxdp import zoo
 from fxdp.v1 import graph_pb2 as pb
@@ -53,20 +54,14 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("model,optim,world,extra", CASES,
-                         ids=[f"{m}-{o}-N{n}{'-buckets' if e else ''}" for m, o, n, e in CASES])
-def test_expanded_graph_trains_like_one_device(tmp_path, model, optim, world, extra):
-    step = traced(model, optim)
-    entry = zoo.get(model)
+def check_against_one_device(tmp_path, step, batches, world, extra=()):
+    """Expand `step` for `world` ranks, run it on real Gloo processes, compare with one device."""
     graph, state, data = (str(tmp_path / f) for f in ("g.pb", "s.safetensors", "d.pt"))
     step.save(graph)
     step.to_safetensors(state)
-    batches = [entry.batch(i) for i in range(STEPS)]
     torch.save(batches, data)
     report = expand(graph, str(tmp_path / "x.pb"), world, *extra)
     assert len(report["collectives"]) == len(report["buckets"]) + 1  # + the loss
-    if extra:
-        assert len(report["buckets"]) > 2
     uneven = len({s["size"] for s in report["slices"]}) > 1
     paths = ([str(tmp_path / f"x.rank{r}.pb") for r in range(world)] if uneven
              else [str(tmp_path / "x.pb")] * world)
@@ -93,6 +88,30 @@ def test_expanded_graph_trains_like_one_device(tmp_path, model, optim, world, ex
     torch.testing.assert_close(torch.stack(results[0]["losses"]), torch.stack(ref_losses),
                                rtol=RTOL, atol=ATOL)
     assert len(results[0]["local_losses"]) == STEPS
+    return report
+
+
+@pytest.mark.parametrize("model,optim,world,extra", CASES,
+                         ids=[f"{m}-{o}-N{n}{'-buckets' if e else ''}" for m, o, n, e in CASES])
+def test_expanded_graph_trains_like_one_device(tmp_path, model, optim, world, extra):
+    entry = zoo.get(model)
+    report = check_against_one_device(tmp_path, traced(model, optim),
+                                      [entry.batch(i) for i in range(STEPS)], world, extra)
+    if extra:
+        assert len(report["buckets"]) > 2
+
+
+def test_sum_reduced_loss_with_uneven_split(tmp_path):
+    """Loss reduced by sum, B=10 over 4 ranks (3,3,2,2): gradients are P(sum), weight 1."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(), torch.nn.Linear(4, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    g = torch.Generator().manual_seed(5)
+    batches = [(torch.randn(10, 8, generator=g), torch.randn(10, 3, generator=g)) for _ in range(STEPS)]
+    step = fxdp.trace(model, opt, lambda out, y: ((out - y) ** 2).sum(), batches[0])
+    report = check_against_one_device(tmp_path, step, batches, 4)
+    assert [s["size"] for s in report["slices"]] == [3, 3, 2, 2]
+    assert {b["op"] for b in report["buckets"]} == {"sum"}
 
 
 def test_batchnorm_model_trains_like_ddp(tmp_path):
