@@ -1,7 +1,7 @@
 """Data-parallel expansion checked with PyTorch as the oracle.
 
 For zoo models, ``fxdp expand`` rewrites the traced step for N ranks; N real processes
-(dp_worker.py) load the expanded graph back into torch.fx and run 3 steps under a Gloo process
+(python -m fxdp.dp_oracle) load the expanded graph back into torch.fx and run 3 steps under a Gloo process
 group, each on its own slice of every global batch (torch's ``_c10d_functional`` collectives do
 the all-reduces). Parameters and optimizer state must equal single-device training on the
 global batch, and all ranks must agree bit for bit. (Adam at N=3 and N=4 is left out
@@ -66,7 +66,7 @@ def check_against_one_device(tmp_path, step, batches, world, extra=()):
     paths = ([str(tmp_path / f"x.rank{r}.pb") for r in range(world)] if uneven
              else [str(tmp_path / "x.pb")] * world)
     port = free_port()
-    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "dp_worker.py"), str(r), str(world),
+    procs = [subprocess.Popen([sys.executable, "-m", "fxdp.dp_oracle", str(r), str(world),
                                str(port), paths[r], state, data, str(tmp_path / f"out{r}.pt")],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for r in range(world)]
@@ -127,7 +127,7 @@ def test_batchnorm_model_trains_like_ddp(tmp_path):
     report = expand(graph, str(tmp_path / "x.pb"), world)
     assert any("bn.running_mean" in n for n in report["notes"])
     port = free_port()
-    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "dp_worker.py"), str(r), str(world),
+    procs = [subprocess.Popen([sys.executable, "-m", "fxdp.dp_oracle", str(r), str(world),
                                str(port), str(tmp_path / "x.pb"), state, data, str(tmp_path / f"out{r}.pt"),
                                model, optim],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -1,10 +1,11 @@
 """One rank of a data-parallel run of an expanded fxdp graph, with PyTorch as the executor.
 
-Used by test_expand_oracle.py as an independent check of the C++ expansion: the expanded
-GraphDef is loaded back into torch.fx (fxdp.convert.graphdef_to_fx) and run under a real Gloo
-process group, where ``_c10d_functional`` collectives resolve the default group by name.
+The reference executor for ``fxdp expand`` output (used by tests/python/test_expand_oracle.py
+and ``make demo``): the expanded GraphDef is loaded back into torch.fx
+(fxdp.convert.graphdef_to_fx) and run under a real Gloo process group, where
+``_c10d_functional`` collectives resolve the default group ("0") by name.
 
-usage: python dp_worker.py RANK WORLD PORT GRAPH STATE.safetensors DATA.pt OUT.pt [MODEL OPTIM]
+usage: python -m fxdp.dp_oracle RANK WORLD PORT GRAPH STATE.safetensors DATA.pt OUT.pt [MODEL OPTIM]
 DATA.pt holds a list of full global batches (tuples of tensors, one per step); each rank
 takes its contiguous slice along every input's batch dim, as the expansion's report says.
 With MODEL and OPTIM (a zoo entry), the rank then trains the same model eagerly under
