@@ -1586,8 +1586,14 @@ class BatchDimAnalyzer {
   // ---- results -------------------------------------------------------------------
 
   void Finish() {
-    // Reductions, in graph order, with their first use.
-    const ir::UseMap uses = ir::ComputeUses(g_);
+    // Reductions, in graph order, with their first use (one scan, no use lists).
+    std::vector<int32_t> first_use(a_.values_.size(), -1);
+    for (int32_t i = 0; i < g_.size(); ++i) {
+      g_.nodes()[i].ForEachInput([&](ValueRef r) {
+        const int32_t off = Offset(r);
+        if (a_.reduced_[off] && first_use[off] < 0) first_use[off] = i;
+      });
+    }
     for (int32_t i = 0; i < g_.size(); ++i) {
       const Node& n = g_.nodes()[i];
       for (int32_t k = 0; k < static_cast<int32_t>(n.outputs.size()); ++k) {
@@ -1603,11 +1609,7 @@ class BatchDimAnalyzer {
         red.value = r;
         red.op = v.placement.reduce;
         red.grad_of = k == 0 ? n.grad_of : std::string();
-        NodeId first;
-        for (const ir::Use& u : uses[i][k]) {
-          if (!first.valid() || u.user < first) first = u.user;
-        }
-        red.first_use = first;
+        red.first_use = NodeId{first_use[off]};
         a_.reductions_.push_back(std::move(red));
       }
     }

@@ -88,9 +88,14 @@ absl::StatusOr<Graph> Graph::Create(GraphHeader header, std::vector<Node> nodes)
   Graph g;
   g.header_ = std::move(header);
   g.nodes_ = std::move(nodes);
-  g.by_name_.reserve(g.nodes_.size());
-  for (int32_t i = 0; i < g.size(); ++i) g.by_name_.emplace(g.nodes_[i].name, NodeId{i});
+  g.Index();
   return g;
+}
+
+void Graph::Index() {
+  by_name_.clear();
+  by_name_.reserve(nodes_.size());
+  for (int32_t i = 0; i < size(); ++i) by_name_.emplace(nodes_[i].name, NodeId{i});
 }
 
 std::optional<NodeId> Graph::FindNode(absl::string_view name) const {

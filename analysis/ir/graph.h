@@ -212,11 +212,26 @@ class Graph {
 
   bool operator==(const Graph& o) const { return header_ == o.header_ && nodes_ == o.nodes_; }
 
+  // The name index points into nodes_: a copy rebuilds it, a move keeps it
+  // (the nodes stay in the same buffer).
+  Graph(const Graph& o) : header_(o.header_), nodes_(o.nodes_) { Index(); }
+  Graph& operator=(const Graph& o) {
+    if (this != &o) {
+      header_ = o.header_;
+      nodes_ = o.nodes_;
+      Index();
+    }
+    return *this;
+  }
+  Graph(Graph&&) = default;
+  Graph& operator=(Graph&&) = default;
+
  private:
   Graph() = default;
+  void Index();
   GraphHeader header_;
   std::vector<Node> nodes_;
-  absl::flat_hash_map<std::string, NodeId> by_name_;
+  absl::flat_hash_map<absl::string_view, NodeId> by_name_;  // views into nodes_
 };
 
 // Who reads a value: node `user` at argument position `arg_index` (kwargs

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "analysis/ir/status_macros.h"
 #include "analysis/ir/verifier.h"
+#include "google/protobuf/arena.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/unknown_field_set.h"
 
@@ -43,15 +44,34 @@ class Decoder {
  public:
   explicit Decoder(const v1::GraphDef& def) : def_(def) {}
 
+  // Decodes in one pass, noting whether any message carried unknown fields
+  // (a cheap per-message check); only then, or when decoding fails, does the
+  // reflective walk run to name the exact path.
   absl::StatusOr<Graph> Run() {
-    FXDP_RETURN_IF_ERROR(CheckNoUnknownFields(def_, "GraphDef"));
+    absl::StatusOr<Graph> g = RunFast();
+    if (saw_unknown_ || !g.ok()) FXDP_RETURN_IF_ERROR(CheckNoUnknownFields(def_, "GraphDef"));
+    return g;
+  }
+
+ private:
+  template <typename M>
+  static bool Unknown(const M& m) {
+    return !m.GetReflection()->GetUnknownFields(m).empty();
+  }
+  void Seen(bool unknown) { saw_unknown_ |= unknown; }
+
+  absl::StatusOr<Graph> RunFast() {
+    Seen(Unknown(def_));
     GraphHeader h;
     h.format_version = def_.format_version();
     if (h.format_version == v1::FORMAT_VERSION_UNSPECIFIED)
       return absl::InvalidArgumentError("GraphDef has no format_version");
     h.producer = def_.producer();
     h.torch_version = def_.torch_version();
-    for (const v1::StringPair& kv : def_.metadata()) h.metadata.emplace_back(kv.key(), kv.value());
+    for (const v1::StringPair& kv : def_.metadata()) {
+      Seen(Unknown(kv));
+      h.metadata.emplace_back(kv.key(), kv.value());
+    }
     if (def_.nodes_size() > kMaxNodes)
       return absl::InvalidArgumentError(absl::StrCat("graph has ", def_.nodes_size(),
                                                      " nodes, more than the limit ", kMaxNodes));
@@ -61,15 +81,16 @@ class Decoder {
       FXDP_ASSIGN_OR_RETURN(Node n, DecodeNode(i, def_.nodes(i)));
       nodes.push_back(std::move(n));
     }
+    if (saw_unknown_) return absl::InvalidArgumentError("unknown fields");  // named by Run()
     return Graph::Create(std::move(h), std::move(nodes));
   }
 
- private:
   absl::Status Error(int i, const v1::Node& n, absl::string_view msg) {
     return absl::InvalidArgumentError(absl::StrCat("node '", n.name(), "' (#", i, "): ", msg));
   }
 
   absl::StatusOr<Node> DecodeNode(int i, const v1::Node& d) {
+    Seen(Unknown(d) || Unknown(d.target()));
     Node n;
     n.name = d.name();
     switch (d.kind()) {
@@ -90,6 +111,7 @@ class Decoder {
       n.args.push_back(*std::move(a));
     }
     for (const v1::KeywordArgument& kw : d.kwargs()) {
+      Seen(Unknown(kw));
       if (!kw.has_value())
         return Error(i, d, absl::StrCat("keyword argument '", kw.name(), "' has no value"));
       auto a = DecodeArgument(kw.value(), 0);
@@ -110,6 +132,7 @@ class Decoder {
                                             " node carries a placeholder spec"));
     if (d.has_placeholder()) {
       const v1::PlaceholderSpec& p = d.placeholder();
+      Seen(Unknown(p));
       switch (p.role()) {
         case v1::PARAMETER: n.placeholder.role = PlaceholderRole::kParameter; break;
         case v1::BUFFER: n.placeholder.role = PlaceholderRole::kBuffer; break;
@@ -125,6 +148,7 @@ class Decoder {
     }
     for (int k = 0; k < d.output_specs_size(); ++k) {
       const v1::OutputSpec& s = d.output_specs(k);
+      Seen(Unknown(s));
       OutputSpec spec;
       switch (s.role()) {
         case v1::UPDATED_PARAMETER: spec.role = OutputRole::kUpdatedParameter; break;
@@ -144,14 +168,16 @@ class Decoder {
     return n;
   }
 
-  static absl::StatusOr<Device> DecodeDevice(const v1::Device& d) {
+  absl::StatusOr<Device> DecodeDevice(const v1::Device& d) {
+    Seen(Unknown(d));
     FXDP_ASSIGN_OR_RETURN(DeviceType t, DeviceTypeFromWire(d.type()));
     if (d.index() < -1)
       return absl::InvalidArgumentError(absl::StrCat("device index ", d.index(), " is negative"));
     return Device{t, d.index()};
   }
 
-  static absl::StatusOr<ValueType> DecodeValueMeta(const v1::ValueMeta& m) {
+  absl::StatusOr<ValueType> DecodeValueMeta(const v1::ValueMeta& m) {
+    Seen(Unknown(m));
     FXDP_ASSIGN_OR_RETURN(ValueKind kind, ValueKindFromWire(m.kind()));
     if (m.has_tensor() != (kind == ValueKind::kTensor))
       return absl::InvalidArgumentError(kind == ValueKind::kTensor
@@ -159,6 +185,7 @@ class Decoder {
                                             : "non-tensor value carries tensor metadata");
     if (kind != ValueKind::kTensor) return ValueType::Of(kind);
     const v1::TensorMeta& t = m.tensor();
+    Seen(Unknown(t));
     TensorType tt;
     if (t.shape_size() > kMaxRank)
       return absl::InvalidArgumentError(
@@ -173,12 +200,14 @@ class Decoder {
     return ValueType::Tensor(std::move(tt));
   }
 
-  static absl::StatusOr<Argument> DecodeArgument(const v1::Argument& a, int depth) {
+  absl::StatusOr<Argument> DecodeArgument(const v1::Argument& a, int depth) {
+    Seen(Unknown(a));
     if (depth > kMaxListDepth)
       return absl::InvalidArgumentError(
           absl::StrCat("lists nested deeper than ", kMaxListDepth));
     switch (a.value_case()) {
       case v1::Argument::kRef:
+        Seen(Unknown(a.ref()));
         if (a.ref().node() > static_cast<uint32_t>(kMaxNodes) || a.ref().output() > (1u << 30))
           return absl::InvalidArgumentError(absl::StrCat(
               "reference to node #", a.ref().node(), " output ", a.ref().output(),
@@ -189,7 +218,9 @@ class Decoder {
       case v1::Argument::kFloatValue: return Argument(a.float_value());
       case v1::Argument::kBoolValue: return Argument(a.bool_value());
       case v1::Argument::kStringValue: return Argument(a.string_value());
-      case v1::Argument::kNone: return Argument(NoneArg{});
+      case v1::Argument::kNone:
+        Seen(Unknown(a.none()));
+        return Argument(NoneArg{});
       case v1::Argument::kDtype: {
         FXDP_ASSIGN_OR_RETURN(DType d, DTypeFromWire(a.dtype()));
         return Argument(d);
@@ -208,6 +239,7 @@ class Decoder {
       }
       case v1::Argument::kScalar: {
         const v1::Scalar& s = a.scalar();
+        Seen(Unknown(s) || (s.has_complex_value() && Unknown(s.complex_value())));
         switch (s.value_case()) {
           case v1::Scalar::kIntValue: return Argument(Scalar{int64_t{s.int_value()}});
           case v1::Scalar::kFloatValue: return Argument(Scalar{s.float_value()});
@@ -219,6 +251,7 @@ class Decoder {
         }
       }
       case v1::Argument::kList: {
+        Seen(Unknown(a.list()));
         Argument::List items;
         items.reserve(a.list().items_size());
         for (int k = 0; k < a.list().items_size(); ++k) {
@@ -236,6 +269,7 @@ class Decoder {
   }
 
   const v1::GraphDef& def_;
+  bool saw_unknown_ = false;
 };
 
 void EncodeDevice(const Device& d, v1::Device* out) {
@@ -299,15 +333,20 @@ absl::StatusOr<Graph> DecodeGraphBytes(absl::string_view bytes) {
   if (static_cast<int64_t>(bytes.size()) > kMaxGraphBytes)
     return absl::InvalidArgumentError(absl::StrCat("serialized graph is ", bytes.size(),
                                                    " bytes, more than the limit ", kMaxGraphBytes));
-  v1::GraphDef def;
+  // An arena: the parsed message is freed in a few large blocks, not node by node.
+  pb::ArenaOptions options;
+  options.start_block_size = 64 << 10;
+  options.max_block_size = 8 << 20;
+  pb::Arena arena(options);
+  v1::GraphDef* def = pb::Arena::CreateMessage<v1::GraphDef>(&arena);
   pb::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(bytes.data()),
                               static_cast<int>(bytes.size()));
   in.SetRecursionLimit(2 * kMaxListDepth + 16);
-  if (!def.ParseFromCodedStream(&in) || !in.ConsumedEntireMessage())
+  if (!def->ParseFromCodedStream(&in) || !in.ConsumedEntireMessage())
     return absl::InvalidArgumentError(
         absl::StrCat("bytes are not a valid fxdp.v1.GraphDef (", bytes.size(),
                      " bytes; truncated, corrupt, or nested too deeply)"));
-  return DecodeGraph(def);
+  return DecodeGraph(*def);
 }
 
 v1::GraphDef EncodeGraph(const Graph& g) {

@@ -48,6 +48,23 @@ absl::Status VerifyArgument(const std::vector<Node>& nodes, int i, const Argumen
   return absl::OkStatus();
 }
 
+// The same checks as VerifyArgument without building labels: the common
+// case (a valid argument) costs no allocation.
+bool ArgumentOk(const std::vector<Node>& nodes, int i, const Argument& arg, int depth) {
+  if (depth > kMaxListDepth) return false;
+  if (const auto* r = arg.get_if<ValueRef>()) {
+    const int src = r->node.value;
+    return src >= 0 && src < i && r->output >= 0 &&
+           r->output < static_cast<int>(nodes[src].outputs.size());
+  }
+  if (const auto* l = arg.get_if<Argument::List>()) {
+    for (const Argument& a : *l) {
+      if (!ArgumentOk(nodes, i, a, depth + 1)) return false;
+    }
+  }
+  return true;
+}
+
 absl::Status VerifyOutputs(const std::vector<Node>& nodes, int i) {
   const Node& n = nodes[i];
   for (size_t k = 0; k < n.outputs.size(); ++k) {
@@ -72,10 +89,13 @@ absl::Status VerifyNode(const std::vector<Node>& nodes, int i) {
   if (n.kind != NodeKind::kOutput && !n.output_specs.empty())
     return NodeError(nodes, i, absl::StrCat("is a ", NodeKindName(n.kind),
                                             " but carries output roles"));
-  for (size_t k = 0; k < n.args.size(); ++k)
+  for (size_t k = 0; k < n.args.size(); ++k) {
+    if (ArgumentOk(nodes, i, n.args[k], 0)) continue;
     FXDP_RETURN_IF_ERROR(VerifyArgument(nodes, i, n.args[k], absl::StrCat("argument ", k), 0));
+  }
   for (const KeywordArgument& kw : n.kwargs) {
     if (kw.name.empty()) return NodeError(nodes, i, "keyword argument with an empty name");
+    if (ArgumentOk(nodes, i, kw.value, 0)) continue;
     FXDP_RETURN_IF_ERROR(
         VerifyArgument(nodes, i, kw.value, absl::StrCat("keyword argument '", kw.name, "'"), 0));
   }
