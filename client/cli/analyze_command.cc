@@ -4,10 +4,10 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "analysis/batch_dim.h"
 #include "analysis/ir/proto_codec.h"
 #include "client/cli/commands.h"
+#include "client/cli/flags.h"
 
 namespace fxdp::cli {
 namespace {
@@ -27,45 +27,18 @@ constexpr char kAnalyzeUsage[] =
     "\n"
     "Exit codes: 0 ok, 1 invalid graph or unsupported use of the batch, 2 usage, 3 I/O.\n";
 
-int Usage(const std::string& msg) {
-  std::fprintf(stderr, "fxdp analyze: %s\n\n%s", msg.c_str(), kAnalyzeUsage);
-  return kExitUsage;
-}
-
 }  // namespace
 
 int AnalyzeCommand(const std::vector<std::string>& args) {
-  std::string path;
   bool json = false;
   int32_t world = 2;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "--help" || a == "-h") {
-      std::fputs(kAnalyzeUsage, stdout);
-      return kExitOk;
-    }
-    if (a == "--json") {
-      json = true;
-    } else if (a == "--world-size" || a.rfind("--world-size=", 0) == 0) {
-      std::string v;
-      if (a == "--world-size") {
-        if (i + 1 == args.size()) return Usage("--world-size needs a value");
-        v = args[++i];
-      } else {
-        v = a.substr(sizeof("--world-size=") - 1);
-      }
-      if (!absl::SimpleAtoi(v, &world)) {
-        return Usage("--world-size must be an integer, got '" + v + "'");
-      }
-    } else if (!a.empty() && a[0] == '-') {
-      return Usage("unknown flag " + a);
-    } else if (path.empty()) {
-      path = a;
-    } else {
-      return Usage("takes one GRAPH, got '" + path + "' and '" + a + "'");
-    }
-  }
-  if (path.empty()) return Usage("missing GRAPH");
+  Flags flags("analyze", kAnalyzeUsage);
+  flags.Int("--world-size", &world);
+  flags.Bool("--json", &json);
+  std::vector<std::string> pos;
+  if (int rc = flags.Parse(args, &pos); rc >= 0) return rc;
+  if (pos.size() != 1) return flags.Usage(pos.empty() ? "missing GRAPH" : "takes one GRAPH");
+  const std::string& path = pos[0];
   auto g = ir::ReadGraphFile(path);
   if (!g.ok()) return ReportError("analyze", g.status());
   auto a = AnalyzeBatchDims(*g, AnalyzeOptions{world});

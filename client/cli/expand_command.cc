@@ -4,11 +4,11 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "analysis/batch_dim.h"
 #include "analysis/ir/proto_codec.h"
 #include "client/cli/commands.h"
+#include "client/cli/flags.h"
 #include "expansion/data_parallel.h"
 
 namespace fxdp::cli {
@@ -34,11 +34,6 @@ constexpr char kExpandUsage[] =
     "\n"
     "Exit codes: 0 ok, 1 invalid graph or unsupported placement, 2 usage, 3 I/O.\n";
 
-int Usage(const std::string& msg) {
-  std::fprintf(stderr, "fxdp expand: %s\n\n%s", msg.c_str(), kExpandUsage);
-  return kExitUsage;
-}
-
 std::string RankPath(const std::string& out, int r) {
   const size_t slash = out.find_last_of('/');
   const size_t dot = out.find_last_of('.');
@@ -51,50 +46,22 @@ std::string RankPath(const std::string& out, int r) {
 }  // namespace
 
 int ExpandCommand(const std::vector<std::string>& args) {
-  std::string path, out;
-  bool json = false, have_world = false;
+  std::string out;
+  bool json = false;
   ExpandOptions opts;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    auto value = [&](std::string* v) {
-      if (i + 1 == args.size()) return false;
-      *v = args[++i];
-      return true;
-    };
-    std::string v;
-    if (a == "--help" || a == "-h") {
-      std::fputs(kExpandUsage, stdout);
-      return kExitOk;
-    } else if (a == "--json") {
-      json = true;
-    } else if (a == "--world-size") {
-      if (!value(&v) || !absl::SimpleAtoi(v, &opts.world_size)) {
-        return Usage("--world-size needs an integer, got '" + v + "'");
-      }
-      have_world = true;
-    } else if (a == "-o" || a == "--out") {
-      if (!value(&out)) return Usage(a + " needs a file");
-    } else if (a == "--bucket-mb") {
-      if (!value(&v) || !absl::SimpleAtod(v, &opts.bucket_cap_mb)) {
-        return Usage("--bucket-mb needs a number, got '" + v + "'");
-      }
-    } else if (a == "--first-bucket-mb") {
-      if (!value(&v) || !absl::SimpleAtod(v, &opts.first_bucket_mb)) {
-        return Usage("--first-bucket-mb needs a number, got '" + v + "'");
-      }
-    } else if (a == "--group") {
-      if (!value(&opts.group_name)) return Usage("--group needs a name");
-    } else if (!a.empty() && a[0] == '-') {
-      return Usage("unknown flag " + a);
-    } else if (path.empty()) {
-      path = a;
-    } else {
-      return Usage("takes one GRAPH, got '" + path + "' and '" + a + "'");
-    }
-  }
-  if (path.empty()) return Usage("missing GRAPH");
-  if (!have_world) return Usage("missing --world-size");
-  if (out.empty()) return Usage("missing -o OUT");
+  Flags flags("expand", kExpandUsage);
+  flags.Int("--world-size", &opts.world_size);
+  flags.String("--out", &out, "-o");
+  flags.Double("--bucket-mb", &opts.bucket_cap_mb);
+  flags.Double("--first-bucket-mb", &opts.first_bucket_mb);
+  flags.String("--group", &opts.group_name);
+  flags.Bool("--json", &json);
+  std::vector<std::string> pos;
+  if (int rc = flags.Parse(args, &pos); rc >= 0) return rc;
+  if (pos.size() != 1) return flags.Usage(pos.empty() ? "missing GRAPH" : "takes one GRAPH");
+  if (!flags.Seen("--world-size")) return flags.Usage("missing --world-size");
+  if (out.empty()) return flags.Usage("missing -o OUT");
+  const std::string& path = pos[0];
   auto g = ir::ReadGraphFile(path);
   if (!g.ok()) return ReportError("expand", g.status());
   auto a = AnalyzeBatchDims(*g, AnalyzeOptions{opts.world_size});
