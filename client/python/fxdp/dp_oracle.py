@@ -37,7 +37,9 @@ def ddp_params(model_name: str, optim: str, shards) -> dict:
             opt.zero_grad()
             e.loss_fn(ddp(*b[:-1]), b[-1]).backward()
             opt.step()
-    return {k: v.detach().clone() for k, v in model.named_parameters()}
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    del ddp  # its reducer must go before the process group does
+    return params
 
 
 def main() -> None:
@@ -77,6 +79,8 @@ def main() -> None:
     if len(sys.argv) > 9:
         result["ddp"] = ddp_params(sys.argv[8], sys.argv[9], shards)
     torch.save(result, out_path)
+    # Every rank finishes its collectives before any tears the group down.
+    dist.barrier()
     dist.destroy_process_group()
 
 
