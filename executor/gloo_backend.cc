@@ -4,6 +4,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "executor/torch_types.h"
 
 namespace fxdp::executor {
 
@@ -19,7 +20,7 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectStore(const RendezvousOpt
     return c10::intrusive_ptr<c10d::Store>(c10::make_intrusive<c10d::TCPStore>(opts.host, so));
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat("rank ", opts.rank, ": cannot reach the store at ",
-                                               opts.host, ":", opts.port, ": ", e.what()));
+                                               opts.host, ":", opts.port, ": ", ExceptionMessage(e)));
   }
 }
 
@@ -33,7 +34,7 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Backend>> CreateGlooBackend(
         c10::make_intrusive<c10d::ProcessGroupGloo>(store, opts.rank, opts.world_size, go));
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat("rank ", opts.rank, " of ", opts.world_size,
-                                               ": Gloo rendezvous failed: ", e.what()));
+                                               ": Gloo rendezvous failed: ", ExceptionMessage(e)));
   }
 }
 

@@ -2,6 +2,8 @@
 
 #include <array>
 
+#include <c10/util/Exception.h>
+
 #include <torch/headeronly/version.h>
 
 #include "absl/strings/str_cat.h"
@@ -63,6 +65,14 @@ absl::StatusOr<c10::OperatorHandle> FindOperator(const ir::Target& target) {
                                             " is not known to this LibTorch (", TORCH_VERSION,
                                             ")"));
   return *op;
+}
+
+std::string ExceptionMessage(const std::exception& e) {
+  const auto* c10e = dynamic_cast<const c10::Error*>(&e);
+  std::string s = c10e != nullptr ? c10e->what_without_backtrace() : e.what();
+  if (size_t at = s.find("\nException raised from "); at != std::string::npos) s.resize(at);
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
 }
 
 }  // namespace fxdp::executor

@@ -9,6 +9,9 @@
 #include <c10/core/MemoryFormat.h>
 #include <c10/core/ScalarType.h>
 
+#include <exception>
+#include <string>
+
 #include "absl/status/statusor.h"
 #include "analysis/ir/graph.h"
 
@@ -23,6 +26,10 @@ c10::MemoryFormat ToTorch(ir::MemoryFormat m);
 // The dispatcher's handle for an op target ("aten::addmm", ""), or NOT_FOUND
 // naming the op when this LibTorch does not know it.
 absl::StatusOr<c10::OperatorHandle> FindOperator(const ir::Target& target);
+
+// An exception's message for a status: c10::Error without its C++ backtrace
+// ("Exception raised from ... frame #0 ..."), trailing whitespace trimmed.
+std::string ExceptionMessage(const std::exception& e);
 
 }  // namespace fxdp::executor
 

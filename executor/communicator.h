@@ -1,0 +1,68 @@
+// The collectives the interpreter needs, behind a small interface.
+//
+// A graph's `_c10d_functional::all_reduce(Tensor, str reduce_op, str group)`
+// node starts a Work through the program's Communicator; the matching
+// `_c10d_functional::wait_tensor` waits for it. Like torch's functional
+// collectives, AllReduceSum never modifies its argument: the result is a new
+// tensor.
+//
+//   LocalCommunicator  world size 1: the result is a clone, done at once.
+//   GlooCommunicator   c10d ProcessGroupGloo (CPU tensors), in
+//                      executor/gloo_communicator.h.
+#ifndef FXDP_EXECUTOR_COMMUNICATOR_H_
+#define FXDP_EXECUTOR_COMMUNICATOR_H_
+
+#include <ATen/Tensor.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace fxdp::executor {
+
+// A started collective.
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Blocks until the collective is done or `timeout` has passed (then
+  // DEADLINE_EXCEEDED); a failed collective (a lost peer) is UNAVAILABLE.
+  // Returns the result; call at most once.
+  virtual absl::StatusOr<at::Tensor> Wait(std::chrono::milliseconds timeout) = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  // Starts summing `input` over all ranks. `input` is not modified; it may be
+  // released by the caller once this returns.
+  virtual absl::StatusOr<std::unique_ptr<Work>> AllReduceSum(const at::Tensor& input) = 0;
+  // A short description for logs ("local", "gloo rank 0/2").
+  virtual std::string name() const = 0;
+};
+
+// World size 1: AllReduceSum is a clone (the sum over one rank).
+class LocalCommunicator : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+  absl::StatusOr<std::unique_ptr<Work>> AllReduceSum(const at::Tensor& input) override;
+  std::string name() const override { return "local"; }
+};
+
+// A Work that is already done.
+class ReadyWork : public Work {
+ public:
+  explicit ReadyWork(at::Tensor result) : result_(std::move(result)) {}
+  absl::StatusOr<at::Tensor> Wait(std::chrono::milliseconds) override { return result_; }
+
+ private:
+  at::Tensor result_;
+};
+
+}  // namespace fxdp::executor
+
+#endif  // FXDP_EXECUTOR_COMMUNICATOR_H_

@@ -1,0 +1,163 @@
+// The LibTorch interpreter: runs an fxdp graph node by node through the c10
+// dispatcher.
+//
+// Program::Load prepares everything once: for every call node the dispatcher's
+// OperatorHandle (schema name + overload), and for every schema argument where
+// its value comes from: a value slot (tensor references, filled per run), or a
+// constant converted to a c10::IValue once (graph args by position, kwargs by
+// schema argument name, the rest from the schema's defaults). Program::Run then
+// only pushes IValues onto a reused stack and calls `callBoxed`; every value
+// is released right after its last use (computed at load), so a step's peak
+// memory is that of the graph's live values, as in eager mode.
+//
+// Conventions:
+//  * `operator.getitem` aliases output k of a multi-output node (a tuple or a
+//    Tensor[] return, split into one slot per graph output); it costs nothing.
+//  * A number given for a Tensor argument (`aten::add.Tensor(%x, 1)`, as FX
+//    records it) becomes a CPU "wrapped number" tensor, like torch's Python
+//    argument parser makes, so type promotion treats it as a scalar.
+//  * Devices: the program runs on one device (cpu or cuda:k). Input tensors on
+//    another device are copied there. A device *argument* (factory ops'
+//    `device=` kwarg, `_to_copy`) of the type the graph was traced on (the
+//    device type of its tensor placeholders, default cpu) is replaced by the
+//    program's device; other device arguments are kept as written.
+//  * `_c10d_functional::all_reduce(t, reduce_op, group)` starts
+//    Communicator::AllReduceSum ("sum"; "avg" divides the sum by the world
+//    size) and keeps the Work in the value table;
+//    `_c10d_functional::wait_tensor` waits for it (ProgramOptions::
+//    collective_timeout). A node other than wait_tensor that reads a pending
+//    all_reduce waits first. The group name is not interpreted: a program has
+//    one communicator. Without a communicator the program uses a
+//    LocalCommunicator (world size 1: all_reduce is a clone).
+//  * Runs under c10::InferenceMode by default (no autograd bookkeeping): the
+//    outputs are inference tensors; do not modify them in place outside
+//    InferenceMode.
+//  * Errors name the node, its op and what is wrong: NOT_FOUND for an op this
+//    LibTorch does not know, INVALID_ARGUMENT for arguments that do not fit
+//    the schema (expected vs got) and for kernel errors (c10::Error), INTERNAL
+//    for other exceptions, RESOURCE_EXHAUSTED for out of memory.
+//
+// A Program is not thread-safe: one Run at a time.
+#ifndef FXDP_EXECUTOR_INTERPRETER_H_
+#define FXDP_EXECUTOR_INTERPRETER_H_
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+#include <c10/core/Device.h>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "analysis/ir/graph.h"
+#include "executor/communicator.h"
+
+namespace fxdp::executor {
+
+struct ProgramOptions {
+  c10::Device device = c10::Device(c10::kCPU);
+  // Not owned; must outlive the Program. nullptr: a LocalCommunicator.
+  Communicator* communicator = nullptr;
+  std::chrono::milliseconds collective_timeout{std::chrono::minutes(5)};
+  bool inference_mode = true;
+  // After every node, compare each tensor output's dtype and sizes with the
+  // graph's metadata (INTERNAL naming the node on a mismatch). Costs a little
+  // host time per node; meant for checking rewritten graphs.
+  bool check_outputs = false;
+  // Tests: record the number of live values after every node (live_trace()).
+  bool record_live = false;
+};
+
+// One graph input: a placeholder (or a get_attr node, read from the state by
+// its target name with role CONSTANT).
+struct ProgramInput {
+  std::string node;
+  ir::PlaceholderRole role = ir::PlaceholderRole::kInput;
+  std::string state_name;
+  int32_t batch_dim = -1;  // INPUT only: the batch dim, -1 for none
+  ir::ValueType type;
+};
+
+class Program {
+ public:
+  static absl::StatusOr<Program> Load(const ir::Graph& graph, const ProgramOptions& options);
+  static absl::StatusOr<Program> Load(const ir::Graph& graph, c10::Device device) {
+    ProgramOptions o;
+    o.device = device;
+    return Load(graph, o);
+  }
+
+  Program(Program&&) noexcept;
+  Program& operator=(Program&&) noexcept;
+  ~Program();
+
+  const c10::Device& device() const;
+  // The graph inputs in graph order; Run takes one value per entry.
+  const std::vector<ProgramInput>& inputs() const;
+  // The roles of Run's results, one per returned value.
+  const std::vector<ir::OutputSpec>& output_specs() const;
+  int32_t num_nodes() const;  // call nodes that run (getitem excluded)
+
+  // Checks `inputs` against inputs() (count, dtype, sizes) without running.
+  absl::Status CheckInputs(const std::vector<c10::IValue>& inputs) const;
+  // Runs the graph once. Tensors on another device are copied to device().
+  // The program holds the only references it is given: pass inputs by move
+  // to let them be freed after their last use.
+  absl::StatusOr<std::vector<c10::IValue>> Run(std::vector<c10::IValue> inputs);
+
+  // Values held in the value table right now (0 between runs).
+  int64_t live_values() const;
+  // With ProgramOptions::record_live: after Run, (node name, live values
+  // after that node) for every call node, in execution order.
+  const std::vector<std::pair<std::string, int64_t>>& live_trace() const;
+
+  struct Impl;  // implementation detail (interpreter.cc)
+
+ private:
+  explicit Program(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Tensors by name (state, batches, safetensors files).
+using TensorMap = std::map<std::string, at::Tensor>;
+
+// A Program plus the training state it updates: one Step per batch.
+class StepRunner {
+ public:
+  // Every state entry the graph reads (non-INPUT placeholders by state name)
+  // must be in `state` (NOT_FOUND naming the missing ones); those are moved to
+  // the program's device once. Entries the graph does not read are kept as
+  // they are.
+  static absl::StatusOr<StepRunner> Create(Program program, TensorMap state);
+
+  // Runs one step on `batch` (INPUT placeholders by state name; NOT_FOUND
+  // naming a missing one; tensors are copied to the device). UPDATED_* outputs
+  // replace their state entries. Returns the LOSS output (an undefined tensor
+  // when the graph has none). Old state entries the step replaces are released
+  // during the step (they are not copied); if a kernel fails mid-step those
+  // entries are lost and every later Step is FAILED_PRECONDITION.
+  absl::StatusOr<at::Tensor> Step(const TensorMap& batch);
+
+  const TensorMap& state() const { return state_; }
+  // The OTHER outputs of the last step, by position in output_specs.
+  const std::vector<c10::IValue>& other_outputs() const { return other_; }
+  Program& program() { return program_; }
+
+ private:
+  StepRunner(Program program, TensorMap state)
+      : program_(std::move(program)), state_(std::move(state)) {}
+  Program program_;
+  TensorMap state_;
+  std::vector<bool> moves_;  // per input: the step replaces this state entry
+  std::vector<c10::IValue> other_;
+  bool broken_ = false;
+};
+
+}  // namespace fxdp::executor
+
+#endif  // FXDP_EXECUTOR_INTERPRETER_H_

@@ -1,0 +1,416 @@
+// fxdp-worker: runs fxdp graphs with LibTorch. `fxdp-worker --help` lists the
+// commands; today there is `run` (a fixed number of steps from files).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <unistd.h>
+#include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <optional>
+#include <thread>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "analysis/ir/proto_codec.h"
+#include "analysis/ir/status_macros.h"
+#include "executor/communicator.h"
+#include "executor/gloo_communicator.h"
+#include "executor/interpreter.h"
+#include "executor/safetensors.h"
+
+namespace fxdp::executor {
+namespace {
+
+constexpr int kExitOk = 0;
+constexpr int kExitFailed = 1;  // bad input, a failing step, a lost peer
+constexpr int kExitUsage = 2;
+constexpr int kExitIo = 3;
+
+constexpr char kUsage[] =
+    "usage: fxdp-worker <command> [args]\n"
+    "\n"
+    "commands:\n"
+    "  run    run a saved graph for a number of steps on state and data files\n"
+    "\n"
+    "Run 'fxdp-worker <command> --help' for the arguments of a command.\n";
+
+constexpr char kRunUsage[] =
+    "usage: fxdp-worker run --graph G.pb --state S.safetensors --data D.safetensors\n"
+    "                       --steps K [--out FINAL.safetensors] [--device cpu|cuda[:N]]\n"
+    "                       [--data D2.safetensors ...] [--timeout-s T] [--threads N]\n"
+    "                       [--check-outputs]\n"
+    "\n"
+    "Runs the training step G (a binary fxdp.v1.GraphDef, e.g. from fxdp.TracedStep.save,\n"
+    "python -m fxdp.zoo.export or fxdp expand) K times. The state file holds every\n"
+    "non-input placeholder's tensor by state name (parameters, buffers, optimizer state,\n"
+    "constants); UPDATED_* outputs replace their entries after each step. A data file holds\n"
+    "one batch, tensors named by the graph's INPUT placeholders (state names; the zoo\n"
+    "export's <model>_<optim>.batch.safetensors). Step i uses data file i mod the number\n"
+    "of --data files: one file is reused every step.\n"
+    "\n"
+    "Prints 'step i/K loss L (T ms)' per step on stdout (rank 0 only); logs go to stderr,\n"
+    "prefixed with the rank. --out writes the final state, every entry of the state file,\n"
+    "updated.\n"
+    "\n"
+    "  --graph G           the graph; '{rank}' in the path is replaced by the rank (the\n"
+    "                      per-rank files fxdp expand writes for uneven batches)\n"
+    "  --state S           initial state (safetensors)\n"
+    "  --data D            a batch (safetensors); repeat for one batch per step\n"
+    "  --steps K           number of steps (>= 1)\n"
+    "  --out FINAL         write the final state here (rank 0; every rank when the path\n"
+    "                      contains '{rank}')\n"
+    "  --device DEV        cpu (default) or cuda[:N]; 'cuda' means cuda:LOCAL_RANK\n"
+    "  --timeout-s T       rendezvous and collective timeout in seconds (default 300)\n"
+    "  --threads N         intra-op CPU threads (default: OMP_NUM_THREADS, else all cores\n"
+    "                      for one rank, cores / LOCAL_WORLD_SIZE or 1 for several ranks)\n"
+    "  --check-outputs     compare every node's output dtype and shape with the graph\n"
+    "\n"
+    "Launch environment (torchrun / Slurm conventions): RANK, WORLD_SIZE, LOCAL_RANK,\n"
+    "MASTER_ADDR, MASTER_PORT, or SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID. With\n"
+    "WORLD_SIZE > 1 the ranks meet at MASTER_ADDR:MASTER_PORT (rank 0 serves a c10d\n"
+    "TCPStore) and all-reduce through Gloo (CPU tensors only). Gloo binds to loopback when\n"
+    "MASTER_ADDR is local, else to this host's name; FXDP_GLOO_HOST overrides. Each rank\n"
+    "runs its own graph; a data file holds the global batch and each rank takes its\n"
+    "contiguous slice along every INPUT's batch dim (the balanced split of fxdp expand: the\n"
+    "first B % N ranks get one extra sample), or uses it as is when it already has the\n"
+    "graph's size.\n"
+    "\n"
+    "Exit codes: 0 ok, 1 invalid input or a failed step, 2 usage, 3 I/O.\n";
+
+struct LaunchEnv {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+};
+
+std::optional<std::string> Env(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  return std::string(v);
+}
+
+// The first of `names` that is set, as an int.
+absl::Status EnvInt(std::initializer_list<const char*> names, int* out) {
+  for (const char* n : names) {
+    auto v = Env(n);
+    if (!v) continue;
+    if (!absl::SimpleAtoi(*v, out) || *out < 0)
+      return absl::InvalidArgumentError(
+          absl::StrCat("environment variable ", n, "='", *v, "' is not a non-negative integer"));
+    return absl::OkStatus();
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LaunchEnv> ReadLaunchEnv() {
+  LaunchEnv e;
+  FXDP_RETURN_IF_ERROR(EnvInt({"RANK", "SLURM_PROCID"}, &e.rank));
+  FXDP_RETURN_IF_ERROR(EnvInt({"WORLD_SIZE", "SLURM_NTASKS"}, &e.world_size));
+  FXDP_RETURN_IF_ERROR(EnvInt({"LOCAL_RANK", "SLURM_LOCALID"}, &e.local_rank));
+  FXDP_RETURN_IF_ERROR(EnvInt({"MASTER_PORT"}, &e.master_port));
+  if (auto a = Env("MASTER_ADDR")) e.master_addr = *a;
+  if (e.world_size < 1) return absl::InvalidArgumentError("WORLD_SIZE must be at least 1");
+  if (e.rank >= e.world_size)
+    return absl::InvalidArgumentError(
+        absl::StrCat("RANK ", e.rank, " is not below WORLD_SIZE ", e.world_size));
+  if (e.master_port > 65535)
+    return absl::InvalidArgumentError(absl::StrCat("MASTER_PORT ", e.master_port, " > 65535"));
+  return e;
+}
+
+int ExitCode(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kDataLoss: return kExitIo;
+    default: return kExitFailed;
+  }
+}
+
+struct RunArgs {
+  std::string graph, state, out;
+  std::vector<std::string> data;
+  int steps = 0;
+  std::string device = "cpu";
+  int timeout_s = 300;
+  int threads = 0;  // 0: see Run
+  bool check_outputs = false;
+};
+
+class Logger {
+ public:
+  explicit Logger(int rank) : rank_(rank) {}
+  template <typename... A>
+  void Log(const A&... a) const {
+    std::fprintf(stderr, "[rank %d] %s\n", rank_, absl::StrCat(a...).c_str());
+  }
+  template <typename... A>
+  void StepLog(int step, int steps, const A&... a) const {
+    std::fprintf(stderr, "[rank %d step %d/%d] %s\n", rank_, step, steps,
+                 absl::StrCat(a...).c_str());
+  }
+
+ private:
+  int rank_;
+};
+
+std::string WithRank(const std::string& path, int rank) {
+  return absl::StrReplaceAll(path, {{"{rank}", absl::StrCat(rank)}});
+}
+
+// This rank's part of a global batch: for every INPUT with a batch dim whose
+// size differs from the graph's, the balanced contiguous slice.
+absl::StatusOr<TensorMap> ShardBatch(const TensorMap& batch, const Program& program,
+                                     const LaunchEnv& env) {
+  TensorMap out = batch;
+  for (const ProgramInput& in : program.inputs()) {
+    if (in.role != ir::PlaceholderRole::kInput || !in.type.is_tensor()) continue;
+    auto it = out.find(in.state_name);
+    if (it == out.end()) continue;  // reported by the step
+    const int32_t dim = in.batch_dim;
+    const auto& want = in.type.tensor.shape;
+    at::Tensor& t = it->second;
+    if (dim < 0 || t.dim() != static_cast<int64_t>(want.size()) || dim >= t.dim() ||
+        t.size(dim) == want[dim])
+      continue;
+    const int64_t b = t.size(dim), n = env.world_size, r = env.rank;
+    const int64_t size = b / n + (r < b % n ? 1 : 0);
+    const int64_t start = r * (b / n) + std::min<int64_t>(r, b % n);
+    if (size != want[dim])
+      return absl::InvalidArgumentError(absl::StrCat(
+          "input '", in.state_name, "' has ", b, " samples on dim ", dim, "; rank ", r, " of ", n,
+          " would get ", size, " but its graph expects ", want[dim]));
+    t = t.narrow(dim, start, size).contiguous();
+  }
+  return out;
+}
+
+absl::Status Run(const RunArgs& args, const LaunchEnv& env, const Logger& log) {
+  // Device.
+  c10::Device device(c10::kCPU);
+  try {
+    device = args.device == "cuda" ? c10::Device(c10::kCUDA, env.local_rank)
+                                   : c10::Device(args.device);
+  } catch (const std::exception&) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device '", args.device, "' is not a device (cpu, cuda, cuda:N)"));
+  }
+
+  // Intra-op threads: --threads, else OMP_NUM_THREADS (LibTorch reads it),
+  // else with several ranks the cores divided among this host's ranks
+  // (LOCAL_WORLD_SIZE; 1 thread when unknown, as torchrun does): OpenMP
+  // threads of several processes spinning on the same cores make every op
+  // ~50x slower.
+  int threads = args.threads;
+  if (threads == 0 && !Env("OMP_NUM_THREADS") && env.world_size > 1) {
+    threads = 1;
+    int local_world = 0;
+    if (EnvInt({"LOCAL_WORLD_SIZE"}, &local_world).ok() && local_world > 0) {
+      threads = std::max<int>(1, static_cast<int>(std::thread::hardware_concurrency()) /
+                                     local_world);
+    }
+  }
+  if (threads > 0) at::set_num_threads(threads);
+  log.Log("intra-op threads: ", at::get_num_threads());
+
+  std::unique_ptr<Communicator> comm;
+  if (env.world_size > 1) {
+    if (!device.is_cpu())
+      return absl::UnimplementedError(
+          "WORLD_SIZE > 1 on CUDA needs the NCCL communicator, which is not implemented yet; "
+          "use --device cpu (Gloo)");
+    RendezvousOptions ro;
+    ro.host = env.master_addr;
+    ro.port = env.master_port;
+    ro.rank = env.rank;
+    ro.world_size = env.world_size;
+    ro.timeout = std::chrono::seconds(args.timeout_s);
+    log.Log("rendezvous at ", ro.host, ":", ro.port, " (world size ", ro.world_size, ")");
+    // Gloo binds to an address the other ranks reach this host by: loopback
+    // when the master is local (one host), else this host's name;
+    // FXDP_GLOO_HOST overrides.
+    std::string iface = "127.0.0.1";
+    if (auto h = Env("FXDP_GLOO_HOST")) {
+      iface = *h;
+    } else if (env.master_addr != "localhost" && env.master_addr.rfind("127.", 0) != 0) {
+      char host[256] = {0};
+      if (gethostname(host, sizeof(host) - 1) == 0 && host[0] != '\0') iface = host;
+    }
+    FXDP_ASSIGN_OR_RETURN(std::unique_ptr<GlooCommunicator> g,
+                          GlooCommunicator::Connect(ro, iface));
+    comm = std::move(g);
+  } else {
+    comm = std::make_unique<LocalCommunicator>();
+  }
+
+  const std::string graph_path = WithRank(args.graph, env.rank);
+  FXDP_ASSIGN_OR_RETURN(ir::Graph graph, ir::ReadGraphFile(graph_path));
+  ProgramOptions po;
+  po.device = device;
+  po.communicator = comm.get();
+  po.collective_timeout = std::chrono::seconds(args.timeout_s);
+  po.check_outputs = args.check_outputs;
+  const auto t_load = std::chrono::steady_clock::now();
+  FXDP_ASSIGN_OR_RETURN(Program program, Program::Load(graph, po));
+  const double load_ms = std::chrono::duration<double, std::milli>(
+                             std::chrono::steady_clock::now() - t_load).count();
+  log.Log("loaded ", graph_path, ": ", program.num_nodes(), " ops, ", program.inputs().size(),
+          " inputs, on ", program.device().str(), ", ", comm->name(), " (",
+          absl::StrFormat("%.1f", load_ms), " ms)");
+
+  FXDP_ASSIGN_OR_RETURN(SafetensorsFile state, ReadSafetensors(args.state));
+  std::vector<TensorMap> batches;
+  for (const std::string& d : args.data) {
+    FXDP_ASSIGN_OR_RETURN(SafetensorsFile f, ReadSafetensors(d));
+    FXDP_ASSIGN_OR_RETURN(TensorMap shard, ShardBatch(f.tensors, program, env));
+    batches.push_back(std::move(shard));
+  }
+  FXDP_ASSIGN_OR_RETURN(StepRunner runner, StepRunner::Create(std::move(program),
+                                                              std::move(state.tensors)));
+
+  double total_ms = 0;
+  for (int i = 0; i < args.steps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    absl::StatusOr<at::Tensor> loss = runner.Step(batches[i % batches.size()]);
+    if (!loss.ok()) {
+      log.StepLog(i + 1, args.steps, "failed: ", loss.status().ToString());
+      return absl::Status(loss.status().code(),
+                          absl::StrCat("step ", i + 1, ": ", loss.status().message()));
+    }
+    double value = std::nan("");
+    if (loss->defined()) {
+      c10::InferenceMode guard;
+      value = loss->to(at::kCPU).to(at::kDouble).item<double>();  // syncs the device
+    }
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    total_ms += ms;
+    if (env.rank == 0) {
+      std::printf("step %d/%d loss %.8g (%.1f ms)\n", i + 1, args.steps, value, ms);
+      std::fflush(stdout);
+    }
+    if (!std::isfinite(value) && loss->defined())
+      log.StepLog(i + 1, args.steps, "warning: the loss is not finite");
+  }
+  const int nodes = runner.program().num_nodes();
+  log.Log(args.steps, " steps in ", absl::StrFormat("%.1f", total_ms), " ms (",
+          absl::StrFormat("%.2f", total_ms / args.steps), " ms/step, ",
+          absl::StrFormat("%.1f", nodes > 0 ? 1000.0 * total_ms / args.steps / nodes : 0.0),
+          " us/op over ", nodes, " ops)");
+
+  if (!args.out.empty()) {
+    const bool templated = args.out.find("{rank}") != std::string::npos;
+    if (templated || env.rank == 0) {
+      const std::string out = WithRank(args.out, env.rank);
+      FXDP_RETURN_IF_ERROR(WriteSafetensors(out, runner.state(), state.metadata));
+      log.Log("wrote the final state (", runner.state().size(), " tensors) to ", out);
+    }
+  }
+  return absl::OkStatus();
+}
+
+int Usage(const std::string& msg) {
+  std::fprintf(stderr, "fxdp-worker run: %s\n\n%s", msg.c_str(), kRunUsage);
+  return kExitUsage;
+}
+
+int RunCommand(const std::vector<std::string>& argv) {
+  RunArgs a;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    std::string flag = argv[i], v;
+    bool inline_value = false;
+    if (auto eq = flag.find('='); flag.rfind("--", 0) == 0 && eq != std::string::npos) {
+      v = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+      inline_value = true;
+    }
+    auto value = [&](std::string* out) {
+      if (inline_value) {
+        *out = v;
+        return true;
+      }
+      if (i + 1 == argv.size()) return false;
+      *out = argv[++i];
+      return true;
+    };
+    std::string s;
+    if (flag == "--help" || flag == "-h") {
+      std::fputs(kRunUsage, stdout);
+      return kExitOk;
+    } else if (flag == "--check-outputs") {
+      a.check_outputs = true;
+    } else if (flag == "--graph") {
+      if (!value(&a.graph)) return Usage("--graph needs a file");
+    } else if (flag == "--state") {
+      if (!value(&a.state)) return Usage("--state needs a file");
+    } else if (flag == "--data") {
+      if (!value(&s)) return Usage("--data needs a file");
+      a.data.push_back(s);
+    } else if (flag == "--out") {
+      if (!value(&a.out)) return Usage("--out needs a file");
+    } else if (flag == "--device") {
+      if (!value(&a.device)) return Usage("--device needs cpu, cuda or cuda:N");
+    } else if (flag == "--steps") {
+      if (!value(&s) || !absl::SimpleAtoi(s, &a.steps) || a.steps < 1)
+        return Usage("--steps needs a positive integer, got '" + s + "'");
+    } else if (flag == "--threads") {
+      if (!value(&s) || !absl::SimpleAtoi(s, &a.threads) || a.threads < 1)
+        return Usage("--threads needs a positive integer, got '" + s + "'");
+    } else if (flag == "--timeout-s") {
+      if (!value(&s) || !absl::SimpleAtoi(s, &a.timeout_s) || a.timeout_s < 1)
+        return Usage("--timeout-s needs a positive integer, got '" + s + "'");
+    } else {
+      return Usage("unknown argument '" + argv[i] + "'");
+    }
+  }
+  if (a.graph.empty()) return Usage("--graph is required");
+  if (a.state.empty()) return Usage("--state is required");
+  if (a.data.empty()) return Usage("--data is required");
+  if (a.steps == 0) return Usage("--steps is required");
+
+  auto env = ReadLaunchEnv();
+  if (!env.ok()) {
+    std::fprintf(stderr, "fxdp-worker run: %s\n", std::string(env.status().message()).c_str());
+    return kExitUsage;
+  }
+  Logger log(env->rank);
+  absl::Status s = Run(a, *env, log);
+  if (!s.ok()) {
+    log.Log("error: ", s.message());
+    return ExitCode(s);
+  }
+  return kExitOk;
+}
+
+}  // namespace
+}  // namespace fxdp::executor
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty()) {
+    std::fputs(fxdp::executor::kUsage, stderr);
+    return fxdp::executor::kExitUsage;
+  }
+  const std::string cmd = args[0];
+  args.erase(args.begin());
+  if (cmd == "--help" || cmd == "-h" || cmd == "help") {
+    std::fputs(fxdp::executor::kUsage, stdout);
+    return fxdp::executor::kExitOk;
+  }
+  if (cmd == "run") return fxdp::executor::RunCommand(args);
+  std::fprintf(stderr, "fxdp-worker: unknown command '%s'\n\n%s", cmd.c_str(),
+               fxdp::executor::kUsage);
+  return fxdp::executor::kExitUsage;
+}

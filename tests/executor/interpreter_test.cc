@@ -1,0 +1,530 @@
+// The LibTorch interpreter (executor/interpreter.h): results against plain
+// LibTorch ops, argument binding and its errors, value lifetimes, the
+// functional collectives through the Communicator interface (local, a fake,
+// and real 2-rank Gloo in one process), StepRunner.
+#include "executor/interpreter.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "analysis/ir/text.h"
+#include "executor/gloo_communicator.h"
+#include "tests/test_util.h"
+
+namespace fxdp::executor {
+namespace {
+
+using ::fxdp::testing::ReadTestData;
+using ::fxdp::testing::StatusIs;
+using ::fxdp::testing::ValueOrDie;
+
+ir::Graph Parse(const std::string& body) {
+  return ValueOrDie(ir::ParseGraphText(
+      absl::StrCat("graph format=1 producer=\"test\" torch=\"2.13.0\" {\n", body, "}\n")));
+}
+
+Program LoadCpu(const ir::Graph& g, ProgramOptions o = {}) {
+  return ValueOrDie(Program::Load(g, o));
+}
+
+std::vector<c10::IValue> Values(std::initializer_list<at::Tensor> ts) {
+  std::vector<c10::IValue> v;
+  for (const at::Tensor& t : ts) v.emplace_back(t);
+  return v;
+}
+
+void ExpectClose(const at::Tensor& got, const at::Tensor& want, const std::string& what) {
+  ASSERT_TRUE(got.defined()) << what;
+  EXPECT_EQ(got.scalar_type(), want.scalar_type()) << what;
+  EXPECT_EQ(got.sizes(), want.sizes()) << what;
+  EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-6)) << what << "\ngot\n" << got << "\nwant\n" << want;
+}
+
+// ---- results -------------------------------------------------------------------------
+
+TEST(InterpreterTest, MlpSgdMatchesPlainLibTorch) {
+  const ir::Graph g = ValueOrDie(ir::ParseGraphText(ReadTestData("mlp_sgd.txt")));
+  Program p = LoadCpu(g);
+  ASSERT_EQ(p.inputs().size(), 4u);
+  EXPECT_EQ(p.inputs()[2].role, ir::PlaceholderRole::kInput);
+  EXPECT_EQ(p.inputs()[2].state_name, "input.0");
+  EXPECT_EQ(p.inputs()[2].batch_dim, 0);
+  at::manual_seed(0);
+  const at::Tensor w = at::randn({3, 4}), b = at::randn({3}), x = at::randn({8, 4}),
+                   y = at::randn({8, 3});
+  const at::Tensor w_before = w.clone();
+  auto out = ValueOrDie(p.Run(Values({w, b, x, y})));
+  ASSERT_EQ(out.size(), 3u);
+
+  const at::Tensor sub = at::addmm(b, x, w.t()) - y;
+  const at::Tensor loss = sub.pow(2).mean();
+  const at::Tensor d = sub * 2.0 / 24.0;
+  const at::Tensor new_w = w - 0.1 * d.t().mm(x);
+  const at::Tensor new_b = b - 0.1 * d.sum(0);
+  ExpectClose(out[0].toTensor(), new_w, "new_w");
+  ExpectClose(out[1].toTensor(), new_b, "new_b");
+  ExpectClose(out[2].toTensor(), loss, "loss");
+  EXPECT_EQ(p.live_values(), 0);
+  // The inputs are untouched (the graph is functional).
+  EXPECT_TRUE(at::equal(w, w_before));
+
+  // A second run on the same program gives the same result.
+  auto again = ValueOrDie(p.Run(Values({w, b, x, y})));
+  EXPECT_TRUE(at::equal(again[0].toTensor(), out[0].toTensor()));
+}
+
+TEST(InterpreterTest, MultiOutputOpsAreTakenApartByGetitem) {
+  const ir::Graph g = ValueOrDie(ir::ParseGraphText(ReadTestData("batchnorm_getitem.txt")));
+  Program p = LoadCpu(g);
+  at::manual_seed(1);
+  const at::Tensor x = at::randn({6, 2, 5, 5}), w = at::rand({2}) + 0.5, b = at::randn({2}),
+                   rm = at::zeros({2}), rv = at::ones({2}), nb = at::zeros({}, at::kLong);
+  auto out = ValueOrDie(p.Run(Values({x, w, b, rm, rv, nb})));
+  ASSERT_EQ(out.size(), 7u);
+  // new running mean = 0.9 * rm + 0.1 * batch mean; num_batches + 1 stays int64.
+  ExpectClose(out[2].toTensor(), 0.1 * x.mean({0, 2, 3}), "running_mean");
+  ExpectClose(out[4].toTensor(), at::ones({}, at::kLong), "num_batches_tracked");
+  // sum(y) of a normalised batch is sum(bias) * count.
+  ExpectClose(out[5].toTensor(), b.sum() * 150, "loss");
+}
+
+TEST(InterpreterTest, ListsWrappedNumbersAndTensorListReturns) {
+  const ir::Graph g = Parse(R"(
+  %a: f32[2, 3] = placeholder() {role=INPUT, state="a", batch_dim=0}
+  %i: i64[2] = placeholder() {role=INPUT, state="i", batch_dim=-1}
+  %n: i64[] = placeholder() {role=BUFFER, state="n"}
+  %cat: f32[4, 3] = aten::cat([%a, %a], 0)
+  %idx: f32[4, 2] = aten::index.Tensor(%cat, [None, %i])
+  %parts: (f32[2, 2], f32[2, 2]) = aten::split.Tensor(%idx, 2)
+  %p0: f32[2, 2] = operator.getitem(%parts#0, 0)
+  %p1: f32[2, 2] = operator.getitem(%parts#1, 1)
+  %sum: f32[2, 2] = aten::add.Tensor(%p0, %p1, alpha=scalar(2))
+  %half: f32[2, 2] = aten::mul.Tensor(%sum, 0.5)
+  %n1: i64[] = aten::add.Tensor(%n, 1)
+  %fe: (f32[2, 2], f32[2, 2]) = aten::_foreach_add.Scalar([%p0, %p1], 1.0)
+  %pad: f32[4, 4] = aten::constant_pad_nd(%half, [1, 1, 1, 1], 0.0)
+  %rows: f32[4] = aten::sum.dim_IntList(%pad, 1)
+  %ones: f32[2] = aten::ones([2], dtype=torch.float32, layout=torch.strided, device=device(cpu), pin_memory=false)
+  %output = output([%half, %n1, %fe#1, %rows, %ones]) {specs=[OTHER, UPDATED_BUFFER "n", OTHER, OTHER, OTHER]}
+)");
+  Program p = LoadCpu(g, {});
+  const at::Tensor a = at::arange(6, at::kFloat).reshape({2, 3});
+  const at::Tensor i = at::tensor({2, 0}, at::kLong);
+  const at::Tensor n = at::full({}, 4, at::kLong);
+  auto out = ValueOrDie(p.Run({a, i, n}));
+  const at::Tensor idx = at::cat({a, a}, 0).index_select(1, i);
+  const at::Tensor half = (idx.slice(0, 0, 2) + 2 * idx.slice(0, 2, 4)) * 0.5;
+  ExpectClose(out[0].toTensor(), half, "half");
+  ExpectClose(out[1].toTensor(), at::full({}, 5, at::kLong), "n + 1 stays int64");
+  ExpectClose(out[2].toTensor(), idx.slice(0, 2, 4) + 1, "foreach element 1");
+  ExpectClose(out[3].toTensor(), at::constant_pad_nd(half, {1, 1, 1, 1}).sum(1),
+              "int[1]? from a bare int");
+  ExpectClose(out[4].toTensor(), at::ones({2}), "factory");
+}
+
+TEST(InterpreterTest, EveryGoldenGraphLoads) {
+  // foreach_adam_like.txt has every argument kind (complex scalars, inf/nan,
+  // strings, dtypes, devices, layouts, memory formats, Tensor[] lists).
+  for (const char* name : ::fxdp::testing::kGoldenGraphs) {
+    const ir::Graph g = ValueOrDie(ir::ParseGraphText(ReadTestData(name)));
+    auto p = Program::Load(g, ProgramOptions{});
+    EXPECT_TRUE(p.ok()) << name << ": " << p.status();
+  }
+}
+
+// ---- errors --------------------------------------------------------------------------
+
+constexpr char kInputs[] = R"(
+  %x: f32[8, 4] = placeholder() {role=INPUT, state="x", batch_dim=0}
+  %w: f32[4, 3] = placeholder() {role=PARAMETER, state="w"}
+)";
+
+absl::Status LoadError(const std::string& body) {
+  auto p = Program::Load(Parse(absl::StrCat(kInputs, body)), ProgramOptions{});
+  return p.status();
+}
+
+TEST(InterpreterErrorsTest, UnknownOpNamesNodeAndOp) {
+  EXPECT_THAT(LoadError(R"(
+  %y: f32[8, 4] = aten::no_such_op(%x)
+  %output = output([%y]) {specs=[OTHER]}
+)"),
+              StatusIs(absl::StatusCode::kNotFound,
+                       "node 'y' (aten::no_such_op): operator aten::no_such_op is not known"));
+  EXPECT_THAT(LoadError(R"(
+  %y: f32[8, 4] = aten::add.NoSuchOverload(%x, %x)
+  %output = output([%y]) {specs=[OTHER]}
+)"),
+              StatusIs(absl::StatusCode::kNotFound, "node 'y' (aten::add.NoSuchOverload)"));
+  EXPECT_THAT(LoadError(R"(
+  %y: f32[8, 4] = _c10d_functional::broadcast(%x, 0, "0")
+  %output = output([%y]) {specs=[OTHER]}
+)"),
+              StatusIs(absl::StatusCode::kUnimplemented, "node 'y' (_c10d_functional::broadcast)"));
+}
+
+TEST(InterpreterErrorsTest, ArgumentsThatDoNotFitTheSchema) {
+  EXPECT_THAT(LoadError(R"(
+  %y: f32[8, 4] = aten::add.Tensor(%x, %x, alpha="two")
+  %output = output([%y]) {specs=[OTHER]}
+)"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "node 'y' (aten::add.Tensor): argument 'alpha' expects Scalar, got string "
+                       "\"two\""));
+  EXPECT_THAT(LoadError(R"(
+  %y: f32[8, 3] = aten::mm(%x)
+  %output = output([%y]) {specs=[OTHER]}
+)"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "node 'y' (aten::mm): required argument 'mat2' (Tensor) is missing"));
+  EXPECT_THAT(LoadError(R"(
+  %y: f32[8, 3] = aten::mm(%x, "w")
+  %output = output([%y]) {specs=[OTHER]}
+)"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "argument 'mat2' expects Tensor, got string \"w\""));
+  EXPECT_THAT(LoadError(R"(
+  %y: f32[8] = aten::sum.dim_IntList(%x, [1.5], false)
+  %output = output([%y]) {specs=[OTHER]}
+)"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "node 'y' (aten::sum.dim_IntList): argument 'dim' element 0 expects int, "
+                       "got float 1.5"));
+  EXPECT_THAT(LoadError(R"(
+  %y: f32[8, 4] = aten::view(%x, %w)
+  %output = output([%y]) {specs=[OTHER]}
+)"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "argument 'size' expects SymInt[], got a reference to %w (f32[4, 3])"));
+  EXPECT_THAT(LoadError(R"(
+  %y: f32[8, 3] = aten::mm(%x, %w, bogus=1)
+  %output = output([%y]) {specs=[OTHER]}
+)"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "has no argument named 'bogus'"));
+  EXPECT_THAT(LoadError(R"(
+  %y: f32[8, 3] = aten::mm(%x, %w, mat2=%w)
+  %output = output([%y]) {specs=[OTHER]}
+)"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "argument 'mat2' given twice"));
+  EXPECT_THAT(LoadError(R"(
+  %y: f32[8, 3] = aten::mm(%x, %w, %w)
+  %output = output([%y]) {specs=[OTHER]}
+)"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "takes at most 2 positional arguments, got 3"));
+  EXPECT_THAT(LoadError(R"(
+  %y: (f32[8, 3], f32[8, 3]) = aten::mm(%x, %w)
+  %output = output([%y#0]) {specs=[OTHER]}
+)"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "the op returns one value, the graph declares 2"));
+}
+
+TEST(InterpreterErrorsTest, KernelErrorsNameNodeAndOp) {
+  Program p = LoadCpu(Parse(absl::StrCat(kInputs, R"(
+  %y: f32[8, 3] = aten::mm(%x, %x)
+  %output = output([%y]) {specs=[OTHER]}
+)")));
+  auto r = p.Run(Values({at::ones({8, 4}), at::ones({4, 3})}));
+  EXPECT_THAT(r.status(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                   "node 'y' (aten::mm): kernel failed: mat1 and mat2 shapes "
+                                   "cannot be multiplied (8x4 and 8x4)"));
+  EXPECT_EQ(std::string(r.status().message()).find("Exception raised from"), std::string::npos);
+  EXPECT_EQ(p.live_values(), 0);  // everything released after the failure
+}
+
+TEST(InterpreterErrorsTest, InputsAreCheckedAgainstThePlaceholders) {
+  Program p = LoadCpu(Parse(absl::StrCat(kInputs, R"(
+  %y: f32[8, 3] = aten::mm(%x, %w)
+  %output = output([%y]) {specs=[OTHER]}
+)")));
+  EXPECT_THAT(p.Run(Values({at::ones({8, 4})})).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "the graph takes 2 inputs, got 1"));
+  EXPECT_THAT(p.Run(Values({at::ones({8, 4}), at::ones({4, 3}, at::kDouble)})).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "placeholder 'w' (PARAMETER 'w'): expected f32[4, 3], got f64[4, 3]"));
+}
+
+TEST(InterpreterErrorsTest, CheckOutputsComparesWithTheGraphsTypes) {
+  const ir::Graph g = Parse(absl::StrCat(kInputs, R"(
+  %y: f32[8, 4] = aten::mm(%x, %w)
+  %output = output([%y]) {specs=[OTHER]}
+)"));
+  ProgramOptions o;
+  EXPECT_TRUE(LoadCpu(g, o).Run(Values({at::ones({8, 4}), at::ones({4, 3})})).ok());
+  o.check_outputs = true;
+  EXPECT_THAT(LoadCpu(g, o).Run(Values({at::ones({8, 4}), at::ones({4, 3})})).status(),
+              StatusIs(absl::StatusCode::kInternal,
+                       "node 'y' (aten::mm): output 0 is f32[8, 3], the graph says f32[8, 4]"));
+}
+
+TEST(InterpreterErrorsTest, CudaWithoutCuda) {
+  if (at::hasCUDA()) GTEST_SKIP() << "this machine has CUDA";
+  const ir::Graph g = ValueOrDie(ir::ParseGraphText(ReadTestData("mlp_sgd.txt")));
+  EXPECT_THAT(Program::Load(g, c10::Device("cuda:0")).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "no usable CUDA"));
+}
+
+// ---- lifetimes -----------------------------------------------------------------------
+
+TEST(InterpreterLifetimeTest, ValuesAreFreedAfterTheirLastUse) {
+  const ir::Graph g = ValueOrDie(ir::ParseGraphText(ReadTestData("mlp_sgd.txt")));
+  ProgramOptions o;
+  o.record_live = true;
+  Program p = LoadCpu(g, o);
+  const auto inputs = Values({at::randn({3, 4}), at::randn({3}), at::randn({8, 4}), at::randn({8, 3})});
+  ValueOrDie(p.Run(inputs));
+
+  // The expected count, independently: after call node i, a value is live when
+  // it was produced at or before i and read after i (or returned).
+  const ir::UseMap uses = ir::ComputeUses(g);
+  const int32_t out_node = g.size() - 1;
+  std::vector<std::pair<std::string, int64_t>> want;
+  for (int32_t i = 0; i < g.size(); ++i) {
+    if (!g.nodes()[i].is_call()) continue;
+    int64_t live = 0;
+    for (int32_t v = 0; v <= i; ++v) {
+      int32_t last = -1;
+      for (const ir::Use& u : uses[v][0]) last = std::max(last, u.user.value);
+      live += last > i || last == out_node;
+    }
+    want.emplace_back(g.nodes()[i].name, live);
+  }
+  EXPECT_EQ(p.live_trace(), want);
+  int64_t peak = 0;
+  for (const auto& [name, n] : p.live_trace()) peak = std::max(peak, n);
+  EXPECT_LE(peak, 8);  // of 19 values
+  EXPECT_EQ(p.live_values(), 0);
+}
+
+TEST(InterpreterLifetimeTest, ALongChainHoldsAFewValues) {
+  std::string body = "  %x: f32[1000] = placeholder() {role=INPUT, state=\"x\", batch_dim=0}\n";
+  std::string prev = "x";
+  for (int i = 0; i < 50; ++i) {
+    absl::StrAppend(&body, "  %v", i, ": f32[1000] = aten::mul.Tensor(%", prev, ", 1.0)\n");
+    prev = absl::StrCat("v", i);
+  }
+  absl::StrAppend(&body, "  %output = output([%", prev, "]) {specs=[OTHER]}\n");
+  ProgramOptions o;
+  o.record_live = true;
+  Program p = LoadCpu(Parse(body), o);
+  at::Tensor x = at::ones({1000});
+  c10::weak_intrusive_ptr<c10::StorageImpl> weak(x.storage().getWeakStorageImpl());
+  std::vector<c10::IValue> in;
+  in.emplace_back(std::move(x));
+  auto out = ValueOrDie(p.Run(std::move(in)));
+  for (const auto& [name, n] : p.live_trace()) EXPECT_EQ(n, 1) << name;
+  EXPECT_TRUE(weak.expired());  // the input moved in was freed after its only use
+  EXPECT_TRUE(at::equal(out[0].toTensor(), at::ones({1000})));
+}
+
+// ---- collectives ---------------------------------------------------------------------
+
+constexpr char kCollectiveGraph[] = R"(
+  %x: f32[4] = placeholder() {role=INPUT, state="x", batch_dim=0}
+  %ar: f32[4] = _c10d_functional::all_reduce(%x, "REDUCE", "0")
+  %y: f32[4] = aten::mul.Tensor(%x, 2.0)
+  %w: f32[4] = _c10d_functional::wait_tensor(%ar)
+  %ar2: f32[4] = _c10d_functional::all_reduce(%y, "sum", "0")
+  %z: f32[4] = aten::add.Tensor(%ar2, %w)
+  %output = output([%w, %z]) {specs=[OTHER, OTHER]}
+)";
+
+ir::Graph CollectiveGraph(const std::string& reduce) {
+  return Parse(absl::StrReplaceAll(kCollectiveGraph, {{"REDUCE", reduce}}));
+}
+
+// World size 2 where the other rank contributes the same tensor.
+class DoublingCommunicator : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int world_size() const override { return 2; }
+  absl::StatusOr<std::unique_ptr<Work>> AllReduceSum(const at::Tensor& t) override {
+    ++calls;
+    return std::unique_ptr<Work>(std::make_unique<ReadyWork>(t * 2));
+  }
+  std::string name() const override { return "doubling"; }
+  int calls = 0;
+};
+
+TEST(InterpreterCollectivesTest, LocalAllReduceIsACopy) {
+  Program p = LoadCpu(CollectiveGraph("sum"));
+  const at::Tensor x = at::arange(4, at::kFloat);
+  auto out = ValueOrDie(p.Run(Values({x})));
+  EXPECT_TRUE(at::equal(out[0].toTensor(), x));
+  EXPECT_NE(out[0].toTensor().data_ptr(), x.data_ptr());
+  // z reads all_reduce(y) without a wait_tensor: it waits implicitly.
+  EXPECT_TRUE(at::equal(out[1].toTensor(), x * 3));
+}
+
+TEST(InterpreterCollectivesTest, AllReduceGoesThroughTheCommunicator) {
+  DoublingCommunicator comm;
+  ProgramOptions o;
+  o.communicator = &comm;
+  const at::Tensor x = at::arange(4, at::kFloat);
+  auto sum = ValueOrDie(LoadCpu(CollectiveGraph("sum"), o).Run(Values({x})));
+  EXPECT_EQ(comm.calls, 2);
+  EXPECT_TRUE(at::equal(sum[0].toTensor(), x * 2));
+  EXPECT_TRUE(at::equal(sum[1].toTensor(), x * 6));
+  auto avg = ValueOrDie(LoadCpu(CollectiveGraph("avg"), o).Run(Values({x})));
+  EXPECT_TRUE(at::equal(avg[0].toTensor(), x));
+  EXPECT_THAT(Program::Load(CollectiveGraph("max"), o).status(),
+              StatusIs(absl::StatusCode::kUnimplemented,
+                       "node 'ar' (_c10d_functional::all_reduce): reduce_op \"max\" is not "
+                       "supported"));
+}
+
+TEST(InterpreterCollectivesTest, TwoGlooRanksInOneProcess) {
+  RendezvousOptions opts;
+  opts.port = 0;  // rank 0 picks a free port
+  opts.world_size = 2;
+  opts.timeout = std::chrono::milliseconds(20000);
+  auto store0 = ValueOrDie(ConnectStore(opts));
+  RendezvousOptions opts1 = opts;
+  opts1.rank = 1;
+  opts1.port = static_cast<c10d::TCPStore*>(store0.get())->getPort();
+
+  const ir::Graph g = CollectiveGraph("sum");
+  std::vector<c10::IValue> results[2];
+  absl::Status status[2];
+  auto run = [&](const RendezvousOptions& o, c10::intrusive_ptr<c10d::Store> store) {
+    std::unique_ptr<GlooCommunicator> comm =
+        store ? ValueOrDie(GlooCommunicator::Create(store, o, "127.0.0.1"))
+              : ValueOrDie(GlooCommunicator::Connect(o, "127.0.0.1"));
+    ProgramOptions po;
+    po.communicator = comm.get();
+    Program p = ValueOrDie(Program::Load(g, po));
+    // Two steps: collectives are matched in order across runs.
+    for (int step = 0; step < 2; ++step) {
+      auto r = p.Run(Values({at::full({4}, static_cast<float>(o.rank + 1 + step))}));
+      status[o.rank] = r.status();
+      if (r.ok()) results[o.rank] = *r;
+    }
+  };
+  std::thread r1(run, opts1, nullptr);
+  run(opts, store0);
+  r1.join();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(status[r].ok()) << status[r];
+    // step 2: inputs 2 and 3: all_reduce(x) = 5, z = all_reduce(2x) + 5 = 15.
+    EXPECT_TRUE(at::equal(results[r][0].toTensor(), at::full({4}, 5.0f))) << r;
+    EXPECT_TRUE(at::equal(results[r][1].toTensor(), at::full({4}, 15.0f))) << r;
+  }
+}
+
+TEST(InterpreterCollectivesTest, GlooWaitTimesOutThenCompletes) {
+  RendezvousOptions opts;
+  opts.port = 0;
+  opts.world_size = 2;
+  opts.timeout = std::chrono::milliseconds(20000);
+  auto store0 = ValueOrDie(ConnectStore(opts));
+  RendezvousOptions opts1 = opts;
+  opts1.rank = 1;
+  opts1.port = static_cast<c10d::TCPStore*>(store0.get())->getPort();
+  std::unique_ptr<GlooCommunicator> c1;
+  std::thread connect1([&] { c1 = ValueOrDie(GlooCommunicator::Connect(opts1, "127.0.0.1")); });
+  auto c0 = ValueOrDie(GlooCommunicator::Create(store0, opts, "127.0.0.1"));
+  connect1.join();
+  EXPECT_EQ(c0->name(), "gloo rank 0/2");
+
+  auto w0 = ValueOrDie(c0->AllReduceSum(at::ones({3})));
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_THAT(w0->Wait(std::chrono::milliseconds(300)).status(),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, "gloo rank 0/2: all_reduce timed out"));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  auto w1 = ValueOrDie(c1->AllReduceSum(at::full({3}, 2.0f)));
+  const at::Tensor r1 = ValueOrDie(w1->Wait(std::chrono::milliseconds(10000)));
+  const at::Tensor r0 = ValueOrDie(w0->Wait(std::chrono::milliseconds(10000)));
+  EXPECT_TRUE(at::equal(r0, at::full({3}, 3.0f)));
+  EXPECT_TRUE(at::equal(r1, at::full({3}, 3.0f)));
+}
+
+// ---- StepRunner ----------------------------------------------------------------------
+
+TEST(StepRunnerTest, UpdatesTheStateStepByStep) {
+  const ir::Graph g = ValueOrDie(ir::ParseGraphText(ReadTestData("mlp_sgd.txt")));
+  at::manual_seed(2);
+  TensorMap state{{"fc.weight", at::randn({3, 4})}, {"fc.bias", at::randn({3})},
+                  {"unrelated", at::ones({2})}};
+  TensorMap batch{{"input.0", at::randn({8, 4})}, {"input.1", at::randn({8, 3})}};
+  Program once = ValueOrDie(Program::Load(g, ProgramOptions{}));
+  auto ref = ValueOrDie(once.Run(Values({state["fc.weight"], state["fc.bias"], batch["input.0"],
+                                         batch["input.1"]})));
+  StepRunner r = ValueOrDie(StepRunner::Create(ValueOrDie(Program::Load(g, ProgramOptions{})),
+                                               state));
+  const at::Tensor loss = ValueOrDie(r.Step(batch));
+  ExpectClose(loss, ref[2].toTensor(), "loss");
+  ExpectClose(r.state().at("fc.weight"), ref[0].toTensor(), "fc.weight");
+  EXPECT_TRUE(at::equal(r.state().at("unrelated"), at::ones({2})));
+  // The caller's state map was not modified.
+  EXPECT_FALSE(at::equal(state["fc.weight"], r.state().at("fc.weight")));
+  ValueOrDie(r.Step(batch));
+
+  EXPECT_THAT(r.Step({{"input.0", at::randn({8, 4})}}).status(),
+              StatusIs(absl::StatusCode::kNotFound,
+                       "the batch has no tensor 'input.1' (INPUT placeholder 'y'); it has: input.0"));
+  EXPECT_THAT(StepRunner::Create(ValueOrDie(Program::Load(g, ProgramOptions{})),
+                                 {{"fc.bias", at::ones({3})}})
+                  .status(),
+              StatusIs(absl::StatusCode::kNotFound, "the state lacks 'fc.weight'"));
+  EXPECT_THAT(StepRunner::Create(ValueOrDie(Program::Load(g, ProgramOptions{})),
+                                 {{"fc.bias", at::ones({3})}, {"fc.weight", at::ones({4, 3})}})
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "state 'fc.weight' is f32[4, 3], placeholder 'w' expects f32[3, 4]"));
+}
+
+TEST(StepRunnerTest, AKernelFailureMidStepLosesTheHandedOverState) {
+  const ir::Graph g = Parse(R"(
+  %w: f32[2] = placeholder() {role=PARAMETER, state="w"}
+  %x: f32[3] = placeholder() {role=INPUT, state="x", batch_dim=0}
+  %y: f32[2] = aten::add.Tensor(%w, %x)
+  %output = output([%y]) {specs=[UPDATED_PARAMETER "w"]}
+)");
+  StepRunner r = ValueOrDie(
+      StepRunner::Create(ValueOrDie(Program::Load(g, ProgramOptions{})), {{"w", at::ones({2})}}));
+  EXPECT_THAT(r.Step({{"x", at::ones({3})}}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "node 'y' (aten::add.Tensor): kernel failed"));
+  EXPECT_THAT(r.Step({{"x", at::ones({3})}}).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "the state is lost"));
+}
+
+// Host overhead per node: a chain of tiny ops (printed, not asserted).
+TEST(InterpreterOverheadTest, MicrosecondsPerTinyOp) {
+  std::string body = "  %x: f32[1] = placeholder() {role=INPUT, state=\"x\", batch_dim=0}\n";
+  std::string prev = "x";
+  constexpr int kOps = 2000;
+  for (int i = 0; i < kOps; ++i) {
+    absl::StrAppend(&body, "  %v", i, ": f32[1] = aten::add.Tensor(%", prev, ", %x)\n");
+    prev = absl::StrCat("v", i);
+  }
+  absl::StrAppend(&body, "  %output = output([%", prev, "]) {specs=[OTHER]}\n");
+  Program p = LoadCpu(Parse(body));
+  const at::Tensor x = at::ones({1});
+  ValueOrDie(p.Run(Values({x})));  // warm up
+  double best = 1e9, eager = 1e9;
+  for (int rep = 0; rep < 5; ++rep) {
+    auto t0 = std::chrono::steady_clock::now();
+    auto out = ValueOrDie(p.Run(Values({x})));
+    best = std::min(best, std::chrono::duration<double, std::micro>(
+                              std::chrono::steady_clock::now() - t0).count() / kOps);
+    ASSERT_EQ(out[0].toTensor().item<float>(), kOps + 1);
+    c10::InferenceMode guard;
+    t0 = std::chrono::steady_clock::now();
+    at::Tensor v = x;
+    for (int i = 0; i < kOps; ++i) v = at::add(v, x);
+    eager = std::min(eager, std::chrono::duration<double, std::micro>(
+                                std::chrono::steady_clock::now() - t0).count() / kOps);
+  }
+  std::printf("interpreter: %.2f us per tiny op; direct at::add in C++: %.2f us\n", best, eager);
+}
+
+}  // namespace
+}  // namespace fxdp::executor

@@ -1,0 +1,172 @@
+// safetensors reading and writing (executor/safetensors.h): round trips of
+// every dtype, a file written by the Python library, and one error per way a
+// file can be corrupt or truncated (never a crash).
+#include "executor/safetensors.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "tests/test_util.h"
+
+namespace fxdp::executor {
+namespace {
+
+using ::fxdp::testing::ReadTestData;
+using ::fxdp::testing::StatusIs;
+using ::fxdp::testing::TestDataPath;
+using ::fxdp::testing::ValueOrDie;
+
+// A file from a header string and a data buffer.
+std::string File(const std::string& header, const std::string& data = "") {
+  std::string out(8, '\0');
+  const uint64_t n = header.size();
+  std::memcpy(out.data(), &n, 8);
+  return out + header + data;
+}
+
+TEST(SafetensorsTest, RoundTripsEveryDType) {
+  std::map<std::string, at::Tensor> t;
+  int i = 0;
+  for (c10::ScalarType st :
+       {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16, at::kLong, at::kInt, at::kShort,
+        at::kChar, at::kByte, at::kBool, at::kFloat8_e4m3fn, at::kFloat8_e5m2, at::kUInt16,
+        at::kUInt32, at::kUInt64, at::kComplexFloat}) {
+    at::Tensor v = at::arange(12, at::kFloat).reshape({3, 4}).sub(3);
+    if (st == at::kBool) v = v.gt(0);
+    if (st == at::kByte || st == at::kUInt16 || st == at::kUInt32 || st == at::kUInt64) v = v.abs();
+    t[absl::StrCat("t", i++, "_", c10::toString(st))] = v.to(st);
+  }
+  t["scalar"] = at::full({}, 2.5, at::kFloat);
+  t["empty"] = at::zeros({0, 3}, at::kDouble);
+  t["strided"] = at::arange(6, at::kLong).reshape({2, 3}).t();  // written contiguous
+  const std::string bytes = ValueOrDie(SerializeSafetensors(t, {{"format", "pt"}}));
+  const uint64_t n = *reinterpret_cast<const uint64_t*>(bytes.data());
+  EXPECT_EQ(n % 8, 0u) << "header padded to 8 bytes";
+  const SafetensorsFile f = ValueOrDie(ParseSafetensors(bytes));
+  EXPECT_EQ(f.metadata, (std::map<std::string, std::string>{{"format", "pt"}}));
+  ASSERT_EQ(f.tensors.size(), t.size());
+  for (const auto& [name, want] : t) {
+    const at::Tensor& got = f.tensors.at(name);
+    EXPECT_EQ(got.scalar_type(), want.scalar_type()) << name;
+    EXPECT_EQ(got.sizes(), want.sizes()) << name;
+    EXPECT_TRUE(got.is_contiguous()) << name;
+    // Byte equality (float8 and uint types have few ops).
+    const at::Tensor wc = want.contiguous();
+    ASSERT_EQ(got.nbytes(), wc.nbytes()) << name;
+    EXPECT_EQ(std::memcmp(got.const_data_ptr(), wc.const_data_ptr(), got.nbytes()), 0) << name;
+  }
+  // Through a file.
+  const std::string path = ::testing::TempDir() + "/roundtrip.safetensors";
+  ASSERT_TRUE(WriteSafetensors(path, t).ok());
+  EXPECT_EQ(ValueOrDie(ReadSafetensors(path)).tensors.size(), t.size());
+}
+
+TEST(SafetensorsTest, ReadsWhatThePythonLibraryWrites) {
+  // tests/testdata/python_written.safetensors: safetensors.torch.save_file.
+  const SafetensorsFile f = ValueOrDie(ReadSafetensors(TestDataPath("python_written.safetensors")));
+  EXPECT_EQ(f.metadata.at("format"), "pt");
+  ASSERT_EQ(f.tensors.size(), 10u);
+  EXPECT_TRUE(at::equal(f.tensors.at("a"), at::arange(6, at::kFloat).reshape({2, 3}) - 2.5));
+  EXPECT_TRUE(at::equal(f.tensors.at("b"), at::tensor({1L, -2L, 3L, 1L << 40}, at::kLong)));
+  EXPECT_TRUE(at::equal(f.tensors.at("c"), at::tensor({1, 0}).to(at::kBool)));
+  EXPECT_TRUE(at::equal(f.tensors.at("d"), at::tensor({1.5, -0.25, 3.0}).to(at::kBFloat16)));
+  EXPECT_EQ(f.tensors.at("e").dim(), 0);
+  EXPECT_EQ(f.tensors.at("e").item<float>(), 0.5f);
+  EXPECT_EQ(f.tensors.at("f").sizes(), (c10::IntArrayRef{0, 4}));
+  EXPECT_TRUE(at::equal(f.tensors.at("g"), at::tensor({-1, 2}, at::kChar).reshape({1, 2})));
+  EXPECT_TRUE(at::equal(f.tensors.at("h"), at::tensor({255, 0, 7}, at::kByte)));
+  EXPECT_TRUE(at::equal(f.tensors.at("i"), at::tensor({70000, -5}, at::kInt)));
+  EXPECT_TRUE(at::equal(f.tensors.at("j"), at::tensor({-300}, at::kShort)));
+}
+
+TEST(SafetensorsTest, CorruptFilesAreErrorsNamingWhatIsWrong) {
+  const auto kBad = absl::StatusCode::kInvalidArgument;
+  const std::string f32x2 = R"("dtype":"F32","shape":[2])";
+  const std::string eight(8, '\0');
+  EXPECT_THAT(ParseSafetensors("abc").status(), StatusIs(kBad, "shorter than the 8-byte header"));
+  EXPECT_THAT(ParseSafetensors(File("{}").substr(0, 9)).status(),
+              StatusIs(kBad, "header length 2 exceeds the 1 bytes after the length field"));
+  std::string huge(8, '\xff');
+  EXPECT_THAT(ParseSafetensors(huge).status(), StatusIs(kBad, "exceeds the limit"));
+  EXPECT_THAT(ParseSafetensors(File("{\"a\": ")).status(), StatusIs(kBad, "not valid JSON"));
+  EXPECT_THAT(ParseSafetensors(File("[1, 2]")).status(), StatusIs(kBad, "not a JSON object"));
+  EXPECT_THAT(ParseSafetensors(File(R"({"a": 3})")).status(),
+              StatusIs(kBad, "tensor 'a': entry is not an object"));
+  EXPECT_THAT(ParseSafetensors(File(R"({"a": {"shape":[2],"data_offsets":[0,8]}})", eight))
+                  .status(),
+              StatusIs(kBad, "tensor 'a': missing or non-string 'dtype'"));
+  EXPECT_THAT(
+      ParseSafetensors(File(R"({"a": {"dtype":"F32","data_offsets":[0,8]}})", eight)).status(),
+      StatusIs(kBad, "tensor 'a': missing or non-array 'shape'"));
+  EXPECT_THAT(ParseSafetensors(File(R"({"a": {)" + f32x2 + R"(,"data_offsets":[0]}})", eight))
+                  .status(),
+              StatusIs(kBad, "tensor 'a': 'data_offsets' must be [begin, end]"));
+  EXPECT_THAT(
+      ParseSafetensors(File(R"({"a": {"dtype":"Q7","shape":[2],"data_offsets":[0,8]}})", eight))
+          .status(),
+      StatusIs(absl::StatusCode::kUnimplemented, "tensor 'a': unsupported dtype 'Q7'"));
+  EXPECT_THAT(
+      ParseSafetensors(File(R"({"a": {"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", eight))
+          .status(),
+      StatusIs(kBad, "tensor 'a': shape [-2] has an entry that is not a non-negative integer"));
+  EXPECT_THAT(ParseSafetensors(File(R"({"a": {)" + f32x2 + R"(,"data_offsets":[8,0]}})", eight))
+                  .status(),
+              StatusIs(kBad, "tensor 'a': bad data_offsets [8,0]"));
+  EXPECT_THAT(ParseSafetensors(File(R"({"a": {)" + f32x2 + R"(,"data_offsets":[0,12]}})",
+                                    std::string(12, '\0')))
+                  .status(),
+              StatusIs(kBad, "tensor 'a': data_offsets [0,12] span 12 bytes, but F32[2] needs 8"));
+  EXPECT_THAT(ParseSafetensors(File(R"({"a": {)" + f32x2 + R"(,"data_offsets":[0,8]}})", "1234"))
+                  .status(),
+              StatusIs(kBad, "tensor 'a': data ends at byte 8 of a 4-byte data buffer (truncated?)"));
+  EXPECT_THAT(
+      ParseSafetensors(File(R"({"a": {"dtype":"F32","shape":[4611686018427387904, 4],)"
+                            R"("data_offsets":[0,8]}})",
+                            eight))
+          .status(),
+      StatusIs(kBad, "is too large"));
+  EXPECT_THAT(ParseSafetensors(File(R"({"a": {)" + f32x2 + R"(,"data_offsets":[0,8]}, "b": {)" +
+                                        f32x2 + R"(,"data_offsets":[4,12]}})",
+                                    std::string(12, '\0')))
+                  .status(),
+              StatusIs(kBad, "overlaps the previous tensor"));
+  EXPECT_THAT(ParseSafetensors(File(R"({"a": {)" + f32x2 + R"(,"data_offsets":[4,12]}})",
+                                    std::string(12, '\0')))
+                  .status(),
+              StatusIs(kBad, "bytes 0..4 of the data buffer belong to no tensor"));
+  EXPECT_THAT(ParseSafetensors(File(R"({"a": {)" + f32x2 + R"(,"data_offsets":[0,8]}})",
+                                    std::string(9, '\0')))
+                  .status(),
+              StatusIs(kBad, "the data buffer has 9 bytes, the tensors cover 8"));
+  EXPECT_THAT(ParseSafetensors(File(R"({"__metadata__": {"k": 1}})")).status(),
+              StatusIs(kBad, "__metadata__ value 'k' is not a string"));
+  EXPECT_THAT(ReadSafetensors("/nonexistent/x.safetensors").status(),
+              StatusIs(absl::StatusCode::kNotFound, "cannot open /nonexistent/x.safetensors"));
+  EXPECT_THAT(SerializeSafetensors({{"q", at::quantize_per_tensor(at::ones({2}), 0.1, 0, at::kQInt8)}}).status(),
+              StatusIs(kBad, "has no safetensors name"));
+  EXPECT_THAT(SerializeSafetensors({{"u", at::Tensor()}}).status(),
+              StatusIs(kBad, "tensor 'u' is undefined"));
+}
+
+TEST(SafetensorsTest, EveryTruncationAndManyBitFlipsAreErrorsNotCrashes) {
+  const std::string good = ReadTestData("python_written.safetensors");
+  ASSERT_TRUE(ParseSafetensors(good).ok());
+  for (size_t n = 0; n < good.size(); ++n)
+    EXPECT_FALSE(ParseSafetensors(good.substr(0, n)).ok()) << "prefix of " << n << " bytes";
+  std::mt19937 rng(7);
+  int rejected = 0;
+  for (int i = 0; i < 2000; ++i) {
+    std::string bad = good;
+    const size_t pos = rng() % std::min<size_t>(bad.size(), 8 + 400);  // mostly the header
+    bad[pos] = static_cast<char>(bad[pos] ^ (1 << (rng() % 8)));
+    rejected += !ParseSafetensors(bad).ok();
+  }
+  EXPECT_GT(rejected, 1000);
+}
+
+}  // namespace
+}  // namespace fxdp::executor

@@ -1,0 +1,221 @@
+"""``fxdp-worker run`` (the C++ LibTorch interpreter) against ``TracedStep.run_local`` (torch.fx).
+
+For every zoo model x optimizer: save the traced graph, its state and three batches, run
+``fxdp-worker run ... --steps 3`` and compare the final state (every entry) and the per-step
+losses with three ``run_local`` steps on the same batches (rtol 1e-5, atol 1e-6). Also: one
+batch file reused every step (the ``python -m fxdp.zoo.export`` layout), two and five real
+Gloo ranks running ``fxdp expand``'s graphs, and the worker's errors.
+
+The worker is $FXDP_WORKER or <repo>/build/bin/fxdp-worker, ``fxdp`` (for ``expand``) $FXDP_BIN
+or <repo>/build/bin/fxdp; the tests fail (they do not skip) when a binary is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import socket
+import subprocess
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from _util import ATOL, MODELS, OPTIMS, RTOL, traced
+from fxdp import zoo
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+STEPS = 3
+STEP_LINE = re.compile(r"^step (\d+)/(\d+) loss (\S+) \(([\d.]+) ms\)$")
+
+
+def binary(env: str, name: str) -> str:
+    path = os.environ.get(env) or str(REPO / "build" / "bin" / name)
+    assert os.path.isfile(path) and os.access(path, os.X_OK), (
+        f"{name} not found at {path}: build it first (make test builds it) or set {env}"
+    )
+    return path
+
+
+def worker() -> str:
+    return binary("FXDP_WORKER", "fxdp-worker")
+
+
+def clean_env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
+                        "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")}
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def run_worker(args, env=None, timeout=120) -> subprocess.CompletedProcess:
+    return subprocess.run([worker(), *args], capture_output=True, text=True, timeout=timeout,
+                          env=env if env is not None else clean_env())
+
+
+def losses_of(stdout: str):
+    out = []
+    for line in stdout.splitlines():
+        m = STEP_LINE.match(line)
+        assert m, f"unexpected stdout line {line!r}"
+        out.append(float(m.group(3)))
+    return out
+
+
+def save_inputs(tmp_path, step, batches):
+    graph, state = str(tmp_path / "g.pb"), str(tmp_path / "s.safetensors")
+    step.save(graph)
+    step.to_safetensors(state)
+    data = []
+    for i, b in enumerate(batches):
+        p = str(tmp_path / f"b{i}.safetensors")
+        save_file({k: v.contiguous() for k, v in b.items()}, p)
+        data.append(p)
+    return graph, state, data
+
+
+def reference(step, batches):
+    state = step.initial_state()
+    losses = []
+    for b in batches:
+        state, loss = step.run_local(state, b)
+        losses.append(float(loss))
+    return state, losses
+
+
+def assert_same_state(got, want):
+    assert set(got) == set(want), f"state names differ: {set(got) ^ set(want)}"
+    for k, v in want.items():
+        torch.testing.assert_close(got[k], v, rtol=RTOL, atol=ATOL, check_dtype=True,
+                                   msg=lambda m: f"{k}: {m}")
+
+
+@pytest.mark.parametrize("optim", OPTIMS)
+@pytest.mark.parametrize("model", MODELS)
+def test_worker_matches_run_local(tmp_path, model, optim):
+    step = traced(model, optim)
+    e = zoo.get(model)
+    batches = [e.named_batch(i) for i in range(STEPS)]
+    graph, state, data = save_inputs(tmp_path, step, batches)
+    out = str(tmp_path / "final.safetensors")
+    args = ["run", "--graph", graph, "--state", state, "--steps", str(STEPS), "--out", out,
+            "--check-outputs"]
+    for d in data:
+        args += ["--data", d]
+    r = run_worker(args)
+    assert r.returncode == 0, r.stderr
+    want_state, want_losses = reference(step, batches)
+    losses = losses_of(r.stdout)
+    assert len(losses) == STEPS
+    torch.testing.assert_close(torch.tensor(losses, dtype=torch.float64),
+                               torch.tensor(want_losses, dtype=torch.float64), rtol=RTOL, atol=ATOL)
+    assert_same_state(load_file(out), want_state)
+    assert "[rank 0]" in r.stderr
+
+
+def test_one_exported_batch_is_reused_every_step(tmp_path):
+    """The zoo export writes one batch per graph: the worker reuses it for every step."""
+    r = subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-m", "fxdp.zoo.export", str(tmp_path),
+                        "--models", "mlp", "--optims", "adam"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    base = tmp_path / "mlp_adam"
+    out = str(tmp_path / "final.safetensors")
+    r = run_worker(["run", f"--graph={base}.pb", "--state", f"{base}.safetensors",
+                    "--data", f"{base}.batch.safetensors", "--steps", "3", "--out", out])
+    assert r.returncode == 0, r.stderr
+    step = traced("mlp", "adam")
+    batch = zoo.get("mlp").named_batch(0)
+    want_state, want_losses = reference(step, [batch] * 3)
+    torch.testing.assert_close(torch.tensor(losses_of(r.stdout), dtype=torch.float64),
+                               torch.tensor(want_losses, dtype=torch.float64), rtol=RTOL, atol=ATOL)
+    assert_same_state(load_file(out), want_state)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("model,optim,world", [("mlp", "adamw", 2), ("mlp", "sgd", 5)])
+def test_gloo_ranks_match_one_device(tmp_path, model, optim, world):
+    """N worker processes over Gloo run fxdp expand's graphs on slices of the global batches."""
+    step = traced(model, optim)
+    e = zoo.get(model)
+    batches = [e.named_batch(i) for i in range(STEPS)]
+    graph, state, data = save_inputs(tmp_path, step, batches)
+    fxdp = binary("FXDP_BIN", "fxdp")
+    x = str(tmp_path / "x.pb")
+    r = subprocess.run([fxdp, "expand", graph, "--world-size", str(world), "-o", x], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    uneven = (tmp_path / "x.rank0.pb").exists()
+    gpath = str(tmp_path / "x.rank{rank}.pb") if uneven else x
+    port = free_port()
+    args = ["run", "--graph", gpath, "--state", state, "--steps", str(STEPS), "--timeout-s", "60",
+            "--out", str(tmp_path / "final{rank}.safetensors"), "--check-outputs"]
+    for d in data:
+        args += ["--data", d]
+    procs = [subprocess.Popen([worker(), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=clean_env(RANK=rank, WORLD_SIZE=world, LOCAL_RANK=rank,
+                                            MASTER_ADDR="127.0.0.1", MASTER_PORT=port))
+             for rank in range(world)]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        outs.append(out)
+    want_state, want_losses = reference(step, batches)
+    torch.testing.assert_close(torch.tensor(losses_of(outs[0]), dtype=torch.float64),
+                               torch.tensor(want_losses, dtype=torch.float64), rtol=RTOL, atol=ATOL)
+    assert all(o == "" for o in outs[1:]), "only rank 0 prints steps"
+    finals = [load_file(str(tmp_path / f"final{r}.safetensors")) for r in range(world)]
+    assert_same_state(finals[0], want_state)
+    for f in finals[1:]:
+        for k in f:
+            assert torch.equal(f[k], finals[0][k]), f"ranks disagree on {k}"
+
+
+def test_errors(tmp_path):
+    step = traced("mlp", "sgd")
+    graph, state, data = save_inputs(tmp_path, step, [zoo.get("mlp").named_batch(0)])
+    base = ["run", "--graph", graph, "--state", state, "--data", data[0], "--steps", "1"]
+
+    r = run_worker(["run", "--help"])
+    assert r.returncode == 0 and "--graph" in r.stdout and "WORLD_SIZE" in r.stdout
+    r = run_worker(base + ["--bogus"])
+    assert r.returncode == 2 and "unknown argument '--bogus'" in r.stderr
+    r = run_worker(["run", "--graph", graph, "--state", state, "--data", data[0]])
+    assert r.returncode == 2 and "--steps is required" in r.stderr
+
+    # A state file without one parameter.
+    st = load_file(state)
+    st.pop("fc1.weight")
+    save_file(st, str(tmp_path / "partial.safetensors"))
+    r = run_worker(["run", "--graph", graph, "--state", str(tmp_path / "partial.safetensors"),
+                    "--data", data[0], "--steps", "1"])
+    assert r.returncode == 3 and "the state lacks 'fc1.weight'" in r.stderr, r.stderr
+
+    # A batch with the wrong input name / shape.
+    save_file({"x": torch.zeros(12, 10)}, str(tmp_path / "nox.safetensors"))
+    r = run_worker(base[:5] + ["--data", str(tmp_path / "nox.safetensors"), "--steps", "1"])
+    assert r.returncode != 0 and "the batch has no tensor 'target'" in r.stderr, r.stderr
+    save_file({"x": torch.zeros(12, 11), "target": torch.zeros(12, 5)}, str(tmp_path / "bad.safetensors"))
+    r = run_worker(base[:5] + ["--data", str(tmp_path / "bad.safetensors"), "--steps", "1"])
+    assert r.returncode == 1 and "expected f32[12, 10], got f32[12, 11]" in r.stderr, r.stderr
+
+    # A truncated data file.
+    blob = pathlib.Path(data[0]).read_bytes()
+    (tmp_path / "trunc.safetensors").write_bytes(blob[: len(blob) - 7])
+    r = run_worker(base[:5] + ["--data", str(tmp_path / "trunc.safetensors"), "--steps", "1"])
+    assert r.returncode == 1 and "corrupt safetensors data" in r.stderr, r.stderr
+
+    # A launch environment that names no reachable peers fails within the timeout.
+    r = run_worker(base + ["--timeout-s", "2"],
+                   env=clean_env(RANK=1, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port()),
+                   timeout=60)
+    assert r.returncode != 0 and "rank 1" in r.stderr, r.stderr
+    r = run_worker(base, env=clean_env(RANK=2, WORLD_SIZE=2))
+    assert r.returncode == 2 and "RANK 2 is not below WORLD_SIZE 2" in r.stderr
