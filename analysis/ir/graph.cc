@@ -84,11 +84,10 @@ bool Node::operator==(const Node& o) const {
 }
 
 absl::StatusOr<Graph> Graph::Create(GraphHeader header, std::vector<Node> nodes) {
-  FXDP_RETURN_IF_ERROR(VerifyGraph(header, nodes));
   Graph g;
   g.header_ = std::move(header);
   g.nodes_ = std::move(nodes);
-  g.Index();
+  FXDP_RETURN_IF_ERROR(VerifyGraph(g.header_, g.nodes_, &g.by_name_));
   return g;
 }
 

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "analysis/ir/status_macros.h"
 #include "analysis/ir/verifier.h"
+#include "analysis/ir/wire_decoder.h"
 #include "google/protobuf/arena.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/unknown_field_set.h"
@@ -329,10 +330,26 @@ v1::NodeKind KindToWire(NodeKind k) {
 
 absl::StatusOr<Graph> DecodeGraph(const v1::GraphDef& def) { return Decoder(def).Run(); }
 
+namespace {
+
+absl::Status TooLarge(absl::string_view bytes) {
+  return absl::InvalidArgumentError(absl::StrCat("serialized graph is ", bytes.size(),
+                                                 " bytes, more than the limit ", kMaxGraphBytes));
+}
+
+}  // namespace
+
 absl::StatusOr<Graph> DecodeGraphBytes(absl::string_view bytes) {
-  if (static_cast<int64_t>(bytes.size()) > kMaxGraphBytes)
-    return absl::InvalidArgumentError(absl::StrCat("serialized graph is ", bytes.size(),
-                                                   " bytes, more than the limit ", kMaxGraphBytes));
+  if (static_cast<int64_t>(bytes.size()) > kMaxGraphBytes) return TooLarge(bytes);
+  // The direct decoder accepts and builds exactly what the message path does;
+  // when it refuses, the message path words the error.
+  absl::StatusOr<Graph> g;
+  if (DecodeGraphWire(bytes, &g)) return g;
+  return DecodeGraphBytesViaMessage(bytes);
+}
+
+absl::StatusOr<Graph> DecodeGraphBytesViaMessage(absl::string_view bytes) {
+  if (static_cast<int64_t>(bytes.size()) > kMaxGraphBytes) return TooLarge(bytes);
   // An arena: the parsed message is freed in a few large blocks, not node by node.
   pb::ArenaOptions options;
   options.start_block_size = 64 << 10;
@@ -341,7 +358,7 @@ absl::StatusOr<Graph> DecodeGraphBytes(absl::string_view bytes) {
   v1::GraphDef* def = pb::Arena::CreateMessage<v1::GraphDef>(&arena);
   pb::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(bytes.data()),
                               static_cast<int>(bytes.size()));
-  in.SetRecursionLimit(2 * kMaxListDepth + 16);
+  in.SetRecursionLimit(wire::kRecursionLimit);
   if (!def->ParseFromCodedStream(&in) || !in.ConsumedEntireMessage())
     return absl::InvalidArgumentError(
         absl::StrCat("bytes are not a valid fxdp.v1.GraphDef (", bytes.size(),

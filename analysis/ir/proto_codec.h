@@ -4,6 +4,8 @@
 // sub-messages and future format versions, then runs the verifier. For every
 // graph it accepts, EncodeGraph(DecodeGraph(def)) serializes to the same
 // bytes as `def` (the encoding is canonical: no maps, fields in order).
+// DecodeGraphBytes reads the bytes directly (wire_decoder.h) and gives the
+// same graph or the same error as parsing them into a GraphDef first.
 #ifndef FXDP_ANALYSIS_IR_PROTO_CODEC_H_
 #define FXDP_ANALYSIS_IR_PROTO_CODEC_H_
 
@@ -20,8 +22,14 @@ namespace fxdp::ir {
 inline constexpr int64_t kMaxGraphBytes = int64_t{1} << 30;
 
 absl::StatusOr<Graph> DecodeGraph(const v1::GraphDef& def);
-// Parses serialized GraphDef bytes (bounded by kMaxGraphBytes), then decodes.
+// Decodes serialized GraphDef bytes (bounded by kMaxGraphBytes) straight into
+// the IR (wire_decoder.h), with no intermediate message; same result, same
+// errors as DecodeGraphBytesViaMessage, which it asks to word any error.
 absl::StatusOr<Graph> DecodeGraphBytes(absl::string_view bytes);
+// The reference path: protobuf parses the bytes into a v1::GraphDef (in an
+// arena, recursion limit wire::kRecursionLimit), then DecodeGraph. Slower and
+// holds the message (~1 KB/node) next to the IR; the differential test's oracle.
+absl::StatusOr<Graph> DecodeGraphBytesViaMessage(absl::string_view bytes);
 
 v1::GraphDef EncodeGraph(const Graph& g);
 std::string EncodeGraphBytes(const Graph& g);

@@ -258,7 +258,8 @@ absl::Status VerifyRoles(const std::vector<Node>& nodes) {
 
 }  // namespace
 
-absl::Status VerifyGraph(const GraphHeader& header, const std::vector<Node>& nodes) {
+absl::Status VerifyGraph(const GraphHeader& header, const std::vector<Node>& nodes,
+                         absl::flat_hash_map<absl::string_view, NodeId>* name_index) {
   if (header.format_version != kFormatVersion)
     return absl::InvalidArgumentError(
         absl::StrCat("unsupported format_version ", header.format_version, " (this build reads ",
@@ -268,12 +269,16 @@ absl::Status VerifyGraph(const GraphHeader& header, const std::vector<Node>& nod
         absl::StrCat("graph has ", nodes.size(), " nodes, more than the limit ", kMaxNodes));
   if (nodes.empty() || !nodes.back().is_output())
     return absl::InvalidArgumentError("graph has no output node (the last node must be OUTPUT)");
-  absl::flat_hash_map<absl::string_view, int> names;
+  absl::flat_hash_map<absl::string_view, NodeId> local;
+  absl::flat_hash_map<absl::string_view, NodeId>& names = name_index ? *name_index : local;
+  names.clear();
+  names.reserve(nodes.size());
   for (int i = 0; i < static_cast<int>(nodes.size()); ++i) {
     FXDP_RETURN_IF_ERROR(VerifyNode(nodes, i));
-    auto [it, inserted] = names.emplace(nodes[i].name, i);
+    auto [it, inserted] = names.emplace(nodes[i].name, NodeId{i});
     if (!inserted)
-      return NodeError(nodes, i, absl::StrCat("duplicate node name (also node #", it->second, ")"));
+      return NodeError(nodes, i,
+                       absl::StrCat("duplicate node name (also node #", it->second.value, ")"));
   }
   return VerifyRoles(nodes);
 }

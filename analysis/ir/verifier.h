@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/container/flat_hash_map.h"
 #include "analysis/ir/graph.h"
 
 namespace fxdp::ir {
@@ -24,7 +25,10 @@ inline constexpr int kMaxListDepth = 16;
 // state names, exactly one OUTPUT node and it is last, output specs match
 // the returned values, updated state matches its placeholder's type,
 // gradient marks name parameters once and match their shape.
-absl::Status VerifyGraph(const GraphHeader& header, const std::vector<Node>& nodes);
+// `name_index`, when given, receives name -> node for every node (views into
+// `nodes`' names), so Graph::Create hashes each name once.
+absl::Status VerifyGraph(const GraphHeader& header, const std::vector<Node>& nodes,
+                         absl::flat_hash_map<absl::string_view, NodeId>* name_index = nullptr);
 
 }  // namespace fxdp::ir
 
