@@ -4,8 +4,24 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <set>
+#include <vector>
+
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "analysis/ir/status_macros.h"
 #include "executor/communicator.h"
 #include "executor/gloo_communicator.h"
@@ -23,23 +39,161 @@ absl::StatusOr<std::unique_ptr<Work>> LocalCommunicator::AllReduceSum(const at::
 
 namespace {
 
+using PeerAddresses = GlooCommunicator::PeerAddresses;
+
+std::string FormatAddress(const sockaddr_storage& ss) {
+  char ip[INET6_ADDRSTRLEN] = {0};
+  int port = 0;
+  if (ss.ss_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&ss);
+    if (inet_ntop(AF_INET, &in->sin_addr, ip, sizeof(ip)) == nullptr) return "";
+    port = ntohs(in->sin_port);
+  } else if (ss.ss_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&ss);
+    if (inet_ntop(AF_INET6, &in6->sin6_addr, ip, sizeof(ip)) == nullptr) return "";
+    port = ntohs(in6->sin6_port);
+  } else {
+    return "";
+  }
+  return absl::StrCat("[", ip, "]:", port);
+}
+
+// "[ip]:port" of every TCP/IP socket this process holds (listening or
+// connected), from /proc/self/fd. Gloo names a peer by the address of its
+// socket on the other end of the pair: the peer's listening socket or the
+// socket it connected from, both of which are in the peer's list.
+std::vector<std::string> OwnSocketAddresses() {
+  std::vector<std::string> out;
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return out;
+  while (const dirent* e = readdir(dir)) {
+    int fd = -1;
+    if (!absl::SimpleAtoi(e->d_name, &fd) || fd == dirfd(dir)) continue;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    sockaddr_storage ss{};
+    socklen_t len = sizeof(ss);
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) continue;
+    std::string a = FormatAddress(ss);
+    if (!a.empty()) out.push_back(std::move(a));
+  }
+  closedir(dir);
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+// Every rank publishes its socket addresses and reads the others'. Best
+// effort: a peer that does not publish within the store's timeout is left
+// out (the next collective reports it anyway).
+std::shared_ptr<const PeerAddresses> ExchangeAddresses(c10d::Store& store, int rank, int world) {
+  auto peers = std::make_shared<PeerAddresses>();
+  try {
+    const std::vector<std::string> own = OwnSocketAddresses();
+    const std::string mine = absl::StrJoin(own, " ");
+    store.set(absl::StrCat("fxdp/sockets/", rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+    std::set<std::string> shared;
+    for (int r = 0; r < world; ++r) {
+      if (r == rank) continue;
+      const std::vector<uint8_t> v = store.get(absl::StrCat("fxdp/sockets/", r));
+      for (absl::string_view a : absl::StrSplit(absl::string_view(
+                                                    reinterpret_cast<const char*>(v.data()), v.size()),
+                                                ' ', absl::SkipEmpty())) {
+        auto [it, inserted] = peers->emplace(std::string(a), r);
+        if (!inserted && it->second != r) shared.insert(std::string(a));
+      }
+    }
+    // Addresses this process holds itself, or two peers claim, name no one.
+    shared.insert(own.begin(), own.end());
+    for (const std::string& a : shared) peers->erase(a);
+  } catch (const std::exception&) {
+  }
+  return peers;
+}
+
+// The ranks whose socket addresses ("[ip]:port", perhaps followed by Gloo's
+// "$seq") appear in `msg`. Gloo versions differ in the byte order they print
+// a port in: both are tried.
+std::vector<std::pair<int, std::string>> PeersNamedIn(absl::string_view msg,
+                                                     const PeerAddresses& peers) {
+  std::vector<std::pair<int, std::string>> found;
+  size_t pos = 0;
+  while ((pos = msg.find('[', pos)) != absl::string_view::npos) {
+    const size_t close = msg.find(']', pos);
+    if (close == absl::string_view::npos) break;
+    if (close + 1 == msg.size() || msg[close + 1] != ':') {
+      pos = close;
+      continue;
+    }
+    size_t end = close + 2;
+    while (end < msg.size() && absl::ascii_isdigit(static_cast<unsigned char>(msg[end]))) ++end;
+    int port = 0;
+    const absl::string_view ip = msg.substr(pos + 1, close - pos - 1);
+    if (end > close + 2 && ip.find_first_of("[ ") == absl::string_view::npos &&
+        absl::SimpleAtoi(msg.substr(close + 2, end - close - 2), &port) && port < 65536) {
+      const std::string printed(msg.substr(pos, end - pos));
+      const int swapped = ((port & 0xff) << 8) | ((port >> 8) & 0xff);
+      for (int p : {port, swapped}) {
+        auto it = peers.find(absl::StrCat("[", ip, "]:", p));
+        if (it == peers.end()) continue;
+        if (std::none_of(found.begin(), found.end(),
+                         [&](const auto& f) { return f.first == it->second; }))
+          found.emplace_back(it->second, printed);
+        break;
+      }
+    }
+    pos = close + 2;
+  }
+  return found;
+}
+
+// Gloo's message without its boilerplate tail ("Check the logs of the remote
+// worker before reporting an error. GLHF! ...").
+std::string TrimGlooMessage(std::string msg) {
+  for (const char* tail : {" Check the logs of the remote worker", " GLHF!"}) {
+    if (size_t p = msg.find(tail); p != std::string::npos) msg.resize(p);
+  }
+  return msg;
+}
+
+std::string DescribePeers(const std::vector<std::pair<int, std::string>>& peers) {
+  std::vector<std::string> parts;
+  for (const auto& [rank, addr] : peers) parts.push_back(absl::StrCat("rank ", rank, " (", addr, ")"));
+  return absl::StrJoin(parts, ", ");
+}
+
 class GlooWork : public Work {
  public:
-  GlooWork(c10::intrusive_ptr<c10d::Work> work, at::Tensor result, std::string who)
-      : work_(std::move(work)), result_(std::move(result)), who_(std::move(who)) {}
+  GlooWork(c10::intrusive_ptr<c10d::Work> work, at::Tensor result, std::string who,
+           std::shared_ptr<const PeerAddresses> peers)
+      : work_(std::move(work)), result_(std::move(result)), who_(std::move(who)),
+        peers_(std::move(peers)) {}
 
   absl::StatusOr<at::Tensor> Wait(std::chrono::milliseconds timeout) override {
+    const auto start = std::chrono::steady_clock::now();
     try {
       work_->wait(timeout);
     } catch (const std::exception& e) {
-      const std::string msg = ExceptionMessage(e);
+      const auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(
+          std::chrono::steady_clock::now() - start);
+      const std::string msg = TrimGlooMessage(ExceptionMessage(e));
       const bool timed_out = absl::StrContains(msg, "timed out") ||
                              absl::StrContains(msg, "Timed out") ||
                              absl::StrContains(msg, "Timeout");
+      const auto named = PeersNamedIn(msg, *peers_);
+      std::string status =
+          timed_out ? absl::StrCat("timed out after ", elapsed.count(), " ms (timeout ",
+                                   timeout.count(), " ms)")
+                    : absl::StrCat("failed after ", elapsed.count(), " ms");
+      if (!named.empty()) {
+        absl::StrAppend(&status, timed_out ? ", waiting for " : ", lost the connection to ",
+                        DescribePeers(named));
+      } else if (timed_out) {
+        absl::StrAppend(&status, ": a peer is hung or slower than the timeout");
+      }
       return absl::Status(
           timed_out ? absl::StatusCode::kDeadlineExceeded : absl::StatusCode::kUnavailable,
-          absl::StrCat(who_, ": all_reduce ", timed_out ? "timed out" : "failed", " after at most ",
-                       timeout.count(), " ms: ", msg));
+          absl::StrCat(who_, ": all_reduce ", status, ": ", msg));
     }
     return result_;
   }
@@ -48,6 +202,7 @@ class GlooWork : public Work {
   c10::intrusive_ptr<c10d::Work> work_;
   at::Tensor result_;
   std::string who_;
+  std::shared_ptr<const PeerAddresses> peers_;
 };
 
 }  // namespace
@@ -58,13 +213,47 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Connect(
   return Create(store, opts, interface_host);
 }
 
+namespace {
+
+// Gloo's rendezvous waits for one store key per peer ("/<device>/<rank>"); on
+// a timeout c10d lists the keys it still lacks ("... keys: /0/1, /0/2"):
+// the ranks that did not show up.
+std::vector<int> MissingRanks(absl::string_view msg) {
+  std::vector<int> ranks;
+  const size_t at = msg.rfind("keys: ");
+  if (at == absl::string_view::npos) return ranks;
+  for (absl::string_view key : absl::StrSplit(msg.substr(at + 6), ',', absl::SkipWhitespace())) {
+    key = absl::StripAsciiWhitespace(key);
+    const size_t slash = key.rfind('/');
+    int r = -1;
+    if (slash == absl::string_view::npos || !absl::SimpleAtoi(key.substr(slash + 1), &r)) break;
+    ranks.push_back(r);
+  }
+  return ranks;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
     const c10::intrusive_ptr<c10d::Store>& store, const RendezvousOptions& opts,
     const std::string& interface_host) {
-  FXDP_ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::Backend> backend,
-                        CreateGlooBackend(store, opts, interface_host));
-  return std::unique_ptr<GlooCommunicator>(
-      new GlooCommunicator(store, std::move(backend), opts.rank, opts.world_size));
+  absl::StatusOr<c10::intrusive_ptr<c10d::Backend>> created =
+      CreateGlooBackend(store, opts, interface_host);
+  if (!created.ok()) {
+    const std::vector<int> missing = MissingRanks(created.status().message());
+    if (missing.empty()) return created.status();
+    return absl::Status(
+        created.status().code(),
+        absl::StrCat(created.status().message(), " (no word from rank",
+                     missing.size() > 1 ? "s " : " ", absl::StrJoin(missing, ", "), " within ",
+                     opts.timeout.count(), " ms: not started, unreachable or slower)"));
+  }
+  c10::intrusive_ptr<c10d::Backend> backend = *std::move(created);
+  // Gloo's pairs are connected now (full mesh): its sockets exist.
+  std::shared_ptr<const PeerAddresses> peers =
+      ExchangeAddresses(*store, opts.rank, opts.world_size);
+  return std::unique_ptr<GlooCommunicator>(new GlooCommunicator(
+      store, std::move(backend), opts.rank, opts.world_size, std::move(peers)));
 }
 
 std::string GlooCommunicator::name() const {
@@ -86,11 +275,15 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::AllReduceSum(const at::T
     c10d::AllreduceOptions o;
     o.reduceOp = c10d::ReduceOp::SUM;
     c10::intrusive_ptr<c10d::Work> work = backend_->allreduce(tensors, o);
-    return std::unique_ptr<Work>(std::make_unique<GlooWork>(std::move(work), std::move(buf),
-                                                            name()));
+    return std::unique_ptr<Work>(
+        std::make_unique<GlooWork>(std::move(work), std::move(buf), name(), peers_));
   } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat(name(), ": starting all_reduce failed: ", ExceptionMessage(e)));
+    const std::string msg = TrimGlooMessage(ExceptionMessage(e));
+    const auto named = PeersNamedIn(msg, *peers_);
+    return absl::UnavailableError(absl::StrCat(
+        name(), ": starting all_reduce failed",
+        named.empty() ? "" : absl::StrCat(", lost the connection to ", DescribePeers(named)),
+        ": ", msg));
   }
 }
 

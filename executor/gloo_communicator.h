@@ -1,10 +1,18 @@
 // A Communicator over a c10d backend (ProcessGroupGloo from gloo_backend.h):
 // AllReduceSum is `allreduce(SUM)` on a contiguous CPU copy of the input.
+//
+// Errors name this rank ("gloo rank 0/2: all_reduce ...") and, when Gloo's
+// message names a peer's socket address, the rank that owns it ("lost the
+// connection to rank 1 ([127.0.0.1]:45751)"): after the rendezvous every rank
+// publishes the addresses of its own TCP sockets in the store, so the
+// address Gloo reports (the peer's listening or connecting socket) maps back
+// to a rank.
 #ifndef FXDP_EXECUTOR_GLOO_COMMUNICATOR_H_
 #define FXDP_EXECUTOR_GLOO_COMMUNICATOR_H_
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
+#include <map>
 #include <memory>
 #include <string>
 
@@ -31,15 +39,22 @@ class GlooCommunicator : public Communicator {
   absl::StatusOr<std::unique_ptr<Work>> AllReduceSum(const at::Tensor& input) override;
   std::string name() const override;
 
+  // "[ip]:port" of the peers' sockets -> their rank (addresses two ranks
+  // share, as ranks in one process do, are left out).
+  using PeerAddresses = std::map<std::string, int>;
+  const PeerAddresses& peer_addresses() const { return *peers_; }
+
  private:
   GlooCommunicator(c10::intrusive_ptr<c10d::Store> store,
-                   c10::intrusive_ptr<c10d::Backend> backend, int rank, int world_size)
+                   c10::intrusive_ptr<c10d::Backend> backend, int rank, int world_size,
+                   std::shared_ptr<const PeerAddresses> peers)
       : store_(std::move(store)), backend_(std::move(backend)), rank_(rank),
-        world_size_(world_size) {}
+        world_size_(world_size), peers_(std::move(peers)) {}
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::Backend> backend_;
   int rank_;
   int world_size_;
+  std::shared_ptr<const PeerAddresses> peers_;
 };
 
 }  // namespace fxdp::executor

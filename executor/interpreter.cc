@@ -119,6 +119,10 @@ struct Program::Impl {
   // Per run.
   std::vector<c10::IValue> slots;
   std::vector<std::unique_ptr<Work>> works;  // pending all_reduce per slot
+  // Per pending slot: the all_reduce step that started it and its number
+  // among this run's collectives (1-based), for errors.
+  std::vector<std::pair<const Step*, int>> work_from;
+  int collectives_started = 0;  // this run
   std::vector<c10::IValue> stack;
   std::vector<std::pair<std::string, int64_t>> live_trace;
 
@@ -129,6 +133,7 @@ struct Program::Impl {
   void Clear() {
     for (auto& v : slots) v = c10::IValue();
     for (auto& w : works) w.reset();
+    collectives_started = 0;
     stack.clear();
   }
   int64_t Live() const {
@@ -205,6 +210,7 @@ class Loader {
     PlanLifetimes();
     p_.slots.resize(p_.num_slots);
     p_.works.resize(p_.num_slots);
+    p_.work_from.resize(p_.num_slots);
     return absl::OkStatus();
   }
 
@@ -636,8 +642,18 @@ absl::Status Program::Impl::Resolve(int32_t slot, const Step* reader) {
   if (!r.ok()) {
     const std::string who =
         reader ? absl::StrCat("node '", reader->name, "' (", reader->op_name, ")") : "output";
-    return absl::Status(r.status().code(),
-                        absl::StrCat(who, ": waiting for all_reduce: ", r.status().message()));
+    // Name the collective as every rank's graph does: the all_reduce node,
+    // what it reduces and its number among this step's collectives.
+    std::string what = "all_reduce";
+    if (const auto& [from, seq] = work_from[slot]; from != nullptr) {
+      what = absl::StrCat("all_reduce '", from->name, "' (collective ", seq, " of the step",
+                          from->out_types.empty() || !from->out_types[0].is_tensor()
+                              ? std::string()
+                              : absl::StrCat(", ", TypeForMessage(from->out_types[0].tensor)),
+                          ")");
+    }
+    return absl::Status(r.status().code(), absl::StrCat(who, ": waiting for ", what, ": ",
+                                                        r.status().message()));
   }
   slots[slot] = c10::IValue(*std::move(r));
   return absl::OkStatus();
@@ -729,10 +745,14 @@ absl::Status Program::Impl::RunStep(Step& s) {
       if (!v.isTensor())
         return absl::InternalError(absl::StrCat("node '", s.name, "' (", s.op_name,
                                                 "): input is ", v.tagKind(), ", not a tensor"));
+      ++collectives_started;
       absl::StatusOr<std::unique_ptr<Work>> w = comm->AllReduceSum(v.toTensor());
       if (!w.ok())
-        return absl::Status(w.status().code(), absl::StrCat("node '", s.name, "' (", s.op_name,
-                                                            "): ", w.status().message()));
+        return absl::Status(w.status().code(),
+                            absl::StrCat("node '", s.name, "' (", s.op_name, ", collective ",
+                                         collectives_started, " of the step): ",
+                                         w.status().message()));
+      work_from[s.out_slots[0]] = {&s, collectives_started};
       std::unique_ptr<Work> work = *std::move(w);
       if (s.avg) work = std::make_unique<AvgWork>(std::move(work), comm->world_size());
       works[s.out_slots[0]] = std::move(work);

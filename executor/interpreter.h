@@ -26,7 +26,9 @@
 //    size) and keeps the Work in the value table;
 //    `_c10d_functional::wait_tensor` waits for it (ProgramOptions::
 //    collective_timeout). A node other than wait_tensor that reads a pending
-//    all_reduce waits first. The group name is not interpreted: a program has
+//    all_reduce waits first. A failed wait names the waiting node, the
+//    all_reduce node, its number among the run's collectives and the
+//    communicator's reason (rank, lost peer, timeout). The group name is not interpreted: a program has
 //    one communicator. Without a communicator the program uses a
 //    LocalCommunicator (world size 1: all_reduce is a clone).
 //  * Runs under c10::InferenceMode by default (no autograd bookkeeping): the

@@ -1,13 +1,16 @@
 // fxdp-worker: runs fxdp graphs with LibTorch. `fxdp-worker --help` lists the
-// commands; today there is `run` (a fixed number of steps from files).
+// commands: `run` (a fixed number of steps from files) and `attach` (a daemon
+// serving an fxdp server, executor/worker/attach.h).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <unistd.h>
 #include <c10/core/InferenceMode.h>
+#include <c10/util/Logging.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -27,6 +30,8 @@
 #include "executor/gloo_communicator.h"
 #include "executor/interpreter.h"
 #include "executor/safetensors.h"
+#include "executor/worker/attach.h"
+#include "executor/worker/common.h"
 
 namespace fxdp::executor {
 namespace {
@@ -41,14 +46,15 @@ constexpr char kUsage[] =
     "\n"
     "commands:\n"
     "  run    run a saved graph for a number of steps on state and data files\n"
+    "  attach serve an fxdp server: register, heartbeat, run the jobs it assigns\n"
     "\n"
     "Run 'fxdp-worker <command> --help' for the arguments of a command.\n";
 
 constexpr char kRunUsage[] =
     "usage: fxdp-worker run --graph G.pb --state S.safetensors --data D.safetensors\n"
     "                       --steps K [--out FINAL.safetensors] [--device cpu|cuda[:N]]\n"
-    "                       [--data D2.safetensors ...] [--timeout-s T] [--threads N]\n"
-    "                       [--check-outputs]\n"
+    "                       [--data D2.safetensors ...] [--timeout SECONDS] [--threads N]\n"
+    "                       [--job NAME] [--check-outputs]\n"
     "\n"
     "Runs the training step G (a binary fxdp.v1.GraphDef, e.g. from fxdp.TracedStep.save,\n"
     "python -m fxdp.zoo.export or fxdp expand) K times. The state file holds every\n"
@@ -58,9 +64,9 @@ constexpr char kRunUsage[] =
     "export's <model>_<optim>.batch.safetensors). Step i uses data file i mod the number\n"
     "of --data files: one file is reused every step.\n"
     "\n"
-    "Prints 'step i/K loss L (T ms)' per step on stdout (rank 0 only); logs go to stderr,\n"
-    "prefixed with the rank. --out writes the final state, every entry of the state file,\n"
-    "updated.\n"
+    "Prints 'step i/K loss L (T ms)' per step on stdout (rank 0 only); logs go to stderr as\n"
+    "'[job NAME rank R step S/K] ...' (S: the step in progress; 0 before the first). --out\n"
+    "writes the final state, every entry of the state file, updated.\n"
     "\n"
     "  --graph G           the graph; '{rank}' in the path is replaced by the rank (the\n"
     "                      per-rank files fxdp expand writes for uneven batches)\n"
@@ -70,7 +76,11 @@ constexpr char kRunUsage[] =
     "  --out FINAL         write the final state here (rank 0; every rank when the path\n"
     "                      contains '{rank}')\n"
     "  --device DEV        cpu (default) or cuda[:N]; 'cuda' means cuda:LOCAL_RANK\n"
-    "  --timeout-s T       rendezvous and collective timeout in seconds (default 300)\n"
+    "  --timeout SECONDS   rendezvous and collective timeout (default 60; fractions allowed;\n"
+    "                      --timeout-s is the same flag): a rank that does not answer makes\n"
+    "                      the others fail after this long, a dead one at once (a rank that\n"
+    "                      cannot reach the store gives up after up to ~2x this)\n"
+    "  --job NAME          the job's name in every log line (default 'local')\n"
     "  --threads N         intra-op CPU threads (default: OMP_NUM_THREADS, else all cores\n"
     "                      for one rank, cores / LOCAL_WORLD_SIZE or 1 for several ranks)\n"
     "  --check-outputs     compare every node's output dtype and shape with the graph\n"
@@ -85,7 +95,14 @@ constexpr char kRunUsage[] =
     "first B % N ranks get one extra sample), or uses it as is when it already has the\n"
     "graph's size.\n"
     "\n"
-    "Exit codes: 0 ok, 1 invalid input or a failed step, 2 usage, 3 I/O.\n";
+    "A failed collective (a peer that died or did not answer within --timeout) fails the\n"
+    "step: the error names this rank, the step, the all_reduce node and, when Gloo names\n"
+    "the peer's socket, the peer's rank; the process exits without waiting for the rest.\n"
+    "\n"
+    "Every stderr line is the worker's own; c10/c10d's log lines (without job, rank and\n"
+    "step) are shown only when TORCH_CPP_LOG_LEVEL is set (e.g. WARNING).\n"
+    "\n"
+    "Exit codes: 0 ok, 1 invalid input or a failed step (a lost peer included), 2 usage, 3 I/O.\n";
 
 struct LaunchEnv {
   int rank = 0;
@@ -144,60 +161,48 @@ struct RunArgs {
   std::vector<std::string> data;
   int steps = 0;
   std::string device = "cpu";
-  int timeout_s = 300;
+  std::chrono::milliseconds timeout{60000};
+  std::string job = "local";
   int threads = 0;  // 0: see Run
   bool check_outputs = false;
 };
 
+// Every line on stderr says which job, rank and step it is about:
+// "[job local rank 1 step 2/3] ...", step 0 before the first step.
 class Logger {
  public:
-  explicit Logger(int rank) : rank_(rank) {}
+  Logger(std::string job, int rank, int steps) : job_(std::move(job)), rank_(rank), steps_(steps) {}
+  void set_step(int step) { step_ = step; }
   template <typename... A>
   void Log(const A&... a) const {
-    std::fprintf(stderr, "[rank %d] %s\n", rank_, absl::StrCat(a...).c_str());
-  }
-  template <typename... A>
-  void StepLog(int step, int steps, const A&... a) const {
-    std::fprintf(stderr, "[rank %d step %d/%d] %s\n", rank_, step, steps,
-                 absl::StrCat(a...).c_str());
+    const std::string line = absl::StrCat("[job ", job_, " rank ", rank_, " step ", step_, "/",
+                                          steps_, "] ", a..., "\n");
+    std::fputs(line.c_str(), stderr);  // one write per line: ranks share a terminal
   }
 
  private:
+  std::string job_;
   int rank_;
+  int steps_;
+  int step_ = 0;
 };
 
 std::string WithRank(const std::string& path, int rank) {
   return absl::StrReplaceAll(path, {{"{rank}", absl::StrCat(rank)}});
 }
 
-// This rank's part of a global batch: for every INPUT with a batch dim whose
-// size differs from the graph's, the balanced contiguous slice.
+// This rank's part of a global batch (executor/worker/common.h, shared with
+// `attach`): for every INPUT with a batch dim whose size differs from the
+// graph's, the balanced contiguous slice.
 absl::StatusOr<TensorMap> ShardBatch(const TensorMap& batch, const Program& program,
                                      const LaunchEnv& env) {
-  TensorMap out = batch;
-  for (const ProgramInput& in : program.inputs()) {
-    if (in.role != ir::PlaceholderRole::kInput || !in.type.is_tensor()) continue;
-    auto it = out.find(in.state_name);
-    if (it == out.end()) continue;  // reported by the step
-    const int32_t dim = in.batch_dim;
-    const auto& want = in.type.tensor.shape;
-    at::Tensor& t = it->second;
-    if (dim < 0 || t.dim() != static_cast<int64_t>(want.size()) || dim >= t.dim() ||
-        t.size(dim) == want[dim])
-      continue;
-    const int64_t b = t.size(dim), n = env.world_size, r = env.rank;
-    const int64_t size = b / n + (r < b % n ? 1 : 0);
-    const int64_t start = r * (b / n) + std::min<int64_t>(r, b % n);
-    if (size != want[dim])
-      return absl::InvalidArgumentError(absl::StrCat(
-          "input '", in.state_name, "' has ", b, " samples on dim ", dim, "; rank ", r, " of ", n,
-          " would get ", size, " but its graph expects ", want[dim]));
-    t = t.narrow(dim, start, size).contiguous();
-  }
-  return out;
+  return executor::ShardBatch(batch, program, env.rank, env.world_size);
 }
 
-absl::Status Run(const RunArgs& args, const LaunchEnv& env, const Logger& log) {
+// `comm` is the caller's: on a failed step it must not be destroyed (Gloo's
+// destructor waits for collectives still queued on a lost peer).
+absl::Status Run(const RunArgs& args, const LaunchEnv& env, Logger& log,
+                 std::unique_ptr<Communicator>& comm) {
   // Device.
   c10::Device device(c10::kCPU);
   try {
@@ -225,7 +230,6 @@ absl::Status Run(const RunArgs& args, const LaunchEnv& env, const Logger& log) {
   if (threads > 0) at::set_num_threads(threads);
   log.Log("intra-op threads: ", at::get_num_threads());
 
-  std::unique_ptr<Communicator> comm;
   if (env.world_size > 1) {
     if (!device.is_cpu())
       return absl::UnimplementedError(
@@ -236,8 +240,9 @@ absl::Status Run(const RunArgs& args, const LaunchEnv& env, const Logger& log) {
     ro.port = env.master_port;
     ro.rank = env.rank;
     ro.world_size = env.world_size;
-    ro.timeout = std::chrono::seconds(args.timeout_s);
-    log.Log("rendezvous at ", ro.host, ":", ro.port, " (world size ", ro.world_size, ")");
+    ro.timeout = args.timeout;
+    log.Log("rendezvous at ", ro.host, ":", ro.port, " (world size ", ro.world_size,
+            ", timeout ", absl::StrFormat("%.3g", args.timeout.count() / 1000.0), " s)");
     // Gloo binds to an address the other ranks reach this host by: loopback
     // when the master is local (one host), else this host's name;
     // FXDP_GLOO_HOST overrides.
@@ -260,7 +265,7 @@ absl::Status Run(const RunArgs& args, const LaunchEnv& env, const Logger& log) {
   ProgramOptions po;
   po.device = device;
   po.communicator = comm.get();
-  po.collective_timeout = std::chrono::seconds(args.timeout_s);
+  po.collective_timeout = args.timeout;
   po.check_outputs = args.check_outputs;
   const auto t_load = std::chrono::steady_clock::now();
   FXDP_ASSIGN_OR_RETURN(Program program, Program::Load(graph, po));
@@ -282,12 +287,13 @@ absl::Status Run(const RunArgs& args, const LaunchEnv& env, const Logger& log) {
 
   double total_ms = 0;
   for (int i = 0; i < args.steps; ++i) {
+    log.set_step(i + 1);
     const auto t0 = std::chrono::steady_clock::now();
     absl::StatusOr<at::Tensor> loss = runner.Step(batches[i % batches.size()]);
     if (!loss.ok()) {
-      log.StepLog(i + 1, args.steps, "failed: ", loss.status().ToString());
       return absl::Status(loss.status().code(),
-                          absl::StrCat("step ", i + 1, ": ", loss.status().message()));
+                          absl::StrCat("step ", i + 1, "/", args.steps, " failed: ",
+                                       loss.status().message()));
     }
     double value = std::nan("");
     if (loss->defined()) {
@@ -301,8 +307,7 @@ absl::Status Run(const RunArgs& args, const LaunchEnv& env, const Logger& log) {
       std::printf("step %d/%d loss %.8g (%.1f ms)\n", i + 1, args.steps, value, ms);
       std::fflush(stdout);
     }
-    if (!std::isfinite(value) && loss->defined())
-      log.StepLog(i + 1, args.steps, "warning: the loss is not finite");
+    if (!std::isfinite(value) && loss->defined()) log.Log("warning: the loss is not finite");
   }
   const int nodes = runner.program().num_nodes();
   log.Log(args.steps, " steps in ", absl::StrFormat("%.1f", total_ms), " ms (",
@@ -368,9 +373,18 @@ int RunCommand(const std::vector<std::string>& argv) {
     } else if (flag == "--threads") {
       if (!value(&s) || !absl::SimpleAtoi(s, &a.threads) || a.threads < 1)
         return Usage("--threads needs a positive integer, got '" + s + "'");
-    } else if (flag == "--timeout-s") {
-      if (!value(&s) || !absl::SimpleAtoi(s, &a.timeout_s) || a.timeout_s < 1)
-        return Usage("--timeout-s needs a positive integer, got '" + s + "'");
+    } else if (flag == "--timeout" || flag == "--timeout-s") {
+      double seconds = 0;
+      if (!value(&s) || !absl::SimpleAtod(s, &seconds) || !(seconds >= 0.001) ||
+          seconds > 86400.0 * 365)
+        return Usage(flag + " needs a number of seconds (at least 0.001), got '" + s + "'");
+      a.timeout = std::chrono::milliseconds(static_cast<int64_t>(std::llround(seconds * 1000)));
+    } else if (flag == "--job") {
+      if (!value(&a.job) || a.job.empty() ||
+          std::any_of(a.job.begin(), a.job.end(),
+                      [](unsigned char c) { return c <= ' ' || c == 0x7f; }))
+        return Usage("--job needs a name without spaces or control characters, got '" + a.job +
+                     "'");
     } else {
       return Usage("unknown argument '" + argv[i] + "'");
     }
@@ -385,10 +399,17 @@ int RunCommand(const std::vector<std::string>& argv) {
     std::fprintf(stderr, "fxdp-worker run: %s\n", std::string(env.status().message()).c_str());
     return kExitUsage;
   }
-  Logger log(env->rank);
-  absl::Status s = Run(a, *env, log);
+  Logger log(a.job, env->rank, a.steps);
+  std::unique_ptr<Communicator> comm;
+  absl::Status s = Run(a, *env, log, comm);
   if (!s.ok()) {
     log.Log("error: ", s.message());
+    std::fflush(stdout);
+    std::fflush(stderr);
+    // Skip destructors: ProcessGroupGloo's waits until its queue is drained
+    // and its threads are done, which behind a hung peer can take another
+    // timeout or more.
+    if (comm != nullptr) std::_Exit(ExitCode(s));
     return ExitCode(s);
   }
   return kExitOk;
@@ -398,6 +419,15 @@ int RunCommand(const std::vector<std::string>& argv) {
 }  // namespace fxdp::executor
 
 int main(int argc, char** argv) {
+  // c10/c10d's own log lines (rendezvous retries with stack traces, ...) carry
+  // no job, rank or step, and the worker's error repeats what they say: off
+  // (FATAL only) unless TORCH_CPP_LOG_LEVEL asks for them.
+  if (std::getenv("TORCH_CPP_LOG_LEVEL") == nullptr) FLAGS_caffe2_log_level = 3;
+  // A write to the socket of a peer that died raises SIGPIPE, whose default
+  // action kills this process without a word (exit -13); ignored, Gloo sees
+  // EPIPE and the step fails with an error. (Python ignores SIGPIPE at
+  // startup, so torch.distributed never meets this.)
+  std::signal(SIGPIPE, SIG_IGN);
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty()) {
     std::fputs(fxdp::executor::kUsage, stderr);
@@ -410,6 +440,7 @@ int main(int argc, char** argv) {
     return fxdp::executor::kExitOk;
   }
   if (cmd == "run") return fxdp::executor::RunCommand(args);
+  if (cmd == "attach") return fxdp::executor::AttachCommand(args);
   std::fprintf(stderr, "fxdp-worker: unknown command '%s'\n\n%s", cmd.c_str(),
                fxdp::executor::kUsage);
   return fxdp::executor::kExitUsage;

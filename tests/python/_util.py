@@ -90,3 +90,31 @@ def output_node(g: "pb.GraphDef"):
 
 def target_str(n: "pb.Node") -> str:
     return n.target.name + ("." + n.target.overload if n.target.overload else "")
+
+
+def fxdp_binary(env: str, name: str) -> str:
+    """$env, else <repo>/build/bin/<name>; fails (does not skip) when it is missing."""
+    import os
+    import pathlib
+
+    path = os.environ.get(env) or str(pathlib.Path(__file__).resolve().parents[2] / "build" / "bin" / name)
+    assert os.path.isfile(path) and os.access(path, os.X_OK), (
+        f"{name} not found at {path}: build it first (make test builds it) or set {env}"
+    )
+    return path
+
+
+def free_port() -> int:
+    """An ephemeral TCP port on 127.0.0.1 that was free a moment ago."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def balanced_slices(b: int, world: int):
+    """(start, size) of every rank's contiguous slice of b samples: the first b % world ranks get
+    one more (fxdp expand's split, also the worker's and fxdp.dp_oracle's)."""
+    sizes = [b // world + (r < b % world) for r in range(world)]
+    return [(sum(sizes[:r]), sizes[r]) for r in range(world)]

@@ -112,7 +112,7 @@ def test_worker_matches_run_local(tmp_path, model, optim):
     torch.testing.assert_close(torch.tensor(losses, dtype=torch.float64),
                                torch.tensor(want_losses, dtype=torch.float64), rtol=RTOL, atol=ATOL)
     assert_same_state(load_file(out), want_state)
-    assert "[rank 0]" in r.stderr
+    assert "[job local rank 0 step 0/3] " in r.stderr and "[job local rank 0 step 3/3] " in r.stderr
 
 
 def test_one_exported_batch_is_reused_every_step(tmp_path):

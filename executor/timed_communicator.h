@@ -1,0 +1,85 @@
+// A Communicator decorator that measures the time its caller spends starting
+// collectives and, above all, blocked in Work::Wait: the communication a step
+// does not hide behind compute. Header-only; wraps any Communicator (local,
+// Gloo, NCCL).
+//
+//   TimedCommunicator timed(comm.get());
+//   po.communicator = &timed;              // ProgramOptions
+//   ... runner.Step(batch) ...
+//   CollectiveStats s = timed.TakeStats();  // this step's numbers, then reset
+//
+// Like the communicators it wraps, used by one thread at a time. With CUDA
+// (NCCL), Wait returns when the all-reduce is done on the device, so wait_ms
+// is the host's exposed waiting there too.
+#ifndef FXDP_EXECUTOR_TIMED_COMMUNICATOR_H_
+#define FXDP_EXECUTOR_TIMED_COMMUNICATOR_H_
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "executor/communicator.h"
+
+namespace fxdp::executor {
+
+struct CollectiveStats {
+  int64_t collectives = 0;  // AllReduceSum calls
+  int64_t bytes = 0;        // their input bytes
+  double start_ms = 0;      // inside AllReduceSum (copying, enqueueing)
+  double wait_ms = 0;       // inside Work::Wait (blocked on the collective)
+};
+
+class TimedCommunicator : public Communicator {
+ public:
+  // `inner` is not owned and must outlive this object and its Works.
+  explicit TimedCommunicator(Communicator* inner) : inner_(inner) {}
+
+  int rank() const override { return inner_->rank(); }
+  int world_size() const override { return inner_->world_size(); }
+  std::string name() const override { return inner_->name(); }
+
+  absl::StatusOr<std::unique_ptr<Work>> AllReduceSum(const at::Tensor& input) override {
+    const auto t0 = Clock::now();
+    absl::StatusOr<std::unique_ptr<Work>> w = inner_->AllReduceSum(input);
+    stats_.start_ms += Ms(Clock::now() - t0);
+    ++stats_.collectives;
+    stats_.bytes += static_cast<int64_t>(input.nbytes());
+    if (!w.ok()) return w;
+    return std::unique_ptr<Work>(std::make_unique<TimedWork>(*std::move(w), &stats_));
+  }
+
+  const CollectiveStats& stats() const { return stats_; }
+  // Returns the numbers so far and starts counting from zero.
+  CollectiveStats TakeStats() { return std::exchange(stats_, CollectiveStats{}); }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  static double Ms(Clock::duration d) {
+    return std::chrono::duration<double, std::milli>(d).count();
+  }
+
+  class TimedWork : public Work {
+   public:
+    TimedWork(std::unique_ptr<Work> inner, CollectiveStats* stats)
+        : inner_(std::move(inner)), stats_(stats) {}
+    absl::StatusOr<at::Tensor> Wait(std::chrono::milliseconds timeout) override {
+      const auto t0 = Clock::now();
+      absl::StatusOr<at::Tensor> r = inner_->Wait(timeout);
+      stats_->wait_ms += Ms(Clock::now() - t0);
+      return r;
+    }
+
+   private:
+    std::unique_ptr<Work> inner_;
+    CollectiveStats* stats_;
+  };
+
+  Communicator* inner_;
+  CollectiveStats stats_;
+};
+
+}  // namespace fxdp::executor
+
+#endif  // FXDP_EXECUTOR_TIMED_COMMUNICATOR_H_

@@ -1,0 +1,89 @@
+#include "executor/worker/common.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+#include "analysis/ir/status_macros.h"
+#include "executor/gloo_communicator.h"
+
+namespace fxdp::executor {
+
+absl::StatusOr<c10::Device> ParseWorkerDevice(const std::string& name, int local_rank,
+                                              const std::string& what) {
+  try {
+    return name == "cuda" ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank))
+                          : c10::Device(name);
+  } catch (const std::exception&) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " '", name, "' is not a device (cpu, cuda, cuda:N)"));
+  }
+}
+
+std::string GlooInterfaceHost(const std::string& rendezvous_host) {
+  if (const char* h = std::getenv("FXDP_GLOO_HOST"); h != nullptr && *h != '\0') return h;
+  if (rendezvous_host == "localhost" || rendezvous_host.rfind("127.", 0) == 0) return "127.0.0.1";
+  char host[256] = {0};
+  if (gethostname(host, sizeof(host) - 1) == 0 && host[0] != '\0') return host;
+  return "127.0.0.1";
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> ConnectCommunicator(const RendezvousOptions& opts,
+                                                                  const c10::Device& device) {
+  if (opts.world_size <= 1) return std::unique_ptr<Communicator>(new LocalCommunicator());
+  if (!device.is_cpu())
+    return absl::UnimplementedError(absl::StrCat(
+        "world size ", opts.world_size, " on ", device.str(),
+        " needs the NCCL communicator, which is not wired in yet; use cpu (Gloo)"));
+  FXDP_ASSIGN_OR_RETURN(std::unique_ptr<GlooCommunicator> g,
+                        GlooCommunicator::Connect(opts, GlooInterfaceHost(opts.host)));
+  return std::unique_ptr<Communicator>(std::move(g));
+}
+
+absl::StatusOr<TensorMap> ShardBatch(const TensorMap& batch, const Program& program, int rank,
+                                     int world_size) {
+  TensorMap out = batch;
+  for (const ProgramInput& in : program.inputs()) {
+    if (in.role != ir::PlaceholderRole::kInput || !in.type.is_tensor()) continue;
+    auto it = out.find(in.state_name);
+    if (it == out.end()) continue;  // reported by the step
+    const int32_t dim = in.batch_dim;
+    const auto& want = in.type.tensor.shape;
+    at::Tensor& t = it->second;
+    if (dim < 0 || t.dim() != static_cast<int64_t>(want.size()) || dim >= t.dim() ||
+        t.size(dim) == want[dim])
+      continue;
+    const int64_t b = t.size(dim), n = world_size, r = rank;
+    const int64_t size = b / n + (r < b % n ? 1 : 0);
+    const int64_t start = r * (b / n) + std::min<int64_t>(r, b % n);
+    if (size != want[dim])
+      return absl::InvalidArgumentError(absl::StrCat(
+          "input '", in.state_name, "' has ", b, " samples on dim ", dim, "; rank ", r, " of ", n,
+          " would get ", size, " but its graph expects ", want[dim]));
+    t = t.narrow(dim, start, size).contiguous();
+  }
+  return out;
+}
+
+int LocalLossIndex(const Program& program) {
+  int k = 0;
+  for (const ir::OutputSpec& s : program.output_specs()) {
+    if (ir::UpdatedRole(s.role).has_value() || s.role == ir::OutputRole::kLoss) continue;
+    if (s.role == ir::OutputRole::kOther && s.state_name == "local_loss") return k;
+    ++k;
+  }
+  return -1;
+}
+
+double LossValue(const at::Tensor& loss) {
+  if (!loss.defined()) return std::nan("");
+  c10::InferenceMode guard;
+  return loss.to(at::kCPU).to(at::kDouble).reshape({-1})[0].item<double>();
+}
+
+}  // namespace fxdp::executor

@@ -1,0 +1,58 @@
+// What both fxdp-worker modes need: `run` (main.cc: a launcher such as
+// torchrun or Slurm started the ranks) and `attach` (attach.cc: an fxdp
+// server assigns the jobs). Device names, the Gloo rendezvous, a rank's slice
+// of a global batch, reading a step's losses.
+#ifndef FXDP_EXECUTOR_WORKER_COMMON_H_
+#define FXDP_EXECUTOR_WORKER_COMMON_H_
+
+#include <ATen/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "executor/communicator.h"
+#include "executor/gloo_backend.h"
+#include "executor/interpreter.h"
+
+namespace fxdp::executor {
+
+// "cpu", "cuda", "cuda:N" (anything c10::Device parses); "cuda" means
+// cuda:<local_rank>. INVALID_ARGUMENT naming `what` (e.g. "--device") else.
+absl::StatusOr<c10::Device> ParseWorkerDevice(const std::string& name, int local_rank,
+                                              const std::string& what);
+
+// The address this rank's Gloo device binds to, one the other ranks reach this
+// host by: $FXDP_GLOO_HOST, else loopback when the rendezvous host is local
+// ("localhost", "127.x"), else this host's name.
+std::string GlooInterfaceHost(const std::string& rendezvous_host);
+
+// world_size > 1: the rendezvous (rank 0 serves the c10d TCPStore at
+// opts.host:opts.port) and a Gloo process group whose collectives fail after
+// opts.timeout (CPU only: UNIMPLEMENTED for another device). world_size 1: a
+// LocalCommunicator. On a failed collective the Gloo communicator must not be
+// destroyed (ProcessGroupGloo's destructor drains its queue, which behind a
+// lost peer can take another timeout): release() it.
+absl::StatusOr<std::unique_ptr<Communicator>> ConnectCommunicator(const RendezvousOptions& opts,
+                                                                  const c10::Device& device);
+
+// This rank's part of a global batch: every INPUT with a batch dim whose size
+// differs from the graph's becomes its balanced contiguous slice (the first
+// B % N ranks get one extra sample: fxdp expand's split); tensors that
+// already have the graph's size are used as they are. INVALID_ARGUMENT when
+// the slice would not have the graph's size.
+absl::StatusOr<TensorMap> ShardBatch(const TensorMap& batch, const Program& program, int rank,
+                                     int world_size);
+
+// The position in StepRunner::other_outputs() of the "local_loss" OTHER
+// output the expansion adds (the rank's loss over its own shard), or -1.
+int LocalLossIndex(const Program& program);
+
+// A 0-dim (or one-element) loss tensor as a double (synchronises the device);
+// NaN for an undefined tensor.
+double LossValue(const at::Tensor& loss);
+
+}  // namespace fxdp::executor
+
+#endif  // FXDP_EXECUTOR_WORKER_COMMON_H_

@@ -1,0 +1,59 @@
+// Tensors on the worker protocol's wire (proto/fxdp/v1/worker.proto,
+// TensorChunk): dtype + shape + raw row-major little-endian bytes, split into
+// chunks by byte offset.
+#ifndef FXDP_EXECUTOR_WORKER_WIRE_TENSORS_H_
+#define FXDP_EXECUTOR_WORKER_WIRE_TENSORS_H_
+
+#include <ATen/Tensor.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "executor/interpreter.h"
+#include "proto/fxdp/v1/worker.pb.h"
+
+namespace fxdp::executor {
+
+// FetchState's default chunk size (FetchState.chunk_bytes = 0).
+inline constexpr size_t kDefaultChunkBytes = size_t{1} << 20;
+
+// Builds CPU tensors from TensorChunk messages, checking worker.proto's rules:
+// a known dtype, non-negative dims, chunks of one tensor in order without gaps
+// (the first at offset 0), no chunk past the tensor's end, no tensor started
+// before the previous one is complete, no name twice. Errors are
+// INVALID_ARGUMENT naming the tensor (RESOURCE_EXHAUSTED when it cannot be
+// allocated).
+class TensorAssembler {
+ public:
+  absl::Status Add(const v1::TensorChunk& chunk);
+  // A tensor is partly received (its name; "" when none).
+  bool pending() const { return active_; }
+  const std::string& pending_name() const { return name_; }
+  // Complete tensors so far.
+  size_t size() const { return done_.size(); }
+  // Hands the complete tensors over and starts afresh.
+  TensorMap Take();
+
+ private:
+  TensorMap done_;
+  bool active_ = false;
+  std::string name_;
+  at::Tensor cur_;
+  uint64_t next_ = 0;   // offset the next chunk must have
+  uint64_t total_ = 0;  // the tensor's bytes
+};
+
+// Splits `t` into chunks of at most `chunk_bytes` (>= 1) data bytes (one
+// empty chunk for a 0-byte tensor), copied to a contiguous CPU tensor first,
+// and calls `emit` for each in order. Stops and returns CANCELLED when `emit`
+// returns false; INVALID_ARGUMENT for an undefined tensor or a dtype the wire
+// cannot name.
+absl::Status ChunkTensor(const std::string& name, const at::Tensor& t, size_t chunk_bytes,
+                         const std::function<bool(v1::TensorChunk&)>& emit);
+
+}  // namespace fxdp::executor
+
+#endif  // FXDP_EXECUTOR_WORKER_WIRE_TENSORS_H_

@@ -1,0 +1,611 @@
+"""``fxdp-worker attach``: the worker side of the worker protocol (proto/fxdp/v1/worker.proto).
+
+A small gRPC server written here (grpcio, the generated ``fxdp.v1.worker_pb2``) plays the fxdp
+server's part for real ``fxdp-worker attach`` processes on 127.0.0.1 (ephemeral ports):
+
+* two workers register (device, capacity, versions, pid) and heartbeat; the server assigns them a
+  2-rank job of an expanded zoo graph (mlp/AdamW, transformer/Adam; ``fxdp expand --world-size 2``), streams the initial
+  state in small chunks, then for 3 steps each rank's balanced slice of the global batch; both
+  ranks report the global loss (equal to single-device ``TracedStep.run_local``) and their local
+  losses; the final state, fetched in small chunks, is bit-identical on both ranks and equals
+  ``run_local`` after 3 steps (rtol 1e-5, atol 1e-6); the workers end the job and are IDLE;
+* one of two ranks is killed (SIGKILL) mid-job: the survivor's next step fails with JobFailed
+  naming the lost rank well within the collective timeout, the survivor is IDLE again and runs a
+  1-rank job, which CancelJob then ends;
+* a malformed AssignJob (a graph that does not verify, a rank outside the world, state missing an
+  entry, a peer that never shows up, a second job while busy) yields JobFailed with a clear
+  message, and the worker stays attached and IDLE;
+* the server going away: the worker reattaches to a new server on the same address; Shutdown
+  and SIGTERM make it exit with status 0.
+
+Binaries: $FXDP_WORKER (default build/bin/fxdp-worker), $FXDP_BIN (build/bin/fxdp).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import threading
+import time
+from concurrent import futures
+from typing import Dict, List, Optional
+
+import grpc
+import pytest
+import torch
+
+from _util import ATOL, RTOL, balanced_slices, free_port, fxdp_binary, local_steps, traced
+from fxdp import zoo
+from fxdp.v1 import graph_pb2 as gpb
+from fxdp.v1 import worker_pb2 as wpb
+from fxdp.v1 import worker_pb2_grpc as wgrpc
+
+HEARTBEAT_MS = 200
+WAIT_S = 30  # generous bound for anything a worker is asked to do here
+
+TO_WIRE = {
+    torch.float32: gpb.FLOAT32, torch.float64: gpb.FLOAT64, torch.float16: gpb.FLOAT16,
+    torch.bfloat16: gpb.BFLOAT16, torch.int64: gpb.INT64, torch.int32: gpb.INT32,
+    torch.int16: gpb.INT16, torch.int8: gpb.INT8, torch.uint8: gpb.UINT8, torch.bool: gpb.BOOL,
+}
+FROM_WIRE = {v: k for k, v in TO_WIRE.items()}
+
+
+# --------------------------------------------------------------------------------------------
+# Tensors on the wire
+
+
+def chunks_of(name: str, t: torch.Tensor, chunk_bytes: int):
+    """TensorChunk messages for `t`: raw row-major little-endian bytes split by byte offset."""
+    t = t.detach().contiguous()
+    data = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+    off = 0
+    while True:
+        piece = data[off:off + chunk_bytes]
+        yield wpb.TensorChunk(name=name, dtype=TO_WIRE[t.dtype], shape=list(t.shape), offset=off, data=piece)
+        off += len(piece)
+        if off >= len(data):
+            return
+
+
+class Assembler:
+    """Builds tensors from TensorChunks, checking offsets like the worker does."""
+
+    def __init__(self):
+        self.tensors: Dict[str, torch.Tensor] = {}
+        self._name, self._buf, self._meta = None, None, None
+
+    def add(self, c: "wpb.TensorChunk") -> None:
+        if self._name is None:
+            assert c.offset == 0 and c.name not in self.tensors, c.name
+            self._name, self._buf, self._meta = c.name, bytearray(), (c.dtype, tuple(c.shape))
+        assert c.name == self._name and c.offset == len(self._buf), (c.name, c.offset, len(self._buf))
+        assert (c.dtype, tuple(c.shape)) == self._meta
+        self._buf += c.data
+        dtype, shape = FROM_WIRE[c.dtype], tuple(c.shape)
+        total = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        assert len(self._buf) <= total
+        if len(self._buf) == total:
+            t = (torch.frombuffer(self._buf, dtype=dtype).reshape(shape).clone() if total
+                 else torch.empty(shape, dtype=dtype))
+            self.tensors[self._name] = t
+            self._name = None
+
+
+# --------------------------------------------------------------------------------------------
+# The server's side
+
+
+class Conn:
+    """One worker's Attach stream, seen from the server."""
+
+    def __init__(self, register: "wpb.Register"):
+        self.register = register
+        self.out: "queue.Queue[Optional[wpb.ServerMessage]]" = queue.Queue()
+        self.inbox: "queue.Queue[wpb.WorkerMessage]" = queue.Queue()
+        self.heartbeat: Optional["wpb.Heartbeat"] = None
+        self.heartbeats = 0
+        self.closed = threading.Event()
+        self._hb = threading.Condition()
+
+    def send(self, **fields) -> None:
+        self.out.put(wpb.ServerMessage(**fields))
+
+    def end(self) -> None:
+        self.out.put(None)
+
+    def on_heartbeat(self, h) -> None:
+        with self._hb:
+            self.heartbeat, self.heartbeats = h, self.heartbeats + 1
+            self._hb.notify_all()
+
+    def wait_heartbeat(self, pred, timeout=WAIT_S) -> "wpb.Heartbeat":
+        with self._hb:
+            ok = self._hb.wait_for(lambda: self.heartbeat is not None and pred(self.heartbeat), timeout)
+            assert ok, f"{self.register.worker_id}: no matching heartbeat within {timeout} s (last: {self.heartbeat})"
+            return self.heartbeat
+
+    def recv(self, kind: str, timeout=WAIT_S) -> "wpb.WorkerMessage":
+        """The next non-heartbeat message, which must be `kind` (a WorkerMessage oneof name)."""
+        try:
+            m = self.inbox.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"{self.register.worker_id}: no {kind} within {timeout} s") from None
+        got = m.WhichOneof("msg")
+        assert got == kind, f"{self.register.worker_id}: expected {kind}, got {got}: {m}"
+        return getattr(m, kind)
+
+
+class FakeServer(wgrpc.WorkerServiceServicer):
+    """The fxdp server's part of the worker protocol, just enough for these tests."""
+
+    def __init__(self, port: int = 0):
+        self.conns: "queue.Queue[Conn]" = queue.Queue()
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=[
+            ("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)])
+        wgrpc.add_WorkerServiceServicer_to_server(self, self.server)
+        self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")
+        assert self.port, "could not bind the test server"
+        self.server.start()
+
+    def stop(self) -> None:
+        self.server.stop(0)
+
+    def Attach(self, request_iterator, context):
+        first = next(request_iterator)
+        assert first.WhichOneof("msg") == "register_worker", first
+        conn = Conn(first.register_worker)
+        context.add_callback(conn.closed.set)
+        context.add_callback(conn.end)  # unblocks the response loop below when the RPC ends
+
+        def read():
+            try:
+                for m in request_iterator:
+                    if m.WhichOneof("msg") == "heartbeat":
+                        conn.on_heartbeat(m.heartbeat)
+                    else:
+                        conn.inbox.put(m)
+            except grpc.RpcError:
+                pass
+            finally:
+                conn.closed.set()
+                conn.end()
+
+        threading.Thread(target=read, daemon=True).start()
+        self.conns.put(conn)
+        yield wpb.ServerMessage(registered=wpb.Registered(worker_id=conn.register.worker_id,
+                                                          heartbeat_interval_ms=HEARTBEAT_MS))
+        while True:
+            m = conn.out.get()
+            if m is None:
+                return
+            yield m
+
+    def accept(self, n: int, timeout=WAIT_S) -> Dict[str, Conn]:
+        """The next n registrations, by worker id."""
+        out = {}
+        deadline = time.monotonic() + timeout
+        while len(out) < n:
+            try:
+                c = self.conns.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"only {len(out)} of {n} workers registered within {timeout} s") from None
+            out[c.register.worker_id] = c
+        return out
+
+
+def assign(conn: Conn, job_id: str, graph: "gpb.GraphDef", state: Dict[str, torch.Tensor], *, rank=0,
+           world=1, port=0, timeout_s=30.0, steps=3, chunk_bytes=777, num_state=None) -> None:
+    conn.send(assign_job=wpb.AssignJob(
+        job_id=job_id, rank=rank, world_size=world, rendezvous_host="127.0.0.1", rendezvous_port=port,
+        collective_timeout_s=timeout_s, device="cpu", steps=steps, graph=graph,
+        num_state_tensors=len(state) if num_state is None else num_state))
+    msgs = [wpb.StateChunk(job_id=job_id, tensor=c)
+            for name, t in state.items() for c in chunks_of(name, t, chunk_bytes)]
+    if not msgs:
+        msgs = [wpb.StateChunk(job_id=job_id)]
+    msgs[-1].last = True
+    for m in msgs:
+        conn.send(state_chunk=m)
+
+
+def send_batch(conn: Conn, job_id: str, step: int, tensors: Dict[str, torch.Tensor], chunk_bytes=1 << 20) -> None:
+    chunks = [c for name, t in tensors.items() for c in chunks_of(name, t, chunk_bytes)]
+    # Two messages per step when there is more than one chunk: exercises `more`.
+    half = len(chunks) // 2
+    if half:
+        conn.send(batch=wpb.Batch(job_id=job_id, step=step, tensors=chunks[:half], more=True))
+    conn.send(batch=wpb.Batch(job_id=job_id, step=step, tensors=chunks[half:]))
+
+
+def fetch_state(conn: Conn, job_id: str, chunk_bytes=1000, end_job=False) -> Dict[str, torch.Tensor]:
+    conn.send(fetch_state=wpb.FetchState(job_id=job_id, chunk_bytes=chunk_bytes, end_job=end_job))
+    asm = Assembler()
+    while True:
+        c = conn.recv("state_chunk")
+        assert c.job_id == job_id
+        if c.HasField("tensor"):
+            assert len(c.tensor.data) <= chunk_bytes
+            asm.add(c.tensor)
+        if c.last:
+            assert asm._name is None, "the last chunk left a tensor incomplete"
+            return asm.tensors
+
+
+def batch_dims(graph: "gpb.GraphDef") -> Dict[str, int]:
+    return {n.placeholder.state_name: n.placeholder.batch_dim for n in graph.nodes
+            if n.kind == gpb.PLACEHOLDER and n.placeholder.role == gpb.INPUT}
+
+
+def shard(batch: Dict[str, torch.Tensor], dims: Dict[str, int], rank: int, world: int) -> Dict[str, torch.Tensor]:
+    out = {}
+    for name, t in batch.items():
+        d = dims[name]
+        if d < 0:
+            out[name] = t
+            continue
+        start, size = balanced_slices(t.shape[d], world)[rank]
+        out[name] = t.narrow(d, start, size).contiguous()
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Fixtures
+
+
+class Lab:
+    def __init__(self, tmp_path):
+        self.tmp = tmp_path
+        self.worker = fxdp_binary("FXDP_WORKER", "fxdp-worker")
+        self.fxdp = fxdp_binary("FXDP_BIN", "fxdp")
+        self.procs: List[subprocess.Popen] = []
+        self.servers: List[FakeServer] = []
+        self._graphs = {}
+
+    def server(self, port: int = 0) -> FakeServer:
+        s = FakeServer(port)
+        self.servers.append(s)
+        return s
+
+    def start_worker(self, server_port: int, worker_id: str) -> subprocess.Popen:
+        err = open(self.tmp / f"{worker_id}.err", "w")
+        p = subprocess.Popen([self.worker, "attach", "--server", f"127.0.0.1:{server_port}", "--worker-id", worker_id,
+                              "--threads", "1", "--heartbeat-ms", "5000"],
+                             stdout=subprocess.DEVNULL, stderr=err)
+        err.close()
+        p.worker_id = worker_id
+        self.procs.append(p)
+        return p
+
+    def log(self, worker_id: str) -> str:
+        return (self.tmp / f"{worker_id}.err").read_text()
+
+    def graphs(self, model: str, optim: str, world: int):
+        """(traced step, the single-device GraphDef, the rank-0 expanded GraphDef for `world`)."""
+        key = (model, optim, world)
+        if key not in self._graphs:
+            step = traced(model, optim)
+            g = self.tmp / f"{model}_{optim}.pb"
+            step.save(str(g))
+            x = self.tmp / f"{model}_{optim}.x{world}.pb"
+            r = subprocess.run([self.fxdp, "expand", str(g), "--world-size", str(world), "-o", str(x)],
+                               capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0, r.stderr
+            xs = [x]
+            if not x.exists():  # uneven split: one file per rank
+                xs = [self.tmp / f"{model}_{optim}.x{world}.rank{r}.pb" for r in range(world)]
+            single, expanded = gpb.GraphDef(), []
+            single.ParseFromString(g.read_bytes())
+            for p in xs:
+                e = gpb.GraphDef()
+                e.ParseFromString(p.read_bytes())
+                expanded.append(e)
+            self._graphs[key] = (step, single, expanded)
+        return self._graphs[key]
+
+    def close(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+        for s in self.servers:
+            s.stop()
+
+
+@pytest.fixture
+def lab(tmp_path):
+    lab = Lab(tmp_path)
+    yield lab
+    lab.close()
+
+
+def assert_float_close(got: float, want) -> None:
+    torch.testing.assert_close(torch.tensor(got, dtype=torch.float64),
+                               torch.as_tensor(want).to(torch.float64), rtol=RTOL, atol=ATOL)
+
+
+def idle(h) -> bool:
+    return h.state == wpb.WORKER_STATE_IDLE
+
+
+# --------------------------------------------------------------------------------------------
+# Tests
+
+
+@pytest.mark.parametrize("model,optim", [("mlp", "adamw"), ("transformer", "adam")])
+def test_two_ranks_train_like_one_device(lab, model, optim):
+    world, steps = 2, 3
+    step, _, expanded = lab.graphs(model, optim, world)
+    graphs = [expanded[r % len(expanded)] for r in range(world)]
+    server = lab.server()
+    procs = [lab.start_worker(server.port, f"w{r}") for r in range(world)]
+    conns = server.accept(world)
+    for p in procs:
+        reg = conns[p.worker_id].register
+        assert reg.protocol_version == wpb.WORKER_PROTOCOL_VERSION_1
+        assert reg.pid == p.pid and reg.device == "cpu" and reg.capacity == 1 and reg.threads == 1
+        assert reg.memory_bytes > 0 and reg.hostname and reg.fxdp_version
+        assert reg.torch_version == torch.__version__.split("+")[0]
+        assert reg.busy_with_job_id == ""
+        conns[p.worker_id].wait_heartbeat(idle)
+    ranks = [conns["w0"], conns["w1"]]
+
+    state0 = step.initial_state()
+    port = free_port()
+    t0 = time.monotonic()
+    for r, c in enumerate(ranks):
+        assign(c, "dp", graphs[r], state0, rank=r, world=world, port=port, steps=steps)
+    for r, c in enumerate(ranks):
+        s = c.recv("job_started")
+        assert (s.job_id, s.rank, s.world_size, s.device) == ("dp", r, world, "cpu") and s.num_ops > 0
+        assert c.wait_heartbeat(lambda h: h.state == wpb.WORKER_STATE_BUSY).job_id == "dp"
+
+    ref_state, ref_losses = local_steps(step, model, steps)
+    dims = batch_dims(graphs[0])
+    e = zoo.get(model)
+    for i in range(steps):
+        batch = e.named_batch(i)
+        for r, c in enumerate(ranks):
+            send_batch(c, "dp", i + 1, shard(batch, dims, r, world))
+        results = [c.recv("step_result") for c in ranks]
+        for r, res in enumerate(results):
+            assert (res.job_id, res.rank, res.step) == ("dp", r, i + 1)
+            assert res.step_ms > 0 and res.collectives >= 2 and res.comm_bytes > 0
+            assert 0 <= res.comm_wait_ms <= res.step_ms
+        assert results[0].loss == results[1].loss, "ranks disagree on the global loss"
+        assert_float_close(results[0].loss, ref_losses[i])
+        # The global loss is the mean of the two equal-sized shards' local losses.
+        assert_float_close((results[0].local_loss + results[1].local_loss) / 2, results[0].loss)
+        assert results[0].local_loss != results[1].local_loss
+
+    finals = [fetch_state(c, "dp", chunk_bytes=1000, end_job=True) for c in ranks]
+    for r, c in enumerate(ranks):
+        ended = c.recv("job_ended")
+        assert (ended.job_id, ended.rank, ended.cancelled, ended.steps_done) == ("dp", r, False, steps)
+        c.wait_heartbeat(idle)
+    elapsed = time.monotonic() - t0
+    assert set(finals[0]) == set(ref_state), "the fetched state has other entries than run_local's"
+    for k, want in ref_state.items():
+        assert finals[0][k].dtype == want.dtype and finals[0][k].shape == want.shape, k
+        assert torch.equal(finals[0][k], finals[1][k]), f"rank 1 differs from rank 0 on {k}"
+        torch.testing.assert_close(finals[0][k], want, rtol=RTOL, atol=ATOL, msg=lambda m: f"{k}: {m}")
+
+    for r in range(world):
+        log = lab.log(f"w{r}")
+        assert f"[job dp rank {r} step 3/3] " in log and f"[worker w{r}] attached to" in log, log
+    nbytes = sum(t.numel() * t.element_size() for t in ref_state.values())
+    print(f"\n2-rank attach job ({model}, {optim}, {len(ref_state)} state tensors, {nbytes} bytes): "
+          f"setup + 3 steps + fetch in {elapsed:.2f} s")
+
+
+def test_killed_rank_fails_the_job_and_the_survivor_is_reusable(lab):
+    model, optim, world = "mlp", "sgd", 2
+    step, single, expanded = lab.graphs(model, optim, world)
+    server = lab.server()
+    procs = {p.worker_id: p for p in (lab.start_worker(server.port, f"k{r}") for r in range(world))}
+    conns = server.accept(world)
+    ranks = [conns["k0"], conns["k1"]]
+    timeout_s = 10.0
+    port = free_port()
+    for r, c in enumerate(ranks):
+        assign(c, "doomed", expanded[0], step.initial_state(), rank=r, world=world, port=port,
+               timeout_s=timeout_s, steps=3)
+    for c in ranks:
+        c.recv("job_started")
+    dims = batch_dims(expanded[0])
+    batch = zoo.get(model).named_batch(0)
+    for r, c in enumerate(ranks):
+        send_batch(c, "doomed", 1, shard(batch, dims, r, world))
+    for c in ranks:
+        c.recv("step_result")
+
+    procs["k1"].send_signal(signal.SIGKILL)
+    procs["k1"].wait(timeout=10)
+    assert ranks[1].closed.wait(5), "the server did not see the killed worker's stream end"
+    t0 = time.monotonic()
+    send_batch(ranks[0], "doomed", 2, shard(zoo.get(model).named_batch(1), dims, 0, world))
+    failed = ranks[0].recv("job_failed", timeout=timeout_s + 5)
+    elapsed = time.monotonic() - t0
+    assert elapsed < timeout_s, f"the survivor took {elapsed:.1f} s to fail"
+    assert (failed.job_id, failed.rank, failed.step) == ("doomed", 0, 2)
+    assert failed.code in (14, 4), failed  # UNAVAILABLE (peer gone) or DEADLINE_EXCEEDED
+    assert "job doomed rank 0 step 2/3" in failed.error and "rank 1" in failed.error, failed.error
+    assert "all_reduce" in failed.error, failed.error
+    ranks[0].wait_heartbeat(idle)
+
+    # Still attached and reusable: a 1-rank job of the single-device graph, then CancelJob.
+    assign(ranks[0], "solo", single, step.initial_state(), steps=0)
+    ranks[0].recv("job_started")
+    send_batch(ranks[0], "solo", 1, dict(batch))
+    res = ranks[0].recv("step_result")
+    _, ref_losses = local_steps(step, model, 1)
+    assert_float_close(res.loss, ref_losses[0])
+    assert res.local_loss == res.loss and res.collectives == 0
+    ranks[0].send(cancel_job=wpb.CancelJob(job_id="solo", reason="test over"))
+    ended = ranks[0].recv("job_ended")
+    assert (ended.job_id, ended.cancelled, ended.steps_done) == ("solo", True, 1)
+    ranks[0].wait_heartbeat(idle)
+    log = lab.log("k0")
+    assert "[job doomed rank 0 step 2/3] failed:" in log, log
+    print(f"\nsurvivor reported the lost rank after {elapsed:.2f} s")
+
+
+def test_bad_jobs_fail_clearly_and_the_worker_stays_attached(lab):
+    model, optim = "mlp", "sgd"
+    step, single, _ = lab.graphs(model, optim, 2)
+    state = step.initial_state()
+    server = lab.server()
+    proc = lab.start_worker(server.port, "b0")
+    conn = server.accept(1)["b0"]
+
+    def expect_failure(job_id, code, *words, rank=0):
+        f = conn.recv("job_failed")
+        assert f.job_id == job_id and f.rank == rank and f.code == code, f
+        for w in words:
+            assert w in f.error, f"{w!r} not in {f.error!r}"
+        conn.wait_heartbeat(idle)
+        return f
+
+    # A graph that does not verify: an argument refers to its own node.
+    bad = gpb.GraphDef()
+    bad.CopyFrom(single)
+    idx, node = next((i, n) for i, n in enumerate(bad.nodes)
+                     if n.kind == gpb.CALL_FUNCTION and any(a.HasField("ref") for a in n.args))
+    next(a for a in node.args if a.HasField("ref")).ref.node = idx
+    assign(conn, "badgraph", bad, state)
+    f = expect_failure("badgraph", 3, "job badgraph rank 0 step 0/3", "does not decode or verify", node.name)
+
+    # A rank outside the world.
+    assign(conn, "badrank", single, state, rank=2, world=2, port=free_port())
+    expect_failure("badrank", 3, "rank 2 is not in [0, world_size 2)", rank=-1)
+
+    # State without one of the entries the graph reads.
+    missing = next(iter(state))
+    assign(conn, "nostate", single, {k: v for k, v in state.items() if k != missing})
+    expect_failure("nostate", 5, "initial state", missing)
+
+    # State that announces more tensors than it sends.
+    assign(conn, "short", single, state, num_state=len(state) + 1)
+    expect_failure("short", 3, f"got {len(state)} tensors, AssignJob.num_state_tensors says {len(state) + 1}")
+
+    # A 2-rank job whose other rank never shows up: the rendezvous times out naming it.
+    t0 = time.monotonic()
+    assign(conn, "alone", single, state, rank=0, world=2, port=free_port(), timeout_s=1.0)
+    expect_failure("alone", 14, "job alone rank 0 step 0/3", "Gloo rendezvous failed", "no word from rank 1")
+    assert time.monotonic() - t0 < 10
+
+    # A good job; a second AssignJob while it runs is refused, the first goes on.
+    assign(conn, "good", single, state, steps=2)
+    conn.recv("job_started")
+    assign(conn, "second", single, state)
+    expect_failure_busy = conn.recv("job_failed")
+    assert expect_failure_busy.job_id == "second" and expect_failure_busy.code == 8, expect_failure_busy
+    assert "busy with job 'good'" in expect_failure_busy.error
+    batch = zoo.get(model).named_batch(0)
+    send_batch(conn, "good", 1, dict(batch))
+    assert conn.recv("step_result").step == 1
+    # A batch for the wrong step fails the job, naming the step.
+    send_batch(conn, "good", 3, dict(batch))
+    expect_failure("good", 3, "job good rank 0 step 3/2", "expected step 2")
+
+    # A bad batch: a tensor of the wrong shape.
+    assign(conn, "badbatch", single, state)
+    conn.recv("job_started")
+    send_batch(conn, "badbatch", 1, {k: v[:, :1] if v.dim() > 1 else v for k, v in batch.items()})
+    expect_failure("badbatch", 3, "job badbatch rank 0 step 1/3")
+
+    # Messages for a job the worker does not hold are ignored.
+    conn.send(batch=wpb.Batch(job_id="nosuchjob", step=1))
+    conn.send(fetch_state=wpb.FetchState(job_id="nosuchjob"))
+    assert proc.poll() is None
+    conn.wait_heartbeat(idle)
+
+    # Shutdown: exit status 0.
+    conn.send(shutdown=wpb.Shutdown(reason="test over"))
+    assert proc.wait(timeout=10) == 0
+    assert conn.closed.wait(5)
+    log = lab.log("b0")
+    assert "shutting down (the server asked: test over)" in log, log
+    assert "ignoring a batch for job 'nosuchjob'" in log, log
+
+
+def test_reattaches_after_the_server_goes_away_and_exits_on_sigterm(lab):
+    model, optim = "mlp", "sgd"
+    step, single, _ = lab.graphs(model, optim, 2)
+    server = lab.server()
+    port = server.port
+    proc = lab.start_worker(port, "r0")
+    conn = server.accept(1)["r0"]
+    conn.wait_heartbeat(idle)
+    # A job in progress when the server goes away is abandoned.
+    assign(conn, "orphan", single, step.initial_state(), steps=0)
+    conn.recv("job_started")
+    server.stop()
+    t0 = time.monotonic()
+    server2 = lab.server(port)
+    conn2 = server2.accept(1, timeout=15)["r0"]
+    assert conn2.register.pid == proc.pid
+    h = conn2.wait_heartbeat(idle)
+    print(f"\nreattached after {time.monotonic() - t0:.2f} s")
+    assign(conn2, "after", single, step.initial_state())
+    conn2.recv("job_started")
+    send_batch(conn2, "after", 1, dict(zoo.get(model).named_batch(0)))
+    conn2.recv("step_result")
+    # SIGTERM mid-job: the job is reported cancelled, the worker exits 0.
+    proc.send_signal(signal.SIGTERM)
+    f = conn2.recv("job_failed", timeout=10)
+    assert f.job_id == "after" and f.code == 1 and "shutting down (SIGTERM)" in f.error, f
+    assert proc.wait(timeout=10) == 0
+    log = lab.log("r0")
+    assert "[job orphan rank 0 step 0] abandoning the job: its server connection is gone" in log, log
+    assert "lost the server connection" in log, log
+
+
+def test_hung_rank_times_out_and_heartbeats_tell_which_worker_hangs(lab):
+    model, optim, world, timeout_s = "mlp", "sgd", 2, 2.0
+    step, _, expanded = lab.graphs(model, optim, world)
+    server = lab.server()
+    procs = {p.worker_id: p for p in (lab.start_worker(server.port, f"h{r}") for r in range(world))}
+    conns = server.accept(world)
+    ranks = [conns["h0"], conns["h1"]]
+    port = free_port()
+    for r, c in enumerate(ranks):
+        assign(c, "hang", expanded[0], step.initial_state(), rank=r, world=world, port=port,
+               timeout_s=timeout_s, steps=3)
+    for c in ranks:
+        c.recv("job_started")
+    dims = batch_dims(expanded[0])
+    e = zoo.get(model)
+    for r, c in enumerate(ranks):
+        send_batch(c, "hang", 1, shard(e.named_batch(0), dims, r, world))
+    for c in ranks:
+        c.recv("step_result")
+
+    procs["h1"].send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(0.3)
+        stopped_at = ranks[1].heartbeats
+        t0 = time.monotonic()
+        for r, c in enumerate(ranks):
+            send_batch(c, "hang", 2, shard(e.named_batch(1), dims, r, world))
+        # Rank 0 blocks in its collective but keeps heartbeating (BUSY, in a step, 1 step done);
+        # the stopped worker sends nothing: that is how a server tells which worker hangs.
+        h = ranks[0].wait_heartbeat(lambda h: h.in_step and h.step == 1 and h.job_id == "hang")
+        assert h.state == wpb.WORKER_STATE_BUSY
+        failed = ranks[0].recv("job_failed", timeout=timeout_s + 10)
+        elapsed = time.monotonic() - t0
+        assert ranks[1].heartbeats == stopped_at, "a stopped worker sent heartbeats"
+    finally:
+        procs["h1"].send_signal(signal.SIGCONT)
+    assert failed.code == 4 and (failed.job_id, failed.rank, failed.step) == ("hang", 0, 2), failed
+    assert "job hang rank 0 step 2/3" in failed.error and "timed out" in failed.error, failed.error
+    # Gloo's timeout does not say which peer it waited for: the heartbeats above do.
+    assert timeout_s * 0.9 <= elapsed < timeout_s + 5, elapsed
+    ranks[0].wait_heartbeat(idle)
+    # Resumed, rank 1 runs its queued step 2, whose collective cannot complete either.
+    f1 = ranks[1].recv("job_failed", timeout=timeout_s + 10)
+    assert (f1.job_id, f1.rank, f1.step) == ("hang", 1, 2) and f1.code in (4, 14), f1
+    ranks[1].wait_heartbeat(idle)
+    print(f"\nhung peer: the other rank failed after {elapsed:.2f} s (timeout {timeout_s} s)")
