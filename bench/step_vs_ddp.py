@@ -1,0 +1,328 @@
+"""Training step time at N=2 on CPU: fxdp (fxdp expand + 2 fxdp-worker processes) against
+PyTorch DistributedDataParallel (Gloo), same model, batch, optimizer and bucket size.
+
+For each model: trace one step of the model with ``fxdp.trace`` (global batch B), expand it
+with ``fxdp expand --world-size 2 --bucket-mb X`` and run, interleaved, ``--reps`` times:
+
+  fxdp-worker N=2     2 ``fxdp-worker run`` processes (Gloo); step times from rank 0's
+                      ``step i/K loss L (T ms)`` lines
+  DDP N=2             2 Python processes, ``DistributedDataParallel(bucket_cap_mb=X)`` over
+                      Gloo, each on its B/2 slice: zero_grad, forward, loss, backward,
+                      optimizer.step, loss.item() timed per step on rank 0
+  fxdp_step_bench N=2 the worker's step loop with every Work::Wait timed
+                      (bench/step_bench.cc): the time rank 0 waits on communication
+  fxdp N=1, eager N=1 one process on the B/2 slice, no communication (the expanded graph
+                      with its all-reduces as clones; the plain eager step): compute alone
+
+Every process uses 1 intra-op thread. Each run: K steps, the median after the warm-up steps;
+over the repetitions: median, min and max of those medians.
+
+usage: .venv/bin/python bench/step_vs_ddp.py [--build build] [--models mlp,transformer]
+           [--steps 30] [--warmup 5] [--reps 3] [--bucket-mb 25] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "client" / "python"))
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+
+from fxdp.zoo import models as zm  # noqa: E402
+
+LR = 1e-3
+
+
+# --------------------------------------------------------------------------- models
+
+
+class WideMLP(nn.Module):
+    """4 Linear layers (1024 wide) with ReLU: 3.4M parameters, two DDP buckets."""
+
+    def __init__(self, d: int = 1024, d_out: int = 256):
+        super().__init__()
+        self.fc1 = nn.Linear(d, d)
+        self.fc2 = nn.Linear(d, d)
+        self.fc3 = nn.Linear(d, d)
+        self.fc4 = nn.Linear(d, d_out)
+
+    def forward(self, x):
+        x = torch.relu(self.fc1(x))
+        x = torch.relu(self.fc2(x))
+        x = torch.relu(self.fc3(x))
+        return self.fc4(x)
+
+
+# name -> (make model, loss, make global batch, input names)
+def _mlp_batch(g):
+    return torch.randn(128, 1024, generator=g), torch.randn(128, 256, generator=g)
+
+
+def _lm_batch(g):
+    toks = torch.randint(0, 2048, (16, 65), generator=g)
+    return toks[:, :-1].contiguous(), toks[:, 1:].contiguous()
+
+
+MODELS = {
+    # global batch 128 x 1024 -> 256
+    "mlp": (lambda: WideMLP(), nn.MSELoss(), _mlp_batch, ("x", "target")),
+    # the zoo's TransformerLM at d_model 256, 2 layers, vocab 2048; global batch 16 x 64 tokens
+    "transformer": (lambda: zm.TransformerLM(vocab=2048, d_model=256, heads=4, ff=1024, layers=2,
+                                             max_seq=64),
+                    zm.lm_loss, _lm_batch, ("tokens", "target")),
+}
+
+
+def make(name: str):
+    make_model, loss_fn, make_batch, names = MODELS[name]
+    torch.manual_seed(0)
+    model = make_model()
+    opt = torch.optim.Adam(model.parameters(), lr=LR)
+    batch = make_batch(torch.Generator().manual_seed(1234))
+    return model, opt, loss_fn, batch, names
+
+
+def shard(batch, rank: int, world: int):
+    out = []
+    for x in batch:
+        b = x.shape[0]
+        sizes = [b // world + (r < b % world) for r in range(world)]
+        out.append(x.narrow(0, sum(sizes[:rank]), sizes[rank]).contiguous())
+    return out
+
+
+# --------------------------------------------------------------------------- eager / DDP child
+
+
+def eager_child(args) -> None:
+    """One rank of the DDP run (world 2), or the plain eager step on the B/2 slice (world 1)."""
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+    from datetime import timedelta
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model, opt, loss_fn, batch, _ = make(args.model)
+    world = args.world
+    if world > 1:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=args.rank,
+                                world_size=world, timeout=timedelta(seconds=120))
+        net = DDP(model, bucket_cap_mb=args.bucket_mb)
+        x, y = shard(batch, args.rank, world)
+    else:
+        net = model
+        x, y = shard(batch, 0, 2)  # the B/2 slice one rank of N=2 gets
+    times = []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(net(x), y)
+        loss.backward()
+        opt.step()
+        loss.item()
+        times.append((time.perf_counter() - t0) * 1e3)
+    if world > 1:
+        dist.barrier()
+        del net  # the reducer goes before the process group
+        dist.destroy_process_group()
+    if args.rank == 0:
+        print(json.dumps({"ms": times}))
+
+
+# --------------------------------------------------------------------------- drivers
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def clean_env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                        "MASTER_PORT", "OMP_NUM_THREADS", "SLURM_PROCID", "SLURM_NTASKS",
+                        "SLURM_LOCALID")}
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def launch(cmds_envs, timeout: float = 600) -> list[str]:
+    """Runs the processes together; returns their stdouts (raises on failure)."""
+    procs = [subprocess.Popen(c, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for c, e in cmds_envs]
+    outs = []
+    for p, (c, _) in zip(procs, cmds_envs):
+        out, err = p.communicate(timeout=timeout)
+        if p.returncode != 0:
+            for q in procs:
+                q.kill()
+            raise RuntimeError(f"{' '.join(c)} exited {p.returncode}:\n{err[-3000:]}")
+        outs.append(out)
+    return outs
+
+
+WORKER_STEP = re.compile(r"^step (\d+)/(\d+) loss (\S+) \(([\d.]+) ms\)$")
+BENCH_STEP = re.compile(r"^rank (\d+) step (\d+)/(\d+) loss (\S+) ms ([\d.]+) wait ([\d.]+) "
+                        r"start ([\d.]+) collectives (\d+) bytes (\d+)$")
+
+
+def rank_env(rank: int, world: int, port: int) -> dict:
+    return clean_env(RANK=rank, WORLD_SIZE=world, LOCAL_RANK=rank, MASTER_ADDR="127.0.0.1",
+                     MASTER_PORT=port)
+
+
+def run_worker(build, files, world: int, steps: int) -> list[float]:
+    port = free_port()
+    data = files["batch"] if world > 1 else files["local"]
+    cmd = [str(build / "bin" / "fxdp-worker"), "run", "--graph", files["expanded"], "--state",
+           files["state"], "--data", data, "--steps", str(steps), "--threads", "1"]
+    out = launch([(cmd, rank_env(r, world, port)) for r in range(world)])[0]
+    return [float(m.group(4)) for m in map(WORKER_STEP.match, out.splitlines()) if m]
+
+
+def run_step_bench(build, files, world: int, steps: int):
+    port = free_port()
+    cmd = [str(build / "bin" / "fxdp_step_bench"), "--graph", files["expanded"], "--state",
+           files["state"], "--data", files["batch"], "--steps", str(steps), "--threads", "1"]
+    outs = launch([(cmd, rank_env(r, world, port)) for r in range(world)])
+    per_rank = []
+    for out in outs:
+        rows = [m for m in map(BENCH_STEP.match, out.splitlines()) if m]
+        per_rank.append({"ms": [float(m.group(5)) for m in rows],
+                         "wait": [float(m.group(6)) for m in rows],
+                         "start": [float(m.group(7)) for m in rows],
+                         "collectives": int(rows[0].group(8)), "bytes": int(rows[0].group(9))})
+    return per_rank
+
+
+def run_eager(model: str, world: int, steps: int, bucket_mb: float) -> list[float]:
+    port = free_port()
+    cmds = []
+    for r in range(world):
+        cmd = [sys.executable, __file__, "--child", "--model", model, "--rank", str(r), "--world",
+               str(world), "--port", str(port), "--steps", str(steps), "--bucket-mb", str(bucket_mb)]
+        cmds.append((cmd, clean_env(OMP_NUM_THREADS=1)))
+    out = launch(cmds)[0]
+    return json.loads(out.strip().splitlines()[-1])["ms"]
+
+
+def prepare(model_name: str, d: str, fxdp_bin: str, bucket_mb: float) -> dict:
+    import fxdp
+    from safetensors.torch import save_file
+
+    model, opt, loss_fn, batch, names = make(model_name)
+    step = fxdp.trace(model, opt, loss_fn, batch, batch_dim=0, input_names=names)
+    files = {k: os.path.join(d, f"{model_name}.{k}") for k in
+             ("graph", "state", "batch", "local", "expanded")}
+    step.save(files["graph"])
+    step.to_safetensors(files["state"])
+    save_file(dict(zip(names, batch)), files["batch"])
+    save_file(dict(zip(names, shard(batch, 0, 2))), files["local"])
+    r = subprocess.run([fxdp_bin, "expand", files["graph"], "--world-size", "2", "--bucket-mb",
+                        str(bucket_mb), "-o", files["expanded"], "--json"],
+                       check=True, capture_output=True, text=True)
+    report = json.loads(r.stdout)
+    nparams = sum(p.numel() for p in model.parameters())
+    files["info"] = {
+        "params": nparams, "graph_nodes": len(step.graph.nodes),
+        "buckets": [b["bytes"] for b in report["buckets"]], "bytes_per_step": report["bytes_per_step"],
+        "global_batch": list(batch[0].shape),
+    }
+    return files
+
+
+def summary(per_run: list[float]) -> dict:
+    return {"median": statistics.median(per_run), "min": min(per_run), "max": max(per_run),
+            "runs": per_run}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default=str(REPO / "build"))
+    ap.add_argument("--models", default="mlp,transformer")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--bucket-mb", type=float, default=25)
+    ap.add_argument("--json")
+    # child mode (one eager/DDP rank)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--model", help=argparse.SUPPRESS)
+    ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--world", type=int, default=2, help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        eager_child(args)
+        return 0
+
+    build = pathlib.Path(args.build).resolve()
+    w = args.warmup
+    med = lambda xs: statistics.median(xs[w:])  # noqa: E731
+    results = {}
+    with tempfile.TemporaryDirectory() as d:
+        for name in args.models.split(","):
+            files = prepare(name, d, str(build / "bin" / "fxdp"), args.bucket_mb)
+            info = files["info"]
+            print(f"== {name}: {info['params']:,} parameters, {info['graph_nodes']} graph nodes, global "
+                  f"batch {info['global_batch']}, buckets {info['buckets']} bytes", flush=True)
+            runs = {k: [] for k in ("fxdp-worker N=2", "DDP N=2", "fxdp_step_bench N=2",
+                                    "fxdp wait (rank 0)", "fxdp wait (rank 1)",
+                                    "fxdp start (rank 0)", "fxdp-worker N=1", "eager N=1")}
+            ratios, loads = [], []
+            for rep in range(args.reps):
+                loads.append(os.getloadavg()[0])
+                # fxdp and DDP back to back, in alternating order, so that each
+                # repetition's ratio compares runs under similar machine load.
+                pair = [("fxdp-worker N=2", lambda: run_worker(build, files, 2, args.steps)),
+                        ("DDP N=2", lambda: run_eager(name, 2, args.steps, args.bucket_mb))]
+                for key, fn in (pair if rep % 2 == 0 else pair[::-1]):
+                    runs[key].append(med(fn()))
+                ratios.append(runs["fxdp-worker N=2"][-1] / runs["DDP N=2"][-1])
+                sb = run_step_bench(build, files, 2, args.steps)
+                runs["fxdp_step_bench N=2"].append(med(sb[0]["ms"]))
+                runs["fxdp wait (rank 0)"].append(med(sb[0]["wait"]))
+                runs["fxdp wait (rank 1)"].append(med(sb[1]["wait"]))
+                runs["fxdp start (rank 0)"].append(med(sb[0]["start"]))
+                runs["fxdp-worker N=1"].append(med(run_worker(build, files, 1, args.steps)))
+                runs["eager N=1"].append(med(run_eager(name, 1, args.steps, args.bucket_mb)))
+                print(f"  rep {rep + 1} (load {loads[-1]:.1f}): "
+                      + ", ".join(f"{k} {v[-1]:.1f}" for k, v in runs.items())
+                      + f", ratio {ratios[-1]:.2f}", flush=True)
+            res = {k: summary(v) for k, v in runs.items()}
+            res["fxdp-worker / DDP (per repetition)"] = summary(ratios)
+            res["load average"] = loads
+            res["info"] = info
+            res["collectives_per_step"] = sb[0]["collectives"]
+            results[name] = res
+            print(f"| {'ms per step':<22} | median | min | max |")
+            print(f"|{'-' * 24}|---:|---:|---:|")
+            for k in runs:
+                s = res[k]
+                print(f"| {k:<22} | {s['median']:.1f} | {s['min']:.1f} | {s['max']:.1f} |")
+            r = res["fxdp-worker / DDP (per repetition)"]
+            print(f"fxdp-worker / DDP: median of medians {res['fxdp-worker N=2']['median'] / res['DDP N=2']['median']:.2f}, "
+                  f"per repetition median {r['median']:.2f} (min {r['min']:.2f}, max {r['max']:.2f}); "
+                  f"target <= 0.95; load average {min(loads):.1f}-{max(loads):.1f}\n", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"torch": torch.__version__, "steps": args.steps, "warmup": args.warmup,
+                       "reps": args.reps, "bucket_mb": args.bucket_mb, "results": results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
