@@ -266,11 +266,26 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::AllReduceSum(const at::T
         name(), ": Gloo all_reduce of a ", input.device().str(),
         " tensor is not supported (Gloo is the CPU communicator)"));
   }
+  at::Tensor buf;
   try {
     // A normal (not inference) contiguous CPU copy: Gloo works in place on it
     // from its own threads, outside the caller's InferenceMode.
     c10::InferenceMode normal(false);
-    at::Tensor buf = input.clone(at::MemoryFormat::Contiguous);
+    buf = input.clone(at::MemoryFormat::Contiguous);
+  } catch (const std::exception& e) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(name(), ": copying the all_reduce input failed: ", ExceptionMessage(e)));
+  }
+  return Start(std::move(buf));
+}
+
+absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::AllReduceSumDonated(at::Tensor buffer) {
+  if (!buffer.device().is_cpu() || !buffer.is_contiguous()) return AllReduceSum(buffer);
+  return Start(std::move(buffer));
+}
+
+absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Start(at::Tensor buf) {
+  try {
     std::vector<at::Tensor> tensors{buf};
     c10d::AllreduceOptions o;
     o.reduceOp = c10d::ReduceOp::SUM;

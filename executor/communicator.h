@@ -40,6 +40,12 @@ class Communicator {
   // Starts summing `input` over all ranks. `input` is not modified; it may be
   // released by the caller once this returns.
   virtual absl::StatusOr<std::unique_ptr<Work>> AllReduceSum(const at::Tensor& input) = 0;
+  // Like AllReduceSum, but the caller donates `buffer` (its last use; nothing
+  // else shares its storage): the communicator may reduce in place and return
+  // it, saving a copy. The default copies.
+  virtual absl::StatusOr<std::unique_ptr<Work>> AllReduceSumDonated(at::Tensor buffer) {
+    return AllReduceSum(buffer);
+  }
   // A short description for logs ("local", "gloo rank 0/2").
   virtual std::string name() const = 0;
 };

@@ -37,6 +37,13 @@ class GlooCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int world_size() const override { return world_size_; }
   absl::StatusOr<std::unique_ptr<Work>> AllReduceSum(const at::Tensor& input) override;
+  // Reduces a contiguous donated buffer in place (no copy).
+  absl::StatusOr<std::unique_ptr<Work>> AllReduceSumDonated(at::Tensor buffer) override;
+
+ private:
+  absl::StatusOr<std::unique_ptr<Work>> Start(at::Tensor buf);
+
+ public:
   std::string name() const override;
 
   // "[ip]:port" of the peers' sockets -> their rank (addresses two ranks

@@ -746,7 +746,19 @@ absl::Status Program::Impl::RunStep(Step& s) {
         return absl::InternalError(absl::StrCat("node '", s.name, "' (", s.op_name,
                                                 "): input is ", v.tagKind(), ", not a tensor"));
       ++collectives_started;
-      absl::StatusOr<std::unique_ptr<Work>> w = comm->AllReduceSum(v.toTensor());
+      // The bucket (or loss) is usually a fresh tensor read by this all_reduce
+      // only: donate it so the communicator reduces in place.
+      const bool last_use = std::find(s.free_after.begin(), s.free_after.end(), in.slot) !=
+                            s.free_after.end();
+      absl::StatusOr<std::unique_ptr<Work>> w;
+      if (last_use && v.toTensor().use_count() == 1 &&
+          v.toTensor().storage().use_count() == 1) {
+        at::Tensor donated = std::move(slots[in.slot]).toTensor();
+        slots[in.slot] = c10::IValue();
+        w = comm->AllReduceSumDonated(std::move(donated));
+      } else {
+        w = comm->AllReduceSum(v.toTensor());
+      }
       if (!w.ok())
         return absl::Status(w.status().code(),
                             absl::StrCat("node '", s.name, "' (", s.op_name, ", collective ",

@@ -50,6 +50,17 @@ class TimedCommunicator : public Communicator {
     return std::unique_ptr<Work>(std::make_unique<TimedWork>(*std::move(w), &stats_));
   }
 
+  absl::StatusOr<std::unique_ptr<Work>> AllReduceSumDonated(at::Tensor buffer) override {
+    const auto t0 = Clock::now();
+    const int64_t bytes = static_cast<int64_t>(buffer.nbytes());
+    absl::StatusOr<std::unique_ptr<Work>> w = inner_->AllReduceSumDonated(std::move(buffer));
+    stats_.start_ms += Ms(Clock::now() - t0);
+    ++stats_.collectives;
+    stats_.bytes += bytes;
+    if (!w.ok()) return w;
+    return std::unique_ptr<Work>(std::make_unique<TimedWork>(*std::move(w), &stats_));
+  }
+
   const CollectiveStats& stats() const { return stats_; }
   // Returns the numbers so far and starts counting from zero.
   CollectiveStats TakeStats() { return std::exchange(stats_, CollectiveStats{}); }
