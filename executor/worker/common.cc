@@ -11,6 +11,9 @@
 #include "absl/strings/str_cat.h"
 #include "analysis/ir/status_macros.h"
 #include "executor/gloo_communicator.h"
+#if defined(FXDP_HAVE_NCCL)
+#include "executor/nccl/nccl_communicator.h"
+#endif
 
 namespace fxdp::executor {
 
@@ -36,10 +39,16 @@ std::string GlooInterfaceHost(const std::string& rendezvous_host) {
 absl::StatusOr<std::unique_ptr<Communicator>> ConnectCommunicator(const RendezvousOptions& opts,
                                                                   const c10::Device& device) {
   if (opts.world_size <= 1) return std::unique_ptr<Communicator>(new LocalCommunicator());
-  if (!device.is_cpu())
+  if (!device.is_cpu()) {
+#if defined(FXDP_HAVE_NCCL)
+    return MakeNcclCommunicator(opts, device.has_index() ? device.index() : 0);
+#else
     return absl::UnimplementedError(absl::StrCat(
         "world size ", opts.world_size, " on ", device.str(),
-        " needs the NCCL communicator, which is not wired in yet; use cpu (Gloo)"));
+        " needs the NCCL communicator; this fxdp-worker was built without NCCL (configure "
+        "with the CUDA toolkit and NCCL present, FXDP_WITH_NCCL=AUTO|ON), or use cpu (Gloo)"));
+#endif
+  }
   FXDP_ASSIGN_OR_RETURN(std::unique_ptr<GlooCommunicator> g,
                         GlooCommunicator::Connect(opts, GlooInterfaceHost(opts.host)));
   return std::unique_ptr<Communicator>(std::move(g));

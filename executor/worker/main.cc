@@ -30,6 +30,7 @@
 #include "executor/gloo_communicator.h"
 #include "executor/interpreter.h"
 #include "executor/safetensors.h"
+#include "executor/timed_communicator.h"
 #include "executor/worker/attach.h"
 #include "executor/worker/common.h"
 
@@ -231,10 +232,6 @@ absl::Status Run(const RunArgs& args, const LaunchEnv& env, Logger& log,
   log.Log("intra-op threads: ", at::get_num_threads());
 
   if (env.world_size > 1) {
-    if (!device.is_cpu())
-      return absl::UnimplementedError(
-          "WORLD_SIZE > 1 on CUDA needs the NCCL communicator, which is not implemented yet; "
-          "use --device cpu (Gloo)");
     RendezvousOptions ro;
     ro.host = env.master_addr;
     ro.port = env.master_port;
@@ -243,28 +240,20 @@ absl::Status Run(const RunArgs& args, const LaunchEnv& env, Logger& log,
     ro.timeout = args.timeout;
     log.Log("rendezvous at ", ro.host, ":", ro.port, " (world size ", ro.world_size,
             ", timeout ", absl::StrFormat("%.3g", args.timeout.count() / 1000.0), " s)");
-    // Gloo binds to an address the other ranks reach this host by: loopback
-    // when the master is local (one host), else this host's name;
-    // FXDP_GLOO_HOST overrides.
-    std::string iface = "127.0.0.1";
-    if (auto h = Env("FXDP_GLOO_HOST")) {
-      iface = *h;
-    } else if (env.master_addr != "localhost" && env.master_addr.rfind("127.", 0) != 0) {
-      char host[256] = {0};
-      if (gethostname(host, sizeof(host) - 1) == 0 && host[0] != '\0') iface = host;
-    }
-    FXDP_ASSIGN_OR_RETURN(std::unique_ptr<GlooCommunicator> g,
-                          GlooCommunicator::Connect(ro, iface));
-    comm = std::move(g);
+    // Gloo (cpu) or NCCL (cuda); Gloo binds to an address the other ranks
+    // reach this host by (worker/common.h GlooInterfaceHost).
+    FXDP_ASSIGN_OR_RETURN(comm, ConnectCommunicator(ro, device));
   } else {
     comm = std::make_unique<LocalCommunicator>();
   }
+  // Counts the time each step spends waiting on communication.
+  TimedCommunicator timed(comm.get());
 
   const std::string graph_path = WithRank(args.graph, env.rank);
   FXDP_ASSIGN_OR_RETURN(ir::Graph graph, ir::ReadGraphFile(graph_path));
   ProgramOptions po;
   po.device = device;
-  po.communicator = comm.get();
+  po.communicator = &timed;
   po.collective_timeout = args.timeout;
   po.check_outputs = args.check_outputs;
   const auto t_load = std::chrono::steady_clock::now();
@@ -285,7 +274,8 @@ absl::Status Run(const RunArgs& args, const LaunchEnv& env, Logger& log,
   FXDP_ASSIGN_OR_RETURN(StepRunner runner, StepRunner::Create(std::move(program),
                                                               std::move(state.tensors)));
 
-  double total_ms = 0;
+  double total_ms = 0, total_wait_ms = 0;
+  timed.TakeStats();
   for (int i = 0; i < args.steps; ++i) {
     log.set_step(i + 1);
     const auto t0 = std::chrono::steady_clock::now();
@@ -303,6 +293,12 @@ absl::Status Run(const RunArgs& args, const LaunchEnv& env, Logger& log,
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     total_ms += ms;
+    const CollectiveStats cs = timed.TakeStats();
+    total_wait_ms += cs.wait_ms;
+    if (cs.collectives > 0) {
+      log.Log(absl::StrFormat("%.1f ms, %d collectives (%d bytes), %.1f ms waiting on them",
+                              ms, cs.collectives, cs.bytes, cs.wait_ms));
+    }
     if (env.rank == 0) {
       std::printf("step %d/%d loss %.8g (%.1f ms)\n", i + 1, args.steps, value, ms);
       std::fflush(stdout);
@@ -313,7 +309,8 @@ absl::Status Run(const RunArgs& args, const LaunchEnv& env, Logger& log,
   log.Log(args.steps, " steps in ", absl::StrFormat("%.1f", total_ms), " ms (",
           absl::StrFormat("%.2f", total_ms / args.steps), " ms/step, ",
           absl::StrFormat("%.1f", nodes > 0 ? 1000.0 * total_ms / args.steps / nodes : 0.0),
-          " us/op over ", nodes, " ops)");
+          " us/op over ", nodes, " ops; ",
+          absl::StrFormat("%.2f", total_wait_ms / args.steps), " ms/step waiting on communication)");
 
   if (!args.out.empty()) {
     const bool templated = args.out.find("{rank}") != std::string::npos;
