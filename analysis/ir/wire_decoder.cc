@@ -42,36 +42,16 @@ struct Reader {
   bool done() const { return p == end; }
 };
 
-// A tag: at most 5 bytes, the value taken mod 2^32 (protobuf's ReadTag).
-bool ReadTagSlow(Reader& r, uint32_t* tag) {
-  uint32_t v = 0;
-  for (int i = 0; i < 5; ++i) {
+// A varint of at most kMaxBytes bytes, the value taken mod 2^(8*sizeof(T)):
+// a tag is at most 5 bytes mod 2^32 (protobuf's ReadTag), a varint at most 10
+// bytes mod 2^64; 32-bit fields keep the low 32 bits (protobuf's
+// ReadVarint32 reads the same bytes).
+template <typename T, int kMaxBytes>
+bool ReadVarintSlow(Reader& r, T* v) {
+  T x = 0;
+  for (int i = 0; i < kMaxBytes; ++i) {
     if (i >= r.end - r.p) return false;
-    const uint32_t b = r.p[i];
-    v |= (b & 0x7f) << (7 * i);
-    if (b < 0x80) {
-      r.p += i + 1;
-      *tag = v;
-      return true;
-    }
-  }
-  return false;
-}
-inline bool ReadTag(Reader& r, uint32_t* tag) {
-  if (r.p < r.end && *r.p < 0x80) {
-    *tag = *r.p++;
-    return true;
-  }
-  return ReadTagSlow(r, tag);
-}
-
-// A varint: at most 10 bytes, the value taken mod 2^64. 32-bit fields keep the
-// low 32 bits (protobuf's ReadVarint32 reads the same bytes).
-bool ReadVarintSlow(Reader& r, uint64_t* v) {
-  uint64_t x = 0;
-  for (int i = 0; i < 10; ++i) {
-    if (i >= r.end - r.p) return false;
-    const uint64_t b = r.p[i];
+    const T b = r.p[i];
     x |= (b & 0x7f) << (7 * i);
     if (b < 0x80) {
       r.p += i + 1;
@@ -81,13 +61,16 @@ bool ReadVarintSlow(Reader& r, uint64_t* v) {
   }
   return false;
 }
-inline bool ReadVarint(Reader& r, uint64_t* v) {
+template <typename T, int kMaxBytes>
+inline bool ReadVarintFast(Reader& r, T* v) {
   if (r.p < r.end && *r.p < 0x80) {
     *v = *r.p++;
     return true;
   }
-  return ReadVarintSlow(r, v);
+  return ReadVarintSlow<T, kMaxBytes>(r, v);
 }
+inline bool ReadTag(Reader& r, uint32_t* tag) { return ReadVarintFast<uint32_t, 5>(r, tag); }
+inline bool ReadVarint(Reader& r, uint64_t* v) { return ReadVarintFast<uint64_t, 10>(r, v); }
 
 inline int32_t Low32(uint64_t v) { return static_cast<int32_t>(static_cast<uint32_t>(v)); }
 
