@@ -3,13 +3,14 @@
 Traces a real model's training step (forward, loss, backward, AdamW update) into one aten graph,
 saves it, has the C++ side decode, verify and re-encode it byte for byte, checks that the traced
 graph trains exactly like eager PyTorch, analyses where the batch flows (placements), expands it
-for 2 ranks and trains the expanded graphs on 2 Gloo processes (PyTorch runs them until the
-fxdp workers land), comparing with single-device training.
-It grows with the pipeline (workers, server).
+for 2 ranks and trains the expanded graphs on 2 Gloo processes, once with PyTorch executing
+them (the reference) and once with 2 fxdp-worker processes (LibTorch), comparing each with
+single-device training. It grows with the pipeline (server).
 """
 import argparse
 import collections
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -31,6 +32,7 @@ def main() -> int:
     ap.add_argument("--optim", default="adamw", choices=sorted(zoo.OPTIMIZERS))
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--fxdp", default="build/bin/fxdp")
+    ap.add_argument("--worker", default="build/bin/fxdp-worker")
     ap.add_argument("--out", default="build/demo")
     args = ap.parse_args()
     out = Path(args.out)
@@ -107,7 +109,35 @@ def main() -> int:
             print(f"   step {k + 1}: global loss {loss.item():.6f}")
         dp_worst = max((r0["state"][n] - v).abs().max().item() for n, v in state.items())
         print(f"   max |state diff| vs single device after {args.steps} steps: {dp_worst:.2e}")
-    ok = same and worst <= 1e-5 and dp_ok and dp_worst <= 1e-5
+    print(f"== 8. the same {args.steps} steps on 2 fxdp-worker processes (LibTorch + Gloo)")
+    from safetensors.torch import load_file, save_file
+    datas = []
+    for k in range(args.steps):
+        f = out / f"batch{k}.safetensors"
+        save_file({n: t.contiguous() for n, t in entry.named_batch(k).items()}, str(f))
+        datas += ["--data", str(f)]
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    workers = []
+    for r in range(2):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port))
+        workers.append(subprocess.Popen(
+            [args.worker, "run", "--graph", str(xpath), "--state",
+             str(out / f"{args.model}_{args.optim}.safetensors"), *datas, "--steps", str(args.steps),
+             "--out", str(out / "worker_final.safetensors"), "--job", "demo"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
+    outs = [w.communicate(timeout=300)[0] for w in workers]
+    wk_ok = all(w.returncode == 0 for w in workers)
+    wk_worst = float("inf")
+    if wk_ok:
+        for line in outs[0].splitlines():
+            print("   " + line)
+        final = load_file(str(out / "worker_final.safetensors"))
+        wk_worst = max((final[n] - v).abs().max().item() for n, v in state.items())
+        print(f"   max |state diff| vs single device after {args.steps} steps: {wk_worst:.2e}")
+    ok = same and worst <= 1e-5 and dp_ok and dp_worst <= 1e-5 and wk_ok and wk_worst <= 1e-5
     print("demo: OK" if ok else "demo: MISMATCH")
     return 0 if ok else 1
 
