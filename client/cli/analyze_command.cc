@@ -1,5 +1,5 @@
-// fxdp analyze GRAPH --world-size N [--json]: the BatchDimAnalyzer on a saved
-// graph, no server.
+// fxdp analyze GRAPH --world-size N [--json] [--server HOST:PORT]: the
+// BatchDimAnalyzer on a saved graph, locally or through fxdp-server.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -7,13 +7,14 @@
 #include "analysis/batch_dim.h"
 #include "analysis/ir/proto_codec.h"
 #include "client/cli/commands.h"
-#include "client/cli/flags.h"
+#include "client/cli/remote.h"
+#include "util/flags.h"
 
 namespace fxdp::cli {
 namespace {
 
 constexpr char kAnalyzeUsage[] =
-    "usage: fxdp analyze GRAPH [--world-size N] [--json]\n"
+    "usage: fxdp analyze GRAPH [--world-size N] [--json] [--server HOST:PORT]\n"
     "\n"
     "Decodes and verifies the binary GraphDef GRAPH, follows the batch dim through\n"
     "every node and prints each node's batch dim and placement on N data-parallel\n"
@@ -24,6 +25,8 @@ constexpr char kAnalyzeUsage[] =
     "  --json           print JSON: {\"world_size\", \"batch_size\", \"nodes\": [{\"name\",\n"
     "                   \"target\", \"batch_dim\", \"placement\", \"reason\"}], \"reductions\",\n"
     "                   \"sharded_reads\", \"warnings\", \"notes\"}\n"
+    "  --server HOST:PORT   ask fxdp-server (CompileService.Analyze) instead of\n"
+    "                   analysing locally; same output\n"
     "\n"
     "Exit codes: 0 ok, 1 invalid graph or unsupported use of the batch, 2 usage, 3 I/O.\n";
 
@@ -32,13 +35,16 @@ constexpr char kAnalyzeUsage[] =
 int AnalyzeCommand(const std::vector<std::string>& args) {
   bool json = false;
   int32_t world = 2;
-  Flags flags("analyze", kAnalyzeUsage);
+  util::Flags flags("fxdp analyze", kAnalyzeUsage);
   flags.Int("--world-size", &world);
   flags.Bool("--json", &json);
+  std::string server;
+  flags.String("--server", &server);
   std::vector<std::string> pos;
   if (int rc = flags.Parse(args, &pos); rc >= 0) return rc;
   if (pos.size() != 1) return flags.Usage(pos.empty() ? "missing GRAPH" : "takes one GRAPH");
   const std::string& path = pos[0];
+  if (!server.empty()) return RemoteAnalyze(server, path, world, json);
   auto g = ir::ReadGraphFile(path);
   if (!g.ok()) return ReportError("analyze", g.status());
   auto a = AnalyzeBatchDims(*g, AnalyzeOptions{world});

@@ -1,5 +1,6 @@
 // fxdp expand GRAPH --world-size N -o OUT [--bucket-mb X] [--json]: the
-// data-parallel expansion of a saved graph, no server.
+// data-parallel expansion of a saved graph, locally or through fxdp-server
+// (--server HOST:PORT).
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -8,7 +9,8 @@
 #include "analysis/batch_dim.h"
 #include "analysis/ir/proto_codec.h"
 #include "client/cli/commands.h"
-#include "client/cli/flags.h"
+#include "client/cli/remote.h"
+#include "util/flags.h"
 #include "expansion/data_parallel.h"
 
 namespace fxdp::cli {
@@ -16,7 +18,7 @@ namespace {
 
 constexpr char kExpandUsage[] =
     "usage: fxdp expand GRAPH --world-size N -o OUT [--bucket-mb X] [--first-bucket-mb Y]\n"
-    "                   [--group NAME] [--json]\n"
+    "                   [--group NAME] [--json] [--server HOST:PORT]\n"
     "\n"
     "Analyses the binary GraphDef GRAPH and rewrites it into the graph each of N ranks\n"
     "runs: local batch shapes, gradients all-reduced in buckets that overlap backward,\n"
@@ -31,17 +33,12 @@ constexpr char kExpandUsage[] =
     "  --group NAME         process group name the collectives use (default \"0\": torch's\n"
     "                       default group)\n"
     "  --json               print the report as JSON\n"
+    "  --server HOST:PORT   expand on fxdp-server (CompileService.Expand) instead of\n"
+    "                       locally; same files and output\n"
+    "  --server HOST:PORT   expand on fxdp-server (CompileService.Expand) instead of\n"
+    "                       locally; same files and output\n"
     "\n"
     "Exit codes: 0 ok, 1 invalid graph or unsupported placement, 2 usage, 3 I/O.\n";
-
-std::string RankPath(const std::string& out, int r) {
-  const size_t slash = out.find_last_of('/');
-  const size_t dot = out.find_last_of('.');
-  if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) {
-    return absl::StrCat(out, ".rank", r);
-  }
-  return absl::StrCat(out.substr(0, dot), ".rank", r, out.substr(dot));
-}
 
 }  // namespace
 
@@ -49,19 +46,33 @@ int ExpandCommand(const std::vector<std::string>& args) {
   std::string out;
   bool json = false;
   ExpandOptions opts;
-  Flags flags("expand", kExpandUsage);
+  util::Flags flags("fxdp expand", kExpandUsage);
   flags.Int("--world-size", &opts.world_size);
   flags.String("--out", &out, "-o");
   flags.Double("--bucket-mb", &opts.bucket_cap_mb);
   flags.Double("--first-bucket-mb", &opts.first_bucket_mb);
   flags.String("--group", &opts.group_name);
   flags.Bool("--json", &json);
+  std::string server;
+  flags.String("--server", &server);
   std::vector<std::string> pos;
   if (int rc = flags.Parse(args, &pos); rc >= 0) return rc;
   if (pos.size() != 1) return flags.Usage(pos.empty() ? "missing GRAPH" : "takes one GRAPH");
   if (!flags.Seen("--world-size")) return flags.Usage("missing --world-size");
   if (out.empty()) return flags.Usage("missing -o OUT");
   const std::string& path = pos[0];
+  if (!server.empty()) {
+    RemoteExpandArgs ra;
+    ra.server = server;
+    ra.path = path;
+    ra.out = out;
+    ra.world = opts.world_size;
+    if (flags.Seen("--bucket-mb")) ra.bucket_cap_mb = opts.bucket_cap_mb;
+    if (flags.Seen("--first-bucket-mb")) ra.first_bucket_mb = opts.first_bucket_mb;
+    if (flags.Seen("--group")) ra.group_name = opts.group_name;
+    ra.json = json;
+    return RemoteExpand(ra);
+  }
   auto g = ir::ReadGraphFile(path);
   if (!g.ok()) return ReportError("expand", g.status());
   auto a = AnalyzeBatchDims(*g, AnalyzeOptions{opts.world_size});

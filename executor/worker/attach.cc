@@ -11,6 +11,7 @@
 // Writes to the stream are serialised by Session's mutex. Lock order: the
 // worker's mu_ before a Job's mu; Session's mutex is a leaf.
 #include "executor/worker/attach.h"
+#include "util/flags.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -943,61 +944,32 @@ void OnSignal(int sig) {
   if (g_signal_pipe[1] >= 0) (void)!write(g_signal_pipe[1], &c, 1);
 }
 
-int Usage(const std::string& msg) {
-  std::fprintf(stderr, "fxdp-worker attach: %s\n\n%s", msg.c_str(), kAttachUsage);
-  return 2;
-}
-
 }  // namespace
 
 int AttachCommand(const std::vector<std::string>& argv) {
   AttachOptions o;
-  for (size_t i = 0; i < argv.size(); ++i) {
-    std::string flag = argv[i], v;
-    bool inline_value = false;
-    if (auto eq = flag.find('='); flag.rfind("--", 0) == 0 && eq != std::string::npos) {
-      v = flag.substr(eq + 1);
-      flag = flag.substr(0, eq);
-      inline_value = true;
-    }
-    auto value = [&](std::string* out) {
-      if (inline_value) {
-        *out = v;
-        return true;
-      }
-      if (i + 1 == argv.size()) return false;
-      *out = argv[++i];
-      return true;
+  util::Flags flags("fxdp-worker attach", kAttachUsage);
+  flags.Custom("--server", "HOST:PORT", [&o](const std::string& v) {
+    o.server = v;
+    return !v.empty();
+  });
+  flags.String("--device", &o.device);
+  flags.Custom("--worker-id", "an id without spaces or control characters",
+               [&o](const std::string& v) {
+                 o.worker_id = v;
+                 return util::IsPlainName(v);
+               });
+  auto in_range = [](int* out, int max) {
+    return [out, max](const std::string& v) {
+      return absl::SimpleAtoi(v, out) && *out >= 1 && *out <= max;
     };
-    std::string s;
-    auto positive = [&](int* out, int max) {
-      return value(&s) && absl::SimpleAtoi(s, out) && *out >= 1 && *out <= max;
-    };
-    if (flag == "--help" || flag == "-h") {
-      std::fputs(kAttachUsage, stdout);
-      return 0;
-    } else if (flag == "--server") {
-      if (!value(&o.server) || o.server.empty()) return Usage("--server needs HOST:PORT");
-    } else if (flag == "--device") {
-      if (!value(&o.device)) return Usage("--device needs cpu or cuda:N");
-    } else if (flag == "--worker-id") {
-      if (!value(&o.worker_id) || o.worker_id.empty() ||
-          std::any_of(o.worker_id.begin(), o.worker_id.end(),
-                      [](unsigned char c) { return c <= ' ' || c == 0x7f; }))
-        return Usage("--worker-id needs an id without spaces or control characters");
-    } else if (flag == "--heartbeat-ms") {
-      if (!positive(&o.heartbeat_ms, 3600 * 1000))
-        return Usage("--heartbeat-ms needs a positive number of milliseconds, got '" + s + "'");
-    } else if (flag == "--threads") {
-      if (!positive(&o.threads, 4096)) return Usage("--threads needs a positive integer, got '" + s + "'");
-    } else if (flag == "--max-message-mb") {
-      if (!positive(&o.max_message_mb, 1 << 20))
-        return Usage("--max-message-mb needs a positive integer, got '" + s + "'");
-    } else {
-      return Usage("unknown argument '" + argv[i] + "'");
-    }
-  }
-  if (o.server.empty()) return Usage("--server is required");
+  };
+  flags.Custom("--heartbeat-ms", "a positive number of milliseconds",
+               in_range(&o.heartbeat_ms, 3600 * 1000));
+  flags.Custom("--threads", "a positive integer", in_range(&o.threads, 4096));
+  flags.Custom("--max-message-mb", "a positive integer", in_range(&o.max_message_mb, 1 << 20));
+  if (int rc = flags.Parse(argv, nullptr); rc >= 0) return rc;
+  if (o.server.empty()) return flags.Usage("--server is required");
 
   AttachedWorker worker(o);
   // SIGTERM / SIGINT: a clean shutdown, from a thread (handlers cannot take

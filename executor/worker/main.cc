@@ -33,6 +33,7 @@
 #include "executor/timed_communicator.h"
 #include "executor/worker/attach.h"
 #include "executor/worker/common.h"
+#include "util/flags.h"
 
 namespace fxdp::executor {
 namespace {
@@ -323,73 +324,40 @@ absl::Status Run(const RunArgs& args, const LaunchEnv& env, Logger& log,
   return absl::OkStatus();
 }
 
-int Usage(const std::string& msg) {
-  std::fprintf(stderr, "fxdp-worker run: %s\n\n%s", msg.c_str(), kRunUsage);
-  return kExitUsage;
-}
-
 int RunCommand(const std::vector<std::string>& argv) {
   RunArgs a;
-  for (size_t i = 0; i < argv.size(); ++i) {
-    std::string flag = argv[i], v;
-    bool inline_value = false;
-    if (auto eq = flag.find('='); flag.rfind("--", 0) == 0 && eq != std::string::npos) {
-      v = flag.substr(eq + 1);
-      flag = flag.substr(0, eq);
-      inline_value = true;
-    }
-    auto value = [&](std::string* out) {
-      if (inline_value) {
-        *out = v;
+  util::Flags flags("fxdp-worker run", kRunUsage);
+  flags.Bool("--check-outputs", &a.check_outputs);
+  flags.String("--graph", &a.graph);
+  flags.String("--state", &a.state);
+  flags.Strings("--data", &a.data);
+  flags.String("--out", &a.out);
+  flags.String("--device", &a.device);
+  auto positive = [](int* out) {
+    return [out](const std::string& v) { return absl::SimpleAtoi(v, out) && *out >= 1; };
+  };
+  flags.Custom("--steps", "a positive integer", positive(&a.steps));
+  flags.Custom("--threads", "a positive integer", positive(&a.threads));
+  flags.Custom(
+      "--timeout", "a number of seconds (at least 0.001)",
+      [&a](const std::string& v) {
+        double seconds = 0;
+        if (!absl::SimpleAtod(v, &seconds) || !(seconds >= 0.001) || seconds > 86400.0 * 365)
+          return false;
+        a.timeout = std::chrono::milliseconds(static_cast<int64_t>(std::llround(seconds * 1000)));
         return true;
-      }
-      if (i + 1 == argv.size()) return false;
-      *out = argv[++i];
-      return true;
-    };
-    std::string s;
-    if (flag == "--help" || flag == "-h") {
-      std::fputs(kRunUsage, stdout);
-      return kExitOk;
-    } else if (flag == "--check-outputs") {
-      a.check_outputs = true;
-    } else if (flag == "--graph") {
-      if (!value(&a.graph)) return Usage("--graph needs a file");
-    } else if (flag == "--state") {
-      if (!value(&a.state)) return Usage("--state needs a file");
-    } else if (flag == "--data") {
-      if (!value(&s)) return Usage("--data needs a file");
-      a.data.push_back(s);
-    } else if (flag == "--out") {
-      if (!value(&a.out)) return Usage("--out needs a file");
-    } else if (flag == "--device") {
-      if (!value(&a.device)) return Usage("--device needs cpu, cuda or cuda:N");
-    } else if (flag == "--steps") {
-      if (!value(&s) || !absl::SimpleAtoi(s, &a.steps) || a.steps < 1)
-        return Usage("--steps needs a positive integer, got '" + s + "'");
-    } else if (flag == "--threads") {
-      if (!value(&s) || !absl::SimpleAtoi(s, &a.threads) || a.threads < 1)
-        return Usage("--threads needs a positive integer, got '" + s + "'");
-    } else if (flag == "--timeout" || flag == "--timeout-s") {
-      double seconds = 0;
-      if (!value(&s) || !absl::SimpleAtod(s, &seconds) || !(seconds >= 0.001) ||
-          seconds > 86400.0 * 365)
-        return Usage(flag + " needs a number of seconds (at least 0.001), got '" + s + "'");
-      a.timeout = std::chrono::milliseconds(static_cast<int64_t>(std::llround(seconds * 1000)));
-    } else if (flag == "--job") {
-      if (!value(&a.job) || a.job.empty() ||
-          std::any_of(a.job.begin(), a.job.end(),
-                      [](unsigned char c) { return c <= ' ' || c == 0x7f; }))
-        return Usage("--job needs a name without spaces or control characters, got '" + a.job +
-                     "'");
-    } else {
-      return Usage("unknown argument '" + argv[i] + "'");
-    }
-  }
-  if (a.graph.empty()) return Usage("--graph is required");
-  if (a.state.empty()) return Usage("--state is required");
-  if (a.data.empty()) return Usage("--data is required");
-  if (a.steps == 0) return Usage("--steps is required");
+      },
+      "--timeout-s");
+  flags.Custom("--job", "a name without spaces or control characters",
+               [&a](const std::string& v) {
+                 a.job = v;
+                 return util::IsPlainName(v);
+               });
+  if (int rc = flags.Parse(argv, nullptr); rc >= 0) return rc;
+  if (a.graph.empty()) return flags.Usage("--graph is required");
+  if (a.state.empty()) return flags.Usage("--state is required");
+  if (a.data.empty()) return flags.Usage("--data is required");
+  if (a.steps == 0) return flags.Usage("--steps is required");
 
   auto env = ReadLaunchEnv();
   if (!env.ok()) {

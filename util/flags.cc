@@ -1,32 +1,35 @@
-#include "client/cli/flags.h"
+#include "util/flags.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "absl/strings/numbers.h"
-#include "client/cli/commands.h"
 
-namespace fxdp::cli {
+namespace fxdp::util {
 
 void Flags::String(const std::string& name, std::string* out, const std::string& alias) {
-  flags_.push_back({name, alias, true, [out](const std::string& v) { *out = v; return true; },
-                    "a value"});
+  Custom(name, "a value", [out](const std::string& v) { *out = v; return true; }, alias);
+}
+
+void Flags::Strings(const std::string& name, std::vector<std::string>* out) {
+  Custom(name, "a value", [out](const std::string& v) { out->push_back(v); return true; });
 }
 
 void Flags::Int(const std::string& name, int32_t* out) {
-  flags_.push_back({name, "", true,
-                    [out](const std::string& v) { return absl::SimpleAtoi(v, out); },
-                    "an integer"});
+  Custom(name, "an integer", [out](const std::string& v) { return absl::SimpleAtoi(v, out); });
 }
 
 void Flags::Double(const std::string& name, double* out) {
-  flags_.push_back({name, "", true,
-                    [out](const std::string& v) { return absl::SimpleAtod(v, out); },
-                    "a number"});
+  Custom(name, "a number", [out](const std::string& v) { return absl::SimpleAtod(v, out); });
 }
 
 void Flags::Bool(const std::string& name, bool* out) {
-  flags_.push_back({name, "", false, [out](const std::string&) { *out = true; return true; },
-                    ""});
+  flags_.push_back({name, "", false, [out](const std::string&) { *out = true; return true; }, ""});
+}
+
+void Flags::Custom(const std::string& name, const std::string& kind,
+                   std::function<bool(const std::string&)> set, const std::string& alias) {
+  flags_.push_back({name, alias, true, std::move(set), kind});
 }
 
 Flags::Flag* Flags::Find(const std::string& name) {
@@ -38,14 +41,14 @@ Flags::Flag* Flags::Find(const std::string& name) {
 
 bool Flags::Seen(const std::string& name) const {
   for (const Flag& f : flags_) {
-    if (f.name == name) return f.seen;
+    if (f.name == name || f.alias == name) return f.seen;
   }
   return false;
 }
 
 int Flags::Usage(const std::string& msg) const {
-  std::fprintf(stderr, "fxdp %s: %s\n\n%s", command_.c_str(), msg.c_str(), usage_);
-  return kExitUsage;
+  std::fprintf(stderr, "%s: %s\n\n%s", program_.c_str(), msg.c_str(), usage_);
+  return kFlagsExitUsage;
 }
 
 int Flags::Parse(const std::vector<std::string>& args, std::vector<std::string>* positionals) {
@@ -53,9 +56,10 @@ int Flags::Parse(const std::vector<std::string>& args, std::vector<std::string>*
     const std::string& a = args[i];
     if (a == "--help" || a == "-h") {
       std::fputs(usage_, stdout);
-      return kExitOk;
+      return kFlagsExitOk;
     }
     if (a.size() < 2 || a[0] != '-') {
+      if (positionals == nullptr) return Usage("unknown argument '" + a + "'");
       positionals->push_back(a);
       continue;
     }
@@ -67,7 +71,7 @@ int Flags::Parse(const std::vector<std::string>& args, std::vector<std::string>*
       inline_value = true;
     }
     Flag* f = Find(name);
-    if (f == nullptr) return Usage("unknown flag " + name);
+    if (f == nullptr) return Usage("unknown argument '" + name + "'");
     f->seen = true;
     if (!f->takes_value) {
       if (inline_value) return Usage(name + " takes no value");
@@ -83,4 +87,9 @@ int Flags::Parse(const std::vector<std::string>& args, std::vector<std::string>*
   return -1;
 }
 
-}  // namespace fxdp::cli
+bool IsPlainName(const std::string& s) {
+  return !s.empty() &&
+         std::none_of(s.begin(), s.end(), [](unsigned char c) { return c <= ' ' || c == 0x7f; });
+}
+
+}  // namespace fxdp::util

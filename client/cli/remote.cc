@@ -1,0 +1,155 @@
+#include "client/cli/remote.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/cli/commands.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/fxdp/v1/compile.grpc.pb.h"
+
+namespace fxdp::cli {
+namespace {
+
+constexpr int kMaxMessageBytes = 1 << 30;
+
+std::unique_ptr<v1::CompileService::Stub> Connect(const std::string& server) {
+  grpc::ChannelArguments ch;
+  ch.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  ch.SetMaxSendMessageSize(kMaxMessageBytes);
+  return v1::CompileService::NewStub(
+      grpc::CreateCustomChannel(server, grpc::InsecureChannelCredentials(), ch));
+}
+
+// Reads GRAPH into `def`; prints the error and returns the exit code, or -1.
+int ReadGraphDef(const std::string& cmd, const std::string& path, v1::GraphDef* def) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    std::fprintf(stderr, "fxdp %s: cannot read %s\n", cmd.c_str(), path.c_str());
+    return kExitIo;
+  }
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!def->ParseFromString(bytes)) {
+    std::fprintf(stderr, "fxdp %s: %s: not a serialized GraphDef\n", cmd.c_str(), path.c_str());
+    return kExitInvalidInput;
+  }
+  return -1;
+}
+
+int ReportRpcError(const std::string& cmd, const std::string& server, const grpc::Status& s) {
+  switch (s.error_code()) {
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      std::fprintf(stderr, "fxdp %s: server %s: %s\n", cmd.c_str(), server.c_str(),
+                   s.error_message().c_str());
+      return kExitIo;
+    default:
+      std::fprintf(stderr, "fxdp %s: %s\n", cmd.c_str(), s.error_message().c_str());
+      return kExitInvalidInput;
+  }
+}
+
+}  // namespace
+
+std::string RankPath(const std::string& out, int r) {
+  const size_t slash = out.find_last_of('/');
+  const size_t dot = out.find_last_of('.');
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) {
+    return absl::StrCat(out, ".rank", r);
+  }
+  return absl::StrCat(out.substr(0, dot), ".rank", r, out.substr(dot));
+}
+
+std::string AnalyzeResponseToTable(const v1::AnalyzeResponse& r) {
+  size_t w[4] = {4, 2, 9, 9};
+  for (const v1::NodePlacement& n : r.nodes()) {
+    w[0] = std::max(w[0], n.name().size());
+    w[1] = std::max(w[1], n.target().size());
+    w[3] = std::max(w[3], n.placement().size());
+  }
+  std::string out = absl::StrFormat("world size %d, batch size %d, %d nodes\n\n", r.world_size(),
+                                    r.batch_size(), r.nodes_size());
+  auto line = [&](const std::string& a0, const std::string& a1, const std::string& a2,
+                  const std::string& a3, const std::string& a4) {
+    absl::StrAppendFormat(&out, "%-*s  %-*s  %-*s  %-*s  %s\n", w[0], a0, w[1], a1, w[2], a2,
+                          w[3], a3, a4);
+  };
+  line("name", "op", "batch dim", "placement", "reason");
+  for (const v1::NodePlacement& n : r.nodes()) {
+    line(n.name(), n.target(), n.batch_dim() >= 0 ? absl::StrCat(n.batch_dim()) : "-",
+         n.placement(), n.reason());
+  }
+  absl::StrAppendFormat(&out, "\nreductions (%d):\n", r.reductions_size());
+  for (const v1::Reduction& x : r.reductions()) {
+    absl::StrAppendFormat(&out, "  all-reduce %s of %s:%d before %s%s\n", x.op(), x.value(),
+                          x.output(), x.first_use().empty() ? "-" : x.first_use(),
+                          x.grad_of().empty() ? "" : absl::StrCat(" (gradient of ", x.grad_of(), ")"));
+  }
+  if (r.sharded_reads_size() > 0) {
+    absl::StrAppendFormat(&out, "\nsharded reads of replicated values (%d):\n",
+                          r.sharded_reads_size());
+    for (const v1::ShardedRead& x : r.sharded_reads()) {
+      absl::StrAppendFormat(&out, "  %s:%d sliced on dim %d for %s\n", x.value(), x.output(),
+                            x.dim(), x.user());
+    }
+  }
+  absl::StrAppendFormat(&out, "\nwarnings (%d):\n", r.warnings_size());
+  for (const std::string& s : r.warnings()) absl::StrAppend(&out, "  ", s, "\n");
+  if (r.notes_size() > 0) {
+    absl::StrAppendFormat(&out, "\nnotes (%d):\n", r.notes_size());
+    for (const std::string& s : r.notes()) absl::StrAppend(&out, "  ", s, "\n");
+  }
+  return out;
+}
+
+int RemoteAnalyze(const std::string& server, const std::string& path, int32_t world, bool json) {
+  v1::AnalyzeRequest req;
+  if (int rc = ReadGraphDef("analyze", path, req.mutable_graph()); rc >= 0) return rc;
+  req.set_world_size(world);
+  req.set_include_json(json);
+  v1::AnalyzeResponse resp;
+  grpc::ClientContext ctx;
+  grpc::Status s = Connect(server)->Analyze(&ctx, req, &resp);
+  if (!s.ok()) return ReportRpcError("analyze", server, s);
+  const std::string out = json ? resp.json() : AnalyzeResponseToTable(resp);
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  return kExitOk;
+}
+
+int RemoteExpand(const RemoteExpandArgs& a) {
+  v1::ExpandRequest req;
+  if (int rc = ReadGraphDef("expand", a.path, req.mutable_graph()); rc >= 0) return rc;
+  req.set_world_size(a.world);
+  req.set_bucket_cap_mb(a.bucket_cap_mb);
+  req.set_first_bucket_mb(a.first_bucket_mb);
+  req.set_group_name(a.group_name);
+  v1::ExpandResponse resp;
+  grpc::ClientContext ctx;
+  grpc::Status s = Connect(a.server)->Expand(&ctx, req, &resp);
+  if (!s.ok()) return ReportRpcError("expand", a.server, s);
+  for (int r = 0; r < resp.graphs_size(); ++r) {
+    const std::string p = resp.identical() ? a.out : RankPath(a.out, r);
+    std::string bytes;
+    resp.graphs(r).SerializeToString(&bytes);
+    std::ofstream f(p, std::ios::binary | std::ios::trunc);
+    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    f.close();
+    if (!f) {
+      std::fprintf(stderr, "fxdp expand: cannot write %s\n", p.c_str());
+      return kExitIo;
+    }
+    std::fprintf(stderr, "fxdp expand: wrote %s (%s, %d nodes)\n", p.c_str(),
+                 resp.identical() ? "all ranks" : absl::StrCat("rank ", r).c_str(),
+                 resp.graphs(r).nodes_size());
+  }
+  const std::string& report = a.json ? resp.report_json() : resp.report_table();
+  std::fwrite(report.data(), 1, report.size(), stdout);
+  return kExitOk;
+}
+
+}  // namespace fxdp::cli

@@ -1,0 +1,34 @@
+// `fxdp analyze|expand --server HOST:PORT`: the same commands through
+// fxdp-server's CompileService (proto/fxdp/v1/compile.proto) instead of local
+// library calls, printing the same output.
+#ifndef FXDP_CLIENT_CLI_REMOTE_H_
+#define FXDP_CLIENT_CLI_REMOTE_H_
+
+#include <string>
+
+#include "proto/fxdp/v1/compile.pb.h"
+
+namespace fxdp::cli {
+
+// Exit code of the command (commands.h's kExit*).
+int RemoteAnalyze(const std::string& server, const std::string& path, int32_t world, bool json);
+
+struct RemoteExpandArgs {
+  std::string server, path, out;
+  int32_t world = 1;
+  double bucket_cap_mb = 0, first_bucket_mb = 0;  // 0: the server's defaults
+  std::string group_name;
+  bool json = false;
+};
+int RemoteExpand(const RemoteExpandArgs& args);
+
+// The analysis table (`fxdp analyze` without --json) rendered from a response;
+// the same text as AnalysisToTable.
+std::string AnalyzeResponseToTable(const v1::AnalyzeResponse& r);
+
+// OUT with ".rank<r>" before the extension.
+std::string RankPath(const std::string& out, int r);
+
+}  // namespace fxdp::cli
+
+#endif  // FXDP_CLIENT_CLI_REMOTE_H_
