@@ -11,7 +11,7 @@ ROOT=$PWD
 APT_PACKAGES=(
   g++ cmake ninja-build pkg-config make ccache python3-venv
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
-  libabsl-dev libgtest-dev libgmock-dev googletest nlohmann-json3-dev libbenchmark-dev
+  libabsl-dev libgtest-dev libgmock-dev googletest nlohmann-json3-dev libbenchmark-dev libssl-dev
 )
 PY_PACKAGES=(torch==2.13.0 "grpcio>=1.60" "grpcio-tools>=1.60" "protobuf>=5" numpy pytest safetensors)
 

@@ -1,0 +1,310 @@
+"""fxdp-server's CompileService (proto/fxdp/v1/compile.proto), end to end.
+
+Starts the real server ($FXDP_SERVER, default build/bin/fxdp-server) on an ephemeral port and
+drives it with the generated Python stubs and with the CLI ($FXDP_BIN, default build/bin/fxdp,
+`--server HOST:PORT`): answers equal the local `fxdp analyze|expand` byte for byte, a repeated
+request comes from the cache, bad requests are INVALID_ARGUMENT naming what is wrong, concurrent
+clients get correct answers, health checking says SERVING and garbage does not kill the server.
+The tests fail, they do not skip, when a binary is missing.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import pathlib
+import re
+import signal
+import subprocess
+
+import grpc
+import pytest
+
+from fxdp.v1 import compile_pb2 as cpb
+from fxdp.v1 import compile_pb2_grpc as cgrpc
+from fxdp.v1 import graph_pb2 as gpb
+from _util import traced
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+MAX_MSG = 1 << 30
+
+
+def binary(env: str, name: str) -> str:
+    path = os.environ.get(env) or str(REPO / "build" / "bin" / name)
+    assert os.path.isfile(path) and os.access(path, os.X_OK), f"{name} not found at {path}: build it or set {env}"
+    return path
+
+
+def cli(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([binary("FXDP_BIN", "fxdp"), *map(str, args)], capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def server():
+    proc = subprocess.Popen([binary("FXDP_SERVER", "fxdp-server"), "--listen", "127.0.0.1:0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    m = re.fullmatch(r"listening on (127\.0\.0\.1:\d+)\n", line)
+    assert m, f"fxdp-server printed {line!r}; stderr: {proc.stderr.read() if proc.poll() is not None else ''}"
+    yield proc, m.group(1)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise AssertionError("fxdp-server did not exit on SIGTERM")
+
+
+@pytest.fixture(scope="module")
+def channel(server):
+    ch = grpc.insecure_channel(server[1], options=[("grpc.max_send_message_length", MAX_MSG),
+                                                   ("grpc.max_receive_message_length", MAX_MSG)])
+    yield ch
+    ch.close()
+
+
+@pytest.fixture(scope="module")
+def stub(channel):
+    return cgrpc.CompileServiceStub(channel)
+
+
+@pytest.fixture(scope="module")
+def graphs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("zoo")
+    out = {}
+    for m, o in [("mlp", "adam"), ("transformer", "adamw")]:
+        p = d / f"{m}_{o}.pb"
+        traced(m, o).save(str(p))
+        out[m] = p
+    return out
+
+
+def graph_def(path) -> "gpb.GraphDef":
+    g = gpb.GraphDef()
+    g.ParseFromString(pathlib.Path(path).read_bytes())
+    return g
+
+
+def local_json(path, world) -> dict:
+    p = cli("analyze", path, "--world-size", world, "--json")
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+# --------------------------------------------------------------------------- Analyze
+
+
+@pytest.mark.parametrize("model", ["mlp", "transformer"])
+def test_analyze_equals_local(stub, graphs, model):
+    path = graphs[model]
+    want = local_json(path, 2)
+    r = stub.Analyze(cpb.AnalyzeRequest(graph=graph_def(path), world_size=2, include_json=True))
+    assert json.loads(r.json) == want
+    assert r.world_size == 2 and r.batch_size == want["batch_size"]
+    assert [(n.name, n.target, n.placement, n.reason) for n in r.nodes] == [
+        (n["name"], n["target"], n["placement"], n["reason"]) for n in want["nodes"]]
+    assert [n.batch_dim for n in r.nodes] == [-1 if n["batch_dim"] is None else n["batch_dim"] for n in want["nodes"]]
+    assert [(x.value, x.output, x.op, x.first_use, x.grad_of) for x in r.reductions] == [
+        (x["value"], x["output"], x["op"], x["first_use"], x["grad_of"]) for x in want["reductions"]]
+    assert list(r.warnings) == want["warnings"] and list(r.notes) == want["notes"]
+
+
+def test_analyze_cli_matches_local(server, graphs):
+    path = graphs["transformer"]
+    for extra in ([], ["--json"]):
+        local = cli("analyze", path, "--world-size", 4, *extra)
+        remote = cli("analyze", path, "--world-size", 4, "--server", server[1], *extra)
+        assert local.returncode == 0 and remote.returncode == 0, remote.stderr
+        assert remote.stdout == local.stdout
+
+
+def test_second_request_is_cached(stub, graphs):
+    req = cpb.AnalyzeRequest(graph=graph_def(graphs["mlp"]), world_size=3)
+    first = stub.Analyze(req)
+    second = stub.Analyze(req)
+    assert not first.cached and second.cached
+    second.cached = False
+    assert second == first
+    # Different options are a different submission.
+    assert not stub.Analyze(cpb.AnalyzeRequest(graph=req.graph, world_size=5)).cached
+
+
+# --------------------------------------------------------------------------- Expand
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_expand_equals_local(stub, server, graphs, tmp_path, world):
+    path = graphs["mlp"]
+    local_out = tmp_path / "local.pb"
+    p = cli("expand", path, "--world-size", world, "-o", local_out, "--json")
+    assert p.returncode == 0, p.stderr
+    r = stub.Expand(cpb.ExpandRequest(graph=graph_def(path), world_size=world))
+    report = json.loads(p.stdout)
+    assert json.loads(r.report_json) == report
+    assert r.identical == (report["batch_size"] % world == 0)
+    if r.identical:
+        assert len(r.graphs) == 1
+        local = [local_out.read_bytes()]
+    else:
+        assert len(r.graphs) == world
+        local = [(tmp_path / f"local.rank{i}.pb").read_bytes() for i in range(world)]
+    assert [g.SerializeToString() for g in r.graphs] == local
+    # The CLI through the server writes the same files and prints the same report.
+    remote_out = tmp_path / "remote.pb"
+    q = cli("expand", path, "--world-size", world, "-o", remote_out, "--json", "--server", server[1])
+    assert q.returncode == 0, q.stderr
+    assert q.stdout == p.stdout
+    names = ["remote.pb"] if r.identical else [f"remote.rank{i}.pb" for i in range(world)]
+    assert [(tmp_path / n).read_bytes() for n in names] == local
+    # The expanded graphs decode and verify.
+    for n in names:
+        c = cli("graph", "check", tmp_path / n)
+        assert c.returncode == 0, c.stderr
+    # The same submission again is cached.
+    again = stub.Expand(cpb.ExpandRequest(graph=graph_def(path), world_size=world))
+    assert again.cached and list(again.graphs) == list(r.graphs)
+
+
+def test_expand_options(stub, graphs, tmp_path):
+    path = graphs["transformer"]
+    p = cli("expand", path, "--world-size", 2, "-o", tmp_path / "x.pb", "--json", "--bucket-mb", "0.01",
+            "--first-bucket-mb", "0.001", "--group", "dp")
+    assert p.returncode == 0, p.stderr
+    r = stub.Expand(cpb.ExpandRequest(graph=graph_def(path), world_size=2, bucket_cap_mb=0.01,
+                                      first_bucket_mb=0.001, group_name="dp"))
+    assert json.loads(r.report_json) == json.loads(p.stdout)
+    assert r.graphs[0].SerializeToString() == (tmp_path / "x.pb").read_bytes()
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def malformed(path) -> "gpb.GraphDef":
+    g = graph_def(path)
+    g.nodes[5].name = g.nodes[4].name  # two nodes with one name
+    return g
+
+
+def test_malformed_graph_is_invalid_argument_naming_the_node(stub, server, graphs, tmp_path):
+    g = malformed(graphs["mlp"])
+    bad = g.nodes[5].name
+    for call in (lambda: stub.Analyze(cpb.AnalyzeRequest(graph=g, world_size=2)),
+                 lambda: stub.Expand(cpb.ExpandRequest(graph=g, world_size=2))):
+        with pytest.raises(grpc.RpcError) as e:
+            call()
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert bad in e.value.details()
+    # The CLI reports it like the local command (exit 1).
+    f = tmp_path / "bad.pb"
+    f.write_bytes(g.SerializeToString())
+    local = cli("analyze", f)
+    remote = cli("analyze", f, "--server", server[1])
+    assert local.returncode == remote.returncode == 1
+    assert bad in remote.stderr
+
+
+@pytest.mark.parametrize("world", [0, -1])
+def test_bad_world_size(stub, graphs, world):
+    g = graph_def(graphs["mlp"])
+    for call in (lambda: stub.Analyze(cpb.AnalyzeRequest(graph=g, world_size=world)),
+                 lambda: stub.Expand(cpb.ExpandRequest(graph=g, world_size=world))):
+        with pytest.raises(grpc.RpcError) as e:
+            call()
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "world_size" in e.value.details()
+
+
+def test_missing_graph_and_bad_buckets(stub, graphs):
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Analyze(cpb.AnalyzeRequest(world_size=2))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "no graph" in e.value.details()
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Expand(cpb.ExpandRequest(graph=graph_def(graphs["mlp"]), world_size=2, bucket_cap_mb=-1))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_unreachable_server_exit_code(graphs):
+    p = cli("analyze", graphs["mlp"], "--server", "127.0.0.1:1")
+    assert p.returncode == 3 and "127.0.0.1:1" in p.stderr
+
+
+# --------------------------------------------------------------------------- robustness
+
+
+def test_concurrent_clients(server, graphs):
+    path = graphs["transformer"]
+    wants = {w: local_json(path, w) for w in (1, 2, 4, 8)}
+    g = graph_def(path)
+
+    def one(i):
+        w = (1, 2, 4, 8)[i % 4]
+        ch = grpc.insecure_channel(server[1])
+        try:
+            r = cgrpc.CompileServiceStub(ch).Analyze(
+                cpb.AnalyzeRequest(graph=g, world_size=w, include_json=True), timeout=30)
+            return w, json.loads(r.json)
+        finally:
+            ch.close()
+
+    with concurrent.futures.ThreadPoolExecutor(8) as ex:
+        results = list(ex.map(one, range(8)))
+    for w, got in results:
+        assert got == wants[w]
+
+
+def health(channel, service: str = "") -> int:
+    # grpc.health.v1.Health/Check by hand (grpcio-health-checking is not installed):
+    # HealthCheckRequest{service = 1}; HealthCheckResponse{status = 1}, SERVING = 1.
+    req = b"" if not service else b"\x0a" + bytes([len(service)]) + service.encode()
+    resp = channel.unary_unary("/grpc.health.v1.Health/Check")(req, timeout=10)
+    assert resp[:1] in (b"", b"\x08")
+    return resp[1] if resp else 0
+
+
+def test_health_serving(channel):
+    assert health(channel) == 1
+    assert health(channel, "fxdp.v1.CompileService") == 1
+
+
+def test_reflection_lists_the_service(channel):
+    # grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo, list_services = 7 ("").
+    call = channel.stream_stream("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo")
+    resp = b"".join(call(iter([b"\x3a\x00"]), timeout=10))
+    assert b"fxdp.v1.CompileService" in resp
+
+
+def test_survives_garbage(server, channel, stub, graphs):
+    for method in ("/fxdp.v1.CompileService/Analyze", "/fxdp.v1.CompileService/Expand"):
+        for junk in (b"\xff\xff\xff\xff", b"\x0a\x05abc", os.urandom(4096), b"\x0a\x80\x80\x80\x80\x10"):
+            with pytest.raises(grpc.RpcError) as e:
+                channel.unary_unary(method)(junk, timeout=10)
+            assert e.value.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.INTERNAL)
+    with pytest.raises(grpc.RpcError) as e:
+        channel.unary_unary("/fxdp.v1.CompileService/Nope")(b"", timeout=10)
+    assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    # A GraphDef-shaped message of random nodes.
+    g = gpb.GraphDef()
+    g.nodes.add(name="x")
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Analyze(cpb.AnalyzeRequest(graph=g, world_size=2))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert server[0].poll() is None
+    assert stub.Analyze(cpb.AnalyzeRequest(graph=graph_def(graphs["mlp"]), world_size=2)).nodes
+
+
+def test_sigterm_shuts_down_cleanly():
+    proc = subprocess.Popen([binary("FXDP_SERVER", "fxdp-server"), "--listen", "127.0.0.1:0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().startswith("listening on 127.0.0.1:")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=10) == 0
+
+
+def test_server_usage():
+    p = subprocess.run([binary("FXDP_SERVER", "fxdp-server"), "--bogus"], capture_output=True, text=True, timeout=10)
+    assert p.returncode == 2 and "unknown argument" in p.stderr
+    p = subprocess.run([binary("FXDP_SERVER", "fxdp-server"), "--local-workers", "2"], capture_output=True,
+                       text=True, timeout=10)
+    assert p.returncode == 2 and "not implemented" in p.stderr
