@@ -1126,7 +1126,7 @@ class BatchDimAnalyzer {
       return absl::OkStatus();
     }
     if (rule.family == OpFamily::kConvBackward) {
-      FXDP_RETURN_IF_ERROR(RequireReplicatedArgs(n, ops, {2}));
+      FXDP_RETURN_IF_ERROR(RequireReplicatedArgs(n, ops, {rule.b >= 0 ? rule.b : 2}));
     } else if (rule.family == OpFamily::kLayerNormBackward) {
       FXDP_RETURN_IF_ERROR(RequireReplicatedArgs(n, ops, {5, 6}));
     } else {

@@ -34,8 +34,11 @@ enum class OpFamily : int8_t {
   kLayerNormBackward,
   kBatchNorm,      // training flag at arg `a` (-1: always training), `b` outputs carry stats.
   kBatchNormBackward,
-  kSpatial,        // conv/pool forward and their input grads: batch must be dim 0.
-  kConvBackward,   // convolution_backward: (grad_input, grad_weight, grad_bias).
+  kSpatial,        // conv/pool/group-norm forward and input grads: batch must be dim 0.
+  kConvBackward,   // convolution/group-norm backward: (grad_input, grad_weight, grad_bias);
+                   // `b`: the weight argument (replicated).
+  // kSpatial and kConvBackward: `c` is the int argument that spells the batch
+  // size (native_group_norm's N), which the expansion rewrites to the local one.
   kEmbedding,      // embedding(weight, indices, ...).
   kEmbeddingBackward,
   kLoss,           // loss(self, target, ...), reduction enum at arg `a`.

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "analysis/ir/status_macros.h"
+#include "analysis/op_rules.h"
 
 namespace fxdp {
 
@@ -266,6 +267,20 @@ class Expander {
           "node %s (%s) is built sharded for its use by %s, but the expansion does not know "
           "how to build it locally",
           old.name, old.target.ToString(), g_.node(a_.node(id).shaped_by).name));
+    }
+    // An int argument that spells the batch size (native_group_norm's N).
+    if (const OpRule* rule = FindOpRule(old.target);
+        rule != nullptr && rule->c >= 0 && v.placement.is_shard() &&
+        (rule->family == OpFamily::kSpatial || rule->family == OpFamily::kConvBackward) &&
+        rule->c < static_cast<int>(n.args.size())) {
+      if (const auto* x = n.args[rule->c].get_if<int64_t>()) {
+        if (*x % batch_ != 0) {
+          return absl::InvalidArgumentError(absl::StrFormat(
+              "node %s (%s): argument %d (%d) should be a multiple of the batch size %d",
+              old.name, old.target.ToString(), rule->c, *x, batch_));
+        }
+        n.args[rule->c] = Argument(LocalExtent(*x));
+      }
     }
     out_.push_back(std::move(n));
     new_id_[id.value] = static_cast<int32_t>(out_.size() - 1);

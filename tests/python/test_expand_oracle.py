@@ -168,3 +168,20 @@ def test_expand_report_and_errors(tmp_path):
     assert r.returncode == 1 and "larger than the batch (12 samples)" in r.stderr
     r = subprocess.run([FXDP, "expand", graph, "-o", str(tmp_path / "y.pb")], capture_output=True, text=True)
     assert r.returncode == 2 and "missing --world-size" in r.stderr
+
+
+def test_group_norm_batch_size_argument_is_localised(tmp_path):
+    """native_group_norm(input, w, b, N, C, HxW, group, eps) spells the batch size N as an int:
+    the expansion rewrites it per rank (B=6 over 4 ranks: 2,2,1,1), or the kernel would fail."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.GroupNorm(2, 4), torch.nn.ReLU(),
+                                torch.nn.Flatten(), torch.nn.Linear(4 * 4 * 4, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    g = torch.Generator().manual_seed(7)
+    batches = [(torch.randn(6, 3, 6, 6, generator=g), torch.randn(6, 3, generator=g))
+               for _ in range(STEPS)]
+    step = fxdp.trace(model, opt, torch.nn.functional.mse_loss, batches[0])
+    targets = {n.target.name for n in step.graph.nodes}
+    assert "aten::native_group_norm" in targets and "aten::native_group_norm_backward" in targets
+    report = check_against_one_device(tmp_path, step, batches, 4)
+    assert [s["size"] for s in report["slices"]] == [2, 2, 1, 1]
