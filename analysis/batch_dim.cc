@@ -1203,6 +1203,16 @@ class BatchDimAnalyzer {
       FXDP_RETURN_IF_ERROR(RequireReplicatedArgs(n, ops, {1, 2}));
     }
     SetCombined(id, c, s);
+    if (c.dim >= 0) {
+      // Side outputs that are not batch-major (attention kernels' RNG state,
+      // cumulative sequence lengths, 0-d scalars) are replicated.
+      const Operand* src = Find(ops, c.arg);
+      const int64_t extent = src != nullptr ? src->type->shape[0] : -1;
+      for (int k = 0; k < static_cast<int>(n.outputs.size()); ++k) {
+        const TensorType* t = OutType(n, k);
+        if (t != nullptr && (t->rank() == 0 || t->shape[0] != extent)) SetOut(id, k, kReplicated);
+      }
+    }
     return absl::OkStatus();
   }
 

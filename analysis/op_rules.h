@@ -34,7 +34,8 @@ enum class OpFamily : int8_t {
   kLayerNormBackward,
   kBatchNorm,      // training flag at arg `a` (-1: always training), `b` outputs carry stats.
   kBatchNormBackward,
-  kSpatial,        // conv/pool/group-norm forward and input grads: batch must be dim 0.
+  kSpatial,        // conv/pool/group-norm/attention kernels: batch on dim 0 of every
+                   // batched operand and batch-major output.
   kConvBackward,   // convolution/group-norm backward: (grad_input, grad_weight, grad_bias);
                    // `b`: the weight argument (replicated).
   // kSpatial and kConvBackward: `c` is the int argument that spells the batch

@@ -185,3 +185,37 @@ def test_group_norm_batch_size_argument_is_localised(tmp_path):
     assert "aten::native_group_norm" in targets and "aten::native_group_norm_backward" in targets
     report = check_against_one_device(tmp_path, step, batches, 4)
     assert [s["size"] for s in report["slices"]] == [2, 2, 1, 1]
+
+
+class _SdpaBlock(torch.nn.Module):
+    """Causal self-attention through F.scaled_dot_product_attention (one fused aten kernel)."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(16, 48)
+        self.out = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, 2, 8).permute(2, 0, 3, 1, 4)
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(y.transpose(1, 2).reshape(b, t, 16)).mean(1)
+
+
+def test_fused_attention_kernel(tmp_path):
+    """_scaled_dot_product_flash_attention_for_cpu and its backward have rules (no fallback);
+    B=6 over 4 ranks (2,2,1,1) equals one device."""
+    torch.manual_seed(0)
+    model = _SdpaBlock()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    g = torch.Generator().manual_seed(11)
+    batches = [(torch.randn(6, 5, 16, generator=g), torch.randn(6, 4, generator=g))
+               for _ in range(STEPS)]
+    step = fxdp.trace(model, opt, torch.nn.functional.mse_loss, batches[0])
+    graph = str(tmp_path / "sdpa.pb")
+    step.save(graph)
+    r = subprocess.run([FXDP, "analyze", graph, "--json"], capture_output=True, text=True, check=True)
+    assert json.loads(r.stdout)["warnings"] == []
+    (tmp_path / "run").mkdir()
+    report = check_against_one_device(tmp_path / "run", step, batches, 4)
+    assert [s["size"] for s in report["slices"]] == [2, 2, 1, 1]
