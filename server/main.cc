@@ -1,12 +1,15 @@
 // fxdp-server: the gRPC front of the analysis and expansion library
-// (fxdp.v1.CompileService), with gRPC health checking and server reflection.
+// (fxdp.v1.CompileService) and the workers' endpoint (fxdp.v1.WorkerService:
+// Attach, ListWorkers), with gRPC health checking and server reflection.
 //
 //   fxdp-server [--listen HOST:PORT] [--max-message-mb N] [--cache-entries N]
-//               [--cache-mb N]
+//               [--cache-mb N] [--heartbeat-ms MS] [--local-workers N]
+//               [--worker-binary PATH]
 //
 // Port 0 picks a free port; the server prints "listening on HOST:PORT" on
 // stdout once it serves. SIGTERM / SIGINT shut it down cleanly (in-flight
-// calls get a few seconds to finish), exit status 0.
+// calls get a few seconds to finish; local workers are stopped first), exit
+// status 0.
 #include <pthread.h>
 #include <signal.h>
 
@@ -17,27 +20,38 @@
 #include <string>
 #include <thread>
 
+#include <unistd.h>
+
 #include "absl/strings/numbers.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "server/compile_service.h"
+#include "server/local_workers.h"
+#include "server/worker_registry.h"
 
 namespace {
 
 constexpr char kUsage[] =
     "usage: fxdp-server [--listen HOST:PORT] [--max-message-mb N] [--cache-entries N]\n"
-    "                   [--cache-mb N]\n"
+    "                   [--cache-mb N] [--heartbeat-ms MS] [--local-workers N]\n"
+    "                   [--worker-binary PATH]\n"
     "\n"
-    "Serves fxdp.v1.CompileService (Analyze, Expand) over gRPC, with grpc.health.v1\n"
-    "health checking and server reflection.\n"
+    "Serves fxdp.v1.CompileService (Analyze, Expand) and fxdp.v1.WorkerService (Attach:\n"
+    "the workers' endpoint, ListWorkers) over gRPC, with grpc.health.v1 health checking\n"
+    "and server reflection.\n"
     "\n"
     "  --listen HOST:PORT    address to listen on (default 127.0.0.1:50051; port 0 picks\n"
     "                        a free port); prints 'listening on HOST:PORT' once serving\n"
     "  --max-message-mb N    largest message received or sent, MiB (default 1024)\n"
     "  --cache-entries N     compile cache: most results kept (default 256; 0 disables)\n"
     "  --cache-mb N          compile cache: most bytes kept, MiB (default 2048)\n"
-    "  --local-workers N     start N CPU workers (not implemented yet)\n"
+    "  --heartbeat-ms MS     heartbeat interval asked of workers (default 1000); a worker\n"
+    "                        silent for more than 3 intervals is LOST\n"
+    "  --local-workers N     start N CPU workers ('fxdp-worker attach', ids local-0 ...)\n"
+    "                        attached to this server; one that exits is restarted\n"
+    "  --worker-binary PATH  the fxdp-worker for --local-workers (default: next to\n"
+    "                        fxdp-server)\n"
     "\n"
     "SIGTERM or SIGINT shut the server down. Exit codes: 0 ok, 1 cannot listen, 2 usage.\n";
 
@@ -53,6 +67,8 @@ int main(int argc, char** argv) {
   int64_t max_message_mb = 1024;
   fxdp::server::CompileCacheOptions cache;
   int64_t cache_mb = cache.max_bytes >> 20;
+  int64_t heartbeat_ms = 1000, local_workers = 0;
+  std::string worker_binary;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i], value;
     if (a == "--help" || a == "-h") {
@@ -89,18 +105,27 @@ int main(int argc, char** argv) {
     } else if (a == "--cache-mb") {
       rc = int_flag(&cache_mb, 0);
     } else if (a == "--local-workers") {
-      int64_t n = 0;
-      rc = int_flag(&n, 0);
-      if (rc < 0) {
-        std::fprintf(stderr, "fxdp-server: --local-workers is not implemented yet\n");
-        return 2;
-      }
+      rc = int_flag(&local_workers, 0);
+      if (rc < 0 && local_workers > 256) return Usage("--local-workers must be <= 256");
+    } else if (a == "--heartbeat-ms") {
+      rc = int_flag(&heartbeat_ms, 1);
+      if (rc < 0 && heartbeat_ms > 3600 * 1000) return Usage("--heartbeat-ms must be <= 3600000");
+    } else if (a == "--worker-binary") {
+      if (!next() || value.empty()) return Usage("--worker-binary needs a PATH");
+      worker_binary = value;
     } else {
       return Usage("unknown argument '" + a + "'");
     }
     if (rc >= 0) return rc;
   }
   cache.max_bytes = cache_mb << 20;
+  if (local_workers > 0) {
+    if (worker_binary.empty()) worker_binary = fxdp::server::DefaultWorkerBinary();
+    if (access(worker_binary.c_str(), X_OK) != 0) {
+      return Usage("--local-workers: no executable fxdp-worker at '" + worker_binary +
+                   "' (set --worker-binary)");
+    }
+  }
 
   // Signals are taken by a dedicated thread (sigwait): block them before gRPC
   // starts its threads, so that they all inherit the mask.
@@ -111,6 +136,9 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
   fxdp::server::CompileServiceImpl service(cache);
+  fxdp::server::WorkerRegistryOptions registry_options;
+  registry_options.heartbeat_interval_ms = static_cast<int>(heartbeat_ms);
+  fxdp::server::WorkerRegistry registry(registry_options);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -120,6 +148,7 @@ int main(int argc, char** argv) {
   builder.SetMaxReceiveMessageSize(max_bytes);
   builder.SetMaxSendMessageSize(max_bytes);
   builder.RegisterService(&service);
+  builder.RegisterService(&registry);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     std::fprintf(stderr, "fxdp-server: cannot listen on %s\n", listen.c_str());
@@ -128,15 +157,31 @@ int main(int argc, char** argv) {
   server->GetHealthCheckService()->SetServingStatus(true);
   server->GetHealthCheckService()->SetServingStatus(
       fxdp::v1::CompileService::service_full_name(), true);
+  server->GetHealthCheckService()->SetServingStatus(
+      fxdp::v1::WorkerService::service_full_name(), true);
   const std::string host = listen.substr(0, listen.rfind(':'));
   std::printf("listening on %s:%d\n", host.c_str(), port);
   std::fflush(stdout);
+
+  // The workers attach to the address the server listens on (loopback for a
+  // wildcard address).
+  std::string worker_host = host;
+  if (host.empty() || host == "0.0.0.0" || host == "[::]" || host == "::") worker_host = "127.0.0.1";
+  fxdp::server::LocalWorkersOptions lw;
+  lw.count = static_cast<int>(local_workers);
+  lw.worker_binary = worker_binary;
+  lw.server = worker_host + ":" + std::to_string(port);
+  lw.extra_args = {"--threads", "1"};
+  fxdp::server::LocalWorkers workers(lw);
+  if (local_workers > 0) workers.Start();
 
   std::thread waiter([&] {
     int sig = 0;
     sigwait(&sigs, &sig);
     std::fprintf(stderr, "fxdp-server: %s, shutting down\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
     server->GetHealthCheckService()->SetServingStatus(false);
+    workers.Stop();
+    registry.Shutdown();
     server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   });
   server->Wait();

@@ -21,6 +21,7 @@ int ReportError(const std::string& cmd, const absl::Status& status);
 int GraphCommand(const std::vector<std::string>& args);
 int AnalyzeCommand(const std::vector<std::string>& args);
 int ExpandCommand(const std::vector<std::string>& args);
+int WorkersCommand(const std::vector<std::string>& args);
 
 }  // namespace fxdp::cli
 

@@ -14,6 +14,7 @@ constexpr char kUsage[] =
     "  graph     inspect and validate saved graphs (print, check, roundtrip, parse)\n"
     "  analyze   batch dim and placement of every node of a saved graph\n"
     "  expand    rewrite a saved graph into per-rank data-parallel graphs\n"
+    "  workers   list the workers attached to an fxdp server\n"
     "\n"
     "Run 'fxdp <command> --help' for the arguments of a command.\n";
 
@@ -34,6 +35,7 @@ int main(int argc, char** argv) {
   if (cmd == "graph") return fxdp::cli::GraphCommand(args);
   if (cmd == "analyze") return fxdp::cli::AnalyzeCommand(args);
   if (cmd == "expand") return fxdp::cli::ExpandCommand(args);
+  if (cmd == "workers") return fxdp::cli::WorkersCommand(args);
   std::fprintf(stderr, "fxdp: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);
   return fxdp::cli::kExitUsage;
 }

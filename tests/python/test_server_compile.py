@@ -305,6 +305,9 @@ def test_sigterm_shuts_down_cleanly():
 def test_server_usage():
     p = subprocess.run([binary("FXDP_SERVER", "fxdp-server"), "--bogus"], capture_output=True, text=True, timeout=10)
     assert p.returncode == 2 and "unknown argument" in p.stderr
-    p = subprocess.run([binary("FXDP_SERVER", "fxdp-server"), "--local-workers", "2"], capture_output=True,
+    p = subprocess.run([binary("FXDP_SERVER", "fxdp-server"), "--local-workers", "2", "--worker-binary",
+                        "/nonexistent/fxdp-worker"], capture_output=True, text=True, timeout=10)
+    assert p.returncode == 2 and "no executable fxdp-worker at '/nonexistent/fxdp-worker'" in p.stderr
+    p = subprocess.run([binary("FXDP_SERVER", "fxdp-server"), "--local-workers", "-1"], capture_output=True,
                        text=True, timeout=10)
-    assert p.returncode == 2 and "not implemented" in p.stderr
+    assert p.returncode == 2 and "--local-workers needs an integer >= 0" in p.stderr

@@ -1,0 +1,137 @@
+// fxdp workers --server HOST:PORT [--json]: the workers fxdp-server knows
+// (WorkerService.ListWorkers, proto/fxdp/v1/worker.proto).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/cli/commands.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/fxdp/v1/worker.grpc.pb.h"
+#include "util/flags.h"
+
+namespace fxdp::cli {
+namespace {
+
+constexpr char kWorkersUsage[] =
+    "usage: fxdp workers --server HOST:PORT [--json]\n"
+    "\n"
+    "Lists the workers attached to fxdp-server (and the ones it lost in the last\n"
+    "minute): id, state (IDLE, BUSY, LOST), device, host, pid, job, step and the\n"
+    "time since the last heartbeat.\n"
+    "\n"
+    "  --server HOST:PORT   the fxdp server (required)\n"
+    "  --json               print JSON: {\"workers\": [{\"id\", \"state\", \"device\",\n"
+    "                       \"hostname\", \"pid\", \"job\", \"step\", \"last_heartbeat_s\",\n"
+    "                       \"attached_s\", \"capacity\", \"fxdp_version\", \"torch_version\",\n"
+    "                       \"lost_reason\"}]}\n"
+    "\n"
+    "Exit codes: 0 ok, 1 the server refused, 2 usage, 3 the server is unreachable.\n";
+
+std::string StateName(v1::WorkerState s) {
+  switch (s) {
+    case v1::WORKER_STATE_IDLE: return "IDLE";
+    case v1::WORKER_STATE_BUSY: return "BUSY";
+    case v1::WORKER_STATE_LOST: return "LOST";
+    default: return "UNKNOWN";
+  }
+}
+
+std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20) {
+          absl::StrAppendFormat(&out, "\\u%04x", c);
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  return out + "\"";
+}
+
+std::string ToJson(const v1::ListWorkersResponse& r) {
+  std::string out = "{\"workers\": [";
+  for (int i = 0; i < r.workers_size(); ++i) {
+    const v1::WorkerInfo& w = r.workers(i);
+    absl::StrAppend(&out, i ? ",\n  " : "\n  ");
+    absl::StrAppendFormat(
+        &out,
+        "{\"id\": %s, \"state\": \"%s\", \"device\": %s, \"hostname\": %s, \"pid\": %d, "
+        "\"job\": %s, \"step\": %d, \"last_heartbeat_s\": %.3f, \"attached_s\": %.3f, "
+        "\"capacity\": %d, \"fxdp_version\": %s, \"torch_version\": %s, \"lost_reason\": %s}",
+        JsonString(w.worker_id()), StateName(w.state()), JsonString(w.device()),
+        JsonString(w.hostname()), w.pid(), JsonString(w.job_id()), w.step(), w.last_heartbeat_s(),
+        w.attached_s(), w.capacity(), JsonString(w.fxdp_version()), JsonString(w.torch_version()),
+        JsonString(w.lost_reason()));
+  }
+  absl::StrAppend(&out, r.workers_size() ? "\n]}\n" : "]}\n");
+  return out;
+}
+
+std::string ToTable(const v1::ListWorkersResponse& r) {
+  std::vector<std::vector<std::string>> rows = {
+      {"id", "state", "device", "host", "pid", "job", "step", "last heartbeat"}};
+  for (const v1::WorkerInfo& w : r.workers()) {
+    const bool busy = w.state() == v1::WORKER_STATE_BUSY;
+    rows.push_back({w.worker_id(), StateName(w.state()), w.device(), w.hostname(),
+                    absl::StrCat(w.pid()), w.job_id().empty() ? "-" : w.job_id(),
+                    busy ? absl::StrCat(w.step()) : "-",
+                    absl::StrFormat("%.1f s ago", w.last_heartbeat_s()) +
+                        (w.lost_reason().empty() ? "" : " (" + w.lost_reason() + ")")});
+  }
+  std::vector<size_t> width(rows[0].size(), 0);
+  for (const auto& row : rows) {
+    for (size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
+  }
+  std::string out;
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t c = 0; c < row.size(); ++c) {
+      absl::StrAppend(&line, c ? "  " : "", row[c]);
+      if (c + 1 < row.size()) line.append(width[c] - row[c].size(), ' ');
+    }
+    absl::StrAppend(&out, line, "\n");
+  }
+  if (r.workers_size() == 0) absl::StrAppend(&out, "(no workers)\n");
+  return out;
+}
+
+}  // namespace
+
+int WorkersCommand(const std::vector<std::string>& args) {
+  util::Flags flags("fxdp workers", kWorkersUsage);
+  std::string server;
+  bool json = false;
+  flags.String("--server", &server);
+  flags.Bool("--json", &json);
+  if (int rc = flags.Parse(args, nullptr); rc >= 0) return rc;
+  if (server.empty()) return flags.Usage("--server is required");
+  auto stub = v1::WorkerService::NewStub(
+      grpc::CreateChannel(server, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::ListWorkersResponse resp;
+  const grpc::Status s = stub->ListWorkers(&ctx, v1::ListWorkersRequest(), &resp);
+  if (!s.ok()) {
+    std::fprintf(stderr, "fxdp workers: server %s: %s\n", server.c_str(), s.error_message().c_str());
+    return s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                   s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
+               ? kExitIo
+               : kExitInvalidInput;
+  }
+  const std::string out = json ? ToJson(resp) : ToTable(resp);
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  return kExitOk;
+}
+
+}  // namespace fxdp::cli

@@ -1,0 +1,306 @@
+#include "server/worker_registry.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace fxdp::server {
+namespace {
+
+void Log(const std::string& line) {
+  std::fprintf(stderr, "fxdp-server: %s\n", line.c_str());
+  std::fflush(stderr);
+}
+
+// Printable, bounded: ids come from the network.
+bool IsPlainId(const std::string& s) {
+  if (s.empty() || s.size() > 256) return false;
+  for (unsigned char c : s) {
+    if (c <= ' ' || c == 0x7f) return false;
+  }
+  return true;
+}
+
+constexpr int kMaxIgnoredLogs = 10;  // per attachment, then silence
+
+}  // namespace
+
+struct WorkerRegistry::Conn {
+  std::string id;
+  bool lost = false;  // guarded by WorkerRegistry::mu_
+  int ignored = 0;    // reader thread only
+  std::mutex ctx_mu;
+  grpc::ServerContext* ctx = nullptr;  // guarded by ctx_mu; null once the call returned
+  std::mutex write_mu;
+  grpc::ServerReaderWriter<v1::ServerMessage, v1::WorkerMessage>* stream = nullptr;  // write_mu
+
+  void Cancel() {
+    std::lock_guard<std::mutex> l(ctx_mu);
+    if (ctx != nullptr) ctx->TryCancel();
+  }
+  bool Write(const v1::ServerMessage& m) {
+    std::lock_guard<std::mutex> l(write_mu);
+    return stream != nullptr && stream->Write(m);
+  }
+  void Ignore(const std::string& why) {
+    if (++ignored <= kMaxIgnoredLogs) {
+      Log(absl::StrCat("worker ", id, ": ignored ", why,
+                       ignored == kMaxIgnoredLogs ? " (further ones not logged)" : ""));
+    }
+  }
+};
+
+WorkerRegistry::WorkerRegistry(WorkerRegistryOptions options)
+    : options_(options), watchdog_(&WorkerRegistry::Watchdog, this) {}
+
+WorkerRegistry::~WorkerRegistry() { Shutdown(); }
+
+void WorkerRegistry::Shutdown() {
+  std::vector<std::shared_ptr<Conn>> conns;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    shutdown_ = true;
+    for (auto& [id, e] : workers_) {
+      if (e.conn) conns.push_back(e.conn);
+    }
+  }
+  wake_.notify_all();
+  if (watchdog_.joinable() && watchdog_.get_id() != std::this_thread::get_id()) watchdog_.join();
+  for (auto& c : conns) c->Cancel();
+}
+
+grpc::Status WorkerRegistry::Attach(
+    grpc::ServerContext* context,
+    grpc::ServerReaderWriter<v1::ServerMessage, v1::WorkerMessage>* stream) {
+  v1::WorkerMessage m;
+  if (!stream->Read(&m)) return grpc::Status::OK;  // closed before registering
+  if (m.msg_case() != v1::WorkerMessage::kRegisterWorker) {
+    Log(absl::StrCat("attach from ", context->peer(), ": first message is not register_worker"));
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "the first message on Attach must be register_worker");
+  }
+  v1::Register reg = m.register_worker();
+  if (reg.protocol_version() != v1::WORKER_PROTOCOL_VERSION_1) {
+    Log(absl::StrCat("attach from ", context->peer(), ": protocol version ",
+                     reg.protocol_version(), " not supported"));
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        absl::StrCat("worker protocol version ", reg.protocol_version(),
+                                     " is not supported (this server speaks 1)"));
+  }
+  if (!reg.worker_id().empty() && !IsPlainId(reg.worker_id())) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "worker_id must be printable without spaces, at most 256 bytes");
+  }
+  auto conn = std::make_shared<Conn>();
+  conn->ctx = context;
+  conn->stream = stream;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (shutdown_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down");
+    if (reg.worker_id().empty()) {
+      do {
+        reg.set_worker_id(absl::StrCat("worker-", next_anon_id_++));
+      } while (workers_.count(reg.worker_id()));
+    }
+    auto it = workers_.find(reg.worker_id());
+    if (it != workers_.end() && it->second.conn) {
+      Log(absl::StrCat("attach from ", context->peer(), ": worker id '", reg.worker_id(),
+                       "' is in use"));
+      return grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
+                          absl::StrCat("worker id '", reg.worker_id(), "' is attached already"));
+    }
+    conn->id = reg.worker_id();
+    Entry& e = workers_[conn->id];
+    e = Entry{};
+    e.reg = reg;
+    e.state = reg.busy_with_job_id().empty() ? v1::WORKER_STATE_IDLE : v1::WORKER_STATE_BUSY;
+    e.job_id = reg.busy_with_job_id();
+    e.attached = e.last_heartbeat = Clock::now();
+    e.conn = conn;
+  }
+  const std::string& id = conn->id;
+  Log(absl::StrFormat("worker %s attached: host %s pid %d device %s capacity %d (fxdp %s, torch %s) from %s",
+                      id, reg.hostname(), reg.pid(), reg.device(), reg.capacity(),
+                      reg.fxdp_version(), reg.torch_version(), context->peer()));
+  v1::ServerMessage hello;
+  hello.mutable_registered()->set_worker_id(id);
+  hello.mutable_registered()->set_heartbeat_interval_ms(options_.heartbeat_interval_ms);
+  std::string why = "stream ended";
+  if (!conn->Write(hello)) {
+    why = "could not send Registered";
+  } else {
+    while (stream->Read(&m)) {
+      switch (m.msg_case()) {
+        case v1::WorkerMessage::kHeartbeat: {
+          const v1::Heartbeat& h = m.heartbeat();
+          if (h.state() != v1::WORKER_STATE_IDLE && h.state() != v1::WORKER_STATE_BUSY) {
+            conn->Ignore(absl::StrCat("a heartbeat with state ", h.state()));
+            continue;
+          }
+          std::lock_guard<std::mutex> l(mu_);
+          if (conn->lost) break;
+          Entry& e = workers_[id];
+          e.state = h.state();
+          e.job_id = h.job_id();
+          e.step = h.step();
+          e.last_heartbeat = Clock::now();
+          break;
+        }
+        case v1::WorkerMessage::kRegisterWorker:
+          conn->Ignore("a second register_worker");
+          continue;
+        case v1::WorkerMessage::MSG_NOT_SET:
+          conn->Ignore("an empty or unknown message");
+          continue;
+        default:
+          break;
+      }
+      std::vector<Listener> ls;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        for (auto& [h, p] : listeners_) {
+          if (p.first == conn) ls.push_back(p.second);
+        }
+      }
+      for (auto& f : ls) f(id, &m);
+    }
+    if (context->IsCancelled()) why = "stream cancelled";
+  }
+  MarkLost(id, conn, why);
+  {
+    std::lock_guard<std::mutex> l(conn->ctx_mu);
+    conn->ctx = nullptr;
+  }
+  std::lock_guard<std::mutex> l(conn->write_mu);
+  conn->stream = nullptr;
+  return grpc::Status::OK;
+}
+
+void WorkerRegistry::MarkLost(const std::string& id, const std::shared_ptr<Conn>& conn,
+                              const std::string& why) {
+  std::vector<Listener> ls;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (conn->lost) return;
+    conn->lost = true;
+    auto it = workers_.find(id);
+    if (it != workers_.end() && it->second.conn == conn) {
+      Entry& e = it->second;
+      e.state = v1::WORKER_STATE_LOST;
+      e.lost_reason = why;
+      e.lost_at = Clock::now();
+      e.conn = nullptr;
+    }
+    for (auto i = listeners_.begin(); i != listeners_.end();) {
+      if (i->second.first == conn) {
+        ls.push_back(std::move(i->second.second));
+        i = listeners_.erase(i);
+      } else {
+        ++i;
+      }
+    }
+  }
+  Log(absl::StrCat("worker ", id, " lost: ", why));
+  conn->Cancel();
+  for (auto& f : ls) f(id, nullptr);
+}
+
+void WorkerRegistry::Watchdog() {
+  const auto limit = std::chrono::milliseconds(int64_t{options_.heartbeat_interval_ms} *
+                                               options_.missed_heartbeats);
+  const auto retention = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(options_.lost_retention_s));
+  std::unique_lock<std::mutex> l(mu_);
+  while (!shutdown_) {
+    wake_.wait_for(l, std::chrono::milliseconds(100));
+    if (shutdown_) break;
+    const auto now = Clock::now();
+    std::vector<std::pair<std::shared_ptr<Conn>, double>> late;
+    for (auto it = workers_.begin(); it != workers_.end();) {
+      Entry& e = it->second;
+      if (e.conn && now - e.last_heartbeat > limit) {
+        late.emplace_back(e.conn, std::chrono::duration<double>(now - e.last_heartbeat).count());
+      } else if (!e.conn && now - e.lost_at > retention) {
+        it = workers_.erase(it);
+        continue;
+      }
+      ++it;
+    }
+    if (late.empty()) continue;
+    l.unlock();
+    for (auto& [c, s] : late) MarkLost(c->id, c, absl::StrFormat("no heartbeat for %.1f s", s));
+    l.lock();
+  }
+}
+
+v1::WorkerInfo WorkerRegistry::InfoOf(const std::string& id, const Entry& e,
+                                      Clock::time_point now) const {
+  v1::WorkerInfo w;
+  w.set_worker_id(id);
+  w.set_state(e.state);
+  w.set_device(e.reg.device());
+  w.set_hostname(e.reg.hostname());
+  w.set_pid(e.reg.pid());
+  w.set_job_id(e.job_id);
+  w.set_step(e.step);
+  w.set_last_heartbeat_s(std::chrono::duration<double>(now - e.last_heartbeat).count());
+  w.set_capacity(e.reg.capacity());
+  w.set_fxdp_version(e.reg.fxdp_version());
+  w.set_torch_version(e.reg.torch_version());
+  w.set_attached_s(std::chrono::duration<double>(now - e.attached).count());
+  w.set_lost_reason(e.lost_reason);
+  return w;
+}
+
+std::vector<v1::WorkerInfo> WorkerRegistry::List() const {
+  std::lock_guard<std::mutex> l(mu_);
+  const auto now = Clock::now();
+  std::vector<v1::WorkerInfo> out;
+  for (const auto& [id, e] : workers_) out.push_back(InfoOf(id, e, now));
+  return out;
+}
+
+std::vector<std::string> WorkerRegistry::IdleWorkers() const {
+  std::lock_guard<std::mutex> l(mu_);
+  std::vector<std::string> out;
+  for (const auto& [id, e] : workers_) {
+    if (e.conn && e.state == v1::WORKER_STATE_IDLE) out.push_back(id);
+  }
+  return out;
+}
+
+bool WorkerRegistry::Send(const std::string& worker_id, const v1::ServerMessage& msg) {
+  std::shared_ptr<Conn> c;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = workers_.find(worker_id);
+    if (it == workers_.end() || !it->second.conn) return false;
+    c = it->second.conn;
+  }
+  return c->Write(msg);
+}
+
+int64_t WorkerRegistry::Subscribe(const std::string& worker_id, Listener listener) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end() || !it->second.conn) return 0;
+  const int64_t h = next_handle_++;
+  listeners_[h] = {it->second.conn, std::move(listener)};
+  return h;
+}
+
+void WorkerRegistry::Unsubscribe(int64_t handle) {
+  std::lock_guard<std::mutex> l(mu_);
+  listeners_.erase(handle);
+}
+
+grpc::Status WorkerRegistry::ListWorkers(grpc::ServerContext*, const v1::ListWorkersRequest*,
+                                         v1::ListWorkersResponse* response) {
+  for (v1::WorkerInfo& w : List()) *response->add_workers() = std::move(w);
+  return grpc::Status::OK;
+}
+
+}  // namespace fxdp::server
