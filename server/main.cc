@@ -1,6 +1,8 @@
 // fxdp-server: the gRPC front of the analysis and expansion library
 // (fxdp.v1.CompileService) and the workers' endpoint (fxdp.v1.WorkerService:
-// Attach, ListWorkers), with gRPC health checking and server reflection.
+// Attach, ListWorkers) and the job service (fxdp.v1.JobService: Submit, GetJob,
+// ListJobs, CancelJob, FetchState: jobs run on the attached workers), with
+// gRPC health checking and server reflection.
 //
 //   fxdp-server [--listen HOST:PORT] [--max-message-mb N] [--cache-entries N]
 //               [--cache-mb N] [--heartbeat-ms MS] [--local-workers N]
@@ -27,6 +29,7 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "server/compile_service.h"
+#include "server/job_service.h"
 #include "server/local_workers.h"
 #include "server/worker_registry.h"
 
@@ -37,9 +40,10 @@ constexpr char kUsage[] =
     "                   [--cache-mb N] [--heartbeat-ms MS] [--local-workers N]\n"
     "                   [--worker-binary PATH]\n"
     "\n"
-    "Serves fxdp.v1.CompileService (Analyze, Expand) and fxdp.v1.WorkerService (Attach:\n"
-    "the workers' endpoint, ListWorkers) over gRPC, with grpc.health.v1 health checking\n"
-    "and server reflection.\n"
+    "Serves fxdp.v1.CompileService (Analyze, Expand), fxdp.v1.WorkerService (Attach:\n"
+    "the workers' endpoint, ListWorkers) and fxdp.v1.JobService (Submit, GetJob, ListJobs,\n"
+    "CancelJob, FetchState: data-parallel jobs on the attached workers) over gRPC, with\n"
+    "grpc.health.v1 health checking and server reflection.\n"
     "\n"
     "  --listen HOST:PORT    address to listen on (default 127.0.0.1:50051; port 0 picks\n"
     "                        a free port); prints 'listening on HOST:PORT' once serving\n"
@@ -139,6 +143,7 @@ int main(int argc, char** argv) {
   fxdp::server::WorkerRegistryOptions registry_options;
   registry_options.heartbeat_interval_ms = static_cast<int>(heartbeat_ms);
   fxdp::server::WorkerRegistry registry(registry_options);
+  fxdp::server::JobServiceImpl jobs(&service, &registry);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -149,6 +154,7 @@ int main(int argc, char** argv) {
   builder.SetMaxSendMessageSize(max_bytes);
   builder.RegisterService(&service);
   builder.RegisterService(&registry);
+  builder.RegisterService(&jobs);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     std::fprintf(stderr, "fxdp-server: cannot listen on %s\n", listen.c_str());
@@ -159,6 +165,7 @@ int main(int argc, char** argv) {
       fxdp::v1::CompileService::service_full_name(), true);
   server->GetHealthCheckService()->SetServingStatus(
       fxdp::v1::WorkerService::service_full_name(), true);
+  server->GetHealthCheckService()->SetServingStatus(fxdp::v1::JobService::service_full_name(), true);
   const std::string host = listen.substr(0, listen.rfind(':'));
   std::printf("listening on %s:%d\n", host.c_str(), port);
   std::fflush(stdout);
@@ -180,6 +187,7 @@ int main(int argc, char** argv) {
     sigwait(&sigs, &sig);
     std::fprintf(stderr, "fxdp-server: %s, shutting down\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
     server->GetHealthCheckService()->SetServingStatus(false);
+    jobs.CancelAll("the server is shutting down");
     workers.Stop();
     registry.Shutdown();
     server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
