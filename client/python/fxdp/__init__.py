@@ -6,7 +6,20 @@ from .errors import GraphFormatError, TraceError  # noqa: E402
 from .traced import TracedStep, load  # noqa: E402
 from .tracer import DEFAULT_DECOMPOSITIONS, SUPPORTED_OPTIMIZERS, trace  # noqa: E402
 
+
+
+def __getattr__(name):
+    # The gRPC client is imported on first use (it needs grpcio and the generated stubs).
+    if name in ("Client", "ServerError"):
+        from . import client
+
+        return getattr(client, name)
+    raise AttributeError(f"module 'fxdp' has no attribute {name!r}")
+
+
 __all__ = [
+    "Client",
+    "ServerError",
     "trace",
     "load",
     "TracedStep",
