@@ -22,6 +22,11 @@ int GraphCommand(const std::vector<std::string>& args);
 int AnalyzeCommand(const std::vector<std::string>& args);
 int ExpandCommand(const std::vector<std::string>& args);
 int WorkersCommand(const std::vector<std::string>& args);
+// jobs_command.cc: JobService (--server HOST:PORT, default 127.0.0.1:50051).
+int RunCommand(const std::vector<std::string>& args);
+int JobsCommand(const std::vector<std::string>& args);
+int JobCommand(const std::vector<std::string>& args);
+int CancelCommand(const std::vector<std::string>& args);
 
 }  // namespace fxdp::cli
 

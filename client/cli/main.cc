@@ -15,6 +15,10 @@ constexpr char kUsage[] =
     "  analyze   batch dim and placement of every node of a saved graph\n"
     "  expand    rewrite a saved graph into per-rank data-parallel graphs\n"
     "  workers   list the workers attached to an fxdp server\n"
+    "  run       run a traced training step data-parallel on an fxdp server's workers\n"
+    "  jobs      list the jobs of an fxdp server\n"
+    "  job       show one job of an fxdp server\n"
+    "  cancel    cancel a running job\n"
     "\n"
     "Run 'fxdp <command> --help' for the arguments of a command.\n";
 
@@ -36,6 +40,10 @@ int main(int argc, char** argv) {
   if (cmd == "analyze") return fxdp::cli::AnalyzeCommand(args);
   if (cmd == "expand") return fxdp::cli::ExpandCommand(args);
   if (cmd == "workers") return fxdp::cli::WorkersCommand(args);
+  if (cmd == "run") return fxdp::cli::RunCommand(args);
+  if (cmd == "jobs") return fxdp::cli::JobsCommand(args);
+  if (cmd == "job") return fxdp::cli::JobCommand(args);
+  if (cmd == "cancel") return fxdp::cli::CancelCommand(args);
   std::fprintf(stderr, "fxdp: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);
   return fxdp::cli::kExitUsage;
 }

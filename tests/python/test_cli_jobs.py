@@ -1,0 +1,165 @@
+"""`fxdp run|jobs|job|cancel --server`: the CLI on fxdp-server's job service (proto/fxdp/v1/jobs.proto).
+
+Starts ``fxdp-server --listen 127.0.0.1:0 --local-workers 2`` ($FXDP_SERVER, default
+build/bin/fxdp-server; workers $FXDP_WORKER; the CLI is $FXDP_BIN, default build/bin/fxdp), exports the
+zoo mlp/AdamW graph, state and batch (``python -m fxdp.zoo.export``) and checks:
+
+* ``fxdp run --world-size 2 --steps 3 --out final.safetensors``: the printed losses and the final state
+  equal single-device ``TracedStep.run_local`` on the same batch 3 times (rtol 1e-5, atol 1e-6);
+* ``fxdp jobs --json`` lists the job SUCCEEDED, ``fxdp job ID`` shows it, an unknown id exits 1;
+* ``fxdp cancel`` of a long job makes ``fxdp run`` exit 1 saying CANCELLED;
+* an unreachable server exits 3; bad usage exits 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from _util import ATOL, RTOL, fxdp_binary, traced
+
+MODEL, OPTIM = "mlp", "adamw"
+
+
+@pytest.fixture(scope="module")
+def server():
+    cmd = [fxdp_binary("FXDP_SERVER", "fxdp-server"), "--listen", "127.0.0.1:0", "--local-workers", "2",
+           "--heartbeat-ms", "250"]
+    if os.environ.get("FXDP_WORKER"):
+        cmd += ["--worker-binary", fxdp_binary("FXDP_WORKER", "fxdp-worker")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    m = re.fullmatch(r"listening on (127\.0\.0\.1:\d+)\n", line)
+    assert m, f"fxdp-server printed {line!r}"
+    log = []
+    threading.Thread(target=lambda: log.extend(proc.stderr), daemon=True).start()
+    yield m.group(1)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    d = tmp_path_factory.mktemp("zoo")
+    subprocess.run([sys.executable, "-m", "fxdp.zoo.export", str(d), "--models", MODEL, "--optims", OPTIM],
+                   check=True, capture_output=True, text=True)
+    base = d / f"{MODEL}_{OPTIM}"
+    return {"graph": f"{base}.pb", "state": f"{base}.safetensors", "data": f"{base}.batch.safetensors", "dir": d}
+
+
+def fxdp(*args, timeout=60):
+    return subprocess.run([fxdp_binary("FXDP_BIN", "fxdp"), *args], capture_output=True, text=True, timeout=timeout)
+
+
+def run_args(server, ex, steps, *extra):
+    return ["run", ex["graph"], "--server", server, "--world-size", "2", "--state", ex["state"],
+            "--data", ex["data"], "--steps", str(steps), "--timeout", "10", *extra]
+
+
+def test_run_trains_like_one_device_and_is_listed(server, exported):
+    out = exported["dir"] / "final.safetensors"
+    r = fxdp(*run_args(server, exported, 3, "--out", str(out)))
+    assert r.returncode == 0, r.stderr
+    losses = [float(x) for x in re.findall(r"^step \d+/3 loss (\S+) \([\d.]+ ms\)$", r.stdout, re.M)]
+    assert len(losses) == 3, r.stdout
+    m = re.search(r"^job (\S+) SUCCEEDED", r.stdout, re.M)
+    assert m, r.stdout
+    job_id = m.group(1)
+
+    # Reference: run_local on the exported batch (the same batch every step).
+    step = traced(MODEL, OPTIM)
+    batch = load_file(exported["data"])
+    state = step.initial_state()
+    ref_losses = []
+    for _ in range(3):
+        state, loss = step.run_local(state, batch)
+        ref_losses.append(float(loss))
+    for got, want in zip(losses, ref_losses):
+        # the text line has 6 significant digits
+        assert abs(got - want) <= 1e-5 * abs(want) + 1e-6, (losses, ref_losses)
+
+    final = load_file(str(out))
+    assert set(final) == set(state)
+    for k, want in state.items():
+        assert final[k].dtype == want.dtype and final[k].shape == want.shape, k
+        torch.testing.assert_close(final[k], want, rtol=RTOL, atol=ATOL, msg=lambda m: f"{k}: {m}")
+
+    # --json: full-precision losses, one object per line.
+    r = fxdp(*run_args(server, exported, 3, "--json"))
+    assert r.returncode == 0, r.stderr
+    events = [json.loads(line) for line in r.stdout.splitlines()]
+    stepped = [e for e in events if e["state"] == "RUNNING" and e["step"] > 0]
+    assert [e["step"] for e in stepped] == [1, 2, 3]
+    for e, want in zip(stepped, ref_losses):
+        assert abs(e["loss"] - want) <= RTOL * abs(want) + ATOL, (e, want)
+    assert events[-1]["state"] == "SUCCEEDED"
+
+    r = fxdp("jobs", "--json", "--server", server)
+    assert r.returncode == 0, r.stderr
+    jobs = {j["job_id"]: j for j in json.loads(r.stdout)["jobs"]}
+    j = jobs[job_id]
+    assert j["state"] == "SUCCEEDED" and j["steps_done"] == 3 and j["steps"] == 3 and j["world_size"] == 2
+    assert len(j["losses"]) == 3 and j["has_state"]
+
+    r = fxdp("jobs", "--server", server)
+    assert r.returncode == 0 and job_id in r.stdout and "SUCCEEDED" in r.stdout, r.stdout
+
+    r = fxdp("job", job_id, "--server", server)
+    assert r.returncode == 0, r.stderr
+    assert job_id in r.stdout and "SUCCEEDED" in r.stdout and "3/3" in r.stdout, r.stdout
+    r = fxdp("job", job_id, "--json", "--server", server)
+    assert r.returncode == 0 and json.loads(r.stdout)["state"] == "SUCCEEDED"
+
+    r = fxdp("job", "nope", "--server", server)
+    assert r.returncode == 1 and "NOT_FOUND" in r.stderr, r
+
+
+def test_cancel_makes_run_exit_1(server, exported):
+    proc = subprocess.Popen([fxdp_binary("FXDP_BIN", "fxdp"), *run_args(server, exported, 3000, "--json")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        job_id = None
+        for line in proc.stdout:
+            e = json.loads(line)
+            job_id = e["job_id"]
+            if e["step"] >= 2:
+                break
+        assert job_id, proc.stderr.read()
+        r = fxdp("cancel", job_id, "--server", server)
+        assert r.returncode == 0 and "CANCELLED" in r.stdout, r
+        rest, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, (rest, err)
+    assert "CANCELLED" in err and job_id in err, err
+    r = fxdp("job", job_id, "--json", "--server", server)
+    assert json.loads(r.stdout)["state"] == "CANCELLED"
+
+
+def test_unreachable_server_and_usage(exported):
+    r = fxdp(*run_args("127.0.0.1:1", exported, 1))
+    assert r.returncode == 3 and "unreachable" in r.stderr, r
+    r = fxdp("jobs", "--server", "127.0.0.1:1")
+    assert r.returncode == 3, r
+    r = fxdp("run", exported["graph"], "--world-size", "2")
+    assert r.returncode == 2 and "usage: fxdp run" in r.stderr, r
+    for cmd in ("run", "jobs", "job", "cancel"):
+        r = fxdp(cmd, "--help")
+        assert r.returncode == 0 and f"usage: fxdp {cmd}" in r.stdout, r
+    r = fxdp("--help")
+    assert all(f"  {c} " in r.stdout for c in ("run", "jobs", "job", "cancel")), r.stdout
