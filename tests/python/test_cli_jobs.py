@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -64,12 +65,25 @@ def fxdp(*args, timeout=60):
     return subprocess.run([fxdp_binary("FXDP_BIN", "fxdp"), *args], capture_output=True, text=True, timeout=timeout)
 
 
+def wait_idle(server, n=2, timeout=30.0):
+    """Until `fxdp workers` lists n IDLE workers (they attach, and come back from a job, on
+    their own schedule; a job submitted before that is refused: no queue yet)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        r = fxdp("workers", "--server", server, "--json")
+        if r.returncode == 0 and sum(w["state"] == "IDLE" for w in json.loads(r.stdout)["workers"]) >= n:
+            return
+        assert time.monotonic() < deadline, f"{n} workers not IDLE within {timeout} s: {r.stdout} {r.stderr}"
+        time.sleep(0.1)
+
+
 def run_args(server, ex, steps, *extra):
     return ["run", ex["graph"], "--server", server, "--world-size", "2", "--state", ex["state"],
             "--data", ex["data"], "--steps", str(steps), "--timeout", "10", *extra]
 
 
 def test_run_trains_like_one_device_and_is_listed(server, exported):
+    wait_idle(server)
     out = exported["dir"] / "final.safetensors"
     r = fxdp(*run_args(server, exported, 3, "--out", str(out)))
     assert r.returncode == 0, r.stderr
@@ -128,6 +142,7 @@ def test_run_trains_like_one_device_and_is_listed(server, exported):
 
 
 def test_cancel_makes_run_exit_1(server, exported):
+    wait_idle(server)
     proc = subprocess.Popen([fxdp_binary("FXDP_BIN", "fxdp"), *run_args(server, exported, 3000, "--json")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
