@@ -12,6 +12,7 @@ With MODEL and OPTIM (a zoo entry), the rank then trains the same model eagerly 
 PyTorch's DistributedDataParallel on the same shards and saves its parameters too.
 """
 
+import os
 import sys
 from datetime import timedelta
 
@@ -79,9 +80,13 @@ def main() -> None:
     if len(sys.argv) > 9:
         result["ddp"] = ddp_params(sys.argv[8], sys.argv[9], shards)
     torch.save(result, out_path)
-    # Every rank finishes its collectives before any tears the group down.
+    # Every rank finishes its collectives, then leaves without tearing c10d down: Gloo's and
+    # DDP's background threads can abort a process at interpreter exit ("terminate called
+    # without an active exception", seen in fresh-clone CI runs), and the result is saved.
     dist.barrier()
-    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
