@@ -149,6 +149,25 @@ grpc::Status WorkerRegistry::Attach(
           e.last_heartbeat = Clock::now();
           break;
         }
+        case v1::WorkerMessage::kJobEnded:
+        case v1::WorkerMessage::kJobFailed: {
+          // The worker frees its job slot before it says so: it is IDLE now,
+          // not only at its next heartbeat (a job submitted right after
+          // would otherwise find it busy). The message still goes to the
+          // subscribers below.
+          const std::string& job = m.has_job_ended() ? m.job_ended().job_id()
+                                                      : m.job_failed().job_id();
+          std::lock_guard<std::mutex> l(mu_);
+          if (conn->lost) break;
+          Entry& e = workers_[id];
+          // Only the job it is running: a refused second job leaves it busy.
+          if (e.job_id.empty() || e.job_id == job) {
+            e.state = v1::WORKER_STATE_IDLE;
+            e.job_id.clear();
+            e.step = 0;
+          }
+          break;
+        }
         case v1::WorkerMessage::kRegisterWorker:
           conn->Ignore("a second register_worker");
           continue;

@@ -112,6 +112,7 @@ def test_run_trains_like_one_device_and_is_listed(server, exported):
         torch.testing.assert_close(final[k], want, rtol=RTOL, atol=ATOL, msg=lambda m: f"{k}: {m}")
 
     # --json: full-precision losses, one object per line.
+    wait_idle(server)
     r = fxdp(*run_args(server, exported, 3, "--json"))
     assert r.returncode == 0, r.stderr
     events = [json.loads(line) for line in r.stdout.splitlines()]
