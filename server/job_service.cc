@@ -508,15 +508,18 @@ grpc::Status JobServiceImpl::Run(grpc::ServerContext* context, const std::shared
   return grpc::Status::OK;
 }
 
+grpc::Status JobServiceImpl::FindJob(const std::string& id, std::shared_ptr<Job>* job) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return {grpc::StatusCode::NOT_FOUND, "no job '" + id + "'"};
+  *job = it->second;
+  return grpc::Status::OK;
+}
+
 grpc::Status JobServiceImpl::GetJob(grpc::ServerContext*, const v1::GetJobRequest* request,
                                     v1::JobInfo* response) {
   std::shared_ptr<Job> j;
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    auto it = jobs_.find(request->job_id());
-    if (it == jobs_.end()) return {grpc::StatusCode::NOT_FOUND, "no job '" + request->job_id() + "'"};
-    j = it->second;
-  }
+  if (grpc::Status s = FindJob(request->job_id(), &j); !s.ok()) return s;
   std::lock_guard<std::mutex> l(j->mu);
   *response = j->info;
   return grpc::Status::OK;
@@ -539,12 +542,7 @@ grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext*, const v1::ListJobsRe
 grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* request,
                                        v1::JobInfo* response) {
   std::shared_ptr<Job> j;
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    auto it = jobs_.find(request->job_id());
-    if (it == jobs_.end()) return {grpc::StatusCode::NOT_FOUND, "no job '" + request->job_id() + "'"};
-    j = it->second;
-  }
+  if (grpc::Status s = FindJob(request->job_id(), &j); !s.ok()) return s;
   std::unique_lock<std::mutex> l(j->mu);
   if (!Terminal(j->info.state()) && !j->cancel) {
     j->cancel = true;
@@ -559,12 +557,7 @@ grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext*, const v1::CancelJob
 grpc::Status JobServiceImpl::FetchState(grpc::ServerContext*, const v1::FetchJobStateRequest* request,
                                         grpc::ServerWriter<v1::StateChunk>* writer) {
   std::shared_ptr<Job> j;
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    auto it = jobs_.find(request->job_id());
-    if (it == jobs_.end()) return {grpc::StatusCode::NOT_FOUND, "no job '" + request->job_id() + "'"};
-    j = it->second;
-  }
+  if (grpc::Status s = FindJob(request->job_id(), &j); !s.ok()) return s;
   {
     std::lock_guard<std::mutex> l(j->mu);
     if (j->info.state() != v1::JOB_STATE_SUCCEEDED) {

@@ -68,6 +68,8 @@ class JobServiceImpl final : public v1::JobService::Service {
                    const v1::SubmitJobRequest& request, const v1::ExpandResponse& expanded,
                    grpc::ServerWriter<v1::JobEvent>* writer);
   void Release(const std::vector<std::string>& workers);
+  // The job named `id`, or NOT_FOUND.
+  grpc::Status FindJob(const std::string& id, std::shared_ptr<Job>* job);
 
   CompileServiceImpl* const compile_;
   WorkerRegistry* const registry_;

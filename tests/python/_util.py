@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import operator
 from typing import Dict, Tuple
@@ -118,3 +119,36 @@ def balanced_slices(b: int, world: int):
     one more (fxdp expand's split, also the worker's and fxdp.dp_oracle's)."""
     sizes = [b // world + (r < b % world) for r in range(world)]
     return [(sum(sizes[:r]), sizes[r]) for r in range(world)]
+
+
+@contextlib.contextmanager
+def local_server(workers: int = 2, heartbeat_ms: int = 250):
+    """A real ``fxdp-server --listen 127.0.0.1:0 --local-workers N`` ($FXDP_SERVER; its workers are
+    $FXDP_WORKER when set): yields ``(address, log)``, ``log`` collecting the server's stderr
+    lines; SIGTERM (then SIGKILL) on exit."""
+    import os
+    import re
+    import signal
+    import subprocess
+    import threading
+
+    cmd = [fxdp_binary("FXDP_SERVER", "fxdp-server"), "--listen", "127.0.0.1:0",
+           "--local-workers", str(workers), "--heartbeat-ms", str(heartbeat_ms)]
+    if os.environ.get("FXDP_WORKER"):
+        cmd += ["--worker-binary", fxdp_binary("FXDP_WORKER", "fxdp-worker")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        m = re.fullmatch(r"listening on (127\.0\.0\.1:\d+)\n", line)
+        assert m, f"fxdp-server printed {line!r}"
+        # Drain stderr so the server never blocks on it; keep it for failure messages.
+        log: list = []
+        threading.Thread(target=lambda: log.extend(proc.stderr), daemon=True).start()
+        yield m.group(1), log
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -14,42 +14,24 @@ zoo mlp/AdamW graph, state and batch (``python -m fxdp.zoo.export``) and checks:
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from _util import ATOL, RTOL, fxdp_binary, traced
+from _util import ATOL, RTOL, fxdp_binary, traced, local_server
 
 MODEL, OPTIM = "mlp", "adamw"
 
 
 @pytest.fixture(scope="module")
 def server():
-    cmd = [fxdp_binary("FXDP_SERVER", "fxdp-server"), "--listen", "127.0.0.1:0", "--local-workers", "2",
-           "--heartbeat-ms", "250"]
-    if os.environ.get("FXDP_WORKER"):
-        cmd += ["--worker-binary", fxdp_binary("FXDP_WORKER", "fxdp-worker")]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    m = re.fullmatch(r"listening on (127\.0\.0\.1:\d+)\n", line)
-    assert m, f"fxdp-server printed {line!r}"
-    log = []
-    threading.Thread(target=lambda: log.extend(proc.stderr), daemon=True).start()
-    yield m.group(1)
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    with local_server() as (address, _):
+        yield address
 
 
 @pytest.fixture(scope="module")

@@ -4,11 +4,7 @@ local CLI, train() on 2 workers equals single-device training, errors raise Serv
 from __future__ import annotations
 
 import json
-import os
-import re
-import signal
 import subprocess
-import threading
 import time
 
 import grpc
@@ -16,7 +12,7 @@ import pytest
 import torch
 
 import fxdp
-from _util import ATOL, RTOL, fxdp_binary, traced
+from _util import ATOL, RTOL, fxdp_binary, traced, local_server
 from fxdp import zoo
 from fxdp.v1 import graph_pb2 as gpb
 
@@ -25,27 +21,12 @@ MODEL, OPTIM = "mlp", "adamw"
 
 @pytest.fixture(scope="module")
 def client():
-    cmd = [fxdp_binary("FXDP_SERVER", "fxdp-server"), "--listen", "127.0.0.1:0", "--local-workers", "2",
-           "--heartbeat-ms", "250"]
-    if os.environ.get("FXDP_WORKER"):
-        cmd += ["--worker-binary", fxdp_binary("FXDP_WORKER", "fxdp-worker")]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    m = re.fullmatch(r"listening on (127\.0\.0\.1:\d+)\n", line)
-    assert m, f"fxdp-server printed {line!r}"
-    threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
-    with fxdp.Client(m.group(1)) as c:
+    with local_server() as (address, _), fxdp.Client(address) as c:
         deadline = time.monotonic() + 30
         while sum(w.get("state") == "WORKER_STATE_IDLE" for w in c.workers()) < 2:
             assert time.monotonic() < deadline, c.workers()
             time.sleep(0.1)
         yield c
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def test_analyze_and_expand_equal_the_local_cli(client, tmp_path):

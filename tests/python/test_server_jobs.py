@@ -16,17 +16,14 @@ with the generated Python stubs:
 from __future__ import annotations
 
 import os
-import re
 import signal
-import subprocess
-import threading
 import time
 
 import grpc
 import pytest
 import torch
 
-from _util import ATOL, RTOL, fxdp_binary, local_steps, traced
+from _util import ATOL, RTOL, local_steps, traced, local_server
 from fxdp import zoo
 from fxdp.v1 import graph_pb2 as gpb
 from fxdp.v1 import jobs_pb2 as jpb
@@ -74,27 +71,11 @@ def request(world: int, steps: int) -> "jpb.SubmitJobRequest":
 
 @pytest.fixture(scope="module")
 def server():
-    cmd = [fxdp_binary("FXDP_SERVER", "fxdp-server"), "--listen", "127.0.0.1:0", "--local-workers", "2",
-           "--heartbeat-ms", "250"]
-    if os.environ.get("FXDP_WORKER"):
-        cmd += ["--worker-binary", fxdp_binary("FXDP_WORKER", "fxdp-worker")]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    m = re.fullmatch(r"listening on (127\.0\.0\.1:\d+)\n", line)
-    assert m, f"fxdp-server printed {line!r}"
-    # Drain stderr so the server never blocks on it; keep it for failure messages.
-    log = []
-    threading.Thread(target=lambda: log.extend(proc.stderr), daemon=True).start()
-    ch = grpc.insecure_channel(m.group(1), options=[("grpc.max_receive_message_length", 256 << 20),
-                                                    ("grpc.max_send_message_length", 256 << 20)])
-    yield jgrpc.JobServiceStub(ch), wgrpc.WorkerServiceStub(ch), log
-    ch.close()
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    with local_server() as (address, log):
+        ch = grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", 256 << 20),
+                                                     ("grpc.max_send_message_length", 256 << 20)])
+        yield jgrpc.JobServiceStub(ch), wgrpc.WorkerServiceStub(ch), log
+        ch.close()
 
 
 def wait_idle(workers_stub, ids=None, n=2, timeout=30.0) -> list:
