@@ -13,12 +13,19 @@
 // step on stdout:
 //   rank R step I/K loss L ms T wait W start S collectives C bytes B
 // T: the step's wall time (Step + reading the loss); W: time blocked in
-// Work::Wait; S: time inside AllReduceSum (Gloo copies the input there).
+// Work::Wait; S: time inside AllReduceSum (Gloo copies the input there, unless
+// the bucket is donated).
+//   --detail      per step on stderr, every collective in the order started:
+//                 "rank R step I collectives: [B B: F ms in flight, W ms waited] ..."
+//                 (F: from its start to its Wait call; W: blocked in that Wait)
+//   --profile N   at the end, on stderr: the N ops taking the most time per
+//                 step (all nodes of one op added up; ProgramOptions::profile)
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 
 #include <algorithm>
+#include <map>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -29,6 +36,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "analysis/ir/proto_codec.h"
 #include "analysis/ir/status_macros.h"
 #include "executor/gloo_communicator.h"
@@ -81,6 +89,8 @@ struct Args {
   std::string graph, state, data;
   int steps = 0;
   int threads = 1;
+  bool detail = false;   // per-collective times on stderr
+  int profile = 0;       // the N most expensive ops (by op name) on stderr at the end
 };
 
 absl::Status Run(const Args& a) {
@@ -103,6 +113,7 @@ absl::Status Run(const Args& a) {
   FXDP_ASSIGN_OR_RETURN(ir::Graph graph, ir::ReadGraphFile(a.graph));
   executor::ProgramOptions po;
   po.communicator = &timed;
+  po.profile = a.profile > 0;
   FXDP_ASSIGN_OR_RETURN(executor::Program program, executor::Program::Load(graph, po));
   FXDP_ASSIGN_OR_RETURN(executor::SafetensorsFile state, executor::ReadSafetensors(a.state));
   FXDP_ASSIGN_OR_RETURN(executor::SafetensorsFile data, executor::ReadSafetensors(a.data));
@@ -125,6 +136,32 @@ absl::Status Run(const Args& a) {
                 rank, i + 1, a.steps, value, ms, s.wait_ms, s.start_ms,
                 static_cast<long long>(s.collectives), static_cast<long long>(s.bytes));
     std::fflush(stdout);
+    if (a.detail) {
+      std::string line = absl::StrCat("rank ", rank, " step ", i + 1, " collectives:");
+      for (const executor::CollectiveStats::One& c : s.each)
+        absl::StrAppend(&line, absl::StrFormat(" [%d B: %.2f ms in flight, %.2f ms waited]",
+                                               c.bytes, c.in_flight_ms, c.wait_ms));
+      std::fprintf(stderr, "%s\n", line.c_str());
+    }
+  }
+  if (a.profile > 0) {
+    // Per op (target): summed over its nodes, averaged over the steps.
+    std::map<std::string, std::pair<double, int64_t>> by_op;
+    double total = 0;
+    for (const executor::NodeTime& t : runner.program().profile()) {
+      auto& e = by_op[t.op];
+      e.first += t.total_ms / t.runs;
+      e.second += 1;
+      total += t.total_ms / t.runs;
+    }
+    std::vector<std::pair<double, std::string>> sorted;
+    for (const auto& [op, e] : by_op) sorted.emplace_back(e.first, op);
+    std::sort(sorted.rbegin(), sorted.rend());
+    std::fprintf(stderr, "rank %d: %.2f ms per step in nodes; by op (ms per step, nodes):\n", rank,
+                 total);
+    for (size_t k = 0; k < sorted.size() && k < static_cast<size_t>(a.profile); ++k)
+      std::fprintf(stderr, "  %8.3f  %4lld  %s\n", sorted[k].first,
+                   static_cast<long long>(by_op[sorted[k].second].second), sorted[k].second.c_str());
   }
   return absl::OkStatus();
 }
@@ -133,6 +170,10 @@ int Main(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
+    if (f == "--detail") {
+      a.detail = true;
+      continue;
+    }
     if (i + 1 >= argc) {
       std::fprintf(stderr, "%s needs a value\n", f.c_str());
       return 2;
@@ -148,6 +189,8 @@ int Main(int argc, char** argv) {
       a.steps = std::atoi(v.c_str());
     } else if (f == "--threads") {
       a.threads = std::atoi(v.c_str());
+    } else if (f == "--profile") {
+      a.profile = std::atoi(v.c_str());
     } else {
       std::fprintf(stderr, "unknown flag %s\n", f.c_str());
       return 2;
@@ -155,7 +198,7 @@ int Main(int argc, char** argv) {
   }
   if (a.graph.empty() || a.state.empty() || a.data.empty() || a.steps < 1 || a.threads < 1) {
     std::fprintf(stderr,
-                 "usage: fxdp_step_bench --graph G --state S --data D --steps K [--threads T]\n");
+                 "usage: fxdp_step_bench --graph G --state S --data D --steps K [--threads T] [--detail] [--profile N]\n");
     return 2;
   }
   const absl::Status s = Run(a);

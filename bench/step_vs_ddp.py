@@ -10,12 +10,15 @@ with ``fxdp expand --world-size 2 --bucket-mb X`` and run, interleaved, ``--reps
                       Gloo, each on its B/2 slice: zero_grad, forward, loss, backward,
                       optimizer.step, loss.item() timed per step on rank 0
   fxdp_step_bench N=2 the worker's step loop with every Work::Wait timed
-                      (bench/step_bench.cc): the time rank 0 waits on communication
+                      (bench/step_bench.cc): the time rank 0 waits on communication, and
+                      per collective (--detail) its time in flight before its wait and
+                      the time blocked there (JSON: "fxdp collectives (rank 0)")
   fxdp N=1, eager N=1 one process on the B/2 slice, no communication (the expanded graph
                       with its all-reduces as clones; the plain eager step): compute alone
 
 Every process uses 1 intra-op thread. Each run: K steps, the median after the warm-up steps;
-over the repetitions: median, min and max of those medians.
+over the repetitions: median, min and max of those medians. The JSON also records the 1-minute
+load average as each fxdp and DDP run starts ("load average per run").
 
 usage: .venv/bin/python bench/step_vs_ddp.py [--build build] [--models mlp,transformer]
            [--steps 30] [--warmup 5] [--reps 3] [--bucket-mb 25] [--json OUT]
@@ -159,8 +162,9 @@ def clean_env(**extra) -> dict:
     return env
 
 
-def launch(cmds_envs, timeout: float = 600) -> list[str]:
-    """Runs the processes together; returns their stdouts (raises on failure)."""
+def launch(cmds_envs, timeout: float = 600, stderr: bool = False) -> list:
+    """Runs the processes together; returns their stdouts, or (stdout, stderr) pairs (raises on
+    failure)."""
     procs = [subprocess.Popen(c, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for c, e in cmds_envs]
     outs = []
@@ -170,13 +174,15 @@ def launch(cmds_envs, timeout: float = 600) -> list[str]:
             for q in procs:
                 q.kill()
             raise RuntimeError(f"{' '.join(c)} exited {p.returncode}:\n{err[-3000:]}")
-        outs.append(out)
+        outs.append((out, err) if stderr else out)
     return outs
 
 
 WORKER_STEP = re.compile(r"^step (\d+)/(\d+) loss (\S+) \(([\d.]+) ms\)$")
 BENCH_STEP = re.compile(r"^rank (\d+) step (\d+)/(\d+) loss (\S+) ms ([\d.]+) wait ([\d.]+) "
                         r"start ([\d.]+) collectives (\d+) bytes (\d+)$")
+# fxdp_step_bench --detail (stderr): per collective, in the order started
+BENCH_DETAIL = re.compile(r"\[(\d+) B: ([\d.]+) ms in flight, ([\d.]+) ms waited\]")
 
 
 def rank_env(rank: int, world: int, port: int) -> dict:
@@ -196,16 +202,33 @@ def run_worker(build, files, world: int, steps: int) -> list[float]:
 def run_step_bench(build, files, world: int, steps: int):
     port = free_port()
     cmd = [str(build / "bin" / "fxdp_step_bench"), "--graph", files["expanded"], "--state",
-           files["state"], "--data", files["batch"], "--steps", str(steps), "--threads", "1"]
-    outs = launch([(cmd, rank_env(r, world, port)) for r in range(world)])
+           files["state"], "--data", files["batch"], "--steps", str(steps), "--threads", "1",
+           "--detail"]
+    outs = launch([(cmd, rank_env(r, world, port)) for r in range(world)], stderr=True)
     per_rank = []
-    for out in outs:
+    for out, err in outs:
         rows = [m for m in map(BENCH_STEP.match, out.splitlines()) if m]
+        # per step: [(bytes, in flight ms, waited ms)] for each collective
+        detail = [[(int(b), float(f), float(w)) for b, f, w in BENCH_DETAIL.findall(line)]
+                  for line in err.splitlines() if " collectives: [" in line]
         per_rank.append({"ms": [float(m.group(5)) for m in rows],
                          "wait": [float(m.group(6)) for m in rows],
                          "start": [float(m.group(7)) for m in rows],
-                         "collectives": int(rows[0].group(8)), "bytes": int(rows[0].group(9))})
+                         "collectives": int(rows[0].group(8)), "bytes": int(rows[0].group(9)),
+                         "detail": detail})
     return per_rank
+
+
+def per_collective(detail, warmup: int) -> list[dict]:
+    """Median over the steps after warm-up of each collective's time in flight before its wait
+    and time blocked in the wait (the step bench's --detail lines)."""
+    steps = detail[warmup:] or detail
+    out = []
+    for k in range(min(len(d) for d in steps)):
+        out.append({"bytes": steps[0][k][0],
+                    "in_flight_ms": statistics.median(d[k][1] for d in steps),
+                    "wait_ms": statistics.median(d[k][2] for d in steps)})
+    return out
 
 
 def run_eager(model: str, world: int, steps: int, bucket_mb: float) -> list[float]:
@@ -282,21 +305,25 @@ def main() -> int:
             runs = {k: [] for k in ("fxdp-worker N=2", "DDP N=2", "fxdp_step_bench N=2",
                                     "fxdp wait (rank 0)", "fxdp wait (rank 1)",
                                     "fxdp start (rank 0)", "fxdp-worker N=1", "eager N=1")}
-            ratios, loads = [], []
+            ratios, loads, run_loads, detail = [], [], [], []
             for rep in range(args.reps):
                 loads.append(os.getloadavg()[0])
                 # fxdp and DDP back to back, in alternating order, so that each
                 # repetition's ratio compares runs under similar machine load.
                 pair = [("fxdp-worker N=2", lambda: run_worker(build, files, 2, args.steps)),
                         ("DDP N=2", lambda: run_eager(name, 2, args.steps, args.bucket_mb))]
+                rl = {}
                 for key, fn in (pair if rep % 2 == 0 else pair[::-1]):
+                    rl[key] = os.getloadavg()[0]  # the 1-minute load average as the run starts
                     runs[key].append(med(fn()))
+                run_loads.append(rl)
                 ratios.append(runs["fxdp-worker N=2"][-1] / runs["DDP N=2"][-1])
                 sb = run_step_bench(build, files, 2, args.steps)
                 runs["fxdp_step_bench N=2"].append(med(sb[0]["ms"]))
                 runs["fxdp wait (rank 0)"].append(med(sb[0]["wait"]))
                 runs["fxdp wait (rank 1)"].append(med(sb[1]["wait"]))
                 runs["fxdp start (rank 0)"].append(med(sb[0]["start"]))
+                detail.append(per_collective(sb[0]["detail"], w))
                 runs["fxdp-worker N=1"].append(med(run_worker(build, files, 1, args.steps)))
                 runs["eager N=1"].append(med(run_eager(name, 1, args.steps, args.bucket_mb)))
                 print(f"  rep {rep + 1} (load {loads[-1]:.1f}): "
@@ -305,6 +332,9 @@ def main() -> int:
             res = {k: summary(v) for k, v in runs.items()}
             res["fxdp-worker / DDP (per repetition)"] = summary(ratios)
             res["load average"] = loads
+            res["load average per run"] = run_loads
+            # rank 0 of the step bench, per repetition: every collective in the order started
+            res["fxdp collectives (rank 0)"] = detail
             res["info"] = info
             res["collectives_per_step"] = sb[0]["collectives"]
             results[name] = res
@@ -314,6 +344,9 @@ def main() -> int:
                 s = res[k]
                 print(f"| {k:<22} | {s['median']:.1f} | {s['min']:.1f} | {s['max']:.1f} |")
             r = res["fxdp-worker / DDP (per repetition)"]
+            print("fxdp collectives (rank 0, last repetition): "
+                  + ", ".join(f"{c['bytes']:,} B {c['in_flight_ms']:.1f} ms in flight, "
+                              f"{c['wait_ms']:.1f} ms waited" for c in detail[-1]))
             print(f"fxdp-worker / DDP: median of medians {res['fxdp-worker N=2']['median'] / res['DDP N=2']['median']:.2f}, "
                   f"per repetition median {r['median']:.2f} (min {r['min']:.2f}, max {r['max']:.2f}); "
                   f"target <= 0.95; load average {min(loads):.1f}-{max(loads):.1f}\n", flush=True)

@@ -177,9 +177,12 @@ class GlooWork : public Work {
       const auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(
           std::chrono::steady_clock::now() - start);
       const std::string msg = TrimGlooMessage(ExceptionMessage(e));
+      // "Application timeout caused pair closure": an earlier collective on
+      // the same pair timed out and Gloo closed it under this one.
       const bool timed_out = absl::StrContains(msg, "timed out") ||
                              absl::StrContains(msg, "Timed out") ||
-                             absl::StrContains(msg, "Timeout");
+                             absl::StrContains(msg, "Timeout") ||
+                             absl::StrContains(msg, "Application timeout");
       const auto named = PeersNamedIn(msg, *peers_);
       std::string status =
           timed_out ? absl::StrCat("timed out after ", elapsed.count(), " ms (timeout ",

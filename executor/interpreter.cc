@@ -57,6 +57,40 @@ std::string TypeForMessage(const ir::TensorType& t) {
   return absl::StrCat(ir::DTypeShortName(t.dtype), "[", absl::StrJoin(t.shape, ", "), "]");
 }
 
+// Pointwise ops whose in-place variant (`name_`, same overload, same
+// arguments) computes what the functional op would, into `self`.
+bool HasPointwiseInplaceVariant(absl::string_view name) {
+  static constexpr absl::string_view kOps[] = {
+      "aten::abs",        "aten::add",     "aten::addcdiv",    "aten::addcmul",
+      "aten::clamp",      "aten::clamp_max", "aten::clamp_min", "aten::cos",
+      "aten::div",        "aten::exp",     "aten::gelu",       "aten::hardtanh",
+      "aten::leaky_relu", "aten::lerp",    "aten::log",        "aten::masked_fill",
+      "aten::mul",        "aten::neg",     "aten::reciprocal", "aten::relu",
+      "aten::rsqrt",      "aten::sigmoid", "aten::sign",       "aten::silu",
+      "aten::sin",        "aten::sqrt",    "aten::sub",        "aten::tanh",
+  };
+  return std::find(std::begin(kOps), std::end(kOps), name) != std::end(kOps);
+}
+
+bool DenseContiguous(const ir::TensorType& t) {
+  return t.IsContiguous() && t.storage_offset == 0;
+}
+
+// Whether `v`, the value an op's `self` argument was moved into, may be
+// overwritten: a dense tensor no other tensor (or view) shares.
+bool Reusable(const c10::IValue& v, const ir::TensorType& want) {
+  if (!v.isTensor()) return false;
+  const at::Tensor& t = v.toTensor();
+  if (!t.defined() || t.use_count() != 1 || t.unsafeGetTensorImpl()->is_wrapped_number() ||
+      t.requires_grad())
+    return false;
+  if (t.scalar_type() != ToTorch(want.dtype) || !SameSizes(t, want)) return false;
+  if (!t.is_contiguous() || t.storage_offset() != 0) return false;
+  const c10::Storage& st = t.storage();
+  return st.use_count() == 1 &&
+         st.nbytes() == static_cast<size_t>(t.numel()) * t.element_size();
+}
+
 struct ArgPlan {
   enum class Kind : uint8_t { kConst, kSlot, kList };
   Kind kind = Kind::kConst;
@@ -81,6 +115,12 @@ struct Step {
   std::string name;  // node name and op, for errors
   std::string op_name;
   std::optional<c10::OperatorHandle> op;
+  // The op's in-place variant (`aten::mul_.Scalar` for `aten::mul.Scalar`),
+  // called instead when `self` dies here and nothing else shares its storage:
+  // the result is written into self's buffer (no allocation, less memory
+  // traffic). Only for the ops of HasPointwiseInplaceVariant() whose output has
+  // self's dtype and shape, contiguous.
+  std::optional<c10::OperatorHandle> inplace_op;
   std::vector<ArgPlan> args;
   std::vector<int32_t> out_slots;  // one per graph output
   std::vector<ir::ValueType> out_types;
@@ -125,6 +165,8 @@ struct Program::Impl {
   int collectives_started = 0;  // this run
   std::vector<c10::IValue> stack;
   std::vector<std::pair<std::string, int64_t>> live_trace;
+  std::vector<double> step_ms;  // ProgramOptions::profile, per step
+  int64_t profiled_runs = 0;
 
   absl::Status RunStep(Step& s);
   absl::Status Resolve(int32_t slot, const Step* reader);
@@ -524,7 +566,34 @@ class Loader {
                                          " values, the graph declares ", n.outputs.size()));
     }
     s.out_types = n.outputs;
+    PlanInplace(n, s);
     return s;
+  }
+
+  // Step::inplace_op when the op has a pointwise in-place variant and the
+  // graph says self and the result have the same dtype and shape, both dense
+  // and contiguous (whether self dies at this node is decided later).
+  void PlanInplace(const Node& n, Step& s) {
+    if (!HasPointwiseInplaceVariant(n.target.name) || n.outputs.size() != 1 ||
+        !n.outputs[0].is_tensor() || n.args.empty() || s.args.empty() ||
+        s.args[0].kind != ArgPlan::Kind::kSlot)
+      return;
+    const ValueRef* self = n.args[0].get_if<ValueRef>();
+    if (self == nullptr || !g_.type(*self).is_tensor()) return;
+    const ir::TensorType& in = g_.type(*self).tensor;
+    const ir::TensorType& out = n.outputs[0].tensor;
+    if (in.dtype != out.dtype || in.shape != out.shape || !DenseContiguous(in) ||
+        !DenseContiguous(out))
+      return;
+    auto ip = FindOperator(ir::Target{absl::StrCat(n.target.name, "_"), n.target.overload});
+    if (!ip.ok()) return;
+    const auto& fa = s.op->schema().arguments();
+    const auto& ia = ip->schema().arguments();
+    if (fa.size() != ia.size() || ip->schema().returns().size() != 1) return;
+    for (size_t i = 0; i < fa.size(); ++i) {
+      if (fa[i].name() != ia[i].name() || *fa[i].type() != *ia[i].type()) return;
+    }
+    s.inplace_op = *ip;
   }
 
   absl::StatusOr<Step> PlanCollective(const Node& n, Step s) {
@@ -618,6 +687,7 @@ class Loader {
           for (int32_t e : a.elem_slots) a.maybe_pending |= e >= 0 && async[e];
         }
       }
+      if (s.inplace_op.has_value() && !s.args[0].move) s.inplace_op.reset();
     }
     for (ArgPlan& a : p_.outputs)
       if (a.kind == ArgPlan::Kind::kSlot) a.maybe_pending = async[a.slot];
@@ -735,7 +805,11 @@ absl::Status Program::Impl::RunStep(Step& s) {
   switch (s.kind) {
     case StepKind::kOp: {
       for (const ArgPlan& a : s.args) FXDP_RETURN_IF_ERROR(Push(a, s));
-      s.op->callBoxed(stack);
+      if (s.inplace_op.has_value() && Reusable(stack[0], s.out_types[0].tensor)) {
+        s.inplace_op->callBoxed(stack);
+      } else {
+        s.op->callBoxed(stack);
+      }
       return TakeReturns(s);
     }
     case StepKind::kAllReduce: {
@@ -810,6 +884,14 @@ int64_t Program::live_values() const { return impl_->Live(); }
 const std::vector<std::pair<std::string, int64_t>>& Program::live_trace() const {
   return impl_->live_trace;
 }
+std::vector<NodeTime> Program::profile() const {
+  std::vector<NodeTime> out;
+  for (size_t i = 0; i < impl_->steps.size() && i < impl_->step_ms.size(); ++i) {
+    const Step& s = impl_->steps[i];
+    out.push_back(NodeTime{s.name, s.op_name, impl_->profiled_runs, impl_->step_ms[i]});
+  }
+  return out;
+}
 
 absl::Status Program::CheckInputs(const std::vector<c10::IValue>& inputs) const {
   const auto& want = impl_->inputs;
@@ -846,7 +928,13 @@ absl::StatusOr<std::vector<c10::IValue>> Program::Run(std::vector<c10::IValue> i
     }
     inputs.clear();
     for (int32_t slot : p.free_at_start) p.slots[slot] = c10::IValue();
+    if (p.options.profile) {
+      p.step_ms.resize(p.steps.size());
+      ++p.profiled_runs;
+    }
     for (Step& s : p.steps) {
+      const auto t0 = p.options.profile ? std::chrono::steady_clock::now()
+                                        : std::chrono::steady_clock::time_point();
       try {
         status = p.RunStep(s);
       } catch (const c10::OutOfMemoryError& e) {
@@ -865,6 +953,11 @@ absl::StatusOr<std::vector<c10::IValue>> Program::Run(std::vector<c10::IValue> i
       for (int32_t slot : s.free_after) {
         p.slots[slot] = c10::IValue();
         p.works[slot].reset();
+      }
+      if (p.options.profile) {
+        p.step_ms[&s - p.steps.data()] += std::chrono::duration<double, std::milli>(
+                                              std::chrono::steady_clock::now() - t0)
+                                              .count();
       }
       if (p.options.record_live) p.live_trace.emplace_back(s.name, p.Live());
     }

@@ -19,6 +19,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "executor/communicator.h"
 
@@ -29,6 +30,14 @@ struct CollectiveStats {
   int64_t bytes = 0;        // their input bytes
   double start_ms = 0;      // inside AllReduceSum (copying, enqueueing)
   double wait_ms = 0;       // inside Work::Wait (blocked on the collective)
+  // Per collective, in the order they were started: bytes, and the time from
+  // its start to its Wait call and blocked in that Wait (ms).
+  struct One {
+    int64_t bytes = 0;
+    double in_flight_ms = 0;
+    double wait_ms = 0;
+  };
+  std::vector<One> each;
 };
 
 class TimedCommunicator : public Communicator {
@@ -43,22 +52,14 @@ class TimedCommunicator : public Communicator {
   absl::StatusOr<std::unique_ptr<Work>> AllReduceSum(const at::Tensor& input) override {
     const auto t0 = Clock::now();
     absl::StatusOr<std::unique_ptr<Work>> w = inner_->AllReduceSum(input);
-    stats_.start_ms += Ms(Clock::now() - t0);
-    ++stats_.collectives;
-    stats_.bytes += static_cast<int64_t>(input.nbytes());
-    if (!w.ok()) return w;
-    return std::unique_ptr<Work>(std::make_unique<TimedWork>(*std::move(w), &stats_));
+    return Started(std::move(w), static_cast<int64_t>(input.nbytes()), t0);
   }
 
   absl::StatusOr<std::unique_ptr<Work>> AllReduceSumDonated(at::Tensor buffer) override {
     const auto t0 = Clock::now();
     const int64_t bytes = static_cast<int64_t>(buffer.nbytes());
     absl::StatusOr<std::unique_ptr<Work>> w = inner_->AllReduceSumDonated(std::move(buffer));
-    stats_.start_ms += Ms(Clock::now() - t0);
-    ++stats_.collectives;
-    stats_.bytes += bytes;
-    if (!w.ok()) return w;
-    return std::unique_ptr<Work>(std::make_unique<TimedWork>(*std::move(w), &stats_));
+    return Started(std::move(w), bytes, t0);
   }
 
   const CollectiveStats& stats() const { return stats_; }
@@ -71,20 +72,41 @@ class TimedCommunicator : public Communicator {
     return std::chrono::duration<double, std::milli>(d).count();
   }
 
+  absl::StatusOr<std::unique_ptr<Work>> Started(absl::StatusOr<std::unique_ptr<Work>> w,
+                                                int64_t bytes, Clock::time_point t0) {
+    const auto t1 = Clock::now();
+    stats_.start_ms += Ms(t1 - t0);
+    ++stats_.collectives;
+    stats_.bytes += bytes;
+    if (!w.ok()) return w;
+    stats_.each.push_back(CollectiveStats::One{bytes, 0, 0});
+    return std::unique_ptr<Work>(std::make_unique<TimedWork>(
+        *std::move(w), &stats_, stats_.each.size() - 1, t1));
+  }
+
   class TimedWork : public Work {
    public:
-    TimedWork(std::unique_ptr<Work> inner, CollectiveStats* stats)
-        : inner_(std::move(inner)), stats_(stats) {}
+    TimedWork(std::unique_ptr<Work> inner, CollectiveStats* stats, size_t index,
+              Clock::time_point started)
+        : inner_(std::move(inner)), stats_(stats), index_(index), started_(started) {}
     absl::StatusOr<at::Tensor> Wait(std::chrono::milliseconds timeout) override {
       const auto t0 = Clock::now();
       absl::StatusOr<at::Tensor> r = inner_->Wait(timeout);
-      stats_->wait_ms += Ms(Clock::now() - t0);
+      const double ms = Ms(Clock::now() - t0);
+      stats_->wait_ms += ms;
+      // The stats may have been taken (reset) since this collective started.
+      if (index_ < stats_->each.size()) {
+        stats_->each[index_].in_flight_ms = Ms(t0 - started_);
+        stats_->each[index_].wait_ms = ms;
+      }
       return r;
     }
 
    private:
     std::unique_ptr<Work> inner_;
     CollectiveStats* stats_;
+    size_t index_;
+    Clock::time_point started_;
   };
 
   Communicator* inner_;

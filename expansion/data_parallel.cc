@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "analysis/ir/status_macros.h"
 #include "analysis/op_rules.h"
+#include "expansion/schedule.h"
 
 namespace fxdp {
 
@@ -64,6 +65,7 @@ int SizeArgIndex(const ir::Target& t) {
 struct PlannedBucket {
   Bucket info;
   std::vector<ValueRef> values;  // global graph refs, production order.
+  std::vector<int32_t> produced, first_use;  // per value: producer, first use.
   int32_t start = 0;             // all-reduce after this node.
   int32_t wait = 0;              // wait before this node.
 };
@@ -487,12 +489,60 @@ absl::StatusOr<std::vector<PlannedBucket>> PlanBuckets(const Graph& g, const Bat
       cur.wait = first_use;
     }
     cur.values.push_back(r->value);
+    cur.produced.push_back(produced);
+    cur.first_use.push_back(first_use);
     cur.info.gradients.push_back(r->grad_of);
     cur.info.bytes += Bytes(*t);
     cur.start = std::max(cur.start, produced);
     cur.wait = std::min(cur.wait, first_use);
   }
   close();
+  // The tail: the last bucket is split again from its end, with DDP's rule
+  // (a bucket closes once it reaches its cap) and caps last_bucket_mb,
+  // 2 * last_bucket_mb, 4 * ... (at most bucket_cap_mb); the front piece
+  // left over is a bucket of its own if it holds at least half its cap.
+  if (o.last_bucket_mb > 0 && !buckets.empty() && buckets.back().values.size() > 1) {
+    PlannedBucket last = std::move(buckets.back());
+    buckets.pop_back();
+    const int64_t max_cap = static_cast<int64_t>(o.bucket_cap_mb * 1024 * 1024);
+    int64_t piece_cap = static_cast<int64_t>(o.last_bucket_mb * 1024 * 1024);
+    std::vector<std::pair<size_t, size_t>> pieces;  // [from, to), last piece first
+    size_t to = last.values.size();
+    int64_t bytes = 0;
+    for (size_t k = last.values.size(); k-- > 0;) {
+      bytes += Bytes(g.type(last.values[k]).tensor);
+      if (bytes >= piece_cap) {
+        pieces.emplace_back(k, to);
+        to = k;
+        bytes = 0;
+        piece_cap = std::min(2 * piece_cap, std::max(max_cap, piece_cap));
+      }
+    }
+    if (to > 0) {
+      // A front piece under half its cap joins the piece after it (which then
+      // starts no later: it holds the later gradients).
+      if (pieces.empty() || 2 * bytes >= piece_cap) {
+        pieces.emplace_back(0, to);
+      } else {
+        pieces.back().first = 0;
+      }
+    }
+    for (auto it = pieces.rbegin(); it != pieces.rend(); ++it) {
+      cur = PlannedBucket{};
+      cur.info.op = last.info.op;
+      cur.wait = g.size() - 1;
+      for (size_t k = it->first; k < it->second; ++k) {
+        cur.values.push_back(last.values[k]);
+        cur.produced.push_back(last.produced[k]);
+        cur.first_use.push_back(last.first_use[k]);
+        cur.info.gradients.push_back(last.info.gradients[k]);
+        cur.info.bytes += Bytes(g.type(last.values[k]).tensor);
+        cur.start = std::max(cur.start, last.produced[k]);
+        cur.wait = std::min(cur.wait, last.first_use[k]);
+      }
+      close();
+    }
+  }
   return buckets;
 }
 
@@ -528,6 +578,9 @@ absl::StatusOr<Expansion> ExpandDataParallel(const Graph& graph, const BatchDimA
   if (options.bucket_cap_mb <= 0 || options.first_bucket_mb <= 0) {
     return absl::InvalidArgumentError("bucket sizes must be positive");
   }
+  if (options.last_bucket_mb < 0) {
+    return absl::InvalidArgumentError("the last bucket's cap must be >= 0 (0: no split)");
+  }
   FXDP_ASSIGN_OR_RETURN(std::vector<PlannedBucket> buckets, PlanBuckets(graph, analysis, options));
 
   Expansion e;
@@ -553,6 +606,10 @@ absl::StatusOr<Expansion> ExpandDataParallel(const Graph& graph, const BatchDimA
   for (const PlannedBucket& b : buckets) rep.buckets.push_back(b.info);
   // Rank-specific slices of replicated values make the graphs differ too.
   e.identical = batch % world == 0 && analysis.sharded_reads().empty();
+  // The overlap schedule: one order for every rank. The rank graphs have the
+  // same structure, so each rank's own schedule is rank 0's (checked) and
+  // they start their collectives in the same order.
+  ScheduleInfo schedule;
   for (int32_t r = 0; r < world; ++r) {
     if (r > 0 && e.identical) {
       e.graphs.push_back(e.graphs[0]);
@@ -560,7 +617,24 @@ absl::StatusOr<Expansion> ExpandDataParallel(const Graph& graph, const BatchDimA
     }
     Expander x(graph, analysis, options, buckets, rep.slices[r]);
     FXDP_ASSIGN_OR_RETURN(Graph local, x.Run(r == 0 ? &rep.collectives : nullptr));
+    if (options.overlap_schedule) {
+      if (r == 0) {
+        schedule = OverlapSchedule(local);
+      } else if (OverlapSchedule(local).order != schedule.order) {
+        return absl::InternalError(absl::StrCat(
+            "rank ", r, "'s expanded graph schedules differently from rank 0's"));
+      }
+      FXDP_ASSIGN_OR_RETURN(local, Reorder(local, schedule.order));
+    }
     e.graphs.push_back(std::move(local));
+  }
+  if (options.overlap_schedule) {
+    std::vector<int32_t> new_index(schedule.order.size());
+    for (size_t k = 0; k < schedule.order.size(); ++k)
+      new_index[schedule.order[k]] = static_cast<int32_t>(k);
+    for (Collective& c : rep.collectives) c.position = new_index[c.position];
+    std::stable_sort(rep.collectives.begin(), rep.collectives.end(),
+                     [](const Collective& a, const Collective& b) { return a.position < b.position; });
   }
   for (const Collective& c : rep.collectives) rep.bytes_per_step += c.bytes;
   return e;

@@ -9,7 +9,8 @@
 //     Scalar literals are kept: the analysis' placements already account for
 //     them (batch_dim.h).
 //   * Partial gradients are flattened into buckets in the order backward
-//     produces them (DDP's caps: the first bucket 1 MiB, then 25 MiB), scaled
+//     produces them (DDP's caps: the first bucket 1 MiB, then 25 MiB, and the
+//     last one split again from its end: ExpandOptions::last_bucket_mb), scaled
 //     by the rank's weight (1/N, or B_r/B for an uneven split of a mean) and
 //     summed with `_c10d_functional::all_reduce` right after the bucket's last
 //     gradient is produced; `_c10d_functional::wait_tensor` sits right before
@@ -17,6 +18,10 @@
 //     of backward. Sum-then-scale works on Gloo, which has no AVG.
 //   * The loss output becomes the global loss (all-reduced); the rank-local
 //     loss is an extra OTHER output named "local_loss".
+//   * Then the graph is reordered for overlap (expansion/schedule.h): every
+//     all_reduce starts as soon as its input can be computed, and the
+//     optimizer updates of each bucket run before the next bucket is waited
+//     on (ExpandOptions::overlap_schedule).
 //   * Replicated values a sharded use reads by rows are sliced locally.
 //
 // The result is a standard torch graph: torch.fx can run it under a process
@@ -39,6 +44,20 @@ struct ExpandOptions {
   double bucket_cap_mb = 25.0;       // DDP's bucket_cap_mb.
   double first_bucket_mb = 1.0;      // DDP's first bucket.
   std::string group_name = "0";      // the default process group's name in torch.
+  // Not DDP's: the bucket backward fills last (DDP's caps let it grow to
+  // bucket_cap_mb) is split again from its end, with DDP's closing rule (a
+  // bucket closes once it reaches its cap) and caps of last_bucket_mb,
+  // 2x, 4x, ... (at most bucket_cap_mb); the front piece left over is a
+  // bucket if it holds at least half its cap, else it joins the next one.
+  // The last all-reduce, which nothing in backward hides, is then small and
+  // hidden behind the updates of the buckets before it; the others start
+  // earlier. A last bucket under last_bucket_mb is left alone. 0: DDP's
+  // buckets unchanged.
+  double last_bucket_mb = 1.0;
+  // Reorder the expanded graph for overlap (expansion/schedule.h): every
+  // all_reduce starts as soon as its input exists, and the optimizer updates
+  // of bucket k run before bucket k+1 is waited on, while it is in flight.
+  bool overlap_schedule = true;
 };
 
 struct RankSlice {

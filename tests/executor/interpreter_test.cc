@@ -16,6 +16,7 @@
 #include "absl/strings/str_replace.h"
 #include "analysis/ir/text.h"
 #include "executor/gloo_communicator.h"
+#include "executor/timed_communicator.h"
 #include "tests/test_util.h"
 
 namespace fxdp::executor {
@@ -321,8 +322,63 @@ TEST(InterpreterLifetimeTest, ALongChainHoldsAFewValues) {
   in.emplace_back(std::move(x));
   auto out = ValueOrDie(p.Run(std::move(in)));
   for (const auto& [name, n] : p.live_trace()) EXPECT_EQ(n, 1) << name;
-  EXPECT_TRUE(weak.expired());  // the input moved in was freed after its only use
+  // The input moved in dies at its only use, so the chain runs in place in
+  // its buffer (mul_): the output is that buffer.
+  ASSERT_FALSE(weak.expired());
+  EXPECT_EQ(out[0].toTensor().storage().unsafeGetStorageImpl(), weak.lock().get());
   EXPECT_TRUE(at::equal(out[0].toTensor(), at::ones({1000})));
+}
+
+// A pointwise op whose `self` dies at that node and is not shared writes its
+// result into self's buffer (its in-place variant); anything else gets a new
+// tensor, and the values are the same either way.
+TEST(InterpreterLifetimeTest, DyingInputsAreReusedInPlace) {
+  const ir::Graph g = Parse(R"(
+  %x: f32[3, 4] = placeholder() {role=INPUT, state="x", batch_dim=0}
+  %m: f32[3, 4] = placeholder() {role=INPUT, state="m", batch_dim=0}
+  %b: f32[4] = placeholder() {role=INPUT, state="b", batch_dim=-1}
+  %i: i64[3, 4] = placeholder() {role=INPUT, state="i", batch_dim=0}
+  %a: f32[3, 4] = aten::mul.Tensor(%x, 2.0)
+  %c: f32[3, 4] = aten::add.Tensor(%a, %b)
+  %t: f32[4, 3]{1, 4} = aten::t(%c)
+  %s: f32[4, 3]{1, 4} = aten::sqrt(%t)
+  %k: f32[3, 4] = aten::mul.Tensor(%x, 3.0)
+  %bb: f32[3, 4] = aten::add.Tensor(%b, %k)
+  %f: f32[3, 4] = aten::add.Tensor(%i, 0.5)
+  %l: f32[3, 4] = aten::lerp.Scalar(%f, %x, 0.25)
+  %n: f32[3, 4] = aten::neg(%m)
+  %q: f32[3, 4] = aten::addcmul(%n, %k, %k, value=0.5)
+  %output = output([%s, %bb, %l, %q, %k]) {specs=[OTHER, OTHER, OTHER, OTHER, OTHER]}
+)");
+  at::manual_seed(0);
+  const at::Tensor x = at::rand({3, 4}), b = at::rand({4}), i = at::randint(0, 9, {3, 4});
+  const at::Tensor x_before = x.clone(), b_before = b.clone();
+  at::Tensor m = at::rand({3, 4});
+  const at::Tensor m_before = m.clone();
+  c10::weak_intrusive_ptr<c10::StorageImpl> weak(m.storage().getWeakStorageImpl());
+  Program p = LoadCpu(g);
+  std::vector<c10::IValue> in = Values({x});
+  in.emplace_back(std::move(m));
+  in.emplace_back(b);
+  in.emplace_back(i);
+  auto out = ValueOrDie(p.Run(std::move(in)));
+  ASSERT_EQ(out.size(), 5u);
+  // Values held by the caller are never written to.
+  EXPECT_TRUE(at::equal(x, x_before));
+  EXPECT_TRUE(at::equal(b, b_before));
+  // neg ran in m's buffer (m died there), addcmul in neg's result.
+  ASSERT_FALSE(weak.expired());
+  EXPECT_EQ(out[3].toTensor().storage().unsafeGetStorageImpl(), weak.lock().get());
+  // Not in place, with the functional op's result: a transposed self (s), a
+  // self broadcast to the result's shape (bb), a dtype change (f).
+  const at::Tensor k = x_before * 3.0;
+  ExpectClose(out[0].toTensor(), at::sqrt((x_before * 2.0 + b_before).t()), "s");
+  EXPECT_EQ(out[0].toTensor().strides(), (c10::IntArrayRef{1, 4}));
+  ExpectClose(out[1].toTensor(), b_before + k, "bb");
+  ExpectClose(out[2].toTensor(), at::lerp(i + 0.5, x_before, 0.25), "l");
+  ExpectClose(out[3].toTensor(), at::addcmul(-m_before, k, k, 0.5), "q");
+  ExpectClose(out[4].toTensor(), k, "k");
+  EXPECT_EQ(p.live_values(), 0);
 }
 
 // ---- collectives ---------------------------------------------------------------------
@@ -362,6 +418,39 @@ TEST(InterpreterCollectivesTest, LocalAllReduceIsACopy) {
   EXPECT_NE(out[0].toTensor().data_ptr(), x.data_ptr());
   // z reads all_reduce(y) without a wait_tensor: it waits implicitly.
   EXPECT_TRUE(at::equal(out[1].toTensor(), x * 3));
+}
+
+// TimedCommunicator: totals and, per collective in start order, its bytes,
+// time in flight before its wait and time blocked in it; ProgramOptions::profile.
+TEST(InterpreterCollectivesTest, TimedCommunicatorAndProfile) {
+  DoublingCommunicator inner;
+  TimedCommunicator timed(&inner);
+  ProgramOptions o;
+  o.communicator = &timed;
+  o.profile = true;
+  Program p = LoadCpu(CollectiveGraph("sum"), o);
+  const at::Tensor x = at::arange(4, at::kFloat);
+  for (int run = 0; run < 2; ++run) {
+    ValueOrDie(p.Run(Values({x})));
+    const CollectiveStats s = timed.TakeStats();
+    EXPECT_EQ(s.collectives, 2);
+    EXPECT_EQ(s.bytes, 32);
+    ASSERT_EQ(s.each.size(), 2u);
+    for (const CollectiveStats::One& c : s.each) {
+      EXPECT_EQ(c.bytes, 16);
+      EXPECT_GE(c.in_flight_ms, 0);
+      EXPECT_GE(c.wait_ms, 0);
+    }
+  }
+  const std::vector<NodeTime> prof = p.profile();
+  ASSERT_EQ(prof.size(), 5u);  // ar, y, w, ar2, z
+  EXPECT_EQ(prof[0].node, "ar");
+  EXPECT_EQ(prof[0].op, "_c10d_functional::all_reduce");
+  EXPECT_EQ(prof[4].node, "z");
+  for (const NodeTime& t : prof) {
+    EXPECT_EQ(t.runs, 2);
+    EXPECT_GE(t.total_ms, 0);
+  }
 }
 
 TEST(InterpreterCollectivesTest, AllReduceGoesThroughTheCommunicator) {

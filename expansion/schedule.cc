@@ -1,0 +1,195 @@
+#include "expansion/schedule.h"
+
+#include <algorithm>
+#include <limits>
+#include <numeric>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace fxdp {
+
+using ir::Argument;
+using ir::Graph;
+using ir::Node;
+using ir::ValueRef;
+
+namespace {
+
+constexpr absl::string_view kAllReduce = "_c10d_functional::all_reduce";
+constexpr absl::string_view kWaitTensor = "_c10d_functional::wait_tensor";
+
+// Cheap ops that may move up with the all_reduce they alone feed (packing a
+// bucket, scaling it).
+bool IsPackingOp(const Node& n) {
+  static constexpr absl::string_view kOps[] = {
+      "aten::_unsafe_view", "aten::cat", "aten::div", "aten::mul", "aten::reshape", "aten::view",
+  };
+  return n.is_call() && std::find(std::begin(kOps), std::end(kOps), n.target.name) != std::end(kOps);
+}
+
+void Renumber(Argument& a, const std::vector<int32_t>& new_index) {
+  if (const ValueRef* r = a.get_if<ValueRef>()) {
+    a = Argument(ValueRef{ir::NodeId{new_index[r->node.value]}, r->output});
+  } else if (a.is_list()) {
+    Argument::List l = a.as<Argument::List>();
+    for (Argument& e : l) Renumber(e, new_index);
+    a = Argument(std::move(l));
+  }
+}
+
+}  // namespace
+
+ScheduleInfo OverlapSchedule(const Graph& g) {
+  const int32_t n = g.size();
+  // Producers and users of every node (distinct), as flat adjacency arrays.
+  std::vector<int32_t> pred_begin(n + 1, 0), pred_list;
+  pred_list.reserve(2 * static_cast<size_t>(n));
+  std::vector<int32_t> scratch;
+  for (int32_t i = 0; i < n; ++i) {
+    scratch.clear();
+    g.nodes()[i].ForEachInput([&](ValueRef r) { scratch.push_back(r.node.value); });
+    std::sort(scratch.begin(), scratch.end());
+    scratch.erase(std::unique(scratch.begin(), scratch.end()), scratch.end());
+    pred_list.insert(pred_list.end(), scratch.begin(), scratch.end());
+    pred_begin[i + 1] = static_cast<int32_t>(pred_list.size());
+  }
+  std::vector<int32_t> user_begin(n + 1, 0), user_list(pred_list.size());
+  for (int32_t p : pred_list) ++user_begin[p + 1];
+  for (int32_t i = 0; i < n; ++i) user_begin[i + 1] += user_begin[i];
+  {
+    std::vector<int32_t> fill(user_begin.begin(), user_begin.end() - 1);
+    for (int32_t i = 0; i < n; ++i)
+      for (int32_t k = pred_begin[i]; k < pred_begin[i + 1]; ++k) user_list[fill[pred_list[k]]++] = i;
+  }
+  struct Range {
+    const int32_t* b;
+    const int32_t* e;
+    const int32_t* begin() const { return b; }
+    const int32_t* end() const { return e; }
+    size_t size() const { return static_cast<size_t>(e - b); }
+    bool empty() const { return b == e; }
+  };
+  auto preds_of = [&](int32_t i) {
+    return Range{pred_list.data() + pred_begin[i], pred_list.data() + pred_begin[i + 1]};
+  };
+  auto users_of = [&](int32_t i) {
+    return Range{user_list.data() + user_begin[i], user_list.data() + user_begin[i + 1]};
+  };
+  auto is = [&](int32_t i, absl::string_view target) {
+    return g.nodes()[i].is_call() && g.nodes()[i].target.name == target;
+  };
+
+  // Which nodes (transitively) feed an all_reduce: reverse topological order.
+  std::vector<bool> feeds(n, false);
+  for (int32_t i = n - 1; i >= 0; --i) {
+    for (int32_t u : users_of(i)) feeds[i] = feeds[i] || is(u, kAllReduce) || feeds[u];
+  }
+  // Hoisted: all_reduces and the packing nodes whose every user is hoisted.
+  std::vector<bool> hoist(n, false);
+  for (int32_t i = n - 1; i >= 0; --i) {
+    if (is(i, kAllReduce)) {
+      hoist[i] = true;
+    } else if (IsPackingOp(g.nodes()[i]) && !users_of(i).empty()) {
+      hoist[i] = [&] {
+        for (int32_t u : users_of(i))
+          if (!hoist[u]) return false;
+        return true;
+      }();
+    }
+  }
+  // Graph inputs stay first: nothing is hoisted above the last one.
+  int32_t last_input = -1;
+  for (int32_t i = 0; i < n; ++i) {
+    if (!g.nodes()[i].is_call() && !g.nodes()[i].is_output()) last_input = i;
+  }
+  std::vector<int32_t> eff(n);
+  int32_t hoisted = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    eff[i] = i;
+    if (!hoist[i]) continue;
+    eff[i] = last_input;
+    for (int32_t p : preds_of(i)) eff[i] = std::max(eff[i], eff[p]);
+    ++hoisted;
+  }
+
+  // The all_reduces in the order they can start (hoisted position); every
+  // node's priority is the first of them it feeds (kNone: none), so that the
+  // nodes a collective needs run before those only later collectives need.
+  std::vector<int32_t> starts;
+  for (int32_t i = 0; i < n; ++i)
+    if (is(i, kAllReduce)) starts.push_back(i);
+  std::sort(starts.begin(), starts.end(),
+            [&](int32_t a, int32_t b) { return std::tie(eff[a], a) < std::tie(eff[b], b); });
+  constexpr int32_t kNone = std::numeric_limits<int32_t>::max();
+  std::vector<int32_t> first(n, kNone), start_rank(n, kNone);
+  for (int32_t k = 0; k < static_cast<int32_t>(starts.size()); ++k) {
+    first[starts[k]] = k;
+    start_rank[starts[k]] = k;
+  }
+  for (int32_t i = n - 1; i >= 0; --i) {
+    for (int32_t u : users_of(i)) first[i] = std::min(first[i], first[u]);
+  }
+
+  // Deferrable waits get levels in the order their all_reduces start (so a
+  // scheduled graph schedules to itself), those only outputs read the last.
+  ScheduleInfo info;
+  std::vector<int32_t> level(n, 0);
+  for (int32_t i = 0; i < n; ++i) {
+    for (int32_t p : preds_of(i)) level[i] = std::max(level[i], level[p]);
+    if (is(i, kWaitTensor) && !feeds[i] && preds_of(i).size() == 1 && is(*preds_of(i).begin(), kAllReduce)) {
+      // Waits only the graph's outputs read (the loss) go last.
+      bool output_only = true;
+      for (int32_t u : users_of(i)) output_only = output_only && g.nodes()[u].is_output();
+      const int32_t l = output_only ? static_cast<int32_t>(starts.size()) + 1
+                                    : 1 + start_rank[*preds_of(i).begin()];
+      level[i] = std::max(level[i], l);
+      ++info.deferred_waits;
+    }
+  }
+  // Graph inputs (placeholders, get_attr) keep their places at the top.
+  for (int32_t i = 0; i < n; ++i) {
+    if (!g.nodes()[i].is_call() && !g.nodes()[i].is_output()) level[i] = -1;
+  }
+  // (level, first, eff, index) never decreases along an edge and the index
+  // breaks ties: sorting by it is a topological order.
+  info.hoisted = hoisted;
+  info.order.resize(n);
+  std::iota(info.order.begin(), info.order.end(), 0);
+  std::sort(info.order.begin(), info.order.end(), [&](int32_t a, int32_t b) {
+    return std::tie(level[a], first[a], eff[a], a) < std::tie(level[b], first[b], eff[b], b);
+  });
+  for (int32_t k = 0; k < n; ++k) info.moved += info.order[k] != k;
+  return info;
+}
+
+absl::StatusOr<Graph> Reorder(const Graph& g, const std::vector<int32_t>& order) {
+  const int32_t n = g.size();
+  if (static_cast<int32_t>(order.size()) != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the order has ", order.size(), " entries, the graph ", n, " nodes"));
+  }
+  std::vector<int32_t> new_index(n, -1);
+  for (int32_t k = 0; k < n; ++k) {
+    const int32_t old = order[k];
+    if (old < 0 || old >= n || new_index[old] >= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("the order is not a permutation (entry ", k,
+                                                     " is ", old, ")"));
+    }
+    new_index[old] = k;
+  }
+  std::vector<Node> nodes;
+  nodes.reserve(n);
+  for (int32_t k = 0; k < n; ++k) {
+    Node node = g.nodes()[order[k]];
+    for (Argument& a : node.args) Renumber(a, new_index);
+    for (ir::KeywordArgument& kw : node.kwargs) Renumber(kw.value, new_index);
+    nodes.push_back(std::move(node));
+  }
+  return Graph::Create(g.header(), std::move(nodes));
+}
+
+}  // namespace fxdp
