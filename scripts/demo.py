@@ -159,8 +159,10 @@ def main() -> int:
             an = client.analyze(step, world_size=2)
             counts = collections.Counter(n["placement"] for n in an["nodes"] if n["placement"] != "-")
             print("   placements (server): " + ", ".join(f"{k} x{v}" for k, v in counts.most_common()))
-            result = client.train(step, world_size=2, batches=[entry.batch(k) for k in range(args.steps)],
-                                   on_step=lambda i, loss: print(f"   step {i}: global loss {loss:.6f}"))
+            # A generator: each global batch is made and streamed while the job runs; the server
+            # sends each worker only its shard.
+            result = client.train(step, world_size=2, batches=(entry.batch(k) for k in range(args.steps)),
+                                  on_step=lambda i, loss: print(f"   step {i}: global loss {loss:.6f}"))
         sv_worst = max((result.state[n] - v).abs().max().item() for n, v in state.items())
         print(f"   job {result.job_id}: max |state diff| vs single device: {sv_worst:.2e}")
         sv_ok = True

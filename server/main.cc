@@ -6,7 +6,8 @@
 //
 //   fxdp-server [--listen HOST:PORT] [--max-message-mb N] [--cache-entries N]
 //               [--cache-mb N] [--heartbeat-ms MS] [--local-workers N]
-//               [--worker-binary PATH]
+//               [--worker-binary PATH] [--max-queued-jobs N] [--max-state-mb N]
+//               [--max-finished-jobs N]
 //
 // Port 0 picks a free port; the server prints "listening on HOST:PORT" on
 // stdout once it serves. SIGTERM / SIGINT shut it down cleanly (in-flight
@@ -38,12 +39,14 @@ namespace {
 constexpr char kUsage[] =
     "usage: fxdp-server [--listen HOST:PORT] [--max-message-mb N] [--cache-entries N]\n"
     "                   [--cache-mb N] [--heartbeat-ms MS] [--local-workers N]\n"
-    "                   [--worker-binary PATH]\n"
+    "                   [--worker-binary PATH] [--max-queued-jobs N] [--max-state-mb N]\n"
+    "                   [--max-finished-jobs N]\n"
     "\n"
     "Serves fxdp.v1.CompileService (Analyze, Expand), fxdp.v1.WorkerService (Attach:\n"
     "the workers' endpoint, ListWorkers) and fxdp.v1.JobService (Submit, GetJob, ListJobs,\n"
-    "CancelJob, FetchState: data-parallel jobs on the attached workers) over gRPC, with\n"
-    "grpc.health.v1 health checking and server reflection.\n"
+    "CancelJob, FetchState: data-parallel jobs on the attached workers, queued in FIFO\n"
+    "order while too few are idle) over gRPC, with grpc.health.v1 health checking and\n"
+    "server reflection.\n"
     "\n"
     "  --listen HOST:PORT    address to listen on (default 127.0.0.1:50051; port 0 picks\n"
     "                        a free port); prints 'listening on HOST:PORT' once serving\n"
@@ -56,6 +59,11 @@ constexpr char kUsage[] =
     "                        attached to this server; one that exits is restarted\n"
     "  --worker-binary PATH  the fxdp-worker for --local-workers (default: next to\n"
     "                        fxdp-server)\n"
+    "  --max-queued-jobs N   jobs waiting for idle workers (FIFO); more are refused with\n"
+    "                        RESOURCE_EXHAUSTED (default 64)\n"
+    "  --max-state-mb N      final states kept for FetchState, MiB; the oldest is evicted\n"
+    "                        first (default 2048)\n"
+    "  --max-finished-jobs N finished jobs remembered for GetJob/ListJobs (default 1000)\n"
     "\n"
     "SIGTERM or SIGINT shut the server down. Exit codes: 0 ok, 1 cannot listen, 2 usage.\n";
 
@@ -73,6 +81,10 @@ int main(int argc, char** argv) {
   int64_t cache_mb = cache.max_bytes >> 20;
   int64_t heartbeat_ms = 1000, local_workers = 0;
   std::string worker_binary;
+  fxdp::server::JobServiceOptions job_options;
+  int64_t max_queued = static_cast<int64_t>(job_options.max_queued_jobs);
+  int64_t max_state_mb = static_cast<int64_t>(job_options.max_state_bytes >> 20);
+  int64_t max_finished = static_cast<int64_t>(job_options.max_finished_jobs);
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i], value;
     if (a == "--help" || a == "-h") {
@@ -114,6 +126,12 @@ int main(int argc, char** argv) {
     } else if (a == "--heartbeat-ms") {
       rc = int_flag(&heartbeat_ms, 1);
       if (rc < 0 && heartbeat_ms > 3600 * 1000) return Usage("--heartbeat-ms must be <= 3600000");
+    } else if (a == "--max-queued-jobs") {
+      rc = int_flag(&max_queued, 1);
+    } else if (a == "--max-state-mb") {
+      rc = int_flag(&max_state_mb, 0);
+    } else if (a == "--max-finished-jobs") {
+      rc = int_flag(&max_finished, 1);
     } else if (a == "--worker-binary") {
       if (!next() || value.empty()) return Usage("--worker-binary needs a PATH");
       worker_binary = value;
@@ -123,6 +141,9 @@ int main(int argc, char** argv) {
     if (rc >= 0) return rc;
   }
   cache.max_bytes = cache_mb << 20;
+  job_options.max_queued_jobs = static_cast<size_t>(max_queued);
+  job_options.max_state_bytes = static_cast<uint64_t>(max_state_mb) << 20;
+  job_options.max_finished_jobs = static_cast<size_t>(max_finished);
   if (local_workers > 0) {
     if (worker_binary.empty()) worker_binary = fxdp::server::DefaultWorkerBinary();
     if (access(worker_binary.c_str(), X_OK) != 0) {
@@ -143,7 +164,7 @@ int main(int argc, char** argv) {
   fxdp::server::WorkerRegistryOptions registry_options;
   registry_options.heartbeat_interval_ms = static_cast<int>(heartbeat_ms);
   fxdp::server::WorkerRegistry registry(registry_options);
-  fxdp::server::JobServiceImpl jobs(&service, &registry);
+  fxdp::server::JobServiceImpl jobs(&service, &registry, job_options);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -10,11 +11,14 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "client/cli/commands.h"
 #include "client/cli/safetensors_raw.h"
 #include "grpcpp/grpcpp.h"
@@ -31,19 +35,27 @@ constexpr int kConnectTimeoutS = 5;
 
 constexpr char kRunUsage[] =
     "usage: fxdp run GRAPH --world-size N --state S.safetensors --data D.safetensors\n"
-    "                [--data D2.safetensors ...] --steps K [--out FINAL.safetensors]\n"
+    "                [--data D2.safetensors ...] [--steps K] [--out FINAL.safetensors]\n"
     "                [--bucket-mb X] [--name NAME] [--timeout S] [--json] [--server HOST:PORT]\n"
+    "       fxdp run GRAPH ... --data-on-workers PATH [--data-on-workers PATH2 ...] --steps K\n"
     "\n"
     "Runs a traced training step (GRAPH, what fxdp.trace saved) data-parallel on N\n"
     "workers of fxdp-server (JobService.Submit). S holds the initial state (every\n"
     "non-input placeholder), each D one global batch (every input placeholder by\n"
-    "name); step i uses data file i mod (number of --data files). Prints a line per\n"
-    "step (step i/K loss L (T ms)) and the job id at the end.\n"
+    "name); step i uses data file i mod (number of --data files). The state and the\n"
+    "batches are streamed in 1 MiB chunks; the server sends each worker only its\n"
+    "shard of each batch. With --data-on-workers the workers read the batches from\n"
+    "that safetensors file on their own filesystem instead (nothing is sent).\n"
+    "While fewer than N workers are idle the job is queued (FIFO): 'queued' lines say\n"
+    "its position and what it waits for. Then prints a line per step (step i/K loss\n"
+    "L (T ms); a progress bar on a terminal) and the job id at the end.\n"
     "\n"
     "  --server HOST:PORT   the fxdp server (default 127.0.0.1:50051)\n"
     "  --world-size N       number of data-parallel ranks (default 1)\n"
     "  --state FILE         initial state, safetensors (required)\n"
-    "  --data FILE          a global batch, safetensors (required; repeatable)\n"
+    "  --data FILE          a global batch, safetensors (repeatable)\n"
+    "  --data-on-workers P  a global batch, safetensors on the workers (repeatable;\n"
+    "                       instead of --data; needs --steps)\n"
     "  --steps K            number of steps (default: the number of --data files)\n"
     "  --out FILE           write the final state (FetchState) as safetensors\n"
     "  --bucket-mb X        gradient bucket cap, MiB (default: DDP's)\n"
@@ -51,14 +63,14 @@ constexpr char kRunUsage[] =
     "  --timeout S          rendezvous / collective timeout, seconds (default 60)\n"
     "  --json               one JSON object per line per event instead of text\n"
     "\n"
-    "Exit codes: 0 ok, 1 the job failed or was refused, 2 usage, 3 the server is\n"
-    "unreachable or a file cannot be read or written.\n";
+    "Exit codes: 0 ok, 1 the job failed, was cancelled or was refused, 2 usage, 3 the\n"
+    "server is unreachable or a file cannot be read or written.\n";
 
 constexpr char kJobsUsage[] =
     "usage: fxdp jobs [--json] [--server HOST:PORT]\n"
     "\n"
     "Lists the jobs of fxdp-server, oldest first: id, state, steps done/total,\n"
-    "world size, last loss, error.\n"
+    "world size, last loss, and what a queued job waits for or why a job failed.\n"
     "\n"
     "  --server HOST:PORT   the fxdp server (default 127.0.0.1:50051)\n"
     "  --json               print JSON: {\"jobs\": [{...JobInfo...}]}\n"
@@ -68,8 +80,8 @@ constexpr char kJobsUsage[] =
 constexpr char kJobUsage[] =
     "usage: fxdp job ID [--json] [--server HOST:PORT]\n"
     "\n"
-    "Shows one job of fxdp-server (JobService.GetJob): state, steps, workers,\n"
-    "losses, error.\n"
+    "Shows one job of fxdp-server (JobService.GetJob): state (a queued job's queue\n"
+    "position and what it waits for), steps, workers, losses, error.\n"
     "\n"
     "  --server HOST:PORT   the fxdp server (default 127.0.0.1:50051)\n"
     "  --json               print the job as a JSON object\n"
@@ -109,17 +121,26 @@ std::string CodeName(grpc::StatusCode c) {
   return i >= 0 && i < 17 ? kNames[i] : absl::StrCat("CODE_", i);
 }
 
-// Connects to `server`; nullptr (after printing why) when it does not answer.
+// Connects to `server`; nullptr (after printing why) when a connection
+// attempt fails (e.g. refused) or none succeeds within kConnectTimeoutS.
 std::shared_ptr<grpc::Channel> Connect(const std::string& cmd, const std::string& server) {
   grpc::ChannelArguments ch;
   ch.SetMaxReceiveMessageSize(kMaxMessageBytes);
   ch.SetMaxSendMessageSize(kMaxMessageBytes);
   auto channel = grpc::CreateCustomChannel(server, grpc::InsecureChannelCredentials(), ch);
-  if (!channel->WaitForConnected(std::chrono::system_clock::now() +
-                                 std::chrono::seconds(kConnectTimeoutS))) {
-    std::fprintf(stderr, "fxdp %s: server %s is unreachable (no connection within %d s)\n",
-                 cmd.c_str(), server.c_str(), kConnectTimeoutS);
-    return nullptr;
+  const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(kConnectTimeoutS);
+  for (grpc_connectivity_state st = channel->GetState(true); st != GRPC_CHANNEL_READY;
+       st = channel->GetState(true)) {
+    if (st == GRPC_CHANNEL_TRANSIENT_FAILURE || st == GRPC_CHANNEL_SHUTDOWN) {
+      std::fprintf(stderr, "fxdp %s: server %s is unreachable (the connection failed)\n", cmd.c_str(),
+                   server.c_str());
+      return nullptr;
+    }
+    if (!channel->WaitForStateChange(st, deadline)) {
+      std::fprintf(stderr, "fxdp %s: server %s is unreachable (no connection within %d s)\n", cmd.c_str(),
+                   server.c_str(), kConnectTimeoutS);
+      return nullptr;
+    }
   }
   return channel;
 }
@@ -152,6 +173,11 @@ nlohmann::ordered_json InfoJson(const v1::JobInfo& j) {
   o["submitted_unix_ms"] = j.submitted_unix_ms();
   o["ended_unix_ms"] = j.ended_unix_ms();
   o["has_state"] = j.has_state();
+  o["state_evicted"] = j.state_evicted();
+  o["queue_position"] = j.queue_position();
+  o["message"] = j.message();
+  o["started_unix_ms"] = j.started_unix_ms();
+  o["data_paths"] = std::vector<std::string>(j.data_paths().begin(), j.data_paths().end());
   return o;
 }
 
@@ -160,8 +186,12 @@ std::string InfoText(const v1::JobInfo& j) {
   absl::StrAppendFormat(&out, "job        %s\n", j.job_id());
   absl::StrAppendFormat(&out, "name       %s\n", j.name().empty() ? "-" : j.name());
   absl::StrAppendFormat(&out, "state      %s\n", StateName(j.state()));
+  if (j.state() == v1::JOB_STATE_QUEUED) {
+    absl::StrAppendFormat(&out, "queue      position %d: %s\n", j.queue_position(), j.message());
+  }
   absl::StrAppendFormat(&out, "world size %d\n", j.world_size());
-  absl::StrAppendFormat(&out, "steps      %d/%d\n", j.steps_done(), j.steps());
+  absl::StrAppendFormat(&out, "steps      %d/%s\n", j.steps_done(),
+                        j.steps() > 0 ? absl::StrCat(j.steps()) : "? (until the client's last batch)");
   std::string workers;
   for (int i = 0; i < j.workers_size(); ++i)
     absl::StrAppend(&workers, i ? ", " : "", "rank ", i, ": ", j.workers(i));
@@ -170,7 +200,11 @@ std::string InfoText(const v1::JobInfo& j) {
   for (int i = 0; i < j.losses_size(); ++i)
     absl::StrAppendFormat(&losses, "%s%.6g", i ? " " : "", j.losses(i));
   absl::StrAppendFormat(&out, "losses     %s\n", losses.empty() ? "-" : losses);
-  absl::StrAppendFormat(&out, "final state %s\n", j.has_state() ? "kept" : "-");
+  if (j.data_paths_size() > 0) {
+    absl::StrAppendFormat(&out, "data       %s (on the workers)\n", absl::StrJoin(j.data_paths(), ", "));
+  }
+  absl::StrAppendFormat(&out, "final state %s\n",
+                        j.has_state() ? "kept" : (j.state_evicted() ? "evicted (--max-state-mb)" : "-"));
   if (!j.error().empty()) absl::StrAppendFormat(&out, "error      %s\n", j.error());
   return out;
 }
@@ -191,16 +225,26 @@ std::string Table(const std::vector<std::vector<std::string>>& rows) {
   return out;
 }
 
-void AddChunks(const std::vector<RawTensor>& tensors,
-               google::protobuf::RepeatedPtrField<v1::TensorChunk>* out) {
-  for (const RawTensor& t : tensors) {
-    v1::TensorChunk* c = out->Add();
-    c->set_name(t.name);
-    c->set_dtype(DTypeToProto(t.dtype));
-    for (int64_t d : t.shape) c->add_shape(d);
-    c->set_offset(0);
-    c->set_data(t.data);
-  }
+constexpr size_t kChunkBytes = size_t{1} << 20;
+
+// Calls `emit` with `t` as TensorChunks of at most kChunkBytes; false when
+// `emit` does.
+template <typename Emit>
+bool EmitChunks(const RawTensor& t, Emit emit) {
+  v1::TensorChunk head;
+  head.set_name(t.name);
+  head.set_dtype(DTypeToProto(t.dtype));
+  for (int64_t d : t.shape) head.add_shape(d);
+  size_t off = 0;
+  do {
+    const size_t n = std::min(kChunkBytes, t.data.size() - off);
+    v1::TensorChunk c = head;  // `emit` may take it apart
+    c.set_offset(off);
+    c.set_data(t.data.substr(off, n));
+    if (!emit(c)) return false;
+    off += n;
+  } while (off < t.data.size());
+  return true;
 }
 
 void PrintLine(const nlohmann::ordered_json& o) {
@@ -216,6 +260,10 @@ nlohmann::ordered_json EventJson(const v1::JobEvent& e, int64_t steps) {
   o["state"] = StateName(e.state());
   o["step"] = e.step();
   o["steps"] = steps;
+  if (e.state() == v1::JOB_STATE_QUEUED) {
+    o["queue_position"] = e.queue_position();
+    o["message"] = e.message();
+  }
   if (e.step() > 0 && e.state() == v1::JOB_STATE_RUNNING) {
     o["loss"] = e.loss();
     o["step_ms"] = e.step_ms();
@@ -231,12 +279,144 @@ std::string Basename(const std::string& p) {
   return s == std::string::npos ? p : p.substr(s + 1);
 }
 
+// Writes the Submit stream: spec, state, then each step's global batch
+// (cycling through `batches`); WritesDone at the end. Stops when a write
+// fails (the server ended the call).
+void WriteSubmit(grpc::ClientReaderWriter<v1::SubmitJobRequest, v1::JobEvent>* stream, v1::JobSpec spec,
+                 const std::vector<RawTensor>& state, const std::vector<std::vector<RawTensor>>& batches) {
+  const int64_t steps = spec.steps();
+  v1::SubmitJobRequest req;
+  req.mutable_spec()->Swap(&spec);
+  if (!stream->Write(req)) return;
+  for (const RawTensor& t : state) {
+    const bool ok = EmitChunks(t, [&](v1::TensorChunk& c) {
+      req.mutable_state()->Swap(&c);
+      return stream->Write(req);
+    });
+    if (!ok) return;
+  }
+  for (int64_t step = 1; !batches.empty() && step <= steps; ++step) {
+    const std::vector<RawTensor>& batch = batches[(step - 1) % batches.size()];
+    // Each chunk is written when the next exists, so the last can clear `more`.
+    std::optional<v1::SubmitJobRequest> held;
+    for (const RawTensor& t : batch) {
+      const bool ok = EmitChunks(t, [&](v1::TensorChunk& c) {
+        if (held && !stream->Write(*held)) return false;
+        held.emplace();
+        v1::StepBatch* b = held->mutable_batch();
+        b->set_step(step);
+        b->set_more(true);
+        b->add_tensors()->Swap(&c);
+        return true;
+      });
+      if (!ok) return;
+    }
+    if (!held) held.emplace().mutable_batch()->set_step(step);
+    held->mutable_batch()->set_more(false);
+    if (!stream->Write(*held)) return;
+  }
+  stream->WritesDone();
+}
+
+// Streams the final state of `job_id` into `out` (safetensors); exit code.
+int FetchFinalState(v1::JobService::Stub* stub, const std::string& server, const std::string& job_id,
+                    const std::string& out, bool json) {
+  grpc::ClientContext fctx;
+  v1::FetchJobStateRequest freq;
+  freq.set_job_id(job_id);
+  auto fr = stub->FetchState(&fctx, freq);
+  std::vector<RawTensor> tensors;
+  std::map<std::string, size_t> index;
+  v1::StateChunk c;
+  while (fr->Read(&c)) {
+    if (!c.has_tensor()) continue;
+    const v1::TensorChunk& t = c.tensor();
+    auto [it, fresh] = index.emplace(t.name(), tensors.size());
+    if (fresh) {
+      RawTensor r;
+      r.name = t.name();
+      r.dtype = DTypeFromProto(t.dtype());
+      r.shape.assign(t.shape().begin(), t.shape().end());
+      tensors.push_back(std::move(r));
+    }
+    RawTensor& r = tensors[it->second];
+    if (t.offset() != r.data.size()) {
+      fctx.TryCancel();
+      std::fprintf(stderr, "fxdp run: final state of %s: chunk of '%s' at offset %llu, expected %zu\n",
+                   job_id.c_str(), t.name().c_str(), static_cast<unsigned long long>(t.offset()),
+                   r.data.size());
+      return kExitInvalidInput;
+    }
+    r.data += t.data();
+  }
+  const grpc::Status fs = fr->Finish();
+  if (!fs.ok()) return ReportRpcError("run", server, fs);
+  if (absl::Status w = WriteSafetensors(out, tensors); !w.ok()) {
+    std::fprintf(stderr, "fxdp run: %s\n", std::string(w.message()).c_str());
+    return kExitIo;
+  }
+  if (json) {
+    nlohmann::ordered_json o;
+    o["event"] = "state_written";
+    o["job_id"] = job_id;
+    o["path"] = out;
+    o["tensors"] = tensors.size();
+    PrintLine(o);
+  } else {
+    std::fprintf(stderr, "fxdp run: wrote %s (%zu tensors)\n", out.c_str(), tensors.size());
+  }
+  return kExitOk;
+}
+
+// How `fxdp run` shows the job's events: text lines, a progress bar on a
+// terminal, or JSON lines.
+class RunPrinter {
+ public:
+  RunPrinter(bool json, int64_t steps) : json_(json), tty_(!json && isatty(fileno(stdout))), steps_(steps) {}
+
+  void Event(const v1::JobEvent& e) {
+    if (json_) return PrintLine(EventJson(e, steps_));
+    if (e.state() == v1::JOB_STATE_QUEUED && e.queue_position() == 0) {
+      Line(absl::StrFormat("job %s submitted", e.job_id()));
+    } else if (e.state() == v1::JOB_STATE_QUEUED) {
+      Line(absl::StrFormat("job %s queued: position %d, %s", e.job_id(), e.queue_position(), e.message()));
+    } else if (e.state() == v1::JOB_STATE_RUNNING && e.step() == 0) {
+      Line(absl::StrFormat("job %s running on %s", e.job_id(), absl::StrJoin(e.workers(), ", ")));
+    } else if (e.state() == v1::JOB_STATE_RUNNING) {
+      const std::string text = absl::StrFormat("step %d/%s loss %.6g (%.1f ms)", e.step(),
+                                               steps_ > 0 ? absl::StrCat(steps_) : "?", e.loss(), e.step_ms());
+      if (!tty_) return Line(text);
+      constexpr int kBar = 30;
+      const int filled = steps_ > 0 ? static_cast<int>(kBar * std::min(e.step(), steps_) / steps_) : 0;
+      std::printf("\r[%s%s] %s\x1b[K", std::string(filled, '#').c_str(), std::string(kBar - filled, ' ').c_str(),
+                  text.c_str());
+      bar_open_ = true;
+      std::fflush(stdout);
+    }
+  }
+  // Ends an open progress bar line.
+  void Close() {
+    if (bar_open_) std::printf("\n");
+    bar_open_ = false;
+  }
+
+ private:
+  void Line(const std::string& text) {
+    Close();
+    std::printf("%s\n", text.c_str());
+    std::fflush(stdout);
+  }
+  const bool json_, tty_;
+  const int64_t steps_;
+  bool bar_open_ = false;
+};
+
 }  // namespace
 
 int RunCommand(const std::vector<std::string>& args) {
   util::Flags flags("fxdp run", kRunUsage);
   std::string server = kDefaultServer, state_path, out, name;
-  std::vector<std::string> data;
+  std::vector<std::string> data, data_on_workers;
   int32_t world = 1, steps = 0;
   double bucket_mb = 0, timeout_s = 0;
   bool json = false;
@@ -244,6 +424,7 @@ int RunCommand(const std::vector<std::string>& args) {
   flags.Int("--world-size", &world);
   flags.String("--state", &state_path);
   flags.Strings("--data", &data);
+  flags.Strings("--data-on-workers", &data_on_workers);
   flags.Int("--steps", &steps);
   flags.String("--out", &out, "-o");
   flags.Double("--bucket-mb", &bucket_mb);
@@ -255,12 +436,13 @@ int RunCommand(const std::vector<std::string>& args) {
   if (pos.size() != 1) return flags.Usage("expected exactly one GRAPH");
   if (world < 1) return flags.Usage("--world-size must be >= 1");
   if (state_path.empty()) return flags.Usage("--state is required");
-  if (data.empty()) return flags.Usage("--data is required");
+  if (data.empty() == data_on_workers.empty()) return flags.Usage("give either --data or --data-on-workers");
   if (steps < 0) return flags.Usage("--steps must be >= 0");
+  if (!data_on_workers.empty() && steps == 0) return flags.Usage("--data-on-workers needs --steps");
   if (steps == 0) steps = static_cast<int32_t>(data.size());
   if (bucket_mb < 0) return flags.Usage("--bucket-mb must be >= 0");
 
-  v1::SubmitJobRequest req;
+  v1::JobSpec spec;
   {
     std::ifstream in(pos[0], std::ios::binary);
     if (!in) {
@@ -268,64 +450,52 @@ int RunCommand(const std::vector<std::string>& args) {
       return kExitIo;
     }
     std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (!req.mutable_graph()->ParseFromString(bytes)) {
+    if (!spec.mutable_graph()->ParseFromString(bytes)) {
       std::fprintf(stderr, "fxdp run: %s: not a serialized GraphDef\n", pos[0].c_str());
       return kExitInvalidInput;
     }
   }
-  auto read = [&](const std::string& p) -> absl::StatusOr<std::vector<RawTensor>> {
-    return ReadSafetensors(p);
-  };
-  auto state = read(state_path);
+  auto state = ReadSafetensors(state_path);
   if (!state.ok()) return ReportError("run", state.status());
-  AddChunks(*state, req.mutable_initial_state());
-  std::vector<v1::StepBatch> batches;
+  std::vector<std::vector<RawTensor>> batches;
   for (const std::string& d : data) {
-    auto b = read(d);
+    auto b = ReadSafetensors(d);
     if (!b.ok()) return ReportError("run", b.status());
-    v1::StepBatch sb;
-    AddChunks(*b, sb.mutable_tensors());
-    batches.push_back(std::move(sb));
+    batches.push_back(*std::move(b));
   }
-  for (int i = 0; i < steps; ++i) *req.add_batches() = batches[i % batches.size()];
-  req.set_world_size(world);
-  req.set_steps(steps);
-  req.set_bucket_cap_mb(bucket_mb);
-  req.set_collective_timeout_s(timeout_s);
-  req.set_name(name.empty() ? Basename(pos[0]) : name);
+  spec.set_world_size(world);
+  spec.set_steps(steps);
+  spec.set_num_state_tensors(static_cast<uint32_t>(state->size()));
+  for (const std::string& p : data_on_workers) spec.add_data_paths(p);
+  spec.set_bucket_cap_mb(bucket_mb);
+  spec.set_collective_timeout_s(timeout_s);
+  spec.set_name(name.empty() ? Basename(pos[0]) : name);
 
   auto channel = Connect("run", server);
   if (!channel) return kExitIo;
   auto stub = v1::JobService::NewStub(channel);
   grpc::ClientContext ctx;
-  auto reader = stub->Submit(&ctx, req);
-  const bool tty = !json && isatty(fileno(stdout));
+  auto stream = stub->Submit(&ctx);
+  std::atomic<bool> written{false};
+  std::thread writer([&] {
+    WriteSubmit(stream.get(), std::move(spec), *state, batches);
+    written = true;
+  });
+  RunPrinter printer(json, steps);
   v1::JobEvent e, last;
   bool any = false;
-  while (reader->Read(&e)) {
+  while (stream->Read(&e)) {
     any = true;
     last = e;
-    if (json) {
-      PrintLine(EventJson(e, steps));
-      continue;
-    }
-    if (e.step() > 0 && e.state() == v1::JOB_STATE_RUNNING) {
-      const std::string text =
-          absl::StrFormat("step %d/%d loss %.6g (%.1f ms)", e.step(), steps, e.loss(), e.step_ms());
-      if (tty) {
-        constexpr int kBar = 30;
-        const int filled = static_cast<int>(kBar * e.step() / std::max<int64_t>(steps, 1));
-        std::printf("\r[%s%s] %s\x1b[K", std::string(filled, '#').c_str(),
-                    std::string(kBar - filled, ' ').c_str(), text.c_str());
-        if (e.step() == steps) std::printf("\n");
-      } else {
-        std::printf("%s\n", text.c_str());
-      }
-      std::fflush(stdout);
-    }
+    printer.Event(e);
   }
-  const grpc::Status s = reader->Finish();
-  if (tty && any && last.step() < steps) std::printf("\n");
+  printer.Close();
+  // The server has ended the call: a write still blocked fails soon; cancel
+  // it if it does not.
+  for (int i = 0; i < 50 && !written; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  if (!written) ctx.TryCancel();
+  writer.join();
+  const grpc::Status s = stream->Finish();
   const std::string job_id = last.job_id();
   if (!s.ok()) {
     if (!any) {
@@ -353,55 +523,12 @@ int RunCommand(const std::vector<std::string>& args) {
     return kExitInvalidInput;
   }
   if (last.state() != v1::JOB_STATE_SUCCEEDED) {
-    std::fprintf(stderr, "fxdp run: job %s ended %s: %s\n", job_id.c_str(),
-                 StateName(last.state()).c_str(), last.error().c_str());
+    std::fprintf(stderr, "fxdp run: job %s ended %s: %s\n", job_id.c_str(), StateName(last.state()).c_str(),
+                 last.error().c_str());
     return kExitInvalidInput;
   }
   if (!out.empty()) {
-    grpc::ClientContext fctx;
-    v1::FetchJobStateRequest freq;
-    freq.set_job_id(job_id);
-    auto fr = stub->FetchState(&fctx, freq);
-    std::vector<RawTensor> tensors;
-    std::map<std::string, size_t> index;
-    v1::StateChunk c;
-    while (fr->Read(&c)) {
-      if (!c.has_tensor()) continue;
-      const v1::TensorChunk& t = c.tensor();
-      auto [it, fresh] = index.emplace(t.name(), tensors.size());
-      if (fresh) {
-        RawTensor r;
-        r.name = t.name();
-        r.dtype = DTypeFromProto(t.dtype());
-        r.shape.assign(t.shape().begin(), t.shape().end());
-        tensors.push_back(std::move(r));
-      }
-      RawTensor& r = tensors[it->second];
-      if (t.offset() != r.data.size()) {
-        fctx.TryCancel();
-        std::fprintf(stderr, "fxdp run: final state of %s: chunk of '%s' at offset %llu, expected %zu\n",
-                     job_id.c_str(), t.name().c_str(),
-                     static_cast<unsigned long long>(t.offset()), r.data.size());
-        return kExitInvalidInput;
-      }
-      r.data += t.data();
-    }
-    const grpc::Status fs = fr->Finish();
-    if (!fs.ok()) return ReportRpcError("run", server, fs);
-    if (absl::Status w = WriteSafetensors(out, tensors); !w.ok()) {
-      std::fprintf(stderr, "fxdp run: %s\n", std::string(w.message()).c_str());
-      return kExitIo;
-    }
-    if (json) {
-      nlohmann::ordered_json o;
-      o["event"] = "state_written";
-      o["job_id"] = job_id;
-      o["path"] = out;
-      o["tensors"] = tensors.size();
-      PrintLine(o);
-    } else {
-      std::fprintf(stderr, "fxdp run: wrote %s (%zu tensors)\n", out.c_str(), tensors.size());
-    }
+    if (int rc = FetchFinalState(stub.get(), server, job_id, out, json); rc != kExitOk) return rc;
   }
   if (!json) std::printf("job %s SUCCEEDED (%d steps on %d workers)\n", job_id.c_str(), steps, world);
   return kExitOk;
@@ -429,12 +556,14 @@ int JobsCommand(const std::vector<std::string>& args) {
     return kExitOk;
   }
   std::vector<std::vector<std::string>> rows = {
-      {"id", "name", "state", "steps", "world", "last loss", "error"}};
+      {"id", "name", "state", "steps", "world", "last loss", "detail"}};
   for (const v1::JobInfo& j : resp.jobs()) {
+    std::string detail = j.error().empty() ? "-" : j.error();
+    if (j.state() == v1::JOB_STATE_QUEUED) detail = absl::StrCat("#", j.queue_position(), ": ", j.message());
     rows.push_back({j.job_id(), j.name().empty() ? "-" : j.name(), StateName(j.state()),
-                    absl::StrCat(j.steps_done(), "/", j.steps()), absl::StrCat(j.world_size()),
-                    j.losses_size() ? absl::StrFormat("%.6g", j.losses(j.losses_size() - 1)) : "-",
-                    j.error().empty() ? "-" : j.error()});
+                    absl::StrCat(j.steps_done(), "/", j.steps() > 0 ? absl::StrCat(j.steps()) : "?"),
+                    absl::StrCat(j.world_size()),
+                    j.losses_size() ? absl::StrFormat("%.6g", j.losses(j.losses_size() - 1)) : "-", detail});
   }
   std::string out = Table(rows);
   if (resp.jobs_size() == 0) out += "(no jobs)\n";

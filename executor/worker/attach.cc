@@ -44,6 +44,7 @@
 #include "analysis/ir/status_macros.h"
 #include "executor/communicator.h"
 #include "executor/interpreter.h"
+#include "executor/safetensors.h"
 #include "executor/timed_communicator.h"
 #include "executor/worker/common.h"
 #include "executor/worker/wire_tensors.h"
@@ -65,9 +66,10 @@ const char kAttachUsage[] =
     "versions), sends a heartbeat every --heartbeat-ms (or the interval the server asks\n"
     "for), and runs the jobs the server assigns, one at a time: for each, the rank's graph\n"
     "and initial state, a rendezvous with the job's other ranks (c10d TCPStore at the\n"
-    "address the server gives, then Gloo), one step per batch the server sends (each\n"
-    "answered with the global and local loss and timings), the state streamed back in\n"
-    "chunks when asked. A failing job (bad graph or state, a kernel error, a lost peer) is\n"
+    "address the server gives, then Gloo), one step per batch the server sends (this\n"
+    "rank's shard, or read from the job's data files on this host; each step answered\n"
+    "with the global and local loss and timings), the state streamed back in chunks\n"
+    "when asked. A failing job (bad graph or state, a kernel error, a lost peer) is\n"
     "reported to the server naming the job, rank and step; the worker stays attached and\n"
     "takes the next job. When the server goes away it reconnects with backoff (0.2 s\n"
     "doubling to 5 s). Logs go to stderr as '[worker ID] ...' and, about a job,\n"
@@ -238,6 +240,8 @@ class AttachedWorker {
   WorkerMessage MakeHeartbeat();
 
   void RunJob(std::shared_ptr<Job> job);
+  // The job's AssignJob.data_paths, read and sliced to this rank's shard.
+  absl::StatusOr<std::vector<TensorMap>> ReadDataFiles(const Job& job, const Program& program) const;
   absl::Status JobBody(Job& job, std::unique_ptr<Communicator>& comm, bool* leak_comm);
   // Sends the job's final message unless one was sent; frees the job slot
   // first, so a server that answers at once finds the worker IDLE.
@@ -742,6 +746,29 @@ void AttachedWorker::RunJob(std::shared_ptr<Job> job) {
   cv_.notify_all();
 }
 
+absl::StatusOr<std::vector<TensorMap>> AttachedWorker::ReadDataFiles(const Job& job,
+                                                                     const Program& program) const {
+  std::vector<TensorMap> files;
+  for (const std::string& path : job.assign.data_paths()) {
+    const std::string where = absl::StrCat("data_paths file '", path, "' (on worker ", worker_id_, ")");
+    absl::StatusOr<SafetensorsFile> f = ReadSafetensors(path);
+    if (!f.ok()) {
+      const absl::StatusCode code = f.status().code();
+      const bool unreadable = code == absl::StatusCode::kNotFound ||
+                              code == absl::StatusCode::kPermissionDenied ||
+                              code == absl::StatusCode::kDataLoss;
+      return absl::Status(unreadable ? absl::StatusCode::kFailedPrecondition : absl::StatusCode::kInvalidArgument,
+                          absl::StrCat(where, ": ", f.status().message()));
+    }
+    absl::StatusOr<TensorMap> shard = ShardBatch(f->tensors, program, job.rank, job.world_size);
+    absl::Status s = shard.ok() ? CheckBatch(*shard, program) : shard.status();
+    if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", s.message()));
+    LogLine(job.Prefix(), "read ", path, ": ", shard->size(), " tensors, this rank's shard kept");
+    files.push_back(*std::move(shard));
+  }
+  return files;
+}
+
 absl::Status AttachedWorker::JobBody(Job& job, std::unique_ptr<Communicator>& comm, bool* leak) {
   const v1::AssignJob& a = job.assign;
   auto ended = [&](bool cancelled, const std::string& why) {
@@ -806,6 +833,7 @@ absl::Status AttachedWorker::JobBody(Job& job, std::unique_ptr<Communicator>& co
   job.assign.clear_graph();
   const int local_loss = LocalLossIndex(program);
   const int num_ops = program.num_nodes();
+  FXDP_ASSIGN_OR_RETURN(std::vector<TensorMap> files, ReadDataFiles(job, program));
 
   // Initial state.
   JobEvent e = next();
@@ -857,9 +885,21 @@ absl::Status AttachedWorker::JobBody(Job& job, std::unique_ptr<Communicator>& co
           return absl::InvalidArgumentError(
               absl::StrCat("a batch for step ", step, " of a job of ", job.steps, " steps"));
         const auto t0 = Clock::now();
-        FXDP_ASSIGN_OR_RETURN(TensorMap batch,
-                              ShardBatch(e.tensors, runner.program(), job.rank, job.world_size));
+        TensorMap shard;
+        if (files.empty()) {
+          if (job.assign.batches_sharded()) {
+            shard = std::move(e.tensors);
+          } else {
+            FXDP_ASSIGN_OR_RETURN(shard, ShardBatch(e.tensors, runner.program(), job.rank, job.world_size));
+          }
+          if (absl::Status s = CheckBatch(shard, runner.program()); !s.ok())
+            return absl::InvalidArgumentError(absl::StrCat("the batch of step ", step, ": ", s.message()));
+        } else if (!e.tensors.empty()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "a Batch with tensors for a job that reads its batches from AssignJob.data_paths"));
+        }
         e.tensors.clear();
+        const TensorMap& batch = files.empty() ? shard : files[(step - 1) % files.size()];
         timed.TakeStats();
         absl::StatusOr<at::Tensor> loss = runner.Step(batch);
         if (!loss.ok()) {

@@ -9,8 +9,10 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "analysis/ir/status_macros.h"
 #include "executor/gloo_communicator.h"
+#include "executor/torch_types.h"
 #if defined(FXDP_HAVE_NCCL)
 #include "executor/nccl/nccl_communicator.h"
 #endif
@@ -77,6 +79,27 @@ absl::StatusOr<TensorMap> ShardBatch(const TensorMap& batch, const Program& prog
     t = t.narrow(dim, start, size).contiguous();
   }
   return out;
+}
+
+absl::Status CheckBatch(const TensorMap& batch, const Program& program) {
+  for (const ProgramInput& in : program.inputs()) {
+    if (in.role != ir::PlaceholderRole::kInput || !in.type.is_tensor()) continue;
+    const ir::TensorType& want = in.type.tensor;
+    const std::string expected =
+        absl::StrCat(ir::DTypeShortName(want.dtype), "[", absl::StrJoin(want.shape, ", "), "]");
+    auto it = batch.find(in.state_name);
+    if (it == batch.end() || !it->second.defined())
+      return absl::InvalidArgumentError(
+          absl::StrCat("no tensor for input '", in.state_name, "' (the graph expects ", expected, ")"));
+    const at::Tensor& t = it->second;
+    absl::StatusOr<ir::DType> dtype = FromTorch(t.scalar_type());
+    if (!dtype.ok() || *dtype != want.dtype || t.sizes().vec() != want.shape)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "input '", in.state_name, "' is ",
+          dtype.ok() ? std::string(ir::DTypeShortName(*dtype)) : std::string(c10::toString(t.scalar_type())),
+          "[", absl::StrJoin(t.sizes(), ", "), "], this rank's graph expects ", expected));
+  }
+  return absl::OkStatus();
 }
 
 int LocalLossIndex(const Program& program) {

@@ -45,6 +45,11 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectCommunicator(const Rendezvo
 absl::StatusOr<TensorMap> ShardBatch(const TensorMap& batch, const Program& program, int rank,
                                      int world_size);
 
+// Every INPUT tensor placeholder of `program` is in `batch` with the graph's
+// dtype and shape (this rank's shard): INVALID_ARGUMENT naming the input,
+// what the graph expects and what came, else.
+absl::Status CheckBatch(const TensorMap& batch, const Program& program);
+
 // The position in StepRunner::other_outputs() of the "local_loss" OTHER
 // output the expansion adds (the rank's loss over its own shard), or -1.
 int LocalLossIndex(const Program& program);

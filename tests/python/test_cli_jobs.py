@@ -7,6 +7,10 @@ zoo mlp/AdamW graph, state and batch (``python -m fxdp.zoo.export``) and checks:
 * ``fxdp run --world-size 2 --steps 3 --out final.safetensors``: the printed losses and the final state
   equal single-device ``TracedStep.run_local`` on the same batch 3 times (rtol 1e-5, atol 1e-6);
 * ``fxdp jobs --json`` lists the job SUCCEEDED, ``fxdp job ID`` shows it, an unknown id exits 1;
+* ``fxdp run --data-on-workers FILE`` (the workers read the batch themselves) trains the same;
+* a run submitted while both workers are busy prints "queued" (position, what it waits for),
+  ``fxdp jobs`` / ``fxdp job`` show it QUEUED with that message, and it runs once the workers
+  are free; ``fxdp cancel`` of a queued job ends its run with exit 1;
 * ``fxdp cancel`` of a long job makes ``fxdp run`` exit 1 saying CANCELLED;
 * an unreachable server exits 3; bad usage exits 2.
 """
@@ -49,7 +53,7 @@ def fxdp(*args, timeout=60):
 
 def wait_idle(server, n=2, timeout=30.0):
     """Until `fxdp workers` lists n IDLE workers (they attach, and come back from a job, on
-    their own schedule; a job submitted before that is refused: no queue yet)."""
+    their own schedule; a job submitted before that would be queued)."""
     deadline = time.monotonic() + timeout
     while True:
         r = fxdp("workers", "--server", server, "--json")
@@ -122,6 +126,87 @@ def test_run_trains_like_one_device_and_is_listed(server, exported):
 
     r = fxdp("job", "nope", "--server", server)
     assert r.returncode == 1 and "NOT_FOUND" in r.stderr, r
+
+
+def reference_losses(exported, steps):
+    step = traced(MODEL, OPTIM)
+    batch = load_file(exported["data"])
+    state, losses = step.initial_state(), []
+    for _ in range(steps):
+        state, loss = step.run_local(state, batch)
+        losses.append(float(loss))
+    return losses
+
+
+def json_events(stdout):
+    return [json.loads(line) for line in stdout.splitlines()]
+
+
+def test_run_with_data_on_workers(server, exported):
+    wait_idle(server)
+    args = run_args(server, exported, 3, "--json")
+    i = args.index("--data")
+    args[i:i + 2] = ["--data-on-workers", exported["data"]]
+    r = fxdp(*args)
+    assert r.returncode == 0, r.stderr
+    events = json_events(r.stdout)
+    got = [e["loss"] for e in events if e["state"] == "RUNNING" and e["step"] > 0]
+    for g, want in zip(got, reference_losses(exported, 3), strict=True):
+        assert abs(g - want) <= RTOL * abs(want) + ATOL, (got, want)
+    r = fxdp("job", events[-1]["job_id"], "--server", server)
+    assert r.returncode == 0 and exported["data"] in r.stdout and "on the workers" in r.stdout, r.stdout
+    r = fxdp("run", exported["graph"], "--state", exported["state"], "--data-on-workers", exported["data"])
+    assert r.returncode == 2 and "--data-on-workers needs --steps" in r.stderr, r
+    r = fxdp("run", exported["graph"], "--state", exported["state"])
+    assert r.returncode == 2 and "either --data or --data-on-workers" in r.stderr, r
+
+
+def start_run(server, exported, steps, *extra):
+    return subprocess.Popen([fxdp_binary("FXDP_BIN", "fxdp"), *run_args(server, exported, steps, *extra)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_queued_run_waits_then_runs(server, exported):
+    wait_idle(server)
+    busy = start_run(server, exported, 3000, "--json")
+    queued = cancelled = None
+    try:
+        for line in busy.stdout:
+            e = json.loads(line)
+            if e["step"] >= 2:
+                busy_id = e["job_id"]
+                break
+        queued = start_run(server, exported, 2)
+        first = queued.stdout.readline()
+        m = re.fullmatch(r"job (\S+) queued: position 1, waiting for 2 idle workers; 2 registered, 0 idle\n", first)
+        assert m, first
+        queued_id = m.group(1)
+        cancelled = start_run(server, exported, 2, "--json")
+        c = json.loads(cancelled.stdout.readline())
+        assert c["state"] == "QUEUED" and c["queue_position"] == 2 and "1 job ahead" in c["message"], c
+
+        r = fxdp("jobs", "--server", server)
+        row = next(l for l in r.stdout.splitlines() if l.startswith(queued_id))
+        assert "QUEUED" in row and "waiting for 2 idle workers" in row, r.stdout
+        r = fxdp("job", queued_id, "--server", server)
+        assert re.search(r"^queue +position 1: waiting for 2 idle workers", r.stdout, re.M), r.stdout
+        r = fxdp("cancel", c["job_id"], "--server", server)
+        assert r.returncode == 0 and "CANCELLED" in r.stdout and "cancelled while queued" in r.stdout, r
+        rest, err = cancelled.communicate(timeout=30)
+        assert cancelled.returncode == 1 and "CANCELLED" in err, (rest, err)
+
+        assert fxdp("cancel", busy_id, "--server", server).returncode == 0
+        out, err = queued.communicate(timeout=60)
+        assert queued.returncode == 0, err
+        lines = out.splitlines()
+        assert lines[0].startswith(f"job {queued_id} running on local-"), lines
+        assert [l.split(" loss")[0] for l in lines[1:3]] == ["step 1/2", "step 2/2"], lines
+        assert lines[-1] == f"job {queued_id} SUCCEEDED (2 steps on 2 workers)", lines
+    finally:
+        for p in (busy, queued, cancelled):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
 
 
 def test_cancel_makes_run_exit_1(server, exported):

@@ -6,20 +6,26 @@
     result = client.train(step, world_size=2, batches=batches, steps=3)
     result.losses, result.state                              # per-step global loss, final state
 
-``train`` sends the traced step, its initial state (``step.initial_state()`` unless ``state`` is
+``train`` streams the traced step, its initial state (``step.initial_state()`` unless ``state`` is
 given) and one global batch per step (each a sequence of tensors in the step's input order, or a
-mapping by input name); the server analyses and expands the graph, runs it on ``world_size`` of its
-workers and streams back each step's global loss; the final state comes back as tensors. Server
-errors raise :class:`fxdp.ServerError` with the gRPC status code and the server's message (which
-names the node or the rank).
+mapping by input name) to the server in 1 MiB chunks; ``batches`` may be a generator, consumed
+lazily as the job runs (the server reads at most two steps ahead). With ``data_path`` the workers
+read the batches from a safetensors file on their own filesystem instead. The server queues the
+job until ``world_size`` workers are idle, analyses and expands the graph, sends each worker its
+shard of every batch and streams back each step's global loss; the final state comes back as
+tensors. Server errors raise :class:`fxdp.ServerError` with the gRPC status code and the server's
+message (which names the node, the rank or the tensor).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
+import os
+import threading
 from collections import OrderedDict
-from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Union
+from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Union
 
 import grpc
 import torch
@@ -68,12 +74,33 @@ def _graph(g: Graphish) -> "gpb.GraphDef":
     return g.graph if isinstance(g, TracedStep) else g
 
 
-def _chunk(name: str, t: torch.Tensor) -> "wpb.TensorChunk":
+CHUNK_BYTES = 1 << 20  # the largest tensor piece per message train() sends
+
+
+def _chunks(name: str, t: torch.Tensor, chunk_bytes: int = CHUNK_BYTES) -> Iterator["wpb.TensorChunk"]:
+    """``t``'s raw bytes as TensorChunk messages of at most ``chunk_bytes`` (one empty chunk for an
+    empty tensor); only one chunk's bytes are copied at a time."""
     t = t.detach().to("cpu").contiguous()
     if t.dtype not in _TO_WIRE:
         raise TypeError(f"tensor '{name}' has dtype {t.dtype}, which the wire format does not carry")
-    data = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
-    return wpb.TensorChunk(name=name, dtype=_TO_WIRE[t.dtype], shape=list(t.shape), offset=0, data=data)
+    dtype, shape = _TO_WIRE[t.dtype], list(t.shape)
+    if t.numel() == 0:
+        yield wpb.TensorChunk(name=name, dtype=dtype, shape=shape, offset=0, data=b"")
+        return
+    raw = memoryview(t.reshape(-1).view(torch.uint8).numpy())
+    for off in range(0, len(raw), chunk_bytes):
+        yield wpb.TensorChunk(name=name, dtype=dtype, shape=shape, offset=off,
+                              data=bytes(raw[off:off + chunk_bytes]))
+
+
+def _by_name(b: "Batch", names: Sequence[str], step: int) -> Dict[str, torch.Tensor]:
+    if isinstance(b, torch.Tensor):
+        b = (b,)
+    by_name = dict(b) if isinstance(b, Mapping) else dict(zip(names, b))
+    missing = [n for n in names if n not in by_name]
+    if missing:
+        raise KeyError(f"the batch of step {step} lacks inputs {missing}")
+    return by_name
 
 
 def _assemble(chunks: Iterable["wpb.StateChunk"]) -> "OrderedDict[str, torch.Tensor]":
@@ -138,44 +165,82 @@ class Client:
             first_bucket_mb=first_bucket_mb))
         return Expanded(list(r.graphs), r.identical, json.loads(r.report_json))
 
-    def train(self, step: TracedStep, world_size: int, batches: Iterable[Batch],
+    def train(self, step: TracedStep, world_size: int, batches: Optional[Iterable[Batch]] = None,
               steps: Optional[int] = None, state: Optional[Mapping[str, torch.Tensor]] = None,
               bucket_mb: float = 25.0, collective_timeout_s: float = 10.0, name: str = "",
-              on_step: Optional[Callable[[int, float], None]] = None) -> TrainResult:
-        """Train ``steps`` steps on ``world_size`` of the server's workers (one global batch per
-        step, cycling through ``batches``); returns the per-step global losses and the final
-        state. ``on_step(step, loss)`` is called as each step's result arrives."""
-        batches = list(batches)
-        if not batches:
-            raise ValueError("train needs at least one batch")
-        steps = len(batches) if steps is None else steps
+              on_step: Optional[Callable[[int, float], None]] = None,
+              data_path: Union[None, str, os.PathLike, Sequence[Union[str, os.PathLike]]] = None,
+              on_event: Optional[Callable[["jpb.JobEvent"], None]] = None) -> TrainResult:
+        """Train on ``world_size`` of the server's workers; returns the per-step global losses and
+        the final state.
+
+        ``batches``: one global batch per step. A sequence (list, tuple) gives ``len(batches)``
+        steps, or is cycled through for ``steps`` steps; any other iterable (a generator) is
+        consumed lazily while the job runs, for ``steps`` steps or, without ``steps``, until it is
+        exhausted. ``data_path``: instead of ``batches``, a safetensors file (or a list of them,
+        step i using file i mod n) on the workers' filesystem, each holding one global batch;
+        ``steps`` is required then. ``on_step(step, loss)`` is called as each step's result
+        arrives, ``on_event(event)`` for every JobEvent (QUEUED with its queue position, ...)."""
+        if (batches is None) == (data_path is None):
+            raise ValueError("train needs either batches or data_path")
+        paths: List[str] = []
+        if data_path is not None:
+            paths = [os.fspath(data_path)] if isinstance(data_path, (str, os.PathLike)) else [
+                os.fspath(p) for p in data_path]
+            if not paths or not steps:
+                raise ValueError("train with data_path needs at least one path and steps >= 1")
+            source: Iterable[Batch] = ()
+        elif isinstance(batches, Sequence):
+            if not batches:
+                raise ValueError("train needs at least one batch")
+            steps = len(batches) if steps is None else steps
+            source = (batches[i % len(batches)] for i in range(steps))
+        else:
+            source = itertools.islice(batches, steps) if steps else batches
         names = step.input_names()
-        wire_batches = []
-        for i in range(steps):
-            b = batches[i % len(batches)]
-            if isinstance(b, torch.Tensor):
-                b = (b,)
-            by_name = dict(b) if isinstance(b, Mapping) else dict(zip(names, b))
-            missing = [n for n in names if n not in by_name]
-            if missing:
-                raise KeyError(f"batch {i} lacks inputs {missing}")
-            wire_batches.append(jpb.StepBatch(tensors=[_chunk(n, by_name[n]) for n in names]))
         init = step.initial_state() if state is None else state
-        req = jpb.SubmitJobRequest(
-            graph=step.graph, world_size=world_size, steps=steps, bucket_cap_mb=bucket_mb,
-            collective_timeout_s=collective_timeout_s, name=name,
-            initial_state=[_chunk(k, v) for k, v in init.items()], batches=wire_batches)
+        spec = jpb.JobSpec(graph=step.graph, world_size=world_size, steps=steps or 0,
+                           num_state_tensors=len(init), data_paths=paths, bucket_cap_mb=bucket_mb,
+                           collective_timeout_s=collective_timeout_s, name=name)
+        problem: List[BaseException] = []
+        call_box: list = []
+        call_made = threading.Event()
+
+        def requests():
+            yield jpb.SubmitJobRequest(spec=spec)
+            for k, v in init.items():
+                for c in _chunks(k, v):
+                    yield jpb.SubmitJobRequest(state=c)
+            try:
+                for i, b in enumerate(source, 1):
+                    by_name = _by_name(b, names, i)
+                    pieces = itertools.chain.from_iterable(_chunks(n, by_name[n]) for n in names)
+                    prev = next(pieces)
+                    for c in pieces:
+                        yield jpb.SubmitJobRequest(batch=jpb.StepBatch(step=i, tensors=[prev], more=True))
+                        prev = c
+                    yield jpb.SubmitJobRequest(batch=jpb.StepBatch(step=i, tensors=[prev]))
+            except Exception as e:  # a bad batch or a failing generator: stop the job, raise it below
+                problem.append(e)
+                call_made.wait()
+                call_box[0].cancel()
+
         job_id, losses = "", []
+        call = self._jobs.Submit(requests())
+        call_box.append(call)
+        call_made.set()
         try:
-            for ev in self._jobs.Submit(req):
+            for ev in call:
                 job_id = ev.job_id or job_id
-                if ev.state == jpb.JOB_STATE_FAILED or ev.state == jpb.JOB_STATE_CANCELLED:
-                    raise ServerError(grpc.StatusCode.ABORTED, ev.error or jpb.JobState.Name(ev.state))
-                if ev.step > len(losses):
+                if on_event is not None:
+                    on_event(ev)
+                if ev.state == jpb.JOB_STATE_RUNNING and ev.step > len(losses):
                     losses.append(ev.loss)
                     if on_step is not None:
                         on_step(ev.step, ev.loss)
         except grpc.RpcError as e:
+            if problem:
+                raise problem[0]
             raise ServerError(e.code(), e.details()) from None
         final = OrderedDict(init.items())
         final.update(self._call(lambda: _assemble(

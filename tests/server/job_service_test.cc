@@ -1,0 +1,512 @@
+// JobService (server/job_service.h) in process, over a real gRPC channel,
+// with FakeWorkers (tests/server/test_server.h) as the workers: streamed
+// submission, per-rank batch shards, FIFO queueing, cancellation, a full
+// queue, malformed submissions, lost and failing ranks, data_paths jobs,
+// open-ended jobs, final-state eviction and the finished-job history.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "analysis/ir/proto_codec.h"
+#include "analysis/ir/text.h"
+#include "tests/server/test_server.h"
+#include "tests/test_util.h"
+
+namespace fxdp::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kB = 8;  // mlp_sgd.txt's batch: input.0 f32[8, 4], input.1 f32[8, 3]
+
+v1::GraphDef MlpGraph() { return ir::EncodeGraph(ValueOrDie(ir::ParseGraphText(ReadTestData("mlp_sgd.txt")))); }
+
+// A float32 tensor of `shape` holding start, start + 1, ...
+v1::TensorChunk F32(const std::string& name, std::vector<int64_t> shape, float start) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = start + static_cast<float>(i);
+  v1::TensorChunk c;
+  c.set_name(name);
+  c.set_dtype(v1::FLOAT32);
+  for (int64_t d : shape) c.add_shape(d);
+  c.set_data(std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float)));
+  return c;
+}
+
+// `c` split in two chunks at byte `at`.
+std::vector<v1::TensorChunk> Split(const v1::TensorChunk& c, size_t at) {
+  v1::TensorChunk a = c, b = c;
+  a.set_data(c.data().substr(0, at));
+  b.set_data(c.data().substr(at));
+  b.set_offset(at);
+  return {a, b};
+}
+
+std::vector<v1::TensorChunk> State() {
+  std::vector<v1::TensorChunk> out = Split(F32("fc.weight", {3, 4}, 0), 20);
+  out.push_back(F32("fc.bias", {3}, 100));
+  return out;
+}
+
+std::vector<v1::TensorChunk> Batch(int64_t step) {
+  return {F32("input.0", {kB, 4}, 1000.0f * step), F32("input.1", {kB, 3}, 1000.0f * step + 500)};
+}
+
+struct JobArgs {
+  int world = 1;
+  int64_t steps = 1;
+  int64_t batches = -1;  // -1: steps
+  std::vector<std::string> data_paths;
+  std::function<void(v1::JobSpec&)> edit_spec;
+};
+
+JobArgs Args(int world, int64_t steps, int64_t batches = -1, std::vector<std::string> data_paths = {}) {
+  JobArgs a;
+  a.world = world;
+  a.steps = steps;
+  a.batches = batches;
+  a.data_paths = std::move(data_paths);
+  return a;
+}
+
+std::vector<v1::SubmitJobRequest> Requests(const JobArgs& a) {
+  std::vector<v1::SubmitJobRequest> out(1);
+  v1::JobSpec* spec = out[0].mutable_spec();
+  *spec->mutable_graph() = MlpGraph();
+  spec->set_world_size(a.world);
+  spec->set_steps(a.steps);
+  spec->set_num_state_tensors(2);
+  spec->set_collective_timeout_s(5);
+  for (const auto& p : a.data_paths) spec->add_data_paths(p);
+  if (a.edit_spec) a.edit_spec(*spec);
+  for (const auto& c : State()) *out.emplace_back().mutable_state() = c;
+  const int64_t batches = a.data_paths.empty() ? (a.batches < 0 ? a.steps : a.batches) : 0;
+  for (int64_t s = 1; s <= batches; ++s) {
+    for (const auto& c : Batch(s)) {
+      v1::StepBatch* b = out.emplace_back().mutable_batch();
+      b->set_step(s);
+      *b->add_tensors() = c;
+      b->set_more(c.name() == "input.0");
+    }
+  }
+  return out;
+}
+
+// One Submit call: writes its requests (then WritesDone), reads its events.
+class Submission {
+ public:
+  // `close`: half-close after the requests (else the client keeps the stream open).
+  Submission(const TestServer& server, const std::vector<v1::SubmitJobRequest>& requests, bool close = true)
+      : stub_(server.jobs()) {
+    ctx_.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    stream_ = stub_->Submit(&ctx_);
+    for (const auto& r : requests) {
+      if (!stream_->Write(r)) break;
+    }
+    if (close) stream_->WritesDone();
+  }
+  explicit Submission(const TestServer& server, const JobArgs& args = JobArgs()) : Submission(server, Requests(args)) {}
+
+  bool Write(const v1::SubmitJobRequest& r) { return stream_->Write(r); }
+  void Close() { stream_->WritesDone(); }
+  // Events until one reports `step` (or the job ends); that one.
+  v1::JobEvent UntilStep(int64_t step) {
+    v1::JobEvent e;
+    while (stream_->Read(&e) && e.step() < step && e.state() <= v1::JOB_STATE_RUNNING) {
+    }
+    return e;
+  }
+  v1::JobEvent Next() {
+    v1::JobEvent e;
+    EXPECT_TRUE(stream_->Read(&e)) << "the stream ended";
+    return e;
+  }
+  // The remaining events, then the call's status.
+  grpc::Status Finish(std::vector<v1::JobEvent>* rest = nullptr) {
+    v1::JobEvent e;
+    while (stream_->Read(&e)) {
+      if (rest != nullptr) rest->push_back(e);
+    }
+    return stream_->Finish();
+  }
+  void Cancel() { ctx_.TryCancel(); }
+
+ private:
+  std::unique_ptr<v1::JobService::Stub> stub_;
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::SubmitJobRequest, v1::JobEvent>> stream_;
+};
+
+v1::JobInfo GetJob(const TestServer& s, const std::string& id, grpc::Status* status = nullptr) {
+  grpc::ClientContext ctx;
+  v1::GetJobRequest req;
+  req.set_job_id(id);
+  v1::JobInfo info;
+  grpc::Status st = s.jobs()->GetJob(&ctx, req, &info);
+  if (status != nullptr) *status = st;
+  return info;
+}
+
+v1::JobInfo CancelJob(const TestServer& s, const std::string& id) {
+  grpc::ClientContext ctx;
+  v1::CancelJobRequest req;
+  req.set_job_id(id);
+  req.set_reason("test");
+  v1::JobInfo info;
+  EXPECT_TRUE(s.jobs()->CancelJob(&ctx, req, &info).ok());
+  return info;
+}
+
+// The final state's tensors by name (chunks of at most `chunk_bytes`).
+grpc::Status FetchState(const TestServer& s, const std::string& id, std::map<std::string, std::string>* out,
+                        uint32_t chunk_bytes = 0) {
+  grpc::ClientContext ctx;
+  v1::FetchJobStateRequest req;
+  req.set_job_id(id);
+  req.set_chunk_bytes(chunk_bytes);
+  auto reader = s.jobs()->FetchState(&ctx, req);
+  v1::StateChunk c;
+  while (reader->Read(&c)) {
+    if (c.has_tensor()) {
+      if (chunk_bytes > 0) {
+        EXPECT_LE(c.tensor().data().size(), chunk_bytes);
+      }
+      (*out)[c.tensor().name()] += c.tensor().data();
+    }
+  }
+  return reader->Finish();
+}
+
+// Attached and registered fake workers w0, w1, ...
+std::vector<std::unique_ptr<FakeWorker>> Workers(const TestServer& s, int n, const std::string& prefix = "w") {
+  std::vector<std::unique_ptr<FakeWorker>> out;
+  for (int i = 0; i < n; ++i) {
+    out.push_back(std::make_unique<FakeWorker>(s.address(), prefix + std::to_string(i)));
+    EXPECT_TRUE(out.back()->WaitRegistered());
+  }
+  return out;
+}
+
+server::JobServiceOptions FastOptions() {
+  server::JobServiceOptions o;
+  o.dispatch_interval_s = 0.01;
+  o.release_grace_s = 1;
+  return o;
+}
+
+TEST(JobService, StreamedJobGivesEachRankItsShard) {
+  server::JobServiceOptions o = FastOptions();
+  o.chunk_bytes = 40;
+  TestServer server(o);
+  auto workers = Workers(server, 3);
+  Submission job(server, Args(3, 2));
+  std::vector<v1::JobEvent> ev;
+  ASSERT_TRUE(job.Finish(&ev).ok());
+  ASSERT_EQ(ev.size(), 5u);
+  EXPECT_EQ(ev[0].state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(ev[0].queue_position(), 0);  // started at once
+  EXPECT_EQ(ev[1].state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(ev[1].workers_size(), 3);
+  EXPECT_EQ(ev[2].step(), 1);
+  EXPECT_EQ(ev[2].loss(), 1.0);
+  EXPECT_THAT(ev[2].local_losses(), ::testing::ElementsAre(0.0, 1.0, 2.0));
+  EXPECT_EQ(ev[3].step(), 2);
+  EXPECT_EQ(ev[4].state(), v1::JOB_STATE_SUCCEEDED);
+
+  const int64_t starts[] = {0, 3, 6}, sizes[] = {3, 3, 2};  // 8 samples on 3 ranks
+  std::vector<v1::TensorChunk> state = State();
+  const std::string weight = state[0].data() + state[1].data();
+  for (const auto& w : workers) {
+    const auto jobs = w->jobs();
+    ASSERT_EQ(jobs.size(), 1u) << w->id();
+    const auto& rec = jobs[0];
+    const int r = rec.assign.rank();
+    EXPECT_TRUE(rec.assign.batches_sharded());
+    EXPECT_EQ(rec.state.at("fc.weight").data, weight);
+    EXPECT_EQ(rec.state.at("fc.bias").data, state[2].data());
+    EXPECT_LE(rec.max_chunk_bytes, 40u);
+    for (int64_t step = 1; step <= 2; ++step) {
+      const auto& b = rec.batches.at(step);
+      EXPECT_GT(rec.batch_messages.at(step), 1);  // split to stay under chunk_bytes
+      for (const auto& global : Batch(step)) {
+        const auto& got = b.at(global.name());
+        const int64_t cols = global.shape(1);
+        EXPECT_THAT(got.shape, ::testing::ElementsAre(sizes[r], cols)) << global.name();
+        EXPECT_EQ(got.data, global.data().substr(starts[r] * cols * 4, sizes[r] * cols * 4))
+            << "rank " << r << " " << global.name() << " step " << step;
+      }
+    }
+  }
+  std::map<std::string, std::string> final_state;
+  ASSERT_TRUE(FetchState(server, ev[0].job_id(), &final_state, 16).ok());
+  EXPECT_EQ(final_state.at("fc.weight"), weight);
+  const v1::JobInfo info = GetJob(server, ev[0].job_id());
+  EXPECT_EQ(info.state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_TRUE(info.has_state());
+  EXPECT_THAT(info.losses(), ::testing::ElementsAre(1.0, 2.0));
+}
+
+TEST(JobService, FifoDispatchNeverLetsASmallerJobOvertake) {
+  TestServer server(FastOptions());
+  auto workers = Workers(server, 2);
+  for (auto& w : workers) w->Hold();
+  Submission a(server, Args(1, 1));
+  EXPECT_EQ(a.Next().state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(a.Next().state(), v1::JOB_STATE_RUNNING);  // one worker busy, one idle
+  Submission b(server, Args(2, 1));
+  const v1::JobEvent eb = b.Next();
+  EXPECT_EQ(eb.queue_position(), 1);
+  EXPECT_THAT(eb.message(), HasSubstr("waiting for 2 idle workers; 2 registered, 1 idle"));
+  Submission c(server, Args(1, 1));
+  const v1::JobEvent ec = c.Next();
+  EXPECT_EQ(ec.queue_position(), 2);
+  EXPECT_THAT(ec.message(), HasSubstr("1 job ahead in the queue"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(GetJob(server, ec.job_id()).state(), v1::JOB_STATE_QUEUED);  // the idle worker waits for b
+  EXPECT_EQ(GetJob(server, ec.job_id()).queue_position(), 2);
+  for (auto& w : workers) w->Release();
+  EXPECT_TRUE(a.Finish().ok());
+  EXPECT_TRUE(b.Finish().ok());
+  EXPECT_TRUE(c.Finish().ok());
+  const v1::JobInfo ib = GetJob(server, eb.job_id()), ic = GetJob(server, ec.job_id());
+  EXPECT_EQ(ib.state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(ic.state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_GE(ic.started_unix_ms(), ib.ended_unix_ms());
+}
+
+TEST(JobService, CancelQueuedJobsAndRunningOnes) {
+  TestServer server(FastOptions());
+  auto workers = Workers(server, 1);
+  workers[0]->Hold();
+  Submission running(server, Args(1, 1));
+  const std::string running_id = running.Next().job_id();
+  EXPECT_EQ(running.Next().state(), v1::JOB_STATE_RUNNING);
+
+  Submission queued(server, Args(1, 1));
+  const std::string queued_id = queued.Next().job_id();
+  const v1::JobInfo info = CancelJob(server, queued_id);
+  EXPECT_EQ(info.state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_THAT(info.error(), HasSubstr("cancelled while queued: CancelJob: test"));
+  std::vector<v1::JobEvent> rest;
+  const grpc::Status s = queued.Finish(&rest);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::CANCELLED);
+  ASSERT_FALSE(rest.empty());
+  EXPECT_EQ(rest.back().state(), v1::JOB_STATE_CANCELLED);
+
+  Submission gone(server, Args(1, 1));
+  const std::string gone_id = gone.Next().job_id();
+  gone.Cancel();  // the client goes away
+  EXPECT_TRUE(WaitUntil([&] { return GetJob(server, gone_id).state() == v1::JOB_STATE_CANCELLED; }));
+  EXPECT_THAT(GetJob(server, gone_id).error(), HasSubstr("the client of Submit went away"));
+
+  EXPECT_EQ(CancelJob(server, running_id).state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(running.Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(WaitUntil([&] { return !workers[0]->jobs().empty() && workers[0]->jobs()[0].cancelled; }));
+  std::map<std::string, std::string> state;
+  EXPECT_EQ(FetchState(server, running_id, &state).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+TEST(JobService, CancelWhileWaitingForTheClientsNextBatch) {
+  TestServer server(FastOptions());
+  auto workers = Workers(server, 1);
+  Submission slow(server, Requests(Args(1, 3, 1)), /*close=*/false);  // step 2's batch never comes
+  const v1::JobEvent e = slow.UntilStep(1);
+  ASSERT_EQ(e.step(), 1) << e.DebugString();
+  const auto t0 = std::chrono::steady_clock::now();
+  const v1::JobInfo info = CancelJob(server, e.job_id());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+  EXPECT_EQ(info.state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_THAT(info.error(), HasSubstr("cancelled: CancelJob: test"));
+  EXPECT_EQ(slow.Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(WaitUntil([&] { return workers[0]->jobs().at(0).cancelled; }));
+}
+
+TEST(JobService, ClientMayWaitForEachStepsResultBeforeSendingTheNextBatch) {
+  TestServer server(FastOptions());
+  auto workers = Workers(server, 2);
+  const std::vector<v1::SubmitJobRequest> reqs = Requests(Args(2, 3));  // spec, 3 state chunks, 2 per step
+  Submission job(server, std::vector<v1::SubmitJobRequest>(reqs.begin(), reqs.begin() + 4), /*close=*/false);
+  for (int64_t step = 1; step <= 3; ++step) {
+    ASSERT_TRUE(job.Write(reqs[2 + 2 * step]));
+    ASSERT_TRUE(job.Write(reqs[3 + 2 * step]));
+    const v1::JobEvent e = job.UntilStep(step);  // the server reports it without waiting for the next batch
+    ASSERT_EQ(e.step(), step) << e.DebugString();
+    EXPECT_EQ(e.loss(), static_cast<double>(step));
+  }
+  job.Close();
+  std::vector<v1::JobEvent> rest;
+  ASSERT_TRUE(job.Finish(&rest).ok());
+  EXPECT_EQ(rest.back().state(), v1::JOB_STATE_SUCCEEDED);
+}
+
+TEST(JobService, FullQueueIsResourceExhaustedAndJobsWaitForWorkersToAttach) {
+  server::JobServiceOptions o = FastOptions();
+  o.max_queued_jobs = 1;
+  TestServer server(o);
+  Submission first(server, Args(1, 1));
+  const v1::JobEvent e = first.Next();
+  EXPECT_THAT(e.message(), HasSubstr("waiting for 1 idle worker; 0 registered (more workers must attach)"));
+  Submission second(server, Args(1, 1));
+  const grpc::Status s = second.Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(s.error_message(), HasSubstr("--max-queued-jobs is 1"));
+  auto workers = Workers(server, 1);  // attaches later: the queued job runs
+  EXPECT_TRUE(first.Finish().ok());
+  EXPECT_EQ(GetJob(server, e.job_id()).state(), v1::JOB_STATE_SUCCEEDED);
+}
+
+TEST(JobService, MalformedSubmissionsAreInvalidArgumentNamingWhatIsWrong) {
+  TestServer server(FastOptions());
+  auto expect_invalid = [&](const std::vector<v1::SubmitJobRequest>& reqs, const std::string& want) {
+    Submission sub(server, reqs);
+    const grpc::Status s = sub.Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << want << ": " << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr(want));
+  };
+  std::vector<v1::SubmitJobRequest> reqs = Requests(JobArgs());
+  expect_invalid({reqs[1]}, "the first SubmitJobRequest must carry the JobSpec, got an initial-state chunk");
+  expect_invalid({}, "the Submit stream ended before its first message");
+  expect_invalid(Requests(Args(0, 1)), "JobSpec.world_size must be >= 1, got 0");
+  expect_invalid(Requests(Args(9, 1)), "world size 9 is larger than the batch (8 samples)");
+  expect_invalid(Requests(Args(1, 0, 0, {"/data"})), "JobSpec.steps must be > 0 with data_paths");
+  JobArgs bad_node = Args(1, 1);
+  bad_node.edit_spec = [](v1::JobSpec& spec) {
+    for (v1::Node& n : *spec.mutable_graph()->mutable_nodes()) {
+      if (n.name() == "addmm") n.mutable_args(1)->mutable_ref()->set_node(9999);
+    }
+  };
+  expect_invalid(Requests(bad_node), "addmm");
+
+  // Once the job runs: the stream's content is checked as it is read.
+  auto workers = Workers(server, 1);
+  reqs = Requests(Args(1, 1));
+  reqs[1].mutable_state()->set_offset(4);
+  expect_invalid(reqs, "initial state: tensor 'fc.weight': chunk at offset 4, expected 0");
+  reqs = Requests(Args(1, 1));
+  *reqs[4].mutable_batch()->mutable_tensors(0) = F32("input.0", {kB, 5}, 0);
+  expect_invalid(reqs, "step 1's batch: input 'input.0' is f32[8, 5], the graph expects f32[8, 4]");
+  reqs = Requests(Args(1, 1));
+  reqs[5].mutable_batch()->mutable_tensors(0)->set_name("labels");
+  expect_invalid(reqs, "step 1's batch: tensor 'labels' is not an INPUT of the graph (its inputs: input.0, input.1)");
+  reqs = Requests(Args(1, 1));
+  reqs[4].mutable_batch()->set_step(2);
+  expect_invalid(reqs, "got a StepBatch for step 2, expected step 1");
+  expect_invalid(Requests(Args(1, 3, 2)), "the client ended the stream after the batches of 2 of 3 steps");
+  EXPECT_TRUE(WaitUntil([&] { return server.registry().IdleWorkers().size() == 1; }));
+}
+
+TEST(JobService, LostRankFailsTheJobNamingItAndTheQueueGoesOn) {
+  TestServer server(FastOptions(), server::WorkerRegistryOptions{50, 3, 60});
+  auto workers = Workers(server, 3);
+  for (auto& w : workers) w->Hold();
+  Submission a(server, Args(2, 1));
+  const std::string a_id = a.Next().job_id();
+  const v1::JobEvent running = a.Next();
+  ASSERT_EQ(running.workers_size(), 2);
+  Submission b(server, Args(2, 1));
+  EXPECT_EQ(b.Next().state(), v1::JOB_STATE_QUEUED);
+  FakeWorker* rank1 = nullptr;
+  FakeWorker* rank0 = nullptr;
+  for (auto& w : workers) {
+    if (w->id() == running.workers(1)) rank1 = w.get();
+    if (w->id() == running.workers(0)) rank0 = w.get();
+  }
+  ASSERT_TRUE(WaitUntil([&] { return !rank0->jobs().empty() && !rank0->jobs()[0].batches.empty(); }));
+  rank1->StopHeartbeats();  // hung: only the missing heartbeats tell
+  const grpc::Status s = a.Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(s.error_message(), HasSubstr("job " + a_id + ": rank 1 (worker " + rank1->id() + ") was lost"));
+  EXPECT_TRUE(WaitUntil([&] { return rank0->jobs()[0].cancelled; }));
+  for (auto& w : workers) w->Release();
+  std::vector<v1::JobEvent> rest;
+  EXPECT_TRUE(b.Finish(&rest).ok());
+  ASSERT_FALSE(rest.empty());
+  EXPECT_EQ(rest.back().state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_THAT(rest.back().workers(), ::testing::Not(::testing::Contains(rank1->id())));
+}
+
+TEST(JobService, FailedRankFailsTheJobWithItsCode) {
+  TestServer server(FastOptions());
+  auto workers = Workers(server, 2);
+  workers[0]->FailAt(2, grpc::StatusCode::INVALID_ARGUMENT, "node addmm: shapes do not match");
+  workers[1]->FailAt(2, grpc::StatusCode::INVALID_ARGUMENT, "node addmm: shapes do not match");
+  Submission job(server, Args(2, 3));
+  const grpc::Status s = job.Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), ::testing::MatchesRegex(".*rank [01] \\(worker w[01]\\) failed at step 2: node addmm.*"));
+  EXPECT_TRUE(WaitUntil([&] { return server.registry().IdleWorkers().size() == 2; }));
+}
+
+TEST(JobService, DataPathsJobsSendEmptyBatches) {
+  TestServer server(FastOptions());
+  auto workers = Workers(server, 2);
+  Submission job(server, Args(2, 2, 0, {"/data/a.safetensors", "/data/b.safetensors"}));
+  std::vector<v1::JobEvent> ev;
+  ASSERT_TRUE(job.Finish(&ev).ok());
+  EXPECT_EQ(ev.back().state(), v1::JOB_STATE_SUCCEEDED);
+  for (const auto& w : workers) {
+    const auto rec = w->jobs().at(0);
+    EXPECT_FALSE(rec.assign.batches_sharded());
+    EXPECT_THAT(rec.assign.data_paths(), ::testing::ElementsAre("/data/a.safetensors", "/data/b.safetensors"));
+    ASSERT_EQ(rec.batches.size(), 2u);
+    EXPECT_TRUE(rec.batches.at(1).empty() && rec.batches.at(2).empty());
+  }
+  EXPECT_THAT(GetJob(server, ev[0].job_id()).data_paths(), ::testing::SizeIs(2));
+}
+
+TEST(JobService, OpenEndedJobRunsUntilTheClientHalfCloses) {
+  TestServer server(FastOptions());
+  auto workers = Workers(server, 1);
+  Submission job(server, Args(1, 0, 3));
+  std::vector<v1::JobEvent> ev;
+  ASSERT_TRUE(job.Finish(&ev).ok());
+  EXPECT_EQ(ev.back().state(), v1::JOB_STATE_SUCCEEDED);
+  const v1::JobInfo info = GetJob(server, ev[0].job_id());
+  EXPECT_EQ(info.steps(), 3);
+  EXPECT_EQ(info.steps_done(), 3);
+}
+
+TEST(JobService, EvictsTheOldestFinalStateAndForgetsOldJobs) {
+  server::JobServiceOptions o = FastOptions();
+  o.max_state_bytes = 2 * (3 * 4 + 3) * sizeof(float);  // two states
+  o.max_finished_jobs = 3;
+  TestServer server(o);
+  auto workers = Workers(server, 1);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) {
+    Submission job(server);
+    ids.push_back(job.Next().job_id());
+    ASSERT_TRUE(job.Finish().ok());
+  }
+  std::map<std::string, std::string> state;
+  const grpc::Status s = FetchState(server, ids[0], &state);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), HasSubstr("final state was evicted"));
+  EXPECT_THAT(s.error_message(), HasSubstr("--max-state-mb"));
+  const v1::JobInfo evicted = GetJob(server, ids[0]);
+  EXPECT_TRUE(evicted.state_evicted());
+  EXPECT_FALSE(evicted.has_state());
+  for (int i : {1, 2}) {
+    EXPECT_TRUE(FetchState(server, ids[i], &state).ok()) << i;
+    EXPECT_TRUE(GetJob(server, ids[i]).has_state());
+  }
+  Submission fourth(server);
+  ASSERT_TRUE(fourth.Finish().ok());
+  grpc::Status gs;
+  GetJob(server, ids[0], &gs);
+  EXPECT_EQ(gs.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(gs.error_message(), HasSubstr("--max-finished-jobs"));
+  grpc::ClientContext ctx;
+  v1::ListJobsResponse list;
+  ASSERT_TRUE(server.jobs()->ListJobs(&ctx, v1::ListJobsRequest(), &list).ok());
+  EXPECT_EQ(list.jobs_size(), 3);
+}
+
+}  // namespace
+}  // namespace fxdp::testing
