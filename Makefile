@@ -7,7 +7,7 @@ JOBS ?= 2
 CMAKE_FLAGS ?=
 PY := .venv/bin/python
 
-.PHONY: all setup configure build test test-cpp test-python demo clean
+.PHONY: all setup configure build test test-cpp test-python demo bench bench-build clean
 
 all: build
 
@@ -32,6 +32,21 @@ test: test-cpp test-python
 
 demo: build
 	@bash scripts/demo.sh
+
+# make bench: every benchmark next to its baseline, measured in the same run
+# (bench/run_all.py, ~10 min on 2 cores); writes bench/RESULTS.md and
+# bench/results.json, raw outputs under bench/out/latest. Not part of `make test`.
+# Builds only what it runs, in Release (BUILD=dir to use another build folder).
+BENCH_TARGETS := fxdp fxdp-server fxdp-worker fxdp_pipeline_bench fxdp_compile_load \
+	fxdp_allreduce_bench fxdp_executor_bench fxdp_step_bench
+
+bench-build: setup
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DFXDP_WITH_TORCH=ON \
+	  -DFXDP_BUILD_BENCH=ON $(CMAKE_FLAGS)
+	ninja -C $(BUILD) -j$(JOBS) $(BENCH_TARGETS)
+
+bench: bench-build
+	$(PY) bench/run_all.py --build $(BUILD)
 
 clean:
 	rm -rf $(BUILD)

@@ -4,6 +4,9 @@
 //   BM_Decode             GraphDef bytes -> verified ir::Graph (DecodeGraphBytes)
 //   BM_Analyze            AnalyzeBatchDims(graph, {.world_size = 8}) on a decoded graph
 //   BM_DecodeAndAnalyze   both, as `fxdp analyze` or the server does
+//   BM_Expand             ExpandDataParallel(graph, analysis, {.world_size = 8}) on a
+//                         decoded and analysed graph (every rank's graph)
+//   BM_DecodeAnalyzeExpand  all three, as `fxdp expand` or the server's Expand does
 //
 // Counters: ns_per_node (CPU time / nodes; the console prints 2500 as
 // "2.5k"), items_per_second (nodes/s),
@@ -32,6 +35,7 @@
 #include "analysis/batch_dim.h"
 #include "analysis/ir/proto_codec.h"
 #include "bench/synthetic_graph.h"
+#include "expansion/data_parallel.h"
 
 // ---- heap accounting: every operator new/delete, counted only while
 // g_tracking is set (one untimed run per benchmark), so timed loops pay one
@@ -100,15 +104,25 @@ const std::string& GraphBytes(int64_t target_nodes) {
 struct Memory {
   int64_t graph = 0;     // held by the decoded graph
   int64_t analysis = 0;  // held by the analysis result
-  int64_t peak = 0;      // highest heap use during decode + analysis
+  int64_t expansion = 0;  // held by the expansion (every rank's graph + the report)
+  int64_t peak = 0;      // highest heap use during decode + analysis (+ expansion)
   int64_t analysis_peak = 0;  // highest heap use of the analysis alone (graph excluded)
+  int64_t expansion_peak = 0;  // highest heap use of the expansion alone (graph and
+                               // analysis excluded)
 };
 
-// One untimed decode (+ analysis) with allocation tracking.
-Memory MeasureMemory(const std::string& bytes, bool analyze) {
+ExpandOptions ExpandOpts() {
+  ExpandOptions o;
+  o.world_size = kOptions.world_size;
+  return o;
+}
+
+// One untimed decode (+ analysis (+ expansion)) with allocation tracking.
+Memory MeasureMemory(const std::string& bytes, bool analyze, bool expand = false) {
   Memory m;
   std::optional<absl::StatusOr<ir::Graph>> g;
   std::optional<absl::StatusOr<BatchDimAnalysis>> a;
+  std::optional<absl::StatusOr<Expansion>> e;
   g_live = 0;
   g_peak = 0;
   g_tracking = true;
@@ -121,6 +135,14 @@ Memory MeasureMemory(const std::string& bytes, bool analyze) {
     m.analysis = g_live - m.graph;
     m.analysis_peak = g_peak - m.graph;
     m.peak = std::max(m.peak, g_peak.load());
+    if (expand && a->ok()) {
+      const int64_t before = g_live;
+      g_peak = before;
+      e.emplace(ExpandDataParallel(**g, **a, ExpandOpts()));
+      m.expansion = g_live - before;
+      m.expansion_peak = g_peak - before;
+      m.peak = std::max(m.peak, g_peak.load());
+    }
   }
   g_tracking = false;
   return m;
@@ -138,9 +160,14 @@ void SetCommonCounters(benchmark::State& state, int64_t nodes, int64_t wire_byte
       static_cast<double>(wire_bytes) / static_cast<double>(nodes);
 }
 
-void SetMemoryCounters(benchmark::State& state, const Memory& m, int64_t nodes, bool analysis) {
+void SetMemoryCounters(benchmark::State& state, const Memory& m, int64_t nodes, bool analysis,
+                       bool expansion = false) {
   const double n = static_cast<double>(nodes);
-  state.counters["bytes_per_node"] = static_cast<double>(m.graph + m.analysis) / n;
+  state.counters["bytes_per_node"] = static_cast<double>(m.graph + m.analysis + m.expansion) / n;
+  if (expansion) {
+    state.counters["expansion_bytes_per_node"] = static_cast<double>(m.expansion) / n;
+    state.counters["expansion_peak_bytes_per_node"] = static_cast<double>(m.expansion_peak) / n;
+  }
   if (analysis) {
     state.counters["analysis_bytes_per_node"] = static_cast<double>(m.analysis) / n;
     state.counters["analysis_peak_bytes_per_node"] = static_cast<double>(m.analysis_peak) / n;
@@ -231,6 +258,84 @@ void BM_DecodeAndAnalyze(benchmark::State& state) {
   SetMemoryCounters(state, mem, nodes, /*analysis=*/true);
 }
 
+void BM_Expand(benchmark::State& state) {
+  const std::string& bytes = GraphBytes(state.range(0));
+  absl::StatusOr<ir::Graph> g = ir::DecodeGraphBytes(bytes);
+  if (!g.ok()) {
+    state.SkipWithError(g.status().ToString().c_str());
+    return;
+  }
+  absl::StatusOr<BatchDimAnalysis> a = AnalyzeBatchDims(*g, kOptions);
+  if (!a.ok()) {
+    state.SkipWithError(a.status().ToString().c_str());
+    return;
+  }
+  const Memory mem = MeasureMemory(bytes, /*analyze=*/true, /*expand=*/true);
+  int64_t buckets = 0, expanded = 0;
+  double cpu_ns = 0;
+  for (auto _ : state) {
+    const double start = CpuNs();
+    std::optional<absl::StatusOr<Expansion>> e;
+    e.emplace(ExpandDataParallel(*g, *a, ExpandOpts()));
+    benchmark::DoNotOptimize(*e);
+    cpu_ns += CpuNs() - start;
+    if (!e->ok()) {
+      state.SkipWithError(e->status().ToString().c_str());
+      break;
+    }
+    buckets = static_cast<int64_t>((*e)->report.buckets.size());
+    expanded = (*e)->graphs.empty() ? 0 : (*e)->graphs[0].size();
+    state.PauseTiming();
+    e.reset();
+    state.ResumeTiming();
+  }
+  SetCommonCounters(state, g->size(), static_cast<int64_t>(bytes.size()), cpu_ns);
+  state.counters["buckets"] = static_cast<double>(buckets);
+  state.counters["expanded_nodes"] = static_cast<double>(expanded);
+  state.counters["expansion_bytes_per_node"] =
+      static_cast<double>(mem.expansion) / static_cast<double>(g->size());
+  state.counters["expansion_peak_bytes_per_node"] =
+      static_cast<double>(mem.expansion_peak) / static_cast<double>(g->size());
+}
+
+void BM_DecodeAnalyzeExpand(benchmark::State& state) {
+  const std::string& bytes = GraphBytes(state.range(0));
+  const Memory mem = MeasureMemory(bytes, /*analyze=*/true, /*expand=*/true);
+  int64_t nodes = 0;
+  double cpu_ns = 0;
+  for (auto _ : state) {
+    const double start = CpuNs();
+    std::optional<absl::StatusOr<ir::Graph>> g;
+    std::optional<absl::StatusOr<BatchDimAnalysis>> a;
+    std::optional<absl::StatusOr<Expansion>> e;
+    g.emplace(ir::DecodeGraphBytes(bytes));
+    if (!g->ok()) {
+      state.SkipWithError(g->status().ToString().c_str());
+      break;
+    }
+    a.emplace(AnalyzeBatchDims(**g, kOptions));
+    if (!a->ok()) {
+      state.SkipWithError(a->status().ToString().c_str());
+      break;
+    }
+    e.emplace(ExpandDataParallel(**g, **a, ExpandOpts()));
+    benchmark::DoNotOptimize(*e);
+    cpu_ns += CpuNs() - start;
+    if (!e->ok()) {
+      state.SkipWithError(e->status().ToString().c_str());
+      break;
+    }
+    nodes = (*g)->size();
+    state.PauseTiming();
+    e.reset();
+    a.reset();
+    g.reset();
+    state.ResumeTiming();
+  }
+  SetCommonCounters(state, nodes, static_cast<int64_t>(bytes.size()), cpu_ns);
+  SetMemoryCounters(state, mem, nodes, /*analysis=*/true, /*expansion=*/true);
+}
+
 void Sizes(benchmark::internal::Benchmark* b) {
   b->Arg(10'000)->Arg(100'000)->Arg(1'000'000);
   b->Unit(benchmark::kMillisecond);
@@ -240,6 +345,8 @@ void Sizes(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_Decode)->Apply(Sizes);
 BENCHMARK(BM_Analyze)->Apply(Sizes);
 BENCHMARK(BM_DecodeAndAnalyze)->Apply(Sizes);
+BENCHMARK(BM_Expand)->Apply(Sizes);
+BENCHMARK(BM_DecodeAnalyzeExpand)->Apply(Sizes);
 
 }  // namespace
 }  // namespace fxdp::bench

@@ -1,0 +1,725 @@
+"""The Python baseline for fxdp's graph pipeline: the same work over torch.fx.
+
+fxdp decodes a serialized training step into its C++ IR (and verifies it), follows the batch
+dim through every node (view ops by DTensor's DimSpec maps, ported to C++) and rewrites the
+graph for N ranks with bucketed gradient all-reduces (bench/pipeline_bench.cc times exactly
+that). This script does the same kind of work the way one would in Python with torch's own
+machinery, on the same file:
+
+  decode   ``GraphDef.ParseFromString`` (protobuf's upb backend), then a ``torch.fx.Graph``
+           built node by node (targets resolved to ``torch.ops`` overloads once per distinct
+           op, every value's shape/stride/dtype kept in ``node.meta``), then
+           ``Graph.lint()`` (the verifier's counterpart)
+  analyze  every node's batch dim / placement, in graph order: view ops through DTensor's
+           rules (``torch.distributed.tensor._ops._view_ops``: ``view_groups`` and the
+           ``dim_maps`` of view/reshape/_unsafe_view/expand/permute/transpose/t/unsqueeze/
+           squeeze), walked the way DTensor's ``propagate_shape_and_sharding`` keeps a
+           ``Shard`` (an input dim, the first of a flatten, split piece 0); simple rules for
+           the rest (pointwise with broadcasting and linearity, mm/addmm/bmm, sums,
+           softmax, layer norm, embedding, nll loss, select, factories); partial values
+           (P(sum)/P(avg), mean-scaled batch values) and the first non-linear use of each
+  expand   the rank graph, in place: local shapes for every batch-sharded value, size
+           arguments rewritten (view/_unsafe_view/reshape/expand/select_backward, factories),
+           gradients packed into DDP's buckets (1 MiB first, then 25 MiB, in production
+           order), each bucket flattened + cat + scaled + ``_c10d_functional.all_reduce``
+           inserted after its last gradient and ``wait_tensor`` + slices + views before the
+           first use, the uses redirected; the global loss all-reduced and the local loss
+           added as an output; ``Graph.lint()`` again
+
+The rank graphs of an even split are identical, so one graph is built (fxdp materialises
+all N; see bench/README.md). The cyclic garbage collector is off while the pipeline runs (as
+any bulk fx construction should do: fx nodes form reference cycles) and on between reps.
+
+usage: .venv/bin/python bench/fx_baseline.py --graph G.pb [--reps 3] [--world-size 8]
+           [--json OUT] [--check-dtensor]
+
+Prints (or writes) the JSON fxdp_pipeline_bench writes: per rep and phase the wall and CPU
+seconds, and the peak RSS of rep 1 (VmHWM, reset before it, minus VmRSS before it; a fresh
+process: run it once per graph). ``--check-dtensor`` also checks, for every view node, that
+the walk agrees with ``propagate_shape_and_sharding([Shard(d)], ...)`` itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import operator
+import pathlib
+import sys
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "client" / "python"))
+
+import torch  # noqa: E402
+import torch.fx as fx  # noqa: E402
+from torch.distributed.tensor._ops import _view_ops as vo  # noqa: E402
+
+from fxdp.v1 import graph_pb2 as pb  # noqa: E402
+
+aten = torch.ops.aten
+R = -1            # replicated
+P_SUM = -2        # partial, summed over ranks
+P_AVG = -3        # partial, averaged over ranks
+FIRST_BUCKET_MB, BUCKET_MB = 1.0, 25.0
+ITEMSIZE = {pb.FLOAT32: 4, pb.FLOAT64: 8, pb.FLOAT16: 2, pb.BFLOAT16: 2, pb.INT64: 8,
+            pb.INT32: 4, pb.INT16: 2, pb.INT8: 1, pb.UINT8: 1, pb.BOOL: 1}
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def _status(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    return -1
+
+
+def _reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+# --------------------------------------------------------------------------- decode
+
+
+class _Meta:
+    """What DTensor's dim_maps read from a tensor argument: shape and ndim."""
+
+    __slots__ = ("shape", "ndim")
+
+    def __init__(self, shape):
+        self.shape = shape
+        self.ndim = len(shape)
+
+
+def _resolve(name: str, overload: str):
+    if name == "operator.getitem":
+        return operator.getitem, False
+    ns, op = name.split("::", 1)
+    fn = getattr(getattr(getattr(torch.ops, ns), op), overload or "default")
+    rets = fn._schema.returns
+    seq = len(rets) > 1 or (len(rets) == 1 and isinstance(rets[0].type, torch.ListType))
+    return fn, seq
+
+
+def decode(data: bytes):
+    """GraphDef bytes -> (fx.Graph, nodes in order, graph metadata). Tensor metadata per node:
+    ``meta["tm"]``: a list (one per output) of (shape, stride, dtype) or None."""
+    g = pb.GraphDef()
+    g.ParseFromString(data)
+    graph = fx.Graph()
+    env: list = []
+    seq: list = []
+    extracted: dict = {}
+    targets: dict = {}
+    PH, CALL, OUT = pb.PLACEHOLDER, pb.CALL_FUNCTION, pb.OUTPUT
+    TENSOR = pb.TENSOR
+
+    def ref(r):
+        i = r.node
+        if not seq[i]:
+            return env[i]
+        key = (i, r.output)
+        x = extracted.get(key)
+        if x is None:
+            x = extracted[key] = graph.call_function(operator.getitem, (env[i], r.output))
+        return x
+
+    def dec(a):
+        w = a.WhichOneof("value")
+        if w == "ref":
+            return ref(a.ref)
+        if w == "int_value":
+            return a.int_value
+        if w == "list":
+            return [dec(x) for x in a.list.items]
+        if w == "float_value":
+            return a.float_value
+        if w == "bool_value":
+            return a.bool_value
+        if w == "none":
+            return None
+        if w == "string_value":
+            return a.string_value
+        if w == "scalar":
+            s = a.scalar
+            k = s.WhichOneof("value")
+            return complex(s.complex_value.real, s.complex_value.imag) if k == "complex_value" \
+                else getattr(s, k)
+        if w == "dtype":
+            return ("dtype", a.dtype)
+        if w == "device":
+            return ("device", a.device.type, a.device.index)
+        if w == "layout":
+            return ("layout", a.layout)
+        if w == "memory_format":
+            return ("memory_format", a.memory_format)
+        raise ValueError("empty argument")
+
+    for n in g.nodes:
+        kind = n.kind
+        is_seq = False
+        if kind == PH:
+            node = graph.placeholder(n.name)
+            ph = n.placeholder
+            node.meta["ph"] = (ph.role, ph.state_name, ph.batch_dim)
+        elif kind == CALL:
+            t = n.target
+            key = (t.name, t.overload)
+            fs = targets.get(key)
+            if fs is None:
+                fs = targets[key] = _resolve(t.name, t.overload)
+            fn, is_seq = fs
+            if fn is operator.getitem:
+                r = n.args[0].ref
+                node = graph.create_node("call_function", operator.getitem,
+                                         (env[r.node], r.output), None, n.name)
+            else:
+                args = tuple(dec(a) for a in n.args)
+                kwargs = {kw.name: dec(kw.value) for kw in n.kwargs} if n.kwargs else None
+                node = graph.create_node("call_function", fn, args, kwargs, n.name)
+        elif kind == OUT:
+            node = graph.output(dec(n.args[0]))
+            node.meta["specs"] = [(s.role, s.state_name) for s in n.output_specs]
+        else:
+            raise ValueError(f"node {n.name}: unsupported kind {kind}")
+        node.meta["tm"] = [(tuple(v.tensor.shape), tuple(v.tensor.stride), v.tensor.dtype)
+                           if v.kind == TENSOR else None for v in n.outputs]
+        if n.grad_of:
+            node.meta["grad_of"] = n.grad_of
+        env.append(node)
+        seq.append(is_seq)
+    graph.lint()
+    return graph, env
+
+
+# --------------------------------------------------------------------------- analysis
+
+
+def _carries(spec, b: int) -> bool:
+    """Whether an output dim with DimSpec `spec` keeps input dim `b` sharded, as DTensor's
+    propagate_shape_and_sharding decides for Shard(b): the input dim itself, the first
+    (outermost) dim of a flatten, piece 0 of a split."""
+    t = type(spec)
+    if t is vo.InputDim:
+        return spec.input_dim == b
+    if t is vo.Flatten:
+        return _carries(spec.input_dims[0], b)
+    if t is vo.Split:
+        return spec.split_id == 0 and _carries(spec.input_dim, b)
+    return False  # Singleton, Broadcast, NewDim, Repeat
+
+
+class Analysis:
+    def __init__(self, graph: fx.Graph, nodes: list, world: int, check_dtensor: bool = False):
+        self.graph, self.nodes, self.world = graph, nodes, world
+        self.pl: dict = {}        # node -> placement of output 0, or a list for sequences
+        self.scaled: set = set()  # values holding B/B_r times their rows (a local mean)
+        self.reduced: dict = {}   # partial value -> (op, first non-linear use)
+        self.pos: dict = {}
+        self.batch = 0
+        self.warnings: dict = {}
+        self.check = check_dtensor
+        self.view_checks = 0
+
+    # -- helpers
+
+    def read(self, a):
+        """Placement of argument `a` as a use sees it (R once it is all-reduced)."""
+        if a.__class__ is not fx.Node:
+            return None
+        if a in self.reduced:
+            return R
+        return self.pl.get(a, R)
+
+    def reduce(self, a, op, use):
+        if a not in self.reduced:
+            self.reduced[a] = (op, use)
+
+    @staticmethod
+    def shape(node, k: int = 0):
+        tm = node.meta["tm"]
+        return tm[k][0] if k < len(tm) and tm[k] is not None else ()
+
+    def warn(self, node, why):
+        w = self.warnings.setdefault(node.target, [0, node.name, why])
+        w[0] += 1
+
+    # -- rules
+
+    def view_rule(self, node, dimmap):
+        x = node.args[0]
+        p = self.read(x)
+        if p is None or p == R:
+            return R
+        if p < R:  # partial through a view stays partial (linear)
+            return p
+        rule = dimmap(_Meta(self.shape(x)), *node.args[1:])
+        out = R
+        for o, spec in enumerate(rule):
+            if _carries(spec, p):
+                out = o
+                break
+        if self.check:
+            self.view_checks += 1
+            from torch.distributed.tensor.placement_types import Shard
+            _, outp = vo.propagate_shape_and_sharding([Shard(p)], self.shape(x), rule,
+                                                      (self.world,), False)
+            want = outp[0].dim if type(outp[0]) is Shard else R
+            if want != out:
+                raise AssertionError(f"{node.name}: walk says {out}, DTensor {outp[0]}")
+        if out == R:
+            self.warn(node, "batch dim not kept by the view")
+        if x in self.scaled:
+            self.scaled.add(node)
+        return out
+
+    def pointwise(self, node, linear: str | None = None):
+        """Broadcasting elementwise op. `linear`: "add" (sum of partials stays partial),
+        "mul" (one partial times replicated values stays partial), None (not linear)."""
+        rank = len(self.shape(node))
+        shard, partial, others, scaled = R, [], 0, False
+        for a in node.args:
+            p = self.read(a)
+            if p is None:
+                continue
+            if p >= 0:
+                d = p + rank - len(self.shape(a))
+                if shard != R and shard != d:
+                    self.warn(node, "inputs sharded on different dims")
+                shard = d
+                scaled |= a in self.scaled
+            elif p < R:
+                partial.append((a, p))
+            else:
+                others += 1
+        if partial:
+            ops = {p for _, p in partial}
+            ok = shard == R and len(ops) == 1 and (
+                (linear == "add" and others == 0) or (linear == "mul" and len(partial) == 1))
+            if ok:
+                return ops.pop()
+            for a, p in partial:
+                self.reduce(a, p, node)
+        if scaled:
+            self.scaled.add(node)
+        return shard
+
+    def contract(self, node, scaled_inputs) -> int:
+        return P_AVG if any(a in self.scaled for a in scaled_inputs) else P_SUM
+
+    def mm_rule(self, node, a, b, bias=None, batched=False):
+        pa, pb_ = self.read(a), self.read(b)
+        for x, p in ((a, pa), (b, pb_), (bias, self.read(bias))):
+            if p is not None and p < R:
+                self.reduce(x, p, node)
+        pa = R if pa is None or pa < R else pa
+        pb_ = R if pb_ is None or pb_ < R else pb_
+        ra = len(self.shape(a))
+        if batched:  # [B?, M, K] @ [B?, K, N]
+            if pa == 0 or pb_ == 0:
+                out = 0
+            elif pa == ra - 2:
+                out = 1
+            elif pb_ == 2:
+                out = 2
+            elif pa == ra - 1 and pb_ == 1:
+                return self.contract(node, (a, b))
+            else:
+                out = R
+        else:
+            if pa == 0:
+                out = 0
+            elif pb_ == 1:
+                out = 1
+            elif pa == 1 and pb_ == 0:
+                return self.contract(node, (a, b))
+            else:
+                out = R
+        if out != R and (a in self.scaled or b in self.scaled):
+            self.scaled.add(node)
+        return out
+
+    def reduce_rule(self, node, x, dims, keepdim):
+        p = self.read(x)
+        if p is None or p == R:
+            return R
+        if p < R:
+            return p
+        r = len(self.shape(x))
+        dims = [d + r if d < 0 else d for d in (dims if dims else range(r))]
+        if p in dims:
+            return self.contract(node, (x,))
+        if x in self.scaled:
+            self.scaled.add(node)
+        return p if keepdim else p - sum(1 for d in dims if d < p)
+
+    def same_as(self, node, x, forbidden_dim=None):
+        p = self.read(x)
+        if p is None:
+            return R
+        if p < R:
+            self.reduce(x, p, node)
+            return R
+        if forbidden_dim is not None and p >= 0:
+            r = len(self.shape(x))
+            if (forbidden_dim + r if forbidden_dim < 0 else forbidden_dim) == p:
+                raise ValueError(f"{node.name}: {node.target} along the batch dim")
+        if x in self.scaled:
+            self.scaled.add(node)
+        return p
+
+    def visit(self, node):
+        t = node.target
+        a = node.args
+        if node.op == "placeholder":
+            role, _, bd = node.meta["ph"]
+            if role == pb.INPUT and bd >= 0:
+                self.batch = self.batch or self.shape(node)[bd]
+                return bd
+            return R
+        if node.op == "output":
+            return R
+        if t is operator.getitem:
+            p = self.pl.get(a[0], R)
+            if a[0] in self.scaled:
+                self.scaled.add(node)
+            return p[a[1]] if isinstance(p, list) else p
+        rule = VIEWS.get(t)
+        if rule is not None:
+            return self.view_rule(node, rule)
+        kind = POINTWISE.get(t, 0)
+        if kind != 0:
+            return self.pointwise(node, kind)
+        if t is aten.mm.default:
+            return self.mm_rule(node, a[0], a[1])
+        if t is aten.addmm.default:
+            return self.mm_rule(node, a[1], a[2], bias=a[0])
+        if t is aten.bmm.default:
+            return self.mm_rule(node, a[0], a[1], batched=True)
+        if t is aten.sum.dim_IntList:
+            return self.reduce_rule(node, a[0], a[1], a[2] if len(a) > 2 else False)
+        if t is aten.sum.default:
+            return self.reduce_rule(node, a[0], None, False)
+        if t in (aten._softmax.default, aten._log_softmax.default):
+            return self.same_as(node, a[0], a[1])
+        if t in (aten._softmax_backward_data.default, aten._log_softmax_backward_data.default):
+            self.same_as(node, a[1], a[2])
+            return self.same_as(node, a[0], a[2])
+        if t is aten.native_layer_norm.default:
+            p = self.same_as(node, a[0])
+            return [p, p, p]
+        if t is aten.native_layer_norm_backward.default:
+            p = self.same_as(node, a[1])
+            self.same_as(node, a[0])
+            if p == R:
+                return [R, R, R]
+            w = self.contract(node, (a[0], a[1]))
+            return [p, w, w]
+        if t is aten.embedding.default:
+            return self.same_as(node, a[1])
+        if t is aten.embedding_dense_backward.default:
+            pg = self.read(a[0])
+            if pg is not None and pg < R:  # linear in the gradient
+                return pg
+            p = self.same_as(node, a[1])
+            return R if p == R else self.contract(node, (a[0],))
+        if t is aten.nll_loss_forward.default:
+            p = self.same_as(node, a[0])
+            if p == R:
+                return [R, R]
+            return [P_AVG if a[3] == 1 else P_SUM, P_SUM]
+        if t is aten.nll_loss_backward.default:
+            p = self.same_as(node, a[1])
+            if p != R and a[4] == 1:
+                self.scaled.add(node)
+            return p
+        if t in (aten.select.int, aten.select_backward.default):
+            x = a[0]
+            p = self.same_as(node, x)
+            if p == R:
+                return R
+            if t is aten.select.int:
+                d = a[1] + len(self.shape(x)) if a[1] < 0 else a[1]
+                if d == p:
+                    raise ValueError(f"{node.name}: select along the batch dim")
+                return p - (d < p)
+            d = a[2] + len(self.shape(node)) if a[2] < 0 else a[2]
+            return p + (d <= p)
+        if t in FACTORIES:
+            return R
+        if t in LIKE:  # reads only the shape: sharded like its input, else replicated
+            p = self.read(a[0])
+            return p if p is not None and p >= 0 else R
+        # No rule: match sizes (as fxdp's fallback), and say so.
+        self.warn(node, "no rule: matched the batch size")
+        sh = self.shape(node)
+        return sh.index(self.batch) if self.batch in sh else R
+
+    def run(self):
+        pos, pl = self.pos, self.pl
+        for i, node in enumerate(self.graph.nodes):
+            pos[node] = i
+            pl[node] = self.visit(node)
+        return self
+
+
+VIEWS = {
+    aten.view.default: vo.dim_maps[torch.Tensor.view],
+    aten._unsafe_view.default: vo.dim_maps[torch.Tensor.view],
+    aten.reshape.default: vo.dim_maps[torch.reshape],
+    aten.expand.default: lambda x, size, implicit=False: vo.dim_maps[torch.Tensor.expand](x, size),
+    aten.permute.default: vo.dim_maps[torch.permute],
+    aten.transpose.int: vo.dim_maps[torch.transpose],
+    aten.t.default: lambda x: vo.dim_maps[torch.transpose](x, 0, 1) if x.ndim == 2
+    else tuple(vo.InputDim(i) for i in range(x.ndim)),
+    aten.unsqueeze.default: vo.dim_maps[torch.unsqueeze],
+    aten.squeeze.dim: vo.dim_maps[torch.squeeze],
+    aten.squeeze.dims: vo.dim_maps[torch.squeeze],
+    aten.squeeze.default: vo.dim_maps[torch.squeeze],
+}
+POINTWISE = {
+    **{op: "add" for op in (aten.add.Tensor, aten.sub.Tensor, aten.clone.default,
+                            aten.neg.default, aten.alias.default, aten.detach.default,
+                            aten._to_copy.default)},
+    **{op: "mul" for op in (aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor,
+                            aten.div.Scalar)},
+    **{op: None for op in (aten.gelu.default, aten.gelu_backward.default, aten.relu.default,
+                           aten.threshold_backward.default, aten.masked_fill.Scalar,
+                           aten.where.self, aten.exp.default, aten.log.default,
+                           aten.tanh.default, aten.sigmoid.default, aten.sqrt.default,
+                           aten.rsqrt.default, aten.pow.Tensor_Scalar, aten.addcmul.default,
+                           aten.addcdiv.default, aten.lerp.Scalar, aten.triu.default,
+                           aten.add.Scalar, aten.sub.Scalar,
+                           aten.maximum.default, aten.minimum.default, aten.sign.default,
+                           aten.abs.default)},
+}
+LIKE = {aten.ones_like.default, aten.zeros_like.default, aten.empty_like.default,
+        aten.full_like.default}
+FACTORIES = {aten.ones.default, aten.zeros.default, aten.empty.memory_format, aten.full.default,
+             aten.arange.default, aten.arange.start, aten.scalar_tensor.default}
+
+
+# --------------------------------------------------------------------------- expansion
+
+SIZE_ARG = {aten.view.default: 1, aten._unsafe_view.default: 1, aten.reshape.default: 1,
+            aten.expand.default: 1, aten.select_backward.default: 1,
+            aten.slice_backward.default: 1, aten.new_zeros.default: 1, aten.new_ones.default: 1,
+            aten.new_empty.default: 1, aten.new_full.default: 1, aten.zeros.default: 0,
+            aten.ones.default: 0, aten.empty.memory_format: 0, aten.full.default: 0}
+
+
+def _contig(shape):
+    st, run = [0] * len(shape), 1
+    for i in range(len(shape) - 1, -1, -1):
+        st[i] = run
+        run *= max(shape[i], 1)
+    return tuple(st)
+
+
+def expand(an: Analysis):
+    graph, world, batch = an.graph, an.world, an.batch
+    if batch % world:
+        raise ValueError("the baseline builds one graph: the batch must split evenly")
+    local_b = batch // world
+    c10d = torch.ops._c10d_functional
+    pos, pl, reduced = an.pos, an.pl, an.reduced
+    nodes = list(graph.nodes)
+
+    # 1. local shapes and size arguments of batch-sharded values
+    for node in nodes:
+        p = pl[node]
+        tm = node.meta["tm"]
+        if isinstance(p, list):
+            ps = p
+        else:
+            if p is None or p < 0:
+                continue
+            ps = [p]
+        for k, d in enumerate(ps):
+            if d is None or d < 0 or k >= len(tm) or tm[k] is None:
+                continue
+            shape, stride, dtype = tm[k]
+            new = list(shape)
+            new[d] = shape[d] // batch * local_b
+            new = tuple(new)
+            tm[k] = (new, _contig(new) if stride == _contig(shape) else stride, dtype)
+        si = SIZE_ARG.get(node.target, -1)
+        d = ps[0]
+        if si >= 0 and d >= 0 and si < len(node.args) and isinstance(node.args[si], list):
+            sizes = list(node.args[si])
+            if d < len(sizes) and sizes[d] != -1:
+                if sizes[d] % batch:
+                    raise ValueError(f"{node.name}: size {sizes[d]} is not a multiple of {batch}")
+                sizes[d] = sizes[d] // batch * local_b
+                args = list(node.args)
+                args[si] = sizes
+                node.args = tuple(args)
+
+    # 2. buckets of gradients, in production order (DDP's caps)
+    grads = sorted((v for v in reduced if "grad_of" in v.meta), key=pos.__getitem__)
+    buckets, cur = [], None
+    last_node = nodes[-1]
+    for v in grads:
+        op, use = reduced[v]
+        produced, first_use = pos[v], pos[use]
+        shape, _, dtype = v.meta["tm"][0]
+        nbytes = ITEMSIZE.get(dtype, 4)
+        for s in shape:
+            nbytes *= s
+        if cur is not None:
+            cap = (FIRST_BUCKET_MB if not buckets else BUCKET_MB) * 1024 * 1024
+            if produced >= cur["wait"] or dtype != cur["dtype"] or op != cur["op"] \
+                    or cur["bytes"] >= cap:
+                buckets.append(cur)
+                cur = None
+        if cur is None:
+            cur = {"values": [], "bytes": 0, "op": op, "dtype": dtype, "start": produced,
+                   "wait": first_use}
+        cur["values"].append(v)
+        cur["bytes"] += nbytes
+        cur["start"] = max(cur["start"], produced)
+        cur["wait"] = min(cur["wait"], first_use)
+    if cur is not None:
+        buckets.append(cur)
+
+    def call(target, args, name, shape, dtype):
+        n = graph.create_node("call_function", target, args, None, name)
+        n.meta["tm"] = [(shape, _contig(shape), dtype)]
+        return n
+
+    # 3. start after the last gradient, wait before the first use
+    for b in buckets:
+        vals = b["values"]
+        dtype = b["dtype"]
+        with graph.inserting_before(nodes[b["start"]].next):
+            flats = []
+            total = 0
+            for v in vals:
+                numel = 1
+                for s in v.meta["tm"][0][0]:
+                    numel *= s
+                flats.append(call(aten.reshape.default, (v, [-1]), "fxdp_flat_" + v.name,
+                                  (numel,), dtype))
+                total += numel
+            x = flats[0] if len(flats) == 1 else call(aten.cat.default, (flats, 0),
+                                                       "fxdp_bucket", (total,), dtype)
+            if b["op"] == P_AVG:
+                x = call(aten.mul.Scalar, (x, 1.0 / world), "fxdp_scale", (total,), dtype)
+            ar = call(c10d.all_reduce.default, (x, "sum", "0"), "fxdp_all_reduce", (total,),
+                      dtype)
+        keep = set(flats)
+        with graph.inserting_before(nodes[b["wait"]]):
+            w = call(c10d.wait_tensor.default, (ar,), "fxdp_wait_bucket", (total,), dtype)
+            off = 0
+            for v in vals:
+                shape = v.meta["tm"][0][0]
+                numel = 1
+                for s in shape:
+                    numel *= s
+                s = w if len(vals) == 1 else call(aten.slice.Tensor, (w, 0, off, off + numel, 1),
+                                                  "fxdp_unpack_" + v.name, (numel,), dtype)
+                red = call(aten.view.default, (s, list(shape)), "fxdp_reduced_" + v.name,
+                           shape, dtype)
+                v.replace_all_uses_with(red, delete_user_cb=lambda u: u not in keep)
+                off += numel
+
+    # 4. the global loss; the local one as an extra output
+    out = last_node
+    specs = out.meta["specs"]
+    outs = list(out.args[0])
+    for k, (role, _) in enumerate(specs):
+        if role != pb.LOSS or not isinstance(outs[k], fx.Node):
+            continue
+        loss = outs[k]
+        p = pl.get(loss, R)
+        if p < R:
+            shape, _, dtype = loss.meta["tm"][0]
+            with graph.inserting_before(out):
+                x = loss if p == P_SUM else call(aten.mul.Scalar, (loss, 1.0 / world),
+                                                 "fxdp_scale", shape, dtype)
+                ar = call(c10d.all_reduce.default, (x, "sum", "0"), "fxdp_all_reduce", shape, dtype)
+                outs[k] = call(c10d.wait_tensor.default, (ar,), "fxdp_wait", shape, dtype)
+        outs.append(loss)
+        specs.append((pb.OTHER, "local_loss"))
+    out.args = (outs,)
+    graph.lint()
+    return buckets
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def run_once(data: bytes, world: int, check: bool = False):
+    times = []
+    w0, c0 = time.perf_counter(), time.process_time()
+    graph, nodes = decode(data)
+    w1, c1 = time.perf_counter(), time.process_time()
+    an = Analysis(graph, nodes, world, check).run()
+    w2, c2 = time.perf_counter(), time.process_time()
+    buckets = expand(an)
+    w3, c3 = time.perf_counter(), time.process_time()
+    times = [(w1 - w0, c1 - c0), (w2 - w1, c2 - c1), (w3 - w2, c3 - c2)]
+    info = {"nodes": len(nodes), "expanded_nodes": len(graph.nodes), "buckets": len(buckets),
+            "warnings": sum(w[0] for w in an.warnings.values()),
+            "warning_ops": sorted(str(k) for k in an.warnings),
+            "reductions": len(an.reduced), "view_checks": an.view_checks}
+    return times, info, (graph, nodes, an)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--graph", required=True)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--world-size", type=int, default=8)
+    ap.add_argument("--json")
+    ap.add_argument("--check-dtensor", action="store_true")
+    args = ap.parse_args(argv)
+    data = pathlib.Path(args.graph).read_bytes()
+    hwm_reset = _reset_peak()
+    rss_before = _status("VmRSS")
+    phases = {k: ([], []) for k in ("decode", "analyze", "expand")}
+    info, peak = None, -1
+    for rep in range(args.reps):
+        gc.disable()
+        times, inf, keep = run_once(data, args.world_size, args.check_dtensor)
+        if rep == 0:
+            peak = _status("VmHWM") - rss_before
+            info = inf
+        for (k, (wl, cl)), (w, c) in zip(phases.items(), times):
+            wl.append(round(w, 6))
+            cl.append(round(c, 6))
+        del keep
+        gc.enable()
+        gc.collect()
+    out = {"impl": "torch.fx (Python)", "graph": args.graph, "nodes": info["nodes"],
+           "wire_bytes": len(data), "world_size": args.world_size, "reps": args.reps,
+           "expanded_nodes": info["expanded_nodes"], "buckets": info["buckets"],
+           "reductions": info["reductions"], "warnings": info["warnings"],
+           "warning_ops": info["warning_ops"], "view_checks": info["view_checks"],
+           "peak_rss_bytes": peak,
+           "peak_rss_method": ("VmHWM (reset before rep 1) - VmRSS before rep 1" if hwm_reset
+                               else "VmHWM - VmRSS before rep 1"),
+           "torch": torch.__version__, "python": sys.version.split()[0], "threads": 1}
+    for k, (wl, cl) in phases.items():
+        out[f"{k}_wall_s"] = wl
+        out[f"{k}_cpu_s"] = cl
+    text = json.dumps(out, indent=1)
+    if args.json:
+        pathlib.Path(args.json).write_text(text + "\n")
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    sys.exit(main())

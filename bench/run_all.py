@@ -1,0 +1,686 @@
+"""`make bench`: every performance claim of fxdp measured next to its baseline, in one run.
+
+Runs the benchmarks of five areas, each fxdp number with its baseline in the same run, and
+writes bench/RESULTS.md (one table per area: what was measured, fxdp, baseline, ratio, the
+command to reproduce it; medians over repetitions with min and max; the machine, date, git
+commit and load average) and bench/results.json (every raw number). Raw per-program outputs
+go to --raw (default bench/out/latest, not committed).
+
+  pipeline   graph decode + analysis + expansion, 10k/100k/1M nodes, µs/node and peak RSS:
+             fxdp_pipeline_bench against bench/fx_baseline.py (torch.fx + DTensor's view rules)
+  executor   host overhead per node, 10k tiny ops: bench/executor_baselines.py (fxdp's
+             interpreter, C++ direct, eager PyTorch, torch.fx.Interpreter, fx GraphModule)
+  step       training step at N=2 on CPU against DDP (Gloo): bench/step_vs_ddp.py
+  compile    compile RPC latency p50/p99, 1/4/16 clients, cache on/off: fxdp_compile_load
+             against a real fxdp-server; the floor: the same compile in-process
+  allreduce  all-reduce 1 KB-64 MB, 2 ranks on 127.0.0.1: fxdp's communicator against c10d's
+             ProcessGroupGloo called directly and torch.distributed from Python; NCCL where
+             two GPUs exist
+
+usage: .venv/bin/python bench/run_all.py [--build build] [--areas pipeline,executor,...]
+           [--quick] [--md bench/RESULTS.md] [--json bench/results.json] [--raw DIR]
+
+--quick runs every area in a tiny configuration (seconds; the test suite uses it): its
+numbers mean nothing. ``render_markdown(results)`` turns results.json back into RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import platform
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+PY = sys.executable
+AREAS = ["pipeline", "executor", "step", "compile", "allreduce"]
+
+FULL = {
+    # nodes -> (fxdp reps, torch.fx reps)
+    "pipeline_sizes": {10_000: (5, 5), 100_000: (5, 3), 1_000_000: (3, 2)},
+    "world_size": 8,
+    "executor": ["--reps", "7"],
+    "step": ["--reps", "5"],
+    "compile_clients": [1, 4, 16], "compile_reps": 3, "compile_duration_s": 2.0,
+    "allreduce": {"min": 1024, "max": 64 << 20, "factor": 2, "reps": 5, "budget_mb": 64},
+}
+QUICK = {
+    "pipeline_sizes": {1_000: (1, 1)},
+    "world_size": 8,
+    "executor": ["--reps", "1"],
+    "step": ["--reps", "1", "--models", "mlp", "--steps", "4", "--warmup", "1"],
+    "compile_clients": [1, 2], "compile_reps": 1, "compile_duration_s": 0.2,
+    "allreduce": {"min": 1024, "max": 16384, "factor": 4, "reps": 1, "budget_mb": 1},
+}
+
+N4_REASON = (
+    "not run: this machine has 2 CPU cores, so 4 single-threaded ranks would be 2x "
+    "oversubscribed and time the scheduler (ranks waiting for a core inside collectives), not "
+    "fxdp or DDP; bench/step_vs_ddp.py also runs N=2 only (its world size is fixed). Run it on "
+    "a machine with >= 4 free cores after adding a --world-size flag there.")
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def summ(xs) -> dict:
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return {"median": None, "min": None, "max": None, "n": 0, "values": []}
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs),
+            "values": list(xs)}
+
+
+def load() -> list:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(cmd, timeout=900, env=None, log=None) -> subprocess.CompletedProcess:
+    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout,
+                       env=env)
+    if log is not None:
+        with open(log, "a") as f:
+            f.write(f"$ {' '.join(map(str, cmd))}\n{r.stdout}\n{r.stderr}\n")
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, cmd))} exited {r.returncode}:\n{r.stderr[-3000:]}")
+    return r
+
+
+def rel(p) -> str:
+    try:
+        return str(pathlib.Path(p).resolve().relative_to(REPO))
+    except ValueError:
+        return str(p)
+
+
+def clean_env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                        "MASTER_PORT", "OMP_NUM_THREADS")}
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def launch_ranks(cmd, world: int, timeout: float = 600, log=None) -> None:
+    """Runs `cmd` as `world` ranks on 127.0.0.1 (RANK/WORLD_SIZE/MASTER_*)."""
+    port = free_port()
+    procs = [subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=clean_env(RANK=r, WORLD_SIZE=world, LOCAL_RANK=r,
+                                                       MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                                                       OMP_NUM_THREADS=1))
+             for r in range(world)]
+    errors = []
+    deadline = time.monotonic() + timeout
+    for r, p in enumerate(procs):
+        try:
+            out, err = p.communicate(timeout=max(1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise RuntimeError(f"{' '.join(map(str, cmd))}: rank {r} timed out after {timeout} s")
+        if log is not None:
+            with open(log, "a") as f:
+                f.write(f"$ RANK={r} {' '.join(map(str, cmd))}\n{out}\n{err}\n")
+        if p.returncode != 0:
+            errors.append(f"rank {r} exited {p.returncode}: {err[-2000:]}")
+    if errors:
+        raise RuntimeError(f"{' '.join(map(str, cmd))}:\n" + "\n".join(errors))
+
+
+def git(*args) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=30,
+                              env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"}).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
+def machine(build: pathlib.Path) -> dict:
+    cpu = platform.processor()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = 0
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemTotal:"):
+                mem = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    osname = platform.platform()
+    try:
+        for line in open("/etc/os-release"):
+            if line.startswith("PRETTY_NAME="):
+                osname = line.split("=", 1)[1].strip().strip('"')
+    except OSError:
+        pass
+    build_type = ""
+    try:
+        m = re.search(r"^CMAKE_BUILD_TYPE:STRING=(.*)$", (build / "CMakeCache.txt").read_text(), re.M)
+        build_type = m.group(1) if m else ""
+    except OSError:
+        pass
+    import torch
+
+    gpus = 0
+    if shutil.which("nvidia-smi"):
+        r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+        gpus = sum(1 for line in r.stdout.splitlines() if line.startswith("GPU ")) if r.returncode == 0 else 0
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "git_commit": git("rev-parse", "HEAD"), "git_dirty": bool(dirty),
+        "cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem / 2**30, 1),
+        "gpus": gpus, "os": osname, "kernel": platform.release(),
+        "python": platform.python_version(), "torch": torch.__version__,
+        "build_dir": rel(build), "build_type": build_type,
+        "load_start": load(),
+    }
+
+
+# --------------------------------------------------------------------------- areas
+
+
+def area_pipeline(ctx) -> dict:
+    cfg, bindir, raw = ctx["cfg"], ctx["bin"], ctx["raw"]
+    world = cfg["world_size"]
+    out = {"world_size": world, "sizes": []}
+    with tempfile.TemporaryDirectory() as d:
+        for target, (fx_reps, py_reps) in cfg["pipeline_sizes"].items():
+            graph = pathlib.Path(d) / f"synthetic_{target}.pb"
+            run([bindir / "fxdp_pipeline_bench", f"--write_synthetic={target}", f"--out={graph}"],
+                log=ctx["log"])
+            fj, pj = raw / f"pipeline_fxdp_{target}.json", raw / f"pipeline_fx_{target}.json"
+            l0 = load()
+            run([bindir / "fxdp_pipeline_bench", f"--graph={graph}", f"--reps={fx_reps}",
+                 f"--world_size={world}", f"--json={fj}"], timeout=1800, log=ctx["log"])
+            run([PY, REPO / "bench" / "fx_baseline.py", "--graph", graph, "--reps", py_reps,
+                 "--world-size", world, "--json", pj], timeout=1800, log=ctx["log"])
+            fx, py = json.loads(fj.read_text()), json.loads(pj.read_text())
+            row = {"target_nodes": target, "nodes": fx["nodes"], "wire_bytes": fx["wire_bytes"],
+                   "load": [l0, load()], "fxdp": fx, "torch_fx": py}
+            for side, r in (("fxdp", fx), ("torch_fx", py)):
+                n = r["nodes"]
+                per = {}
+                for ph in ("decode", "analyze", "expand"):
+                    per[ph] = summ([t / n * 1e6 for t in r[f"{ph}_cpu_s"]])
+                tot = [sum(r[f"{ph}_cpu_s"][i] for ph in ("decode", "analyze", "expand"))
+                       for i in range(r["reps"])]
+                per["total"] = summ([t / n * 1e6 for t in tot])
+                per["total_wall"] = summ([sum(r[f"{ph}_wall_s"][i] for ph in ("decode", "analyze", "expand"))
+                                          / n * 1e6 for i in range(r["reps"])])
+                per["peak_rss_kb_per_node"] = r["peak_rss_bytes"] / n / 1024
+                row[f"{side}_us_per_node"] = per
+            out["sizes"].append(row)
+    out["commands"] = {
+        "fxdp": f"{rel(bindir)}/fxdp_pipeline_bench --write_synthetic=N --out=G.pb && "
+                f"{rel(bindir)}/fxdp_pipeline_bench --graph=G.pb --reps=R --world_size={world}",
+        "baseline": f".venv/bin/python bench/fx_baseline.py --graph G.pb --reps R --world-size {world}",
+    }
+    return out
+
+
+def area_executor(ctx) -> dict:
+    j = ctx["raw"] / "executor_baselines.json"
+    cmd = [PY, REPO / "bench" / "executor_baselines.py", "--bench",
+           ctx["bin"] / "fxdp_executor_bench", *ctx["cfg"]["executor"], "--json", j]
+    l0 = load()
+    run(cmd, timeout=900, log=ctx["log"])
+    data = json.loads(j.read_text())
+    return {"nodes": data.get("nodes"), "raw": data, "load": [l0, load()],
+            "ns_per_node": {k: summ(v) for k, v in data["ns_per_node"].items()},
+            "command": " ".join(rel(c) if isinstance(c, pathlib.Path) else str(c) for c in cmd[1:])
+            .replace(str(ctx["raw"]), "OUT")}
+
+
+def area_step(ctx) -> dict:
+    j = ctx["raw"] / "step_vs_ddp.json"
+    cmd = [PY, REPO / "bench" / "step_vs_ddp.py", "--build", ctx["build"], *ctx["cfg"]["step"],
+           "--json", j]
+    l0 = load()
+    r = run(cmd, timeout=1500, log=ctx["log"])
+    (ctx["raw"] / "step_vs_ddp.txt").write_text(r.stdout)
+    data = json.loads(j.read_text())
+    return {"raw": data, "load": [l0, load()], "n4": N4_REASON,
+            "command": " ".join(rel(c) if isinstance(c, pathlib.Path) else str(c) for c in cmd[1:])
+            .replace(str(ctx["raw"]), "OUT")}
+
+
+class Server:
+    def __init__(self, binary, cache_entries: int):
+        self.proc = subprocess.Popen([str(binary), "--listen", "127.0.0.1:0", "--cache-entries",
+                                      str(cache_entries)], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        m = re.search(r"listening on (\S+)", line)
+        if not m:
+            self.proc.kill()
+            raise RuntimeError(f"fxdp-server did not start: {line!r} {self.proc.stderr.read()[-2000:]}")
+        self.address = m.group(1)
+
+    def stop(self) -> str:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            _, err = self.proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            _, err = self.proc.communicate()
+        return err
+
+
+def area_compile(ctx) -> dict:
+    cfg, bindir, raw = ctx["cfg"], ctx["bin"], ctx["raw"]
+    clients, reps, dur = cfg["compile_clients"], cfg["compile_reps"], cfg["compile_duration_s"]
+    zoo = raw / "zoo"
+    run([PY, "-m", "fxdp.zoo.export", zoo, "--models", "transformer", "--optims", "adam"],
+        log=ctx["log"])
+    graph = zoo / "transformer_adam.pb"
+    load_bin = bindir / "fxdp_compile_load"
+    l0 = load()
+    # Two servers at once (each idle while the other is measured), so that every repetition
+    # measures both modes back to back.
+    servers = {"cache on": Server(bindir / "fxdp-server", 256), "cache off": Server(bindir / "fxdp-server", 0)}
+    runs = {}
+    try:
+        for rep in range(reps):
+            for rpc in ("analyze", "expand"):
+                r = run([load_bin, "--inprocess", f"--graph={graph}", f"--rpc={rpc}",
+                         f"--duration_s={dur}"], log=ctx["log"])
+                runs.setdefault((rpc, "in-process", 1), []).append(json.loads(r.stdout))
+                for c in clients:
+                    for mode in (("cache on", "cache off") if rep % 2 == 0 else ("cache off", "cache on")):
+                        r = run([load_bin, f"--server={servers[mode].address}", f"--graph={graph}",
+                                 f"--rpc={rpc}", f"--clients={c}", f"--duration_s={dur}"],
+                                timeout=300, log=ctx["log"])
+                        runs.setdefault((rpc, mode, c), []).append(json.loads(r.stdout))
+    finally:
+        stops = {m: s.stop() for m, s in servers.items()}
+    rows = []
+    for (rpc, mode, c), rs in runs.items():
+        rows.append({"rpc": rpc, "mode": mode, "clients": c,
+                     "p50_ms": summ([x["p50_ms"] for x in rs]), "p99_ms": summ([x["p99_ms"] for x in rs]),
+                     "qps": summ([x["qps"] for x in rs]),
+                     "requests": sum(x["requests"] for x in rs),
+                     "cached_fraction": summ([x["cached_fraction"] for x in rs])["median"],
+                     "runs": rs})
+    first = next(iter(runs.values()))[0]
+    return {"graph": "zoo transformer + Adam (python -m fxdp.zoo.export DIR --models transformer --optims adam)",
+            "graph_nodes": first["graph_nodes"], "request_bytes": first["request_bytes"],
+            "world_size": first["world_size"], "duration_s": dur, "reps": reps, "rows": rows,
+            "server_stderr": {m: e.strip().splitlines()[-1:] for m, e in stops.items()},
+            "load": [l0, load()],
+            "commands": {
+                "server": f"{rel(bindir)}/fxdp-server --listen 127.0.0.1:0 [--cache-entries 0]",
+                "load": f"{rel(bindir)}/fxdp_compile_load --server=ADDR --graph=transformer_adam.pb "
+                        f"--rpc=analyze|expand --clients=N --duration_s={dur}",
+                "floor": f"{rel(bindir)}/fxdp_compile_load --inprocess --graph=transformer_adam.pb "
+                         f"--rpc=analyze|expand --duration_s={dur}"}}
+
+
+def area_allreduce(ctx) -> dict:
+    a, bindir, raw = ctx["cfg"]["allreduce"], ctx["bin"], ctx["raw"]
+    flags = [f"--min_bytes={a['min']}", f"--max_bytes={a['max']}", f"--factor={a['factor']}",
+             f"--reps={a['reps']}", f"--budget_mb={a['budget_mb']}"]
+    l0 = load()
+    cj, pj = raw / "allreduce_fxdp.json", raw / "allreduce_torch.json"
+    launch_ranks([bindir / "fxdp_allreduce_bench", "--device=cpu", *flags, f"--json={cj}"], 2,
+                 log=ctx["log"])
+    launch_ranks([PY, REPO / "bench" / "allreduce_torch.py", "--min-bytes", a["min"], "--max-bytes",
+                  a["max"], "--factor", a["factor"], "--reps", a["reps"], "--budget-mb", a["budget_mb"],
+                  "--json", pj], 2, log=ctx["log"])
+    c, p = json.loads(cj.read_text()), json.loads(pj.read_text())
+    assert c["bytes"] == p["bytes"], (c["bytes"], p["bytes"])
+    world = c["world_size"]
+    impls = {**c["time_us"], **p["time_us"]}
+    table = []
+    for i, nbytes in enumerate(c["bytes"]):
+        row = {"bytes": nbytes, "iterations": c["iterations"][i]}
+        for name, per_size in impls.items():
+            t = summ(per_size[i])
+            algbw = summ([nbytes / (x * 1e-6) / 1e9 for x in per_size[i]])  # GB/s
+            row[name] = {"time_us": t, "algbw_gbs": algbw,
+                         "busbw_gbs": summ([x * 2 * (world - 1) / world for x in algbw["values"]])}
+        table.append(row)
+    nccl = "not run: no GPU on this machine"
+    if ctx["meta"].get("gpus", 0) >= 2:
+        nj = raw / "allreduce_nccl.json"
+        try:
+            launch_ranks([bindir / "fxdp_allreduce_bench", "--device=cuda", *flags, f"--json={nj}"], 2,
+                         log=ctx["log"])
+            nccl = json.loads(nj.read_text())
+        except RuntimeError as e:
+            nccl = f"failed: {e}"
+    elif ctx["meta"].get("gpus", 0) == 1:
+        nccl = "not run: one GPU (NCCL needs one GPU per rank, 2 ranks)"
+    return {"world_size": world, "dtype": c["dtype"], "reps": a["reps"], "impls": list(impls),
+            "table": table, "nccl": nccl, "load": [l0, load()], "raw": {"cpp": c, "torch": p},
+            "commands": {
+                "fxdp + c10d": "RANK=r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=P "
+                               f"{rel(bindir)}/fxdp_allreduce_bench --device=cpu " + " ".join(flags),
+                "torch.distributed": "RANK=r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=P "
+                                     ".venv/bin/python bench/allreduce_torch.py "
+                                     f"--min-bytes {a['min']} --max-bytes {a['max']} --factor {a['factor']} "
+                                     f"--reps {a['reps']} --budget-mb {a['budget_mb']}",
+                "nccl": "... fxdp_allreduce_bench --device=cuda (a GPU per rank, built with NCCL)"}}
+
+
+RUNNERS = {"pipeline": area_pipeline, "executor": area_executor, "step": area_step,
+           "compile": area_compile, "allreduce": area_allreduce}
+
+
+# --------------------------------------------------------------------------- markdown
+
+
+def f(x, digits=2) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, str):
+        return x
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    if abs(x) >= 100:
+        return f"{x:.0f}"
+    return f"{x:.{digits}f}"
+
+
+def mm(s: dict, digits=2) -> str:
+    """median (min-max) of a summary: ours (n, values) or step_vs_ddp.py's (runs)."""
+    if not s or s.get("median") is None:
+        return "-"
+    n = s.get("n") or len(s.get("runs") or s.get("values") or [])
+    if n <= 1:
+        return f"{f(s['median'], digits)} (1 run)"
+    return f"{f(s['median'], digits)} ({f(s['min'], digits)}-{f(s['max'], digits)})"
+
+
+def ratio(a, b) -> str:
+    if a is None or b in (None, 0):
+        return "-"
+    return f"{a / b:.2f}x"
+
+
+def bytes_str(n: int) -> str:
+    for unit, k in (("MB", 1 << 20), ("KB", 1 << 10)):
+        if n >= k and n % k == 0:
+            return f"{n // k} {unit}"
+    return f"{n} B"
+
+
+def md_pipeline(r: dict) -> list:
+    L = ["## 1. Graph decode + analysis + expansion",
+         "",
+         f"A synthetic transformer training step (GPT-2-small widths, batch 8; bench/synthetic_graph.h) "
+         f"of ~10k/100k/1M nodes, serialized once; both sides read the same file and do, per "
+         f"repetition, decode (+ verify), the batch-dim analysis and the data-parallel expansion "
+         f"for world size {r['world_size']} (bucketed gradient all-reduces). fxdp: "
+         f"`fxdp_pipeline_bench` (C++, one thread). Baseline: `bench/fx_baseline.py`, the same work "
+         f"in Python over torch.fx with DTensor's view-op rules "
+         f"(`torch.distributed.tensor._ops._view_ops`). CPU time per node (process CPU time, so "
+         f"other load on the machine counts less), median (min-max) over repetitions; ratio = "
+         f"fxdp / baseline (below 1.00x fxdp is faster). Peak memory: VmHWM minus VmRSS before "
+         f"the first repetition, in a fresh process (the input bytes excluded).",
+         "",
+         "| nodes | phase | fxdp µs/node | torch.fx µs/node | ratio |",
+         "|---:|---|---:|---:|---:|"]
+    for row in r["sizes"]:
+        a, b = row["fxdp_us_per_node"], row["torch_fx_us_per_node"]
+        for ph, label in (("decode", "decode + verify"), ("analyze", "batch-dim analysis"),
+                          ("expand", f"expansion (N={r['world_size']})"),
+                          ("total", "**total**")):
+            L.append(f"| {row['nodes']:,} | {label} | {mm(a[ph])} | {mm(b[ph])} | "
+                     f"{ratio(a[ph]['median'], b[ph]['median'])} |")
+    L += ["", "| nodes | fxdp peak RSS | torch.fx peak RSS | ratio | fxdp reps | torch.fx reps | rank graph: fxdp / torch.fx |",
+          "|---:|---:|---:|---:|---:|---:|---|"]
+    for row in r["sizes"]:
+        a, b = row["fxdp_us_per_node"], row["torch_fx_us_per_node"]
+        fa, fb = a["peak_rss_kb_per_node"], b["peak_rss_kb_per_node"]
+        L.append(f"| {row['nodes']:,} | {fa:.2f} KB/node ({row['fxdp']['peak_rss_bytes'] / 2**20:,.0f} MiB) | "
+                 f"{fb:.2f} KB/node ({row['torch_fx']['peak_rss_bytes'] / 2**20:,.0f} MiB) | {ratio(fa, fb)} | "
+                 f"{row['fxdp']['reps']} | {row['torch_fx']['reps']} | "
+                 f"{row['fxdp']['expanded_nodes']:,} / {row['torch_fx']['expanded_nodes']:,} nodes, "
+                 f"{row['fxdp']['buckets']} / {row['torch_fx']['buckets']} buckets |")
+    L += ["", f"Commands: `{r['commands']['fxdp']}`; baseline `{r['commands']['baseline']}`."]
+    return L
+
+
+def md_executor(r: dict) -> list:
+    ns = r["ns_per_node"]
+    base = ns.get("fxdp Program::Run", {}).get("median")
+    L = ["## 2. Executor host overhead per node",
+         "",
+         f"A chain of {r['nodes']:,} one-element ops (alternating `aten::add`/`aten::mul`), one "
+         f"thread, inference mode; wall time of one whole run / nodes, median (min-max) over "
+         f"repetitions. fxdp: `Program::Run` (the LibTorch interpreter); baselines on the same "
+         f"graph file. ratio = fxdp / baseline (below 1.00x fxdp is faster).",
+         "",
+         "| executor | ns/node | fxdp / this |",
+         "|---|---:|---:|"]
+    for name, s in ns.items():
+        label = f"**{name}**" if name == "fxdp Program::Run" else name
+        L.append(f"| {label} | {mm(s, 0)} | {ratio(base, s['median'])} |")
+    L += ["", f"Command: `{r['command']}`."]
+    return L
+
+
+def md_step(r: dict) -> list:
+    raw = r["raw"]
+    L = ["## 3. Training step at N=2 on CPU against DDP (Gloo)", "",
+         f"`bench/step_vs_ddp.py` (Adam, single-tensor, same model, global batch and bucket size "
+         f"{raw.get('bucket_mb')} MB for both; every process one intra-op thread): ms per step, the median of "
+         f"steps {raw.get('warmup', 0) + 1}-{raw.get('steps')} of each run, then median (min-max) over "
+         f"{raw.get('reps')} repetitions; fxdp and DDP run back to back in alternating order. "
+         f"\"waiting\" is the time rank 0 is blocked in `Work::Wait` (fxdp_step_bench). "
+         f"ratio = fxdp / DDP (below 1.00x fxdp is faster; the target is <= 0.95x).", ""]
+    models = raw.get("results", {})
+    L += ["| model | fxdp-worker N=2 ms/step | DDP N=2 ms/step | fxdp / DDP (per repetition) | fxdp waiting on communication (rank 0) | compute alone: fxdp N=1 / eager N=1 |",
+          "|---|---:|---:|---:|---:|---:|"]
+    for name, m in models.items():
+        def g(k):
+            return m.get(k, {}) if isinstance(m.get(k), dict) else {}
+        L.append(f"| {name} | {mm(g('fxdp-worker N=2'), 1)} | {mm(g('DDP N=2'), 1)} | "
+                 f"{mm(g('fxdp-worker / DDP (per repetition)'))} | {mm(g('fxdp wait (rank 0)'), 1)} | "
+                 f"{f(g('fxdp-worker N=1').get('median'), 1)} / {f(g('eager N=1').get('median'), 1)} |")
+    L += ["", "Every measured row (ms per step, median (min-max) over repetitions; \"wait\": ms per step "
+              "blocked in `Work::Wait`, \"start\": ms per step inside `AllReduceSum`; the ratio row is "
+              "fxdp-worker / DDP per repetition):", "",
+          "| model | run | ms/step |", "|---|---|---:|"]
+    for name, m in models.items():
+        for k, v in m.items():
+            if isinstance(v, dict) and "median" in v and k != "info":
+                L.append(f"| {name} | {k} | {mm(v, 2)} |")
+    for name, m in models.items():
+        info = m.get("info", {})
+        if info:
+            L.append("")
+            loads = m.get("load average") or []
+            L.append(f"{name}: {info.get('params', 0):,} parameters, {info.get('graph_nodes')} graph nodes, "
+                     f"global batch {info.get('global_batch')}, fxdp buckets {info.get('buckets')} bytes, "
+                     f"{m.get('collectives_per_step')} collectives per fxdp step; 1-minute load average "
+                     f"at each repetition: {', '.join(f'{x:.1f}' for x in loads)}.")
+    L += ["", f"**N=4**: {r['n4']}", "", f"Command: `{r['command']}`."]
+    return L
+
+
+def md_compile(r: dict) -> list:
+    rows = {(x["rpc"], x["mode"], x["clients"]): x for x in r["rows"]}
+    clients = sorted({x["clients"] for x in r["rows"] if x["mode"] != "in-process"})
+    L = ["## 4. Compile RPC latency", "",
+         f"A real `fxdp-server` on 127.0.0.1 (ephemeral port), started twice: with its compile "
+         f"cache (default, 256 entries) and with `--cache-entries 0` (every request computed). "
+         f"`fxdp_compile_load`: N closed-loop clients, each with its own channel (connection), "
+         f"sending the same request for {r['duration_s']} s after one warm-up call each; graph: "
+         f"{r['graph']}, {r['graph_nodes']} nodes, {r['request_bytes']:,} bytes, world size "
+         f"{r['world_size']}. Latency percentiles over all calls of a run, then median (min-max) "
+         f"over {r['reps']} runs. The floor: the same compile (decode, analysis[, expansion], "
+         f"building the response) called in-process, one thread, no gRPC, no cache. The load "
+         f"generator shares the 2 cores with the server.", "",
+         "| RPC | clients | cache on p50 ms | cache on p99 ms | cache off p50 ms | cache off p99 ms | on / off (p50) | qps on / off | in-process floor p50 ms | cache off p50 / floor |",
+         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for rpc in ("analyze", "expand"):
+        floor = rows.get((rpc, "in-process", 1))
+        fl = floor["p50_ms"]["median"] if floor else None
+        for c in clients:
+            on, off = rows.get((rpc, "cache on", c)), rows.get((rpc, "cache off", c))
+            if not on or not off:
+                continue
+            L.append(f"| {rpc.capitalize()} | {c} | {mm(on['p50_ms'])} | {mm(on['p99_ms'])} | "
+                     f"{mm(off['p50_ms'])} | {mm(off['p99_ms'])} | "
+                     f"{ratio(on['p50_ms']['median'], off['p50_ms']['median'])} | "
+                     f"{f(on['qps']['median'], 0)} / {f(off['qps']['median'], 0)} | "
+                     f"{mm(floor['p50_ms']) if floor else '-'} | {ratio(off['p50_ms']['median'], fl)} |")
+    L += ["", f"Commands: `{r['commands']['server']}`; `{r['commands']['load']}`; floor "
+              f"`{r['commands']['floor']}`."]
+    return L
+
+
+def md_allreduce(r: dict) -> list:
+    impls = r["impls"]
+    main, base = "fxdp", "c10d Gloo"
+    others = [i for i in impls if i not in (main, base)]
+    L = ["## 5. All-reduce bandwidth (Gloo, 2 ranks on 127.0.0.1)", "",
+         f"Sum of float32 tensors, one collective in flight (start + wait), {r['reps']} "
+         f"repetitions. fxdp: `GlooCommunicator::AllReduceSumDonated` + `Work::Wait` (in place, "
+         f"as buckets are reduced). Baseline: c10d's `ProcessGroupGloo::allreduce` called "
+         f"directly (same kind of group, in the same processes); also fxdp's copying "
+         f"`AllReduceSum` and `torch.distributed.all_reduce` from Python. Time per all-reduce: "
+         f"median (min-max); algbw = bytes / time, busbw = algbw x 2(n-1)/n (as nccl-tests; "
+         f"n = 2, so busbw = algbw); ratio = fxdp time / c10d time (below 1.00x fxdp is faster).", "",
+         f"| size | {main} µs | {base} µs | ratio | {main} algbw GB/s | {base} algbw GB/s | {main} busbw GB/s | "
+         + " | ".join(f"{o} µs" for o in others) + " |",
+         "|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(others)]
+    for row in r["table"]:
+        a, b = row[main], row[base]
+        L.append(f"| {bytes_str(row['bytes'])} | {mm(a['time_us'], 1)} | {mm(b['time_us'], 1)} | "
+                 f"{ratio(a['time_us']['median'], b['time_us']['median'])} | "
+                 f"{f(a['algbw_gbs']['median'], 3)} | {f(b['algbw_gbs']['median'], 3)} | "
+                 f"{f(a['busbw_gbs']['median'], 3)} | "
+                 + " | ".join(f(row[o]["time_us"]["median"], 1) for o in others) + " |")
+    rs = [row[main]["time_us"]["median"] / row[base]["time_us"]["median"] for row in r["table"]]
+    big = [x for x, row in zip(rs, r["table"]) if row["bytes"] >= 1 << 20]
+    L += ["", f"Median of the per-size ratios fxdp / c10d: {statistics.median(rs):.2f}x over all "
+              f"{len(rs)} sizes" + (f", {statistics.median(big):.2f}x from 1 MB up" if big else "") + "."]
+    nccl = r["nccl"]
+    L += ["", "**NCCL** (`fxdp_allreduce_bench --device=cuda`: fxdp's `NcclCommunicator` against raw "
+              "`ncclAllReduce`): " + (nccl if isinstance(nccl, str) else "see results.json"), "",
+          "Commands: " + "; ".join(f"`{c}`" for c in r["commands"].values()) + "."]
+    return L
+
+
+RENDER = {"pipeline": md_pipeline, "executor": md_executor, "step": md_step, "compile": md_compile,
+          "allreduce": md_allreduce}
+TITLES = {"pipeline": "1. Graph decode + analysis + expansion", "executor": "2. Executor host overhead",
+          "step": "3. Training step at N=2 against DDP", "compile": "4. Compile RPC latency",
+          "allreduce": "5. All-reduce bandwidth"}
+
+
+def render_markdown(results: dict) -> str:
+    m = results["meta"]
+    L = ["# fxdp benchmark results", "",
+         "Written by `make bench` (`bench/run_all.py`); raw numbers in `bench/results.json`. Every "
+         "fxdp number is measured next to its baseline in the same run. Read the load average: "
+         "this is a small shared VM, and other work on it slows both sides, not always equally.",
+         "",
+         "| | |", "|---|---|",
+         f"| date | {m['date']} |",
+         f"| git commit | `{m['git_commit'][:12]}`{' (with uncommitted changes)' if m.get('git_dirty') else ''} |",
+         f"| machine | {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, {m['gpus']} GPUs |",
+         f"| system | {m['os']}, Linux {m['kernel']}, Python {m['python']}, torch {m['torch']} |",
+         f"| build | `{m['build_dir']}`, CMAKE_BUILD_TYPE={m['build_type']} |",
+         f"| load average (1/5/15 min) | start {m['load_start']}, end {m.get('load_end')} |",
+         f"| `make bench` wall time | {m.get('wall_s', 0) / 60:.1f} min"
+         + (" (quick mode: the numbers mean nothing)" if m.get("quick") else "") + " |", ""]
+    areas = results["areas"]
+    L += ["| area | wall time | load average at start / end |", "|---|---:|---|"]
+    for name, a in areas.items():
+        L.append(f"| {TITLES.get(name, name)} | {a.get('wall_s', 0):.0f} s | "
+                 f"{a.get('load', ['-', '-'])[0]} / {a.get('load', ['-', '-'])[-1]} |")
+    L.append("")
+    for name, a in areas.items():
+        if "error" in a:
+            L += [f"## {TITLES.get(name, name)}", "", f"**failed**: `{a['error'][:2000]}`", ""]
+            continue
+        L += RENDER[name](a)
+        L.append("")
+    return "\n".join(L).rstrip() + "\n"
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default=str(REPO / "build"))
+    ap.add_argument("--areas", default=",".join(AREAS))
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--md", default=str(REPO / "bench" / "RESULTS.md"))
+    ap.add_argument("--json", default=str(REPO / "bench" / "results.json"))
+    ap.add_argument("--raw", default=str(REPO / "bench" / "out" / "latest"))
+    ap.add_argument("--render", metavar="RESULTS_JSON",
+                    help="only write --md from an existing results.json")
+    args = ap.parse_args(argv)
+    if args.render:
+        results = json.loads(pathlib.Path(args.render).read_text())
+        pathlib.Path(args.md).write_text(render_markdown(results))
+        return 0
+    areas = [a for a in args.areas.split(",") if a]
+    unknown = [a for a in areas if a not in RUNNERS]
+    if unknown:
+        ap.error(f"unknown area(s) {unknown}; known: {AREAS}")
+    build = pathlib.Path(args.build).resolve()
+    bindir = build / "bin"
+    raw = pathlib.Path(args.raw).resolve()
+    raw.mkdir(parents=True, exist_ok=True)
+    log = raw / "commands.log"
+    log.write_text("")
+    t_start = time.monotonic()
+    meta = machine(build)
+    meta["quick"] = args.quick
+    ctx = {"cfg": QUICK if args.quick else FULL, "bin": bindir, "build": build, "raw": raw,
+           "log": log, "meta": meta}
+    results = {"meta": meta, "areas": {}}
+    failed = []
+    for name in areas:
+        t0, l0 = time.monotonic(), load()
+        print(f"== {name} (load {l0})", flush=True)
+        try:
+            res = RUNNERS[name](ctx)
+        except Exception as e:  # noqa: BLE001 - one failing area must not lose the others
+            res = {"error": f"{type(e).__name__}: {e}", "load": [load()]}
+            failed.append(name)
+            print(f"   {name} FAILED: {e}", file=sys.stderr, flush=True)
+        res["wall_s"] = round(time.monotonic() - t0, 1)
+        res["load"] = [l0, load()]
+        results["areas"][name] = res
+        print(f"   {name}: {res['wall_s']:.0f} s", flush=True)
+    meta["load_end"] = load()
+    meta["wall_s"] = round(time.monotonic() - t_start, 1)
+    pathlib.Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+    pathlib.Path(args.md).write_text(render_markdown(results))
+    print(f"wrote {rel(args.md)} and {rel(args.json)} in {meta['wall_s'] / 60:.1f} min"
+          + (f"; FAILED: {', '.join(failed)}" if failed else ""), flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

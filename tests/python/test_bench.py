@@ -1,0 +1,163 @@
+"""`make bench`'s programs in a tiny configuration (bench/run_all.py --quick): they run, their JSON
+is well formed, the Python baseline does the same work as fxdp (same expanded graph), and the
+RESULTS.md writer produces every area's table. The benchmarks themselves are not run here.
+
+Binaries come from the build folder of $FXDP_BIN (<build>/bin/fxdp; `make test` sets it), else
+<repo>/build; the test fails, it does not skip, when they are missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "bench"))
+
+import run_all  # noqa: E402
+
+
+def build_dir() -> pathlib.Path:
+    fx = os.environ.get("FXDP_BIN")
+    return pathlib.Path(fx).resolve().parents[1] if fx else REPO / "build"
+
+
+def binary(name: str) -> pathlib.Path:
+    p = build_dir() / "bin" / name
+    assert p.is_file() and os.access(p, os.X_OK), f"{p} is missing: build it first (make test builds it)"
+    return p
+
+
+PHASES = ("decode", "analyze", "expand")
+
+
+def check_pipeline_json(d: dict, reps: int) -> None:
+    for k in ("impl", "nodes", "wire_bytes", "world_size", "reps", "expanded_nodes", "buckets",
+              "peak_rss_bytes"):
+        assert k in d, k
+    assert d["reps"] == reps and d["nodes"] > 0 and d["expanded_nodes"] > d["nodes"]
+    assert d["peak_rss_bytes"] > 0
+    for ph in PHASES:
+        for kind in ("wall", "cpu"):
+            v = d[f"{ph}_{kind}_s"]
+            assert len(v) == reps and all(x >= 0 for x in v), (ph, v)
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    for name in ("fxdp_pipeline_bench", "fxdp_compile_load", "fxdp_allreduce_bench", "fxdp-server"):
+        binary(name)
+    d = tmp_path_factory.mktemp("bench")
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "run_all.py"), "--quick", "--build", str(build_dir()),
+                        "--areas", "pipeline,compile,allreduce", "--md", str(d / "RESULTS.md"),
+                        "--json", str(d / "results.json"), "--raw", str(d / "raw")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return d
+
+
+def test_pipeline_programs_write_json_and_agree(quick_run):
+    raw = quick_run / "raw"
+    fx = json.loads((raw / "pipeline_fxdp_1000.json").read_text())
+    py = json.loads((raw / "pipeline_fx_1000.json").read_text())
+    check_pipeline_json(fx, 1)
+    check_pipeline_json(py, 1)
+    # The baseline does the same work: the same graph in, a rank graph of about the same size and
+    # buckets out (equal for DDP's bucket rule; fxdp may split its last bucket further).
+    assert fx["nodes"] == py["nodes"]
+    assert abs(fx["expanded_nodes"] - py["expanded_nodes"]) <= max(10, 0.02 * fx["expanded_nodes"])
+    assert abs(fx["buckets"] - py["buckets"]) <= max(2, 0.1 * fx["buckets"])
+    assert py["warnings"] == 0, py["warning_ops"]
+
+
+def test_fx_baseline_follows_dtensor(tmp_path):
+    g = tmp_path / "g.pb"
+    subprocess.run([str(binary("fxdp_pipeline_bench")), "--write_synthetic=500", f"--out={g}"], check=True)
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "fx_baseline.py"), "--graph", str(g), "--reps", "1",
+                        "--world-size", "2", "--check-dtensor"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    # every view node's walk was checked against DTensor's propagate_shape_and_sharding
+    assert d["view_checks"] > 50
+
+
+def test_compile_load_json(quick_run):
+    res = json.loads((quick_run / "results.json").read_text())["areas"]["compile"]
+    assert "error" not in res, res.get("error")
+    modes = {(r["rpc"], r["mode"], r["clients"]) for r in res["rows"]}
+    for rpc in ("analyze", "expand"):
+        assert (rpc, "in-process", 1) in modes
+        for c in (1, 2):
+            assert (rpc, "cache on", c) in modes and (rpc, "cache off", c) in modes
+    for row in res["rows"]:
+        for run in row["runs"]:
+            assert run["errors"] == 0 and run["requests"] > 0
+            assert 0 < run["p50_ms"] <= run["p99_ms"] <= run["max_ms"]
+            assert run["graph_nodes"] > 100
+        if row["mode"] == "cache on":
+            assert row["cached_fraction"] == 1.0
+        elif row["mode"] == "cache off":
+            assert row["cached_fraction"] == 0.0
+
+
+def test_allreduce_json(quick_run):
+    raw = quick_run / "raw"
+    c = json.loads((raw / "allreduce_fxdp.json").read_text())
+    p = json.loads((raw / "allreduce_torch.json").read_text())
+    assert c["bytes"] == p["bytes"] == [1024, 4096, 16384]
+    assert set(c["time_us"]) == {"fxdp", "fxdp (copy)", "c10d Gloo"}
+    for impl in (*c["time_us"].values(), *p["time_us"].values()):
+        assert len(impl) == 3 and all(len(reps) == 1 and reps[0] > 0 for reps in impl)
+    res = json.loads((quick_run / "results.json").read_text())["areas"]["allreduce"]
+    assert res["nccl"].startswith("not run") or isinstance(res["nccl"], dict)
+    row = res["table"][0]
+    assert row["fxdp"]["busbw_gbs"]["median"] == pytest.approx(row["fxdp"]["algbw_gbs"]["median"])  # n = 2
+
+
+def test_results_md_has_every_table(quick_run):
+    md = (quick_run / "RESULTS.md").read_text()
+    for heading in ("## 1. Graph decode", "## 4. Compile RPC latency", "## 5. All-reduce"):
+        assert heading in md
+    assert "| nodes | phase | fxdp µs/node | torch.fx µs/node | ratio |" in md
+    assert "| Analyze | 1 |" in md and "| Expand | 2 |" in md
+    assert "| 1 KB |" in md and "**NCCL**" in md
+    assert "git commit" in md and "load average" in md
+    # results.json renders back to the same file
+    results = json.loads((quick_run / "results.json").read_text())
+    assert run_all.render_markdown(results) == md
+
+
+def test_results_md_step_and_executor_tables():
+    """The tables of the two areas whose programs are too slow for the test suite, rendered from
+    results in the shape bench/step_vs_ddp.py and bench/executor_baselines.py write."""
+    s = lambda *v: run_all.summ(list(v))  # noqa: E731
+    step = {"raw": {"torch": "2.13.0", "steps": 30, "warmup": 5, "reps": 2, "bucket_mb": 25, "results": {
+        "mlp": {"fxdp-worker N=2": s(46.0, 48.0), "DDP N=2": s(44.0, 45.0), "fxdp_step_bench N=2": s(47.0, 47.5),
+                "fxdp wait (rank 0)": s(13.0, 12.0), "fxdp wait (rank 1)": s(12.0, 13.0),
+                "fxdp start (rank 0)": s(0.4, 0.5), "fxdp-worker N=1": s(30.0, 31.0), "eager N=1": s(29.0, 29.5),
+                "fxdp-worker / DDP (per repetition)": s(1.02, 1.04), "load average": [1.5, 1.6],
+                "info": {"params": 3411200, "graph_nodes": 234, "global_batch": [128, 1024],
+                         "buckets": [1049600, 12595200], "bytes_per_step": 13644804},
+                "collectives_per_step": 3}}},
+            "n4": run_all.N4_REASON, "command": "bench/step_vs_ddp.py --reps 2", "load": [1, 1], "wall_s": 1}
+    executor = {"nodes": 10000, "command": "bench/executor_baselines.py", "load": [1, 1], "wall_s": 1,
+                "ns_per_node": {"fxdp Program::Run": s(430, 440), "C++ direct at::": s(425, 430),
+                                "torch.fx.Interpreter": s(5200, 5300)}}
+    meta = {"date": "2026-01-01 00:00 UTC", "git_commit": "0" * 40, "git_dirty": False, "cpu": "cpu",
+            "cores": 2, "memory_gib": 23.5, "gpus": 0, "os": "Debian", "kernel": "6", "python": "3.11",
+            "torch": "2.13.0", "build_dir": "build", "build_type": "Release", "load_start": [1, 1, 1],
+            "load_end": [1, 1, 1], "wall_s": 60}
+    md = run_all.render_markdown({"meta": meta, "areas": {"executor": executor, "step": step,
+                                                          "pipeline": {"error": "boom", "wall_s": 0}}})
+    assert "## 2. Executor host overhead per node" in md
+    assert "| **fxdp Program::Run** | 435 (430-440) | 1.00x |" in md
+    assert "| torch.fx.Interpreter | 5,250 (5,200-5,300) | 0.08x |" in md
+    assert "## 3. Training step at N=2" in md
+    assert "| mlp | 47.0 (46.0-48.0) | 44.5 (44.0-45.0) | 1.03 (1.02-1.04) | 12.5 (12.0-13.0) | 30.5 / 29.2 |" in md
+    assert "**N=4**: not run" in md
+    assert "**failed**: `boom`" in md
