@@ -284,7 +284,7 @@ void BM_Expand(benchmark::State& state) {
       break;
     }
     buckets = static_cast<int64_t>((*e)->report.buckets.size());
-    expanded = (*e)->graphs.empty() ? 0 : (*e)->graphs[0].size();
+    expanded = (*e)->distinct_graphs.empty() ? 0 : (*e)->graph(0).size();
     state.PauseTiming();
     e.reset();
     state.ResumeTiming();

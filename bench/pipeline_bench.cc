@@ -12,7 +12,7 @@
 //         decode   ir::DecodeGraphBytes (wire -> ir::Node, verifier, name index)
 //         analyze  AnalyzeBatchDims(graph, {world_size})
 //         expand   ExpandDataParallel(graph, analysis, {world_size}) (every
-//                  rank's graph, as `fxdp expand` and the server build them)
+//                  distinct rank graph, as `fxdp expand` and the server build them)
 //       and prints (or writes) JSON: per rep and phase the wall and CPU
 //       seconds, and the peak memory of the first rep (a fresh process):
 //       VmHWM after it minus VmRSS before it, the file's bytes excluded
@@ -157,7 +157,7 @@ int main(int argc, char** argv) {
       // here: nothing larger ran before).
       peak_rss = ProcStatusBytes("VmHWM") - rss_before;
       nodes = (*g)->size();
-      expanded_nodes = (**ex).graphs.empty() ? 0 : (**ex).graphs[0].size();
+      expanded_nodes = (**ex).distinct_graphs.empty() ? 0 : (**ex).graph(0).size();
       buckets = static_cast<int64_t>((**ex).report.buckets.size());
     }
     decode.push_back(d);

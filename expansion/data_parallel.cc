@@ -55,11 +55,42 @@ constexpr SizeArg kSizeArgs[] = {
 };
 
 int SizeArgIndex(const ir::Target& t) {
-  for (const SizeArg& s : kSizeArgs) {
-    if (s.name == t.name) return s.index;
-  }
-  return -1;
+  static const auto* index = [] {
+    auto* m = new absl::flat_hash_map<absl::string_view, int>();
+    for (const SizeArg& s : kSizeArgs) m->emplace(s.name, s.index);
+    return m;
+  }();
+  auto it = index->find(t.name);
+  return it == index->end() ? -1 : it->second;
 }
+
+// Whether an argument holds a value reference (lists included).
+bool HasRef(const Argument& a) {
+  if (a.is_ref()) return true;
+  if (const Argument::List* l = a.get_if<Argument::List>()) {
+    for (const Argument& e : *l)
+      if (HasRef(e)) return true;
+  }
+  return false;
+}
+
+// Whether every reference is to an output of an earlier node.
+bool RefsPointBackwards(const std::vector<Node>& nodes) {
+  bool ok = true;
+  for (int32_t i = 0; i < static_cast<int32_t>(nodes.size()) && ok; ++i) {
+    nodes[i].ForEachInput([&](ValueRef r) {
+      ok = ok && r.node.value >= 0 && r.node.value < i && r.output >= 0 &&
+           r.output < static_cast<int32_t>(nodes[r.node.value].outputs.size());
+    });
+  }
+  return ok;
+}
+
+// A rank's expanded nodes, not yet verified as a graph.
+struct RankNodes {
+  ir::GraphHeader header;
+  std::vector<Node> nodes;
+};
 
 // A planned all-reduce of gradients (rank independent).
 struct PlannedBucket {
@@ -76,13 +107,23 @@ class Expander {
  public:
   Expander(const Graph& g, const BatchDimAnalysis& a, const ExpandOptions& o,
            const std::vector<PlannedBucket>& buckets, RankSlice slice)
-      : g_(g), a_(a), o_(o), buckets_(buckets), slice_(slice), batch_(a.batch_size()) {
-    for (const Node& n : g.nodes()) used_names_.insert(n.name);
-  }
+      : g_(g), a_(a), o_(o), buckets_(buckets), slice_(slice), batch_(a.batch_size()) {}
 
-  absl::StatusOr<Graph> Run(std::vector<Collective>* collectives) {
+  absl::StatusOr<RankNodes> Run(std::vector<Collective>* collectives) {
     collectives_ = collectives;
     new_id_.assign(g_.size(), -1);
+    out_.reserve(g_.size() + 4 * buckets_.size());
+    // (node, bucket) pairs, sorted: where each bucket's wait and start go.
+    std::vector<std::pair<int32_t, int32_t>> waits, starts;
+    waits.reserve(buckets_.size());
+    starts.reserve(buckets_.size());
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      waits.emplace_back(buckets_[b].wait, static_cast<int32_t>(b));
+      starts.emplace_back(buckets_[b].start, static_cast<int32_t>(b));
+    }
+    std::sort(waits.begin(), waits.end());
+    std::sort(starts.begin(), starts.end());
+    size_t next_wait = 0, next_start = 0;
     for (const ShardedRead& r : a_.sharded_reads()) reads_[r.user.value].push_back(r);
     // Non-gradient reductions: all-reduced right after they are produced.
     for (const Reduction& r : a_.reductions()) {
@@ -90,8 +131,9 @@ class Expander {
     }
     for (int32_t i = 0; i < g_.size(); ++i) {
       const Node& n = g_.nodes()[i];
-      for (size_t b = 0; b < buckets_.size(); ++b) {
-        if (buckets_[b].wait == i) FXDP_RETURN_IF_ERROR(EmitWait(b));
+      while (next_wait < waits.size() && waits[next_wait].first < i) ++next_wait;
+      for (; next_wait < waits.size() && waits[next_wait].first == i; ++next_wait) {
+        FXDP_RETURN_IF_ERROR(EmitWait(waits[next_wait].second));
       }
       if (n.is_output()) {
         FXDP_RETURN_IF_ERROR(EmitOutput(n));
@@ -101,23 +143,36 @@ class Expander {
       if (auto it = solo_.find(i); it != solo_.end()) {
         for (const Reduction& r : it->second) FXDP_RETURN_IF_ERROR(EmitSolo(r));
       }
-      for (size_t b = 0; b < buckets_.size(); ++b) {
-        if (buckets_[b].start == i) FXDP_RETURN_IF_ERROR(EmitStart(b));
+      while (next_start < starts.size() && starts[next_start].first < i) ++next_start;
+      for (; next_start < starts.size() && starts[next_start].first == i; ++next_start) {
+        FXDP_RETURN_IF_ERROR(EmitStart(starts[next_start].second));
       }
     }
-    ir::GraphHeader h = g_.header();
-    h.metadata.emplace_back("fxdp.world_size", absl::StrCat(o_.world_size));
-    h.metadata.emplace_back("fxdp.local_batch", absl::StrCat(slice_.size));
-    return Graph::Create(std::move(h), std::move(out_));
+    RankNodes r;
+    r.header = g_.header();
+    r.header.metadata.emplace_back("fxdp.world_size", absl::StrCat(o_.world_size));
+    r.header.metadata.emplace_back("fxdp.local_batch", absl::StrCat(slice_.size));
+    r.nodes = std::move(out_);
+    return r;
   }
 
  private:
   // ---- names, types, refs ------------------------------------------------------
 
+  // `base`, or base_1, base_2, ...: the first name neither the input graph
+  // nor an earlier Fresh() uses. Names are only ever added, so the first free
+  // suffix of a base never decreases: the probe resumes where the last one
+  // for the same base stopped.
+  bool Used(absl::string_view name) const {
+    return fresh_names_.contains(name) || g_.FindNode(name).has_value();
+  }
   std::string Fresh(absl::string_view base) {
     std::string name(base);
-    for (int k = 1; used_names_.contains(name); ++k) name = absl::StrCat(base, "_", k);
-    used_names_.insert(name);
+    if (Used(name)) {
+      int& k = next_suffix_.try_emplace(name, 1).first->second;
+      for (name = absl::StrCat(base, "_", k); Used(name); name = absl::StrCat(base, "_", k)) ++k;
+    }
+    fresh_names_.insert(name);
     return name;
   }
 
@@ -163,14 +218,28 @@ class Expander {
     return ValueRef{NodeId{new_id_[old.node.value]}, old.output};
   }
 
-  void MapArgs(Argument& a, const absl::flat_hash_map<ValueRef, ValueRef>& local) {
+  ValueRef MapLocal(ValueRef r, const absl::flat_hash_map<ValueRef, ValueRef>& local) const {
+    if (!local.empty()) {
+      if (auto it = local.find(r); it != local.end()) return it->second;
+    }
+    return Map(r);
+  }
+
+  // `a` with every reference mapped; `a` must hold one.
+  Argument Mapped(const Argument& a, const absl::flat_hash_map<ValueRef, ValueRef>& local) const {
+    if (const ValueRef* r = a.get_if<ValueRef>()) return Argument(MapLocal(*r, local));
+    const Argument::List& src = a.as<Argument::List>();
+    Argument::List l;
+    l.reserve(src.size());
+    for (const Argument& e : src) l.push_back(HasRef(e) ? Mapped(e, local) : e);
+    return Argument(std::move(l));
+  }
+
+  void MapArgs(Argument& a, const absl::flat_hash_map<ValueRef, ValueRef>& local) const {
     if (const ValueRef* r = a.get_if<ValueRef>()) {
-      auto it = local.find(*r);
-      a = Argument(it != local.end() ? it->second : Map(*r));
-    } else if (a.is_list()) {
-      Argument::List l = a.as<Argument::List>();
-      for (Argument& e : l) MapArgs(e, local);
-      a = Argument(std::move(l));
+      a = Argument(MapLocal(*r, local));
+    } else if (a.is_list() && HasRef(a)) {
+      a = Mapped(a, local);
     }
   }
 
@@ -243,7 +312,9 @@ class Expander {
     for (Argument& a : n.args) MapArgs(a, local);
     for (ir::KeywordArgument& k : n.kwargs) MapArgs(k.value, local);
     for (int32_t k = 0; k < static_cast<int32_t>(n.outputs.size()); ++k) {
-      n.outputs[k] = LocalValue(ValueRef{id, k});
+      // LocalValue() is the value itself unless it is a batch-sharded tensor.
+      const ValueRef r{id, k};
+      if (n.outputs[k].is_tensor() && a_.value(r).placement.is_shard()) n.outputs[k] = LocalValue(r);
     }
     // Size lists that spell a sharded output's global shape.
     const ValueInfo& v = a_.primary(id);
@@ -271,8 +342,8 @@ class Expander {
           old.name, old.target.ToString(), g_.node(a_.node(id).shaped_by).name));
     }
     // An int argument that spells the batch size (native_group_norm's N).
-    if (const OpRule* rule = FindOpRule(old.target);
-        rule != nullptr && rule->c >= 0 && v.placement.is_shard() &&
+    if (const OpRule* rule = v.placement.is_shard() ? FindOpRule(old.target) : nullptr;
+        rule != nullptr && rule->c >= 0 &&
         (rule->family == OpFamily::kSpatial || rule->family == OpFamily::kConvBackward) &&
         rule->c < static_cast<int>(n.args.size())) {
       if (const auto* x = n.args[rule->c].get_if<int64_t>()) {
@@ -441,7 +512,8 @@ class Expander {
   const int64_t batch_;
   std::vector<Node> out_;
   std::vector<int32_t> new_id_;
-  absl::flat_hash_set<std::string> used_names_;
+  absl::flat_hash_set<std::string> fresh_names_;            // names Fresh() gave out
+  absl::flat_hash_map<std::string, int> next_suffix_;       // per base: first suffix to try
   absl::flat_hash_map<ValueRef, ValueRef> replaced_;
   absl::flat_hash_map<int32_t, std::vector<ShardedRead>> reads_;
   absl::flat_hash_map<int32_t, std::vector<Reduction>> solo_;
@@ -609,24 +681,32 @@ absl::StatusOr<Expansion> ExpandDataParallel(const Graph& graph, const BatchDimA
   // The overlap schedule: one order for every rank. The rank graphs have the
   // same structure, so each rank's own schedule is rank 0's (checked) and
   // they start their collectives in the same order.
+  // Identical ranks share one graph: only rank 0's is built.
   ScheduleInfo schedule;
-  for (int32_t r = 0; r < world; ++r) {
-    if (r > 0 && e.identical) {
-      e.graphs.push_back(e.graphs[0]);
-      continue;
-    }
+  const int32_t distinct = e.identical ? 1 : world;
+  e.distinct_graphs.reserve(distinct);
+  for (int32_t r = 0; r < distinct; ++r) {
     Expander x(graph, analysis, options, buckets, rep.slices[r]);
-    FXDP_ASSIGN_OR_RETURN(Graph local, x.Run(r == 0 ? &rep.collectives : nullptr));
+    FXDP_ASSIGN_OR_RETURN(RankNodes local, x.Run(r == 0 ? &rep.collectives : nullptr));
     if (options.overlap_schedule) {
+      // Scheduling reads the edges before the graph is verified: a reference
+      // that is not to an earlier node is reported as the verifier does.
+      if (!RefsPointBackwards(local.nodes)) {
+        absl::Status s = Graph::Create(std::move(local.header), std::move(local.nodes)).status();
+        return s.ok() ? absl::InternalError("the expanded graph reads a value before it exists")
+                      : s;
+      }
       if (r == 0) {
-        schedule = OverlapSchedule(local);
-      } else if (OverlapSchedule(local).order != schedule.order) {
+        schedule = OverlapSchedule(local.nodes);
+      } else if (OverlapSchedule(local.nodes).order != schedule.order) {
         return absl::InternalError(absl::StrCat(
             "rank ", r, "'s expanded graph schedules differently from rank 0's"));
       }
-      FXDP_ASSIGN_OR_RETURN(local, Reorder(local, schedule.order));
+      local.nodes = ReorderNodes(std::move(local.nodes), schedule.order);
     }
-    e.graphs.push_back(std::move(local));
+    FXDP_ASSIGN_OR_RETURN(Graph g,
+                          Graph::Create(std::move(local.header), std::move(local.nodes)));
+    e.distinct_graphs.push_back(std::move(g));
   }
   if (options.overlap_schedule) {
     std::vector<int32_t> new_index(schedule.order.size());

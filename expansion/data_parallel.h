@@ -99,10 +99,19 @@ struct ExpansionReport {
 };
 
 struct Expansion {
-  std::vector<ir::Graph> graphs;  // one per rank
-  // Whether every rank's graph is the same (B % N == 0).
+  // The distinct rank graphs: one shared by every rank when `identical`, else
+  // one per rank. Read rank r's through graph(r).
+  std::vector<ir::Graph> distinct_graphs;
+  // Whether every rank's graph is the same (B % N == 0 and no rank-specific
+  // slices): then it is built and stored once.
   bool identical = false;
   ExpansionReport report;
+
+  int32_t world_size() const { return report.world_size; }
+  // Rank r's graph, 0 <= r < world_size().
+  const ir::Graph& graph(int32_t rank) const {
+    return distinct_graphs[identical ? 0 : static_cast<size_t>(rank)];
+  }
 };
 
 // INVALID_ARGUMENT for: world size < 1 or larger than the batch, a graph

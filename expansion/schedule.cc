@@ -1,6 +1,7 @@
 #include "expansion/schedule.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <limits>
 #include <numeric>
 #include <tuple>
@@ -31,27 +32,59 @@ bool IsPackingOp(const Node& n) {
   return n.is_call() && std::find(std::begin(kOps), std::end(kOps), n.target.name) != std::end(kOps);
 }
 
+bool HasRef(const Argument& a) {
+  if (a.is_ref()) return true;
+  if (const Argument::List* l = a.get_if<Argument::List>()) {
+    for (const Argument& e : *l)
+      if (HasRef(e)) return true;
+  }
+  return false;
+}
+
+// Lists without references (sizes, dims) are left as they are.
 void Renumber(Argument& a, const std::vector<int32_t>& new_index) {
   if (const ValueRef* r = a.get_if<ValueRef>()) {
     a = Argument(ValueRef{ir::NodeId{new_index[r->node.value]}, r->output});
-  } else if (a.is_list()) {
+  } else if (a.is_list() && HasRef(a)) {
     Argument::List l = a.as<Argument::List>();
     for (Argument& e : l) Renumber(e, new_index);
     a = Argument(std::move(l));
   }
 }
 
+void RenumberNode(Node& node, const std::vector<int32_t>& new_index) {
+  for (Argument& a : node.args) Renumber(a, new_index);
+  for (ir::KeywordArgument& kw : node.kwargs) Renumber(kw.value, new_index);
+}
+
 }  // namespace
 
-ScheduleInfo OverlapSchedule(const Graph& g) {
-  const int32_t n = g.size();
+ScheduleInfo OverlapSchedule(const Graph& g) { return OverlapSchedule(g.nodes()); }
+
+ScheduleInfo OverlapSchedule(const std::vector<Node>& nodes) {
+  const int32_t n = static_cast<int32_t>(nodes.size());
+  // What each node is, looked up once.
+  enum : uint8_t { kIsAllReduce = 1, kIsWait = 2, kIsPacking = 4, kIsInput = 8, kIsOutput = 16 };
+  std::vector<uint8_t> what(n, 0);
+  for (int32_t i = 0; i < n; ++i) {
+    const Node& node = nodes[i];
+    if (node.is_call()) {
+      if (node.target.name == kAllReduce) what[i] |= kIsAllReduce;
+      if (node.target.name == kWaitTensor) what[i] |= kIsWait;
+      if (IsPackingOp(node)) what[i] |= kIsPacking;
+    } else if (node.is_output()) {
+      what[i] |= kIsOutput;
+    } else {
+      what[i] |= kIsInput;
+    }
+  }
   // Producers and users of every node (distinct), as flat adjacency arrays.
   std::vector<int32_t> pred_begin(n + 1, 0), pred_list;
   pred_list.reserve(2 * static_cast<size_t>(n));
   std::vector<int32_t> scratch;
   for (int32_t i = 0; i < n; ++i) {
     scratch.clear();
-    g.nodes()[i].ForEachInput([&](ValueRef r) { scratch.push_back(r.node.value); });
+    nodes[i].ForEachInput([&](ValueRef r) { scratch.push_back(r.node.value); });
     std::sort(scratch.begin(), scratch.end());
     scratch.erase(std::unique(scratch.begin(), scratch.end()), scratch.end());
     pred_list.insert(pred_list.end(), scratch.begin(), scratch.end());
@@ -79,21 +112,18 @@ ScheduleInfo OverlapSchedule(const Graph& g) {
   auto users_of = [&](int32_t i) {
     return Range{user_list.data() + user_begin[i], user_list.data() + user_begin[i + 1]};
   };
-  auto is = [&](int32_t i, absl::string_view target) {
-    return g.nodes()[i].is_call() && g.nodes()[i].target.name == target;
-  };
 
   // Which nodes (transitively) feed an all_reduce: reverse topological order.
   std::vector<bool> feeds(n, false);
   for (int32_t i = n - 1; i >= 0; --i) {
-    for (int32_t u : users_of(i)) feeds[i] = feeds[i] || is(u, kAllReduce) || feeds[u];
+    for (int32_t u : users_of(i)) feeds[i] = feeds[i] || (what[u] & kIsAllReduce) || feeds[u];
   }
   // Hoisted: all_reduces and the packing nodes whose every user is hoisted.
   std::vector<bool> hoist(n, false);
   for (int32_t i = n - 1; i >= 0; --i) {
-    if (is(i, kAllReduce)) {
+    if ((what[i] & kIsAllReduce)) {
       hoist[i] = true;
-    } else if (IsPackingOp(g.nodes()[i]) && !users_of(i).empty()) {
+    } else if ((what[i] & kIsPacking) && !users_of(i).empty()) {
       hoist[i] = [&] {
         for (int32_t u : users_of(i))
           if (!hoist[u]) return false;
@@ -104,7 +134,7 @@ ScheduleInfo OverlapSchedule(const Graph& g) {
   // Graph inputs stay first: nothing is hoisted above the last one.
   int32_t last_input = -1;
   for (int32_t i = 0; i < n; ++i) {
-    if (!g.nodes()[i].is_call() && !g.nodes()[i].is_output()) last_input = i;
+    if (what[i] & kIsInput) last_input = i;
   }
   std::vector<int32_t> eff(n);
   int32_t hoisted = 0;
@@ -121,7 +151,7 @@ ScheduleInfo OverlapSchedule(const Graph& g) {
   // nodes a collective needs run before those only later collectives need.
   std::vector<int32_t> starts;
   for (int32_t i = 0; i < n; ++i)
-    if (is(i, kAllReduce)) starts.push_back(i);
+    if ((what[i] & kIsAllReduce)) starts.push_back(i);
   std::sort(starts.begin(), starts.end(),
             [&](int32_t a, int32_t b) { return std::tie(eff[a], a) < std::tie(eff[b], b); });
   constexpr int32_t kNone = std::numeric_limits<int32_t>::max();
@@ -140,10 +170,11 @@ ScheduleInfo OverlapSchedule(const Graph& g) {
   std::vector<int32_t> level(n, 0);
   for (int32_t i = 0; i < n; ++i) {
     for (int32_t p : preds_of(i)) level[i] = std::max(level[i], level[p]);
-    if (is(i, kWaitTensor) && !feeds[i] && preds_of(i).size() == 1 && is(*preds_of(i).begin(), kAllReduce)) {
+    if ((what[i] & kIsWait) && !feeds[i] && preds_of(i).size() == 1 &&
+        (what[*preds_of(i).begin()] & kIsAllReduce)) {
       // Waits only the graph's outputs read (the loss) go last.
       bool output_only = true;
-      for (int32_t u : users_of(i)) output_only = output_only && g.nodes()[u].is_output();
+      for (int32_t u : users_of(i)) output_only = output_only && (what[u] & kIsOutput);
       const int32_t l = output_only ? static_cast<int32_t>(starts.size()) + 1
                                     : 1 + start_rank[*preds_of(i).begin()];
       level[i] = std::max(level[i], l);
@@ -152,16 +183,21 @@ ScheduleInfo OverlapSchedule(const Graph& g) {
   }
   // Graph inputs (placeholders, get_attr) keep their places at the top.
   for (int32_t i = 0; i < n; ++i) {
-    if (!g.nodes()[i].is_call() && !g.nodes()[i].is_output()) level[i] = -1;
+    if (what[i] & kIsInput) level[i] = -1;
   }
   // (level, first, eff, index) never decreases along an edge and the index
   // breaks ties: sorting by it is a topological order.
   info.hoisted = hoisted;
-  info.order.resize(n);
-  std::iota(info.order.begin(), info.order.end(), 0);
-  std::sort(info.order.begin(), info.order.end(), [&](int32_t a, int32_t b) {
-    return std::tie(level[a], first[a], eff[a], a) < std::tie(level[b], first[b], eff[b], b);
+  struct Key {
+    int32_t level, first, eff, index;
+  };
+  std::vector<Key> keys(n);
+  for (int32_t i = 0; i < n; ++i) keys[i] = Key{level[i], first[i], eff[i], i};
+  std::sort(keys.begin(), keys.end(), [](const Key& a, const Key& b) {
+    return std::tie(a.level, a.first, a.eff, a.index) < std::tie(b.level, b.first, b.eff, b.index);
   });
+  info.order.resize(n);
+  for (int32_t k = 0; k < n; ++k) info.order[k] = keys[k].index;
   for (int32_t k = 0; k < n; ++k) info.moved += info.order[k] != k;
   return info;
 }
@@ -185,11 +221,23 @@ absl::StatusOr<Graph> Reorder(const Graph& g, const std::vector<int32_t>& order)
   nodes.reserve(n);
   for (int32_t k = 0; k < n; ++k) {
     Node node = g.nodes()[order[k]];
-    for (Argument& a : node.args) Renumber(a, new_index);
-    for (ir::KeywordArgument& kw : node.kwargs) Renumber(kw.value, new_index);
+    RenumberNode(node, new_index);
     nodes.push_back(std::move(node));
   }
   return Graph::Create(g.header(), std::move(nodes));
+}
+
+std::vector<Node> ReorderNodes(std::vector<Node> nodes, const std::vector<int32_t>& order) {
+  const int32_t n = static_cast<int32_t>(nodes.size());
+  std::vector<int32_t> new_index(n);
+  for (int32_t k = 0; k < n; ++k) new_index[order[k]] = k;
+  std::vector<Node> out;
+  out.reserve(n);
+  for (int32_t k = 0; k < n; ++k) {
+    out.push_back(std::move(nodes[order[k]]));
+    RenumberNode(out.back(), new_index);
+  }
+  return out;
 }
 
 }  // namespace fxdp

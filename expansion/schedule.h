@@ -59,11 +59,18 @@ struct ScheduleInfo {
 
 // The overlap order of `g` (see above). Never fails on a verified graph.
 ScheduleInfo OverlapSchedule(const ir::Graph& g);
+// The same on a graph's nodes before they are verified as a graph. Requires
+// every reference to be to an output of an earlier node.
+ScheduleInfo OverlapSchedule(const std::vector<ir::Node>& nodes);
 
 // `g` with its nodes in `order` (order[new] = old index; a permutation that
 // keeps placeholders before everything else and the output node last), every
 // reference renumbered. Fails if the order is not topological.
 absl::StatusOr<ir::Graph> Reorder(const ir::Graph& g, const std::vector<int32_t>& order);
+
+// Reorder() on nodes, unverified: `order` must be a permutation of their
+// indices. The nodes are moved, not copied.
+std::vector<ir::Node> ReorderNodes(std::vector<ir::Node> nodes, const std::vector<int32_t>& order);
 
 }  // namespace fxdp
 

@@ -83,7 +83,8 @@ absl::StatusOr<v1::ExpandResponse> RunExpand(const v1::ExpandRequest& request) {
   FXDP_RETURN_IF_ERROR(CheckWorldSize(request.world_size()));
   ExpandOptions opts;
   opts.world_size = request.world_size();
-  for (double mb : {request.bucket_cap_mb(), request.first_bucket_mb()}) {
+  for (double mb : {request.bucket_cap_mb(), request.first_bucket_mb(),
+                    request.has_last_bucket_mb() ? request.last_bucket_mb() : 0.0}) {
     if (!std::isfinite(mb) || mb < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("bucket sizes must be finite and >= 0 (0: the default), got ", mb));
@@ -92,13 +93,14 @@ absl::StatusOr<v1::ExpandResponse> RunExpand(const v1::ExpandRequest& request) {
   if (request.bucket_cap_mb() > 0) opts.bucket_cap_mb = request.bucket_cap_mb();
   if (request.first_bucket_mb() > 0) opts.first_bucket_mb = request.first_bucket_mb();
   if (!request.group_name().empty()) opts.group_name = request.group_name();
+  if (request.has_last_bucket_mb()) opts.last_bucket_mb = request.last_bucket_mb();
+  opts.overlap_schedule = !request.no_overlap_schedule();
   FXDP_ASSIGN_OR_RETURN(ir::Graph g, DecodeRequestGraph(request.has_graph(), request.graph()));
   FXDP_ASSIGN_OR_RETURN(BatchDimAnalysis a, AnalyzeBatchDims(g, AnalyzeOptions{opts.world_size}));
   FXDP_ASSIGN_OR_RETURN(Expansion e, ExpandDataParallel(g, a, opts));
   v1::ExpandResponse r;
   r.set_identical(e.identical);
-  const size_t n = e.identical ? 1 : e.graphs.size();
-  for (size_t i = 0; i < n; ++i) *r.add_graphs() = ir::EncodeGraph(e.graphs[i]);
+  for (const ir::Graph& rank_graph : e.distinct_graphs) *r.add_graphs() = ir::EncodeGraph(rank_graph);
   r.set_report_json(e.report.ToJson());
   r.set_report_table(e.report.ToTable());
   return r;

@@ -30,11 +30,15 @@ constexpr char kExpandUsage[] =
     "  -o, --out OUT        output file\n"
     "  --bucket-mb X        bucket cap in MiB (default 25, DDP's)\n"
     "  --first-bucket-mb Y  cap of the first bucket in MiB (default 1, DDP's)\n"
+    "  --last-bucket-mb Z   split the bucket backward fills last into pieces of Z, 2Z,\n"
+    "                       4Z, ... MiB so the exposed last all-reduce is small\n"
+    "                       (default 1; 0: DDP's buckets as they are)\n"
+    "  --no-overlap         keep each wait right before its first use and the optimizer\n"
+    "                       after backward's waits (default: all-reduces start as early\n"
+    "                       as they can, bucket k's updates run while bucket k+1 reduces)\n"
     "  --group NAME         process group name the collectives use (default \"0\": torch's\n"
     "                       default group)\n"
     "  --json               print the report as JSON\n"
-    "  --server HOST:PORT   expand on fxdp-server (CompileService.Expand) instead of\n"
-    "                       locally; same files and output\n"
     "  --server HOST:PORT   expand on fxdp-server (CompileService.Expand) instead of\n"
     "                       locally; same files and output\n"
     "\n"
@@ -51,6 +55,9 @@ int ExpandCommand(const std::vector<std::string>& args) {
   flags.String("--out", &out, "-o");
   flags.Double("--bucket-mb", &opts.bucket_cap_mb);
   flags.Double("--first-bucket-mb", &opts.first_bucket_mb);
+  flags.Double("--last-bucket-mb", &opts.last_bucket_mb);
+  bool no_overlap = false;
+  flags.Bool("--no-overlap", &no_overlap);
   flags.String("--group", &opts.group_name);
   flags.Bool("--json", &json);
   std::string server;
@@ -60,6 +67,8 @@ int ExpandCommand(const std::vector<std::string>& args) {
   if (pos.size() != 1) return flags.Usage(pos.empty() ? "missing GRAPH" : "takes one GRAPH");
   if (!flags.Seen("--world-size")) return flags.Usage("missing --world-size");
   if (out.empty()) return flags.Usage("missing -o OUT");
+  if (!(opts.last_bucket_mb >= 0)) return flags.Usage("--last-bucket-mb must be >= 0");
+  opts.overlap_schedule = !no_overlap;
   const std::string& path = pos[0];
   if (!server.empty()) {
     RemoteExpandArgs ra;
@@ -70,6 +79,8 @@ int ExpandCommand(const std::vector<std::string>& args) {
     if (flags.Seen("--bucket-mb")) ra.bucket_cap_mb = opts.bucket_cap_mb;
     if (flags.Seen("--first-bucket-mb")) ra.first_bucket_mb = opts.first_bucket_mb;
     if (flags.Seen("--group")) ra.group_name = opts.group_name;
+    if (flags.Seen("--last-bucket-mb")) ra.last_bucket_mb = opts.last_bucket_mb;
+    ra.no_overlap_schedule = no_overlap;
     ra.json = json;
     return RemoteExpand(ra);
   }
@@ -79,13 +90,13 @@ int ExpandCommand(const std::vector<std::string>& args) {
   if (!a.ok()) return ReportError("expand", a.status());
   auto e = ExpandDataParallel(*g, *a, opts);
   if (!e.ok()) return ReportError("expand", e.status());
-  const int n = e->identical ? 1 : static_cast<int>(e->graphs.size());
+  const int n = static_cast<int>(e->distinct_graphs.size());
   for (int r = 0; r < n; ++r) {
     const std::string p = e->identical ? out : RankPath(out, r);
-    absl::Status s = ir::WriteGraphFile(e->graphs[r], p);
+    absl::Status s = ir::WriteGraphFile(e->graph(r), p);
     if (!s.ok()) return ReportError("expand", s);
     std::fprintf(stderr, "fxdp expand: wrote %s (%s, %d nodes)\n", p.c_str(),
-                 e->identical ? "all ranks" : absl::StrCat("rank ", r).c_str(), e->graphs[r].size());
+                 e->identical ? "all ranks" : absl::StrCat("rank ", r).c_str(), e->graph(r).size());
   }
   const std::string report = json ? e->report.ToJson() : e->report.ToTable();
   std::fwrite(report.data(), 1, report.size(), stdout);

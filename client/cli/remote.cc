@@ -128,6 +128,8 @@ int RemoteExpand(const RemoteExpandArgs& a) {
   req.set_bucket_cap_mb(a.bucket_cap_mb);
   req.set_first_bucket_mb(a.first_bucket_mb);
   req.set_group_name(a.group_name);
+  if (a.last_bucket_mb >= 0) req.set_last_bucket_mb(a.last_bucket_mb);
+  req.set_no_overlap_schedule(a.no_overlap_schedule);
   v1::ExpandResponse resp;
   grpc::ClientContext ctx;
   grpc::Status s = Connect(a.server)->Expand(&ctx, req, &resp);

@@ -18,6 +18,8 @@ struct RemoteExpandArgs {
   int32_t world = 1;
   double bucket_cap_mb = 0, first_bucket_mb = 0;  // 0: the server's defaults
   std::string group_name;
+  double last_bucket_mb = -1;  // < 0: the server's default
+  bool no_overlap_schedule = false;
   bool json = false;
 };
 int RemoteExpand(const RemoteExpandArgs& args);

@@ -237,7 +237,9 @@ TEST(CodecTest, CorruptedInputsNeverCrash) {
       }
       auto g = DecodeGraphBytes(b);
       (g.ok() ? accepted : rejected)++;
-      if (g.ok()) EXPECT_TRUE(VerifyGraph(g->header(), g->nodes()).ok());
+      if (g.ok()) {
+        EXPECT_TRUE(VerifyGraph(g->header(), g->nodes()).ok());
+      }
       auto p = ParseGraphText(t);
       (p.ok() ? accepted : rejected)++;
     }

@@ -89,7 +89,7 @@ std::vector<TensorMap> TrainDistributed(const Expansion& e, int world) {
     ProgramOptions po;
     po.communicator = comm->get();
     po.check_outputs = true;
-    absl::StatusOr<Program> p = Program::Load(e.graphs[rank], po);
+    absl::StatusOr<Program> p = Program::Load(e.graph(rank), po);
     if (!p.ok()) {
       status[rank] = p.status();
       return;

@@ -48,9 +48,12 @@ int Count(const ir::Graph& g, const std::string& target) {
 
 TEST(Expand, MlpEvenSplit) {
   Expansion e = ValueOrDie(ExpandText(ReadTestData("mlp_sgd.txt"), {.world_size = 2}));
-  ASSERT_EQ(e.graphs.size(), 2u);
+  ASSERT_EQ(e.world_size(), 2);
   EXPECT_TRUE(e.identical);
-  const ir::Graph& g = e.graphs[0];
+  // Identical ranks share one graph.
+  EXPECT_EQ(e.distinct_graphs.size(), 1u);
+  EXPECT_EQ(&e.graph(1), &e.graph(0));
+  const ir::Graph& g = e.graph(0);
   EXPECT_EQ(Find(g, "x").outputs[0].tensor.shape, (std::vector<int64_t>{4, 4}));
   EXPECT_EQ(Find(g, "addmm").outputs[0].tensor.shape, (std::vector<int64_t>{4, 3}));
   // expand(ones, [8, 3]) was built sharded: its size list is local now.
@@ -92,11 +95,11 @@ TEST(Expand, UnevenSplitWeightsByShare) {
   ASSERT_EQ(e.report.slices.size(), 3u);
   EXPECT_EQ(e.report.slices[2].start, 6);
   EXPECT_EQ(e.report.slices[2].size, 2);
-  EXPECT_EQ(Find(e.graphs[0], "x").outputs[0].tensor.shape[0], 3);
-  EXPECT_EQ(Find(e.graphs[2], "x").outputs[0].tensor.shape[0], 2);
+  EXPECT_EQ(Find(e.graph(0), "x").outputs[0].tensor.shape[0], 3);
+  EXPECT_EQ(Find(e.graph(2), "x").outputs[0].tensor.shape[0], 2);
   // The loss is a mean (P(avg)): rank 2 scales its loss by 2/8 before the sum.
-  const ir::Node& scale = Find(e.graphs[2], "fxdp_scale");
-  EXPECT_EQ(ir::PrintArgument(e.graphs[2], scale.args[1]), "0.25");
+  const ir::Node& scale = Find(e.graph(2), "fxdp_scale");
+  EXPECT_EQ(ir::PrintArgument(e.graph(2), scale.args[1]), "0.25");
 }
 
 TEST(Expand, BucketsFollowTheCaps) {
@@ -128,7 +131,7 @@ TEST(Expand, BucketsFollowTheCaps) {
   EXPECT_EQ(e.report.buckets[0].start_after, "g2");
   EXPECT_EQ(e.report.buckets[0].wait_before, "n2");  // g2's only use
   EXPECT_EQ(e.report.buckets[1].start_after, "g0");
-  const ir::Graph& g = e.graphs[0];
+  const ir::Graph& g = e.graph(0);
   EXPECT_EQ(Count(g, "_c10d_functional::all_reduce"), 2);  // no loss output here
   EXPECT_LT(g.FindNode("fxdp_all_reduce")->value, g.FindNode("h")->value);
   EXPECT_EQ(Count(g, "aten::cat"), 1);
@@ -152,7 +155,7 @@ TEST(Expand, ReplicatedRowsAreSlicedPerRank) {
 )";
   Expansion e = ValueOrDie(ExpandText(text, {.world_size = 2}));
   ASSERT_FALSE(e.identical);  // rank-specific slices of c
-  const ir::Graph& g1 = e.graphs[1];
+  const ir::Graph& g1 = e.graph(1);
   const ir::Node& slice = Find(g1, "fxdp_rows_c");
   EXPECT_EQ(slice.target.ToString(), "aten::slice.Tensor");
   EXPECT_EQ(ir::PrintArgument(g1, slice.args[2]), "2");

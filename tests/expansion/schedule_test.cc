@@ -104,7 +104,7 @@ TEST(LastBucket, CapsDoubleAndASmallLeftoverJoinsItsNeighbour) {
 
 TEST(OverlapSchedule, UpdatesOfABucketRunWhileLaterBucketsAreInFlight) {
   Expansion e = Expand(ReadTestData("mlp3_momentum.txt"), ThreeBuckets(2));
-  const ir::Graph& g = e.graphs[0];
+  const ir::Graph& g = e.graph(0);
   // Bucket k (gradient of w{2-k}) is waited on, then its parameter is
   // updated, before bucket k+1 is waited on.
   const int32_t w0 = Pos(g, "fxdp_wait_bucket0"), w1 = Pos(g, "fxdp_wait_bucket1"),
@@ -150,11 +150,12 @@ TEST(OverlapSchedule, UpdatesOfABucketRunWhileLaterBucketsAreInFlight) {
 TEST(OverlapSchedule, IsATopologicalOrderThatDependsOnStructureOnly) {
   // Uneven split: rank graphs differ in shapes, not in order.
   Expansion e = Expand(ReadTestData("mlp3_momentum.txt"), ThreeBuckets(3));
-  ASSERT_EQ(e.graphs.size(), 3u);
+  ASSERT_EQ(e.world_size(), 3);
+  ASSERT_EQ(e.distinct_graphs.size(), 3u);
   EXPECT_FALSE(e.identical);
-  EXPECT_EQ(Names(e.graphs[1]), Names(e.graphs[0]));
-  EXPECT_EQ(Names(e.graphs[2]), Names(e.graphs[0]));
-  for (const ir::Graph& g : e.graphs) {
+  EXPECT_EQ(Names(e.graph(1)), Names(e.graph(0)));
+  EXPECT_EQ(Names(e.graph(2)), Names(e.graph(0)));
+  for (const ir::Graph& g : e.distinct_graphs) {
     // Every reference points backwards (Graph::Create verified it too).
     for (int32_t i = 0; i < g.size(); ++i)
       g.nodes()[i].ForEachInput([&](ir::ValueRef r) { EXPECT_LT(r.node.value, i); });
@@ -165,16 +166,16 @@ TEST(OverlapSchedule, IsATopologicalOrderThatDependsOnStructureOnly) {
   ExpandOptions off = ThreeBuckets(3);
   off.overlap_schedule = false;
   Expansion plain = Expand(ReadTestData("mlp3_momentum.txt"), off);
-  std::vector<std::string> a = Names(plain.graphs[0]), b = Names(e.graphs[0]);
+  std::vector<std::string> a = Names(plain.graph(0)), b = Names(e.graph(0));
   EXPECT_NE(a, b);
   std::sort(a.begin(), a.end());
   std::sort(b.begin(), b.end());
   EXPECT_EQ(a, b);
-  const ScheduleInfo s = OverlapSchedule(plain.graphs[0]);
+  const ScheduleInfo s = OverlapSchedule(plain.graph(0));
   EXPECT_EQ(s.deferred_waits, 4);  // 3 buckets + the loss
   EXPECT_GT(s.moved, 0);
-  const ir::Graph re = ValueOrDie(Reorder(plain.graphs[0], s.order));
-  EXPECT_EQ(Names(re), Names(e.graphs[0]));
+  const ir::Graph re = ValueOrDie(Reorder(plain.graph(0), s.order));
+  EXPECT_EQ(Names(re), Names(e.graph(0)));
 }
 
 TEST(OverlapSchedule, WaitsThatFeedACollectiveStayInPlace) {
@@ -193,7 +194,7 @@ TEST(OverlapSchedule, WaitsThatFeedACollectiveStayInPlace) {
 }
 )";
   Expansion e = Expand(text, {.world_size = 2});
-  const ir::Graph& g = e.graphs[0];
+  const ir::Graph& g = e.graph(0);
   ASSERT_EQ(e.report.collectives.size(), 2u);
   int waits = 0;
   for (const ir::Node& n : g.nodes()) waits += Is(n, "_c10d_functional::wait_tensor");

@@ -176,6 +176,25 @@ def test_expand_options(stub, graphs, tmp_path):
                                       first_bucket_mb=0.001, group_name="dp"))
     assert json.loads(r.report_json) == json.loads(p.stdout)
     assert r.graphs[0].SerializeToString() == (tmp_path / "x.pb").read_bytes()
+    # The last-bucket split and the overlap schedule: same options, same graphs, local or remote.
+    q = cli("expand", path, "--world-size", 2, "-o", tmp_path / "y.pb", "--json", "--bucket-mb", "0.1",
+            "--last-bucket-mb", "0.001", "--no-overlap")
+    assert q.returncode == 0, q.stderr
+    s = stub.Expand(cpb.ExpandRequest(graph=graph_def(path), world_size=2, bucket_cap_mb=0.1,
+                                      last_bucket_mb=0.001, no_overlap_schedule=True))
+    assert json.loads(s.report_json) == json.loads(q.stdout)
+    assert s.graphs[0].SerializeToString() == (tmp_path / "y.pb").read_bytes()
+    split = len(json.loads(q.stdout)["buckets"])
+    whole = stub.Expand(cpb.ExpandRequest(graph=graph_def(path), world_size=2, bucket_cap_mb=0.1,
+                                          last_bucket_mb=0, no_overlap_schedule=True))
+    assert len(json.loads(whole.report_json)["buckets"]) < split
+    overlap = stub.Expand(cpb.ExpandRequest(graph=graph_def(path), world_size=2, bucket_cap_mb=0.1,
+                                            last_bucket_mb=0.001))
+    # the schedule moves nodes (and the report's positions), not the buckets
+    assert json.loads(overlap.report_json)["buckets"] == json.loads(s.report_json)["buckets"]
+    assert overlap.graphs[0] != s.graphs[0]
+    bad = cli("expand", path, "--world-size", 2, "-o", tmp_path / "z.pb", "--last-bucket-mb", "-1")
+    assert bad.returncode == 2 and "--last-bucket-mb" in bad.stderr
 
 
 # --------------------------------------------------------------------------- errors
