@@ -64,16 +64,6 @@ int SizeArgIndex(const ir::Target& t) {
   return it == index->end() ? -1 : it->second;
 }
 
-// Whether an argument holds a value reference (lists included).
-bool HasRef(const Argument& a) {
-  if (a.is_ref()) return true;
-  if (const Argument::List* l = a.get_if<Argument::List>()) {
-    for (const Argument& e : *l)
-      if (HasRef(e)) return true;
-  }
-  return false;
-}
-
 // Whether every reference is to an output of an earlier node.
 bool RefsPointBackwards(const std::vector<Node>& nodes) {
   bool ok = true;
@@ -231,14 +221,14 @@ class Expander {
     const Argument::List& src = a.as<Argument::List>();
     Argument::List l;
     l.reserve(src.size());
-    for (const Argument& e : src) l.push_back(HasRef(e) ? Mapped(e, local) : e);
+    for (const Argument& e : src) l.push_back(e.HasRef() ? Mapped(e, local) : e);
     return Argument(std::move(l));
   }
 
   void MapArgs(Argument& a, const absl::flat_hash_map<ValueRef, ValueRef>& local) const {
     if (const ValueRef* r = a.get_if<ValueRef>()) {
       a = Argument(MapLocal(*r, local));
-    } else if (a.is_list() && HasRef(a)) {
+    } else if (a.is_list() && a.HasRef()) {
       a = Mapped(a, local);
     }
   }

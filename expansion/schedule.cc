@@ -32,20 +32,11 @@ bool IsPackingOp(const Node& n) {
   return n.is_call() && std::find(std::begin(kOps), std::end(kOps), n.target.name) != std::end(kOps);
 }
 
-bool HasRef(const Argument& a) {
-  if (a.is_ref()) return true;
-  if (const Argument::List* l = a.get_if<Argument::List>()) {
-    for (const Argument& e : *l)
-      if (HasRef(e)) return true;
-  }
-  return false;
-}
-
 // Lists without references (sizes, dims) are left as they are.
 void Renumber(Argument& a, const std::vector<int32_t>& new_index) {
   if (const ValueRef* r = a.get_if<ValueRef>()) {
     a = Argument(ValueRef{ir::NodeId{new_index[r->node.value]}, r->output});
-  } else if (a.is_list() && HasRef(a)) {
+  } else if (a.is_list() && a.HasRef()) {
     Argument::List l = a.as<Argument::List>();
     for (Argument& e : l) Renumber(e, new_index);
     a = Argument(std::move(l));

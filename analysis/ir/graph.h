@@ -102,6 +102,15 @@ class Argument {
       for (const Argument& a : *l) a.ForEachRef(f);
     }
   }
+  // Whether a ValueRef is inside this argument, lists included.
+  bool HasRef() const {
+    if (is<ValueRef>()) return true;
+    if (auto* l = get_if<List>()) {
+      for (const Argument& a : *l)
+        if (a.HasRef()) return true;
+    }
+    return false;
+  }
 
  private:
   Value value_;
