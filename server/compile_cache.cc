@@ -9,6 +9,12 @@ namespace fxdp::server {
 std::string CompileCacheKey(absl::string_view method, const google::protobuf::Message& request) {
   std::string bytes;
   request.SerializeToString(&bytes);  // graph.proto has no maps: the encoding is canonical.
+  const absl::string_view chunk(bytes);
+  return CompileCacheKeyOfBytes(method, absl::MakeConstSpan(&chunk, 1));
+}
+
+std::string CompileCacheKeyOfBytes(absl::string_view method,
+                                   absl::Span<const absl::string_view> chunks) {
   std::string digest(32, '\0');
   EVP_MD_CTX* ctx = EVP_MD_CTX_new();
   const char zero = 0;
@@ -16,17 +22,17 @@ std::string CompileCacheKey(absl::string_view method, const google::protobuf::Me
   EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
   EVP_DigestUpdate(ctx, method.data(), method.size());
   EVP_DigestUpdate(ctx, &zero, 1);
-  EVP_DigestUpdate(ctx, bytes.data(), bytes.size());
+  for (absl::string_view c : chunks) EVP_DigestUpdate(ctx, c.data(), c.size());
   EVP_DigestFinal_ex(ctx, reinterpret_cast<unsigned char*>(digest.data()), &len);
   EVP_MD_CTX_free(ctx);
   return digest;
 }
 
-std::shared_ptr<const google::protobuf::Message> CompileCache::Lookup(const std::string& key) {
+CachedBytes CompileCache::Lookup(const std::string& key, bool count_miss) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = index_.find(key);
   if (it == index_.end()) {
-    ++stats_.misses;
+    if (count_miss) ++stats_.misses;
     return nullptr;
   }
   ++stats_.hits;
@@ -34,9 +40,8 @@ std::shared_ptr<const google::protobuf::Message> CompileCache::Lookup(const std:
   return it->second->value;
 }
 
-void CompileCache::Insert(const std::string& key,
-                          std::shared_ptr<const google::protobuf::Message> value) {
-  const int64_t bytes = static_cast<int64_t>(value->ByteSizeLong() + key.size());
+void CompileCache::Insert(const std::string& key, CachedBytes value) {
+  const int64_t bytes = static_cast<int64_t>(value->size() + key.size());
   std::lock_guard<std::mutex> lock(mu_);
   if (auto it = index_.find(key); it != index_.end()) {
     stats_.bytes -= it->second->bytes;

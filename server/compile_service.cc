@@ -4,6 +4,11 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
+
+#include "absl/container/inlined_vector.h"
+#include "absl/strings/str_join.h"
+#include "google/protobuf/arena.h"
 
 #include "absl/strings/str_cat.h"
 #include "analysis/batch_dim.h"
@@ -108,26 +113,106 @@ absl::StatusOr<v1::ExpandResponse> RunExpand(const v1::ExpandRequest& request) {
 
 namespace {
 
-// Looks `request` up in `cache`; on a miss computes it with `run` and caches it.
+// A ByteBuffer over `bytes` without copying them: the slice holds a reference.
+grpc::ByteBuffer SharedBuffer(CachedBytes bytes) {
+  auto* holder = new CachedBytes(std::move(bytes));
+  grpc::Slice slice(
+      const_cast<char*>((*holder)->data()), (*holder)->size(),
+      [](void* p) { delete static_cast<CachedBytes*>(p); }, holder);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+// Computes `request` with `run`; caches the response (serialized, cached =
+// true) under `key` and returns it with cached = false.
+template <typename Response, typename Request, typename Run>
+absl::StatusOr<Response> Compute(CompileCache& cache, const std::string& key,
+                                 const Request& request, Run run) {
+  absl::StatusOr<Response> r = run(request);
+  if (!r.ok()) return r;
+  if (cache.enabled()) {
+    r->set_cached(true);
+    cache.Insert(key, std::make_shared<const std::string>(r->SerializeAsString()));
+    r->set_cached(false);
+  }
+  return r;
+}
+
+// The message-level path: looks `request` up in `cache`; on a miss computes it.
 template <typename Response, typename Request, typename Run>
 grpc::Status Cached(CompileCache& cache, absl::string_view method, const Request& request,
                     Response* response, Run run) {
   const std::string key = CompileCacheKey(method, request);
-  if (auto hit = cache.Lookup(key)) {
-    response->CopyFrom(*hit);
-    response->set_cached(true);
+  if (CachedBytes hit = cache.Lookup(key)) {
+    if (!response->ParseFromString(*hit)) {
+      return grpc::Status(grpc::StatusCode::INTERNAL, "cannot parse a cached response");
+    }
     return grpc::Status::OK;
   }
-  absl::StatusOr<Response> r = run(request);
+  absl::StatusOr<Response> r = Compute<Response>(cache, key, request, run);
   if (!r.ok()) return ToGrpcStatus(r.status());
-  auto value = std::make_shared<Response>(std::move(*r));
-  cache.Insert(key, value);
-  response->CopyFrom(*value);
-  response->set_cached(false);
+  *response = std::move(*r);
+  return grpc::Status::OK;
+}
+
+// The RPC path, bytes to bytes. A hit: hash the received bytes, send the
+// cached ones. Otherwise parse, look up the canonical key (the same key
+// unless the client serialized non-canonically), compute.
+template <typename Request, typename Response, typename Run>
+grpc::Status CachedRaw(CompileCache& cache, absl::string_view method,
+                       const grpc::ByteBuffer& in, grpc::ByteBuffer* out, Run run) {
+  std::vector<grpc::Slice> slices;
+  if (in.Valid() && !in.Dump(&slices).ok()) {
+    return grpc::Status(grpc::StatusCode::INTERNAL, "cannot read the request");
+  }
+  absl::InlinedVector<absl::string_view, 4> chunks;
+  chunks.reserve(slices.size());
+  for (const grpc::Slice& s : slices) {
+    chunks.emplace_back(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  const std::string wire_key = CompileCacheKeyOfBytes(method, chunks);
+  if (CachedBytes hit = cache.Lookup(wire_key, /*count_miss=*/false)) {
+    *out = SharedBuffer(std::move(hit));
+    return grpc::Status::OK;
+  }
+  google::protobuf::Arena arena;
+  Request* request = google::protobuf::Arena::CreateMessage<Request>(&arena);
+  bool parsed = false;
+  if (chunks.size() == 1) {
+    parsed = request->ParseFromArray(chunks[0].data(), static_cast<int>(chunks[0].size()));
+  } else {
+    parsed = request->ParseFromString(absl::StrJoin(chunks, ""));
+  }
+  if (!parsed) return grpc::Status(grpc::StatusCode::INTERNAL, "Failed to parse request");
+  const std::string key = CompileCacheKey(method, *request);
+  if (CachedBytes hit = cache.Lookup(key)) {
+    *out = SharedBuffer(std::move(hit));
+    return grpc::Status::OK;
+  }
+  absl::StatusOr<Response> r = Compute<Response>(cache, key, *request, run);
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *out = SharedBuffer(std::make_shared<const std::string>(r->SerializeAsString()));
   return grpc::Status::OK;
 }
 
 }  // namespace
+
+grpc::ServerUnaryReactor* CompileServiceImpl::Analyze(grpc::CallbackServerContext* context,
+                                                      const grpc::ByteBuffer* request,
+                                                      grpc::ByteBuffer* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(CachedRaw<v1::AnalyzeRequest, v1::AnalyzeResponse>(cache_, "Analyze", *request,
+                                                                     response, RunAnalyze));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CompileServiceImpl::Expand(grpc::CallbackServerContext* context,
+                                                     const grpc::ByteBuffer* request,
+                                                     grpc::ByteBuffer* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(CachedRaw<v1::ExpandRequest, v1::ExpandResponse>(cache_, "Expand", *request,
+                                                                   response, RunExpand));
+  return reactor;
+}
 
 grpc::Status CompileServiceImpl::Analyze(grpc::ServerContext*, const v1::AnalyzeRequest* request,
                                          v1::AnalyzeResponse* response) {

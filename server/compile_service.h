@@ -1,9 +1,14 @@
 // CompileServiceImpl: fxdp.v1.CompileService (proto/fxdp/v1/compile.proto)
 // over the library: ir::DecodeGraph -> AnalyzeBatchDims -> ExpandDataParallel.
 //
-// Thread-safe (the gRPC sync server calls it from its thread pool). Results
-// are cached by a content hash of the request (compile_cache.h): the same
-// submission twice is computed once, the second answer has cached = true.
+// Thread-safe. Analyze and Expand are served through gRPC's callback API as
+// raw methods (grpc::ByteBuffer in and out, the wire messages unchanged): a
+// cache hit hashes the received bytes and sends the cached serialized response
+// by reference, with no parse, copy or serialization; a miss parses the
+// request (on an arena) and computes inline. The message-level overloads do
+// the same for in-process callers (JobServiceImpl, tests). Results are cached
+// by a content hash of the request (compile_cache.h): the same submission
+// twice is computed once, the second answer has cached = true.
 // Errors are absl::Status from the library, mapped to grpc::Status once, in
 // ToGrpcStatus (the codes are the same numbers).
 #ifndef FXDP_SERVER_COMPILE_SERVICE_H_
@@ -24,10 +29,21 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 absl::StatusOr<v1::AnalyzeResponse> RunAnalyze(const v1::AnalyzeRequest& request);
 absl::StatusOr<v1::ExpandResponse> RunExpand(const v1::ExpandRequest& request);
 
-class CompileServiceImpl final : public v1::CompileService::Service {
+class CompileServiceImpl final
+    : public v1::CompileService::WithRawCallbackMethod_Analyze<
+          v1::CompileService::WithRawCallbackMethod_Expand<v1::CompileService::Service>> {
  public:
   explicit CompileServiceImpl(CompileCacheOptions cache_options = {}) : cache_(cache_options) {}
 
+  // The RPCs (gRPC calls these; the bytes are compile.proto's messages).
+  grpc::ServerUnaryReactor* Analyze(grpc::CallbackServerContext* context,
+                                    const grpc::ByteBuffer* request,
+                                    grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* Expand(grpc::CallbackServerContext* context,
+                                   const grpc::ByteBuffer* request,
+                                   grpc::ByteBuffer* response) override;
+
+  // The same, message to message, for in-process callers (same cache).
   grpc::Status Analyze(grpc::ServerContext* context, const v1::AnalyzeRequest* request,
                        v1::AnalyzeResponse* response) override;
   grpc::Status Expand(grpc::ServerContext* context, const v1::ExpandRequest* request,

@@ -131,6 +131,79 @@ def test_second_request_is_cached(stub, graphs):
     assert not stub.Analyze(cpb.AnalyzeRequest(graph=req.graph, world_size=5)).cached
 
 
+def test_cached_bytes_equal_uncached_bytes(channel, graphs):
+    # The server keeps a hit as the serialized response: the bytes are those of the computed
+    # answer plus `cached = true` (AnalyzeResponse field 9: b"\x48\x01"; ExpandResponse field 5).
+    g = graph_def(graphs["mlp"])
+    for method, req, tag in (
+            ("/fxdp.v1.CompileService/Analyze", cpb.AnalyzeRequest(graph=g, world_size=11), b"\x48\x01"),
+            ("/fxdp.v1.CompileService/Expand", cpb.ExpandRequest(graph=g, world_size=11), b"\x28\x01")):
+        call = channel.unary_unary(method)
+        first = call(req.SerializeToString(), timeout=30)
+        second = call(req.SerializeToString(), timeout=30)
+        assert second == first + tag
+        assert call(req.SerializeToString(), timeout=30) == second
+
+
+def test_non_canonical_encoding_is_the_same_submission(channel, stub, graphs):
+    # The cache keys on the received bytes; a request encoded differently (fields out of order)
+    # falls back to the canonical key: same answer, and a hit.
+    g = graph_def(graphs["mlp"])
+    req = cpb.AnalyzeRequest(graph=g, world_size=13)
+    want = stub.Analyze(req)
+    assert not want.cached
+    reordered = cpb.AnalyzeRequest(world_size=13).SerializeToString() + \
+        cpb.AnalyzeRequest(graph=g).SerializeToString()
+    assert reordered != req.SerializeToString()
+    got = cpb.AnalyzeResponse.FromString(
+        channel.unary_unary("/fxdp.v1.CompileService/Analyze")(reordered, timeout=30))
+    assert got.cached
+    got.cached = False
+    assert got == want
+    # Computed first in the odd encoding, then asked canonically: also one computation.
+    reordered = cpb.AnalyzeRequest(world_size=14).SerializeToString() + \
+        cpb.AnalyzeRequest(graph=g).SerializeToString()
+    first = cpb.AnalyzeResponse.FromString(
+        channel.unary_unary("/fxdp.v1.CompileService/Analyze")(reordered, timeout=30))
+    assert not first.cached
+    assert stub.Analyze(cpb.AnalyzeRequest(graph=g, world_size=14)).cached
+
+
+def test_empty_request_is_invalid_argument(channel):
+    for method in ("/fxdp.v1.CompileService/Analyze", "/fxdp.v1.CompileService/Expand"):
+        with pytest.raises(grpc.RpcError) as e:
+            channel.unary_unary(method)(b"", timeout=10)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "world_size" in e.value.details()
+
+
+def test_concurrent_cache_hits(server, graphs):
+    # Many clients hitting the same cached entries at once get identical answers.
+    g = graph_def(graphs["transformer"])
+    reqs = {w: cpb.AnalyzeRequest(graph=g, world_size=w) for w in (2, 4)}
+    ch = grpc.insecure_channel(server[1])
+    try:
+        want = {w: cgrpc.CompileServiceStub(ch).Analyze(r, timeout=30) for w, r in reqs.items()}
+    finally:
+        ch.close()
+    for w in want:
+        want[w].cached = True
+
+    def one(i):
+        w = (2, 4)[i % 2]
+        c = grpc.insecure_channel(server[1])
+        try:
+            s = cgrpc.CompileServiceStub(c)
+            return [(w, s.Analyze(reqs[w], timeout=30)) for _ in range(5)]
+        finally:
+            c.close()
+
+    with concurrent.futures.ThreadPoolExecutor(8) as ex:
+        for rs in ex.map(one, range(16)):
+            for w, r in rs:
+                assert r == want[w]
+
+
 # --------------------------------------------------------------------------- Expand
 
 

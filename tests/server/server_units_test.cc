@@ -1,6 +1,6 @@
 // The job service's pure parts: JobQueue (strict FIFO, reservations),
 // StateStore (bounded final states), and raw tensors on the wire
-// (ChunkStream's checks, SliceDim, RechunkTensor).
+// (ChunkStream's checks, SliceDim, RechunkTensor), and the compile cache.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "proto/fxdp/v1/compile.pb.h"
+#include "server/compile_cache.h"
 #include "server/job_queue.h"
 #include "server/raw_tensors.h"
 #include "server/state_store.h"
@@ -20,6 +22,37 @@ namespace {
 using ::fxdp::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::IsEmpty;
+
+TEST(CompileCache, KeysBytesAsTheirMessageAndEvictsLeastRecentlyUsed) {
+  // The key of serialized bytes, however chunked, equals the key of the message.
+  v1::AnalyzeRequest req;
+  req.set_world_size(3);
+  req.mutable_graph()->add_nodes()->set_name("x");
+  const std::string bytes = req.SerializeAsString();
+  const absl::string_view all(bytes);
+  const absl::string_view parts[] = {all.substr(0, 3), all.substr(3)};
+  EXPECT_EQ(CompileCacheKeyOfBytes("Analyze", parts), CompileCacheKey("Analyze", req));
+  EXPECT_NE(CompileCacheKey("Expand", req), CompileCacheKey("Analyze", req));
+
+  CompileCache cache(CompileCacheOptions{/*max_entries=*/2, /*max_bytes=*/1 << 20});
+  EXPECT_EQ(cache.Lookup("a", /*count_miss=*/false), nullptr);
+  EXPECT_EQ(cache.stats().misses, 0);
+  EXPECT_EQ(cache.Lookup("a"), nullptr);
+  EXPECT_EQ(cache.stats().misses, 1);
+  cache.Insert("a", std::make_shared<const std::string>("AA"));
+  cache.Insert("b", std::make_shared<const std::string>("BBB"));
+  ASSERT_NE(cache.Lookup("a"), nullptr);  // a is now the most recent
+  cache.Insert("c", std::make_shared<const std::string>("C"));
+  EXPECT_EQ(cache.Lookup("b", false), nullptr);
+  EXPECT_EQ(*cache.Lookup("a"), "AA");
+  const CompileCacheStats s = cache.stats();
+  EXPECT_EQ(s.hits, 2);
+  EXPECT_EQ(s.misses, 1);
+  EXPECT_EQ(s.entries, 2);
+  EXPECT_EQ(s.evictions, 1);
+  EXPECT_EQ(s.bytes, 2 + 1 + 1 + 1);  // values plus keys
+  EXPECT_FALSE(CompileCache(CompileCacheOptions{0, 1 << 20}).enabled());
+}
 
 TEST(JobQueue, StrictFifoWithReservations) {
   JobQueue q(3);
