@@ -199,7 +199,11 @@ def test_queued_run_waits_then_runs(server, exported):
         out, err = queued.communicate(timeout=60)
         assert queued.returncode == 0, err
         lines = out.splitlines()
-        assert lines[0].startswith(f"job {queued_id} running on local-"), lines
+        # The busy job's workers come back one at a time: the queued job may first say
+        # "... 2 registered, 1 idle" (a QUEUED update) before it runs.
+        while lines and lines[0].startswith(f"job {queued_id} queued: position 1, waiting for 2 idle"):
+            lines.pop(0)
+        assert lines and lines[0].startswith(f"job {queued_id} running on local-"), out
         assert [l.split(" loss")[0] for l in lines[1:3]] == ["step 1/2", "step 2/2"], lines
         assert lines[-1] == f"job {queued_id} SUCCEEDED (2 steps on 2 workers)", lines
     finally:
