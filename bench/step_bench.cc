@@ -43,6 +43,7 @@
 #include "executor/interpreter.h"
 #include "executor/safetensors.h"
 #include "executor/timed_communicator.h"
+#include "executor/worker/common.h"
 
 namespace fxdp::bench {
 namespace {
@@ -55,32 +56,6 @@ int EnvInt(const char* name, int dflt) {
   if (v != nullptr && *v != '\0' && !absl::SimpleAtoi(v, &out)) {
     std::fprintf(stderr, "%s='%s' is not an integer\n", name, v);
     std::exit(2);
-  }
-  return out;
-}
-
-// The worker's ShardBatch (executor/worker/main.cc).
-absl::StatusOr<TensorMap> Shard(const TensorMap& batch, const executor::Program& program, int rank,
-                                int world) {
-  TensorMap out = batch;
-  for (const executor::ProgramInput& in : program.inputs()) {
-    if (in.role != ir::PlaceholderRole::kInput || !in.type.is_tensor()) continue;
-    auto it = out.find(in.state_name);
-    if (it == out.end()) continue;
-    const int32_t dim = in.batch_dim;
-    const auto& want = in.type.tensor.shape;
-    at::Tensor& t = it->second;
-    if (dim < 0 || t.dim() != static_cast<int64_t>(want.size()) || dim >= t.dim() ||
-        t.size(dim) == want[dim])
-      continue;
-    const int64_t b = t.size(dim);
-    const int64_t size = b / world + (rank < b % world ? 1 : 0);
-    const int64_t start = rank * (b / world) + std::min<int64_t>(rank, b % world);
-    if (size != want[dim])
-      return absl::InvalidArgumentError(absl::StrCat("input '", in.state_name, "': rank ", rank,
-                                                     " would get ", size, " samples, the graph expects ",
-                                                     want[dim]));
-    t = t.narrow(dim, start, size).contiguous();
   }
   return out;
 }
@@ -117,7 +92,7 @@ absl::Status Run(const Args& a) {
   FXDP_ASSIGN_OR_RETURN(executor::Program program, executor::Program::Load(graph, po));
   FXDP_ASSIGN_OR_RETURN(executor::SafetensorsFile state, executor::ReadSafetensors(a.state));
   FXDP_ASSIGN_OR_RETURN(executor::SafetensorsFile data, executor::ReadSafetensors(a.data));
-  FXDP_ASSIGN_OR_RETURN(TensorMap batch, Shard(data.tensors, program, rank, world));
+  FXDP_ASSIGN_OR_RETURN(TensorMap batch, executor::ShardBatch(data.tensors, program, rank, world));
   FXDP_ASSIGN_OR_RETURN(executor::StepRunner runner,
                         executor::StepRunner::Create(std::move(program), std::move(state.tensors)));
   for (int i = 0; i < a.steps; ++i) {

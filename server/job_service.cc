@@ -15,16 +15,12 @@
 #include "absl/strings/str_join.h"
 #include "expansion/data_parallel.h"
 #include "server/raw_tensors.h"
+#include "server/log.h"
 
 namespace fxdp::server {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-void Log(const std::string& line) {
-  std::fprintf(stderr, "fxdp-server: %s\n", line.c_str());
-  std::fflush(stderr);
-}
 
 int64_t UnixMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(

@@ -11,16 +11,12 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "server/log.h"
 
 namespace fxdp::server {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-void Log(const std::string& line) {
-  std::fprintf(stderr, "fxdp-server: %s\n", line.c_str());
-  std::fflush(stderr);
-}
 
 std::string ExitText(int status) {
   if (WIFEXITED(status)) return absl::StrCat("exited with status ", WEXITSTATUS(status));

@@ -6,14 +6,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "server/log.h"
 
 namespace fxdp::server {
 namespace {
-
-void Log(const std::string& line) {
-  std::fprintf(stderr, "fxdp-server: %s\n", line.c_str());
-  std::fflush(stderr);
-}
 
 // Printable, bounded: ids come from the network.
 bool IsPlainId(const std::string& s) {

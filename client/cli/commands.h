@@ -28,6 +28,10 @@ int JobsCommand(const std::vector<std::string>& args);
 int JobCommand(const std::vector<std::string>& args);
 int CancelCommand(const std::vector<std::string>& args);
 
+// Rows as left-aligned columns two spaces apart, one line each (the first row
+// is the header); the human tables of `fxdp jobs`, `fxdp workers`, ...
+std::string FormatTable(const std::vector<std::vector<std::string>>& rows);
+
 }  // namespace fxdp::cli
 
 #endif  // FXDP_CLIENT_CLI_COMMANDS_H_

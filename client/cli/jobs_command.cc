@@ -209,21 +209,6 @@ std::string InfoText(const v1::JobInfo& j) {
   return out;
 }
 
-std::string Table(const std::vector<std::vector<std::string>>& rows) {
-  std::vector<size_t> width(rows[0].size(), 0);
-  for (const auto& row : rows)
-    for (size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
-  std::string out;
-  for (const auto& row : rows) {
-    std::string line;
-    for (size_t c = 0; c < row.size(); ++c) {
-      absl::StrAppend(&line, c ? "  " : "", row[c]);
-      if (c + 1 < row.size()) line.append(width[c] - row[c].size(), ' ');
-    }
-    absl::StrAppend(&out, line, "\n");
-  }
-  return out;
-}
 
 constexpr size_t kChunkBytes = size_t{1} << 20;
 
@@ -565,7 +550,7 @@ int JobsCommand(const std::vector<std::string>& args) {
                     absl::StrCat(j.world_size()),
                     j.losses_size() ? absl::StrFormat("%.6g", j.losses(j.losses_size() - 1)) : "-", detail});
   }
-  std::string out = Table(rows);
+  std::string out = FormatTable(rows);
   if (resp.jobs_size() == 0) out += "(no jobs)\n";
   std::fwrite(out.data(), 1, out.size(), stdout);
   return kExitOk;
@@ -621,6 +606,22 @@ int CancelCommand(const std::vector<std::string>& args) {
                 info.error().empty() ? "" : (": " + info.error()).c_str());
   }
   return kExitOk;
+}
+
+std::string FormatTable(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> width(rows[0].size(), 0);
+  for (const auto& row : rows)
+    for (size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
+  std::string out;
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t c = 0; c < row.size(); ++c) {
+      absl::StrAppend(&line, c ? "  " : "", row[c]);
+      if (c + 1 < row.size()) line.append(width[c] - row[c].size(), ' ');
+    }
+    absl::StrAppend(&out, line, "\n");
+  }
+  return out;
 }
 
 }  // namespace fxdp::cli

@@ -89,19 +89,7 @@ std::string ToTable(const v1::ListWorkersResponse& r) {
                     absl::StrFormat("%.1f s ago", w.last_heartbeat_s()) +
                         (w.lost_reason().empty() ? "" : " (" + w.lost_reason() + ")")});
   }
-  std::vector<size_t> width(rows[0].size(), 0);
-  for (const auto& row : rows) {
-    for (size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
-  }
-  std::string out;
-  for (const auto& row : rows) {
-    std::string line;
-    for (size_t c = 0; c < row.size(); ++c) {
-      absl::StrAppend(&line, c ? "  " : "", row[c]);
-      if (c + 1 < row.size()) line.append(width[c] - row[c].size(), ' ');
-    }
-    absl::StrAppend(&out, line, "\n");
-  }
+  std::string out = FormatTable(rows);
   if (r.workers_size() == 0) absl::StrAppend(&out, "(no workers)\n");
   return out;
 }
