@@ -227,36 +227,48 @@ void BM_Analyze(benchmark::State& state) {
   state.counters["warnings"] = static_cast<double>(warnings);
 }
 
-void BM_DecodeAndAnalyze(benchmark::State& state) {
+// Decode + analysis (+ expansion), as `fxdp analyze` (`fxdp expand`) and the
+// server do; freeing the results is not timed.
+void DecodeAnalyze(benchmark::State& state, bool expand) {
   const std::string& bytes = GraphBytes(state.range(0));
-  const Memory mem = MeasureMemory(bytes, /*analyze=*/true);
+  const Memory mem = MeasureMemory(bytes, /*analyze=*/true, expand);
   int64_t nodes = 0;
   double cpu_ns = 0;
   for (auto _ : state) {
     const double start = CpuNs();
     std::optional<absl::StatusOr<ir::Graph>> g;
     std::optional<absl::StatusOr<BatchDimAnalysis>> a;
+    std::optional<absl::StatusOr<Expansion>> e;
     g.emplace(ir::DecodeGraphBytes(bytes));
     if (!g->ok()) {
       state.SkipWithError(g->status().ToString().c_str());
       break;
     }
     a.emplace(AnalyzeBatchDims(**g, kOptions));
-    benchmark::DoNotOptimize(*a);
+    if (expand && a->ok()) {
+      e.emplace(ExpandDataParallel(**g, **a, ExpandOpts()));
+      benchmark::DoNotOptimize(*e);
+    } else {
+      benchmark::DoNotOptimize(*a);
+    }
     cpu_ns += CpuNs() - start;
-    if (!a->ok()) {
-      state.SkipWithError(a->status().ToString().c_str());
+    const absl::Status status = !a->ok() ? a->status() : e && !e->ok() ? e->status() : absl::OkStatus();
+    if (!status.ok()) {
+      state.SkipWithError(status.ToString().c_str());
       break;
     }
     nodes = (*g)->size();
     state.PauseTiming();
+    e.reset();
     a.reset();
     g.reset();
     state.ResumeTiming();
   }
   SetCommonCounters(state, nodes, static_cast<int64_t>(bytes.size()), cpu_ns);
-  SetMemoryCounters(state, mem, nodes, /*analysis=*/true);
+  SetMemoryCounters(state, mem, nodes, /*analysis=*/true, expand);
 }
+
+void BM_DecodeAndAnalyze(benchmark::State& state) { DecodeAnalyze(state, /*expand=*/false); }
 
 void BM_Expand(benchmark::State& state) {
   const std::string& bytes = GraphBytes(state.range(0));
@@ -298,43 +310,7 @@ void BM_Expand(benchmark::State& state) {
       static_cast<double>(mem.expansion_peak) / static_cast<double>(g->size());
 }
 
-void BM_DecodeAnalyzeExpand(benchmark::State& state) {
-  const std::string& bytes = GraphBytes(state.range(0));
-  const Memory mem = MeasureMemory(bytes, /*analyze=*/true, /*expand=*/true);
-  int64_t nodes = 0;
-  double cpu_ns = 0;
-  for (auto _ : state) {
-    const double start = CpuNs();
-    std::optional<absl::StatusOr<ir::Graph>> g;
-    std::optional<absl::StatusOr<BatchDimAnalysis>> a;
-    std::optional<absl::StatusOr<Expansion>> e;
-    g.emplace(ir::DecodeGraphBytes(bytes));
-    if (!g->ok()) {
-      state.SkipWithError(g->status().ToString().c_str());
-      break;
-    }
-    a.emplace(AnalyzeBatchDims(**g, kOptions));
-    if (!a->ok()) {
-      state.SkipWithError(a->status().ToString().c_str());
-      break;
-    }
-    e.emplace(ExpandDataParallel(**g, **a, ExpandOpts()));
-    benchmark::DoNotOptimize(*e);
-    cpu_ns += CpuNs() - start;
-    if (!e->ok()) {
-      state.SkipWithError(e->status().ToString().c_str());
-      break;
-    }
-    nodes = (*g)->size();
-    state.PauseTiming();
-    e.reset();
-    a.reset();
-    g.reset();
-    state.ResumeTiming();
-  }
-  SetCommonCounters(state, nodes, static_cast<int64_t>(bytes.size()), cpu_ns);
-  SetMemoryCounters(state, mem, nodes, /*analysis=*/true, /*expansion=*/true);
-}
+void BM_DecodeAnalyzeExpand(benchmark::State& state) { DecodeAnalyze(state, /*expand=*/true); }
 
 void Sizes(benchmark::internal::Benchmark* b) {
   b->Arg(10'000)->Arg(100'000)->Arg(1'000'000);
