@@ -12,8 +12,8 @@ namespace {
 
 constexpr std::array<absl::string_view, 4> kNodeKindNames = {"placeholder", "call_function",
                                                             "get_attr", "output"};
-constexpr std::array<absl::string_view, 5> kPlaceholderRoleNames = {
-    "PARAMETER", "BUFFER", "OPTIMIZER_STATE", "INPUT", "CONSTANT"};
+constexpr std::array<absl::string_view, 6> kPlaceholderRoleNames = {
+    "PARAMETER", "BUFFER", "OPTIMIZER_STATE", "INPUT", "CONSTANT", "HYPERPARAMETER"};
 constexpr std::array<absl::string_view, 5> kOutputRoleNames = {
     "UPDATED_PARAMETER", "UPDATED_BUFFER", "UPDATED_OPTIMIZER_STATE", "LOSS", "OTHER"};
 

@@ -125,7 +125,9 @@ struct KeywordArgument {
 enum class NodeKind : int8_t { kPlaceholder, kCallFunction, kGetAttr, kOutput };
 absl::string_view NodeKindName(NodeKind k);  // "placeholder", "call_function", ...
 
-enum class PlaceholderRole : int8_t { kParameter, kBuffer, kOptimizerState, kInput, kConstant };
+enum class PlaceholderRole : int8_t {
+  kParameter, kBuffer, kOptimizerState, kInput, kConstant, kHyperparameter
+};
 absl::string_view PlaceholderRoleName(PlaceholderRole r);  // "PARAMETER", ...
 absl::StatusOr<PlaceholderRole> PlaceholderRoleFromName(absl::string_view s);
 

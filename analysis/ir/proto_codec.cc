@@ -140,6 +140,7 @@ class Decoder {
         case v1::OPTIMIZER_STATE: n.placeholder.role = PlaceholderRole::kOptimizerState; break;
         case v1::INPUT: n.placeholder.role = PlaceholderRole::kInput; break;
         case v1::CONSTANT: n.placeholder.role = PlaceholderRole::kConstant; break;
+        case v1::HYPERPARAMETER: n.placeholder.role = PlaceholderRole::kHyperparameter; break;
         default:
           return Error(i, d, absl::StrCat("placeholder role is missing or unknown (enum value ",
                                           static_cast<int>(p.role()), ")"));

@@ -925,6 +925,7 @@ bool DecodeNode(Reader r, Node* n) {
       case v1::OPTIMIZER_STATE: n->placeholder.role = PlaceholderRole::kOptimizerState; break;
       case v1::INPUT: n->placeholder.role = PlaceholderRole::kInput; break;
       case v1::CONSTANT: n->placeholder.role = PlaceholderRole::kConstant; break;
+      case v1::HYPERPARAMETER: n->placeholder.role = PlaceholderRole::kHyperparameter; break;
       default: return false;
     }
   }
