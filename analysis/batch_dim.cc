@@ -98,6 +98,7 @@ class BatchDimAnalyzer {
           absl::StrCat("world size must be >= 1, got ", options_.world_size));
     }
     a_.world_size_ = options_.world_size;
+    a_.sync_batchnorm_ = options_.sync_batchnorm;
     a_.value_offset_.resize(g_.size() + 1);
     int32_t off = 0;
     for (int32_t i = 0; i < g_.size(); ++i) {
@@ -1167,7 +1168,15 @@ class BatchDimAnalyzer {
     NodeInfo& info = a_.nodes_[id.value];
     info.arg = 0;
     SetOut(id, 0, Shard(d, x->info.outer, false));
-    if (training) {
+    if (training && options_.sync_batchnorm) {
+      // The statistics (and the running statistics updated from them) are
+      // the global batch's: the expansion all-reduces them.
+      info.detail = Detail::kSyncStats;
+      a_.notes_.push_back(absl::StrCat(
+          n.name, " (", TargetString(n), "): batch norm normalises with the global batch "
+          "statistics (sync_batchnorm: all-reduced in forward and backward, as SyncBatchNorm); "
+          "running statistics are updated from them"));
+    } else if (training) {
       info.detail = Detail::kLocalStats;
       for (int k = 1; k < static_cast<int>(n.outputs.size()); ++k) {
         ValueInfo stats;

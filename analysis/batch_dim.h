@@ -113,6 +113,7 @@ enum class Detail : int8_t {
   kLossReduced,    // a loss reduced over the batch: partial.
   kPartialLinear,  // a partial operand flows through a linear op.
   kLocalStats,     // batch norm: local batch statistics, as DDP.
+  kSyncStats,      // batch norm: global batch statistics (AnalyzeOptions::sync_batchnorm).
 };
 
 struct NodeInfo {
@@ -145,6 +146,11 @@ struct ShardedRead {
 
 struct AnalyzeOptions {
   int32_t world_size = 1;
+  // Batch norm in training normalises with the statistics of the global batch
+  // (torch's SyncBatchNorm; the expansion all-reduces them,
+  // expansion/sync_batchnorm.h): its statistics outputs are replicated, not
+  // rank-local. Default: each rank's local statistics, as DDP.
+  bool sync_batchnorm = false;
 };
 
 class BatchDimAnalysis {
@@ -152,6 +158,8 @@ class BatchDimAnalysis {
   int32_t world_size() const { return world_size_; }
   // The global batch size B; 0 when the graph has no batched input.
   int64_t batch_size() const { return batch_size_; }
+  // AnalyzeOptions::sync_batchnorm of the run that produced this analysis.
+  bool sync_batchnorm() const { return sync_batchnorm_; }
   const ValueInfo& value(ir::ValueRef r) const {
     return values_[value_offset_[r.node.value] + r.output];
   }
@@ -177,6 +185,7 @@ class BatchDimAnalysis {
   friend class BatchDimAnalyzer;
   int32_t world_size_ = 1;
   int64_t batch_size_ = 0;
+  bool sync_batchnorm_ = false;
   std::vector<int32_t> value_offset_;  // size nodes + 1
   std::vector<ValueInfo> values_;
   std::vector<NodeInfo> nodes_;

@@ -46,6 +46,7 @@ std::string DetailText(const Graph& g, const BatchDimAnalysis& a, NodeId id) {
                              v.placement.reduce == ReduceOp::kAvg ? "mean" : "sum");
     case Detail::kPartialLinear: return "partial operand through a linear op";
     case Detail::kLocalStats: return "normalised with local batch statistics (as DDP)";
+    case Detail::kSyncStats: return "normalised with global batch statistics (sync_batchnorm)";
   }
   return "";
 }

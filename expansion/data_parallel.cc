@@ -15,6 +15,7 @@
 #include "analysis/ir/status_macros.h"
 #include "analysis/op_rules.h"
 #include "expansion/schedule.h"
+#include "expansion/sync_batchnorm.h"
 
 namespace fxdp {
 
@@ -93,7 +94,7 @@ struct PlannedBucket {
 
 int64_t Bytes(const TensorType& t) { return t.numel() * ir::DTypeItemSize(t.dtype); }
 
-class Expander {
+class Expander final : public RankGraphBuilder {
  public:
   Expander(const Graph& g, const BatchDimAnalysis& a, const ExpandOptions& o,
            const std::vector<PlannedBucket>& buckets, RankSlice slice)
@@ -272,8 +273,12 @@ class Expander {
   // scale (if needed) + all_reduce(sum) + wait on a 1-D or any tensor value.
   ValueRef AllReduce(ValueRef v, const TensorType& t, ReduceOp op, const std::string& purpose,
                      bool wait_now) {
+    return AllReduceWeighted(v, t, Weight(op), purpose, wait_now);
+  }
+
+  ValueRef AllReduceWeighted(ValueRef v, const TensorType& t, double w, const std::string& purpose,
+                             bool wait_now) {
     ValueRef x = v;
-    const double w = Weight(op);
     if (w != 1.0) {
       x = Emit(Call("fxdp_scale", "aten::mul", "Scalar", {x, Argument(w)}, t));
     }
@@ -288,9 +293,89 @@ class Expander {
     return Emit(Call("fxdp_wait", "_c10d_functional::wait_tensor", "", {r}, t));
   }
 
+  // ---- RankGraphBuilder (sync_batchnorm.h) ------------------------------------------
+
+  ValueRef Add(absl::string_view base, absl::string_view target, absl::string_view overload,
+               std::vector<Argument> args, TensorType type) override {
+    return Emit(Call(base, target, overload, std::move(args), std::move(type)));
+  }
+  ValueRef AllReduceSum(ValueRef v, const TensorType& t, double weight,
+                        const std::string& purpose) override {
+    return AllReduceWeighted(v, t, weight, purpose, true);
+  }
+
   // ---- emission -------------------------------------------------------------------
 
+  // Under sync_batchnorm: rewrites a batch-norm node in training with a
+  // batch-sharded input (and forwards getitems of its outputs). Whether it did.
+  absl::StatusOr<bool> MaybeSyncBatchNorm(NodeId id, const Node& old) {
+    if (old.is_getitem()) {
+      const ValueRef src = old.args[0].as<ValueRef>();
+      if (!sync_bn_outputs_.contains(src)) return false;
+      replaced_[ValueRef{id, 0}] = replaced_.at(src);
+      return true;
+    }
+    const SyncBatchNormRole role = SyncBatchNormRoleOf(old);
+    if (role == SyncBatchNormRole::kNone) return false;
+    const int input_arg = role == SyncBatchNormRole::kForward ? 0 : 1;
+    if (role == SyncBatchNormRole::kForward && a_.node(id).detail != Detail::kSyncStats) {
+      return false;
+    }
+    if (input_arg >= static_cast<int>(old.args.size()) || !old.args[input_arg].is_ref()) return false;
+    const ValueRef x = old.args[input_arg].as<ValueRef>();
+    if (!a_.value(x).placement.is_shard()) return false;
+    SyncBatchNormSite site;
+    site.node = &old;
+    if (role == SyncBatchNormRole::kBackward && !BatchNormBackwardTrains(old)) return false;
+    // Replicated operands this node reads by rows are sliced, as in EmitNode.
+    absl::flat_hash_map<ValueRef, ValueRef> local;
+    if (auto it = reads_.find(id.value); it != reads_.end()) {
+      for (const ShardedRead& r : it->second) {
+        if (!local.contains(r.value)) local[r.value] = EmitSlice(r);
+      }
+    }
+    bool dy_scaled = false;
+    if (role == SyncBatchNormRole::kBackward) {
+      const ValueRef* dy = old.args[0].get_if<ValueRef>();
+      if (dy == nullptr || (!a_.value(*dy).placement.is_shard() && !local.contains(*dy))) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "node %s (%s): sync_batchnorm: grad_output is not sharded on the batch", old.name,
+            old.target.ToString()));
+      }
+      dy_scaled = !local.contains(*dy) && a_.value(*dy).mean_scaled;
+    }
+    const TensorType& global = g_.type(x).tensor;
+    site.input = Local(global, a_.value(x));
+    site.global_count = global.rank() >= 2 && global.shape[1] > 0 ? global.numel() / global.shape[1] : 0;
+    if (role == SyncBatchNormRole::kBackward) {
+      // See sync_batchnorm.h: dy scaled by B/B_r on an uneven split needs weights.
+      const double n = static_cast<double>(site.global_count);
+      if (dy_scaled && batch_ % o_.world_size != 0) {
+        site.grad_weight = static_cast<double>(slice_.size) / static_cast<double>(batch_);
+        site.grad_factor = static_cast<double>(batch_) / (static_cast<double>(slice_.size) * n);
+      } else {
+        site.grad_factor = 1.0 / n;
+      }
+    }
+    site.args = old.args;
+    for (Argument& a : site.args) MapArgs(a, local);
+    for (int32_t k = 0; k < static_cast<int32_t>(old.outputs.size()); ++k) {
+      site.outputs.push_back(LocalValue(ValueRef{id, k}));
+    }
+    FXDP_ASSIGN_OR_RETURN(std::vector<std::optional<ValueRef>> values, EmitSyncBatchNorm(site, *this));
+    for (int32_t k = 0; k < static_cast<int32_t>(values.size()); ++k) {
+      if (!values[k].has_value()) continue;
+      replaced_[ValueRef{id, k}] = *values[k];
+      sync_bn_outputs_.insert(ValueRef{id, k});
+    }
+    return true;
+  }
+
   absl::Status EmitNode(NodeId id, const Node& old) {
+    if (o_.sync_batchnorm) {
+      FXDP_ASSIGN_OR_RETURN(const bool rewritten, MaybeSyncBatchNorm(id, old));
+      if (rewritten) return absl::OkStatus();
+    }
     Node n = old;
     // Sharded reads: slice the replicated operand's rows for this use.
     absl::flat_hash_map<ValueRef, ValueRef> local;
@@ -505,6 +590,7 @@ class Expander {
   absl::flat_hash_set<std::string> fresh_names_;            // names Fresh() gave out
   absl::flat_hash_map<std::string, int> next_suffix_;       // per base: first suffix to try
   absl::flat_hash_map<ValueRef, ValueRef> replaced_;
+  absl::flat_hash_set<ValueRef> sync_bn_outputs_;  // outputs of rewritten batch-norm nodes
   absl::flat_hash_map<int32_t, std::vector<ShardedRead>> reads_;
   absl::flat_hash_map<int32_t, std::vector<Reduction>> solo_;
   absl::flat_hash_map<size_t, ValueRef> started_;
@@ -643,6 +729,11 @@ absl::StatusOr<Expansion> ExpandDataParallel(const Graph& graph, const BatchDimA
   if (options.last_bucket_mb < 0) {
     return absl::InvalidArgumentError("the last bucket's cap must be >= 0 (0: no split)");
   }
+  if (options.sync_batchnorm != analysis.sync_batchnorm()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the expansion asks for sync_batchnorm=%s but the analysis was run with %s",
+        options.sync_batchnorm ? "true" : "false", analysis.sync_batchnorm() ? "true" : "false"));
+  }
   FXDP_ASSIGN_OR_RETURN(std::vector<PlannedBucket> buckets, PlanBuckets(graph, analysis, options));
 
   Expansion e;
@@ -664,6 +755,11 @@ absl::StatusOr<Expansion> ExpandDataParallel(const Graph& graph, const BatchDimA
                                          "the batch-weighted mean over ranks each step"));
       }
     }
+  }
+  for (ir::NodeId id{0}; id.value < graph.size(); ++id.value) {
+    const Detail d = analysis.node(id).detail;
+    if (d == Detail::kSyncStats) rep.batch_norm = "global";
+    if (d == Detail::kLocalStats) rep.batch_norm = "local";
   }
   for (const PlannedBucket& b : buckets) rep.buckets.push_back(b.info);
   // Rank-specific slices of replicated values make the graphs differ too.

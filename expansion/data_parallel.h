@@ -23,6 +23,8 @@
 //     optimizer updates of each bucket run before the next bucket is waited
 //     on (ExpandOptions::overlap_schedule).
 //   * Replicated values a sharded use reads by rows are sliced locally.
+//   * With ExpandOptions::sync_batchnorm, batch norm in training is rewritten
+//     to normalise with the global batch's statistics (sync_batchnorm.h).
 //
 // The result is a standard torch graph: torch.fx can run it under a process
 // group whose name is ExpandOptions::group_name.
@@ -58,6 +60,11 @@ struct ExpandOptions {
   // all_reduce starts as soon as its input exists, and the optimizer updates
   // of bucket k run before bucket k+1 is waited on, while it is in flight.
   bool overlap_schedule = true;
+  // Batch norm in training uses the global batch's statistics, all-reduced in
+  // forward and backward (expansion/sync_batchnorm.h), so BatchNorm models
+  // train exactly like one device; the analysis must have been run with
+  // AnalyzeOptions::sync_batchnorm too. Default: local statistics, as DDP.
+  bool sync_batchnorm = false;
 };
 
 struct RankSlice {
@@ -92,6 +99,9 @@ struct ExpansionReport {
   std::vector<Collective> collectives;  // rank 0's.
   int64_t bytes_per_step = 0;           // all-reduced bytes per rank per step.
   int32_t sharded_reads = 0;
+  // Batch-norm statistics in training: "none" (no such node), "local" (each
+  // rank's, as DDP) or "global" (sync_batchnorm).
+  std::string batch_norm = "none";
   std::vector<std::string> notes;
 
   std::string ToJson() const;

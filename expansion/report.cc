@@ -42,6 +42,7 @@ std::string ExpansionReport::ToJson() const {
   j["collectives"] = std::move(cs);
   j["bytes_per_step"] = bytes_per_step;
   j["sharded_reads"] = sharded_reads;
+  j["batch_norm"] = batch_norm;
   j["notes"] = notes;
   return j.dump(1) + "\n";
 }
@@ -69,6 +70,13 @@ std::string ExpansionReport::ToTable() const {
   absl::StrAppendFormat(&out, "\nbytes all-reduced per rank per step: %d\n", bytes_per_step);
   if (sharded_reads > 0) {
     absl::StrAppendFormat(&out, "replicated values sliced locally: %d\n", sharded_reads);
+  }
+  if (batch_norm == "local") {
+    absl::StrAppend(&out, "batch norm statistics: local (each rank's batch, as DDP; "
+                          "--sync-batchnorm for the global batch's)\n");
+  } else if (batch_norm == "global") {
+    absl::StrAppend(&out, "batch norm statistics: global (sync_batchnorm: all-reduced in forward "
+                          "and backward, as SyncBatchNorm)\n");
   }
   for (const std::string& n : notes) absl::StrAppend(&out, "note: ", n, "\n");
   return out;
