@@ -46,7 +46,8 @@ absl::StatusOr<v1::AnalyzeResponse> RunAnalyze(const v1::AnalyzeRequest& request
   FXDP_RETURN_IF_ERROR(CheckWorldSize(request.world_size()));
   FXDP_ASSIGN_OR_RETURN(ir::Graph g, DecodeRequestGraph(request.has_graph(), request.graph()));
   FXDP_ASSIGN_OR_RETURN(BatchDimAnalysis a,
-                        AnalyzeBatchDims(g, AnalyzeOptions{request.world_size()}));
+                        AnalyzeBatchDims(g, AnalyzeOptions{request.world_size(),
+                                                            request.sync_batchnorm()}));
   v1::AnalyzeResponse r;
   r.set_world_size(a.world_size());
   r.set_batch_size(a.batch_size());
@@ -100,8 +101,10 @@ absl::StatusOr<v1::ExpandResponse> RunExpand(const v1::ExpandRequest& request) {
   if (!request.group_name().empty()) opts.group_name = request.group_name();
   if (request.has_last_bucket_mb()) opts.last_bucket_mb = request.last_bucket_mb();
   opts.overlap_schedule = !request.no_overlap_schedule();
+  opts.sync_batchnorm = request.sync_batchnorm();
   FXDP_ASSIGN_OR_RETURN(ir::Graph g, DecodeRequestGraph(request.has_graph(), request.graph()));
-  FXDP_ASSIGN_OR_RETURN(BatchDimAnalysis a, AnalyzeBatchDims(g, AnalyzeOptions{opts.world_size}));
+  FXDP_ASSIGN_OR_RETURN(BatchDimAnalysis a, AnalyzeBatchDims(g, AnalyzeOptions{opts.world_size,
+                                                                         opts.sync_batchnorm}));
   FXDP_ASSIGN_OR_RETURN(Expansion e, ExpandDataParallel(g, a, opts));
   v1::ExpandResponse r;
   r.set_identical(e.identical);

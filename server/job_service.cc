@@ -423,6 +423,7 @@ class JobServiceImpl::Runner {
     xr.set_world_size(spec.world_size());
     xr.set_bucket_cap_mb(spec.bucket_cap_mb());
     xr.set_first_bucket_mb(spec.first_bucket_mb());
+    xr.set_sync_batchnorm(spec.sync_batchnorm());
     if (grpc::Status s = service_->compile_->Expand(nullptr, &xr, &job_->expanded); !s.ok()) {
       return {s.error_code(),
               absl::StrCat("expanding the graph for ", spec.world_size(), " ranks: ", s.error_message())};

@@ -14,7 +14,8 @@ namespace fxdp::cli {
 namespace {
 
 constexpr char kAnalyzeUsage[] =
-    "usage: fxdp analyze GRAPH [--world-size N] [--json] [--server HOST:PORT]\n"
+    "usage: fxdp analyze GRAPH [--world-size N] [--sync-batchnorm] [--json]\n"
+    "                    [--server HOST:PORT]\n"
     "\n"
     "Decodes and verifies the binary GraphDef GRAPH, follows the batch dim through\n"
     "every node and prints each node's batch dim and placement on N data-parallel\n"
@@ -22,6 +23,8 @@ constexpr char kAnalyzeUsage[] =
     "all-reduces it implies, warnings (ops with no rule) and notes.\n"
     "\n"
     "  --world-size N   number of ranks (default 2)\n"
+    "  --sync-batchnorm batch norm in training with the global batch's statistics\n"
+    "                   (as `fxdp expand --sync-batchnorm`; default: local, as DDP)\n"
     "  --json           print JSON: {\"world_size\", \"batch_size\", \"nodes\": [{\"name\",\n"
     "                   \"target\", \"batch_dim\", \"placement\", \"reason\"}], \"reductions\",\n"
     "                   \"sharded_reads\", \"warnings\", \"notes\"}\n"
@@ -38,16 +41,18 @@ int AnalyzeCommand(const std::vector<std::string>& args) {
   util::Flags flags("fxdp analyze", kAnalyzeUsage);
   flags.Int("--world-size", &world);
   flags.Bool("--json", &json);
+  bool sync_bn = false;
+  flags.Bool("--sync-batchnorm", &sync_bn);
   std::string server;
   flags.String("--server", &server);
   std::vector<std::string> pos;
   if (int rc = flags.Parse(args, &pos); rc >= 0) return rc;
   if (pos.size() != 1) return flags.Usage(pos.empty() ? "missing GRAPH" : "takes one GRAPH");
   const std::string& path = pos[0];
-  if (!server.empty()) return RemoteAnalyze(server, path, world, json);
+  if (!server.empty()) return RemoteAnalyze(server, path, world, json, sync_bn);
   auto g = ir::ReadGraphFile(path);
   if (!g.ok()) return ReportError("analyze", g.status());
-  auto a = AnalyzeBatchDims(*g, AnalyzeOptions{world});
+  auto a = AnalyzeBatchDims(*g, AnalyzeOptions{world, sync_bn});
   if (!a.ok()) return ReportError("analyze", a.status());
   const std::string out = json ? AnalysisToJson(*g, *a) : AnalysisToTable(*g, *a);
   std::fwrite(out.data(), 1, out.size(), stdout);

@@ -18,7 +18,7 @@ namespace {
 
 constexpr char kExpandUsage[] =
     "usage: fxdp expand GRAPH --world-size N -o OUT [--bucket-mb X] [--first-bucket-mb Y]\n"
-    "                   [--group NAME] [--json] [--server HOST:PORT]\n"
+    "                   [--sync-batchnorm] [--group NAME] [--json] [--server HOST:PORT]\n"
     "\n"
     "Analyses the binary GraphDef GRAPH and rewrites it into the graph each of N ranks\n"
     "runs: local batch shapes, gradients all-reduced in buckets that overlap backward,\n"
@@ -36,6 +36,10 @@ constexpr char kExpandUsage[] =
     "  --no-overlap         keep each wait right before its first use and the optimizer\n"
     "                       after backward's waits (default: all-reduces start as early\n"
     "                       as they can, bucket k's updates run while bucket k+1 reduces)\n"
+    "  --sync-batchnorm     batch norm in training normalises with the global batch's\n"
+    "                       statistics, all-reduced in forward and backward (as torch's\n"
+    "                       SyncBatchNorm): BatchNorm models train exactly like one\n"
+    "                       device (default: each rank's local statistics, as DDP)\n"
     "  --group NAME         process group name the collectives use (default \"0\": torch's\n"
     "                       default group)\n"
     "  --json               print the report as JSON\n"
@@ -58,6 +62,7 @@ int ExpandCommand(const std::vector<std::string>& args) {
   flags.Double("--last-bucket-mb", &opts.last_bucket_mb);
   bool no_overlap = false;
   flags.Bool("--no-overlap", &no_overlap);
+  flags.Bool("--sync-batchnorm", &opts.sync_batchnorm);
   flags.String("--group", &opts.group_name);
   flags.Bool("--json", &json);
   std::string server;
@@ -81,12 +86,13 @@ int ExpandCommand(const std::vector<std::string>& args) {
     if (flags.Seen("--group")) ra.group_name = opts.group_name;
     if (flags.Seen("--last-bucket-mb")) ra.last_bucket_mb = opts.last_bucket_mb;
     ra.no_overlap_schedule = no_overlap;
+    ra.sync_batchnorm = opts.sync_batchnorm;
     ra.json = json;
     return RemoteExpand(ra);
   }
   auto g = ir::ReadGraphFile(path);
   if (!g.ok()) return ReportError("expand", g.status());
-  auto a = AnalyzeBatchDims(*g, AnalyzeOptions{opts.world_size});
+  auto a = AnalyzeBatchDims(*g, AnalyzeOptions{opts.world_size, opts.sync_batchnorm});
   if (!a.ok()) return ReportError("expand", a.status());
   auto e = ExpandDataParallel(*g, *a, opts);
   if (!e.ok()) return ReportError("expand", e.status());

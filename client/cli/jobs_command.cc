@@ -36,7 +36,8 @@ constexpr int kConnectTimeoutS = 5;
 constexpr char kRunUsage[] =
     "usage: fxdp run GRAPH --world-size N --state S.safetensors --data D.safetensors\n"
     "                [--data D2.safetensors ...] [--steps K] [--out FINAL.safetensors]\n"
-    "                [--bucket-mb X] [--name NAME] [--timeout S] [--json] [--server HOST:PORT]\n"
+    "                [--bucket-mb X] [--sync-batchnorm] [--name NAME] [--timeout S] [--json]\n"
+    "                [--server HOST:PORT]\n"
     "       fxdp run GRAPH ... --data-on-workers PATH [--data-on-workers PATH2 ...] --steps K\n"
     "\n"
     "Runs a traced training step (GRAPH, what fxdp.trace saved) data-parallel on N\n"
@@ -59,6 +60,8 @@ constexpr char kRunUsage[] =
     "  --steps K            number of steps (default: the number of --data files)\n"
     "  --out FILE           write the final state (FetchState) as safetensors\n"
     "  --bucket-mb X        gradient bucket cap, MiB (default: DDP's)\n"
+    "  --sync-batchnorm     batch norm with the global batch's statistics, all-reduced\n"
+    "                       (as SyncBatchNorm; default: each rank's, as DDP)\n"
     "  --name NAME          a label for `fxdp jobs` (default: GRAPH's file name)\n"
     "  --timeout S          rendezvous / collective timeout, seconds (default 60)\n"
     "  --json               one JSON object per line per event instead of text\n"
@@ -413,6 +416,8 @@ int RunCommand(const std::vector<std::string>& args) {
   flags.Int("--steps", &steps);
   flags.String("--out", &out, "-o");
   flags.Double("--bucket-mb", &bucket_mb);
+  bool sync_bn = false;
+  flags.Bool("--sync-batchnorm", &sync_bn);
   flags.String("--name", &name);
   flags.Double("--timeout", &timeout_s);
   flags.Bool("--json", &json);
@@ -453,6 +458,7 @@ int RunCommand(const std::vector<std::string>& args) {
   spec.set_num_state_tensors(static_cast<uint32_t>(state->size()));
   for (const std::string& p : data_on_workers) spec.add_data_paths(p);
   spec.set_bucket_cap_mb(bucket_mb);
+  spec.set_sync_batchnorm(sync_bn);
   spec.set_collective_timeout_s(timeout_s);
   spec.set_name(name.empty() ? Basename(pos[0]) : name);
 

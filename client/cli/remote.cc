@@ -107,11 +107,13 @@ std::string AnalyzeResponseToTable(const v1::AnalyzeResponse& r) {
   return out;
 }
 
-int RemoteAnalyze(const std::string& server, const std::string& path, int32_t world, bool json) {
+int RemoteAnalyze(const std::string& server, const std::string& path, int32_t world, bool json,
+                  bool sync_batchnorm) {
   v1::AnalyzeRequest req;
   if (int rc = ReadGraphDef("analyze", path, req.mutable_graph()); rc >= 0) return rc;
   req.set_world_size(world);
   req.set_include_json(json);
+  req.set_sync_batchnorm(sync_batchnorm);
   v1::AnalyzeResponse resp;
   grpc::ClientContext ctx;
   grpc::Status s = Connect(server)->Analyze(&ctx, req, &resp);
@@ -130,6 +132,7 @@ int RemoteExpand(const RemoteExpandArgs& a) {
   req.set_group_name(a.group_name);
   if (a.last_bucket_mb >= 0) req.set_last_bucket_mb(a.last_bucket_mb);
   req.set_no_overlap_schedule(a.no_overlap_schedule);
+  req.set_sync_batchnorm(a.sync_batchnorm);
   v1::ExpandResponse resp;
   grpc::ClientContext ctx;
   grpc::Status s = Connect(a.server)->Expand(&ctx, req, &resp);

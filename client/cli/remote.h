@@ -11,7 +11,8 @@
 namespace fxdp::cli {
 
 // Exit code of the command (commands.h's kExit*).
-int RemoteAnalyze(const std::string& server, const std::string& path, int32_t world, bool json);
+int RemoteAnalyze(const std::string& server, const std::string& path, int32_t world, bool json,
+                  bool sync_batchnorm = false);
 
 struct RemoteExpandArgs {
   std::string server, path, out;
@@ -20,6 +21,7 @@ struct RemoteExpandArgs {
   std::string group_name;
   double last_bucket_mb = -1;  // < 0: the server's default
   bool no_overlap_schedule = false;
+  bool sync_batchnorm = false;
   bool json = false;
 };
 int RemoteExpand(const RemoteExpandArgs& args);

@@ -151,18 +151,21 @@ class Client:
         except grpc.RpcError as e:  # pragma: no cover - exercised through the tests' error cases
             raise ServerError(e.code(), e.details()) from None
 
-    def analyze(self, step: Graphish, world_size: int = 2) -> dict:
+    def analyze(self, step: Graphish, world_size: int = 2, sync_batchnorm: bool = False) -> dict:
         """Placements of every node (the JSON of ``fxdp analyze --json``, as a dict)."""
         r = self._call(self._compile.Analyze,
-                       cpb.AnalyzeRequest(graph=_graph(step), world_size=world_size, include_json=True))
+                       cpb.AnalyzeRequest(graph=_graph(step), world_size=world_size, include_json=True,
+                                          sync_batchnorm=sync_batchnorm))
         return json.loads(r.json)
 
     def expand(self, step: Graphish, world_size: int, bucket_mb: float = 25.0,
-               first_bucket_mb: float = 1.0) -> Expanded:
-        """The per-rank graphs and the expansion report (``fxdp expand``)."""
+               first_bucket_mb: float = 1.0, sync_batchnorm: bool = False) -> Expanded:
+        """The per-rank graphs and the expansion report (``fxdp expand``). ``sync_batchnorm``:
+        batch norm normalises with the global batch's statistics (as ``SyncBatchNorm``; the
+        report's ``batch_norm`` says ``"global"``) instead of each rank's (``"local"``, DDP's)."""
         r = self._call(self._compile.Expand, cpb.ExpandRequest(
             graph=_graph(step), world_size=world_size, bucket_cap_mb=bucket_mb,
-            first_bucket_mb=first_bucket_mb))
+            first_bucket_mb=first_bucket_mb, sync_batchnorm=sync_batchnorm))
         return Expanded(list(r.graphs), r.identical, json.loads(r.report_json))
 
     def train(self, step: TracedStep, world_size: int, batches: Optional[Iterable[Batch]] = None,
@@ -170,7 +173,8 @@ class Client:
               bucket_mb: float = 25.0, collective_timeout_s: float = 10.0, name: str = "",
               on_step: Optional[Callable[[int, float], None]] = None,
               data_path: Union[None, str, os.PathLike, Sequence[Union[str, os.PathLike]]] = None,
-              on_event: Optional[Callable[["jpb.JobEvent"], None]] = None) -> TrainResult:
+              on_event: Optional[Callable[["jpb.JobEvent"], None]] = None,
+              sync_batchnorm: bool = False) -> TrainResult:
         """Train on ``world_size`` of the server's workers; returns the per-step global losses and
         the final state.
 
@@ -180,7 +184,9 @@ class Client:
         exhausted. ``data_path``: instead of ``batches``, a safetensors file (or a list of them,
         step i using file i mod n) on the workers' filesystem, each holding one global batch;
         ``steps`` is required then. ``on_step(step, loss)`` is called as each step's result
-        arrives, ``on_event(event)`` for every JobEvent (QUEUED with its queue position, ...)."""
+        arrives, ``on_event(event)`` for every JobEvent (QUEUED with its queue position, ...).
+        ``sync_batchnorm``: batch norm with the global batch's statistics, so BatchNorm models
+        train exactly like one device (default: each rank's, as DDP)."""
         if (batches is None) == (data_path is None):
             raise ValueError("train needs either batches or data_path")
         paths: List[str] = []
@@ -201,7 +207,8 @@ class Client:
         init = step.initial_state() if state is None else state
         spec = jpb.JobSpec(graph=step.graph, world_size=world_size, steps=steps or 0,
                            num_state_tensors=len(init), data_paths=paths, bucket_cap_mb=bucket_mb,
-                           collective_timeout_s=collective_timeout_s, name=name)
+                           collective_timeout_s=collective_timeout_s, name=name,
+                           sync_batchnorm=sync_batchnorm)
         problem: List[BaseException] = []
         call_box: list = []
         call_made = threading.Event()
