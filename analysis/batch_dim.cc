@@ -338,6 +338,14 @@ class BatchDimAnalyzer {
     bool scaled = false;  // partial: avg; shard: mean-scaled.
   };
 
+  // A fresh zero tensor (zeros, new_zeros, zeros_like): adding a partial
+  // value to it keeps the sum partial.
+  bool IsZeros(ValueRef r) const {
+    const Node& n = g_.node(r.node);
+    return n.is_call() && (n.target.name == "aten::zeros" || n.target.name == "aten::new_zeros" ||
+                           n.target.name == "aten::zeros_like");
+  }
+
   static bool InMask(const OpRule& rule, int arg) {
     return arg < 8 && ((rule.linear_args >> arg) & 1);
   }
@@ -382,7 +390,7 @@ class BatchDimAnalyzer {
       } else if (IsSpecial(o.info)) {
         any_scaled_shard = true;
       } else {
-        if (InMask(rule, o.arg)) other_linear = true;
+        if (InMask(rule, o.arg) && !IsZeros(o.ref)) other_linear = true;
         if (o.info.placement.is_shard()) other_shard = true;
       }
     }
@@ -417,7 +425,7 @@ class BatchDimAnalyzer {
       if (rule.linearity == Linearity::kAdditive) {
         for (const Operand& o : ops) {
           if (o.arg != exempt_arg && InMask(rule, o.arg) && !IsSpecial(o.info) &&
-              o.type->numel() > 0) {
+              o.type->numel() > 0 && !IsZeros(o.ref)) {
             return ScaledError(id, n, o, "it is added to a value that is not mean-scaled");
           }
         }
@@ -444,7 +452,7 @@ class BatchDimAnalyzer {
   // chains of those) is built sharded; anything else is sliced by the
   // expansion (no communication).
   void NeedShard(const Operand& o, int32_t dim, int64_t outer, NodeId user) {
-    if (o.type->shape[dim] == 1) return;  // broadcast.
+    if (o.type->shape[dim] <= 1) return;  // broadcast (or empty: no rows to split).
     std::vector<std::pair<int32_t, Upgrade>> marks;
     if (TryUpgrade(o.ref, dim, outer, user, marks, 0)) {
       for (auto& [node, up] : marks) {
@@ -503,6 +511,32 @@ class BatchDimAnalyzer {
         // ones_like(self) takes self's shape: self must be built sharded too.
         const ValueRef* self = n.args.empty() ? nullptr : n.args[0].get_if<ValueRef>();
         if (self == nullptr || !TryUpgrade(*self, dim, outer, user, marks, depth + 1)) return false;
+        marks.emplace_back(r.node.value, up);
+        return true;
+      }
+      case OpFamily::kAlongDim:
+      case OpFamily::kLastDims: {
+        // cumsum(ones([B, S]), 1), triu(...): rows stay rows unless the op works along them.
+        const int64_t rank = t->rank();
+        const bool along = rule->family == OpFamily::kAlongDim
+                               ? NormDim(IntArg(n, rule->a, "dim").value_or(-1), rank) == dim
+                               : dim >= rank - rule->a;
+        const ValueRef* self = n.args.empty() ? nullptr : n.args[0].get_if<ValueRef>();
+        if (along || self == nullptr || TypeOf(*self) == nullptr ||
+            TypeOf(*self)->rank() != rank ||
+            !TryUpgrade(*self, dim, outer, user, marks, depth + 1)) {
+          return false;
+        }
+        marks.emplace_back(r.node.value, up);
+        return true;
+      }
+      case OpFamily::kEmbedding: {
+        // embedding(weight, indices): output dims before the last are the indices'.
+        const ValueRef* idx = n.args.size() < 2 ? nullptr : n.args[1].get_if<ValueRef>();
+        if (idx == nullptr || TypeOf(*idx) == nullptr || dim >= TypeOf(*idx)->rank() ||
+            !TryUpgrade(*idx, dim, outer, user, marks, depth + 1)) {
+          return false;
+        }
         marks.emplace_back(r.node.value, up);
         return true;
       }
@@ -764,10 +798,11 @@ class BatchDimAnalyzer {
                          bool broadcast = true) {
     std::vector<Operand> ops = Operands(n);
     OpRule r = rule;
-    // masked_fill(x, mask, 0) is linear in x.
-    if (n.target.name == "aten::masked_fill" && n.target.overload == "Scalar") {
+    // masked_fill(x, mask, 0) and constant_pad_nd(x, pad, 0) are linear in x.
+    const bool pad = n.target.name == "aten::constant_pad_nd";
+    if ((n.target.name == "aten::masked_fill" && n.target.overload == "Scalar") || pad) {
       const Argument* v = ArgAt(n, 2, "value");
-      bool zero = false;
+      bool zero = pad && v == nullptr;
       if (v != nullptr) {
         if (const auto* s = v->get_if<ir::Scalar>()) {
           if (const auto* i = std::get_if<int64_t>(&s->value)) zero = *i == 0;
@@ -882,6 +917,11 @@ class BatchDimAnalyzer {
       case OpFamily::kSliceBackward:
         return DimOp(id, n, rule);
       case OpFamily::kIndex: return Index(id, n, rule);
+      case OpFamily::kScatterInto: return ScatterInto(id, n, rule);
+      case OpFamily::kAsStrided:
+      case OpFamily::kAsStridedScatter:
+        return AsStrided(id, n, rule);
+      case OpFamily::kIndexPut: return IndexPut(id, n, rule);
       case OpFamily::kForeach: return Foreach(id, n, rule);
     }
     return absl::OkStatus();
@@ -1208,8 +1248,15 @@ class BatchDimAnalyzer {
       }
       if (c.dim < 0) c = {0, o.info.outer, o.arg};
     }
-    if (c.dim >= 0 && n.target.name == "aten::convolution") {
-      FXDP_RETURN_IF_ERROR(RequireReplicatedArgs(n, ops, {1, 2}));
+    if (c.dim >= 0) {
+      if (rule.b >= 0) FXDP_RETURN_IF_ERROR(RequireReplicatedArgs(n, ops, {rule.b, rule.b + 1}));
+      // Every other operand is batched on dim 0 (an attention mask expanded to
+      // the batch, pooling indices): a replicated one is built sharded or sliced.
+      for (const Operand& o : ops) {
+        if (!o.info.placement.is_replicate() || o.type->rank() == 0) continue;
+        if (rule.b >= 0 && (o.arg == rule.b || o.arg == rule.b + 1)) continue;
+        NeedShard(o, 0, c.outer, id);
+      }
     }
     SetCombined(id, c, s);
     if (c.dim >= 0) {
@@ -1248,6 +1295,14 @@ class BatchDimAnalyzer {
       SetCombined(id, Combined{}, s);
       return absl::OkStatus();
     }
+    // grad_output is [*indices.shape, embedding_dim]: both hold the batch on
+    // the same leading dim, so a replicated one is built sharded or sliced.
+    std::vector<Operand> batched;
+    for (const Operand& o : ops) {
+      if (o.arg == 0 || o.arg == 1) batched.push_back(o);
+    }
+    FXDP_RETURN_IF_ERROR(
+        Broadcast(id, n, batched, g ? g->type->rank() : 0, /*broadcast=*/false).status());
     if (BoolArg(n, 4, "scale_grad_by_freq").value_or(false)) {
       a_.notes_.push_back(absl::StrCat(n.name, ": scale_grad_by_freq counts token frequencies "
                                        "in each rank's local batch"));
@@ -1324,6 +1379,12 @@ class BatchDimAnalyzer {
       if (c.dim < 0 && target != nullptr && target->info.placement.is_shard()) {
         c = {target->info.placement.dim, target->info.outer, 2};
       }
+      // self is [N, C] (or [N, C, d...]), target [N] ([N, d...]): a
+      // replicated target spanning the batch is built sharded or sliced.
+      if (c.dim == 0 && target != nullptr && target->info.placement.is_replicate() &&
+          target->type->rank() > 0) {
+        NeedShard(*target, 0, c.outer, id);
+      }
     }
     if (c.dim < 0) {
       SetCombined(id, c, s);
@@ -1374,6 +1435,8 @@ class BatchDimAnalyzer {
       }
       for (const Operand& o : ops) {
         if (!o.info.placement.is_replicate()) continue;
+        // cat skips 1-D empty tensors (a legacy empty cache): nothing to shard.
+        if (!stack && o.type->rank() == 1 && o.type->shape[0] == 0) continue;
         const int32_t d = stack && c.dim > dim ? c.dim - 1 : c.dim;
         if (d < o.type->rank()) NeedShard(o, d, c.outer, id);
       }
@@ -1470,6 +1533,164 @@ class BatchDimAnalyzer {
     info.detail = Detail::kFromArg;
     info.arg = 0;
     SetAllOut(id, Shard(nd, self->info.outer, s.scaled));
+    return absl::OkStatus();
+  }
+
+  // slice_scatter / select_scatter: self and src hold the batch on the same
+  // dim (src's is one lower past a selected dim); it must not be the scattered dim.
+  absl::Status ScatterInto(NodeId id, const Node& n, const OpRule& rule) {
+    std::vector<Operand> ops = Operands(n);
+    FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule, ops));
+    const Operand* self = Find(ops, 0);
+    const Operand* src = Find(ops, 1);
+    if (self == nullptr || src == nullptr) return Error(n, "args 0 and 1 must be tensors");
+    const int64_t rank = self->type->rank();
+    const int64_t dim = NormDim(IntArg(n, rule.a, "dim").value_or(0), rank);
+    const bool dropped = rule.c == 1;
+    // src dim -> self dim, and back.
+    auto to_self = [&](int32_t d) { return dropped && d >= dim ? d + 1 : d; };
+    auto to_src = [&](int32_t d) { return dropped && d > dim ? d - 1 : d; };
+    Combined c;
+    if (self->info.placement.is_shard()) c = {self->info.placement.dim, self->info.outer, 0};
+    if (src->info.placement.is_shard()) {
+      const int32_t d = to_self(src->info.placement.dim);
+      if (c.dim >= 0 && (c.dim != d || c.outer != src->info.outer)) {
+        return Error(n, absl::StrFormat("self holds the batch on dim %d, src on dim %d (dim %d "
+                                        "of self)", c.dim, src->info.placement.dim, d));
+      }
+      if (c.dim < 0) c = {d, src->info.outer, 1};
+    }
+    if (c.dim < 0) {
+      SetCombined(id, c, s);
+      return absl::OkStatus();
+    }
+    if (c.dim == dim) {
+      return Error(n, absl::StrFormat("scatters into dim %d, which holds the batch", dim));
+    }
+    if (self->info.placement.is_replicate()) NeedShard(*self, c.dim, c.outer, id);
+    if (src->info.placement.is_replicate()) NeedShard(*src, to_src(c.dim), c.outer, id);
+    SetCombined(id, c, s);
+    return absl::OkStatus();
+  }
+
+  // The number of storage elements one sample spans in a tensor whose batch
+  // is dim `d` (outer 1): stride[d] * size[d] / B, when every other dim stays
+  // inside one sample (the batch is the outermost dim in memory); else -1.
+  int64_t SampleSpan(const std::vector<int64_t>& size, const std::vector<int64_t>& stride,
+                     int64_t offset, int64_t d) const {
+    const int64_t b = a_.batch_size_;
+    if (d < 0 || d >= static_cast<int64_t>(size.size()) || size.size() != stride.size() ||
+        size[d] % b != 0) {
+      return -1;
+    }
+    const int64_t per = size[d] / b;
+    const int64_t span = stride[d] * per;
+    int64_t reach = offset + stride[d] * (per - 1);
+    for (size_t j = 0; j < size.size(); ++j) {
+      if (static_cast<int64_t>(j) != d && size[j] > 1) reach += stride[j] * (size[j] - 1);
+    }
+    return span > 0 && reach < span ? span : -1;
+  }
+
+  // The dim of a view (size, stride, offset) that steps over samples of
+  // `span` elements, or -1.
+  int64_t ViewBatchDim(const std::vector<int64_t>& size, const std::vector<int64_t>& stride,
+                       int64_t offset, int64_t span) const {
+    for (size_t k = 0; k < size.size(); ++k) {
+      if (SampleSpan(size, stride, offset, static_cast<int64_t>(k)) == span) {
+        return static_cast<int64_t>(k);
+      }
+    }
+    return -1;
+  }
+
+  // as_strided(self, size, stride, offset) and as_strided_scatter(self, src,
+  // size, stride, offset) over a storage that holds whole samples one after
+  // another: the view's batch dim is the one whose stride steps over samples.
+  absl::Status AsStrided(NodeId id, const Node& n, const OpRule& rule) {
+    std::vector<Operand> ops = Operands(n);
+    FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule, ops));
+    const bool scatter = rule.family == OpFamily::kAsStridedScatter;
+    const int sa = scatter ? 2 : 1;
+    const Operand* self = Find(ops, 0);
+    const Operand* src = scatter ? Find(ops, 1) : nullptr;
+    if (self == nullptr || (scatter && src == nullptr)) return Error(n, "expects tensor operands");
+    const bool sharded = self->info.placement.is_shard() || (src && src->info.placement.is_shard());
+    if (!sharded) {
+      SetCombined(id, Combined{}, s);
+      return absl::OkStatus();
+    }
+    auto size = DimsArg(n, sa, "size");
+    auto stride = DimsArg(n, sa + 1, "stride");
+    const int64_t offset = IntArg(n, sa + 2, "storage_offset").value_or(self->type->storage_offset);
+    if (!size || !stride || size->size() != stride->size()) {
+      return Error(n, "expects int lists for size and stride");
+    }
+    const TensorType& st = *self->type;
+    int64_t span = -1;
+    if (self->info.placement.is_shard()) {
+      if (self->info.outer != 1) return Error(n, "the batch is folded inside a dim of its input");
+      span = SampleSpan(st.shape, st.stride, st.storage_offset, self->info.placement.dim);
+      if (span < 0) {
+        return Error(n, absl::StrFormat("its input %s does not store the batch (dim %d) "
+                                        "outermost; its storage cannot be split by samples",
+                                        st.ToString(), self->info.placement.dim));
+      }
+    } else {
+      span = SampleSpan(*size, *stride, offset, src->info.placement.dim);
+    }
+    const int64_t k = span < 0 ? -1 : ViewBatchDim(*size, *stride, offset, span);
+    if (k < 0) {
+      return Error(n, absl::StrFormat("the view (size [%s], stride [%s], offset %d) mixes "
+                                      "samples of %d elements: it cannot be split by samples",
+                                      absl::StrJoin(*size, ", "), absl::StrJoin(*stride, ", "),
+                                      offset, span));
+    }
+    if (!scatter) {
+      NodeInfo& info = a_.nodes_[id.value];
+      info.detail = Detail::kFromArg;
+      info.arg = 0;
+      SetAllOut(id, Shard(static_cast<int32_t>(k), 1, s.scaled));
+      return absl::OkStatus();
+    }
+    // The view must carry src's batch on k; self's storage the same samples.
+    if (src->info.placement.is_shard() && src->info.placement.dim != k) {
+      return Error(n, absl::StrFormat("src holds the batch on dim %d, the view on dim %d",
+                                      src->info.placement.dim, k));
+    }
+    if (src->info.placement.is_replicate()) NeedShard(*src, static_cast<int32_t>(k), 1, id);
+    int64_t d = self->info.placement.is_shard() ? self->info.placement.dim : -1;
+    if (d < 0) {
+      for (int64_t j = 0; j < st.rank() && d < 0; ++j) {
+        if (SampleSpan(st.shape, st.stride, st.storage_offset, j) == span) d = j;
+      }
+      if (d < 0) {
+        return Error(n, absl::StrFormat("self %s has no dim that steps over samples of %d "
+                                        "elements", st.ToString(), span));
+      }
+      NeedShard(*self, static_cast<int32_t>(d), 1, id);
+    }
+    NodeInfo& info = a_.nodes_[id.value];
+    info.detail = Detail::kFromArg;
+    info.arg = self->info.placement.is_shard() ? 0 : 1;
+    SetAllOut(id, Shard(static_cast<int32_t>(d), 1, s.scaled));
+    return absl::OkStatus();
+  }
+
+  // index_put(self, indices, values, accumulate): supported while no operand
+  // carries the batch (a parameter's gradient scattered into a zero table);
+  // partial values flow through when self is zero.
+  absl::Status IndexPut(NodeId id, const Node& n, const OpRule& rule) {
+    std::vector<Operand> ops = Operands(n);
+    FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule, ops));
+    for (const Operand& o : ops) {
+      if (o.info.placement.is_shard()) {
+        return Error(n, absl::StrFormat("arg %d (%s) is sharded on the batch; index_put with "
+                                        "batch-sharded operands is not supported",
+                                        o.arg, g_.node(o.ref.node).name));
+      }
+    }
+    SetCombined(id, Combined{}, s);
     return absl::OkStatus();
   }
 

@@ -23,7 +23,7 @@ constexpr OpRule kOpRules[] = {
     {"aten::_adaptive_avg_pool2d_backward", "*", F::kSpatial, L::kMultilinear, 0b001, -1, -1, -1},
     {"aten::_adaptive_avg_pool3d", "*", F::kSpatial, L::kNone, 0b000, -1, -1, -1},
     {"aten::_adaptive_avg_pool3d_backward", "*", F::kSpatial, L::kMultilinear, 0b001, -1, -1, -1},
-    {"aten::_convolution", "*", F::kSpatial, L::kNone, 0b000, -1, -1, -1},
+    {"aten::_convolution", "*", F::kSpatial, L::kNone, 0b000, -1, 1, -1},
     {"aten::_foreach_*", "*", F::kForeach, L::kNone, 0b000, -1, -1, -1},
     {"aten::_local_scalar_dense", "*", F::kNoTensor, L::kNone, 0b000, -1, -1, -1},
     {"aten::_log_softmax", "*", F::kAlongDim, L::kNone, 0b000, 1, -1, -1},
@@ -33,6 +33,7 @@ constexpr OpRule kOpRules[] = {
     {"aten::_native_batch_norm_legit", "no_stats", F::kBatchNorm, L::kNone, 0b000, 3, -1, -1},
     {"aten::_native_batch_norm_legit_functional", "*", F::kBatchNorm, L::kNone, 0b000, 5, -1, -1},
     {"aten::_native_batch_norm_legit_no_training", "*", F::kBatchNorm, L::kNone, 0b000, -2, -1, -1},
+    {"aten::_safe_softmax", "*", F::kAlongDim, L::kNone, 0b000, 1, -1, -1},
     {"aten::_scaled_dot_product_attention_math", "*", F::kSpatial, L::kNone, 0b000, -1, -1, -1},
     {"aten::_scaled_dot_product_cudnn_attention", "*", F::kSpatial, L::kNone, 0b000, -1, -1, -1},
     {"aten::_scaled_dot_product_cudnn_attention_backward", "*", F::kSpatial, L::kMultilinear, 0b001, -1, -1, -1},
@@ -68,6 +69,8 @@ constexpr OpRule kOpRules[] = {
     {"aten::arange", "*", F::kFactory, L::kNone, 0b000, -1, -1, -1},
     {"aten::argmax", "*", F::kReduce, L::kNone, 0b000, 1, 2, 2},
     {"aten::argmin", "*", F::kReduce, L::kNone, 0b000, 1, 2, 2},
+    {"aten::as_strided", "", F::kAsStrided, L::kAdditive, 0b001, -1, -1, -1},
+    {"aten::as_strided_scatter", "", F::kAsStridedScatter, L::kAdditive, 0b011, -1, -1, -1},
     {"aten::asin", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
     {"aten::atan", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
     {"aten::atan2", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
@@ -95,18 +98,18 @@ constexpr OpRule kOpRules[] = {
     {"aten::clone", "*", F::kPointwise, L::kAdditive, 0b001, -1, -1, -1},
     {"aten::conj", "*", F::kPointwise, L::kAdditive, 0b001, -1, -1, -1},
     {"aten::constant_pad_nd", "*", F::kPad, L::kNone, 0b000, -1, -1, -1},
-    {"aten::conv1d", "*", F::kSpatial, L::kNone, 0b000, -1, -1, -1},
-    {"aten::conv2d", "*", F::kSpatial, L::kNone, 0b000, -1, -1, -1},
-    {"aten::conv3d", "*", F::kSpatial, L::kNone, 0b000, -1, -1, -1},
-    {"aten::conv_transpose1d", "*", F::kSpatial, L::kNone, 0b000, -1, -1, -1},
-    {"aten::conv_transpose2d", "*", F::kSpatial, L::kNone, 0b000, -1, -1, -1},
-    {"aten::conv_transpose3d", "*", F::kSpatial, L::kNone, 0b000, -1, -1, -1},
-    {"aten::convolution", "*", F::kSpatial, L::kNone, 0b000, -1, -1, -1},
+    {"aten::conv1d", "*", F::kSpatial, L::kNone, 0b000, -1, 1, -1},
+    {"aten::conv2d", "*", F::kSpatial, L::kNone, 0b000, -1, 1, -1},
+    {"aten::conv3d", "*", F::kSpatial, L::kNone, 0b000, -1, 1, -1},
+    {"aten::conv_transpose1d", "*", F::kSpatial, L::kNone, 0b000, -1, 1, -1},
+    {"aten::conv_transpose2d", "*", F::kSpatial, L::kNone, 0b000, -1, 1, -1},
+    {"aten::conv_transpose3d", "*", F::kSpatial, L::kNone, 0b000, -1, 1, -1},
+    {"aten::convolution", "*", F::kSpatial, L::kNone, 0b000, -1, 1, -1},
     {"aten::convolution_backward", "*", F::kConvBackward, L::kMultilinear, 0b001, -1, 2, -1},
     {"aten::copy", "", F::kPointwise, L::kAdditive, 0b010, -1, -1, -1},
     {"aten::cos", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
     {"aten::cosh", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::cudnn_convolution", "*", F::kSpatial, L::kNone, 0b000, -1, -1, -1},
+    {"aten::cudnn_convolution", "*", F::kSpatial, L::kNone, 0b000, -1, 1, -1},
     {"aten::cumprod", "*", F::kAlongDim, L::kNone, 0b000, 1, -1, -1},
     {"aten::cumsum", "*", F::kAlongDim, L::kAdditive, 0b001, 1, -1, -1},
     {"aten::detach", "*", F::kPointwise, L::kAdditive, 0b001, -1, -1, -1},
@@ -151,6 +154,7 @@ constexpr OpRule kOpRules[] = {
     {"aten::huber_loss_backward", "*", F::kLossBackward, L::kMultilinear, 0b001, 3, -1, -1},
     {"aten::index", "Tensor", F::kIndex, L::kAdditive, 0b001, -1, -1, -1},
     {"aten::index", "Tensor_hacked_twin", F::kIndex, L::kAdditive, 0b001, -1, -1, -1},
+    {"aten::index_put", "", F::kIndexPut, L::kAdditive, 0b101, -1, -1, -1},
     {"aten::index_select", "*", F::kIndexWithDim, L::kAdditive, 0b001, 1, -1, -1},
     {"aten::isinf", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
     {"aten::isnan", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
@@ -207,7 +211,7 @@ constexpr OpRule kOpRules[] = {
     {"aten::native_batch_norm_backward", "*", F::kBatchNormBackward, L::kMultilinear, 0b001, -1, -1, -1},
     {"aten::native_dropout", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
     {"aten::native_dropout_backward", "*", F::kPointwise, L::kMultilinear, 0b001, -1, -1, -1},
-    {"aten::native_group_norm", "*", F::kSpatial, L::kNone, 0b000, -1, -1, 3},
+    {"aten::native_group_norm", "*", F::kSpatial, L::kNone, 0b000, -1, 1, 3},
     {"aten::native_group_norm_backward", "*", F::kConvBackward, L::kMultilinear, 0b001, -1, 4, 5},
     {"aten::native_layer_norm", "*", F::kLayerNorm, L::kNone, 0b000, -1, -1, -1},
     {"aten::native_layer_norm_backward", "*", F::kLayerNormBackward, L::kMultilinear, 0b001, -1, -1, -1},
@@ -252,6 +256,7 @@ constexpr OpRule kOpRules[] = {
     {"aten::scatter_add", "*", F::kIndexWithDim, L::kNone, 0b000, 1, -1, -1},
     {"aten::select", "int", F::kSelect, L::kAdditive, 0b001, 1, -1, -1},
     {"aten::select_backward", "*", F::kSliceBackward, L::kAdditive, 0b001, 2, -1, 1},
+    {"aten::select_scatter", "*", F::kScatterInto, L::kAdditive, 0b011, 2, -1, 1},
     {"aten::sigmoid", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
     {"aten::sigmoid_backward", "*", F::kPointwise, L::kMultilinear, 0b001, -1, -1, -1},
     {"aten::sign", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
@@ -261,6 +266,7 @@ constexpr OpRule kOpRules[] = {
     {"aten::sinh", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
     {"aten::slice", "Tensor", F::kSlice, L::kAdditive, 0b001, 1, -1, 0},
     {"aten::slice_backward", "*", F::kSliceBackward, L::kAdditive, 0b001, 2, -1, 0},
+    {"aten::slice_scatter", "*", F::kScatterInto, L::kAdditive, 0b011, 2, -1, 0},
     {"aten::smooth_l1_loss", "*", F::kLoss, L::kNone, 0b000, 2, -1, -1},
     {"aten::smooth_l1_loss_backward", "*", F::kLossBackward, L::kMultilinear, 0b001, 3, -1, -1},
     {"aten::soft_margin_loss", "*", F::kLoss, L::kNone, 0b000, 2, -1, -1},
@@ -374,6 +380,10 @@ absl::string_view OpFamilyName(OpFamily f) {
     case F::kIndexWithDim: return "index along dim";
     case F::kIndex: return "index";
     case F::kSliceBackward: return "slice backward";
+    case F::kScatterInto: return "scatter into";
+    case F::kAsStrided: return "as strided";
+    case F::kAsStridedScatter: return "as strided scatter";
+    case F::kIndexPut: return "index put";
     case F::kForeach: return "foreach";
     case F::kNoTensor: return "no tensor";
   }

@@ -35,7 +35,9 @@ enum class OpFamily : int8_t {
   kBatchNorm,      // training flag at arg `a` (-1: always training), `b` outputs carry stats.
   kBatchNormBackward,
   kSpatial,        // conv/pool/group-norm/attention kernels: batch on dim 0 of every
-                   // batched operand and batch-major output.
+                   // batched operand and batch-major output; `b`: the weight argument
+                   // (weight and bias at b, b + 1, replicated), -1: every tensor
+                   // operand is batched (attention masks, pooling indices).
   kConvBackward,   // convolution/group-norm backward: (grad_input, grad_weight, grad_bias);
                    // `b`: the weight argument (replicated).
   // kSpatial and kConvBackward: `c` is the int argument that spells the batch
@@ -54,6 +56,12 @@ enum class OpFamily : int8_t {
   kIndexWithDim,   // index_select/gather/scatter(self, dim = arg `a`, index...).
   kIndex,          // index.Tensor(self, indices).
   kSliceBackward,  // select_backward/slice_backward(grad, input_sizes, dim = arg `a`, ...); c = 1 for select.
+  kScatterInto,    // slice_scatter/select_scatter(self, src, dim = arg `a`, ...): self with a
+                   // slice replaced by src; c = 1 when src lacks the dim (select).
+  kAsStrided,      // as_strided(self, size, stride, offset): a view of self's storage; the
+                   // batch stays on the dim whose stride steps over whole samples.
+  kAsStridedScatter,  // as_strided_scatter(self, src, size, stride, offset).
+  kIndexPut,       // index_put(self, indices, values, accumulate): no batch-sharded operand.
   kForeach,        // _foreach_*: elementwise across the lists.
   kNoTensor,       // returns no tensor (e.g. _local_scalar_dense).
 };

@@ -15,6 +15,7 @@
 #include "analysis/ir/status_macros.h"
 #include "analysis/op_rules.h"
 #include "expansion/schedule.h"
+#include "expansion/shape_check.h"
 #include "expansion/sync_batchnorm.h"
 
 namespace fxdp {
@@ -40,13 +41,15 @@ std::vector<RankSlice> SplitBatch(int64_t batch, int32_t world) {
 
 namespace {
 
-// Ops whose argument `index` is a size list that spells the output's shape.
+// Ops whose argument `index` is a size list that spells the output's shape
+// (as_strided_scatter's spells its src's, arg 1).
 struct SizeArg {
   absl::string_view name;
   int index;
 };
 constexpr SizeArg kSizeArgs[] = {
-    {"aten::_unsafe_view", 1}, {"aten::broadcast_to", 1}, {"aten::empty", 0},
+    {"aten::_unsafe_view", 1}, {"aten::as_strided", 1}, {"aten::as_strided_scatter", 2},
+    {"aten::broadcast_to", 1}, {"aten::empty", 0},
     {"aten::empty_strided", 0}, {"aten::expand", 1},      {"aten::full", 0},
     {"aten::new_empty", 1},     {"aten::new_empty_strided", 1}, {"aten::new_full", 1},
     {"aten::new_ones", 1},      {"aten::new_zeros", 1},   {"aten::ones", 0},
@@ -392,8 +395,12 @@ class Expander final : public RankGraphBuilder {
       if (n.outputs[k].is_tensor() && a_.value(r).placement.is_shard()) n.outputs[k] = LocalValue(r);
     }
     // Size lists that spell a sharded output's global shape.
-    const ValueInfo& v = a_.primary(id);
+    const ValueInfo& out_info = a_.primary(id);
     const int si = SizeArgIndex(n.target);
+    const ValueRef* src = old.target.name == "aten::as_strided_scatter" && old.args.size() > 1
+                              ? old.args[1].get_if<ValueRef>()
+                              : nullptr;
+    const ValueInfo& v = src != nullptr ? a_.value(*src) : out_info;
     if (si >= 0 && v.placement.is_shard() && si < static_cast<int>(n.args.size()) &&
         n.args[si].is_list()) {
       Argument::List sizes = n.args[si].as<Argument::List>();
@@ -409,7 +416,7 @@ class Expander final : public RankGraphBuilder {
         }
       }
       n.args[si] = Argument(std::move(sizes));
-    } else if (v.placement.is_shard() && a_.node(id).decision == Decision::kShapedByUse &&
+    } else if (out_info.placement.is_shard() && a_.node(id).decision == Decision::kShapedByUse &&
                si < 0 && !HasTensorInput(old)) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "node %s (%s) is built sharded for its use by %s, but the expansion does not know "
@@ -417,7 +424,7 @@ class Expander final : public RankGraphBuilder {
           old.name, old.target.ToString(), g_.node(a_.node(id).shaped_by).name));
     }
     // An int argument that spells the batch size (native_group_norm's N).
-    if (const OpRule* rule = v.placement.is_shard() ? FindOpRule(old.target) : nullptr;
+    if (const OpRule* rule = out_info.placement.is_shard() ? FindOpRule(old.target) : nullptr;
         rule != nullptr && rule->c >= 0 &&
         (rule->family == OpFamily::kSpatial || rule->family == OpFamily::kConvBackward) &&
         rule->c < static_cast<int>(n.args.size())) {
@@ -792,6 +799,7 @@ absl::StatusOr<Expansion> ExpandDataParallel(const Graph& graph, const BatchDimA
     }
     FXDP_ASSIGN_OR_RETURN(Graph g,
                           Graph::Create(std::move(local.header), std::move(local.nodes)));
+    FXDP_RETURN_IF_ERROR(CheckRankShapes(g, r));
     e.distinct_graphs.push_back(std::move(g));
   }
   if (options.overlap_schedule) {

@@ -25,6 +25,8 @@
 //   * Replicated values a sharded use reads by rows are sliced locally.
 //   * With ExpandOptions::sync_batchnorm, batch norm in training is rewritten
 //     to normalise with the global batch's statistics (sync_batchnorm.h).
+//   * Each rank's graph is checked against the ops' shape rules
+//     (expansion/shape_check.h): a size left global is an error here.
 //
 // The result is a standard torch graph: torch.fx can run it under a process
 // group whose name is ExpandOptions::group_name.

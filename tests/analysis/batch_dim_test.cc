@@ -359,6 +359,123 @@ TEST(BatchDim, NormsConvPoolEmbedding) {
   EXPECT_EQ(r.P("ge"), "P(sum)");
 }
 
+TEST(BatchDim, BufferExpandedToTheBatchIsBuiltShardedForEveryUse) {
+  // BERT's token_type_ids: a [1, S] buffer expanded to [B, S] feeds an
+  // embedding whose backward also reads the batch-sharded gradient. Both uses
+  // need the local rows, so the expand is built with the local batch.
+  auto r = MustRun(R"(
+  %w: f32[10, 4] rg = placeholder() {role=PARAMETER, state="word.weight"}
+  %tw: f32[2, 4] rg = placeholder() {role=PARAMETER, state="type.weight"}
+  %buf: i64[1, 5] = placeholder() {role=BUFFER, state="token_type_ids"}
+  %tok: i64[4, 5] = placeholder() {role=INPUT, state="tok", batch_dim=0}
+  %ex: i64[4, 5]{0, 1} = aten::expand(%buf, [4, 5])
+  %e: f32[4, 5, 4] = aten::embedding(%w, %tok)
+  %te: f32[4, 5, 4] = aten::embedding(%tw, %ex)
+  %a: f32[4, 5, 4] = aten::add.Tensor(%e, %te)
+  %g: f32[2, 4] = aten::embedding_dense_backward(%a, %ex, 2, -1, false) {grad_of="type.weight"}
+  %output = output([%g]) {specs=[OTHER]}
+)");
+  EXPECT_EQ(r.P("ex"), "S(0)");
+  EXPECT_THAT(r.Why("ex"), HasSubstr("for its use by"));
+  EXPECT_EQ(r.P("te"), "S(0)");
+  EXPECT_EQ(r.P("g"), "P(sum)");
+  EXPECT_TRUE(r.a.sharded_reads().empty());
+}
+
+TEST(BatchDim, EmbeddingBackwardSlicesAReplicatedIndexItCannotRebuild) {
+  // The indices are a parameter-like value: sliced by rows for the backward.
+  auto r = MustRun(R"(
+  %idx: i64[4, 5] = placeholder() {role=BUFFER, state="idx"}
+  %gr: f32[4, 5, 3] = placeholder() {role=INPUT, state="g", batch_dim=0}
+  %g: f32[7, 3] = aten::embedding_dense_backward(%gr, %idx, 7, -1, false)
+  %output = output([%g]) {specs=[OTHER]}
+)");
+  ASSERT_EQ(r.a.sharded_reads().size(), 1u);
+  EXPECT_EQ(r.graph.node(r.a.sharded_reads()[0].value.node).name, "idx");
+  EXPECT_EQ(r.P("g"), "P(sum)");
+}
+
+TEST(BatchDim, NllBackwardTargetAndAttentionMaskFollowTheBatch) {
+  auto r = MustRun(R"(
+  %m: f32[1, 1, 3, 3] = placeholder() {role=BUFFER, state="mask"}
+  %lab: i64[1] = placeholder() {role=BUFFER, state="label"}
+  %q: f32[4, 2, 3, 8] = placeholder() {role=INPUT, state="q", batch_dim=0}
+  %x: f32[4, 6] = placeholder() {role=INPUT, state="x", batch_dim=0}
+  %me: f32[4, 1, 3, 3]{0, 9, 3, 1} = aten::expand(%m, [4, 1, 3, 3])
+  %o: (f32[4, 2, 3, 8], f32[4, 2, 3]) = aten::_scaled_dot_product_flash_attention_for_cpu(%q, %q, %q, 0.0, false, attn_mask=%me)
+  %t: i64[4] = aten::expand(%lab, [4])
+  %ls: f32[4, 6] = aten::_log_softmax(%x, 1, false)
+  %one: f32[] = aten::full([], 1.0)
+  %tw: f32[] = aten::full([], 4.0)
+  %gi: f32[4, 6] = aten::nll_loss_backward(%one, %ls, %t, None, 1, -100, %tw)
+  %output = output([%o#0, %gi]) {specs=[OTHER, OTHER]}
+)");
+  EXPECT_EQ(r.P("me"), "S(0)");
+  EXPECT_EQ(r.P("o"), "S(0)");
+  EXPECT_EQ(r.P("t"), "S(0)");
+  EXPECT_TRUE(r.a.sharded_reads().empty());
+}
+
+TEST(BatchDim, SafeSoftmaxAndScatterIntoFollowTheirRules) {
+  // T5's _shift_right: zeros like the ids, a slice and a column scattered in.
+  auto r = MustRun(R"(
+  %ids: i64[4, 5] = placeholder() {role=INPUT, state="ids", batch_dim=0}
+  %x: f32[4, 5] = placeholder() {role=INPUT, state="x", batch_dim=0}
+  %z: i64[4, 5] = aten::new_zeros(%ids, [4, 5])
+  %s: i64[4, 4]{5, 1} = aten::slice.Tensor(%ids, 1, 0, -1)
+  %ss: i64[4, 5] = aten::slice_scatter(%z, %s, 1, 1, 9223372036854775807)
+  %col: i64[4] = aten::full([4], 0, dtype=torch.int64)
+  %sel: i64[4, 5] = aten::select_scatter(%ss, %col, 1, 0)
+  %p: f32[4, 5] = aten::_safe_softmax(%x, -1)
+  %output = output([%sel, %p]) {specs=[OTHER, OTHER]}
+)");
+  EXPECT_EQ(r.P("z"), "S(0)");
+  EXPECT_EQ(r.P("ss"), "S(0)");
+  EXPECT_EQ(r.P("col"), "S(0)");
+  EXPECT_EQ(r.P("sel"), "S(0)");
+  EXPECT_EQ(r.P("p"), "S(0)");
+  EXPECT_TRUE(r.a.warnings().empty());
+  EXPECT_THAT(Analyze(R"(
+  %x: f32[4, 5] = placeholder() {role=INPUT, state="x", batch_dim=0}
+  %p: f32[4, 5] = aten::_safe_softmax(%x, 0)
+  %output = output([%p]) {specs=[OTHER]}
+)").status(), StatusIs(absl::StatusCode::kInvalidArgument, "node p (aten::_safe_softmax)"));
+  EXPECT_THAT(Analyze(R"(
+  %x: f32[4, 5] = placeholder() {role=INPUT, state="x", batch_dim=0}
+  %r: f32[5] = aten::full([5], 0.0)
+  %y: f32[4, 5] = aten::select_scatter(%x, %r, 0, 1)
+  %output = output([%y]) {specs=[OTHER]}
+)").status(), StatusIs(absl::StatusCode::kInvalidArgument, "scatters into dim 0"));
+}
+
+TEST(BatchDim, AsStridedFollowsTheDimThatStepsOverSamples) {
+  // Swin's pooled head and its backward: a flat zero buffer of B * 4 elements
+  // viewed as [B, 4] receives the gradient, then is viewed as [B, 4, 1, 1].
+  auto r = MustRun(R"(
+  %x: f32[4, 4, 1, 1] = placeholder() {role=INPUT, state="x", batch_dim=0}
+  %g: f32[4, 4] = placeholder() {role=INPUT, state="g", batch_dim=0}
+  %s: f32[4, 4, 1, 1]{4, 1, 4, 4} = aten::as_strided(%x, [4, 4, 1, 1], [4, 1, 4, 4])
+  %z: f32[16] = aten::new_zeros(%g, [16])
+  %v: f32[4, 4] = aten::as_strided(%z, [4, 4], [4, 1], 0)
+  %c: f32[4, 4] = aten::copy(%v, %g)
+  %sc: f32[16] = aten::as_strided_scatter(%z, %c, [4, 4], [4, 1], 0)
+  %back: f32[4, 4, 1, 1] = aten::as_strided(%sc, [4, 4, 1, 1], [4, 1, 1, 1], 0)
+  %output = output([%s, %back]) {specs=[OTHER, OTHER]}
+)");
+  EXPECT_EQ(r.P("s"), "S(0)");
+  EXPECT_EQ(r.P("z"), "S(0)");
+  EXPECT_EQ(r.P("v"), "S(0)");
+  EXPECT_EQ(r.P("sc"), "S(0)");
+  EXPECT_EQ(r.P("back"), "S(0)");
+  EXPECT_TRUE(r.a.warnings().empty());
+  // A view whose rows mix samples is refused, naming the node.
+  EXPECT_THAT(Analyze(R"(
+  %x: f32[4, 4] = placeholder() {role=INPUT, state="x", batch_dim=0}
+  %s: f32[2, 8] = aten::as_strided(%x, [2, 8], [8, 1])
+  %output = output([%s]) {specs=[OTHER]}
+)").status(), StatusIs(absl::StatusCode::kInvalidArgument, "node s (aten::as_strided)"));
+}
+
 TEST(BatchDim, ForeachOptimizerReadsReducedGradients) {
   auto r = MustRun(R"(
   %w0: f32[3, 2] rg = placeholder() {role=PARAMETER, state="w0"}
