@@ -51,7 +51,7 @@ FULL = {
     "pipeline_sizes": {10_000: (5, 5), 100_000: (5, 3), 1_000_000: (3, 2)},
     "world_size": 8,
     "executor": ["--reps", "7"],
-    "step": ["--reps", "5"],
+    "step": [],  # step_vs_ddp.py's defaults: 5 repetitions of 30 steps; gpt2 3 of 12
     "compile_clients": [1, 4, 16], "compile_reps": 3, "compile_duration_s": 2.0,
     "allreduce": {"min": 1024, "max": 64 << 20, "factor": 2, "reps": 5, "budget_mb": 64},
 }
@@ -486,10 +486,12 @@ def md_executor(r: dict) -> list:
 def md_step(r: dict) -> list:
     raw = r["raw"]
     L = ["## 3. Training step at N=2 on CPU against DDP (Gloo)", "",
-         f"`bench/step_vs_ddp.py` (Adam, single-tensor, same model, global batch and bucket size "
-         f"{raw.get('bucket_mb')} MB for both; every process one intra-op thread): ms per step, the median of "
-         f"steps {raw.get('warmup', 0) + 1}-{raw.get('steps')} of each run, then median (min-max) over "
-         f"{raw.get('reps')} repetitions; fxdp and DDP run back to back in alternating order. "
+         f"`bench/step_vs_ddp.py` (Adam, single-tensor; AdamW for gpt2, a Hugging Face GPT-2 built "
+         f"from a config: 6 layers, hidden 256, seq 128, vocabulary 8192; same model, global batch "
+         f"and bucket size {raw.get('bucket_mb')} MB for both; every process one intra-op thread): ms "
+         f"per step, the median of steps {raw.get('warmup', 0) + 1}-{raw.get('steps')} of each run "
+         f"(gpt2: see its line below), then median (min-max) over {raw.get('reps')} repetitions; fxdp "
+         f"and DDP run back to back in alternating order. "
          f"\"waiting\" is the time rank 0 is blocked in `Work::Wait` (fxdp_step_bench). "
          f"ratio = fxdp / DDP (below 1.00x fxdp is faster; the target is <= 0.95x).", ""]
     models = raw.get("results", {})
@@ -517,7 +519,14 @@ def md_step(r: dict) -> list:
             L.append(f"{name}: {info.get('params', 0):,} parameters, {info.get('graph_nodes')} graph nodes, "
                      f"global batch {info.get('global_batch')}, fxdp buckets {info.get('buckets')} bytes, "
                      f"{m.get('collectives_per_step')} collectives per fxdp step; 1-minute load average "
-                     f"at each repetition: {', '.join(f'{x:.1f}' for x in loads)}.")
+                     f"at each repetition: {', '.join(f'{x:.1f}' for x in loads)}"
+                     + (f"; steps/warm-up/repetitions {c['steps']}/{c['warmup']}/{c['reps']}"
+                        if (c := m.get("config")) else "") + ".")
+            if m.get("measured"):
+                w = m["measured"]
+                L.append(f"{name} was measured on its own (`bench/run_all.py --step-models {name}`), "
+                         f"{w['date']} at commit `{w['git_commit'][:12]}`, 1-minute load average "
+                         f"{w['load'][0]} at start and {w['load'][-1]} at end: not in the run above.")
     L += ["", f"**N=4**: {r['n4']}", "", f"Command: `{r['command']}`."]
     return L
 
@@ -628,6 +637,29 @@ def render_markdown(results: dict) -> str:
 # --------------------------------------------------------------------------- main
 
 
+def update_step_models(args) -> int:
+    """--step-models: measure some models of the step area and merge them into --json."""
+    results = json.loads(pathlib.Path(args.json).read_text())
+    raw = pathlib.Path(args.raw).resolve()
+    raw.mkdir(parents=True, exist_ok=True)
+    build = pathlib.Path(args.build).resolve()
+    meta = machine(build)
+    ctx = {"cfg": {**FULL, "step": ["--models", args.step_models]}, "bin": build / "bin",
+           "build": build, "raw": raw, "log": raw / "commands.log", "meta": meta}
+    ctx["log"].write_text("")
+    res = area_step(ctx)
+    step = results["areas"].setdefault("step", {"raw": {"results": {}}, "load": res["load"],
+                                                "n4": N4_REASON, "command": res["command"]})
+    for name, m in res["raw"]["results"].items():
+        m["measured"] = {"date": meta["date"], "git_commit": meta["git_commit"],
+                         "load": res["load"], "command": res["command"]}
+        step["raw"]["results"][name] = m
+    pathlib.Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+    pathlib.Path(args.md).write_text(render_markdown(results))
+    print(f"merged {args.step_models} into {rel(args.json)} and {rel(args.md)}", flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default=str(REPO / "build"))
@@ -638,7 +670,13 @@ def main(argv=None) -> int:
     ap.add_argument("--raw", default=str(REPO / "bench" / "out" / "latest"))
     ap.add_argument("--render", metavar="RESULTS_JSON",
                     help="only write --md from an existing results.json")
+    ap.add_argument("--step-models", metavar="MODELS",
+                    help="run only the step area for these models (bench/step_vs_ddp.py --models) and "
+                         "replace their rows in the existing --json results (each keeps when and at "
+                         "which commit it was measured); then write --md")
     args = ap.parse_args(argv)
+    if args.step_models:
+        return update_step_models(args)
     if args.render:
         results = json.loads(pathlib.Path(args.render).read_text())
         pathlib.Path(args.md).write_text(render_markdown(results))

@@ -20,8 +20,8 @@ Every process uses 1 intra-op thread. Each run: K steps, the median after the wa
 over the repetitions: median, min and max of those medians. The JSON also records the 1-minute
 load average as each fxdp and DDP run starts ("load average per run").
 
-usage: .venv/bin/python bench/step_vs_ddp.py [--build build] [--models mlp,transformer]
-           [--steps 30] [--warmup 5] [--reps 3] [--bucket-mb 25] [--json OUT]
+usage: .venv/bin/python bench/step_vs_ddp.py [--build build] [--models mlp,transformer,gpt2]
+           [--steps 30] [--warmup 5] [--reps 5] [--bucket-mb 25] [--quick] [--json OUT]
 """
 
 from __future__ import annotations
@@ -69,6 +69,24 @@ class WideMLP(nn.Module):
         return self.fc4(x)
 
 
+class GPT2(nn.Module):
+    """A GPT-2 from Hugging Face transformers, built from a config in code (no weights; GPT2_FULL:
+    6 layers, hidden 256, 4 heads, 128 positions, vocabulary 8192, dropout off: 6.9M parameters,
+    27 MB of gradients per step). Returns the logits."""
+
+    def __init__(self, layers: int, hidden: int, seq: int, vocab: int):
+        super().__init__()
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        cfg = GPT2Config(vocab_size=vocab, n_positions=seq, n_embd=hidden, n_layer=layers,
+                         n_head=4 if hidden % 4 == 0 else 1, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                         bos_token_id=0, eos_token_id=0)
+        self.lm = GPT2LMHeadModel(cfg)
+
+    def forward(self, tokens):
+        return self.lm(input_ids=tokens).logits
+
+
 # name -> (make model, loss, make global batch, input names)
 def _mlp_batch(g):
     return torch.randn(128, 1024, generator=g), torch.randn(128, 256, generator=g)
@@ -79,6 +97,18 @@ def _lm_batch(g):
     return toks[:, :-1].contiguous(), toks[:, 1:].contiguous()
 
 
+# The GPT-2's size: (layers, hidden, seq, vocab, global batch). --quick: a tiny one (tests).
+GPT2_FULL = (6, 256, 128, 8192, 4)  # 2 sequences of 128 tokens per rank at N=2
+GPT2_QUICK = (2, 32, 16, 128, 4)
+GPT2_SIZE = GPT2_FULL
+
+
+def _gpt2_batch(g):
+    _, _, seq, vocab, batch = GPT2_SIZE
+    toks = torch.randint(0, vocab, (batch, seq + 1), generator=g)
+    return toks[:, :-1].contiguous(), toks[:, 1:].contiguous()
+
+
 MODELS = {
     # global batch 128 x 1024 -> 256
     "mlp": (lambda: WideMLP(), nn.MSELoss(), _mlp_batch, ("x", "target")),
@@ -86,14 +116,23 @@ MODELS = {
     "transformer": (lambda: zm.TransformerLM(vocab=2048, d_model=256, heads=4, ff=1024, layers=2,
                                              max_seq=64),
                     zm.lm_loss, _lm_batch, ("tokens", "target")),
+    # Hugging Face GPT-2 (6 x 256, seq 128, vocab 8192) with AdamW; global batch 4 x 128 tokens
+    "gpt2": (lambda: GPT2(*GPT2_SIZE[:4]), zm.lm_loss, _gpt2_batch, ("tokens", "target")),
 }
+# Per-model defaults where --steps/--warmup/--reps are not given (a GPT-2 step is ~10x the
+# others': fewer steps and repetitions keep the benchmark at a few minutes).
+DEFAULTS = {"steps": 30, "warmup": 5, "reps": 5}
+MODEL_DEFAULTS = {"gpt2": {"steps": 12, "warmup": 2, "reps": 3}}
+QUICK_DEFAULTS = {"steps": 3, "warmup": 1, "reps": 1}
+# AdamW for the GPT-2, Adam for the others (single-tensor, as traced)
+OPTIMIZER = {"gpt2": lambda params: torch.optim.AdamW(params, lr=LR, weight_decay=0.01)}
 
 
 def make(name: str):
     make_model, loss_fn, make_batch, names = MODELS[name]
     torch.manual_seed(0)
     model = make_model()
-    opt = torch.optim.Adam(model.parameters(), lr=LR)
+    opt = OPTIMIZER.get(name, lambda params: torch.optim.Adam(params, lr=LR))(model.parameters())
     batch = make_batch(torch.Generator().manual_seed(1234))
     return model, opt, loss_fn, batch, names
 
@@ -190,21 +229,28 @@ def rank_env(rank: int, world: int, port: int) -> dict:
                      MASTER_PORT=port)
 
 
+def rank_graph(files, rank: int) -> str:
+    """Rank `rank`'s expanded graph: one file for all ranks, or one per rank (`fxdp expand` writes
+    X.rank<r>.expanded when the ranks differ, e.g. when they slice a replicated value's rows)."""
+    return files["expanded"] if files["identical"] else files["expanded"].replace(
+        ".expanded", f".rank{rank}.expanded")
+
+
 def run_worker(build, files, world: int, steps: int) -> list[float]:
     port = free_port()
     data = files["batch"] if world > 1 else files["local"]
-    cmd = [str(build / "bin" / "fxdp-worker"), "run", "--graph", files["expanded"], "--state",
-           files["state"], "--data", data, "--steps", str(steps), "--threads", "1"]
-    out = launch([(cmd, rank_env(r, world, port)) for r in range(world)])[0]
+    cmd = lambda r: [str(build / "bin" / "fxdp-worker"), "run", "--graph", rank_graph(files, r),  # noqa: E731
+                     "--state", files["state"], "--data", data, "--steps", str(steps), "--threads", "1"]
+    out = launch([(cmd(r), rank_env(r, world, port)) for r in range(world)])[0]
     return [float(m.group(4)) for m in map(WORKER_STEP.match, out.splitlines()) if m]
 
 
 def run_step_bench(build, files, world: int, steps: int):
     port = free_port()
-    cmd = [str(build / "bin" / "fxdp_step_bench"), "--graph", files["expanded"], "--state",
-           files["state"], "--data", files["batch"], "--steps", str(steps), "--threads", "1",
-           "--detail"]
-    outs = launch([(cmd, rank_env(r, world, port)) for r in range(world)], stderr=True)
+    cmd = lambda r: [str(build / "bin" / "fxdp_step_bench"), "--graph", rank_graph(files, r),  # noqa: E731
+                     "--state", files["state"], "--data", files["batch"], "--steps", str(steps),
+                     "--threads", "1", "--detail"]
+    outs = launch([(cmd(r), rank_env(r, world, port)) for r in range(world)], stderr=True)
     per_rank = []
     for out, err in outs:
         rows = [m for m in map(BENCH_STEP.match, out.splitlines()) if m]
@@ -237,6 +283,8 @@ def run_eager(model: str, world: int, steps: int, bucket_mb: float) -> list[floa
     for r in range(world):
         cmd = [sys.executable, __file__, "--child", "--model", model, "--rank", str(r), "--world",
                str(world), "--port", str(port), "--steps", str(steps), "--bucket-mb", str(bucket_mb)]
+        if GPT2_SIZE == GPT2_QUICK:
+            cmd.append("--quick")
         cmds.append((cmd, clean_env(OMP_NUM_THREADS=1)))
     out = launch(cmds)[0]
     return json.loads(out.strip().splitlines()[-1])["ms"]
@@ -258,6 +306,7 @@ def prepare(model_name: str, d: str, fxdp_bin: str, bucket_mb: float) -> dict:
                         str(bucket_mb), "-o", files["expanded"], "--json"],
                        check=True, capture_output=True, text=True)
     report = json.loads(r.stdout)
+    files["identical"] = os.path.exists(files["expanded"])
     nparams = sum(p.numel() for p in model.parameters())
     files["info"] = {
         "params": nparams, "graph_nodes": len(step.graph.nodes),
@@ -275,11 +324,13 @@ def summary(per_run: list[float]) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default=str(REPO / "build"))
-    ap.add_argument("--models", default="mlp,transformer")
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--models", default="mlp,transformer,gpt2")
+    ap.add_argument("--steps", type=int, help="steps per run (default 30; gpt2 12)")
+    ap.add_argument("--warmup", type=int, help="steps left out of each run's median (default 5; gpt2 2)")
+    ap.add_argument("--reps", type=int, help="repetitions (default 5; gpt2 3)")
     ap.add_argument("--bucket-mb", type=float, default=25)
+    ap.add_argument("--quick", action="store_true",
+                    help="a tiny GPT-2, 3 steps, 1 repetition, only the fxdp-worker and DDP runs (tests)")
     ap.add_argument("--json")
     # child mode (one eager/DDP rank)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -288,73 +339,89 @@ def main() -> int:
     ap.add_argument("--world", type=int, default=2, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    global GPT2_SIZE
+    if args.quick:
+        GPT2_SIZE = GPT2_QUICK
     if args.child:
         eager_child(args)
         return 0
 
     build = pathlib.Path(args.build).resolve()
-    w = args.warmup
-    med = lambda xs: statistics.median(xs[w:])  # noqa: E731
     results = {}
     with tempfile.TemporaryDirectory() as d:
         for name in args.models.split(","):
-            files = prepare(name, d, str(build / "bin" / "fxdp"), args.bucket_mb)
-            info = files["info"]
-            print(f"== {name}: {info['params']:,} parameters, {info['graph_nodes']} graph nodes, global "
-                  f"batch {info['global_batch']}, buckets {info['buckets']} bytes", flush=True)
-            runs = {k: [] for k in ("fxdp-worker N=2", "DDP N=2", "fxdp_step_bench N=2",
-                                    "fxdp wait (rank 0)", "fxdp wait (rank 1)",
-                                    "fxdp start (rank 0)", "fxdp-worker N=1", "eager N=1")}
-            ratios, loads, run_loads, detail = [], [], [], []
-            for rep in range(args.reps):
-                loads.append(os.getloadavg()[0])
-                # fxdp and DDP back to back, in alternating order, so that each
-                # repetition's ratio compares runs under similar machine load.
-                pair = [("fxdp-worker N=2", lambda: run_worker(build, files, 2, args.steps)),
-                        ("DDP N=2", lambda: run_eager(name, 2, args.steps, args.bucket_mb))]
-                rl = {}
-                for key, fn in (pair if rep % 2 == 0 else pair[::-1]):
-                    rl[key] = os.getloadavg()[0]  # the 1-minute load average as the run starts
-                    runs[key].append(med(fn()))
-                run_loads.append(rl)
-                ratios.append(runs["fxdp-worker N=2"][-1] / runs["DDP N=2"][-1])
-                sb = run_step_bench(build, files, 2, args.steps)
-                runs["fxdp_step_bench N=2"].append(med(sb[0]["ms"]))
-                runs["fxdp wait (rank 0)"].append(med(sb[0]["wait"]))
-                runs["fxdp wait (rank 1)"].append(med(sb[1]["wait"]))
-                runs["fxdp start (rank 0)"].append(med(sb[0]["start"]))
-                detail.append(per_collective(sb[0]["detail"], w))
-                runs["fxdp-worker N=1"].append(med(run_worker(build, files, 1, args.steps)))
-                runs["eager N=1"].append(med(run_eager(name, 1, args.steps, args.bucket_mb)))
-                print(f"  rep {rep + 1} (load {loads[-1]:.1f}): "
-                      + ", ".join(f"{k} {v[-1]:.1f}" for k, v in runs.items())
-                      + f", ratio {ratios[-1]:.2f}", flush=True)
-            res = {k: summary(v) for k, v in runs.items()}
-            res["fxdp-worker / DDP (per repetition)"] = summary(ratios)
-            res["load average"] = loads
-            res["load average per run"] = run_loads
-            # rank 0 of the step bench, per repetition: every collective in the order started
-            res["fxdp collectives (rank 0)"] = detail
-            res["info"] = info
-            res["collectives_per_step"] = sb[0]["collectives"]
-            results[name] = res
-            print(f"| {'ms per step':<22} | median | min | max |")
-            print(f"|{'-' * 24}|---:|---:|---:|")
-            for k in runs:
-                s = res[k]
-                print(f"| {k:<22} | {s['median']:.1f} | {s['min']:.1f} | {s['max']:.1f} |")
-            r = res["fxdp-worker / DDP (per repetition)"]
-            print("fxdp collectives (rank 0, last repetition): "
-                  + ", ".join(f"{c['bytes']:,} B {c['in_flight_ms']:.1f} ms in flight, "
-                              f"{c['wait_ms']:.1f} ms waited" for c in detail[-1]))
-            print(f"fxdp-worker / DDP: median of medians {res['fxdp-worker N=2']['median'] / res['DDP N=2']['median']:.2f}, "
-                  f"per repetition median {r['median']:.2f} (min {r['min']:.2f}, max {r['max']:.2f}); "
-                  f"target <= 0.95; load average {min(loads):.1f}-{max(loads):.1f}\n", flush=True)
+            base = QUICK_DEFAULTS if args.quick else {**DEFAULTS, **MODEL_DEFAULTS.get(name, {})}
+            cfg = {k: getattr(args, k) if getattr(args, k) is not None else base[k]
+                   for k in ("steps", "warmup", "reps")}
+            results[name] = bench_model(name, build, d, args, cfg)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"torch": torch.__version__, "steps": args.steps, "warmup": args.warmup,
-                       "reps": args.reps, "bucket_mb": args.bucket_mb, "results": results}, f, indent=1)
+            json.dump({"torch": torch.__version__, "steps": args.steps or DEFAULTS["steps"],
+                       "warmup": args.warmup or DEFAULTS["warmup"], "reps": args.reps or DEFAULTS["reps"],
+                       "bucket_mb": args.bucket_mb, "quick": args.quick, "results": results}, f, indent=1)
     return 0
+
+
+def bench_model(name: str, build: pathlib.Path, d: str, args, cfg: dict) -> dict:
+    steps, w = cfg["steps"], cfg["warmup"]
+    med = lambda xs: statistics.median(xs[w:])  # noqa: E731
+    files = prepare(name, d, str(build / "bin" / "fxdp"), args.bucket_mb)
+    info = files["info"]
+    print(f"== {name}: {info['params']:,} parameters, {info['graph_nodes']} graph nodes, global "
+          f"batch {info['global_batch']}, buckets {info['buckets']} bytes; {cfg}", flush=True)
+    keys = ["fxdp-worker N=2", "DDP N=2"]
+    if not args.quick:
+        keys += ["fxdp_step_bench N=2", "fxdp wait (rank 0)", "fxdp wait (rank 1)", "fxdp start (rank 0)",
+                 "fxdp-worker N=1", "eager N=1"]
+    runs = {k: [] for k in keys}
+    ratios, loads, run_loads, detail, sb = [], [], [], [], None
+    for rep in range(cfg["reps"]):
+        loads.append(os.getloadavg()[0])
+        # fxdp and DDP back to back, in alternating order, so that each
+        # repetition's ratio compares runs under similar machine load.
+        pair = [("fxdp-worker N=2", lambda: run_worker(build, files, 2, steps)),
+                ("DDP N=2", lambda: run_eager(name, 2, steps, args.bucket_mb))]
+        rl = {}
+        for key, fn in (pair if rep % 2 == 0 else pair[::-1]):
+            rl[key] = os.getloadavg()[0]  # the 1-minute load average as the run starts
+            runs[key].append(med(fn()))
+        run_loads.append(rl)
+        ratios.append(runs["fxdp-worker N=2"][-1] / runs["DDP N=2"][-1])
+        if not args.quick:
+            sb = run_step_bench(build, files, 2, steps)
+            runs["fxdp_step_bench N=2"].append(med(sb[0]["ms"]))
+            runs["fxdp wait (rank 0)"].append(med(sb[0]["wait"]))
+            runs["fxdp wait (rank 1)"].append(med(sb[1]["wait"]))
+            runs["fxdp start (rank 0)"].append(med(sb[0]["start"]))
+            detail.append(per_collective(sb[0]["detail"], w))
+            runs["fxdp-worker N=1"].append(med(run_worker(build, files, 1, steps)))
+            runs["eager N=1"].append(med(run_eager(name, 1, steps, args.bucket_mb)))
+        print(f"  rep {rep + 1} (load {loads[-1]:.1f}): "
+              + ", ".join(f"{k} {v[-1]:.1f}" for k, v in runs.items())
+              + f", ratio {ratios[-1]:.2f}", flush=True)
+    res = {k: summary(v) for k, v in runs.items()}
+    res["fxdp-worker / DDP (per repetition)"] = summary(ratios)
+    res["load average"] = loads
+    res["load average per run"] = run_loads
+    # rank 0 of the step bench, per repetition: every collective in the order started
+    res["fxdp collectives (rank 0)"] = detail
+    res["info"] = info
+    res["config"] = cfg
+    res["collectives_per_step"] = sb[0]["collectives"] if sb else None
+    print(f"| {'ms per step':<22} | median | min | max |")
+    print(f"|{'-' * 24}|---:|---:|---:|")
+    for k in runs:
+        s = res[k]
+        print(f"| {k:<22} | {s['median']:.1f} | {s['min']:.1f} | {s['max']:.1f} |")
+    r = res["fxdp-worker / DDP (per repetition)"]
+    if detail:
+        print("fxdp collectives (rank 0, last repetition): "
+              + ", ".join(f"{c['bytes']:,} B {c['in_flight_ms']:.1f} ms in flight, "
+                          f"{c['wait_ms']:.1f} ms waited" for c in detail[-1]))
+    print(f"fxdp-worker / DDP: median of medians {res['fxdp-worker N=2']['median'] / res['DDP N=2']['median']:.2f}, "
+          f"per repetition median {r['median']:.2f} (min {r['min']:.2f}, max {r['max']:.2f}); "
+          f"target <= 0.95; load average {min(loads):.1f}-{max(loads):.1f}\n", flush=True)
+    return res
 
 
 if __name__ == "__main__":

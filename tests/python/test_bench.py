@@ -161,3 +161,24 @@ def test_results_md_step_and_executor_tables():
     assert "| mlp | 47.0 (46.0-48.0) | 44.5 (44.0-45.0) | 1.03 (1.02-1.04) | 12.5 (12.0-13.0) | 30.5 / 29.2 |" in md
     assert "**N=4**: not run" in md
     assert "**failed**: `boom`" in md
+
+
+def test_step_vs_ddp_quick_gpt2(tmp_path):
+    """bench/step_vs_ddp.py --quick on the Hugging Face GPT-2 (a tiny config, AdamW): traced,
+    expanded, run on 2 fxdp-worker processes and under DDP (Gloo), both timed, and rendered into
+    the step table. The full size runs in `make bench`."""
+    for name in ("fxdp", "fxdp-worker"):
+        binary(name)
+    j = tmp_path / "step.json"
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "step_vs_ddp.py"), "--quick", "--models", "gpt2",
+                        "--build", str(build_dir()), "--json", str(j)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    d = json.loads(j.read_text())
+    g = d["results"]["gpt2"]
+    assert d["quick"] and g["config"] == {"steps": 3, "warmup": 1, "reps": 1}
+    assert g["info"]["params"] > 0 and g["info"]["graph_nodes"] > 500 and g["info"]["buckets"]
+    for k in ("fxdp-worker N=2", "DDP N=2"):
+        assert len(g[k]["runs"]) == 1 and g[k]["median"] > 0, k
+    assert g["fxdp-worker / DDP (per repetition)"]["median"] > 0
+    md = "\n".join(run_all.md_step({"raw": d, "n4": run_all.N4_REASON, "command": "step_vs_ddp.py --quick"}))
+    assert "| gpt2 | " in md and "steps/warm-up/repetitions 3/1/1" in md
