@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "analysis/dim_spec.h"
+#include "analysis/ir/hyperparameters.h"
 #include "analysis/ir/status_macros.h"
 #include "analysis/op_rules.h"
 #include "analysis/view_rules.h"
@@ -1858,6 +1859,12 @@ class BatchDimAnalyzer {
       a_.warnings_.push_back(absl::StrFormat(
           "no batch-dim rule for %s (%d node%s, first %s): fell back to size matching: %s", op,
           count, count == 1 ? "" : "s", g_.node(first).name, what));
+    }
+    const std::vector<std::string> hyper = ir::HyperparameterNames(g_);
+    if (!hyper.empty()) {
+      a_.notes_.push_back(absl::StrCat(
+          "hyper-parameters (R: the same value on every rank, fed per step by a schedule): ",
+          absl::StrJoin(hyper, ", ")));
     }
   }
 

@@ -66,6 +66,11 @@ std::string DescribeDecision(const Graph& g, const BatchDimAnalysis& a, NodeId i
               : "input without a batch dim";
       break;
     case Decision::kState:
+      if (n.is_placeholder() && n.placeholder.role == ir::PlaceholderRole::kHyperparameter) {
+        s = absl::StrCat("hyper-parameter ", n.placeholder.state_name,
+                         ": replicated (one value for every rank, fed per step)");
+        break;
+      }
       s = n.is_placeholder()
               ? absl::StrCat(Lower(ir::PlaceholderRoleName(n.placeholder.role)),
                              n.placeholder.state_name.empty() ? "" : " ",

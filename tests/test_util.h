@@ -15,7 +15,7 @@
 namespace fxdp::testing {
 
 // The hand-written golden graphs in tests/testdata/ (text form).
-inline constexpr const char* kGoldenGraphs[] = {"mlp_sgd.txt", "batchnorm_getitem.txt",
+inline constexpr const char* kGoldenGraphs[] = {"mlp_sgd.txt", "mlp_sgd_hyper.txt", "batchnorm_getitem.txt",
                                                 "foreach_adam_like.txt"};
 
 inline std::string TestDataPath(const std::string& name) {

@@ -127,6 +127,18 @@ absl::Status VerifyNode(const std::vector<Node>& nodes, int i) {
                                       PlaceholderRoleName(p.role),
                                       " placeholder; only INPUT placeholders have a batch dim"));
       }
+      if (p.role == PlaceholderRole::kHyperparameter) {
+        const TensorType& t = n.outputs[0].tensor;
+        if (rank != 0)
+          return NodeError(nodes, i,
+                           absl::StrCat("HYPERPARAMETER placeholder '", p.state_name,
+                                        "' must be a 0-d tensor (one value per step), got ",
+                                        t.ToString()));
+        if (!DTypeIsFloatingPoint(t.dtype))
+          return NodeError(nodes, i,
+                           absl::StrCat("HYPERPARAMETER placeholder '", p.state_name,
+                                        "' must have a floating dtype, got ", t.ToString()));
+      }
       break;
     }
     case NodeKind::kGetAttr:
@@ -220,6 +232,10 @@ absl::Status VerifyRoles(const std::vector<Node>& nodes) {
     if (it == state.end())
       return NodeError(nodes, out, absl::StrCat(label, ": no placeholder has that state name"));
     const Node& p = nodes[it->second];
+    if (p.placeholder.role == PlaceholderRole::kHyperparameter)
+      return NodeError(nodes, out,
+                       absl::StrCat(label, ": '", p.name, "' is a HYPERPARAMETER placeholder, ",
+                                    "which the step never updates (a schedule feeds it)"));
     if (UpdatedRole(spec.role) != p.placeholder.role)
       return NodeError(nodes, out,
                        absl::StrCat(label, ": expected a placeholder of role ",

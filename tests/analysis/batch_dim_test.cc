@@ -103,6 +103,26 @@ TEST(BatchDim, MlpSgdGolden) {
   EXPECT_TRUE(r.a.warnings().empty());
 }
 
+TEST(BatchDim, HyperparametersAreReplicatedAndListed) {
+  auto g = ValueOrDie(ir::ParseGraphText(ReadTestData("mlp_sgd_hyper.txt")));
+  BatchDimAnalysis a = ValueOrDie(AnalyzeBatchDims(g, {2}));
+  Analysed r{g, std::move(a)};
+  EXPECT_EQ(r.P("lr"), "R");
+  EXPECT_EQ(r.P("wd"), "R");
+  EXPECT_EQ(r.Why("lr"),
+            "hyper-parameter optim.group0.lr: replicated (one value for every rank, fed per step)");
+  // The update reads the all-reduced gradient and the replicated lr.
+  EXPECT_EQ(r.P("step_w"), "R");
+  EXPECT_EQ(r.P("new_w"), "R");
+  EXPECT_EQ(r.a.reductions().size(), 2u);
+  EXPECT_THAT(r.a.notes(),
+              ::testing::Contains(HasSubstr("hyper-parameters (R: the same value on every rank, fed "
+                                            "per step by a schedule): optim.group0.lr, "
+                                            "optim.group0.weight_decay")));
+  EXPECT_THAT(AnalysisToTable(g, r.a), HasSubstr("hyper-parameter optim.group0.weight_decay"));
+  EXPECT_TRUE(r.a.warnings().empty());
+}
+
 // B = 8 and every other dim is 8 too: size matching cannot tell them apart.
 TEST(BatchDim, AllDimsEqualToTheBatchSize) {
   auto r = MustRun(R"(

@@ -46,6 +46,8 @@ ValueRef Ref(int node, int output = 0) { return ValueRef{NodeId{node}, output}; 
 // batchnorm_getitem.txt: 7 bn (5 outputs), 8..12 getitems, 15 bwd, 17 gw.
 const std::string kMlp = "mlp_sgd.txt";
 const std::string kBn = "batchnorm_getitem.txt";
+// mlp_sgd_hyper.txt: 0 w, 1 b, 2 lr, 3 wd (HYPERPARAMETER), ..., 22 new_w, 27 output.
+const std::string kHyper = "mlp_sgd_hyper.txt";
 
 const VerifyCase kCases[] = {
     {"ForwardReference", kMlp, [](auto&, auto& n) { n[5].args[1] = Ref(6); },
@@ -147,6 +149,23 @@ const VerifyCase kCases[] = {
      "node 'save_mean' (#9): operator.getitem output type f32[3] differs from the element it extracts (f32[2])"},
     {"GetItemBadArguments", kBn, [](auto&, auto& n) { n[9].args.pop_back(); },
      "node 'save_mean' (#9): operator.getitem expects (ref, int) arguments"},
+    {"HyperparameterNotScalar", kHyper, [](auto&, auto& n) {
+       n[2].outputs[0].tensor.shape = {1};
+       n[2].outputs[0].tensor.stride = {1};
+     },
+     "node 'lr' (#2): HYPERPARAMETER placeholder 'optim.group0.lr' must be a 0-d tensor (one value "
+     "per step), got f32[1]"},
+    {"HyperparameterNotFloating", kHyper,
+     [](auto&, auto& n) { n[3].outputs[0].tensor.dtype = DType::kInt64; },
+     "node 'wd' (#3): HYPERPARAMETER placeholder 'optim.group0.weight_decay' must have a floating "
+     "dtype, got i64[]"},
+    {"HyperparameterWithoutStateName", kHyper, [](auto&, auto& n) { n[2].placeholder.state_name = ""; },
+     "node 'lr' (#2): placeholder with role HYPERPARAMETER has no state name"},
+    {"HyperparameterUpdated", kHyper, [](auto&, auto& n) {
+       n[27].output_specs[0] = {OutputRole::kUpdatedOptimizerState, "optim.group0.lr"};
+     },
+     "node 'output' (#27): returned value 0 (UPDATED_OPTIMIZER_STATE 'optim.group0.lr'): 'lr' is a "
+     "HYPERPARAMETER placeholder, which the step never updates"},
     {"ListsTooDeep", kMlp, [](auto&, auto& n) {
        Argument a(int64_t{1});
        for (int i = 0; i < 20; ++i) a = Argument(Argument::List{a});

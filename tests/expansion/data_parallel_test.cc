@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "analysis/ir/hyperparameters.h"
 #include "analysis/ir/text.h"
 #include "tests/test_util.h"
 
@@ -87,6 +88,24 @@ TEST(Expand, MlpEvenSplit) {
   const auto& rets = out.args[0].as<ir::Argument::List>();
   EXPECT_EQ(g.node(rets[2].as<ir::ValueRef>().node).target.name, "_c10d_functional::wait_tensor");
   EXPECT_EQ(g.node(rets[3].as<ir::ValueRef>().node).name, "loss");
+}
+
+TEST(Expand, HyperparametersPassThroughUnchanged) {
+  const ir::Graph src = ValueOrDie(ir::ParseGraphText(ReadTestData("mlp_sgd_hyper.txt")));
+  Expansion e = ValueOrDie(ExpandText(ReadTestData("mlp_sgd_hyper.txt"), {.world_size = 3}));
+  for (int r = 0; r < 3; ++r) {
+    const ir::Graph& g = e.graph(r);
+    for (const char* name : {"lr", "wd"}) {
+      const ir::Node& before = Find(src, name);
+      const ir::Node& after = Find(g, name);
+      EXPECT_EQ(ir::PrintNode(g, *g.FindNode(name)), ir::PrintNode(src, *src.FindNode(name)));
+      EXPECT_EQ(after.placeholder.role, ir::PlaceholderRole::kHyperparameter);
+      EXPECT_EQ(after.placeholder.state_name, before.placeholder.state_name);
+    }
+    // Nothing is all-reduced but the two gradients and the loss.
+    EXPECT_EQ(Count(g, "_c10d_functional::all_reduce"), 2);
+    EXPECT_EQ(ir::HyperparameterNames(g), ir::HyperparameterNames(src));
+  }
 }
 
 TEST(Expand, UnevenSplitWeightsByShare) {
