@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "analysis/ir/hyperparameters.h"
 #include "analysis/ir/status_macros.h"
 #include "analysis/ir/text.h"
 #include "executor/torch_types.h"
@@ -1023,6 +1024,38 @@ absl::StatusOr<StepRunner> StepRunner::Create(Program program, TensorMap state) 
     r.moves_.push_back(updated);
   }
   return r;
+}
+
+absl::Status StepRunner::SetHyperparameters(
+    const std::vector<std::pair<std::string, double>>& values) {
+  if (values.empty()) return absl::OkStatus();
+  const auto& inputs = program_.inputs();
+  std::vector<const ProgramInput*> targets;
+  for (const auto& [name, value] : values) {
+    const ProgramInput* found = nullptr;
+    for (const ProgramInput& in : inputs) {
+      if (in.state_name == name && in.role == ir::PlaceholderRole::kHyperparameter) found = &in;
+    }
+    if (found == nullptr) {
+      ir::PlaceholderNames names;
+      for (const ProgramInput& in : inputs)
+        names.entries.push_back(
+            {in.state_name, in.role == ir::PlaceholderRole::kHyperparameter, in.node});
+      return names.Check({name}, "hyper-parameters");
+    }
+    targets.push_back(found);
+  }
+  try {
+    for (size_t i = 0; i < values.size(); ++i) {
+      const ProgramInput& in = *targets[i];
+      state_[in.state_name] = at::scalar_tensor(
+          values[i].second,
+          at::TensorOptions().dtype(ToTorch(in.type.tensor.dtype)).device(program_.device()));
+    }
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("setting the hyper-parameters: ", ExceptionMessage(e)));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<at::Tensor> StepRunner::Step(const TensorMap& batch) {

@@ -64,6 +64,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -167,6 +168,15 @@ class StepRunner {
   // during the step (they are not copied); if a kernel fails mid-step those
   // entries are lost and every later Step is FAILED_PRECONDITION.
   absl::StatusOr<at::Tensor> Step(const TensorMap& batch);
+
+  // Writes one step's hyper-parameter values into the state: each name must
+  // be a HYPERPARAMETER placeholder's state name (INVALID_ARGUMENT naming the
+  // first one that is not, what it is instead and the graph's
+  // hyper-parameters; nothing is written then). Each value becomes a 0-d
+  // tensor of the placeholder's dtype on the program's device and stays in
+  // effect until the next call names it.
+  absl::Status SetHyperparameters(
+      const std::vector<std::pair<std::string, double>>& values);
 
   const TensorMap& state() const { return state_; }
   // The OTHER outputs of the last step, by position in output_specs.

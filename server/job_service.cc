@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "analysis/ir/hyperparameters.h"
 #include "expansion/data_parallel.h"
 #include "server/raw_tensors.h"
 #include "server/log.h"
@@ -111,6 +112,9 @@ grpc::Status ValidateSpec(const v1::JobSpec& spec) {
   for (int i = 0; i < spec.data_paths_size(); ++i) {
     if (spec.data_paths(i).empty()) return Invalid(absl::StrCat("JobSpec.data_paths[", i, "] is empty"));
   }
+  if (spec.schedule_size() > 0 && spec.steps() == 0) {
+    return Invalid("JobSpec.steps must be > 0 with a schedule (JobSpec.schedule gives one value per step)");
+  }
   if (spec.data_paths_size() > 0 && spec.steps() == 0) {
     return Invalid("JobSpec.steps must be > 0 with data_paths (the workers read the batches; the client "
                    "sends none)");
@@ -151,6 +155,8 @@ struct JobServiceImpl::Job {
   v1::JobSpec spec;  // without the graph
   v1::ExpandResponse expanded;
   std::vector<InputSpec> inputs;
+  ir::PlaceholderNames placeholders;  // of the single-device graph
+  ir::Schedule schedule;              // JobSpec.schedule, checked
 
   std::mutex mu;
   std::condition_variable cv;
@@ -338,7 +344,9 @@ class JobServiceImpl::Runner {
     Log(absl::StrCat(id_, ": submitted, ", spec.world_size(), " ranks, ",
                      spec.steps() > 0 ? absl::StrCat(spec.steps(), " steps") : "open-ended",
                      spec.data_paths_size() > 0 ? absl::StrCat(", batches from ", absl::StrJoin(spec.data_paths(), ", "))
-                                                : ""));
+                                                : "",
+                     job_->schedule.empty() ? "" : absl::StrCat(", schedule for ", absl::StrJoin(job_->schedule.names(), ", ")),
+                     job_->expanded.cached() ? " (compile cache hit)" : " (compiled: cache miss)"));
     call_->Write(first);
     grpc::Status status;
     if (!WaitInQueue(&status)) return status;
@@ -418,6 +426,7 @@ class JobServiceImpl::Runner {
     job_->spec.Swap(first.mutable_spec());
     const v1::JobSpec& spec = job_->spec;
     if (grpc::Status s = ValidateSpec(spec); !s.ok()) return s;
+    if (grpc::Status s = TakeSchedule(); !s.ok()) return s;
     v1::ExpandRequest xr;
     xr.set_allocated_graph(job_->spec.release_graph());
     xr.set_world_size(spec.world_size());
@@ -430,6 +439,26 @@ class JobServiceImpl::Runner {
     }
     if (job_->expanded.graphs_size() == 0) return {grpc::StatusCode::INTERNAL, "the expansion returned no graph"};
     job_->inputs = GraphInputs(xr.graph());
+    return grpc::Status::OK;
+  }
+
+  // JobSpec.schedule: names of the graph's HYPERPARAMETER placeholders, each
+  // with a value per step (checked before anything is compiled).
+  grpc::Status TakeSchedule() {
+    job_->placeholders = ir::PlaceholderNames::Of(job_->spec.graph());
+    std::map<std::string, std::vector<double>> series;
+    std::vector<std::string> names;
+    for (const v1::HyperparameterSeries& h : job_->spec.schedule()) {
+      if (series.count(h.name()) > 0) return Invalid(absl::StrCat("JobSpec.schedule: '", h.name(), "' appears twice"));
+      names.push_back(h.name());
+      series[h.name()].assign(h.values().begin(), h.values().end());
+    }
+    if (absl::Status s = job_->placeholders.Check(names, "JobSpec.schedule"); !s.ok()) return Invalid(std::string(s.message()));
+    absl::StatusOr<ir::Schedule> schedule =
+        ir::Schedule::FromSeries(std::move(series), job_->spec.steps(), "JobSpec.schedule");
+    if (!schedule.ok()) return Invalid(std::string(schedule.status().message()));
+    job_->schedule = *std::move(schedule);
+    job_->spec.clear_schedule();
     return grpc::Status::OK;
   }
 
@@ -745,6 +774,7 @@ class JobServiceImpl::Runner {
         v1::ServerMessage m;
         m.mutable_batch()->set_job_id(id_);
         m.mutable_batch()->set_step(++sent);
+        AddHyperparameters(job_->schedule.At(sent), m.mutable_batch());
         if (grpc::Status s = SendAll(m); !s.ok()) return s;
         pending.push_back({sent, std::vector<v1::StepResult>(world_), 0});
         continue;
@@ -828,7 +858,21 @@ class JobServiceImpl::Runner {
       return BadInput(absl::StrCat("got a StepBatch for step ", b.step(), ", expected step ", step,
                                    " (steps count from 1, consecutively)"));
     }
-    if (batch == nullptr) batch = std::make_unique<ChunkStream>(what, /*keep_data=*/true);
+    if (batch == nullptr) {
+      batch = std::make_unique<ChunkStream>(what, /*keep_data=*/true);
+      step_hyper_.clear();
+    }
+    for (const v1::HyperparameterValue& h : b.hyperparameters()) {
+      if (absl::Status s = job_->placeholders.Check({h.name()}, absl::StrCat(what, ": StepBatch.hyperparameters"));
+          !s.ok()) {
+        return BadInput(s.message());
+      }
+      if (!std::isfinite(h.value())) {
+        return BadInput(absl::StrCat(what, ": hyper-parameter '", h.name(), "' is ", h.value(),
+                                     ", not a finite number"));
+      }
+      step_hyper_[h.name()] = h.value();
+    }
     for (const v1::TensorChunk& c : b.tensors()) {
       if (!batch->pending()) {
         const InputSpec* in = FindInput(c.name());
@@ -865,6 +909,11 @@ class JobServiceImpl::Runner {
   // Every rank its slice of each tensor along the INPUT's batch dim (the
   // whole tensor for an input without one).
   grpc::Status SendShards(int64_t step, const std::vector<RawTensor>& tensors) {
+    // The step's hyper-parameters: the schedule's, overridden by the batch's.
+    std::map<std::string, double> merged;
+    for (const auto& [name, value] : job_->schedule.At(step)) merged[name] = value;
+    for (const auto& [name, value] : step_hyper_) merged[name] = value;
+    const ir::HyperparameterValues hyper(merged.begin(), merged.end());
     std::vector<v1::TensorChunk> chunks;
     for (int r = 0; r < world_; ++r) {
       chunks.clear();
@@ -886,14 +935,15 @@ class JobServiceImpl::Runner {
         for (int64_t d : shape) c.add_shape(d);
         RechunkTensor(c, service_->options_.chunk_bytes, &chunks);
       }
-      if (grpc::Status s = SendBatch(r, step, chunks); !s.ok()) return s;
+      if (grpc::Status s = SendBatch(r, step, hyper, chunks); !s.ok()) return s;
     }
     return grpc::Status::OK;
   }
 
   // A rank's Batch messages: chunks grouped up to chunk_bytes per message,
   // `more` on all but the last.
-  grpc::Status SendBatch(int rank, int64_t step, std::vector<v1::TensorChunk>& chunks) {
+  grpc::Status SendBatch(int rank, int64_t step, const ir::HyperparameterValues& hyper,
+                         std::vector<v1::TensorChunk>& chunks) {
     v1::ServerMessage m;
     v1::Batch* b = m.mutable_batch();
     size_t bytes = 0;
@@ -904,6 +954,7 @@ class JobServiceImpl::Runner {
       bytes = 0;
     };
     start();
+    AddHyperparameters(hyper, b);  // on the step's first message
     for (v1::TensorChunk& c : chunks) {
       if (b->tensors_size() > 0 && bytes + c.data().size() > service_->options_.chunk_bytes) {
         b->set_more(true);
@@ -950,9 +1001,18 @@ class JobServiceImpl::Runner {
     return grpc::Status::OK;
   }
 
+  static void AddHyperparameters(const ir::HyperparameterValues& values, v1::Batch* b) {
+    for (const auto& [name, value] : values) {
+      v1::HyperparameterValue* h = b->add_hyperparameters();
+      h->set_name(name);
+      h->set_value(value);
+    }
+  }
+
   JobServiceImpl* const service_;
   SubmitCall* const call_;
   const std::shared_ptr<Job> job_;
+  std::map<std::string, double> step_hyper_;  // StepBatch.hyperparameters of the step being read
   bool queued_ = false;
   std::string id_;
   std::vector<std::string> workers_;
@@ -1107,6 +1167,8 @@ grpc::Status JobServiceImpl::Enqueue(const std::shared_ptr<Job>& job, v1::JobEve
     info.set_steps(spec.steps());
     *info.mutable_data_paths() = spec.data_paths();
     info.set_submitted_unix_ms(UnixMs());
+    info.set_compile_cached(job->expanded.cached());
+    for (std::string& h : job->placeholders.Hyperparameters()) info.add_hyperparameters(std::move(h));
   }
   jobs_[id] = job;
   order_.push_back(id);

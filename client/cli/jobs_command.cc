@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "analysis/ir/hyperparameters.h"
 #include "client/cli/commands.h"
 #include "client/cli/safetensors_raw.h"
 #include "grpcpp/grpcpp.h"
@@ -36,8 +37,8 @@ constexpr int kConnectTimeoutS = 5;
 constexpr char kRunUsage[] =
     "usage: fxdp run GRAPH --world-size N --state S.safetensors --data D.safetensors\n"
     "                [--data D2.safetensors ...] [--steps K] [--out FINAL.safetensors]\n"
-    "                [--bucket-mb X] [--sync-batchnorm] [--name NAME] [--timeout S] [--json]\n"
-    "                [--server HOST:PORT]\n"
+    "                [--bucket-mb X] [--sync-batchnorm] [--name NAME] [--timeout S]\n"
+    "                [--schedule FILE] [--json] [--server HOST:PORT]\n"
     "       fxdp run GRAPH ... --data-on-workers PATH [--data-on-workers PATH2 ...] --steps K\n"
     "\n"
     "Runs a traced training step (GRAPH, what fxdp.trace saved) data-parallel on N\n"
@@ -64,6 +65,15 @@ constexpr char kRunUsage[] =
     "                       (as SyncBatchNorm; default: each rank's, as DDP)\n"
     "  --name NAME          a label for `fxdp jobs` (default: GRAPH's file name)\n"
     "  --timeout S          rendezvous / collective timeout, seconds (default 60)\n"
+    "  --schedule FILE      per-step values of the graph's hyper-parameters (its\n"
+    "                       HYPERPARAMETER placeholders: optim.group0.lr, ...), JSON:\n"
+    "                       {\"optim.group0.lr\": [v1, v2, ...]} (one value per step) or a\n"
+    "                       closed form: {\"constant\": v}, {\"linear_warmup_cosine\":\n"
+    "                       {\"peak\": P, \"warmup_steps\": W, \"total_steps\": T, \"final\": F}},\n"
+    "                       {\"step_decay\": {\"initial\": V, \"step_size\": N, \"gamma\": G}}\n"
+    "                       (README \"Schedules\"). Sent in the JobSpec; the graph is\n"
+    "                       compiled once for the whole run. Names the schedule leaves\n"
+    "                       out keep their traced value\n"
     "  --json               one JSON object per line per event instead of text\n"
     "\n"
     "Exit codes: 0 ok, 1 the job failed, was cancelled or was refused, 2 usage, 3 the\n"
@@ -181,6 +191,9 @@ nlohmann::ordered_json InfoJson(const v1::JobInfo& j) {
   o["message"] = j.message();
   o["started_unix_ms"] = j.started_unix_ms();
   o["data_paths"] = std::vector<std::string>(j.data_paths().begin(), j.data_paths().end());
+  o["hyperparameters"] =
+      std::vector<std::string>(j.hyperparameters().begin(), j.hyperparameters().end());
+  o["compile_cached"] = j.compile_cached();
   return o;
 }
 
@@ -206,6 +219,10 @@ std::string InfoText(const v1::JobInfo& j) {
   if (j.data_paths_size() > 0) {
     absl::StrAppendFormat(&out, "data       %s (on the workers)\n", absl::StrJoin(j.data_paths(), ", "));
   }
+  if (j.hyperparameters_size() > 0) {
+    absl::StrAppendFormat(&out, "hyper-params %s\n", absl::StrJoin(j.hyperparameters(), ", "));
+  }
+  absl::StrAppendFormat(&out, "compiled   %s\n", j.compile_cached() ? "from the compile cache" : "for this job");
   absl::StrAppendFormat(&out, "final state %s\n",
                         j.has_state() ? "kept" : (j.state_evicted() ? "evicted (--max-state-mb)" : "-"));
   if (!j.error().empty()) absl::StrAppendFormat(&out, "error      %s\n", j.error());
@@ -403,7 +420,7 @@ class RunPrinter {
 
 int RunCommand(const std::vector<std::string>& args) {
   util::Flags flags("fxdp run", kRunUsage);
-  std::string server = kDefaultServer, state_path, out, name;
+  std::string server = kDefaultServer, state_path, out, name, schedule_path;
   std::vector<std::string> data, data_on_workers;
   int32_t world = 1, steps = 0;
   double bucket_mb = 0, timeout_s = 0;
@@ -420,6 +437,7 @@ int RunCommand(const std::vector<std::string>& args) {
   flags.Bool("--sync-batchnorm", &sync_bn);
   flags.String("--name", &name);
   flags.Double("--timeout", &timeout_s);
+  flags.String("--schedule", &schedule_path);
   flags.Bool("--json", &json);
   std::vector<std::string> pos;
   if (int rc = flags.Parse(args, &pos); rc >= 0) return rc;
@@ -461,6 +479,18 @@ int RunCommand(const std::vector<std::string>& args) {
   spec.set_sync_batchnorm(sync_bn);
   spec.set_collective_timeout_s(timeout_s);
   spec.set_name(name.empty() ? Basename(pos[0]) : name);
+  if (!schedule_path.empty()) {
+    absl::StatusOr<ir::Schedule> schedule = ir::Schedule::ReadFile(schedule_path, steps);
+    if (!schedule.ok()) return ReportError("run", schedule.status());
+    const absl::Status names = ir::PlaceholderNames::Of(spec.graph())
+                                   .Check(schedule->names(), absl::StrCat("--schedule ", schedule_path));
+    if (!names.ok()) return ReportError("run", names);
+    for (const auto& [hp, values] : schedule->series()) {
+      v1::HyperparameterSeries* h = spec.add_schedule();
+      h->set_name(hp);
+      *h->mutable_values() = {values.begin(), values.end()};
+    }
+  }
 
   auto channel = Connect("run", server);
   if (!channel) return kExitIo;

@@ -165,6 +165,7 @@ struct JobEvent {
   Kind kind;
   TensorMap tensors;     // kState, kBatch
   int64_t step = 0;      // kBatch
+  std::vector<std::pair<std::string, double>> hyperparameters;  // kBatch: Batch.hyperparameters
   uint32_t chunk_bytes = 0;  // kFetch
   bool end_job = false;      // kFetch
   std::string reason;        // kCancel
@@ -199,6 +200,7 @@ struct Job {
   bool state_done = false;
   TensorAssembler batch_asm;
   int64_t batch_step = 0;  // the step whose Batch messages are arriving (0: none)
+  std::vector<std::pair<std::string, double>> batch_hyper;  // that step's hyper-parameters
   bool input_failed = false;  // an error was queued: later chunks are ignored
 
   void Push(JobEvent e) {
@@ -585,6 +587,8 @@ void AttachedWorker::Handle(ServerMessage& m, const std::shared_ptr<Session>& se
         return fail(absl::InvalidArgumentError(absl::StrCat(
             "step ", job->batch_step, "'s batch was not complete (its last message had more set)")));
       job->batch_step = b.step();
+      for (const v1::HyperparameterValue& h : b.hyperparameters())
+        job->batch_hyper.emplace_back(h.name(), h.value());
       for (const v1::TensorChunk& t : b.tensors()) {
         absl::Status s = job->batch_asm.Add(t);
         if (!s.ok()) return fail(s);
@@ -594,7 +598,10 @@ void AttachedWorker::Handle(ServerMessage& m, const std::shared_ptr<Session>& se
         return fail(absl::InvalidArgumentError(absl::StrCat(
             "tensor '", job->batch_asm.pending_name(), "' is incomplete and more is not set")));
       job->batch_step = 0;
-      job->Push(JobEvent::Tensors(JobEvent::kBatch, job->batch_asm.Take(), b.step()));
+      JobEvent e = JobEvent::Tensors(JobEvent::kBatch, job->batch_asm.Take(), b.step());
+      e.hyperparameters = std::move(job->batch_hyper);
+      job->batch_hyper.clear();
+      job->Push(std::move(e));
       return;
     }
     case ServerMessage::kFetchState: {
@@ -899,6 +906,8 @@ absl::Status AttachedWorker::JobBody(Job& job, std::unique_ptr<Communicator>& co
               "a Batch with tensors for a job that reads its batches from AssignJob.data_paths"));
         }
         e.tensors.clear();
+        if (absl::Status s = runner.SetHyperparameters(e.hyperparameters); !s.ok())
+          return absl::Status(s.code(), absl::StrCat("the hyper-parameters of step ", step, ": ", s.message()));
         const TensorMap& batch = files.empty() ? shard : files[(step - 1) % files.size()];
         timed.TakeStats();
         absl::StatusOr<at::Tensor> loss = runner.Step(batch);

@@ -24,6 +24,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "analysis/ir/hyperparameters.h"
 #include "analysis/ir/proto_codec.h"
 #include "analysis/ir/status_macros.h"
 #include "executor/communicator.h"
@@ -56,7 +57,7 @@ constexpr char kRunUsage[] =
     "usage: fxdp-worker run --graph G.pb --state S.safetensors --data D.safetensors\n"
     "                       --steps K [--out FINAL.safetensors] [--device cpu|cuda[:N]]\n"
     "                       [--data D2.safetensors ...] [--timeout SECONDS] [--threads N]\n"
-    "                       [--job NAME] [--check-outputs]\n"
+    "                       [--job NAME] [--check-outputs] [--schedule FILE]\n"
     "\n"
     "Runs the training step G (a binary fxdp.v1.GraphDef, e.g. from fxdp.TracedStep.save,\n"
     "python -m fxdp.zoo.export or fxdp expand) K times. The state file holds every\n"
@@ -86,6 +87,16 @@ constexpr char kRunUsage[] =
     "  --threads N         intra-op CPU threads (default: OMP_NUM_THREADS, else all cores\n"
     "                      for one rank, cores / LOCAL_WORLD_SIZE or 1 for several ranks)\n"
     "  --check-outputs     compare every node's output dtype and shape with the graph\n"
+    "  --schedule FILE     per-step values of the graph's HYPERPARAMETER placeholders (lr,\n"
+    "                      momentum, ...): a JSON object from name to a list of values, one\n"
+    "                      per step, or a closed form ({\"constant\": v},\n"
+    "                      {\"linear_warmup_cosine\": {\"peak\", \"warmup_steps\",\n"
+    "                      \"total_steps\", \"final\"}}, {\"step_decay\": {\"initial\",\n"
+    "                      \"step_size\", \"gamma\"}}); see README \"Schedules\". Step i's\n"
+    "                      values are written into the state before step i runs; names it\n"
+    "                      does not give keep their state value. A name that is not a\n"
+    "                      hyper-parameter of the graph, or fewer values than --steps, is an\n"
+    "                      error before the rendezvous\n"
     "\n"
     "Launch environment (torchrun / Slurm conventions): RANK, WORLD_SIZE, LOCAL_RANK,\n"
     "MASTER_ADDR, MASTER_PORT, or SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID. With\n"
@@ -167,6 +178,7 @@ struct RunArgs {
   std::string job = "local";
   int threads = 0;  // 0: see Run
   bool check_outputs = false;
+  std::string schedule;  // --schedule FILE ("" : none)
 };
 
 // Every line on stderr says which job, rank and step it is about:
@@ -215,6 +227,18 @@ absl::Status Run(const RunArgs& args, const LaunchEnv& env, Logger& log,
         absl::StrCat("--device '", args.device, "' is not a device (cpu, cuda, cuda:N)"));
   }
 
+  // The graph and the schedule first: a bad schedule fails before the
+  // rendezvous, so no rank waits for one that gave up.
+  const std::string graph_path = WithRank(args.graph, env.rank);
+  FXDP_ASSIGN_OR_RETURN(ir::Graph graph, ir::ReadGraphFile(graph_path));
+  ir::Schedule schedule;
+  if (!args.schedule.empty()) {
+    FXDP_ASSIGN_OR_RETURN(schedule, ir::Schedule::ReadFile(args.schedule, args.steps));
+    FXDP_RETURN_IF_ERROR(ir::CheckHyperparameterNames(graph, schedule.names(),
+                                                      absl::StrCat("--schedule ", args.schedule)));
+    log.Log("schedule ", args.schedule, ": ", absl::StrJoin(schedule.names(), ", "));
+  }
+
   // Intra-op threads: --threads, else OMP_NUM_THREADS (LibTorch reads it),
   // else with several ranks the cores divided among this host's ranks
   // (LOCAL_WORLD_SIZE; 1 thread when unknown, as torchrun does): OpenMP
@@ -250,8 +274,6 @@ absl::Status Run(const RunArgs& args, const LaunchEnv& env, Logger& log,
   // Counts the time each step spends waiting on communication.
   TimedCommunicator timed(comm.get());
 
-  const std::string graph_path = WithRank(args.graph, env.rank);
-  FXDP_ASSIGN_OR_RETURN(ir::Graph graph, ir::ReadGraphFile(graph_path));
   ProgramOptions po;
   po.device = device;
   po.communicator = &timed;
@@ -280,6 +302,8 @@ absl::Status Run(const RunArgs& args, const LaunchEnv& env, Logger& log,
   for (int i = 0; i < args.steps; ++i) {
     log.set_step(i + 1);
     const auto t0 = std::chrono::steady_clock::now();
+    if (absl::Status s = runner.SetHyperparameters(schedule.At(i + 1)); !s.ok())
+      return absl::Status(s.code(), absl::StrCat("step ", i + 1, "/", args.steps, ": ", s.message()));
     absl::StatusOr<at::Tensor> loss = runner.Step(batches[i % batches.size()]);
     if (!loss.ok()) {
       return absl::Status(loss.status().code(),
@@ -332,6 +356,7 @@ int RunCommand(const std::vector<std::string>& argv) {
   flags.String("--state", &a.state);
   flags.Strings("--data", &a.data);
   flags.String("--out", &a.out);
+  flags.String("--schedule", &a.schedule);
   flags.String("--device", &a.device);
   auto positive = [](int* out) {
     return [out](const std::string& v) { return absl::SimpleAtoi(v, out) && *out >= 1; };

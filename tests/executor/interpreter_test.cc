@@ -570,6 +570,42 @@ TEST(StepRunnerTest, UpdatesTheStateStepByStep) {
                        "state 'fc.weight' is f32[4, 3], placeholder 'w' expects f32[3, 4]"));
 }
 
+TEST(StepRunnerTest, HyperparametersAreWrittenIntoTheStateBeforeTheStep) {
+  const ir::Graph g = ValueOrDie(ir::ParseGraphText(ReadTestData("mlp_sgd_hyper.txt")));
+  at::manual_seed(3);
+  const at::Tensor w = at::randn({3, 4}), b = at::randn({3});
+  TensorMap state{{"fc.weight", w}, {"fc.bias", b},
+                  {"optim.group0.lr", at::scalar_tensor(0.1, at::kFloat)},
+                  {"optim.group0.weight_decay", at::scalar_tensor(0.0, at::kFloat)}};
+  TensorMap batch{{"input.0", at::randn({8, 4})}, {"input.1", at::randn({8, 3})}};
+  StepRunner r = ValueOrDie(StepRunner::Create(ValueOrDie(Program::Load(g, ProgramOptions{})),
+                                               state));
+  // A value given as a double becomes the placeholder's f32[] tensor.
+  ASSERT_TRUE(r.SetHyperparameters({{"optim.group0.lr", 0.5}, {"optim.group0.weight_decay", 0.25}}).ok());
+  EXPECT_EQ(r.state().at("optim.group0.lr").scalar_type(), at::kFloat);
+  EXPECT_EQ(r.state().at("optim.group0.lr").dim(), 0);
+  EXPECT_FLOAT_EQ(r.state().at("optim.group0.lr").item<float>(), 0.5f);
+  ValueOrDie(r.Step(batch));
+  // The same step by hand: w - lr * (grad + wd * w) with the new values.
+  const at::Tensor x = batch["input.0"], y = batch["input.1"];
+  const at::Tensor d = (at::addmm(b, x, w.t()) - y) * 2.0 / 24.0;
+  ExpectClose(r.state().at("fc.weight"), w - 0.5 * (d.t().mm(x) + 0.25 * w), "fc.weight");
+  ExpectClose(r.state().at("fc.bias"), b - 0.5 * (d.sum(0) + 0.25 * b), "fc.bias");
+  // Unknown names and names of other state refuse the whole call, naming them.
+  EXPECT_THAT(r.SetHyperparameters({{"optim.group0.lr", 9.0}, {"optim.group0.momentum", 0.9}}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "'optim.group0.momentum' is not a hyper-parameter of the graph (no placeholder "
+                       "has that state name; its hyper-parameters: optim.group0.lr, "
+                       "optim.group0.weight_decay)"));
+  EXPECT_FLOAT_EQ(r.state().at("optim.group0.lr").item<float>(), 0.5f);
+  EXPECT_THAT(r.SetHyperparameters({{"fc.bias", 1.0}}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "'fc.bias' is not a hyper-parameter of the graph (it is the state of "
+                       "placeholder 'b'"));
+  EXPECT_THAT(r.SetHyperparameters({{"input.0", 1.0}}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "placeholder 'x'"));
+}
+
 TEST(StepRunnerTest, AKernelFailureMidStepLosesTheHandedOverState) {
   const ir::Graph g = Parse(R"(
   %w: f32[2] = placeholder() {role=PARAMETER, state="w"}

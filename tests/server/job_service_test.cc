@@ -460,6 +460,114 @@ TEST(JobService, DataPathsJobsSendEmptyBatches) {
   EXPECT_THAT(GetJob(server, ev[0].job_id()).data_paths(), ::testing::SizeIs(2));
 }
 
+v1::GraphDef HyperGraph() {
+  return ir::EncodeGraph(ValueOrDie(ir::ParseGraphText(ReadTestData("mlp_sgd_hyper.txt"))));
+}
+
+void AddSeries(v1::JobSpec& spec, const std::string& name, std::vector<double> values) {
+  v1::HyperparameterSeries* h = spec.add_schedule();
+  h->set_name(name);
+  for (double v : values) h->add_values(v);
+}
+
+TEST(JobService, AScheduledJobCompilesOnceAndEveryRankGetsEachStepsValues) {
+  TestServer server(FastOptions());
+  auto workers = Workers(server, 2);
+  // data_paths: the values come from JobSpec.schedule, one per step.
+  JobArgs files = Args(2, 5, 0, {"/data/a.safetensors"});
+  files.edit_spec = [](v1::JobSpec& spec) {
+    *spec.mutable_graph() = HyperGraph();
+    AddSeries(spec, "optim.group0.lr", {0.5, 0.4, 0.3, 0.2, 0.1, 99});
+  };
+  const int64_t misses_before = server.cache_stats().misses;
+  std::vector<v1::JobEvent> ev;
+  Submission a(server, files);
+  ASSERT_TRUE(a.Finish(&ev).ok());
+  EXPECT_EQ(ev.back().state(), v1::JOB_STATE_SUCCEEDED);
+  // One compile for the whole job, not one per step.
+  EXPECT_EQ(server.cache_stats().misses - misses_before, 1);
+  v1::JobInfo info = GetJob(server, ev[0].job_id());
+  EXPECT_FALSE(info.compile_cached());
+  EXPECT_THAT(info.hyperparameters(), ::testing::ElementsAre("optim.group0.lr", "optim.group0.weight_decay"));
+  for (const auto& w : workers) {
+    const auto rec = w->jobs().at(0);
+    ASSERT_EQ(rec.hyperparameters.size(), 5u) << w->id();
+    const double want[] = {0, 0.5, 0.4, 0.3, 0.2, 0.1};
+    for (int64_t step = 1; step <= 5; ++step) {
+      EXPECT_THAT(rec.hyperparameters.at(step),
+                  ::testing::ElementsAre(::testing::Pair("optim.group0.lr", want[step])))
+          << w->id() << " step " << step;
+    }
+  }
+
+  // Streamed, same graph and world size: a cache hit; the schedule's values
+  // are overridden by a StepBatch's, a step without values gets none.
+  JobArgs streamed = Args(2, 3);
+  streamed.edit_spec = [](v1::JobSpec& spec) {
+    *spec.mutable_graph() = HyperGraph();
+    AddSeries(spec, "optim.group0.weight_decay", {0.01, 0.02, 0.03});
+  };
+  std::vector<v1::SubmitJobRequest> reqs = Requests(streamed);
+  v1::HyperparameterValue* h = reqs[6].mutable_batch()->add_hyperparameters();  // step 2's first message
+  h->set_name("optim.group0.lr");
+  h->set_value(0.25);
+  h = reqs[7].mutable_batch()->add_hyperparameters();  // step 2's last message
+  h->set_name("optim.group0.weight_decay");
+  h->set_value(0.5);
+  ev.clear();
+  Submission b(server, reqs);
+  ASSERT_TRUE(b.Finish(&ev).ok());
+  EXPECT_EQ(server.cache_stats().misses - misses_before, 1);
+  EXPECT_TRUE(GetJob(server, ev[0].job_id()).compile_cached());
+  for (const auto& w : workers) {
+    const auto rec = w->jobs().at(1);
+    EXPECT_THAT(rec.hyperparameters.at(1), ::testing::ElementsAre(::testing::Pair("optim.group0.weight_decay", 0.01)));
+    EXPECT_THAT(rec.hyperparameters.at(2),
+                ::testing::ElementsAre(::testing::Pair("optim.group0.lr", 0.25),
+                                       ::testing::Pair("optim.group0.weight_decay", 0.5)));
+    EXPECT_THAT(rec.hyperparameters.at(3), ::testing::ElementsAre(::testing::Pair("optim.group0.weight_decay", 0.03)));
+  }
+}
+
+TEST(JobService, BadSchedulesAreInvalidArgumentNamingTheName) {
+  TestServer server(FastOptions());
+  auto workers = Workers(server, 1);
+  auto expect_invalid = [&](const std::vector<v1::SubmitJobRequest>& reqs, const std::string& want) {
+    Submission sub(server, reqs);
+    const grpc::Status s = sub.Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << want << ": " << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr(want));
+  };
+  auto with = [](int64_t steps, std::function<void(v1::JobSpec&)> edit) {
+    JobArgs a = Args(1, steps);
+    a.edit_spec = [edit](v1::JobSpec& spec) {
+      *spec.mutable_graph() = HyperGraph();
+      edit(spec);
+    };
+    return Requests(a);
+  };
+  const int64_t misses = server.cache_stats().misses;
+  expect_invalid(with(2, [](v1::JobSpec& s) { AddSeries(s, "optim.group0.momentum", {0.9, 0.9}); }),
+                 "JobSpec.schedule: 'optim.group0.momentum' is not a hyper-parameter of the graph (no "
+                 "placeholder has that state name; its hyper-parameters: optim.group0.lr, "
+                 "optim.group0.weight_decay)");
+  expect_invalid(with(2, [](v1::JobSpec& s) { AddSeries(s, "fc.weight", {0.9, 0.9}); }),
+                 "'fc.weight' is not a hyper-parameter of the graph (it is the state of placeholder 'w'");
+  expect_invalid(with(3, [](v1::JobSpec& s) { AddSeries(s, "optim.group0.lr", {0.1, 0.2}); }),
+                 "JobSpec.schedule: 'optim.group0.lr' has 2 values for 3 steps");
+  expect_invalid(with(0, [](v1::JobSpec& s) { AddSeries(s, "optim.group0.lr", {0.1}); }),
+                 "JobSpec.steps must be > 0 with a schedule");
+  // Refused before anything was compiled.
+  EXPECT_EQ(server.cache_stats().misses, misses);
+  // A StepBatch naming something else fails the running job.
+  std::vector<v1::SubmitJobRequest> reqs = with(1, [](v1::JobSpec&) {});
+  v1::HyperparameterValue* h = reqs[4].mutable_batch()->add_hyperparameters();
+  h->set_name("optim.group0.betas");
+  h->set_value(0.9);
+  expect_invalid(reqs, "step 1's batch: StepBatch.hyperparameters: 'optim.group0.betas' is not a hyper-parameter");
+  EXPECT_TRUE(WaitUntil([&] { return server.registry().IdleWorkers().size() == 1; }));
+}
+
 TEST(JobService, OpenEndedJobRunsUntilTheClientHalfCloses) {
   TestServer server(FastOptions());
   auto workers = Workers(server, 1);

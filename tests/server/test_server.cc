@@ -230,6 +230,8 @@ void FakeWorker::Handle(v1::ServerMessage& m) {
       const int64_t step = m.batch().step();
       ++rec->batch_messages[step];
       Tensors& into = rec->batches[step];
+      for (const v1::HyperparameterValue& h : m.batch().hyperparameters())
+        rec->hyperparameters[step][h.name()] = h.value();
       for (const v1::TensorChunk& c : m.batch().tensors()) add(into, c, rec);
       if (m.batch().more()) return;
       if (hold_) {

@@ -36,6 +36,8 @@ class TestServer {
   const std::string& address() const { return address_; }
   std::shared_ptr<grpc::Channel> channel() const { return channel_; }
   server::WorkerRegistry& registry() { return registry_; }
+  // Compiles (cache misses) and cache hits so far (jobs expand through it).
+  server::CompileCacheStats cache_stats() const { return compile_.cache_stats(); }
   std::unique_ptr<v1::JobService::Stub> jobs() const { return v1::JobService::NewStub(channel_); }
   std::unique_ptr<v1::WorkerService::Stub> workers() const { return v1::WorkerService::NewStub(channel_); }
 
@@ -64,6 +66,7 @@ class FakeWorker {
     Tensors state;
     std::map<int64_t, Tensors> batches;  // by step
     std::map<int64_t, int> batch_messages;  // Batch messages per step
+    std::map<int64_t, std::map<std::string, double>> hyperparameters;  // Batch.hyperparameters by step
     size_t max_chunk_bytes = 0;           // largest TensorChunk data received
     bool cancelled = false;
   };
