@@ -15,6 +15,12 @@ job until ``world_size`` workers are idle, analyses and expands the graph, sends
 shard of every batch and streams back each step's global loss; the final state comes back as
 tensors. Server errors raise :class:`fxdp.ServerError` with the gRPC status code and the server's
 message (which names the node, the rank or the tensor).
+
+``schedule`` feeds the step's hyper-parameters (its HYPERPARAMETER placeholders, ``optim.group0.lr``,
+...) a value per step: a ``torch.optim.lr_scheduler`` on the optimizer that was traced, a callable
+``step -> {name: value}``, or a list of per-step dicts (``fxdp.schedule.schedule_values``). Each
+step's values travel with its batch (in the JobSpec for ``data_path`` jobs); the server compiles the
+graph once for the whole run.
 """
 
 from __future__ import annotations
@@ -174,7 +180,7 @@ class Client:
               on_step: Optional[Callable[[int, float], None]] = None,
               data_path: Union[None, str, os.PathLike, Sequence[Union[str, os.PathLike]]] = None,
               on_event: Optional[Callable[["jpb.JobEvent"], None]] = None,
-              sync_batchnorm: bool = False) -> TrainResult:
+              sync_batchnorm: bool = False, schedule=None) -> TrainResult:
         """Train on ``world_size`` of the server's workers; returns the per-step global losses and
         the final state.
 
@@ -186,7 +192,13 @@ class Client:
         ``steps`` is required then. ``on_step(step, loss)`` is called as each step's result
         arrives, ``on_event(event)`` for every JobEvent (QUEUED with its queue position, ...).
         ``sync_batchnorm``: batch norm with the global batch's statistics, so BatchNorm models
-        train exactly like one device (default: each rank's, as DDP)."""
+        train exactly like one device (default: each rank's, as DDP).
+
+        ``schedule``: the hyper-parameters' values per step, anything
+        ``fxdp.schedule.schedule_values`` accepts (a ``torch.optim.lr_scheduler`` on the traced
+        optimizer, a callable ``step -> {name: value}``, a list of ``{name: value}`` per step);
+        the number of steps must be known (``steps``, a sequence of batches, or ``data_path``).
+        Names the schedule does not give keep the value they have in the state."""
         if (batches is None) == (data_path is None):
             raise ValueError("train needs either batches or data_path")
         paths: List[str] = []
@@ -209,6 +221,26 @@ class Client:
                            num_state_tensors=len(init), data_paths=paths, bucket_cap_mb=bucket_mb,
                            collective_timeout_s=collective_timeout_s, name=name,
                            sync_batchnorm=sync_batchnorm)
+        per_step: List[Dict[str, float]] = []
+        if schedule is not None:
+            if not steps:
+                raise ValueError("train with a schedule needs the number of steps: pass steps= (or a "
+                                 "sequence of batches)")
+            from .schedule import hyperparameter_names, schedule_values
+            per_step = schedule_values(schedule, steps, hyperparameter_names(step))
+            if paths:  # the workers read the batches: the whole schedule goes in the spec
+                for hp in sorted({k for d in per_step for k in d}):
+                    missing = [i + 1 for i, d in enumerate(per_step) if hp not in d]
+                    if missing:
+                        raise ValueError(f"schedule: '{hp}' has no value for steps {missing[:5]}; a "
+                                         "data_path job needs a value for every step")
+                    spec.schedule.add(name=hp, values=[float(d[hp]) for d in per_step])
+                per_step = []
+
+        def hyper(i: int) -> List["wpb.HyperparameterValue"]:
+            if i > len(per_step):
+                return []
+            return [wpb.HyperparameterValue(name=k, value=float(v)) for k, v in sorted(per_step[i - 1].items())]
         problem: List[BaseException] = []
         call_box: list = []
         call_made = threading.Event()
@@ -223,10 +255,14 @@ class Client:
                     by_name = _by_name(b, names, i)
                     pieces = itertools.chain.from_iterable(_chunks(n, by_name[n]) for n in names)
                     prev = next(pieces)
+                    values = hyper(i)  # on the step's first message
                     for c in pieces:
-                        yield jpb.SubmitJobRequest(batch=jpb.StepBatch(step=i, tensors=[prev], more=True))
+                        yield jpb.SubmitJobRequest(batch=jpb.StepBatch(step=i, tensors=[prev], more=True,
+                                                                       hyperparameters=values))
+                        values = []
                         prev = c
-                    yield jpb.SubmitJobRequest(batch=jpb.StepBatch(step=i, tensors=[prev]))
+                    yield jpb.SubmitJobRequest(batch=jpb.StepBatch(step=i, tensors=[prev],
+                                                                   hyperparameters=values))
             except Exception as e:  # a bad batch or a failing generator: stop the job, raise it below
                 problem.append(e)
                 call_made.wait()
