@@ -227,3 +227,39 @@ def test_client_train_sync_batchnorm_through_the_server():
         torch.testing.assert_close(result.state[k], want, rtol=RTOL, atol=ATOL, msg=lambda m: f"{k}: {m}")
     # DDP's local statistics give other running statistics (and losses)
     assert not torch.allclose(local.state["bn2d.running_var"], ref_state["bn2d.running_var"], rtol=1e-4)
+
+
+class HFResNet(nn.Module):
+    """Hugging Face transformers' ResNet from a tiny config (no weights): 6 BatchNorm2d layers
+    (embedder, basic blocks, shortcut), returning the logits."""
+
+    def __init__(self):
+        super().__init__()
+        from transformers import ResNetConfig, ResNetForImageClassification
+
+        cfg = ResNetConfig(num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1],
+                           layer_type="basic", num_labels=3)
+        self.net = ResNetForImageClassification(cfg)
+
+    def forward(self, x):
+        return self.net(pixel_values=x).logits
+
+
+def resnet_batch(i: int):
+    g = torch.Generator().manual_seed(7 + i)
+    return torch.randn(10, 3, 16, 16, generator=g), torch.randint(0, 3, (10,), generator=g)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_hf_resnet_equals_one_device(tmp_path, world):
+    torch.manual_seed(0)
+    model = HFResNet()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    batches = [resnet_batch(i) for i in range(STEPS)]
+    step = fxdp.trace(model, opt, nn.CrossEntropyLoss(), batches[0], batch_dim=0, input_names=("x", "target"))
+    run = run_workers(tmp_path, step, batches, world)
+    n_bn = sum(isinstance(m, nn.BatchNorm2d) for m in model.modules())
+    assert n_bn == 6
+    assert sum(c["purpose"].startswith("bn ") for c in run["report"]["collectives"]) == 3 * n_bn
+    ref_state, ref_losses = one_device(step, batches)
+    assert_equals_one_device(run, ref_state, ref_losses)
