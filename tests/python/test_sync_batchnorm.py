@@ -213,18 +213,40 @@ def test_default_stays_local_and_reports_say_which(tmp_path):
         assert any(word in note for note in a["notes"]), a["notes"]
 
 
-def test_client_train_sync_batchnorm_through_the_server():
+def test_client_and_cli_through_the_server(tmp_path):
+    """Client.expand/train(sync_batchnorm=True) and `fxdp expand|run --sync-batchnorm --server`
+    against `fxdp-server --local-workers 2`."""
     step = trace_bnnet("mean")
     batches = bn_batches()
     ref_state, ref_losses = one_device(step, batches)
+    graph, state = str(tmp_path / "g.pb"), str(tmp_path / "s.safetensors")
+    step.save(graph)
+    step.to_safetensors(state)
+    data = []
+    for i, (x, y) in enumerate(batches):
+        data += ["--data", str(tmp_path / f"b{i}.safetensors")]
+        save_file({"x": x, "target": y}, data[-1])
+    fxdp_bin = fxdp_binary("FXDP_BIN", "fxdp")
     with local_server(workers=2) as (address, log), fxdp.Client(address) as client:
         assert client.expand(step, world_size=2, sync_batchnorm=True).report["batch_norm"] == "global"
         assert client.expand(step, world_size=2).report["batch_norm"] == "local"
+        a = client.analyze(step, world_size=2, sync_batchnorm=True)
+        assert any("global batch statistics" in note for note in a["notes"])
         result = client.train(step, world_size=2, batches=batches, sync_batchnorm=True)
         local = client.train(step, world_size=2, batches=batches)
+        r = subprocess.run([fxdp_bin, "expand", graph, "--world-size", "3", "-o", str(tmp_path / "x.pb"),
+                            "--sync-batchnorm", "--json", "--server", address], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["batch_norm"] == "global"
+        r = subprocess.run([fxdp_bin, "run", graph, "--world-size", "2", "--state", state, *data,
+                            "--sync-batchnorm", "--out", str(tmp_path / "final.safetensors"), "--server",
+                            address], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
     torch.testing.assert_close(torch.tensor(result.losses), torch.tensor(ref_losses), rtol=RTOL, atol=ATOL)
+    cli_final = load_file(str(tmp_path / "final.safetensors"))
     for k, want in ref_state.items():
         torch.testing.assert_close(result.state[k], want, rtol=RTOL, atol=ATOL, msg=lambda m: f"{k}: {m}")
+        torch.testing.assert_close(cli_final[k], want, rtol=RTOL, atol=ATOL, msg=lambda m: f"fxdp run: {k}: {m}")
     # DDP's local statistics give other running statistics (and losses)
     assert not torch.allclose(local.state["bn2d.running_var"], ref_state["bn2d.running_var"], rtol=1e-4)
 
