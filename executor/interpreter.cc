@@ -1041,7 +1041,7 @@ absl::Status StepRunner::SetHyperparameters(
       for (const ProgramInput& in : inputs)
         names.entries.push_back(
             {in.state_name, in.role == ir::PlaceholderRole::kHyperparameter, in.node});
-      return names.Check({name}, "hyper-parameters");
+      return names.Check({name}, "hyper-parameter values");
     }
     targets.push_back(found);
   }

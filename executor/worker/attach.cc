@@ -906,8 +906,8 @@ absl::Status AttachedWorker::JobBody(Job& job, std::unique_ptr<Communicator>& co
               "a Batch with tensors for a job that reads its batches from AssignJob.data_paths"));
         }
         e.tensors.clear();
-        if (absl::Status s = runner.SetHyperparameters(e.hyperparameters); !s.ok())
-          return absl::Status(s.code(), absl::StrCat("the hyper-parameters of step ", step, ": ", s.message()));
+        // Batch.hyperparameters; the error's prefix names the job, rank and step.
+        FXDP_RETURN_IF_ERROR(runner.SetHyperparameters(e.hyperparameters));
         const TensorMap& batch = files.empty() ? shard : files[(step - 1) % files.size()];
         timed.TakeStats();
         absl::StatusOr<at::Tensor> loss = runner.Step(batch);

@@ -33,6 +33,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import fxdp
+from fxdp.schedule import hyperparameter_names
 from _util import ATOL, RTOL, fxdp_binary, free_port, local_server
 from fxdp.traced import TracedStep
 from fxdp.v1 import graph_pb2 as gpb

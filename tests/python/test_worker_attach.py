@@ -15,6 +15,9 @@ server's part for real ``fxdp-worker attach`` processes on 127.0.0.1 (ephemeral 
 * a malformed AssignJob (a graph that does not verify, a rank outside the world, state missing an
   entry, a peer that never shows up, a second job while busy) yields JobFailed with a clear
   message, and the worker stays attached and IDLE;
+* Batch.hyperparameters are written into the state before the step (SGD with lr and weight decay
+  fed per step equals the same steps by hand), and a name that is not a hyper-parameter fails the
+  job naming it;
 * the server going away: the worker reattaches to a new server on the same address; Shutdown
   and SIGTERM make it exit with status 0.
 
@@ -609,3 +612,53 @@ def test_hung_rank_times_out_and_heartbeats_tell_which_worker_hangs(lab):
     assert (f1.job_id, f1.rank, f1.step) == ("hang", 1, 2) and f1.code in (4, 14), f1
     ranks[1].wait_heartbeat(idle)
     print(f"\nhung peer: the other rank failed after {elapsed:.2f} s (timeout {timeout_s} s)")
+
+
+def test_batch_hyperparameters_are_applied_before_the_step(lab):
+    """Batch.hyperparameters (tests/testdata/mlp_sgd_hyper.txt: SGD with lr and weight decay as
+    HYPERPARAMETER placeholders) are written into the state before the step; a step without values
+    keeps the last ones; a name that is not a hyper-parameter fails the job naming it."""
+    import pathlib
+
+    g = lab.tmp / "hyper.pb"
+    r = subprocess.run([lab.fxdp, "graph", "parse",
+                        str(pathlib.Path(__file__).resolve().parents[1] / "testdata" / "mlp_sgd_hyper.txt"),
+                        str(g)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    graph = gpb.GraphDef()
+    graph.ParseFromString(g.read_bytes())
+    torch.manual_seed(0)
+    w, b = torch.randn(3, 4), torch.randn(3)
+    state = {"fc.weight": w, "fc.bias": b, "optim.group0.lr": torch.tensor(0.1),
+             "optim.group0.weight_decay": torch.tensor(0.0)}
+    batch = {"input.0": torch.randn(8, 4), "input.1": torch.randn(8, 3)}
+    server = lab.server()
+    lab.start_worker(server.port, "h0")
+    conn = server.accept(1)["h0"]
+
+    assign(conn, "hp", graph, state, steps=3)
+    conn.recv("job_started")
+    values = [wpb.HyperparameterValue(name="optim.group0.lr", value=0.5),
+              wpb.HyperparameterValue(name="optim.group0.weight_decay", value=0.25)]
+    conn.send(batch=wpb.Batch(job_id="hp", step=1, tensors=[c for k, t in batch.items() for c in chunks_of(k, t, 64)],
+                              hyperparameters=values))
+    assert conn.recv("step_result").step == 1
+    send_batch(conn, "hp", 2, batch)  # no values: lr 0.5 and weight decay 0.25 stay
+    assert conn.recv("step_result").step == 2
+    got = fetch_state(conn, "hp")
+    x, y = batch["input.0"], batch["input.1"]
+    for _ in range(2):
+        d = (torch.addmm(b, x, w.t()) - y) * 2.0 / 24.0
+        w, b = w - 0.5 * (d.t() @ x + 0.25 * w), b - 0.5 * (d.sum(0) + 0.25 * b)
+    torch.testing.assert_close(got["fc.weight"], w, rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(got["fc.bias"], b, rtol=RTOL, atol=ATOL)
+    assert got["optim.group0.lr"].dtype == torch.float32 and got["optim.group0.lr"].item() == 0.5
+
+    conn.send(batch=wpb.Batch(job_id="hp", step=3, tensors=[c for k, t in batch.items() for c in chunks_of(k, t, 1 << 20)],
+                              hyperparameters=[wpb.HyperparameterValue(name="fc.bias", value=1.0)]))
+    f = conn.recv("job_failed")
+    assert f.job_id == "hp" and f.code == 3 and f.step == 3, f
+    assert f.error.startswith("job hp rank 0 step 3/3"), f.error
+    assert ("hyper-parameter values: 'fc.bias' is not a hyper-parameter of the graph (it is the state of "
+            "placeholder 'b'; its hyper-parameters: optim.group0.lr, optim.group0.weight_decay)") in f.error, f.error
+    conn.wait_heartbeat(idle)
