@@ -312,3 +312,13 @@ def test_server_refuses_a_schedule_naming_no_hyperparameter(files, server):
             c.train(step, world_size=2, batches=batches(2), schedule=[{"optim.group0.beta1": 0.9}] * 2)
         with pytest.raises(ValueError, match="the schedule lists 1 steps, the run has 2"):
             c.train(step, world_size=2, batches=batches(2), schedule=[{"optim.group0.lr": 0.9}])
+        # A graph without hyper-parameters: a schedule would silently change nothing.
+        plain = gpb.GraphDef()
+        plain.CopyFrom(step.graph)
+        for n in plain.nodes:
+            if n.placeholder.role == gpb.HYPERPARAMETER:
+                n.placeholder.role = gpb.CONSTANT
+        _, opt = optimizer_and_model()
+        with pytest.raises(ValueError, match="the graph has no HYPERPARAMETER placeholders"):
+            c.train(TracedStep(plain, initial_state()), world_size=2, batches=batches(2),
+                    schedule=lambda_sched(opt))

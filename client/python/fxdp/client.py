@@ -227,7 +227,11 @@ class Client:
                 raise ValueError("train with a schedule needs the number of steps: pass steps= (or a "
                                  "sequence of batches)")
             from .schedule import hyperparameter_names, schedule_values
-            per_step = schedule_values(schedule, steps, hyperparameter_names(step))
+            known = hyperparameter_names(step)
+            if not known:
+                raise ValueError("train got a schedule, but the graph has no HYPERPARAMETER placeholders "
+                                 "(its lr and other hyper-parameters are constants): nothing to schedule")
+            per_step = schedule_values(schedule, steps, known)
             if paths:  # the workers read the batches: the whole schedule goes in the spec
                 for hp in sorted({k for d in per_step for k in d}):
                     missing = [i + 1 for i, d in enumerate(per_step) if hp not in d]
