@@ -5,7 +5,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import operator
-from typing import Dict, Tuple
+import os
+import re
+import subprocess
+import time
+from typing import Dict, List, Tuple
+
+import pytest
 
 import torch
 
@@ -152,3 +158,115 @@ def local_server(workers: int = 2, heartbeat_ms: int = 250, extra_args=()):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+# ---- fxdp-worker processes (test_worker_dist, test_real_models) ----------------------------------
+STEP_LINE = re.compile(r"^step (\d+)/(\d+) loss (\S+) \(([\d.]+) ms\)$")
+
+def clean_env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                        "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")}
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def losses_of(stdout: str) -> List[float]:
+    out = []
+    for line in stdout.splitlines():
+        m = STEP_LINE.match(line)
+        assert m, f"unexpected stdout line {line!r}"
+        out.append(float(m.group(3)))
+    return out
+
+
+def assert_log_lines(stderr: str, job: str, rank: int, steps: int) -> None:
+    prefix = re.compile(rf"^\[job {re.escape(job)} rank {rank} step (\d+)/{steps}\] ")
+    lines = stderr.splitlines()
+    assert lines, f"rank {rank} logged nothing"
+    for line in lines:
+        m = prefix.match(line)
+        assert m and 0 <= int(m.group(1)) <= steps, f"rank {rank}: log line without job/rank/step: {line!r}"
+
+
+def wait_all(procs, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    try:
+        for proc in procs:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        pytest.fail(f"processes still running after {timeout_s} s (a hang)")
+
+
+def run_worker_ranks(worker: str, graph: str, state: str, data: List[str], world: int, steps: int, d,
+                     job: str, timeout_s: int = 60) -> dict:
+    """`world` real ``fxdp-worker run`` processes (RANK/WORLD_SIZE on 127.0.0.1, one batch file per
+    step) writing ``final{rank}.safetensors`` under `d`: every rank exits 0 and logs with job, rank
+    and step, only rank 0 prints steps; returns {"finals": [state per rank], "losses": [...]}."""
+    from safetensors.torch import load_file
+
+    args = [worker, "run", "--graph", graph, "--state", state, "--steps", str(steps),
+            "--out", str(d / "final{rank}.safetensors"), "--timeout", str(timeout_s), "--job", job]
+    for path in data:
+        args += ["--data", path]
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        with open(d / f"out{rank}", "w") as out, open(d / f"err{rank}", "w") as err:
+            procs.append(subprocess.Popen(args, stdout=out, stderr=err, env=clean_env(
+                RANK=rank, WORLD_SIZE=world, LOCAL_RANK=rank, MASTER_ADDR="127.0.0.1", MASTER_PORT=port)))
+    wait_all(procs, timeout_s + 30)
+    outs = [(d / f"out{r}").read_text() for r in range(world)]
+    errs = [(d / f"err{r}").read_text() for r in range(world)]
+    for r, proc in enumerate(procs):
+        assert proc.returncode == 0, f"rank {r} exited with {proc.returncode}:\n{errs[r]}"
+        assert_log_lines(errs[r], job, r, steps)
+    assert all(o == "" for o in outs[1:]), "only rank 0 prints steps"
+    losses = losses_of(outs[0])
+    assert len(losses) == steps
+    return {"finals": [load_file(str(d / f"final{r}.safetensors")) for r in range(world)], "losses": losses}
+
+
+def rank_local_eager(model, opt, loss_of, batches, bdims, world: int) -> Dict[str, torch.Tensor]:
+    """fxdp's data parallelism emulated in one process with eager PyTorch: every rank's replica
+    runs ``loss_of(replica, shard).backward()`` on its slice (BatchNorm normalising with the
+    slice's statistics); the gradients and the BatchNorm running statistics are combined with
+    weights B_r/B (the expansion's scaled all-reduces); one optimizer step per batch. Returns the
+    state under fxdp's names (parameters, buffers, ``optim.<param>.<key>``)."""
+    import copy
+
+    for full in batches:
+        b = full[0].shape[bdims[0]]
+        grads = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
+        bufs = {n: torch.zeros_like(v) for n, v in model.named_buffers()}
+        for start, size in balanced_slices(b, world):
+            replica = copy.deepcopy(model)
+            shard = [x.narrow(d, start, size) if d >= 0 else x for x, d in zip(full, bdims)]
+            loss_of(replica, shard).backward()
+            w = size / b
+            for n, p in replica.named_parameters():
+                if p.grad is not None:
+                    grads[n] += p.grad * w
+            for n, v in replica.named_buffers():
+                if v.is_floating_point():
+                    bufs[n] += v * w
+                else:
+                    bufs[n] = v.clone()  # num_batches_tracked: the same on every rank
+        for n, p in model.named_parameters():
+            p.grad = grads[n]
+        opt.step()
+        with torch.no_grad():
+            for n, v in model.named_buffers():
+                v.copy_(bufs[n])
+    pname = {id(p): n for n, p in model.named_parameters()}
+    state = {n: p.detach().clone() for n, p in model.named_parameters()}
+    state.update({n: v.clone() for n, v in model.named_buffers()})
+    for p, st in opt.state.items():
+        for k, v in st.items():
+            if v is not None:
+                state[f"optim.{pname[id(p)]}.{k}"] = torch.as_tensor(v).clone()
+    return state

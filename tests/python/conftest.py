@@ -3,3 +3,9 @@
 import torch
 
 torch.manual_seed(0)
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "real_models: Hugging Face transformers models trained on real workers "
+        "(test_real_models.py); run alone with `pytest -m real_models tests/python`")

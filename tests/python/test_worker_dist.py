@@ -38,7 +38,6 @@ Run with ``-s`` to print the largest differences seen per case family.
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import re
@@ -52,7 +51,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from _util import ATOL, RTOL, balanced_slices, free_port, fxdp_binary, traced
+from _util import (ATOL, RTOL, STEP_LINE, assert_log_lines, clean_env, free_port,
+                   fxdp_binary, losses_of, rank_local_eager, run_worker_ranks, traced, wait_all)
 from fxdp import zoo
 
 STEPS = 3
@@ -66,18 +66,11 @@ ADAM_NOISE = {("transformer", "adam", 4), ("transformer", "adamw", 4)}
 NOISE_RTOL, NOISE_ATOL = 1e-4, 1e-6
 NOISE_MAX_ELEMENTS = 4  # of ~16,000 state elements may exceed RTOL/ATOL (1 seen with torch 2.13)
 WORKER_TIMEOUT_S = 60  # --timeout of the matrix runs; the test waits a little longer
-STEP_LINE = re.compile(r"^step (\d+)/(\d+) loss (\S+) \(([\d.]+) ms\)$")
 
 # family -> {"max_abs", "tol_used": max |got-want| / (atol + rtol |want|), "entries": tensors compared}
 DIFFS: Dict[str, dict] = {}
 
 
-def clean_env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                        "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")}
-    env.update({k: str(v) for k, v in extra.items()})
-    return env
 
 
 def record(family: str, got: torch.Tensor, want: torch.Tensor) -> None:
@@ -111,22 +104,8 @@ def assert_ranks_identical(finals: List[Dict[str, torch.Tensor]]) -> None:
             assert f[k].dtype == v.dtype and torch.equal(f[k], v), f"rank {r} differs from rank 0 on {k}"
 
 
-def losses_of(stdout: str) -> List[float]:
-    out = []
-    for line in stdout.splitlines():
-        m = STEP_LINE.match(line)
-        assert m, f"unexpected stdout line {line!r}"
-        out.append(float(m.group(3)))
-    return out
 
 
-def assert_log_lines(stderr: str, job: str, rank: int, steps: int) -> None:
-    prefix = re.compile(rf"^\[job {re.escape(job)} rank {rank} step (\d+)/{steps}\] ")
-    lines = stderr.splitlines()
-    assert lines, f"rank {rank} logged nothing"
-    for line in lines:
-        m = prefix.match(line)
-        assert m and 0 <= int(m.group(1)) <= steps, f"rank {rank}: log line without job/rank/step: {line!r}"
 
 
 class Lab:
@@ -182,27 +161,8 @@ class Lab:
         p, x = self.prepared(model, optim), self.expanded(model, optim, world)
         d = p["dir"] / f"run{world}"
         d.mkdir()
-        job = f"{model}-{optim}-n{world}"
-        args = [self.worker, "run", "--graph", x["template"], "--state", p["state"], "--steps", str(STEPS),
-                "--out", str(d / "final{rank}.safetensors"), "--timeout", str(WORKER_TIMEOUT_S), "--job", job]
-        for path in p["data"]:
-            args += ["--data", path]
-        port = free_port()
-        procs = []
-        for rank in range(world):
-            with open(d / f"out{rank}", "w") as out, open(d / f"err{rank}", "w") as err:
-                procs.append(subprocess.Popen(args, stdout=out, stderr=err, env=clean_env(
-                    RANK=rank, WORLD_SIZE=world, LOCAL_RANK=rank, MASTER_ADDR="127.0.0.1", MASTER_PORT=port)))
-        wait_all(procs, WORKER_TIMEOUT_S + 30)
-        outs = [(d / f"out{r}").read_text() for r in range(world)]
-        errs = [(d / f"err{r}").read_text() for r in range(world)]
-        for r, proc in enumerate(procs):
-            assert proc.returncode == 0, f"rank {r} exited with {proc.returncode}:\n{errs[r]}"
-            assert_log_lines(errs[r], job, r, STEPS)
-        assert all(o == "" for o in outs[1:]), "only rank 0 prints steps"
-        losses = losses_of(outs[0])
-        assert len(losses) == STEPS
-        return {"finals": [load_file(str(d / f"final{r}.safetensors")) for r in range(world)], "losses": losses}
+        return run_worker_ranks(self.worker, x["template"], p["state"], p["data"], world, STEPS, d,
+                                f"{model}-{optim}-n{world}", WORKER_TIMEOUT_S)
 
     def oracle(self, model: str, optim: str, world: int, ddp: bool) -> dict:
         """fxdp.dp_oracle: PyTorch (torch.fx) runs the same expanded graphs on `world` Gloo
@@ -232,17 +192,6 @@ class Lab:
         return self._oracle[key]
 
 
-def wait_all(procs, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    try:
-        for proc in procs:
-            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        pytest.fail(f"processes still running after {timeout_s} s (a hang)")
 
 
 @pytest.fixture(scope="module")
@@ -256,44 +205,12 @@ def lab(tmp_path_factory):
 
 
 def sharded_eager(model_name: str, optim: str, batches, world: int) -> Dict[str, torch.Tensor]:
-    """fxdp's data parallelism emulated in one process with eager PyTorch: every rank's replica
-    runs forward/backward on its slice (BatchNorm normalising with the slice's statistics); the
-    gradients and the BatchNorm running statistics are combined with weights B_r/B (the
-    expansion's scaled all-reduces); one optimizer step. The state uses fxdp's names."""
+    """fxdp's data parallelism with rank-local BatchNorm, emulated eagerly (_util.rank_local_eager)."""
     e = zoo.get(model_name)
     model = e.model(0)
-    opt = zoo.make_optimizer(optim, model)
     bdims = e.batch_dim if isinstance(e.batch_dim, (list, tuple)) else [e.batch_dim] * 2
-    for full in batches:
-        b = full[0].shape[bdims[0]]
-        grads = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
-        bufs = {n: torch.zeros_like(v) for n, v in model.named_buffers()}
-        for start, size in balanced_slices(b, world):
-            replica = copy.deepcopy(model)
-            shard = [x.narrow(d, start, size) for x, d in zip(full, bdims)]
-            e.loss_fn(replica(*shard[:-1]), shard[-1]).backward()
-            w = size / b
-            for n, p in replica.named_parameters():
-                grads[n] += p.grad * w
-            for n, v in replica.named_buffers():
-                if v.is_floating_point():
-                    bufs[n] += v * w
-                else:
-                    bufs[n] = v.clone()  # num_batches_tracked: the same on every rank
-        for n, p in model.named_parameters():
-            p.grad = grads[n]
-        opt.step()
-        with torch.no_grad():
-            for n, v in model.named_buffers():
-                v.copy_(bufs[n])
-    pname = {id(p): n for n, p in model.named_parameters()}
-    state = {n: p.detach().clone() for n, p in model.named_parameters()}
-    state.update({n: v.clone() for n, v in model.named_buffers()})
-    for p, st in opt.state.items():
-        for k, v in st.items():
-            if v is not None:
-                state[f"optim.{pname[id(p)]}.{k}"] = torch.as_tensor(v).clone()
-    return state
+    return rank_local_eager(model, zoo.make_optimizer(optim, model),
+                            lambda m, b: e.loss_fn(m(*b[:-1]), b[-1]), batches, bdims, world)
 
 
 @pytest.mark.parametrize("model,optim,world", MATRIX + UNEVEN,
