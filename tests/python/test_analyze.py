@@ -38,8 +38,8 @@ from _util import MODELS, OPTIMS, output_node, target_str, traced
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CASES = [(m, o) for m in MODELS for o in OPTIMS]
 ROLE_NAMES = {pb.PARAMETER: "PARAMETER", pb.BUFFER: "BUFFER", pb.OPTIMIZER_STATE: "OPTIMIZER_STATE",
-              pb.INPUT: "INPUT", pb.CONSTANT: "CONSTANT"}
-STATE_ROLES = {pb.PARAMETER, pb.BUFFER, pb.OPTIMIZER_STATE, pb.CONSTANT}
+              pb.INPUT: "INPUT", pb.CONSTANT: "CONSTANT", pb.HYPERPARAMETER: "HYPERPARAMETER"}
+STATE_ROLES = {pb.PARAMETER, pb.BUFFER, pb.OPTIMIZER_STATE, pb.CONSTANT, pb.HYPERPARAMETER}
 PLACEMENT_RE = re.compile(r"S\(\d+\)|R|P\((sum|avg)\)")
 
 

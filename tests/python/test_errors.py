@@ -77,13 +77,13 @@ def test_data_dependent_loss_is_rejected():
         fxdp.trace(model, opt, loss_fn, _batch())
 
 
-@pytest.mark.parametrize("cls", [torch.optim.RMSprop, torch.optim.LBFGS, torch.optim.Adagrad])
+@pytest.mark.parametrize("cls", [torch.optim.LBFGS, torch.optim.SparseAdam])
 def test_unsupported_optimizer(cls):
     model = nn.Linear(10, 5)
     opt = cls(model.parameters(), lr=0.1)
     with pytest.raises(fxdp.TraceError, match=cls.__name__) as ei:
         fxdp.trace(model, opt, nn.MSELoss(), _batch())
-    assert "SGD" in str(ei.value) and "Adam" in str(ei.value)
+    assert "SGD" in str(ei.value) and "RMSprop" in str(ei.value)
 
 
 def test_unsupported_optimizer_options():
@@ -93,8 +93,8 @@ def test_unsupported_optimizer_options():
     with pytest.raises(fxdp.TraceError, match="dampening"):
         fxdp.trace(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, dampening=0.5),
                    nn.MSELoss(), _batch())
-    with pytest.raises(fxdp.TraceError, match="tensor hyper-parameter 'lr'"):
-        fxdp.trace(model, torch.optim.Adam(model.parameters(), lr=torch.tensor(0.01)), nn.MSELoss(), _batch())
+    with pytest.raises(fxdp.TraceError, match="tensor hyper-parameter 'eps'"):
+        fxdp.trace(model, torch.optim.Adam(model.parameters(), eps=torch.tensor(1e-8)), nn.MSELoss(), _batch())
 
 
 def test_mixed_devices_parameter_names_the_module():

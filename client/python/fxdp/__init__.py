@@ -4,7 +4,7 @@ __version__ = "0.1.0"
 
 from .errors import GraphFormatError, TraceError  # noqa: E402
 from .traced import TracedStep, load  # noqa: E402
-from .tracer import DEFAULT_DECOMPOSITIONS, SUPPORTED_OPTIMIZERS, trace  # noqa: E402
+from .tracer import DEFAULT_DECOMPOSITIONS, SUPPORTED_OPTIMIZERS, trace, trace_step  # noqa: E402
 
 
 
@@ -21,6 +21,7 @@ __all__ = [
     "Client",
     "ServerError",
     "trace",
+    "trace_step",
     "load",
     "TracedStep",
     "TraceError",

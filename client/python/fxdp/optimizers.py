@@ -1,22 +1,52 @@
 """Per-optimizer knowledge for tracing ``optimizer.step()``: one table, one entry per torch.optim class.
 
+fxdp does not re-implement any optimizer: the user's own ``torch.optim`` object runs inside the
+trace, re-pointed at the traced parameters, state tensors and hyper-parameter tensors
+(:class:`BoundOptimizer`). What the tracer needs to know per class is in ``OPTIMIZERS``:
+
+* ``state``: how a parameter's state looks before its first step, so one graph serves step 1
+  and step k (the steady-state update applied to this state *is* step 1). For every class but SGD
+  this is exactly what torch creates lazily (zeros, ``step = 0``, NAdam's ``mu_product = 1``,
+  ASGD's ``eta = lr``, Rprop's ``step_size = lr``, Adagrad's ``initial_accumulator_value``). SGD
+  creates its momentum buffer as ``grad.clone()`` on step 1; with ``dampening == 0``,
+  ``0 * momentum + grad`` equals that bit for bit, otherwise a fresh SGD is refused.
+* ``capturable``: the class has torch's ``capturable`` code path (the step counter stays a tensor,
+  no ``.item()``); it is switched on for the trace. With ``torch.compiler.is_compiling()``
+  reporting True during ``step()``, every class takes its compile-friendly path (tensor ``lr``,
+  ``_get_value`` keeping tensors), so no step-dependent number is baked into the graph.
+
 Hyper-parameters
 ----------------
 ``HYPERPARAMETER_KEYS`` lists the param-group entries that become HYPERPARAMETER placeholders
-(0-d tensors fed per step) and the names of their scalar components: group ``g``'s ``lr`` is
-``optim.group<g>.lr``, its ``betas`` are ``optim.group<g>.beta1`` and ``optim.group<g>.beta2``.
-These are the values schedulers change (``LRScheduler`` subclasses change ``lr``;
-``OneCycleLR``/``CyclicLR`` change ``momentum`` or ``betas[0]``; weight-decay schedules change
-``weight_decay``). Every other group entry (``eps``, ``dampening``, ``nesterov``...) is a
-trace-time constant.
+(0-d float32 tensors on the parameters' device, fed per step) and the names of their scalar
+components: group ``g``'s ``lr`` is ``optim.group<g>.lr``, its ``betas`` are
+``optim.group<g>.beta1``/``beta2``. These are what schedulers change (``LRScheduler`` subclasses
+change ``lr``; ``OneCycleLR``/``CyclicLR`` change ``momentum`` or ``betas[0]``; weight-decay
+schedules change ``weight_decay``). Every other group entry (``eps``, ``dampening``,
+``alpha``...) is a trace-time constant.
+
+torch.optim code was written for Python-number hyper-parameters in places (``alpha=lr`` in
+``add_``, ``value=1 - beta2`` in ``addcmul_``, ``if weight_decay != 0:``).
+:class:`HyperparameterMode` (a TorchFunctionMode active during ``step()``) rewrites the first
+kind into the tensor form (``add_(other * t)``), and answers the second from the trace-time value:
+such a comparison fixes the graph's structure, so it is recorded as a *guard*
+(``optim.group0.weight_decay != 0``) that every fed value must keep (checked by
+:mod:`fxdp.schedule` and ``run_local``).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from typing import Dict, Tuple
+import operator
+from collections import OrderedDict, defaultdict
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
+from torch.overrides import TorchFunctionMode
+
+from .errors import TraceError
+
+O = torch.optim
 
 # group key -> names of its scalar components, in placeholder order
 HYPERPARAMETER_KEYS: Dict[str, Tuple[str, ...]] = {
@@ -25,6 +55,8 @@ HYPERPARAMETER_KEYS: Dict[str, Tuple[str, ...]] = {
     "betas": ("beta1", "beta2"),
     "weight_decay": ("weight_decay",),
 }
+
+HYPERPARAMETER_DTYPE = torch.float32
 
 
 def hyperparameter_name(group_index: int, component: str) -> str:
@@ -58,3 +90,331 @@ def optimizer_hyperparameters(optimizer: torch.optim.Optimizer) -> "OrderedDict[
     for gi, g in enumerate(optimizer.param_groups):
         out.update(group_hyperparameters(gi, g))
     return out
+
+
+# --------------------------------------------------------------------------- the table
+
+
+def _scalar(v, p):
+    from torch.optim.optimizer import _get_scalar_dtype
+
+    return torch.full((), _as_float(v), dtype=_get_scalar_dtype(), device=p.device)
+
+
+def _zeros(p):
+    return torch.zeros_like(p, memory_format=torch.preserve_format)
+
+
+def _sgd_state(p, g, name):
+    if g["momentum"] == 0:
+        return {}
+    if g["dampening"] != 0:
+        raise TraceError(
+            f"SGD with momentum and dampening={g['dampening']} has no momentum_buffer yet for parameter "
+            f"'{name}': torch creates it as grad.clone() on the first step, which a steady-state graph cannot "
+            "reproduce when dampening != 0. Take one eager optimizer step before tracing (existing state is "
+            "traced as it is)."
+        )
+    return {"momentum_buffer": _zeros(p)}
+
+
+def _adam_state(p, g, name):
+    st = {"step": _scalar(0, p), "exp_avg": _zeros(p), "exp_avg_sq": _zeros(p)}
+    if g["amsgrad"]:
+        st["max_exp_avg_sq"] = _zeros(p)
+    return st
+
+
+def _rmsprop_state(p, g, name):
+    st = {"step": _scalar(0, p), "square_avg": _zeros(p)}
+    if g["momentum"] > 0:
+        st["momentum_buffer"] = _zeros(p)
+    if g["centered"]:
+        st["grad_avg"] = _zeros(p)
+    return st
+
+
+def _adagrad_state(p, g, name):
+    iav = g["initial_accumulator_value"]
+    return {"step": _scalar(0, p), "sum": torch.full_like(p, iav, memory_format=torch.preserve_format)}
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    state: Callable[[torch.Tensor, dict, str], Dict[str, torch.Tensor]]  # fresh state of one parameter
+    state_keys: Tuple[str, ...]  # every key its state may hold
+    capturable: bool  # has torch's capturable path (switched on while tracing)
+
+
+OPTIMIZERS: Dict[type, OptimizerSpec] = {
+    O.SGD: OptimizerSpec(_sgd_state, ("momentum_buffer",), False),
+    O.Adam: OptimizerSpec(_adam_state, ("step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"), True),
+    O.AdamW: OptimizerSpec(_adam_state, ("step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"), True),
+    O.RMSprop: OptimizerSpec(_rmsprop_state, ("step", "square_avg", "momentum_buffer", "grad_avg"), True),
+    O.Adagrad: OptimizerSpec(_adagrad_state, ("step", "sum"), False),
+    O.Adadelta: OptimizerSpec(
+        lambda p, g, n: {"step": _scalar(0, p), "square_avg": _zeros(p), "acc_delta": _zeros(p)},
+        ("step", "square_avg", "acc_delta"), True),
+    O.Adamax: OptimizerSpec(
+        lambda p, g, n: {"step": _scalar(0, p), "exp_avg": _zeros(p), "exp_inf": _zeros(p)},
+        ("step", "exp_avg", "exp_inf"), True),
+    O.NAdam: OptimizerSpec(
+        lambda p, g, n: {"step": _scalar(0, p), "mu_product": _scalar(1, p), "exp_avg": _zeros(p),
+                         "exp_avg_sq": _zeros(p)},
+        ("step", "mu_product", "exp_avg", "exp_avg_sq"), True),
+    O.RAdam: OptimizerSpec(
+        lambda p, g, n: {"step": _scalar(0, p), "exp_avg": _zeros(p), "exp_avg_sq": _zeros(p)},
+        ("step", "exp_avg", "exp_avg_sq"), True),
+    O.ASGD: OptimizerSpec(
+        lambda p, g, n: {"step": _scalar(0, p), "eta": _scalar(g["lr"], p), "mu": _scalar(1, p), "ax": _zeros(p)},
+        ("step", "eta", "mu", "ax"), True),
+    O.Rprop: OptimizerSpec(
+        lambda p, g, n: {"step": _scalar(0, p), "prev": _zeros(p),
+                         "step_size": torch.full_like(p, _as_float(g["lr"]), memory_format=torch.preserve_format)},
+        ("step", "prev", "step_size"), True),
+}
+
+SUPPORTED_OPTIMIZERS = tuple(OPTIMIZERS)
+
+
+def spec_of(optimizer) -> OptimizerSpec:
+    spec = OPTIMIZERS.get(type(optimizer))
+    if spec is None:
+        extra = ""
+        if isinstance(optimizer, O.LBFGS):
+            extra = " (LBFGS re-evaluates a closure a data-dependent number of times: no single graph)"
+        raise TraceError(
+            f"unsupported optimizer {type(optimizer).__module__}.{type(optimizer).__name__}{extra}: fxdp traces "
+            + ", ".join(f"torch.optim.{c.__name__}" for c in OPTIMIZERS)
+        )
+    return spec
+
+
+def check_options(optimizer) -> None:
+    for i, group in enumerate(optimizer.param_groups):
+        if group.get("fused"):
+            raise TraceError(f"optimizer param group {i}: fused=True is not supported; use foreach or single-tensor")
+        if group.get("differentiable"):
+            raise TraceError(f"optimizer param group {i}: differentiable=True is not supported")
+        for k, v in group.items():
+            if k == "params" or k in HYPERPARAMETER_KEYS:
+                continue
+            vals = v if isinstance(v, (tuple, list)) else (v,)
+            if any(isinstance(x, torch.Tensor) for x in vals):
+                raise TraceError(
+                    f"optimizer param group {i}: tensor hyper-parameter '{k}' is not supported (tensors are "
+                    f"accepted for {', '.join(HYPERPARAMETER_KEYS)})"
+                )
+
+
+def resolve_foreach(optimizer, params_of_group) -> List[bool]:
+    """``foreach=None`` resolved the way eager resolves it for these tensors."""
+    from torch.optim.optimizer import _default_to_fused_or_foreach
+
+    out = []
+    for group, ps in zip(optimizer.param_groups, params_of_group):
+        fe = group.get("foreach")
+        if fe is None:
+            _, fe = _default_to_fused_or_foreach(ps, group.get("differentiable", False), use_fused=False)
+        out.append(bool(fe))
+    return out
+
+
+def initial_state(optimizer, pname_of: Mapping[int, str]) -> "OrderedDict[str, OrderedDict[str, torch.Tensor]]":
+    """Per trained parameter name: the state tensors the traced step reads (existing or fresh)."""
+    from torch.optim.optimizer import _get_scalar_dtype
+
+    spec = spec_of(optimizer)
+    out: "OrderedDict[str, OrderedDict[str, torch.Tensor]]" = OrderedDict()
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if not p.requires_grad:
+                continue
+            name = pname_of[id(p)]
+            existing = optimizer.state.get(p, {})
+            for k in existing:
+                if k not in spec.state_keys:
+                    raise TraceError(f"unexpected {type(optimizer).__name__} state '{k}' for parameter '{name}'")
+            if existing:
+                st = OrderedDict()
+                for k in spec.state_keys:
+                    if k not in existing:
+                        continue
+                    v = existing[k]
+                    if not isinstance(v, torch.Tensor) or v.dim() == 0:
+                        v = torch.as_tensor(v, dtype=_get_scalar_dtype()).to(p.device)
+                    st[k] = v.detach().clone()
+            else:
+                st = OrderedDict((k, v) for k, v in spec.state(p, group, name).items())
+            if st:
+                out[name] = st
+    return out
+
+
+def hyperparameter_tensors(optimizer, device) -> "OrderedDict[str, torch.Tensor]":
+    """Each group's hyper-parameters as 0-d float32 tensors (trace-time values), by placeholder name."""
+    return OrderedDict(
+        (n, torch.full((), v, dtype=HYPERPARAMETER_DTYPE, device=device))
+        for n, v in optimizer_hyperparameters(optimizer).items()
+    )
+
+
+# --------------------------------------------------------------------------- hyper-parameter mode
+
+_COMPARE = {
+    "__eq__": operator.eq, "eq": operator.eq, "__ne__": operator.ne, "ne": operator.ne,
+    "__lt__": operator.lt, "lt": operator.lt, "__le__": operator.le, "le": operator.le,
+    "__gt__": operator.gt, "gt": operator.gt, "__ge__": operator.ge, "ge": operator.ge,
+}
+_SYMBOL = {operator.eq: "==", operator.ne: "!=", operator.lt: "<", operator.le: "<=", operator.gt: ">",
+           operator.ge: ">="}
+_FLIP = {operator.lt: operator.gt, operator.le: operator.ge, operator.gt: operator.lt, operator.ge: operator.le,
+         operator.eq: operator.eq, operator.ne: operator.ne}
+# per-tensor ops whose Scalar argument (alpha= / value=) torch.optim fills with a hyper-parameter:
+# the tensor form scales the argument it multiplies (position 1) instead
+_SCALED_BY = {"add": "alpha", "add_": "alpha", "sub": "alpha", "sub_": "alpha", "addcmul": "value",
+              "addcmul_": "value", "addcdiv": "value", "addcdiv_": "value"}
+# foreach ops whose Tensor overload the Python binding picks for a 0-d tensor (for _foreach_add it picks
+# the Scalar overload and calls .item())
+_FOREACH_TENSOR_OK = {"_foreach_mul", "_foreach_mul_", "_foreach_div", "_foreach_div_"}
+
+
+def _is_scalar_tensor(x) -> bool:
+    return isinstance(x, torch.Tensor) and x.dim() == 0
+
+
+def _single(op: str, args: list, kwargs: dict):
+    """Call the per-tensor op ``op``, moving a tensor alpha=/value= onto the argument it scales."""
+    key = _SCALED_BY.get(op)
+    n_pos = 3 if op.startswith("addc") else 2
+    if key is not None and len(args) > n_pos:  # foreach ops take alpha/value positionally
+        kwargs = {**kwargs, key: args[n_pos]}
+        args = list(args[:n_pos])
+    if key is not None and _is_scalar_tensor(kwargs.get(key)):
+        kwargs = dict(kwargs)
+        s = kwargs.pop(key)
+        args = list(args)
+        args[1] = args[1] * s
+    return getattr(torch.Tensor, op)(*args, **kwargs)
+
+
+def _needs_rewrite(fname: str, args, kwargs) -> bool:
+    if fname in _SCALED_BY:
+        return _is_scalar_tensor(kwargs.get(_SCALED_BY[fname]))
+    if not fname.startswith("_foreach_"):
+        return False
+    scalars = [a for a in list(args) + list(kwargs.values()) if _is_scalar_tensor(a)]
+    if not scalars:
+        return False
+    return fname not in _FOREACH_TENSOR_OK
+
+
+def _unrolled(fname: str, args, kwargs):
+    """A foreach op with a 0-d tensor in a Scalar slot, as one per-tensor op per list element."""
+    op = fname[len("_foreach_"):]
+    n = next(len(a) for a in args if isinstance(a, (list, tuple)))
+    pick = lambda v, i: v[i] if isinstance(v, (list, tuple)) else v  # noqa: E731
+    outs = [_single(op, [pick(a, i) for a in args], {k: pick(v, i) for k, v in kwargs.items()}) for i in range(n)]
+    return None if op.endswith("_") else outs
+
+
+class HyperparameterMode(TorchFunctionMode):
+    """Lets torch.optim code written for Python numbers run on hyper-parameter tensors (see module doc)."""
+
+    def __init__(self, tensors: Mapping[str, torch.Tensor], values: Mapping[str, float]):
+        super().__init__()
+        self.name_of = {id(t): n for n, t in tensors.items()}
+        self.values = dict(values)
+        self.guards: "OrderedDict[str, bool]" = OrderedDict()
+
+    def _hyper(self, x) -> Optional[str]:
+        return self.name_of.get(id(x)) if isinstance(x, torch.Tensor) else None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        fname = getattr(func, "__name__", "")
+        if fname in _COMPARE and len(args) == 2:
+            a, b = args
+            op = _COMPARE[fname]
+            if self._hyper(a) and isinstance(b, (int, float)) and not isinstance(b, bool):
+                return self._guard(self._hyper(a), op, b)
+            if self._hyper(b) and isinstance(a, (int, float)) and not isinstance(a, bool):
+                return self._guard(self._hyper(b), _FLIP[op], a)
+        if fname == "__bool__" and args and self._hyper(args[0]):
+            return self._guard(self._hyper(args[0]), operator.ne, 0)
+        if fname in ("__float__", "__int__", "item") and args and self._hyper(args[0]):
+            raise TraceError(
+                f"the optimizer uses hyper-parameter '{self._hyper(args[0])}' as a Python number ({fname}): it "
+                "would be a constant of the graph"
+            )
+        if _needs_rewrite(fname, args, kwargs):
+            if fname.startswith("_foreach_"):
+                return _unrolled(fname, args, kwargs)
+            return _single(fname, list(args), kwargs)
+        return func(*args, **kwargs)
+
+    def _guard(self, name: str, op, other) -> bool:
+        res = bool(op(self.values[name], other))
+        key = f"{name} {_SYMBOL[op]} {other!r}"
+        self.guards[key] = res
+        return res
+
+
+def check_guards(guards: Mapping[str, bool], values: Mapping[str, float], where: str = "") -> None:
+    """Raise ValueError when a fed value flips a comparison the graph's structure depends on."""
+    for expr, expected in guards.items():
+        name, sym, other = expr.split(" ", 2)
+        if name not in values:
+            continue
+        op = next(o for o, s in _SYMBOL.items() if s == sym)
+        if bool(op(float(values[name]), float(other))) != expected:
+            raise ValueError(
+                f"{where}{name} = {values[name]} makes '{expr}' {not expected}: the graph was traced with it "
+                f"{expected} (torch.optim takes a different code path); trace with a value on the same side"
+            )
+
+
+class BoundOptimizer:
+    """The user's optimizer re-pointed, for the duration of a trace, at traced tensors.
+
+    Parameters become the traced leaves, state the traced state tensors, each hyper-parameter its
+    placeholder tensor; ``foreach`` is resolved and ``capturable`` switched on. Everything is put
+    back on exit.
+    """
+
+    def __init__(self, optimizer, leaves: Mapping[str, torch.Tensor], pname_of: Mapping[int, str],
+                 state: Mapping[str, Mapping[str, torch.Tensor]], hyper: Mapping[str, torch.Tensor],
+                 foreach: Sequence[bool]):
+        self.opt = optimizer
+        self.spec = spec_of(optimizer)
+        self.leaves, self.pname_of, self.state, self.hyper, self.foreach = leaves, pname_of, state, hyper, foreach
+
+    def __enter__(self):
+        opt = self.opt
+        self.saved_groups = [dict(g) for g in opt.param_groups]
+        self.saved_state = opt.state
+        new_state = defaultdict(dict)
+        for gi, group in enumerate(opt.param_groups):
+            group["params"] = [self.leaves[self.pname_of[id(p)]] for p in group["params"]]
+            group["foreach"] = self.foreach[gi]
+            if self.spec.capturable:
+                group["capturable"] = True
+            for key, comps in HYPERPARAMETER_KEYS.items():
+                names = [hyperparameter_name(gi, c) for c in comps]
+                if names[0] in self.hyper:
+                    ts = [self.hyper[n] for n in names]
+                    group[key] = tuple(ts) if len(ts) > 1 else ts[0]
+        for pn, st in self.state.items():
+            new_state[self.leaves[pn]] = dict(st)
+        opt.state = new_state
+        return self
+
+    def final_state(self, pn: str, key: str) -> torch.Tensor:
+        return self.opt.state[self.leaves[pn]][key]
+
+    def __exit__(self, *exc):
+        for group, saved in zip(self.opt.param_groups, self.saved_groups):
+            group.clear()
+            group.update(saved)
+        self.opt.state = self.saved_state
+        return False

@@ -31,10 +31,10 @@ import warnings
 from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
-from .optimizers import optimizer_hyperparameters
+from .optimizers import check_guards, optimizer_hyperparameters
 from .v1 import graph_pb2 as pb
 
-__all__ = ["hyperparameter_names", "schedule_values", "save_schedule", "load_schedule"]
+__all__ = ["hyperparameter_names", "hyperparameter_guards", "schedule_values", "save_schedule", "load_schedule"]
 
 Values = Dict[str, float]
 
@@ -54,6 +54,14 @@ def hyperparameter_names(traced_or_graphdef: Any) -> List[str]:
         for n in g.nodes
         if n.kind == pb.PLACEHOLDER and n.placeholder.role == pb.HYPERPARAMETER
     ]
+
+
+def hyperparameter_guards(traced_or_graphdef: Any) -> Dict[str, bool]:
+    """The comparisons on hyper-parameters that fixed the graph's structure when it was traced
+    (``{"optim.group0.weight_decay != 0": True}``): a fed value must keep each one's outcome."""
+    g = _graph_of(traced_or_graphdef)
+    meta = {kv.key: kv.value for kv in g.metadata}
+    return json.loads(meta.get("hyperparameter_guards", "{}"))
 
 
 def _check_values(step: int, values: Any, known: Sequence[str]) -> Values:
@@ -108,11 +116,21 @@ def schedule_values(schedule: Any, steps: int, names: Union[Sequence[str], Any])
     """The hyper-parameter values of steps 1..``steps`` (see the module docstring).
 
     ``names`` are the graph's hyper-parameter names (``hyperparameter_names(step)``), or the
-    TracedStep / GraphDef itself.
+    TracedStep / GraphDef itself; then each step's values are also checked against the graph's
+    :func:`hyperparameter_guards` (ValueError naming the step and the comparison).
     """
+    guards: Dict[str, bool] = {}
     if not isinstance(names, (list, tuple)):
+        guards = hyperparameter_guards(names)
         names = hyperparameter_names(names)
     names = list(names)
+    out = _values(schedule, steps, names)
+    for i, v in enumerate(out):
+        check_guards(guards, v, where=f"schedule step {i + 1}: ")
+    return out
+
+
+def _values(schedule: Any, steps: int, names: List[str]) -> List[Values]:
     if not isinstance(steps, int) or steps < 0:
         raise ValueError(f"steps must be a non-negative int, got {steps!r}")
     if schedule is None:

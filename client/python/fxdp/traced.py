@@ -77,17 +77,52 @@ class TracedStep:
             self._gm = convert.graphdef_to_fx(self.graph)
         return self._gm
 
+    def hyperparameter_names(self) -> List[str]:
+        """Names of the HYPERPARAMETER placeholders (``optim.group0.lr``...), fed per step."""
+        return [n.placeholder.state_name for n in self.placeholders if n.placeholder.role == pb.HYPERPARAMETER]
+
+    def output_names(self) -> List[str]:
+        """Names of the extra (OTHER) outputs ``train_step`` returned beside the loss."""
+        import json
+
+        return json.loads(self.metadata().get("extra_outputs", "[]"))
+
     def run_local(
         self,
         state: Mapping[str, torch.Tensor],
         batch: Union[Sequence[torch.Tensor], Mapping[str, torch.Tensor], torch.Tensor],
-    ) -> Tuple["OrderedDict[str, torch.Tensor]", torch.Tensor]:
-        """Execute the graph with PyTorch: returns ``(new_state, loss)``.
+        *,
+        hyperparameters: Optional[Mapping[str, float]] = None,
+        schedule=None,
+        step: int = 1,
+        outputs: bool = False,
+    ):
+        """Execute the graph with PyTorch: returns ``(new_state, loss)``, or
+        ``(new_state, loss, {name: tensor})`` with ``outputs=True`` (the extra outputs).
 
         ``state`` maps every state name (see :meth:`state_names`) to a tensor; ``batch`` is a
-        sequence of inputs in trace order or a mapping by input name. ``new_state`` holds every
-        entry of ``state``, replaced where the step updates it. Inputs are not modified.
+        sequence of inputs in trace order or a mapping by input name. Hyper-parameters
+        (``optim.group0.lr``...) are fed from ``state`` unless ``hyperparameters`` (a dict of
+        values) or ``schedule`` (anything :func:`fxdp.schedule.schedule_values` takes, evaluated
+        at the 1-based ``step``) gives them. ``new_state`` holds every entry of ``state``,
+        replaced where the step updates it. Inputs are not modified.
         """
+        from .optimizers import check_guards
+        from .schedule import hyperparameter_guards, schedule_values
+
+        hv: Dict[str, float] = {}
+        if schedule is not None:
+            hv.update(schedule_values(schedule, step, self)[step - 1])
+        if hyperparameters is not None:
+            hv.update(schedule_values([hyperparameters], 1, self)[0])
+        if hv:
+            state = OrderedDict(state.items())
+            for k, v in hv.items():
+                ref = state.get(k)
+                state[k] = torch.tensor(v, dtype=ref.dtype if ref is not None else torch.float32,
+                                        device=ref.device if ref is not None else "cpu")
+        check_guards(hyperparameter_guards(self), {k: float(state[k]) for k in self.hyperparameter_names()
+                                                  if k in state})
         if isinstance(batch, torch.Tensor):
             batch = (batch,)
         in_names = self.input_names()
@@ -114,11 +149,17 @@ class TracedStep:
             outs = self.graph_module()(*args)
         new_state = OrderedDict(state.items())
         loss = None
+        others = []
         for spec, v in zip(self.output_node.output_specs, outs):
             if spec.role in (pb.UPDATED_PARAMETER, pb.UPDATED_BUFFER, pb.UPDATED_OPTIMIZER_STATE):
                 new_state[spec.state_name] = v
             elif spec.role == pb.LOSS:
                 loss = v
+            elif spec.role == pb.OTHER:
+                others.append(v)
+        if outputs:
+            names = self.output_names()
+            return new_state, loss, OrderedDict(zip(names, others[: len(names)]))
         return new_state, loss
 
     def __repr__(self) -> str:

@@ -1,0 +1,190 @@
+"""Passes over the traced FX graph that give it the fxdp shape: clean-up, gradient marks, roles,
+lifted constants, readable placeholder names and exact layouts.
+
+The traced function returns ``[*state_out, loss, *extras, *grad_snapshots]``; these passes turn
+that into the wire graph's outputs (UPDATED_* for state that changed, LOSS, OTHER) and mark each
+gradient node with ``grad_of``.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections import OrderedDict
+from typing import Any, Dict, List, Sequence, Tuple
+
+import torch
+import torch.fx as fx
+
+from .errors import TraceError
+from .v1 import graph_pb2 as pb
+
+aten = torch.ops.aten
+
+_IDENTITY_OPS = {aten.detach.default, aten.alias.default}
+_PREFIX = {pb.PARAMETER: "p", pb.BUFFER: "b", pb.OPTIMIZER_STATE: "s", pb.HYPERPARAMETER: "h", pb.INPUT: "x",
+           pb.CONSTANT: "c"}
+
+
+def ident(s: str) -> str:
+    out = "".join(c if c.isalnum() else "_" for c in s)
+    return out or "v"
+
+
+def _is_profiler(n: fx.Node) -> bool:
+    t = n.target
+    return isinstance(t, torch._ops.OpOverload) and t.namespace == "profiler"
+
+
+def cleanup(gm: fx.GraphModule) -> None:
+    """Remove profiler ops, ``detach``/``alias``, and the clones the step function makes of its inputs."""
+    g = gm.graph
+    for n in reversed(list(g.nodes)):
+        if n.op == "call_function" and _is_profiler(n) and not n.users:
+            g.erase_node(n)
+    for n in list(g.nodes):
+        if n.op == "call_function" and _is_profiler(n):
+            for u in list(n.users):
+                g.erase_node(u)
+            g.erase_node(n)
+    for n in list(g.nodes):
+        if n.op != "call_function":
+            continue
+        if n.target in _IDENTITY_OPS:
+            n.replace_all_uses_with(n.args[0])
+            g.erase_node(n)
+        elif (
+            n.target is aten.clone.default
+            and isinstance(n.args[0], fx.Node)
+            and n.args[0].op == "placeholder"
+            and n.kwargs.get("memory_format", torch.preserve_format) == torch.preserve_format
+        ):
+            n.replace_all_uses_with(n.args[0])
+            g.erase_node(n)
+    g.eliminate_dead_code()
+
+
+def validate_ops(gm: fx.GraphModule) -> None:
+    """Every call is an aten dispatcher op (or getitem) and nothing mutates."""
+    for n in gm.graph.nodes:
+        if n.op != "call_function":
+            continue
+        t = n.target
+        if t is operator.getitem:
+            continue
+        if not isinstance(t, torch._ops.OpOverload):
+            raise TraceError(f"node '{n.name}': {t} is not a dispatcher op")
+        if t.namespace != "aten":
+            raise TraceError(
+                f"node '{n.name}': op {t} is not an aten op (prims and other namespaces cannot be called by "
+                "schema name from the C++ executor)"
+            )
+        for a in t._schema.arguments:
+            if a.alias_info is not None and a.alias_info.is_write:
+                raise TraceError(f"node '{n.name}': in-place op {t} survived functionalization")
+
+
+def mark_gradients(graph: fx.Graph, snaps: Sequence[Any], trainable: Sequence[str],
+                   ph_of: Dict[str, fx.Node]) -> List[fx.Node]:
+    """Mark each parameter's gradient node with ``grad_of``; returns the nodes that must stay alive as
+    OTHER outputs (a gradient that cannot carry the mark itself keeps its own clone)."""
+    marked = set()
+    extra = []
+    for pn, s in zip(trainable, snaps):
+        if s is None:
+            continue
+        ph_of[pn].meta["fxdp_requires_grad"] = True
+        src = s.args[0] if (s.op == "call_function" and s.target is aten.clone.default) else None
+        if src is not None and src.op == "call_function" and src not in marked:
+            s.replace_all_uses_with(src)
+            graph.erase_node(s)
+            s = src
+        else:
+            # an input, or a node shared with another parameter's gradient
+            if s.op == "placeholder" or s in marked:
+                out_node = next(n for n in graph.nodes if n.op == "output")
+                with graph.inserting_before(out_node):
+                    s = graph.call_function(aten.clone.default, (s,))
+                s.meta["val"] = s.args[0].meta["val"]
+            extra.append(s)
+        s.meta["fxdp_grad_of"] = pn
+        marked.add(s)
+    return extra
+
+
+def lift_constants(gm: fx.GraphModule, before: fx.Node) -> "OrderedDict[str, torch.Tensor]":
+    """Turn tensor attributes into CONSTANT placeholders (inserted before ``before``, or last)."""
+    graph = gm.graph
+    consts: "OrderedDict[str, torch.Tensor]" = OrderedDict()
+    lifted: Dict[str, fx.Node] = {}
+    for n in list(graph.nodes):
+        if n.op != "get_attr":
+            continue
+        if n.target not in lifted:
+            val = getattr(gm, n.target)
+            if not isinstance(val, torch.Tensor):
+                raise TraceError(f"node '{n.name}': non-tensor attribute {n.target}")
+            sname = f"const.{n.target}"
+            anchor = graph.inserting_before(before) if before is not None else \
+                graph.inserting_after([p for p in graph.nodes if p.op == "placeholder"][-1])
+            with anchor:
+                ph = graph.placeholder(ident(str(n.target)))
+            ph.meta["val"] = val
+            ph.meta["fxdp_placeholder"] = (pb.CONSTANT, sname, 0)
+            lifted[n.target] = ph
+            consts[sname] = val.detach().clone()
+        n.replace_all_uses_with(lifted[n.target])
+        graph.erase_node(n)
+    return consts
+
+
+def renamed(graph: fx.Graph, output_specs: List[Tuple[int, str]]) -> fx.GraphModule:
+    """A copy of ``graph`` whose placeholders are named after their role and state name."""
+    new = fx.Graph()
+    env: Dict[fx.Node, fx.Node] = {}
+    used_names = {n.name for n in graph.nodes if n.op != "placeholder"}
+    for n in graph.nodes:
+        if n.op == "placeholder":
+            role, sname, _ = n.meta["fxdp_placeholder"]
+            base = cand = f"{_PREFIX[role]}_{ident(sname)}"
+            k = 1
+            while cand in used_names:
+                cand = f"{base}_{k}"
+                k += 1
+            used_names.add(cand)
+            nn_ = new.placeholder(cand)
+            nn_.meta = dict(n.meta)
+            env[n] = nn_
+        elif n.op == "output":
+            o = new.output(fx.node.map_arg(n.args[0], lambda a: env[a]))
+            o.meta["fxdp_output_specs"] = output_specs
+        else:
+            env[n] = new.node_copy(n, lambda a: env[a])
+    new.lint()
+    return fx.GraphModule(torch.nn.Module(), new)
+
+
+def record_real_meta(gm: fx.GraphModule, args: Sequence[Any]) -> None:
+    """Run the graph once on real tensors and store each value's exact layout in node.meta['val']
+    (a meta-device tensor with the same shape/stride/offset) and its device in
+    node.meta['fxdp_device'], so the wire metadata matches what the kernels really produce."""
+
+    def describe(v):
+        if isinstance(v, torch.Tensor):
+            m = torch.empty(0, dtype=v.dtype, device="meta").as_strided(v.shape, v.stride(), v.storage_offset())
+            return m, v.device
+        return v, None
+
+    class _Rec(fx.Interpreter):
+        def run_node(self, n):
+            r = super().run_node(n)
+            if n.op != "output":
+                if isinstance(r, (tuple, list)):
+                    d = [describe(x) for x in r]
+                    n.meta["val"] = type(r)(x for x, _ in d)
+                    n.meta["fxdp_device"] = [dev for _, dev in d]
+                else:
+                    n.meta["val"], n.meta["fxdp_device"] = describe(r)
+            return r
+
+    with torch.no_grad():
+        _Rec(gm).run(*args)
