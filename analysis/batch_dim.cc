@@ -169,6 +169,61 @@ class BatchDimAnalyzer {
             first->name, a_.batch_size_, first->placeholder.batch_dim, n.name, b, bd));
       }
     }
+    return FindMicroBatches();
+  }
+
+  // The split size when `n` splits its arg 0 along `dim` into equal pieces
+  // (split.Tensor(x, s, dim), split_with_sizes(x, [s, s, ...], dim)), else 0.
+  static int64_t EqualSplitSize(const Node& n, int64_t dim, int64_t rank) {
+    if (n.kind != ir::NodeKind::kCallFunction || n.args.size() < 2) return 0;
+    const Argument* d = ArgAt(n, 2, "dim");
+    const int64_t got = d == nullptr ? 0 : d->get_if<int64_t>() ? *d->get_if<int64_t>() : -1;
+    if (NormDim(got, rank) != dim) return 0;
+    if (n.target.name == "aten::split" && n.target.overload == "Tensor") {
+      const int64_t* s = n.args[1].get_if<int64_t>();
+      return s == nullptr ? 0 : *s;
+    }
+    if (n.target.name == "aten::split_with_sizes" && n.args[1].is_list()) {
+      int64_t size = 0;
+      for (const Argument& a : n.args[1].as<Argument::List>()) {
+        const int64_t* s = a.get_if<int64_t>();
+        if (s == nullptr || (size != 0 && *s != size)) return 0;
+        size = *s;
+      }
+      return size;
+    }
+    return 0;
+  }
+
+  // Gradient accumulation (x.chunk(k) in a loop over micro-batches): when
+  // every use of every batched input splits it along its batch dim into equal
+  // micro-batches of one size s < B, each micro-batch is the batch the rest of
+  // the graph sees. The analysis then runs with B = s: an input (B = k * s
+  // rows) is S(d) whose local extent is k * s_r, each split piece is S(d) with
+  // s_r rows, and rank r splits its own k * s_r rows into k micro-batches, as
+  // DDP with no_sync() does (the expansion requires k | B_r).
+  absl::Status FindMicroBatches() {
+    if (a_.batch_size_ <= 1) return absl::OkStatus();
+    const ir::UseMap uses = ir::ComputeUses(g_);
+    int64_t size = 0;
+    for (int32_t i = 0; i < g_.size(); ++i) {
+      const Node& n = g_.nodes()[i];
+      if (!n.is_placeholder() || n.placeholder.role != ir::PlaceholderRole::kInput ||
+          n.placeholder.batch_dim < 0 || uses[i].empty())
+        continue;
+      for (const ir::Use& u : uses[i][0]) {
+        const Node& user = g_.node(u.user);
+        const int64_t s = u.arg_index == 0 ? EqualSplitSize(user, n.placeholder.batch_dim,
+                                                            n.outputs[0].tensor.rank())
+                                           : 0;
+        if (s <= 0 || s >= a_.batch_size_ || a_.batch_size_ % s != 0 || (size != 0 && s != size))
+          return absl::OkStatus();
+        size = s;
+      }
+    }
+    if (size == 0) return absl::OkStatus();
+    a_.micro_batches_ = a_.batch_size_ / size;
+    a_.batch_size_ = size;
     return absl::OkStatus();
   }
 
@@ -1481,6 +1536,13 @@ class BatchDimAnalyzer {
     int32_t nd = d;
     switch (rule.family) {
       case OpFamily::kSplit:
+        if (dim == d && a_.micro_batches_ > 1 && self->ref.node.value >= 0 &&
+            g_.node(self->ref.node).is_placeholder() && rule.b == 0) {
+          break;  // a micro-batch of an input (FindMicroBatches): it holds the batch on dim d
+        }
+        if (dim == d && rule.b == 0 && EqualSplitSize(n, dim, in_rank) >= self->type->shape[d]) {
+          break;  // one piece, the whole value (x.chunk(1)): an identity
+        }
         if (dim == d) {
           return Error(n, absl::StrFormat("splits along dim %d, which holds the batch", d));
         }

@@ -156,8 +156,12 @@ struct AnalyzeOptions {
 class BatchDimAnalysis {
  public:
   int32_t world_size() const { return world_size_; }
-  // The global batch size B; 0 when the graph has no batched input.
+  // The global batch size B; 0 when the graph has no batched input. With
+  // micro-batches (gradient accumulation: every batched input is split into
+  // micro_batches() equal pieces), the size of one micro-batch: each input
+  // holds micro_batches() * B rows.
   int64_t batch_size() const { return batch_size_; }
+  int64_t micro_batches() const { return micro_batches_; }
   // AnalyzeOptions::sync_batchnorm of the run that produced this analysis.
   bool sync_batchnorm() const { return sync_batchnorm_; }
   const ValueInfo& value(ir::ValueRef r) const {
@@ -185,6 +189,7 @@ class BatchDimAnalysis {
   friend class BatchDimAnalyzer;
   int32_t world_size_ = 1;
   int64_t batch_size_ = 0;
+  int64_t micro_batches_ = 1;
   bool sync_batchnorm_ = false;
   std::vector<int32_t> value_offset_;  // size nodes + 1
   std::vector<ValueInfo> values_;

@@ -423,6 +423,24 @@ class Expander final : public RankGraphBuilder {
           "how to build it locally",
           old.name, old.target.ToString(), g_.node(a_.node(id).shaped_by).name));
     }
+    // A micro-batch split of an input (batch_dim.h): the split size is the
+    // micro-batch's, which becomes the rank's.
+    if (a_.micro_batches() > 1 && !old.args.empty() &&
+        (old.target.name == "aten::split" || old.target.name == "aten::split_with_sizes")) {
+      const ValueRef* in = old.args[0].get_if<ValueRef>();
+      if (in != nullptr && g_.node(in->node).is_placeholder() && a_.value(*in).placement.is_shard() &&
+          n.args.size() > 1) {
+        if (const auto* x = n.args[1].get_if<int64_t>(); x != nullptr && *x == batch_) {
+          n.args[1] = Argument(slice_.size);
+        } else if (n.args[1].is_list()) {
+          Argument::List sizes = n.args[1].as<Argument::List>();
+          for (Argument& a : sizes) {
+            if (const auto* y = a.get_if<int64_t>(); y != nullptr && *y == batch_) a = Argument(slice_.size);
+          }
+          n.args[1] = Argument(std::move(sizes));
+        }
+      }
+    }
     // An int argument that spells the batch size (native_group_norm's N).
     if (const OpRule* rule = out_info.placement.is_shard() ? FindOpRule(old.target) : nullptr;
         rule != nullptr && rule->c >= 0 &&
@@ -722,6 +740,16 @@ absl::StatusOr<Expansion> ExpandDataParallel(const Graph& graph, const BatchDimA
     return absl::InvalidArgumentError(absl::StrFormat(
         "world size %d is larger than the batch (%d samples): every rank needs at least one",
         world, batch));
+  }
+  // Micro-batches (batch_dim.h): rank r splits its own rows into k pieces of
+  // s_r, as DDP with no_sync() does; the workers hand rank r its balanced
+  // slice of the k * s rows, which is k * s_r only when N divides s.
+  if (const int64_t k = analysis.micro_batches(); k > 1 && batch % world != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the step splits its batch of %d samples into %d micro-batches of %d; over %d ranks each "
+        "rank's rows must split into %d equal micro-batches, so the micro-batch size must be a "
+        "multiple of the world size (make the batch a multiple of %d)",
+        k * batch, k, batch, world, k, k * world));
   }
   bool any_grad = false;
   for (const Node& n : graph.nodes()) any_grad |= !n.grad_of.empty();

@@ -198,6 +198,45 @@ TEST(Expand, StateThatDependsOnBatchRowsIsRejected) {
                        "output 0 (UPDATED_PARAMETER 'p') is S(0)"));
 }
 
+// Gradient accumulation: x.chunk(2) in a loop over micro-batches. Each micro-batch is the batch
+// the analysis sees (B = 4 of 8 rows); each rank splits its own 4 rows into 2 micro-batches of 2
+// (DDP with no_sync()), the gradient (the sum over micro-batches) is all-reduced once.
+TEST(Expand, MicroBatchesSplitEachRanksRows) {
+  const std::string text = R"(graph format=1 producer="test" torch="2.13.0+cpu" {
+  %w: f32[3] rg = placeholder() {role=PARAMETER, state="w"}
+  %x: f32[8, 3] = placeholder() {role=INPUT, state="x", batch_dim=0}
+  %sp: (f32[4, 3], f32[4, 3]) = aten::split.Tensor(%x, 4)
+  %x0: f32[4, 3] = operator.getitem(%sp#0, 0)
+  %x1: f32[4, 3] = operator.getitem(%sp#1, 1)
+  %g0: f32[3] = aten::mean.dim(%x0, [0], false)
+  %g1: f32[3] = aten::mean.dim(%x1, [0], false)
+  %g: f32[3] = aten::add.Tensor(%g0, %g1) {grad_of="w"}
+  %n: f32[3] = aten::sub.Tensor(%w, %g)
+  %l: f32[] = aten::sum(%g)
+  %output = output([%n, %l]) {specs=[UPDATED_PARAMETER "w", LOSS]}
+}
+)";
+  auto g = ValueOrDie(ir::ParseGraphText(text));
+  auto a = ValueOrDie(AnalyzeBatchDims(g, {2}));
+  EXPECT_EQ(a.batch_size(), 4);
+  EXPECT_EQ(a.micro_batches(), 2);
+  EXPECT_EQ(a.value({*g.FindNode("x0"), 0}).placement.ToString(), "S(0)");
+  EXPECT_EQ(a.value({*g.FindNode("g"), 0}).placement.ToString(), "P(avg)");
+  ASSERT_EQ(a.reductions().size(), 1u);
+  Expansion e = ValueOrDie(ExpandDataParallel(g, a, {.world_size = 2}));
+  const ir::Graph& g0 = e.graph(0);
+  EXPECT_EQ(Find(g0, "x").outputs[0].tensor.shape, (std::vector<int64_t>{4, 3}));
+  EXPECT_EQ(ir::PrintArgument(g0, Find(g0, "sp").args[1]), "2");
+  EXPECT_EQ(Find(g0, "x1").outputs[0].tensor.shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(Count(g0, "_c10d_functional::all_reduce"), 1);  // once per step, not per micro-batch
+
+  // 3 ranks cannot split a micro-batch of 4 evenly: refused, naming the sizes.
+  auto a3 = ValueOrDie(AnalyzeBatchDims(g, {3}));
+  EXPECT_THAT(ExpandDataParallel(g, a3, {.world_size = 3}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "splits its batch of 8 samples into 2 micro-batches of 4"));
+}
+
 TEST(Expand, Errors) {
   const std::string mlp = ReadTestData("mlp_sgd.txt");
   EXPECT_THAT(ExpandText(mlp, {.world_size = 9}).status(),

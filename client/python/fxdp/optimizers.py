@@ -197,8 +197,8 @@ def check_options(optimizer) -> None:
         if group.get("differentiable"):
             raise TraceError(f"optimizer param group {i}: differentiable=True is not supported")
         for k, v in group.items():
-            if k == "params" or k in HYPERPARAMETER_KEYS:
-                continue
+            if k == "params" or k in HYPERPARAMETER_KEYS or k not in optimizer.defaults:
+                continue  # scheduler bookkeeping (initial_lr, max_lr...) is not read by step()
             vals = v if isinstance(v, (tuple, list)) else (v,)
             if any(isinstance(x, torch.Tensor) for x in vals):
                 raise TraceError(
