@@ -13,6 +13,11 @@ every step (rtol 1e-5, atol 1e-6):
 * ``fxdp run --schedule FILE`` (a closed form) against the same server, and ``fxdp-worker run
   --schedule FILE`` on 2 real Gloo processes equal one device and eager with transformers'
   warmup + cosine formula;
+* a real traced step (``fxdp.trace_step``: MLP, MSE, binding ``clip_grad_norm_``, AdamW with
+  transformers' warmup + cosine through ``LambdaLR``) through the server on 2 workers with
+  ``schedule=scheduler``, and on 3 uneven ``fxdp-worker run`` ranks (10 samples: 4 + 3 + 3) with the
+  C++ closed form ``linear_warmup_cosine``, equals the eager loop (``train_step``;
+  ``scheduler.step()``);
 * errors: a name that is not a hyper-parameter (worker, server, CLI), too few values, a
   non-scalar HYPERPARAMETER placeholder, each naming what is wrong; a bad schedule fails a
   2-rank ``fxdp-worker run`` before the rendezvous (no rank waits for the other).
@@ -322,3 +327,92 @@ def test_server_refuses_a_schedule_naming_no_hyperparameter(files, server):
         with pytest.raises(ValueError, match="the graph has no HYPERPARAMETER placeholders"):
             c.train(TracedStep(plain, initial_state()), world_size=2, batches=batches(2),
                     schedule=lambda_sched(opt))
+
+
+# ---- a step traced from the user's own train_step (fxdp.trace_step) -------------------------------
+
+TSTEPS = 5
+
+
+def traced_setup():
+    """A real traced step: MLP, MSE, clip_grad_norm_ (binding), AdamW whose lr follows transformers'
+    warmup + cosine (LambdaLR); the model, optimizer and scheduler as an eager loop makes them."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    opt = torch.optim.AdamW(m.parameters(), lr=3e-2, weight_decay=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine_lambda(2, TSTEPS))
+    return m, opt, sched
+
+
+def train_step(model, opt, batch):
+    x, y = batch
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+    opt.step()
+    opt.zero_grad()
+    return loss
+
+
+def traced_batches():
+    g = torch.Generator().manual_seed(5)
+    return [(torch.randn(10, 6, generator=g), torch.randn(10, 3, generator=g)) for _ in range(TSTEPS)]
+
+
+def traced_eager():
+    m, opt, sched = traced_setup()
+    losses = []
+    for b in traced_batches():
+        losses.append(train_step(m, opt, b).item())
+        sched.step()
+    return {k: p.detach() for k, p in m.named_parameters()}, losses
+
+
+def test_traced_adamw_with_warmup_cosine_through_the_server_equals_eager(server):
+    address, _ = server
+    m, opt, sched = traced_setup()
+    step = fxdp.trace_step(train_step, m, opt, traced_batches()[0])
+    assert hyperparameter_names(step) == [
+        "optim.group0.lr", "optim.group0.beta1", "optim.group0.beta2", "optim.group0.weight_decay"]
+    want, want_losses = traced_eager()
+    with fxdp.Client(address) as c:
+        r = c.train(step, world_size=2, batches=traced_batches(), schedule=sched)
+    assert_params(r.state, want)
+    torch.testing.assert_close(torch.tensor(r.losses), torch.tensor(want_losses), rtol=RTOL, atol=ATOL)
+
+
+def test_traced_step_on_three_uneven_worker_ranks_with_a_closed_form_schedule(tmp_path):
+    """fxdp-worker run --schedule on 3 Gloo ranks (10 samples: 4 + 3 + 3); the C++ closed form
+    linear_warmup_cosine gives the lr that LambdaLR gives eager training."""
+    m, opt, _ = traced_setup()
+    step = fxdp.trace_step(train_step, m, opt, traced_batches()[0])
+    step.save(tmp_path / "g.pb")
+    step.to_safetensors(tmp_path / "state.safetensors")
+    base = ["--state", str(tmp_path / "state.safetensors"), "--steps", str(TSTEPS), "--timeout-s", "60"]
+    for i, (x, y) in enumerate(traced_batches()):
+        save_file({"input.0": x, "input.1": y}, str(tmp_path / f"b{i}.safetensors"))
+        base += ["--data", str(tmp_path / f"b{i}.safetensors")]
+    sched = tmp_path / "s.json"
+    sched.write_text(json.dumps({"optim.group0.lr": {"linear_warmup_cosine": {
+        "peak": 3e-2, "warmup_steps": 2, "total_steps": TSTEPS}}}))
+    base += ["--schedule", str(sched)]
+    r = subprocess.run([fxdp_binary("FXDP_BIN", "fxdp"), "expand", str(tmp_path / "g.pb"), "--world-size", "3",
+                        "-o", str(tmp_path / "x.pb")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    port = free_port()
+    procs = [subprocess.Popen([fxdp_binary("FXDP_WORKER", "fxdp-worker"), "run", "--graph",
+                               str(tmp_path / "x.rank{rank}.pb"), "--out", str(tmp_path / "f{rank}.safetensors"),
+                               *base],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=clean_env(RANK=rank, WORLD_SIZE=3, LOCAL_RANK=rank,
+                                            MASTER_ADDR="127.0.0.1", MASTER_PORT=port))
+             for rank in range(3)]
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+    want, _ = traced_eager()
+    finals = [load_file(str(tmp_path / f"f{rank}.safetensors")) for rank in range(3)]
+    assert_params(finals[0], want)
+    for f in finals[1:]:
+        for k in want:
+            assert torch.equal(f[k], finals[0][k]), f"ranks disagree on {k}"
