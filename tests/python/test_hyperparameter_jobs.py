@@ -38,7 +38,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import fxdp
-from fxdp.schedule import hyperparameter_names
+from fxdp.schedule import hyperparameter_names, save_schedule, schedule_values
 from _util import ATOL, RTOL, fxdp_binary, free_port, local_server
 from fxdp.traced import TracedStep
 from fxdp.v1 import graph_pb2 as gpb
@@ -416,3 +416,22 @@ def test_traced_step_on_three_uneven_worker_ranks_with_a_closed_form_schedule(tm
     for f in finals[1:]:
         for k in want:
             assert torch.equal(f[k], finals[0][k]), f"ranks disagree on {k}"
+
+
+def test_a_schedule_saved_from_python_drives_fxdp_worker_run(tmp_path):
+    """fxdp.schedule.save_schedule (the list form, from the user's LRScheduler) is the file
+    fxdp-worker run --schedule reads."""
+    m, opt, sched = traced_setup()
+    step = fxdp.trace_step(train_step, m, opt, traced_batches()[0])
+    step.save(tmp_path / "g.pb")
+    step.to_safetensors(tmp_path / "state.safetensors")
+    save_schedule(tmp_path / "s.json", schedule_values(sched, TSTEPS, step))
+    args = ["--graph", str(tmp_path / "g.pb"), "--state", str(tmp_path / "state.safetensors"),
+            "--steps", str(TSTEPS), "--schedule", str(tmp_path / "s.json"), "--out", str(tmp_path / "f.safetensors")]
+    for i, (x, y) in enumerate(traced_batches()):
+        save_file({"input.0": x, "input.1": y}, str(tmp_path / f"b{i}.safetensors"))
+        args += ["--data", str(tmp_path / f"b{i}.safetensors")]
+    r = worker_run(args, clean_env())
+    assert r.returncode == 0, r.stderr
+    want, _ = traced_eager()
+    assert_params(load_file(str(tmp_path / "f.safetensors")), want)
