@@ -282,6 +282,45 @@ def test_bf16_model_matches_eager():
     assert_params(state, m2, rtol=2e-2, atol=2e-2)
 
 
+def test_readme_training_loop():
+    """The loop of README.md / client/python/README.md: AdamW, warmup + cosine, 4 micro-batches
+    under bf16 autocast, clip_grad_norm_(..., 1.0): run_local equals eager."""
+
+    def make():
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 5))
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+        sched = torch.optim.lr_scheduler.SequentialLR(opt, [
+            torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.01, total_iters=100),
+            torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=900)], milestones=[100])
+        return model, opt, sched
+
+    def train_step(model, opt, batch):
+        x, y = batch
+        total = 0.0
+        for xm, ym in zip(x.chunk(4), y.chunk(4)):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = torch.nn.functional.cross_entropy(model(xm), ym) / 4
+            loss.backward()
+            total += loss.detach()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+        return total
+
+    g = torch.Generator().manual_seed(2)
+    batches = [(torch.randn(16, 8, generator=g), torch.randint(0, 5, (16,), generator=g)) for _ in range(STEPS)]
+    model, opt, sched = make()
+    step = fxdp.trace_step(train_step, model, opt, batches[0])
+    state = step.initial_state()
+    for i, b in enumerate(batches, start=1):
+        state, loss = step.run_local(state, b, schedule=sched, step=i)
+    m2, o2, s2 = make()
+    want = run_eager(train_step, m2, o2, s2, batches)
+    assert_params(state, m2, rtol=2e-2, atol=1e-3)
+    torch.testing.assert_close(loss, want[-1], rtol=2e-2, atol=1e-3)
+
+
 # --------------------------------------------------------------------------- errors
 
 
