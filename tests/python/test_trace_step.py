@@ -225,6 +225,39 @@ def test_tensor_lr_param_groups_and_autograd_grad():
     torch.testing.assert_close(outs["pred"], out[1]["pred"].detach(), rtol=RTOL, atol=ATOL)
 
 
+def test_two_losses_clip_grad_value_and_a_dict_batch():
+    """Two forward passes and losses, backward on their sum, clip_grad_value_, a dict batch."""
+
+    def train_step(model, opt, batch):
+        opt.zero_grad()
+        main = _mse(model(batch["x"]), batch["y"])
+        aux = model(batch["x"] * 0.5).abs().mean()
+        (main + 0.1 * aux).backward()
+        torch.nn.utils.clip_grad_value_(model.parameters(), 0.01)
+        opt.step()
+        return {"loss": main, "aux": aux}
+
+    def make():
+        m = _mlp()
+        o = O.RMSprop(m.parameters(), lr=0.01, momentum=0.5)
+        return m, o, O.lr_scheduler.StepLR(o, step_size=1, gamma=0.5)
+
+    batches = [{"x": x, "y": y} for x, y in _mlp_batches()]
+    m, o, sched = make()
+    step = fxdp.trace_step(train_step, m, o, batches[0])
+    assert step.input_names() == ["x", "y"] and step.output_names() == ["aux"]
+    values = S.schedule_values(sched, STEPS, step)
+    state = step.initial_state()
+    for i in range(STEPS):
+        state, loss, outs = step.run_local(state, batches[i], hyperparameters=values[i], outputs=True)
+    m2, o2, s2 = make()
+    for i in range(STEPS):
+        want = train_step(m2, o2, batches[i])
+        s2.step()
+    assert_params(state, m2)
+    torch.testing.assert_close(outs["aux"], want["aux"].detach(), rtol=RTOL, atol=ATOL)
+
+
 def test_guards_refuse_values_that_change_the_code_path():
     m = _mlp()
     o = O.SGD(m.parameters(), lr=0.1, momentum=0.9)
