@@ -1740,20 +1740,116 @@ class BatchDimAnalyzer {
     return absl::OkStatus();
   }
 
-  // index_put(self, indices, values, accumulate): supported while no operand
-  // carries the batch (a parameter's gradient scattered into a zero table);
-  // partial values flow through when self is zero.
+  // arange(B) (start 0, step 1): the positions of the batch's samples.
+  bool IsBatchPositions(const Argument& a) const {
+    const ValueRef* r = a.get_if<ValueRef>();
+    if (r == nullptr || r->output != 0) return false;
+    const Node& n = g_.node(r->node);
+    const TensorType* t = TypeOf(*r);
+    if (!n.is_call() || n.target.name != "aten::arange" || t == nullptr || t->rank() != 1 ||
+        t->shape[0] != a_.batch_size_) {
+      return false;
+    }
+    const bool ranged = n.target.overload == "start" || n.target.overload == "start_step";
+    const int64_t start = ranged ? IntArg(n, 0, "start").value_or(-1) : 0;
+    const int64_t end = IntArg(n, ranged ? 1 : 0, "end").value_or(-1);
+    const int64_t step = n.target.overload == "start_step" ? IntArg(n, 2, "step").value_or(-1) : 1;
+    return start == 0 && end == a_.batch_size_ && step == 1;
+  }
+
+  // Whether every use of `r` indexes dim `pos` of an index or index_put, so
+  // that arange(B) can become arange(B_r): each rank indexes its own rows.
+  bool OnlyIndexesDim(ValueRef r, int64_t pos) const {
+    bool ok = true;
+    for (const Node& u : g_.nodes()) {
+      bool uses = false;
+      u.ForEachInput([&](ValueRef x) { uses |= x == r; });
+      if (!uses) continue;
+      const OpRule* rule = u.is_call() ? FindOpRule(u.target) : nullptr;
+      if (rule == nullptr || (rule->family != OpFamily::kIndex && rule->family != OpFamily::kIndexPut)) {
+        return false;
+      }
+      const Argument* idx = ArgAt(u, 1, "indices");
+      const Argument::List* list = idx ? idx->get_if<Argument::List>() : nullptr;
+      if (list == nullptr) return false;
+      for (size_t i = 0; i < list->size(); ++i) {
+        const ValueRef* x = (*list)[i].get_if<ValueRef>();
+        if (x != nullptr && *x == r && static_cast<int64_t>(i) != pos) ok = false;
+      }
+      if (const ValueRef* self = u.args.empty() ? nullptr : u.args[0].get_if<ValueRef>()) {
+        if (*self == r) return false;
+      }
+    }
+    return ok;
+  }
+
+  // Indexing the batch dim `pos` by arange(B) and other 1-D indices
+  // (`x[arange(B), last_token]`): each rank indexes its own rows with
+  // arange(B_r), the other indices are its batch rows. Returns the dim of the
+  // indexed result that holds the batch, or -1 when the pattern does not apply.
+  int64_t BatchPositionsIndex(NodeId id, const Node& n, const std::vector<Operand>& ops,
+                              const Argument::List& list, int64_t pos) {
+    if (pos < 0 || pos >= static_cast<int64_t>(list.size()) || !IsBatchPositions(list[pos])) return -1;
+    const ValueRef positions = list[pos].as<ValueRef>();
+    if (!OnlyIndexesDim(positions, pos)) return -1;
+    std::vector<int64_t> indexed;
+    for (size_t i = 0; i < list.size(); ++i) {
+      if (list[i].is_none()) continue;
+      indexed.push_back(static_cast<int64_t>(i));
+      const TensorType* t = list[i].get_if<ValueRef>() ? TypeOf(list[i].as<ValueRef>()) : nullptr;
+      if (t == nullptr || t->rank() != 1) return -1;
+    }
+    for (const Operand& o : ops) {
+      if (o.arg != 1 || o.elem == pos) continue;
+      if (o.info.placement.is_shard() && (o.info.placement.dim != 0 || o.info.outer != 1)) return -1;
+      if (o.info.placement.is_replicate()) NeedShard(o, 0, 1, id);
+    }
+    if (upgrades_.emplace(positions.node.value, Upgrade{0, 1, id}).second) changed_ = true;
+    const bool adjacent = indexed.back() - indexed.front() + 1 == static_cast<int64_t>(indexed.size());
+    return adjacent ? indexed.front() : 0;
+  }
+
+  // index_put(self, indices, values, accumulate): a parameter's gradient
+  // scattered into a zero table (no batch operand; partial values flow through
+  // a zero self), or the backward of x[arange(B), idx] (BatchPositionsIndex).
   absl::Status IndexPut(NodeId id, const Node& n, const OpRule& rule) {
     std::vector<Operand> ops = Operands(n);
     FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule, ops));
-    for (const Operand& o : ops) {
-      if (o.info.placement.is_shard()) {
-        return Error(n, absl::StrFormat("arg %d (%s) is sharded on the batch; index_put with "
-                                        "batch-sharded operands is not supported",
-                                        o.arg, g_.node(o.ref.node).name));
-      }
+    const Operand* self = Find(ops, 0);
+    const Argument* idx = ArgAt(n, 1, "indices");
+    const Argument::List* list = idx ? idx->get_if<Argument::List>() : nullptr;
+    if (self == nullptr || list == nullptr) return Error(n, "expects self and a list of indices");
+    bool sharded = false;
+    for (const Operand& o : ops) sharded |= o.info.placement.is_shard();
+    int64_t pos = -1;
+    for (size_t i = 0; i < list->size() && pos < 0; ++i) {
+      if (IsBatchPositions((*list)[i])) pos = static_cast<int64_t>(i);
     }
-    SetCombined(id, Combined{}, s);
+    if (!sharded && pos < 0) {
+      SetCombined(id, Combined{}, s);
+      return absl::OkStatus();
+    }
+    const int64_t nd = BatchPositionsIndex(id, n, ops, *list, pos);
+    if (nd < 0 || (self->info.placement.is_shard() && self->info.placement.dim != pos)) {
+      return Error(n, "index_put with batch-sharded operands is supported only as the backward of "
+                      "x[arange(B), index] (the batch dim indexed by the positions of its samples)");
+    }
+    if (self->info.placement.is_replicate()) NeedShard(*self, static_cast<int32_t>(pos), 1, id);
+    if (const Operand* v = Find(ops, 2)) {
+      int64_t n_indexed = 0;
+      for (const Argument& e : *list) n_indexed += e.is_none() ? 0 : 1;
+      const int64_t res_rank = self->type->rank() - n_indexed + 1;
+      const int64_t vd = nd - (res_rank - v->type->rank());
+      if (v->info.placement.is_shard() && v->info.placement.dim != vd) {
+        return Error(n, absl::StrFormat("values hold the batch on dim %d, the indexed rows on dim %d",
+                                        v->info.placement.dim, vd));
+      }
+      if (v->info.placement.is_replicate() && vd >= 0) NeedShard(*v, static_cast<int32_t>(vd), 1, id);
+    }
+    NodeInfo& info = a_.nodes_[id.value];
+    info.detail = Detail::kFromArg;
+    info.arg = 0;
+    SetAllOut(id, Shard(static_cast<int32_t>(pos), 1, s.scaled));
     return absl::OkStatus();
   }
 
@@ -1780,6 +1876,16 @@ class BatchDimAnalyzer {
     }
     const bool adjacent =
         indexed.empty() || indexed.back() - indexed.front() + 1 == static_cast<int64_t>(indexed.size());
+    if (self->info.placement.is_shard() && self->info.outer == 1) {
+      const int64_t nd = BatchPositionsIndex(id, n, ops, *list, self->info.placement.dim);
+      if (nd >= 0) {
+        NodeInfo& info = a_.nodes_[id.value];
+        info.detail = Detail::kFromArg;
+        info.arg = 0;
+        SetAllOut(id, Shard(static_cast<int32_t>(nd), 1, s.scaled));
+        return absl::OkStatus();
+      }
+    }
     if (self->info.placement.is_shard()) {
       if (sharded_index != nullptr) {
         return Error(n, "indexes a batch-sharded tensor with a batch-sharded index");

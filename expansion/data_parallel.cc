@@ -417,6 +417,13 @@ class Expander final : public RankGraphBuilder {
       }
       n.args[si] = Argument(std::move(sizes));
     } else if (out_info.placement.is_shard() && a_.node(id).decision == Decision::kShapedByUse &&
+               old.target.name == "aten::arange") {
+      // arange(B) indexing the batch rows (batch_dim.h): this rank's positions, arange(B_r).
+      const int end = old.target.overload.empty() ? 0 : 1;
+      if (end < static_cast<int>(n.args.size()) && n.args[end].get_if<int64_t>() != nullptr) {
+        n.args[end] = Argument(LocalExtent(*n.args[end].get_if<int64_t>()));
+      }
+    } else if (out_info.placement.is_shard() && a_.node(id).decision == Decision::kShapedByUse &&
                si < 0 && !HasTensorInput(old)) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "node %s (%s) is built sharded for its use by %s, but the expansion does not know "

@@ -496,6 +496,36 @@ TEST(BatchDim, AsStridedFollowsTheDimThatStepsOverSamples) {
 )").status(), StatusIs(absl::StatusCode::kInvalidArgument, "node s (aten::as_strided)"));
 }
 
+constexpr char kLastTokenLogits[] = R"(
+  %x: f32[4, 5, 3] = placeholder() {role=INPUT, state="x", batch_dim=0}
+  %tok: i64[4, 5] = placeholder() {role=INPUT, state="tok", batch_dim=0}
+  %last: i64[4] = aten::argmax(%tok, -1)
+  %ar: i64[4] = aten::arange(4, device=device(cpu), pin_memory=false)
+  %ix: f32[4, 3] = aten::index.Tensor(%x, [%ar, %last])
+  %z: f32[4, 5, 3] = aten::new_zeros(%ix, [4, 5, 3])
+  %ip: f32[4, 5, 3] = aten::index_put(%z, [%ar, %last], %ix, true)
+  %output = output([%ip]) {specs=[OTHER]}
+)";
+
+TEST(BatchDim, ArangeOfTheBatchIndexingItsRowsBecomesLocalPositions) {
+  // logits[arange(B), last_token] (sequence classification heads) and its backward.
+  auto r = MustRun(kLastTokenLogits);
+  EXPECT_EQ(r.P("ar"), "S(0)");
+  EXPECT_THAT(r.Why("ar"), HasSubstr("for its use by ix"));
+  EXPECT_EQ(r.P("ix"), "S(0)");
+  EXPECT_EQ(r.P("z"), "S(0)");
+  EXPECT_EQ(r.P("ip"), "S(0)");
+  // An arange whose values are also used as data stays global: the index is refused.
+  EXPECT_THAT(Analyze(R"(
+  %x: f32[4, 3] = placeholder() {role=INPUT, state="x", batch_dim=0}
+  %tok: i64[4] = placeholder() {role=INPUT, state="tok", batch_dim=0}
+  %ar: i64[4] = aten::arange(4, device=device(cpu), pin_memory=false)
+  %ix: f32[4] = aten::index.Tensor(%x, [%ar, %tok])
+  %sh: i64[4] = aten::add.Tensor(%ar, %tok)
+  %output = output([%ix, %sh]) {specs=[OTHER, OTHER]}
+)").status(), StatusIs(absl::StatusCode::kInvalidArgument, "node ix (aten::index.Tensor)"));
+}
+
 TEST(BatchDim, ForeachOptimizerReadsReducedGradients) {
   auto r = MustRun(R"(
   %w0: f32[3, 2] rg = placeholder() {role=PARAMETER, state="w0"}

@@ -254,6 +254,25 @@ TEST(Expand, Errors) {
               StatusIs(absl::StatusCode::kInvalidArgument, "analysis is for world size 2"));
 }
 
+TEST(Expand, ArangeOfTheBatchBecomesThisRanksPositions) {
+  // logits[arange(B), idx]: rank r indexes its own B_r rows with arange(B_r).
+  const std::string text = R"(graph format=1 producer="test" torch="2.13.0+cpu" {
+  %w: f32[3] rg = placeholder() {role=PARAMETER, state="w"}
+  %x: f32[5, 4, 3] = placeholder() {role=INPUT, state="x", batch_dim=0}
+  %tok: i64[5] = placeholder() {role=INPUT, state="tok", batch_dim=0}
+  %xw: f32[5, 4, 3] = aten::mul.Tensor(%x, %w)
+  %ar: i64[5] = aten::arange(5, device=device(cpu), pin_memory=false)
+  %ix: f32[5, 3] = aten::index.Tensor(%xw, [%ar, %tok])
+  %g: f32[3] = aten::sum.dim_IntList(%ix, [0], false) {grad_of="w"}
+  %output = output([%g]) {specs=[OTHER]}
+}
+)";
+  Expansion e = ValueOrDie(ExpandText(text, {.world_size = 2}));
+  EXPECT_EQ(ir::PrintArgument(e.graph(0), Find(e.graph(0), "ar").args[0]), "3");
+  EXPECT_EQ(ir::PrintArgument(e.graph(1), Find(e.graph(1), "ar").args[0]), "2");
+  EXPECT_EQ(Find(e.graph(1), "ix").outputs[0].tensor.shape, (std::vector<int64_t>{2, 3}));
+}
+
 TEST(Expand, ReportPrints) {
   Expansion e = ValueOrDie(ExpandText(ReadTestData("mlp_sgd.txt"), {.world_size = 2}));
   EXPECT_THAT(e.report.ToTable(), HasSubstr("rank 1: samples [4, 8) (4)"));

@@ -125,6 +125,9 @@ CASES: Dict[str, Case] = {
     "mistral": Case("decoder", _lm(T.MistralForCausalLM, T.MistralConfig, sliding_window=4, **DECODER),
                     lm_batch, lm_loss),
     "qwen2": Case("decoder", _lm(T.Qwen2ForCausalLM, T.Qwen2Config, **DECODER), lm_batch, lm_loss),
+    # a classification head that picks each sequence's last token: logits[arange(B), last]
+    "llama_cls": Case("decoder", _lm(T.LlamaForSequenceClassification, T.LlamaConfig, num_labels=3,
+                                     pad_token_id=0, **DECODER), cls_batch, cls_loss),
     "opt": Case("decoder", lambda: T.OPTForCausalLM(T.OPTConfig(
         vocab_size=V, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, ffn_dim=64,
         max_position_embeddings=16, dropout=0.0, attention_dropout=0.0, word_embed_proj_dim=32)),
@@ -164,7 +167,7 @@ CASES: Dict[str, Case] = {
         image_batch, cls_loss, batchnorm=True),
 }
 # The uneven split runs for one model of each family (and the BatchNorm one).
-UNEVEN = ["llama", "bert", "deberta_v2", "t5", "swin", "resnet"]
+UNEVEN = ["llama", "llama_cls", "bert", "deberta_v2", "t5", "swin", "resnet"]
 MATRIX = [(m, 2) for m in CASES] + [(m, 3) for m in UNEVEN]
 
 
