@@ -258,6 +258,35 @@ def test_two_losses_clip_grad_value_and_a_dict_batch():
     torch.testing.assert_close(outs["aux"], want["aux"].detach(), rtol=RTOL, atol=ATOL)
 
 
+def test_compile_decorator_trains_the_live_model_like_eager():
+    """@fxdp.compile: traced on the first call, then the graph runs and writes the live model and
+    optimizer back; an eager scheduler stepped between calls takes effect; eager steps can follow."""
+    inner = accumulating_step(_mse, 2, 0.05)
+    compiled = fxdp.compile()(inner)
+
+    def make():
+        m = _mlp()
+        o = O.Adam(m.parameters(), lr=0.01, weight_decay=0.01)
+        return m, o, warmup_decay(o)
+
+    batches = _mlp_batches(n=4)
+    m, o, sched = make()
+    m2, o2, s2 = make()
+    for i in range(STEPS):
+        loss = compiled(m, o, batches[i])
+        want = inner(m2, o2, batches[i])
+        sched.step()
+        s2.step()
+        torch.testing.assert_close(loss, want, rtol=RTOL, atol=ATOL)
+    assert compiled.traced is not None and compiled.traced.hyperparameter_names()[0] == "optim.group0.lr"
+    inner(m, o, batches[3])  # eager continues from the state the graph wrote
+    inner(m2, o2, batches[3])
+    for (n, p), p2 in zip(m.named_parameters(), m2.parameters()):
+        torch.testing.assert_close(p, p2, rtol=RTOL, atol=ATOL, msg=lambda msg: f"{n}: {msg}")
+        for k, v in o2.state[p2].items():
+            torch.testing.assert_close(o.state[p][k], v, rtol=RTOL, atol=ATOL)
+
+
 def test_guards_refuse_values_that_change_the_code_path():
     m = _mlp()
     o = O.SGD(m.parameters(), lr=0.1, momentum=0.9)

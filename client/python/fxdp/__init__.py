@@ -4,6 +4,7 @@ __version__ = "0.1.0"
 
 from .errors import GraphFormatError, TraceError  # noqa: E402
 from .traced import TracedStep, load  # noqa: E402
+from .compiled import CompiledStep, compile  # noqa: E402,A004
 from .tracer import DEFAULT_DECOMPOSITIONS, SUPPORTED_OPTIMIZERS, trace, trace_step  # noqa: E402
 
 
@@ -22,6 +23,8 @@ __all__ = [
     "ServerError",
     "trace",
     "trace_step",
+    "compile",
+    "CompiledStep",
     "load",
     "TracedStep",
     "TraceError",

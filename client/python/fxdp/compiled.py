@@ -1,0 +1,124 @@
+"""``@fxdp.compile``: a training step function that traces itself on first call (in the spirit of
+``torch.distributed._spmd``'s ``@compile``).
+
+    @fxdp.compile(batch_dim=0)
+    def train_step(model, opt, batch):
+        loss = loss_fn(model(batch[0]), batch[1])
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    for batch in batches:
+        loss = train_step(model, opt, batch)   # traced once, then the graph runs (torch.fx)
+        sched.step()                           # an eager scheduler keeps working
+    train_step.traced                          # the TracedStep, e.g. for fxdp.Client.train
+
+Each call feeds the graph the live model's parameters and buffers, the optimizer's state and
+its param groups' current hyper-parameters (so a scheduler stepped between calls takes effect),
+and writes the updated tensors back in place, so eager code before, between and after the calls
+sees the same model and optimizer as eager training would. A call with another model, optimizer
+or batch shape traces again.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import torch
+
+from .optimizers import optimizer_hyperparameters
+
+__all__ = ["compile", "CompiledStep"]
+
+
+def _batch_key(batch) -> Tuple:
+    if isinstance(batch, torch.Tensor):
+        return (tuple(batch.shape), batch.dtype)
+    if isinstance(batch, dict):
+        return tuple((k, _batch_key(v)) for k, v in batch.items())
+    return tuple(_batch_key(v) for v in batch)
+
+
+class CompiledStep:
+    """The callable ``@fxdp.compile`` returns (see the module docstring)."""
+
+    def __init__(self, fn: Callable, trace_kwargs: Dict[str, Any]):
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.trace_kwargs = trace_kwargs
+        self.traced = None
+        self._key: Optional[Tuple] = None
+
+    def __call__(self, model, optimizer, batch):
+        from .tracer import trace_step
+
+        key = (id(model), id(optimizer), _batch_key(batch))
+        if key != self._key:
+            self.traced = trace_step(self.fn, model, optimizer, batch, **self.trace_kwargs)
+            self._key = key
+        step = self.traced
+        params = dict(model.named_parameters())
+        buffers = dict(model.named_buffers())
+        init = step.initial_state()
+        state = {}
+        for name in step.state_names():
+            if name in params:
+                state[name] = params[name].detach()
+            elif name in buffers:
+                state[name] = buffers[name]
+            else:
+                state[name] = self._optimizer_tensor(optimizer, params, name, init)
+        state.update({n: torch.tensor(v, dtype=init[n].dtype, device=init[n].device)
+                      for n, v in optimizer_hyperparameters(optimizer).items() if n in init})
+        new, loss, outs = step.run_local(state, batch, outputs=True)
+        with torch.no_grad():
+            for name, t in new.items():
+                if name in params:
+                    params[name].copy_(t)
+                elif name in buffers:
+                    buffers[name].copy_(t)
+                elif name.startswith("optim."):  # hyper-parameters and constants are not written
+                    self._write_optimizer_tensor(optimizer, params, name, t)
+        return (loss, dict(outs)) if outs else loss
+
+    @staticmethod
+    def _split(params, name: str):
+        """'optim.<param>.<key>' -> (parameter, key), or None for hyper-parameters/constants."""
+        body = name[len("optim."):]
+        for pn in sorted(params, key=len, reverse=True):
+            if body.startswith(pn + "."):
+                return params[pn], body[len(pn) + 1:]
+        return None
+
+    def _optimizer_tensor(self, optimizer, params, name: str, init) -> torch.Tensor:
+        hit = self._split(params, name) if name.startswith("optim.") else None
+        if hit is not None:
+            p, k = hit
+            v = optimizer.state.get(p, {}).get(k)
+            if isinstance(v, torch.Tensor):
+                return v if v.dim() > 0 else v.to(init[name].dtype)
+        return init[name]
+
+    def _write_optimizer_tensor(self, optimizer, params, name: str, t: torch.Tensor) -> None:
+        hit = self._split(params, name)
+        if hit is None:
+            return
+        p, k = hit
+        st = optimizer.state[p]
+        cur = st.get(k)
+        if isinstance(cur, torch.Tensor) and cur.shape == t.shape and cur.dtype == t.dtype:
+            cur.copy_(t)
+        else:
+            st[k] = t.clone()
+
+
+def compile(**trace_kwargs) -> Callable[[Callable], CompiledStep]:  # noqa: A001 - the seed's name
+    """Decorator: ``@fxdp.compile(batch_dim=0)`` over ``train_step(model, optimizer, batch)``;
+    keyword arguments are :func:`fxdp.trace_step`'s."""
+
+    def wrap(fn: Callable) -> CompiledStep:
+        return CompiledStep(fn, trace_kwargs)
+
+    return wrap
