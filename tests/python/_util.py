@@ -23,6 +23,17 @@ MODELS = list(zoo.MODELS)
 OPTIMS = list(zoo.OPTIMIZERS)
 RTOL, ATOL = 1e-5, 1e-6
 
+# A graph that cannot run: 6 token indices per sample, gradients for 5 (the expansion's shape
+# check must refuse it; test_expand_zoo, test_server_compile).
+INCONSISTENT = """graph format=1 producer="test" torch="2.13.0+cpu" {
+  %w: f32[7, 3] rg = placeholder() {role=PARAMETER, state="w"}
+  %gr: f32[4, 5, 3] = placeholder() {role=INPUT, state="g", batch_dim=0}
+  %idx: i64[4, 6] = placeholder() {role=INPUT, state="idx", batch_dim=0}
+  %ge: f32[7, 3] = aten::embedding_dense_backward(%gr, %idx, 7, -1, false) {grad_of="w"}
+  %output = output([%ge]) {specs=[OTHER]}
+}
+"""
+
 
 @functools.lru_cache(maxsize=None)
 def traced(model: str, optim: str, overrides: Tuple[Tuple[str, object], ...] = ()) -> fxdp.TracedStep:

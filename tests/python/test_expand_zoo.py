@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from _util import MODELS, OPTIMS, traced
+from _util import INCONSISTENT, MODELS, OPTIMS, traced
 from fxdp.v1 import graph_pb2 as pb
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -88,3 +88,20 @@ def test_expand_zoo(graphs, tmp_path, model, optim, world):
             assert got is not None and len(got) == len(want), n.name
             for gi, wi in zip(got, want):
                 assert gi == wi or gi == -1, f"{n.name} ({n.target.name}): size list {got} vs local shape {want}"
+
+
+
+def test_a_graph_that_cannot_run_is_refused_at_expand_time(tmp_path):
+    """A deliberately inconsistent graph (6 indices per sample, gradients for 5): the shape check
+    of the expanded rank graph refuses it, naming rank, node and both shapes, with exit code 1
+    (INVALID_ARGUMENT), before any worker could fail on it."""
+    (tmp_path / "g.txt").write_text(INCONSISTENT)
+    r = subprocess.run([FXDP, "graph", "parse", str(tmp_path / "g.txt"), str(tmp_path / "g.pb")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([FXDP, "expand", str(tmp_path / "g.pb"), "--world-size", "2", "-o",
+                        str(tmp_path / "x.pb")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert ("rank 0's expanded graph: node 'ge' (aten::embedding_dense_backward): grad_output "
+            "[2, 5, 3] does not match indices [2, 6]") in r.stderr, r.stderr
+    assert not (tmp_path / "x.pb").exists()

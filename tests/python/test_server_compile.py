@@ -24,7 +24,7 @@ import pytest
 from fxdp.v1 import compile_pb2 as cpb
 from fxdp.v1 import compile_pb2_grpc as cgrpc
 from fxdp.v1 import graph_pb2 as gpb
-from _util import traced
+from _util import INCONSISTENT, traced
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 MAX_MSG = 1 << 30
@@ -295,6 +295,19 @@ def test_malformed_graph_is_invalid_argument_naming_the_node(stub, server, graph
     remote = cli("analyze", f, "--server", server[1])
     assert local.returncode == remote.returncode == 1
     assert bad in remote.stderr
+
+
+def test_expand_refuses_a_graph_that_cannot_run(stub, tmp_path):
+    """Expand's shape check of the rank graphs (expansion/shape_check.h): a deliberately
+    inconsistent graph is INVALID_ARGUMENT naming rank, node and shapes, not a worker crash."""
+    (tmp_path / "g.txt").write_text(INCONSISTENT)
+    r = cli("graph", "parse", tmp_path / "g.txt", tmp_path / "g.pb")
+    assert r.returncode == 0, r.stderr
+    g = graph_def(tmp_path / "g.pb")
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Expand(cpb.ExpandRequest(graph=g, world_size=2))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "node 'ge' (aten::embedding_dense_backward): grad_output [2, 5, 3] does not match" in e.value.details()
 
 
 @pytest.mark.parametrize("world", [0, -1])
