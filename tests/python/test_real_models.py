@@ -16,8 +16,8 @@ N=2 (4+4) for every model, N=3 (3+3+2, uneven) for one model of each family; SGD
 
 DeBERTa-v2 is traced with the ``attention_mask`` a real input pipeline has: without it,
 transformers checks the ids for padding (a data-dependent ``if``), which tracing refuses
-(client/python/README.md, "Hugging Face models"). BART is not in the suite: its mask helpers
-branch on ``padding_mask.all()`` even when a mask is given (see the README).
+(client/python/README.md, "Hugging Face models"). BART gets prebuilt 4-D boolean masks: with a 2-D
+mask its mask helpers branch on ``padding_mask.all()`` (a fast path), which tracing refuses.
 
 Run alone: ``pytest -m real_models tests/python``. Workers are $FXDP_WORKER (default
 build/bin/fxdp-worker), ``fxdp`` $FXDP_BIN (build/bin/fxdp).
@@ -110,6 +110,28 @@ class Masked(torch.nn.Module):
         return self.model(input_ids=ids, attention_mask=mask).logits
 
 
+class Seq2SeqMasked(torch.nn.Module):
+    """An encoder-decoder called with prebuilt 4-D boolean masks (True: attend), which
+    transformers uses as given instead of testing the 2-D mask for padding."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids, enc_mask, dec_mask, labels):
+        return self.model(input_ids=ids, attention_mask=enc_mask, decoder_attention_mask=dec_mask,
+                          labels=labels).loss
+
+
+def masked_seq2seq_batch(g):
+    ids = _ids(g)
+    keep = torch.ones(B, S, dtype=torch.bool)
+    keep[torch.arange(B) % 3 == 1, S - 2:] = False  # padded sources
+    enc = keep[:, None, None, :].expand(B, 1, S, S).contiguous()
+    dec = torch.ones(S, S, dtype=torch.bool).tril()[None, None].expand(B, 1, S, S).contiguous()
+    return ids, enc, dec, ids.roll(-1, 1)
+
+
 def _lm(cls, cfg_cls, **kw):
     return lambda: cls(cfg_cls(vocab_size=V, max_position_embeddings=16, num_hidden_layers=1, **kw))
 
@@ -152,6 +174,11 @@ CASES: Dict[str, Case] = {
     "t5": Case("encoder-decoder", lambda: Seq2Seq(T.T5ForConditionalGeneration(T.T5Config(
         vocab_size=V, d_model=32, d_kv=16, d_ff=64, num_layers=1, num_heads=2, dropout_rate=0.0,
         decoder_start_token_id=0, pad_token_id=0))), lm_batch, None),
+    "bart": Case("encoder-decoder", lambda: Seq2SeqMasked(T.BartForConditionalGeneration(T.BartConfig(
+        vocab_size=V, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=16,
+        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, pad_token_id=1, bos_token_id=0,
+        eos_token_id=2, decoder_start_token_id=2))), masked_seq2seq_batch, None),
     # vision
     "vit": Case("vision", lambda: T.ViTForImageClassification(T.ViTConfig(
         image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
@@ -287,8 +314,9 @@ def test_deberta_without_attention_mask_is_refused_naming_the_check(lab):
 
 
 def test_bart_mask_fast_path_is_refused_naming_the_line():
-    """BART's mask helpers test ``padding_mask.all()`` even with an attention_mask (a fast-path
-    guard): tracing refuses it, naming transformers' masking_utils line (client/python/README.md)."""
+    """With 2-D masks (or none) BART's mask helpers test ``padding_mask.all()`` (a fast-path
+    guard): tracing refuses it, naming transformers' masking_utils line; the suite passes 4-D
+    masks instead (client/python/README.md)."""
     torch.manual_seed(0)
     model = Seq2Seq(T.BartForConditionalGeneration(T.BartConfig(
         vocab_size=V, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
