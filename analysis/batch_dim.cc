@@ -19,6 +19,7 @@
 #include "analysis/ir/hyperparameters.h"
 #include "analysis/ir/status_macros.h"
 #include "analysis/op_rules.h"
+#include "analysis/op_schemas.h"
 #include "analysis/view_rules.h"
 
 namespace fxdp {
@@ -2047,6 +2048,8 @@ class BatchDimAnalyzer {
 
 absl::StatusOr<BatchDimAnalysis> AnalyzeBatchDims(const Graph& graph,
                                                   const AnalyzeOptions& options) {
+  // A graph the workers cannot run is refused here, at compile time, naming the node.
+  FXDP_RETURN_IF_ERROR(CheckOpSchemas(graph));
   return BatchDimAnalyzer(graph, options).Run();
 }
 

@@ -201,7 +201,8 @@ class BatchDimAnalysis {
   std::vector<std::string> notes_;
 };
 
-// Analyses `graph`. INVALID_ARGUMENT naming the node for: world size < 1, an
+// Analyses `graph`. INVALID_ARGUMENT naming the node for: an op or arguments
+// not in torch 2.13's schemas (CheckOpSchemas, op_schemas.h), world size < 1, an
 // input batch dim out of range, inputs whose batch sizes disagree, and ops
 // whose use of the batch cannot be split across ranks (a reduction over the
 // batch that is not a sum or mean, a cat along the batch, a view that moves

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "analysis/ir/proto_codec.h"
 #include "analysis/ir/text.h"
+#include "analysis/op_schemas.h"
 #include "client/cli/commands.h"
 
 namespace fxdp::cli {
@@ -15,7 +16,9 @@ constexpr char kGraphUsage[] =
     "usage: fxdp graph <subcommand>\n"
     "\n"
     "  print FILE          decode and verify a binary GraphDef and print its text form\n"
-    "  check FILE          decode and verify; print a one-line summary\n"
+    "  check FILE          decode and verify, check every op and its arguments against\n"
+    "                      the schemas of torch 2.13 (what fxdp-worker runs); print a\n"
+    "                      one-line summary\n"
     "  roundtrip IN OUT    decode and verify IN, re-encode it to OUT; fails unless\n"
     "                      OUT has exactly the bytes of IN\n"
     "  parse TEXT OUT      parse the text form TEXT, verify it, write binary OUT\n";
@@ -59,6 +62,7 @@ int GraphCommand(const std::vector<std::string>& args) {
     if (sub == "print") {
       std::fputs(ir::PrintGraph(*g).c_str(), stdout);
     } else {
+      if (absl::Status s = CheckOpSchemas(*g); !s.ok()) return ReportError(cmd, s);
       int64_t calls = 0, params = 0, grads = 0;
       for (const ir::Node& n : g->nodes()) {
         calls += n.is_call();

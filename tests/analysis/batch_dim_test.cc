@@ -549,14 +549,14 @@ TEST(BatchDim, ForeachOptimizerReadsReducedGradients) {
 TEST(BatchDim, OpWithoutRuleFallsBackWithAWarningNamingIt) {
   auto r = MustRun(R"(
   %x: f32[4, 3] = placeholder() {role=INPUT, state="x", batch_dim=0}
-  %a: f32[3, 4] = aten::frobnicate(%x)
-  %b: f32[3, 4] = aten::frobnicate(%a)
+  %a: f32[3, 4] = aten::rot90(%x)
+  %b: f32[4, 3] = aten::rot90(%a)
   %output = output([%b]) {specs=[OTHER]}
 )");
   EXPECT_EQ(r.P("a"), "S(1)");
   ASSERT_EQ(r.a.warnings().size(), 1u);
-  EXPECT_THAT(r.a.warnings()[0], HasSubstr("aten::frobnicate (2 nodes, first a)"));
-  EXPECT_THAT(r.Why("a"), HasSubstr("NO RULE for aten::frobnicate"));
+  EXPECT_THAT(r.a.warnings()[0], HasSubstr("aten::rot90 (2 nodes, first a)"));
+  EXPECT_THAT(r.Why("a"), HasSubstr("NO RULE for aten::rot90"));
 }
 
 TEST(BatchDim, BadInput) {
