@@ -352,6 +352,9 @@ def trace_step(
     for what cannot be traced (see the module docstring).
     """
     from .traced import TracedStep
+    from .versions import check_torch
+
+    check_torch()
 
     if not isinstance(model, nn.Module):
         raise TraceError(f"model must be an nn.Module, got {type(model).__name__}")
