@@ -162,6 +162,14 @@ nlohmann::json NodeJson(const Graph& g, const BatchDimAnalysis& a, NodeId id) {
   bool tensor = !n.outputs.empty() && n.outputs[0].is_tensor();
   j["batch_dim"] = tensor && bd >= 0 ? nlohmann::json(bd) : nlohmann::json(nullptr);
   j["placement"] = PlacementsString(g, a, id);
+  // One entry per output, null for a non-tensor one ("placement" above joins them).
+  nlohmann::json each = nlohmann::json::array();
+  for (int32_t k = 0; k < static_cast<int32_t>(n.outputs.size()); ++k) {
+    each.push_back(n.outputs[k].is_tensor()
+                       ? nlohmann::json(a.value(ValueRef{id, k}).placement.ToString())
+                       : nlohmann::json(nullptr));
+  }
+  j["placements"] = std::move(each);
   j["reason"] = DescribeDecision(g, a, id);
   if (n.is_placeholder()) {
     j["role"] = std::string(ir::PlaceholderRoleName(n.placeholder.role));

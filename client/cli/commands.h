@@ -15,6 +15,12 @@ inline constexpr int kExitInvalidInput = 1;  // the graph or file is bad
 inline constexpr int kExitUsage = 2;         // wrong command line
 inline constexpr int kExitIo = 3;            // cannot read or write a file
 
+// The server every subcommand talks to without --server: $FXDP_SERVER when set,
+// else kDefaultServerAddress (fxdp-server's default --listen). analyze and
+// expand run locally unless --server is given.
+inline constexpr char kDefaultServerAddress[] = "127.0.0.1:50051";
+std::string DefaultServer();
+
 // Prints `status` to stderr as "fxdp <cmd>: <message>" and maps it to an exit code.
 int ReportError(const std::string& cmd, const absl::Status& status);
 
@@ -22,7 +28,7 @@ int GraphCommand(const std::vector<std::string>& args);
 int AnalyzeCommand(const std::vector<std::string>& args);
 int ExpandCommand(const std::vector<std::string>& args);
 int WorkersCommand(const std::vector<std::string>& args);
-// jobs_command.cc: JobService (--server HOST:PORT, default 127.0.0.1:50051).
+// jobs_command.cc: JobService (--server HOST:PORT, default DefaultServer()).
 int RunCommand(const std::vector<std::string>& args);
 int JobsCommand(const std::vector<std::string>& args);
 int JobCommand(const std::vector<std::string>& args);

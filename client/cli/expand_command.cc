@@ -22,9 +22,13 @@ constexpr char kExpandUsage[] =
     "\n"
     "Analyses the binary GraphDef GRAPH and rewrites it into the graph each of N ranks\n"
     "runs: local batch shapes, gradients all-reduced in buckets that overlap backward,\n"
-    "the global loss. Writes OUT when every rank runs the same graph (B % N == 0), else\n"
-    "one file per rank (OUT with .rank<r> before the extension), and prints the report:\n"
-    "rank slices, buckets, collectives and bytes per step.\n"
+    "the global loss. Writes OUT when every rank runs the same graph, else one file per\n"
+    "rank, OUT with .rank<r> before the extension (x.pb: x.rank0.pb, x.rank1.pb, ...).\n"
+    "Ranks differ when B % N != 0 (uneven slices) or when a replicated value is sliced\n"
+    "per rank (the report's sharded reads, e.g. a batch-sized constant). stderr names\n"
+    "every file written, and so does the --json report (\"files\": [{\"path\",\n"
+    "\"ranks\"}]). Then prints the report: rank slices, buckets, collectives and bytes\n"
+    "per step.\n"
     "\n"
     "  --world-size N       number of ranks (required)\n"
     "  -o, --out OUT        output file\n"
@@ -42,7 +46,8 @@ constexpr char kExpandUsage[] =
     "                       device (default: each rank's local statistics, as DDP)\n"
     "  --group NAME         process group name the collectives use (default \"0\": torch's\n"
     "                       default group)\n"
-    "  --json               print the report as JSON\n"
+    "  --json               print the report as JSON, with \"files\": the files written\n"
+    "                       and the ranks that run each\n"
     "  --server HOST:PORT   expand on fxdp-server (CompileService.Expand) instead of\n"
     "                       locally; same files and output\n"
     "\n"
@@ -97,14 +102,16 @@ int ExpandCommand(const std::vector<std::string>& args) {
   auto e = ExpandDataParallel(*g, *a, opts);
   if (!e.ok()) return ReportError("expand", e.status());
   const int n = static_cast<int>(e->distinct_graphs.size());
+  const std::vector<std::string> paths = ExpandOutputPaths(out, e->identical, n);
   for (int r = 0; r < n; ++r) {
-    const std::string p = e->identical ? out : RankPath(out, r);
+    const std::string& p = paths[r];
     absl::Status s = ir::WriteGraphFile(e->graph(r), p);
     if (!s.ok()) return ReportError("expand", s);
     std::fprintf(stderr, "fxdp expand: wrote %s (%s, %d nodes)\n", p.c_str(),
                  e->identical ? "all ranks" : absl::StrCat("rank ", r).c_str(), e->graph(r).size());
   }
-  const std::string report = json ? e->report.ToJson() : e->report.ToTable();
+  const std::string report =
+      json ? ReportJsonWithFiles(e->report.ToJson(), paths, opts.world_size) : e->report.ToTable();
   std::fwrite(report.data(), 1, report.size(), stdout);
   return kExitOk;
 }

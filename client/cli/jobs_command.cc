@@ -30,7 +30,6 @@
 namespace fxdp::cli {
 namespace {
 
-constexpr char kDefaultServer[] = "127.0.0.1:50051";
 constexpr int kMaxMessageBytes = std::numeric_limits<int>::max();
 constexpr int kConnectTimeoutS = 5;
 
@@ -52,7 +51,7 @@ constexpr char kRunUsage[] =
     "its position and what it waits for. Then prints a line per step (step i/K loss\n"
     "L (T ms); a progress bar on a terminal) and the job id at the end.\n"
     "\n"
-    "  --server HOST:PORT   the fxdp server (default 127.0.0.1:50051)\n"
+    "  --server HOST:PORT   the fxdp server (default $FXDP_SERVER, else 127.0.0.1:50051)\n"
     "  --world-size N       number of data-parallel ranks (default 1)\n"
     "  --state FILE         initial state, safetensors (required)\n"
     "  --data FILE          a global batch, safetensors (repeatable)\n"
@@ -85,7 +84,7 @@ constexpr char kJobsUsage[] =
     "Lists the jobs of fxdp-server, oldest first: id, state, steps done/total,\n"
     "world size, last loss, and what a queued job waits for or why a job failed.\n"
     "\n"
-    "  --server HOST:PORT   the fxdp server (default 127.0.0.1:50051)\n"
+    "  --server HOST:PORT   the fxdp server (default $FXDP_SERVER, else 127.0.0.1:50051)\n"
     "  --json               print JSON: {\"jobs\": [{...JobInfo...}]}\n"
     "\n"
     "Exit codes: 0 ok, 1 the server refused, 2 usage, 3 the server is unreachable.\n";
@@ -96,7 +95,7 @@ constexpr char kJobUsage[] =
     "Shows one job of fxdp-server (JobService.GetJob): state (a queued job's queue\n"
     "position and what it waits for), steps, workers, losses, error.\n"
     "\n"
-    "  --server HOST:PORT   the fxdp server (default 127.0.0.1:50051)\n"
+    "  --server HOST:PORT   the fxdp server (default $FXDP_SERVER, else 127.0.0.1:50051)\n"
     "  --json               print the job as a JSON object\n"
     "\n"
     "Exit codes: 0 ok, 1 unknown job, 2 usage, 3 the server is unreachable.\n";
@@ -107,7 +106,7 @@ constexpr char kCancelUsage[] =
     "Cancels a queued or running job (JobService.CancelJob); a finished job is\n"
     "left as it is. Prints the job's state afterwards.\n"
     "\n"
-    "  --server HOST:PORT   the fxdp server (default 127.0.0.1:50051)\n"
+    "  --server HOST:PORT   the fxdp server (default $FXDP_SERVER, else 127.0.0.1:50051)\n"
     "  --reason TEXT        why (kept in the job's error; default \"fxdp cancel\")\n"
     "  --json               print the job as a JSON object\n"
     "\n"
@@ -420,7 +419,7 @@ class RunPrinter {
 
 int RunCommand(const std::vector<std::string>& args) {
   util::Flags flags("fxdp run", kRunUsage);
-  std::string server = kDefaultServer, state_path, out, name, schedule_path;
+  std::string server = DefaultServer(), state_path, out, name, schedule_path;
   std::vector<std::string> data, data_on_workers;
   int32_t world = 1, steps = 0;
   double bucket_mb = 0, timeout_s = 0;
@@ -557,7 +556,7 @@ int RunCommand(const std::vector<std::string>& args) {
 
 int JobsCommand(const std::vector<std::string>& args) {
   util::Flags flags("fxdp jobs", kJobsUsage);
-  std::string server = kDefaultServer;
+  std::string server = DefaultServer();
   bool json = false;
   flags.String("--server", &server);
   flags.Bool("--json", &json);
@@ -594,7 +593,7 @@ int JobsCommand(const std::vector<std::string>& args) {
 
 int JobCommand(const std::vector<std::string>& args) {
   util::Flags flags("fxdp job", kJobUsage);
-  std::string server = kDefaultServer;
+  std::string server = DefaultServer();
   bool json = false;
   flags.String("--server", &server);
   flags.Bool("--json", &json);
@@ -617,7 +616,7 @@ int JobCommand(const std::vector<std::string>& args) {
 
 int CancelCommand(const std::vector<std::string>& args) {
   util::Flags flags("fxdp cancel", kCancelUsage);
-  std::string server = kDefaultServer, reason = "fxdp cancel";
+  std::string server = DefaultServer(), reason = "fxdp cancel";
   bool json = false;
   flags.String("--server", &server);
   flags.String("--reason", &reason);

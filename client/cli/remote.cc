@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -11,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "client/cli/commands.h"
 #include "grpcpp/grpcpp.h"
+#include "nlohmann/json.hpp"
 #include "proto/fxdp/v1/compile.grpc.pb.h"
 
 namespace fxdp::cli {
@@ -56,6 +58,11 @@ int ReportRpcError(const std::string& cmd, const std::string& server, const grpc
 
 }  // namespace
 
+std::string DefaultServer() {
+  const char* env = std::getenv("FXDP_SERVER");
+  return env != nullptr && *env != '\0' ? std::string(env) : std::string(kDefaultServerAddress);
+}
+
 std::string RankPath(const std::string& out, int r) {
   const size_t slash = out.find_last_of('/');
   const size_t dot = out.find_last_of('.');
@@ -63,6 +70,31 @@ std::string RankPath(const std::string& out, int r) {
     return absl::StrCat(out, ".rank", r);
   }
   return absl::StrCat(out.substr(0, dot), ".rank", r, out.substr(dot));
+}
+
+std::vector<std::string> ExpandOutputPaths(const std::string& out, bool identical, int num_graphs) {
+  if (identical) return {out};
+  std::vector<std::string> paths;
+  for (int r = 0; r < num_graphs; ++r) paths.push_back(RankPath(out, r));
+  return paths;
+}
+
+std::string ReportJsonWithFiles(const std::string& report_json,
+                                const std::vector<std::string>& paths, int world_size) {
+  nlohmann::json j = nlohmann::json::parse(report_json, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return report_json;  // not JSON: leave it as it is
+  nlohmann::json files = nlohmann::json::array();
+  for (size_t i = 0; i < paths.size(); ++i) {
+    nlohmann::json ranks = nlohmann::json::array();
+    if (paths.size() == 1) {
+      for (int r = 0; r < world_size; ++r) ranks.push_back(r);
+    } else {
+      ranks.push_back(static_cast<int>(i));
+    }
+    files.push_back({{"path", paths[i]}, {"ranks", std::move(ranks)}});
+  }
+  j["files"] = std::move(files);
+  return j.dump(1) + "\n";
 }
 
 std::string AnalyzeResponseToTable(const v1::AnalyzeResponse& r) {
@@ -137,8 +169,10 @@ int RemoteExpand(const RemoteExpandArgs& a) {
   grpc::ClientContext ctx;
   grpc::Status s = Connect(a.server)->Expand(&ctx, req, &resp);
   if (!s.ok()) return ReportRpcError("expand", a.server, s);
+  const std::vector<std::string> paths =
+      ExpandOutputPaths(a.out, resp.identical(), resp.graphs_size());
   for (int r = 0; r < resp.graphs_size(); ++r) {
-    const std::string p = resp.identical() ? a.out : RankPath(a.out, r);
+    const std::string& p = paths[r];
     std::string bytes;
     resp.graphs(r).SerializeToString(&bytes);
     std::ofstream f(p, std::ios::binary | std::ios::trunc);
@@ -152,7 +186,8 @@ int RemoteExpand(const RemoteExpandArgs& a) {
                  resp.identical() ? "all ranks" : absl::StrCat("rank ", r).c_str(),
                  resp.graphs(r).nodes_size());
   }
-  const std::string& report = a.json ? resp.report_json() : resp.report_table();
+  const std::string report =
+      a.json ? ReportJsonWithFiles(resp.report_json(), paths, a.world) : resp.report_table();
   std::fwrite(report.data(), 1, report.size(), stdout);
   return kExitOk;
 }

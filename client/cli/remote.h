@@ -5,6 +5,7 @@
 #define FXDP_CLIENT_CLI_REMOTE_H_
 
 #include <string>
+#include <vector>
 
 #include "proto/fxdp/v1/compile.pb.h"
 
@@ -32,6 +33,14 @@ std::string AnalyzeResponseToTable(const v1::AnalyzeResponse& r);
 
 // OUT with ".rank<r>" before the extension.
 std::string RankPath(const std::string& out, int r);
+
+// The files `fxdp expand` writes for `num_graphs` graphs: OUT when every rank
+// runs the same graph (`identical`), else RankPath(OUT, r) for each rank.
+std::vector<std::string> ExpandOutputPaths(const std::string& out, bool identical, int num_graphs);
+// The expansion report's JSON with "files": [{"path", "ranks"}] added: each
+// written file and the ranks that run it.
+std::string ReportJsonWithFiles(const std::string& report_json,
+                                const std::vector<std::string>& paths, int world_size);
 
 }  // namespace fxdp::cli
 

@@ -1,4 +1,4 @@
-// fxdp workers --server HOST:PORT [--json]: the workers fxdp-server knows
+// fxdp workers [--json] [--server HOST:PORT]: the workers fxdp-server knows
 // (WorkerService.ListWorkers, proto/fxdp/v1/worker.proto).
 #include <algorithm>
 #include <chrono>
@@ -17,13 +17,14 @@ namespace fxdp::cli {
 namespace {
 
 constexpr char kWorkersUsage[] =
-    "usage: fxdp workers --server HOST:PORT [--json]\n"
+    "usage: fxdp workers [--json] [--server HOST:PORT]\n"
     "\n"
     "Lists the workers attached to fxdp-server (and the ones it lost in the last\n"
     "minute): id, state (IDLE, BUSY, LOST), device, host, pid, job, step and the\n"
-    "time since the last heartbeat.\n"
+    "time since the last heartbeat. A worker is BUSY with its job from the moment the\n"
+    "server assigns it, and its step is the last one it reported done.\n"
     "\n"
-    "  --server HOST:PORT   the fxdp server (required)\n"
+    "  --server HOST:PORT   the fxdp server (default $FXDP_SERVER, else 127.0.0.1:50051)\n"
     "  --json               print JSON: {\"workers\": [{\"id\", \"state\", \"device\",\n"
     "                       \"hostname\", \"pid\", \"job\", \"step\", \"last_heartbeat_s\",\n"
     "                       \"attached_s\", \"capacity\", \"fxdp_version\", \"torch_version\",\n"
@@ -98,12 +99,12 @@ std::string ToTable(const v1::ListWorkersResponse& r) {
 
 int WorkersCommand(const std::vector<std::string>& args) {
   util::Flags flags("fxdp workers", kWorkersUsage);
-  std::string server;
+  std::string server = DefaultServer();
   bool json = false;
   flags.String("--server", &server);
   flags.Bool("--json", &json);
   if (int rc = flags.Parse(args, nullptr); rc >= 0) return rc;
-  if (server.empty()) return flags.Usage("--server is required");
+  if (server.empty()) return flags.Usage("--server must not be empty");
   auto stub = v1::WorkerService::NewStub(
       grpc::CreateChannel(server, grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;

@@ -58,7 +58,7 @@
 namespace fxdp::executor {
 
 const char kAttachUsage[] =
-    "usage: fxdp-worker attach --server HOST:PORT [--device cpu|cuda:N] [--worker-id ID]\n"
+    "usage: fxdp-worker attach [--server HOST:PORT] [--device cpu|cuda:N] [--worker-id ID]\n"
     "                          [--heartbeat-ms 1000] [--threads N] [--max-message-mb 1024]\n"
     "\n"
     "Serves an fxdp server as a worker daemon (protocol: proto/fxdp/v1/worker.proto,\n"
@@ -75,7 +75,8 @@ const char kAttachUsage[] =
     "doubling to 5 s). Logs go to stderr as '[worker ID] ...' and, about a job,\n"
     "'[job J rank R step S/K] ...'.\n"
     "\n"
-    "  --server HOST:PORT    the fxdp server's worker endpoint (required)\n"
+    "  --server HOST:PORT    the fxdp server's worker endpoint (default $FXDP_SERVER,\n"
+    "                        else 127.0.0.1:50051)\n"
     "  --device DEV          default device of the jobs: cpu (default) or cuda:N\n"
     "  --worker-id ID        the id to register with (default HOSTNAME:PID)\n"
     "  --heartbeat-ms MS     heartbeat interval unless the server sets one (default 1000)\n"
@@ -997,6 +998,9 @@ void OnSignal(int sig) {
 
 int AttachCommand(const std::vector<std::string>& argv) {
   AttachOptions o;
+  // The same default as every `fxdp` subcommand: $FXDP_SERVER, else fxdp-server's default.
+  const char* env_server = std::getenv("FXDP_SERVER");
+  o.server = env_server != nullptr && *env_server != '\0' ? env_server : "127.0.0.1:50051";
   util::Flags flags("fxdp-worker attach", kAttachUsage);
   flags.Custom("--server", "HOST:PORT", [&o](const std::string& v) {
     o.server = v;
@@ -1018,7 +1022,6 @@ int AttachCommand(const std::vector<std::string>& argv) {
   flags.Custom("--threads", "a positive integer", in_range(&o.threads, 4096));
   flags.Custom("--max-message-mb", "a positive integer", in_range(&o.max_message_mb, 1 << 20));
   if (int rc = flags.Parse(argv, nullptr); rc >= 0) return rc;
-  if (o.server.empty()) return flags.Usage("--server is required");
 
   AttachedWorker worker(o);
   // SIGTERM / SIGINT: a clean shutdown, from a thread (handlers cannot take

@@ -143,7 +143,7 @@ def balanced_slices(b: int, world: int):
 
 @contextlib.contextmanager
 def local_server(workers: int = 2, heartbeat_ms: int = 250, extra_args=()):
-    """A real ``fxdp-server --listen 127.0.0.1:0 --local-workers N [extra_args]`` ($FXDP_SERVER; its
+    """A real ``fxdp-server --listen 127.0.0.1:0 --local-workers N [extra_args]`` ($FXDP_SERVER_BIN; its
     workers are $FXDP_WORKER when set): yields ``(address, log)``, ``log`` collecting the server's
     stderr lines; SIGTERM (then SIGKILL) on exit."""
     import os
@@ -152,7 +152,7 @@ def local_server(workers: int = 2, heartbeat_ms: int = 250, extra_args=()):
     import subprocess
     import threading
 
-    cmd = [fxdp_binary("FXDP_SERVER", "fxdp-server"), "--listen", "127.0.0.1:0",
+    cmd = [fxdp_binary("FXDP_SERVER_BIN", "fxdp-server"), "--listen", "127.0.0.1:0",
            "--local-workers", str(workers), "--heartbeat-ms", str(heartbeat_ms), *extra_args]
     if os.environ.get("FXDP_WORKER"):
         cmd += ["--worker-binary", fxdp_binary("FXDP_WORKER", "fxdp-worker")]

@@ -97,20 +97,23 @@ class Analysed:
 
 
 def output_placements(j: dict, n: "pb.Node") -> List[Optional[str]]:
-    p = j["placement"]
+    """The node's "placements" list (one per output, None for a non-tensor one), checked against
+    the joined "placement" string."""
+    each = j["placements"]
     tensor = [o.kind == pb.TENSOR for o in n.outputs]
-    if p == "-":
-        assert not any(tensor), f"{n.name}: placement '-' on a node with tensor outputs"
-        return [None] * len(tensor)
-    if p.startswith("("):
-        parts = [s.strip() for s in p[1:-1].split(",")]
-        if len(parts) == len(tensor):
-            return [None if s == "-" else s for s in parts]
-        assert len(parts) == sum(tensor), f"{n.name}: placement {p!r} for {len(tensor)} outputs"
-        it = iter(parts)
-        return [next(it) if t else None for t in tensor]
-    assert PLACEMENT_RE.fullmatch(p), f"{n.name}: malformed placement {p!r}"
-    return [p if t else None for t in tensor]
+    assert len(each) == len(tensor), f"{n.name}: {len(each)} placements for {len(tensor)} outputs"
+    assert [p is not None for p in each] == tensor, f"{n.name}: placements {each} for outputs {tensor}"
+    for p in each:
+        assert p is None or PLACEMENT_RE.fullmatch(p), f"{n.name}: malformed placement {p!r}"
+    present = [p for p in each if p is not None]
+    if not present:
+        want = "-"
+    elif len(set(present)) == 1 and all(tensor):
+        want = present[0]
+    else:
+        want = "(" + ", ".join(p or "-" for p in each) + ")"
+    assert j["placement"] == want, f"{n.name}: placement {j['placement']!r}, placements {each}"
+    return each
 
 
 def save(step: fxdp.TracedStep, d: pathlib.Path, name: str) -> str:

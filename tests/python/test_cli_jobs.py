@@ -1,6 +1,6 @@
 """`fxdp run|jobs|job|cancel --server`: the CLI on fxdp-server's job service (proto/fxdp/v1/jobs.proto).
 
-Starts ``fxdp-server --listen 127.0.0.1:0 --local-workers 2`` ($FXDP_SERVER, default
+Starts ``fxdp-server --listen 127.0.0.1:0 --local-workers 2`` ($FXDP_SERVER_BIN, default
 build/bin/fxdp-server; workers $FXDP_WORKER; the CLI is $FXDP_BIN, default build/bin/fxdp), exports the
 zoo mlp/AdamW graph, state and batch (``python -m fxdp.zoo.export``) and checks:
 

@@ -6,6 +6,7 @@ reshape, expand, factory or *_backward equals the local shape its node produces.
 from __future__ import annotations
 
 import json
+import pathlib
 import os
 import subprocess
 
@@ -61,8 +62,16 @@ def test_expand_zoo(graphs, tmp_path, model, optim, world):
     rep = json.loads(r.stdout)
     sizes = [s["size"] for s in rep["slices"]]
     assert sum(sizes) == rep["batch_size"] and max(sizes) - min(sizes) <= 1
-    files = ([out] if len(set(sizes)) == 1
-             else [tmp_path / f"x.rank{k}.pb" for k in range(world)])
+    # The report lists what was written (one file for all ranks, else x.rank<r>.pb), and only that.
+    files = [pathlib.Path(f["path"]) for f in rep["files"]]
+    assert sorted(tmp_path.glob("x*.pb")) == sorted(files)
+    if len(files) == 1:
+        assert files == [out] and rep["files"][0]["ranks"] == list(range(world))
+    else:
+        assert files == [tmp_path / f"x.rank{k}.pb" for k in range(world)]
+        assert [f["ranks"] for f in rep["files"]] == [[k] for k in range(world)]
+    if len(set(sizes)) > 1:
+        assert len(files) == world
     n_params = sum(p.placeholder.role == pb.PARAMETER for p in traced(model, optim).placeholders)
     grads = [g for b in rep["buckets"] for g in b["gradients"]]
     assert len(grads) == len(set(grads)) == n_params

@@ -58,7 +58,8 @@ SCRIPT = textwrap.dedent(
     srv = subprocess.Popen([server_bin, "--listen", "127.0.0.1:0"], stdout=subprocess.PIPE, text=True)
     try:
         addr = re.fullmatch(r"listening on (\\S+)\\n", srv.stdout.readline()).group(1)
-        with fxdp.Client(addr) as c:
+        os.environ["FXDP_SERVER"] = addr  # the default address, as for the CLI
+        with fxdp.Client() as c:
             a = c.analyze(back, world_size=2)
             assert a["world_size"] == 2 and a["batch_size"] == 6, a
             e = c.expand(back, world_size=2)

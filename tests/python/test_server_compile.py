@@ -1,6 +1,6 @@
 """fxdp-server's CompileService (proto/fxdp/v1/compile.proto), end to end.
 
-Starts the real server ($FXDP_SERVER, default build/bin/fxdp-server) on an ephemeral port and
+Starts the real server ($FXDP_SERVER_BIN, default build/bin/fxdp-server) on an ephemeral port and
 drives it with the generated Python stubs and with the CLI ($FXDP_BIN, default build/bin/fxdp,
 `--server HOST:PORT`): answers equal the local `fxdp analyze|expand` byte for byte, a repeated
 request comes from the cache, bad requests are INVALID_ARGUMENT naming what is wrong, concurrent
@@ -36,13 +36,20 @@ def binary(env: str, name: str) -> str:
     return path
 
 
+
+def cli_report(stdout: str) -> dict:
+    """`fxdp expand --json`'s report without "files" (what the CLI wrote; the server writes none)."""
+    report = json.loads(stdout)
+    report.pop("files")
+    return report
+
 def cli(*args) -> subprocess.CompletedProcess:
     return subprocess.run([binary("FXDP_BIN", "fxdp"), *map(str, args)], capture_output=True, text=True, timeout=60)
 
 
 @pytest.fixture(scope="module")
 def server():
-    proc = subprocess.Popen([binary("FXDP_SERVER", "fxdp-server"), "--listen", "127.0.0.1:0"],
+    proc = subprocess.Popen([binary("FXDP_SERVER_BIN", "fxdp-server"), "--listen", "127.0.0.1:0"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     m = re.fullmatch(r"listening on (127\.0\.0\.1:\d+)\n", line)
@@ -215,21 +222,25 @@ def test_expand_equals_local(stub, server, graphs, tmp_path, world):
     assert p.returncode == 0, p.stderr
     r = stub.Expand(cpb.ExpandRequest(graph=graph_def(path), world_size=world))
     report = json.loads(p.stdout)
+    files = report.pop("files")  # what the CLI wrote: the server writes none
     assert json.loads(r.report_json) == report
     assert r.identical == (report["batch_size"] % world == 0)
     if r.identical:
         assert len(r.graphs) == 1
         local = [local_out.read_bytes()]
+        assert files == [{"path": str(local_out), "ranks": list(range(world))}]
     else:
         assert len(r.graphs) == world
         local = [(tmp_path / f"local.rank{i}.pb").read_bytes() for i in range(world)]
+        assert files == [{"path": str(tmp_path / f"local.rank{i}.pb"), "ranks": [i]} for i in range(world)]
     assert [g.SerializeToString() for g in r.graphs] == local
     # The CLI through the server writes the same files and prints the same report.
     remote_out = tmp_path / "remote.pb"
     q = cli("expand", path, "--world-size", world, "-o", remote_out, "--json", "--server", server[1])
     assert q.returncode == 0, q.stderr
-    assert q.stdout == p.stdout
+    assert q.stdout == p.stdout.replace(str(local_out.with_suffix("")), str(remote_out.with_suffix("")))
     names = ["remote.pb"] if r.identical else [f"remote.rank{i}.pb" for i in range(world)]
+    assert [f["path"] for f in json.loads(q.stdout)["files"]] == [str(tmp_path / n) for n in names]
     assert [(tmp_path / n).read_bytes() for n in names] == local
     # The expanded graphs decode and verify.
     for n in names:
@@ -247,7 +258,7 @@ def test_expand_options(stub, graphs, tmp_path):
     assert p.returncode == 0, p.stderr
     r = stub.Expand(cpb.ExpandRequest(graph=graph_def(path), world_size=2, bucket_cap_mb=0.01,
                                       first_bucket_mb=0.001, group_name="dp"))
-    assert json.loads(r.report_json) == json.loads(p.stdout)
+    assert json.loads(r.report_json) == cli_report(p.stdout)
     assert r.graphs[0].SerializeToString() == (tmp_path / "x.pb").read_bytes()
     # The last-bucket split and the overlap schedule: same options, same graphs, local or remote.
     q = cli("expand", path, "--world-size", 2, "-o", tmp_path / "y.pb", "--json", "--bucket-mb", "0.1",
@@ -255,7 +266,7 @@ def test_expand_options(stub, graphs, tmp_path):
     assert q.returncode == 0, q.stderr
     s = stub.Expand(cpb.ExpandRequest(graph=graph_def(path), world_size=2, bucket_cap_mb=0.1,
                                       last_bucket_mb=0.001, no_overlap_schedule=True))
-    assert json.loads(s.report_json) == json.loads(q.stdout)
+    assert json.loads(s.report_json) == cli_report(q.stdout)
     assert s.graphs[0].SerializeToString() == (tmp_path / "y.pb").read_bytes()
     split = len(json.loads(q.stdout)["buckets"])
     whole = stub.Expand(cpb.ExpandRequest(graph=graph_def(path), world_size=2, bucket_cap_mb=0.1,
@@ -400,7 +411,7 @@ def test_survives_garbage(server, channel, stub, graphs):
 
 
 def test_sigterm_shuts_down_cleanly():
-    proc = subprocess.Popen([binary("FXDP_SERVER", "fxdp-server"), "--listen", "127.0.0.1:0"],
+    proc = subprocess.Popen([binary("FXDP_SERVER_BIN", "fxdp-server"), "--listen", "127.0.0.1:0"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout.readline().startswith("listening on 127.0.0.1:")
     proc.send_signal(signal.SIGTERM)
@@ -408,11 +419,11 @@ def test_sigterm_shuts_down_cleanly():
 
 
 def test_server_usage():
-    p = subprocess.run([binary("FXDP_SERVER", "fxdp-server"), "--bogus"], capture_output=True, text=True, timeout=10)
+    p = subprocess.run([binary("FXDP_SERVER_BIN", "fxdp-server"), "--bogus"], capture_output=True, text=True, timeout=10)
     assert p.returncode == 2 and "unknown argument" in p.stderr
-    p = subprocess.run([binary("FXDP_SERVER", "fxdp-server"), "--local-workers", "2", "--worker-binary",
+    p = subprocess.run([binary("FXDP_SERVER_BIN", "fxdp-server"), "--local-workers", "2", "--worker-binary",
                         "/nonexistent/fxdp-worker"], capture_output=True, text=True, timeout=10)
     assert p.returncode == 2 and "no executable fxdp-worker at '/nonexistent/fxdp-worker'" in p.stderr
-    p = subprocess.run([binary("FXDP_SERVER", "fxdp-server"), "--local-workers", "-1"], capture_output=True,
+    p = subprocess.run([binary("FXDP_SERVER_BIN", "fxdp-server"), "--local-workers", "-1"], capture_output=True,
                        text=True, timeout=10)
     assert p.returncode == 2 and "--local-workers needs an integer >= 0" in p.stderr

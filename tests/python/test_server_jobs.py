@@ -1,7 +1,7 @@
 """fxdp-server's job service (proto/fxdp/v1/jobs.proto): Submit (a request stream: spec, state
 chunks, per-step global batches), GetJob, ListJobs, CancelJob, FetchState, the FIFO job queue.
 
-Starts ``fxdp-server --listen 127.0.0.1:0 --local-workers 2`` ($FXDP_SERVER, default
+Starts ``fxdp-server --listen 127.0.0.1:0 --local-workers 2`` ($FXDP_SERVER_BIN, default
 build/bin/fxdp-server; its workers are $FXDP_WORKER, default build/bin/fxdp-worker) and drives it
 with the generated Python stubs:
 

@@ -1,6 +1,6 @@
 """fxdp-server's worker registry (WorkerService.Attach + ListWorkers) and ``--local-workers``.
 
-Starts ``fxdp-server --listen 127.0.0.1:0 --local-workers 2`` ($FXDP_SERVER, default
+Starts ``fxdp-server --listen 127.0.0.1:0 --local-workers 2`` ($FXDP_SERVER_BIN, default
 build/bin/fxdp-server; its workers are $FXDP_WORKER, default build/bin/fxdp-worker) and reads the
 registry through ``fxdp workers --server ... [--json]`` ($FXDP_BIN, default build/bin/fxdp):
 
@@ -68,7 +68,7 @@ def alive(pid: int) -> bool:
 @pytest.fixture(scope="module")
 def server():
     env = dict(os.environ)
-    cmd = [fxdp_binary("FXDP_SERVER", "fxdp-server"), "--listen", "127.0.0.1:0", "--local-workers", "2"]
+    cmd = [fxdp_binary("FXDP_SERVER_BIN", "fxdp-server"), "--listen", "127.0.0.1:0", "--local-workers", "2"]
     if os.environ.get("FXDP_WORKER"):
         cmd += ["--worker-binary", fxdp_binary("FXDP_WORKER", "fxdp-worker")]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -203,6 +203,25 @@ def test_unreachable_server_exits_3():
                        capture_output=True, text=True, timeout=30)
     assert p.returncode == 3, (p.returncode, p.stderr)
     assert "fxdp workers: server 127.0.0.1:" in p.stderr
+
+
+def test_every_subcommand_takes_the_server_from_fxdp_server(server):
+    """No --server: $FXDP_SERVER, else 127.0.0.1:50051, for every subcommand that needs a server."""
+    _, addr, _ = server
+    fxdp = fxdp_binary("FXDP_BIN", "fxdp")
+    env = {**os.environ, "FXDP_SERVER": addr}
+    p = subprocess.run([fxdp, "workers", "--json"], capture_output=True, text=True, timeout=20, env=env)
+    assert p.returncode == 0, p.stderr
+    assert "local-0" in [w["id"] for w in json.loads(p.stdout)["workers"]]
+    p = subprocess.run([fxdp, "jobs"], capture_output=True, text=True, timeout=20, env=env)
+    assert p.returncode == 0, p.stderr
+    nowhere = f"127.0.0.1:{free_port()}"
+    env["FXDP_SERVER"] = nowhere
+    for cmd in (["workers"], ["jobs"], ["job", "j-1"], ["cancel", "j-1"]):
+        p = subprocess.run([fxdp, *cmd], capture_output=True, text=True, timeout=30, env=env)
+        assert p.returncode == 3 and f"server {nowhere}" in p.stderr, (cmd, p.returncode, p.stderr)
+        h = subprocess.run([fxdp, *cmd, "--help"], capture_output=True, text=True, timeout=10)
+        assert "(default $FXDP_SERVER, else 127.0.0.1:50051)" in h.stdout, (cmd, h.stdout)
 
 
 def test_sigterm_stops_the_workers(server):

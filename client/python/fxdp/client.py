@@ -131,9 +131,11 @@ def _assemble(chunks: Iterable["wpb.StateChunk"]) -> "OrderedDict[str, torch.Ten
 
 
 class Client:
-    """A connection to one fxdp-server (``address`` is ``host:port``)."""
+    """A connection to one fxdp-server (``address`` is ``host:port``; default ``$FXDP_SERVER``, else
+    ``127.0.0.1:50051``, as for the ``fxdp`` CLI)."""
 
-    def __init__(self, address: str = "127.0.0.1:50051", max_message_mb: int = 1024):
+    def __init__(self, address: Optional[str] = None, max_message_mb: int = 1024):
+        address = address or os.environ.get("FXDP_SERVER") or "127.0.0.1:50051"
         limit = max_message_mb * 1024 * 1024
         self._channel = grpc.insecure_channel(address, options=[
             ("grpc.max_send_message_length", limit), ("grpc.max_receive_message_length", limit)])
