@@ -139,10 +139,26 @@ grpc::Status WorkerRegistry::Attach(
           std::lock_guard<std::mutex> l(mu_);
           if (conn->lost) break;
           Entry& e = workers_[id];
+          e.last_heartbeat = Clock::now();
+          if (!e.assigned_job.empty()) {
+            // Sent before the worker saw its assignment: keep BUSY.
+            if (h.state() != v1::WORKER_STATE_BUSY || h.job_id() != e.assigned_job) break;
+            e.assigned_job.clear();
+          }
+          // A heartbeat may be older than the last StepResult of the same job.
+          const bool same_job = e.state == v1::WORKER_STATE_BUSY && e.job_id == h.job_id();
+          e.step = same_job ? std::max(e.step, h.step()) : h.step();
           e.state = h.state();
           e.job_id = h.job_id();
-          e.step = h.step();
-          e.last_heartbeat = Clock::now();
+          break;
+        }
+        case v1::WorkerMessage::kStepResult: {
+          std::lock_guard<std::mutex> l(mu_);
+          if (conn->lost) break;
+          Entry& e = workers_[id];
+          if (e.state == v1::WORKER_STATE_BUSY && e.job_id == m.step_result().job_id()) {
+            e.step = std::max(e.step, m.step_result().step());
+          }
           break;
         }
         case v1::WorkerMessage::kJobEnded:
@@ -162,6 +178,7 @@ grpc::Status WorkerRegistry::Attach(
             e.job_id.clear();
             e.step = 0;
           }
+          if (e.assigned_job == job) e.assigned_job.clear();
           break;
         }
         case v1::WorkerMessage::kRegisterWorker:
@@ -289,13 +306,36 @@ std::vector<std::string> WorkerRegistry::IdleWorkers() const {
 
 bool WorkerRegistry::Send(const std::string& worker_id, const v1::ServerMessage& msg) {
   std::shared_ptr<Conn> c;
+  const std::string* job = msg.has_assign_job() ? &msg.assign_job().job_id() : nullptr;
+  bool assigned = false;
   {
     std::lock_guard<std::mutex> l(mu_);
     auto it = workers_.find(worker_id);
     if (it == workers_.end() || !it->second.conn) return false;
     c = it->second.conn;
+    Entry& e = it->second;
+    // BUSY before the write: the worker may answer (JobFailed) before Write
+    // returns. A worker already busy refuses the job and stays as it is.
+    if (job != nullptr && e.state == v1::WORKER_STATE_IDLE) {
+      e.state = v1::WORKER_STATE_BUSY;
+      e.job_id = e.assigned_job = *job;
+      e.step = 0;
+      assigned = true;
+    }
   }
-  return c->Write(msg);
+  if (c->Write(msg)) return true;
+  if (assigned) {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = workers_.find(worker_id);
+    if (it != workers_.end() && it->second.conn == c && it->second.assigned_job == *job) {
+      Entry& e = it->second;
+      e.state = v1::WORKER_STATE_IDLE;
+      e.job_id.clear();
+      e.assigned_job.clear();
+      e.step = 0;
+    }
+  }
+  return false;
 }
 
 int64_t WorkerRegistry::Subscribe(const std::string& worker_id, Listener listener) {

@@ -6,7 +6,9 @@
 // stream in a loop: Register first (answered by Registered), then heartbeats
 // (IDLE/BUSY, job, step) and job messages, which go to the worker's
 // subscribers. Writes to a worker (Send) may come from any thread; they are
-// serialized by a per-worker mutex. A watchdog thread marks a worker LOST
+// serialized by a per-worker mutex. A worker is listed BUSY with its job from
+// the moment Send writes its AssignJob, and its step from each StepResult, not
+// only from its next heartbeat. A watchdog thread marks a worker LOST
 // when it sent no heartbeat for more than `missed_heartbeats` intervals and
 // ends its stream; a worker whose stream ends is LOST at once. LOST entries
 // are listed for `lost_retention_s`, then forgotten; a worker that registers
@@ -81,6 +83,10 @@ class WorkerRegistry final : public v1::WorkerService::Service {
     v1::WorkerState state = v1::WORKER_STATE_IDLE;
     std::string job_id, lost_reason;
     int64_t step = 0;
+    // The job Send(AssignJob) gave the worker, until a heartbeat says BUSY
+    // with it (or the job ends): heartbeats sent before the worker saw the
+    // assignment still say IDLE and must not undo it.
+    std::string assigned_job;
     Clock::time_point attached, last_heartbeat, lost_at;
     std::shared_ptr<Conn> conn;  // null once LOST
   };

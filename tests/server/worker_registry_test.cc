@@ -139,5 +139,65 @@ TEST(WorkerRegistry, HeartbeatsSayBusyAndJobEndedMakesTheWorkerIdleAtOnce) {
   EXPECT_EQ(Info(server, "a").job_id(), "");
 }
 
+// ListWorkers is current without waiting for a heartbeat: BUSY with the job
+// from the moment AssignJob is written, the step from each StepResult; a
+// heartbeat the worker sent before it saw the assignment (IDLE) is not taken
+// as the truth, one sent after it is.
+TEST(WorkerRegistry, AssignedWorkerIsBusyAtOnceAndItsStepFollowsStepResults) {
+  TestServer server({}, server::WorkerRegistryOptions{1000, 3, 60});
+  grpc::ClientContext ctx;
+  auto stream = server.workers()->Attach(&ctx);
+  v1::WorkerMessage m;
+  m.mutable_register_worker()->set_protocol_version(v1::WORKER_PROTOCOL_VERSION_1);
+  m.mutable_register_worker()->set_worker_id("w");
+  ASSERT_TRUE(stream->Write(m));
+  v1::ServerMessage in;
+  ASSERT_TRUE(stream->Read(&in));
+  ASSERT_TRUE(in.has_registered());
+  auto heartbeat = [&](v1::WorkerState st, const std::string& job, int64_t step) {
+    v1::WorkerMessage h;
+    h.mutable_heartbeat()->set_state(st);
+    h.mutable_heartbeat()->set_job_id(job);
+    h.mutable_heartbeat()->set_step(step);
+    ASSERT_TRUE(stream->Write(h));
+  };
+  auto step_result = [&](int64_t step) {
+    v1::WorkerMessage r;
+    r.mutable_step_result()->set_job_id("j");
+    r.mutable_step_result()->set_step(step);
+    ASSERT_TRUE(stream->Write(r));
+    ASSERT_TRUE(WaitUntil([&] { return Info(server, "w").step() == step; }));
+  };
+  heartbeat(v1::WORKER_STATE_IDLE, "", 0);
+
+  v1::ServerMessage assign;
+  assign.mutable_assign_job()->set_job_id("j");
+  assign.mutable_assign_job()->set_world_size(1);
+  ASSERT_TRUE(server.registry().Send("w", assign));
+  v1::WorkerInfo w = Info(server, "w");  // no waiting
+  EXPECT_EQ(w.state(), v1::WORKER_STATE_BUSY);
+  EXPECT_EQ(w.job_id(), "j");
+  EXPECT_EQ(w.step(), 0);
+  EXPECT_TRUE(server.registry().IdleWorkers().empty());
+
+  heartbeat(v1::WORKER_STATE_IDLE, "", 0);  // sent before the worker read AssignJob
+  step_result(1);                           // read after that heartbeat, same stream
+  EXPECT_EQ(Info(server, "w").state(), v1::WORKER_STATE_BUSY);
+  EXPECT_EQ(Info(server, "w").job_id(), "j");
+
+  heartbeat(v1::WORKER_STATE_BUSY, "j", 0);  // older than StepResult 1: the step stays
+  step_result(2);
+  EXPECT_EQ(Info(server, "w").step(), 2);
+
+  v1::WorkerMessage ended;
+  ended.mutable_job_ended()->set_job_id("j");
+  ASSERT_TRUE(stream->Write(ended));
+  ASSERT_TRUE(WaitUntil([&] { return Info(server, "w").state() == v1::WORKER_STATE_IDLE; }));
+  EXPECT_EQ(Info(server, "w").job_id(), "");
+  EXPECT_EQ(Info(server, "w").step(), 0);
+  stream->WritesDone();
+  ctx.TryCancel();
+}
+
 }  // namespace
 }  // namespace fxdp::testing
