@@ -42,8 +42,11 @@ struct CollectiveStats {
 
 class TimedCommunicator : public Communicator {
  public:
-  // `inner` is not owned and must outlive this object and its Works.
+  // `inner` is not owned and must outlive this object and its Works. It may
+  // be set later (set_inner), before the first call: a program can be loaded
+  // before the rendezvous that creates the communicator.
   explicit TimedCommunicator(Communicator* inner) : inner_(inner) {}
+  void set_inner(Communicator* inner) { inner_ = inner; }
 
   int rank() const override { return inner_->rank(); }
   int world_size() const override { return inner_->world_size(); }

@@ -213,6 +213,20 @@ absl::StatusOr<TensorMap> ShardBatch(const TensorMap& batch, const Program& prog
   return executor::ShardBatch(batch, program, env.rank, env.world_size);
 }
 
+// Whether `path` can be written without creating it: its folder exists and
+// is writable, and the file, if present, is writable. NOT_FOUND /
+// PERMISSION_DENIED naming `flag` and the path.
+absl::Status CheckWritable(const std::string& path, const std::string& flag) {
+  const size_t slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  if (::access(dir.c_str(), F_OK) != 0)
+    return absl::NotFoundError(absl::StrCat(flag, " ", path, ": folder ", dir, " does not exist"));
+  if (::access(dir.c_str(), W_OK) != 0 || (::access(path.c_str(), F_OK) == 0 &&
+                                           ::access(path.c_str(), W_OK) != 0))
+    return absl::PermissionDeniedError(absl::StrCat(flag, " ", path, ": not writable"));
+  return absl::OkStatus();
+}
+
 // `comm` is the caller's: on a failed step it must not be destroyed (Gloo's
 // destructor waits for collectives still queued on a lost peer).
 absl::Status Run(const RunArgs& args, const LaunchEnv& env, Logger& log,
@@ -256,6 +270,40 @@ absl::Status Run(const RunArgs& args, const LaunchEnv& env, Logger& log,
   if (threads > 0) at::set_num_threads(threads);
   log.Log("intra-op threads: ", at::get_num_threads());
 
+  // Everything local first (op lookup, state, data, where --out goes), so a
+  // missing or bad file fails this rank before it meets its peers, which
+  // would otherwise only see "lost the connection to rank R". Counts the time
+  // each step spends waiting on communication; its communicator is set after
+  // the rendezvous.
+  TimedCommunicator timed(nullptr);
+  ProgramOptions po;
+  po.device = device;
+  po.communicator = &timed;
+  po.collective_timeout = args.timeout;
+  po.check_outputs = args.check_outputs;
+  const auto t_load = std::chrono::steady_clock::now();
+  FXDP_ASSIGN_OR_RETURN(Program program, Program::Load(graph, po));
+  const double load_ms = std::chrono::duration<double, std::milli>(
+                             std::chrono::steady_clock::now() - t_load).count();
+  const int num_inputs = static_cast<int>(program.inputs().size());
+  const std::string on_device = program.device().str();
+
+  FXDP_ASSIGN_OR_RETURN(SafetensorsFile state, ReadSafetensors(args.state));
+  std::vector<TensorMap> batches;
+  for (const std::string& d : args.data) {
+    FXDP_ASSIGN_OR_RETURN(SafetensorsFile f, ReadSafetensors(d));
+    FXDP_ASSIGN_OR_RETURN(TensorMap shard, ShardBatch(f.tensors, program, env));
+    batches.push_back(std::move(shard));
+  }
+  std::string out;
+  if (!args.out.empty() &&
+      (args.out.find("{rank}") != std::string::npos || env.rank == 0)) {
+    out = WithRank(args.out, env.rank);
+    FXDP_RETURN_IF_ERROR(CheckWritable(out, "--out"));
+  }
+  FXDP_ASSIGN_OR_RETURN(StepRunner runner, StepRunner::Create(std::move(program),
+                                                              std::move(state.tensors)));
+
   if (env.world_size > 1) {
     RendezvousOptions ro;
     ro.host = env.master_addr;
@@ -271,31 +319,10 @@ absl::Status Run(const RunArgs& args, const LaunchEnv& env, Logger& log,
   } else {
     comm = std::make_unique<LocalCommunicator>();
   }
-  // Counts the time each step spends waiting on communication.
-  TimedCommunicator timed(comm.get());
-
-  ProgramOptions po;
-  po.device = device;
-  po.communicator = &timed;
-  po.collective_timeout = args.timeout;
-  po.check_outputs = args.check_outputs;
-  const auto t_load = std::chrono::steady_clock::now();
-  FXDP_ASSIGN_OR_RETURN(Program program, Program::Load(graph, po));
-  const double load_ms = std::chrono::duration<double, std::milli>(
-                             std::chrono::steady_clock::now() - t_load).count();
-  log.Log("loaded ", graph_path, ": ", program.num_nodes(), " ops, ", program.inputs().size(),
-          " inputs, on ", program.device().str(), ", ", comm->name(), " (",
+  timed.set_inner(comm.get());
+  log.Log("loaded ", graph_path, ": ", runner.program().num_nodes(), " ops, ", num_inputs,
+          " inputs, on ", on_device, ", ", comm->name(), " (",
           absl::StrFormat("%.1f", load_ms), " ms)");
-
-  FXDP_ASSIGN_OR_RETURN(SafetensorsFile state, ReadSafetensors(args.state));
-  std::vector<TensorMap> batches;
-  for (const std::string& d : args.data) {
-    FXDP_ASSIGN_OR_RETURN(SafetensorsFile f, ReadSafetensors(d));
-    FXDP_ASSIGN_OR_RETURN(TensorMap shard, ShardBatch(f.tensors, program, env));
-    batches.push_back(std::move(shard));
-  }
-  FXDP_ASSIGN_OR_RETURN(StepRunner runner, StepRunner::Create(std::move(program),
-                                                              std::move(state.tensors)));
 
   double total_ms = 0, total_wait_ms = 0;
   timed.TakeStats();
@@ -337,13 +364,9 @@ absl::Status Run(const RunArgs& args, const LaunchEnv& env, Logger& log,
           " us/op over ", nodes, " ops; ",
           absl::StrFormat("%.2f", total_wait_ms / args.steps), " ms/step waiting on communication)");
 
-  if (!args.out.empty()) {
-    const bool templated = args.out.find("{rank}") != std::string::npos;
-    if (templated || env.rank == 0) {
-      const std::string out = WithRank(args.out, env.rank);
-      FXDP_RETURN_IF_ERROR(WriteSafetensors(out, runner.state(), state.metadata));
-      log.Log("wrote the final state (", runner.state().size(), " tensors) to ", out);
-    }
+  if (!out.empty()) {
+    FXDP_RETURN_IF_ERROR(WriteSafetensors(out, runner.state(), state.metadata));
+    log.Log("wrote the final state (", runner.state().size(), " tensors) to ", out);
   }
   return absl::OkStatus();
 }

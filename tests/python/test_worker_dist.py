@@ -362,6 +362,35 @@ def test_missing_peer_fails_the_rendezvous_within_the_timeout(lab, tmp_path):
     assert_log_lines(r.stderr, "alone", 0, 1)  # c10d's own log lines are off by default
 
 
+@pytest.mark.parametrize("bad", ["state", "data", "graph", "out"])
+def test_bad_local_input_fails_before_the_rendezvous(lab, tmp_path, bad):
+    """Rank 1's missing --state/--data/--graph or unwritable --out fails rank 1 at once naming the
+    path, before it meets rank 0 (no rendezvous logged), so rank 0 is told rank 1 never came,
+    not that it lost the connection to it."""
+    p, x = lab.prepared("mlp", "sgd"), lab.expanded("mlp", "sgd", 2)
+    missing = str(tmp_path / "nowhere" / f"{bad}{{rank}}.x")  # --out: each rank writes its own
+    port = free_port()
+    procs = []
+    for rank in range(2):
+        a = {"graph": x["template"], "state": p["state"], "data": p["data"][0],
+             "out": str(tmp_path / "final{rank}.safetensors")}
+        if rank == 1:
+            a[bad] = missing
+        args = [lab.worker, "run", "--steps", "2", "--timeout", "1.5", "--job", "bad-input"]
+        for k, v in a.items():
+            args += [f"--{k}", v]
+        procs.append(subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      env=clean_env(RANK=rank, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1",
+                                                    MASTER_PORT=port)))
+    _, err1 = procs[1].communicate(timeout=60)
+    _, err0 = procs[0].communicate(timeout=60)
+    assert procs[1].returncode in (1, 3), err1
+    want = missing.replace("{rank}", "1") if bad in ("out", "graph") else missing
+    assert want in err1 and "rendezvous at" not in err1, err1
+    assert procs[0].returncode == 1, err0
+    assert "no word from rank 1" in err0 and "lost the connection" not in err0, err0
+
+
 def test_flags(lab):
     r = subprocess.run([lab.worker, "run", "--help"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0
