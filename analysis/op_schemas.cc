@@ -1,6 +1,7 @@
 #include "analysis/op_schemas.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -44,8 +45,12 @@ const Table& GetTable() {
         a.has_default = absl::ConsumeSuffix(&w, "=");
         a.name = w;
         s.num_positional += !a.kwarg_only;
+        if (!a.has_default) s.required |= uint64_t{1} << s.args.size();
         s.args.push_back(a);
       }
+      // The argument masks hold 64 bits; scripts/gen_op_schemas.py refuses wider schemas
+      // (torch 2.13's widest has 30 arguments).
+      if (s.args.size() >= 64) std::abort();
       t->schemas.push_back(std::move(s));
     }
     for (const OpSchema& s : t->schemas) {
@@ -105,8 +110,8 @@ absl::Status CheckNode(const ir::Graph& g, int i) {
                                         " positional arguments (", s.ToString(), "), got ",
                                         given));
   }
-  std::vector<bool> seen(s.args.size(), false);
-  for (int k = 0; k < given; ++k) seen[k] = true;
+  // Bit i: argument i was given (no allocation: this runs for every node).
+  uint64_t seen = given >= 64 ? ~uint64_t{0} : (uint64_t{1} << given) - 1;
   for (const ir::KeywordArgument& kw : n.kwargs) {
     auto a = std::find_if(s.args.begin(), s.args.end(),
                           [&](const OpSchemaArg& x) { return x.name == kw.name; });
@@ -114,15 +119,16 @@ absl::Status CheckNode(const ir::Graph& g, int i) {
       return NodeError(g, i, absl::StrCat(op(), " has no argument '", kw.name, "' (arguments: ",
                                           ArgNames(s), ")"));
     }
-    const size_t idx = static_cast<size_t>(a - s.args.begin());
-    if (seen[idx]) {
+    const uint64_t bit = uint64_t{1} << (a - s.args.begin());
+    if (seen & bit) {
       return NodeError(g, i, absl::StrCat(op(), ": argument '", kw.name,
                                           "' is given both positionally and by keyword"));
     }
-    seen[idx] = true;
+    seen |= bit;
   }
+  if ((s.required & ~seen) == 0) return absl::OkStatus();
   for (size_t k = 0; k < s.args.size(); ++k) {
-    if (!seen[k] && !s.args[k].has_default) {
+    if (!(seen >> k & 1) && !s.args[k].has_default) {
       return NodeError(g, i, absl::StrCat(op(), " is missing argument '", s.args[k].name, "' (",
                                           s.ToString(), "; got ", given, " positional",
                                           n.kwargs.empty() ? "" : " and keywords", ")"));

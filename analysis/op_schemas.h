@@ -9,6 +9,7 @@
 #ifndef FXDP_ANALYSIS_OP_SCHEMAS_H_
 #define FXDP_ANALYSIS_OP_SCHEMAS_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,7 @@ struct OpSchema {
   absl::string_view overload;  // "Tensor", "" for the default
   std::vector<OpSchemaArg> args;
   int num_positional = 0;  // arguments before the keyword-only ones
+  uint64_t required = 0;   // bit i: argument i has no default (schemas have < 64 arguments)
   // "aten::add.out(self, other, *, alpha=, out)"
   std::string ToString() const;
 };
