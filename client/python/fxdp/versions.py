@@ -3,9 +3,9 @@
 fxdp-worker runs LibTorch 2.13 and the server checks every op of a graph against torch 2.13's
 schemas (analysis/op_schemas.inc), so a graph traced with another torch may call an op or overload
 the workers do not have, or one whose meaning changed. Tested: torch 2.13.0 (the CPU wheel).
-``fxdp.trace`` refuses any torch outside 2.13.x with a :class:`fxdp.TraceError` naming the version;
-``FXDP_ALLOW_UNTESTED_TORCH=1`` traces anyway (the server still refuses, naming the node, any op or
-argument list that torch 2.13 does not have).
+``fxdp.trace`` and ``fxdp.trace_step`` refuse any torch outside 2.13.x with a
+:class:`fxdp.TraceError` naming the version; ``FXDP_ALLOW_UNTESTED_TORCH=1`` traces anyway (the
+server still refuses, naming the node, any op or argument list that torch 2.13 does not have).
 """
 
 from __future__ import annotations
