@@ -29,7 +29,7 @@ import math
 import os
 import warnings
 from collections import OrderedDict
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Sequence, Union
 
 from .optimizers import check_guards, optimizer_hyperparameters
 from .v1 import graph_pb2 as pb

@@ -247,7 +247,6 @@ class _StepHook:
     def __init__(self, optimizer, taps: _GradientTaps, hmode: optim_table.HyperparameterMode):
         self.opt, self.taps, self.hmode = optimizer, taps, hmode
         self.calls = 0
-        self.where = ""
 
     def __enter__(self):
         self.had_own = "step" in self.opt.__dict__
@@ -255,8 +254,6 @@ class _StepHook:
         orig = self.opt.step
 
         def step(*args, **kwargs):
-            import traceback
-
             self.calls += 1
             if self.calls > 1:
                 raise TraceError(f"train_step calls optimizer.step() more than once (again at {self._caller()}); "
