@@ -12,8 +12,9 @@ eagerly with a scheduler stepped after each step. Checked:
   training within bf16 tolerance;
 * DDP semantics: `fxdp analyze` all-reduces exactly the grad_of values (sum over micro-batches)
   before clipping reads them, with no fallback warning; the expansion has one all_reduce per
-  bucket; real `fxdp-worker run` processes at N=2 and N=3 (micro-batches: even batches; uneven
-  batches without micro-batches), with a per-step `--schedule FILE`, equal one device;
+  bucket; real `fxdp-worker run` processes at N=2, 3 and 4 (micro-batches: even batches; uneven
+  batches without micro-batches; the small MLP with AdamW, bf16 autocast, and the seq-first and
+  transformer zoo models with SGD), with a per-step `--schedule FILE`, equal one device;
 * TraceErrors naming the user's line: control flow on a tensor value, GradScaler, LBFGS,
   optimizer.step() twice or never.
 """
@@ -495,19 +496,35 @@ def _worker_run(graph_template, state, data, out_template, world, extra=()):
         assert p.returncode == 0, f"rank {r}: {err}"
 
 
-WORKER_CASES = [  # (world, batch, micro-batches, autocast)
-    (2, 12, 2, False),
-    (3, 12, 2, False),
-    (2, 7, 1, False),   # uneven: 4, 3
-    (3, 8, 1, False),   # uneven: 3, 3, 2
-    (2, 12, 2, True),   # bf16 autocast
+WORKER_CASES = [  # (model, world, batch, micro-batches, autocast): the small MLP with AdamW, zoo models with SGD
+    ("mlp8", 2, 12, 2, False),
+    ("mlp8", 3, 12, 2, False),
+    ("mlp8", 2, 7, 1, False),   # uneven: 4, 3
+    ("mlp8", 3, 8, 1, False),   # uneven: 3, 3, 2
+    ("mlp8", 2, 12, 2, True),   # bf16 autocast
+    ("seqfirst", 3, 12, 2, False),  # batch dim 1, micro-batches along it
+    ("transformer", 4, 6, 1, False),  # uneven: 2, 2, 1, 1
 ]
 
 
-@pytest.mark.parametrize("world,b,k,bf16", WORKER_CASES, ids=[f"n{w}-b{b}-k{k}{'-bf16' if a else ''}"
-                                                              for w, b, k, a in WORKER_CASES])
-def test_workers_equal_one_device_with_a_schedule(tmp_path, world, b, k, bf16):
-    inner = accumulating_step(_mse, k, 0.05)
+def _worker_case(name, b):
+    """(model, optimizer, loss_fn, batches, batch_dim, input_names) for a worker case."""
+    if name == "mlp8":
+        m = _mlp()
+        return m, O.AdamW(m.parameters(), lr=1e-2, weight_decay=0.01), _mse, _mlp_batches(b=b), 0, ("input.0", "input.1")
+    e = zoo.get(name)
+    m = e.model(0)
+    batches = [e.batch(i) for i in range(STEPS)]
+    assert batches[0][0].shape[e.batch_dim] == b
+    return m, O.SGD(m.parameters(), lr=0.05, momentum=0.9, nesterov=True), e.loss_fn, batches, e.batch_dim, \
+        e.input_names or ("input.0", "input.1")
+
+
+@pytest.mark.parametrize("name,world,b,k,bf16", WORKER_CASES,
+                         ids=[f"{m}-n{w}-b{b}-k{k}{'-bf16' if a else ''}" for m, w, b, k, a in WORKER_CASES])
+def test_workers_equal_one_device_with_a_schedule(tmp_path, name, world, b, k, bf16):
+    m, opt, loss_fn, batches, bdim, names = _worker_case(name, b)
+    inner = accumulating_step(loss_fn, k, 0.05, bdim)
 
     def train_step(model, opt, batch):
         if not bf16:
@@ -515,18 +532,15 @@ def test_workers_equal_one_device_with_a_schedule(tmp_path, world, b, k, bf16):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             return inner(model, opt, batch)
 
-    m = _mlp()
-    opt = O.AdamW(m.parameters(), lr=1e-2, weight_decay=0.01)
     sched = warmup_decay(opt)
-    batches = _mlp_batches(b=b)
-    step = fxdp.trace_step(train_step, m, opt, batches[0])
+    step = fxdp.trace_step(train_step, m, opt, batches[0], batch_dim=bdim, input_names=names)
     want, _, values = run_traced(step, batches, sched)
     step.save(tmp_path / "g.pb")
     step.to_safetensors(tmp_path / "s.safetensors")
     S.save_schedule(tmp_path / "sched.json", values)
     data = []
     for i, (x, y) in enumerate(batches):
-        save_file({"input.0": x, "input.1": y}, str(tmp_path / f"d{i}.safetensors"))
+        save_file({names[0]: x, names[1]: y}, str(tmp_path / f"d{i}.safetensors"))
         data.append(str(tmp_path / f"d{i}.safetensors"))
     x = json.loads(_cli("expand", str(tmp_path / "g.pb"), "--world-size", str(world), "-o",
                         str(tmp_path / "x.pb"), "--json"))
