@@ -3,18 +3,24 @@
 #include <ATen/ATen.h>
 #include <unistd.h>
 
+#include <climits>
+#include <cstdlib>
+
 #include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <utility>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "executor/torch_types.h"
+#include "util/files.h"
 
 namespace fxdp::executor {
 namespace {
@@ -82,12 +88,15 @@ absl::StatusOr<SafetensorsFile> ParseSafetensors(absl::string_view bytes) {
                                 " bytes, shorter than the 8-byte header length (truncated?)"));
   uint64_t n = 0;
   std::memcpy(&n, bytes.data(), 8);
+  // The length field is the file's first 8 bytes: when they are not a length
+  // (a text file, say), say so without echoing them.
   if (n > kMaxSafetensorsHeader)
-    return Corrupt(absl::StrCat("header length ", n, " exceeds the limit of ",
-                                kMaxSafetensorsHeader, " bytes"));
+    return Corrupt(absl::StrCat("not a safetensors file: the header length field exceeds the limit of ",
+                                util::WithCommas(kMaxSafetensorsHeader), " bytes"));
   if (n > bytes.size() - 8)
-    return Corrupt(absl::StrCat("header length ", n, " exceeds the ", bytes.size() - 8,
-                                " bytes after the length field (truncated?)"));
+    return Corrupt(absl::StrCat("header length ", util::WithCommas(n), " exceeds the ",
+                                util::WithCommas(bytes.size() - 8),
+                                " bytes after the length field (truncated, or not a safetensors file)"));
   const absl::string_view header = bytes.substr(8, n);
   const absl::string_view data = bytes.substr(8 + n);
   nlohmann::json j;
@@ -189,13 +198,27 @@ absl::StatusOr<SafetensorsFile> ParseSafetensors(absl::string_view bytes) {
   return out;
 }
 
-absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  if (f.bad()) return absl::DataLossError(absl::StrCat("error reading ", path));
-  auto r = ParseSafetensors(bytes);
-  if (!r.ok()) return absl::Status(r.status().code(), absl::StrCat(path, ": ", r.status().message()));
+absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path, const SafetensorsReadOptions& options) {
+  std::string resolved = path;
+  if (options.confine) {
+    absl::StatusOr<std::string> r = util::ConfinePath(path, options.roots);
+    if (!r.ok()) return r.status();
+    resolved = *std::move(r);
+  } else {
+    // Symlinks the caller named are followed here, once; the open below
+    // refuses one that appears in between.
+    char buf[PATH_MAX];
+    if (realpath(path.c_str(), buf) != nullptr) resolved = buf;
+  }
+  absl::StatusOr<std::string> bytes = util::ReadRegularFile(resolved, options.max_bytes);
+  if (!bytes.ok()) {
+    // Messages name the path as given, not where it resolved to.
+    if (resolved == path) return bytes.status();
+    return absl::Status(bytes.status().code(),
+                        absl::StrReplaceAll(bytes.status().message(), {{resolved, path}}));
+  }
+  auto r = ParseSafetensors(*bytes);
+  if (!r.ok()) return absl::Status(r.status().code(), absl::StrCat("'", path, "': ", r.status().message()));
   return r;
 }
 

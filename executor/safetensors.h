@@ -20,6 +20,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -35,7 +36,21 @@ struct SafetensorsFile {
 inline constexpr uint64_t kMaxSafetensorsHeader = 100'000'000;
 
 absl::StatusOr<SafetensorsFile> ParseSafetensors(absl::string_view bytes);
-absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path);
+// The largest file ReadSafetensors reads unless told otherwise (64 GiB).
+inline constexpr uint64_t kMaxSafetensorsFile = uint64_t{64} << 30;
+
+struct SafetensorsReadOptions {
+  // Read only under `roots` (util::ConfinePath; none means nothing), e.g. a
+  // job's data_paths on a worker.
+  bool confine = false;
+  std::vector<std::string> roots;
+  uint64_t max_bytes = kMaxSafetensorsFile;
+};
+
+// Reads regular files only (util::ReadRegularFile: no directories, FIFOs or
+// devices; the size checked before reading). Errors name `path` as given.
+absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path,
+                                                const SafetensorsReadOptions& options = {});
 
 // Undefined tensors and dtypes safetensors cannot name are INVALID_ARGUMENT.
 absl::StatusOr<std::string> SerializeSafetensors(

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -173,6 +174,9 @@ struct JobServiceImpl::Job {
   std::vector<bool> assigned, confirmed, released;  // mu; per rank
   std::vector<int64_t> handles;  // the service's mu_: registry subscriptions
   Clock::time_point release_at;  // the service's mu_: free unconfirmed ranks then
+  // The service's mu_: since when the job (queued) has needed more workers
+  // than are registered; unset while enough are.
+  std::optional<Clock::time_point> unplaceable_since;
 
   void SetState(v1::JobState s, int code = 0, const std::string& error = "") {
     {
@@ -414,9 +418,13 @@ class JobServiceImpl::Runner {
     v1::SubmitJobRequest first;
     Job::Msg unused;
     Got got;
-    do {
-      got = Next(true, true, 3600, &unused, &first);
-    } while (got == Got::kTimeout);
+    const double idle = service_->options_.client_idle_s;
+    got = Next(true, true, idle, &unused, &first);
+    if (got == Got::kTimeout) {
+      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                          absl::StrCat("the Submit stream sent no JobSpec within ", idle,
+                                       " s (fxdp-server --client-idle-s)"));
+    }
     call_->SetReadBudget(0);  // nothing more is read while the job waits in the queue
     if (got == Got::kCancel) return {grpc::StatusCode::CANCELLED, "the client went away"};
     if (got == Got::kClientEnd) return Invalid("the Submit stream ended before its first message (the JobSpec)");
@@ -492,7 +500,12 @@ class JobServiceImpl::Runner {
         gone = job_->client_gone;
       }
       if (!status->ok()) {
-        call_->Write(job_->Event(v1::JOB_STATE_CANCELLED));
+        v1::JobState state;
+        {
+          std::lock_guard<std::mutex> l(job_->mu);
+          state = job_->info.state();
+        }
+        call_->Write(job_->Event(state));
         return false;
       }
       if (changed) call_->Write(job_->Event(v1::JOB_STATE_QUEUED));
@@ -551,6 +564,19 @@ class JobServiceImpl::Runner {
     }
     return Finish(v1::JOB_STATE_CANCELLED, grpc::StatusCode::CANCELLED,
                   absl::StrCat("job ", id_, " cancelled: ", reason.empty() ? "CancelJob" : reason), -1);
+  }
+  // Seconds left of --client-idle-s counted from `from`.
+  double ClientIdleLeft(Clock::time_point from) const {
+    return std::min(3600.0, service_->options_.client_idle_s -
+                                std::chrono::duration<double>(Clock::now() - from).count());
+  }
+  // The client sent nothing for --client-idle-s while the job waited on it.
+  grpc::Status ClientIdle(absl::string_view waiting_for) {
+    return Finish(v1::JOB_STATE_FAILED, grpc::StatusCode::DEADLINE_EXCEEDED,
+                  absl::StrCat("job ", id_, ": the client sent nothing for ", service_->options_.client_idle_s,
+                               " s while the job waited for ", waiting_for,
+                               " (fxdp-server --client-idle-s); its workers are freed"),
+                  -1);
   }
   // The client sent something wrong: the job fails with INVALID_ARGUMENT.
   grpc::Status BadInput(absl::string_view error) {
@@ -710,8 +736,14 @@ class JobServiceImpl::Runner {
     v1::SubmitJobRequest req;
     Job::Msg msg;
     std::vector<v1::TensorChunk> pieces;
+    Clock::time_point idle_from = Clock::now();
     while (stream.complete() < n) {
-      const Got got = Next(true, true, 3600, &msg, &req);
+      const double left = ClientIdleLeft(idle_from);
+      if (left <= 0) {
+        return ClientIdle(absl::StrCat("its initial state (", stream.complete(), " of the ", n,
+                                       " tensors of JobSpec.num_state_tensors received)"));
+      }
+      const Got got = Next(true, true, left, &msg, &req);
       if (got == Got::kTimeout) continue;
       if (got == Got::kCancel) return Cancelled();
       if (got == Got::kWorker) {
@@ -722,6 +754,7 @@ class JobServiceImpl::Runner {
         return BadInput(absl::StrCat("the client ended the stream after ", stream.complete(), " of the ", n,
                                      " initial-state tensors (JobSpec.num_state_tensors)"));
       }
+      idle_from = Clock::now();
       if (!req.has_state()) {
         return BadInput(absl::StrCat("expected initial-state chunks (", stream.complete(), " of the ", n,
                                      " tensors of JobSpec.num_state_tensors so far), got ", RequestKind(req)));
@@ -768,8 +801,14 @@ class JobServiceImpl::Runner {
     std::unique_ptr<ChunkStream> batch;  // the step being read from the client
     Job::Msg msg;
     v1::SubmitJobRequest req;
+    Clock::time_point idle_from = Clock::now();
     while (true) {
       const bool room = !client_done && pending.size() < ahead && (steps_ == 0 || sent < steps_);
+      // Nothing outstanding on the workers: the job waits on its client alone.
+      const bool on_client = room && !from_files && pending.empty();
+      if (!on_client) idle_from = Clock::now();
+      const double left = on_client ? ClientIdleLeft(idle_from) : 3600;
+      if (left <= 0) return ClientIdle(absl::StrCat("step ", sent + 1, "'s batch"));
       if (room && from_files) {
         v1::ServerMessage m;
         m.mutable_batch()->set_job_id(id_);
@@ -780,8 +819,9 @@ class JobServiceImpl::Runner {
         continue;
       }
       if (pending.empty() && (client_done || (steps_ > 0 && sent == steps_))) break;
-      const Got got = Next(room, true, 3600, &msg, &req);
+      const Got got = Next(room, true, left, &msg, &req);
       if (got == Got::kTimeout) continue;
+      if (got == Got::kClient) idle_from = Clock::now();
       if (got == Got::kCancel) return Cancelled();
       if (got == Got::kClientEnd) {
         if (batch != nullptr) {
@@ -1111,6 +1151,18 @@ void JobServiceImpl::ReleaseLocked() {
   for (int64_t h : unsubscribe) registry_->Unsubscribe(h);
 }
 
+int JobServiceImpl::RegisteredWorkers() const {
+  int registered = 0;
+  for (const auto& w : registry_->List()) registered += w.state() != v1::WORKER_STATE_LOST;
+  return registered;
+}
+
+std::string JobServiceImpl::CannotRunMessage(int world, int registered) const {
+  return absl::StrCat("JobSpec.world_size ", world, " exceeds the ", registered, " worker",
+                      registered == 1 ? "" : "s", " registered (not LOST), so it cannot run (jobs wait ",
+                      options_.queue_grace_s, " s for workers to attach: fxdp-server --queue-grace-s)");
+}
+
 void JobServiceImpl::DispatchLocked() {
   if (queue_.size() == 0) return;
   const std::vector<std::string> idle = registry_->IdleWorkers();
@@ -1129,8 +1181,29 @@ void JobServiceImpl::DispatchLocked() {
     j->cv.notify_all();
   }
   if (queue_.size() == 0) return;
-  int registered = 0;
-  for (const auto& w : registry_->List()) registered += w.state() != v1::WORKER_STATE_LOST;
+  const int registered = RegisteredWorkers();
+  // Jobs that cannot run on the registered workers: failed after the grace
+  // period, so that the queue behind them moves on.
+  const Clock::time_point now = Clock::now();
+  bool removed = false;
+  for (const std::string& id : queue_.Ids()) {
+    std::shared_ptr<Job> j = jobs_[id];
+    const int world = j->spec.world_size();
+    if (world <= registered) {
+      j->unplaceable_since.reset();
+      continue;
+    }
+    if (!j->unplaceable_since) j->unplaceable_since = now;
+    if (now - *j->unplaceable_since < Seconds(options_.queue_grace_s)) continue;
+    queue_.Remove(id);
+    removed = true;
+    j->SetState(v1::JOB_STATE_FAILED, static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION),
+                absl::StrCat("job ", id, " failed while queued: ", CannotRunMessage(world, registered)));
+  }
+  if (removed) {
+    DispatchLocked();
+    return;
+  }
   const int free = static_cast<int>(queue_.Free(idle).size());
   int position = 0;
   for (const std::string& id : queue_.Ids()) {
@@ -1155,6 +1228,12 @@ grpc::Status JobServiceImpl::Enqueue(const std::shared_ptr<Job>& job, v1::JobEve
   const v1::JobSpec& spec = job->spec;
   std::lock_guard<std::mutex> l(mu_);
   const std::string id = absl::StrCat("job-", next_id_, "-", absl::Hex(UnixMs() & 0xffffff));
+  if (Clock::now() - started_ >= Seconds(options_.queue_grace_s)) {
+    const int registered = RegisteredWorkers();
+    if (spec.world_size() > registered) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, CannotRunMessage(spec.world_size(), registered));
+    }
+  }
   if (absl::Status s = queue_.Push(id, spec.world_size()); !s.ok()) return ToGrpcStatus(s);
   ++next_id_;
   {

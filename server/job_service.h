@@ -28,6 +28,7 @@
 #define FXDP_SERVER_JOB_SERVICE_H_
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -72,6 +73,16 @@ struct JobServiceOptions {
   // How often the dispatcher looks at the registry (it also wakes on job
   // ends and submissions).
   double dispatch_interval_s = 0.05;
+  // --queue-grace-s: a queued job needing more workers than are registered
+  // (not LOST) fails with FAILED_PRECONDITION once that has lasted this long
+  // (the queue behind it moves on); a Submit asking for more than are
+  // registered fails at once when the server has been up this long (workers
+  // had time to attach).
+  double queue_grace_s = 10;
+  // --client-idle-s: a running job that waits on its client (for its initial
+  // state, or for a batch with no step outstanding) fails after this long
+  // without a message from it, freeing its workers.
+  double client_idle_s = 60;
 };
 
 class JobServiceImpl final : public v1::JobService::WithCallbackMethod_Submit<v1::JobService::Service> {
@@ -113,6 +124,10 @@ class JobServiceImpl final : public v1::JobService::WithCallbackMethod_Submit<v1
   // and message.
   void ReleaseLocked();
   void DispatchLocked();
+  // Workers registered and not LOST.
+  int RegisteredWorkers() const;
+  // Why a job of `world` ranks cannot run on `registered` workers.
+  std::string CannotRunMessage(int world, int registered) const;
 
   CompileServiceImpl* const compile_;
   WorkerRegistry* const registry_;
@@ -125,6 +140,7 @@ class JobServiceImpl final : public v1::JobService::WithCallbackMethod_Submit<v1
   JobQueue queue_;
   StateStore states_;
   int64_t next_id_ = 1;
+  const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   bool stop_ = false;
   std::atomic<bool> wake_{false};
   std::condition_variable dispatch_cv_;

@@ -15,13 +15,16 @@
 // status 0.
 #include <pthread.h>
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <unistd.h>
 
@@ -40,7 +43,8 @@ constexpr char kUsage[] =
     "usage: fxdp-server [--listen HOST:PORT] [--max-message-mb N] [--cache-entries N]\n"
     "                   [--cache-mb N] [--heartbeat-ms MS] [--local-workers N]\n"
     "                   [--worker-binary PATH] [--max-queued-jobs N] [--max-state-mb N]\n"
-    "                   [--max-finished-jobs N]\n"
+    "                   [--max-finished-jobs N] [--data-root DIR ...] [--queue-grace-s S]\n"
+    "                   [--client-idle-s S]\n"
     "\n"
     "Serves fxdp.v1.CompileService (Analyze, Expand), fxdp.v1.WorkerService (Attach:\n"
     "the workers' endpoint, ListWorkers) and fxdp.v1.JobService (Submit, GetJob, ListJobs,\n"
@@ -59,11 +63,25 @@ constexpr char kUsage[] =
     "                        attached to this server; one that exits is restarted\n"
     "  --worker-binary PATH  the fxdp-worker for --local-workers (default: next to\n"
     "                        fxdp-server)\n"
+    "  --data-root DIR       a directory the --local-workers may read JobSpec.data_paths\n"
+    "                        from (repeatable; passed to 'fxdp-worker attach --data-root').\n"
+    "                        Default: the server's working directory and $TMPDIR (else\n"
+    "                        /tmp). Files elsewhere are refused naming the path and roots\n"
     "  --max-queued-jobs N   jobs waiting for idle workers (FIFO); more are refused with\n"
     "                        RESOURCE_EXHAUSTED (default 64)\n"
     "  --max-state-mb N      final states kept for FetchState, MiB; the oldest is evicted\n"
     "                        first (default 2048)\n"
     "  --max-finished-jobs N finished jobs remembered for GetJob/ListJobs (default 1000)\n"
+    "  --queue-grace-s S     a job needing more workers than are registered (not LOST)\n"
+    "                        waits at most S seconds for them to attach, then fails with\n"
+    "                        FAILED_PRECONDITION and the queue behind it moves on; once\n"
+    "                        the server has been up S seconds such a Submit fails at once\n"
+    "                        (default 10)\n"
+    "  --client-idle-s S     a running job waiting on its client (for its initial state,\n"
+    "                        or for a batch with no step in flight) fails with\n"
+    "                        DEADLINE_EXCEEDED after S seconds without a message, freeing\n"
+    "                        its workers; also the limit for a Submit's first message\n"
+    "                        (default 60)\n"
     "\n"
     "SIGTERM or SIGINT shut the server down. Exit codes: 0 ok, 1 cannot listen, 2 usage.\n";
 
@@ -81,6 +99,7 @@ int main(int argc, char** argv) {
   int64_t cache_mb = cache.max_bytes >> 20;
   int64_t heartbeat_ms = 1000, local_workers = 0;
   std::string worker_binary;
+  std::vector<std::string> data_roots;
   fxdp::server::JobServiceOptions job_options;
   int64_t max_queued = static_cast<int64_t>(job_options.max_queued_jobs);
   int64_t max_state_mb = static_cast<int64_t>(job_options.max_state_bytes >> 20);
@@ -132,6 +151,16 @@ int main(int argc, char** argv) {
       rc = int_flag(&max_state_mb, 0);
     } else if (a == "--max-finished-jobs") {
       rc = int_flag(&max_finished, 1);
+    } else if (a == "--queue-grace-s" || a == "--client-idle-s") {
+      double* out = a == "--queue-grace-s" ? &job_options.queue_grace_s : &job_options.client_idle_s;
+      if (!next() || !absl::SimpleAtod(value, out) || !(*out > 0) || *out > 86400 * 365)
+        return Usage(a + " needs a number of seconds in (0, 31536000], got '" + value + "'");
+    } else if (a == "--data-root") {
+      struct stat st {};
+      if (!next() || value.empty()) return Usage("--data-root needs a DIR");
+      if (stat(value.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+        return Usage("--data-root '" + value + "' is not a directory");
+      data_roots.push_back(value);
     } else if (a == "--worker-binary") {
       if (!next() || value.empty()) return Usage("--worker-binary needs a PATH");
       worker_binary = value;
@@ -200,6 +229,18 @@ int main(int argc, char** argv) {
   lw.worker_binary = worker_binary;
   lw.server = worker_host + ":" + std::to_string(port);
   lw.extra_args = {"--threads", "1"};
+  if (data_roots.empty()) {
+    char cwd[PATH_MAX];
+    if (getcwd(cwd, sizeof(cwd)) != nullptr) data_roots.push_back(cwd);
+    const char* tmp = std::getenv("TMPDIR");
+    const std::string tmp_dir = tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
+    struct stat st {};
+    if (stat(tmp_dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) data_roots.push_back(tmp_dir);
+  }
+  for (const std::string& r : data_roots) {
+    lw.extra_args.push_back("--data-root");
+    lw.extra_args.push_back(r);
+  }
   fxdp::server::LocalWorkers workers(lw);
   if (local_workers > 0) workers.Start();
 

@@ -18,6 +18,7 @@
 #include <c10/core/InferenceMode.h>
 #include <grpcpp/grpcpp.h>
 #include <torch/headeronly/version.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -60,6 +61,7 @@ namespace fxdp::executor {
 const char kAttachUsage[] =
     "usage: fxdp-worker attach [--server HOST:PORT] [--device cpu|cuda:N] [--worker-id ID]\n"
     "                          [--heartbeat-ms 1000] [--threads N] [--max-message-mb 1024]\n"
+    "                          [--data-root DIR ...] [--max-data-mb 65536]\n"
     "\n"
     "Serves an fxdp server as a worker daemon (protocol: proto/fxdp/v1/worker.proto,\n"
     "WorkerService.Attach). Connects to the server, registers (device, capacity 1, memory,\n"
@@ -85,6 +87,11 @@ const char kAttachUsage[] =
     "                        a host)\n"
     "  --max-message-mb MB   largest message accepted from the server (default 1024: the\n"
     "                        graph travels in one message; state and batches are chunked)\n"
+    "  --data-root DIR       a directory whose files jobs may name in data_paths; repeat\n"
+    "                        for several. Paths are resolved (symlinks, '..') and must stay\n"
+    "                        under a root; only regular files are read. None given: jobs\n"
+    "                        cannot read files on this worker\n"
+    "  --max-data-mb MB      largest data file read (default 65536)\n"
     "\n"
     "SIGTERM, SIGINT or the server's Shutdown: the job in progress is reported failed\n"
     "(CANCELLED), the stream is closed, exit status 0. Exit status 2: bad arguments.\n";
@@ -112,6 +119,8 @@ struct AttachOptions {
   int heartbeat_ms = 1000;
   int threads = 0;
   int max_message_mb = 1024;
+  std::vector<std::string> data_roots;
+  int max_data_mb = 65536;
 };
 
 // One Attach stream. Writes from any thread; after Close() (or a failed
@@ -759,14 +768,24 @@ absl::StatusOr<std::vector<TensorMap>> AttachedWorker::ReadDataFiles(const Job& 
   std::vector<TensorMap> files;
   for (const std::string& path : job.assign.data_paths()) {
     const std::string where = absl::StrCat("data_paths file '", path, "' (on worker ", worker_id_, ")");
-    absl::StatusOr<SafetensorsFile> f = ReadSafetensors(path);
+    SafetensorsReadOptions read;
+    read.confine = true;
+    read.roots = o_.data_roots;
+    read.max_bytes = static_cast<uint64_t>(o_.max_data_mb) << 20;
+    absl::StatusOr<SafetensorsFile> f = ReadSafetensors(path, read);
     if (!f.ok()) {
+      // The message names the path; a corrupt file is the client's bad
+      // input, a path outside the roots is denied, anything else (missing,
+      // not a regular file, too large) is the file's state on this worker.
       const absl::StatusCode code = f.status().code();
-      const bool unreadable = code == absl::StatusCode::kNotFound ||
-                              code == absl::StatusCode::kPermissionDenied ||
-                              code == absl::StatusCode::kDataLoss;
-      return absl::Status(unreadable ? absl::StatusCode::kFailedPrecondition : absl::StatusCode::kInvalidArgument,
-                          absl::StrCat(where, ": ", f.status().message()));
+      const absl::StatusCode mapped = code == absl::StatusCode::kInvalidArgument ||
+                                              code == absl::StatusCode::kUnimplemented
+                                          ? absl::StatusCode::kInvalidArgument
+                                      : code == absl::StatusCode::kPermissionDenied
+                                          ? absl::StatusCode::kPermissionDenied
+                                          : absl::StatusCode::kFailedPrecondition;
+      return absl::Status(mapped, absl::StrCat("data_paths file on worker ", worker_id_, ": ",
+                                               f.status().message()));
     }
     absl::StatusOr<TensorMap> shard = ShardBatch(f->tensors, program, job.rank, job.world_size);
     absl::Status s = shard.ok() ? CheckBatch(*shard, program) : shard.status();
@@ -1021,6 +1040,13 @@ int AttachCommand(const std::vector<std::string>& argv) {
                in_range(&o.heartbeat_ms, 3600 * 1000));
   flags.Custom("--threads", "a positive integer", in_range(&o.threads, 4096));
   flags.Custom("--max-message-mb", "a positive integer", in_range(&o.max_message_mb, 1 << 20));
+  flags.Custom("--data-root", "an existing directory", [&o](const std::string& v) {
+    struct stat st {};
+    if (v.empty() || stat(v.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return false;
+    o.data_roots.push_back(v);
+    return true;
+  });
+  flags.Custom("--max-data-mb", "a positive integer", in_range(&o.max_data_mb, 1 << 30));
   if (int rc = flags.Parse(argv, nullptr); rc >= 0) return rc;
 
   AttachedWorker worker(o);

@@ -6,11 +6,16 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
 #include <cstring>
 #include <random>
 
 #include "absl/strings/str_cat.h"
 #include "tests/test_util.h"
+#include "util/files.h"
 
 namespace fxdp::executor {
 namespace {
@@ -145,11 +150,75 @@ TEST(SafetensorsTest, CorruptFilesAreErrorsNamingWhatIsWrong) {
   EXPECT_THAT(ParseSafetensors(File(R"({"__metadata__": {"k": 1}})")).status(),
               StatusIs(kBad, "__metadata__ value 'k' is not a string"));
   EXPECT_THAT(ReadSafetensors("/nonexistent/x.safetensors").status(),
-              StatusIs(absl::StatusCode::kNotFound, "cannot open /nonexistent/x.safetensors"));
+              StatusIs(absl::StatusCode::kNotFound, "cannot open '/nonexistent/x.safetensors'"));
   EXPECT_THAT(SerializeSafetensors({{"q", at::quantize_per_tensor(at::ones({2}), 0.1, 0, at::kQInt8)}}).status(),
               StatusIs(kBad, "has no safetensors name"));
   EXPECT_THAT(SerializeSafetensors({{"u", at::Tensor()}}).status(),
               StatusIs(kBad, "tensor 'u' is undefined"));
+}
+
+// Files a job names (data_paths) are untrusted: a directory, a FIFO, a
+// device, paths outside the roots, symlinks out of them, a text file, a
+// truncated file: each an error naming the path, none aborts, hangs or reads
+// without bound, and none echoes the file's bytes.
+TEST(SafetensorsTest, UntrustedPathsAreErrorsNotAbortsHangsOrLeaks) {
+  const std::string root = ::testing::TempDir() + "/st_root";
+  const std::string outside = ::testing::TempDir() + "/st_outside";
+  ASSERT_EQ(std::system(absl::StrCat("rm -rf ", root, " ", outside, " && mkdir -p ", root, "/dir ",
+                                     outside).c_str()), 0);
+  const std::string good = ReadTestData("python_written.safetensors");
+  auto write = [](const std::string& path, const std::string& bytes) {
+    FILE* f = std::fopen(path.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    std::fwrite(bytes.data(), 1, bytes.size(), f);
+    std::fclose(f);
+  };
+  write(root + "/good.safetensors", good);
+  write(root + "/truncated.safetensors", good.substr(0, good.size() / 2));
+  write(root + "/text", "root:x:0:0:root:/root:/bin/bash\n");
+  write(outside + "/secret.safetensors", good);
+  ASSERT_EQ(mkfifo((root + "/fifo").c_str(), 0600), 0);
+  ASSERT_EQ(symlink((outside + "/secret.safetensors").c_str(), (root + "/escape").c_str()), 0);
+  ASSERT_EQ(symlink("/dev/zero", (root + "/zero").c_str()), 0);
+  SafetensorsReadOptions o;
+  o.confine = true;
+  o.roots = {root};
+  EXPECT_TRUE(ReadSafetensors(root + "/good.safetensors", o).ok());
+  EXPECT_TRUE(ReadSafetensors(root + "/dir/../good.safetensors", o).ok());
+  const auto kPre = absl::StatusCode::kFailedPrecondition;
+  const auto kDenied = absl::StatusCode::kPermissionDenied;
+  EXPECT_THAT(ReadSafetensors(root + "/dir", o).status(),
+              StatusIs(kPre, absl::StrCat("'", root, "/dir' is a directory, not a regular file")));
+  EXPECT_THAT(ReadSafetensors(root + "/fifo", o).status(), StatusIs(kPre, "is a FIFO, not a regular file"));
+  EXPECT_THAT(ReadSafetensors(root + "/truncated.safetensors", o).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "truncated.safetensors': corrupt safetensors data"));
+  const absl::Status text = ReadSafetensors(root + "/text", o).status();
+  EXPECT_THAT(text, StatusIs(absl::StatusCode::kInvalidArgument, "not a safetensors file"));
+  EXPECT_EQ(std::string(text.message()).find("root:x"), std::string::npos) << text;
+  // 'root:x:0' as a little-endian u64 must not appear either.
+  uint64_t n = 0;
+  std::memcpy(&n, "root:x:0", 8);
+  EXPECT_EQ(std::string(text.message()).find(absl::StrCat(n)), std::string::npos) << text;
+  EXPECT_THAT(ReadSafetensors(outside + "/secret.safetensors", o).status(),
+              StatusIs(kDenied, absl::StrCat("outside this worker's data roots (allowed: ", root, ")")));
+  EXPECT_THAT(ReadSafetensors(root + "/../st_outside/secret.safetensors", o).status(),
+              StatusIs(kDenied, "outside this worker's data roots"));
+  EXPECT_THAT(ReadSafetensors(root + "/escape", o).status(), StatusIs(kDenied, "outside this worker's data roots"));
+  EXPECT_THAT(ReadSafetensors(root + "/zero", o).status(), StatusIs(kDenied, "outside this worker's data roots"));
+  // Outside the roots, existing or not, reads the same: nothing is revealed.
+  EXPECT_THAT(ReadSafetensors("/nonexistent/x", o).status(), StatusIs(kDenied, "outside"));
+  EXPECT_THAT(ReadSafetensors("/etc/passwd", o).status(), StatusIs(kDenied, "outside"));
+  EXPECT_THAT(ReadSafetensors(root + "/missing", o).status(),
+              StatusIs(absl::StatusCode::kNotFound, "does not exist under the data roots"));
+  o.roots.clear();
+  EXPECT_THAT(ReadSafetensors(root + "/good.safetensors", o).status(), StatusIs(kDenied, "none were configured"));
+  // Unconfined (fxdp-worker run's own files): still regular files only, bounded.
+  EXPECT_THAT(ReadSafetensors("/dev/zero").status(), StatusIs(kPre, "is a character device, not a regular file"));
+  EXPECT_THAT(ReadSafetensors(root + "/zero").status(), StatusIs(kPre, "zero' is a character device"));
+  SafetensorsReadOptions small;
+  small.max_bytes = 16;
+  EXPECT_THAT(ReadSafetensors(root + "/good.safetensors", small).status(),
+              StatusIs(kPre, absl::StrCat("has ", util::WithCommas(good.size()), " bytes, over the limit of 16")));
 }
 
 TEST(SafetensorsTest, EveryTruncationAndManyBitFlipsAreErrorsNotCrashes) {

@@ -361,6 +361,69 @@ TEST(JobService, FullQueueIsResourceExhaustedAndJobsWaitForWorkersToAttach) {
   EXPECT_EQ(GetJob(server, e.job_id()).state(), v1::JOB_STATE_SUCCEEDED);
 }
 
+// A job that can never run neither waits forever nor blocks the queue.
+TEST(JobService, JobsLargerThanTheRegisteredWorkersFailAfterTheGracePeriod) {
+  server::JobServiceOptions o = FastOptions();
+  o.queue_grace_s = 0.5;
+  TestServer server(o);
+  auto workers = Workers(server, 2);
+  // Just started: a 3-rank job may wait for a third worker, then fails; the
+  // 1-rank job behind it runs.
+  const auto t0 = std::chrono::steady_clock::now();
+  Submission big(server, Args(3, 1));
+  const v1::JobEvent queued = big.Next();
+  EXPECT_THAT(queued.message(), HasSubstr("waiting for 3 idle workers; 2 registered (more workers must attach)"));
+  Submission small(server, Args(1, 1));
+  std::vector<v1::JobEvent> rest;
+  const grpc::Status s = big.Finish(&rest);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(450));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("failed while queued: JobSpec.world_size 3 exceeds the 2 workers "
+                                           "registered (not LOST), so it cannot run"));
+  ASSERT_FALSE(rest.empty());
+  EXPECT_EQ(rest.back().state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(GetJob(server, queued.job_id()).state(), v1::JOB_STATE_FAILED);
+  EXPECT_TRUE(small.Finish().ok());
+  // Up longer than the grace period: refused at once, not queued.
+  Submission again(server, Args(3, 1));
+  const auto t1 = std::chrono::steady_clock::now();
+  const grpc::Status s2 = again.Finish();
+  EXPECT_LT(std::chrono::steady_clock::now() - t1, std::chrono::milliseconds(400));
+  EXPECT_EQ(s2.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s2.error_message(), HasSubstr("JobSpec.world_size 3 exceeds the 2 workers registered"));
+  EXPECT_TRUE(Submission(server, Args(2, 1)).Finish().ok());
+}
+
+// A client that sends its spec and then nothing does not hold the workers.
+TEST(JobService, SilentClientsFailAfterTheIdleLimitAndFreeTheWorkers) {
+  server::JobServiceOptions o = FastOptions();
+  o.client_idle_s = 0.5;
+  TestServer server(o);
+  auto workers = Workers(server, 2);
+  const std::vector<v1::SubmitJobRequest> reqs = Requests(Args(2, 2));
+  {  // the spec only
+    Submission job(server, {reqs[0]}, /*close=*/false);
+    const grpc::Status s = job.Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr("the client sent nothing for 0.5 s while the job waited for its "
+                                             "initial state (0 of the"));
+  }
+  {  // spec and state, then silence before step 1's batch
+    Submission job(server, std::vector<v1::SubmitJobRequest>(reqs.begin(), reqs.begin() + 4), /*close=*/false);
+    const grpc::Status s = job.Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr("while the job waited for step 1's batch (fxdp-server --client-idle-s)"));
+  }
+  {  // nothing at all: not even a spec
+    Submission job(server, {}, /*close=*/false);
+    const grpc::Status s = job.Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr("sent no JobSpec within 0.5 s"));
+  }
+  // The workers were freed: a well-behaved job runs on both.
+  EXPECT_TRUE(Submission(server, Args(2, 2)).Finish().ok());
+}
+
 TEST(JobService, MalformedSubmissionsAreInvalidArgumentNamingWhatIsWrong) {
   TestServer server(FastOptions());
   auto expect_invalid = [&](const std::vector<v1::SubmitJobRequest>& reqs, const std::string& want) {

@@ -1,0 +1,43 @@
+// Reading files a remote party names (a job's data_paths) without trusting
+// the name: confinement to configured roots, regular files only, bounded size.
+//
+//   ConfinePath   the path made absolute and resolved (realpath: symlinks and
+//                 "..") must lie under one of `roots` (themselves resolved);
+//                 refused otherwise, naming the path and the roots. A path that
+//                 is lexically outside every root is refused before anything
+//                 is looked up, so the error says nothing about files outside.
+//   ReadRegularFile  opens with O_NOFOLLOW|O_NONBLOCK (a FIFO cannot block it),
+//                 fstat()s the open descriptor and refuses anything but a
+//                 regular file (directories, FIFOs, sockets, devices such as
+//                 /dev/zero), refuses files over `max_bytes` before reading,
+//                 and reads at most the size fstat reported.
+//
+// Errors name the path as given; they never contain file contents.
+#ifndef FXDP_UTIL_FILES_H_
+#define FXDP_UTIL_FILES_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace fxdp::util {
+
+// The resolved path of `path` if it lies under one of `roots`:
+// PERMISSION_DENIED when it does not (or `roots` is empty), NOT_FOUND when
+// it does not exist under them.
+absl::StatusOr<std::string> ConfinePath(const std::string& path, const std::vector<std::string>& roots);
+
+// The bytes of the regular file at `path`: FAILED_PRECONDITION for a file
+// that is not a regular file (or a symlink as the last component) or larger
+// than `max_bytes`, NOT_FOUND / PERMISSION_DENIED from open, DATA_LOSS for a
+// read error or a file that shrank while read.
+absl::StatusOr<std::string> ReadRegularFile(const std::string& path, uint64_t max_bytes);
+
+// "1,234,567" (a byte count in an error message).
+std::string WithCommas(uint64_t n);
+
+}  // namespace fxdp::util
+
+#endif  // FXDP_UTIL_FILES_H_
