@@ -1812,7 +1812,9 @@ class BatchDimAnalyzer {
 
   // index_put(self, indices, values, accumulate): a parameter's gradient
   // scattered into a zero table (no batch operand; partial values flow through
-  // a zero self), or the backward of x[arange(B), idx] (BatchPositionsIndex).
+  // a zero self); the backward of x[..., idx] with the batch in self and values
+  // on a dim that is not indexed; or the backward of x[arange(B), idx]
+  // (BatchPositionsIndex).
   absl::Status IndexPut(NodeId id, const Node& n, const OpRule& rule) {
     std::vector<Operand> ops = Operands(n);
     FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule, ops));
@@ -1822,24 +1824,81 @@ class BatchDimAnalyzer {
     if (self == nullptr || list == nullptr) return Error(n, "expects self and a list of indices");
     bool sharded = false;
     for (const Operand& o : ops) sharded |= o.info.placement.is_shard();
+    // arange(B) indexes the batch only next to a batch-sharded self or index (a
+    // same-sized arange over another dim is positions of that dim).
     int64_t pos = -1;
     for (size_t i = 0; i < list->size() && pos < 0; ++i) {
-      if (IsBatchPositions((*list)[i])) pos = static_cast<int64_t>(i);
+      if (!IsBatchPositions((*list)[i])) continue;
+      bool batch = self->info.placement.is_shard() && self->info.placement.dim == static_cast<int32_t>(i);
+      for (const Operand& o : ops) {
+        batch |= o.arg == 1 && o.elem != static_cast<int>(i) && o.info.placement.is_shard();
+      }
+      if (batch) pos = static_cast<int64_t>(i);
     }
     if (!sharded && pos < 0) {
       SetCombined(id, Combined{}, s);
       return absl::OkStatus();
     }
-    const int64_t nd = BatchPositionsIndex(id, n, ops, *list, pos);
-    if (nd < 0 || (self->info.placement.is_shard() && self->info.placement.dim != pos)) {
-      return Error(n, "index_put with batch-sharded operands is supported only as the backward of "
-                      "x[arange(B), index] (the batch dim indexed by the positions of its samples)");
+    // The indexed result's layout (as Index): [self dims before the indexed ones, the
+    // indices' broadcast dims, the rest]; non-adjacent indexed dims put the broadcast first.
+    std::vector<int64_t> indexed;
+    int64_t bcast_rank = 0;
+    for (size_t i = 0; i < list->size(); ++i) {
+      if ((*list)[i].is_none()) continue;
+      indexed.push_back(static_cast<int64_t>(i));
+      for (const Operand& o : ops) {
+        if (o.arg != 1 || o.elem != static_cast<int>(i)) continue;
+        bcast_rank = std::max<int64_t>(bcast_rank, o.type->rank());
+        if (o.info.placement.is_shard() && pos < 0) {
+          return Error(n, absl::StrFormat("index %d (%s) is sharded on the batch; index_put "
+                                          "supports a batch in self and values only",
+                                          i, g_.node(o.ref.node).name));
+        }
+      }
     }
-    if (self->info.placement.is_replicate()) NeedShard(*self, static_cast<int32_t>(pos), 1, id);
-    if (const Operand* v = Find(ops, 2)) {
-      int64_t n_indexed = 0;
-      for (const Argument& e : *list) n_indexed += e.is_none() ? 0 : 1;
-      const int64_t res_rank = self->type->rank() - n_indexed + 1;
+    if (indexed.empty()) return Error(n, "expects at least one index");
+    const bool adjacent = indexed.back() - indexed.front() + 1 == static_cast<int64_t>(indexed.size());
+    const int64_t n_indexed = static_cast<int64_t>(indexed.size());
+    const int64_t res_rank = self->type->rank() - n_indexed + bcast_rank;
+    auto is_indexed = [&](int64_t d) {
+      return std::find(indexed.begin(), indexed.end(), d) != indexed.end();
+    };
+    auto self_to_res = [&](int64_t d) -> int64_t {  // d not indexed
+      if (adjacent) return d < indexed.front() ? d : d - n_indexed + bcast_rank;
+      int64_t before = 0;
+      for (int64_t i = 0; i < d; ++i) before += is_indexed(i) ? 0 : 1;
+      return bcast_rank + before;
+    };
+    const Operand* v = Find(ops, 2);
+    int64_t nd = -1, d = -1;
+    if (pos >= 0) {
+      nd = BatchPositionsIndex(id, n, ops, *list, pos);
+      d = pos;
+      if (nd < 0) {
+        return Error(n, "indexes the batch dim with arange(B) whose values are also used "
+                        "elsewhere; each rank can only index its own rows");
+      }
+    } else if (self->info.placement.is_shard()) {
+      d = self->info.placement.dim;
+      if (is_indexed(d)) return Error(n, absl::StrFormat("indexes dim %d, which holds the batch", d));
+      nd = self_to_res(d);
+    } else if (v != nullptr && v->info.placement.is_shard()) {
+      nd = v->info.placement.dim + (res_rank - v->type->rank());
+      for (int64_t j = 0; j < self->type->rank() && d < 0; ++j) {
+        if (!is_indexed(j) && self_to_res(j) == nd) d = j;
+      }
+      if (d < 0) {
+        return Error(n, absl::StrFormat("values hold the batch on dim %d, which lands in the "
+                                        "indices' broadcast dims of self", v->info.placement.dim));
+      }
+    }
+    if (d < 0) return Error(n, "cannot place the batch of its operands in self");
+    if (self->info.placement.is_shard() && self->info.placement.dim != d) {
+      return Error(n, absl::StrFormat("self holds the batch on dim %d, the indexed rows need it "
+                                      "on dim %d", self->info.placement.dim, d));
+    }
+    if (self->info.placement.is_replicate()) NeedShard(*self, static_cast<int32_t>(d), 1, id);
+    if (v != nullptr) {
       const int64_t vd = nd - (res_rank - v->type->rank());
       if (v->info.placement.is_shard() && v->info.placement.dim != vd) {
         return Error(n, absl::StrFormat("values hold the batch on dim %d, the indexed rows on dim %d",
@@ -1850,7 +1909,7 @@ class BatchDimAnalyzer {
     NodeInfo& info = a_.nodes_[id.value];
     info.detail = Detail::kFromArg;
     info.arg = 0;
-    SetAllOut(id, Shard(static_cast<int32_t>(pos), 1, s.scaled));
+    SetAllOut(id, Shard(static_cast<int32_t>(d), 1, s.scaled));
     return absl::OkStatus();
   }
 

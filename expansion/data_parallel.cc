@@ -42,7 +42,7 @@ std::vector<RankSlice> SplitBatch(int64_t batch, int32_t world) {
 namespace {
 
 // Ops whose argument `index` is a size list that spells the output's shape
-// (as_strided_scatter's spells its src's, arg 1).
+// (as_strided_scatter's spells its src's, arg 1; upsample backward's input_size).
 struct SizeArg {
   absl::string_view name;
   int index;
@@ -54,7 +54,11 @@ constexpr SizeArg kSizeArgs[] = {
     {"aten::new_empty", 1},     {"aten::new_empty_strided", 1}, {"aten::new_full", 1},
     {"aten::new_ones", 1},      {"aten::new_zeros", 1},   {"aten::ones", 0},
     {"aten::rand", 0},          {"aten::randn", 0},       {"aten::reshape", 1},
-    {"aten::select_backward", 1}, {"aten::slice_backward", 1}, {"aten::view", 1},
+    {"aten::select_backward", 1}, {"aten::slice_backward", 1},
+    {"aten::upsample_bicubic2d_backward", 2}, {"aten::upsample_bilinear2d_backward", 2},
+    {"aten::upsample_linear1d_backward", 2}, {"aten::upsample_nearest1d_backward", 2},
+    {"aten::upsample_nearest2d_backward", 2}, {"aten::upsample_nearest3d_backward", 2},
+    {"aten::upsample_trilinear3d_backward", 2}, {"aten::view", 1},
     {"aten::zeros", 0},
 };
 

@@ -82,6 +82,13 @@ constexpr ShapeRule kShapeRules[] = {
     {"aten::reshape", ShapeFn::kView, 1},
     {"aten::select_backward", ShapeFn::kSizeIsOutput, 1},
     {"aten::slice_backward", ShapeFn::kSizeIsOutput, 1},
+    {"aten::upsample_bicubic2d_backward", ShapeFn::kSizeIsOutput, 2},
+    {"aten::upsample_bilinear2d_backward", ShapeFn::kSizeIsOutput, 2},
+    {"aten::upsample_linear1d_backward", ShapeFn::kSizeIsOutput, 2},
+    {"aten::upsample_nearest1d_backward", ShapeFn::kSizeIsOutput, 2},
+    {"aten::upsample_nearest2d_backward", ShapeFn::kSizeIsOutput, 2},
+    {"aten::upsample_nearest3d_backward", ShapeFn::kSizeIsOutput, 2},
+    {"aten::upsample_trilinear3d_backward", ShapeFn::kSizeIsOutput, 2},
     {"aten::view", ShapeFn::kView, 1},
     {"aten::zeros", ShapeFn::kSizeIsOutput, 0},
 };

@@ -526,6 +526,26 @@ TEST(BatchDim, ArangeOfTheBatchIndexingItsRowsBecomesLocalPositions) {
 )").status(), StatusIs(absl::StatusCode::kInvalidArgument, "node ix (aten::index.Tensor)"));
 }
 
+TEST(BatchDim, IndexPutFollowsTheBatchOfSelfAndValues) {
+  // Falcon's rotary backward: x[:, :, idx] scattered back into zeros of x's shape.
+  auto r = MustRun(R"(
+  %idx: i64[2] = placeholder() {role=BUFFER, state="idx"}
+  %g: f32[4, 3, 2, 5] = placeholder() {role=INPUT, state="g", batch_dim=0}
+  %z: f32[4, 3, 6, 5] = aten::new_zeros(%g, [4, 3, 6, 5])
+  %ip: f32[4, 3, 6, 5] = aten::index_put(%z, [None, None, %idx], %g, true)
+  %output = output([%ip]) {specs=[OTHER]}
+)");
+  EXPECT_EQ(r.P("z"), "S(0)");
+  EXPECT_EQ(r.P("ip"), "S(0)");
+  EXPECT_THAT(Analyze(R"(
+  %x: f32[4, 3] = placeholder() {role=INPUT, state="x", batch_dim=0}
+  %i: i64[2] = placeholder() {role=BUFFER, state="i"}
+  %v: f32[2, 3] = placeholder() {role=BUFFER, state="v"}
+  %ip: f32[4, 3] = aten::index_put(%x, [%i], %v, true)
+  %output = output([%ip]) {specs=[OTHER]}
+)").status(), StatusIs(absl::StatusCode::kInvalidArgument, "indexes dim 0, which holds the batch"));
+}
+
 TEST(BatchDim, ForeachOptimizerReadsReducedGradients) {
   auto r = MustRun(R"(
   %w0: f32[3, 2] rg = placeholder() {role=PARAMETER, state="w0"}

@@ -89,6 +89,29 @@ TEST(ShapeCheck, GlobalSizesLeftBehindAreErrorsNamingRankAndNode) {
               StatusIs(absl::StatusCode::kInvalidArgument, "input [2, 3] and target [4] disagree"));
 }
 
+TEST(ShapeCheck, UpsampleBackwardInputSizeIsRewrittenAndChecked) {
+  // MobileViT: upsample_bilinear2d_backward's input_size spells the batch.
+  ir::Graph g = Parse(R"(
+  %w: f32[2] rg = placeholder() {role=PARAMETER, state="w"}
+  %x: f32[4, 2, 4, 4] = placeholder() {role=INPUT, state="x", batch_dim=0}
+  %u: f32[4, 2, 8, 8] = aten::upsample_bilinear2d(%x, [8, 8], false)
+  %gx: f32[4, 2, 4, 4] = aten::upsample_bilinear2d_backward(%u, [8, 8], [4, 2, 4, 4], false)
+  %m: f32[4, 2, 4, 4] = aten::mul.Tensor(%gx, %x)
+  %s: f32[2] = aten::sum.dim_IntList(%m, [0, 2, 3], false) {grad_of="w"}
+  %output = output([%s]) {specs=[OTHER]}
+)");
+  BatchDimAnalysis a = ValueOrDie(AnalyzeBatchDims(g, AnalyzeOptions{2}));
+  Expansion e = ValueOrDie(ExpandDataParallel(g, a, ExpandOptions{.world_size = 2}));
+  const ir::Graph& r0 = e.graph(0);
+  EXPECT_EQ(ir::PrintArgument(r0, r0.node(*r0.FindNode("gx")).args[2]), "[2, 2, 4, 4]");
+  EXPECT_THAT(CheckRankShapes(Parse(R"(
+  %u: f32[2, 2, 8, 8] = placeholder() {role=INPUT, state="u", batch_dim=0}
+  %gx: f32[2, 2, 4, 4] = aten::upsample_bilinear2d_backward(%u, [8, 8], [4, 2, 4, 4], false)
+  %output = output([%gx]) {specs=[OTHER]}
+)"), 1),
+              StatusIs(absl::StatusCode::kInvalidArgument, "size argument [4, 2, 4, 4] but the output"));
+}
+
 TEST(ShapeCheck, ExpandRefusesAGraphThatCannotRunAtCompileTime) {
   // A single-device graph that is already inconsistent (indices of 6 tokens,
   // gradients for 5): the expansion must refuse it, not a kernel at step 1.

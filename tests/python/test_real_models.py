@@ -150,6 +150,9 @@ CASES: Dict[str, Case] = {
     # a classification head that picks each sequence's last token: logits[arange(B), last]
     "llama_cls": Case("decoder", _lm(T.LlamaForSequenceClassification, T.LlamaConfig, num_labels=3,
                                      pad_token_id=0, **DECODER), cls_batch, cls_loss),
+    "falcon": Case("decoder", lambda: T.FalconForCausalLM(T.FalconConfig(
+        vocab_size=V, hidden_size=32, num_attention_heads=4, num_hidden_layers=1, hidden_dropout=0.0,
+        attention_dropout=0.0)), lm_batch, lm_loss),
     "opt": Case("decoder", lambda: T.OPTForCausalLM(T.OPTConfig(
         vocab_size=V, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, ffn_dim=64,
         max_position_embeddings=16, dropout=0.0, attention_dropout=0.0, word_embed_proj_dim=32)),
