@@ -1,0 +1,191 @@
+"""Acceptance (issues 13 and 14, "Done means"): a user's own transformer training loop, moved onto
+fxdp without rewriting it, trains on N ranks exactly like one device.
+
+The loop is what a Hugging Face user writes: a ``transformers`` GPT-2 built from a tiny config (no
+weights, dropout off) computing its own LM loss (``model(input_ids=ids, labels=ids).loss``),
+AdamW, warmup + cosine through ``torch.optim.lr_scheduler``, 2 accumulation micro-batches
+(``chunk``), ``clip_grad_norm_(..., 1.0)``, optionally bf16 autocast. It is traced with
+``fxdp.trace_step`` and trained for 4 steps on 4 different global batches through a real
+``fxdp-server --local-workers 2`` with ``fxdp.Client.train(..., schedule=scheduler)``; the
+reference is the same ``train_step`` run eagerly with ``scheduler.step()`` after each step.
+
+* float32: parameters, AdamW state and per-step losses equal one device at rtol 1e-5 / atol 1e-6.
+* bf16 autocast: each rank runs its own rows' micro-batches (DDP with ``no_sync()``). Per-step
+  losses equal eager DDP semantics (each rank's micro-batches in bf16 on a replica, gradients
+  averaged, then clipping and AdamW) and one device at rtol 1e-3, step 1's loss bit for bit; the
+  total parameter update is within 2% of eager DDP's and 10% of one device's (bf16 tolerance:
+  see the test).
+* transformers' ``get_cosine_schedule_with_warmup`` starts at lr = 0: strict xfail, see
+  ``test_warmup_from_lr_zero_keeps_parameters_finite``.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+import fxdp
+from _util import ATOL, RTOL, local_server
+
+transformers = pytest.importorskip("transformers")
+transformers.logging.set_verbosity_error()
+
+STEPS, ACCUM, B, S, V, WORLD = 4, 2, 8, 8, 64, 2
+LR = 1e-3
+
+
+def make(bf16: bool):
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=V, n_positions=16, n_embd=32, n_layer=2, n_head=2,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.1)
+    sched = torch.optim.lr_scheduler.SequentialLR(opt, [
+        torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.25, total_iters=2),   # warmup
+        torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=STEPS - 2)], milestones=[2])  # cosine
+
+    def train_step(model, opt, batch):  # the user's eager step, unchanged
+        total = 0.0
+        for ids in batch["input_ids"].chunk(ACCUM):  # gradient accumulation
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                loss = model(input_ids=ids, labels=ids).loss / ACCUM
+            loss.backward()
+            total += loss.detach()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+        return total
+
+    return model, opt, sched, train_step
+
+
+def batches():
+    g = torch.Generator().manual_seed(1)
+    return [{"input_ids": torch.randint(0, V, (B, S), generator=g)} for _ in range(STEPS)]
+
+
+def eager_one_device(bf16: bool):
+    model, opt, sched, train_step = make(bf16)
+    losses = []
+    for b in batches():
+        losses.append(train_step(model, opt, b).item())
+        sched.step()
+    return model, opt, losses
+
+
+def eager_ddp(bf16: bool):
+    """DDP's semantics on one process: each rank's rows in ACCUM micro-batches on a replica, the
+    gradients averaged over ranks, then the user's clipping and AdamW on the averaged gradients."""
+    model, opt, sched, train_step = make(bf16)
+    losses = []
+    for b in batches():
+        ids = b["input_ids"]
+        grads, total = [], 0.0
+        for r in range(WORLD):
+            rows = ids[r * B // WORLD:(r + 1) * B // WORLD]
+            replica = copy.deepcopy(model)
+            for mb in rows.chunk(ACCUM):
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                    loss = replica(input_ids=mb, labels=mb).loss / ACCUM
+                loss.backward()
+                total += loss.detach() / WORLD
+            grads.append([p.grad for p in replica.parameters()])
+        for p, *gs in zip(model.parameters(), *grads):
+            p.grad = sum(g / WORLD for g in gs)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+        losses.append(total.item())
+    return model, opt, losses
+
+
+@pytest.fixture(scope="module")
+def server():
+    with local_server(workers=WORLD) as (address, log):
+        yield address, log
+
+
+def train_on_server(address, bf16: bool):
+    model, opt, sched, train_step = make(bf16)
+    step = fxdp.trace_step(train_step, model, opt, batches()[0])
+    with fxdp.Client(address) as c:
+        r = c.train(step, world_size=WORLD, batches=batches(), schedule=sched)
+    # the user's model, optimizer and scheduler are untouched by tracing and training
+    assert sched.last_epoch == 0 and opt.param_groups[0]["lr"] == pytest.approx(LR * 0.25)
+    return r
+
+
+def assert_state_equals(state, model, opt, rtol, atol, what):
+    names = {id(p): n for n, p in model.named_parameters()}
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(state[n], p.detach(), rtol=rtol, atol=atol, msg=lambda m: f"{what}: {n}: {m}")
+    for p, st in opt.state.items():
+        for k, v in st.items():
+            key = f"optim.{names[id(p)]}.{k}"
+            torch.testing.assert_close(state[key], v.to(state[key].dtype), rtol=rtol, atol=atol,
+                                       msg=lambda m: f"{what}: {key}: {m}")
+
+
+def test_fp32_loop_on_two_ranks_equals_one_device(server):
+    r = train_on_server(server[0], bf16=False)
+    model, opt, losses = eager_one_device(bf16=False)
+    assert all(math.isfinite(x) for x in r.losses)
+    assert_state_equals(r.state, model, opt, RTOL, ATOL, "one device")
+    torch.testing.assert_close(torch.tensor(r.losses), torch.tensor(losses), rtol=RTOL, atol=ATOL)
+
+
+def relative_update_error(state, model) -> float:
+    """||fxdp's update - the reference's update|| / ||the reference's update|| over all parameters."""
+    init, _, _, _ = make(bf16=False)
+    init = dict(init.named_parameters())
+    num = sum(((state[n] - p.detach()) ** 2).sum() for n, p in model.named_parameters())
+    den = sum(((p.detach() - init[n].detach()) ** 2).sum() for n, p in model.named_parameters())
+    return (num / den).sqrt().item()
+
+
+def test_bf16_autocast_loop_on_two_ranks_equals_ddp_and_one_device(server):
+    r = train_on_server(server[0], bf16=True)
+    ddp, _, ddp_losses = eager_ddp(bf16=True)
+    one, _, losses = eager_one_device(bf16=True)
+    # bf16 rounds activations to 8 bits of mantissa: an fp32 rounding difference in the parameters
+    # (AdamW's capturable path, the clip norm's summation order) moves single bf16 roundings from
+    # step 2 on, and Adam turns them into sign flips of near-zero updates. Measured: the total
+    # update is 0.5% off eager DDP and 3% off one device (one device in bf16 vs fp32: 4%).
+    torch.testing.assert_close(torch.tensor(r.losses), torch.tensor(ddp_losses), rtol=1e-3, atol=0)
+    torch.testing.assert_close(torch.tensor(r.losses), torch.tensor(losses), rtol=1e-3, atol=0)
+    assert r.losses[0] == ddp_losses[0]  # step 1 runs the same bf16 micro-batches on the same parameters
+    assert relative_update_error(r.state, ddp) < 0.02
+    assert relative_update_error(r.state, one) < 0.1
+
+
+@pytest.mark.xfail(strict=True, reason="lr = 0 (transformers' get_cosine_schedule_with_warmup at step 1) makes "
+                   "torch's capturable Adam path, which fxdp traces, divide 0 by 0 where exp_avg_sq is 0: NaN")
+def test_warmup_from_lr_zero_keeps_parameters_finite():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = transformers.get_cosine_schedule_with_warmup(opt, num_warmup_steps=2, num_training_steps=4)
+    assert opt.param_groups[0]["lr"] == 0.0
+
+    def train_step(model, opt, batch):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    x = torch.randn(8, 4)
+    x[:, 0] = 0  # the weight's column 0 gets an exactly-zero gradient (an unused token's embedding row)
+    batch = (x, torch.randn(8, 2))
+    step = fxdp.trace_step(train_step, model, opt, batch)
+    state, _ = step.run_local(step.initial_state(), batch, schedule=sched, step=1)
+    want = model.weight.detach().clone()
+    train_step(model, opt, batch)  # eager: lr = 0 leaves the weight as it was
+    torch.testing.assert_close(model.weight.detach(), want)
+    torch.testing.assert_close(state["weight"], want)
