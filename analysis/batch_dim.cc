@@ -166,7 +166,8 @@ class BatchDimAnalyzer {
         a_.batch_size_ = b;
       } else if (b != a_.batch_size_) {
         return absl::InvalidArgumentError(absl::StrFormat(
-            "inputs disagree on the batch size: %s has %d along its batch dim %d, %s has %d",
+            "inputs disagree on the batch size: %s has %d along its batch dim %d, %s has %d along "
+            "its batch dim %d",
             first->name, a_.batch_size_, first->placeholder.batch_dim, n.name, b, bd));
       }
     }

@@ -185,7 +185,13 @@ grpc::Status CachedRaw(CompileCache& cache, absl::string_view method,
   } else {
     parsed = request->ParseFromString(absl::StrJoin(chunks, ""));
   }
-  if (!parsed) return grpc::Status(grpc::StatusCode::INTERNAL, "Failed to parse request");
+  if (!parsed) {
+    size_t bytes = 0;
+    for (absl::string_view c : chunks) bytes += c.size();
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("the ", method, " request (", bytes,
+                                     " bytes) is not a valid protobuf message of its type"));
+  }
   const std::string key = CompileCacheKey(method, *request);
   if (CachedBytes hit = cache.Lookup(key)) {
     *out = SharedBuffer(std::move(hit));

@@ -358,7 +358,9 @@ class Parser {
     if (IsPunct("{")) {
       FXDP_ASSIGN_OR_RETURN(t.stride, ParseIntList("{", "}"));
     } else {
-      t.stride = ContiguousStrides(t.shape);
+      absl::StatusOr<std::vector<int64_t>> stride = CheckedContiguousStrides(t.shape);
+      if (!stride.ok()) return Lexer::Error(type_tok, stride.status().message());
+      t.stride = *std::move(stride);
     }
     if (IsPunct("+")) {
       FXDP_RETURN_IF_ERROR(Advance());

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <limits>
 
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
@@ -163,9 +164,22 @@ std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& shape) {
   int64_t s = 1;
   for (size_t i = shape.size(); i-- > 0;) {
     stride[i] = s;
-    s *= std::max<int64_t>(shape[i], 1);
+    if (__builtin_mul_overflow(s, std::max<int64_t>(shape[i], 1), &s)) s = std::numeric_limits<int64_t>::max();
   }
   return stride;
+}
+
+absl::StatusOr<std::vector<int64_t>> CheckedContiguousStrides(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] < 0)
+      return absl::InvalidArgumentError(absl::StrCat("size of dim ", i, " is negative (", shape[i], ")"));
+    const int64_t d = std::max<int64_t>(shape[i], 1);
+    if (__builtin_mul_overflow(n, d, &n) || n > kMaxTensorElements)
+      return absl::InvalidArgumentError(absl::StrCat("shape [", absl::StrJoin(shape, ", "), "] spans more than ",
+                                                     kMaxTensorElements, " elements (the limit); refusing it"));
+  }
+  return ContiguousStrides(shape);
 }
 
 int64_t TensorType::numel() const {

@@ -81,7 +81,12 @@ struct TensorType {
   // when not plain cpu, and " rg" when requires_grad.
   std::string ToString() const;
 };
+// Row-major strides (empty dims count as 1). Saturates at INT64_MAX instead
+// of overflowing; CheckedContiguousStrides says when a shape is that large
+// (sizes must be >= 0 and their product, empty dims as 1, at most
+// kMaxTensorElements), naming the shape.
 std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& shape);
+absl::StatusOr<std::vector<int64_t>> CheckedContiguousStrides(const std::vector<int64_t>& shape);
 // Checks rank, sizes, strides and element count against the limits above.
 // The message names every number involved; the caller prefixes the node.
 absl::Status ValidateTensorType(const TensorType& t);

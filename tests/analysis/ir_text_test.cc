@@ -112,6 +112,10 @@ const ParseErrorCase kParseErrors[] = {
      "graph has no output node"},
     {"TrailingText", "graph format=1 {\n} extra", "text after the closing '}'"},
     {"BadCharacter", "graph format=1 { $ }", "unexpected character '$'"},
+    // The contiguous strides of this shape overflow int64 (empty dims count as 1).
+    {"HugeShape", "graph format=1 {\n  %x: f32[0, 4294967296, 4294967296] = placeholder()\n}",
+     "line 2, column 7: shape [0, 4294967296, 4294967296] spans more than 281474976710656 elements"},
+    {"NegativeSize", "graph format=1 {\n  %x: f32[-2] = placeholder()\n}", "size of dim 0 is negative (-2)"},
 };
 
 INSTANTIATE_TEST_SUITE_P(All, TextParseErrorTest, ::testing::ValuesIn(kParseErrors),

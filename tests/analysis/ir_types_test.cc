@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "proto/fxdp/v1/graph.pb.h"
 #include "tests/test_util.h"
 
@@ -53,6 +55,13 @@ TEST(TensorTypeTest, ContiguousStridesTreatSizeZeroAndOneLikeTorch) {
   EXPECT_EQ(ContiguousStrides({2, 3, 4}), (std::vector<int64_t>{12, 4, 1}));
   EXPECT_EQ(ContiguousStrides({2, 0, 4}), (std::vector<int64_t>{4, 4, 1}));
   EXPECT_EQ(ContiguousStrides({}), (std::vector<int64_t>{}));
+  // Overflow saturates (no UB); the checked form refuses the shape.
+  const int64_t big = int64_t{1} << 32;
+  EXPECT_EQ(ContiguousStrides({big, big, big}),
+            (std::vector<int64_t>{std::numeric_limits<int64_t>::max(), big, 1}));
+  EXPECT_FALSE(CheckedContiguousStrides({big, big, big}).ok());
+  EXPECT_FALSE(CheckedContiguousStrides({2, -1}).ok());
+  EXPECT_EQ(*CheckedContiguousStrides({2, 0, 4}), (std::vector<int64_t>{4, 4, 1}));
 }
 
 TEST(TensorTypeTest, ToStringShowsOnlyWhatDiffersFromDefaults) {

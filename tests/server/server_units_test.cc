@@ -166,7 +166,7 @@ RawTensor Iota(std::vector<int64_t> shape) {
 
 std::vector<int32_t> Ints(const std::string& bytes) {
   std::vector<int32_t> v(bytes.size() / 4);
-  std::memcpy(v.data(), bytes.data(), bytes.size());
+  if (!v.empty()) std::memcpy(v.data(), bytes.data(), bytes.size());  // data() may be null when empty
   return v;
 }
 
