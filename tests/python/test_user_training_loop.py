@@ -15,8 +15,8 @@ reference is the same ``train_step`` run eagerly with ``scheduler.step()`` after
   averaged, then clipping and AdamW) and one device at rtol 1e-3, step 1's loss bit for bit; the
   total parameter update is within 2% of eager DDP's and 10% of one device's (bf16 tolerance:
   see the test).
-* transformers' ``get_cosine_schedule_with_warmup`` starts at lr = 0: strict xfail, see
-  ``test_warmup_from_lr_zero_keeps_parameters_finite``.
+* transformers' ``get_cosine_schedule_with_warmup`` starts at lr = 0, where torch's capturable
+  Adam path divides 0 by 0: the traced Adam/AdamW (single-tensor and foreach) equal eager there.
 """
 
 from __future__ import annotations
@@ -163,12 +163,16 @@ def test_bf16_autocast_loop_on_two_ranks_equals_ddp_and_one_device(server):
     assert relative_update_error(r.state, one) < 0.1
 
 
-@pytest.mark.xfail(strict=True, reason="lr = 0 (transformers' get_cosine_schedule_with_warmup at step 1) makes "
-                   "torch's capturable Adam path, which fxdp traces, divide 0 by 0 where exp_avg_sq is 0: NaN")
-def test_warmup_from_lr_zero_keeps_parameters_finite():
+@pytest.mark.parametrize("cls", [torch.optim.Adam, torch.optim.AdamW])
+@pytest.mark.parametrize("foreach", [False, True])
+def test_warmup_from_lr_zero_leaves_zero_gradient_parameters_unchanged(cls, foreach):
+    """transformers' get_cosine_schedule_with_warmup starts at lr = 0. torch's capturable Adam path
+    divides by lr (0/0 = NaN where exp_avg_sq is 0, e.g. an unused token's embedding row); the
+    traced step must give what eager gives: no NaN, the weight unchanged at lr = 0, then the
+    same updates as eager for the following steps."""
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt = cls(model.parameters(), lr=1e-2, weight_decay=0.1 if cls is torch.optim.AdamW else 0.0, foreach=foreach)
     sched = transformers.get_cosine_schedule_with_warmup(opt, num_warmup_steps=2, num_training_steps=4)
     assert opt.param_groups[0]["lr"] == 0.0
 
@@ -181,11 +185,17 @@ def test_warmup_from_lr_zero_keeps_parameters_finite():
         return loss
 
     x = torch.randn(8, 4)
-    x[:, 0] = 0  # the weight's column 0 gets an exactly-zero gradient (an unused token's embedding row)
+    x[:, 0] = 0  # the weight's column 0 gets an exactly-zero gradient
     batch = (x, torch.randn(8, 2))
     step = fxdp.trace_step(train_step, model, opt, batch)
-    state, _ = step.run_local(step.initial_state(), batch, schedule=sched, step=1)
-    want = model.weight.detach().clone()
-    train_step(model, opt, batch)  # eager: lr = 0 leaves the weight as it was
-    torch.testing.assert_close(model.weight.detach(), want)
-    torch.testing.assert_close(state["weight"], want)
+    state, traced = step.initial_state(), []
+    for i in range(1, 4):
+        state, _ = step.run_local(state, batch, schedule=sched, step=i)
+        traced.append(state["weight"])
+    w0 = model.weight.detach().clone()
+    torch.testing.assert_close(traced[0], w0, rtol=0, atol=0)  # lr = 0: unchanged, as eager
+    for i in range(3):
+        train_step(model, opt, batch)
+        sched.step()
+        torch.testing.assert_close(traced[i], model.weight.detach(), rtol=RTOL, atol=ATOL)
+    assert not torch.equal(traced[-1], w0)

@@ -14,6 +14,11 @@ trace, re-pointed at the traced parameters, state tensors and hyper-parameter te
   no ``.item()``); it is switched on for the trace. With ``torch.compiler.is_compiling()``
   reporting True during ``step()``, every class takes its compile-friendly path (tensor ``lr``,
   ``_get_value`` keeping tensors), so no step-dependent number is baked into the graph.
+  Adam/AdamW's single-tensor groups are the exception (``capturable_single_tensor=False``): their
+  capturable path divides by ``lr`` (``exp_avg_sq.sqrt() / (bias_correction2_sqrt * -step_size)``),
+  which is 0/0 = NaN at ``lr = 0`` (a warmup's first step) wherever ``exp_avg_sq`` is 0; the default
+  path multiplies by ``lr``, as eager does. Their foreach path needs capturable for a tensor ``lr``
+  and is finite at ``lr = 0``.
 
 Hyper-parameters
 ----------------
@@ -144,12 +149,13 @@ class OptimizerSpec:
     state: Callable[[torch.Tensor, dict, str], Dict[str, torch.Tensor]]  # fresh state of one parameter
     state_keys: Tuple[str, ...]  # every key its state may hold
     capturable: bool  # has torch's capturable path (switched on while tracing)
+    capturable_single_tensor: bool = True  # False: single-tensor groups keep the default path (module doc)
 
 
 OPTIMIZERS: Dict[type, OptimizerSpec] = {
     O.SGD: OptimizerSpec(_sgd_state, ("momentum_buffer",), False),
-    O.Adam: OptimizerSpec(_adam_state, ("step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"), True),
-    O.AdamW: OptimizerSpec(_adam_state, ("step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"), True),
+    O.Adam: OptimizerSpec(_adam_state, ("step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"), True, False),
+    O.AdamW: OptimizerSpec(_adam_state, ("step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"), True, False),
     O.RMSprop: OptimizerSpec(_rmsprop_state, ("step", "square_avg", "momentum_buffer", "grad_avg"), True),
     O.Adagrad: OptimizerSpec(_adagrad_state, ("step", "sum"), False),
     O.Adadelta: OptimizerSpec(
@@ -397,7 +403,7 @@ class BoundOptimizer:
         for gi, group in enumerate(opt.param_groups):
             group["params"] = [self.leaves[self.pname_of[id(p)]] for p in group["params"]]
             group["foreach"] = self.foreach[gi]
-            if self.spec.capturable:
+            if self.spec.capturable and (self.foreach[gi] or self.spec.capturable_single_tensor):
                 group["capturable"] = True
             for key, comps in HYPERPARAMETER_KEYS.items():
                 names = [hyperparameter_name(gi, c) for c in comps]

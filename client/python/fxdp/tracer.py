@@ -48,7 +48,8 @@ Optimizers
 ----------
 Every torch.optim class in :data:`fxdp.optimizers.OPTIMIZERS` (SGD, Adam, AdamW, RMSprop, Adagrad,
 Adadelta, Adamax, NAdam, RAdam, ASGD, Rprop) with its options, foreach or single-tensor. Torch's
-own code runs, through its ``capturable`` path where it has one and with
+own code runs, through its ``capturable`` path where it has one (not for Adam/AdamW's single-tensor
+form: :mod:`fxdp.optimizers`) and with
 ``torch.compiler.is_compiling()`` reporting True during ``step()``, so the step counter stays a
 tensor and one graph reproduces step 1 and step k (fresh state is created as the table says).
 ``fused=True`` and ``differentiable=True`` are refused.
