@@ -3,7 +3,8 @@ fxdp without rewriting it, trains on N ranks exactly like one device.
 
 The loop is what a Hugging Face user writes: a ``transformers`` GPT-2 built from a tiny config (no
 weights, dropout off) computing its own LM loss (``model(input_ids=ids, labels=ids).loss``),
-AdamW, warmup + cosine through ``torch.optim.lr_scheduler``, 2 accumulation micro-batches
+AdamW, warmup + cosine through ``torch.optim.lr_scheduler`` (``SequentialLR`` of ``LinearLR`` and
+``CosineAnnealingLR``, and transformers' ``get_cosine_schedule_with_warmup``, which starts at lr = 0), 2 accumulation micro-batches
 (``chunk``), ``clip_grad_norm_(..., 1.0)``, optionally bf16 autocast. It is traced with
 ``fxdp.trace_step`` and trained for 4 steps on 4 different global batches through a real
 ``fxdp-server --local-workers 2`` with ``fxdp.Client.train(..., schedule=scheduler)``; the
@@ -37,16 +38,19 @@ STEPS, ACCUM, B, S, V, WORLD = 4, 2, 8, 8, 64, 2
 LR = 1e-3
 
 
-def make(bf16: bool):
+def make(bf16: bool, hf_schedule: bool = False):
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
         vocab_size=V, n_positions=16, n_embd=32, n_layer=2, n_head=2,
         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.1)
-    sched = torch.optim.lr_scheduler.SequentialLR(opt, [
-        torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.25, total_iters=2),   # warmup
-        torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=STEPS - 2)], milestones=[2])  # cosine
+    if hf_schedule:  # transformers' warmup + cosine (a LambdaLR): lr = 0 at step 1
+        sched = transformers.get_cosine_schedule_with_warmup(opt, num_warmup_steps=2, num_training_steps=STEPS)
+    else:
+        sched = torch.optim.lr_scheduler.SequentialLR(opt, [
+            torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.25, total_iters=2),   # warmup
+            torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=STEPS - 2)], milestones=[2])  # cosine
 
     def train_step(model, opt, batch):  # the user's eager step, unchanged
         total = 0.0
@@ -68,8 +72,8 @@ def batches():
     return [{"input_ids": torch.randint(0, V, (B, S), generator=g)} for _ in range(STEPS)]
 
 
-def eager_one_device(bf16: bool):
-    model, opt, sched, train_step = make(bf16)
+def eager_one_device(bf16: bool, hf_schedule: bool = False):
+    model, opt, sched, train_step = make(bf16, hf_schedule)
     losses = []
     for b in batches():
         losses.append(train_step(model, opt, b).item())
@@ -110,13 +114,14 @@ def server():
         yield address, log
 
 
-def train_on_server(address, bf16: bool):
-    model, opt, sched, train_step = make(bf16)
+def train_on_server(address, bf16: bool, hf_schedule: bool = False):
+    model, opt, sched, train_step = make(bf16, hf_schedule)
+    lr0 = opt.param_groups[0]["lr"]
     step = fxdp.trace_step(train_step, model, opt, batches()[0])
     with fxdp.Client(address) as c:
         r = c.train(step, world_size=WORLD, batches=batches(), schedule=sched)
     # the user's model, optimizer and scheduler are untouched by tracing and training
-    assert sched.last_epoch == 0 and opt.param_groups[0]["lr"] == pytest.approx(LR * 0.25)
+    assert sched.last_epoch == 0 and opt.param_groups[0]["lr"] == lr0
     return r
 
 
@@ -131,9 +136,10 @@ def assert_state_equals(state, model, opt, rtol, atol, what):
                                        msg=lambda m: f"{what}: {key}: {m}")
 
 
-def test_fp32_loop_on_two_ranks_equals_one_device(server):
-    r = train_on_server(server[0], bf16=False)
-    model, opt, losses = eager_one_device(bf16=False)
+@pytest.mark.parametrize("hf_schedule", [False, True], ids=["SequentialLR", "get_cosine_schedule_with_warmup"])
+def test_fp32_loop_on_two_ranks_equals_one_device(server, hf_schedule):
+    r = train_on_server(server[0], bf16=False, hf_schedule=hf_schedule)
+    model, opt, losses = eager_one_device(bf16=False, hf_schedule=hf_schedule)
     assert all(math.isfinite(x) for x in r.losses)
     assert_state_equals(r.state, model, opt, RTOL, ATOL, "one device")
     torch.testing.assert_close(torch.tensor(r.losses), torch.tensor(losses), rtol=RTOL, atol=ATOL)
