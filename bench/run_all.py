@@ -461,6 +461,10 @@ def md_pipeline(r: dict) -> list:
                  f"{row['fxdp']['expanded_nodes']:,} / {row['torch_fx']['expanded_nodes']:,} nodes, "
                  f"{row['fxdp']['buckets']} / {row['torch_fx']['buckets']} buckets |")
     L += ["", f"Commands: `{r['commands']['fxdp']}`; baseline `{r['commands']['baseline']}`."]
+    if w := r.get("measured"):
+        L.append(f"This area was measured on its own (`bench/run_all.py --areas pipeline`), {w['date']} at "
+                 f"commit `{w['git_commit'][:12]}`, 1-minute load average {w['load'][0]} at start and "
+                 f"{w['load'][-1]} at end: not in the run above.")
     return L
 
 
