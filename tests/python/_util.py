@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import operator
 import os
 import re
 import subprocess
@@ -216,6 +215,18 @@ def wait_all(procs, timeout_s: float) -> None:
         pytest.fail(f"processes still running after {timeout_s} s (a hang)")
 
 
+def spawn_ranks(args: List[str], world: int, d) -> list:
+    """`world` processes of `args` as ranks of one job on 127.0.0.1 (RANK, WORLD_SIZE, LOCAL_RANK,
+    MASTER_ADDR, a free MASTER_PORT), rank r writing stdout/stderr to d/out<r> and d/err<r>."""
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        with open(d / f"out{rank}", "w") as out, open(d / f"err{rank}", "w") as err:
+            procs.append(subprocess.Popen(args, stdout=out, stderr=err, env=clean_env(
+                RANK=rank, WORLD_SIZE=world, LOCAL_RANK=rank, MASTER_ADDR="127.0.0.1", MASTER_PORT=port)))
+    return procs
+
+
 def run_worker_ranks(worker: str, graph: str, state: str, data: List[str], world: int, steps: int, d,
                      job: str, timeout_s: int = 60) -> dict:
     """`world` real ``fxdp-worker run`` processes (RANK/WORLD_SIZE on 127.0.0.1, one batch file per
@@ -227,12 +238,7 @@ def run_worker_ranks(worker: str, graph: str, state: str, data: List[str], world
             "--out", str(d / "final{rank}.safetensors"), "--timeout", str(timeout_s), "--job", job]
     for path in data:
         args += ["--data", path]
-    port = free_port()
-    procs = []
-    for rank in range(world):
-        with open(d / f"out{rank}", "w") as out, open(d / f"err{rank}", "w") as err:
-            procs.append(subprocess.Popen(args, stdout=out, stderr=err, env=clean_env(
-                RANK=rank, WORLD_SIZE=world, LOCAL_RANK=rank, MASTER_ADDR="127.0.0.1", MASTER_PORT=port)))
+    procs = spawn_ranks(args, world, d)
     wait_all(procs, timeout_s + 30)
     outs = [(d / f"out{r}").read_text() for r in range(world)]
     errs = [(d / f"err{r}").read_text() for r in range(world)]

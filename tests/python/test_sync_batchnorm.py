@@ -11,7 +11,6 @@ reports say which is in force.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 from typing import Dict, List
@@ -23,7 +22,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 import fxdp
-from _util import ATOL, RTOL, free_port, fxdp_binary, local_server, traced
+from _util import ATOL, RTOL, clean_env, free_port, fxdp_binary, local_server, traced
 from fxdp import zoo
 
 STEPS = 3
@@ -69,14 +68,6 @@ def trace_bnnet(loss: str, dtype=torch.float32) -> fxdp.TracedStep:
     loss_fn = nn.CrossEntropyLoss() if loss == "mean" else sum_ce
     return fxdp.trace(model, opt, loss_fn, bn_batches(dtype)[0], batch_dim=0,
                       input_names=("x", "target"))
-
-
-def clean_env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                        "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")}
-    env.update({k: str(v) for k, v in extra.items()})
-    return env
 
 
 def expand(graph: str, world: int, out: str, sync: bool) -> dict:

@@ -39,7 +39,6 @@ Run with ``-s`` to print the largest differences seen per case family.
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -49,10 +48,10 @@ from typing import Dict, List
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from _util import (ATOL, RTOL, STEP_LINE, assert_log_lines, clean_env, free_port,
-                   fxdp_binary, losses_of, rank_local_eager, run_worker_ranks, traced, wait_all)
+                   fxdp_binary, rank_local_eager, run_worker_ranks, spawn_ranks, traced, wait_all)
 from fxdp import zoo
 
 STEPS = 3
@@ -267,12 +266,7 @@ def start_long_run(lab, tmp_path, world: int, job: str, timeout_s: float = FAIL_
     p, x = lab.prepared("mlp", "sgd"), lab.expanded("mlp", "sgd", world)
     args = [lab.worker, "run", "--graph", x["template"], "--state", p["state"], "--data", p["data"][0],
             "--steps", str(LONG_RUN), "--timeout", str(timeout_s), "--job", job]
-    port = free_port()
-    procs = []
-    for rank in range(world):
-        with open(tmp_path / f"out{rank}", "w") as out, open(tmp_path / f"err{rank}", "w") as err:
-            procs.append(subprocess.Popen(args, stdout=out, stderr=err, env=clean_env(
-                RANK=rank, WORLD_SIZE=world, LOCAL_RANK=rank, MASTER_ADDR="127.0.0.1", MASTER_PORT=port)))
+    procs = spawn_ranks(args, world, tmp_path)
     # Rank 0 prints every step: wait until the ranks have trained together for a few steps.
     deadline = time.monotonic() + 60
     while "step 3/" not in (tmp_path / "out0").read_text():

@@ -12,56 +12,27 @@ or <repo>/build/bin/fxdp; the tests fail (they do not skip) when a binary is mis
 
 from __future__ import annotations
 
-import os
 import pathlib
-import re
-import socket
 import subprocess
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from _util import ATOL, MODELS, OPTIMS, RTOL, traced
+from _util import ATOL, MODELS, OPTIMS, RTOL, clean_env, free_port, fxdp_binary, losses_of, traced
 from fxdp import zoo
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 STEPS = 3
-STEP_LINE = re.compile(r"^step (\d+)/(\d+) loss (\S+) \(([\d.]+) ms\)$")
-
-
-def binary(env: str, name: str) -> str:
-    path = os.environ.get(env) or str(REPO / "build" / "bin" / name)
-    assert os.path.isfile(path) and os.access(path, os.X_OK), (
-        f"{name} not found at {path}: build it first (make test builds it) or set {env}"
-    )
-    return path
 
 
 def worker() -> str:
-    return binary("FXDP_WORKER", "fxdp-worker")
-
-
-def clean_env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
-                        "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")}
-    env.update({k: str(v) for k, v in extra.items()})
-    return env
+    return fxdp_binary("FXDP_WORKER", "fxdp-worker")
 
 
 def run_worker(args, env=None, timeout=120) -> subprocess.CompletedProcess:
     return subprocess.run([worker(), *args], capture_output=True, text=True, timeout=timeout,
                           env=env if env is not None else clean_env())
-
-
-def losses_of(stdout: str):
-    out = []
-    for line in stdout.splitlines():
-        m = STEP_LINE.match(line)
-        assert m, f"unexpected stdout line {line!r}"
-        out.append(float(m.group(3)))
-    return out
 
 
 def save_inputs(tmp_path, step, batches):
@@ -133,12 +104,6 @@ def test_one_exported_batch_is_reused_every_step(tmp_path):
     assert_same_state(load_file(out), want_state)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("model,optim,world", [("mlp", "adamw", 2), ("mlp", "sgd", 5)])
 def test_gloo_ranks_match_one_device(tmp_path, model, optim, world):
     """N worker processes over Gloo run fxdp expand's graphs on slices of the global batches."""
@@ -146,7 +111,7 @@ def test_gloo_ranks_match_one_device(tmp_path, model, optim, world):
     e = zoo.get(model)
     batches = [e.named_batch(i) for i in range(STEPS)]
     graph, state, data = save_inputs(tmp_path, step, batches)
-    fxdp = binary("FXDP_BIN", "fxdp")
+    fxdp = fxdp_binary("FXDP_BIN", "fxdp")
     x = str(tmp_path / "x.pb")
     r = subprocess.run([fxdp, "expand", graph, "--world-size", str(world), "-o", x], capture_output=True,
                        text=True, timeout=60)
