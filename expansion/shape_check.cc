@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "analysis/op_rules.h"
+#include "expansion/size_args.h"
 
 namespace fxdp {
 namespace {
@@ -24,7 +25,7 @@ using Shape = std::vector<int64_t>;
 
 // How an op's output shape follows from its inputs and size arguments.
 enum class ShapeFn : int8_t {
-  kSizeIsOutput,     // the int list at arg `a` is output 0's shape (-1: the input's size).
+  kSizeIsOutput,     // the op's size list (size_args.h) is output 0's shape (-1: the input's size).
   kView,             // kSizeIsOutput, and the input has as many elements.
   kExpand,           // kSizeIsOutput, and each input dim is 1 or equal (right-aligned).
   kAsStrided,        // kSizeIsOutput, and the view stays inside a dense input.
@@ -54,43 +55,43 @@ constexpr ShapeRule kShapeRules[] = {
     {"aten::_scaled_dot_product_flash_attention_for_cpu_backward", ShapeFn::kLeadingDimAgrees, -1},
     {"aten::_softmax", ShapeFn::kSameAsArg, 0},
     {"aten::_softmax_backward_data", ShapeFn::kSameAsArg, 0},
-    {"aten::_unsafe_view", ShapeFn::kView, 1},
+    {"aten::_unsafe_view", ShapeFn::kView},
     {"aten::addmm", ShapeFn::kMatmul2d, 1},
-    {"aten::as_strided", ShapeFn::kAsStrided, 1},
+    {"aten::as_strided", ShapeFn::kAsStrided},
     {"aten::bmm", ShapeFn::kBmm, 0},
-    {"aten::broadcast_to", ShapeFn::kExpand, 1},
+    {"aten::broadcast_to", ShapeFn::kExpand},
     {"aten::convolution", ShapeFn::kLeadingDimAgrees, 1},
     {"aten::convolution_backward", ShapeFn::kLeadingDimAgrees, 2},
     {"aten::embedding", ShapeFn::kEmbedding, -1},
     {"aten::embedding_dense_backward", ShapeFn::kEmbeddingBackward, -1},
-    {"aten::empty", ShapeFn::kSizeIsOutput, 0},
-    {"aten::expand", ShapeFn::kExpand, 1},
-    {"aten::full", ShapeFn::kSizeIsOutput, 0},
+    {"aten::empty", ShapeFn::kSizeIsOutput},
+    {"aten::expand", ShapeFn::kExpand},
+    {"aten::full", ShapeFn::kSizeIsOutput},
     {"aten::max_pool2d_with_indices_backward", ShapeFn::kLeadingDimAgrees, -1},
     {"aten::mm", ShapeFn::kMatmul2d, 0},
     {"aten::native_layer_norm", ShapeFn::kSameAsArg, 0},
     {"aten::native_layer_norm_backward", ShapeFn::kSameAsArg, 1},
-    {"aten::new_empty", ShapeFn::kSizeIsOutput, 1},
-    {"aten::new_full", ShapeFn::kSizeIsOutput, 1},
-    {"aten::new_ones", ShapeFn::kSizeIsOutput, 1},
-    {"aten::new_zeros", ShapeFn::kSizeIsOutput, 1},
+    {"aten::new_empty", ShapeFn::kSizeIsOutput},
+    {"aten::new_full", ShapeFn::kSizeIsOutput},
+    {"aten::new_ones", ShapeFn::kSizeIsOutput},
+    {"aten::new_zeros", ShapeFn::kSizeIsOutput},
     {"aten::nll_loss_backward", ShapeFn::kNllLoss, 1},
     {"aten::nll_loss_forward", ShapeFn::kNllLoss, 0},
-    {"aten::ones", ShapeFn::kSizeIsOutput, 0},
-    {"aten::rand", ShapeFn::kSizeIsOutput, 0},
-    {"aten::randn", ShapeFn::kSizeIsOutput, 0},
-    {"aten::reshape", ShapeFn::kView, 1},
-    {"aten::select_backward", ShapeFn::kSizeIsOutput, 1},
-    {"aten::slice_backward", ShapeFn::kSizeIsOutput, 1},
-    {"aten::upsample_bicubic2d_backward", ShapeFn::kSizeIsOutput, 2},
-    {"aten::upsample_bilinear2d_backward", ShapeFn::kSizeIsOutput, 2},
-    {"aten::upsample_linear1d_backward", ShapeFn::kSizeIsOutput, 2},
-    {"aten::upsample_nearest1d_backward", ShapeFn::kSizeIsOutput, 2},
-    {"aten::upsample_nearest2d_backward", ShapeFn::kSizeIsOutput, 2},
-    {"aten::upsample_nearest3d_backward", ShapeFn::kSizeIsOutput, 2},
-    {"aten::upsample_trilinear3d_backward", ShapeFn::kSizeIsOutput, 2},
-    {"aten::view", ShapeFn::kView, 1},
-    {"aten::zeros", ShapeFn::kSizeIsOutput, 0},
+    {"aten::ones", ShapeFn::kSizeIsOutput},
+    {"aten::rand", ShapeFn::kSizeIsOutput},
+    {"aten::randn", ShapeFn::kSizeIsOutput},
+    {"aten::reshape", ShapeFn::kView},
+    {"aten::select_backward", ShapeFn::kSizeIsOutput},
+    {"aten::slice_backward", ShapeFn::kSizeIsOutput},
+    {"aten::upsample_bicubic2d_backward", ShapeFn::kSizeIsOutput},
+    {"aten::upsample_bilinear2d_backward", ShapeFn::kSizeIsOutput},
+    {"aten::upsample_linear1d_backward", ShapeFn::kSizeIsOutput},
+    {"aten::upsample_nearest1d_backward", ShapeFn::kSizeIsOutput},
+    {"aten::upsample_nearest2d_backward", ShapeFn::kSizeIsOutput},
+    {"aten::upsample_nearest3d_backward", ShapeFn::kSizeIsOutput},
+    {"aten::upsample_trilinear3d_backward", ShapeFn::kSizeIsOutput},
+    {"aten::view", ShapeFn::kView},
+    {"aten::zeros", ShapeFn::kSizeIsOutput},
 };
 
 // Pointwise ops of the batch-dim table whose output is not the broadcast of
@@ -180,7 +181,12 @@ class Checker {
       case ShapeFn::kView:
       case ShapeFn::kExpand:
       case ShapeFn::kAsStrided: {
-        auto size = Ints(n, r.a);
+        const int a = SizeArgIndex(n.target);
+        if (a < 0) {
+          return absl::InternalError(absl::StrCat("node ", n.name, " (", n.target.ToString(),
+                                                  "): shape rule without a size argument in size_args.cc"));
+        }
+        auto size = Ints(n, a);
         if (!size || out == nullptr) return absl::OkStatus();
         const TensorType* in = Arg(n, 0);
         Shape want = *size;
@@ -216,10 +222,10 @@ class Checker {
         }
         if (r.fn == ShapeFn::kAsStrided && in != nullptr && in->IsContiguous() &&
             in->storage_offset == 0) {
-          auto stride = Ints(n, r.a + 1);
+          auto stride = Ints(n, a + 1);
           int64_t offset = 0;
-          if (r.a + 2 < static_cast<int>(n.args.size())) {
-            if (const auto* v = n.args[r.a + 2].get_if<int64_t>()) offset = *v;
+          if (a + 2 < static_cast<int>(n.args.size())) {
+            if (const auto* v = n.args[a + 2].get_if<int64_t>()) offset = *v;
           }
           if (stride && stride->size() == want.size() && Numel(want) > 0) {
             int64_t last = offset;
