@@ -4,10 +4,7 @@
 // ListJobs, CancelJob, FetchState: jobs run on the attached workers), with
 // gRPC health checking and server reflection.
 //
-//   fxdp-server [--listen HOST:PORT] [--max-message-mb N] [--cache-entries N]
-//               [--cache-mb N] [--heartbeat-ms MS] [--local-workers N]
-//               [--worker-binary PATH] [--max-queued-jobs N] [--max-state-mb N]
-//               [--max-finished-jobs N]
+//   fxdp-server [flags]   (kUsage below, `fxdp-server --help`; parsed by util/flags)
 //
 // Port 0 picks a free port; the server prints "listening on HOST:PORT" on
 // stdout once it serves. SIGTERM / SIGINT shut it down cleanly (in-flight
@@ -19,6 +16,7 @@
 
 #include <chrono>
 #include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -29,6 +27,7 @@
 #include <unistd.h>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -36,6 +35,7 @@
 #include "server/job_service.h"
 #include "server/local_workers.h"
 #include "server/worker_registry.h"
+#include "util/flags.h"
 
 namespace {
 
@@ -85,9 +85,26 @@ constexpr char kUsage[] =
     "\n"
     "SIGTERM or SIGINT shut the server down. Exit codes: 0 ok, 1 cannot listen, 2 usage.\n";
 
-int Usage(const std::string& msg) {
-  std::fprintf(stderr, "fxdp-server: %s\n\n%s", msg.c_str(), kUsage);
-  return 2;
+// An integer flag in [min, max] ("NAME needs an integer in [MIN, MAX], got 'V'").
+void IntFlag(fxdp::util::Flags& f, const std::string& name, int64_t* out, int64_t min, int64_t max) {
+  const std::string kind = max == INT64_MAX ? absl::StrCat("an integer >= ", min)
+                                            : absl::StrCat("an integer in [", min, ", ", max, "]");
+  f.Custom(name, kind, [out, min, max](const std::string& v) {
+    int64_t x = 0;
+    if (!absl::SimpleAtoi(v, &x) || x < min || x > max) return false;
+    *out = x;
+    return true;
+  });
+}
+
+// Seconds in (0, one year].
+void SecondsFlag(fxdp::util::Flags& f, const std::string& name, double* out) {
+  f.Custom(name, "a number of seconds in (0, 31536000]", [out](const std::string& v) {
+    double x = 0;
+    if (!absl::SimpleAtod(v, &x) || !(x > 0) || x > 86400.0 * 365) return false;
+    *out = x;
+    return true;
+  });
 }
 
 }  // namespace
@@ -104,71 +121,34 @@ int main(int argc, char** argv) {
   int64_t max_queued = static_cast<int64_t>(job_options.max_queued_jobs);
   int64_t max_state_mb = static_cast<int64_t>(job_options.max_state_bytes >> 20);
   int64_t max_finished = static_cast<int64_t>(job_options.max_finished_jobs);
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i], value;
-    if (a == "--help" || a == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
-    bool inline_value = false;
-    if (size_t eq = a.find('='); eq != std::string::npos && a.rfind("--", 0) == 0) {
-      value = a.substr(eq + 1);
-      a = a.substr(0, eq);
-      inline_value = true;
-    }
-    auto next = [&]() -> bool {
-      if (inline_value) return true;
-      if (i + 1 >= argc) return false;
-      value = argv[++i];
-      return true;
-    };
-    auto int_flag = [&](int64_t* out, int64_t min) -> int {
-      if (!next()) return Usage(a + " needs an integer");
-      if (!absl::SimpleAtoi(value, out) || *out < min)
-        return Usage(a + " needs an integer >= " + std::to_string(min) + ", got '" + value + "'");
-      return -1;
-    };
-    int rc = -1;
-    if (a == "--listen") {
-      if (!next() || value.empty()) return Usage("--listen needs HOST:PORT");
-      listen = value;
-    } else if (a == "--max-message-mb") {
-      rc = int_flag(&max_message_mb, 1);
-      if (rc < 0 && max_message_mb > 2047) return Usage("--max-message-mb must be <= 2047");
-    } else if (a == "--cache-entries") {
-      rc = int_flag(&cache.max_entries, 0);
-    } else if (a == "--cache-mb") {
-      rc = int_flag(&cache_mb, 0);
-    } else if (a == "--local-workers") {
-      rc = int_flag(&local_workers, 0);
-      if (rc < 0 && local_workers > 256) return Usage("--local-workers must be <= 256");
-    } else if (a == "--heartbeat-ms") {
-      rc = int_flag(&heartbeat_ms, 1);
-      if (rc < 0 && heartbeat_ms > 3600 * 1000) return Usage("--heartbeat-ms must be <= 3600000");
-    } else if (a == "--max-queued-jobs") {
-      rc = int_flag(&max_queued, 1);
-    } else if (a == "--max-state-mb") {
-      rc = int_flag(&max_state_mb, 0);
-    } else if (a == "--max-finished-jobs") {
-      rc = int_flag(&max_finished, 1);
-    } else if (a == "--queue-grace-s" || a == "--client-idle-s") {
-      double* out = a == "--queue-grace-s" ? &job_options.queue_grace_s : &job_options.client_idle_s;
-      if (!next() || !absl::SimpleAtod(value, out) || !(*out > 0) || *out > 86400 * 365)
-        return Usage(a + " needs a number of seconds in (0, 31536000], got '" + value + "'");
-    } else if (a == "--data-root") {
-      struct stat st {};
-      if (!next() || value.empty()) return Usage("--data-root needs a DIR");
-      if (stat(value.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-        return Usage("--data-root '" + value + "' is not a directory");
-      data_roots.push_back(value);
-    } else if (a == "--worker-binary") {
-      if (!next() || value.empty()) return Usage("--worker-binary needs a PATH");
-      worker_binary = value;
-    } else {
-      return Usage("unknown argument '" + a + "'");
-    }
-    if (rc >= 0) return rc;
-  }
+
+  fxdp::util::Flags f("fxdp-server", kUsage);
+  f.Custom("--listen", "HOST:PORT", [&](const std::string& v) {
+    listen = v;
+    return !v.empty();
+  });
+  IntFlag(f, "--max-message-mb", &max_message_mb, 1, 2047);
+  IntFlag(f, "--cache-entries", &cache.max_entries, 0, INT64_MAX);
+  IntFlag(f, "--cache-mb", &cache_mb, 0, INT64_MAX >> 20);
+  IntFlag(f, "--heartbeat-ms", &heartbeat_ms, 1, 3600 * 1000);
+  IntFlag(f, "--local-workers", &local_workers, 0, 256);
+  f.Custom("--worker-binary", "a PATH", [&](const std::string& v) {
+    worker_binary = v;
+    return !v.empty();
+  });
+  f.Custom("--data-root", "an existing directory", [&](const std::string& v) {
+    struct stat st {};
+    if (v.empty() || stat(v.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return false;
+    data_roots.push_back(v);
+    return true;
+  });
+  IntFlag(f, "--max-queued-jobs", &max_queued, 1, INT64_MAX);
+  IntFlag(f, "--max-state-mb", &max_state_mb, 0, INT64_MAX >> 20);
+  IntFlag(f, "--max-finished-jobs", &max_finished, 1, INT64_MAX);
+  SecondsFlag(f, "--queue-grace-s", &job_options.queue_grace_s);
+  SecondsFlag(f, "--client-idle-s", &job_options.client_idle_s);
+  if (int rc = f.Parse(std::vector<std::string>(argv + 1, argv + argc), nullptr); rc >= 0) return rc;
+
   cache.max_bytes = cache_mb << 20;
   job_options.max_queued_jobs = static_cast<size_t>(max_queued);
   job_options.max_state_bytes = static_cast<uint64_t>(max_state_mb) << 20;
@@ -176,7 +156,7 @@ int main(int argc, char** argv) {
   if (local_workers > 0) {
     if (worker_binary.empty()) worker_binary = fxdp::server::DefaultWorkerBinary();
     if (access(worker_binary.c_str(), X_OK) != 0) {
-      return Usage("--local-workers: no executable fxdp-worker at '" + worker_binary +
+      return f.Usage("--local-workers: no executable fxdp-worker at '" + worker_binary +
                    "' (set --worker-binary)");
     }
   }
