@@ -63,7 +63,12 @@ def test_k8s_manifests_validate():
     assert r.returncode == 0, r.stdout + r.stderr
     text = (DEPLOY / "k8s" / "server.yaml").read_text()
     assert "grpc:\n              port: 50051" in text
-    assert "nvidia.com/gpu: 1" in (DEPLOY / "k8s" / "workers.yaml").read_text()
+    workers = (DEPLOY / "k8s" / "workers.yaml").read_text()
+    assert "nvidia.com/gpu: 1" in workers
+    # Workers read jobs' data_paths only under --data-root (none: none): the manifest passes the
+    # mounted dataset volume.
+    assert "- --data-root\n            - /data" in workers
+    assert "mountPath: /data" in workers and "readOnly: true" in workers
 
 
 def test_k8s_yamllint():
@@ -78,3 +83,4 @@ def test_slurm_script_shellcheck():
     assert r.returncode == 0, r.stdout + r.stderr
     text = script.read_text()
     assert "--gpus-per-task=1" in text and "cuda:$SLURM_LOCALID" in text
+    assert '--data-root "$2"' in text and '"$FXDP_DATA_ROOT"' in text
