@@ -10,6 +10,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "analysis/ir/status_macros.h"
@@ -28,6 +29,18 @@ using ir::NodeId;
 using ir::TensorType;
 using ir::ValueRef;
 using ir::ValueType;
+
+absl::string_view DataParallelStyleName(DataParallelStyle s) {
+  return s == DataParallelStyle::kFullyShard ? "fully_shard" : "replicate";
+}
+
+absl::StatusOr<DataParallelStyle> ParseDataParallelStyle(absl::string_view s) {
+  const std::string l = absl::AsciiStrToLower(s);
+  if (l == "replicate") return DataParallelStyle::kReplicate;
+  if (l == "fully_shard" || l == "full_shard") return DataParallelStyle::kFullyShard;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown data-parallel style '", s, "': expected 'replicate' or 'fully_shard'"));
+}
 
 std::vector<RankSlice> SplitBatch(int64_t batch, int32_t world) {
   std::vector<RankSlice> out;
@@ -749,6 +762,9 @@ absl::StatusOr<Expansion> ExpandDataParallel(const Graph& graph, const BatchDimA
     return absl::InvalidArgumentError(absl::StrFormat(
         "the expansion asks for sync_batchnorm=%s but the analysis was run with %s",
         options.sync_batchnorm ? "true" : "false", analysis.sync_batchnorm() ? "true" : "false"));
+  }
+  if (options.style == DataParallelStyle::kFullyShard) {
+    return absl::UnimplementedError("fully_shard rewrite not yet available");
   }
   FXDP_ASSIGN_OR_RETURN(std::vector<PlannedBucket> buckets, PlanBuckets(graph, analysis, options));
 

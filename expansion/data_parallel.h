@@ -38,13 +38,30 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "analysis/batch_dim.h"
 #include "analysis/ir/graph.h"
 
 namespace fxdp {
 
+// How state is held across ranks (torch's ShardingStrategy / fully_shard).
+//   kReplicate   every rank holds every parameter, buffer and optimizer-state
+//                tensor whole; gradients are all-reduced (DDP).
+//   kFullyShard  every rank holds a flat 1/N shard (expansion/sharding.h) of
+//                each parameter, its gradient and its optimizer state;
+//                parameters are all-gathered before use and gradients
+//                reduce-scattered (ZeRO-3, FSDP's FULL_SHARD, FSDP2's
+//                fully_shard). See expansion/fully_shard.h, docs/fully_shard.md.
+enum class DataParallelStyle { kReplicate, kFullyShard };
+// "replicate", "fully_shard".
+absl::string_view DataParallelStyleName(DataParallelStyle s);
+// Case-insensitive "replicate" / "fully_shard" (also "full_shard", "FULLY_SHARD");
+// INVALID_ARGUMENT naming the accepted values otherwise.
+absl::StatusOr<DataParallelStyle> ParseDataParallelStyle(absl::string_view s);
+
 struct ExpandOptions {
   int32_t world_size = 1;
+  DataParallelStyle style = DataParallelStyle::kReplicate;
   double bucket_cap_mb = 25.0;       // DDP's bucket_cap_mb.
   double first_bucket_mb = 1.0;      // DDP's first bucket.
   std::string group_name = "0";      // the default process group's name in torch.
@@ -93,8 +110,21 @@ struct Collective {
   int32_t position = 0;  // index in rank 0's expanded graph.
 };
 
+// One state tensor FULLY_SHARD keeps as flat shards (expansion/sharding.h):
+// each rank's placeholder for it is 1-D with shard_numel elements.
+struct ShardedState {
+  std::string state_name;
+  ir::PlaceholderRole role = ir::PlaceholderRole::kParameter;  // PARAMETER or OPTIMIZER_STATE
+  std::vector<int64_t> shape;  // the full tensor's.
+  ir::DType dtype = ir::DType::kFloat32;
+  int64_t shard_numel = 0;     // s = ceil(numel / N).
+};
+
 struct ExpansionReport {
   int32_t world_size = 1;
+  DataParallelStyle style = DataParallelStyle::kReplicate;
+  // FULLY_SHARD: the sharded state, in placeholder order (empty for REPLICATE).
+  std::vector<ShardedState> sharded_state;
   int64_t batch_size = 0;
   std::vector<RankSlice> slices;
   std::vector<Bucket> buckets;
@@ -117,6 +147,9 @@ struct Expansion {
   // Whether every rank's graph is the same (B % N == 0 and no rank-specific
   // slices): then it is built and stored once.
   bool identical = false;
+  // FULLY_SHARD: the state each rank holds as a flat shard (the same list as
+  // report.sharded_state); everything else is whole on every rank.
+  std::vector<ShardedState> sharded_state;
   ExpansionReport report;
 
   int32_t world_size() const { return report.world_size; }

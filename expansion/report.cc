@@ -17,6 +17,16 @@ std::string ExpansionReport::ToJson() const {
   nlohmann::json j;
   j["world_size"] = world_size;
   j["batch_size"] = batch_size;
+  j["style"] = std::string(DataParallelStyleName(style));
+  nlohmann::json ss = nlohmann::json::array();
+  for (const ShardedState& s : sharded_state) {
+    ss.push_back({{"state_name", s.state_name},
+                  {"role", std::string(ir::PlaceholderRoleName(s.role))},
+                  {"shape", s.shape},
+                  {"dtype", std::string(ir::DTypeShortName(s.dtype))},
+                  {"shard_numel", s.shard_numel}});
+  }
+  j["sharded_state"] = std::move(ss);
   nlohmann::json sl = nlohmann::json::array();
   for (const RankSlice& s : slices) {
     sl.push_back({{"rank", s.rank}, {"start", s.start}, {"size", s.size}});
@@ -53,6 +63,16 @@ std::string ExpansionReport::ToTable() const {
   for (const RankSlice& s : slices) {
     absl::StrAppendFormat(&out, "  rank %d: samples [%d, %d) (%d)\n", s.rank, s.start,
                           s.start + s.size, s.size);
+  }
+  absl::StrAppendFormat(&out, "\nstyle: %s\n", DataParallelStyleName(style));
+  if (!sharded_state.empty()) {
+    absl::StrAppendFormat(&out, "sharded state (%d tensors, flat shards of s = ceil(numel / %d) "
+                          "per rank):\n", sharded_state.size(), world_size);
+    for (const ShardedState& s : sharded_state) {
+      absl::StrAppendFormat(&out, "  %-40s %-15s %s[%s] -> [%d]\n", s.state_name,
+                            ir::PlaceholderRoleName(s.role), ir::DTypeShortName(s.dtype),
+                            absl::StrJoin(s.shape, ", "), s.shard_numel);
+    }
   }
   absl::StrAppendFormat(&out, "\nbuckets (%d):\n", buckets.size());
   for (const Bucket& b : buckets) {
