@@ -7,7 +7,7 @@ JOBS ?= 2
 CMAKE_FLAGS ?=
 PY := .venv/bin/python
 
-.PHONY: all setup configure build test test-cpp test-python demo bench bench-build clean
+.PHONY: all setup configure build test test-cpp test-python goldens demo bench bench-build clean
 
 all: build
 
@@ -29,6 +29,10 @@ test-python: build
 	FXDP_BIN=$(CURDIR)/$(BUILD)/bin/fxdp $(PY) -m pytest tests/python -q
 
 test: test-cpp test-python
+
+# Regenerate tests/testdata/golden/ (tests/python/test_goldens.py compares them byte for byte).
+goldens: build
+	bash scripts/regen_goldens.sh
 
 demo: build
 	@bash scripts/demo.sh
