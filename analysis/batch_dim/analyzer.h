@@ -1,0 +1,215 @@
+// The batch-dim analyzer's internals (analysis/batch_dim.h is the interface).
+//
+// One engine (engine.cc) runs passes over the graph until no pass finds a new
+// value to all-reduce or a new factory to build sharded; each pass visits
+// every node once and asks the node's rule (op_rules.h, view_rules.h) where
+// the batch goes. What the engine does with operands is shared by every
+// family: linearity.cc (partial and mean-scaled operands), shard_upgrade.cc
+// (a replicated operand that a sharded use needs sharded). Each family's
+// handler lives in the file of its kind of op:
+//
+//   pointwise.cc    pointwise, shape-preserving along/over dims, like,
+//                   foreach, and the size-matching fallback
+//   matmul.cc       einsum-like products
+//   reductions.cc   reductions, losses and their backwards
+//   norms.cc        layer/batch norm, convolution/pooling/attention kernels
+//   shape_ops.cc    cat, stack, split, slice, select, scatter into a slice
+//   indexing.cc     index, index_put, embedding
+//   views.cc        view ops (dim maps) and as_strided
+//   inputs.cc       the batch size and micro-batches, from the INPUT placeholders
+//   args.cc         reading a node's int/bool/dims arguments
+#ifndef FXDP_ANALYSIS_BATCH_DIM_ANALYZER_H_
+#define FXDP_ANALYSIS_BATCH_DIM_ANALYZER_H_
+
+#include <cstdint>
+#include <initializer_list>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "analysis/batch_dim.h"
+#include "analysis/dim_spec.h"
+#include "analysis/ir/graph.h"
+#include "analysis/op_rules.h"
+
+namespace fxdp {
+
+inline const ValueInfo kReplicated{};
+
+inline ValueInfo Shard(int32_t dim, int64_t outer, bool scaled) {
+  ValueInfo v;
+  v.placement = Placement::Shard(dim);
+  v.outer = outer;
+  v.mean_scaled = scaled;
+  return v;
+}
+
+inline ValueInfo Partial(bool avg) {
+  ValueInfo v;
+  v.placement = Placement::Partial(avg ? ReduceOp::kAvg : ReduceOp::kSum);
+  v.mean_scaled = avg;
+  return v;
+}
+
+// Partial, or sharded and mean-scaled: a value linearity must track.
+inline bool IsSpecial(const ValueInfo& v) {
+  return v.placement.is_partial() || (v.placement.is_shard() && v.mean_scaled);
+}
+
+inline std::string TargetString(const ir::Node& n) { return n.target.ToString(); }
+
+// An operand of the node being analysed: a tensor argument.
+struct Operand {
+  int arg;         // positional index; 64 + k for keyword argument k.
+  int elem;        // index in a list argument, else -1.
+  ir::ValueRef ref;
+  const ir::TensorType* type;
+  ValueInfo info;  // as this use reads it.
+};
+
+// Where the batch sits in one output dim of a view (see Locate).
+struct BatchLoc {
+  enum Kind : int8_t { kNone, kWhole, kBroken } kind = kNone;
+  int64_t outer = 1;
+  int64_t inner = 1;
+};
+
+class BatchDimAnalyzer {
+ public:
+  BatchDimAnalyzer(const ir::Graph& g, const AnalyzeOptions& options) : g_(g), options_(options) {}
+
+  absl::StatusOr<BatchDimAnalysis> Run();
+
+ private:
+  // What linearity found among the operands (linearity.cc).
+  struct Special {
+    bool partial = false;
+    bool scaled = false;  // partial: avg; shard: mean-scaled.
+  };
+
+  // A replicated value built sharded for a sharded use (shard_upgrade.cc).
+  struct Upgrade {
+    int32_t dim;
+    int64_t outer;
+    ir::NodeId user;
+  };
+
+  // Where a broadcasting combination puts the batch (pointwise.cc).
+  struct Combined {
+    int32_t dim = -1;      // output dim holding the batch, or -1.
+    int64_t outer = 1;
+    int arg = -1;          // operand that decided.
+  };
+
+  // ---- engine (engine.cc) --------------------------------------------------
+  int32_t Offset(ir::ValueRef r) const { return a_.value_offset_[r.node.value] + r.output; }
+  void SeedReductions();
+  absl::Status Pass();
+  absl::Status Visit(ir::NodeId id, const ir::Node& n);
+  absl::Status VisitRule(ir::NodeId id, const ir::Node& n, const OpRule& rule);
+  void PropagateRankLocal(ir::NodeId id, const ir::Node& n);
+  absl::Status VisitPlaceholder(ir::NodeId id, const ir::Node& n);
+  absl::Status VisitOutput(ir::NodeId id, const ir::Node& n);
+  void SetOut(ir::NodeId id, int k, const ValueInfo& v);
+  void SetAllOut(ir::NodeId id, const ValueInfo& v);
+  ValueInfo Read(ir::ValueRef r) const;
+  void RequireWhole(ir::ValueRef r, ir::NodeId user);
+  const ir::TensorType* TypeOf(ir::ValueRef r) const;
+  void AddOperand(std::vector<Operand>& ops, int arg, int elem, const ir::Argument& a) const;
+  std::vector<Operand> Operands(const ir::Node& n) const;
+  const Operand* Find(const std::vector<Operand>& ops, int arg) const;
+  std::string OperandName(const std::vector<Operand>& ops, int arg) const;
+  absl::Status Error(const ir::Node& n, const std::string& what) const;
+  const ir::TensorType* OutType(const ir::Node& n, int k = 0) const;
+  void Finish();
+
+  // ---- inputs (inputs.cc) --------------------------------------------------
+  absl::Status FindBatchSize();
+  static int64_t EqualSplitSize(const ir::Node& n, int64_t dim, int64_t rank);
+  absl::Status FindMicroBatches();
+
+  // ---- arguments (args.cc) -------------------------------------------------
+  static int64_t NormDim(int64_t d, int64_t rank);
+  static const ir::Argument* ArgAt(const ir::Node& n, int i, absl::string_view name);
+  static std::optional<int64_t> IntArg(const ir::Node& n, int i, absl::string_view name);
+  static std::optional<bool> BoolArg(const ir::Node& n, int i, absl::string_view name);
+  static std::optional<std::vector<int64_t>> DimsArg(const ir::Node& n, int i,
+                                                     absl::string_view name);
+
+  // ---- linearity (linearity.cc) --------------------------------------------
+  bool IsZeros(ir::ValueRef r) const;
+  static bool InMask(const OpRule& rule, int arg);
+  absl::Status ScaledError(ir::NodeId id, const ir::Node& n, const Operand& o,
+                           absl::string_view why);
+  absl::StatusOr<Special> Linear(ir::NodeId id, const ir::Node& n, const OpRule& rule,
+                                 std::vector<Operand>& ops, int exempt_arg = -1);
+
+  // ---- sharding a replicated operand (shard_upgrade.cc) ----------------------
+  void NeedShard(const Operand& o, int32_t dim, int64_t outer, ir::NodeId user);
+  bool TryUpgrade(ir::ValueRef r, int32_t dim, int64_t outer, ir::NodeId user,
+                  std::vector<std::pair<int32_t, Upgrade>>& marks, int depth);
+
+  // ---- views (views.cc) ----------------------------------------------------
+  BatchLoc Locate(const DimSpec& spec, const std::vector<int64_t>& in_shape, int64_t d,
+                  int64_t outer, int64_t inner, int64_t* size) const;
+  absl::Status VisitView(ir::NodeId id, const ir::Node& n);
+  int64_t SampleSpan(const std::vector<int64_t>& size, const std::vector<int64_t>& stride,
+                     int64_t offset, int64_t d) const;
+  int64_t ViewBatchDim(const std::vector<int64_t>& size, const std::vector<int64_t>& stride,
+                       int64_t offset, int64_t span) const;
+  absl::Status AsStrided(ir::NodeId id, const ir::Node& n, const OpRule& rule);
+
+  // ---- pointwise and shape-preserving (pointwise.cc) -------------------------
+  absl::StatusOr<Combined> Broadcast(ir::NodeId id, const ir::Node& n,
+                                     const std::vector<Operand>& ops, int64_t out_rank,
+                                     bool broadcast = true);
+  void SetCombined(ir::NodeId id, const Combined& c, const Special& s);
+  absl::Status Pointwise(ir::NodeId id, const ir::Node& n, const OpRule& rule, int64_t out_rank,
+                         bool broadcast = true);
+  absl::Status ShapePreserving(ir::NodeId id, const ir::Node& n, const OpRule& rule);
+  absl::Status Like(ir::NodeId id, const ir::Node& n, const OpRule& rule);
+  absl::Status Foreach(ir::NodeId id, const ir::Node& n, const OpRule& rule);
+  absl::Status VisitFallback(ir::NodeId id, const ir::Node& n);
+
+  // ---- families in their own files -------------------------------------------
+  absl::Status Matmul(ir::NodeId id, const ir::Node& n, const OpRule& rule);
+  absl::Status Reduce(ir::NodeId id, const ir::Node& n, const OpRule& rule);
+  int64_t ReductionArg(const ir::Node& n, const OpRule& rule) const;
+  absl::Status Loss(ir::NodeId id, const ir::Node& n, const OpRule& rule);
+  absl::Status LossBackward(ir::NodeId id, const ir::Node& n, const OpRule& rule);
+  absl::Status RequireReplicatedArgs(const ir::Node& n, const std::vector<Operand>& ops,
+                                     std::initializer_list<int> args) const;
+  absl::Status LayerNorm(ir::NodeId id, const ir::Node& n, const OpRule& rule);
+  absl::Status NormOrConvBackward(ir::NodeId id, const ir::Node& n, const OpRule& rule);
+  absl::Status BatchNorm(ir::NodeId id, const ir::Node& n, const OpRule& rule);
+  absl::Status Spatial(ir::NodeId id, const ir::Node& n, const OpRule& rule);
+  absl::Status CatStack(ir::NodeId id, const ir::Node& n, const OpRule& rule);
+  absl::Status DimOp(ir::NodeId id, const ir::Node& n, const OpRule& rule);
+  absl::Status ScatterInto(ir::NodeId id, const ir::Node& n, const OpRule& rule);
+  absl::Status Embedding(ir::NodeId id, const ir::Node& n, const OpRule& rule);
+  absl::Status EmbeddingBackward(ir::NodeId id, const ir::Node& n, const OpRule& rule);
+  bool IsBatchPositions(const ir::Argument& a) const;
+  bool OnlyIndexesDim(ir::ValueRef r, int64_t pos) const;
+  int64_t BatchPositionsIndex(ir::NodeId id, const ir::Node& n, const std::vector<Operand>& ops,
+                              const ir::Argument::List& list, int64_t pos);
+  absl::Status IndexPut(ir::NodeId id, const ir::Node& n, const OpRule& rule);
+  absl::Status Index(ir::NodeId id, const ir::Node& n, const OpRule& rule);
+
+  const ir::Graph& g_;
+  const AnalyzeOptions options_;
+  BatchDimAnalysis a_;
+  bool changed_ = false;
+  absl::flat_hash_map<int32_t, Upgrade> upgrades_;
+  absl::flat_hash_map<std::string, std::tuple<int, ir::NodeId, std::string>> fallback_ops_;
+  std::vector<std::string> fallback_order_;
+};
+
+}  // namespace fxdp
+
+#endif  // FXDP_ANALYSIS_BATCH_DIM_ANALYZER_H_

@@ -1,0 +1,123 @@
+// Linearity: how partial and mean-scaled operands flow through an op.
+#include "analysis/batch_dim/analyzer.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "analysis/ir/status_macros.h"
+
+namespace fxdp {
+
+using ir::Argument;
+using ir::Graph;
+using ir::Node;
+using ir::NodeId;
+using ir::TensorType;
+using ir::ValueRef;
+
+// A fresh zero tensor (zeros, new_zeros, zeros_like): adding a partial
+// value to it keeps the sum partial.
+bool BatchDimAnalyzer::IsZeros(ValueRef r) const {
+  const Node& n = g_.node(r.node);
+  return n.is_call() && (n.target.name == "aten::zeros" || n.target.name == "aten::new_zeros" ||
+                         n.target.name == "aten::zeros_like");
+}
+
+bool BatchDimAnalyzer::InMask(const OpRule& rule, int arg) {
+  return arg < 8 && ((rule.linear_args >> arg) & 1);
+}
+
+absl::Status BatchDimAnalyzer::ScaledError(NodeId id, const Node& n, const Operand& o, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "node %s (%s): arg %d (%s) is a batch value scaled by a mean over the local batch "
+      "(it descends from a mean-reduced loss); %s. Reduce the loss by sum, or keep this op "
+      "out of the backward path",
+      n.name, TargetString(n), o.arg, g_.node(o.ref.node).name, why));
+}
+
+// Applies the op's linearity to its operands. Partial operands that may not
+// flow through are all-reduced (and read replicated from then on); a
+// mean-scaled operand the op is not linear in is an error.
+absl::StatusOr<BatchDimAnalyzer::Special> BatchDimAnalyzer::Linear(NodeId id, const Node& n, const OpRule& rule,
+                               std::vector<Operand>& ops, int exempt_arg) {
+  Special s;
+  int specials = 0;
+  for (Operand& o : ops) {
+    if (!IsSpecial(o.info) || o.arg == exempt_arg) continue;
+    if (!InMask(rule, o.arg) || rule.linearity == Linearity::kNone) {
+      if (o.info.placement.is_partial()) {
+        RequireWhole(o.ref, id);
+        o.info = kReplicated;
+        continue;
+      }
+      return ScaledError(id, n, o, "the op is not linear in it");
+    }
+    ++specials;
+  }
+  if (specials == 0) return s;
+  // Partial operands next to anything they cannot be combined with are reduced.
+  bool any_partial = false, any_scaled_shard = false, other_linear = false;
+  bool other_shard = false;
+  bool avg = false, sum = false;
+  for (const Operand& o : ops) {
+    if (o.arg == exempt_arg) continue;
+    if (o.info.placement.is_partial()) {
+      any_partial = true;
+      (o.info.mean_scaled ? avg : sum) = true;
+    } else if (IsSpecial(o.info)) {
+      any_scaled_shard = true;
+    } else {
+      if (InMask(rule, o.arg) && !IsZeros(o.ref)) other_linear = true;
+      if (o.info.placement.is_shard()) other_shard = true;
+    }
+  }
+  bool reduce_partials = false;
+  if (any_partial) {
+    if (any_scaled_shard || (avg && sum)) reduce_partials = true;
+    if (rule.linearity == Linearity::kAdditive && other_linear) reduce_partials = true;
+    if (rule.linearity == Linearity::kMultilinear) {
+      int n_partial = 0;
+      for (const Operand& o : ops) n_partial += o.info.placement.is_partial() && o.arg != exempt_arg;
+      if (n_partial > 1 || other_shard) reduce_partials = true;
+    }
+  }
+  if (reduce_partials) {
+    for (Operand& o : ops) {
+      if (o.info.placement.is_partial() && o.arg != exempt_arg) {
+        RequireWhole(o.ref, id);
+        o.info = kReplicated;
+      }
+    }
+    any_partial = false;
+  }
+  if (any_scaled_shard) {
+    int n_scaled = 0;
+    for (const Operand& o : ops) {
+      if (o.arg == exempt_arg || !IsSpecial(o.info)) continue;
+      ++n_scaled;
+      if (rule.linearity == Linearity::kMultilinear && n_scaled > 1) {
+        return ScaledError(id, n, o, "it is multiplied by another mean-scaled value");
+      }
+    }
+    if (rule.linearity == Linearity::kAdditive) {
+      for (const Operand& o : ops) {
+        if (o.arg != exempt_arg && InMask(rule, o.arg) && !IsSpecial(o.info) &&
+            o.type->numel() > 0 && !IsZeros(o.ref)) {
+          return ScaledError(id, n, o, "it is added to a value that is not mean-scaled");
+        }
+      }
+    }
+    s.scaled = true;
+  }
+  if (any_partial) {
+    s.partial = true;
+    s.scaled = avg;
+  }
+  return s;
+}
+
+}  // namespace fxdp

@@ -1,0 +1,172 @@
+// Layer and batch norm, convolution/pooling/attention kernels and their backwards.
+#include "analysis/batch_dim/analyzer.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "analysis/ir/status_macros.h"
+
+namespace fxdp {
+
+using ir::Argument;
+using ir::Graph;
+using ir::Node;
+using ir::NodeId;
+using ir::TensorType;
+using ir::ValueRef;
+
+absl::Status BatchDimAnalyzer::RequireReplicatedArgs(const Node& n, const std::vector<Operand>& ops,
+                                   std::initializer_list<int> args) const {
+  for (int a : args) {
+    const Operand* o = Find(ops, a);
+    if (o != nullptr && o->info.placement.is_shard()) {
+      return Error(n, absl::StrFormat("arg %d (%s) is sharded on the batch; this op needs it "
+                                      "replicated (a weight, bias or running statistic)",
+                                      a, g_.node(o->ref.node).name));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BatchDimAnalyzer::LayerNorm(NodeId id, const Node& n, const OpRule& rule) {
+  std::vector<Operand> ops = Operands(n);
+  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule, ops));
+  FXDP_RETURN_IF_ERROR(RequireReplicatedArgs(n, ops, {2, 3}));
+  const Operand* x = Find(ops, 0);
+  if (x == nullptr || !x->info.placement.is_shard()) {
+    SetCombined(id, Combined{}, s);
+    return absl::OkStatus();
+  }
+  auto shape = DimsArg(n, 1, "normalized_shape").value_or(std::vector<int64_t>{});
+  const int32_t d = x->info.placement.dim;
+  if (d >= x->type->rank() - static_cast<int64_t>(shape.size())) {
+    return Error(n, absl::StrFormat("normalises over the last %d dims, which include the "
+                                    "batch dim %d", shape.size(), d));
+  }
+  SetCombined(id, Combined{d, x->info.outer, 0}, s);
+  return absl::OkStatus();
+}
+
+// native_layer_norm_backward, native_batch_norm_backward, convolution_backward:
+// (grad_input, grad_weight, grad_bias) from (grad_output, input, ...).
+absl::Status BatchDimAnalyzer::NormOrConvBackward(NodeId id, const Node& n, const OpRule& rule) {
+  std::vector<Operand> ops = Operands(n);
+  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule, ops));
+  const Operand* g = Find(ops, 0);
+  const Operand* x = Find(ops, 1);
+  const bool sharded = (g && g->info.placement.is_shard()) || (x && x->info.placement.is_shard());
+  if (!sharded) {
+    SetCombined(id, Combined{}, s);
+    return absl::OkStatus();
+  }
+  if (rule.family == OpFamily::kConvBackward) {
+    FXDP_RETURN_IF_ERROR(RequireReplicatedArgs(n, ops, {rule.b >= 0 ? rule.b : 2}));
+  } else if (rule.family == OpFamily::kLayerNormBackward) {
+    FXDP_RETURN_IF_ERROR(RequireReplicatedArgs(n, ops, {5, 6}));
+  } else {
+    FXDP_RETURN_IF_ERROR(RequireReplicatedArgs(n, ops, {2, 3, 4}));
+  }
+  // grad_output and input hold the batch on the same dim.
+  std::vector<Operand> batched;
+  for (const Operand& o : ops) {
+    if (o.arg == 0 || o.arg == 1) batched.push_back(o);
+  }
+  FXDP_ASSIGN_OR_RETURN(Combined c, Broadcast(id, n, batched, OutType(n) ? OutType(n)->rank() : 0,
+                                              /*broadcast=*/false));
+  if (rule.family != OpFamily::kLayerNormBackward && c.dim != 0 && c.dim >= 0 &&
+      rule.family == OpFamily::kBatchNormBackward && c.dim == 1) {
+    return Error(n, "holds the batch on dim 1, the channel dim of batch norm");
+  }
+  NodeInfo& info = a_.nodes_[id.value];
+  info.detail = Detail::kFromArg;
+  info.arg = static_cast<int8_t>(c.arg);
+  SetOut(id, 0, Shard(c.dim, c.outer, s.scaled));
+  SetOut(id, 1, Partial(s.scaled));
+  SetOut(id, 2, Partial(s.scaled));
+  return absl::OkStatus();
+}
+
+absl::Status BatchDimAnalyzer::BatchNorm(NodeId id, const Node& n, const OpRule& rule) {
+  std::vector<Operand> ops = Operands(n);
+  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule, ops));
+  FXDP_RETURN_IF_ERROR(RequireReplicatedArgs(n, ops, {1, 2, 3, 4}));
+  const Operand* x = Find(ops, 0);
+  if (x == nullptr || !x->info.placement.is_shard()) {
+    SetCombined(id, Combined{}, s);
+    return absl::OkStatus();
+  }
+  const int32_t d = x->info.placement.dim;
+  if (d == 1) return Error(n, "holds the batch on dim 1, the channel dim of batch norm");
+  const bool training = rule.a >= 0 && BoolArg(n, rule.a, "training").value_or(true);
+  NodeInfo& info = a_.nodes_[id.value];
+  info.arg = 0;
+  SetOut(id, 0, Shard(d, x->info.outer, false));
+  if (training && options_.sync_batchnorm) {
+    // The statistics (and the running statistics updated from them) are
+    // the global batch's: the expansion all-reduces them.
+    info.detail = Detail::kSyncStats;
+    a_.notes_.push_back(absl::StrCat(
+        n.name, " (", TargetString(n), "): batch norm normalises with the global batch "
+        "statistics (sync_batchnorm: all-reduced in forward and backward, as SyncBatchNorm); "
+        "running statistics are updated from them"));
+  } else if (training) {
+    info.detail = Detail::kLocalStats;
+    for (int k = 1; k < static_cast<int>(n.outputs.size()); ++k) {
+      ValueInfo stats;
+      stats.rank_local = true;
+      SetOut(id, k, stats);
+    }
+    a_.notes_.push_back(absl::StrCat(
+        n.name, " (", TargetString(n), "): batch norm normalises with each rank's local batch "
+        "statistics, as DDP does; running statistics are updated from them"));
+  } else {
+    info.detail = Detail::kFromArg;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BatchDimAnalyzer::Spatial(NodeId id, const Node& n, const OpRule& rule) {
+  std::vector<Operand> ops = Operands(n);
+  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule, ops));
+  Combined c;
+  for (const Operand& o : ops) {
+    if (!o.info.placement.is_shard()) continue;
+    if (o.info.placement.dim != 0) {
+      return Error(n, absl::StrFormat("arg %d (%s) holds the batch on dim %d; spatial ops "
+                                      "(convolution, pooling) need it on dim 0",
+                                      o.arg, g_.node(o.ref.node).name, o.info.placement.dim));
+    }
+    if (c.dim >= 0 && c.outer != o.info.outer) {
+      return Error(n, "operands fold the batch differently into dim 0");
+    }
+    if (c.dim < 0) c = {0, o.info.outer, o.arg};
+  }
+  if (c.dim >= 0) {
+    if (rule.b >= 0) FXDP_RETURN_IF_ERROR(RequireReplicatedArgs(n, ops, {rule.b, rule.b + 1}));
+    // Every other operand is batched on dim 0 (an attention mask expanded to
+    // the batch, pooling indices): a replicated one is built sharded or sliced.
+    for (const Operand& o : ops) {
+      if (!o.info.placement.is_replicate() || o.type->rank() == 0) continue;
+      if (rule.b >= 0 && (o.arg == rule.b || o.arg == rule.b + 1)) continue;
+      NeedShard(o, 0, c.outer, id);
+    }
+  }
+  SetCombined(id, c, s);
+  if (c.dim >= 0) {
+    // Side outputs that are not batch-major (attention kernels' RNG state,
+    // cumulative sequence lengths, 0-d scalars) are replicated.
+    const Operand* src = Find(ops, c.arg);
+    const int64_t extent = src != nullptr ? src->type->shape[0] : -1;
+    for (int k = 0; k < static_cast<int>(n.outputs.size()); ++k) {
+      const TensorType* t = OutType(n, k);
+      if (t != nullptr && (t->rank() == 0 || t->shape[0] != extent)) SetOut(id, k, kReplicated);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace fxdp

@@ -1,0 +1,213 @@
+// Pointwise and shape-preserving families, like, foreach, and the size-matching fallback.
+#include "analysis/batch_dim/analyzer.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "analysis/ir/status_macros.h"
+
+namespace fxdp {
+
+using ir::Argument;
+using ir::Graph;
+using ir::Node;
+using ir::NodeId;
+using ir::TensorType;
+using ir::ValueRef;
+
+// Broadcasting combination: every sharded operand must put the batch on the
+// same output dim; replicated operands spanning that dim are sharded too.
+absl::StatusOr<BatchDimAnalyzer::Combined> BatchDimAnalyzer::Broadcast(NodeId id, const Node& n, const std::vector<Operand>& ops,
+                                   int64_t out_rank, bool broadcast) {
+  Combined c;
+  for (const Operand& o : ops) {
+    if (!o.info.placement.is_shard()) continue;
+    const int32_t d = o.info.placement.dim +
+                      (broadcast ? static_cast<int32_t>(out_rank - o.type->rank()) : 0);
+    if (c.dim < 0) {
+      c = {d, o.info.outer, o.arg};
+    } else if (c.dim != d || c.outer != o.info.outer) {
+      return Error(n, absl::StrFormat(
+          "operands put the batch on different dims: arg %d (%s) on output dim %d, "
+          "arg %d (%s) on output dim %d",
+          c.arg, OperandName(ops, c.arg), c.dim, o.arg, g_.node(o.ref.node).name, d));
+    }
+  }
+  if (c.dim >= 0) {
+    for (const Operand& o : ops) {
+      if (!o.info.placement.is_replicate()) continue;
+      const int32_t d = c.dim - (broadcast ? static_cast<int32_t>(out_rank - o.type->rank()) : 0);
+      if (d >= 0 && d < o.type->rank()) NeedShard(o, d, c.outer, id);
+    }
+  }
+  return c;
+}
+
+// Sets every tensor output from a combination.
+void BatchDimAnalyzer::SetCombined(NodeId id, const Combined& c, const Special& s) {
+  NodeInfo& info = a_.nodes_[id.value];
+  if (c.dim >= 0) {
+    info.detail = Detail::kFromArg;
+    info.arg = static_cast<int8_t>(std::min(c.arg, 127));
+    SetAllOut(id, Shard(c.dim, c.outer, s.scaled));
+  } else if (s.partial) {
+    info.detail = Detail::kPartialLinear;
+    SetAllOut(id, Partial(s.scaled));
+  } else {
+    info.detail = Detail::kNoBatch;
+    SetAllOut(id, kReplicated);
+  }
+}
+
+absl::Status BatchDimAnalyzer::Pointwise(NodeId id, const Node& n, const OpRule& rule, int64_t out_rank,
+                       bool broadcast) {
+  std::vector<Operand> ops = Operands(n);
+  OpRule r = rule;
+  // masked_fill(x, mask, 0) and constant_pad_nd(x, pad, 0) are linear in x.
+  const bool pad = n.target.name == "aten::constant_pad_nd";
+  if ((n.target.name == "aten::masked_fill" && n.target.overload == "Scalar") || pad) {
+    const Argument* v = ArgAt(n, 2, "value");
+    bool zero = pad && v == nullptr;
+    if (v != nullptr) {
+      if (const auto* s = v->get_if<ir::Scalar>()) {
+        if (const auto* i = std::get_if<int64_t>(&s->value)) zero = *i == 0;
+        if (const auto* f = std::get_if<double>(&s->value)) zero = *f == 0.0;
+      } else if (const auto* i = v->get_if<int64_t>()) {
+        zero = *i == 0;
+      } else if (const auto* f = v->get_if<double>()) {
+        zero = *f == 0.0;
+      }
+    }
+    if (zero) {
+      r.linearity = Linearity::kMultilinear;
+      r.linear_args = 1;
+    }
+  }
+  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, r, ops));
+  FXDP_ASSIGN_OR_RETURN(Combined c, Broadcast(id, n, ops, out_rank, broadcast));
+  if (c.dim >= 0 && s.partial) {
+    return Error(n, "combines a partial value with a batch-sharded one");
+  }
+  SetCombined(id, c, s);
+  return absl::OkStatus();
+}
+
+// *_like(self), fill, zero: self's shape and batch, no data read.
+absl::Status BatchDimAnalyzer::Like(NodeId id, const Node& n, const OpRule& rule) {
+  NodeInfo& info = a_.nodes_[id.value];
+  std::vector<Operand> ops = Operands(n);
+  const Operand* self = ops.empty() ? nullptr : &ops[0];
+  if (self != nullptr && self->info.placement.is_shard()) {
+    info.detail = Detail::kFromArg;
+    info.arg = 0;
+    SetAllOut(id, Shard(self->info.placement.dim, self->info.outer, false));
+  } else {
+    info.detail = Detail::kNoBatch;
+  }
+  return absl::OkStatus();
+}
+
+// Along a dim (softmax, cumsum, sort), over the last dims (triu), over
+// listed dims (flip, roll), padding the last dims: pointwise in the batch
+// unless the op works on the dim that holds it.
+absl::Status BatchDimAnalyzer::ShapePreserving(NodeId id, const Node& n, const OpRule& rule) {
+  const TensorType* out = OutType(n);
+  const int64_t out_rank = out ? out->rank() : 0;
+  FXDP_RETURN_IF_ERROR(Pointwise(id, n, rule, out_rank, /*broadcast=*/false));
+  const ValueInfo& v = a_.values_[a_.value_offset_[id.value]];
+  if (!v.placement.is_shard()) return absl::OkStatus();
+  const int64_t d = v.placement.dim;
+  if (rule.family == OpFamily::kAlongDim) {
+    const int64_t dim = NormDim(IntArg(n, rule.a, "dim").value_or(-1), out_rank);
+    if (dim == d) {
+      return Error(n, absl::StrFormat("works along dim %d, which holds the batch; it "
+                                      "needs the whole batch on every rank", dim));
+    }
+  } else if (rule.family == OpFamily::kLastDims || rule.family == OpFamily::kPad) {
+    int64_t last = rule.a;
+    if (rule.family == OpFamily::kPad) {
+      auto pad = DimsArg(n, 1, "pad");
+      last = pad ? static_cast<int64_t>(pad->size() / 2) : 0;
+    }
+    if (d >= out_rank - last) {
+      return Error(n, absl::StrFormat("works on the last %d dims, which include the batch "
+                                      "dim %d", last, d));
+    }
+  } else {
+    auto dims = DimsArg(n, rule.a, "dims").value_or(std::vector<int64_t>{});
+    for (int64_t x : dims) {
+      if (NormDim(x, out_rank) == d) {
+        return Error(n, absl::StrFormat("works on dim %d, which holds the batch", d));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BatchDimAnalyzer::Foreach(NodeId id, const Node& n, const OpRule& rule) {
+  std::vector<Operand> ops = Operands(n);
+  const int n_out = static_cast<int>(n.outputs.size());
+  NodeInfo& info = a_.nodes_[id.value];
+  info.detail = Detail::kNoBatch;
+  for (int k = 0; k < n_out; ++k) {
+    if (!n.outputs[k].is_tensor()) continue;
+    std::vector<Operand> elem;
+    for (const Operand& o : ops) {
+      if (o.elem < 0 || o.elem == k) elem.push_back(o);
+    }
+    FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule, elem));
+    FXDP_ASSIGN_OR_RETURN(Combined c, Broadcast(id, n, elem, n.outputs[k].tensor.rank()));
+    if (c.dim >= 0) {
+      info.detail = Detail::kFromArg;
+      SetOut(id, k, Shard(c.dim, c.outer, s.scaled));
+    } else if (s.partial) {
+      SetOut(id, k, Partial(s.scaled));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BatchDimAnalyzer::VisitFallback(NodeId id, const Node& n) {
+  NodeInfo& info = a_.nodes_[id.value];
+  info.decision = Decision::kFallback;
+  std::vector<Operand> ops = Operands(n);
+  int64_t batch_extent = -1;
+  int64_t outer = 1;
+  bool partial = false, avg = false;
+  for (const Operand& o : ops) {
+    if (o.info.placement.is_partial()) {
+      partial = true;
+      avg |= o.info.mean_scaled;
+    }
+    if (o.info.placement.is_shard() && batch_extent < 0) {
+      batch_extent = o.type->shape[o.info.placement.dim];
+      outer = o.info.outer;
+      info.arg = static_cast<int8_t>(std::min(o.arg, 127));
+    }
+  }
+  for (const Operand& o : ops) {
+    if (o.info.placement.is_partial()) RequireWhole(o.ref, id);
+  }
+  (void)partial;
+  (void)avg;
+  std::string what = "replicated (no operand carries the batch)";
+  for (size_t k = 0; k < n.outputs.size(); ++k) {
+    if (!n.outputs[k].is_tensor() || batch_extent < 0) continue;
+    const auto& shape = n.outputs[k].tensor.shape;
+    auto it = std::find(shape.begin(), shape.end(), batch_extent);
+    if (it != shape.end()) {
+      SetOut(id, static_cast<int>(k), Shard(static_cast<int32_t>(it - shape.begin()), outer, false));
+      what = absl::StrFormat("batch dim matched by size %d", batch_extent);
+    }
+  }
+  auto [entry, inserted] = fallback_ops_.try_emplace(TargetString(n), 0, id, what);
+  if (inserted) fallback_order_.push_back(entry->first);
+  ++std::get<0>(entry->second);
+  return absl::OkStatus();
+}
+
+}  // namespace fxdp
