@@ -142,18 +142,21 @@ absl::StatusOr<Response> Compute(CompileCache& cache, const std::string& key,
 
 // The message-level path: looks `request` up in `cache`; on a miss computes it.
 template <typename Response, typename Request, typename Run>
-grpc::Status Cached(CompileCache& cache, absl::string_view method, const Request& request,
-                    Response* response, Run run) {
+absl::StatusOr<Response> Cached(CompileCache& cache, absl::string_view method, const Request& request, Run run) {
   const std::string key = CompileCacheKey(method, request);
   if (CachedBytes hit = cache.Lookup(key)) {
-    if (!response->ParseFromString(*hit)) {
-      return grpc::Status(grpc::StatusCode::INTERNAL, "cannot parse a cached response");
-    }
-    return grpc::Status::OK;
+    Response response;
+    if (!response.ParseFromString(*hit)) return absl::InternalError("cannot parse a cached response");
+    return response;
   }
-  absl::StatusOr<Response> r = Compute<Response>(cache, key, request, run);
+  return Compute<Response>(cache, key, request, run);
+}
+
+// A message-level result as an RPC's status and response.
+template <typename Response>
+grpc::Status Reply(absl::StatusOr<Response> r, Response* response) {
   if (!r.ok()) return ToGrpcStatus(r.status());
-  *response = std::move(*r);
+  *response = *std::move(r);
   return grpc::Status::OK;
 }
 
@@ -225,12 +228,16 @@ grpc::ServerUnaryReactor* CompileServiceImpl::Expand(grpc::CallbackServerContext
 
 grpc::Status CompileServiceImpl::Analyze(grpc::ServerContext*, const v1::AnalyzeRequest* request,
                                          v1::AnalyzeResponse* response) {
-  return Cached(cache_, "Analyze", *request, response, RunAnalyze);
+  return Reply(Cached<v1::AnalyzeResponse>(cache_, "Analyze", *request, RunAnalyze), response);
 }
 
 grpc::Status CompileServiceImpl::Expand(grpc::ServerContext*, const v1::ExpandRequest* request,
                                         v1::ExpandResponse* response) {
-  return Cached(cache_, "Expand", *request, response, RunExpand);
+  return Reply(ExpandCached(*request), response);
+}
+
+absl::StatusOr<v1::ExpandResponse> CompileServiceImpl::ExpandCached(const v1::ExpandRequest& request) {
+  return Cached<v1::ExpandResponse>(cache_, "Expand", request, RunExpand);
 }
 
 }  // namespace fxdp::server

@@ -49,6 +49,9 @@ class CompileServiceImpl final
   grpc::Status Expand(grpc::ServerContext* context, const v1::ExpandRequest* request,
                       v1::ExpandResponse* response) override;
 
+  // Expand through the cache, for the job service (absl::Status).
+  absl::StatusOr<v1::ExpandResponse> ExpandCached(const v1::ExpandRequest& request);
+
   CompileCacheStats cache_stats() const { return cache_.stats(); }
 
  private:

@@ -32,6 +32,7 @@
 
 #include "grpcpp/grpcpp.h"
 #include "proto/fxdp/v1/worker.grpc.pb.h"
+#include "server/worker_pool.h"
 
 namespace fxdp::server {
 
@@ -44,12 +45,12 @@ struct WorkerRegistryOptions {
   double lost_retention_s = 60;
 };
 
-class WorkerRegistry final : public v1::WorkerService::Service {
+class WorkerRegistry final : public v1::WorkerService::Service, public WorkerPool {
  public:
-  // Called on the worker's reader thread for each message after Register
-  // (heartbeats included), and once with nullptr when the worker is lost.
-  // Must not call Subscribe/Unsubscribe; may call Send.
-  using Listener = std::function<void(const std::string& worker_id, const v1::WorkerMessage* msg)>;
+  // Listeners are called on the worker's reader thread for each message
+  // after Register (heartbeats included), and once with nullptr when the
+  // worker is lost.
+  using Listener = WorkerPool::Listener;
 
   explicit WorkerRegistry(WorkerRegistryOptions options = {});
   ~WorkerRegistry() override;
@@ -60,16 +61,16 @@ class WorkerRegistry final : public v1::WorkerService::Service {
                            v1::ListWorkersResponse* response) override;
 
   // Every known worker (LOST ones included), sorted by id.
-  std::vector<v1::WorkerInfo> List() const;
+  std::vector<v1::WorkerInfo> List() const override;
   // Ids of attached IDLE workers, sorted.
-  std::vector<std::string> IdleWorkers() const;
+  std::vector<std::string> IdleWorkers() const override;
   // Writes `msg` to the worker's stream; false when it is not attached (or
   // the write failed: the stream is broken).
-  bool Send(const std::string& worker_id, const v1::ServerMessage& msg);
+  bool Send(const std::string& worker_id, const v1::ServerMessage& msg) override;
   // Subscribes to the messages of the worker's current attachment; returns a
   // handle for Unsubscribe, or 0 when the worker is not attached.
-  int64_t Subscribe(const std::string& worker_id, Listener listener);
-  void Unsubscribe(int64_t handle);
+  int64_t Subscribe(const std::string& worker_id, Listener listener) override;
+  void Unsubscribe(int64_t handle) override;
 
   // Ends every stream (cancels the calls) and stops the watchdog; new
   // attachments are refused. Idempotent.

@@ -1,0 +1,48 @@
+// JobServiceOptions: the job service's limits and timings (most are
+// fxdp-server flags). Shared by the gRPC layer (job_service.h) and the parts
+// under it (job_runner.h, job_scheduler.h, job_table.h), which never include gRPC.
+#ifndef FXDP_SERVER_JOB_OPTIONS_H_
+#define FXDP_SERVER_JOB_OPTIONS_H_
+
+#include <cstddef>
+#include <cstdint>
+
+namespace fxdp::server {
+
+struct JobServiceOptions {
+  // Chunk size of what the server sends workers (state, batches) and of
+  // FetchState (unless the request asks for another).
+  size_t chunk_bytes = size_t{1} << 20;
+  // --max-queued-jobs: more queued jobs are RESOURCE_EXHAUSTED.
+  size_t max_queued_jobs = 64;
+  // --max-state-mb: bytes of final states kept for FetchState.
+  uint64_t max_state_bytes = uint64_t{2048} << 20;
+  // --max-finished-jobs: finished jobs remembered (older ones are forgotten).
+  size_t max_finished_jobs = 1000;
+  // Steps whose batches are sent before the earliest unfinished step's
+  // results are in (>= 1).
+  int steps_ahead = 2;
+  // Client messages buffered per running job (the client's writes wait
+  // beyond it).
+  size_t read_ahead_bytes = size_t{4} << 20;
+  // When an unconfirmed rank's worker is freed anyway: the job's collective
+  // timeout plus this long after the job ended (job_scheduler.h).
+  double release_grace_s = 10;
+  // How often the scheduler looks at the workers (it also wakes on job ends
+  // and submissions).
+  double dispatch_interval_s = 0.05;
+  // --queue-grace-s: a queued job needing more workers than are registered
+  // (not LOST) fails with FAILED_PRECONDITION once that has lasted this long
+  // (the queue behind it moves on); a Submit asking for more than are
+  // registered fails at once when the server has been up this long (workers
+  // had time to attach).
+  double queue_grace_s = 10;
+  // --client-idle-s: a running job that waits on its client (for its initial
+  // state, or for a batch with no step outstanding) fails after this long
+  // without a message from it, freeing its workers.
+  double client_idle_s = 60;
+};
+
+}  // namespace fxdp::server
+
+#endif  // FXDP_SERVER_JOB_OPTIONS_H_

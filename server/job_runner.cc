@@ -1,0 +1,480 @@
+#include "server/job_runner.h"
+
+#include <algorithm>
+#include <chrono>
+#include <deque>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/log.h"
+#include "server/raw_tensors.h"
+
+namespace fxdp::server {
+
+absl::Status RunJob(const JobContext& context, JobClient* client, std::shared_ptr<Job> job) {
+  JobRunner runner(context, client, job);
+  absl::Status status = runner.Serve();
+  if (runner.queued()) {
+    context.table->Finished(job);
+    context.scheduler->Ended(job);
+    std::lock_guard<std::mutex> l(job->mu);
+    Log(absl::StrCat(job->info.job_id(), ": ", v1::JobState_Name(job->info.state()),
+                     job->info.error().empty() ? "" : ": ", job->info.error()));
+  }
+  return status;
+}
+
+absl::Status JobRunner::Serve() {
+  if (absl::Status s = TakeSpec(); !s.ok()) return s;
+  absl::StatusOr<v1::JobEvent> first = ctx_.scheduler->Enqueue(job_);
+  if (!first.ok()) return first.status();
+  queued_ = true;
+  id_ = job_->id();
+  const v1::JobSpec& spec = job_->spec;
+  Log(absl::StrCat(id_, ": submitted, ", spec.world_size(), " ranks, ",
+                   spec.steps() > 0 ? absl::StrCat(spec.steps(), " steps") : "open-ended",
+                   spec.data_paths_size() > 0 ? absl::StrCat(", batches from ", absl::StrJoin(spec.data_paths(), ", "))
+                                              : "",
+                   job_->schedule.empty() ? "" : absl::StrCat(", schedule for ", absl::StrJoin(job_->schedule.names(), ", ")),
+                   job_->expanded.cached() ? " (compile cache hit)" : " (compiled: cache miss)"));
+  client_->Write(*std::move(first));
+  absl::Status status;
+  if (!WaitInQueue(&status)) return status;
+  std::vector<std::string> workers;
+  {
+    std::lock_guard<std::mutex> l(job_->mu);
+    workers = job_->workers;
+  }
+  world_ = static_cast<int>(workers.size());
+  steps_ = spec.steps();
+  Log(absl::StrCat(id_, ": dispatched to ", absl::StrJoin(workers, ", ")));
+  ranks_ = std::make_unique<Dispatcher>(ctx_.pool, job_, id_, std::move(workers));
+  sharder_ = std::make_unique<BatchSharder>(id_, world_, ctx_.options.chunk_bytes, &job_->inputs,
+                                            &job_->placeholders, &job_->schedule);
+  return Run();
+}
+
+JobRunner::Got JobRunner::Next(bool want_client, bool watch_client, double timeout_s, Job::Msg* worker,
+                               v1::SubmitJobRequest* client) {
+  const auto deadline = Clock::now() + Seconds(timeout_s);
+  size_t consumed = 0;
+  Got got = Got::kTimeout;
+  {
+    std::unique_lock<std::mutex> l(job_->mu);
+    while (true) {
+      if (!job_->cancel && watch_client && job_->client_gone) {
+        job_->cancel = true;
+        job_->cancel_reason = "the client of Submit went away";
+      }
+      if (job_->cancel) {
+        got = Got::kCancel;
+        break;
+      }
+      if (!job_->inbox.empty()) {
+        *worker = std::move(job_->inbox.front());
+        job_->inbox.pop_front();
+        got = Got::kWorker;
+        break;
+      }
+      if (want_client && !job_->from_client.empty()) {
+        client->Swap(&job_->from_client.front().first);
+        consumed = job_->from_client.front().second;
+        job_->from_client.pop_front();
+        got = Got::kClient;
+        break;
+      }
+      if (want_client && job_->client_ended) {
+        got = Got::kClientEnd;
+        break;
+      }
+      const auto now = Clock::now();
+      if (now >= deadline) break;
+      job_->cv.wait_for(l, std::min<Clock::duration>(std::chrono::milliseconds(100), deadline - now));
+    }
+  }
+  if (consumed > 0) client_->Consumed(consumed);
+  return got;
+}
+
+absl::Status JobRunner::TakeSpec() {
+  v1::SubmitJobRequest first;
+  Job::Msg unused;
+  const double idle = ctx_.options.client_idle_s;
+  const Got got = Next(true, true, idle, &unused, &first);
+  if (got == Got::kTimeout) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("the Submit stream sent no JobSpec within ", idle, " s (fxdp-server --client-idle-s)"));
+  }
+  client_->SetReadBudget(0);  // nothing more is read while the job waits in the queue
+  if (got == Got::kCancel) return absl::CancelledError("the client went away");
+  if (got == Got::kClientEnd) {
+    return absl::InvalidArgumentError("the Submit stream ended before its first message (the JobSpec)");
+  }
+  if (!first.has_spec()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the first SubmitJobRequest must carry the JobSpec, got ", SubmitRequestKind(first)));
+  }
+  absl::StatusOr<PreparedSpec> p = PrepareJobSpec(std::move(*first.mutable_spec()), ctx_.expand);
+  if (!p.ok()) return p.status();
+  job_->spec = std::move(p->spec);
+  job_->expanded = std::move(p->expanded);
+  job_->inputs = std::move(p->inputs);
+  job_->placeholders = std::move(p->placeholders);
+  job_->schedule = std::move(p->schedule);
+  return absl::OkStatus();
+}
+
+bool JobRunner::WaitInQueue(absl::Status* status) {
+  int position = -1;
+  std::string message;
+  {
+    std::lock_guard<std::mutex> l(job_->mu);
+    position = job_->info.queue_position();
+    message = job_->info.message();
+  }
+  while (true) {
+    bool changed = false, gone = false;
+    {
+      std::unique_lock<std::mutex> l(job_->mu);
+      job_->cv.wait_for(l, std::chrono::milliseconds(100), [&] {
+        return job_->dispatched || Terminal(job_->info.state()) || job_->client_gone ||
+               job_->info.queue_position() != position || job_->info.message() != message;
+      });
+      if (job_->dispatched) return true;
+      if (Terminal(job_->info.state())) {
+        *status = absl::Status(static_cast<absl::StatusCode>(job_->info.error_code()), job_->info.error());
+      } else if (job_->info.queue_position() != position || job_->info.message() != message) {
+        position = job_->info.queue_position();
+        message = job_->info.message();
+        changed = true;
+      }
+      gone = job_->client_gone;
+    }
+    if (!status->ok()) {
+      client_->Write(job_->Event(job_->state()));
+      return false;
+    }
+    if (changed) client_->Write(job_->Event(v1::JOB_STATE_QUEUED));
+    if (gone) {
+      const absl::Status cancelled = absl::CancelledError(
+          absl::StrCat("job ", id_, " cancelled while queued: the client of Submit went away"));
+      if (ctx_.scheduler->CancelQueued(id_, "the client of Submit went away", cancelled)) {
+        *status = cancelled;
+        return false;
+      }
+      // Dispatched meanwhile: the run sees that the client is gone.
+    }
+  }
+}
+
+absl::Status JobRunner::Run() {
+  client_->SetReadBudget(ctx_.options.read_ahead_bytes);
+  {
+    std::lock_guard<std::mutex> l(job_->mu);
+    if (job_->client_gone && !job_->cancel) {
+      job_->cancel = true;
+      job_->cancel_reason = "the client of Submit went away";
+    }
+  }
+  // Nothing is assigned yet: a job cancelled now frees its workers at once.
+  if (CancelRequested()) return Cancelled();
+  std::vector<int64_t> handles;
+  const int lost = ranks_->Subscribe(&handles);
+  ctx_.scheduler->AddHandles(job_, handles);
+  if (lost >= 0) return Lost(lost);
+  job_->SetState(v1::JOB_STATE_RUNNING);
+  if (absl::Status s = Assign(); !s.ok()) return s;
+  client_->Write(job_->Event(v1::JOB_STATE_RUNNING));
+  for (auto phase : {&JobRunner::ForwardState, &JobRunner::AwaitStarted, &JobRunner::Steps, &JobRunner::End}) {
+    if (absl::Status s = (this->*phase)(); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobRunner::Finish(v1::JobState state, const absl::Status& status, int except) {
+  ranks_->CancelAssigned(std::string(status.message()), except);
+  job_->SetState(state, status);
+  client_->Write(job_->Event(state));
+  return status;
+}
+
+absl::Status JobRunner::Cancelled() {
+  std::string reason;
+  {
+    std::lock_guard<std::mutex> l(job_->mu);
+    reason = job_->cancel_reason;
+  }
+  return Finish(v1::JOB_STATE_CANCELLED,
+                absl::CancelledError(absl::StrCat("job ", id_, " cancelled: ", reason.empty() ? "CancelJob" : reason)),
+                -1);
+}
+
+double JobRunner::ClientIdleLeft(Clock::time_point from) const {
+  return std::min(3600.0, ctx_.options.client_idle_s - std::chrono::duration<double>(Clock::now() - from).count());
+}
+
+absl::Status JobRunner::ClientIdle(absl::string_view waiting_for) {
+  return Finish(v1::JOB_STATE_FAILED,
+                absl::DeadlineExceededError(absl::StrCat(
+                    "job ", id_, ": the client sent nothing for ", ctx_.options.client_idle_s,
+                    " s while the job waited for ", waiting_for, " (fxdp-server --client-idle-s); its workers are freed")),
+                -1);
+}
+
+absl::Status JobRunner::BadInput(absl::string_view error) {
+  return Finish(v1::JOB_STATE_FAILED, absl::InvalidArgumentError(absl::StrCat("job ", id_, ": ", error)), -1);
+}
+
+std::string JobRunner::LostError(int rank) const {
+  return absl::StrCat("job ", id_, ": rank ", rank, " (worker ", ranks_->worker(rank),
+                      ") was lost: its stream ended or it missed its heartbeats");
+}
+
+absl::Status JobRunner::Lost(int rank) {
+  return Finish(v1::JOB_STATE_FAILED, absl::UnavailableError(LostError(rank)), rank);
+}
+
+// A peer's loss usually shows up as a JobFailed of a survivor first or right
+// after: prefer naming the lost rank when it comes soon.
+absl::Status JobRunner::Failed(const Job::Msg& msg) {
+  if (msg.lost) return Lost(msg.rank);
+  const v1::JobFailed& f = msg.m.job_failed();
+  if (f.code() == static_cast<int>(absl::StatusCode::kUnavailable) ||
+      f.code() == static_cast<int>(absl::StatusCode::kDeadlineExceeded)) {
+    const auto until = Clock::now() + std::chrono::milliseconds(1500);
+    Job::Msg other;
+    while (Clock::now() < until) {
+      const double left = std::chrono::duration<double>(until - Clock::now()).count();
+      if (Next(false, false, left, &other) != Got::kWorker) break;
+      if (other.lost) {
+        return Finish(v1::JOB_STATE_FAILED,
+                      absl::UnavailableError(absl::StrCat(LostError(other.rank), " (rank ", msg.rank, ": ", f.error(), ")")),
+                      other.rank);
+      }
+    }
+  }
+  int code = f.code();
+  if (code <= 0 || code > 16) code = static_cast<int>(absl::StatusCode::kUnknown);
+  return Finish(v1::JOB_STATE_FAILED,
+                absl::Status(static_cast<absl::StatusCode>(code),
+                             absl::StrCat("job ", id_, ": rank ", msg.rank, " (worker ", ranks_->worker(msg.rank),
+                                          ") failed", f.step() > 0 ? absl::StrCat(" at step ", f.step()) : "", ": ",
+                                          f.error())),
+                msg.rank);
+}
+
+// A rank's message outside of the steps: a failure ends the job, JobStarted
+// is counted, anything else is ignored.
+absl::Status JobRunner::OnWorker(const Job::Msg& msg) {
+  if (msg.lost || msg.m.has_job_failed()) return Failed(msg);
+  started_ += msg.m.has_job_started();
+  return absl::OkStatus();
+}
+
+bool JobRunner::CancelRequested() {
+  std::lock_guard<std::mutex> l(job_->mu);
+  return job_->cancel;
+}
+
+absl::Status JobRunner::SendAll(const v1::ServerMessage& m) {
+  const int gone = ranks_->SendAll(m);
+  return gone < 0 ? absl::OkStatus() : Lost(gone);
+}
+
+absl::Status JobRunner::Assign() {
+  const int port = FreeLocalPort();
+  if (port == 0) return Finish(v1::JOB_STATE_FAILED, absl::InternalError("no free rendezvous port"), -1);
+  const int gone = ranks_->Assign(ranks_->RendezvousHost(), port, steps_);
+  return gone < 0 ? absl::OkStatus() : Lost(gone);
+}
+
+absl::Status JobRunner::ForwardState() {
+  const uint32_t n = job_->spec.num_state_tensors();
+  v1::ServerMessage m;
+  v1::StateChunk* sc = m.mutable_state_chunk();
+  sc->set_job_id(id_);
+  if (n == 0) {
+    sc->set_last(true);
+    return SendAll(m);
+  }
+  ChunkStream stream("initial state", /*keep_data=*/false);
+  v1::SubmitJobRequest req;
+  Job::Msg msg;
+  std::vector<v1::TensorChunk> pieces;
+  Clock::time_point idle_from = Clock::now();
+  while (stream.complete() < n) {
+    const double left = ClientIdleLeft(idle_from);
+    if (left <= 0) {
+      return ClientIdle(absl::StrCat("its initial state (", stream.complete(), " of the ", n,
+                                     " tensors of JobSpec.num_state_tensors received)"));
+    }
+    const Got got = Next(true, true, left, &msg, &req);
+    if (got == Got::kTimeout) continue;
+    if (got == Got::kCancel) return Cancelled();
+    if (got == Got::kWorker) {
+      if (absl::Status s = OnWorker(msg); !s.ok()) return s;
+      continue;
+    }
+    if (got == Got::kClientEnd) {
+      return BadInput(absl::StrCat("the client ended the stream after ", stream.complete(), " of the ", n,
+                                   " initial-state tensors (JobSpec.num_state_tensors)"));
+    }
+    idle_from = Clock::now();
+    if (!req.has_state()) {
+      return BadInput(absl::StrCat("expected initial-state chunks (", stream.complete(), " of the ", n,
+                                   " tensors of JobSpec.num_state_tensors so far), got ", SubmitRequestKind(req)));
+    }
+    if (absl::Status s = stream.Add(req.state()); !s.ok()) return BadInput(s.message());
+    pieces.clear();
+    RechunkTensor(req.state(), ctx_.options.chunk_bytes, &pieces);
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      sc->mutable_tensor()->Swap(&pieces[i]);
+      sc->set_last(stream.complete() == n && i + 1 == pieces.size());
+      if (absl::Status s = SendAll(m); !s.ok()) return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobRunner::AwaitStarted() {
+  Job::Msg msg;
+  while (started_ < world_) {
+    const Got got = Next(false, true, 3600, &msg);
+    if (got == Got::kCancel) return Cancelled();
+    if (got != Got::kWorker) continue;
+    if (absl::Status s = OnWorker(msg); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobRunner::SendStep(int64_t step) {
+  for (int r = 0; r < world_; ++r) {
+    absl::StatusOr<std::vector<v1::ServerMessage>> batch = sharder_->RankBatch(r);
+    if (!batch.ok()) return BadInput(batch.status().message());
+    for (const v1::ServerMessage& m : *batch) {
+      if (!ranks_->Send(r, m)) return Lost(r);
+    }
+  }
+  sharder_->Clear();
+  return absl::OkStatus();
+}
+
+absl::Status JobRunner::Steps() {
+  const bool from_files = job_->spec.data_paths_size() > 0;
+  if (from_files) client_->SetReadBudget(0);
+  struct Pending {
+    int64_t step;
+    std::vector<v1::StepResult> results;
+    int got = 0;
+  };
+  std::deque<Pending> pending;
+  int64_t sent = 0;
+  bool client_done = false;
+  const size_t ahead = static_cast<size_t>(std::max(1, ctx_.options.steps_ahead));
+  Job::Msg msg;
+  v1::SubmitJobRequest req;
+  Clock::time_point idle_from = Clock::now();
+  while (true) {
+    const bool room = !client_done && pending.size() < ahead && (steps_ == 0 || sent < steps_);
+    // Nothing outstanding on the workers: the job waits on its client alone.
+    const bool on_client = room && !from_files && pending.empty();
+    if (!on_client) idle_from = Clock::now();
+    const double left = on_client ? ClientIdleLeft(idle_from) : 3600;
+    if (left <= 0) return ClientIdle(absl::StrCat("step ", sent + 1, "'s batch"));
+    if (room && from_files) {
+      if (absl::Status s = SendAll(sharder_->ScheduleOnlyBatch(++sent)); !s.ok()) return s;
+      pending.push_back({sent, std::vector<v1::StepResult>(world_), 0});
+      continue;
+    }
+    if (pending.empty() && (client_done || (steps_ > 0 && sent == steps_))) break;
+    const Got got = Next(room, true, left, &msg, &req);
+    if (got == Got::kTimeout) continue;
+    if (got == Got::kClient) idle_from = Clock::now();
+    if (got == Got::kCancel) return Cancelled();
+    if (got == Got::kClientEnd) {
+      if (sharder_->in_step()) {
+        return BadInput(absl::StrCat("the client ended the stream in the middle of step ", sent + 1,
+                                     "'s batch (its last StepBatch had more set)"));
+      }
+      if (steps_ > 0) {
+        return BadInput(absl::StrCat("the client ended the stream after the batches of ", sent, " of ", steps_,
+                                     " steps (JobSpec.steps)"));
+      }
+      client_done = true;
+      continue;
+    }
+    if (got == Got::kClient) {
+      absl::StatusOr<bool> complete = sharder_->Add(sent + 1, req);
+      if (!complete.ok()) return BadInput(complete.status().message());
+      if (!*complete) continue;  // more of this step follows
+      if (absl::Status s = SendStep(sent + 1); !s.ok()) return s;
+      ++sent;
+      pending.push_back({sent, std::vector<v1::StepResult>(world_), 0});
+      if (steps_ > 0 && sent == steps_) client_->SetReadBudget(0);
+      continue;
+    }
+    if (msg.lost || msg.m.has_job_failed()) return Failed(msg);
+    if (!msg.m.has_step_result()) continue;
+    const v1::StepResult& sr = msg.m.step_result();
+    for (Pending& p : pending) {
+      if (p.step == sr.step() && p.results[msg.rank].step() == 0) {
+        p.results[msg.rank] = sr;
+        ++p.got;
+      }
+    }
+    while (!pending.empty() && pending.front().got == world_) {
+      StepDone(pending.front().step, pending.front().results);
+      pending.pop_front();
+    }
+  }
+  if (sent == 0) return BadInput("the client sent no batch: a job needs at least one step");
+  if (steps_ == 0) {
+    steps_ = sent;
+    std::lock_guard<std::mutex> l(job_->mu);
+    job_->info.set_steps(sent);
+  }
+  return absl::OkStatus();
+}
+
+void JobRunner::StepDone(int64_t step, const std::vector<v1::StepResult>& results) {
+  {
+    std::lock_guard<std::mutex> l(job_->mu);
+    job_->info.set_steps_done(step);
+    job_->info.add_losses(results[0].loss());
+  }
+  v1::JobEvent e = job_->Event(v1::JOB_STATE_RUNNING);
+  e.set_step(step);
+  e.set_loss(results[0].loss());
+  e.set_step_ms(results[0].step_ms());
+  for (const auto& r : results) e.add_local_losses(r.local_loss());
+  client_->Write(std::move(e));
+}
+
+absl::Status JobRunner::End() {
+  client_->SetReadBudget(0);
+  v1::ServerMessage m;
+  m.mutable_fetch_state()->set_job_id(id_);
+  m.mutable_fetch_state()->set_chunk_bytes(static_cast<uint32_t>(ctx_.options.chunk_bytes));
+  m.mutable_fetch_state()->set_end_job(true);
+  if (!ranks_->Send(0, m)) return Lost(0);
+  ranks_->CancelOthers("the job finished (state fetched from rank 0)");
+  auto state = std::make_shared<StateStore::State>();
+  Job::Msg msg;
+  while (true) {
+    const Got got = Next(false, true, 3600, &msg);
+    if (got == Got::kCancel) return Cancelled();
+    if (got != Got::kWorker || msg.rank != 0) continue;  // the others end by CancelJob
+    if (msg.lost || msg.m.has_job_failed()) return Failed(msg);
+    if (!msg.m.has_state_chunk()) continue;
+    v1::StateChunk& c = *msg.m.mutable_state_chunk();
+    if (c.has_tensor()) state->push_back(std::move(*c.mutable_tensor()));
+    if (c.last()) break;
+  }
+  ctx_.table->KeepState(job_, std::move(state));
+  job_->SetState(v1::JOB_STATE_SUCCEEDED);
+  client_->Write(job_->Event(v1::JOB_STATE_SUCCEEDED));
+  return absl::OkStatus();
+}
+
+}  // namespace fxdp::server

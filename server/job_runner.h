@@ -1,0 +1,117 @@
+// JobRunner: one job, on its own thread, from its client's first message to
+// its end:
+//   1. the spec (the first message): checked and expanded (job_spec.h);
+//   2. a place in the queue (JobScheduler), the first QUEUED event, then a
+//      QUEUED event whenever its place or message changes, until the
+//      scheduler gives it its workers (nothing is read from the client
+//      meanwhile; a client that goes away cancels the queued job);
+//   3. the run on its ranks (Dispatcher): a free rendezvous port, AssignJob
+//      to every rank, the client's initial state forwarded chunk by chunk to
+//      every rank, every rank's JobStarted;
+//   4. the steps: the client's global batches (read ahead up to
+//      read_ahead_bytes) taken at most steps_ahead steps before the earliest
+//      unfinished step's results are in, each rank sent its shard
+//      (BatchSharder; a data_paths job gets a tensor-free Batch per step),
+//      one RUNNING event per step from the ranks' StepResults, in order;
+//   5. the end: FetchState{end_job} from rank 0 into the JobTable (the
+//      other ranks end by CancelJob), SUCCEEDED.
+// A lost worker or a JobFailed fails the job naming the rank (the other
+// ranks get CancelJob); CancelJob or a client that goes away cancels it; a
+// client that sends nothing for client_idle_s while the job waits on it
+// fails it (DEADLINE_EXCEEDED); bad client input fails it INVALID_ARGUMENT
+// naming what is wrong. Every outcome is an absl::Status (the gRPC layer maps
+// it once). No gRPC here: the client is a JobClient, the workers a WorkerPool.
+#ifndef FXDP_SERVER_JOB_RUNNER_H_
+#define FXDP_SERVER_JOB_RUNNER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "server/batch_sharder.h"
+#include "server/dispatcher.h"
+#include "server/job.h"
+#include "server/job_options.h"
+#include "server/job_scheduler.h"
+#include "server/job_spec.h"
+#include "server/job_table.h"
+#include "server/worker_pool.h"
+
+namespace fxdp::server {
+
+// What every runner of a service shares.
+struct JobContext {
+  JobServiceOptions options;
+  Expander expand;
+  WorkerPool* pool = nullptr;
+  JobTable* table = nullptr;
+  JobScheduler* scheduler = nullptr;
+};
+
+// Runs `job` for `client` to its end (see above); the job's Submit status. A
+// job that got a place in the queue is recorded as finished in the table and
+// handed to the scheduler for the release of its workers.
+absl::Status RunJob(const JobContext& context, JobClient* client, std::shared_ptr<Job> job);
+
+class JobRunner {
+ public:
+  JobRunner(const JobContext& context, JobClient* client, std::shared_ptr<Job> job)
+      : ctx_(context), client_(client), job_(std::move(job)) {}
+
+  // Everything from the spec to the end.
+  absl::Status Serve();
+  // Whether the job got a place in the queue (and so in the table).
+  bool queued() const { return queued_; }
+
+ private:
+  enum class Got { kWorker, kClient, kClientEnd, kCancel, kTimeout };
+
+  // The next of: a rank's message (first), with `want_client` the client's
+  // next message or the end of its stream, a cancellation (CancelJob, or
+  // with `watch_client` the client went away); kTimeout after timeout_s.
+  Got Next(bool want_client, bool watch_client, double timeout_s, Job::Msg* worker,
+           v1::SubmitJobRequest* client = nullptr);
+  absl::Status TakeSpec();
+  bool WaitInQueue(absl::Status* status);
+  absl::Status Run();
+  absl::Status Assign();
+  absl::Status ForwardState();
+  absl::Status AwaitStarted();
+  absl::Status Steps();
+  absl::Status SendStep(int64_t step);
+  void StepDone(int64_t step, const std::vector<v1::StepResult>& results);
+  absl::Status End();
+
+  // Ends the job: CancelJob to every assigned rank but `except`, the state,
+  // the last event; returns `status`.
+  absl::Status Finish(v1::JobState state, const absl::Status& status, int except);
+  absl::Status Cancelled();
+  // Seconds left of client_idle_s counted from `from`.
+  double ClientIdleLeft(Clock::time_point from) const;
+  absl::Status ClientIdle(absl::string_view waiting_for);
+  absl::Status BadInput(absl::string_view error);
+  std::string LostError(int rank) const;
+  absl::Status Lost(int rank);
+  absl::Status Failed(const Job::Msg& msg);
+  absl::Status OnWorker(const Job::Msg& msg);
+  absl::Status SendAll(const v1::ServerMessage& m);
+  bool CancelRequested();
+
+  const JobContext& ctx_;
+  JobClient* const client_;
+  const std::shared_ptr<Job> job_;
+  std::unique_ptr<Dispatcher> ranks_;
+  std::unique_ptr<BatchSharder> sharder_;
+  bool queued_ = false;
+  std::string id_;
+  int world_ = 0;
+  int started_ = 0;    // ranks that sent JobStarted
+  int64_t steps_ = 0;  // 0: until the client half-closes
+};
+
+}  // namespace fxdp::server
+
+#endif  // FXDP_SERVER_JOB_RUNNER_H_

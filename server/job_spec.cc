@@ -1,0 +1,107 @@
+#include "server/job_spec.h"
+
+#include <cmath>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace fxdp::server {
+
+std::vector<InputSpec> GraphInputs(const v1::GraphDef& g) {
+  std::vector<InputSpec> out;
+  for (const v1::Node& n : g.nodes()) {
+    if (n.kind() != v1::PLACEHOLDER || n.placeholder().role() != v1::INPUT || n.outputs_size() == 0 ||
+        n.outputs(0).kind() != v1::TENSOR) {
+      continue;
+    }
+    const v1::TensorMeta& t = n.outputs(0).tensor();
+    out.push_back({n.placeholder().state_name(), t.dtype(),
+                   std::vector<int64_t>(t.shape().begin(), t.shape().end()), n.placeholder().batch_dim()});
+  }
+  return out;
+}
+
+const char* SubmitRequestKind(const v1::SubmitJobRequest& r) {
+  switch (r.msg_case()) {
+    case v1::SubmitJobRequest::kSpec: return "a second spec";
+    case v1::SubmitJobRequest::kState: return "an initial-state chunk";
+    case v1::SubmitJobRequest::kBatch: return "a batch";
+    default: return "an empty SubmitJobRequest";
+  }
+}
+
+absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
+  using absl::InvalidArgumentError;
+  if (!spec.has_graph()) return InvalidArgumentError("JobSpec.graph is missing");
+  if (spec.world_size() < 1) {
+    return InvalidArgumentError(absl::StrCat("JobSpec.world_size must be >= 1, got ", spec.world_size()));
+  }
+  if (spec.steps() < 0) {
+    return InvalidArgumentError(absl::StrCat("JobSpec.steps must be >= 0 (0: as many steps as the client sends "
+                                             "batches for), got ", spec.steps()));
+  }
+  for (int i = 0; i < spec.data_paths_size(); ++i) {
+    if (spec.data_paths(i).empty()) return InvalidArgumentError(absl::StrCat("JobSpec.data_paths[", i, "] is empty"));
+  }
+  if (spec.schedule_size() > 0 && spec.steps() == 0) {
+    return InvalidArgumentError(
+        "JobSpec.steps must be > 0 with a schedule (JobSpec.schedule gives one value per step)");
+  }
+  if (spec.data_paths_size() > 0 && spec.steps() == 0) {
+    return InvalidArgumentError("JobSpec.steps must be > 0 with data_paths (the workers read the batches; the "
+                                "client sends none)");
+  }
+  const double t = spec.collective_timeout_s();
+  if (!std::isfinite(t) || t < 0 || t > 86400.0 * 365) {
+    return InvalidArgumentError(
+        absl::StrCat("JobSpec.collective_timeout_s must be in [0, one year] (0: 60 s), got ", t));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ir::Schedule> JobScheduleOf(const v1::JobSpec& spec, const ir::PlaceholderNames& placeholders) {
+  std::map<std::string, std::vector<double>> series;
+  std::vector<std::string> names;
+  for (const v1::HyperparameterSeries& h : spec.schedule()) {
+    if (series.count(h.name()) > 0) {
+      return absl::InvalidArgumentError(absl::StrCat("JobSpec.schedule: '", h.name(), "' appears twice"));
+    }
+    names.push_back(h.name());
+    series[h.name()].assign(h.values().begin(), h.values().end());
+  }
+  if (absl::Status s = placeholders.Check(names, "JobSpec.schedule"); !s.ok()) {
+    return absl::InvalidArgumentError(s.message());
+  }
+  absl::StatusOr<ir::Schedule> schedule = ir::Schedule::FromSeries(std::move(series), spec.steps(), "JobSpec.schedule");
+  if (!schedule.ok()) return absl::InvalidArgumentError(schedule.status().message());
+  return schedule;
+}
+
+absl::StatusOr<PreparedSpec> PrepareJobSpec(v1::JobSpec spec, const Expander& expand) {
+  if (absl::Status s = ValidateJobSpec(spec); !s.ok()) return s;
+  PreparedSpec p;
+  p.placeholders = ir::PlaceholderNames::Of(spec.graph());
+  absl::StatusOr<ir::Schedule> schedule = JobScheduleOf(spec, p.placeholders);
+  if (!schedule.ok()) return schedule.status();
+  p.schedule = *std::move(schedule);
+  spec.clear_schedule();
+  v1::ExpandRequest xr;
+  xr.set_allocated_graph(spec.release_graph());
+  xr.set_world_size(spec.world_size());
+  xr.set_bucket_cap_mb(spec.bucket_cap_mb());
+  xr.set_first_bucket_mb(spec.first_bucket_mb());
+  xr.set_sync_batchnorm(spec.sync_batchnorm());
+  absl::StatusOr<v1::ExpandResponse> expanded = expand(xr);
+  if (!expanded.ok()) {
+    return absl::Status(expanded.status().code(), absl::StrCat("expanding the graph for ", spec.world_size(),
+                                                               " ranks: ", expanded.status().message()));
+  }
+  if (expanded->graphs_size() == 0) return absl::InternalError("the expansion returned no graph");
+  p.expanded = *std::move(expanded);
+  p.inputs = GraphInputs(xr.graph());
+  p.spec = std::move(spec);
+  return p;
+}
+
+}  // namespace fxdp::server

@@ -1,0 +1,63 @@
+// A JobSpec checked and prepared for running: its fields validated, its
+// hyper-parameter schedule checked against the graph's HYPERPARAMETER
+// placeholders, its graph expanded for world_size ranks, its INPUTs listed.
+// Errors are INVALID_ARGUMENT naming the field and the value (the expansion's
+// own code for a graph it refuses, naming the node). No gRPC here.
+#ifndef FXDP_SERVER_JOB_SPEC_H_
+#define FXDP_SERVER_JOB_SPEC_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "analysis/ir/hyperparameters.h"
+#include "proto/fxdp/v1/compile.pb.h"
+#include "proto/fxdp/v1/jobs.pb.h"
+
+namespace fxdp::server {
+
+// An INPUT placeholder of the single-device graph.
+struct InputSpec {
+  std::string name;
+  v1::DType dtype = v1::DTYPE_UNSPECIFIED;
+  std::vector<int64_t> shape;
+  int batch_dim = -1;
+};
+
+// The graph's INPUT placeholders, in graph order.
+std::vector<InputSpec> GraphInputs(const v1::GraphDef& graph);
+
+// JobSpec's fields: a graph, world_size >= 1, steps >= 0 (> 0 with a
+// schedule or data_paths), no empty data path, a collective timeout in
+// [0, one year].
+absl::Status ValidateJobSpec(const v1::JobSpec& spec);
+
+// JobSpec.schedule: names of the graph's HYPERPARAMETER placeholders, each
+// at most once, with one value per step.
+absl::StatusOr<ir::Schedule> JobScheduleOf(const v1::JobSpec& spec, const ir::PlaceholderNames& placeholders);
+
+// What a SubmitJobRequest carries ("a batch", "an initial-state chunk", ...),
+// for errors.
+const char* SubmitRequestKind(const v1::SubmitJobRequest& request);
+
+// Expands a graph (the compile service, through its cache, in the server).
+using Expander = std::function<absl::StatusOr<v1::ExpandResponse>(const v1::ExpandRequest&)>;
+
+struct PreparedSpec {
+  v1::JobSpec spec;  // without the graph and the schedule
+  v1::ExpandResponse expanded;
+  std::vector<InputSpec> inputs;
+  ir::PlaceholderNames placeholders;
+  ir::Schedule schedule;
+};
+
+// Validates `spec`, checks its schedule, expands its graph (an empty
+// expansion is INTERNAL).
+absl::StatusOr<PreparedSpec> PrepareJobSpec(v1::JobSpec spec, const Expander& expand);
+
+}  // namespace fxdp::server
+
+#endif  // FXDP_SERVER_JOB_SPEC_H_

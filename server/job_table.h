@@ -1,0 +1,66 @@
+// JobTable: the jobs the server knows, by id and in submission order: the
+// queued and running ones and the last max_finished_jobs finished ones (older
+// ones are forgotten, with their final states), and the final states of
+// succeeded jobs kept for FetchState within max_state_bytes (StateStore:
+// the oldest is evicted first). Lookups of unknown ids are NOT_FOUND naming
+// the history limit. Thread-safe. No gRPC here.
+#ifndef FXDP_SERVER_JOB_TABLE_H_
+#define FXDP_SERVER_JOB_TABLE_H_
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "proto/fxdp/v1/jobs.pb.h"
+#include "server/job.h"
+#include "server/job_options.h"
+#include "server/state_store.h"
+
+namespace fxdp::server {
+
+class JobTable {
+ public:
+  explicit JobTable(const JobServiceOptions& options)
+      : options_(options), states_(options.max_state_bytes) {}
+
+  // The id the next Add records ("job-N-HEX": a counter and a clock tag).
+  std::string NextId() const;
+  // Records a job that was just queued under `id` (NextId()'s): its JobInfo
+  // (id, name, QUEUED, world size, steps, data paths, times, hyper-parameter
+  // names) from its spec.
+  void Add(const std::shared_ptr<Job>& job, const std::string& id);
+  // The job named `id`, or NOT_FOUND.
+  absl::StatusOr<std::shared_ptr<Job>> Find(const std::string& id) const;
+  // Every known job, in submission order.
+  std::vector<std::shared_ptr<Job>> All() const;
+  // The job ended: it joins the finished history (forgetting the oldest
+  // beyond max_finished_jobs).
+  void Finished(const std::shared_ptr<Job>& job);
+  // Keeps a succeeded job's final state (evicting older ones; has_state and
+  // state_evicted of the jobs concerned updated).
+  void KeepState(const std::shared_ptr<Job>& job, std::shared_ptr<const StateStore::State> state);
+  // A succeeded job's final state; FAILED_PRECONDITION when the job did not
+  // succeed or its state was evicted, NOT_FOUND for an unknown job.
+  absl::StatusOr<std::shared_ptr<const StateStore::State>> FinalState(const std::string& id) const;
+
+ private:
+  absl::Status NotFound(const std::string& id) const;
+
+  const JobServiceOptions options_;
+  mutable std::mutex mu_;
+  std::map<std::string, std::shared_ptr<Job>> jobs_;
+  std::vector<std::string> order_;    // job ids, submission order
+  std::deque<std::string> finished_;  // finished job ids, oldest first
+  StateStore states_;
+  int64_t next_id_ = 1;
+};
+
+}  // namespace fxdp::server
+
+#endif  // FXDP_SERVER_JOB_TABLE_H_

@@ -1,0 +1,511 @@
+// The job service's parts without gRPC: the batch sharder, the spec checks,
+// the job table, the scheduler and the job runner, driven in process. The
+// workers are an in-process WorkerPool whose workers answer like
+// `fxdp-worker attach` (JobStarted once the state is complete, a StepResult
+// per step with loss = step and local_loss = rank, the state back on
+// FetchState, JobEnded on end_job and CancelJob); the client is a JobClient
+// whose messages are queued on the job before it runs.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "analysis/ir/proto_codec.h"
+#include "analysis/ir/text.h"
+#include "server/batch_sharder.h"
+#include "server/compile_service.h"
+#include "server/job.h"
+#include "server/job_runner.h"
+#include "server/job_scheduler.h"
+#include "server/job_spec.h"
+#include "server/job_table.h"
+#include "server/worker_pool.h"
+#include "tests/test_util.h"
+
+namespace fxdp::testing {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+constexpr int kB = 8;  // mlp_sgd.txt's batch: input.0 f32[8, 4], input.1 f32[8, 3]
+
+v1::GraphDef MlpGraph() { return ir::EncodeGraph(ValueOrDie(ir::ParseGraphText(ReadTestData("mlp_sgd.txt")))); }
+
+v1::TensorChunk F32(const std::string& name, std::vector<int64_t> shape, float start) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = start + static_cast<float>(i);
+  v1::TensorChunk c;
+  c.set_name(name);
+  c.set_dtype(v1::FLOAT32);
+  for (int64_t d : shape) c.add_shape(d);
+  c.set_data(std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float)));
+  return c;
+}
+
+std::vector<v1::TensorChunk> GlobalBatch(int64_t step) {
+  return {F32("input.0", {kB, 4}, 1000.0f * step), F32("input.1", {kB, 3}, 1000.0f * step + 500)};
+}
+
+v1::SubmitJobRequest BatchMessage(int64_t step, const v1::TensorChunk& c, bool more) {
+  v1::SubmitJobRequest r;
+  r.mutable_batch()->set_step(step);
+  *r.mutable_batch()->add_tensors() = c;
+  r.mutable_batch()->set_more(more);
+  return r;
+}
+
+v1::JobSpec Spec(int world, int64_t steps) {
+  v1::JobSpec spec;
+  *spec.mutable_graph() = MlpGraph();
+  spec.set_world_size(world);
+  spec.set_steps(steps);
+  spec.set_num_state_tensors(2);
+  spec.set_collective_timeout_s(5);
+  return spec;
+}
+
+// A whole submission: spec, state, `steps` batches (each in two messages).
+std::vector<v1::SubmitJobRequest> Requests(int world, int64_t steps) {
+  std::vector<v1::SubmitJobRequest> out(1);
+  *out[0].mutable_spec() = Spec(world, steps);
+  *out.emplace_back().mutable_state() = F32("fc.weight", {3, 4}, 0);
+  *out.emplace_back().mutable_state() = F32("fc.bias", {3}, 100);
+  for (int64_t s = 1; s <= steps; ++s) {
+    const auto b = GlobalBatch(s);
+    out.push_back(BatchMessage(s, b[0], true));
+    out.push_back(BatchMessage(s, b[1], false));
+  }
+  return out;
+}
+
+// In-process workers w0, w1, ... (see the file comment). Replies are
+// delivered to the subscribers from inside Send, outside the pool's lock.
+class InProcessWorkers : public server::WorkerPool {
+ public:
+  struct Record {
+    v1::AssignJob assign;
+    std::map<std::string, v1::TensorChunk> state;                  // whole tensors
+    std::map<int64_t, std::map<std::string, v1::TensorChunk>> batches;  // by step
+    std::map<int64_t, int> batch_messages;
+    bool cancelled = false;
+  };
+
+  explicit InProcessWorkers(int n) {
+    for (int i = 0; i < n; ++i) workers_["w" + std::to_string(i)];
+  }
+
+  std::vector<v1::WorkerInfo> List() const override {
+    std::lock_guard<std::mutex> l(mu_);
+    std::vector<v1::WorkerInfo> out;
+    for (const auto& [id, w] : workers_) {
+      v1::WorkerInfo& i = out.emplace_back();
+      i.set_worker_id(id);
+      i.set_state(w.lost ? v1::WORKER_STATE_LOST : w.busy ? v1::WORKER_STATE_BUSY : v1::WORKER_STATE_IDLE);
+    }
+    return out;
+  }
+  std::vector<std::string> IdleWorkers() const override {
+    std::lock_guard<std::mutex> l(mu_);
+    std::vector<std::string> out;
+    for (const auto& [id, w] : workers_) {
+      if (!w.lost && !w.busy) out.push_back(id);
+    }
+    return out;
+  }
+  int64_t Subscribe(const std::string& id, Listener listener) override {
+    std::lock_guard<std::mutex> l(mu_);
+    if (workers_.count(id) == 0 || workers_[id].lost) return 0;
+    listeners_[next_] = {id, std::move(listener)};
+    return next_++;
+  }
+  void Unsubscribe(int64_t handle) override {
+    std::lock_guard<std::mutex> l(mu_);
+    listeners_.erase(handle);
+  }
+  bool Send(const std::string& id, const v1::ServerMessage& m) override {
+    std::vector<v1::WorkerMessage> replies;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      Worker& w = workers_[id];
+      if (w.lost) return false;
+      Handle(w, m, &replies);
+    }
+    for (const auto& r : replies) Deliver(id, &r);
+    return true;
+  }
+
+  // The worker's stream ends: its subscribers hear of it, it is LOST.
+  void Lose(const std::string& id) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      workers_[id].lost = true;
+    }
+    Deliver(id, nullptr);
+  }
+  std::vector<Record> jobs(const std::string& id) const {
+    std::lock_guard<std::mutex> l(mu_);
+    return workers_.at(id).jobs;
+  }
+
+ private:
+  struct Worker {
+    bool busy = false, lost = false;
+    std::vector<Record> jobs;
+  };
+
+  static void Add(std::map<std::string, v1::TensorChunk>& into, const v1::TensorChunk& c) {
+    v1::TensorChunk& t = into[c.name()];
+    if (c.offset() == 0) {
+      t = c;
+      t.clear_offset();
+    } else {
+      t.mutable_data()->append(c.data());
+    }
+  }
+
+  void Handle(Worker& w, const v1::ServerMessage& m, std::vector<v1::WorkerMessage>* out) {
+    Record* rec = w.jobs.empty() ? nullptr : &w.jobs.back();
+    switch (m.msg_case()) {
+      case v1::ServerMessage::kAssignJob:
+        w.busy = true;
+        w.jobs.emplace_back().assign = m.assign_job();
+        w.jobs.back().assign.clear_graph();
+        return;
+      case v1::ServerMessage::kStateChunk:
+        if (m.state_chunk().has_tensor()) Add(rec->state, m.state_chunk().tensor());
+        if (m.state_chunk().last()) {
+          out->emplace_back().mutable_job_started()->set_job_id(rec->assign.job_id());
+          out->back().mutable_job_started()->set_rank(rec->assign.rank());
+        }
+        return;
+      case v1::ServerMessage::kBatch: {
+        const int64_t step = m.batch().step();
+        ++rec->batch_messages[step];
+        for (const auto& c : m.batch().tensors()) Add(rec->batches[step], c);
+        if (m.batch().more()) return;
+        v1::StepResult* r = out->emplace_back().mutable_step_result();
+        r->set_job_id(rec->assign.job_id());
+        r->set_rank(rec->assign.rank());
+        r->set_step(step);
+        r->set_loss(static_cast<double>(step));
+        r->set_local_loss(rec->assign.rank());
+        return;
+      }
+      case v1::ServerMessage::kFetchState:
+        for (const auto& [name, t] : rec->state) {
+          v1::StateChunk* c = out->emplace_back().mutable_state_chunk();
+          c->set_job_id(rec->assign.job_id());
+          *c->mutable_tensor() = t;
+        }
+        out->back().mutable_state_chunk()->set_last(true);
+        if (m.fetch_state().end_job()) End(w, rec, out);
+        return;
+      case v1::ServerMessage::kCancelJob:
+        rec->cancelled = true;
+        End(w, rec, out);
+        return;
+      default:
+        return;
+    }
+  }
+  static void End(Worker& w, Record* rec, std::vector<v1::WorkerMessage>* out) {
+    w.busy = false;
+    out->emplace_back().mutable_job_ended()->set_job_id(rec->assign.job_id());
+  }
+  void Deliver(const std::string& id, const v1::WorkerMessage* m) {
+    std::vector<Listener> to;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      for (const auto& [h, entry] : listeners_) {
+        if (entry.first == id) to.push_back(entry.second);
+      }
+    }
+    for (const auto& f : to) f(id, m);
+  }
+
+  mutable std::mutex mu_;
+  std::map<std::string, Worker> workers_;
+  std::map<int64_t, std::pair<std::string, Listener>> listeners_;
+  int64_t next_ = 1;
+};
+
+// The client: its messages are queued on the job before the run; it records
+// the events.
+class QueuedClient : public server::JobClient {
+ public:
+  void Write(v1::JobEvent e) override {
+    std::lock_guard<std::mutex> l(mu_);
+    events_.push_back(std::move(e));
+  }
+  void SetReadBudget(size_t) override {}
+  void Consumed(size_t) override {}
+  std::vector<v1::JobEvent> events() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return events_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<v1::JobEvent> events_;
+};
+
+server::JobServiceOptions FastOptions() {
+  server::JobServiceOptions o;
+  o.dispatch_interval_s = 0.01;
+  o.release_grace_s = 1;
+  return o;
+}
+
+// The parts as the server wires them, without gRPC.
+struct Parts {
+  explicit Parts(int workers, server::JobServiceOptions o = FastOptions())
+      : options(o), pool(workers), table(o), scheduler(&pool, &table, o) {
+    context.options = o;
+    context.expand = server::RunExpand;
+    context.pool = &pool;
+    context.table = &table;
+    context.scheduler = &scheduler;
+  }
+  // Runs a job whose client sent `requests` and half-closed.
+  absl::Status Run(const std::vector<v1::SubmitJobRequest>& requests, QueuedClient* client,
+                   std::shared_ptr<server::Job>* job_out = nullptr) {
+    auto job = std::make_shared<server::Job>();
+    for (const auto& r : requests) job->FromClient(r, r.ByteSizeLong());
+    job->ClientEnded();
+    if (job_out != nullptr) *job_out = job;
+    return server::RunJob(context, client, job);
+  }
+
+  server::JobServiceOptions options;
+  InProcessWorkers pool;
+  server::JobTable table;
+  server::JobScheduler scheduler;
+  server::JobContext context;
+};
+
+TEST(JobRunner, RunsAStreamedJobOnTwoRanksWithoutGrpc) {
+  Parts parts(2);
+  QueuedClient client;
+  ASSERT_TRUE(parts.Run(Requests(2, 2), &client).ok());
+  const auto ev = client.events();
+  ASSERT_EQ(ev.size(), 5u);
+  EXPECT_EQ(ev[0].state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(ev[1].state(), v1::JOB_STATE_RUNNING);
+  EXPECT_THAT(ev[1].workers(), ElementsAre("w0", "w1"));
+  EXPECT_EQ(ev[2].step(), 1);
+  EXPECT_THAT(ev[2].local_losses(), ElementsAre(0.0, 1.0));
+  EXPECT_EQ(ev[3].step(), 2);
+  EXPECT_EQ(ev[3].loss(), 2.0);
+  EXPECT_EQ(ev[4].state(), v1::JOB_STATE_SUCCEEDED);
+
+  // Each rank got half of every global batch, rows [4r, 4r + 4).
+  for (int r = 0; r < 2; ++r) {
+    const auto jobs = parts.pool.jobs("w" + std::to_string(r));
+    ASSERT_EQ(jobs.size(), 1u);
+    EXPECT_EQ(jobs[0].assign.rank(), r);
+    EXPECT_TRUE(jobs[0].assign.batches_sharded());
+    for (int64_t step = 1; step <= 2; ++step) {
+      for (const auto& global : GlobalBatch(step)) {
+        const v1::TensorChunk& got = jobs[0].batches.at(step).at(global.name());
+        const int64_t cols = global.shape(1);
+        EXPECT_THAT(got.shape(), ElementsAre(4, cols));
+        EXPECT_EQ(got.data(), global.data().substr(4 * r * cols * 4, 4 * cols * 4)) << global.name();
+      }
+    }
+  }
+  // The table has the job and its final state (rank 0's state).
+  const std::vector<std::shared_ptr<server::Job>> all = parts.table.All();
+  ASSERT_EQ(all.size(), 1u);
+  EXPECT_EQ(all[0]->state(), v1::JOB_STATE_SUCCEEDED);
+  auto state = parts.table.FinalState(ev[0].job_id());
+  ASSERT_TRUE(state.ok()) << state.status();
+  ASSERT_EQ((*state)->size(), 2u);
+  EXPECT_EQ((*state)->at(0).name(), "fc.bias");
+  EXPECT_EQ((*state)->at(1).data(), F32("fc.weight", {3, 4}, 0).data());
+}
+
+TEST(JobRunner, BadInputFailsTheJobInvalidArgumentAndCancelsTheRanks) {
+  Parts parts(2);
+  std::vector<v1::SubmitJobRequest> req = Requests(2, 1);
+  req.back().mutable_batch()->mutable_tensors(0)->set_dtype(v1::FLOAT64);
+  QueuedClient client;
+  const absl::Status s = parts.Run(req, &client);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("step 1's batch: input 'input.1' is f64[8, 3], the graph expects f32[8, 3]"));
+  EXPECT_EQ(client.events().back().state(), v1::JOB_STATE_FAILED);
+  for (const char* w : {"w0", "w1"}) EXPECT_TRUE(parts.pool.jobs(w).back().cancelled) << w;
+}
+
+TEST(JobRunner, ALostRankFailsTheJobUnavailableNamingIt) {
+  Parts parts(2);
+  // The client never sends step 1's batch: the job waits while w1 is lost.
+  std::vector<v1::SubmitJobRequest> req = Requests(2, 1);
+  req.resize(3);
+  auto job = std::make_shared<server::Job>();
+  for (const auto& r : req) job->FromClient(r, r.ByteSizeLong());
+  QueuedClient client;
+  std::thread lose([&] {
+    while (parts.pool.jobs("w1").empty()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    parts.pool.Lose("w1");
+  });
+  const absl::Status s = server::RunJob(parts.context, &client, job);
+  lose.join();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(s.message(), HasSubstr("rank 1 (worker w1) was lost"));
+  EXPECT_EQ(job->state(), v1::JOB_STATE_FAILED);
+}
+
+TEST(JobRunner, ABadSpecIsRefusedBeforeItIsQueued) {
+  Parts parts(1);
+  v1::SubmitJobRequest r;
+  *r.mutable_spec() = Spec(0, 1);
+  QueuedClient client;
+  const absl::Status s = parts.Run({r}, &client);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("JobSpec.world_size must be >= 1, got 0"));
+  EXPECT_TRUE(parts.table.All().empty());
+  EXPECT_TRUE(client.events().empty());
+}
+
+// The sharder alone: 8 rows on 3 ranks (3, 3, 2), messages of <= 40 bytes.
+TEST(BatchSharder, SlicesEachInputAlongItsBatchDimIntoSmallMessages) {
+  const std::vector<server::InputSpec> inputs = server::GraphInputs(MlpGraph());
+  ASSERT_EQ(inputs.size(), 2u);
+  const ir::PlaceholderNames names = ir::PlaceholderNames::Of(MlpGraph());
+  const ir::Schedule schedule;
+  server::BatchSharder sharder("job-x", 3, 40, &inputs, &names, &schedule);
+  const auto b = GlobalBatch(1);
+  absl::StatusOr<bool> done = sharder.Add(1, BatchMessage(1, b[0], true));
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_FALSE(*done);
+  done = sharder.Add(1, BatchMessage(1, b[1], false));
+  ASSERT_TRUE(done.ok() && *done) << done.status();
+  const int64_t starts[] = {0, 3, 6}, sizes[] = {3, 3, 2};
+  for (int r = 0; r < 3; ++r) {
+    auto msgs = sharder.RankBatch(r);
+    ASSERT_TRUE(msgs.ok()) << msgs.status();
+    EXPECT_GT(msgs->size(), 1u);
+    std::map<std::string, std::string> got;
+    for (size_t i = 0; i < msgs->size(); ++i) {
+      const v1::Batch& m = (*msgs)[i].batch();
+      EXPECT_EQ(m.job_id(), "job-x");
+      EXPECT_EQ(m.step(), 1);
+      EXPECT_EQ(m.more(), i + 1 < msgs->size());
+      for (const auto& c : m.tensors()) {
+        EXPECT_LE(c.data().size(), 40u);
+        EXPECT_EQ(c.shape(0), sizes[r]);
+        got[c.name()] += c.data();
+      }
+    }
+    for (const auto& global : b) {
+      const int64_t row = global.shape(1) * 4;
+      EXPECT_EQ(got[global.name()], global.data().substr(starts[r] * row, sizes[r] * row)) << r;
+    }
+  }
+}
+
+TEST(BatchSharder, RefusesBatchesThatDoNotMatchTheGraphNamingWhat) {
+  const std::vector<server::InputSpec> inputs = server::GraphInputs(MlpGraph());
+  const ir::PlaceholderNames names = ir::PlaceholderNames::Of(MlpGraph());
+  const ir::Schedule schedule;
+  auto error = [&](const v1::SubmitJobRequest& r, int64_t step = 1) {
+    server::BatchSharder sharder("job-x", 2, 1 << 20, &inputs, &names, &schedule);
+    absl::StatusOr<bool> s = sharder.Add(step, r);
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+    return std::string(s.status().message());
+  };
+  const auto b = GlobalBatch(1);
+  EXPECT_THAT(error(BatchMessage(2, b[0], false)), HasSubstr("got a StepBatch for step 2, expected step 1"));
+  EXPECT_THAT(error(BatchMessage(1, F32("labels", {8}, 0), false)),
+              HasSubstr("tensor 'labels' is not an INPUT of the graph (its inputs: input.0, input.1)"));
+  EXPECT_THAT(error(BatchMessage(1, b[0], false)), HasSubstr("step 1's batch lacks input 'input.1' (f32[8, 3])"));
+  v1::SubmitJobRequest hyper = BatchMessage(1, b[0], true);
+  auto* h = hyper.mutable_batch()->add_hyperparameters();
+  h->set_name("optim.lr");
+  EXPECT_THAT(error(hyper), HasSubstr("'optim.lr' is not a hyper-parameter of the graph"));
+  v1::SubmitJobRequest state;
+  *state.mutable_state() = b[0];
+  EXPECT_THAT(error(state), HasSubstr("expected step 1's batch, got an initial-state chunk"));
+}
+
+TEST(JobSpec, ValidationNamesTheFieldAndTheValue) {
+  auto error = [](v1::JobSpec spec) {
+    return std::string(server::ValidateJobSpec(spec).message());
+  };
+  EXPECT_EQ(error(v1::JobSpec()), "JobSpec.graph is missing");
+  v1::JobSpec s = Spec(1, -1);
+  EXPECT_THAT(error(s), HasSubstr("JobSpec.steps must be >= 0"));
+  s = Spec(1, 0);
+  s.add_data_paths("a.safetensors");
+  EXPECT_THAT(error(s), HasSubstr("JobSpec.steps must be > 0 with data_paths"));
+  s = Spec(1, 1);
+  s.set_collective_timeout_s(-2);
+  EXPECT_THAT(error(s), HasSubstr("collective_timeout_s must be in [0, one year] (0: 60 s), got -2"));
+  EXPECT_TRUE(server::ValidateJobSpec(Spec(2, 3)).ok());
+}
+
+TEST(JobTable, KeepsTheLastFinishedJobsAndEvictsTheOldestState) {
+  server::JobServiceOptions o;
+  o.max_finished_jobs = 2;
+  o.max_state_bytes = 100;
+  server::JobTable table(o);
+  std::vector<std::shared_ptr<server::Job>> jobs;
+  for (int i = 0; i < 3; ++i) {
+    auto j = std::make_shared<server::Job>();
+    j->spec = Spec(1, 1);
+    j->spec.clear_graph();
+    const std::string id = table.NextId();
+    EXPECT_THAT(id, ::testing::StartsWith("job-" + std::to_string(i + 1) + "-"));
+    table.Add(j, id);
+    auto state = std::make_shared<server::StateStore::State>(1, F32("w", {15}, 0));  // 60 bytes
+    table.KeepState(j, state);
+    j->SetState(v1::JOB_STATE_SUCCEEDED);
+    table.Finished(j);
+    jobs.push_back(j);
+  }
+  // Job 1 is forgotten (history of 2); job 2's state made room for job 3's.
+  EXPECT_EQ(table.Find(jobs[0]->id()).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(table.Find(jobs[0]->id()).status().message(), HasSubstr("--max-finished-jobs"));
+  ASSERT_EQ(table.All().size(), 2u);
+  auto evicted = table.FinalState(jobs[1]->id());
+  EXPECT_EQ(evicted.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(evicted.status().message(), HasSubstr("evicted"));
+  EXPECT_TRUE(jobs[1]->info.state_evicted());
+  EXPECT_TRUE(table.FinalState(jobs[2]->id()).ok());
+  jobs[2]->SetState(v1::JOB_STATE_FAILED, absl::InternalError("x"));
+  EXPECT_THAT(table.FinalState(jobs[2]->id()).status().message(), HasSubstr("only a SUCCEEDED job has a final state"));
+}
+
+TEST(JobScheduler, DispatchesInFifoOrderAndCancelsQueuedJobs) {
+  Parts parts(2);
+  auto queued = [&] {
+    auto j = std::make_shared<server::Job>();
+    j->spec = Spec(2, 1);
+    j->spec.clear_graph();
+    return j;
+  };
+  auto a = queued(), b = queued();
+  ASSERT_TRUE(parts.scheduler.Enqueue(a).ok());
+  absl::StatusOr<v1::JobEvent> first = parts.scheduler.Enqueue(b);
+  ASSERT_TRUE(first.ok());
+  {
+    std::lock_guard<std::mutex> l(a->mu);
+    EXPECT_TRUE(a->dispatched);
+    EXPECT_THAT(a->workers, ElementsAre("w0", "w1"));
+  }
+  EXPECT_EQ(first->queue_position(), 1);
+  EXPECT_THAT(first->message(), HasSubstr("waiting for 2 idle workers; 2 registered, 0 idle"));
+  EXPECT_TRUE(parts.scheduler.CancelQueued(b->id(), "test", absl::CancelledError("cancelled while queued")));
+  EXPECT_EQ(b->state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_FALSE(parts.scheduler.CancelQueued(a->id(), "test", absl::CancelledError("no")));
+}
+
+}  // namespace
+}  // namespace fxdp::testing
