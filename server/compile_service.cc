@@ -15,6 +15,7 @@
 #include "analysis/ir/proto_codec.h"
 #include "analysis/ir/status_macros.h"
 #include "expansion/data_parallel.h"
+#include "expansion/style_proto.h"
 
 namespace fxdp::server {
 namespace {
@@ -102,6 +103,7 @@ absl::StatusOr<v1::ExpandResponse> RunExpand(const v1::ExpandRequest& request) {
   if (request.has_last_bucket_mb()) opts.last_bucket_mb = request.last_bucket_mb();
   opts.overlap_schedule = !request.no_overlap_schedule();
   opts.sync_batchnorm = request.sync_batchnorm();
+  FXDP_ASSIGN_OR_RETURN(opts.style, StyleFromProto(request.style(), "ExpandRequest.style"));
   FXDP_ASSIGN_OR_RETURN(ir::Graph g, DecodeRequestGraph(request.has_graph(), request.graph()));
   FXDP_ASSIGN_OR_RETURN(BatchDimAnalysis a, AnalyzeBatchDims(g, AnalyzeOptions{opts.world_size,
                                                                          opts.sync_batchnorm}));
@@ -111,6 +113,14 @@ absl::StatusOr<v1::ExpandResponse> RunExpand(const v1::ExpandRequest& request) {
   for (const ir::Graph& rank_graph : e.distinct_graphs) *r.add_graphs() = ir::EncodeGraph(rank_graph);
   r.set_report_json(e.report.ToJson());
   r.set_report_table(e.report.ToTable());
+  r.set_style(StyleToProto(opts.style));
+  for (const ShardedState& s : e.sharded_state) {
+    v1::ShardedState* x = r.add_sharded_state();
+    x->set_state_name(s.state_name);
+    *x->mutable_shape() = {s.shape.begin(), s.shape.end()};
+    x->set_dtype(static_cast<v1::DType>(ir::DTypeToWire(s.dtype)));
+    x->set_shard_numel(s.shard_numel);
+  }
   return r;
 }
 

@@ -1,4 +1,4 @@
-// fxdp expand GRAPH --world-size N -o OUT [--bucket-mb X] [--json]: the
+// fxdp expand GRAPH --world-size N -o OUT [--style S] [--bucket-mb X] [--json]: the
 // data-parallel expansion of a saved graph, locally or through fxdp-server
 // (--server HOST:PORT).
 #include <cstdio>
@@ -10,6 +10,7 @@
 #include "analysis/ir/proto_codec.h"
 #include "client/cli/commands.h"
 #include "client/cli/remote.h"
+#include "expansion/style_proto.h"
 #include "util/flags.h"
 #include "expansion/data_parallel.h"
 
@@ -17,8 +18,9 @@ namespace fxdp::cli {
 namespace {
 
 constexpr char kExpandUsage[] =
-    "usage: fxdp expand GRAPH --world-size N -o OUT [--bucket-mb X] [--first-bucket-mb Y]\n"
-    "                   [--sync-batchnorm] [--group NAME] [--json] [--server HOST:PORT]\n"
+    "usage: fxdp expand GRAPH --world-size N -o OUT [--style replicate|fully_shard]\n"
+    "                   [--bucket-mb X] [--first-bucket-mb Y] [--sync-batchnorm]\n"
+    "                   [--group NAME] [--json] [--server HOST:PORT]\n"
     "\n"
     "Analyses the binary GraphDef GRAPH and rewrites it into the graph each of N ranks\n"
     "runs: local batch shapes, gradients all-reduced in buckets that overlap backward,\n"
@@ -32,6 +34,12 @@ constexpr char kExpandUsage[] =
     "\n"
     "  --world-size N       number of ranks (required)\n"
     "  -o, --out OUT        output file\n"
+    "  --style S            replicate (default: every rank holds the whole state,\n"
+    "                       gradients all-reduced, as DDP) or fully_shard (each rank\n"
+    "                       holds a flat 1/N shard of every parameter and its optimizer\n"
+    "                       state; parameters all-gathered before use, gradients\n"
+    "                       reduce-scattered, as FSDP). The report lists the sharded\n"
+    "                       state (docs/fully_shard.md)\n"
     "  --bucket-mb X        bucket cap in MiB (default 25, DDP's)\n"
     "  --first-bucket-mb Y  cap of the first bucket in MiB (default 1, DDP's)\n"
     "  --last-bucket-mb Z   split the bucket backward fills last into pieces of Z, 2Z,\n"
@@ -62,6 +70,8 @@ int ExpandCommand(const std::vector<std::string>& args) {
   util::Flags flags("fxdp expand", kExpandUsage);
   flags.Int("--world-size", &opts.world_size);
   flags.String("--out", &out, "-o");
+  std::string style = "replicate";
+  flags.String("--style", &style);
   flags.Double("--bucket-mb", &opts.bucket_cap_mb);
   flags.Double("--first-bucket-mb", &opts.first_bucket_mb);
   flags.Double("--last-bucket-mb", &opts.last_bucket_mb);
@@ -79,6 +89,11 @@ int ExpandCommand(const std::vector<std::string>& args) {
   if (out.empty()) return flags.Usage("missing -o OUT");
   if (!(opts.last_bucket_mb >= 0)) return flags.Usage("--last-bucket-mb must be >= 0");
   opts.overlap_schedule = !no_overlap;
+  if (auto st = ParseDataParallelStyle(style); st.ok()) {
+    opts.style = *st;
+  } else {
+    return flags.Usage(absl::StrCat("--style: ", st.status().message()));
+  }
   const std::string& path = pos[0];
   if (!server.empty()) {
     RemoteExpandArgs ra;
@@ -92,6 +107,7 @@ int ExpandCommand(const std::vector<std::string>& args) {
     if (flags.Seen("--last-bucket-mb")) ra.last_bucket_mb = opts.last_bucket_mb;
     ra.no_overlap_schedule = no_overlap;
     ra.sync_batchnorm = opts.sync_batchnorm;
+    ra.style = StyleToProto(opts.style);
     ra.json = json;
     return RemoteExpand(ra);
   }

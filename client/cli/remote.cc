@@ -165,6 +165,7 @@ int RemoteExpand(const RemoteExpandArgs& a) {
   if (a.last_bucket_mb >= 0) req.set_last_bucket_mb(a.last_bucket_mb);
   req.set_no_overlap_schedule(a.no_overlap_schedule);
   req.set_sync_batchnorm(a.sync_batchnorm);
+  req.set_style(a.style);
   v1::ExpandResponse resp;
   grpc::ClientContext ctx;
   grpc::Status s = Connect(a.server)->Expand(&ctx, req, &resp);

@@ -23,6 +23,7 @@ struct RemoteExpandArgs {
   double last_bucket_mb = -1;  // < 0: the server's default
   bool no_overlap_schedule = false;
   bool sync_batchnorm = false;
+  v1::DataParallelStyle style = v1::DATA_PARALLEL_STYLE_REPLICATE;
   bool json = false;
 };
 int RemoteExpand(const RemoteExpandArgs& args);

@@ -281,6 +281,34 @@ def test_expand_options(stub, graphs, tmp_path):
     assert bad.returncode == 2 and "--last-bucket-mb" in bad.stderr
 
 
+def test_expand_style_replicate_is_the_default(stub, graphs, tmp_path):
+    """--style replicate / DATA_PARALLEL_STYLE_REPLICATE is what a request without a style gets,
+    byte for byte; the response says the style and lists no sharded state."""
+    path = graphs["mlp"]
+    plain = stub.Expand(cpb.ExpandRequest(graph=graph_def(path), world_size=2))
+    styled = stub.Expand(cpb.ExpandRequest(graph=graph_def(path), world_size=2,
+                                           style=cpb.DATA_PARALLEL_STYLE_REPLICATE))
+    assert styled.style == plain.style == cpb.DATA_PARALLEL_STYLE_REPLICATE
+    assert list(styled.graphs) == list(plain.graphs) and not styled.sharded_state
+    assert json.loads(styled.report_json)["style"] == "replicate"
+    p = cli("expand", path, "--world-size", 2, "-o", tmp_path / "x.pb", "--style", "replicate", "--json")
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "x.pb").read_bytes() == plain.graphs[0].SerializeToString()
+
+
+def test_unknown_style_names_the_accepted_ones(server, stub, graphs, tmp_path):
+    path = graphs["mlp"]
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Expand(cpb.ExpandRequest(graph=graph_def(path), world_size=2, style=7))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert ("ExpandRequest.style: unknown data-parallel style 7; accepted: 0 (DATA_PARALLEL_STYLE_REPLICATE"
+            in e.value.details() and "1 (DATA_PARALLEL_STYLE_FULLY_SHARD)" in e.value.details())
+    for extra in ([], ["--server", server[1]]):
+        p = cli("expand", path, "--world-size", 2, "-o", tmp_path / "x.pb", "--style", "zero3", *extra)
+        assert p.returncode == 2
+        assert "--style: unknown data-parallel style 'zero3': expected 'replicate' or 'fully_shard'" in p.stderr
+
+
 # --------------------------------------------------------------------------- errors
 
 

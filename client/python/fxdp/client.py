@@ -62,11 +62,39 @@ class ServerError(RuntimeError):
         self.code = code
 
 
+# The data-parallel styles by the name ``style=`` takes (compile.proto's DataParallelStyle).
+STYLES = {"replicate": cpb.DATA_PARALLEL_STYLE_REPLICATE,
+          "fully_shard": cpb.DATA_PARALLEL_STYLE_FULLY_SHARD}
+_STYLE_NAMES = {v: k for k, v in STYLES.items()}
+
+
+def _style(style: str) -> int:
+    """The wire value of ``style`` ("replicate" or "fully_shard"); ValueError naming the accepted
+    ones otherwise."""
+    key = style.lower() if isinstance(style, str) else style
+    if key not in STYLES:
+        raise ValueError(f"unknown data-parallel style {style!r}; accepted: {', '.join(STYLES)}")
+    return STYLES[key]
+
+
+@dataclasses.dataclass
+class ShardedState:
+    """A state tensor ``fully_shard`` keeps as flat per-rank shards (``shard_numel`` elements
+    each); ``shape`` and ``dtype`` are the whole tensor's."""
+    name: str
+    shape: List[int]
+    dtype: torch.dtype
+    shard_numel: int
+
+
 @dataclasses.dataclass
 class Expanded:
     graphs: List["gpb.GraphDef"]   # one per rank (one when ``identical``)
     identical: bool
     report: dict                   # slices, buckets, collectives, bytes_per_step
+    style: str = "replicate"       # "replicate" or "fully_shard"
+    # fully_shard: the state tensors every rank holds a flat shard of (empty for replicate)
+    sharded_state: List[ShardedState] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -167,14 +195,21 @@ class Client:
         return json.loads(r.json)
 
     def expand(self, step: Graphish, world_size: int, bucket_mb: float = 25.0,
-               first_bucket_mb: float = 1.0, sync_batchnorm: bool = False) -> Expanded:
+               first_bucket_mb: float = 1.0, sync_batchnorm: bool = False,
+               style: str = "replicate") -> Expanded:
         """The per-rank graphs and the expansion report (``fxdp expand``). ``sync_batchnorm``:
         batch norm normalises with the global batch's statistics (as ``SyncBatchNorm``; the
-        report's ``batch_norm`` says ``"global"``) instead of each rank's (``"local"``, DDP's)."""
+        report's ``batch_norm`` says ``"global"``) instead of each rank's (``"local"``, DDP's).
+        ``style``: ``"replicate"`` (every rank holds the whole state, as DDP) or ``"fully_shard"``
+        (each rank holds a flat 1/N shard of every parameter and its optimizer state, as FSDP;
+        ``Expanded.sharded_state`` lists them)."""
         r = self._call(self._compile.Expand, cpb.ExpandRequest(
             graph=_graph(step), world_size=world_size, bucket_cap_mb=bucket_mb,
-            first_bucket_mb=first_bucket_mb, sync_batchnorm=sync_batchnorm))
-        return Expanded(list(r.graphs), r.identical, json.loads(r.report_json))
+            first_bucket_mb=first_bucket_mb, sync_batchnorm=sync_batchnorm, style=_style(style)))
+        sharded = [ShardedState(s.state_name, list(s.shape), _FROM_WIRE[s.dtype], s.shard_numel)
+                   for s in r.sharded_state]
+        return Expanded(list(r.graphs), r.identical, json.loads(r.report_json),
+                        _STYLE_NAMES.get(r.style, str(r.style)), sharded)
 
     def train(self, step: TracedStep, world_size: int, batches: Optional[Iterable[Batch]] = None,
               steps: Optional[int] = None, state: Optional[Mapping[str, torch.Tensor]] = None,
