@@ -16,9 +16,12 @@ go to --raw (default bench/out/latest, not committed).
   allreduce  all-reduce 1 KB-64 MB, 2 ranks on 127.0.0.1: fxdp's communicator against c10d's
              ProcessGroupGloo called directly and torch.distributed from Python; NCCL where
              two GPUs exist
+  fsdp       FULLY_SHARD against REPLICATE against PyTorch FSDP2 (fully_shard, Gloo) at N=2
+             on CPU, the GPT-2 of `step`: step time and memory per rank:
+             bench/fully_shard_vs_fsdp2.py
 
 usage: .venv/bin/python bench/run_all.py [--build build] [--areas pipeline,executor,...]
-           [--quick] [--md bench/RESULTS.md] [--json bench/results.json] [--raw DIR]
+           [--merge] [--quick] [--md bench/RESULTS.md] [--json bench/results.json] [--raw DIR]
 
 --quick runs every area in a tiny configuration (seconds; the test suite uses it): its
 numbers mean nothing. ``render_markdown(results)`` turns results.json back into RESULTS.md.
@@ -44,7 +47,7 @@ import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PY = sys.executable
-AREAS = ["pipeline", "executor", "step", "compile", "allreduce"]
+AREAS = ["pipeline", "executor", "step", "compile", "allreduce", "fsdp"]
 
 FULL = {
     # nodes -> (fxdp reps, torch.fx reps)
@@ -54,6 +57,7 @@ FULL = {
     "step": [],  # step_vs_ddp.py's defaults: 5 repetitions of 30 steps; gpt2 3 of 12
     "compile_clients": [1, 4, 16], "compile_reps": 3, "compile_duration_s": 2.0,
     "allreduce": {"min": 1024, "max": 64 << 20, "factor": 2, "reps": 5, "budget_mb": 64},
+    "fsdp": [],  # fully_shard_vs_fsdp2.py's defaults: the GPT-2, 3 repetitions of 12 steps
 }
 QUICK = {
     "pipeline_sizes": {1_000: (1, 1)},
@@ -62,6 +66,7 @@ QUICK = {
     "step": ["--reps", "1", "--models", "mlp", "--steps", "4", "--warmup", "1"],
     "compile_clients": [1, 2], "compile_reps": 1, "compile_duration_s": 0.2,
     "allreduce": {"min": 1024, "max": 16384, "factor": 4, "reps": 1, "budget_mb": 1},
+    "fsdp": ["--quick"],
 }
 
 N4_REASON = (
@@ -385,8 +390,20 @@ def area_allreduce(ctx) -> dict:
                 "nccl": "... fxdp_allreduce_bench --device=cuda (a GPU per rank, built with NCCL)"}}
 
 
+def area_fsdp(ctx) -> dict:
+    j = ctx["raw"] / "fully_shard_vs_fsdp2.json"
+    cmd = [PY, REPO / "bench" / "fully_shard_vs_fsdp2.py", "--build", ctx["build"], *ctx["cfg"]["fsdp"],
+           "--json", j]
+    l0 = load()
+    r = run(cmd, timeout=1500, log=ctx["log"])
+    (ctx["raw"] / "fully_shard_vs_fsdp2.txt").write_text(r.stdout)
+    return {"raw": json.loads(j.read_text()), "load": [l0, load()],
+            "command": " ".join(rel(c) if isinstance(c, pathlib.Path) else str(c) for c in cmd[1:])
+            .replace(str(ctx["raw"]), "OUT")}
+
+
 RUNNERS = {"pipeline": area_pipeline, "executor": area_executor, "step": area_step,
-           "compile": area_compile, "allreduce": area_allreduce}
+           "compile": area_compile, "allreduce": area_allreduce, "fsdp": area_fsdp}
 
 
 # --------------------------------------------------------------------------- markdown
@@ -600,11 +617,52 @@ def md_allreduce(r: dict) -> list:
     return L
 
 
+def md_fsdp(r: dict) -> list:
+    raw = r["raw"]
+    info = raw.get("info", {})
+    systems = list(raw.get("ms_per_step", {}))
+    MB = 1e6
+    L = ["## 6. FULLY_SHARD against REPLICATE against PyTorch FSDP2 at N=2 on CPU", "",
+         f"`bench/fully_shard_vs_fsdp2.py`: the {raw.get('model')} of section 3 "
+         f"({info.get('params', 0):,} parameters, AdamW, global batch {info.get('global_batch')}, "
+         f"the same batches for all three), 2 ranks over Gloo, one intra-op thread each. fxdp: "
+         f"`fxdp expand --style fully_shard|replicate` + 2 `fxdp-worker run`; FSDP2: "
+         f"`torch.distributed.fsdp.fully_shard` on every transformer block and the root. ms per "
+         f"step: rank 0's median of steps {raw.get('warmup', 0) + 1}-{raw.get('steps')}, then median "
+         f"(min-max) over {raw.get('reps')} repetitions run back to back in rotating order. "
+         f"Memory per rank (rank 0, rank 1): **peak RSS delta** = the process' peak resident set "
+         f"(VmHWM, sampled every 10 ms over the whole run) minus the same program's peak training the "
+         f"tiny GPT-2 (~40K parameters), so the runtime's own footprint cancels; **state** = "
+         f"parameters + gradients + optimizer state a rank holds between steps, counted from the "
+         f"tensors (fxdp: its rank graph's PARAMETER placeholders twice, for the gradient, and "
+         f"OPTIMIZER_STATE; FSDP2: the local shards of its parameters, gradients and optimizer "
+         f"state after the last step). Under FULLY_SHARD the state is about 1/N of REPLICATE's; during "
+         f"a step a rank also holds the gathered parameters of the units in use.", "",
+         "| N=2 | ms/step | / FSDP2 | peak RSS delta MB | peak RSS MB | state MB |",
+         "|---|---:|---:|---:|---:|---:|"]
+    fsdp2 = raw.get("ms_per_step", {}).get("FSDP2", {}).get("median")
+    for k in systems:
+        s = raw["ms_per_step"][k]
+        delta = raw.get("peak_rss_delta", {}).get(k)
+        L.append(f"| {'**' + k + '**' if k == 'fxdp fully_shard' else k} | {mm(s, 1)} | "
+                 f"{ratio(s.get('median'), fsdp2)} | "
+                 f"{', '.join(f(x / MB, 0) for x in delta) if delta else '-'} | "
+                 f"{', '.join(f(x / MB, 0) for x in raw.get('peak_rss', {}).get(k, []))} | "
+                 f"{', '.join(f(x / MB, 1) for x in raw.get('state_bytes', {}).get(k, []))} |")
+    missing = [k for k in ("fxdp fully_shard", "fxdp replicate", "FSDP2") if k not in systems]
+    if missing:
+        L += ["", f"Not run: {', '.join(missing)}."]
+    loads = raw.get("load average") or []
+    L += ["", f"1-minute load average at each repetition: {', '.join(f'{x:.1f}' for x in loads)}.",
+          "", f"Command: `{r['command']}`."]
+    return L
+
+
 RENDER = {"pipeline": md_pipeline, "executor": md_executor, "step": md_step, "compile": md_compile,
-          "allreduce": md_allreduce}
+          "allreduce": md_allreduce, "fsdp": md_fsdp}
 TITLES = {"pipeline": "1. Graph decode + analysis + expansion", "executor": "2. Executor host overhead",
           "step": "3. Training step at N=2 against DDP", "compile": "4. Compile RPC latency",
-          "allreduce": "5. All-reduce bandwidth"}
+          "allreduce": "5. All-reduce bandwidth", "fsdp": "6. FULLY_SHARD vs REPLICATE vs FSDP2"}
 
 
 def render_markdown(results: dict) -> str:
@@ -634,6 +692,10 @@ def render_markdown(results: dict) -> str:
             L += [f"## {TITLES.get(name, name)}", "", f"**failed**: `{a['error'][:2000]}`", ""]
             continue
         L += RENDER[name](a)
+        if (w := a.get("measured")) and name != "pipeline":  # md_pipeline says it itself
+            L += ["", f"This area was measured on its own (`bench/run_all.py --areas {name} --merge`), "
+                      f"{w['date']} at commit `{w['git_commit'][:12]}`, 1-minute load average "
+                      f"{w['load'][0]} at start and {w['load'][-1]} at end: not in the run above."]
         L.append("")
     return "\n".join(L).rstrip() + "\n"
 
@@ -678,6 +740,9 @@ def main(argv=None) -> int:
                     help="run only the step area for these models (bench/step_vs_ddp.py --models) and "
                          "replace their rows in the existing --json results (each keeps when and at "
                          "which commit it was measured); then write --md")
+    ap.add_argument("--merge", action="store_true",
+                    help="replace only the --areas run in the existing --json results (each keeps when "
+                         "and at which commit it was measured), keep the others; then write --md")
     args = ap.parse_args(argv)
     if args.step_models:
         return update_step_models(args)
@@ -717,6 +782,12 @@ def main(argv=None) -> int:
         print(f"   {name}: {res['wall_s']:.0f} s", flush=True)
     meta["load_end"] = load()
     meta["wall_s"] = round(time.monotonic() - t_start, 1)
+    if args.merge:
+        merged = json.loads(pathlib.Path(args.json).read_text())
+        for name, res in results["areas"].items():
+            res["measured"] = {"date": meta["date"], "git_commit": meta["git_commit"], "load": res["load"]}
+            merged["areas"][name] = res
+        results = merged
     pathlib.Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
     pathlib.Path(args.md).write_text(render_markdown(results))
     print(f"wrote {rel(args.md)} and {rel(args.json)} in {meta['wall_s'] / 60:.1f} min"

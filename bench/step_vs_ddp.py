@@ -128,10 +128,14 @@ QUICK_DEFAULTS = {"steps": 3, "warmup": 1, "reps": 1}
 OPTIMIZER = {"gpt2": lambda params: torch.optim.AdamW(params, lr=LR, weight_decay=0.01)}
 
 
-def make(name: str):
+def make(name: str, wrap=None):
+    """The model (seed 0), its optimizer, loss, global batch and input names. ``wrap(model)``, when
+    given, runs before the optimizer is built (FSDP2's fully_shard replaces the parameters)."""
     make_model, loss_fn, make_batch, names = MODELS[name]
     torch.manual_seed(0)
     model = make_model()
+    if wrap is not None:
+        wrap(model)
     opt = OPTIMIZER.get(name, lambda params: torch.optim.Adam(params, lr=LR))(model.parameters())
     batch = make_batch(torch.Generator().manual_seed(1234))
     return model, opt, loss_fn, batch, names
@@ -290,20 +294,24 @@ def run_eager(model: str, world: int, steps: int, bucket_mb: float) -> list[floa
     return json.loads(out.strip().splitlines()[-1])["ms"]
 
 
-def prepare(model_name: str, d: str, fxdp_bin: str, bucket_mb: float) -> dict:
+def prepare(model_name: str, d: str, fxdp_bin: str, bucket_mb: float, style: str = "replicate") -> dict:
+    """Traces `model_name`, writes its graph, state and batches under `d` and expands it for 2 ranks
+    (`fxdp expand --style style`); the files' names say the style unless it is replicate."""
     import fxdp
     from safetensors.torch import save_file
 
     model, opt, loss_fn, batch, names = make(model_name)
     step = fxdp.trace(model, opt, loss_fn, batch, batch_dim=0, input_names=names)
-    files = {k: os.path.join(d, f"{model_name}.{k}") for k in
+    stem = model_name if style == "replicate" else f"{model_name}.{style}"
+    files = {k: os.path.join(d, f"{stem}.{k}") for k in
              ("graph", "state", "batch", "local", "expanded")}
     step.save(files["graph"])
     step.to_safetensors(files["state"])
     save_file(dict(zip(names, batch)), files["batch"])
     save_file(dict(zip(names, shard(batch, 0, 2))), files["local"])
     r = subprocess.run([fxdp_bin, "expand", files["graph"], "--world-size", "2", "--bucket-mb",
-                        str(bucket_mb), "-o", files["expanded"], "--json"],
+                        str(bucket_mb), "-o", files["expanded"], "--json"]
+                       + (["--style", style] if style != "replicate" else []),
                        check=True, capture_output=True, text=True)
     report = json.loads(r.stdout)
     files["identical"] = os.path.exists(files["expanded"])
