@@ -356,7 +356,7 @@ def test_zoo_batch_dims_follow_provenance(zoo_analysed, model):
 
 
 def test_zoo_batchnorm_note(zoo_analysed):
-    # DESIGN.md: BatchNorm in training uses local batch statistics, and the report says so.
+    # docs/architecture.md (Semantics): BatchNorm in training uses local batch statistics, and the report says so.
     a, _ = zoo_analysed("cnn", "adam")
     assert any("statistic" in note.lower() for note in a.r["notes"]), a.r["notes"]
 

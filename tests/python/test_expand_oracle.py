@@ -7,7 +7,7 @@ the all-reduces). Parameters and optimizer state must equal single-device traini
 global batch, and all ranks must agree bit for bit. (Adam at N=3 and N=4 is left out
 here: per-rank sums and the 1/3 or B_r/B scaling round differently from one mean over B, and Adam's normalisation
 amplifies that on near-zero gradients to ~2e-5 relative on single elements.) The cnn model is left out: its BatchNorm
-uses local batch statistics by design (DESIGN.md), so it matches DDP, not one device.
+uses local batch statistics by design (docs/architecture.md), so it matches DDP, not one device.
 """
 
 from __future__ import annotations

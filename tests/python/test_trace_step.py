@@ -346,7 +346,7 @@ def test_bf16_model_matches_eager():
 
 
 def test_readme_training_loop():
-    """The loop of README.md / client/python/README.md: AdamW, warmup + cosine, 4 micro-batches
+    """The loop of client/python/README.md: AdamW, warmup + cosine, 4 micro-batches
     under bf16 autocast, clip_grad_norm_(..., 1.0): run_local equals eager."""
 
     def make():

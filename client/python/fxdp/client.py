@@ -1,7 +1,7 @@
 """``fxdp.Client``: talk to an ``fxdp-server`` from Python.
 
     client = fxdp.Client("127.0.0.1:50051")
-    placements = client.analyze(step, world_size=2)        # DESIGN.md's analyze JSON, as a dict
+    placements = client.analyze(step, world_size=2)        # the JSON of `fxdp analyze --json`, as a dict
     expanded = client.expand(step, world_size=4)            # per-rank graphs + the report
     result = client.train(step, world_size=2, batches=batches, steps=3)
     result.losses, result.state                              # per-step global loss, final state
