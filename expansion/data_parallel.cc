@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -13,10 +14,13 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "analysis/ir/status_macros.h"
 #include "analysis/op_rules.h"
+#include "expansion/fully_shard.h"
 #include "expansion/schedule.h"
 #include "expansion/shape_check.h"
+#include "expansion/sharding.h"
 #include "expansion/size_args.h"
 #include "expansion/sync_batchnorm.h"
 
@@ -87,8 +91,9 @@ int64_t Bytes(const TensorType& t) { return t.numel() * ir::DTypeItemSize(t.dtyp
 class Expander final : public RankGraphBuilder {
  public:
   Expander(const Graph& g, const BatchDimAnalysis& a, const ExpandOptions& o,
-           const std::vector<PlannedBucket>& buckets, RankSlice slice)
-      : g_(g), a_(a), o_(o), buckets_(buckets), slice_(slice), batch_(a.batch_size()) {}
+           const std::vector<PlannedBucket>& buckets, RankSlice slice,
+           const FullyShardPlan* fs = nullptr)
+      : g_(g), a_(a), o_(o), buckets_(buckets), slice_(slice), batch_(a.batch_size()), fs_(fs) {}
 
   absl::StatusOr<RankNodes> Run(std::vector<Collective>* collectives) {
     collectives_ = collectives;
@@ -110,8 +115,18 @@ class Expander final : public RankGraphBuilder {
     for (const Reduction& r : a_.reductions()) {
       if (r.grad_of.empty()) solo_[r.value.node.value].push_back(r);
     }
+    size_t next_gather = 0;
+    std::vector<std::pair<int32_t, int32_t>> gathers;  // (position, event), sorted
+    if (fs_ != nullptr) {
+      for (size_t e = 0; e < fs_->gathers.size(); ++e)
+        gathers.emplace_back(fs_->gathers[e].position, static_cast<int32_t>(e));
+      std::stable_sort(gathers.begin(), gathers.end());
+    }
     for (int32_t i = 0; i < g_.size(); ++i) {
       const Node& n = g_.nodes()[i];
+      for (; next_gather < gathers.size() && gathers[next_gather].first <= i; ++next_gather) {
+        FXDP_RETURN_IF_ERROR(EmitGatherWait(gathers[next_gather].second));
+      }
       while (next_wait < waits.size() && waits[next_wait].first < i) ++next_wait;
       for (; next_wait < waits.size() && waits[next_wait].first == i; ++next_wait) {
         FXDP_RETURN_IF_ERROR(EmitWait(waits[next_wait].second));
@@ -133,6 +148,13 @@ class Expander final : public RankGraphBuilder {
     r.header = g_.header();
     r.header.metadata.emplace_back("fxdp.world_size", absl::StrCat(o_.world_size));
     r.header.metadata.emplace_back("fxdp.local_batch", absl::StrCat(slice_.size));
+    if (fs_ != nullptr) {
+      // fxdp-worker run reads these to slice and reassemble state files.
+      r.header.metadata.emplace_back("fxdp.style", "fully_shard");
+      std::vector<std::string> names;
+      for (const ShardedState& s : fs_->sharded_state) names.push_back(s.state_name);
+      r.header.metadata.emplace_back("fxdp.sharded_state", absl::StrJoin(names, "\n"));
+    }
     r.nodes = std::move(out_);
     return r;
   }
@@ -374,12 +396,30 @@ class Expander final : public RankGraphBuilder {
         if (!local.contains(r.value)) local[r.value] = EmitSlice(r);
       }
     }
+    if (fs_ != nullptr) {
+      FXDP_RETURN_IF_ERROR(FullyShardReads(id, old, local));
+      // The parameter is a shard here: the whole gradient is no longer of its type.
+      n.grad_of.clear();
+    }
     for (Argument& a : n.args) MapArgs(a, local);
     for (ir::KeywordArgument& k : n.kwargs) MapArgs(k.value, local);
     for (int32_t k = 0; k < static_cast<int32_t>(n.outputs.size()); ++k) {
       // LocalValue() is the value itself unless it is a batch-sharded tensor.
       const ValueRef r{id, k};
       if (n.outputs[k].is_tensor() && a_.value(r).placement.is_shard()) n.outputs[k] = LocalValue(r);
+    }
+    if (fs_ != nullptr && n.is_placeholder() && fs_->sharded.contains(id.value)) {
+      // Sharded state: this rank's flat shard.
+      const bool rg = n.outputs[0].tensor.requires_grad;
+      n.outputs[0] = ValueType::Tensor(
+          Flat(n.outputs[0].tensor, fs_->sharded.at(id.value).shard_numel));
+      n.outputs[0].tensor.requires_grad = rg;
+    } else if (fs_ != nullptr && fs_->on_shards[id.value] >= 0) {
+      // Optimizer math on shards: elementwise, so every output is [s].
+      const int64_t s = FlatShardOf(fs_->on_shards[id.value], o_.world_size, 0).shard_numel;
+      for (ValueType& t : n.outputs) {
+        if (t.is_tensor()) t = ValueType::Tensor(Flat(t.tensor, s));
+      }
     }
     // Size lists that spell a sharded output's global shape.
     const ValueInfo& out_info = a_.primary(id);
@@ -505,6 +545,7 @@ class Expander final : public RankGraphBuilder {
   }
 
   absl::Status EmitStart(size_t b) {
+    if (fs_ != nullptr) return EmitReduceScatter(b);
     const PlannedBucket& pb = buckets_[b];
     std::vector<Argument> flats;
     int64_t total = 0;
@@ -531,6 +572,7 @@ class Expander final : public RankGraphBuilder {
     if (it == started_.end()) {
       return absl::InternalError(absl::StrCat("bucket ", b, " waited on before it started"));
     }
+    if (fs_ != nullptr) return EmitReduceScatterWait(b, it->second);
     int64_t total = 0;
     for (const ValueRef& v : pb.values) total += g_.type(v).tensor.numel();
     const TensorType flat = Flat(g_.type(pb.values[0]).tensor, total);
@@ -553,6 +595,246 @@ class Expander final : public RankGraphBuilder {
       shaped.requires_grad = false;
       replaced_[v] = Emit(Call(base, "aten::view", "", {s, Ints(t.shape)}, shaped));
       off += t.numel();
+    }
+    return absl::OkStatus();
+  }
+
+  // ---- FULLY_SHARD (expansion/fully_shard.h) ---------------------------------------
+
+  int64_t ShardNumel(int64_t numel) const {
+    return FlatShardOf(numel, o_.world_size, 0).shard_numel;
+  }
+
+  ValueRef Collect(Node n, const std::string& purpose, int64_t bytes) {
+    const std::string name = n.name;
+    ValueRef r = Emit(std::move(n));
+    if (collectives_ != nullptr) collectives_->push_back(Collective{name, purpose, bytes, r.node.value});
+    return r;
+  }
+
+  // Forward reads gathered parameters; backward its own gather and its own
+  // copies of parameter-derived forward values.
+  absl::Status FullyShardReads(NodeId id, const Node& old,
+                               absl::flat_hash_map<ValueRef, ValueRef>& local) {
+    const ShardPhase ph = fs_->phase[id.value];
+    if (ph != ShardPhase::kForward && ph != ShardPhase::kBackward) return absl::OkStatus();
+    absl::Status status;
+    old.ForEachInput([&](ValueRef r) {
+      if (!status.ok() || local.contains(r)) return;
+      const int32_t s = r.node.value;
+      if (fs_->sharded.contains(s)) {
+        auto& gathered = ph == ShardPhase::kForward ? gathered_fwd_ : gathered_bwd_;
+        auto it = gathered.find(s);
+        if (it == gathered.end()) {
+          status = absl::InternalError(absl::StrCat("node ", old.name, " reads parameter ",
+                                                    g_.node(r.node).name, " before its gather"));
+          return;
+        }
+        local[r] = it->second;
+      } else if (ph == ShardPhase::kBackward && fs_->param_derived[s]) {
+        absl::StatusOr<ValueRef> c = BackwardCopy(r);
+        if (!c.ok()) {
+          status = c.status();
+          return;
+        }
+        local[r] = *c;
+      }
+    });
+    return status;
+  }
+
+  absl::StatusOr<ValueRef> BackwardCopy(ValueRef r) {
+    if (auto it = backward_copies_.find(r.node.value); it != backward_copies_.end()) {
+      return ValueRef{NodeId{it->second}, r.output};
+    }
+    const Node& old = g_.node(r.node);
+    absl::flat_hash_map<ValueRef, ValueRef> local;
+    absl::Status status;
+    old.ForEachInput([&](ValueRef x) {
+      if (!status.ok() || local.contains(x)) return;
+      if (fs_->sharded.contains(x.node.value)) {
+        auto it = gathered_bwd_.find(x.node.value);
+        if (it == gathered_bwd_.end()) {
+          status = absl::InternalError(absl::StrCat("backward copy of ", old.name, " reads ",
+                                                    g_.node(x.node).name, " before its gather"));
+          return;
+        }
+        local[x] = it->second;
+      } else if (fs_->param_derived[x.node.value]) {
+        absl::StatusOr<ValueRef> c = BackwardCopy(x);
+        if (!c.ok()) {
+          status = c.status();
+          return;
+        }
+        local[x] = *c;
+      }
+    });
+    FXDP_RETURN_IF_ERROR(status);
+    Node n = old;
+    n.name = Fresh(absl::StrCat(old.name, "_bw"));
+    n.grad_of.clear();
+    for (Argument& a : n.args) MapArgs(a, local);
+    for (ir::KeywordArgument& k : n.kwargs) MapArgs(k.value, local);
+    out_.push_back(std::move(n));
+    const int32_t id = static_cast<int32_t>(out_.size() - 1);
+    backward_copies_[r.node.value] = id;
+    return ValueRef{NodeId{id}, r.output};
+  }
+
+  // Gather event e: started if it was not (the previous event starts it:
+  // prefetch), waited on, its parameters cut out; then the next one starts.
+  absl::Status EmitGatherWait(int32_t e) {
+    if (!gather_started_.contains(e)) FXDP_RETURN_IF_ERROR(EmitGatherStart(e));
+    const GatherEvent& ev = fs_->gathers[e];
+    const TensorType& first = g_.type(ValueRef{NodeId{ev.params[0]}, 0}).tensor;
+    const int64_t world = o_.world_size;
+    int64_t total = 0;
+    for (int32_t q : ev.params) total += fs_->sharded.at(q).shard_numel;
+    const std::string tag = absl::StrCat("unit", ev.unit, ev.phase == ShardPhase::kForward ? "" : "_bw");
+    ValueRef w = Emit(Call(absl::StrCat("fxdp_wait_", tag), "_c10d_functional::wait_tensor", "",
+                           {gather_started_.at(e)}, Flat(first, world * total)));
+    ValueRef rows = w;
+    if (ev.params.size() > 1) {
+      TensorType t = Flat(first, 0);
+      t.shape = {world, total};
+      t.stride = {total, 1};
+      rows = Emit(Call(absl::StrCat("fxdp_rows_", tag), "aten::view", "", {w, Ints({world, total})}, t));
+    }
+    auto& gathered = ev.phase == ShardPhase::kForward ? gathered_fwd_ : gathered_bwd_;
+    int64_t off = 0;
+    for (int32_t q : ev.params) {
+      const TensorType& t = g_.type(ValueRef{NodeId{q}, 0}).tensor;
+      const int64_t s = fs_->sharded.at(q).shard_numel;
+      const std::string base = absl::StrCat("fxdp_full_", g_.nodes()[q].name,
+                                            ev.phase == ShardPhase::kForward ? "" : "_bw");
+      ValueRef flat = w;
+      if (ev.params.size() > 1) {
+        TensorType col = Flat(t, 0);
+        col.shape = {world, s};
+        col.stride = {total, 1};
+        col.storage_offset = off;
+        ValueRef c = Emit(Call(base, "aten::slice", "Tensor",
+                               {rows, Argument(int64_t{1}), Argument(off), Argument(off + s),
+                                Argument(int64_t{1})},
+                               col));
+        flat = Emit(Call(base, "aten::reshape", "", {c, Ints({-1})}, Flat(t, world * s)));
+      }
+      if (world * s != t.numel()) {
+        flat = Emit(Call(base, "aten::slice", "Tensor",
+                         {flat, Argument(int64_t{0}), Argument(int64_t{0}), Argument(t.numel()),
+                          Argument(int64_t{1})},
+                         Flat(t, t.numel())));
+      }
+      TensorType shaped = t;
+      shaped.stride = ir::ContiguousStrides(t.shape);
+      shaped.storage_offset = 0;
+      shaped.requires_grad = false;
+      gathered[q] = Emit(Call(base, "aten::view", "", {flat, Ints(t.shape)}, shaped));
+      off += s;
+    }
+    if (static_cast<size_t>(e + 1) < fs_->gathers.size() && !gather_started_.contains(e + 1)) {
+      FXDP_RETURN_IF_ERROR(EmitGatherStart(e + 1));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status EmitGatherStart(int32_t e) {
+    const GatherEvent& ev = fs_->gathers[e];
+    const TensorType& first = g_.type(ValueRef{NodeId{ev.params[0]}, 0}).tensor;
+    const int64_t world = o_.world_size;
+    std::vector<Argument> shards;
+    int64_t total = 0;
+    for (int32_t q : ev.params) {
+      shards.emplace_back(Map(ValueRef{NodeId{q}, 0}));
+      total += fs_->sharded.at(q).shard_numel;
+    }
+    const std::string tag = absl::StrCat("unit", ev.unit, ev.phase == ShardPhase::kForward ? "" : "_bw");
+    ValueRef packed = shards[0].as<ValueRef>();
+    if (shards.size() > 1) {
+      packed = Emit(Call(absl::StrCat("fxdp_pack_", tag), "aten::cat", "",
+                         {Argument(Argument::List(shards)), Argument(int64_t{0})}, Flat(first, total)));
+    }
+    Node ag = Call(absl::StrCat("fxdp_all_gather_", tag), "_c10d_functional::all_gather_into_tensor",
+                   "", {packed, Argument(world), Argument(o_.group_name)}, Flat(first, world * total));
+    gather_started_[e] = Collect(std::move(ag),
+                                 absl::StrCat("gather unit ", ev.unit,
+                                              ev.phase == ShardPhase::kForward ? " (forward)"
+                                                                               : " (backward)"),
+                                 world * total * ir::DTypeItemSize(first.dtype));
+    return absl::OkStatus();
+  }
+
+  // A bucket's gradients: each padded to N * s_i, laid out [N, sum s_i] so
+  // that rank r's chunk holds its shard of each, scaled, reduce-scattered.
+  absl::Status EmitReduceScatter(size_t b) {
+    const PlannedBucket& pb = buckets_[b];
+    const int64_t world = o_.world_size;
+    const TensorType& first = g_.type(pb.values[0]).tensor;
+    std::vector<Argument> parts;
+    int64_t total = 0;
+    for (const ValueRef& v : pb.values) {
+      const TensorType& t = g_.type(v).tensor;
+      const int64_t s = ShardNumel(t.numel());
+      const std::string base = absl::StrCat("fxdp_flat_", g_.node(v.node).name);
+      ValueRef x = Emit(Call(base, "aten::reshape", "", {Map(v), Ints({-1})}, Flat(t, t.numel())));
+      if (world * s != t.numel()) {
+        x = Emit(Call(base, "aten::constant_pad_nd", "",
+                      {x, Ints({0, world * s - t.numel()}), Argument(0.0)}, Flat(t, world * s)));
+      }
+      if (pb.values.size() > 1) {
+        TensorType rows = Flat(t, 0);
+        rows.shape = {world, s};
+        rows.stride = {s, 1};
+        x = Emit(Call(base, "aten::view", "", {x, Ints({world, s})}, rows));
+      }
+      parts.emplace_back(x);
+      total += s;
+    }
+    ValueRef packed = parts[0].as<ValueRef>();
+    if (parts.size() > 1) {
+      TensorType rows = Flat(first, 0);
+      rows.shape = {world, total};
+      rows.stride = {total, 1};
+      ValueRef c = Emit(Call(absl::StrCat("fxdp_bucket", b), "aten::cat", "",
+                             {Argument(Argument::List(parts)), Argument(int64_t{1})}, rows));
+      packed = Emit(Call(absl::StrCat("fxdp_bucket", b), "aten::view", "",
+                         {c, Ints({world * total})}, Flat(first, world * total)));
+    }
+    const double w = Weight(pb.info.op);
+    if (w != 1.0) {
+      packed = Emit(Call("fxdp_scale", "aten::mul", "Scalar", {packed, Argument(w)},
+                         Flat(first, world * total)));
+    }
+    Node rs = Call("fxdp_reduce_scatter", "_c10d_functional::reduce_scatter_tensor", "",
+                   {packed, Argument(std::string("sum")), Argument(world), Argument(o_.group_name)},
+                   Flat(first, total));
+    started_[b] = Collect(std::move(rs), absl::StrCat("bucket ", b),
+                          world * total * ir::DTypeItemSize(first.dtype));
+    return absl::OkStatus();
+  }
+
+  absl::Status EmitReduceScatterWait(size_t b, ValueRef started) {
+    const PlannedBucket& pb = buckets_[b];
+    int64_t total = 0;
+    for (const ValueRef& v : pb.values) total += ShardNumel(g_.type(v).tensor.numel());
+    const TensorType& first = g_.type(pb.values[0]).tensor;
+    ValueRef w = Emit(Call(absl::StrCat("fxdp_wait_bucket", b), "_c10d_functional::wait_tensor", "",
+                           {started}, Flat(first, total)));
+    int64_t off = 0;
+    for (const ValueRef& v : pb.values) {
+      const TensorType& t = g_.type(v).tensor;
+      const int64_t s = ShardNumel(t.numel());
+      ValueRef x = w;
+      if (pb.values.size() > 1) {
+        TensorType piece = Flat(t, s);
+        piece.storage_offset = off;
+        x = Emit(Call(absl::StrCat("fxdp_grad_shard_", g_.node(v.node).name), "aten::slice",
+                      "Tensor",
+                      {w, Argument(int64_t{0}), Argument(off), Argument(off + s), Argument(int64_t{1})},
+                      piece));
+      }
+      replaced_[v] = x;
+      off += s;
     }
     return absl::OkStatus();
   }
@@ -614,6 +896,11 @@ class Expander final : public RankGraphBuilder {
   absl::flat_hash_map<int32_t, std::vector<Reduction>> solo_;
   absl::flat_hash_map<size_t, ValueRef> started_;
   std::vector<Collective>* collectives_ = nullptr;
+  // FULLY_SHARD.
+  const FullyShardPlan* fs_ = nullptr;
+  absl::flat_hash_map<int32_t, ValueRef> gathered_fwd_, gathered_bwd_;  // placeholder -> whole
+  absl::flat_hash_map<int32_t, ValueRef> gather_started_;               // event -> all_gather
+  absl::flat_hash_map<int32_t, int32_t> backward_copies_;               // old node -> new node
 };
 
 absl::StatusOr<std::vector<PlannedBucket>> PlanBuckets(const Graph& g, const BatchDimAnalysis& a,
@@ -763,18 +1050,30 @@ absl::StatusOr<Expansion> ExpandDataParallel(const Graph& graph, const BatchDimA
         "the expansion asks for sync_batchnorm=%s but the analysis was run with %s",
         options.sync_batchnorm ? "true" : "false", analysis.sync_batchnorm() ? "true" : "false"));
   }
-  if (options.style == DataParallelStyle::kFullyShard) {
-    return absl::UnimplementedError("fully_shard rewrite not yet available");
-  }
   FXDP_ASSIGN_OR_RETURN(std::vector<PlannedBucket> buckets, PlanBuckets(graph, analysis, options));
+  std::optional<FullyShardPlan> fs;
+  if (options.style == DataParallelStyle::kFullyShard) {
+    FXDP_ASSIGN_OR_RETURN(fs, PlanFullyShard(graph, analysis, options));
+  }
 
   Expansion e;
   ExpansionReport& rep = e.report;
   rep.world_size = world;
+  rep.style = options.style;
+  if (fs.has_value()) {
+    e.sharded_state = fs->sharded_state;
+    rep.sharded_state = fs->sharded_state;
+    for (size_t u = 0; u < fs->units.size(); ++u) {
+      std::vector<std::string> names;
+      for (int32_t q : fs->units[u]) names.push_back(fs->sharded.at(q).state_name);
+      rep.notes.push_back(absl::StrFormat("fully_shard unit %d (%d bytes gathered): %s", u,
+                                          fs->unit_bytes[u], absl::StrJoin(names, ", ")));
+    }
+  }
   rep.batch_size = batch;
   rep.slices = SplitBatch(batch, world);
   rep.sharded_reads = static_cast<int32_t>(analysis.sharded_reads().size());
-  rep.notes = analysis.notes();
+  rep.notes.insert(rep.notes.begin(), analysis.notes().begin(), analysis.notes().end());
   for (const Node& n : graph.nodes()) {
     if (!n.is_output() || n.args.empty() || !n.args[0].is_list()) continue;
     const auto& list = n.args[0].as<Argument::List>();
@@ -804,7 +1103,7 @@ absl::StatusOr<Expansion> ExpandDataParallel(const Graph& graph, const BatchDimA
   const int32_t distinct = e.identical ? 1 : world;
   e.distinct_graphs.reserve(distinct);
   for (int32_t r = 0; r < distinct; ++r) {
-    Expander x(graph, analysis, options, buckets, rep.slices[r]);
+    Expander x(graph, analysis, options, buckets, rep.slices[r], fs.has_value() ? &*fs : nullptr);
     FXDP_ASSIGN_OR_RETURN(RankNodes local, x.Run(r == 0 ? &rep.collectives : nullptr));
     if (options.overlap_schedule) {
       // Scheduling reads the edges before the graph is verified: a reference

@@ -21,13 +21,19 @@ using ir::ValueRef;
 namespace {
 
 constexpr absl::string_view kAllReduce = "_c10d_functional::all_reduce";
+// FULLY_SHARD (expansion/fully_shard.h): reduce-scatters are scheduled as
+// all-reduces are; all-gathers stay where the expansion put them (one unit
+// ahead of their use).
+constexpr absl::string_view kReduceScatter = "_c10d_functional::reduce_scatter_tensor";
+constexpr absl::string_view kAllGather = "_c10d_functional::all_gather_into_tensor";
 constexpr absl::string_view kWaitTensor = "_c10d_functional::wait_tensor";
 
 // Cheap ops that may move up with the all_reduce they alone feed (packing a
 // bucket, scaling it).
 bool IsPackingOp(const Node& n) {
   static constexpr absl::string_view kOps[] = {
-      "aten::_unsafe_view", "aten::cat", "aten::div", "aten::mul", "aten::reshape", "aten::view",
+      "aten::_unsafe_view", "aten::cat", "aten::constant_pad_nd", "aten::div", "aten::mul",
+      "aten::reshape", "aten::view",
   };
   return n.is_call() && std::find(std::begin(kOps), std::end(kOps), n.target.name) != std::end(kOps);
 }
@@ -55,12 +61,15 @@ ScheduleInfo OverlapSchedule(const Graph& g) { return OverlapSchedule(g.nodes())
 ScheduleInfo OverlapSchedule(const std::vector<Node>& nodes) {
   const int32_t n = static_cast<int32_t>(nodes.size());
   // What each node is, looked up once.
-  enum : uint8_t { kIsAllReduce = 1, kIsWait = 2, kIsPacking = 4, kIsInput = 8, kIsOutput = 16 };
+  enum : uint8_t {
+    kIsAllReduce = 1, kIsWait = 2, kIsPacking = 4, kIsInput = 8, kIsOutput = 16, kIsGather = 32
+  };
   std::vector<uint8_t> what(n, 0);
   for (int32_t i = 0; i < n; ++i) {
     const Node& node = nodes[i];
     if (node.is_call()) {
-      if (node.target.name == kAllReduce) what[i] |= kIsAllReduce;
+      if (node.target.name == kAllReduce || node.target.name == kReduceScatter) what[i] |= kIsAllReduce;
+      if (node.target.name == kAllGather) what[i] |= kIsGather;
       if (node.target.name == kWaitTensor) what[i] |= kIsWait;
       if (IsPackingOp(node)) what[i] |= kIsPacking;
     } else if (node.is_output()) {
@@ -184,6 +193,24 @@ ScheduleInfo OverlapSchedule(const std::vector<Node>& nodes) {
   };
   std::vector<Key> keys(n);
   for (int32_t i = 0; i < n; ++i) keys[i] = Key{level[i], first[i], eff[i], i};
+  // All-gathers (and the packing that only feeds them) keep their place: right
+  // after the node before them, unless their own key is earlier. Lowering a
+  // key never breaks an edge: their users' keys are at least their own.
+  for (int32_t i = n - 1; i >= 1; --i) {
+    bool anchored = (what[i] & kIsGather) != 0;
+    if (!anchored && (what[i] & kIsPacking) && !users_of(i).empty()) {
+      anchored = true;
+      for (int32_t u : users_of(i)) anchored = anchored && (what[u] & kIsGather);
+    }
+    if (anchored) what[i] |= kIsGather;
+  }
+  for (int32_t i = 1; i < n; ++i) {
+    if (!(what[i] & kIsGather) || (what[i] & kIsInput)) continue;
+    const Key& prev = keys[i - 1];
+    if (std::tie(prev.level, prev.first, prev.eff) < std::tie(keys[i].level, keys[i].first, keys[i].eff)) {
+      keys[i] = Key{std::max(prev.level, 0), prev.first, prev.eff, i};
+    }
+  }
   std::sort(keys.begin(), keys.end(), [](const Key& a, const Key& b) {
     return std::tie(a.level, a.first, a.eff, a.index) < std::tie(b.level, b.first, b.eff, b.index);
   });

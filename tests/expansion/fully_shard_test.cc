@@ -2,9 +2,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <iostream>
 #include <string>
 #include <vector>
 
+#include "analysis/ir/proto_codec.h"
 #include "analysis/ir/text.h"
 #include "expansion/data_parallel.h"
 #include "expansion/sharding.h"
@@ -60,6 +62,121 @@ TEST(DataParallelStyle, Names) {
               StatusIs(absl::StatusCode::kInvalidArgument, "expected 'replicate' or 'fully_shard'"));
   EXPECT_EQ(DataParallelStyleName(DataParallelStyle::kFullyShard), "fully_shard");
   EXPECT_EQ(ExpandOptions{}.style, DataParallelStyle::kReplicate);
+}
+
+absl::StatusOr<Expansion> ExpandText(const std::string& text, ExpandOptions o) {
+  auto g = ir::ParseGraphText(text);
+  if (!g.ok()) return g.status();
+  auto a = AnalyzeBatchDims(*g, AnalyzeOptions{o.world_size});
+  if (!a.ok()) return a.status();
+  return ExpandDataParallel(*g, *a, o);
+}
+
+int Count(const ir::Graph& g, const std::string& target) {
+  int c = 0;
+  for (const ir::Node& n : g.nodes()) c += n.target.ToString() == target;
+  return c;
+}
+
+const ir::Node& Find(const ir::Graph& g, const std::string& name) {
+  auto id = g.FindNode(name);
+  EXPECT_TRUE(id.has_value()) << name;
+  return g.node(*id);
+}
+
+int IndexOf(const ir::Graph& g, const std::string& name) {
+  auto id = g.FindNode(name);
+  EXPECT_TRUE(id.has_value()) << name;
+  return id.has_value() ? id->value : -1;
+}
+
+constexpr DataParallelStyle kFs = DataParallelStyle::kFullyShard;
+
+TEST(FullyShard, MlpShardsParametersGathersThemAndReduceScattersGradients) {
+  // fc.weight [3, 4] (12 over 3 ranks: s = 4), fc.bias [3] (s = 1); batch 8 -> 3, 3, 2.
+  Expansion e = ValueOrDie(ExpandText(ReadTestData("mlp_sgd.txt"), {.world_size = 3, .style = kFs}));
+  ASSERT_EQ(e.sharded_state.size(), 2u);
+  EXPECT_EQ(e.sharded_state[0].state_name, "fc.weight");
+  EXPECT_EQ(e.sharded_state[0].shape, (std::vector<int64_t>{3, 4}));
+  EXPECT_EQ(e.sharded_state[0].shard_numel, 4);
+  EXPECT_EQ(e.sharded_state[1].shard_numel, 1);
+  EXPECT_EQ(e.report.style, kFs);
+  for (int r = 0; r < 3; ++r) {
+    const ir::Graph& g = e.graph(r);
+    EXPECT_EQ(Find(g, "w").outputs[0].tensor.shape, (std::vector<int64_t>{4}));
+    EXPECT_EQ(Find(g, "w").placeholder.state_name, "fc.weight");
+    EXPECT_EQ(Find(g, "b").outputs[0].tensor.shape, (std::vector<int64_t>{1}));
+    EXPECT_EQ(Count(g, "_c10d_functional::all_gather_into_tensor"), 1);
+    EXPECT_EQ(Count(g, "_c10d_functional::reduce_scatter_tensor"), 1);
+    EXPECT_EQ(Count(g, "_c10d_functional::all_reduce"), 1);  // the loss
+    // The updates run on shards.
+    EXPECT_EQ(Find(g, "new_w").outputs[0].tensor.shape, (std::vector<int64_t>{4}));
+    EXPECT_EQ(Find(g, "new_b").outputs[0].tensor.shape, (std::vector<int64_t>{1}));
+    // Forward reads the gathered weight, whole.
+    const ir::Node& t = Find(g, "t");
+    EXPECT_EQ(g.type(t.args[0].as<ir::ValueRef>()).tensor.shape, (std::vector<int64_t>{3, 4}));
+    // The all-gather is waited on before forward's first use of the unit.
+    EXPECT_LT(IndexOf(g, "fxdp_wait_unit0"), IndexOf(g, "t"));
+    EXPECT_EQ(Find(g, "fxdp_all_gather_unit0").outputs[0].tensor.shape, (std::vector<int64_t>{15}));
+    EXPECT_EQ(Find(g, "fxdp_reduce_scatter").outputs[0].tensor.shape, (std::vector<int64_t>{5}));
+  }
+  // The metadata fxdp-worker run reads.
+  bool style = false, names = false;
+  for (const auto& [k, v] : e.graph(0).header().metadata) {
+    style |= k == "fxdp.style" && v == "fully_shard";
+    names |= k == "fxdp.sharded_state" && v == "fc.weight\nfc.bias";
+  }
+  EXPECT_TRUE(style && names);
+  EXPECT_NE(e.report.ToJson().find("\"sharded_state\""), std::string::npos);
+  EXPECT_NE(e.report.ToTable().find("fc.weight"), std::string::npos);
+}
+
+TEST(FullyShard, UnitsArePrefetchedAndBackwardGathersAgain) {
+  // Three 8x8 layers (256 bytes each) with a cap of 256 bytes: one unit per layer.
+  ExpandOptions o{.world_size = 2, .style = kFs, .bucket_cap_mb = 256.0 / (1024 * 1024)};
+  Expansion e = ValueOrDie(ExpandText(ReadTestData("mlp3_momentum.txt"), o));
+  ASSERT_EQ(e.sharded_state.size(), 6u);  // w0..w2 and their momentum buffers
+  const ir::Graph& g = e.graph(0);
+  EXPECT_EQ(Find(g, "m0").outputs[0].tensor.shape, (std::vector<int64_t>{32}));
+  // Forward: unit k+1's all-gather starts before unit k's first compute.
+  EXPECT_LT(IndexOf(g, "fxdp_all_gather_unit1"), IndexOf(g, "t0"));
+  EXPECT_LT(IndexOf(g, "fxdp_all_gather_unit2"), IndexOf(g, "t1"));
+  EXPECT_LT(IndexOf(g, "fxdp_wait_unit1"), IndexOf(g, "t1"));
+  // Backward gathers the layers again and recomputes the transposes from them:
+  // forward's gathered weights die in forward.
+  EXPECT_EQ(Count(g, "_c10d_functional::all_gather_into_tensor"), 5);  // 3 forward, 2 backward
+  const ir::Node& tt1 = Find(g, "tt1");
+  EXPECT_EQ(g.node(tt1.args[0].as<ir::ValueRef>().node).name, "t1_bw");
+  EXPECT_EQ(g.node(Find(g, "t1_bw").args[0].as<ir::ValueRef>().node).name, "fxdp_full_w1_bw");
+  ir::UseMap uses = ir::ComputeUses(g);
+  const int32_t fwd_w1 = IndexOf(g, "fxdp_full_w1");
+  for (const ir::Use& u : uses[fwd_w1][0]) EXPECT_LT(u.user.value, IndexOf(g, "loss"));
+}
+
+TEST(FullyShard, RefusesNonElementwiseOptimizerMathOnShardsNamingTheNode) {
+  // A gradient-norm-like reduction over a sharded gradient in the optimizer.
+  const std::string text = R"(graph format=1 producer="test" torch="2.13.0+cpu" {
+  %w: f32[3, 4] rg = placeholder() {role=PARAMETER, state="w"}
+  %x: f32[8, 4] = placeholder() {role=INPUT, state="x", batch_dim=0}
+  %t: f32[4, 3]{1, 4} = aten::t(%w)
+  %h: f32[8, 3] = aten::mm(%x, %t)
+  %loss: f32[] = aten::sum(%h)
+  %one: f32[] = aten::ones_like(%loss, pin_memory=false, memory_format=torch.preserve_format)
+  %ex: f32[8, 3]{0, 0} = aten::expand(%one, [8, 3])
+  %ext: f32[3, 8]{0, 0} = aten::t(%ex)
+  %g: f32[3, 4] = aten::mm(%ext, %x) {grad_of="w"}
+  %gt: f32[4, 3]{1, 4} = aten::t(%g)
+  %gs: f32[4, 3] = aten::mul.Tensor(%gt, 0.1)
+  %gst: f32[3, 4]{1, 3} = aten::t(%gs)
+  %nw: f32[3, 4] = aten::sub.Tensor(%w, %gst)
+  %output = output([%nw, %loss]) {specs=[UPDATED_PARAMETER "w", LOSS]}
+}
+)";
+  EXPECT_THAT(ExpandText(text, {.world_size = 2, .style = kFs}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "node gt (aten::t) runs in the optimizer on sharded state"));
+  // REPLICATE takes it.
+  EXPECT_TRUE(ExpandText(text, {.world_size = 2}).ok());
 }
 
 }  // namespace
