@@ -37,6 +37,32 @@ absl::StatusOr<std::unique_ptr<Work>> LocalCommunicator::AllReduceSum(const at::
   }
 }
 
+absl::StatusOr<std::unique_ptr<Work>> Communicator::AllGather(const at::Tensor&) {
+  return absl::UnimplementedError(
+      absl::StrCat(name(), ": this communicator has no all_gather_into_tensor"));
+}
+
+absl::StatusOr<std::unique_ptr<Work>> Communicator::ReduceScatterSum(const at::Tensor&) {
+  return absl::UnimplementedError(
+      absl::StrCat(name(), ": this communicator has no reduce_scatter_tensor"));
+}
+
+absl::StatusOr<std::unique_ptr<Work>> LocalCommunicator::AllGather(const at::Tensor& input) {
+  try {
+    return std::unique_ptr<Work>(std::make_unique<ReadyWork>(input.reshape({-1}).clone()));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("all_gather (local): ", ExceptionMessage(e)));
+  }
+}
+
+absl::StatusOr<std::unique_ptr<Work>> LocalCommunicator::ReduceScatterSum(const at::Tensor& input) {
+  try {
+    return std::unique_ptr<Work>(std::make_unique<ReadyWork>(input.reshape({-1}).clone()));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("reduce_scatter (local): ", ExceptionMessage(e)));
+  }
+}
+
 namespace {
 
 using PeerAddresses = GlooCommunicator::PeerAddresses;
@@ -165,13 +191,15 @@ std::string DescribePeers(const std::vector<std::pair<int, std::string>>& peers)
 class GlooWork : public Work {
  public:
   GlooWork(c10::intrusive_ptr<c10d::Work> work, at::Tensor result, std::string who,
-           std::shared_ptr<const PeerAddresses> peers)
+           std::shared_ptr<const PeerAddresses> peers, const char* op = "all_reduce")
       : work_(std::move(work)), result_(std::move(result)), who_(std::move(who)),
-        peers_(std::move(peers)) {}
+        peers_(std::move(peers)), op_(op) {}
 
   absl::StatusOr<at::Tensor> Wait(std::chrono::milliseconds timeout) override {
     const auto start = std::chrono::steady_clock::now();
     try {
+      // Gloo's reduce-scatter copies this rank's chunk out inside wait().
+      c10::InferenceMode normal(false);
       work_->wait(timeout);
     } catch (const std::exception& e) {
       const auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -196,7 +224,7 @@ class GlooWork : public Work {
       }
       return absl::Status(
           timed_out ? absl::StatusCode::kDeadlineExceeded : absl::StatusCode::kUnavailable,
-          absl::StrCat(who_, ": all_reduce ", status, ": ", msg));
+          absl::StrCat(who_, ": ", op_, " ", status, ": ", msg));
     }
     return result_;
   }
@@ -206,6 +234,7 @@ class GlooWork : public Work {
   at::Tensor result_;
   std::string who_;
   std::shared_ptr<const PeerAddresses> peers_;
+  const char* op_;
 };
 
 }  // namespace
@@ -285,6 +314,60 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::AllReduceSum(const at::T
 absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::AllReduceSumDonated(at::Tensor buffer) {
   if (!buffer.device().is_cpu() || !buffer.is_contiguous()) return AllReduceSum(buffer);
   return Start(std::move(buffer));
+}
+
+absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::AllGather(const at::Tensor& input) {
+  return StartFlat(input, /*gather=*/true);
+}
+
+absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::ReduceScatterSum(const at::Tensor& input) {
+  return StartFlat(input, /*gather=*/false);
+}
+
+absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::StartFlat(const at::Tensor& input,
+                                                                  bool gather) {
+  const char* op = gather ? "all_gather_into_tensor" : "reduce_scatter_tensor";
+  if (!input.device().is_cpu()) {
+    return absl::UnimplementedError(absl::StrCat(
+        name(), ": Gloo ", op, " of a ", input.device().str(),
+        " tensor is not supported (Gloo is the CPU communicator)"));
+  }
+  const int64_t n = input.numel();
+  if (!gather && n % world_size_ != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(name(), ": ", op, " of ", n,
+                                                   " elements, not a multiple of the world size ",
+                                                   world_size_));
+  }
+  at::Tensor in, out;
+  try {
+    // Normal (not inference) contiguous CPU tensors: Gloo's threads work on them.
+    c10::InferenceMode normal(false);
+    in = input.reshape({-1}).clone(at::MemoryFormat::Contiguous);
+    out = at::empty({gather ? n * world_size_ : n / world_size_}, in.options());
+  } catch (const std::exception& e) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(name(), ": copying the ", op, " input failed: ", ExceptionMessage(e)));
+  }
+  try {
+    c10::InferenceMode normal(false);
+    c10::intrusive_ptr<c10d::Work> work;
+    if (gather) {
+      work = backend_->_allgather_base(out, in, c10d::AllgatherOptions{});
+    } else {
+      c10d::ReduceScatterOptions o;
+      o.reduceOp = c10d::ReduceOp::SUM;
+      work = backend_->_reduce_scatter_base(out, in, o);
+    }
+    return std::unique_ptr<Work>(
+        std::make_unique<GlooWork>(std::move(work), std::move(out), name(), peers_, op));
+  } catch (const std::exception& e) {
+    const std::string msg = TrimGlooMessage(ExceptionMessage(e));
+    const auto named = PeersNamedIn(msg, *peers_);
+    return absl::UnavailableError(absl::StrCat(
+        name(), ": starting ", op, " failed",
+        named.empty() ? "" : absl::StrCat(", lost the connection to ", DescribePeers(named)),
+        ": ", msg));
+  }
 }
 
 absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Start(at::Tensor buf) {

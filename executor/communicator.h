@@ -2,13 +2,17 @@
 //
 // A graph's `_c10d_functional::all_reduce(Tensor, str reduce_op, str group)`
 // node starts a Work through the program's Communicator; the matching
-// `_c10d_functional::wait_tensor` waits for it. Like torch's functional
-// collectives, AllReduceSum never modifies its argument: the result is a new
-// tensor.
+// `_c10d_functional::wait_tensor` waits for it. So do FULLY_SHARD's
+// `all_gather_into_tensor(Tensor, int group_size, str group)` (AllGather) and
+// `reduce_scatter_tensor(Tensor, str reduce_op, int group_size, str group)`
+// (ReduceScatterSum) on 1-D flat buffers (expansion/fully_shard.h). Like
+// torch's functional collectives, they never modify their argument: the result
+// is a new tensor.
 //
 //   LocalCommunicator  world size 1: the result is a clone, done at once.
 //   GlooCommunicator   c10d ProcessGroupGloo (CPU tensors), in
 //                      executor/gloo_communicator.h.
+//   NcclCommunicator   raw NCCL (CUDA tensors), in executor/nccl/.
 #ifndef FXDP_EXECUTOR_COMMUNICATOR_H_
 #define FXDP_EXECUTOR_COMMUNICATOR_H_
 
@@ -46,6 +50,17 @@ class Communicator {
   virtual absl::StatusOr<std::unique_ptr<Work>> AllReduceSumDonated(at::Tensor buffer) {
     return AllReduceSum(buffer);
   }
+  // Starts gathering `input` from every rank (all pass the same numel and
+  // dtype): the result is 1-D with world_size() * numel elements, rank r's
+  // input (flattened, row-major) at [r * numel, (r + 1) * numel).
+  // The default is UNIMPLEMENTED naming the communicator.
+  virtual absl::StatusOr<std::unique_ptr<Work>> AllGather(const at::Tensor& input);
+  // Starts summing `input` (numel a multiple of world_size(), the same on
+  // every rank) over all ranks and keeps this rank's chunk: the result is 1-D
+  // with numel / N elements, the sum of every rank's elements
+  // [r * numel / N, (r + 1) * numel / N) for r = rank().
+  // The default is UNIMPLEMENTED naming the communicator.
+  virtual absl::StatusOr<std::unique_ptr<Work>> ReduceScatterSum(const at::Tensor& input);
   // A short description for logs ("local", "gloo rank 0/2").
   virtual std::string name() const = 0;
 };
@@ -56,6 +71,9 @@ class LocalCommunicator : public Communicator {
   int rank() const override { return 0; }
   int world_size() const override { return 1; }
   absl::StatusOr<std::unique_ptr<Work>> AllReduceSum(const at::Tensor& input) override;
+  // Over one rank both are a flattened clone.
+  absl::StatusOr<std::unique_ptr<Work>> AllGather(const at::Tensor& input) override;
+  absl::StatusOr<std::unique_ptr<Work>> ReduceScatterSum(const at::Tensor& input) override;
   std::string name() const override { return "local"; }
 };
 

@@ -1,5 +1,12 @@
 // A Communicator over a c10d backend (ProcessGroupGloo from gloo_backend.h):
 // AllReduceSum is `allreduce(SUM)` on a contiguous CPU copy of the input.
+// AllGather is c10d's `_allgather_base` (Gloo's allgather into a flat buffer,
+// then one copy into the result). ReduceScatterSum is c10d's
+// `_reduce_scatter_base`, which ProcessGroupGloo (torch 2.13) builds from what
+// Gloo has: it clones the whole N*s input, all-reduces it, and copies this
+// rank's chunk out in wait(). Cost against a true reduce-scatter: the wire
+// carries an all-reduce's 2(N-1)/N of the buffer instead of (N-1)/N (2x), and
+// the rank holds the full buffer twice while it runs; the result is the same.
 //
 // Errors name this rank ("gloo rank 0/2: all_reduce ...") and, when Gloo's
 // message names a peer's socket address, the rank that owns it ("lost the
@@ -39,9 +46,12 @@ class GlooCommunicator : public Communicator {
   absl::StatusOr<std::unique_ptr<Work>> AllReduceSum(const at::Tensor& input) override;
   // Reduces a contiguous donated buffer in place (no copy).
   absl::StatusOr<std::unique_ptr<Work>> AllReduceSumDonated(at::Tensor buffer) override;
+  absl::StatusOr<std::unique_ptr<Work>> AllGather(const at::Tensor& input) override;
+  absl::StatusOr<std::unique_ptr<Work>> ReduceScatterSum(const at::Tensor& input) override;
 
  private:
   absl::StatusOr<std::unique_ptr<Work>> Start(at::Tensor buf);
+  absl::StatusOr<std::unique_ptr<Work>> StartFlat(const at::Tensor& input, bool gather);
 
  public:
   std::string name() const override;

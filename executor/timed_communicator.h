@@ -26,7 +26,7 @@
 namespace fxdp::executor {
 
 struct CollectiveStats {
-  int64_t collectives = 0;  // AllReduceSum calls
+  int64_t collectives = 0;  // collectives started (all-reduce, all-gather, reduce-scatter)
   int64_t bytes = 0;        // their input bytes
   double start_ms = 0;      // inside AllReduceSum (copying, enqueueing)
   double wait_ms = 0;       // inside Work::Wait (blocked on the collective)
@@ -63,6 +63,18 @@ class TimedCommunicator : public Communicator {
     const int64_t bytes = static_cast<int64_t>(buffer.nbytes());
     absl::StatusOr<std::unique_ptr<Work>> w = inner_->AllReduceSumDonated(std::move(buffer));
     return Started(std::move(w), bytes, t0);
+  }
+
+  absl::StatusOr<std::unique_ptr<Work>> AllGather(const at::Tensor& input) override {
+    const auto t0 = Clock::now();
+    absl::StatusOr<std::unique_ptr<Work>> w = inner_->AllGather(input);
+    return Started(std::move(w), static_cast<int64_t>(input.nbytes()), t0);
+  }
+
+  absl::StatusOr<std::unique_ptr<Work>> ReduceScatterSum(const at::Tensor& input) override {
+    const auto t0 = Clock::now();
+    absl::StatusOr<std::unique_ptr<Work>> w = inner_->ReduceScatterSum(input);
+    return Started(std::move(w), static_cast<int64_t>(input.nbytes()), t0);
   }
 
   const CollectiveStats& stats() const { return stats_; }

@@ -494,9 +494,25 @@ bool NcclCommunicator::aborted() const { return !state_->abort_reason.empty(); }
 std::string NcclCommunicator::name() const { return state_->Who(); }
 
 absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::AllReduceSum(const at::Tensor& input) {
+  return Start(input, Collective::kAllReduce);
+}
+
+absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::AllGather(const at::Tensor& input) {
+  return Start(input, Collective::kAllGather);
+}
+
+absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::ReduceScatterSum(const at::Tensor& input) {
+  return Start(input, Collective::kReduceScatter);
+}
+
+absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::Start(const at::Tensor& input,
+                                                              Collective kind) {
   State& s = *state_;
   s.ReapOrphans();
-  const std::string what = absl::StrCat("all_reduce #", ++s.seq);
+  const char* op = kind == Collective::kAllReduce   ? "all_reduce"
+                   : kind == Collective::kAllGather ? "all_gather_into_tensor"
+                                                    : "reduce_scatter_tensor";
+  const std::string what = absl::StrCat(op, " #", ++s.seq);
   if (!s.abort_reason.empty())
     return absl::UnavailableError(absl::StrCat(s.Who(), ": ", what,
                                                ": the NCCL communicator was aborted earlier (",
@@ -526,6 +542,16 @@ absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::AllReduceSum(const at::T
   const bool torch_cuda = c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA);
   at::Tensor in = input;
   at::Tensor out;
+  const int64_t n = input.numel();
+  if (kind == Collective::kReduceScatter && n % s.world_size != 0)
+    return absl::InvalidArgumentError(absl::StrCat(s.Who(), ": ", what, " of ", n,
+                                                   " elements, not a multiple of the world size ",
+                                                   s.world_size));
+  // all_reduce: the input's shape; all_gather: N * n; reduce_scatter: n / N (1-D).
+  std::vector<int64_t> out_sizes = kind == Collective::kAllReduce ? input.sizes().vec()
+                                   : kind == Collective::kAllGather
+                                       ? std::vector<int64_t>{n * s.world_size}
+                                       : std::vector<int64_t>{n / s.world_size};
   try {
     if (!in.is_contiguous()) {
       if (!torch_cuda)
@@ -534,9 +560,9 @@ absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::AllReduceSum(const at::T
       in = in.contiguous();
     }
     if (torch_cuda) {
-      out = at::empty(in.sizes(), in.options().memory_format(c10::MemoryFormat::Contiguous));
+      out = at::empty(out_sizes, in.options().memory_format(c10::MemoryFormat::Contiguous));
     } else {
-      auto raw = RawCudaEmpty(in.sizes(), in.options(), s.device);
+      auto raw = RawCudaEmpty(out_sizes, in.options(), s.device);
       if (!raw.ok())
         return absl::Status(raw.status().code(),
                             absl::StrCat(s.Who(), ": ", what, ": ", raw.status().message()));
@@ -575,8 +601,17 @@ absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::AllReduceSum(const at::T
 
   auto done = s.TakeEvent();
   if (!done.ok()) return done.status();
-  ncclResult_t r = ncclAllReduce(in.const_data_ptr(), out.mutable_data_ptr(),
-                                 static_cast<size_t>(count), type->type, type->op, s.comm, s.stream);
+  // all_gather: `count` is each rank's contribution; reduce_scatter: each rank's result.
+  ncclResult_t r =
+      kind == Collective::kAllReduce
+          ? ncclAllReduce(in.const_data_ptr(), out.mutable_data_ptr(), static_cast<size_t>(count),
+                          type->type, type->op, s.comm, s.stream)
+      : kind == Collective::kAllGather
+          ? ncclAllGather(in.const_data_ptr(), out.mutable_data_ptr(), static_cast<size_t>(count),
+                          type->type, s.comm, s.stream)
+          : ncclReduceScatter(in.const_data_ptr(), out.mutable_data_ptr(),
+                              static_cast<size_t>(count / s.world_size), type->type, type->op,
+                              s.comm, s.stream);
   // After a failure the collective may still sit on the stream: the event
   // recorded behind it keeps both buffers alive until the stream passes it.
   auto fail = [&](absl::StatusCode code, const std::string& reason) {
@@ -595,7 +630,7 @@ absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::AllReduceSum(const at::T
 #endif
   if (r != ncclSuccess)
     return fail(absl::StatusCode::kUnavailable,
-                absl::StrCat(what, ": ncclAllReduce failed: ", NcclError(r, s.comm)));
+                absl::StrCat(what, ": NCCL ", op, " failed: ", NcclError(r, s.comm)));
   if (const cudaError_t e = cudaEventRecord(*done, s.stream); e != cudaSuccess) {
     cudaGetLastError();
     return fail(absl::StatusCode::kUnavailable, absl::StrCat(what, ": cudaEventRecord: ", CudaError(e)));

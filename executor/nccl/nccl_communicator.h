@@ -83,6 +83,10 @@ class NcclCommunicator : public Communicator {
   int world_size() const override;
   int device_index() const;
   absl::StatusOr<std::unique_ptr<Work>> AllReduceSum(const at::Tensor& input) override;
+  // ncclAllGather / ncclReduceScatter(sum) on the same stream, with the same
+  // ordering, lifetime and error handling as AllReduceSum.
+  absl::StatusOr<std::unique_ptr<Work>> AllGather(const at::Tensor& input) override;
+  absl::StatusOr<std::unique_ptr<Work>> ReduceScatterSum(const at::Tensor& input) override;
   // "nccl rank 0/2 cuda:0"
   std::string name() const override;
   // True after a failed or timed-out collective aborted the communicator.
@@ -92,6 +96,8 @@ class NcclCommunicator : public Communicator {
 
  private:
   explicit NcclCommunicator(std::shared_ptr<State> state) : state_(std::move(state)) {}
+  enum class Collective { kAllReduce, kAllGather, kReduceScatter };
+  absl::StatusOr<std::unique_ptr<Work>> Start(const at::Tensor& input, Collective kind);
   std::shared_ptr<State> state_;  // shared with the Works still pending
 };
 

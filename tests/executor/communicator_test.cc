@@ -1,0 +1,100 @@
+// The flat collectives FULLY_SHARD needs (all_gather_into_tensor,
+// reduce_scatter_tensor) on the Local and Gloo communicators: real Gloo, 3
+// ranks in one process over a TCPStore on 127.0.0.1. (NCCL: the gpu-labelled
+// nccl_communicator_test.)
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "executor/communicator.h"
+#include "executor/gloo_communicator.h"
+#include "executor/timed_communicator.h"
+#include "tests/test_util.h"
+
+namespace fxdp::executor {
+namespace {
+
+using ::fxdp::testing::StatusIs;
+using ::fxdp::testing::ValueOrDie;
+
+constexpr std::chrono::milliseconds kWait(20000);
+
+TEST(LocalCommunicatorTest, GatherAndScatterOverOneRankAreFlatCopies) {
+  LocalCommunicator c;
+  const at::Tensor x = at::arange(6, at::kFloat).reshape({2, 3});
+  const at::Tensor g = ValueOrDie(ValueOrDie(c.AllGather(x))->Wait(kWait));
+  EXPECT_TRUE(at::equal(g, at::arange(6, at::kFloat)));
+  EXPECT_NE(g.data_ptr(), x.data_ptr());
+  const at::Tensor s = ValueOrDie(ValueOrDie(c.ReduceScatterSum(x))->Wait(kWait));
+  EXPECT_TRUE(at::equal(s, at::arange(6, at::kFloat)));
+}
+
+// N Gloo communicators, one per thread, over one store.
+std::vector<std::unique_ptr<GlooCommunicator>> GlooRanks(int world) {
+  RendezvousOptions opts;
+  opts.port = 0;
+  opts.world_size = world;
+  opts.timeout = kWait;
+  auto store0 = ValueOrDie(ConnectStore(opts));
+  const int port = static_cast<c10d::TCPStore*>(store0.get())->getPort();
+  std::vector<std::unique_ptr<GlooCommunicator>> comms(world);
+  std::vector<std::thread> threads;
+  for (int r = 1; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      RendezvousOptions o = opts;
+      o.rank = r;
+      o.port = port;
+      comms[r] = ValueOrDie(GlooCommunicator::Connect(o, "127.0.0.1"));
+    });
+  }
+  comms[0] = ValueOrDie(GlooCommunicator::Create(store0, opts, "127.0.0.1"));
+  for (std::thread& t : threads) t.join();
+  return comms;
+}
+
+TEST(GlooCommunicatorTest, AllGatherAndReduceScatterOverThreeRanks) {
+  constexpr int kWorld = 3;
+  auto comms = GlooRanks(kWorld);
+  std::vector<at::Tensor> gathered(kWorld), scattered(kWorld);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorld; ++r) {
+    threads.emplace_back([&, r] {
+      // InferenceMode as the interpreter runs: the inputs are inference tensors.
+      c10::InferenceMode im;
+      TimedCommunicator timed(comms[r].get());
+      // Shard of rank r: [10r, 10r+1]; gathered: [0, 1, 10, 11, 20, 21].
+      const at::Tensor shard = at::arange(2, at::kFloat) + 10.0 * r;
+      auto wg = ValueOrDie(timed.AllGather(shard));
+      // Rank r contributes (r + 1) * [0..5]: the sum is 6 * [0..5]; rank r keeps 2 elements.
+      const at::Tensor full = at::arange(6, at::kFloat).reshape({2, 3}) * (r + 1);
+      auto ws = ValueOrDie(timed.ReduceScatterSum(full));
+      gathered[r] = ValueOrDie(wg->Wait(kWait));
+      scattered[r] = ValueOrDie(ws->Wait(kWait));
+      EXPECT_EQ(timed.stats().collectives, 2);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  const at::Tensor want = at::tensor({0.f, 1.f, 10.f, 11.f, 20.f, 21.f});
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_TRUE(at::equal(gathered[r], want)) << r << ": " << gathered[r];
+    EXPECT_TRUE(at::equal(scattered[r], at::arange(2, at::kFloat) * 6 + 12.0 * r))
+        << r << ": " << scattered[r];
+  }
+}
+
+TEST(GlooCommunicatorTest, ReduceScatterOfANumelNotDivisibleByTheWorldIsRefused) {
+  auto comms = GlooRanks(2);
+  EXPECT_THAT(comms[0]->ReduceScatterSum(at::ones({3})).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "gloo rank 0/2: reduce_scatter_tensor of 3 elements, not a multiple of the "
+                       "world size 2"));
+}
+
+}  // namespace
+}  // namespace fxdp::executor
