@@ -6,6 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "security/server_auth.h"
+#include "server/audit.h"
 #include "server/log.h"
 
 namespace fxdp::server {
@@ -26,6 +28,7 @@ constexpr int kMaxIgnoredLogs = 10;  // per attachment, then silence
 
 struct WorkerRegistry::Conn {
   std::string id;
+  std::string principal;  // security::Describe of the attaching worker's credentials
   bool lost = false;  // guarded by WorkerRegistry::mu_
   int ignored = 0;    // reader thread only
   std::mutex ctx_mu;
@@ -91,6 +94,7 @@ grpc::Status WorkerRegistry::Attach(
                         "worker_id must be printable without spaces, at most 256 bytes");
   }
   auto conn = std::make_shared<Conn>();
+  conn->principal = security::Describe(security::PrincipalOf(*context));
   conn->ctx = context;
   conn->stream = stream;
   {
@@ -118,6 +122,11 @@ grpc::Status WorkerRegistry::Attach(
     e.conn = conn;
   }
   const std::string& id = conn->id;
+  Audit("worker_join", {{"identity", conn->principal},
+                        {"peer", context->peer()},
+                        {"worker", id},
+                        {"hostname", reg.hostname()},
+                        {"device", reg.device()}});
   Log(absl::StrFormat("worker %s attached: host %s pid %d device %s capacity %d (fxdp %s, torch %s) from %s",
                       id, reg.hostname(), reg.pid(), reg.device(), reg.capacity(),
                       reg.fxdp_version(), reg.torch_version(), context->peer()));
@@ -236,6 +245,7 @@ void WorkerRegistry::MarkLost(const std::string& id, const std::shared_ptr<Conn>
     }
   }
   Log(absl::StrCat("worker ", id, " lost: ", why));
+  Audit("worker_leave", {{"identity", conn->principal}, {"worker", id}, {"reason", why}});
   conn->Cancel();
   for (auto& f : ls) f(id, nullptr);
 }

@@ -8,6 +8,7 @@
 #include "analysis/ir/proto_codec.h"
 #include "client/cli/commands.h"
 #include "client/cli/remote.h"
+#include "client/cli/connect.h"
 #include "util/flags.h"
 
 namespace fxdp::cli {
@@ -33,6 +34,7 @@ constexpr char kAnalyzeUsage[] =
     "                   \"placement\" joins them (\"(S(0), P(avg))\" when they differ)\n"
     "  --server HOST:PORT   ask fxdp-server (CompileService.Analyze) instead of\n"
     "                   analysing locally; same output\n"
+    FXDP_CLI_CREDENTIAL_USAGE
     "\n"
     "Exit codes: 0 ok, 1 invalid graph or unsupported use of the batch, 2 usage, 3 I/O.\n";
 
@@ -48,11 +50,13 @@ int AnalyzeCommand(const std::vector<std::string>& args) {
   flags.Bool("--sync-batchnorm", &sync_bn);
   std::string server;
   flags.String("--server", &server);
+  security::ChannelSecurity creds;
+  AddCredentialFlags(&flags, &creds);
   std::vector<std::string> pos;
   if (int rc = flags.Parse(args, &pos); rc >= 0) return rc;
   if (pos.size() != 1) return flags.Usage(pos.empty() ? "missing GRAPH" : "takes one GRAPH");
   const std::string& path = pos[0];
-  if (!server.empty()) return RemoteAnalyze(server, path, world, json, sync_bn);
+  if (!server.empty()) return RemoteAnalyze(server, creds, path, world, json, sync_bn);
   auto g = ir::ReadGraphFile(path);
   if (!g.ok()) return ReportError("analyze", g.status());
   auto a = AnalyzeBatchDims(*g, AnalyzeOptions{world, sync_bn});

@@ -10,6 +10,7 @@
 #include "analysis/ir/proto_codec.h"
 #include "client/cli/commands.h"
 #include "client/cli/remote.h"
+#include "client/cli/connect.h"
 #include "expansion/style_proto.h"
 #include "util/flags.h"
 #include "expansion/data_parallel.h"
@@ -58,6 +59,7 @@ constexpr char kExpandUsage[] =
     "                       and the ranks that run each\n"
     "  --server HOST:PORT   expand on fxdp-server (CompileService.Expand) instead of\n"
     "                       locally; same files and output\n"
+    FXDP_CLI_CREDENTIAL_USAGE
     "\n"
     "Exit codes: 0 ok, 1 invalid graph or unsupported placement, 2 usage, 3 I/O.\n";
 
@@ -82,6 +84,8 @@ int ExpandCommand(const std::vector<std::string>& args) {
   flags.Bool("--json", &json);
   std::string server;
   flags.String("--server", &server);
+  security::ChannelSecurity creds;
+  AddCredentialFlags(&flags, &creds);
   std::vector<std::string> pos;
   if (int rc = flags.Parse(args, &pos); rc >= 0) return rc;
   if (pos.size() != 1) return flags.Usage(pos.empty() ? "missing GRAPH" : "takes one GRAPH");
@@ -98,6 +102,7 @@ int ExpandCommand(const std::vector<std::string>& args) {
   if (!server.empty()) {
     RemoteExpandArgs ra;
     ra.server = server;
+    ra.creds = creds;
     ra.path = path;
     ra.out = out;
     ra.world = opts.world_size;

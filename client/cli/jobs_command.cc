@@ -21,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "analysis/ir/hyperparameters.h"
 #include "client/cli/commands.h"
+#include "client/cli/connect.h"
 #include "client/cli/safetensors_raw.h"
 #include "grpcpp/grpcpp.h"
 #include "nlohmann/json.hpp"
@@ -30,8 +31,6 @@
 namespace fxdp::cli {
 namespace {
 
-constexpr int kMaxMessageBytes = std::numeric_limits<int>::max();
-constexpr int kConnectTimeoutS = 5;
 
 constexpr char kRunUsage[] =
     "usage: fxdp run GRAPH --world-size N --state S.safetensors --data D.safetensors\n"
@@ -52,6 +51,7 @@ constexpr char kRunUsage[] =
     "L (T ms); a progress bar on a terminal) and the job id at the end.\n"
     "\n"
     "  --server HOST:PORT   the fxdp server (default $FXDP_SERVER, else 127.0.0.1:50051)\n"
+    FXDP_CLI_CREDENTIAL_USAGE
     "  --world-size N       number of data-parallel ranks (default 1)\n"
     "  --state FILE         initial state, safetensors (required)\n"
     "  --data FILE          a global batch, safetensors (repeatable)\n"
@@ -86,6 +86,7 @@ constexpr char kJobsUsage[] =
     "world size, last loss, and what a queued job waits for or why a job failed.\n"
     "\n"
     "  --server HOST:PORT   the fxdp server (default $FXDP_SERVER, else 127.0.0.1:50051)\n"
+    FXDP_CLI_CREDENTIAL_USAGE
     "  --json               print JSON: {\"jobs\": [{...JobInfo...}]}\n"
     "\n"
     "Exit codes: 0 ok, 1 the server refused, 2 usage, 3 the server is unreachable.\n";
@@ -97,6 +98,7 @@ constexpr char kJobUsage[] =
     "position and what it waits for), steps, workers, losses, error.\n"
     "\n"
     "  --server HOST:PORT   the fxdp server (default $FXDP_SERVER, else 127.0.0.1:50051)\n"
+    FXDP_CLI_CREDENTIAL_USAGE
     "  --json               print the job as a JSON object\n"
     "\n"
     "Exit codes: 0 ok, 1 unknown job, 2 usage, 3 the server is unreachable.\n";
@@ -108,6 +110,7 @@ constexpr char kCancelUsage[] =
     "left as it is. Prints the job's state afterwards.\n"
     "\n"
     "  --server HOST:PORT   the fxdp server (default $FXDP_SERVER, else 127.0.0.1:50051)\n"
+    FXDP_CLI_CREDENTIAL_USAGE
     "  --reason TEXT        why (kept in the job's error; default \"fxdp cancel\")\n"
     "  --json               print the job as a JSON object\n"
     "\n"
@@ -132,30 +135,6 @@ std::string CodeName(grpc::StatusCode c) {
                                  "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"};
   const int i = static_cast<int>(c);
   return i >= 0 && i < 17 ? kNames[i] : absl::StrCat("CODE_", i);
-}
-
-// Connects to `server`; nullptr (after printing why) when a connection
-// attempt fails (e.g. refused) or none succeeds within kConnectTimeoutS.
-std::shared_ptr<grpc::Channel> Connect(const std::string& cmd, const std::string& server) {
-  grpc::ChannelArguments ch;
-  ch.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  ch.SetMaxSendMessageSize(kMaxMessageBytes);
-  auto channel = grpc::CreateCustomChannel(server, grpc::InsecureChannelCredentials(), ch);
-  const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(kConnectTimeoutS);
-  for (grpc_connectivity_state st = channel->GetState(true); st != GRPC_CHANNEL_READY;
-       st = channel->GetState(true)) {
-    if (st == GRPC_CHANNEL_TRANSIENT_FAILURE || st == GRPC_CHANNEL_SHUTDOWN) {
-      std::fprintf(stderr, "fxdp %s: server %s is unreachable (the connection failed)\n", cmd.c_str(),
-                   server.c_str());
-      return nullptr;
-    }
-    if (!channel->WaitForStateChange(st, deadline)) {
-      std::fprintf(stderr, "fxdp %s: server %s is unreachable (no connection within %d s)\n", cmd.c_str(),
-                   server.c_str(), kConnectTimeoutS);
-      return nullptr;
-    }
-  }
-  return channel;
 }
 
 int ReportRpcError(const std::string& cmd, const std::string& server, const grpc::Status& s) {
@@ -426,6 +405,8 @@ int RunCommand(const std::vector<std::string>& args) {
   double bucket_mb = 0, timeout_s = 0;
   bool json = false;
   flags.String("--server", &server);
+  security::ChannelSecurity creds;
+  AddCredentialFlags(&flags, &creds);
   flags.Int("--world-size", &world);
   flags.String("--state", &state_path);
   flags.Strings("--data", &data);
@@ -492,7 +473,7 @@ int RunCommand(const std::vector<std::string>& args) {
     }
   }
 
-  auto channel = Connect("run", server);
+  auto channel = Connect("run", server, creds);
   if (!channel) return kExitIo;
   auto stub = v1::JobService::NewStub(channel);
   grpc::ClientContext ctx;
@@ -560,9 +541,11 @@ int JobsCommand(const std::vector<std::string>& args) {
   std::string server = DefaultServer();
   bool json = false;
   flags.String("--server", &server);
+  security::ChannelSecurity creds;
+  AddCredentialFlags(&flags, &creds);
   flags.Bool("--json", &json);
   if (int rc = flags.Parse(args, nullptr); rc >= 0) return rc;
-  auto channel = Connect("jobs", server);
+  auto channel = Connect("jobs", server, creds);
   if (!channel) return kExitIo;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
@@ -597,11 +580,13 @@ int JobCommand(const std::vector<std::string>& args) {
   std::string server = DefaultServer();
   bool json = false;
   flags.String("--server", &server);
+  security::ChannelSecurity creds;
+  AddCredentialFlags(&flags, &creds);
   flags.Bool("--json", &json);
   std::vector<std::string> pos;
   if (int rc = flags.Parse(args, &pos); rc >= 0) return rc;
   if (pos.size() != 1) return flags.Usage("expected exactly one job ID");
-  auto channel = Connect("job", server);
+  auto channel = Connect("job", server, creds);
   if (!channel) return kExitIo;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
@@ -620,12 +605,14 @@ int CancelCommand(const std::vector<std::string>& args) {
   std::string server = DefaultServer(), reason = "fxdp cancel";
   bool json = false;
   flags.String("--server", &server);
+  security::ChannelSecurity creds;
+  AddCredentialFlags(&flags, &creds);
   flags.String("--reason", &reason);
   flags.Bool("--json", &json);
   std::vector<std::string> pos;
   if (int rc = flags.Parse(args, &pos); rc >= 0) return rc;
   if (pos.size() != 1) return flags.Usage("expected exactly one job ID");
-  auto channel = Connect("cancel", server);
+  auto channel = Connect("cancel", server, creds);
   if (!channel) return kExitIo;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));

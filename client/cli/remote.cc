@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/cli/commands.h"
+#include "client/cli/connect.h"
 #include "grpcpp/grpcpp.h"
 #include "nlohmann/json.hpp"
 #include "proto/fxdp/v1/compile.grpc.pb.h"
@@ -18,14 +19,12 @@
 namespace fxdp::cli {
 namespace {
 
-constexpr int kMaxMessageBytes = 1 << 30;
-
-std::unique_ptr<v1::CompileService::Stub> Connect(const std::string& server) {
-  grpc::ChannelArguments ch;
-  ch.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  ch.SetMaxSendMessageSize(kMaxMessageBytes);
-  return v1::CompileService::NewStub(
-      grpc::CreateCustomChannel(server, grpc::InsecureChannelCredentials(), ch));
+// A stub on a channel to `server`; nullptr after printing why a credential
+// file is unusable.
+std::unique_ptr<v1::CompileService::Stub> Stub(const std::string& cmd, const std::string& server,
+                                               const security::ChannelSecurity& creds) {
+  auto channel = Connect(cmd, server, creds, /*wait_ready=*/false);
+  return channel ? v1::CompileService::NewStub(channel) : nullptr;
 }
 
 // Reads GRAPH into `def`; prints the error and returns the exit code, or -1.
@@ -139,8 +138,8 @@ std::string AnalyzeResponseToTable(const v1::AnalyzeResponse& r) {
   return out;
 }
 
-int RemoteAnalyze(const std::string& server, const std::string& path, int32_t world, bool json,
-                  bool sync_batchnorm) {
+int RemoteAnalyze(const std::string& server, const security::ChannelSecurity& creds,
+                  const std::string& path, int32_t world, bool json, bool sync_batchnorm) {
   v1::AnalyzeRequest req;
   if (int rc = ReadGraphDef("analyze", path, req.mutable_graph()); rc >= 0) return rc;
   req.set_world_size(world);
@@ -148,7 +147,9 @@ int RemoteAnalyze(const std::string& server, const std::string& path, int32_t wo
   req.set_sync_batchnorm(sync_batchnorm);
   v1::AnalyzeResponse resp;
   grpc::ClientContext ctx;
-  grpc::Status s = Connect(server)->Analyze(&ctx, req, &resp);
+  auto stub = Stub("analyze", server, creds);
+  if (stub == nullptr) return kExitUsage;
+  grpc::Status s = stub->Analyze(&ctx, req, &resp);
   if (!s.ok()) return ReportRpcError("analyze", server, s);
   const std::string out = json ? resp.json() : AnalyzeResponseToTable(resp);
   std::fwrite(out.data(), 1, out.size(), stdout);
@@ -168,7 +169,9 @@ int RemoteExpand(const RemoteExpandArgs& a) {
   req.set_style(a.style);
   v1::ExpandResponse resp;
   grpc::ClientContext ctx;
-  grpc::Status s = Connect(a.server)->Expand(&ctx, req, &resp);
+  auto stub = Stub("expand", a.server, a.creds);
+  if (stub == nullptr) return kExitUsage;
+  grpc::Status s = stub->Expand(&ctx, req, &resp);
   if (!s.ok()) return ReportRpcError("expand", a.server, s);
   const std::vector<std::string> paths =
       ExpandOutputPaths(a.out, resp.identical(), resp.graphs_size());

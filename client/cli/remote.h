@@ -8,15 +8,17 @@
 #include <vector>
 
 #include "proto/fxdp/v1/compile.pb.h"
+#include "security/credentials.h"
 
 namespace fxdp::cli {
 
 // Exit code of the command (commands.h's kExit*).
-int RemoteAnalyze(const std::string& server, const std::string& path, int32_t world, bool json,
-                  bool sync_batchnorm = false);
+int RemoteAnalyze(const std::string& server, const security::ChannelSecurity& creds,
+                  const std::string& path, int32_t world, bool json, bool sync_batchnorm = false);
 
 struct RemoteExpandArgs {
   std::string server, path, out;
+  security::ChannelSecurity creds;
   int32_t world = 1;
   double bucket_cap_mb = 0, first_bucket_mb = 0;  // 0: the server's defaults
   std::string group_name;

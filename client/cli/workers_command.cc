@@ -11,6 +11,7 @@
 #include "client/cli/commands.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/fxdp/v1/worker.grpc.pb.h"
+#include "client/cli/connect.h"
 #include "util/flags.h"
 
 namespace fxdp::cli {
@@ -25,6 +26,7 @@ constexpr char kWorkersUsage[] =
     "server assigns it, and its step is the last one it reported done.\n"
     "\n"
     "  --server HOST:PORT   the fxdp server (default $FXDP_SERVER, else 127.0.0.1:50051)\n"
+    FXDP_CLI_CREDENTIAL_USAGE
     "  --json               print JSON: {\"workers\": [{\"id\", \"state\", \"device\",\n"
     "                       \"hostname\", \"pid\", \"job\", \"step\", \"last_heartbeat_s\",\n"
     "                       \"attached_s\", \"capacity\", \"fxdp_version\", \"torch_version\",\n"
@@ -102,11 +104,14 @@ int WorkersCommand(const std::vector<std::string>& args) {
   std::string server = DefaultServer();
   bool json = false;
   flags.String("--server", &server);
+  security::ChannelSecurity creds;
+  AddCredentialFlags(&flags, &creds);
   flags.Bool("--json", &json);
   if (int rc = flags.Parse(args, nullptr); rc >= 0) return rc;
   if (server.empty()) return flags.Usage("--server must not be empty");
-  auto stub = v1::WorkerService::NewStub(
-      grpc::CreateChannel(server, grpc::InsecureChannelCredentials()));
+  auto channel = Connect("workers", server, creds, /*wait_ready=*/false);
+  if (!channel) return kExitUsage;
+  auto stub = v1::WorkerService::NewStub(channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   v1::ListWorkersResponse resp;

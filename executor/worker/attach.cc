@@ -11,6 +11,7 @@
 // Writes to the stream are serialised by Session's mutex. Lock order: the
 // worker's mu_ before a Job's mu; Session's mutex is a leaf.
 #include "executor/worker/attach.h"
+#include "security/credentials.h"
 #include "util/flags.h"
 
 #include <ATen/ATen.h>
@@ -62,6 +63,7 @@ const char kAttachUsage[] =
     "usage: fxdp-worker attach [--server HOST:PORT] [--device cpu|cuda:N] [--worker-id ID]\n"
     "                          [--heartbeat-ms 1000] [--threads N] [--max-message-mb 1024]\n"
     "                          [--data-root DIR ...] [--max-data-mb 65536]\n"
+    "                          [--tls-ca FILE [--tls-cert FILE --tls-key FILE | --token-file FILE]]\n"
     "\n"
     "Serves an fxdp server as a worker daemon (protocol: proto/fxdp/v1/worker.proto,\n"
     "WorkerService.Attach). Connects to the server, registers (device, capacity 1, memory,\n"
@@ -92,6 +94,13 @@ const char kAttachUsage[] =
     "                        under a root; only regular files are read. None given: jobs\n"
     "                        cannot read files on this worker\n"
     "  --max-data-mb MB      largest data file read (default 65536)\n"
+    "  --tls-ca FILE         TLS: the CA of the server's certificate (docs/security.md)\n"
+    "  --tls-cert FILE, --tls-key FILE\n"
+    "                        mutual TLS: this worker's certificate (subject O=fxdp:workers)\n"
+    "                        and key, signed by the server's --tls-ca\n"
+    "  --token-file FILE     the server's worker join token (its --worker-token-file)\n"
+    "  --tls-server-name N   the name the server's certificate is checked against (default:\n"
+    "                        the host of --server)\n"
     "\n"
     "SIGTERM, SIGINT or the server's Shutdown: the job in progress is reported failed\n"
     "(CANCELLED), the stream is closed, exit status 0. Exit status 2: bad arguments.\n";
@@ -121,6 +130,7 @@ struct AttachOptions {
   int max_message_mb = 1024;
   std::vector<std::string> data_roots;
   int max_data_mb = 65536;
+  security::ChannelSecurity creds;  // --tls-ca, --tls-cert/--tls-key, --token-file
 };
 
 // One Attach stream. Writes from any thread; after Close() (or a failed
@@ -323,7 +333,15 @@ int AttachedWorker::Serve() {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 5000);
-  channel_ = grpc::CreateCustomChannel(o_.server, grpc::InsecureChannelCredentials(), args);
+  // AttachCommand checked the credential files; a file changed since then
+  // fails every attach attempt, naming it.
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> creds =
+      security::MakeChannelCredentials(o_.creds, &args);
+  if (!creds.ok()) {
+    LogLine(Prefix(), "credentials: ", creds.status().message());
+    creds = grpc::InsecureChannelCredentials();
+  }
+  channel_ = grpc::CreateCustomChannel(o_.server, *creds, args);
   stub_ = v1::WorkerService::NewStub(channel_);
 
   auto backoff = std::chrono::milliseconds(200);
@@ -1047,7 +1065,15 @@ int AttachCommand(const std::vector<std::string>& argv) {
     return true;
   });
   flags.Custom("--max-data-mb", "a positive integer", in_range(&o.max_data_mb, 1 << 30));
+  flags.String("--tls-ca", &o.creds.tls_ca);
+  flags.String("--tls-cert", &o.creds.tls_cert);
+  flags.String("--tls-key", &o.creds.tls_key);
+  flags.String("--token-file", &o.creds.token_file);
+  flags.String("--tls-server-name", &o.creds.server_name);
   if (int rc = flags.Parse(argv, nullptr); rc >= 0) return rc;
+  if (absl::Status s = security::MakeChannelCredentials(o.creds, nullptr).status(); !s.ok()) {
+    return flags.Usage(std::string(s.message()));
+  }
 
   AttachedWorker worker(o);
   // SIGTERM / SIGINT: a clean shutdown, from a thread (handlers cannot take

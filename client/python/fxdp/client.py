@@ -30,6 +30,7 @@ import itertools
 import json
 import os
 import threading
+import time
 from collections import OrderedDict
 from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Union
 
@@ -160,13 +161,39 @@ def _assemble(chunks: Iterable["wpb.StateChunk"]) -> "OrderedDict[str, torch.Ten
 
 class Client:
     """A connection to one fxdp-server (``address`` is ``host:port``; default ``$FXDP_SERVER``, else
-    ``127.0.0.1:50051``, as for the ``fxdp`` CLI)."""
+    ``127.0.0.1:50051``, as for the ``fxdp`` CLI).
 
-    def __init__(self, address: Optional[str] = None, max_message_mb: int = 1024):
+    Security (docs/security.md): ``tls_ca`` (a PEM file, default ``$FXDP_TLS_CA``) turns TLS on and
+    names the CA the server's certificate must chain to; ``token`` or ``token_file`` (default
+    ``$FXDP_TOKEN_FILE``) is a bearer token sent with every call (over TLS only); ``tls_cert`` and
+    ``tls_key`` give a client certificate for mutual TLS; ``tls_server_name`` overrides the name the
+    server's certificate is checked against. A call without valid credentials fails with
+    ``ServerError`` code UNAUTHENTICATED, one on another identity's job with PERMISSION_DENIED.
+
+    ``timeout`` (seconds, default none) bounds every call (``analyze``, ``expand``, ``workers``,
+    ``jobs``, ``job``, ``cancel``, fetching a final state); each of them also takes its own
+    ``timeout=``. ``train`` takes ``timeout=`` for the whole job (a training run has no default
+    limit). A call past its deadline fails with DEADLINE_EXCEEDED."""
+
+    def __init__(self, address: Optional[str] = None, max_message_mb: int = 1024, *,
+                 tls_ca: Union[None, str, os.PathLike] = None, token: Optional[str] = None,
+                 token_file: Union[None, str, os.PathLike] = None,
+                 tls_cert: Union[None, str, os.PathLike] = None,
+                 tls_key: Union[None, str, os.PathLike] = None, tls_server_name: Optional[str] = None,
+                 timeout: Optional[float] = None):
         address = address or os.environ.get("FXDP_SERVER") or "127.0.0.1:50051"
         limit = max_message_mb * 1024 * 1024
-        self._channel = grpc.insecure_channel(address, options=[
-            ("grpc.max_send_message_length", limit), ("grpc.max_receive_message_length", limit)])
+        options = [("grpc.max_send_message_length", limit), ("grpc.max_receive_message_length", limit)]
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        self.timeout = timeout
+        creds = _channel_credentials(tls_ca, token, token_file, tls_cert, tls_key)
+        if creds is None:
+            self._channel = grpc.insecure_channel(address, options=options)
+        else:
+            if tls_server_name:
+                options.append(("grpc.ssl_target_name_override", tls_server_name))
+            self._channel = grpc.secure_channel(address, creds, options=options)
         self._compile = cgrpc.CompileServiceStub(self._channel)
         self._jobs = jgrpc.JobServiceStub(self._channel)
         self._workers = wgrpc.WorkerServiceStub(self._channel)
@@ -180,23 +207,26 @@ class Client:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    @staticmethod
-    def _call(fn, *args, **kw):
+    def _timeout(self, timeout: Optional[float]) -> Optional[float]:
+        return self.timeout if timeout is None else timeout
+
+    def _call(self, fn, *args, timeout: Optional[float] = None, **kw):
         try:
-            return fn(*args, **kw)
+            return fn(*args, timeout=self._timeout(timeout), **kw)
         except grpc.RpcError as e:  # pragma: no cover - exercised through the tests' error cases
             raise ServerError(e.code(), e.details()) from None
 
-    def analyze(self, step: Graphish, world_size: int = 2, sync_batchnorm: bool = False) -> dict:
+    def analyze(self, step: Graphish, world_size: int = 2, sync_batchnorm: bool = False,
+                timeout: Optional[float] = None) -> dict:
         """Placements of every node (the JSON of ``fxdp analyze --json``, as a dict)."""
         r = self._call(self._compile.Analyze,
                        cpb.AnalyzeRequest(graph=_graph(step), world_size=world_size, include_json=True,
-                                          sync_batchnorm=sync_batchnorm))
+                                          sync_batchnorm=sync_batchnorm), timeout=timeout)
         return json.loads(r.json)
 
     def expand(self, step: Graphish, world_size: int, bucket_mb: float = 25.0,
                first_bucket_mb: float = 1.0, sync_batchnorm: bool = False,
-               style: str = "replicate") -> Expanded:
+               style: str = "replicate", timeout: Optional[float] = None) -> Expanded:
         """The per-rank graphs and the expansion report (``fxdp expand``). ``sync_batchnorm``:
         batch norm normalises with the global batch's statistics (as ``SyncBatchNorm``; the
         report's ``batch_norm`` says ``"global"``) instead of each rank's (``"local"``, DDP's).
@@ -205,7 +235,8 @@ class Client:
         ``Expanded.sharded_state`` lists them)."""
         r = self._call(self._compile.Expand, cpb.ExpandRequest(
             graph=_graph(step), world_size=world_size, bucket_cap_mb=bucket_mb,
-            first_bucket_mb=first_bucket_mb, sync_batchnorm=sync_batchnorm, style=_style(style)))
+            first_bucket_mb=first_bucket_mb, sync_batchnorm=sync_batchnorm, style=_style(style)),
+            timeout=timeout)
         sharded = [ShardedState(s.state_name, list(s.shape), _FROM_WIRE[s.dtype], s.shard_numel)
                    for s in r.sharded_state]
         return Expanded(list(r.graphs), r.identical, json.loads(r.report_json),
@@ -217,7 +248,7 @@ class Client:
               on_step: Optional[Callable[[int, float], None]] = None,
               data_path: Union[None, str, os.PathLike, Sequence[Union[str, os.PathLike]]] = None,
               on_event: Optional[Callable[["jpb.JobEvent"], None]] = None,
-              sync_batchnorm: bool = False, schedule=None) -> TrainResult:
+              sync_batchnorm: bool = False, schedule=None, timeout: Optional[float] = None) -> TrainResult:
         """Train on ``world_size`` of the server's workers; returns the per-step global losses and
         the final state.
 
@@ -235,7 +266,11 @@ class Client:
         ``fxdp.schedule.schedule_values`` accepts (a ``torch.optim.lr_scheduler`` on the traced
         optimizer, a callable ``step -> {name: value}``, a list of ``{name: value}`` per step);
         the number of steps must be known (``steps``, a sequence of batches, or ``data_path``).
-        Names the schedule does not give keep the value they have in the state."""
+        Names the schedule does not give keep the value they have in the state.
+
+        ``timeout``: seconds the whole job may take (queueing, steps and the final state), else
+        DEADLINE_EXCEEDED; default: no limit (the client's ``timeout`` still bounds fetching the
+        final state)."""
         if (batches is None) == (data_path is None):
             raise ValueError("train needs either batches or data_path")
         paths: List[str] = []
@@ -310,7 +345,8 @@ class Client:
                 call_box[0].cancel()
 
         job_id, losses = "", []
-        call = self._jobs.Submit(requests())
+        deadline = None if timeout is None else time.monotonic() + timeout
+        call = self._jobs.Submit(requests(), timeout=timeout)
         call_box.append(call)
         call_made.set()
         try:
@@ -327,21 +363,64 @@ class Client:
                 raise problem[0]
             raise ServerError(e.code(), e.details()) from None
         final = OrderedDict(init.items())
-        final.update(self._call(lambda: _assemble(
-            self._jobs.FetchState(jpb.FetchJobStateRequest(job_id=job_id)))))
+        left = None if deadline is None else max(deadline - time.monotonic(), 1e-3)
+        final.update(self._call(lambda timeout: _assemble(
+            self._jobs.FetchState(jpb.FetchJobStateRequest(job_id=job_id), timeout=timeout)), timeout=left))
         return TrainResult(job_id, losses, final)
 
-    def workers(self) -> List[dict]:
+    def workers(self, timeout: Optional[float] = None) -> List[dict]:
         """The workers attached to the server (id, state, device, host, pid, job, step)."""
         from google.protobuf.json_format import MessageToDict
-        r = self._call(self._workers.ListWorkers, wpb.ListWorkersRequest())
+        r = self._call(self._workers.ListWorkers, wpb.ListWorkersRequest(), timeout=timeout)
         return [MessageToDict(w, preserving_proto_field_name=True) for w in r.workers]
 
-    def jobs(self) -> List["jpb.JobInfo"]:
-        return list(self._call(self._jobs.ListJobs, jpb.ListJobsRequest()).jobs)
+    def jobs(self, timeout: Optional[float] = None) -> List["jpb.JobInfo"]:
+        """The jobs this client may see (with authentication: its own; all for an admin)."""
+        return list(self._call(self._jobs.ListJobs, jpb.ListJobsRequest(), timeout=timeout).jobs)
 
-    def job(self, job_id: str) -> "jpb.JobInfo":
-        return self._call(self._jobs.GetJob, jpb.GetJobRequest(job_id=job_id))
+    def job(self, job_id: str, timeout: Optional[float] = None) -> "jpb.JobInfo":
+        return self._call(self._jobs.GetJob, jpb.GetJobRequest(job_id=job_id), timeout=timeout)
 
-    def cancel(self, job_id: str, reason: str = "") -> "jpb.JobInfo":
-        return self._call(self._jobs.CancelJob, jpb.CancelJobRequest(job_id=job_id, reason=reason))
+    def cancel(self, job_id: str, reason: str = "", timeout: Optional[float] = None) -> "jpb.JobInfo":
+        return self._call(self._jobs.CancelJob, jpb.CancelJobRequest(job_id=job_id, reason=reason),
+                          timeout=timeout)
+
+    def fetch_state(self, job_id: str, timeout: Optional[float] = None) -> "OrderedDict[str, torch.Tensor]":
+        """The final state of a finished job (FetchState), as tensors."""
+        return self._call(lambda timeout: _assemble(
+            self._jobs.FetchState(jpb.FetchJobStateRequest(job_id=job_id), timeout=timeout)), timeout=timeout)
+
+
+def _read(path: Union[str, os.PathLike], what: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise ValueError(f"{what} '{os.fspath(path)}': {e.strerror}") from None
+
+
+def _channel_credentials(tls_ca, token, token_file, tls_cert, tls_key) -> Optional["grpc.ChannelCredentials"]:
+    """TLS (+ a bearer token) credentials, or None for a plain channel (see Client)."""
+    tls_ca = tls_ca if tls_ca is not None else os.environ.get("FXDP_TLS_CA") or None
+    if token is not None and token_file is not None:
+        raise ValueError("give token or token_file, not both")
+    if token is None:
+        token_file = token_file if token_file is not None else os.environ.get("FXDP_TOKEN_FILE") or None
+        if token_file is not None:
+            token = _read(token_file, "token_file").decode("utf-8", "replace").strip()
+            if not token:
+                raise ValueError(f"token_file '{os.fspath(token_file)}' is empty")
+    if (tls_cert is None) != (tls_key is None):
+        raise ValueError("tls_cert and tls_key go together")
+    if tls_ca is None:
+        if token is not None or tls_cert is not None:
+            raise ValueError("a token or client certificate needs TLS: pass tls_ca (the CA of the server's "
+                             "certificate; gRPC sends tokens over TLS only)")
+        return None
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=_read(tls_ca, "tls_ca"),
+        private_key=_read(tls_key, "tls_key") if tls_key is not None else None,
+        certificate_chain=_read(tls_cert, "tls_cert") if tls_cert is not None else None)
+    if token is not None:
+        creds = grpc.composite_channel_credentials(creds, grpc.access_token_call_credentials(token))
+    return creds

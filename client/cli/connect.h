@@ -1,0 +1,34 @@
+// How every `fxdp` command that talks to fxdp-server connects: --tls-ca FILE
+// (TLS: the CA the server's certificate must chain to) and --token-file FILE
+// (a bearer token, sent over TLS only), defaulting to $FXDP_TLS_CA and
+// $FXDP_TOKEN_FILE (docs/security.md).
+#ifndef FXDP_CLIENT_CLI_CONNECT_H_
+#define FXDP_CLIENT_CLI_CONNECT_H_
+
+#include <memory>
+#include <string>
+
+#include "grpcpp/grpcpp.h"
+#include "security/credentials.h"
+#include "util/flags.h"
+
+namespace fxdp::cli {
+
+// The usage lines of the two flags (for a command's usage text).
+#define FXDP_CLI_CREDENTIAL_USAGE                                                       \
+  "  --tls-ca FILE        TLS: the CA of the server's certificate (default $FXDP_TLS_CA)\n" \
+  "  --token-file FILE    a bearer token for the server, sent over TLS (default\n"          \
+  "                       $FXDP_TOKEN_FILE; see docs/security.md)\n"
+
+// Fills `s` from the environment and registers --tls-ca / --token-file.
+void AddCredentialFlags(util::Flags* flags, security::ChannelSecurity* s);
+
+// A channel to `server` with `s`'s credentials; nullptr after printing
+// "fxdp CMD: ..." when a credential file is bad or, with `wait_ready`, when
+// no connection (TLS handshake included) is made within 5 s.
+std::shared_ptr<grpc::Channel> Connect(const std::string& cmd, const std::string& server,
+                                       const security::ChannelSecurity& s, bool wait_ready = true);
+
+}  // namespace fxdp::cli
+
+#endif  // FXDP_CLIENT_CLI_CONNECT_H_
