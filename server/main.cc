@@ -31,6 +31,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "security/server_auth.h"
 #include "server/compile_service.h"
 #include "server/job_service.h"
 #include "server/local_workers.h"
@@ -44,7 +45,8 @@ constexpr char kUsage[] =
     "                   [--cache-mb N] [--heartbeat-ms MS] [--local-workers N]\n"
     "                   [--worker-binary PATH] [--max-queued-jobs N] [--max-state-mb N]\n"
     "                   [--max-finished-jobs N] [--data-root DIR ...] [--queue-grace-s S]\n"
-    "                   [--client-idle-s S]\n"
+    "                   [--client-idle-s S] [--tls-cert FILE --tls-key FILE [--tls-ca FILE]]\n"
+    "                   [--client-tokens FILE] [--worker-token-file FILE] [--insecure]\n"
     "\n"
     "Serves fxdp.v1.CompileService (Analyze, Expand), fxdp.v1.WorkerService (Attach:\n"
     "the workers' endpoint, ListWorkers) and fxdp.v1.JobService (Submit, GetJob, ListJobs,\n"
@@ -82,6 +84,22 @@ constexpr char kUsage[] =
     "                        DEADLINE_EXCEEDED after S seconds without a message, freeing\n"
     "                        its workers; also the limit for a Submit's first message\n"
     "                        (default 60)\n"
+    "\n"
+    "Security (docs/security.md). Without the flags below the server serves plain gRPC\n"
+    "without authentication, which it does only on a loopback --listen address:\n"
+    "  --tls-cert FILE       TLS: the server's certificate chain (PEM); with --tls-key\n"
+    "  --tls-key FILE        the certificate's private key (PEM)\n"
+    "  --tls-ca FILE         mutual TLS: peers may present a certificate signed by this CA\n"
+    "                        (identity = its CN; O=fxdp:workers a worker, O=fxdp:admins\n"
+    "                        an admin client); the --local-workers check the server with it\n"
+    "  --client-tokens FILE  clients' bearer tokens, lines 'TOKEN IDENTITY [admin]': a\n"
+    "                        client sees and acts on its own jobs only, an admin on all\n"
+    "  --worker-token-file FILE  the workers' join token (fxdp-worker attach --token-file)\n"
+    "  --insecure            serve a non-loopback --listen without TLS (anyone who can\n"
+    "                        reach the port can submit, read and cancel jobs and attach\n"
+    "                        workers); refused otherwise\n"
+    "Any of --client-tokens, --worker-token-file, --tls-ca makes every call authenticate\n"
+    "(UNAUTHENTICATED otherwise; health checks excepted) and needs TLS.\n"
     "\n"
     "SIGTERM or SIGINT shut the server down. Exit codes: 0 ok, 1 cannot listen, 2 usage.\n";
 
@@ -147,7 +165,40 @@ int main(int argc, char** argv) {
   IntFlag(f, "--max-finished-jobs", &max_finished, 1, INT64_MAX);
   SecondsFlag(f, "--queue-grace-s", &job_options.queue_grace_s);
   SecondsFlag(f, "--client-idle-s", &job_options.client_idle_s);
+  fxdp::security::ServerSecurityOptions security_options;
+  bool insecure = false;
+  f.String("--tls-cert", &security_options.tls_cert);
+  f.String("--tls-key", &security_options.tls_key);
+  f.String("--tls-ca", &security_options.tls_ca);
+  f.String("--client-tokens", &security_options.client_tokens);
+  f.String("--worker-token-file", &security_options.worker_token_file);
+  f.Bool("--insecure", &insecure);
   if (int rc = f.Parse(std::vector<std::string>(argv + 1, argv + argc), nullptr); rc >= 0) return rc;
+
+  // Signals are taken by a dedicated thread (sigwait): block them before gRPC
+  // starts its threads (creating credentials does), so that they all inherit the mask.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+
+  absl::StatusOr<fxdp::security::ServerSecurity> security =
+      fxdp::security::MakeServerSecurity(security_options);
+  if (!security.ok()) return f.Usage(std::string(security.status().message()));
+  if (!security->tls && !insecure && !fxdp::security::IsLoopbackListen(listen)) {
+    return f.Usage("--listen " + listen +
+                   " is not a loopback address: serving it without TLS lets anyone who can reach "
+                   "it submit, read and cancel jobs and attach workers. Give --tls-cert/--tls-key "
+                   "(and --client-tokens, --worker-token-file; docs/security.md), or --insecure to "
+                   "serve it in the clear anyway");
+  }
+  if (local_workers > 0 && security->tls && security_options.tls_ca.empty()) {
+    return f.Usage("--local-workers with TLS need --tls-ca (the CA they check the server's certificate with)");
+  }
+  if (local_workers > 0 && security->authenticates && security_options.worker_token_file.empty()) {
+    return f.Usage("--local-workers with authentication need --worker-token-file (their join token)");
+  }
 
   cache.max_bytes = cache_mb << 20;
   job_options.max_queued_jobs = static_cast<size_t>(max_queued);
@@ -161,14 +212,6 @@ int main(int argc, char** argv) {
     }
   }
 
-  // Signals are taken by a dedicated thread (sigwait): block them before gRPC
-  // starts its threads, so that they all inherit the mask.
-  sigset_t sigs;
-  sigemptyset(&sigs);
-  sigaddset(&sigs, SIGTERM);
-  sigaddset(&sigs, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
-
   fxdp::server::CompileServiceImpl service(cache);
   fxdp::server::WorkerRegistryOptions registry_options;
   registry_options.heartbeat_interval_ms = static_cast<int>(heartbeat_ms);
@@ -178,7 +221,7 @@ int main(int argc, char** argv) {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(listen, security->credentials, &port);
   const int max_bytes = static_cast<int>(max_message_mb << 20);
   builder.SetMaxReceiveMessageSize(max_bytes);
   builder.SetMaxSendMessageSize(max_bytes);
@@ -199,6 +242,10 @@ int main(int argc, char** argv) {
   const std::string host = listen.substr(0, listen.rfind(':'));
   std::printf("listening on %s:%d\n", host.c_str(), port);
   std::fflush(stdout);
+  std::fprintf(stderr, "fxdp-server: security: %s%s\n", security->summary.c_str(),
+               !security->tls && !fxdp::security::IsLoopbackListen(listen)
+                   ? " (--insecure: anyone who can reach this address has full access)"
+                   : "");
 
   // The workers attach to the address the server listens on (loopback for a
   // wildcard address).
@@ -220,6 +267,12 @@ int main(int argc, char** argv) {
   for (const std::string& r : data_roots) {
     lw.extra_args.push_back("--data-root");
     lw.extra_args.push_back(r);
+  }
+  if (security->tls && !security_options.tls_ca.empty()) {
+    for (const char* a : {"--tls-ca", security_options.tls_ca.c_str()}) lw.extra_args.push_back(a);
+  }
+  if (security->authenticates) {
+    for (const char* a : {"--token-file", security_options.worker_token_file.c_str()}) lw.extra_args.push_back(a);
   }
   fxdp::server::LocalWorkers workers(lw);
   if (local_workers > 0) workers.Start();

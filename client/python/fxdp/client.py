@@ -401,7 +401,7 @@ def _read(path: Union[str, os.PathLike], what: str) -> bytes:
 
 def _channel_credentials(tls_ca, token, token_file, tls_cert, tls_key) -> Optional["grpc.ChannelCredentials"]:
     """TLS (+ a bearer token) credentials, or None for a plain channel (see Client)."""
-    tls_ca = tls_ca if tls_ca is not None else os.environ.get("FXDP_TLS_CA") or None
+    tls_ca = (tls_ca if tls_ca is not None else os.environ.get("FXDP_TLS_CA")) or None  # "": plain
     if token is not None and token_file is not None:
         raise ValueError("give token or token_file, not both")
     if token is None:

@@ -1,0 +1,246 @@
+"""TLS, identities, ownership and the audit log, against a real ``fxdp-server`` with TLS, client
+tokens, a worker join token and mutual TLS (``--local-workers 2`` attached with the join token), and
+real ``fxdp-worker attach`` processes, all with certificates made by ``scripts/dev_ca.sh``
+(docs/security.md): calls without or with a wrong token are UNAUTHENTICATED, a client with the wrong
+CA cannot connect, a client sees and acts on its own jobs only (PERMISSION_DENIED otherwise; an
+admin sees all), workers attach only with the join token or a worker certificate, a hostname with a
+newline cannot inject a log line, and a non-loopback ``--listen`` without TLS needs ``--insecure``."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import time
+
+import grpc
+import pytest
+
+import fxdp
+from _util import fxdp_binary, free_port, local_server, traced
+from fxdp import zoo
+from fxdp.v1 import worker_pb2 as wpb
+from fxdp.v1 import worker_pb2_grpc as wgrpc
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+MODEL, OPTIM = "mlp", "adamw"
+UNAUTHENTICATED = grpc.StatusCode.UNAUTHENTICATED
+PERMISSION_DENIED = grpc.StatusCode.PERMISSION_DENIED
+
+
+def make_pki(d: pathlib.Path) -> pathlib.Path:
+    subprocess.run(["sh", str(ROOT / "scripts" / "dev_ca.sh"), str(d)], check=True, capture_output=True)
+    return d
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(scope="module")
+def other_pki(tmp_path_factory):
+    return make_pki(tmp_path_factory.mktemp("other_pki"))
+
+
+def server_args(p: pathlib.Path):
+    return ["--tls-cert", str(p / "server.pem"), "--tls-key", str(p / "server.key"), "--tls-ca", str(p / "ca.pem"),
+            "--client-tokens", str(p / "client-tokens"), "--worker-token-file", str(p / "worker.token")]
+
+
+@pytest.fixture(scope="module")
+def server(pki):
+    with local_server(workers=2, extra_args=server_args(pki)) as (address, log):
+        admin = client(address, pki, "admin")
+        deadline = time.monotonic() + 30
+        while sum(w.get("state") == "WORKER_STATE_IDLE" for w in admin.workers()) < 2:
+            assert time.monotonic() < deadline, (admin.workers(), log)
+            time.sleep(0.1)
+        yield address, log
+
+
+def client(address, p: pathlib.Path, who: str, **kw) -> fxdp.Client:
+    return fxdp.Client(address, tls_ca=str(p / "ca.pem"), token_file=str(p / f"{who}.token"), timeout=30, **kw)
+
+
+def code_of(fn) -> fxdp.ServerError:
+    with pytest.raises(fxdp.ServerError) as e:
+        fn()
+    return e.value
+
+
+def test_calls_without_or_with_a_wrong_token_are_unauthenticated(server, pki):
+    address, log = server
+    bare = fxdp.Client(address, tls_ca=str(pki / "ca.pem"), timeout=10)
+    e = code_of(bare.jobs)
+    assert e.code == UNAUTHENTICATED and "requires credentials" in str(e)
+    wrong = fxdp.Client(address, tls_ca=str(pki / "ca.pem"), token="not-a-token-the-server-knows", timeout=10)
+    for call in (wrong.jobs, wrong.workers, lambda: wrong.job("job-1"), lambda: wrong.analyze(traced(MODEL, OPTIM))):
+        e = code_of(call)
+        assert e.code == UNAUTHENTICATED and "invalid token" in str(e), e
+    # The token is never logged.
+    assert "not-a-token-the-server-knows" not in "".join(log)
+    # The workers' join token is no client credential.
+    e = code_of(client(address, pki, "worker").jobs)
+    assert e.code == PERMISSION_DENIED and "may only attach" in str(e)
+    # A plain-text channel to a TLS server does not get through at all.
+    e = code_of(fxdp.Client(address, timeout=5).jobs)
+    assert e.code == grpc.StatusCode.UNAVAILABLE
+    with pytest.raises(ValueError, match="needs TLS"):
+        fxdp.Client(address, token_file=str(pki / "alice.token"), tls_ca="")
+
+
+def test_tls_client_with_the_wrong_ca_fails(server, other_pki):
+    address, _ = server
+    c = fxdp.Client(address, tls_ca=str(other_pki / "ca.pem"), token_file=str(other_pki / "alice.token"), timeout=10)
+    e = code_of(c.jobs)
+    assert e.code == grpc.StatusCode.UNAVAILABLE and "CERTIFICATE_VERIFY_FAILED" in str(e), e
+    # The CLI says the same, naming the server and the flag to check.
+    r = subprocess.run([fxdp_binary("FXDP_BIN", "fxdp"), "jobs", "--server", address, "--tls-ca",
+                        str(other_pki / "ca.pem"), "--token-file", str(other_pki / "alice.token")],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 3 and "unreachable" in r.stderr and "--tls-ca" in r.stderr, r.stderr
+
+
+def test_cli_uses_tls_and_a_token_from_flags_or_environment(server, pki):
+    address, _ = server
+    fxdp_cli = fxdp_binary("FXDP_BIN", "fxdp")
+    r = subprocess.run([fxdp_cli, "workers", "--server", address, "--tls-ca", str(pki / "ca.pem"),
+                        "--token-file", str(pki / "alice.token")], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and "local-0" in r.stdout, r.stderr
+    env = dict(os.environ, FXDP_SERVER=address, FXDP_TLS_CA=str(pki / "ca.pem"),
+               FXDP_TOKEN_FILE=str(pki / "bob.token"))
+    r = subprocess.run([fxdp_cli, "jobs"], capture_output=True, text=True, env=env, timeout=30)
+    assert r.returncode == 0, r.stderr
+    env.pop("FXDP_TOKEN_FILE")
+    r = subprocess.run([fxdp_cli, "jobs"], capture_output=True, text=True, env=env, timeout=30)
+    assert r.returncode == 1 and "UNAUTHENTICATED" in r.stderr, r.stderr
+
+
+def attach(pki, address, *creds, worker_id):
+    return subprocess.Popen([fxdp_binary("FXDP_WORKER", "fxdp-worker"), "attach", "--server", address,
+                             "--worker-id", worker_id, "--threads", "1", "--heartbeat-ms", "250", *creds],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def stop(proc) -> str:
+    proc.terminate()
+    try:
+        _, err = proc.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+    return err
+
+
+def wait_listed(admin, worker_id, timeout=20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(w["worker_id"] == worker_id and w.get("state") != "WORKER_STATE_LOST" for w in admin.workers()):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_workers_attach_only_with_the_join_token_or_a_worker_certificate(server, pki, other_pki, tmp_path):
+    address, _ = server
+    admin = client(address, pki, "admin")
+    ca = ["--tls-ca", str(pki / "ca.pem")]
+    good = {
+        "by-token": [*ca, "--token-file", str(pki / "worker.token")],
+        "by-cert": [*ca, "--tls-cert", str(pki / "worker.pem"), "--tls-key", str(pki / "worker.key")],
+    }
+    bad = {
+        "no-creds": (ca, "UNAUTHENTICATED"),
+        "wrong-token": ([*ca, "--token-file", str(other_pki / "worker.token")], "UNAUTHENTICATED"),
+        "client-token": ([*ca, "--token-file", str(pki / "alice.token")], "PERMISSION_DENIED"),
+        "client-cert": ([*ca, "--tls-cert", str(pki / "client.pem"), "--tls-key", str(pki / "client.key")],
+                        "PERMISSION_DENIED"),
+        "other-ca-cert": ([*ca, "--tls-cert", str(other_pki / "worker.pem"), "--tls-key",
+                           str(other_pki / "worker.key")], "cannot attach"),
+    }
+    procs = {w: attach(pki, address, *a, worker_id=w) for w, a in good.items()}
+    procs.update({w: attach(pki, address, *a, worker_id=w) for w, (a, _) in bad.items()})
+    try:
+        for w in good:
+            assert wait_listed(admin, w), admin.workers()
+        time.sleep(1.0)  # the refused ones have tried by now (and retried)
+        listed = {w["worker_id"] for w in admin.workers()}
+        assert not listed & set(bad), listed
+    finally:
+        logs = {w: stop(p) for w, p in procs.items()}
+    for w, (_, why) in bad.items():
+        assert "cannot attach" in logs[w] and why in logs[w], (w, logs[w])
+        assert "attached to" not in logs[w], logs[w]
+    # A worker without a CA cannot send its token at all: a usage error at once.
+    r = subprocess.run([fxdp_binary("FXDP_WORKER", "fxdp-worker"), "attach", "--server", address,
+                        "--token-file", str(pki / "worker.token")], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "--token-file needs --tls-ca" in r.stderr, r.stderr
+
+
+def test_a_hostname_with_a_newline_cannot_inject_a_log_line(server, pki):
+    address, log = server
+    creds = grpc.composite_channel_credentials(
+        grpc.ssl_channel_credentials((pki / "ca.pem").read_bytes()),
+        grpc.access_token_call_credentials((pki / "worker.token").read_text().strip()))
+    forged = 'fxdp-server: audit event="cancel" identity="root (admin)" job="job-1"'
+    with grpc.secure_channel(address, creds) as ch:
+        reg = wpb.WorkerMessage(register_worker=wpb.Register(
+            protocol_version=wpb.WORKER_PROTOCOL_VERSION_1, worker_id="evil", hostname="evil\n" + forged,
+            device="cpu", capacity=1))
+        stream = wgrpc.WorkerServiceStub(ch).Attach(iter([reg]), timeout=10)
+        first = next(stream)
+        assert first.WhichOneof("msg") == "registered"
+        stream.cancel()
+    deadline = time.monotonic() + 10
+    while not any('worker="evil"' in line and "worker_join" in line for line in log):
+        assert time.monotonic() < deadline, log
+        time.sleep(0.05)
+    lines = "".join(log).splitlines()
+    assert not any(line.startswith(forged) for line in lines), lines
+    join = [line for line in lines if "worker_join" in line and 'worker="evil"' in line]
+    assert join == [f'fxdp-server: audit event="worker_join" identity="worker (worker)" '
+                    f'peer="{join[0].split("peer=")[1].split(chr(34))[1]}" worker="evil" '
+                    f'hostname="evil\\nfxdp-server: audit event=\\"cancel\\" identity=\\"root (admin)\\" '
+                    f'job=\\"job-1\\"" device="cpu"'], join
+
+
+def start_server(*args):
+    return subprocess.Popen([fxdp_binary("FXDP_SERVER_BIN", "fxdp-server"), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_a_non_loopback_listen_needs_tls_or_insecure(pki):
+    port = free_port()
+    r = subprocess.run([fxdp_binary("FXDP_SERVER_BIN", "fxdp-server"), "--listen", f"0.0.0.0:{port}"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2, r
+    assert f"--listen 0.0.0.0:{port} is not a loopback address" in r.stderr and "--insecure" in r.stderr, r.stderr
+    for args in (["--insecure"], server_args(pki)):
+        p = start_server("--listen", f"0.0.0.0:{free_port()}", *args)
+        try:
+            line = p.stdout.readline()
+            assert line.startswith("listening on 0.0.0.0:"), (line, p.stderr.read() if p.poll() is not None else "")
+        finally:
+            p.terminate()
+            _, err = p.communicate(timeout=15)
+        assert p.returncode == 0, err
+        if args == ["--insecure"]:
+            assert "--insecure: anyone who can reach this address has full access" in err, err
+    # Tokens without TLS are refused: they would cross the network in the clear.
+    r = subprocess.run([fxdp_binary("FXDP_SERVER_BIN", "fxdp-server"), "--listen", "127.0.0.1:0",
+                        "--client-tokens", str(pki / "client-tokens")], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "need TLS" in r.stderr, r.stderr
+
+
+def test_client_timeout_bounds_every_call(server, pki):
+    address, _ = server
+    c = client(address, pki, "alice")
+    assert c.timeout == 30
+    e = code_of(lambda: c.train(traced(MODEL, OPTIM), world_size=1, batches=[zoo.get(MODEL).batch(0)] * 50,
+                                timeout=0.05))
+    assert e.code == grpc.StatusCode.DEADLINE_EXCEEDED, e
+    e = code_of(lambda: c.jobs(timeout=1e-6))
+    assert e.code == grpc.StatusCode.DEADLINE_EXCEEDED, e
+    with pytest.raises(ValueError, match="timeout"):
+        fxdp.Client(address, timeout=0)
