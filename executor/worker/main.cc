@@ -34,6 +34,7 @@
 #include "executor/timed_communicator.h"
 #include "executor/worker/attach.h"
 #include "executor/worker/common.h"
+#include "executor/worker/sharded_state.h"
 #include "util/flags.h"
 
 namespace fxdp::executor {
@@ -70,6 +71,11 @@ constexpr char kRunUsage[] =
     "Prints 'step i/K loss L (T ms)' per step on stdout (rank 0 only); logs go to stderr as\n"
     "'[job NAME rank R step S/K] ...' (S: the step in progress; 0 before the first). --out\n"
     "writes the final state, every entry of the state file, updated.\n"
+    "\n"
+    "A FULLY_SHARD graph (fxdp expand --style fully_shard; its metadata lists the sharded\n"
+    "state) takes the same whole state file: each rank keeps its flat 1/N shard of every\n"
+    "sharded tensor, and --out gathers the shards back (every rank takes part), so the\n"
+    "file holds whole tensors as with REPLICATE.\n"
     "\n"
     "  --graph G           the graph; '{rank}' in the path is replaced by the rank (the\n"
     "                      per-rank files fxdp expand writes for uneven batches)\n"
@@ -289,6 +295,10 @@ absl::Status Run(const RunArgs& args, const LaunchEnv& env, Logger& log,
   const std::string on_device = program.device().str();
 
   FXDP_ASSIGN_OR_RETURN(SafetensorsFile state, ReadSafetensors(args.state));
+  // FULLY_SHARD graphs: this rank keeps its flat shard of each sharded tensor.
+  std::map<std::string, std::vector<int64_t>> full_shapes;
+  FXDP_RETURN_IF_ERROR(ShardState(state.tensors, ShardedStateNames(graph), env.world_size,
+                                  env.rank, &full_shapes));
   std::vector<TensorMap> batches;
   for (const std::string& d : args.data) {
     FXDP_ASSIGN_OR_RETURN(SafetensorsFile f, ReadSafetensors(d));
@@ -364,7 +374,17 @@ absl::Status Run(const RunArgs& args, const LaunchEnv& env, Logger& log,
           " us/op over ", nodes, " ops; ",
           absl::StrFormat("%.2f", total_wait_ms / args.steps), " ms/step waiting on communication)");
 
-  if (!out.empty()) {
+  if (!full_shapes.empty() && !args.out.empty()) {
+    // Every rank takes part in gathering the shards back; rank 0 (or every
+    // rank, with {rank}) writes whole tensors.
+    FXDP_ASSIGN_OR_RETURN(TensorMap whole,
+                          UnshardState(runner.state(), full_shapes, *comm, args.timeout));
+    if (!out.empty()) {
+      FXDP_RETURN_IF_ERROR(WriteSafetensors(out, whole, state.metadata));
+      log.Log("wrote the final state (", whole.size(), " tensors, ", full_shapes.size(),
+              " gathered from shards) to ", out);
+    }
+  } else if (!out.empty()) {
     FXDP_RETURN_IF_ERROR(WriteSafetensors(out, runner.state(), state.metadata));
     log.Log("wrote the final state (", runner.state().size(), " tensors) to ", out);
   }

@@ -15,6 +15,7 @@
 #include "executor/communicator.h"
 #include "executor/gloo_communicator.h"
 #include "executor/timed_communicator.h"
+#include "executor/worker/sharded_state.h"
 #include "tests/test_util.h"
 
 namespace fxdp::executor {
@@ -94,6 +95,42 @@ TEST(GlooCommunicatorTest, ReduceScatterOfANumelNotDivisibleByTheWorldIsRefused)
               StatusIs(absl::StatusCode::kInvalidArgument,
                        "gloo rank 0/2: reduce_scatter_tensor of 3 elements, not a multiple of the "
                        "world size 2"));
+}
+
+// fxdp-worker run's FULLY_SHARD state: slice the whole file per rank, gather back for --out.
+TEST(ShardedStateTest, SliceThenGatherRoundTripsUnevenTensors) {
+  constexpr int kWorld = 3;
+  auto comms = GlooRanks(kWorld);
+  // w: 10 elements (s = 4: rank 2 holds 2 real + 2 zeros); b: 2 elements (rank 2: padding only).
+  const std::map<std::string, at::Tensor> whole = {
+      {"w", at::arange(10, at::kFloat).reshape({2, 5})},
+      {"b", at::tensor({7.f, 8.f})},
+      {"step", at::tensor(3.f)}};
+  std::vector<std::map<std::string, at::Tensor>> shards(kWorld), back(kWorld);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorld; ++r) {
+    threads.emplace_back([&, r] {
+      std::map<std::string, at::Tensor> state;
+      for (const auto& [k, v] : whole) state[k] = v.clone();
+      std::map<std::string, std::vector<int64_t>> shapes;
+      ASSERT_TRUE(ShardState(state, {"w", "b"}, kWorld, r, &shapes).ok());
+      shards[r] = state;
+      back[r] = ValueOrDie(UnshardState(state, shapes, *comms[r], kWait));
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_TRUE(at::equal(shards[0]["w"], at::tensor({0.f, 1.f, 2.f, 3.f})));
+  EXPECT_TRUE(at::equal(shards[2]["w"], at::tensor({8.f, 9.f, 0.f, 0.f})));
+  EXPECT_TRUE(at::equal(shards[1]["b"], at::tensor({8.f})));
+  EXPECT_TRUE(at::equal(shards[2]["b"], at::tensor({0.f})));
+  EXPECT_TRUE(at::equal(shards[2]["step"], whole.at("step")));
+  for (int r = 0; r < kWorld; ++r) {
+    for (const auto& [k, v] : whole) EXPECT_TRUE(at::equal(back[r].at(k), v)) << r << " " << k;
+  }
+  std::map<std::string, at::Tensor> missing = {{"w", at::ones({2})}};
+  std::map<std::string, std::vector<int64_t>> shapes;
+  EXPECT_THAT(ShardState(missing, {"w", "v"}, 2, 0, &shapes),
+              StatusIs(absl::StatusCode::kInvalidArgument, "the state has no tensor 'v'"));
 }
 
 }  // namespace
