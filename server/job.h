@@ -45,6 +45,12 @@ class JobClient {
   virtual void Consumed(size_t bytes) = 0;
 };
 
+// Who submitted a job: the authenticated identity (empty without
+// authentication), how the audit log names it, and the peer address.
+struct JobOwner {
+  std::string identity, description = "-", peer;
+};
+
 struct Job {
   struct Msg {
     int rank = -1;
@@ -57,6 +63,7 @@ struct Job {
   std::vector<InputSpec> inputs;
   ir::PlaceholderNames placeholders;  // of the single-device graph
   ir::Schedule schedule;              // JobSpec.schedule, checked
+  JobOwner owner;                     // set by the Submit call before the job thread starts
 
   std::mutex mu;
   std::condition_variable cv;

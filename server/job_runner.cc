@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/audit.h"
 #include "server/log.h"
 #include "server/raw_tensors.h"
 
@@ -38,6 +39,11 @@ absl::Status JobRunner::Serve() {
                                               : "",
                    job_->schedule.empty() ? "" : absl::StrCat(", schedule for ", absl::StrJoin(job_->schedule.names(), ", ")),
                    job_->expanded.cached() ? " (compile cache hit)" : " (compiled: cache miss)"));
+  Audit("submit", {{"identity", job_->owner.description},
+                   {"peer", job_->owner.peer},
+                   {"job", id_},
+                   {"name", spec.name()},
+                   {"world_size", absl::StrCat(spec.world_size())}});
   client_->Write(*std::move(first));
   absl::Status status;
   if (!WaitInQueue(&status)) return status;

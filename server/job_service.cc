@@ -5,10 +5,42 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "security/server_auth.h"
+#include "server/audit.h"
 #include "server/raw_tensors.h"
 #include "server/submit_call.h"
 
 namespace fxdp::server {
+namespace {
+
+// The job `id` when the caller may see and act on it (its owner, an admin,
+// or anyone without authentication): NOT_FOUND for an unknown job,
+// PERMISSION_DENIED naming the caller and what it tried.
+grpc::Status Authorized(const grpc::ServerContextBase& ctx, const JobTable& table, const std::string& id,
+                        const char* action, std::shared_ptr<Job>* job) {
+  absl::StatusOr<std::shared_ptr<Job>> found = table.Find(id);
+  if (!found.ok()) return ToGrpcStatus(found.status());
+  const std::optional<security::Principal> caller = security::PrincipalOf(ctx);
+  if (!security::MayAccess(caller, (*found)->owner.identity)) {
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        absl::StrCat("job '", id, "' belongs to another identity: '", caller->identity,
+                                     "' may not ", action, " it (only its owner or an admin may)"));
+  }
+  *job = *std::move(found);
+  return grpc::Status::OK;
+}
+
+// An audit line for an action on a job, with its outcome.
+void AuditJob(const char* event, const grpc::ServerContextBase& ctx, const std::string& id, const grpc::Status& s) {
+  Audit(event, {{"identity", security::Describe(security::PrincipalOf(ctx))},
+                {"peer", ctx.peer()},
+                {"job", id},
+                {"result", s.ok() ? "ok"
+                           : s.error_code() == grpc::StatusCode::PERMISSION_DENIED ? "denied"
+                                                                                   : s.error_message()}});
+}
+
+}  // namespace
 
 JobServiceImpl::JobServiceImpl(CompileServiceImpl* compile, WorkerPool* workers, JobServiceOptions options)
     : table_(options), scheduler_(workers, &table_, options) {
@@ -21,32 +53,42 @@ JobServiceImpl::JobServiceImpl(CompileServiceImpl* compile, WorkerPool* workers,
 
 JobServiceImpl::~JobServiceImpl() = default;
 
-grpc::ServerBidiReactor<v1::SubmitJobRequest, v1::JobEvent>* JobServiceImpl::Submit(grpc::CallbackServerContext*) {
-  return new SubmitCall(&context_);
+grpc::ServerBidiReactor<v1::SubmitJobRequest, v1::JobEvent>* JobServiceImpl::Submit(
+    grpc::CallbackServerContext* context) {
+  JobOwner owner;
+  const std::optional<security::Principal> who = security::PrincipalOf(*context);
+  if (who.has_value()) owner.identity = who->identity;
+  owner.description = security::Describe(who);
+  owner.peer = context->peer();
+  return new SubmitCall(&context_, std::move(owner));
 }
 
-grpc::Status JobServiceImpl::GetJob(grpc::ServerContext*, const v1::GetJobRequest* request, v1::JobInfo* response) {
-  absl::StatusOr<std::shared_ptr<Job>> j = table_.Find(request->job_id());
-  if (!j.ok()) return ToGrpcStatus(j.status());
-  std::lock_guard<std::mutex> l((*j)->mu);
-  *response = (*j)->info;
+grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
+                                    v1::JobInfo* response) {
+  std::shared_ptr<Job> j;
+  if (grpc::Status s = Authorized(*context, table_, request->job_id(), "see", &j); !s.ok()) return s;
+  std::lock_guard<std::mutex> l(j->mu);
+  *response = j->info;
   return grpc::Status::OK;
 }
 
-grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*,
+grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* context, const v1::ListJobsRequest*,
                                       v1::ListJobsResponse* response) {
+  const std::optional<security::Principal> caller = security::PrincipalOf(*context);
   for (const std::shared_ptr<Job>& j : table_.All()) {
+    if (!security::MayAccess(caller, j->owner.identity)) continue;
     std::lock_guard<std::mutex> l(j->mu);
     *response->add_jobs() = j->info;
   }
   return grpc::Status::OK;
 }
 
-grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* request,
+grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context, const v1::CancelJobRequest* request,
                                        v1::JobInfo* response) {
-  absl::StatusOr<std::shared_ptr<Job>> found = table_.Find(request->job_id());
-  if (!found.ok()) return ToGrpcStatus(found.status());
-  const std::shared_ptr<Job>& j = *found;
+  std::shared_ptr<Job> j;
+  const grpc::Status allowed = Authorized(*context, table_, request->job_id(), "cancel", &j);
+  AuditJob("cancel", *context, request->job_id(), allowed);
+  if (!allowed.ok()) return allowed;
   const std::string reason = request->reason().empty() ? "CancelJob" : "CancelJob: " + request->reason();
   scheduler_.CancelQueued(request->job_id(), reason,
                           absl::CancelledError(absl::StrCat("job ", request->job_id(), " cancelled while queued: ", reason)));
@@ -62,10 +104,17 @@ void JobServiceImpl::CancelAll(const std::string& reason) {
   for (const std::shared_ptr<Job>& j : table_.All()) j->Cancel(reason);
 }
 
-grpc::Status JobServiceImpl::FetchState(grpc::ServerContext*, const v1::FetchJobStateRequest* request,
+grpc::Status JobServiceImpl::FetchState(grpc::ServerContext* context, const v1::FetchJobStateRequest* request,
                                         grpc::ServerWriter<v1::StateChunk>* writer) {
-  absl::StatusOr<std::shared_ptr<const StateStore::State>> found = table_.FinalState(request->job_id());
-  if (!found.ok()) return ToGrpcStatus(found.status());
+  std::shared_ptr<Job> j;
+  grpc::Status allowed = Authorized(*context, table_, request->job_id(), "fetch the state of", &j);
+  absl::StatusOr<std::shared_ptr<const StateStore::State>> found = absl::PermissionDeniedError("");
+  if (allowed.ok()) {
+    found = table_.FinalState(request->job_id());
+    if (!found.ok()) allowed = ToGrpcStatus(found.status());
+  }
+  AuditJob("fetch", *context, request->job_id(), allowed);
+  if (!allowed.ok()) return allowed;
   const StateStore::State& state = **found;
   const size_t max = request->chunk_bytes() > 0 ? request->chunk_bytes() : context_.options.chunk_bytes;
   auto write = [&](v1::StateChunk& s) {

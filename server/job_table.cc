@@ -20,6 +20,7 @@ void JobTable::Add(const std::shared_ptr<Job>& job, const std::string& id) {
     v1::JobInfo& info = job->info;
     info.set_job_id(id);
     info.set_name(spec.name());
+    info.set_owner(job->owner.identity);
     info.set_state(v1::JOB_STATE_QUEUED);
     info.set_world_size(spec.world_size());
     info.set_steps(spec.steps());

@@ -6,7 +6,8 @@
 
 namespace fxdp::server {
 
-SubmitCall::SubmitCall(const JobContext* context) : context_(context) {
+SubmitCall::SubmitCall(const JobContext* context, JobOwner owner) : context_(context) {
+  job_->owner = std::move(owner);
   {
     std::lock_guard<std::mutex> l(rmu_);
     MaybeRead();  // the spec (budget_ 1, buffered_ 0)

@@ -21,8 +21,8 @@ namespace fxdp::server {
 
 class SubmitCall final : public grpc::ServerBidiReactor<v1::SubmitJobRequest, v1::JobEvent>, public JobClient {
  public:
-  // `context` outlives every call.
-  explicit SubmitCall(const JobContext* context);
+  // `context` outlives every call; `owner` submits the job.
+  SubmitCall(const JobContext* context, JobOwner owner);
 
   void Write(v1::JobEvent e) override;
   void SetReadBudget(size_t bytes) override;

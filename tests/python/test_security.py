@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import socket
 import subprocess
 import time
@@ -20,6 +21,7 @@ import pytest
 import fxdp
 from _util import fxdp_binary, free_port, local_server, traced
 from fxdp import zoo
+from fxdp.v1 import jobs_pb2 as jpb
 from fxdp.v1 import worker_pb2 as wpb
 from fxdp.v1 import worker_pb2_grpc as wgrpc
 
@@ -116,6 +118,44 @@ def test_cli_uses_tls_and_a_token_from_flags_or_environment(server, pki):
     env.pop("FXDP_TOKEN_FILE")
     r = subprocess.run([fxdp_cli, "jobs"], capture_output=True, text=True, env=env, timeout=30)
     assert r.returncode == 1 and "UNAUTHENTICATED" in r.stderr, r.stderr
+
+
+def train_one(c: fxdp.Client, name: str):
+    step = traced(MODEL, OPTIM)
+    return c.train(step, world_size=1, batches=[zoo.get(MODEL).batch(0)], name=name)
+
+
+def test_jobs_belong_to_their_submitter(server, pki):
+    address, log = server
+    alice, bob, admin = (client(address, pki, w) for w in ("alice", "bob", "admin"))
+    # Client certificates are identities too: CN=alice is alice.
+    alice_cert = fxdp.Client(address, tls_ca=str(pki / "ca.pem"), tls_cert=str(pki / "client.pem"),
+                             tls_key=str(pki / "client.key"), timeout=30)
+    mine = train_one(alice, "alice's job")
+    theirs = train_one(bob, "bob's job")
+    for call in (lambda: bob.job(mine.job_id), lambda: bob.cancel(mine.job_id),
+                 lambda: bob.fetch_state(mine.job_id)):
+        e = code_of(call)
+        assert e.code == PERMISSION_DENIED and mine.job_id in str(e) and "bob" in str(e), e
+    assert alice.job(mine.job_id).name == "alice's job"
+    assert set(alice.fetch_state(mine.job_id)) == set(mine.state)
+    assert alice_cert.job(mine.job_id).owner == "alice"
+    assert [j.job_id for j in alice.jobs()] == [mine.job_id]
+    assert [j.job_id for j in bob.jobs()] == [theirs.job_id]
+    # An admin (token or O=fxdp:admins certificate) sees and may act on every job.
+    admin_cert = fxdp.Client(address, tls_ca=str(pki / "ca.pem"), tls_cert=str(pki / "admin.pem"),
+                             tls_key=str(pki / "admin.key"), timeout=30)
+    for a in (admin, admin_cert):
+        assert {mine.job_id, theirs.job_id} <= {j.job_id for j in a.jobs()}
+        assert a.job(theirs.job_id).owner == "bob"
+        assert set(a.fetch_state(mine.job_id)) == set(mine.state)
+    assert admin.cancel(mine.job_id).state == jpb.JOB_STATE_SUCCEEDED  # finished: left as it is
+    # The audit log names who did what.
+    text = "".join(log)
+    assert re.search(rf'audit event="submit" identity="alice" .*job="{mine.job_id}"', text), text
+    assert re.search(rf'audit event="fetch" identity="root \(admin\)" .*job="{mine.job_id}"', text), text
+    assert re.search(rf'audit event="cancel" identity="root \(admin\)" .*job="{mine.job_id}"', text), text
+    assert re.search(rf'audit event="fetch" identity="bob" .*job="{mine.job_id}" .*denied', text), text
 
 
 def attach(pki, address, *creds, worker_id):
