@@ -207,8 +207,10 @@ ScheduleInfo OverlapSchedule(const std::vector<Node>& nodes) {
   for (int32_t i = 1; i < n; ++i) {
     if (!(what[i] & kIsGather) || (what[i] & kIsInput)) continue;
     const Key& prev = keys[i - 1];
-    if (std::tie(prev.level, prev.first, prev.eff) < std::tie(keys[i].level, keys[i].first, keys[i].eff)) {
-      keys[i] = Key{std::max(prev.level, 0), prev.first, prev.eff, i};
+    const Key anchor{std::max(prev.level, 0), prev.first, prev.eff, i};
+    if (std::tie(anchor.level, anchor.first, anchor.eff) <
+        std::tie(keys[i].level, keys[i].first, keys[i].eff)) {
+      keys[i] = anchor;
     }
   }
   std::sort(keys.begin(), keys.end(), [](const Key& a, const Key& b) {
