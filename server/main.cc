@@ -47,6 +47,7 @@ constexpr char kUsage[] =
     "                   [--max-finished-jobs N] [--data-root DIR ...] [--queue-grace-s S]\n"
     "                   [--client-idle-s S] [--tls-cert FILE --tls-key FILE [--tls-ca FILE]]\n"
     "                   [--client-tokens FILE] [--worker-token-file FILE] [--insecure]\n"
+    "                   [--health-listen HOST:PORT]\n"
     "\n"
     "Serves fxdp.v1.CompileService (Analyze, Expand), fxdp.v1.WorkerService (Attach:\n"
     "the workers' endpoint, ListWorkers) and fxdp.v1.JobService (Submit, GetJob, ListJobs,\n"
@@ -98,6 +99,9 @@ constexpr char kUsage[] =
     "  --insecure            serve a non-loopback --listen without TLS (anyone who can\n"
     "                        reach the port can submit, read and cancel jobs and attach\n"
     "                        workers); refused otherwise\n"
+    "  --health-listen HOST:PORT  also serve grpc.health.v1 alone, in plain text, here (for\n"
+    "                        Kubernetes' gRPC probes, which cannot use TLS); no fxdp\n"
+    "                        service is served on it\n"
     "Any of --client-tokens, --worker-token-file, --tls-ca makes every call authenticate\n"
     "(UNAUTHENTICATED otherwise; health checks excepted) and needs TLS.\n"
     "\n"
@@ -173,6 +177,8 @@ int main(int argc, char** argv) {
   f.String("--client-tokens", &security_options.client_tokens);
   f.String("--worker-token-file", &security_options.worker_token_file);
   f.Bool("--insecure", &insecure);
+  std::string health_listen;
+  f.String("--health-listen", &health_listen);
   if (int rc = f.Parse(std::vector<std::string>(argv + 1, argv + argc), nullptr); rc >= 0) return rc;
 
   // Signals are taken by a dedicated thread (sigwait): block them before gRPC
@@ -239,6 +245,21 @@ int main(int argc, char** argv) {
   server->GetHealthCheckService()->SetServingStatus(
       fxdp::v1::WorkerService::service_full_name(), true);
   server->GetHealthCheckService()->SetServingStatus(fxdp::v1::JobService::service_full_name(), true);
+  // --health-listen: a second server with nothing but its own health service.
+  std::unique_ptr<grpc::Server> health;
+  if (!health_listen.empty()) {
+    grpc::ServerBuilder hb;
+    int health_port = 0;
+    hb.AddListeningPort(health_listen, grpc::InsecureServerCredentials(), &health_port);
+    health = hb.BuildAndStart();
+    if (health == nullptr || health_port == 0) {
+      std::fprintf(stderr, "fxdp-server: cannot listen on --health-listen %s\n", health_listen.c_str());
+      server->Shutdown();
+      return 1;
+    }
+    health->GetHealthCheckService()->SetServingStatus(true);
+    std::fprintf(stderr, "fxdp-server: health checks (plain text, no fxdp service) on port %d\n", health_port);
+  }
   const std::string host = listen.substr(0, listen.rfind(':'));
   std::printf("listening on %s:%d\n", host.c_str(), port);
   std::fflush(stdout);
@@ -282,6 +303,7 @@ int main(int argc, char** argv) {
     sigwait(&sigs, &sig);
     std::fprintf(stderr, "fxdp-server: %s, shutting down\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
     server->GetHealthCheckService()->SetServingStatus(false);
+    if (health) health->GetHealthCheckService()->SetServingStatus(false);
     jobs.CancelAll("the server is shutting down");
     workers.Stop();
     registry.Shutdown();
@@ -289,6 +311,7 @@ int main(int argc, char** argv) {
   });
   server->Wait();
   waiter.join();
+  if (health) health->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   const auto s = service.cache_stats();
   std::fprintf(stderr, "fxdp-server: stopped (cache: %lld hits, %lld misses, %lld entries)\n",
                static_cast<long long>(s.hits), static_cast<long long>(s.misses),

@@ -152,6 +152,7 @@ nlohmann::ordered_json InfoJson(const v1::JobInfo& j) {
   nlohmann::ordered_json o;
   o["job_id"] = j.job_id();
   o["name"] = j.name();
+  if (!j.owner().empty()) o["owner"] = j.owner();
   o["state"] = StateName(j.state());
   o["world_size"] = j.world_size();
   o["steps"] = j.steps();
@@ -180,6 +181,7 @@ std::string InfoText(const v1::JobInfo& j) {
   std::string out;
   absl::StrAppendFormat(&out, "job        %s\n", j.job_id());
   absl::StrAppendFormat(&out, "name       %s\n", j.name().empty() ? "-" : j.name());
+  if (!j.owner().empty()) absl::StrAppendFormat(&out, "owner      %s\n", j.owner());
   absl::StrAppendFormat(&out, "state      %s\n", StateName(j.state()));
   if (j.state() == v1::JOB_STATE_QUEUED) {
     absl::StrAppendFormat(&out, "queue      position %d: %s\n", j.queue_position(), j.message());

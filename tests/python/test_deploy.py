@@ -49,6 +49,10 @@ def test_systemd_worker_unit_contract():
     text = (DEPLOY / "systemd" / "fxdp-worker@.service").read_text()
     assert "--device cuda:%i" in text and "Restart=on-failure" in text
     assert "EnvironmentFile=" in text and "NoNewPrivileges=yes" in text
+    # TLS and the join token come as systemd credentials.
+    assert "LoadCredential=worker.token:" in text and "--tls-ca %d/ca.pem --token-file %d/worker.token" in text
+    server = (DEPLOY / "systemd" / "fxdp-server.service").read_text()
+    assert "LoadCredential=server.key:" in server and "--tls-cert %d/server.pem" in server
 
 
 @pytest.mark.parametrize("dockerfile", ["Dockerfile.cpu", "Dockerfile.cuda"])
@@ -62,9 +66,11 @@ def test_k8s_manifests_validate():
     r = run([tool("kubernetes-validate"), "--strict", "--quiet", *files])
     assert r.returncode == 0, r.stdout + r.stderr
     text = (DEPLOY / "k8s" / "server.yaml").read_text()
-    assert "grpc:\n              port: 50051" in text
+    assert "grpc:\n              port: 50052" in text and "--health-listen\", \"0.0.0.0:50052" in text
+    assert "--tls-cert" in text and "secretName: fxdp-tls" in text
     workers = (DEPLOY / "k8s" / "workers.yaml").read_text()
     assert "nvidia.com/gpu: 1" in workers
+    assert "- --token-file\n            - /etc/fxdp/workers/worker-token" in workers
     # Workers read jobs' data_paths only under --data-root (none: none): the manifest passes the
     # mounted dataset volume.
     assert "- --data-root\n            - /data" in workers

@@ -52,8 +52,14 @@ def server_args(p: pathlib.Path):
 
 
 @pytest.fixture(scope="module")
-def server(pki):
-    with local_server(workers=2, extra_args=server_args(pki)) as (address, log):
+def health_port():
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def server(pki, health_port):
+    extra = [*server_args(pki), "--health-listen", f"127.0.0.1:{health_port}"]
+    with local_server(workers=2, extra_args=extra) as (address, log):
         admin = client(address, pki, "admin")
         deadline = time.monotonic() + 30
         while sum(w.get("state") == "WORKER_STATE_IDLE" for w in admin.workers()) < 2:
@@ -91,6 +97,15 @@ def test_calls_without_or_with_a_wrong_token_are_unauthenticated(server, pki):
     assert e.code == grpc.StatusCode.UNAVAILABLE
     with pytest.raises(ValueError, match="needs TLS"):
         fxdp.Client(address, token_file=str(pki / "alice.token"), tls_ca="")
+
+
+def test_health_checks_in_plain_text_on_their_own_port_only(server, health_port):
+    raw = dict(request_serializer=lambda b: b, response_deserializer=lambda b: b)
+    with grpc.insecure_channel(f"127.0.0.1:{health_port}") as ch:
+        assert ch.unary_unary("/grpc.health.v1.Health/Check", **raw)(b"", timeout=10) == b"\x08\x01"  # SERVING
+        with pytest.raises(grpc.RpcError) as e:
+            ch.unary_unary("/fxdp.v1.JobService/ListJobs", **raw)(b"", timeout=10)
+        assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
 def test_tls_client_with_the_wrong_ca_fails(server, other_pki):
@@ -140,6 +155,14 @@ def test_jobs_belong_to_their_submitter(server, pki):
     assert alice.job(mine.job_id).name == "alice's job"
     assert set(alice.fetch_state(mine.job_id)) == set(mine.state)
     assert alice_cert.job(mine.job_id).owner == "alice"
+    r = subprocess.run([fxdp_binary("FXDP_BIN", "fxdp"), "job", mine.job_id, "--json", "--server", address,
+                        "--tls-ca", str(pki / "ca.pem"), "--token-file", str(pki / "alice.token")],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and '"owner": "alice"' in r.stdout, r.stderr
+    r = subprocess.run([fxdp_binary("FXDP_BIN", "fxdp"), "cancel", mine.job_id, "--server", address,
+                        "--tls-ca", str(pki / "ca.pem"), "--token-file", str(pki / "bob.token")],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1 and "PERMISSION_DENIED" in r.stderr, r.stderr
     assert [j.job_id for j in alice.jobs()] == [mine.job_id]
     assert [j.job_id for j in bob.jobs()] == [theirs.job_id]
     # An admin (token or O=fxdp:admins certificate) sees and may act on every job.
