@@ -99,8 +99,15 @@ def test_calls_without_or_with_a_wrong_token_are_unauthenticated(server, pki):
         fxdp.Client(address, token_file=str(pki / "alice.token"), tls_ca="")
 
 
-def test_health_checks_in_plain_text_on_their_own_port_only(server, health_port):
+def test_health_checks_in_plain_text_on_their_own_port_only(server, pki, health_port):
     raw = dict(request_serializer=lambda b: b, response_deserializer=lambda b: b)
+    # On the TLS port, health checks need no credentials (load balancers, probes); nothing else.
+    with grpc.secure_channel(server[0], grpc.ssl_channel_credentials((pki / "ca.pem").read_bytes())) as ch:
+        assert ch.unary_unary("/grpc.health.v1.Health/Check", **raw)(b"", timeout=10) == b"\x08\x01"
+        with pytest.raises(grpc.RpcError) as e:
+            ch.stream_stream("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", **raw)(
+                iter([b""]), timeout=10).next()
+        assert e.value.code() == UNAUTHENTICATED
     with grpc.insecure_channel(f"127.0.0.1:{health_port}") as ch:
         assert ch.unary_unary("/grpc.health.v1.Health/Check", **raw)(b"", timeout=10) == b"\x08\x01"  # SERVING
         with pytest.raises(grpc.RpcError) as e:

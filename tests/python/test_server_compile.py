@@ -454,4 +454,4 @@ def test_server_usage():
     assert p.returncode == 2 and "no executable fxdp-worker at '/nonexistent/fxdp-worker'" in p.stderr
     p = subprocess.run([binary("FXDP_SERVER_BIN", "fxdp-server"), "--local-workers", "-1"], capture_output=True,
                        text=True, timeout=10)
-    assert p.returncode == 2 and "--local-workers needs an integer >= 0" in p.stderr
+    assert p.returncode == 2 and "--local-workers needs an integer in [0, 256], got '-1'" in p.stderr
