@@ -12,6 +12,7 @@ APT_PACKAGES=(
   g++ cmake ninja-build pkg-config make ccache python3-venv
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
   libabsl-dev libgtest-dev libgmock-dev googletest nlohmann-json3-dev libbenchmark-dev libssl-dev
+  libsqlite3-dev  # fxdp-server --state-dir: the job records
 )
 # grpcio-tools: the pin of client/python/pyproject.toml's [build-system] (it generates the stubs);
 # grpcio/protobuf: the runtime floor that version's generated code needs.

@@ -64,6 +64,14 @@ struct Job {
   ir::PlaceholderNames placeholders;  // of the single-device graph
   ir::Schedule schedule;              // JobSpec.schedule, checked
   JobOwner owner;                     // set by the Submit call before the job thread starts
+  // With --state-dir, for a data_paths job: the spec as submitted (graph,
+  // schedule) until the table recorded it, and its initial state (whole
+  // tensors), taken before it is queued (or read back after a restart) and
+  // forwarded to the ranks from here.
+  v1::JobSpec submitted;
+  std::vector<v1::TensorChunk> initial_state;
+  bool has_initial_state = false;
+  bool recovered = false;  // queued again after a server restart (by Recover): no client
 
   std::mutex mu;
   std::condition_variable cv;

@@ -27,11 +27,23 @@ absl::Status RunJob(const JobContext& context, JobClient* client, std::shared_pt
 }
 
 absl::Status JobRunner::Serve() {
-  if (absl::Status s = TakeSpec(); !s.ok()) return s;
-  absl::StatusOr<v1::JobEvent> first = ctx_.scheduler->Enqueue(job_);
-  if (!first.ok()) return first.status();
+  absl::StatusOr<v1::JobEvent> first;
+  if (job_->recovered) {  // queued again after a restart (JobServiceImpl::Recover)
+    first = job_->Event(v1::JOB_STATE_QUEUED);
+  } else {
+    if (absl::Status s = TakeSpec(); !s.ok()) return s;
+    first = ctx_.scheduler->Enqueue(job_);
+    if (!first.ok()) return first.status();
+  }
   queued_ = true;
   id_ = job_->id();
+  if (ctx_.store != nullptr && job_->has_initial_state && !job_->recovered) {
+    // Recorded (outside the table's lock) so that the job can run after a restart.
+    if (absl::Status s = ctx_.store->WriteInitialState(id_, job_->initial_state); !s.ok()) {
+      Log(absl::StrCat(id_, ": cannot record the initial state in ", ctx_.store->dir(), " (the job cannot run "
+                       "again after a restart): ", s.message()));
+    }
+  }
   const v1::JobSpec& spec = job_->spec;
   Log(absl::StrCat(id_, ": submitted, ", spec.world_size(), " ranks, ",
                    spec.steps() > 0 ? absl::StrCat(spec.steps(), " steps") : "open-ended",
@@ -121,6 +133,10 @@ absl::Status JobRunner::TakeSpec() {
     return absl::InvalidArgumentError(
         absl::StrCat("the first SubmitJobRequest must carry the JobSpec, got ", SubmitRequestKind(first)));
   }
+  // With --state-dir a data_paths job is recorded as submitted, to be run
+  // again after a restart.
+  const bool durable = ctx_.store != nullptr && first.spec().data_paths_size() > 0;
+  if (durable) job_->submitted = first.spec();
   absl::StatusOr<PreparedSpec> p = PrepareJobSpec(std::move(*first.mutable_spec()), ctx_.expand);
   if (!p.ok()) return p.status();
   job_->spec = std::move(p->spec);
@@ -128,6 +144,47 @@ absl::Status JobRunner::TakeSpec() {
   job_->inputs = std::move(p->inputs);
   job_->placeholders = std::move(p->placeholders);
   job_->schedule = std::move(p->schedule);
+  return durable ? TakeInitialState() : absl::OkStatus();
+}
+
+// Before the job is queued (--state-dir, data_paths): its initial state,
+// whole, kept on the job.
+absl::Status JobRunner::TakeInitialState() {
+  const uint32_t n = job_->spec.num_state_tensors();
+  ChunkStream stream("initial state", /*keep_data=*/true);
+  v1::SubmitJobRequest req;
+  Job::Msg unused;
+  client_->SetReadBudget(ctx_.options.read_ahead_bytes);
+  while (stream.complete() < n) {
+    const double idle = ctx_.options.client_idle_s;
+    const Got got = Next(true, true, idle, &unused, &req);
+    if (got == Got::kTimeout) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("the Submit stream sent nothing for ", idle, " s while the server waited for its initial state (",
+                       stream.complete(), " of the ", n, " tensors of JobSpec.num_state_tensors received; "
+                       "fxdp-server --client-idle-s)"));
+    }
+    if (got == Got::kCancel) return absl::CancelledError("the client went away");
+    if (got == Got::kClientEnd) {
+      return absl::InvalidArgumentError(absl::StrCat("the client ended the stream after ", stream.complete(),
+                                                     " of the ", n, " initial-state tensors (JobSpec.num_state_tensors)"));
+    }
+    if (!req.has_state()) {
+      return absl::InvalidArgumentError(absl::StrCat("expected initial-state chunks (", stream.complete(), " of the ", n,
+                                                     " tensors of JobSpec.num_state_tensors so far), got ",
+                                                     SubmitRequestKind(req)));
+    }
+    if (absl::Status s = stream.Add(req.state()); !s.ok()) return s;
+  }
+  client_->SetReadBudget(0);
+  for (RawTensor& t : stream.Take()) {
+    v1::TensorChunk& c = job_->initial_state.emplace_back();
+    c.set_name(t.name);
+    c.set_dtype(t.dtype);
+    for (int64_t d : t.shape) c.add_shape(d);
+    c.set_data(std::move(t.data));
+  }
+  job_->has_initial_state = true;
   return absl::OkStatus();
 }
 
@@ -190,6 +247,7 @@ absl::Status JobRunner::Run() {
   ctx_.scheduler->AddHandles(job_, handles);
   if (lost >= 0) return Lost(lost);
   job_->SetState(v1::JOB_STATE_RUNNING);
+  ctx_.table->Update(job_);
   if (absl::Status s = Assign(); !s.ok()) return s;
   client_->Write(job_->Event(v1::JOB_STATE_RUNNING));
   for (auto phase : {&JobRunner::ForwardState, &JobRunner::AwaitStarted, &JobRunner::Steps, &JobRunner::End}) {
@@ -303,6 +361,21 @@ absl::Status JobRunner::ForwardState() {
   if (n == 0) {
     sc->set_last(true);
     return SendAll(m);
+  }
+  if (job_->has_initial_state) {  // taken before the job was queued
+    std::vector<v1::TensorChunk> state = std::move(job_->initial_state);
+    job_->initial_state.clear();
+    std::vector<v1::TensorChunk> pieces;
+    for (size_t t = 0; t < state.size(); ++t) {
+      pieces.clear();
+      RechunkTensor(state[t], ctx_.options.chunk_bytes, &pieces);
+      for (size_t i = 0; i < pieces.size(); ++i) {
+        sc->mutable_tensor()->Swap(&pieces[i]);
+        sc->set_last(t + 1 == state.size() && i + 1 == pieces.size());
+        if (absl::Status s = SendAll(m); !s.ok()) return s;
+      }
+    }
+    return absl::OkStatus();
   }
   ChunkStream stream("initial state", /*keep_data=*/false);
   v1::SubmitJobRequest req;
@@ -455,6 +528,7 @@ void JobRunner::StepDone(int64_t step, const std::vector<v1::StepResult>& result
   e.set_step_ms(results[0].step_ms());
   for (const auto& r : results) e.add_local_losses(r.local_loss());
   client_->Write(std::move(e));
+  ctx_.table->Update(job_);
 }
 
 absl::Status JobRunner::End() {

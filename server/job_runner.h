@@ -1,6 +1,8 @@
 // JobRunner: one job, on its own thread, from its client's first message to
 // its end:
 //   1. the spec (the first message): checked and expanded (job_spec.h);
+//      with --state-dir, a data_paths job's initial state is taken too, so
+//      that it can run again after a restart (job_recovery.h);
 //   2. a place in the queue (JobScheduler), the first QUEUED event, then a
 //      QUEUED event whenever its place or message changes, until the
 //      scheduler gives it its workers (nothing is read from the client
@@ -37,6 +39,7 @@
 #include "server/job_options.h"
 #include "server/job_scheduler.h"
 #include "server/job_spec.h"
+#include "server/job_store.h"
 #include "server/job_table.h"
 #include "server/worker_pool.h"
 
@@ -49,6 +52,7 @@ struct JobContext {
   WorkerPool* pool = nullptr;
   JobTable* table = nullptr;
   JobScheduler* scheduler = nullptr;
+  JobStore* store = nullptr;  // --state-dir (null: in memory only)
 };
 
 // Runs `job` for `client` to its end (see above); the job's Submit status. A
@@ -75,6 +79,7 @@ class JobRunner {
   Got Next(bool want_client, bool watch_client, double timeout_s, Job::Msg* worker,
            v1::SubmitJobRequest* client = nullptr);
   absl::Status TakeSpec();
+  absl::Status TakeInitialState();
   bool WaitInQueue(absl::Status* status);
   absl::Status Run();
   absl::Status Assign();

@@ -85,6 +85,17 @@ absl::StatusOr<v1::JobEvent> JobScheduler::Enqueue(const std::shared_ptr<Job>& j
   return first;
 }
 
+absl::StatusOr<v1::JobEvent> JobScheduler::Requeue(const std::shared_ptr<Job>& job) {
+  const std::string id = job->id();
+  std::lock_guard<std::mutex> l(mu_);
+  if (absl::Status s = queue_.Push(id, job->spec.world_size()); !s.ok()) return s;
+  queued_[id] = job;
+  DispatchLocked();
+  v1::JobEvent first = job->Event(v1::JOB_STATE_QUEUED);
+  first.clear_workers();
+  return first;
+}
+
 bool JobScheduler::CancelQueuedLocked(const std::string& id, const std::string& reason, const absl::Status& status) {
   if (!queue_.Remove(id)) return false;
   std::shared_ptr<Job> j = std::move(queued_[id]);

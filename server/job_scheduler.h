@@ -43,6 +43,9 @@ class JobScheduler {
   // max_queued_jobs wait already. Returns the job's first event: QUEUED, with
   // its place in the queue (0 when it was dispatched at once).
   absl::StatusOr<v1::JobEvent> Enqueue(const std::shared_ptr<Job>& job);
+  // Queues again a job the table holds already (after a server restart,
+  // job_recovery.h); RESOURCE_EXHAUSTED when the queue is full.
+  absl::StatusOr<v1::JobEvent> Requeue(const std::shared_ptr<Job>& job);
   // Takes a queued job out of the queue and ends it CANCELLED with
   // `status`; false when it is not queued (dispatched, or ended).
   bool CancelQueued(const std::string& id, const std::string& reason, const absl::Status& status);

@@ -42,16 +42,37 @@ void AuditJob(const char* event, const grpc::ServerContextBase& ctx, const std::
 
 }  // namespace
 
-JobServiceImpl::JobServiceImpl(CompileServiceImpl* compile, WorkerPool* workers, JobServiceOptions options)
-    : table_(options), scheduler_(workers, &table_, options) {
+JobServiceImpl::JobServiceImpl(CompileServiceImpl* compile, WorkerPool* workers, JobServiceOptions options,
+                               JobStore* store)
+    : table_(options, store), scheduler_(workers, &table_, options) {
   context_.options = options;
   context_.expand = [compile](const v1::ExpandRequest& r) { return compile->ExpandCached(r); };
   context_.pool = workers;
   context_.table = &table_;
   context_.scheduler = &scheduler_;
+  context_.store = store;
 }
 
-JobServiceImpl::~JobServiceImpl() = default;
+JobServiceImpl::~JobServiceImpl() {
+  if (!recovered_.empty()) CancelAll("the server is shutting down");
+  for (std::thread& t : recovered_) t.join();
+}
+
+absl::Status JobServiceImpl::Recover() {
+  if (context_.store == nullptr) return absl::OkStatus();
+  absl::StatusOr<RecoveredJobs> r = RecoverJobs(context_.store, context_.expand);
+  if (!r.ok()) return r.status();
+  table_.Restore(r->jobs, r->last_seq);
+  for (const std::shared_ptr<Job>& job : r->to_run) {  // in their old order
+    if (absl::StatusOr<v1::JobEvent> queued = scheduler_.Requeue(job); !queued.ok()) {
+      job->SetState(v1::JOB_STATE_FAILED, queued.status());
+      table_.Finished(job);
+      continue;
+    }
+    recovered_.emplace_back([this, job] { RunJob(context_, &no_client_, job).IgnoreError(); });
+  }
+  return absl::OkStatus();
+}
 
 grpc::ServerBidiReactor<v1::SubmitJobRequest, v1::JobEvent>* JobServiceImpl::Submit(
     grpc::CallbackServerContext* context) {

@@ -6,6 +6,8 @@
 //   dispatcher.h     messages between a job and its ranks
 //   batch_sharder.h  a step's global batch sliced into each rank's shard
 //   job_table.h      the jobs by id, the finished history, final states
+//   job_store.h      --state-dir: the jobs in SQLite, states as files
+//   job_recovery.h   --state-dir: the recorded jobs after a restart
 // Submit is a gRPC callback (reactor) method (submit_call.h): each call gets
 // a job thread running RunJob; GetJob, ListJobs, CancelJob and FetchState
 // read the table. absl::Status from the parts is mapped to grpc::Status here
@@ -16,14 +18,18 @@
 
 #include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "grpcpp/grpcpp.h"
 #include "proto/fxdp/v1/jobs.grpc.pb.h"
 #include "server/compile_service.h"
 #include "server/dispatcher.h"
 #include "server/job_options.h"
+#include "server/job_recovery.h"
 #include "server/job_runner.h"
 #include "server/job_scheduler.h"
+#include "server/job_store.h"
 #include "server/job_table.h"
 #include "server/worker_pool.h"
 
@@ -31,8 +37,17 @@ namespace fxdp::server {
 
 class JobServiceImpl final : public v1::JobService::WithCallbackMethod_Submit<v1::JobService::Service> {
  public:
-  JobServiceImpl(CompileServiceImpl* compile, WorkerPool* workers, JobServiceOptions options = {});
+  // `store` (--state-dir; null: in memory only) outlives the service.
+  JobServiceImpl(CompileServiceImpl* compile, WorkerPool* workers, JobServiceOptions options = {},
+                 JobStore* store = nullptr);
+  // Cancels the jobs still running (CancelAll) and waits for the ones queued
+  // again after a restart.
   ~JobServiceImpl() override;
+
+  // With a store: the recorded jobs back in the table after a restart
+  // (job_recovery.h), the data_paths jobs that were queued queued again.
+  // Call once, before serving.
+  absl::Status Recover();
 
   grpc::ServerBidiReactor<v1::SubmitJobRequest, v1::JobEvent>* Submit(grpc::CallbackServerContext* context) override;
   grpc::Status GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
@@ -51,6 +66,8 @@ class JobServiceImpl final : public v1::JobService::WithCallbackMethod_Submit<v1
   JobTable table_;
   JobScheduler scheduler_;
   JobContext context_;
+  NoClient no_client_;
+  std::vector<std::thread> recovered_;  // runners of the jobs queued again
 };
 
 }  // namespace fxdp::server

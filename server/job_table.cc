@@ -30,9 +30,45 @@ void JobTable::Add(const std::shared_ptr<Job>& job, const std::string& id) {
     for (std::string& h : job->placeholders.Hyperparameters()) info.add_hyperparameters(std::move(h));
   }
   std::lock_guard<std::mutex> l(mu_);
+  if (store_ != nullptr) {
+    v1::JobInfo info;
+    {
+      std::lock_guard<std::mutex> jl(job->mu);
+      info = job->info;
+    }
+    Record(store_->Insert(next_id_, info, job->submitted), id, "record");
+    job->submitted.Clear();
+  }
   ++next_id_;
   jobs_[id] = job;
   order_.push_back(id);
+}
+
+void JobTable::Record(const absl::Status& s, const std::string& id, const char* what) const {
+  if (!s.ok()) Log(absl::StrCat(id, ": cannot ", what, " the job in ", store_->dir(), ": ", s.message()));
+}
+
+void JobTable::Update(const std::shared_ptr<Job>& job) {
+  if (store_ == nullptr) return;
+  v1::JobInfo info;
+  {
+    std::lock_guard<std::mutex> jl(job->mu);
+    info = job->info;
+  }
+  Record(store_->Update(info, /*ended=*/false), info.job_id(), "update");
+}
+
+void JobTable::Restore(const std::vector<std::shared_ptr<Job>>& jobs, int64_t last_seq) {
+  std::lock_guard<std::mutex> l(mu_);
+  for (const std::shared_ptr<Job>& j : jobs) {
+    const std::string id = j->id();
+    jobs_[id] = j;
+    order_.push_back(id);
+    if (Terminal(j->state())) finished_.push_back(id);
+    std::lock_guard<std::mutex> jl(j->mu);
+    if (j->info.has_state() && store_ != nullptr) states_.PutBytes(id, store_->FinalStateBytes(id));
+  }
+  next_id_ = std::max(next_id_, last_seq + 1);
 }
 
 absl::Status JobTable::NotFound(const std::string& id) const {
@@ -56,8 +92,14 @@ std::vector<std::shared_ptr<Job>> JobTable::All() const {
 }
 
 void JobTable::Finished(const std::shared_ptr<Job>& job) {
-  const std::string id = job->id();
+  v1::JobInfo info;
+  {
+    std::lock_guard<std::mutex> jl(job->mu);
+    info = job->info;
+  }
+  const std::string& id = info.job_id();
   std::lock_guard<std::mutex> l(mu_);
+  if (store_ != nullptr) Record(store_->Update(info, /*ended=*/true), id, "update");
   finished_.push_back(id);
   while (finished_.size() > std::max<size_t>(options_.max_finished_jobs, 1)) {
     const std::string old = finished_.front();
@@ -65,21 +107,43 @@ void JobTable::Finished(const std::shared_ptr<Job>& job) {
     jobs_.erase(old);
     order_.erase(std::find(order_.begin(), order_.end(), old));
     states_.Erase(old);
+    if (store_ != nullptr) Record(store_->Erase(old), old, "forget");
   }
 }
 
 void JobTable::KeepState(const std::shared_ptr<Job>& job, std::shared_ptr<const StateStore::State> state) {
   const std::string id = job->id();
+  const uint64_t bytes = StateStore::Bytes(*state);
+  // With a store the file is the state (written outside the lock): only its
+  // bytes are counted here.
+  bool written = false;
+  if (store_ != nullptr && bytes <= states_.max_bytes()) {
+    const absl::Status s = store_->WriteFinalState(id, *state);
+    Record(s, id, "write the final state of");
+    written = s.ok();
+  }
   std::lock_guard<std::mutex> l(mu_);
-  for (const std::string& gone : states_.Put(id, std::move(state))) {
+  std::vector<std::string> evicted;
+  if (store_ == nullptr) {
+    evicted = states_.Put(id, std::move(state));
+  } else if (written) {
+    evicted = states_.PutBytes(id, bytes);
+  }
+  for (const std::string& gone : evicted) {
+    if (store_ != nullptr) Record(store_->EraseFinalState(gone), gone, "erase the final state of");
     auto it = jobs_.find(gone);
     if (it == jobs_.end()) continue;
     if (gone != id) Log(absl::StrCat(gone, ": final state evicted (--max-state-mb)"));
-    std::lock_guard<std::mutex> jl(it->second->mu);
-    it->second->info.set_has_state(false);
-    it->second->info.set_state_evicted(true);
+    v1::JobInfo info;
+    {
+      std::lock_guard<std::mutex> jl(it->second->mu);
+      it->second->info.set_has_state(false);
+      it->second->info.set_state_evicted(true);
+      info = it->second->info;
+    }
+    if (store_ != nullptr) Record(store_->Update(info, Terminal(info.state())), gone, "update");
   }
-  if (states_.Get(id) != nullptr) {
+  if (states_.Has(id)) {
     std::lock_guard<std::mutex> jl(job->mu);
     job->info.set_has_state(true);
   } else {
@@ -88,15 +152,28 @@ void JobTable::KeepState(const std::shared_ptr<Job>& job, std::shared_ptr<const 
 }
 
 absl::StatusOr<std::shared_ptr<const StateStore::State>> JobTable::FinalState(const std::string& id) const {
-  std::lock_guard<std::mutex> l(mu_);
-  auto it = jobs_.find(id);
-  if (it == jobs_.end()) return NotFound(id);
-  const v1::JobState state = it->second->state();
-  if (state != v1::JOB_STATE_SUCCEEDED) {
-    return absl::FailedPreconditionError(absl::StrCat("job ", id, " is ", v1::JobState_Name(state),
-                                                      ": only a SUCCEEDED job has a final state"));
+  std::shared_ptr<const StateStore::State> kept;
+  bool on_disk = false;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) return NotFound(id);
+    const v1::JobState state = it->second->state();
+    if (state != v1::JOB_STATE_SUCCEEDED) {
+      return absl::FailedPreconditionError(absl::StrCat("job ", id, " is ", v1::JobState_Name(state),
+                                                        ": only a SUCCEEDED job has a final state"));
+    }
+    kept = states_.Get(id);
+    on_disk = kept == nullptr && states_.Has(id) && store_ != nullptr;
   }
-  std::shared_ptr<const StateStore::State> kept = states_.Get(id);
+  if (on_disk) {  // read outside the lock
+    absl::StatusOr<JobStore::Tensors> read = store_->ReadFinalState(id);
+    if (!read.ok()) {
+      return absl::DataLossError(absl::StrCat("job ", id, "'s final state cannot be read back from ",
+                                              store_->FinalStatePath(id), ": ", read.status().message()));
+    }
+    return std::make_shared<const StateStore::State>(*std::move(read));
+  }
   if (kept == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat("job ", id, "'s final state was evicted: the server keeps at most ",

@@ -3,7 +3,9 @@
 // ones are forgotten, with their final states), and the final states of
 // succeeded jobs kept for FetchState within max_state_bytes (StateStore:
 // the oldest is evicted first). Lookups of unknown ids are NOT_FOUND naming
-// the history limit. Thread-safe. No gRPC here.
+// the history limit. With a JobStore (--state-dir) every change is also
+// recorded there and final states are files (StateStore counts their bytes);
+// Restore rebuilds the table after a restart. Thread-safe. No gRPC here.
 #ifndef FXDP_SERVER_JOB_TABLE_H_
 #define FXDP_SERVER_JOB_TABLE_H_
 
@@ -20,21 +22,30 @@
 #include "proto/fxdp/v1/jobs.pb.h"
 #include "server/job.h"
 #include "server/job_options.h"
+#include "server/job_store.h"
 #include "server/state_store.h"
 
 namespace fxdp::server {
 
 class JobTable {
  public:
-  explicit JobTable(const JobServiceOptions& options)
-      : options_(options), states_(options.max_state_bytes) {}
+  // `store` (may be null: in memory only) outlives the table.
+  explicit JobTable(const JobServiceOptions& options, JobStore* store = nullptr)
+      : options_(options), store_(store), states_(options.max_state_bytes) {}
 
   // The id the next Add records ("job-N-HEX": a counter and a clock tag).
   std::string NextId() const;
   // Records a job that was just queued under `id` (NextId()'s): its JobInfo
   // (id, name, QUEUED, world size, steps, data paths, times, hyper-parameter
-  // names) from its spec.
+  // names) from its spec; in the store with its submitted spec (which the
+  // job then no longer holds).
   void Add(const std::shared_ptr<Job>& job, const std::string& id);
+  // The job's info changed (RUNNING, a step): recorded in the store.
+  void Update(const std::shared_ptr<Job>& job);
+  // After a restart: the store's records (see job_recovery.h) back in the
+  // table in submission order, finished ones in the history; ids continue
+  // after the last one.
+  void Restore(const std::vector<std::shared_ptr<Job>>& jobs, int64_t last_seq);
   // The job named `id`, or NOT_FOUND.
   absl::StatusOr<std::shared_ptr<Job>> Find(const std::string& id) const;
   // Every known job, in submission order.
@@ -51,8 +62,10 @@ class JobTable {
 
  private:
   absl::Status NotFound(const std::string& id) const;
+  void Record(const absl::Status& s, const std::string& id, const char* what) const;
 
   const JobServiceOptions options_;
+  JobStore* const store_;
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<Job>> jobs_;
   std::vector<std::string> order_;    // job ids, submission order

@@ -34,6 +34,7 @@
 #include "security/server_auth.h"
 #include "server/compile_service.h"
 #include "server/job_service.h"
+#include "server/job_store.h"
 #include "server/local_workers.h"
 #include "server/worker_registry.h"
 #include "util/flags.h"
@@ -47,7 +48,7 @@ constexpr char kUsage[] =
     "                   [--max-finished-jobs N] [--data-root DIR ...] [--queue-grace-s S]\n"
     "                   [--client-idle-s S] [--tls-cert FILE --tls-key FILE [--tls-ca FILE]]\n"
     "                   [--client-tokens FILE] [--worker-token-file FILE] [--insecure]\n"
-    "                   [--health-listen HOST:PORT]\n"
+    "                   [--health-listen HOST:PORT] [--state-dir DIR]\n"
     "\n"
     "Serves fxdp.v1.CompileService (Analyze, Expand), fxdp.v1.WorkerService (Attach:\n"
     "the workers' endpoint, ListWorkers) and fxdp.v1.JobService (Submit, GetJob, ListJobs,\n"
@@ -85,6 +86,13 @@ constexpr char kUsage[] =
     "                        DEADLINE_EXCEEDED after S seconds without a message, freeing\n"
     "                        its workers; also the limit for a Submit's first message\n"
     "                        (default 60)\n"
+    "  --state-dir DIR       keep the jobs in DIR (created): their records in SQLite\n"
+    "                        (DIR/jobs.db), final states as safetensors files\n"
+    "                        (DIR/states/). After a restart on the same DIR finished jobs\n"
+    "                        are listed and fetchable, jobs that were running are FAILED\n"
+    "                        ('the server restarted'), queued data_paths jobs run, other\n"
+    "                        queued jobs are FAILED (their stream is gone); docs/jobs.md.\n"
+    "                        Default: in memory only\n"
     "\n"
     "Security (docs/security.md). Without the flags below the server serves plain gRPC\n"
     "without authentication, which it does only on a loopback --listen address:\n"
@@ -105,7 +113,8 @@ constexpr char kUsage[] =
     "Any of --client-tokens, --worker-token-file, --tls-ca makes every call authenticate\n"
     "(UNAUTHENTICATED otherwise; health checks excepted) and needs TLS.\n"
     "\n"
-    "SIGTERM or SIGINT shut the server down. Exit codes: 0 ok, 1 cannot listen, 2 usage.\n";
+    "SIGTERM or SIGINT shut the server down. Exit codes: 0 ok, 1 cannot listen (or read\n"
+    "--state-dir), 2 usage.\n";
 
 // An integer flag in [min, max] ("NAME needs an integer in [MIN, MAX], got 'V'").
 void IntFlag(fxdp::util::Flags& f, const std::string& name, int64_t* out, int64_t min, int64_t max) {
@@ -179,6 +188,11 @@ int main(int argc, char** argv) {
   f.Bool("--insecure", &insecure);
   std::string health_listen;
   f.String("--health-listen", &health_listen);
+  std::string state_dir;
+  f.Custom("--state-dir", "a DIR", [&](const std::string& v) {
+    state_dir = v;
+    return !v.empty();
+  });
   if (int rc = f.Parse(std::vector<std::string>(argv + 1, argv + argc), nullptr); rc >= 0) return rc;
 
   // Signals are taken by a dedicated thread (sigwait): block them before gRPC
@@ -222,7 +236,17 @@ int main(int argc, char** argv) {
   fxdp::server::WorkerRegistryOptions registry_options;
   registry_options.heartbeat_interval_ms = static_cast<int>(heartbeat_ms);
   fxdp::server::WorkerRegistry registry(registry_options);
-  fxdp::server::JobServiceImpl jobs(&service, &registry, job_options);
+  std::unique_ptr<fxdp::server::JobStore> store;
+  if (!state_dir.empty()) {
+    absl::StatusOr<std::unique_ptr<fxdp::server::JobStore>> opened = fxdp::server::JobStore::Open(state_dir);
+    if (!opened.ok()) return f.Usage(std::string(opened.status().message()));
+    store = *std::move(opened);
+  }
+  fxdp::server::JobServiceImpl jobs(&service, &registry, job_options, store.get());
+  if (absl::Status s = jobs.Recover(); !s.ok()) {
+    std::fprintf(stderr, "fxdp-server: --state-dir %s: %s\n", state_dir.c_str(), std::string(s.message()).c_str());
+    return 1;
+  }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;

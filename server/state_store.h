@@ -27,8 +27,12 @@ class StateStore {
   // returns the jobs whose states were evicted to make room, oldest first,
   // and `job_id` itself when its state alone is over the budget.
   std::vector<std::string> Put(const std::string& job_id, std::shared_ptr<const State> state);
-  // The kept state, or null.
+  // The same for a state kept elsewhere (a file): only its bytes count.
+  std::vector<std::string> PutBytes(const std::string& job_id, uint64_t bytes);
+  // The kept state, or null (also for one kept elsewhere).
   std::shared_ptr<const State> Get(const std::string& job_id) const;
+  // Whether a state is kept for the job (here or elsewhere).
+  bool Has(const std::string& job_id) const { return states_.count(job_id) > 0; }
   void Erase(const std::string& job_id);
 
   uint64_t bytes() const { return bytes_; }
@@ -38,6 +42,8 @@ class StateStore {
   static uint64_t Bytes(const State& state);
 
  private:
+  std::vector<std::string> Keep(const std::string& job_id, std::shared_ptr<const State> state, uint64_t bytes);
+
   struct Kept {
     std::shared_ptr<const State> state;
     uint64_t bytes;

@@ -1,0 +1,85 @@
+#include "server/job_recovery.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/log.h"
+
+namespace fxdp::server {
+namespace {
+
+// The job failed because of the restart: recorded as FAILED (UNAVAILABLE).
+void FailRecovered(JobStore* store, const std::shared_ptr<Job>& job, const std::string& why) {
+  const std::string id = job->id();
+  job->SetState(v1::JOB_STATE_FAILED, absl::UnavailableError(absl::StrCat("job ", id, ": ", why)));
+  v1::JobInfo info;
+  {
+    std::lock_guard<std::mutex> l(job->mu);
+    info = job->info;
+  }
+  if (absl::Status s = store->Update(info, /*ended=*/true); !s.ok()) {
+    Log(absl::StrCat(id, ": cannot update the job in ", store->dir(), ": ", s.message()));
+  }
+  Log(absl::StrCat(id, ": ", info.error()));
+}
+
+}  // namespace
+
+absl::StatusOr<RecoveredJobs> RecoverJobs(JobStore* store, const Expander& expand) {
+  absl::StatusOr<std::vector<JobStore::Record>> records = store->Load();
+  if (!records.ok()) return records.status();
+  RecoveredJobs out;
+  for (JobStore::Record& r : *records) {
+    auto job = std::make_shared<Job>();
+    job->info = std::move(r.info);
+    job->info.set_has_state(r.has_final_state);
+    // Ownership survives: the identity that submitted it (JobInfo.owner).
+    job->owner.identity = job->info.owner();
+    if (!job->owner.identity.empty()) job->owner.description = job->owner.identity;
+    job->owner.peer = "(before the restart)";
+    out.last_seq = std::max(out.last_seq, r.seq);
+    out.jobs.push_back(job);
+    const v1::JobState state = job->info.state();
+    if (Terminal(state)) continue;
+    if (state != v1::JOB_STATE_QUEUED) {
+      FailRecovered(store, job,
+                    "the server restarted while the job ran (its Submit stream ended with the server and its "
+                    "workers were released); submit it again");
+      continue;
+    }
+    if (r.spec.data_paths_size() == 0) {
+      FailRecovered(store, job,
+                    "the server restarted while the job was queued; its batches came over its Submit stream, "
+                    "which ended with the server: submit it again");
+      continue;
+    }
+    if (!r.has_initial_state) {
+      FailRecovered(store, job, "the server restarted before the job's initial state was recorded: submit it again");
+      continue;
+    }
+    absl::StatusOr<JobStore::Tensors> initial = store->ReadInitialState(job->info.job_id());
+    absl::StatusOr<PreparedSpec> p = initial.ok() ? PrepareJobSpec(std::move(r.spec), expand)
+                                                  : absl::StatusOr<PreparedSpec>(initial.status());
+    if (!p.ok()) {
+      FailRecovered(store, job,
+                    absl::StrCat("the server restarted while the job was queued, and it cannot be queued again: ",
+                                 p.status().message()));
+      continue;
+    }
+    job->spec = std::move(p->spec);
+    job->expanded = std::move(p->expanded);
+    job->inputs = std::move(p->inputs);
+    job->placeholders = std::move(p->placeholders);
+    job->schedule = std::move(p->schedule);
+    job->initial_state = *std::move(initial);
+    job->has_initial_state = true;
+    job->recovered = true;
+    job->info.set_queue_position(0);
+    job->info.set_message("queued again after a server restart");
+    out.to_run.push_back(job);
+  }
+  return out;
+}
+
+}  // namespace fxdp::server

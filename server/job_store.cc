@@ -1,0 +1,209 @@
+#include "server/job_store.h"
+
+#include <sqlite3.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "client/cli/safetensors_raw.h"
+
+namespace fxdp::server {
+namespace {
+
+constexpr char kSchema[] =
+    "PRAGMA journal_mode=WAL;"
+    "PRAGMA synchronous=NORMAL;"
+    "CREATE TABLE IF NOT EXISTS jobs ("
+    "  seq INTEGER PRIMARY KEY,"          // submission order (the N of job-N-HEX)
+    "  id TEXT UNIQUE NOT NULL,"
+    "  info BLOB NOT NULL,"               // fxdp.v1.JobInfo
+    "  spec BLOB,"                        // fxdp.v1.JobSpec as submitted, until the job ended
+    "  final_state INTEGER NOT NULL DEFAULT 0,"    // states/ID.safetensors holds it
+    "  initial_state INTEGER NOT NULL DEFAULT 0);";  // states/ID.initial.safetensors holds it
+
+absl::Status MakeDir(const std::string& path) {
+  if (mkdir(path.c_str(), 0700) == 0 || errno == EEXIST) {
+    struct stat st {};
+    if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat("--state-dir: '", path, "' is not a directory"));
+  }
+  return absl::FailedPreconditionError(absl::StrCat("--state-dir: cannot create '", path, "': ", std::strerror(errno)));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& dir) {
+  if (absl::Status s = MakeDir(dir); !s.ok()) return s;
+  if (absl::Status s = MakeDir(dir + "/states"); !s.ok()) return s;
+  std::unique_ptr<JobStore> store(new JobStore(dir));
+  const std::string path = dir + "/jobs.db";
+  if (sqlite3_open(path.c_str(), &store->db_) != SQLITE_OK) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--state-dir: cannot open '", path, "': ", sqlite3_errmsg(store->db_)));
+  }
+  sqlite3_busy_timeout(store->db_, 5000);
+  char* err = nullptr;
+  if (sqlite3_exec(store->db_, kSchema, nullptr, nullptr, &err) != SQLITE_OK) {
+    const std::string msg = err != nullptr ? err : "unknown error";
+    sqlite3_free(err);
+    return absl::FailedPreconditionError(absl::StrCat("--state-dir: '", path, "' is not a usable job database: ", msg));
+  }
+  return store;
+}
+
+JobStore::~JobStore() { sqlite3_close(db_); }
+
+absl::Status JobStore::Exec(const std::string& sql, const std::vector<Param>& params) {
+  sqlite3_stmt* st = nullptr;
+  if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &st, nullptr) != SQLITE_OK) {
+    return absl::InternalError(absl::StrCat("job database: ", sqlite3_errmsg(db_), " in '", sql, "'"));
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Param& p = params[i];
+    const int idx = static_cast<int>(i) + 1;
+    if (p.blob) {
+      sqlite3_bind_blob64(st, idx, p.value.data(), p.value.size(), SQLITE_TRANSIENT);
+    } else {
+      sqlite3_bind_text64(st, idx, p.value.data(), p.value.size(), SQLITE_TRANSIENT, SQLITE_UTF8);
+    }
+  }
+  const int rc = sqlite3_step(st);
+  sqlite3_finalize(st);
+  if (rc != SQLITE_DONE) return absl::InternalError(absl::StrCat("job database: ", sqlite3_errmsg(db_)));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<JobStore::Record>> JobStore::Load() {
+  std::lock_guard<std::mutex> l(mu_);
+  sqlite3_stmt* st = nullptr;
+  if (sqlite3_prepare_v2(db_, "SELECT seq, info, spec, final_state, initial_state FROM jobs ORDER BY seq", -1, &st,
+                         nullptr) != SQLITE_OK) {
+    return absl::InternalError(absl::StrCat("job database: ", sqlite3_errmsg(db_)));
+  }
+  std::vector<Record> out;
+  int rc;
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+    Record r;
+    r.seq = sqlite3_column_int64(st, 0);
+    const void* info = sqlite3_column_blob(st, 1);
+    const void* spec = sqlite3_column_blob(st, 2);
+    if (!r.info.ParseFromArray(info, sqlite3_column_bytes(st, 1)) ||
+        (spec != nullptr && !r.spec.ParseFromArray(spec, sqlite3_column_bytes(st, 2)))) {
+      sqlite3_finalize(st);
+      return absl::DataLossError(absl::StrCat("job database ", dir_, "/jobs.db: the record of job #", r.seq,
+                                              " does not parse"));
+    }
+    r.has_final_state = sqlite3_column_int(st, 3) != 0;
+    r.has_initial_state = sqlite3_column_int(st, 4) != 0;
+    out.push_back(std::move(r));
+  }
+  sqlite3_finalize(st);
+  if (rc != SQLITE_DONE) return absl::InternalError(absl::StrCat("job database: ", sqlite3_errmsg(db_)));
+  return out;
+}
+
+absl::Status JobStore::Insert(int64_t seq, const v1::JobInfo& info, const v1::JobSpec& spec) {
+  std::lock_guard<std::mutex> l(mu_);
+  return Exec("INSERT OR REPLACE INTO jobs (seq, id, info, spec) VALUES (?, ?, ?, ?)",
+              {{std::to_string(seq)}, {info.job_id()}, {info.SerializeAsString(), true},
+               {spec.SerializeAsString(), true}});
+}
+
+absl::Status JobStore::Update(const v1::JobInfo& info, bool ended) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (ended) {
+    std::remove(InitialStatePath(info.job_id()).c_str());
+    return Exec("UPDATE jobs SET info = ?, spec = NULL, initial_state = 0 WHERE id = ?",
+                {{info.SerializeAsString(), true}, {info.job_id()}});
+  }
+  return Exec("UPDATE jobs SET info = ? WHERE id = ?", {{info.SerializeAsString(), true}, {info.job_id()}});
+}
+
+absl::Status JobStore::Erase(const std::string& job_id) {
+  std::lock_guard<std::mutex> l(mu_);
+  std::remove(FinalStatePath(job_id).c_str());
+  std::remove(InitialStatePath(job_id).c_str());
+  return Exec("DELETE FROM jobs WHERE id = ?", {{job_id}});
+}
+
+std::string JobStore::FinalStatePath(const std::string& job_id) const {
+  return absl::StrCat(dir_, "/states/", job_id, ".safetensors");
+}
+
+std::string JobStore::InitialStatePath(const std::string& job_id) const {
+  return absl::StrCat(dir_, "/states/", job_id, ".initial.safetensors");
+}
+
+absl::Status JobStore::WriteTensors(const std::string& path, const Tensors& tensors) const {
+  std::vector<cli::RawTensor> raw;
+  raw.reserve(tensors.size());
+  for (const v1::TensorChunk& t : tensors) {
+    if (t.offset() > 0 && !raw.empty() && raw.back().name == t.name()) {  // a later chunk
+      raw.back().data += t.data();
+      continue;
+    }
+    cli::RawTensor& r = raw.emplace_back();
+    r.name = t.name();
+    r.dtype = cli::DTypeFromProto(t.dtype());
+    r.shape.assign(t.shape().begin(), t.shape().end());
+    r.data = t.data();
+  }
+  // Written aside, then renamed: a file is whole or absent.
+  const std::string tmp = path + ".tmp";
+  if (absl::Status s = cli::WriteSafetensors(tmp, raw); !s.ok()) return s;
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", path, ": ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JobStore::Tensors> JobStore::ReadTensors(const std::string& path) const {
+  absl::StatusOr<std::vector<cli::RawTensor>> raw = cli::ReadSafetensors(path);
+  if (!raw.ok()) return raw.status();
+  Tensors out;
+  for (cli::RawTensor& r : *raw) {
+    v1::TensorChunk& c = out.emplace_back();
+    c.set_name(r.name);
+    c.set_dtype(cli::DTypeToProto(r.dtype));
+    for (int64_t d : r.shape) c.add_shape(d);
+    c.set_data(std::move(r.data));
+  }
+  return out;
+}
+
+absl::Status JobStore::WriteFinalState(const std::string& job_id, const Tensors& state) {
+  if (absl::Status s = WriteTensors(FinalStatePath(job_id), state); !s.ok()) return s;
+  std::lock_guard<std::mutex> l(mu_);
+  return Exec("UPDATE jobs SET final_state = 1 WHERE id = ?", {{job_id}});
+}
+
+absl::StatusOr<JobStore::Tensors> JobStore::ReadFinalState(const std::string& job_id) const {
+  return ReadTensors(FinalStatePath(job_id));
+}
+
+uint64_t JobStore::FinalStateBytes(const std::string& job_id) const {
+  struct stat st {};
+  return stat(FinalStatePath(job_id).c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+}
+
+absl::Status JobStore::EraseFinalState(const std::string& job_id) {
+  std::lock_guard<std::mutex> l(mu_);
+  std::remove(FinalStatePath(job_id).c_str());
+  return Exec("UPDATE jobs SET final_state = 0 WHERE id = ?", {{job_id}});
+}
+
+absl::Status JobStore::WriteInitialState(const std::string& job_id, const Tensors& state) {
+  if (absl::Status s = WriteTensors(InitialStatePath(job_id), state); !s.ok()) return s;
+  std::lock_guard<std::mutex> l(mu_);
+  return Exec("UPDATE jobs SET initial_state = 1 WHERE id = ?", {{job_id}});
+}
+
+absl::StatusOr<JobStore::Tensors> JobStore::ReadInitialState(const std::string& job_id) const {
+  return ReadTensors(InitialStatePath(job_id));
+}
+
+}  // namespace fxdp::server

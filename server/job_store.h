@@ -1,0 +1,82 @@
+// JobStore: the durable record of `fxdp-server --state-dir DIR`: every job
+// the server knows, in SQLite (DIR/jobs.db: the JobInfo, the JobSpec as
+// submitted, the file of its final state), and tensors as safetensors files
+// under DIR/states/ (a job's final state; a data_paths job's initial state,
+// kept until it ran). Writes are synchronous (a record survives a SIGKILL
+// once the call returns). Thread-safe. No gRPC here.
+#ifndef FXDP_SERVER_JOB_STORE_H_
+#define FXDP_SERVER_JOB_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "proto/fxdp/v1/jobs.pb.h"
+#include "proto/fxdp/v1/worker.pb.h"
+
+struct sqlite3;
+
+namespace fxdp::server {
+
+class JobStore {
+ public:
+  // Tensors as TensorChunks: written ones may be split in chunks (in
+  // order), read ones are whole.
+  using Tensors = std::vector<v1::TensorChunk>;
+
+  struct Record {
+    int64_t seq = 0;  // submission order
+    v1::JobInfo info;
+    v1::JobSpec spec;  // as submitted (graph, schedule); empty once the job ended
+    bool has_final_state = false, has_initial_state = false;
+  };
+
+  // Opens (creating) DIR/jobs.db and DIR/states/; errors name the path.
+  static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& dir);
+  ~JobStore();
+
+  const std::string& dir() const { return dir_; }
+  // Every record, in submission order.
+  absl::StatusOr<std::vector<Record>> Load();
+  // A new job (its spec as submitted).
+  absl::Status Insert(int64_t seq, const v1::JobInfo& info, const v1::JobSpec& spec);
+  // The job's info now; `ended` also drops its spec and initial state.
+  absl::Status Update(const v1::JobInfo& info, bool ended);
+  // Forgets the job: its record and files.
+  absl::Status Erase(const std::string& job_id);
+
+  // A job's final state (whole tensors) / initial state, as a safetensors file.
+  absl::Status WriteFinalState(const std::string& job_id, const Tensors& state);
+  absl::StatusOr<Tensors> ReadFinalState(const std::string& job_id) const;
+  absl::Status EraseFinalState(const std::string& job_id);
+  // The size of the final state's file (0: none).
+  uint64_t FinalStateBytes(const std::string& job_id) const;
+  absl::Status WriteInitialState(const std::string& job_id, const Tensors& state);
+  absl::StatusOr<Tensors> ReadInitialState(const std::string& job_id) const;
+
+  std::string FinalStatePath(const std::string& job_id) const;
+  std::string InitialStatePath(const std::string& job_id) const;
+
+ private:
+  explicit JobStore(std::string dir) : dir_(std::move(dir)) {}
+  struct Param {
+    std::string value;
+    bool blob = false;
+  };
+  // Runs `sql` with `params` bound in order (mu_ held).
+  absl::Status Exec(const std::string& sql, const std::vector<Param>& params);
+  absl::Status WriteTensors(const std::string& path, const Tensors& tensors) const;
+  absl::StatusOr<Tensors> ReadTensors(const std::string& path) const;
+
+  const std::string dir_;
+  mutable std::mutex mu_;
+  sqlite3* db_ = nullptr;
+};
+
+}  // namespace fxdp::server
+
+#endif  // FXDP_SERVER_JOB_STORE_H_

@@ -1,0 +1,132 @@
+// --state-dir without gRPC: JobStore (SQLite records, safetensors states)
+// round trips, RecoverJobs after a "restart" (a second JobStore on the same
+// directory), and the JobTable serving a recovered final state from its file.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "analysis/ir/proto_codec.h"
+#include "analysis/ir/text.h"
+#include "server/compile_service.h"
+#include "server/job_recovery.h"
+#include "server/job_store.h"
+#include "server/job_table.h"
+#include "tests/test_util.h"
+
+namespace fxdp::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string TempDir() {
+  std::string tmpl = ::testing::TempDir() + "fxdp_store_XXXXXX";
+  EXPECT_NE(mkdtemp(tmpl.data()), nullptr);
+  return tmpl;
+}
+
+v1::TensorChunk F32(const std::string& name, std::vector<int64_t> shape, float start) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = start + static_cast<float>(i);
+  v1::TensorChunk c;
+  c.set_name(name);
+  c.set_dtype(v1::FLOAT32);
+  for (int64_t d : shape) c.add_shape(d);
+  c.set_data(std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float)));
+  return c;
+}
+
+v1::JobInfo Info(const std::string& id, v1::JobState state) {
+  v1::JobInfo i;
+  i.set_job_id(id);
+  i.set_state(state);
+  i.set_world_size(2);
+  i.set_steps(3);
+  return i;
+}
+
+TEST(JobStore, RecordsAndStatesSurviveAReopenAndRecoveryResolvesEachJob) {
+  const std::string dir = TempDir();
+  v1::JobSpec files_spec;
+  *files_spec.mutable_graph() = ir::EncodeGraph(ValueOrDie(ir::ParseGraphText(ReadTestData("mlp_sgd.txt"))));
+  files_spec.set_world_size(2);
+  files_spec.set_steps(3);
+  files_spec.set_num_state_tensors(2);
+  files_spec.add_data_paths("/data/batch.safetensors");
+  const std::vector<v1::TensorChunk> initial = {F32("fc.weight", {3, 4}, 0), F32("fc.bias", {3}, 100)};
+  // The final state in two chunks of one tensor and a second tensor.
+  v1::TensorChunk w = F32("fc.weight", {3, 4}, 7), w2 = w;
+  w.set_data(w.data().substr(0, 20));
+  w2.set_data(w2.data().substr(20));
+  w2.set_offset(20);
+  {
+    auto store = ValueOrDie(server::JobStore::Open(dir));
+    v1::JobInfo done = Info("job-1-a", v1::JOB_STATE_SUCCEEDED);
+    done.set_owner("alice");
+    ASSERT_TRUE(store->Insert(1, Info("job-1-a", v1::JOB_STATE_QUEUED), v1::JobSpec()).ok());
+    ASSERT_TRUE(store->WriteFinalState("job-1-a", {w, w2, F32("fc.bias", {3}, 1)}).ok());
+    ASSERT_TRUE(store->Update(done, /*ended=*/true).ok());
+    ASSERT_TRUE(store->Insert(2, Info("job-2-b", v1::JOB_STATE_QUEUED), v1::JobSpec()).ok());
+    ASSERT_TRUE(store->Update(Info("job-2-b", v1::JOB_STATE_RUNNING), false).ok());
+    ASSERT_TRUE(store->Insert(3, Info("job-3-c", v1::JOB_STATE_QUEUED), v1::JobSpec()).ok());
+    ASSERT_TRUE(store->Insert(4, Info("job-4-d", v1::JOB_STATE_QUEUED), files_spec).ok());
+    ASSERT_TRUE(store->WriteInitialState("job-4-d", initial).ok());
+  }  // "killed": a new store on the same directory
+  auto store = ValueOrDie(server::JobStore::Open(dir));
+  server::RecoveredJobs r = ValueOrDie(server::RecoverJobs(store.get(), server::RunExpand));
+  ASSERT_EQ(r.jobs.size(), 4u);
+  EXPECT_EQ(r.last_seq, 4);
+  EXPECT_EQ(r.jobs[0]->state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_TRUE(r.jobs[0]->info.has_state());
+  EXPECT_EQ(r.jobs[0]->owner.identity, "alice");  // ownership survives the restart
+  EXPECT_EQ(r.jobs[1]->state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(r.jobs[1]->info.error_code(), static_cast<int>(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(r.jobs[1]->info.error(), HasSubstr("job job-2-b: the server restarted while the job ran"));
+  EXPECT_EQ(r.jobs[2]->state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(r.jobs[2]->info.error(), HasSubstr("its batches came over its Submit stream"));
+  ASSERT_EQ(r.to_run.size(), 1u);
+  const server::Job& d = *r.to_run[0];
+  EXPECT_EQ(r.to_run[0]->id(), "job-4-d");
+  EXPECT_TRUE(d.recovered);
+  EXPECT_EQ(d.spec.world_size(), 2);
+  EXPECT_EQ(d.expanded.graphs_size(), 1);
+  EXPECT_EQ(d.inputs.size(), 2u);
+  ASSERT_EQ(d.initial_state.size(), 2u);  // read back whole, by name
+  EXPECT_EQ(d.initial_state[0].name(), "fc.bias");
+  EXPECT_EQ(d.initial_state[0].data(), initial[1].data());
+  EXPECT_EQ(d.initial_state[1].data(), initial[0].data());
+
+  // The failures were recorded: a third start sees them as they are.
+  server::RecoveredJobs again = ValueOrDie(server::RecoverJobs(store.get(), server::RunExpand));
+  EXPECT_EQ(again.jobs[1]->info.error(), r.jobs[1]->info.error());
+
+  // The table serves the recovered final state from its file, whole.
+  server::JobServiceOptions o;
+  server::JobTable table(o, store.get());
+  table.Restore(r.jobs, r.last_seq);
+  EXPECT_THAT(table.NextId(), ::testing::StartsWith("job-5-"));
+  auto state = table.FinalState("job-1-a");
+  ASSERT_TRUE(state.ok()) << state.status();
+  ASSERT_EQ((*state)->size(), 2u);
+  EXPECT_EQ((*state)->at(1).name(), "fc.weight");
+  EXPECT_EQ((*state)->at(1).data(), F32("fc.weight", {3, 4}, 7).data());
+  EXPECT_EQ(table.FinalState("job-2-b").status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(JobStore, AStateDirThatIsAFileIsRefusedNamingIt) {
+  const std::string dir = TempDir();
+  const std::string file = dir + "/plain";
+  std::ofstream(file) << "x";
+  auto store = server::JobStore::Open(file);
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(store.status().message(), HasSubstr("'" + file + "' is not a directory"));
+}
+
+}  // namespace
+}  // namespace fxdp::testing
