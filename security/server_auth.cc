@@ -4,7 +4,10 @@
 #include <openssl/objects.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
+#include <sys/stat.h>
 
+#include <map>
+#include <mutex>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -74,7 +77,7 @@ class Processor final : public grpc::AuthMetadataProcessor {
       }
     } else if (certificates_) {
       for (const grpc::string_ref& pem : context->FindPropertyValues(GRPC_X509_PEM_CERT_PROPERTY_NAME)) {
-        absl::StatusOr<Principal> p = PrincipalOfCertificate(std::string(pem.data(), pem.size()));
+        absl::StatusOr<Principal> p = CertificatePrincipal(std::string(pem.data(), pem.size()));
         if (!p.ok()) return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, std::string(p.status().message()));
         who = *std::move(p);
         break;
@@ -103,8 +106,27 @@ class Processor final : public grpc::AuthMetadataProcessor {
   }
 
  private:
+  // PrincipalOfCertificate, remembered per certificate (a connection's calls
+  // all present the same one; TLS verified it already).
+  absl::StatusOr<Principal> CertificatePrincipal(const std::string& pem) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (auto it = by_cert_.find(pem); it != by_cert_.end()) return it->second;
+    }
+    absl::StatusOr<Principal> p = PrincipalOfCertificate(pem);
+    if (p.ok()) {
+      std::lock_guard<std::mutex> l(mu_);
+      if (by_cert_.size() >= kMaxCachedCertificates) by_cert_.clear();
+      by_cert_.emplace(pem, *p);
+    }
+    return p;
+  }
+
+  static constexpr size_t kMaxCachedCertificates = 4096;
   const TokenTable tokens_;
   const bool certificates_;
+  std::mutex mu_;
+  std::map<std::string, Principal> by_cert_;  // mu_
 };
 
 }  // namespace
@@ -130,6 +152,15 @@ absl::StatusOr<Principal> PrincipalOfCertificate(const std::string& pem) {
 
 absl::StatusOr<ServerSecurity> MakeServerSecurity(const ServerSecurityOptions& o) {
   ServerSecurity out;
+  for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--tls-key", o.tls_key},
+                                   {"--client-tokens", o.client_tokens},
+                                   {"--worker-token-file", o.worker_token_file}}) {
+    struct stat st {};
+    if (!path.empty() && stat(path.c_str(), &st) == 0 && (st.st_mode & (S_IROTH | S_IWOTH)) != 0) {
+      out.warnings.push_back(absl::StrCat("warning: ", flag, " '", path,
+                                          "' is readable or writable by every user (chmod o-rwx it)"));
+    }
+  }
   const bool tls = !o.tls_cert.empty() || !o.tls_key.empty();
   const bool auth = !o.client_tokens.empty() || !o.worker_token_file.empty() || !o.tls_ca.empty();
   if (!tls) {

@@ -26,6 +26,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "grpcpp/grpcpp.h"
@@ -46,6 +47,8 @@ struct ServerSecurity {
   // One line for the startup log: "TLS, clients: 3 tokens, workers: join
   // token + certificates of CA".
   std::string summary;
+  // Secret files (key, tokens) other users may read, one line each.
+  std::vector<std::string> warnings;
 };
 
 // The credentials for `o` (insecure when it is empty): files read and

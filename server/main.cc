@@ -287,6 +287,7 @@ int main(int argc, char** argv) {
   const std::string host = listen.substr(0, listen.rfind(':'));
   std::printf("listening on %s:%d\n", host.c_str(), port);
   std::fflush(stdout);
+  for (const std::string& w : security->warnings) std::fprintf(stderr, "fxdp-server: %s\n", w.c_str());
   std::fprintf(stderr, "fxdp-server: security: %s%s\n", security->summary.c_str(),
                !security->tls && !fxdp::security::IsLoopbackListen(listen)
                    ? " (--insecure: anyone who can reach this address has full access)"

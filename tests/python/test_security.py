@@ -281,7 +281,7 @@ def start_server(*args):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def test_a_non_loopback_listen_needs_tls_or_insecure(pki):
+def test_a_non_loopback_listen_needs_tls_or_insecure(pki, tmp_path):
     port = free_port()
     r = subprocess.run([fxdp_binary("FXDP_SERVER_BIN", "fxdp-server"), "--listen", f"0.0.0.0:{port}"],
                        capture_output=True, text=True, timeout=30)
@@ -298,6 +298,16 @@ def test_a_non_loopback_listen_needs_tls_or_insecure(pki):
         assert p.returncode == 0, err
         if args == ["--insecure"]:
             assert "--insecure: anyone who can reach this address has full access" in err, err
+    # A join token every user may read is served, with a warning naming it.
+    loose = tmp_path / "worker.token"
+    loose.write_text((pki / "worker.token").read_text())
+    loose.chmod(0o644)
+    args = [a if a != str(pki / "worker.token") else str(loose) for a in server_args(pki)]
+    p = start_server("--listen", "127.0.0.1:0", *args)
+    assert p.stdout.readline().startswith("listening on 127.0.0.1:")
+    p.terminate()
+    _, err = p.communicate(timeout=15)
+    assert f"warning: --worker-token-file '{loose}' is readable or writable by every user" in err, err
     # Tokens without TLS are refused: they would cross the network in the clear.
     r = subprocess.run([fxdp_binary("FXDP_SERVER_BIN", "fxdp-server"), "--listen", "127.0.0.1:0",
                         "--client-tokens", str(pki / "client-tokens")], capture_output=True, text=True, timeout=30)
