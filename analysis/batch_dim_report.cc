@@ -93,9 +93,7 @@ std::string DescribeDecision(const Graph& g, const BatchDimAnalysis& a, NodeId i
     case Decision::kRule: {
       const OpRule& r = OpRuleAt(info.rule);
       s = absl::StrCat(OpFamilyName(r.family));
-      if (r.family == OpFamily::kMatmul && r.spec != "linear" && r.spec != "matmul") {
-        absl::StrAppend(&s, " ", r.spec);
-      }
+      if (r.spec.kind() == MatmulSpec::Kind::kEinsum) absl::StrAppend(&s, " ", r.spec.ToString());
       const std::string d = DetailText(g, a, id);
       if (!d.empty()) absl::StrAppend(&s, ": ", d);
       break;

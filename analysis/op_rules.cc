@@ -1,330 +1,413 @@
 #include "analysis/op_rules.h"
 
 #include <algorithm>
+#include <iterator>
+#include <tuple>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "analysis/view_rules.h"
 
 namespace fxdp {
 namespace {
 
 using F = OpFamily;
-using L = Linearity;
+using R = ParamRole;
 
-// One line per op, sorted by (name, overload). Columns: schema name,
-// overload ("*": any), family, linearity, linear args (bit i = positional
-// arg i), then the family's parameters a, b, c (see OpFamily) and, for
-// matmuls, the einsum-like spec ("+" marks a leading broadcast bias operand).
-// Keep it sorted: tests/analysis/op_rules_test.cc checks.
+// ---- the row vocabulary -----------------------------------------------------
+
+constexpr LinearIn kNotLinear{Linearity::kNone, 0};
+template <typename... I>
+constexpr LinearIn Additive(I... args) {
+  return {Linearity::kAdditive, static_cast<uint8_t>(((1u << args) | ...))};
+}
+template <typename... I>
+constexpr LinearIn Multilinear(I... args) {
+  return {Linearity::kMultilinear, static_cast<uint8_t>(((1u << args) | ...))};
+}
+
+constexpr OpParam Arg(R role, int i, absl::string_view name) {
+  return {role, static_cast<int8_t>(i), name, 0};
+}
+constexpr OpParam Dim(int i, absl::string_view name) { return Arg(R::kDim, i, name); }
+constexpr OpParam Dims(int i, absl::string_view name) { return Arg(R::kDims, i, name); }
+constexpr OpParam KeepDim(int i) { return Arg(R::kKeepDim, i, "keepdim"); }
+constexpr OpParam Reduces(ReduceKind k) {
+  return {R::kReduces, -1, "", static_cast<int8_t>(k)};
+}
+constexpr OpParam Reduction(int i) { return Arg(R::kReduction, i, "reduction"); }
+constexpr OpParam Training(int i) { return Arg(R::kTraining, i, "training"); }
+constexpr OpParam Replicated(int i, absl::string_view name) { return Arg(R::kReplicated, i, name); }
+constexpr OpParam BatchSize(int i, absl::string_view name) { return Arg(R::kBatchSize, i, name); }
+constexpr OpParam TotalWeight(int i) { return Arg(R::kTotalWeight, i, "total_weight"); }
+constexpr OpParam Sizes(int i, absl::string_view name) { return Arg(R::kSizes, i, name); }
+constexpr OpParam Stride(int i) { return Arg(R::kStride, i, "stride"); }
+constexpr OpParam StorageOffset(int i) { return Arg(R::kStorageOffset, i, "storage_offset"); }
+constexpr OpParam Start(int i) { return Arg(R::kStart, i, "start"); }
+constexpr OpParam End(int i) { return Arg(R::kEnd, i, "end"); }
+constexpr OpParam Step(int i) { return Arg(R::kStep, i, "step"); }
+constexpr OpParam Length(int i) { return Arg(R::kLength, i, "length"); }
+constexpr OpParam SplitSize(int i, absl::string_view name) { return Arg(R::kSplitSize, i, name); }
+constexpr OpParam NormalizedShape(int i, absl::string_view name) {
+  return Arg(R::kNormalizedShape, i, name);
+}
+constexpr OpParam Pad(int i, absl::string_view name) { return Arg(R::kPad, i, name); }
+constexpr OpParam LastDims(int n) { return {R::kLastDims, -1, "", static_cast<int8_t>(n)}; }
+constexpr OpParam Indices(int i) { return Arg(R::kIndices, i, "indices"); }
+constexpr OpParam ZeroIsLinear(int i, absl::string_view name, bool absent_is_zero = false) {
+  return {R::kZeroIsLinear, static_cast<int8_t>(i), name, static_cast<int8_t>(absent_is_zero)};
+}
+constexpr OpParam ScaleGradByFreq(int i) {
+  return Arg(R::kScaleGradByFreq, i, "scale_grad_by_freq");
+}
+
+constexpr MatmulSpec kNoSpec{};
+constexpr MatmulSpec Spec(absl::string_view s) { return MatmulSpec::Parse(s); }
+constexpr ShapeRule SameAs(int arg) { return {ShapeCheck::kSameAsArg, static_cast<int8_t>(arg)}; }
+constexpr ShapeRule BatchAgrees(int self) {
+  return {ShapeCheck::kBatchAgrees, static_cast<int8_t>(self)};
+}
+
+// One line per op, sorted by (name, overload): the op, its family, the
+// arguments it is linear in, its named parameters, then (when any) its
+// traits, its product spec and its shape check (op_rules.h). Keep it sorted
+// (a static_assert checks); tests/testdata/op_rules.txt holds every row in
+// text form (regenerate it as docs/DEVELOPMENT.md says).
 constexpr OpRule kOpRules[] = {
-    {"aten::_adaptive_avg_pool2d", "*", F::kSpatial, L::kNone, 0b000, -1, -1, -1},
-    {"aten::_adaptive_avg_pool2d_backward", "*", F::kSpatial, L::kMultilinear, 0b001, -1, -1, -1},
-    {"aten::_adaptive_avg_pool3d", "*", F::kSpatial, L::kNone, 0b000, -1, -1, -1},
-    {"aten::_adaptive_avg_pool3d_backward", "*", F::kSpatial, L::kMultilinear, 0b001, -1, -1, -1},
-    {"aten::_convolution", "*", F::kSpatial, L::kNone, 0b000, -1, 1, -1},
-    {"aten::_foreach_*", "*", F::kForeach, L::kNone, 0b000, -1, -1, -1},
-    {"aten::_local_scalar_dense", "*", F::kNoTensor, L::kNone, 0b000, -1, -1, -1},
-    {"aten::_log_softmax", "*", F::kAlongDim, L::kNone, 0b000, 1, -1, -1},
-    {"aten::_log_softmax_backward_data", "*", F::kAlongDim, L::kMultilinear, 0b001, 2, -1, -1},
-    {"aten::_masked_scale", "*", F::kPointwise, L::kMultilinear, 0b001, -1, -1, -1},
-    {"aten::_native_batch_norm_legit", "", F::kBatchNorm, L::kNone, 0b000, 5, -1, -1},
-    {"aten::_native_batch_norm_legit", "no_stats", F::kBatchNorm, L::kNone, 0b000, 3, -1, -1},
-    {"aten::_native_batch_norm_legit_functional", "*", F::kBatchNorm, L::kNone, 0b000, 5, -1, -1},
-    {"aten::_native_batch_norm_legit_no_training", "*", F::kBatchNorm, L::kNone, 0b000, -2, -1, -1},
-    {"aten::_safe_softmax", "*", F::kAlongDim, L::kNone, 0b000, 1, -1, -1},
-    {"aten::_scaled_dot_product_attention_math", "*", F::kSpatial, L::kNone, 0b000, -1, -1, -1},
-    {"aten::_scaled_dot_product_cudnn_attention", "*", F::kSpatial, L::kNone, 0b000, -1, -1, -1},
-    {"aten::_scaled_dot_product_cudnn_attention_backward", "*", F::kSpatial, L::kMultilinear, 0b001, -1, -1, -1},
-    {"aten::_scaled_dot_product_efficient_attention", "*", F::kSpatial, L::kNone, 0b000, -1, -1, -1},
-    {"aten::_scaled_dot_product_efficient_attention_backward", "*", F::kSpatial, L::kMultilinear, 0b001, -1, -1, -1},
-    {"aten::_scaled_dot_product_flash_attention", "*", F::kSpatial, L::kNone, 0b000, -1, -1, -1},
-    {"aten::_scaled_dot_product_flash_attention_backward", "*", F::kSpatial, L::kMultilinear, 0b001, -1, -1, -1},
-    {"aten::_scaled_dot_product_flash_attention_for_cpu", "*", F::kSpatial, L::kNone, 0b000, -1, -1, -1},
-    {"aten::_scaled_dot_product_flash_attention_for_cpu_backward", "*", F::kSpatial, L::kMultilinear, 0b001, -1, -1, -1},
-    {"aten::_softmax", "*", F::kAlongDim, L::kNone, 0b000, 1, -1, -1},
-    {"aten::_softmax_backward_data", "*", F::kAlongDim, L::kMultilinear, 0b001, 2, -1, -1},
-    {"aten::_to_copy", "*", F::kPointwise, L::kAdditive, 0b001, -1, -1, -1},
-    {"aten::_unsafe_index", "Tensor", F::kIndex, L::kAdditive, 0b001, -1, -1, -1},
-    {"aten::abs", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::acos", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::adaptive_avg_pool1d", "*", F::kSpatial, L::kNone, 0b000, -1, -1, -1},
-    {"aten::adaptive_max_pool1d", "*", F::kSpatial, L::kNone, 0b000, -1, -1, -1},
-    {"aten::adaptive_max_pool2d", "*", F::kSpatial, L::kNone, 0b000, -1, -1, -1},
-    {"aten::adaptive_max_pool2d_backward", "*", F::kSpatial, L::kMultilinear, 0b001, -1, -1, -1},
-    {"aten::add", "Scalar", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::add", "Tensor", F::kPointwise, L::kAdditive, 0b011, -1, -1, -1},
-    {"aten::addcdiv", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::addcmul", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::addmm", "*", F::kMatmul, L::kNone, 0b000, -1, -1, -1, "+ij,ik,kj->ij"},
-    {"aten::addmv", "*", F::kMatmul, L::kNone, 0b000, -1, -1, -1, "+i,ik,k->i"},
-    {"aten::alias", "*", F::kPointwise, L::kAdditive, 0b001, -1, -1, -1},
-    {"aten::all", "", F::kReduce, L::kNone, 0b000, -1, -1, 2},
-    {"aten::all", "dim", F::kReduce, L::kNone, 0b000, 1, 2, 2},
-    {"aten::amax", "*", F::kReduce, L::kNone, 0b000, 1, 2, 2},
-    {"aten::amin", "*", F::kReduce, L::kNone, 0b000, 1, 2, 2},
-    {"aten::any", "", F::kReduce, L::kNone, 0b000, -1, -1, 2},
-    {"aten::any", "dim", F::kReduce, L::kNone, 0b000, 1, 2, 2},
-    {"aten::arange", "*", F::kFactory, L::kNone, 0b000, -1, -1, -1},
-    {"aten::argmax", "*", F::kReduce, L::kNone, 0b000, 1, 2, 2},
-    {"aten::argmin", "*", F::kReduce, L::kNone, 0b000, 1, 2, 2},
-    {"aten::as_strided", "", F::kAsStrided, L::kAdditive, 0b001, -1, -1, -1},
-    {"aten::as_strided_scatter", "", F::kAsStridedScatter, L::kAdditive, 0b011, -1, -1, -1},
-    {"aten::asin", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::atan", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::atan2", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::avg_pool1d", "*", F::kSpatial, L::kNone, 0b000, -1, -1, -1},
-    {"aten::avg_pool2d", "*", F::kSpatial, L::kNone, 0b000, -1, -1, -1},
-    {"aten::avg_pool2d_backward", "*", F::kSpatial, L::kMultilinear, 0b001, -1, -1, -1},
-    {"aten::avg_pool3d", "*", F::kSpatial, L::kNone, 0b000, -1, -1, -1},
-    {"aten::avg_pool3d_backward", "*", F::kSpatial, L::kMultilinear, 0b001, -1, -1, -1},
-    {"aten::baddbmm", "*", F::kMatmul, L::kNone, 0b000, -1, -1, -1, "+bij,bik,bkj->bij"},
-    {"aten::bernoulli", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::binary_cross_entropy", "*", F::kLoss, L::kNone, 0b000, 3, -1, -1},
-    {"aten::binary_cross_entropy_backward", "*", F::kLossBackward, L::kMultilinear, 0b001, 4, -1, -1},
-    {"aten::binary_cross_entropy_with_logits", "*", F::kLoss, L::kNone, 0b000, 4, -1, -1},
-    {"aten::bitwise_and", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::bitwise_not", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::bitwise_or", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::bitwise_xor", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::bmm", "*", F::kMatmul, L::kMultilinear, 0b011, -1, -1, -1, "bik,bkj->bij"},
-    {"aten::cat", "*", F::kCat, L::kAdditive, 0b001, 1, -1, -1},
-    {"aten::ceil", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::chunk", "*", F::kSplit, L::kAdditive, 0b001, 2, 0, -1},
-    {"aten::clamp", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::clamp_max", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::clamp_min", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::clone", "*", F::kPointwise, L::kAdditive, 0b001, -1, -1, -1},
-    {"aten::conj", "*", F::kPointwise, L::kAdditive, 0b001, -1, -1, -1},
-    {"aten::constant_pad_nd", "*", F::kPad, L::kNone, 0b000, -1, -1, -1},
-    {"aten::conv1d", "*", F::kSpatial, L::kNone, 0b000, -1, 1, -1},
-    {"aten::conv2d", "*", F::kSpatial, L::kNone, 0b000, -1, 1, -1},
-    {"aten::conv3d", "*", F::kSpatial, L::kNone, 0b000, -1, 1, -1},
-    {"aten::conv_transpose1d", "*", F::kSpatial, L::kNone, 0b000, -1, 1, -1},
-    {"aten::conv_transpose2d", "*", F::kSpatial, L::kNone, 0b000, -1, 1, -1},
-    {"aten::conv_transpose3d", "*", F::kSpatial, L::kNone, 0b000, -1, 1, -1},
-    {"aten::convolution", "*", F::kSpatial, L::kNone, 0b000, -1, 1, -1},
-    {"aten::convolution_backward", "*", F::kConvBackward, L::kMultilinear, 0b001, -1, 2, -1},
-    {"aten::copy", "", F::kPointwise, L::kAdditive, 0b010, -1, -1, -1},
-    {"aten::cos", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::cosh", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::cudnn_convolution", "*", F::kSpatial, L::kNone, 0b000, -1, 1, -1},
-    {"aten::cumprod", "*", F::kAlongDim, L::kNone, 0b000, 1, -1, -1},
-    {"aten::cumsum", "*", F::kAlongDim, L::kAdditive, 0b001, 1, -1, -1},
-    {"aten::detach", "*", F::kPointwise, L::kAdditive, 0b001, -1, -1, -1},
-    {"aten::div", "Scalar", F::kPointwise, L::kMultilinear, 0b001, -1, -1, -1},
-    {"aten::div", "Scalar_mode", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::div", "Tensor", F::kPointwise, L::kMultilinear, 0b001, -1, -1, -1},
-    {"aten::div", "Tensor_mode", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::dot", "*", F::kMatmul, L::kMultilinear, 0b011, -1, -1, -1, "k,k->"},
-    {"aten::elu", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::elu_backward", "*", F::kPointwise, L::kMultilinear, 0b001, -1, -1, -1},
-    {"aten::embedding", "*", F::kEmbedding, L::kNone, 0b000, -1, -1, -1},
-    {"aten::embedding_dense_backward", "*", F::kEmbeddingBackward, L::kMultilinear, 0b001, -1, -1, -1},
-    {"aten::empty", "*", F::kFactory, L::kNone, 0b000, -1, -1, -1},
-    {"aten::empty_like", "*", F::kLike, L::kNone, 0b000, -1, -1, -1},
-    {"aten::empty_strided", "*", F::kFactory, L::kNone, 0b000, -1, -1, -1},
-    {"aten::eq", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::erf", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::erfinv", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::exp", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::exp2", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::expm1", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::eye", "*", F::kFactory, L::kNone, 0b000, -1, -1, -1},
-    {"aten::fill", "*", F::kLike, L::kNone, 0b000, -1, -1, -1},
-    {"aten::flip", "*", F::kDimsList, L::kAdditive, 0b001, 1, -1, -1},
-    {"aten::floor", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::fmod", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::full", "*", F::kFactory, L::kNone, 0b000, -1, -1, -1},
-    {"aten::full_like", "*", F::kLike, L::kNone, 0b000, -1, -1, -1},
-    {"aten::gather", "*", F::kIndexWithDim, L::kAdditive, 0b001, 1, -1, -1},
-    {"aten::ge", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::gelu", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::gelu_backward", "*", F::kPointwise, L::kMultilinear, 0b001, -1, -1, -1},
-    {"aten::glu", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::gt", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::hardsigmoid", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::hardsigmoid_backward", "*", F::kPointwise, L::kMultilinear, 0b001, -1, -1, -1},
-    {"aten::hardswish", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::hardswish_backward", "*", F::kPointwise, L::kMultilinear, 0b001, -1, -1, -1},
-    {"aten::hardtanh", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::hardtanh_backward", "*", F::kPointwise, L::kMultilinear, 0b001, -1, -1, -1},
-    {"aten::huber_loss", "*", F::kLoss, L::kNone, 0b000, 2, -1, -1},
-    {"aten::huber_loss_backward", "*", F::kLossBackward, L::kMultilinear, 0b001, 3, -1, -1},
-    {"aten::index", "Tensor", F::kIndex, L::kAdditive, 0b001, -1, -1, -1},
-    {"aten::index", "Tensor_hacked_twin", F::kIndex, L::kAdditive, 0b001, -1, -1, -1},
-    {"aten::index_put", "", F::kIndexPut, L::kAdditive, 0b101, -1, -1, -1},
-    {"aten::index_select", "*", F::kIndexWithDim, L::kAdditive, 0b001, 1, -1, -1},
-    {"aten::isinf", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::isnan", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::kl_div", "*", F::kLoss, L::kNone, 0b000, 2, -1, -1},
-    {"aten::l1_loss", "*", F::kLoss, L::kNone, 0b000, 2, -1, -1},
-    {"aten::le", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::leaky_relu", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::leaky_relu_backward", "*", F::kPointwise, L::kMultilinear, 0b001, -1, -1, -1},
-    {"aten::lerp", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::lift_fresh_copy", "*", F::kPointwise, L::kAdditive, 0b001, -1, -1, -1},
-    {"aten::linalg_vector_norm", "*", F::kReduce, L::kNone, 0b000, 2, 3, 2},
-    {"aten::linear", "*", F::kMatmul, L::kNone, 0b000, -1, -1, -1, "linear"},
-    {"aten::linspace", "*", F::kFactory, L::kNone, 0b000, -1, -1, -1},
-    {"aten::log", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::log10", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::log1p", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::log2", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::logical_and", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::logical_not", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::logical_or", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::logical_xor", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::logit", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::logsumexp", "*", F::kReduce, L::kNone, 0b000, 1, 2, 2},
-    {"aten::lt", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::masked_fill", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::matmul", "*", F::kMatmul, L::kMultilinear, 0b011, -1, -1, -1, "matmul"},
-    {"aten::max", "", F::kReduce, L::kNone, 0b000, -1, -1, 2},
-    {"aten::max", "dim", F::kReduce, L::kNone, 0b000, 1, 2, 2},
-    {"aten::max", "other", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::max_pool1d_with_indices", "*", F::kSpatial, L::kNone, 0b000, -1, -1, -1},
-    {"aten::max_pool2d", "*", F::kSpatial, L::kNone, 0b000, -1, -1, -1},
-    {"aten::max_pool2d_with_indices", "*", F::kSpatial, L::kNone, 0b000, -1, -1, -1},
-    {"aten::max_pool2d_with_indices_backward", "*", F::kSpatial, L::kMultilinear, 0b001, -1, -1, -1},
-    {"aten::max_pool3d_with_indices", "*", F::kSpatial, L::kNone, 0b000, -1, -1, -1},
-    {"aten::max_pool3d_with_indices_backward", "*", F::kSpatial, L::kMultilinear, 0b001, -1, -1, -1},
-    {"aten::maximum", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::mean", "", F::kReduce, L::kAdditive, 0b001, -1, -1, 1},
-    {"aten::mean", "dim", F::kReduce, L::kAdditive, 0b001, 1, 2, 1},
-    {"aten::min", "", F::kReduce, L::kNone, 0b000, -1, -1, 2},
-    {"aten::min", "dim", F::kReduce, L::kNone, 0b000, 1, 2, 2},
-    {"aten::min", "other", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::minimum", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::mish", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::mish_backward", "*", F::kPointwise, L::kMultilinear, 0b001, -1, -1, -1},
-    {"aten::mm", "*", F::kMatmul, L::kMultilinear, 0b011, -1, -1, -1, "ik,kj->ij"},
-    {"aten::mse_loss", "*", F::kLoss, L::kNone, 0b000, 2, -1, -1},
-    {"aten::mse_loss_backward", "*", F::kLossBackward, L::kMultilinear, 0b001, 3, -1, -1},
-    {"aten::mul", "Scalar", F::kPointwise, L::kMultilinear, 0b001, -1, -1, -1},
-    {"aten::mul", "Tensor", F::kPointwise, L::kMultilinear, 0b011, -1, -1, -1},
-    {"aten::mv", "*", F::kMatmul, L::kMultilinear, 0b011, -1, -1, -1, "ik,k->i"},
-    {"aten::nan_to_num", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::narrow", "", F::kSlice, L::kAdditive, 0b001, 1, -1, 1},
-    {"aten::native_batch_norm", "*", F::kBatchNorm, L::kNone, 0b000, 5, -1, -1},
-    {"aten::native_batch_norm_backward", "*", F::kBatchNormBackward, L::kMultilinear, 0b001, -1, -1, -1},
-    {"aten::native_dropout", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::native_dropout_backward", "*", F::kPointwise, L::kMultilinear, 0b001, -1, -1, -1},
-    {"aten::native_group_norm", "*", F::kSpatial, L::kNone, 0b000, -1, 1, 3},
-    {"aten::native_group_norm_backward", "*", F::kConvBackward, L::kMultilinear, 0b001, -1, 4, 5},
-    {"aten::native_layer_norm", "*", F::kLayerNorm, L::kNone, 0b000, -1, -1, -1},
-    {"aten::native_layer_norm_backward", "*", F::kLayerNormBackward, L::kMultilinear, 0b001, -1, -1, -1},
-    {"aten::ne", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::neg", "*", F::kPointwise, L::kAdditive, 0b001, -1, -1, -1},
-    {"aten::new_empty", "*", F::kNewFactory, L::kNone, 0b000, -1, -1, -1},
-    {"aten::new_empty_strided", "*", F::kNewFactory, L::kNone, 0b000, -1, -1, -1},
-    {"aten::new_full", "*", F::kNewFactory, L::kNone, 0b000, -1, -1, -1},
-    {"aten::new_ones", "*", F::kNewFactory, L::kNone, 0b000, -1, -1, -1},
-    {"aten::new_zeros", "*", F::kNewFactory, L::kNone, 0b000, -1, -1, -1},
-    {"aten::nll_loss2d_backward", "*", F::kNllLossBackward, L::kMultilinear, 0b001, 4, 6, -1},
-    {"aten::nll_loss2d_forward", "*", F::kNllLoss, L::kNone, 0b000, 3, -1, -1},
-    {"aten::nll_loss_backward", "*", F::kNllLossBackward, L::kMultilinear, 0b001, 4, 6, -1},
-    {"aten::nll_loss_forward", "*", F::kNllLoss, L::kNone, 0b000, 3, -1, -1},
-    {"aten::ones", "*", F::kFactory, L::kNone, 0b000, -1, -1, -1},
-    {"aten::ones_like", "*", F::kLike, L::kNone, 0b000, -1, -1, -1},
-    {"aten::pixel_shuffle", "*", F::kSpatial, L::kNone, 0b000, -1, -1, -1},
-    {"aten::pixel_unshuffle", "*", F::kSpatial, L::kNone, 0b000, -1, -1, -1},
-    {"aten::positive", "*", F::kPointwise, L::kAdditive, 0b001, -1, -1, -1},
-    {"aten::pow", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::prod", "", F::kReduce, L::kNone, 0b000, -1, -1, 2},
-    {"aten::prod", "dim_int", F::kReduce, L::kNone, 0b000, 1, 2, 2},
-    {"aten::rand", "*", F::kFactory, L::kNone, 0b000, -1, -1, -1},
-    {"aten::rand_like", "*", F::kLike, L::kNone, 0b000, -1, -1, -1},
-    {"aten::randint", "*", F::kFactory, L::kNone, 0b000, -1, -1, -1},
-    {"aten::randint_like", "*", F::kLike, L::kNone, 0b000, -1, -1, -1},
-    {"aten::randn", "*", F::kFactory, L::kNone, 0b000, -1, -1, -1},
-    {"aten::randn_like", "*", F::kLike, L::kNone, 0b000, -1, -1, -1},
-    {"aten::randperm", "*", F::kFactory, L::kNone, 0b000, -1, -1, -1},
-    {"aten::real", "*", F::kPointwise, L::kAdditive, 0b001, -1, -1, -1},
-    {"aten::reciprocal", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::relu", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::relu6", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::remainder", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::roll", "*", F::kDimsList, L::kAdditive, 0b001, 2, -1, -1},
-    {"aten::round", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::rsqrt", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::rsub", "Scalar", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::rsub", "Tensor", F::kPointwise, L::kAdditive, 0b011, -1, -1, -1},
-    {"aten::scalar_tensor", "*", F::kFactory, L::kNone, 0b000, -1, -1, -1},
-    {"aten::scatter", "*", F::kIndexWithDim, L::kNone, 0b000, 1, -1, -1},
-    {"aten::scatter_add", "*", F::kIndexWithDim, L::kNone, 0b000, 1, -1, -1},
-    {"aten::select", "int", F::kSelect, L::kAdditive, 0b001, 1, -1, -1},
-    {"aten::select_backward", "*", F::kSliceBackward, L::kAdditive, 0b001, 2, -1, 1},
-    {"aten::select_scatter", "*", F::kScatterInto, L::kAdditive, 0b011, 2, -1, 1},
-    {"aten::sigmoid", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::sigmoid_backward", "*", F::kPointwise, L::kMultilinear, 0b001, -1, -1, -1},
-    {"aten::sign", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::silu", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::silu_backward", "*", F::kPointwise, L::kMultilinear, 0b001, -1, -1, -1},
-    {"aten::sin", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::sinh", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::slice", "Tensor", F::kSlice, L::kAdditive, 0b001, 1, -1, 0},
-    {"aten::slice_backward", "*", F::kSliceBackward, L::kAdditive, 0b001, 2, -1, 0},
-    {"aten::slice_scatter", "*", F::kScatterInto, L::kAdditive, 0b011, 2, -1, 0},
-    {"aten::smooth_l1_loss", "*", F::kLoss, L::kNone, 0b000, 2, -1, -1},
-    {"aten::smooth_l1_loss_backward", "*", F::kLossBackward, L::kMultilinear, 0b001, 3, -1, -1},
-    {"aten::soft_margin_loss", "*", F::kLoss, L::kNone, 0b000, 2, -1, -1},
-    {"aten::soft_margin_loss_backward", "*", F::kLossBackward, L::kMultilinear, 0b001, 3, -1, -1},
-    {"aten::softplus", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::softplus_backward", "*", F::kPointwise, L::kMultilinear, 0b001, -1, -1, -1},
-    {"aten::sort", "*", F::kAlongDim, L::kNone, 0b000, 1, -1, -1},
-    {"aten::split", "", F::kSplit, L::kAdditive, 0b001, 2, 0, -1},
-    {"aten::split", "Tensor", F::kSplit, L::kAdditive, 0b001, 2, 0, -1},
-    {"aten::split_with_sizes", "*", F::kSplit, L::kAdditive, 0b001, 2, 0, -1},
-    {"aten::sqrt", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::square", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::stack", "*", F::kStack, L::kAdditive, 0b001, 1, -1, -1},
-    {"aten::std", "correction", F::kReduce, L::kNone, 0b000, 1, 3, 2},
-    {"aten::std", "dim", F::kReduce, L::kNone, 0b000, 1, 3, 2},
-    {"aten::sub", "Scalar", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::sub", "Tensor", F::kPointwise, L::kAdditive, 0b011, -1, -1, -1},
-    {"aten::sum", "", F::kReduce, L::kAdditive, 0b001, -1, -1, 0},
-    {"aten::sum", "dim_IntList", F::kReduce, L::kAdditive, 0b001, 1, 2, 0},
-    {"aten::sym_numel", "*", F::kNoTensor, L::kNone, 0b000, -1, -1, -1},
-    {"aten::sym_size", "*", F::kNoTensor, L::kNone, 0b000, -1, -1, -1},
-    {"aten::tan", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::tanh", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::tanh_backward", "*", F::kPointwise, L::kMultilinear, 0b001, -1, -1, -1},
-    {"aten::threshold_backward", "*", F::kPointwise, L::kMultilinear, 0b001, -1, -1, -1},
-    {"aten::topk", "*", F::kAlongDim, L::kNone, 0b000, 2, -1, -1},
-    {"aten::tril", "*", F::kLastDims, L::kAdditive, 0b001, 2, -1, -1},
-    {"aten::triu", "*", F::kLastDims, L::kAdditive, 0b001, 2, -1, -1},
-    {"aten::trunc", "*", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::unbind", "int", F::kSplit, L::kAdditive, 0b001, 1, 1, -1},
-    {"aten::unsafe_split", "Tensor", F::kSplit, L::kAdditive, 0b001, 2, 0, -1},
-    {"aten::upsample_bicubic2d", "*", F::kSpatial, L::kNone, 0b000, -1, -1, -1},
-    {"aten::upsample_bicubic2d_backward", "*", F::kSpatial, L::kMultilinear, 0b001, -1, -1, -1},
-    {"aten::upsample_bilinear2d", "*", F::kSpatial, L::kNone, 0b000, -1, -1, -1},
-    {"aten::upsample_bilinear2d_backward", "*", F::kSpatial, L::kMultilinear, 0b001, -1, -1, -1},
-    {"aten::upsample_linear1d", "*", F::kSpatial, L::kNone, 0b000, -1, -1, -1},
-    {"aten::upsample_linear1d_backward", "*", F::kSpatial, L::kMultilinear, 0b001, -1, -1, -1},
-    {"aten::upsample_nearest1d", "*", F::kSpatial, L::kNone, 0b000, -1, -1, -1},
-    {"aten::upsample_nearest1d_backward", "*", F::kSpatial, L::kMultilinear, 0b001, -1, -1, -1},
-    {"aten::upsample_nearest2d", "*", F::kSpatial, L::kNone, 0b000, -1, -1, -1},
-    {"aten::upsample_nearest2d_backward", "*", F::kSpatial, L::kMultilinear, 0b001, -1, -1, -1},
-    {"aten::upsample_nearest3d", "*", F::kSpatial, L::kNone, 0b000, -1, -1, -1},
-    {"aten::upsample_nearest3d_backward", "*", F::kSpatial, L::kMultilinear, 0b001, -1, -1, -1},
-    {"aten::upsample_trilinear3d", "*", F::kSpatial, L::kNone, 0b000, -1, -1, -1},
-    {"aten::upsample_trilinear3d_backward", "*", F::kSpatial, L::kMultilinear, 0b001, -1, -1, -1},
-    {"aten::var", "correction", F::kReduce, L::kNone, 0b000, 1, 3, 2},
-    {"aten::var", "dim", F::kReduce, L::kNone, 0b000, 1, 3, 2},
-    {"aten::view_as", "*", F::kPointwise, L::kAdditive, 0b001, -1, -1, -1},
-    {"aten::where", "Scalar", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::where", "ScalarOther", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::where", "ScalarSelf", F::kPointwise, L::kNone, 0b000, -1, -1, -1},
-    {"aten::where", "self", F::kPointwise, L::kAdditive, 0b110, -1, -1, -1},
-    {"aten::zero", "*", F::kLike, L::kNone, 0b000, -1, -1, -1},
-    {"aten::zeros", "*", F::kFactory, L::kNone, 0b000, -1, -1, -1},
-    {"aten::zeros_like", "*", F::kLike, L::kNone, 0b000, -1, -1, -1},
+    {"aten::_adaptive_avg_pool2d", "*", F::kSpatial, kNotLinear, {}},
+    {"aten::_adaptive_avg_pool2d_backward", "*", F::kSpatial, Multilinear(0), {}},
+    {"aten::_adaptive_avg_pool3d", "*", F::kSpatial, kNotLinear, {}},
+    {"aten::_adaptive_avg_pool3d_backward", "*", F::kSpatial, Multilinear(0), {}},
+    {"aten::_convolution", "*", F::kSpatial, kNotLinear, {Replicated(1, "weight"), Replicated(2, "bias")}},
+    {"aten::_foreach_*", "*", F::kForeach, kNotLinear, {}},
+    {"aten::_local_scalar_dense", "*", F::kNoTensor, kNotLinear, {}},
+    {"aten::_log_softmax", "*", F::kAlongDim, kNotLinear, {Dim(1, "dim")}, kNoTraits, kNoSpec, SameAs(0)},
+    {"aten::_log_softmax_backward_data", "*", F::kAlongDim, Multilinear(0), {Dim(2, "dim")}, kNoTraits, kNoSpec, SameAs(0)},
+    {"aten::_masked_scale", "*", F::kPointwise, Multilinear(0), {}},
+    {"aten::_native_batch_norm_legit", "", F::kBatchNorm, kNotLinear, {Training(5), Replicated(1, "weight"), Replicated(2, "bias"), Replicated(3, "running_mean"), Replicated(4, "running_var")}},
+    {"aten::_native_batch_norm_legit", "no_stats", F::kBatchNorm, kNotLinear, {Training(3), Replicated(1, "weight"), Replicated(2, "bias")}},
+    {"aten::_native_batch_norm_legit_functional", "*", F::kBatchNorm, kNotLinear, {Training(5), Replicated(1, "weight"), Replicated(2, "bias"), Replicated(3, "running_mean"), Replicated(4, "running_var")}},
+    {"aten::_native_batch_norm_legit_no_training", "*", F::kBatchNorm, kNotLinear, {Replicated(1, "weight"), Replicated(2, "bias"), Replicated(3, "running_mean"), Replicated(4, "running_var")}},
+    {"aten::_safe_softmax", "*", F::kAlongDim, kNotLinear, {Dim(1, "dim")}, kNoTraits, kNoSpec, SameAs(0)},
+    {"aten::_scaled_dot_product_attention_math", "*", F::kSpatial, kNotLinear, {}},
+    {"aten::_scaled_dot_product_cudnn_attention", "*", F::kSpatial, kNotLinear, {}},
+    {"aten::_scaled_dot_product_cudnn_attention_backward", "*", F::kSpatial, Multilinear(0), {}},
+    {"aten::_scaled_dot_product_efficient_attention", "*", F::kSpatial, kNotLinear, {}, kRowsAgree},
+    {"aten::_scaled_dot_product_efficient_attention_backward", "*", F::kSpatial, Multilinear(0), {}},
+    {"aten::_scaled_dot_product_flash_attention", "*", F::kSpatial, kNotLinear, {}},
+    {"aten::_scaled_dot_product_flash_attention_backward", "*", F::kSpatial, Multilinear(0), {}},
+    {"aten::_scaled_dot_product_flash_attention_for_cpu", "*", F::kSpatial, kNotLinear, {}, kRowsAgree},
+    {"aten::_scaled_dot_product_flash_attention_for_cpu_backward", "*", F::kSpatial, Multilinear(0), {}, kRowsAgree},
+    {"aten::_softmax", "*", F::kAlongDim, kNotLinear, {Dim(1, "dim")}, kNoTraits, kNoSpec, SameAs(0)},
+    {"aten::_softmax_backward_data", "*", F::kAlongDim, Multilinear(0), {Dim(2, "dim")}, kNoTraits, kNoSpec, SameAs(0)},
+    {"aten::_to_copy", "*", F::kPointwise, Additive(0), {}},
+    {"aten::_unsafe_index", "Tensor", F::kIndex, Additive(0), {Indices(1)}},
+    {"aten::abs", "*", F::kPointwise, kNotLinear, {}, kInplace},
+    {"aten::acos", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::adaptive_avg_pool1d", "*", F::kSpatial, kNotLinear, {}},
+    {"aten::adaptive_max_pool1d", "*", F::kSpatial, kNotLinear, {}},
+    {"aten::adaptive_max_pool2d", "*", F::kSpatial, kNotLinear, {}},
+    {"aten::adaptive_max_pool2d_backward", "*", F::kSpatial, Multilinear(0), {}},
+    {"aten::add", "Scalar", F::kPointwise, kNotLinear, {}, kInplace},
+    {"aten::add", "Tensor", F::kPointwise, Additive(0, 1), {}, kInplace},
+    {"aten::addcdiv", "*", F::kPointwise, kNotLinear, {}, kInplace},
+    {"aten::addcmul", "*", F::kPointwise, kNotLinear, {}, kInplace},
+    {"aten::addmm", "*", F::kMatmul, kNotLinear, {}, kNoTraits, Spec("+ij,ik,kj->ij"), {ShapeCheck::kProduct}},
+    {"aten::addmv", "*", F::kMatmul, kNotLinear, {}, kNoTraits, Spec("+i,ik,k->i")},
+    {"aten::alias", "*", F::kPointwise, Additive(0), {}},
+    {"aten::all", "", F::kReduce, kNotLinear, {Reduces(ReduceKind::kOther)}},
+    {"aten::all", "dim", F::kReduce, kNotLinear, {Dims(1, "dim"), KeepDim(2), Reduces(ReduceKind::kOther)}},
+    {"aten::amax", "*", F::kReduce, kNotLinear, {Dims(1, "dim"), KeepDim(2), Reduces(ReduceKind::kOther)}},
+    {"aten::amin", "*", F::kReduce, kNotLinear, {Dims(1, "dim"), KeepDim(2), Reduces(ReduceKind::kOther)}},
+    {"aten::any", "", F::kReduce, kNotLinear, {Reduces(ReduceKind::kOther)}},
+    {"aten::any", "dim", F::kReduce, kNotLinear, {Dims(1, "dim"), KeepDim(2), Reduces(ReduceKind::kOther)}},
+    {"aten::arange", "", F::kFactory, kNotLinear, {End(0)}},
+    {"aten::arange", "*", F::kFactory, kNotLinear, {}},
+    {"aten::arange", "start", F::kFactory, kNotLinear, {Start(0), End(1)}},
+    {"aten::arange", "start_step", F::kFactory, kNotLinear, {Start(0), End(1), Step(2)}},
+    {"aten::argmax", "*", F::kReduce, kNotLinear, {Dims(1, "dim"), KeepDim(2), Reduces(ReduceKind::kOther)}},
+    {"aten::argmin", "*", F::kReduce, kNotLinear, {Dims(1, "dim"), KeepDim(2), Reduces(ReduceKind::kOther)}},
+    {"aten::as_strided", "", F::kAsStrided, Additive(0), {Sizes(1, "size"), Stride(2), StorageOffset(3)}, kNoTraits, kNoSpec, {ShapeCheck::kAsStrided}},
+    {"aten::as_strided_scatter", "", F::kAsStridedScatter, Additive(0, 1), {Sizes(2, "size"), Stride(3), StorageOffset(4)}},
+    {"aten::asin", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::atan", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::atan2", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::avg_pool1d", "*", F::kSpatial, kNotLinear, {}},
+    {"aten::avg_pool2d", "*", F::kSpatial, kNotLinear, {}},
+    {"aten::avg_pool2d_backward", "*", F::kSpatial, Multilinear(0), {}},
+    {"aten::avg_pool3d", "*", F::kSpatial, kNotLinear, {}},
+    {"aten::avg_pool3d_backward", "*", F::kSpatial, Multilinear(0), {}},
+    {"aten::baddbmm", "*", F::kMatmul, kNotLinear, {}, kNoTraits, Spec("+bij,bik,bkj->bij")},
+    {"aten::bernoulli", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::binary_cross_entropy", "*", F::kLoss, kNotLinear, {Reduction(3)}},
+    {"aten::binary_cross_entropy_backward", "*", F::kLossBackward, Multilinear(0), {Reduction(4)}},
+    {"aten::binary_cross_entropy_with_logits", "*", F::kLoss, kNotLinear, {Reduction(4)}},
+    {"aten::bitwise_and", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::bitwise_not", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::bitwise_or", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::bitwise_xor", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::bmm", "*", F::kMatmul, Multilinear(0, 1), {}, kNoTraits, Spec("bik,bkj->bij"), {ShapeCheck::kProduct}},
+    {"aten::cat", "*", F::kCat, Additive(0), {Dim(1, "dim")}, kPacking},
+    {"aten::ceil", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::chunk", "*", F::kSplit, Additive(0), {Dim(2, "dim")}},
+    {"aten::clamp", "*", F::kPointwise, kNotLinear, {}, kInplace},
+    {"aten::clamp_max", "*", F::kPointwise, kNotLinear, {}, kInplace},
+    {"aten::clamp_min", "*", F::kPointwise, kNotLinear, {}, kInplace},
+    {"aten::clone", "*", F::kPointwise, Additive(0), {}},
+    {"aten::conj", "*", F::kPointwise, Additive(0), {}},
+    {"aten::constant_pad_nd", "*", F::kPad, kNotLinear, {Pad(1, "pad"), ZeroIsLinear(2, "value", /*absent_is_zero=*/true)}, kPacking},
+    {"aten::conv1d", "*", F::kSpatial, kNotLinear, {Replicated(1, "weight"), Replicated(2, "bias")}},
+    {"aten::conv2d", "*", F::kSpatial, kNotLinear, {Replicated(1, "weight"), Replicated(2, "bias")}},
+    {"aten::conv3d", "*", F::kSpatial, kNotLinear, {Replicated(1, "weight"), Replicated(2, "bias")}},
+    {"aten::conv_transpose1d", "*", F::kSpatial, kNotLinear, {Replicated(1, "weight"), Replicated(2, "bias")}},
+    {"aten::conv_transpose2d", "*", F::kSpatial, kNotLinear, {Replicated(1, "weight"), Replicated(2, "bias")}},
+    {"aten::conv_transpose3d", "*", F::kSpatial, kNotLinear, {Replicated(1, "weight"), Replicated(2, "bias")}},
+    {"aten::convolution", "*", F::kSpatial, kNotLinear, {Replicated(1, "weight"), Replicated(2, "bias")}, kRowsAgree},
+    {"aten::convolution_backward", "*", F::kConvBackward, Multilinear(0), {Replicated(2, "weight")}, kRowsAgree},
+    {"aten::copy", "", F::kPointwise, Additive(1), {}},
+    {"aten::cos", "*", F::kPointwise, kNotLinear, {}, kInplace},
+    {"aten::cosh", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::cudnn_convolution", "*", F::kSpatial, kNotLinear, {Replicated(1, "weight"), Replicated(2, "bias")}},
+    {"aten::cumprod", "*", F::kAlongDim, kNotLinear, {Dim(1, "dim")}},
+    {"aten::cumsum", "*", F::kAlongDim, Additive(0), {Dim(1, "dim")}},
+    {"aten::detach", "*", F::kPointwise, Additive(0), {}},
+    {"aten::div", "Scalar", F::kPointwise, Multilinear(0), {}, kPacking | kInplace},
+    {"aten::div", "Scalar_mode", F::kPointwise, kNotLinear, {}, kPacking | kInplace},
+    {"aten::div", "Tensor", F::kPointwise, Multilinear(0), {}, kPacking | kInplace},
+    {"aten::div", "Tensor_mode", F::kPointwise, kNotLinear, {}, kPacking | kInplace},
+    {"aten::dot", "*", F::kMatmul, Multilinear(0, 1), {}, kNoTraits, Spec("k,k->")},
+    {"aten::elu", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::elu_backward", "*", F::kPointwise, Multilinear(0), {}},
+    {"aten::embedding", "*", F::kEmbedding, kNotLinear, {Replicated(0, "weight")}, kNoTraits, kNoSpec, {ShapeCheck::kEmbedding}},
+    {"aten::embedding_dense_backward", "*", F::kEmbeddingBackward, Multilinear(0), {ScaleGradByFreq(4)}, kNoTraits, kNoSpec, {ShapeCheck::kEmbeddingBackward}},
+    {"aten::empty", "*", F::kFactory, kNotLinear, {Sizes(0, "size")}, kNoTraits, kNoSpec, {ShapeCheck::kSizes}},
+    {"aten::empty_like", "*", F::kLike, kNotLinear, {}},
+    {"aten::empty_strided", "*", F::kFactory, kNotLinear, {Sizes(0, "size")}},
+    {"aten::eq", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::erf", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::erfinv", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::exp", "*", F::kPointwise, kNotLinear, {}, kInplace},
+    {"aten::exp2", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::expm1", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::eye", "*", F::kFactory, kNotLinear, {}},
+    {"aten::fill", "*", F::kLike, kNotLinear, {}},
+    {"aten::flip", "*", F::kDimsList, Additive(0), {Dims(1, "dims")}},
+    {"aten::floor", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::fmod", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::full", "*", F::kFactory, kNotLinear, {Sizes(0, "size")}, kNoTraits, kNoSpec, {ShapeCheck::kSizes}},
+    {"aten::full_like", "*", F::kLike, kNotLinear, {}},
+    {"aten::gather", "*", F::kIndexWithDim, Additive(0), {Dim(1, "dim")}, kAligned},
+    {"aten::ge", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::gelu", "*", F::kPointwise, kNotLinear, {}, kInplace},
+    {"aten::gelu_backward", "*", F::kPointwise, Multilinear(0), {}},
+    {"aten::glu", "*", F::kPointwise, kNotLinear, {}, kNoTraits, kNoSpec, {ShapeCheck::kNone}},
+    {"aten::gt", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::hardsigmoid", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::hardsigmoid_backward", "*", F::kPointwise, Multilinear(0), {}},
+    {"aten::hardswish", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::hardswish_backward", "*", F::kPointwise, Multilinear(0), {}},
+    {"aten::hardtanh", "*", F::kPointwise, kNotLinear, {}, kInplace},
+    {"aten::hardtanh_backward", "*", F::kPointwise, Multilinear(0), {}},
+    {"aten::huber_loss", "*", F::kLoss, kNotLinear, {Reduction(2)}},
+    {"aten::huber_loss_backward", "*", F::kLossBackward, Multilinear(0), {Reduction(3)}},
+    {"aten::index", "Tensor", F::kIndex, Additive(0), {Indices(1)}},
+    {"aten::index", "Tensor_hacked_twin", F::kIndex, Additive(0), {Indices(1)}},
+    {"aten::index_put", "", F::kIndexPut, Additive(0, 2), {Indices(1)}},
+    {"aten::index_select", "*", F::kIndexWithDim, Additive(0), {Dim(1, "dim")}},
+    {"aten::isinf", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::isnan", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::kl_div", "*", F::kLoss, kNotLinear, {Reduction(2)}},
+    {"aten::l1_loss", "*", F::kLoss, kNotLinear, {Reduction(2)}},
+    {"aten::le", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::leaky_relu", "*", F::kPointwise, kNotLinear, {}, kInplace},
+    {"aten::leaky_relu_backward", "*", F::kPointwise, Multilinear(0), {}},
+    {"aten::lerp", "*", F::kPointwise, kNotLinear, {}, kInplace},
+    {"aten::lift_fresh_copy", "*", F::kPointwise, Additive(0), {}},
+    {"aten::linalg_vector_norm", "*", F::kReduce, kNotLinear, {Dims(2, "dim"), KeepDim(3), Reduces(ReduceKind::kOther)}},
+    {"aten::linear", "*", F::kMatmul, kNotLinear, {}, kNoTraits, Spec("linear")},
+    {"aten::linspace", "*", F::kFactory, kNotLinear, {}},
+    {"aten::log", "*", F::kPointwise, kNotLinear, {}, kInplace},
+    {"aten::log10", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::log1p", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::log2", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::logical_and", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::logical_not", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::logical_or", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::logical_xor", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::logit", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::logsumexp", "*", F::kReduce, kNotLinear, {Dims(1, "dim"), KeepDim(2), Reduces(ReduceKind::kOther)}},
+    {"aten::lt", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::masked_fill", "*", F::kPointwise, kNotLinear, {}, kInplace},
+    {"aten::masked_fill", "Scalar", F::kPointwise, kNotLinear, {ZeroIsLinear(2, "value")}, kInplace},
+    {"aten::matmul", "*", F::kMatmul, Multilinear(0, 1), {}, kNoTraits, Spec("matmul")},
+    {"aten::max", "", F::kReduce, kNotLinear, {Reduces(ReduceKind::kOther)}},
+    {"aten::max", "dim", F::kReduce, kNotLinear, {Dims(1, "dim"), KeepDim(2), Reduces(ReduceKind::kOther)}},
+    {"aten::max", "other", F::kPointwise, kNotLinear, {}},
+    {"aten::max_pool1d_with_indices", "*", F::kSpatial, kNotLinear, {}},
+    {"aten::max_pool2d", "*", F::kSpatial, kNotLinear, {}},
+    {"aten::max_pool2d_with_indices", "*", F::kSpatial, kNotLinear, {}},
+    {"aten::max_pool2d_with_indices_backward", "*", F::kSpatial, Multilinear(0), {}, kRowsAgree},
+    {"aten::max_pool3d_with_indices", "*", F::kSpatial, kNotLinear, {}},
+    {"aten::max_pool3d_with_indices_backward", "*", F::kSpatial, Multilinear(0), {}},
+    {"aten::maximum", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::mean", "", F::kReduce, Additive(0), {Reduces(ReduceKind::kMean)}},
+    {"aten::mean", "dim", F::kReduce, Additive(0), {Dims(1, "dim"), KeepDim(2), Reduces(ReduceKind::kMean)}},
+    {"aten::min", "", F::kReduce, kNotLinear, {Reduces(ReduceKind::kOther)}},
+    {"aten::min", "dim", F::kReduce, kNotLinear, {Dims(1, "dim"), KeepDim(2), Reduces(ReduceKind::kOther)}},
+    {"aten::min", "other", F::kPointwise, kNotLinear, {}},
+    {"aten::minimum", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::mish", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::mish_backward", "*", F::kPointwise, Multilinear(0), {}},
+    {"aten::mm", "*", F::kMatmul, Multilinear(0, 1), {}, kNoTraits, Spec("ik,kj->ij"), {ShapeCheck::kProduct}},
+    {"aten::mse_loss", "*", F::kLoss, kNotLinear, {Reduction(2)}},
+    {"aten::mse_loss_backward", "*", F::kLossBackward, Multilinear(0), {Reduction(3)}},
+    {"aten::mul", "Scalar", F::kPointwise, Multilinear(0), {}, kPacking | kInplace},
+    {"aten::mul", "Tensor", F::kPointwise, Multilinear(0, 1), {}, kPacking | kInplace},
+    {"aten::mv", "*", F::kMatmul, Multilinear(0, 1), {}, kNoTraits, Spec("ik,k->i")},
+    {"aten::nan_to_num", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::narrow", "", F::kSlice, Additive(0), {Dim(1, "dim"), Start(2), Length(3)}},
+    {"aten::native_batch_norm", "*", F::kBatchNorm, kNotLinear, {Training(5), Replicated(1, "weight"), Replicated(2, "bias"), Replicated(3, "running_mean"), Replicated(4, "running_var")}},
+    {"aten::native_batch_norm_backward", "*", F::kBatchNormBackward, Multilinear(0), {Replicated(2, "weight"), Replicated(3, "running_mean"), Replicated(4, "running_var")}},
+    {"aten::native_dropout", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::native_dropout_backward", "*", F::kPointwise, Multilinear(0), {}},
+    {"aten::native_group_norm", "*", F::kSpatial, kNotLinear, {Replicated(1, "weight"), Replicated(2, "bias"), BatchSize(3, "N")}},
+    {"aten::native_group_norm_backward", "*", F::kConvBackward, Multilinear(0), {Replicated(4, "weight"), BatchSize(5, "N")}},
+    {"aten::native_layer_norm", "*", F::kLayerNorm, kNotLinear, {NormalizedShape(1, "normalized_shape"), Replicated(2, "weight"), Replicated(3, "bias")}, kNoTraits, kNoSpec, SameAs(0)},
+    {"aten::native_layer_norm_backward", "*", F::kLayerNormBackward, Multilinear(0), {Replicated(5, "weight"), Replicated(6, "bias")}, kNoTraits, kNoSpec, SameAs(1)},
+    {"aten::ne", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::neg", "*", F::kPointwise, Additive(0), {}, kInplace},
+    {"aten::new_empty", "*", F::kNewFactory, kNotLinear, {Sizes(1, "size")}, kNoTraits, kNoSpec, {ShapeCheck::kSizes}},
+    {"aten::new_empty_strided", "*", F::kNewFactory, kNotLinear, {Sizes(1, "size")}},
+    {"aten::new_full", "*", F::kNewFactory, kNotLinear, {Sizes(1, "size")}, kNoTraits, kNoSpec, {ShapeCheck::kSizes}},
+    {"aten::new_ones", "*", F::kNewFactory, kNotLinear, {Sizes(1, "size")}, kNoTraits, kNoSpec, {ShapeCheck::kSizes}},
+    {"aten::new_zeros", "*", F::kNewFactory, kNotLinear, {Sizes(1, "size")}, kZeros, kNoSpec, {ShapeCheck::kSizes}},
+    {"aten::nll_loss2d_backward", "*", F::kNllLossBackward, Multilinear(0), {Reduction(4), TotalWeight(6)}},
+    {"aten::nll_loss2d_forward", "*", F::kNllLoss, kNotLinear, {Reduction(3)}},
+    {"aten::nll_loss_backward", "*", F::kNllLossBackward, Multilinear(0), {Reduction(4), TotalWeight(6)}, kNoTraits, kNoSpec, BatchAgrees(1)},
+    {"aten::nll_loss_forward", "*", F::kNllLoss, kNotLinear, {Reduction(3)}, kNoTraits, kNoSpec, BatchAgrees(0)},
+    {"aten::ones", "*", F::kFactory, kNotLinear, {Sizes(0, "size")}, kNoTraits, kNoSpec, {ShapeCheck::kSizes}},
+    {"aten::ones_like", "*", F::kLike, kNotLinear, {}},
+    {"aten::pixel_shuffle", "*", F::kSpatial, kNotLinear, {}},
+    {"aten::pixel_unshuffle", "*", F::kSpatial, kNotLinear, {}},
+    {"aten::positive", "*", F::kPointwise, Additive(0), {}},
+    {"aten::pow", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::prod", "", F::kReduce, kNotLinear, {Reduces(ReduceKind::kOther)}},
+    {"aten::prod", "dim_int", F::kReduce, kNotLinear, {Dims(1, "dim"), KeepDim(2), Reduces(ReduceKind::kOther)}},
+    {"aten::rand", "*", F::kFactory, kNotLinear, {Sizes(0, "size")}, kNoTraits, kNoSpec, {ShapeCheck::kSizes}},
+    {"aten::rand_like", "*", F::kLike, kNotLinear, {}},
+    {"aten::randint", "*", F::kFactory, kNotLinear, {}},
+    {"aten::randint_like", "*", F::kLike, kNotLinear, {}},
+    {"aten::randn", "*", F::kFactory, kNotLinear, {Sizes(0, "size")}, kNoTraits, kNoSpec, {ShapeCheck::kSizes}},
+    {"aten::randn_like", "*", F::kLike, kNotLinear, {}},
+    {"aten::randperm", "*", F::kFactory, kNotLinear, {}},
+    {"aten::real", "*", F::kPointwise, Additive(0), {}},
+    {"aten::reciprocal", "*", F::kPointwise, kNotLinear, {}, kInplace},
+    {"aten::relu", "*", F::kPointwise, kNotLinear, {}, kInplace},
+    {"aten::relu6", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::remainder", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::roll", "*", F::kDimsList, Additive(0), {Dims(2, "dims")}},
+    {"aten::round", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::rsqrt", "*", F::kPointwise, kNotLinear, {}, kInplace},
+    {"aten::rsub", "Scalar", F::kPointwise, kNotLinear, {}},
+    {"aten::rsub", "Tensor", F::kPointwise, Additive(0, 1), {}},
+    {"aten::scalar_tensor", "*", F::kFactory, kNotLinear, {}},
+    {"aten::scatter", "*", F::kIndexWithDim, kNotLinear, {Dim(1, "dim")}, kAligned},
+    {"aten::scatter_add", "*", F::kIndexWithDim, kNotLinear, {Dim(1, "dim")}, kAligned},
+    {"aten::select", "int", F::kSelect, Additive(0), {Dim(1, "dim")}},
+    {"aten::select_backward", "*", F::kSliceBackward, Additive(0), {Sizes(1, "input_sizes"), Dim(2, "dim")}, kDropsDim, kNoSpec, {ShapeCheck::kSizes}},
+    {"aten::select_scatter", "*", F::kScatterInto, Additive(0, 1), {Dim(2, "dim")}, kDropsDim},
+    {"aten::sigmoid", "*", F::kPointwise, kNotLinear, {}, kInplace},
+    {"aten::sigmoid_backward", "*", F::kPointwise, Multilinear(0), {}},
+    {"aten::sign", "*", F::kPointwise, kNotLinear, {}, kInplace},
+    {"aten::silu", "*", F::kPointwise, kNotLinear, {}, kInplace},
+    {"aten::silu_backward", "*", F::kPointwise, Multilinear(0), {}},
+    {"aten::sin", "*", F::kPointwise, kNotLinear, {}, kInplace},
+    {"aten::sinh", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::slice", "Tensor", F::kSlice, Additive(0), {Dim(1, "dim"), Start(2), End(3), Step(4)}},
+    {"aten::slice_backward", "*", F::kSliceBackward, Additive(0), {Sizes(1, "input_sizes"), Dim(2, "dim")}, kNoTraits, kNoSpec, {ShapeCheck::kSizes}},
+    {"aten::slice_scatter", "*", F::kScatterInto, Additive(0, 1), {Dim(2, "dim")}},
+    {"aten::smooth_l1_loss", "*", F::kLoss, kNotLinear, {Reduction(2)}},
+    {"aten::smooth_l1_loss_backward", "*", F::kLossBackward, Multilinear(0), {Reduction(3)}},
+    {"aten::soft_margin_loss", "*", F::kLoss, kNotLinear, {Reduction(2)}},
+    {"aten::soft_margin_loss_backward", "*", F::kLossBackward, Multilinear(0), {Reduction(3)}},
+    {"aten::softplus", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::softplus_backward", "*", F::kPointwise, Multilinear(0), {}},
+    {"aten::sort", "*", F::kAlongDim, kNotLinear, {Dim(1, "dim")}},
+    {"aten::split", "", F::kSplit, Additive(0), {Dim(2, "dim")}},
+    {"aten::split", "Tensor", F::kSplit, Additive(0), {Dim(2, "dim"), SplitSize(1, "split_size")}},
+    {"aten::split_with_sizes", "*", F::kSplit, Additive(0), {Dim(2, "dim"), SplitSize(1, "split_sizes")}},
+    {"aten::sqrt", "*", F::kPointwise, kNotLinear, {}, kInplace},
+    {"aten::square", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::stack", "*", F::kStack, Additive(0), {Dim(1, "dim")}},
+    {"aten::std", "correction", F::kReduce, kNotLinear, {Dims(1, "dim"), KeepDim(3), Reduces(ReduceKind::kOther)}},
+    {"aten::std", "dim", F::kReduce, kNotLinear, {Dims(1, "dim"), KeepDim(3), Reduces(ReduceKind::kOther)}},
+    {"aten::sub", "Scalar", F::kPointwise, kNotLinear, {}, kInplace},
+    {"aten::sub", "Tensor", F::kPointwise, Additive(0, 1), {}, kInplace},
+    {"aten::sum", "", F::kReduce, Additive(0), {Reduces(ReduceKind::kSum)}},
+    {"aten::sum", "dim_IntList", F::kReduce, Additive(0), {Dims(1, "dim"), KeepDim(2), Reduces(ReduceKind::kSum)}},
+    {"aten::sym_numel", "*", F::kNoTensor, kNotLinear, {}},
+    {"aten::sym_size", "*", F::kNoTensor, kNotLinear, {}},
+    {"aten::tan", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::tanh", "*", F::kPointwise, kNotLinear, {}, kInplace},
+    {"aten::tanh_backward", "*", F::kPointwise, Multilinear(0), {}},
+    {"aten::threshold_backward", "*", F::kPointwise, Multilinear(0), {}},
+    {"aten::topk", "*", F::kAlongDim, kNotLinear, {Dim(2, "dim")}},
+    {"aten::tril", "*", F::kLastDims, Additive(0), {LastDims(2)}},
+    {"aten::triu", "*", F::kLastDims, Additive(0), {LastDims(2)}},
+    {"aten::trunc", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::unbind", "int", F::kSplit, Additive(0), {Dim(1, "dim")}, kDropsDim},
+    {"aten::unsafe_split", "Tensor", F::kSplit, Additive(0), {Dim(2, "dim")}},
+    {"aten::upsample_bicubic2d", "*", F::kSpatial, kNotLinear, {}},
+    {"aten::upsample_bicubic2d_backward", "*", F::kSpatial, Multilinear(0), {Sizes(2, "input_size")}, kNoTraits, kNoSpec, {ShapeCheck::kSizes}},
+    {"aten::upsample_bilinear2d", "*", F::kSpatial, kNotLinear, {}},
+    {"aten::upsample_bilinear2d_backward", "*", F::kSpatial, Multilinear(0), {Sizes(2, "input_size")}, kNoTraits, kNoSpec, {ShapeCheck::kSizes}},
+    {"aten::upsample_linear1d", "*", F::kSpatial, kNotLinear, {}},
+    {"aten::upsample_linear1d_backward", "*", F::kSpatial, Multilinear(0), {Sizes(2, "input_size")}, kNoTraits, kNoSpec, {ShapeCheck::kSizes}},
+    {"aten::upsample_nearest1d", "*", F::kSpatial, kNotLinear, {}},
+    {"aten::upsample_nearest1d_backward", "*", F::kSpatial, Multilinear(0), {Sizes(2, "input_size")}, kNoTraits, kNoSpec, {ShapeCheck::kSizes}},
+    {"aten::upsample_nearest2d", "*", F::kSpatial, kNotLinear, {}},
+    {"aten::upsample_nearest2d_backward", "*", F::kSpatial, Multilinear(0), {Sizes(2, "input_size")}, kNoTraits, kNoSpec, {ShapeCheck::kSizes}},
+    {"aten::upsample_nearest3d", "*", F::kSpatial, kNotLinear, {}},
+    {"aten::upsample_nearest3d_backward", "*", F::kSpatial, Multilinear(0), {Sizes(2, "input_size")}, kNoTraits, kNoSpec, {ShapeCheck::kSizes}},
+    {"aten::upsample_trilinear3d", "*", F::kSpatial, kNotLinear, {}},
+    {"aten::upsample_trilinear3d_backward", "*", F::kSpatial, Multilinear(0), {Sizes(2, "input_size")}, kNoTraits, kNoSpec, {ShapeCheck::kSizes}},
+    {"aten::var", "correction", F::kReduce, kNotLinear, {Dims(1, "dim"), KeepDim(3), Reduces(ReduceKind::kOther)}},
+    {"aten::var", "dim", F::kReduce, kNotLinear, {Dims(1, "dim"), KeepDim(3), Reduces(ReduceKind::kOther)}},
+    {"aten::view_as", "*", F::kPointwise, Additive(0), {}, kNoTraits, kNoSpec, {ShapeCheck::kNone}},
+    {"aten::where", "Scalar", F::kPointwise, kNotLinear, {}},
+    {"aten::where", "ScalarOther", F::kPointwise, kNotLinear, {}},
+    {"aten::where", "ScalarSelf", F::kPointwise, kNotLinear, {}},
+    {"aten::where", "self", F::kPointwise, Additive(1, 2), {}},
+    {"aten::zero", "*", F::kLike, kNotLinear, {}},
+    {"aten::zeros", "*", F::kFactory, kNotLinear, {Sizes(0, "size")}, kZeros, kNoSpec, {ShapeCheck::kSizes}},
+    {"aten::zeros_like", "*", F::kLike, kNotLinear, {}, kZeros},
 };
 
 constexpr int kNumOpRules = sizeof(kOpRules) / sizeof(kOpRules[0]);
+
+constexpr bool RowsSorted() {
+  for (int i = 1; i < kNumOpRules; ++i) {
+    const OpRule& a = kOpRules[i - 1];
+    const OpRule& b = kOpRules[i];
+    if (a.name > b.name || (a.name == b.name && a.overload >= b.overload)) return false;
+  }
+  return true;
+}
+static_assert(RowsSorted(), "kOpRules must be sorted by (name, overload) without duplicates");
+
+constexpr bool SpecsValid() {
+  for (const OpRule& r : kOpRules) {
+    if ((r.family == F::kMatmul) != (r.spec.kind() != MatmulSpec::Kind::kNone) ||
+        !r.spec.valid()) {
+      return false;
+    }
+  }
+  return true;
+}
+static_assert(SpecsValid(), "every matmul row, and only those, has a valid product spec");
 
 using Key = std::pair<absl::string_view, absl::string_view>;
 
@@ -338,6 +421,73 @@ const absl::flat_hash_map<Key, int>& RuleIndex() {
     return m;
   }();
   return *index;
+}
+
+absl::string_view RoleName(ParamRole r) {
+  switch (r) {
+    case R::kNone: return "none";
+    case R::kDim: return "dim";
+    case R::kDims: return "dims";
+    case R::kKeepDim: return "keepdim";
+    case R::kReduces: return "reduces";
+    case R::kReduction: return "reduction";
+    case R::kTraining: return "training";
+    case R::kReplicated: return "replicated";
+    case R::kBatchSize: return "batch_size";
+    case R::kTotalWeight: return "total_weight";
+    case R::kSizes: return "sizes";
+    case R::kStride: return "stride";
+    case R::kStorageOffset: return "storage_offset";
+    case R::kStart: return "start";
+    case R::kEnd: return "end";
+    case R::kStep: return "step";
+    case R::kLength: return "length";
+    case R::kSplitSize: return "split_size";
+    case R::kNormalizedShape: return "normalized_shape";
+    case R::kPad: return "pad";
+    case R::kLastDims: return "last_dims";
+    case R::kIndices: return "indices";
+    case R::kZeroIsLinear: return "zero_is_linear";
+    case R::kScaleGradByFreq: return "scale_grad_by_freq";
+  }
+  return "?";
+}
+
+absl::string_view ReduceKindName(int8_t k) {
+  switch (static_cast<ReduceKind>(k)) {
+    case ReduceKind::kSum: return "sum";
+    case ReduceKind::kMean: return "mean";
+    case ReduceKind::kOther: return "other";
+  }
+  return "?";
+}
+
+absl::string_view ShapeCheckName(ShapeCheck s) {
+  switch (s) {
+    case ShapeCheck::kDefault: return "default";
+    case ShapeCheck::kNone: return "none";
+    case ShapeCheck::kSameAsArg: return "same_as";
+    case ShapeCheck::kSizes: return "sizes";
+    case ShapeCheck::kView: return "view";
+    case ShapeCheck::kExpand: return "expand";
+    case ShapeCheck::kAsStrided: return "as_strided";
+    case ShapeCheck::kProduct: return "product";
+    case ShapeCheck::kEmbedding: return "embedding";
+    case ShapeCheck::kEmbeddingBackward: return "embedding_backward";
+    case ShapeCheck::kBatchAgrees: return "batch_agrees";
+  }
+  return "?";
+}
+
+std::string ParamText(const OpParam& p) {
+  switch (p.role) {
+    case R::kReduces: return absl::StrCat("reduces=", ReduceKindName(p.value));
+    case R::kLastDims: return absl::StrCat("last_dims=", p.value);
+    default: break;
+  }
+  std::string s = absl::StrCat(RoleName(p.role), "=", p.index, ":", p.name);
+  if (p.role == R::kZeroIsLinear && p.value != 0) absl::StrAppend(&s, "(absent=0)");
+  return s;
 }
 
 }  // namespace
@@ -357,6 +507,8 @@ const OpRule& OpRuleAt(int index) { return kOpRules[index]; }
 int OpRuleIndex(const OpRule* rule) {
   return rule == nullptr ? -1 : static_cast<int>(rule - kOpRules);
 }
+
+int NumOpRules() { return kNumOpRules; }
 
 absl::string_view OpFamilyName(OpFamily f) {
   switch (f) {
@@ -408,6 +560,72 @@ std::vector<std::string> OpRuleNames() {
                                      : absl::StrCat(r.name, ".", r.overload));
   }
   return out;
+}
+
+std::string OpRuleText(const OpRule& r) {
+  std::string s = absl::StrCat(r.name, r.overload.empty() ? "" : ".", r.overload, "  ",
+                               OpFamilyName(r.family));
+  if (r.linear.kind != Linearity::kNone) {
+    std::vector<int> args;
+    for (int i = 0; i < 8; ++i) {
+      if ((r.linear.args >> i) & 1) args.push_back(i);
+    }
+    absl::StrAppend(&s, "  ", r.linear.kind == Linearity::kAdditive ? "additive" : "multilinear",
+                    "(", absl::StrJoin(args, ","), ")");
+  }
+  std::vector<std::string> params;
+  for (const OpParam& p : r.params) {
+    if (p.role != R::kNone) params.push_back(ParamText(p));
+  }
+  if (!params.empty()) absl::StrAppend(&s, "  ", absl::StrJoin(params, " "));
+  if (r.spec.kind() != MatmulSpec::Kind::kNone) absl::StrAppend(&s, "  spec=", r.spec.ToString());
+  static constexpr std::pair<OpTrait, absl::string_view> kTraitNames[] = {
+      {kZeros, "zeros"},     {kDropsDim, "drops_dim"}, {kAligned, "aligned"},
+      {kPacking, "packing"}, {kInplace, "inplace"},    {kRowsAgree, "rows_agree"},
+  };
+  std::vector<absl::string_view> traits;
+  for (const auto& [t, name] : kTraitNames) {
+    if (r.has(t)) traits.push_back(name);
+  }
+  if (!traits.empty()) absl::StrAppend(&s, "  [", absl::StrJoin(traits, " "), "]");
+  if (r.shape.kind != ShapeCheck::kDefault) {
+    absl::StrAppend(&s, "  shape=", ShapeCheckName(r.shape.kind));
+    if (r.shape.arg >= 0) absl::StrAppend(&s, "(", r.shape.arg, ")");
+  }
+  return s;
+}
+
+std::string OpRulesText() {
+  std::string out;
+  for (const OpRule& r : kOpRules) absl::StrAppend(&out, OpRuleText(r), "\n");
+  return out;
+}
+
+int SizeArgIndex(const ir::Target& t) {
+  if (const OpRule* r = FindOpRule(t)) {
+    const OpParam* p = r->param(R::kSizes);
+    return p == nullptr ? -1 : p->index;
+  }
+  const std::optional<ViewOpFacts> v = FindViewOpFacts(t);
+  return v ? v->sizes_arg : -1;
+}
+
+ShapeRule ShapeRuleOf(const ir::Target& t) {
+  if (const OpRule* r = FindOpRule(t)) return r->shape;
+  const std::optional<ViewOpFacts> v = FindViewOpFacts(t);
+  if (!v || v->sizes_arg < 0) return {};
+  return {v->expands ? ShapeCheck::kExpand : ShapeCheck::kView, -1};
+}
+
+bool IsPackingOp(const ir::Target& t) {
+  if (const OpRule* r = FindOpRule(t)) return r->has(kPacking);
+  const std::optional<ViewOpFacts> v = FindViewOpFacts(t);
+  return v && v->packing;
+}
+
+bool HasInplaceVariant(const ir::Target& t) {
+  const OpRule* r = FindOpRule(t);
+  return r != nullptr && r->has(kInplace);
 }
 
 }  // namespace fxdp

@@ -23,6 +23,9 @@ struct Param {
     kUnused,     // no parameter in this slot
     kInt,        // an `int` schema argument
     kIntList,    // an `int[]` / `SymInt[]` schema argument (a bare int is one entry)
+    kSizes,      // kIntList that spells the output's shape (-1: inferred); made local
+                 // by the expansion
+    kExpandSizes,  // kSizes that broadcasts the input (-1: the input's size)
     kFixedInt,   // not an argument: `value`, fixed by the row
     kNone,       // not an argument: None (squeeze of every dim)
     kIgnored,    // a keyword-only argument the rule does not read
@@ -32,7 +35,10 @@ struct Param {
   bool has_default = false;
   int64_t value = 0;  // kInt default, or the kFixedInt value.
 
-  bool positional() const { return kind == Kind::kInt || kind == Kind::kIntList; }
+  bool list() const {
+    return kind == Kind::kIntList || kind == Kind::kSizes || kind == Kind::kExpandSizes;
+  }
+  bool positional() const { return kind == Kind::kInt || list(); }
 };
 
 constexpr Param Int(absl::string_view name) { return {Param::Kind::kInt, name}; }
@@ -40,37 +46,43 @@ constexpr Param Int(absl::string_view name, int64_t def) {
   return {Param::Kind::kInt, name, true, def};
 }
 constexpr Param IntList(absl::string_view name) { return {Param::Kind::kIntList, name}; }
+constexpr Param Sizes(absl::string_view name) { return {Param::Kind::kSizes, name}; }
+constexpr Param ExpandSizes(absl::string_view name) { return {Param::Kind::kExpandSizes, name}; }
 constexpr Param Fixed(absl::string_view name, int64_t v) {
   return {Param::Kind::kFixedInt, name, true, v};
 }
 constexpr Param AllDims(absl::string_view name) { return {Param::Kind::kNone, name}; }
 constexpr Param Ignored(absl::string_view name) { return {Param::Kind::kIgnored, name}; }
 
+// kPacking (op_rules.h): cheap enough to move up with the all_reduce it feeds.
+constexpr bool kPacks = true;
+
 struct Row {
   absl::string_view name;
   absl::string_view overload;
   RuleFn rule;
   Param params[2];
+  bool packing = false;
 };
 
 namespace r = view_rules_internal;
 
 // Sorted by (name, overload); one line per aten overload.
 constexpr Row kRows[] = {
-    {"aten::_unsafe_view", "", r::ViewRule, {IntList("size")}},
+    {"aten::_unsafe_view", "", r::ViewRule, {Sizes("size")}, kPacks},
     {"aten::atleast_1d", "", r::PadLeftRule, {Fixed("min_dims", 1)}},
     {"aten::atleast_2d", "", r::PadLeftRule, {Fixed("min_dims", 2)}},
     {"aten::atleast_3d", "", r::AtLeast3dRule, {}},
-    {"aten::broadcast_to", "", r::ExpandRule, {IntList("size")}},
-    {"aten::expand", "", r::ExpandRule, {IntList("size"), Ignored("implicit")}},
-    {"aten::expand_copy", "", r::ExpandRule, {IntList("size"), Ignored("implicit")}},
+    {"aten::broadcast_to", "", r::ExpandRule, {ExpandSizes("size")}},
+    {"aten::expand", "", r::ExpandRule, {ExpandSizes("size"), Ignored("implicit")}},
+    {"aten::expand_copy", "", r::ExpandRule, {ExpandSizes("size"), Ignored("implicit")}},
     {"aten::flatten", "using_ints", r::FlattenRule, {Int("start_dim", 0), Int("end_dim", -1)}},
     {"aten::movedim", "int", r::MovedimRule, {Int("source"), Int("destination")}},
     {"aten::movedim", "intlist", r::MovedimRule, {IntList("source"), IntList("destination")}},
     {"aten::permute", "", r::PermuteRule, {IntList("dims")}},
     {"aten::ravel", "", r::FlattenRule, {Fixed("start_dim", 0), Fixed("end_dim", -1)}},
     {"aten::repeat", "", r::RepeatRule, {IntList("repeats")}},
-    {"aten::reshape", "", r::ReshapeRule, {IntList("shape")}},
+    {"aten::reshape", "", r::ReshapeRule, {Sizes("shape")}, kPacks},
     {"aten::squeeze", "", r::SqueezeRule, {AllDims("dim")}},
     {"aten::squeeze", "dim", r::SqueezeRule, {Int("dim")}},
     {"aten::squeeze", "dims", r::SqueezeRule, {IntList("dim")}},
@@ -82,10 +94,10 @@ constexpr Row kRows[] = {
     {"aten::transpose", "int", r::TransposeRule, {Int("dim0"), Int("dim1")}},
     {"aten::unflatten", "int", r::UnflattenRule, {Int("dim"), IntList("sizes")}},
     {"aten::unsqueeze", "", r::UnsqueezeRule, {Int("dim")}},
-    {"aten::view", "", r::ViewRule, {IntList("size")}},
+    {"aten::view", "", r::ViewRule, {Sizes("size")}, kPacks},
     {"aten::view_as_complex", "", r::ViewAsComplexRule, {}},
     {"aten::view_as_real", "", r::ViewAsRealRule, {}},
-    {"aten::view_copy", "", r::ViewRule, {IntList("size")}},
+    {"aten::view_copy", "", r::ViewRule, {Sizes("size")}},
 };
 
 constexpr bool RowsSorted() {
@@ -115,7 +127,7 @@ const Row* FindRow(const ir::Target& target) {
 absl::StatusOr<std::vector<int64_t>> IntsOf(const RuleCall& c, const Param& p,
                                             const ir::Argument& a) {
   if (const int64_t* v = a.get_if<int64_t>()) return std::vector<int64_t>{*v};
-  if (p.kind == Param::Kind::kIntList && a.is_list()) {
+  if (p.list() && a.is_list()) {
     std::vector<int64_t> out;
     for (const ir::Argument& e : a.as<ir::Argument::List>()) {
       const int64_t* v = e.get_if<int64_t>();
@@ -141,7 +153,7 @@ absl::StatusOr<RuleCall> Bind(const Row& row, absl::Span<const int64_t> shape,
     if (p.kind == Param::Kind::kUnused || p.kind == Param::Kind::kIgnored) continue;
     RuleParam& out = c.params.emplace_back();
     out.name = p.name;
-    out.scalar = p.kind != Param::Kind::kIntList;
+    out.scalar = !p.list();
     if (p.kind == Param::Kind::kFixedInt) out.ints = std::vector<int64_t>{p.value};
     if (!p.positional()) continue;
     const ir::Argument* a = nullptr;
@@ -187,6 +199,58 @@ absl::StatusOr<DimMap> ComputeViewDimMap(const ir::Target& target,
   }
   FXDP_ASSIGN_OR_RETURN(const RuleCall call, Bind(*row, input_shape, args, kwargs));
   return row->rule(call);
+}
+
+std::optional<ViewOpFacts> FindViewOpFacts(const ir::Target& target) {
+  const Row* row = FindRow(target);
+  if (row == nullptr) return std::nullopt;
+  ViewOpFacts f;
+  f.packing = row->packing;
+  int positional = 1;  // args[0] is self.
+  for (const Param& p : row->params) {
+    if (p.kind == Param::Kind::kSizes || p.kind == Param::Kind::kExpandSizes) {
+      f.sizes_arg = positional;
+      f.expands = p.kind == Param::Kind::kExpandSizes;
+    }
+    if (p.positional()) ++positional;
+  }
+  return f;
+}
+
+namespace {
+
+std::string RowText(const Row* row) {
+  std::string s = absl::StrCat(row->name, row->overload.empty() ? "" : ".", row->overload);
+  int positional = 1;
+  for (const Param& p : row->params) {
+    switch (p.kind) {
+      case Param::Kind::kUnused: continue;
+      case Param::Kind::kInt: absl::StrAppend(&s, " int=", positional++, ":", p.name); break;
+      case Param::Kind::kIntList:
+        absl::StrAppend(&s, " ints=", positional++, ":", p.name);
+        break;
+      case Param::Kind::kSizes:
+        absl::StrAppend(&s, " sizes=", positional++, ":", p.name);
+        break;
+      case Param::Kind::kExpandSizes:
+        absl::StrAppend(&s, " expand_sizes=", positional++, ":", p.name);
+        break;
+      case Param::Kind::kFixedInt: absl::StrAppend(&s, " ", p.name, "=", p.value); break;
+      case Param::Kind::kNone: absl::StrAppend(&s, " ", p.name, "=all"); break;
+      case Param::Kind::kIgnored: absl::StrAppend(&s, " ignores=", p.name); break;
+    }
+    if (p.has_default && p.kind == Param::Kind::kInt) absl::StrAppend(&s, "(default ", p.value, ")");
+  }
+  if (row->packing) absl::StrAppend(&s, " [packing]");
+  return s;
+}
+
+}  // namespace
+
+std::string ViewRulesText() {
+  std::string out;
+  for (const Row& row : kRows) absl::StrAppend(&out, RowText(&row), "\n");
+  return out;
 }
 
 std::vector<std::string> ViewOpNames() {

@@ -14,6 +14,7 @@
 #define FXDP_ANALYSIS_VIEW_RULES_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,18 @@ absl::StatusOr<DimMap> ComputeViewDimMap(const ir::Target& target,
                                          absl::Span<const int64_t> input_shape,
                                          const std::vector<ir::Argument>& args,
                                          const std::vector<ir::KeywordArgument>& kwargs);
+
+// What the expansion, its shape check and the schedule need of a view op's row.
+struct ViewOpFacts {
+  int sizes_arg = -1;    // the size list that spells the output's shape, or -1.
+  bool expands = false;  // the sizes broadcast the input (expand); else reshape it (view).
+  bool packing = false;  // cheap: may move up with the all_reduce it feeds (schedule.h).
+};
+std::optional<ViewOpFacts> FindViewOpFacts(const ir::Target& target);
+
+// Every row in text form, one line each ("aten::view sizes=1:size [packing]"),
+// in table order: part of tests/testdata/op_rules.txt.
+std::string ViewRulesText();
 
 // Every op with a view rule, as "aten::squeeze.dims", in table order.
 std::vector<std::string> ViewOpNames();

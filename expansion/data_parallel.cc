@@ -21,7 +21,6 @@
 #include "expansion/schedule.h"
 #include "expansion/shape_check.h"
 #include "expansion/sharding.h"
-#include "expansion/size_args.h"
 #include "expansion/sync_batchnorm.h"
 
 namespace fxdp {
@@ -423,10 +422,13 @@ class Expander final : public RankGraphBuilder {
     }
     // Size lists that spell a sharded output's global shape.
     const ValueInfo& out_info = a_.primary(id);
+    const OpRule* rule = FindOpRule(old.target);
     const int si = SizeArgIndex(n.target);
-    const ValueRef* src = old.target.name == "aten::as_strided_scatter" && old.args.size() > 1
-                              ? old.args[1].get_if<ValueRef>()
-                              : nullptr;
+    // as_strided_scatter's sizes spell its src's shape.
+    const ValueRef* src =
+        rule != nullptr && rule->family == OpFamily::kAsStridedScatter && old.args.size() > 1
+            ? old.args[1].get_if<ValueRef>()
+            : nullptr;
     const ValueInfo& v = src != nullptr ? a_.value(*src) : out_info;
     if (si >= 0 && v.placement.is_shard() && si < static_cast<int>(n.args.size()) &&
         n.args[si].is_list()) {
@@ -444,9 +446,10 @@ class Expander final : public RankGraphBuilder {
       }
       n.args[si] = Argument(std::move(sizes));
     } else if (out_info.placement.is_shard() && a_.node(id).decision == Decision::kShapedByUse &&
-               old.target.name == "aten::arange") {
+               rule != nullptr && rule->family == OpFamily::kFactory &&
+               rule->param(ParamRole::kEnd) != nullptr) {
       // arange(B) indexing the batch rows (batch_dim.h): this rank's positions, arange(B_r).
-      const int end = old.target.overload.empty() ? 0 : 1;
+      const int end = rule->param(ParamRole::kEnd)->index;
       if (end < static_cast<int>(n.args.size()) && n.args[end].get_if<int64_t>() != nullptr) {
         n.args[end] = Argument(LocalExtent(*n.args[end].get_if<int64_t>()));
       }
@@ -459,8 +462,8 @@ class Expander final : public RankGraphBuilder {
     }
     // A micro-batch split of an input (batch_dim.h): the split size is the
     // micro-batch's, which becomes the rank's.
-    if (a_.micro_batches() > 1 && !old.args.empty() &&
-        (old.target.name == "aten::split" || old.target.name == "aten::split_with_sizes")) {
+    if (a_.micro_batches() > 1 && !old.args.empty() && rule != nullptr &&
+        rule->param(ParamRole::kSplitSize) != nullptr) {
       const ValueRef* in = old.args[0].get_if<ValueRef>();
       if (in != nullptr && g_.node(in->node).is_placeholder() && a_.value(*in).placement.is_shard() &&
           n.args.size() > 1) {
@@ -476,17 +479,17 @@ class Expander final : public RankGraphBuilder {
       }
     }
     // An int argument that spells the batch size (native_group_norm's N).
-    if (const OpRule* rule = out_info.placement.is_shard() ? FindOpRule(old.target) : nullptr;
-        rule != nullptr && rule->c >= 0 &&
-        (rule->family == OpFamily::kSpatial || rule->family == OpFamily::kConvBackward) &&
-        rule->c < static_cast<int>(n.args.size())) {
-      if (const auto* x = n.args[rule->c].get_if<int64_t>()) {
+    if (const OpParam* bs = out_info.placement.is_shard() && rule != nullptr
+                                ? rule->param(ParamRole::kBatchSize)
+                                : nullptr;
+        bs != nullptr && bs->index < static_cast<int>(n.args.size())) {
+      if (const auto* x = n.args[bs->index].get_if<int64_t>()) {
         if (*x % batch_ != 0) {
           return absl::InvalidArgumentError(absl::StrFormat(
-              "node %s (%s): argument %d (%d) should be a multiple of the batch size %d",
-              old.name, old.target.ToString(), rule->c, *x, batch_));
+              "node %s (%s): argument %d '%s' (%d) should be a multiple of the batch size %d",
+              old.name, old.target.ToString(), bs->index, bs->name, *x, batch_));
         }
-        n.args[rule->c] = Argument(LocalExtent(*x));
+        n.args[bs->index] = Argument(LocalExtent(*x));
       }
     }
     out_.push_back(std::move(n));

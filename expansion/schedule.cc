@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "analysis/op_rules.h"
 
 namespace fxdp {
 
@@ -29,14 +30,8 @@ constexpr absl::string_view kAllGather = "_c10d_functional::all_gather_into_tens
 constexpr absl::string_view kWaitTensor = "_c10d_functional::wait_tensor";
 
 // Cheap ops that may move up with the all_reduce they alone feed (packing a
-// bucket, scaling it).
-bool IsPackingOp(const Node& n) {
-  static constexpr absl::string_view kOps[] = {
-      "aten::_unsafe_view", "aten::cat", "aten::constant_pad_nd", "aten::div", "aten::mul",
-      "aten::reshape", "aten::view",
-  };
-  return n.is_call() && std::find(std::begin(kOps), std::end(kOps), n.target.name) != std::end(kOps);
-}
+// bucket, scaling it): the kPacking trait of their rule (op_rules.h).
+bool IsPackingNode(const Node& n) { return n.is_call() && IsPackingOp(n.target); }
 
 // Lists without references (sizes, dims) are left as they are.
 void Renumber(Argument& a, const std::vector<int32_t>& new_index) {
@@ -71,7 +66,7 @@ ScheduleInfo OverlapSchedule(const std::vector<Node>& nodes) {
       if (node.target.name == kAllReduce || node.target.name == kReduceScatter) what[i] |= kIsAllReduce;
       if (node.target.name == kAllGather) what[i] |= kIsGather;
       if (node.target.name == kWaitTensor) what[i] |= kIsWait;
-      if (IsPackingOp(node)) what[i] |= kIsPacking;
+      if (IsPackingNode(node)) what[i] |= kIsPacking;
     } else if (node.is_output()) {
       what[i] |= kIsOutput;
     } else {

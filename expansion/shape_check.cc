@@ -11,7 +11,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "analysis/op_rules.h"
-#include "expansion/size_args.h"
 
 namespace fxdp {
 namespace {
@@ -22,91 +21,6 @@ using ir::Node;
 using ir::TensorType;
 using ir::ValueRef;
 using Shape = std::vector<int64_t>;
-
-// How an op's output shape follows from its inputs and size arguments.
-enum class ShapeFn : int8_t {
-  kSizeIsOutput,     // the op's size list (size_args.h) is output 0's shape (-1: the input's size).
-  kView,             // kSizeIsOutput, and the input has as many elements.
-  kExpand,           // kSizeIsOutput, and each input dim is 1 or equal (right-aligned).
-  kAsStrided,        // kSizeIsOutput, and the view stays inside a dense input.
-  kSameAsArg,        // output 0 has the shape of tensor arg `a`.
-  kEmbedding,        // embedding(weight, indices): indices.shape + [weight.shape[1]].
-  kEmbeddingBackward,  // grad_output is indices.shape + [embedding_dim].
-  kMatmul2d,         // mm(a, b) / addmm(bias, a, b) with the matrices from arg `a`.
-  kBmm,              // bmm(a, b).
-  kNllLoss,          // nll_loss*(self, target, ...): batch dims agree (`a`: self's arg).
-  kLeadingDimAgrees, // every tensor operand but the weights at `a`, a + 1 has dim 0 of
-                     // arg 0 (or 1); attention, pooling and convolution kernels.
-};
-
-struct ShapeRule {
-  absl::string_view name;
-  ShapeFn fn;
-  int8_t a = -1;
-};
-
-// One line per op, sorted by name.
-constexpr ShapeRule kShapeRules[] = {
-    {"aten::_log_softmax", ShapeFn::kSameAsArg, 0},
-    {"aten::_log_softmax_backward_data", ShapeFn::kSameAsArg, 0},
-    {"aten::_safe_softmax", ShapeFn::kSameAsArg, 0},
-    {"aten::_scaled_dot_product_efficient_attention", ShapeFn::kLeadingDimAgrees, -1},
-    {"aten::_scaled_dot_product_flash_attention_for_cpu", ShapeFn::kLeadingDimAgrees, -1},
-    {"aten::_scaled_dot_product_flash_attention_for_cpu_backward", ShapeFn::kLeadingDimAgrees, -1},
-    {"aten::_softmax", ShapeFn::kSameAsArg, 0},
-    {"aten::_softmax_backward_data", ShapeFn::kSameAsArg, 0},
-    {"aten::_unsafe_view", ShapeFn::kView},
-    {"aten::addmm", ShapeFn::kMatmul2d, 1},
-    {"aten::as_strided", ShapeFn::kAsStrided},
-    {"aten::bmm", ShapeFn::kBmm, 0},
-    {"aten::broadcast_to", ShapeFn::kExpand},
-    {"aten::convolution", ShapeFn::kLeadingDimAgrees, 1},
-    {"aten::convolution_backward", ShapeFn::kLeadingDimAgrees, 2},
-    {"aten::embedding", ShapeFn::kEmbedding, -1},
-    {"aten::embedding_dense_backward", ShapeFn::kEmbeddingBackward, -1},
-    {"aten::empty", ShapeFn::kSizeIsOutput},
-    {"aten::expand", ShapeFn::kExpand},
-    {"aten::full", ShapeFn::kSizeIsOutput},
-    {"aten::max_pool2d_with_indices_backward", ShapeFn::kLeadingDimAgrees, -1},
-    {"aten::mm", ShapeFn::kMatmul2d, 0},
-    {"aten::native_layer_norm", ShapeFn::kSameAsArg, 0},
-    {"aten::native_layer_norm_backward", ShapeFn::kSameAsArg, 1},
-    {"aten::new_empty", ShapeFn::kSizeIsOutput},
-    {"aten::new_full", ShapeFn::kSizeIsOutput},
-    {"aten::new_ones", ShapeFn::kSizeIsOutput},
-    {"aten::new_zeros", ShapeFn::kSizeIsOutput},
-    {"aten::nll_loss_backward", ShapeFn::kNllLoss, 1},
-    {"aten::nll_loss_forward", ShapeFn::kNllLoss, 0},
-    {"aten::ones", ShapeFn::kSizeIsOutput},
-    {"aten::rand", ShapeFn::kSizeIsOutput},
-    {"aten::randn", ShapeFn::kSizeIsOutput},
-    {"aten::reshape", ShapeFn::kView},
-    {"aten::select_backward", ShapeFn::kSizeIsOutput},
-    {"aten::slice_backward", ShapeFn::kSizeIsOutput},
-    {"aten::upsample_bicubic2d_backward", ShapeFn::kSizeIsOutput},
-    {"aten::upsample_bilinear2d_backward", ShapeFn::kSizeIsOutput},
-    {"aten::upsample_linear1d_backward", ShapeFn::kSizeIsOutput},
-    {"aten::upsample_nearest1d_backward", ShapeFn::kSizeIsOutput},
-    {"aten::upsample_nearest2d_backward", ShapeFn::kSizeIsOutput},
-    {"aten::upsample_nearest3d_backward", ShapeFn::kSizeIsOutput},
-    {"aten::upsample_trilinear3d_backward", ShapeFn::kSizeIsOutput},
-    {"aten::view", ShapeFn::kView},
-    {"aten::zeros", ShapeFn::kSizeIsOutput},
-};
-
-// Pointwise ops of the batch-dim table whose output is not the broadcast of
-// their tensor operands.
-constexpr absl::string_view kNotBroadcast[] = {"aten::glu", "aten::view_as"};
-
-const ShapeRule* FindShapeRule(absl::string_view name) {
-  static const auto* index = [] {
-    auto* m = new absl::flat_hash_map<absl::string_view, const ShapeRule*>();
-    for (const ShapeRule& r : kShapeRules) m->emplace(r.name, &r);
-    return m;
-  }();
-  auto it = index->find(name);
-  return it == index->end() ? nullptr : it->second;
-}
 
 std::string Str(const Shape& s) { return absl::StrCat("[", absl::StrJoin(s, ", "), "]"); }
 
@@ -123,18 +37,21 @@ class Checker {
   absl::Status Run() {
     for (const Node& n : g_.nodes()) {
       if (!n.is_call() || n.is_getitem()) continue;
-      if (const ShapeRule* r = FindShapeRule(n.target.name)) {
-        auto s = Check(n, *r);
-        if (!s.ok()) return s;
+      // The op's row (op_rules.h, view_rules.h) says how its shapes relate.
+      const OpRule* op = FindOpRule(n.target);
+      const ShapeRule r = op != nullptr ? op->shape : ShapeRuleOf(n.target);
+      if (r.kind == ShapeCheck::kDefault) {
+        if (op != nullptr && op->has(kRowsAgree)) {
+          auto s = CheckRowsAgree(n, *op);
+          if (!s.ok()) return s;
+        } else if (op != nullptr && op->family == OpFamily::kPointwise) {
+          auto s = CheckBroadcast(n);
+          if (!s.ok()) return s;
+        }
         continue;
       }
-      const OpRule* op = FindOpRule(n.target);
-      if (op != nullptr && op->family == OpFamily::kPointwise &&
-          std::find(std::begin(kNotBroadcast), std::end(kNotBroadcast), n.target.name) ==
-              std::end(kNotBroadcast)) {
-        auto s = CheckBroadcast(n);
-        if (!s.ok()) return s;
-      }
+      auto s = Check(n, r, op);
+      if (!s.ok()) return s;
     }
     return absl::OkStatus();
   }
@@ -174,23 +91,26 @@ class Checker {
     return s;
   }
 
-  absl::Status Check(const Node& n, const ShapeRule& r) {
+  absl::Status Check(const Node& n, const ShapeRule& r, const OpRule* op) {
     const TensorType* out = Out(n);
-    switch (r.fn) {
-      case ShapeFn::kSizeIsOutput:
-      case ShapeFn::kView:
-      case ShapeFn::kExpand:
-      case ShapeFn::kAsStrided: {
+    switch (r.kind) {
+      case ShapeCheck::kDefault:
+      case ShapeCheck::kNone:
+        return absl::OkStatus();
+      case ShapeCheck::kSizes:
+      case ShapeCheck::kView:
+      case ShapeCheck::kExpand:
+      case ShapeCheck::kAsStrided: {
         const int a = SizeArgIndex(n.target);
         if (a < 0) {
           return absl::InternalError(absl::StrCat("node ", n.name, " (", n.target.ToString(),
-                                                  "): shape rule without a size argument in size_args.cc"));
+                                                  "): shape check without a sizes parameter in its rule"));
         }
         auto size = Ints(n, a);
         if (!size || out == nullptr) return absl::OkStatus();
         const TensorType* in = Arg(n, 0);
         Shape want = *size;
-        if (r.fn == ShapeFn::kView && in != nullptr) {
+        if (r.kind == ShapeCheck::kView && in != nullptr) {
           int64_t known = 1, unknown = -1;
           for (size_t i = 0; i < want.size(); ++i) {
             if (want[i] == -1) unknown = static_cast<int64_t>(i);
@@ -203,7 +123,7 @@ class Checker {
                                            in->numel()));
           }
         }
-        if (r.fn == ShapeFn::kExpand && in != nullptr) {
+        if (r.kind == ShapeCheck::kExpand && in != nullptr) {
           const int64_t shift = static_cast<int64_t>(want.size()) - in->rank();
           if (shift < 0) return Fail(n, "expands to fewer dims than its input has");
           for (int64_t i = 0; i < in->rank(); ++i) {
@@ -220,7 +140,7 @@ class Checker {
           return Fail(n, absl::StrFormat("size argument %s but the output is recorded as %s",
                                          Str(*size), Str(out->shape)));
         }
-        if (r.fn == ShapeFn::kAsStrided && in != nullptr && in->IsContiguous() &&
+        if (r.kind == ShapeCheck::kAsStrided && in != nullptr && in->IsContiguous() &&
             in->storage_offset == 0) {
           auto stride = Ints(n, a + 1);
           int64_t offset = 0;
@@ -240,13 +160,13 @@ class Checker {
         }
         return absl::OkStatus();
       }
-      case ShapeFn::kSameAsArg: {
-        const TensorType* in = Arg(n, r.a);
+      case ShapeCheck::kSameAsArg: {
+        const TensorType* in = Arg(n, r.arg);
         if (in == nullptr || out == nullptr || in->shape == out->shape) return absl::OkStatus();
-        return Fail(n, absl::StrFormat("output %s differs from arg %d %s", Str(out->shape), r.a,
+        return Fail(n, absl::StrFormat("output %s differs from arg %d %s", Str(out->shape), r.arg,
                                        Str(in->shape)));
       }
-      case ShapeFn::kEmbedding: {
+      case ShapeCheck::kEmbedding: {
         const TensorType* w = Arg(n, 0);
         const TensorType* idx = Arg(n, 1);
         if (w == nullptr || idx == nullptr || out == nullptr || w->rank() != 2) {
@@ -258,7 +178,7 @@ class Checker {
         return Fail(n, absl::StrFormat("indices %s give %s, the output is recorded as %s",
                                        Str(idx->shape), Str(want), Str(out->shape)));
       }
-      case ShapeFn::kEmbeddingBackward: {
+      case ShapeCheck::kEmbeddingBackward: {
         const TensorType* grad = Arg(n, 0);
         const TensorType* idx = Arg(n, 1);
         if (grad == nullptr || idx == nullptr || grad->rank() != idx->rank() + 1) {
@@ -270,35 +190,11 @@ class Checker {
                                        "indices' shape + [embedding_dim])",
                                        Str(grad->shape), Str(idx->shape)));
       }
-      case ShapeFn::kMatmul2d: {
-        const TensorType* a = Arg(n, r.a);
-        const TensorType* b = Arg(n, r.a + 1);
-        if (a == nullptr || b == nullptr || a->rank() != 2 || b->rank() != 2) {
-          return absl::OkStatus();
-        }
-        if (a->shape[1] != b->shape[0]) {
-          return Fail(n, absl::StrFormat("multiplies %s by %s", Str(a->shape), Str(b->shape)));
-        }
-        if (out != nullptr && out->shape != Shape{a->shape[0], b->shape[1]}) {
-          return Fail(n, absl::StrFormat("%s x %s is recorded as %s", Str(a->shape),
-                                         Str(b->shape), Str(out->shape)));
-        }
-        return absl::OkStatus();
-      }
-      case ShapeFn::kBmm: {
-        const TensorType* a = Arg(n, 0);
-        const TensorType* b = Arg(n, 1);
-        if (a == nullptr || b == nullptr || a->rank() != 3 || b->rank() != 3) {
-          return absl::OkStatus();
-        }
-        if (a->shape[0] != b->shape[0] || a->shape[2] != b->shape[1]) {
-          return Fail(n, absl::StrFormat("multiplies %s by %s", Str(a->shape), Str(b->shape)));
-        }
-        return absl::OkStatus();
-      }
-      case ShapeFn::kNllLoss: {
-        const TensorType* self = Arg(n, r.a);
-        const TensorType* target = Arg(n, r.a + 1);
+      case ShapeCheck::kProduct:
+        return op == nullptr ? absl::OkStatus() : CheckProduct(n, *op);
+      case ShapeCheck::kBatchAgrees: {
+        const TensorType* self = Arg(n, r.arg);
+        const TensorType* target = Arg(n, r.arg + 1);
         if (self == nullptr || target == nullptr || self->rank() < 2 || target->rank() < 1) {
           return absl::OkStatus();
         }
@@ -308,29 +204,72 @@ class Checker {
         }
         return absl::OkStatus();
       }
-      case ShapeFn::kLeadingDimAgrees: {
-        const TensorType* first = Arg(n, 0);
-        if (first == nullptr || first->rank() == 0) return absl::OkStatus();
-        const int64_t b = first->shape[0];
-        auto check = [&](const Argument& a, int arg) -> absl::Status {
-          if (r.a >= 0 && (arg == r.a || arg == r.a + 1)) return absl::OkStatus();
-          const TensorType* t = Tensor(&a);
-          if (t == nullptr || t->rank() == 0 || t->shape[0] == b || t->shape[0] == 1) {
-            return absl::OkStatus();
-          }
-          return Fail(n, absl::StrFormat("arg %d %s has %d rows, arg 0 %s has %d",
-                                         arg, Str(t->shape), t->shape[0], Str(first->shape), b));
-        };
-        for (size_t i = 1; i < n.args.size(); ++i) {
-          auto s = check(n.args[i], static_cast<int>(i));
-          if (!s.ok()) return s;
-        }
-        for (size_t k = 0; k < n.kwargs.size(); ++k) {
-          auto s = check(n.kwargs[k].value, 64 + static_cast<int>(k));
-          if (!s.ok()) return s;
-        }
+    }
+    return absl::OkStatus();
+  }
+
+  // The operands and output of an einsum-like product agree with its spec:
+  // one size per label (a bias operand may broadcast and is not checked).
+  absl::Status CheckProduct(const Node& n, const OpRule& op) {
+    std::vector<int64_t> ranks;
+    for (size_t i = 0; i < n.args.size(); ++i) {
+      const TensorType* t = Arg(n, static_cast<int>(i));
+      ranks.push_back(t == nullptr ? -1 : t->rank());
+    }
+    auto labels = op.spec.Bind(ranks);
+    if (!labels.ok()) return absl::OkStatus();
+    absl::flat_hash_map<int, int64_t> size_of;
+    std::vector<std::string> shapes;
+    bool agree = true;
+    for (size_t i = 0; i < labels->args.size(); ++i) {
+      const int arg = labels->args[i];
+      if (arg == labels->bias_arg) continue;
+      const TensorType* t = Arg(n, arg);
+      const std::vector<int>& l = labels->operands[i];
+      if (t == nullptr || t->rank() != static_cast<int64_t>(l.size())) return absl::OkStatus();
+      shapes.push_back(Str(t->shape));
+      for (size_t d = 0; d < l.size(); ++d) {
+        auto [it, inserted] = size_of.emplace(l[d], t->shape[d]);
+        if (!inserted && it->second != t->shape[d]) agree = false;
+      }
+    }
+    if (!agree) {
+      return Fail(n, absl::StrFormat("multiplies %s (%s)", absl::StrJoin(shapes, " by "),
+                                     op.spec.ToString()));
+    }
+    const TensorType* out = Out(n);
+    if (out == nullptr) return absl::OkStatus();
+    Shape want;
+    for (int l : labels->output) want.push_back(size_of[l]);
+    if (out->shape != want) {
+      return Fail(n, absl::StrFormat("%s is recorded as %s", absl::StrJoin(shapes, " x "),
+                                     Str(out->shape)));
+    }
+    return absl::OkStatus();
+  }
+
+  // Every tensor operand but the rule's Replicated ones (weights) has arg 0's
+  // rows, or 1: attention, pooling and convolution kernels.
+  absl::Status CheckRowsAgree(const Node& n, const OpRule& op) {
+    const TensorType* first = Arg(n, 0);
+    if (first == nullptr || first->rank() == 0) return absl::OkStatus();
+    const int64_t b = first->shape[0];
+    auto check = [&](const Argument& a, int arg) -> absl::Status {
+      if (op.replicated(arg)) return absl::OkStatus();
+      const TensorType* t = Tensor(&a);
+      if (t == nullptr || t->rank() == 0 || t->shape[0] == b || t->shape[0] == 1) {
         return absl::OkStatus();
       }
+      return Fail(n, absl::StrFormat("arg %d %s has %d rows, arg 0 %s has %d",
+                                     arg, Str(t->shape), t->shape[0], Str(first->shape), b));
+    };
+    for (size_t i = 1; i < n.args.size(); ++i) {
+      auto s = check(n.args[i], static_cast<int>(i));
+      if (!s.ok()) return s;
+    }
+    for (size_t k = 0; k < n.kwargs.size(); ++k) {
+      auto s = check(n.kwargs[k].value, 64 + static_cast<int>(k));
+      if (!s.ok()) return s;
     }
     return absl::OkStatus();
   }
@@ -387,12 +326,6 @@ class Checker {
 
 absl::Status CheckRankShapes(const Graph& graph, int32_t rank) {
   return Checker(graph, rank).Run();
-}
-
-std::vector<std::string> ShapeRuleNames() {
-  std::vector<std::string> out;
-  for (const ShapeRule& r : kShapeRules) out.emplace_back(r.name);
-  return out;
 }
 
 }  // namespace fxdp

@@ -1,5 +1,6 @@
-// Shape check of an expanded per-rank graph: every node whose op has a shape
-// rule (shape_check.cc, one line per op) is checked against the shapes the
+// Shape check of an expanded per-rank graph: every node whose op or view rule
+// names a shape check (op_rules.h ShapeCheck, kRowsAgree; pointwise ops by
+// broadcasting) is checked against the shapes the
 // rank's graph records for its inputs and outputs and against its size
 // arguments. A rewrite that left a global batch size behind (a size list, a
 // replicated input read next to a sharded one) is then INVALID_ARGUMENT at
@@ -22,10 +23,6 @@ namespace fxdp {
 // OK, or INVALID_ARGUMENT for the first node whose shapes disagree with its
 // op's shape rule: "rank 1: node 'e' (aten::embedding_dense_backward): ...".
 absl::Status CheckRankShapes(const ir::Graph& graph, int32_t rank);
-
-// Every op with a shape rule ("aten::view"); pointwise ops of the batch-dim
-// rule table (op_rules.h) are checked by broadcasting and not listed.
-std::vector<std::string> ShapeRuleNames();
 
 }  // namespace fxdp
 

@@ -3,14 +3,16 @@
 // One engine (engine.cc) runs passes over the graph until no pass finds a new
 // value to all-reduce or a new factory to build sharded; each pass visits
 // every node once and asks the node's rule (op_rules.h, view_rules.h) where
-// the batch goes. What the engine does with operands is shared by every
-// family: linearity.cc (partial and mean-scaled operands), shard_upgrade.cc
-// (a replicated operand that a sharded use needs sharded). Each family's
+// the batch goes; it names no op: a handler reads the rule's named parameters
+// (rule.param(ParamRole::kDim)) and traits. What the engine does with
+// operands is shared by every family: linearity.cc (partial and mean-scaled
+// operands), shard_upgrade.cc (a replicated operand that a sharded use needs
+// sharded), engine.cc (the rule's kReplicated operands). Each family's
 // handler lives in the file of its kind of op:
 //
 //   pointwise.cc    pointwise, shape-preserving along/over dims, like,
 //                   foreach, and the size-matching fallback
-//   matmul.cc       einsum-like products
+//   matmul.cc       einsum-like products (the rule's MatmulSpec)
 //   reductions.cc   reductions, losses and their backwards
 //   norms.cc        layer/batch norm, convolution/pooling/attention kernels
 //   shape_ops.cc    cat, stack, split, slice, select, scatter into a slice
@@ -120,6 +122,11 @@ class BatchDimAnalyzer {
   void SetAllOut(ir::NodeId id, const ValueInfo& v);
   ValueInfo Read(ir::ValueRef r) const;
   void RequireWhole(ir::ValueRef r, ir::NodeId user);
+  // This pass changed what the analysis knows, for `user`'s sake.
+  void MarkChanged(ir::NodeId user) {
+    changed_ = true;
+    last_change_ = user;
+  }
   const ir::TensorType* TypeOf(ir::ValueRef r) const;
   void AddOperand(std::vector<Operand>& ops, int arg, int elem, const ir::Argument& a) const;
   std::vector<Operand> Operands(const ir::Node& n) const;
@@ -141,13 +148,18 @@ class BatchDimAnalyzer {
   static std::optional<bool> BoolArg(const ir::Node& n, int i, absl::string_view name);
   static std::optional<std::vector<int64_t>> DimsArg(const ir::Node& n, int i,
                                                      absl::string_view name);
+  // The same, for the argument a rule's parameter names (nullptr: absent).
+  static const ir::Argument* ArgOf(const ir::Node& n, const OpParam* p);
+  static std::optional<int64_t> IntArg(const ir::Node& n, const OpParam* p);
+  static std::optional<bool> BoolArg(const ir::Node& n, const OpParam* p);
+  static std::optional<std::vector<int64_t>> DimsArg(const ir::Node& n, const OpParam* p);
 
   // ---- linearity (linearity.cc) --------------------------------------------
   bool IsZeros(ir::ValueRef r) const;
-  static bool InMask(const OpRule& rule, int arg);
+  static bool InMask(const LinearIn& linear, int arg);
   absl::Status ScaledError(ir::NodeId id, const ir::Node& n, const Operand& o,
                            absl::string_view why);
-  absl::StatusOr<Special> Linear(ir::NodeId id, const ir::Node& n, const OpRule& rule,
+  absl::StatusOr<Special> Linear(ir::NodeId id, const ir::Node& n, const LinearIn& linear,
                                  std::vector<Operand>& ops, int exempt_arg = -1);
 
   // ---- sharding a replicated operand (shard_upgrade.cc) ----------------------
@@ -183,8 +195,9 @@ class BatchDimAnalyzer {
   int64_t ReductionArg(const ir::Node& n, const OpRule& rule) const;
   absl::Status Loss(ir::NodeId id, const ir::Node& n, const OpRule& rule);
   absl::Status LossBackward(ir::NodeId id, const ir::Node& n, const OpRule& rule);
+  // Every operand the rule lists as kReplicated is not batch-sharded.
   absl::Status RequireReplicatedArgs(const ir::Node& n, const std::vector<Operand>& ops,
-                                     std::initializer_list<int> args) const;
+                                     const OpRule& rule) const;
   absl::Status LayerNorm(ir::NodeId id, const ir::Node& n, const OpRule& rule);
   absl::Status NormOrConvBackward(ir::NodeId id, const ir::Node& n, const OpRule& rule);
   absl::Status BatchNorm(ir::NodeId id, const ir::Node& n, const OpRule& rule);
@@ -205,6 +218,7 @@ class BatchDimAnalyzer {
   const AnalyzeOptions options_;
   BatchDimAnalysis a_;
   bool changed_ = false;
+  ir::NodeId last_change_{0};  // the node whose use made the last change (for errors).
   absl::flat_hash_map<int32_t, Upgrade> upgrades_;
   absl::flat_hash_map<std::string, std::tuple<int, ir::NodeId, std::string>> fallback_ops_;
   std::vector<std::string> fallback_order_;

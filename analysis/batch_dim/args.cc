@@ -63,4 +63,22 @@ std::optional<std::vector<int64_t>> BatchDimAnalyzer::DimsArg(const Node& n, int
   return dims;
 }
 
+// The argument a rule's parameter names (by position, else by keyword), or
+// nullptr (no such parameter, a fixed one, or an absent argument).
+const Argument* BatchDimAnalyzer::ArgOf(const Node& n, const OpParam* p) {
+  return p == nullptr || p->index < 0 ? nullptr : ArgAt(n, p->index, p->name);
+}
+
+std::optional<int64_t> BatchDimAnalyzer::IntArg(const Node& n, const OpParam* p) {
+  return p == nullptr || p->index < 0 ? std::nullopt : IntArg(n, p->index, p->name);
+}
+
+std::optional<bool> BatchDimAnalyzer::BoolArg(const Node& n, const OpParam* p) {
+  return p == nullptr || p->index < 0 ? std::nullopt : BoolArg(n, p->index, p->name);
+}
+
+std::optional<std::vector<int64_t>> BatchDimAnalyzer::DimsArg(const Node& n, const OpParam* p) {
+  return p == nullptr || p->index < 0 ? std::nullopt : DimsArg(n, p->index, p->name);
+}
+
 }  // namespace fxdp

@@ -65,7 +65,11 @@ absl::StatusOr<BatchDimAnalysis> BatchDimAnalyzer::Run() {
     FXDP_RETURN_IF_ERROR(Pass());
     if (!changed_) break;
     if (pass + 1 == kMaxPasses) {
-      return absl::InternalError("batch-dim analysis did not converge");
+      const Node& last = g_.node(last_change_);
+      return absl::InternalError(absl::StrFormat(
+          "batch-dim analysis did not converge after %d passes: pass %d still found a value to "
+          "all-reduce or build sharded, last for node %s (%s)",
+          kMaxPasses, kMaxPasses, last.name, TargetString(last)));
     }
   }
   Finish();
@@ -260,7 +264,7 @@ void BatchDimAnalyzer::RequireWhole(ValueRef r, NodeId user) {
   const int32_t off = Offset(r);
   if (!a_.values_[off].placement.is_partial() || a_.reduced_[off]) return;
   a_.reduced_[off] = 1;
-  changed_ = true;
+  MarkChanged(user);
 }
 
 const TensorType* BatchDimAnalyzer::TypeOf(ValueRef r) const {
@@ -297,6 +301,23 @@ const Operand* BatchDimAnalyzer::Find(const std::vector<Operand>& ops, int arg) 
     if (o.arg == arg) return &o;
   }
   return nullptr;
+}
+
+absl::Status BatchDimAnalyzer::RequireReplicatedArgs(const Node& n,
+                                                     const std::vector<Operand>& ops,
+                                                     const OpRule& rule) const {
+  for (const OpParam& p : rule.params) {
+    if (p.role != ParamRole::kReplicated) continue;
+    const Operand* o = Find(ops, p.index);
+    if (o != nullptr && o->info.placement.is_shard()) {
+      return Error(n, absl::StrFormat("arg %d '%s' (%s) is sharded on the batch (dim %d); this "
+                                      "op needs it replicated (a weight, bias or running "
+                                      "statistic)",
+                                      p.index, p.name, g_.node(o->ref.node).name,
+                                      o->info.placement.dim));
+    }
+  }
+  return absl::OkStatus();
 }
 
 std::string BatchDimAnalyzer::OperandName(const std::vector<Operand>& ops, int arg) const {

@@ -21,8 +21,8 @@ using ir::ValueRef;
 
 absl::Status BatchDimAnalyzer::Embedding(NodeId id, const Node& n, const OpRule& rule) {
   std::vector<Operand> ops = Operands(n);
-  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule, ops));
-  FXDP_RETURN_IF_ERROR(RequireReplicatedArgs(n, ops, {0}));
+  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule.linear, ops));
+  FXDP_RETURN_IF_ERROR(RequireReplicatedArgs(n, ops, rule));
   const Operand* idx = Find(ops, 1);
   if (idx == nullptr || !idx->info.placement.is_shard()) {
     SetCombined(id, Combined{}, s);
@@ -34,7 +34,7 @@ absl::Status BatchDimAnalyzer::Embedding(NodeId id, const Node& n, const OpRule&
 
 absl::Status BatchDimAnalyzer::EmbeddingBackward(NodeId id, const Node& n, const OpRule& rule) {
   std::vector<Operand> ops = Operands(n);
-  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule, ops));
+  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule.linear, ops));
   const Operand* g = Find(ops, 0);
   const Operand* idx = Find(ops, 1);
   const bool sharded = (g && g->info.placement.is_shard()) || (idx && idx->info.placement.is_shard());
@@ -50,7 +50,7 @@ absl::Status BatchDimAnalyzer::EmbeddingBackward(NodeId id, const Node& n, const
   }
   FXDP_RETURN_IF_ERROR(
       Broadcast(id, n, batched, g ? g->type->rank() : 0, /*broadcast=*/false).status());
-  if (BoolArg(n, 4, "scale_grad_by_freq").value_or(false)) {
+  if (BoolArg(n, rule.param(ParamRole::kScaleGradByFreq)).value_or(false)) {
     a_.notes_.push_back(absl::StrCat(n.name, ": scale_grad_by_freq counts token frequencies "
                                      "in each rank's local batch"));
   }
@@ -61,20 +61,24 @@ absl::Status BatchDimAnalyzer::EmbeddingBackward(NodeId id, const Node& n, const
   return absl::OkStatus();
 }
 
-// arange(B) (start 0, step 1): the positions of the batch's samples.
+// arange(B) (a factory with an End, start 0, step 1): the positions of the
+// batch's samples.
 bool BatchDimAnalyzer::IsBatchPositions(const Argument& a) const {
   const ValueRef* r = a.get_if<ValueRef>();
   if (r == nullptr || r->output != 0) return false;
   const Node& n = g_.node(r->node);
   const TensorType* t = TypeOf(*r);
-  if (!n.is_call() || n.target.name != "aten::arange" || t == nullptr || t->rank() != 1 ||
-      t->shape[0] != a_.batch_size_) {
+  const OpRule* rule = n.is_call() ? FindOpRule(n.target) : nullptr;
+  const OpParam* end_arg =
+      rule != nullptr && rule->family == OpFamily::kFactory ? rule->param(ParamRole::kEnd) : nullptr;
+  if (end_arg == nullptr || t == nullptr || t->rank() != 1 || t->shape[0] != a_.batch_size_) {
     return false;
   }
-  const bool ranged = n.target.overload == "start" || n.target.overload == "start_step";
-  const int64_t start = ranged ? IntArg(n, 0, "start").value_or(-1) : 0;
-  const int64_t end = IntArg(n, ranged ? 1 : 0, "end").value_or(-1);
-  const int64_t step = n.target.overload == "start_step" ? IntArg(n, 2, "step").value_or(-1) : 1;
+  const OpParam* start_arg = rule->param(ParamRole::kStart);
+  const OpParam* step_arg = rule->param(ParamRole::kStep);
+  const int64_t start = start_arg ? IntArg(n, start_arg).value_or(-1) : 0;
+  const int64_t end = IntArg(n, end_arg).value_or(-1);
+  const int64_t step = step_arg ? IntArg(n, step_arg).value_or(-1) : 1;
   return start == 0 && end == a_.batch_size_ && step == 1;
 }
 
@@ -90,7 +94,7 @@ bool BatchDimAnalyzer::OnlyIndexesDim(ValueRef r, int64_t pos) const {
     if (rule == nullptr || (rule->family != OpFamily::kIndex && rule->family != OpFamily::kIndexPut)) {
       return false;
     }
-    const Argument* idx = ArgAt(u, 1, "indices");
+    const Argument* idx = ArgOf(u, rule->param(ParamRole::kIndices));
     const Argument::List* list = idx ? idx->get_if<Argument::List>() : nullptr;
     if (list == nullptr) return false;
     for (size_t i = 0; i < list->size(); ++i) {
@@ -125,7 +129,7 @@ int64_t BatchDimAnalyzer::BatchPositionsIndex(NodeId id, const Node& n, const st
     if (o.info.placement.is_shard() && (o.info.placement.dim != 0 || o.info.outer != 1)) return -1;
     if (o.info.placement.is_replicate()) NeedShard(o, 0, 1, id);
   }
-  if (upgrades_.emplace(positions.node.value, Upgrade{0, 1, id}).second) changed_ = true;
+  if (upgrades_.emplace(positions.node.value, Upgrade{0, 1, id}).second) MarkChanged(id);
   const bool adjacent = indexed.back() - indexed.front() + 1 == static_cast<int64_t>(indexed.size());
   return adjacent ? indexed.front() : 0;
 }
@@ -137,9 +141,9 @@ int64_t BatchDimAnalyzer::BatchPositionsIndex(NodeId id, const Node& n, const st
 // (BatchPositionsIndex).
 absl::Status BatchDimAnalyzer::IndexPut(NodeId id, const Node& n, const OpRule& rule) {
   std::vector<Operand> ops = Operands(n);
-  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule, ops));
+  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule.linear, ops));
   const Operand* self = Find(ops, 0);
-  const Argument* idx = ArgAt(n, 1, "indices");
+  const Argument* idx = ArgOf(n, rule.param(ParamRole::kIndices));
   const Argument::List* list = idx ? idx->get_if<Argument::List>() : nullptr;
   if (self == nullptr || list == nullptr) return Error(n, "expects self and a list of indices");
   bool sharded = false;
@@ -235,10 +239,10 @@ absl::Status BatchDimAnalyzer::IndexPut(NodeId id, const Node& n, const OpRule& 
 
 absl::Status BatchDimAnalyzer::Index(NodeId id, const Node& n, const OpRule& rule) {
   std::vector<Operand> ops = Operands(n);
-  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule, ops));
+  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule.linear, ops));
   const Operand* self = Find(ops, 0);
   if (self == nullptr) return Error(n, "arg 0 must be a tensor");
-  const Argument* idx = ArgAt(n, 1, "indices");
+  const Argument* idx = ArgOf(n, rule.param(ParamRole::kIndices));
   const Argument::List* list = idx ? idx->get_if<Argument::List>() : nullptr;
   if (list == nullptr) return Error(n, "arg 1 must be a list of indices");
   std::vector<int64_t> indexed;

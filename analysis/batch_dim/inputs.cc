@@ -55,26 +55,27 @@ absl::Status BatchDimAnalyzer::FindBatchSize() {
 }
 
 // The split size when `n` splits its arg 0 along `dim` into equal pieces
-// (split.Tensor(x, s, dim), split_with_sizes(x, [s, s, ...], dim)), else 0.
+// (an op with a kSplitSize parameter: split.Tensor(x, s, dim),
+// split_with_sizes(x, [s, s, ...], dim)), else 0.
 int64_t BatchDimAnalyzer::EqualSplitSize(const Node& n, int64_t dim, int64_t rank) {
   if (n.kind != ir::NodeKind::kCallFunction || n.args.size() < 2) return 0;
-  const Argument* d = ArgAt(n, 2, "dim");
+  const OpRule* rule = FindOpRule(n.target);
+  const OpParam* split = rule == nullptr ? nullptr : rule->param(ParamRole::kSplitSize);
+  if (split == nullptr) return 0;
+  const Argument* d = ArgOf(n, rule->param(ParamRole::kDim));
   const int64_t got = d == nullptr ? 0 : d->get_if<int64_t>() ? *d->get_if<int64_t>() : -1;
   if (NormDim(got, rank) != dim) return 0;
-  if (n.target.name == "aten::split" && n.target.overload == "Tensor") {
-    const int64_t* s = n.args[1].get_if<int64_t>();
-    return s == nullptr ? 0 : *s;
+  const Argument* sizes = ArgOf(n, split);
+  if (sizes == nullptr) return 0;
+  if (const int64_t* s = sizes->get_if<int64_t>()) return *s;
+  if (!sizes->is_list()) return 0;
+  int64_t size = 0;
+  for (const Argument& a : sizes->as<Argument::List>()) {
+    const int64_t* s = a.get_if<int64_t>();
+    if (s == nullptr || (size != 0 && *s != size)) return 0;
+    size = *s;
   }
-  if (n.target.name == "aten::split_with_sizes" && n.args[1].is_list()) {
-    int64_t size = 0;
-    for (const Argument& a : n.args[1].as<Argument::List>()) {
-      const int64_t* s = a.get_if<int64_t>();
-      if (s == nullptr || (size != 0 && *s != size)) return 0;
-      size = *s;
-    }
-    return size;
-  }
-  return 0;
+  return size;
 }
 
 // Gradient accumulation (x.chunk(k) in a loop over micro-batches): when

@@ -19,16 +19,17 @@ using ir::NodeId;
 using ir::TensorType;
 using ir::ValueRef;
 
-// A fresh zero tensor (zeros, new_zeros, zeros_like): adding a partial
-// value to it keeps the sum partial.
+// A fresh zero tensor (an op with the kZeros trait: zeros, new_zeros,
+// zeros_like): adding a partial value to it keeps the sum partial.
 bool BatchDimAnalyzer::IsZeros(ValueRef r) const {
   const Node& n = g_.node(r.node);
-  return n.is_call() && (n.target.name == "aten::zeros" || n.target.name == "aten::new_zeros" ||
-                         n.target.name == "aten::zeros_like");
+  if (!n.is_call()) return false;
+  const OpRule* rule = FindOpRule(n.target);
+  return rule != nullptr && rule->has(kZeros);
 }
 
-bool BatchDimAnalyzer::InMask(const OpRule& rule, int arg) {
-  return arg < 8 && ((rule.linear_args >> arg) & 1);
+bool BatchDimAnalyzer::InMask(const LinearIn& linear, int arg) {
+  return arg < 8 && ((linear.args >> arg) & 1);
 }
 
 absl::Status BatchDimAnalyzer::ScaledError(NodeId id, const Node& n, const Operand& o, absl::string_view why) {
@@ -42,13 +43,13 @@ absl::Status BatchDimAnalyzer::ScaledError(NodeId id, const Node& n, const Opera
 // Applies the op's linearity to its operands. Partial operands that may not
 // flow through are all-reduced (and read replicated from then on); a
 // mean-scaled operand the op is not linear in is an error.
-absl::StatusOr<BatchDimAnalyzer::Special> BatchDimAnalyzer::Linear(NodeId id, const Node& n, const OpRule& rule,
+absl::StatusOr<BatchDimAnalyzer::Special> BatchDimAnalyzer::Linear(NodeId id, const Node& n, const LinearIn& linear,
                                std::vector<Operand>& ops, int exempt_arg) {
   Special s;
   int specials = 0;
   for (Operand& o : ops) {
     if (!IsSpecial(o.info) || o.arg == exempt_arg) continue;
-    if (!InMask(rule, o.arg) || rule.linearity == Linearity::kNone) {
+    if (!InMask(linear, o.arg) || linear.kind == Linearity::kNone) {
       if (o.info.placement.is_partial()) {
         RequireWhole(o.ref, id);
         o.info = kReplicated;
@@ -71,15 +72,15 @@ absl::StatusOr<BatchDimAnalyzer::Special> BatchDimAnalyzer::Linear(NodeId id, co
     } else if (IsSpecial(o.info)) {
       any_scaled_shard = true;
     } else {
-      if (InMask(rule, o.arg) && !IsZeros(o.ref)) other_linear = true;
+      if (InMask(linear, o.arg) && !IsZeros(o.ref)) other_linear = true;
       if (o.info.placement.is_shard()) other_shard = true;
     }
   }
   bool reduce_partials = false;
   if (any_partial) {
     if (any_scaled_shard || (avg && sum)) reduce_partials = true;
-    if (rule.linearity == Linearity::kAdditive && other_linear) reduce_partials = true;
-    if (rule.linearity == Linearity::kMultilinear) {
+    if (linear.kind == Linearity::kAdditive && other_linear) reduce_partials = true;
+    if (linear.kind == Linearity::kMultilinear) {
       int n_partial = 0;
       for (const Operand& o : ops) n_partial += o.info.placement.is_partial() && o.arg != exempt_arg;
       if (n_partial > 1 || other_shard) reduce_partials = true;
@@ -99,13 +100,13 @@ absl::StatusOr<BatchDimAnalyzer::Special> BatchDimAnalyzer::Linear(NodeId id, co
     for (const Operand& o : ops) {
       if (o.arg == exempt_arg || !IsSpecial(o.info)) continue;
       ++n_scaled;
-      if (rule.linearity == Linearity::kMultilinear && n_scaled > 1) {
+      if (linear.kind == Linearity::kMultilinear && n_scaled > 1) {
         return ScaledError(id, n, o, "it is multiplied by another mean-scaled value");
       }
     }
-    if (rule.linearity == Linearity::kAdditive) {
+    if (linear.kind == Linearity::kAdditive) {
       for (const Operand& o : ops) {
-        if (o.arg != exempt_arg && InMask(rule, o.arg) && !IsSpecial(o.info) &&
+        if (o.arg != exempt_arg && InMask(linear, o.arg) && !IsSpecial(o.info) &&
             o.type->numel() > 0 && !IsZeros(o.ref)) {
           return ScaledError(id, n, o, "it is added to a value that is not mean-scaled");
         }

@@ -19,29 +19,16 @@ using ir::NodeId;
 using ir::TensorType;
 using ir::ValueRef;
 
-absl::Status BatchDimAnalyzer::RequireReplicatedArgs(const Node& n, const std::vector<Operand>& ops,
-                                   std::initializer_list<int> args) const {
-  for (int a : args) {
-    const Operand* o = Find(ops, a);
-    if (o != nullptr && o->info.placement.is_shard()) {
-      return Error(n, absl::StrFormat("arg %d (%s) is sharded on the batch; this op needs it "
-                                      "replicated (a weight, bias or running statistic)",
-                                      a, g_.node(o->ref.node).name));
-    }
-  }
-  return absl::OkStatus();
-}
-
 absl::Status BatchDimAnalyzer::LayerNorm(NodeId id, const Node& n, const OpRule& rule) {
   std::vector<Operand> ops = Operands(n);
-  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule, ops));
-  FXDP_RETURN_IF_ERROR(RequireReplicatedArgs(n, ops, {2, 3}));
+  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule.linear, ops));
+  FXDP_RETURN_IF_ERROR(RequireReplicatedArgs(n, ops, rule));
   const Operand* x = Find(ops, 0);
   if (x == nullptr || !x->info.placement.is_shard()) {
     SetCombined(id, Combined{}, s);
     return absl::OkStatus();
   }
-  auto shape = DimsArg(n, 1, "normalized_shape").value_or(std::vector<int64_t>{});
+  auto shape = DimsArg(n, rule.param(ParamRole::kNormalizedShape)).value_or(std::vector<int64_t>{});
   const int32_t d = x->info.placement.dim;
   if (d >= x->type->rank() - static_cast<int64_t>(shape.size())) {
     return Error(n, absl::StrFormat("normalises over the last %d dims, which include the "
@@ -55,7 +42,7 @@ absl::Status BatchDimAnalyzer::LayerNorm(NodeId id, const Node& n, const OpRule&
 // (grad_input, grad_weight, grad_bias) from (grad_output, input, ...).
 absl::Status BatchDimAnalyzer::NormOrConvBackward(NodeId id, const Node& n, const OpRule& rule) {
   std::vector<Operand> ops = Operands(n);
-  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule, ops));
+  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule.linear, ops));
   const Operand* g = Find(ops, 0);
   const Operand* x = Find(ops, 1);
   const bool sharded = (g && g->info.placement.is_shard()) || (x && x->info.placement.is_shard());
@@ -63,13 +50,7 @@ absl::Status BatchDimAnalyzer::NormOrConvBackward(NodeId id, const Node& n, cons
     SetCombined(id, Combined{}, s);
     return absl::OkStatus();
   }
-  if (rule.family == OpFamily::kConvBackward) {
-    FXDP_RETURN_IF_ERROR(RequireReplicatedArgs(n, ops, {rule.b >= 0 ? rule.b : 2}));
-  } else if (rule.family == OpFamily::kLayerNormBackward) {
-    FXDP_RETURN_IF_ERROR(RequireReplicatedArgs(n, ops, {5, 6}));
-  } else {
-    FXDP_RETURN_IF_ERROR(RequireReplicatedArgs(n, ops, {2, 3, 4}));
-  }
+  FXDP_RETURN_IF_ERROR(RequireReplicatedArgs(n, ops, rule));
   // grad_output and input hold the batch on the same dim.
   std::vector<Operand> batched;
   for (const Operand& o : ops) {
@@ -92,8 +73,8 @@ absl::Status BatchDimAnalyzer::NormOrConvBackward(NodeId id, const Node& n, cons
 
 absl::Status BatchDimAnalyzer::BatchNorm(NodeId id, const Node& n, const OpRule& rule) {
   std::vector<Operand> ops = Operands(n);
-  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule, ops));
-  FXDP_RETURN_IF_ERROR(RequireReplicatedArgs(n, ops, {1, 2, 3, 4}));
+  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule.linear, ops));
+  FXDP_RETURN_IF_ERROR(RequireReplicatedArgs(n, ops, rule));
   const Operand* x = Find(ops, 0);
   if (x == nullptr || !x->info.placement.is_shard()) {
     SetCombined(id, Combined{}, s);
@@ -101,7 +82,9 @@ absl::Status BatchDimAnalyzer::BatchNorm(NodeId id, const Node& n, const OpRule&
   }
   const int32_t d = x->info.placement.dim;
   if (d == 1) return Error(n, "holds the batch on dim 1, the channel dim of batch norm");
-  const bool training = rule.a >= 0 && BoolArg(n, rule.a, "training").value_or(true);
+  // No training parameter: an inference-only kernel.
+  const OpParam* training_arg = rule.param(ParamRole::kTraining);
+  const bool training = training_arg != nullptr && BoolArg(n, training_arg).value_or(true);
   NodeInfo& info = a_.nodes_[id.value];
   info.arg = 0;
   SetOut(id, 0, Shard(d, x->info.outer, false));
@@ -131,7 +114,7 @@ absl::Status BatchDimAnalyzer::BatchNorm(NodeId id, const Node& n, const OpRule&
 
 absl::Status BatchDimAnalyzer::Spatial(NodeId id, const Node& n, const OpRule& rule) {
   std::vector<Operand> ops = Operands(n);
-  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule, ops));
+  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule.linear, ops));
   Combined c;
   for (const Operand& o : ops) {
     if (!o.info.placement.is_shard()) continue;
@@ -141,17 +124,20 @@ absl::Status BatchDimAnalyzer::Spatial(NodeId id, const Node& n, const OpRule& r
                                       o.arg, g_.node(o.ref.node).name, o.info.placement.dim));
     }
     if (c.dim >= 0 && c.outer != o.info.outer) {
-      return Error(n, "operands fold the batch differently into dim 0");
+      return Error(n, absl::StrFormat("operands fold the batch differently into dim 0: arg %d "
+                                      "(%s) in %d blocks, arg %d (%s) in %d blocks",
+                                      c.arg, OperandName(ops, c.arg), c.outer, o.arg,
+                                      g_.node(o.ref.node).name, o.info.outer));
     }
     if (c.dim < 0) c = {0, o.info.outer, o.arg};
   }
   if (c.dim >= 0) {
-    if (rule.b >= 0) FXDP_RETURN_IF_ERROR(RequireReplicatedArgs(n, ops, {rule.b, rule.b + 1}));
+    FXDP_RETURN_IF_ERROR(RequireReplicatedArgs(n, ops, rule));
     // Every other operand is batched on dim 0 (an attention mask expanded to
     // the batch, pooling indices): a replicated one is built sharded or sliced.
     for (const Operand& o : ops) {
       if (!o.info.placement.is_replicate() || o.type->rank() == 0) continue;
-      if (rule.b >= 0 && (o.arg == rule.b || o.arg == rule.b + 1)) continue;
+      if (rule.replicated(o.arg)) continue;
       NeedShard(o, 0, c.outer, id);
     }
   }

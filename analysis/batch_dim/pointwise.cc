@@ -66,12 +66,11 @@ void BatchDimAnalyzer::SetCombined(NodeId id, const Combined& c, const Special& 
 absl::Status BatchDimAnalyzer::Pointwise(NodeId id, const Node& n, const OpRule& rule, int64_t out_rank,
                        bool broadcast) {
   std::vector<Operand> ops = Operands(n);
-  OpRule r = rule;
+  LinearIn linear = rule.linear;
   // masked_fill(x, mask, 0) and constant_pad_nd(x, pad, 0) are linear in x.
-  const bool pad = n.target.name == "aten::constant_pad_nd";
-  if ((n.target.name == "aten::masked_fill" && n.target.overload == "Scalar") || pad) {
-    const Argument* v = ArgAt(n, 2, "value");
-    bool zero = pad && v == nullptr;
+  if (const OpParam* z = rule.param(ParamRole::kZeroIsLinear)) {
+    const Argument* v = ArgOf(n, z);
+    bool zero = z->value != 0 && v == nullptr;
     if (v != nullptr) {
       if (const auto* s = v->get_if<ir::Scalar>()) {
         if (const auto* i = std::get_if<int64_t>(&s->value)) zero = *i == 0;
@@ -82,12 +81,9 @@ absl::Status BatchDimAnalyzer::Pointwise(NodeId id, const Node& n, const OpRule&
         zero = *f == 0.0;
       }
     }
-    if (zero) {
-      r.linearity = Linearity::kMultilinear;
-      r.linear_args = 1;
-    }
+    if (zero) linear = {Linearity::kMultilinear, 1};
   }
-  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, r, ops));
+  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, linear, ops));
   FXDP_ASSIGN_OR_RETURN(Combined c, Broadcast(id, n, ops, out_rank, broadcast));
   if (c.dim >= 0 && s.partial) {
     return Error(n, "combines a partial value with a batch-sharded one");
@@ -122,23 +118,25 @@ absl::Status BatchDimAnalyzer::ShapePreserving(NodeId id, const Node& n, const O
   if (!v.placement.is_shard()) return absl::OkStatus();
   const int64_t d = v.placement.dim;
   if (rule.family == OpFamily::kAlongDim) {
-    const int64_t dim = NormDim(IntArg(n, rule.a, "dim").value_or(-1), out_rank);
+    const int64_t dim = NormDim(IntArg(n, rule.param(ParamRole::kDim)).value_or(-1), out_rank);
     if (dim == d) {
       return Error(n, absl::StrFormat("works along dim %d, which holds the batch; it "
                                       "needs the whole batch on every rank", dim));
     }
   } else if (rule.family == OpFamily::kLastDims || rule.family == OpFamily::kPad) {
-    int64_t last = rule.a;
+    int64_t last = 0;
     if (rule.family == OpFamily::kPad) {
-      auto pad = DimsArg(n, 1, "pad");
+      auto pad = DimsArg(n, rule.param(ParamRole::kPad));
       last = pad ? static_cast<int64_t>(pad->size() / 2) : 0;
+    } else if (const OpParam* p = rule.param(ParamRole::kLastDims)) {
+      last = p->value;
     }
     if (d >= out_rank - last) {
       return Error(n, absl::StrFormat("works on the last %d dims, which include the batch "
                                       "dim %d", last, d));
     }
   } else {
-    auto dims = DimsArg(n, rule.a, "dims").value_or(std::vector<int64_t>{});
+    auto dims = DimsArg(n, rule.param(ParamRole::kDims)).value_or(std::vector<int64_t>{});
     for (int64_t x : dims) {
       if (NormDim(x, out_rank) == d) {
         return Error(n, absl::StrFormat("works on dim %d, which holds the batch", d));
@@ -159,7 +157,7 @@ absl::Status BatchDimAnalyzer::Foreach(NodeId id, const Node& n, const OpRule& r
     for (const Operand& o : ops) {
       if (o.elem < 0 || o.elem == k) elem.push_back(o);
     }
-    FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule, elem));
+    FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule.linear, elem));
     FXDP_ASSIGN_OR_RETURN(Combined c, Broadcast(id, n, elem, n.outputs[k].tensor.rank()));
     if (c.dim >= 0) {
       info.detail = Detail::kFromArg;

@@ -21,7 +21,7 @@ using ir::ValueRef;
 
 absl::Status BatchDimAnalyzer::Reduce(NodeId id, const Node& n, const OpRule& rule) {
   std::vector<Operand> ops = Operands(n);
-  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule, ops));
+  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule.linear, ops));
   NodeInfo& info = a_.nodes_[id.value];
   const Operand* self = nullptr;
   for (const Operand& o : ops) {
@@ -33,10 +33,9 @@ absl::Status BatchDimAnalyzer::Reduce(NodeId id, const Node& n, const OpRule& ru
     return absl::OkStatus();
   }
   const int64_t rank = self->type->rank();
-  std::vector<int64_t> dims;
-  if (rule.a >= 0) {
-    dims = DimsArg(n, rule.a, "dim").value_or(std::vector<int64_t>{});
-  }
+  // No dims (absent, None or []): every dim.
+  const std::vector<int64_t> dims =
+      DimsArg(n, rule.param(ParamRole::kDims)).value_or(std::vector<int64_t>{});
   bool all = dims.empty();
   std::vector<bool> reduced(std::max<int64_t>(rank, 1), all);
   for (int64_t d : dims) {
@@ -46,9 +45,10 @@ absl::Status BatchDimAnalyzer::Reduce(NodeId id, const Node& n, const OpRule& ru
     }
     reduced[nd] = true;
   }
-  const bool keepdim = rule.b >= 0 && BoolArg(n, rule.b, "keepdim").value_or(false);
+  const bool keepdim = BoolArg(n, rule.param(ParamRole::kKeepDim)).value_or(false);
   const int32_t d = self->info.placement.dim;
-  const auto kind = static_cast<ReduceKind>(rule.c);
+  const OpParam* reduces = rule.param(ParamRole::kReduces);
+  const auto kind = reduces ? static_cast<ReduceKind>(reduces->value) : ReduceKind::kOther;
   info.arg = 0;
   if (!reduced[d]) {
     int32_t nd = d;
@@ -74,12 +74,12 @@ absl::Status BatchDimAnalyzer::Reduce(NodeId id, const Node& n, const OpRule& ru
 }
 
 int64_t BatchDimAnalyzer::ReductionArg(const Node& n, const OpRule& rule) const {
-  return IntArg(n, rule.a, "reduction").value_or(1);
+  return IntArg(n, rule.param(ParamRole::kReduction)).value_or(1);
 }
 
 absl::Status BatchDimAnalyzer::Loss(NodeId id, const Node& n, const OpRule& rule) {
   std::vector<Operand> ops = Operands(n);
-  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule, ops));
+  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule.linear, ops));
   std::vector<Operand> batched;
   for (const Operand& o : ops) {
     if (o.arg <= 1) batched.push_back(o);
@@ -115,7 +115,9 @@ absl::Status BatchDimAnalyzer::Loss(NodeId id, const Node& n, const OpRule& rule
 absl::Status BatchDimAnalyzer::LossBackward(NodeId id, const Node& n, const OpRule& rule) {
   std::vector<Operand> ops = Operands(n);
   const bool nll = rule.family == OpFamily::kNllLossBackward;
-  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule, ops, nll ? rule.b : -1));
+  const OpParam* total_weight = rule.param(ParamRole::kTotalWeight);
+  FXDP_ASSIGN_OR_RETURN(Special s,
+                        Linear(id, n, rule.linear, ops, total_weight ? total_weight->index : -1));
   std::vector<Operand> batched;
   for (const Operand& o : ops) {
     if (o.arg <= 2) batched.push_back(o);

@@ -22,14 +22,15 @@ using ir::ValueRef;
 
 absl::Status BatchDimAnalyzer::CatStack(NodeId id, const Node& n, const OpRule& rule) {
   std::vector<Operand> ops = Operands(n);
-  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule, ops));
+  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule.linear, ops));
   const TensorType* out = OutType(n);
   const int64_t out_rank = out ? out->rank() : 0;
   const bool stack = rule.family == OpFamily::kStack;
-  const int64_t dim = NormDim(IntArg(n, rule.a, "dim").value_or(0), out_rank);
+  const int64_t dim = NormDim(IntArg(n, rule.param(ParamRole::kDim)).value_or(0), out_rank);
   // Operands of a stack gain the new dim `dim`.
   std::vector<Operand> moved = ops;
   Combined c;
+  const Operand* first = nullptr;
   for (Operand& o : moved) {
     if (!o.info.placement.is_shard()) continue;
     int32_t d = o.info.placement.dim;
@@ -37,8 +38,13 @@ absl::Status BatchDimAnalyzer::CatStack(NodeId id, const Node& n, const OpRule& 
     if (!stack && o.type->rank() == 1 && o.type->shape[0] == 0) continue;
     if (c.dim < 0) {
       c = {d, o.info.outer, o.arg};
+      first = &o;
     } else if (c.dim != d || c.outer != o.info.outer) {
-      return Error(n, "operands hold the batch on different dims");
+      return Error(n, absl::StrFormat(
+          "operands hold the batch on different dims: tensor %d (%s) on dim %d (%d blocks), "
+          "tensor %d (%s) on dim %d (%d blocks)",
+          first->elem, g_.node(first->ref.node).name, first->info.placement.dim, c.outer, o.elem,
+          g_.node(o.ref.node).name, o.info.placement.dim, o.info.outer));
     }
   }
   if (c.dim >= 0) {
@@ -61,14 +67,14 @@ absl::Status BatchDimAnalyzer::CatStack(NodeId id, const Node& n, const OpRule& 
 
 absl::Status BatchDimAnalyzer::DimOp(NodeId id, const Node& n, const OpRule& rule) {
   std::vector<Operand> ops = Operands(n);
-  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule, ops));
+  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule.linear, ops));
   const Operand* self = Find(ops, 0);
   if (self == nullptr) return Error(n, "arg 0 must be a tensor");
-  const bool index_select = n.target.name == "aten::index_select";
-  if (rule.family == OpFamily::kIndexWithDim && !index_select) {
+  const OpParam* dim_arg = rule.param(ParamRole::kDim);
+  if (rule.has(kAligned)) {
     // gather / scatter: every tensor operand has self's rank.
     FXDP_ASSIGN_OR_RETURN(Combined c, Broadcast(id, n, ops, self->type->rank(), false));
-    if (c.dim >= 0 && c.dim == NormDim(IntArg(n, rule.a, "dim").value_or(0), self->type->rank())) {
+    if (c.dim >= 0 && c.dim == NormDim(IntArg(n, dim_arg).value_or(0), self->type->rank())) {
       return Error(n, absl::StrFormat("indexes along dim %d, which holds the batch", c.dim));
     }
     SetCombined(id, c, s);
@@ -90,21 +96,22 @@ absl::Status BatchDimAnalyzer::DimOp(NodeId id, const Node& n, const OpRule& rul
   const int64_t out_rank = out ? out->rank() : in_rank;
   // select_backward / slice_backward work in the output's coordinates.
   const int64_t dim_rank = rule.family == OpFamily::kSliceBackward ? out_rank : in_rank;
-  const int64_t dim = NormDim(IntArg(n, rule.a, "dim").value_or(0), dim_rank);
+  const int64_t dim = NormDim(IntArg(n, dim_arg).value_or(0), dim_rank);
+  const bool drops_dim = rule.has(kDropsDim);
   int32_t nd = d;
   switch (rule.family) {
     case OpFamily::kSplit:
       if (dim == d && a_.micro_batches_ > 1 && self->ref.node.value >= 0 &&
-          g_.node(self->ref.node).is_placeholder() && rule.b == 0) {
+          g_.node(self->ref.node).is_placeholder() && !drops_dim) {
         break;  // a micro-batch of an input (FindMicroBatches): it holds the batch on dim d
       }
-      if (dim == d && rule.b == 0 && EqualSplitSize(n, dim, in_rank) >= self->type->shape[d]) {
+      if (dim == d && !drops_dim && EqualSplitSize(n, dim, in_rank) >= self->type->shape[d]) {
         break;  // one piece, the whole value (x.chunk(1)): an identity
       }
       if (dim == d) {
         return Error(n, absl::StrFormat("splits along dim %d, which holds the batch", d));
       }
-      if (rule.b == 1 && d > dim) --nd;
+      if (drops_dim && d > dim) --nd;
       break;
     case OpFamily::kSelect:
       if (dim == d) {
@@ -122,13 +129,14 @@ absl::Status BatchDimAnalyzer::DimOp(NodeId id, const Node& n, const OpRule& rul
       if (dim != d) break;
       const int64_t size = self->type->shape[d];
       bool full;
-      if (rule.c == 1) {  // narrow(self, dim, start, length)
-        full = IntArg(n, 2, "start").value_or(-1) == 0 &&
-               IntArg(n, 3, "length").value_or(-1) == size;
+      if (const OpParam* length = rule.param(ParamRole::kLength)) {  // narrow(self, dim, start, length)
+        full = IntArg(n, rule.param(ParamRole::kStart)).value_or(-1) == 0 &&
+               IntArg(n, length).value_or(-1) == size;
       } else {
-        const int64_t start = IntArg(n, 2, "start").value_or(0);
-        const int64_t end = IntArg(n, 3, "end").value_or(std::numeric_limits<int64_t>::max());
-        const int64_t step = IntArg(n, 4, "step").value_or(1);
+        const int64_t start = IntArg(n, rule.param(ParamRole::kStart)).value_or(0);
+        const int64_t end = IntArg(n, rule.param(ParamRole::kEnd))
+                                .value_or(std::numeric_limits<int64_t>::max());
+        const int64_t step = IntArg(n, rule.param(ParamRole::kStep)).value_or(1);
         full = start == 0 && end >= size && step == 1;
       }
       if (!full) {
@@ -139,7 +147,7 @@ absl::Status BatchDimAnalyzer::DimOp(NodeId id, const Node& n, const OpRule& rul
       break;
     }
     case OpFamily::kSliceBackward: {
-      if (rule.c == 1) {  // select_backward: the selected dim is re-inserted.
+      if (drops_dim) {  // select_backward: the selected dim is re-inserted.
         if (d >= dim) ++nd;
       } else if (dim == d) {
         return Error(n, absl::StrFormat("scatters a slice into dim %d, which holds the batch",
@@ -161,13 +169,13 @@ absl::Status BatchDimAnalyzer::DimOp(NodeId id, const Node& n, const OpRule& rul
 // dim (src's is one lower past a selected dim); it must not be the scattered dim.
 absl::Status BatchDimAnalyzer::ScatterInto(NodeId id, const Node& n, const OpRule& rule) {
   std::vector<Operand> ops = Operands(n);
-  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule, ops));
+  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule.linear, ops));
   const Operand* self = Find(ops, 0);
   const Operand* src = Find(ops, 1);
   if (self == nullptr || src == nullptr) return Error(n, "args 0 and 1 must be tensors");
   const int64_t rank = self->type->rank();
-  const int64_t dim = NormDim(IntArg(n, rule.a, "dim").value_or(0), rank);
-  const bool dropped = rule.c == 1;
+  const int64_t dim = NormDim(IntArg(n, rule.param(ParamRole::kDim)).value_or(0), rank);
+  const bool dropped = rule.has(kDropsDim);
   // src dim -> self dim, and back.
   auto to_self = [&](int32_t d) { return dropped && d >= dim ? d + 1 : d; };
   auto to_src = [&](int32_t d) { return dropped && d > dim ? d - 1 : d; };

@@ -28,7 +28,7 @@ void BatchDimAnalyzer::NeedShard(const Operand& o, int32_t dim, int64_t outer, N
   std::vector<std::pair<int32_t, Upgrade>> marks;
   if (TryUpgrade(o.ref, dim, outer, user, marks, 0)) {
     for (auto& [node, up] : marks) {
-      if (upgrades_.emplace(node, up).second) changed_ = true;
+      if (upgrades_.emplace(node, up).second) MarkChanged(user);
     }
     return;
   }
@@ -60,8 +60,8 @@ bool BatchDimAnalyzer::TryUpgrade(ValueRef r, int32_t dim, int64_t outer, NodeId
         return false;
       }
     } else if (!(spec.is(DimSpec::Kind::kBroadcast) || spec.is(DimSpec::Kind::kNewDim)) ||
-               (n.target.name != "aten::expand" && n.target.name != "aten::broadcast_to")) {
-      // Only expand spells a new dim's size, which the expansion rewrites.
+               !FindViewOpFacts(n.target)->expands) {
+      // Only an expand's sizes spell a new dim's size, which the expansion rewrites.
       return false;
     }
     marks.emplace_back(r.node.value, up);
@@ -70,12 +70,17 @@ bool BatchDimAnalyzer::TryUpgrade(ValueRef r, int32_t dim, int64_t outer, NodeId
   const OpRule* rule = FindOpRule(n.target);
   if (rule == nullptr) return false;
   switch (rule->family) {
-    case OpFamily::kFactory:
+    case OpFamily::kFactory: {
       // zeros/ones/full/empty/rand*(size, ...): the expansion rewrites the
-      // size. arange(n) and friends are sliced instead (their values matter).
-      if (n.args.empty() || !n.args[0].is_list()) return false;
+      // Sizes. arange(n) and friends are sliced instead (their values matter).
+      const OpParam* sizes = rule->param(ParamRole::kSizes);
+      if (sizes == nullptr || sizes->index >= static_cast<int>(n.args.size()) ||
+          !n.args[sizes->index].is_list()) {
+        return false;
+      }
       marks.emplace_back(r.node.value, up);
       return true;
+    }
     case OpFamily::kNewFactory:
       marks.emplace_back(r.node.value, up);
       return true;
@@ -91,8 +96,9 @@ bool BatchDimAnalyzer::TryUpgrade(ValueRef r, int32_t dim, int64_t outer, NodeId
       // cumsum(ones([B, S]), 1), triu(...): rows stay rows unless the op works along them.
       const int64_t rank = t->rank();
       const bool along = rule->family == OpFamily::kAlongDim
-                             ? NormDim(IntArg(n, rule->a, "dim").value_or(-1), rank) == dim
-                             : dim >= rank - rule->a;
+                             ? NormDim(IntArg(n, rule->param(ParamRole::kDim)).value_or(-1),
+                                       rank) == dim
+                             : dim >= rank - rule->param(ParamRole::kLastDims)->value;
       const ValueRef* self = n.args.empty() ? nullptr : n.args[0].get_if<ValueRef>();
       if (along || self == nullptr || TypeOf(*self) == nullptr ||
           TypeOf(*self)->rank() != rank ||

@@ -181,9 +181,8 @@ int64_t BatchDimAnalyzer::ViewBatchDim(const std::vector<int64_t>& size, const s
 // another: the view's batch dim is the one whose stride steps over samples.
 absl::Status BatchDimAnalyzer::AsStrided(NodeId id, const Node& n, const OpRule& rule) {
   std::vector<Operand> ops = Operands(n);
-  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule, ops));
+  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule.linear, ops));
   const bool scatter = rule.family == OpFamily::kAsStridedScatter;
-  const int sa = scatter ? 2 : 1;
   const Operand* self = Find(ops, 0);
   const Operand* src = scatter ? Find(ops, 1) : nullptr;
   if (self == nullptr || (scatter && src == nullptr)) return Error(n, "expects tensor operands");
@@ -192,9 +191,10 @@ absl::Status BatchDimAnalyzer::AsStrided(NodeId id, const Node& n, const OpRule&
     SetCombined(id, Combined{}, s);
     return absl::OkStatus();
   }
-  auto size = DimsArg(n, sa, "size");
-  auto stride = DimsArg(n, sa + 1, "stride");
-  const int64_t offset = IntArg(n, sa + 2, "storage_offset").value_or(self->type->storage_offset);
+  auto size = DimsArg(n, rule.param(ParamRole::kSizes));
+  auto stride = DimsArg(n, rule.param(ParamRole::kStride));
+  const int64_t offset =
+      IntArg(n, rule.param(ParamRole::kStorageOffset)).value_or(self->type->storage_offset);
   if (!size || !stride || size->size() != stride->size()) {
     return Error(n, "expects int lists for size and stride");
   }
