@@ -3,7 +3,7 @@ tokens, a worker join token and mutual TLS (``--local-workers 2`` attached with 
 real ``fxdp-worker attach`` processes, all with certificates made by ``scripts/dev_ca.sh``
 (docs/security.md): calls without or with a wrong token are UNAUTHENTICATED, a client with the wrong
 CA cannot connect, a client sees and acts on its own jobs only (PERMISSION_DENIED otherwise; an
-admin sees all), workers attach only with the join token or a worker certificate, a hostname with a
+admin sees all; ownership survives a restart under ``--state-dir``), workers attach only with the join token or a worker certificate, a hostname with a
 newline cannot inject a log line, and a non-loopback ``--listen`` without TLS needs ``--insecure``."""
 
 from __future__ import annotations
@@ -186,6 +186,21 @@ def test_jobs_belong_to_their_submitter(server, pki):
     assert re.search(rf'audit event="fetch" identity="root \(admin\)" .*job="{mine.job_id}"', text), text
     assert re.search(rf'audit event="cancel" identity="root \(admin\)" .*job="{mine.job_id}"', text), text
     assert re.search(rf'audit event="fetch" identity="bob" .*job="{mine.job_id}" .*denied', text), text
+
+
+def test_ownership_survives_a_server_restart(pki, tmp_path):
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    extra = [*server_args(pki), "--state-dir", str(state_dir)]
+    with local_server(workers=1, extra_args=extra) as (address, log):
+        alice = client(address, pki, "alice")
+        job = train_one(alice, "kept")
+    with local_server(workers=1, extra_args=extra) as (address, log):
+        alice, bob = client(address, pki, "alice"), client(address, pki, "bob")
+        assert alice.job(job.job_id).owner == "alice"
+        assert set(alice.fetch_state(job.job_id)) == set(job.state)
+        assert bob.jobs() == []
+        assert code_of(lambda: bob.fetch_state(job.job_id)).code == PERMISSION_DENIED
 
 
 def attach(pki, address, *creds, worker_id):
