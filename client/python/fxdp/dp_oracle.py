@@ -10,6 +10,11 @@ DATA.pt holds a list of full global batches (tuples of tensors, one per step); e
 takes its contiguous slice along every input's batch dim, as the expansion's report says.
 With MODEL and OPTIM (a zoo entry), the rank then trains the same model eagerly under
 PyTorch's DistributedDataParallel on the same shards and saves its parameters too.
+
+A FULLY_SHARD graph (metadata "fxdp.style" = "fully_shard") holds the state its
+"fxdp.sharded_state" lists as flat shards (expansion/sharding.h: s = ceil(n / N), rank r holds
+elements [r*s, (r+1)*s) of the flattened tensor padded with zeros): each rank slices them from
+the whole state file and all-gathers them back at the end, so OUT.pt holds whole tensors.
 """
 
 import os
@@ -43,6 +48,19 @@ def ddp_params(model_name: str, optim: str, shards) -> dict:
     return params
 
 
+def flat_shard(x: torch.Tensor, world: int, rank: int) -> torch.Tensor:
+    s = -(-x.numel() // world)
+    flat = torch.zeros(world * s, dtype=x.dtype)
+    flat[: x.numel()] = x.reshape(-1)
+    return flat[rank * s:(rank + 1) * s].clone()
+
+
+def unshard(x: torch.Tensor, shape, world: int) -> torch.Tensor:
+    out = torch.empty(world * x.numel(), dtype=x.dtype)
+    dist.all_gather_into_tensor(out, x.contiguous())
+    return out[: torch.Size(shape).numel()].reshape(shape).clone()
+
+
 def main() -> None:
     rank, world, port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     graph, state_path, data_path, out_path = sys.argv[4:8]
@@ -51,6 +69,11 @@ def main() -> None:
     assert dist.group.WORLD.group_name == "0", dist.group.WORLD.group_name
     step = fxdp.load(graph)
     state = load_file(state_path)
+    meta = step.metadata()
+    sharded = meta.get("fxdp.sharded_state", "").split("\n") if meta.get("fxdp.style") == "fully_shard" else []
+    full_shapes = {k: state[k].shape for k in sharded}
+    for k in sharded:
+        state[k] = flat_shard(state[k], world, rank)
     batches = torch.load(data_path)
     inputs = [p for p in step.placeholders if p.placeholder.role == pb.INPUT]
     losses, local_losses, shards = [], [], []
@@ -76,6 +99,8 @@ def main() -> None:
                 losses.append(v.detach().clone())
             elif spec.state_name == "local_loss":
                 local_losses.append(v.detach().clone())
+    for k in sharded:
+        state[k] = unshard(state[k], full_shapes[k], world)
     result = {"state": dict(state), "losses": losses, "local_losses": local_losses}
     if len(sys.argv) > 9:
         result["ddp"] = ddp_params(sys.argv[8], sys.argv[9], shards)
