@@ -1,5 +1,6 @@
-// gRPC credentials from files, for the callers of fxdp-server: the `fxdp`
-// CLI, fxdp.Client's C++ twin in fxdp-worker attach.
+// gRPC channel credentials from files, for the C++ callers of fxdp-server:
+// the `fxdp` CLI and `fxdp-worker attach` (fxdp.Client does the same in
+// Python).
 //
 //   tls_ca       PEM CA bundle the server's certificate must chain to; giving
 //                it turns TLS on (gRPC's SslCredentials)
