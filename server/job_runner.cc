@@ -10,6 +10,7 @@
 #include "server/audit.h"
 #include "server/log.h"
 #include "server/raw_tensors.h"
+#include "server/state_shards.h"
 
 namespace fxdp::server {
 
@@ -378,6 +379,14 @@ absl::Status JobRunner::ForwardState() {
     return absl::OkStatus();
   }
   ChunkStream stream("initial state", /*keep_data=*/false);
+  // FULLY_SHARD: each rank gets its own shards, so its own messages; each
+  // rank's latest piece is held back until the next, so the last one can
+  // carry `last`.
+  std::optional<StateSplitter> splitter;
+  if (job_->expanded.sharded_state_size() > 0) {
+    splitter.emplace(world_, job_->expanded.sharded_state(), ctx_.options.chunk_bytes);
+  }
+  std::vector<std::optional<v1::TensorChunk>> held(world_);
   v1::SubmitJobRequest req;
   Job::Msg msg;
   std::vector<v1::TensorChunk> pieces;
@@ -405,12 +414,43 @@ absl::Status JobRunner::ForwardState() {
                                    " tensors of JobSpec.num_state_tensors so far), got ", SubmitRequestKind(req)));
     }
     if (absl::Status s = stream.Add(req.state()); !s.ok()) return BadInput(s.message());
+    if (splitter) {
+      if (absl::Status s = SendShards(*splitter, req.state(), stream.complete() == n, &held); !s.ok()) return s;
+      continue;
+    }
     pieces.clear();
     RechunkTensor(req.state(), ctx_.options.chunk_bytes, &pieces);
     for (size_t i = 0; i < pieces.size(); ++i) {
       sc->mutable_tensor()->Swap(&pieces[i]);
       sc->set_last(stream.complete() == n && i + 1 == pieces.size());
       if (absl::Status s = SendAll(m); !s.ok()) return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobRunner::SendShards(const StateSplitter& splitter, const v1::TensorChunk& chunk, bool complete,
+                                   std::vector<std::optional<v1::TensorChunk>>* held) {
+  std::vector<std::vector<v1::TensorChunk>> to(world_);
+  if (absl::Status s = splitter.Add(chunk, &to); !s.ok()) return BadInput(s.message());
+  v1::ServerMessage m;
+  v1::StateChunk* sc = m.mutable_state_chunk();
+  sc->set_job_id(id_);
+  for (int r = 0; r < world_; ++r) {
+    std::optional<v1::TensorChunk>& h = (*held)[r];
+    for (v1::TensorChunk& piece : to[r]) {
+      if (h) {
+        sc->mutable_tensor()->Swap(&*h);
+        sc->set_last(false);
+        if (!ranks_->Send(r, m)) return Lost(r);
+      }
+      h = std::move(piece);
+    }
+    if (complete && h) {
+      sc->mutable_tensor()->Swap(&*h);
+      sc->set_last(true);
+      h.reset();
+      if (!ranks_->Send(r, m)) return Lost(r);
     }
   }
   return absl::OkStatus();
@@ -537,6 +577,7 @@ absl::Status JobRunner::End() {
   m.mutable_fetch_state()->set_job_id(id_);
   m.mutable_fetch_state()->set_chunk_bytes(static_cast<uint32_t>(ctx_.options.chunk_bytes));
   m.mutable_fetch_state()->set_end_job(true);
+  if (job_->expanded.sharded_state_size() > 0) return EndSharded(m);
   if (!ranks_->Send(0, m)) return Lost(0);
   ranks_->CancelOthers("the job finished (state fetched from rank 0)");
   auto state = std::make_shared<StateStore::State>();
@@ -552,6 +593,42 @@ absl::Status JobRunner::End() {
     if (c.last()) break;
   }
   ctx_.table->KeepState(job_, std::move(state));
+  job_->SetState(v1::JOB_STATE_SUCCEEDED);
+  client_->Write(job_->Event(v1::JOB_STATE_SUCCEEDED));
+  return absl::OkStatus();
+}
+
+// FULLY_SHARD: every rank sends its state (its shards and the replicated
+// rest) and ends; the shards are put back together into whole tensors.
+absl::Status JobRunner::EndSharded(const v1::ServerMessage& fetch) {
+  if (absl::Status s = SendAll(fetch); !s.ok()) return s;
+  StateGatherer gather(world_, job_->expanded.sharded_state(), ctx_.options.chunk_bytes);
+  std::vector<bool> done(world_, false);
+  int left = world_;
+  Job::Msg msg;
+  while (left > 0) {
+    const Got got = Next(false, true, 3600, &msg);
+    if (got == Got::kCancel) return Cancelled();
+    if (got != Got::kWorker) continue;
+    if (msg.lost || msg.m.has_job_failed()) return Failed(msg);
+    if (!msg.m.has_state_chunk() || done[msg.rank]) continue;
+    const v1::StateChunk& c = msg.m.state_chunk();
+    if (c.has_tensor()) {
+      if (absl::Status s = gather.Add(msg.rank, c.tensor()); !s.ok()) {
+        return Finish(v1::JOB_STATE_FAILED, absl::Status(s.code(), absl::StrCat("job ", id_, ": ", s.message())), -1);
+      }
+    }
+    if (c.last()) {
+      done[msg.rank] = true;
+      --left;
+    }
+  }
+  absl::StatusOr<StateStore::State> whole = gather.Finish();
+  if (!whole.ok()) {
+    return Finish(v1::JOB_STATE_FAILED,
+                  absl::Status(whole.status().code(), absl::StrCat("job ", id_, ": ", whole.status().message())), -1);
+  }
+  ctx_.table->KeepState(job_, std::make_shared<StateStore::State>(*std::move(whole)));
   job_->SetState(v1::JOB_STATE_SUCCEEDED);
   client_->Write(job_->Event(v1::JOB_STATE_SUCCEEDED));
   return absl::OkStatus();

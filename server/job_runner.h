@@ -17,6 +17,9 @@
 //      one RUNNING event per step from the ranks' StepResults, in order;
 //   5. the end: FetchState{end_job} from rank 0 into the JobTable (the
 //      other ranks end by CancelJob), SUCCEEDED.
+// FULLY_SHARD (the expansion lists sharded_state): in 3 each rank gets only
+// its flat shard of every sharded tensor (server/state_shards.h), in 5 every
+// rank sends its state and the whole tensors are reassembled.
 // A lost worker or a JobFailed fails the job naming the rank (the other
 // ranks get CancelJob); CancelJob or a client that goes away cancels it; a
 // client that sends nothing for client_idle_s while the job waits on it
@@ -28,6 +31,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,6 +45,7 @@
 #include "server/job_spec.h"
 #include "server/job_store.h"
 #include "server/job_table.h"
+#include "server/state_shards.h"
 #include "server/worker_pool.h"
 
 namespace fxdp::server {
@@ -89,6 +94,13 @@ class JobRunner {
   absl::Status SendStep(int64_t step);
   void StepDone(int64_t step, const std::vector<v1::StepResult>& results);
   absl::Status End();
+  // FULLY_SHARD (the expansion's sharded_state): a piece of the initial state
+  // split into the ranks' shards (`held`: each rank's latest piece, sent
+  // with the next one, or with `last` once the state is `complete`), and the
+  // end that fetches every rank's state and reassembles it.
+  absl::Status SendShards(const StateSplitter& splitter, const v1::TensorChunk& chunk, bool complete,
+                          std::vector<std::optional<v1::TensorChunk>>* held);
+  absl::Status EndSharded(const v1::ServerMessage& fetch);
 
   // Ends the job: CancelJob to every assigned rank but `except`, the state,
   // the last event; returns `status`.

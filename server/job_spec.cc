@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "expansion/style_proto.h"
 
 namespace fxdp::server {
 
@@ -52,6 +53,9 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     return InvalidArgumentError("JobSpec.steps must be > 0 with data_paths (the workers read the batches; the "
                                 "client sends none)");
   }
+  if (absl::StatusOr<DataParallelStyle> style = StyleFromProto(spec.style(), "JobSpec.style"); !style.ok()) {
+    return style.status();
+  }
   const double t = spec.collective_timeout_s();
   if (!std::isfinite(t) || t < 0 || t > 86400.0 * 365) {
     return InvalidArgumentError(
@@ -92,6 +96,7 @@ absl::StatusOr<PreparedSpec> PrepareJobSpec(v1::JobSpec spec, const Expander& ex
   xr.set_bucket_cap_mb(spec.bucket_cap_mb());
   xr.set_first_bucket_mb(spec.first_bucket_mb());
   xr.set_sync_batchnorm(spec.sync_batchnorm());
+  xr.set_style(spec.style());
   absl::StatusOr<v1::ExpandResponse> expanded = expand(xr);
   if (!expanded.ok()) {
     return absl::Status(expanded.status().code(), absl::StrCat("expanding the graph for ", spec.world_size(),

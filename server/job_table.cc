@@ -23,6 +23,7 @@ void JobTable::Add(const std::shared_ptr<Job>& job, const std::string& id) {
     info.set_owner(job->owner.identity);
     info.set_state(v1::JOB_STATE_QUEUED);
     info.set_world_size(spec.world_size());
+    info.set_style(spec.style());
     info.set_steps(spec.steps());
     *info.mutable_data_paths() = spec.data_paths();
     info.set_submitted_unix_ms(UnixMs());

@@ -23,6 +23,7 @@
 #include "client/cli/commands.h"
 #include "client/cli/connect.h"
 #include "client/cli/safetensors_raw.h"
+#include "expansion/style_proto.h"
 #include "grpcpp/grpcpp.h"
 #include "nlohmann/json.hpp"
 #include "proto/fxdp/v1/jobs.grpc.pb.h"
@@ -35,7 +36,8 @@ namespace {
 constexpr char kRunUsage[] =
     "usage: fxdp run GRAPH --world-size N --state S.safetensors --data D.safetensors\n"
     "                [--data D2.safetensors ...] [--steps K] [--out FINAL.safetensors]\n"
-    "                [--bucket-mb X] [--sync-batchnorm] [--name NAME] [--timeout S]\n"
+    "                [--style replicate|fully_shard] [--bucket-mb X] [--sync-batchnorm]\n"
+    "                [--name NAME] [--timeout S]\n"
     "                [--schedule FILE] [--json] [--server HOST:PORT]\n"
     "       fxdp run GRAPH ... --data-on-workers PATH [--data-on-workers PATH2 ...] --steps K\n"
     "\n"
@@ -59,7 +61,12 @@ constexpr char kRunUsage[] =
     "                       instead of --data; needs --steps; read only under the\n"
     "                       workers' --data-root directories)\n"
     "  --steps K            number of steps (default: the number of --data files)\n"
-    "  --out FILE           write the final state (FetchState) as safetensors\n"
+    "  --out FILE           write the final state (FetchState) as safetensors: whole\n"
+    "                       tensors, whatever the style\n"
+    "  --style S            replicate (default: every worker holds the whole state,\n"
+    "                       as DDP) or fully_shard (each holds a flat 1/N shard of\n"
+    "                       every parameter and its optimizer state, as FSDP; the\n"
+    "                       server splits --state and reassembles --out)\n"
     "  --bucket-mb X        gradient bucket cap, MiB (default: DDP's)\n"
     "  --sync-batchnorm     batch norm with the global batch's statistics, all-reduced\n"
     "                       (as SyncBatchNorm; default: each rank's, as DDP)\n"
@@ -155,6 +162,7 @@ nlohmann::ordered_json InfoJson(const v1::JobInfo& j) {
   if (!j.owner().empty()) o["owner"] = j.owner();
   o["state"] = StateName(j.state());
   o["world_size"] = j.world_size();
+  o["style"] = StyleName(j.style());
   o["steps"] = j.steps();
   o["steps_done"] = j.steps_done();
   o["workers"] = std::vector<std::string>(j.workers().begin(), j.workers().end());
@@ -187,6 +195,7 @@ std::string InfoText(const v1::JobInfo& j) {
     absl::StrAppendFormat(&out, "queue      position %d: %s\n", j.queue_position(), j.message());
   }
   absl::StrAppendFormat(&out, "world size %d\n", j.world_size());
+  absl::StrAppendFormat(&out, "style      %s\n", StyleName(j.style()));
   absl::StrAppendFormat(&out, "steps      %d/%s\n", j.steps_done(),
                         j.steps() > 0 ? absl::StrCat(j.steps()) : "? (until the client's last batch)");
   std::string workers;
@@ -418,6 +427,8 @@ int RunCommand(const std::vector<std::string>& args) {
   flags.Double("--bucket-mb", &bucket_mb);
   bool sync_bn = false;
   flags.Bool("--sync-batchnorm", &sync_bn);
+  std::string style = "replicate";
+  flags.String("--style", &style);
   flags.String("--name", &name);
   flags.Double("--timeout", &timeout_s);
   flags.String("--schedule", &schedule_path);
@@ -432,6 +443,8 @@ int RunCommand(const std::vector<std::string>& args) {
   if (!data_on_workers.empty() && steps == 0) return flags.Usage("--data-on-workers needs --steps");
   if (steps == 0) steps = static_cast<int32_t>(data.size());
   if (bucket_mb < 0) return flags.Usage("--bucket-mb must be >= 0");
+  const absl::StatusOr<DataParallelStyle> parsed_style = ParseDataParallelStyle(style);
+  if (!parsed_style.ok()) return flags.Usage(absl::StrCat("--style: ", parsed_style.status().message()));
 
   v1::JobSpec spec;
   {
@@ -460,6 +473,7 @@ int RunCommand(const std::vector<std::string>& args) {
   for (const std::string& p : data_on_workers) spec.add_data_paths(p);
   spec.set_bucket_cap_mb(bucket_mb);
   spec.set_sync_batchnorm(sync_bn);
+  spec.set_style(StyleToProto(*parsed_style));
   spec.set_collective_timeout_s(timeout_s);
   spec.set_name(name.empty() ? Basename(pos[0]) : name);
   if (!schedule_path.empty()) {

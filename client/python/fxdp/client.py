@@ -248,7 +248,8 @@ class Client:
               on_step: Optional[Callable[[int, float], None]] = None,
               data_path: Union[None, str, os.PathLike, Sequence[Union[str, os.PathLike]]] = None,
               on_event: Optional[Callable[["jpb.JobEvent"], None]] = None,
-              sync_batchnorm: bool = False, schedule=None, timeout: Optional[float] = None) -> TrainResult:
+              sync_batchnorm: bool = False, schedule=None, timeout: Optional[float] = None,
+              style: str = "replicate") -> TrainResult:
         """Train on ``world_size`` of the server's workers; returns the per-step global losses and
         the final state.
 
@@ -262,6 +263,11 @@ class Client:
         ``sync_batchnorm``: batch norm with the global batch's statistics, so BatchNorm models
         train exactly like one device (default: each rank's, as DDP).
 
+        ``style``: ``"replicate"`` (default; every rank holds the whole state, as DDP) or
+        ``"fully_shard"`` (each rank holds a flat 1/N shard of every parameter and its optimizer
+        state, as FSDP). Either way ``state`` goes in whole and ``TrainResult.state`` comes back
+        whole: the server splits and reassembles the shards.
+
         ``schedule``: the hyper-parameters' values per step, anything
         ``fxdp.schedule.schedule_values`` accepts (a ``torch.optim.lr_scheduler`` on the traced
         optimizer, a callable ``step -> {name: value}``, a list of ``{name: value}`` per step);
@@ -273,6 +279,7 @@ class Client:
         final state)."""
         if (batches is None) == (data_path is None):
             raise ValueError("train needs either batches or data_path")
+        wire_style = _style(style)
         paths: List[str] = []
         if data_path is not None:
             paths = [os.fspath(data_path)] if isinstance(data_path, (str, os.PathLike)) else [
@@ -292,7 +299,7 @@ class Client:
         spec = jpb.JobSpec(graph=step.graph, world_size=world_size, steps=steps or 0,
                            num_state_tensors=len(init), data_paths=paths, bucket_cap_mb=bucket_mb,
                            collective_timeout_s=collective_timeout_s, name=name,
-                           sync_batchnorm=sync_batchnorm)
+                           sync_batchnorm=sync_batchnorm, style=wire_style)
         per_step: List[Dict[str, float]] = []
         if schedule is not None:
             if not steps:
