@@ -7,14 +7,16 @@ is the shortcut for ``loss_fn(model(*x), y).backward(); optimizer.step()``.
 
 How it works
 ------------
-1. The step becomes a function of flat tensors
+``trace_step`` is a short orchestrator over these named steps:
+
+1. (``_Signature``, ``_flat_step``) The step becomes a function of flat tensors
    ``step(*params, *buffers, *optimizer_state, *hyperparameters, *inputs)``. Inside it, the model's
    parameters and buffers are swapped for traced tensors (``torch.nn.utils.stateless``), and the
    user's own ``torch.optim`` object is re-pointed at the traced parameters, state and
    hyper-parameter tensors (:class:`fxdp.optimizers.BoundOptimizer`); then ``train_step`` runs as
    written: ``loss.backward()`` fills ``.grad``, ``clip_grad_norm_`` scales it in place,
    ``optimizer.step()`` updates, ``zero_grad()`` clears, a Python loop over micro-batches unrolls.
-2. Pass 1: ``make_fx(step, tracing_mode=..., decomposition_table=...)`` records every aten op
+2. (``_make_graph``) Pass 1: ``make_fx(step, tracing_mode=..., decomposition_table=...)`` records every aten op
    below autograd (so the backward ops are explicit nodes). The default ``"real"`` mode runs the
    step once on the real example tensors, so layouts and view decisions are exactly those of the
    real kernels; :class:`fxdp.trace_errors.DataDependenceGuard` turns data-dependent ops
@@ -23,9 +25,13 @@ How it works
 3. Pass 2: the pass-1 graph is re-traced under ``torch.func.functionalize(remove="mutations")``,
    which turns every in-place op (gradient accumulation, clipping's ``mul_``, the optimizer's
    ``_foreach_*_``, BatchNorm running-stat updates) into its functional variant. Views stay views.
-4. :mod:`fxdp.graph_passes`: identity ops, profiler ops and input clones are removed; gradients
-   are marked with ``grad_of``; tensor constants become CONSTANT placeholders; outputs that did
-   not change are dropped; in real mode the graph runs once more to record exact layouts.
+4. Graph passes: identity ops, profiler ops and input clones are removed
+   (``graph_passes.cleanup``); placeholders get roles, gradients are marked with ``grad_of`` and
+   outputs that did not change are dropped (``_assign_roles``); tensor constants become CONSTANT
+   placeholders (``graph_passes.lift_constants``); every op is checked (``validate_ops``) and
+   placeholders are named after their state (``renamed``); in real mode the graph runs once more
+   to record exact layouts (``_record_layouts``). ``_metadata`` and ``_initial_state`` give the
+   TracedStep its metadata and state.
 
 Gradients (``grad_of``) and data parallelism
 --------------------------------------------
@@ -317,6 +323,257 @@ def _gradscaler_in(tb) -> bool:
     return any("grad_scaler" in fr.filename for fr in traceback.extract_tb(tb))
 
 
+# --------------------------------------------------------------------------- the flat step's signature
+
+
+class _Signature:
+    """What each position of the flat step ``step(*params, *buffers, *optimizer_state,
+    *hyperparameters, *inputs)`` holds, and the example tensors that feed it. Built from the model,
+    the optimizer and the example batch, with every argument check the trace needs."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, example_batch, batch_dim, input_names):
+        optim_table.spec_of(optimizer)
+        optim_table.check_options(optimizer)
+        self.batch = _Batch(example_batch, input_names)
+        self.bdims = self.batch.batch_dims(batch_dim)
+
+        self.params: "OrderedDict[str, torch.Tensor]" = OrderedDict(model.named_parameters())
+        self.buffers: "OrderedDict[str, torch.Tensor]" = OrderedDict(model.named_buffers())
+        self.pname_of = {id(p): n for n, p in self.params.items()}
+        group_params: List[List[torch.Tensor]] = []
+        for gi, group in enumerate(optimizer.param_groups):
+            for p in group["params"]:
+                if id(p) not in self.pname_of:
+                    raise TraceError(
+                        f"optimizer param group {gi} holds a tensor of shape {tuple(p.shape)} that is not a "
+                        "parameter of the model"
+                    )
+            group_params.append(list(group["params"]))
+        self.device = _check_devices(model, self.params, self.buffers, self.batch)
+        self.foreach = optim_table.resolve_foreach(optimizer, group_params)
+        self.ostate = optim_table.initial_state(optimizer, self.pname_of)
+        for pn, st in self.ostate.items():
+            for k, t in st.items():
+                if t.device != self.device and not (t.dim() == 0 and t.device.type == "cpu"):
+                    raise TraceError(f"tensors on mixed devices: optimizer state '{k}' of parameter '{pn}' is on "
+                                     f"{t.device}, the model on {self.device}")
+        self.hvalues = optim_table.optimizer_hyperparameters(optimizer)
+        self.hyper = optim_table.hyperparameter_tensors(optimizer, self.device)
+
+        self.pnames, self.bnames, self.hnames = list(self.params), list(self.buffers), list(self.hyper)
+        self.state_names = [(pn, k) for pn, st in self.ostate.items() for k in st]
+        in_optimizer = {self.pname_of[id(p)] for ps in group_params for p in ps}
+        # the graph differentiates w.r.t. the parameters the optimizer updates
+        self.trainable = [n for n in self.pnames if self.params[n].requires_grad and n in in_optimizer]
+
+    @property
+    def n_state(self) -> int:
+        """Parameters + buffers + optimizer state: the state the step may update."""
+        return len(self.pnames) + len(self.bnames) + len(self.state_names)
+
+    def split(self, flat):
+        """The flat step's arguments as (params, buffers, optimizer state, hyper-parameters, inputs)."""
+        cuts = [0]
+        for n in (len(self.pnames), len(self.bnames), len(self.state_names), len(self.hnames)):
+            cuts.append(cuts[-1] + n)
+        return [flat[a:b] for a, b in zip(cuts, cuts[1:])] + [flat[cuts[-1]:]]
+
+    def example_args(self) -> List[torch.Tensor]:
+        return (
+            [self.params[n].detach() for n in self.pnames]
+            + [self.buffers[n] for n in self.bnames]
+            + [self.ostate[pn][k] for pn, k in self.state_names]
+            + [self.hyper[n] for n in self.hnames]
+            + list(self.batch.values)
+        )
+
+    def placeholder_specs(self) -> List[Tuple[int, str, int]]:
+        """(role, state name, batch dim) of each flat argument."""
+        return (
+            [(pb.PARAMETER, n, 0) for n in self.pnames]
+            + [(pb.BUFFER, n, 0) for n in self.bnames]
+            + [(pb.OPTIMIZER_STATE, f"optim.{pn}.{k}", 0) for pn, k in self.state_names]
+            + [(pb.HYPERPARAMETER, n, 0) for n in self.hnames]
+            + [(pb.INPUT, n, d) for n, d in zip(self.batch.names, self.bdims)]
+        )
+
+    def output_specs(self, n_extras: int) -> List[Tuple[int, str]]:
+        """(role, state name) of each output the flat step returns before its gradient snapshots."""
+        return (
+            [(pb.UPDATED_PARAMETER, n) for n in self.pnames]
+            + [(pb.UPDATED_BUFFER, n) for n in self.bnames]
+            + [(pb.UPDATED_OPTIMIZER_STATE, f"optim.{pn}.{k}") for pn, k in self.state_names]
+            + [(pb.LOSS, "")]
+            + [(pb.OTHER, "")] * n_extras
+        )
+
+    def state_tensors(self) -> "OrderedDict[str, torch.Tensor]":
+        """Every state entry by state name (parameters, buffers, optimizer state, hyper-parameters)."""
+        out: "OrderedDict[str, torch.Tensor]" = OrderedDict()
+        for n in self.pnames:
+            out[n] = self.params[n].detach()
+        for n in self.bnames:
+            out[n] = self.buffers[n]
+        for pn, k in self.state_names:
+            out[f"optim.{pn}.{k}"] = self.ostate[pn][k]
+        for n in self.hnames:
+            out[n] = self.hyper[n]
+        return out
+
+
+# --------------------------------------------------------------------------- the steps of trace_step
+
+
+def _flat_step(sig: _Signature, train_step, model: nn.Module, optimizer, report: Dict[str, Any]) -> Callable:
+    """The user's step as a function of flat tensors (see the module docstring, step 1). Returns
+    ``[*params, *buffers, *optimizer_state, loss, *extras, *gradient_snapshots]``; the names of the
+    extras and the hyper-parameter guards go into ``report``."""
+    from torch.nn.utils.stateless import _reparametrize_module
+
+    trainable_set = set(sig.trainable)
+
+    def run(*flat):
+        p_in, b_in, s_in, h_in, x_in = sig.split(flat)
+        leaves = OrderedDict()
+        for n, t in zip(sig.pnames, p_in):
+            leaf = t.clone()
+            if n in trainable_set:
+                leaf.requires_grad_(True)
+            leaves[n] = leaf
+        bufs = OrderedDict((n, t.clone()) for n, t in zip(sig.bnames, b_in))
+        it = iter(s_in)
+        st_tensors = OrderedDict((pn, OrderedDict((k, next(it).clone()) for k in st))
+                                 for pn, st in sig.ostate.items())
+        htensors = OrderedDict(zip(sig.hnames, h_in))
+        hmode = optim_table.HyperparameterMode(htensors, sig.hvalues)
+        taps = _GradientTaps(OrderedDict((n, leaves[n]) for n in sig.trainable))
+        bound = optim_table.BoundOptimizer(optimizer, leaves, sig.pname_of, st_tensors, htensors, sig.foreach)
+        hook = _StepHook(optimizer, taps, hmode)
+        with _reparametrize_module(model, {**leaves, **bufs}, tie_weights=True), bound, taps, hook, \
+                torch.enable_grad():
+            result = train_step(model, optimizer, sig.batch.rebuild(list(x_in)))
+            if hook.calls == 0:
+                raise TraceError("train_step never calls optimizer.step(): fxdp traces one optimizer update per step")
+            final_state = [bound.final_state(pn, k) for pn, k in sig.state_names]
+            new_bufs = [bufs[n] for n in sig.bnames]
+        loss, extras = _split_result(result)
+        report["extras"] = list(extras)
+        report["guards"] = dict(hmode.guards)
+        snaps = [taps.snap.get(n) for n in sig.trainable]
+        for leaf in leaves.values():
+            leaf.grad = None
+        outs = [leaf.detach() for leaf in leaves.values()] + new_bufs + final_state
+        return outs + [loss.detach()] + [v.detach() for v in extras.values()] + snaps
+
+    def guarded(*flat):
+        with DataDependenceGuard():
+            return run(*flat)
+
+    return guarded
+
+
+def _make_graph(step: Callable, args: List[torch.Tensor], mstack: ModuleStack, tracing_mode: str,
+                decompositions: Optional[Dict[Any, Callable]]) -> torch.fx.GraphModule:
+    """Passes 1 and 2 of the module docstring: ``make_fx`` records the aten ops, then
+    functionalization removes every mutation. Every failure becomes a TraceError naming what it can."""
+    table = dict(DEFAULT_DECOMPOSITIONS)
+    if decompositions:
+        table.update(decompositions)
+    try:
+        with mstack:
+            gm1 = make_fx(step, tracing_mode=tracing_mode, decomposition_table=table,
+                          _allow_non_fake_inputs=True)(*args)
+        return make_fx(
+            torch.func.functionalize(gm1, remove="mutations"), tracing_mode=tracing_mode, _allow_non_fake_inputs=True
+        )(*args)
+    except Exception as e:  # noqa: BLE001 - every failure becomes a TraceError naming what it can
+        if _gradscaler_in(e.__traceback__):
+            frame = user_frame(e.__traceback__)
+            raise TraceError(
+                "GradScaler cannot be traced: it skips the optimizer step when a gradient is inf/nan, a decision "
+                f"on tensor values{f' (at {frame})' if frame else ''}; use bf16 autocast, which needs no scaler"
+            ) from e
+        if "does not require grad and does not have a grad_fn" in str(e):
+            raise TraceError(
+                f"the loss does not depend on any trainable parameter (backward at {user_frame(e.__traceback__)})"
+            ) from e
+        raise as_trace_error(e, mstack) from e
+
+
+def _assign_roles(graph: torch.fx.Graph, sig: _Signature, n_extras: int) -> List[Tuple[int, str]]:
+    """Give each placeholder its role and name, mark the gradients (``grad_of``), keep the state
+    outputs that changed, the loss and the extras; returns the roles of the outputs kept."""
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    specs = sig.placeholder_specs()
+    assert len(placeholders) == len(specs), (len(placeholders), len(specs))
+    for ph, spec in zip(placeholders, specs):
+        ph.meta["fxdp_placeholder"] = spec
+        # requires_grad is True exactly for the parameters whose gradient the graph computes
+        ph.meta["fxdp_requires_grad"] = False
+
+    out_node = next(n for n in graph.nodes if n.op == "output")
+    ret = list(out_node.args[0])
+    n_kept = sig.n_state + 1 + n_extras
+    n_p = len(sig.pnames)
+    extra_grads = graph_passes.mark_gradients(graph, ret[n_kept:], sig.trainable,
+                                              dict(zip(sig.pnames, placeholders[:n_p])))
+    final_ret, final_roles = [], []
+    for i, (v, r) in enumerate(zip(ret[:n_kept], sig.output_specs(n_extras))):
+        if i < sig.n_state and v is placeholders[i]:
+            continue  # unchanged state
+        final_ret.append(v)
+        final_roles.append(r)
+    for n in extra_grads:
+        final_ret.append(n)
+        final_roles.append((pb.OTHER, ""))
+    out_node.args = (final_ret,)
+    graph.eliminate_dead_code()
+    return final_roles
+
+
+def _first_input(graph: torch.fx.Graph, sig: _Signature) -> Optional[torch.fx.Node]:
+    """The first INPUT placeholder (lifted constants go before it), or None without inputs."""
+    if not sig.batch.values:
+        return None
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    return placeholders[sig.n_state + len(sig.hnames)]
+
+
+def _record_layouts(gm: torch.fx.GraphModule, sig: _Signature, consts: "OrderedDict[str, torch.Tensor]") -> None:
+    """Real mode: run the finished graph once on the example tensors to record exact layouts."""
+    by_spec = {spec[:2]: t for spec, t in zip(sig.placeholder_specs(), sig.example_args())}
+    by_spec.update(((pb.CONSTANT, n), t) for n, t in consts.items())
+    args = [by_spec[n.meta["fxdp_placeholder"][:2]] for n in gm.graph.nodes if n.op == "placeholder"]
+    try:
+        graph_passes.record_real_meta(gm, args)
+    except Exception as e:  # noqa: BLE001
+        raise TraceError(f"the traced graph does not run on the example tensors: {type(e).__name__}: {e}") from e
+
+
+def _metadata(sig: _Signature, model, optimizer, train_step, loss_reduction, report) -> List[Tuple[str, str]]:
+    meta = [
+        ("model", type(model).__name__),
+        ("optimizer", type(optimizer).__name__),
+        ("optimizer.foreach", ",".join("true" if f else "false" for f in sig.foreach)),
+        ("loss_reduction", str(loss_reduction or "mean")),
+        ("batch_size", str(next((x.shape[d] for x, d in zip(sig.batch.values, sig.bdims) if d >= 0), -1))),
+        ("decompositions", "fxdp-default-v1:native_batch_norm"),
+        ("device", str(sig.device)),
+        ("train_step", getattr(train_step, "__qualname__", type(train_step).__name__)),
+    ]
+    if report["extras"]:
+        meta.append(("extra_outputs", json.dumps(report["extras"])))
+    if report["guards"]:
+        meta.append(("hyperparameter_guards", json.dumps(report["guards"])))
+    return meta
+
+
+def _initial_state(sig: _Signature, consts: "OrderedDict[str, torch.Tensor]") -> "OrderedDict[str, torch.Tensor]":
+    init = OrderedDict((n, t.detach().clone()) for n, t in sig.state_tensors().items())
+    init.update(consts)
+    return init
+
+
 # --------------------------------------------------------------------------- trace_step
 
 
@@ -353,220 +610,27 @@ def trace_step(
     from .versions import check_torch
 
     check_torch()
-
     if not isinstance(model, nn.Module):
         raise TraceError(f"model must be an nn.Module, got {type(model).__name__}")
     if not callable(train_step):
         raise TraceError(f"train_step must be callable, got {type(train_step).__name__}")
     if tracing_mode not in ("real", "fake"):
         raise TraceError(f"tracing_mode must be 'real' or 'fake', got {tracing_mode!r}")
-    optim_table.spec_of(optimizer)
-    optim_table.check_options(optimizer)
-    batch = _Batch(example_batch, input_names)
-    bdims = batch.batch_dims(batch_dim)
+    sig = _Signature(model, optimizer, example_batch, batch_dim, input_names)
 
-    params: "OrderedDict[str, torch.Tensor]" = OrderedDict(model.named_parameters())
-    buffers: "OrderedDict[str, torch.Tensor]" = OrderedDict(model.named_buffers())
-    pname_of = {id(p): n for n, p in params.items()}
-    group_params: List[List[torch.Tensor]] = []
-    for gi, group in enumerate(optimizer.param_groups):
-        for p in group["params"]:
-            if id(p) not in pname_of:
-                raise TraceError(
-                    f"optimizer param group {gi} holds a tensor of shape {tuple(p.shape)} that is not a "
-                    "parameter of the model"
-                )
-        group_params.append(list(group["params"]))
-    device = _check_devices(model, params, buffers, batch)
-    foreach = optim_table.resolve_foreach(optimizer, group_params)
-    ostate = optim_table.initial_state(optimizer, pname_of)
-    for pn, st in ostate.items():
-        for k, t in st.items():
-            if t.device != device and not (t.dim() == 0 and t.device.type == "cpu"):
-                raise TraceError(f"tensors on mixed devices: optimizer state '{k}' of parameter '{pn}' is on "
-                                 f"{t.device}, the model on {device}")
-    hvalues = optim_table.optimizer_hyperparameters(optimizer)
-    hyper = optim_table.hyperparameter_tensors(optimizer, device)
-
-    pnames, bnames, hnames = list(params), list(buffers), list(hyper)
-    state_names = [(pn, k) for pn, st in ostate.items() for k in st]
-    in_optimizer = {pname_of[id(p)] for ps in group_params for p in ps}
-    # the graph differentiates w.r.t. the parameters the optimizer updates
-    trainable = [n for n in pnames if params[n].requires_grad and n in in_optimizer]
-    trainable_set = set(trainable)
-    n_p, n_b, n_s, n_h, n_x = len(pnames), len(bnames), len(state_names), len(hnames), len(batch.values)
-    mstack = ModuleStack(model)
     report: Dict[str, Any] = {}
-
-    def flat_step(*flat):
-        with DataDependenceGuard():
-            return _flat_step(*flat)
-
-    def _flat_step(*flat):
-        from torch.nn.utils.stateless import _reparametrize_module
-
-        o = 0
-        p_in, o = flat[o:o + n_p], o + n_p
-        b_in, o = flat[o:o + n_b], o + n_b
-        s_in, o = flat[o:o + n_s], o + n_s
-        h_in, o = flat[o:o + n_h], o + n_h
-        x_in = flat[o:]
-        leaves = OrderedDict()
-        for n, t in zip(pnames, p_in):
-            leaf = t.clone()
-            if n in trainable_set:
-                leaf.requires_grad_(True)
-            leaves[n] = leaf
-        bufs = OrderedDict((n, t.clone()) for n, t in zip(bnames, b_in))
-        it = iter(s_in)
-        st_tensors = OrderedDict((pn, OrderedDict((k, next(it).clone()) for k in st)) for pn, st in ostate.items())
-        htensors = OrderedDict(zip(hnames, h_in))
-        hmode = optim_table.HyperparameterMode(htensors, hvalues)
-        taps = _GradientTaps(OrderedDict((n, leaves[n]) for n in trainable))
-        bound = optim_table.BoundOptimizer(optimizer, leaves, pname_of, st_tensors, htensors, foreach)
-        hook = _StepHook(optimizer, taps, hmode)
-        with _reparametrize_module(model, {**leaves, **bufs}, tie_weights=True), bound, taps, hook, \
-                torch.enable_grad():
-            result = train_step(model, optimizer, batch.rebuild(list(x_in)))
-            if hook.calls == 0:
-                raise TraceError("train_step never calls optimizer.step(): fxdp traces one optimizer update per step")
-            final_state = [bound.final_state(pn, k) for pn, k in state_names]
-            new_bufs = [bufs[n] for n in bnames]
-        loss, extras = _split_result(result)
-        report["extras"] = list(extras)
-        report["guards"] = dict(hmode.guards)
-        snaps = [taps.snap.get(n) for n in trainable]
-        for leaf in leaves.values():
-            leaf.grad = None
-        outs = [leaf.detach() for leaf in leaves.values()] + new_bufs + final_state
-        return outs + [loss.detach()] + [v.detach() for v in extras.values()] + snaps
-
-    flat_real = (
-        [params[n].detach() for n in pnames]
-        + [buffers[n] for n in bnames]
-        + [ostate[pn][k] for pn, k in state_names]
-        + [hyper[n] for n in hnames]
-        + list(batch.values)
-    )
-    table = dict(DEFAULT_DECOMPOSITIONS)
-    if decompositions:
-        table.update(decompositions)
-    try:
-        with mstack:
-            gm1 = make_fx(flat_step, tracing_mode=tracing_mode, decomposition_table=table,
-                          _allow_non_fake_inputs=True)(*flat_real)
-        gm = make_fx(
-            torch.func.functionalize(gm1, remove="mutations"), tracing_mode=tracing_mode, _allow_non_fake_inputs=True
-        )(*flat_real)
-    except Exception as e:  # noqa: BLE001 - every failure becomes a TraceError naming what it can
-        if _gradscaler_in(e.__traceback__):
-            frame = user_frame(e.__traceback__)
-            raise TraceError(
-                "GradScaler cannot be traced: it skips the optimizer step when a gradient is inf/nan, a decision "
-                f"on tensor values{f' (at {frame})' if frame else ''}; use bf16 autocast, which needs no scaler"
-            ) from e
-        if "does not require grad and does not have a grad_fn" in str(e):
-            raise TraceError(
-                f"the loss does not depend on any trainable parameter (backward at {user_frame(e.__traceback__)})"
-            ) from e
-        raise as_trace_error(e, mstack) from e
-
+    step = _flat_step(sig, train_step, model, optimizer, report)
+    gm = _make_graph(step, sig.example_args(), ModuleStack(model), tracing_mode, decompositions)
     graph_passes.cleanup(gm)
-    graph = gm.graph
-    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    assert len(placeholders) == len(flat_real), (len(placeholders), len(flat_real))
-    out_node = next(n for n in graph.nodes if n.op == "output")
-    ret = list(out_node.args[0])
-
-    # --- placeholder roles and names
-    roles = (
-        [(pb.PARAMETER, n, 0) for n in pnames]
-        + [(pb.BUFFER, n, 0) for n in bnames]
-        + [(pb.OPTIMIZER_STATE, f"optim.{pn}.{k}", 0) for pn, k in state_names]
-        + [(pb.HYPERPARAMETER, n, 0) for n in hnames]
-        + [(pb.INPUT, n, d) for n, d in zip(batch.names, bdims)]
-    )
-    for ph, spec in zip(placeholders, roles):
-        ph.meta["fxdp_placeholder"] = spec
-        # requires_grad is True exactly for the parameters whose gradient the graph computes
-        ph.meta["fxdp_requires_grad"] = False
-
-    # --- outputs: changed state, loss, extras; gradient marks
-    n_state_out = n_p + n_b + n_s
-    n_e = len(report["extras"])
-    snaps = ret[n_state_out + 1 + n_e:]
-    extra_grads = graph_passes.mark_gradients(graph, snaps, trainable, dict(zip(pnames, placeholders[:n_p])))
-    kept = ret[: n_state_out + 1 + n_e]
-    out_roles = (
-        [(pb.UPDATED_PARAMETER, n) for n in pnames]
-        + [(pb.UPDATED_BUFFER, n) for n in bnames]
-        + [(pb.UPDATED_OPTIMIZER_STATE, f"optim.{pn}.{k}") for pn, k in state_names]
-        + [(pb.LOSS, "")]
-        + [(pb.OTHER, "")] * n_e
-    )
-    final_ret, final_roles = [], []
-    for i, (v, r) in enumerate(zip(kept, out_roles)):
-        if i < n_state_out and v is placeholders[i]:
-            continue  # unchanged state
-        final_ret.append(v)
-        final_roles.append(r)
-    for n in extra_grads:
-        final_ret.append(n)
-        final_roles.append((pb.OTHER, ""))
-    out_node.args = (final_ret,)
-    graph.eliminate_dead_code()
-
-    consts = graph_passes.lift_constants(gm, placeholders[n_state_out + n_h] if n_x else None)
+    first_input = _first_input(gm.graph, sig)
+    output_roles = _assign_roles(gm.graph, sig, len(report["extras"]))
+    consts = graph_passes.lift_constants(gm, first_input)
     graph_passes.validate_ops(gm)
-    final_gm = graph_passes.renamed(graph, final_roles)
-
+    final_gm = graph_passes.renamed(gm.graph, output_roles)
     if tracing_mode == "real":
-        by_role = {}
-        for n, t in zip(pnames, flat_real[:n_p]):
-            by_role[(pb.PARAMETER, n)] = t
-        for n in bnames:
-            by_role[(pb.BUFFER, n)] = buffers[n]
-        for pn, k in state_names:
-            by_role[(pb.OPTIMIZER_STATE, f"optim.{pn}.{k}")] = ostate[pn][k]
-        for n in hnames:
-            by_role[(pb.HYPERPARAMETER, n)] = hyper[n]
-        for n, t in zip(batch.names, batch.values):
-            by_role[(pb.INPUT, n)] = t
-        for n, t in consts.items():
-            by_role[(pb.CONSTANT, n)] = t
-        args = [by_role[n.meta["fxdp_placeholder"][:2]] for n in final_gm.graph.nodes if n.op == "placeholder"]
-        try:
-            graph_passes.record_real_meta(final_gm, args)
-        except Exception as e:  # noqa: BLE001
-            raise TraceError(f"the traced graph does not run on the example tensors: {type(e).__name__}: {e}") from e
-
-    meta = [
-        ("model", type(model).__name__),
-        ("optimizer", type(optimizer).__name__),
-        ("optimizer.foreach", ",".join("true" if f else "false" for f in foreach)),
-        ("loss_reduction", str(loss_reduction or "mean")),
-        ("batch_size", str(next((x.shape[d] for x, d in zip(batch.values, bdims) if d >= 0), -1))),
-        ("decompositions", "fxdp-default-v1:native_batch_norm"),
-        ("device", str(device)),
-        ("train_step", getattr(train_step, "__qualname__", type(train_step).__name__)),
-    ]
-    if report["extras"]:
-        meta.append(("extra_outputs", json.dumps(report["extras"])))
-    if report["guards"]:
-        meta.append(("hyperparameter_guards", json.dumps(report["guards"])))
-    graph_def = convert.fx_to_graphdef(final_gm, meta)
-
-    init = OrderedDict()
-    for n in pnames:
-        init[n] = params[n].detach().clone()
-    for n in bnames:
-        init[n] = buffers[n].detach().clone()
-    for pn, k in state_names:
-        init[f"optim.{pn}.{k}"] = ostate[pn][k].detach().clone()
-    for n in hnames:
-        init[n] = hyper[n].detach().clone()
-    init.update(consts)
-    return TracedStep(graph_def, init)
+        _record_layouts(final_gm, sig, consts)
+    graph_def = convert.fx_to_graphdef(final_gm, _metadata(sig, model, optimizer, train_step, loss_reduction, report))
+    return TracedStep(graph_def, _initial_state(sig, consts))
 
 
 # --------------------------------------------------------------------------- trace (shortcut)
