@@ -212,6 +212,75 @@ bool SkipAny(Reader& r, uint32_t tag) {
   }
 }
 
+// ---- One field loop for every message. A message's decoder is a switch from
+// tag to field reader, run by ForEachField over the message's fields. A field
+// the switch does not know (Field::kUnknown) goes to the message's policy:
+// RefuseUnknown, or SkipUnknown, which skips it and records that it was there
+// (inside an Argument, where a later oneof member can still replace it).
+
+enum class Field { kRead, kUnknown, kCorrupt };
+
+inline Field Check(bool ok) { return ok ? Field::kRead : Field::kCorrupt; }
+
+template <typename OnField, typename OnUnknown>
+inline bool ForEachField(Reader r, OnField on_field, OnUnknown on_unknown) {
+  while (!r.done()) {
+    uint32_t tag;
+    if (!ReadTag(r, &tag)) return false;
+    switch (on_field(tag, r)) {
+      case Field::kRead:
+        break;
+      case Field::kCorrupt:
+        return false;
+      case Field::kUnknown:
+        if (!on_unknown(tag, r)) return false;
+        break;
+    }
+  }
+  return true;
+}
+
+inline bool RefuseUnknown(uint32_t, Reader&) { return false; }
+
+struct SkipUnknown {
+  bool* seen;  // set when a field was skipped
+  int level;   // the level of the message's fields
+  bool operator()(uint32_t tag, Reader& r) const {
+    *seen = true;
+    return SkipField(r, tag, level);
+  }
+};
+
+// Field readers: one field's payload into *out, converted as protobuf does.
+template <typename T>
+inline Field VarintAs(Reader& r, T* out) {  // uint32/int64/uint64 fields: the value mod 2^bits
+  uint64_t v;
+  if (!ReadVarint(r, &v)) return Field::kCorrupt;
+  *out = static_cast<T>(v);
+  return Field::kRead;
+}
+inline Field VarintLow32(Reader& r, int32_t* out) {  // int32 fields
+  uint64_t v;
+  if (!ReadVarint(r, &v)) return Field::kCorrupt;
+  *out = Low32(v);
+  return Field::kRead;
+}
+template <typename T>
+inline Field VarintBool(Reader& r, T* out) {  // bool fields: any non-zero varint is true
+  uint64_t v;
+  if (!ReadVarint(r, &v)) return Field::kCorrupt;
+  *out = v != 0;
+  return Field::kRead;
+}
+inline Field Fixed64(Reader& r, uint64_t* out) { return Check(ReadFixed64(r, out)); }
+inline Field String(Reader& r, std::string* out) { return Check(ReadString(r, out)); }
+// A message field: `decode(Reader)` gets its bytes.
+template <typename Decode>
+inline Field Message(Reader& r, Decode decode) {
+  Reader sub;
+  return Check(ReadLength(r, &sub) && decode(sub));
+}
+
 // How often the length-delimited field `number` occurs in a message (a reserve
 // hint: exact for well-formed input, a lower bound otherwise).
 size_t CountField(Reader r, uint32_t number) {
@@ -246,25 +315,16 @@ struct DeviceFields {
 
 bool ParseDevice(Reader r, int level, DeviceFields* d) {
   if (level > kRecursionLimit) return false;
-  while (!r.done()) {
-    uint32_t tag;
-    uint64_t v;
-    if (!ReadTag(r, &tag)) return false;
-    switch (tag) {
-      case Tag(w::device::kType, kVarint):
-        if (!ReadVarint(r, &v)) return false;
-        d->type = static_cast<uint32_t>(v);
-        break;
-      case Tag(w::device::kIndex, kVarint):
-        if (!ReadVarint(r, &v)) return false;
-        d->index = Low32(v);
-        break;
-      default:
-        d->unknown = true;
-        if (!SkipField(r, tag, level)) return false;
-    }
-  }
-  return true;
+  return ForEachField(
+      r,
+      [d](uint32_t tag, Reader& in) {
+        switch (tag) {
+          case Tag(w::device::kType, kVarint): return VarintAs(in, &d->type);
+          case Tag(w::device::kIndex, kVarint): return VarintLow32(in, &d->index);
+          default: return Field::kUnknown;
+        }
+      },
+      SkipUnknown{&d->unknown, level});
 }
 
 bool FinishDevice(const DeviceFields& d, Device* out) {
@@ -292,59 +352,42 @@ struct ScalarFields {
 
 bool ParseComplex(Reader r, int level, ScalarFields* s) {
   if (level > kRecursionLimit) return false;
-  while (!r.done()) {
-    uint32_t tag;
-    if (!ReadTag(r, &tag)) return false;
-    switch (tag) {
-      case Tag(w::complex::kReal, kFixed64):
-        if (!ReadFixed64(r, &s->real)) return false;
-        break;
-      case Tag(w::complex::kImag, kFixed64):
-        if (!ReadFixed64(r, &s->imag)) return false;
-        break;
-      default:
-        s->complex_unknown = true;
-        if (!SkipField(r, tag, level)) return false;
-    }
-  }
-  return true;
+  return ForEachField(
+      r,
+      [s](uint32_t tag, Reader& in) {
+        switch (tag) {
+          case Tag(w::complex::kReal, kFixed64): return Fixed64(in, &s->real);
+          case Tag(w::complex::kImag, kFixed64): return Fixed64(in, &s->imag);
+          default: return Field::kUnknown;
+        }
+      },
+      SkipUnknown{&s->complex_unknown, level});
 }
 
+// A oneof member's field (read errors refuse the whole input, so the member
+// may be set before its bytes are read).
 bool ParseScalar(Reader r, int level, ScalarFields* s) {
   if (level > kRecursionLimit) return false;
-  while (!r.done()) {
-    uint32_t tag;
-    uint64_t v;
-    if (!ReadTag(r, &tag)) return false;
-    switch (tag) {
-      case Tag(w::scalar::kIntValue, kVarint):
-        if (!ReadVarint(r, &v)) return false;
-        s->Set(w::scalar::kIntValue);
-        s->bits = v;
-        break;
-      case Tag(w::scalar::kFloatValue, kFixed64):
-        if (!ReadFixed64(r, &v)) return false;
-        s->Set(w::scalar::kFloatValue);
-        s->bits = v;
-        break;
-      case Tag(w::scalar::kBoolValue, kVarint):
-        if (!ReadVarint(r, &v)) return false;
-        s->Set(w::scalar::kBoolValue);
-        s->bits = v != 0;
-        break;
-      case Tag(w::scalar::kComplexValue, kLen): {
-        Reader sub;
-        if (!ReadLength(r, &sub)) return false;
-        s->Set(w::scalar::kComplexValue);
-        if (!ParseComplex(sub, level + 1, s)) return false;
-        break;
-      }
-      default:
-        s->unknown = true;
-        if (!SkipField(r, tag, level)) return false;
-    }
-  }
-  return true;
+  return ForEachField(
+      r,
+      [s, level](uint32_t tag, Reader& in) {
+        switch (tag) {
+          case Tag(w::scalar::kIntValue, kVarint):
+            s->Set(w::scalar::kIntValue);
+            return VarintAs(in, &s->bits);
+          case Tag(w::scalar::kFloatValue, kFixed64):
+            s->Set(w::scalar::kFloatValue);
+            return Fixed64(in, &s->bits);
+          case Tag(w::scalar::kBoolValue, kVarint):
+            s->Set(w::scalar::kBoolValue);
+            return VarintBool(in, &s->bits);
+          case Tag(w::scalar::kComplexValue, kLen):
+            s->Set(w::scalar::kComplexValue);
+            return Message(in, [s, level](Reader sub) { return ParseComplex(sub, level + 1, s); });
+          default: return Field::kUnknown;
+        }
+      },
+      SkipUnknown{&s->unknown, level});
 }
 
 bool FinishScalar(const ScalarFields& s, Scalar* out) {
@@ -404,37 +447,23 @@ bool ParseArgument(Reader r, int level, int depth, ArgumentFields* a);
 
 bool ParseValueRef(Reader r, int level, ArgumentFields* a) {
   if (level > kRecursionLimit) return false;
-  while (!r.done()) {
-    uint32_t tag;
-    uint64_t v;
-    if (!ReadTag(r, &tag)) return false;
-    switch (tag) {
-      case Tag(w::value_ref::kNode, kVarint):
-        if (!ReadVarint(r, &v)) return false;
-        a->ref_node = static_cast<uint32_t>(v);
-        break;
-      case Tag(w::value_ref::kOutput, kVarint):
-        if (!ReadVarint(r, &v)) return false;
-        a->ref_output = static_cast<uint32_t>(v);
-        break;
-      default:
-        a->member_bad = true;
-        if (!SkipField(r, tag, level)) return false;
-    }
-  }
-  return true;
+  return ForEachField(
+      r,
+      [a](uint32_t tag, Reader& in) {
+        switch (tag) {
+          case Tag(w::value_ref::kNode, kVarint): return VarintAs(in, &a->ref_node);
+          case Tag(w::value_ref::kOutput, kVarint): return VarintAs(in, &a->ref_output);
+          default: return Field::kUnknown;
+        }
+      },
+      SkipUnknown{&a->member_bad, level});
 }
 
 // NoneValue has no fields: any field is unknown.
 bool ParseNone(Reader r, int level, ArgumentFields* a) {
   if (level > kRecursionLimit) return false;
-  while (!r.done()) {
-    uint32_t tag;
-    if (!ReadTag(r, &tag)) return false;
-    a->member_bad = true;
-    if (!SkipField(r, tag, level)) return false;
-  }
-  return true;
+  return ForEachField(
+      r, [](uint32_t, Reader&) { return Field::kUnknown; }, SkipUnknown{&a->member_bad, level});
 }
 
 bool FinishArgument(ArgumentFields* a, int depth, Argument* out);
@@ -444,93 +473,73 @@ bool ParseList(Reader r, int level, int depth, ArgumentFields* a) {
   if (level > kRecursionLimit) return false;
   if (a->items.empty())
     a->items.reserve(std::min(CountField(r, w::argument_list::kItems), kMaxReserveHint));
-  while (!r.done()) {
-    uint32_t tag;
-    if (!ReadTag(r, &tag)) return false;
-    if (tag == Tag(w::argument_list::kItems, kLen)) {
-      Reader sub;
-      if (!ReadLength(r, &sub)) return false;
-      bool ok;
-      if (DecodeSimpleArgument(sub, level + 1, depth + 1, &a->items.emplace_back(), &ok)) {
-        if (!ok) a->member_bad = true;
-        continue;
-      }
-      ArgumentFields item;
-      if (!ParseArgument(sub, level + 1, depth + 1, &item)) return false;
-      if (!FinishArgument(&item, depth + 1, &a->items.back())) a->member_bad = true;
-    } else {
-      a->member_bad = true;
-      if (!SkipField(r, tag, level)) return false;
-    }
-  }
-  return true;
+  return ForEachField(
+      r,
+      [a, level, depth](uint32_t tag, Reader& in) {
+        if (tag != Tag(w::argument_list::kItems, kLen)) return Field::kUnknown;
+        return Message(in, [a, level, depth](Reader sub) {
+          bool ok;
+          if (DecodeSimpleArgument(sub, level + 1, depth + 1, &a->items.emplace_back(), &ok)) {
+            if (!ok) a->member_bad = true;
+            return true;
+          }
+          ArgumentFields item;
+          if (!ParseArgument(sub, level + 1, depth + 1, &item)) return false;
+          if (!FinishArgument(&item, depth + 1, &a->items.back())) a->member_bad = true;
+          return true;
+        });
+      },
+      SkipUnknown{&a->member_bad, level});
 }
 
 // Parses (more of) an Argument at `level`, list nesting `depth`. False only on
 // corruption; whether the Argument is acceptable is FinishArgument's call.
 bool ParseArgument(Reader r, int level, int depth, ArgumentFields* a) {
   if (level > kRecursionLimit) return false;
-  while (!r.done()) {
-    uint32_t tag;
-    uint64_t v;
-    Reader sub;
-    if (!ReadTag(r, &tag)) return false;
-    switch (tag) {
-      case Tag(w::argument::kRef, kLen):
-        if (!ReadLength(r, &sub)) return false;
-        a->Set(w::argument::kRef);
-        if (!ParseValueRef(sub, level + 1, a)) return false;
-        break;
-      case Tag(w::argument::kIntValue, kVarint):
-      case Tag(w::argument::kDtype, kVarint):
-      case Tag(w::argument::kLayout, kVarint):
-      case Tag(w::argument::kMemoryFormat, kVarint):
-        if (!ReadVarint(r, &v)) return false;
-        a->Set(tag >> 3);
-        a->bits = v;
-        break;
-      case Tag(w::argument::kBoolValue, kVarint):
-        if (!ReadVarint(r, &v)) return false;
-        a->Set(w::argument::kBoolValue);
-        a->bits = v != 0;
-        break;
-      case Tag(w::argument::kFloatValue, kFixed64):
-        if (!ReadFixed64(r, &v)) return false;
-        a->Set(w::argument::kFloatValue);
-        a->bits = v;
-        break;
-      case Tag(w::argument::kStringValue, kLen):
-        if (!ReadLength(r, &sub) || !ValidUtf8(sub.p, static_cast<size_t>(sub.end - sub.p)))
-          return false;
-        a->Set(w::argument::kStringValue);
-        a->str.assign(reinterpret_cast<const char*>(sub.p), static_cast<size_t>(sub.end - sub.p));
-        break;
-      case Tag(w::argument::kNone, kLen):
-        if (!ReadLength(r, &sub)) return false;
-        a->Set(w::argument::kNone);
-        if (!ParseNone(sub, level + 1, a)) return false;
-        break;
-      case Tag(w::argument::kDevice, kLen):
-        if (!ReadLength(r, &sub)) return false;
-        a->Set(w::argument::kDevice);
-        if (!ParseDevice(sub, level + 1, &a->device)) return false;
-        break;
-      case Tag(w::argument::kScalar, kLen):
-        if (!ReadLength(r, &sub)) return false;
-        a->Set(w::argument::kScalar);
-        if (!ParseScalar(sub, level + 1, &a->scalar)) return false;
-        break;
-      case Tag(w::argument::kList, kLen):
-        if (!ReadLength(r, &sub)) return false;
-        a->Set(w::argument::kList);
-        if (!ParseList(sub, level + 1, depth, a)) return false;
-        break;
-      default:
-        a->unknown = true;
-        if (!SkipField(r, tag, level)) return false;
-    }
-  }
-  return true;
+  return ForEachField(
+      r,
+      [a, level, depth](uint32_t tag, Reader& in) {
+        switch (tag) {
+          case Tag(w::argument::kRef, kLen):
+            a->Set(w::argument::kRef);
+            return Message(in, [a, level](Reader sub) { return ParseValueRef(sub, level + 1, a); });
+          case Tag(w::argument::kIntValue, kVarint):
+          case Tag(w::argument::kDtype, kVarint):
+          case Tag(w::argument::kLayout, kVarint):
+          case Tag(w::argument::kMemoryFormat, kVarint):
+            a->Set(tag >> 3);
+            return VarintAs(in, &a->bits);
+          case Tag(w::argument::kBoolValue, kVarint):
+            a->Set(w::argument::kBoolValue);
+            return VarintBool(in, &a->bits);
+          case Tag(w::argument::kFloatValue, kFixed64):
+            a->Set(w::argument::kFloatValue);
+            return Fixed64(in, &a->bits);
+          case Tag(w::argument::kStringValue, kLen):
+            a->Set(w::argument::kStringValue);
+            return String(in, &a->str);
+          case Tag(w::argument::kNone, kLen):
+            a->Set(w::argument::kNone);
+            return Message(in, [a, level](Reader sub) { return ParseNone(sub, level + 1, a); });
+          case Tag(w::argument::kDevice, kLen):
+            a->Set(w::argument::kDevice);
+            return Message(in, [a, level](Reader sub) {
+              return ParseDevice(sub, level + 1, &a->device);
+            });
+          case Tag(w::argument::kScalar, kLen):
+            a->Set(w::argument::kScalar);
+            return Message(in, [a, level](Reader sub) {
+              return ParseScalar(sub, level + 1, &a->scalar);
+            });
+          case Tag(w::argument::kList, kLen):
+            a->Set(w::argument::kList);
+            return Message(in, [a, level, depth](Reader sub) {
+              return ParseList(sub, level + 1, depth, a);
+            });
+          default: return Field::kUnknown;
+        }
+      },
+      SkipUnknown{&a->unknown, level});
 }
 
 // The checks DecodeGraph makes on an argument; false: not acceptable.
@@ -639,45 +648,35 @@ bool DecodeArgument(Reader r, int level, Argument* out) {
 // unknown field or bad value refuses the input at once.
 
 bool DecodeTarget(Reader r, Target* t) {
-  while (!r.done()) {
-    uint32_t tag;
-    if (!ReadTag(r, &tag)) return false;
-    switch (tag) {
-      case Tag(w::target::kName, kLen):
-        if (!ReadString(r, &t->name)) return false;
-        break;
-      case Tag(w::target::kOverload, kLen):
-        if (!ReadString(r, &t->overload)) return false;
-        break;
-      default:
-        return false;
-    }
-  }
-  return true;
+  return ForEachField(
+      r,
+      [t](uint32_t tag, Reader& in) {
+        switch (tag) {
+          case Tag(w::target::kName, kLen): return String(in, &t->name);
+          case Tag(w::target::kOverload, kLen): return String(in, &t->overload);
+          default: return Field::kUnknown;
+        }
+      },
+      RefuseUnknown);
 }
 
 bool DecodeKeywordArgument(Reader r, KeywordArgument* kw) {
   ArgumentFields a;
   bool has_value = false;
-  while (!r.done()) {
-    uint32_t tag;
-    if (!ReadTag(r, &tag)) return false;
-    switch (tag) {
-      case Tag(w::keyword_argument::kName, kLen):
-        if (!ReadString(r, &kw->name)) return false;
-        break;
-      case Tag(w::keyword_argument::kValue, kLen): {
-        Reader sub;
-        // KeywordArgument's fields are at level 2, its value's at 3.
-        if (!ReadLength(r, &sub) || !ParseArgument(sub, 3, 0, &a)) return false;
-        has_value = true;
-        break;
-      }
-      default:
-        return false;
-    }
-  }
-  return has_value && FinishArgument(&a, 0, &kw->value);
+  return ForEachField(
+             r,
+             [kw, &a, &has_value](uint32_t tag, Reader& in) {
+               switch (tag) {
+                 case Tag(w::keyword_argument::kName, kLen): return String(in, &kw->name);
+                 case Tag(w::keyword_argument::kValue, kLen):
+                   has_value = true;
+                   // KeywordArgument's fields are at level 2, its value's at 3.
+                   return Message(in, [&a](Reader sub) { return ParseArgument(sub, 3, 0, &a); });
+                 default: return Field::kUnknown;
+               }
+             },
+             RefuseUnknown) &&
+         has_value && FinishArgument(&a, 0, &kw->value);
 }
 
 // Appends a packed (length-delimited) or unpacked (one varint) repeated int64,
@@ -709,69 +708,52 @@ struct TensorFields {
 };
 
 bool DecodeTensorMeta(Reader r, TensorType* t, TensorFields* f) {
-  while (!r.done()) {
-    uint32_t tag;
-    uint64_t v;
-    if (!ReadTag(r, &tag)) return false;
-    switch (tag) {
-      case Tag(w::tensor_meta::kShape, kLen):
-      case Tag(w::tensor_meta::kShape, kVarint):
-        if (!ReadRankList(r, tag, &t->shape)) return false;
-        break;
-      case Tag(w::tensor_meta::kStride, kLen):
-      case Tag(w::tensor_meta::kStride, kVarint):
-        if (!ReadRankList(r, tag, &t->stride)) return false;
-        break;
-      case Tag(w::tensor_meta::kStorageOffset, kVarint):
-        if (!ReadVarint(r, &v)) return false;
-        t->storage_offset = static_cast<int64_t>(v);
-        break;
-      case Tag(w::tensor_meta::kDtype, kVarint):
-        if (!ReadVarint(r, &v)) return false;
-        f->dtype = static_cast<uint32_t>(v);
-        break;
-      case Tag(w::tensor_meta::kDevice, kLen): {
-        Reader sub;
-        // TensorMeta's fields are at level 3 (node, outputs[k], tensor).
-        if (!ReadLength(r, &sub) || !ParseDevice(sub, 4, &f->device) || f->device.unknown)
-          return false;
-        f->has_device = true;
-        break;
-      }
-      case Tag(w::tensor_meta::kRequiresGrad, kVarint):
-        if (!ReadVarint(r, &v)) return false;
-        t->requires_grad = v != 0;
-        break;
-      default:
-        return false;
-    }
-  }
-  return true;
+  return ForEachField(
+      r,
+      [t, f](uint32_t tag, Reader& in) {
+        switch (tag) {
+          case Tag(w::tensor_meta::kShape, kLen):
+          case Tag(w::tensor_meta::kShape, kVarint):
+            return Check(ReadRankList(in, tag, &t->shape));
+          case Tag(w::tensor_meta::kStride, kLen):
+          case Tag(w::tensor_meta::kStride, kVarint):
+            return Check(ReadRankList(in, tag, &t->stride));
+          case Tag(w::tensor_meta::kStorageOffset, kVarint):
+            return VarintAs(in, &t->storage_offset);
+          case Tag(w::tensor_meta::kDtype, kVarint): return VarintAs(in, &f->dtype);
+          case Tag(w::tensor_meta::kDevice, kLen):
+            f->has_device = true;
+            // TensorMeta's fields are at level 3 (node, outputs[k], tensor).
+            return Message(in, [f](Reader sub) {
+              return ParseDevice(sub, 4, &f->device) && !f->device.unknown;
+            });
+          case Tag(w::tensor_meta::kRequiresGrad, kVarint):
+            return VarintBool(in, &t->requires_grad);
+          default: return Field::kUnknown;
+        }
+      },
+      RefuseUnknown);
 }
 
 bool DecodeValueMeta(Reader r, ValueType* out) {
   uint32_t kind = 0;
   bool has_tensor = false;
   TensorFields f;
-  while (!r.done()) {
-    uint32_t tag;
-    uint64_t v;
-    if (!ReadTag(r, &tag)) return false;
-    switch (tag) {
-      case Tag(w::value_meta::kKind, kVarint):
-        if (!ReadVarint(r, &v)) return false;
-        kind = static_cast<uint32_t>(v);
-        break;
-      case Tag(w::value_meta::kTensor, kLen): {
-        Reader sub;
-        if (!ReadLength(r, &sub) || !DecodeTensorMeta(sub, &out->tensor, &f)) return false;
-        has_tensor = true;
-        break;
-      }
-      default:
-        return false;
-    }
-  }
+  const bool read = ForEachField(
+      r,
+      [out, &kind, &has_tensor, &f](uint32_t tag, Reader& in) {
+        switch (tag) {
+          case Tag(w::value_meta::kKind, kVarint): return VarintAs(in, &kind);
+          case Tag(w::value_meta::kTensor, kLen):
+            has_tensor = true;
+            return Message(in, [out, &f](Reader sub) {
+              return DecodeTensorMeta(sub, &out->tensor, &f);
+            });
+          default: return Field::kUnknown;
+        }
+      },
+      RefuseUnknown);
+  if (!read) return false;
   absl::StatusOr<ValueKind> k = ValueKindFromWire(static_cast<int>(kind));
   if (!k.ok() || has_tensor != (*k == ValueKind::kTensor)) return false;
   out->kind = *k;
@@ -783,47 +765,32 @@ bool DecodeValueMeta(Reader r, ValueType* out) {
 }
 
 bool DecodePlaceholder(Reader r, uint32_t* role, PlaceholderSpec* p) {
-  while (!r.done()) {
-    uint32_t tag;
-    uint64_t v;
-    if (!ReadTag(r, &tag)) return false;
-    switch (tag) {
-      case Tag(w::placeholder_spec::kRole, kVarint):
-        if (!ReadVarint(r, &v)) return false;
-        *role = static_cast<uint32_t>(v);
-        break;
-      case Tag(w::placeholder_spec::kStateName, kLen):
-        if (!ReadString(r, &p->state_name)) return false;
-        break;
-      case Tag(w::placeholder_spec::kBatchDim, kVarint):
-        if (!ReadVarint(r, &v)) return false;
-        p->batch_dim = Low32(v);
-        break;
-      default:
-        return false;
-    }
-  }
-  return true;
+  return ForEachField(
+      r,
+      [role, p](uint32_t tag, Reader& in) {
+        switch (tag) {
+          case Tag(w::placeholder_spec::kRole, kVarint): return VarintAs(in, role);
+          case Tag(w::placeholder_spec::kStateName, kLen): return String(in, &p->state_name);
+          case Tag(w::placeholder_spec::kBatchDim, kVarint): return VarintLow32(in, &p->batch_dim);
+          default: return Field::kUnknown;
+        }
+      },
+      RefuseUnknown);
 }
 
 bool DecodeOutputSpec(Reader r, OutputSpec* s) {
   uint32_t role = 0;
-  while (!r.done()) {
-    uint32_t tag;
-    uint64_t v;
-    if (!ReadTag(r, &tag)) return false;
-    switch (tag) {
-      case Tag(w::output_spec::kRole, kVarint):
-        if (!ReadVarint(r, &v)) return false;
-        role = static_cast<uint32_t>(v);
-        break;
-      case Tag(w::output_spec::kStateName, kLen):
-        if (!ReadString(r, &s->state_name)) return false;
-        break;
-      default:
-        return false;
-    }
-  }
+  const bool read = ForEachField(
+      r,
+      [s, &role](uint32_t tag, Reader& in) {
+        switch (tag) {
+          case Tag(w::output_spec::kRole, kVarint): return VarintAs(in, &role);
+          case Tag(w::output_spec::kStateName, kLen): return String(in, &s->state_name);
+          default: return Field::kUnknown;
+        }
+      },
+      RefuseUnknown);
+  if (!read) return false;
   switch (static_cast<int>(role)) {
     case v1::UPDATED_PARAMETER: s->role = OutputRole::kUpdatedParameter; return true;
     case v1::UPDATED_BUFFER: s->role = OutputRole::kUpdatedBuffer; return true;
@@ -865,51 +832,44 @@ bool DecodeNode(Reader r, Node* n) {
 
   uint32_t kind = 0, role = 0;
   bool has_target = false, has_placeholder = false;
-  while (!r.done()) {
-    uint32_t tag;
-    uint64_t v;
-    Reader sub;
-    if (!ReadTag(r, &tag)) return false;
-    switch (tag) {
-      case Tag(w::node::kName, kLen):
-        if (!ReadString(r, &n->name)) return false;
-        break;
-      case Tag(w::node::kKind, kVarint):
-        if (!ReadVarint(r, &v)) return false;
-        kind = static_cast<uint32_t>(v);
-        break;
-      case Tag(w::node::kTarget, kLen):
-        if (!ReadLength(r, &sub) || !DecodeTarget(sub, &n->target)) return false;
-        has_target = true;
-        break;
-      case Tag(w::node::kArgs, kLen):
-        if (!ReadLength(r, &sub)) return false;
-        // Node fields are at level 1, an argument's at 2.
-        if (!DecodeArgument(sub, 2, &n->args.emplace_back())) return false;
-        break;
-      case Tag(w::node::kKwargs, kLen):
-        if (!ReadLength(r, &sub) || !DecodeKeywordArgument(sub, &n->kwargs.emplace_back()))
-          return false;
-        break;
-      case Tag(w::node::kOutputs, kLen):
-        if (!ReadLength(r, &sub) || !DecodeValueMeta(sub, &n->outputs.emplace_back()))
-          return false;
-        break;
-      case Tag(w::node::kPlaceholder, kLen):
-        if (!ReadLength(r, &sub) || !DecodePlaceholder(sub, &role, &n->placeholder)) return false;
-        has_placeholder = true;
-        break;
-      case Tag(w::node::kOutputSpecs, kLen):
-        if (!ReadLength(r, &sub) || !DecodeOutputSpec(sub, &n->output_specs.emplace_back()))
-          return false;
-        break;
-      case Tag(w::node::kGradOf, kLen):
-        if (!ReadString(r, &n->grad_of)) return false;
-        break;
-      default:
-        return false;  // unknown field (or a known one with the wrong wire type)
-    }
-  }
+  const bool read = ForEachField(
+      r,
+      [n, &kind, &role, &has_target, &has_placeholder](uint32_t tag, Reader& in) {
+        switch (tag) {
+          case Tag(w::node::kName, kLen): return String(in, &n->name);
+          case Tag(w::node::kKind, kVarint): return VarintAs(in, &kind);
+          case Tag(w::node::kTarget, kLen):
+            has_target = true;
+            return Message(in, [n](Reader sub) { return DecodeTarget(sub, &n->target); });
+          case Tag(w::node::kArgs, kLen):
+            // Node fields are at level 1, an argument's at 2.
+            return Message(in, [n](Reader sub) {
+              return DecodeArgument(sub, 2, &n->args.emplace_back());
+            });
+          case Tag(w::node::kKwargs, kLen):
+            return Message(in, [n](Reader sub) {
+              return DecodeKeywordArgument(sub, &n->kwargs.emplace_back());
+            });
+          case Tag(w::node::kOutputs, kLen):
+            return Message(in, [n](Reader sub) {
+              return DecodeValueMeta(sub, &n->outputs.emplace_back());
+            });
+          case Tag(w::node::kPlaceholder, kLen):
+            has_placeholder = true;
+            return Message(in, [n, &role](Reader sub) {
+              return DecodePlaceholder(sub, &role, &n->placeholder);
+            });
+          case Tag(w::node::kOutputSpecs, kLen):
+            return Message(in, [n](Reader sub) {
+              return DecodeOutputSpec(sub, &n->output_specs.emplace_back());
+            });
+          case Tag(w::node::kGradOf, kLen): return String(in, &n->grad_of);
+          default:  // unknown field (or a known one with the wrong wire type)
+            return Field::kUnknown;
+        }
+      },
+      RefuseUnknown);
+  if (!read) return false;
   switch (static_cast<int>(kind)) {
     case v1::PLACEHOLDER: n->kind = NodeKind::kPlaceholder; break;
     case v1::CALL_FUNCTION: n->kind = NodeKind::kCallFunction; break;
@@ -933,21 +893,16 @@ bool DecodeNode(Reader r, Node* n) {
 }
 
 bool DecodeStringPair(Reader r, std::pair<std::string, std::string>* kv) {
-  while (!r.done()) {
-    uint32_t tag;
-    if (!ReadTag(r, &tag)) return false;
-    switch (tag) {
-      case Tag(w::string_pair::kKey, kLen):
-        if (!ReadString(r, &kv->first)) return false;
-        break;
-      case Tag(w::string_pair::kValue, kLen):
-        if (!ReadString(r, &kv->second)) return false;
-        break;
-      default:
-        return false;
-    }
-  }
-  return true;
+  return ForEachField(
+      r,
+      [kv](uint32_t tag, Reader& in) {
+        switch (tag) {
+          case Tag(w::string_pair::kKey, kLen): return String(in, &kv->first);
+          case Tag(w::string_pair::kValue, kLen): return String(in, &kv->second);
+          default: return Field::kUnknown;
+        }
+      },
+      RefuseUnknown);
 }
 
 }  // namespace
@@ -961,35 +916,28 @@ bool DecodeGraphWire(absl::string_view bytes, absl::StatusOr<Graph>* out) {
   nodes.reserve(node_count);
   GraphHeader h;
   h.format_version = 0;
-  while (!r.done()) {
-    uint32_t tag;
-    uint64_t v;
-    Reader sub;
-    if (!ReadTag(r, &tag)) return false;
-    switch (tag) {
-      case Tag(w::graph_def::kFormatVersion, kVarint):
-        if (!ReadVarint(r, &v)) return false;
-        h.format_version = Low32(v);
-        break;
-      case Tag(w::graph_def::kProducer, kLen):
-        if (!ReadString(r, &h.producer)) return false;
-        break;
-      case Tag(w::graph_def::kTorchVersion, kLen):
-        if (!ReadString(r, &h.torch_version)) return false;
-        break;
-      case Tag(w::graph_def::kNodes, kLen):
-        if (!ReadLength(r, &sub) || nodes.size() >= static_cast<size_t>(kMaxNodes) ||
-            !DecodeNode(sub, &nodes.emplace_back()))
-          return false;
-        break;
-      case Tag(w::graph_def::kMetadata, kLen):
-        if (!ReadLength(r, &sub) || !DecodeStringPair(sub, &h.metadata.emplace_back()))
-          return false;
-        break;
-      default:
-        return false;  // unknown field, wrong wire type, or corrupt
-    }
-  }
+  const bool read = ForEachField(
+      r,
+      [&h, &nodes](uint32_t tag, Reader& in) {
+        switch (tag) {
+          case Tag(w::graph_def::kFormatVersion, kVarint):
+            return VarintLow32(in, &h.format_version);
+          case Tag(w::graph_def::kProducer, kLen): return String(in, &h.producer);
+          case Tag(w::graph_def::kTorchVersion, kLen): return String(in, &h.torch_version);
+          case Tag(w::graph_def::kNodes, kLen):
+            return Message(in, [&nodes](Reader sub) {
+              return nodes.size() < static_cast<size_t>(kMaxNodes) &&
+                     DecodeNode(sub, &nodes.emplace_back());
+            });
+          case Tag(w::graph_def::kMetadata, kLen):
+            return Message(in, [&h](Reader sub) {
+              return DecodeStringPair(sub, &h.metadata.emplace_back());
+            });
+          default: return Field::kUnknown;  // unknown field, wrong wire type, or corrupt
+        }
+      },
+      RefuseUnknown);
+  if (!read) return false;
   // A missing version is DecodeGraph's error; any other is the verifier's.
   if (h.format_version == 0) return false;
   *out = Graph::Create(std::move(h), std::move(nodes));
