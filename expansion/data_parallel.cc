@@ -395,6 +395,18 @@ class Expander final : public RankGraphBuilder {
         if (!local.contains(r.value)) local[r.value] = EmitSlice(r);
       }
     }
+    if (fs_ != nullptr && fs_->alias[id.value]) {
+      // A view of a shard in the optimizer: the shard itself (fully_shard.h).
+      replaced_[ValueRef{id, 0}] = Map(old.args[0].as<ValueRef>());
+      return absl::OkStatus();
+    }
+    if (fs_ != nullptr && old.is_getitem() && old.args[0].is_ref()) {
+      // An element of a norm of shards: the whole tensors' norm (EmitPartialNorm).
+      if (auto it = norms_.find(old.args[0].as<ValueRef>()); it != norms_.end()) {
+        replaced_[ValueRef{id, 0}] = it->second;
+        return absl::OkStatus();
+      }
+    }
     if (fs_ != nullptr) {
       FXDP_RETURN_IF_ERROR(FullyShardReads(id, old, local));
       // The parameter is a shard here: the whole gradient is no longer of its type.
@@ -413,11 +425,13 @@ class Expander final : public RankGraphBuilder {
       n.outputs[0] = ValueType::Tensor(
           Flat(n.outputs[0].tensor, fs_->sharded.at(id.value).shard_numel));
       n.outputs[0].tensor.requires_grad = rg;
-    } else if (fs_ != nullptr && fs_->on_shards[id.value] >= 0) {
-      // Optimizer math on shards: elementwise, so every output is [s].
-      const int64_t s = FlatShardOf(fs_->on_shards[id.value], o_.world_size, 0).shard_numel;
-      for (ValueType& t : n.outputs) {
-        if (t.is_tensor()) t = ValueType::Tensor(Flat(t.tensor, s));
+    } else if (fs_ != nullptr && !fs_->out_shards[id.value].empty()) {
+      // Optimizer math on shards: elementwise, so each such output is [s].
+      const std::vector<int64_t>& full = fs_->out_shards[id.value];
+      for (size_t k = 0; k < n.outputs.size() && k < full.size(); ++k) {
+        if (n.outputs[k].is_tensor() && full[k] >= 0) {
+          n.outputs[k] = ValueType::Tensor(Flat(n.outputs[k].tensor, ShardNumel(full[k])));
+        }
       }
     }
     // Size lists that spell a sharded output's global shape.
@@ -494,6 +508,46 @@ class Expander final : public RankGraphBuilder {
     }
     out_.push_back(std::move(n));
     new_id_[id.value] = static_cast<int32_t>(out_.size() - 1);
+    if (fs_ != nullptr && fs_->partial_norm[id.value]) return EmitPartialNorm(id, old);
+    return absl::OkStatus();
+  }
+
+  // The norms this rank took of its shards -> the whole tensors' 2-norms:
+  // sqrt(all_reduce(sum of squares)), one all-reduce for all of a node's norms.
+  absl::Status EmitPartialNorm(NodeId id, const Node& old) {
+    const ValueRef local{NodeId{new_id_[id.value]}, 0};
+    const bool foreach = old.outputs.size() > 1 || old.target.name == "aten::_foreach_norm";
+    const TensorType& t = old.outputs[0].tensor;
+    const std::string base = absl::StrCat("fxdp_norm_", old.name);
+    const int64_t k = static_cast<int64_t>(old.outputs.size());
+    ValueRef v = local;
+    TensorType vec = Flat(t, k);
+    if (foreach) {
+      Argument::List items;
+      for (int64_t j = 0; j < k; ++j) {
+        Node gi;
+        gi.name = Fresh(base);
+        gi.kind = ir::NodeKind::kCallFunction;
+        gi.target = ir::Target{std::string(ir::kGetItem), ""};
+        gi.args = {Argument(ValueRef{local.node, static_cast<int32_t>(j)}), Argument(j)};
+        gi.outputs.push_back(old.outputs[j]);
+        items.emplace_back(Emit(std::move(gi)));
+      }
+      v = Emit(Call(base, "aten::stack", "", {Argument(std::move(items))}, vec));
+    }
+    const TensorType& vt = foreach ? vec : t;
+    ValueRef sq = Emit(Call(base, "aten::mul", "Tensor", {v, v}, vt));
+    ValueRef sum = AllReduceWeighted(sq, vt, 1.0, absl::StrCat("norm ", old.name), true);
+    ValueRef norm = Emit(Call(base, "aten::sqrt", "", {sum}, vt));
+    if (!foreach) {
+      replaced_[ValueRef{id, 0}] = norm;
+      return absl::OkStatus();
+    }
+    for (int64_t j = 0; j < k; ++j) {
+      norms_[ValueRef{id, static_cast<int32_t>(j)}] =
+          Emit(Call(base, "aten::select", "int", {norm, Argument(int64_t{0}), Argument(j)},
+                    old.outputs[j].tensor));
+    }
     return absl::OkStatus();
   }
 
@@ -904,6 +958,7 @@ class Expander final : public RankGraphBuilder {
   absl::flat_hash_map<int32_t, ValueRef> gathered_fwd_, gathered_bwd_;  // placeholder -> whole
   absl::flat_hash_map<int32_t, ValueRef> gather_started_;               // event -> all_gather
   absl::flat_hash_map<int32_t, int32_t> backward_copies_;               // old node -> new node
+  absl::flat_hash_map<ValueRef, ValueRef> norms_;  // _foreach_norm output -> whole norm
 };
 
 absl::StatusOr<std::vector<PlannedBucket>> PlanBuckets(const Graph& g, const BatchDimAnalysis& a,

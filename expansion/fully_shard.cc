@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "analysis/ir/status_macros.h"
 #include "analysis/op_rules.h"
 #include "expansion/sharding.h"
 
@@ -53,6 +54,179 @@ void MarkAncestors(const Graph& g, int32_t from, std::vector<bool>& mark) {
       if (!mark[r.node.value]) stack.push_back(r.node.value);
     });
   }
+}
+
+
+// The whole tensor's numel when `r` is a shard in the optimizer, else -1.
+int64_t FullNumel(const absl::flat_hash_map<ValueRef, int64_t>& full_numel, ValueRef r) {
+  auto it = full_numel.find(r);
+  return it == full_numel.end() ? -1 : it->second;
+}
+
+absl::Status Refuse(const Node& node, int32_t world, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "node %s (%s) runs in the optimizer on sharded state, which FULLY_SHARD holds as flat "
+      "1/%d shards: only elementwise ops with 0-d operands (and 2-norms, all-reduced) run on "
+      "shards (%s)",
+      node.name, node.target.ToString(), world, why));
+}
+
+bool IsTwo(const ir::Argument* a) {
+  if (a == nullptr) return true;  // ord defaults to 2
+  if (const double* d = a->get_if<double>()) return *d == 2.0;
+  if (const int64_t* i = a->get_if<int64_t>()) return *i == 2;
+  return false;
+}
+
+// Optimizer node `i`: which of its outputs are shards (FullyShardPlan::out_shards),
+// or a 2-norm of shards (partial_norm), or INVALID_ARGUMENT naming it.
+absl::Status PlanOptimizerNode(const Graph& g, int32_t i, int32_t world,
+                               absl::flat_hash_map<ValueRef, int64_t>& full_numel,
+                               FullyShardPlan& p) {
+  const Node& node = g.nodes()[i];
+  bool any = false;
+  node.ForEachInput([&](ValueRef r) { any |= FullNumel(full_numel, r) >= 0; });
+  if (!any) return absl::OkStatus();  // not on sharded state: runs as it is
+  auto zero_d = [&](ValueRef r) { return g.type(r).is_tensor() && g.type(r).tensor.rank() == 0; };
+  const std::string& t = node.target.name;
+  // Views of a shard (functionalised .grad updates go through t(t(g)),
+  // view(view(g))): the same [s] data, with the permutation of the whole
+  // tensor's dims the view stands for. Only identity-ordered shards feed math.
+  static constexpr absl::string_view kReshapes[] = {"aten::view", "aten::reshape", "aten::_unsafe_view",
+                                                   "aten::squeeze", "aten::unsqueeze", "aten::alias",
+                                                   "aten::detach"};
+  const bool reshape = std::find(std::begin(kReshapes), std::end(kReshapes), t) != std::end(kReshapes);
+  const bool transpose = t == "aten::t" || t == "aten::transpose" || t == "aten::permute";
+  if ((reshape || transpose) && !node.args.empty() && node.args[0].is_ref() &&
+      FullNumel(full_numel, node.args[0].as<ValueRef>()) >= 0) {
+    const ValueRef in = node.args[0].as<ValueRef>();
+    const int32_t rank = g.type(in).tensor.rank();
+    std::vector<int32_t> perm = p.perm.contains(in) ? p.perm.at(in) : std::vector<int32_t>{};
+    if (perm.empty()) {
+      perm.resize(rank);
+      for (int32_t d = 0; d < rank; ++d) perm[d] = d;
+    }
+    bool identity = true;
+    for (int32_t d = 0; d < static_cast<int32_t>(perm.size()); ++d) identity = identity && perm[d] == d;
+    std::vector<int32_t> out;
+    if (reshape) {
+      if (!identity) return Refuse(node, world, "a reshape of a transposed view of a shard");
+    } else {
+      std::vector<int64_t> order;  // new dim d reads old dim order[d]
+      if (t == "aten::t") {
+        order = rank < 2 ? std::vector<int64_t>{0} : std::vector<int64_t>{1, 0};
+        order.resize(rank);
+      } else if (t == "aten::transpose") {
+        const int64_t* a = node.args.size() > 1 ? node.args[1].get_if<int64_t>() : nullptr;
+        const int64_t* b = node.args.size() > 2 ? node.args[2].get_if<int64_t>() : nullptr;
+        if (a == nullptr || b == nullptr) return Refuse(node, world, "transpose without int dims");
+        for (int64_t d = 0; d < rank; ++d) order.push_back(d);
+        std::swap(order[(*a + rank) % std::max(rank, 1)], order[(*b + rank) % std::max(rank, 1)]);
+      } else {
+        if (node.args.size() < 2 || !node.args[1].is_list()) return Refuse(node, world, "permute without dims");
+        for (const ir::Argument& e : node.args[1].as<ir::Argument::List>()) {
+          const int64_t* d = e.get_if<int64_t>();
+          if (d == nullptr) return Refuse(node, world, "permute without int dims");
+          order.push_back((*d + rank) % std::max(rank, 1));
+        }
+      }
+      for (int64_t d : order) out.push_back(perm[d]);
+      bool id = true;
+      for (int32_t d = 0; d < static_cast<int32_t>(out.size()); ++d) id = id && out[d] == d;
+      if (id) out.clear();
+    }
+    const ValueRef o{NodeId{i}, 0};
+    full_numel[o] = FullNumel(full_numel, in);
+    if (!out.empty()) p.perm[o] = out;
+    p.alias[i] = true;
+    p.out_shards[i] = {full_numel[o]};
+    return absl::OkStatus();
+  }
+  std::string transposed;
+  node.ForEachInput([&](ValueRef r) {
+    if (transposed.empty() && p.perm.contains(r)) transposed = g.node(r.node).name;
+  });
+  if (!transposed.empty()) {
+    return Refuse(node, world, absl::StrCat("operand ", transposed,
+                                            " is a transposed view of a shard"));
+  }
+  if (node.is_getitem()) {
+    const ValueRef src = node.args[0].as<ValueRef>();
+    p.out_shards[i] = {FullNumel(full_numel, src)};
+    full_numel[ValueRef{NodeId{i}, 0}] = p.out_shards[i][0];
+    return absl::OkStatus();
+  }
+  if (t == "aten::linalg_vector_norm" || t == "aten::_foreach_norm") {
+    // A 2-norm over whole tensors: the shards' norms, squared, all-reduced,
+    // square-rooted (the padding adds zeros). Over dims it is refused.
+    const ir::Argument* ord = node.args.size() > 1 ? &node.args[1] : node.kwarg("ord");
+    const ir::Argument* dim = node.args.size() > 2 ? &node.args[2] : node.kwarg("dim");
+    if (!IsTwo(ord) || (dim != nullptr && !dim->is_none())) {
+      return Refuse(node, world, "a norm other than the 2-norm of whole tensors");
+    }
+    bool all = true;
+    node.args[0].ForEachRef([&](ValueRef r) { all = all && FullNumel(full_numel, r) >= 0; });
+    if (!all) return Refuse(node, world, "a norm over shards and whole tensors together");
+    p.partial_norm[i] = true;
+    return absl::OkStatus();
+  }
+  if (absl::StartsWith(t, "aten::_foreach_")) {
+    // Elementwise across lists: position k of every list is a shard of the
+    // same tensor (or 0-d); a lone tensor operand must be 0-d.
+    std::vector<int64_t> numel;
+    for (const ir::Argument& a : node.args) {
+      if (!a.is_list() || !a.HasRef()) continue;
+      const auto& l = a.as<ir::Argument::List>();
+      if (numel.empty()) numel.assign(l.size(), -2);
+      if (l.size() != numel.size()) return Refuse(node, world, "lists of different lengths");
+      for (size_t k = 0; k < l.size(); ++k) {
+        const ValueRef* r = l[k].get_if<ValueRef>();
+        if (r == nullptr) continue;
+        const int64_t f = FullNumel(full_numel, *r);
+        if (f < 0 && zero_d(*r)) continue;
+        if (numel[k] == -2) numel[k] = f;
+        if (f != numel[k]) {
+          return Refuse(node, world, absl::StrCat("list position ", k, " mixes a shard with ",
+                                                  g.node(r->node).name, ", a whole tensor"));
+        }
+      }
+    }
+    for (const ir::Argument& a : node.args) {
+      if (const ValueRef* r = a.get_if<ValueRef>(); r != nullptr && !zero_d(*r)) {
+        return Refuse(node, world, absl::StrCat("operand ", g.node(r->node).name, " is not 0-d"));
+      }
+    }
+    if (node.outputs.size() != numel.size()) return Refuse(node, world, "outputs do not match the lists");
+    for (size_t k = 0; k < numel.size(); ++k) {
+      if (numel[k] == -2) numel[k] = -1;
+      full_numel[ValueRef{NodeId{i}, static_cast<int32_t>(k)}] = numel[k];
+    }
+    p.out_shards[i] = std::move(numel);
+    return absl::OkStatus();
+  }
+  // One elementwise op: its shards all stand for tensors of one size, its
+  // other tensor operands are 0-d, and so is its output's size.
+  int64_t numel = -1;
+  std::string problem;
+  node.ForEachInput([&](ValueRef r) {
+    const int64_t f = FullNumel(full_numel, r);
+    if (!problem.empty()) return;
+    if (f >= 0) {
+      if (numel >= 0 && f != numel) problem = absl::StrCat("shards of tensors of different sizes");
+      numel = f;
+    } else if (g.type(r).is_tensor() && !zero_d(r)) {
+      problem = absl::StrCat("operand ", g.node(r.node).name, " is a whole tensor of another size");
+    }
+  });
+  if (!problem.empty()) return Refuse(node, world, problem);
+  if (!RunsOnShards(node)) return Refuse(node, world, "this op is not elementwise");
+  if (node.outputs.size() != 1 || !node.outputs[0].is_tensor() ||
+      node.outputs[0].tensor.numel() != numel) {
+    return Refuse(node, world, "its output has another size");
+  }
+  p.out_shards[i] = {numel};
+  full_numel[ValueRef{NodeId{i}, 0}] = numel;
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -185,20 +359,20 @@ absl::StatusOr<FullyShardPlan> PlanFullyShard(const Graph& g, const BatchDimAnal
   for (int32_t i = 0; i < n; ++i) {
     if (!g.nodes()[i].grad_of.empty()) grads[i] = g.nodes()[i].grad_of;
   }
-  // Optimizer nodes that run on shards: numel of the full value they stand for.
-  std::vector<int64_t> shard_numel(n, -1);
+  // Values the optimizer has as shards: the numel of the whole tensor each stands for.
+  absl::flat_hash_map<ValueRef, int64_t> full_numel;
   for (const auto& [i, s] : p.sharded) {
     int64_t numel = 1;
     for (int64_t d : s.shape) numel *= d;
-    shard_numel[i] = numel;
+    full_numel[ValueRef{NodeId{i}, 0}] = numel;
   }
-  p.on_shards.assign(n, -1);
-  for (int32_t i = 0; i < n; ++i) {
-    if (p.phase[i] == ShardPhase::kOptimizer) p.on_shards[i] = shard_numel[i];
+  for (const auto& [i, param] : grads) {
+    if (g.nodes()[i].outputs[0].is_tensor())
+      full_numel[ValueRef{NodeId{i}, 0}] = g.nodes()[i].outputs[0].tensor.numel();
   }
-  for (const auto& [i, param] : grads) shard_numel[i] = g.nodes()[i].outputs[0].is_tensor()
-                                                           ? g.nodes()[i].outputs[0].tensor.numel()
-                                                           : -1;
+  p.out_shards.assign(n, {});
+  p.partial_norm.assign(n, false);
+  p.alias.assign(n, false);
   for (int32_t i = 0; i < n; ++i) {
     const Node& node = g.nodes()[i];
     if (node.is_placeholder() || node.kind == ir::NodeKind::kGetAttr) continue;
@@ -212,6 +386,18 @@ absl::StatusOr<FullyShardPlan> PlanFullyShard(const Graph& g, const BatchDimAnal
           what = g.nodes()[r.node.value].name;
         }
       });
+      node.ForEachInput([&](ValueRef r) {
+        if (p.perm.contains(r) && !bad) {
+          bad = true;
+          what = g.nodes()[r.node.value].name;
+        }
+      });
+      if (bad && !grads.contains(g.FindNode(what)->value)) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "node %s: the step returns %s, a transposed view of a shard, which FULLY_SHARD "
+            "cannot hand out whole",
+            node.name, what));
+      }
       if (bad) {
         return absl::InvalidArgumentError(absl::StrFormat(
             "node %s: the step returns the gradient %s; FULLY_SHARD keeps only 1/%d shards of "
@@ -242,45 +428,7 @@ absl::StatusOr<FullyShardPlan> PlanFullyShard(const Graph& g, const BatchDimAnal
                                                         node.target.ToString(), problem));
     }
     if (ph != ShardPhase::kOptimizer) continue;
-    // Optimizer: elementwise on shards, with 0-d operands.
-    int64_t numel = -1;
-    std::string full_operand;
-    node.ForEachInput([&](ValueRef r) {
-      const int32_t s = r.node.value;
-      if (shard_numel[s] >= 0 && (p.phase[s] == ShardPhase::kOptimizer || p.sharded.contains(s) ||
-                                  grads.contains(s))) {
-        numel = shard_numel[s];
-      }
-    });
-    if (numel < 0) continue;  // not on sharded state: runs as it is
-    node.ForEachInput([&](ValueRef r) {
-      const int32_t s = r.node.value;
-      const bool sharded = shard_numel[s] >= 0 && (p.phase[s] == ShardPhase::kOptimizer ||
-                                                    p.sharded.contains(s) || grads.contains(s));
-      const ir::ValueType& t = g.type(r);
-      if (full_operand.empty() && t.is_tensor() && !sharded && t.tensor.rank() > 0) {
-        full_operand = g.nodes()[s].name;
-      } else if (full_operand.empty() && sharded && shard_numel[s] != numel) {
-        full_operand = g.nodes()[s].name;
-      }
-    });
-    const bool outputs_fit = !node.outputs.empty() && node.outputs[0].is_tensor() &&
-                             node.outputs[0].tensor.numel() == numel;
-    if (!RunsOnShards(node) || !full_operand.empty() || !outputs_fit) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "node %s (%s) runs in the optimizer on sharded state, which FULLY_SHARD holds as flat "
-          "1/%d shards: only elementwise ops with 0-d operands run on shards%s",
-          node.name, node.target.ToString(), world,
-          !full_operand.empty() ? absl::StrCat(" (operand ", full_operand,
-                                               " is a whole tensor of another size)")
-                                : std::string(!RunsOnShards(node) ? " (this op is not elementwise)"
-                                                                  : " (its output has another size)")));
-    }
-    shard_numel[i] = numel;
-  }
-  p.on_shards.assign(n, -1);
-  for (int32_t i = 0; i < n; ++i) {
-    if (p.phase[i] == ShardPhase::kOptimizer) p.on_shards[i] = shard_numel[i];
+    FXDP_RETURN_IF_ERROR(PlanOptimizerNode(g, i, world, full_numel, p));
   }
 
   // ---- units ------------------------------------------------------------------------

@@ -16,7 +16,9 @@
 //   optimizer  the rest: they run on the [s] shards. Elementwise ops
 //              (OpFamily kPointwise/kLike) with 0-d operands work as they are
 //              and keep the padding zero (0 -> 0 for SGD, momentum, Adam,
-//              AdamW with weight decay); any other op on sharded state is
+//              AdamW with weight decay), elementwise _foreach_ ops too, and
+//              2-norms of shards (clip_grad_norm_) become partial: squared,
+//              all-reduced, square-rooted. Any other op on sharded state is
 //              refused naming the node.
 //
 // Units: parameters in the order forward first reads them, packed until a
@@ -66,9 +68,19 @@ struct FullyShardPlan {
   // Forward nodes computed from parameters only (views and casts of a
   // weight): backward reads its own copies, recomputed from its gather.
   std::vector<bool> param_derived;
-  // Per node: for values the optimizer computes on shards, the numel of the
-  // whole tensor they are a shard of; -1 for the others.
-  std::vector<int64_t> on_shards;
+  // Per optimizer node: for each output the optimizer computes on shards, the
+  // numel of the whole tensor it is a shard of (-1: not a shard); empty for
+  // nodes that do not run on shards.
+  std::vector<std::vector<int64_t>> out_shards;
+  // Optimizer nodes that take 2-norms of shards (clip_grad_norm_'s
+  // linalg_vector_norm, _foreach_norm): their results are this rank's part,
+  // squared, all-reduced and square-rooted into the whole tensors' norms.
+  std::vector<bool> partial_norm;
+  // Optimizer views of a shard (t, view, reshape, ...): the rank graph reads
+  // the shard itself; `perm` holds, for transposed ones, which dim of the
+  // whole tensor each of its dims is.
+  std::vector<bool> alias;
+  absl::flat_hash_map<ir::ValueRef, std::vector<int32_t>> perm;
   // Units: placeholder node indices, in forward first-use order.
   std::vector<std::vector<int32_t>> units;
   std::vector<int64_t> unit_bytes;  // gathered (N * s) bytes of each unit

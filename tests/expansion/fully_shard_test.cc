@@ -172,11 +172,30 @@ TEST(FullyShard, RefusesNonElementwiseOptimizerMathOnShardsNamingTheNode) {
   %output = output([%nw, %loss]) {specs=[UPDATED_PARAMETER "w", LOSS]}
 }
 )";
+  // Math on a transposed view of a shard: its elements are not the shard's.
   EXPECT_THAT(ExpandText(text, {.world_size = 2, .style = kFs}).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       "node gt (aten::t) runs in the optimizer on sharded state"));
+                       "node gs (aten::mul.Tensor) runs in the optimizer on sharded state, which "
+                       "FULLY_SHARD holds as flat 1/2 shards"));
   // REPLICATE takes it.
   EXPECT_TRUE(ExpandText(text, {.world_size = 2}).ok());
+  auto edit = [&](std::string from, const std::string& a, const std::string& b) {
+    from.replace(from.find(a), a.size(), b);
+    return from;
+  };
+  // A scan along a dim of a shard.
+  std::string scan = edit(text, "%gt: f32[4, 3]{1, 4} = aten::t(%g)", "%gt: f32[3, 4] = aten::cumsum(%g, 1)");
+  scan = edit(scan, "%gs: f32[4, 3] = aten::mul", "%gs: f32[3, 4] = aten::mul");
+  scan = edit(scan, "%gst: f32[3, 4]{1, 3} = aten::t(%gs)", "%gst: f32[3, 4] = aten::mul.Tensor(%gs, 1.0)");
+  EXPECT_THAT(ExpandText(scan, {.world_size = 2, .style = kFs}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "node gt (aten::cumsum) runs in the optimizer on sharded state"));
+  // Two transposes are the shard again: t(t(g)) is accepted.
+  std::string twice = edit(text, "%gs: f32[4, 3] = aten::mul.Tensor(%gt, 0.1)", "%gs: f32[3, 4] = aten::t(%gt)");
+  twice = edit(twice, "%gst: f32[3, 4]{1, 3} = aten::t(%gs)", "%gst: f32[3, 4] = aten::mul.Tensor(%gs, 0.1)");
+  Expansion e = ValueOrDie(ExpandText(twice, {.world_size = 2, .style = kFs}));
+  EXPECT_EQ(Find(e.graph(0), "nw").outputs[0].tensor.shape, (std::vector<int64_t>{6}));
+  EXPECT_FALSE(e.graph(0).FindNode("gt").has_value());  // views of a shard are the shard
 }
 
 }  // namespace
