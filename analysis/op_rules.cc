@@ -601,8 +601,10 @@ std::string OpRulesText() {
   return out;
 }
 
-int SizeArgIndex(const ir::Target& t) {
-  if (const OpRule* r = FindOpRule(t)) {
+int SizeArgIndex(const ir::Target& t) { return SizeArgIndex(t, FindOpRule(t)); }
+
+int SizeArgIndex(const ir::Target& t, const OpRule* r) {
+  if (r != nullptr) {
     const OpParam* p = r->param(R::kSizes);
     return p == nullptr ? -1 : p->index;
   }
@@ -610,8 +612,10 @@ int SizeArgIndex(const ir::Target& t) {
   return v ? v->sizes_arg : -1;
 }
 
-ShapeRule ShapeRuleOf(const ir::Target& t) {
-  if (const OpRule* r = FindOpRule(t)) return r->shape;
+ShapeRule ShapeRuleOf(const ir::Target& t) { return ShapeRuleOf(t, FindOpRule(t)); }
+
+ShapeRule ShapeRuleOf(const ir::Target& t, const OpRule* r) {
+  if (r != nullptr) return r->shape;
   const std::optional<ViewOpFacts> v = FindViewOpFacts(t);
   if (!v || v->sizes_arg < 0) return {};
   return {v->expands ? ShapeCheck::kExpand : ShapeCheck::kView, -1};

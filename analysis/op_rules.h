@@ -203,8 +203,11 @@ std::string OpRulesText();
 // The index of `t`'s size-list argument (a kSizes parameter of its op or
 // view rule), or -1 when it has none.
 int SizeArgIndex(const ir::Target& t);
+// The same when the caller has looked up FindOpRule(t) already.
+int SizeArgIndex(const ir::Target& t, const OpRule* rule);
 // The shape check of `t`'s op or view rule (the default when it has none).
 ShapeRule ShapeRuleOf(const ir::Target& t);
+ShapeRule ShapeRuleOf(const ir::Target& t, const OpRule* rule);
 // Whether `t` is cheap enough to move up with the all_reduce it feeds.
 bool IsPackingOp(const ir::Target& t);
 // Whether `t` has an in-place variant `name_` that computes it into self.

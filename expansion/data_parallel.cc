@@ -437,7 +437,7 @@ class Expander final : public RankGraphBuilder {
     // Size lists that spell a sharded output's global shape.
     const ValueInfo& out_info = a_.primary(id);
     const OpRule* rule = FindOpRule(old.target);
-    const int si = SizeArgIndex(n.target);
+    const int si = SizeArgIndex(old.target, rule);
     // as_strided_scatter's sizes spell its src's shape.
     const ValueRef* src =
         rule != nullptr && rule->family == OpFamily::kAsStridedScatter && old.args.size() > 1

@@ -39,7 +39,7 @@ class Checker {
       if (!n.is_call() || n.is_getitem()) continue;
       // The op's row (op_rules.h, view_rules.h) says how its shapes relate.
       const OpRule* op = FindOpRule(n.target);
-      const ShapeRule r = op != nullptr ? op->shape : ShapeRuleOf(n.target);
+      const ShapeRule r = ShapeRuleOf(n.target, op);
       if (r.kind == ShapeCheck::kDefault) {
         if (op != nullptr && op->has(kRowsAgree)) {
           auto s = CheckRowsAgree(n, *op);
@@ -101,7 +101,7 @@ class Checker {
       case ShapeCheck::kView:
       case ShapeCheck::kExpand:
       case ShapeCheck::kAsStrided: {
-        const int a = SizeArgIndex(n.target);
+        const int a = SizeArgIndex(n.target, op);
         if (a < 0) {
           return absl::InternalError(absl::StrCat("node ", n.name, " (", n.target.ToString(),
                                                   "): shape check without a sizes parameter in its rule"));
