@@ -41,6 +41,7 @@
 #include "analysis/ir/status_macros.h"
 #include "executor/gloo_communicator.h"
 #include "executor/interpreter.h"
+#include "executor/step_runner.h"
 #include "executor/safetensors.h"
 #include "executor/timed_communicator.h"
 #include "executor/worker/common.h"

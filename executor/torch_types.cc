@@ -7,6 +7,7 @@
 #include <torch/headeronly/version.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace fxdp::executor {
 namespace {
@@ -65,6 +66,29 @@ absl::StatusOr<c10::OperatorHandle> FindOperator(const ir::Target& target) {
                                             " is not known to this LibTorch (", TORCH_VERSION,
                                             ")"));
   return *op;
+}
+
+std::string DescribeTorchTensor(const at::Tensor& t) {
+  if (!t.defined()) return "an undefined tensor";
+  auto d = FromTorch(t.scalar_type());
+  std::string s = d.ok() ? std::string(ir::DTypeShortName(*d)) : c10::toString(t.scalar_type());
+  absl::StrAppend(&s, "[", absl::StrJoin(t.sizes(), ", "), "]");
+  if (!t.device().is_cpu()) absl::StrAppend(&s, "@", t.device().str());
+  return s;
+}
+
+std::string DescribeIValue(const c10::IValue& v) {
+  if (v.isTensor()) return DescribeTorchTensor(v.toTensor());
+  return v.tagKind();
+}
+
+std::string TypeForMessage(const ir::TensorType& t) {
+  return absl::StrCat(ir::DTypeShortName(t.dtype), "[", absl::StrJoin(t.shape, ", "), "]");
+}
+
+bool Fits(const at::Tensor& t, const ir::TensorType& want) {
+  return t.defined() && t.scalar_type() == ToTorch(want.dtype) &&
+         t.sizes() == c10::IntArrayRef(want.shape);
 }
 
 std::string ExceptionMessage(const std::exception& e) {

@@ -4,6 +4,7 @@
 #define FXDP_EXECUTOR_TORCH_TYPES_H_
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
 #include <c10/core/Device.h>
 #include <c10/core/Layout.h>
 #include <c10/core/MemoryFormat.h>
@@ -26,6 +27,16 @@ c10::MemoryFormat ToTorch(ir::MemoryFormat m);
 // The dispatcher's handle for an op target ("aten::addmm", ""), or NOT_FOUND
 // naming the op when this LibTorch does not know it.
 absl::StatusOr<c10::OperatorHandle> FindOperator(const ir::Target& target);
+
+// "f32[2, 3]", "f32[2, 3]@cuda:0", "an undefined tensor": a tensor (or the
+// tag of a non-tensor value) as error messages name it.
+std::string DescribeTorchTensor(const at::Tensor& t);
+std::string DescribeIValue(const c10::IValue& v);
+// "f32[2, 3]": the graph's tensor type as error messages name it.
+std::string TypeForMessage(const ir::TensorType& t);
+// Whether `t` fits the graph's type (dtype and sizes; strides and device are
+// not the graph's business at run time).
+bool Fits(const at::Tensor& t, const ir::TensorType& want);
 
 // An exception's message for a status: c10::Error without its C++ backtrace
 // ("Exception raised from ... frame #0 ..."), trailing whitespace trimmed.

@@ -46,6 +46,7 @@
 #include "analysis/ir/status_macros.h"
 #include "executor/communicator.h"
 #include "executor/interpreter.h"
+#include "executor/step_runner.h"
 #include "executor/safetensors.h"
 #include "executor/timed_communicator.h"
 #include "executor/worker/common.h"

@@ -15,6 +15,7 @@
 #include "executor/communicator.h"
 #include "executor/gloo_backend.h"
 #include "executor/interpreter.h"
+#include "executor/step_runner.h"
 
 namespace fxdp::executor {
 

@@ -30,6 +30,7 @@
 #include "executor/communicator.h"
 #include "executor/gloo_communicator.h"
 #include "executor/interpreter.h"
+#include "executor/step_runner.h"
 #include "executor/safetensors.h"
 #include "executor/timed_communicator.h"
 #include "executor/worker/attach.h"

@@ -3,6 +3,7 @@
 // functional collectives through the Communicator interface (local, a fake,
 // and real 2-rank Gloo in one process), StepRunner.
 #include "executor/interpreter.h"
+#include "executor/step_runner.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

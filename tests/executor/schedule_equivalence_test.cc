@@ -17,6 +17,7 @@
 #include "analysis/ir/text.h"
 #include "executor/gloo_communicator.h"
 #include "executor/interpreter.h"
+#include "executor/step_runner.h"
 #include "expansion/data_parallel.h"
 #include "tests/test_util.h"
 

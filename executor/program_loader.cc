@@ -1,0 +1,227 @@
+// Program::Load's pass over the graph: one value slot per node output, one
+// Step per call node (its op's dispatcher handle, argument plans from
+// ArgBinder, in-place variant, collective plan), the graph's outputs, and
+// value lifetimes (ir::ComputeLiveness).
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <ATen/Context.h>
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "analysis/ir/liveness.h"
+#include "analysis/ir/status_macros.h"
+#include "executor/arg_binding.h"
+#include "executor/collective_steps.h"
+#include "executor/inplace.h"
+#include "executor/program_impl.h"
+#include "executor/torch_types.h"
+
+namespace fxdp::executor {
+namespace {
+
+using ir::Argument;
+using ir::Node;
+using ir::ValueRef;
+
+class Loader {
+ public:
+  Loader(const ir::Graph& g, Program::Impl& impl) : g_(g), p_(impl) {}
+
+  absl::Status Load() {
+    FXDP_RETURN_IF_ERROR(CheckDevice());
+    trace_device_ = TraceDeviceType();
+    slot_of_.resize(g_.size());
+    for (int32_t i = 0; i < g_.size(); ++i) {
+      const Node& n = g_.nodes()[i];
+      switch (n.kind) {
+        case ir::NodeKind::kPlaceholder:
+        case ir::NodeKind::kGetAttr: {
+          if (n.outputs.size() != 1)
+            return NodeError(n, absl::StrCat("a graph input must have one output, it has ",
+                                             n.outputs.size()));
+          ProgramInput in;
+          in.node = n.name;
+          in.type = n.outputs[0];
+          if (n.is_placeholder()) {
+            in.role = n.placeholder.role;
+            in.state_name = n.placeholder.state_name;
+            if (in.role == ir::PlaceholderRole::kInput) in.batch_dim = n.placeholder.batch_dim;
+          } else {
+            in.role = ir::PlaceholderRole::kConstant;
+            in.state_name = n.target.name;
+          }
+          slot_of_[i] = {NewSlot()};
+          p_.inputs.push_back(std::move(in));
+          p_.input_slots.push_back(slot_of_[i][0]);
+          break;
+        }
+        case ir::NodeKind::kCallFunction: {
+          if (n.is_getitem()) {
+            // An alias of the element it names: no step, no slot of its own.
+            const ValueRef* r = n.args.empty() ? nullptr : n.args[0].get_if<ValueRef>();
+            if (r == nullptr) return NodeError(n, "operator.getitem needs a reference argument");
+            slot_of_[i] = {Slot(*r)};
+            break;
+          }
+          FXDP_ASSIGN_OR_RETURN(Step s, PlanCall(n, i));
+          for (size_t k = 0; k < n.outputs.size(); ++k) s.out_slots.push_back(NewSlot());
+          slot_of_[i] = s.out_slots;
+          p_.steps.push_back(std::move(s));
+          break;
+        }
+        case ir::NodeKind::kOutput: {
+          for (const Argument& a : n.args) {
+            if (const auto* l = a.get_if<Argument::List>()) {
+              for (const Argument& e : *l) FXDP_RETURN_IF_ERROR(PlanOutput(n, e));
+            } else {
+              FXDP_RETURN_IF_ERROR(PlanOutput(n, a));
+            }
+          }
+          p_.output_specs = n.output_specs;
+          break;
+        }
+      }
+    }
+    p_.num_slots = next_slot_;
+    PlanLifetimes();
+    p_.slots.resize(p_.num_slots);
+    p_.works.resize(p_.num_slots);
+    p_.work_from.resize(p_.num_slots);
+    return absl::OkStatus();
+  }
+
+ private:
+  int32_t NewSlot() { return next_slot_++; }
+  int32_t Slot(const ValueRef& r) const { return slot_of_[r.node.value][r.output]; }
+
+  absl::Status CheckDevice() {
+    const c10::Device& d = p_.options.device;
+    if (d.is_cpu()) return absl::OkStatus();
+    if (!d.is_cuda())
+      return absl::InvalidArgumentError(
+          absl::StrCat("device ", d.str(), " is not supported (cpu or cuda:N)"));
+    if (!at::hasCUDA())
+      return absl::FailedPreconditionError(absl::StrCat(
+          "device ", d.str(), " requested but this LibTorch has no usable CUDA (no driver, no "
+          "device, or a CPU-only build)"));
+    const int count = at::detail::getCUDAHooks().deviceCount();
+    if (d.index() >= count)
+      return absl::InvalidArgumentError(
+          absl::StrCat("device ", d.str(), " requested but there are ", count, " CUDA devices"));
+    if (!d.has_index()) p_.options.device = c10::Device(c10::kCUDA, 0);
+    return absl::OkStatus();
+  }
+
+  // The device type of the graph's tensor placeholders (cpu when none).
+  ir::DeviceType TraceDeviceType() const {
+    for (const Node& n : g_.nodes()) {
+      if (!n.is_placeholder()) continue;
+      for (const ir::ValueType& t : n.outputs)
+        if (t.is_tensor()) return t.tensor.device.type;
+    }
+    return ir::DeviceType::kCpu;
+  }
+
+  absl::StatusOr<Step> PlanCall(const Node& n, int32_t index) {
+    Step s;
+    s.node = index;
+    s.name = n.name;
+    s.op_name = n.target.ToString();
+    if (IsCollectiveNode(n)) return PlanCollective(g_, n, std::move(s), slot_of_);
+    auto op = FindOperator(n.target);
+    if (!op.ok()) return NodeError(n, op.status().message(), absl::StatusCode::kNotFound);
+    s.op = *op;
+    const c10::FunctionSchema& schema = op->schema();
+    ArgBinder binder(g_, slot_of_, p_.options.device, trace_device_);
+    FXDP_ASSIGN_OR_RETURN(s.args, binder.BindCall(n, schema));
+    const auto& rets = schema.returns();
+    if (rets.empty()) {
+      s.ret = ReturnKind::kNone;
+    } else if (rets.size() == 1 && rets[0].type()->kind() == c10::TypeKind::ListType) {
+      s.ret = ReturnKind::kList;
+    } else if (rets.size() == 1) {
+      s.ret = ReturnKind::kSingle;
+      if (n.outputs.size() != 1)
+        return NodeError(n, absl::StrCat("the op returns one value, the graph declares ",
+                                         n.outputs.size()));
+    } else {
+      s.ret = ReturnKind::kMulti;
+      if (n.outputs.size() != rets.size())
+        return NodeError(n, absl::StrCat("the op returns ", rets.size(),
+                                         " values, the graph declares ", n.outputs.size()));
+    }
+    s.out_types = n.outputs;
+    PlanInplace(g_, n, s);
+    return s;
+  }
+
+  absl::Status PlanOutput(const Node& n, const Argument& a) {
+    ArgPlan p;
+    if (const auto* r = a.get_if<ValueRef>()) {
+      p.kind = ArgPlan::Kind::kSlot;
+      p.slot = Slot(*r);
+    } else if (!a.is_none()) {
+      return NodeError(n, absl::StrCat("output values must be references or None, got ",
+                                       DescribeArgument(g_, a)));
+    }
+    p_.outputs.push_back(std::move(p));
+    return absl::OkStatus();
+  }
+
+  // A slot is released after the step that reads it last; a slot nobody
+  // reads right after it is produced (inputs: before the first step). A
+  // slot an op reads once, for the last time, is moved onto its stack.
+  void PlanLifetimes() {
+    auto reads = [](const ArgPlan& a, std::vector<int32_t>& out) {
+      if (a.kind == ArgPlan::Kind::kSlot) out.push_back(a.slot);
+      if (a.kind == ArgPlan::Kind::kList)
+        for (int32_t e : a.elem_slots)
+          if (e >= 0) out.push_back(e);
+    };
+    ir::LivenessProblem problem;
+    problem.num_slots = p_.num_slots;
+    std::vector<bool> async(p_.num_slots, false);
+    for (const Step& s : p_.steps) {
+      problem.reads.emplace_back();
+      for (const ArgPlan& a : s.args) reads(a, problem.reads.back());
+      problem.writes.push_back(s.out_slots);
+      for (int32_t slot : s.out_slots) async[slot] = s.kind == StepKind::kAllReduce;
+    }
+    for (const ArgPlan& a : p_.outputs) reads(a, problem.returned);
+    ir::Liveness live = ir::ComputeLiveness(problem);
+    p_.free_at_start = std::move(live.free_at_start);
+    for (size_t i = 0; i < p_.steps.size(); ++i) {
+      Step& s = p_.steps[i];
+      s.free_after = std::move(live.free_after[i]);
+      const std::vector<int32_t>& sole = live.last_sole_read[i];
+      for (ArgPlan& a : s.args) {
+        if (a.kind == ArgPlan::Kind::kSlot) {
+          a.maybe_pending = async[a.slot];
+          a.move = s.kind == StepKind::kOp &&
+                   std::binary_search(sole.begin(), sole.end(), a.slot);
+        } else if (a.kind == ArgPlan::Kind::kList) {
+          for (int32_t e : a.elem_slots) a.maybe_pending |= e >= 0 && async[e];
+        }
+      }
+      if (s.inplace_op.has_value() && !s.args[0].move) s.inplace_op.reset();
+    }
+    for (ArgPlan& a : p_.outputs)
+      if (a.kind == ArgPlan::Kind::kSlot) a.maybe_pending = async[a.slot];
+  }
+
+  const ir::Graph& g_;
+  Program::Impl& p_;
+  ir::DeviceType trace_device_ = ir::DeviceType::kCpu;
+  std::vector<std::vector<int32_t>> slot_of_;
+  int32_t next_slot_ = 0;
+};
+
+}  // namespace
+
+absl::Status LoadPlan(const ir::Graph& graph, Program::Impl& impl) {
+  return Loader(graph, impl).Load();
+}
+
+}  // namespace fxdp::executor

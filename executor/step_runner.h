@@ -1,0 +1,62 @@
+// StepRunner: a Program plus the training state it updates, one Step per
+// batch (state by name in, UPDATED_* outputs written back, the loss out).
+#ifndef FXDP_EXECUTOR_STEP_RUNNER_H_
+#define FXDP_EXECUTOR_STEP_RUNNER_H_
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "executor/interpreter.h"
+
+namespace fxdp::executor {
+
+// A Program plus the training state it updates: one Step per batch.
+class StepRunner {
+ public:
+  // Every state entry the graph reads (non-INPUT placeholders by state name)
+  // must be in `state` (NOT_FOUND naming the missing ones); those are moved to
+  // the program's device once. Entries the graph does not read are kept as
+  // they are.
+  static absl::StatusOr<StepRunner> Create(Program program, TensorMap state);
+
+  // Runs one step on `batch` (INPUT placeholders by state name; NOT_FOUND
+  // naming a missing one; tensors are copied to the device). UPDATED_* outputs
+  // replace their state entries. Returns the LOSS output (an undefined tensor
+  // when the graph has none). Old state entries the step replaces are released
+  // during the step (they are not copied); if a kernel fails mid-step those
+  // entries are lost and every later Step is FAILED_PRECONDITION.
+  absl::StatusOr<at::Tensor> Step(const TensorMap& batch);
+
+  // Writes one step's hyper-parameter values into the state: each name must
+  // be a HYPERPARAMETER placeholder's state name (INVALID_ARGUMENT naming the
+  // first one that is not, what it is instead and the graph's
+  // hyper-parameters; nothing is written then). Each value becomes a 0-d
+  // tensor of the placeholder's dtype on the program's device and stays in
+  // effect until the next call names it.
+  absl::Status SetHyperparameters(
+      const std::vector<std::pair<std::string, double>>& values);
+
+  const TensorMap& state() const { return state_; }
+  // The OTHER outputs of the last step, by position in output_specs.
+  const std::vector<c10::IValue>& other_outputs() const { return other_; }
+  Program& program() { return program_; }
+
+ private:
+  StepRunner(Program program, TensorMap state)
+      : program_(std::move(program)), state_(std::move(state)) {}
+  Program program_;
+  TensorMap state_;
+  std::vector<bool> moves_;  // per input: the step replaces this state entry
+  std::vector<c10::IValue> other_;
+  bool broken_ = false;
+};
+
+}  // namespace fxdp::executor
+
+#endif  // FXDP_EXECUTOR_STEP_RUNNER_H_
