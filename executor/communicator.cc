@@ -37,16 +37,6 @@ absl::StatusOr<std::unique_ptr<Work>> LocalCommunicator::AllReduceSum(const at::
   }
 }
 
-absl::StatusOr<std::unique_ptr<Work>> Communicator::AllGather(const at::Tensor&) {
-  return absl::UnimplementedError(
-      absl::StrCat(name(), ": this communicator has no all_gather_into_tensor"));
-}
-
-absl::StatusOr<std::unique_ptr<Work>> Communicator::ReduceScatterSum(const at::Tensor&) {
-  return absl::UnimplementedError(
-      absl::StrCat(name(), ": this communicator has no reduce_scatter_tensor"));
-}
-
 absl::StatusOr<std::unique_ptr<Work>> LocalCommunicator::AllGather(const at::Tensor& input) {
   try {
     return std::unique_ptr<Work>(std::make_unique<ReadyWork>(input.reshape({-1}).clone()));

@@ -22,7 +22,9 @@
 #include <memory>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 
 namespace fxdp::executor {
 
@@ -54,13 +56,19 @@ class Communicator {
   // dtype): the result is 1-D with world_size() * numel elements, rank r's
   // input (flattened, row-major) at [r * numel, (r + 1) * numel).
   // The default is UNIMPLEMENTED naming the communicator.
-  virtual absl::StatusOr<std::unique_ptr<Work>> AllGather(const at::Tensor& input);
+  virtual absl::StatusOr<std::unique_ptr<Work>> AllGather(const at::Tensor& /*input*/) {
+    return absl::UnimplementedError(
+        absl::StrCat(name(), ": this communicator has no all_gather_into_tensor"));
+  }
   // Starts summing `input` (numel a multiple of world_size(), the same on
   // every rank) over all ranks and keeps this rank's chunk: the result is 1-D
   // with numel / N elements, the sum of every rank's elements
   // [r * numel / N, (r + 1) * numel / N) for r = rank().
   // The default is UNIMPLEMENTED naming the communicator.
-  virtual absl::StatusOr<std::unique_ptr<Work>> ReduceScatterSum(const at::Tensor& input);
+  virtual absl::StatusOr<std::unique_ptr<Work>> ReduceScatterSum(const at::Tensor& /*input*/) {
+    return absl::UnimplementedError(
+        absl::StrCat(name(), ": this communicator has no reduce_scatter_tensor"));
+  }
   // A short description for logs ("local", "gloo rank 0/2").
   virtual std::string name() const = 0;
 };
