@@ -141,11 +141,11 @@ absl::StatusOr<std::vector<v1::ServerMessage>> BatchSharder::RankBatch(int rank)
   return out;
 }
 
-v1::ServerMessage BatchSharder::ScheduleOnlyBatch(int64_t step) const {
+v1::ServerMessage BatchSharder::ScheduleOnlyBatch(int64_t step, int64_t schedule_step) const {
   v1::ServerMessage m;
   m.mutable_batch()->set_job_id(job_id_);
   m.mutable_batch()->set_step(step);
-  AddHyperparameters(schedule_->At(step), m.mutable_batch());
+  AddHyperparameters(schedule_->At(schedule_step), m.mutable_batch());
   return m;
 }
 

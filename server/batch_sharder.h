@@ -48,8 +48,9 @@ class BatchSharder {
   void Clear() { tensors_.clear(); }
 
   // The Batch of a data_paths job's step: no tensors (the workers read their
-  // files), the schedule's hyper-parameters.
-  v1::ServerMessage ScheduleOnlyBatch(int64_t step) const;
+  // files), the schedule's hyper-parameters of step `schedule_step` (the
+  // job's step counted from its start, for a resumed job).
+  v1::ServerMessage ScheduleOnlyBatch(int64_t step, int64_t schedule_step) const;
 
  private:
   const InputSpec* FindInput(const std::string& name) const;

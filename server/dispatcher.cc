@@ -104,7 +104,8 @@ int Dispatcher::Assign(const std::string& host, int port, int64_t steps) {
     *a->mutable_graph() = expanded.graphs(r % expanded.graphs_size());
     a->set_num_state_tensors(spec.num_state_tensors());
     a->set_batches_sharded(spec.data_paths_size() == 0);
-    *a->mutable_data_paths() = spec.data_paths();
+    const int n = spec.data_paths_size();
+    for (int i = 0; i < n; ++i) a->add_data_paths(spec.data_paths(static_cast<int>((i + job_->first_step) % n)));
     {
       std::lock_guard<std::mutex> l(job_->mu);
       job_->assigned[r] = true;

@@ -38,7 +38,9 @@ class Dispatcher {
   // host, else the hostname it registered with.
   std::string RendezvousHost() const;
   // AssignJob to every rank (its expanded graph, `steps`, the rendezvous
-  // address); marks each rank assigned before sending.
+  // address; a resumed job's data_paths rotated by its first_step, so that
+  // its step i reads the file of the job's step first_step + i); marks each
+  // rank assigned before sending.
   int Assign(const std::string& host, int port, int64_t steps);
   bool Send(int rank, const v1::ServerMessage& m);
   int SendAll(const v1::ServerMessage& m);

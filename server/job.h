@@ -72,6 +72,9 @@ struct Job {
   std::vector<v1::TensorChunk> initial_state;
   bool has_initial_state = false;
   bool recovered = false;  // queued again after a server restart (by Recover): no client
+  // Steps done before this run: a job resumed from its checkpoint runs steps
+  // first_step + 1 ... JobSpec.steps (numbered 1 ... for its workers).
+  int64_t first_step = 0;
 
   std::mutex mu;
   std::condition_variable cv;

@@ -41,6 +41,10 @@ struct JobServiceOptions {
   // state, or for a batch with no step outstanding) fails after this long
   // without a message from it, freeing its workers.
   double client_idle_s = 60;
+  // --checkpoint-every K (with --state-dir): a data_paths job's state is
+  // fetched from rank 0 every K steps into the state dir, so that after a
+  // restart it resumes from there (job_recovery.h). 0: no checkpoints.
+  int64_t checkpoint_every = 0;
 };
 
 }  // namespace fxdp::server

@@ -42,7 +42,8 @@ absl::StatusOr<RecoveredJobs> RecoverJobs(JobStore* store, const Expander& expan
     out.jobs.push_back(job);
     const v1::JobState state = job->info.state();
     if (Terminal(state)) continue;
-    if (state != v1::JOB_STATE_QUEUED) {
+    const bool resume = state == v1::JOB_STATE_RUNNING && r.spec.data_paths_size() > 0 && r.checkpoint_step > 0;
+    if (state != v1::JOB_STATE_QUEUED && !resume) {
       FailRecovered(store, job,
                     "the server restarted while the job ran (its Submit stream ended with the server and its "
                     "workers were released); submit it again");
@@ -54,11 +55,13 @@ absl::StatusOr<RecoveredJobs> RecoverJobs(JobStore* store, const Expander& expan
                     "which ended with the server: submit it again");
       continue;
     }
-    if (!r.has_initial_state) {
+    if (!resume && !r.has_initial_state) {
       FailRecovered(store, job, "the server restarted before the job's initial state was recorded: submit it again");
       continue;
     }
-    absl::StatusOr<JobStore::Tensors> initial = store->ReadInitialState(job->info.job_id());
+    // A running job resumes from its checkpoint, a queued one starts.
+    absl::StatusOr<JobStore::Tensors> initial = resume ? store->ReadCheckpoint(job->info.job_id())
+                                                       : store->ReadInitialState(job->info.job_id());
     absl::StatusOr<PreparedSpec> p = initial.ok() ? PrepareJobSpec(std::move(r.spec), expand)
                                                   : absl::StatusOr<PreparedSpec>(initial.status());
     if (!p.ok()) {
@@ -77,6 +80,16 @@ absl::StatusOr<RecoveredJobs> RecoverJobs(JobStore* store, const Expander& expan
     job->recovered = true;
     job->info.set_queue_position(0);
     job->info.set_message("queued again after a server restart");
+    if (resume) {
+      const int64_t k = r.checkpoint_step;
+      job->first_step = k;
+      job->info.set_state(v1::JOB_STATE_QUEUED);
+      job->info.set_steps_done(k);
+      job->info.mutable_losses()->Truncate(static_cast<int>(std::min<int64_t>(k, job->info.losses_size())));
+      job->info.clear_workers();
+      job->info.set_message(absl::StrCat("resumed from the checkpoint of step ", k, " after a server restart"));
+      Log(absl::StrCat(job->info.job_id(), ": ", job->info.message()));
+    }
     out.to_run.push_back(job);
   }
   return out;

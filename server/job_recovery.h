@@ -3,7 +3,10 @@
 //   - finished jobs stay as they ended (a SUCCEEDED one's final state is a
 //     file, fetchable while the history and --max-state-mb keep it);
 //   - jobs that were RUNNING are FAILED (UNAVAILABLE): their workers were
-//     told nothing and their client's stream ended with the server;
+//     told nothing and their client's stream ended with the server; except
+//     data_paths jobs with a checkpoint (--checkpoint-every), which are
+//     queued again to resume after the checkpoint's step (first_step) from
+//     its state;
 //   - QUEUED jobs whose batches came over their Submit stream are FAILED
 //     (UNAVAILABLE): that stream ended with the server;
 //   - QUEUED data_paths jobs (their spec and initial state were recorded

@@ -66,7 +66,8 @@ absl::Status JobRunner::Serve() {
     workers = job_->workers;
   }
   world_ = static_cast<int>(workers.size());
-  steps_ = spec.steps();
+  first_ = job_->first_step;
+  steps_ = spec.steps() - first_;
   Log(absl::StrCat(id_, ": dispatched to ", absl::StrJoin(workers, ", ")));
   ranks_ = std::make_unique<Dispatcher>(ctx_.pool, job_, id_, std::move(workers));
   sharder_ = std::make_unique<BatchSharder>(id_, world_, ctx_.options.chunk_bytes, &job_->inputs,
@@ -363,22 +364,6 @@ absl::Status JobRunner::ForwardState() {
     sc->set_last(true);
     return SendAll(m);
   }
-  if (job_->has_initial_state) {  // taken before the job was queued
-    std::vector<v1::TensorChunk> state = std::move(job_->initial_state);
-    job_->initial_state.clear();
-    std::vector<v1::TensorChunk> pieces;
-    for (size_t t = 0; t < state.size(); ++t) {
-      pieces.clear();
-      RechunkTensor(state[t], ctx_.options.chunk_bytes, &pieces);
-      for (size_t i = 0; i < pieces.size(); ++i) {
-        sc->mutable_tensor()->Swap(&pieces[i]);
-        sc->set_last(t + 1 == state.size() && i + 1 == pieces.size());
-        if (absl::Status s = SendAll(m); !s.ok()) return s;
-      }
-    }
-    return absl::OkStatus();
-  }
-  ChunkStream stream("initial state", /*keep_data=*/false);
   // FULLY_SHARD: each rank gets its own shards, so its own messages; each
   // rank's latest piece is held back until the next, so the last one can
   // carry `last`.
@@ -387,6 +372,27 @@ absl::Status JobRunner::ForwardState() {
     splitter.emplace(world_, job_->expanded.sharded_state(), ctx_.options.chunk_bytes);
   }
   std::vector<std::optional<v1::TensorChunk>> held(world_);
+  if (job_->has_initial_state) {  // taken before the job was queued (--state-dir)
+    std::vector<v1::TensorChunk> state = std::move(job_->initial_state);
+    job_->initial_state.clear();
+    std::vector<v1::TensorChunk> pieces;
+    for (size_t t = 0; t < state.size(); ++t) {
+      const bool complete = t + 1 == state.size();
+      if (splitter) {
+        if (absl::Status s = SendShards(*splitter, state[t], complete, &held); !s.ok()) return s;
+        continue;
+      }
+      pieces.clear();
+      RechunkTensor(state[t], ctx_.options.chunk_bytes, &pieces);
+      for (size_t i = 0; i < pieces.size(); ++i) {
+        sc->mutable_tensor()->Swap(&pieces[i]);
+        sc->set_last(complete && i + 1 == pieces.size());
+        if (absl::Status s = SendAll(m); !s.ok()) return s;
+      }
+    }
+    return absl::OkStatus();
+  }
+  ChunkStream stream("initial state", /*keep_data=*/false);
   v1::SubmitJobRequest req;
   Job::Msg msg;
   std::vector<v1::TensorChunk> pieces;
@@ -494,6 +500,13 @@ absl::Status JobRunner::Steps() {
   Job::Msg msg;
   v1::SubmitJobRequest req;
   Clock::time_point idle_from = Clock::now();
+  // Checkpoints asked of rank 0 (their steps, oldest first) and the one
+  // arriving; only data_paths jobs under --state-dir have them, and not
+  // FULLY_SHARD ones (rank 0 holds only its shards).
+  const bool checkpointed = from_files && ctx_.store != nullptr && job_->expanded.sharded_state_size() == 0;
+  const int64_t checkpoint_every = checkpointed ? ctx_.options.checkpoint_every : 0;
+  std::deque<int64_t> checkpoints;
+  StateStore::State checkpoint;
   while (true) {
     const bool room = !client_done && pending.size() < ahead && (steps_ == 0 || sent < steps_);
     // Nothing outstanding on the workers: the job waits on its client alone.
@@ -502,11 +515,17 @@ absl::Status JobRunner::Steps() {
     const double left = on_client ? ClientIdleLeft(idle_from) : 3600;
     if (left <= 0) return ClientIdle(absl::StrCat("step ", sent + 1, "'s batch"));
     if (room && from_files) {
-      if (absl::Status s = SendAll(sharder_->ScheduleOnlyBatch(++sent)); !s.ok()) return s;
+      ++sent;
+      if (absl::Status s = SendAll(sharder_->ScheduleOnlyBatch(sent, first_ + sent)); !s.ok()) return s;
       pending.push_back({sent, std::vector<v1::StepResult>(world_), 0});
+      // --checkpoint-every: rank 0 sends its state after this step.
+      if (checkpoint_every > 0 && (first_ + sent) % checkpoint_every == 0 && sent < steps_) {
+        if (absl::Status s = RequestState(/*end_job=*/false); !s.ok()) return s;
+        checkpoints.push_back(first_ + sent);
+      }
       continue;
     }
-    if (pending.empty() && (client_done || (steps_ > 0 && sent == steps_))) break;
+    if (pending.empty() && checkpoints.empty() && (client_done || (steps_ > 0 && sent == steps_))) break;
     const Got got = Next(room, true, left, &msg, &req);
     if (got == Got::kTimeout) continue;
     if (got == Got::kClient) idle_from = Clock::now();
@@ -534,6 +553,15 @@ absl::Status JobRunner::Steps() {
       continue;
     }
     if (msg.lost || msg.m.has_job_failed()) return Failed(msg);
+    if (msg.rank == 0 && msg.m.has_state_chunk() && !checkpoints.empty()) {
+      if (!AddStateChunk(msg, &checkpoint)) continue;
+      if (absl::Status s = ctx_.store->WriteCheckpoint(id_, checkpoints.front(), checkpoint); !s.ok()) {
+        Log(absl::StrCat(id_, ": cannot write the checkpoint of step ", checkpoints.front(), ": ", s.message()));
+      }
+      checkpoint.clear();
+      checkpoints.pop_front();
+      continue;
+    }
     if (!msg.m.has_step_result()) continue;
     const v1::StepResult& sr = msg.m.step_result();
     for (Pending& p : pending) {
@@ -556,7 +584,8 @@ absl::Status JobRunner::Steps() {
   return absl::OkStatus();
 }
 
-void JobRunner::StepDone(int64_t step, const std::vector<v1::StepResult>& results) {
+void JobRunner::StepDone(int64_t run_step, const std::vector<v1::StepResult>& results) {
+  const int64_t step = first_ + run_step;  // the job's step
   {
     std::lock_guard<std::mutex> l(job_->mu);
     job_->info.set_steps_done(step);
@@ -571,14 +600,30 @@ void JobRunner::StepDone(int64_t step, const std::vector<v1::StepResult>& result
   ctx_.table->Update(job_);
 }
 
-absl::Status JobRunner::End() {
-  client_->SetReadBudget(0);
+absl::Status JobRunner::RequestState(bool end_job) {
   v1::ServerMessage m;
   m.mutable_fetch_state()->set_job_id(id_);
   m.mutable_fetch_state()->set_chunk_bytes(static_cast<uint32_t>(ctx_.options.chunk_bytes));
-  m.mutable_fetch_state()->set_end_job(true);
-  if (job_->expanded.sharded_state_size() > 0) return EndSharded(m);
-  if (!ranks_->Send(0, m)) return Lost(0);
+  m.mutable_fetch_state()->set_end_job(end_job);
+  return ranks_->Send(0, m) ? absl::OkStatus() : Lost(0);
+}
+
+bool JobRunner::AddStateChunk(Job::Msg& msg, StateStore::State* state) {
+  v1::StateChunk& c = *msg.m.mutable_state_chunk();
+  if (c.has_tensor()) state->push_back(std::move(*c.mutable_tensor()));
+  return c.last();
+}
+
+absl::Status JobRunner::End() {
+  client_->SetReadBudget(0);
+  if (job_->expanded.sharded_state_size() > 0) {
+    v1::ServerMessage m;
+    m.mutable_fetch_state()->set_job_id(id_);
+    m.mutable_fetch_state()->set_chunk_bytes(static_cast<uint32_t>(ctx_.options.chunk_bytes));
+    m.mutable_fetch_state()->set_end_job(true);
+    return EndSharded(m);
+  }
+  if (absl::Status s = RequestState(/*end_job=*/true); !s.ok()) return s;
   ranks_->CancelOthers("the job finished (state fetched from rank 0)");
   auto state = std::make_shared<StateStore::State>();
   Job::Msg msg;
@@ -587,10 +632,7 @@ absl::Status JobRunner::End() {
     if (got == Got::kCancel) return Cancelled();
     if (got != Got::kWorker || msg.rank != 0) continue;  // the others end by CancelJob
     if (msg.lost || msg.m.has_job_failed()) return Failed(msg);
-    if (!msg.m.has_state_chunk()) continue;
-    v1::StateChunk& c = *msg.m.mutable_state_chunk();
-    if (c.has_tensor()) state->push_back(std::move(*c.mutable_tensor()));
-    if (c.last()) break;
+    if (msg.m.has_state_chunk() && AddStateChunk(msg, state.get())) break;
   }
   ctx_.table->KeepState(job_, std::move(state));
   job_->SetState(v1::JOB_STATE_SUCCEEDED);

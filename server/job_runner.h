@@ -92,6 +92,10 @@ class JobRunner {
   absl::Status AwaitStarted();
   absl::Status Steps();
   absl::Status SendStep(int64_t step);
+  // Asks rank 0 for the job's state (after the steps sent so far).
+  absl::Status RequestState(bool end_job);
+  // A rank-0 StateChunk into `state`; true when it was the last.
+  static bool AddStateChunk(Job::Msg& msg, StateStore::State* state);
   void StepDone(int64_t step, const std::vector<v1::StepResult>& results);
   absl::Status End();
   // FULLY_SHARD (the expansion's sharded_state): a piece of the initial state
@@ -126,7 +130,8 @@ class JobRunner {
   std::string id_;
   int world_ = 0;
   int started_ = 0;    // ranks that sent JobStarted
-  int64_t steps_ = 0;  // 0: until the client half-closes
+  int64_t steps_ = 0;  // 0: until the client half-closes; this run's steps
+  int64_t first_ = 0;  // steps done before this run (job_->first_step)
 };
 
 }  // namespace fxdp::server

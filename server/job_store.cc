@@ -23,7 +23,8 @@ constexpr char kSchema[] =
     "  info BLOB NOT NULL,"               // fxdp.v1.JobInfo
     "  spec BLOB,"                        // fxdp.v1.JobSpec as submitted, until the job ended
     "  final_state INTEGER NOT NULL DEFAULT 0,"    // states/ID.safetensors holds it
-    "  initial_state INTEGER NOT NULL DEFAULT 0);";  // states/ID.initial.safetensors holds it
+    "  initial_state INTEGER NOT NULL DEFAULT 0,"    // states/ID.initial.safetensors holds it
+    "  checkpoint_step INTEGER NOT NULL DEFAULT 0);";  // states/ID.checkpoint.safetensors: after that step
 
 absl::Status MakeDir(const std::string& path) {
   if (mkdir(path.c_str(), 0700) == 0 || errno == EEXIST) {
@@ -52,6 +53,10 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& dir)
     sqlite3_free(err);
     return absl::FailedPreconditionError(absl::StrCat("--state-dir: '", path, "' is not a usable job database: ", msg));
   }
+  // A database of the first version lacks the checkpoint column (an error
+  // here means it has it).
+  sqlite3_exec(store->db_, "ALTER TABLE jobs ADD COLUMN checkpoint_step INTEGER NOT NULL DEFAULT 0", nullptr,
+               nullptr, nullptr);
   return store;
 }
 
@@ -80,7 +85,7 @@ absl::Status JobStore::Exec(const std::string& sql, const std::vector<Param>& pa
 absl::StatusOr<std::vector<JobStore::Record>> JobStore::Load() {
   std::lock_guard<std::mutex> l(mu_);
   sqlite3_stmt* st = nullptr;
-  if (sqlite3_prepare_v2(db_, "SELECT seq, info, spec, final_state, initial_state FROM jobs ORDER BY seq", -1, &st,
+  if (sqlite3_prepare_v2(db_, "SELECT seq, info, spec, final_state, initial_state, checkpoint_step FROM jobs ORDER BY seq", -1, &st,
                          nullptr) != SQLITE_OK) {
     return absl::InternalError(absl::StrCat("job database: ", sqlite3_errmsg(db_)));
   }
@@ -99,6 +104,7 @@ absl::StatusOr<std::vector<JobStore::Record>> JobStore::Load() {
     }
     r.has_final_state = sqlite3_column_int(st, 3) != 0;
     r.has_initial_state = sqlite3_column_int(st, 4) != 0;
+    r.checkpoint_step = sqlite3_column_int64(st, 5);
     out.push_back(std::move(r));
   }
   sqlite3_finalize(st);
@@ -117,7 +123,8 @@ absl::Status JobStore::Update(const v1::JobInfo& info, bool ended) {
   std::lock_guard<std::mutex> l(mu_);
   if (ended) {
     std::remove(InitialStatePath(info.job_id()).c_str());
-    return Exec("UPDATE jobs SET info = ?, spec = NULL, initial_state = 0 WHERE id = ?",
+    std::remove(CheckpointPath(info.job_id()).c_str());
+    return Exec("UPDATE jobs SET info = ?, spec = NULL, initial_state = 0, checkpoint_step = 0 WHERE id = ?",
                 {{info.SerializeAsString(), true}, {info.job_id()}});
   }
   return Exec("UPDATE jobs SET info = ? WHERE id = ?", {{info.SerializeAsString(), true}, {info.job_id()}});
@@ -127,11 +134,26 @@ absl::Status JobStore::Erase(const std::string& job_id) {
   std::lock_guard<std::mutex> l(mu_);
   std::remove(FinalStatePath(job_id).c_str());
   std::remove(InitialStatePath(job_id).c_str());
+  std::remove(CheckpointPath(job_id).c_str());
   return Exec("DELETE FROM jobs WHERE id = ?", {{job_id}});
 }
 
 std::string JobStore::FinalStatePath(const std::string& job_id) const {
   return absl::StrCat(dir_, "/states/", job_id, ".safetensors");
+}
+
+std::string JobStore::CheckpointPath(const std::string& job_id) const {
+  return absl::StrCat(dir_, "/states/", job_id, ".checkpoint.safetensors");
+}
+
+absl::Status JobStore::WriteCheckpoint(const std::string& job_id, int64_t step, const Tensors& state) {
+  if (absl::Status s = WriteTensors(CheckpointPath(job_id), state); !s.ok()) return s;
+  std::lock_guard<std::mutex> l(mu_);
+  return Exec("UPDATE jobs SET checkpoint_step = ? WHERE id = ?", {{std::to_string(step)}, {job_id}});
+}
+
+absl::StatusOr<JobStore::Tensors> JobStore::ReadCheckpoint(const std::string& job_id) const {
+  return ReadTensors(CheckpointPath(job_id));
 }
 
 std::string JobStore::InitialStatePath(const std::string& job_id) const {

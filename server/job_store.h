@@ -1,8 +1,8 @@
 // JobStore: the durable record of `fxdp-server --state-dir DIR`: every job
 // the server knows, in SQLite (DIR/jobs.db: the JobInfo, the JobSpec as
 // submitted, the file of its final state), and tensors as safetensors files
-// under DIR/states/ (a job's final state; a data_paths job's initial state,
-// kept until it ran). Writes are synchronous (a record survives a SIGKILL
+// under DIR/states/ (a job's final state; a data_paths job's initial state
+// and last checkpoint, kept until it ended). Writes are synchronous (a record survives a SIGKILL
 // once the call returns). Thread-safe. No gRPC here.
 #ifndef FXDP_SERVER_JOB_STORE_H_
 #define FXDP_SERVER_JOB_STORE_H_
@@ -33,6 +33,7 @@ class JobStore {
     v1::JobInfo info;
     v1::JobSpec spec;  // as submitted (graph, schedule); empty once the job ended
     bool has_final_state = false, has_initial_state = false;
+    int64_t checkpoint_step = 0;  // 0: no checkpoint
   };
 
   // Opens (creating) DIR/jobs.db and DIR/states/; errors name the path.
@@ -58,7 +59,13 @@ class JobStore {
   absl::Status WriteInitialState(const std::string& job_id, const Tensors& state);
   absl::StatusOr<Tensors> ReadInitialState(const std::string& job_id) const;
 
+  // A running job's state after step `step` (--checkpoint-every), replacing
+  // the previous one.
+  absl::Status WriteCheckpoint(const std::string& job_id, int64_t step, const Tensors& state);
+  absl::StatusOr<Tensors> ReadCheckpoint(const std::string& job_id) const;
+
   std::string FinalStatePath(const std::string& job_id) const;
+  std::string CheckpointPath(const std::string& job_id) const;
   std::string InitialStatePath(const std::string& job_id) const;
 
  private:

@@ -48,7 +48,7 @@ constexpr char kUsage[] =
     "                   [--max-finished-jobs N] [--data-root DIR ...] [--queue-grace-s S]\n"
     "                   [--client-idle-s S] [--tls-cert FILE --tls-key FILE [--tls-ca FILE]]\n"
     "                   [--client-tokens FILE] [--worker-token-file FILE] [--insecure]\n"
-    "                   [--health-listen HOST:PORT] [--state-dir DIR]\n"
+    "                   [--health-listen HOST:PORT] [--state-dir DIR [--checkpoint-every K]]\n"
     "\n"
     "Serves fxdp.v1.CompileService (Analyze, Expand), fxdp.v1.WorkerService (Attach:\n"
     "the workers' endpoint, ListWorkers) and fxdp.v1.JobService (Submit, GetJob, ListJobs,\n"
@@ -93,6 +93,9 @@ constexpr char kUsage[] =
     "                        ('the server restarted'), queued data_paths jobs run, other\n"
     "                        queued jobs are FAILED (their stream is gone); docs/jobs.md.\n"
     "                        Default: in memory only\n"
+    "  --checkpoint-every K  with --state-dir: every K steps a running data_paths job's\n"
+    "                        state is saved in DIR; after a restart such a job resumes\n"
+    "                        from its last checkpoint (default 0: none)\n"
     "\n"
     "Security (docs/security.md). Without the flags below the server serves plain gRPC\n"
     "without authentication, which it does only on a loopback --listen address:\n"
@@ -189,6 +192,7 @@ int main(int argc, char** argv) {
   std::string health_listen;
   f.String("--health-listen", &health_listen);
   std::string state_dir;
+  IntFlag(f, "--checkpoint-every", &job_options.checkpoint_every, 0, INT64_MAX);
   f.Custom("--state-dir", "a DIR", [&](const std::string& v) {
     state_dir = v;
     return !v.empty();
@@ -236,6 +240,9 @@ int main(int argc, char** argv) {
   fxdp::server::WorkerRegistryOptions registry_options;
   registry_options.heartbeat_interval_ms = static_cast<int>(heartbeat_ms);
   fxdp::server::WorkerRegistry registry(registry_options);
+  if (job_options.checkpoint_every > 0 && state_dir.empty()) {
+    return f.Usage("--checkpoint-every needs --state-dir (the checkpoints are kept there)");
+  }
   std::unique_ptr<fxdp::server::JobStore> store;
   if (!state_dir.empty()) {
     absl::StatusOr<std::unique_ptr<fxdp::server::JobStore>> opened = fxdp::server::JobStore::Open(state_dir);

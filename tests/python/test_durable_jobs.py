@@ -11,6 +11,9 @@ and started again on the same DIR. Then:
 * D runs without its client and SUCCEEDs; its final state equals that of the same job submitted
   afresh (E) bit for bit;
 * new jobs get ids after the old ones; the job database and state files are under DIR.
+
+With ``--checkpoint-every 5`` a data_paths job killed mid-run resumes from its last checkpoint
+after the restart and ends bit for bit like an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -73,14 +76,14 @@ def data_paths_requests(step, paths, steps):
             yield jpb.SubmitJobRequest(state=c)
 
 
-def wait_for(jobs, job_id, pred, timeout=60.0):
+def wait_for(jobs, job_id, pred, timeout=60.0, every=0.1):
     deadline = time.monotonic() + timeout
     while True:
         info = jobs.GetJob(jpb.GetJobRequest(job_id=job_id), timeout=10)
         if pred(info):
             return info
         assert time.monotonic() < deadline, info
-        time.sleep(0.1)
+        time.sleep(every)
 
 
 def fetch(jobs, job_id):
@@ -154,3 +157,53 @@ def test_jobs_survive_a_server_sigkill(tmp_path):
     finally:
         stop(proc)
 
+
+def test_a_running_data_paths_job_resumes_from_its_checkpoint(tmp_path):
+    """--checkpoint-every 5: a data_paths job killed mid-run (server SIGKILL) resumes after the restart
+    from its last checkpoint (step counter, files and optimizer state where they were) and ends with
+    exactly the final state and losses of an uninterrupted run."""
+    state_dir = tmp_path / "state"
+    files = [tmp_path / f"batch{i}.safetensors" for i in range(3)]
+    for i, f in enumerate(files):
+        save_file(zoo.get(MODEL).named_batch(i), str(f))
+    step = traced(MODEL, OPTIM)
+    steps = 200
+
+    proc, address, log = start_server(state_dir, "--checkpoint-every", "5")
+    try:
+        ch = grpc.insecure_channel(address)
+        jobs = jgrpc.JobServiceStub(ch)
+        stream = jobs.Submit(data_paths_requests(step, files, steps), timeout=120)
+        job = next(stream).job_id
+        info = wait_for(jobs, job, lambda i: i.steps_done >= 23 or i.state not in (
+            jpb.JOB_STATE_QUEUED, jpb.JOB_STATE_RUNNING), every=0.01)
+        assert info.state == jpb.JOB_STATE_RUNNING, info
+        proc.kill()
+        proc.wait()
+        ch.close()
+    finally:
+        if proc.poll() is None:
+            stop(proc)
+    killed_at = info.steps_done
+
+    proc, address, log = start_server(state_dir, "--checkpoint-every", "5")
+    try:
+        ch = grpc.insecure_channel(address)
+        jobs = jgrpc.JobServiceStub(ch)
+        info = wait_for(jobs, job, lambda i: i.state not in (jpb.JOB_STATE_QUEUED, jpb.JOB_STATE_RUNNING))
+        assert info.state == jpb.JOB_STATE_SUCCEEDED, (info.error, "".join(log[-20:]))
+        assert info.steps_done == steps and len(info.losses) == steps
+        resumed = [line for line in log if "resumed from the checkpoint of step" in line]
+        assert resumed, "".join(log)
+        at = int(re.search(r"checkpoint of step (\d+)", resumed[0]).group(1))
+        assert at % 5 == 0 and 0 < at <= killed_at + 5, (at, killed_at)
+        final = fetch(jobs, job)
+
+        with fxdp.Client(address) as client:
+            plain = client.train(step, world_size=2, data_path=files, steps=steps)
+        assert list(info.losses) == plain.losses
+        for k, v in final.items():
+            assert torch.equal(v, plain.state[k]), k
+        ch.close()
+    finally:
+        stop(proc)

@@ -1,6 +1,7 @@
-// --state-dir without gRPC: JobStore (SQLite records, safetensors states)
-// round trips, RecoverJobs after a "restart" (a second JobStore on the same
-// directory), and the JobTable serving a recovered final state from its file.
+// --state-dir without gRPC: JobStore (SQLite records, safetensors states,
+// checkpoints) round trips, RecoverJobs after a "restart" (a second JobStore
+// on the same directory), and the JobTable serving a recovered final state
+// from its file.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -117,6 +118,44 @@ TEST(JobStore, RecordsAndStatesSurviveAReopenAndRecoveryResolvesEachJob) {
   EXPECT_EQ((*state)->at(1).name(), "fc.weight");
   EXPECT_EQ((*state)->at(1).data(), F32("fc.weight", {3, 4}, 7).data());
   EXPECT_EQ(table.FinalState("job-2-b").status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(JobStore, ARunningDataPathsJobWithACheckpointResumesAfterItsStep) {
+  const std::string dir = TempDir();
+  v1::JobSpec spec;
+  *spec.mutable_graph() = ir::EncodeGraph(ValueOrDie(ir::ParseGraphText(ReadTestData("mlp_sgd.txt"))));
+  spec.set_world_size(1);
+  spec.set_steps(10);
+  spec.set_num_state_tensors(2);
+  spec.add_data_paths("/data/a.safetensors");
+  const std::vector<v1::TensorChunk> at6 = {F32("fc.weight", {3, 4}, 60), F32("fc.bias", {3}, 6)};
+  {
+    auto store = ValueOrDie(server::JobStore::Open(dir));
+    v1::JobInfo info = Info("job-1-r", v1::JOB_STATE_QUEUED);
+    ASSERT_TRUE(store->Insert(1, info, spec).ok());
+    ASSERT_TRUE(store->WriteInitialState("job-1-r", {F32("fc.weight", {3, 4}, 0), F32("fc.bias", {3}, 0)}).ok());
+    ASSERT_TRUE(store->WriteCheckpoint("job-1-r", 3, at6).ok());
+    ASSERT_TRUE(store->WriteCheckpoint("job-1-r", 6, at6).ok());  // replaces step 3's
+    info.set_state(v1::JOB_STATE_RUNNING);
+    info.set_steps_done(7);
+    for (int i = 1; i <= 7; ++i) info.add_losses(i);
+    ASSERT_TRUE(store->Update(info, false).ok());
+  }
+  auto store = ValueOrDie(server::JobStore::Open(dir));
+  server::RecoveredJobs r = ValueOrDie(server::RecoverJobs(store.get(), server::RunExpand));
+  ASSERT_EQ(r.to_run.size(), 1u);
+  const server::Job& j = *r.to_run[0];
+  EXPECT_EQ(j.first_step, 6);
+  EXPECT_EQ(j.info.state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(j.info.steps_done(), 6);
+  EXPECT_THAT(j.info.losses(), ::testing::ElementsAre(1, 2, 3, 4, 5, 6));
+  EXPECT_EQ(j.info.message(), "resumed from the checkpoint of step 6 after a server restart");
+  ASSERT_EQ(j.initial_state.size(), 2u);
+  EXPECT_EQ(j.initial_state[1].data(), at6[0].data());  // fc.weight, from the checkpoint
+  // The end of the job drops its spec, initial state and checkpoint.
+  ASSERT_TRUE(store->Update(Info("job-1-r", v1::JOB_STATE_SUCCEEDED), true).ok());
+  EXPECT_FALSE(std::ifstream(store->CheckpointPath("job-1-r")).good());
+  EXPECT_FALSE(std::ifstream(store->InitialStatePath("job-1-r")).good());
 }
 
 TEST(JobStore, AStateDirThatIsAFileIsRefusedNamingIt) {
