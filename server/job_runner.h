@@ -26,6 +26,7 @@
 // fails it (DEADLINE_EXCEEDED); bad client input fails it INVALID_ARGUMENT
 // naming what is wrong. Every outcome is an absl::Status (the gRPC layer maps
 // it once). No gRPC here: the client is a JobClient, the workers a WorkerPool.
+// job_runner.cc has the phases, job_runner_state.cc the state transfers.
 #ifndef FXDP_SERVER_JOB_RUNNER_H_
 #define FXDP_SERVER_JOB_RUNNER_H_
 

@@ -1,0 +1,241 @@
+// JobRunner's state transfers (job_runner.h): the initial state in (taken
+// before the job is queued under --state-dir, or forwarded from the client as
+// it arrives; FULLY_SHARD split into each rank's shards), and the state out
+// (checkpoints and the final state from rank 0; FULLY_SHARD gathered from
+// every rank).
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "server/job_runner.h"
+#include "server/raw_tensors.h"
+#include "server/state_shards.h"
+
+namespace fxdp::server {
+
+// Before the job is queued (--state-dir, data_paths): its initial state,
+// whole, kept on the job.
+absl::Status JobRunner::TakeInitialState() {
+  const uint32_t n = job_->spec.num_state_tensors();
+  ChunkStream stream("initial state", /*keep_data=*/true);
+  v1::SubmitJobRequest req;
+  Job::Msg unused;
+  client_->SetReadBudget(ctx_.options.read_ahead_bytes);
+  while (stream.complete() < n) {
+    const double idle = ctx_.options.client_idle_s;
+    const Got got = Next(true, true, idle, &unused, &req);
+    if (got == Got::kTimeout) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("the Submit stream sent nothing for ", idle, " s while the server waited for its initial state (",
+                       stream.complete(), " of the ", n, " tensors of JobSpec.num_state_tensors received; "
+                       "fxdp-server --client-idle-s)"));
+    }
+    if (got == Got::kCancel) return absl::CancelledError("the client went away");
+    if (got == Got::kClientEnd) {
+      return absl::InvalidArgumentError(absl::StrCat("the client ended the stream after ", stream.complete(),
+                                                     " of the ", n, " initial-state tensors (JobSpec.num_state_tensors)"));
+    }
+    if (!req.has_state()) {
+      return absl::InvalidArgumentError(absl::StrCat("expected initial-state chunks (", stream.complete(), " of the ", n,
+                                                     " tensors of JobSpec.num_state_tensors so far), got ",
+                                                     SubmitRequestKind(req)));
+    }
+    if (absl::Status s = stream.Add(req.state()); !s.ok()) return s;
+  }
+  client_->SetReadBudget(0);
+  for (RawTensor& t : stream.Take()) {
+    v1::TensorChunk& c = job_->initial_state.emplace_back();
+    c.set_name(t.name);
+    c.set_dtype(t.dtype);
+    for (int64_t d : t.shape) c.add_shape(d);
+    c.set_data(std::move(t.data));
+  }
+  job_->has_initial_state = true;
+  return absl::OkStatus();
+}
+
+absl::Status JobRunner::ForwardState() {
+  const uint32_t n = job_->spec.num_state_tensors();
+  v1::ServerMessage m;
+  v1::StateChunk* sc = m.mutable_state_chunk();
+  sc->set_job_id(id_);
+  if (n == 0) {
+    sc->set_last(true);
+    return SendAll(m);
+  }
+  // FULLY_SHARD: each rank gets its own shards, so its own messages; each
+  // rank's latest piece is held back until the next, so the last one can
+  // carry `last`.
+  std::optional<StateSplitter> splitter;
+  if (job_->expanded.sharded_state_size() > 0) {
+    splitter.emplace(world_, job_->expanded.sharded_state(), ctx_.options.chunk_bytes);
+  }
+  std::vector<std::optional<v1::TensorChunk>> held(world_);
+  if (job_->has_initial_state) {  // taken before the job was queued (--state-dir)
+    std::vector<v1::TensorChunk> state = std::move(job_->initial_state);
+    job_->initial_state.clear();
+    std::vector<v1::TensorChunk> pieces;
+    for (size_t t = 0; t < state.size(); ++t) {
+      const bool complete = t + 1 == state.size();
+      if (splitter) {
+        if (absl::Status s = SendShards(*splitter, state[t], complete, &held); !s.ok()) return s;
+        continue;
+      }
+      pieces.clear();
+      RechunkTensor(state[t], ctx_.options.chunk_bytes, &pieces);
+      for (size_t i = 0; i < pieces.size(); ++i) {
+        sc->mutable_tensor()->Swap(&pieces[i]);
+        sc->set_last(complete && i + 1 == pieces.size());
+        if (absl::Status s = SendAll(m); !s.ok()) return s;
+      }
+    }
+    return absl::OkStatus();
+  }
+  ChunkStream stream("initial state", /*keep_data=*/false);
+  v1::SubmitJobRequest req;
+  Job::Msg msg;
+  std::vector<v1::TensorChunk> pieces;
+  Clock::time_point idle_from = Clock::now();
+  while (stream.complete() < n) {
+    const double left = ClientIdleLeft(idle_from);
+    if (left <= 0) {
+      return ClientIdle(absl::StrCat("its initial state (", stream.complete(), " of the ", n,
+                                     " tensors of JobSpec.num_state_tensors received)"));
+    }
+    const Got got = Next(true, true, left, &msg, &req);
+    if (got == Got::kTimeout) continue;
+    if (got == Got::kCancel) return Cancelled();
+    if (got == Got::kWorker) {
+      if (absl::Status s = OnWorker(msg); !s.ok()) return s;
+      continue;
+    }
+    if (got == Got::kClientEnd) {
+      return BadInput(absl::StrCat("the client ended the stream after ", stream.complete(), " of the ", n,
+                                   " initial-state tensors (JobSpec.num_state_tensors)"));
+    }
+    idle_from = Clock::now();
+    if (!req.has_state()) {
+      return BadInput(absl::StrCat("expected initial-state chunks (", stream.complete(), " of the ", n,
+                                   " tensors of JobSpec.num_state_tensors so far), got ", SubmitRequestKind(req)));
+    }
+    if (absl::Status s = stream.Add(req.state()); !s.ok()) return BadInput(s.message());
+    if (splitter) {
+      if (absl::Status s = SendShards(*splitter, req.state(), stream.complete() == n, &held); !s.ok()) return s;
+      continue;
+    }
+    pieces.clear();
+    RechunkTensor(req.state(), ctx_.options.chunk_bytes, &pieces);
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      sc->mutable_tensor()->Swap(&pieces[i]);
+      sc->set_last(stream.complete() == n && i + 1 == pieces.size());
+      if (absl::Status s = SendAll(m); !s.ok()) return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobRunner::SendShards(const StateSplitter& splitter, const v1::TensorChunk& chunk, bool complete,
+                                   std::vector<std::optional<v1::TensorChunk>>* held) {
+  std::vector<std::vector<v1::TensorChunk>> to(world_);
+  if (absl::Status s = splitter.Add(chunk, &to); !s.ok()) return BadInput(s.message());
+  v1::ServerMessage m;
+  v1::StateChunk* sc = m.mutable_state_chunk();
+  sc->set_job_id(id_);
+  for (int r = 0; r < world_; ++r) {
+    std::optional<v1::TensorChunk>& h = (*held)[r];
+    for (v1::TensorChunk& piece : to[r]) {
+      if (h) {
+        sc->mutable_tensor()->Swap(&*h);
+        sc->set_last(false);
+        if (!ranks_->Send(r, m)) return Lost(r);
+      }
+      h = std::move(piece);
+    }
+    if (complete && h) {
+      sc->mutable_tensor()->Swap(&*h);
+      sc->set_last(true);
+      h.reset();
+      if (!ranks_->Send(r, m)) return Lost(r);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobRunner::RequestState(bool end_job) {
+  v1::ServerMessage m;
+  m.mutable_fetch_state()->set_job_id(id_);
+  m.mutable_fetch_state()->set_chunk_bytes(static_cast<uint32_t>(ctx_.options.chunk_bytes));
+  m.mutable_fetch_state()->set_end_job(end_job);
+  return ranks_->Send(0, m) ? absl::OkStatus() : Lost(0);
+}
+
+bool JobRunner::AddStateChunk(Job::Msg& msg, StateStore::State* state) {
+  v1::StateChunk& c = *msg.m.mutable_state_chunk();
+  if (c.has_tensor()) state->push_back(std::move(*c.mutable_tensor()));
+  return c.last();
+}
+
+absl::Status JobRunner::End() {
+  client_->SetReadBudget(0);
+  if (job_->expanded.sharded_state_size() > 0) {
+    v1::ServerMessage m;
+    m.mutable_fetch_state()->set_job_id(id_);
+    m.mutable_fetch_state()->set_chunk_bytes(static_cast<uint32_t>(ctx_.options.chunk_bytes));
+    m.mutable_fetch_state()->set_end_job(true);
+    return EndSharded(m);
+  }
+  if (absl::Status s = RequestState(/*end_job=*/true); !s.ok()) return s;
+  ranks_->CancelOthers("the job finished (state fetched from rank 0)");
+  auto state = std::make_shared<StateStore::State>();
+  Job::Msg msg;
+  while (true) {
+    const Got got = Next(false, true, 3600, &msg);
+    if (got == Got::kCancel) return Cancelled();
+    if (got != Got::kWorker || msg.rank != 0) continue;  // the others end by CancelJob
+    if (msg.lost || msg.m.has_job_failed()) return Failed(msg);
+    if (msg.m.has_state_chunk() && AddStateChunk(msg, state.get())) break;
+  }
+  ctx_.table->KeepState(job_, std::move(state));
+  job_->SetState(v1::JOB_STATE_SUCCEEDED);
+  client_->Write(job_->Event(v1::JOB_STATE_SUCCEEDED));
+  return absl::OkStatus();
+}
+
+// FULLY_SHARD: every rank sends its state (its shards and the replicated
+// rest) and ends; the shards are put back together into whole tensors.
+absl::Status JobRunner::EndSharded(const v1::ServerMessage& fetch) {
+  if (absl::Status s = SendAll(fetch); !s.ok()) return s;
+  StateGatherer gather(world_, job_->expanded.sharded_state(), ctx_.options.chunk_bytes);
+  std::vector<bool> done(world_, false);
+  int left = world_;
+  Job::Msg msg;
+  while (left > 0) {
+    const Got got = Next(false, true, 3600, &msg);
+    if (got == Got::kCancel) return Cancelled();
+    if (got != Got::kWorker) continue;
+    if (msg.lost || msg.m.has_job_failed()) return Failed(msg);
+    if (!msg.m.has_state_chunk() || done[msg.rank]) continue;
+    const v1::StateChunk& c = msg.m.state_chunk();
+    if (c.has_tensor()) {
+      if (absl::Status s = gather.Add(msg.rank, c.tensor()); !s.ok()) {
+        return Finish(v1::JOB_STATE_FAILED, absl::Status(s.code(), absl::StrCat("job ", id_, ": ", s.message())), -1);
+      }
+    }
+    if (c.last()) {
+      done[msg.rank] = true;
+      --left;
+    }
+  }
+  absl::StatusOr<StateStore::State> whole = gather.Finish();
+  if (!whole.ok()) {
+    return Finish(v1::JOB_STATE_FAILED,
+                  absl::Status(whole.status().code(), absl::StrCat("job ", id_, ": ", whole.status().message())), -1);
+  }
+  ctx_.table->KeepState(job_, std::make_shared<StateStore::State>(*std::move(whole)));
+  job_->SetState(v1::JOB_STATE_SUCCEEDED);
+  client_->Write(job_->Event(v1::JOB_STATE_SUCCEEDED));
+  return absl::OkStatus();
+}
+
+}  // namespace fxdp::server
