@@ -1,7 +1,9 @@
 // Per-op knowledge of the non-view aten ops, as data: one sorted table
 // (op_rules.cc), one line per op, read by the BatchDimAnalyzer (batch_dim.h),
-// the expansion (which size lists to make local), its shape check, the
-// overlap schedule and the interpreter's in-place planning.
+// the expansion (which size lists to make local), its shape check and the
+// overlap schedule (packing ops). kInplace records the interpreter's in-place
+// candidates; executor/ may depend on the IR only (DESIGN layering), so its
+// copy of that list stays until the table can move beside the IR.
 //
 // A row names the op (schema name and overload; "*" matches any overload),
 // its family (how the batch dim moves through it), the arguments it is
@@ -11,8 +13,10 @@
 // parameters: which argument is the dim it works along, which spells a size,
 // which operands must be replicated, ... (OpParam), and its traits.
 //
-//   {"aten::sum", "dim_IntList", F::kReduce, Additive(In(0)),
+//   {"aten::sum", "dim_IntList", F::kReduce, Additive(0),
 //    {Dims(1, "dim"), KeepDim(2), Reduces(ReduceKind::kSum)}},
+//   {"aten::mm", "*", F::kMatmul, Multilinear(0, 1), {}, kNoTraits, Spec("ik,kj->ij"),
+//    {ShapeCheck::kProduct}},
 //
 // tests/testdata/op_rules.txt holds every row in its text form (OpRuleText);
 // tests/analysis/op_rules_test.cc compares it byte for byte.
