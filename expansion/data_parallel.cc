@@ -92,7 +92,9 @@ class Expander final : public RankGraphBuilder {
   Expander(const Graph& g, const BatchDimAnalysis& a, const ExpandOptions& o,
            const std::vector<PlannedBucket>& buckets, RankSlice slice,
            const FullyShardPlan* fs = nullptr)
-      : g_(g), a_(a), o_(o), buckets_(buckets), slice_(slice), batch_(a.batch_size()), fs_(fs) {}
+      : g_(g), a_(a), o_(o), buckets_(buckets), slice_(slice), batch_(a.batch_size()), fs_(fs) {
+    for (const PlannedBucket& b : buckets_) bucketed_.insert(b.values.begin(), b.values.end());
+  }
 
   absl::StatusOr<RankNodes> Run(std::vector<Collective>* collectives) {
     collectives_ = collectives;
@@ -509,6 +511,27 @@ class Expander final : public RankGraphBuilder {
     out_.push_back(std::move(n));
     new_id_[id.value] = static_cast<int32_t>(out_.size() - 1);
     if (fs_ != nullptr && fs_->partial_norm[id.value]) return EmitPartialNorm(id, old);
+    if (fs_ != nullptr && !old.grad_of.empty() && !bucketed_.contains(ValueRef{id, 0}) &&
+        old.outputs[0].is_tensor()) {
+      // A gradient the analysis already has whole on every rank (reduced
+      // earlier, or never batch-dependent): this rank's shard is a slice.
+      const TensorType& t = old.outputs[0].tensor;
+      const int64_t world = o_.world_size, s = ShardNumel(t.numel());
+      const std::string base = absl::StrCat("fxdp_grad_shard_", old.name);
+      ValueRef x = Emit(Call(base, "aten::reshape", "", {Map(ValueRef{id, 0}), Ints({-1})},
+                             Flat(t, t.numel())));
+      if (world * s != t.numel()) {
+        x = Emit(Call(base, "aten::constant_pad_nd", "",
+                      {x, Ints({0, world * s - t.numel()}), Argument(0.0)}, Flat(t, world * s)));
+      }
+      TensorType piece = Flat(t, s);
+      piece.storage_offset = slice_.rank * s;
+      replaced_[ValueRef{id, 0}] =
+          Emit(Call(base, "aten::slice", "Tensor",
+                    {x, Argument(int64_t{0}), Argument(slice_.rank * s),
+                     Argument((slice_.rank + 1) * s), Argument(int64_t{1})},
+                    piece));
+    }
     return absl::OkStatus();
   }
 
@@ -959,6 +982,7 @@ class Expander final : public RankGraphBuilder {
   absl::flat_hash_map<int32_t, ValueRef> gather_started_;               // event -> all_gather
   absl::flat_hash_map<int32_t, int32_t> backward_copies_;               // old node -> new node
   absl::flat_hash_map<ValueRef, ValueRef> norms_;  // _foreach_norm output -> whole norm
+  absl::flat_hash_set<ValueRef> bucketed_;          // gradients some bucket reduces
 };
 
 absl::StatusOr<std::vector<PlannedBucket>> PlanBuckets(const Graph& g, const BatchDimAnalysis& a,
@@ -1153,6 +1177,14 @@ absl::StatusOr<Expansion> ExpandDataParallel(const Graph& graph, const BatchDimA
   for (const PlannedBucket& b : buckets) rep.buckets.push_back(b.info);
   // Rank-specific slices of replicated values make the graphs differ too.
   e.identical = batch % world == 0 && analysis.sharded_reads().empty();
+  if (fs.has_value()) {
+    // A gradient no bucket reduces is sliced per rank (Expander::EmitNode).
+    absl::flat_hash_set<ValueRef> bucketed;
+    for (const PlannedBucket& b : buckets) bucketed.insert(b.values.begin(), b.values.end());
+    for (ir::NodeId id{0}; id.value < graph.size(); ++id.value) {
+      if (!graph.node(id).grad_of.empty() && !bucketed.contains(ValueRef{id, 0})) e.identical = false;
+    }
+  }
   // The overlap schedule: one order for every rank. The rank graphs have the
   // same structure, so each rank's own schedule is rank 0's (checked) and
   // they start their collectives in the same order.
