@@ -16,6 +16,8 @@ namespace fxdp::executor {
 namespace {
 
 constexpr absl::string_view kAllReduce = "_c10d_functional::all_reduce";
+constexpr absl::string_view kAllGather = "_c10d_functional::all_gather_into_tensor";
+constexpr absl::string_view kReduceScatter = "_c10d_functional::reduce_scatter_tensor";
 constexpr absl::string_view kWaitTensor = "_c10d_functional::wait_tensor";
 constexpr absl::string_view kFunctionalPrefix = "_c10d_functional::";
 
@@ -41,13 +43,26 @@ bool IsCollectiveNode(const ir::Node& n) {
 
 absl::StatusOr<Step> PlanCollective(const ir::Graph& g, const ir::Node& n, Step s,
                                     const std::vector<std::vector<int32_t>>& slot_of) {
-  if (n.target.name != kAllReduce && n.target.name != kWaitTensor)
+  const bool gather = n.target.name == kAllGather, scatter = n.target.name == kReduceScatter;
+  if (n.target.name != kAllReduce && n.target.name != kWaitTensor && !gather && !scatter)
     return NodeError(n,
                      "this collective is not supported by the interpreter (supported: "
-                     "_c10d_functional::all_reduce and wait_tensor)",
+                     "_c10d_functional::all_reduce, all_gather_into_tensor, "
+                     "reduce_scatter_tensor and wait_tensor)",
                      absl::StatusCode::kUnimplemented);
-  const bool is_reduce = n.target.name == kAllReduce;
-  s.kind = is_reduce ? StepKind::kAllReduce : StepKind::kWait;
+  const bool is_reduce = n.target.name == kAllReduce || scatter;
+  s.kind = is_reduce || gather ? StepKind::kAllReduce : StepKind::kWait;
+  if (gather || scatter) {
+    // all_gather_into_tensor(input, group_size, group),
+    // reduce_scatter_tensor(input, reduce_op, group_size, group).
+    s.collective = gather ? Step::Collective::kAllGather : Step::Collective::kReduceScatter;
+    const size_t at = gather ? 1 : 2;
+    const ir::Argument* size = n.args.size() > at ? &n.args[at] : n.kwarg("group_size");
+    if (size == nullptr || !size->is<int64_t>())
+      return NodeError(n, absl::StrCat("argument 'group_size' expects int, got ",
+                                       size == nullptr ? "nothing" : DescribeArgument(g, *size)));
+    s.group_size = size->as<int64_t>();
+  }
   if (!n.target.overload.empty())
     return NodeError(n, "unknown overload", absl::StatusCode::kNotFound);
   if (n.args.empty() || !n.args[0].is_ref() || !g.type(n.args[0].as<ir::ValueRef>()).is_tensor())
@@ -66,7 +81,7 @@ absl::StatusOr<Step> PlanCollective(const ir::Graph& g, const ir::Node& n, Step 
       return NodeError(n, absl::StrCat("argument 'reduce_op' expects str, got ",
                                        op == nullptr ? "nothing" : DescribeArgument(g, *op)));
     const std::string& red = op->as<std::string>();
-    if (red == "avg") {
+    if (red == "avg" && !scatter) {
       s.avg = true;
     } else if (red != "sum") {
       return NodeError(n, absl::StrCat("reduce_op \"", red, "\" is not supported (sum, avg)"),
@@ -89,7 +104,11 @@ absl::Status Program::Impl::Resolve(int32_t slot, const Step* reader) {
     // what it reduces and its number among this step's collectives.
     std::string what = "all_reduce";
     if (const auto& [from, seq] = work_from[slot]; from != nullptr) {
-      what = absl::StrCat("all_reduce '", from->name, "' (collective ", seq, " of the step",
+      const char* op = from->collective == Step::Collective::kAllGather ? "all_gather_into_tensor"
+                       : from->collective == Step::Collective::kReduceScatter
+                           ? "reduce_scatter_tensor"
+                           : "all_reduce";
+      what = absl::StrCat(op, " '", from->name, "' (collective ", seq, " of the step",
                           from->out_types.empty() || !from->out_types[0].is_tensor()
                               ? std::string()
                               : absl::StrCat(", ", TypeForMessage(from->out_types[0].tensor)),
@@ -110,12 +129,22 @@ absl::Status Program::Impl::RunAllReduce(Step& s) {
     return absl::InternalError(absl::StrCat("node '", s.name, "' (", s.op_name,
                                             "): input is ", v.tagKind(), ", not a tensor"));
   ++collectives_started;
+  if (s.collective != Step::Collective::kAllReduce && s.group_size != comm->world_size())
+    return absl::InvalidArgumentError(absl::StrCat(
+        "node '", s.name, "' (", s.op_name, "): group_size ", s.group_size,
+        " but this program's communicator (", comm->name(), ") has ", comm->world_size(),
+        " ranks"));
   // The bucket (or loss) is usually a fresh tensor read by this all_reduce
   // only: donate it so the communicator reduces in place.
   const bool last_use =
       std::find(s.free_after.begin(), s.free_after.end(), in.slot) != s.free_after.end();
   absl::StatusOr<std::unique_ptr<Work>> w;
-  if (last_use && v.toTensor().use_count() == 1 && v.toTensor().storage().use_count() == 1) {
+  if (s.collective == Step::Collective::kAllGather) {
+    w = comm->AllGather(v.toTensor());
+  } else if (s.collective == Step::Collective::kReduceScatter) {
+    w = comm->ReduceScatterSum(v.toTensor());
+  } else if (last_use && v.toTensor().use_count() == 1 &&
+             v.toTensor().storage().use_count() == 1) {
     at::Tensor donated = std::move(slots[in.slot]).toTensor();
     slots[in.slot] = c10::IValue();
     w = comm->AllReduceSumDonated(std::move(donated));

@@ -1,6 +1,9 @@
 // Collective steps of the interpreter: `_c10d_functional::all_reduce(t,
 // reduce_op, group)` starts Communicator::AllReduceSum ("sum"; "avg" divides
-// the sum by the world size) and keeps the Work in the value table;
+// the sum by the world size), FULLY_SHARD's `all_gather_into_tensor(t,
+// group_size, group)` and `reduce_scatter_tensor(t, "sum", group_size, group)`
+// start AllGather / ReduceScatterSum (group_size must be the communicator's
+// world size); each keeps its Work in the value table;
 // `_c10d_functional::wait_tensor` waits for it (ProgramOptions::
 // collective_timeout). A node other than wait_tensor that reads a pending
 // all_reduce waits first (Program::Impl::Resolve). A failed wait names the

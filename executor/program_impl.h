@@ -51,6 +51,11 @@ struct Step {
   StepKind kind = StepKind::kOp;
   ReturnKind ret = ReturnKind::kSingle;
   bool avg = false;  // all_reduce with reduce_op "avg"
+  // kAllReduce steps: which collective. FULLY_SHARD's flat ones
+  // (expansion/fully_shard.h) carry their group_size.
+  enum class Collective : uint8_t { kAllReduce, kAllGather, kReduceScatter };
+  Collective collective = Collective::kAllReduce;
+  int64_t group_size = 0;
   int32_t node = -1;
   std::string name;  // node name and op, for errors
   std::string op_name;
