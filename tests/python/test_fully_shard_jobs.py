@@ -1,8 +1,16 @@
 """FULLY_SHARD jobs through fxdp-server (JobSpec.style, `fxdp run --style`, `Client.train(style=)`).
 
-Starts ``fxdp-server --listen 127.0.0.1:0 --local-workers 3`` (as test_server_jobs.py) and checks
-the style's surface: the style a job was submitted with is in its JobInfo (and `fxdp job`), an
-unknown style is refused naming the accepted ones (the wire, the CLI and the Python client).
+Starts ``fxdp-server --listen 127.0.0.1:0 --local-workers 3`` (real workers, as test_server_jobs.py):
+
+* zoo mlp/AdamW on 2 and 3 workers and transformer/SGD-momentum on 3 (parameters of 5, 16, 23 and
+  368 elements: not divisible by N, so the last ranks hold padding): the server splits the whole
+  initial state into the ranks' shards, and the losses and the final state (whole tensors, from
+  every rank's shards) equal one device and the same job under REPLICATE;
+* cnn/AdamW (BatchNorm buffers, replicated) on 2 workers equals REPLICATE; `FetchState` in small
+  chunks gives the whole tensors, in the order REPLICATE's does;
+* `fxdp run --style fully_shard --out` writes the same whole tensors as `--style replicate`;
+* JobInfo (and `fxdp job`) say the style; a sharded tensor of the wrong shape is INVALID_ARGUMENT
+  naming it; an unknown style is refused naming the accepted ones (wire, CLI, Python client).
 """
 
 from __future__ import annotations
@@ -11,9 +19,12 @@ import subprocess
 
 import grpc
 import pytest
+import torch
+from safetensors.torch import load_file, save_file
 
 import fxdp
-from _util import fxdp_binary, local_server, traced
+from _util import ATOL, RTOL, fxdp_binary, local_server, local_steps, traced
+from fxdp.client import _assemble as assemble
 from fxdp import zoo
 from fxdp.v1 import compile_pb2 as cpb
 from fxdp.v1 import jobs_pb2 as jpb
@@ -30,8 +41,85 @@ def server():
         ch.close()
 
 
-def batches(n: int):
-    return [zoo.get(MODEL).batch(i) for i in range(n)]
+def batches(n: int, model: str = MODEL):
+    return [zoo.get(model).batch(i) for i in range(n)]
+
+
+def assert_states_equal(got, want, what):
+    assert list(got) == list(want), what
+    for k, w in want.items():
+        assert got[k].dtype == w.dtype and got[k].shape == w.shape, f"{what}: {k}"
+        torch.testing.assert_close(got[k], w, rtol=RTOL, atol=ATOL, msg=lambda m: f"{what}: {k}: {m}")
+
+
+@pytest.mark.parametrize("model,optim,world", [("mlp", "adamw", 2), ("mlp", "adamw", 3),
+                                               ("transformer", "sgd", 3)])
+def test_fully_shard_job_equals_one_device_and_replicate(server, model, optim, world):
+    client = server[0]
+    step, steps = traced(model, optim), 3
+    fs = client.train(step, world_size=world, batches=batches(steps, model), style="fully_shard")
+    rep = client.train(step, world_size=world, batches=batches(steps, model), style="replicate")
+    ref, ref_losses = local_steps(step, model, steps)
+    for a, b, want in zip(fs.losses, rep.losses, ref_losses):
+        assert abs(a - float(want)) <= RTOL * abs(float(want)) + ATOL and abs(a - b) <= 1e-6 * abs(b) + 1e-7
+    full = {k: v for k, v in step.initial_state().items()}
+    assert_states_equal(fs.state, rep.state, "fully_shard vs replicate")
+    assert_states_equal({k: fs.state[k] for k in ref}, ref, "fully_shard vs one device")
+    assert {k: v.shape for k, v in fs.state.items()} == {k: v.shape for k, v in full.items()}
+    info = client.job(fs.job_id)
+    assert info.style == cpb.DATA_PARALLEL_STYLE_FULLY_SHARD and info.world_size == world
+    # the expansion the job ran: what each rank held
+    ex = client.expand(step, world, style="fully_shard")
+    assert ex.style == "fully_shard" and {s.name for s in ex.sharded_state} >= {
+        n for n in full if not n.startswith("optim.") and full[n].dim() > 0 and "running" not in n}
+    for s in ex.sharded_state:
+        assert s.shard_numel == -(-full[s.name].numel() // world) and list(full[s.name].shape) == s.shape
+
+
+def test_buffers_stay_replicated_and_fetch_state_is_whole(server):
+    client, jobs, _, _ = server
+    step, steps = traced("cnn", "adamw"), 2
+    fs = client.train(step, world_size=2, batches=batches(steps, "cnn"), style="fully_shard")
+    rep = client.train(step, world_size=2, batches=batches(steps, "cnn"))
+    assert_states_equal(fs.state, rep.state, "cnn fully_shard vs replicate")
+    # FetchState itself, in 100-byte chunks: whole tensors, in the order REPLICATE's rank 0 sends
+    fetch = lambda job: assemble(jobs.FetchState(  # noqa: E731
+        jpb.FetchJobStateRequest(job_id=job, chunk_bytes=100), timeout=30))
+    assert_states_equal(fetch(fs.job_id), fetch(rep.job_id), "FetchState")
+
+
+def test_fxdp_run_out_is_whole(server, tmp_path):
+    _, _, address, _ = server
+    step = traced("transformer", "sgd")
+    step.save(tmp_path / "g.pb")
+    step.to_safetensors(tmp_path / "s.safetensors")
+    data = []
+    for i in range(2):
+        save_file({n: t.contiguous() for n, t in zoo.get("transformer").named_batch(i).items()},
+                  str(tmp_path / f"d{i}.safetensors"))
+        data += ["--data", tmp_path / f"d{i}.safetensors"]
+    outs = {}
+    for style in ("fully_shard", "replicate"):
+        out = tmp_path / f"{style}.safetensors"
+        r = subprocess.run([fxdp_binary("FXDP_BIN", "fxdp"), "run", tmp_path / "g.pb", "--world-size", "3",
+                            "--state", tmp_path / "s.safetensors", *data, "--style", style, "--out", out,
+                            "--server", address], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        outs[style] = load_file(str(out))
+    assert_states_equal(outs["fully_shard"], outs["replicate"], "fxdp run --out")
+    ref, _ = local_steps(step, "transformer", 2)
+    assert_states_equal({k: outs["fully_shard"][k] for k in ref}, ref, "fxdp run --out vs one device")
+
+
+def test_a_sharded_tensor_of_the_wrong_shape_is_refused(server):
+    client = server[0]
+    step = traced(MODEL, OPTIM)
+    state = step.initial_state()
+    state["fc1.weight"] = state["fc1.weight"].t().contiguous()  # [10, 16] for [16, 10]
+    with pytest.raises(fxdp.ServerError) as e:
+        client.train(step, world_size=2, batches=batches(1), state=state, style="fully_shard")
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "initial state: tensor 'fc1.weight' is f32[10, 16], the graph's is f32[16, 10]" in str(e.value)
 
 
 def test_job_info_says_the_style(server):
