@@ -11,6 +11,15 @@ namespace fxdp {
 
 namespace {
 const char* OpName(ReduceOp op) { return op == ReduceOp::kAvg ? "avg" : "sum"; }
+
+// Why a FULLY_SHARD state tensor is S(0) of its flat shard (expansion/fully_shard.h).
+std::string ShardReason(const ShardedState& s) {
+  return s.role == ir::PlaceholderRole::kParameter
+             ? "parameter: each rank holds its flat shard; all-gathered whole before forward and "
+               "again before backward, updated on the shard"
+             : "optimizer state with its parameter's numel: updated elementwise on the shard, "
+               "next to the parameter's";
+}
 }  // namespace
 
 std::string ExpansionReport::ToJson() const {
@@ -24,7 +33,9 @@ std::string ExpansionReport::ToJson() const {
                   {"role", std::string(ir::PlaceholderRoleName(s.role))},
                   {"shape", s.shape},
                   {"dtype", std::string(ir::DTypeShortName(s.dtype))},
-                  {"shard_numel", s.shard_numel}});
+                  {"shard_numel", s.shard_numel},
+                  {"placement", "S(0)"},
+                  {"reason", ShardReason(s)}});
   }
   j["sharded_state"] = std::move(ss);
   nlohmann::json sl = nlohmann::json::array();
@@ -69,7 +80,7 @@ std::string ExpansionReport::ToTable() const {
     absl::StrAppendFormat(&out, "sharded state (%d tensors, flat shards of s = ceil(numel / %d) "
                           "per rank):\n", sharded_state.size(), world_size);
     for (const ShardedState& s : sharded_state) {
-      absl::StrAppendFormat(&out, "  %-40s %-15s %s[%s] -> [%d]\n", s.state_name,
+      absl::StrAppendFormat(&out, "  %-40s %-15s %s[%s] -> S(0) [%d]\n", s.state_name,
                             ir::PlaceholderRoleName(s.role), ir::DTypeShortName(s.dtype),
                             absl::StrJoin(s.shape, ", "), s.shard_numel);
     }

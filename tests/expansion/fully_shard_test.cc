@@ -128,6 +128,7 @@ TEST(FullyShard, MlpShardsParametersGathersThemAndReduceScattersGradients) {
   }
   EXPECT_TRUE(style && names);
   EXPECT_NE(e.report.ToJson().find("\"sharded_state\""), std::string::npos);
+  EXPECT_NE(e.report.ToJson().find("\"placement\": \"S(0)\""), std::string::npos);
   EXPECT_NE(e.report.ToTable().find("fc.weight"), std::string::npos);
 }
 
