@@ -9,7 +9,8 @@ and started again on the same DIR. Then:
 * B, which was running, is FAILED (UNAVAILABLE) saying the server restarted;
 * C is FAILED (UNAVAILABLE) saying its batches came over a stream that is gone;
 * D runs without its client and SUCCEEDs; its final state equals that of the same job submitted
-  afresh (E) bit for bit;
+  afresh (E) bit for bit, and a FULLY_SHARD one (its recorded initial state split into each
+  rank's shards) trains like it;
 * new jobs get ids after the old ones; the job database and state files are under DIR.
 
 With ``--checkpoint-every 5`` a data_paths job killed mid-run resumes from its last checkpoint
@@ -30,7 +31,7 @@ import torch
 from safetensors.torch import save_file
 
 import fxdp
-from _util import fxdp_binary, traced
+from _util import ATOL, RTOL, fxdp_binary, traced
 from fxdp import zoo
 from fxdp.client import _assemble as assemble, _chunks as chunks
 from fxdp.v1 import jobs_pb2 as jpb
@@ -153,6 +154,12 @@ def test_jobs_survive_a_server_sigkill(tmp_path):
         assert e.losses == list(info.losses)
         for k, v in d_state.items():
             assert torch.equal(v, e.state[k]), k
+        # A FULLY_SHARD data_paths job: its recorded initial state is split into each rank's shards.
+        with fxdp.Client(address) as client:
+            f = client.train(step, world_size=2, data_path=data, steps=3, style="fully_shard")
+        torch.testing.assert_close(torch.tensor(f.losses), torch.tensor(e.losses), rtol=RTOL, atol=ATOL)
+        for k, v in e.state.items():
+            torch.testing.assert_close(f.state[k], v, rtol=RTOL, atol=ATOL, msg=k)
         ch.close()
     finally:
         stop(proc)
