@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "analysis/ir/status_macros.h"
+#include "google/protobuf/stubs/common.h"
 
 namespace fxdp::ir {
 namespace {
@@ -156,6 +157,11 @@ class Lexer {
       std::string unescaped, err;
       if (!absl::CUnescape(s_.substr(pos_ + 1, end - pos_ - 1), &unescaped, &err))
         return Error(t, absl::StrCat("bad string escape: ", err));
+      // Graph strings are proto3 strings: bytes that are not UTF-8 would
+      // parse here but encode to a GraphDef no decoder accepts.
+      if (!google::protobuf::internal::IsStructurallyValidUTF8(unescaped.data(),
+                                                              static_cast<int>(unescaped.size())))
+        return Error(t, "string is not valid UTF-8");
       t.kind = Tok::kString;
       t.text = std::move(unescaped);
       Advance(end + 1 - pos_);

@@ -97,6 +97,12 @@ const ParseErrorCase kParseErrors[] = {
      "graph format=1 {\n  %y: f32[2] = aten::neg(%x)\n}", "line 2, column 28: '%x' is not defined before this use"},
     {"UnknownDType", "graph format=1 {\n  %x: q7[2] = placeholder()\n}", "line 2, column 7: unknown dtype 'q7'"},
     {"UnterminatedString", "graph producer=\"abc {}", "line 1, column 16: unterminated string"},
+    // Found by tests/fuzz/text_fuzzer: it used to parse into a graph whose GraphDef no decoder
+    // accepts (proto3 strings are UTF-8). Raw and escaped bytes alike.
+    {"NonUtf8String", "graph format=1 {\n  meta \"optimize\xe0`\" = \"SGD\"\n}",
+     "line 2, column 8: string is not valid UTF-8"},
+    {"NonUtf8Escape", "graph format=1 {\n  meta \"k\" = \"\\377\"\n}",
+     "line 2, column 14: string is not valid UTF-8"},
     {"UnknownAttribute",
      "graph format=1 {\n  %x: f32[2] = placeholder() {colour=INPUT}\n}", "unknown node attribute 'colour'"},
     {"UnknownArgument", "graph format=1 {\n  %x: f32[2] = aten::neg(torch.float99)\n}",
