@@ -1,5 +1,8 @@
 #include "server/compile_service.h"
 
+#include <malloc.h>
+
+#include <climits>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -8,7 +11,10 @@
 
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_format.h"
 #include "google/protobuf/arena.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/wire_format_lite.h"
 
 #include "absl/strings/str_cat.h"
 #include "analysis/batch_dim.h"
@@ -35,6 +41,49 @@ absl::StatusOr<ir::Graph> DecodeRequestGraph(bool has_graph, const v1::GraphDef&
 const char* ReduceName(ReduceOp op) { return op == ReduceOp::kAvg ? "avg" : "sum"; }
 
 }  // namespace
+
+absl::Status CheckCompileLimits(const CompileLimits& limits, absl::string_view what,
+                                int64_t bytes, int64_t nodes) {
+  if (bytes > limits.max_request_bytes) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "%s is %.1f MiB (%d bytes), over this server's limit of %d MiB (fxdp-server "
+        "--max-graph-mb)",
+        what, static_cast<double>(bytes) / (1 << 20), bytes, limits.max_request_bytes >> 20));
+  }
+  if (nodes > limits.max_graph_nodes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        what, "'s graph has ", nodes, " nodes, over this server's limit of ",
+        limits.max_graph_nodes, " (fxdp-server --max-graph-nodes)"));
+  }
+  return absl::OkStatus();
+}
+
+int64_t CountRequestGraphNodes(absl::string_view bytes) {
+  namespace io = google::protobuf::io;
+  using google::protobuf::internal::WireFormatLite;
+  constexpr uint32_t kGraphTag = (1 << 3) | WireFormatLite::WIRETYPE_LENGTH_DELIMITED;
+  constexpr uint32_t kNodesTag = (4 << 3) | WireFormatLite::WIRETYPE_LENGTH_DELIMITED;
+  io::CodedInputStream in(reinterpret_cast<const uint8_t*>(bytes.data()),
+                          static_cast<int>(bytes.size()));
+  in.SetTotalBytesLimit(INT_MAX);
+  int64_t nodes = 0;
+  while (uint32_t tag = in.ReadTag()) {
+    if (tag != kGraphTag) {
+      if (!WireFormatLite::SkipField(&in, tag)) return -1;
+      continue;
+    }
+    uint32_t len = 0;
+    if (!in.ReadVarint32(&len)) return -1;
+    const io::CodedInputStream::Limit limit = in.PushLimit(static_cast<int>(len));
+    while (uint32_t t = in.ReadTag()) {
+      if (t == kNodesTag) ++nodes;
+      if (!WireFormatLite::SkipField(&in, t)) return -1;
+    }
+    if (!in.ConsumedEntireMessage() || in.BytesUntilLimit() != 0) return -1;
+    in.PopLimit(limit);
+  }
+  return in.ConsumedEntireMessage() ? nodes : -1;
+}
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
@@ -126,6 +175,21 @@ absl::StatusOr<v1::ExpandResponse> RunExpand(const v1::ExpandRequest& request) {
 
 namespace {
 
+// Hands the heap's free memory back to the system when a large request is
+// done: glibc keeps what a 100 MB graph's decode and analysis freed (GBs)
+// in its arenas otherwise.
+class ReleaseMemoryAfter {
+ public:
+  explicit ReleaseMemoryAfter(int64_t request_bytes)
+      : large_(request_bytes >= (int64_t{16} << 20)) {}
+  ~ReleaseMemoryAfter() {
+    if (large_) malloc_trim(0);
+  }
+
+ private:
+  const bool large_;
+};
+
 // A ByteBuffer over `bytes` without copying them: the slice holds a reference.
 grpc::ByteBuffer SharedBuffer(CachedBytes bytes) {
   auto* holder = new CachedBytes(std::move(bytes));
@@ -152,7 +216,12 @@ absl::StatusOr<Response> Compute(CompileCache& cache, const std::string& key,
 
 // The message-level path: looks `request` up in `cache`; on a miss computes it.
 template <typename Response, typename Request, typename Run>
-absl::StatusOr<Response> Cached(CompileCache& cache, absl::string_view method, const Request& request, Run run) {
+absl::StatusOr<Response> Cached(CompileCache& cache, const CompileLimits& limits,
+                                absl::string_view method, const Request& request, Run run) {
+  const int64_t graph_bytes = static_cast<int64_t>(request.graph().ByteSizeLong());
+  FXDP_RETURN_IF_ERROR(CheckCompileLimits(limits, absl::StrCat("the ", method, " request"),
+                                          graph_bytes, request.graph().nodes_size()));
+  ReleaseMemoryAfter release(graph_bytes);
   const std::string key = CompileCacheKey(method, request);
   if (CachedBytes hit = cache.Lookup(key)) {
     Response response;
@@ -174,8 +243,11 @@ grpc::Status Reply(absl::StatusOr<Response> r, Response* response) {
 // cached ones. Otherwise parse, look up the canonical key (the same key
 // unless the client serialized non-canonically), compute.
 template <typename Request, typename Response, typename Run>
-grpc::Status CachedRaw(CompileCache& cache, absl::string_view method,
+grpc::Status CachedRaw(CompileCache& cache, const CompileLimits& limits, absl::string_view method,
                        const grpc::ByteBuffer& in, grpc::ByteBuffer* out, Run run) {
+  const std::string what = absl::StrCat("the ", method, " request");
+  const int64_t size = in.Valid() ? static_cast<int64_t>(in.Length()) : 0;
+  if (absl::Status s = CheckCompileLimits(limits, what, size, 0); !s.ok()) return ToGrpcStatus(s);
   std::vector<grpc::Slice> slices;
   if (in.Valid() && !in.Dump(&slices).ok()) {
     return grpc::Status(grpc::StatusCode::INTERNAL, "cannot read the request");
@@ -190,14 +262,24 @@ grpc::Status CachedRaw(CompileCache& cache, absl::string_view method,
     *out = SharedBuffer(std::move(hit));
     return grpc::Status::OK;
   }
+  // One contiguous view of the bytes (joined only when gRPC split them).
+  std::string joined;
+  absl::string_view bytes;
+  if (chunks.size() == 1) {
+    bytes = chunks[0];
+  } else {
+    joined = absl::StrJoin(chunks, "");
+    bytes = joined;
+  }
+  // The node limit before the parse allocates per node (~1 KB each).
+  if (absl::Status s = CheckCompileLimits(limits, what, size, CountRequestGraphNodes(bytes));
+      !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  ReleaseMemoryAfter release(size);
   google::protobuf::Arena arena;
   Request* request = google::protobuf::Arena::CreateMessage<Request>(&arena);
-  bool parsed = false;
-  if (chunks.size() == 1) {
-    parsed = request->ParseFromArray(chunks[0].data(), static_cast<int>(chunks[0].size()));
-  } else {
-    parsed = request->ParseFromString(absl::StrJoin(chunks, ""));
-  }
+  const bool parsed = request->ParseFromArray(bytes.data(), static_cast<int>(bytes.size()));
   if (!parsed) {
     size_t bytes = 0;
     for (absl::string_view c : chunks) bytes += c.size();
@@ -222,8 +304,8 @@ grpc::ServerUnaryReactor* CompileServiceImpl::Analyze(grpc::CallbackServerContex
                                                       const grpc::ByteBuffer* request,
                                                       grpc::ByteBuffer* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(CachedRaw<v1::AnalyzeRequest, v1::AnalyzeResponse>(cache_, "Analyze", *request,
-                                                                     response, RunAnalyze));
+  reactor->Finish(CachedRaw<v1::AnalyzeRequest, v1::AnalyzeResponse>(
+      cache_, limits_, "Analyze", *request, response, RunAnalyze));
   return reactor;
 }
 
@@ -231,14 +313,14 @@ grpc::ServerUnaryReactor* CompileServiceImpl::Expand(grpc::CallbackServerContext
                                                      const grpc::ByteBuffer* request,
                                                      grpc::ByteBuffer* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(CachedRaw<v1::ExpandRequest, v1::ExpandResponse>(cache_, "Expand", *request,
-                                                                   response, RunExpand));
+  reactor->Finish(CachedRaw<v1::ExpandRequest, v1::ExpandResponse>(
+      cache_, limits_, "Expand", *request, response, RunExpand));
   return reactor;
 }
 
 grpc::Status CompileServiceImpl::Analyze(grpc::ServerContext*, const v1::AnalyzeRequest* request,
                                          v1::AnalyzeResponse* response) {
-  return Reply(Cached<v1::AnalyzeResponse>(cache_, "Analyze", *request, RunAnalyze), response);
+  return Reply(Cached<v1::AnalyzeResponse>(cache_, limits_, "Analyze", *request, RunAnalyze), response);
 }
 
 grpc::Status CompileServiceImpl::Expand(grpc::ServerContext*, const v1::ExpandRequest* request,
@@ -247,7 +329,7 @@ grpc::Status CompileServiceImpl::Expand(grpc::ServerContext*, const v1::ExpandRe
 }
 
 absl::StatusOr<v1::ExpandResponse> CompileServiceImpl::ExpandCached(const v1::ExpandRequest& request) {
-  return Cached<v1::ExpandResponse>(cache_, "Expand", request, RunExpand);
+  return Cached<v1::ExpandResponse>(cache_, limits_, "Expand", request, RunExpand);
 }
 
 }  // namespace fxdp::server

@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/fxdp/v1/compile.grpc.pb.h"
 #include "server/compile_cache.h"
@@ -29,11 +30,32 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 absl::StatusOr<v1::AnalyzeResponse> RunAnalyze(const v1::AnalyzeRequest& request);
 absl::StatusOr<v1::ExpandResponse> RunExpand(const v1::ExpandRequest& request);
 
+// What one compile request may cost (docs/robustness.md): checked before the
+// request is parsed (raw RPCs: its size, and its graph's nodes counted on the
+// wire) or, for in-process callers (a job's spec), before it is decoded.
+// Over a limit: RESOURCE_EXHAUSTED naming the limit, its flag and the value.
+struct CompileLimits {
+  // --max-graph-nodes: nodes of the request's graph.
+  int64_t max_graph_nodes = 1000000;
+  // --max-graph-mb: serialized bytes of an Analyze/Expand request (of the
+  // GraphDef, for a job's spec).
+  int64_t max_request_bytes = int64_t{256} << 20;
+};
+
+// OK, or RESOURCE_EXHAUSTED naming the limit: `what` ("the Analyze request")
+// is `bytes` long and its graph has `nodes` nodes.
+absl::Status CheckCompileLimits(const CompileLimits& limits, absl::string_view what,
+                                int64_t bytes, int64_t nodes);
+// Nodes of the `graph` field (1) of a serialized AnalyzeRequest or
+// ExpandRequest, counted without parsing; -1 when the bytes are malformed.
+int64_t CountRequestGraphNodes(absl::string_view request_bytes);
+
 class CompileServiceImpl final
     : public v1::CompileService::WithRawCallbackMethod_Analyze<
           v1::CompileService::WithRawCallbackMethod_Expand<v1::CompileService::Service>> {
  public:
-  explicit CompileServiceImpl(CompileCacheOptions cache_options = {}) : cache_(cache_options) {}
+  explicit CompileServiceImpl(CompileCacheOptions cache_options = {}, CompileLimits limits = {})
+      : cache_(cache_options), limits_(limits) {}
 
   // The RPCs (gRPC calls these; the bytes are compile.proto's messages).
   grpc::ServerUnaryReactor* Analyze(grpc::CallbackServerContext* context,
@@ -56,6 +78,7 @@ class CompileServiceImpl final
 
  private:
   CompileCache cache_;
+  const CompileLimits limits_;
 };
 
 }  // namespace fxdp::server

@@ -22,12 +22,6 @@ const std::string* JobIdOf(const v1::WorkerMessage& m) {
   }
 }
 
-std::string LocalHostname() {
-  char buf[256] = {};
-  if (gethostname(buf, sizeof(buf) - 1) != 0) return "";
-  return buf;
-}
-
 }  // namespace
 
 int FreeLocalPort() {
@@ -79,10 +73,12 @@ int Dispatcher::Subscribe(std::vector<int64_t>* handles) {
 }
 
 std::string Dispatcher::RendezvousHost() const {
+  // Rank 0's address as the server sees its connection (WorkerInfo.address;
+  // loopback when it runs here), never the hostname it declared
+  // (docs/robustness.md).
   std::string host = "127.0.0.1";
-  const std::string here = LocalHostname();
   for (const auto& w : pool_->List()) {
-    if (w.worker_id() == workers_[0] && !w.hostname().empty() && w.hostname() != here) host = w.hostname();
+    if (w.worker_id() == workers_[0] && !w.address().empty()) host = w.address();
   }
   return host;
 }

@@ -45,6 +45,9 @@ struct JobServiceOptions {
   // fetched from rank 0 every K steps into the state dir, so that after a
   // restart it resumes from there (job_recovery.h). 0: no checkpoints.
   int64_t checkpoint_every = 0;
+  // --max-submit-streams: Submit calls at once (queued, running, or not yet
+  // queued); more are RESOURCE_EXHAUSTED before a job thread starts.
+  size_t max_submit_streams = 256;
 };
 
 }  // namespace fxdp::server

@@ -30,6 +30,7 @@
 #ifndef FXDP_SERVER_JOB_RUNNER_H_
 #define FXDP_SERVER_JOB_RUNNER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -59,6 +60,9 @@ struct JobContext {
   JobTable* table = nullptr;
   JobScheduler* scheduler = nullptr;
   JobStore* store = nullptr;  // --state-dir (null: in memory only)
+  // Submit calls alive (JobServiceOptions::max_submit_streams); a SubmitCall
+  // gives its slot back when it is done.
+  std::atomic<size_t>* submit_streams = nullptr;
 };
 
 // Runs `job` for `client` to its end (see above); the job's Submit status. A

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "security/server_auth.h"
 #include "server/audit.h"
+#include "server/log.h"
 #include "server/raw_tensors.h"
 #include "server/submit_call.h"
 
@@ -51,6 +52,7 @@ JobServiceImpl::JobServiceImpl(CompileServiceImpl* compile, WorkerPool* workers,
   context_.table = &table_;
   context_.scheduler = &scheduler_;
   context_.store = store;
+  context_.submit_streams = &submit_streams_;
 }
 
 JobServiceImpl::~JobServiceImpl() {
@@ -74,8 +76,31 @@ absl::Status JobServiceImpl::Recover() {
   return absl::OkStatus();
 }
 
+namespace {
+
+// A Submit over --max-submit-streams: ended at once, nothing read.
+class RefusedSubmit final : public grpc::ServerBidiReactor<v1::SubmitJobRequest, v1::JobEvent> {
+ public:
+  explicit RefusedSubmit(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
+};
+
+}  // namespace
+
 grpc::ServerBidiReactor<v1::SubmitJobRequest, v1::JobEvent>* JobServiceImpl::Submit(
     grpc::CallbackServerContext* context) {
+  const size_t max = context_.options.max_submit_streams;
+  if (submit_streams_.fetch_add(1) >= max) {
+    submit_streams_.fetch_sub(1);
+    if (refused_submits_.fetch_add(1) < 10) {  // then silence
+      Log(absl::StrCat("Submit from ", context->peer(), ": refused: ", max,
+                       " Submit streams open (--max-submit-streams)"));
+    }
+    return new RefusedSubmit(grpc::Status(
+        grpc::StatusCode::RESOURCE_EXHAUSTED,
+        absl::StrCat("this server takes at most ", max,
+                     " Submit streams at once (fxdp-server --max-submit-streams)")));
+  }
   JobOwner owner;
   const std::optional<security::Principal> who = security::PrincipalOf(*context);
   if (who.has_value()) owner.identity = who->identity;

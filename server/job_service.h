@@ -16,6 +16,9 @@
 #ifndef FXDP_SERVER_JOB_SERVICE_H_
 #define FXDP_SERVER_JOB_SERVICE_H_
 
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <thread>
@@ -68,6 +71,8 @@ class JobServiceImpl final : public v1::JobService::WithCallbackMethod_Submit<v1
   JobContext context_;
   NoClient no_client_;
   std::vector<std::thread> recovered_;  // runners of the jobs queued again
+  std::atomic<size_t> submit_streams_{0};  // SubmitCalls alive (--max-submit-streams)
+  std::atomic<int64_t> refused_submits_{0};
 };
 
 }  // namespace fxdp::server

@@ -28,6 +28,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "analysis/ir/verifier.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -36,6 +37,7 @@
 #include "server/job_service.h"
 #include "server/job_store.h"
 #include "server/local_workers.h"
+#include "server/parse_errors.h"
 #include "server/worker_registry.h"
 #include "util/flags.h"
 
@@ -49,6 +51,8 @@ constexpr char kUsage[] =
     "                   [--client-idle-s S] [--tls-cert FILE --tls-key FILE [--tls-ca FILE]]\n"
     "                   [--client-tokens FILE] [--worker-token-file FILE] [--insecure]\n"
     "                   [--health-listen HOST:PORT] [--state-dir DIR [--checkpoint-every K]]\n"
+    "                   [--max-graph-nodes N] [--max-graph-mb N] [--max-worker-streams N]\n"
+    "                   [--max-submit-streams N] [--register-deadline-s S]\n"
     "\n"
     "Serves fxdp.v1.CompileService (Analyze, Expand), fxdp.v1.WorkerService (Attach:\n"
     "the workers' endpoint, ListWorkers) and fxdp.v1.JobService (Submit, GetJob, ListJobs,\n"
@@ -96,6 +100,17 @@ constexpr char kUsage[] =
     "  --checkpoint-every K  with --state-dir: every K steps a running data_paths job's\n"
     "                        state is saved in DIR; after a restart such a job resumes\n"
     "                        from its last checkpoint (default 0: none)\n"
+    "  --max-graph-nodes N   nodes of one request's graph (Analyze, Expand, a job's\n"
+    "                        spec); more is RESOURCE_EXHAUSTED (default 1000000)\n"
+    "  --max-graph-mb N      bytes of one Analyze/Expand request (of the graph in a job's\n"
+    "                        spec), MiB; more is RESOURCE_EXHAUSTED (default 256)\n"
+    "  --max-worker-streams N  Attach streams at once (workers attached or attaching);\n"
+    "                        more are RESOURCE_EXHAUSTED (default 1024)\n"
+    "  --max-submit-streams N  Submit streams at once (jobs queued or running, and\n"
+    "                        Submits not yet queued); more are RESOURCE_EXHAUSTED\n"
+    "                        (default 256)\n"
+    "  --register-deadline-s S  an Attach that sends no Register within S seconds is\n"
+    "                        ended with DEADLINE_EXCEEDED (default 10)\n"
     "\n"
     "Security (docs/security.md). Without the flags below the server serves plain gRPC\n"
     "without authentication, which it does only on a loopback --listen address:\n"
@@ -197,6 +212,16 @@ int main(int argc, char** argv) {
     state_dir = v;
     return !v.empty();
   });
+  fxdp::server::CompileLimits limits;
+  int64_t max_graph_mb = limits.max_request_bytes >> 20;
+  IntFlag(f, "--max-graph-nodes", &limits.max_graph_nodes, 1, fxdp::ir::kMaxNodes);
+  IntFlag(f, "--max-graph-mb", &max_graph_mb, 1, 2047);
+  fxdp::server::WorkerRegistryOptions registry_options;
+  int64_t max_worker_streams = registry_options.max_streams;
+  int64_t max_submit_streams = static_cast<int64_t>(job_options.max_submit_streams);
+  IntFlag(f, "--max-worker-streams", &max_worker_streams, 1, 1 << 20);
+  IntFlag(f, "--max-submit-streams", &max_submit_streams, 1, 1 << 20);
+  SecondsFlag(f, "--register-deadline-s", &registry_options.register_deadline_s);
   if (int rc = f.Parse(std::vector<std::string>(argv + 1, argv + argc), nullptr); rc >= 0) return rc;
 
   // Signals are taken by a dedicated thread (sigwait): block them before gRPC
@@ -228,6 +253,9 @@ int main(int argc, char** argv) {
   job_options.max_queued_jobs = static_cast<size_t>(max_queued);
   job_options.max_state_bytes = static_cast<uint64_t>(max_state_mb) << 20;
   job_options.max_finished_jobs = static_cast<size_t>(max_finished);
+  job_options.max_submit_streams = static_cast<size_t>(max_submit_streams);
+  limits.max_request_bytes = max_graph_mb << 20;
+  registry_options.max_streams = static_cast<int>(max_worker_streams);
   if (local_workers > 0) {
     if (worker_binary.empty()) worker_binary = fxdp::server::DefaultWorkerBinary();
     if (access(worker_binary.c_str(), X_OK) != 0) {
@@ -236,8 +264,7 @@ int main(int argc, char** argv) {
     }
   }
 
-  fxdp::server::CompileServiceImpl service(cache);
-  fxdp::server::WorkerRegistryOptions registry_options;
+  fxdp::server::CompileServiceImpl service(cache, limits);
   registry_options.heartbeat_interval_ms = static_cast<int>(heartbeat_ms);
   fxdp::server::WorkerRegistry registry(registry_options);
   if (job_options.checkpoint_every > 0 && state_dir.empty()) {
@@ -265,6 +292,10 @@ int main(int argc, char** argv) {
   builder.RegisterService(&service);
   builder.RegisterService(&registry);
   builder.RegisterService(&jobs);
+  // Requests that do not parse are INVALID_ARGUMENT, not INTERNAL.
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(fxdp::server::MakeParseErrorInterceptorFactory());
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     std::fprintf(stderr, "fxdp-server: cannot listen on %s\n", listen.c_str());

@@ -83,6 +83,7 @@ void SubmitCall::OnCancel() { job_->ClientGone(); }
 void SubmitCall::OnDone() {
   { std::lock_guard<std::mutex> l(start_mu_); }  // thread_ is assigned
   thread_.join();
+  if (context_->submit_streams != nullptr) context_->submit_streams->fetch_sub(1);
   delete this;
 }
 

@@ -4,7 +4,12 @@
 #include <cstdio>
 #include <utility>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_format.h"
 #include "security/server_auth.h"
 #include "server/audit.h"
@@ -24,7 +29,111 @@ bool IsPlainId(const std::string& s) {
 
 constexpr int kMaxIgnoredLogs = 10;  // per attachment, then silence
 
+// A hostname (RFC 1123 letters, digits, '-', '.', plus '_'), 1..253 bytes.
+bool IsHostname(const std::string& s) {
+  if (s.empty() || s.size() > 253) return false;
+  for (unsigned char c : s) {
+    if (!absl::ascii_isalnum(c) && c != '-' && c != '.' && c != '_') return false;
+  }
+  return true;
+}
+
+// Printable ASCII without spaces, at most `max` bytes ("" allowed).
+bool IsPlainText(const std::string& s, size_t max) {
+  if (s.size() > max) return false;
+  for (unsigned char c : s) {
+    if (c <= ' ' || c >= 0x7f) return false;
+  }
+  return true;
+}
+
+// "cuda:N", N a decimal < kMaxCudaDevices.
+bool IsCudaDevice(absl::string_view d) {
+  if (!absl::ConsumePrefix(&d, "cuda:") || d.empty() || d.size() > 3) return false;
+  int index = 0;
+  for (char c : d) {
+    if (!absl::ascii_isdigit(c)) return false;
+    index = index * 10 + (c - '0');
+  }
+  return index < kMaxCudaDevices;
+}
+
+// `value` quoted for a message: escaped, cut at 64 bytes (it came from the network).
+std::string Quoted(const std::string& value) {
+  std::string v = value.size() > 64 ? value.substr(0, 64) + "..." : value;
+  return absl::StrCat("'", absl::CHexEscape(v), "'");
+}
+
+grpc::Status Invalid(absl::string_view field, absl::string_view rule, absl::string_view got) {
+  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                      absl::StrCat("Register.", field, " must be ", rule, ", got ", got));
+}
+
 }  // namespace
+
+grpc::Status ValidateRegister(const v1::Register& r) {
+  if (!r.worker_id().empty() && !IsPlainId(r.worker_id())) {
+    return Invalid("worker_id", "printable without spaces, at most 256 bytes",
+                   Quoted(r.worker_id()));
+  }
+  if (!IsHostname(r.hostname())) {
+    return Invalid("hostname", "1 to 253 letters, digits, '-', '.' or '_'", Quoted(r.hostname()));
+  }
+  if (r.pid() < 0 || r.pid() > kMaxPid) {
+    return Invalid("pid", absl::StrCat("in [0, ", kMaxPid, "]"), absl::StrCat(r.pid()));
+  }
+  if (r.device() != "cpu" && !IsCudaDevice(r.device())) {
+    return Invalid("device", absl::StrCat("cpu or cuda:N with 0 <= N < ", kMaxCudaDevices),
+                   Quoted(r.device()));
+  }
+  if (r.capacity() < 1 || r.capacity() > kMaxCapacity) {
+    return Invalid("capacity", absl::StrCat("in [1, ", kMaxCapacity, "]"),
+                   absl::StrCat(r.capacity()));
+  }
+  if (r.memory_bytes() < 0 || r.memory_bytes() > kMaxMemoryBytes) {
+    return Invalid("memory_bytes", absl::StrCat("in [0, ", kMaxMemoryBytes, "] (0: unknown)"),
+                   absl::StrCat(r.memory_bytes()));
+  }
+  if (r.threads() < 0 || r.threads() > kMaxThreads) {
+    return Invalid("threads", absl::StrCat("in [0, ", kMaxThreads, "] (0: unknown)"),
+                   absl::StrCat(r.threads()));
+  }
+  if (!IsPlainText(r.fxdp_version(), 64)) {
+    return Invalid("fxdp_version", "printable without spaces, at most 64 bytes",
+                   Quoted(r.fxdp_version()));
+  }
+  if (!IsPlainText(r.torch_version(), 64)) {
+    return Invalid("torch_version", "printable without spaces, at most 64 bytes",
+                   Quoted(r.torch_version()));
+  }
+  if (!r.busy_with_job_id().empty() && !IsPlainId(r.busy_with_job_id())) {
+    return Invalid("busy_with_job_id", "printable without spaces, at most 256 bytes",
+                   Quoted(r.busy_with_job_id()));
+  }
+  return grpc::Status::OK;
+}
+
+std::string PeerHost(absl::string_view peer) {
+  std::string host;
+  if (absl::ConsumePrefix(&peer, "ipv4:")) {
+    host = std::string(peer.substr(0, peer.rfind(':')));
+  } else if (absl::ConsumePrefix(&peer, "ipv6:")) {
+    // "[::1]:port"; a v4-mapped address ("[::ffff:10.0.0.5]") is the v4 one.
+    if (!absl::ConsumePrefix(&peer, "[")) return "";
+    host = std::string(peer.substr(0, peer.find(']')));
+    absl::string_view h = host;
+    if (absl::ConsumePrefix(&h, "::ffff:") && h.find('.') != absl::string_view::npos) {
+      host = std::string(h);
+    }
+    host = absl::StrReplaceAll(host, {{"%25", "%"}});
+  } else if (absl::StartsWith(peer, "unix:") || absl::StartsWith(peer, "unix-abstract:")) {
+    return "127.0.0.1";  // same host
+  } else {
+    return "";
+  }
+  if (host == "::1" || absl::StartsWith(host, "127.")) return "127.0.0.1";
+  return host;
+}
 
 struct WorkerRegistry::Conn {
   std::string id;
@@ -65,6 +174,7 @@ void WorkerRegistry::Shutdown() {
     for (auto& [id, e] : workers_) {
       if (e.conn) conns.push_back(e.conn);
     }
+    for (auto& [ctx, deadline] : unregistered_) ctx->TryCancel();
   }
   wake_.notify_all();
   if (watchdog_.joinable() && watchdog_.get_id() != std::this_thread::get_id()) watchdog_.join();
@@ -74,8 +184,49 @@ void WorkerRegistry::Shutdown() {
 grpc::Status WorkerRegistry::Attach(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<v1::ServerMessage, v1::WorkerMessage>* stream) {
+  // Admission: at most max_streams calls; each must register in time (the
+  // watchdog cancels one that does not, which ends the Read below).
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (shutdown_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down");
+    if (streams_ >= options_.max_streams) {
+      if (++refused_streams_ <= kMaxIgnoredLogs) {
+        Log(absl::StrCat("attach from ", context->peer(), ": refused: ", streams_,
+                         " Attach streams open (--max-worker-streams)"));
+      }
+      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                          absl::StrCat("this server takes at most ", options_.max_streams,
+                                       " Attach streams at once (fxdp-server --max-worker-streams)"));
+    }
+    ++streams_;
+    unregistered_[context] =
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                           std::chrono::duration<double>(options_.register_deadline_s));
+  }
+  struct StreamSlot {
+    WorkerRegistry* r;
+    ~StreamSlot() {
+      std::lock_guard<std::mutex> l(r->mu_);
+      --r->streams_;
+    }
+  } slot{this};
   v1::WorkerMessage m;
-  if (!stream->Read(&m)) return grpc::Status::OK;  // closed before registering
+  const bool got = stream->Read(&m);
+  bool late = false;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    late = unregistered_.at(context) == Clock::time_point::min();
+    unregistered_.erase(context);
+  }
+  if (late) {
+    Log(absl::StrFormat("attach from %s: no register_worker within %g s, closed", context->peer(),
+                        options_.register_deadline_s));
+    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                        absl::StrFormat("no register_worker within %g s (fxdp-server "
+                                        "--register-deadline-s)",
+                                        options_.register_deadline_s));
+  }
+  if (!got) return grpc::Status::OK;  // closed before registering
   if (m.msg_case() != v1::WorkerMessage::kRegisterWorker) {
     Log(absl::StrCat("attach from ", context->peer(), ": first message is not register_worker"));
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -89,10 +240,11 @@ grpc::Status WorkerRegistry::Attach(
                         absl::StrCat("worker protocol version ", reg.protocol_version(),
                                      " is not supported (this server speaks 1)"));
   }
-  if (!reg.worker_id().empty() && !IsPlainId(reg.worker_id())) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "worker_id must be printable without spaces, at most 256 bytes");
+  if (grpc::Status bad = ValidateRegister(reg); !bad.ok()) {
+    Log(absl::StrCat("attach from ", context->peer(), ": refused: ", bad.error_message()));
+    return bad;
   }
+  const std::string address = PeerHost(context->peer());
   auto conn = std::make_shared<Conn>();
   conn->principal = security::Describe(security::PrincipalOf(*context));
   conn->ctx = context;
@@ -116,6 +268,7 @@ grpc::Status WorkerRegistry::Attach(
     Entry& e = workers_[conn->id];
     e = Entry{};
     e.reg = reg;
+    e.address = address;
     e.state = reg.busy_with_job_id().empty() ? v1::WORKER_STATE_IDLE : v1::WORKER_STATE_BUSY;
     e.job_id = reg.busy_with_job_id();
     e.attached = e.last_heartbeat = Clock::now();
@@ -271,6 +424,14 @@ void WorkerRegistry::Watchdog() {
       }
       ++it;
     }
+    // Attach calls that did not register in time: cancelled (their Read
+    // returns); min() marks them for the handler.
+    for (auto& [ctx, deadline] : unregistered_) {
+      if (deadline != Clock::time_point::min() && now > deadline) {
+        deadline = Clock::time_point::min();
+        ctx->TryCancel();
+      }
+    }
     if (late.empty()) continue;
     l.unlock();
     for (auto& [c, s] : late) MarkLost(c->id, c, absl::StrFormat("no heartbeat for %.1f s", s));
@@ -294,6 +455,7 @@ v1::WorkerInfo WorkerRegistry::InfoOf(const std::string& id, const Entry& e,
   w.set_torch_version(e.reg.torch_version());
   w.set_attached_s(std::chrono::duration<double>(now - e.attached).count());
   w.set_lost_reason(e.lost_reason);
+  w.set_address(e.address);
   return w;
 }
 

@@ -30,11 +30,35 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/fxdp/v1/worker.grpc.pb.h"
 #include "server/worker_pool.h"
 
 namespace fxdp::server {
+
+// Bounds on what a worker may register (ValidateRegister): a worker is
+// trusted only as far as it is checked (docs/robustness.md).
+inline constexpr int64_t kMaxPid = 4194304;            // Linux's largest pid_max
+inline constexpr int64_t kMaxCudaDevices = 128;        // c10::DeviceIndex is int8_t
+inline constexpr int32_t kMaxCapacity = 64;
+inline constexpr int64_t kMaxMemoryBytes = int64_t{1} << 50;  // 1 PiB
+inline constexpr int32_t kMaxThreads = 4096;
+
+// INVALID_ARGUMENT naming the field, the rule and the value (escaped) for a
+// Register message outside those bounds: worker_id (printable, <= 256 bytes,
+// may be empty), hostname (1..253 of [A-Za-z0-9._-]), pid, device ("cpu" or
+// "cuda:N", N < 128), capacity [1, 64], memory_bytes [0, 2^50], threads
+// [0, 4096], fxdp/torch versions (printable, <= 64 bytes), busy_with_job_id.
+// The protocol version is checked before (FAILED_PRECONDITION).
+grpc::Status ValidateRegister(const v1::Register& reg);
+
+// The host of a gRPC peer string as the server sees the connection
+// ("ipv4:10.0.0.5:4711" -> "10.0.0.5", "ipv6:[fe80::1]:4711" -> "fe80::1",
+// loopback and unix sockets -> "127.0.0.1"); "" when unknown. What a job's
+// rendezvous host is made of (WorkerInfo.address), never the hostname the
+// worker declared.
+std::string PeerHost(absl::string_view peer);
 
 struct WorkerRegistryOptions {
   // Registered.heartbeat_interval_ms.
@@ -43,6 +67,12 @@ struct WorkerRegistryOptions {
   int missed_heartbeats = 3;
   // How long LOST workers stay listed.
   double lost_retention_s = 60;
+  // --max-worker-streams: Attach calls at once (attached or attaching);
+  // more are RESOURCE_EXHAUSTED before they read anything.
+  int max_streams = 1024;
+  // --register-deadline-s: an Attach that sent no Register after this long
+  // is ended (DEADLINE_EXCEEDED), so a silent stream holds no thread.
+  double register_deadline_s = 10;
 };
 
 class WorkerRegistry final : public v1::WorkerService::Service, public WorkerPool {
@@ -81,6 +111,7 @@ class WorkerRegistry final : public v1::WorkerService::Service, public WorkerPoo
   struct Conn;  // one attachment
   struct Entry {
     v1::Register reg;
+    std::string address;  // PeerHost of the attachment's connection
     v1::WorkerState state = v1::WORKER_STATE_IDLE;
     std::string job_id, lost_reason;
     int64_t step = 0;
@@ -102,6 +133,11 @@ class WorkerRegistry final : public v1::WorkerService::Service, public WorkerPoo
   std::map<int64_t, std::pair<std::shared_ptr<Conn>, Listener>> listeners_;
   int64_t next_handle_ = 1, next_anon_id_ = 1;
   bool shutdown_ = false;
+  int streams_ = 0;           // Attach calls in their handler
+  int64_t refused_streams_ = 0;
+  // Attach calls before their Register, with their deadline (min(): past it,
+  // cancelled by the watchdog).
+  std::map<grpc::ServerContext*, Clock::time_point> unregistered_;
   std::condition_variable wake_;
   std::thread watchdog_;
 };

@@ -182,7 +182,8 @@ def test_refused_attachments(server):
     ch = grpc.insecure_channel(addr)
     stub = wgrpc.WorkerServiceStub(ch)
     reg = wpb.WorkerMessage(register_worker=wpb.Register(
-        protocol_version=wpb.WORKER_PROTOCOL_VERSION_1, worker_id="local-0", pid=1, device="cpu"))
+        protocol_version=wpb.WORKER_PROTOCOL_VERSION_1, worker_id="local-0", hostname="raw", pid=1,
+        device="cpu", capacity=1))
     with pytest.raises(grpc.RpcError) as e:
         list(stub.Attach(iter([reg]), timeout=10))
     assert e.value.code() == grpc.StatusCode.ALREADY_EXISTS, e.value

@@ -11,6 +11,7 @@
 
 #include "proto/fxdp/v1/compile.pb.h"
 #include "server/compile_cache.h"
+#include "server/compile_service.h"
 #include "server/job_queue.h"
 #include "server/raw_tensors.h"
 #include "server/state_store.h"
@@ -52,6 +53,42 @@ TEST(CompileCache, KeysBytesAsTheirMessageAndEvictsLeastRecentlyUsed) {
   EXPECT_EQ(s.evictions, 1);
   EXPECT_EQ(s.bytes, 2 + 1 + 1 + 1);  // values plus keys
   EXPECT_FALSE(CompileCache(CompileCacheOptions{0, 1 << 20}).enabled());
+}
+
+// Issue 17: a 2^22-node graph peaked at 7.2 GB; requests are measured and
+// their nodes counted on the wire before anything is parsed.
+TEST(CompileLimits, CountsNodesOnTheWireAndNamesTheLimit) {
+  v1::ExpandRequest req;
+  req.set_world_size(2);
+  for (int i = 0; i < 5; ++i) req.mutable_graph()->add_nodes()->set_name("n" + std::to_string(i));
+  req.mutable_graph()->add_metadata()->set_key("k");
+  std::string bytes = req.SerializeAsString();
+  EXPECT_EQ(CountRequestGraphNodes(bytes), 5);
+  // A graph field split in two (protobuf merges them): both parts count.
+  v1::ExpandRequest more;
+  more.mutable_graph()->add_nodes()->set_name("n5");
+  EXPECT_EQ(CountRequestGraphNodes(bytes + more.SerializeAsString()), 6);
+  EXPECT_EQ(CountRequestGraphNodes(""), 0);
+  EXPECT_EQ(CountRequestGraphNodes(bytes.substr(0, bytes.size() - 1)), -1);
+  EXPECT_EQ(CountRequestGraphNodes("\xff\xff\xff\xff\x0f garbage"), -1);
+
+  const CompileLimits limits{/*max_graph_nodes=*/4, /*max_request_bytes=*/1 << 20};
+  EXPECT_TRUE(CheckCompileLimits(limits, "the Expand request", 100, 4).ok());
+  EXPECT_THAT(CheckCompileLimits(limits, "the Expand request", 100, 5),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       "the Expand request's graph has 5 nodes, over this server's limit of 4 "
+                       "(fxdp-server --max-graph-nodes)"));
+  EXPECT_THAT(CheckCompileLimits(limits, "the Analyze request", 3 << 20, 1),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       "the Analyze request is 3.0 MiB (3145728 bytes), over this server's limit "
+                       "of 1 MiB (fxdp-server --max-graph-mb)"));
+
+  // Through the service, in process (a job's spec takes this path).
+  CompileServiceImpl service({}, limits);
+  v1::ExpandResponse resp;
+  const grpc::Status st = service.Expand(nullptr, &req, &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(st.error_message(), ::testing::HasSubstr("graph has 5 nodes"));
 }
 
 TEST(JobQueue, StrictFifoWithReservations) {

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <utility>
+#include <vector>
+
+#include "server/parse_errors.h"
 
 namespace fxdp::testing {
 
@@ -13,6 +16,9 @@ TestServer::TestServer(server::JobServiceOptions jobs, server::WorkerRegistryOpt
   builder.RegisterService(&compile_);
   builder.RegisterService(&registry_);
   builder.RegisterService(&job_service_);
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(server::MakeParseErrorInterceptorFactory());
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   server_ = builder.BuildAndStart();
   address_ = "127.0.0.1:" + std::to_string(port);
   channel_ = grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());

@@ -5,10 +5,16 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <climits>
+#include <cstdint>
+#include <functional>
+#include <utility>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "grpcpp/impl/client_unary_call.h"
 #include "tests/server/test_server.h"
 
 namespace fxdp::testing {
@@ -36,6 +42,141 @@ grpc::Status AttachWith(const TestServer& s, const v1::WorkerMessage& first) {
   while (stream->Read(&m)) {
   }
   return stream->Finish();
+}
+
+v1::WorkerMessage GoodRegister(const std::string& id) {
+  v1::WorkerMessage m;
+  v1::Register* r = m.mutable_register_worker();
+  r->set_protocol_version(v1::WORKER_PROTOCOL_VERSION_1);
+  r->set_worker_id(id);
+  r->set_hostname("gpu-node-1.cluster");
+  r->set_pid(4242);
+  r->set_device("cuda:7");
+  r->set_capacity(1);
+  r->set_memory_bytes(int64_t{80} << 30);
+  r->set_threads(8);
+  r->set_fxdp_version("0.1.0");
+  r->set_torch_version("2.13.0+cu130");
+  return m;
+}
+
+// Issue 17: absurd registrations were accepted (capacity 2^31-1, memory
+// 2^63-1, threads -5, cuda:999, a newline in the hostname that wrote a fake
+// line into the server's log). Each is refused naming the field and value.
+TEST(WorkerRegistry, RefusesRegistrationsOutOfBounds) {
+  TestServer server({}, Fast());
+  const std::vector<std::pair<std::function<void(v1::Register*)>, std::string>> cases = {
+      {[](v1::Register* r) { r->set_capacity(INT32_MAX); },
+       "Register.capacity must be in [1, 64], got 2147483647"},
+      {[](v1::Register* r) { r->set_capacity(0); }, "Register.capacity must be in [1, 64], got 0"},
+      {[](v1::Register* r) { r->set_memory_bytes(INT64_MAX); },
+       "Register.memory_bytes must be in [0, 1125899906842624] (0: unknown), got 9223372036854775807"},
+      {[](v1::Register* r) { r->set_threads(-5); },
+       "Register.threads must be in [0, 4096] (0: unknown), got -5"},
+      {[](v1::Register* r) { r->set_device("cuda:999"); },
+       "Register.device must be cpu or cuda:N with 0 <= N < 128, got 'cuda:999'"},
+      {[](v1::Register* r) { r->set_device("cuda:-1"); }, "Register.device must be"},
+      {[](v1::Register* r) { r->set_device("tpu"); }, "got 'tpu'"},
+      {[](v1::Register* r) { r->set_hostname("evil\nfxdp-server: worker x attached"); },
+       "Register.hostname must be 1 to 253 letters, digits, '-', '.' or '_', got "
+       "'evil\\nfxdp-server: worker x attached'"},
+      {[](v1::Register* r) { r->set_hostname(""); }, "Register.hostname must be"},
+      {[](v1::Register* r) { r->set_hostname(std::string(300, 'a')); }, "Register.hostname must be"},
+      {[](v1::Register* r) { r->set_pid(-1); }, "Register.pid must be in [0, 4194304], got -1"},
+      {[](v1::Register* r) { r->set_fxdp_version("0.1\n"); }, "Register.fxdp_version must be"},
+      {[](v1::Register* r) { r->set_torch_version(std::string(65, 'x')); },
+       "Register.torch_version must be"},
+      {[](v1::Register* r) { r->set_busy_with_job_id("a b"); }, "Register.busy_with_job_id must be"},
+      {[](v1::Register* r) { r->set_worker_id("a\tb"); }, "Register.worker_id must be"},
+  };
+  int n = 0;
+  for (const auto& [mutate, want] : cases) {
+    v1::WorkerMessage m = GoodRegister("w" + std::to_string(n++));
+    mutate(m.mutable_register_worker());
+    EXPECT_TRUE(server::ValidateRegister(GoodRegister("ok").register_worker()).ok());
+    const grpc::Status s = AttachWith(server, m);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << want;
+    EXPECT_THAT(s.error_message(), HasSubstr(want));
+  }
+  EXPECT_TRUE(server.registry().List().empty());
+  // The bounds themselves are accepted.
+  v1::WorkerMessage edge = GoodRegister("edge");
+  v1::Register* r = edge.mutable_register_worker();
+  r->set_device("cuda:127");
+  r->set_capacity(64);
+  r->set_memory_bytes(int64_t{1} << 50);
+  r->set_threads(4096);
+  r->set_hostname(std::string(253, 'h'));
+  EXPECT_TRUE(server::ValidateRegister(*r).ok()) << server::ValidateRegister(*r).error_message();
+}
+
+// The rendezvous host of a job is the server's view of rank 0's connection
+// (WorkerInfo.address), not Register.hostname.
+TEST(WorkerRegistry, AddressIsThePeerNotTheDeclaredHostname) {
+  EXPECT_EQ(server::PeerHost("ipv4:10.1.2.3:4711"), "10.1.2.3");
+  EXPECT_EQ(server::PeerHost("ipv4:127.0.0.1:4711"), "127.0.0.1");
+  EXPECT_EQ(server::PeerHost("ipv4:127.3.4.5:1"), "127.0.0.1");
+  EXPECT_EQ(server::PeerHost("ipv6:[::1]:4711"), "127.0.0.1");
+  EXPECT_EQ(server::PeerHost("ipv6:[fe80::1]:4711"), "fe80::1");
+  EXPECT_EQ(server::PeerHost("ipv6:[::ffff:10.0.0.5]:4711"), "10.0.0.5");
+  EXPECT_EQ(server::PeerHost("unix:/tmp/s"), "127.0.0.1");
+  EXPECT_EQ(server::PeerHost("garbage"), "");
+  TestServer server({}, Fast());
+  FakeWorker a(server.address(), "a");  // declares hostname "fake"
+  ASSERT_TRUE(a.WaitRegistered());
+  EXPECT_EQ(Info(server, "a").hostname(), "fake");
+  EXPECT_EQ(Info(server, "a").address(), "127.0.0.1");
+}
+
+// Issue 17: every silent Attach held a server thread (19 -> 2,021 threads
+// with 2,000 streams). Streams are capped, and one that does not register in
+// time is ended.
+TEST(WorkerRegistry, CapsStreamsAndEndsSilentAttaches) {
+  server::WorkerRegistryOptions o = Fast();
+  o.max_streams = 2;
+  o.register_deadline_s = 0.3;
+  TestServer server({}, o);
+  std::vector<std::unique_ptr<grpc::ClientContext>> ctxs;
+  std::vector<std::unique_ptr<grpc::ClientReaderWriter<v1::WorkerMessage, v1::ServerMessage>>> silent;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 2; ++i) {
+    ctxs.push_back(std::make_unique<grpc::ClientContext>());
+    silent.push_back(server.workers()->Attach(ctxs.back().get()));
+  }
+  // Both are in their handlers once a third one is refused.
+  grpc::Status third;
+  ASSERT_TRUE(WaitUntil([&] {
+    third = AttachWith(server, GoodRegister("third"));
+    return third.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+  }, 2)) << third.error_message();
+  EXPECT_THAT(third.error_message(),
+              HasSubstr("at most 2 Attach streams at once (fxdp-server --max-worker-streams)"));
+  for (auto& st : silent) {
+    v1::ServerMessage m;
+    EXPECT_FALSE(st->Read(&m));
+    EXPECT_FALSE(st->Finish().ok());
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 3);
+  // The slots are free again.
+  FakeWorker a(server.address(), "a");
+  EXPECT_TRUE(a.WaitRegistered());
+}
+
+// Issue 17: bytes that are not a request were INTERNAL (gRPC's default).
+TEST(WorkerRegistry, GarbageListWorkersIsInvalidArgument) {
+  TestServer server({}, Fast());
+  const std::string garbage = "\xff\xff\xff\xff\x0f not a request";
+  grpc::Slice slice(garbage);
+  grpc::ByteBuffer request(&slice, 1), response;
+  grpc::ClientContext ctx;
+  const grpc::Status s = grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
+      server.channel().get(),
+      grpc::internal::RpcMethod("/fxdp.v1.WorkerService/ListWorkers",
+                                grpc::internal::RpcMethod::NORMAL_RPC),
+      &ctx, request, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_THAT(s.error_message(),
+              HasSubstr("the request to /fxdp.v1.WorkerService/ListWorkers is not a valid"));
 }
 
 TEST(WorkerRegistry, RegistersAndListsWorkers) {
@@ -147,10 +288,7 @@ TEST(WorkerRegistry, AssignedWorkerIsBusyAtOnceAndItsStepFollowsStepResults) {
   TestServer server({}, server::WorkerRegistryOptions{1000, 3, 60});
   grpc::ClientContext ctx;
   auto stream = server.workers()->Attach(&ctx);
-  v1::WorkerMessage m;
-  m.mutable_register_worker()->set_protocol_version(v1::WORKER_PROTOCOL_VERSION_1);
-  m.mutable_register_worker()->set_worker_id("w");
-  ASSERT_TRUE(stream->Write(m));
+  ASSERT_TRUE(stream->Write(GoodRegister("w")));
   v1::ServerMessage in;
   ASSERT_TRUE(stream->Read(&in));
   ASSERT_TRUE(in.has_registered());
