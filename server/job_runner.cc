@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <deque>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -353,12 +354,20 @@ absl::Status JobRunner::Steps() {
   v1::SubmitJobRequest req;
   Clock::time_point idle_from = Clock::now();
   // Checkpoints asked of rank 0 (their steps, oldest first) and the one
-  // arriving; only data_paths jobs under --state-dir have them, and not
-  // FULLY_SHARD ones (rank 0 holds only its shards).
-  const bool checkpointed = from_files && ctx_.store != nullptr && job_->expanded.sharded_state_size() == 0;
+  // arriving; only data_paths jobs under --state-dir have them. FULLY_SHARD:
+  // asked of every rank, each checkpoint's shards reassembled into whole
+  // tensors (a rank's chunks of one checkpoint all come before the next's).
+  const bool checkpointed = from_files && ctx_.store != nullptr;
+  const bool sharded = job_->expanded.sharded_state_size() > 0;
   const int64_t checkpoint_every = checkpointed ? ctx_.options.checkpoint_every : 0;
   std::deque<int64_t> checkpoints;
   StateStore::State checkpoint;
+  struct Gathering {
+    std::unique_ptr<StateGatherer> gather;
+    std::vector<bool> done;
+    int left = 0;
+  };
+  std::deque<Gathering> gathering;  // FULLY_SHARD: one per entry of `checkpoints`
   while (true) {
     const bool room = !client_done && pending.size() < ahead && (steps_ == 0 || sent < steps_);
     // Nothing outstanding on the workers: the job waits on its client alone.
@@ -372,7 +381,17 @@ absl::Status JobRunner::Steps() {
       pending.push_back({sent, std::vector<v1::StepResult>(world_), 0});
       // --checkpoint-every: rank 0 sends its state after this step.
       if (checkpoint_every > 0 && (first_ + sent) % checkpoint_every == 0 && sent < steps_) {
-        if (absl::Status s = RequestState(/*end_job=*/false); !s.ok()) return s;
+        if (sharded) {
+          v1::ServerMessage m;
+          m.mutable_fetch_state()->set_job_id(id_);
+          m.mutable_fetch_state()->set_chunk_bytes(static_cast<uint32_t>(ctx_.options.chunk_bytes));
+          if (absl::Status s = SendAll(m); !s.ok()) return s;
+          gathering.push_back({std::make_unique<StateGatherer>(world_, job_->expanded.sharded_state(),
+                                                               ctx_.options.chunk_bytes),
+                               std::vector<bool>(world_, false), world_});
+        } else if (absl::Status s = RequestState(/*end_job=*/false); !s.ok()) {
+          return s;
+        }
         checkpoints.push_back(first_ + sent);
       }
       continue;
@@ -405,6 +424,30 @@ absl::Status JobRunner::Steps() {
       continue;
     }
     if (msg.lost || msg.m.has_job_failed()) return Failed(msg);
+    if (sharded && msg.m.has_state_chunk() && !gathering.empty()) {
+      auto g = std::find_if(gathering.begin(), gathering.end(), [&](const Gathering& x) { return !x.done[msg.rank]; });
+      if (g == gathering.end()) continue;
+      const v1::StateChunk& c = msg.m.state_chunk();
+      if (c.has_tensor()) {
+        if (absl::Status s = g->gather->Add(msg.rank, c.tensor()); !s.ok()) {
+          return Finish(v1::JOB_STATE_FAILED, absl::Status(s.code(), absl::StrCat("job ", id_, ": ", s.message())), -1);
+        }
+      }
+      if (c.last()) {
+        g->done[msg.rank] = true;
+        --g->left;
+      }
+      while (!gathering.empty() && gathering.front().left == 0) {
+        absl::StatusOr<StateStore::State> whole = gathering.front().gather->Finish();
+        absl::Status s = whole.ok() ? ctx_.store->WriteCheckpoint(id_, checkpoints.front(), *whole) : whole.status();
+        if (!s.ok()) {
+          Log(absl::StrCat(id_, ": cannot write the checkpoint of step ", checkpoints.front(), ": ", s.message()));
+        }
+        gathering.pop_front();
+        checkpoints.pop_front();
+      }
+      continue;
+    }
     if (msg.rank == 0 && msg.m.has_state_chunk() && !checkpoints.empty()) {
       if (!AddStateChunk(msg, &checkpoint)) continue;
       if (absl::Status s = ctx_.store->WriteCheckpoint(id_, checkpoints.front(), checkpoint); !s.ok()) {

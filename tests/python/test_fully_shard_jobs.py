@@ -151,3 +151,59 @@ def test_unknown_style_is_refused_naming_the_accepted_ones(server, tmp_path):
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 2
     assert "--style: unknown data-parallel style 'zero3': expected 'replicate' or 'fully_shard'" in out.stderr
+
+
+def test_a_fully_shard_data_paths_job_resumes_from_its_checkpoint(tmp_path):
+    """fxdp-server --state-dir --checkpoint-every 5 (test_durable_jobs.py's resume, under fully_shard):
+    each checkpoint is every rank's shards reassembled into whole tensors, so a job killed mid-run
+    (server SIGKILL) resumes after the restart and ends with the same final state and losses as an
+    uninterrupted run."""
+    from test_durable_jobs import fetch, start_server, stop, wait_for
+
+    files = [tmp_path / f"batch{i}.safetensors" for i in range(3)]
+    for i, f in enumerate(files):
+        save_file(zoo.get(MODEL).named_batch(i), str(f))
+    step, steps = traced(MODEL, OPTIM), 60
+    state = step.initial_state()
+
+    def submit():
+        yield jpb.SubmitJobRequest(spec=jpb.JobSpec(
+            graph=step.graph, world_size=2, steps=steps, num_state_tensors=len(state),
+            data_paths=[str(f) for f in files], collective_timeout_s=10,
+            style=cpb.DATA_PARALLEL_STYLE_FULLY_SHARD))
+        for k, v in state.items():
+            for c in fxdp.client._chunks(k, v, 1000):
+                yield jpb.SubmitJobRequest(state=c)
+
+    proc, address, log = start_server(tmp_path / "state", "--checkpoint-every", "5")
+    try:
+        ch = grpc.insecure_channel(address)
+        jobs = jgrpc.JobServiceStub(ch)
+        stream = jobs.Submit(submit(), timeout=120)
+        job = next(stream).job_id
+        info = wait_for(jobs, job, lambda i: i.steps_done >= 13 or i.state not in (
+            jpb.JOB_STATE_QUEUED, jpb.JOB_STATE_RUNNING), every=0.01)
+        assert info.state == jpb.JOB_STATE_RUNNING, info
+        proc.kill()
+        proc.wait()
+        ch.close()
+    finally:
+        if proc.poll() is None:
+            stop(proc)
+    proc, address, log = start_server(tmp_path / "state", "--checkpoint-every", "5")
+    try:
+        ch = grpc.insecure_channel(address)
+        jobs = jgrpc.JobServiceStub(ch)
+        info = wait_for(jobs, job, lambda i: i.state not in (jpb.JOB_STATE_QUEUED, jpb.JOB_STATE_RUNNING))
+        assert info.state == jpb.JOB_STATE_SUCCEEDED, (info.error, "".join(log[-20:]))
+        assert any("resumed from the checkpoint of step" in line for line in log), "".join(log)
+        assert info.steps_done == steps
+        final = fetch(jobs, job)
+        with fxdp.Client(address) as client:
+            plain = client.train(step, world_size=2, data_path=files, steps=steps, style="fully_shard")
+        assert list(info.losses) == plain.losses
+        for k, v in final.items():
+            assert torch.equal(v, plain.state[k]), k
+        ch.close()
+    finally:
+        stop(proc)
