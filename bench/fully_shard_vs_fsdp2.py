@@ -6,7 +6,8 @@ GPT-2 there by default: Hugging Face GPT-2, 6 layers, hidden 256, seq 128, vocab
 6.9M parameters, AdamW; global batch 4 x 128 tokens, 2 sequences per rank). Each repetition
 runs, back to back in rotating order:
 
-  fxdp fully_shard  ``fxdp expand --style fully_shard`` + 2 ``fxdp-worker run`` processes
+  fxdp fully_shard  ``fxdp expand --style fully_shard --bucket-mb 4`` (units of about one
+                    transformer block, as FSDP2 below) + 2 ``fxdp-worker run`` processes
   fxdp replicate    ``fxdp expand --style replicate`` + 2 ``fxdp-worker run`` processes
   FSDP2             2 Python processes, ``torch.distributed.fsdp.fully_shard`` on every
                     ``nn.ModuleList`` element (the transformer blocks) and on the root, over
@@ -228,11 +229,15 @@ def bench(args) -> dict:
     steps, warm = args.steps, args.warmup
     med = lambda xs: statistics.median(xs[warm:] or xs)  # noqa: E731
     out = {"model": args.model, "world_size": WORLD, "steps": steps, "warmup": warm, "reps": args.reps,
+           "bucket_mb": args.bucket_mb, "unit_mb": args.unit_mb,
            "quick": args.quick, "torch": torch.__version__}
+    # fully_shard's units (parameters gathered together) are capped by --bucket-mb like REPLICATE's
+    # buckets; --unit-mb caps them about as FSDP2 is wrapped here (a unit per transformer block).
+    cap = lambda style: args.unit_mb if style == "fully_shard" else args.bucket_mb  # noqa: E731
     systems = [k for k in SYSTEMS if k in args.systems.split(",")]
     styles = [k.split()[1] for k in systems if k.startswith("fxdp ")]
     with tempfile.TemporaryDirectory() as d:
-        files = {s: sv.prepare(args.model, d, fxdp_bin, args.bucket_mb, style=s) for s in styles}
+        files = {s: sv.prepare(args.model, d, fxdp_bin, cap(s), style=s) for s in styles}
         info = next(iter(files.values()))["info"] if files else sv.prepare(
             args.model, d, fxdp_bin, args.bucket_mb)["info"]
         out["info"] = {k: info[k] for k in ("params", "global_batch", "graph_nodes")}
@@ -263,7 +268,7 @@ def bench(args) -> dict:
             sv.GPT2_SIZE = sv.GPT2_QUICK
             tiny_dir = os.path.join(d, "tiny")
             os.makedirs(tiny_dir)
-            tiny = {s: sv.prepare("gpt2", tiny_dir, fxdp_bin, args.bucket_mb, style=s) for s in styles}
+            tiny = {s: sv.prepare("gpt2", tiny_dir, fxdp_bin, cap(s), style=s) for s in styles}
             for s in styles:
                 base[f"fxdp {s}"] = run_fxdp(build, tiny[s], 2)["peak_rss"]
             if "FSDP2" in systems:
@@ -297,7 +302,10 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--bucket-mb", type=float, default=25)
+    ap.add_argument("--bucket-mb", type=float, default=25, help="replicate's bucket cap, MiB (DDP's 25)")
+    ap.add_argument("--unit-mb", type=float, default=4,
+                    help="fully_shard's unit cap, MiB (fxdp expand --bucket-mb): 4 gathers about one "
+                         "GPT-2 block at a time, as FSDP2's per-block units do (default 4)")
     ap.add_argument("--systems", default=",".join(SYSTEMS),
                     help=f"which to run, comma-separated (default: all of {', '.join(SYSTEMS)})")
     ap.add_argument("--quick", action="store_true",

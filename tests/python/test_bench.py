@@ -185,13 +185,14 @@ def test_step_vs_ddp_quick_gpt2(tmp_path):
 
 
 def test_fully_shard_vs_fsdp2_quick(tmp_path):
-    """bench/fully_shard_vs_fsdp2.py --quick (the tiny GPT-2, 3 steps): fxdp and PyTorch FSDP2
-    (fully_shard, Gloo) on 2 ranks each, timed, with every rank's peak RSS and the state it holds,
-    rendered into section 6. FSDP2 holds half of the state of a replicated rank."""
+    """bench/fully_shard_vs_fsdp2.py --quick (the tiny GPT-2, 3 steps): fxdp fully_shard, fxdp
+    replicate and PyTorch FSDP2 (fully_shard, Gloo) on 2 ranks each, timed, with every rank's peak
+    RSS and the state it holds, rendered into section 6. A fully_shard rank and an FSDP2 rank hold
+    about half of the state of a replicated one."""
     for name in ("fxdp", "fxdp-worker"):
         binary(name)
     j = tmp_path / "fsdp.json"
-    systems = "fxdp replicate,FSDP2"
+    systems = "fxdp fully_shard,fxdp replicate,FSDP2"
     r = subprocess.run([sys.executable, str(REPO / "bench" / "fully_shard_vs_fsdp2.py"), "--quick",
                         "--systems", systems, "--build", str(build_dir()), "--json", str(j)],
                        capture_output=True, text=True, timeout=300)
@@ -202,10 +203,13 @@ def test_fully_shard_vs_fsdp2_quick(tmp_path):
         assert d["ms_per_step"][k]["median"] > 0, k
         assert len(d["peak_rss"][k]) == 2 and all(x > 50e6 for x in d["peak_rss"][k]), k
     rep, fsdp2 = d["state_bytes"]["fxdp replicate"], d["state_bytes"]["FSDP2"]
+    shard = d["state_bytes"]["fxdp fully_shard"]
     # AdamW: parameter + gradient + exp_avg + exp_avg_sq, whole on every rank
     assert rep[0] == rep[1] == 4 * 4 * d["info"]["params"]
-    # FSDP2 shards dim 0 of every parameter: about half each, the two halves summing to the whole
+    # FSDP2 shards dim 0 of every parameter, fxdp each flattened parameter: about half each, the
+    # two halves summing to the whole (fxdp: plus < N elements of padding per tensor)
     assert sum(fsdp2) == pytest.approx(rep[0], rel=0.02) and max(fsdp2) < 0.6 * rep[0]
+    assert shard[0] == shard[1] and sum(shard) == pytest.approx(rep[0], rel=0.02)
     md = "\n".join(run_all.md_fsdp({"raw": d, "command": "fully_shard_vs_fsdp2.py --quick"}))
     assert "## 6. FULLY_SHARD against REPLICATE against PyTorch FSDP2" in md
-    assert "| fxdp replicate | " in md and "| FSDP2 | " in md
+    assert "| **fxdp fully_shard** | " in md and "| fxdp replicate | " in md and "| FSDP2 | " in md
