@@ -7,7 +7,8 @@ JOBS ?= 2
 CMAKE_FLAGS ?=
 PY := .venv/bin/python
 
-.PHONY: all setup configure build test test-cpp test-python goldens demo bench bench-build clean
+.PHONY: all setup configure build test test-cpp test-python test-asan asan-build fuzz-build fuzz fuzz-smoke \
+	goldens demo bench bench-build clean
 
 all: build
 
@@ -28,7 +29,36 @@ test-cpp: build
 test-python: build
 	FXDP_BIN=$(CURDIR)/$(BUILD)/bin/fxdp $(PY) -m pytest tests/python -q
 
-test: test-cpp test-python
+# The torch-free code (ir, analysis, expansion, server, util, their tests) built
+# with clang under ASan + UBSan in its own folder, and the libFuzzer targets of
+# tests/fuzz/ (docs/robustness.md). `make test` runs the fuzzers for
+# FUZZ_SMOKE_S seconds; `make fuzz` for FUZZ_S; `make test-asan` runs the
+# sanitized ctest.
+ASAN_BUILD ?= build-asan
+FUZZ_S ?= 1800
+FUZZ_SMOKE_S ?= 60
+
+$(ASAN_BUILD)/build.ninja: CMakeLists.txt
+	cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_CXX_COMPILER=clang++-14 -DFXDP_SANITIZE=ON \
+	  -DFXDP_WITH_TORCH=OFF -DFXDP_BUILD_BENCH=OFF
+
+asan-build: setup $(ASAN_BUILD)/build.ninja
+	ninja -C $(ASAN_BUILD) -j$(JOBS)
+
+fuzz-build: setup $(ASAN_BUILD)/build.ninja
+	ninja -C $(ASAN_BUILD) -j$(JOBS) fxdp fxdp_graph_fuzzer fxdp_text_fuzzer
+
+test-asan: asan-build
+	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  ctest --test-dir $(ASAN_BUILD) --output-on-failure -j$(JOBS)
+
+fuzz-smoke: fuzz-build
+	bash tests/fuzz/run.sh $(ASAN_BUILD) $(FUZZ_SMOKE_S)
+
+fuzz: fuzz-build
+	bash tests/fuzz/run.sh $(ASAN_BUILD) $(FUZZ_S)
+
+test: test-cpp test-python fuzz-smoke
 
 # Regenerate tests/testdata/golden/ (tests/python/test_goldens.py compares them byte for byte).
 goldens: build

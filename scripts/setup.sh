@@ -13,6 +13,7 @@ APT_PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
   libabsl-dev libgtest-dev libgmock-dev googletest nlohmann-json3-dev libbenchmark-dev libssl-dev
   libsqlite3-dev  # fxdp-server --state-dir: the job records
+  clang-14 libclang-rt-14-dev  # the ASan/UBSan build and libFuzzer (make test-asan, make fuzz)
 )
 # grpcio-tools: the pin of client/python/pyproject.toml's [build-system] (it generates the stubs);
 # grpcio/protobuf: the runtime floor that version's generated code needs.

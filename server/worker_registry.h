@@ -14,6 +14,11 @@
 // are listed for `lost_retention_s`, then forgotten; a worker that registers
 // again with the same id replaces its LOST entry.
 //
+// Admission (docs/robustness.md): at most max_streams Attach calls at once
+// (RESOURCE_EXHAUSTED beyond), each must send a Register within
+// register_deadline_s (the watchdog ends it otherwise), and the Register is
+// validated (ValidateRegister) before the worker is listed.
+//
 // A malformed or unexpected message is logged (stderr) and ignored.
 // Thread-safe. Never includes LibTorch.
 #ifndef FXDP_SERVER_WORKER_REGISTRY_H_
