@@ -21,7 +21,7 @@ while IFS= read -r -d '' f; do
   name=$(echo "${f#tests/testdata/}" | tr '/' '_')
   case "$f" in
     *.txt)
-      if head -c 6 "$f" | grep -q '^graph'; then
+      if [ "$(head -c 5 "$f")" = graph ]; then
         cp "$f" "$SEEDS/text/$name"
         "$BUILD/bin/fxdp" graph parse "$f" "$SEEDS/graph/${name%.txt}.pb" >/dev/null
       fi ;;
