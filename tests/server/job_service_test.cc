@@ -228,6 +228,9 @@ TEST(JobService, StreamedJobGivesEachRankItsShard) {
     const auto& rec = jobs[0];
     const int r = rec.assign.rank();
     EXPECT_TRUE(rec.assign.batches_sharded());
+    // Issue 17: the ranks rendezvous at rank 0's address as the server sees its
+    // connection (loopback here), never at the hostname it declared ("fake").
+    EXPECT_EQ(rec.assign.rendezvous_host(), "127.0.0.1");
     EXPECT_EQ(rec.state.at("fc.weight").data, weight);
     EXPECT_EQ(rec.state.at("fc.bias").data, state[2].data());
     EXPECT_LE(rec.max_chunk_bytes, 40u);
