@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "analysis/ir/node_error.h"
 
 namespace fxdp {
 namespace {
@@ -62,9 +63,10 @@ const Table& GetTable() {
   return *table;
 }
 
+// Checked before the analysis, like the verifier's checks: nodes named by
+// their position.
 absl::Status NodeError(const ir::Graph& g, int i, absl::string_view msg) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("node '", g.nodes()[i].name, "' (#", i, "): ", msg));
+  return ir::NodeError(g.nodes()[i].name, absl::StrCat("#", i), msg);
 }
 
 std::string ArgNames(const OpSchema& s) {

@@ -7,8 +7,8 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "analysis/ir/status_macros.h"
 #include "analysis/view_dim_maps.h"
+#include "util/status_macros.h"
 
 namespace fxdp::view_rules_internal {
 

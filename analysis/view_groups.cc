@@ -5,8 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "analysis/ir/status_macros.h"
 #include "analysis/view_dim_maps.h"
+#include "util/status_macros.h"
 
 namespace fxdp::view_rules_internal {
 namespace {

@@ -7,8 +7,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "analysis/ir/status_macros.h"
 #include "analysis/view_dim_maps.h"
+#include "util/status_macros.h"
 
 namespace fxdp {
 namespace {

@@ -38,13 +38,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "analysis/ir/proto_codec.h"
-#include "analysis/ir/status_macros.h"
 #include "executor/gloo_communicator.h"
 #include "executor/interpreter.h"
-#include "executor/step_runner.h"
 #include "executor/safetensors.h"
+#include "executor/step_runner.h"
 #include "executor/timed_communicator.h"
 #include "executor/worker/common.h"
+#include "util/status_macros.h"
 
 namespace fxdp::bench {
 namespace {

@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "analysis/ir/proto_codec.h"
-#include "analysis/ir/status_macros.h"
+#include "util/status_macros.h"
 
 namespace fxdp::bench {
 namespace {

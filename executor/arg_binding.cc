@@ -8,9 +8,9 @@
 #include <variant>
 
 #include "absl/strings/str_cat.h"
-#include "analysis/ir/status_macros.h"
 #include "analysis/ir/text.h"
 #include "executor/torch_types.h"
+#include "util/status_macros.h"
 
 namespace fxdp::executor {
 namespace {

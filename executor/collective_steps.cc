@@ -6,20 +6,20 @@
 #include <string>
 #include <utility>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "analysis/ir/status_macros.h"
+#include "analysis/ir/collectives.h"
+#include "analysis/ir/node_error.h"
 #include "executor/arg_binding.h"
 #include "executor/torch_types.h"
+#include "util/status_macros.h"
 
 namespace fxdp::executor {
 namespace {
 
-constexpr absl::string_view kAllReduce = "_c10d_functional::all_reduce";
-constexpr absl::string_view kAllGather = "_c10d_functional::all_gather_into_tensor";
-constexpr absl::string_view kReduceScatter = "_c10d_functional::reduce_scatter_tensor";
-constexpr absl::string_view kWaitTensor = "_c10d_functional::wait_tensor";
-constexpr absl::string_view kFunctionalPrefix = "_c10d_functional::";
+using ir::kAllGather;
+using ir::kAllReduce;
+using ir::kReduceScatter;
+using ir::kWaitTensor;
 
 // A Work whose result is divided by the world size (reduce_op "avg").
 class AvgWork : public Work {
@@ -38,7 +38,7 @@ class AvgWork : public Work {
 }  // namespace
 
 bool IsCollectiveNode(const ir::Node& n) {
-  return absl::StartsWith(n.target.name, kFunctionalPrefix);
+  return ir::IsCollective(n.target.name);
 }
 
 absl::StatusOr<Step> PlanCollective(const ir::Graph& g, const ir::Node& n, Step s,
@@ -99,7 +99,7 @@ absl::Status Program::Impl::Resolve(int32_t slot, const Step* reader) {
   absl::StatusOr<at::Tensor> r = w->Wait(options.collective_timeout);
   if (!r.ok()) {
     const std::string who =
-        reader ? absl::StrCat("node '", reader->name, "' (", reader->op_name, ")") : "output";
+        reader ? ir::NodeLabel(reader->name, reader->op_name) : "output";
     // Name the collective as every rank's graph does: the all_reduce node,
     // what it reduces and its number among this step's collectives.
     std::string what = "all_reduce";
@@ -126,8 +126,8 @@ absl::Status Program::Impl::RunAllReduce(Step& s) {
   if (in.maybe_pending) FXDP_RETURN_IF_ERROR(Resolve(in.slot, &s));
   const c10::IValue& v = slots[in.slot];
   if (!v.isTensor())
-    return absl::InternalError(absl::StrCat("node '", s.name, "' (", s.op_name,
-                                            "): input is ", v.tagKind(), ", not a tensor"));
+    return absl::InternalError(absl::StrCat(ir::NodeLabel(s.name, s.op_name),
+                                            ": input is ", v.tagKind(), ", not a tensor"));
   ++collectives_started;
   if (s.collective != Step::Collective::kAllReduce && s.group_size != comm->world_size())
     return absl::InvalidArgumentError(absl::StrCat(
@@ -153,8 +153,8 @@ absl::Status Program::Impl::RunAllReduce(Step& s) {
   }
   if (!w.ok())
     return absl::Status(w.status().code(),
-                        absl::StrCat("node '", s.name, "' (", s.op_name, ", collective ",
-                                     collectives_started, " of the step): ",
+                        absl::StrCat(ir::NodeLabel(s.name, s.op_name), ": collective ",
+                                     collectives_started, " of the step: ",
                                      w.status().message()));
   work_from[s.out_slots[0]] = {&s, collectives_started};
   std::unique_ptr<Work> work = *std::move(w);

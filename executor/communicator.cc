@@ -22,10 +22,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "analysis/ir/status_macros.h"
 #include "executor/communicator.h"
 #include "executor/gloo_communicator.h"
 #include "executor/torch_types.h"
+#include "util/status_macros.h"
 
 namespace fxdp::executor {
 

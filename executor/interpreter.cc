@@ -10,10 +10,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "analysis/ir/status_macros.h"
+#include "analysis/ir/node_error.h"
 #include "executor/inplace.h"
 #include "executor/program_impl.h"
 #include "executor/torch_types.h"
+#include "util/status_macros.h"
 
 namespace fxdp::executor {
 
@@ -51,7 +52,7 @@ absl::Status Program::Impl::Push(const ArgPlan& a, const Step& s) {
 
 absl::Status Program::Impl::TakeReturns(Step& s) {
   auto error = [&](const std::string& what) {
-    return absl::InternalError(absl::StrCat("node '", s.name, "' (", s.op_name, "): ", what));
+    return absl::InternalError(absl::StrCat(ir::NodeLabel(s.name, s.op_name), ": ", what));
   };
   switch (s.ret) {
     case ReturnKind::kNone:
@@ -193,15 +194,15 @@ absl::StatusOr<std::vector<c10::IValue>> Program::Run(std::vector<c10::IValue> i
         status = p.RunStep(s);
       } catch (const c10::OutOfMemoryError& e) {
         status = absl::ResourceExhaustedError(absl::StrCat(
-            "node '", s.name, "' (", s.op_name, "): out of memory: ",
+            ir::NodeLabel(s.name, s.op_name), ": out of memory: ",
             ExceptionMessage(e)));
       } catch (const c10::Error& e) {
-        status = absl::InvalidArgumentError(absl::StrCat("node '", s.name, "' (", s.op_name,
-                                                         "): kernel failed: ",
+        status = absl::InvalidArgumentError(absl::StrCat(ir::NodeLabel(s.name, s.op_name),
+                                                         ": kernel failed: ",
                                                          ExceptionMessage(e)));
       } catch (const std::exception& e) {
-        status = absl::InternalError(absl::StrCat("node '", s.name, "' (", s.op_name,
-                                                  "): ", ExceptionMessage(e)));
+        status = absl::InternalError(absl::StrCat(ir::NodeLabel(s.name, s.op_name),
+                                                  ": ", ExceptionMessage(e)));
       }
       if (!status.ok()) break;
       for (int32_t slot : s.free_after) {

@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "analysis/ir/graph.h"
+#include "analysis/ir/node_error.h"
 #include "executor/communicator.h"
 #include "executor/interpreter.h"
 
@@ -120,11 +121,8 @@ struct Program::Impl {
   }
 };
 
-// "node 'NAME' (OP): what", the status every planning error returns.
-inline absl::Status NodeError(const ir::Node& n, absl::string_view what,
-                              absl::StatusCode code = absl::StatusCode::kInvalidArgument) {
-  return absl::Status(code, absl::StrCat("node '", n.name, "' (", n.target.ToString(), "): ", what));
-}
+// Planning errors: "node 'NAME' (OP): what" (analysis/ir/node_error.h).
+using ir::NodeError;
 
 // program_loader.cc: fills `impl` (options already set) from `graph`.
 absl::Status LoadPlan(const ir::Graph& graph, Program::Impl& impl);

@@ -11,12 +11,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "analysis/ir/liveness.h"
-#include "analysis/ir/status_macros.h"
 #include "executor/arg_binding.h"
 #include "executor/collective_steps.h"
 #include "executor/inplace.h"
 #include "executor/program_impl.h"
 #include "executor/torch_types.h"
+#include "util/status_macros.h"
 
 namespace fxdp::executor {
 namespace {

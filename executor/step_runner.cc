@@ -5,8 +5,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "analysis/ir/hyperparameters.h"
-#include "analysis/ir/status_macros.h"
 #include "executor/torch_types.h"
+#include "util/status_macros.h"
 
 namespace fxdp::executor {
 

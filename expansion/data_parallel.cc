@@ -15,13 +15,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "analysis/ir/status_macros.h"
+#include "analysis/ir/collectives.h"
+#include "analysis/ir/node_error.h"
 #include "analysis/op_rules.h"
 #include "expansion/fully_shard.h"
 #include "expansion/schedule.h"
 #include "expansion/shape_check.h"
 #include "expansion/sharding.h"
 #include "expansion/sync_batchnorm.h"
+#include "util/status_macros.h"
 
 namespace fxdp {
 
@@ -43,17 +45,6 @@ absl::StatusOr<DataParallelStyle> ParseDataParallelStyle(absl::string_view s) {
   if (l == "fully_shard" || l == "full_shard") return DataParallelStyle::kFullyShard;
   return absl::InvalidArgumentError(absl::StrCat(
       "unknown data-parallel style '", s, "': expected 'replicate' or 'fully_shard'"));
-}
-
-std::vector<RankSlice> SplitBatch(int64_t batch, int32_t world) {
-  std::vector<RankSlice> out;
-  int64_t start = 0;
-  for (int32_t r = 0; r < world; ++r) {
-    const int64_t size = batch / world + (r < batch % world ? 1 : 0);
-    out.push_back(RankSlice{r, start, size});
-    start += size;
-  }
-  return out;
 }
 
 namespace {
@@ -295,7 +286,7 @@ class Expander final : public RankGraphBuilder {
     if (w != 1.0) {
       x = Emit(Call("fxdp_scale", "aten::mul", "Scalar", {x, Argument(w)}, t));
     }
-    Node ar = Call("fxdp_all_reduce", "_c10d_functional::all_reduce", "",
+    Node ar = Call("fxdp_all_reduce", ir::kAllReduce, "",
                    {x, Argument(std::string("sum")), Argument(o_.group_name)}, t);
     const std::string name = ar.name;
     ValueRef r = Emit(std::move(ar));
@@ -303,7 +294,7 @@ class Expander final : public RankGraphBuilder {
       collectives_->push_back(Collective{name, purpose, Bytes(t), r.node.value});
     }
     if (!wait_now) return r;
-    return Emit(Call("fxdp_wait", "_c10d_functional::wait_tensor", "", {r}, t));
+    return Emit(Call("fxdp_wait", ir::kWaitTensor, "", {r}, t));
   }
 
   // ---- RankGraphBuilder (sync_batchnorm.h) ------------------------------------------
@@ -352,8 +343,7 @@ class Expander final : public RankGraphBuilder {
       const ValueRef* dy = old.args[0].get_if<ValueRef>();
       if (dy == nullptr || (!a_.value(*dy).placement.is_shard() && !local.contains(*dy))) {
         return absl::InvalidArgumentError(absl::StrFormat(
-            "node %s (%s): sync_batchnorm: grad_output is not sharded on the batch", old.name,
-            old.target.ToString()));
+            "%s: sync_batchnorm: grad_output is not sharded on the batch", ir::NodeLabel(old)));
       }
       dy_scaled = !local.contains(*dy) && a_.value(*dy).mean_scaled;
     }
@@ -454,8 +444,8 @@ class Expander final : public RankGraphBuilder {
         if (const auto* x = sizes[d].get_if<int64_t>(); x != nullptr && *x != -1) {
           if (*x % batch_ != 0) {
             return absl::InvalidArgumentError(absl::StrFormat(
-                "node %s (%s): size %d of dim %d is not a multiple of the batch size %d",
-                old.name, old.target.ToString(), *x, d, batch_));
+                "%s: size %d of dim %d is not a multiple of the batch size %d",
+                ir::NodeLabel(old), *x, d, batch_));
           }
           sizes[d] = Argument(LocalExtent(*x));
         }
@@ -472,9 +462,9 @@ class Expander final : public RankGraphBuilder {
     } else if (out_info.placement.is_shard() && a_.node(id).decision == Decision::kShapedByUse &&
                si < 0 && !HasTensorInput(old)) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "node %s (%s) is built sharded for its use by %s, but the expansion does not know "
+          "%s is built sharded for its use by %s, but the expansion does not know "
           "how to build it locally",
-          old.name, old.target.ToString(), g_.node(a_.node(id).shaped_by).name));
+          ir::NodeLabel(old), g_.node(a_.node(id).shaped_by).name));
     }
     // A micro-batch split of an input (batch_dim.h): the split size is the
     // micro-batch's, which becomes the rank's.
@@ -502,8 +492,8 @@ class Expander final : public RankGraphBuilder {
       if (const auto* x = n.args[bs->index].get_if<int64_t>()) {
         if (*x % batch_ != 0) {
           return absl::InvalidArgumentError(absl::StrFormat(
-              "node %s (%s): argument %d '%s' (%d) should be a multiple of the batch size %d",
-              old.name, old.target.ToString(), bs->index, bs->name, *x, batch_));
+              "%s: argument %d '%s' (%d) should be a multiple of the batch size %d",
+              ir::NodeLabel(old), bs->index, bs->name, *x, batch_));
         }
         n.args[bs->index] = Argument(LocalExtent(*x));
       }
@@ -656,7 +646,7 @@ class Expander final : public RankGraphBuilder {
     int64_t total = 0;
     for (const ValueRef& v : pb.values) total += g_.type(v).tensor.numel();
     const TensorType flat = Flat(g_.type(pb.values[0]).tensor, total);
-    ValueRef w = Emit(Call(absl::StrCat("fxdp_wait_bucket", b), "_c10d_functional::wait_tensor",
+    ValueRef w = Emit(Call(absl::StrCat("fxdp_wait_bucket", b), ir::kWaitTensor,
                            "", {it->second}, flat));
     int64_t off = 0;
     for (const ValueRef& v : pb.values) {
@@ -706,7 +696,7 @@ class Expander final : public RankGraphBuilder {
         auto& gathered = ph == ShardPhase::kForward ? gathered_fwd_ : gathered_bwd_;
         auto it = gathered.find(s);
         if (it == gathered.end()) {
-          status = absl::InternalError(absl::StrCat("node ", old.name, " reads parameter ",
+          status = absl::InternalError(absl::StrCat(ir::NodeLabel(old), " reads parameter ",
                                                     g_.node(r.node).name, " before its gather"));
           return;
         }
@@ -771,7 +761,7 @@ class Expander final : public RankGraphBuilder {
     int64_t total = 0;
     for (int32_t q : ev.params) total += fs_->sharded.at(q).shard_numel;
     const std::string tag = absl::StrCat("unit", ev.unit, ev.phase == ShardPhase::kForward ? "" : "_bw");
-    ValueRef w = Emit(Call(absl::StrCat("fxdp_wait_", tag), "_c10d_functional::wait_tensor", "",
+    ValueRef w = Emit(Call(absl::StrCat("fxdp_wait_", tag), ir::kWaitTensor, "",
                            {gather_started_.at(e)}, Flat(first, world * total)));
     ValueRef rows = w;
     if (ev.params.size() > 1) {
@@ -834,7 +824,7 @@ class Expander final : public RankGraphBuilder {
       packed = Emit(Call(absl::StrCat("fxdp_pack_", tag), "aten::cat", "",
                          {Argument(Argument::List(shards)), Argument(int64_t{0})}, Flat(first, total)));
     }
-    Node ag = Call(absl::StrCat("fxdp_all_gather_", tag), "_c10d_functional::all_gather_into_tensor",
+    Node ag = Call(absl::StrCat("fxdp_all_gather_", tag), ir::kAllGather,
                    "", {packed, Argument(world), Argument(o_.group_name)}, Flat(first, world * total));
     gather_started_[e] = Collect(std::move(ag),
                                  absl::StrCat("gather unit ", ev.unit,
@@ -885,7 +875,7 @@ class Expander final : public RankGraphBuilder {
       packed = Emit(Call("fxdp_scale", "aten::mul", "Scalar", {packed, Argument(w)},
                          Flat(first, world * total)));
     }
-    Node rs = Call("fxdp_reduce_scatter", "_c10d_functional::reduce_scatter_tensor", "",
+    Node rs = Call("fxdp_reduce_scatter", ir::kReduceScatter, "",
                    {packed, Argument(std::string("sum")), Argument(world), Argument(o_.group_name)},
                    Flat(first, total));
     started_[b] = Collect(std::move(rs), absl::StrCat("bucket ", b),
@@ -898,7 +888,7 @@ class Expander final : public RankGraphBuilder {
     int64_t total = 0;
     for (const ValueRef& v : pb.values) total += ShardNumel(g_.type(v).tensor.numel());
     const TensorType& first = g_.type(pb.values[0]).tensor;
-    ValueRef w = Emit(Call(absl::StrCat("fxdp_wait_bucket", b), "_c10d_functional::wait_tensor", "",
+    ValueRef w = Emit(Call(absl::StrCat("fxdp_wait_bucket", b), ir::kWaitTensor, "",
                            {started}, Flat(first, total)));
     int64_t off = 0;
     for (const ValueRef& v : pb.values) {

@@ -40,6 +40,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "analysis/batch_dim.h"
+#include "analysis/ir/batch_split.h"
 #include "analysis/ir/graph.h"
 
 namespace fxdp {
@@ -86,11 +87,8 @@ struct ExpandOptions {
   bool sync_batchnorm = false;
 };
 
-struct RankSlice {
-  int32_t rank = 0;
-  int64_t start = 0;  // first sample of the global batch.
-  int64_t size = 0;   // B_r.
-};
+// Rank r's contiguous slice of the global batch (analysis/ir/batch_split.h).
+using ir::RankSlice;
 
 struct Bucket {
   int32_t index = 0;
@@ -167,7 +165,7 @@ absl::StatusOr<Expansion> ExpandDataParallel(const ir::Graph& graph,
                                              const ExpandOptions& options);
 
 // The balanced split of `batch` samples over `world` ranks.
-std::vector<RankSlice> SplitBatch(int64_t batch, int32_t world);
+using ir::SplitBatch;
 
 }  // namespace fxdp
 

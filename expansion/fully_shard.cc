@@ -11,9 +11,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "analysis/ir/status_macros.h"
+#include "analysis/ir/node_error.h"
 #include "analysis/op_rules.h"
 #include "expansion/sharding.h"
+#include "util/status_macros.h"
 
 namespace fxdp {
 
@@ -65,10 +66,10 @@ int64_t FullNumel(const absl::flat_hash_map<ValueRef, int64_t>& full_numel, Valu
 
 absl::Status Refuse(const Node& node, int32_t world, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrFormat(
-      "node %s (%s) runs in the optimizer on sharded state, which FULLY_SHARD holds as flat "
+      "%s runs in the optimizer on sharded state, which FULLY_SHARD holds as flat "
       "1/%d shards: only elementwise ops with 0-d operands (and 2-norms, all-reduced) run on "
       "shards (%s)",
-      node.name, node.target.ToString(), world, why));
+      ir::NodeLabel(node), world, why));
 }
 
 bool IsTwo(const ir::Argument* a) {
@@ -394,15 +395,15 @@ absl::StatusOr<FullyShardPlan> PlanFullyShard(const Graph& g, const BatchDimAnal
       });
       if (bad && !grads.contains(g.FindNode(what)->value)) {
         return absl::InvalidArgumentError(absl::StrFormat(
-            "node %s: the step returns %s, a transposed view of a shard, which FULLY_SHARD "
+            "%s: the step returns %s, a transposed view of a shard, which FULLY_SHARD "
             "cannot hand out whole",
-            node.name, what));
+            ir::NodeLabel(node), what));
       }
       if (bad) {
         return absl::InvalidArgumentError(absl::StrFormat(
-            "node %s: the step returns the gradient %s; FULLY_SHARD keeps only 1/%d shards of "
+            "%s: the step returns the gradient %s; FULLY_SHARD keeps only 1/%d shards of "
             "gradients (return a value computed from it in forward/backward, or use REPLICATE)",
-            node.name, what, world));
+            ir::NodeLabel(node), what, world));
       }
       continue;
     }
@@ -424,8 +425,7 @@ absl::StatusOr<FullyShardPlan> PlanFullyShard(const Graph& g, const BatchDimAnal
       }
     });
     if (!problem.empty()) {
-      return absl::InvalidArgumentError(absl::StrFormat("node %s (%s) %s", node.name,
-                                                        node.target.ToString(), problem));
+      return absl::InvalidArgumentError(absl::StrFormat("%s %s", ir::NodeLabel(node), problem));
     }
     if (ph != ShardPhase::kOptimizer) continue;
     FXDP_RETURN_IF_ERROR(PlanOptimizerNode(g, i, world, full_numel, p));
@@ -477,9 +477,9 @@ absl::StatusOr<FullyShardPlan> PlanFullyShard(const Graph& g, const BatchDimAnal
   for (const auto& [q, at] : first_bwd) {
     if (!first_fwd.contains(q)) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "node %s reads parameter '%s' in backward, but forward never does: FULLY_SHARD gathers "
+          "%s reads parameter '%s' in backward, but forward never does: FULLY_SHARD gathers "
           "parameters in units of forward",
-          g.nodes()[at].name, p.sharded.at(q).state_name));
+          ir::NodeLabel(g.nodes()[at]), p.sharded.at(q).state_name));
     }
   }
   return p;

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "analysis/ir/collectives.h"
 #include "analysis/op_rules.h"
 
 namespace fxdp {
@@ -21,13 +22,14 @@ using ir::ValueRef;
 
 namespace {
 
-constexpr absl::string_view kAllReduce = "_c10d_functional::all_reduce";
-// FULLY_SHARD (expansion/fully_shard.h): reduce-scatters are scheduled as
-// all-reduces are; all-gathers stay where the expansion put them (one unit
-// ahead of their use).
-constexpr absl::string_view kReduceScatter = "_c10d_functional::reduce_scatter_tensor";
-constexpr absl::string_view kAllGather = "_c10d_functional::all_gather_into_tensor";
-constexpr absl::string_view kWaitTensor = "_c10d_functional::wait_tensor";
+// The collectives' names: analysis/ir/collectives.h. FULLY_SHARD
+// (expansion/fully_shard.h): reduce-scatters are scheduled as all-reduces
+// are; all-gathers stay where the expansion put them (one unit ahead of their
+// use).
+using ir::kAllGather;
+using ir::kAllReduce;
+using ir::kReduceScatter;
+using ir::kWaitTensor;
 
 // Cheap ops that may move up with the all_reduce they alone feed (packing a
 // bucket, scaling it): the kPacking trait of their rule (op_rules.h).

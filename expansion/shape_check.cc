@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "analysis/ir/node_error.h"
 #include "analysis/op_rules.h"
 
 namespace fxdp {
@@ -103,8 +104,7 @@ class Checker {
       case ShapeCheck::kAsStrided: {
         const int a = SizeArgIndex(n.target, op);
         if (a < 0) {
-          return absl::InternalError(absl::StrCat("node ", n.name, " (", n.target.ToString(),
-                                                  "): shape check without a sizes parameter in its rule"));
+          return ir::NodeError(n, "shape check without a sizes parameter in its rule", absl::StatusCode::kInternal);
         }
         auto size = Ints(n, a);
         if (!size || out == nullptr) return absl::OkStatus();

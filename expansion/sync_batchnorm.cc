@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "analysis/ir/node_error.h"
 
 namespace fxdp {
 
@@ -50,7 +51,7 @@ const BatchNormOp* FindOp(const Node& n) {
 
 absl::Status Error(const Node& n, absl::string_view what) {
   return absl::InvalidArgumentError(
-      absl::StrFormat("node %s (%s): sync_batchnorm: %s", n.name, n.target.ToString(), what));
+      absl::StrFormat("%s: sync_batchnorm: %s", ir::NodeLabel(n), what));
 }
 
 // Appends the nodes of one rewrite; every helper returns the new value.

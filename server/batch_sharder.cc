@@ -100,7 +100,7 @@ absl::StatusOr<std::vector<v1::ServerMessage>> BatchSharder::RankBatch(int rank)
     const InputSpec& in = *FindInput(t.name);
     v1::TensorChunk c;
     c.set_name(t.name);
-    c.set_dtype(t.dtype);
+    c.set_dtype(static_cast<v1::DType>(ir::DTypeToWire(t.dtype)));
     std::vector<int64_t> shape = t.shape;
     if (in.batch_dim >= 0 && in.batch_dim < static_cast<int>(shape.size())) {
       const RankSlice slice = SplitBatch(shape[in.batch_dim], world_)[rank];

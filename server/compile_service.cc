@@ -19,9 +19,9 @@
 #include "absl/strings/str_cat.h"
 #include "analysis/batch_dim.h"
 #include "analysis/ir/proto_codec.h"
-#include "analysis/ir/status_macros.h"
 #include "expansion/data_parallel.h"
 #include "expansion/style_proto.h"
+#include "util/status_macros.h"
 
 namespace fxdp::server {
 namespace {

@@ -47,7 +47,7 @@ absl::Status JobRunner::TakeInitialState() {
   for (RawTensor& t : stream.Take()) {
     v1::TensorChunk& c = job_->initial_state.emplace_back();
     c.set_name(t.name);
-    c.set_dtype(t.dtype);
+    c.set_dtype(static_cast<v1::DType>(ir::DTypeToWire(t.dtype)));
     for (int64_t d : t.shape) c.add_shape(d);
     c.set_data(std::move(t.data));
   }

@@ -9,7 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "client/cli/safetensors_raw.h"
+#include "analysis/ir/safetensors.h"
 
 namespace fxdp::server {
 namespace {
@@ -161,36 +161,34 @@ std::string JobStore::InitialStatePath(const std::string& job_id) const {
 }
 
 absl::Status JobStore::WriteTensors(const std::string& path, const Tensors& tensors) const {
-  std::vector<cli::RawTensor> raw;
+  std::vector<ir::RawTensor> raw;
   raw.reserve(tensors.size());
   for (const v1::TensorChunk& t : tensors) {
     if (t.offset() > 0 && !raw.empty() && raw.back().name == t.name()) {  // a later chunk
       raw.back().data += t.data();
       continue;
     }
-    cli::RawTensor& r = raw.emplace_back();
+    absl::StatusOr<ir::DType> dtype = ir::DTypeFromWire(t.dtype());
+    if (!dtype.ok())
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name(), "': ", dtype.status().message()));
+    ir::RawTensor& r = raw.emplace_back();
     r.name = t.name();
-    r.dtype = cli::DTypeFromProto(t.dtype());
+    r.dtype = *dtype;
     r.shape.assign(t.shape().begin(), t.shape().end());
     r.data = t.data();
   }
   // Written aside, then renamed: a file is whole or absent.
-  const std::string tmp = path + ".tmp";
-  if (absl::Status s = cli::WriteSafetensors(tmp, raw); !s.ok()) return s;
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", path, ": ", std::strerror(errno)));
-  }
-  return absl::OkStatus();
+  return ir::WriteSafetensorsFile(path, raw);
 }
 
 absl::StatusOr<JobStore::Tensors> JobStore::ReadTensors(const std::string& path) const {
-  absl::StatusOr<std::vector<cli::RawTensor>> raw = cli::ReadSafetensors(path);
+  absl::StatusOr<std::vector<ir::RawTensor>> raw = ir::ReadSafetensorsFile(path);
   if (!raw.ok()) return raw.status();
   Tensors out;
-  for (cli::RawTensor& r : *raw) {
+  for (ir::RawTensor& r : *raw) {
     v1::TensorChunk& c = out.emplace_back();
     c.set_name(r.name);
-    c.set_dtype(cli::DTypeToProto(r.dtype));
+    c.set_dtype(static_cast<v1::DType>(ir::DTypeToWire(r.dtype)));
     for (int64_t d : r.shape) c.add_shape(d);
     c.set_data(std::move(r.data));
   }

@@ -18,8 +18,12 @@ absl::StatusOr<int> ItemSize(v1::DType dtype) {
 
 std::string TypeString(v1::DType dtype, const std::vector<int64_t>& shape) {
   absl::StatusOr<ir::DType> d = ir::DTypeFromWire(static_cast<int>(dtype));
-  return absl::StrCat(d.ok() ? std::string(ir::DTypeShortName(*d)) : absl::StrCat("dtype", static_cast<int>(dtype)),
-                      "[", absl::StrJoin(shape, ", "), "]");
+  if (d.ok()) return TypeString(*d, shape);
+  return absl::StrCat("dtype", static_cast<int>(dtype), "[", absl::StrJoin(shape, ", "), "]");
+}
+
+std::string TypeString(ir::DType dtype, const std::vector<int64_t>& shape) {
+  return absl::StrCat(ir::DTypeShortName(dtype), "[", absl::StrJoin(shape, ", "), "]");
 }
 
 absl::Status ChunkStream::Add(const v1::TensorChunk& c) {
@@ -33,7 +37,7 @@ absl::Status ChunkStream::Add(const v1::TensorChunk& c) {
           what_, ": a chunk of tensor '", c.name(), "' came before tensor '", cur_.name,
           "' was complete (", next_, " of ", total_, " bytes)"));
     }
-    if (c.dtype() != cur_.dtype || shape != cur_.shape) {
+    if (c.dtype() != ir::DTypeToWire(cur_.dtype) || shape != cur_.shape) {
       return error(absl::StrCat("a chunk says ", TypeString(c.dtype(), shape), ", the first said ",
                                 TypeString(cur_.dtype, cur_.shape)));
     }
@@ -50,7 +54,7 @@ absl::Status ChunkStream::Add(const v1::TensorChunk& c) {
       }
       bytes *= static_cast<uint64_t>(d);
     }
-    cur_ = RawTensor{c.name(), c.dtype(), shape, {}};
+    cur_ = RawTensor{c.name(), *ir::DTypeFromWire(c.dtype()), shape, {}};  // ItemSize checked it
     total_ = bytes;
     next_ = 0;
     active_ = true;
@@ -82,9 +86,7 @@ absl::StatusOr<std::string> SliceDim(const RawTensor& t, int dim, int64_t start,
                                                    ": no slice [", start, ", ", start + size,
                                                    ") along dim ", dim));
   }
-  absl::StatusOr<int> item = ItemSize(t.dtype);
-  if (!item.ok()) return item.status();
-  uint64_t outer = 1, inner = static_cast<uint64_t>(*item);
+  uint64_t outer = 1, inner = static_cast<uint64_t>(ir::DTypeItemSize(t.dtype));
   for (int d = 0; d < dim; ++d) outer *= static_cast<uint64_t>(t.shape[d]);
   for (int d = dim + 1; d < rank; ++d) inner *= static_cast<uint64_t>(t.shape[d]);
   const uint64_t row = static_cast<uint64_t>(t.shape[dim]) * inner;

@@ -13,22 +13,20 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "analysis/ir/raw_tensor.h"
 #include "proto/fxdp/v1/worker.pb.h"
 
 namespace fxdp::server {
 
-struct RawTensor {
-  std::string name;
-  v1::DType dtype = v1::DTYPE_UNSPECIFIED;
-  std::vector<int64_t> shape;
-  std::string data;  // numel * itemsize bytes
-};
+// Whole tensors as bytes: the one RawTensor struct (analysis/ir/raw_tensor.h).
+using ir::RawTensor;
 
 // Bytes per element of a wire dtype; INVALID_ARGUMENT for an unknown one.
 absl::StatusOr<int> ItemSize(v1::DType dtype);
 
 // "f32[8, 4]"-like text of a dtype and shape, for error messages.
 std::string TypeString(v1::DType dtype, const std::vector<int64_t>& shape);
+std::string TypeString(ir::DType dtype, const std::vector<int64_t>& shape);
 
 // Checks a stream of TensorChunks against worker.proto's rules: a known dtype,
 // non-negative dims, each tensor's chunks in order without gaps (the first

@@ -1,4 +1,4 @@
-// Reading files a remote party names (a job's data_paths) without trusting
+// Files: reading files a remote party names (a job's data_paths) without trusting
 // the name: confinement to configured roots, regular files only, bounded size.
 //
 //   ConfinePath   the path made absolute and resolved (realpath: symlinks and
@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace fxdp::util {
 
@@ -34,6 +35,11 @@ absl::StatusOr<std::string> ConfinePath(const std::string& path, const std::vect
 // than `max_bytes`, NOT_FOUND / PERMISSION_DENIED from open, DATA_LOSS for a
 // read error or a file that shrank while read.
 absl::StatusOr<std::string> ReadRegularFile(const std::string& path, uint64_t max_bytes);
+
+// Writes `bytes` to `path` through a temporary file in the same directory,
+// renamed over `path` once complete (readers never see half a file).
+// PERMISSION_DENIED / DATA_LOSS naming the path.
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes);
 
 // "1,234,567" (a byte count in an error message).
 std::string WithCommas(uint64_t n);

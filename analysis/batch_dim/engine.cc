@@ -11,9 +11,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "analysis/ir/hyperparameters.h"
+#include "analysis/ir/node_error.h"
 #include "analysis/op_schemas.h"
 #include "analysis/view_rules.h"
-#include "analysis/ir/status_macros.h"
+#include "util/status_macros.h"
 
 namespace fxdp {
 
@@ -68,8 +69,8 @@ absl::StatusOr<BatchDimAnalysis> BatchDimAnalyzer::Run() {
       const Node& last = g_.node(last_change_);
       return absl::InternalError(absl::StrFormat(
           "batch-dim analysis did not converge after %d passes: pass %d still found a value to "
-          "all-reduce or build sharded, last for node %s (%s)",
-          kMaxPasses, kMaxPasses, last.name, TargetString(last)));
+          "all-reduce or build sharded, last for %s",
+          kMaxPasses, kMaxPasses, ir::NodeLabel(last)));
     }
   }
   Finish();
@@ -328,8 +329,7 @@ std::string BatchDimAnalyzer::OperandName(const std::vector<Operand>& ops, int a
 }
 
 absl::Status BatchDimAnalyzer::Error(const Node& n, const std::string& what) const {
-  return absl::InvalidArgumentError(
-      absl::StrCat("node ", n.name, " (", TargetString(n), "): ", what));
+  return ir::NodeError(n, what);
 }
 
 const TensorType* BatchDimAnalyzer::OutType(const Node& n, int k) const {

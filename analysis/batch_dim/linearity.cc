@@ -8,7 +8,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "analysis/ir/status_macros.h"
+#include "analysis/ir/node_error.h"
+#include "util/status_macros.h"
 
 namespace fxdp {
 
@@ -34,10 +35,10 @@ bool BatchDimAnalyzer::InMask(const LinearIn& linear, int arg) {
 
 absl::Status BatchDimAnalyzer::ScaledError(NodeId id, const Node& n, const Operand& o, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrFormat(
-      "node %s (%s): arg %d (%s) is a batch value scaled by a mean over the local batch "
+      "%s: arg %d (%s) is a batch value scaled by a mean over the local batch "
       "(it descends from a mean-reduced loss); %s. Reduce the loss by sum, or keep this op "
       "out of the backward path",
-      n.name, TargetString(n), o.arg, g_.node(o.ref.node).name, why));
+      ir::NodeLabel(n), o.arg, g_.node(o.ref.node).name, why));
 }
 
 // Applies the op's linearity to its operands. Partial operands that may not

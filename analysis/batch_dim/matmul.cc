@@ -8,7 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "analysis/ir/status_macros.h"
+#include "util/status_macros.h"
 
 namespace fxdp {
 

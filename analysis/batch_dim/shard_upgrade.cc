@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "analysis/view_rules.h"
-#include "analysis/ir/status_macros.h"
+#include "util/status_macros.h"
 
 namespace fxdp {
 

@@ -9,8 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "analysis/ir/node_error.h"
 #include "analysis/view_rules.h"
-#include "analysis/ir/status_macros.h"
+#include "util/status_macros.h"
 
 namespace fxdp {
 
@@ -96,7 +97,7 @@ absl::Status BatchDimAnalyzer::VisitView(NodeId id, const Node& n) {
   const TensorType* it = in ? TypeOf(*in) : nullptr;
   if (it == nullptr) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("node %s (%s): arg 0 must be a tensor", n.name, TargetString(n)));
+        absl::StrCat(ir::NodeLabel(n), ": arg 0 must be a tensor"));
   }
   const ValueInfo src = Read(*in);
   if (!src.placement.is_shard()) {
@@ -108,7 +109,7 @@ absl::Status BatchDimAnalyzer::VisitView(NodeId id, const Node& n) {
   auto map = ComputeViewDimMap(n.target, it->shape, n.args, n.kwargs);
   if (!map.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("node ", n.name, ": ", map.status().message()));
+        absl::StrCat(ir::NodeLabel(n), ": ", map.status().message()));
   }
   const int64_t d = src.placement.dim;
   const int64_t n_in = it->shape[d];
@@ -120,9 +121,9 @@ absl::Status BatchDimAnalyzer::VisitView(NodeId id, const Node& n) {
     BatchLoc l = Locate((*map)[k], it->shape, d, src.outer, inner, &size);
     if (l.kind == BatchLoc::kBroken) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "node %s (%s): the view %s splits or repeats the batch (size %d, in input dim %d "
+          "%s: the view %s splits or repeats the batch (size %d, in input dim %d "
           "of %s) across output dim %d; the batch cannot stay split over ranks",
-          n.name, TargetString(n), DimMapToString(*map), a_.batch_size_, d, it->ToString(),
+          ir::NodeLabel(n), DimMapToString(*map), a_.batch_size_, d, it->ToString(),
           k));
     }
     if (l.kind == BatchLoc::kWhole && found < 0) {
@@ -136,7 +137,7 @@ absl::Status BatchDimAnalyzer::VisitView(NodeId id, const Node& n) {
       return absl::OkStatus();
     }
     return absl::InvalidArgumentError(absl::StrFormat(
-        "node %s (%s): the view %s drops the batch dim %d of %s", n.name, TargetString(n),
+        "%s: the view %s drops the batch dim %d of %s", ir::NodeLabel(n),
         DimMapToString(*map), d, it->ToString()));
   }
   info.detail = Detail::kFromArg;

@@ -4,8 +4,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "analysis/ir/status_macros.h"
 #include "analysis/ir/verifier.h"
+#include "util/status_macros.h"
 
 namespace fxdp::ir {
 namespace {

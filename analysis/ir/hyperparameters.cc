@@ -9,8 +9,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "analysis/ir/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "util/status_macros.h"
 
 namespace fxdp::ir {
 namespace {

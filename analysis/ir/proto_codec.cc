@@ -4,12 +4,13 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
-#include "analysis/ir/status_macros.h"
+#include "analysis/ir/node_error.h"
 #include "analysis/ir/verifier.h"
 #include "analysis/ir/wire_decoder.h"
 #include "google/protobuf/arena.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/unknown_field_set.h"
+#include "util/status_macros.h"
 
 namespace fxdp::ir {
 namespace {
@@ -87,7 +88,8 @@ class Decoder {
   }
 
   absl::Status Error(int i, const v1::Node& n, absl::string_view msg) {
-    return absl::InvalidArgumentError(absl::StrCat("node '", n.name(), "' (#", i, "): ", msg));
+    // Not decoded yet: named by its position.
+    return NodeError(n.name(), absl::StrCat("#", i), msg);
   }
 
   absl::StatusOr<Node> DecodeNode(int i, const v1::Node& d) {

@@ -9,8 +9,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "analysis/ir/status_macros.h"
 #include "google/protobuf/stubs/common.h"
+#include "util/status_macros.h"
 
 namespace fxdp::ir {
 namespace {

@@ -6,13 +6,16 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "analysis/ir/status_macros.h"
+#include "analysis/ir/node_error.h"
+#include "util/status_macros.h"
 
 namespace fxdp::ir {
 namespace {
 
+// A graph being verified may repeat names or lack targets: nodes are named
+// by their position (the one node label format, node_error.h).
 std::string Where(const std::vector<Node>& nodes, int i) {
-  return absl::StrCat("node '", nodes[i].name, "' (#", i, ")");
+  return NodeLabel(nodes[i].name, absl::StrCat("#", i));
 }
 
 absl::Status NodeError(const std::vector<Node>& nodes, int i, absl::string_view msg) {

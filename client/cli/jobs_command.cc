@@ -20,9 +20,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "analysis/ir/hyperparameters.h"
+#include "analysis/ir/safetensors.h"
 #include "client/cli/commands.h"
 #include "client/cli/connect.h"
-#include "client/cli/safetensors_raw.h"
 #include "expansion/style_proto.h"
 #include "grpcpp/grpcpp.h"
 #include "nlohmann/json.hpp"
@@ -31,6 +31,8 @@
 
 namespace fxdp::cli {
 namespace {
+
+using ir::RawTensor;
 
 
 constexpr char kRunUsage[] =
@@ -228,7 +230,7 @@ template <typename Emit>
 bool EmitChunks(const RawTensor& t, Emit emit) {
   v1::TensorChunk head;
   head.set_name(t.name);
-  head.set_dtype(DTypeToProto(t.dtype));
+  head.set_dtype(static_cast<v1::DType>(ir::DTypeToWire(t.dtype)));
   for (int64_t d : t.shape) head.add_shape(d);
   size_t off = 0;
   do {
@@ -328,9 +330,16 @@ int FetchFinalState(v1::JobService::Stub* stub, const std::string& server, const
     const v1::TensorChunk& t = c.tensor();
     auto [it, fresh] = index.emplace(t.name(), tensors.size());
     if (fresh) {
+      absl::StatusOr<ir::DType> dtype = ir::DTypeFromWire(t.dtype());
+      if (!dtype.ok()) {
+        fctx.TryCancel();
+        std::fprintf(stderr, "fxdp run: final state of %s: tensor '%s': %s\n", job_id.c_str(),
+                     t.name().c_str(), std::string(dtype.status().message()).c_str());
+        return kExitInvalidInput;
+      }
       RawTensor r;
       r.name = t.name();
-      r.dtype = DTypeFromProto(t.dtype());
+      r.dtype = *dtype;
       r.shape.assign(t.shape().begin(), t.shape().end());
       tensors.push_back(std::move(r));
     }
@@ -346,7 +355,7 @@ int FetchFinalState(v1::JobService::Stub* stub, const std::string& server, const
   }
   const grpc::Status fs = fr->Finish();
   if (!fs.ok()) return ReportRpcError("run", server, fs);
-  if (absl::Status w = WriteSafetensors(out, tensors); !w.ok()) {
+  if (absl::Status w = ir::WriteSafetensorsFile(out, tensors); !w.ok()) {
     std::fprintf(stderr, "fxdp run: %s\n", std::string(w.message()).c_str());
     return kExitIo;
   }
@@ -459,11 +468,11 @@ int RunCommand(const std::vector<std::string>& args) {
       return kExitInvalidInput;
     }
   }
-  auto state = ReadSafetensors(state_path);
+  auto state = ir::ReadSafetensorsFile(state_path);
   if (!state.ok()) return ReportError("run", state.status());
   std::vector<std::vector<RawTensor>> batches;
   for (const std::string& d : data) {
-    auto b = ReadSafetensors(d);
+    auto b = ir::ReadSafetensorsFile(d);
     if (!b.ok()) return ReportError("run", b.status());
     batches.push_back(*std::move(b));
   }

@@ -43,7 +43,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "analysis/ir/proto_codec.h"
-#include "analysis/ir/status_macros.h"
+#include "util/status_macros.h"
 #include "executor/communicator.h"
 #include "executor/interpreter.h"
 #include "executor/step_runner.h"

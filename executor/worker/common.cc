@@ -10,9 +10,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "analysis/ir/status_macros.h"
+#include "analysis/ir/batch_split.h"
 #include "executor/gloo_communicator.h"
 #include "executor/torch_types.h"
+#include "util/status_macros.h"
 #if defined(FXDP_HAVE_NCCL)
 #include "executor/nccl/nccl_communicator.h"
 #endif
@@ -69,14 +70,13 @@ absl::StatusOr<TensorMap> ShardBatch(const TensorMap& batch, const Program& prog
     if (dim < 0 || t.dim() != static_cast<int64_t>(want.size()) || dim >= t.dim() ||
         t.size(dim) == want[dim])
       continue;
-    const int64_t b = t.size(dim), n = world_size, r = rank;
-    const int64_t size = b / n + (r < b % n ? 1 : 0);
-    const int64_t start = r * (b / n) + std::min<int64_t>(r, b % n);
-    if (size != want[dim])
+    const int64_t b = t.size(dim);
+    const ir::RankSlice slice = ir::SliceForRank(b, world_size, rank);
+    if (slice.size != want[dim])
       return absl::InvalidArgumentError(absl::StrCat(
-          "input '", in.state_name, "' has ", b, " samples on dim ", dim, "; rank ", r, " of ", n,
-          " would get ", size, " but its graph expects ", want[dim]));
-    t = t.narrow(dim, start, size).contiguous();
+          "input '", in.state_name, "' has ", b, " samples on dim ", dim, "; rank ", rank, " of ",
+          world_size, " would get ", slice.size, " but its graph expects ", want[dim]));
+    t = t.narrow(dim, slice.start, slice.size).contiguous();
   }
   return out;
 }

@@ -26,17 +26,18 @@
 #include "absl/strings/str_replace.h"
 #include "analysis/ir/hyperparameters.h"
 #include "analysis/ir/proto_codec.h"
-#include "analysis/ir/status_macros.h"
 #include "executor/communicator.h"
 #include "executor/gloo_communicator.h"
 #include "executor/interpreter.h"
-#include "executor/step_runner.h"
 #include "executor/safetensors.h"
+#include "executor/step_runner.h"
 #include "executor/timed_communicator.h"
 #include "executor/worker/attach.h"
 #include "executor/worker/common.h"
 #include "executor/worker/sharded_state.h"
 #include "util/flags.h"
+#include "util/log.h"
+#include "util/status_macros.h"
 
 namespace fxdp::executor {
 namespace {
@@ -189,16 +190,15 @@ struct RunArgs {
 };
 
 // Every line on stderr says which job, rank and step it is about:
-// "[job local rank 1 step 2/3] ...", step 0 before the first step.
+// "[job local rank 1 step 2/3] ...", step 0 before the first step
+// (util::JobLogPrefix, written by util::Log).
 class Logger {
  public:
   Logger(std::string job, int rank, int steps) : job_(std::move(job)), rank_(rank), steps_(steps) {}
   void set_step(int step) { step_ = step; }
   template <typename... A>
   void Log(const A&... a) const {
-    const std::string line = absl::StrCat("[job ", job_, " rank ", rank_, " step ", step_, "/",
-                                          steps_, "] ", a..., "\n");
-    std::fputs(line.c_str(), stderr);  // one write per line: ranks share a terminal
+    util::Log(util::JobLogPrefix(job_, rank_, step_, steps_), a...);
   }
 
  private:

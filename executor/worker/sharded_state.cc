@@ -8,9 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "analysis/ir/status_macros.h"
 #include "executor/torch_types.h"
 #include "expansion/sharding.h"
+#include "util/status_macros.h"
 
 namespace fxdp::executor {
 

@@ -9,9 +9,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "analysis/ir/status_macros.h"
 #include "analysis/ir/types.h"
 #include "executor/torch_types.h"
+#include "util/status_macros.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "the wire's tensor bytes are little-endian; this host is not");

@@ -183,7 +183,7 @@ TEST(BatchDim, ViewThatBreaksTheBatchIsAnError) {
   %c: f32[2, 12] = aten::view(%a, [2, 12])
   %output = output([%c]) {specs=[OTHER]}
 )").status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, "node c (aten::view)"));
+              StatusIs(absl::StatusCode::kInvalidArgument, "node 'c' (aten::view)"));
   EXPECT_THAT(Analyze(R"(
   %x: f32[4, 6] = placeholder() {role=INPUT, state="x", batch_dim=0}
   %r: f32[8, 6] = aten::repeat(%x, [2, 1])
@@ -233,7 +233,7 @@ TEST(BatchDim, OperandsOnDifferentDimsAreAnError) {
   %a: f32[4, 4] = aten::add.Tensor(%x, %xt)
   %output = output([%a]) {specs=[OTHER]}
 )").status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, "node a (aten::add.Tensor)"));
+              StatusIs(absl::StatusCode::kInvalidArgument, "node 'a' (aten::add.Tensor)"));
 }
 
 TEST(BatchDim, ReductionsOverAndBesideTheBatch) {
@@ -272,7 +272,7 @@ TEST(BatchDim, SoftmaxCatSliceSelectAlongTheBatchAreErrors) {
   EXPECT_THAT(Analyze(head + R"(  %s: f32[4, 3] = aten::_softmax(%x, 0, false)
   %output = output([%s]) {specs=[OTHER]}
 )").status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, "node s (aten::_softmax)"));
+              StatusIs(absl::StatusCode::kInvalidArgument, "node 's' (aten::_softmax)"));
   EXPECT_THAT(Analyze(head + R"(  %c: f32[8, 3] = aten::cat([%x, %x])
   %output = output([%c]) {specs=[OTHER]}
 )").status(),
@@ -346,7 +346,7 @@ TEST(BatchDim, NonlinearOpOnAMeanScaledGradientIsAnError) {
   %e: f32[4, 3] = aten::exp(%g)
   %output = output([%e, %loss]) {specs=[OTHER, LOSS]}
 )").status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, "node e (aten::exp)"));
+              StatusIs(absl::StatusCode::kInvalidArgument, "node 'e' (aten::exp)"));
 }
 
 TEST(BatchDim, NormsConvPoolEmbedding) {
@@ -459,7 +459,7 @@ TEST(BatchDim, SafeSoftmaxAndScatterIntoFollowTheirRules) {
   %x: f32[4, 5] = placeholder() {role=INPUT, state="x", batch_dim=0}
   %p: f32[4, 5] = aten::_safe_softmax(%x, 0)
   %output = output([%p]) {specs=[OTHER]}
-)").status(), StatusIs(absl::StatusCode::kInvalidArgument, "node p (aten::_safe_softmax)"));
+)").status(), StatusIs(absl::StatusCode::kInvalidArgument, "node 'p' (aten::_safe_softmax)"));
   EXPECT_THAT(Analyze(R"(
   %x: f32[4, 5] = placeholder() {role=INPUT, state="x", batch_dim=0}
   %r: f32[5] = aten::full([5], 0.0)
@@ -493,7 +493,7 @@ TEST(BatchDim, AsStridedFollowsTheDimThatStepsOverSamples) {
   %x: f32[4, 4] = placeholder() {role=INPUT, state="x", batch_dim=0}
   %s: f32[2, 8] = aten::as_strided(%x, [2, 8], [8, 1])
   %output = output([%s]) {specs=[OTHER]}
-)").status(), StatusIs(absl::StatusCode::kInvalidArgument, "node s (aten::as_strided)"));
+)").status(), StatusIs(absl::StatusCode::kInvalidArgument, "node 's' (aten::as_strided)"));
 }
 
 constexpr char kLastTokenLogits[] = R"(
@@ -523,7 +523,7 @@ TEST(BatchDim, ArangeOfTheBatchIndexingItsRowsBecomesLocalPositions) {
   %ix: f32[4] = aten::index.Tensor(%x, [%ar, %tok])
   %sh: i64[4] = aten::add.Tensor(%ar, %tok)
   %output = output([%ix, %sh]) {specs=[OTHER, OTHER]}
-)").status(), StatusIs(absl::StatusCode::kInvalidArgument, "node ix (aten::index.Tensor)"));
+)").status(), StatusIs(absl::StatusCode::kInvalidArgument, "node 'ix' (aten::index.Tensor)"));
 }
 
 TEST(BatchDim, IndexPutFollowsTheBatchOfSelfAndValues) {

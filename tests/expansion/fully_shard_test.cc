@@ -176,7 +176,7 @@ TEST(FullyShard, RefusesNonElementwiseOptimizerMathOnShardsNamingTheNode) {
   // Math on a transposed view of a shard: its elements are not the shard's.
   EXPECT_THAT(ExpandText(text, {.world_size = 2, .style = kFs}).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       "node gs (aten::mul.Tensor) runs in the optimizer on sharded state, which "
+                       "node 'gs' (aten::mul.Tensor) runs in the optimizer on sharded state, which "
                        "FULLY_SHARD holds as flat 1/2 shards"));
   // REPLICATE takes it.
   EXPECT_TRUE(ExpandText(text, {.world_size = 2}).ok());
@@ -190,7 +190,7 @@ TEST(FullyShard, RefusesNonElementwiseOptimizerMathOnShardsNamingTheNode) {
   scan = edit(scan, "%gst: f32[3, 4]{1, 3} = aten::t(%gs)", "%gst: f32[3, 4] = aten::mul.Tensor(%gs, 1.0)");
   EXPECT_THAT(ExpandText(scan, {.world_size = 2, .style = kFs}).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       "node gt (aten::cumsum) runs in the optimizer on sharded state"));
+                       "node 'gt' (aten::cumsum) runs in the optimizer on sharded state"));
   // Two transposes are the shard again: t(t(g)) is accepted.
   std::string twice = edit(text, "%gs: f32[4, 3] = aten::mul.Tensor(%gt, 0.1)", "%gs: f32[3, 4] = aten::t(%gt)");
   twice = edit(twice, "%gst: f32[3, 4]{1, 3} = aten::t(%gs)", "%gst: f32[3, 4] = aten::mul.Tensor(%gs, 0.1)");

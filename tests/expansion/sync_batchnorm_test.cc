@@ -116,7 +116,7 @@ TEST(SyncBatchNorm, InPlaceRunningStatisticsAreRefused) {
   auto a = ValueOrDie(AnalyzeBatchDims(g, {.world_size = 2, .sync_batchnorm = true}));
   EXPECT_THAT(ExpandDataParallel(g, a, {.world_size = 2, .sync_batchnorm = true}).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       "node bn (aten::_native_batch_norm_legit): sync_batchnorm: "
+                       "node 'bn' (aten::_native_batch_norm_legit): sync_batchnorm: "
                        "updates its running statistics in place"));
 }
 

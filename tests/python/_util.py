@@ -16,6 +16,7 @@ import torch
 
 import fxdp
 from fxdp import zoo
+from fxdp.dp_oracle import balanced_slices  # noqa: F401 (the oracle's split, used by the tests)
 from fxdp.v1 import graph_pb2 as pb
 
 MODELS = list(zoo.MODELS)
@@ -131,13 +132,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def balanced_slices(b: int, world: int):
-    """(start, size) of every rank's contiguous slice of b samples: the first b % world ranks get
-    one more (fxdp expand's split, also the worker's and fxdp.dp_oracle's)."""
-    sizes = [b // world + (r < b % world) for r in range(world)]
-    return [(sum(sizes[:r]), sizes[r]) for r in range(world)]
 
 
 @contextlib.contextmanager

@@ -194,7 +194,7 @@ TEST(ChunkStream, AssemblesTensorsAndNamesEveryError) {
 }
 
 RawTensor Iota(std::vector<int64_t> shape) {
-  RawTensor t{"t", v1::INT32, shape, ""};
+  RawTensor t{"t", ir::DType::kInt32, shape, ""};
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   for (int32_t i = 0; i < n; ++i) t.data.append(reinterpret_cast<const char*>(&i), 4);

@@ -29,6 +29,15 @@ import fxdp
 from fxdp.v1 import graph_pb2 as pb
 
 
+def balanced_slices(b: int, world: int):
+    """(start, size) of every rank's contiguous slice of b samples: the first b % world ranks get
+    one more. The same split as analysis/ir/batch_split.h (fxdp expand, the server, the workers),
+    restated here on purpose: this module is the tests' independent oracle for the C++ side, so it
+    must not call into it."""
+    sizes = [b // world + (r < b % world) for r in range(world)]
+    return [(sum(sizes[:r]), sizes[r]) for r in range(world)]
+
+
 def ddp_params(model_name: str, optim: str, shards) -> dict:
     """Eager DDP (Gloo) training of the zoo entry on this rank's shards: final parameters."""
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -84,10 +93,8 @@ def main() -> None:
             if d < 0:
                 shard.append(x)
                 continue
-            b = x.shape[d]
-            sizes = [b // world + (r < b % world) for r in range(world)]
-            start = sum(sizes[:rank])
-            shard.append(x.narrow(d, start, sizes[rank]).contiguous())
+            start, size = balanced_slices(x.shape[d], world)[rank]
+            shard.append(x.narrow(d, start, size).contiguous())
         shards.append(list(shard))
         outs = step.graph_module()(*[
             shard.pop(0) if p.placeholder.role == pb.INPUT else state[p.placeholder.state_name]

@@ -1,6 +1,6 @@
 // The two status macros fxdp uses everywhere (abseil 20220623 ships none).
-#ifndef FXDP_ANALYSIS_IR_STATUS_MACROS_H_
-#define FXDP_ANALYSIS_IR_STATUS_MACROS_H_
+#ifndef FXDP_UTIL_STATUS_MACROS_H_
+#define FXDP_UTIL_STATUS_MACROS_H_
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -24,4 +24,4 @@
   if (!tmp.ok()) return std::move(tmp).status();    \
   lhs = std::move(tmp).value()
 
-#endif  // FXDP_ANALYSIS_IR_STATUS_MACROS_H_
+#endif  // FXDP_UTIL_STATUS_MACROS_H_

@@ -1,0 +1,274 @@
+#include "analysis/ir/safetensors.h"
+
+#include <stdlib.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "util/files.h"
+
+namespace fxdp::ir {
+namespace {
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "safetensors data is little-endian; this code copies it as is");
+
+// safetensors' dtype names: the format's own spelling of ir::DType.
+struct SafetensorsDType {
+  absl::string_view name;
+  DType dtype;
+};
+constexpr SafetensorsDType kSafetensorsDTypes[] = {
+    {"F64", DType::kFloat64},          {"F32", DType::kFloat32},     {"F16", DType::kFloat16},
+    {"BF16", DType::kBFloat16},        {"F8_E4M3", DType::kFloat8E4M3FN},
+    {"F8_E5M2", DType::kFloat8E5M2},   {"I64", DType::kInt64},       {"I32", DType::kInt32},
+    {"I16", DType::kInt16},            {"I8", DType::kInt8},         {"U64", DType::kUInt64},
+    {"U32", DType::kUInt32},           {"U16", DType::kUInt16},      {"U8", DType::kUInt8},
+    {"BOOL", DType::kBool},            {"C64", DType::kComplex64},
+};
+
+absl::Status Corrupt(const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat("corrupt safetensors data: ", what));
+}
+
+// A JSON value as a non-negative integer that fits in int64.
+std::optional<uint64_t> AsCount(const nlohmann::json& v) {
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return u;
+    return std::nullopt;
+  }
+  if (v.is_number_integer()) {
+    const int64_t i = v.get<int64_t>();
+    if (i >= 0) return static_cast<uint64_t>(i);
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+absl::string_view DTypeSafetensorsName(DType d) {
+  for (const SafetensorsDType& t : kSafetensorsDTypes)
+    if (t.dtype == d) return t.name;
+  return "";
+}
+
+absl::StatusOr<DType> DTypeFromSafetensorsName(absl::string_view s) {
+  for (const SafetensorsDType& t : kSafetensorsDTypes)
+    if (t.name == s) return t.dtype;
+  return absl::InvalidArgumentError(absl::StrCat("unknown safetensors dtype '", s, "'"));
+}
+
+absl::StatusOr<SafetensorsView> ParseSafetensors(absl::string_view bytes) {
+  if (bytes.size() < 8)
+    return Corrupt(absl::StrCat("the file is ", bytes.size(),
+                                " bytes, shorter than the 8-byte header length (truncated?)"));
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  // The length field is the file's first 8 bytes: when they are not a length
+  // (a text file, say), say so without echoing them.
+  if (n > kMaxSafetensorsHeader)
+    return Corrupt(absl::StrCat("not a safetensors file: the header length field exceeds the limit of ",
+                                util::WithCommas(kMaxSafetensorsHeader), " bytes"));
+  if (n > bytes.size() - 8)
+    return Corrupt(absl::StrCat("header length ", util::WithCommas(n), " exceeds the ",
+                                util::WithCommas(bytes.size() - 8),
+                                " bytes after the length field (truncated, or not a safetensors file)"));
+  const absl::string_view header = bytes.substr(8, n);
+  SafetensorsView out;
+  out.data = bytes.substr(8 + n);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(header.begin(), header.end());
+  } catch (const nlohmann::json::exception& e) {
+    return Corrupt(absl::StrCat("the header is not valid JSON: ", e.what()));
+  }
+  if (!j.is_object()) return Corrupt("the header is not a JSON object");
+
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& key = it.key();
+    const nlohmann::json& v = it.value();
+    if (key == "__metadata__") {
+      if (!v.is_object()) return Corrupt("__metadata__ is not an object");
+      for (auto m = v.begin(); m != v.end(); ++m) {
+        if (!m.value().is_string())
+          return Corrupt(absl::StrCat("__metadata__ value '", m.key(), "' is not a string"));
+        out.metadata[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    const std::string where = absl::StrCat("tensor '", key, "'");
+    if (!v.is_object()) return Corrupt(absl::StrCat(where, ": entry is not an object"));
+    auto dt = v.find("dtype");
+    auto sh = v.find("shape");
+    auto off = v.find("data_offsets");
+    if (dt == v.end() || !dt->is_string())
+      return Corrupt(absl::StrCat(where, ": missing or non-string 'dtype'"));
+    if (sh == v.end() || !sh->is_array())
+      return Corrupt(absl::StrCat(where, ": missing or non-array 'shape'"));
+    if (off == v.end() || !off->is_array() || off->size() != 2)
+      return Corrupt(absl::StrCat(where, ": 'data_offsets' must be [begin, end]"));
+    SafetensorsEntry e;
+    e.name = key;
+    absl::StatusOr<DType> type = DTypeFromSafetensorsName(dt->get<std::string>());
+    if (!type.ok())
+      return absl::UnimplementedError(absl::StrCat(
+          "safetensors ", where, ": unsupported dtype '", dt->get<std::string>(), "'"));
+    e.dtype = *type;
+    if (sh->size() > 64) return Corrupt(absl::StrCat(where, ": ", sh->size(), " dimensions"));
+    uint64_t numel = 1;
+    bool overflow = false;
+    for (const nlohmann::json& d : *sh) {
+      auto c = AsCount(d);
+      if (!c) return Corrupt(absl::StrCat(where, ": shape ", sh->dump(),
+                                          " has an entry that is not a non-negative integer"));
+      e.shape.push_back(static_cast<int64_t>(*c));
+      if (*c != 0 && numel > (uint64_t{1} << 62) / *c) overflow = true;
+      numel *= *c;
+    }
+    auto b = AsCount((*off)[0]);
+    auto en = AsCount((*off)[1]);
+    if (!b || !en || *b > *en)
+      return Corrupt(absl::StrCat(where, ": bad data_offsets ", off->dump()));
+    e.begin = *b;
+    e.end = *en;
+    const uint64_t item = static_cast<uint64_t>(DTypeItemSize(e.dtype));
+    if (overflow || numel > (uint64_t{1} << 62) / item)
+      return Corrupt(absl::StrCat(where, ": shape ", sh->dump(), " is too large"));
+    if (e.end - e.begin != numel * item)
+      return Corrupt(absl::StrCat(where, ": data_offsets ", off->dump(), " span ",
+                                  e.end - e.begin, " bytes, but ", dt->get<std::string>(),
+                                  sh->dump(), " needs ", numel * item));
+    if (e.end > out.data.size())
+      return Corrupt(absl::StrCat(where, ": data ends at byte ", e.end, " of a ", out.data.size(),
+                                  "-byte data buffer (truncated?)"));
+    out.tensors.push_back(std::move(e));
+  }
+  // Tensors tile the buffer: no overlap, no gap, nothing after the last one.
+  std::stable_sort(out.tensors.begin(), out.tensors.end(),
+                   [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
+                     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+                   });
+  uint64_t pos = 0;
+  for (const SafetensorsEntry& e : out.tensors) {
+    if (e.begin < pos)
+      return Corrupt(absl::StrCat("tensor '", e.name, "' overlaps the previous tensor"));
+    if (e.begin > pos)
+      return Corrupt(absl::StrCat("bytes ", pos, "..", e.begin, " of the data buffer belong to "
+                                  "no tensor (before '", e.name, "')"));
+    pos = e.end;
+  }
+  if (pos != out.data.size())
+    return Corrupt(absl::StrCat("the data buffer has ", out.data.size(), " bytes, the tensors cover ",
+                                pos));
+  return out;
+}
+
+absl::StatusOr<std::vector<RawTensor>> ParseSafetensorsTensors(absl::string_view bytes) {
+  absl::StatusOr<SafetensorsView> view = ParseSafetensors(bytes);
+  if (!view.ok()) return view.status();
+  std::vector<RawTensor> out;
+  out.reserve(view->tensors.size());
+  for (SafetensorsEntry& e : view->tensors) {
+    out.push_back(RawTensor{std::move(e.name), e.dtype, std::move(e.shape),
+                            std::string(view->data.substr(e.begin, e.end - e.begin))});
+  }
+  return out;
+}
+
+absl::StatusOr<std::string> SerializeSafetensors(std::vector<TensorBytes> tensors,
+                                                 const std::map<std::string, std::string>& metadata) {
+  std::sort(tensors.begin(), tensors.end(),
+            [](const TensorBytes& a, const TensorBytes& b) { return a.name < b.name; });
+  nlohmann::json header = nlohmann::json::object();
+  if (!metadata.empty()) {
+    nlohmann::json m = nlohmann::json::object();
+    for (const auto& [k, v] : metadata) m[k] = v;
+    header["__metadata__"] = m;
+  }
+  uint64_t offset = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorBytes& t = tensors[i];
+    if (t.name == "__metadata__")
+      return absl::InvalidArgumentError("a tensor cannot be named __metadata__");
+    if (i > 0 && tensors[i - 1].name == t.name)
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "' given twice"));
+    const absl::string_view dt = DTypeSafetensorsName(t.dtype);
+    if (dt.empty())
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': dtype ",
+                                                     DTypeTorchName(t.dtype),
+                                                     " has no safetensors name"));
+    uint64_t want = static_cast<uint64_t>(DTypeItemSize(t.dtype));
+    for (int64_t d : t.shape) want *= static_cast<uint64_t>(std::max<int64_t>(d, 0));
+    if (t.data.size() != want)
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': ", t.data.size(),
+                                                     " bytes, but its dtype and shape need ", want));
+    header[t.name] = {{"dtype", std::string(dt)},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + t.data.size()}}};
+    offset += t.data.size();
+  }
+  std::string h = header.dump();
+  h.append((8 - h.size() % 8) % 8, ' ');
+  std::string out;
+  out.reserve(8 + h.size() + offset);
+  const uint64_t n = h.size();
+  out.append(reinterpret_cast<const char*>(&n), 8);
+  out += h;
+  for (const TensorBytes& t : tensors) out.append(t.data.data(), t.data.size());
+  return out;
+}
+
+absl::StatusOr<std::string> SerializeSafetensors(const std::vector<RawTensor>& tensors) {
+  std::vector<TensorBytes> views;
+  views.reserve(tensors.size());
+  for (const RawTensor& t : tensors) views.push_back(TensorBytes{t.name, t.dtype, t.shape, t.data});
+  return SerializeSafetensors(std::move(views));
+}
+
+absl::StatusOr<std::string> ReadSafetensorsBytes(const std::string& path,
+                                                 const SafetensorsReadOptions& options) {
+  std::string resolved = path;
+  if (options.confine) {
+    absl::StatusOr<std::string> r = util::ConfinePath(path, options.roots);
+    if (!r.ok()) return r.status();
+    resolved = *std::move(r);
+  } else {
+    // Symlinks the caller named are followed here, once; the open below
+    // refuses one that appears in between.
+    char buf[PATH_MAX];
+    if (realpath(path.c_str(), buf) != nullptr) resolved = buf;
+  }
+  absl::StatusOr<std::string> bytes = util::ReadRegularFile(resolved, options.max_bytes);
+  if (!bytes.ok() && resolved != path) {
+    // Messages name the path as given, not where it resolved to.
+    return absl::Status(bytes.status().code(),
+                        absl::StrReplaceAll(bytes.status().message(), {{resolved, path}}));
+  }
+  return bytes;
+}
+
+absl::StatusOr<std::vector<RawTensor>> ReadSafetensorsFile(const std::string& path,
+                                                           const SafetensorsReadOptions& options) {
+  absl::StatusOr<std::string> bytes = ReadSafetensorsBytes(path, options);
+  if (!bytes.ok()) return bytes.status();
+  absl::StatusOr<std::vector<RawTensor>> r = ParseSafetensorsTensors(*bytes);
+  if (!r.ok()) return absl::Status(r.status().code(), absl::StrCat("'", path, "': ", r.status().message()));
+  return r;
+}
+
+absl::Status WriteSafetensorsFile(const std::string& path, const std::vector<RawTensor>& tensors) {
+  absl::StatusOr<std::string> bytes = SerializeSafetensors(tensors);
+  if (!bytes.ok()) return bytes.status();
+  return util::WriteFileAtomically(path, *bytes);
+}
+
+}  // namespace fxdp::ir

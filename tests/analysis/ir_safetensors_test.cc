@@ -1,0 +1,82 @@
+// The torch-free safetensors parser and writer (analysis/ir/safetensors.h)
+// on raw bytes; executor/safetensors_test.cc covers the LibTorch wrapper and
+// every corruption the parser names.
+#include "analysis/ir/safetensors.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "tests/test_util.h"
+
+namespace fxdp::ir {
+namespace {
+
+using ::fxdp::testing::StatusIs;
+using ::fxdp::testing::ValueOrDie;
+
+std::string Bytes(const std::vector<float>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+}
+
+TEST(IrSafetensors, RoundTripInNameOrder) {
+  const std::vector<RawTensor> in = {
+      {"w", DType::kFloat32, {2, 2}, Bytes({1, 2, 3, 4})},
+      {"b", DType::kInt64, {0}, ""},
+      {"a", DType::kBool, {3}, std::string("\x01\x00\x01", 3)},
+  };
+  const std::string bytes = ValueOrDie(SerializeSafetensors(in));
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  EXPECT_EQ(n % 8, 0u);  // padded like the Python library
+  const std::vector<RawTensor> out = ValueOrDie(ParseSafetensorsTensors(bytes));
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(out[0].name, "a");
+  EXPECT_EQ(out[0].dtype, DType::kBool);
+  EXPECT_EQ(out[0].data, std::string("\x01\x00\x01", 3));
+  EXPECT_EQ(out[1].name, "b");
+  EXPECT_EQ(out[1].shape, std::vector<int64_t>{0});
+  EXPECT_EQ(out[2].name, "w");
+  EXPECT_EQ(out[2].dtype, DType::kFloat32);
+  EXPECT_EQ(out[2].data, Bytes({1, 2, 3, 4}));
+}
+
+TEST(IrSafetensors, WriterRefusesWhatTheFormatCannotHold) {
+  EXPECT_THAT(SerializeSafetensors(std::vector<RawTensor>{{"c", DType::kComplex128, {1}, std::string(16, '\0')}}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "tensor 'c': dtype torch.complex128 has no safetensors name"));
+  EXPECT_THAT(SerializeSafetensors(std::vector<RawTensor>{{"w", DType::kFloat32, {2}, "abc"}}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "tensor 'w': 3 bytes, but its dtype and shape need 8"));
+  EXPECT_THAT(SerializeSafetensors(std::vector<RawTensor>{{"w", DType::kInt8, {0}, ""}, {"w", DType::kInt8, {0}, ""}}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "tensor 'w' given twice"));
+}
+
+TEST(IrSafetensors, ParserNamesTheTensorAndTheProblem) {
+  std::string bytes = ValueOrDie(SerializeSafetensors(std::vector<RawTensor>{{"w", DType::kFloat32, {2}, Bytes({1, 2})}}));
+  EXPECT_THAT(ParseSafetensors(bytes.substr(0, bytes.size() - 1)).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "tensor 'w': data ends at byte 8"));
+  EXPECT_THAT(ParseSafetensors("garbage!garbage!").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "not a safetensors file"));
+  const std::string header = R"({"x":{"dtype":"Q4","shape":[1],"data_offsets":[0,1]}})";
+  std::string odd(8, '\0');
+  const uint64_t n = header.size();
+  std::memcpy(odd.data(), &n, 8);
+  EXPECT_THAT(ParseSafetensors(odd + header + "z").status(),
+              StatusIs(absl::StatusCode::kUnimplemented, "tensor 'x': unsupported dtype 'Q4'"));
+}
+
+TEST(IrSafetensors, FilesNameTheirPath) {
+  const std::string path = ::testing::TempDir() + "/ir_safetensors_" + std::to_string(getpid());
+  ASSERT_TRUE(WriteSafetensorsFile(path, {{"w", DType::kFloat16, {1}, "ab"}}).ok());
+  const std::vector<RawTensor> t = ValueOrDie(ReadSafetensorsFile(path));
+  ASSERT_EQ(t.size(), 1u);
+  EXPECT_EQ(t[0].dtype, DType::kFloat16);
+  EXPECT_EQ(t[0].data, "ab");
+  EXPECT_THAT(ReadSafetensorsFile(path + ".missing").status(),
+              StatusIs(absl::StatusCode::kNotFound, ".missing"));
+  unlink(path.c_str());
+}
+
+}  // namespace
+}  // namespace fxdp::ir
