@@ -1,0 +1,319 @@
+// The job's thread of `fxdp-worker attach` (attach_worker.h): rendezvous
+// (c10d TCPStore + Gloo for world size > 1), the LibTorch interpreter, then
+// one event at a time: a batch runs one step answered by a StepResult, a
+// FetchState streams the state in chunks, a cancel ends the job. A failure
+// is sent as JobFailed naming the job, rank and step.
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+
+#include "absl/strings/str_format.h"
+#include "analysis/ir/proto_codec.h"
+#include "executor/safetensors.h"
+#include "executor/worker/attach_worker.h"
+#include "executor/worker/common.h"
+#include "util/status_macros.h"
+
+namespace fxdp::executor::attach {
+
+void AttachedWorker::FinishJob(Job& job, WorkerMessage final_msg) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (job_.get() == &job) job_.reset();
+  }
+  cv_.notify_all();
+  if (!job.final_sent.exchange(true)) job.session->Write(final_msg);
+}
+
+void AttachedWorker::SendJobFailed(Job& job, const absl::Status& s, int64_t step) {
+  const std::string error =
+      absl::StrCat("job ", job.id, " rank ", job.rank, " step ", job.StepName(step), ": ", s.message());
+  util::Log(job.Prefix(), "failed: ", absl::StatusCodeToString(s.code()), ": ", s.message());
+  WorkerMessage f;
+  v1::JobFailed* jf = f.mutable_job_failed();
+  jf->set_job_id(job.id);
+  jf->set_rank(job.rank);
+  jf->set_step(step);
+  jf->set_code(static_cast<int>(s.code()));
+  jf->set_error(error);
+  FinishJob(job, std::move(f));
+}
+
+void AttachedWorker::RunJob(std::shared_ptr<Job> job) {
+  std::unique_ptr<Communicator> comm;
+  bool leak = false;
+  absl::Status s = JobBody(*job, comm, &leak);
+  if (comm != nullptr && leak && comm->world_size() > 1) {
+    // A step failed, perhaps with collectives still queued: ProcessGroupGloo's
+    // destructor drains its queue, which behind a lost or hung peer blocks for
+    // another timeout. Leave it (its threads go idle; rank 0's store keeps
+    // its port).
+    comm.release();
+    std::lock_guard<std::mutex> l(mu_);
+    leaked_ = true;
+  }
+  comm.reset();
+  if (!s.ok()) SendJobFailed(*job, s, job->in_step ? job->log_step.load() : 0);
+  // else JobBody sent JobEnded.
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (job_ == job) job_.reset();  // e.g. the final message was sent at shutdown
+    --running_jobs_;
+  }
+  cv_.notify_all();
+}
+
+absl::StatusOr<std::vector<TensorMap>> AttachedWorker::ReadDataFiles(const Job& job,
+                                                                     const Program& program) const {
+  std::vector<TensorMap> files;
+  for (const std::string& path : job.assign.data_paths()) {
+    const std::string where = absl::StrCat("data_paths file '", path, "' (on worker ", worker_id_, ")");
+    SafetensorsReadOptions read;
+    read.confine = true;
+    read.roots = o_.data_roots;
+    read.max_bytes = static_cast<uint64_t>(o_.max_data_mb) << 20;
+    absl::StatusOr<SafetensorsFile> f = ReadSafetensors(path, read);
+    if (!f.ok()) {
+      // The message names the path; a corrupt file is the client's bad
+      // input, a path outside the roots is denied, anything else (missing,
+      // not a regular file, too large) is the file's state on this worker.
+      const absl::StatusCode code = f.status().code();
+      const absl::StatusCode mapped = code == absl::StatusCode::kInvalidArgument ||
+                                              code == absl::StatusCode::kUnimplemented
+                                          ? absl::StatusCode::kInvalidArgument
+                                      : code == absl::StatusCode::kPermissionDenied
+                                          ? absl::StatusCode::kPermissionDenied
+                                          : absl::StatusCode::kFailedPrecondition;
+      return absl::Status(mapped, absl::StrCat("data_paths file on worker ", worker_id_, ": ",
+                                               f.status().message()));
+    }
+    absl::StatusOr<TensorMap> shard = ShardBatch(f->tensors, program, job.rank, job.world_size);
+    absl::Status s = shard.ok() ? CheckBatch(*shard, program) : shard.status();
+    if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", s.message()));
+    util::Log(job.Prefix(), "read ", path, ": ", shard->size(), " tensors, this rank's shard kept");
+    files.push_back(*std::move(shard));
+  }
+  return files;
+}
+
+absl::Status AttachedWorker::EndJob(Job& job, bool cancelled, const std::string& why) {
+  util::Log(job.Prefix(), cancelled ? "cancelled" : "ended", why.empty() ? "" : ": ", why, " (",
+          job.steps_done.load(), " steps done)");
+  WorkerMessage m;
+  v1::JobEnded* e = m.mutable_job_ended();
+  e->set_job_id(job.id);
+  e->set_rank(job.rank);
+  e->set_cancelled(cancelled);
+  e->set_steps_done(job.steps_done.load());
+  FinishJob(job, std::move(m));
+  return absl::OkStatus();
+}
+
+JobEvent Job::Next() {
+  std::unique_lock<std::mutex> l(mu);
+  cv.wait(l, [&] { return cancel.load() || !events.empty(); });
+  if (cancel) {
+    for (JobEvent& e : events)
+      if (e.kind == JobEvent::kCancel) return std::move(e);
+    return JobEvent(JobEvent::kCancel);
+  }
+  JobEvent e = std::move(events.front());
+  events.pop_front();
+  return e;
+}
+
+absl::Status AttachedWorker::JobBody(Job& job, std::unique_ptr<Communicator>& comm, bool* leak) {
+  const v1::AssignJob& a = job.assign;
+  // Device and graph.
+  FXDP_ASSIGN_OR_RETURN(c10::Device device,
+                        ParseWorkerDevice(a.device().empty() ? device_.str() : a.device(),
+                                          device_.is_cuda() ? device_.index() : 0, "AssignJob.device"));
+  absl::StatusOr<ir::Graph> graph = ir::DecodeGraph(a.graph());
+  if (!graph.ok())
+    return absl::Status(graph.status().code(),
+                        absl::StrCat("the graph does not decode or verify: ", graph.status().message()));
+  const double timeout_s = a.collective_timeout_s() > 0 ? a.collective_timeout_s() : 60.0;
+  const auto timeout = std::chrono::milliseconds(std::max<int64_t>(1, std::llround(timeout_s * 1000)));
+
+  // Rendezvous.
+  RendezvousOptions ro;
+  ro.host = a.rendezvous_host().empty() ? "127.0.0.1" : a.rendezvous_host();
+  ro.port = a.rendezvous_port();
+  ro.rank = job.rank;
+  ro.world_size = job.world_size;
+  ro.timeout = timeout;
+  if (job.world_size > 1)
+    util::Log(job.Prefix(), "rendezvous at ", ro.host, ":", ro.port, " (world size ", ro.world_size,
+            ", timeout ", absl::StrFormat("%.3g", timeout_s), " s)");
+  FXDP_ASSIGN_OR_RETURN(comm, ConnectCommunicator(ro, device));
+  if (job.cancel) return EndJob(job, true, "before the first step");
+
+  // Program.
+  TimedCommunicator timed(comm.get());
+  ProgramOptions po;
+  po.device = device;
+  po.communicator = &timed;
+  po.collective_timeout = timeout;
+  po.check_outputs = a.check_outputs();
+  FXDP_ASSIGN_OR_RETURN(Program program, Program::Load(*graph, po));
+  graph = absl::StatusOr<ir::Graph>();  // the program holds what it needs
+  job.assign.clear_graph();
+  const int local_loss = LocalLossIndex(program);
+  const int num_ops = program.num_nodes();
+  FXDP_ASSIGN_OR_RETURN(std::vector<TensorMap> files, ReadDataFiles(job, program));
+
+  // Initial state.
+  JobEvent e = job.Next();
+  if (e.kind == JobEvent::kCancel) return EndJob(job, true, e.reason);
+  if (e.kind == JobEvent::kError) return e.error;
+  if (e.kind != JobEvent::kState)
+    return absl::InternalError("the initial state was expected first");  // the router ensures it
+  absl::StatusOr<StepRunner> created = StepRunner::Create(std::move(program), std::move(e.tensors));
+  if (!created.ok())
+    return absl::Status(created.status().code(),
+                        absl::StrCat("initial state: ", created.status().message()));
+  StepRunner runner = *std::move(created);
+  {
+    const double setup_ms = MsSince(job.assigned_at);
+    util::Log(job.Prefix(), "started: ", num_ops, " ops on ", device.str(), ", ", comm->name(), ", ",
+            runner.state().size(), " state tensors (setup ", absl::StrFormat("%.1f", setup_ms), " ms)");
+    WorkerMessage m;
+    v1::JobStarted* js = m.mutable_job_started();
+    js->set_job_id(job.id);
+    js->set_rank(job.rank);
+    js->set_world_size(job.world_size);
+    js->set_device(device.str());
+    js->set_num_ops(num_ops);
+    js->set_setup_ms(setup_ms);
+    job.session->Write(m);
+  }
+
+  while (true) {
+    e = job.Next();
+    switch (e.kind) {
+      case JobEvent::kCancel:
+        return EndJob(job, true, e.reason);
+      case JobEvent::kError:
+        if (e.step > 0) {
+          job.log_step = e.step;
+          job.in_step = true;
+        }
+        return e.error;
+      case JobEvent::kState:
+        return absl::InternalError("a second initial state");  // the router prevents this
+      case JobEvent::kBatch:
+        FXDP_RETURN_IF_ERROR(RunBatch(job, e, runner, timed, files, local_loss, leak));
+        break;
+      case JobEvent::kFetch:
+        FXDP_RETURN_IF_ERROR(StreamState(job, e, runner));
+        if (e.end_job) return EndJob(job, false, "after FetchState");
+        break;
+    }
+  }
+}
+
+absl::Status AttachedWorker::RunBatch(Job& job, JobEvent& e, StepRunner& runner,
+                                      TimedCommunicator& timed,
+                                      const std::vector<TensorMap>& files, int local_loss,
+                                      bool* leak_comm) {
+  const int64_t step = e.step;
+  job.log_step = step;
+  job.in_step = true;
+  if (step != job.steps_done + 1)
+    return absl::InvalidArgumentError(absl::StrCat("got the batch for step ", step, ", expected step ",
+                                                   job.steps_done + 1));
+  if (job.steps > 0 && step > job.steps)
+    return absl::InvalidArgumentError(
+        absl::StrCat("a batch for step ", step, " of a job of ", job.steps, " steps"));
+  const auto t0 = Clock::now();
+  TensorMap shard;
+  if (files.empty()) {
+    if (job.assign.batches_sharded()) {
+      shard = std::move(e.tensors);
+    } else {
+      FXDP_ASSIGN_OR_RETURN(shard, ShardBatch(e.tensors, runner.program(), job.rank, job.world_size));
+    }
+    if (absl::Status s = CheckBatch(shard, runner.program()); !s.ok())
+      return absl::InvalidArgumentError(absl::StrCat("the batch of step ", step, ": ", s.message()));
+  } else if (!e.tensors.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a Batch with tensors for a job that reads its batches from AssignJob.data_paths"));
+  }
+  e.tensors.clear();
+  // Batch.hyperparameters; the error's prefix names the job, rank and step.
+  FXDP_RETURN_IF_ERROR(runner.SetHyperparameters(e.hyperparameters));
+  const TensorMap& batch = files.empty() ? shard : files[(step - 1) % files.size()];
+  timed.TakeStats();
+  absl::StatusOr<at::Tensor> loss = runner.Step(batch);
+  if (!loss.ok()) {
+    *leak_comm = true;
+    return loss.status();
+  }
+  double value = 0, local = 0;
+  try {
+    value = LossValue(*loss);
+    local = value;
+    if (local_loss >= 0 && local_loss < static_cast<int>(runner.other_outputs().size()) &&
+        runner.other_outputs()[local_loss].isTensor())
+      local = LossValue(runner.other_outputs()[local_loss].toTensor());
+  } catch (const std::exception& ex) {
+    return absl::InternalError(absl::StrCat("reading the loss: ", ex.what()));
+  }
+  const double ms = MsSince(t0);
+  const CollectiveStats cs = timed.TakeStats();
+  job.steps_done = step;
+  job.in_step = false;
+  WorkerMessage m;
+  v1::StepResult* r = m.mutable_step_result();
+  r->set_job_id(job.id);
+  r->set_rank(job.rank);
+  r->set_step(step);
+  r->set_loss(value);
+  r->set_local_loss(local);
+  r->set_step_ms(ms);
+  r->set_comm_wait_ms(cs.wait_ms);
+  r->set_collectives(static_cast<int32_t>(cs.collectives));
+  r->set_comm_bytes(cs.bytes);
+  job.session->Write(m);
+  util::Log(job.Prefix(), "loss ", absl::StrFormat("%.8g", value), " (local ",
+          absl::StrFormat("%.8g", local), ", ", absl::StrFormat("%.1f", ms), " ms, comm wait ",
+          absl::StrFormat("%.1f", cs.wait_ms), " ms)");
+  return absl::OkStatus();
+}
+
+absl::Status AttachedWorker::StreamState(Job& job, const JobEvent& e, const StepRunner& runner) {
+  // Stream the state: every chunk is written when the next one exists,
+  // so the final one can carry `last`.
+  std::optional<WorkerMessage> held;
+  bool ok = true;
+  int64_t bytes = 0;
+  const size_t chunk = e.chunk_bytes > 0 ? e.chunk_bytes : kDefaultChunkBytes;
+  for (const auto& [name, t] : runner.state()) {
+    absl::Status s = ChunkTensor(name, t, chunk, [&](v1::TensorChunk& c) {
+      if (held) ok = job.session->Write(*held);
+      bytes += static_cast<int64_t>(c.data().size());
+      held.emplace();
+      held->mutable_state_chunk()->set_job_id(job.id);
+      held->mutable_state_chunk()->mutable_tensor()->Swap(&c);
+      return ok;
+    });
+    if (!ok) break;
+    if (!s.ok())
+      return absl::Status(s.code(), absl::StrCat("fetching the state: ", s.message()));
+  }
+  if (ok) {
+    if (!held) {
+      held.emplace();
+      held->mutable_state_chunk()->set_job_id(job.id);
+    }
+    held->mutable_state_chunk()->set_last(true);
+    ok = job.session->Write(*held);
+  }
+  util::Log(job.Prefix(), ok ? "sent" : "could not send", " the state (", runner.state().size(),
+          " tensors, ", bytes, " bytes)");
+  return absl::OkStatus();
+}
+
+}  // namespace fxdp::executor::attach

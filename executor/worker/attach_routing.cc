@@ -1,0 +1,194 @@
+// Routing the server's messages (attach_worker.h), on the main thread: state
+// and batch chunks are assembled into tensors and queued for the job's
+// thread with FetchState and CancelJob; AssignJob starts a job (or is
+// refused naming why); Shutdown starts the shutdown.
+#include <utility>
+
+#include "executor/worker/attach_worker.h"
+
+namespace fxdp::executor::attach {
+
+std::shared_ptr<Job> AttachedWorker::JobFor(const std::string& job_id, const char* what) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (job_ && job_->id == job_id) return job_;
+  }
+  if (last_ignored_ != job_id) {
+    util::Log(Prefix(), "ignoring ", what, " for job '", job_id,
+            "': not a job this worker holds (finished, failed or unknown)");
+    last_ignored_ = job_id;
+  }
+  return nullptr;
+}
+
+void AttachedWorker::Handle(ServerMessage& m, const std::shared_ptr<Session>& session) {
+  switch (m.msg_case()) {
+    case ServerMessage::kRegistered:
+      util::Log(Prefix(), "ignoring a second Registered");
+      return;
+    case ServerMessage::kAssignJob:
+      HandleAssign(*m.mutable_assign_job(), session);
+      return;
+    case ServerMessage::kStateChunk: {
+      const v1::StateChunk& c = m.state_chunk();
+      std::shared_ptr<Job> job = JobFor(c.job_id(), "a state chunk");
+      if (!job || job->input_failed) return;
+      auto fail = [&](absl::Status s) {
+        job->input_failed = true;
+        job->Push(JobEvent::Error(
+            absl::Status(s.code(), absl::StrCat("initial state: ", s.message()))));
+      };
+      if (job->state_done) return fail(absl::InvalidArgumentError("a state chunk after the last one"));
+      if (c.has_tensor()) {
+        absl::Status s = job->state_asm.Add(c.tensor());
+        if (!s.ok()) return fail(s);
+        if (job->state_asm.size() > job->num_state)
+          return fail(absl::InvalidArgumentError(
+              absl::StrCat("more than the ", job->num_state,
+                           " tensors AssignJob.num_state_tensors announced")));
+      }
+      if (!c.last()) return;
+      if (job->state_asm.pending())
+        return fail(absl::InvalidArgumentError(absl::StrCat(
+            "the last chunk left tensor '", job->state_asm.pending_name(), "' incomplete")));
+      if (job->state_asm.size() != job->num_state)
+        return fail(absl::InvalidArgumentError(
+            absl::StrCat("got ", job->state_asm.size(), " tensors, AssignJob.num_state_tensors says ",
+                         job->num_state)));
+      job->state_done = true;
+      job->Push(JobEvent::Tensors(JobEvent::kState, job->state_asm.Take()));
+      return;
+    }
+    case ServerMessage::kBatch: {
+      const v1::Batch& b = m.batch();
+      std::shared_ptr<Job> job = JobFor(b.job_id(), "a batch");
+      if (!job || job->input_failed) return;
+      auto fail = [&](absl::Status s) {
+        job->input_failed = true;
+        job->Push(JobEvent::Error(
+            absl::Status(s.code(), absl::StrCat("batch for step ", b.step(), ": ", s.message())),
+            b.step()));
+      };
+      if (!job->state_done)
+        return fail(absl::InvalidArgumentError("sent before the initial state was complete"));
+      if (job->batch_step != 0 && job->batch_step != b.step())
+        return fail(absl::InvalidArgumentError(absl::StrCat(
+            "step ", job->batch_step, "'s batch was not complete (its last message had more set)")));
+      job->batch_step = b.step();
+      for (const v1::HyperparameterValue& h : b.hyperparameters())
+        job->batch_hyper.emplace_back(h.name(), h.value());
+      for (const v1::TensorChunk& t : b.tensors()) {
+        absl::Status s = job->batch_asm.Add(t);
+        if (!s.ok()) return fail(s);
+      }
+      if (b.more()) return;
+      if (job->batch_asm.pending())
+        return fail(absl::InvalidArgumentError(absl::StrCat(
+            "tensor '", job->batch_asm.pending_name(), "' is incomplete and more is not set")));
+      job->batch_step = 0;
+      JobEvent e = JobEvent::Tensors(JobEvent::kBatch, job->batch_asm.Take(), b.step());
+      e.hyperparameters = std::move(job->batch_hyper);
+      job->batch_hyper.clear();
+      job->Push(std::move(e));
+      return;
+    }
+    case ServerMessage::kFetchState: {
+      std::shared_ptr<Job> job = JobFor(m.fetch_state().job_id(), "FetchState");
+      if (!job || job->input_failed) return;
+      if (!job->state_done) {
+        job->input_failed = true;
+        job->Push(JobEvent::Error(
+            absl::InvalidArgumentError("FetchState before the initial state was complete")));
+        return;
+      }
+      JobEvent e(JobEvent::kFetch);
+      e.chunk_bytes = m.fetch_state().chunk_bytes();
+      e.end_job = m.fetch_state().end_job();
+      job->Push(std::move(e));
+      return;
+    }
+    case ServerMessage::kCancelJob: {
+      std::shared_ptr<Job> job = JobFor(m.cancel_job().job_id(), "CancelJob");
+      if (!job) return;
+      util::Log(job->Prefix(), "cancel requested",
+              m.cancel_job().reason().empty() ? "" : absl::StrCat(": ", m.cancel_job().reason()),
+              job->in_step ? " (after the step in progress)" : "");
+      job->cancel = true;
+      JobEvent e(JobEvent::kCancel);
+      e.reason = m.cancel_job().reason();
+      job->Push(std::move(e));
+      return;
+    }
+    case ServerMessage::kShutdown:
+      RequestShutdown(absl::StrCat("the server asked",
+                                   m.shutdown().reason().empty() ? "" : ": " + m.shutdown().reason()));
+      return;
+    case ServerMessage::MSG_NOT_SET:
+      util::Log(Prefix(), "ignoring an empty or unknown server message");
+      return;
+  }
+}
+
+void AttachedWorker::HandleAssign(v1::AssignJob& a, const std::shared_ptr<Session>& session) {
+  auto reject = [&](absl::Status s, int rank) {
+    util::Log(Prefix(), "refusing job '", a.job_id(), "': ", s.message());
+    WorkerMessage f;
+    v1::JobFailed* jf = f.mutable_job_failed();
+    jf->set_job_id(a.job_id());
+    jf->set_rank(rank);
+    jf->set_code(static_cast<int>(s.code()));
+    jf->set_error(absl::StrCat("job ", a.job_id(), " rank ", rank, ": ", s.message()));
+    session->Write(f);
+  };
+  const bool rank_ok = a.world_size() >= 1 && a.rank() >= 0 && a.rank() < a.world_size();
+  if (a.job_id().empty()) return reject(absl::InvalidArgumentError("AssignJob without a job_id"), a.rank());
+  if (!rank_ok)
+    return reject(absl::InvalidArgumentError(absl::StrCat("rank ", a.rank(), " is not in [0, world_size ",
+                                                          a.world_size(), ")")),
+                  -1);
+  if (a.world_size() > 1 &&
+      (a.rendezvous_host().empty() || a.rendezvous_port() <= 0 || a.rendezvous_port() > 65535))
+    return reject(absl::InvalidArgumentError(absl::StrCat(
+                      "world size ", a.world_size(), " needs a rendezvous host and port (got '",
+                      a.rendezvous_host(), "' port ", a.rendezvous_port(), ")")),
+                  a.rank());
+  if (!(a.collective_timeout_s() >= 0) || a.collective_timeout_s() > 86400.0 * 365)
+    return reject(absl::InvalidArgumentError(absl::StrCat("collective_timeout_s ",
+                                                          a.collective_timeout_s(), " is not valid")),
+                  a.rank());
+  if (a.steps() < 0)
+    return reject(absl::InvalidArgumentError(absl::StrCat("steps ", a.steps(), " < 0")), a.rank());
+
+  std::thread old;
+  std::unique_lock<std::mutex> l(mu_);
+  if (shutdown_) return;
+  if (job_) {
+    const std::string busy = job_->id;
+    l.unlock();
+    return reject(absl::ResourceExhaustedError(absl::StrCat(
+                      "worker ", worker_id_, " is busy with job '", busy, "' (capacity 1)")),
+                  a.rank());
+  }
+  auto job = std::make_shared<Job>();
+  job->id = a.job_id();
+  job->rank = a.rank();
+  job->world_size = a.world_size();
+  job->steps = a.steps();
+  job->num_state = a.num_state_tensors();
+  job->assign.Swap(&a);
+  job->assigned_at = Clock::now();
+  job->session = session;
+  job_ = job;
+  ++running_jobs_;
+  old = std::move(job_thread_);
+  l.unlock();
+  if (old.joinable()) old.join();  // the previous job's thread, already past its final message
+  last_ignored_.clear();
+  util::Log(job->Prefix(), "assigned: rank ", job->rank, " of ", job->world_size, ", ",
+          job->assign.graph().nodes_size(), " nodes, ", job->num_state,
+          " state tensors", job->steps > 0 ? absl::StrCat(", ", job->steps, " steps") : "");
+  std::lock_guard<std::mutex> l2(mu_);
+  job_thread_ = std::thread(&AttachedWorker::RunJob, this, job);
+}
+
+}  // namespace fxdp::executor::attach

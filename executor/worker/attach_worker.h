@@ -1,0 +1,256 @@
+// Internal to `fxdp-worker attach` (attach.h): the daemon's types, shared
+// by its parts:
+//   attach_session.cc  the attachment: connect, register, heartbeat,
+//                      reconnect with backoff, shutdown
+//   attach_routing.cc  the server's messages, routed to the job (main thread)
+//   attach_job.cc      the job's thread: rendezvous, load, steps, state
+//   attach.cc          `fxdp-worker attach`: flags, signals
+//
+// Threads:
+//   main       connects, registers, reads the server's messages in order and
+//              routes them (assembling state and batch tensors from chunks);
+//              reconnects with backoff.
+//   heartbeat  one per attachment: a Heartbeat every interval.
+//   job        one per job: rendezvous, load, then one event at a time from
+//              the job's queue (a batch, a state fetch, a cancel).
+//   signals    waits for SIGTERM/SIGINT (self-pipe) and starts the shutdown.
+// Writes to the stream are serialised by Session's mutex. Lock order: the
+// worker's mu_ before a Job's mu; Session's mutex is a leaf.
+#ifndef FXDP_EXECUTOR_WORKER_ATTACH_WORKER_H_
+#define FXDP_EXECUTOR_WORKER_ATTACH_WORKER_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "executor/communicator.h"
+#include "executor/interpreter.h"
+#include "executor/step_runner.h"
+#include "executor/timed_communicator.h"
+#include "executor/worker/wire_tensors.h"
+#include "proto/fxdp/v1/worker.grpc.pb.h"
+#include "proto/fxdp/v1/worker.pb.h"
+#include "security/credentials.h"
+#include "util/log.h"
+
+#ifndef FXDP_VERSION
+#define FXDP_VERSION "unknown"
+#endif
+
+namespace fxdp::executor::attach {
+
+using Clock = std::chrono::steady_clock;
+using v1::ServerMessage;
+using v1::WorkerMessage;
+
+inline double MsSince(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+
+struct AttachOptions {
+  std::string server;
+  std::string device = "cpu";
+  std::string worker_id;
+  int heartbeat_ms = 1000;
+  int threads = 0;
+  int max_message_mb = 1024;
+  std::vector<std::string> data_roots;
+  int max_data_mb = 65536;
+  security::ChannelSecurity creds;  // --tls-ca, --tls-cert/--tls-key, --token-file
+};
+
+// One Attach stream. Writes from any thread; after Close() (or a failed
+// write) every Write returns false.
+class Session {
+ public:
+  using Stream = grpc::ClientReaderWriter<WorkerMessage, ServerMessage>;
+  Session(std::unique_ptr<grpc::ClientContext> ctx, std::unique_ptr<v1::WorkerService::Stub>& stub)
+      : ctx_(std::move(ctx)), stream_(stub->Attach(ctx_.get())) {}
+
+  bool Write(const WorkerMessage& m) {
+    std::lock_guard<std::mutex> l(mu_);
+    if (closed_) return false;
+    if (!stream_->Write(m)) closed_ = true;
+    return !closed_;
+  }
+  // No more writes from this side (WritesDone).
+  void Close() {
+    std::lock_guard<std::mutex> l(mu_);
+    if (closed_) return;
+    closed_ = true;
+    stream_->WritesDone();
+  }
+  bool Read(ServerMessage* m) { return stream_->Read(m); }
+  grpc::Status Finish() { return stream_->Finish(); }
+  void Cancel() { ctx_->TryCancel(); }
+
+ private:
+  std::unique_ptr<grpc::ClientContext> ctx_;
+  std::unique_ptr<Stream> stream_;
+  std::mutex mu_;
+  bool closed_ = false;
+};
+
+// What the main thread hands a job's thread.
+struct JobEvent {
+  enum Kind { kState, kBatch, kFetch, kCancel, kError };
+  explicit JobEvent(Kind k) : kind(k) {}
+  static JobEvent Tensors(Kind k, TensorMap t, int64_t step = 0) {
+    JobEvent e(k);
+    e.tensors = std::move(t);
+    e.step = step;
+    return e;
+  }
+  static JobEvent Error(absl::Status s, int64_t step = 0) {
+    JobEvent e(kError);
+    e.error = std::move(s);
+    e.step = step;
+    return e;
+  }
+
+  Kind kind;
+  TensorMap tensors;     // kState, kBatch
+  int64_t step = 0;      // kBatch
+  std::vector<std::pair<std::string, double>> hyperparameters;  // kBatch: Batch.hyperparameters
+  uint32_t chunk_bytes = 0;  // kFetch
+  bool end_job = false;      // kFetch
+  std::string reason;        // kCancel
+  absl::Status error;        // kError
+};
+
+struct Job {
+  std::string id;
+  int rank = 0;
+  int world_size = 1;
+  int64_t steps = 0;
+  uint32_t num_state = 0;  // AssignJob.num_state_tensors
+  v1::AssignJob assign;    // the graph included; the job thread's after the start
+  Clock::time_point assigned_at;
+  std::shared_ptr<Session> session;  // where its messages go
+
+  // Queue (main thread -> job thread).
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<JobEvent> events;
+  std::atomic<bool> cancel{false};
+
+  // Progress, for heartbeats and log lines.
+  std::atomic<int64_t> steps_done{0};
+  std::atomic<int64_t> log_step{0};  // the step in progress, else the last done
+  std::atomic<bool> in_step{false};
+  // Set by whoever sends the job's final message (JobFailed or JobEnded).
+  std::atomic<bool> final_sent{false};
+
+  // Main thread only: tensors being assembled from chunks.
+  TensorAssembler state_asm;
+  bool state_done = false;
+  TensorAssembler batch_asm;
+  int64_t batch_step = 0;  // the step whose Batch messages are arriving (0: none)
+  std::vector<std::pair<std::string, double>> batch_hyper;  // that step's hyper-parameters
+  bool input_failed = false;  // an error was queued: later chunks are ignored
+
+  void Push(JobEvent e) {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      events.push_back(std::move(e));
+    }
+    cv.notify_all();
+  }
+
+  // "[job J rank R step S/K] ": the start of its log lines (util::Log).
+  std::string Prefix() const { return util::JobLogPrefix(id, rank, log_step.load(), steps); }
+  std::string StepName(int64_t s) const {
+    return steps > 0 ? absl::StrCat(s, "/", steps) : absl::StrCat(s);
+  }
+  // The job thread's next event (blocks); a cancel jumps the queue.
+  JobEvent Next();
+};
+
+class AttachedWorker {
+ public:
+  explicit AttachedWorker(AttachOptions o) : o_(std::move(o)) {}
+
+  // Serves until Shutdown or RequestShutdown; returns the exit code.
+  int Serve();
+  // From any thread (signals, the Shutdown message). Idempotent.
+  void RequestShutdown(const std::string& why);
+
+ private:
+  // attach_session.cc: the attachment.
+  // One attachment: connect, register, read until the stream ends. Whether
+  // the server accepted the registration; `status` says why it ended.
+  bool ServeOnce(std::string* status);
+  WorkerMessage MakeRegister();
+  void HeartbeatLoop(std::shared_ptr<Session> session, int interval_ms);
+  WorkerMessage MakeHeartbeat();
+
+  // attach_routing.cc: the server's messages, on the main thread.
+  void Handle(ServerMessage& m, const std::shared_ptr<Session>& session);
+  void HandleAssign(v1::AssignJob& a, const std::shared_ptr<Session>& session);
+  // The current job if it is `job_id` (else logs that the message is ignored).
+  std::shared_ptr<Job> JobFor(const std::string& job_id, const char* what);
+
+  // attach_job.cc: the job's thread.
+  void RunJob(std::shared_ptr<Job> job);
+  // The job's AssignJob.data_paths, read and sliced to this rank's shard.
+  absl::StatusOr<std::vector<TensorMap>> ReadDataFiles(const Job& job, const Program& program) const;
+  // Rendezvous, load, then the job's events until it ends (JobEnded sent,
+  // OK) or fails (the status; `leak_comm`: leave the communicator behind).
+  absl::Status JobBody(Job& job, std::unique_ptr<Communicator>& comm, bool* leak_comm);
+  // One Batch event: shard, step, StepResult.
+  absl::Status RunBatch(Job& job, JobEvent& e, StepRunner& runner, TimedCommunicator& timed,
+                        const std::vector<TensorMap>& files, int local_loss, bool* leak_comm);
+  // A FetchState event: the state in chunks, the last one marked.
+  absl::Status StreamState(Job& job, const JobEvent& e, const StepRunner& runner);
+  // Sends JobEnded (cancelled or not); OK.
+  absl::Status EndJob(Job& job, bool cancelled, const std::string& why);
+  // Sends the job's final message unless one was sent; frees the job slot
+  // first, so a server that answers at once finds the worker IDLE.
+  void FinishJob(Job& job, WorkerMessage final_msg);
+  void SendJobFailed(Job& job, const absl::Status& s, int64_t step);
+
+  std::string Prefix() const { return absl::StrCat("[worker ", worker_id_, "] "); }
+
+  AttachOptions o_;
+  std::string worker_id_;
+  std::string hostname_;
+  c10::Device device_{c10::kCPU};
+  int64_t memory_bytes_ = 0;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::WorkerService::Stub> stub_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;  // shutdown_, job_ changes
+  bool shutdown_ = false;
+  std::string shutdown_reason_;
+  std::shared_ptr<Session> session_;  // the current attachment
+  std::shared_ptr<Job> job_;          // the job held (capacity 1)
+  std::thread job_thread_;
+  int running_jobs_ = 0;              // job threads not yet returned
+  bool leaked_ = false;               // a communicator was left behind
+
+  // Heartbeat thread of the current attachment.
+  std::mutex hb_mu_;
+  std::condition_variable hb_cv_;
+  bool hb_stop_ = false;
+
+  std::string last_ignored_;  // main thread: the last job id whose messages were ignored
+};
+
+}  // namespace fxdp::executor::attach
+
+#endif  // FXDP_EXECUTOR_WORKER_ATTACH_WORKER_H_
