@@ -131,7 +131,7 @@ absl::Status Program::Impl::RunAllReduce(Step& s) {
   ++collectives_started;
   if (s.collective != Step::Collective::kAllReduce && s.group_size != comm->world_size())
     return absl::InvalidArgumentError(absl::StrCat(
-        "node '", s.name, "' (", s.op_name, "): group_size ", s.group_size,
+        ir::NodeLabel(s.name, s.op_name), ": group_size ", s.group_size,
         " but this program's communicator (", comm->name(), ") has ", comm->world_size(),
         " ranks"));
   // The bucket (or loss) is usually a fresh tensor read by this all_reduce

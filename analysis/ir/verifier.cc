@@ -35,8 +35,8 @@ absl::Status VerifyArgument(const std::vector<Node>& nodes, int i, const Argumen
                                     nodes.size(), " nodes)"));
     if (src >= i)
       return NodeError(nodes, i,
-                       absl::StrCat(label, " references node '", nodes[src].name, "' (#", src,
-                                    "), which is not defined before it (nodes must be in "
+                       absl::StrCat(label, " references ", Where(nodes, src),
+                                    ", which is not defined before it (nodes must be in "
                                     "topological order; a cycle or forward reference)"));
     if (r->output < 0 || r->output >= static_cast<int>(nodes[src].outputs.size()))
       return NodeError(nodes, i,
