@@ -31,9 +31,9 @@ test-python: build
 
 # The torch-free code (ir, analysis, expansion, server, util, their tests) built
 # with clang under ASan + UBSan in its own folder, and the libFuzzer targets of
-# tests/fuzz/ (docs/robustness.md). `make test` runs the fuzzers for
-# FUZZ_SMOKE_S seconds; `make fuzz` for FUZZ_S; `make test-asan` runs the
-# sanitized ctest.
+# tests/fuzz/ (docs/robustness.md). `make test` runs the sanitized ctest
+# (`make test-asan`) and the fuzzers for FUZZ_SMOKE_S seconds; `make fuzz` for
+# FUZZ_S.
 ASAN_BUILD ?= build-asan
 FUZZ_S ?= 1800
 FUZZ_SMOKE_S ?= 60
@@ -58,7 +58,7 @@ fuzz-smoke: fuzz-build
 fuzz: fuzz-build
 	bash tests/fuzz/run.sh $(ASAN_BUILD) $(FUZZ_S)
 
-test: test-cpp test-python fuzz-smoke
+test: test-cpp test-python test-asan fuzz-smoke
 
 # Regenerate tests/testdata/golden/ (tests/python/test_goldens.py compares them byte for byte).
 goldens: build

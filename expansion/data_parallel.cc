@@ -316,7 +316,10 @@ class Expander final : public RankGraphBuilder {
     if (old.is_getitem()) {
       const ValueRef src = old.args[0].as<ValueRef>();
       if (!sync_bn_outputs_.contains(src)) return false;
-      replaced_[ValueRef{id, 0}] = replaced_.at(src);
+      // A copy first: operator[] may rehash and free what at() refers to
+      // (heap-use-after-free under ASan).
+      const ValueRef to = replaced_.at(src);
+      replaced_[ValueRef{id, 0}] = to;
       return true;
     }
     const SyncBatchNormRole role = SyncBatchNormRoleOf(old);
