@@ -14,7 +14,13 @@
 namespace fxdp::util {
 
 // Writes `prefix` `text` and a newline to stderr in one write, then flushes.
+// Control bytes in `text` (newline, carriage return, escape, ...) are written
+// as \xNN: clients and workers send the strings that end up in log lines
+// (hostnames, job names, data paths, error messages), and none of them may
+// start a forged line.
 void WriteLogLine(absl::string_view prefix, absl::string_view text);
+// "a\nb" -> "a\\x0ab": bytes < 0x20 and 0x7f as \xNN, everything else as is.
+std::string EscapeControlBytes(absl::string_view text);
 
 // Log("[worker w1] ", "attached to ", server): the pieces are joined with
 // absl::StrCat.

@@ -436,9 +436,6 @@ def test_no_string_a_client_or_worker_sends_can_inject_a_server_log_line(server,
     assert _forged_lines(log) == [], _forged_lines(log)
 
 
-@pytest.mark.xfail(reason="open: fxdp-worker writes its log lines raw (executor/worker LogLine, util/log.cc), "
-                          "and --local-workers share the server's stderr: a data_paths entry with a newline "
-                          "forges a line there (docs/security.md, Checked attacks)", strict=False)
 def test_a_data_path_with_a_newline_cannot_inject_a_log_line(server, pki):
     address, log = server
     alice = client(address, pki, "alice")
