@@ -439,9 +439,11 @@ absl::Status JobRunner::Steps() {
       }
       while (!gathering.empty() && gathering.front().left == 0) {
         absl::StatusOr<StateStore::State> whole = gathering.front().gather->Finish();
-        absl::Status s = whole.ok() ? ctx_.store->WriteCheckpoint(id_, checkpoints.front(), *whole) : whole.status();
-        if (!s.ok()) {
-          Log(absl::StrCat(id_, ": cannot write the checkpoint of step ", checkpoints.front(), ": ", s.message()));
+        if (whole.ok()) {
+          SaveCheckpoint(checkpoints.front(), *std::move(whole));
+        } else {
+          Log(absl::StrCat(id_, ": cannot write the checkpoint of step ", checkpoints.front(), ": ",
+                           whole.status().message()));
         }
         gathering.pop_front();
         checkpoints.pop_front();
@@ -450,9 +452,7 @@ absl::Status JobRunner::Steps() {
     }
     if (msg.rank == 0 && msg.m.has_state_chunk() && !checkpoints.empty()) {
       if (!AddStateChunk(msg, &checkpoint)) continue;
-      if (absl::Status s = ctx_.store->WriteCheckpoint(id_, checkpoints.front(), checkpoint); !s.ok()) {
-        Log(absl::StrCat(id_, ": cannot write the checkpoint of step ", checkpoints.front(), ": ", s.message()));
-      }
+      SaveCheckpoint(checkpoints.front(), std::move(checkpoint));
       checkpoint.clear();
       checkpoints.pop_front();
       continue;
@@ -492,7 +492,30 @@ void JobRunner::StepDone(int64_t run_step, const std::vector<v1::StepResult>& re
   e.set_step_ms(results[0].step_ms());
   for (const auto& r : results) e.add_local_losses(r.local_loss());
   client_->Write(std::move(e));
-  ctx_.table->Update(job_);
+  ctx_.table->Update(job_);  // the losses up to `step` are in the store now
+  while (!deferred_checkpoints_.empty() && deferred_checkpoints_.front().first <= step) {
+    WriteCheckpoint(deferred_checkpoints_.front().first, deferred_checkpoints_.front().second);
+    deferred_checkpoints_.pop_front();
+  }
+}
+
+void JobRunner::SaveCheckpoint(int64_t step, StateStore::State state) {
+  int64_t done = 0;
+  {
+    std::lock_guard<std::mutex> l(job_->mu);
+    done = job_->info.steps_done();
+  }
+  if (done < step || !deferred_checkpoints_.empty()) {
+    deferred_checkpoints_.emplace_back(step, std::move(state));
+    return;
+  }
+  WriteCheckpoint(step, state);
+}
+
+void JobRunner::WriteCheckpoint(int64_t step, const StateStore::State& state) {
+  if (absl::Status s = ctx_.store->WriteCheckpoint(id_, step, state); !s.ok()) {
+    Log(absl::StrCat(id_, ": cannot write the checkpoint of step ", step, ": ", s.message()));
+  }
 }
 
 }  // namespace fxdp::server

@@ -32,9 +32,11 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -102,6 +104,12 @@ class JobRunner {
   // A rank-0 StateChunk into `state`; true when it was the last.
   static bool AddStateChunk(Job::Msg& msg, StateStore::State* state);
   void StepDone(int64_t step, const std::vector<v1::StepResult>& results);
+  // --checkpoint-every: records the state after job step `step` once that
+  // step's loss is recorded too (rank 0's state can arrive before the other
+  // ranks' results of the step), so the store never holds a checkpoint newer
+  // than its losses; until then it waits in deferred_checkpoints_.
+  void SaveCheckpoint(int64_t step, StateStore::State state);
+  void WriteCheckpoint(int64_t step, const StateStore::State& state);
   absl::Status End();
   // FULLY_SHARD (the expansion's sharded_state): a piece of the initial state
   // split into the ranks' shards (`held`: each rank's latest piece, sent
@@ -137,6 +145,7 @@ class JobRunner {
   int started_ = 0;    // ranks that sent JobStarted
   int64_t steps_ = 0;  // 0: until the client half-closes; this run's steps
   int64_t first_ = 0;  // steps done before this run (job_->first_step)
+  std::deque<std::pair<int64_t, StateStore::State>> deferred_checkpoints_;  // oldest first
 };
 
 }  // namespace fxdp::server
