@@ -1,4 +1,4 @@
-"""Passes over the traced FX graph that give it the fxdp shape: clean-up, gradient marks, roles,
+"""Passes over the traced FX graph that give it the fxdp shape: clean-up, roles and gradient marks,
 lifted constants, readable placeholder names and exact layouts.
 
 The traced function returns ``[*state_out, loss, *extras, *grad_snapshots]``; these passes turn
@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import operator
 from collections import OrderedDict
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.fx as fx
 
 from .errors import TraceError
 from .v1 import graph_pb2 as pb
+
+if TYPE_CHECKING:
+    from .step_signature import Signature
 
 aten = torch.ops.aten
 
@@ -111,6 +114,45 @@ def mark_gradients(graph: fx.Graph, snaps: Sequence[Any], trainable: Sequence[st
     return extra
 
 
+def assign_roles(graph: fx.Graph, sig: "Signature", n_extras: int) -> List[Tuple[int, str]]:
+    """Give each placeholder its role and name, mark the gradients (``grad_of``), keep the state
+    outputs that changed, the loss and the extras; returns the roles of the outputs kept."""
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    specs = sig.placeholder_specs()
+    assert len(placeholders) == len(specs), (len(placeholders), len(specs))
+    for ph, spec in zip(placeholders, specs):
+        ph.meta["fxdp_placeholder"] = spec
+        # requires_grad is True exactly for the parameters whose gradient the graph computes
+        ph.meta["fxdp_requires_grad"] = False
+
+    out_node = next(n for n in graph.nodes if n.op == "output")
+    ret = list(out_node.args[0])
+    n_kept = sig.n_state + 1 + n_extras
+    n_p = len(sig.pnames)
+    extra_grads = mark_gradients(graph, ret[n_kept:], sig.trainable,
+                                              dict(zip(sig.pnames, placeholders[:n_p])))
+    final_ret, final_roles = [], []
+    for i, (v, r) in enumerate(zip(ret[:n_kept], sig.output_specs(n_extras))):
+        if i < sig.n_state and v is placeholders[i]:
+            continue  # unchanged state
+        final_ret.append(v)
+        final_roles.append(r)
+    for n in extra_grads:
+        final_ret.append(n)
+        final_roles.append((pb.OTHER, ""))
+    out_node.args = (final_ret,)
+    graph.eliminate_dead_code()
+    return final_roles
+
+
+def first_input(graph: fx.Graph, sig: "Signature") -> Optional[fx.Node]:
+    """The first INPUT placeholder (lifted constants go before it), or None without inputs."""
+    if not sig.batch.values:
+        return None
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    return placeholders[sig.n_state + len(sig.hnames)]
+
+
 def lift_constants(gm: fx.GraphModule, before: fx.Node) -> "OrderedDict[str, torch.Tensor]":
     """Turn tensor attributes into CONSTANT placeholders (inserted before ``before``, or last)."""
     graph = gm.graph
@@ -188,3 +230,14 @@ def record_real_meta(gm: fx.GraphModule, args: Sequence[Any]) -> None:
 
     with torch.no_grad():
         _Rec(gm).run(*args)
+
+
+def record_layouts(gm: fx.GraphModule, sig: "Signature", consts: "OrderedDict[str, torch.Tensor]") -> None:
+    """Real mode: run the finished graph once on the example tensors to record exact layouts."""
+    by_spec = {spec[:2]: t for spec, t in zip(sig.placeholder_specs(), sig.example_args())}
+    by_spec.update(((pb.CONSTANT, n), t) for n, t in consts.items())
+    args = [by_spec[n.meta["fxdp_placeholder"][:2]] for n in gm.graph.nodes if n.op == "placeholder"]
+    try:
+        record_real_meta(gm, args)
+    except Exception as e:  # noqa: BLE001
+        raise TraceError(f"the traced graph does not run on the example tensors: {type(e).__name__}: {e}") from e

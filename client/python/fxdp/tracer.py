@@ -9,8 +9,9 @@ How it works
 ------------
 ``trace_step`` is a short orchestrator over these named steps:
 
-1. (``_Signature``, ``_flat_step``) The step becomes a function of flat tensors
-   ``step(*params, *buffers, *optimizer_state, *hyperparameters, *inputs)``. Inside it, the model's
+1. (:class:`fxdp.step_signature.Signature`, :func:`fxdp.flat_step.flat_step`) The step becomes a
+   function of flat tensors ``step(*params, *buffers, *optimizer_state, *hyperparameters, *inputs)``
+   (the signature also checks the model, optimizer and batch). Inside it, the model's
    parameters and buffers are swapped for traced tensors (``torch.nn.utils.stateless``), and the
    user's own ``torch.optim`` object is re-pointed at the traced parameters, state and
    hyper-parameter tensors (:class:`fxdp.optimizers.BoundOptimizer`); then ``train_step`` runs as
@@ -25,13 +26,13 @@ How it works
 3. Pass 2: the pass-1 graph is re-traced under ``torch.func.functionalize(remove="mutations")``,
    which turns every in-place op (gradient accumulation, clipping's ``mul_``, the optimizer's
    ``_foreach_*_``, BatchNorm running-stat updates) into its functional variant. Views stay views.
-4. Graph passes: identity ops, profiler ops and input clones are removed
-   (``graph_passes.cleanup``); placeholders get roles, gradients are marked with ``grad_of`` and
-   outputs that did not change are dropped (``_assign_roles``); tensor constants become CONSTANT
-   placeholders (``graph_passes.lift_constants``); every op is checked (``validate_ops``) and
-   placeholders are named after their state (``renamed``); in real mode the graph runs once more
-   to record exact layouts (``_record_layouts``). ``_metadata`` and ``_initial_state`` give the
-   TracedStep its metadata and state.
+4. Graph passes (:mod:`fxdp.graph_passes`): identity ops, profiler ops and input clones are
+   removed (``cleanup``); placeholders get roles, gradients are marked with ``grad_of`` and
+   outputs that did not change are dropped (``assign_roles``); tensor constants become CONSTANT
+   placeholders (``lift_constants``); every op is checked (``validate_ops``) and placeholders are
+   named after their state (``renamed``); in real mode the graph runs once more to record exact
+   layouts (``record_layouts``). ``_metadata`` and ``_initial_state`` give the TracedStep its
+   metadata and state.
 
 Gradients (``grad_of``) and data parallelism
 --------------------------------------------
@@ -79,7 +80,6 @@ the user's line where it can.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
@@ -89,11 +89,11 @@ import torch.nn as nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from . import convert, graph_passes
-from . import optimizers as optim_table
 from .errors import TraceError
+from .flat_step import flat_step
 from .optimizers import SUPPORTED_OPTIMIZERS
-from .trace_errors import DataDependenceGuard, ModuleStack, as_trace_error, user_frame
-from .v1 import graph_pb2 as pb
+from .step_signature import Signature
+from .trace_errors import ModuleStack, as_trace_error, user_frame
 
 aten = torch.ops.aten
 
@@ -109,367 +109,13 @@ def _default_decompositions() -> Dict[Any, Callable]:
 DEFAULT_DECOMPOSITIONS = _default_decompositions()
 
 
-# --------------------------------------------------------------------------- the example batch
-
-
-class _Batch:
-    """The example batch: its tensors in order, their names, and how to rebuild its structure."""
-
-    def __init__(self, example, input_names):
-        self.kind = "tensor" if isinstance(example, torch.Tensor) else "dict" if isinstance(example, dict) else "seq"
-        if self.kind == "tensor":
-            values = [example]
-        elif self.kind == "dict":
-            values = list(example.values())
-        else:
-            if not isinstance(example, (tuple, list)):
-                raise TraceError(f"the example batch must be a tensor, a tuple/list or a dict of tensors, got "
-                                 f"{type(example).__name__}")
-            values = list(example)
-            self.seq_type = type(example)
-        if self.kind == "dict":
-            names = [str(k) for k in example]
-            self.keys = list(example)
-        elif input_names is not None:
-            names = list(input_names)
-        else:
-            names = [f"input.{i}" for i in range(len(values))]
-        if len(names) != len(values):
-            raise TraceError(f"{len(names)} input names for {len(values)} inputs")
-        if len(set(names)) != len(names):
-            raise TraceError(f"input names are not unique: {names}")
-        for n, v in zip(names, values):
-            if not isinstance(v, torch.Tensor):
-                raise TraceError(f"input '{n}' is a {type(v).__name__}, not a tensor")
-        self.values, self.names = values, names
-
-    def rebuild(self, tensors):
-        if self.kind == "tensor":
-            return tensors[0]
-        if self.kind == "dict":
-            return dict(zip(self.keys, tensors))
-        return self.seq_type(tensors)
-
-    def batch_dims(self, batch_dim) -> List[int]:
-        inputs, names = self.values, self.names
-        if isinstance(batch_dim, int):
-            dims = [batch_dim] * len(inputs)
-        elif isinstance(batch_dim, dict):
-            dims = [batch_dim.get(k, 0) for k in (self.keys if self.kind == "dict" else names)]
-        else:
-            dims = [int(d) for d in batch_dim]
-            if len(dims) != len(inputs):
-                raise TraceError(f"batch_dim has {len(dims)} entries for {len(inputs)} inputs")
-        out = []
-        sizes = set()
-        for d, x, n in zip(dims, inputs, names):
-            if d is None or d == -1:
-                out.append(-1)
-                continue
-            if d < -1:
-                d += x.dim()
-            if not 0 <= d < x.dim():
-                raise TraceError(f"batch_dim {d} is out of range for input '{n}' of shape {tuple(x.shape)}")
-            sizes.add(x.shape[d])
-            out.append(d)
-        if len(sizes) > 1:
-            raise TraceError(f"inputs disagree on the batch size along their batch dims: {sorted(sizes)}")
-        return out
-
-
-def _module_of(name: str) -> str:
-    return name.rsplit(".", 1)[0] if "." in name else "<root>"
-
-
-def _check_devices(model, params, buffers, batch: _Batch) -> torch.device:
-    mods = dict(model.named_modules())
-    items = [(f"parameter '{n}'", n, t) for n, t in params.items()]
-    items += [(f"buffer '{n}'", n, t) for n, t in buffers.items()]
-    items += [(f"input '{n}'", None, t) for n, t in zip(batch.names, batch.values)]
-    if not items:
-        raise TraceError("nothing to trace: the model has no parameters and there are no inputs")
-    ref_desc, _, ref_t = items[0]
-    ref = ref_t.device
-    for desc, n, t in items[1:]:
-        if t.device != ref:
-            owner = ""
-            if n is not None:
-                m = _module_of(n)
-                owner = f" of module '{m}' ({type(mods.get(m if m != '<root>' else '', model)).__name__})"
-            raise TraceError(
-                f"tensors on mixed devices: {desc}{owner} is on {t.device}, but {ref_desc} is on {ref}; "
-                "move the model, optimizer state and batch to one device before tracing"
-            )
-    return ref
-
-
-# --------------------------------------------------------------------------- inside the trace
-
-
-@contextlib.contextmanager
-def _compiling():
-    """Make torch.optim take its compile-friendly (tensor step, no .item()) path."""
-    orig = torch.compiler.is_compiling
-    torch.compiler.is_compiling = lambda: True
-    try:
-        yield
-    finally:
-        torch.compiler.is_compiling = orig
-
-
-class _GradientTaps:
-    """Takes each trained parameter's gradient as the user's backward(s) leave it (see module doc)."""
-
-    def __init__(self, leaves: Dict[str, torch.Tensor]):
-        self.leaves = leaves
-        self.snap: Dict[str, torch.Tensor] = {}
-        self.seen: Dict[str, torch.Tensor] = {}
-        self.handles = []
-
-    def __enter__(self):
-        for n, leaf in self.leaves.items():
-            def hook(p, n=n):
-                self.snap[n] = p.grad.clone()
-                self.seen[n] = p.grad
-            self.handles.append(leaf.register_post_accumulate_grad_hook(hook))
-        return self
-
-    def at_step(self):
-        """Called when optimizer.step() starts: gradients assigned by hand are taken now."""
-        for n, leaf in self.leaves.items():
-            if leaf.grad is not None and self.seen.get(n) is not leaf.grad:
-                self.snap[n] = leaf.grad.clone()
-                self.seen[n] = leaf.grad
-
-    def __exit__(self, *exc):
-        for h in self.handles:
-            h.remove()
-        return False
-
-
-class _StepHook:
-    """Wraps ``optimizer.step`` on the instance: takes the gradients, counts calls, and runs torch's
-    code in its compile-friendly path with hyper-parameter tensors."""
-
-    def __init__(self, optimizer, taps: _GradientTaps, hmode: optim_table.HyperparameterMode):
-        self.opt, self.taps, self.hmode = optimizer, taps, hmode
-        self.calls = 0
-
-    def __enter__(self):
-        self.had_own = "step" in self.opt.__dict__
-        self.own = self.opt.__dict__.get("step")
-        orig = self.opt.step
-
-        def step(*args, **kwargs):
-            self.calls += 1
-            if self.calls > 1:
-                raise TraceError(f"train_step calls optimizer.step() more than once (again at {self._caller()}); "
-                                 "one traced step is one optimizer update")
-            self.taps.at_step()
-            with torch.no_grad(), _compiling(), self.hmode:
-                return orig(*args, **kwargs)
-
-        self.opt.step = step
-        return self
-
-    @staticmethod
-    def _caller() -> str:
-        import sys
-
-        f = sys._getframe(2)
-        return f"{f.f_code.co_filename}:{f.f_lineno}"
-
-    def __exit__(self, *exc):
-        if self.had_own:
-            self.opt.step = self.own
-        else:
-            del self.opt.__dict__["step"]
-        return False
-
-
-def _split_result(result) -> Tuple[torch.Tensor, "OrderedDict[str, torch.Tensor]"]:
-    """train_step returns the loss, (loss, {name: tensor}), (loss, t1, t2...), or {"loss": ..., name: ...}."""
-    extras: "OrderedDict[str, torch.Tensor]" = OrderedDict()
-    if isinstance(result, dict):
-        if "loss" not in result:
-            raise TraceError(f"train_step returned a dict without a 'loss' entry (keys {list(result)})")
-        loss = result["loss"]
-        extras.update((str(k), v) for k, v in result.items() if k != "loss")
-    elif isinstance(result, (tuple, list)):
-        if not result:
-            raise TraceError("train_step returned an empty sequence; return the loss")
-        loss = result[0]
-        rest = list(result[1:])
-        if len(rest) == 1 and isinstance(rest[0], dict):
-            extras.update((str(k), v) for k, v in rest[0].items())
-        else:
-            extras.update((f"out.{i + 1}", v) for i, v in enumerate(rest))
-    else:
-        loss = result
-    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-        raise TraceError(
-            f"the loss must be a scalar tensor, got {type(loss).__name__}"
-            + (f" of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else "")
-        )
-    for k, v in extras.items():
-        if not isinstance(v, torch.Tensor):
-            raise TraceError(f"train_step output '{k}' is a {type(v).__name__}, not a tensor")
-    return loss, extras
-
-
 def _gradscaler_in(tb) -> bool:
     import traceback
 
     return any("grad_scaler" in fr.filename for fr in traceback.extract_tb(tb))
 
 
-# --------------------------------------------------------------------------- the flat step's signature
-
-
-class _Signature:
-    """What each position of the flat step ``step(*params, *buffers, *optimizer_state,
-    *hyperparameters, *inputs)`` holds, and the example tensors that feed it. Built from the model,
-    the optimizer and the example batch, with every argument check the trace needs."""
-
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, example_batch, batch_dim, input_names):
-        optim_table.spec_of(optimizer)
-        optim_table.check_options(optimizer)
-        self.batch = _Batch(example_batch, input_names)
-        self.bdims = self.batch.batch_dims(batch_dim)
-
-        self.params: "OrderedDict[str, torch.Tensor]" = OrderedDict(model.named_parameters())
-        self.buffers: "OrderedDict[str, torch.Tensor]" = OrderedDict(model.named_buffers())
-        self.pname_of = {id(p): n for n, p in self.params.items()}
-        group_params: List[List[torch.Tensor]] = []
-        for gi, group in enumerate(optimizer.param_groups):
-            for p in group["params"]:
-                if id(p) not in self.pname_of:
-                    raise TraceError(
-                        f"optimizer param group {gi} holds a tensor of shape {tuple(p.shape)} that is not a "
-                        "parameter of the model"
-                    )
-            group_params.append(list(group["params"]))
-        self.device = _check_devices(model, self.params, self.buffers, self.batch)
-        self.foreach = optim_table.resolve_foreach(optimizer, group_params)
-        self.ostate = optim_table.initial_state(optimizer, self.pname_of)
-        for pn, st in self.ostate.items():
-            for k, t in st.items():
-                if t.device != self.device and not (t.dim() == 0 and t.device.type == "cpu"):
-                    raise TraceError(f"tensors on mixed devices: optimizer state '{k}' of parameter '{pn}' is on "
-                                     f"{t.device}, the model on {self.device}")
-        self.hvalues = optim_table.optimizer_hyperparameters(optimizer)
-        self.hyper = optim_table.hyperparameter_tensors(optimizer, self.device)
-
-        self.pnames, self.bnames, self.hnames = list(self.params), list(self.buffers), list(self.hyper)
-        self.state_names = [(pn, k) for pn, st in self.ostate.items() for k in st]
-        in_optimizer = {self.pname_of[id(p)] for ps in group_params for p in ps}
-        # the graph differentiates w.r.t. the parameters the optimizer updates
-        self.trainable = [n for n in self.pnames if self.params[n].requires_grad and n in in_optimizer]
-
-    @property
-    def n_state(self) -> int:
-        """Parameters + buffers + optimizer state: the state the step may update."""
-        return len(self.pnames) + len(self.bnames) + len(self.state_names)
-
-    def split(self, flat):
-        """The flat step's arguments as (params, buffers, optimizer state, hyper-parameters, inputs)."""
-        cuts = [0]
-        for n in (len(self.pnames), len(self.bnames), len(self.state_names), len(self.hnames)):
-            cuts.append(cuts[-1] + n)
-        return [flat[a:b] for a, b in zip(cuts, cuts[1:])] + [flat[cuts[-1]:]]
-
-    def example_args(self) -> List[torch.Tensor]:
-        return (
-            [self.params[n].detach() for n in self.pnames]
-            + [self.buffers[n] for n in self.bnames]
-            + [self.ostate[pn][k] for pn, k in self.state_names]
-            + [self.hyper[n] for n in self.hnames]
-            + list(self.batch.values)
-        )
-
-    def placeholder_specs(self) -> List[Tuple[int, str, int]]:
-        """(role, state name, batch dim) of each flat argument."""
-        return (
-            [(pb.PARAMETER, n, 0) for n in self.pnames]
-            + [(pb.BUFFER, n, 0) for n in self.bnames]
-            + [(pb.OPTIMIZER_STATE, f"optim.{pn}.{k}", 0) for pn, k in self.state_names]
-            + [(pb.HYPERPARAMETER, n, 0) for n in self.hnames]
-            + [(pb.INPUT, n, d) for n, d in zip(self.batch.names, self.bdims)]
-        )
-
-    def output_specs(self, n_extras: int) -> List[Tuple[int, str]]:
-        """(role, state name) of each output the flat step returns before its gradient snapshots."""
-        return (
-            [(pb.UPDATED_PARAMETER, n) for n in self.pnames]
-            + [(pb.UPDATED_BUFFER, n) for n in self.bnames]
-            + [(pb.UPDATED_OPTIMIZER_STATE, f"optim.{pn}.{k}") for pn, k in self.state_names]
-            + [(pb.LOSS, "")]
-            + [(pb.OTHER, "")] * n_extras
-        )
-
-    def state_tensors(self) -> "OrderedDict[str, torch.Tensor]":
-        """Every state entry by state name (parameters, buffers, optimizer state, hyper-parameters)."""
-        out: "OrderedDict[str, torch.Tensor]" = OrderedDict()
-        for n in self.pnames:
-            out[n] = self.params[n].detach()
-        for n in self.bnames:
-            out[n] = self.buffers[n]
-        for pn, k in self.state_names:
-            out[f"optim.{pn}.{k}"] = self.ostate[pn][k]
-        for n in self.hnames:
-            out[n] = self.hyper[n]
-        return out
-
-
 # --------------------------------------------------------------------------- the steps of trace_step
-
-
-def _flat_step(sig: _Signature, train_step, model: nn.Module, optimizer, report: Dict[str, Any]) -> Callable:
-    """The user's step as a function of flat tensors (see the module docstring, step 1). Returns
-    ``[*params, *buffers, *optimizer_state, loss, *extras, *gradient_snapshots]``; the names of the
-    extras and the hyper-parameter guards go into ``report``."""
-    from torch.nn.utils.stateless import _reparametrize_module
-
-    trainable_set = set(sig.trainable)
-
-    def run(*flat):
-        p_in, b_in, s_in, h_in, x_in = sig.split(flat)
-        leaves = OrderedDict()
-        for n, t in zip(sig.pnames, p_in):
-            leaf = t.clone()
-            if n in trainable_set:
-                leaf.requires_grad_(True)
-            leaves[n] = leaf
-        bufs = OrderedDict((n, t.clone()) for n, t in zip(sig.bnames, b_in))
-        it = iter(s_in)
-        st_tensors = OrderedDict((pn, OrderedDict((k, next(it).clone()) for k in st))
-                                 for pn, st in sig.ostate.items())
-        htensors = OrderedDict(zip(sig.hnames, h_in))
-        hmode = optim_table.HyperparameterMode(htensors, sig.hvalues)
-        taps = _GradientTaps(OrderedDict((n, leaves[n]) for n in sig.trainable))
-        bound = optim_table.BoundOptimizer(optimizer, leaves, sig.pname_of, st_tensors, htensors, sig.foreach)
-        hook = _StepHook(optimizer, taps, hmode)
-        with _reparametrize_module(model, {**leaves, **bufs}, tie_weights=True), bound, taps, hook, \
-                torch.enable_grad():
-            result = train_step(model, optimizer, sig.batch.rebuild(list(x_in)))
-            if hook.calls == 0:
-                raise TraceError("train_step never calls optimizer.step(): fxdp traces one optimizer update per step")
-            final_state = [bound.final_state(pn, k) for pn, k in sig.state_names]
-            new_bufs = [bufs[n] for n in sig.bnames]
-        loss, extras = _split_result(result)
-        report["extras"] = list(extras)
-        report["guards"] = dict(hmode.guards)
-        snaps = [taps.snap.get(n) for n in sig.trainable]
-        for leaf in leaves.values():
-            leaf.grad = None
-        outs = [leaf.detach() for leaf in leaves.values()] + new_bufs + final_state
-        return outs + [loss.detach()] + [v.detach() for v in extras.values()] + snaps
-
-    def guarded(*flat):
-        with DataDependenceGuard():
-            return run(*flat)
-
-    return guarded
 
 
 def _make_graph(step: Callable, args: List[torch.Tensor], mstack: ModuleStack, tracing_mode: str,
@@ -500,57 +146,7 @@ def _make_graph(step: Callable, args: List[torch.Tensor], mstack: ModuleStack, t
         raise as_trace_error(e, mstack) from e
 
 
-def _assign_roles(graph: torch.fx.Graph, sig: _Signature, n_extras: int) -> List[Tuple[int, str]]:
-    """Give each placeholder its role and name, mark the gradients (``grad_of``), keep the state
-    outputs that changed, the loss and the extras; returns the roles of the outputs kept."""
-    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    specs = sig.placeholder_specs()
-    assert len(placeholders) == len(specs), (len(placeholders), len(specs))
-    for ph, spec in zip(placeholders, specs):
-        ph.meta["fxdp_placeholder"] = spec
-        # requires_grad is True exactly for the parameters whose gradient the graph computes
-        ph.meta["fxdp_requires_grad"] = False
-
-    out_node = next(n for n in graph.nodes if n.op == "output")
-    ret = list(out_node.args[0])
-    n_kept = sig.n_state + 1 + n_extras
-    n_p = len(sig.pnames)
-    extra_grads = graph_passes.mark_gradients(graph, ret[n_kept:], sig.trainable,
-                                              dict(zip(sig.pnames, placeholders[:n_p])))
-    final_ret, final_roles = [], []
-    for i, (v, r) in enumerate(zip(ret[:n_kept], sig.output_specs(n_extras))):
-        if i < sig.n_state and v is placeholders[i]:
-            continue  # unchanged state
-        final_ret.append(v)
-        final_roles.append(r)
-    for n in extra_grads:
-        final_ret.append(n)
-        final_roles.append((pb.OTHER, ""))
-    out_node.args = (final_ret,)
-    graph.eliminate_dead_code()
-    return final_roles
-
-
-def _first_input(graph: torch.fx.Graph, sig: _Signature) -> Optional[torch.fx.Node]:
-    """The first INPUT placeholder (lifted constants go before it), or None without inputs."""
-    if not sig.batch.values:
-        return None
-    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    return placeholders[sig.n_state + len(sig.hnames)]
-
-
-def _record_layouts(gm: torch.fx.GraphModule, sig: _Signature, consts: "OrderedDict[str, torch.Tensor]") -> None:
-    """Real mode: run the finished graph once on the example tensors to record exact layouts."""
-    by_spec = {spec[:2]: t for spec, t in zip(sig.placeholder_specs(), sig.example_args())}
-    by_spec.update(((pb.CONSTANT, n), t) for n, t in consts.items())
-    args = [by_spec[n.meta["fxdp_placeholder"][:2]] for n in gm.graph.nodes if n.op == "placeholder"]
-    try:
-        graph_passes.record_real_meta(gm, args)
-    except Exception as e:  # noqa: BLE001
-        raise TraceError(f"the traced graph does not run on the example tensors: {type(e).__name__}: {e}") from e
-
-
-def _metadata(sig: _Signature, model, optimizer, train_step, loss_reduction, report) -> List[Tuple[str, str]]:
+def _metadata(sig: Signature, model, optimizer, train_step, loss_reduction, report) -> List[Tuple[str, str]]:
     meta = [
         ("model", type(model).__name__),
         ("optimizer", type(optimizer).__name__),
@@ -568,7 +164,7 @@ def _metadata(sig: _Signature, model, optimizer, train_step, loss_reduction, rep
     return meta
 
 
-def _initial_state(sig: _Signature, consts: "OrderedDict[str, torch.Tensor]") -> "OrderedDict[str, torch.Tensor]":
+def _initial_state(sig: Signature, consts: "OrderedDict[str, torch.Tensor]") -> "OrderedDict[str, torch.Tensor]":
     init = OrderedDict((n, t.detach().clone()) for n, t in sig.state_tensors().items())
     init.update(consts)
     return init
@@ -616,19 +212,19 @@ def trace_step(
         raise TraceError(f"train_step must be callable, got {type(train_step).__name__}")
     if tracing_mode not in ("real", "fake"):
         raise TraceError(f"tracing_mode must be 'real' or 'fake', got {tracing_mode!r}")
-    sig = _Signature(model, optimizer, example_batch, batch_dim, input_names)
+    sig = Signature(model, optimizer, example_batch, batch_dim, input_names)
 
     report: Dict[str, Any] = {}
-    step = _flat_step(sig, train_step, model, optimizer, report)
+    step = flat_step(sig, train_step, model, optimizer, report)
     gm = _make_graph(step, sig.example_args(), ModuleStack(model), tracing_mode, decompositions)
     graph_passes.cleanup(gm)
-    first_input = _first_input(gm.graph, sig)
-    output_roles = _assign_roles(gm.graph, sig, len(report["extras"]))
+    first_input = graph_passes.first_input(gm.graph, sig)
+    output_roles = graph_passes.assign_roles(gm.graph, sig, len(report["extras"]))
     consts = graph_passes.lift_constants(gm, first_input)
     graph_passes.validate_ops(gm)
     final_gm = graph_passes.renamed(gm.graph, output_roles)
     if tracing_mode == "real":
-        _record_layouts(final_gm, sig, consts)
+        graph_passes.record_layouts(final_gm, sig, consts)
     graph_def = convert.fx_to_graphdef(final_gm, _metadata(sig, model, optimizer, train_step, loss_reduction, report))
     return TracedStep(graph_def, _initial_state(sig, consts))
 
