@@ -30,12 +30,16 @@ const InputSpec* BatchSharder::FindInput(const std::string& name) const {
 
 absl::StatusOr<bool> BatchSharder::Add(int64_t step, const v1::SubmitJobRequest& req) {
   using absl::InvalidArgumentError;
-  const std::string what = absl::StrCat("step ", step, "'s batch");
+  const int64_t job_step = first_ + step;
+  const std::string what = absl::StrCat("step ", job_step, "'s batch");
   if (!req.has_batch()) return InvalidArgumentError(absl::StrCat("expected ", what, ", got ", SubmitRequestKind(req)));
   const v1::StepBatch& b = req.batch();
-  if (b.step() != step) {
-    return InvalidArgumentError(absl::StrCat("got a StepBatch for step ", b.step(), ", expected step ", step,
-                                             " (steps count from 1, consecutively)"));
+  if (b.step() != job_step) {
+    return InvalidArgumentError(absl::StrCat(
+        "got a StepBatch for step ", b.step(), ", expected step ", job_step,
+        first_ > 0 ? absl::StrCat(" (the job resumes after its checkpoint of step ", first_,
+                                  " (JobEvent.first_step), then steps are consecutive)")
+                   : std::string(" (steps count from 1, consecutively)")));
   }
   if (batch_ == nullptr) {
     batch_ = std::make_unique<ChunkStream>(what, /*keep_data=*/true);
@@ -86,7 +90,7 @@ absl::StatusOr<bool> BatchSharder::Add(int64_t step, const v1::SubmitJobRequest&
     }
   }
   std::map<std::string, double> merged;
-  for (const auto& [name, value] : schedule_->At(step)) merged[name] = value;
+  for (const auto& [name, value] : schedule_->At(job_step)) merged[name] = value;
   for (const auto& [name, value] : step_hyper_) merged[name] = value;
   hyper_.assign(merged.begin(), merged.end());
   tensors_ = std::move(tensors);
@@ -106,7 +110,7 @@ absl::StatusOr<std::vector<v1::ServerMessage>> BatchSharder::RankBatch(int rank)
       const RankSlice slice = SplitBatch(shape[in.batch_dim], world_)[rank];
       absl::StatusOr<std::string> data = SliceDim(t, in.batch_dim, slice.start, slice.size);
       if (!data.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat("step ", step_, "'s batch: ", data.status().message()));
+        return absl::InvalidArgumentError(absl::StrCat("step ", first_ + step_, "'s batch: ", data.status().message()));
       }
       shape[in.batch_dim] = slice.size;
       c.set_data(*std::move(data));

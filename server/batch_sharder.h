@@ -36,9 +36,13 @@ class BatchSharder {
       : job_id_(std::move(job_id)), world_(world_size), chunk_bytes_(chunk_bytes), inputs_(inputs),
         placeholders_(placeholders), schedule_(schedule) {}
 
-  // One client message of step `step`'s batch (steps count from 1,
-  // consecutively). True when it completed the step: then RankBatch gives
-  // each rank its messages, until the next step's first message.
+  // A resumed job runs the job's steps first_step + 1, ...: its client's
+  // StepBatch.step and its schedule count them, its workers count from 1.
+  void set_first_step(int64_t first_step) { first_ = first_step; }
+  // One client message of run step `step`'s batch (steps count from 1,
+  // consecutively; the client numbers it first_step + step). True when it
+  // completed the step: then RankBatch gives each rank its messages, until
+  // the next step's first message.
   absl::StatusOr<bool> Add(int64_t step, const v1::SubmitJobRequest& request);
   // Part of a step's batch was received (its last StepBatch had `more`).
   bool in_step() const { return batch_ != nullptr; }
@@ -63,7 +67,8 @@ class BatchSharder {
   const ir::Schedule* const schedule_;
   std::unique_ptr<ChunkStream> batch_;        // the step being read
   std::map<std::string, double> step_hyper_;  // its StepBatch.hyperparameters
-  int64_t step_ = 0;                          // the completed step
+  int64_t step_ = 0;                          // the completed step (run step)
+  int64_t first_ = 0;                         // steps done before this run
   std::vector<RawTensor> tensors_;            // its global tensors
   ir::HyperparameterValues hyper_;            // its hyper-parameters
 };

@@ -51,6 +51,7 @@ v1::JobEvent Job::Event(v1::JobState state) {
   e.set_job_id(info.job_id());
   e.set_state(state);
   e.set_step(info.steps_done());
+  if (first_step > 0) e.set_first_step(first_step);
   for (const auto& w : workers) e.add_workers(w);
   if (state == v1::JOB_STATE_QUEUED) {
     e.set_queue_position(info.queue_position());

@@ -46,9 +46,11 @@ class JobClient {
 };
 
 // Who submitted a job: the authenticated identity (empty without
-// authentication), how the audit log names it, and the peer address.
+// authentication), how the audit log names it, and the peer address; whether
+// the server authenticated it and as an admin (who may act on any job).
 struct JobOwner {
   std::string identity, description = "-", peer;
+  bool authenticated = false, admin = false;
 };
 
 struct Job {
@@ -75,6 +77,8 @@ struct Job {
   // Steps done before this run: a job resumed from its checkpoint runs steps
   // first_step + 1 ... JobSpec.steps (numbered 1 ... for its workers).
   int64_t first_step = 0;
+  // A job resumed from another's checkpoint (JobSpec.resume_job): that job.
+  std::string resumed_from;
 
   std::mutex mu;
   std::condition_variable cv;
@@ -101,7 +105,7 @@ struct Job {
   // Asks a running job to stop; false when it ended or was asked already.
   bool Cancel(const std::string& reason);
   // An event of `state` carrying the job's id, step, workers (and queue place
-  // or error).
+  // or error; a resumed job's first_step).
   v1::JobEvent Event(v1::JobState state);
   std::string id();
   v1::JobState state();

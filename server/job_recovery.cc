@@ -34,6 +34,7 @@ absl::StatusOr<RecoveredJobs> RecoverJobs(JobStore* store, const Expander& expan
     auto job = std::make_shared<Job>();
     job->info = std::move(r.info);
     job->info.set_has_state(r.has_final_state);
+    job->info.set_checkpoint_step(r.checkpoint_step);  // the store's column is the truth
     // Ownership survives: the identity that submitted it (JobInfo.owner).
     job->owner.identity = job->info.owner();
     if (!job->owner.identity.empty()) job->owner.description = job->owner.identity;
@@ -42,17 +43,25 @@ absl::StatusOr<RecoveredJobs> RecoverJobs(JobStore* store, const Expander& expan
     out.jobs.push_back(job);
     const v1::JobState state = job->info.state();
     if (Terminal(state)) continue;
-    const bool resume = state == v1::JOB_STATE_RUNNING && r.spec.data_paths_size() > 0 && r.checkpoint_step > 0;
+    // A data_paths job with a checkpoint resumes from it (a job queued as a
+    // resume of another has that one's checkpoint as its own).
+    const bool resume = r.spec.data_paths_size() > 0 && r.checkpoint_step > 0;
+    // A streamed one fails; with a checkpoint its client can resume it.
+    const std::string again =
+        r.checkpoint_step > 0
+            ? absl::StrCat("resume it from its checkpoint of step ", r.checkpoint_step, " (fxdp run --resume ",
+                           job->info.job_id(), ")")
+            : "submit it again";
     if (state != v1::JOB_STATE_QUEUED && !resume) {
       FailRecovered(store, job,
-                    "the server restarted while the job ran (its Submit stream ended with the server and its "
-                    "workers were released); submit it again");
+                    absl::StrCat("the server restarted while the job ran (its Submit stream ended with the server "
+                                 "and its workers were released); ", again));
       continue;
     }
     if (r.spec.data_paths_size() == 0) {
       FailRecovered(store, job,
-                    "the server restarted while the job was queued; its batches came over its Submit stream, "
-                    "which ended with the server: submit it again");
+                    absl::StrCat("the server restarted while the job was queued; its batches came over its Submit "
+                                 "stream, which ended with the server: ", again));
       continue;
     }
     if (!resume && !r.has_initial_state) {
@@ -83,6 +92,7 @@ absl::StatusOr<RecoveredJobs> RecoverJobs(JobStore* store, const Expander& expan
     if (resume) {
       const int64_t k = r.checkpoint_step;
       job->first_step = k;
+      job->spec.set_num_state_tensors(static_cast<uint32_t>(job->initial_state.size()));
       job->info.set_state(v1::JOB_STATE_QUEUED);
       job->info.set_steps_done(k);
       job->info.mutable_losses()->Truncate(static_cast<int>(std::min<int64_t>(k, job->info.losses_size())));

@@ -6,9 +6,12 @@
 //     told nothing and their client's stream ended with the server; except
 //     data_paths jobs with a checkpoint (--checkpoint-every), which are
 //     queued again to resume after the checkpoint's step (first_step) from
-//     its state;
+//     its state (a QUEUED resume of another job too: its checkpoint is that
+//     job's);
 //   - QUEUED jobs whose batches came over their Submit stream are FAILED
-//     (UNAVAILABLE): that stream ended with the server;
+//     (UNAVAILABLE): that stream ended with the server; a FAILED job with a
+//     checkpoint keeps it, and its error says how to resume it (fxdp run
+//     --resume, job_resume.h);
 //   - QUEUED data_paths jobs (their spec and initial state were recorded
 //     before they were queued) are expanded again and queued again, to run
 //     without a client (GetJob/ListJobs/FetchState follow them).

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/audit.h"
+#include "server/job_resume.h"
 #include "server/log.h"
 #include "server/raw_tensors.h"
 #include "server/state_shards.h"
@@ -39,7 +40,17 @@ absl::Status JobRunner::Serve() {
   }
   queued_ = true;
   id_ = job_->id();
-  if (ctx_.store != nullptr && job_->has_initial_state && !job_->recovered) {
+  if (ctx_.store != nullptr && !job_->resumed_from.empty() && !job_->recovered) {
+    // Its state is the resumed job's checkpoint: its own from the start, so
+    // that it can be resumed (or, reading files, run after a restart) too.
+    if (absl::Status s = ctx_.store->ShareCheckpoint(job_->resumed_from, id_, job_->first_step); !s.ok()) {
+      Log(absl::StrCat(id_, ": cannot record its checkpoint of step ", job_->first_step, " in ", ctx_.store->dir(),
+                       ": ", s.message()));
+    } else {
+      std::lock_guard<std::mutex> l(job_->mu);
+      job_->info.set_checkpoint_step(job_->first_step);
+    }
+  } else if (ctx_.store != nullptr && job_->has_initial_state && !job_->recovered) {
     // Recorded (outside the table's lock) so that the job can run after a restart.
     if (absl::Status s = ctx_.store->WriteInitialState(id_, job_->initial_state); !s.ok()) {
       Log(absl::StrCat(id_, ": cannot record the initial state in ", ctx_.store->dir(), " (the job cannot run "
@@ -52,12 +63,17 @@ absl::Status JobRunner::Serve() {
                    spec.data_paths_size() > 0 ? absl::StrCat(", batches from ", absl::StrJoin(spec.data_paths(), ", "))
                                               : "",
                    job_->schedule.empty() ? "" : absl::StrCat(", schedule for ", absl::StrJoin(job_->schedule.names(), ", ")),
+                   job_->resumed_from.empty() ? "" : absl::StrCat(", resuming ", job_->resumed_from,
+                                                                   " from its checkpoint of step ", job_->first_step),
                    job_->expanded.cached() ? " (compile cache hit)" : " (compiled: cache miss)"));
-  Audit("submit", {{"identity", job_->owner.description},
-                   {"peer", job_->owner.peer},
-                   {"job", id_},
-                   {"name", spec.name()},
-                   {"world_size", absl::StrCat(spec.world_size())}});
+  const std::string world = absl::StrCat(spec.world_size());
+  if (job_->resumed_from.empty()) {
+    Audit("submit", {{"identity", job_->owner.description}, {"peer", job_->owner.peer}, {"job", id_},
+                     {"name", spec.name()}, {"world_size", world}});
+  } else {
+    Audit("submit", {{"identity", job_->owner.description}, {"peer", job_->owner.peer}, {"job", id_},
+                     {"name", spec.name()}, {"world_size", world}, {"resumes", job_->resumed_from}});
+  }
   client_->Write(*std::move(first));
   absl::Status status;
   if (!WaitInQueue(&status)) return status;
@@ -68,11 +84,12 @@ absl::Status JobRunner::Serve() {
   }
   world_ = static_cast<int>(workers.size());
   first_ = job_->first_step;
-  steps_ = spec.steps() - first_;
+  steps_ = spec.steps() > 0 ? spec.steps() - first_ : 0;
   Log(absl::StrCat(id_, ": dispatched to ", absl::StrJoin(workers, ", ")));
   ranks_ = std::make_unique<Dispatcher>(ctx_.pool, job_, id_, std::move(workers));
   sharder_ = std::make_unique<BatchSharder>(id_, world_, ctx_.options.chunk_bytes, &job_->inputs,
                                             &job_->placeholders, &job_->schedule);
+  sharder_->set_first_step(first_);
   return Run();
 }
 
@@ -137,9 +154,21 @@ absl::Status JobRunner::TakeSpec() {
         absl::StrCat("the first SubmitJobRequest must carry the JobSpec, got ", SubmitRequestKind(first)));
   }
   // With --state-dir a data_paths job is recorded as submitted, to be run
-  // again after a restart.
-  const bool durable = ctx_.store != nullptr && first.spec().data_paths_size() > 0;
-  if (durable) job_->submitted = first.spec();
+  // again after a restart; so is a job that is checkpointed or resumes
+  // another, to check a resume of it against (job_resume.h).
+  const v1::JobSpec& submitted = first.spec();
+  const bool from_files = ctx_.store != nullptr && submitted.data_paths_size() > 0;
+  const bool resume = !submitted.resume_job().empty();
+  if (ctx_.store != nullptr && (from_files || resume || ctx_.options.checkpoint_every > 0)) {
+    job_->submitted = submitted;
+  }
+  std::optional<ResumeStart> start;
+  if (resume) {
+    absl::StatusOr<ResumeStart> r =
+        PrepareResume(*ctx_.table, ctx_.store, job_->owner, submitted, ctx_.options.checkpoint_every);
+    if (!r.ok()) return r.status();
+    start = *std::move(r);
+  }
   absl::StatusOr<PreparedSpec> p = PrepareJobSpec(std::move(*first.mutable_spec()), ctx_.expand);
   if (!p.ok()) return p.status();
   job_->spec = std::move(p->spec);
@@ -147,7 +176,23 @@ absl::Status JobRunner::TakeSpec() {
   job_->inputs = std::move(p->inputs);
   job_->placeholders = std::move(p->placeholders);
   job_->schedule = std::move(p->schedule);
-  return durable ? TakeInitialState() : absl::OkStatus();
+  if (start) {
+    StartFromCheckpoint(*std::move(start));
+    return absl::OkStatus();
+  }
+  return from_files ? TakeInitialState() : absl::OkStatus();
+}
+
+void JobRunner::StartFromCheckpoint(ResumeStart start) {
+  job_->spec.set_num_state_tensors(static_cast<uint32_t>(start.state.size()));
+  job_->initial_state = std::move(start.state);
+  job_->has_initial_state = true;
+  job_->first_step = start.step;
+  job_->resumed_from = start.from;
+  std::lock_guard<std::mutex> l(job_->mu);
+  job_->info.set_resumed_from(start.from);
+  job_->info.set_steps_done(start.step);
+  *job_->info.mutable_losses() = {start.losses.begin(), start.losses.end()};
 }
 
 bool JobRunner::WaitInQueue(absl::Status* status) {
@@ -354,10 +399,11 @@ absl::Status JobRunner::Steps() {
   v1::SubmitJobRequest req;
   Clock::time_point idle_from = Clock::now();
   // Checkpoints asked of rank 0 (their steps, oldest first) and the one
-  // arriving; only data_paths jobs under --state-dir have them. FULLY_SHARD:
-  // asked of every rank, each checkpoint's shards reassembled into whole
-  // tensors (a rank's chunks of one checkpoint all come before the next's).
-  const bool checkpointed = from_files && ctx_.store != nullptr;
+  // arriving; jobs under --state-dir have them, whether their batches are
+  // streamed or read from data_paths. FULLY_SHARD: asked of every rank, each
+  // checkpoint's shards reassembled into whole tensors (a rank's chunks of
+  // one checkpoint all come before the next's).
+  const bool checkpointed = ctx_.store != nullptr;
   const bool sharded = job_->expanded.sharded_state_size() > 0;
   const int64_t checkpoint_every = checkpointed ? ctx_.options.checkpoint_every : 0;
   std::deque<int64_t> checkpoints;
@@ -368,6 +414,27 @@ absl::Status JobRunner::Steps() {
     int left = 0;
   };
   std::deque<Gathering> gathering;  // FULLY_SHARD: one per entry of `checkpoints`
+  // --checkpoint-every: after run step `sent` was sent, the ranks are asked
+  // for their state (they answer between steps: the state after exactly
+  // that step); not after the last step, whose state End fetches.
+  auto maybe_checkpoint = [&]() -> absl::Status {
+    if (checkpoint_every <= 0 || (first_ + sent) % checkpoint_every != 0 || (steps_ > 0 && sent >= steps_)) {
+      return absl::OkStatus();
+    }
+    if (sharded) {
+      v1::ServerMessage m;
+      m.mutable_fetch_state()->set_job_id(id_);
+      m.mutable_fetch_state()->set_chunk_bytes(static_cast<uint32_t>(ctx_.options.chunk_bytes));
+      if (absl::Status s = SendAll(m); !s.ok()) return s;
+      gathering.push_back({std::make_unique<StateGatherer>(world_, job_->expanded.sharded_state(),
+                                                           ctx_.options.chunk_bytes),
+                           std::vector<bool>(world_, false), world_});
+    } else if (absl::Status s = RequestState(/*end_job=*/false); !s.ok()) {
+      return s;
+    }
+    checkpoints.push_back(first_ + sent);
+    return absl::OkStatus();
+  };
   while (true) {
     const bool room = !client_done && pending.size() < ahead && (steps_ == 0 || sent < steps_);
     // Nothing outstanding on the workers: the job waits on its client alone.
@@ -379,21 +446,7 @@ absl::Status JobRunner::Steps() {
       ++sent;
       if (absl::Status s = SendAll(sharder_->ScheduleOnlyBatch(sent, first_ + sent)); !s.ok()) return s;
       pending.push_back({sent, std::vector<v1::StepResult>(world_), 0});
-      // --checkpoint-every: rank 0 sends its state after this step.
-      if (checkpoint_every > 0 && (first_ + sent) % checkpoint_every == 0 && sent < steps_) {
-        if (sharded) {
-          v1::ServerMessage m;
-          m.mutable_fetch_state()->set_job_id(id_);
-          m.mutable_fetch_state()->set_chunk_bytes(static_cast<uint32_t>(ctx_.options.chunk_bytes));
-          if (absl::Status s = SendAll(m); !s.ok()) return s;
-          gathering.push_back({std::make_unique<StateGatherer>(world_, job_->expanded.sharded_state(),
-                                                               ctx_.options.chunk_bytes),
-                               std::vector<bool>(world_, false), world_});
-        } else if (absl::Status s = RequestState(/*end_job=*/false); !s.ok()) {
-          return s;
-        }
-        checkpoints.push_back(first_ + sent);
-      }
+      if (absl::Status s = maybe_checkpoint(); !s.ok()) return s;
       continue;
     }
     if (pending.empty() && checkpoints.empty() && (client_done || (steps_ > 0 && sent == steps_))) break;
@@ -403,12 +456,12 @@ absl::Status JobRunner::Steps() {
     if (got == Got::kCancel) return Cancelled();
     if (got == Got::kClientEnd) {
       if (sharder_->in_step()) {
-        return BadInput(absl::StrCat("the client ended the stream in the middle of step ", sent + 1,
+        return BadInput(absl::StrCat("the client ended the stream in the middle of step ", first_ + sent + 1,
                                      "'s batch (its last StepBatch had more set)"));
       }
       if (steps_ > 0) {
-        return BadInput(absl::StrCat("the client ended the stream after the batches of ", sent, " of ", steps_,
-                                     " steps (JobSpec.steps)"));
+        return BadInput(absl::StrCat("the client ended the stream after the batches of ", first_ + sent, " of ",
+                                     first_ + steps_, " steps (JobSpec.steps)"));
       }
       client_done = true;
       continue;
@@ -421,6 +474,7 @@ absl::Status JobRunner::Steps() {
       ++sent;
       pending.push_back({sent, std::vector<v1::StepResult>(world_), 0});
       if (steps_ > 0 && sent == steps_) client_->SetReadBudget(0);
+      if (absl::Status s = maybe_checkpoint(); !s.ok()) return s;
       continue;
     }
     if (msg.lost || msg.m.has_job_failed()) return Failed(msg);
@@ -474,7 +528,7 @@ absl::Status JobRunner::Steps() {
   if (steps_ == 0) {
     steps_ = sent;
     std::lock_guard<std::mutex> l(job_->mu);
-    job_->info.set_steps(sent);
+    job_->info.set_steps(first_ + sent);
   }
   return absl::OkStatus();
 }
@@ -515,7 +569,13 @@ void JobRunner::SaveCheckpoint(int64_t step, StateStore::State state) {
 void JobRunner::WriteCheckpoint(int64_t step, const StateStore::State& state) {
   if (absl::Status s = ctx_.store->WriteCheckpoint(id_, step, state); !s.ok()) {
     Log(absl::StrCat(id_, ": cannot write the checkpoint of step ", step, ": ", s.message()));
+    return;
   }
+  {
+    std::lock_guard<std::mutex> l(job_->mu);
+    job_->info.set_checkpoint_step(step);
+  }
+  ctx_.table->Update(job_);
 }
 
 }  // namespace fxdp::server

@@ -45,6 +45,7 @@
 #include "server/dispatcher.h"
 #include "server/job.h"
 #include "server/job_options.h"
+#include "server/job_resume.h"
 #include "server/job_scheduler.h"
 #include "server/job_spec.h"
 #include "server/job_store.h"
@@ -91,6 +92,9 @@ class JobRunner {
   Got Next(bool want_client, bool watch_client, double timeout_s, Job::Msg* worker,
            v1::SubmitJobRequest* client = nullptr);
   absl::Status TakeSpec();
+  // A resume (JobSpec.resume_job, checked): the job starts from the
+  // checkpoint's state, step and losses.
+  void StartFromCheckpoint(ResumeStart start);
   absl::Status TakeInitialState();
   bool WaitInQueue(absl::Status* status);
   absl::Status Run();

@@ -103,7 +103,11 @@ grpc::ServerBidiReactor<v1::SubmitJobRequest, v1::JobEvent>* JobServiceImpl::Sub
   }
   JobOwner owner;
   const std::optional<security::Principal> who = security::PrincipalOf(*context);
-  if (who.has_value()) owner.identity = who->identity;
+  if (who.has_value()) {
+    owner.identity = who->identity;
+    owner.authenticated = true;
+    owner.admin = who->role == security::Role::kAdmin;
+  }
   owner.description = security::Describe(who);
   owner.peer = context->peer();
   return new SubmitCall(&context_, std::move(owner));

@@ -2,6 +2,7 @@
 
 #include <sqlite3.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -121,6 +122,14 @@ absl::Status JobStore::Insert(int64_t seq, const v1::JobInfo& info, const v1::Jo
 
 absl::Status JobStore::Update(const v1::JobInfo& info, bool ended) {
   std::lock_guard<std::mutex> l(mu_);
+  if (ended && info.state() == v1::JOB_STATE_FAILED) {
+    // A failed job's checkpoint (and the spec a resume is checked against)
+    // stay; without a checkpoint the spec goes.
+    std::remove(InitialStatePath(info.job_id()).c_str());
+    return Exec("UPDATE jobs SET info = ?, initial_state = 0, "
+                "spec = CASE WHEN checkpoint_step > 0 THEN spec ELSE NULL END WHERE id = ?",
+                {{info.SerializeAsString(), true}, {info.job_id()}});
+  }
   if (ended) {
     std::remove(InitialStatePath(info.job_id()).c_str());
     std::remove(CheckpointPath(info.job_id()).c_str());
@@ -154,6 +163,43 @@ absl::Status JobStore::WriteCheckpoint(const std::string& job_id, int64_t step, 
 
 absl::StatusOr<JobStore::Tensors> JobStore::ReadCheckpoint(const std::string& job_id) const {
   return ReadTensors(CheckpointPath(job_id));
+}
+
+absl::StatusOr<JobStore::ResumePoint> JobStore::ReadResumePoint(const std::string& job_id) {
+  std::lock_guard<std::mutex> l(mu_);
+  sqlite3_stmt* st = nullptr;
+  if (sqlite3_prepare_v2(db_, "SELECT spec, checkpoint_step FROM jobs WHERE id = ?", -1, &st, nullptr) != SQLITE_OK) {
+    return absl::InternalError(absl::StrCat("job database: ", sqlite3_errmsg(db_)));
+  }
+  sqlite3_bind_text64(st, 1, job_id.data(), job_id.size(), SQLITE_TRANSIENT, SQLITE_UTF8);
+  const int rc = sqlite3_step(st);
+  if (rc != SQLITE_ROW) {
+    sqlite3_finalize(st);
+    if (rc == SQLITE_DONE) return absl::NotFoundError(absl::StrCat("job '", job_id, "' has no record in ", dir_));
+    return absl::InternalError(absl::StrCat("job database: ", sqlite3_errmsg(db_)));
+  }
+  ResumePoint out;
+  const void* spec = sqlite3_column_blob(st, 0);
+  const bool parsed = spec == nullptr || out.spec.ParseFromArray(spec, sqlite3_column_bytes(st, 0));
+  out.checkpoint_step = sqlite3_column_int64(st, 1);
+  sqlite3_finalize(st);
+  if (!parsed) {
+    return absl::DataLossError(absl::StrCat("job database ", dir_, "/jobs.db: the spec of job '", job_id,
+                                            "' does not parse"));
+  }
+  return out;
+}
+
+absl::Status JobStore::ShareCheckpoint(const std::string& from, const std::string& to, int64_t step) {
+  const std::string src = CheckpointPath(from), dst = CheckpointPath(to);
+  std::remove(dst.c_str());
+  if (link(src.c_str(), dst.c_str()) != 0) {  // another filesystem, or no hard links: a copy
+    absl::StatusOr<Tensors> state = ReadTensors(src);
+    if (!state.ok()) return state.status();
+    if (absl::Status s = WriteTensors(dst, *state); !s.ok()) return s;
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  return Exec("UPDATE jobs SET checkpoint_step = ? WHERE id = ?", {{std::to_string(step)}, {to}});
 }
 
 std::string JobStore::InitialStatePath(const std::string& job_id) const {

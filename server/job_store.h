@@ -1,8 +1,10 @@
 // JobStore: the durable record of `fxdp-server --state-dir DIR`: every job
 // the server knows, in SQLite (DIR/jobs.db: the JobInfo, the JobSpec as
 // submitted, the file of its final state), and tensors as safetensors files
-// under DIR/states/ (a job's final state; a data_paths job's initial state
-// and last checkpoint, kept until it ended). Writes are synchronous (a record survives a SIGKILL
+// under DIR/states/ (a job's final state; a data_paths job's initial state,
+// kept until it ended; a job's last checkpoint, kept until it ended, or,
+// when it FAILED, with its submitted spec until it leaves the history, so it
+// can be resumed: job_resume.h). Writes are synchronous (a record survives a SIGKILL
 // once the call returns). Thread-safe. No gRPC here.
 #ifndef FXDP_SERVER_JOB_STORE_H_
 #define FXDP_SERVER_JOB_STORE_H_
@@ -45,7 +47,8 @@ class JobStore {
   absl::StatusOr<std::vector<Record>> Load();
   // A new job (its spec as submitted).
   absl::Status Insert(int64_t seq, const v1::JobInfo& info, const v1::JobSpec& spec);
-  // The job's info now; `ended` also drops its spec and initial state.
+  // The job's info now; `ended` also drops its initial state, and its spec
+  // and checkpoint unless it FAILED with a checkpoint (kept to resume it).
   absl::Status Update(const v1::JobInfo& info, bool ended);
   // Forgets the job: its record and files.
   absl::Status Erase(const std::string& job_id);
@@ -63,6 +66,18 @@ class JobStore {
   // the previous one.
   absl::Status WriteCheckpoint(const std::string& job_id, int64_t step, const Tensors& state);
   absl::StatusOr<Tensors> ReadCheckpoint(const std::string& job_id) const;
+  // What a resume of the job needs: its spec as submitted (with the graph)
+  // and the step of its checkpoint (0: none). NOT_FOUND for a job without a
+  // record.
+  struct ResumePoint {
+    v1::JobSpec spec;
+    int64_t checkpoint_step = 0;
+  };
+  absl::StatusOr<ResumePoint> ReadResumePoint(const std::string& job_id);
+  // `to`'s checkpoint is `from`'s (step `step`): the file hard-linked (or
+  // copied), so that a resumed job can be resumed again before its own first
+  // checkpoint.
+  absl::Status ShareCheckpoint(const std::string& from, const std::string& to, int64_t step);
 
   std::string FinalStatePath(const std::string& job_id) const;
   std::string CheckpointPath(const std::string& job_id) const;

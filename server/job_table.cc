@@ -96,6 +96,8 @@ void JobTable::Finished(const std::shared_ptr<Job>& job) {
   v1::JobInfo info;
   {
     std::lock_guard<std::mutex> jl(job->mu);
+    // Only a FAILED job keeps its checkpoint (to be resumed).
+    if (job->info.state() != v1::JOB_STATE_FAILED) job->info.clear_checkpoint_step();
     info = job->info;
   }
   const std::string& id = info.job_id();

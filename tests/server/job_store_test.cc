@@ -15,6 +15,7 @@
 #include "analysis/ir/text.h"
 #include "server/compile_service.h"
 #include "server/job_recovery.h"
+#include "server/job_resume.h"
 #include "server/job_store.h"
 #include "server/job_table.h"
 #include "tests/test_util.h"
@@ -156,6 +157,69 @@ TEST(JobStore, ARunningDataPathsJobWithACheckpointResumesAfterItsStep) {
   ASSERT_TRUE(store->Update(Info("job-1-r", v1::JOB_STATE_SUCCEEDED), true).ok());
   EXPECT_FALSE(std::ifstream(store->CheckpointPath("job-1-r")).good());
   EXPECT_FALSE(std::ifstream(store->InitialStatePath("job-1-r")).good());
+}
+
+// fc.weight's bytes in `state` (a safetensors file orders its tensors by name).
+std::string WeightOf(const server::JobStore::Tensors& state) {
+  for (const v1::TensorChunk& t : state) {
+    if (t.name() == "fc.weight") return t.data();
+  }
+  return "(none)";
+}
+
+TEST(JobStore, AFailedJobKeepsItsCheckpointAndSpecToBeResumed) {
+  const std::string dir = TempDir();
+  v1::JobSpec spec;  // a streamed job
+  *spec.mutable_graph() = ir::EncodeGraph(ValueOrDie(ir::ParseGraphText(ReadTestData("mlp_sgd.txt"))));
+  spec.set_world_size(2);
+  spec.set_steps(10);
+  const std::vector<v1::TensorChunk> at4 = {F32("fc.weight", {3, 4}, 40), F32("fc.bias", {3}, 4)};
+  auto store = ValueOrDie(server::JobStore::Open(dir));
+  ASSERT_TRUE(store->Insert(1, Info("job-1-f", v1::JOB_STATE_RUNNING), spec).ok());
+  ASSERT_TRUE(store->Insert(2, Info("job-2-f", v1::JOB_STATE_RUNNING), spec).ok());
+  ASSERT_TRUE(store->WriteCheckpoint("job-1-f", 4, at4).ok());
+  ASSERT_TRUE(store->Update(Info("job-1-f", v1::JOB_STATE_FAILED), true).ok());
+  ASSERT_TRUE(store->Update(Info("job-2-f", v1::JOB_STATE_FAILED), true).ok());  // no checkpoint
+  server::JobStore::ResumePoint p = ValueOrDie(store->ReadResumePoint("job-1-f"));
+  EXPECT_EQ(p.checkpoint_step, 4);
+  EXPECT_EQ(p.spec.graph().nodes_size(), spec.graph().nodes_size());
+  EXPECT_EQ(WeightOf(ValueOrDie(store->ReadCheckpoint("job-1-f"))), at4[0].data());
+  p = ValueOrDie(store->ReadResumePoint("job-2-f"));
+  EXPECT_EQ(p.checkpoint_step, 0);
+  EXPECT_FALSE(p.spec.has_graph());  // nothing to resume: the spec went
+  EXPECT_EQ(store->ReadResumePoint("job-9-x").status().code(), absl::StatusCode::kNotFound);
+  // A resume's checkpoint is the resumed job's (a hard link), replaced by its own later.
+  ASSERT_TRUE(store->Insert(3, Info("job-3-r", v1::JOB_STATE_QUEUED), spec).ok());
+  ASSERT_TRUE(store->ShareCheckpoint("job-1-f", "job-3-r", 4).ok());
+  EXPECT_EQ(ValueOrDie(store->ReadResumePoint("job-3-r")).checkpoint_step, 4);
+  ASSERT_TRUE(store->WriteCheckpoint("job-3-r", 6, {F32("fc.weight", {3, 4}, 60), F32("fc.bias", {3}, 6)}).ok());
+  EXPECT_EQ(WeightOf(ValueOrDie(store->ReadCheckpoint("job-1-f"))), at4[0].data());
+  // Succeeded: its checkpoint goes.
+  ASSERT_TRUE(store->Update(Info("job-3-r", v1::JOB_STATE_SUCCEEDED), true).ok());
+  EXPECT_FALSE(std::ifstream(store->CheckpointPath("job-3-r")).good());
+  EXPECT_TRUE(std::ifstream(store->CheckpointPath("job-1-f")).good());
+}
+
+TEST(GraphDifference, NamesTheStateTensorTheNodeCountOrTheFirstNodeThatDiffers) {
+  const std::string text = ReadTestData("mlp_sgd.txt");
+  const v1::GraphDef g = ir::EncodeGraph(ValueOrDie(ir::ParseGraphText(text)));
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string t = text;
+    t.replace(t.find(from), from.size(), to);
+    return ir::EncodeGraph(ValueOrDie(ir::ParseGraphText(t)));
+  };
+  EXPECT_EQ(server::GraphDifference(g, g), "");
+  v1::GraphDef other_meta = g;
+  other_meta.set_producer("someone else");
+  EXPECT_EQ(server::GraphDifference(g, other_meta), "");
+  EXPECT_EQ(server::GraphDifference(g, with("alpha=0.1)\n  %new_b", "alpha=0.2)\n  %new_b")),
+            "node 'new_w' (#17, aten::sub.Tensor) differs (its arguments or output types)");
+  EXPECT_EQ(server::GraphDifference(g, with("aten::mean(%pow)", "aten::sum(%pow)")),
+            "node 'loss' (#8, aten::mean) in the resumed job's graph is node 'loss' (#8, aten::sum) in the new one");
+  std::string renamed = text;
+  for (size_t at; (at = renamed.find("\"fc.bias\"")) != std::string::npos;) renamed.replace(at, 9, "\"fc.b\"");
+  EXPECT_EQ(server::GraphDifference(g, ir::EncodeGraph(ValueOrDie(ir::ParseGraphText(renamed)))),
+            "state tensor or input 'fc.bias' (f32[3] PARAMETER) is not in the new graph");
 }
 
 TEST(JobStore, AStateDirThatIsAFileIsRefusedNamingIt) {

@@ -101,8 +101,11 @@ class Expanded:
 @dataclasses.dataclass
 class TrainResult:
     job_id: str
-    losses: List[float]            # the global loss of every step
+    losses: List[float]            # the global loss of every step this call ran
     state: "OrderedDict[str, torch.Tensor]"
+    # resume=: the step of the checkpoint the job continued from (``losses`` are those of steps
+    # first_step + 1, ...); 0 for a job that started from its initial state
+    first_step: int = 0
 
 
 def _graph(g: Graphish) -> "gpb.GraphDef":
@@ -249,7 +252,7 @@ class Client:
               data_path: Union[None, str, os.PathLike, Sequence[Union[str, os.PathLike]]] = None,
               on_event: Optional[Callable[["jpb.JobEvent"], None]] = None,
               sync_batchnorm: bool = False, schedule=None, timeout: Optional[float] = None,
-              style: str = "replicate") -> TrainResult:
+              style: str = "replicate", resume: Optional[str] = None) -> TrainResult:
         """Train on ``world_size`` of the server's workers; returns the per-step global losses and
         the final state.
 
@@ -276,7 +279,18 @@ class Client:
 
         ``timeout``: seconds the whole job may take (queueing, steps and the final state), else
         DEADLINE_EXCEEDED; default: no limit (the client's ``timeout`` still bounds fetching the
-        final state)."""
+        final state).
+
+        ``resume``: the id of a FAILED job to continue from its last checkpoint (a server with
+        ``--state-dir DIR --checkpoint-every K``; docs/jobs.md). Pass the same step, world size,
+        style, batches, steps and schedule as the first run: the server starts a new job from the
+        checkpoint's state (``state`` is not sent), with the step counter and the schedule where
+        they were, and says which step that is; ``batches`` and ``schedule`` are skipped up to it
+        (a generator's first items are consumed and dropped). ``TrainResult.first_step`` is that
+        step and ``losses`` those of the steps after it; the final state equals an uninterrupted
+        run's. Another identity's job is PERMISSION_DENIED, one without a checkpoint
+        FAILED_PRECONDITION, a different graph or world size INVALID_ARGUMENT naming the
+        difference."""
         if (batches is None) == (data_path is None):
             raise ValueError("train needs either batches or data_path")
         wire_style = _style(style)
@@ -295,11 +309,14 @@ class Client:
         else:
             source = itertools.islice(batches, steps) if steps else batches
         names = step.input_names()
-        init = step.initial_state() if state is None else state
+        if resume:  # the job's state is its checkpoint's
+            init: Mapping[str, torch.Tensor] = OrderedDict()
+        else:
+            init = step.initial_state() if state is None else state
         spec = jpb.JobSpec(graph=step.graph, world_size=world_size, steps=steps or 0,
                            num_state_tensors=len(init), data_paths=paths, bucket_cap_mb=bucket_mb,
                            collective_timeout_s=collective_timeout_s, name=name,
-                           sync_batchnorm=sync_batchnorm, style=wire_style)
+                           sync_batchnorm=sync_batchnorm, style=wire_style, resume_job=resume or "")
         per_step: List[Dict[str, float]] = []
         if schedule is not None:
             if not steps:
@@ -327,14 +344,23 @@ class Client:
         problem: List[BaseException] = []
         call_box: list = []
         call_made = threading.Event()
+        # resume: the step the job continues from, told by its first event
+        first_event, call_over = threading.Event(), threading.Event()
+        first_step = [0]
 
         def requests():
             yield jpb.SubmitJobRequest(spec=spec)
             for k, v in init.items():
                 for c in _chunks(k, v):
                     yield jpb.SubmitJobRequest(state=c)
+            skip = 0
+            if resume and not paths:
+                while not first_event.wait(0.1):
+                    if call_over.is_set():
+                        return
+                skip = first_step[0]
             try:
-                for i, b in enumerate(source, 1):
+                for i, b in enumerate(itertools.islice(source, skip, None), skip + 1):
                     by_name = _by_name(b, names, i)
                     pieces = itertools.chain.from_iterable(_chunks(n, by_name[n]) for n in names)
                     prev = next(pieces)
@@ -359,9 +385,12 @@ class Client:
         try:
             for ev in call:
                 job_id = ev.job_id or job_id
+                if not first_event.is_set():
+                    first_step[0] = ev.first_step
+                    first_event.set()
                 if on_event is not None:
                     on_event(ev)
-                if ev.state == jpb.JOB_STATE_RUNNING and ev.step > len(losses):
+                if ev.state == jpb.JOB_STATE_RUNNING and ev.step > first_step[0] + len(losses):
                     losses.append(ev.loss)
                     if on_step is not None:
                         on_step(ev.step, ev.loss)
@@ -369,11 +398,13 @@ class Client:
             if problem:
                 raise problem[0]
             raise ServerError(e.code(), e.details()) from None
+        finally:
+            call_over.set()
         final = OrderedDict(init.items())
         left = None if deadline is None else max(deadline - time.monotonic(), 1e-3)
         final.update(self._call(lambda timeout: _assemble(
             self._jobs.FetchState(jpb.FetchJobStateRequest(job_id=job_id), timeout=timeout)), timeout=left))
-        return TrainResult(job_id, losses, final)
+        return TrainResult(job_id, losses, final, first_step[0])
 
     def workers(self, timeout: Optional[float] = None) -> List[dict]:
         """The workers attached to the server (id, state, device, host, pid, job, step)."""

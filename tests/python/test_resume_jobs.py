@@ -1,0 +1,186 @@
+"""Resuming a FAILED streamed job from its last checkpoint (docs/jobs.md, "Resuming a failed job").
+
+``fxdp-server --local-workers 2 --state-dir DIR --checkpoint-every 2`` checkpoints jobs whose batches
+the client streams, as it does data_paths jobs. On it (zoo mlp/AdamW, a learning rate that changes
+every step):
+
+* a job whose worker is SIGKILLed mid-run FAILs (UNAVAILABLE) keeping its last checkpoint
+  (``JobInfo.checkpoint_step``); ``fxdp.Client.train(..., resume=JOB)`` with the same arguments
+  runs a new job (``resumed_from`` naming the old one) from that step: its losses are the
+  uninterrupted run's from the checkpoint on, its final state (lr included) equals the
+  uninterrupted run's bit for bit, and its record's losses are the whole run's;
+* a job running when the server is SIGKILLed is FAILED after the restart with its checkpoint
+  kept, and resumed on the new server the same way ends like the uninterrupted run;
+* refused resumes, each naming what is wrong: an unknown job (NOT_FOUND), a SUCCEEDED job and a
+  job that failed before its first checkpoint (FAILED_PRECONDITION), another world size, another
+  graph (the optimizer state it lacks), state sent along (INVALID_ARGUMENT); with authentication
+  another identity's job is PERMISSION_DENIED.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import time
+
+import grpc
+import pytest
+import torch
+
+import fxdp
+from _util import traced
+from fxdp import zoo
+from fxdp.v1 import jobs_pb2 as jpb
+from test_durable_jobs import start_server, stop, wait_for
+
+MODEL, OPTIM = "mlp", "adamw"
+STEPS = 80
+LR = "optim.group0.lr"
+
+
+def batches():
+    return [zoo.get(MODEL).named_batch(i) for i in range(STEPS)]
+
+
+def schedule():
+    """A learning rate that changes every step (a misplaced schedule changes the result)."""
+    return [{LR: 1e-3 * (1.5 + math.cos(i / 7))} for i in range(STEPS)]
+
+
+def wait_idle(client, n=2, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while sum(w.get("state") == "WORKER_STATE_IDLE" for w in client.workers()) < n:
+        assert time.monotonic() < deadline, client.workers()
+        time.sleep(0.05)
+
+
+def code_of(fn) -> fxdp.ServerError:
+    with pytest.raises(fxdp.ServerError) as e:
+        fn()
+    return e.value
+
+
+def assert_resumed_like(r, plain, old_id, k, client):
+    """`r` (a resume of `old_id` from step `k`) ends like the uninterrupted run `plain`."""
+    assert r.job_id != old_id and r.first_step == k, (r.job_id, r.first_step, k)
+    assert r.losses == plain.losses[k:]
+    assert set(r.state) == set(plain.state)
+    for name, v in plain.state.items():
+        assert torch.equal(r.state[name], v), name
+    assert r.state[LR].item() == torch.tensor(schedule()[-1][LR]).item()  # the schedule went on
+    info = client.job(r.job_id)
+    assert info.resumed_from == old_id and info.state == jpb.JOB_STATE_SUCCEEDED
+    assert list(info.losses) == plain.losses and info.steps_done == STEPS
+    assert info.checkpoint_step == 0  # a job that succeeded keeps none
+
+
+def test_a_streamed_job_resumes_after_a_lost_worker(tmp_path):
+    step = traced(MODEL, OPTIM)
+    proc, address, log = start_server(tmp_path / "state", "--checkpoint-every", "2")
+    try:
+        with fxdp.Client(address, timeout=60) as client:
+            plain = client.train(step, world_size=2, batches=batches(), schedule=schedule())
+            assert len(plain.losses) == STEPS
+
+            # SIGKILL a worker once step 7's loss is in: the job fails naming the lost rank.
+            wait_idle(client)
+            victim = int(client.workers()[0]["pid"])
+            seen = {}
+
+            def on_step(s, loss):
+                if s == 7:
+                    os.kill(victim, signal.SIGKILL)
+
+            err = code_of(lambda: client.train(step, world_size=2, batches=batches(), schedule=schedule(),
+                                               on_step=on_step, on_event=lambda e: seen.setdefault("id", e.job_id)))
+            assert err.code == grpc.StatusCode.UNAVAILABLE and "was lost" in str(err), err
+            old = client.job(seen["id"])
+            assert old.state == jpb.JOB_STATE_FAILED, old
+            k = old.checkpoint_step
+            assert k >= 2 and k % 2 == 0 and k <= old.steps_done < STEPS, old
+            assert os.path.isfile(tmp_path / "state" / "states" / f"{old.job_id}.checkpoint.safetensors")
+
+            # Refused: each names what is wrong.
+            e = code_of(lambda: client.train(step, world_size=2, batches=batches(), resume="job-999-abc"))
+            assert e.code == grpc.StatusCode.NOT_FOUND and "job-999-abc" in str(e), e
+            e = code_of(lambda: client.train(step, world_size=2, batches=batches(), resume=plain.job_id))
+            assert e.code == grpc.StatusCode.FAILED_PRECONDITION, e
+            assert "is SUCCEEDED: only a FAILED job can be resumed" in str(e), e
+            e = code_of(lambda: client.train(step, world_size=1, batches=batches(), resume=old.job_id))
+            assert e.code == grpc.StatusCode.INVALID_ARGUMENT, e
+            assert "world_size is 1, the job ran on 2" in str(e), e
+            e = code_of(lambda: client.train(traced(MODEL, "sgd"), world_size=2, batches=batches(),
+                                             resume=old.job_id))
+            assert e.code == grpc.StatusCode.INVALID_ARGUMENT and "the graph differs" in str(e), e
+            assert "'optim.fc1.bias.exp_avg'" in str(e) and "is not in the new graph" in str(e), e
+            # A job that failed at step 1 (a batch of the wrong shape), before its first checkpoint.
+            bad = [{"x": torch.zeros(3, 1), "target": torch.zeros(3, 1)}]
+            e = code_of(lambda: client.train(step, world_size=2, batches=bad,
+                                             on_event=lambda ev: seen.__setitem__("bad", ev.job_id)))
+            assert e.code == grpc.StatusCode.INVALID_ARGUMENT, e
+            e = code_of(lambda: client.train(step, world_size=2, batches=batches(), resume=seen["bad"]))
+            assert e.code == grpc.StatusCode.FAILED_PRECONDITION and "has no checkpoint" in str(e), e
+            # A resume sends no state.
+            from fxdp.v1 import jobs_pb2_grpc as jgrpc
+            from fxdp.client import _chunks as chunks
+            stub = jgrpc.JobServiceStub(grpc.insecure_channel(address))
+            w = step.initial_state()["fc1.bias"]
+            reqs = iter([jpb.SubmitJobRequest(spec=jpb.JobSpec(graph=step.graph, world_size=2, steps=STEPS,
+                                                               num_state_tensors=1, resume_job=old.job_id)),
+                         *[jpb.SubmitJobRequest(state=c) for c in chunks("fc1.bias", w)]])
+            with pytest.raises(grpc.RpcError) as rpc:
+                list(stub.Submit(reqs, timeout=30))
+            assert rpc.value.code() == grpc.StatusCode.INVALID_ARGUMENT, rpc.value
+            assert "num_state_tensors must be 0" in rpc.value.details(), rpc.value.details()
+
+            # The resume: the same arguments plus resume=.
+            wait_idle(client)  # the supervisor restarted the killed worker
+            r = client.train(step, world_size=2, batches=batches(), schedule=schedule(), resume=old.job_id)
+            assert_resumed_like(r, plain, old.job_id, k, client)
+            assert client.job(old.job_id).state == jpb.JOB_STATE_FAILED  # the old job stays as it ended
+    finally:
+        stop(proc)
+    assert any(f"resuming {old.job_id} from its checkpoint of step {k}" in line for line in log), "".join(log)
+
+
+def test_a_streamed_job_resumes_after_a_server_restart(tmp_path):
+    """A running streamed job is FAILED by the restart, its checkpoint kept; resumed from a generator
+    on the new server, it ends like the uninterrupted run."""
+    step = traced(MODEL, OPTIM)
+    state_dir = tmp_path / "state"
+    proc, address, log = start_server(state_dir, "--checkpoint-every", "2")
+    try:
+        with fxdp.Client(address, timeout=60) as client:
+            plain = client.train(step, world_size=2, batches=batches(), schedule=schedule())
+            wait_idle(client)
+            seen = {}
+
+            def on_step(s, loss):
+                if s == 9:
+                    proc.kill()  # SIGKILL: nothing is flushed or closed
+
+            with pytest.raises(fxdp.ServerError):
+                client.train(step, world_size=2, batches=batches(), schedule=schedule(), on_step=on_step,
+                             on_event=lambda e: seen.setdefault("id", e.job_id))
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            stop(proc)
+    job = seen["id"]
+
+    proc, address, log = start_server(state_dir, "--checkpoint-every", "2")
+    try:
+        with fxdp.Client(address, timeout=60) as client:
+            old = client.job(job)
+            assert old.state == jpb.JOB_STATE_FAILED and old.error_code == grpc.StatusCode.UNAVAILABLE.value[0]
+            k = old.checkpoint_step
+            assert k >= 2 and k % 2 == 0, old
+            assert f"resume it from its checkpoint of step {k} (fxdp run --resume {job})" in old.error, old.error
+            wait_idle(client)
+            # A generator: its first k batches are consumed and dropped.
+            r = client.train(step, world_size=2, batches=iter(batches()), steps=STEPS, schedule=schedule(),
+                             resume=job)
+            assert_resumed_like(r, plain, job, k, client)
+    finally:
+        stop(proc)
