@@ -184,3 +184,23 @@ def test_a_streamed_job_resumes_after_a_server_restart(tmp_path):
             assert_resumed_like(r, plain, job, k, client)
     finally:
         stop(proc)
+
+
+def test_only_its_owner_or_an_admin_may_resume_a_job(tmp_path):
+    """With authentication (docs/security.md) a resume of another identity's job is PERMISSION_DENIED,
+    like GetJob/CancelJob/FetchState; its owner and an admin get past that check."""
+    from _util import local_server
+    from test_security import client as as_identity, make_pki, server_args
+
+    pki = make_pki(tmp_path / "pki")
+    extra = [*server_args(pki), "--state-dir", str(tmp_path / "state"), "--checkpoint-every", "2"]
+    step = traced(MODEL, OPTIM)
+    with local_server(workers=2, extra_args=extra) as (address, log):
+        alice, bob, admin = (as_identity(address, pki, who) for who in ("alice", "bob", "admin"))
+        done = alice.train(step, world_size=2, batches=batches()[:2])
+        e = code_of(lambda: bob.train(step, world_size=2, batches=batches(), resume=done.job_id))
+        assert e.code == grpc.StatusCode.PERMISSION_DENIED, e
+        assert f"job '{done.job_id}' belongs to another identity: 'bob' may not resume it" in str(e), e
+        for who in (alice, admin):  # allowed to try: the job did not fail
+            e = code_of(lambda: who.train(step, world_size=2, batches=batches(), resume=done.job_id))
+            assert e.code == grpc.StatusCode.FAILED_PRECONDITION and "is SUCCEEDED" in str(e), e
