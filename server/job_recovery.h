@@ -10,8 +10,8 @@
 //     job's);
 //   - QUEUED jobs whose batches came over their Submit stream are FAILED
 //     (UNAVAILABLE): that stream ended with the server; a FAILED job with a
-//     checkpoint keeps it, and its error says how to resume it (fxdp run
-//     --resume, job_resume.h);
+//     checkpoint keeps it, and its error says how to resume it
+//     (JobSpec.resume_job, job_resume.h);
 //   - QUEUED data_paths jobs (their spec and initial state were recorded
 //     before they were queued) are expanded again and queued again, to run
 //     without a client (GetJob/ListJobs/FetchState follow them).

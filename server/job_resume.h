@@ -1,5 +1,5 @@
-// Resuming a FAILED job from its last checkpoint (JobSpec.resume_job, `fxdp
-// run --resume JOB`, fxdp.Client.train(resume=JOB)): the checks a resume
+// Resuming a FAILED job from its last checkpoint (JobSpec.resume_job,
+// fxdp.Client.train(resume=JOB)): the checks a resume
 // Submit passes (the job exists, the caller may act on it, it FAILED and
 // kept a checkpoint, the new spec runs the same graph the same way) and what
 // the new job starts from: the checkpoint's state, its step, and the resumed

@@ -176,7 +176,7 @@ def test_a_streamed_job_resumes_after_a_server_restart(tmp_path):
             assert old.state == jpb.JOB_STATE_FAILED and old.error_code == grpc.StatusCode.UNAVAILABLE.value[0]
             k = old.checkpoint_step
             assert k >= 2 and k % 2 == 0, old
-            assert f"resume it from its checkpoint of step {k} (fxdp run --resume {job})" in old.error, old.error
+            assert f"resume it from its checkpoint of step {k} (fxdp.Client.train(resume='{job}'))" in old.error, old.error
             wait_idle(client)
             # A generator: its first k batches are consumed and dropped.
             r = client.train(step, world_size=2, batches=iter(batches()), steps=STEPS, schedule=schedule(),
