@@ -10,7 +10,8 @@ every step):
   uninterrupted run's from the checkpoint on, its final state (lr included) equals the
   uninterrupted run's bit for bit, and its record's losses are the whole run's;
 * a job running when the server is SIGKILLed is FAILED after the restart with its checkpoint
-  kept, and resumed on the new server the same way ends like the uninterrupted run;
+  kept, and resumed on the new server the same way ends like the uninterrupted run (REPLICATE and
+  FULLY_SHARD, whose checkpoint is gathered from the ranks' shards);
 * refused resumes, each naming what is wrong: an unknown job (NOT_FOUND), a SUCCEEDED job and a
   job that failed before its first checkpoint (FAILED_PRECONDITION), another world size, another
   graph (the optimizer state it lacks), state sent along (INVALID_ARGUMENT); with authentication
@@ -144,15 +145,17 @@ def test_a_streamed_job_resumes_after_a_lost_worker(tmp_path):
     assert any(f"resuming {old.job_id} from its checkpoint of step {k}" in line for line in log), "".join(log)
 
 
-def test_a_streamed_job_resumes_after_a_server_restart(tmp_path):
+@pytest.mark.parametrize("style", ["replicate", "fully_shard"])
+def test_a_streamed_job_resumes_after_a_server_restart(tmp_path, style):
     """A running streamed job is FAILED by the restart, its checkpoint kept; resumed from a generator
-    on the new server, it ends like the uninterrupted run."""
+    on the new server, it ends like the uninterrupted run. FULLY_SHARD: the checkpoint is gathered
+    from every rank's shards and split again for the resumed job."""
     step = traced(MODEL, OPTIM)
     state_dir = tmp_path / "state"
     proc, address, log = start_server(state_dir, "--checkpoint-every", "2")
     try:
         with fxdp.Client(address, timeout=60) as client:
-            plain = client.train(step, world_size=2, batches=batches(), schedule=schedule())
+            plain = client.train(step, world_size=2, batches=batches(), schedule=schedule(), style=style)
             wait_idle(client)
             seen = {}
 
@@ -162,7 +165,7 @@ def test_a_streamed_job_resumes_after_a_server_restart(tmp_path):
 
             with pytest.raises(fxdp.ServerError):
                 client.train(step, world_size=2, batches=batches(), schedule=schedule(), on_step=on_step,
-                             on_event=lambda e: seen.setdefault("id", e.job_id))
+                             on_event=lambda e: seen.setdefault("id", e.job_id), style=style)
         proc.wait()
     finally:
         if proc.poll() is None:
@@ -180,7 +183,7 @@ def test_a_streamed_job_resumes_after_a_server_restart(tmp_path):
             wait_idle(client)
             # A generator: its first k batches are consumed and dropped.
             r = client.train(step, world_size=2, batches=iter(batches()), steps=STEPS, schedule=schedule(),
-                             resume=job)
+                             resume=job, style=style)
             assert_resumed_like(r, plain, job, k, client)
     finally:
         stop(proc)
