@@ -1,9 +1,11 @@
 // Per-op knowledge of the non-view aten ops, as data: one sorted table
 // (op_rules.cc), one line per op, read by the BatchDimAnalyzer (batch_dim.h),
-// the expansion (which size lists to make local), its shape check and the
+// the expansion (which size lists to make local; FULLY_SHARD: which ops are
+// random, alias self, take norms, work across lists), its shape check and the
 // overlap schedule (packing ops). kInplace records the interpreter's in-place
-// candidates; executor/ may depend on the IR only (DESIGN layering), so its
-// copy of that list stays until the table can move beside the IR.
+// candidates; executor/ may depend on the IR only (docs/architecture.md,
+// "Layering"), so its copy of that list stays until the table can move
+// beside the IR.
 //
 // A row names the op (schema name and overload; "*" matches any overload),
 // its family (how the batch dim moves through it), the arguments it is
@@ -106,6 +108,8 @@ enum class ParamRole : int8_t {
   kZeroIsLinear,    // scalar: the op is linear in self when this argument is 0
                     // (value 1: an absent argument is 0).
   kScaleGradByFreq, // bool: embedding backward scales by each rank's local token counts.
+  kOrd,             // scalar: the order of the vector norms the op takes of whole tensors
+                    // (absent: 2); FULLY_SHARD completes a 2-norm of shards with an all-reduce.
 };
 
 struct OpParam {
@@ -128,6 +132,10 @@ enum OpTrait : uint16_t {
                         // (the interpreter reuses a dying self's buffer).
   kRowsAgree = 1 << 5,  // shape check: every tensor operand that is not Replicated has
                         // arg 0's rows (or 1).
+  kRandom = 1 << 6,     // draws random numbers: a second evaluation differs (FULLY_SHARD's
+                        // backward never recomputes it).
+  kSelfAlias = 1 << 7,  // returns self's data unchanged (alias, detach): FULLY_SHARD's
+                        // optimizer reads a shard through it as the shard itself.
 };
 
 // Shape checks of the expansion (expansion/shape_check.h) beyond broadcasting.

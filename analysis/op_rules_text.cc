@@ -39,6 +39,7 @@ absl::string_view RoleName(ParamRole r) {
     case R::kIndices: return "indices";
     case R::kZeroIsLinear: return "zero_is_linear";
     case R::kScaleGradByFreq: return "scale_grad_by_freq";
+    case R::kOrd: return "ord";
   }
   return "?";
 }
@@ -102,6 +103,7 @@ std::string OpRuleText(const OpRule& r) {
   static constexpr std::pair<OpTrait, absl::string_view> kTraitNames[] = {
       {kZeros, "zeros"},     {kDropsDim, "drops_dim"}, {kAligned, "aligned"},
       {kPacking, "packing"}, {kInplace, "inplace"},    {kRowsAgree, "rows_agree"},
+      {kRandom, "random"},   {kSelfAlias, "self_alias"},
   };
   std::vector<absl::string_view> traits;
   for (const auto& [t, name] : kTraitNames) {

@@ -56,6 +56,10 @@ constexpr Param Ignored(absl::string_view name) { return {Param::Kind::kIgnored,
 
 // kPacking (op_rules.h): cheap enough to move up with the all_reduce it feeds.
 constexpr bool kPacks = true;
+constexpr bool kNoPacking = false;
+// view_rules.h's ShardView.
+constexpr ShardView kFlatShard = ShardView::kFlat;
+constexpr ShardView kPermutedShard = ShardView::kPermuted;
 
 struct Row {
   absl::string_view name;
@@ -63,13 +67,14 @@ struct Row {
   RuleFn rule;
   Param params[2];
   bool packing = false;
+  ShardView shard_view = ShardView::kNo;
 };
 
 namespace r = view_rules_internal;
 
 // Sorted by (name, overload); one line per aten overload.
 constexpr Row kRows[] = {
-    {"aten::_unsafe_view", "", r::ViewRule, {Sizes("size")}, kPacks},
+    {"aten::_unsafe_view", "", r::ViewRule, {Sizes("size")}, kPacks, kFlatShard},
     {"aten::atleast_1d", "", r::PadLeftRule, {Fixed("min_dims", 1)}},
     {"aten::atleast_2d", "", r::PadLeftRule, {Fixed("min_dims", 2)}},
     {"aten::atleast_3d", "", r::AtLeast3dRule, {}},
@@ -79,22 +84,23 @@ constexpr Row kRows[] = {
     {"aten::flatten", "using_ints", r::FlattenRule, {Int("start_dim", 0), Int("end_dim", -1)}},
     {"aten::movedim", "int", r::MovedimRule, {Int("source"), Int("destination")}},
     {"aten::movedim", "intlist", r::MovedimRule, {IntList("source"), IntList("destination")}},
-    {"aten::permute", "", r::PermuteRule, {IntList("dims")}},
+    {"aten::permute", "", r::PermuteRule, {IntList("dims")}, kNoPacking, kPermutedShard},
     {"aten::ravel", "", r::FlattenRule, {Fixed("start_dim", 0), Fixed("end_dim", -1)}},
     {"aten::repeat", "", r::RepeatRule, {IntList("repeats")}},
-    {"aten::reshape", "", r::ReshapeRule, {Sizes("shape")}, kPacks},
-    {"aten::squeeze", "", r::SqueezeRule, {AllDims("dim")}},
-    {"aten::squeeze", "dim", r::SqueezeRule, {Int("dim")}},
-    {"aten::squeeze", "dims", r::SqueezeRule, {IntList("dim")}},
+    {"aten::reshape", "", r::ReshapeRule, {Sizes("shape")}, kPacks, kFlatShard},
+    {"aten::squeeze", "", r::SqueezeRule, {AllDims("dim")}, kNoPacking, kFlatShard},
+    {"aten::squeeze", "dim", r::SqueezeRule, {Int("dim")}, kNoPacking, kFlatShard},
+    {"aten::squeeze", "dims", r::SqueezeRule, {IntList("dim")}, kNoPacking, kFlatShard},
     {"aten::squeeze_", "", r::SqueezeRule, {AllDims("dim")}},
     {"aten::squeeze_", "dim", r::SqueezeRule, {Int("dim")}},
     {"aten::squeeze_", "dims", r::SqueezeRule, {IntList("dim")}},
-    {"aten::t", "", r::TRule, {}},
+    {"aten::t", "", r::TRule, {}, kNoPacking, kPermutedShard},
     {"aten::tile", "", r::TileRule, {IntList("dims")}},
-    {"aten::transpose", "int", r::TransposeRule, {Int("dim0"), Int("dim1")}},
+    {"aten::transpose", "int", r::TransposeRule, {Int("dim0"), Int("dim1")}, kNoPacking,
+     kPermutedShard},
     {"aten::unflatten", "int", r::UnflattenRule, {Int("dim"), IntList("sizes")}},
-    {"aten::unsqueeze", "", r::UnsqueezeRule, {Int("dim")}},
-    {"aten::view", "", r::ViewRule, {Sizes("size")}, kPacks},
+    {"aten::unsqueeze", "", r::UnsqueezeRule, {Int("dim")}, kNoPacking, kFlatShard},
+    {"aten::view", "", r::ViewRule, {Sizes("size")}, kPacks, kFlatShard},
     {"aten::view_as_complex", "", r::ViewAsComplexRule, {}},
     {"aten::view_as_real", "", r::ViewAsRealRule, {}},
     {"aten::view_copy", "", r::ViewRule, {Sizes("size")}},
@@ -206,6 +212,7 @@ std::optional<ViewOpFacts> FindViewOpFacts(const ir::Target& target) {
   if (row == nullptr) return std::nullopt;
   ViewOpFacts f;
   f.packing = row->packing;
+  f.shard_view = row->shard_view;
   int positional = 1;  // args[0] is self.
   for (const Param& p : row->params) {
     if (p.kind == Param::Kind::kSizes || p.kind == Param::Kind::kExpandSizes) {
@@ -242,6 +249,8 @@ std::string RowText(const Row* row) {
     if (p.has_default && p.kind == Param::Kind::kInt) absl::StrAppend(&s, "(default ", p.value, ")");
   }
   if (row->packing) absl::StrAppend(&s, " [packing]");
+  if (row->shard_view == ShardView::kFlat) absl::StrAppend(&s, " shard_view=flat");
+  if (row->shard_view == ShardView::kPermuted) absl::StrAppend(&s, " shard_view=permuted");
   return s;
 }
 

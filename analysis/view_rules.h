@@ -40,11 +40,20 @@ absl::StatusOr<DimMap> ComputeViewDimMap(const ir::Target& target,
                                          const std::vector<ir::Argument>& args,
                                          const std::vector<ir::KeywordArgument>& kwargs);
 
+// How FULLY_SHARD's optimizer may read a flat shard through a view
+// (expansion/fully_shard.h): the rank graph reads the shard itself.
+enum class ShardView : int8_t {
+  kNo,        // refused on a shard.
+  kFlat,      // the same elements in the same order, reshaped (view, reshape, squeeze).
+  kPermuted,  // the input's dims permuted (t, transpose, permute: the row's dim map).
+};
+
 // What the expansion, its shape check and the schedule need of a view op's row.
 struct ViewOpFacts {
   int sizes_arg = -1;    // the size list that spells the output's shape, or -1.
   bool expands = false;  // the sizes broadcast the input (expand); else reshape it (view).
   bool packing = false;  // cheap: may move up with the all_reduce it feeds (schedule.h).
+  ShardView shard_view = ShardView::kNo;
 };
 std::optional<ViewOpFacts> FindViewOpFacts(const ir::Target& target);
 

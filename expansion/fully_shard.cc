@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -11,8 +12,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "analysis/dim_spec.h"
 #include "analysis/ir/node_error.h"
 #include "analysis/op_rules.h"
+#include "analysis/view_rules.h"
 #include "expansion/sharding.h"
 #include "util/status_macros.h"
 
@@ -26,11 +29,10 @@ using ir::ValueRef;
 
 namespace {
 
+// Whether a second evaluation of `n` differs (op_rules.h's kRandom).
 bool IsRandom(const Node& n) {
-  for (absl::string_view w : {"rand", "dropout", "bernoulli", "normal", "uniform", "multinomial"}) {
-    if (absl::StrContains(n.target.name, w)) return true;
-  }
-  return false;
+  const OpRule* r = FindOpRule(n.target);
+  return r != nullptr && r->has(kRandom);
 }
 
 absl::string_view PhaseName(ShardPhase p) {
@@ -89,15 +91,17 @@ absl::Status PlanOptimizerNode(const Graph& g, int32_t i, int32_t world,
   node.ForEachInput([&](ValueRef r) { any |= FullNumel(full_numel, r) >= 0; });
   if (!any) return absl::OkStatus();  // not on sharded state: runs as it is
   auto zero_d = [&](ValueRef r) { return g.type(r).is_tensor() && g.type(r).tensor.rank() == 0; };
-  const std::string& t = node.target.name;
+  const OpRule* rule = FindOpRule(node.target);
   // Views of a shard (functionalised .grad updates go through t(t(g)),
   // view(view(g))): the same [s] data, with the permutation of the whole
-  // tensor's dims the view stands for. Only identity-ordered shards feed math.
-  static constexpr absl::string_view kReshapes[] = {"aten::view", "aten::reshape", "aten::_unsafe_view",
-                                                   "aten::squeeze", "aten::unsqueeze", "aten::alias",
-                                                   "aten::detach"};
-  const bool reshape = std::find(std::begin(kReshapes), std::end(kReshapes), t) != std::end(kReshapes);
-  const bool transpose = t == "aten::t" || t == "aten::transpose" || t == "aten::permute";
+  // tensor's dims the view stands for (view_rules.h's ShardView, op_rules.h's
+  // kSelfAlias). Only identity-ordered shards feed math.
+  const std::optional<ViewOpFacts> view = FindViewOpFacts(node.target);
+  const ShardView sv = view.has_value() ? view->shard_view
+                       : rule != nullptr && rule->has(kSelfAlias) ? ShardView::kFlat
+                                                                  : ShardView::kNo;
+  const bool reshape = sv == ShardView::kFlat;
+  const bool transpose = sv == ShardView::kPermuted;
   if ((reshape || transpose) && !node.args.empty() && node.args[0].is_ref() &&
       FullNumel(full_numel, node.args[0].as<ValueRef>()) >= 0) {
     const ValueRef in = node.args[0].as<ValueRef>();
@@ -112,26 +116,17 @@ absl::Status PlanOptimizerNode(const Graph& g, int32_t i, int32_t world,
     std::vector<int32_t> out;
     if (reshape) {
       if (!identity) return Refuse(node, world, "a reshape of a transposed view of a shard");
-    } else {
-      std::vector<int64_t> order;  // new dim d reads old dim order[d]
-      if (t == "aten::t") {
-        order = rank < 2 ? std::vector<int64_t>{0} : std::vector<int64_t>{1, 0};
-        order.resize(rank);
-      } else if (t == "aten::transpose") {
-        const int64_t* a = node.args.size() > 1 ? node.args[1].get_if<int64_t>() : nullptr;
-        const int64_t* b = node.args.size() > 2 ? node.args[2].get_if<int64_t>() : nullptr;
-        if (a == nullptr || b == nullptr) return Refuse(node, world, "transpose without int dims");
-        for (int64_t d = 0; d < rank; ++d) order.push_back(d);
-        std::swap(order[(*a + rank) % std::max(rank, 1)], order[(*b + rank) % std::max(rank, 1)]);
-      } else {
-        if (node.args.size() < 2 || !node.args[1].is_list()) return Refuse(node, world, "permute without dims");
-        for (const ir::Argument& e : node.args[1].as<ir::Argument::List>()) {
-          const int64_t* d = e.get_if<int64_t>();
-          if (d == nullptr) return Refuse(node, world, "permute without int dims");
-          order.push_back((*d + rank) % std::max(rank, 1));
+    } else if (rank > 0) {
+      // New dim d reads old dim order[d]: the view's dim map.
+      absl::StatusOr<DimMap> map =
+          ComputeViewDimMap(node.target, g.type(in).tensor.shape, node.args, node.kwargs);
+      if (!map.ok()) return Refuse(node, world, map.status().message());
+      for (const DimSpec& d : *map) {
+        if (!d.is(DimSpec::Kind::kInputDim) || d.input_dim() >= rank) {
+          return Refuse(node, world, "a view that is not a permutation of a shard's dims");
         }
+        out.push_back(perm[d.input_dim()]);
       }
-      for (int64_t d : order) out.push_back(perm[d]);
       bool id = true;
       for (int32_t d = 0; d < static_cast<int32_t>(out.size()); ++d) id = id && out[d] == d;
       if (id) out.clear();
@@ -157,11 +152,16 @@ absl::Status PlanOptimizerNode(const Graph& g, int32_t i, int32_t world,
     full_numel[ValueRef{NodeId{i}, 0}] = p.out_shards[i][0];
     return absl::OkStatus();
   }
-  if (t == "aten::linalg_vector_norm" || t == "aten::_foreach_norm") {
+  if (const OpParam* ord_param = rule != nullptr ? rule->param(ParamRole::kOrd) : nullptr) {
     // A 2-norm over whole tensors: the shards' norms, squared, all-reduced,
     // square-rooted (the padding adds zeros). Over dims it is refused.
-    const ir::Argument* ord = node.args.size() > 1 ? &node.args[1] : node.kwarg("ord");
-    const ir::Argument* dim = node.args.size() > 2 ? &node.args[2] : node.kwarg("dim");
+    const auto arg = [&](const OpParam* q) -> const ir::Argument* {
+      if (q == nullptr) return nullptr;
+      return q->index >= 0 && q->index < static_cast<int>(node.args.size()) ? &node.args[q->index]
+                                                                             : node.kwarg(q->name);
+    };
+    const ir::Argument* ord = arg(ord_param);
+    const ir::Argument* dim = arg(rule->param(ParamRole::kDims));
     if (!IsTwo(ord) || (dim != nullptr && !dim->is_none())) {
       return Refuse(node, world, "a norm other than the 2-norm of whole tensors");
     }
@@ -171,7 +171,7 @@ absl::Status PlanOptimizerNode(const Graph& g, int32_t i, int32_t world,
     p.partial_norm[i] = true;
     return absl::OkStatus();
   }
-  if (absl::StartsWith(t, "aten::_foreach_")) {
+  if (rule != nullptr && rule->family == OpFamily::kForeach) {
     // Elementwise across lists: position k of every list is a shard of the
     // same tensor (or 0-d); a lone tensor operand must be 0-d.
     std::vector<int64_t> numel;

@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "analysis/ir/collectives.h"
 #include "analysis/ir/node_error.h"
+#include "analysis/op_rules.h"
 #include "expansion/rank_expander.h"
 #include "util/status_macros.h"
 
@@ -192,7 +193,9 @@ absl::StatusOr<ValueRef> RankExpander::BackwardCopy(ValueRef r) {
 // sqrt(all_reduce(sum of squares)), one all-reduce for all of a node's norms.
 absl::Status RankExpander::EmitPartialNorm(NodeId id, const Node& old) {
   const ValueRef local{NodeId{new_id_[id.value]}, 0};
-  const bool foreach = old.outputs.size() > 1 || old.target.name == "aten::_foreach_norm";
+  const OpRule* rule = FindOpRule(old.target);
+  const bool foreach =
+      old.outputs.size() > 1 || (rule != nullptr && rule->family == OpFamily::kForeach);
   const TensorType& t = old.outputs[0].tensor;
   const std::string base = absl::StrCat("fxdp_norm_", old.name);
   const int64_t k = static_cast<int64_t>(old.outputs.size());
