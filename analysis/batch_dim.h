@@ -10,7 +10,7 @@
 // exactly. Only an op with no rule falls back to size matching, and the
 // result names it in `warnings`.
 //
-// Placements (DESIGN.md) describe the per-rank graph that expansion builds,
+// Placements (docs/analysis.md) describe the per-rank graph that expansion builds,
 // in which every shape is local (B_r rows on rank r) but scalar literals are
 // kept:
 //   S(d)    the rank holds its contiguous slice of the batch along dim d.
@@ -221,7 +221,7 @@ std::string DescribeDecision(const ir::Graph& graph, const BatchDimAnalysis& ana
 std::string PlacementsString(const ir::Graph& graph, const BatchDimAnalysis& analysis,
                              ir::NodeId node);
 
-// DESIGN.md's JSON: {"world_size": N, "batch_size": B, "nodes": [{"name",
+// The analysis as JSON (`fxdp analyze --json`, docs/analysis.md): {"world_size": N, "batch_size": B, "nodes": [{"name",
 // "target", "batch_dim", "placement", "reason"}], "reductions": [...],
 // "warnings": [...], "notes": [...]}.
 std::string AnalysisToJson(const ir::Graph& graph, const BatchDimAnalysis& analysis);

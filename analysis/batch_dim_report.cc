@@ -1,4 +1,4 @@
-// Printing a BatchDimAnalysis: reasons, the table and DESIGN.md's JSON.
+// Printing a BatchDimAnalysis: reasons, the table and the JSON form (batch_dim.h).
 #include <algorithm>
 #include <string>
 #include <vector>
