@@ -41,9 +41,10 @@ struct JobServiceOptions {
   // state, or for a batch with no step outstanding) fails after this long
   // without a message from it, freeing its workers.
   double client_idle_s = 60;
-  // --checkpoint-every K (with --state-dir): a data_paths job's state is
-  // fetched from rank 0 every K steps into the state dir, so that after a
-  // restart it resumes from there (job_recovery.h). 0: no checkpoints.
+  // --checkpoint-every K (with --state-dir): a job's state is fetched from
+  // rank 0 every K steps into the state dir, so that after a restart a
+  // data_paths job resumes from there (job_recovery.h) and a FAILED job can
+  // be resumed by its client (job_resume.h). 0: no checkpoints.
   int64_t checkpoint_every = 0;
   // --max-submit-streams: Submit calls at once (queued, running, or not yet
   // queued); more are RESOURCE_EXHAUSTED before a job thread starts.
