@@ -28,7 +28,7 @@ int GraphCommand(const std::vector<std::string>& args);
 int AnalyzeCommand(const std::vector<std::string>& args);
 int ExpandCommand(const std::vector<std::string>& args);
 int WorkersCommand(const std::vector<std::string>& args);
-// jobs_command.cc: JobService (--server HOST:PORT, default DefaultServer()).
+// run_command.cc, jobs_command.cc: JobService (--server HOST:PORT, default DefaultServer()).
 int RunCommand(const std::vector<std::string>& args);
 int JobsCommand(const std::vector<std::string>& args);
 int JobCommand(const std::vector<std::string>& args);

@@ -1,0 +1,138 @@
+#include "client/cli/job_format.h"
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "client/cli/commands.h"
+#include "expansion/style_proto.h"
+
+namespace fxdp::cli {
+
+std::string StateName(v1::JobState s) {
+  switch (s) {
+    case v1::JOB_STATE_QUEUED: return "QUEUED";
+    case v1::JOB_STATE_RUNNING: return "RUNNING";
+    case v1::JOB_STATE_SUCCEEDED: return "SUCCEEDED";
+    case v1::JOB_STATE_FAILED: return "FAILED";
+    case v1::JOB_STATE_CANCELLED: return "CANCELLED";
+    default: return "UNKNOWN";
+  }
+}
+
+std::string CodeName(grpc::StatusCode c) {
+  static const char* kNames[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT",
+                                 "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
+                                 "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+                                 "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL",
+                                 "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"};
+  const int i = static_cast<int>(c);
+  return i >= 0 && i < 17 ? kNames[i] : absl::StrCat("CODE_", i);
+}
+
+int ReportRpcError(const std::string& cmd, const std::string& server, const grpc::Status& s) {
+  if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    std::fprintf(stderr, "fxdp %s: server %s: %s\n", cmd.c_str(), server.c_str(),
+                 s.error_message().c_str());
+    return kExitIo;
+  }
+  std::fprintf(stderr, "fxdp %s: %s: %s\n", cmd.c_str(), CodeName(s.error_code()).c_str(),
+               s.error_message().c_str());
+  return kExitInvalidInput;
+}
+
+nlohmann::ordered_json InfoJson(const v1::JobInfo& j) {
+  nlohmann::ordered_json o;
+  o["job_id"] = j.job_id();
+  o["name"] = j.name();
+  if (!j.owner().empty()) o["owner"] = j.owner();
+  o["state"] = StateName(j.state());
+  o["world_size"] = j.world_size();
+  o["style"] = StyleName(j.style());
+  o["steps"] = j.steps();
+  o["steps_done"] = j.steps_done();
+  o["workers"] = std::vector<std::string>(j.workers().begin(), j.workers().end());
+  o["losses"] = std::vector<double>(j.losses().begin(), j.losses().end());
+  o["last_loss"] = j.losses_size() ? nlohmann::ordered_json(j.losses(j.losses_size() - 1))
+                                   : nlohmann::ordered_json(nullptr);
+  o["error"] = j.error();
+  o["error_code"] = j.error_code();
+  o["submitted_unix_ms"] = j.submitted_unix_ms();
+  o["ended_unix_ms"] = j.ended_unix_ms();
+  o["has_state"] = j.has_state();
+  o["state_evicted"] = j.state_evicted();
+  o["queue_position"] = j.queue_position();
+  o["message"] = j.message();
+  o["started_unix_ms"] = j.started_unix_ms();
+  o["data_paths"] = std::vector<std::string>(j.data_paths().begin(), j.data_paths().end());
+  o["hyperparameters"] =
+      std::vector<std::string>(j.hyperparameters().begin(), j.hyperparameters().end());
+  o["compile_cached"] = j.compile_cached();
+  return o;
+}
+
+std::string InfoText(const v1::JobInfo& j) {
+  std::string out;
+  absl::StrAppendFormat(&out, "job        %s\n", j.job_id());
+  absl::StrAppendFormat(&out, "name       %s\n", j.name().empty() ? "-" : j.name());
+  if (!j.owner().empty()) absl::StrAppendFormat(&out, "owner      %s\n", j.owner());
+  absl::StrAppendFormat(&out, "state      %s\n", StateName(j.state()));
+  if (j.state() == v1::JOB_STATE_QUEUED) {
+    absl::StrAppendFormat(&out, "queue      position %d: %s\n", j.queue_position(), j.message());
+  }
+  absl::StrAppendFormat(&out, "world size %d\n", j.world_size());
+  absl::StrAppendFormat(&out, "style      %s\n", StyleName(j.style()));
+  absl::StrAppendFormat(&out, "steps      %d/%s\n", j.steps_done(),
+                        j.steps() > 0 ? absl::StrCat(j.steps()) : "? (until the client's last batch)");
+  std::string workers;
+  for (int i = 0; i < j.workers_size(); ++i)
+    absl::StrAppend(&workers, i ? ", " : "", "rank ", i, ": ", j.workers(i));
+  absl::StrAppendFormat(&out, "workers    %s\n", workers.empty() ? "-" : workers);
+  std::string losses;
+  for (int i = 0; i < j.losses_size(); ++i)
+    absl::StrAppendFormat(&losses, "%s%.6g", i ? " " : "", j.losses(i));
+  absl::StrAppendFormat(&out, "losses     %s\n", losses.empty() ? "-" : losses);
+  if (j.data_paths_size() > 0) {
+    absl::StrAppendFormat(&out, "data       %s (on the workers)\n", absl::StrJoin(j.data_paths(), ", "));
+  }
+  if (j.hyperparameters_size() > 0) {
+    absl::StrAppendFormat(&out, "hyper-params %s\n", absl::StrJoin(j.hyperparameters(), ", "));
+  }
+  absl::StrAppendFormat(&out, "compiled   %s\n", j.compile_cached() ? "from the compile cache" : "for this job");
+  absl::StrAppendFormat(&out, "final state %s\n",
+                        j.has_state() ? "kept" : (j.state_evicted() ? "evicted (--max-state-mb)" : "-"));
+  if (!j.error().empty()) absl::StrAppendFormat(&out, "error      %s\n", j.error());
+  return out;
+}
+
+void PrintLine(const nlohmann::ordered_json& o) {
+  const std::string s = o.dump() + "\n";
+  std::fwrite(s.data(), 1, s.size(), stdout);
+  std::fflush(stdout);
+}
+
+nlohmann::ordered_json EventJson(const v1::JobEvent& e, int64_t steps) {
+  nlohmann::ordered_json o;
+  o["event"] = "job";
+  o["job_id"] = e.job_id();
+  o["state"] = StateName(e.state());
+  o["step"] = e.step();
+  o["steps"] = steps;
+  if (e.state() == v1::JOB_STATE_QUEUED) {
+    o["queue_position"] = e.queue_position();
+    o["message"] = e.message();
+  }
+  if (e.step() > 0 && e.state() == v1::JOB_STATE_RUNNING) {
+    o["loss"] = e.loss();
+    o["step_ms"] = e.step_ms();
+    o["local_losses"] = std::vector<double>(e.local_losses().begin(), e.local_losses().end());
+  }
+  o["workers"] = std::vector<std::string>(e.workers().begin(), e.workers().end());
+  if (!e.error().empty()) o["error"] = e.error();
+  return o;
+}
+
+}  // namespace fxdp::cli

@@ -1,0 +1,404 @@
+// fxdp run --server HOST:PORT: submits a job to fxdp-server's JobService
+// (proto/fxdp/v1/jobs.proto), streams its state and batches, shows its
+// events and fetches its final state.
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "analysis/ir/hyperparameters.h"
+#include "analysis/ir/safetensors.h"
+#include "client/cli/commands.h"
+#include "client/cli/connect.h"
+#include "client/cli/job_format.h"
+#include "expansion/style_proto.h"
+#include "grpcpp/grpcpp.h"
+#include "nlohmann/json.hpp"
+#include "proto/fxdp/v1/jobs.grpc.pb.h"
+#include "util/flags.h"
+
+namespace fxdp::cli {
+namespace {
+
+using ir::RawTensor;
+
+constexpr char kRunUsage[] =
+    "usage: fxdp run GRAPH --world-size N --state S.safetensors --data D.safetensors\n"
+    "                [--data D2.safetensors ...] [--steps K] [--out FINAL.safetensors]\n"
+    "                [--style replicate|fully_shard] [--bucket-mb X] [--sync-batchnorm]\n"
+    "                [--name NAME] [--timeout S]\n"
+    "                [--schedule FILE] [--json] [--server HOST:PORT]\n"
+    "       fxdp run GRAPH ... --data-on-workers PATH [--data-on-workers PATH2 ...] --steps K\n"
+    "\n"
+    "Runs a traced training step (GRAPH, what fxdp.trace saved) data-parallel on N\n"
+    "workers of fxdp-server (JobService.Submit). S holds the initial state (every\n"
+    "non-input placeholder), each D one global batch (every input placeholder by\n"
+    "name); step i uses data file i mod (number of --data files). The state and the\n"
+    "batches are streamed in 1 MiB chunks; the server sends each worker only its\n"
+    "shard of each batch. With --data-on-workers the workers read the batches from\n"
+    "that safetensors file on their own filesystem instead (nothing is sent).\n"
+    "While fewer than N workers are idle the job is queued (FIFO): 'queued' lines say\n"
+    "its position and what it waits for. Then prints a line per step (step i/K loss\n"
+    "L (T ms); a progress bar on a terminal) and the job id at the end.\n"
+    "\n"
+    "  --server HOST:PORT   the fxdp server (default $FXDP_SERVER, else 127.0.0.1:50051)\n"
+    FXDP_CLI_CREDENTIAL_USAGE
+    "  --world-size N       number of data-parallel ranks (default 1)\n"
+    "  --state FILE         initial state, safetensors (required)\n"
+    "  --data FILE          a global batch, safetensors (repeatable)\n"
+    "  --data-on-workers P  a global batch, safetensors on the workers (repeatable;\n"
+    "                       instead of --data; needs --steps; read only under the\n"
+    "                       workers' --data-root directories)\n"
+    "  --steps K            number of steps (default: the number of --data files)\n"
+    "  --out FILE           write the final state (FetchState) as safetensors: whole\n"
+    "                       tensors, whatever the style\n"
+    "  --style S            replicate (default: every worker holds the whole state,\n"
+    "                       as DDP) or fully_shard (each holds a flat 1/N shard of\n"
+    "                       every parameter and its optimizer state, as FSDP; the\n"
+    "                       server splits --state and reassembles --out)\n"
+    "  --bucket-mb X        gradient bucket cap, MiB (default: DDP's)\n"
+    "  --sync-batchnorm     batch norm with the global batch's statistics, all-reduced\n"
+    "                       (as SyncBatchNorm; default: each rank's, as DDP)\n"
+    "  --name NAME          a label for `fxdp jobs` (default: GRAPH's file name)\n"
+    "  --timeout S          rendezvous / collective timeout, seconds (default 60)\n"
+    "  --schedule FILE      per-step values of the graph's hyper-parameters (its\n"
+    "                       HYPERPARAMETER placeholders: optim.group0.lr, ...), JSON:\n"
+    "                       {\"optim.group0.lr\": [v1, v2, ...]} (one value per step) or a\n"
+    "                       closed form: {\"constant\": v}, {\"linear_warmup_cosine\":\n"
+    "                       {\"peak\": P, \"warmup_steps\": W, \"total_steps\": T, \"final\": F}},\n"
+    "                       {\"step_decay\": {\"initial\": V, \"step_size\": N, \"gamma\": G}}\n"
+    "                       (README \"Schedules\"). Sent in the JobSpec; the graph is\n"
+    "                       compiled once for the whole run. Names the schedule leaves\n"
+    "                       out keep their traced value\n"
+    "  --json               one JSON object per line per event instead of text\n"
+    "\n"
+    "Exit codes: 0 ok, 1 the job failed, was cancelled or was refused, 2 usage, 3 the\n"
+    "server is unreachable or a file cannot be read or written.\n";
+
+constexpr size_t kChunkBytes = size_t{1} << 20;
+
+// Calls `emit` with `t` as TensorChunks of at most kChunkBytes; false when
+// `emit` does.
+template <typename Emit>
+bool EmitChunks(const RawTensor& t, Emit emit) {
+  v1::TensorChunk head;
+  head.set_name(t.name);
+  head.set_dtype(static_cast<v1::DType>(ir::DTypeToWire(t.dtype)));
+  for (int64_t d : t.shape) head.add_shape(d);
+  size_t off = 0;
+  do {
+    const size_t n = std::min(kChunkBytes, t.data.size() - off);
+    v1::TensorChunk c = head;  // `emit` may take it apart
+    c.set_offset(off);
+    c.set_data(t.data.substr(off, n));
+    if (!emit(c)) return false;
+    off += n;
+  } while (off < t.data.size());
+  return true;
+}
+
+std::string Basename(const std::string& p) {
+  const size_t s = p.find_last_of('/');
+  return s == std::string::npos ? p : p.substr(s + 1);
+}
+
+// Writes the Submit stream: spec, state, then each step's global batch
+// (cycling through `batches`); WritesDone at the end. Stops when a write
+// fails (the server ended the call).
+void WriteSubmit(grpc::ClientReaderWriter<v1::SubmitJobRequest, v1::JobEvent>* stream, v1::JobSpec spec,
+                 const std::vector<RawTensor>& state, const std::vector<std::vector<RawTensor>>& batches) {
+  const int64_t steps = spec.steps();
+  v1::SubmitJobRequest req;
+  req.mutable_spec()->Swap(&spec);
+  if (!stream->Write(req)) return;
+  for (const RawTensor& t : state) {
+    const bool ok = EmitChunks(t, [&](v1::TensorChunk& c) {
+      req.mutable_state()->Swap(&c);
+      return stream->Write(req);
+    });
+    if (!ok) return;
+  }
+  for (int64_t step = 1; !batches.empty() && step <= steps; ++step) {
+    const std::vector<RawTensor>& batch = batches[(step - 1) % batches.size()];
+    // Each chunk is written when the next exists, so the last can clear `more`.
+    std::optional<v1::SubmitJobRequest> held;
+    for (const RawTensor& t : batch) {
+      const bool ok = EmitChunks(t, [&](v1::TensorChunk& c) {
+        if (held && !stream->Write(*held)) return false;
+        held.emplace();
+        v1::StepBatch* b = held->mutable_batch();
+        b->set_step(step);
+        b->set_more(true);
+        b->add_tensors()->Swap(&c);
+        return true;
+      });
+      if (!ok) return;
+    }
+    if (!held) held.emplace().mutable_batch()->set_step(step);
+    held->mutable_batch()->set_more(false);
+    if (!stream->Write(*held)) return;
+  }
+  stream->WritesDone();
+}
+
+// Streams the final state of `job_id` into `out` (safetensors); exit code.
+int FetchFinalState(v1::JobService::Stub* stub, const std::string& server, const std::string& job_id,
+                    const std::string& out, bool json) {
+  grpc::ClientContext fctx;
+  v1::FetchJobStateRequest freq;
+  freq.set_job_id(job_id);
+  auto fr = stub->FetchState(&fctx, freq);
+  std::vector<RawTensor> tensors;
+  std::map<std::string, size_t> index;
+  v1::StateChunk c;
+  while (fr->Read(&c)) {
+    if (!c.has_tensor()) continue;
+    const v1::TensorChunk& t = c.tensor();
+    auto [it, fresh] = index.emplace(t.name(), tensors.size());
+    if (fresh) {
+      absl::StatusOr<ir::DType> dtype = ir::DTypeFromWire(t.dtype());
+      if (!dtype.ok()) {
+        fctx.TryCancel();
+        std::fprintf(stderr, "fxdp run: final state of %s: tensor '%s': %s\n", job_id.c_str(),
+                     t.name().c_str(), std::string(dtype.status().message()).c_str());
+        return kExitInvalidInput;
+      }
+      RawTensor r;
+      r.name = t.name();
+      r.dtype = *dtype;
+      r.shape.assign(t.shape().begin(), t.shape().end());
+      tensors.push_back(std::move(r));
+    }
+    RawTensor& r = tensors[it->second];
+    if (t.offset() != r.data.size()) {
+      fctx.TryCancel();
+      std::fprintf(stderr, "fxdp run: final state of %s: chunk of '%s' at offset %llu, expected %zu\n",
+                   job_id.c_str(), t.name().c_str(), static_cast<unsigned long long>(t.offset()),
+                   r.data.size());
+      return kExitInvalidInput;
+    }
+    r.data += t.data();
+  }
+  const grpc::Status fs = fr->Finish();
+  if (!fs.ok()) return ReportRpcError("run", server, fs);
+  if (absl::Status w = ir::WriteSafetensorsFile(out, tensors); !w.ok()) {
+    std::fprintf(stderr, "fxdp run: %s\n", std::string(w.message()).c_str());
+    return kExitIo;
+  }
+  if (json) {
+    nlohmann::ordered_json o;
+    o["event"] = "state_written";
+    o["job_id"] = job_id;
+    o["path"] = out;
+    o["tensors"] = tensors.size();
+    PrintLine(o);
+  } else {
+    std::fprintf(stderr, "fxdp run: wrote %s (%zu tensors)\n", out.c_str(), tensors.size());
+  }
+  return kExitOk;
+}
+
+// How `fxdp run` shows the job's events: text lines, a progress bar on a
+// terminal, or JSON lines.
+class RunPrinter {
+ public:
+  RunPrinter(bool json, int64_t steps) : json_(json), tty_(!json && isatty(fileno(stdout))), steps_(steps) {}
+
+  void Event(const v1::JobEvent& e) {
+    if (json_) return PrintLine(EventJson(e, steps_));
+    if (e.state() == v1::JOB_STATE_QUEUED && e.queue_position() == 0) {
+      Line(absl::StrFormat("job %s submitted", e.job_id()));
+    } else if (e.state() == v1::JOB_STATE_QUEUED) {
+      Line(absl::StrFormat("job %s queued: position %d, %s", e.job_id(), e.queue_position(), e.message()));
+    } else if (e.state() == v1::JOB_STATE_RUNNING && e.step() == 0) {
+      Line(absl::StrFormat("job %s running on %s", e.job_id(), absl::StrJoin(e.workers(), ", ")));
+    } else if (e.state() == v1::JOB_STATE_RUNNING) {
+      const std::string text = absl::StrFormat("step %d/%s loss %.6g (%.1f ms)", e.step(),
+                                               steps_ > 0 ? absl::StrCat(steps_) : "?", e.loss(), e.step_ms());
+      if (!tty_) return Line(text);
+      constexpr int kBar = 30;
+      const int filled = steps_ > 0 ? static_cast<int>(kBar * std::min(e.step(), steps_) / steps_) : 0;
+      std::printf("\r[%s%s] %s\x1b[K", std::string(filled, '#').c_str(), std::string(kBar - filled, ' ').c_str(),
+                  text.c_str());
+      bar_open_ = true;
+      std::fflush(stdout);
+    }
+  }
+  // Ends an open progress bar line.
+  void Close() {
+    if (bar_open_) std::printf("\n");
+    bar_open_ = false;
+  }
+
+ private:
+  void Line(const std::string& text) {
+    Close();
+    std::printf("%s\n", text.c_str());
+    std::fflush(stdout);
+  }
+  const bool json_, tty_;
+  const int64_t steps_;
+  bool bar_open_ = false;
+};
+
+}  // namespace
+
+int RunCommand(const std::vector<std::string>& args) {
+  util::Flags flags("fxdp run", kRunUsage);
+  std::string server = DefaultServer(), state_path, out, name, schedule_path;
+  std::vector<std::string> data, data_on_workers;
+  int32_t world = 1, steps = 0;
+  double bucket_mb = 0, timeout_s = 0;
+  bool json = false;
+  flags.String("--server", &server);
+  security::ChannelSecurity creds;
+  AddCredentialFlags(&flags, &creds);
+  flags.Int("--world-size", &world);
+  flags.String("--state", &state_path);
+  flags.Strings("--data", &data);
+  flags.Strings("--data-on-workers", &data_on_workers);
+  flags.Int("--steps", &steps);
+  flags.String("--out", &out, "-o");
+  flags.Double("--bucket-mb", &bucket_mb);
+  bool sync_bn = false;
+  flags.Bool("--sync-batchnorm", &sync_bn);
+  std::string style = "replicate";
+  flags.String("--style", &style);
+  flags.String("--name", &name);
+  flags.Double("--timeout", &timeout_s);
+  flags.String("--schedule", &schedule_path);
+  flags.Bool("--json", &json);
+  std::vector<std::string> pos;
+  if (int rc = flags.Parse(args, &pos); rc >= 0) return rc;
+  if (pos.size() != 1) return flags.Usage("expected exactly one GRAPH");
+  if (world < 1) return flags.Usage("--world-size must be >= 1");
+  if (state_path.empty()) return flags.Usage("--state is required");
+  if (data.empty() == data_on_workers.empty()) return flags.Usage("give either --data or --data-on-workers");
+  if (steps < 0) return flags.Usage("--steps must be >= 0");
+  if (!data_on_workers.empty() && steps == 0) return flags.Usage("--data-on-workers needs --steps");
+  if (steps == 0) steps = static_cast<int32_t>(data.size());
+  if (bucket_mb < 0) return flags.Usage("--bucket-mb must be >= 0");
+  const absl::StatusOr<DataParallelStyle> parsed_style = ParseDataParallelStyle(style);
+  if (!parsed_style.ok()) return flags.Usage(absl::StrCat("--style: ", parsed_style.status().message()));
+
+  v1::JobSpec spec;
+  {
+    std::ifstream in(pos[0], std::ios::binary);
+    if (!in) {
+      std::fprintf(stderr, "fxdp run: cannot read %s\n", pos[0].c_str());
+      return kExitIo;
+    }
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (!spec.mutable_graph()->ParseFromString(bytes)) {
+      std::fprintf(stderr, "fxdp run: %s: not a serialized GraphDef\n", pos[0].c_str());
+      return kExitInvalidInput;
+    }
+  }
+  auto state = ir::ReadSafetensorsFile(state_path);
+  if (!state.ok()) return ReportError("run", state.status());
+  std::vector<std::vector<RawTensor>> batches;
+  for (const std::string& d : data) {
+    auto b = ir::ReadSafetensorsFile(d);
+    if (!b.ok()) return ReportError("run", b.status());
+    batches.push_back(*std::move(b));
+  }
+  spec.set_world_size(world);
+  spec.set_steps(steps);
+  spec.set_num_state_tensors(static_cast<uint32_t>(state->size()));
+  for (const std::string& p : data_on_workers) spec.add_data_paths(p);
+  spec.set_bucket_cap_mb(bucket_mb);
+  spec.set_sync_batchnorm(sync_bn);
+  spec.set_style(StyleToProto(*parsed_style));
+  spec.set_collective_timeout_s(timeout_s);
+  spec.set_name(name.empty() ? Basename(pos[0]) : name);
+  if (!schedule_path.empty()) {
+    absl::StatusOr<ir::Schedule> schedule = ir::Schedule::ReadFile(schedule_path, steps);
+    if (!schedule.ok()) return ReportError("run", schedule.status());
+    const absl::Status names = ir::PlaceholderNames::Of(spec.graph())
+                                   .Check(schedule->names(), absl::StrCat("--schedule ", schedule_path));
+    if (!names.ok()) return ReportError("run", names);
+    for (const auto& [hp, values] : schedule->series()) {
+      v1::HyperparameterSeries* h = spec.add_schedule();
+      h->set_name(hp);
+      *h->mutable_values() = {values.begin(), values.end()};
+    }
+  }
+
+  auto channel = Connect("run", server, creds);
+  if (!channel) return kExitIo;
+  auto stub = v1::JobService::NewStub(channel);
+  grpc::ClientContext ctx;
+  auto stream = stub->Submit(&ctx);
+  std::atomic<bool> written{false};
+  std::thread writer([&] {
+    WriteSubmit(stream.get(), std::move(spec), *state, batches);
+    written = true;
+  });
+  RunPrinter printer(json, steps);
+  v1::JobEvent e, last;
+  bool any = false;
+  while (stream->Read(&e)) {
+    any = true;
+    last = e;
+    printer.Event(e);
+  }
+  printer.Close();
+  // The server has ended the call: a write still blocked fails soon; cancel
+  // it if it does not.
+  for (int i = 0; i < 50 && !written; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  if (!written) ctx.TryCancel();
+  writer.join();
+  const grpc::Status s = stream->Finish();
+  const std::string job_id = last.job_id();
+  if (!s.ok()) {
+    if (!any) {
+      if (json) {
+        nlohmann::ordered_json o;
+        o["event"] = "error";
+        o["code"] = CodeName(s.error_code());
+        o["error"] = s.error_message();
+        PrintLine(o);
+      }
+      return ReportRpcError("run", server, s);
+    }
+    const std::string st = s.error_code() == grpc::StatusCode::CANCELLED ? "CANCELLED" : "FAILED";
+    if (json && last.state() != v1::JOB_STATE_FAILED && last.state() != v1::JOB_STATE_CANCELLED) {
+      nlohmann::ordered_json o;
+      o["event"] = "job";
+      o["job_id"] = job_id;
+      o["state"] = st;
+      o["code"] = CodeName(s.error_code());
+      o["error"] = s.error_message();
+      PrintLine(o);
+    }
+    std::fprintf(stderr, "fxdp run: job %s %s (%s): %s\n", job_id.c_str(), st.c_str(),
+                 CodeName(s.error_code()).c_str(), s.error_message().c_str());
+    return kExitInvalidInput;
+  }
+  if (last.state() != v1::JOB_STATE_SUCCEEDED) {
+    std::fprintf(stderr, "fxdp run: job %s ended %s: %s\n", job_id.c_str(), StateName(last.state()).c_str(),
+                 last.error().c_str());
+    return kExitInvalidInput;
+  }
+  if (!out.empty()) {
+    if (int rc = FetchFinalState(stub.get(), server, job_id, out, json); rc != kExitOk) return rc;
+  }
+  if (!json) std::printf("job %s SUCCEEDED (%d steps on %d workers)\n", job_id.c_str(), steps, world);
+  return kExitOk;
+}
+
+}  // namespace fxdp::cli
