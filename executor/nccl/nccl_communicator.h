@@ -92,7 +92,7 @@ class NcclCommunicator : public Communicator {
   // True after a failed or timed-out collective aborted the communicator.
   bool aborted() const;
 
-  struct State;  // implementation detail (nccl_communicator.cc)
+  struct State;  // implementation detail (nccl_state.h)
 
  private:
   explicit NcclCommunicator(std::shared_ptr<State> state) : state_(std::move(state)) {}
