@@ -50,7 +50,9 @@ v1::JobEvent Job::Event(v1::JobState state) {
   std::lock_guard<std::mutex> l(mu);
   e.set_job_id(info.job_id());
   e.set_state(state);
-  e.set_step(info.steps_done());
+  // A resumed job's events before its first step of this run report none.
+  const int64_t done = info.steps_done();
+  e.set_step(Terminal(state) || done > first_step ? done : 0);
   if (first_step > 0) e.set_first_step(first_step);
   for (const auto& w : workers) e.add_workers(w);
   if (state == v1::JOB_STATE_QUEUED) {

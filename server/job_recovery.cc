@@ -49,8 +49,8 @@ absl::StatusOr<RecoveredJobs> RecoverJobs(JobStore* store, const Expander& expan
     // A streamed one fails; with a checkpoint its client can resume it.
     const std::string again =
         r.checkpoint_step > 0
-            ? absl::StrCat("resume it from its checkpoint of step ", r.checkpoint_step,
-                           " (fxdp.Client.train(resume='", job->info.job_id(), "'))")
+            ? absl::StrCat("resume it from its checkpoint of step ", r.checkpoint_step, " (fxdp run --resume ",
+                           job->info.job_id(), ", or fxdp.Client.train(resume=...))")
             : "submit it again";
     if (state != v1::JOB_STATE_QUEUED && !resume) {
       FailRecovered(store, job,

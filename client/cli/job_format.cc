@@ -71,6 +71,8 @@ nlohmann::ordered_json InfoJson(const v1::JobInfo& j) {
   o["hyperparameters"] =
       std::vector<std::string>(j.hyperparameters().begin(), j.hyperparameters().end());
   o["compile_cached"] = j.compile_cached();
+  o["checkpoint_step"] = j.checkpoint_step();
+  o["resumed_from"] = j.resumed_from();
   return o;
 }
 
@@ -104,6 +106,13 @@ std::string InfoText(const v1::JobInfo& j) {
   absl::StrAppendFormat(&out, "compiled   %s\n", j.compile_cached() ? "from the compile cache" : "for this job");
   absl::StrAppendFormat(&out, "final state %s\n",
                         j.has_state() ? "kept" : (j.state_evicted() ? "evicted (--max-state-mb)" : "-"));
+  if (!j.resumed_from().empty()) absl::StrAppendFormat(&out, "resumes    %s\n", j.resumed_from());
+  if (j.checkpoint_step() > 0) {
+    absl::StrAppendFormat(&out, "checkpoint step %d%s\n", j.checkpoint_step(),
+                          j.state() == v1::JOB_STATE_FAILED
+                              ? absl::StrCat(" (fxdp run ... --resume ", j.job_id(), " continues from it)")
+                              : "");
+  }
   if (!j.error().empty()) absl::StrAppendFormat(&out, "error      %s\n", j.error());
   return out;
 }
@@ -121,6 +130,7 @@ nlohmann::ordered_json EventJson(const v1::JobEvent& e, int64_t steps) {
   o["state"] = StateName(e.state());
   o["step"] = e.step();
   o["steps"] = steps;
+  if (e.first_step() > 0) o["first_step"] = e.first_step();
   if (e.state() == v1::JOB_STATE_QUEUED) {
     o["queue_position"] = e.queue_position();
     o["message"] = e.message();

@@ -6,12 +6,14 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
 #include <limits>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -43,6 +45,7 @@ constexpr char kRunUsage[] =
     "                [--name NAME] [--timeout S]\n"
     "                [--schedule FILE] [--json] [--server HOST:PORT]\n"
     "       fxdp run GRAPH ... --data-on-workers PATH [--data-on-workers PATH2 ...] --steps K\n"
+    "       fxdp run GRAPH --world-size N --data D.safetensors ... --resume JOB\n"
     "\n"
     "Runs a traced training step (GRAPH, what fxdp.trace saved) data-parallel on N\n"
     "workers of fxdp-server (JobService.Submit). S holds the initial state (every\n"
@@ -54,11 +57,16 @@ constexpr char kRunUsage[] =
     "While fewer than N workers are idle the job is queued (FIFO): 'queued' lines say\n"
     "its position and what it waits for. Then prints a line per step (step i/K loss\n"
     "L (T ms); a progress bar on a terminal) and the job id at the end.\n"
+    "With --resume JOB (a FAILED job with a checkpoint: fxdp-server --state-dir\n"
+    "--checkpoint-every) the same command continues that job from its last\n"
+    "checkpoint as a new job: its state, step counter and schedule position are\n"
+    "the checkpoint's, the batches of the steps before it are skipped, and the\n"
+    "final state equals an uninterrupted run's (docs/jobs.md).\n"
     "\n"
     "  --server HOST:PORT   the fxdp server (default $FXDP_SERVER, else 127.0.0.1:50051)\n"
     FXDP_CLI_CREDENTIAL_USAGE
     "  --world-size N       number of data-parallel ranks (default 1)\n"
-    "  --state FILE         initial state, safetensors (required)\n"
+    "  --state FILE         initial state, safetensors (required, but with --resume)\n"
     "  --data FILE          a global batch, safetensors (repeatable)\n"
     "  --data-on-workers P  a global batch, safetensors on the workers (repeatable;\n"
     "                       instead of --data; needs --steps; read only under the\n"
@@ -85,6 +93,10 @@ constexpr char kRunUsage[] =
     "                       compiled once for the whole run. Names the schedule leaves\n"
     "                       out keep their traced value\n"
     "  --json               one JSON object per line per event instead of text\n"
+    "  --resume JOB         continue the FAILED job JOB from its last checkpoint (give\n"
+    "                       the first run's GRAPH, --world-size, --style, --data,\n"
+    "                       --steps and --schedule; --state is not read): a new job\n"
+    "                       that runs the steps after the checkpoint\n"
     "\n"
     "Exit codes: 0 ok, 1 the job failed, was cancelled or was refused, 2 usage, 3 the\n"
     "server is unreachable or a file cannot be read or written.\n";
@@ -116,11 +128,39 @@ std::string Basename(const std::string& p) {
   return s == std::string::npos ? p : p.substr(s + 1);
 }
 
+// --resume: the step the resumed job continues from, as its first event
+// (JobEvent.first_step) tells; -1 when the call ended before any event.
+class FirstStep {
+ public:
+  void Set(int64_t step) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (set_) return;
+      step_ = step;
+      set_ = true;
+    }
+    cv_.notify_all();
+  }
+  int64_t Wait() {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [&] { return set_; });
+    return step_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool set_ = false;
+  int64_t step_ = 0;
+};
+
 // Writes the Submit stream: spec, state, then each step's global batch
-// (cycling through `batches`); WritesDone at the end. Stops when a write
-// fails (the server ended the call).
+// (cycling through `batches`; a resumed job's from the step after its
+// checkpoint, once `resumed` knows it); WritesDone at the end. Stops when a
+// write fails (the server ended the call).
 void WriteSubmit(grpc::ClientReaderWriter<v1::SubmitJobRequest, v1::JobEvent>* stream, v1::JobSpec spec,
-                 const std::vector<RawTensor>& state, const std::vector<std::vector<RawTensor>>& batches) {
+                 const std::vector<RawTensor>& state, const std::vector<std::vector<RawTensor>>& batches,
+                 FirstStep* resumed) {
   const int64_t steps = spec.steps();
   v1::SubmitJobRequest req;
   req.mutable_spec()->Swap(&spec);
@@ -132,7 +172,12 @@ void WriteSubmit(grpc::ClientReaderWriter<v1::SubmitJobRequest, v1::JobEvent>* s
     });
     if (!ok) return;
   }
-  for (int64_t step = 1; !batches.empty() && step <= steps; ++step) {
+  int64_t first = 0;
+  if (resumed != nullptr && !batches.empty()) {
+    first = resumed->Wait();
+    if (first < 0) return;
+  }
+  for (int64_t step = first + 1; !batches.empty() && step <= steps; ++step) {
     const std::vector<RawTensor>& batch = batches[(step - 1) % batches.size()];
     // Each chunk is written when the next exists, so the last can clear `more`.
     std::optional<v1::SubmitJobRequest> held;
@@ -216,10 +261,16 @@ int FetchFinalState(v1::JobService::Stub* stub, const std::string& server, const
 // terminal, or JSON lines.
 class RunPrinter {
  public:
-  RunPrinter(bool json, int64_t steps) : json_(json), tty_(!json && isatty(fileno(stdout))), steps_(steps) {}
+  RunPrinter(bool json, int64_t steps, std::string resume)
+      : json_(json), tty_(!json && isatty(fileno(stdout))), steps_(steps), resume_(std::move(resume)) {}
 
   void Event(const v1::JobEvent& e) {
     if (json_) return PrintLine(EventJson(e, steps_));
+    if (!resume_.empty() && !told_) {
+      told_ = true;
+      Line(absl::StrFormat("job %s resumes job %s from its checkpoint of step %d", e.job_id(), resume_,
+                           e.first_step()));
+    }
     if (e.state() == v1::JOB_STATE_QUEUED && e.queue_position() == 0) {
       Line(absl::StrFormat("job %s submitted", e.job_id()));
     } else if (e.state() == v1::JOB_STATE_QUEUED) {
@@ -252,14 +303,15 @@ class RunPrinter {
   }
   const bool json_, tty_;
   const int64_t steps_;
-  bool bar_open_ = false;
+  const std::string resume_;
+  bool bar_open_ = false, told_ = false;
 };
 
 }  // namespace
 
 int RunCommand(const std::vector<std::string>& args) {
   util::Flags flags("fxdp run", kRunUsage);
-  std::string server = DefaultServer(), state_path, out, name, schedule_path;
+  std::string server = DefaultServer(), state_path, out, name, schedule_path, resume;
   std::vector<std::string> data, data_on_workers;
   int32_t world = 1, steps = 0;
   double bucket_mb = 0, timeout_s = 0;
@@ -282,11 +334,12 @@ int RunCommand(const std::vector<std::string>& args) {
   flags.Double("--timeout", &timeout_s);
   flags.String("--schedule", &schedule_path);
   flags.Bool("--json", &json);
+  flags.String("--resume", &resume);
   std::vector<std::string> pos;
   if (int rc = flags.Parse(args, &pos); rc >= 0) return rc;
   if (pos.size() != 1) return flags.Usage("expected exactly one GRAPH");
   if (world < 1) return flags.Usage("--world-size must be >= 1");
-  if (state_path.empty()) return flags.Usage("--state is required");
+  if (state_path.empty() && resume.empty()) return flags.Usage("--state is required (unless --resume)");
   if (data.empty() == data_on_workers.empty()) return flags.Usage("give either --data or --data-on-workers");
   if (steps < 0) return flags.Usage("--steps must be >= 0");
   if (!data_on_workers.empty() && steps == 0) return flags.Usage("--data-on-workers needs --steps");
@@ -308,7 +361,9 @@ int RunCommand(const std::vector<std::string>& args) {
       return kExitInvalidInput;
     }
   }
-  auto state = ir::ReadSafetensorsFile(state_path);
+  // A resumed job's state is its checkpoint: --state is not read.
+  absl::StatusOr<std::vector<RawTensor>> state = std::vector<RawTensor>();
+  if (resume.empty()) state = ir::ReadSafetensorsFile(state_path);
   if (!state.ok()) return ReportError("run", state.status());
   std::vector<std::vector<RawTensor>> batches;
   for (const std::string& d : data) {
@@ -325,6 +380,7 @@ int RunCommand(const std::vector<std::string>& args) {
   spec.set_style(StyleToProto(*parsed_style));
   spec.set_collective_timeout_s(timeout_s);
   spec.set_name(name.empty() ? Basename(pos[0]) : name);
+  spec.set_resume_job(resume);
   if (!schedule_path.empty()) {
     absl::StatusOr<ir::Schedule> schedule = ir::Schedule::ReadFile(schedule_path, steps);
     if (!schedule.ok()) return ReportError("run", schedule.status());
@@ -344,18 +400,21 @@ int RunCommand(const std::vector<std::string>& args) {
   grpc::ClientContext ctx;
   auto stream = stub->Submit(&ctx);
   std::atomic<bool> written{false};
+  FirstStep first_step;
   std::thread writer([&] {
-    WriteSubmit(stream.get(), std::move(spec), *state, batches);
+    WriteSubmit(stream.get(), std::move(spec), *state, batches, resume.empty() ? nullptr : &first_step);
     written = true;
   });
-  RunPrinter printer(json, steps);
+  RunPrinter printer(json, steps, resume);
   v1::JobEvent e, last;
   bool any = false;
   while (stream->Read(&e)) {
+    if (!any) first_step.Set(e.first_step());
     any = true;
     last = e;
     printer.Event(e);
   }
+  first_step.Set(-1);  // the call ended before any event: nothing more is written
   printer.Close();
   // The server has ended the call: a write still blocked fails soon; cancel
   // it if it does not.
@@ -397,7 +456,11 @@ int RunCommand(const std::vector<std::string>& args) {
   if (!out.empty()) {
     if (int rc = FetchFinalState(stub.get(), server, job_id, out, json); rc != kExitOk) return rc;
   }
-  if (!json) std::printf("job %s SUCCEEDED (%d steps on %d workers)\n", job_id.c_str(), steps, world);
+  if (!json && resume.empty()) std::printf("job %s SUCCEEDED (%d steps on %d workers)\n", job_id.c_str(), steps, world);
+  if (!json && !resume.empty()) {
+    std::printf("job %s SUCCEEDED (steps %lld to %d on %d workers, resuming job %s)\n", job_id.c_str(),
+                static_cast<long long>(last.first_step() + 1), steps, world, resume.c_str());
+  }
   return kExitOk;
 }
 

@@ -179,7 +179,7 @@ def test_a_streamed_job_resumes_after_a_server_restart(tmp_path, style):
             assert old.state == jpb.JOB_STATE_FAILED and old.error_code == grpc.StatusCode.UNAVAILABLE.value[0]
             k = old.checkpoint_step
             assert k >= 2 and k % 2 == 0, old
-            assert f"resume it from its checkpoint of step {k} (fxdp.Client.train(resume='{job}'))" in old.error, old.error
+            assert f"resume it from its checkpoint of step {k} (fxdp run --resume {job}, or fxdp.Client.train(resume=...))" in old.error, old.error
             wait_idle(client)
             # A generator: its first k batches are consumed and dropped.
             r = client.train(step, world_size=2, batches=iter(batches()), steps=STEPS, schedule=schedule(),
@@ -207,3 +207,88 @@ def test_only_its_owner_or_an_admin_may_resume_a_job(tmp_path):
         for who in (alice, admin):  # allowed to try: the job did not fail
             e = code_of(lambda: who.train(step, world_size=2, batches=batches(), resume=done.job_id))
             assert e.code == grpc.StatusCode.FAILED_PRECONDITION and "is SUCCEEDED" in str(e), e
+
+
+def test_fxdp_run_resume_continues_a_job_whose_worker_was_lost(tmp_path):
+    """The CLI: ``fxdp run --json`` streams batches from 4 ``--data`` files with a ``--schedule``
+    file; a worker is SIGKILLed once step 7 is printed, the run exits 1; ``fxdp run --resume JOB``
+    (same arguments, no ``--state``) says where it continues, prints the uninterrupted run's
+    losses from there and writes its final state, equal bit for bit; ``fxdp job`` shows the link."""
+    import json
+    import subprocess
+
+    from safetensors.torch import load_file, save_file
+
+    from _util import fxdp_binary
+
+    step = traced(MODEL, OPTIM)
+    graph = tmp_path / "g.pb"
+    graph.write_bytes(step.graph.SerializeToString())
+    state = tmp_path / "s.safetensors"
+    save_file(dict(step.initial_state()), str(state))
+    data = []
+    for i in range(4):
+        save_file(zoo.get(MODEL).named_batch(i), str(tmp_path / f"b{i}.safetensors"))
+        data += ["--data", str(tmp_path / f"b{i}.safetensors")]
+    (tmp_path / "lr.json").write_text(json.dumps({LR: [d[LR] for d in schedule()]}))
+    fxdp_cli = fxdp_binary("FXDP_BIN", "fxdp")
+
+    def run(*args):
+        return [fxdp_cli, "run", str(graph), "--world-size", "2", "--steps", str(STEPS), *data,
+                "--schedule", str(tmp_path / "lr.json"), "--json", "--server", address, *args]
+
+    def events(stdout):
+        return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+
+    def losses(evs):
+        return [e["loss"] for e in evs if e.get("state") == "RUNNING" and "loss" in e]
+
+    proc, address, log = start_server(tmp_path / "state", "--checkpoint-every", "2")
+    try:
+        plain = subprocess.run(run("--state", str(state), "--out", str(tmp_path / "plain.safetensors")),
+                               capture_output=True, text=True, timeout=120)
+        assert plain.returncode == 0, plain.stderr
+        plain_losses = losses(events(plain.stdout))
+        assert len(plain_losses) == STEPS
+
+        with fxdp.Client(address, timeout=60) as client:
+            wait_idle(client)
+            victim = int(client.workers()[0]["pid"])
+            p = subprocess.Popen(run("--state", str(state)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True)
+            for line in p.stdout:
+                ev = json.loads(line)
+                if ev.get("state") == "RUNNING" and ev.get("step", 0) >= 7:
+                    job = ev["job_id"]
+                    os.kill(victim, signal.SIGKILL)
+                    break
+            out, err = p.communicate(timeout=60)
+            assert p.returncode == 1 and "was lost" in err, (p.returncode, err)
+            k = client.job(job).checkpoint_step
+            assert k >= 2 and k % 2 == 0, client.job(job)
+            wait_idle(client)
+
+        r = subprocess.run(run("--resume", job, "--out", str(tmp_path / "resumed.safetensors")),
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        evs = events(r.stdout)
+        assert evs[0]["first_step"] == k and evs[0]["job_id"] != job, evs[0]
+        assert losses(evs) == plain_losses[k:]
+        assert [e["step"] for e in evs if "loss" in e] == list(range(k + 1, STEPS + 1))
+        a, b = load_file(str(tmp_path / "plain.safetensors")), load_file(str(tmp_path / "resumed.safetensors"))
+        assert set(a) == set(b)
+        for name, v in a.items():
+            assert torch.equal(b[name], v), name
+
+        shown = subprocess.run([fxdp_cli, "job", evs[0]["job_id"], "--server", address], capture_output=True,
+                               text=True, timeout=30)
+        assert f"resumes    {job}" in shown.stdout, shown.stdout
+        shown = subprocess.run([fxdp_cli, "job", job, "--server", address], capture_output=True, text=True,
+                               timeout=30)
+        assert f"checkpoint step {k} (fxdp run ... --resume {job} continues from it)" in shown.stdout, shown.stdout
+        # Without --state or --resume: a usage error.
+        bad = subprocess.run([fxdp_cli, "run", str(graph), *data, "--server", address], capture_output=True,
+                             text=True, timeout=30)
+        assert bad.returncode == 2 and "--state is required (unless --resume)" in bad.stderr, bad.stderr
+    finally:
+        stop(proc)
