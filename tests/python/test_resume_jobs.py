@@ -33,7 +33,7 @@ import fxdp
 from _util import traced
 from fxdp import zoo
 from fxdp.v1 import jobs_pb2 as jpb
-from test_durable_jobs import start_server, stop, wait_for
+from test_durable_jobs import start_server, stop
 
 MODEL, OPTIM = "mlp", "adamw"
 STEPS = 80
