@@ -435,6 +435,34 @@ TEST(BatchSharder, RefusesBatchesThatDoNotMatchTheGraphNamingWhat) {
   EXPECT_THAT(error(state), HasSubstr("expected step 1's batch, got an initial-state chunk"));
 }
 
+// A resumed job (after its checkpoint of step 5): its client numbers the
+// batches 6, 7, ..., its schedule is read at those steps, its workers count
+// from 1.
+TEST(BatchSharder, AResumedJobTakesTheJobsStepsAndTheScheduleFromThere) {
+  const v1::GraphDef g = ir::EncodeGraph(ValueOrDie(ir::ParseGraphText(ReadTestData("mlp_sgd_hyper.txt"))));
+  const std::vector<server::InputSpec> inputs = server::GraphInputs(g);
+  const ir::PlaceholderNames names = ir::PlaceholderNames::Of(g);
+  const ir::Schedule schedule = ValueOrDie(ir::Schedule::FromSeries(
+      {{"optim.group0.lr", {0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8}}}, 8, "JobSpec.schedule"));
+  server::BatchSharder sharder("job-x", 2, 1 << 20, &inputs, &names, &schedule);
+  sharder.set_first_step(5);
+  const auto b = GlobalBatch(1);
+  absl::StatusOr<bool> wrong = sharder.Add(1, BatchMessage(1, b[0], true));
+  EXPECT_THAT(wrong.status().message(),
+              HasSubstr("got a StepBatch for step 1, expected step 6 (the job resumes after its checkpoint of step 5"));
+  server::BatchSharder resumed("job-x", 2, 1 << 20, &inputs, &names, &schedule);
+  resumed.set_first_step(5);
+  ASSERT_TRUE(resumed.Add(1, BatchMessage(6, b[0], true)).ok());
+  absl::StatusOr<bool> done = resumed.Add(1, BatchMessage(6, b[1], false));
+  ASSERT_TRUE(done.ok() && *done) << done.status();
+  const std::vector<v1::ServerMessage> msgs = ValueOrDie(resumed.RankBatch(0));
+  const v1::Batch& m = msgs[0].batch();
+  EXPECT_EQ(m.step(), 1);  // the workers' first step of this run
+  ASSERT_EQ(m.hyperparameters_size(), 1);
+  EXPECT_EQ(m.hyperparameters(0).value(), 0.6);  // the job's step 6
+  EXPECT_EQ(resumed.ScheduleOnlyBatch(2, 7).batch().hyperparameters(0).value(), 0.7);
+}
+
 TEST(JobSpec, ValidationNamesTheFieldAndTheValue) {
   auto error = [](v1::JobSpec spec) {
     return std::string(server::ValidateJobSpec(spec).message());
