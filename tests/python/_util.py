@@ -6,18 +6,24 @@ import contextlib
 import functools
 import os
 import re
+import signal
 import subprocess
+import threading
 import time
 from typing import Dict, List, Tuple
 
+import grpc
 import pytest
 
 import torch
 
 import fxdp
 from fxdp import zoo
+from fxdp.client import _assemble, _chunks
 from fxdp.dp_oracle import balanced_slices  # noqa: F401 (the oracle's split, used by the tests)
 from fxdp.v1 import graph_pb2 as pb
+from fxdp.v1 import jobs_pb2 as jpb
+from fxdp.v1 import jobs_pb2_grpc as jgrpc
 
 MODELS = list(zoo.MODELS)
 OPTIMS = list(zoo.OPTIMIZERS)
@@ -134,37 +140,144 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class ServerProcess:
+    """A real ``fxdp-server --listen 127.0.0.1:0 --local-workers N --heartbeat-ms MS [args]``
+    ($FXDP_SERVER_BIN; its workers are $FXDP_WORKER when set), started at once: ``address``,
+    ``log`` (its stderr lines, drained so the server never blocks on them), ``jobs`` (a JobService
+    stub on a channel of its own). ``kill()``: SIGKILL, nothing flushed or closed (a crash);
+    ``stop()`` (and leaving ``with``): SIGTERM, then SIGKILL after 15 s; both close the channel."""
+
+    def __init__(self, *args, workers: int = 2, heartbeat_ms: int = 250):
+        cmd = [fxdp_binary("FXDP_SERVER_BIN", "fxdp-server"), "--listen", "127.0.0.1:0",
+               "--local-workers", str(workers), "--heartbeat-ms", str(heartbeat_ms), *map(str, args)]
+        if os.environ.get("FXDP_WORKER"):
+            cmd += ["--worker-binary", fxdp_binary("FXDP_WORKER", "fxdp-worker")]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self._channel, self._jobs = None, None
+        try:
+            line = self.proc.stdout.readline()
+            m = re.fullmatch(r"listening on (127\.0\.0\.1:\d+)\n", line)
+            assert m, f"fxdp-server printed {line!r}: {self.proc.stderr.read() if self.proc.poll() is not None else ''}"
+        except BaseException:
+            self.stop()
+            raise
+        self.address = m.group(1)
+        self.log: list = []
+        threading.Thread(target=lambda: self.log.extend(self.proc.stderr), daemon=True).start()
+
+    @property
+    def jobs(self) -> jgrpc.JobServiceStub:
+        if self._jobs is None:
+            self._channel = grpc.insecure_channel(self.address)
+            self._jobs = jgrpc.JobServiceStub(self._channel)
+        return self._jobs
+
+    def _close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+            self._channel, self._jobs = None, None
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        self._close()
+
+    def stop(self) -> None:
+        self._close()
+        if self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self) -> "ServerProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
 @contextlib.contextmanager
 def local_server(workers: int = 2, heartbeat_ms: int = 250, extra_args=()):
-    """A real ``fxdp-server --listen 127.0.0.1:0 --local-workers N [extra_args]`` ($FXDP_SERVER_BIN; its
-    workers are $FXDP_WORKER when set): yields ``(address, log)``, ``log`` collecting the server's
-    stderr lines; SIGTERM (then SIGKILL) on exit."""
-    import os
-    import re
-    import signal
-    import subprocess
-    import threading
+    """A ServerProcess (``fxdp-server --local-workers N [extra_args]``): yields ``(address, log)``;
+    stopped on exit."""
+    with ServerProcess(*extra_args, workers=workers, heartbeat_ms=heartbeat_ms) as server:
+        yield server.address, server.log
 
-    cmd = [fxdp_binary("FXDP_SERVER_BIN", "fxdp-server"), "--listen", "127.0.0.1:0",
-           "--local-workers", str(workers), "--heartbeat-ms", str(heartbeat_ms), *extra_args]
-    if os.environ.get("FXDP_WORKER"):
-        cmd += ["--worker-binary", fxdp_binary("FXDP_WORKER", "fxdp-worker")]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        line = proc.stdout.readline()
-        m = re.fullmatch(r"listening on (127\.0\.0\.1:\d+)\n", line)
-        assert m, f"fxdp-server printed {line!r}"
-        # Drain stderr so the server never blocks on it; keep it for failure messages.
-        log: list = []
-        threading.Thread(target=lambda: log.extend(proc.stderr), daemon=True).start()
-        yield m.group(1), log
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+
+# ---- durable jobs (fxdp-server --state-dir: test_durable_jobs, test_fully_shard_jobs) -------------
+def running(info) -> bool:
+    """Whether the job (a JobInfo) has not ended."""
+    return info.state in (jpb.JOB_STATE_QUEUED, jpb.JOB_STATE_RUNNING)
+
+
+def wait_for(jobs, job_id, pred, timeout=60.0, every=0.1):
+    """GetJob every `every` s until `pred(info)` holds; that info (fails after `timeout` s)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        info = jobs.GetJob(jpb.GetJobRequest(job_id=job_id), timeout=10)
+        if pred(info):
+            return info
+        assert time.monotonic() < deadline, info
+        time.sleep(every)
+
+
+def fetch(jobs, job_id, chunk_bytes: int = 0) -> Dict[str, torch.Tensor]:
+    """The job's final state (FetchState, in `chunk_bytes` chunks; 0: the server's size), whole
+    tensors by name."""
+    return _assemble(jobs.FetchState(jpb.FetchJobStateRequest(job_id=job_id, chunk_bytes=chunk_bytes), timeout=30))
+
+
+def batch_files(d, model: str, n: int) -> list:
+    """The zoo model's batches 0..n-1 as d/batch<i>.safetensors (data_paths files); their paths."""
+    from safetensors.torch import save_file
+
+    files = [d / f"batch{i}.safetensors" for i in range(n)]
+    for i, f in enumerate(files):
+        save_file(zoo.get(model).named_batch(i), str(f))
+    return files
+
+
+def data_paths_requests(step: fxdp.TracedStep, paths, steps: int, **spec):
+    """A data_paths job on 2 workers (the workers read the batches): the spec (`spec`: more JobSpec
+    fields) and the initial state in 1000-byte chunks."""
+    state = step.initial_state()
+    paths = [str(p) for p in (paths if isinstance(paths, list) else [paths])]
+    yield jpb.SubmitJobRequest(spec=jpb.JobSpec(
+        graph=step.graph, world_size=2, steps=steps, num_state_tensors=len(state), data_paths=paths,
+        collective_timeout_s=10, name="from-files", **spec))
+    for k, v in state.items():
+        for c in _chunks(k, v, 1000):
+            yield jpb.SubmitJobRequest(state=c)
+
+
+def assert_same_run(losses, state: Dict[str, torch.Tensor], want) -> None:
+    """`losses` and `state` are bit for bit those of `want` (a JobResult)."""
+    assert list(losses) == want.losses
+    for k, v in state.items():
+        assert torch.equal(v, want.state[k]), k
+
+
+@contextlib.contextmanager
+def resumed_after_sigkill(state_dir, requests, kill_after: int, *server_args):
+    """Submits `requests` (a job that runs without its client) to ``fxdp-server --state-dir
+    state_dir [server_args]``, SIGKILLs the server once the job has done `kill_after` steps, starts
+    it again on the same directory and waits for the job to end there: yields ``(server, job_id,
+    info, killed_at)``, the job SUCCEEDED in `info` and `killed_at` its steps done when killed."""
+    with ServerProcess("--state-dir", state_dir, *server_args) as server:
+        stream = server.jobs.Submit(requests, timeout=120)  # held until the kill
+        job = next(stream).job_id
+        info = wait_for(server.jobs, job, lambda i: i.steps_done >= kill_after or not running(i), every=0.01)
+        assert info.state == jpb.JOB_STATE_RUNNING, info
+        server.kill()
+    killed_at = info.steps_done
+    with ServerProcess("--state-dir", state_dir, *server_args) as server:
+        info = wait_for(server.jobs, job, lambda i: not running(i))
+        assert info.state == jpb.JOB_STATE_SUCCEEDED, (info.error, "".join(server.log[-20:]))
+        yield server, job, info, killed_at
 
 
 # ---- fxdp-worker processes (test_worker_dist, test_real_models) ----------------------------------
@@ -221,6 +334,17 @@ def spawn_ranks(args: List[str], world: int, d) -> list:
     return procs
 
 
+def run_ranks(args: List[str], world: int, d, timeout_s: float = 120) -> List[Tuple[str, str]]:
+    """spawn_ranks(args, world, d) run to their end: each rank's (stdout, stderr), every rank having
+    exited 0 (a rank still running after `timeout_s` is a hang: all are killed)."""
+    procs = spawn_ranks(args, world, d)
+    wait_all(procs, timeout_s)
+    outs = [((d / f"out{r}").read_text(), (d / f"err{r}").read_text()) for r in range(world)]
+    for r, proc in enumerate(procs):
+        assert proc.returncode == 0, f"rank {r} exited with {proc.returncode}:\n{outs[r][1][-3000:]}"
+    return outs
+
+
 def run_worker_ranks(worker: str, graph: str, state: str, data: List[str], world: int, steps: int, d,
                      job: str, timeout_s: int = 60) -> dict:
     """`world` real ``fxdp-worker run`` processes (RANK/WORLD_SIZE on 127.0.0.1, one batch file per
@@ -232,12 +356,8 @@ def run_worker_ranks(worker: str, graph: str, state: str, data: List[str], world
             "--out", str(d / "final{rank}.safetensors"), "--timeout", str(timeout_s), "--job", job]
     for path in data:
         args += ["--data", path]
-    procs = spawn_ranks(args, world, d)
-    wait_all(procs, timeout_s + 30)
-    outs = [(d / f"out{r}").read_text() for r in range(world)]
-    errs = [(d / f"err{r}").read_text() for r in range(world)]
-    for r, proc in enumerate(procs):
-        assert proc.returncode == 0, f"rank {r} exited with {proc.returncode}:\n{errs[r]}"
+    outs, errs = zip(*run_ranks(args, world, d, timeout_s + 30))
+    for r in range(world):
         assert_log_lines(errs[r], job, r, steps)
     assert all(o == "" for o in outs[1:]), "only rank 0 prints steps"
     losses = losses_of(outs[0])

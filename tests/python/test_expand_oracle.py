@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -22,19 +21,13 @@ import pytest
 import torch
 
 import fxdp
-from _util import ATOL, RTOL, traced
+from _util import ATOL, RTOL, free_port, traced
 from fxdp import zoo
 from fxdp.v1 import graph_pb2 as pb
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FXDP = os.environ.get("FXDP_BIN", os.path.join(HERE, "..", "..", "build", "bin", "fxdp"))
 STEPS = 3
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def expand(graph: str, out: str, world: int, *extra: str) -> dict:

@@ -23,22 +23,19 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import fxdp
-from _util import ATOL, RTOL, fxdp_binary, local_server, local_steps, traced
-from fxdp.client import _assemble as assemble
+from _util import (ATOL, RTOL, assert_same_run, batch_files, data_paths_requests, fetch, fxdp_binary, ServerProcess,
+                   local_steps, resumed_after_sigkill, traced)
 from fxdp import zoo
 from fxdp.v1 import compile_pb2 as cpb
 from fxdp.v1 import jobs_pb2 as jpb
-from fxdp.v1 import jobs_pb2_grpc as jgrpc
 
 MODEL, OPTIM = "mlp", "adamw"
 
 
 @pytest.fixture(scope="module")
 def server():
-    with local_server(workers=3) as (address, log):
-        ch = grpc.insecure_channel(address)
-        yield fxdp.Client(address), jgrpc.JobServiceStub(ch), address, log
-        ch.close()
+    with ServerProcess(workers=3) as s:
+        yield fxdp.Client(s.address), s.jobs, s.address, s.log
 
 
 def batches(n: int, model: str = MODEL):
@@ -83,9 +80,7 @@ def test_buffers_stay_replicated_and_fetch_state_is_whole(server):
     rep = client.train(step, world_size=2, batches=batches(steps, "cnn"))
     assert_states_equal(fs.state, rep.state, "cnn fully_shard vs replicate")
     # FetchState itself, in 100-byte chunks: whole tensors, in the order REPLICATE's rank 0 sends
-    fetch = lambda job: assemble(jobs.FetchState(  # noqa: E731
-        jpb.FetchJobStateRequest(job_id=job, chunk_bytes=100), timeout=30))
-    assert_states_equal(fetch(fs.job_id), fetch(rep.job_id), "FetchState")
+    assert_states_equal(fetch(jobs, fs.job_id, 100), fetch(jobs, rep.job_id, 100), "FetchState")
 
 
 def test_fxdp_run_out_is_whole(server, tmp_path):
@@ -158,52 +153,13 @@ def test_a_fully_shard_data_paths_job_resumes_from_its_checkpoint(tmp_path):
     each checkpoint is every rank's shards reassembled into whole tensors, so a job killed mid-run
     (server SIGKILL) resumes after the restart and ends with the same final state and losses as an
     uninterrupted run."""
-    from test_durable_jobs import fetch, start_server, stop, wait_for
-
-    files = [tmp_path / f"batch{i}.safetensors" for i in range(3)]
-    for i, f in enumerate(files):
-        save_file(zoo.get(MODEL).named_batch(i), str(f))
+    files = batch_files(tmp_path, MODEL, 3)
     step, steps = traced(MODEL, OPTIM), 60
-    state = step.initial_state()
-
-    def submit():
-        yield jpb.SubmitJobRequest(spec=jpb.JobSpec(
-            graph=step.graph, world_size=2, steps=steps, num_state_tensors=len(state),
-            data_paths=[str(f) for f in files], collective_timeout_s=10,
-            style=cpb.DATA_PARALLEL_STYLE_FULLY_SHARD))
-        for k, v in state.items():
-            for c in fxdp.client._chunks(k, v, 1000):
-                yield jpb.SubmitJobRequest(state=c)
-
-    proc, address, log = start_server(tmp_path / "state", "--checkpoint-every", "5")
-    try:
-        ch = grpc.insecure_channel(address)
-        jobs = jgrpc.JobServiceStub(ch)
-        stream = jobs.Submit(submit(), timeout=120)
-        job = next(stream).job_id
-        info = wait_for(jobs, job, lambda i: i.steps_done >= 13 or i.state not in (
-            jpb.JOB_STATE_QUEUED, jpb.JOB_STATE_RUNNING), every=0.01)
-        assert info.state == jpb.JOB_STATE_RUNNING, info
-        proc.kill()
-        proc.wait()
-        ch.close()
-    finally:
-        if proc.poll() is None:
-            stop(proc)
-    proc, address, log = start_server(tmp_path / "state", "--checkpoint-every", "5")
-    try:
-        ch = grpc.insecure_channel(address)
-        jobs = jgrpc.JobServiceStub(ch)
-        info = wait_for(jobs, job, lambda i: i.state not in (jpb.JOB_STATE_QUEUED, jpb.JOB_STATE_RUNNING))
-        assert info.state == jpb.JOB_STATE_SUCCEEDED, (info.error, "".join(log[-20:]))
-        assert any("resumed from the checkpoint of step" in line for line in log), "".join(log)
+    requests = data_paths_requests(step, files, steps, style=cpb.DATA_PARALLEL_STYLE_FULLY_SHARD)
+    with resumed_after_sigkill(tmp_path / "state", requests, 13, "--checkpoint-every", "5") as (server, job, info, _):
+        assert any("resumed from the checkpoint of step" in line for line in server.log), "".join(server.log)
         assert info.steps_done == steps
-        final = fetch(jobs, job)
-        with fxdp.Client(address) as client:
+        final = fetch(server.jobs, job)
+        with fxdp.Client(server.address) as client:
             plain = client.train(step, world_size=2, data_path=files, steps=steps, style="fully_shard")
-        assert list(info.losses) == plain.losses
-        for k, v in final.items():
-            assert torch.equal(v, plain.state[k]), k
-        ch.close()
-    finally:
-        stop(proc)
+        assert_same_run(info.losses, final, plain)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import pathlib
 import subprocess
 import time
@@ -39,7 +38,7 @@ from safetensors.torch import load_file, save_file
 
 import fxdp
 from fxdp.schedule import hyperparameter_names, save_schedule, schedule_values
-from _util import ATOL, RTOL, fxdp_binary, free_port, local_server
+from _util import ATOL, RTOL, clean_env, free_port, fxdp_binary, local_server, run_ranks
 from fxdp.traced import TracedStep
 from fxdp.v1 import graph_pb2 as gpb
 from fxdp.v1 import jobs_pb2 as jpb
@@ -49,13 +48,6 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 GRAPH_TXT = REPO / "tests" / "testdata" / "mlp_sgd_hyper.txt"
 LR, WD = 0.2, 0.05
 STEPS = 4
-
-
-def clean_env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    env.update({k: str(v) for k, v in extra.items()})
-    return env
 
 
 @pytest.fixture(scope="module")
@@ -244,16 +236,8 @@ def test_worker_run_schedule_two_ranks_equal_one_device(files, tmp_path):
     r = subprocess.run([fxdp_binary("FXDP_BIN", "fxdp"), "expand", str(pb_path), "--world-size", "2",
                         "-o", str(x)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    port = free_port()
-    procs = [subprocess.Popen([fxdp_binary("FXDP_WORKER", "fxdp-worker"), "run", "--graph", str(x),
-                               "--out", str(tmp_path / "two{rank}.safetensors"), "--check-outputs", *base],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=clean_env(RANK=rank, WORLD_SIZE=2, LOCAL_RANK=rank,
-                                            MASTER_ADDR="127.0.0.1", MASTER_PORT=port))
-             for rank in range(2)]
-    for p in procs:
-        _, err = p.communicate(timeout=120)
-        assert p.returncode == 0, err
+    run_ranks([fxdp_binary("FXDP_WORKER", "fxdp-worker"), "run", "--graph", str(x),
+               "--out", str(tmp_path / "two{rank}.safetensors"), "--check-outputs", *base], 2, tmp_path)
     want, _ = eager(lambda o: torch.optim.lr_scheduler.LambdaLR(o, warmup_cosine_lambda(1, STEPS)), data)
     single = load_file(str(tmp_path / "one.safetensors"))
     assert_params(single, want)
@@ -399,17 +383,8 @@ def test_traced_step_on_three_uneven_worker_ranks_with_a_closed_form_schedule(tm
     r = subprocess.run([fxdp_binary("FXDP_BIN", "fxdp"), "expand", str(tmp_path / "g.pb"), "--world-size", "3",
                         "-o", str(tmp_path / "x.pb")], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    port = free_port()
-    procs = [subprocess.Popen([fxdp_binary("FXDP_WORKER", "fxdp-worker"), "run", "--graph",
-                               str(tmp_path / "x.rank{rank}.pb"), "--out", str(tmp_path / "f{rank}.safetensors"),
-                               *base],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=clean_env(RANK=rank, WORLD_SIZE=3, LOCAL_RANK=rank,
-                                            MASTER_ADDR="127.0.0.1", MASTER_PORT=port))
-             for rank in range(3)]
-    for p in procs:
-        _, err = p.communicate(timeout=120)
-        assert p.returncode == 0, err
+    run_ranks([fxdp_binary("FXDP_WORKER", "fxdp-worker"), "run", "--graph", str(tmp_path / "x.rank{rank}.pb"),
+               "--out", str(tmp_path / "f{rank}.safetensors"), *base], 3, tmp_path)
     want, _ = traced_eager()
     finals = [load_file(str(tmp_path / f"f{rank}.safetensors")) for rank in range(3)]
     assert_params(finals[0], want)

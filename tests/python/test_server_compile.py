@@ -24,16 +24,10 @@ import pytest
 from fxdp.v1 import compile_pb2 as cpb
 from fxdp.v1 import compile_pb2_grpc as cgrpc
 from fxdp.v1 import graph_pb2 as gpb
-from _util import INCONSISTENT, traced
+from _util import INCONSISTENT, fxdp_binary, traced
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
 MAX_MSG = 1 << 30
 
-
-def binary(env: str, name: str) -> str:
-    path = os.environ.get(env) or str(REPO / "build" / "bin" / name)
-    assert os.path.isfile(path) and os.access(path, os.X_OK), f"{name} not found at {path}: build it or set {env}"
-    return path
 
 
 
@@ -44,12 +38,12 @@ def cli_report(stdout: str) -> dict:
     return report
 
 def cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([binary("FXDP_BIN", "fxdp"), *map(str, args)], capture_output=True, text=True, timeout=60)
+    return subprocess.run([fxdp_binary("FXDP_BIN", "fxdp"), *map(str, args)], capture_output=True, text=True, timeout=60)
 
 
 @pytest.fixture(scope="module")
 def server():
-    proc = subprocess.Popen([binary("FXDP_SERVER_BIN", "fxdp-server"), "--listen", "127.0.0.1:0"],
+    proc = subprocess.Popen([fxdp_binary("FXDP_SERVER_BIN", "fxdp-server"), "--listen", "127.0.0.1:0"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     m = re.fullmatch(r"listening on (127\.0\.0\.1:\d+)\n", line)
@@ -439,7 +433,7 @@ def test_survives_garbage(server, channel, stub, graphs):
 
 
 def test_sigterm_shuts_down_cleanly():
-    proc = subprocess.Popen([binary("FXDP_SERVER_BIN", "fxdp-server"), "--listen", "127.0.0.1:0"],
+    proc = subprocess.Popen([fxdp_binary("FXDP_SERVER_BIN", "fxdp-server"), "--listen", "127.0.0.1:0"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout.readline().startswith("listening on 127.0.0.1:")
     proc.send_signal(signal.SIGTERM)
@@ -447,11 +441,11 @@ def test_sigterm_shuts_down_cleanly():
 
 
 def test_server_usage():
-    p = subprocess.run([binary("FXDP_SERVER_BIN", "fxdp-server"), "--bogus"], capture_output=True, text=True, timeout=10)
+    p = subprocess.run([fxdp_binary("FXDP_SERVER_BIN", "fxdp-server"), "--bogus"], capture_output=True, text=True, timeout=10)
     assert p.returncode == 2 and "unknown argument" in p.stderr
-    p = subprocess.run([binary("FXDP_SERVER_BIN", "fxdp-server"), "--local-workers", "2", "--worker-binary",
+    p = subprocess.run([fxdp_binary("FXDP_SERVER_BIN", "fxdp-server"), "--local-workers", "2", "--worker-binary",
                         "/nonexistent/fxdp-worker"], capture_output=True, text=True, timeout=10)
     assert p.returncode == 2 and "no executable fxdp-worker at '/nonexistent/fxdp-worker'" in p.stderr
-    p = subprocess.run([binary("FXDP_SERVER_BIN", "fxdp-server"), "--local-workers", "-1"], capture_output=True,
+    p = subprocess.run([fxdp_binary("FXDP_SERVER_BIN", "fxdp-server"), "--local-workers", "-1"], capture_output=True,
                        text=True, timeout=10)
     assert p.returncode == 2 and "--local-workers needs an integer in [0, 256], got '-1'" in p.stderr

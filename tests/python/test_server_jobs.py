@@ -35,9 +35,9 @@ import pytest
 import torch
 
 import fxdp
-from _util import ATOL, RTOL, local_server, local_steps, traced
+from _util import ATOL, RTOL, fetch, local_server, local_steps, traced
 from fxdp import zoo
-from fxdp.client import _assemble as assemble, _chunks as chunks
+from fxdp.client import _chunks as chunks
 from fxdp.v1 import graph_pb2 as gpb
 from fxdp.v1 import jobs_pb2 as jpb
 from fxdp.v1 import jobs_pb2_grpc as jgrpc
@@ -138,7 +138,7 @@ def test_two_worker_job_trains_like_one_device(server):
         assert abs(sum(e.local_losses) / 2 - e.loss) <= 1e-5 * abs(e.loss) + 1e-6
 
     ref_state, _ = local_steps(traced(MODEL, OPTIM), MODEL, steps)
-    final = assemble(jobs.FetchState(jpb.FetchJobStateRequest(job_id=job_id, chunk_bytes=1000), timeout=30))
+    final = fetch(jobs, job_id, chunk_bytes=1000)
     assert set(final) == set(ref_state)
     for k, want in ref_state.items():
         assert final[k].dtype == want.dtype and final[k].shape == want.shape, k
@@ -174,7 +174,7 @@ def test_uneven_batch_along_dim_1_is_sliced_by_the_server(server):
     assert events[-1].state == jpb.JOB_STATE_SUCCEEDED, events[-1]
     got = [ev.loss for ev in events if ev.step > 0 and ev.state == jpb.JOB_STATE_RUNNING]
     torch.testing.assert_close(torch.tensor(got), torch.tensor(losses), rtol=RTOL, atol=ATOL)
-    final = assemble(jobs.FetchState(jpb.FetchJobStateRequest(job_id=events[0].job_id)))
+    final = fetch(jobs, events[0].job_id)
     for k, want in state.items():
         torch.testing.assert_close(final[k], want, rtol=RTOL, atol=ATOL, msg=lambda m: f"{k}: {m}")
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from typing import Dict, List
 
 import pytest
@@ -22,7 +21,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 import fxdp
-from _util import ATOL, RTOL, clean_env, free_port, fxdp_binary, local_server, traced
+from _util import ATOL, RTOL, fxdp_binary, local_server, run_ranks, traced
 from fxdp import zoo
 
 STEPS = 3
@@ -96,23 +95,7 @@ def run_workers(tmp, step: fxdp.TracedStep, batches, world: int) -> dict:
             str(TIMEOUT_S), "--job", f"syncbn-n{world}"]
     for d in data:
         args += ["--data", d]
-    port = free_port()
-    procs = [subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=clean_env(RANK=r, WORLD_SIZE=world, LOCAL_RANK=r,
-                                            MASTER_ADDR="127.0.0.1", MASTER_PORT=port))
-             for r in range(world)]
-    outs = []
-    deadline = time.monotonic() + TIMEOUT_S + 30
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=max(1.0, deadline - time.monotonic())))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for r, (p, (_, err)) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0, f"rank {r} exited {p.returncode}:\n{err[-3000:]}"
+    outs = run_ranks(args, world, tmp, TIMEOUT_S + 30)
     losses = [float(line.split()[3]) for line in outs[0][0].splitlines() if line.startswith("step ")]
     return {"report": report, "losses": losses,
             "finals": [load_file(str(tmp / f"final{r}.safetensors")) for r in range(world)]}

@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from _util import ATOL, MODELS, OPTIMS, RTOL, clean_env, free_port, fxdp_binary, losses_of, traced
+from _util import ATOL, MODELS, OPTIMS, RTOL, clean_env, free_port, fxdp_binary, losses_of, run_ranks, traced
 from fxdp import zoo
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -118,20 +118,11 @@ def test_gloo_ranks_match_one_device(tmp_path, model, optim, world):
     assert r.returncode == 0, r.stderr
     uneven = (tmp_path / "x.rank0.pb").exists()
     gpath = str(tmp_path / "x.rank{rank}.pb") if uneven else x
-    port = free_port()
-    args = ["run", "--graph", gpath, "--state", state, "--steps", str(STEPS), "--timeout-s", "60",
+    args = [worker(), "run", "--graph", gpath, "--state", state, "--steps", str(STEPS), "--timeout-s", "60",
             "--out", str(tmp_path / "final{rank}.safetensors"), "--check-outputs"]
     for d in data:
         args += ["--data", d]
-    procs = [subprocess.Popen([worker(), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=clean_env(RANK=rank, WORLD_SIZE=world, LOCAL_RANK=rank,
-                                            MASTER_ADDR="127.0.0.1", MASTER_PORT=port))
-             for rank in range(world)]
-    outs = []
-    for p in procs:
-        out, err = p.communicate(timeout=120)
-        assert p.returncode == 0, err
-        outs.append(out)
+    outs = [out for out, _ in run_ranks(args, world, tmp_path)]
     want_state, want_losses = reference(step, batches)
     torch.testing.assert_close(torch.tensor(losses_of(outs[0]), dtype=torch.float64),
                                torch.tensor(want_losses, dtype=torch.float64), rtol=RTOL, atol=ATOL)
