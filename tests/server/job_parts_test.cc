@@ -14,8 +14,6 @@
 #include <string>
 #include <vector>
 
-#include "analysis/ir/proto_codec.h"
-#include "analysis/ir/text.h"
 #include "server/batch_sharder.h"
 #include "server/compile_service.h"
 #include "server/job.h"
@@ -24,6 +22,7 @@
 #include "server/job_spec.h"
 #include "server/job_table.h"
 #include "server/worker_pool.h"
+#include "tests/server/mlp_job.h"
 #include "tests/test_util.h"
 
 namespace fxdp::testing {
@@ -31,27 +30,6 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-
-constexpr int kB = 8;  // mlp_sgd.txt's batch: input.0 f32[8, 4], input.1 f32[8, 3]
-
-v1::GraphDef MlpGraph() { return ir::EncodeGraph(ValueOrDie(ir::ParseGraphText(ReadTestData("mlp_sgd.txt")))); }
-
-v1::TensorChunk F32(const std::string& name, std::vector<int64_t> shape, float start) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  std::vector<float> v(n);
-  for (int64_t i = 0; i < n; ++i) v[i] = start + static_cast<float>(i);
-  v1::TensorChunk c;
-  c.set_name(name);
-  c.set_dtype(v1::FLOAT32);
-  for (int64_t d : shape) c.add_shape(d);
-  c.set_data(std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float)));
-  return c;
-}
-
-std::vector<v1::TensorChunk> GlobalBatch(int64_t step) {
-  return {F32("input.0", {kB, 4}, 1000.0f * step), F32("input.1", {kB, 3}, 1000.0f * step + 500)};
-}
 
 v1::SubmitJobRequest BatchMessage(int64_t step, const v1::TensorChunk& c, bool more) {
   v1::SubmitJobRequest r;
@@ -61,24 +39,14 @@ v1::SubmitJobRequest BatchMessage(int64_t step, const v1::TensorChunk& c, bool m
   return r;
 }
 
-v1::JobSpec Spec(int world, int64_t steps) {
-  v1::JobSpec spec;
-  *spec.mutable_graph() = MlpGraph();
-  spec.set_world_size(world);
-  spec.set_steps(steps);
-  spec.set_num_state_tensors(2);
-  spec.set_collective_timeout_s(5);
-  return spec;
-}
-
 // A whole submission: spec, state, `steps` batches (each in two messages).
 std::vector<v1::SubmitJobRequest> Requests(int world, int64_t steps) {
   std::vector<v1::SubmitJobRequest> out(1);
-  *out[0].mutable_spec() = Spec(world, steps);
+  *out[0].mutable_spec() = MlpSpec(world, steps);
   *out.emplace_back().mutable_state() = F32("fc.weight", {3, 4}, 0);
   *out.emplace_back().mutable_state() = F32("fc.bias", {3}, 100);
   for (int64_t s = 1; s <= steps; ++s) {
-    const auto b = GlobalBatch(s);
+    const auto b = MlpBatch(s);
     out.push_back(BatchMessage(s, b[0], true));
     out.push_back(BatchMessage(s, b[1], false));
   }
@@ -312,7 +280,7 @@ TEST(JobRunner, RunsAStreamedJobOnTwoRanksWithoutGrpc) {
     EXPECT_EQ(jobs[0].assign.rank(), r);
     EXPECT_TRUE(jobs[0].assign.batches_sharded());
     for (int64_t step = 1; step <= 2; ++step) {
-      for (const auto& global : GlobalBatch(step)) {
+      for (const auto& global : MlpBatch(step)) {
         const v1::TensorChunk& got = jobs[0].batches.at(step).at(global.name());
         const int64_t cols = global.shape(1);
         EXPECT_THAT(got.shape(), ElementsAre(4, cols));
@@ -365,7 +333,7 @@ TEST(JobRunner, ALostRankFailsTheJobUnavailableNamingIt) {
 TEST(JobRunner, ABadSpecIsRefusedBeforeItIsQueued) {
   Parts parts(1);
   v1::SubmitJobRequest r;
-  *r.mutable_spec() = Spec(0, 1);
+  *r.mutable_spec() = MlpSpec(0, 1);
   QueuedClient client;
   const absl::Status s = parts.Run({r}, &client);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
@@ -381,7 +349,7 @@ TEST(BatchSharder, SlicesEachInputAlongItsBatchDimIntoSmallMessages) {
   const ir::PlaceholderNames names = ir::PlaceholderNames::Of(MlpGraph());
   const ir::Schedule schedule;
   server::BatchSharder sharder("job-x", 3, 40, &inputs, &names, &schedule);
-  const auto b = GlobalBatch(1);
+  const auto b = MlpBatch(1);
   absl::StatusOr<bool> done = sharder.Add(1, BatchMessage(1, b[0], true));
   ASSERT_TRUE(done.ok()) << done.status();
   EXPECT_FALSE(*done);
@@ -421,7 +389,7 @@ TEST(BatchSharder, RefusesBatchesThatDoNotMatchTheGraphNamingWhat) {
     EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
     return std::string(s.status().message());
   };
-  const auto b = GlobalBatch(1);
+  const auto b = MlpBatch(1);
   EXPECT_THAT(error(BatchMessage(2, b[0], false)), HasSubstr("got a StepBatch for step 2, expected step 1"));
   EXPECT_THAT(error(BatchMessage(1, F32("labels", {8}, 0), false)),
               HasSubstr("tensor 'labels' is not an INPUT of the graph (its inputs: input.0, input.1)"));
@@ -468,15 +436,15 @@ TEST(JobSpec, ValidationNamesTheFieldAndTheValue) {
     return std::string(server::ValidateJobSpec(spec).message());
   };
   EXPECT_EQ(error(v1::JobSpec()), "JobSpec.graph is missing");
-  v1::JobSpec s = Spec(1, -1);
+  v1::JobSpec s = MlpSpec(1, -1);
   EXPECT_THAT(error(s), HasSubstr("JobSpec.steps must be >= 0"));
-  s = Spec(1, 0);
+  s = MlpSpec(1, 0);
   s.add_data_paths("a.safetensors");
   EXPECT_THAT(error(s), HasSubstr("JobSpec.steps must be > 0 with data_paths"));
-  s = Spec(1, 1);
+  s = MlpSpec(1, 1);
   s.set_collective_timeout_s(-2);
   EXPECT_THAT(error(s), HasSubstr("collective_timeout_s must be in [0, one year] (0: 60 s), got -2"));
-  EXPECT_TRUE(server::ValidateJobSpec(Spec(2, 3)).ok());
+  EXPECT_TRUE(server::ValidateJobSpec(MlpSpec(2, 3)).ok());
 }
 
 TEST(JobTable, KeepsTheLastFinishedJobsAndEvictsTheOldestState) {
@@ -487,7 +455,7 @@ TEST(JobTable, KeepsTheLastFinishedJobsAndEvictsTheOldestState) {
   std::vector<std::shared_ptr<server::Job>> jobs;
   for (int i = 0; i < 3; ++i) {
     auto j = std::make_shared<server::Job>();
-    j->spec = Spec(1, 1);
+    j->spec = MlpSpec(1, 1);
     j->spec.clear_graph();
     const std::string id = table.NextId();
     EXPECT_THAT(id, ::testing::StartsWith("job-" + std::to_string(i + 1) + "-"));
@@ -515,7 +483,7 @@ TEST(JobScheduler, DispatchesInFifoOrderAndCancelsQueuedJobs) {
   Parts parts(2);
   auto queued = [&] {
     auto j = std::make_shared<server::Job>();
-    j->spec = Spec(2, 1);
+    j->spec = MlpSpec(2, 1);
     j->spec.clear_graph();
     return j;
   };

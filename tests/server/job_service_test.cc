@@ -13,6 +13,7 @@
 
 #include "analysis/ir/proto_codec.h"
 #include "analysis/ir/text.h"
+#include "tests/server/mlp_job.h"
 #include "tests/server/test_server.h"
 #include "tests/test_util.h"
 
@@ -20,24 +21,6 @@ namespace fxdp::testing {
 namespace {
 
 using ::testing::HasSubstr;
-
-constexpr int kB = 8;  // mlp_sgd.txt's batch: input.0 f32[8, 4], input.1 f32[8, 3]
-
-v1::GraphDef MlpGraph() { return ir::EncodeGraph(ValueOrDie(ir::ParseGraphText(ReadTestData("mlp_sgd.txt")))); }
-
-// A float32 tensor of `shape` holding start, start + 1, ...
-v1::TensorChunk F32(const std::string& name, std::vector<int64_t> shape, float start) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  std::vector<float> v(n);
-  for (int64_t i = 0; i < n; ++i) v[i] = start + static_cast<float>(i);
-  v1::TensorChunk c;
-  c.set_name(name);
-  c.set_dtype(v1::FLOAT32);
-  for (int64_t d : shape) c.add_shape(d);
-  c.set_data(std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float)));
-  return c;
-}
 
 // `c` split in two chunks at byte `at`.
 std::vector<v1::TensorChunk> Split(const v1::TensorChunk& c, size_t at) {
@@ -52,10 +35,6 @@ std::vector<v1::TensorChunk> State() {
   std::vector<v1::TensorChunk> out = Split(F32("fc.weight", {3, 4}, 0), 20);
   out.push_back(F32("fc.bias", {3}, 100));
   return out;
-}
-
-std::vector<v1::TensorChunk> Batch(int64_t step) {
-  return {F32("input.0", {kB, 4}, 1000.0f * step), F32("input.1", {kB, 3}, 1000.0f * step + 500)};
 }
 
 struct JobArgs {
@@ -78,17 +57,13 @@ JobArgs Args(int world, int64_t steps, int64_t batches = -1, std::vector<std::st
 std::vector<v1::SubmitJobRequest> Requests(const JobArgs& a) {
   std::vector<v1::SubmitJobRequest> out(1);
   v1::JobSpec* spec = out[0].mutable_spec();
-  *spec->mutable_graph() = MlpGraph();
-  spec->set_world_size(a.world);
-  spec->set_steps(a.steps);
-  spec->set_num_state_tensors(2);
-  spec->set_collective_timeout_s(5);
+  *spec = MlpSpec(a.world, a.steps);
   for (const auto& p : a.data_paths) spec->add_data_paths(p);
   if (a.edit_spec) a.edit_spec(*spec);
   for (const auto& c : State()) *out.emplace_back().mutable_state() = c;
   const int64_t batches = a.data_paths.empty() ? (a.batches < 0 ? a.steps : a.batches) : 0;
   for (int64_t s = 1; s <= batches; ++s) {
-    for (const auto& c : Batch(s)) {
+    for (const auto& c : MlpBatch(s)) {
       v1::StepBatch* b = out.emplace_back().mutable_batch();
       b->set_step(s);
       *b->add_tensors() = c;
@@ -237,7 +212,7 @@ TEST(JobService, StreamedJobGivesEachRankItsShard) {
     for (int64_t step = 1; step <= 2; ++step) {
       const auto& b = rec.batches.at(step);
       EXPECT_GT(rec.batch_messages.at(step), 1);  // split to stay under chunk_bytes
-      for (const auto& global : Batch(step)) {
+      for (const auto& global : MlpBatch(step)) {
         const auto& got = b.at(global.name());
         const int64_t cols = global.shape(1);
         EXPECT_THAT(got.shape, ::testing::ElementsAre(sizes[r], cols)) << global.name();

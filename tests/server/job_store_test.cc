@@ -11,13 +11,12 @@
 #include <string>
 #include <vector>
 
-#include "analysis/ir/proto_codec.h"
-#include "analysis/ir/text.h"
 #include "server/compile_service.h"
 #include "server/job_recovery.h"
 #include "server/job_resume.h"
 #include "server/job_store.h"
 #include "server/job_table.h"
+#include "tests/server/mlp_job.h"
 #include "tests/test_util.h"
 
 namespace fxdp::testing {
@@ -31,19 +30,6 @@ std::string TempDir() {
   return tmpl;
 }
 
-v1::TensorChunk F32(const std::string& name, std::vector<int64_t> shape, float start) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  std::vector<float> v(n);
-  for (int64_t i = 0; i < n; ++i) v[i] = start + static_cast<float>(i);
-  v1::TensorChunk c;
-  c.set_name(name);
-  c.set_dtype(v1::FLOAT32);
-  for (int64_t d : shape) c.add_shape(d);
-  c.set_data(std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float)));
-  return c;
-}
-
 v1::JobInfo Info(const std::string& id, v1::JobState state) {
   v1::JobInfo i;
   i.set_job_id(id);
@@ -55,11 +41,7 @@ v1::JobInfo Info(const std::string& id, v1::JobState state) {
 
 TEST(JobStore, RecordsAndStatesSurviveAReopenAndRecoveryResolvesEachJob) {
   const std::string dir = TempDir();
-  v1::JobSpec files_spec;
-  *files_spec.mutable_graph() = ir::EncodeGraph(ValueOrDie(ir::ParseGraphText(ReadTestData("mlp_sgd.txt"))));
-  files_spec.set_world_size(2);
-  files_spec.set_steps(3);
-  files_spec.set_num_state_tensors(2);
+  v1::JobSpec files_spec = MlpSpec(2, 3);
   files_spec.add_data_paths("/data/batch.safetensors");
   const std::vector<v1::TensorChunk> initial = {F32("fc.weight", {3, 4}, 0), F32("fc.bias", {3}, 100)};
   // The final state in two chunks of one tensor and a second tensor.
@@ -123,11 +105,7 @@ TEST(JobStore, RecordsAndStatesSurviveAReopenAndRecoveryResolvesEachJob) {
 
 TEST(JobStore, ARunningDataPathsJobWithACheckpointResumesAfterItsStep) {
   const std::string dir = TempDir();
-  v1::JobSpec spec;
-  *spec.mutable_graph() = ir::EncodeGraph(ValueOrDie(ir::ParseGraphText(ReadTestData("mlp_sgd.txt"))));
-  spec.set_world_size(1);
-  spec.set_steps(10);
-  spec.set_num_state_tensors(2);
+  v1::JobSpec spec = MlpSpec(1, 10);
   spec.add_data_paths("/data/a.safetensors");
   const std::vector<v1::TensorChunk> at6 = {F32("fc.weight", {3, 4}, 60), F32("fc.bias", {3}, 6)};
   {
