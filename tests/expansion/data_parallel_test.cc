@@ -11,40 +11,24 @@
 
 #include "analysis/ir/hyperparameters.h"
 #include "analysis/ir/text.h"
+#include "tests/expansion/expand_util.h"
 #include "tests/test_util.h"
 
 namespace fxdp {
 namespace {
 
+using ::fxdp::testing::Count;
+using ::fxdp::testing::ExpandText;
+using ::fxdp::testing::Find;
 using ::fxdp::testing::ReadTestData;
 using ::fxdp::testing::StatusIs;
 using ::fxdp::testing::ValueOrDie;
 using ::testing::HasSubstr;
 
-absl::StatusOr<Expansion> ExpandText(const std::string& text, ExpandOptions o) {
-  auto g = ir::ParseGraphText(text);
-  if (!g.ok()) return g.status();
-  auto a = AnalyzeBatchDims(*g, AnalyzeOptions{o.world_size});
-  if (!a.ok()) return a.status();
-  return ExpandDataParallel(*g, *a, o);
-}
-
-const ir::Node& Find(const ir::Graph& g, const std::string& name) {
-  auto id = g.FindNode(name);
-  EXPECT_TRUE(id.has_value()) << name;
-  return g.node(*id);
-}
-
 std::vector<std::string> Targets(const ir::Graph& g) {
   std::vector<std::string> t;
   for (const ir::Node& n : g.nodes()) t.push_back(n.target.ToString());
   return t;
-}
-
-int Count(const ir::Graph& g, const std::string& target) {
-  int c = 0;
-  for (const ir::Node& n : g.nodes()) c += n.target.ToString() == target;
-  return c;
 }
 
 TEST(Expand, MlpEvenSplit) {

@@ -10,11 +10,16 @@
 #include "analysis/ir/text.h"
 #include "expansion/data_parallel.h"
 #include "expansion/sharding.h"
+#include "tests/expansion/expand_util.h"
 #include "tests/test_util.h"
 
 namespace fxdp {
 namespace {
 
+using ::fxdp::testing::Count;
+using ::fxdp::testing::ExpandText;
+using ::fxdp::testing::Find;
+using ::fxdp::testing::IndexOf;
 using ::fxdp::testing::ReadTestData;
 using ::fxdp::testing::StatusIs;
 using ::fxdp::testing::ValueOrDie;
@@ -62,32 +67,6 @@ TEST(DataParallelStyle, Names) {
               StatusIs(absl::StatusCode::kInvalidArgument, "expected 'replicate' or 'fully_shard'"));
   EXPECT_EQ(DataParallelStyleName(DataParallelStyle::kFullyShard), "fully_shard");
   EXPECT_EQ(ExpandOptions{}.style, DataParallelStyle::kReplicate);
-}
-
-absl::StatusOr<Expansion> ExpandText(const std::string& text, ExpandOptions o) {
-  auto g = ir::ParseGraphText(text);
-  if (!g.ok()) return g.status();
-  auto a = AnalyzeBatchDims(*g, AnalyzeOptions{o.world_size});
-  if (!a.ok()) return a.status();
-  return ExpandDataParallel(*g, *a, o);
-}
-
-int Count(const ir::Graph& g, const std::string& target) {
-  int c = 0;
-  for (const ir::Node& n : g.nodes()) c += n.target.ToString() == target;
-  return c;
-}
-
-const ir::Node& Find(const ir::Graph& g, const std::string& name) {
-  auto id = g.FindNode(name);
-  EXPECT_TRUE(id.has_value()) << name;
-  return g.node(*id);
-}
-
-int IndexOf(const ir::Graph& g, const std::string& name) {
-  auto id = g.FindNode(name);
-  EXPECT_TRUE(id.has_value()) << name;
-  return id.has_value() ? id->value : -1;
 }
 
 constexpr DataParallelStyle kFs = DataParallelStyle::kFullyShard;

@@ -11,27 +11,20 @@
 #include "absl/strings/str_cat.h"
 #include "analysis/ir/text.h"
 #include "expansion/data_parallel.h"
+#include "tests/expansion/expand_util.h"
 #include "tests/test_util.h"
 
 namespace fxdp {
 namespace {
 
+using ::fxdp::testing::ExpandText;
+using ::fxdp::testing::IndexOf;
 using ::fxdp::testing::ReadTestData;
 using ::fxdp::testing::ValueOrDie;
 
 constexpr double kKiB = 1.0 / 1024;  // in MiB
 
-Expansion Expand(const std::string& text, ExpandOptions o) {
-  const ir::Graph g = ValueOrDie(ir::ParseGraphText(text));
-  const BatchDimAnalysis a = ValueOrDie(AnalyzeBatchDims(g, AnalyzeOptions{o.world_size}));
-  return ValueOrDie(ExpandDataParallel(g, a, o));
-}
-
-int32_t Pos(const ir::Graph& g, const std::string& name) {
-  auto id = g.FindNode(name);
-  EXPECT_TRUE(id.has_value()) << name;
-  return id.has_value() ? id->value : -1;
-}
+Expansion Expand(const std::string& text, ExpandOptions o) { return ValueOrDie(ExpandText(text, o)); }
 
 std::vector<std::string> Names(const ir::Graph& g) {
   std::vector<std::string> v;
@@ -107,27 +100,27 @@ TEST(OverlapSchedule, UpdatesOfABucketRunWhileLaterBucketsAreInFlight) {
   const ir::Graph& g = e.graph(0);
   // Bucket k (gradient of w{2-k}) is waited on, then its parameter is
   // updated, before bucket k+1 is waited on.
-  const int32_t w0 = Pos(g, "fxdp_wait_bucket0"), w1 = Pos(g, "fxdp_wait_bucket1"),
-                w2 = Pos(g, "fxdp_wait_bucket2");
-  EXPECT_LT(w0, Pos(g, "nw2"));
-  EXPECT_LT(Pos(g, "nw2"), w1);
-  EXPECT_LT(w1, Pos(g, "nw1"));
-  EXPECT_LT(Pos(g, "nw1"), w2);
-  EXPECT_LT(w2, Pos(g, "nw0"));
+  const int32_t w0 = IndexOf(g, "fxdp_wait_bucket0"), w1 = IndexOf(g, "fxdp_wait_bucket1"),
+                w2 = IndexOf(g, "fxdp_wait_bucket2");
+  EXPECT_LT(w0, IndexOf(g, "nw2"));
+  EXPECT_LT(IndexOf(g, "nw2"), w1);
+  EXPECT_LT(w1, IndexOf(g, "nw1"));
+  EXPECT_LT(IndexOf(g, "nw1"), w2);
+  EXPECT_LT(w2, IndexOf(g, "nw0"));
   // Every all_reduce starts before the first bucket wait, and so does the
   // optimizer's work on its own state (momentum * 0.9).
   for (const ir::Node& n : g.nodes()) {
     if (Is(n, "_c10d_functional::all_reduce")) {
-      EXPECT_LT(Pos(g, n.name), w0) << n.name;
+      EXPECT_LT(IndexOf(g, n.name), w0) << n.name;
     }
   }
-  for (const char* m : {"mm0", "mm1", "mm2"}) EXPECT_LT(Pos(g, m), w0) << m;
+  for (const char* m : {"mm0", "mm1", "mm2"}) EXPECT_LT(IndexOf(g, m), w0) << m;
   // The loss all_reduce (emitted with the outputs) starts right after the loss,
   // its wait is the last node before the output.
   const std::string loss_ar = e.report.collectives[0].node;
   EXPECT_EQ(e.report.collectives[0].purpose, "loss");
-  EXPECT_EQ(Pos(g, loss_ar), Pos(g, "loss") + 2);  // after its scale
-  EXPECT_EQ(e.report.collectives[0].position, Pos(g, loss_ar));
+  EXPECT_EQ(IndexOf(g, loss_ar), IndexOf(g, "loss") + 2);  // after its scale
+  EXPECT_EQ(e.report.collectives[0].position, IndexOf(g, loss_ar));
   const ir::Node& last = g.nodes()[g.size() - 2];
   EXPECT_TRUE(Is(last, "_c10d_functional::wait_tensor"));
   EXPECT_EQ(g.node(last.args[0].as<ir::ValueRef>().node).name, loss_ar);
@@ -143,7 +136,7 @@ TEST(OverlapSchedule, UpdatesOfABucketRunWhileLaterBucketsAreInFlight) {
         if (g.node(r.node).name == n.name) first_use = std::min(first_use, i);
       });
     }
-    EXPECT_EQ(first_use, Pos(g, n.name) + 1) << n.name;
+    EXPECT_EQ(first_use, IndexOf(g, n.name) + 1) << n.name;
   }
 }
 
@@ -200,8 +193,8 @@ TEST(OverlapSchedule, WaitsThatFeedACollectiveStayInPlace) {
   for (const ir::Node& n : g.nodes()) waits += Is(n, "_c10d_functional::wait_tensor");
   EXPECT_EQ(waits, 2);
   EXPECT_EQ(OverlapSchedule(g).deferred_waits, 1);  // the bucket's only
-  EXPECT_LT(Pos(g, "mu"), Pos(g, "c"));
-  EXPECT_LT(Pos(g, "c"), Pos(g, "g"));
+  EXPECT_LT(IndexOf(g, "mu"), IndexOf(g, "c"));
+  EXPECT_LT(IndexOf(g, "c"), IndexOf(g, "g"));
 }
 
 }  // namespace

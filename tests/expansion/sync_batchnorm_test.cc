@@ -12,28 +12,21 @@
 
 #include "analysis/ir/text.h"
 #include "expansion/data_parallel.h"
+#include "tests/expansion/expand_util.h"
 #include "tests/test_util.h"
 
 namespace fxdp {
 namespace {
 
+using ::fxdp::testing::Count;
+using ::fxdp::testing::ExpandText;
 using ::fxdp::testing::ReadTestData;
 using ::fxdp::testing::StatusIs;
 using ::fxdp::testing::ValueOrDie;
 using ::testing::HasSubstr;
 
 absl::StatusOr<Expansion> ExpandBn(ExpandOptions o, bool analyze_sync) {
-  auto g = ir::ParseGraphText(ReadTestData("batchnorm_getitem.txt"));
-  if (!g.ok()) return g.status();
-  auto a = AnalyzeBatchDims(*g, AnalyzeOptions{o.world_size, analyze_sync});
-  if (!a.ok()) return a.status();
-  return ExpandDataParallel(*g, *a, o);
-}
-
-int Count(const ir::Graph& g, const std::string& target) {
-  int c = 0;
-  for (const ir::Node& n : g.nodes()) c += n.target.ToString() == target;
-  return c;
+  return ExpandText(ReadTestData("batchnorm_getitem.txt"), o, analyze_sync);
 }
 
 int CountPurpose(const ExpansionReport& r, const std::string& prefix) {
