@@ -198,6 +198,19 @@ class BatchDimAnalyzer {
   // Every operand the rule lists as kReplicated is not batch-sharded.
   absl::Status RequireReplicatedArgs(const ir::Node& n, const std::vector<Operand>& ops,
                                      const OpRule& rule) const;
+  // The start of a handler whose batch follows operand `arg`: linearity (into
+  // *s) and the rule's replicated operands are checked; `arg` when it is
+  // batch-sharded, else nullptr with the node recorded as holding no batch.
+  absl::StatusOr<const Operand*> ShardedOperand(ir::NodeId id, const ir::Node& n, const OpRule& rule,
+                                                std::vector<Operand>& ops, int arg, Special* s);
+  // The start of a backward whose args 0 and 1 (grad_output and the input or
+  // indices) hold the batch on the same dim: linearity (into *s); nullopt, the
+  // node recorded as holding no batch, when neither is sharded; else the rule's
+  // replicated operands are checked and the two combined over `out_rank` dims
+  // (a replicated one is built sharded).
+  absl::StatusOr<std::optional<Combined>> GradAndInputBatch(ir::NodeId id, const ir::Node& n, const OpRule& rule,
+                                                            std::vector<Operand>& ops, int64_t out_rank,
+                                                            Special* s);
   absl::Status LayerNorm(ir::NodeId id, const ir::Node& n, const OpRule& rule);
   absl::Status NormOrConvBackward(ir::NodeId id, const ir::Node& n, const OpRule& rule);
   absl::Status BatchNorm(ir::NodeId id, const ir::Node& n, const OpRule& rule);

@@ -321,6 +321,33 @@ absl::Status BatchDimAnalyzer::RequireReplicatedArgs(const Node& n,
   return absl::OkStatus();
 }
 
+absl::StatusOr<const Operand*> BatchDimAnalyzer::ShardedOperand(NodeId id, const Node& n, const OpRule& rule,
+                                                                std::vector<Operand>& ops, int arg, Special* s) {
+  FXDP_ASSIGN_OR_RETURN(*s, Linear(id, n, rule.linear, ops));
+  FXDP_RETURN_IF_ERROR(RequireReplicatedArgs(n, ops, rule));
+  const Operand* o = Find(ops, arg);
+  if (o == nullptr || !o->info.placement.is_shard()) {
+    SetCombined(id, Combined{}, *s);
+    return nullptr;
+  }
+  return o;
+}
+
+absl::StatusOr<std::optional<BatchDimAnalyzer::Combined>> BatchDimAnalyzer::GradAndInputBatch(
+    NodeId id, const Node& n, const OpRule& rule, std::vector<Operand>& ops, int64_t out_rank, Special* s) {
+  FXDP_ASSIGN_OR_RETURN(*s, Linear(id, n, rule.linear, ops));
+  std::vector<Operand> batched;
+  for (const Operand& o : ops) {
+    if (o.arg == 0 || o.arg == 1) batched.push_back(o);
+  }
+  if (std::none_of(batched.begin(), batched.end(), [](const Operand& o) { return o.info.placement.is_shard(); })) {
+    SetCombined(id, Combined{}, *s);
+    return std::nullopt;
+  }
+  FXDP_RETURN_IF_ERROR(RequireReplicatedArgs(n, ops, rule));
+  return Broadcast(id, n, batched, out_rank, /*broadcast=*/false);
+}
+
 std::string BatchDimAnalyzer::OperandName(const std::vector<Operand>& ops, int arg) const {
   for (const Operand& o : ops) {
     if (o.arg == arg) return g_.node(o.ref.node).name;

@@ -21,35 +21,22 @@ using ir::ValueRef;
 
 absl::Status BatchDimAnalyzer::Embedding(NodeId id, const Node& n, const OpRule& rule) {
   std::vector<Operand> ops = Operands(n);
-  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule.linear, ops));
-  FXDP_RETURN_IF_ERROR(RequireReplicatedArgs(n, ops, rule));
-  const Operand* idx = Find(ops, 1);
-  if (idx == nullptr || !idx->info.placement.is_shard()) {
-    SetCombined(id, Combined{}, s);
-    return absl::OkStatus();
-  }
+  Special s;
+  FXDP_ASSIGN_OR_RETURN(const Operand* idx, ShardedOperand(id, n, rule, ops, 1, &s));
+  if (idx == nullptr) return absl::OkStatus();
   SetCombined(id, Combined{idx->info.placement.dim, idx->info.outer, 1}, s);
   return absl::OkStatus();
 }
 
 absl::Status BatchDimAnalyzer::EmbeddingBackward(NodeId id, const Node& n, const OpRule& rule) {
   std::vector<Operand> ops = Operands(n);
-  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule.linear, ops));
   const Operand* g = Find(ops, 0);
-  const Operand* idx = Find(ops, 1);
-  const bool sharded = (g && g->info.placement.is_shard()) || (idx && idx->info.placement.is_shard());
-  if (!sharded) {
-    SetCombined(id, Combined{}, s);
-    return absl::OkStatus();
-  }
   // grad_output is [*indices.shape, embedding_dim]: both hold the batch on
   // the same leading dim, so a replicated one is built sharded or sliced.
-  std::vector<Operand> batched;
-  for (const Operand& o : ops) {
-    if (o.arg == 0 || o.arg == 1) batched.push_back(o);
-  }
-  FXDP_RETURN_IF_ERROR(
-      Broadcast(id, n, batched, g ? g->type->rank() : 0, /*broadcast=*/false).status());
+  Special s;
+  FXDP_ASSIGN_OR_RETURN(std::optional<Combined> batch,
+                        GradAndInputBatch(id, n, rule, ops, g ? g->type->rank() : 0, &s));
+  if (!batch) return absl::OkStatus();
   if (BoolArg(n, rule.param(ParamRole::kScaleGradByFreq)).value_or(false)) {
     a_.notes_.push_back(absl::StrCat(n.name, ": scale_grad_by_freq counts token frequencies "
                                      "in each rank's local batch"));

@@ -21,13 +21,9 @@ using ir::ValueRef;
 
 absl::Status BatchDimAnalyzer::LayerNorm(NodeId id, const Node& n, const OpRule& rule) {
   std::vector<Operand> ops = Operands(n);
-  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule.linear, ops));
-  FXDP_RETURN_IF_ERROR(RequireReplicatedArgs(n, ops, rule));
-  const Operand* x = Find(ops, 0);
-  if (x == nullptr || !x->info.placement.is_shard()) {
-    SetCombined(id, Combined{}, s);
-    return absl::OkStatus();
-  }
+  Special s;
+  FXDP_ASSIGN_OR_RETURN(const Operand* x, ShardedOperand(id, n, rule, ops, 0, &s));
+  if (x == nullptr) return absl::OkStatus();
   auto shape = DimsArg(n, rule.param(ParamRole::kNormalizedShape)).value_or(std::vector<int64_t>{});
   const int32_t d = x->info.placement.dim;
   if (d >= x->type->rank() - static_cast<int64_t>(shape.size())) {
@@ -42,22 +38,11 @@ absl::Status BatchDimAnalyzer::LayerNorm(NodeId id, const Node& n, const OpRule&
 // (grad_input, grad_weight, grad_bias) from (grad_output, input, ...).
 absl::Status BatchDimAnalyzer::NormOrConvBackward(NodeId id, const Node& n, const OpRule& rule) {
   std::vector<Operand> ops = Operands(n);
-  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule.linear, ops));
-  const Operand* g = Find(ops, 0);
-  const Operand* x = Find(ops, 1);
-  const bool sharded = (g && g->info.placement.is_shard()) || (x && x->info.placement.is_shard());
-  if (!sharded) {
-    SetCombined(id, Combined{}, s);
-    return absl::OkStatus();
-  }
-  FXDP_RETURN_IF_ERROR(RequireReplicatedArgs(n, ops, rule));
-  // grad_output and input hold the batch on the same dim.
-  std::vector<Operand> batched;
-  for (const Operand& o : ops) {
-    if (o.arg == 0 || o.arg == 1) batched.push_back(o);
-  }
-  FXDP_ASSIGN_OR_RETURN(Combined c, Broadcast(id, n, batched, OutType(n) ? OutType(n)->rank() : 0,
-                                              /*broadcast=*/false));
+  Special s;
+  FXDP_ASSIGN_OR_RETURN(std::optional<Combined> batch,
+                        GradAndInputBatch(id, n, rule, ops, OutType(n) ? OutType(n)->rank() : 0, &s));
+  if (!batch) return absl::OkStatus();
+  const Combined& c = *batch;
   if (rule.family != OpFamily::kLayerNormBackward && c.dim != 0 && c.dim >= 0 &&
       rule.family == OpFamily::kBatchNormBackward && c.dim == 1) {
     return Error(n, "holds the batch on dim 1, the channel dim of batch norm");
@@ -73,13 +58,9 @@ absl::Status BatchDimAnalyzer::NormOrConvBackward(NodeId id, const Node& n, cons
 
 absl::Status BatchDimAnalyzer::BatchNorm(NodeId id, const Node& n, const OpRule& rule) {
   std::vector<Operand> ops = Operands(n);
-  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule.linear, ops));
-  FXDP_RETURN_IF_ERROR(RequireReplicatedArgs(n, ops, rule));
-  const Operand* x = Find(ops, 0);
-  if (x == nullptr || !x->info.placement.is_shard()) {
-    SetCombined(id, Combined{}, s);
-    return absl::OkStatus();
-  }
+  Special s;
+  FXDP_ASSIGN_OR_RETURN(const Operand* x, ShardedOperand(id, n, rule, ops, 0, &s));
+  if (x == nullptr) return absl::OkStatus();
   const int32_t d = x->info.placement.dim;
   if (d == 1) return Error(n, "holds the batch on dim 1, the channel dim of batch norm");
   // No training parameter: an inference-only kernel.
