@@ -30,10 +30,9 @@ import pytest
 import torch
 
 import fxdp
-from _util import traced
+from _util import ServerProcess, traced
 from fxdp import zoo
 from fxdp.v1 import jobs_pb2 as jpb
-from test_durable_jobs import start_server, stop
 
 MODEL, OPTIM = "mlp", "adamw"
 STEPS = 80
@@ -78,71 +77,68 @@ def assert_resumed_like(r, plain, old_id, k, client):
 
 def test_a_streamed_job_resumes_after_a_lost_worker(tmp_path):
     step = traced(MODEL, OPTIM)
-    proc, address, log = start_server(tmp_path / "state", "--checkpoint-every", "2")
-    try:
-        with fxdp.Client(address, timeout=60) as client:
-            plain = client.train(step, world_size=2, batches=batches(), schedule=schedule())
-            assert len(plain.losses) == STEPS
+    with ServerProcess("--state-dir", tmp_path / "state", "--checkpoint-every", "2") as server, \
+            fxdp.Client(server.address, timeout=60) as client:
+        plain = client.train(step, world_size=2, batches=batches(), schedule=schedule())
+        assert len(plain.losses) == STEPS
 
-            # SIGKILL a worker once step 7's loss is in: the job fails naming the lost rank.
-            wait_idle(client)
-            victim = int(client.workers()[0]["pid"])
-            seen = {}
+        # SIGKILL a worker once step 7's loss is in: the job fails naming the lost rank.
+        wait_idle(client)
+        victim = int(client.workers()[0]["pid"])
+        seen = {}
 
-            def on_step(s, loss):
-                if s == 7:
-                    os.kill(victim, signal.SIGKILL)
+        def on_step(s, loss):
+            if s == 7:
+                os.kill(victim, signal.SIGKILL)
 
-            err = code_of(lambda: client.train(step, world_size=2, batches=batches(), schedule=schedule(),
-                                               on_step=on_step, on_event=lambda e: seen.setdefault("id", e.job_id)))
-            assert err.code == grpc.StatusCode.UNAVAILABLE and "was lost" in str(err), err
-            old = client.job(seen["id"])
-            assert old.state == jpb.JOB_STATE_FAILED, old
-            k = old.checkpoint_step
-            assert k >= 2 and k % 2 == 0 and k <= old.steps_done < STEPS, old
-            assert os.path.isfile(tmp_path / "state" / "states" / f"{old.job_id}.checkpoint.safetensors")
+        err = code_of(lambda: client.train(step, world_size=2, batches=batches(), schedule=schedule(),
+                                           on_step=on_step, on_event=lambda e: seen.setdefault("id", e.job_id)))
+        assert err.code == grpc.StatusCode.UNAVAILABLE and "was lost" in str(err), err
+        old = client.job(seen["id"])
+        assert old.state == jpb.JOB_STATE_FAILED, old
+        k = old.checkpoint_step
+        assert k >= 2 and k % 2 == 0 and k <= old.steps_done < STEPS, old
+        assert os.path.isfile(tmp_path / "state" / "states" / f"{old.job_id}.checkpoint.safetensors")
 
-            # Refused: each names what is wrong.
-            e = code_of(lambda: client.train(step, world_size=2, batches=batches(), resume="job-999-abc"))
-            assert e.code == grpc.StatusCode.NOT_FOUND and "job-999-abc" in str(e), e
-            e = code_of(lambda: client.train(step, world_size=2, batches=batches(), resume=plain.job_id))
-            assert e.code == grpc.StatusCode.FAILED_PRECONDITION, e
-            assert "is SUCCEEDED: only a FAILED job can be resumed" in str(e), e
-            e = code_of(lambda: client.train(step, world_size=1, batches=batches(), resume=old.job_id))
-            assert e.code == grpc.StatusCode.INVALID_ARGUMENT, e
-            assert "world_size is 1, the job ran on 2" in str(e), e
-            e = code_of(lambda: client.train(traced(MODEL, "sgd"), world_size=2, batches=batches(),
-                                             resume=old.job_id))
-            assert e.code == grpc.StatusCode.INVALID_ARGUMENT and "the graph differs" in str(e), e
-            assert "'optim.fc1.bias.exp_avg'" in str(e) and "is not in the new graph" in str(e), e
-            # A job that failed at step 1 (a batch of the wrong shape), before its first checkpoint.
-            bad = [{"x": torch.zeros(3, 1), "target": torch.zeros(3, 1)}]
-            e = code_of(lambda: client.train(step, world_size=2, batches=bad,
-                                             on_event=lambda ev: seen.__setitem__("bad", ev.job_id)))
-            assert e.code == grpc.StatusCode.INVALID_ARGUMENT, e
-            e = code_of(lambda: client.train(step, world_size=2, batches=batches(), resume=seen["bad"]))
-            assert e.code == grpc.StatusCode.FAILED_PRECONDITION and "has no checkpoint" in str(e), e
-            # A resume sends no state.
-            from fxdp.v1 import jobs_pb2_grpc as jgrpc
-            from fxdp.client import _chunks as chunks
-            stub = jgrpc.JobServiceStub(grpc.insecure_channel(address))
-            w = step.initial_state()["fc1.bias"]
-            reqs = iter([jpb.SubmitJobRequest(spec=jpb.JobSpec(graph=step.graph, world_size=2, steps=STEPS,
-                                                               num_state_tensors=1, resume_job=old.job_id)),
-                         *[jpb.SubmitJobRequest(state=c) for c in chunks("fc1.bias", w)]])
-            with pytest.raises(grpc.RpcError) as rpc:
-                list(stub.Submit(reqs, timeout=30))
-            assert rpc.value.code() == grpc.StatusCode.INVALID_ARGUMENT, rpc.value
-            assert "num_state_tensors must be 0" in rpc.value.details(), rpc.value.details()
+        # Refused: each names what is wrong.
+        e = code_of(lambda: client.train(step, world_size=2, batches=batches(), resume="job-999-abc"))
+        assert e.code == grpc.StatusCode.NOT_FOUND and "job-999-abc" in str(e), e
+        e = code_of(lambda: client.train(step, world_size=2, batches=batches(), resume=plain.job_id))
+        assert e.code == grpc.StatusCode.FAILED_PRECONDITION, e
+        assert "is SUCCEEDED: only a FAILED job can be resumed" in str(e), e
+        e = code_of(lambda: client.train(step, world_size=1, batches=batches(), resume=old.job_id))
+        assert e.code == grpc.StatusCode.INVALID_ARGUMENT, e
+        assert "world_size is 1, the job ran on 2" in str(e), e
+        e = code_of(lambda: client.train(traced(MODEL, "sgd"), world_size=2, batches=batches(),
+                                         resume=old.job_id))
+        assert e.code == grpc.StatusCode.INVALID_ARGUMENT and "the graph differs" in str(e), e
+        assert "'optim.fc1.bias.exp_avg'" in str(e) and "is not in the new graph" in str(e), e
+        # A job that failed at step 1 (a batch of the wrong shape), before its first checkpoint.
+        bad = [{"x": torch.zeros(3, 1), "target": torch.zeros(3, 1)}]
+        e = code_of(lambda: client.train(step, world_size=2, batches=bad,
+                                         on_event=lambda ev: seen.__setitem__("bad", ev.job_id)))
+        assert e.code == grpc.StatusCode.INVALID_ARGUMENT, e
+        e = code_of(lambda: client.train(step, world_size=2, batches=batches(), resume=seen["bad"]))
+        assert e.code == grpc.StatusCode.FAILED_PRECONDITION and "has no checkpoint" in str(e), e
+        # A resume sends no state.
+        from fxdp.client import _chunks as chunks
+        stub = server.jobs
+        w = step.initial_state()["fc1.bias"]
+        reqs = iter([jpb.SubmitJobRequest(spec=jpb.JobSpec(graph=step.graph, world_size=2, steps=STEPS,
+                                                           num_state_tensors=1, resume_job=old.job_id)),
+                     *[jpb.SubmitJobRequest(state=c) for c in chunks("fc1.bias", w)]])
+        with pytest.raises(grpc.RpcError) as rpc:
+            list(stub.Submit(reqs, timeout=30))
+        assert rpc.value.code() == grpc.StatusCode.INVALID_ARGUMENT, rpc.value
+        assert "num_state_tensors must be 0" in rpc.value.details(), rpc.value.details()
 
-            # The resume: the same arguments plus resume=.
-            wait_idle(client)  # the supervisor restarted the killed worker
-            r = client.train(step, world_size=2, batches=batches(), schedule=schedule(), resume=old.job_id)
-            assert_resumed_like(r, plain, old.job_id, k, client)
-            assert client.job(old.job_id).state == jpb.JOB_STATE_FAILED  # the old job stays as it ended
-    finally:
-        stop(proc)
-    assert any(f"resuming {old.job_id} from its checkpoint of step {k}" in line for line in log), "".join(log)
+        # The resume: the same arguments plus resume=.
+        wait_idle(client)  # the supervisor restarted the killed worker
+        r = client.train(step, world_size=2, batches=batches(), schedule=schedule(), resume=old.job_id)
+        assert_resumed_like(r, plain, old.job_id, k, client)
+        assert client.job(old.job_id).state == jpb.JOB_STATE_FAILED  # the old job stays as it ended
+    assert any(f"resuming {old.job_id} from its checkpoint of step {k}" in line for line in server.log), \
+        "".join(server.log)
 
 
 @pytest.mark.parametrize("style", ["replicate", "fully_shard"])
@@ -152,41 +148,33 @@ def test_a_streamed_job_resumes_after_a_server_restart(tmp_path, style):
     from every rank's shards and split again for the resumed job."""
     step = traced(MODEL, OPTIM)
     state_dir = tmp_path / "state"
-    proc, address, log = start_server(state_dir, "--checkpoint-every", "2")
-    try:
-        with fxdp.Client(address, timeout=60) as client:
-            plain = client.train(step, world_size=2, batches=batches(), schedule=schedule(), style=style)
-            wait_idle(client)
-            seen = {}
+    with ServerProcess("--state-dir", state_dir, "--checkpoint-every", "2") as server, \
+            fxdp.Client(server.address, timeout=60) as client:
+        plain = client.train(step, world_size=2, batches=batches(), schedule=schedule(), style=style)
+        wait_idle(client)
+        seen = {}
 
-            def on_step(s, loss):
-                if s == 9:
-                    proc.kill()  # SIGKILL: nothing is flushed or closed
+        def on_step(s, loss):
+            if s == 9:
+                server.kill()  # SIGKILL: nothing is flushed or closed
 
-            with pytest.raises(fxdp.ServerError):
-                client.train(step, world_size=2, batches=batches(), schedule=schedule(), on_step=on_step,
-                             on_event=lambda e: seen.setdefault("id", e.job_id), style=style)
-        proc.wait()
-    finally:
-        if proc.poll() is None:
-            stop(proc)
+        with pytest.raises(fxdp.ServerError):
+            client.train(step, world_size=2, batches=batches(), schedule=schedule(), on_step=on_step,
+                         on_event=lambda e: seen.setdefault("id", e.job_id), style=style)
     job = seen["id"]
 
-    proc, address, log = start_server(state_dir, "--checkpoint-every", "2")
-    try:
-        with fxdp.Client(address, timeout=60) as client:
-            old = client.job(job)
-            assert old.state == jpb.JOB_STATE_FAILED and old.error_code == grpc.StatusCode.UNAVAILABLE.value[0]
-            k = old.checkpoint_step
-            assert k >= 2 and k % 2 == 0, old
-            assert f"resume it from its checkpoint of step {k} (fxdp run --resume {job}, or fxdp.Client.train(resume=...))" in old.error, old.error
-            wait_idle(client)
-            # A generator: its first k batches are consumed and dropped.
-            r = client.train(step, world_size=2, batches=iter(batches()), steps=STEPS, schedule=schedule(),
-                             resume=job, style=style)
-            assert_resumed_like(r, plain, job, k, client)
-    finally:
-        stop(proc)
+    with ServerProcess("--state-dir", state_dir, "--checkpoint-every", "2") as server, \
+            fxdp.Client(server.address, timeout=60) as client:
+        old = client.job(job)
+        assert old.state == jpb.JOB_STATE_FAILED and old.error_code == grpc.StatusCode.UNAVAILABLE.value[0]
+        k = old.checkpoint_step
+        assert k >= 2 and k % 2 == 0, old
+        assert f"resume it from its checkpoint of step {k} (fxdp run --resume {job}, or fxdp.Client.train(resume=...))" in old.error, old.error
+        wait_idle(client)
+        # A generator: its first k batches are consumed and dropped.
+        r = client.train(step, world_size=2, batches=iter(batches()), steps=STEPS, schedule=schedule(),
+                         resume=job, style=style)
+        assert_resumed_like(r, plain, job, k, client)
 
 
 def test_only_its_owner_or_an_admin_may_resume_a_job(tmp_path):
@@ -235,7 +223,7 @@ def test_fxdp_run_resume_continues_a_job_whose_worker_was_lost(tmp_path):
 
     def run(*args):
         return [fxdp_cli, "run", str(graph), "--world-size", "2", "--steps", str(STEPS), *data,
-                "--schedule", str(tmp_path / "lr.json"), "--json", "--server", address, *args]
+                "--schedule", str(tmp_path / "lr.json"), "--json", "--server", server.address, *args]
 
     def events(stdout):
         return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
@@ -243,8 +231,8 @@ def test_fxdp_run_resume_continues_a_job_whose_worker_was_lost(tmp_path):
     def losses(evs):
         return [e["loss"] for e in evs if e.get("state") == "RUNNING" and "loss" in e]
 
-    proc, address, log = start_server(tmp_path / "state", "--checkpoint-every", "2")
-    try:
+    with ServerProcess("--state-dir", tmp_path / "state", "--checkpoint-every", "2") as server:
+        address = server.address
         plain = subprocess.run(run("--state", str(state), "--out", str(tmp_path / "plain.safetensors")),
                                capture_output=True, text=True, timeout=120)
         assert plain.returncode == 0, plain.stderr
@@ -290,5 +278,3 @@ def test_fxdp_run_resume_continues_a_job_whose_worker_was_lost(tmp_path):
         bad = subprocess.run([fxdp_cli, "run", str(graph), *data, "--server", address], capture_output=True,
                              text=True, timeout=30)
         assert bad.returncode == 2 and "--state is required (unless --resume)" in bad.stderr, bad.stderr
-    finally:
-        stop(proc)

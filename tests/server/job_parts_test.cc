@@ -414,7 +414,7 @@ TEST(BatchSharder, AResumedJobTakesTheJobsStepsAndTheScheduleFromThere) {
       {{"optim.group0.lr", {0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8}}}, 8, "JobSpec.schedule"));
   server::BatchSharder sharder("job-x", 2, 1 << 20, &inputs, &names, &schedule);
   sharder.set_first_step(5);
-  const auto b = GlobalBatch(1);
+  const auto b = MlpBatch(1);
   absl::StatusOr<bool> wrong = sharder.Add(1, BatchMessage(1, b[0], true));
   EXPECT_THAT(wrong.status().message(),
               HasSubstr("got a StepBatch for step 1, expected step 6 (the job resumes after its checkpoint of step 5"));

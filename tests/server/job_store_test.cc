@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "analysis/ir/proto_codec.h"
+#include "analysis/ir/text.h"
 #include "server/compile_service.h"
 #include "server/job_recovery.h"
 #include "server/job_resume.h"
@@ -148,7 +150,7 @@ std::string WeightOf(const server::JobStore::Tensors& state) {
 TEST(JobStore, AFailedJobKeepsItsCheckpointAndSpecToBeResumed) {
   const std::string dir = TempDir();
   v1::JobSpec spec;  // a streamed job
-  *spec.mutable_graph() = ir::EncodeGraph(ValueOrDie(ir::ParseGraphText(ReadTestData("mlp_sgd.txt"))));
+  *spec.mutable_graph() = MlpGraph();
   spec.set_world_size(2);
   spec.set_steps(10);
   const std::vector<v1::TensorChunk> at4 = {F32("fc.weight", {3, 4}, 40), F32("fc.bias", {3}, 4)};
