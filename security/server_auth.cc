@@ -6,6 +6,8 @@
 #include <openssl/x509.h>
 #include <sys/stat.h>
 
+#include <cmath>
+#include <cstdint>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -15,6 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "grpc/grpc_security_constants.h"
 #include "grpcpp/security/auth_metadata_processor.h"
 
@@ -52,9 +55,20 @@ bool HasOrganization(X509_NAME* name, const char* org) {
   return false;
 }
 
+// The connection a call came on: the address of a property value of the
+// connection's AuthContext (every call's AuthContext chains to it), stable
+// while the connection lives. The processor sees nothing else of the peer.
+std::string ConnectionKey(const grpc::AuthContext& context) {
+  for (const grpc::string_ref& v : context.FindPropertyValues(GRPC_TRANSPORT_SECURITY_TYPE_PROPERTY_NAME)) {
+    return absl::StrCat("connection@", absl::Hex(reinterpret_cast<uintptr_t>(v.data())));
+  }
+  return "connection@unknown";
+}
+
 class Processor final : public grpc::AuthMetadataProcessor {
  public:
-  Processor(TokenTable tokens, bool certificates) : tokens_(std::move(tokens)), certificates_(certificates) {}
+  Processor(TokenTable tokens, bool certificates, AuthLimiterOptions limits)
+      : tokens_(std::move(tokens)), certificates_(certificates), limiter_(std::move(limits)) {}
 
   bool IsBlocking() const override { return false; }  // no I/O: runs inline
 
@@ -66,13 +80,17 @@ class Processor final : public grpc::AuthMetadataProcessor {
     if (auto it = md.find("authorization"); it != md.end()) {
       const std::string value(it->second.data(), it->second.size());
       consumed->insert({"authorization", value});
+      const std::string connection = ConnectionKey(*context);
+      if (const double left = limiter_.BlockedFor(connection); left > 0) return Blocked(left);
       constexpr absl::string_view kBearer = "Bearer ";
       if (!absl::StartsWith(value, kBearer)) {
+        limiter_.Failed(connection);
         return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                             "the authorization metadata is not 'Bearer TOKEN'");
       }
       who = tokens_.Match(absl::string_view(value).substr(kBearer.size()));
       if (!who.has_value()) {
+        limiter_.Failed(connection);
         return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "invalid token (fxdp-server does not know it)");
       }
     } else if (certificates_) {
@@ -106,6 +124,14 @@ class Processor final : public grpc::AuthMetadataProcessor {
   }
 
  private:
+  grpc::Status Blocked(double left_s) const {
+    const AuthLimiterOptions& o = limiter_.options();
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        absl::StrFormat("too many wrong tokens on this connection (%d within %.0f s): its calls with a "
+                                        "token are refused for %.0f s more (fxdp-server --max-auth-failures)",
+                                        o.max_failures, o.window_s, std::ceil(left_s)));
+  }
+
   // PrincipalOfCertificate, remembered per certificate (a connection's calls
   // all present the same one; TLS verified it already).
   absl::StatusOr<Principal> CertificatePrincipal(const std::string& pem) {
@@ -125,6 +151,7 @@ class Processor final : public grpc::AuthMetadataProcessor {
   static constexpr size_t kMaxCachedCertificates = 4096;
   const TokenTable tokens_;
   const bool certificates_;
+  AuthLimiter limiter_;
   std::mutex mu_;
   std::map<std::string, Principal> by_cert_;  // mu_
 };
@@ -224,7 +251,7 @@ absl::StatusOr<ServerSecurity> MakeServerSecurity(const ServerSecurityOptions& o
     return absl::InvalidArgumentError(
         "--client-tokens without --worker-token-file or --tls-ca: no worker could attach");
   }
-  out.credentials->SetAuthMetadataProcessor(std::make_shared<Processor>(std::move(tokens), !o.tls_ca.empty()));
+  out.credentials->SetAuthMetadataProcessor(std::make_shared<Processor>(std::move(tokens), !o.tls_ca.empty(), o.auth_limits));
   out.authenticates = true;
   out.summary = absl::StrCat("TLS", o.tls_ca.empty() ? "" : " (mutual: --tls-ca)", ", clients: ", clients,
                              ", workers: ", workers);

@@ -15,7 +15,11 @@
 //     certificates: "fxdp:workers" a worker, "fxdp:admins" an admin client,
 //     anything else a client;
 //   - else fails the call with UNAUTHENTICATED (health checks excepted);
-//   - a wrong token is UNAUTHENTICATED even when a certificate was given.
+//   - a wrong token is UNAUTHENTICATED even when a certificate was given;
+//     after AuthLimiterOptions::max_failures wrong tokens on one connection
+//     within its window, that connection's calls with a token are
+//     RESOURCE_EXHAUSTED for the block time (auth_limiter.h; audit-logged
+//     once).
 // Then it checks the role against the method: WorkerService.Attach takes
 // workers only, every other fxdp method clients only (PERMISSION_DENIED
 // otherwise). The principal is stored in the call's AuthContext
@@ -30,6 +34,7 @@
 
 #include "absl/status/statusor.h"
 #include "grpcpp/grpcpp.h"
+#include "security/auth_limiter.h"
 #include "security/tokens.h"
 
 namespace fxdp::security {
@@ -38,6 +43,7 @@ struct ServerSecurityOptions {
   std::string tls_cert, tls_key, tls_ca;  // PEM files
   std::string client_tokens;              // `TOKEN IDENTITY [admin]` lines
   std::string worker_token_file;          // the workers' join token
+  AuthLimiterOptions auth_limits;         // wrong tokens per connection (auth_limiter.h)
 };
 
 struct ServerSecurity {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "analysis/ir/declared_tensors.h"
 #include "analysis/ir/hyperparameters.h"
 #include "proto/fxdp/v1/compile.pb.h"
 #include "proto/fxdp/v1/jobs.pb.h"
@@ -65,6 +66,8 @@ struct Job {
   std::vector<InputSpec> inputs;
   ir::PlaceholderNames placeholders;  // of the single-device graph
   ir::Schedule schedule;              // JobSpec.schedule, checked
+  ir::DeclaredTensors declared_state;  // the state tensors the graph declares
+  ir::DeclaredTensors declared_batch;  // its INPUTs
   JobOwner owner;                     // set by the Submit call before the job thread starts
   // With --state-dir, for a data_paths job: the spec as submitted (graph,
   // schedule) until the table recorded it, and its initial state (whole

@@ -46,6 +46,15 @@ struct JobServiceOptions {
   // data_paths job resumes from there (job_recovery.h) and a FAILED job can
   // be resumed by its client (job_resume.h). 0: no checkpoints.
   int64_t checkpoint_every = 0;
+  // --max-initial-state-mb: initial states the server holds at once (with
+  // --state-dir a data_paths job's is taken at Submit and held until the job
+  // starts). Each such Submit reserves what its graph declares before
+  // reading any of it; more than is free is RESOURCE_EXHAUSTED.
+  uint64_t max_initial_state_bytes = uint64_t{4096} << 20;
+  // --max-batch-mb: one step's global batch as a streamed job's graph
+  // declares it (the server assembles it before slicing it); more is
+  // RESOURCE_EXHAUSTED at Submit.
+  uint64_t max_batch_bytes = uint64_t{2048} << 20;
   // --max-submit-streams: Submit calls at once (queued, running, or not yet
   // queued); more are RESOURCE_EXHAUSTED before a job thread starts.
   size_t max_submit_streams = 256;

@@ -84,6 +84,8 @@ absl::StatusOr<RecoveredJobs> RecoverJobs(JobStore* store, const Expander& expan
     job->inputs = std::move(p->inputs);
     job->placeholders = std::move(p->placeholders);
     job->schedule = std::move(p->schedule);
+    job->declared_state = std::move(p->state);
+    job->declared_batch = std::move(p->batch);
     job->initial_state = *std::move(initial);
     job->has_initial_state = true;
     job->recovered = true;

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -19,6 +20,7 @@ namespace fxdp::server {
 absl::Status RunJob(const JobContext& context, JobClient* client, std::shared_ptr<Job> job) {
   JobRunner runner(context, client, job);
   absl::Status status = runner.Serve();
+  runner.ReleaseHeldState();  // a job that ended before it started
   if (runner.queued()) {
     context.table->Finished(job);
     context.scheduler->Ended(job);
@@ -176,6 +178,11 @@ absl::Status JobRunner::TakeSpec() {
   job_->inputs = std::move(p->inputs);
   job_->placeholders = std::move(p->placeholders);
   job_->schedule = std::move(p->schedule);
+  job_->declared_state = std::move(p->state);
+  job_->declared_batch = std::move(p->batch);
+  // The state held until the job starts: the client's (data_paths under
+  // --state-dir) or the checkpoint a resume starts from.
+  if (absl::Status s = CheckDeclaredSizes(from_files || start.has_value()); !s.ok()) return s;
   if (start) {
     StartFromCheckpoint(*std::move(start));
     return absl::OkStatus();
@@ -408,6 +415,7 @@ absl::Status JobRunner::Steps() {
   const int64_t checkpoint_every = checkpointed ? ctx_.options.checkpoint_every : 0;
   std::deque<int64_t> checkpoints;
   StateStore::State checkpoint;
+  std::optional<ChunkStream> checkpoint_check;  // of `checkpoint`, against the graph
   struct Gathering {
     std::unique_ptr<StateGatherer> gather;
     std::vector<bool> done;
@@ -505,7 +513,12 @@ absl::Status JobRunner::Steps() {
       continue;
     }
     if (msg.rank == 0 && msg.m.has_state_chunk() && !checkpoints.empty()) {
+      if (!checkpoint_check) checkpoint_check.emplace("a checkpoint of rank 0", /*keep_data=*/false, &job_->declared_state);
+      if (absl::Status s = CheckRankState(&*checkpoint_check, msg.m.state_chunk()); !s.ok()) {
+        return Finish(v1::JOB_STATE_FAILED, s, -1);
+      }
       if (!AddStateChunk(msg, &checkpoint)) continue;
+      checkpoint_check.reset();
       SaveCheckpoint(checkpoints.front(), std::move(checkpoint));
       checkpoint.clear();
       checkpoints.pop_front();

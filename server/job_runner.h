@@ -66,6 +66,8 @@ struct JobContext {
   // Submit calls alive (JobServiceOptions::max_submit_streams); a SubmitCall
   // gives its slot back when it is done.
   std::atomic<size_t>* submit_streams = nullptr;
+  // Bytes of initial states held (JobServiceOptions::max_initial_state_bytes).
+  std::atomic<uint64_t>* held_state_bytes = nullptr;
 };
 
 // Runs `job` for `client` to its end (see above); the job's Submit status. A
@@ -82,6 +84,9 @@ class JobRunner {
   absl::Status Serve();
   // Whether the job got a place in the queue (and so in the table).
   bool queued() const { return queued_; }
+  // Drops the initial state held for the job (--state-dir) and gives back
+  // its reservation (JobServiceOptions::max_initial_state_bytes).
+  void ReleaseHeldState();
 
  private:
   enum class Got { kWorker, kClient, kClientEnd, kCancel, kTimeout };
@@ -96,6 +101,13 @@ class JobRunner {
   // checkpoint's state, step and losses.
   void StartFromCheckpoint(ResumeStart start);
   absl::Status TakeInitialState();
+  // What the graph declares against the server's limits (a step's batch;
+  // the state to hold), before anything of it is read: RESOURCE_EXHAUSTED
+  // naming the bytes, the limit and its flag.
+  absl::Status CheckDeclaredSizes(bool hold_state);
+  // JobSpec.num_state_tensors against the graph's state tensors, before the
+  // client's state is read.
+  absl::Status CheckStateCount() const;
   bool WaitInQueue(absl::Status* status);
   absl::Status Run();
   absl::Status Assign();
@@ -107,6 +119,12 @@ class JobRunner {
   absl::Status RequestState(bool end_job);
   // A rank-0 StateChunk into `state`; true when it was the last.
   static bool AddStateChunk(Job::Msg& msg, StateStore::State* state);
+  // A StateChunk of rank 0's state (REPLICATE: a checkpoint, the final
+  // state) against the graph's state tensors (`check`: this state's stream,
+  // on ir::DeclaredTensors), so a worker cannot make the server hold more
+  // than the graph declares; with `last` the state must be complete.
+  // DATA_LOSS naming the rank, the tensor and what is wrong.
+  absl::Status CheckRankState(ChunkStream* check, const v1::StateChunk& chunk) const;
   void StepDone(int64_t step, const std::vector<v1::StepResult>& results);
   // --checkpoint-every: records the state after job step `step` once that
   // step's loss is recorded too (rank 0's state can arrive before the other
@@ -150,6 +168,7 @@ class JobRunner {
   int64_t steps_ = 0;  // 0: until the client half-closes; this run's steps
   int64_t first_ = 0;  // steps done before this run (job_->first_step)
   std::deque<std::pair<int64_t, StateStore::State>> deferred_checkpoints_;  // oldest first
+  uint64_t held_reserved_ = 0;  // of ctx_.held_state_bytes
 };
 
 }  // namespace fxdp::server

@@ -7,18 +7,74 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "server/job_runner.h"
 #include "server/raw_tensors.h"
 #include "server/state_shards.h"
 
 namespace fxdp::server {
+namespace {
+
+std::string MiB(uint64_t bytes) {
+  return absl::StrFormat("%.1f MiB (%d bytes)", static_cast<double>(bytes) / (1 << 20), bytes);
+}
+
+}  // namespace
+
+absl::Status JobRunner::CheckDeclaredSizes(bool hold_state) {
+  const JobServiceOptions& o = ctx_.options;
+  if (job_->spec.data_paths_size() == 0 && job_->declared_batch.bytes() > o.max_batch_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the graph's ", job_->declared_batch.size(), " INPUTs declare a global batch of ", MiB(job_->declared_batch.bytes()),
+        " per step (", job_->declared_batch.Names(), "), over this server's limit of ", o.max_batch_bytes >> 20,
+        " MiB (fxdp-server --max-batch-mb)"));
+  }
+  if (!hold_state) return absl::OkStatus();
+  const uint64_t want = job_->declared_state.bytes();
+  const uint64_t max = o.max_initial_state_bytes;
+  const std::string declared =
+      absl::StrCat("the graph declares ", job_->declared_state.size(), " state tensors of ", MiB(want), " in all");
+  if (want > max) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        declared, ", over this server's limit of ", max >> 20, " MiB for the initial states it holds "
+        "(fxdp-server --max-initial-state-mb; with --state-dir a data_paths job's state is held from its "
+        "Submit until it starts)"));
+  }
+  if (ctx_.held_state_bytes == nullptr) return absl::OkStatus();
+  uint64_t held = ctx_.held_state_bytes->load();
+  do {
+    if (held + want > max) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          declared, "; the initial states of other jobs that have not started yet hold ", MiB(held), " of this "
+          "server's ", max >> 20, " MiB (fxdp-server --max-initial-state-mb): submit again once they ran"));
+    }
+  } while (!ctx_.held_state_bytes->compare_exchange_weak(held, held + want));
+  held_reserved_ = want;
+  return absl::OkStatus();
+}
+
+void JobRunner::ReleaseHeldState() {
+  std::vector<v1::TensorChunk>().swap(job_->initial_state);
+  if (held_reserved_ > 0 && ctx_.held_state_bytes != nullptr) ctx_.held_state_bytes->fetch_sub(held_reserved_);
+  held_reserved_ = 0;
+}
+
+absl::Status JobRunner::CheckStateCount() const {
+  const uint32_t n = job_->spec.num_state_tensors();
+  if (n == job_->declared_state.size()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("JobSpec.num_state_tensors is ", n, ", the graph declares ",
+                                                 job_->declared_state.size(), " state tensors (", job_->declared_state.Names(),
+                                                 ")"));
+}
 
 // Before the job is queued (--state-dir, data_paths): its initial state,
 // whole, kept on the job.
 absl::Status JobRunner::TakeInitialState() {
   const uint32_t n = job_->spec.num_state_tensors();
-  ChunkStream stream("initial state", /*keep_data=*/true);
+  if (absl::Status s = CheckStateCount(); !s.ok()) return s;
+  ChunkStream stream("initial state", /*keep_data=*/true, &job_->declared_state);
   v1::SubmitJobRequest req;
   Job::Msg unused;
   client_->SetReadBudget(ctx_.options.read_ahead_bytes);
@@ -60,6 +116,9 @@ absl::Status JobRunner::ForwardState() {
   v1::ServerMessage m;
   v1::StateChunk* sc = m.mutable_state_chunk();
   sc->set_job_id(id_);
+  if (!job_->has_initial_state) {  // the client streams it
+    if (absl::Status s = CheckStateCount(); !s.ok()) return BadInput(s.message());
+  }
   if (n == 0) {
     sc->set_last(true);
     return SendAll(m);
@@ -73,6 +132,8 @@ absl::Status JobRunner::ForwardState() {
   }
   std::vector<std::optional<v1::TensorChunk>> held(world_);
   if (job_->has_initial_state) {  // taken before the job was queued (--state-dir)
+    // Its reservation is given back once it is sent (after `state` is freed).
+    absl::Cleanup release = [this] { ReleaseHeldState(); };
     std::vector<v1::TensorChunk> state = std::move(job_->initial_state);
     job_->initial_state.clear();
     std::vector<v1::TensorChunk> pieces;
@@ -92,7 +153,7 @@ absl::Status JobRunner::ForwardState() {
     }
     return absl::OkStatus();
   }
-  ChunkStream stream("initial state", /*keep_data=*/false);
+  ChunkStream stream("initial state", /*keep_data=*/false, &job_->declared_state);
   v1::SubmitJobRequest req;
   Job::Msg msg;
   std::vector<v1::TensorChunk> pieces;
@@ -170,6 +231,16 @@ absl::Status JobRunner::RequestState(bool end_job) {
   return ranks_->Send(0, m) ? absl::OkStatus() : Lost(0);
 }
 
+absl::Status JobRunner::CheckRankState(ChunkStream* check, const v1::StateChunk& c) const {
+  absl::Status s = c.has_tensor() ? check->Add(c.tensor()) : absl::OkStatus();
+  if (s.ok() && c.last() && (check->pending() || check->complete() != job_->declared_state.size())) {
+    s = absl::InvalidArgumentError(absl::StrCat(check->what(), " ended after ", check->complete(), " complete tensors of the ",
+                                                job_->declared_state.size(), " the graph declares"));
+  }
+  if (s.ok()) return s;
+  return absl::DataLossError(absl::StrCat("job ", id_, ": ", s.message()));
+}
+
 bool JobRunner::AddStateChunk(Job::Msg& msg, StateStore::State* state) {
   v1::StateChunk& c = *msg.m.mutable_state_chunk();
   if (c.has_tensor()) state->push_back(std::move(*c.mutable_tensor()));
@@ -188,13 +259,18 @@ absl::Status JobRunner::End() {
   if (absl::Status s = RequestState(/*end_job=*/true); !s.ok()) return s;
   ranks_->CancelOthers("the job finished (state fetched from rank 0)");
   auto state = std::make_shared<StateStore::State>();
+  ChunkStream check("the final state of rank 0", /*keep_data=*/false, &job_->declared_state);
   Job::Msg msg;
   while (true) {
     const Got got = Next(false, true, 3600, &msg);
     if (got == Got::kCancel) return Cancelled();
     if (got != Got::kWorker || msg.rank != 0) continue;  // the others end by CancelJob
     if (msg.lost || msg.m.has_job_failed()) return Failed(msg);
-    if (msg.m.has_state_chunk() && AddStateChunk(msg, state.get())) break;
+    if (!msg.m.has_state_chunk()) continue;
+    if (absl::Status s = CheckRankState(&check, msg.m.state_chunk()); !s.ok()) {
+      return Finish(v1::JOB_STATE_FAILED, s, -1);
+    }
+    if (AddStateChunk(msg, state.get())) break;
   }
   ctx_.table->KeepState(job_, std::move(state));
   job_->SetState(v1::JOB_STATE_SUCCEEDED);

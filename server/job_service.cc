@@ -53,6 +53,7 @@ JobServiceImpl::JobServiceImpl(CompileServiceImpl* compile, WorkerPool* workers,
   context_.scheduler = &scheduler_;
   context_.store = store;
   context_.submit_streams = &submit_streams_;
+  context_.held_state_bytes = &held_state_bytes_;
 }
 
 JobServiceImpl::~JobServiceImpl() {

@@ -72,6 +72,7 @@ class JobServiceImpl final : public v1::JobService::WithCallbackMethod_Submit<v1
   NoClient no_client_;
   std::vector<std::thread> recovered_;  // runners of the jobs queued again
   std::atomic<size_t> submit_streams_{0};  // SubmitCalls alive (--max-submit-streams)
+  std::atomic<uint64_t> held_state_bytes_{0};  // initial states held (--max-initial-state-mb)
   std::atomic<int64_t> refused_submits_{0};
 };
 

@@ -105,6 +105,8 @@ absl::StatusOr<PreparedSpec> PrepareJobSpec(v1::JobSpec spec, const Expander& ex
   if (expanded->graphs_size() == 0) return absl::InternalError("the expansion returned no graph");
   p.expanded = *std::move(expanded);
   p.inputs = GraphInputs(xr.graph());
+  p.state = ir::DeclaredTensors::Of(xr.graph(), ir::DeclaredTensors::Kind::kState);
+  p.batch = ir::DeclaredTensors::Of(xr.graph(), ir::DeclaredTensors::Kind::kBatch);
   p.spec = std::move(spec);
   return p;
 }

@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "analysis/ir/declared_tensors.h"
 #include "analysis/ir/hyperparameters.h"
 #include "proto/fxdp/v1/compile.pb.h"
 #include "proto/fxdp/v1/jobs.pb.h"
@@ -52,6 +53,8 @@ struct PreparedSpec {
   std::vector<InputSpec> inputs;
   ir::PlaceholderNames placeholders;
   ir::Schedule schedule;
+  ir::DeclaredTensors state;  // the single-device graph's state tensors
+  ir::DeclaredTensors batch;  // its INPUTs
 };
 
 // Validates `spec`, checks its schedule, expands its graph (an empty

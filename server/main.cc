@@ -33,6 +33,7 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "security/server_auth.h"
+#include "server/audit.h"
 #include "server/compile_service.h"
 #include "server/job_service.h"
 #include "server/job_store.h"
@@ -53,6 +54,8 @@ constexpr char kUsage[] =
     "                   [--health-listen HOST:PORT] [--state-dir DIR [--checkpoint-every K]]\n"
     "                   [--max-graph-nodes N] [--max-graph-mb N] [--max-worker-streams N]\n"
     "                   [--max-submit-streams N] [--register-deadline-s S]\n"
+    "                   [--max-initial-state-mb N] [--max-batch-mb N]\n"
+    "                   [--max-auth-failures N] [--auth-block-s S]\n"
     "\n"
     "Serves fxdp.v1.CompileService (Analyze, Expand), fxdp.v1.WorkerService (Attach:\n"
     "the workers' endpoint, ListWorkers) and fxdp.v1.JobService (Submit, GetJob, ListJobs,\n"
@@ -112,6 +115,13 @@ constexpr char kUsage[] =
     "                        (default 256)\n"
     "  --register-deadline-s S  an Attach that sends no Register within S seconds is\n"
     "                        ended with DEADLINE_EXCEEDED (default 10)\n"
+    "  --max-initial-state-mb N  initial states held at once, MiB: with --state-dir a\n"
+    "                        data_paths job's state is taken at Submit and held until the\n"
+    "                        job starts; a Submit whose graph declares more state than is\n"
+    "                        free is RESOURCE_EXHAUSTED (default 4096)\n"
+    "  --max-batch-mb N      one step's global batch as a streamed job's graph declares it\n"
+    "                        (the server assembles it to slice it), MiB; more is\n"
+    "                        RESOURCE_EXHAUSTED at Submit (default 2048)\n"
     "\n"
     "Security (docs/security.md). Without the flags below the server serves plain gRPC\n"
     "without authentication, which it does only on a loopback --listen address:\n"
@@ -129,6 +139,10 @@ constexpr char kUsage[] =
     "  --health-listen HOST:PORT  also serve grpc.health.v1 alone, in plain text, here (for\n"
     "                        Kubernetes' gRPC probes, which cannot use TLS); no fxdp\n"
     "                        service is served on it\n"
+    "  --max-auth-failures N after N wrong tokens within 60 s on one connection, its calls\n"
+    "                        with a token are RESOURCE_EXHAUSTED for --auth-block-s\n"
+    "                        (audit-logged once; default 20; 0: no limit)\n"
+    "  --auth-block-s S      how long such a connection is refused (default 60)\n"
     "Any of --client-tokens, --worker-token-file, --tls-ca makes every call authenticate\n"
     "(UNAUTHENTICATED otherwise; health checks excepted) and needs TLS.\n"
     "\n"
@@ -205,6 +219,9 @@ int main(int argc, char** argv) {
   f.String("--client-tokens", &security_options.client_tokens);
   f.String("--worker-token-file", &security_options.worker_token_file);
   f.Bool("--insecure", &insecure);
+  int64_t max_auth_failures = security_options.auth_limits.max_failures;
+  IntFlag(f, "--max-auth-failures", &max_auth_failures, 0, 1 << 20);
+  SecondsFlag(f, "--auth-block-s", &security_options.auth_limits.block_s);
   std::string health_listen;
   f.String("--health-listen", &health_listen);
   std::string state_dir;
@@ -223,6 +240,10 @@ int main(int argc, char** argv) {
   IntFlag(f, "--max-worker-streams", &max_worker_streams, 1, 1 << 20);
   IntFlag(f, "--max-submit-streams", &max_submit_streams, 1, 1 << 20);
   SecondsFlag(f, "--register-deadline-s", &registry_options.register_deadline_s);
+  int64_t max_initial_state_mb = static_cast<int64_t>(job_options.max_initial_state_bytes >> 20);
+  int64_t max_batch_mb = static_cast<int64_t>(job_options.max_batch_bytes >> 20);
+  IntFlag(f, "--max-initial-state-mb", &max_initial_state_mb, 0, INT64_MAX >> 20);
+  IntFlag(f, "--max-batch-mb", &max_batch_mb, 1, INT64_MAX >> 20);
   if (int rc = f.Parse(std::vector<std::string>(argv + 1, argv + argc), nullptr); rc >= 0) return rc;
 
   // Signals are taken by a dedicated thread (sigwait): block them before gRPC
@@ -233,6 +254,12 @@ int main(int argc, char** argv) {
   sigaddset(&sigs, SIGINT);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
+  security_options.auth_limits.max_failures = static_cast<int>(max_auth_failures);
+  security_options.auth_limits.on_block = [](const std::string& connection, int failures) {
+    fxdp::server::Audit("auth_blocked", {{"connection", connection},
+                                         {"failures", absl::StrCat(failures)},
+                                         {"result", "its calls with a token are refused (--auth-block-s)"}});
+  };
   absl::StatusOr<fxdp::security::ServerSecurity> security =
       fxdp::security::MakeServerSecurity(security_options);
   if (!security.ok()) return f.Usage(std::string(security.status().message()));
@@ -255,6 +282,8 @@ int main(int argc, char** argv) {
   job_options.max_state_bytes = static_cast<uint64_t>(max_state_mb) << 20;
   job_options.max_finished_jobs = static_cast<size_t>(max_finished);
   job_options.max_submit_streams = static_cast<size_t>(max_submit_streams);
+  job_options.max_initial_state_bytes = static_cast<uint64_t>(max_initial_state_mb) << 20;
+  job_options.max_batch_bytes = static_cast<uint64_t>(max_batch_mb) << 20;
   limits.max_request_bytes = max_graph_mb << 20;
   registry_options.max_streams = static_cast<int>(max_worker_streams);
   if (local_workers > 0) {

@@ -44,6 +44,9 @@ absl::Status ChunkStream::Add(const v1::TensorChunk& c) {
   } else {
     if (c.name().empty()) return absl::InvalidArgumentError(absl::StrCat(what_, ": a tensor without a name"));
     if (names_.count(c.name())) return error("sent twice");
+    if (declared_ != nullptr) {
+      if (absl::Status s = declared_->CheckFirstChunk(c, what_); !s.ok()) return s;
+    }
     absl::StatusOr<int> item = ItemSize(c.dtype());
     if (!item.ok()) return error(std::string(item.status().message()));
     uint64_t bytes = static_cast<uint64_t>(*item);

@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "analysis/ir/declared_tensors.h"
 #include "analysis/ir/raw_tensor.h"
 #include "proto/fxdp/v1/worker.pb.h"
 
@@ -35,10 +36,14 @@ std::string TypeString(ir::DType dtype, const std::vector<int64_t>& shape);
 // complete, no name twice. With `keep_data` it also assembles the complete
 // tensors (Take). Errors are INVALID_ARGUMENT starting with `what` ("initial
 // state", "step 3's batch") and naming the tensor, the field, what was
-// expected and what came.
+// expected and what came. With `declared` (which outlives the stream) each
+// tensor's first chunk must also be one of those tensors, with its dtype and
+// shape (DeclaredTensors::CheckFirstChunk), so a stream never holds more than
+// what the graph declares.
 class ChunkStream {
  public:
-  ChunkStream(std::string what, bool keep_data) : what_(std::move(what)), keep_(keep_data) {}
+  ChunkStream(std::string what, bool keep_data, const ir::DeclaredTensors* declared = nullptr)
+      : what_(std::move(what)), keep_(keep_data), declared_(declared) {}
 
   absl::Status Add(const v1::TensorChunk& chunk);
   // A tensor is partly received.
@@ -46,12 +51,14 @@ class ChunkStream {
   const std::string& pending_name() const { return cur_.name; }
   // Complete tensors so far.
   size_t complete() const { return complete_; }
+  const std::string& what() const { return what_; }
   // keep_data: the complete tensors, in order; forgets them.
   std::vector<RawTensor> Take();
 
  private:
   std::string what_;
   bool keep_;
+  const ir::DeclaredTensors* declared_;
   std::set<std::string> names_;
   std::vector<RawTensor> done_;
   RawTensor cur_;  // data only with keep_

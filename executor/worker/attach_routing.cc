@@ -176,6 +176,10 @@ void AttachedWorker::HandleAssign(v1::AssignJob& a, const std::shared_ptr<Sessio
   job->steps = a.steps();
   job->num_state = a.num_state_tensors();
   job->assign.Swap(&a);
+  job->declared_state = ir::DeclaredTensors::Of(job->assign.graph(), ir::DeclaredTensors::Kind::kState);
+  job->declared_batch = ir::DeclaredTensors::Of(job->assign.graph(), ir::DeclaredTensors::Kind::kBatch);
+  job->state_asm.Expect(&job->declared_state);
+  job->batch_asm.Expect(&job->declared_batch, job->assign.batches_sharded() ? 1 : job->world_size);
   job->assigned_at = Clock::now();
   job->session = session;
   job_ = job;

@@ -155,6 +155,9 @@ struct Job {
   // Set by whoever sends the job's final message (JobFailed or JobEnded).
   std::atomic<bool> final_sent{false};
 
+  // What the rank graph declares (set before any chunk is routed; the
+  // assemblers check each tensor against it before allocating it).
+  ir::DeclaredTensors declared_state, declared_batch;
   // Main thread only: tensors being assembled from chunks.
   TensorAssembler state_asm;
   bool state_done = false;

@@ -51,6 +51,7 @@ absl::Status TensorAssembler::Add(const v1::TensorChunk& c) {
     const uint64_t item = static_cast<uint64_t>(ir::DTypeItemSize(*dt));
     if (numel > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / item)
       return bad("shape ", ShapeString(c.shape()), " is too large");
+    if (declared_ != nullptr) FXDP_RETURN_IF_ERROR(declared_->CheckFirstChunk(c, "", world_size_));
     try {
       c10::InferenceMode guard(false);  // a normal tensor: the program may update it in place
       cur_ = at::empty(shape, at::TensorOptions().dtype(ToTorch(*dt)).device(at::kCPU));

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "analysis/ir/declared_tensors.h"
 #include "executor/interpreter.h"
 #include "proto/fxdp/v1/worker.pb.h"
 
@@ -23,11 +24,20 @@ inline constexpr size_t kDefaultChunkBytes = size_t{1} << 20;
 // Builds CPU tensors from TensorChunk messages, checking worker.proto's rules:
 // a known dtype, non-negative dims, chunks of one tensor in order without gaps
 // (the first at offset 0), no chunk past the tensor's end, no tensor started
-// before the previous one is complete, no name twice. Errors are
-// INVALID_ARGUMENT naming the tensor (RESOURCE_EXHAUSTED when it cannot be
-// allocated).
+// before the previous one is complete, no name twice. With Expect, each
+// tensor must also be one the graph declares, with its dtype and shape
+// (ir::DeclaredTensors::CheckFirstChunk), checked before its memory is
+// allocated: a message cannot make the worker allocate more than its graph
+// needs. Errors are INVALID_ARGUMENT naming the tensor (RESOURCE_EXHAUSTED
+// when it cannot be allocated).
 class TensorAssembler {
  public:
+  // `declared` outlives the assembler; `world_size` > 1 admits a global
+  // batch along an INPUT's batch dim (not yet sharded for this rank).
+  void Expect(const ir::DeclaredTensors* declared, int world_size = 1) {
+    declared_ = declared;
+    world_size_ = world_size;
+  }
   absl::Status Add(const v1::TensorChunk& chunk);
   // A tensor is partly received (its name; "" when none).
   bool pending() const { return active_; }
@@ -39,6 +49,8 @@ class TensorAssembler {
 
  private:
   TensorMap done_;
+  const ir::DeclaredTensors* declared_ = nullptr;
+  int world_size_ = 1;
   bool active_ = false;
   std::string name_;
   at::Tensor cur_;

@@ -114,7 +114,8 @@ def test_a_sharded_tensor_of_the_wrong_shape_is_refused(server):
     with pytest.raises(fxdp.ServerError) as e:
         client.train(step, world_size=2, batches=batches(1), state=state, style="fully_shard")
     assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
-    assert "initial state: tensor 'fc1.weight' is f32[10, 16], the graph's is f32[16, 10]" in str(e.value)
+    assert ("initial state: tensor 'fc1.weight' is f32[10, 16], the graph's placeholder 'p_fc1_weight' declares "
+            "f32[16, 10]") in str(e.value)
 
 
 def test_job_info_says_the_style(server):

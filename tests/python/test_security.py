@@ -441,10 +441,15 @@ def test_a_data_path_with_a_newline_cannot_inject_a_log_line(server, pki):
     alice = client(address, pki, "alice")
     with _client_channel(address, pki) as ch:
         from fxdp.v1 import jobs_pb2_grpc as jgrpc
-        spec = jpb.JobSpec(graph=traced(MODEL, OPTIM).graph, world_size=1, steps=1, num_state_tensors=0,
+        from fxdp.client import _chunks
+        step = traced(MODEL, OPTIM)
+        state = step.initial_state()
+        spec = jpb.JobSpec(graph=step.graph, world_size=1, steps=1, num_state_tensors=len(state),
                            name="paths", data_paths=["/nonexistent\n" + FORGED])
+        reqs = [jpb.SubmitJobRequest(spec=spec)] + [jpb.SubmitJobRequest(state=c)
+                                                     for k, v in state.items() for c in _chunks(k, v)]
         with pytest.raises(grpc.RpcError) as e:
-            list(jgrpc.JobServiceStub(ch).Submit(iter([jpb.SubmitJobRequest(spec=spec)]), timeout=30))
+            list(jgrpc.JobServiceStub(ch).Submit(iter(reqs), timeout=30))
         assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED, e.value
     assert alice.jobs()
     time.sleep(0.5)
@@ -488,3 +493,44 @@ def test_unauthenticated_streams_cost_the_server_no_thread(server, pki):
             c.cancel()
     assert during <= before + 8, (before, during)
     assert admin.jobs() is not None
+
+
+def test_wrong_tokens_are_rate_limited_per_connection(pki):
+    """After --max-auth-failures wrong tokens on one connection, its calls with a token (a right one
+    too: a blocked guesser must not learn when it guessed right) are RESOURCE_EXHAUSTED for
+    --auth-block-s, audit-logged once; other connections go on."""
+    extra = [*server_args(pki), "--max-auth-failures", "3", "--auth-block-s", "2"]
+    with local_server(workers=0, extra_args=extra) as (address, log):
+        ca = grpc.ssl_channel_credentials((pki / "ca.pem").read_bytes())
+        alice = (pki / "alice.token").read_text().strip()
+        raw = dict(request_serializer=lambda b: b, response_deserializer=lambda b: b)
+
+        def connection():  # its own TCP + TLS connection (no shared subchannel)
+            return grpc.secure_channel(address, ca, options=[("grpc.use_local_subchannel_pool", 1)])
+
+        def list_jobs(ch, token):
+            return ch.unary_unary("/fxdp.v1.JobService/ListJobs", **raw)(
+                b"", metadata=[("authorization", f"Bearer {token}")], timeout=10)
+
+        def code(ch, token):
+            with pytest.raises(grpc.RpcError) as e:
+                list_jobs(ch, token)
+            return e.value
+
+        guesser, other = connection(), connection()
+        for i in range(3):
+            assert code(guesser, f"guess-{i:012d}").code() == UNAUTHENTICATED
+        blocked = code(guesser, alice)
+        assert blocked.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, blocked
+        assert "too many wrong tokens on this connection (3 within 60 s)" in blocked.details()
+        assert "--max-auth-failures" in blocked.details()
+        assert code(guesser, "guess-again-000000").code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        list_jobs(other, alice)  # another connection is not blocked
+        time.sleep(2.2)
+        list_jobs(guesser, alice)  # the block is over
+        time.sleep(0.2)
+        lines = [x for x in log if 'audit event="auth_blocked"' in x]
+        assert len(lines) == 1, lines
+        assert 'failures="3"' in lines[0] and "guess" not in "".join(log)
+        guesser.close()
+        other.close()

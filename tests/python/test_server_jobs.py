@@ -351,10 +351,11 @@ def test_malformed_submissions(server):
         wait_idle(workers)
         err = submit_error(jobs, list(reqs))
         assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and want in err.details(), (want, err)
-    # One state tensor fewer than the graph reads: the workers name it.
+    # One state tensor fewer than the graph reads: refused before any is read.
     wait_idle(workers)
     err = submit_error(jobs, list(requests(2, 1, num_state=len(state) - 1)))
-    assert err.code() == grpc.StatusCode.NOT_FOUND and f"lacks '{list(state)[-1]}'" in err.details(), err
+    want = f"JobSpec.num_state_tensors is {len(state) - 1}, the graph declares {len(state)} state tensors"
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and want in err.details(), err
     wait_idle(workers, timeout=10)
 
 

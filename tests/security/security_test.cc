@@ -1,10 +1,14 @@
 // security/: the token table, listen-address policy, and the audit log's
 // escaping (server/audit.h). TLS itself is tested end to end with real
 // certificates in tests/python/test_security.py.
+#include <chrono>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
+#include "security/auth_limiter.h"
 #include "security/server_auth.h"
 #include "security/tokens.h"
 #include "server/audit.h"
@@ -49,6 +53,54 @@ TEST(TokenTable, ErrorsNameTheLineNeverTheToken) {
     EXPECT_TRUE(absl::StrContains(t.status().message(), c.want)) << t.status();
     EXPECT_FALSE(absl::StrContains(t.status().message(), kAlice)) << t.status();
   }
+}
+
+// Issue 17: wrong tokens are limited per connection: the N-th failure within
+// the window blocks it (reported once), for block_s; other connections go on;
+// failures older than the window do not count.
+TEST(AuthLimiter, BlocksAPeerAfterTooManyFailuresWithinTheWindowAndReportsItOnce) {
+  std::vector<std::pair<std::string, int>> reported;
+  AuthLimiterOptions o;
+  o.max_failures = 3;
+  o.window_s = 10;
+  o.block_s = 60;
+  o.on_block = [&](const std::string& peer, int failures) { reported.emplace_back(peer, failures); };
+  AuthLimiter limiter(o);
+  const auto t0 = AuthLimiter::Clock::now();
+  auto at = [&](double s) { return t0 + std::chrono::duration_cast<AuthLimiter::Clock::duration>(
+                                            std::chrono::duration<double>(s)); };
+  EXPECT_FALSE(limiter.Failed("a", at(0)));
+  EXPECT_FALSE(limiter.Failed("a", at(1)));
+  EXPECT_FALSE(limiter.Failed("a", at(11.5)));  // the first two left the window
+  EXPECT_FALSE(limiter.Failed("a", at(12)));
+  EXPECT_EQ(limiter.BlockedFor("a", at(12)), 0);
+  EXPECT_TRUE(limiter.Failed("a", at(13)));  // three within 10 s
+  EXPECT_DOUBLE_EQ(limiter.BlockedFor("a", at(13)), 60);
+  EXPECT_NEAR(limiter.BlockedFor("a", at(43)), 30, 1e-6);
+  EXPECT_FALSE(limiter.Failed("a", at(14)));  // blocked: counted once
+  EXPECT_EQ(limiter.BlockedFor("b", at(14)), 0);  // another connection
+  EXPECT_EQ(limiter.BlockedFor("a", at(73.5)), 0);  // the block is over
+  ASSERT_EQ(reported.size(), 1u);
+  EXPECT_EQ(reported[0], std::make_pair(std::string("a"), 3));
+  // 0: no limit.
+  o.max_failures = 0;
+  AuthLimiter off(o);
+  for (int i = 0; i < 100; ++i) EXPECT_FALSE(off.Failed("a", at(0)));
+  EXPECT_EQ(off.BlockedFor("a", at(0)), 0);
+}
+
+TEST(AuthLimiter, TracksAtMostMaxPeers) {
+  AuthLimiterOptions o;
+  o.max_failures = 2;
+  o.max_peers = 100;
+  AuthLimiter limiter(o);
+  const auto now = AuthLimiter::Clock::now();
+  limiter.Failed("first", now);
+  limiter.Failed("first", now);  // blocked
+  for (int i = 0; i < 1000; ++i) limiter.Failed(absl::StrCat("peer", i), now + std::chrono::seconds(1));
+  // Memory stays bounded; the oldest failures went first, the block stays.
+  EXPECT_LE(limiter.peers(), 100u);
+  EXPECT_GT(limiter.BlockedFor("first", now + std::chrono::seconds(2)), 0);
 }
 
 TEST(Listen, LoopbackOnlyForLocalAddresses) {

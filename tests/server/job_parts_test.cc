@@ -8,6 +8,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -20,6 +24,7 @@
 #include "server/job_runner.h"
 #include "server/job_scheduler.h"
 #include "server/job_spec.h"
+#include "server/job_store.h"
 #include "server/job_table.h"
 #include "server/worker_pool.h"
 #include "tests/server/mlp_job.h"
@@ -121,6 +126,8 @@ class InProcessWorkers : public server::WorkerPool {
     std::lock_guard<std::mutex> l(mu_);
     return workers_.at(id).jobs;
   }
+  // A hostile or broken worker: edits the state it sends on FetchState.
+  std::function<void(std::vector<v1::WorkerMessage>*)> edit_fetched;
 
  private:
   struct Worker {
@@ -173,6 +180,7 @@ class InProcessWorkers : public server::WorkerPool {
           *c->mutable_tensor() = t;
         }
         out->back().mutable_state_chunk()->set_last(true);
+        if (edit_fetched) edit_fetched(out);
         if (m.fetch_state().end_job()) End(w, rec, out);
         return;
       case v1::ServerMessage::kCancelJob:
@@ -340,6 +348,104 @@ TEST(JobRunner, ABadSpecIsRefusedBeforeItIsQueued) {
   EXPECT_THAT(s.message(), HasSubstr("JobSpec.world_size must be >= 1, got 0"));
   EXPECT_TRUE(parts.table.All().empty());
   EXPECT_TRUE(client.events().empty());
+}
+
+// Issue 17: the client's initial state is checked against the graph's state
+// placeholders as it arrives (name, dtype, shape, count), and a state the
+// server holds (--state-dir, data_paths) is bounded by what the graph
+// declares and by --max-initial-state-mb, reserved before any of it is read.
+TEST(JobRunner, InitialStateIsCheckedAgainstTheGraphAndItsHeldBytesAreBounded) {
+  std::string dir = ::testing::TempDir() + "fxdp_bound_XXXXXX";
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  auto store = ValueOrDie(server::JobStore::Open(dir));
+  server::JobServiceOptions o = FastOptions();
+  o.max_initial_state_bytes = 100;  // the MLP's state is 60 bytes
+  Parts parts(1, o);
+  std::atomic<uint64_t> held{0};
+  parts.context.store = store.get();
+  parts.context.held_state_bytes = &held;
+  auto submit = [&](std::function<void(std::vector<v1::SubmitJobRequest>&)> edit) {
+    std::vector<v1::SubmitJobRequest> req = Requests(1, 1);
+    req.resize(3);  // spec and state: the workers read the batches
+    req[0].mutable_spec()->add_data_paths("/data/a.safetensors");
+    if (edit) edit(req);
+    QueuedClient client;
+    return parts.Run(req, &client);
+  };
+  auto expect = [&](absl::Status s, absl::StatusCode code, const std::string& want) {
+    EXPECT_EQ(s.code(), code) << s;
+    EXPECT_THAT(s.message(), HasSubstr(want));
+    EXPECT_EQ(held.load(), 0u) << want;  // the reservation was given back
+  };
+  // A tensor declared far larger than the graph's (the never-ending stream).
+  expect(submit([](auto& r) {
+           r[1].mutable_state()->clear_shape();
+           r[1].mutable_state()->add_shape(int64_t{1} << 36);
+         }),
+         absl::StatusCode::kInvalidArgument,
+         "initial state: tensor 'fc.weight' is f32[68719476736], the graph's placeholder 'w' declares f32[3, 4]");
+  expect(submit([](auto& r) { r[2].mutable_state()->set_dtype(v1::FLOAT64); }),
+         absl::StatusCode::kInvalidArgument, "tensor 'fc.bias' is f64[3], the graph's placeholder 'b' declares f32[3]");
+  expect(submit([](auto& r) { r[2].mutable_state()->set_name("fc.extra"); }), absl::StatusCode::kInvalidArgument,
+         "tensor 'fc.extra' is not a state tensor of the graph (its 2: fc.weight, fc.bias)");
+  expect(submit([](auto& r) { r[2] = r[1]; }), absl::StatusCode::kInvalidArgument, "tensor 'fc.weight': sent twice");
+  expect(submit([](auto& r) { r[0].mutable_spec()->set_num_state_tensors(3); }), absl::StatusCode::kInvalidArgument,
+         "JobSpec.num_state_tensors is 3, the graph declares 2 state tensors (fc.weight, fc.bias)");
+  // Other jobs' held states leave too little: refused before a byte is read.
+  held = 50;
+  const absl::Status busy = submit(nullptr);
+  EXPECT_EQ(busy.code(), absl::StatusCode::kResourceExhausted) << busy;
+  EXPECT_THAT(busy.message(), HasSubstr("the graph declares 2 state tensors of 0.0 MiB (60 bytes) in all; the "
+                                        "initial states of other jobs that have not started yet hold 0.0 MiB (50 bytes)"));
+  held = 0;
+  parts.options.max_initial_state_bytes = 50;
+  parts.context.options.max_initial_state_bytes = 50;
+  expect(submit(nullptr), absl::StatusCode::kResourceExhausted,
+         "over this server's limit of 0 MiB for the initial states it holds (fxdp-server --max-initial-state-mb");
+  parts.context.options.max_initial_state_bytes = 100;
+  expect(submit(nullptr), absl::StatusCode::kOk, "");
+  std::remove((dir + "/jobs.db").c_str());
+}
+
+// What a worker sends back (rank 0's final state, REPLICATE) is checked
+// against the graph as it arrives: a worker cannot make the server hold more
+// than the graph declares, nor end with part of the state.
+TEST(JobRunner, AWorkersStateIsCheckedAgainstTheGraph) {
+  Parts parts(1);
+  QueuedClient client;
+  parts.pool.edit_fetched = [](std::vector<v1::WorkerMessage>* out) {
+    for (v1::WorkerMessage& m : *out) {
+      v1::TensorChunk* t = m.mutable_state_chunk()->mutable_tensor();
+      if (t->name() == "fc.weight") t->set_shape(0, int64_t{1} << 36);
+    }
+  };
+  absl::Status s = parts.Run(Requests(1, 1), &client);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(s.message(), HasSubstr("the final state of rank 0: tensor 'fc.weight' is f32[68719476736, 4], the "
+                                     "graph's placeholder 'w' declares f32[3, 4]"));
+  parts.pool.edit_fetched = [](std::vector<v1::WorkerMessage>* out) { out->erase(out->begin()); };  // one tensor short
+  s = parts.Run(Requests(1, 1), &client);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(s.message(), HasSubstr("the final state of rank 0 ended after 1 complete tensors of the 2 the graph declares"));
+  EXPECT_EQ(client.events().back().state(), v1::JOB_STATE_FAILED);
+}
+
+// The same checks on a streamed job's state (forwarded, never held), and a
+// graph whose INPUTs declare a larger batch than --max-batch-mb.
+TEST(JobRunner, StreamedStateIsCheckedAndDeclaredBatchesAreBounded) {
+  Parts parts(1);
+  std::vector<v1::SubmitJobRequest> req = Requests(1, 1);
+  req[1].mutable_state()->set_shape(1, 5);
+  QueuedClient client;
+  absl::Status s = parts.Run(req, &client);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("initial state: tensor 'fc.weight' is f32[3, 5], the graph's placeholder 'w' "
+                                     "declares f32[3, 4]"));
+  parts.context.options.max_batch_bytes = 200;  // input.0 + input.1: 224 bytes
+  s = parts.Run(Requests(1, 1), &client);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_THAT(s.message(), HasSubstr("the graph's 2 INPUTs declare a global batch of 0.0 MiB (224 bytes) per step "
+                                     "(input.0, input.1), over this server's limit of 0 MiB (fxdp-server --max-batch-mb)"));
 }
 
 // The sharder alone: 8 rows on 3 ranks (3, 3, 2), messages of <= 40 bytes.

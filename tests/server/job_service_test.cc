@@ -60,7 +60,14 @@ std::vector<v1::SubmitJobRequest> Requests(const JobArgs& a) {
   *spec = MlpSpec(a.world, a.steps);
   for (const auto& p : a.data_paths) spec->add_data_paths(p);
   if (a.edit_spec) a.edit_spec(*spec);
-  for (const auto& c : State()) *out.emplace_back().mutable_state() = c;
+  std::vector<v1::TensorChunk> state = State();
+  for (const v1::Node& n : spec->graph().nodes()) {  // a graph with hyper-parameters: their values too
+    if (n.kind() == v1::PLACEHOLDER && n.placeholder().role() == v1::HYPERPARAMETER) {
+      state.push_back(F32(n.placeholder().state_name(), {}, 0.5f));
+    }
+  }
+  spec->set_num_state_tensors(spec->num_state_tensors() + static_cast<uint32_t>(state.size() - State().size()));
+  for (const auto& c : state) *out.emplace_back().mutable_state() = c;
   const int64_t batches = a.data_paths.empty() ? (a.batches < 0 ? a.steps : a.batches) : 0;
   for (int64_t s = 1; s <= batches; ++s) {
     for (const auto& c : MlpBatch(s)) {
@@ -549,10 +556,11 @@ TEST(JobService, AScheduledJobCompilesOnceAndEveryRankGetsEachStepsValues) {
     AddSeries(spec, "optim.group0.weight_decay", {0.01, 0.02, 0.03});
   };
   std::vector<v1::SubmitJobRequest> reqs = Requests(streamed);
-  v1::HyperparameterValue* h = reqs[6].mutable_batch()->add_hyperparameters();  // step 2's first message
+  // spec, 5 state messages (the graph's lr and weight_decay too), 2 batch messages a step
+  v1::HyperparameterValue* h = reqs[8].mutable_batch()->add_hyperparameters();  // step 2's first message
   h->set_name("optim.group0.lr");
   h->set_value(0.25);
-  h = reqs[7].mutable_batch()->add_hyperparameters();  // step 2's last message
+  h = reqs[9].mutable_batch()->add_hyperparameters();  // step 2's last message
   h->set_name("optim.group0.weight_decay");
   h->set_value(0.5);
   ev.clear();
@@ -602,7 +610,7 @@ TEST(JobService, BadSchedulesAreInvalidArgumentNamingTheName) {
   EXPECT_EQ(server.cache_stats().misses, misses);
   // A StepBatch naming something else fails the running job.
   std::vector<v1::SubmitJobRequest> reqs = with(1, [](v1::JobSpec&) {});
-  v1::HyperparameterValue* h = reqs[4].mutable_batch()->add_hyperparameters();
+  v1::HyperparameterValue* h = reqs[6].mutable_batch()->add_hyperparameters();  // after 5 state messages
   h->set_name("optim.group0.betas");
   h->set_value(0.9);
   expect_invalid(reqs, "step 1's batch: StepBatch.hyperparameters: 'optim.group0.betas' is not a hyper-parameter");
