@@ -29,10 +29,13 @@ using ir::ValueRef;
 
 namespace {
 
-// Whether a second evaluation of `n` differs (op_rules.h's kRandom).
-bool IsRandom(const Node& n) {
+// Whether backward may recompute `n` from its own gather: a getitem, a view
+// (view_rules.h) or an op whose rule draws no random numbers (op_rules.h's
+// kRandom). An op without a rule is not recomputed: it might be random.
+bool Recomputable(const Node& n) {
+  if (n.is_getitem() || IsViewOp(n.target)) return true;
   const OpRule* r = FindOpRule(n.target);
-  return r != nullptr && r->has(kRandom);
+  return r != nullptr && !r->has(kRandom);
 }
 
 absl::string_view PhaseName(ShardPhase p) {
@@ -348,7 +351,7 @@ absl::StatusOr<FullyShardPlan> PlanFullyShard(const Graph& g, const BatchDimAnal
       node.ForEachInput([&](ValueRef r) {
         if (is_param(r.node.value)) first_fwd.try_emplace(r.node.value, i);
       });
-      if (node.is_call() && any && only_params && !IsRandom(node)) p.param_derived[i] = true;
+      if (node.is_call() && any && only_params && Recomputable(node)) p.param_derived[i] = true;
     } else if (ph == ShardPhase::kBackward) {
       for (int32_t q : d) first_bwd.try_emplace(q, i);
     }
