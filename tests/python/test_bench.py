@@ -19,6 +19,7 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
 
+import results_markdown  # noqa: E402
 import run_all  # noqa: E402
 
 
@@ -180,7 +181,7 @@ def test_step_vs_ddp_quick_gpt2(tmp_path):
     for k in ("fxdp-worker N=2", "DDP N=2"):
         assert len(g[k]["runs"]) == 1 and g[k]["median"] > 0, k
     assert g["fxdp-worker / DDP (per repetition)"]["median"] > 0
-    md = "\n".join(run_all.md_step({"raw": d, "n4": run_all.N4_REASON, "command": "step_vs_ddp.py --quick"}))
+    md = "\n".join(results_markdown.md_step({"raw": d, "n4": run_all.N4_REASON, "command": "step_vs_ddp.py --quick"}))
     assert "| gpt2 | " in md and "steps/warm-up/repetitions 3/1/1" in md
 
 
@@ -210,6 +211,6 @@ def test_fully_shard_vs_fsdp2_quick(tmp_path):
     # two halves summing to the whole (fxdp: plus < N elements of padding per tensor)
     assert sum(fsdp2) == pytest.approx(rep[0], rel=0.02) and max(fsdp2) < 0.6 * rep[0]
     assert shard[0] == shard[1] and sum(shard) == pytest.approx(rep[0], rel=0.02)
-    md = "\n".join(run_all.md_fsdp({"raw": d, "command": "fully_shard_vs_fsdp2.py --quick"}))
+    md = "\n".join(results_markdown.md_fsdp({"raw": d, "command": "fully_shard_vs_fsdp2.py --quick"}))
     assert "## 6. FULLY_SHARD against REPLICATE against PyTorch FSDP2" in md
     assert "| **fxdp fully_shard** | " in md and "| fxdp replicate | " in md and "| FSDP2 | " in md
