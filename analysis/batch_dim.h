@@ -37,8 +37,10 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "analysis/ir/graph.h"
 
@@ -221,14 +223,21 @@ std::string DescribeDecision(const ir::Graph& graph, const BatchDimAnalysis& ana
 std::string PlacementsString(const ir::Graph& graph, const BatchDimAnalysis& analysis,
                              ir::NodeId node);
 
+// What a data-parallel style prints for some nodes instead of the analysis'
+// placement and reason (FULLY_SHARD's sharded state is S(0) of its flat
+// shard: expansion/state_memory.h): node index -> {placement, reason}.
+using PlacementOverrides = absl::flat_hash_map<int32_t, std::pair<std::string, std::string>>;
+
 // The analysis as JSON (`fxdp analyze --json`, docs/analysis.md): {"world_size": N, "batch_size": B, "nodes": [{"name",
 // "target", "batch_dim", "placement", "reason"}], "reductions": [...],
 // "warnings": [...], "notes": [...]}.
-std::string AnalysisToJson(const ir::Graph& graph, const BatchDimAnalysis& analysis);
+std::string AnalysisToJson(const ir::Graph& graph, const BatchDimAnalysis& analysis,
+                           const PlacementOverrides* overrides = nullptr);
 
 // A table: name, op, batch dim, placement, reason; then reductions, warnings
 // and notes.
-std::string AnalysisToTable(const ir::Graph& graph, const BatchDimAnalysis& analysis);
+std::string AnalysisToTable(const ir::Graph& graph, const BatchDimAnalysis& analysis,
+                            const PlacementOverrides* overrides = nullptr);
 
 }  // namespace fxdp
 

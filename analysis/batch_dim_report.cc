@@ -151,24 +151,32 @@ std::string PlacementsString(const Graph& g, const BatchDimAnalysis& a, NodeId i
 
 namespace {
 
-nlohmann::json NodeJson(const Graph& g, const BatchDimAnalysis& a, NodeId id) {
+const std::pair<std::string, std::string>* OverrideOf(const PlacementOverrides* overrides, NodeId id) {
+  if (overrides == nullptr) return nullptr;
+  auto it = overrides->find(id.value);
+  return it == overrides->end() ? nullptr : &it->second;
+}
+
+nlohmann::json NodeJson(const Graph& g, const BatchDimAnalysis& a, NodeId id,
+                        const PlacementOverrides* overrides) {
   const Node& n = g.node(id);
+  const std::pair<std::string, std::string>* o = OverrideOf(overrides, id);
   nlohmann::json j;
   j["name"] = n.name;
   j["target"] = n.is_call() ? n.target.ToString() : std::string(ir::NodeKindName(n.kind));
   const int32_t bd = a.primary(id).batch_dim();
   bool tensor = !n.outputs.empty() && n.outputs[0].is_tensor();
   j["batch_dim"] = tensor && bd >= 0 ? nlohmann::json(bd) : nlohmann::json(nullptr);
-  j["placement"] = PlacementsString(g, a, id);
+  j["placement"] = o != nullptr ? o->first : PlacementsString(g, a, id);
   // One entry per output, null for a non-tensor one ("placement" above joins them).
   nlohmann::json each = nlohmann::json::array();
   for (int32_t k = 0; k < static_cast<int32_t>(n.outputs.size()); ++k) {
-    each.push_back(n.outputs[k].is_tensor()
-                       ? nlohmann::json(a.value(ValueRef{id, k}).placement.ToString())
-                       : nlohmann::json(nullptr));
+    each.push_back(!n.outputs[k].is_tensor() ? nlohmann::json(nullptr)
+                   : o != nullptr            ? nlohmann::json(o->first)
+                                  : nlohmann::json(a.value(ValueRef{id, k}).placement.ToString()));
   }
   j["placements"] = std::move(each);
-  j["reason"] = DescribeDecision(g, a, id);
+  j["reason"] = o != nullptr ? o->second : DescribeDecision(g, a, id);
   if (n.is_placeholder()) {
     j["role"] = std::string(ir::PlaceholderRoleName(n.placeholder.role));
     j["state_name"] = n.placeholder.state_name;
@@ -179,12 +187,13 @@ nlohmann::json NodeJson(const Graph& g, const BatchDimAnalysis& a, NodeId id) {
 
 }  // namespace
 
-std::string AnalysisToJson(const Graph& g, const BatchDimAnalysis& a) {
+std::string AnalysisToJson(const Graph& g, const BatchDimAnalysis& a,
+                           const PlacementOverrides* overrides) {
   nlohmann::json j;
   j["world_size"] = a.world_size();
   j["batch_size"] = a.batch_size();
   nlohmann::json nodes = nlohmann::json::array();
-  for (int32_t i = 0; i < g.size(); ++i) nodes.push_back(NodeJson(g, a, NodeId{i}));
+  for (int32_t i = 0; i < g.size(); ++i) nodes.push_back(NodeJson(g, a, NodeId{i}, overrides));
   j["nodes"] = std::move(nodes);
   nlohmann::json reds = nlohmann::json::array();
   for (const Reduction& r : a.reductions()) {
@@ -212,7 +221,8 @@ std::string AnalysisToJson(const Graph& g, const BatchDimAnalysis& a) {
   return j.dump(1) + "\n";
 }
 
-std::string AnalysisToTable(const Graph& g, const BatchDimAnalysis& a) {
+std::string AnalysisToTable(const Graph& g, const BatchDimAnalysis& a,
+                            const PlacementOverrides* overrides) {
   struct Row {
     std::string name, op, bd, placement, reason;
   };
@@ -227,8 +237,13 @@ std::string AnalysisToTable(const Graph& g, const BatchDimAnalysis& a) {
     r.op = n.is_call() ? n.target.ToString() : std::string(ir::NodeKindName(n.kind));
     const int32_t bd = a.primary(id).batch_dim();
     r.bd = bd >= 0 ? absl::StrCat(bd) : "-";
-    r.placement = PlacementsString(g, a, id);
-    r.reason = DescribeDecision(g, a, id);
+    if (const std::pair<std::string, std::string>* o = OverrideOf(overrides, id); o != nullptr) {
+      r.placement = o->first;
+      r.reason = o->second;
+    } else {
+      r.placement = PlacementsString(g, a, id);
+      r.reason = DescribeDecision(g, a, id);
+    }
     w[0] = std::max(w[0], r.name.size());
     w[1] = std::max(w[1], r.op.size());
     w[3] = std::max(w[3], r.placement.size());

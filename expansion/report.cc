@@ -5,21 +5,13 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "expansion/data_parallel.h"
+#include "expansion/state_memory.h"
 #include "nlohmann/json.hpp"
 
 namespace fxdp {
 
 namespace {
 const char* OpName(ReduceOp op) { return op == ReduceOp::kAvg ? "avg" : "sum"; }
-
-// Why a FULLY_SHARD state tensor is S(0) of its flat shard (expansion/fully_shard.h).
-std::string ShardReason(const ShardedState& s) {
-  return s.role == ir::PlaceholderRole::kParameter
-             ? "parameter: each rank holds its flat shard; all-gathered whole before forward and "
-               "again before backward, updated on the shard"
-             : "optimizer state with its parameter's numel: updated elementwise on the shard, "
-               "next to the parameter's";
-}
 }  // namespace
 
 std::string ExpansionReport::ToJson() const {
@@ -35,7 +27,7 @@ std::string ExpansionReport::ToJson() const {
                   {"dtype", std::string(ir::DTypeShortName(s.dtype))},
                   {"shard_numel", s.shard_numel},
                   {"placement", "S(0)"},
-                  {"reason", ShardReason(s)}});
+                  {"reason", ShardedStateReason(s)}});
   }
   j["sharded_state"] = std::move(ss);
   nlohmann::json sl = nlohmann::json::array();

@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "expansion/data_parallel.h"
+#include "expansion/state_memory.h"
 #include "proto/fxdp/v1/compile.pb.h"
 
 namespace fxdp {
@@ -39,6 +40,36 @@ inline absl::StatusOr<DataParallelStyle> StyleFromProto(int value, absl::string_
 inline std::string StyleName(int value) {
   absl::StatusOr<DataParallelStyle> s = StyleFromProto(value, "");
   return s.ok() ? std::string(DataParallelStyleName(*s)) : absl::StrCat("unknown (", value, ")");
+}
+
+inline v1::StateMemory StateMemoryToProto(const StateMemory& m) {
+  v1::StateMemory p;
+  p.set_world_size(m.world_size);
+  p.set_style(StyleToProto(m.style));
+  p.set_parameter_bytes(m.parameter_bytes);
+  p.set_gradient_bytes(m.gradient_bytes);
+  p.set_optimizer_state_bytes(m.optimizer_state_bytes);
+  p.set_other_state_bytes(m.other_state_bytes);
+  p.set_largest_unit_bytes(m.largest_unit_bytes);
+  p.set_gathered_bytes(m.gathered_bytes);
+  p.set_largest_bucket_bytes(m.largest_bucket_bytes);
+  p.set_total_bytes(m.total_bytes());
+  return p;
+}
+
+// An unknown style reads as REPLICATE (the figures are what they are).
+inline StateMemory StateMemoryFromProto(const v1::StateMemory& p) {
+  StateMemory m;
+  m.world_size = p.world_size();
+  m.style = StyleFromProto(p.style(), "").value_or(DataParallelStyle::kReplicate);
+  m.parameter_bytes = p.parameter_bytes();
+  m.gradient_bytes = p.gradient_bytes();
+  m.optimizer_state_bytes = p.optimizer_state_bytes();
+  m.other_state_bytes = p.other_state_bytes();
+  m.largest_unit_bytes = p.largest_unit_bytes();
+  m.gathered_bytes = p.gathered_bytes();
+  m.largest_bucket_bytes = p.largest_bucket_bytes();
+  return m;
 }
 
 }  // namespace fxdp

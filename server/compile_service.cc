@@ -5,6 +5,7 @@
 #include <climits>
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "analysis/batch_dim.h"
 #include "analysis/ir/proto_codec.h"
 #include "expansion/data_parallel.h"
+#include "expansion/state_memory.h"
 #include "expansion/style_proto.h"
 #include "util/status_macros.h"
 
@@ -39,6 +41,21 @@ absl::StatusOr<ir::Graph> DecodeRequestGraph(bool has_graph, const v1::GraphDef&
 }
 
 const char* ReduceName(ReduceOp op) { return op == ReduceOp::kAvg ? "avg" : "sum"; }
+
+absl::Status CheckBucketMb(double mb, absl::string_view field) {
+  if (!std::isfinite(mb) || mb < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": bucket sizes must be finite and >= 0 (0: the default), got ", mb));
+  }
+  return absl::OkStatus();
+}
+
+void AddShardedState(const ShardedState& s, v1::ShardedState* x) {
+  x->set_state_name(s.state_name);
+  *x->mutable_shape() = {s.shape.begin(), s.shape.end()};
+  x->set_dtype(static_cast<v1::DType>(ir::DTypeToWire(s.dtype)));
+  x->set_shard_numel(s.shard_numel);
+}
 
 }  // namespace
 
@@ -94,10 +111,22 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
 
 absl::StatusOr<v1::AnalyzeResponse> RunAnalyze(const v1::AnalyzeRequest& request) {
   FXDP_RETURN_IF_ERROR(CheckWorldSize(request.world_size()));
+  FXDP_RETURN_IF_ERROR(CheckBucketMb(request.bucket_cap_mb(), "AnalyzeRequest.bucket_cap_mb"));
+  std::optional<StyledAnalysis> styled;
+  ExpandOptions opts;
+  if (request.has_style()) {
+    FXDP_ASSIGN_OR_RETURN(opts.style, StyleFromProto(request.style(), "AnalyzeRequest.style"));
+  }
   FXDP_ASSIGN_OR_RETURN(ir::Graph g, DecodeRequestGraph(request.has_graph(), request.graph()));
   FXDP_ASSIGN_OR_RETURN(BatchDimAnalysis a,
                         AnalyzeBatchDims(g, AnalyzeOptions{request.world_size(),
                                                             request.sync_batchnorm()}));
+  if (request.has_style()) {
+    opts.world_size = request.world_size();
+    opts.sync_batchnorm = request.sync_batchnorm();
+    if (request.bucket_cap_mb() > 0) opts.bucket_cap_mb = request.bucket_cap_mb();
+    FXDP_ASSIGN_OR_RETURN(styled, AnalyzeStyle(g, a, opts));
+  }
   v1::AnalyzeResponse r;
   r.set_world_size(a.world_size());
   r.set_batch_size(a.batch_size());
@@ -111,8 +140,14 @@ absl::StatusOr<v1::AnalyzeResponse> RunAnalyze(const v1::AnalyzeRequest& request
     const bool tensor = !n.outputs.empty() && n.outputs[0].is_tensor();
     const int32_t bd = a.primary(id).batch_dim();
     p->set_batch_dim(tensor && bd >= 0 ? bd : -1);
-    p->set_placement(PlacementsString(g, a, id));
-    p->set_reason(DescribeDecision(g, a, id));
+    auto o = styled ? styled->overrides.find(i) : PlacementOverrides::const_iterator();
+    if (styled && o != styled->overrides.end()) {  // sharded state (AnalyzeStyle)
+      p->set_placement(o->second.first);
+      p->set_reason(o->second.second);
+    } else {
+      p->set_placement(PlacementsString(g, a, id));
+      p->set_reason(DescribeDecision(g, a, id));
+    }
   }
   for (const Reduction& red : a.reductions()) {
     v1::Reduction* x = r.add_reductions();
@@ -131,7 +166,11 @@ absl::StatusOr<v1::AnalyzeResponse> RunAnalyze(const v1::AnalyzeRequest& request
   }
   for (const std::string& w : a.warnings()) r.add_warnings(w);
   for (const std::string& w : a.notes()) r.add_notes(w);
-  if (request.include_json()) r.set_json(AnalysisToJson(g, a));
+  if (styled) {
+    *r.mutable_memory() = StateMemoryToProto(styled->memory);
+    for (const ShardedState& s : styled->sharded_state) AddShardedState(s, r.add_sharded_state());
+  }
+  if (request.include_json()) r.set_json(styled ? StyledAnalysisToJson(g, a, *styled) : AnalysisToJson(g, a));
   return r;
 }
 
@@ -163,13 +202,8 @@ absl::StatusOr<v1::ExpandResponse> RunExpand(const v1::ExpandRequest& request) {
   r.set_report_json(e.report.ToJson());
   r.set_report_table(e.report.ToTable());
   r.set_style(StyleToProto(opts.style));
-  for (const ShardedState& s : e.sharded_state) {
-    v1::ShardedState* x = r.add_sharded_state();
-    x->set_state_name(s.state_name);
-    *x->mutable_shape() = {s.shape.begin(), s.shape.end()};
-    x->set_dtype(static_cast<v1::DType>(ir::DTypeToWire(s.dtype)));
-    x->set_shard_numel(s.shard_numel);
-  }
+  for (const ShardedState& s : e.sharded_state) AddShardedState(s, r.add_sharded_state());
+  *r.mutable_memory() = StateMemoryToProto(ExpansionStateMemory(e));
   return r;
 }
 

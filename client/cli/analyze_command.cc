@@ -1,14 +1,19 @@
-// fxdp analyze GRAPH --world-size N [--json] [--server HOST:PORT]: the
-// BatchDimAnalyzer on a saved graph, locally or through fxdp-server.
+// fxdp analyze GRAPH --world-size N [--json] [--style S] [--server HOST:PORT]:
+// the BatchDimAnalyzer on a saved graph (with a style, seen through its
+// expansion: expansion/state_memory.h), locally or through fxdp-server.
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "analysis/batch_dim.h"
 #include "analysis/ir/proto_codec.h"
 #include "client/cli/commands.h"
 #include "client/cli/remote.h"
 #include "client/cli/connect.h"
+#include "expansion/state_memory.h"
+#include "expansion/style_proto.h"
 #include "util/flags.h"
 
 namespace fxdp::cli {
@@ -16,6 +21,7 @@ namespace {
 
 constexpr char kAnalyzeUsage[] =
     "usage: fxdp analyze GRAPH [--world-size N] [--sync-batchnorm] [--json]\n"
+    "                    [--style replicate|fully_shard [--bucket-mb X]]\n"
     "                    [--server HOST:PORT]\n"
     "\n"
     "Decodes and verifies the binary GraphDef GRAPH, checks every op against the\n"
@@ -32,6 +38,15 @@ constexpr char kAnalyzeUsage[] =
     "                   \"reductions\", \"sharded_reads\", \"warnings\", \"notes\"};\n"
     "                   \"placements\" has one entry per output (null: not a tensor),\n"
     "                   \"placement\" joins them (\"(S(0), P(avg))\" when they differ)\n"
+    "  --style S        also expand for style S (replicate or fully_shard, as `fxdp\n"
+    "                   expand --style`): the state fully_shard shards is S(0), a flat\n"
+    "                   shard of the whole tensor, with the reason; then the state each\n"
+    "                   rank holds (parameters, gradients, optimizer state, other\n"
+    "                   state, gathered units, largest bucket: a lower bound of the\n"
+    "                   peak, what fxdp-server checks against a worker's registered\n"
+    "                   memory before it runs a job); --json adds \"style\" and\n"
+    "                   \"memory\" (the same fields, \"total_bytes\")\n"
+    "  --bucket-mb X    with --style: the unit and bucket cap in MiB (default 25)\n"
     "  --server HOST:PORT   ask fxdp-server (CompileService.Analyze) instead of\n"
     "                   analysing locally; same output\n"
     FXDP_CLI_CREDENTIAL_USAGE
@@ -48,6 +63,10 @@ int AnalyzeCommand(const std::vector<std::string>& args) {
   flags.Bool("--json", &json);
   bool sync_bn = false;
   flags.Bool("--sync-batchnorm", &sync_bn);
+  std::string style;
+  flags.String("--style", &style);
+  double bucket_mb = 0;
+  flags.Double("--bucket-mb", &bucket_mb);
   std::string server;
   flags.String("--server", &server);
   security::ChannelSecurity creds;
@@ -55,13 +74,44 @@ int AnalyzeCommand(const std::vector<std::string>& args) {
   std::vector<std::string> pos;
   if (int rc = flags.Parse(args, &pos); rc >= 0) return rc;
   if (pos.size() != 1) return flags.Usage(pos.empty() ? "missing GRAPH" : "takes one GRAPH");
+  const bool styled = flags.Seen("--style");
+  ExpandOptions opts;
+  if (styled) {
+    absl::StatusOr<DataParallelStyle> st = ParseDataParallelStyle(style);
+    if (!st.ok()) return flags.Usage(absl::StrCat("--style: ", st.status().message()));
+    opts.style = *st;
+  } else if (flags.Seen("--bucket-mb")) {
+    return flags.Usage("--bucket-mb needs --style");
+  }
+  if (!(bucket_mb >= 0) || !std::isfinite(bucket_mb)) return flags.Usage("--bucket-mb must be >= 0");
   const std::string& path = pos[0];
-  if (!server.empty()) return RemoteAnalyze(server, creds, path, world, json, sync_bn);
+  if (!server.empty()) {
+    RemoteAnalyzeArgs ra;
+    ra.server = server;
+    ra.creds = creds;
+    ra.path = path;
+    ra.world = world;
+    ra.json = json;
+    ra.sync_batchnorm = sync_bn;
+    if (styled) ra.style = StyleToProto(opts.style);
+    ra.bucket_cap_mb = bucket_mb;
+    return RemoteAnalyze(ra);
+  }
   auto g = ir::ReadGraphFile(path);
   if (!g.ok()) return ReportError("analyze", g.status());
   auto a = AnalyzeBatchDims(*g, AnalyzeOptions{world, sync_bn});
   if (!a.ok()) return ReportError("analyze", a.status());
-  const std::string out = json ? AnalysisToJson(*g, *a) : AnalysisToTable(*g, *a);
+  std::string out;
+  if (styled) {
+    opts.world_size = world;
+    opts.sync_batchnorm = sync_bn;
+    if (bucket_mb > 0) opts.bucket_cap_mb = bucket_mb;
+    absl::StatusOr<StyledAnalysis> s = AnalyzeStyle(*g, *a, opts);
+    if (!s.ok()) return ReportError("analyze", s.status());
+    out = json ? StyledAnalysisToJson(*g, *a, *s) : StyledAnalysisToTable(*g, *a, *s);
+  } else {
+    out = json ? AnalysisToJson(*g, *a) : AnalysisToTable(*g, *a);
+  }
   std::fwrite(out.data(), 1, out.size(), stdout);
   return kExitOk;
 }

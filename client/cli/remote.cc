@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "client/cli/commands.h"
 #include "client/cli/connect.h"
+#include "expansion/style_proto.h"
 #include "grpcpp/grpcpp.h"
 #include "nlohmann/json.hpp"
 #include "proto/fxdp/v1/compile.grpc.pb.h"
@@ -135,23 +136,25 @@ std::string AnalyzeResponseToTable(const v1::AnalyzeResponse& r) {
     absl::StrAppendFormat(&out, "\nnotes (%d):\n", r.notes_size());
     for (const std::string& s : r.notes()) absl::StrAppend(&out, "  ", s, "\n");
   }
+  if (r.has_memory()) absl::StrAppend(&out, StateMemoryToTable(StateMemoryFromProto(r.memory())));
   return out;
 }
 
-int RemoteAnalyze(const std::string& server, const security::ChannelSecurity& creds,
-                  const std::string& path, int32_t world, bool json, bool sync_batchnorm) {
+int RemoteAnalyze(const RemoteAnalyzeArgs& a) {
   v1::AnalyzeRequest req;
-  if (int rc = ReadGraphDef("analyze", path, req.mutable_graph()); rc >= 0) return rc;
-  req.set_world_size(world);
-  req.set_include_json(json);
-  req.set_sync_batchnorm(sync_batchnorm);
+  if (int rc = ReadGraphDef("analyze", a.path, req.mutable_graph()); rc >= 0) return rc;
+  req.set_world_size(a.world);
+  req.set_include_json(a.json);
+  req.set_sync_batchnorm(a.sync_batchnorm);
+  if (a.style) req.set_style(*a.style);
+  req.set_bucket_cap_mb(a.bucket_cap_mb);
   v1::AnalyzeResponse resp;
   grpc::ClientContext ctx;
-  auto stub = Stub("analyze", server, creds);
+  auto stub = Stub("analyze", a.server, a.creds);
   if (stub == nullptr) return kExitUsage;
   grpc::Status s = stub->Analyze(&ctx, req, &resp);
-  if (!s.ok()) return ReportRpcError("analyze", server, s);
-  const std::string out = json ? resp.json() : AnalyzeResponseToTable(resp);
+  if (!s.ok()) return ReportRpcError("analyze", a.server, s);
+  const std::string out = a.json ? resp.json() : AnalyzeResponseToTable(resp);
   std::fwrite(out.data(), 1, out.size(), stdout);
   return kExitOk;
 }

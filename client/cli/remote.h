@@ -4,6 +4,7 @@
 #ifndef FXDP_CLIENT_CLI_REMOTE_H_
 #define FXDP_CLIENT_CLI_REMOTE_H_
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,9 +13,17 @@
 
 namespace fxdp::cli {
 
+struct RemoteAnalyzeArgs {
+  std::string server, path;
+  security::ChannelSecurity creds;
+  int32_t world = 2;
+  bool json = false;
+  bool sync_batchnorm = false;
+  std::optional<v1::DataParallelStyle> style;  // AnalyzeRequest.style
+  double bucket_cap_mb = 0;                    // 0: the server's default
+};
 // Exit code of the command (commands.h's kExit*).
-int RemoteAnalyze(const std::string& server, const security::ChannelSecurity& creds,
-                  const std::string& path, int32_t world, bool json, bool sync_batchnorm = false);
+int RemoteAnalyze(const RemoteAnalyzeArgs& args);
 
 struct RemoteExpandArgs {
   std::string server, path, out;
@@ -31,7 +40,7 @@ struct RemoteExpandArgs {
 int RemoteExpand(const RemoteExpandArgs& args);
 
 // The analysis table (`fxdp analyze` without --json) rendered from a response;
-// the same text as AnalysisToTable.
+// the same text as AnalysisToTable (StyledAnalysisToTable with a style).
 std::string AnalyzeResponseToTable(const v1::AnalyzeResponse& r);
 
 // OUT with ".rank<r>" before the extension.

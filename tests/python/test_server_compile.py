@@ -134,15 +134,21 @@ def test_second_request_is_cached(stub, graphs):
 
 def test_cached_bytes_equal_uncached_bytes(channel, graphs):
     # The server keeps a hit as the serialized response: the bytes are those of the computed
-    # answer plus `cached = true` (AnalyzeResponse field 9: b"\x48\x01"; ExpandResponse field 5).
+    # answer plus `cached = true` (AnalyzeResponse field 9: b"\x48\x01"; ExpandResponse field 5,
+    # serialized before its fields 6 to 8, so the tag sits before `memory`, field 8: b"\x42").
     g = graph_def(graphs["mlp"])
-    for method, req, tag in (
-            ("/fxdp.v1.CompileService/Analyze", cpb.AnalyzeRequest(graph=g, world_size=11), b"\x48\x01"),
-            ("/fxdp.v1.CompileService/Expand", cpb.ExpandRequest(graph=g, world_size=11), b"\x28\x01")):
+    for method, req, resp, tag in (
+            ("/fxdp.v1.CompileService/Analyze", cpb.AnalyzeRequest(graph=g, world_size=11), cpb.AnalyzeResponse,
+             b"\x48\x01"),
+            ("/fxdp.v1.CompileService/Expand", cpb.ExpandRequest(graph=g, world_size=11), cpb.ExpandResponse,
+             b"\x28\x01")):
         call = channel.unary_unary(method)
         first = call(req.SerializeToString(), timeout=30)
         second = call(req.SerializeToString(), timeout=30)
-        assert second == first + tag
+        parsed = resp.FromString(first)
+        parsed.cached = True
+        assert second == parsed.SerializeToString() and len(second) == len(first) + len(tag)
+        assert tag in second and tag not in first
         assert call(req.SerializeToString(), timeout=30) == second
 
 

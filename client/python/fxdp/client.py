@@ -220,11 +220,20 @@ class Client:
             raise ServerError(e.code(), e.details()) from None
 
     def analyze(self, step: Graphish, world_size: int = 2, sync_batchnorm: bool = False,
-                timeout: Optional[float] = None) -> dict:
-        """Placements of every node (the JSON of ``fxdp analyze --json``, as a dict)."""
-        r = self._call(self._compile.Analyze,
-                       cpb.AnalyzeRequest(graph=_graph(step), world_size=world_size, include_json=True,
-                                          sync_batchnorm=sync_batchnorm), timeout=timeout)
+                timeout: Optional[float] = None, style: Optional[str] = None,
+                bucket_mb: float = 0.0) -> dict:
+        """Placements of every node (the JSON of ``fxdp analyze --json``, as a dict). With ``style``
+        (``"replicate"`` or ``"fully_shard"``, as ``fxdp analyze --style``): the state the style
+        shards is ``S(0)`` with the reason, and ``"memory"`` says what each rank holds
+        (``parameter_bytes``, ``gradient_bytes``, ``optimizer_state_bytes``, ``other_state_bytes``,
+        ``largest_unit_bytes``, ``gathered_bytes``, ``largest_bucket_bytes``, ``total_bytes``: the
+        figure the server checks against a worker's memory); ``bucket_mb`` caps units and buckets
+        (0: 25 MiB)."""
+        req = cpb.AnalyzeRequest(graph=_graph(step), world_size=world_size, include_json=True,
+                                 sync_batchnorm=sync_batchnorm, bucket_cap_mb=bucket_mb)
+        if style is not None:
+            req.style = _style(style)
+        r = self._call(self._compile.Analyze, req, timeout=timeout)
         return json.loads(r.json)
 
     def expand(self, step: Graphish, world_size: int, bucket_mb: float = 25.0,
