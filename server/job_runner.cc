@@ -12,6 +12,7 @@
 #include "server/audit.h"
 #include "server/job_resume.h"
 #include "server/log.h"
+#include "server/memory_admission.h"
 #include "server/raw_tensors.h"
 #include "server/state_shards.h"
 
@@ -256,6 +257,7 @@ absl::Status JobRunner::Run() {
   }
   // Nothing is assigned yet: a job cancelled now frees its workers at once.
   if (CancelRequested()) return Cancelled();
+  if (absl::Status s = CheckMemory(); !s.ok()) return Finish(v1::JOB_STATE_FAILED, s, -1);
   std::vector<int64_t> handles;
   const int lost = ranks_->Subscribe(&handles);
   ctx_.scheduler->AddHandles(job_, handles);
@@ -268,6 +270,12 @@ absl::Status JobRunner::Run() {
     if (absl::Status s = (this->*phase)(); !s.ok()) return s;
   }
   return absl::OkStatus();
+}
+
+absl::Status JobRunner::CheckMemory() {
+  std::vector<std::string> workers;
+  for (int r = 0; r < ranks_->world(); ++r) workers.push_back(ranks_->worker(r));
+  return CheckRanksFit(id_, job_->expanded, workers, ctx_.pool->List());
 }
 
 absl::Status JobRunner::Finish(v1::JobState state, const absl::Status& status, int except) {

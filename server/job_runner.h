@@ -7,7 +7,9 @@
 //      QUEUED event whenever its place or message changes, until the
 //      scheduler gives it its workers (nothing is read from the client
 //      meanwhile; a client that goes away cancels the queued job);
-//   3. the run on its ranks (Dispatcher): a free rendezvous port, AssignJob
+//   3. the run on its ranks (Dispatcher): each rank's state checked against
+//      its worker's registered memory (server/memory_admission.h), a free
+//      rendezvous port, AssignJob
 //      to every rank, the client's initial state forwarded chunk by chunk to
 //      every rank, every rank's JobStarted;
 //   4. the steps: the client's global batches (read ahead up to
@@ -110,6 +112,8 @@ class JobRunner {
   absl::Status CheckStateCount() const;
   bool WaitInQueue(absl::Status* status);
   absl::Status Run();
+  // Every rank's state fits its worker's memory (server/memory_admission.h).
+  absl::Status CheckMemory();
   absl::Status Assign();
   absl::Status ForwardState();
   absl::Status AwaitStarted();

@@ -72,6 +72,10 @@ constexpr char kUsage[] =
     "                        silent for more than 3 intervals is LOST\n"
     "  --local-workers N     start N CPU workers ('fxdp-worker attach', ids local-0 ...)\n"
     "                        attached to this server; one that exits is restarted\n"
+    "  --worker-memory-limit SIZE\n"
+    "                        each of the --local-workers' memory (300MB, 4GiB: passed to\n"
+    "                        'fxdp-worker attach --memory-limit', enforced there); a job\n"
+    "                        whose per-rank state needs more is refused\n"
     "  --worker-binary PATH  the fxdp-worker for --local-workers (default: next to\n"
     "                        fxdp-server)\n"
     "  --data-root DIR       a directory the --local-workers may read JobSpec.data_paths\n"
@@ -179,7 +183,7 @@ int main(int argc, char** argv) {
   fxdp::server::CompileCacheOptions cache;
   int64_t cache_mb = cache.max_bytes >> 20;
   int64_t heartbeat_ms = 1000, local_workers = 0;
-  std::string worker_binary;
+  std::string worker_binary, worker_memory_limit;
   std::vector<std::string> data_roots;
   fxdp::server::JobServiceOptions job_options;
   int64_t max_queued = static_cast<int64_t>(job_options.max_queued_jobs);
@@ -196,6 +200,11 @@ int main(int argc, char** argv) {
   IntFlag(f, "--cache-mb", &cache_mb, 0, INT64_MAX >> 20);
   IntFlag(f, "--heartbeat-ms", &heartbeat_ms, 1, 3600 * 1000);
   IntFlag(f, "--local-workers", &local_workers, 0, 256);
+  f.Custom("--worker-memory-limit", "a size in bytes (300MB, 4GiB)", [&](const std::string& v) {
+    int64_t bytes = 0;
+    worker_memory_limit = v;
+    return fxdp::util::ParseByteSize(v, &bytes);
+  });
   f.Custom("--worker-binary", "a PATH", [&](const std::string& v) {
     worker_binary = v;
     return !v.empty();
@@ -370,6 +379,9 @@ int main(int argc, char** argv) {
   lw.worker_binary = worker_binary;
   lw.server = worker_host + ":" + std::to_string(port);
   lw.extra_args = {"--threads", "1"};
+  if (!worker_memory_limit.empty()) {
+    lw.extra_args.insert(lw.extra_args.end(), {"--memory-limit", worker_memory_limit});
+  }
   if (data_roots.empty()) {
     char cwd[PATH_MAX];
     if (getcwd(cwd, sizeof(cwd)) != nullptr) data_roots.push_back(cwd);

@@ -106,6 +106,11 @@ grpc::Status ValidateRegister(const v1::Register& r) {
     return Invalid("torch_version", "printable without spaces, at most 64 bytes",
                    Quoted(r.torch_version()));
   }
+  if (r.memory_source().size() > 64 ||
+      !std::all_of(r.memory_source().begin(), r.memory_source().end(),
+                   [](unsigned char c) { return c >= 0x20 && c < 0x7f; })) {
+    return Invalid("memory_source", "printable, at most 64 bytes", Quoted(r.memory_source()));
+  }
   if (!r.busy_with_job_id().empty() && !IsPlainId(r.busy_with_job_id())) {
     return Invalid("busy_with_job_id", "printable without spaces, at most 256 bytes",
                    Quoted(r.busy_with_job_id()));
@@ -456,6 +461,8 @@ v1::WorkerInfo WorkerRegistry::InfoOf(const std::string& id, const Entry& e,
   w.set_attached_s(std::chrono::duration<double>(now - e.attached).count());
   w.set_lost_reason(e.lost_reason);
   w.set_address(e.address);
+  w.set_memory_bytes(e.reg.memory_bytes());
+  w.set_memory_source(e.reg.memory_source());
   return w;
 }
 

@@ -1,6 +1,7 @@
 #include "util/flags.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 
 #include "absl/strings/numbers.h"
@@ -90,6 +91,33 @@ int Flags::Parse(const std::vector<std::string>& args, std::vector<std::string>*
 bool IsPlainName(const std::string& s) {
   return !s.empty() &&
          std::none_of(s.begin(), s.end(), [](unsigned char c) { return c <= ' ' || c == 0x7f; });
+}
+
+bool ParseByteSize(const std::string& s, int64_t* out) {
+  size_t unit = s.size();
+  while (unit > 0 && std::isalpha(static_cast<unsigned char>(s[unit - 1]))) --unit;
+  double number = 0;
+  if (unit == 0 || !absl::SimpleAtod(s.substr(0, unit), &number)) return false;
+  std::string u = s.substr(unit);
+  std::transform(u.begin(), u.end(), u.begin(), [](unsigned char c) { return std::tolower(c); });
+  int shift = 0;
+  if (u.empty() || u == "b") {
+    shift = 0;
+  } else if (u == "k" || u == "kb" || u == "kib") {
+    shift = 10;
+  } else if (u == "m" || u == "mb" || u == "mib") {
+    shift = 20;
+  } else if (u == "g" || u == "gb" || u == "gib") {
+    shift = 30;
+  } else if (u == "t" || u == "tb" || u == "tib") {
+    shift = 40;
+  } else {
+    return false;
+  }
+  const double bytes = number * static_cast<double>(int64_t{1} << shift);
+  if (!(bytes >= 1) || bytes >= static_cast<double>(int64_t{1} << 62)) return false;
+  *out = static_cast<int64_t>(bytes);
+  return true;
 }
 
 }  // namespace fxdp::util

@@ -64,6 +64,10 @@ class Flags {
 
 // Validators for Custom().
 bool IsPlainName(const std::string& s);  // non-empty, no spaces or control characters
+// A size in bytes: a number (fractions allowed) with an optional binary unit,
+// K/KB/KiB, M/MB/MiB, G/GB/GiB, T/TB/TiB (case-insensitive, all powers of
+// 1024, as docker's --memory); > 0 and below 2^62.
+bool ParseByteSize(const std::string& s, int64_t* out);
 
 }  // namespace fxdp::util
 

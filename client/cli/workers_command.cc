@@ -21,16 +21,18 @@ constexpr char kWorkersUsage[] =
     "usage: fxdp workers [--json] [--server HOST:PORT]\n"
     "\n"
     "Lists the workers attached to fxdp-server (and the ones it lost in the last\n"
-    "minute): id, state (IDLE, BUSY, LOST), device, host, pid, job, step and the\n"
-    "time since the last heartbeat. A worker is BUSY with its job from the moment the\n"
-    "server assigns it, and its step is the last one it reported done.\n"
+    "minute): id, state (IDLE, BUSY, LOST), device, host, pid, job, step, the\n"
+    "time since the last heartbeat and the memory it offers jobs (and where that\n"
+    "figure comes from: physical memory, cgroup memory limit, --memory-limit). A\n"
+    "worker is BUSY with its job from the moment the server assigns it, and its step\n"
+    "is the last one it reported done.\n"
     "\n"
     "  --server HOST:PORT   the fxdp server (default $FXDP_SERVER, else 127.0.0.1:50051)\n"
     FXDP_CLI_CREDENTIAL_USAGE
     "  --json               print JSON: {\"workers\": [{\"id\", \"state\", \"device\",\n"
     "                       \"hostname\", \"pid\", \"job\", \"step\", \"last_heartbeat_s\",\n"
     "                       \"attached_s\", \"capacity\", \"fxdp_version\", \"torch_version\",\n"
-    "                       \"lost_reason\"}]}\n"
+    "                       \"lost_reason\", \"memory_bytes\", \"memory_source\"}]}\n"
     "\n"
     "Exit codes: 0 ok, 1 the server refused, 2 usage, 3 the server is unreachable.\n";
 
@@ -71,11 +73,12 @@ std::string ToJson(const v1::ListWorkersResponse& r) {
         &out,
         "{\"id\": %s, \"state\": \"%s\", \"device\": %s, \"hostname\": %s, \"pid\": %d, "
         "\"job\": %s, \"step\": %d, \"last_heartbeat_s\": %.3f, \"attached_s\": %.3f, "
-        "\"capacity\": %d, \"fxdp_version\": %s, \"torch_version\": %s, \"lost_reason\": %s}",
+        "\"capacity\": %d, \"fxdp_version\": %s, \"torch_version\": %s, \"lost_reason\": %s, "
+        "\"memory_bytes\": %d, \"memory_source\": %s}",
         JsonString(w.worker_id()), StateName(w.state()), JsonString(w.device()),
         JsonString(w.hostname()), w.pid(), JsonString(w.job_id()), w.step(), w.last_heartbeat_s(),
         w.attached_s(), w.capacity(), JsonString(w.fxdp_version()), JsonString(w.torch_version()),
-        JsonString(w.lost_reason()));
+        JsonString(w.lost_reason()), w.memory_bytes(), JsonString(w.memory_source()));
   }
   absl::StrAppend(&out, r.workers_size() ? "\n]}\n" : "]}\n");
   return out;
@@ -83,14 +86,17 @@ std::string ToJson(const v1::ListWorkersResponse& r) {
 
 std::string ToTable(const v1::ListWorkersResponse& r) {
   std::vector<std::vector<std::string>> rows = {
-      {"id", "state", "device", "host", "pid", "job", "step", "last heartbeat"}};
+      {"id", "state", "device", "host", "pid", "job", "step", "last heartbeat", "memory"}};
   for (const v1::WorkerInfo& w : r.workers()) {
     const bool busy = w.state() == v1::WORKER_STATE_BUSY;
     rows.push_back({w.worker_id(), StateName(w.state()), w.device(), w.hostname(),
                     absl::StrCat(w.pid()), w.job_id().empty() ? "-" : w.job_id(),
                     busy ? absl::StrCat(w.step()) : "-",
                     absl::StrFormat("%.1f s ago", w.last_heartbeat_s()) +
-                        (w.lost_reason().empty() ? "" : " (" + w.lost_reason() + ")")});
+                        (w.lost_reason().empty() ? "" : " (" + w.lost_reason() + ")"),
+                    w.memory_bytes() > 0 ? absl::StrFormat("%.1f MiB (%s)", w.memory_bytes() / 1048576.0,
+                                                           w.memory_source().empty() ? "?" : w.memory_source())
+                                         : "-"});
   }
   std::string out = FormatTable(rows);
   if (r.workers_size() == 0) absl::StrAppend(&out, "(no workers)\n");

@@ -25,6 +25,7 @@ const char kAttachUsage[] =
     "usage: fxdp-worker attach [--server HOST:PORT] [--device cpu|cuda:N] [--worker-id ID]\n"
     "                          [--heartbeat-ms 1000] [--threads N] [--max-message-mb 1024]\n"
     "                          [--data-root DIR ...] [--max-data-mb 65536]\n"
+    "                          [--memory-limit SIZE]\n"
     "                          [--tls-ca FILE [--tls-cert FILE --tls-key FILE | --token-file FILE]]\n"
     "\n"
     "Serves an fxdp server as a worker daemon (protocol: proto/fxdp/v1/worker.proto,\n"
@@ -56,6 +57,13 @@ const char kAttachUsage[] =
     "                        under a root; only regular files are read. None given: jobs\n"
     "                        cannot read files on this worker\n"
     "  --max-data-mb MB      largest data file read (default 65536)\n"
+    "  --memory-limit SIZE   the most memory the worker's tensors may hold at once (300MB,\n"
+    "                        4GiB: powers of 1024). Enforced: an allocation past it fails\n"
+    "                        the step (RESOURCE_EXHAUSTED naming the node), as a device of\n"
+    "                        that size would. The worker registers the smallest of this,\n"
+    "                        its cgroup's memory limit and the host's memory, and the\n"
+    "                        server refuses to run a rank whose state needs more\n"
+    "                        (docs/fully_shard.md: whether a model fits)\n"
     "  --tls-ca FILE         TLS: the CA of the server's certificate (docs/security.md)\n"
     "  --tls-cert FILE, --tls-key FILE\n"
     "                        mutual TLS: this worker's certificate (subject O=fxdp:workers)\n"
@@ -111,6 +119,8 @@ int AttachCommand(const std::vector<std::string>& argv) {
     return true;
   });
   flags.Custom("--max-data-mb", "a positive integer", in_range(&o.max_data_mb, 1 << 30));
+  flags.Custom("--memory-limit", "a size in bytes (300MB, 4GiB)",
+               [&o](const std::string& v) { return util::ParseByteSize(v, &o.memory_limit); });
   flags.String("--tls-ca", &o.creds.tls_ca);
   flags.String("--tls-cert", &o.creds.tls_cert);
   flags.String("--tls-key", &o.creds.tls_key);

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_format.h"
 #include "analysis/ir/proto_codec.h"
+#include "executor/memory_limit.h"
 #include "executor/safetensors.h"
 #include "executor/worker/attach_worker.h"
 #include "executor/worker/common.h"
@@ -44,7 +45,12 @@ void AttachedWorker::SendJobFailed(Job& job, const absl::Status& s, int64_t step
 void AttachedWorker::RunJob(std::shared_ptr<Job> job) {
   std::unique_ptr<Communicator> comm;
   bool leak = false;
+  ResetPeakCpuTensorBytes();
   absl::Status s = JobBody(*job, comm, &leak);
+  if (CpuMemoryLimit() > 0) {
+    util::Log(job->Prefix(), "tensors held at most ", PeakCpuTensorBytes(), " bytes at once (--memory-limit ",
+              CpuMemoryLimit(), ")");
+  }
   if (comm != nullptr && leak && comm->world_size() > 1) {
     // A step failed, perhaps with collectives still queued: ProcessGroupGloo's
     // destructor drains its queue, which behind a lost or hung peer blocks for

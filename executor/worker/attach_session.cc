@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_format.h"
 #include "executor/worker/attach_worker.h"
+#include "executor/memory_limit.h"
 #include "executor/worker/common.h"
 
 namespace fxdp::executor::attach {
@@ -31,9 +32,11 @@ int AttachedWorker::Serve() {
                  device_.str().c_str());
     return 2;
   }
+  if (o_.memory_limit > 0) InstallCpuMemoryLimit(o_.memory_limit);
   if (device_.is_cpu()) {
-    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    if (pages > 0 && page > 0) memory_bytes_ = static_cast<int64_t>(pages) * page;
+    const MemoryFigure memory = CpuMemoryFigure(o_.memory_limit);
+    memory_bytes_ = memory.bytes;
+    memory_source_ = memory.source;
   }
   if (o_.threads > 0) at::set_num_threads(o_.threads);
   util::Log(Prefix(), "fxdp ", FXDP_VERSION, ", torch ", TORCH_VERSION, ", device ", device_.str(),
@@ -225,6 +228,7 @@ WorkerMessage AttachedWorker::MakeRegister() {
   r->set_device(device_.str());
   r->set_capacity(1);
   r->set_memory_bytes(memory_bytes_);
+  r->set_memory_source(memory_source_);
   r->set_threads(at::get_num_threads());
   r->set_fxdp_version(FXDP_VERSION);
   r->set_torch_version(TORCH_VERSION);

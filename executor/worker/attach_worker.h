@@ -70,6 +70,7 @@ struct AttachOptions {
   int max_message_mb = 1024;
   std::vector<std::string> data_roots;
   int max_data_mb = 65536;
+  int64_t memory_limit = 0;  // --memory-limit (executor/memory_limit.h); 0: none
   security::ChannelSecurity creds;  // --tls-ca, --tls-cert/--tls-key, --token-file
 };
 
@@ -233,6 +234,7 @@ class AttachedWorker {
   std::string hostname_;
   c10::Device device_{c10::kCPU};
   int64_t memory_bytes_ = 0;
+  std::string memory_source_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::WorkerService::Stub> stub_;
 

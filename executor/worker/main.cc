@@ -29,6 +29,7 @@
 #include "executor/communicator.h"
 #include "executor/gloo_communicator.h"
 #include "executor/interpreter.h"
+#include "executor/memory_limit.h"
 #include "executor/safetensors.h"
 #include "executor/step_runner.h"
 #include "executor/timed_communicator.h"
@@ -61,6 +62,7 @@ constexpr char kRunUsage[] =
     "                       --steps K [--out FINAL.safetensors] [--device cpu|cuda[:N]]\n"
     "                       [--data D2.safetensors ...] [--timeout SECONDS] [--threads N]\n"
     "                       [--job NAME] [--check-outputs] [--schedule FILE]\n"
+    "                       [--memory-limit SIZE]\n"
     "\n"
     "Runs the training step G (a binary fxdp.v1.GraphDef, e.g. from fxdp.TracedStep.save,\n"
     "python -m fxdp.zoo.export or fxdp expand) K times. The state file holds every\n"
@@ -95,6 +97,9 @@ constexpr char kRunUsage[] =
     "  --threads N         intra-op CPU threads (default: OMP_NUM_THREADS, else all cores\n"
     "                      for one rank, cores / LOCAL_WORLD_SIZE or 1 for several ranks)\n"
     "  --check-outputs     compare every node's output dtype and shape with the graph\n"
+    "  --memory-limit SIZE the most memory this rank's tensors may hold at once (300MB,\n"
+    "                      4GiB: powers of 1024); an allocation past it fails the rank\n"
+    "                      naming the node, as a device of that size would\n"
     "  --schedule FILE     per-step values of the graph's HYPERPARAMETER placeholders (lr,\n"
     "                      momentum, ...): a JSON object from name to a list of values, one\n"
     "                      per step, or a closed form ({\"constant\": v},\n"
@@ -187,6 +192,7 @@ struct RunArgs {
   int threads = 0;  // 0: see Run
   bool check_outputs = false;
   std::string schedule;  // --schedule FILE ("" : none)
+  int64_t memory_limit = 0;  // --memory-limit (executor/memory_limit.h)
 };
 
 // Every line on stderr says which job, rank and step it is about:
@@ -238,6 +244,7 @@ absl::Status CheckWritable(const std::string& path, const std::string& flag) {
 // destructor waits for collectives still queued on a lost peer).
 absl::Status Run(const RunArgs& args, const LaunchEnv& env, Logger& log,
                  std::unique_ptr<Communicator>& comm) {
+  if (args.memory_limit > 0) InstallCpuMemoryLimit(args.memory_limit);
   // Device.
   c10::Device device(c10::kCPU);
   try {
@@ -422,6 +429,8 @@ int RunCommand(const std::vector<std::string>& argv) {
                  a.job = v;
                  return util::IsPlainName(v);
                });
+  flags.Custom("--memory-limit", "a size in bytes (300MB, 4GiB)",
+               [&a](const std::string& v) { return util::ParseByteSize(v, &a.memory_limit); });
   if (int rc = flags.Parse(argv, nullptr); rc >= 0) return rc;
   if (a.graph.empty()) return flags.Usage("--graph is required");
   if (a.state.empty()) return flags.Usage("--state is required");

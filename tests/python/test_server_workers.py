@@ -121,7 +121,7 @@ def test_local_workers_attach(server):
                            capture_output=True, text=True, timeout=20)
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
-    assert lines[0].split()[:7] == ["id", "state", "device", "host", "pid", "job", "step"]
+    assert lines[0].split() == ["id", "state", "device", "host", "pid", "job", "step", "last", "heartbeat", "memory"]
     assert any(l.startswith("local-0 ") and " IDLE " in l and str(ws[0]["pid"]) in l for l in lines)
 
 
