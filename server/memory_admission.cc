@@ -32,8 +32,8 @@ absl::Status CheckRanksFit(const std::string& job_id, const v1::ExpandResponse& 
     if (m.style == DataParallelStyle::kReplicate && m.world_size > 1) {
       const int64_t sharded = (m.parameter_bytes + m.gradient_bytes + m.optimizer_state_bytes) / m.world_size;
       absl::StrAppend(&msg, "; with --style fully_shard each rank holds 1/", m.world_size,
-                      " of the parameters, gradients and optimizer state (", FormatBytes(sharded),
-                      ") plus the gathered units: `fxdp analyze --style fully_shard` shows the total");
+                      " of the parameters, gradients and optimizer state, ", FormatBytes(sharded),
+                      ", plus the gathered units: `fxdp analyze --style fully_shard` shows the total");
     } else {
       absl::StrAppend(&msg, "; more ranks (--world-size) make each rank's shard smaller");
     }
