@@ -279,6 +279,10 @@ int main(int argc, char** argv) {
                    "(and --client-tokens, --worker-token-file; docs/security.md), or --insecure to "
                    "serve it in the clear anyway");
   }
+  if (local_workers == 0 && !worker_memory_limit.empty()) {
+    return f.Usage("--worker-memory-limit applies to --local-workers (give each other worker its own "
+                   "'fxdp-worker attach --memory-limit')");
+  }
   if (local_workers > 0 && security->tls && security_options.tls_ca.empty()) {
     return f.Usage("--local-workers with TLS need --tls-ca (the CA they check the server's certificate with)");
   }

@@ -17,7 +17,8 @@ the worker's tensors can never hold more, the CPU analogue of a device's memory)
   the most their tensors held), and the final state equals one device;
 * without the server's admission (`fxdp-worker run --memory-limit`, the same limit) `replicate`
   really runs out: every rank fails at once naming the node, the limit and the bytes, never a hang,
-  while the `fully_shard` graphs run to the end.
+  while the `fully_shard` graphs run to the end;
+* a size that is not one, or `--worker-memory-limit` without `--local-workers`, is a usage error.
 """
 
 from __future__ import annotations
@@ -176,3 +177,15 @@ def test_without_admission_replicate_runs_out_of_memory_and_fully_shard_does_not
             assert re.search(rf"\[job replicate rank {rank} step 1/1\] error: step 1/1 failed: node '\S+' \(aten::\S+\): "
                              rf"out of memory: fxdp-worker --memory-limit 67.1 MiB \({limit} bytes\): cannot allocate "
                              rf"\d+ bytes with \d+ bytes of tensors held", err), err
+
+
+def test_bad_memory_limits_are_usage_errors():
+    server, worker = fxdp_binary("FXDP_SERVER_BIN", "fxdp-server"), fxdp_binary("FXDP_WORKER", "fxdp-worker")
+    for args, message in (
+            ([server, "--local-workers", "1", "--worker-memory-limit", "12XB"],
+             "--worker-memory-limit needs a size in bytes (300MB, 4GiB), got '12XB'"),
+            ([server, "--worker-memory-limit", "1GiB"], "--worker-memory-limit applies to --local-workers"),
+            ([worker, "attach", "--memory-limit", "-5MB"], "--memory-limit needs a size in bytes (300MB, 4GiB), got '-5MB'"),
+            ([worker, "run", "--memory-limit", "0"], "--memory-limit needs a size in bytes")):
+        r = subprocess.run(args, capture_output=True, text=True, timeout=30)
+        assert r.returncode == 2 and message in r.stderr, (args, r.stderr)
