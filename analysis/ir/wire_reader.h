@@ -187,29 +187,11 @@ inline bool SkipGroup(Reader& r, uint32_t number, int level) {
   }
 }
 
-// Skips one field of any kind; false when the bytes cannot be walked (the
-// pre-counts below stop there and leave the error to the decoding pass).
+// Skips one field of any kind but a group; false when the bytes cannot be
+// walked (the pre-counts below stop there and leave the error to the
+// decoding pass).
 inline bool SkipAny(Reader& r, uint32_t tag) {
-  switch (static_cast<WireType>(tag & 7)) {
-    case WireType::kVarint: {
-      uint64_t v;
-      return ReadVarint(r, &v);
-    }
-    case WireType::kFixed64:
-      if (r.end - r.p < 8) return false;
-      r.p += 8;
-      return true;
-    case WireType::kLengthDelimited: {
-      Reader s;
-      return ReadLength(r, &s);
-    }
-    case WireType::kFixed32:
-      if (r.end - r.p < 4) return false;
-      r.p += 4;
-      return true;
-    default:
-      return false;
-  }
+  return static_cast<WireType>(tag & 7) != WireType::kStartGroup && SkipField(r, tag, /*level=*/0);
 }
 
 // ---- One field loop for every message. A message's decoder is a switch from
