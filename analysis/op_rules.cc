@@ -93,6 +93,8 @@ constexpr OpRule kOpRules[] = {
     {"aten::_native_batch_norm_legit", "no_stats", F::kBatchNorm, kNotLinear, {Training(3), Replicated(1, "weight"), Replicated(2, "bias")}},
     {"aten::_native_batch_norm_legit_functional", "*", F::kBatchNorm, kNotLinear, {Training(5), Replicated(1, "weight"), Replicated(2, "bias"), Replicated(3, "running_mean"), Replicated(4, "running_var")}},
     {"aten::_native_batch_norm_legit_no_training", "*", F::kBatchNorm, kNotLinear, {Replicated(1, "weight"), Replicated(2, "bias"), Replicated(3, "running_mean"), Replicated(4, "running_var")}},
+    {"aten::_prelu_kernel", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::_prelu_kernel_backward", "*", F::kPointwise, Multilinear(0), {}},
     {"aten::_safe_softmax", "*", F::kAlongDim, kNotLinear, {Dim(1, "dim")}, kNoTraits, kNoSpec, SameAs(0)},
     {"aten::_scaled_dot_product_attention_math", "*", F::kSpatial, kNotLinear, {}},
     {"aten::_scaled_dot_product_cudnn_attention", "*", F::kSpatial, kNotLinear, {}},

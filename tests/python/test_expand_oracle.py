@@ -216,3 +216,25 @@ def test_fused_attention_kernel(tmp_path):
     (tmp_path / "run").mkdir()
     report = check_against_one_device(tmp_path / "run", step, batches, 4)
     assert [s["size"] for s in report["slices"]] == [2, 2, 1, 1]
+
+
+def test_prelu_model(tmp_path):
+    """PReLU's kernels (_prelu_kernel and its backward, pointwise rows of op_rules.cc) have rules
+    (no size-matching fallback): its weight per channel after a conv and shared after a linear,
+    B=6 over 4 ranks (2,2,1,1), equals one device."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.PReLU(4), torch.nn.Flatten(),
+                                torch.nn.Linear(4 * 4 * 4, 3), torch.nn.PReLU())
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    g = torch.Generator().manual_seed(7)
+    batches = [(torch.randn(6, 3, 6, 6, generator=g), torch.randn(6, 3, generator=g))
+               for _ in range(STEPS)]
+    step = fxdp.trace(model, opt, torch.nn.functional.mse_loss, batches[0])
+    assert {"aten::_prelu_kernel", "aten::_prelu_kernel_backward"} <= {n.target.name for n in step.graph.nodes}
+    graph = str(tmp_path / "prelu.pb")
+    step.save(graph)
+    r = subprocess.run([FXDP, "analyze", graph, "--json"], capture_output=True, text=True, check=True)
+    assert json.loads(r.stdout)["warnings"] == []
+    (tmp_path / "run").mkdir()
+    report = check_against_one_device(tmp_path / "run", step, batches, 4)
+    assert [s["size"] for s in report["slices"]] == [2, 2, 1, 1]
