@@ -165,6 +165,11 @@ absl::Status JobRunner::TakeSpec() {
   if (ctx_.store != nullptr && (from_files || resume || ctx_.options.checkpoint_every > 0)) {
     job_->submitted = submitted;
   }
+  // What the graph declares, against the limits, before anything is
+  // compiled or held (a data_paths job's state; a resume's checkpoint).
+  job_->declared_state = ir::DeclaredTensors::Of(submitted.graph(), ir::DeclaredTensors::Kind::kState);
+  job_->declared_batch = ir::DeclaredTensors::Of(submitted.graph(), ir::DeclaredTensors::Kind::kBatch);
+  if (absl::Status s = CheckDeclaredSizes(submitted, from_files || resume); !s.ok()) return s;
   std::optional<ResumeStart> start;
   if (resume) {
     absl::StatusOr<ResumeStart> r =
@@ -179,11 +184,6 @@ absl::Status JobRunner::TakeSpec() {
   job_->inputs = std::move(p->inputs);
   job_->placeholders = std::move(p->placeholders);
   job_->schedule = std::move(p->schedule);
-  job_->declared_state = std::move(p->state);
-  job_->declared_batch = std::move(p->batch);
-  // The state held until the job starts: the client's (data_paths under
-  // --state-dir) or the checkpoint a resume starts from.
-  if (absl::Status s = CheckDeclaredSizes(from_files || start.has_value()); !s.ok()) return s;
   if (start) {
     StartFromCheckpoint(*std::move(start));
     return absl::OkStatus();
@@ -326,6 +326,12 @@ absl::Status JobRunner::Lost(int rank) {
 absl::Status JobRunner::Failed(const Job::Msg& msg) {
   if (msg.lost) return Lost(msg.rank);
   const v1::JobFailed& f = msg.m.job_failed();
+  // A worker's text is kept in the job's record, listed and logged: bounded.
+  constexpr size_t kMaxError = 4096;
+  const std::string error = f.error().size() <= kMaxError
+                                ? f.error()
+                                : absl::StrCat(f.error().substr(0, kMaxError), "... (", f.error().size(),
+                                               " bytes, cut)");
   if (f.code() == static_cast<int>(absl::StatusCode::kUnavailable) ||
       f.code() == static_cast<int>(absl::StatusCode::kDeadlineExceeded)) {
     const auto until = Clock::now() + std::chrono::milliseconds(1500);
@@ -335,7 +341,7 @@ absl::Status JobRunner::Failed(const Job::Msg& msg) {
       if (Next(false, false, left, &other) != Got::kWorker) break;
       if (other.lost) {
         return Finish(v1::JOB_STATE_FAILED,
-                      absl::UnavailableError(absl::StrCat(LostError(other.rank), " (rank ", msg.rank, ": ", f.error(), ")")),
+                      absl::UnavailableError(absl::StrCat(LostError(other.rank), " (rank ", msg.rank, ": ", error, ")")),
                       other.rank);
       }
     }
@@ -346,7 +352,7 @@ absl::Status JobRunner::Failed(const Job::Msg& msg) {
                 absl::Status(static_cast<absl::StatusCode>(code),
                              absl::StrCat("job ", id_, ": rank ", msg.rank, " (worker ", ranks_->worker(msg.rank),
                                           ") failed", f.step() > 0 ? absl::StrCat(" at step ", f.step()) : "", ": ",
-                                          f.error())),
+                                          error)),
                 msg.rank);
 }
 

@@ -106,7 +106,7 @@ class JobRunner {
   // What the graph declares against the server's limits (a step's batch;
   // the state to hold), before anything of it is read: RESOURCE_EXHAUSTED
   // naming the bytes, the limit and its flag.
-  absl::Status CheckDeclaredSizes(bool hold_state);
+  absl::Status CheckDeclaredSizes(const v1::JobSpec& spec, bool hold_state);
   // JobSpec.num_state_tensors against the graph's state tensors, before the
   // client's state is read.
   absl::Status CheckStateCount() const;

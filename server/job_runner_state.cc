@@ -23,9 +23,9 @@ std::string MiB(uint64_t bytes) {
 
 }  // namespace
 
-absl::Status JobRunner::CheckDeclaredSizes(bool hold_state) {
+absl::Status JobRunner::CheckDeclaredSizes(const v1::JobSpec& spec, bool hold_state) {
   const JobServiceOptions& o = ctx_.options;
-  if (job_->spec.data_paths_size() == 0 && job_->declared_batch.bytes() > o.max_batch_bytes) {
+  if (spec.data_paths_size() == 0 && job_->declared_batch.bytes() > o.max_batch_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the graph's ", job_->declared_batch.size(), " INPUTs declare a global batch of ", MiB(job_->declared_batch.bytes()),
         " per step (", job_->declared_batch.Names(), "), over this server's limit of ", o.max_batch_bytes >> 20,

@@ -42,8 +42,25 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     return InvalidArgumentError(absl::StrCat("JobSpec.steps must be >= 0 (0: as many steps as the client sends "
                                              "batches for), got ", spec.steps()));
   }
+  // Strings a client chooses are stored, listed and logged: bounded.
+  if (spec.name().size() > kMaxJobNameBytes) {
+    return InvalidArgumentError(
+        absl::StrCat("JobSpec.name is ", spec.name().size(), " bytes, more than ", kMaxJobNameBytes));
+  }
+  if (spec.resume_job().size() > kMaxJobNameBytes) {
+    return InvalidArgumentError(
+        absl::StrCat("JobSpec.resume_job is ", spec.resume_job().size(), " bytes, more than ", kMaxJobNameBytes));
+  }
+  if (spec.data_paths_size() > kMaxDataPaths) {
+    return InvalidArgumentError(absl::StrCat("JobSpec.data_paths has ", spec.data_paths_size(),
+                                             " entries, more than ", kMaxDataPaths));
+  }
   for (int i = 0; i < spec.data_paths_size(); ++i) {
     if (spec.data_paths(i).empty()) return InvalidArgumentError(absl::StrCat("JobSpec.data_paths[", i, "] is empty"));
+    if (spec.data_paths(i).size() > kMaxDataPathBytes) {
+      return InvalidArgumentError(absl::StrCat("JobSpec.data_paths[", i, "] is ", spec.data_paths(i).size(),
+                                               " bytes, more than ", kMaxDataPathBytes, " (PATH_MAX)"));
+    }
   }
   if (spec.schedule_size() > 0 && spec.steps() == 0) {
     return InvalidArgumentError(

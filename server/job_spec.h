@@ -31,9 +31,14 @@ struct InputSpec {
 // The graph's INPUT placeholders, in graph order.
 std::vector<InputSpec> GraphInputs(const v1::GraphDef& graph);
 
+// Bounds of the strings a JobSpec carries (they are stored, listed, logged).
+inline constexpr size_t kMaxJobNameBytes = 256;    // JobSpec.name, JobSpec.resume_job
+inline constexpr int kMaxDataPaths = 4096;         // JobSpec.data_paths entries
+inline constexpr size_t kMaxDataPathBytes = 4096;  // each (PATH_MAX)
+
 // JobSpec's fields: a graph, world_size >= 1, steps >= 0 (> 0 with a
 // schedule or data_paths), no empty data path, a collective timeout in
-// [0, one year].
+// [0, one year], the strings within the bounds above.
 absl::Status ValidateJobSpec(const v1::JobSpec& spec);
 
 // JobSpec.schedule: names of the graph's HYPERPARAMETER placeholders, each

@@ -402,6 +402,13 @@ TEST(JobRunner, InitialStateIsCheckedAgainstTheGraphAndItsHeldBytesAreBounded) {
   parts.context.options.max_initial_state_bytes = 50;
   expect(submit(nullptr), absl::StatusCode::kResourceExhausted,
          "over this server's limit of 0 MiB for the initial states it holds (fxdp-server --max-initial-state-mb");
+  // A resume holds its checkpoint too: refused before the checkpoint is looked up or read.
+  expect(submit([](auto& r) {
+           r.resize(1);
+           r[0].mutable_spec()->set_resume_job("job-7-abc");
+           r[0].mutable_spec()->set_num_state_tensors(0);
+         }),
+         absl::StatusCode::kResourceExhausted, "--max-initial-state-mb");
   parts.context.options.max_initial_state_bytes = 100;
   expect(submit(nullptr), absl::StatusCode::kOk, "");
   std::remove((dir + "/jobs.db").c_str());
@@ -550,6 +557,15 @@ TEST(JobSpec, ValidationNamesTheFieldAndTheValue) {
   s = MlpSpec(1, 1);
   s.set_collective_timeout_s(-2);
   EXPECT_THAT(error(s), HasSubstr("collective_timeout_s must be in [0, one year] (0: 60 s), got -2"));
+  s = MlpSpec(1, 1);  // issue 17: strings a client chooses are bounded
+  s.set_name(std::string(100000, 'n'));
+  EXPECT_EQ(error(s), "JobSpec.name is 100000 bytes, more than 256");
+  s = MlpSpec(1, 1);
+  for (int i = 0; i < 5000; ++i) s.add_data_paths("a.safetensors");
+  EXPECT_EQ(error(s), "JobSpec.data_paths has 5000 entries, more than 4096");
+  s = MlpSpec(1, 1);
+  s.add_data_paths(std::string(5000, 'p'));
+  EXPECT_EQ(error(s), "JobSpec.data_paths[0] is 5000 bytes, more than 4096 (PATH_MAX)");
   EXPECT_TRUE(server::ValidateJobSpec(MlpSpec(2, 3)).ok());
 }
 

@@ -489,6 +489,12 @@ TEST(JobService, FailedRankFailsTheJobWithItsCode) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(s.error_message(), ::testing::MatchesRegex(".*rank [01] \\(worker w[01]\\) failed at step 2: node addmm.*"));
   EXPECT_TRUE(WaitUntil([&] { return server.registry().IdleWorkers().size() == 2; }));
+  // A worker's error text is bounded in the job's record (issue 17).
+  for (auto& w : workers) w->FailAt(1, grpc::StatusCode::INTERNAL, std::string(1 << 20, 'e'));
+  const grpc::Status big = Submission(server, Args(2, 1)).Finish();
+  EXPECT_EQ(big.error_code(), grpc::StatusCode::INTERNAL);
+  EXPECT_LT(big.error_message().size(), 4300u);
+  EXPECT_THAT(big.error_message(), HasSubstr("eee... (1048576 bytes, cut)"));
 }
 
 TEST(JobService, DataPathsJobsSendEmptyBatches) {
