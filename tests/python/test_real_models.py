@@ -16,8 +16,11 @@ N=2 (4+4) for every model, N=3 (3+3+2, uneven) for one model of each family; SGD
 
 DeBERTa-v2 is traced with the ``attention_mask`` a real input pipeline has: without it,
 transformers checks the ids for padding (a data-dependent ``if``), which tracing refuses
-(client/python/README.md, "Hugging Face models"). BART gets prebuilt 4-D boolean masks: with a 2-D
-mask its mask helpers branch on ``padding_mask.all()`` (a fast path), which tracing refuses.
+(client/python/README.md, "Hugging Face models"). GPT-2 and Llama are also trained as causal LMs
+the way users do (``*_padded``): a tokenizer's 2-D ``attention_mask`` with right and left padding,
+labels -100 at the padding, the model's own loss; the padding sits in one rank's rows, then in the
+other's, then nowhere (fxdp.hf_masks makes transformers build the mask that is right for all
+three). BART gets prebuilt 4-D boolean masks, the other way to pass one.
 
 Run alone: ``pytest -m real_models tests/python``. Workers are $FXDP_WORKER (default
 build/bin/fxdp-worker), ``fxdp`` $FXDP_BIN (build/bin/fxdp).
@@ -51,9 +54,10 @@ NOD = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 class Case(NamedTuple):
     family: str
     make: Callable[[], torch.nn.Module]  # the model, in train mode
-    batch: Callable[[torch.Generator], Tuple[torch.Tensor, ...]]  # (model inputs..., target)
+    batch: Callable[..., Tuple[torch.Tensor, ...]]  # (generator[, step]) -> (model inputs..., target)
     loss: Callable  # loss_fn(model output, target), or None: the model returns the loss
     batchnorm: bool = False
+    stepwise: bool = False  # batch() also takes the step's index
 
 
 def _ids(g):
@@ -123,6 +127,31 @@ class Seq2SeqMasked(torch.nn.Module):
                           labels=labels).loss
 
 
+class CausalLM(torch.nn.Module):
+    """A decoder LM trained as users train one: input_ids, the tokenizer's 2-D attention_mask and
+    labels (-100 where the mask is 0); the model shifts the labels and computes its own loss."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids, mask, labels):
+        return self.model(input_ids=ids, attention_mask=mask, labels=labels).loss
+
+
+# Padded rows (sample, pad tokens, side) of each step's batch: with N=2 (4+4) step 1 pads rank 0's
+# rows only, step 2 rank 1's only, step 3 none (the batch transformers would skip the mask for).
+PADDING = ([(1, 2, "right"), (2, 5, "right"), (3, 3, "left")], [(5, 3, "right"), (7, 1, "left")], [])
+
+
+def padded_lm_batch(g, step):
+    ids = _ids(g)
+    mask = torch.ones(B, S, dtype=torch.long)
+    for row, pads, side in PADDING[step]:
+        mask[row, slice(S - pads, S) if side == "right" else slice(0, pads)] = 0
+    return ids, mask, ids.masked_fill(mask == 0, -100)
+
+
 def masked_seq2seq_batch(g):
     ids = _ids(g)
     keep = torch.ones(B, S, dtype=torch.bool)
@@ -137,13 +166,17 @@ def _lm(cls, cfg_cls, **kw):
 
 
 DECODER = dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2)
+GPT2 = dict(vocab_size=V, n_positions=16, n_embd=32, n_layer=1, n_head=2, resid_pdrop=0.0, embd_pdrop=0.0,
+            attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
 
 CASES: Dict[str, Case] = {
     # decoder LMs
-    "gpt2": Case("decoder", lambda: T.GPT2LMHeadModel(T.GPT2Config(
-        vocab_size=V, n_positions=16, n_embd=32, n_layer=1, n_head=2, resid_pdrop=0.0, embd_pdrop=0.0,
-        attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)), lm_batch, lm_loss),
+    "gpt2": Case("decoder", lambda: T.GPT2LMHeadModel(T.GPT2Config(**GPT2)), lm_batch, lm_loss),
     "llama": Case("decoder", _lm(T.LlamaForCausalLM, T.LlamaConfig, **DECODER), lm_batch, lm_loss),
+    "gpt2_padded": Case("decoder", lambda: CausalLM(T.GPT2LMHeadModel(T.GPT2Config(**GPT2))), padded_lm_batch,
+                        None, stepwise=True),
+    "llama_padded": Case("decoder", lambda: CausalLM(_lm(T.LlamaForCausalLM, T.LlamaConfig, **DECODER)()),
+                         padded_lm_batch, None, stepwise=True),
     "mistral": Case("decoder", _lm(T.MistralForCausalLM, T.MistralConfig, sliding_window=4, **DECODER),
                     lm_batch, lm_loss),
     "qwen2": Case("decoder", _lm(T.Qwen2ForCausalLM, T.Qwen2Config, **DECODER), lm_batch, lm_loss),
@@ -197,7 +230,7 @@ CASES: Dict[str, Case] = {
         image_batch, cls_loss, batchnorm=True),
 }
 # The uneven split runs for one model of each family (and the BatchNorm one).
-UNEVEN = ["llama", "llama_cls", "bert", "deberta_v2", "t5", "swin", "resnet"]
+UNEVEN = ["llama", "llama_cls", "llama_padded", "bert", "deberta_v2", "t5", "swin", "resnet"]
 MATRIX = [(m, 2) for m in CASES] + [(m, 3) for m in UNEVEN]
 
 
@@ -215,7 +248,8 @@ def optimizer(model):
 
 def batches(name: str):
     g = torch.Generator().manual_seed(1)
-    return [CASES[name].batch(g) for _ in range(STEPS)]
+    case = CASES[name]
+    return [case.batch(g, step) if case.stepwise else case.batch(g) for step in range(STEPS)]
 
 
 class Lab:
@@ -316,16 +350,73 @@ def test_deberta_without_attention_mask_is_refused_naming_the_check(lab):
         fxdp.trace(model, torch.optim.SGD(model.parameters(), lr=0.1), cls_loss, (ids, labels))
 
 
-def test_bart_mask_fast_path_is_refused_naming_the_line():
-    """With 2-D masks (or none) BART's mask helpers test ``padding_mask.all()`` (a fast-path
-    guard): tracing refuses it, naming transformers' masking_utils line; the suite passes 4-D
-    masks instead (client/python/README.md)."""
+@pytest.mark.parametrize("name", ["gpt2_padded", "llama_padded"])
+def test_padded_lm_traced_equals_eager_hugging_face(lab, name):
+    """The traced step on one device (the reference the workers match above) equals eager
+    transformers training on the same padded batches: the losses HF computes and the parameters
+    after 3 SGD steps; the batch without padding included."""
+    p = lab.prepared(name)
+    assert not p["batches"][2][1].eq(0).any() and p["batches"][0][1].eq(0).any()
+    model = make(name)
+    opt = optimizer(model)
+    losses = []
+    for b in p["batches"]:
+        opt.zero_grad()
+        loss = model(*b)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    torch.testing.assert_close(torch.tensor(p["ref_losses"], dtype=torch.float64),
+                               torch.tensor(losses, dtype=torch.float64), rtol=RTOL, atol=ATOL)
+    compare(p["ref_state"], {k: v.detach() for k, v in model.named_parameters()}, f"{name}: traced vs eager HF")
+
+
+def test_bart_with_2d_masks_traces_and_matches_eager():
+    """BART's encoder (bidirectional) and decoder (causal) masks from 2-D masks with padding trace
+    too; the traced loss is transformers' eager loss on the same batch."""
     torch.manual_seed(0)
-    model = Seq2Seq(T.BartForConditionalGeneration(T.BartConfig(
+    model = T.BartForConditionalGeneration(T.BartConfig(
         vocab_size=V, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
         decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=16,
         dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, pad_token_id=1, bos_token_id=0,
-        eos_token_id=2, decoder_start_token_id=2))).train()
-    ids, labels = lm_batch(torch.Generator().manual_seed(1))
-    with pytest.raises(fxdp.TraceError, match=r"data-dependent control flow in module .*masking_utils\.py"):
-        fxdp.trace(model, torch.optim.SGD(model.parameters(), lr=0.1), None, (ids, labels))
+        eos_token_id=2, decoder_start_token_id=2)).train()
+
+    class Bart2D(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, ids, mask, labels, dec_mask):
+            return self.model(input_ids=ids, attention_mask=mask, labels=labels,
+                              decoder_attention_mask=dec_mask).loss
+
+    ids, mask, labels = padded_lm_batch(torch.Generator().manual_seed(1), 0)
+    batch = (ids, mask, labels, mask)
+    wrapped = Bart2D()
+    with torch.no_grad():
+        want = wrapped(*batch)
+    step = fxdp.trace(wrapped, torch.optim.SGD(wrapped.parameters(), lr=0.1), None, batch)
+    _, got = step.run_local(step.initial_state(), batch)
+    torch.testing.assert_close(got, want, rtol=RTOL, atol=ATOL)
+
+
+def test_mask_builders_are_restored_after_tracing():
+    """fxdp's explicit-mask builders are transformers' local registry entries only while it traces:
+    afterwards the library's builders, or the user's own local entry, are back."""
+    from transformers import masking_utils as mu
+
+    registry = mu.ALL_MASK_ATTENTION_FUNCTIONS
+    model = make("gpt2_padded")
+    batch = batches("gpt2_padded")[0]
+
+    def mine(**kwargs):
+        return mu.sdpa_mask(**kwargs)
+
+    fxdp.trace(model, optimizer(model), None, batch)
+    assert registry["sdpa"] is mu.sdpa_mask and registry["eager"] is mu.eager_mask
+    registry["sdpa"] = mine
+    try:
+        fxdp.trace(model, optimizer(model), None, batch)
+        assert registry["sdpa"] is mine and registry["eager"] is mu.eager_mask
+    finally:
+        del registry["sdpa"]

@@ -22,7 +22,9 @@ How it works
    step once on the real example tensors, so layouts and view decisions are exactly those of the
    real kernels; :class:`fxdp.trace_errors.DataDependenceGuard` turns data-dependent ops
    (``.item()``/``bool()`` on tensors, ``nonzero``, boolean masks...) into TraceErrors naming the
-   user's file:line. ``"fake"`` traces on FakeTensors.
+   user's file:line. ``"fake"`` traces on FakeTensors. Hugging Face models build their attention
+   masks from a 2-D ``attention_mask`` on the path that is right for every batch
+   (:mod:`fxdp.hf_masks`).
 3. Pass 2: the pass-1 graph is re-traced under ``torch.func.functionalize(remove="mutations")``,
    which turns every in-place op (gradient accumulation, clipping's ``mul_``, the optimizer's
    ``_foreach_*_``, BatchNorm running-stat updates) into its functional variant. Views stay views.
@@ -63,9 +65,11 @@ tensor and one graph reproduces step 1 and step k (fresh state is created as the
 
 Decomposition table
 -------------------
-``DEFAULT_DECOMPOSITIONS`` holds a single entry: ``aten.native_batch_norm.default`` is rewritten
-to ``aten._native_batch_norm_legit`` (PyTorch's own decomposition), whose schema declares the
-running-stat mutation so functionalization sees it. Nothing else is decomposed: the graph stays at
+``DEFAULT_DECOMPOSITIONS`` (:mod:`fxdp.decompositions`): ``aten.native_batch_norm.default`` is
+rewritten to ``aten._native_batch_norm_legit`` (PyTorch's own decomposition), whose schema declares
+the running-stat mutation so functionalization sees it; mean-reduced ``nll_loss`` becomes the sum
+divided by its total weight, a value the data-parallel analysis all-reduces (a mean over counted
+targets, e.g. with ``ignore_index``, is then exact on N ranks). Nothing else is decomposed: the graph stays at
 the level autograd and the CompositeImplicitAutograd kernels produce, every op a dispatcher op
 the C++ executor calls by schema name, views intact for the analyzer, no ``prims.*``.
 ``decompositions=...`` adds entries.
@@ -88,7 +92,8 @@ import torch
 import torch.nn as nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from . import convert, graph_passes
+from . import convert, graph_passes, hf_masks
+from . import decompositions as decompositions_table
 from .errors import TraceError
 from .flat_step import flat_step
 from .optimizers import SUPPORTED_OPTIMIZERS
@@ -100,13 +105,7 @@ aten = torch.ops.aten
 __all__ = ["trace", "trace_step", "DEFAULT_DECOMPOSITIONS", "SUPPORTED_OPTIMIZERS"]
 
 
-def _default_decompositions() -> Dict[Any, Callable]:
-    from torch._decomp.decompositions import native_batch_norm_decomposition
-
-    return {aten.native_batch_norm.default: native_batch_norm_decomposition}
-
-
-DEFAULT_DECOMPOSITIONS = _default_decompositions()
+DEFAULT_DECOMPOSITIONS = decompositions_table.default_decompositions()
 
 
 def _gradscaler_in(tb) -> bool:
@@ -126,7 +125,7 @@ def _make_graph(step: Callable, args: List[torch.Tensor], mstack: ModuleStack, t
     if decompositions:
         table.update(decompositions)
     try:
-        with mstack:
+        with mstack, hf_masks.explicit_attention_masks():
             gm1 = make_fx(step, tracing_mode=tracing_mode, decomposition_table=table,
                           _allow_non_fake_inputs=True)(*args)
         return make_fx(
@@ -153,7 +152,7 @@ def _metadata(sig: Signature, model, optimizer, train_step, loss_reduction, repo
         ("optimizer.foreach", ",".join("true" if f else "false" for f in sig.foreach)),
         ("loss_reduction", str(loss_reduction or "mean")),
         ("batch_size", str(next((x.shape[d] for x, d in zip(sig.batch.values, sig.bdims) if d >= 0), -1))),
-        ("decompositions", "fxdp-default-v1:native_batch_norm"),
+        ("decompositions", decompositions_table.NAME),
         ("device", str(sig.device)),
         ("train_step", getattr(train_step, "__qualname__", type(train_step).__name__)),
     ]
