@@ -85,9 +85,12 @@ def test_expand_zoo(graphs, tmp_path, model, optim, world):
         targets = [n.target.name for n in g.nodes]
         all_reduces = targets.count("_c10d_functional::all_reduce")
         assert all_reduces == targets.count("_c10d_functional::wait_tensor")
-        # one per bucket, one for the loss, one per synchronised buffer
+        # one per bucket, one for the loss, one per synchronised buffer, one per cross-entropy
+        # mean's count of targets (fxdp.decompositions)
         synced = sum("running" in s for s in rep["notes"] if s.startswith("updated state"))
-        assert all_reduces == len(rep["buckets"]) + 1 + synced, (all_reduces, rep["buckets"])
+        counts = sum(c["purpose"].startswith("reduce ") for c in rep["collectives"])
+        assert counts == (model in ("cnn", "transformer")), rep["collectives"]
+        assert all_reduces == len(rep["buckets"]) + 1 + synced + counts, (all_reduces, rep["buckets"])
         for n in g.nodes:
             k = SIZE_ARGS.get(n.target.name)
             if k is None or len(n.args) <= k or not n.outputs:

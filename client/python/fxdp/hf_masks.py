@@ -48,6 +48,8 @@ def _explicit(build: Callable) -> Callable:
         kv_length, kv_offset = kwargs["kv_length"], kwargs.get("kv_offset", 0)
         pattern = build(**{**kwargs, "attention_mask": None, "allow_is_causal_skip": False,
                            "allow_is_bidirectional_skip": False})
+        if pattern is None:  # a builder of the user's that skips anyway: transformers' own path
+            return build(**{**kwargs, "allow_is_causal_skip": False, "allow_is_bidirectional_skip": False})
         keep = _padding(mask, kv_length, kv_offset)[:, None, None, :]
         if pattern.dtype == torch.bool:
             return pattern & keep
