@@ -1,6 +1,7 @@
 #include "server/job_recovery.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -34,7 +35,7 @@ absl::StatusOr<RecoveredJobs> RecoverJobs(JobStore* store, const Expander& expan
     auto job = std::make_shared<Job>();
     job->info = std::move(r.info);
     job->info.set_has_state(r.has_final_state);
-    job->info.set_checkpoint_step(r.checkpoint_step);  // the store's column is the truth
+    job->info.set_checkpoint_step(r.checkpoint_step);
     // Ownership survives: the identity that submitted it (JobInfo.owner).
     job->owner.identity = job->info.owner();
     if (!job->owner.identity.empty()) job->owner.description = job->owner.identity;
@@ -43,15 +44,27 @@ absl::StatusOr<RecoveredJobs> RecoverJobs(JobStore* store, const Expander& expan
     out.jobs.push_back(job);
     const v1::JobState state = job->info.state();
     if (Terminal(state)) continue;
+    // The job was cut short: its checkpoint file names the step it holds
+    // (the database's may lag it by one checkpoint).
+    std::optional<JobStore::Checkpoint> checkpoint;
+    if (r.checkpoint_step > 0) {
+      absl::StatusOr<JobStore::Checkpoint> c = store->ReadCheckpoint(job->info.job_id());
+      if (c.ok()) {
+        checkpoint = *std::move(c);
+      } else {
+        Log(absl::StrCat(job->info.job_id(), ": its checkpoint cannot be read: ", c.status().message()));
+      }
+    }
+    const int64_t k = checkpoint ? checkpoint->step : 0;
+    job->info.set_checkpoint_step(k);
     // A data_paths job with a checkpoint resumes from it (a job queued as a
     // resume of another has that one's checkpoint as its own).
-    const bool resume = r.spec.data_paths_size() > 0 && r.checkpoint_step > 0;
+    const bool resume = r.spec.data_paths_size() > 0 && k > 0;
     // A streamed one fails; with a checkpoint its client can resume it.
     const std::string again =
-        r.checkpoint_step > 0
-            ? absl::StrCat("resume it from its checkpoint of step ", r.checkpoint_step, " (fxdp run --resume ",
-                           job->info.job_id(), ", or fxdp.Client.train(resume=...))")
-            : "submit it again";
+        k > 0 ? absl::StrCat("resume it from its checkpoint of step ", k, " (fxdp run --resume ", job->info.job_id(),
+                             ", or fxdp.Client.train(resume=...))")
+              : "submit it again";
     if (state != v1::JOB_STATE_QUEUED && !resume) {
       FailRecovered(store, job,
                     absl::StrCat("the server restarted while the job ran (its Submit stream ended with the server "
@@ -69,7 +82,7 @@ absl::StatusOr<RecoveredJobs> RecoverJobs(JobStore* store, const Expander& expan
       continue;
     }
     // A running job resumes from its checkpoint, a queued one starts.
-    absl::StatusOr<JobStore::Tensors> initial = resume ? store->ReadCheckpoint(job->info.job_id())
+    absl::StatusOr<JobStore::Tensors> initial = resume ? std::move(checkpoint->state)
                                                        : store->ReadInitialState(job->info.job_id());
     absl::StatusOr<PreparedSpec> p = initial.ok() ? PrepareJobSpec(std::move(r.spec), expand)
                                                   : absl::StatusOr<PreparedSpec>(initial.status());
@@ -92,7 +105,6 @@ absl::StatusOr<RecoveredJobs> RecoverJobs(JobStore* store, const Expander& expan
     job->info.set_queue_position(0);
     job->info.set_message("queued again after a server restart");
     if (resume) {
-      const int64_t k = r.checkpoint_step;
       job->first_step = k;
       job->spec.set_num_state_tensors(static_cast<uint32_t>(job->initial_state.size()));
       job->info.set_state(v1::JOB_STATE_QUEUED);

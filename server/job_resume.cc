@@ -127,21 +127,22 @@ absl::StatusOr<ResumeStart> PrepareResume(const JobTable& table, JobStore* store
   if (const std::string d = GraphDifference(was.graph(), spec.graph()); !d.empty()) {
     return differs(absl::StrCat("the graph differs: ", d));
   }
-  if (spec.steps() > 0 && spec.steps() <= k) {
-    return differs(absl::StrCat("its checkpoint is at step ", k, " and JobSpec.steps is ", spec.steps(),
-                                ": no step is left to run"));
-  }
-  absl::StatusOr<JobStore::Tensors> state = store->ReadCheckpoint(id);
-  if (!state.ok()) {
+  // The file's step holds (the database's may lag it by one checkpoint).
+  absl::StatusOr<JobStore::Checkpoint> checkpoint = store->ReadCheckpoint(id);
+  if (!checkpoint.ok()) {
     return absl::FailedPreconditionError(absl::StrCat("job '", id, "': its checkpoint of step ", k, " ('",
                                                       store->CheckpointPath(id), "') cannot be read: ",
-                                                      state.status().message()));
+                                                      checkpoint.status().message()));
+  }
+  if (spec.steps() > 0 && spec.steps() <= checkpoint->step) {
+    return differs(absl::StrCat("its checkpoint is at step ", checkpoint->step, " and JobSpec.steps is ",
+                                spec.steps(), ": no step is left to run"));
   }
   ResumeStart out;
   out.from = id;
-  out.step = k;
-  out.state = *std::move(state);
-  const int n = static_cast<int>(std::min<int64_t>(k, info.losses_size()));
+  out.step = checkpoint->step;
+  out.state = std::move(checkpoint->state);
+  const int n = static_cast<int>(std::min<int64_t>(out.step, info.losses_size()));
   out.losses.assign(info.losses().begin(), info.losses().begin() + n);
   return out;
 }

@@ -10,10 +10,15 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
 #include "analysis/ir/safetensors.h"
+#include "util/files.h"
 
 namespace fxdp::server {
 namespace {
+
+// A checkpoint file's __metadata__ entry naming the step it holds the state after.
+constexpr char kCheckpointStepKey[] = "fxdp.checkpoint_step";
 
 constexpr char kSchema[] =
     "PRAGMA journal_mode=WAL;"
@@ -156,13 +161,30 @@ std::string JobStore::CheckpointPath(const std::string& job_id) const {
 }
 
 absl::Status JobStore::WriteCheckpoint(const std::string& job_id, int64_t step, const Tensors& state) {
-  if (absl::Status s = WriteTensors(CheckpointPath(job_id), state); !s.ok()) return s;
+  // The file names its step: a SIGKILL between its rename and the database
+  // update below leaves a file newer than the recorded step, and the file's
+  // step is the one that holds.
+  if (absl::Status s = WriteTensors(CheckpointPath(job_id), state, {{kCheckpointStepKey, std::to_string(step)}});
+      !s.ok()) {
+    return s;
+  }
   std::lock_guard<std::mutex> l(mu_);
   return Exec("UPDATE jobs SET checkpoint_step = ? WHERE id = ?", {{std::to_string(step)}, {job_id}});
 }
 
-absl::StatusOr<JobStore::Tensors> JobStore::ReadCheckpoint(const std::string& job_id) const {
-  return ReadTensors(CheckpointPath(job_id));
+absl::StatusOr<JobStore::Checkpoint> JobStore::ReadCheckpoint(const std::string& job_id) const {
+  const std::string path = CheckpointPath(job_id);
+  std::map<std::string, std::string> metadata;
+  absl::StatusOr<Tensors> state = ReadTensors(path, &metadata);
+  if (!state.ok()) return state.status();
+  Checkpoint out;
+  out.state = *std::move(state);
+  auto it = metadata.find(kCheckpointStepKey);
+  if (it == metadata.end() || !absl::SimpleAtoi(it->second, &out.step) || out.step <= 0) {
+    return absl::DataLossError(absl::StrCat("checkpoint '", path, "' does not name its step (__metadata__ ",
+                                            kCheckpointStepKey, ")"));
+  }
+  return out;
 }
 
 absl::StatusOr<JobStore::ResumePoint> JobStore::ReadResumePoint(const std::string& job_id) {
@@ -194,9 +216,10 @@ absl::Status JobStore::ShareCheckpoint(const std::string& from, const std::strin
   const std::string src = CheckpointPath(from), dst = CheckpointPath(to);
   std::remove(dst.c_str());
   if (link(src.c_str(), dst.c_str()) != 0) {  // another filesystem, or no hard links: a copy
-    absl::StatusOr<Tensors> state = ReadTensors(src);
+    std::map<std::string, std::string> metadata;
+    absl::StatusOr<Tensors> state = ReadTensors(src, &metadata);
     if (!state.ok()) return state.status();
-    if (absl::Status s = WriteTensors(dst, *state); !s.ok()) return s;
+    if (absl::Status s = WriteTensors(dst, *state, metadata); !s.ok()) return s;
   }
   std::lock_guard<std::mutex> l(mu_);
   return Exec("UPDATE jobs SET checkpoint_step = ? WHERE id = ?", {{std::to_string(step)}, {to}});
@@ -206,7 +229,8 @@ std::string JobStore::InitialStatePath(const std::string& job_id) const {
   return absl::StrCat(dir_, "/states/", job_id, ".initial.safetensors");
 }
 
-absl::Status JobStore::WriteTensors(const std::string& path, const Tensors& tensors) const {
+absl::Status JobStore::WriteTensors(const std::string& path, const Tensors& tensors,
+                                   const std::map<std::string, std::string>& metadata) const {
   std::vector<ir::RawTensor> raw;
   raw.reserve(tensors.size());
   for (const v1::TensorChunk& t : tensors) {
@@ -223,21 +247,30 @@ absl::Status JobStore::WriteTensors(const std::string& path, const Tensors& tens
     r.shape.assign(t.shape().begin(), t.shape().end());
     r.data = t.data();
   }
+  std::vector<ir::TensorBytes> views;
+  views.reserve(raw.size());
+  for (const ir::RawTensor& r : raw) views.push_back({r.name, r.dtype, r.shape, r.data});
+  absl::StatusOr<std::string> bytes = ir::SerializeSafetensors(std::move(views), metadata);
+  if (!bytes.ok()) return bytes.status();
   // Written aside, then renamed: a file is whole or absent.
-  return ir::WriteSafetensorsFile(path, raw);
+  return util::WriteFileAtomically(path, *bytes);
 }
 
-absl::StatusOr<JobStore::Tensors> JobStore::ReadTensors(const std::string& path) const {
-  absl::StatusOr<std::vector<ir::RawTensor>> raw = ir::ReadSafetensorsFile(path);
-  if (!raw.ok()) return raw.status();
+absl::StatusOr<JobStore::Tensors> JobStore::ReadTensors(const std::string& path,
+                                                        std::map<std::string, std::string>* metadata) const {
+  absl::StatusOr<std::string> bytes = ir::ReadSafetensorsBytes(path);
+  if (!bytes.ok()) return bytes.status();
+  absl::StatusOr<ir::SafetensorsView> view = ir::ParseSafetensors(*bytes);
+  if (!view.ok()) return absl::Status(view.status().code(), absl::StrCat("'", path, "': ", view.status().message()));
   Tensors out;
-  for (ir::RawTensor& r : *raw) {
+  for (const ir::SafetensorsEntry& e : view->tensors) {
     v1::TensorChunk& c = out.emplace_back();
-    c.set_name(r.name);
-    c.set_dtype(static_cast<v1::DType>(ir::DTypeToWire(r.dtype)));
-    for (int64_t d : r.shape) c.add_shape(d);
-    c.set_data(std::move(r.data));
+    c.set_name(e.name);
+    c.set_dtype(static_cast<v1::DType>(ir::DTypeToWire(e.dtype)));
+    for (int64_t d : e.shape) c.add_shape(d);
+    c.set_data(std::string(view->data.substr(e.begin, e.end - e.begin)));
   }
+  if (metadata != nullptr) *metadata = view->metadata;
   return out;
 }
 

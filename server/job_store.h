@@ -10,6 +10,7 @@
 #define FXDP_SERVER_JOB_STORE_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -63,9 +64,15 @@ class JobStore {
   absl::StatusOr<Tensors> ReadInitialState(const std::string& job_id) const;
 
   // A running job's state after step `step` (--checkpoint-every), replacing
-  // the previous one.
+  // the previous one. The file records its step too (its __metadata__): a
+  // crash after the file and before the database leaves the file's step the
+  // true one, which ReadCheckpoint returns.
   absl::Status WriteCheckpoint(const std::string& job_id, int64_t step, const Tensors& state);
-  absl::StatusOr<Tensors> ReadCheckpoint(const std::string& job_id) const;
+  struct Checkpoint {
+    Tensors state;
+    int64_t step = 0;
+  };
+  absl::StatusOr<Checkpoint> ReadCheckpoint(const std::string& job_id) const;
   // What a resume of the job needs: its spec as submitted (with the graph)
   // and the step of its checkpoint (0: none). NOT_FOUND for a job without a
   // record.
@@ -91,8 +98,10 @@ class JobStore {
   };
   // Runs `sql` with `params` bound in order (mu_ held).
   absl::Status Exec(const std::string& sql, const std::vector<Param>& params);
-  absl::Status WriteTensors(const std::string& path, const Tensors& tensors) const;
-  absl::StatusOr<Tensors> ReadTensors(const std::string& path) const;
+  absl::Status WriteTensors(const std::string& path, const Tensors& tensors,
+                            const std::map<std::string, std::string>& metadata = {}) const;
+  absl::StatusOr<Tensors> ReadTensors(const std::string& path,
+                                      std::map<std::string, std::string>* metadata = nullptr) const;
 
   const std::string dir_;
   mutable std::mutex mu_;

@@ -163,7 +163,7 @@ TEST(JobStore, AFailedJobKeepsItsCheckpointAndSpecToBeResumed) {
   server::JobStore::ResumePoint p = ValueOrDie(store->ReadResumePoint("job-1-f"));
   EXPECT_EQ(p.checkpoint_step, 4);
   EXPECT_EQ(p.spec.graph().nodes_size(), spec.graph().nodes_size());
-  EXPECT_EQ(WeightOf(ValueOrDie(store->ReadCheckpoint("job-1-f"))), at4[0].data());
+  EXPECT_EQ(WeightOf(ValueOrDie(store->ReadCheckpoint("job-1-f")).state), at4[0].data());
   p = ValueOrDie(store->ReadResumePoint("job-2-f"));
   EXPECT_EQ(p.checkpoint_step, 0);
   EXPECT_FALSE(p.spec.has_graph());  // nothing to resume: the spec went
@@ -173,11 +173,45 @@ TEST(JobStore, AFailedJobKeepsItsCheckpointAndSpecToBeResumed) {
   ASSERT_TRUE(store->ShareCheckpoint("job-1-f", "job-3-r", 4).ok());
   EXPECT_EQ(ValueOrDie(store->ReadResumePoint("job-3-r")).checkpoint_step, 4);
   ASSERT_TRUE(store->WriteCheckpoint("job-3-r", 6, {F32("fc.weight", {3, 4}, 60), F32("fc.bias", {3}, 6)}).ok());
-  EXPECT_EQ(WeightOf(ValueOrDie(store->ReadCheckpoint("job-1-f"))), at4[0].data());
+  EXPECT_EQ(WeightOf(ValueOrDie(store->ReadCheckpoint("job-1-f")).state), at4[0].data());
   // Succeeded: its checkpoint goes.
   ASSERT_TRUE(store->Update(Info("job-3-r", v1::JOB_STATE_SUCCEEDED), true).ok());
   EXPECT_FALSE(std::ifstream(store->CheckpointPath("job-3-r")).good());
   EXPECT_TRUE(std::ifstream(store->CheckpointPath("job-1-f")).good());
+}
+
+// A SIGKILL after a checkpoint's file was renamed into place and before the
+// database recorded its step: the file's step holds.
+TEST(JobStore, ACheckpointFileNewerThanItsRecordedStepIsTakenAtItsOwnStep) {
+  const std::string dir = TempDir();
+  v1::JobSpec spec;
+  *spec.mutable_graph() = ir::EncodeGraph(ValueOrDie(ir::ParseGraphText(ReadTestData("mlp_sgd.txt"))));
+  spec.set_world_size(1);
+  spec.set_steps(10);
+  spec.add_data_paths("/data/a.safetensors");
+  const std::vector<v1::TensorChunk> at6 = {F32("fc.weight", {3, 4}, 60), F32("fc.bias", {3}, 6)};
+  {
+    auto store = ValueOrDie(server::JobStore::Open(dir));
+    v1::JobInfo info = Info("job-1-c", v1::JOB_STATE_RUNNING);
+    info.set_steps(10);
+    info.set_steps_done(7);
+    for (int i = 1; i <= 7; ++i) info.add_losses(i);
+    ASSERT_TRUE(store->Insert(1, info, spec).ok());
+    ASSERT_TRUE(store->Insert(2, Info("job-2-c", v1::JOB_STATE_RUNNING), spec).ok());
+    ASSERT_TRUE(store->WriteCheckpoint("job-1-c", 4, {F32("fc.weight", {3, 4}, 40), F32("fc.bias", {3}, 4)}).ok());
+    ASSERT_TRUE(store->WriteCheckpoint("job-2-c", 6, at6).ok());
+    // job-1-c's file of step 6 is in place, its record still says 4.
+    ASSERT_EQ(std::rename(store->CheckpointPath("job-2-c").c_str(), store->CheckpointPath("job-1-c").c_str()), 0);
+  }
+  auto store = ValueOrDie(server::JobStore::Open(dir));
+  EXPECT_EQ(ValueOrDie(store->ReadResumePoint("job-1-c")).checkpoint_step, 4);
+  EXPECT_EQ(ValueOrDie(store->ReadCheckpoint("job-1-c")).step, 6);
+  server::RecoveredJobs r = ValueOrDie(server::RecoverJobs(store.get(), server::RunExpand));
+  ASSERT_EQ(r.to_run.size(), 1u);
+  EXPECT_EQ(r.to_run[0]->first_step, 6);
+  EXPECT_EQ(r.to_run[0]->info.checkpoint_step(), 6);
+  EXPECT_THAT(r.to_run[0]->info.losses(), ::testing::ElementsAre(1, 2, 3, 4, 5, 6));
+  EXPECT_EQ(WeightOf(r.to_run[0]->initial_state), at6[0].data());
 }
 
 TEST(GraphDifference, NamesTheStateTensorTheNodeCountOrTheFirstNodeThatDiffers) {
