@@ -186,6 +186,18 @@ def test_group_norm_batch_size_argument_is_localised(tmp_path):
     assert [s["size"] for s in report["slices"]] == [2, 2, 1, 1]
 
 
+def check_every_op_has_a_rule_and_one_device(tmp_path, step, batches):
+    """`step` analyzes without a warning (no op falls back to size matching), and expanded for 4
+    ranks (B=6: 2,2,1,1) it trains like one device."""
+    graph = str(tmp_path / "g.pb")
+    step.save(graph)
+    r = subprocess.run([FXDP, "analyze", graph, "--json"], capture_output=True, text=True, check=True)
+    assert json.loads(r.stdout)["warnings"] == []
+    (tmp_path / "run").mkdir()
+    report = check_against_one_device(tmp_path / "run", step, batches, 4)
+    assert [s["size"] for s in report["slices"]] == [2, 2, 1, 1]
+
+
 class _SdpaBlock(torch.nn.Module):
     """Causal self-attention through F.scaled_dot_product_attention (one fused aten kernel)."""
 
@@ -211,13 +223,7 @@ def test_fused_attention_kernel(tmp_path):
     batches = [(torch.randn(6, 5, 16, generator=g), torch.randn(6, 4, generator=g))
                for _ in range(STEPS)]
     step = fxdp.trace(model, opt, torch.nn.functional.mse_loss, batches[0])
-    graph = str(tmp_path / "sdpa.pb")
-    step.save(graph)
-    r = subprocess.run([FXDP, "analyze", graph, "--json"], capture_output=True, text=True, check=True)
-    assert json.loads(r.stdout)["warnings"] == []
-    (tmp_path / "run").mkdir()
-    report = check_against_one_device(tmp_path / "run", step, batches, 4)
-    assert [s["size"] for s in report["slices"]] == [2, 2, 1, 1]
+    check_every_op_has_a_rule_and_one_device(tmp_path, step, batches)
 
 
 def test_prelu_model(tmp_path):
@@ -233,10 +239,4 @@ def test_prelu_model(tmp_path):
                for _ in range(STEPS)]
     step = fxdp.trace(model, opt, torch.nn.functional.mse_loss, batches[0])
     assert {"aten::_prelu_kernel", "aten::_prelu_kernel_backward"} <= {n.target.name for n in step.graph.nodes}
-    graph = str(tmp_path / "prelu.pb")
-    step.save(graph)
-    r = subprocess.run([FXDP, "analyze", graph, "--json"], capture_output=True, text=True, check=True)
-    assert json.loads(r.stdout)["warnings"] == []
-    (tmp_path / "run").mkdir()
-    report = check_against_one_device(tmp_path / "run", step, batches, 4)
-    assert [s["size"] for s in report["slices"]] == [2, 2, 1, 1]
+    check_every_op_has_a_rule_and_one_device(tmp_path, step, batches)
