@@ -10,17 +10,17 @@
 #include <thread>
 #include <vector>
 
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
-
 #include "executor/communicator.h"
 #include "executor/gloo_communicator.h"
 #include "executor/timed_communicator.h"
 #include "executor/worker/sharded_state.h"
+#include "tests/executor/local_rendezvous.h"
 #include "tests/test_util.h"
 
 namespace fxdp::executor {
 namespace {
 
+using ::fxdp::testing::LocalRendezvous;
 using ::fxdp::testing::StatusIs;
 using ::fxdp::testing::ValueOrDie;
 
@@ -38,23 +38,13 @@ TEST(LocalCommunicatorTest, GatherAndScatterOverOneRankAreFlatCopies) {
 
 // N Gloo communicators, one per thread, over one store.
 std::vector<std::unique_ptr<GlooCommunicator>> GlooRanks(int world) {
-  RendezvousOptions opts;
-  opts.port = 0;
-  opts.world_size = world;
-  opts.timeout = kWait;
-  auto store0 = ValueOrDie(ConnectStore(opts));
-  const int port = static_cast<c10d::TCPStore*>(store0.get())->getPort();
+  const LocalRendezvous rv(world, kWait);
   std::vector<std::unique_ptr<GlooCommunicator>> comms(world);
   std::vector<std::thread> threads;
   for (int r = 1; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      RendezvousOptions o = opts;
-      o.rank = r;
-      o.port = port;
-      comms[r] = ValueOrDie(GlooCommunicator::Connect(o, "127.0.0.1"));
-    });
+    threads.emplace_back([&, r] { comms[r] = ValueOrDie(rv.Communicator(r)); });
   }
-  comms[0] = ValueOrDie(GlooCommunicator::Create(store0, opts, "127.0.0.1"));
+  comms[0] = ValueOrDie(rv.Communicator(0));
   for (std::thread& t : threads) t.join();
   return comms;
 }

@@ -11,18 +11,18 @@
 #include <chrono>
 #include <thread>
 
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "analysis/ir/text.h"
 #include "executor/gloo_communicator.h"
 #include "executor/timed_communicator.h"
+#include "tests/executor/local_rendezvous.h"
 #include "tests/test_util.h"
 
 namespace fxdp::executor {
 namespace {
 
+using ::fxdp::testing::LocalRendezvous;
 using ::fxdp::testing::ReadTestData;
 using ::fxdp::testing::StatusIs;
 using ::fxdp::testing::ValueOrDie;
@@ -472,34 +472,25 @@ TEST(InterpreterCollectivesTest, AllReduceGoesThroughTheCommunicator) {
 }
 
 TEST(InterpreterCollectivesTest, TwoGlooRanksInOneProcess) {
-  RendezvousOptions opts;
-  opts.port = 0;  // rank 0 picks a free port
-  opts.world_size = 2;
-  opts.timeout = std::chrono::milliseconds(20000);
-  auto store0 = ValueOrDie(ConnectStore(opts));
-  RendezvousOptions opts1 = opts;
-  opts1.rank = 1;
-  opts1.port = static_cast<c10d::TCPStore*>(store0.get())->getPort();
+  const LocalRendezvous rv(2, std::chrono::milliseconds(20000));
 
   const ir::Graph g = CollectiveGraph("sum");
   std::vector<c10::IValue> results[2];
   absl::Status status[2];
-  auto run = [&](const RendezvousOptions& o, c10::intrusive_ptr<c10d::Store> store) {
-    std::unique_ptr<GlooCommunicator> comm =
-        store ? ValueOrDie(GlooCommunicator::Create(store, o, "127.0.0.1"))
-              : ValueOrDie(GlooCommunicator::Connect(o, "127.0.0.1"));
+  auto run = [&](int rank) {
+    std::unique_ptr<GlooCommunicator> comm = ValueOrDie(rv.Communicator(rank));
     ProgramOptions po;
     po.communicator = comm.get();
     Program p = ValueOrDie(Program::Load(g, po));
     // Two steps: collectives are matched in order across runs.
     for (int step = 0; step < 2; ++step) {
-      auto r = p.Run(Values({at::full({4}, static_cast<float>(o.rank + 1 + step))}));
-      status[o.rank] = r.status();
-      if (r.ok()) results[o.rank] = *r;
+      auto r = p.Run(Values({at::full({4}, static_cast<float>(rank + 1 + step))}));
+      status[rank] = r.status();
+      if (r.ok()) results[rank] = *r;
     }
   };
-  std::thread r1(run, opts1, nullptr);
-  run(opts, store0);
+  std::thread r1(run, 1);
+  run(0);
   r1.join();
   for (int r = 0; r < 2; ++r) {
     ASSERT_TRUE(status[r].ok()) << status[r];
@@ -510,17 +501,10 @@ TEST(InterpreterCollectivesTest, TwoGlooRanksInOneProcess) {
 }
 
 TEST(InterpreterCollectivesTest, GlooWaitTimesOutThenCompletes) {
-  RendezvousOptions opts;
-  opts.port = 0;
-  opts.world_size = 2;
-  opts.timeout = std::chrono::milliseconds(20000);
-  auto store0 = ValueOrDie(ConnectStore(opts));
-  RendezvousOptions opts1 = opts;
-  opts1.rank = 1;
-  opts1.port = static_cast<c10d::TCPStore*>(store0.get())->getPort();
+  const LocalRendezvous rv(2, std::chrono::milliseconds(20000));
   std::unique_ptr<GlooCommunicator> c1;
-  std::thread connect1([&] { c1 = ValueOrDie(GlooCommunicator::Connect(opts1, "127.0.0.1")); });
-  auto c0 = ValueOrDie(GlooCommunicator::Create(store0, opts, "127.0.0.1"));
+  std::thread connect1([&] { c1 = ValueOrDie(rv.Communicator(1)); });
+  auto c0 = ValueOrDie(rv.Communicator(0));
   connect1.join();
   EXPECT_EQ(c0->name(), "gloo rank 0/2");
 

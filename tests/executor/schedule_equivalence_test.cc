@@ -11,19 +11,19 @@
 #include <thread>
 #include <vector>
 
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
-
 #include "absl/strings/str_cat.h"
 #include "analysis/ir/text.h"
 #include "executor/gloo_communicator.h"
 #include "executor/interpreter.h"
 #include "executor/step_runner.h"
 #include "expansion/data_parallel.h"
+#include "tests/executor/local_rendezvous.h"
 #include "tests/test_util.h"
 
 namespace fxdp::executor {
 namespace {
 
+using ::fxdp::testing::LocalRendezvous;
 using ::fxdp::testing::ReadTestData;
 using ::fxdp::testing::ValueOrDie;
 
@@ -68,21 +68,11 @@ TensorMap Slice(const TensorMap& batch, const RankSlice& r) {
 // Trains `e` on `world` Gloo ranks (threads) for kSteps; the final state of
 // every rank.
 std::vector<TensorMap> TrainDistributed(const Expansion& e, int world) {
-  RendezvousOptions opts;
-  opts.port = 0;
-  opts.world_size = world;
-  opts.timeout = std::chrono::milliseconds(30000);
-  auto store0 = ValueOrDie(ConnectStore(opts));
-  const int port = static_cast<c10d::TCPStore*>(store0.get())->getPort();
+  const LocalRendezvous rv(world, std::chrono::milliseconds(30000));
   std::vector<TensorMap> state(world);
   std::vector<absl::Status> status(world);
   auto run = [&](int rank) {
-    RendezvousOptions o = opts;
-    o.rank = rank;
-    o.port = port;
-    absl::StatusOr<std::unique_ptr<GlooCommunicator>> comm =
-        rank == 0 ? GlooCommunicator::Create(store0, o, "127.0.0.1")
-                  : GlooCommunicator::Connect(o, "127.0.0.1");
+    absl::StatusOr<std::unique_ptr<GlooCommunicator>> comm = rv.Communicator(rank);
     if (!comm.ok()) {
       status[rank] = comm.status();
       return;

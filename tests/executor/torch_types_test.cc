@@ -8,14 +8,14 @@
 #include <thread>
 
 #include "analysis/ir/text.h"
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
-
 #include "executor/gloo_backend.h"
+#include "tests/executor/local_rendezvous.h"
 #include "tests/test_util.h"
 
 namespace fxdp::executor {
 namespace {
 
+using ::fxdp::testing::LocalRendezvous;
 using ::fxdp::testing::ReadTestData;
 using ::fxdp::testing::StatusIs;
 using ::fxdp::testing::ValueOrDie;
@@ -67,14 +67,7 @@ TEST(TorchTypesTest, EveryOpInTheGoldenGraphsIsKnownToTheDispatcher) {
 }
 
 TEST(GlooBackendTest, TwoRanksAllReduceThroughC10d) {
-  RendezvousOptions opts;
-  opts.port = 0;  // rank 0 picks a free port
-  opts.world_size = 2;
-  opts.timeout = std::chrono::milliseconds(10000);
-  auto store0 = ValueOrDie(ConnectStore(opts));
-  RendezvousOptions opts1 = opts;
-  opts1.rank = 1;
-  opts1.port = static_cast<c10d::TCPStore*>(store0.get())->getPort();
+  const LocalRendezvous rv(2, std::chrono::milliseconds(10000));
 
   at::Tensor results[2];
   auto run = [&](const RendezvousOptions& o, c10::intrusive_ptr<c10d::Store> store) {
@@ -84,20 +77,16 @@ TEST(GlooBackendTest, TwoRanksAllReduceThroughC10d) {
     pg->allreduce(t)->wait();
     results[o.rank] = t[0];
   };
-  std::thread r1(run, opts1, nullptr);
-  run(opts, store0);
+  std::thread r1(run, rv.Options(1), nullptr);
+  run(rv.Options(0), rv.store0);
   r1.join();
   for (const at::Tensor& t : results) EXPECT_TRUE(at::equal(t, at::full({1000}, 3.0f)));
 }
 
 TEST(GlooBackendTest, MissingPeerFailsWithinTheTimeoutNamingTheRank) {
-  RendezvousOptions opts;
-  opts.port = 0;
-  opts.world_size = 2;
-  opts.timeout = std::chrono::milliseconds(1500);
-  auto store = ValueOrDie(ConnectStore(opts));
+  const LocalRendezvous rv(2, std::chrono::milliseconds(1500));  // rank 1 never comes
   const auto start = std::chrono::steady_clock::now();
-  auto pg = CreateGlooBackend(store, opts, "127.0.0.1");
+  auto pg = CreateGlooBackend(rv.store0, rv.Options(0), "127.0.0.1");
   const auto elapsed = std::chrono::steady_clock::now() - start;
   EXPECT_THAT(pg.status(), StatusIs(absl::StatusCode::kUnavailable, "rank 0 of 2"));
   EXPECT_LT(elapsed, std::chrono::seconds(10));
