@@ -162,15 +162,7 @@ def fsdp2_child(args) -> None:
 
     model, opt, loss_fn, batch, _ = sv.make(args.model, wrap=wrap)
     x, y = sv.shard(batch, args.rank, WORLD)
-    times = []
-    for _ in range(args.steps):
-        t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
-        loss.item()
-        times.append((time.perf_counter() - t0) * 1e3)
+    times = sv.timed_steps(model, opt, loss_fn, x, y, args.steps)
 
     def local_bytes(t) -> int:
         t = t.to_local() if isinstance(t, DTensor) else t

@@ -39,13 +39,13 @@ import platform
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
+from launch_util import free_port, rank_env
 from results_markdown import render_markdown
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -94,12 +94,6 @@ def load() -> list:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run(cmd, timeout=900, env=None, log=None) -> subprocess.CompletedProcess:
     r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout,
                        env=env)
@@ -118,21 +112,11 @@ def rel(p) -> str:
         return str(p)
 
 
-def clean_env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                        "MASTER_PORT", "OMP_NUM_THREADS")}
-    env.update({k: str(v) for k, v in extra.items()})
-    return env
-
-
 def launch_ranks(cmd, world: int, timeout: float = 600, log=None) -> None:
     """Runs `cmd` as `world` ranks on 127.0.0.1 (RANK/WORLD_SIZE/MASTER_*)."""
     port = free_port()
     procs = [subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=clean_env(RANK=r, WORLD_SIZE=world, LOCAL_RANK=r,
-                                                       MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
-                                                       OMP_NUM_THREADS=1))
+                              text=True, env=rank_env(r, world, port, OMP_NUM_THREADS=1))
              for r in range(world)]
     errors = []
     deadline = time.monotonic() + timeout
@@ -249,30 +233,30 @@ def area_pipeline(ctx) -> dict:
     return out
 
 
-def area_executor(ctx) -> dict:
-    j = ctx["raw"] / "executor_baselines.json"
-    cmd = [PY, REPO / "bench" / "executor_baselines.py", "--bench",
-           ctx["bin"] / "fxdp_executor_bench", *ctx["cfg"]["executor"], "--json", j]
+def run_py_bench(ctx, name: str, args: list, timeout: int, keep_stdout: bool = True) -> dict:
+    """Runs bench/<name>.py `args` --json RAW/<name>.json (its stdout kept as RAW/<name>.txt): the
+    area's "raw" (that JSON), "load" (before and after) and "command" (as RESULTS.md shows it)."""
+    j = ctx["raw"] / f"{name}.json"
+    cmd = [PY, REPO / "bench" / f"{name}.py", *args, "--json", j]
     l0 = load()
-    run(cmd, timeout=900, log=ctx["log"])
-    data = json.loads(j.read_text())
-    return {"nodes": data.get("nodes"), "raw": data, "load": [l0, load()],
-            "ns_per_node": {k: summ(v) for k, v in data["ns_per_node"].items()},
+    r = run(cmd, timeout=timeout, log=ctx["log"])
+    if keep_stdout:
+        (ctx["raw"] / f"{name}.txt").write_text(r.stdout)
+    return {"raw": json.loads(j.read_text()), "load": [l0, load()],
             "command": " ".join(rel(c) if isinstance(c, pathlib.Path) else str(c) for c in cmd[1:])
             .replace(str(ctx["raw"]), "OUT")}
+
+
+def area_executor(ctx) -> dict:
+    res = run_py_bench(ctx, "executor_baselines", ["--bench", ctx["bin"] / "fxdp_executor_bench",
+                                                   *ctx["cfg"]["executor"]], 900, keep_stdout=False)
+    data = res["raw"]
+    return {"nodes": data.get("nodes"), **res, "ns_per_node": {k: summ(v) for k, v in data["ns_per_node"].items()}}
 
 
 def area_step(ctx) -> dict:
-    j = ctx["raw"] / "step_vs_ddp.json"
-    cmd = [PY, REPO / "bench" / "step_vs_ddp.py", "--build", ctx["build"], *ctx["cfg"]["step"],
-           "--json", j]
-    l0 = load()
-    r = run(cmd, timeout=1500, log=ctx["log"])
-    (ctx["raw"] / "step_vs_ddp.txt").write_text(r.stdout)
-    data = json.loads(j.read_text())
-    return {"raw": data, "load": [l0, load()], "n4": N4_REASON,
-            "command": " ".join(rel(c) if isinstance(c, pathlib.Path) else str(c) for c in cmd[1:])
-            .replace(str(ctx["raw"]), "OUT")}
+    return {**run_py_bench(ctx, "step_vs_ddp", ["--build", ctx["build"], *ctx["cfg"]["step"]], 1500),
+            "n4": N4_REASON}
 
 
 class Server:
@@ -394,15 +378,7 @@ def area_allreduce(ctx) -> dict:
 
 
 def area_fsdp(ctx) -> dict:
-    j = ctx["raw"] / "fully_shard_vs_fsdp2.json"
-    cmd = [PY, REPO / "bench" / "fully_shard_vs_fsdp2.py", "--build", ctx["build"], *ctx["cfg"]["fsdp"],
-           "--json", j]
-    l0 = load()
-    r = run(cmd, timeout=1500, log=ctx["log"])
-    (ctx["raw"] / "fully_shard_vs_fsdp2.txt").write_text(r.stdout)
-    return {"raw": json.loads(j.read_text()), "load": [l0, load()],
-            "command": " ".join(rel(c) if isinstance(c, pathlib.Path) else str(c) for c in cmd[1:])
-            .replace(str(ctx["raw"]), "OUT")}
+    return run_py_bench(ctx, "fully_shard_vs_fsdp2", ["--build", ctx["build"], *ctx["cfg"]["fsdp"]], 1500)
 
 
 RUNNERS = {"pipeline": area_pipeline, "executor": area_executor, "step": area_step,

@@ -31,7 +31,6 @@ import json
 import os
 import pathlib
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -45,6 +44,7 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
 from fxdp.zoo import models as zm  # noqa: E402
+from launch_util import clean_env, free_port, rank_env  # noqa: E402,F401  (fully_shard_vs_fsdp2 uses them as sv.*)
 
 LR = 1e-3
 
@@ -153,6 +153,21 @@ def shard(batch, rank: int, world: int):
 # --------------------------------------------------------------------------- eager / DDP child
 
 
+def timed_steps(net, opt, loss_fn, x, y, steps: int) -> list:
+    """`steps` eager training steps of `net` on (x, y): each one's wall time in ms, the loss read
+    back (`.item()`) so that the step has finished."""
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(net(x), y)
+        loss.backward()
+        opt.step()
+        loss.item()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
 def eager_child(args) -> None:
     """One rank of the DDP run (world 2), or the plain eager step on the B/2 slice (world 1)."""
     torch.set_num_threads(1)
@@ -170,15 +185,7 @@ def eager_child(args) -> None:
     else:
         net = model
         x, y = shard(batch, 0, 2)  # the B/2 slice one rank of N=2 gets
-    times = []
-    for _ in range(args.steps):
-        t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(net(x), y)
-        loss.backward()
-        opt.step()
-        loss.item()
-        times.append((time.perf_counter() - t0) * 1e3)
+    times = timed_steps(net, opt, loss_fn, x, y, args.steps)
     if world > 1:
         dist.barrier()
         del net  # the reducer goes before the process group
@@ -188,21 +195,6 @@ def eager_child(args) -> None:
 
 
 # --------------------------------------------------------------------------- drivers
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def clean_env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                        "MASTER_PORT", "OMP_NUM_THREADS", "SLURM_PROCID", "SLURM_NTASKS",
-                        "SLURM_LOCALID")}
-    env.update({k: str(v) for k, v in extra.items()})
-    return env
 
 
 def launch(cmds_envs, timeout: float = 600, stderr: bool = False) -> list:
@@ -226,11 +218,6 @@ BENCH_STEP = re.compile(r"^rank (\d+) step (\d+)/(\d+) loss (\S+) ms ([\d.]+) wa
                         r"start ([\d.]+) collectives (\d+) bytes (\d+)$")
 # fxdp_step_bench --detail (stderr): per collective, in the order started
 BENCH_DETAIL = re.compile(r"\[(\d+) B: ([\d.]+) ms in flight, ([\d.]+) ms waited\]")
-
-
-def rank_env(rank: int, world: int, port: int) -> dict:
-    return clean_env(RANK=rank, WORLD_SIZE=world, LOCAL_RANK=rank, MASTER_ADDR="127.0.0.1",
-                     MASTER_PORT=port)
 
 
 def rank_graph(files, rank: int) -> str:
