@@ -274,11 +274,7 @@ absl::Status RankExpander::EmitGatherWait(int32_t e) {
                         Argument(int64_t{1})},
                        Flat(t, t.numel())));
     }
-    TensorType shaped = t;
-    shaped.stride = ir::ContiguousStrides(t.shape);
-    shaped.storage_offset = 0;
-    shaped.requires_grad = false;
-    gathered[q] = Emit(Call(base, "aten::view", "", {flat, Ints(t.shape)}, shaped));
+    gathered[q] = ViewAs(base, flat, t);
     off += s;
   }
   if (static_cast<size_t>(e + 1) < fs_->gathers.size() && !gather_started_.contains(e + 1)) {

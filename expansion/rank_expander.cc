@@ -459,11 +459,7 @@ absl::Status RankExpander::EmitWait(size_t b) {
                      Argument(int64_t{1})},
                     Flat(t, t.numel())));
     }
-    TensorType shaped = t;
-    shaped.stride = ir::ContiguousStrides(t.shape);
-    shaped.storage_offset = 0;
-    shaped.requires_grad = false;
-    replaced_[v] = Emit(Call(base, "aten::view", "", {s, Ints(t.shape)}, shaped));
+    replaced_[v] = ViewAs(base, s, t);
     off += t.numel();
   }
   return absl::OkStatus();

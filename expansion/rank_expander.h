@@ -108,6 +108,15 @@ class RankExpander final : public RankGraphBuilder {
     f.requires_grad = false;
     return f;
   }
+  // `flat` (a Flat(t, t.numel()) value) viewed with `t`'s shape: contiguous,
+  // no storage offset, no grad.
+  ValueRef ViewAs(absl::string_view base, ValueRef flat, const TensorType& t) {
+    TensorType shaped = t;
+    shaped.stride = ir::ContiguousStrides(t.shape);
+    shaped.storage_offset = 0;
+    shaped.requires_grad = false;
+    return Emit(Call(base, "aten::view", "", {flat, Ints(t.shape)}, shaped));
+  }
   static Argument Ints(const std::vector<int64_t>& v) {
     Argument::List l;
     for (int64_t x : v) l.emplace_back(x);
