@@ -68,9 +68,8 @@ int AnalyzeCommand(const std::vector<std::string>& args) {
   double bucket_mb = 0;
   flags.Double("--bucket-mb", &bucket_mb);
   std::string server;
-  flags.String("--server", &server);
   security::ChannelSecurity creds;
-  AddCredentialFlags(&flags, &creds);
+  AddServerFlags(&flags, &server, &creds);
   std::vector<std::string> pos;
   if (int rc = flags.Parse(args, &pos); rc >= 0) return rc;
   if (pos.size() != 1) return flags.Usage(pos.empty() ? "missing GRAPH" : "takes one GRAPH");

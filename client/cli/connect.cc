@@ -18,7 +18,8 @@ std::string Env(const char* name) {
 
 }  // namespace
 
-void AddCredentialFlags(util::Flags* flags, security::ChannelSecurity* s) {
+void AddServerFlags(util::Flags* flags, std::string* server, security::ChannelSecurity* s) {
+  flags->String("--server", server);
   s->tls_ca = Env("FXDP_TLS_CA");
   s->token_file = Env("FXDP_TOKEN_FILE");
   flags->String("--tls-ca", &s->tls_ca);

@@ -20,8 +20,10 @@ namespace fxdp::cli {
   "  --token-file FILE    a bearer token for the server, sent over TLS (default\n"          \
   "                       $FXDP_TOKEN_FILE; see docs/security.md)\n"
 
-// Fills `s` from the environment and registers --tls-ca / --token-file.
-void AddCredentialFlags(util::Flags* flags, security::ChannelSecurity* s);
+// What every command that talks to fxdp-server takes: registers --server ADDR
+// (into *server, whose value is the default) and --tls-ca / --token-file
+// (into `s`, filled from the environment first).
+void AddServerFlags(util::Flags* flags, std::string* server, security::ChannelSecurity* s);
 
 // A channel to `server` with `s`'s credentials; nullptr after printing
 // "fxdp CMD: ..." when a credential file is bad or, with `wait_ready`, when

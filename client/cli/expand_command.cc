@@ -83,9 +83,8 @@ int ExpandCommand(const std::vector<std::string>& args) {
   flags.String("--group", &opts.group_name);
   flags.Bool("--json", &json);
   std::string server;
-  flags.String("--server", &server);
   security::ChannelSecurity creds;
-  AddCredentialFlags(&flags, &creds);
+  AddServerFlags(&flags, &server, &creds);
   std::vector<std::string> pos;
   if (int rc = flags.Parse(args, &pos); rc >= 0) return rc;
   if (pos.size() != 1) return flags.Usage(pos.empty() ? "missing GRAPH" : "takes one GRAPH");

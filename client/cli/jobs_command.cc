@@ -65,9 +65,8 @@ int JobsCommand(const std::vector<std::string>& args) {
   util::Flags flags("fxdp jobs", kJobsUsage);
   std::string server = DefaultServer();
   bool json = false;
-  flags.String("--server", &server);
   security::ChannelSecurity creds;
-  AddCredentialFlags(&flags, &creds);
+  AddServerFlags(&flags, &server, &creds);
   flags.Bool("--json", &json);
   if (int rc = flags.Parse(args, nullptr); rc >= 0) return rc;
   auto channel = Connect("jobs", server, creds);
@@ -104,9 +103,8 @@ int JobCommand(const std::vector<std::string>& args) {
   util::Flags flags("fxdp job", kJobUsage);
   std::string server = DefaultServer();
   bool json = false;
-  flags.String("--server", &server);
   security::ChannelSecurity creds;
-  AddCredentialFlags(&flags, &creds);
+  AddServerFlags(&flags, &server, &creds);
   flags.Bool("--json", &json);
   std::vector<std::string> pos;
   if (int rc = flags.Parse(args, &pos); rc >= 0) return rc;
@@ -129,9 +127,8 @@ int CancelCommand(const std::vector<std::string>& args) {
   util::Flags flags("fxdp cancel", kCancelUsage);
   std::string server = DefaultServer(), reason = "fxdp cancel";
   bool json = false;
-  flags.String("--server", &server);
   security::ChannelSecurity creds;
-  AddCredentialFlags(&flags, &creds);
+  AddServerFlags(&flags, &server, &creds);
   flags.String("--reason", &reason);
   flags.Bool("--json", &json);
   std::vector<std::string> pos;

@@ -316,9 +316,8 @@ int RunCommand(const std::vector<std::string>& args) {
   int32_t world = 1, steps = 0;
   double bucket_mb = 0, timeout_s = 0;
   bool json = false;
-  flags.String("--server", &server);
   security::ChannelSecurity creds;
-  AddCredentialFlags(&flags, &creds);
+  AddServerFlags(&flags, &server, &creds);
   flags.Int("--world-size", &world);
   flags.String("--state", &state_path);
   flags.Strings("--data", &data);

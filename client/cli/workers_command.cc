@@ -109,9 +109,8 @@ int WorkersCommand(const std::vector<std::string>& args) {
   util::Flags flags("fxdp workers", kWorkersUsage);
   std::string server = DefaultServer();
   bool json = false;
-  flags.String("--server", &server);
   security::ChannelSecurity creds;
-  AddCredentialFlags(&flags, &creds);
+  AddServerFlags(&flags, &server, &creds);
   flags.Bool("--json", &json);
   if (int rc = flags.Parse(args, nullptr); rc >= 0) return rc;
   if (server.empty()) return flags.Usage("--server must not be empty");
