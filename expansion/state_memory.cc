@@ -44,20 +44,20 @@ StateMemory RankStateMemory(const ir::Graph& g, DataParallelStyle style, int32_t
       const int64_t bytes = OutputBytes(n);
       switch (n.placeholder.role) {
         case ir::PlaceholderRole::kParameter: {
-          m.parameter_bytes += bytes;
+          m.parameter_bytes = StateMemory::AddBytes(m.parameter_bytes, bytes);
           const bool grad = trained.contains(n.placeholder.state_name) ||
                             (!n.outputs.empty() && n.outputs[0].is_tensor() &&
                              n.outputs[0].tensor.requires_grad);
-          if (grad) m.gradient_bytes += bytes;
+          if (grad) m.gradient_bytes = StateMemory::AddBytes(m.gradient_bytes, bytes);
           break;
         }
         case ir::PlaceholderRole::kOptimizerState:
-          m.optimizer_state_bytes += bytes;
+          m.optimizer_state_bytes = StateMemory::AddBytes(m.optimizer_state_bytes, bytes);
           break;
         case ir::PlaceholderRole::kInput:
           break;
         default:  // buffers, hyper-parameters, constants
-          m.other_state_bytes += bytes;
+          m.other_state_bytes = StateMemory::AddBytes(m.other_state_bytes, bytes);
       }
       continue;
     }
@@ -69,7 +69,7 @@ StateMemory RankStateMemory(const ir::Graph& g, DataParallelStyle style, int32_t
       m.largest_bucket_bytes = std::max(m.largest_bucket_bytes, InputBytes(g, n));
     }
   }
-  m.gathered_bytes = 2 * m.largest_unit_bytes;
+  m.gathered_bytes = StateMemory::AddBytes(m.largest_unit_bytes, m.largest_unit_bytes);
   return m;
 }
 

@@ -22,6 +22,7 @@
 #define FXDP_EXPANSION_STATE_MEMORY_H_
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -45,9 +46,20 @@ struct StateMemory {
   int64_t gathered_bytes = 0;      // 2 x largest_unit_bytes (0 for REPLICATE)
   int64_t largest_bucket_bytes = 0;
 
+  // Saturating at INT64_MAX, as every sum here: a graph may declare many
+  // tensors of up to 2^48 elements (ir::kMaxTensorElements), whose bytes
+  // overflow an int64 (the total came out negative and passed admission).
   int64_t total_bytes() const {
-    return parameter_bytes + gradient_bytes + optimizer_state_bytes + other_state_bytes +
-           gathered_bytes + largest_bucket_bytes;
+    int64_t t = 0;
+    for (int64_t b : {parameter_bytes, gradient_bytes, optimizer_state_bytes, other_state_bytes, gathered_bytes,
+                      largest_bucket_bytes}) {
+      t = AddBytes(t, b);
+    }
+    return t;
+  }
+  // a + b for byte counts >= 0, saturating at INT64_MAX.
+  static int64_t AddBytes(int64_t a, int64_t b) {
+    return a > std::numeric_limits<int64_t>::max() - b ? std::numeric_limits<int64_t>::max() : a + b;
   }
 };
 

@@ -30,7 +30,9 @@ absl::Status CheckRanksFit(const std::string& job_id, const v1::ExpandResponse& 
         " + largest bucket ", m.largest_bucket_bytes, " bytes; activations come on top), the worker has ",
         FormatBytes(w.memory_bytes()), w.memory_source().empty() ? "" : absl::StrCat(" (", w.memory_source(), ")"));
     if (m.style == DataParallelStyle::kReplicate && m.world_size > 1) {
-      const int64_t sharded = (m.parameter_bytes + m.gradient_bytes + m.optimizer_state_bytes) / m.world_size;
+      const int64_t sharded =
+          StateMemory::AddBytes(StateMemory::AddBytes(m.parameter_bytes, m.gradient_bytes), m.optimizer_state_bytes) /
+          m.world_size;
       absl::StrAppend(&msg, "; with --style fully_shard each rank holds 1/", m.world_size,
                       " of the parameters, gradients and optimizer state, ", FormatBytes(sharded),
                       ", plus the gathered units: `fxdp analyze --style fully_shard` shows the total");

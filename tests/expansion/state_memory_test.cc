@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <string>
 
 #include "analysis/ir/text.h"
@@ -42,6 +43,25 @@ TEST(StateMemory, ReplicateHoldsEverythingWhole) {
   EXPECT_EQ(m.gathered_bytes, 0);
   EXPECT_EQ(m.largest_bucket_bytes, 768);  // one bucket of the three gradients
   EXPECT_EQ(m.total_bytes(), 4 * 768);
+}
+
+// Issue 17: a graph may declare thousands of tensors of up to 2^48 elements;
+// their bytes overflowed int64 (a negative total passed the server's memory
+// admission, and the overflow is undefined). The sums saturate.
+TEST(StateMemory, SumsSaturateInsteadOfOverflowing) {
+  std::string text = ReadTestData("mlp_sgd.txt");
+  std::string big;
+  for (int k = 0; k < 5000; ++k) {
+    big += "  %big" + std::to_string(k) + ": f64[281474976710656] = placeholder() {role=BUFFER, state=\"big" +
+           std::to_string(k) + "\"}\n";
+  }
+  const std::string after = "state=\"fc.bias\"}\n";
+  text.insert(text.find(after) + after.size(), big);
+  const ir::Graph g = ValueOrDie(ir::ParseGraphText(text));
+  const StateMemory m = RankStateMemory(g, DataParallelStyle::kReplicate, 2);
+  EXPECT_EQ(m.other_state_bytes, std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(m.total_bytes(), std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(m.parameter_bytes, 60);
 }
 
 TEST(StateMemory, FullyShardHoldsShardsPlusTwoGatheredUnits) {
