@@ -43,8 +43,7 @@ absl::Status BatchDimAnalyzer::NormOrConvBackward(NodeId id, const Node& n, cons
                         GradAndInputBatch(id, n, rule, ops, OutType(n) ? OutType(n)->rank() : 0, &s));
   if (!batch) return absl::OkStatus();
   const Combined& c = *batch;
-  if (rule.family != OpFamily::kLayerNormBackward && c.dim != 0 && c.dim >= 0 &&
-      rule.family == OpFamily::kBatchNormBackward && c.dim == 1) {
+  if (rule.family == OpFamily::kBatchNormBackward && c.dim == 1) {
     return Error(n, "holds the batch on dim 1, the channel dim of batch norm");
   }
   NodeInfo& info = a_.nodes_[id.value];
