@@ -9,6 +9,7 @@
 #include <cmath>
 #include <optional>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "analysis/ir/proto_codec.h"
 #include "executor/memory_limit.h"
@@ -74,13 +75,25 @@ void AttachedWorker::RunJob(std::shared_ptr<Job> job) {
 absl::StatusOr<std::vector<TensorMap>> AttachedWorker::ReadDataFiles(const Job& job,
                                                                      const Program& program) const {
   std::vector<TensorMap> files;
+  // --max-data-mb bounds the job's files together: each is kept (this
+  // rank's shard of it) for the whole job, so the same path listed many
+  // times would otherwise hold as many copies.
+  const uint64_t budget = static_cast<uint64_t>(o_.max_data_mb) << 20;
+  uint64_t read_so_far = 0;
   for (const std::string& path : job.assign.data_paths()) {
     const std::string where = absl::StrCat("data_paths file '", path, "' (on worker ", worker_id_, ")");
     SafetensorsReadOptions read;
     read.confine = true;
     read.roots = o_.data_roots;
-    read.max_bytes = static_cast<uint64_t>(o_.max_data_mb) << 20;
+    read.max_bytes = budget - read_so_far;
     absl::StatusOr<SafetensorsFile> f = ReadSafetensors(path, read);
+    if (!f.ok() && read_so_far > 0 && f.status().code() == absl::StatusCode::kFailedPrecondition &&
+        absl::StrContains(f.status().message(), "over the limit")) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "data_paths on worker ", worker_id_, ": the job's files together may hold at most --max-data-mb ",
+          o_.max_data_mb, " MiB; ", files.size(), " of its ", job.assign.data_paths_size(), " entries hold ",
+          read_so_far, " bytes and '", path, "' does not fit: ", f.status().message()));
+    }
     if (!f.ok()) {
       // The message names the path; a corrupt file is the client's bad
       // input, a path outside the roots is denied, anything else (missing,
@@ -98,6 +111,7 @@ absl::StatusOr<std::vector<TensorMap>> AttachedWorker::ReadDataFiles(const Job& 
     absl::StatusOr<TensorMap> shard = ShardBatch(f->tensors, program, job.rank, job.world_size);
     absl::Status s = shard.ok() ? CheckBatch(*shard, program) : shard.status();
     if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", s.message()));
+    for (const auto& [name, t] : f->tensors) read_so_far += static_cast<uint64_t>(t.nbytes());
     util::Log(job.Prefix(), "read ", path, ": ", shard->size(), " tensors, this rank's shard kept");
     files.push_back(*std::move(shard));
   }

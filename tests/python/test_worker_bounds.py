@@ -70,3 +70,36 @@ def test_declared_shapes_are_checked_against_the_graph_before_allocating(lab):  
     assert conn.recv("step_result").step == 1
     conn.send(shutdown=wpb.Shutdown(reason="test over"))
     assert proc.wait(timeout=10) == 0
+
+
+def test_the_same_data_path_many_times_cannot_exhaust_a_worker(lab, tmp_path):  # noqa: F811
+    """A worker keeps every data_paths file (its shard) for the whole job: --max-data-mb bounds
+    them together, so a path listed many times cannot hold as many copies (RESOURCE_EXHAUSTED
+    naming the flag; before, 8 entries of a 400 KB file held 3.2 MB against a 1 MiB limit)."""
+    import subprocess
+
+    import torch
+    from safetensors.torch import save_file
+
+    step, single, _ = lab.graphs("mlp", "sgd", 2)
+    state = step.initial_state()
+    data = tmp_path / "data"
+    data.mkdir()
+    batch = {k: v.contiguous() for k, v in dict(zoo.get("mlp").named_batch(0)).items()}
+    save_file({**batch, "padding": torch.zeros(100_000)}, str(data / "b.safetensors"))  # ~400 KB
+    server = lab.server()
+    err = open(tmp_path / "d0.err", "w")
+    proc = subprocess.Popen([lab.worker, "attach", "--server", f"127.0.0.1:{server.port}", "--worker-id", "d0",
+                             "--threads", "1", "--heartbeat-ms", "5000", "--data-root", str(data),
+                             "--max-data-mb", "1"], stdout=subprocess.DEVNULL, stderr=err)
+    err.close()
+    lab.procs.append(proc)
+    conn = server.accept(1)["d0"]
+    conn.send(assign_job=wpb.AssignJob(job_id="many", rank=0, world_size=1, device="cpu", steps=1, graph=single,
+                                       num_state_tensors=len(state),
+                                       data_paths=[str(data / "b.safetensors")] * 8))
+    f = conn.recv("job_failed")
+    assert f.job_id == "many" and f.code == 8, f  # RESOURCE_EXHAUSTED
+    assert "--max-data-mb 1 MiB" in f.error and "2 of its 8 entries hold" in f.error, f.error
+    assert proc.poll() is None
+    conn.wait_heartbeat(idle)
