@@ -66,7 +66,7 @@ constexpr char kRunUsage[] =
     "  --server HOST:PORT   the fxdp server (default $FXDP_SERVER, else 127.0.0.1:50051)\n"
     FXDP_CLI_CREDENTIAL_USAGE
     "  --world-size N       number of data-parallel ranks (default 1)\n"
-    "  --state FILE         initial state, safetensors (required, but with --resume)\n"
+    "  --state FILE         initial state, safetensors (required; not with --resume)\n"
     "  --data FILE          a global batch, safetensors (repeatable)\n"
     "  --data-on-workers P  a global batch, safetensors on the workers (repeatable;\n"
     "                       instead of --data; needs --steps; read only under the\n"
@@ -95,7 +95,7 @@ constexpr char kRunUsage[] =
     "  --json               one JSON object per line per event instead of text\n"
     "  --resume JOB         continue the FAILED job JOB from its last checkpoint (give\n"
     "                       the first run's GRAPH, --world-size, --style, --data,\n"
-    "                       --steps and --schedule; --state is not read): a new job\n"
+    "                       --steps and --schedule; not --state): a new job\n"
     "                       that runs the steps after the checkpoint\n"
     "\n"
     "Exit codes: 0 ok, 1 the job failed, was cancelled or was refused, 2 usage, 3 the\n"
@@ -339,6 +339,9 @@ int RunCommand(const std::vector<std::string>& args) {
   if (pos.size() != 1) return flags.Usage("expected exactly one GRAPH");
   if (world < 1) return flags.Usage("--world-size must be >= 1");
   if (state_path.empty() && resume.empty()) return flags.Usage("--state is required (unless --resume)");
+  if (!state_path.empty() && !resume.empty()) {
+    return flags.Usage("--state and --resume exclude each other: a resumed job's state is its checkpoint's");
+  }
   if (data.empty() == data_on_workers.empty()) return flags.Usage("give either --data or --data-on-workers");
   if (steps < 0) return flags.Usage("--steps must be >= 0");
   if (!data_on_workers.empty() && steps == 0) return flags.Usage("--data-on-workers needs --steps");
@@ -360,7 +363,7 @@ int RunCommand(const std::vector<std::string>& args) {
       return kExitInvalidInput;
     }
   }
-  // A resumed job's state is its checkpoint: --state is not read.
+  // A resumed job's state is its checkpoint (--state with --resume is refused above).
   absl::StatusOr<std::vector<RawTensor>> state = std::vector<RawTensor>();
   if (resume.empty()) state = ir::ReadSafetensorsFile(state_path);
   if (!state.ok()) return ReportError("run", state.status());

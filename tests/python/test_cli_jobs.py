@@ -245,6 +245,9 @@ def test_unreachable_server_and_usage(exported):
     assert r.returncode == 3, r
     r = fxdp("run", exported["graph"], "--world-size", "2")
     assert r.returncode == 2 and "usage: fxdp run" in r.stderr, r
+    # --state with --resume: a usage error naming both (a resumed job's state is its checkpoint's).
+    r = fxdp(*run_args("127.0.0.1:1", exported, 1), "--resume", "job-1-abc")
+    assert r.returncode == 2 and "--state and --resume exclude each other" in r.stderr, r
     for cmd in ("run", "jobs", "job", "cancel"):
         r = fxdp(cmd, "--help")
         assert r.returncode == 0 and f"usage: fxdp {cmd}" in r.stdout, r

@@ -61,6 +61,15 @@ def code_of(fn) -> fxdp.ServerError:
     return e.value
 
 
+def test_state_with_resume_is_a_value_error():
+    """A resumed job's state is its checkpoint's: ``state=`` with ``resume=`` is refused before
+    anything is sent (no server at 127.0.0.1:1)."""
+    step = traced(MODEL, OPTIM)
+    client = fxdp.Client("127.0.0.1:1")
+    with pytest.raises(ValueError, match="state= and resume= exclude each other"):
+        client.train(step, world_size=2, batches=batches(), state=step.initial_state(), resume="job-1-abc")
+
+
 def assert_resumed_like(r, plain, old_id, k, client):
     """`r` (a resume of `old_id` from step `k`) ends like the uninterrupted run `plain`."""
     assert r.job_id != old_id and r.first_step == k, (r.job_id, r.first_step, k)

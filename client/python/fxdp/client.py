@@ -293,7 +293,7 @@ class Client:
         ``resume``: the id of a FAILED job to continue from its last checkpoint (a server with
         ``--state-dir DIR --checkpoint-every K``; docs/jobs.md). Pass the same step, world size,
         style, batches, steps and schedule as the first run: the server starts a new job from the
-        checkpoint's state (``state`` is not sent), with the step counter and the schedule where
+        checkpoint's state (``state`` with ``resume`` is a ValueError), with the step counter and the schedule where
         they were, and says which step that is; ``batches`` and ``schedule`` are skipped up to it
         (a generator's first items are consumed and dropped). ``TrainResult.first_step`` is that
         step and ``losses`` those of the steps after it; the final state equals an uninterrupted
@@ -317,6 +317,9 @@ class Client:
             source = (batches[i % len(batches)] for i in range(steps))
         else:
             source = itertools.islice(batches, steps) if steps else batches
+        if resume and state is not None:
+            raise ValueError("train: state= and resume= exclude each other: a resumed job's state is "
+                             "its checkpoint's")
         names = step.input_names()
         if resume:  # the job's state is its checkpoint's
             init: Mapping[str, torch.Tensor] = OrderedDict()
