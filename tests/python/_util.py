@@ -271,7 +271,8 @@ def resumed_after_sigkill(state_dir, requests, kill_after: int, *server_args):
         stream = server.jobs.Submit(requests, timeout=120)  # held until the kill
         job = next(stream).job_id
         info = wait_for(server.jobs, job, lambda i: i.steps_done >= kill_after or not running(i), every=0.01)
-        assert info.state == jpb.JOB_STATE_RUNNING, info
+        assert info.state == jpb.JOB_STATE_RUNNING, (
+            f"the job ended before it could be killed after {kill_after} steps (give it more steps): {info}")
         server.kill()
     killed_at = info.steps_done
     with ServerProcess("--state-dir", state_dir, *server_args) as server:

@@ -153,9 +153,10 @@ def test_a_fully_shard_data_paths_job_resumes_from_its_checkpoint(tmp_path):
     """fxdp-server --state-dir --checkpoint-every 5 (test_durable_jobs.py's resume, under fully_shard):
     each checkpoint is every rank's shards reassembled into whole tensors, so a job killed mid-run
     (server SIGKILL) resumes after the restart and ends with the same final state and losses as an
-    uninterrupted run."""
+    uninterrupted run. 200 steps (as test_durable_jobs): the ~5 ms steps after the kill point must
+    outlast a test process descheduled between its polls on a loaded machine (60 steps left ~0.2 s)."""
     files = batch_files(tmp_path, MODEL, 3)
-    step, steps = traced(MODEL, OPTIM), 60
+    step, steps = traced(MODEL, OPTIM), 200
     requests = data_paths_requests(step, files, steps, style=cpb.DATA_PARALLEL_STYLE_FULLY_SHARD)
     with resumed_after_sigkill(tmp_path / "state", requests, 13, "--checkpoint-every", "5") as (server, job, info, _):
         assert any("resumed from the checkpoint of step" in line for line in server.log), "".join(server.log)
