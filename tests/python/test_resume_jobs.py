@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import threading
 import time
 
 import grpc
@@ -41,6 +42,16 @@ LR = "optim.group0.lr"
 
 def batches():
     return [zoo.get(MODEL).named_batch(i) for i in range(STEPS)]
+
+
+def held_batches(n: int, killed: threading.Event):
+    """batches() as a generator that sends n and holds the rest until `killed` is set: a job
+    killed from on_step at a step < n cannot have run to its end first (~5 ms a step, while the
+    test process may be descheduled longer on a loaded machine)."""
+    for i, b in enumerate(batches()):
+        if i == n:
+            assert killed.wait(60), f"nothing was killed after {n} steps"
+        yield b
 
 
 def schedule():
@@ -94,14 +105,16 @@ def test_a_streamed_job_resumes_after_a_lost_worker(tmp_path):
         # SIGKILL a worker once step 7's loss is in: the job fails naming the lost rank.
         wait_idle(client)
         victim = int(client.workers()[0]["pid"])
-        seen = {}
+        seen, killed = {}, threading.Event()
 
         def on_step(s, loss):
             if s == 7:
                 os.kill(victim, signal.SIGKILL)
+                killed.set()
 
-        err = code_of(lambda: client.train(step, world_size=2, batches=batches(), schedule=schedule(),
-                                           on_step=on_step, on_event=lambda e: seen.setdefault("id", e.job_id)))
+        err = code_of(lambda: client.train(step, world_size=2, batches=held_batches(9, killed), steps=STEPS,
+                                           schedule=schedule(), on_step=on_step,
+                                           on_event=lambda e: seen.setdefault("id", e.job_id)))
         assert err.code == grpc.StatusCode.UNAVAILABLE and "was lost" in str(err), err
         old = client.job(seen["id"])
         assert old.state == jpb.JOB_STATE_FAILED, old
@@ -161,14 +174,16 @@ def test_a_streamed_job_resumes_after_a_server_restart(tmp_path, style):
             fxdp.Client(server.address, timeout=60) as client:
         plain = client.train(step, world_size=2, batches=batches(), schedule=schedule(), style=style)
         wait_idle(client)
-        seen = {}
+        seen, killed = {}, threading.Event()
 
         def on_step(s, loss):
             if s == 9:
                 server.kill()  # SIGKILL: nothing is flushed or closed
+                killed.set()
 
         with pytest.raises(fxdp.ServerError):
-            client.train(step, world_size=2, batches=batches(), schedule=schedule(), on_step=on_step,
+            client.train(step, world_size=2, batches=held_batches(11, killed), steps=STEPS, schedule=schedule(),
+                         on_step=on_step,
                          on_event=lambda e: seen.setdefault("id", e.job_id), style=style)
     job = seen["id"]
 
