@@ -82,6 +82,9 @@ struct Job {
   int64_t first_step = 0;
   // A job resumed from another's checkpoint (JobSpec.resume_job): that job.
   std::string resumed_from;
+  // The latest job whose resume of this one passed PrepareResume (job_resume.h;
+  // guarded by its claim mutex, not mu): one resume of a job at a time.
+  std::weak_ptr<Job> resumed_by;
 
   std::mutex mu;
   std::condition_variable cv;

@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "expansion/style_proto.h"
@@ -36,6 +39,48 @@ std::map<std::string, std::string> Placeholders(const v1::GraphDef& g) {
     out[n.placeholder().state_name()] = absl::StrCat(type, " ", v1::PlaceholderRole_Name(n.placeholder().role()));
   }
   return out;
+}
+
+// Refuses a resume of `old` (`id`) while another job resumes it or after one
+// completed it; else claims it for `self`. Under one mutex for all claims
+// (check and claim are one step; each job's mu is taken alone, inside it).
+absl::Status ClaimResume(const JobTable& table, const std::shared_ptr<Job>& old, const std::string& id,
+                         const std::shared_ptr<Job>& self) {
+  static std::mutex* const claims = new std::mutex;
+  std::lock_guard<std::mutex> l(*claims);
+  // The claim covers a resume not yet queued (its JobInfo not yet naming
+  // `id`); the table, those queued, ended, or recovered after a restart.
+  const std::shared_ptr<Job> claimed = old->resumed_by.lock();
+  std::vector<std::shared_ptr<Job>> others;
+  if (claimed != nullptr && claimed != self) others.push_back(claimed);
+  for (const std::shared_ptr<Job>& j : table.All()) {
+    if (j != self && j != claimed) others.push_back(j);
+  }
+  for (const std::shared_ptr<Job>& j : others) {
+    std::string other;
+    v1::JobState state;
+    {
+      std::lock_guard<std::mutex> jl(j->mu);
+      if (j != claimed && j->info.resumed_from() != id) continue;
+      other = j->info.job_id();
+      state = j->info.state();
+    }
+    if (state == v1::JOB_STATE_SUCCEEDED) {
+      return absl::FailedPreconditionError(absl::StrCat("job '", id, "' was resumed already: job '", other,
+                                                        "' resumed it and SUCCEEDED (its final state: FetchState "
+                                                        "of '", other, "')"));
+    }
+    if (!Terminal(state)) {
+      return absl::FailedPreconditionError(
+          other.empty() ? absl::StrCat("job '", id, "' is being resumed already by another Submit (one resume of "
+                                       "a job at a time)")
+                        : absl::StrCat("job '", id, "' is being resumed already by job '", other, "' (",
+                                       StateName(state), "): one resume of a job at a time; wait for it or "
+                                       "cancel it (fxdp cancel ", other, ")"));
+    }
+  }
+  old->resumed_by = self;
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -72,7 +117,8 @@ std::string GraphDifference(const v1::GraphDef& before, const v1::GraphDef& now)
 }
 
 absl::StatusOr<ResumeStart> PrepareResume(const JobTable& table, JobStore* store, const JobOwner& caller,
-                                          const v1::JobSpec& spec, int64_t checkpoint_every) {
+                                          const v1::JobSpec& spec, int64_t checkpoint_every,
+                                          const std::shared_ptr<Job>& self) {
   const std::string& id = spec.resume_job();
   absl::StatusOr<std::shared_ptr<Job>> found = table.Find(id);
   if (!found.ok()) return found.status();
@@ -138,6 +184,7 @@ absl::StatusOr<ResumeStart> PrepareResume(const JobTable& table, JobStore* store
     return differs(absl::StrCat("its checkpoint is at step ", checkpoint->step, " and JobSpec.steps is ",
                                 spec.steps(), ": no step is left to run"));
   }
+  if (absl::Status s = ClaimResume(table, old, id, self); !s.ok()) return s;
   ResumeStart out;
   out.from = id;
   out.step = checkpoint->step;

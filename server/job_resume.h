@@ -35,10 +35,15 @@ struct ResumeStart {
 // (another identity's, docs/security.md), FAILED_PRECONDITION (no
 // --state-dir, a job that did not fail, no checkpoint), INVALID_ARGUMENT
 // (state sent, a different graph, world size, style or sync_batchnorm, no
-// step left), naming what differs. `checkpoint_every` (the server's flag)
-// only words the messages.
+// step left), naming what differs; last, FAILED_PRECONDITION when another
+// job resumes it already (queued, running, or its Submit not yet queued) or
+// resumed it and SUCCEEDED, naming that job; a resume that FAILED or was
+// CANCELLED leaves the job resumable. Passing claims the job for `self`
+// (the new job). `checkpoint_every` (the server's flag) only words the
+// messages.
 absl::StatusOr<ResumeStart> PrepareResume(const JobTable& table, JobStore* store, const JobOwner& caller,
-                                          const v1::JobSpec& spec, int64_t checkpoint_every);
+                                          const v1::JobSpec& spec, int64_t checkpoint_every,
+                                          const std::shared_ptr<Job>& self);
 
 // "" when the two graphs have the same nodes (producer and metadata are not
 // compared), else what differs first: a state tensor or input (its name and

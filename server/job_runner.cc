@@ -173,7 +173,7 @@ absl::Status JobRunner::TakeSpec() {
   std::optional<ResumeStart> start;
   if (resume) {
     absl::StatusOr<ResumeStart> r =
-        PrepareResume(*ctx_.table, ctx_.store, job_->owner, submitted, ctx_.options.checkpoint_every);
+        PrepareResume(*ctx_.table, ctx_.store, job_->owner, submitted, ctx_.options.checkpoint_every, job_);
     if (!r.ok()) return r.status();
     start = *std::move(r);
   }

@@ -156,8 +156,43 @@ def test_a_streamed_job_resumes_after_a_lost_worker(tmp_path):
 
         # The resume: the same arguments plus resume=.
         wait_idle(client)  # the supervisor restarted the killed worker
+        # One resume at a time: while a resume waits for its first batch, another is refused naming
+        # it; once it is cancelled, the job can be resumed again.
+        gate, held = threading.Event(), {}
+
+        def gated():
+            for i, b in enumerate(batches()):
+                if i >= k:
+                    gate.wait(30)
+                yield b
+
+        def first():
+            try:
+                client.train(step, world_size=2, batches=gated(), steps=STEPS, resume=old.job_id,
+                             on_event=lambda ev: held.setdefault("id", ev.job_id))
+            except fxdp.ServerError as err:
+                held["error"] = err
+
+        t = threading.Thread(target=first)
+        t.start()
+        deadline = time.monotonic() + 30
+        while "id" not in held:
+            assert time.monotonic() < deadline and t.is_alive(), held
+            time.sleep(0.02)
+        e = code_of(lambda: client.train(step, world_size=2, batches=batches(), resume=old.job_id))
+        assert e.code == grpc.StatusCode.FAILED_PRECONDITION, e
+        assert f"job '{old.job_id}' is being resumed already by job '{held['id']}'" in str(e), e
+        client.cancel(held["id"])
+        gate.set()
+        t.join(30)
+        assert not t.is_alive() and held["error"].code == grpc.StatusCode.CANCELLED, held
+        wait_idle(client)
         r = client.train(step, world_size=2, batches=batches(), schedule=schedule(), resume=old.job_id)
         assert_resumed_like(r, plain, old.job_id, k, client)
+        # It succeeded: the job is done; another resume names the job that completed it.
+        e = code_of(lambda: client.train(step, world_size=2, batches=batches(), resume=old.job_id))
+        assert e.code == grpc.StatusCode.FAILED_PRECONDITION, e
+        assert f"job '{old.job_id}' was resumed already: job '{r.job_id}' resumed it and SUCCEEDED" in str(e), e
         assert client.job(old.job_id).state == jpb.JOB_STATE_FAILED  # the old job stays as it ended
     assert any(f"resuming {old.job_id} from its checkpoint of step {k}" in line for line in server.log), \
         "".join(server.log)
