@@ -29,6 +29,7 @@ class AvgWork : public Work {
     FXDP_ASSIGN_OR_RETURN(at::Tensor t, inner_->Wait(timeout));
     return t.div_(world_);
   }
+  void Poll() override { inner_->Poll(); }
 
  private:
   std::unique_ptr<Work> inner_;
@@ -135,19 +136,22 @@ absl::Status Program::Impl::RunAllReduce(Step& s) {
         " but this program's communicator (", comm->name(), ") has ", comm->world_size(),
         " ranks"));
   // The bucket (or loss) is usually a fresh tensor read by this all_reduce
-  // only: donate it so the communicator reduces in place.
+  // (or reduce_scatter) only: donate it so the communicator reduces in place.
   const bool last_use =
       std::find(s.free_after.begin(), s.free_after.end(), in.slot) != s.free_after.end();
+  const bool donate = s.collective != Step::Collective::kAllGather && last_use &&
+                      v.toTensor().use_count() == 1 && v.toTensor().storage().use_count() == 1;
   absl::StatusOr<std::unique_ptr<Work>> w;
   if (s.collective == Step::Collective::kAllGather) {
     w = comm->AllGather(v.toTensor());
-  } else if (s.collective == Step::Collective::kReduceScatter) {
-    w = comm->ReduceScatterSum(v.toTensor());
-  } else if (last_use && v.toTensor().use_count() == 1 &&
-             v.toTensor().storage().use_count() == 1) {
+  } else if (donate) {
     at::Tensor donated = std::move(slots[in.slot]).toTensor();
     slots[in.slot] = c10::IValue();
-    w = comm->AllReduceSumDonated(std::move(donated));
+    w = s.collective == Step::Collective::kReduceScatter
+            ? comm->ReduceScatterSumDonated(std::move(donated))
+            : comm->AllReduceSumDonated(std::move(donated));
+  } else if (s.collective == Step::Collective::kReduceScatter) {
+    w = comm->ReduceScatterSum(v.toTensor());
   } else {
     w = comm->AllReduceSum(v.toTensor());
   }
@@ -156,6 +160,15 @@ absl::Status Program::Impl::RunAllReduce(Step& s) {
                         absl::StrCat(ir::NodeLabel(s.name, s.op_name), ": collective ",
                                      collectives_started, " of the step: ",
                                      w.status().message()));
+  // Collectives that finished meanwhile release their buffers now.
+  size_t kept = 0;
+  for (int32_t slot : in_flight) {
+    if (!works[slot]) continue;
+    works[slot]->Poll();
+    in_flight[kept++] = slot;
+  }
+  in_flight.resize(kept);
+  in_flight.push_back(s.out_slots[0]);
   work_from[s.out_slots[0]] = {&s, collectives_started};
   std::unique_ptr<Work> work = *std::move(w);
   if (s.avg) work = std::make_unique<AvgWork>(std::move(work), comm->world_size());

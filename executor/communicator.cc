@@ -180,17 +180,43 @@ std::string DescribePeers(const std::vector<std::pair<int, std::string>>& peers)
 
 class GlooWork : public Work {
  public:
-  GlooWork(c10::intrusive_ptr<c10d::Work> work, at::Tensor result, std::string who,
-           std::shared_ptr<const PeerAddresses> peers, const char* op = "all_reduce")
-      : work_(std::move(work)), result_(std::move(result)), who_(std::move(who)),
-        peers_(std::move(peers)), op_(op) {}
+  // `chunk` >= 0: Wait returns chunk `chunk` of `result` cut in world_size
+  // parts (a reduce-scatter over an all-reduce) and releases the rest.
+  GlooWork(std::vector<c10::intrusive_ptr<c10d::Work>> works, at::Tensor result, std::string who,
+           std::shared_ptr<const PeerAddresses> peers, const char* op = "all_reduce",
+           int chunk = -1, int world_size = 1)
+      : works_(std::move(works)), result_(std::move(result)), who_(std::move(who)),
+        peers_(std::move(peers)), op_(op), chunk_(chunk), world_size_(world_size) {}
+
+  // A reduce-scatter whose all-reduce is done keeps its chunk and releases
+  // the whole buffer (and the c10d works that hold it) at once.
+  void Poll() override {
+    if (chunk_ < 0 || works_.empty()) return;
+    try {
+      for (auto& w : works_)
+        if (!w->isCompleted()) return;
+      c10::InferenceMode normal(false);
+      for (auto& w : works_) w->wait();  // rethrows a failure: Wait reports it
+    } catch (const std::exception&) {
+      return;
+    }
+    works_.clear();
+    absl::StatusOr<at::Tensor> mine = TakeChunk();
+    if (mine.ok()) {
+      result_ = *std::move(mine);
+      chunk_ = -1;
+    }
+  }
 
   absl::StatusOr<at::Tensor> Wait(std::chrono::milliseconds timeout) override {
     const auto start = std::chrono::steady_clock::now();
     try {
-      // Gloo's reduce-scatter copies this rank's chunk out inside wait().
       c10::InferenceMode normal(false);
-      work_->wait(timeout);
+      for (auto& w : works_) {
+        const auto left = timeout - std::chrono::duration_cast<std::chrono::milliseconds>(
+                                        std::chrono::steady_clock::now() - start);
+        w->wait(std::max(left, std::chrono::milliseconds(1)));
+      }
     } catch (const std::exception& e) {
       const auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(
           std::chrono::steady_clock::now() - start);
@@ -216,15 +242,33 @@ class GlooWork : public Work {
           timed_out ? absl::StatusCode::kDeadlineExceeded : absl::StatusCode::kUnavailable,
           absl::StrCat(who_, ": ", op_, " ", status, ": ", msg));
     }
-    return result_;
+    works_.clear();
+    if (chunk_ < 0) return result_;
+    return TakeChunk();
   }
 
  private:
-  c10::intrusive_ptr<c10d::Work> work_;
+  // This rank's chunk of the reduced buffer, copied out; the buffer dies.
+  absl::StatusOr<at::Tensor> TakeChunk() {
+    try {
+      const int64_t n = result_.numel() / world_size_;
+      at::Tensor mine = result_.narrow(0, chunk_ * n, n).clone();
+      result_ = at::Tensor();
+      return mine;
+    } catch (const std::exception& e) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(who_, ": ", op_, ": copying this rank's chunk out: ", ExceptionMessage(e)));
+    }
+  }
+
+
+  std::vector<c10::intrusive_ptr<c10d::Work>> works_;
   at::Tensor result_;
   std::string who_;
   std::shared_ptr<const PeerAddresses> peers_;
   const char* op_;
+  int chunk_;
+  int world_size_;
 };
 
 }  // namespace
@@ -282,23 +326,27 @@ std::string GlooCommunicator::name() const {
   return absl::StrCat("gloo rank ", rank_, "/", world_size_);
 }
 
-absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::AllReduceSum(const at::Tensor& input) {
+absl::StatusOr<at::Tensor> GlooCommunicator::CopyForGloo(const at::Tensor& input,
+                                                         const char* op) const {
   if (!input.device().is_cpu()) {
     return absl::UnimplementedError(absl::StrCat(
-        name(), ": Gloo all_reduce of a ", input.device().str(),
+        name(), ": Gloo ", op, " of a ", input.device().str(),
         " tensor is not supported (Gloo is the CPU communicator)"));
   }
-  at::Tensor buf;
   try {
     // A normal (not inference) contiguous CPU copy: Gloo works in place on it
     // from its own threads, outside the caller's InferenceMode.
     c10::InferenceMode normal(false);
-    buf = input.clone(at::MemoryFormat::Contiguous);
+    return input.reshape({-1}).clone(at::MemoryFormat::Contiguous);
   } catch (const std::exception& e) {
     return absl::ResourceExhaustedError(
-        absl::StrCat(name(), ": copying the all_reduce input failed: ", ExceptionMessage(e)));
+        absl::StrCat(name(), ": copying the ", op, " input failed: ", ExceptionMessage(e)));
   }
-  return Start(std::move(buf));
+}
+
+absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::AllReduceSum(const at::Tensor& input) {
+  FXDP_ASSIGN_OR_RETURN(at::Tensor buf, CopyForGloo(input, "all_reduce"));
+  return Start(buf.view(input.sizes()));
 }
 
 absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::AllReduceSumDonated(at::Tensor buffer) {
@@ -306,50 +354,51 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::AllReduceSumDonated(at::
   return Start(std::move(buffer));
 }
 
-absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::AllGather(const at::Tensor& input) {
-  return StartFlat(input, /*gather=*/true);
-}
-
 absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::ReduceScatterSum(const at::Tensor& input) {
-  return StartFlat(input, /*gather=*/false);
+  if (input.numel() % world_size_ != 0) return ReduceScatterSumDonated(input);  // the error
+  FXDP_ASSIGN_OR_RETURN(at::Tensor buf, CopyForGloo(input, "reduce_scatter_tensor"));
+  return ReduceScatterSumDonated(std::move(buf));
 }
 
-absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::StartFlat(const at::Tensor& input,
-                                                                  bool gather) {
-  const char* op = gather ? "all_gather_into_tensor" : "reduce_scatter_tensor";
+absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::ReduceScatterSumDonated(at::Tensor buffer) {
+  const char* op = "reduce_scatter_tensor";
+  const int64_t n = buffer.numel();
+  if (n % world_size_ != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(name(), ": ", op, " of ", n,
+                                                   " elements, not a multiple of the world size ",
+                                                   world_size_));
+  }
+  if (!buffer.device().is_cpu() || !buffer.is_contiguous()) return ReduceScatterSum(buffer);
+  return Start(buffer.view({-1}), /*chunk=*/true);
+}
+
+absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::AllGather(const at::Tensor& input) {
+  const char* op = "all_gather_into_tensor";
   if (!input.device().is_cpu()) {
     return absl::UnimplementedError(absl::StrCat(
         name(), ": Gloo ", op, " of a ", input.device().str(),
         " tensor is not supported (Gloo is the CPU communicator)"));
   }
   const int64_t n = input.numel();
-  if (!gather && n % world_size_ != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(name(), ": ", op, " of ", n,
-                                                   " elements, not a multiple of the world size ",
-                                                   world_size_));
-  }
-  at::Tensor in, out;
+  at::Tensor out;
   try {
-    // Normal (not inference) contiguous CPU tensors: Gloo's threads work on them.
+    // Normal (not inference): Gloo's threads write into it.
     c10::InferenceMode normal(false);
-    in = input.reshape({-1}).clone(at::MemoryFormat::Contiguous);
-    out = at::empty({gather ? n * world_size_ : n / world_size_}, in.options());
+    out = at::empty({n * world_size_}, input.options());
+    out.narrow(0, rank_ * n, n).copy_(input.reshape({-1}));
   } catch (const std::exception& e) {
     return absl::ResourceExhaustedError(
-        absl::StrCat(name(), ": copying the ", op, " input failed: ", ExceptionMessage(e)));
+        absl::StrCat(name(), ": allocating the ", op, " result failed: ", ExceptionMessage(e)));
   }
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
   try {
     c10::InferenceMode normal(false);
-    c10::intrusive_ptr<c10d::Work> work;
-    if (gather) {
-      work = backend_->_allgather_base(out, in, c10d::AllgatherOptions{});
-    } else {
-      c10d::ReduceScatterOptions o;
-      o.reduceOp = c10d::ReduceOp::SUM;
-      work = backend_->_reduce_scatter_base(out, in, o);
+    for (int r = 0; r < world_size_; ++r) {
+      std::vector<at::Tensor> part{out.narrow(0, r * n, n)};
+      c10d::BroadcastOptions o;
+      o.rootRank = r;
+      works.push_back(backend_->broadcast(part, o));
     }
-    return std::unique_ptr<Work>(
-        std::make_unique<GlooWork>(std::move(work), std::move(out), name(), peers_, op));
   } catch (const std::exception& e) {
     const std::string msg = TrimGlooMessage(ExceptionMessage(e));
     const auto named = PeersNamedIn(msg, *peers_);
@@ -358,21 +407,26 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::StartFlat(const at::Tens
         named.empty() ? "" : absl::StrCat(", lost the connection to ", DescribePeers(named)),
         ": ", msg));
   }
+  return std::unique_ptr<Work>(
+      std::make_unique<GlooWork>(std::move(works), std::move(out), name(), peers_, op));
 }
 
-absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Start(at::Tensor buf) {
+absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Start(at::Tensor buf, bool chunk) {
+  const char* op = chunk ? "reduce_scatter_tensor" : "all_reduce";
   try {
+    c10::InferenceMode normal(false);
     std::vector<at::Tensor> tensors{buf};
     c10d::AllreduceOptions o;
     o.reduceOp = c10d::ReduceOp::SUM;
-    c10::intrusive_ptr<c10d::Work> work = backend_->allreduce(tensors, o);
-    return std::unique_ptr<Work>(
-        std::make_unique<GlooWork>(std::move(work), std::move(buf), name(), peers_));
+    std::vector<c10::intrusive_ptr<c10d::Work>> works{backend_->allreduce(tensors, o)};
+    return std::unique_ptr<Work>(std::make_unique<GlooWork>(std::move(works), std::move(buf),
+                                                            name(), peers_, op,
+                                                            chunk ? rank_ : -1, world_size_));
   } catch (const std::exception& e) {
     const std::string msg = TrimGlooMessage(ExceptionMessage(e));
     const auto named = PeersNamedIn(msg, *peers_);
     return absl::UnavailableError(absl::StrCat(
-        name(), ": starting all_reduce failed",
+        name(), ": starting ", op, " failed",
         named.empty() ? "" : absl::StrCat(", lost the connection to ", DescribePeers(named)),
         ": ", msg));
   }

@@ -36,6 +36,12 @@ class Work {
   // DEADLINE_EXCEEDED); a failed collective (a lost peer) is UNAVAILABLE.
   // Returns the result; call at most once.
   virtual absl::StatusOr<at::Tensor> Wait(std::chrono::milliseconds timeout) = 0;
+  // Never blocks: lets a collective that has finished release what it no
+  // longer needs before the graph reaches its wait (Gloo's reduce-scatter
+  // keeps this rank's chunk and frees the whole N*s buffer). The program
+  // calls it on the collectives in flight whenever it starts another one.
+  // The default does nothing.
+  virtual void Poll() {}
 };
 
 class Communicator {
@@ -68,6 +74,12 @@ class Communicator {
   virtual absl::StatusOr<std::unique_ptr<Work>> ReduceScatterSum(const at::Tensor& /*input*/) {
     return absl::UnimplementedError(
         absl::StrCat(name(), ": this communicator has no reduce_scatter_tensor"));
+  }
+  // Like ReduceScatterSum, but the caller donates `buffer` (as for
+  // AllReduceSumDonated): the communicator may reduce in it, saving a copy
+  // of the whole N*s buffer. The default copies.
+  virtual absl::StatusOr<std::unique_ptr<Work>> ReduceScatterSumDonated(at::Tensor buffer) {
+    return ReduceScatterSum(buffer);
   }
   // A short description for logs ("local", "gloo rank 0/2").
   virtual std::string name() const = 0;

@@ -1,12 +1,20 @@
 // A Communicator over a c10d backend (ProcessGroupGloo from gloo_backend.h):
 // AllReduceSum is `allreduce(SUM)` on a contiguous CPU copy of the input.
-// AllGather is c10d's `_allgather_base` (Gloo's allgather into a flat buffer,
-// then one copy into the result). ReduceScatterSum is c10d's
-// `_reduce_scatter_base`, which ProcessGroupGloo (torch 2.13) builds from what
-// Gloo has: it clones the whole N*s input, all-reduces it, and copies this
-// rank's chunk out in wait(). Cost against a true reduce-scatter: the wire
-// carries an all-reduce's 2(N-1)/N of the buffer instead of (N-1)/N (2x), and
-// the rank holds the full buffer twice while it runs; the result is the same.
+// AllGather copies this rank's input into its place in the result and
+// broadcasts each rank's part in place (c10d `broadcast`, one per rank, root
+// r for part r): every byte lands where it belongs, with no temporary.
+// (c10d's `_allgather_base` on Gloo gathers into a flat temporary allocated on
+// Gloo's thread and copies it into the result: an extra N*s buffer per gather,
+// in another malloc arena.) The wire carries what an all-gather carries, in N
+// operations.
+// ReduceScatterSum is an in-place `allreduce(SUM)` of the N*s buffer and, at
+// Wait, this rank's chunk cloned out (the buffer then released): what
+// ProcessGroupGloo's own `_reduce_scatter_base` does (torch 2.13 builds it
+// from Gloo's all-reduce), without its extra clone of the whole buffer; a
+// donated buffer (ReduceScatterSumDonated) is reduced without any copy. Cost
+// against a true reduce-scatter: the wire carries an all-reduce's 2(N-1)/N of
+// the buffer instead of (N-1)/N (2x), and the whole buffer is held until
+// Wait (as REPLICATE's all-reduce holds its bucket); the result is the same.
 //
 // Errors name this rank ("gloo rank 0/2: all_reduce ...") and, when Gloo's
 // message names a peer's socket address, the rank that owns it ("lost the
@@ -48,10 +56,15 @@ class GlooCommunicator : public Communicator {
   absl::StatusOr<std::unique_ptr<Work>> AllReduceSumDonated(at::Tensor buffer) override;
   absl::StatusOr<std::unique_ptr<Work>> AllGather(const at::Tensor& input) override;
   absl::StatusOr<std::unique_ptr<Work>> ReduceScatterSum(const at::Tensor& input) override;
+  absl::StatusOr<std::unique_ptr<Work>> ReduceScatterSumDonated(at::Tensor buffer) override;
 
  private:
-  absl::StatusOr<std::unique_ptr<Work>> Start(at::Tensor buf);
-  absl::StatusOr<std::unique_ptr<Work>> StartFlat(const at::Tensor& input, bool gather);
+  // All-reduces `buf` in place; with `chunk`, Wait returns this rank's chunk
+  // of the sum (a reduce-scatter).
+  absl::StatusOr<std::unique_ptr<Work>> Start(at::Tensor buf, bool chunk = false);
+  // A contiguous, normal (not inference) CPU copy of `input` (Gloo's threads
+  // work on it outside the caller's InferenceMode), or an error naming `op`.
+  absl::StatusOr<at::Tensor> CopyForGloo(const at::Tensor& input, const char* op) const;
 
  public:
   std::string name() const override;

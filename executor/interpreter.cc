@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "analysis/ir/node_error.h"
 #include "executor/inplace.h"
+#include "executor/memory_limit.h"
 #include "executor/program_impl.h"
 #include "executor/torch_types.h"
 #include "util/status_macros.h"
@@ -139,6 +140,7 @@ int64_t Program::live_values() const { return impl_->Live(); }
 const std::vector<std::pair<std::string, int64_t>>& Program::live_trace() const {
   return impl_->live_trace;
 }
+const std::vector<NodeMemory>& Program::memory_trace() const { return impl_->memory_trace; }
 std::vector<NodeTime> Program::profile() const {
   std::vector<NodeTime> out;
   for (size_t i = 0; i < impl_->steps.size() && i < impl_->step_ms.size(); ++i) {
@@ -171,6 +173,10 @@ absl::StatusOr<std::vector<c10::IValue>> Program::Run(std::vector<c10::IValue> i
   std::optional<c10::InferenceMode> inference;
   if (p.options.inference_mode) inference.emplace();
   if (p.options.record_live) p.live_trace.clear();
+  if (p.options.record_memory) {
+    p.memory_trace.clear();
+    ResetPeakCpuTensorBytes();
+  }
   absl::Status status;
   std::vector<c10::IValue> results;
   try {
@@ -215,6 +221,11 @@ absl::StatusOr<std::vector<c10::IValue>> Program::Run(std::vector<c10::IValue> i
                                               .count();
       }
       if (p.options.record_live) p.live_trace.emplace_back(s.name, p.Live());
+      if (p.options.record_memory) {
+        const int64_t live = CpuTensorBytesInUse(), peak = PeakCpuTensorBytes();
+        ResetPeakCpuTensorBytes();
+        p.memory_trace.push_back(NodeMemory{s.name, s.op_name, live, peak});
+      }
     }
     if (status.ok()) {
       results.reserve(p.outputs.size());

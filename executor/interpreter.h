@@ -87,6 +87,19 @@ struct ProgramOptions {
   bool record_live = false;
   // Add up the wall time of every call node over all runs (profile()).
   bool profile = false;
+  // Measuring (memory_limit.h's counting CPU allocator, installed by the
+  // caller): after every node, the live CPU tensor bytes and the most they
+  // were during the node (memory_trace()). Resets the counter's peak at every
+  // node.
+  bool record_memory = false;
+};
+
+// ProgramOptions::record_memory: one entry per call node of the last run.
+struct NodeMemory {
+  std::string node;
+  std::string op;
+  int64_t live_bytes = 0;  // after the node, its dead values released
+  int64_t peak_bytes = 0;  // the most during the node (its outputs, temporaries, collectives)
 };
 
 // ProgramOptions::profile: one entry per call node, in execution order.
@@ -139,6 +152,8 @@ class Program {
   // With ProgramOptions::record_live: after Run, (node name, live values
   // after that node) for every call node, in execution order.
   const std::vector<std::pair<std::string, int64_t>>& live_trace() const;
+  // With ProgramOptions::record_memory: after Run, every call node's memory.
+  const std::vector<NodeMemory>& memory_trace() const;
   // With ProgramOptions::profile: the time spent in each call node so far.
   std::vector<NodeTime> profile() const;
 

@@ -91,8 +91,10 @@ struct Program::Impl {
   // among this run's collectives (1-based), for errors.
   std::vector<std::pair<const Step*, int>> work_from;
   int collectives_started = 0;  // this run
+  std::vector<int32_t> in_flight;  // slots whose works may still be pending
   std::vector<c10::IValue> stack;
   std::vector<std::pair<std::string, int64_t>> live_trace;
+  std::vector<NodeMemory> memory_trace;
   std::vector<double> step_ms;  // ProgramOptions::profile, per step
   int64_t profiled_runs = 0;
 
@@ -111,6 +113,7 @@ struct Program::Impl {
     for (auto& v : slots) v = c10::IValue();
     for (auto& w : works) w.reset();
     collectives_started = 0;
+    in_flight.clear();
     stack.clear();
   }
   int64_t Live() const {

@@ -8,7 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "analysis/ir/safetensors.h"
 #include "executor/torch_types.h"
+#include "expansion/sharding.h"
 #include "util/files.h"
+#include "util/status_macros.h"
 
 namespace fxdp::executor {
 
@@ -30,12 +32,35 @@ absl::StatusOr<SafetensorsFile> ParseSafetensors(absl::string_view bytes) {
 }
 
 absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path,
-                                                const SafetensorsReadOptions& options) {
-  absl::StatusOr<std::string> bytes = ir::ReadSafetensorsBytes(path, options);
-  if (!bytes.ok()) return bytes.status();
-  auto r = ParseSafetensors(*bytes);
-  if (!r.ok()) return absl::Status(r.status().code(), absl::StrCat("'", path, "': ", r.status().message()));
-  return r;
+                                                const SafetensorsReadOptions& options,
+                                                FlatShardRead* shards) {
+  FXDP_ASSIGN_OR_RETURN(ir::SafetensorsReader file, ir::SafetensorsReader::Open(path, options));
+  SafetensorsFile out;
+  out.metadata = file.header().metadata;
+  for (const ir::SafetensorsEntry& e : file.header().tensors) {
+    const at::TensorOptions dtype = at::TensorOptions().dtype(ToTorch(e.dtype));
+    const int64_t item = ir::DTypeItemSize(e.dtype);
+    at::Tensor t;
+    uint64_t begin = e.begin, bytes = e.end - e.begin;
+    try {
+      if (shards != nullptr && shards->names.count(e.name) > 0) {
+        const int64_t numel = static_cast<int64_t>((e.end - e.begin) / item);
+        const FlatShard f = FlatShardOf(numel, shards->world, shards->rank);
+        t = at::zeros({f.shard_numel}, dtype);  // the padding stays zero
+        begin += static_cast<uint64_t>(f.begin * item);
+        bytes = static_cast<uint64_t>(f.real() * item);
+        shards->full_shapes[e.name] = e.shape;
+      } else {
+        t = at::empty(e.shape, dtype);
+      }
+    } catch (const std::exception& ex) {
+      return absl::ResourceExhaustedError(absl::StrCat("'", path, "': allocating tensor '", e.name,
+                                                       "': ", ExceptionMessage(ex)));
+    }
+    if (bytes > 0) FXDP_RETURN_IF_ERROR(file.Read(begin, bytes, t.data_ptr()));
+    out.tensors.emplace(e.name, std::move(t));
+  }
+  return out;
 }
 
 absl::StatusOr<std::string> SerializeSafetensors(const std::map<std::string, at::Tensor>& tensors,

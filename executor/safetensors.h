@@ -9,6 +9,7 @@
 #include <ATen/Tensor.h>
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -29,9 +30,25 @@ using ir::SafetensorsReadOptions;
 
 absl::StatusOr<SafetensorsFile> ParseSafetensors(absl::string_view bytes);
 
-// ir::ReadSafetensorsBytes, then ParseSafetensors. Errors name `path` as given.
+// Reading a FULLY_SHARD rank's state (expansion/sharding.h): each tensor
+// named in `names` is read as rank `rank`'s flat shard of it over `world`
+// ranks (a 1-D tensor of FlatShardOf's shard_numel elements, its real
+// elements read from the file, the padding zero); its whole shape goes to
+// `full_shapes`.
+struct FlatShardRead {
+  std::set<std::string> names;
+  int32_t world = 1;
+  int32_t rank = 0;
+  std::map<std::string, std::vector<int64_t>> full_shapes;  // filled by the read
+};
+
+// The file read piece by piece (ir::SafetensorsReader): each tensor is read
+// from the file straight into its own CPU tensor, so the whole file is never
+// held besides them; with `shards`, only this rank's slice of the tensors it
+// names. Errors name `path` as given.
 absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path,
-                                                const SafetensorsReadOptions& options = {});
+                                                const SafetensorsReadOptions& options = {},
+                                                FlatShardRead* shards = nullptr);
 
 // Undefined tensors and dtypes safetensors cannot name are INVALID_ARGUMENT.
 absl::StatusOr<std::string> SerializeSafetensors(

@@ -77,6 +77,13 @@ class TimedCommunicator : public Communicator {
     return Started(std::move(w), static_cast<int64_t>(input.nbytes()), t0);
   }
 
+  absl::StatusOr<std::unique_ptr<Work>> ReduceScatterSumDonated(at::Tensor buffer) override {
+    const auto t0 = Clock::now();
+    const int64_t bytes = static_cast<int64_t>(buffer.nbytes());
+    absl::StatusOr<std::unique_ptr<Work>> w = inner_->ReduceScatterSumDonated(std::move(buffer));
+    return Started(std::move(w), bytes, t0);
+  }
+
   const CollectiveStats& stats() const { return stats_; }
   // Returns the numbers so far and starts counting from zero.
   CollectiveStats TakeStats() { return std::exchange(stats_, CollectiveStats{}); }
@@ -116,6 +123,7 @@ class TimedCommunicator : public Communicator {
       }
       return r;
     }
+    void Poll() override { inner_->Poll(); }
 
    private:
     std::unique_ptr<Work> inner_;

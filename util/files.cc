@@ -109,8 +109,10 @@ absl::StatusOr<std::string> ConfinePath(const std::string& path, const std::vect
   return outside();  // a symlink (or "..") that leads out of the roots
 }
 
-absl::StatusOr<std::string> ReadRegularFile(const std::string& path, uint64_t max_bytes) {
-  const int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY);
+absl::StatusOr<RegularFile> RegularFile::Open(const std::string& resolved, uint64_t max_bytes,
+                                              const std::string& shown) {
+  const std::string& path = shown.empty() ? resolved : shown;
+  const int fd = open(resolved.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY);
   if (fd < 0) {
     const int e = errno;
     if (e == ENOENT || e == ENOTDIR) return absl::NotFoundError(absl::StrCat("cannot open '", path, "': no such file"));
@@ -119,10 +121,7 @@ absl::StatusOr<std::string> ReadRegularFile(const std::string& path, uint64_t ma
       return absl::FailedPreconditionError(absl::StrCat("'", path, "' is a symbolic link, not a regular file"));
     return absl::FailedPreconditionError(absl::StrCat("cannot open '", path, "': ", std::strerror(e)));
   }
-  struct Closer {
-    int fd;
-    ~Closer() { close(fd); }
-  } closer{fd};
+  RegularFile file(path, fd, 0);  // closes fd on every return below
   struct stat st {};
   if (fstat(fd, &st) != 0)
     return absl::DataLossError(absl::StrCat("cannot stat '", path, "': ", std::strerror(errno)));
@@ -135,21 +134,50 @@ absl::StatusOr<std::string> ReadRegularFile(const std::string& path, uint64_t ma
                                               : "not a regular file";
     return absl::FailedPreconditionError(absl::StrCat("'", path, "' is ", kind, ", not a regular file"));
   }
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
-  if (size > max_bytes)
-    return absl::FailedPreconditionError(absl::StrCat("'", path, "' has ", WithCommas(size),
+  file.size_ = static_cast<uint64_t>(st.st_size);
+  if (file.size_ > max_bytes)
+    return absl::FailedPreconditionError(absl::StrCat("'", path, "' has ", WithCommas(file.size_),
                                                       " bytes, over the limit of ", WithCommas(max_bytes)));
-  std::string bytes(size, '\0');
-  size_t got = 0;
-  while (got < size) {
-    const ssize_t n = read(fd, bytes.data() + got, size - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return absl::DataLossError(absl::StrCat("error reading '", path, "': ", std::strerror(errno)));
-    if (n == 0)
-      return absl::DataLossError(absl::StrCat("'", path, "' shrank while being read (", WithCommas(got), " of ",
-                                              WithCommas(size), " bytes)"));
-    got += static_cast<size_t>(n);
+  return file;
+}
+
+RegularFile::RegularFile(RegularFile&& o) noexcept
+    : path_(std::move(o.path_)), fd_(std::exchange(o.fd_, -1)), size_(o.size_) {}
+
+RegularFile& RegularFile::operator=(RegularFile&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) close(fd_);
+    path_ = std::move(o.path_);
+    fd_ = std::exchange(o.fd_, -1);
+    size_ = o.size_;
   }
+  return *this;
+}
+
+RegularFile::~RegularFile() {
+  if (fd_ >= 0) close(fd_);
+}
+
+absl::Status RegularFile::ReadAt(uint64_t offset, uint64_t n, void* dest) const {
+  char* out = static_cast<char*>(dest);
+  uint64_t got = 0;
+  while (got < n) {
+    const ssize_t r = pread(fd_, out + got, n - got, static_cast<off_t>(offset + got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return absl::DataLossError(absl::StrCat("error reading '", path_, "': ", std::strerror(errno)));
+    if (r == 0)
+      return absl::DataLossError(absl::StrCat("'", path_, "' shrank while being read (", WithCommas(offset + got),
+                                              " of ", WithCommas(size_), " bytes)"));
+    got += static_cast<uint64_t>(r);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadRegularFile(const std::string& path, uint64_t max_bytes) {
+  absl::StatusOr<RegularFile> f = RegularFile::Open(path, max_bytes);
+  if (!f.ok()) return f.status();
+  std::string bytes(f->size(), '\0');
+  if (absl::Status s = f->ReadAt(0, f->size(), bytes.data()); !s.ok()) return s;
   return bytes;
 }
 

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -35,6 +36,34 @@ absl::StatusOr<std::string> ConfinePath(const std::string& path, const std::vect
 // than `max_bytes`, NOT_FOUND / PERMISSION_DENIED from open, DATA_LOSS for a
 // read error or a file that shrank while read.
 absl::StatusOr<std::string> ReadRegularFile(const std::string& path, uint64_t max_bytes);
+
+// A regular file opened with ReadRegularFile's checks, read piece by piece
+// (pread): a reader that needs part of a large file never holds all of it.
+class RegularFile {
+ public:
+  // The errors of ReadRegularFile's open, stat and size checks. Errors (here
+  // and from ReadAt) name `shown` when given (the path as a user gave it,
+  // where `path` is where it resolved to), else `path`.
+  static absl::StatusOr<RegularFile> Open(const std::string& path, uint64_t max_bytes,
+                                          const std::string& shown = "");
+  RegularFile(RegularFile&& o) noexcept;
+  RegularFile& operator=(RegularFile&& o) noexcept;
+  RegularFile(const RegularFile&) = delete;
+  RegularFile& operator=(const RegularFile&) = delete;
+  ~RegularFile();
+
+  const std::string& path() const { return path_; }  // as errors name it
+  uint64_t size() const { return size_; }  // as fstat reported it at Open
+  // Reads bytes [offset, offset + n) into `dest`: DATA_LOSS for a read error
+  // or a file that is shorter than that now (naming the path).
+  absl::Status ReadAt(uint64_t offset, uint64_t n, void* dest) const;
+
+ private:
+  RegularFile(std::string path, int fd, uint64_t size) : path_(std::move(path)), fd_(fd), size_(size) {}
+  std::string path_;
+  int fd_ = -1;
+  uint64_t size_ = 0;
+};
 
 // Writes `bytes` to `path` through a temporary file in the same directory,
 // renamed over `path` once complete (readers never see half a file).

@@ -68,23 +68,39 @@ absl::StatusOr<DType> DTypeFromSafetensorsName(absl::string_view s) {
 }
 
 absl::StatusOr<SafetensorsView> ParseSafetensors(absl::string_view bytes) {
-  if (bytes.size() < 8)
-    return Corrupt(absl::StrCat("the file is ", bytes.size(),
+  absl::StatusOr<SafetensorsView> out = ParseSafetensorsHeader(bytes, bytes.size());
+  if (out.ok()) out->data = bytes.substr(bytes.size() - out->data_size);
+  return out;
+}
+
+absl::StatusOr<uint64_t> SafetensorsHeaderLength(absl::string_view first8, uint64_t file_size) {
+  if (file_size < 8 || first8.size() < 8)
+    return Corrupt(absl::StrCat("the file is ", file_size,
                                 " bytes, shorter than the 8-byte header length (truncated?)"));
   uint64_t n = 0;
-  std::memcpy(&n, bytes.data(), 8);
+  std::memcpy(&n, first8.data(), 8);
   // The length field is the file's first 8 bytes: when they are not a length
   // (a text file, say), say so without echoing them.
   if (n > kMaxSafetensorsHeader)
     return Corrupt(absl::StrCat("not a safetensors file: the header length field exceeds the limit of ",
                                 util::WithCommas(kMaxSafetensorsHeader), " bytes"));
-  if (n > bytes.size() - 8)
+  if (n > file_size - 8)
     return Corrupt(absl::StrCat("header length ", util::WithCommas(n), " exceeds the ",
-                                util::WithCommas(bytes.size() - 8),
+                                util::WithCommas(file_size - 8),
                                 " bytes after the length field (truncated, or not a safetensors file)"));
-  const absl::string_view header = bytes.substr(8, n);
+  return n;
+}
+
+absl::StatusOr<SafetensorsView> ParseSafetensorsHeader(absl::string_view prefix, uint64_t file_size) {
+  absl::StatusOr<uint64_t> length = SafetensorsHeaderLength(prefix, file_size);
+  if (!length.ok()) return length.status();
+  const uint64_t n = *length;
+  if (prefix.size() < 8 + n)
+    return absl::InternalError(absl::StrCat("parsing a safetensors header of ", n, " bytes from the first ",
+                                            prefix.size(), " bytes of the file"));
+  const absl::string_view header = prefix.substr(8, n);
   SafetensorsView out;
-  out.data = bytes.substr(8 + n);
+  out.data_size = file_size - 8 - n;
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(header.begin(), header.end());
@@ -147,8 +163,8 @@ absl::StatusOr<SafetensorsView> ParseSafetensors(absl::string_view bytes) {
       return Corrupt(absl::StrCat(where, ": data_offsets ", off->dump(), " span ",
                                   e.end - e.begin, " bytes, but ", dt->get<std::string>(),
                                   sh->dump(), " needs ", numel * item));
-    if (e.end > out.data.size())
-      return Corrupt(absl::StrCat(where, ": data ends at byte ", e.end, " of a ", out.data.size(),
+    if (e.end > out.data_size)
+      return Corrupt(absl::StrCat(where, ": data ends at byte ", e.end, " of a ", out.data_size,
                                   "-byte data buffer (truncated?)"));
     out.tensors.push_back(std::move(e));
   }
@@ -166,8 +182,8 @@ absl::StatusOr<SafetensorsView> ParseSafetensors(absl::string_view bytes) {
                                   "no tensor (before '", e.name, "')"));
     pos = e.end;
   }
-  if (pos != out.data.size())
-    return Corrupt(absl::StrCat("the data buffer has ", out.data.size(), " bytes, the tensors cover ",
+  if (pos != out.data_size)
+    return Corrupt(absl::StrCat("the data buffer has ", out.data_size, " bytes, the tensors cover ",
                                 pos));
   return out;
 }
@@ -234,26 +250,61 @@ absl::StatusOr<std::string> SerializeSafetensors(const std::vector<RawTensor>& t
   return SerializeSafetensors(std::move(views));
 }
 
-absl::StatusOr<std::string> ReadSafetensorsBytes(const std::string& path,
-                                                 const SafetensorsReadOptions& options) {
+namespace {
+
+// `path` opened for reading under `options`: confined to its roots, or with
+// the symlinks the caller named followed once (the open refuses one that
+// appears in between). Messages name the path as given, not where it
+// resolved to.
+absl::StatusOr<util::RegularFile> OpenForRead(const std::string& path,
+                                              const SafetensorsReadOptions& options) {
   std::string resolved = path;
   if (options.confine) {
     absl::StatusOr<std::string> r = util::ConfinePath(path, options.roots);
     if (!r.ok()) return r.status();
     resolved = *std::move(r);
   } else {
-    // Symlinks the caller named are followed here, once; the open below
-    // refuses one that appears in between.
     char buf[PATH_MAX];
     if (realpath(path.c_str(), buf) != nullptr) resolved = buf;
   }
-  absl::StatusOr<std::string> bytes = util::ReadRegularFile(resolved, options.max_bytes);
-  if (!bytes.ok() && resolved != path) {
-    // Messages name the path as given, not where it resolved to.
-    return absl::Status(bytes.status().code(),
-                        absl::StrReplaceAll(bytes.status().message(), {{resolved, path}}));
-  }
+  return util::RegularFile::Open(resolved, options.max_bytes, path);
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ReadSafetensorsBytes(const std::string& path,
+                                                 const SafetensorsReadOptions& options) {
+  absl::StatusOr<util::RegularFile> file = OpenForRead(path, options);
+  if (!file.ok()) return file.status();
+  std::string bytes(file->size(), '\0');
+  if (absl::Status s = file->ReadAt(0, file->size(), bytes.data()); !s.ok()) return s;
   return bytes;
+}
+
+absl::StatusOr<SafetensorsReader> SafetensorsReader::Open(const std::string& path,
+                                                          const SafetensorsReadOptions& options) {
+  absl::StatusOr<util::RegularFile> file = OpenForRead(path, options);
+  if (!file.ok()) return file.status();
+  auto named = [&](const absl::Status& s) {
+    return absl::Status(s.code(), absl::StrCat("'", path, "': ", s.message()));
+  };
+  std::string prefix(std::min<uint64_t>(8, file->size()), '\0');
+  if (absl::Status s = file->ReadAt(0, prefix.size(), prefix.data()); !s.ok()) return s;
+  absl::StatusOr<uint64_t> n = SafetensorsHeaderLength(prefix, file->size());
+  if (!n.ok()) return named(n.status());
+  prefix.resize(8 + *n);
+  if (absl::Status s = file->ReadAt(8, *n, prefix.data() + 8); !s.ok()) return s;
+  absl::StatusOr<SafetensorsView> header = ParseSafetensorsHeader(prefix, file->size());
+  if (!header.ok()) return named(header.status());
+  const uint64_t data_begin = 8 + *n;
+  return SafetensorsReader(*std::move(file), *std::move(header), data_begin);
+}
+
+absl::Status SafetensorsReader::Read(uint64_t begin, uint64_t n, void* dest) const {
+  if (begin > header_.data_size || n > header_.data_size - begin)
+    return absl::InternalError(absl::StrCat("reading bytes ", begin, "..", begin + n, " of the ",
+                                            header_.data_size, "-byte data buffer of '", file_.path(), "'"));
+  return file_.ReadAt(data_begin_ + begin, n, dest);
 }
 
 absl::StatusOr<std::vector<RawTensor>> ReadSafetensorsFile(const std::string& path,

@@ -21,12 +21,14 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "analysis/ir/raw_tensor.h"
 #include "analysis/ir/types.h"
+#include "util/files.h"
 
 namespace fxdp::ir {
 
@@ -52,7 +54,8 @@ struct SafetensorsEntry {
 struct SafetensorsView {
   std::vector<SafetensorsEntry> tensors;  // in data order
   std::map<std::string, std::string> metadata;
-  absl::string_view data;
+  absl::string_view data;  // empty from ParseSafetensorsHeader
+  uint64_t data_size = 0;  // the data buffer's length
 };
 
 // INVALID_ARGUMENT "corrupt safetensors data: ..." (or "... not a safetensors
@@ -61,6 +64,15 @@ struct SafetensorsView {
 absl::StatusOr<SafetensorsView> ParseSafetensors(absl::string_view bytes);
 // The tensors, copied out, in data order.
 absl::StatusOr<std::vector<RawTensor>> ParseSafetensorsTensors(absl::string_view bytes);
+
+// The header alone, for reading a file piece by piece: `first8` holds the
+// file's first 8 bytes; the header's length (checked against the limit and
+// the file's size).
+absl::StatusOr<uint64_t> SafetensorsHeaderLength(absl::string_view first8, uint64_t file_size);
+// `prefix` holds at least the file's first 8 + header length bytes: the
+// checks of ParseSafetensors, offsets against the file's data size; `data`
+// stays empty (SafetensorsView::data_size says how long it is).
+absl::StatusOr<SafetensorsView> ParseSafetensorsHeader(absl::string_view prefix, uint64_t file_size);
 
 // A tensor to serialize: its bytes are the caller's.
 struct TensorBytes {
@@ -95,6 +107,28 @@ absl::StatusOr<std::string> ReadSafetensorsBytes(const std::string& path,
 // Read and parsed (errors start with "'PATH': ").
 absl::StatusOr<std::vector<RawTensor>> ReadSafetensorsFile(const std::string& path,
                                                            const SafetensorsReadOptions& options = {});
+// A safetensors file read piece by piece: Open reads and checks the header
+// only (the open and size checks of ReadSafetensorsBytes; parse errors start
+// with "'PATH': "), Read copies bytes of the data buffer where the caller
+// wants them, so a reader that keeps part of each tensor (a FULLY_SHARD
+// rank's slices) or builds its own tensors never holds the whole file.
+class SafetensorsReader {
+ public:
+  static absl::StatusOr<SafetensorsReader> Open(const std::string& path,
+                                                const SafetensorsReadOptions& options = {});
+  const SafetensorsView& header() const { return header_; }
+  // Bytes [begin, begin + n) of the data buffer (offsets as in
+  // SafetensorsEntry) into `dest`; DATA_LOSS if the file shrank.
+  absl::Status Read(uint64_t begin, uint64_t n, void* dest) const;
+
+ private:
+  SafetensorsReader(util::RegularFile file, SafetensorsView header, uint64_t data_begin)
+      : file_(std::move(file)), header_(std::move(header)), data_begin_(data_begin) {}
+  util::RegularFile file_;
+  SafetensorsView header_;
+  uint64_t data_begin_ = 0;
+};
+
 // Serialized and written through a temporary file (util::WriteFileAtomically).
 absl::Status WriteSafetensorsFile(const std::string& path, const std::vector<RawTensor>& tensors);
 

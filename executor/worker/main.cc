@@ -35,6 +35,7 @@
 #include "executor/timed_communicator.h"
 #include "executor/worker/attach.h"
 #include "executor/worker/common.h"
+#include "executor/worker/memory_trace.h"
 #include "executor/worker/sharded_state.h"
 #include "util/flags.h"
 #include "util/log.h"
@@ -77,7 +78,7 @@ constexpr char kRunUsage[] =
     "writes the final state, every entry of the state file, updated.\n"
     "\n"
     "A FULLY_SHARD graph (fxdp expand --style fully_shard; its metadata lists the sharded\n"
-    "state) takes the same whole state file: each rank keeps its flat 1/N shard of every\n"
+    "state) takes the same whole state file: each rank reads only its flat 1/N shard of every\n"
     "sharded tensor, and --out gathers the shards back (every rank takes part), so the\n"
     "file holds whole tensors as with REPLICATE.\n"
     "\n"
@@ -124,6 +125,11 @@ constexpr char kRunUsage[] =
     "A failed collective (a peer that died or did not answer within --timeout) fails the\n"
     "step: the error names this rank, the step, the all_reduce node and, when Gloo names\n"
     "the peer's socket, the peer's rank; the process exits without waiting for the rest.\n"
+    "\n"
+    "FXDP_MEMORY_TRACE=FILE ('{rank}' replaced by the rank) measures memory: live CPU\n"
+    "tensor bytes and the resident set after loading and per step, and per node of the\n"
+    "last step, written to FILE as JSON (executor/worker/memory_trace.h); it costs a\n"
+    "little per allocation, so timings under it are not comparable.\n"
     "\n"
     "Every stderr line is the worker's own; c10/c10d's log lines (without job, rank and\n"
     "step) are shown only when TORCH_CPP_LOG_LEVEL is set (e.g. WARNING).\n"
@@ -290,11 +296,13 @@ absl::Status Run(const RunArgs& args, const LaunchEnv& env, Logger& log,
   // each step spends waiting on communication; its communicator is set after
   // the rendezvous.
   TimedCommunicator timed(nullptr);
+  std::optional<MemoryTrace> memory = MemoryTrace::FromEnv(env.rank, env.world_size);
   ProgramOptions po;
   po.device = device;
   po.communicator = &timed;
   po.collective_timeout = args.timeout;
   po.check_outputs = args.check_outputs;
+  po.record_memory = memory.has_value();
   const auto t_load = std::chrono::steady_clock::now();
   FXDP_ASSIGN_OR_RETURN(Program program, Program::Load(graph, po));
   const double load_ms = std::chrono::duration<double, std::milli>(
@@ -302,11 +310,11 @@ absl::Status Run(const RunArgs& args, const LaunchEnv& env, Logger& log,
   const int num_inputs = static_cast<int>(program.inputs().size());
   const std::string on_device = program.device().str();
 
-  FXDP_ASSIGN_OR_RETURN(SafetensorsFile state, ReadSafetensors(args.state));
-  // FULLY_SHARD graphs: this rank keeps its flat shard of each sharded tensor.
+  // FULLY_SHARD graphs: this rank reads only its flat shard of each sharded tensor.
   std::map<std::string, std::vector<int64_t>> full_shapes;
-  FXDP_RETURN_IF_ERROR(ShardState(state.tensors, ShardedStateNames(graph), env.world_size,
-                                  env.rank, &full_shapes));
+  FXDP_ASSIGN_OR_RETURN(SafetensorsFile state,
+                        ReadRankState(args.state, ShardedStateNames(graph), env.world_size,
+                                      env.rank, &full_shapes));
   std::vector<TensorMap> batches;
   for (const std::string& d : args.data) {
     FXDP_ASSIGN_OR_RETURN(SafetensorsFile f, ReadSafetensors(d));
@@ -321,6 +329,7 @@ absl::Status Run(const RunArgs& args, const LaunchEnv& env, Logger& log,
   }
   FXDP_ASSIGN_OR_RETURN(StepRunner runner, StepRunner::Create(std::move(program),
                                                               std::move(state.tensors)));
+  if (memory) memory->LoadDone();
 
   if (env.world_size > 1) {
     RendezvousOptions ro;
@@ -362,6 +371,7 @@ absl::Status Run(const RunArgs& args, const LaunchEnv& env, Logger& log,
     }
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (memory) memory->StepDone(runner.program());
     total_ms += ms;
     const CollectiveStats cs = timed.TakeStats();
     total_wait_ms += cs.wait_ms;
@@ -381,6 +391,10 @@ absl::Status Run(const RunArgs& args, const LaunchEnv& env, Logger& log,
           absl::StrFormat("%.1f", nodes > 0 ? 1000.0 * total_ms / args.steps / nodes : 0.0),
           " us/op over ", nodes, " ops; ",
           absl::StrFormat("%.2f", total_wait_ms / args.steps), " ms/step waiting on communication)");
+  if (memory) {
+    FXDP_RETURN_IF_ERROR(memory->Write());
+    log.Log(memory->Summary());
+  }
 
   if (!full_shapes.empty() && !args.out.empty()) {
     // Every rank takes part in gathering the shards back; rank 0 (or every

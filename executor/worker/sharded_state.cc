@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -25,29 +26,28 @@ std::vector<std::string> ShardedStateNames(const ir::Graph& g) {
   return names;
 }
 
-absl::Status ShardState(std::map<std::string, at::Tensor>& state,
-                        const std::vector<std::string>& names, int world, int rank,
-                        std::map<std::string, std::vector<int64_t>>* full_shapes) {
-  c10::InferenceMode guard;
-  for (const std::string& name : names) {
-    auto it = state.find(name);
-    if (it == state.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the state has no tensor '", name, "', which the graph holds sharded (FULLY_SHARD)"));
-    }
-    const at::Tensor& full = it->second;
-    const FlatShard f = FlatShardOf(full.numel(), world, rank);
-    try {
-      at::Tensor shard = at::zeros({f.shard_numel}, full.options());
-      if (f.real() > 0) shard.narrow(0, 0, f.real()).copy_(full.reshape({-1}).narrow(0, f.begin, f.real()));
-      (*full_shapes)[name] = full.sizes().vec();
-      it->second = std::move(shard);
-    } catch (const std::exception& e) {
-      return absl::InternalError(absl::StrCat("slicing rank ", rank, "'s shard of '", name,
-                                              "': ", ExceptionMessage(e)));
-    }
-  }
-  return absl::OkStatus();
+namespace {
+
+absl::Status MissingShardedTensor(const std::string& name) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "the state has no tensor '", name, "', which the graph holds sharded (FULLY_SHARD)"));
+}
+
+}  // namespace
+
+absl::StatusOr<SafetensorsFile> ReadRankState(const std::string& path,
+                                              const std::vector<std::string>& names, int world,
+                                              int rank,
+                                              std::map<std::string, std::vector<int64_t>>* full_shapes) {
+  FlatShardRead shards;
+  shards.names = std::set<std::string>(names.begin(), names.end());
+  shards.world = world;
+  shards.rank = rank;
+  FXDP_ASSIGN_OR_RETURN(SafetensorsFile f, ReadSafetensors(path, {}, &shards));
+  for (const std::string& name : names)
+    if (f.tensors.count(name) == 0) return MissingShardedTensor(name);
+  *full_shapes = std::move(shards.full_shapes);
+  return f;
 }
 
 absl::StatusOr<std::map<std::string, at::Tensor>> UnshardState(

@@ -2,6 +2,7 @@
 // on raw bytes; executor/safetensors_test.cc covers the LibTorch wrapper and
 // every corruption the parser names.
 #include "analysis/ir/safetensors.h"
+#include "util/files.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -75,6 +76,34 @@ TEST(IrSafetensors, FilesNameTheirPath) {
   EXPECT_EQ(t[0].data, "ab");
   EXPECT_THAT(ReadSafetensorsFile(path + ".missing").status(),
               StatusIs(absl::StatusCode::kNotFound, ".missing"));
+  unlink(path.c_str());
+}
+
+// A reader that keeps part of a file reads the header, then only the bytes
+// it asks for; the header gets every check ParseSafetensors makes.
+TEST(IrSafetensors, ReaderReadsTheHeaderThenThePiecesAskedFor) {
+  const std::string path = ::testing::TempDir() + "/ir_safetensors_reader_" + std::to_string(getpid());
+  ASSERT_TRUE(WriteSafetensorsFile(path, {{"a", DType::kUInt8, {3}, "xyz"},
+                                          {"b", DType::kUInt8, {2, 2}, "1234"}}).ok());
+  const SafetensorsReader r = ValueOrDie(SafetensorsReader::Open(path));
+  ASSERT_EQ(r.header().tensors.size(), 2u);
+  EXPECT_EQ(r.header().data_size, 7u);
+  const SafetensorsEntry& b = r.header().tensors[1];
+  EXPECT_EQ(b.name, "b");
+  EXPECT_EQ(b.shape, (std::vector<int64_t>{2, 2}));
+  std::string piece(2, '\0');
+  ASSERT_TRUE(r.Read(b.begin + 1, 2, piece.data()).ok());
+  EXPECT_EQ(piece, "23");
+  EXPECT_THAT(r.Read(6, 2, piece.data()), StatusIs(absl::StatusCode::kInternal, "7-byte data buffer"));
+  // A file cut short fails at Open naming it, as the whole-file parser does.
+  const std::string bytes = ValueOrDie(ReadSafetensorsBytes(path));
+  const std::string cut = path + ".cut";
+  ASSERT_TRUE(util::WriteFileAtomically(cut, bytes.substr(0, bytes.size() - 1)).ok());
+  EXPECT_THAT(SafetensorsReader::Open(cut).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "': corrupt safetensors data: tensor 'b'"));
+  EXPECT_THAT(SafetensorsReader::Open(path + ".missing").status(),
+              StatusIs(absl::StatusCode::kNotFound, ".missing"));
+  unlink(cut.c_str());
   unlink(path.c_str());
 }
 

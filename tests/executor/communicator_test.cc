@@ -6,12 +6,15 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <map>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "executor/communicator.h"
 #include "executor/gloo_communicator.h"
+#include "executor/safetensors.h"
 #include "executor/timed_communicator.h"
 #include "executor/worker/sharded_state.h"
 #include "tests/executor/local_rendezvous.h"
@@ -87,8 +90,39 @@ TEST(GlooCommunicatorTest, ReduceScatterOfANumelNotDivisibleByTheWorldIsRefused)
                        "world size 2"));
 }
 
-// fxdp-worker run's FULLY_SHARD state: slice the whole file per rank, gather back for --out.
-TEST(ShardedStateTest, SliceThenGatherRoundTripsUnevenTensors) {
+// A donated reduce-scatter reduces in place; once its all-reduce is done,
+// Poll keeps this rank's chunk and releases the whole buffer before Wait.
+TEST(GlooCommunicatorTest, DonatedReduceScatterReleasesItsBufferWhenPolledAfterItIsDone) {
+  constexpr int kWorld = 2;
+  auto comms = GlooRanks(kWorld);
+  std::vector<at::Tensor> mine(kWorld);
+  std::vector<bool> released(kWorld, false);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorld; ++r) {
+    threads.emplace_back([&, r] {
+      c10::InferenceMode im;
+      at::Tensor buf = at::arange(8, at::kFloat) * (r + 1);  // the sum: 3 * [0..7]
+      c10::weak_intrusive_ptr<c10::StorageImpl> weak(buf.storage().getWeakStorageImpl());
+      auto w = ValueOrDie(comms[r]->ReduceScatterSumDonated(std::move(buf)));
+      const auto deadline = std::chrono::steady_clock::now() + kWait;
+      while (!weak.expired() && std::chrono::steady_clock::now() < deadline) {
+        w->Poll();
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      released[r] = weak.expired();
+      mine[r] = ValueOrDie(w->Wait(kWait));
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_TRUE(released[r]) << r;
+    EXPECT_TRUE(at::equal(mine[r], (at::arange(4, at::kFloat) + 4 * r) * 3)) << r << ": " << mine[r];
+  }
+}
+
+// fxdp-worker run's FULLY_SHARD state: each rank reads its slices of the
+// file, gathers them back for --out.
+TEST(ShardedStateTest, ReadSlicesThenGatherRoundTripsUnevenTensors) {
   constexpr int kWorld = 3;
   auto comms = GlooRanks(kWorld);
   // w: 10 elements (s = 4: rank 2 holds 2 real + 2 zeros); b: 2 elements (rank 2: padding only).
@@ -96,16 +130,16 @@ TEST(ShardedStateTest, SliceThenGatherRoundTripsUnevenTensors) {
       {"w", at::arange(10, at::kFloat).reshape({2, 5})},
       {"b", at::tensor({7.f, 8.f})},
       {"step", at::tensor(3.f)}};
+  const std::string path = ::testing::TempDir() + "/sharded_state_test.safetensors";
+  ASSERT_TRUE(WriteSafetensors(path, whole).ok());
   std::vector<std::map<std::string, at::Tensor>> shards(kWorld), back(kWorld);
   std::vector<std::thread> threads;
   for (int r = 0; r < kWorld; ++r) {
     threads.emplace_back([&, r] {
-      std::map<std::string, at::Tensor> state;
-      for (const auto& [k, v] : whole) state[k] = v.clone();
       std::map<std::string, std::vector<int64_t>> shapes;
-      ASSERT_TRUE(ShardState(state, {"w", "b"}, kWorld, r, &shapes).ok());
-      shards[r] = state;
-      back[r] = ValueOrDie(UnshardState(state, shapes, *comms[r], kWait));
+      shards[r] = ValueOrDie(ReadRankState(path, {"w", "b"}, kWorld, r, &shapes)).tensors;
+      EXPECT_EQ(shapes.at("w"), (std::vector<int64_t>{2, 5}));
+      back[r] = ValueOrDie(UnshardState(shards[r], shapes, *comms[r], kWait));
     });
   }
   for (std::thread& t : threads) t.join();
@@ -117,9 +151,8 @@ TEST(ShardedStateTest, SliceThenGatherRoundTripsUnevenTensors) {
   for (int r = 0; r < kWorld; ++r) {
     for (const auto& [k, v] : whole) EXPECT_TRUE(at::equal(back[r].at(k), v)) << r << " " << k;
   }
-  std::map<std::string, at::Tensor> missing = {{"w", at::ones({2})}};
   std::map<std::string, std::vector<int64_t>> shapes;
-  EXPECT_THAT(ShardState(missing, {"w", "v"}, 2, 0, &shapes),
+  EXPECT_THAT(ReadRankState(path, {"w", "v"}, 2, 0, &shapes).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, "the state has no tensor 'v'"));
 }
 
