@@ -17,7 +17,11 @@ runs, back to back in rotating order:
 Every process uses 1 intra-op thread. Step time: the median of the steps after the warm-up of
 rank 0, then median (min-max) over the repetitions.
 
-Memory, two numbers per rank:
+Memory, three numbers per rank:
+  * live tensor bytes (a separate 3-step run per fxdp style under FXDP_MEMORY_TRACE, which counts
+    every CPU tensor allocation at LibTorch's allocator): the state held between steps and the peak
+    during a step, next to issue 15's formula (see `formula`); not for FSDP2 (Python has no such
+    counter: its RSS and state bytes stand for it).
   * peak RSS delta: the process' peak resident set (its VmHWM, sampled every 10 ms: the whole
     run, loading the state and every step) minus the peak of the same program training the tiny
     GPT-2 (2 layers, hidden 32, vocabulary 128: ~40K parameters) with the same batch shape
@@ -116,14 +120,40 @@ def launch_peak(cmds_envs, timeout: float = 900) -> list:
     return results
 
 
-def run_fxdp(build: pathlib.Path, files: dict, steps: int) -> dict:
+def run_fxdp(build: pathlib.Path, files: dict, steps: int, trace_dir: str | None = None) -> dict:
+    """Two fxdp-worker ranks. With `trace_dir`, under FXDP_MEMORY_TRACE (live tensor bytes counted at
+    the CPU allocator; slower, so the timed runs go without it): adds "memory", per rank."""
     port = sv.free_port()
     cmd = lambda r: [str(build / "bin" / "fxdp-worker"), "run", "--graph", sv.rank_graph(files, r),  # noqa: E731
                      "--state", files["state"], "--data", files["batch"], "--steps", str(steps),
                      "--threads", "1"]
-    res = launch_peak([(cmd(r), sv.rank_env(r, WORLD, port)) for r in range(WORLD)])
+
+    def env(r):
+        e = sv.rank_env(r, WORLD, port)
+        if trace_dir:
+            e["FXDP_MEMORY_TRACE"] = os.path.join(trace_dir, "memory.{rank}.json")
+        return e
+
+    res = launch_peak([(cmd(r), env(r)) for r in range(WORLD)])
     ms = [float(m.group(4)) for m in map(sv.WORKER_STEP.match, res[0][0].splitlines()) if m]
-    return {"ms": ms, "peak_rss": [r[2] for r in res]}
+    out = {"ms": ms, "peak_rss": [r[2] for r in res]}
+    if trace_dir:
+        out["memory"] = [memory_summary(os.path.join(trace_dir, f"memory.{r}.json")) for r in range(WORLD)]
+    return out
+
+
+def memory_summary(path: str) -> dict:
+    """One rank's FXDP_MEMORY_TRACE (executor/worker/memory_trace.h), live tensor bytes: the state held
+    between steps; at the end of backward (before the first wait for a gradient bucket, fxdp's
+    `fxdp_wait_bucket<k>` nodes: every gradient exists, the activations are gone): the parameters +
+    gradients + optimizer state; the peak during the steps and its node. And the resident set peak."""
+    t = json.loads(pathlib.Path(path).read_text())
+    nodes = t["nodes"]
+    node = max(nodes, key=lambda n: n[3])
+    at = next((i for i, n in enumerate(nodes) if n[0].startswith("fxdp_wait_bucket")), None)
+    return {"state": t["load"]["live"], "peak": max(s["peak"] for s in t["steps"]),
+            "peak_node": f"{node[0]} ({node[1]})", "load_peak": t["load"]["peak"],
+            "end_of_backward": nodes[at - 1][2] if at else None, "rss_peak": t["steps"][-1]["hwm"]}
 
 
 def run_fsdp2(model: str, steps: int, tiny: bool) -> dict:
@@ -254,6 +284,12 @@ def bench(args) -> dict:
                     out["state_bytes"]["FSDP2"] = r["state_bytes"]
             print(f"  rep {rep + 1} (load {loads[-1]:.1f}): "
                   + ", ".join(f"{k} {ms[k][-1]:.1f} ms" for k in systems), flush=True)
+        # Live tensor bytes, counted at the CPU allocator, in a separate short run per style.
+        out["memory"] = {}
+        for st in styles:
+            with tempfile.TemporaryDirectory() as td:
+                out["memory"][f"fxdp {st}"] = run_fxdp(build, files[st], 3, trace_dir=td)["memory"]
+        out["formula"] = formula(out, files, styles)
         # The runtime's own footprint: the same programs training the tiny GPT-2.
         base = {}
         if not args.quick and args.model == "gpt2":
@@ -284,7 +320,51 @@ def bench(args) -> dict:
               f"{', '.join(f'{x / MB:.0f}' for x in out['peak_rss'][k])} | "
               f"{', '.join(f'{x / MB:.0f}' for x in delta) if delta else '-'} | "
               f"{', '.join(f'{x / MB:.1f}' for x in out['state_bytes'].get(k, []))} |", flush=True)
+    print_memory(out)
     return out
+
+
+def formula(out: dict, files: dict, styles: list) -> dict:
+    """Issue 15's formula, per rank, next to the measurement. P: parameter bytes; k: optimizer state
+    per parameter (2 for AdamW: from the REPLICATE graph's state); N: ranks; U: the largest unit
+    FULLY_SHARD gathers (fxdp expand's collectives); A: activations, measured separately: a style's
+    peak live bytes minus the state it holds (the peak is at the loss, before any gradient exists).
+                                         REPLICATE          FULLY_SHARD
+      state held between steps           (1+k)P             (1+k)P/N
+      params + grads + optimizer state   (2+k)P             (2+k)P/N + U   (a unit gathered)
+      peak live tensors                  (1+k)P + A         (1+k)P/N + A + U"""
+    if "replicate" not in styles or "fully_shard" not in styles:
+        return {}
+    P = files["replicate"]["info"]["params"] * 4
+    rep_state = graph_state_bytes(sv.rank_graph(files["replicate"], 0))
+    k = round(rep_state / P - 2)
+    U = files["fully_shard"]["info"]["largest_gather"]
+    rep = out["memory"]["fxdp replicate"][0]
+    A = rep["peak"] - rep["state"]
+    N = WORLD
+    return {"P": P, "k": k, "N": N, "U": U, "A": A,
+            "fxdp replicate": {"state": (1 + k) * P, "pgo": (2 + k) * P, "peak": (1 + k) * P + A},
+            "fxdp fully_shard": {"state": (1 + k) * P / N, "pgo": (2 + k) * P / N + U,
+                                 "peak": (1 + k) * P / N + A + U}}
+
+
+def print_memory(out: dict) -> None:
+    f = out.get("formula")
+    if not f:
+        return
+    MB = 1e6
+    print(f"live tensor bytes per rank (rank 0), MB; P={f['P'] / MB:.1f} (parameters), k={f['k']}, "
+          f"N={f['N']}, U={f['U'] / MB:.1f} (largest gathered unit), A={f['A'] / MB:.1f} (activations "
+          "at the peak: REPLICATE's peak minus its state)")
+    print("| style | state held: measured / formula | params + grads + optimizer state (end of backward):"
+          " measured / formula | peak: measured / formula | peak at | peak RSS (traced run) |")
+    print("|---|---:|---:|---:|---|---:|")
+    for k in ("fxdp replicate", "fxdp fully_shard"):
+        m, g = out["memory"][k][0], f[k]
+        eob = f"{m['end_of_backward'] / MB:.1f}" if m["end_of_backward"] is not None else "-"
+        print(f"| {k} | {m['state'] / MB:.1f} / {g['state'] / MB:.1f} | {eob} / {g['pgo'] / MB:.1f} | "
+              f"{m['peak'] / MB:.1f} / {g['peak'] / MB:.1f} | {m['peak_node']} | {m['rss_peak'] / MB:.0f} |",
+              flush=True)
 
 
 def main() -> int:

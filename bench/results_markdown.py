@@ -252,6 +252,32 @@ def md_fsdp(r: dict) -> list:
                  f"{', '.join(f(x / MB, 0) for x in delta) if delta else '-'} | "
                  f"{', '.join(f(x / MB, 0) for x in raw.get('peak_rss', {}).get(k, []))} | "
                  f"{', '.join(f(x / MB, 1) for x in raw.get('state_bytes', {}).get(k, []))} |")
+    fm, mem = raw.get("formula") or {}, raw.get("memory") or {}
+    if fm and mem:
+        L += ["", "**Live tensor bytes** per rank (rank 0, rank 1), counted at LibTorch's CPU allocator "
+              "(`FXDP_MEMORY_TRACE`, a separate 3-step run per style), next to issue 15's formula: "
+              f"P = {fm['P'] / MB:.1f} MB of parameters, k = {fm['k']} optimizer states per parameter, "
+              f"N = {fm['N']}, U = {fm['U'] / MB:.1f} MB (the largest unit fully_shard gathers), A = "
+              f"{fm['A'] / MB:.1f} MB (activations, measured separately: REPLICATE's peak minus the state "
+              "it holds; its peak is at the loss, before any gradient exists). *state*: what a rank holds "
+              "between steps, formula (1+k)P, /N sharded; *params + grads + optimizer state*: live bytes "
+              "before the first gradient bucket's wait (every gradient exists, the activations are "
+              "gone), formula (2+k)P, (2+k)P/N + U sharded; *peak*: the step's peak, formula "
+              "(1+k)P + A, (1+k)P/N + A + U sharded.", "",
+              "| N=2 | state MB: measured / formula | params + grads + optimizer state MB: measured / "
+              "formula | peak MB: measured / formula | peak at node | peak RSS MB (traced run) |",
+              "|---|---:|---:|---:|---|---:|"]
+        for k in ("fxdp replicate", "fxdp fully_shard"):
+            ms, g = mem.get(k), fm.get(k)
+            if not ms or not g:
+                continue
+            eob = [m["end_of_backward"] for m in ms if m.get("end_of_backward") is not None]
+            one = lambda xs: ", ".join(f"{x / MB:.1f}" for x in xs)  # noqa: E731
+            L.append(f"| {'**' + k + '**' if k == 'fxdp fully_shard' else k} | "
+                     f"{one(m['state'] for m in ms)} / {g['state'] / MB:.1f} | "
+                     f"{one(eob) or '-'} / {g['pgo'] / MB:.1f} | "
+                     f"{one(m['peak'] for m in ms)} / {g['peak'] / MB:.1f} | "
+                     f"{ms[0]['peak_node']} | {', '.join(str(round(m['rss_peak'] / MB)) for m in ms)} |")
     missing = [k for k in ("fxdp fully_shard", "fxdp replicate", "FSDP2") if k not in systems]
     if missing:
         L += ["", f"Not run: {', '.join(missing)}."]

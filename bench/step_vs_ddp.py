@@ -306,6 +306,8 @@ def prepare(model_name: str, d: str, fxdp_bin: str, bucket_mb: float, style: str
     files["info"] = {
         "params": nparams, "graph_nodes": len(step.graph.nodes),
         "buckets": [b["bytes"] for b in report["buckets"]], "bytes_per_step": report["bytes_per_step"],
+        "largest_gather": max((c["bytes"] for c in report.get("collectives", [])
+                               if c.get("purpose", "").startswith("gather unit")), default=0),
         "global_batch": list(batch[0].shape),
     }
     return files

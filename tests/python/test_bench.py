@@ -211,6 +211,17 @@ def test_fully_shard_vs_fsdp2_quick(tmp_path):
     # two halves summing to the whole (fxdp: plus < N elements of padding per tensor)
     assert sum(fsdp2) == pytest.approx(rep[0], rel=0.02) and max(fsdp2) < 0.6 * rep[0]
     assert shard[0] == shard[1] and sum(shard) == pytest.approx(rep[0], rel=0.02)
+    # live tensor bytes (FXDP_MEMORY_TRACE, counted at the CPU allocator): between steps a rank holds
+    # the state the formula says ((1+k)P, /N sharded; plus 0-d state and padding), a fully_shard rank
+    # about half of a replicate one's
+    mem, fm = d["memory"], d["formula"]
+    assert fm["k"] == 2 and fm["P"] == 4 * d["info"]["params"] and fm["U"] > 0
+    for k in ("fxdp fully_shard", "fxdp replicate"):
+        assert len(mem[k]) == 2 and all(m["peak"] >= m["state"] > 0 for m in mem[k]), k
+        assert mem[k][0]["state"] == pytest.approx(fm[k]["state"], rel=0.05), k
+        assert mem[k][0]["end_of_backward"] > mem[k][0]["state"], k
+    assert mem["fxdp fully_shard"][0]["state"] < 0.6 * mem["fxdp replicate"][0]["state"]
     md = "\n".join(results_markdown.md_fsdp({"raw": d, "command": "fully_shard_vs_fsdp2.py --quick"}))
+    assert "params + grads + optimizer state MB: measured / formula" in md
     assert "## 6. FULLY_SHARD against REPLICATE against PyTorch FSDP2" in md
     assert "| **fxdp fully_shard** | " in md and "| fxdp replicate | " in md and "| FSDP2 | " in md
