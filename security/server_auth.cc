@@ -26,6 +26,7 @@ namespace {
 
 constexpr char kIdentityProperty[] = "fxdp.identity";
 constexpr char kRoleProperty[] = "fxdp.role";
+constexpr char kConnectionProperty[] = "fxdp.connection";
 constexpr char kWorkerGroup[] = "fxdp:workers";
 constexpr char kAdminGroup[] = "fxdp:admins";
 constexpr char kAttachMethod[] = "/fxdp.v1.WorkerService/Attach";
@@ -55,14 +56,22 @@ bool HasOrganization(X509_NAME* name, const char* org) {
   return false;
 }
 
-// The connection a call came on: the address of a property value of the
-// connection's AuthContext (every call's AuthContext chains to it), stable
-// while the connection lives. The processor sees nothing else of the peer.
-std::string ConnectionKey(const grpc::AuthContext& context) {
-  for (const grpc::string_ref& v : context.FindPropertyValues(GRPC_TRANSPORT_SECURITY_TYPE_PROPERTY_NAME)) {
-    return absl::StrCat("connection@", absl::Hex(reinterpret_cast<uintptr_t>(v.data())));
+// The connection a call came on: "connection-N", stamped on the
+// connection's AuthContext (the one every call on it shares) at its first
+// call with a token, from a counter, so never reused: a new connection (maybe
+// another client's) never inherits an old one's failures or block, as it
+// did when the key was an address the allocator hands out again. The
+// processor sees nothing of the peer (auth_limiter.h), so not its address.
+std::string ConnectionKey(grpc::AuthContext* context) {
+  static std::mutex* const mu = new std::mutex;
+  static uint64_t next = 1;  // mu
+  std::lock_guard<std::mutex> l(*mu);
+  for (const grpc::string_ref& v : context->FindPropertyValues(kConnectionProperty)) {
+    return std::string(v.data(), v.size());
   }
-  return "connection@unknown";
+  std::string key = absl::StrCat("connection-", next++);
+  context->AddProperty(kConnectionProperty, key);
+  return key;
 }
 
 class Processor final : public grpc::AuthMetadataProcessor {
@@ -80,7 +89,7 @@ class Processor final : public grpc::AuthMetadataProcessor {
     if (auto it = md.find("authorization"); it != md.end()) {
       const std::string value(it->second.data(), it->second.size());
       consumed->insert({"authorization", value});
-      const std::string connection = ConnectionKey(*context);
+      const std::string connection = ConnectionKey(context);
       if (const double left = limiter_.BlockedFor(connection); left > 0) return Blocked(left);
       constexpr absl::string_view kBearer = "Bearer ";
       if (!absl::StartsWith(value, kBearer)) {

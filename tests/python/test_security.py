@@ -532,5 +532,14 @@ def test_wrong_tokens_are_rate_limited_per_connection(pki):
         lines = [x for x in log if 'audit event="auth_blocked"' in x]
         assert len(lines) == 1, lines
         assert 'failures="3"' in lines[0] and "guess" not in "".join(log)
+        # New connections, after a blocked one closed, never inherit its block (they could when the
+        # key was a memory address, which the allocator hands out again).
+        for i in range(3):
+            assert code(guesser, f"guess-{i:012d}").code() == UNAUTHENTICATED
+        assert code(guesser, alice).code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         guesser.close()
+        time.sleep(0.3)
+        for _ in range(20):
+            with connection() as fresh:
+                list_jobs(fresh, alice)
         other.close()
