@@ -145,9 +145,11 @@ class ServerProcess:
     ($FXDP_SERVER_BIN; its workers are $FXDP_WORKER when set), started at once: ``address``,
     ``log`` (its stderr lines, drained so the server never blocks on them), ``jobs`` (a JobService
     stub on a channel of its own). ``kill()``: SIGKILL, nothing flushed or closed (a crash);
-    ``stop()`` (and leaving ``with``): SIGTERM, then SIGKILL after 15 s; both close the channel."""
+    ``stop()`` (and leaving ``with``): SIGTERM, then SIGKILL after 15 s; both close the channel.
+    Heartbeats every 1 s (a worker is lost after 3 s of silence): a killed worker's stream ends at
+    once, and at 250 ms a loaded machine stalling a worker for 0.75 s failed a job as "lost"."""
 
-    def __init__(self, *args, workers: int = 2, heartbeat_ms: int = 250):
+    def __init__(self, *args, workers: int = 2, heartbeat_ms: int = 1000):
         cmd = [fxdp_binary("FXDP_SERVER_BIN", "fxdp-server"), "--listen", "127.0.0.1:0",
                "--local-workers", str(workers), "--heartbeat-ms", str(heartbeat_ms), *map(str, args)]
         if os.environ.get("FXDP_WORKER"):
@@ -201,7 +203,7 @@ class ServerProcess:
 
 
 @contextlib.contextmanager
-def local_server(workers: int = 2, heartbeat_ms: int = 250, extra_args=()):
+def local_server(workers: int = 2, heartbeat_ms: int = 1000, extra_args=()):
     """A ServerProcess (``fxdp-server --local-workers N [extra_args]``): yields ``(address, log)``;
     stopped on exit."""
     with ServerProcess(*extra_args, workers=workers, heartbeat_ms=heartbeat_ms) as server:
