@@ -471,13 +471,18 @@ def test_analysis_all_reduces_grad_of_before_clipping_once_per_step(tmp_path):
     assert a["warnings"] == []
     grad_nodes = {n.name: n.grad_of for n in step.graph.nodes if n.grad_of}
     assert sorted(grad_nodes.values()) == sorted(n for n, _ in m.named_parameters())
-    reduced = {r["value"].split(":")[0] for r in a["reductions"]}
-    assert reduced == set(grad_nodes)  # exactly the grad_of values: one all-reduce per gradient per step
+    grads = [r for r in a["reductions"] if r["grad_of"]]
+    # exactly the grad_of values: one all-reduce per gradient per step
+    assert sorted(r["value"].split(":")[0] for r in grads) == sorted(grad_nodes)
+    # and cross-entropy's total weight (the count of targets that count: the mean is over the whole
+    # batch's), one scalar sum per micro-batch
+    counts = [r for r in a["reductions"] if not r["grad_of"]]
+    assert len(counts) == 3 and all(r["op"] == "sum" for r in counts), counts
     x = json.loads(_cli("expand", str(path), "--world-size", "2", "-o", str(tmp_path / "x.pb"), "--json"))
     g = fxdp.load(tmp_path / "x.pb").graph
     reduces = [n for n in g.nodes if n.target.name == "_c10d_functional::all_reduce"]
-    # one per bucket, plus the loss (all-reduced once, not per micro-batch)
-    assert len(reduces) == len(x["buckets"]) + 1
+    # one per bucket, plus the loss (all-reduced once, not per micro-batch), plus the 3 total weights
+    assert len(reduces) == len(x["buckets"]) + 1 + 3
 
 
 def _worker_run(graph_template, state, data, out_template, world, extra=()):
