@@ -84,11 +84,25 @@ struct ValueInfo {
   // running statistics), so ranks hold different values. Updated state that
   // is rank-local gets averaged over ranks by the expansion.
   bool rank_local = false;
+  // kShard: the order of the rank's rows along the batch dim (row_order.cc):
+  // 0 the slice's own, k > 0 the order sort node k - 1 put them in on each
+  // rank (rank-local, so not a slice of the one-device value), -1 any (a
+  // constant built sharded: zeros, ones_like...).
+  int32_t order = 0;
+  // kShard, integer tensors: positions along a batch dim. kGather (sort's
+  // indices, maybe // repeat): x[p] puts x's rows in order `order`, each
+  // repeated `repeat` times; kRestore (their inverse, rows in the slice's
+  // order): x[p] puts the rows of an x in order `restores` back in order.
+  enum class Positions : int8_t { kNone, kGather, kRestore };
+  Positions positions = Positions::kNone;
+  int32_t restores = 0;
+  int64_t repeat = 1;
 
   int32_t batch_dim() const { return placement.is_shard() ? placement.dim : -1; }
   bool operator==(const ValueInfo& o) const {
     return placement == o.placement && mean_scaled == o.mean_scaled && outer == o.outer &&
-           rank_local == o.rank_local;
+           rank_local == o.rank_local && order == o.order && positions == o.positions &&
+           restores == o.restores && repeat == o.repeat;
   }
 };
 

@@ -85,6 +85,7 @@ constexpr OpRule kOpRules[] = {
     {"aten::_convolution", "*", F::kSpatial, kNotLinear, {Replicated(1, "weight"), Replicated(2, "bias")}},
     {"aten::_foreach_*", "*", F::kForeach, kNotLinear, {}},
     {"aten::_foreach_norm", "*", F::kForeach, kNotLinear, {Ord(1)}},
+    {"aten::_grouped_mm", "", F::kGroupedMm, Multilinear(0, 1), {}},
     {"aten::_local_scalar_dense", "*", F::kNoTensor, kNotLinear, {}},
     {"aten::_log_softmax", "*", F::kAlongDim, kNotLinear, {Dim(1, "dim")}, kNoTraits, kNoSpec, SameAs(0)},
     {"aten::_log_softmax_backward_data", "*", F::kAlongDim, Multilinear(0), {Dim(2, "dim")}, kNoTraits, kNoSpec, SameAs(0)},
@@ -200,6 +201,7 @@ constexpr OpRule kOpRules[] = {
     {"aten::fill", "*", F::kLike, kNotLinear, {}},
     {"aten::flip", "*", F::kDimsList, Additive(0), {Dims(1, "dims")}},
     {"aten::floor", "*", F::kPointwise, kNotLinear, {}},
+    {"aten::floor_divide", "*", F::kPointwise, kNotLinear, {}, kDividesPositions},
     {"aten::fmod", "*", F::kPointwise, kNotLinear, {}},
     {"aten::full", "*", F::kFactory, kNotLinear, {Sizes(0, "size")}, kNoTraits, kNoSpec, {ShapeCheck::kSizes}},
     {"aten::full_like", "*", F::kLike, kNotLinear, {}},
@@ -319,7 +321,8 @@ constexpr OpRule kOpRules[] = {
     {"aten::rsub", "Tensor", F::kPointwise, Additive(0, 1), {}},
     {"aten::scalar_tensor", "*", F::kFactory, kNotLinear, {}},
     {"aten::scatter", "*", F::kIndexWithDim, kNotLinear, {Dim(1, "dim")}, kAligned},
-    {"aten::scatter_add", "*", F::kIndexWithDim, kNotLinear, {Dim(1, "dim")}, kAligned},
+    {"aten::scatter", "src", F::kIndexWithDim, Additive(0, 3), {Dim(1, "dim")}, kAligned},
+    {"aten::scatter_add", "*", F::kIndexWithDim, Additive(0, 3), {Dim(1, "dim")}, kAligned},
     {"aten::select", "int", F::kSelect, Additive(0), {Dim(1, "dim")}},
     {"aten::select_backward", "*", F::kSliceBackward, Additive(0), {Sizes(1, "input_sizes"), Dim(2, "dim")}, kDropsDim, kNoSpec, {ShapeCheck::kSizes}},
     {"aten::select_scatter", "*", F::kScatterInto, Additive(0, 1), {Dim(2, "dim")}, kDropsDim},
@@ -339,7 +342,7 @@ constexpr OpRule kOpRules[] = {
     {"aten::soft_margin_loss_backward", "*", F::kLossBackward, Multilinear(0), {Reduction(3)}},
     {"aten::softplus", "*", F::kPointwise, kNotLinear, {}},
     {"aten::softplus_backward", "*", F::kPointwise, Multilinear(0), {}},
-    {"aten::sort", "*", F::kAlongDim, kNotLinear, {Dim(1, "dim")}},
+    {"aten::sort", "*", F::kAlongDim, kNotLinear, {Dim(1, "dim")}, kSortsRows},
     {"aten::split", "", F::kSplit, Additive(0), {Dim(2, "dim")}},
     {"aten::split", "Tensor", F::kSplit, Additive(0), {Dim(2, "dim"), SplitSize(1, "split_size")}},
     {"aten::split_with_sizes", "*", F::kSplit, Additive(0), {Dim(2, "dim"), SplitSize(1, "split_sizes")}},
@@ -483,6 +486,7 @@ absl::string_view OpFamilyName(OpFamily f) {
     case F::kAsStrided: return "as strided";
     case F::kAsStridedScatter: return "as strided scatter";
     case F::kIndexPut: return "index put";
+    case F::kGroupedMm: return "grouped mm";
     case F::kForeach: return "foreach";
     case F::kNoTensor: return "no tensor";
   }

@@ -73,6 +73,8 @@ enum class OpFamily : int8_t {
                    // batch stays on the dim whose stride steps over whole samples.
   kAsStridedScatter,  // as_strided_scatter(self, src, Sizes, Stride, Offset).
   kIndexPut,       // index_put(self, Indices, values, accumulate).
+  kGroupedMm,      // _grouped_mm(a, b, offs): a's rows (grouped by offs) times b[group],
+                   // or a^T b per group (the weight gradient).
   kForeach,        // _foreach_*: elementwise across the lists.
   kNoTensor,       // returns no tensor (e.g. _local_scalar_dense).
 };
@@ -136,6 +138,9 @@ enum OpTrait : uint16_t {
                         // backward never recomputes it).
   kSelfAlias = 1 << 7,  // returns self's data unchanged (alias, detach): FULLY_SHARD's
                         // optimizer reads a shard through it as the shard itself.
+  kSortsRows = 1 << 8,  // sorts along its Dim: along the batch dim each rank sorts its own
+                        // rows, exact only where the order is undone (row_order.cc).
+  kDividesPositions = 1 << 9,  // positions // k: positions along a dim k times coarser.
 };
 
 // Shape checks of the expansion (expansion/shape_check.h) beyond broadcasting.

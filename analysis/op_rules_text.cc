@@ -103,7 +103,8 @@ std::string OpRuleText(const OpRule& r) {
   static constexpr std::pair<OpTrait, absl::string_view> kTraitNames[] = {
       {kZeros, "zeros"},     {kDropsDim, "drops_dim"}, {kAligned, "aligned"},
       {kPacking, "packing"}, {kInplace, "inplace"},    {kRowsAgree, "rows_agree"},
-      {kRandom, "random"},   {kSelfAlias, "self_alias"},
+      {kRandom, "random"},   {kSelfAlias, "self_alias"}, {kSortsRows, "sorts_rows"},
+      {kDividesPositions, "divides_positions"},
   };
   std::vector<absl::string_view> traits;
   for (const auto& [t, name] : kTraitNames) {

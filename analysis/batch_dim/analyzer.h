@@ -17,6 +17,7 @@
 //   norms.cc        layer/batch norm, convolution/pooling/attention kernels
 //   shape_ops.cc    cat, stack, split, slice, select, scatter into a slice
 //   indexing.cc     index, index_put, embedding
+//   row_order.cc    rows each rank sorts itself (dropless MoE dispatch), _grouped_mm
 //   views.cc        view ops (dim maps) and as_strided
 //   inputs.cc       the batch size and micro-batches, from the INPUT placeholders
 //   args.cc         reading a node's int/bool/dims arguments
@@ -227,6 +228,23 @@ class BatchDimAnalyzer {
   absl::Status IndexPut(ir::NodeId id, const ir::Node& n, const OpRule& rule);
   absl::Status Index(ir::NodeId id, const ir::Node& n, const OpRule& rule);
 
+  // ---- rows in a rank-local order (row_order.cc) -----------------------------
+  // sort along the batch dim: each rank sorts its own rows.
+  absl::Status SortRows(ir::NodeId id, const ir::Node& n, const OpRule& rule, int32_t d);
+  // The index/index_put operand holding positions (ValueInfo::positions), or nullptr.
+  const Operand* PositionsOperand(const std::vector<Operand>& ops) const;
+  absl::Status IndexRows(ir::NodeId id, const ir::Node& n, const OpRule& rule, std::vector<Operand>& ops,
+                         const Operand& p);
+  absl::Status IndexPutRows(ir::NodeId id, const ir::Node& n, const OpRule& rule, std::vector<Operand>& ops,
+                            const Operand& p);
+  absl::Status GroupedMm(ir::NodeId id, const ir::Node& n, const OpRule& rule);
+  absl::Status CheckGroupOffsets(const ir::Node& n, const Operand& offs, int32_t order) const;
+  bool IsPositionsOf(ir::ValueRef r, int64_t extent) const;
+  // After a node's handler: its outputs take the order of its ordered operands, or
+  // the node is refused when it mixes orders or may depend on the rows' order.
+  absl::Status OrderRows(ir::NodeId id, const ir::Node& n, const OpRule* rule);
+  std::string OrderName(int32_t order) const;
+
   const ir::Graph& g_;
   const AnalyzeOptions options_;
   BatchDimAnalysis a_;
@@ -235,6 +253,7 @@ class BatchDimAnalyzer {
   absl::flat_hash_map<int32_t, Upgrade> upgrades_;
   absl::flat_hash_map<std::string, std::tuple<int, ir::NodeId, std::string>> fallback_ops_;
   std::vector<std::string> fallback_order_;
+  bool order_set_ = false;  // the visited node's handler set its outputs' row order.
 };
 
 }  // namespace fxdp

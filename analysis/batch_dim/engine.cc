@@ -112,26 +112,42 @@ absl::Status BatchDimAnalyzer::Visit(NodeId id, const Node& n) {
   NodeInfo& info = a_.nodes_[id.value];
   if (auto it = upgrades_.find(id.value); it != upgrades_.end()) {
     info.decision = Decision::kShapedByUse;
-    info.rule = static_cast<int16_t>(OpRuleIndex(FindOpRule(n.target)));
+    const OpRule* rule = FindOpRule(n.target);
+    info.rule = static_cast<int16_t>(OpRuleIndex(rule));
     info.shaped_by = it->second.user;
-    SetOut(id, 0, Shard(it->second.dim, it->second.outer, false));
+    ValueInfo v = Shard(it->second.dim, it->second.outer, false);
+    // Built from constants (zeros, new_ones, ones_like: self gives only the dtype), its rows
+    // are in any order; arange's are not, nor a view or pointwise op of rows in an order.
+    const bool constant = rule != nullptr && rule->param(ParamRole::kEnd) == nullptr &&
+                          (rule->family == OpFamily::kFactory || rule->family == OpFamily::kNewFactory ||
+                           rule->family == OpFamily::kLike);
+    v.order = constant || rule == nullptr || rule->param(ParamRole::kEnd) == nullptr ? -1 : 0;
+    n.ForEachInput([&](ValueRef r) {
+      if (!constant && TypeOf(r) != nullptr && Read(r).placement.is_shard() && Read(r).order != -1) {
+        v.order = 0;
+      }
+    });
+    SetOut(id, 0, v);
     return absl::OkStatus();
   }
+  order_set_ = false;
   if (n.is_getitem()) {
     const ValueRef src = n.args[0].as<ValueRef>();
     info.decision = Decision::kGetItem;
     SetOut(id, 0, Read(src));
     return absl::OkStatus();
   }
+  const OpRule* rule = IsViewOp(n.target) ? nullptr : FindOpRule(n.target);
   if (IsViewOp(n.target)) {
     FXDP_RETURN_IF_ERROR(VisitView(id, n));
-  } else if (const OpRule* rule = FindOpRule(n.target); rule == nullptr) {
+  } else if (rule == nullptr) {
     FXDP_RETURN_IF_ERROR(VisitFallback(id, n));
   } else {
     info.decision = Decision::kRule;
     info.rule = static_cast<int16_t>(OpRuleIndex(rule));
     FXDP_RETURN_IF_ERROR(VisitRule(id, n, *rule));
   }
+  if (!order_set_) FXDP_RETURN_IF_ERROR(OrderRows(id, n, rule));
   PropagateRankLocal(id, n);
   return absl::OkStatus();
 }
@@ -187,6 +203,7 @@ absl::Status BatchDimAnalyzer::VisitRule(NodeId id, const Node& n, const OpRule&
     case OpFamily::kAsStridedScatter:
       return AsStrided(id, n, rule);
     case OpFamily::kIndexPut: return IndexPut(id, n, rule);
+    case OpFamily::kGroupedMm: return GroupedMm(id, n, rule);
     case OpFamily::kForeach: return Foreach(id, n, rule);
   }
   return absl::OkStatus();
@@ -229,6 +246,11 @@ absl::Status BatchDimAnalyzer::VisitOutput(NodeId id, const Node& n) {
                       n.output_specs[k].role == ir::OutputRole::kLoss;
     if (loss) continue;
     RequireWhole(*r, id);
+    if (a_.values_[Offset(*r)].placement.is_shard() && a_.values_[Offset(*r)].order > 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "output %d (%s) holds rows in %s, not the batch's: put them back (x[inverse]) first", k,
+          g_.node(r->node).name, OrderName(a_.values_[Offset(*r)].order)));
+    }
     const ir::OutputRole role =
         k < n.output_specs.size() ? n.output_specs[k].role : ir::OutputRole::kOther;
     if (ir::UpdatedRole(role).has_value() && a_.values_[Offset(*r)].placement.is_shard()) {

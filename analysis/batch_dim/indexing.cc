@@ -52,21 +52,7 @@ absl::Status BatchDimAnalyzer::EmbeddingBackward(NodeId id, const Node& n, const
 // batch's samples.
 bool BatchDimAnalyzer::IsBatchPositions(const Argument& a) const {
   const ValueRef* r = a.get_if<ValueRef>();
-  if (r == nullptr || r->output != 0) return false;
-  const Node& n = g_.node(r->node);
-  const TensorType* t = TypeOf(*r);
-  const OpRule* rule = n.is_call() ? FindOpRule(n.target) : nullptr;
-  const OpParam* end_arg =
-      rule != nullptr && rule->family == OpFamily::kFactory ? rule->param(ParamRole::kEnd) : nullptr;
-  if (end_arg == nullptr || t == nullptr || t->rank() != 1 || t->shape[0] != a_.batch_size_) {
-    return false;
-  }
-  const OpParam* start_arg = rule->param(ParamRole::kStart);
-  const OpParam* step_arg = rule->param(ParamRole::kStep);
-  const int64_t start = start_arg ? IntArg(n, start_arg).value_or(-1) : 0;
-  const int64_t end = IntArg(n, end_arg).value_or(-1);
-  const int64_t step = step_arg ? IntArg(n, step_arg).value_or(-1) : 1;
-  return start == 0 && end == a_.batch_size_ && step == 1;
+  return r != nullptr && IsPositionsOf(*r, a_.batch_size_);
 }
 
 // Whether every use of `r` indexes dim `pos` of an index or index_put, so
@@ -128,6 +114,7 @@ int64_t BatchDimAnalyzer::BatchPositionsIndex(NodeId id, const Node& n, const st
 // (BatchPositionsIndex).
 absl::Status BatchDimAnalyzer::IndexPut(NodeId id, const Node& n, const OpRule& rule) {
   std::vector<Operand> ops = Operands(n);
+  if (const Operand* p = PositionsOperand(ops)) return IndexPutRows(id, n, rule, ops, *p);
   FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule.linear, ops));
   const Operand* self = Find(ops, 0);
   const Argument* idx = ArgOf(n, rule.param(ParamRole::kIndices));
@@ -226,6 +213,7 @@ absl::Status BatchDimAnalyzer::IndexPut(NodeId id, const Node& n, const OpRule& 
 
 absl::Status BatchDimAnalyzer::Index(NodeId id, const Node& n, const OpRule& rule) {
   std::vector<Operand> ops = Operands(n);
+  if (const Operand* p = PositionsOperand(ops)) return IndexRows(id, n, rule, ops, *p);
   FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule.linear, ops));
   const Operand* self = Find(ops, 0);
   if (self == nullptr) return Error(n, "arg 0 must be a tensor");

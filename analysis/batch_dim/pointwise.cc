@@ -119,6 +119,7 @@ absl::Status BatchDimAnalyzer::ShapePreserving(NodeId id, const Node& n, const O
   const int64_t d = v.placement.dim;
   if (rule.family == OpFamily::kAlongDim) {
     const int64_t dim = NormDim(IntArg(n, rule.param(ParamRole::kDim)).value_or(-1), out_rank);
+    if (dim == d && rule.has(kSortsRows)) return SortRows(id, n, rule, static_cast<int32_t>(d));
     if (dim == d) {
       return Error(n, absl::StrFormat("works along dim %d, which holds the batch; it "
                                       "needs the whole batch on every rank", dim));

@@ -84,6 +84,7 @@ the user's line where it can.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
@@ -117,6 +118,19 @@ def _gradscaler_in(tb) -> bool:
 # --------------------------------------------------------------------------- the steps of trace_step
 
 
+@contextlib.contextmanager
+def _onednn_off():
+    """oneDNN off while tracing (only that flag; torch.backends.mkldnn.flags also resets others):
+    on CPU, nn.LSTM's oneDNN kernel records mkldnn_rnn_layer_backward, whose `workspace` make_fx
+    leaves undefined, so the graph cannot run; with it off LSTM traces to plain aten ops."""
+    was = torch._C._get_mkldnn_enabled()
+    torch._C._set_mkldnn_enabled(False)
+    try:
+        yield
+    finally:
+        torch._C._set_mkldnn_enabled(was)
+
+
 def _make_graph(step: Callable, args: List[torch.Tensor], mstack: ModuleStack, tracing_mode: str,
                 decompositions: Optional[Dict[Any, Callable]]) -> torch.fx.GraphModule:
     """Passes 1 and 2 of the module docstring: ``make_fx`` records the aten ops, then
@@ -125,12 +139,13 @@ def _make_graph(step: Callable, args: List[torch.Tensor], mstack: ModuleStack, t
     if decompositions:
         table.update(decompositions)
     try:
-        with mstack, hf_masks.explicit_attention_masks():
+        with mstack, hf_masks.explicit_attention_masks(), _onednn_off():
             gm1 = make_fx(step, tracing_mode=tracing_mode, decomposition_table=table,
                           _allow_non_fake_inputs=True)(*args)
-        return make_fx(
-            torch.func.functionalize(gm1, remove="mutations"), tracing_mode=tracing_mode, _allow_non_fake_inputs=True
-        )(*args)
+        with _onednn_off():
+            return make_fx(
+                torch.func.functionalize(gm1, remove="mutations"), tracing_mode=tracing_mode, _allow_non_fake_inputs=True
+            )(*args)
     except Exception as e:  # noqa: BLE001 - every failure becomes a TraceError naming what it can
         if _gradscaler_in(e.__traceback__):
             frame = user_frame(e.__traceback__)

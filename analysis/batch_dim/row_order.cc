@@ -1,0 +1,376 @@
+// Rows each rank puts in its own order: dropless MoE dispatch.
+//
+// A mixture-of-experts layer (transformers' grouped_mm experts) sorts the
+// token -> expert assignments along the flattened token dim, gathers the
+// tokens in that order, runs each expert on its contiguous group of rows
+// (_grouped_mm with offsets = cumsum(histc(sorted keys))), and gathers the
+// results back with the inverse permutation. Sorting a batch-sharded dim on
+// each rank is not a slice of sorting it on one device, but every step in
+// between works on each row alone, so the rows come back exact:
+//
+//   * sort along the batch dim gives values and indices whose rows are in a
+//     rank-local order P (ValueInfo::order = 1 + the sort's node id); its
+//     indices are positions (kGather): x[perm] and x[perm // k] put a tensor
+//     in batch order into order P (x[perm // k]: each row k times);
+//   * index_put(_, [perm], arange(n)) is the inverse (kRestore): x_P[inv]
+//     is back in batch order; the backwards (index_put with accumulate of a
+//     zero tensor) go the other way;
+//   * every other op that reads rows in order P is row-wise (OrderRows): its
+//     sharded outputs keep the dim's extent and take order P, or it reduces
+//     the dim (a sum: the order does not matter, the partial sum is summed);
+//     mixing rows of two orders, or of order P with rows in batch order
+//     (including a replicated value sliced by batch rows, or arange(B)
+//     positions), is refused, as is any op without a rule;
+//   * _grouped_mm groups rows by offsets that must be a function of the same
+//     sort's values alone, and not all-reduced: each rank's own group sizes.
+// Order-dependent work stays refused by the families: cumsum, top-k, softmax
+// or a capacity limit along the token dim work along the batch dim.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "analysis/batch_dim/analyzer.h"
+#include "analysis/view_rules.h"
+#include "util/status_macros.h"
+
+namespace fxdp {
+
+using ir::Argument;
+using ir::Node;
+using ir::NodeId;
+using ir::TensorType;
+using ir::ValueRef;
+using Positions = ValueInfo::Positions;
+
+std::string BatchDimAnalyzer::OrderName(int32_t order) const {
+  if (order <= 0) return "batch order";
+  return absl::StrFormat("the order sort '%s' put each rank's rows in", g_.node(NodeId{order - 1}).name);
+}
+
+// arange(extent): 1-D, start 0, step 1.
+bool BatchDimAnalyzer::IsPositionsOf(ValueRef r, int64_t extent) const {
+  if (r.output != 0) return false;
+  const Node& n = g_.node(r.node);
+  const TensorType* t = TypeOf(r);
+  const OpRule* rule = n.is_call() ? FindOpRule(n.target) : nullptr;
+  const OpParam* end_arg =
+      rule != nullptr && rule->family == OpFamily::kFactory ? rule->param(ParamRole::kEnd) : nullptr;
+  if (end_arg == nullptr || t == nullptr || t->rank() != 1 || t->shape[0] != extent) return false;
+  const OpParam* start_arg = rule->param(ParamRole::kStart);
+  const OpParam* step_arg = rule->param(ParamRole::kStep);
+  const int64_t start = start_arg ? IntArg(n, start_arg).value_or(-1) : 0;
+  const int64_t step = step_arg ? IntArg(n, step_arg).value_or(-1) : 1;
+  return start == 0 && IntArg(n, end_arg).value_or(-1) == extent && step == 1;
+}
+
+absl::Status BatchDimAnalyzer::SortRows(NodeId id, const Node& n, const OpRule& rule, int32_t d) {
+  const ValueRef* in = n.args.empty() ? nullptr : n.args[0].get_if<ValueRef>();
+  if (in == nullptr) return Error(n, "arg 0 must be a tensor");
+  const ValueInfo x = Read(*in);
+  if (x.order > 0) {
+    return Error(n, absl::StrFormat("sorts rows of %s that are in %s; only rows in batch order "
+                                    "can be sorted within each rank",
+                                    g_.node(in->node).name, OrderName(x.order)));
+  }
+  ValueInfo v = Shard(d, x.outer, false);
+  v.order = id.value + 1;
+  SetOut(id, 0, v);
+  v.positions = Positions::kGather;
+  SetOut(id, 1, v);
+  order_set_ = true;
+  NodeInfo& info = a_.nodes_[id.value];
+  info.detail = Detail::kFromArg;
+  info.arg = 0;
+  a_.notes_.push_back(absl::StrCat(
+      n.name, ": sorts along the batch dim within each rank (", TargetString(n),
+      "); exact because its rows are only permuted, worked on row by row, summed or put back"));
+  (void)rule;
+  return absl::OkStatus();
+}
+
+const Operand* BatchDimAnalyzer::PositionsOperand(const std::vector<Operand>& ops) const {
+  for (const Operand& o : ops) {
+    if (o.arg == 1 && o.info.placement.is_shard() && o.info.positions != Positions::kNone) return &o;
+  }
+  return nullptr;
+}
+
+namespace {
+
+// The one index of an index/index_put, at position `elem`: every other entry is None.
+bool OnlyIndex(const Argument* idx, int elem) {
+  const Argument::List* list = idx ? idx->get_if<Argument::List>() : nullptr;
+  if (list == nullptr || elem < 0 || elem >= static_cast<int>(list->size())) return false;
+  for (size_t i = 0; i < list->size(); ++i) {
+    if (static_cast<int>(i) != elem && !(*list)[i].is_none()) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::Status BatchDimAnalyzer::IndexRows(NodeId id, const Node& n, const OpRule& rule,
+                                         std::vector<Operand>& ops, const Operand& p) {
+  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule.linear, ops));
+  const Operand* self = Find(ops, 0);
+  const int32_t d = p.elem;
+  if (!OnlyIndex(ArgOf(n, rule.param(ParamRole::kIndices)), d) || p.type->rank() != 1 ||
+      self == nullptr || !self->info.placement.is_shard() || self->info.placement.dim != d ||
+      self->info.outer != p.info.outer) {
+    return Error(n, absl::StrFormat(
+        "indexes with %s, positions of batch rows, but not as x[positions] on x's batch dim %d "
+        "alone (the only form whose rows stay within each rank)", g_.node(p.ref.node).name, d));
+  }
+  const int64_t rows = p.type->shape[0];
+  const int64_t extent = self->type->shape[d];
+  ValueInfo v = Shard(d, p.info.outer, s.scaled);
+  if (p.info.positions == Positions::kGather) {
+    if (self->info.order > 0 || extent * p.info.repeat != rows) {
+      return Error(n, absl::StrFormat(
+          "gathers %d rows of %s (%d rows, in %s) with positions in %s (each row %d times)", rows,
+          g_.node(self->ref.node).name, extent, OrderName(self->info.order), OrderName(p.info.order),
+          p.info.repeat));
+    }
+    v.order = p.info.order;
+  } else if (self->info.order != p.info.restores || extent != rows) {
+    return Error(n, absl::StrFormat(
+        "puts back rows in %s, but %s (%d rows) is in %s", OrderName(p.info.restores),
+        g_.node(self->ref.node).name, extent, OrderName(self->info.order)));
+  }
+  SetAllOut(id, v);
+  order_set_ = true;
+  NodeInfo& info = a_.nodes_[id.value];
+  info.detail = Detail::kFromArg;
+  info.arg = 0;
+  return absl::OkStatus();
+}
+
+// index_put(_, [perm], arange(n)): the inverse permutation; index_put(zeros,
+// [perm (// k)], rows in order P, accumulate): rows back in batch order (the
+// backward of a gather); index_put(zeros, [inverse], rows): rows in order P.
+absl::Status BatchDimAnalyzer::IndexPutRows(NodeId id, const Node& n, const OpRule& rule,
+                                            std::vector<Operand>& ops, const Operand& p) {
+  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule.linear, ops));
+  const Operand* self = Find(ops, 0);
+  const Operand* vals = Find(ops, 2);
+  const int32_t d = p.elem;
+  const int64_t outer = p.info.outer;
+  if (!OnlyIndex(ArgOf(n, rule.param(ParamRole::kIndices)), d) || p.type->rank() != 1 ||
+      self == nullptr || vals == nullptr || self->type->rank() <= d) {
+    return Error(n, absl::StrFormat("puts values at %s, positions of batch rows, but not as "
+                                    "x[positions] = values on one dim of x", g_.node(p.ref.node).name));
+  }
+  const bool accumulate = BoolArg(n, 3, "accumulate").value_or(false);
+  const int64_t rows = p.type->shape[0];
+  const int64_t extent = self->type->shape[d];
+  const ValueInfo& sv = self->info;
+  auto self_in = [&](int32_t order) -> absl::Status {
+    if (sv.placement.is_replicate()) {
+      NeedShard(*self, d, outer, id);
+      return absl::OkStatus();
+    }
+    if (sv.placement.is_shard() && sv.placement.dim == d && (sv.order == order || sv.order == -1)) {
+      return absl::OkStatus();
+    }
+    return Error(n, absl::StrFormat("puts rows into %s (%s), which is not in %s",
+                                    g_.node(self->ref.node).name, sv.placement.ToString(), OrderName(order)));
+  };
+  ValueInfo out = Shard(d, outer, s.scaled);
+  if (p.info.positions == Positions::kGather && p.info.repeat == 1 && !accumulate &&
+      IsPositionsOf(vals->ref, rows) && extent == rows) {
+    // The inverse permutation: arange(n) becomes each rank's arange(n_r).
+    if (vals->info.placement.is_replicate() &&
+        upgrades_.emplace(vals->ref.node.value, Upgrade{0, outer, id}).second) {
+      MarkChanged(id);
+    }
+    if (!sv.placement.is_replicate()) FXDP_RETURN_IF_ERROR(self_in(sv.order));
+    out = Shard(d, outer, false);
+    out.positions = Positions::kRestore;
+    out.restores = p.info.order;
+  } else {
+    const bool gather = p.info.positions == Positions::kGather;
+    const int32_t from = gather ? p.info.order : 0;      // the values' order
+    const int32_t to = gather ? 0 : p.info.restores;     // the result's
+    const ValueInfo& vv = vals->info;
+    if (!vv.placement.is_shard() || vv.placement.dim != d || vals->type->rank() != self->type->rank() ||
+        vv.order != from || vals->type->shape[d] != rows ||
+        extent * (gather ? p.info.repeat : 1) != rows) {
+      return Error(n, absl::StrFormat(
+          "puts %s (%s, %s) at %s, positions of %d batch rows in %s, into %s (%d rows): the values "
+          "must be those rows, in that order", g_.node(vals->ref.node).name, vv.placement.ToString(),
+          OrderName(vv.order), g_.node(p.ref.node).name, rows, OrderName(p.info.order),
+          g_.node(self->ref.node).name, extent));
+    }
+    if (!accumulate && gather && p.info.repeat > 1) {
+      return Error(n, absl::StrFormat("writes each row %d times without accumulate: which write "
+                                      "wins depends on the rows' order", p.info.repeat));
+    }
+    FXDP_RETURN_IF_ERROR(self_in(to));
+    out.order = to;
+  }
+  SetAllOut(id, out);
+  order_set_ = true;
+  NodeInfo& info = a_.nodes_[id.value];
+  info.detail = Detail::kFromArg;
+  info.arg = 2;
+  return absl::OkStatus();
+}
+
+// offs groups the rows on each rank only when it is computed from the sorted
+// keys alone (cumsum(histc(sort(keys).values)), with replicated constants such
+// as arange(groups)), each rank from its own, and never all-reduced.
+absl::Status BatchDimAnalyzer::CheckGroupOffsets(const Node& n, const Operand& offs, int32_t order) const {
+  if (order <= 0) {
+    return Error(n, "groups batch rows in batch order; its offsets would count the rows of the "
+                    "whole batch, not this rank's (sort the rows by group first)");
+  }
+  if (!offs.info.placement.is_partial()) {
+    return Error(n, absl::StrFormat(
+        "groups rows by offsets %s that are %s: they must be each rank's own group sizes (the "
+        "counts of its sorted keys, not all-reduced)", g_.node(offs.ref.node).name,
+        offs.info.placement.ToString()));
+  }
+  ValueRef r = offs.ref;
+  for (int depth = 0; depth < 16; ++depth) {
+    const Node& m = g_.node(r.node);
+    if (m.is_getitem()) {
+      const ValueRef src = m.args[0].as<ValueRef>();
+      if (src.node.value == order - 1 && m.args.size() > 1 && m.args[1].get_if<int64_t>() != nullptr &&
+          *m.args[1].get_if<int64_t>() == 0) {
+        return absl::OkStatus();
+      }
+      break;
+    }
+    // One operand carries the keys; the others are the same on every rank (arange(groups)).
+    std::vector<ValueRef> ins;
+    m.ForEachInput([&](ValueRef x) {
+      const ValueInfo v = TypeOf(x) != nullptr ? Read(x) : kReplicated;
+      if (TypeOf(x) != nullptr && (!v.placement.is_replicate() || v.rank_local)) ins.push_back(x);
+    });
+    if (!m.is_call() || ins.size() != 1) break;
+    r = ins[0];
+  }
+  return Error(n, absl::StrFormat(
+      "groups rows by offsets %s that are not computed from the values of sort '%s' alone, so "
+      "they may not count this rank's rows by group", g_.node(offs.ref.node).name,
+      g_.node(NodeId{order - 1}).name));
+}
+
+// _grouped_mm(a [rows, k], b [groups, k, n], offs) -> [rows, n]: row-wise;
+// _grouped_mm(a [k, rows], b [rows, n], offs) -> [groups, k, n]: a sum over rows.
+absl::Status BatchDimAnalyzer::GroupedMm(NodeId id, const Node& n, const OpRule& rule) {
+  std::vector<Operand> ops = Operands(n);
+  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule.linear, ops, /*exempt_arg=*/2));
+  const Operand* a = Find(ops, 0);
+  const Operand* b = Find(ops, 1);
+  const Argument* offs_arg = ArgAt(n, 2, "offs");
+  const ValueRef* offs_ref = offs_arg ? offs_arg->get_if<ValueRef>() : nullptr;
+  if (a == nullptr || b == nullptr) return Error(n, "expects two tensor operands");
+  const bool as = a->info.placement.is_shard(), bs = b->info.placement.is_shard();
+  if (!as && !bs) {
+    SetCombined(id, Combined{}, s);
+    return absl::OkStatus();
+  }
+  if (const Argument* bias = ArgAt(n, 3, "bias"); bias != nullptr && !bias->is_none()) {
+    const ValueRef* br = bias->get_if<ValueRef>();
+    if (br != nullptr && Read(*br).placement.is_shard()) return Error(n, "bias holds the batch");
+  }
+  NodeInfo& info = a_.nodes_[id.value];
+  info.arg = 0;
+  const int32_t order = a->info.order;
+  ValueInfo out;
+  if (as && !bs && a->type->rank() == 2 && b->type->rank() == 3 && a->info.placement.dim == 0) {
+    out = Shard(0, a->info.outer, s.scaled);
+    out.order = order;
+    info.detail = Detail::kFromArg;
+  } else if (as && bs && a->type->rank() == 2 && b->type->rank() == 2 && a->info.placement.dim == 1 &&
+             b->info.placement.dim == 0 && b->info.order == order && a->info.outer == b->info.outer) {
+    out = Partial(s.scaled);
+    info.detail = Detail::kContracted;
+  } else {
+    return Error(n, absl::StrFormat(
+        "holds the batch on dims the grouped product cannot keep row by row: a %s of rank %d, "
+        "b %s of rank %d (supported: a's rows with a replicated 3-D b, or a^T b summed over rows)",
+        a->info.placement.ToString(), a->type->rank(), b->info.placement.ToString(), b->type->rank()));
+  }
+  const Operand* offs = nullptr;
+  for (const Operand& o : ops) {
+    if (offs_ref != nullptr && o.ref == *offs_ref) offs = &o;
+  }
+  if (offs == nullptr) return Error(n, "groups batch rows without offsets");
+  FXDP_RETURN_IF_ERROR(CheckGroupOffsets(n, *offs, order));
+  SetAllOut(id, out);
+  order_set_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status BatchDimAnalyzer::OrderRows(NodeId id, const Node& n, const OpRule* rule) {
+  const int32_t base = a_.value_offset_[id.value];
+  const int32_t n_out = a_.num_outputs(id);
+  if (rule != nullptr && rule->family == OpFamily::kLike) {  // zeros_like(x): no rows to order
+    for (int32_t k = 0; k < n_out; ++k) {
+      if (a_.values_[base + k].placement.is_shard()) a_.values_[base + k].order = -1;
+    }
+    return absl::OkStatus();
+  }
+  int32_t order = 0;
+  ValueRef first{}, natural{};
+  bool has_natural = false;
+  absl::Status mixed;
+  n.ForEachInput([&](ValueRef r) {
+    if (TypeOf(r) == nullptr) return;
+    const ValueInfo v = Read(r);
+    if (!v.placement.is_shard() || v.order == -1) return;
+    if (v.order == 0) {
+      has_natural = true;
+      natural = r;
+    } else if (order == 0) {
+      order = v.order;
+      first = r;
+    } else if (v.order != order && mixed.ok()) {
+      mixed = Error(n, absl::StrFormat("reads %s, in %s, with %s, in %s", g_.node(first.node).name,
+                                       OrderName(order), g_.node(r.node).name, OrderName(v.order)));
+    }
+  });
+  FXDP_RETURN_IF_ERROR(mixed);
+  if (order == 0) return absl::OkStatus();
+  const ValueInfo f = Read(first);
+  const int64_t extent = TypeOf(first)->shape[f.placement.dim];
+  auto refuse = [&](const std::string& why) {
+    return Error(n, absl::StrFormat("reads %s, whose rows are in %s (not a slice of the batch), "
+                                    "and %s; only row-wise ops, sums over the rows and putting the "
+                                    "rows back are exact on such rows", g_.node(first.node).name,
+                                    OrderName(order), why));
+  };
+  if (has_natural) return refuse(absl::StrCat(g_.node(natural.node).name, ", whose rows are in batch order"));
+  if (rule == nullptr && !IsViewOp(n.target)) return refuse("has no batch-dim rule");
+  if (rule != nullptr && (rule->family == OpFamily::kAsStrided || rule->family == OpFamily::kAsStridedScatter)) {
+    return refuse("views its storage with strides");
+  }
+  for (const ShardedRead& s : a_.sharded_reads_) {
+    if (s.user == id) return refuse(absl::StrCat("slices ", g_.node(s.value.node).name, " by batch rows"));
+  }
+  const bool divides = rule != nullptr && rule->has(kDividesPositions) && f.positions == ValueInfo::Positions::kGather;
+  for (int32_t k = 0; k < n_out; ++k) {
+    ValueInfo& v = a_.values_[base + k];
+    if (!v.placement.is_shard()) continue;
+    const TensorType* t = OutType(n, k);
+    if (t == nullptr || t->shape[v.placement.dim] != extent || v.outer != f.outer) {
+      return refuse(absl::StrFormat("its output %d holds the batch on dim %d of %d entries (the rows: %d)",
+                                    k, v.placement.dim, t ? t->shape[v.placement.dim] : -1, extent));
+    }
+    v.order = order;
+    // positions // k: positions along a dim k times coarser, whose rank blocks are those rows'.
+    const std::optional<int64_t> by = divides ? IntArg(n, 1, "other") : std::nullopt;
+    if (by && *by > 0 && f.outer == 1 && (extent / a_.batch_size_) % (f.repeat * *by) == 0) {
+      v.positions = ValueInfo::Positions::kGather;
+      v.repeat = f.repeat * *by;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace fxdp

@@ -1,0 +1,131 @@
+"""Dropless mixture-of-experts dispatch on N ranks (issue 23; analysis/batch_dim/row_order.cc).
+
+transformers' default ``grouped_mm`` experts path flattens the tokens, sorts the (token, expert)
+pairs by expert along the token dim, gathers the tokens in that order, runs each expert on its
+group of rows (``torch._grouped_mm`` with offsets counted from the sorted keys), and puts the rows
+back with the inverse permutation. Each rank sorts its own tokens: not a slice of the one-device
+sort, but every step in between is row-wise, so the result is exact. The expanded graph runs on N
+Gloo processes (``fxdp.dp_oracle``) and must equal one device; what depends on the tokens' order
+across ranks (a capacity count along the tokens, rows of the sorted order mixed with rows in batch
+order) is refused at compile time, naming the op.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fxdp
+from test_expand_oracle import FXDP, STEPS, check_against_one_device
+
+E, K, D, H = 4, 2, 8, 16
+
+
+class _DroplessMoE(torch.nn.Module):
+    """The grouped_mm experts path written out (transformers.integrations.moe)."""
+
+    def __init__(self, mix_orders=False):
+        super().__init__()
+        self.router = torch.nn.Linear(D, E, bias=False)
+        self.w1 = torch.nn.Parameter(torch.randn(E, D, H) * 0.3)
+        self.w2 = torch.nn.Parameter(torch.randn(E, H, D) * 0.3)
+        self.head = torch.nn.Linear(D, 3)
+        self.mix_orders = mix_orders
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        h = x.reshape(-1, D)
+        top_w, top_i = torch.topk(torch.softmax(self.router(h), -1), K, dim=-1)
+        top_w = top_w / top_w.sum(-1, keepdim=True)
+        ids, weights = top_i.reshape(-1), top_w.reshape(-1)
+        ids_g, perm = torch.sort(ids)
+        rows = h[perm // K]
+        # the bug this refuses: the routing weights in token order against rows in expert order
+        w_g = weights if self.mix_orders else weights[perm]
+        offs = torch.cumsum((ids_g.unsqueeze(1) == torch.arange(E)).sum(0), 0, dtype=torch.int32)
+        y = torch._grouped_mm(F.silu(torch._grouped_mm(rows, self.w1, offs=offs)), self.w2, offs=offs)
+        y = y * w_g.unsqueeze(-1)
+        inv = torch.empty_like(perm)
+        inv[perm] = torch.arange(perm.size(0))
+        y = y[inv].view(b * t, K, D).sum(1)
+        return self.head((h + y).view(b, t, D).mean(1))
+
+
+def _batches(b=6):
+    g = torch.Generator().manual_seed(5)
+    return [(torch.randn(b, 4, D, generator=g), torch.randn(b, 3, generator=g)) for _ in range(STEPS)]
+
+
+def _trace(model, optim, b=6):
+    return fxdp.trace(model, optim, F.mse_loss, _batches(b)[0])
+
+
+def _analyze(tmp_path, step, world=2):
+    graph = str(tmp_path / "g.pb")
+    step.save(graph)
+    return subprocess.run([FXDP, "analyze", graph, "--world-size", str(world), "--json"],
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("world,optim,b", [(2, "sgd", 6), (3, "adamw", 7)])
+def test_dropless_moe_sorts_within_each_rank_and_trains_like_one_device(tmp_path, world, optim, b):
+    """sort/index/index_put/_grouped_mm along the token dim: every op has a rule, the sort is
+    noted in the report, and B=6 over 2 ranks (3,3) or B=7 over 3 ranks (3,2,2) equals one device."""
+    torch.manual_seed(0)
+    model = _DroplessMoE()
+    opt = (torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9) if optim == "sgd"
+           else torch.optim.AdamW(model.parameters(), lr=1e-2))
+    step = _trace(model, opt, b)
+    ops = {n.target.name for n in step.graph.nodes}
+    assert {"aten::sort", "aten::_grouped_mm", "aten::index_put"} <= ops
+    r = _analyze(tmp_path, step, world)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["warnings"] == []
+    assert any("sorts along the batch dim within each rank" in n for n in report["notes"])
+    (tmp_path / "run").mkdir()
+    report = check_against_one_device(tmp_path / "run", step, _batches(b), world)
+    assert [s["size"] for s in report["slices"]] == ([3, 3] if world == 2 else [3, 2, 2])
+
+
+def test_rows_of_two_orders_are_refused(tmp_path):
+    """Routing weights in token order multiplied with rows in expert order: the analysis names
+    the mul and the sort whose rank-local order the rows are in."""
+    torch.manual_seed(0)
+    model = _DroplessMoE(mix_orders=True)
+    step = _trace(model, torch.optim.SGD(model.parameters(), lr=0.05))
+    r = _analyze(tmp_path, step)
+    assert r.returncode != 0
+    assert "aten::mul" in r.stderr and "the order sort 'sort' put each rank's rows in" in r.stderr, r.stderr
+    assert "whose rows are in batch order" in r.stderr, r.stderr
+
+
+class _CapacityRouter(torch.nn.Module):
+    """Switch-style capacity: each token's position in its expert's queue is a cumsum over the
+    tokens, which depends on the tokens of every rank before it."""
+
+    def __init__(self):
+        super().__init__()
+        self.router = torch.nn.Linear(D, E, bias=False)
+        self.head = torch.nn.Linear(D, 3)
+
+    def forward(self, x):
+        h = x.reshape(-1, D)
+        probs = torch.softmax(self.router(h), -1)
+        onehot = (probs.argmax(-1, keepdim=True) == torch.arange(E)).float()
+        keep = (torch.cumsum(onehot, 0) * onehot).sum(-1) <= 4.0
+        y = h * (probs.max(-1).values * keep).unsqueeze(-1)
+        return self.head(y.view(x.shape).mean(1))
+
+
+def test_capacity_limit_over_the_tokens_is_refused(tmp_path):
+    torch.manual_seed(0)
+    model = _CapacityRouter()
+    step = _trace(model, torch.optim.SGD(model.parameters(), lr=0.05))
+    r = _analyze(tmp_path, step)
+    assert r.returncode != 0
+    assert "aten::cumsum" in r.stderr and "which holds the batch" in r.stderr, r.stderr
