@@ -231,8 +231,8 @@ class BatchDimAnalyzer {
   // ---- rows in a rank-local order (row_order.cc) -----------------------------
   // sort along the batch dim: each rank sorts its own rows.
   absl::Status SortRows(ir::NodeId id, const ir::Node& n, const OpRule& rule, int32_t d);
-  // The index/index_put operand holding positions (ValueInfo::positions), or nullptr.
-  const Operand* PositionsOperand(const std::vector<Operand>& ops) const;
+  // Operand `arg` when it holds positions (ValueInfo::positions), else nullptr.
+  const Operand* PositionsOperand(const std::vector<Operand>& ops, int arg = 1) const;
   absl::Status IndexRows(ir::NodeId id, const ir::Node& n, const OpRule& rule, std::vector<Operand>& ops,
                          const Operand& p);
   absl::Status IndexPutRows(ir::NodeId id, const ir::Node& n, const OpRule& rule, std::vector<Operand>& ops,

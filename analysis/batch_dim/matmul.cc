@@ -74,7 +74,9 @@ absl::Status BatchDimAnalyzer::Matmul(NodeId id, const Node& n, const OpRule& ru
     } else if (batch_label != l || outer != o.info.outer) {
       return Error(n, absl::StrFormat(
           "operands put the batch on different dims of the product %s: arg %d (%s) on its dim "
-          "%d (label %s, %d blocks), arg %d (%s) on its dim %d (label %s, %d blocks)",
+          "%d (label %s, %d blocks), arg %d (%s) on its dim %d (label %s, %d blocks); samples "
+          "coupled across the batch (an in-batch contrastive loss, a @ b.T) would need one "
+          "operand all-gathered, which the expansion does not do yet",
           rule.spec.ToString(), decided->arg, g_.node(decided->ref.node).name,
           decided->info.placement.dim, LabelName(batch_label), outer, o.arg,
           g_.node(o.ref.node).name, o.info.placement.dim, LabelName(l), o.info.outer));

@@ -91,9 +91,9 @@ absl::Status BatchDimAnalyzer::SortRows(NodeId id, const Node& n, const OpRule& 
   return absl::OkStatus();
 }
 
-const Operand* BatchDimAnalyzer::PositionsOperand(const std::vector<Operand>& ops) const {
+const Operand* BatchDimAnalyzer::PositionsOperand(const std::vector<Operand>& ops, int arg) const {
   for (const Operand& o : ops) {
-    if (o.arg == 1 && o.info.placement.is_shard() && o.info.positions != Positions::kNone) return &o;
+    if (o.arg == arg && o.info.placement.is_shard() && o.info.positions != Positions::kNone) return &o;
   }
   return nullptr;
 }
@@ -112,12 +112,16 @@ bool OnlyIndex(const Argument* idx, int elem) {
 
 }  // namespace
 
+// x[p] (index with one index, at dim p.elem) or index_select(x, dim, p).
 absl::Status BatchDimAnalyzer::IndexRows(NodeId id, const Node& n, const OpRule& rule,
                                          std::vector<Operand>& ops, const Operand& p) {
   FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule.linear, ops));
   const Operand* self = Find(ops, 0);
-  const int32_t d = p.elem;
-  if (!OnlyIndex(ArgOf(n, rule.param(ParamRole::kIndices)), d) || p.type->rank() != 1 ||
+  const bool select = rule.family == OpFamily::kIndexWithDim;
+  const int32_t d = select ? static_cast<int32_t>(NormDim(IntArg(n, rule.param(ParamRole::kDim)).value_or(-1),
+                                                          self ? self->type->rank() : 0))
+                           : p.elem;
+  if ((!select && !OnlyIndex(ArgOf(n, rule.param(ParamRole::kIndices)), d)) || p.type->rank() != 1 ||
       self == nullptr || !self->info.placement.is_shard() || self->info.placement.dim != d ||
       self->info.outer != p.info.outer) {
     return Error(n, absl::StrFormat(

@@ -51,8 +51,10 @@ CASES = [
 ]
 
 
-def check_against_one_device(tmp_path, step, batches, world, extra=()):
-    """Expand `step` for `world` ranks, run it on real Gloo processes, compare with one device."""
+def check_against_one_device(tmp_path, step, batches, world, extra=(), rtol=RTOL, atol=ATOL, reductions=0):
+    """Expand `step` for `world` ranks, run it on real Gloo processes, compare with one device.
+    `reductions`: all-reduces of partial values in the step besides the buckets, the loss and
+    cross-entropy's counts."""
     graph, state, data = (str(tmp_path / f) for f in ("g.pb", "s.safetensors", "d.pt"))
     step.save(graph)
     step.to_safetensors(state)
@@ -60,7 +62,7 @@ def check_against_one_device(tmp_path, step, batches, world, extra=()):
     report = expand(graph, str(tmp_path / "x.pb"), world, *extra)
     # + the loss, + the count of targets of each cross-entropy mean (fxdp.decompositions)
     counts = sum(target_str(n) == "aten::nll_loss_forward" for n in step.graph.nodes)
-    assert len(report["collectives"]) == len(report["buckets"]) + 1 + counts
+    assert len(report["collectives"]) == len(report["buckets"]) + 1 + counts + reductions
     # x.pb, or x.rank<r>.pb per rank (an uneven split, or a replicated value sliced per rank)
     paths = [next(f["path"] for f in report["files"] if r in f["ranks"]) for r in range(world)]
     port = free_port()
@@ -80,11 +82,11 @@ def check_against_one_device(tmp_path, step, batches, world, extra=()):
     results = [torch.load(tmp_path / f"out{r}.pt") for r in range(world)]
     for name, want in ref.items():
         got = results[0]["state"][name]
-        torch.testing.assert_close(got, want, rtol=RTOL, atol=ATOL, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(got, want, rtol=rtol, atol=atol, msg=lambda m: f"{name}: {m}")
         for r in range(1, world):
             assert torch.equal(results[r]["state"][name], got), f"rank {r} differs on {name}"
     torch.testing.assert_close(torch.stack(results[0]["losses"]), torch.stack(ref_losses),
-                               rtol=RTOL, atol=ATOL)
+                               rtol=rtol, atol=atol)
     assert len(results[0]["local_losses"]) == STEPS
     return report
 

@@ -28,8 +28,9 @@ E, K, D, H = 4, 2, 8, 16
 class _DroplessMoE(torch.nn.Module):
     """The grouped_mm experts path written out (transformers.integrations.moe)."""
 
-    def __init__(self, mix_orders=False):
+    def __init__(self, mix_orders=False, select=False):
         super().__init__()
+        self.select = select
         self.router = torch.nn.Linear(D, E, bias=False)
         self.w1 = torch.nn.Parameter(torch.randn(E, D, H) * 0.3)
         self.w2 = torch.nn.Parameter(torch.randn(E, H, D) * 0.3)
@@ -43,7 +44,7 @@ class _DroplessMoE(torch.nn.Module):
         top_w = top_w / top_w.sum(-1, keepdim=True)
         ids, weights = top_i.reshape(-1), top_w.reshape(-1)
         ids_g, perm = torch.sort(ids)
-        rows = h[perm // K]
+        rows = torch.index_select(h, 0, perm // K) if self.select else h[perm // K]
         # the bug this refuses: the routing weights in token order against rows in expert order
         w_g = weights if self.mix_orders else weights[perm]
         offs = torch.cumsum((ids_g.unsqueeze(1) == torch.arange(E)).sum(0), 0, dtype=torch.int32)
@@ -71,12 +72,14 @@ def _analyze(tmp_path, step, world=2):
                           capture_output=True, text=True, timeout=60)
 
 
-@pytest.mark.parametrize("world,optim,b", [(2, "sgd", 6), (3, "adamw", 7)])
-def test_dropless_moe_sorts_within_each_rank_and_trains_like_one_device(tmp_path, world, optim, b):
-    """sort/index/index_put/_grouped_mm along the token dim: every op has a rule, the sort is
-    noted in the report, and B=6 over 2 ranks (3,3) or B=7 over 3 ranks (3,2,2) equals one device."""
+@pytest.mark.parametrize("world,optim,b,select", [(2, "sgd", 6, False), (3, "adamw", 7, False), (2, "sgd", 6, True)],
+                         ids=["N2", "N3-uneven", "N2-index_select"])
+def test_dropless_moe_sorts_within_each_rank_and_trains_like_one_device(tmp_path, world, optim, b, select):
+    """sort/index (or index_select)/index_put/_grouped_mm along the token dim: every op has a rule,
+    the sort is noted in the report, and B=6 over 2 ranks (3,3) or B=7 over 3 ranks (3,2,2) equals
+    one device."""
     torch.manual_seed(0)
-    model = _DroplessMoE()
+    model = _DroplessMoE(select=select)
     opt = (torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9) if optim == "sgd"
            else torch.optim.AdamW(model.parameters(), lr=1e-2))
     step = _trace(model, opt, b)
@@ -129,3 +132,4 @@ def test_capacity_limit_over_the_tokens_is_refused(tmp_path):
     r = _analyze(tmp_path, step)
     assert r.returncode != 0
     assert "aten::cumsum" in r.stderr and "which holds the batch" in r.stderr, r.stderr
+
