@@ -62,4 +62,57 @@ void AuthLimiter::Prune(Clock::time_point now) {
   for (size_t i = 0; i < by_age.size() / 2 + 1 && i < by_age.size(); ++i) peers_.erase(by_age[i].second);
 }
 
+void FailureTally::Failed(absl::string_view host, Clock::time_point now) {
+  Reports out;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (hosts_.size() >= max_hosts_ && hosts_.count(std::string(host)) == 0) {
+      // Full: report everything held and start over (bounded memory; at
+      // most one line per host per max_hosts new hosts).
+      for (const auto& [h, e] : hosts_) {
+        if (e.held > 0) out.emplace_back(h, e.held);
+      }
+      hosts_.clear();
+    }
+    Host& e = hosts_[std::string(host)];
+    ++e.held;
+    if (e.last_report == Clock::time_point{} || now - e.last_report >= Secs(window_s_)) {
+      out.emplace_back(std::string(host), e.held);
+      e.held = 0;
+      e.last_report = now;
+    }
+  }
+  Emit(out);
+}
+
+void FailureTally::Sweep(Clock::time_point now) {
+  Reports out;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (now < next_sweep_) return;
+    next_sweep_ = now + std::chrono::seconds(1);
+    for (auto it = hosts_.begin(); it != hosts_.end();) {
+      Host& e = it->second;
+      if (now - e.last_report < Secs(window_s_)) {
+        ++it;
+        continue;
+      }
+      if (e.held == 0) {
+        it = hosts_.erase(it);  // quiet for a window: its next failure is reported at once
+        continue;
+      }
+      out.emplace_back(it->first, e.held);
+      e.held = 0;
+      e.last_report = now;
+      ++it;
+    }
+  }
+  Emit(out);
+}
+
+void FailureTally::Emit(const Reports& r) const {
+  if (!report_) return;
+  for (const auto& [host, n] : r) report_(host, n);
+}
+
 }  // namespace fxdp::security

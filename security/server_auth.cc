@@ -6,10 +6,6 @@
 #include <openssl/x509.h>
 #include <sys/stat.h>
 
-#include <cmath>
-#include <cstdint>
-#include <map>
-#include <mutex>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -19,17 +15,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "grpc/grpc_security_constants.h"
-#include "grpcpp/security/auth_metadata_processor.h"
+#include "security/call_auth.h"
 
 namespace fxdp::security {
 namespace {
 
-constexpr char kIdentityProperty[] = "fxdp.identity";
-constexpr char kRoleProperty[] = "fxdp.role";
-constexpr char kConnectionProperty[] = "fxdp.connection";
 constexpr char kWorkerGroup[] = "fxdp:workers";
 constexpr char kAdminGroup[] = "fxdp:admins";
-constexpr char kAttachMethod[] = "/fxdp.v1.WorkerService/Attach";
 
 std::string NameEntry(X509_NAME* name, int nid) {
   const int i = X509_NAME_get_index_by_NID(name, nid, -1);
@@ -55,115 +47,6 @@ bool HasOrganization(X509_NAME* name, const char* org) {
   }
   return false;
 }
-
-// The connection a call came on: "connection-N", stamped on the
-// connection's AuthContext (the one every call on it shares) at its first
-// call with a token, from a counter, so never reused: a new connection (maybe
-// another client's) never inherits an old one's failures or block, as it
-// did when the key was an address the allocator hands out again. The
-// processor sees nothing of the peer (auth_limiter.h), so not its address.
-std::string ConnectionKey(grpc::AuthContext* context) {
-  static std::mutex* const mu = new std::mutex;
-  static uint64_t next = 1;  // mu
-  std::lock_guard<std::mutex> l(*mu);
-  for (const grpc::string_ref& v : context->FindPropertyValues(kConnectionProperty)) {
-    return std::string(v.data(), v.size());
-  }
-  std::string key = absl::StrCat("connection-", next++);
-  context->AddProperty(kConnectionProperty, key);
-  return key;
-}
-
-class Processor final : public grpc::AuthMetadataProcessor {
- public:
-  Processor(TokenTable tokens, bool certificates, AuthLimiterOptions limits)
-      : tokens_(std::move(tokens)), certificates_(certificates), limiter_(std::move(limits)) {}
-
-  bool IsBlocking() const override { return false; }  // no I/O: runs inline
-
-  grpc::Status Process(const InputMetadata& md, grpc::AuthContext* context, OutputMetadata* consumed,
-                       OutputMetadata* /*response*/) override {
-    std::string path;
-    if (auto it = md.find(":path"); it != md.end()) path.assign(it->second.data(), it->second.size());
-    std::optional<Principal> who;
-    if (auto it = md.find("authorization"); it != md.end()) {
-      const std::string value(it->second.data(), it->second.size());
-      consumed->insert({"authorization", value});
-      const std::string connection = ConnectionKey(context);
-      if (const double left = limiter_.BlockedFor(connection); left > 0) return Blocked(left);
-      constexpr absl::string_view kBearer = "Bearer ";
-      if (!absl::StartsWith(value, kBearer)) {
-        limiter_.Failed(connection);
-        return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                            "the authorization metadata is not 'Bearer TOKEN'");
-      }
-      who = tokens_.Match(absl::string_view(value).substr(kBearer.size()));
-      if (!who.has_value()) {
-        limiter_.Failed(connection);
-        return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "invalid token (fxdp-server does not know it)");
-      }
-    } else if (certificates_) {
-      for (const grpc::string_ref& pem : context->FindPropertyValues(GRPC_X509_PEM_CERT_PROPERTY_NAME)) {
-        absl::StatusOr<Principal> p = CertificatePrincipal(std::string(pem.data(), pem.size()));
-        if (!p.ok()) return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, std::string(p.status().message()));
-        who = *std::move(p);
-        break;
-      }
-    }
-    if (!who.has_value()) {
-      if (absl::StartsWith(path, "/grpc.health.v1.Health/")) return grpc::Status::OK;
-      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                          "fxdp-server requires credentials: a bearer token (--token-file) or a client "
-                          "certificate signed by the server's --tls-ca");
-    }
-    const bool attach = path == kAttachMethod;
-    if (attach && who->role != Role::kWorker) {
-      return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                          absl::StrCat("'", who->identity, "' is a ", RoleName(who->role),
-                                       ", not a worker: attaching needs the join token or a worker certificate"));
-    }
-    if (!attach && who->role == Role::kWorker && !path.empty() &&
-        !absl::StartsWith(path, "/grpc.health.v1.Health/")) {
-      return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                          absl::StrCat("worker credentials may only attach (called ", path, ")"));
-    }
-    context->AddProperty(kIdentityProperty, who->identity);
-    context->AddProperty(kRoleProperty, RoleName(who->role));
-    return grpc::Status::OK;
-  }
-
- private:
-  grpc::Status Blocked(double left_s) const {
-    const AuthLimiterOptions& o = limiter_.options();
-    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                        absl::StrFormat("too many wrong tokens on this connection (%d within %.0f s): its calls with a "
-                                        "token are refused for %.0f s more (fxdp-server --max-auth-failures)",
-                                        o.max_failures, o.window_s, std::ceil(left_s)));
-  }
-
-  // PrincipalOfCertificate, remembered per certificate (a connection's calls
-  // all present the same one; TLS verified it already).
-  absl::StatusOr<Principal> CertificatePrincipal(const std::string& pem) {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      if (auto it = by_cert_.find(pem); it != by_cert_.end()) return it->second;
-    }
-    absl::StatusOr<Principal> p = PrincipalOfCertificate(pem);
-    if (p.ok()) {
-      std::lock_guard<std::mutex> l(mu_);
-      if (by_cert_.size() >= kMaxCachedCertificates) by_cert_.clear();
-      by_cert_.emplace(pem, *p);
-    }
-    return p;
-  }
-
-  static constexpr size_t kMaxCachedCertificates = 4096;
-  const TokenTable tokens_;
-  const bool certificates_;
-  AuthLimiter limiter_;
-  std::mutex mu_;
-  std::map<std::string, Principal> by_cert_;  // mu_
-};
 
 }  // namespace
 
@@ -260,7 +143,8 @@ absl::StatusOr<ServerSecurity> MakeServerSecurity(const ServerSecurityOptions& o
     return absl::InvalidArgumentError(
         "--client-tokens without --worker-token-file or --tls-ca: no worker could attach");
   }
-  out.credentials->SetAuthMetadataProcessor(std::make_shared<Processor>(std::move(tokens), !o.tls_ca.empty(), o.auth_limits));
+  out.auth = std::make_shared<CallAuth>(std::move(tokens), !o.tls_ca.empty(), o.auth_limits);
+  out.credentials->SetAuthMetadataProcessor(MakeAuthProcessor(out.auth));
   out.authenticates = true;
   out.summary = absl::StrCat("TLS", o.tls_ca.empty() ? "" : " (mutual: --tls-ca)", ", clients: ", clients,
                              ", workers: ", workers);
@@ -284,19 +168,6 @@ bool IsLoopbackListen(const std::string& listen) {
     if (p.empty() || p.size() > 3 || !absl::SimpleAtoi(p, &v) || v < 0 || v > 255) return false;
   }
   return true;
-}
-
-std::optional<Principal> PrincipalOf(const grpc::ServerContextBase& ctx) {
-  std::shared_ptr<const grpc::AuthContext> ac = ctx.auth_context();
-  if (ac == nullptr) return std::nullopt;
-  std::vector<grpc::string_ref> ids = ac->FindPropertyValues(kIdentityProperty);
-  if (ids.empty()) return std::nullopt;
-  std::vector<grpc::string_ref> roles = ac->FindPropertyValues(kRoleProperty);
-  Principal p;
-  p.identity.assign(ids.back().data(), ids.back().size());
-  const std::string role = roles.empty() ? "" : std::string(roles.back().data(), roles.back().size());
-  p.role = role == "admin" ? Role::kAdmin : role == "worker" ? Role::kWorker : Role::kClient;
-  return p;
 }
 
 bool MayAccess(const std::optional<Principal>& caller, const std::string& owner) {

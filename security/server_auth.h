@@ -6,24 +6,9 @@
 //
 // Authentication (on when any of --client-tokens, --worker-token-file,
 // --tls-ca is given; it needs TLS, since gRPC clients send tokens only over
-// TLS): an AuthMetadataProcessor runs before every call and
-//   - takes "authorization: Bearer TOKEN" (consumed: handlers and logs never
-//     see it) and looks it up in constant time among the client tokens
-//     (identity, admin or not) and the worker join token (role worker);
-//   - else takes the verified peer certificate: identity = its subject's CN,
-//     role from its O (organization), as Kubernetes does for client
-//     certificates: "fxdp:workers" a worker, "fxdp:admins" an admin client,
-//     anything else a client;
-//   - else fails the call with UNAUTHENTICATED (health checks excepted);
-//   - a wrong token is UNAUTHENTICATED even when a certificate was given;
-//     after AuthLimiterOptions::max_failures wrong tokens on one connection
-//     within its window, that connection's calls with a token are
-//     RESOURCE_EXHAUSTED for the block time (auth_limiter.h; audit-logged
-//     once).
-// Then it checks the role against the method: WorkerService.Attach takes
-// workers only, every other fxdp method clients only (PERMISSION_DENIED
-// otherwise). The principal is stored in the call's AuthContext
-// (properties "fxdp.identity", "fxdp.role"); PrincipalOf reads it back.
+// TLS): by bearer token or verified client certificate, per call, in every
+// handler (call_auth.h: CallPrincipal); an AuthMetadataProcessor refuses
+// calls without credentials before any handler.
 #ifndef FXDP_SECURITY_SERVER_AUTH_H_
 #define FXDP_SECURITY_SERVER_AUTH_H_
 
@@ -35,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "grpcpp/grpcpp.h"
 #include "security/auth_limiter.h"
+#include "security/call_auth.h"
 #include "security/tokens.h"
 
 namespace fxdp::security {
@@ -55,15 +41,13 @@ struct ServerSecurity {
   std::string summary;
   // Secret files (key, tokens) other users may read, one line each.
   std::vector<std::string> warnings;
+  // Who a call is (call_auth.h); null when the server does not authenticate.
+  std::shared_ptr<CallAuth> auth;
 };
 
 // The credentials for `o` (insecure when it is empty): files read and
 // checked, INVALID_ARGUMENT / NOT_FOUND naming the flag and file.
 absl::StatusOr<ServerSecurity> MakeServerSecurity(const ServerSecurityOptions& o);
-
-// The authenticated principal of a call; nullopt when the server does not
-// authenticate (plain loopback: every caller may do everything).
-std::optional<Principal> PrincipalOf(const grpc::ServerContextBase& ctx);
 
 // Whether `caller` may see or act on a job owned by `owner`: no
 // authentication, an admin, or the owner.

@@ -338,6 +338,10 @@ grpc::ServerUnaryReactor* CompileServiceImpl::Analyze(grpc::CallbackServerContex
                                                       const grpc::ByteBuffer* request,
                                                       grpc::ByteBuffer* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (auto who = security::CallPrincipal(auth_.get(), *context, "/fxdp.v1.CompileService/Analyze"); !who.ok()) {
+    reactor->Finish(ToGrpcStatus(who.status()));
+    return reactor;
+  }
   reactor->Finish(CachedRaw<v1::AnalyzeRequest, v1::AnalyzeResponse>(
       cache_, limits_, "Analyze", *request, response, RunAnalyze));
   return reactor;
@@ -347,6 +351,10 @@ grpc::ServerUnaryReactor* CompileServiceImpl::Expand(grpc::CallbackServerContext
                                                      const grpc::ByteBuffer* request,
                                                      grpc::ByteBuffer* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (auto who = security::CallPrincipal(auth_.get(), *context, "/fxdp.v1.CompileService/Expand"); !who.ok()) {
+    reactor->Finish(ToGrpcStatus(who.status()));
+    return reactor;
+  }
   reactor->Finish(CachedRaw<v1::ExpandRequest, v1::ExpandResponse>(
       cache_, limits_, "Expand", *request, response, RunExpand));
   return reactor;

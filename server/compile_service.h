@@ -14,11 +14,15 @@
 #ifndef FXDP_SERVER_COMPILE_SERVICE_H_
 #define FXDP_SERVER_COMPILE_SERVICE_H_
 
+#include <memory>
+#include <utility>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/fxdp/v1/compile.grpc.pb.h"
+#include "security/call_auth.h"
 #include "server/compile_cache.h"
 
 namespace fxdp::server {
@@ -54,8 +58,10 @@ class CompileServiceImpl final
     : public v1::CompileService::WithRawCallbackMethod_Analyze<
           v1::CompileService::WithRawCallbackMethod_Expand<v1::CompileService::Service>> {
  public:
-  explicit CompileServiceImpl(CompileCacheOptions cache_options = {}, CompileLimits limits = {})
-      : cache_(cache_options), limits_(limits) {}
+  // `auth`: who may call (call_auth.h); null: the server does not authenticate.
+  explicit CompileServiceImpl(CompileCacheOptions cache_options = {}, CompileLimits limits = {},
+                              std::shared_ptr<security::CallAuth> auth = nullptr)
+      : cache_(cache_options), limits_(limits), auth_(std::move(auth)) {}
 
   // The RPCs (gRPC calls these; the bytes are compile.proto's messages).
   grpc::ServerUnaryReactor* Analyze(grpc::CallbackServerContext* context,
@@ -79,6 +85,7 @@ class CompileServiceImpl final
  private:
   CompileCache cache_;
   const CompileLimits limits_;
+  const std::shared_ptr<security::CallAuth> auth_;
 };
 
 }  // namespace fxdp::server

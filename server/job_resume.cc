@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "expansion/style_proto.h"
+#include "server/audit.h"
 #include "server/raw_tensors.h"
 
 namespace fxdp::server {
@@ -124,10 +125,11 @@ absl::StatusOr<ResumeStart> PrepareResume(const JobTable& table, JobStore* store
   if (!found.ok()) return found.status();
   const std::shared_ptr<Job>& old = *found;
   // As GetJob/CancelJob/FetchState (job_service.cc): the owner, an admin, or
-  // anyone when the server does not authenticate.
+  // anyone when the server does not authenticate; another identity's job is
+  // NOT_FOUND like an unknown one (ids cannot be probed), audit-logged.
   if (caller.authenticated && !caller.admin && caller.identity != old->owner.identity) {
-    return absl::PermissionDeniedError(absl::StrCat("job '", id, "' belongs to another identity: '", caller.identity,
-                                                    "' may not resume it (only its owner or an admin may)"));
+    Audit("resume", {{"identity", caller.description}, {"peer", caller.peer}, {"job", id}, {"result", "denied"}});
+    return table.NotFound(id);
   }
   v1::JobInfo info;
   {

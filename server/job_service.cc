@@ -14,38 +14,49 @@
 namespace fxdp::server {
 namespace {
 
-// The job `id` when the caller may see and act on it (its owner, an admin,
-// or anyone without authentication): NOT_FOUND for an unknown job,
-// PERMISSION_DENIED naming the caller and what it tried.
-grpc::Status Authorized(const grpc::ServerContextBase& ctx, const JobTable& table, const std::string& id,
-                        const char* action, std::shared_ptr<Job>* job) {
+using Caller = std::optional<security::Principal>;
+
+// The caller of a JobService call (nullopt without authentication) or the
+// status refusing the call (call_auth.h).
+grpc::Status CallerOf(security::CallAuth* auth, const grpc::ServerContextBase& ctx, const char* method,
+                      Caller* caller) {
+  absl::StatusOr<Caller> who = security::CallPrincipal(auth, ctx, absl::StrCat("/fxdp.v1.JobService/", method));
+  if (!who.ok()) return ToGrpcStatus(who.status());
+  *caller = *std::move(who);
+  return grpc::Status::OK;
+}
+
+// The job `id` when `caller` may see and act on it (its owner, an admin, or
+// anyone without authentication). Another identity's job is NOT_FOUND with
+// the very text of an unknown one, so that ids cannot be probed (issue 25);
+// *denied says which it was, for the audit log.
+grpc::Status Authorized(const Caller& caller, const JobTable& table, const std::string& id,
+                        std::shared_ptr<Job>* job, bool* denied) {
+  *denied = false;
   absl::StatusOr<std::shared_ptr<Job>> found = table.Find(id);
   if (!found.ok()) return ToGrpcStatus(found.status());
-  const std::optional<security::Principal> caller = security::PrincipalOf(ctx);
   if (!security::MayAccess(caller, (*found)->owner.identity)) {
-    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                        absl::StrCat("job '", id, "' belongs to another identity: '", caller->identity,
-                                     "' may not ", action, " it (only its owner or an admin may)"));
+    *denied = true;
+    return ToGrpcStatus(table.NotFound(id));
   }
   *job = *std::move(found);
   return grpc::Status::OK;
 }
 
 // An audit line for an action on a job, with its outcome.
-void AuditJob(const char* event, const grpc::ServerContextBase& ctx, const std::string& id, const grpc::Status& s) {
-  Audit(event, {{"identity", security::Describe(security::PrincipalOf(ctx))},
+void AuditJob(const char* event, const grpc::ServerContextBase& ctx, const Caller& caller, const std::string& id,
+              const grpc::Status& s, bool denied) {
+  Audit(event, {{"identity", security::Describe(caller)},
                 {"peer", ctx.peer()},
                 {"job", id},
-                {"result", s.ok() ? "ok"
-                           : s.error_code() == grpc::StatusCode::PERMISSION_DENIED ? "denied"
-                                                                                   : s.error_message()}});
+                {"result", denied ? "denied" : s.ok() ? "ok" : s.error_message()}});
 }
 
 }  // namespace
 
 JobServiceImpl::JobServiceImpl(CompileServiceImpl* compile, WorkerPool* workers, JobServiceOptions options,
-                               JobStore* store)
-    : table_(options, store), scheduler_(workers, &table_, options) {
+                               JobStore* store, std::shared_ptr<security::CallAuth> auth)
+    : auth_(std::move(auth)), table_(options, store), scheduler_(workers, &table_, options) {
   context_.options = options;
   context_.expand = [compile](const v1::ExpandRequest& r) { return compile->ExpandCached(r); };
   context_.pool = workers;
@@ -90,6 +101,8 @@ class RefusedSubmit final : public grpc::ServerBidiReactor<v1::SubmitJobRequest,
 
 grpc::ServerBidiReactor<v1::SubmitJobRequest, v1::JobEvent>* JobServiceImpl::Submit(
     grpc::CallbackServerContext* context) {
+  Caller who;
+  if (grpc::Status s = CallerOf(auth_.get(), *context, "Submit", &who); !s.ok()) return new RefusedSubmit(s);
   const size_t max = context_.options.max_submit_streams;
   if (submit_streams_.fetch_add(1) >= max) {
     submit_streams_.fetch_sub(1);
@@ -103,7 +116,6 @@ grpc::ServerBidiReactor<v1::SubmitJobRequest, v1::JobEvent>* JobServiceImpl::Sub
                      " Submit streams at once (fxdp-server --max-submit-streams)")));
   }
   JobOwner owner;
-  const std::optional<security::Principal> who = security::PrincipalOf(*context);
   if (who.has_value()) {
     owner.identity = who->identity;
     owner.authenticated = true;
@@ -116,8 +128,14 @@ grpc::ServerBidiReactor<v1::SubmitJobRequest, v1::JobEvent>* JobServiceImpl::Sub
 
 grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
                                     v1::JobInfo* response) {
+  Caller caller;
+  if (grpc::Status s = CallerOf(auth_.get(), *context, "GetJob", &caller); !s.ok()) return s;
   std::shared_ptr<Job> j;
-  if (grpc::Status s = Authorized(*context, table_, request->job_id(), "see", &j); !s.ok()) return s;
+  bool denied = false;
+  if (grpc::Status s = Authorized(caller, table_, request->job_id(), &j, &denied); !s.ok()) {
+    if (denied) AuditJob("get", *context, caller, request->job_id(), s, denied);  // not every poll
+    return s;
+  }
   std::lock_guard<std::mutex> l(j->mu);
   *response = j->info;
   return grpc::Status::OK;
@@ -125,7 +143,8 @@ grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* context, const v1::GetJ
 
 grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* context, const v1::ListJobsRequest*,
                                       v1::ListJobsResponse* response) {
-  const std::optional<security::Principal> caller = security::PrincipalOf(*context);
+  Caller caller;
+  if (grpc::Status s = CallerOf(auth_.get(), *context, "ListJobs", &caller); !s.ok()) return s;
   for (const std::shared_ptr<Job>& j : table_.All()) {
     if (!security::MayAccess(caller, j->owner.identity)) continue;
     std::lock_guard<std::mutex> l(j->mu);
@@ -136,9 +155,12 @@ grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* context, const v1::Li
 
 grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context, const v1::CancelJobRequest* request,
                                        v1::JobInfo* response) {
+  Caller caller;
+  if (grpc::Status s = CallerOf(auth_.get(), *context, "CancelJob", &caller); !s.ok()) return s;
   std::shared_ptr<Job> j;
-  const grpc::Status allowed = Authorized(*context, table_, request->job_id(), "cancel", &j);
-  AuditJob("cancel", *context, request->job_id(), allowed);
+  bool denied = false;
+  const grpc::Status allowed = Authorized(caller, table_, request->job_id(), &j, &denied);
+  AuditJob("cancel", *context, caller, request->job_id(), allowed, denied);
   if (!allowed.ok()) return allowed;
   const std::string reason = request->reason().empty() ? "CancelJob" : "CancelJob: " + request->reason();
   scheduler_.CancelQueued(request->job_id(), reason,
@@ -155,16 +177,24 @@ void JobServiceImpl::CancelAll(const std::string& reason) {
   for (const std::shared_ptr<Job>& j : table_.All()) j->Cancel(reason);
 }
 
+std::string JobServiceImpl::OwnerOf(const std::string& id) const {
+  absl::StatusOr<std::shared_ptr<Job>> found = table_.Find(id);
+  return found.ok() ? (*found)->owner.identity : "";
+}
+
 grpc::Status JobServiceImpl::FetchState(grpc::ServerContext* context, const v1::FetchJobStateRequest* request,
                                         grpc::ServerWriter<v1::StateChunk>* writer) {
+  Caller caller;
+  if (grpc::Status s = CallerOf(auth_.get(), *context, "FetchState", &caller); !s.ok()) return s;
   std::shared_ptr<Job> j;
-  grpc::Status allowed = Authorized(*context, table_, request->job_id(), "fetch the state of", &j);
+  bool denied = false;
+  grpc::Status allowed = Authorized(caller, table_, request->job_id(), &j, &denied);
   absl::StatusOr<std::shared_ptr<const StateStore::State>> found = absl::PermissionDeniedError("");
   if (allowed.ok()) {
     found = table_.FinalState(request->job_id());
     if (!found.ok()) allowed = ToGrpcStatus(found.status());
   }
-  AuditJob("fetch", *context, request->job_id(), allowed);
+  AuditJob("fetch", *context, caller, request->job_id(), allowed, denied);
   if (!allowed.ok()) return allowed;
   const StateStore::State& state = **found;
   const size_t max = request->chunk_bytes() > 0 ? request->chunk_bytes() : context_.options.chunk_bytes;

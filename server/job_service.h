@@ -26,6 +26,7 @@
 
 #include "grpcpp/grpcpp.h"
 #include "proto/fxdp/v1/jobs.grpc.pb.h"
+#include "security/call_auth.h"
 #include "server/compile_service.h"
 #include "server/dispatcher.h"
 #include "server/job_options.h"
@@ -41,8 +42,9 @@ namespace fxdp::server {
 class JobServiceImpl final : public v1::JobService::WithCallbackMethod_Submit<v1::JobService::Service> {
  public:
   // `store` (--state-dir; null: in memory only) outlives the service.
+  // `auth`: who may call (call_auth.h); null: the server does not authenticate.
   JobServiceImpl(CompileServiceImpl* compile, WorkerPool* workers, JobServiceOptions options = {},
-                 JobStore* store = nullptr);
+                 JobStore* store = nullptr, std::shared_ptr<security::CallAuth> auth = nullptr);
   // Cancels the jobs still running (CancelAll) and waits for the ones queued
   // again after a restart.
   ~JobServiceImpl() override;
@@ -64,8 +66,12 @@ class JobServiceImpl final : public v1::JobService::WithCallbackMethod_Submit<v1
 
   // Cancels every queued and running job (server shutdown).
   void CancelAll(const std::string& reason);
+  // The identity that owns job `id` ("" when unknown or unauthenticated),
+  // for ListWorkers (WorkerRegistry::SetJobOwners).
+  std::string OwnerOf(const std::string& id) const;
 
  private:
+  const std::shared_ptr<security::CallAuth> auth_;
   JobTable table_;
   JobScheduler scheduler_;
   JobContext context_;

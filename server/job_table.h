@@ -59,9 +59,11 @@ class JobTable {
   // A succeeded job's final state; FAILED_PRECONDITION when the job did not
   // succeed or its state was evicted, NOT_FOUND for an unknown job.
   absl::StatusOr<std::shared_ptr<const StateStore::State>> FinalState(const std::string& id) const;
+  // What Find says of an unknown job: also said to a caller asking for
+  // another identity's job (it must not learn that the job exists).
+  absl::Status NotFound(const std::string& id) const;
 
  private:
-  absl::Status NotFound(const std::string& id) const;
   void Record(const absl::Status& s, const std::string& id, const char* what) const;
 
   const JobServiceOptions options_;

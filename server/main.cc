@@ -37,6 +37,7 @@
 #include "server/compile_service.h"
 #include "server/job_service.h"
 #include "server/job_store.h"
+#include "server/listen_check.h"
 #include "server/local_workers.h"
 #include "server/parse_errors.h"
 #include "server/worker_registry.h"
@@ -264,10 +265,15 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
   security_options.auth_limits.max_failures = static_cast<int>(max_auth_failures);
-  security_options.auth_limits.on_block = [](const std::string& connection, int failures) {
-    fxdp::server::Audit("auth_blocked", {{"connection", connection},
+  security_options.auth_limits.on_block = [](const std::string& peer, int failures) {
+    fxdp::server::Audit("auth_blocked", {{"peer", peer},
                                          {"failures", absl::StrCat(failures)},
                                          {"result", "its calls with a token are refused (--auth-block-s)"}});
+  };
+  security_options.auth_limits.on_failures = [](const std::string& host, int64_t failures) {
+    fxdp::server::Audit("auth_failed", {{"peer", host},
+                                        {"failures", absl::StrCat(failures)},
+                                        {"result", "wrong tokens since this host's last such line (UNAUTHENTICATED)"}});
   };
   absl::StatusOr<fxdp::security::ServerSecurity> security =
       fxdp::security::MakeServerSecurity(security_options);
@@ -307,9 +313,9 @@ int main(int argc, char** argv) {
     }
   }
 
-  fxdp::server::CompileServiceImpl service(cache, limits);
+  fxdp::server::CompileServiceImpl service(cache, limits, security->auth);
   registry_options.heartbeat_interval_ms = static_cast<int>(heartbeat_ms);
-  fxdp::server::WorkerRegistry registry(registry_options);
+  fxdp::server::WorkerRegistry registry(registry_options, security->auth);
   if (job_options.checkpoint_every > 0 && state_dir.empty()) {
     return f.Usage("--checkpoint-every needs --state-dir (the checkpoints are kept there)");
   }
@@ -319,7 +325,8 @@ int main(int argc, char** argv) {
     if (!opened.ok()) return f.Usage(std::string(opened.status().message()));
     store = *std::move(opened);
   }
-  fxdp::server::JobServiceImpl jobs(&service, &registry, job_options, store.get());
+  fxdp::server::JobServiceImpl jobs(&service, &registry, job_options, store.get(), security->auth);
+  registry.SetJobOwners([&jobs](const std::string& id) { return jobs.OwnerOf(id); });
   if (absl::Status s = jobs.Recover(); !s.ok()) {
     std::fprintf(stderr, "fxdp-server: --state-dir %s: %s\n", state_dir.c_str(), std::string(s.message()).c_str());
     return 1;
@@ -329,6 +336,9 @@ int main(int argc, char** argv) {
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(listen, security->credentials, &port);
+  // No SO_REUSEPORT (gRPC's default on Linux): a second server on the port
+  // must fail, not take half of the connections (listen_check.h).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   const int max_bytes = static_cast<int>(max_message_mb << 20);
   builder.SetMaxReceiveMessageSize(max_bytes);
   builder.SetMaxSendMessageSize(max_bytes);
@@ -341,7 +351,7 @@ int main(int argc, char** argv) {
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
-    std::fprintf(stderr, "fxdp-server: cannot listen on %s\n", listen.c_str());
+    std::fprintf(stderr, "fxdp-server: %s\n", fxdp::server::WhyCannotListen(listen).c_str());
     return 1;
   }
   server->GetHealthCheckService()->SetServingStatus(true);
@@ -356,9 +366,11 @@ int main(int argc, char** argv) {
     grpc::ServerBuilder hb;
     int health_port = 0;
     hb.AddListeningPort(health_listen, grpc::InsecureServerCredentials(), &health_port);
+    hb.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
     health = hb.BuildAndStart();
     if (health == nullptr || health_port == 0) {
-      std::fprintf(stderr, "fxdp-server: cannot listen on --health-listen %s\n", health_listen.c_str());
+      std::fprintf(stderr, "fxdp-server: --health-listen: %s\n",
+                   fxdp::server::WhyCannotListen(health_listen).c_str());
       server->Shutdown();
       return 1;
     }

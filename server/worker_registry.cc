@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "security/server_auth.h"
 #include "server/audit.h"
+#include "server/compile_service.h"
 #include "server/log.h"
 
 namespace fxdp::server {
@@ -166,8 +167,8 @@ struct WorkerRegistry::Conn {
   }
 };
 
-WorkerRegistry::WorkerRegistry(WorkerRegistryOptions options)
-    : options_(options), watchdog_(&WorkerRegistry::Watchdog, this) {}
+WorkerRegistry::WorkerRegistry(WorkerRegistryOptions options, std::shared_ptr<security::CallAuth> auth)
+    : options_(options), auth_(std::move(auth)), watchdog_(&WorkerRegistry::Watchdog, this) {}
 
 WorkerRegistry::~WorkerRegistry() { Shutdown(); }
 
@@ -189,6 +190,9 @@ void WorkerRegistry::Shutdown() {
 grpc::Status WorkerRegistry::Attach(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<v1::ServerMessage, v1::WorkerMessage>* stream) {
+  absl::StatusOr<std::optional<security::Principal>> who =
+      security::CallPrincipal(auth_.get(), *context, security::kAttachMethod);
+  if (!who.ok()) return ToGrpcStatus(who.status());
   // Admission: at most max_streams calls; each must register in time (the
   // watchdog cancels one that does not, which ends the Read below).
   {
@@ -251,7 +255,7 @@ grpc::Status WorkerRegistry::Attach(
   }
   const std::string address = PeerHost(context->peer());
   auto conn = std::make_shared<Conn>();
-  conn->principal = security::Describe(security::PrincipalOf(*context));
+  conn->principal = security::Describe(*who);
   conn->ctx = context;
   conn->stream = stream;
   {
@@ -531,9 +535,20 @@ void WorkerRegistry::Unsubscribe(int64_t handle) {
   listeners_.erase(handle);
 }
 
-grpc::Status WorkerRegistry::ListWorkers(grpc::ServerContext*, const v1::ListWorkersRequest*,
+grpc::Status WorkerRegistry::ListWorkers(grpc::ServerContext* context, const v1::ListWorkersRequest*,
                                          v1::ListWorkersResponse* response) {
-  for (v1::WorkerInfo& w : List()) *response->add_workers() = std::move(w);
+  absl::StatusOr<std::optional<security::Principal>> who =
+      security::CallPrincipal(auth_.get(), *context, "/fxdp.v1.WorkerService/ListWorkers");
+  if (!who.ok()) return ToGrpcStatus(who.status());
+  for (v1::WorkerInfo& w : List()) {
+    // Another identity's job id would tell that the job exists (issue 25).
+    if (!w.job_id().empty() &&
+        !security::MayAccess(*who, job_owners_ ? job_owners_(w.job_id()) : std::string())) {
+      w.clear_job_id();
+      w.clear_step();
+    }
+    *response->add_workers() = std::move(w);
+  }
   return grpc::Status::OK;
 }
 

@@ -33,11 +33,13 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/string_view.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/fxdp/v1/worker.grpc.pb.h"
+#include "security/call_auth.h"
 #include "server/worker_pool.h"
 
 namespace fxdp::server {
@@ -87,13 +89,21 @@ class WorkerRegistry final : public v1::WorkerService::Service, public WorkerPoo
   // worker is lost.
   using Listener = WorkerPool::Listener;
 
-  explicit WorkerRegistry(WorkerRegistryOptions options = {});
+  // `auth`: who may call (call_auth.h); null: the server does not authenticate.
+  explicit WorkerRegistry(WorkerRegistryOptions options = {}, std::shared_ptr<security::CallAuth> auth = nullptr);
   ~WorkerRegistry() override;
 
   grpc::Status Attach(grpc::ServerContext* context,
                       grpc::ServerReaderWriter<v1::ServerMessage, v1::WorkerMessage>* stream) override;
+  // Every worker; an authenticated caller that is no admin sees the job id
+  // and step of its own jobs only (job_owners), never another identity's.
   grpc::Status ListWorkers(grpc::ServerContext* context, const v1::ListWorkersRequest* request,
                            v1::ListWorkersResponse* response) override;
+  // The owner of a job by id (JobServiceImpl::OwnerOf), for ListWorkers. Set
+  // once before serving; unset, no job id is shown to a non-admin caller.
+  void SetJobOwners(std::function<std::string(const std::string& job_id)> owner_of) {
+    job_owners_ = std::move(owner_of);
+  }
 
   // Every known worker (LOST ones included), sorted by id.
   std::vector<v1::WorkerInfo> List() const override;
@@ -133,6 +143,8 @@ class WorkerRegistry final : public v1::WorkerService::Service, public WorkerPoo
   v1::WorkerInfo InfoOf(const std::string& id, const Entry& e, Clock::time_point now) const;
 
   const WorkerRegistryOptions options_;
+  const std::shared_ptr<security::CallAuth> auth_;
+  std::function<std::string(const std::string&)> job_owners_;  // set before serving
   mutable std::mutex mu_;
   std::map<std::string, Entry> workers_;
   std::map<int64_t, std::pair<std::shared_ptr<Conn>, Listener>> listeners_;

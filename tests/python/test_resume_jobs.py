@@ -15,13 +15,14 @@ every step):
 * refused resumes, each naming what is wrong: an unknown job (NOT_FOUND), a SUCCEEDED job and a
   job that failed before its first checkpoint (FAILED_PRECONDITION), another world size, another
   graph (the optimizer state it lacks), state sent along (INVALID_ARGUMENT); with authentication
-  another identity's job is PERMISSION_DENIED.
+  another identity's job is NOT_FOUND (like an unknown one).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import threading
 import time
@@ -237,8 +238,9 @@ def test_a_streamed_job_resumes_after_a_server_restart(tmp_path, style):
 
 
 def test_only_its_owner_or_an_admin_may_resume_a_job(tmp_path):
-    """With authentication (docs/security.md) a resume of another identity's job is PERMISSION_DENIED,
-    like GetJob/CancelJob/FetchState; its owner and an admin get past that check."""
+    """With authentication (docs/security.md) a resume of another identity's job is NOT_FOUND like an
+    unknown job (as GetJob/CancelJob/FetchState: ids cannot be probed) and audit-logged; its owner and
+    an admin get past that check."""
     from _util import local_server
     from test_security import client as as_identity, make_pki, server_args
 
@@ -249,8 +251,12 @@ def test_only_its_owner_or_an_admin_may_resume_a_job(tmp_path):
         alice, bob, admin = (as_identity(address, pki, who) for who in ("alice", "bob", "admin"))
         done = alice.train(step, world_size=2, batches=batches()[:2])
         e = code_of(lambda: bob.train(step, world_size=2, batches=batches(), resume=done.job_id))
-        assert e.code == grpc.StatusCode.PERMISSION_DENIED, e
-        assert f"job '{done.job_id}' belongs to another identity: 'bob' may not resume it" in str(e), e
+        assert e.code == grpc.StatusCode.NOT_FOUND and f"no job '{done.job_id}'" in str(e), e
+        line = rf'audit event="resume" identity="bob" peer="[^"]*" job="{done.job_id}" result="denied"'
+        deadline = time.monotonic() + 10  # the server's stderr is read by a thread
+        while not re.search(line, "".join(log)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert re.search(line, "".join(log)), log[-20:]
         for who in (alice, admin):  # allowed to try: the job did not fail
             e = code_of(lambda: who.train(step, world_size=2, batches=batches(), resume=done.job_id))
             assert e.code == grpc.StatusCode.FAILED_PRECONDITION and "is SUCCEEDED" in str(e), e

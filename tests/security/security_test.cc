@@ -103,6 +103,38 @@ TEST(AuthLimiter, TracksAtMostMaxPeers) {
   EXPECT_GT(limiter.BlockedFor("first", now + std::chrono::seconds(2)), 0);
 }
 
+// Issue 25: wrong tokens reach the audit log, at most one line per host per
+// window: the first at once, the rest counted and reported together with the
+// first failure or Sweep after the window; a host quiet for a window starts
+// over; the number of hosts is bounded.
+TEST(FailureTally, ReportsAHostsFailuresOncePerWindowWithTheirCount) {
+  std::vector<std::pair<std::string, int64_t>> lines;
+  FailureTally tally(60, 3, [&](const std::string& host, int64_t n) { lines.emplace_back(host, n); });
+  const auto t0 = FailureTally::Clock::now();
+  auto at = [&](double s) { return t0 + std::chrono::duration_cast<FailureTally::Clock::duration>(
+                                            std::chrono::duration<double>(s)); };
+  using Line = std::pair<std::string, int64_t>;
+  for (int i = 0; i < 500; ++i) tally.Failed("h1", at(i * 0.1));  // 0 .. 49.9 s
+  tally.Failed("h2", at(50));
+  EXPECT_EQ(lines, (std::vector<Line>{{"h1", 1}, {"h2", 1}}));
+  tally.Sweep(at(59));  // h1's window is not over
+  EXPECT_EQ(lines.size(), 2u);
+  tally.Sweep(at(61));
+  EXPECT_EQ(lines.back(), Line("h1", 499));
+  tally.Failed("h1", at(62));  // held: the last line was 1 s ago
+  EXPECT_EQ(lines.size(), 3u);
+  tally.Sweep(at(121.5));  // h1's one failure; h2 had nothing held: forgotten
+  EXPECT_EQ(lines.back(), Line("h1", 1));
+  EXPECT_EQ(lines.size(), 4u);
+  tally.Failed("h2", at(122));  // h2 starts over: at once
+  EXPECT_EQ(lines.back(), Line("h2", 1));
+  tally.Failed("h3", at(123));
+  tally.Failed("h3", at(123));  // held
+  tally.Failed("h4", at(124));  // a fourth host: the held ones are reported, the table starts over
+  EXPECT_EQ(lines, (std::vector<Line>{{"h1", 1}, {"h2", 1}, {"h1", 499}, {"h1", 1}, {"h2", 1}, {"h3", 1},
+                                      {"h3", 1}, {"h4", 1}}));
+}
+
 TEST(Listen, LoopbackOnlyForLocalAddresses) {
   for (const char* a : {"127.0.0.1:50051", "127.1.2.3:0", "localhost:1", "[::1]:50051", "unix:/tmp/s"}) {
     EXPECT_TRUE(IsLoopbackListen(a)) << a;

@@ -8,11 +8,16 @@
 
 namespace fxdp::testing {
 
-TestServer::TestServer(server::JobServiceOptions jobs, server::WorkerRegistryOptions workers)
-    : registry_(workers), job_service_(&compile_, &registry_, jobs) {
+TestServer::TestServer(server::JobServiceOptions jobs, server::WorkerRegistryOptions workers,
+                       const security::ServerSecurity* security)
+    : compile_({}, {}, security != nullptr ? security->auth : nullptr),
+      registry_(workers, security != nullptr ? security->auth : nullptr),
+      job_service_(&compile_, &registry_, jobs, nullptr, security != nullptr ? security->auth : nullptr) {
+  registry_.SetJobOwners([this](const std::string& id) { return job_service_.OwnerOf(id); });
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort("127.0.0.1:0", security != nullptr ? security->credentials : grpc::InsecureServerCredentials(),
+                           &port);
   builder.RegisterService(&compile_);
   builder.RegisterService(&registry_);
   builder.RegisterService(&job_service_);
@@ -21,7 +26,7 @@ TestServer::TestServer(server::JobServiceOptions jobs, server::WorkerRegistryOpt
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   server_ = builder.BuildAndStart();
   address_ = "127.0.0.1:" + std::to_string(port);
-  channel_ = grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
+  if (security == nullptr || !security->tls) channel_ = grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
 }
 
 TestServer::~TestServer() {
@@ -43,6 +48,17 @@ bool WaitUntil(const std::function<bool()>& pred, double timeout_s) {
 FakeWorker::FakeWorker(const std::string& address, std::string id, int heartbeat_ms)
     : id_(std::move(id)), heartbeat_ms_(heartbeat_ms) {
   channel_ = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  Start();
+}
+
+FakeWorker::FakeWorker(std::shared_ptr<grpc::Channel> channel, const std::string& token, std::string id,
+                       int heartbeat_ms)
+    : id_(std::move(id)), heartbeat_ms_(heartbeat_ms), channel_(std::move(channel)) {
+  ctx_.AddMetadata("authorization", "Bearer " + token);
+  Start();
+}
+
+void FakeWorker::Start() {
   stub_ = v1::WorkerService::NewStub(channel_);
   stream_ = stub_->Attach(&ctx_);
   v1::WorkerMessage reg;

@@ -22,6 +22,7 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/fxdp/v1/jobs.grpc.pb.h"
 #include "proto/fxdp/v1/worker.grpc.pb.h"
+#include "security/server_auth.h"
 #include "server/compile_service.h"
 #include "server/job_service.h"
 #include "server/worker_registry.h"
@@ -30,7 +31,11 @@ namespace fxdp::testing {
 
 class TestServer {
  public:
-  explicit TestServer(server::JobServiceOptions jobs = {}, server::WorkerRegistryOptions workers = {});
+  // `security` (security/server_auth.h): its credentials and CallAuth;
+  // null: plain text without authentication. With TLS, channel() is null
+  // (the test makes its own with the CA).
+  explicit TestServer(server::JobServiceOptions jobs = {}, server::WorkerRegistryOptions workers = {},
+                      const security::ServerSecurity* security = nullptr);
   ~TestServer();
 
   const std::string& address() const { return address_; }
@@ -72,6 +77,9 @@ class FakeWorker {
   };
 
   FakeWorker(const std::string& address, std::string id, int heartbeat_ms = 50);
+  // On `channel` (TLS), attaching with the join token `token`.
+  FakeWorker(std::shared_ptr<grpc::Channel> channel, const std::string& token, std::string id,
+             int heartbeat_ms = 50);
   ~FakeWorker();
 
   // Until the server answered Registered (true) or the stream ended (false).
@@ -93,6 +101,7 @@ class FakeWorker {
   const std::string& id() const { return id_; }
 
  private:
+  void Start();
   void Write(const v1::WorkerMessage& m);
   void ReadLoop();
   void HeartbeatLoop();

@@ -171,7 +171,8 @@ class Client:
     ``$FXDP_TOKEN_FILE``) is a bearer token sent with every call (over TLS only); ``tls_cert`` and
     ``tls_key`` give a client certificate for mutual TLS; ``tls_server_name`` overrides the name the
     server's certificate is checked against. A call without valid credentials fails with
-    ``ServerError`` code UNAUTHENTICATED, one on another identity's job with PERMISSION_DENIED.
+    ``ServerError`` code UNAUTHENTICATED, one on another identity's job with NOT_FOUND (as if
+    it did not exist).
 
     ``timeout`` (seconds, default none) bounds every call (``analyze``, ``expand``, ``workers``,
     ``jobs``, ``job``, ``cancel``, fetching a final state); each of them also takes its own
@@ -297,7 +298,7 @@ class Client:
         they were, and says which step that is; ``batches`` and ``schedule`` are skipped up to it
         (a generator's first items are consumed and dropped). ``TrainResult.first_step`` is that
         step and ``losses`` those of the steps after it; the final state equals an uninterrupted
-        run's. Another identity's job is PERMISSION_DENIED, one without a checkpoint
+        run's. Another identity's job is NOT_FOUND (as an unknown one), one without a checkpoint
         FAILED_PRECONDITION, a different graph or world size INVALID_ARGUMENT naming the
         difference."""
         if (batches is None) == (data_path is None):
