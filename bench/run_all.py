@@ -1,7 +1,7 @@
 """`make bench`: every performance claim of fxdp measured next to its baseline, in one run.
 
-Runs the benchmarks of five areas, each fxdp number with its baseline in the same run, and
-writes bench/RESULTS.md (one table per area: what was measured, fxdp, baseline, ratio, the
+Runs the benchmarks of six areas (AREAS below), each fxdp number with its baseline in the same
+run, and writes bench/RESULTS.md (one table per area: what was measured, fxdp, baseline, ratio, the
 command to reproduce it; medians over repetitions with min and max; the machine, date, git
 commit and load average) and bench/results.json (every raw number). Raw per-program outputs
 go to --raw (default bench/out/latest, not committed).

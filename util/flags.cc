@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "absl/strings/numbers.h"
+#include "util/version.h"
 
 namespace fxdp::util {
 
@@ -57,6 +58,10 @@ int Flags::Parse(const std::vector<std::string>& args, std::vector<std::string>*
     const std::string& a = args[i];
     if (a == "--help" || a == "-h") {
       std::fputs(usage_, stdout);
+      return kFlagsExitOk;
+    }
+    if (a == "--version") {
+      std::printf("%s\n", VersionLine(program_).c_str());
       return kFlagsExitOk;
     }
     if (a.size() < 2 || a[0] != '-') {

@@ -1,6 +1,6 @@
 // A small command-line flag parser shared by the `fxdp` CLI and `fxdp-worker`:
 // `--name value`, `--name=value`, boolean `--name`, aliases (`-o`, old
-// spellings), repeatable flags, validated values, `--help`, positional
+// spellings), repeatable flags, validated values, `--help`, `--version`, positional
 // arguments, and usage errors that name the flag and the value.
 //
 //   util::Flags f("fxdp analyze", kUsage);
@@ -40,7 +40,7 @@ class Flags {
 
   // Parses `args`, appending positional arguments to `positionals` (nullptr:
   // positionals are a usage error). Returns -1 when the command should go
-  // on; otherwise the exit code (0 after printing --help, 2 after printing a
+  // on; otherwise the exit code (0 after printing --help or --version, 2 after printing a
   // usage error).
   int Parse(const std::vector<std::string>& args, std::vector<std::string>* positionals);
   // Whether the flag (or its alias) was given.

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "client/cli/commands.h"
+#include "util/version.h"
 
 namespace {
 
@@ -20,7 +21,7 @@ constexpr char kUsage[] =
     "  job       show one job of an fxdp server\n"
     "  cancel    cancel a running job\n"
     "\n"
-    "Run 'fxdp <command> --help' for the arguments of a command.\n";
+    "Run 'fxdp <command> --help' for the arguments of a command; 'fxdp --version' for the version.\n";
 
 }  // namespace
 
@@ -34,6 +35,10 @@ int main(int argc, char** argv) {
   args.erase(args.begin());
   if (cmd == "--help" || cmd == "-h" || cmd == "help") {
     std::fputs(kUsage, stdout);
+    return fxdp::cli::kExitOk;
+  }
+  if (cmd == "--version") {
+    std::printf("%s\n", fxdp::util::VersionLine("fxdp").c_str());
     return fxdp::cli::kExitOk;
   }
   if (cmd == "graph") return fxdp::cli::GraphCommand(args);

@@ -6,6 +6,7 @@
 #include <unistd.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/util/Logging.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <chrono>
@@ -40,6 +41,7 @@
 #include "util/flags.h"
 #include "util/log.h"
 #include "util/status_macros.h"
+#include "util/version.h"
 
 namespace fxdp::executor {
 namespace {
@@ -56,7 +58,8 @@ constexpr char kUsage[] =
     "  run    run a saved graph for a number of steps on state and data files\n"
     "  attach serve an fxdp server: register, heartbeat, run the jobs it assigns\n"
     "\n"
-    "Run 'fxdp-worker <command> --help' for the arguments of a command.\n";
+    "Run 'fxdp-worker <command> --help' for the arguments of a command; 'fxdp-worker --version'\n"
+    "for the version and the LibTorch it was built with.\n";
 
 constexpr char kRunUsage[] =
     "usage: fxdp-worker run --graph G.pb --state S.safetensors --data D.safetensors\n"
@@ -106,7 +109,7 @@ constexpr char kRunUsage[] =
     "                      per step, or a closed form ({\"constant\": v},\n"
     "                      {\"linear_warmup_cosine\": {\"peak\", \"warmup_steps\",\n"
     "                      \"total_steps\", \"final\"}}, {\"step_decay\": {\"initial\",\n"
-    "                      \"step_size\", \"gamma\"}}); see README \"Schedules\". Step i's\n"
+    "                      \"step_size\", \"gamma\"}}); see docs/schedules.md. Step i's\n"
     "                      values are written into the state before step i runs; names it\n"
     "                      does not give keep their state value. A name that is not a\n"
     "                      hyper-parameter of the graph, or fewer values than --steps, is an\n"
@@ -494,6 +497,10 @@ int main(int argc, char** argv) {
   args.erase(args.begin());
   if (cmd == "--help" || cmd == "-h" || cmd == "help") {
     std::fputs(fxdp::executor::kUsage, stdout);
+    return fxdp::executor::kExitOk;
+  }
+  if (cmd == "--version") {
+    std::printf("%s (LibTorch %s)\n", fxdp::util::VersionLine("fxdp-worker").c_str(), TORCH_VERSION);
     return fxdp::executor::kExitOk;
   }
   if (cmd == "run") return fxdp::executor::RunCommand(args);

@@ -155,6 +155,25 @@ def test_errors_raise_server_error(client):
         client.train(step, world_size=2)
 
 
+def test_unreachable_server_names_the_address_and_how_to_start_one():
+    """gRPC alone says "failed to connect to all addresses"; the client says which address it tried."""
+    with pytest.raises(fxdp.ServerError) as err:
+        fxdp.Client("127.0.0.1:1", timeout=10).jobs()
+    msg = str(err.value)
+    assert err.value.code == grpc.StatusCode.UNAVAILABLE, msg
+    assert "cannot reach fxdp-server at 127.0.0.1:1" in msg and "fxdp-server --local-workers" in msg, msg
+
+
+@pytest.mark.parametrize("env,name,want", [
+    ("FXDP_BIN", "fxdp", "fxdp 0.1.0"),
+    ("FXDP_SERVER_BIN", "fxdp-server", "fxdp-server 0.1.0"),
+    ("FXDP_WORKER", "fxdp-worker", "fxdp-worker 0.1.0 (LibTorch 2.13"),
+])
+def test_every_binary_has_version(env, name, want):
+    p = subprocess.run([fxdp_binary(env, name), "--version"], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0 and p.stdout.startswith(want), (p.returncode, p.stdout, p.stderr)
+
+
 def test_large_state_goes_in_chunks():
     """A 64 MiB state through a server and client that accept no message over 8 MiB."""
     torch.manual_seed(0)

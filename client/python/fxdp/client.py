@@ -69,6 +69,18 @@ STYLES = {"replicate": cpb.DATA_PARALLEL_STYLE_REPLICATE,
 _STYLE_NAMES = {v: k for k, v in STYLES.items()}
 
 
+def _server_error(e: grpc.RpcError, address: str) -> ServerError:
+    """The ServerError for a failed RPC; a server that cannot be reached is named by the address
+    tried, with how to start one (gRPC's own text says only "failed to connect to all addresses")."""
+    # gRPC's client-side texts (a server's own UNAVAILABLE, e.g. "worker ... was lost", stays as is).
+    unreachable = ("failed to connect to all addresses", "DNS resolution failed", "Connection refused")
+    if e.code() == grpc.StatusCode.UNAVAILABLE and any(t in (e.details() or "") for t in unreachable):
+        return ServerError(e.code(), f"cannot reach fxdp-server at {address} ({e.details()}); start one "
+                           "there (`fxdp-server --local-workers 2` listens on 127.0.0.1:50051) or pass its "
+                           "address: fxdp.Client(\"HOST:PORT\") or FXDP_SERVER=HOST:PORT")
+    return ServerError(e.code(), e.details())
+
+
 def _style(style: str) -> int:
     """The wire value of ``style`` ("replicate" or "fully_shard"); ValueError naming the accepted
     ones otherwise."""
@@ -191,6 +203,7 @@ class Client:
         if timeout is not None and not timeout > 0:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         self.timeout = timeout
+        self.address = address
         creds = _channel_credentials(tls_ca, token, token_file, tls_cert, tls_key)
         if creds is None:
             self._channel = grpc.insecure_channel(address, options=options)
@@ -218,7 +231,7 @@ class Client:
         try:
             return fn(*args, timeout=self._timeout(timeout), **kw)
         except grpc.RpcError as e:  # pragma: no cover - exercised through the tests' error cases
-            raise ServerError(e.code(), e.details()) from None
+            raise _server_error(e, self.address) from None
 
     def analyze(self, step: Graphish, world_size: int = 2, sync_batchnorm: bool = False,
                 timeout: Optional[float] = None, style: Optional[str] = None,
@@ -410,7 +423,7 @@ class Client:
         except grpc.RpcError as e:
             if problem:
                 raise problem[0]
-            raise ServerError(e.code(), e.details()) from None
+            raise _server_error(e, self.address) from None
         finally:
             call_over.set()
         final = OrderedDict(init.items())
