@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -35,15 +36,20 @@ namespace {
 
 using ::testing::HasSubstr;
 
+// Certificates and tokens of scripts/dev_ca.sh, made once, removed at exit.
 std::string Pki() {
-  static const std::string dir = [] {
+  struct Dir {
+    std::string path;
+    ~Dir() { std::filesystem::remove_all(path); }
+  };
+  static const Dir dir{[] {
     char tmpl[] = "/tmp/fxdp_call_auth_XXXXXX";
-    const std::string d = mkdtemp(tmpl);
+    std::string d = mkdtemp(tmpl);
     const std::string cmd = absl::StrCat("sh ", FXDP_SOURCE_DIR, "/scripts/dev_ca.sh ", d, " >/dev/null 2>&1");
     EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
     return d;
-  }();
-  return dir;
+  }()};
+  return dir.path;
 }
 
 std::string Token(const std::string& who) {
