@@ -35,9 +35,15 @@ absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path,
                                                 const SafetensorsReadOptions& options,
                                                 FlatShardRead* shards) {
   FXDP_ASSIGN_OR_RETURN(ir::SafetensorsReader file, ir::SafetensorsReader::Open(path, options));
+  return ReadTensors(file, path, nullptr, shards);
+}
+
+absl::StatusOr<SafetensorsFile> ReadTensors(const ir::SafetensorsReader& file, const std::string& path,
+                                            const std::set<std::string>* only, FlatShardRead* shards) {
   SafetensorsFile out;
   out.metadata = file.header().metadata;
   for (const ir::SafetensorsEntry& e : file.header().tensors) {
+    if (only != nullptr && only->count(e.name) == 0) continue;  // never read
     const at::TensorOptions dtype = at::TensorOptions().dtype(ToTorch(e.dtype));
     const int64_t item = ir::DTypeItemSize(e.dtype);
     at::Tensor t;

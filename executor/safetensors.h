@@ -50,6 +50,13 @@ absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path,
                                                 const SafetensorsReadOptions& options = {},
                                                 FlatShardRead* shards = nullptr);
 
+// The tensors of an opened file (ir::SafetensorsReader::Open) named in
+// `only` (all when null; the others are never read), as ReadSafetensors
+// reads them; errors name `path`.
+absl::StatusOr<SafetensorsFile> ReadTensors(const ir::SafetensorsReader& file, const std::string& path,
+                                            const std::set<std::string>* only = nullptr,
+                                            FlatShardRead* shards = nullptr);
+
 // Undefined tensors and dtypes safetensors cannot name are INVALID_ARGUMENT.
 absl::StatusOr<std::string> SerializeSafetensors(
     const std::map<std::string, at::Tensor>& tensors,

@@ -6,6 +6,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace fxdp::server {
 
@@ -51,6 +53,9 @@ struct JobServiceOptions {
   // starts). Each such Submit reserves what its graph declares before
   // reading any of it; more than is free is RESOURCE_EXHAUSTED.
   uint64_t max_initial_state_bytes = uint64_t{4096} << 20;
+  // Real paths no JobSpec.data_paths may lead into (CheckDataPathsExcluded):
+  // the --state-dir, the key and token files.
+  std::vector<std::string> data_excluded;
   // --max-batch-mb: one step's global batch as a streamed job's graph
   // declares it (the server assembles it before slicing it); more is
   // RESOURCE_EXHAUSTED at Submit.

@@ -160,6 +160,7 @@ absl::Status JobRunner::TakeSpec() {
   // again after a restart; so is a job that is checkpointed or resumes
   // another, to check a resume of it against (job_resume.h).
   const v1::JobSpec& submitted = first.spec();
+  if (absl::Status s = CheckDataPathsExcluded(submitted, ctx_.options.data_excluded); !s.ok()) return s;
   const bool from_files = ctx_.store != nullptr && submitted.data_paths_size() > 0;
   const bool resume = !submitted.resume_job().empty();
   if (ctx_.store != nullptr && (from_files || resume || ctx_.options.checkpoint_every > 0)) {

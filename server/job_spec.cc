@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "expansion/style_proto.h"
+#include "util/data_roots.h"
 
 namespace fxdp::server {
 
@@ -30,6 +31,21 @@ const char* SubmitRequestKind(const v1::SubmitJobRequest& r) {
     case v1::SubmitJobRequest::kBatch: return "a batch";
     default: return "an empty SubmitJobRequest";
   }
+}
+
+absl::Status CheckDataPathsExcluded(const v1::JobSpec& spec, const std::vector<std::string>& excluded) {
+  for (int i = 0; i < spec.data_paths_size(); ++i) {
+    const std::string real = util::RealPathAsFarAsItExists(spec.data_paths(i));
+    const std::string lexical = util::LexicalAbsolute(spec.data_paths(i));
+    for (const std::string& x : excluded) {
+      if (util::PathUnder(real, x) || util::PathUnder(lexical, x)) {
+        return absl::PermissionDeniedError(absl::StrCat(
+            "JobSpec.data_paths[", i, "] '", spec.data_paths(i), "' is in '", x,
+            "', the server's state directory or credentials, which are never read as data"));
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ValidateJobSpec(const v1::JobSpec& spec) {

@@ -41,6 +41,15 @@ inline constexpr size_t kMaxDataPathBytes = 4096;  // each (PATH_MAX)
 // [0, one year], the strings within the bounds above.
 absl::Status ValidateJobSpec(const v1::JobSpec& spec);
 
+// JobSpec.data_paths that lead, as this host resolves them (links
+// followed, relative to the server's working directory), into one of
+// `excluded` (real paths: the server's --state-dir, key and token files) are
+// PERMISSION_DENIED naming the entry: the server's own files are never data
+// (issue 25.3). The workers refuse them too, as they open them
+// (fxdp-worker attach --data-exclude), which is what holds against a link
+// swapped in later or a worker with another view of the filesystem.
+absl::Status CheckDataPathsExcluded(const v1::JobSpec& spec, const std::vector<std::string>& excluded);
+
 // JobSpec.schedule: names of the graph's HYPERPARAMETER placeholders, each
 // at most once, with one value per step.
 absl::StatusOr<ir::Schedule> JobScheduleOf(const v1::JobSpec& spec, const ir::PlaceholderNames& placeholders);

@@ -41,6 +41,7 @@
 #include "server/local_workers.h"
 #include "server/parse_errors.h"
 #include "server/worker_registry.h"
+#include "util/data_roots.h"
 #include "util/flags.h"
 
 namespace {
@@ -56,7 +57,7 @@ constexpr char kUsage[] =
     "                   [--max-graph-nodes N] [--max-graph-mb N] [--max-worker-streams N]\n"
     "                   [--max-submit-streams N] [--register-deadline-s S]\n"
     "                   [--max-initial-state-mb N] [--max-batch-mb N]\n"
-    "                   [--max-auth-failures N] [--auth-block-s S]\n"
+    "                   [--max-auth-failures N] [--auth-block-s S] [--max-data-mb N]\n"
     "\n"
     "Serves fxdp.v1.CompileService (Analyze, Expand), fxdp.v1.WorkerService (Attach:\n"
     "the workers' endpoint, ListWorkers) and fxdp.v1.JobService (Submit, GetJob, ListJobs,\n"
@@ -82,7 +83,12 @@ constexpr char kUsage[] =
     "  --data-root DIR       a directory the --local-workers may read JobSpec.data_paths\n"
     "                        from (repeatable; passed to 'fxdp-worker attach --data-root').\n"
     "                        Default: the server's working directory and $TMPDIR (else\n"
-    "                        /tmp). Files elsewhere are refused naming the path and roots\n"
+    "                        /tmp). Files elsewhere are refused naming the path and roots,\n"
+    "                        and so are the --state-dir and the key and token files even\n"
+    "                        under a root (at Submit, and by the workers: --data-exclude)\n"
+    "  --max-data-mb N       what each of the --local-workers reads from a job's data\n"
+    "                        files, MiB, in all (the tensors its graph's inputs name; passed\n"
+    "                        to 'fxdp-worker attach --max-data-mb'; default 4096)\n"
     "  --max-queued-jobs N   jobs waiting for idle workers (FIFO); more are refused with\n"
     "                        RESOURCE_EXHAUSTED (default 64)\n"
     "  --max-state-mb N      final states kept for FetchState, MiB; the oldest is evicted\n"
@@ -186,6 +192,7 @@ int main(int argc, char** argv) {
   int64_t heartbeat_ms = 1000, local_workers = 0;
   std::string worker_binary, worker_memory_limit;
   std::vector<std::string> data_roots;
+  int64_t max_data_mb = 4096;
   fxdp::server::JobServiceOptions job_options;
   int64_t max_queued = static_cast<int64_t>(job_options.max_queued_jobs);
   int64_t max_state_mb = static_cast<int64_t>(job_options.max_state_bytes >> 20);
@@ -216,6 +223,7 @@ int main(int argc, char** argv) {
     data_roots.push_back(v);
     return true;
   });
+  IntFlag(f, "--max-data-mb", &max_data_mb, 1, 1 << 30);
   IntFlag(f, "--max-queued-jobs", &max_queued, 1, INT64_MAX);
   IntFlag(f, "--max-state-mb", &max_state_mb, 0, INT64_MAX >> 20);
   IntFlag(f, "--max-finished-jobs", &max_finished, 1, INT64_MAX);
@@ -325,6 +333,12 @@ int main(int argc, char** argv) {
     if (!opened.ok()) return f.Usage(std::string(opened.status().message()));
     store = *std::move(opened);
   }
+  // The server's own files are never data (issue 25.3): refused at Submit
+  // and by the --local-workers as they open a path (--data-exclude).
+  for (const std::string* x : {&state_dir, &security_options.tls_key, &security_options.client_tokens,
+                               &security_options.worker_token_file}) {
+    if (!x->empty()) job_options.data_excluded.push_back(fxdp::util::RealPathAsFarAsItExists(*x));
+  }
   fxdp::server::JobServiceImpl jobs(&service, &registry, job_options, store.get(), security->auth);
   registry.SetJobOwners([&jobs](const std::string& id) { return jobs.OwnerOf(id); });
   if (absl::Status s = jobs.Recover(); !s.ok()) {
@@ -410,6 +424,12 @@ int main(int argc, char** argv) {
     lw.extra_args.push_back("--data-root");
     lw.extra_args.push_back(r);
   }
+  for (const std::string& x : job_options.data_excluded) {
+    lw.extra_args.push_back("--data-exclude");
+    lw.extra_args.push_back(x);
+  }
+  lw.extra_args.push_back("--max-data-mb");
+  lw.extra_args.push_back(std::to_string(max_data_mb));
   if (security->tls && !security_options.tls_ca.empty()) {
     for (const char* a : {"--tls-ca", security_options.tls_ca.c_str()}) lw.extra_args.push_back(a);
   }

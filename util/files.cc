@@ -16,42 +16,6 @@
 #include "absl/strings/str_split.h"
 
 namespace fxdp::util {
-namespace {
-
-// `path` made absolute (against the working directory) with "." and ".."
-// collapsed textually; symlinks are not followed.
-std::string LexicalAbsolute(const std::string& path) {
-  std::string full = path;
-  if (full.empty() || full[0] != '/') {
-    char cwd[PATH_MAX];
-    full = absl::StrCat(getcwd(cwd, sizeof(cwd)) != nullptr ? cwd : "/", "/", path);
-  }
-  std::vector<std::string> parts;
-  for (absl::string_view p : absl::StrSplit(full, '/', absl::SkipEmpty())) {
-    if (p == ".") continue;
-    if (p == "..") {
-      if (!parts.empty()) parts.pop_back();
-      continue;
-    }
-    parts.emplace_back(p);
-  }
-  return absl::StrCat("/", absl::StrJoin(parts, "/"));
-}
-
-bool Under(const std::string& path, const std::string& root) {
-  if (root == "/") return true;
-  return path == root || (path.size() > root.size() && path.compare(0, root.size(), root) == 0 &&
-                          path[root.size()] == '/');
-}
-
-std::string Resolved(const std::string& path) {
-  char buf[PATH_MAX];
-  if (realpath(path.c_str(), buf) == nullptr) return "";
-  return buf;
-}
-
-}  // namespace
-
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes) {
   const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
   {
@@ -80,47 +44,23 @@ std::string WithCommas(uint64_t n) {
   return out;
 }
 
-absl::StatusOr<std::string> ConfinePath(const std::string& path, const std::vector<std::string>& roots) {
-  const std::string allowed = roots.empty() ? "none were configured"
-                                            : absl::StrCat("allowed: ", absl::StrJoin(roots, ", "));
-  auto outside = [&] {
-    return absl::PermissionDeniedError(
-        absl::StrCat("'", path, "' is outside this worker's data roots (", allowed, ")"));
-  };
-  std::vector<std::string> resolved_roots;
-  for (const std::string& r : roots) {
-    const std::string rr = Resolved(r);
-    if (!rr.empty()) resolved_roots.push_back(rr);
-  }
-  const std::string lexical = LexicalAbsolute(path);
-  bool inside = false;
-  for (size_t i = 0; i < roots.size(); ++i)
-    inside = inside || Under(lexical, LexicalAbsolute(roots[i]));
-  for (const std::string& rr : resolved_roots) inside = inside || Under(lexical, rr);
-  if (!inside) return outside();
-  const std::string real = Resolved(lexical);
-  if (real.empty()) {
-    const int e = errno;
-    if (e == EACCES) return absl::PermissionDeniedError(absl::StrCat("'", path, "': permission denied"));
-    return absl::NotFoundError(absl::StrCat("'", path, "' does not exist under the data roots"));
-  }
-  for (const std::string& rr : resolved_roots)
-    if (Under(real, rr)) return real;
-  return outside();  // a symlink (or "..") that leads out of the roots
-}
-
 absl::StatusOr<RegularFile> RegularFile::Open(const std::string& resolved, uint64_t max_bytes,
                                               const std::string& shown) {
   const std::string& path = shown.empty() ? resolved : shown;
   const int fd = open(resolved.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY);
-  if (fd < 0) {
-    const int e = errno;
-    if (e == ENOENT || e == ENOTDIR) return absl::NotFoundError(absl::StrCat("cannot open '", path, "': no such file"));
-    if (e == EACCES) return absl::PermissionDeniedError(absl::StrCat("cannot open '", path, "': permission denied"));
-    if (e == ELOOP)
-      return absl::FailedPreconditionError(absl::StrCat("'", path, "' is a symbolic link, not a regular file"));
-    return absl::FailedPreconditionError(absl::StrCat("cannot open '", path, "': ", std::strerror(e)));
-  }
+  if (fd < 0) return OpenError(path, errno);
+  return FromDescriptor(fd, path, max_bytes);
+}
+
+absl::Status RegularFile::OpenError(const std::string& path, int e) {
+  if (e == ENOENT || e == ENOTDIR) return absl::NotFoundError(absl::StrCat("cannot open '", path, "': no such file"));
+  if (e == EACCES) return absl::PermissionDeniedError(absl::StrCat("cannot open '", path, "': permission denied"));
+  if (e == ELOOP)
+    return absl::FailedPreconditionError(absl::StrCat("'", path, "' is a symbolic link, not a regular file"));
+  return absl::FailedPreconditionError(absl::StrCat("cannot open '", path, "': ", std::strerror(e)));
+}
+
+absl::StatusOr<RegularFile> RegularFile::FromDescriptor(int fd, const std::string& path, uint64_t max_bytes) {
   RegularFile file(path, fd, 0);  // closes fd on every return below
   struct stat st {};
   if (fstat(fd, &st) != 0)

@@ -1,11 +1,6 @@
-// Files: reading files a remote party names (a job's data_paths) without trusting
-// the name: confinement to configured roots, regular files only, bounded size.
+// Files: reading files without trusting them: regular files only, bounded
+// size (where they may be: util/data_roots.h).
 //
-//   ConfinePath   the path made absolute and resolved (realpath: symlinks and
-//                 "..") must lie under one of `roots` (themselves resolved);
-//                 refused otherwise, naming the path and the roots. A path that
-//                 is lexically outside every root is refused before anything
-//                 is looked up, so the error says nothing about files outside.
 //   ReadRegularFile  opens with O_NOFOLLOW|O_NONBLOCK (a FIFO cannot block it),
 //                 fstat()s the open descriptor and refuses anything but a
 //                 regular file (directories, FIFOs, sockets, devices such as
@@ -26,11 +21,6 @@
 
 namespace fxdp::util {
 
-// The resolved path of `path` if it lies under one of `roots`:
-// PERMISSION_DENIED when it does not (or `roots` is empty), NOT_FOUND when
-// it does not exist under them.
-absl::StatusOr<std::string> ConfinePath(const std::string& path, const std::vector<std::string>& roots);
-
 // The bytes of the regular file at `path`: FAILED_PRECONDITION for a file
 // that is not a regular file (or a symlink as the last component) or larger
 // than `max_bytes`, NOT_FOUND / PERMISSION_DENIED from open, DATA_LOSS for a
@@ -46,6 +36,11 @@ class RegularFile {
   // where `path` is where it resolved to), else `path`.
   static absl::StatusOr<RegularFile> Open(const std::string& path, uint64_t max_bytes,
                                           const std::string& shown = "");
+  // The same checks on a descriptor opened elsewhere (util::DataRoots), which
+  // the RegularFile owns from now on (closed on error too); errors name `path`.
+  static absl::StatusOr<RegularFile> FromDescriptor(int fd, const std::string& path, uint64_t max_bytes);
+  // open()'s errno as Open reports it, naming `path`.
+  static absl::Status OpenError(const std::string& path, int e);
   RegularFile(RegularFile&& o) noexcept;
   RegularFile& operator=(RegularFile&& o) noexcept;
   RegularFile(const RegularFile&) = delete;

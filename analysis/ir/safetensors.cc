@@ -73,23 +73,85 @@ absl::StatusOr<SafetensorsView> ParseSafetensors(absl::string_view bytes) {
   return out;
 }
 
+// [Errors Quote No File Bytes] A data file may be any file under a data
+// root, a secret among them (issue 25.9). Nothing read from the file is
+// quoted until it declares itself safetensors: the length field's value, the
+// JSON text (nlohmann's messages quote it: "last read: ..."), malformed
+// entries, dtype strings fxdp does not know and __metadata__ never appear in
+// an error; those name the entry by its position and give sizes of the file,
+// the header and the limit. A well-formed entry (a known dtype, a shape of
+// non-negative integers, offsets that match them) is named with its name,
+// dtype, shape and offsets: only a file written as safetensors gets that far.
 absl::StatusOr<uint64_t> SafetensorsHeaderLength(absl::string_view first8, uint64_t file_size) {
   if (file_size < 8 || first8.size() < 8)
     return Corrupt(absl::StrCat("the file is ", file_size,
                                 " bytes, shorter than the 8-byte header length (truncated?)"));
   uint64_t n = 0;
   std::memcpy(&n, first8.data(), 8);
-  // The length field is the file's first 8 bytes: when they are not a length
-  // (a text file, say), say so without echoing them.
   if (n > kMaxSafetensorsHeader)
     return Corrupt(absl::StrCat("not a safetensors file: the header length field exceeds the limit of ",
                                 util::WithCommas(kMaxSafetensorsHeader), " bytes"));
   if (n > file_size - 8)
-    return Corrupt(absl::StrCat("header length ", util::WithCommas(n), " exceeds the ",
-                                util::WithCommas(file_size - 8),
-                                " bytes after the length field (truncated, or not a safetensors file)"));
+    return Corrupt(absl::StrCat("not a safetensors file, or truncated: the header length field exceeds the ",
+                                util::WithCommas(file_size - 8), " bytes after it"));
   return n;
 }
+
+namespace {
+
+// One tensor entry of a header that is a JSON object: checked, or an error
+// that names the entry by `where` ("entry 2 of 5 (in name order)") and quotes
+// nothing of it until it is well-formed ([Errors Quote No File Bytes]).
+absl::StatusOr<SafetensorsEntry> ParseEntry(const std::string& key, const nlohmann::json& v,
+                                            const std::string& where, uint64_t data_size) {
+  if (!v.is_object()) return Corrupt(absl::StrCat(where, " is not an object"));
+  auto dt = v.find("dtype");
+  auto sh = v.find("shape");
+  auto off = v.find("data_offsets");
+  if (dt == v.end() || !dt->is_string()) return Corrupt(absl::StrCat(where, ": missing or non-string 'dtype'"));
+  if (sh == v.end() || !sh->is_array()) return Corrupt(absl::StrCat(where, ": missing or non-array 'shape'"));
+  if (off == v.end() || !off->is_array() || off->size() != 2)
+    return Corrupt(absl::StrCat(where, ": 'data_offsets' must be [begin, end]"));
+  SafetensorsEntry e;
+  e.name = key;
+  absl::StatusOr<DType> type = DTypeFromSafetensorsName(dt->get<std::string>());
+  if (!type.ok()) {
+    std::string known;
+    for (const SafetensorsDType& t : kSafetensorsDTypes) absl::StrAppend(&known, known.empty() ? "" : " ", t.name);
+    return absl::UnimplementedError(
+        absl::StrCat("safetensors ", where, ": a dtype fxdp does not know (it knows ", known, ")"));
+  }
+  e.dtype = *type;
+  if (sh->size() > 64) return Corrupt(absl::StrCat(where, ": ", sh->size(), " dimensions, more than 64"));
+  uint64_t numel = 1;
+  bool overflow = false;
+  for (const nlohmann::json& d : *sh) {
+    auto c = AsCount(d);
+    if (!c) return Corrupt(absl::StrCat(where, ": its shape has an entry that is not a non-negative integer"));
+    e.shape.push_back(static_cast<int64_t>(*c));
+    if (*c != 0 && numel > (uint64_t{1} << 62) / *c) overflow = true;
+    numel *= *c;
+  }
+  auto b = AsCount((*off)[0]);
+  auto en = AsCount((*off)[1]);
+  if (!b || !en || *b > *en)
+    return Corrupt(absl::StrCat(where, ": its data_offsets are not integers 0 <= begin <= end"));
+  e.begin = *b;
+  e.end = *en;
+  const uint64_t item = static_cast<uint64_t>(DTypeItemSize(e.dtype));
+  if (overflow || numel > (uint64_t{1} << 62) / item)
+    return Corrupt(absl::StrCat(where, ": its shape is too large (over 2^62 bytes)"));
+  if (e.end - e.begin != numel * item)
+    return Corrupt(absl::StrCat(where, ": its data_offsets span a different number of bytes than its dtype "
+                                "and shape need"));
+  // Well-formed from here on: named.
+  if (e.end > data_size)
+    return Corrupt(absl::StrCat("tensor '", key, "': data ends at byte ", e.end, " of a ", data_size,
+                                "-byte data buffer (truncated?)"));
+  return e;
+}
+
+}  // namespace
 
 absl::StatusOr<SafetensorsView> ParseSafetensorsHeader(absl::string_view prefix, uint64_t file_size) {
   absl::StatusOr<uint64_t> length = SafetensorsHeaderLength(prefix, file_size);
@@ -101,72 +163,29 @@ absl::StatusOr<SafetensorsView> ParseSafetensorsHeader(absl::string_view prefix,
   const absl::string_view header = prefix.substr(8, n);
   SafetensorsView out;
   out.data_size = file_size - 8 - n;
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(header.begin(), header.end());
-  } catch (const nlohmann::json::exception& e) {
-    return Corrupt(absl::StrCat("the header is not valid JSON: ", e.what()));
-  }
-  if (!j.is_object()) return Corrupt("the header is not a JSON object");
+  // No exceptions, and never nlohmann's message: it quotes the input.
+  nlohmann::json j = nlohmann::json::parse(header.begin(), header.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded())
+    return Corrupt(absl::StrCat("not a safetensors file, or a damaged one: its ", util::WithCommas(n),
+                                "-byte header is not valid JSON"));
+  if (!j.is_object()) return Corrupt("not a safetensors file: its header is not a JSON object");
 
+  size_t k = 0;
+  const size_t entries = j.size() - (j.contains("__metadata__") ? 1 : 0);
   for (auto it = j.begin(); it != j.end(); ++it) {
-    const std::string& key = it.key();
     const nlohmann::json& v = it.value();
-    if (key == "__metadata__") {
+    if (it.key() == "__metadata__") {
       if (!v.is_object()) return Corrupt("__metadata__ is not an object");
       for (auto m = v.begin(); m != v.end(); ++m) {
-        if (!m.value().is_string())
-          return Corrupt(absl::StrCat("__metadata__ value '", m.key(), "' is not a string"));
+        if (!m.value().is_string()) return Corrupt("a __metadata__ value is not a string");
         out.metadata[m.key()] = m.value().get<std::string>();
       }
       continue;
     }
-    const std::string where = absl::StrCat("tensor '", key, "'");
-    if (!v.is_object()) return Corrupt(absl::StrCat(where, ": entry is not an object"));
-    auto dt = v.find("dtype");
-    auto sh = v.find("shape");
-    auto off = v.find("data_offsets");
-    if (dt == v.end() || !dt->is_string())
-      return Corrupt(absl::StrCat(where, ": missing or non-string 'dtype'"));
-    if (sh == v.end() || !sh->is_array())
-      return Corrupt(absl::StrCat(where, ": missing or non-array 'shape'"));
-    if (off == v.end() || !off->is_array() || off->size() != 2)
-      return Corrupt(absl::StrCat(where, ": 'data_offsets' must be [begin, end]"));
-    SafetensorsEntry e;
-    e.name = key;
-    absl::StatusOr<DType> type = DTypeFromSafetensorsName(dt->get<std::string>());
-    if (!type.ok())
-      return absl::UnimplementedError(absl::StrCat(
-          "safetensors ", where, ": unsupported dtype '", dt->get<std::string>(), "'"));
-    e.dtype = *type;
-    if (sh->size() > 64) return Corrupt(absl::StrCat(where, ": ", sh->size(), " dimensions"));
-    uint64_t numel = 1;
-    bool overflow = false;
-    for (const nlohmann::json& d : *sh) {
-      auto c = AsCount(d);
-      if (!c) return Corrupt(absl::StrCat(where, ": shape ", sh->dump(),
-                                          " has an entry that is not a non-negative integer"));
-      e.shape.push_back(static_cast<int64_t>(*c));
-      if (*c != 0 && numel > (uint64_t{1} << 62) / *c) overflow = true;
-      numel *= *c;
-    }
-    auto b = AsCount((*off)[0]);
-    auto en = AsCount((*off)[1]);
-    if (!b || !en || *b > *en)
-      return Corrupt(absl::StrCat(where, ": bad data_offsets ", off->dump()));
-    e.begin = *b;
-    e.end = *en;
-    const uint64_t item = static_cast<uint64_t>(DTypeItemSize(e.dtype));
-    if (overflow || numel > (uint64_t{1} << 62) / item)
-      return Corrupt(absl::StrCat(where, ": shape ", sh->dump(), " is too large"));
-    if (e.end - e.begin != numel * item)
-      return Corrupt(absl::StrCat(where, ": data_offsets ", off->dump(), " span ",
-                                  e.end - e.begin, " bytes, but ", dt->get<std::string>(),
-                                  sh->dump(), " needs ", numel * item));
-    if (e.end > out.data_size)
-      return Corrupt(absl::StrCat(where, ": data ends at byte ", e.end, " of a ", out.data_size,
-                                  "-byte data buffer (truncated?)"));
-    out.tensors.push_back(std::move(e));
+    const std::string where = absl::StrCat("tensor entry ", ++k, " of ", entries, " (in name order)");
+    absl::StatusOr<SafetensorsEntry> e = ParseEntry(it.key(), v, where, out.data_size);
+    if (!e.ok()) return e.status();
+    out.tensors.push_back(*std::move(e));
   }
   // Tensors tile the buffer: no overlap, no gap, nothing after the last one.
   std::stable_sort(out.tensors.begin(), out.tensors.end(),
@@ -252,21 +271,16 @@ absl::StatusOr<std::string> SerializeSafetensors(const std::vector<RawTensor>& t
 
 namespace {
 
-// `path` opened for reading under `options`: confined to its roots, or with
-// the symlinks the caller named followed once (the open refuses one that
+// `path` opened for reading under `options`: beneath its roots, or with the
+// symlinks the caller named followed once (the open refuses one that
 // appears in between). Messages name the path as given, not where it
 // resolved to.
 absl::StatusOr<util::RegularFile> OpenForRead(const std::string& path,
                                               const SafetensorsReadOptions& options) {
+  if (options.roots != nullptr) return options.roots->OpenFile(path, options.max_bytes);
   std::string resolved = path;
-  if (options.confine) {
-    absl::StatusOr<std::string> r = util::ConfinePath(path, options.roots);
-    if (!r.ok()) return r.status();
-    resolved = *std::move(r);
-  } else {
-    char buf[PATH_MAX];
-    if (realpath(path.c_str(), buf) != nullptr) resolved = buf;
-  }
+  char buf[PATH_MAX];
+  if (realpath(path.c_str(), buf) != nullptr) resolved = buf;
   return util::RegularFile::Open(resolved, options.max_bytes, path);
 }
 

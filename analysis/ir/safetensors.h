@@ -28,6 +28,7 @@
 #include "absl/strings/string_view.h"
 #include "analysis/ir/raw_tensor.h"
 #include "analysis/ir/types.h"
+#include "util/data_roots.h"
 #include "util/files.h"
 
 namespace fxdp::ir {
@@ -92,10 +93,10 @@ absl::StatusOr<std::string> SerializeSafetensors(const std::vector<RawTensor>& t
 inline constexpr uint64_t kMaxSafetensorsFile = uint64_t{64} << 30;
 
 struct SafetensorsReadOptions {
-  // Read only under `roots` (util::ConfinePath; none means nothing), e.g. a
-  // job's data_paths on a worker.
-  bool confine = false;
-  std::vector<std::string> roots;
+  // Set: the file is opened beneath these roots (util::DataRoots::OpenFile:
+  // no link followed, exclusions refused), e.g. a job's data_paths on a
+  // worker. Not set: a file the operator named (fxdp-worker run's own).
+  const util::DataRoots* roots = nullptr;
   uint64_t max_bytes = kMaxSafetensorsFile;
 };
 

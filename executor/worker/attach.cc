@@ -24,7 +24,8 @@ namespace fxdp::executor {
 const char kAttachUsage[] =
     "usage: fxdp-worker attach [--server HOST:PORT] [--device cpu|cuda:N] [--worker-id ID]\n"
     "                          [--heartbeat-ms 1000] [--threads N] [--max-message-mb 1024]\n"
-    "                          [--data-root DIR ...] [--max-data-mb 65536]\n"
+    "                          [--data-root DIR ...] [--data-exclude PATH ...]\n"
+    "                          [--max-data-mb 65536]\n"
     "                          [--memory-limit SIZE]\n"
     "                          [--tls-ca FILE [--tls-cert FILE --tls-key FILE | --token-file FILE]]\n"
     "\n"
@@ -53,11 +54,18 @@ const char kAttachUsage[] =
     "  --max-message-mb MB   largest message accepted from the server (default 1024: the\n"
     "                        graph travels in one message; state and batches are chunked)\n"
     "  --data-root DIR       a directory whose files jobs may name in data_paths; repeat\n"
-    "                        for several. Paths are resolved (symlinks, '..') and must stay\n"
-    "                        under a root; only regular files are read. None given: jobs\n"
-    "                        cannot read files on this worker\n"
-    "  --max-data-mb MB      data files a job reads, in all (each is kept for the job;\n"
-    "                        default 65536)\n"
+    "                        for several. A path must lie under a root ('..' collapsed as\n"
+    "                        text) and is opened beneath it without following any\n"
+    "                        symbolic link (openat2 RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS);\n"
+    "                        only regular files are read. None given: jobs cannot read\n"
+    "                        files on this worker\n"
+    "  --data-exclude PATH   a file or directory under a root that jobs may never read\n"
+    "                        (repeatable): give the server's --state-dir and its key and\n"
+    "                        token files when they lie under a root (fxdp-server passes\n"
+    "                        them to its --local-workers)\n"
+    "  --max-data-mb MB      the bytes a job reads from its data files, in all: only the\n"
+    "                        tensors its graph's inputs name are read (each is kept for\n"
+    "                        the job; default 65536)\n"
     "  --memory-limit SIZE   the most memory the worker's tensors may hold at once (300MB,\n"
     "                        4GiB: powers of 1024). Enforced: an allocation past it fails\n"
     "                        the step (RESOURCE_EXHAUSTED naming the node), as a device of\n"
@@ -119,6 +127,10 @@ int AttachCommand(const std::vector<std::string>& argv) {
     o.data_roots.push_back(v);
     return true;
   });
+  flags.Custom("--data-exclude", "a PATH", [&o](const std::string& v) {
+    o.data_excluded.push_back(v);
+    return !v.empty();
+  });
   flags.Custom("--max-data-mb", "a positive integer", in_range(&o.max_data_mb, 1 << 30));
   flags.Custom("--memory-limit", "a size in bytes (300MB, 4GiB)",
                [&o](const std::string& v) { return util::ParseByteSize(v, &o.memory_limit); });
@@ -132,6 +144,9 @@ int AttachCommand(const std::vector<std::string>& argv) {
     return flags.Usage(std::string(s.message()));
   }
 
+  absl::StatusOr<util::DataRoots> roots = util::DataRoots::Open(o.data_roots, o.data_excluded);
+  if (!roots.ok()) return flags.Usage(std::string(roots.status().message()));
+  o.data_roots_opened = std::make_shared<const util::DataRoots>(*std::move(roots));
   attach::AttachedWorker worker(o);
   // SIGTERM / SIGINT: a clean shutdown, from a thread (handlers cannot take
   // locks or touch gRPC).

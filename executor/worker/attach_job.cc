@@ -7,13 +7,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <optional>
+#include <set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "analysis/ir/proto_codec.h"
 #include "executor/memory_limit.h"
 #include "executor/safetensors.h"
+#include "executor/torch_types.h"
 #include "executor/worker/attach_worker.h"
 #include "executor/worker/common.h"
 #include "util/status_macros.h"
@@ -72,47 +75,80 @@ void AttachedWorker::RunJob(std::shared_ptr<Job> job) {
   cv_.notify_all();
 }
 
+namespace {
+
+// A data file's error as the job reports it (the message names the path): a
+// corrupt file is the client's bad input, a path outside the roots (or
+// excluded, or through a link) is denied, anything else (missing, not a
+// regular file, a read error) is the file's state on this worker.
+absl::Status DataFileError(const absl::Status& s, const std::string& worker_id) {
+  const absl::StatusCode code = s.code();
+  const absl::StatusCode mapped =
+      code == absl::StatusCode::kInvalidArgument || code == absl::StatusCode::kUnimplemented
+          ? absl::StatusCode::kInvalidArgument
+      : code == absl::StatusCode::kPermissionDenied ? absl::StatusCode::kPermissionDenied
+      : code == absl::StatusCode::kResourceExhausted ? absl::StatusCode::kResourceExhausted
+                                                     : absl::StatusCode::kFailedPrecondition;
+  return absl::Status(mapped, absl::StrCat("data_paths file on worker ", worker_id, ": ", s.message()));
+}
+
+// The file's tensors that are the program's INPUTs, as meta tensors (no
+// data): what ShardBatch and CheckBatch check before anything is read.
+TensorMap DeclaredInputs(const ir::SafetensorsView& header, const std::set<std::string>& inputs,
+                         uint64_t* bytes) {
+  TensorMap out;
+  *bytes = 0;
+  for (const ir::SafetensorsEntry& e : header.tensors) {
+    if (inputs.count(e.name) == 0) continue;
+    out.emplace(e.name, at::empty(e.shape, at::TensorOptions().dtype(ToTorch(e.dtype)).device(at::kMeta)));
+    *bytes += e.end - e.begin;
+  }
+  return out;
+}
+
+}  // namespace
+
+// Each file's header is read and checked against the rank's graph first;
+// then only the tensors the graph's INPUTs name are read (issue 25.10: a
+// file may declare other tensors, of any size, which are never read), and
+// --max-data-mb bounds those bytes over the job's files together: each is
+// kept (this rank's shard of it) for the whole job, so the same path listed
+// many times would otherwise hold as many copies.
 absl::StatusOr<std::vector<TensorMap>> AttachedWorker::ReadDataFiles(const Job& job,
                                                                      const Program& program) const {
+  static const util::DataRoots kNoRoots;
+  std::set<std::string> inputs;
+  for (const ProgramInput& in : program.inputs())
+    if (in.role == ir::PlaceholderRole::kInput && in.type.is_tensor()) inputs.insert(in.state_name);
   std::vector<TensorMap> files;
-  // --max-data-mb bounds the job's files together: each is kept (this
-  // rank's shard of it) for the whole job, so the same path listed many
-  // times would otherwise hold as many copies.
   const uint64_t budget = static_cast<uint64_t>(o_.max_data_mb) << 20;
   uint64_t read_so_far = 0;
   for (const std::string& path : job.assign.data_paths()) {
     const std::string where = absl::StrCat("data_paths file '", path, "' (on worker ", worker_id_, ")");
     SafetensorsReadOptions read;
-    read.confine = true;
-    read.roots = o_.data_roots;
-    read.max_bytes = budget - read_so_far;
-    absl::StatusOr<SafetensorsFile> f = ReadSafetensors(path, read);
-    if (!f.ok() && read_so_far > 0 && f.status().code() == absl::StatusCode::kFailedPrecondition &&
-        absl::StrContains(f.status().message(), "over the limit")) {
+    read.roots = o_.data_roots_opened ? o_.data_roots_opened.get() : &kNoRoots;
+    read.max_bytes = std::numeric_limits<uint64_t>::max();  // what is read is bounded below
+    absl::StatusOr<ir::SafetensorsReader> file = ir::SafetensorsReader::Open(path, read);
+    if (!file.ok()) return DataFileError(file.status(), worker_id_);
+    uint64_t need = 0;
+    absl::StatusOr<TensorMap> shard = ShardBatch(DeclaredInputs(file->header(), inputs, &need), program,
+                                                 job.rank, job.world_size);
+    absl::Status s = shard.ok() ? CheckBatch(*shard, program) : shard.status();
+    if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", s.message()));
+    if (need > budget - read_so_far) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "data_paths on worker ", worker_id_, ": the job's files together may hold at most --max-data-mb ",
           o_.max_data_mb, " MiB; ", files.size(), " of its ", job.assign.data_paths_size(), " entries hold ",
-          read_so_far, " bytes and '", path, "' does not fit: ", f.status().message()));
+          read_so_far, " bytes and '", path, "' needs ", need, " bytes more for the graph's inputs"));
     }
-    if (!f.ok()) {
-      // The message names the path; a corrupt file is the client's bad
-      // input, a path outside the roots is denied, anything else (missing,
-      // not a regular file, too large) is the file's state on this worker.
-      const absl::StatusCode code = f.status().code();
-      const absl::StatusCode mapped = code == absl::StatusCode::kInvalidArgument ||
-                                              code == absl::StatusCode::kUnimplemented
-                                          ? absl::StatusCode::kInvalidArgument
-                                      : code == absl::StatusCode::kPermissionDenied
-                                          ? absl::StatusCode::kPermissionDenied
-                                          : absl::StatusCode::kFailedPrecondition;
-      return absl::Status(mapped, absl::StrCat("data_paths file on worker ", worker_id_, ": ",
-                                               f.status().message()));
-    }
-    absl::StatusOr<TensorMap> shard = ShardBatch(f->tensors, program, job.rank, job.world_size);
-    absl::Status s = shard.ok() ? CheckBatch(*shard, program) : shard.status();
+    absl::StatusOr<SafetensorsFile> f = ReadTensors(*file, path, &inputs);
+    if (!f.ok()) return DataFileError(f.status(), worker_id_);
+    shard = ShardBatch(f->tensors, program, job.rank, job.world_size);
+    s = shard.ok() ? CheckBatch(*shard, program) : shard.status();
     if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", s.message()));
-    for (const auto& [name, t] : f->tensors) read_so_far += static_cast<uint64_t>(t.nbytes());
-    util::Log(job.Prefix(), "read ", path, ": ", shard->size(), " tensors, this rank's shard kept");
+    read_so_far += need;
+    util::Log(job.Prefix(), "read ", path, ": ", shard->size(), " tensors (", need,
+              " bytes), this rank's shard kept");
     files.push_back(*std::move(shard));
   }
   return files;

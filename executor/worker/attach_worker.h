@@ -44,6 +44,7 @@
 #include "proto/fxdp/v1/worker.grpc.pb.h"
 #include "proto/fxdp/v1/worker.pb.h"
 #include "security/credentials.h"
+#include "util/data_roots.h"
 #include "util/log.h"
 
 #ifndef FXDP_VERSION
@@ -69,6 +70,9 @@ struct AttachOptions {
   int threads = 0;
   int max_message_mb = 1024;
   std::vector<std::string> data_roots;
+  std::vector<std::string> data_excluded;  // --data-exclude
+  // The roots opened once with the exclusions (util::DataRoots); null: none.
+  std::shared_ptr<const util::DataRoots> data_roots_opened;
   int max_data_mb = 65536;
   int64_t memory_limit = 0;  // --memory-limit (executor/memory_limit.h); 0: none
   security::ChannelSecurity creds;  // --tls-ca, --tls-cert/--tls-key, --token-file

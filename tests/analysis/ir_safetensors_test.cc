@@ -64,7 +64,39 @@ TEST(IrSafetensors, ParserNamesTheTensorAndTheProblem) {
   const uint64_t n = header.size();
   std::memcpy(odd.data(), &n, 8);
   EXPECT_THAT(ParseSafetensors(odd + header + "z").status(),
-              StatusIs(absl::StatusCode::kUnimplemented, "tensor 'x': unsupported dtype 'Q4'"));
+              StatusIs(absl::StatusCode::kUnimplemented, "tensor entry 1 of 1 (in name order): a dtype fxdp does not know (it knows F64 F32"));
+}
+
+// Issue 25.9: a data file may be any file under a data root, a secret one
+// too. Whatever a file that is not well-formed safetensors holds, no byte of
+// it (nor its length field as a number) appears in the error.
+TEST(IrSafetensors, ErrorsQuoteNoBytesOfTheFile) {
+  auto with_length = [](const std::string& header, const std::string& data = "") {
+    std::string out(8, '\0');
+    const uint64_t n = header.size();
+    std::memcpy(out.data(), &n, 8);
+    return out + header + data;
+  };
+  const std::string files[] = {
+      with_length(R"("SECRET-PASSWORD-hunter2)"),                       // nlohmann: "last read: ..."
+      with_length(R"({"SECRET-PASSWORD": 3})"),                          // an entry that is no object
+      with_length(R"({"x": {"dtype": "SECRET-PASSWORD", "shape": [1], "data_offsets": [0, 4]}})", "abcd"),
+      with_length(R"({"x": {"dtype": "F32", "shape": ["SECRET-PASSWORD"], "data_offsets": [0, 4]}})", "abcd"),
+      with_length(R"({"x": {"dtype": "F32", "shape": [1], "data_offsets": ["SECRET-PASSWORD", 4]}})", "abcd"),
+      with_length(R"({"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "SECRET-PASSWORD": 1})", "abcd"),
+      with_length(R"({"__metadata__": {"SECRET-PASSWORD": 1}})"),
+      with_length(R"({"__metadata__": "SECRET-PASSWORD"})"),
+      with_length(R"({"SECRET-PASSWORD": {"dtype": "F32", "shape": [7], "data_offsets": [0, 4]}})", "abcd"),
+      with_length(R"({"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}} SECRET-PASSWORD)", "abcd"),
+      std::string("AB\0\0\0\0\0\0SECRET-PASSWORD", 23),             // length field 16,961
+      "SECRET-PASSWORD-hunter2\n",
+  };
+  for (const std::string& f : files) {
+    const absl::Status s = ParseSafetensors(f).status();
+    EXPECT_FALSE(s.ok()) << f;
+    for (const char* leak : {"SECRET", "hunter2", "16961", "16,961", "last read"})
+      EXPECT_EQ(std::string(s.message()).find(leak), std::string::npos) << leak << " in: " << s;
+  }
 }
 
 TEST(IrSafetensors, FilesNameTheirPath) {

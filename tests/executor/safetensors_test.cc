@@ -94,37 +94,37 @@ TEST(SafetensorsTest, CorruptFilesAreErrorsNamingWhatIsWrong) {
   const std::string eight(8, '\0');
   EXPECT_THAT(ParseSafetensors("abc").status(), StatusIs(kBad, "shorter than the 8-byte header"));
   EXPECT_THAT(ParseSafetensors(File("{}").substr(0, 9)).status(),
-              StatusIs(kBad, "header length 2 exceeds the 1 bytes after the length field"));
+              StatusIs(kBad, "the header length field exceeds the 1 bytes after it"));
   std::string huge(8, '\xff');
   EXPECT_THAT(ParseSafetensors(huge).status(), StatusIs(kBad, "exceeds the limit"));
   EXPECT_THAT(ParseSafetensors(File("{\"a\": ")).status(), StatusIs(kBad, "not valid JSON"));
   EXPECT_THAT(ParseSafetensors(File("[1, 2]")).status(), StatusIs(kBad, "not a JSON object"));
   EXPECT_THAT(ParseSafetensors(File(R"({"a": 3})")).status(),
-              StatusIs(kBad, "tensor 'a': entry is not an object"));
+              StatusIs(kBad, "tensor entry 1 of 1 (in name order) is not an object"));
   EXPECT_THAT(ParseSafetensors(File(R"({"a": {"shape":[2],"data_offsets":[0,8]}})", eight))
                   .status(),
-              StatusIs(kBad, "tensor 'a': missing or non-string 'dtype'"));
+              StatusIs(kBad, "tensor entry 1 of 1 (in name order): missing or non-string 'dtype'"));
   EXPECT_THAT(
       ParseSafetensors(File(R"({"a": {"dtype":"F32","data_offsets":[0,8]}})", eight)).status(),
-      StatusIs(kBad, "tensor 'a': missing or non-array 'shape'"));
+      StatusIs(kBad, "tensor entry 1 of 1 (in name order): missing or non-array 'shape'"));
   EXPECT_THAT(ParseSafetensors(File(R"({"a": {)" + f32x2 + R"(,"data_offsets":[0]}})", eight))
                   .status(),
-              StatusIs(kBad, "tensor 'a': 'data_offsets' must be [begin, end]"));
+              StatusIs(kBad, "tensor entry 1 of 1 (in name order): 'data_offsets' must be [begin, end]"));
   EXPECT_THAT(
       ParseSafetensors(File(R"({"a": {"dtype":"Q7","shape":[2],"data_offsets":[0,8]}})", eight))
           .status(),
-      StatusIs(absl::StatusCode::kUnimplemented, "tensor 'a': unsupported dtype 'Q7'"));
+      StatusIs(absl::StatusCode::kUnimplemented, "tensor entry 1 of 1 (in name order): a dtype fxdp does not know"));
   EXPECT_THAT(
       ParseSafetensors(File(R"({"a": {"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", eight))
           .status(),
-      StatusIs(kBad, "tensor 'a': shape [-2] has an entry that is not a non-negative integer"));
+      StatusIs(kBad, "entry 1 of 1 (in name order): its shape has an entry that is not a non-negative integer"));
   EXPECT_THAT(ParseSafetensors(File(R"({"a": {)" + f32x2 + R"(,"data_offsets":[8,0]}})", eight))
                   .status(),
-              StatusIs(kBad, "tensor 'a': bad data_offsets [8,0]"));
+              StatusIs(kBad, "its data_offsets are not integers 0 <= begin <= end"));
   EXPECT_THAT(ParseSafetensors(File(R"({"a": {)" + f32x2 + R"(,"data_offsets":[0,12]}})",
                                     std::string(12, '\0')))
                   .status(),
-              StatusIs(kBad, "tensor 'a': data_offsets [0,12] span 12 bytes, but F32[2] needs 8"));
+              StatusIs(kBad, "its data_offsets span a different number of bytes than its dtype and shape need"));
   EXPECT_THAT(ParseSafetensors(File(R"({"a": {)" + f32x2 + R"(,"data_offsets":[0,8]}})", "1234"))
                   .status(),
               StatusIs(kBad, "tensor 'a': data ends at byte 8 of a 4-byte data buffer (truncated?)"));
@@ -148,7 +148,7 @@ TEST(SafetensorsTest, CorruptFilesAreErrorsNamingWhatIsWrong) {
                   .status(),
               StatusIs(kBad, "the data buffer has 9 bytes, the tensors cover 8"));
   EXPECT_THAT(ParseSafetensors(File(R"({"__metadata__": {"k": 1}})")).status(),
-              StatusIs(kBad, "__metadata__ value 'k' is not a string"));
+              StatusIs(kBad, "a __metadata__ value is not a string"));
   EXPECT_THAT(ReadSafetensors("/nonexistent/x.safetensors").status(),
               StatusIs(absl::StatusCode::kNotFound, "cannot open '/nonexistent/x.safetensors'"));
   EXPECT_THAT(SerializeSafetensors({{"q", at::quantize_per_tensor(at::ones({2}), 0.1, 0, at::kQInt8)}}).status(),
@@ -180,9 +180,9 @@ TEST(SafetensorsTest, UntrustedPathsAreErrorsNotAbortsHangsOrLeaks) {
   ASSERT_EQ(mkfifo((root + "/fifo").c_str(), 0600), 0);
   ASSERT_EQ(symlink((outside + "/secret.safetensors").c_str(), (root + "/escape").c_str()), 0);
   ASSERT_EQ(symlink("/dev/zero", (root + "/zero").c_str()), 0);
+  const util::DataRoots roots = ValueOrDie(util::DataRoots::Open({root}));
   SafetensorsReadOptions o;
-  o.confine = true;
-  o.roots = {root};
+  o.roots = &roots;
   EXPECT_TRUE(ReadSafetensors(root + "/good.safetensors", o).ok());
   EXPECT_TRUE(ReadSafetensors(root + "/dir/../good.safetensors", o).ok());
   const auto kPre = absl::StatusCode::kFailedPrecondition;
@@ -203,14 +203,15 @@ TEST(SafetensorsTest, UntrustedPathsAreErrorsNotAbortsHangsOrLeaks) {
               StatusIs(kDenied, absl::StrCat("outside this worker's data roots (allowed: ", root, ")")));
   EXPECT_THAT(ReadSafetensors(root + "/../st_outside/secret.safetensors", o).status(),
               StatusIs(kDenied, "outside this worker's data roots"));
-  EXPECT_THAT(ReadSafetensors(root + "/escape", o).status(), StatusIs(kDenied, "outside this worker's data roots"));
-  EXPECT_THAT(ReadSafetensors(root + "/zero", o).status(), StatusIs(kDenied, "outside this worker's data roots"));
+  EXPECT_THAT(ReadSafetensors(root + "/escape", o).status(), StatusIs(kDenied, "goes through a symbolic link"));
+  EXPECT_THAT(ReadSafetensors(root + "/zero", o).status(), StatusIs(kDenied, "goes through a symbolic link"));
   // Outside the roots, existing or not, reads the same: nothing is revealed.
   EXPECT_THAT(ReadSafetensors("/nonexistent/x", o).status(), StatusIs(kDenied, "outside"));
   EXPECT_THAT(ReadSafetensors("/etc/passwd", o).status(), StatusIs(kDenied, "outside"));
   EXPECT_THAT(ReadSafetensors(root + "/missing", o).status(),
               StatusIs(absl::StatusCode::kNotFound, "does not exist under the data roots"));
-  o.roots.clear();
+  const util::DataRoots none;
+  o.roots = &none;
   EXPECT_THAT(ReadSafetensors(root + "/good.safetensors", o).status(), StatusIs(kDenied, "none were configured"));
   // Unconfined (fxdp-worker run's own files): still regular files only, bounded.
   EXPECT_THAT(ReadSafetensors("/dev/zero").status(), StatusIs(kPre, "is a character device, not a regular file"));

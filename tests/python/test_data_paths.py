@@ -11,8 +11,10 @@ workers are IDLE afterwards (same pids: nothing restarted) and a good file still
 
 from __future__ import annotations
 
+import json
 import os
 import struct
+import subprocess
 import time
 
 import grpc
@@ -22,6 +24,9 @@ from safetensors.torch import save_file
 import fxdp
 from _util import local_server, traced
 from fxdp import zoo
+from fxdp.v1 import worker_pb2 as wpb
+
+from test_worker_attach import idle, lab  # noqa: F401  (lab: the fixture)
 
 MODEL, OPTIM = "mlp", "adamw"
 
@@ -65,7 +70,7 @@ def test_bad_data_paths_fail_the_job_and_the_workers_stay(setup):
         ("/dev/zero", grpc.StatusCode.FAILED_PRECONDITION, "is a character device, not a regular file"),
         (outside / "secret.safetensors", grpc.StatusCode.PERMISSION_DENIED,
          f"outside this worker's data roots (allowed: {root}, /dev)"),
-        (root / "escape", grpc.StatusCode.PERMISSION_DENIED, "outside this worker's data roots"),
+        (root / "escape", grpc.StatusCode.PERMISSION_DENIED, "goes through a symbolic link"),
         (root / "truncated.safetensors", grpc.StatusCode.INVALID_ARGUMENT, "corrupt safetensors data"),
         (root / "passwd", grpc.StatusCode.INVALID_ARGUMENT, "not a safetensors file"),
         ("/etc/passwd", grpc.StatusCode.PERMISSION_DENIED, "outside this worker's data roots"),
@@ -87,6 +92,143 @@ def test_bad_data_paths_fail_the_job_and_the_workers_stay(setup):
     assert len(result.losses) == 2
 
 
+SECRET = b"SECRET-PASSWORD-hunter2"
+
+
+def _with_length(header: bytes, data: bytes = b"") -> bytes:
+    return struct.pack("<Q", len(header)) + header + data
+
+
+def test_errors_never_carry_a_files_bytes(setup):
+    """Issue 25.9: whatever a data file holds that is not well-formed safetensors, no byte of it
+    reaches the job's error, the client's message or the server's and workers' log (before:
+    nlohmann's "last read: '<the file's text>'", and the length field "header length 16,961")."""
+    client, root, _, log = setup
+    step = traced(MODEL, OPTIM)
+    files = {
+        "string": _with_length(b'"' + SECRET),
+        "key": _with_length(b'{"' + SECRET + b'": 3}'),
+        "dtype": _with_length(b'{"x": {"dtype": "' + SECRET + b'", "shape": [1], "data_offsets": [0, 4]}}', b"abcd"),
+        "shape": _with_length(b'{"x": {"dtype": "F32", "shape": ["' + SECRET + b'"], "data_offsets": [0, 4]}}',
+                              b"abcd"),
+        "metadata": _with_length(b'{"__metadata__": {"' + SECRET + b'": 1}}'),
+        "trailing": _with_length(b'{"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}} ' + SECRET, b"abcd"),
+        "length": b"AB\0\0\0\0\0\0" + SECRET,
+    }
+    for name, data in files.items():
+        (root / f"secret-{name}").write_bytes(data)
+        with pytest.raises(fxdp.ServerError) as err:
+            client.train(step, world_size=2, data_path=root / f"secret-{name}", steps=1)
+        msg = str(err.value)
+        assert err.value.code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION), (name, msg)
+        assert f"secret-{name}" in msg, msg
+        for leak in ("SECRET", "hunter2", "16961", "16,961", "last read"):
+            assert leak not in msg, (name, msg)
+        idle_workers(client)
+    text = "".join(log)
+    assert "secret-length" in text and "SECRET" not in text and "16,961" not in text
+
+
+def _sparse_with_unused(path, batch, unused_bytes: int) -> None:
+    """A safetensors file with `batch` and an unused U8 tensor of `unused_bytes` that is a hole."""
+    names = {"torch.float32": "F32", "torch.int64": "I64"}
+    header, blobs, off = {}, [], 0
+    for k in sorted(batch):
+        b = batch[k].contiguous().numpy().tobytes()
+        header[k] = {"dtype": names[str(batch[k].dtype)], "shape": list(batch[k].shape),
+                     "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    header["unused"] = {"dtype": "U8", "shape": [unused_bytes], "data_offsets": [off, off + unused_bytes]}
+    h = json.dumps(header).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+        f.truncate(8 + len(h) + off + unused_bytes)
+
+
+def _read_chars(pid: int) -> int:
+    with open(f"/proc/{pid}/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
+
+
+def test_unused_tensors_are_never_read(setup):
+    """Issue 25.10: a data file declaring an unused 10 GiB tensor (a hole: the file is sparse) trains
+    and its workers read about what the graph's inputs need, not the 10 GiB (counted by the
+    kernel: /proc/PID/io rchar, every byte a worker read from files and sockets during the job;
+    before, the whole file was read, against the workers' --max-data-mb)."""
+    client, root, _, _ = setup
+    step = traced(MODEL, OPTIM)
+    batch = dict(zoo.get(MODEL).named_batch(0))
+    _sparse_with_unused(root / "sparse.safetensors", batch, 10 << 30)
+    pids = [w["pid"] for w in idle_workers(client)]
+    before = {pid: _read_chars(pid) for pid in pids}
+    result = client.train(step, world_size=2, data_path=root / "sparse.safetensors", steps=2)
+    assert len(result.losses) == 2
+    read = {pid: _read_chars(pid) - before[pid] for pid in pids}
+    print("bytes the workers read during the job (rchar):", read)
+    assert all(n < 256 << 20 for n in read.values()), read
+
+
+def test_the_server_state_dir_is_never_data(tmp_path):
+    """Issue 25.3: with --state-dir under a data root, bob named alice's final state file
+    (state/states/<job>.safetensors) as his data and fetched her weights. Now the server refuses
+    such a path at Submit (PERMISSION_DENIED naming it: directly, through a link, through '..');
+    its --local-workers get the state dir and the key and token files as --data-exclude (and
+    --max-data-mb from the server's flag), so they refuse it too when they open it."""
+    from test_security import PERMISSION_DENIED, client as tls_client, code_of, make_pki, server_args
+
+    pki = make_pki(tmp_path / "pki")
+    root = tmp_path / "root"
+    root.mkdir()
+    state = root / "state"
+    extra = [*server_args(pki), "--data-root", str(root), "--state-dir", str(state)]
+    with local_server(workers=2, extra_args=extra) as (address, log):
+        alice, bob, admin = (tls_client(address, pki, who) for who in ("alice", "bob", "admin"))
+        step = traced(MODEL, OPTIM)
+        hers = alice.train(step, world_size=2, batches=[zoo.get(MODEL).named_batch(0)])
+        stolen = state / "states" / f"{hers.job_id}.safetensors"
+        assert stolen.is_file()
+        os.symlink(state, root / "via")
+        (root / "x").mkdir()
+        for path in (stolen, root / "via" / "states" / stolen.name, f"{root}/x/../state/states/{stolen.name}"):
+            e = code_of(lambda: bob.train(step, world_size=2, data_path=path, steps=1))
+            assert e.code == PERMISSION_DENIED and str(path) in str(e) and "state directory" in str(e), e
+        for job in bob.jobs():  # whatever bob has, none holds a byte of alice's state
+            assert job["state"] != "JOB_STATE_SUCCEEDED", job
+        for w in admin.workers():
+            args = open(f"/proc/{w['pid']}/cmdline").read().split("\0")
+            excluded = {args[i + 1] for i, a in enumerate(args) if a == "--data-exclude"}
+            assert str(state.resolve()) in excluded and str((pki / "worker.token").resolve()) in excluded, args
+            assert args[args.index("--max-data-mb") + 1] == "4096", args
+
+
+def test_a_worker_refuses_excluded_paths_it_is_sent(lab, tmp_path):  # noqa: F811
+    """The worker's own check (what holds for a path a server did not refuse, or a link swapped in
+    after Submit): a data path under `fxdp-worker attach --data-exclude` fails the job
+    PERMISSION_DENIED naming it; the worker stays attached."""
+    from safetensors.torch import save_file
+
+    step, single, _ = lab.graphs(MODEL, "sgd", 1)
+    data = tmp_path / "data"
+    (data / "state").mkdir(parents=True)
+    save_file(dict(zoo.get(MODEL).named_batch(0)), str(data / "state" / "b.safetensors"))
+    server = lab.server()
+    proc = subprocess.Popen([lab.worker, "attach", "--server", f"127.0.0.1:{server.port}", "--worker-id", "x0",
+                             "--threads", "1", "--heartbeat-ms", "5000", "--data-root", str(data),
+                             "--data-exclude", str(data / "state")], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    lab.procs.append(proc)
+    conn = server.accept(1)["x0"]
+    path = str(data / "state" / "b.safetensors")
+    conn.send(assign_job=wpb.AssignJob(job_id="x", rank=0, world_size=1, device="cpu", steps=1, graph=single,
+                                       num_state_tensors=len(step.initial_state()), data_paths=[path]))
+    f = conn.recv("job_failed")
+    assert f.code == 7 and path in f.error and "never reads data from" in f.error, f  # PERMISSION_DENIED
+    assert proc.poll() is None
+    conn.wait_heartbeat(idle)
+
+
 def test_help_documents_data_roots():
     import subprocess
     from _util import fxdp_binary
@@ -95,4 +237,5 @@ def test_help_documents_data_roots():
     assert "--data-root DIR" in server and "$TMPDIR" in server
     worker = subprocess.run([fxdp_binary("FXDP_WORKER", "fxdp-worker"), "attach", "--help"],
                             capture_output=True, text=True, check=True).stdout
-    assert "--data-root DIR" in worker and "--max-data-mb" in worker
+    assert "--data-root DIR" in worker and "--max-data-mb" in worker and "--data-exclude PATH" in worker
+    assert "--max-data-mb N" in server

@@ -75,7 +75,9 @@ def test_declared_shapes_are_checked_against_the_graph_before_allocating(lab):  
 def test_the_same_data_path_many_times_cannot_exhaust_a_worker(lab, tmp_path):  # noqa: F811
     """A worker keeps every data_paths file (its shard) for the whole job: --max-data-mb bounds
     them together, so a path listed many times cannot hold as many copies (RESOURCE_EXHAUSTED
-    naming the flag; before, 8 entries of a 400 KB file held 3.2 MB against a 1 MiB limit)."""
+    naming the flag; before, 8 entries of a 400 KB file held 3.2 MB against a 1 MiB limit). Only
+    the tensors the graph's inputs name are read and counted (issue 25.10): the file's 400 KB
+    'padding' is not, its 720-byte batch is, so 1,456 entries fit in 1 MiB and 2,048 do not."""
     import subprocess
 
     import torch
@@ -97,9 +99,9 @@ def test_the_same_data_path_many_times_cannot_exhaust_a_worker(lab, tmp_path):  
     conn = server.accept(1)["d0"]
     conn.send(assign_job=wpb.AssignJob(job_id="many", rank=0, world_size=1, device="cpu", steps=1, graph=single,
                                        num_state_tensors=len(state),
-                                       data_paths=[str(data / "b.safetensors")] * 8))
+                                       data_paths=[str(data / "b.safetensors")] * 2048))
     f = conn.recv("job_failed")
     assert f.job_id == "many" and f.code == 8, f  # RESOURCE_EXHAUSTED
-    assert "--max-data-mb 1 MiB" in f.error and "2 of its 8 entries hold" in f.error, f.error
+    assert "--max-data-mb 1 MiB" in f.error and "1456 of its 2048 entries hold 1048320 bytes" in f.error, f.error
     assert proc.poll() is None
     conn.wait_heartbeat(idle)
