@@ -62,7 +62,8 @@ const char kAttachUsage[] =
     "  --data-exclude PATH   a file or directory under a root that jobs may never read\n"
     "                        (repeatable): give the server's --state-dir and its key and\n"
     "                        token files when they lie under a root (fxdp-server passes\n"
-    "                        them to its --local-workers)\n"
+    "                        them to its --local-workers); this worker's own --tls-key\n"
+    "                        and --token-file are always excluded\n"
     "  --max-data-mb MB      the bytes a job reads from its data files, in all: only the\n"
     "                        tensors its graph's inputs name are read (each is kept for\n"
     "                        the job; default 65536)\n"
@@ -144,6 +145,9 @@ int AttachCommand(const std::vector<std::string>& argv) {
     return flags.Usage(std::string(s.message()));
   }
 
+  // The worker's own secrets are never data either, wherever they lie.
+  for (const std::string* own : {&o.creds.tls_key, &o.creds.token_file})
+    if (!own->empty()) o.data_excluded.push_back(*own);
   absl::StatusOr<util::DataRoots> roots = util::DataRoots::Open(o.data_roots, o.data_excluded);
   if (!roots.ok()) return flags.Usage(std::string(roots.status().message()));
   o.data_roots_opened = std::make_shared<const util::DataRoots>(*std::move(roots));

@@ -229,6 +229,27 @@ def test_a_worker_refuses_excluded_paths_it_is_sent(lab, tmp_path):  # noqa: F81
     conn.wait_heartbeat(idle)
 
 
+def test_a_worker_never_reads_its_own_key(tmp_path):
+    """A worker started apart (no --data-exclude given) with its key under its data root: a job
+    naming the key fails PERMISSION_DENIED naming it (before: the worker read it, and only its
+    not being safetensors stopped the job). The server does not know that path: the worker's own
+    --tls-key and --token-file are excluded by the worker itself."""
+    from test_security import PERMISSION_DENIED, attach, client as tls_client, code_of, make_pki, server_args
+    from test_security import stop as stop_worker
+
+    pki = make_pki(tmp_path / "pki")
+    with local_server(workers=0, extra_args=server_args(pki)) as (address, log):
+        worker = attach(pki, address, "--tls-ca", str(pki / "ca.pem"), "--tls-cert", str(pki / "worker.pem"),
+                        "--tls-key", str(pki / "worker.key"), "--data-root", str(pki), worker_id="apart")
+        try:
+            bob = tls_client(address, pki, "bob")
+            e = code_of(lambda: bob.train(traced(MODEL, OPTIM), world_size=1, data_path=pki / "worker.key", steps=1))
+            assert e.code == PERMISSION_DENIED and f"{pki / 'worker.key'}' is in" in str(e), e
+            assert "PRIVATE KEY" not in str(e) and "PRIVATE KEY" not in "".join(log)
+        finally:
+            stop_worker(worker)
+
+
 def test_help_documents_data_roots():
     import subprocess
     from _util import fxdp_binary
