@@ -5,6 +5,8 @@
 //                     after "->"; a letter missing from the output is contracted.
 //   "+ij,ik,kj->ij"   addmm: "+" marks a leading bias operand, right-aligned
 //                     against its letters (it may broadcast).
+//   "ij,ik,jk,,ij->ik"  _cdist_backward(grad, x1, x2, p, cdist): an empty operand
+//                     is an argument that is not a tensor (p).
 //   "linear"          linear(x, w, b): [..., k] x [n, k] + [n] -> [..., n].
 //   "matmul"          torch.matmul's broadcasting rules, by the operands' ranks.
 //
@@ -38,7 +40,7 @@ struct MatmulLabels {
 class MatmulSpec {
  public:
   enum class Kind : int8_t { kNone, kEinsum, kLinear, kMatmul, kInvalid };
-  static constexpr int kMaxOperands = 3;
+  static constexpr int kMaxOperands = 5;
   static constexpr int kMaxRank = 4;
 
   constexpr MatmulSpec() = default;

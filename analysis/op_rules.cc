@@ -61,6 +61,12 @@ constexpr OpParam ZeroIsLinear(int i, absl::string_view name, bool absent_is_zer
   return {R::kZeroIsLinear, static_cast<int8_t>(i), name, static_cast<int8_t>(absent_is_zero)};
 }
 constexpr OpParam Ord(int i) { return Arg(R::kOrd, i, "ord"); }
+constexpr OpParam Offsets(int i) { return Arg(R::kOffsets, i, "offsets"); }
+constexpr OpParam IncludeLastOffset(int i) {
+  return Arg(R::kIncludeLastOffset, i, "include_last_offset");
+}
+constexpr OpParam BinRange(int i) { return Arg(R::kBinRange, i, "min"); }
+constexpr OpParam Accumulate(int i) { return Arg(R::kAccumulate, i, "accumulate"); }
 constexpr OpParam ScaleGradByFreq(int i) {
   return Arg(R::kScaleGradByFreq, i, "scale_grad_by_freq");
 }
@@ -82,7 +88,11 @@ constexpr OpRule kOpRules[] = {
     {"aten::_adaptive_avg_pool2d_backward", "*", F::kSpatial, Multilinear(0), {}},
     {"aten::_adaptive_avg_pool3d", "*", F::kSpatial, kNotLinear, {}},
     {"aten::_adaptive_avg_pool3d_backward", "*", F::kSpatial, Multilinear(0), {}},
+    {"aten::_cdist_backward", "", F::kMatmul, Multilinear(0), {}, kNoTraits, Spec("ij,ik,jk,,ij->ik")},
+    {"aten::_cdist_forward", "", F::kMatmul, kNotLinear, {}, kNoSum, Spec("ik,jk->ij")},
     {"aten::_convolution", "*", F::kSpatial, kNotLinear, {Replicated(1, "weight"), Replicated(2, "bias")}},
+    {"aten::_embedding_bag", "", F::kEmbeddingBag, kNotLinear, {Replicated(0, "weight"), Offsets(2), IncludeLastOffset(7)}},
+    {"aten::_embedding_bag_backward", "", F::kEmbeddingBackward, Multilinear(0), {Offsets(2), ScaleGradByFreq(7)}},
     {"aten::_foreach_*", "*", F::kForeach, kNotLinear, {}},
     {"aten::_foreach_norm", "*", F::kForeach, kNotLinear, {Ord(1)}},
     {"aten::_grouped_mm", "", F::kGroupedMm, Multilinear(0, 1), {}},
@@ -122,6 +132,7 @@ constexpr OpRule kOpRules[] = {
     {"aten::addcmul", "*", F::kPointwise, kNotLinear, {}, kInplace},
     {"aten::addmm", "*", F::kMatmul, kNotLinear, {}, kNoTraits, Spec("+ij,ik,kj->ij"), {ShapeCheck::kProduct}},
     {"aten::addmv", "*", F::kMatmul, kNotLinear, {}, kNoTraits, Spec("+i,ik,k->i")},
+    {"aten::affine_grid_generator", "", F::kSpatial, Multilinear(0), {Sizes(1, "size")}},
     {"aten::alias", "*", F::kPointwise, Additive(0), {}, kSelfAlias},
     {"aten::all", "", F::kReduce, kNotLinear, {Reduces(ReduceKind::kOther)}},
     {"aten::all", "dim", F::kReduce, kNotLinear, {Dims(1, "dim"), KeepDim(2), Reduces(ReduceKind::kOther)}},
@@ -210,6 +221,8 @@ constexpr OpRule kOpRules[] = {
     {"aten::gelu", "*", F::kPointwise, kNotLinear, {}, kInplace},
     {"aten::gelu_backward", "*", F::kPointwise, Multilinear(0), {}},
     {"aten::glu", "*", F::kPointwise, kNotLinear, {}, kNoTraits, kNoSpec, {ShapeCheck::kNone}},
+    {"aten::grid_sampler_2d", "", F::kSpatial, Multilinear(0), {}},
+    {"aten::grid_sampler_2d_backward", "", F::kSpatial, Multilinear(0), {}},
     {"aten::gt", "*", F::kPointwise, kNotLinear, {}},
     {"aten::hardsigmoid", "*", F::kPointwise, kNotLinear, {}},
     {"aten::hardsigmoid_backward", "*", F::kPointwise, Multilinear(0), {}},
@@ -217,11 +230,12 @@ constexpr OpRule kOpRules[] = {
     {"aten::hardswish_backward", "*", F::kPointwise, Multilinear(0), {}},
     {"aten::hardtanh", "*", F::kPointwise, kNotLinear, {}, kInplace},
     {"aten::hardtanh_backward", "*", F::kPointwise, Multilinear(0), {}},
+    {"aten::histc", "", F::kHistogram, kNotLinear, {BinRange(2)}},
     {"aten::huber_loss", "*", F::kLoss, kNotLinear, {Reduction(2)}},
     {"aten::huber_loss_backward", "*", F::kLossBackward, Multilinear(0), {Reduction(3)}},
     {"aten::index", "Tensor", F::kIndex, Additive(0), {Indices(1)}},
     {"aten::index", "Tensor_hacked_twin", F::kIndex, Additive(0), {Indices(1)}},
-    {"aten::index_put", "", F::kIndexPut, Additive(0, 2), {Indices(1)}},
+    {"aten::index_put", "", F::kIndexPut, Additive(0, 2), {Indices(1), Accumulate(3)}},
     {"aten::index_select", "*", F::kIndexWithDim, Additive(0), {Dim(1, "dim")}},
     {"aten::isinf", "*", F::kPointwise, kNotLinear, {}},
     {"aten::isnan", "*", F::kPointwise, kNotLinear, {}},
@@ -470,6 +484,8 @@ absl::string_view OpFamilyName(OpFamily f) {
     case F::kConvBackward: return "convolution backward";
     case F::kEmbedding: return "embedding";
     case F::kEmbeddingBackward: return "embedding backward";
+    case F::kEmbeddingBag: return "embedding bag";
+    case F::kHistogram: return "histogram";
     case F::kLoss: return "loss";
     case F::kLossBackward: return "loss backward";
     case F::kNllLoss: return "nll loss";

@@ -55,6 +55,9 @@ enum class OpFamily : int8_t {
   kConvBackward,   // convolution/group-norm backward: (grad_input, grad_weight, grad_bias).
   kEmbedding,      // embedding(weight, indices, ...).
   kEmbeddingBackward,
+  kEmbeddingBag,   // _embedding_bag(weight, indices, Offsets, ...): bags of a flat 1-D input.
+  kHistogram,      // histc(self, ...): counts of self's values in bins that are not self's
+                   // dims (a sum over every row: partial).
   kLoss,           // loss(self, target, ...) with a Reduction.
   kLossBackward,   // loss_backward(grad_output, self, target, ...) with a Reduction.
   kNllLoss,        // nll_loss_forward: (output, total_weight).
@@ -112,6 +115,10 @@ enum class ParamRole : int8_t {
   kScaleGradByFreq, // bool: embedding backward scales by each rank's local token counts.
   kOrd,             // scalar: the order of the vector norms the op takes of whole tensors
                     // (absent: 2); FULLY_SHARD completes a 2-norm of shards with an all-reduce.
+  kOffsets,         // tensor: embedding bag's offsets (where each bag starts in the flat input).
+  kIncludeLastOffset,  // bool: the offsets end with the input's length (one more than the bags).
+  kBinRange,        // scalar: histc's min; max is the next argument (equal: the data's range).
+  kAccumulate,      // bool: index_put adds values into self instead of writing them.
 };
 
 struct OpParam {
@@ -141,6 +148,8 @@ enum OpTrait : uint16_t {
   kSortsRows = 1 << 8,  // sorts along its Dim: along the batch dim each rank sorts its own
                         // rows, exact only where the order is undone (row_order.cc).
   kDividesPositions = 1 << 9,  // positions // k: positions along a dim k times coarser.
+  kNoSum = 1 << 10,     // kMatmul: the letters missing from the output are not summed
+                        // products (cdist's feature dim): the batch there is refused.
 };
 
 // Shape checks of the expansion (expansion/shape_check.h) beyond broadcasting.

@@ -40,6 +40,10 @@ absl::string_view RoleName(ParamRole r) {
     case R::kZeroIsLinear: return "zero_is_linear";
     case R::kScaleGradByFreq: return "scale_grad_by_freq";
     case R::kOrd: return "ord";
+    case R::kOffsets: return "offsets";
+    case R::kIncludeLastOffset: return "include_last_offset";
+    case R::kBinRange: return "bin_range";
+    case R::kAccumulate: return "accumulate";
   }
   return "?";
 }
@@ -105,6 +109,7 @@ std::string OpRuleText(const OpRule& r) {
       {kPacking, "packing"}, {kInplace, "inplace"},    {kRowsAgree, "rows_agree"},
       {kRandom, "random"},   {kSelfAlias, "self_alias"}, {kSortsRows, "sorts_rows"},
       {kDividesPositions, "divides_positions"},
+      {kNoSum, "no_sum"},
   };
   std::vector<absl::string_view> traits;
   for (const auto& [t, name] : kTraitNames) {

@@ -13,10 +13,10 @@
 //   pointwise.cc    pointwise, shape-preserving along/over dims, like,
 //                   foreach, and the size-matching fallback
 //   matmul.cc       einsum-like products (the rule's MatmulSpec)
-//   reductions.cc   reductions, losses and their backwards
+//   reductions.cc   reductions, histograms, losses and their backwards
 //   norms.cc        layer/batch norm, convolution/pooling/attention kernels
 //   shape_ops.cc    cat, stack, split, slice, select, scatter into a slice
-//   indexing.cc     index, index_put, embedding
+//   indexing.cc     index, index_put, embedding, embedding bag
 //   row_order.cc    rows each rank sorts itself (dropless MoE dispatch), _grouped_mm
 //   views.cc        view ops (dim maps) and as_strided
 //   inputs.cc       the batch size and micro-batches, from the INPUT placeholders
@@ -147,6 +147,8 @@ class BatchDimAnalyzer {
   static const ir::Argument* ArgAt(const ir::Node& n, int i, absl::string_view name);
   static std::optional<int64_t> IntArg(const ir::Node& n, int i, absl::string_view name);
   static std::optional<bool> BoolArg(const ir::Node& n, int i, absl::string_view name);
+  // An int, float or Scalar argument as a double.
+  static std::optional<double> NumberArg(const ir::Node& n, int i, absl::string_view name);
   static std::optional<std::vector<int64_t>> DimsArg(const ir::Node& n, int i,
                                                      absl::string_view name);
   // The same, for the argument a rule's parameter names (nullptr: absent).
@@ -196,6 +198,7 @@ class BatchDimAnalyzer {
   int64_t ReductionArg(const ir::Node& n, const OpRule& rule) const;
   absl::Status Loss(ir::NodeId id, const ir::Node& n, const OpRule& rule);
   absl::Status LossBackward(ir::NodeId id, const ir::Node& n, const OpRule& rule);
+  absl::Status Histogram(ir::NodeId id, const ir::Node& n, const OpRule& rule);
   // Every operand the rule lists as kReplicated is not batch-sharded.
   absl::Status RequireReplicatedArgs(const ir::Node& n, const std::vector<Operand>& ops,
                                      const OpRule& rule) const;
@@ -221,11 +224,23 @@ class BatchDimAnalyzer {
   absl::Status ScatterInto(ir::NodeId id, const ir::Node& n, const OpRule& rule);
   absl::Status Embedding(ir::NodeId id, const ir::Node& n, const OpRule& rule);
   absl::Status EmbeddingBackward(ir::NodeId id, const ir::Node& n, const OpRule& rule);
+  absl::Status EmbeddingBag(ir::NodeId id, const ir::Node& n, const OpRule& rule);
+  bool IsBagOffsets(const ir::Argument& a, int64_t bag) const;
+  bool OnlyOffsets(ir::ValueRef r) const;
   bool IsBatchPositions(const ir::Argument& a) const;
   bool OnlyIndexesDim(ir::ValueRef r, int64_t pos) const;
   int64_t BatchPositionsIndex(ir::NodeId id, const ir::Node& n, const std::vector<Operand>& ops,
                               const ir::Argument::List& list, int64_t pos);
   absl::Status IndexPut(ir::NodeId id, const ir::Node& n, const OpRule& rule);
+  struct IndexLayout {
+    int64_t front = 0;       // values' dim of the indices' first broadcast dim.
+    int64_t bcast_rank = 0;  // rank of the indices' broadcast.
+    int64_t res_rank = -1;   // rank of the indexed result (the values' broadcast).
+  };
+  IndexLayout LayoutOf(const std::vector<Operand>& ops, const ir::Argument::List& list) const;
+  bool IndicesHoldBatch(const std::vector<Operand>& ops, const ir::Argument::List& list) const;
+  absl::Status IndexAccumulate(ir::NodeId id, const ir::Node& n, const OpRule& rule,
+                               std::vector<Operand> ops, const ir::Argument::List& list);
   absl::Status Index(ir::NodeId id, const ir::Node& n, const OpRule& rule);
 
   // ---- rows in a rank-local order (row_order.cc) -----------------------------

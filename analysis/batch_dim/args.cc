@@ -40,6 +40,18 @@ std::optional<int64_t> BatchDimAnalyzer::IntArg(const Node& n, int i, absl::stri
   return std::nullopt;
 }
 
+std::optional<double> BatchDimAnalyzer::NumberArg(const Node& n, int i, absl::string_view name) {
+  const Argument* a = ArgAt(n, i, name);
+  if (a == nullptr) return std::nullopt;
+  if (const auto* v = a->get_if<int64_t>()) return static_cast<double>(*v);
+  if (const auto* v = a->get_if<double>()) return *v;
+  if (const auto* s = a->get_if<ir::Scalar>()) {
+    if (const auto* v = std::get_if<int64_t>(&s->value)) return static_cast<double>(*v);
+    if (const auto* v = std::get_if<double>(&s->value)) return *v;
+  }
+  return std::nullopt;
+}
+
 std::optional<bool> BatchDimAnalyzer::BoolArg(const Node& n, int i, absl::string_view name) {
   const Argument* a = ArgAt(n, i, name);
   if (a == nullptr) return std::nullopt;

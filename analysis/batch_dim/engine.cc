@@ -182,6 +182,8 @@ absl::Status BatchDimAnalyzer::VisitRule(NodeId id, const Node& n, const OpRule&
     case OpFamily::kSpatial: return Spatial(id, n, rule);
     case OpFamily::kEmbedding: return Embedding(id, n, rule);
     case OpFamily::kEmbeddingBackward: return EmbeddingBackward(id, n, rule);
+    case OpFamily::kEmbeddingBag: return EmbeddingBag(id, n, rule);
+    case OpFamily::kHistogram: return Histogram(id, n, rule);
     case OpFamily::kLoss:
     case OpFamily::kNllLoss:
       return Loss(id, n, rule);

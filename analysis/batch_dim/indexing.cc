@@ -1,4 +1,4 @@
-// index, index_put and embedding.
+// index, index_put, embedding and embedding bag.
 #include "analysis/batch_dim/analyzer.h"
 
 #include <algorithm>
@@ -45,6 +45,106 @@ absl::Status BatchDimAnalyzer::EmbeddingBackward(NodeId id, const Node& n, const
   info.detail = Detail::kContracted;
   info.arg = 0;
   SetAllOut(id, Partial(s.scaled));
+  return absl::OkStatus();
+}
+
+// arange(0, B * bag, bag): the offsets of B bags of `bag` indices each, the
+// form F.embedding_bag gives a 2-D input [B, bag] (flattened).
+bool BatchDimAnalyzer::IsBagOffsets(const Argument& a, int64_t bag) const {
+  const ValueRef* r = a.get_if<ValueRef>();
+  if (r == nullptr || r->output != 0) return false;
+  const Node& n = g_.node(r->node);
+  const TensorType* t = TypeOf(*r);
+  const OpRule* rule = n.is_call() ? FindOpRule(n.target) : nullptr;
+  if (rule == nullptr || rule->family != OpFamily::kFactory || t == nullptr || t->rank() != 1 ||
+      t->shape[0] != a_.batch_size_) {
+    return false;
+  }
+  const OpParam* start = rule->param(ParamRole::kStart);
+  const OpParam* end = rule->param(ParamRole::kEnd);
+  const OpParam* step = rule->param(ParamRole::kStep);
+  return end != nullptr && (start ? IntArg(n, start).value_or(-1) : 0) == 0 &&
+         IntArg(n, end).value_or(-1) == a_.batch_size_ * bag &&
+         (step ? IntArg(n, step).value_or(-1) : 1) == bag;
+}
+
+// Whether every use of `r` is as the offsets of an embedding bag (forward or
+// backward), so that each rank may hold its own bags' offsets.
+bool BatchDimAnalyzer::OnlyOffsets(ValueRef r) const {
+  for (const Node& u : g_.nodes()) {
+    const OpRule* rule = u.is_call() ? FindOpRule(u.target) : nullptr;
+    const OpParam* p = rule != nullptr ? rule->param(ParamRole::kOffsets) : nullptr;
+    const Argument* offsets = p != nullptr ? ArgOf(u, p) : nullptr;
+    bool other = false;
+    u.ForEachInput([&](ValueRef x) {
+      if (x == r && (offsets == nullptr || offsets->get_if<ValueRef>() == nullptr ||
+                     !(*offsets->get_if<ValueRef>() == r))) {
+        other = true;
+      }
+    });
+    if (other) return false;
+  }
+  return true;
+}
+
+// _embedding_bag(weight, indices, offsets, ..., per_sample_weights,
+// include_last_offset): bag i sums (means, maxes) indices[offsets[i] :
+// offsets[i + 1]]. With the batch in the bags, each rank's bags must be
+// contiguous indices of a static size: the 2-D form [B, bag] flattened, whose
+// offsets arange(0, B * bag, bag) each rank builds as arange(0, B_r * bag, bag).
+// Offsets from the data (bags of varying length) would give each rank a share
+// of the flat input whose size depends on the data: refused.
+absl::Status BatchDimAnalyzer::EmbeddingBag(NodeId id, const Node& n, const OpRule& rule) {
+  std::vector<Operand> ops = Operands(n);
+  Special s;
+  FXDP_ASSIGN_OR_RETURN(s, Linear(id, n, rule.linear, ops));
+  FXDP_RETURN_IF_ERROR(RequireReplicatedArgs(n, ops, rule));
+  const OpParam* offsets_p = rule.param(ParamRole::kOffsets);
+  const Operand* idx = Find(ops, 1);
+  const Operand* offsets = Find(ops, offsets_p->index);
+  const bool idx_sharded = idx != nullptr && idx->info.placement.is_shard();
+  if (!idx_sharded && (offsets == nullptr || !offsets->info.placement.is_shard())) {
+    SetCombined(id, Combined{}, s);
+    return absl::OkStatus();
+  }
+  const int64_t extent = idx != nullptr && idx->type->rank() == 1 ? idx->type->shape[0] : -1;
+  const int64_t bag = extent > 0 && extent % a_.batch_size_ == 0 ? extent / a_.batch_size_ : -1;
+  const Argument* off_arg = ArgOf(n, offsets_p);
+  if (!idx_sharded || idx->info.placement.dim != 0 || idx->info.outer != 1 || bag < 0 ||
+      off_arg == nullptr || !IsBagOffsets(*off_arg, bag)) {
+    return Error(n, absl::StrFormat(
+        "splits the batch by bags of a flat 1-D input (indices %s: %s, offsets %s: %s): unless "
+        "every bag has the same length (a 2-D input [batch, bag length]), a rank's share of the "
+        "input depends on the data, which a static per-rank graph cannot hold; pass a 2-D input "
+        "(pad the bags to one length with padding_idx, or with per_sample_weights 0 in "
+        "mode='sum')",
+        idx ? g_.node(idx->ref.node).name : "?", idx ? idx->info.placement.ToString() : "-",
+        offsets ? g_.node(offsets->ref.node).name : "?",
+        offsets ? offsets->info.placement.ToString() : "-"));
+  }
+  if (BoolArg(n, rule.param(ParamRole::kIncludeLastOffset)).value_or(false)) {
+    return Error(n, "include_last_offset=True with the batch in the bags: the last offset "
+                    "is the whole input's length; pass include_last_offset=False");
+  }
+  const ValueRef positions = off_arg->as<ValueRef>();
+  if (!OnlyOffsets(positions)) {
+    return Error(n, absl::StrFormat("its offsets (%s) are also used elsewhere; each rank holds "
+                                    "its own bags' offsets", g_.node(positions.node).name));
+  }
+  if (upgrades_.emplace(positions.node.value, Upgrade{0, 1, id}).second) MarkChanged(id);
+  // per_sample_weights: one per index, the batch as in indices.
+  std::vector<Operand> per_index;
+  for (const Operand& o : ops) {
+    if (o.arg != offsets_p->index && !rule.replicated(o.arg)) per_index.push_back(o);
+  }
+  FXDP_ASSIGN_OR_RETURN(Combined c, Broadcast(id, n, per_index, 1, false));
+  (void)c;
+  // (output, offset2bag, bag_size, max_indices): per bag but offset2bag, per
+  // index (rank-local bag numbers, read only by the backward).
+  NodeInfo& info = a_.nodes_[id.value];
+  info.detail = Detail::kFromArg;
+  info.arg = 1;
+  SetAllOut(id, Shard(0, 1, s.scaled));
   return absl::OkStatus();
 }
 
@@ -111,11 +211,11 @@ int64_t BatchDimAnalyzer::BatchPositionsIndex(NodeId id, const Node& n, const st
 // scattered into a zero table (no batch operand; partial values flow through
 // a zero self); the backward of x[..., idx] with the batch in self and values
 // on a dim that is not indexed; or the backward of x[arange(B), idx]
-// (BatchPositionsIndex).
+// (BatchPositionsIndex); or, the batch in the indices, the backward of
+// param[ids] (IndexAccumulate).
 absl::Status BatchDimAnalyzer::IndexPut(NodeId id, const Node& n, const OpRule& rule) {
   std::vector<Operand> ops = Operands(n);
   if (const Operand* p = PositionsOperand(ops)) return IndexPutRows(id, n, rule, ops, *p);
-  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule.linear, ops));
   const Operand* self = Find(ops, 0);
   const Argument* idx = ArgOf(n, rule.param(ParamRole::kIndices));
   const Argument::List* list = idx ? idx->get_if<Argument::List>() : nullptr;
@@ -133,6 +233,9 @@ absl::Status BatchDimAnalyzer::IndexPut(NodeId id, const Node& n, const OpRule& 
     }
     if (batch) pos = static_cast<int64_t>(i);
   }
+  if (pos < 0 && IndicesHoldBatch(ops, *list)) return IndexAccumulate(id, n, rule, ops, *list);
+  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule.linear, ops));
+  self = Find(ops, 0);
   if (!sharded && pos < 0) {
     SetCombined(id, Combined{}, s);
     return absl::OkStatus();
@@ -208,6 +311,108 @@ absl::Status BatchDimAnalyzer::IndexPut(NodeId id, const Node& n, const OpRule& 
   info.detail = Detail::kFromArg;
   info.arg = 0;
   SetAllOut(id, Shard(static_cast<int32_t>(d), 1, s.scaled));
+  return absl::OkStatus();
+}
+
+// Where index_put's values go: [self's dims before the indexed ones, the
+// indices' broadcast dims, the rest]; non-adjacent indexed dims put the
+// indices' dims first.
+BatchDimAnalyzer::IndexLayout BatchDimAnalyzer::LayoutOf(const std::vector<Operand>& ops,
+                                                         const Argument::List& list) const {
+  IndexLayout l;
+  std::vector<int64_t> indexed;
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (!list[i].is_none()) indexed.push_back(static_cast<int64_t>(i));
+  }
+  for (const Operand& o : ops) {
+    if (o.arg == 1) l.bcast_rank = std::max<int64_t>(l.bcast_rank, o.type->rank());
+  }
+  const Operand* self = Find(ops, 0);
+  if (indexed.empty() || self == nullptr) return l;
+  const bool adjacent = indexed.back() - indexed.front() + 1 == static_cast<int64_t>(indexed.size());
+  l.front = adjacent ? indexed.front() : 0;
+  l.res_rank = self->type->rank() - static_cast<int64_t>(indexed.size()) + l.bcast_rank;
+  return l;
+}
+
+// Whether the batch is in index_put's indices: an index is batch-sharded, or
+// the values hold the batch on one of the indices' broadcast dims.
+bool BatchDimAnalyzer::IndicesHoldBatch(const std::vector<Operand>& ops,
+                                        const Argument::List& list) const {
+  const IndexLayout l = LayoutOf(ops, list);
+  for (const Operand& o : ops) {
+    if (o.arg == 1 && o.info.placement.is_shard()) return true;
+    if (o.arg != 2 || !o.info.placement.is_shard() || l.res_rank < 0) continue;
+    const int64_t nd = o.info.placement.dim + (l.res_rank - o.type->rank());
+    if (nd >= l.front && nd < l.front + l.bcast_rank) return true;
+  }
+  return false;
+}
+
+// index_put(self, indices, values, accumulate=True) with the batch in the
+// indices (the backward of param[ids], ids batch data): each rank adds its
+// rows' values at its rows' indices, a share of the whole update, so the
+// result is partial when self is zeros or partial. Without accumulate, an
+// index two ranks write holds one value on one device: refused.
+absl::Status BatchDimAnalyzer::IndexAccumulate(NodeId id, const Node& n, const OpRule& rule,
+                                               std::vector<Operand> ops,
+                                               const Argument::List& list) {
+  if (!BoolArg(n, rule.param(ParamRole::kAccumulate)).value_or(false)) {
+    return Error(n, "writes values at indices that hold the batch without accumulate: an index "
+                    "that two ranks write would keep one rank's value, not one device's; "
+                    "accumulate (index_put_(..., accumulate=True)) or keep the indices replicated");
+  }
+  const Operand* self = Find(ops, 0);
+  if (self == nullptr || self->info.placement.is_shard()) {
+    return Error(n, "indexes a batch-sharded self with indices that hold the batch");
+  }
+  const IndexLayout l = LayoutOf(ops, list);
+  std::vector<Operand> index_ops;
+  for (const Operand& o : ops) {
+    if (o.arg == 1) index_ops.push_back(o);
+  }
+  Operand* v = nullptr;
+  for (Operand& o : ops) v = o.arg == 2 ? &o : v;
+  Combined c;
+  if (std::any_of(index_ops.begin(), index_ops.end(),
+                  [](const Operand& o) { return o.info.placement.is_shard(); })) {
+    FXDP_ASSIGN_OR_RETURN(c, Broadcast(id, n, index_ops, l.bcast_rank));
+  } else {
+    // Replicated indices spanning the batch (positions repeated per sample,
+    // IndicesHoldBatch): each rank takes its rows of them, as of the values.
+    c = {static_cast<int32_t>(v->info.placement.dim + (l.res_rank - v->type->rank()) - l.front),
+         v->info.outer, 2};
+    for (const Operand& o : index_ops) {
+      const int64_t d = c.dim - (l.bcast_rank - o.type->rank());
+      if (d >= 0) NeedShard(o, static_cast<int32_t>(d), c.outer, id);
+    }
+  }
+  const int64_t nd = l.front + c.dim;
+  if (v != nullptr) {
+    const int64_t vd = nd - (l.res_rank - v->type->rank());
+    if (v->info.placement.is_shard() && v->info.placement.dim != vd) {
+      return Error(n, absl::StrFormat("values hold the batch on dim %d, the indices' rows on "
+                                      "dim %d", v->info.placement.dim, vd));
+    }
+    if (v->info.placement.is_partial()) {
+      RequireWhole(v->ref, id);
+      v->info = kReplicated;
+    }
+    if (!v->info.placement.is_shard() && vd >= 0) NeedShard(*v, static_cast<int32_t>(vd), c.outer, id);
+    // Each rank's values are its rows' share of the update.
+    v->info = Partial(v->info.placement.is_shard() && v->info.mean_scaled);
+  }
+  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule.linear, ops));
+  if (!s.partial) {
+    return Error(n, absl::StrFormat(
+        "adds batch rows into self (%s), which is replicated and not zeros: each rank would "
+        "add its rows to its own copy, counted once per rank in the sum",
+        g_.node(self->ref.node).name));
+  }
+  NodeInfo& info = a_.nodes_[id.value];
+  info.detail = Detail::kContracted;
+  info.arg = 1;
+  SetAllOut(id, Partial(s.scaled));
   return absl::OkStatus();
 }
 

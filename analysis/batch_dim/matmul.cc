@@ -101,6 +101,13 @@ absl::Status BatchDimAnalyzer::Matmul(NodeId id, const Node& n, const OpRule& ru
     SetAllOut(id, Shard(static_cast<int32_t>(pos - labels.output.begin()), outer, s.scaled));
     return absl::OkStatus();
   }
+  if (rule.has(kNoSum)) {
+    return Error(n, absl::StrFormat(
+        "arg %d (%s) holds the batch on its dim %d (label %s), which the op %s works across "
+        "without summing products; each rank's part is not a share of a sum",
+        decided->arg, g_.node(decided->ref.node).name, decided->info.placement.dim,
+        LabelName(batch_label), rule.spec.ToString()));
+  }
   if (labels.bias_arg >= 0 && Find(ops, labels.bias_arg) != nullptr) {
     return Error(n, "adds a bias to a product that contracts the batch; the bias would "
                     "be counted once per rank");

@@ -1,4 +1,4 @@
-// Reductions, losses and loss backwards.
+// Reductions, histograms, losses and loss backwards.
 #include "analysis/batch_dim/analyzer.h"
 
 #include <algorithm>
@@ -70,6 +70,36 @@ absl::Status BatchDimAnalyzer::Reduce(NodeId id, const Node& n, const OpRule& ru
   }
   info.detail = Detail::kReducedBatch;
   SetAllOut(id, Partial(kind == ReduceKind::kMean || s.scaled));
+  return absl::OkStatus();
+}
+
+// histc(self, bins, min, max): counts over every element, so a batch-sharded
+// self gives each rank its rows' counts, a partial sum. Exact only when the
+// bins do not depend on the data: the range is given (min < max).
+// (bincount's output size is the data's largest value + 1: tracing refuses it.)
+absl::Status BatchDimAnalyzer::Histogram(NodeId id, const Node& n, const OpRule& rule) {
+  std::vector<Operand> ops = Operands(n);
+  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule.linear, ops));
+  const Operand* self = Find(ops, 0);
+  if (self == nullptr) return Error(n, "arg 0 must be a tensor");
+  if (!self->info.placement.is_shard()) {
+    SetCombined(id, Combined{}, s);
+    return absl::OkStatus();
+  }
+  if (const OpParam* lo = rule.param(ParamRole::kBinRange)) {
+    const double min = NumberArg(n, lo->index, "min").value_or(0);
+    const double max = NumberArg(n, lo->index + 1, "max").value_or(0);
+    if (!(min < max)) {
+      return Error(n, absl::StrFormat(
+          "counts batch rows into bins over [min, max] = [%g, %g], i.e. the range of the data, "
+          "which differs between ranks; pass the range (torch.histc(x, bins, min=lo, max=hi))",
+          min, max));
+    }
+  }
+  NodeInfo& info = a_.nodes_[id.value];
+  info.detail = Detail::kReducedBatch;
+  info.arg = 0;
+  SetAllOut(id, Partial(s.scaled));
   return absl::OkStatus();
 }
 

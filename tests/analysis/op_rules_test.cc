@@ -48,12 +48,12 @@ TEST(OpRules, TextFormOfOneRowNamesEveryParameter) {
 
 TEST(MatmulSpec, ParsesOnceAndPrintsBack) {
   for (const char* s : {"ik,kj->ij", "+ij,ik,kj->ij", "bik,bkj->bij", "k,k->", "linear",
-                        "matmul"}) {
+                        "matmul", "ij,ik,jk,,ij->ik"}) {
     const MatmulSpec m = MatmulSpec::Parse(s);
     EXPECT_TRUE(m.valid()) << s;
     EXPECT_EQ(m.ToString(), s);
   }
-  for (const char* s : {"ik,kj", "ik,kj->i1", "abcde->a", "a,b,c,d->a", "ik-kj"}) {
+  for (const char* s : {"ik,kj", "ik,kj->i1", "abcde->a", "a,b,c,d,e,f->a", "ik-kj"}) {
     EXPECT_FALSE(MatmulSpec::Parse(s).valid()) << s;
   }
   for (int i = 0; i < NumOpRules(); ++i) {
