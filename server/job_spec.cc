@@ -35,6 +35,8 @@ const char* SubmitRequestKind(const v1::SubmitJobRequest& r) {
 
 absl::Status CheckDataPathsExcluded(const v1::JobSpec& spec, const std::vector<std::string>& excluded) {
   for (int i = 0; i < spec.data_paths_size(); ++i) {
+    if (spec.data_paths(i).find('\0') != std::string::npos)  // the checks and the kernel would disagree
+      return absl::InvalidArgumentError(absl::StrCat("JobSpec.data_paths[", i, "] contains a NUL byte"));
     const std::string real = util::RealPathAsFarAsItExists(spec.data_paths(i));
     const std::string lexical = util::LexicalAbsolute(spec.data_paths(i));
     for (const std::string& x : excluded) {

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -154,6 +155,10 @@ absl::StatusOr<DataRoots> DataRoots::Open(const std::vector<std::string>& roots,
 }
 
 absl::StatusOr<RegularFile> DataRoots::OpenFile(const std::string& path, uint64_t max_bytes) const {
+  // The kernel would stop at a NUL that the checks below look past
+  // ("state/x\0/../../ok" is "ok" to them, "state/x" to openat2).
+  if (path.find('\0') != std::string::npos)
+    return absl::InvalidArgumentError(absl::StrCat("'", absl::CHexEscape(path), "' contains a NUL byte"));
   const std::string lexical = LexicalAbsolute(path);
   const Root* root = nullptr;
   std::string rel;

@@ -55,7 +55,8 @@ class DataRoots {
   // The regular file `path` names, opened beneath its root (RegularFile's
   // checks: regular files only, at most `max_bytes`). PERMISSION_DENIED for
   // a path outside the roots (or none configured), an excluded one, or one
-  // through a symbolic link; NOT_FOUND when it does not exist.
+  // through a symbolic link; NOT_FOUND when it does not exist;
+  // INVALID_ARGUMENT for a path with a NUL byte.
   absl::StatusOr<RegularFile> OpenFile(const std::string& path, uint64_t max_bytes) const;
 
   const std::vector<std::string>& configured() const { return configured_; }

@@ -194,6 +194,9 @@ def test_the_server_state_dir_is_never_data(tmp_path):
         for path in (stolen, root / "via" / "states" / stolen.name, f"{root}/x/../state/states/{stolen.name}"):
             e = code_of(lambda: bob.train(step, world_size=2, data_path=path, steps=1))
             assert e.code == PERMISSION_DENIED and str(path) in str(e) and "state directory" in str(e), e
+        # A NUL ends the path for the kernel where the checks would look past it.
+        e = code_of(lambda: bob.train(step, world_size=2, data_path=f"{stolen}\0/../../../x", steps=1))
+        assert e.code == grpc.StatusCode.INVALID_ARGUMENT and "contains a NUL byte" in str(e), e
         for job in bob.jobs():  # whatever bob has, none holds a byte of alice's state
             assert job["state"] != "JOB_STATE_SUCCEEDED", job
         for w in admin.workers():

@@ -116,6 +116,10 @@ TEST(DataRoots, ExcludedPathsAreNeverOpened) {
   EXPECT_THAT(roots.OpenFile(t.root + "/key", 100).status(), StatusIs(kDenied, "never reads"));
   EXPECT_THAT(roots.OpenFile(t.root + "/sub/key-hardlink", 100).status(), StatusIs(kDenied, "never reads"));
   EXPECT_EQ(Contents(ValueOrDie(roots.OpenFile(t.root + "/statefile", 100))), "not in the state dir");
+  // A NUL would end the path for the kernel where the checks see more:
+  // "state/job.safetensors\0/../../statefile" is "statefile" to them.
+  EXPECT_THAT(roots.OpenFile(t.root + std::string("/state/job.safetensors\0/../../statefile", 39), 100).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "contains a NUL byte"));
   // A root spelled through a link is the same root: its exclusions hold.
   const std::string alias = t.outside + "/root-alias";
   ASSERT_EQ(symlink(t.root.c_str(), alias.c_str()), 0);
