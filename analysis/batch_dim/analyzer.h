@@ -258,6 +258,9 @@ class BatchDimAnalyzer {
   // After a node's handler: its outputs take the order of its ordered operands, or
   // the node is refused when it mixes orders or may depend on the rows' order.
   absl::Status OrderRows(ir::NodeId id, const ir::Node& n, const OpRule* rule);
+  // A sort's positions are each rank's own row numbers: the node may read them only as the
+  // index of x[p] / x[p] = v (positions_index_), or to make coarser positions (p // k).
+  absl::Status CheckPositionsUse(ir::NodeId id, const ir::Node& n, const OpRule* rule) const;
   std::string OrderName(int32_t order) const;
 
   const ir::Graph& g_;
@@ -269,6 +272,7 @@ class BatchDimAnalyzer {
   absl::flat_hash_map<std::string, std::tuple<int, ir::NodeId, std::string>> fallback_ops_;
   std::vector<std::string> fallback_order_;
   bool order_set_ = false;  // the visited node's handler set its outputs' row order.
+  std::optional<ir::ValueRef> positions_index_;  // the positions the visited node indexes with.
 };
 
 }  // namespace fxdp

@@ -131,6 +131,7 @@ absl::Status BatchDimAnalyzer::Visit(NodeId id, const Node& n) {
     return absl::OkStatus();
   }
   order_set_ = false;
+  positions_index_.reset();
   if (n.is_getitem()) {
     const ValueRef src = n.args[0].as<ValueRef>();
     info.decision = Decision::kGetItem;
@@ -148,6 +149,7 @@ absl::Status BatchDimAnalyzer::Visit(NodeId id, const Node& n) {
     FXDP_RETURN_IF_ERROR(VisitRule(id, n, *rule));
   }
   if (!order_set_) FXDP_RETURN_IF_ERROR(OrderRows(id, n, rule));
+  FXDP_RETURN_IF_ERROR(CheckPositionsUse(id, n, rule));
   PropagateRankLocal(id, n);
   return absl::OkStatus();
 }
@@ -252,6 +254,11 @@ absl::Status BatchDimAnalyzer::VisitOutput(NodeId id, const Node& n) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "output %d (%s) holds rows in %s, not the batch's: put them back (x[inverse]) first", k,
           g_.node(r->node).name, OrderName(a_.values_[Offset(*r)].order)));
+    }
+    if (a_.values_[Offset(*r)].positions != ValueInfo::Positions::kNone) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "output %d (%s) holds the row numbers of each rank's own rows (positions from a sort), "
+          "not the batch's", k, g_.node(r->node).name));
     }
     const ir::OutputRole role =
         k < n.output_specs.size() ? n.output_specs[k].role : ir::OutputRole::kOther;

@@ -25,6 +25,7 @@
 //     sort's values alone, and not all-reduced: each rank's own group sizes.
 // Order-dependent work stays refused by the families: cumsum, top-k, softmax
 // or a capacity limit along the token dim work along the batch dim.
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -70,6 +71,14 @@ absl::Status BatchDimAnalyzer::SortRows(NodeId id, const Node& n, const OpRule& 
   const ValueRef* in = n.args.empty() ? nullptr : n.args[0].get_if<ValueRef>();
   if (in == nullptr) return Error(n, "arg 0 must be a tensor");
   const ValueInfo x = Read(*in);
+  const TensorType* xt = TypeOf(*in);
+  if (xt != nullptr && xt->numel() != xt->shape[d]) {
+    return Error(n, absl::StrFormat(
+        "sorts %s (%s) along the batch dim %d: each of its %d columns gets its own permutation, so "
+        "its rows are not one permutation of each rank's rows (sort a 1-D key and gather the rows "
+        "with its indices, x[perm])", g_.node(in->node).name, xt->ToString(), d,
+        xt->numel() / std::max<int64_t>(xt->shape[d], 1)));
+  }
   if (x.order > 0) {
     return Error(n, absl::StrFormat("sorts rows of %s that are in %s; only rows in batch order "
                                     "can be sorted within each rank",
@@ -115,6 +124,7 @@ bool OnlyIndex(const Argument* idx, int elem) {
 // x[p] (index with one index, at dim p.elem) or index_select(x, dim, p).
 absl::Status BatchDimAnalyzer::IndexRows(NodeId id, const Node& n, const OpRule& rule,
                                          std::vector<Operand>& ops, const Operand& p) {
+  positions_index_ = p.ref;
   FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule.linear, ops));
   const Operand* self = Find(ops, 0);
   const bool select = rule.family == OpFamily::kIndexWithDim;
@@ -157,6 +167,7 @@ absl::Status BatchDimAnalyzer::IndexRows(NodeId id, const Node& n, const OpRule&
 // backward of a gather); index_put(zeros, [inverse], rows): rows in order P.
 absl::Status BatchDimAnalyzer::IndexPutRows(NodeId id, const Node& n, const OpRule& rule,
                                             std::vector<Operand>& ops, const Operand& p) {
+  positions_index_ = p.ref;
   FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule.linear, ops));
   const Operand* self = Find(ops, 0);
   const Operand* vals = Find(ops, 2);
@@ -309,6 +320,33 @@ absl::Status BatchDimAnalyzer::GroupedMm(NodeId id, const Node& n, const OpRule&
   SetAllOut(id, out);
   order_set_ = true;
   return absl::OkStatus();
+}
+
+// Positions (a sort's indices, p // k, the inverse permutation) hold each rank's own row numbers,
+// 0..n_r-1, where one device has 0..B-1: exact as the index of x[p] or x[p] = v, as p // k
+// (coarser positions), or as the shape of empty_like(p); any other read uses them as values.
+absl::Status BatchDimAnalyzer::CheckPositionsUse(NodeId id, const Node& n, const OpRule* rule) const {
+  if (rule != nullptr && rule->family == OpFamily::kLike) return absl::OkStatus();
+  const int32_t base = a_.value_offset_[id.value];
+  bool outputs_positions = a_.num_outputs(id) > 0;
+  for (int32_t k = 0; k < a_.num_outputs(id); ++k) {
+    const ValueInfo& v = a_.values_[base + k];
+    if (v.placement.is_shard() && v.positions == Positions::kNone) outputs_positions = false;
+  }
+  const bool divides = rule != nullptr && rule->has(kDividesPositions) && outputs_positions;
+  absl::Status st;
+  n.ForEachInput([&](ValueRef r) {
+    if (!st.ok() || TypeOf(r) == nullptr || (positions_index_ && r == *positions_index_) || divides) return;
+    const ValueInfo v = Read(r);
+    if (!v.placement.is_shard() || v.positions == Positions::kNone) return;
+    const int32_t sort = v.positions == Positions::kGather ? v.order : v.restores;
+    st = Error(n, absl::StrFormat(
+        "reads %s, row positions from sort '%s', as values: on each rank they number its own rows "
+        "0..n_r-1, where one device numbers the whole batch 0..B-1; positions are exact only as an "
+        "index (x[p], x[p // k], inv[p] = arange(n), y[inv])", g_.node(r.node).name,
+        g_.node(NodeId{sort - 1}).name));
+  });
+  return st;
 }
 
 absl::Status BatchDimAnalyzer::OrderRows(NodeId id, const Node& n, const OpRule* rule) {

@@ -133,3 +133,61 @@ def test_capacity_limit_over_the_tokens_is_refused(tmp_path):
     assert r.returncode != 0
     assert "aten::cumsum" in r.stderr and "which holds the batch" in r.stderr, r.stderr
 
+
+
+class _SortedRows(torch.nn.Module):
+    """Tokens sorted by a router score, a row-wise layer in that order, put back; `use` picks a
+    way to read the sort's positions (or its values) that is not a row permutation."""
+
+    def __init__(self, use):
+        super().__init__()
+        self.use = use
+        self.router = torch.nn.Linear(D, 1, bias=False)
+        self.lin = torch.nn.Linear(D, D)
+        self.head = torch.nn.Linear(D, 3)
+        self.w = torch.nn.Parameter(torch.randn(D, 3) * 0.1)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        h = x.reshape(-1, D)
+        _, perm = torch.sort(self.router(h)[:, 0])
+        inv = torch.empty_like(perm)
+        inv[perm] = torch.arange(perm.size(0))
+        rows = self.lin(h[perm])
+        if self.use == "perm":  # the k-th row of each rank's order scaled by k
+            rows = rows * (perm.float().unsqueeze(1) * 0.1)
+        y = rows[inv]
+        if self.use == "inv":  # each token scaled by its place in the rank's order
+            y = y * (inv.float().unsqueeze(1) * 0.1)
+        out = self.head((h + y).view(b, t, D).mean(1))
+        if self.use == "columns":  # h sorted along the tokens: one permutation per column
+            s = torch.sort(h, dim=0).values
+            out = out + (s[:, :1] * s).sum(0) @ self.w
+        return out
+
+
+@pytest.mark.parametrize("use,op,needle", [
+    ("perm", "aten::_to_copy", "row positions from sort 'sort', as values"),
+    ("inv", "aten::_to_copy", "row positions from sort 'sort', as values"),
+    ("columns", "aten::sort", "each of its 8 columns gets its own permutation"),
+])
+def test_reading_a_sort_as_more_than_a_row_permutation_is_refused(tmp_path, use, op, needle):
+    """A sort's indices number each rank's own rows 0..n_r-1 (0..B-1 on one device): read as
+    values (perm.float(), inv.float()) they differ from one device, as does sorting a 2-D tensor
+    along the tokens (each column its own order, then mixed). All three were accepted and trained
+    differently from one device (lin.weight, head.weight, w off by up to 35% at N=2)."""
+    torch.manual_seed(0)
+    model = _SortedRows(use)
+    step = _trace(model, torch.optim.SGD(model.parameters(), lr=0.05))
+    r = _analyze(tmp_path, step)
+    assert r.returncode != 0, f"accepted: {r.stdout[:300]}"
+    assert op in r.stderr and needle in r.stderr, r.stderr
+
+
+def test_sorted_rows_put_back_train_like_one_device(tmp_path):
+    """The same model using the sort only as a row permutation: accepted and exact at N=2."""
+    torch.manual_seed(0)
+    model = _SortedRows("none")
+    step = _trace(model, torch.optim.SGD(model.parameters(), lr=0.05))
+    (tmp_path / "run").mkdir()
+    check_against_one_device(tmp_path / "run", step, _batches(), 2)
