@@ -254,6 +254,9 @@ class BatchDimAnalyzer {
                             const Operand& p);
   absl::Status GroupedMm(ir::NodeId id, const ir::Node& n, const OpRule& rule);
   absl::Status CheckGroupOffsets(const ir::Node& n, const Operand& offs, int32_t order) const;
+  ir::ValueRef ThroughCasts(ir::ValueRef r, bool views) const;
+  bool KeysAreGroups(int32_t order, int64_t groups) const;
+  int64_t GroupCounts(ir::ValueRef r, int32_t order) const;
   bool IsPositionsOf(ir::ValueRef r, int64_t extent) const;
   // After a node's handler: its outputs take the order of its ordered operands, or
   // the node is refused when it mixes orders or may depend on the rows' order.

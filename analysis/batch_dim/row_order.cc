@@ -234,9 +234,89 @@ absl::Status BatchDimAnalyzer::IndexPutRows(NodeId id, const Node& n, const OpRu
   return absl::OkStatus();
 }
 
-// offs groups the rows on each rank only when it is computed from the sorted
-// keys alone (cumsum(histc(sort(keys).values)), with replicated constants such
-// as arange(groups)), each rank from its own, and never all-reduced.
+namespace {
+
+bool Is(const Node& m, absl::string_view name) { return m.is_call() && m.target.name == name; }
+
+}  // namespace
+
+// Through dtype casts (and, with `views`, views that keep every element in order).
+ValueRef BatchDimAnalyzer::ThroughCasts(ValueRef r, bool views) const {
+  for (int depth = 0; depth < 16; ++depth) {
+    const Node& m = g_.node(r.node);
+    const bool cast = Is(m, "aten::_to_copy") || Is(m, "aten::to") || Is(m, "aten::clone");
+    const bool view = views && (Is(m, "aten::view") || Is(m, "aten::reshape") ||
+                                Is(m, "aten::_unsafe_view") || Is(m, "aten::flatten"));
+    const ValueRef* in = m.args.empty() ? nullptr : m.args[0].get_if<ValueRef>();
+    if (!(cast || view) || in == nullptr) return r;
+    r = *in;
+  }
+  return r;
+}
+
+// Every key of sort `order` is a group 0..groups-1: the sort reads (through casts and views) the
+// indices of a topk, max or argmax over a dim of `groups` entries.
+bool BatchDimAnalyzer::KeysAreGroups(int32_t order, int64_t groups) const {
+  const ValueRef* in = g_.node(NodeId{order - 1}).args.empty()
+                           ? nullptr : g_.node(NodeId{order - 1}).args[0].get_if<ValueRef>();
+  if (in == nullptr) return false;
+  ValueRef k = ThroughCasts(*in, true);
+  const Node* src = &g_.node(k.node);
+  if (src->is_getitem()) {
+    const int64_t* out = src->args.size() > 1 ? src->args[1].get_if<int64_t>() : nullptr;
+    if (out == nullptr || *out != 1) return false;
+    k = src->args[0].as<ValueRef>();
+    src = &g_.node(k.node);
+    if (!Is(*src, "aten::topk") && !Is(*src, "aten::max")) return false;
+  } else if (!Is(*src, "aten::argmax")) {
+    return false;
+  }
+  const ValueRef* x = src->args.empty() ? nullptr : src->args[0].get_if<ValueRef>();
+  const TensorType* xt = x ? TypeOf(*x) : nullptr;
+  const int i = Is(*src, "aten::topk") ? 2 : 1;
+  const std::optional<int64_t> dim = IntArg(*src, i, "dim");
+  if (xt == nullptr || (!dim.has_value() && !Is(*src, "aten::topk"))) return false;
+  return xt->rank() > 0 && xt->shape[NormDim(dim.value_or(-1), xt->rank())] == groups;
+}
+
+// The group sizes of sort `order`'s values: histc(keys, bins=G, min=0, max=G-1), or
+// (keys.unsqueeze(1) == arange(G)).sum(0); G, or -1.
+int64_t BatchDimAnalyzer::GroupCounts(ValueRef r, int32_t order) const {
+  auto sorted_keys = [&](const Argument& a) {
+    const ValueRef* v = a.get_if<ValueRef>();
+    if (v == nullptr) return false;
+    const ValueRef k = ThroughCasts(*v, false);
+    const Node& m = g_.node(k.node);
+    const int64_t* out = m.is_getitem() && m.args.size() > 1 ? m.args[1].get_if<int64_t>() : nullptr;
+    return out != nullptr && *out == 0 && m.args[0].as<ValueRef>().node.value == order - 1;
+  };
+  const Node& c = g_.node(r.node);
+  if (Is(c, "aten::histc") && !c.args.empty() && sorted_keys(c.args[0])) {
+    const int64_t bins = IntArg(c, 1, "bins").value_or(100);
+    return NumberArg(c, 2, "min").value_or(0) == 0 && NumberArg(c, 3, "max").value_or(0) == bins - 1 ? bins : -1;
+  }
+  const std::optional<std::vector<int64_t>> dims = Is(c, "aten::sum") ? DimsArg(c, 1, "dim") : std::nullopt;
+  if (!dims || *dims != std::vector<int64_t>{0} || c.args.empty() || !c.args[0].is_ref()) return -1;
+  const Node& eq = g_.node(ThroughCasts(c.args[0].as<ValueRef>(), false).node);
+  if (!Is(eq, "aten::eq") || eq.args.size() < 2) return -1;
+  for (int side = 0; side < 2; ++side) {
+    const ValueRef* u = eq.args[side].get_if<ValueRef>();
+    const ValueRef* ar = eq.args[1 - side].get_if<ValueRef>();
+    if (u == nullptr || ar == nullptr || !Is(g_.node(u->node), "aten::unsqueeze")) continue;
+    const Node& un = g_.node(u->node);
+    const int64_t d = IntArg(un, 1, "dim").value_or(0);
+    const TensorType* at = TypeOf(*ar);
+    if ((d == 1 || d == -1) && !un.args.empty() && sorted_keys(un.args[0]) && at != nullptr &&
+        at->rank() == 1 && IsPositionsOf(*ar, at->shape[0])) {
+      return at->shape[0];
+    }
+  }
+  return -1;
+}
+
+// offs groups the rows on each rank only when every row's group is a function of its key:
+// offs = cumsum(counts) of each rank's own (partial, never all-reduced) counts of the values of
+// the same ascending sort, by group 0..G-1, with every key a group (the indices of a top-k over G).
 absl::Status BatchDimAnalyzer::CheckGroupOffsets(const Node& n, const Operand& offs, int32_t order) const {
   if (order <= 0) {
     return Error(n, "groups batch rows in batch order; its offsets would count the rows of the "
@@ -248,30 +328,29 @@ absl::Status BatchDimAnalyzer::CheckGroupOffsets(const Node& n, const Operand& o
         "counts of its sorted keys, not all-reduced)", g_.node(offs.ref.node).name,
         offs.info.placement.ToString()));
   }
-  ValueRef r = offs.ref;
-  for (int depth = 0; depth < 16; ++depth) {
-    const Node& m = g_.node(r.node);
-    if (m.is_getitem()) {
-      const ValueRef src = m.args[0].as<ValueRef>();
-      if (src.node.value == order - 1 && m.args.size() > 1 && m.args[1].get_if<int64_t>() != nullptr &&
-          *m.args[1].get_if<int64_t>() == 0) {
-        return absl::OkStatus();
-      }
-      break;
-    }
-    // One operand carries the keys; the others are the same on every rank (arange(groups)).
-    std::vector<ValueRef> ins;
-    m.ForEachInput([&](ValueRef x) {
-      const ValueInfo v = TypeOf(x) != nullptr ? Read(x) : kReplicated;
-      if (TypeOf(x) != nullptr && (!v.placement.is_replicate() || v.rank_local)) ins.push_back(x);
-    });
-    if (!m.is_call() || ins.size() != 1) break;
-    r = ins[0];
+  const Node& sort = g_.node(NodeId{order - 1});
+  if (BoolArg(sort, sort.target.overload == "stable" ? -1 : 2, "descending").value_or(false)) {
+    return Error(n, absl::StrFormat("groups rows of sort '%s', which is descending: offsets count "
+                                    "the groups from the first, so rows would not fall in their "
+                                    "key's group", sort.name));
   }
-  return Error(n, absl::StrFormat(
-      "groups rows by offsets %s that are not computed from the values of sort '%s' alone, so "
-      "they may not count this rank's rows by group", g_.node(offs.ref.node).name,
-      g_.node(NodeId{order - 1}).name));
+  const Node& cs = g_.node(ThroughCasts(offs.ref, false).node);
+  const ValueRef* counts = Is(cs, "aten::cumsum") && !cs.args.empty() && IntArg(cs, 1, "dim").value_or(-1) == 0
+                               ? cs.args[0].get_if<ValueRef>() : nullptr;
+  const int64_t groups = counts ? GroupCounts(ThroughCasts(*counts, false), order) : -1;
+  if (groups < 0) {
+    return Error(n, absl::StrFormat(
+        "groups rows by offsets %s that are not cumsum(histc(keys, G, 0, G - 1)) or "
+        "cumsum((keys.unsqueeze(1) == arange(G)).sum(0)) of the values of sort '%s', so a row's "
+        "group may depend on the other rows of its rank", g_.node(offs.ref.node).name, sort.name));
+  }
+  if (!KeysAreGroups(order, groups)) {
+    return Error(n, absl::StrFormat(
+        "counts the keys of sort '%s' by groups 0..%d, but the keys are not shown to be groups (the "
+        "indices of a topk, max or argmax over %d entries): keys outside would shift the offsets",
+        sort.name, groups - 1, groups));
+  }
+  return absl::OkStatus();
 }
 
 // _grouped_mm(a [rows, k], b [groups, k, n], offs) -> [rows, n]: row-wise;

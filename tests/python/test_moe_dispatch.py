@@ -28,9 +28,10 @@ E, K, D, H = 4, 2, 8, 16
 class _DroplessMoE(torch.nn.Module):
     """The grouped_mm experts path written out (transformers.integrations.moe)."""
 
-    def __init__(self, mix_orders=False, select=False):
+    def __init__(self, mix_orders=False, select=False, offsets="counts"):
         super().__init__()
         self.select = select
+        self.offsets = offsets
         self.router = torch.nn.Linear(D, E, bias=False)
         self.w1 = torch.nn.Parameter(torch.randn(E, D, H) * 0.3)
         self.w2 = torch.nn.Parameter(torch.randn(E, H, D) * 0.3)
@@ -43,11 +44,13 @@ class _DroplessMoE(torch.nn.Module):
         top_w, top_i = torch.topk(torch.softmax(self.router(h), -1), K, dim=-1)
         top_w = top_w / top_w.sum(-1, keepdim=True)
         ids, weights = top_i.reshape(-1), top_w.reshape(-1)
-        ids_g, perm = torch.sort(ids)
+        keys = ids - 1 if self.offsets == "shifted" else ids  # "shifted": key -1 is no group
+        ids_g, perm = torch.sort(keys, descending=self.offsets == "descending")
         rows = torch.index_select(h, 0, perm // K) if self.select else h[perm // K]
         # the bug this refuses: the routing weights in token order against rows in expert order
         w_g = weights if self.mix_orders else weights[perm]
-        offs = torch.cumsum((ids_g.unsqueeze(1) == torch.arange(E)).sum(0), 0, dtype=torch.int32)
+        counts = (ids_g.unsqueeze(1) == torch.arange(E)).sum(0)
+        offs = torch.cumsum(counts.flip(0) if self.offsets == "flipped" else counts, 0, dtype=torch.int32)
         y = torch._grouped_mm(F.silu(torch._grouped_mm(rows, self.w1, offs=offs)), self.w2, offs=offs)
         y = y * w_g.unsqueeze(-1)
         inv = torch.empty_like(perm)
@@ -191,3 +194,21 @@ def test_sorted_rows_put_back_train_like_one_device(tmp_path):
     step = _trace(model, torch.optim.SGD(model.parameters(), lr=0.05))
     (tmp_path / "run").mkdir()
     check_against_one_device(tmp_path / "run", step, _batches(), 2)
+
+
+@pytest.mark.parametrize("offsets,needle", [
+    ("flipped", "that are not cumsum(histc(keys, G, 0, G - 1)) or cumsum((keys.unsqueeze(1) == arange(G)).sum(0))"),
+    ("descending", "which is descending"),
+    ("shifted", "but the keys are not shown to be groups"),
+])
+def test_offsets_that_do_not_put_each_row_in_its_keys_group_are_refused(tmp_path, offsets, needle):
+    """_grouped_mm's offsets must put every row in its key's group, whatever the rank's other rows:
+    counts flipped before the cumsum, a descending sort, or keys outside 0..E-1 (ids - 1: the rows
+    of key -1 sort first but are counted nowhere) make a row's group depend on how many rows of
+    each key its rank holds. All three were accepted and trained w1 differently from one device."""
+    torch.manual_seed(0)
+    model = _DroplessMoE(offsets=offsets)
+    step = _trace(model, torch.optim.SGD(model.parameters(), lr=0.05))
+    r = _analyze(tmp_path, step)
+    assert r.returncode != 0, f"accepted: {r.stdout[:300]}"
+    assert "aten::_grouped_mm" in r.stderr and needle in r.stderr, r.stderr
