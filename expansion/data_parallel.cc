@@ -244,6 +244,7 @@ absl::StatusOr<Expansion> ExpandDataParallel(const Graph& graph, const BatchDimA
   // Identical ranks share one graph: only rank 0's is built.
   ScheduleInfo schedule;
   const int32_t distinct = e.identical ? 1 : world;
+  if (options.before_rank_graphs) FXDP_RETURN_IF_ERROR(options.before_rank_graphs(distinct));
   e.distinct_graphs.reserve(distinct);
   for (int32_t r = 0; r < distinct; ++r) {
     RankExpander x(graph, analysis, options, buckets, rep.slices[r], fs.has_value() ? &*fs : nullptr);

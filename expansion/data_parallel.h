@@ -34,6 +34,7 @@
 #define FXDP_EXPANSION_DATA_PARALLEL_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -85,6 +86,11 @@ struct ExpandOptions {
   // train exactly like one device; the analysis must have been run with
   // AnalyzeOptions::sync_batchnorm too. Default: local statistics, as DDP.
   bool sync_batchnorm = false;
+  // Called with the number of rank graphs about to be built (1 when every
+  // rank runs the same graph, else world_size) before any is: a status that
+  // is not OK ends the expansion with it (a server's cost limits). Unset:
+  // no check.
+  std::function<absl::Status(int32_t rank_graphs)> before_rank_graphs;
 };
 
 // Rank r's contiguous slice of the global batch (analysis/ir/batch_split.h).

@@ -5,6 +5,8 @@
 #include <climits>
 #include <cmath>
 #include <memory>
+#include <new>
+#include <stdexcept>
 #include <optional>
 #include <string>
 #include <utility>
@@ -28,9 +30,38 @@
 namespace fxdp::server {
 namespace {
 
-absl::Status CheckWorldSize(int32_t world) {
+absl::Status CheckWorldSize(int32_t world, const CompileLimits& limits) {
   if (world < 1) {
     return absl::InvalidArgumentError(absl::StrCat("world_size must be >= 1, got ", world));
+  }
+  if (world > limits.max_world_size) {
+    return absl::ResourceExhaustedError(absl::StrCat("world_size ", world, " is over this server's limit of ",
+                                                     limits.max_world_size, " (fxdp-server --max-world-size)"));
+  }
+  return absl::OkStatus();
+}
+
+// ExpandOptions::before_rank_graphs for `request`: the rank graphs against
+// --max-expanded-nodes and --max-expanded-mb.
+absl::Status CheckRankGraphs(const v1::ExpandRequest& request, const CompileLimits& limits, int32_t graphs) {
+  const int64_t nodes = request.graph().nodes_size();
+  const int64_t bytes = static_cast<int64_t>(request.graph().ByteSizeLong());
+  const std::string why =
+      graphs == 1 ? std::string("one graph for every rank")
+                  : absl::StrCat("one graph per rank: the ranks' graphs differ (the batch splits unevenly over ",
+                                 request.world_size(), " ranks, or values are sliced per rank)");
+  if (graphs * nodes > limits.max_expanded_nodes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the expansion for world_size ", request.world_size(), " would build ", graphs, " rank graphs (", why,
+        ") of the ", nodes, "-node graph: ", graphs * nodes, " nodes, over this server's limit of ",
+        limits.max_expanded_nodes, " (fxdp-server --max-expanded-nodes)"));
+  }
+  if (graphs * bytes > limits.max_expanded_bytes) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "the expansion for world_size %d would build %d rank graphs (%s) of the %d-byte graph: %.1f MiB, over "
+        "this server's limit of %d MiB (fxdp-server --max-expanded-mb)",
+        request.world_size(), graphs, why, bytes, static_cast<double>(graphs * bytes) / (1 << 20),
+        limits.max_expanded_bytes >> 20));
   }
   return absl::OkStatus();
 }
@@ -110,7 +141,15 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
 }
 
 absl::StatusOr<v1::AnalyzeResponse> RunAnalyze(const v1::AnalyzeRequest& request) {
-  FXDP_RETURN_IF_ERROR(CheckWorldSize(request.world_size()));
+  return AnalyzeWithin(request, CompileLimits{});
+}
+
+absl::StatusOr<v1::ExpandResponse> RunExpand(const v1::ExpandRequest& request) {
+  return ExpandWithin(request, CompileLimits{});
+}
+
+absl::StatusOr<v1::AnalyzeResponse> AnalyzeWithin(const v1::AnalyzeRequest& request, const CompileLimits& limits) {
+  FXDP_RETURN_IF_ERROR(CheckWorldSize(request.world_size(), limits));
   FXDP_RETURN_IF_ERROR(CheckBucketMb(request.bucket_cap_mb(), "AnalyzeRequest.bucket_cap_mb"));
   std::optional<StyledAnalysis> styled;
   ExpandOptions opts;
@@ -174,10 +213,11 @@ absl::StatusOr<v1::AnalyzeResponse> RunAnalyze(const v1::AnalyzeRequest& request
   return r;
 }
 
-absl::StatusOr<v1::ExpandResponse> RunExpand(const v1::ExpandRequest& request) {
-  FXDP_RETURN_IF_ERROR(CheckWorldSize(request.world_size()));
+absl::StatusOr<v1::ExpandResponse> ExpandWithin(const v1::ExpandRequest& request, const CompileLimits& limits) {
+  FXDP_RETURN_IF_ERROR(CheckWorldSize(request.world_size(), limits));
   ExpandOptions opts;
   opts.world_size = request.world_size();
+  opts.before_rank_graphs = [&](int32_t graphs) { return CheckRankGraphs(request, limits, graphs); };
   for (double mb : {request.bucket_cap_mb(), request.first_bucket_mb(),
                     request.has_last_bucket_mb() ? request.last_bucket_mb() : 0.0}) {
     if (!std::isfinite(mb) || mb < 0) {
@@ -235,10 +275,25 @@ grpc::ByteBuffer SharedBuffer(CachedBytes bytes) {
 
 // Computes `request` with `run`; caches the response (serialized, cached =
 // true) under `key` and returns it with cached = false.
+// `run(request)`, with what it throws as a status: an allocation failure
+// RESOURCE_EXHAUSTED naming the request, anything else INTERNAL.
 template <typename Response, typename Request, typename Run>
-absl::StatusOr<Response> Compute(CompileCache& cache, const std::string& key,
+absl::StatusOr<Response> Guarded(absl::string_view method, const Request& request, Run run) {
+  try {
+    return run(request);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the server ran out of memory computing the ", method, " request (world_size ", request.world_size(), ", ",
+        request.graph().nodes_size(), " nodes); its other calls go on"));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("computing the ", method, " request: ", e.what()));
+  }
+}
+
+template <typename Response, typename Request, typename Run>
+absl::StatusOr<Response> Compute(CompileCache& cache, absl::string_view method, const std::string& key,
                                  const Request& request, Run run) {
-  absl::StatusOr<Response> r = run(request);
+  absl::StatusOr<Response> r = Guarded<Response>(method, request, run);
   if (!r.ok()) return r;
   if (cache.enabled()) {
     r->set_cached(true);
@@ -262,7 +317,7 @@ absl::StatusOr<Response> Cached(CompileCache& cache, const CompileLimits& limits
     if (!response.ParseFromString(*hit)) return absl::InternalError("cannot parse a cached response");
     return response;
   }
-  return Compute<Response>(cache, key, request, run);
+  return Compute<Response>(cache, method, key, request, run);
 }
 
 // A message-level result as an RPC's status and response.
@@ -326,10 +381,25 @@ grpc::Status CachedRaw(CompileCache& cache, const CompileLimits& limits, absl::s
     *out = SharedBuffer(std::move(hit));
     return grpc::Status::OK;
   }
-  absl::StatusOr<Response> r = Compute<Response>(cache, key, *request, run);
+  absl::StatusOr<Response> r = Compute<Response>(cache, method, key, *request, run);
   if (!r.ok()) return ToGrpcStatus(r.status());
   *out = SharedBuffer(std::make_shared<const std::string>(r->SerializeAsString()));
   return grpc::Status::OK;
+}
+
+// The raw handlers' own work (the request's bytes, the parse, the cache,
+// the response's serialization) with what it throws as a status.
+template <typename Run>
+grpc::Status RawGuarded(absl::string_view method, Run run) {
+  try {
+    return run();
+  } catch (const std::bad_alloc&) {
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        absl::StrCat("the server ran out of memory handling the ", method,
+                                     " request; its other calls go on"));
+  } catch (const std::exception& e) {
+    return grpc::Status(grpc::StatusCode::INTERNAL, absl::StrCat("handling the ", method, " request: ", e.what()));
+  }
 }
 
 }  // namespace
@@ -342,8 +412,10 @@ grpc::ServerUnaryReactor* CompileServiceImpl::Analyze(grpc::CallbackServerContex
     reactor->Finish(ToGrpcStatus(who.status()));
     return reactor;
   }
-  reactor->Finish(CachedRaw<v1::AnalyzeRequest, v1::AnalyzeResponse>(
-      cache_, limits_, "Analyze", *request, response, RunAnalyze));
+  reactor->Finish(RawGuarded("Analyze", [&] {
+    return CachedRaw<v1::AnalyzeRequest, v1::AnalyzeResponse>(cache_, limits_, "Analyze", *request, response,
+                                                              AnalyzeRun());
+  }));
   return reactor;
 }
 
@@ -355,14 +427,16 @@ grpc::ServerUnaryReactor* CompileServiceImpl::Expand(grpc::CallbackServerContext
     reactor->Finish(ToGrpcStatus(who.status()));
     return reactor;
   }
-  reactor->Finish(CachedRaw<v1::ExpandRequest, v1::ExpandResponse>(
-      cache_, limits_, "Expand", *request, response, RunExpand));
+  reactor->Finish(RawGuarded("Expand", [&] {
+    return CachedRaw<v1::ExpandRequest, v1::ExpandResponse>(cache_, limits_, "Expand", *request, response,
+                                                            ExpandRun());
+  }));
   return reactor;
 }
 
 grpc::Status CompileServiceImpl::Analyze(grpc::ServerContext*, const v1::AnalyzeRequest* request,
                                          v1::AnalyzeResponse* response) {
-  return Reply(Cached<v1::AnalyzeResponse>(cache_, limits_, "Analyze", *request, RunAnalyze), response);
+  return Reply(Cached<v1::AnalyzeResponse>(cache_, limits_, "Analyze", *request, AnalyzeRun()), response);
 }
 
 grpc::Status CompileServiceImpl::Expand(grpc::ServerContext*, const v1::ExpandRequest* request,
@@ -371,7 +445,7 @@ grpc::Status CompileServiceImpl::Expand(grpc::ServerContext*, const v1::ExpandRe
 }
 
 absl::StatusOr<v1::ExpandResponse> CompileServiceImpl::ExpandCached(const v1::ExpandRequest& request) {
-  return Cached<v1::ExpandResponse>(cache_, limits_, "Expand", request, RunExpand);
+  return Cached<v1::ExpandResponse>(cache_, limits_, "Expand", request, ExpandRun());
 }
 
 }  // namespace fxdp::server

@@ -10,7 +10,10 @@
 // by a content hash of the request (compile_cache.h): the same submission
 // twice is computed once, the second answer has cached = true.
 // Errors are absl::Status from the library, mapped to grpc::Status once, in
-// ToGrpcStatus (the codes are the same numbers).
+// ToGrpcStatus (the codes are the same numbers). A request that runs the
+// server out of memory (std::bad_alloc) is RESOURCE_EXHAUSTED naming it; no
+// exception leaves a handler (gRPC would answer UNIMPLEMENTED with no text,
+// and a job thread would abort the server).
 #ifndef FXDP_SERVER_COMPILE_SERVICE_H_
 #define FXDP_SERVER_COMPILE_SERVICE_H_
 
@@ -30,21 +33,37 @@ namespace fxdp::server {
 // absl::Status -> grpc::Status, code and message kept.
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
-// The library calls behind the RPCs, without gRPC or the cache.
-absl::StatusOr<v1::AnalyzeResponse> RunAnalyze(const v1::AnalyzeRequest& request);
-absl::StatusOr<v1::ExpandResponse> RunExpand(const v1::ExpandRequest& request);
-
 // What one compile request may cost (docs/robustness.md): checked before the
 // request is parsed (raw RPCs: its size, and its graph's nodes counted on the
-// wire) or, for in-process callers (a job's spec), before it is decoded.
-// Over a limit: RESOURCE_EXHAUSTED naming the limit, its flag and the value.
+// wire) or, for in-process callers (a job's spec), before it is decoded; the
+// world size before anything else, the rank graphs before the first is
+// built. Over a limit: RESOURCE_EXHAUSTED naming the limit, its flag and the
+// value.
 struct CompileLimits {
   // --max-graph-nodes: nodes of the request's graph.
   int64_t max_graph_nodes = 1000000;
   // --max-graph-mb: serialized bytes of an Analyze/Expand request (of the
   // GraphDef, for a job's spec).
   int64_t max_request_bytes = int64_t{256} << 20;
+  // --max-world-size: world_size of an Analyze/Expand request (a job's).
+  int32_t max_world_size = 1024;
+  // --max-expanded-nodes: the request graph's nodes times the rank graphs
+  // an Expand builds (one when every rank runs the same graph, world_size
+  // when they differ: an uneven batch split, per-rank slices). Each costs
+  // ~3 KB (measured: 20 nodes x 30,000 rank graphs peaked at +1.6 GB), so
+  // the defaults let an Expand cost what one graph at --max-graph-nodes and
+  // --max-graph-mb does.
+  int64_t max_expanded_nodes = 1000000;
+  // --max-expanded-mb: the request graph's bytes times those rank graphs.
+  int64_t max_expanded_bytes = int64_t{256} << 20;
 };
+
+// The library calls behind the RPCs, without gRPC or the cache, within
+// `limits` (the one-argument forms: within the defaults).
+absl::StatusOr<v1::AnalyzeResponse> RunAnalyze(const v1::AnalyzeRequest& request);
+absl::StatusOr<v1::ExpandResponse> RunExpand(const v1::ExpandRequest& request);
+absl::StatusOr<v1::AnalyzeResponse> AnalyzeWithin(const v1::AnalyzeRequest& request, const CompileLimits& limits);
+absl::StatusOr<v1::ExpandResponse> ExpandWithin(const v1::ExpandRequest& request, const CompileLimits& limits);
 
 // OK, or RESOURCE_EXHAUSTED naming the limit: `what` ("the Analyze request")
 // is `bytes` long and its graph has `nodes` nodes.
@@ -83,6 +102,14 @@ class CompileServiceImpl final
   CompileCacheStats cache_stats() const { return cache_.stats(); }
 
  private:
+  // The library calls within limits_.
+  auto AnalyzeRun() const {
+    return [this](const v1::AnalyzeRequest& r) { return AnalyzeWithin(r, limits_); };
+  }
+  auto ExpandRun() const {
+    return [this](const v1::ExpandRequest& r) { return ExpandWithin(r, limits_); };
+  }
+
   CompileCache cache_;
   const CompileLimits limits_;
   const std::shared_ptr<security::CallAuth> auth_;

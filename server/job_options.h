@@ -11,12 +11,21 @@
 
 namespace fxdp::server {
 
+// FetchJobStateRequest.chunk_bytes is clamped to [min, max]: a 1-byte chunk
+// costs a message per byte (a 16 MiB state took the server to 3.4 GB).
+inline constexpr size_t kMinFetchChunkBytes = size_t{64} << 10;
+inline constexpr size_t kMaxFetchChunkBytes = size_t{4} << 20;
+
 struct JobServiceOptions {
   // Chunk size of what the server sends workers (state, batches) and of
   // FetchState (unless the request asks for another).
   size_t chunk_bytes = size_t{1} << 20;
   // --max-queued-jobs: more queued jobs are RESOURCE_EXHAUSTED.
   size_t max_queued_jobs = 64;
+  // --max-queued-jobs-per-identity: queued jobs of one authenticated
+  // identity; more are RESOURCE_EXHAUSTED (without authentication there is
+  // one tenant: max_queued_jobs alone holds).
+  size_t max_queued_jobs_per_identity = 16;
   // --max-state-mb: bytes of final states kept for FetchState.
   uint64_t max_state_bytes = uint64_t{2048} << 20;
   // --max-finished-jobs: finished jobs remembered (older ones are forgotten).
@@ -63,6 +72,13 @@ struct JobServiceOptions {
   // --max-submit-streams: Submit calls at once (queued, running, or not yet
   // queued); more are RESOURCE_EXHAUSTED before a job thread starts.
   size_t max_submit_streams = 256;
+  // --max-submit-streams-per-identity: the same for one authenticated identity.
+  size_t max_submit_streams_per_identity = 64;
+  // --max-fetch-streams: FetchState calls at once (each holds one chunk of
+  // at most kMaxFetchChunkBytes); more are RESOURCE_EXHAUSTED.
+  size_t max_fetch_streams = 16;
+  // --max-fetch-streams-per-identity: the same for one authenticated identity.
+  size_t max_fetch_streams_per_identity = 4;
 };
 
 }  // namespace fxdp::server

@@ -166,6 +166,8 @@ absl::Status JobRunner::TakeSpec() {
   if (ctx_.store != nullptr && (from_files || resume || ctx_.options.checkpoint_every > 0)) {
     job_->submitted = submitted;
   }
+  // More ranks than workers fail before the graph is expanded for them.
+  if (absl::Status s = ctx_.scheduler->CheckPlaceable(submitted.world_size()); !s.ok()) return s;
   // What the graph declares, against the limits, before anything is
   // compiled or held (a data_paths job's state; a resume's checkpoint).
   job_->declared_state = ir::DeclaredTensors::Of(submitted.graph(), ir::DeclaredTensors::Kind::kState);

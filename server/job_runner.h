@@ -65,9 +65,6 @@ struct JobContext {
   JobTable* table = nullptr;
   JobScheduler* scheduler = nullptr;
   JobStore* store = nullptr;  // --state-dir (null: in memory only)
-  // Submit calls alive (JobServiceOptions::max_submit_streams); a SubmitCall
-  // gives its slot back when it is done.
-  std::atomic<size_t>* submit_streams = nullptr;
   // Bytes of initial states held (JobServiceOptions::max_initial_state_bytes).
   std::atomic<uint64_t>* held_state_bytes = nullptr;
 };

@@ -66,13 +66,28 @@ std::string JobScheduler::CannotRunMessage(int world, int registered) const {
                       options_.queue_grace_s, " s for workers to attach: fxdp-server --queue-grace-s)");
 }
 
+absl::Status JobScheduler::CheckPlaceable(int world) const {
+  if (Clock::now() - started_ < Seconds(options_.queue_grace_s)) return absl::OkStatus();
+  const int registered = RegisteredWorkers();
+  if (world > registered) return absl::FailedPreconditionError(CannotRunMessage(world, registered));
+  return absl::OkStatus();
+}
+
+absl::Status JobScheduler::CheckIdentityQuotaLocked(const JobOwner& owner) const {
+  if (!owner.authenticated) return absl::OkStatus();
+  size_t queued = 0;
+  for (const auto& [id, j] : queued_) queued += j->owner.authenticated && j->owner.identity == owner.identity;
+  if (queued < options_.max_queued_jobs_per_identity) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "identity '", owner.identity, "' has ", queued, " jobs queued, the most one identity may have waiting "
+      "(fxdp-server --max-queued-jobs-per-identity)"));
+}
+
 absl::StatusOr<v1::JobEvent> JobScheduler::Enqueue(const std::shared_ptr<Job>& job) {
   const int world = job->spec.world_size();
+  if (absl::Status s = CheckPlaceable(world); !s.ok()) return s;
   std::lock_guard<std::mutex> l(mu_);
-  if (Clock::now() - started_ >= Seconds(options_.queue_grace_s)) {
-    const int registered = RegisteredWorkers();
-    if (world > registered) return absl::FailedPreconditionError(CannotRunMessage(world, registered));
-  }
+  if (absl::Status s = CheckIdentityQuotaLocked(job->owner); !s.ok()) return s;
   const std::string id = table_->NextId();
   if (absl::Status s = queue_.Push(id, world); !s.ok()) return s;
   table_->Add(job, id);

@@ -42,7 +42,12 @@ class JobScheduler {
   // fewer workers are registered than the job needs; RESOURCE_EXHAUSTED when
   // max_queued_jobs wait already. Returns the job's first event: QUEUED, with
   // its place in the queue (0 when it was dispatched at once).
+  // RESOURCE_EXHAUSTED too when the job's authenticated owner has
+  // max_queued_jobs_per_identity jobs waiting already.
   absl::StatusOr<v1::JobEvent> Enqueue(const std::shared_ptr<Job>& job);
+  // Enqueue's check of a job of `world` ranks against the registered
+  // workers, alone: a Submit makes it before its graph is expanded.
+  absl::Status CheckPlaceable(int world) const;
   // Queues again a job the table holds already (after a server restart,
   // job_recovery.h); RESOURCE_EXHAUSTED when the queue is full.
   absl::StatusOr<v1::JobEvent> Requeue(const std::shared_ptr<Job>& job);
@@ -65,6 +70,8 @@ class JobScheduler {
   void ReleaseLocked();
   void DispatchLocked();
   bool CancelQueuedLocked(const std::string& id, const std::string& reason, const absl::Status& status);
+  // OK, or RESOURCE_EXHAUSTED when `owner` has its quota of queued jobs.
+  absl::Status CheckIdentityQuotaLocked(const JobOwner& owner) const;
   // Workers registered and not LOST.
   int RegisteredWorkers() const;
   // Why a job of `world` ranks cannot run on `registered` workers.

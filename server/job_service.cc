@@ -1,5 +1,6 @@
 #include "server/job_service.h"
 
+#include <algorithm>
 #include <chrono>
 #include <utility>
 #include <vector>
@@ -7,8 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "security/server_auth.h"
 #include "server/audit.h"
+#include "server/fetch_call.h"
 #include "server/log.h"
-#include "server/raw_tensors.h"
 #include "server/submit_call.h"
 
 namespace fxdp::server {
@@ -56,14 +57,19 @@ void AuditJob(const char* event, const grpc::ServerContextBase& ctx, const Calle
 
 JobServiceImpl::JobServiceImpl(CompileServiceImpl* compile, WorkerPool* workers, JobServiceOptions options,
                                JobStore* store, std::shared_ptr<security::CallAuth> auth)
-    : auth_(std::move(auth)), table_(options, store), scheduler_(workers, &table_, options) {
+    : auth_(std::move(auth)),
+      table_(options, store),
+      scheduler_(workers, &table_, options),
+      submit_streams_({"Submit streams", options.max_submit_streams, "--max-submit-streams",
+                       options.max_submit_streams_per_identity, "--max-submit-streams-per-identity"}),
+      fetch_streams_({"FetchState calls", options.max_fetch_streams, "--max-fetch-streams",
+                      options.max_fetch_streams_per_identity, "--max-fetch-streams-per-identity"}) {
   context_.options = options;
   context_.expand = [compile](const v1::ExpandRequest& r) { return compile->ExpandCached(r); };
   context_.pool = workers;
   context_.table = &table_;
   context_.scheduler = &scheduler_;
   context_.store = store;
-  context_.submit_streams = &submit_streams_;
   context_.held_state_bytes = &held_state_bytes_;
 }
 
@@ -90,12 +96,15 @@ absl::Status JobServiceImpl::Recover() {
 
 namespace {
 
-// A Submit over --max-submit-streams: ended at once, nothing read.
-class RefusedSubmit final : public grpc::ServerBidiReactor<v1::SubmitJobRequest, v1::JobEvent> {
+// A call refused before it starts (unauthorized, over --max-submit-streams,
+// a FetchState not allowed): ended at once, nothing read or written.
+template <typename Reactor>
+class RefusedCall final : public Reactor {
  public:
-  explicit RefusedSubmit(const grpc::Status& status) { Finish(status); }
+  explicit RefusedCall(const grpc::Status& status) { this->Finish(status); }
   void OnDone() override { delete this; }
 };
+using RefusedSubmit = RefusedCall<grpc::ServerBidiReactor<v1::SubmitJobRequest, v1::JobEvent>>;
 
 }  // namespace
 
@@ -103,18 +112,6 @@ grpc::ServerBidiReactor<v1::SubmitJobRequest, v1::JobEvent>* JobServiceImpl::Sub
     grpc::CallbackServerContext* context) {
   Caller who;
   if (grpc::Status s = CallerOf(auth_.get(), *context, "Submit", &who); !s.ok()) return new RefusedSubmit(s);
-  const size_t max = context_.options.max_submit_streams;
-  if (submit_streams_.fetch_add(1) >= max) {
-    submit_streams_.fetch_sub(1);
-    if (refused_submits_.fetch_add(1) < 10) {  // then silence
-      Log(absl::StrCat("Submit from ", context->peer(), ": refused: ", max,
-                       " Submit streams open (--max-submit-streams)"));
-    }
-    return new RefusedSubmit(grpc::Status(
-        grpc::StatusCode::RESOURCE_EXHAUSTED,
-        absl::StrCat("this server takes at most ", max,
-                     " Submit streams at once (fxdp-server --max-submit-streams)")));
-  }
   JobOwner owner;
   if (who.has_value()) {
     owner.identity = who->identity;
@@ -123,7 +120,15 @@ grpc::ServerBidiReactor<v1::SubmitJobRequest, v1::JobEvent>* JobServiceImpl::Sub
   }
   owner.description = security::Describe(who);
   owner.peer = context->peer();
-  return new SubmitCall(&context_, std::move(owner));
+  absl::StatusOr<IdentityQuota::Slot> slot = submit_streams_.Acquire(owner.identity);
+  if (!slot.ok()) {
+    if (refused_submits_.fetch_add(1) < 10) {  // then silence
+      Log(absl::StrCat("Submit from ", owner.description, " at ", context->peer(), ": refused: ",
+                       slot.status().message()));
+    }
+    return new RefusedSubmit(ToGrpcStatus(slot.status()));
+  }
+  return new SubmitCall(&context_, std::move(owner), *std::move(slot));
 }
 
 grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
@@ -182,45 +187,34 @@ std::string JobServiceImpl::OwnerOf(const std::string& id) const {
   return found.ok() ? (*found)->owner.identity : "";
 }
 
-grpc::Status JobServiceImpl::FetchState(grpc::ServerContext* context, const v1::FetchJobStateRequest* request,
-                                        grpc::ServerWriter<v1::StateChunk>* writer) {
+grpc::ServerWriteReactor<v1::StateChunk>* JobServiceImpl::FetchState(grpc::CallbackServerContext* context,
+                                                                     const v1::FetchJobStateRequest* request) {
+  using Refused = RefusedCall<grpc::ServerWriteReactor<v1::StateChunk>>;
   Caller caller;
-  if (grpc::Status s = CallerOf(auth_.get(), *context, "FetchState", &caller); !s.ok()) return s;
+  if (grpc::Status s = CallerOf(auth_.get(), *context, "FetchState", &caller); !s.ok()) return new Refused(s);
   std::shared_ptr<Job> j;
   bool denied = false;
   grpc::Status allowed = Authorized(caller, table_, request->job_id(), &j, &denied);
-  absl::StatusOr<std::shared_ptr<const StateStore::State>> found = absl::PermissionDeniedError("");
-  if (allowed.ok()) {
-    found = table_.FinalState(request->job_id());
-    if (!found.ok()) allowed = ToGrpcStatus(found.status());
-  }
-  AuditJob("fetch", *context, caller, request->job_id(), allowed, denied);
-  if (!allowed.ok()) return allowed;
-  const StateStore::State& state = **found;
-  const size_t max = request->chunk_bytes() > 0 ? request->chunk_bytes() : context_.options.chunk_bytes;
-  auto write = [&](v1::StateChunk& s) {
-    s.set_job_id(request->job_id());
-    return writer->Write(s);
-  };
-  const grpc::Status gone(grpc::StatusCode::CANCELLED, "the client went away");
-  if (state.empty()) {
-    v1::StateChunk s;
-    s.set_last(true);
-    if (!write(s)) return gone;
-  }
-  std::vector<v1::TensorChunk> chunks;
-  for (size_t t = 0; t < state.size(); ++t) {
-    // One stored chunk at a time: the whole state is never copied.
-    chunks.clear();
-    RechunkTensor(state[t], max, &chunks);
-    for (size_t i = 0; i < chunks.size(); ++i) {
-      v1::StateChunk s;
-      s.mutable_tensor()->Swap(&chunks[i]);
-      s.set_last(t + 1 == state.size() && i + 1 == chunks.size());
-      if (!write(s)) return gone;
+  std::optional<IdentityQuota::Slot> slot;
+  if (allowed.ok()) {  // a slot before the state's file is opened
+    absl::StatusOr<IdentityQuota::Slot> s = fetch_streams_.Acquire(caller.has_value() ? caller->identity : "");
+    if (s.ok()) {
+      slot = *std::move(s);
+    } else {
+      allowed = ToGrpcStatus(s.status());
     }
   }
-  return grpc::Status::OK;
+  absl::StatusOr<StateReader> state = absl::PermissionDeniedError("");
+  if (allowed.ok()) {
+    state = table_.OpenFinalState(request->job_id());
+    if (!state.ok()) allowed = ToGrpcStatus(state.status());
+  }
+  AuditJob("fetch", *context, caller, request->job_id(), allowed, denied);
+  if (!allowed.ok()) return new Refused(allowed);
+  const size_t asked = request->chunk_bytes() > 0 ? request->chunk_bytes() : context_.options.chunk_bytes;
+  const size_t chunk = std::clamp(asked, kMinFetchChunkBytes, kMaxFetchChunkBytes);
+  return new FetchCall(context, request->job_id(), *std::move(state), chunk, context_.options.client_idle_s,
+                       *std::move(slot));
 }
 
 }  // namespace fxdp::server

@@ -9,8 +9,8 @@
 //   job_store.h      --state-dir: the jobs in SQLite, states as files
 //   job_recovery.h   --state-dir: the recorded jobs after a restart
 // Submit is a gRPC callback (reactor) method (submit_call.h): each call gets
-// a job thread running RunJob; GetJob, ListJobs, CancelJob and FetchState
-// read the table. absl::Status from the parts is mapped to grpc::Status here
+// a job thread running RunJob; FetchState too (fetch_call.h: a chunk at a
+// time, no thread); GetJob, ListJobs and CancelJob read the table. absl::Status from the parts is mapped to grpc::Status here
 // (ToGrpcStatus, the one mapping of the server). Thread-safe. Never includes
 // LibTorch.
 #ifndef FXDP_SERVER_JOB_SERVICE_H_
@@ -29,6 +29,7 @@
 #include "security/call_auth.h"
 #include "server/compile_service.h"
 #include "server/dispatcher.h"
+#include "server/identity_quota.h"
 #include "server/job_options.h"
 #include "server/job_recovery.h"
 #include "server/job_runner.h"
@@ -39,7 +40,9 @@
 
 namespace fxdp::server {
 
-class JobServiceImpl final : public v1::JobService::WithCallbackMethod_Submit<v1::JobService::Service> {
+class JobServiceImpl final
+    : public v1::JobService::WithCallbackMethod_FetchState<
+          v1::JobService::WithCallbackMethod_Submit<v1::JobService::Service>> {
  public:
   // `store` (--state-dir; null: in memory only) outlives the service.
   // `auth`: who may call (call_auth.h); null: the server does not authenticate.
@@ -61,8 +64,10 @@ class JobServiceImpl final : public v1::JobService::WithCallbackMethod_Submit<v1
                         v1::ListJobsResponse* response) override;
   grpc::Status CancelJob(grpc::ServerContext* context, const v1::CancelJobRequest* request,
                          v1::JobInfo* response) override;
-  grpc::Status FetchState(grpc::ServerContext* context, const v1::FetchJobStateRequest* request,
-                          grpc::ServerWriter<v1::StateChunk>* writer) override;
+  // The state is written a chunk at a time (fetch_call.h); over
+  // --max-fetch-streams (or its per-identity limit) RESOURCE_EXHAUSTED.
+  grpc::ServerWriteReactor<v1::StateChunk>* FetchState(grpc::CallbackServerContext* context,
+                                                       const v1::FetchJobStateRequest* request) override;
 
   // Cancels every queued and running job (server shutdown).
   void CancelAll(const std::string& reason);
@@ -77,7 +82,8 @@ class JobServiceImpl final : public v1::JobService::WithCallbackMethod_Submit<v1
   JobContext context_;
   NoClient no_client_;
   std::vector<std::thread> recovered_;  // runners of the jobs queued again
-  std::atomic<size_t> submit_streams_{0};  // SubmitCalls alive (--max-submit-streams)
+  IdentityQuota submit_streams_;  // SubmitCalls alive (--max-submit-streams, per identity)
+  IdentityQuota fetch_streams_;   // FetchCalls alive (--max-fetch-streams, per identity)
   std::atomic<uint64_t> held_state_bytes_{0};  // initial states held (--max-initial-state-mb)
   std::atomic<int64_t> refused_submits_{0};
 };

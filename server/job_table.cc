@@ -155,6 +155,28 @@ void JobTable::KeepState(const std::shared_ptr<Job>& job, std::shared_ptr<const 
 }
 
 absl::StatusOr<std::shared_ptr<const StateStore::State>> JobTable::FinalState(const std::string& id) const {
+  absl::StatusOr<std::shared_ptr<const StateStore::State>> kept = Kept(id);
+  if (!kept.ok() || *kept != nullptr) return kept;
+  absl::StatusOr<JobStore::Tensors> read = store_->ReadFinalState(id);  // outside the lock
+  if (!read.ok()) {
+    return absl::DataLossError(absl::StrCat("job ", id, "'s final state cannot be read back from ",
+                                            store_->FinalStatePath(id), ": ", read.status().message()));
+  }
+  return std::make_shared<const StateStore::State>(*std::move(read));
+}
+
+absl::StatusOr<StateReader> JobTable::OpenFinalState(const std::string& id) const {
+  absl::StatusOr<std::shared_ptr<const StateStore::State>> kept = Kept(id);
+  if (!kept.ok()) return kept.status();
+  if (*kept != nullptr) return StateReader(*std::move(kept));
+  absl::StatusOr<StateReader> file = StateReader::OpenFile(store_->FinalStatePath(id));  // outside the lock
+  if (!file.ok()) {
+    return absl::DataLossError(absl::StrCat("job ", id, "'s final state cannot be read back: ", file.status().message()));
+  }
+  return file;
+}
+
+absl::StatusOr<std::shared_ptr<const StateStore::State>> JobTable::Kept(const std::string& id) const {
   std::shared_ptr<const StateStore::State> kept;
   bool on_disk = false;
   {
@@ -169,15 +191,7 @@ absl::StatusOr<std::shared_ptr<const StateStore::State>> JobTable::FinalState(co
     kept = states_.Get(id);
     on_disk = kept == nullptr && states_.Has(id) && store_ != nullptr;
   }
-  if (on_disk) {  // read outside the lock
-    absl::StatusOr<JobStore::Tensors> read = store_->ReadFinalState(id);
-    if (!read.ok()) {
-      return absl::DataLossError(absl::StrCat("job ", id, "'s final state cannot be read back from ",
-                                              store_->FinalStatePath(id), ": ", read.status().message()));
-    }
-    return std::make_shared<const StateStore::State>(*std::move(read));
-  }
-  if (kept == nullptr) {
+  if (kept == nullptr && !on_disk) {
     return absl::FailedPreconditionError(
         absl::StrCat("job ", id, "'s final state was evicted: the server keeps at most ",
                      options_.max_state_bytes >> 20,

@@ -23,6 +23,7 @@
 #include "server/job.h"
 #include "server/job_options.h"
 #include "server/job_store.h"
+#include "server/state_reader.h"
 #include "server/state_store.h"
 
 namespace fxdp::server {
@@ -59,11 +60,16 @@ class JobTable {
   // A succeeded job's final state; FAILED_PRECONDITION when the job did not
   // succeed or its state was evicted, NOT_FOUND for an unknown job.
   absl::StatusOr<std::shared_ptr<const StateStore::State>> FinalState(const std::string& id) const;
+  // The same, to be read chunk by chunk (FetchState): the kept state shared,
+  // or its file in the store opened (only its header read).
+  absl::StatusOr<StateReader> OpenFinalState(const std::string& id) const;
   // What Find says of an unknown job: also said to a caller asking for
   // another identity's job (it must not learn that the job exists).
   absl::Status NotFound(const std::string& id) const;
 
  private:
+  // FinalState's checks: the state kept in memory, or null when it is in the store.
+  absl::StatusOr<std::shared_ptr<const StateStore::State>> Kept(const std::string& id) const;
   void Record(const absl::Status& s, const std::string& id, const char* what) const;
 
   const JobServiceOptions options_;

@@ -58,6 +58,9 @@ constexpr char kUsage[] =
     "                   [--max-submit-streams N] [--register-deadline-s S]\n"
     "                   [--max-initial-state-mb N] [--max-batch-mb N]\n"
     "                   [--max-auth-failures N] [--auth-block-s S] [--max-data-mb N]\n"
+    "                   [--max-world-size N] [--max-expanded-nodes N] [--max-expanded-mb N]\n"
+    "                   [--max-fetch-streams N] [--max-fetch-streams-per-identity N]\n"
+    "                   [--max-submit-streams-per-identity N] [--max-queued-jobs-per-identity N]\n"
     "\n"
     "Serves fxdp.v1.CompileService (Analyze, Expand), fxdp.v1.WorkerService (Attach:\n"
     "the workers' endpoint, ListWorkers) and fxdp.v1.JobService (Submit, GetJob, ListJobs,\n"
@@ -103,7 +106,7 @@ constexpr char kUsage[] =
     "                        or for a batch with no step in flight) fails with\n"
     "                        DEADLINE_EXCEEDED after S seconds without a message, freeing\n"
     "                        its workers; also the limit for a Submit's first message\n"
-    "                        (default 60)\n"
+    "                        and for a FetchState client to take each chunk (default 60)\n"
     "  --state-dir DIR       keep the jobs in DIR (created): their records in SQLite\n"
     "                        (DIR/jobs.db), final states as safetensors files\n"
     "                        (DIR/states/). After a restart on the same DIR finished jobs\n"
@@ -132,7 +135,23 @@ constexpr char kUsage[] =
     "                        free is RESOURCE_EXHAUSTED (default 4096)\n"
     "  --max-batch-mb N      one step's global batch as a streamed job's graph declares it\n"
     "                        (the server assembles it to slice it), MiB; more is\n"
-    "                        RESOURCE_EXHAUSTED at Submit (default 2048)\n"
+    "                        RESOURCE_EXHAUSTED at Submit (default 2048)\n"    "  --max-world-size N    world_size of an Analyze, Expand or job; more is\n"
+    "                        RESOURCE_EXHAUSTED before anything is computed (default 1024)\n"
+    "  --max-expanded-nodes N  the graph's nodes times the rank graphs an Expand (a job's)\n"
+    "                        builds: one for all ranks, or one per rank when they differ\n"
+    "                        (uneven batch split); more is RESOURCE_EXHAUSTED before any\n"
+    "                        is built (default 1000000)\n"
+    "  --max-expanded-mb N   the same in the graph's bytes, MiB (default 256)\n"
+    "  --max-fetch-streams N FetchState calls at once (each holds one chunk: chunk_bytes\n"
+    "                        is clamped to [64 KiB, 4 MiB]); more are RESOURCE_EXHAUSTED;\n"
+    "                        a client that takes no chunk for --client-idle-s is cancelled\n"
+    "                        (default 16)\n"
+    "Per identity (with authentication; without it the server-wide limits alone hold),\n"
+    "so that one tenant cannot lock the others out; over one: RESOURCE_EXHAUSTED naming\n"
+    "the identity, its count and the flag:\n"
+    "  --max-submit-streams-per-identity N  Submit streams (default 64)\n"
+    "  --max-queued-jobs-per-identity N     queued jobs (default 16)\n"
+    "  --max-fetch-streams-per-identity N   FetchState calls (default 4)\n"
     "\n"
     "Security (docs/security.md). Without the flags below the server serves plain gRPC\n"
     "without authentication, which it does only on a loopback --listen address:\n"
@@ -262,6 +281,18 @@ int main(int argc, char** argv) {
   int64_t max_batch_mb = static_cast<int64_t>(job_options.max_batch_bytes >> 20);
   IntFlag(f, "--max-initial-state-mb", &max_initial_state_mb, 0, INT64_MAX >> 20);
   IntFlag(f, "--max-batch-mb", &max_batch_mb, 1, INT64_MAX >> 20);
+  int64_t max_world_size = limits.max_world_size, max_expanded_mb = limits.max_expanded_bytes >> 20;
+  IntFlag(f, "--max-world-size", &max_world_size, 1, INT32_MAX);
+  IntFlag(f, "--max-expanded-nodes", &limits.max_expanded_nodes, 1, INT64_MAX);
+  IntFlag(f, "--max-expanded-mb", &max_expanded_mb, 1, INT64_MAX >> 20);
+  int64_t quotas[] = {static_cast<int64_t>(job_options.max_submit_streams_per_identity),
+                      static_cast<int64_t>(job_options.max_queued_jobs_per_identity),
+                      static_cast<int64_t>(job_options.max_fetch_streams),
+                      static_cast<int64_t>(job_options.max_fetch_streams_per_identity)};
+  IntFlag(f, "--max-submit-streams-per-identity", &quotas[0], 1, 1 << 20);
+  IntFlag(f, "--max-queued-jobs-per-identity", &quotas[1], 1, INT64_MAX);
+  IntFlag(f, "--max-fetch-streams", &quotas[2], 1, 1 << 20);
+  IntFlag(f, "--max-fetch-streams-per-identity", &quotas[3], 1, 1 << 20);
   if (int rc = f.Parse(std::vector<std::string>(argv + 1, argv + argc), nullptr); rc >= 0) return rc;
 
   // Signals are taken by a dedicated thread (sigwait): block them before gRPC
@@ -312,6 +343,12 @@ int main(int argc, char** argv) {
   job_options.max_initial_state_bytes = static_cast<uint64_t>(max_initial_state_mb) << 20;
   job_options.max_batch_bytes = static_cast<uint64_t>(max_batch_mb) << 20;
   limits.max_request_bytes = max_graph_mb << 20;
+  limits.max_world_size = static_cast<int32_t>(max_world_size);
+  limits.max_expanded_bytes = max_expanded_mb << 20;
+  job_options.max_submit_streams_per_identity = static_cast<size_t>(quotas[0]);
+  job_options.max_queued_jobs_per_identity = static_cast<size_t>(quotas[1]);
+  job_options.max_fetch_streams = static_cast<size_t>(quotas[2]);
+  job_options.max_fetch_streams_per_identity = static_cast<size_t>(quotas[3]);
   registry_options.max_streams = static_cast<int>(max_worker_streams);
   if (local_workers > 0) {
     if (worker_binary.empty()) worker_binary = fxdp::server::DefaultWorkerBinary();

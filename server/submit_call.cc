@@ -6,7 +6,8 @@
 
 namespace fxdp::server {
 
-SubmitCall::SubmitCall(const JobContext* context, JobOwner owner) : context_(context) {
+SubmitCall::SubmitCall(const JobContext* context, JobOwner owner, IdentityQuota::Slot slot)
+    : context_(context), slot_(std::move(slot)) {
   job_->owner = std::move(owner);
   {
     std::lock_guard<std::mutex> l(rmu_);
@@ -83,7 +84,6 @@ void SubmitCall::OnCancel() { job_->ClientGone(); }
 void SubmitCall::OnDone() {
   { std::lock_guard<std::mutex> l(start_mu_); }  // thread_ is assigned
   thread_.join();
-  if (context_->submit_streams != nullptr) context_->submit_streams->fetch_sub(1);
   delete this;
 }
 

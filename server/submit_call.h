@@ -14,6 +14,7 @@
 
 #include "grpcpp/grpcpp.h"
 #include "proto/fxdp/v1/jobs.pb.h"
+#include "server/identity_quota.h"
 #include "server/job.h"
 #include "server/job_runner.h"
 
@@ -21,8 +22,9 @@ namespace fxdp::server {
 
 class SubmitCall final : public grpc::ServerBidiReactor<v1::SubmitJobRequest, v1::JobEvent>, public JobClient {
  public:
-  // `context` outlives every call; `owner` submits the job.
-  SubmitCall(const JobContext* context, JobOwner owner);
+  // `context` outlives every call; `owner` submits the job; `slot` is its
+  // Submit stream's (--max-submit-streams), held until the call is done.
+  SubmitCall(const JobContext* context, JobOwner owner, IdentityQuota::Slot slot);
 
   void Write(v1::JobEvent e) override;
   void SetReadBudget(size_t bytes) override;
@@ -41,6 +43,7 @@ class SubmitCall final : public grpc::ServerBidiReactor<v1::SubmitJobRequest, v1
   static constexpr size_t kMessageOverhead = 64;
 
   const JobContext* const context_;
+  IdentityQuota::Slot slot_;
   const std::shared_ptr<Job> job_ = std::make_shared<Job>();
   std::mutex rmu_;
   v1::SubmitJobRequest incoming_;  // the outstanding read's message

@@ -9,8 +9,8 @@
 namespace fxdp::testing {
 
 TestServer::TestServer(server::JobServiceOptions jobs, server::WorkerRegistryOptions workers,
-                       const security::ServerSecurity* security)
-    : compile_({}, {}, security != nullptr ? security->auth : nullptr),
+                       const security::ServerSecurity* security, server::CompileLimits limits)
+    : compile_({}, limits, security != nullptr ? security->auth : nullptr),
       registry_(workers, security != nullptr ? security->auth : nullptr),
       job_service_(&compile_, &registry_, jobs, nullptr, security != nullptr ? security->auth : nullptr) {
   registry_.SetJobOwners([this](const std::string& id) { return job_service_.OwnerOf(id); });

@@ -33,9 +33,9 @@ class TestServer {
  public:
   // `security` (security/server_auth.h): its credentials and CallAuth;
   // null: plain text without authentication. With TLS, channel() is null
-  // (the test makes its own with the CA).
+  // (the test makes its own with the CA). `limits`: the compile service's.
   explicit TestServer(server::JobServiceOptions jobs = {}, server::WorkerRegistryOptions workers = {},
-                      const security::ServerSecurity* security = nullptr);
+                      const security::ServerSecurity* security = nullptr, server::CompileLimits limits = {});
   ~TestServer();
 
   const std::string& address() const { return address_; }
