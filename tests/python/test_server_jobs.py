@@ -38,6 +38,8 @@ import fxdp
 from _util import ATOL, RTOL, fetch, local_server, local_steps, traced
 from fxdp import zoo
 from fxdp.client import _chunks as chunks
+from fxdp.v1 import compile_pb2 as cpb
+from fxdp.v1 import compile_pb2_grpc as cgrpc
 from fxdp.v1 import graph_pb2 as gpb
 from fxdp.v1 import jobs_pb2 as jpb
 from fxdp.v1 import jobs_pb2_grpc as jgrpc
@@ -317,7 +319,6 @@ def test_malformed_submissions(server):
         (with_spec(world_size=0), "JobSpec.world_size must be >= 1, got 0"),
         (with_spec(steps=-1), "JobSpec.steps must be >= 0"),
         (with_spec(collective_timeout_s=float("nan")), "JobSpec.collective_timeout_s"),
-        (with_spec(world_size=13), "larger than the batch"),
         ([jpb.SubmitJobRequest(spec=jpb.JobSpec(world_size=2))], "JobSpec.graph is missing"),
     ]
     bad = gpb.GraphDef()
@@ -331,6 +332,12 @@ def test_malformed_submissions(server):
     for reqs, want in cases:
         err = submit_error(jobs, reqs)
         assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and want in err.details(), (want, err)
+    # More ranks than the batch has samples: the expansion's error (a Submit for 13 ranks on these
+    # 2 workers is refused before its graph is expanded once the server is up --queue-grace-s).
+    with grpc.insecure_channel(server[2]) as ch:
+        with pytest.raises(grpc.RpcError) as ei:
+            cgrpc.CompileServiceStub(ch).Expand(cpb.ExpandRequest(graph=spec.graph, world_size=13), timeout=60)
+    assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "larger than the batch" in ei.value.details()
 
     # Errors in the stream once the job runs: INVALID_ARGUMENT naming the step and tensor.
     e = zoo.get(MODEL)
