@@ -196,7 +196,18 @@ absl::Status BatchDimAnalyzer::IndexPutRows(NodeId id, const Node& n, const OpRu
   ValueInfo out = Shard(d, outer, s.scaled);
   if (p.info.positions == Positions::kGather && p.info.repeat == 1 && !accumulate &&
       IsPositionsOf(vals->ref, rows) && extent == rows) {
-    // The inverse permutation: arange(n) becomes each rank's arange(n_r).
+    // The inverse permutation: arange(n) becomes each rank's arange(n_r), so nothing else may read it.
+    for (size_t u = 0; u < g_.nodes().size(); ++u) {
+      bool reads = false;
+      g_.nodes()[u].ForEachInput([&](ValueRef x) { reads = reads || x == vals->ref; });
+      if (reads && static_cast<int32_t>(u) != id.value) {
+        return Error(n, absl::StrFormat(
+            "builds the inverse of %s from %s, which %s also reads: each rank's inverse needs its "
+            "own arange(n_r), where %s needs the batch's positions (use a separate arange)",
+            g_.node(p.ref.node).name, g_.node(vals->ref.node).name, g_.nodes()[u].name,
+            g_.nodes()[u].name));
+      }
+    }
     if (vals->info.placement.is_replicate() &&
         upgrades_.emplace(vals->ref.node.value, Upgrade{0, outer, id}).second) {
       MarkChanged(id);

@@ -157,6 +157,11 @@ class _SortedRows(torch.nn.Module):
         inv = torch.empty_like(perm)
         inv[perm] = torch.arange(perm.size(0))
         rows = self.lin(h[perm])
+        if self.use == "shared":  # the arange of the inverse also scales the tokens
+            inv = torch.empty_like(perm)
+            pos = torch.arange(perm.size(0))
+            inv[perm] = pos
+            h = h * (pos.float().unsqueeze(1) * 0.1)
         if self.use == "perm":  # the k-th row of each rank's order scaled by k
             rows = rows * (perm.float().unsqueeze(1) * 0.1)
         y = rows[inv]
@@ -173,12 +178,15 @@ class _SortedRows(torch.nn.Module):
     ("perm", "aten::_to_copy", "row positions from sort 'sort', as values"),
     ("inv", "aten::_to_copy", "row positions from sort 'sort', as values"),
     ("columns", "aten::sort", "each of its 8 columns gets its own permutation"),
+    ("shared", "aten::index_put", "each rank's inverse needs its own arange(n_r)"),
 ])
 def test_reading_a_sort_as_more_than_a_row_permutation_is_refused(tmp_path, use, op, needle):
     """A sort's indices number each rank's own rows 0..n_r-1 (0..B-1 on one device): read as
     values (perm.float(), inv.float()) they differ from one device, as does sorting a 2-D tensor
-    along the tokens (each column its own order, then mixed). All three were accepted and trained
-    differently from one device (lin.weight, head.weight, w off by up to 35% at N=2)."""
+    along the tokens (each column its own order, then mixed), as does an arange that builds the
+    inverse (each rank's arange(n_r)) and also scales the tokens (the batch's positions). All four
+    were accepted and trained differently from one device (lin.weight, head.weight, w off by up to
+    35% at N=2)."""
     torch.manual_seed(0)
     model = _SortedRows(use)
     step = _trace(model, torch.optim.SGD(model.parameters(), lr=0.05))
