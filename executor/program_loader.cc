@@ -5,12 +5,18 @@
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <ATen/Context.h>
 
+#include <torch/headeronly/version.h>
+
 #include <algorithm>
+#include <map>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "analysis/ir/liveness.h"
+#include "analysis/ir/node_error.h"
 #include "executor/arg_binding.h"
 #include "executor/collective_steps.h"
 #include "executor/inplace.h"
@@ -25,12 +31,23 @@ using ir::Argument;
 using ir::Node;
 using ir::ValueRef;
 
+// The overloads this LibTorch registers for the op `name` ("aten::add"),
+// sorted, "default" for the unnamed one: what a missing overload's error offers.
+std::vector<std::string> OverloadsOf(const std::string& name) {
+  std::vector<std::string> out;
+  for (const c10::OperatorName& op : c10::Dispatcher::singleton().getAllOpNames())
+    if (op.name == name) out.push_back(op.overload_name.empty() ? "default" : op.overload_name);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 class Loader {
  public:
   Loader(const ir::Graph& g, Program::Impl& impl) : g_(g), p_(impl) {}
 
   absl::Status Load() {
     FXDP_RETURN_IF_ERROR(CheckDevice());
+    FXDP_RETURN_IF_ERROR(CheckOperators());
     trace_device_ = TraceDeviceType();
     slot_of_.resize(g_.size());
     for (int32_t i = 0; i < g_.size(); ++i) {
@@ -112,6 +129,39 @@ class Loader {
           absl::StrCat("device ", d.str(), " requested but there are ", count, " CUDA devices"));
     if (!d.has_index()) p_.options.device = c10::Device(c10::kCUDA, 0);
     return absl::OkStatus();
+  }
+
+  // Every op the graph calls that this LibTorch lacks, all named at once,
+  // before anything runs: a graph traced by a newer torch (2.13) loaded by an
+  // older one (the GPU machine's 2.11) fails here naming each missing op or
+  // overload, its nodes, and the overloads this LibTorch has instead.
+  absl::Status CheckOperators() const {
+    std::map<std::string, std::vector<const Node*>> missing;  // op -> its nodes
+    for (const Node& n : g_.nodes()) {
+      if (!n.is_call() || n.is_getitem() || IsCollectiveNode(n)) continue;
+      if (!FindOperator(n.target).ok()) missing[n.target.ToString()].push_back(&n);
+    }
+    if (missing.empty()) return absl::OkStatus();
+    std::vector<std::string> parts;
+    for (const auto& [op, nodes] : missing) {
+      const Node& first = *nodes.front();
+      std::string what = std::string(FindOperator(first.target).status().message());
+      if (nodes.size() > 1)
+        absl::StrAppend(&what, " (and ", nodes.size() - 1,
+                        nodes.size() == 2 ? " more node)" : " more nodes)");
+      const std::vector<std::string> has = OverloadsOf(first.target.name);
+      absl::StrAppend(&what, has.empty() ? absl::StrCat(", nor any overload of ", first.target.name)
+                                         : absl::StrCat(", which has the overloads ",
+                                                        absl::StrJoin(has, ", ")));
+      parts.push_back(std::string(ir::NodeError(first, what).message()));
+    }
+    const std::string traced = g_.header().torch_version.empty()
+                                   ? std::string("an unrecorded torch")
+                                   : absl::StrCat("torch ", g_.header().torch_version);
+    return absl::NotFoundError(absl::StrCat(
+        missing.size(), " operator", missing.size() == 1 ? "" : "s",
+        " of the graph (traced with ", traced, ") not in this LibTorch (", TORCH_VERSION,
+        "): ", absl::StrJoin(parts, "; ")));
   }
 
   // The device type of the graph's tensor placeholders (cpu when none).

@@ -1,6 +1,7 @@
 #include "executor/worker/common.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/InferenceMode.h>
 #include <unistd.h>
 
@@ -9,9 +10,11 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "analysis/ir/batch_split.h"
 #include "executor/gloo_communicator.h"
+#include "executor/host_staged_communicator.h"
 #include "executor/torch_types.h"
 #include "util/status_macros.h"
 #if defined(FXDP_HAVE_NCCL)
@@ -40,9 +43,15 @@ std::string GlooInterfaceHost(const std::string& rendezvous_host) {
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> ConnectCommunicator(const RendezvousOptions& opts,
-                                                                  const c10::Device& device) {
+                                                                  const c10::Device& device,
+                                                                  const std::string& backend) {
+  if (backend != "auto" && backend != "gloo" && backend != "nccl")
+    return absl::InvalidArgumentError(
+        absl::StrCat("communicator '", backend, "' is not one of auto, gloo, nccl"));
+  if (backend == "nccl" && device.is_cpu())
+    return absl::InvalidArgumentError("the nccl communicator needs a cuda device, not cpu");
   if (opts.world_size <= 1) return std::unique_ptr<Communicator>(new LocalCommunicator());
-  if (!device.is_cpu()) {
+  if (!device.is_cpu() && backend != "gloo") {
 #if defined(FXDP_HAVE_NCCL)
     return MakeNcclCommunicator(opts, device.has_index() ? device.index() : 0);
 #else
@@ -54,7 +63,23 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectCommunicator(const Rendezvo
   }
   FXDP_ASSIGN_OR_RETURN(std::unique_ptr<GlooCommunicator> g,
                         GlooCommunicator::Connect(opts, GlooInterfaceHost(opts.host)));
+  if (!device.is_cpu())
+    return std::unique_ptr<Communicator>(new HostStagedCommunicator(std::move(g)));
   return std::unique_ptr<Communicator>(std::move(g));
+}
+
+std::string DeviceMemorySummary(const c10::Device& device) {
+  if (device.is_cpu()) return "";
+  try {
+    using c10::CachingAllocator::StatType;
+    const auto stats = c10::getDeviceAllocator(device.type())->getDeviceStats(device.index());
+    const size_t all = static_cast<size_t>(StatType::AGGREGATE);
+    return absl::StrFormat("%s peak %.1f MB allocated, %.1f MB reserved (caching allocator)",
+                           device.str(), stats.allocated_bytes[all].peak / 1e6,
+                           stats.reserved_bytes[all].peak / 1e6);
+  } catch (const std::exception& e) {
+    return absl::StrCat(device.str(), " memory statistics unavailable: ", ExceptionMessage(e));
+  }
 }
 
 absl::StatusOr<TensorMap> ShardBatch(const TensorMap& batch, const Program& program, int rank,

@@ -35,8 +35,16 @@ std::string GlooInterfaceHost(const std::string& rendezvous_host);
 // LocalCommunicator. On a failed collective the Gloo communicator must not be
 // destroyed (ProcessGroupGloo's destructor drains its queue, which behind a
 // lost peer can take another timeout): release() it.
-absl::StatusOr<std::unique_ptr<Communicator>> ConnectCommunicator(const RendezvousOptions& opts,
-                                                                  const c10::Device& device);
+// `backend`: "auto" (NCCL for a CUDA device where built, else Gloo), "nccl",
+// or "gloo" (on a CUDA device: host-staged, executor/host_staged_communicator.h,
+// e.g. several ranks on one GPU).
+absl::StatusOr<std::unique_ptr<Communicator>> ConnectCommunicator(
+    const RendezvousOptions& opts, const c10::Device& device,
+    const std::string& backend = "auto");
+
+// "cuda:0 peak 12.3 MB allocated, 20.0 MB reserved (caching allocator)": the
+// device allocator's peak since the process started ("" on cpu).
+std::string DeviceMemorySummary(const c10::Device& device);
 
 // This rank's part of a global batch: every INPUT with a batch dim whose size
 // differs from the graph's becomes its balanced contiguous slice (the first

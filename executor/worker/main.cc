@@ -34,7 +34,9 @@
 #include "executor/safetensors.h"
 #include "executor/step_runner.h"
 #include "executor/timed_communicator.h"
+#ifndef FXDP_WORKER_ONLY
 #include "executor/worker/attach.h"
+#endif
 #include "executor/worker/common.h"
 #include "executor/worker/memory_trace.h"
 #include "executor/worker/sharded_state.h"
@@ -66,7 +68,7 @@ constexpr char kRunUsage[] =
     "                       --steps K [--out FINAL.safetensors] [--device cpu|cuda[:N]]\n"
     "                       [--data D2.safetensors ...] [--timeout SECONDS] [--threads N]\n"
     "                       [--job NAME] [--check-outputs] [--schedule FILE]\n"
-    "                       [--memory-limit SIZE]\n"
+    "                       [--memory-limit SIZE] [--communicator auto|gloo|nccl]\n"
     "\n"
     "Runs the training step G (a binary fxdp.v1.GraphDef, e.g. from fxdp.TracedStep.save,\n"
     "python -m fxdp.zoo.export or fxdp expand) K times. The state file holds every\n"
@@ -104,6 +106,9 @@ constexpr char kRunUsage[] =
     "  --memory-limit SIZE the most memory this rank's tensors may hold at once (300MB,\n"
     "                      4GiB: powers of 1024); an allocation past it fails the rank\n"
     "                      naming the node, as a device of that size would\n"
+    "  --communicator C    auto (default: nccl on cuda where built, gloo on cpu), gloo or\n"
+    "                      nccl; gloo on cuda copies each collective's tensor through the\n"
+    "                      host (several ranks on one GPU, which NCCL refuses)\n"
     "  --schedule FILE     per-step values of the graph's HYPERPARAMETER placeholders (lr,\n"
     "                      momentum, ...): a JSON object from name to a list of values, one\n"
     "                      per step, or a closed form ({\"constant\": v},\n"
@@ -118,8 +123,9 @@ constexpr char kRunUsage[] =
     "Launch environment (torchrun / Slurm conventions): RANK, WORLD_SIZE, LOCAL_RANK,\n"
     "MASTER_ADDR, MASTER_PORT, or SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID. With\n"
     "WORLD_SIZE > 1 the ranks meet at MASTER_ADDR:MASTER_PORT (rank 0 serves a c10d\n"
-    "TCPStore) and all-reduce through Gloo (CPU tensors only). Gloo binds to loopback when\n"
-    "MASTER_ADDR is local, else to this host's name; FXDP_GLOO_HOST overrides. Each rank\n"
+    "TCPStore) and all-reduce through Gloo on cpu, NCCL on cuda (see --communicator).\n"
+    "Gloo binds to loopback when MASTER_ADDR is local, else to this host's name;\n"
+    "FXDP_GLOO_HOST overrides. Each rank\n"
     "runs its own graph; a data file holds the global batch and each rank takes its\n"
     "contiguous slice along every INPUT's batch dim (the balanced split of fxdp expand: the\n"
     "first B % N ranks get one extra sample), or uses it as is when it already has the\n"
@@ -196,6 +202,7 @@ struct RunArgs {
   std::vector<std::string> data;
   int steps = 0;
   std::string device = "cpu";
+  std::string communicator = "auto";  // --communicator
   std::chrono::milliseconds timeout{60000};
   std::string job = "local";
   int threads = 0;  // 0: see Run
@@ -345,7 +352,7 @@ absl::Status Run(const RunArgs& args, const LaunchEnv& env, Logger& log,
             ", timeout ", absl::StrFormat("%.3g", args.timeout.count() / 1000.0), " s)");
     // Gloo (cpu) or NCCL (cuda); Gloo binds to an address the other ranks
     // reach this host by (worker/common.h GlooInterfaceHost).
-    FXDP_ASSIGN_OR_RETURN(comm, ConnectCommunicator(ro, device));
+    FXDP_ASSIGN_OR_RETURN(comm, ConnectCommunicator(ro, device, args.communicator));
   } else {
     comm = std::make_unique<LocalCommunicator>();
   }
@@ -394,6 +401,7 @@ absl::Status Run(const RunArgs& args, const LaunchEnv& env, Logger& log,
           absl::StrFormat("%.1f", nodes > 0 ? 1000.0 * total_ms / args.steps / nodes : 0.0),
           " us/op over ", nodes, " ops; ",
           absl::StrFormat("%.2f", total_wait_ms / args.steps), " ms/step waiting on communication)");
+  if (device.is_cuda()) log.Log(DeviceMemorySummary(device));
   if (memory) {
     FXDP_RETURN_IF_ERROR(memory->Write());
     log.Log(memory->Summary());
@@ -426,6 +434,10 @@ int RunCommand(const std::vector<std::string>& argv) {
   flags.String("--out", &a.out);
   flags.String("--schedule", &a.schedule);
   flags.String("--device", &a.device);
+  flags.Custom("--communicator", "auto, gloo or nccl", [&a](const std::string& v) {
+    a.communicator = v;
+    return v == "auto" || v == "gloo" || v == "nccl";
+  });
   auto positive = [](int* out) {
     return [out](const std::string& v) { return absl::SimpleAtoi(v, out) && *out >= 1; };
   };
@@ -504,7 +516,15 @@ int main(int argc, char** argv) {
     return fxdp::executor::kExitOk;
   }
   if (cmd == "run") return fxdp::executor::RunCommand(args);
+#ifdef FXDP_WORKER_ONLY
+  if (cmd == "attach") {
+    std::fputs("fxdp-worker: attach is not built (FXDP_WORKER_ONLY=ON: no gRPC); only run\n",
+               stderr);
+    return fxdp::executor::kExitUsage;
+  }
+#else
   if (cmd == "attach") return fxdp::executor::AttachCommand(args);
+#endif
   std::fprintf(stderr, "fxdp-worker: unknown command '%s'\n\n%s", cmd.c_str(),
                fxdp::executor::kUsage);
   return fxdp::executor::kExitUsage;

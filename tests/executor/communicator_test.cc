@@ -14,6 +14,7 @@
 
 #include "executor/communicator.h"
 #include "executor/gloo_communicator.h"
+#include "executor/host_staged_communicator.h"
 #include "executor/safetensors.h"
 #include "executor/timed_communicator.h"
 #include "executor/worker/sharded_state.h"
@@ -79,6 +80,36 @@ TEST(GlooCommunicatorTest, AllGatherAndReduceScatterOverThreeRanks) {
     EXPECT_TRUE(at::equal(gathered[r], want)) << r << ": " << gathered[r];
     EXPECT_TRUE(at::equal(scattered[r], at::arange(2, at::kFloat) * 6 + 12.0 * r))
         << r << ": " << scattered[r];
+  }
+}
+
+// Host staging (Gloo on cuda:N) over two Gloo ranks; the tensors here are on
+// the CPU (the GPU path is gpu_check.sh's): inputs are copied, never touched,
+// and non-contiguous inference-mode inputs work as the interpreter passes them.
+TEST(HostStagedCommunicatorTest, TwoRanksAllThreeCollectives) {
+  auto gloo = GlooRanks(2);
+  std::vector<std::unique_ptr<HostStagedCommunicator>> comms;
+  for (auto& g : gloo) comms.push_back(std::make_unique<HostStagedCommunicator>(std::move(g)));
+  EXPECT_EQ(comms[1]->name(), "gloo rank 1/2 (host-staged)");
+  std::vector<std::vector<at::Tensor>> got(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      c10::InferenceMode im;
+      const at::Tensor x = (at::arange(6, at::kFloat).reshape({3, 2}) * (r + 1)).t();
+      auto a = ValueOrDie(comms[r]->AllReduceSum(x));
+      auto g = ValueOrDie(comms[r]->AllGather(x));
+      auto s = ValueOrDie(comms[r]->ReduceScatterSum(x));
+      got[r] = {ValueOrDie(a->Wait(kWait)), ValueOrDie(g->Wait(kWait)), ValueOrDie(s->Wait(kWait))};
+      EXPECT_TRUE(at::equal(x, (at::arange(6, at::kFloat).reshape({3, 2}) * (r + 1)).t()));
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  const at::Tensor x1 = at::arange(6, at::kFloat).reshape({3, 2}).t();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(at::equal(got[r][0], x1 * 3)) << got[r][0];
+    EXPECT_TRUE(at::equal(got[r][1], at::cat({x1.reshape({-1}), x1.reshape({-1}) * 2})));
+    EXPECT_TRUE(at::equal(got[r][2], (x1 * 3).reshape({-1}).narrow(0, 3 * r, 3)));
   }
 }
 

@@ -172,6 +172,29 @@ TEST(InterpreterErrorsTest, UnknownOpNamesNodeAndOp) {
               StatusIs(absl::StatusCode::kUnimplemented, "node 'y' (_c10d_functional::broadcast)"));
 }
 
+// A graph from a newer torch loaded by an older LibTorch: every missing op
+// is named at once, with its nodes and the overloads this LibTorch has.
+TEST(InterpreterErrorsTest, EveryUnknownOpIsNamedBeforeRunning) {
+  const absl::Status s = LoadError(R"(
+  %a: f32[8, 4] = aten::no_such_op(%x)
+  %b: f32[8, 4] = aten::add.NoSuchOverload(%a, %x)
+  %c: f32[8, 4] = aten::no_such_op(%b)
+  %output = output([%c]) {specs=[OTHER]}
+)");
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kNotFound,
+                          "2 operators of the graph (traced with"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kNotFound,
+                          "node 'b' (aten::add.NoSuchOverload): operator aten::add.NoSuchOverload "
+                          "is not known to this LibTorch"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kNotFound, "which has the overloads "));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kNotFound, ", Tensor,"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kNotFound,
+                          "node 'a' (aten::no_such_op): operator aten::no_such_op is not known to "
+                          "this LibTorch"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kNotFound,
+                          "(and 1 more node), nor any overload of aten::no_such_op"));
+}
+
 TEST(InterpreterErrorsTest, ArgumentsThatDoNotFitTheSchema) {
   EXPECT_THAT(LoadError(R"(
   %y: f32[8, 4] = aten::add.Tensor(%x, %x, alpha="two")

@@ -99,6 +99,25 @@ TEST(NcclCommunicatorTest, SingleRankAllReduceIsIdentity) {
   EXPECT_FALSE(comm->aborted());
 }
 
+// FULLY_SHARD's two collectives over one rank: both a flattened copy.
+TEST(NcclCommunicatorTest, SingleRankAllGatherAndReduceScatterAreFlatCopies) {
+  FXDP_REQUIRE_GPUS(1);
+  auto comm = ValueOrDie(NcclCommunicator::Create({}, Opts(0, 1, kLong), 0));
+  std::vector<float> x(6 * 7);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = 0.25f * static_cast<float>(i) - 3.0f;
+  const at::Tensor in = ToCuda(x, at::kFloat, 0).view({6, 7});
+  for (bool gather : {true, false}) {
+    SCOPED_TRACE(gather ? "all_gather" : "reduce_scatter");
+    auto work = ValueOrDie(gather ? comm->AllGather(in) : comm->ReduceScatterSum(in));
+    at::Tensor out = ValueOrDie(work->Wait(kLong));
+    ASSERT_TRUE(out.is_cuda());
+    EXPECT_EQ(out.sizes(), c10::IntArrayRef({42}));
+    EXPECT_NE(out.const_data_ptr(), in.const_data_ptr());
+    EXPECT_EQ(ToHost<float>(out), x);
+  }
+  EXPECT_FALSE(comm->aborted());
+}
+
 TEST(NcclCommunicatorTest, SingleRankOtherDtypesAndManyInFlight) {
   FXDP_REQUIRE_GPUS(1);
   auto comm = ValueOrDie(NcclCommunicator::Create({}, Opts(0, 1, kLong), 0));
