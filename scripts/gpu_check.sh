@@ -45,7 +45,7 @@ dry)
   [[ -f "$KIT/manifest.json" ]] || { echo "gpu_check: no $KIT/manifest.json: run --pack first" >&2; exit 2; }
   exec .venv/bin/python bench/gpu/gpu_check.py --dry-run --kit "$KIT" --torch-dir "$TORCH_DIR" \
     ${LD:+--ld-path "$LD"} --build "$ROOT/build-gpukit-dry" --jobs "${JOBS:-1}" \
-    --timing-steps 3 --out "${OUT:-$ROOT/build-gpukit-dry/out}" "$@"
+    --timing-steps 3 --gpt2-case gpt2_tiny --out "${OUT:-$ROOT/build-gpukit-dry/out}" "$@"
   ;;
 device)
   [[ -f "$KIT/manifest.json" ]] || { echo "gpu_check: no $KIT/manifest.json (carry .gpukit)" >&2; exit 2; }
