@@ -59,6 +59,18 @@ def ops_of(step):
     return {n.target.name for n in step.graph.nodes}
 
 
+def one_device(tmp_path, step, batches, world, **kw):
+    """No op of `step` falls back to size matching (`fxdp analyze` warns of none), and expanded
+    for `world` ranks it equals one device (test_expand_oracle.check_against_one_device)."""
+    graph = str(tmp_path / "analyzed.pb")
+    step.save(graph)
+    r = subprocess.run([FXDP, "analyze", graph, "--world-size", str(world), "--json"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["warnings"] == []
+    return check_against_one_device(tmp_path, step, batches, world, **kw)
+
+
 def on_workers(tmp_path, step, batches, world, rtol=1e-5, atol=1e-6):
     """The step expanded for `world` ranks on real `fxdp-worker run` processes (LibTorch) equals
     one device: the cases whose workers used to fail on a graph that compiled."""
@@ -125,7 +137,7 @@ def test_histogram_counts_are_summed_over_ranks(tmp_path, world):
     step = fxdp.trace(model, opt, _router_loss, batches[0])
     assert "aten::histc" in ops_of(step)
     # + the counts' and the mean probability's all-reduces
-    report = check_against_one_device(tmp_path, step, batches, world, reductions=2)
+    report = one_device(tmp_path, step, batches, world, reductions=2)
     assert [s["size"] for s in report["slices"]] == ([4, 3] if world == 2 else [3, 2, 2])
 
 
@@ -172,7 +184,34 @@ def test_spatial_transformer(tmp_path, world, optim):
     step = fxdp.trace(model, opt, F.cross_entropy, batches[0])
     assert {"aten::affine_grid_generator", "aten::grid_sampler_2d",
             "aten::grid_sampler_2d_backward"} <= ops_of(step)
-    check_against_one_device(tmp_path, step, batches, world, **tol)
+    one_device(tmp_path, step, batches, world, **tol)
+
+
+class _VolumeTransformer(nn.Module):
+    """The spatial transformer on volumes: a 3x4 theta, affine_grid over [B, C, D, H, W] and
+    grid_sampler_3d."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc_loc = nn.Linear(4 * 4 * 4, 12)
+        self.fc_loc.weight.data.mul_(0.1)
+        self.fc_loc.bias.data.copy_(torch.tensor([1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0], dtype=torch.float))
+        self.classifier = nn.Linear(4 * 4 * 4, 5)
+
+    def forward(self, x):
+        theta = self.fc_loc(x.flatten(1)).view(-1, 3, 4)
+        grid = F.affine_grid(theta, x.size(), align_corners=False)
+        return self.classifier(F.grid_sample(x, grid, align_corners=False).flatten(1))
+
+
+def test_volume_transformer(tmp_path):
+    torch.manual_seed(0)
+    model = _VolumeTransformer()
+    opt, _ = optimizer(model, "sgd")
+    batches = batches_of(randn(B, 1, 4, 4, 4), randint(5, B))
+    step = fxdp.trace(model, opt, F.cross_entropy, batches[0])
+    assert {"aten::grid_sampler_3d", "aten::grid_sampler_3d_backward"} <= ops_of(step)
+    one_device(tmp_path, step, batches, 3)
 
 
 # ---- cdist: samples against replicated prototypes --------------------------------------------
@@ -202,7 +241,19 @@ def test_cdist_to_replicated_prototypes(tmp_path, world, optim):
     batches = batches_of(randn(B, 8), randint(3, B))
     step = fxdp.trace(model, opt, F.cross_entropy, batches[0])
     assert {"aten::_cdist_forward", "aten::_cdist_backward"} <= ops_of(step)
-    check_against_one_device(tmp_path, step, batches, world, **tol)
+    one_device(tmp_path, step, batches, world, **tol)
+
+
+def test_cdist_of_many_rows_to_prototypes(tmp_path):
+    """More than 25 rows: torch computes the euclidean cdist as a product (_euclidean_dist),
+    B=29 over 3 ranks (10,10,9)."""
+    torch.manual_seed(0)
+    model = _Prototypes()
+    opt, _ = optimizer(model, "sgd")
+    batches = batches_of(randn(29, 8), randint(3, 29))
+    step = fxdp.trace(model, opt, F.cross_entropy, batches[0])
+    assert "aten::_euclidean_dist" in ops_of(step)
+    one_device(tmp_path, step, batches, 3)
 
 
 def test_cdist_of_two_batch_sharded_operands_is_refused(tmp_path):
@@ -243,7 +294,7 @@ def test_embedding_bag_2d(tmp_path, mode, world, optim):
     batches = batches_of(*model.makers())
     step = fxdp.trace(model, opt, F.cross_entropy, batches[0])
     assert {"aten::_embedding_bag", "aten::_embedding_bag_backward"} <= ops_of(step)
-    check_against_one_device(tmp_path, step, batches, world, **tol)
+    one_device(tmp_path, step, batches, world, **tol)
 
 
 class _TextClassifier(nn.Module):
@@ -294,7 +345,7 @@ def test_parameter_indexed_by_batch_ids(tmp_path, world, optim):
     batches = batches_of(randint(10, B, 4), randint(3, B))
     step = fxdp.trace(model, opt, F.cross_entropy, batches[0])
     assert "aten::index_put" in ops_of(step)
-    check_against_one_device(tmp_path, step, batches, world, **tol)
+    one_device(tmp_path, step, batches, world, **tol)
 
 
 class _Overwrite(nn.Module):
@@ -367,7 +418,7 @@ def test_mixtral_router_aux_loss(tmp_path, world):
     batches = batches_of(randint(40, 5, 6), randint(40, 5, 6))
     step = fxdp.trace(model, opt, None, batches[0])
     assert {"aten::histc", "aten::index_put"} <= ops_of(step)
-    check_against_one_device(tmp_path, step, batches, world, reductions=2)  # histc's counts, the router probabilities
+    one_device(tmp_path, step, batches, world, reductions=2)  # histc's counts, the router probabilities
 
 
 @pytest.mark.real_models
@@ -387,4 +438,4 @@ def test_whisper(tmp_path):
     batches = batches_of(randn(4, 8, 16), lambda g: torch.randint(3, 40, (4, 5), generator=g))
     step = fxdp.trace(model, opt, None, batches[0])
     assert "aten::index_put" in ops_of(step)
-    check_against_one_device(tmp_path, step, batches, 2)
+    one_device(tmp_path, step, batches, 2)
