@@ -191,6 +191,9 @@ class BatchDimAnalysis {
   const NodeInfo& node(ir::NodeId n) const { return nodes_[n.value]; }
   const std::vector<Reduction>& reductions() const { return reductions_; }
   const std::vector<ShardedRead>& sharded_reads() const { return sharded_reads_; }
+  // Sharded operands all-gathered (along `dim`) for one use: a product of two
+  // batch-sharded operands (samples coupled across the batch, a @ b.T).
+  const std::vector<ShardedRead>& gathered_reads() const { return gathered_reads_; }
   // One line per op that had no rule: "aten::foo (3 nodes, first n12): ...".
   const std::vector<std::string>& warnings() const { return warnings_; }
   // Notes about semantics the user should know (local batch statistics, ...).
@@ -213,6 +216,7 @@ class BatchDimAnalysis {
   std::vector<Reduction> reductions_;
   std::vector<uint8_t> reduced_;  // per value
   std::vector<ShardedRead> sharded_reads_;
+  std::vector<ShardedRead> gathered_reads_;
   std::vector<std::string> warnings_;
   std::vector<std::string> notes_;
 };

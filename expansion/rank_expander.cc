@@ -44,6 +44,7 @@ absl::StatusOr<RankNodes> RankExpander::Run(std::vector<Collective>* collectives
   std::sort(starts.begin(), starts.end());
   size_t next_wait = 0, next_start = 0;
   for (const ShardedRead& r : a_.sharded_reads()) reads_[r.user.value].push_back(r);
+  for (const ShardedRead& r : a_.gathered_reads()) gathered_[r.user.value].push_back(r);
   // Non-gradient reductions: all-reduced right after they are produced.
   for (const Reduction& r : a_.reductions()) {
     if (r.grad_of.empty()) solo_[r.value.node.value].push_back(r);
@@ -276,6 +277,12 @@ absl::Status RankExpander::EmitNode(NodeId id, const Node& old) {
   if (auto it = reads_.find(id.value); it != reads_.end()) {
     for (const ShardedRead& r : it->second) {
       if (!local.contains(r.value)) local[r.value] = EmitSlice(r);
+    }
+  }
+  // Gathered reads: all-gather the sharded operand for this use.
+  if (auto it = gathered_.find(id.value); it != gathered_.end()) {
+    for (const ShardedRead& r : it->second) {
+      if (!local.contains(r.value)) local[r.value] = EmitGathered(r);
     }
   }
   if (fs_ != nullptr) {

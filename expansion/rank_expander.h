@@ -151,6 +151,7 @@ class RankExpander final : public RankGraphBuilder {
   absl::StatusOr<bool> MaybeSyncBatchNorm(NodeId id, const Node& old);
   absl::Status EmitNode(NodeId id, const Node& old);
   ValueRef EmitSlice(const ShardedRead& r);
+  ValueRef EmitGathered(const ShardedRead& r);  // gathered_reads.cc
   absl::Status EmitSolo(const Reduction& r);
   absl::Status EmitStart(size_t b);
   absl::Status EmitWait(size_t b);
@@ -194,6 +195,7 @@ class RankExpander final : public RankGraphBuilder {
   absl::flat_hash_map<ValueRef, ValueRef> replaced_;
   absl::flat_hash_set<ValueRef> sync_bn_outputs_;  // outputs of rewritten batch-norm nodes
   absl::flat_hash_map<int32_t, std::vector<ShardedRead>> reads_;
+  absl::flat_hash_map<int32_t, std::vector<ShardedRead>> gathered_;  // user -> operands all-gathered
   absl::flat_hash_map<int32_t, std::vector<Reduction>> solo_;
   absl::flat_hash_map<size_t, ValueRef> started_;
   std::vector<Collective>* collectives_ = nullptr;

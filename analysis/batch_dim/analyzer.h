@@ -25,6 +25,7 @@
 #define FXDP_ANALYSIS_BATCH_DIM_ANALYZER_H_
 
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <optional>
 #include <string>
@@ -194,6 +195,8 @@ class BatchDimAnalyzer {
 
   // ---- families in their own files -------------------------------------------
   absl::Status Matmul(ir::NodeId id, const ir::Node& n, const OpRule& rule);
+  absl::Status GatherCoupled(ir::NodeId id, const ir::Node& n, const OpRule& rule, std::vector<Operand>& ops,
+                             const std::function<int(const Operand&, int64_t)>& label_of);
   absl::Status Reduce(ir::NodeId id, const ir::Node& n, const OpRule& rule);
   int64_t ReductionArg(const ir::Node& n, const OpRule& rule) const;
   absl::Status Loss(ir::NodeId id, const ir::Node& n, const OpRule& rule);

@@ -89,6 +89,7 @@ absl::Status BatchDimAnalyzer::Pass() {
   a_.values_.assign(a_.value_offset_.back(), ValueInfo{});
   a_.nodes_.assign(g_.size(), NodeInfo{});
   a_.sharded_reads_.clear();
+  a_.gathered_reads_.clear();
   a_.notes_.clear();
   fallback_ops_.clear();
   fallback_order_.clear();

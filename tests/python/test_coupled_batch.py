@@ -1,0 +1,55 @@
+"""Samples coupled across the batch (issue 23): an in-batch contrastive loss multiplies two
+batch-sharded operands (logits = a @ b.T, each row's softmax over every sample of the batch).
+The analysis all-gathers one operand for that product (BatchDimAnalysis::gathered_reads, as
+open_clip's gather_features); its gradient comes out as a sum over ranks of each rank's
+contribution, all-reduced and sliced to each rank's rows. N ranks (fxdp.dp_oracle on Gloo) equal
+one device; the expand report names the extra collective and its bytes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fxdp
+from test_expand_oracle import STEPS, check_against_one_device
+
+
+class _InfoNCE(torch.nn.Module):
+    """Two encoders; each sample's positive is its own pair, the negatives the rest of the batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.fa = torch.nn.Linear(8, 16)
+        self.fb = torch.nn.Linear(8, 16)
+
+    def forward(self, xa, xb):
+        a = F.normalize(self.fa(xa), dim=-1)
+        b = F.normalize(self.fb(xb), dim=-1)
+        logits = a @ b.T / 0.1
+        return F.cross_entropy(logits, torch.arange(xa.shape[0]))
+
+
+@pytest.mark.parametrize("world,b", [(2, 6), (3, 7)], ids=["N2", "N3-uneven"])
+def test_in_batch_contrastive_loss_over_mm_trains_like_one_device(tmp_path, world, b):
+    torch.manual_seed(0)
+    model = _InfoNCE()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    g = torch.Generator().manual_seed(2)
+    batches = [(torch.randn(b, 8, generator=g), torch.randn(b, 8, generator=g)) for _ in range(STEPS)]
+    step = fxdp.trace_step(lambda m, o, batch: _train(m, o, batch), model, opt, batches[0])
+    # + the all-gather of b for the forward product and of b for grad_a's, and the all-reduce
+    # of b's gradient (partial over the whole batch) before it is sliced to each rank's rows
+    report = check_against_one_device(tmp_path, step, batches, world, reductions=3)
+    gathers = [c for c in report["collectives"] if c["purpose"].startswith("gather ")]
+    assert len(gathers) == 2, report["collectives"]
+    per_rank = -(-b // world)
+    assert all(c["bytes"] == world * per_rank * 16 * 4 for c in gathers), gathers
+
+
+def _train(model, opt, batch):
+    loss = model(*batch)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss
