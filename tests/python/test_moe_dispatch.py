@@ -220,3 +220,58 @@ def test_offsets_that_do_not_put_each_row_in_its_keys_group_are_refused(tmp_path
     r = _analyze(tmp_path, step)
     assert r.returncode != 0, f"accepted: {r.stdout[:300]}"
     assert "aten::_grouped_mm" in r.stderr and needle in r.stderr, r.stderr
+
+
+transformers = pytest.importorskip("transformers")
+transformers.logging.set_verbosity_error()
+V = 64
+
+
+class _CausalLM(torch.nn.Module):
+    """The model's own loss: cross-entropy plus the router's load-balancing loss."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids, labels):
+        return self.model(input_ids=ids, labels=labels).loss
+
+
+def _hf_moe(name):
+    T = transformers
+    common = dict(vocab_size=V, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=16, num_experts_per_tok=2,
+                  output_router_logits=True, router_aux_loss_coef=0.1)
+    if name == "mixtral":
+        return T.MixtralForCausalLM(T.MixtralConfig(intermediate_size=64, num_local_experts=4, **common))
+    return T.Qwen2MoeForCausalLM(T.Qwen2MoeConfig(
+        intermediate_size=64, moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4,
+        **common))
+
+
+HF = [("mixtral", 2, 6), ("mixtral", 3, 7), ("qwen2_moe", 2, 6), ("qwen2_moe", 3, 7)]
+
+
+@pytest.mark.parametrize("name,world,b", HF, ids=[f"{m}-N{n}" for m, n, _ in HF])
+def test_hugging_face_moe_trains_like_one_device(tmp_path, name, world, b):
+    """transformers' Mixtral and Qwen2-MoE, default (grouped_mm) experts, output_router_logits=True
+    (the load-balancing loss counts tokens per expert with histc), AdamW: B=6 over 2 ranks and B=7
+    over 3 (3,2,2) equal one device."""
+    torch.manual_seed(0)
+    model = _CausalLM(_hf_moe(name)).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    batches = []
+    for _ in range(STEPS):
+        ids = torch.randint(0, V, (b, 8), generator=g)
+        batches.append((ids, ids.clone()))
+    step = fxdp.trace(model, opt, None, batches[0])
+    assert {"aten::sort", "aten::_grouped_mm", "aten::histc"} <= {n.target.name for n in step.graph.nodes}
+    r = _analyze(tmp_path, step, world)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["warnings"] == []
+    (tmp_path / "run").mkdir()
+    # + the load-balancing loss's two partial sums over the tokens (tokens and router probability
+    # per expert), all-reduced before their product
+    check_against_one_device(tmp_path / "run", step, batches, world, rtol=1e-4, atol=5e-5, reductions=2)
