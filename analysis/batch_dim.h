@@ -7,8 +7,9 @@
 // einsum-like specs for matmuls, reductions, convolutions, norms, losses,
 // indexing, factories, foreach ops). A (B, B) tensor, or a view that folds
 // the batch into another dim and splits it back, is therefore analysed
-// exactly. Only an op with no rule falls back to size matching, and the
-// result names it in `warnings`.
+// exactly. An op with no rule is refused; only when asked to guess
+// (AnalyzeOptions::guess_unruled_ops, `fxdp analyze`) is it placed by size
+// matching, and the result names it in `warnings`.
 //
 // Placements (docs/analysis.md) describe the per-rank graph that expansion builds,
 // in which every shape is local (B_r rows on rank r) but scalar literals are
@@ -114,7 +115,7 @@ enum class Decision : int8_t {
   kView,            // a view-op dim map.
   kGetItem,         // output k of a multi-output op.
   kShapedByUse,     // a factory-like value sharded because a use needs its batch rows.
-  kFallback,        // no rule: size matching (a warning names the op).
+  kFallback,        // no rule: a size-matching guess (guess_unruled_ops only; a warning names it).
   kNoTensor,        // outputs no tensor.
   kOutput,          // the graph's output node.
 };
@@ -167,6 +168,11 @@ struct AnalyzeOptions {
   // expansion/sync_batchnorm.h): its statistics outputs are replicated, not
   // rank-local. Default: each rank's local statistics, as DDP.
   bool sync_batchnorm = false;
+  // An op with no rule (op_rules.h) is placed by matching tensor sizes, a
+  // guess the report labels (`fxdp analyze` only). Default: such a graph is
+  // refused (INVALID_ARGUMENT naming the node, the op, the user's source line
+  // and the table row to add), as the compile path (expand, jobs) needs.
+  bool guess_unruled_ops = false;
 };
 
 class BatchDimAnalysis {
@@ -194,7 +200,8 @@ class BatchDimAnalysis {
   // Sharded operands all-gathered (along `dim`) for one use: a product of two
   // batch-sharded operands (samples coupled across the batch, a @ b.T).
   const std::vector<ShardedRead>& gathered_reads() const { return gathered_reads_; }
-  // One line per op that had no rule: "aten::foo (3 nodes, first n12): ...".
+  // One line per op that had no rule and was placed by a guess
+  // (AnalyzeOptions::guess_unruled_ops): "GUESSED: no batch-dim rule for aten::foo (3 nodes, first n12): ...".
   const std::vector<std::string>& warnings() const { return warnings_; }
   // Notes about semantics the user should know (local batch statistics, ...).
   const std::vector<std::string>& notes() const { return notes_; }
@@ -222,7 +229,8 @@ class BatchDimAnalysis {
 };
 
 // Analyses `graph`. INVALID_ARGUMENT naming the node for: an op or arguments
-// not in torch 2.13's schemas (CheckOpSchemas, op_schemas.h), world size < 1, an
+// not in torch 2.13's schemas (CheckOpSchemas, op_schemas.h), an op without a
+// batch-dim rule (unless AnalyzeOptions::guess_unruled_ops), world size < 1, an
 // input batch dim out of range, inputs whose batch sizes disagree, and ops
 // whose use of the batch cannot be split across ranks (a reduction over the
 // batch that is not a sum or mean, a cat along the batch, a view that moves
@@ -247,15 +255,15 @@ std::string PlacementsString(const ir::Graph& graph, const BatchDimAnalysis& ana
 using PlacementOverrides = absl::flat_hash_map<int32_t, std::pair<std::string, std::string>>;
 
 // The analysis as JSON (`fxdp analyze --json`, docs/analysis.md): {"world_size": N, "batch_size": B, "nodes": [{"name",
-// "target", "batch_dim", "placement", "reason"}], "reductions": [...],
+// "target", "batch_dim", "placement", "reason", "source" (when the graph has it)}], "reductions": [...],
 // "warnings": [...], "notes": [...]}.
 std::string AnalysisToJson(const ir::Graph& graph, const BatchDimAnalysis& analysis,
                            const PlacementOverrides* overrides = nullptr);
 
-// A table: name, op, batch dim, placement, reason; then reductions, warnings
-// and notes.
+// A table: name, op, batch dim, placement, reason (then "  <- SOURCE", the
+// user's line, with `with_source`); then reductions, warnings and notes.
 std::string AnalysisToTable(const ir::Graph& graph, const BatchDimAnalysis& analysis,
-                            const PlacementOverrides* overrides = nullptr);
+                            const PlacementOverrides* overrides = nullptr, bool with_source = false);
 
 }  // namespace fxdp
 

@@ -177,6 +177,7 @@ nlohmann::json NodeJson(const Graph& g, const BatchDimAnalysis& a, NodeId id,
   }
   j["placements"] = std::move(each);
   j["reason"] = o != nullptr ? o->second : DescribeDecision(g, a, id);
+  if (!n.source.empty()) j["source"] = n.source;
   if (n.is_placeholder()) {
     j["role"] = std::string(ir::PlaceholderRoleName(n.placeholder.role));
     j["state_name"] = n.placeholder.state_name;
@@ -222,7 +223,7 @@ std::string AnalysisToJson(const Graph& g, const BatchDimAnalysis& a,
 }
 
 std::string AnalysisToTable(const Graph& g, const BatchDimAnalysis& a,
-                            const PlacementOverrides* overrides) {
+                            const PlacementOverrides* overrides, bool with_source) {
   struct Row {
     std::string name, op, bd, placement, reason;
   };
@@ -244,6 +245,7 @@ std::string AnalysisToTable(const Graph& g, const BatchDimAnalysis& a,
       r.placement = PlacementsString(g, a, id);
       r.reason = DescribeDecision(g, a, id);
     }
+    if (with_source && !n.source.empty()) absl::StrAppend(&r.reason, "  <- ", n.source);
     w[0] = std::max(w[0], r.name.size());
     w[1] = std::max(w[1], r.op.size());
     w[3] = std::max(w[3], r.placement.size());

@@ -66,7 +66,10 @@ const Table& GetTable() {
 // Checked before the analysis, like the verifier's checks: nodes named by
 // their position.
 absl::Status NodeError(const ir::Graph& g, int i, absl::string_view msg) {
-  return ir::NodeError(g.nodes()[i].name, absl::StrCat("#", i), msg);
+  const ir::Node& n = g.nodes()[i];
+  if (n.source.empty()) return ir::NodeError(n.name, absl::StrCat("#", i), msg);
+  return absl::InvalidArgumentError(
+      absl::StrCat(ir::NodeLabel(n.name, absl::StrCat("#", i)), " [", n.source, "]: ", msg));
 }
 
 std::string ArgNames(const OpSchema& s) {

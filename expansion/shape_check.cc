@@ -60,9 +60,9 @@ class Checker {
  private:
   absl::Status Fail(const Node& n, const std::string& what) const {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "rank %d's expanded graph: node '%s' (%s): %s; a size the expansion should have made "
+        "rank %d's expanded graph: %s: %s; a size the expansion should have made "
         "local kept the global batch (this graph would fail on the worker at step 1)",
-        rank_, n.name, n.target.ToString(), what));
+        rank_, ir::NodeLabel(n), what));
   }
 
   const TensorType* Tensor(const Argument* a) const {

@@ -162,8 +162,9 @@ std::string StyledAnalysisToJson(const ir::Graph& graph, const BatchDimAnalysis&
   return j.dump(1) + "\n";
 }
 
-std::string StyledAnalysisToTable(const ir::Graph& graph, const BatchDimAnalysis& a, const StyledAnalysis& s) {
-  return AnalysisToTable(graph, a, &s.overrides) + StateMemoryToTable(s.memory);
+std::string StyledAnalysisToTable(const ir::Graph& graph, const BatchDimAnalysis& a, const StyledAnalysis& s,
+                                  bool with_source) {
+  return AnalysisToTable(graph, a, &s.overrides, with_source) + StateMemoryToTable(s.memory);
 }
 
 }  // namespace fxdp

@@ -103,7 +103,7 @@ std::string StyledAnalysisToJson(const ir::Graph& graph, const BatchDimAnalysis&
                                  const StyledAnalysis& s);
 // AnalysisToTable with the overrides, then StateMemoryToTable.
 std::string StyledAnalysisToTable(const ir::Graph& graph, const BatchDimAnalysis& a,
-                                  const StyledAnalysis& s);
+                                  const StyledAnalysis& s, bool with_source = false);
 
 }  // namespace fxdp
 

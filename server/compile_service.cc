@@ -159,7 +159,8 @@ absl::StatusOr<v1::AnalyzeResponse> AnalyzeWithin(const v1::AnalyzeRequest& requ
   FXDP_ASSIGN_OR_RETURN(ir::Graph g, DecodeRequestGraph(request.has_graph(), request.graph()));
   FXDP_ASSIGN_OR_RETURN(BatchDimAnalysis a,
                         AnalyzeBatchDims(g, AnalyzeOptions{request.world_size(),
-                                                            request.sync_batchnorm()}));
+                                                            request.sync_batchnorm(),
+                                                            /*guess_unruled_ops=*/true}));
   if (request.has_style()) {
     opts.world_size = request.world_size();
     opts.sync_batchnorm = request.sync_batchnorm();
@@ -179,6 +180,7 @@ absl::StatusOr<v1::AnalyzeResponse> AnalyzeWithin(const v1::AnalyzeRequest& requ
     const bool tensor = !n.outputs.empty() && n.outputs[0].is_tensor();
     const int32_t bd = a.primary(id).batch_dim();
     p->set_batch_dim(tensor && bd >= 0 ? bd : -1);
+    p->set_source(n.source);
     auto o = styled ? styled->overrides.find(i) : PlacementOverrides::const_iterator();
     if (styled && o != styled->overrides.end()) {  // sharded state (AnalyzeStyle)
       p->set_placement(o->second.first);

@@ -192,6 +192,9 @@ class BatchDimAnalyzer {
   absl::Status Like(ir::NodeId id, const ir::Node& n, const OpRule& rule);
   absl::Status Foreach(ir::NodeId id, const ir::Node& n, const OpRule& rule);
   absl::Status VisitFallback(ir::NodeId id, const ir::Node& n);
+  // INVALID_ARGUMENT for the first node whose op has no rule, naming every
+  // such op, the user's line and the row to add; OK when every op has one.
+  absl::Status RefuseUnruledOps() const;
 
   // ---- families in their own files -------------------------------------------
   absl::Status Matmul(ir::NodeId id, const ir::Node& n, const OpRule& rule);

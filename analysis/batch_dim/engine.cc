@@ -46,6 +46,7 @@ absl::StatusOr<BatchDimAnalysis> BatchDimAnalyzer::Run() {
     return absl::InvalidArgumentError(
         absl::StrCat("world size must be >= 1, got ", options_.world_size));
   }
+  if (!options_.guess_unruled_ops) FXDP_RETURN_IF_ERROR(RefuseUnruledOps());
   a_.world_size_ = options_.world_size;
   a_.sync_batchnorm_ = options_.sync_batchnorm;
   a_.value_offset_.resize(g_.size() + 1);
@@ -427,7 +428,8 @@ void BatchDimAnalyzer::Finish() {
   for (const std::string& op : fallback_order_) {
     const auto& [count, first, what] = fallback_ops_.at(op);
     a_.warnings_.push_back(absl::StrFormat(
-        "no batch-dim rule for %s (%d node%s, first %s): fell back to size matching: %s", op,
+        "GUESSED: no batch-dim rule for %s (%d node%s, first %s): placed by size matching: %s "
+        "(fxdp expand and jobs refuse this graph until the op has a rule)", op,
         count, count == 1 ? "" : "s", g_.node(first).name, what));
   }
   const std::vector<std::string> hyper = ir::HyperparameterNames(g_);

@@ -8,6 +8,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "analysis/view_rules.h"
 #include "util/status_macros.h"
 
 namespace fxdp {
@@ -168,6 +170,35 @@ absl::Status BatchDimAnalyzer::Foreach(NodeId id, const Node& n, const OpRule& r
     }
   }
   return absl::OkStatus();
+}
+
+// Never guess on the compile path: size matching places a [B, B] value, a
+// histogram over the batch or a size argument that spells the batch wrongly,
+// and the job trains silently wrong or fails on the workers.
+absl::Status BatchDimAnalyzer::RefuseUnruledOps() const {
+  const Node* first = nullptr;
+  std::vector<std::string> ops;  // each op once, in graph order
+  for (const Node& n : g_.nodes()) {
+    if (!n.is_call() || n.is_getitem() || IsViewOp(n.target) || FindOpRule(n.target) != nullptr) {
+      continue;
+    }
+    const std::string op = TargetString(n);
+    if (first == nullptr) first = &n;
+    if (std::find(ops.begin(), ops.end(), op) == ops.end()) ops.push_back(op);
+  }
+  if (first == nullptr) return absl::OkStatus();
+  std::string others;
+  if (ops.size() > 1) {
+    others = absl::StrCat(" (nor do ", absl::StrJoin(ops.begin() + 1, ops.end(), ", "), ")");
+  }
+  return Error(*first, absl::StrFormat(
+      "no batch-dim rule for %s%s: the compile step does not guess where the batch goes (matching "
+      "tensor sizes can train a different model without a word); add a row for it to "
+      "analysis/op_rules.cc, e.g. {\"%s\", \"*\", F::kPointwise, kNotLinear, {}} with the family, "
+      "linearity and parameters that say how the op treats the batch, and its line in "
+      "tests/testdata/op_rules.txt (docs/DEVELOPMENT.md, \"The op-rule table\"); `fxdp analyze` "
+      "shows the size-matching guess",
+      ops[0], others, first->target.name));
 }
 
 absl::Status BatchDimAnalyzer::VisitFallback(NodeId id, const Node& n) {

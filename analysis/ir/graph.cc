@@ -80,7 +80,7 @@ const Argument* Node::kwarg(absl::string_view key) const {
 bool Node::operator==(const Node& o) const {
   return name == o.name && kind == o.kind && target == o.target && args == o.args &&
          kwargs == o.kwargs && outputs == o.outputs && placeholder == o.placeholder &&
-         output_specs == o.output_specs && grad_of == o.grad_of;
+         output_specs == o.output_specs && grad_of == o.grad_of && source == o.source;
 }
 
 absl::StatusOr<Graph> Graph::Create(GraphHeader header, std::vector<Node> nodes) {

@@ -176,6 +176,7 @@ struct Node {
   PlaceholderSpec placeholder;            // kPlaceholder only.
   std::vector<OutputSpec> output_specs;   // kOutput only.
   std::string grad_of;                    // parameter whose gradient is output 0.
+  std::string source;                     // the user's line (graph.proto Node.source), or "".
 
   bool is_placeholder() const { return kind == NodeKind::kPlaceholder; }
   bool is_output() const { return kind == NodeKind::kOutput; }

@@ -9,7 +9,9 @@ std::string NodeLabel(absl::string_view name, absl::string_view op) {
 }
 
 std::string NodeLabel(const Node& n) {
-  return n.is_call() ? NodeLabel(n.name, n.target.ToString()) : NodeLabel(n.name, NodeKindName(n.kind));
+  std::string s = n.is_call() ? NodeLabel(n.name, n.target.ToString()) : NodeLabel(n.name, NodeKindName(n.kind));
+  if (!n.source.empty()) absl::StrAppend(&s, " [", n.source, "]");
+  return s;
 }
 
 absl::Status NodeError(const Node& n, absl::string_view what, absl::StatusCode code) {

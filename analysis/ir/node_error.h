@@ -15,9 +15,11 @@ namespace fxdp::ir {
 
 // "node 'add_3' (aten::add.Tensor)"
 std::string NodeLabel(absl::string_view name, absl::string_view op);
+// The same, then the user's line when the tracer recorded it (Node::source):
+// "node 'mm' (aten::mm) [train.py:42 in layers.0.mlp: h = self.fc1(x)]".
 std::string NodeLabel(const Node& n);
 
-// A status whose message is "node 'NAME' (OP): what".
+// A status whose message is "node 'NAME' (OP) [SOURCE]: what" (NodeLabel).
 absl::Status NodeError(const Node& n, absl::string_view what,
                        absl::StatusCode code = absl::StatusCode::kInvalidArgument);
 absl::Status NodeError(absl::string_view name, absl::string_view op, absl::string_view what,

@@ -169,6 +169,7 @@ class Decoder {
       n.output_specs.push_back(std::move(spec));
     }
     n.grad_of = d.grad_of();
+    n.source = d.source();
     return n;
   }
 
@@ -412,6 +413,7 @@ v1::GraphDef EncodeGraph(const Graph& g) {
       o->set_state_name(s.state_name);
     }
     d->set_grad_of(n.grad_of);
+    d->set_source(n.source);
   }
   for (const auto& [k, v] : h.metadata) {
     v1::StringPair* kv = def.add_metadata();

@@ -77,7 +77,7 @@ std::string PrintArgument(const Graph& g, const Argument& a) {
   return std::visit(ArgPrinter{g}, a.value());
 }
 
-std::string PrintNode(const Graph& g, NodeId id) {
+std::string PrintNode(const Graph& g, NodeId id, bool with_source) {
   const Node& n = g.node(id);
   std::string s = absl::StrCat("%", n.name);
   if (!n.outputs.empty()) absl::StrAppend(&s, ": ", FormatTypes(n.outputs));
@@ -108,16 +108,17 @@ std::string PrintNode(const Graph& g, NodeId id) {
         }), "]"));
   }
   if (!n.grad_of.empty()) attrs.push_back(absl::StrCat("grad_of=", Quote(n.grad_of)));
+  if (with_source && !n.source.empty()) attrs.push_back(absl::StrCat("source=", Quote(n.source)));
   if (!attrs.empty()) absl::StrAppend(&s, " {", absl::StrJoin(attrs, ", "), "}");
   return s;
 }
 
-std::string PrintGraph(const Graph& g) {
+std::string PrintGraph(const Graph& g, bool with_source) {
   const GraphHeader& h = g.header();
   std::string s = absl::StrCat("graph format=", h.format_version, " producer=", Quote(h.producer),
                                " torch=", Quote(h.torch_version), " {\n");
   for (const auto& [k, v] : h.metadata) absl::StrAppend(&s, "  meta ", Quote(k), " = ", Quote(v), "\n");
-  for (int32_t i = 0; i < g.size(); ++i) absl::StrAppend(&s, "  ", PrintNode(g, NodeId{i}), "\n");
+  for (int32_t i = 0; i < g.size(); ++i) absl::StrAppend(&s, "  ", PrintNode(g, NodeId{i}, with_source), "\n");
   absl::StrAppend(&s, "}\n");
   return s;
 }
@@ -495,6 +496,8 @@ class Parser {
         n.placeholder.batch_dim = static_cast<int32_t>(b);
       } else if (key == "grad_of") {
         FXDP_ASSIGN_OR_RETURN(n.grad_of, ParseString());
+      } else if (key == "source") {
+        FXDP_ASSIGN_OR_RETURN(n.source, ParseString());
       } else if (key == "specs") {
         FXDP_RETURN_IF_ERROR(ExpectPunct("["));
         while (!IsPunct("]")) {

@@ -15,7 +15,9 @@ namespace {
 // A graph being verified may repeat names or lack targets: nodes are named
 // by their position (the one node label format, node_error.h).
 std::string Where(const std::vector<Node>& nodes, int i) {
-  return NodeLabel(nodes[i].name, absl::StrCat("#", i));
+  std::string s = NodeLabel(nodes[i].name, absl::StrCat("#", i));
+  if (!nodes[i].source.empty()) absl::StrAppend(&s, " [", nodes[i].source, "]");
+  return s;
 }
 
 absl::Status NodeError(const std::vector<Node>& nodes, int i, absl::string_view msg) {

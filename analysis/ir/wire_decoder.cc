@@ -215,6 +215,7 @@ bool DecodeNode(Reader r, Node* n) {
               return DecodeOutputSpec(sub, &n->output_specs.emplace_back());
             });
           case Tag(w::node::kGradOf, kLen): return String(in, &n->grad_of);
+          case Tag(w::node::kSource, kLen): return String(in, &n->source);
           default:  // unknown field (or a known one with the wrong wire type)
             return Field::kUnknown;
         }

@@ -64,7 +64,7 @@ enum : uint32_t { kKey = 1, kValue = 2 };
 namespace node {
 enum : uint32_t {
   kName = 1, kKind = 2, kTarget = 3, kArgs = 4, kKwargs = 5, kOutputs = 6, kPlaceholder = 7,
-  kOutputSpecs = 8, kGradOf = 9,
+  kOutputSpecs = 8, kGradOf = 9, kSource = 10,
 };
 }
 namespace target {
@@ -135,6 +135,7 @@ inline constexpr FieldSpec kFields[] = {
     {"fxdp.v1.Node", "placeholder", node::kPlaceholder, WireType::kLengthDelimited},
     {"fxdp.v1.Node", "output_specs", node::kOutputSpecs, WireType::kLengthDelimited},
     {"fxdp.v1.Node", "grad_of", node::kGradOf, WireType::kLengthDelimited},
+    {"fxdp.v1.Node", "source", node::kSource, WireType::kLengthDelimited},
     {"fxdp.v1.Target", "name", target::kName, WireType::kLengthDelimited},
     {"fxdp.v1.Target", "overload", target::kOverload, WireType::kLengthDelimited},
     {"fxdp.v1.Argument", "ref", argument::kRef, WireType::kLengthDelimited},

@@ -20,7 +20,7 @@ namespace fxdp::cli {
 namespace {
 
 constexpr char kAnalyzeUsage[] =
-    "usage: fxdp analyze GRAPH [--world-size N] [--sync-batchnorm] [--json]\n"
+    "usage: fxdp analyze GRAPH [--world-size N] [--sync-batchnorm] [--json] [--source]\n"
     "                    [--style replicate|fully_shard [--bucket-mb X]]\n"
     "                    [--server HOST:PORT]\n"
     "\n"
@@ -28,13 +28,17 @@ constexpr char kAnalyzeUsage[] =
     "schemas of torch 2.13 (what fxdp-worker runs), follows the batch dim through\n"
     "every node and prints each node's batch dim and placement on N data-parallel\n"
     "ranks (S(d), R, P(sum), P(avg)) with the rule that decided it, then the\n"
-    "all-reduces it implies, warnings (ops with no rule) and notes.\n"
+    "all-reduces it implies, warnings and notes. An op with no batch-dim rule is\n"
+    "placed by matching sizes and labelled GUESSED (a warning per op): exploration\n"
+    "only, `fxdp expand` and jobs refuse such a graph.\n"
     "\n"
     "  --world-size N   number of ranks (default 2)\n"
+    "  --source         the table shows each node's line of the user's code\n"
     "  --sync-batchnorm batch norm in training with the global batch's statistics\n"
     "                   (as `fxdp expand --sync-batchnorm`; default: local, as DDP)\n"
     "  --json           print JSON: {\"world_size\", \"batch_size\", \"nodes\": [{\"name\",\n"
-    "                   \"target\", \"batch_dim\", \"placement\", \"placements\", \"reason\"}],\n"
+    "                   \"target\", \"batch_dim\", \"placement\", \"placements\", \"reason\",\n"
+    "                   \"source\" (the user's line, when the graph records it)}],\n"
     "                   \"reductions\", \"sharded_reads\", \"warnings\", \"notes\"};\n"
     "                   \"placements\" has one entry per output (null: not a tensor),\n"
     "                   \"placement\" joins them (\"(S(0), P(avg))\" when they differ)\n"
@@ -61,6 +65,8 @@ int AnalyzeCommand(const std::vector<std::string>& args) {
   util::Flags flags("fxdp analyze", kAnalyzeUsage);
   flags.Int("--world-size", &world);
   flags.Bool("--json", &json);
+  bool with_source = false;
+  flags.Bool("--source", &with_source);
   bool sync_bn = false;
   flags.Bool("--sync-batchnorm", &sync_bn);
   std::string style;
@@ -94,11 +100,13 @@ int AnalyzeCommand(const std::vector<std::string>& args) {
     ra.sync_batchnorm = sync_bn;
     if (styled) ra.style = StyleToProto(opts.style);
     ra.bucket_cap_mb = bucket_mb;
+    ra.with_source = with_source;
     return RemoteAnalyze(ra);
   }
   auto g = ir::ReadGraphFile(path);
   if (!g.ok()) return ReportError("analyze", g.status());
-  auto a = AnalyzeBatchDims(*g, AnalyzeOptions{world, sync_bn});
+  // Exploration: an op without a rule is placed by a labelled guess (expand refuses it).
+  auto a = AnalyzeBatchDims(*g, AnalyzeOptions{world, sync_bn, /*guess_unruled_ops=*/true});
   if (!a.ok()) return ReportError("analyze", a.status());
   std::string out;
   if (styled) {
@@ -107,9 +115,9 @@ int AnalyzeCommand(const std::vector<std::string>& args) {
     if (bucket_mb > 0) opts.bucket_cap_mb = bucket_mb;
     absl::StatusOr<StyledAnalysis> s = AnalyzeStyle(*g, *a, opts);
     if (!s.ok()) return ReportError("analyze", s.status());
-    out = json ? StyledAnalysisToJson(*g, *a, *s) : StyledAnalysisToTable(*g, *a, *s);
+    out = json ? StyledAnalysisToJson(*g, *a, *s) : StyledAnalysisToTable(*g, *a, *s, with_source);
   } else {
-    out = json ? AnalysisToJson(*g, *a) : AnalysisToTable(*g, *a);
+    out = json ? AnalysisToJson(*g, *a) : AnalysisToTable(*g, *a, nullptr, with_source);
   }
   std::fwrite(out.data(), 1, out.size(), stdout);
   return kExitOk;

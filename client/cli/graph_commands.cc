@@ -15,7 +15,8 @@ namespace {
 constexpr char kGraphUsage[] =
     "usage: fxdp graph <subcommand>\n"
     "\n"
-    "  print FILE          decode and verify a binary GraphDef and print its text form\n"
+    "  print FILE [--source]  decode and verify a binary GraphDef and print its text form\n"
+    "                      (--source: with each node's line of the user's code)\n"
     "  check FILE          decode and verify, check every op and its arguments against\n"
     "                      the schemas of torch 2.13 (what fxdp-worker runs); print a\n"
     "                      one-line summary\n"
@@ -56,11 +57,12 @@ int GraphCommand(const std::vector<std::string>& args) {
   const std::string cmd = "graph " + sub;
   auto expect = [&](size_t n) { return args.size() == n + 1; };
   if (sub == "print" || sub == "check") {
-    if (!expect(1)) return Usage(sub + " takes one FILE");
+    const bool with_source = sub == "print" && args.size() == 3 && args[2] == "--source";
+    if (!expect(1) && !with_source) return Usage(sub + " takes one FILE");
     auto g = ir::ReadGraphFile(args[1]);
     if (!g.ok()) return ReportError(cmd, g.status());
     if (sub == "print") {
-      std::fputs(ir::PrintGraph(*g).c_str(), stdout);
+      std::fputs(ir::PrintGraph(*g, with_source).c_str(), stdout);
     } else {
       if (absl::Status s = CheckOpSchemas(*g); !s.ok()) return ReportError(cmd, s);
       int64_t calls = 0, params = 0, grads = 0;

@@ -97,7 +97,7 @@ std::string ReportJsonWithFiles(const std::string& report_json,
   return j.dump(1) + "\n";
 }
 
-std::string AnalyzeResponseToTable(const v1::AnalyzeResponse& r) {
+std::string AnalyzeResponseToTable(const v1::AnalyzeResponse& r, bool with_source) {
   size_t w[4] = {4, 2, 9, 9};
   for (const v1::NodePlacement& n : r.nodes()) {
     w[0] = std::max(w[0], n.name().size());
@@ -114,7 +114,8 @@ std::string AnalyzeResponseToTable(const v1::AnalyzeResponse& r) {
   line("name", "op", "batch dim", "placement", "reason");
   for (const v1::NodePlacement& n : r.nodes()) {
     line(n.name(), n.target(), n.batch_dim() >= 0 ? absl::StrCat(n.batch_dim()) : "-",
-         n.placement(), n.reason());
+         n.placement(),
+         with_source && !n.source().empty() ? absl::StrCat(n.reason(), "  <- ", n.source()) : n.reason());
   }
   absl::StrAppendFormat(&out, "\nreductions (%d):\n", r.reductions_size());
   for (const v1::Reduction& x : r.reductions()) {
@@ -154,7 +155,7 @@ int RemoteAnalyze(const RemoteAnalyzeArgs& a) {
   if (stub == nullptr) return kExitUsage;
   grpc::Status s = stub->Analyze(&ctx, req, &resp);
   if (!s.ok()) return ReportRpcError("analyze", a.server, s);
-  const std::string out = a.json ? resp.json() : AnalyzeResponseToTable(resp);
+  const std::string out = a.json ? resp.json() : AnalyzeResponseToTable(resp, a.with_source);
   std::fwrite(out.data(), 1, out.size(), stdout);
   return kExitOk;
 }

@@ -21,6 +21,7 @@ struct RemoteAnalyzeArgs {
   bool sync_batchnorm = false;
   std::optional<v1::DataParallelStyle> style;  // AnalyzeRequest.style
   double bucket_cap_mb = 0;                    // 0: the server's default
+  bool with_source = false;                    // the table shows each node's source line
 };
 // Exit code of the command (commands.h's kExit*).
 int RemoteAnalyze(const RemoteAnalyzeArgs& args);
@@ -41,7 +42,7 @@ int RemoteExpand(const RemoteExpandArgs& args);
 
 // The analysis table (`fxdp analyze` without --json) rendered from a response;
 // the same text as AnalysisToTable (StyledAnalysisToTable with a style).
-std::string AnalyzeResponseToTable(const v1::AnalyzeResponse& r);
+std::string AnalyzeResponseToTable(const v1::AnalyzeResponse& r, bool with_source = false);
 
 // OUT with ".rank<r>" before the extension.
 std::string RankPath(const std::string& out, int r);

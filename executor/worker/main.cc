@@ -256,6 +256,28 @@ absl::Status CheckWritable(const std::string& path, const std::string& flag) {
   return absl::OkStatus();
 }
 
+// The graph was expanded for this launch's world size (`fxdp expand` writes
+// "fxdp.world_size" into it): a single-device graph run by N ranks would
+// train N independent copies without a word. INVALID_ARGUMENT naming both.
+absl::Status CheckExpandedFor(const ir::Graph& graph, const std::string& path, const LaunchEnv& env) {
+  std::string expanded;
+  for (const auto& [k, v] : graph.header().metadata) {
+    if (k == "fxdp.world_size") expanded = v;
+  }
+  if (expanded.empty() && env.world_size == 1) return absl::OkStatus();
+  if (expanded == absl::StrCat(env.world_size)) return absl::OkStatus();
+  const std::string fix = absl::StrCat("; expand it for this launch (fxdp expand GRAPH --world-size ",
+                                       env.world_size, " -o X.pb, then run X.pb or X.rank{rank}.pb) "
+                                       "or launch ", expanded.empty() ? "1" : expanded, " rank(s)");
+  if (expanded.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, " is a single-device graph (not expanded by fxdp expand) but WORLD_SIZE is ",
+        env.world_size, ": each rank would train its own copy on its slice of the batch", fix));
+  }
+  return absl::InvalidArgumentError(absl::StrCat(path, " was expanded for ", expanded,
+                                                 " ranks but WORLD_SIZE is ", env.world_size, fix));
+}
+
 // `comm` is the caller's: on a failed step it must not be destroyed (Gloo's
 // destructor waits for collectives still queued on a lost peer).
 absl::Status Run(const RunArgs& args, const LaunchEnv& env, Logger& log,
@@ -282,6 +304,7 @@ absl::Status Run(const RunArgs& args, const LaunchEnv& env, Logger& log,
                                                       absl::StrCat("--schedule ", args.schedule)));
     log.Log("schedule ", args.schedule, ": ", absl::StrJoin(schedule.names(), ", "));
   }
+  FXDP_RETURN_IF_ERROR(CheckExpandedFor(graph, graph_path, env));
 
   // Intra-op threads: --threads, else OMP_NUM_THREADS (LibTorch reads it),
   // else with several ranks the cores divided among this host's ranks

@@ -566,16 +566,36 @@ TEST(BatchDim, ForeachOptimizerReadsReducedGradients) {
   EXPECT_EQ(r.a.reductions().size(), 2u);
 }
 
-TEST(BatchDim, OpWithoutRuleFallsBackWithAWarningNamingIt) {
-  auto r = MustRun(R"(
+constexpr char kRot90[] = R"g(
   %x: f32[4, 3] = placeholder() {role=INPUT, state="x", batch_dim=0}
-  %a: f32[3, 4] = aten::rot90(%x)
+  %a: f32[3, 4] = aten::rot90(%x) {source="train.py:7 in model.head: y = torch.rot90(x)"}
   %b: f32[4, 3] = aten::rot90(%a)
-  %output = output([%b]) {specs=[OTHER]}
-)");
+  %c: f32[3, 4] = aten::rot90(%b)
+  %d: (f32[3, 4], i64[3, 4]) = aten::cummax(%c, 1)
+  %e: f32[3, 4] = operator.getitem(%d, 0)
+  %output = output([%e]) {specs=[OTHER]}
+)g";
+
+TEST(BatchDim, OpWithoutRuleIsRefusedNamingTheUsersLineAndTheRowToAdd) {
+  const absl::Status s = Analyze(kRot90).status();
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument,
+                          "node 'a' (aten::rot90) [train.py:7 in model.head: y = torch.rot90(x)]: "
+                          "no batch-dim rule for aten::rot90 (nor do aten::cummax): the compile "
+                          "step does not guess"));
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("analysis/op_rules.cc, e.g. {\"aten::rot90\", \"*\", F::kPointwise, kNotLinear, {}}"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("tests/testdata/op_rules.txt"));
+}
+
+TEST(BatchDim, OpWithoutRuleIsAGuessLabelledAsOneWhenAsked) {
+  auto g = ValueOrDie(ir::ParseGraphText(Wrap(kRot90)));
+  AnalyzeOptions o{2};
+  o.guess_unruled_ops = true;
+  Analysed r{g, ValueOrDie(AnalyzeBatchDims(g, o))};
   EXPECT_EQ(r.P("a"), "S(1)");
-  ASSERT_EQ(r.a.warnings().size(), 1u);
-  EXPECT_THAT(r.a.warnings()[0], HasSubstr("aten::rot90 (2 nodes, first a)"));
+  ASSERT_EQ(r.a.warnings().size(), 2u);
+  EXPECT_THAT(r.a.warnings()[0], HasSubstr("GUESSED: no batch-dim rule for aten::rot90 (3 nodes, first a)"));
+  EXPECT_THAT(r.a.warnings()[0], HasSubstr("fxdp expand and jobs refuse this graph"));
   EXPECT_THAT(r.Why("a"), HasSubstr("NO RULE for aten::rot90"));
 }
 

@@ -65,6 +65,19 @@ TEST(TextTest, FloatsKeepTheirKindAndValue) {
   EXPECT_EQ(PrintGraph(g), text);
 }
 
+TEST(TextTest, NodeSourcePrintsOnlyWhenAsked) {
+  const std::string text =
+      "graph format=1 producer=\"test\" torch=\"\" {\n"
+      "  %x: f32[2] = placeholder() {role=INPUT, state=\"x\", batch_dim=0}\n"
+      "  %y: f32[2] = aten::relu(%x) {source=\"train.py:3 in model: y = \\\"a\\\"\"}\n"
+      "  %output = output([%y]) {specs=[OTHER]}\n"
+      "}\n";
+  const Graph g = ValueOrDie(ParseGraphText(text));
+  EXPECT_EQ(g.node(NodeId{1}).source, "train.py:3 in model: y = \"a\"");
+  EXPECT_EQ(PrintGraph(g, /*with_source=*/true), text);
+  EXPECT_EQ(PrintGraph(g).find("source="), std::string::npos);
+}
+
 TEST(TextTest, StringsAreEscaped) {
   const std::string text =
       "graph format=1 producer=\"a \\\"quoted\\\" \\n name\" torch=\"\" {\n"

@@ -602,6 +602,21 @@ TEST(WireDecoderTest, GoldenAndSyntheticGraphsDecodeIdentically) {
   EXPECT_EQ(EncodeGraphBytes(ValueOrDie(DecodeGraphBytes(synthetic))), synthetic);
 }
 
+TEST(WireDecoderTest, NodeSourceSurvivesBothDecoders) {
+  const Graph g = ValueOrDie(ParseGraphText(
+      "graph format=1 producer=\"test\" torch=\"2.13.0\" {\n"
+      "  %x: f32[2] = placeholder() {role=INPUT, state=\"x\", batch_dim=0}\n"
+      "  %y: f32[2] = aten::relu(%x) {source=\"train.py:3 in model.act: y = self.act(x)\"}\n"
+      "  %output = output([%y]) {specs=[OTHER]}\n"
+      "}\n"));
+  const std::string bytes = EncodeGraphBytes(g);
+  const Graph a = ValueOrDie(DecodeGraphBytes(bytes));
+  const Graph b = ValueOrDie(DecodeGraphBytesViaMessage(bytes));
+  EXPECT_EQ(a.node(NodeId{1}).source, "train.py:3 in model.act: y = self.act(x)");
+  EXPECT_TRUE(a == g);
+  EXPECT_TRUE(b == g);
+}
+
 TEST(WireDecoderTest, AgreesOnMutatedEncodings) {
   std::vector<std::pair<std::string, std::string>> seeds;  // name, bytes
   for (const char* name : ::fxdp::testing::kGoldenGraphs)

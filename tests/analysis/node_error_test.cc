@@ -27,5 +27,18 @@ TEST(NodeError, NamesTheNodeAndItsOp) {
               StatusIs(absl::StatusCode::kResourceExhausted, "node 'mm' (aten::mm): out of memory"));
 }
 
+TEST(NodeError, QuotesTheUsersLineWhenTheGraphHasIt) {
+  const Graph g = ValueOrDie(ParseGraphText(R"(graph format=1 producer="test" torch="2.13.0" {
+  %x: f32[2] = placeholder() {role=INPUT, state="input.0", batch_dim=0}
+  %y: f32[2] = aten::add.Tensor(%x, %x) {source="train.py:9 in model.block: y = x + x"}
+  %output = output([%y]) {specs=[OTHER]}
+}
+)"));
+  EXPECT_EQ(NodeLabel(g.nodes()[1]), "node 'y' (aten::add.Tensor) [train.py:9 in model.block: y = x + x]");
+  EXPECT_THAT(NodeError(g.nodes()[1], "shapes differ"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "node 'y' (aten::add.Tensor) [train.py:9 in model.block: y = x + x]: shapes differ"));
+}
+
 }  // namespace
 }  // namespace fxdp::ir

@@ -143,3 +143,51 @@ def test_bad_arguments():
     other = nn.Linear(3, 3)
     with pytest.raises(fxdp.TraceError, match="not a parameter of the model"):
         fxdp.trace(model, torch.optim.SGD(other.parameters(), lr=0.1), nn.MSELoss(), _batch())
+
+
+def test_batch_size_disagreement_names_the_inputs():
+    model = nn.Linear(10, 5)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = _batch()
+    with pytest.raises(fxdp.TraceError) as err:
+        fxdp.trace(model, opt, nn.MSELoss(), (x, y[:6]), input_names=["x", "y"])
+    assert f"6: 'y' (6, 5) dim 0; {x.shape[0]}: 'x' ({x.shape[0]}, 10) dim 0" in str(err.value), err.value
+
+
+def test_scheduler_stepped_inside_the_step_says_what_to_do():
+    model = nn.Linear(10, 5)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+
+    def step(model, opt, batch):
+        x, y = batch
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        sched.step()
+        return loss
+
+    with pytest.warns(UserWarning), pytest.raises(fxdp.TraceError) as err:
+        fxdp.trace_step(step, model, opt, _batch())
+    msg = str(err.value)
+    assert "changes the hyper-parameter 'optim.group0.lr' in place" in msg, msg
+    assert "scheduler.step() outside train_step" in msg and "schedule=" in msg, msg
+    assert "survived functionalization" not in msg, msg
+
+
+def test_run_local_checks_its_inputs_as_the_workers_do():
+    torch.manual_seed(0)
+    model = nn.Linear(64, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    step = fxdp.trace(model, opt, nn.MSELoss(), (torch.randn(128, 64), torch.randn(128, 2)), input_names=["x", "y"])
+    state = step.initial_state()
+    with pytest.raises(ValueError) as err:
+        step.run_local(state, (torch.randn(96, 64), torch.randn(96, 2)))
+    assert "input 'x' is float32[96, 64], the graph's placeholder" in str(err.value), err.value
+    assert "declares float32[128, 64]: the step was traced with a batch of 128 (dim 0) and this batch has 96" \
+        in str(err.value), err.value
+    with pytest.raises(ValueError, match=r"input 'x' is float64\[128, 64\], .* declares float32\[128, 64\]$"):
+        step.run_local(state, (torch.randn(128, 64, dtype=torch.float64), torch.randn(128, 2)))
+    state["weight"] = torch.zeros(2, 63)
+    with pytest.raises(ValueError, match=r"state 'weight' is float32\[2, 63\], .* declares float32\[2, 64\]$"):
+        step.run_local(state, (torch.randn(128, 64), torch.randn(128, 2)))

@@ -168,10 +168,23 @@ def test_errors(tmp_path):
     r = run_worker(base[:5] + ["--data", str(tmp_path / "trunc.safetensors"), "--steps", "1"])
     assert r.returncode == 1 and "corrupt safetensors data" in r.stderr, r.stderr
 
+    # A single-device graph under a launcher with WORLD_SIZE 2 would train two independent copies.
+    env2 = clean_env(RANK=1, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port())
+    r = run_worker(base + ["--timeout-s", "2"], env=env2, timeout=60)
+    assert r.returncode == 1 and f"{graph} is a single-device graph (not expanded by fxdp expand) but " \
+        "WORLD_SIZE is 2" in r.stderr and "--world-size 2" in r.stderr, r.stderr
+    x2, x3 = str(tmp_path / "x2.pb"), str(tmp_path / "x3.pb")
+    for x, n in ((x2, 2), (x3, 3)):
+        e = subprocess.run([fxdp_binary("FXDP_BIN", "fxdp"), "expand", graph, "--world-size", str(n), "-o", x],
+                           capture_output=True, text=True, timeout=60)
+        assert e.returncode == 0, e.stderr
+    r = run_worker(["run", "--graph", x3, *base[3:], "--timeout-s", "2"], env=env2, timeout=60)
+    assert r.returncode == 1 and f"{x3} was expanded for 3 ranks but WORLD_SIZE is 2" in r.stderr, r.stderr
+    r = run_worker(["run", "--graph", x2, *base[3:]])
+    assert r.returncode == 1 and f"{x2} was expanded for 2 ranks but WORLD_SIZE is 1" in r.stderr, r.stderr
+
     # A launch environment that names no reachable peers fails within the timeout.
-    r = run_worker(base + ["--timeout-s", "2"],
-                   env=clean_env(RANK=1, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port()),
-                   timeout=60)
+    r = run_worker(["run", "--graph", x2, *base[3:], "--timeout-s", "2"], env=env2, timeout=60)
     assert r.returncode != 0 and "rank 1" in r.stderr, r.stderr
     r = run_worker(base, env=clean_env(RANK=2, WORLD_SIZE=2))
     assert r.returncode == 2 and "RANK 2 is not below WORLD_SIZE 2" in r.stderr

@@ -22,6 +22,7 @@ import torch
 import torch.fx as fx
 
 from .errors import GraphFormatError, TraceError
+from .trace_errors import node_source
 from .v1 import graph_pb2 as pb
 
 PRODUCER = "fxdp-python 0.1.0"
@@ -212,6 +213,9 @@ def fx_to_graphdef(gm: fx.GraphModule, metadata: Sequence[tuple[str, str]] = ())
                 _value_meta(val, p.outputs.add(), rg, where, dev)
             if node.meta.get("fxdp_grad_of"):
                 p.grad_of = node.meta["fxdp_grad_of"]
+            source = node_source(node)
+            if source:
+                p.source = source
         elif node.op == "get_attr":
             p.kind = pb.GET_ATTR
             p.target.name = str(node.target)
@@ -368,6 +372,8 @@ def graphdef_to_fx(g: "pb.GraphDef", attrs: Optional[Dict[str, torch.Tensor]] = 
             node.meta["fxdp_placeholder"] = (ph.role, ph.state_name, ph.batch_dim)
         if n.grad_of:
             node.meta["fxdp_grad_of"] = n.grad_of
+        if n.source:
+            node.meta["stack_trace"] = n.source
         if len(n.outputs) == 1 and not is_seq:
             node.meta["fxdp_value_meta"] = n.outputs[0]
         env.append(node)

@@ -16,6 +16,7 @@ import torch
 import torch.fx as fx
 
 from .errors import TraceError
+from .trace_errors import node_source
 from .v1 import graph_pb2 as pb
 
 if TYPE_CHECKING:
@@ -83,7 +84,30 @@ def validate_ops(gm: fx.GraphModule) -> None:
             )
         for a in t._schema.arguments:
             if a.alias_info is not None and a.alias_info.is_write:
-                raise TraceError(f"node '{n.name}': in-place op {t} survived functionalization")
+                raise TraceError(_surviving_mutation(n, t))
+
+
+def _surviving_mutation(n: fx.Node, t) -> str:
+    """What the user did when an in-place op survives functionalization: it writes into a placeholder
+    (functionalization hands a mutated graph input back with ``copy_``), and what to do instead."""
+    src = node_source(n)
+    at = f" ({src})" if src else ""
+    dst = n.args[0] if n.args else None
+    spec = dst.meta.get("fxdp_placeholder") if isinstance(dst, fx.Node) and dst.op == "placeholder" else None
+    if spec is None:
+        return f"node '{n.name}'{at}: in-place op {t} survived functionalization"
+    role, name, _ = spec
+    if role == pb.HYPERPARAMETER:
+        return (f"train_step changes the hyper-parameter '{name}' in place{at}: a learning-rate scheduler's "
+                "step() (or an assignment to param_group[...]) inside the traced step; one graph runs every step, "
+                "so a value cannot change inside it. Call scheduler.step() outside train_step and give the "
+                "schedule to fxdp instead (run_local(..., schedule=sched, step=k), Client.train(..., "
+                "schedule=sched), fxdp.schedule)")
+    what = {pb.INPUT: "its input", pb.BUFFER: "the buffer", pb.PARAMETER: "the parameter"}.get(
+        role, pb.PlaceholderRole.Name(role).lower().replace("_", " "))
+    return (f"train_step writes into {what} '{name}' in place{at}, outside what the graph can hand back "
+            f"({t} survived functionalization); compute on a copy (x = x.clone()) or, for model state, "
+            "change it inside the model's forward or the optimizer's step")
 
 
 def mark_gradients(graph: fx.Graph, snaps: Sequence[Any], trainable: Sequence[str],

@@ -5,7 +5,7 @@ model, the optimizer and the example batch that tracing needs (:class:`Signature
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import List, Tuple
+from typing import Dict, List, Tuple
 
 import torch
 import torch.nn as nn
@@ -64,7 +64,7 @@ class Batch:
             if len(dims) != len(inputs):
                 raise TraceError(f"batch_dim has {len(dims)} entries for {len(inputs)} inputs")
         out = []
-        sizes = set()
+        sizes: Dict[int, List[str]] = {}
         for d, x, n in zip(dims, inputs, names):
             if d is None or d == -1:
                 out.append(-1)
@@ -73,10 +73,12 @@ class Batch:
                 d += x.dim()
             if not 0 <= d < x.dim():
                 raise TraceError(f"batch_dim {d} is out of range for input '{n}' of shape {tuple(x.shape)}")
-            sizes.add(x.shape[d])
+            sizes.setdefault(x.shape[d], []).append(f"'{n}' {tuple(x.shape)} dim {d}")
             out.append(d)
         if len(sizes) > 1:
-            raise TraceError(f"inputs disagree on the batch size along their batch dims: {sorted(sizes)}")
+            told = "; ".join(f"{s}: {', '.join(ins)}" for s, ins in sorted(sizes.items()))
+            raise TraceError(f"inputs disagree on the batch size along their batch dims ({told}); give batch_dim=-1 "
+                             "to an input without a batch dim, or one batch_dim per input")
         return out
 
 

@@ -4,16 +4,21 @@
   feeds Python control flow or a shape (``.item()``, ``bool(tensor)``, ``nonzero``, boolean-mask
   indexing, ``unique``...), which real-mode tracing would otherwise bake in silently.
 * :class:`ModuleStack` tracks which submodule is executing.
+* :class:`SourceRecorder` gives every node of the trace the user's line that produced it (the
+  GraphDef's ``Node.source``, which every compile error quotes).
 * :func:`as_trace_error` classifies any exception raised while tracing.
 """
 
 from __future__ import annotations
 
+import linecache
 import os
+import sys
 import traceback
-from typing import List
+from typing import Dict, List, Optional
 
 import torch
+import torch.fx.traceback as fx_traceback
 import torch.nn as nn
 
 from .errors import TraceError
@@ -87,12 +92,95 @@ class ModuleStack:
             h.remove()
         return False
 
+    def path(self) -> str:
+        """The executing submodule's path from the model ("model.layers.0.mlp"), or ""."""
+        if not self.stack:
+            return ""
+        name = self.names.get(id(self.stack[-1]))
+        if name is None:
+            return f"<{type(self.stack[-1]).__name__}>"  # a module outside the model (a loss module)
+        return "model" if name == "<root>" else f"model.{name}"
+
     def where(self) -> str:
         if not self.stack:
             return ""
         mod = self.stack[-1]
         name = self.names.get(id(mod), "<loss_fn>")
         return f"module '{name}' ({type(mod).__name__})"
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_FXDP_DIR = os.path.dirname(__file__)
+_FXDP_USER_DIRS = (os.path.join(_FXDP_DIR, "zoo"),)  # fxdp's own models are user code
+SOURCE_MAX = 400  # bytes of Node.source (graph.proto)
+
+
+def _is_library(filename: str) -> bool:
+    if filename.startswith(_FXDP_USER_DIRS):
+        return False
+    return filename.startswith(_TORCH_DIR) or filename.startswith(_FXDP_DIR) or filename.startswith("<")
+
+
+def _short_path(filename: str) -> str:
+    try:
+        rel = os.path.relpath(filename)
+    except ValueError:
+        return filename
+    return filename if rel.startswith("..") else rel
+
+
+class SourceRecorder(torch.utils._python_dispatch.TorchDispatchMode):
+    """Gives every op that ``make_fx`` records the user's line that produced it.
+
+    Active inside pass 1 (with ``torch.fx.traceback.preserve_node_meta()``): for each op it sets the
+    current node meta's ``stack_trace`` to a compact one-line form, "FILE:LINE in MODULE: CODE"
+    (``Node.source`` in graph.proto), which make_fx copies onto the nodes it creates for the op. An op
+    of the backward pass gets "backward of " and its forward op's line (the autograd node running it,
+    matched by sequence number); the optimizer's ops get the line calling ``optimizer.step()``."""
+
+    def __init__(self, mstack: ModuleStack):
+        super().__init__()
+        self.mstack = mstack
+        self.forward: Dict[int, str] = {}  # autograd sequence number -> the forward op's source
+        self.seq = torch.autograd._get_sequence_nr()
+        self.cache: Dict[tuple, tuple] = {}
+
+    def _here(self) -> str:
+        f = sys._getframe(2)
+        while f is not None and _is_library(f.f_code.co_filename):
+            f = f.f_back
+        if f is None:
+            return ""
+        key = (f.f_code.co_filename, f.f_lineno)
+        loc = self.cache.get(key)
+        if loc is None:
+            code = linecache.getline(f.f_code.co_filename, f.f_lineno).strip()
+            loc = self.cache[key] = f"{_short_path(f.f_code.co_filename)}:{f.f_lineno}", code
+        module = self.mstack.path()
+        return f"{loc[0]}{f' in {module}' if module else ''}: {loc[1]}"[:SOURCE_MAX]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        grad_fn = torch._C._current_autograd_node()
+        src: Optional[str] = None
+        if grad_fn is not None:
+            fwd = self.forward.get(grad_fn._sequence_nr())
+            src = f"backward of {fwd}"[:SOURCE_MAX] if fwd else None
+        if src is None:
+            src = self._here()
+        seq = torch.autograd._get_sequence_nr()
+        if grad_fn is None and seq != self.seq:  # the op made an autograd node: its backward's source
+            self.forward[seq - 1] = src
+        self.seq = seq
+        fx_traceback.set_stack_trace([src] if src else [])
+        return func(*args, **(kwargs or {}))
+
+
+def node_source(node: torch.fx.Node) -> str:
+    """The compact source SourceRecorder recorded for an FX node, or ""."""
+    st = node.meta.get("stack_trace")
+    if not isinstance(st, str) or "\n" in st.strip():
+        return ""
+    return st.strip()[:SOURCE_MAX]
 
 
 def user_frame(tb) -> str:

@@ -140,11 +140,11 @@ class TracedStep:
         for ph in self.placeholders:
             spec = ph.placeholder
             if spec.role == pb.INPUT:
-                args.append(batch_by_name[spec.state_name])
+                args.append(_checked(ph, batch_by_name[spec.state_name]))
             else:
                 if spec.state_name not in state:
                     raise KeyError(f"state lacks '{spec.state_name}'")
-                args.append(state[spec.state_name])
+                args.append(_checked(ph, state[spec.state_name]))
         with torch.no_grad():
             outs = self.graph_module()(*args)
         new_state = OrderedDict(state.items())
@@ -167,6 +167,32 @@ class TracedStep:
             f"TracedStep({len(self.graph.nodes)} nodes, {len(self.state_names())} state tensors, "
             f"inputs={self.input_names()})"
         )
+
+
+def _type_text(dtype: str, shape) -> str:
+    return f"{dtype}[{', '.join(str(int(d)) for d in shape)}]"
+
+
+def _checked(ph: "pb.Node", t) -> torch.Tensor:
+    """``t`` when it is the tensor the placeholder declares (dtype and shape, as the workers check what
+    they are sent), else a ValueError naming the input or state entry and both types."""
+    spec = ph.placeholder
+    what = f"input '{spec.state_name}'" if spec.role == pb.INPUT else f"state '{spec.state_name}'"
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"run_local: {what} is a {type(t).__name__}, not a tensor")
+    meta = ph.outputs[0].tensor
+    want_dtype = convert.PB_TO_DTYPE.get(meta.dtype)
+    if t.dtype == want_dtype and list(t.shape) == list(meta.shape):
+        return t
+    short = lambda d: str(d).replace("torch.", "")  # noqa: E731
+    msg = (f"run_local: {what} is {_type_text(short(t.dtype), t.shape)}, the graph's placeholder '{ph.name}' "
+           f"declares {_type_text(short(want_dtype), meta.shape)}")
+    d = spec.batch_dim
+    if spec.role == pb.INPUT and d >= 0 and t.dim() == len(meta.shape) and t.dtype == want_dtype \
+            and [s for i, s in enumerate(t.shape) if i != d] == [s for i, s in enumerate(meta.shape) if i != d]:
+        msg += (f": the step was traced with a batch of {meta.shape[d]} (dim {d}) and this batch has {t.shape[d]}; "
+                "a traced graph runs the batch size it was traced with: trace it again with this batch size")
+    raise ValueError(msg)
 
 
 def load(path: Union[str, os.PathLike], state: Union[None, str, os.PathLike, Mapping[str, torch.Tensor]] = None) -> TracedStep:

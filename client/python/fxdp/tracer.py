@@ -18,14 +18,17 @@ How it works
    written: ``loss.backward()`` fills ``.grad``, ``clip_grad_norm_`` scales it in place,
    ``optimizer.step()`` updates, ``zero_grad()`` clears, a Python loop over micro-batches unrolls.
 2. (``_make_graph``) Pass 1: ``make_fx(step, tracing_mode=..., decomposition_table=...)`` records every aten op
-   below autograd (so the backward ops are explicit nodes). The default ``"real"`` mode runs the
+   below autograd (so the backward ops are explicit nodes); :class:`fxdp.trace_errors.SourceRecorder` gives
+   each node the user's line that produced it (``Node.source``: file:line, submodule, code; a backward op
+   its forward op's line), which every compile error quotes. The default ``"real"`` mode runs the
    step once on the real example tensors, so layouts and view decisions are exactly those of the
    real kernels; :class:`fxdp.trace_errors.DataDependenceGuard` turns data-dependent ops
    (``.item()``/``bool()`` on tensors, ``nonzero``, boolean masks...) into TraceErrors naming the
    user's file:line. ``"fake"`` traces on FakeTensors. Hugging Face models build their attention
    masks from a 2-D ``attention_mask`` on the path that is right for every batch
    (:mod:`fxdp.hf_masks`).
-3. Pass 2: the pass-1 graph is re-traced under ``torch.func.functionalize(remove="mutations")``,
+3. Pass 2: the pass-1 graph is re-traced (node by node, keeping each node's source) under
+   ``torch.func.functionalize(remove="mutations")``,
    which turns every in-place op (gradient accumulation, clipping's ``mul_``, the optimizer's
    ``_foreach_*_``, BatchNorm running-stat updates) into its functional variant. Views stay views.
 4. Graph passes (:mod:`fxdp.graph_passes`): identity ops, profiler ops and input clones are
@@ -90,6 +93,7 @@ from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
+import torch.fx.traceback as fx_traceback
 import torch.nn as nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -99,7 +103,7 @@ from .errors import TraceError
 from .flat_step import flat_step
 from .optimizers import SUPPORTED_OPTIMIZERS
 from .step_signature import Signature
-from .trace_errors import ModuleStack, as_trace_error, user_frame
+from .trace_errors import ModuleStack, SourceRecorder, as_trace_error, user_frame
 
 aten = torch.ops.aten
 
@@ -138,13 +142,23 @@ def _make_graph(step: Callable, args: List[torch.Tensor], mstack: ModuleStack, t
     table = dict(DEFAULT_DECOMPOSITIONS)
     if decompositions:
         table.update(decompositions)
+    recorder = SourceRecorder(mstack)
+
+    def recorded(*flat):
+        with recorder:
+            return step(*flat)
+
+    def replay(*flat):  # runs gm1 node by node, so pass 2's nodes inherit each node's source
+        return torch.fx.Interpreter(gm1).run(*flat)
+
     try:
-        with mstack, hf_masks.explicit_attention_masks(), _onednn_off():
-            gm1 = make_fx(step, tracing_mode=tracing_mode, decomposition_table=table,
+        with mstack, hf_masks.explicit_attention_masks(), _onednn_off(), fx_traceback.preserve_node_meta():
+            gm1 = make_fx(recorded, tracing_mode=tracing_mode, decomposition_table=table,
                           _allow_non_fake_inputs=True)(*args)
-        with _onednn_off():
+        with _onednn_off(), fx_traceback.preserve_node_meta():
             return make_fx(
-                torch.func.functionalize(gm1, remove="mutations"), tracing_mode=tracing_mode, _allow_non_fake_inputs=True
+                torch.func.functionalize(replay, remove="mutations"), tracing_mode=tracing_mode,
+                _allow_non_fake_inputs=True
             )(*args)
     except Exception as e:  # noqa: BLE001 - every failure becomes a TraceError naming what it can
         if _gradscaler_in(e.__traceback__):
