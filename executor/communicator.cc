@@ -4,12 +4,6 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
-#include <arpa/inet.h>
-#include <dirent.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -24,6 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "executor/communicator.h"
 #include "executor/gloo_communicator.h"
+#include "executor/socket_abort.h"
 #include "executor/torch_types.h"
 #include "util/status_macros.h"
 
@@ -57,50 +52,10 @@ namespace {
 
 using PeerAddresses = GlooCommunicator::PeerAddresses;
 
-std::string FormatAddress(const sockaddr_storage& ss) {
-  char ip[INET6_ADDRSTRLEN] = {0};
-  int port = 0;
-  if (ss.ss_family == AF_INET) {
-    const auto* in = reinterpret_cast<const sockaddr_in*>(&ss);
-    if (inet_ntop(AF_INET, &in->sin_addr, ip, sizeof(ip)) == nullptr) return "";
-    port = ntohs(in->sin_port);
-  } else if (ss.ss_family == AF_INET6) {
-    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&ss);
-    if (inet_ntop(AF_INET6, &in6->sin6_addr, ip, sizeof(ip)) == nullptr) return "";
-    port = ntohs(in6->sin6_port);
-  } else {
-    return "";
-  }
-  return absl::StrCat("[", ip, "]:", port);
-}
-
-// "[ip]:port" of every TCP/IP socket this process holds (listening or
-// connected), from /proc/self/fd. Gloo names a peer by the address of its
-// socket on the other end of the pair: the peer's listening socket or the
-// socket it connected from, both of which are in the peer's list.
-std::vector<std::string> OwnSocketAddresses() {
-  std::vector<std::string> out;
-  DIR* dir = opendir("/proc/self/fd");
-  if (dir == nullptr) return out;
-  while (const dirent* e = readdir(dir)) {
-    int fd = -1;
-    if (!absl::SimpleAtoi(e->d_name, &fd) || fd == dirfd(dir)) continue;
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
-    sockaddr_storage ss{};
-    socklen_t len = sizeof(ss);
-    if (getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) continue;
-    std::string a = FormatAddress(ss);
-    if (!a.empty()) out.push_back(std::move(a));
-  }
-  closedir(dir);
-  std::sort(out.begin(), out.end());
-  out.erase(std::unique(out.begin(), out.end()), out.end());
-  return out;
-}
-
-// Every rank publishes its socket addresses and reads the others'. Best
-// effort: a peer that does not publish within the store's timeout is left
+// Every rank publishes its socket addresses and reads the others'. Gloo
+// names a peer by the address of its socket on the other end of the pair:
+// the peer's listening socket or the socket it connected from, both of which
+// are in the peer's list. Best effort: a peer that does not publish within the store's timeout is left
 // out (the next collective reports it anyway).
 std::shared_ptr<const PeerAddresses> ExchangeAddresses(c10d::Store& store, int rank, int world) {
   auto peers = std::make_shared<PeerAddresses>();
@@ -320,6 +275,12 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
       ExchangeAddresses(*store, opts.rank, opts.world_size);
   return std::unique_ptr<GlooCommunicator>(new GlooCommunicator(
       store, std::move(backend), opts.rank, opts.world_size, std::move(peers)));
+}
+
+std::vector<std::string> GlooCommunicator::PeerSocketAddresses() const {
+  std::vector<std::string> out;
+  for (const auto& [address, rank] : *peers_) out.push_back(address);
+  return out;
 }
 
 std::string GlooCommunicator::name() const {

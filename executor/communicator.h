@@ -21,6 +21,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -83,6 +84,9 @@ class Communicator {
   }
   // A short description for logs ("local", "gloo rank 0/2").
   virtual std::string name() const = 0;
+  // The remote addresses ("[ip]:port") of its connections to the other
+  // ranks, for a ConnectionAborter (socket_abort.h). The default: none.
+  virtual std::vector<std::string> PeerSocketAddresses() const { return {}; }
 };
 
 // World size 1: AllReduceSum is a clone (the sum over one rank).

@@ -30,6 +30,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "executor/communicator.h"
@@ -68,6 +69,8 @@ class GlooCommunicator : public Communicator {
 
  public:
   std::string name() const override;
+  // Every peer's socket addresses (peer_addresses()).
+  std::vector<std::string> PeerSocketAddresses() const override;
 
   // "[ip]:port" of the peers' sockets -> their rank (addresses two ranks
   // share, as ranks in one process do, are left out).

@@ -52,6 +52,10 @@ struct JobServiceOptions {
   // state, or for a batch with no step outstanding) fails after this long
   // without a message from it, freeing its workers.
   double client_idle_s = 60;
+  // --max-collective-timeout-s: the most JobSpec.collective_timeout_s may
+  // be (it bounds each rendezvous and collective, so how long a hung peer
+  // holds a worker); more is INVALID_ARGUMENT at Submit.
+  double max_collective_timeout_s = 600;
   // --checkpoint-every K (with --state-dir): a job's state is fetched from
   // rank 0 every K steps into the state dir, so that after a restart a
   // data_paths job resumes from there (job_recovery.h) and a FAILED job can

@@ -172,6 +172,7 @@ absl::Status JobRunner::TakeSpec() {
   // compiled or held (a data_paths job's state; a resume's checkpoint).
   job_->declared_state = ir::DeclaredTensors::Of(submitted.graph(), ir::DeclaredTensors::Kind::kState);
   job_->declared_batch = ir::DeclaredTensors::Of(submitted.graph(), ir::DeclaredTensors::Kind::kBatch);
+  if (absl::Status s = CheckCollectiveTimeout(submitted, ctx_.options.max_collective_timeout_s); !s.ok()) return s;
   if (absl::Status s = CheckDeclaredSizes(submitted, from_files || resume); !s.ok()) return s;
   std::optional<ResumeStart> start;
   if (resume) {
@@ -279,84 +280,6 @@ absl::Status JobRunner::CheckMemory() {
   std::vector<std::string> workers;
   for (int r = 0; r < ranks_->world(); ++r) workers.push_back(ranks_->worker(r));
   return CheckRanksFit(id_, job_->expanded, workers, ctx_.pool->List());
-}
-
-absl::Status JobRunner::Finish(v1::JobState state, const absl::Status& status, int except) {
-  ranks_->CancelAssigned(std::string(status.message()), except);
-  job_->SetState(state, status);
-  client_->Write(job_->Event(state));
-  return status;
-}
-
-absl::Status JobRunner::Cancelled() {
-  std::string reason;
-  {
-    std::lock_guard<std::mutex> l(job_->mu);
-    reason = job_->cancel_reason;
-  }
-  return Finish(v1::JOB_STATE_CANCELLED,
-                absl::CancelledError(absl::StrCat("job ", id_, " cancelled: ", reason.empty() ? "CancelJob" : reason)),
-                -1);
-}
-
-double JobRunner::ClientIdleLeft(Clock::time_point from) const {
-  return std::min(3600.0, ctx_.options.client_idle_s - std::chrono::duration<double>(Clock::now() - from).count());
-}
-
-absl::Status JobRunner::ClientIdle(absl::string_view waiting_for) {
-  return Finish(v1::JOB_STATE_FAILED,
-                absl::DeadlineExceededError(absl::StrCat(
-                    "job ", id_, ": the client sent nothing for ", ctx_.options.client_idle_s,
-                    " s while the job waited for ", waiting_for, " (fxdp-server --client-idle-s); its workers are freed")),
-                -1);
-}
-
-absl::Status JobRunner::BadInput(absl::string_view error) {
-  return Finish(v1::JOB_STATE_FAILED, absl::InvalidArgumentError(absl::StrCat("job ", id_, ": ", error)), -1);
-}
-
-std::string JobRunner::LostError(int rank) const {
-  return absl::StrCat("job ", id_, ": rank ", rank, " (worker ", ranks_->worker(rank),
-                      ") was lost: its stream ended or it missed its heartbeats");
-}
-
-absl::Status JobRunner::Lost(int rank) {
-  return Finish(v1::JOB_STATE_FAILED, absl::UnavailableError(LostError(rank)), rank);
-}
-
-// A peer's loss usually shows up as a JobFailed of a survivor first or right
-// after: prefer naming the lost rank when it comes soon.
-absl::Status JobRunner::Failed(const Job::Msg& msg) {
-  if (msg.lost) return Lost(msg.rank);
-  const v1::JobFailed& f = msg.m.job_failed();
-  // A worker's text is kept in the job's record, listed and logged: bounded.
-  constexpr size_t kMaxError = 4096;
-  const std::string error = f.error().size() <= kMaxError
-                                ? f.error()
-                                : absl::StrCat(f.error().substr(0, kMaxError), "... (", f.error().size(),
-                                               " bytes, cut)");
-  if (f.code() == static_cast<int>(absl::StatusCode::kUnavailable) ||
-      f.code() == static_cast<int>(absl::StatusCode::kDeadlineExceeded)) {
-    const auto until = Clock::now() + std::chrono::milliseconds(1500);
-    Job::Msg other;
-    while (Clock::now() < until) {
-      const double left = std::chrono::duration<double>(until - Clock::now()).count();
-      if (Next(false, false, left, &other) != Got::kWorker) break;
-      if (other.lost) {
-        return Finish(v1::JOB_STATE_FAILED,
-                      absl::UnavailableError(absl::StrCat(LostError(other.rank), " (rank ", msg.rank, ": ", error, ")")),
-                      other.rank);
-      }
-    }
-  }
-  int code = f.code();
-  if (code <= 0 || code > 16) code = static_cast<int>(absl::StatusCode::kUnknown);
-  return Finish(v1::JOB_STATE_FAILED,
-                absl::Status(static_cast<absl::StatusCode>(code),
-                             absl::StrCat("job ", id_, ": rank ", msg.rank, " (worker ", ranks_->worker(msg.rank),
-                                          ") failed", f.step() > 0 ? absl::StrCat(" at step ", f.step()) : "", ": ",
-                                          error)),
-                msg.rank);
 }
 
 // A rank's message outside of the steps: a failure ends the job, JobStarted

@@ -18,7 +18,9 @@
 //      (BatchSharder; a data_paths job gets a tensor-free Batch per step),
 //      one RUNNING event per step from the ranks' StepResults, in order;
 //   5. the end: FetchState{end_job} from rank 0 into the JobTable (the
-//      other ranks end by CancelJob), SUCCEEDED.
+//      other ranks end by CancelJob), SUCCEEDED once the final state and
+//      the job's record are durable (with --state-dir: written and synced;
+//      else FAILED naming the file, the state kept in memory for FetchState).
 // FULLY_SHARD (the expansion lists sharded_state): in 3 each rank gets only
 // its flat shard of every sharded tensor (server/state_shards.h), in 5 every
 // rank sends its state and the whole tensors are reassembled.
@@ -28,7 +30,8 @@
 // fails it (DEADLINE_EXCEEDED); bad client input fails it INVALID_ARGUMENT
 // naming what is wrong. Every outcome is an absl::Status (the gRPC layer maps
 // it once). No gRPC here: the client is a JobClient, the workers a WorkerPool.
-// job_runner.cc has the phases, job_runner_state.cc the state transfers.
+// job_runner.cc has the phases, job_runner_state.cc the state transfers in,
+// job_runner_end.cc the ends (the final state, failures, cancels).
 #ifndef FXDP_SERVER_JOB_RUNNER_H_
 #define FXDP_SERVER_JOB_RUNNER_H_
 
@@ -134,6 +137,9 @@ class JobRunner {
   void SaveCheckpoint(int64_t step, StateStore::State state);
   void WriteCheckpoint(int64_t step, const StateStore::State& state);
   absl::Status End();
+  // The final state in: SUCCEEDED once it and the job's record are durable
+  // (JobTable::Succeed), else FAILED naming what could not be saved.
+  absl::Status Succeeded(std::shared_ptr<StateStore::State> state);
   // FULLY_SHARD (the expansion's sharded_state): a piece of the initial state
   // split into the ranks' shards (`held`: each rank's latest piece, sent
   // with the next one, or with `last` once the state is `complete`), and the

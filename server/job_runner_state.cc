@@ -1,8 +1,7 @@
 // JobRunner's state transfers (job_runner.h): the initial state in (taken
 // before the job is queued under --state-dir, or forwarded from the client as
-// it arrives; FULLY_SHARD split into each rank's shards), and the state out
-// (checkpoints and the final state from rank 0; FULLY_SHARD gathered from
-// every rank).
+// it arrives; FULLY_SHARD split into each rank's shards), and rank 0's state
+// out (checkpoints; the final state is job_runner_end.cc's).
 #include <optional>
 #include <utility>
 #include <vector>
@@ -245,73 +244,6 @@ bool JobRunner::AddStateChunk(Job::Msg& msg, StateStore::State* state) {
   v1::StateChunk& c = *msg.m.mutable_state_chunk();
   if (c.has_tensor()) state->push_back(std::move(*c.mutable_tensor()));
   return c.last();
-}
-
-absl::Status JobRunner::End() {
-  client_->SetReadBudget(0);
-  if (job_->expanded.sharded_state_size() > 0) {
-    v1::ServerMessage m;
-    m.mutable_fetch_state()->set_job_id(id_);
-    m.mutable_fetch_state()->set_chunk_bytes(static_cast<uint32_t>(ctx_.options.chunk_bytes));
-    m.mutable_fetch_state()->set_end_job(true);
-    return EndSharded(m);
-  }
-  if (absl::Status s = RequestState(/*end_job=*/true); !s.ok()) return s;
-  ranks_->CancelOthers("the job finished (state fetched from rank 0)");
-  auto state = std::make_shared<StateStore::State>();
-  ChunkStream check("the final state of rank 0", /*keep_data=*/false, &job_->declared_state);
-  Job::Msg msg;
-  while (true) {
-    const Got got = Next(false, true, 3600, &msg);
-    if (got == Got::kCancel) return Cancelled();
-    if (got != Got::kWorker || msg.rank != 0) continue;  // the others end by CancelJob
-    if (msg.lost || msg.m.has_job_failed()) return Failed(msg);
-    if (!msg.m.has_state_chunk()) continue;
-    if (absl::Status s = CheckRankState(&check, msg.m.state_chunk()); !s.ok()) {
-      return Finish(v1::JOB_STATE_FAILED, s, -1);
-    }
-    if (AddStateChunk(msg, state.get())) break;
-  }
-  ctx_.table->KeepState(job_, std::move(state));
-  job_->SetState(v1::JOB_STATE_SUCCEEDED);
-  client_->Write(job_->Event(v1::JOB_STATE_SUCCEEDED));
-  return absl::OkStatus();
-}
-
-// FULLY_SHARD: every rank sends its state (its shards and the replicated
-// rest) and ends; the shards are put back together into whole tensors.
-absl::Status JobRunner::EndSharded(const v1::ServerMessage& fetch) {
-  if (absl::Status s = SendAll(fetch); !s.ok()) return s;
-  StateGatherer gather(world_, job_->expanded.sharded_state(), ctx_.options.chunk_bytes);
-  std::vector<bool> done(world_, false);
-  int left = world_;
-  Job::Msg msg;
-  while (left > 0) {
-    const Got got = Next(false, true, 3600, &msg);
-    if (got == Got::kCancel) return Cancelled();
-    if (got != Got::kWorker) continue;
-    if (msg.lost || msg.m.has_job_failed()) return Failed(msg);
-    if (!msg.m.has_state_chunk() || done[msg.rank]) continue;
-    const v1::StateChunk& c = msg.m.state_chunk();
-    if (c.has_tensor()) {
-      if (absl::Status s = gather.Add(msg.rank, c.tensor()); !s.ok()) {
-        return Finish(v1::JOB_STATE_FAILED, absl::Status(s.code(), absl::StrCat("job ", id_, ": ", s.message())), -1);
-      }
-    }
-    if (c.last()) {
-      done[msg.rank] = true;
-      --left;
-    }
-  }
-  absl::StatusOr<StateStore::State> whole = gather.Finish();
-  if (!whole.ok()) {
-    return Finish(v1::JOB_STATE_FAILED,
-                  absl::Status(whole.status().code(), absl::StrCat("job ", id_, ": ", whole.status().message())), -1);
-  }
-  ctx_.table->KeepState(job_, std::make_shared<StateStore::State>(*std::move(whole)));
-  job_->SetState(v1::JOB_STATE_SUCCEEDED);
-  client_->Write(job_->Event(v1::JOB_STATE_SUCCEEDED));
-  return absl::OkStatus();
 }
 
 }  // namespace fxdp::server

@@ -90,7 +90,10 @@ absl::StatusOr<v1::JobEvent> JobScheduler::Enqueue(const std::shared_ptr<Job>& j
   if (absl::Status s = CheckIdentityQuotaLocked(job->owner); !s.ok()) return s;
   const std::string id = table_->NextId();
   if (absl::Status s = queue_.Push(id, world); !s.ok()) return s;
-  table_->Add(job, id);
+  if (absl::Status s = table_->Add(job, id); !s.ok()) {
+    queue_.Remove(id);
+    return s;
+  }
   queued_[id] = job;
   DispatchLocked();
   // The first event is QUEUED: its place in the queue, or position 0 when

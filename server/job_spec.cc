@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "expansion/style_proto.h"
 #include "util/data_roots.h"
 
@@ -97,6 +98,16 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
         absl::StrCat("JobSpec.collective_timeout_s must be in [0, one year] (0: 60 s), got ", t));
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckCollectiveTimeout(const v1::JobSpec& spec, double max_s) {
+  const double t = spec.collective_timeout_s() > 0 ? spec.collective_timeout_s() : 60;
+  if (t <= max_s) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "JobSpec.collective_timeout_s %.15g s%s is over this server's limit of %.15g s "
+      "(fxdp-server --max-collective-timeout-s): it bounds each rendezvous and collective, so how "
+      "long a hung or failed peer can hold the job's workers",
+      t, spec.collective_timeout_s() > 0 ? "" : " (0: the default)", max_s));
 }
 
 absl::StatusOr<ir::Schedule> JobScheduleOf(const v1::JobSpec& spec, const ir::PlaceholderNames& placeholders) {

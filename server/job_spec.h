@@ -50,6 +50,10 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec);
 // swapped in later or a worker with another view of the filesystem.
 absl::Status CheckDataPathsExcluded(const v1::JobSpec& spec, const std::vector<std::string>& excluded);
 
+// JobSpec.collective_timeout_s (0: 60 s) against the server's cap `max_s`
+// (fxdp-server --max-collective-timeout-s): INVALID_ARGUMENT naming both.
+absl::Status CheckCollectiveTimeout(const v1::JobSpec& spec, double max_s);
+
 // JobSpec.schedule: names of the graph's HYPERPARAMETER placeholders, each
 // at most once, with one value per step.
 absl::StatusOr<ir::Schedule> JobScheduleOf(const v1::JobSpec& spec, const ir::PlaceholderNames& placeholders);

@@ -84,8 +84,12 @@ absl::Status JobStore::Exec(const std::string& sql, const std::vector<Param>& pa
   }
   const int rc = sqlite3_step(st);
   sqlite3_finalize(st);
-  if (rc != SQLITE_DONE) return absl::InternalError(absl::StrCat("job database: ", sqlite3_errmsg(db_)));
-  return absl::OkStatus();
+  if (rc == SQLITE_DONE) return absl::OkStatus();
+  // A full disk (SQLITE_FULL) is the filesystem's state, not a bug.
+  const absl::StatusCode code = (sqlite3_extended_errcode(db_) & 0xff) == SQLITE_FULL
+                                    ? absl::StatusCode::kResourceExhausted
+                                    : absl::StatusCode::kInternal;
+  return absl::Status(code, absl::StrCat(dir_, "/jobs.db: ", sqlite3_errmsg(db_)));
 }
 
 absl::StatusOr<std::vector<JobStore::Record>> JobStore::Load() {
@@ -127,21 +131,38 @@ absl::Status JobStore::Insert(int64_t seq, const v1::JobInfo& info, const v1::Jo
 
 absl::Status JobStore::Update(const v1::JobInfo& info, bool ended) {
   std::lock_guard<std::mutex> l(mu_);
-  if (ended && info.state() == v1::JOB_STATE_FAILED) {
+  // A job's end is written through to the disk (the WAL synced at the
+  // commit), so that a SUCCEEDED the client was told survives a power loss;
+  // other updates are synced at the WAL's checkpoints (synchronous=NORMAL).
+  if (ended) {
+    if (absl::Status s = Exec("PRAGMA synchronous=FULL", {}); !s.ok()) return s;
+  }
+  absl::Status s = UpdateLocked(info, ended);
+  if (ended) Exec("PRAGMA synchronous=NORMAL", {}).IgnoreError();
+  return s;
+}
+
+absl::Status JobStore::UpdateLocked(const v1::JobInfo& info, bool ended) {
+  const std::string info_bytes = info.SerializeAsString();
+  if (!ended) return Exec("UPDATE jobs SET info = ? WHERE id = ?", {{info_bytes, true}, {info.job_id()}});
+  // Files go once the record no longer names them (a record that cannot be
+  // written leaves them as they were).
+  if (info.state() == v1::JOB_STATE_FAILED) {
     // A failed job's checkpoint (and the spec a resume is checked against)
     // stay; without a checkpoint the spec goes.
-    std::remove(InitialStatePath(info.job_id()).c_str());
-    return Exec("UPDATE jobs SET info = ?, initial_state = 0, "
-                "spec = CASE WHEN checkpoint_step > 0 THEN spec ELSE NULL END WHERE id = ?",
-                {{info.SerializeAsString(), true}, {info.job_id()}});
+    absl::Status s = Exec("UPDATE jobs SET info = ?, initial_state = 0, "
+                          "spec = CASE WHEN checkpoint_step > 0 THEN spec ELSE NULL END WHERE id = ?",
+                          {{info_bytes, true}, {info.job_id()}});
+    if (s.ok()) std::remove(InitialStatePath(info.job_id()).c_str());
+    return s;
   }
-  if (ended) {
+  absl::Status s = Exec("UPDATE jobs SET info = ?, spec = NULL, initial_state = 0, checkpoint_step = 0 WHERE id = ?",
+                        {{info_bytes, true}, {info.job_id()}});
+  if (s.ok()) {
     std::remove(InitialStatePath(info.job_id()).c_str());
     std::remove(CheckpointPath(info.job_id()).c_str());
-    return Exec("UPDATE jobs SET info = ?, spec = NULL, initial_state = 0, checkpoint_step = 0 WHERE id = ?",
-                {{info.SerializeAsString(), true}, {info.job_id()}});
   }
-  return Exec("UPDATE jobs SET info = ? WHERE id = ?", {{info.SerializeAsString(), true}, {info.job_id()}});
+  return s;
 }
 
 absl::Status JobStore::Erase(const std::string& job_id) {
@@ -252,8 +273,9 @@ absl::Status JobStore::WriteTensors(const std::string& path, const Tensors& tens
   for (const ir::RawTensor& r : raw) views.push_back({r.name, r.dtype, r.shape, r.data});
   absl::StatusOr<std::string> bytes = ir::SerializeSafetensors(std::move(views), metadata);
   if (!bytes.ok()) return bytes.status();
-  // Written aside, then renamed: a file is whole or absent.
-  return util::WriteFileAtomically(path, *bytes);
+  // Written aside, synced, then renamed: a file is whole or absent, and
+  // durable once this returns.
+  return util::WriteFileAtomically(path, *bytes, /*durable=*/true);
 }
 
 absl::StatusOr<JobStore::Tensors> JobStore::ReadTensors(const std::string& path,

@@ -39,6 +39,10 @@ class JobStore {
     int64_t checkpoint_step = 0;  // 0: no checkpoint
   };
 
+  // Errors of writes name the file and the system's reason: a full disk is
+  // RESOURCE_EXHAUSTED ("DIR/jobs.db: database or disk is full",
+  // "DIR/states/J.safetensors: No space left on device (needed N bytes)").
+  // Files are written whole and synced (util::WriteFileAtomically).
   // Opens (creating) DIR/jobs.db and DIR/states/; errors name the path.
   static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& dir);
   ~JobStore();
@@ -49,7 +53,8 @@ class JobStore {
   // A new job (its spec as submitted).
   absl::Status Insert(int64_t seq, const v1::JobInfo& info, const v1::JobSpec& spec);
   // The job's info now; `ended` also drops its initial state, and its spec
-  // and checkpoint unless it FAILED with a checkpoint (kept to resume it).
+  // and checkpoint unless it FAILED with a checkpoint (kept to resume it),
+  // and is synced to the disk before it returns (PRAGMA synchronous=FULL).
   absl::Status Update(const v1::JobInfo& info, bool ended);
   // Forgets the job: its record and files.
   absl::Status Erase(const std::string& job_id);
@@ -98,6 +103,7 @@ class JobStore {
   };
   // Runs `sql` with `params` bound in order (mu_ held).
   absl::Status Exec(const std::string& sql, const std::vector<Param>& params);
+  absl::Status UpdateLocked(const v1::JobInfo& info, bool ended);
   absl::Status WriteTensors(const std::string& path, const Tensors& tensors,
                             const std::map<std::string, std::string>& metadata = {}) const;
   absl::StatusOr<Tensors> ReadTensors(const std::string& path,

@@ -13,7 +13,7 @@ std::string JobTable::NextId() const {
   return absl::StrCat("job-", next_id_, "-", absl::Hex(UnixMs() & 0xffffff));
 }
 
-void JobTable::Add(const std::shared_ptr<Job>& job, const std::string& id) {
+absl::Status JobTable::Add(const std::shared_ptr<Job>& job, const std::string& id) {
   const v1::JobSpec& spec = job->spec;
   {
     std::lock_guard<std::mutex> jl(job->mu);
@@ -37,12 +37,19 @@ void JobTable::Add(const std::shared_ptr<Job>& job, const std::string& id) {
       std::lock_guard<std::mutex> jl(job->mu);
       info = job->info;
     }
-    Record(store_->Insert(next_id_, info, job->submitted), id, "record");
+    ++next_id_;  // not reused either way
+    if (absl::Status s = store_->Insert(next_id_ - 1, info, job->submitted); !s.ok()) {
+      Record(s, id, "record");
+      return absl::Status(s.code(), absl::StrCat("the job cannot be recorded (fxdp-server --state-dir ", store_->dir(),
+                                                 "), so it would be lost after a restart: ", s.message()));
+    }
     job->submitted.Clear();
+  } else {
+    ++next_id_;
   }
-  ++next_id_;
   jobs_[id] = job;
   order_.push_back(id);
+  return absl::OkStatus();
 }
 
 void JobTable::Record(const absl::Status& s, const std::string& id, const char* what) const {
@@ -67,6 +74,9 @@ void JobTable::Restore(const std::vector<std::shared_ptr<Job>>& jobs, int64_t la
     order_.push_back(id);
     if (Terminal(j->state())) finished_.push_back(id);
     std::lock_guard<std::mutex> jl(j->mu);
+    // Only a SUCCEEDED job's state is a file; another's was kept in memory
+    // (KeepState) and is gone.
+    if (j->info.state() != v1::JOB_STATE_SUCCEEDED) j->info.set_has_state(false);
     if (j->info.has_state() && store_ != nullptr) states_.PutBytes(id, store_->FinalStateBytes(id));
   }
   next_id_ = std::max(next_id_, last_seq + 1);
@@ -114,22 +124,22 @@ void JobTable::Finished(const std::shared_ptr<Job>& job) {
   }
 }
 
-void JobTable::KeepState(const std::shared_ptr<Job>& job, std::shared_ptr<const StateStore::State> state) {
+absl::Status JobTable::KeepState(const std::shared_ptr<Job>& job, std::shared_ptr<const StateStore::State> state) {
   const std::string id = job->id();
   const uint64_t bytes = StateStore::Bytes(*state);
   // With a store the file is the state (written outside the lock): only its
-  // bytes are counted here.
-  bool written = false;
+  // bytes are counted here. A file that cannot be written: the state in
+  // memory, as without a store.
+  absl::Status written;
   if (store_ != nullptr && bytes <= states_.max_bytes()) {
-    const absl::Status s = store_->WriteFinalState(id, *state);
-    Record(s, id, "write the final state of");
-    written = s.ok();
+    written = store_->WriteFinalState(id, *state);
+    Record(written, id, "write the final state of");
   }
   std::lock_guard<std::mutex> l(mu_);
   std::vector<std::string> evicted;
-  if (store_ == nullptr) {
+  if (store_ == nullptr || !written.ok()) {
     evicted = states_.Put(id, std::move(state));
-  } else if (written) {
+  } else {
     evicted = states_.PutBytes(id, bytes);
   }
   for (const std::string& gone : evicted) {
@@ -146,12 +156,37 @@ void JobTable::KeepState(const std::shared_ptr<Job>& job, std::shared_ptr<const 
     }
     if (store_ != nullptr) Record(store_->Update(info, Terminal(info.state())), gone, "update");
   }
-  if (states_.Has(id)) {
+  const bool kept = states_.Has(id);
+  if (kept) {
     std::lock_guard<std::mutex> jl(job->mu);
     job->info.set_has_state(true);
   } else {
     Log(absl::StrCat(id, ": final state not kept: larger than --max-state-mb"));
   }
+  if (written.ok()) return written;
+  return absl::Status(written.code(),
+                      absl::StrCat("state not saved: ", written.message(),
+                                   kept ? "; the final state is kept in memory for FetchState until the server restarts"
+                                        : ""));
+}
+
+absl::Status JobTable::Succeed(const std::shared_ptr<Job>& job, std::shared_ptr<const StateStore::State> state) {
+  if (absl::Status s = KeepState(job, std::move(state)); !s.ok()) return s;
+  if (store_ == nullptr) return absl::OkStatus();
+  v1::JobInfo info;
+  {
+    std::lock_guard<std::mutex> jl(job->mu);
+    info = job->info;
+  }
+  info.set_state(v1::JOB_STATE_SUCCEEDED);
+  info.set_ended_unix_ms(UnixMs());
+  info.clear_checkpoint_step();
+  absl::Status s = store_->Update(info, /*ended=*/true);
+  if (s.ok()) return s;
+  Record(s, info.job_id(), "record the end of");
+  return absl::Status(s.code(), absl::StrCat("state not saved: ", s.message(), info.has_state()
+                                                 ? "; the final state is kept for FetchState until the server restarts"
+                                                 : ""));
 }
 
 absl::StatusOr<std::shared_ptr<const StateStore::State>> JobTable::FinalState(const std::string& id) const {
@@ -184,7 +219,9 @@ absl::StatusOr<std::shared_ptr<const StateStore::State>> JobTable::Kept(const st
     auto it = jobs_.find(id);
     if (it == jobs_.end()) return NotFound(id);
     const v1::JobState state = it->second->state();
-    if (state != v1::JOB_STATE_SUCCEEDED) {
+    // With a store, a job that failed because its state could not be saved
+    // keeps it (Succeed).
+    if (state != v1::JOB_STATE_SUCCEEDED && !(store_ != nullptr && states_.Has(id))) {
       return absl::FailedPreconditionError(absl::StrCat("job ", id, " is ", v1::JobState_Name(state),
                                                         ": only a SUCCEEDED job has a final state"));
     }

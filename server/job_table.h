@@ -39,8 +39,10 @@ class JobTable {
   // Records a job that was just queued under `id` (NextId()'s): its JobInfo
   // (id, name, QUEUED, world size, steps, data paths, times, hyper-parameter
   // names) from its spec; in the store with its submitted spec (which the
-  // job then no longer holds).
-  void Add(const std::shared_ptr<Job>& job, const std::string& id);
+  // job then no longer holds). A store that cannot record it (a full disk)
+  // is the error, naming the path, and the job is not added: it would be
+  // gone after a restart.
+  absl::Status Add(const std::shared_ptr<Job>& job, const std::string& id);
   // The job's info changed (RUNNING, a step): recorded in the store.
   void Update(const std::shared_ptr<Job>& job);
   // After a restart: the store's records (see job_recovery.h) back in the
@@ -54,11 +56,21 @@ class JobTable {
   // The job ended: it joins the finished history (forgetting the oldest
   // beyond max_finished_jobs).
   void Finished(const std::shared_ptr<Job>& job);
-  // Keeps a succeeded job's final state (evicting older ones; has_state and
-  // state_evicted of the jobs concerned updated).
-  void KeepState(const std::shared_ptr<Job>& job, std::shared_ptr<const StateStore::State> state);
-  // A succeeded job's final state; FAILED_PRECONDITION when the job did not
-  // succeed or its state was evicted, NOT_FOUND for an unknown job.
+  // Keeps a job's final state (evicting older ones; has_state and
+  // state_evicted of the jobs concerned updated). With a store the state is
+  // its file, written and synced first; a file that cannot be written is the
+  // error ("state not saved: PATH: No space left on device (needed N
+  // bytes); ..."), and the state is kept in memory instead (until a restart).
+  absl::Status KeepState(const std::shared_ptr<Job>& job, std::shared_ptr<const StateStore::State> state);
+  // A job that ran all its steps: its final state kept (KeepState) and, with
+  // a store, its record SUCCEEDED and synced, in that order; only then (OK)
+  // may it be SUCCEEDED anywhere. Otherwise the error names the file that
+  // could not be written and the job must fail with it; its state stays
+  // fetchable (FinalState) while the server runs.
+  absl::Status Succeed(const std::shared_ptr<Job>& job, std::shared_ptr<const StateStore::State> state);
+  // A job's kept final state: a SUCCEEDED job's, or one that could not be
+  // saved (Succeed). FAILED_PRECONDITION when the job did not succeed or its
+  // state was evicted, NOT_FOUND for an unknown job.
   absl::StatusOr<std::shared_ptr<const StateStore::State>> FinalState(const std::string& id) const;
   // The same, to be read chunk by chunk (FetchState): the kept state shared,
   // or its file in the store opened (only its header read).

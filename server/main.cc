@@ -57,6 +57,7 @@ constexpr char kUsage[] =
     "                   [--max-graph-nodes N] [--max-graph-mb N] [--max-worker-streams N]\n"
     "                   [--max-submit-streams N] [--register-deadline-s S]\n"
     "                   [--max-initial-state-mb N] [--max-batch-mb N]\n"
+    "                   [--max-collective-timeout-s S]\n"
     "                   [--max-auth-failures N] [--auth-block-s S] [--max-data-mb N]\n"
     "                   [--max-world-size N] [--max-expanded-nodes N] [--max-expanded-mb N]\n"
     "                   [--max-fetch-streams N] [--max-fetch-streams-per-identity N]\n"
@@ -107,6 +108,10 @@ constexpr char kUsage[] =
     "                        DEADLINE_EXCEEDED after S seconds without a message, freeing\n"
     "                        its workers; also the limit for a Submit's first message\n"
     "                        and for a FetchState client to take each chunk (default 60)\n"
+    "  --max-collective-timeout-s S  the most a job's JobSpec.collective_timeout_s may\n"
+    "                        ask for (it bounds each rendezvous and collective, so how long\n"
+    "                        a hung peer can hold a worker); more is INVALID_ARGUMENT at\n"
+    "                        Submit (default 600)\n"
     "  --state-dir DIR       keep the jobs in DIR (created): their records in SQLite\n"
     "                        (DIR/jobs.db), final states as safetensors files\n"
     "                        (DIR/states/). After a restart on the same DIR finished jobs\n"
@@ -248,6 +253,7 @@ int main(int argc, char** argv) {
   IntFlag(f, "--max-finished-jobs", &max_finished, 1, INT64_MAX);
   SecondsFlag(f, "--queue-grace-s", &job_options.queue_grace_s);
   SecondsFlag(f, "--client-idle-s", &job_options.client_idle_s);
+  SecondsFlag(f, "--max-collective-timeout-s", &job_options.max_collective_timeout_s);
   fxdp::security::ServerSecurityOptions security_options;
   bool insecure = false;
   f.String("--tls-cert", &security_options.tls_cert);

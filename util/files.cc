@@ -9,29 +9,68 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 
 namespace fxdp::util {
-absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes) {
+namespace {
+
+// `path`'s failure: the system's reason and what was being done; a full
+// disk (or quota, or file size limit) is RESOURCE_EXHAUSTED, a denied one
+// PERMISSION_DENIED, anything else DATA_LOSS.
+absl::Status WriteError(const std::string& path, int err, const std::string& doing) {
+  const absl::StatusCode code = err == ENOSPC || err == EDQUOT || err == EFBIG ? absl::StatusCode::kResourceExhausted
+                                : err == EACCES || err == EPERM || err == EROFS ? absl::StatusCode::kPermissionDenied
+                                                                                : absl::StatusCode::kDataLoss;
+  return absl::Status(code, absl::StrCat(path, ": ", std::strerror(err), " (", doing, ")"));
+}
+
+}  // namespace
+
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes, bool durable) {
   const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) return absl::PermissionDeniedError(absl::StrCat("cannot write ", tmp));
-    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    f.close();
-    if (!f) {
-      std::remove(tmp.c_str());
-      return absl::DataLossError(absl::StrCat("error writing ", tmp));
+  const std::string needed = absl::StrCat("needed ", bytes.size(), " bytes");
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  if (fd < 0) return WriteError(path, errno, absl::StrCat("creating ", tmp));
+  auto failed = [&](const std::string& doing) {
+    const int err = errno;
+    close(fd);
+    std::remove(tmp.c_str());
+    return WriteError(path, err, doing);
+  };
+  for (size_t done = 0; done < bytes.size();) {
+    const ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      if (n == 0) errno = EIO;
+      return failed(needed);
     }
+    done += static_cast<size_t>(n);
+  }
+  // Some filesystems report a full disk only here (NFS, quotas).
+  if (durable && fsync(fd) != 0) return failed(needed);
+  if (close(fd) != 0) {
+    const int err = errno;
+    std::remove(tmp.c_str());
+    return WriteError(path, err, needed);
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
     std::remove(tmp.c_str());
-    return absl::PermissionDeniedError(absl::StrCat("cannot rename ", tmp, " to ", path));
+    return WriteError(path, err, absl::StrCat("renaming ", tmp, " over it"));
   }
+  if (!durable) return absl::OkStatus();
+  // The rename itself is durable once the directory is.
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  const int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) return WriteError(path, errno, absl::StrCat("opening its directory ", dir, " to sync it"));
+  const int rc = fsync(dfd);
+  const int err = errno;
+  close(dfd);
+  if (rc != 0) return WriteError(path, err, absl::StrCat("syncing its directory ", dir));
   return absl::OkStatus();
 }
 

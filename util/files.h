@@ -61,9 +61,14 @@ class RegularFile {
 };
 
 // Writes `bytes` to `path` through a temporary file in the same directory,
-// renamed over `path` once complete (readers never see half a file).
-// PERMISSION_DENIED / DATA_LOSS naming the path.
-absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes);
+// renamed over `path` once complete (readers never see half a file); every
+// write, close and rename is checked. `durable`: the file is fsync()ed before
+// the rename and its directory after it, so that once this returns OK the
+// file survives a crash or power loss. Errors name `path`, the system's
+// reason and what was being done ("/d/x: No space left on device (needed
+// 1048576 bytes)"): RESOURCE_EXHAUSTED for a full disk, quota or file size
+// limit, PERMISSION_DENIED, else DATA_LOSS. Nothing is left behind.
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes, bool durable = false);
 
 // "1,234,567" (a byte count in an error message).
 std::string WithCommas(uint64_t n);

@@ -48,25 +48,33 @@ void AttachedWorker::SendJobFailed(Job& job, const absl::Status& s, int64_t step
 
 void AttachedWorker::RunJob(std::shared_ptr<Job> job) {
   std::unique_ptr<Communicator> comm;
-  bool leak = false;
   ResetPeakCpuTensorBytes();
-  absl::Status s = JobBody(*job, comm, &leak);
+  absl::Status s = JobBody(*job, comm);
   if (CpuMemoryLimit() > 0) {
     util::Log(job->Prefix(), "tensors held at most ", PeakCpuTensorBytes(), " bytes at once (--memory-limit ",
               CpuMemoryLimit(), ")");
   }
-  if (comm != nullptr && leak && comm->world_size() > 1) {
-    // A step failed, perhaps with collectives still queued: ProcessGroupGloo's
-    // destructor drains its queue, which behind a lost or hung peer blocks for
-    // another timeout. Leave it (its threads go idle; rank 0's store keeps
-    // its port).
-    comm.release();
-    std::lock_guard<std::mutex> l(mu_);
-    leaked_ = true;
+  if (!s.ok() && job->cancel) {
+    // Cancelled while it rendezvoused or ran a step: the abort of its
+    // connections ended that with an error.
+    EndJob(*job, true, absl::StrCat(job->in_step ? absl::StrCat("during step ", job->log_step.load())
+                                                 : std::string("before the first step"),
+                                    " (", s.message(), ")"))
+        .IgnoreError();  // OK
+  } else if (!s.ok()) {
+    // The failure is sent first, so that the server hears of it from this
+    // rank before its peers report the connections shut down below.
+    SendJobFailed(*job, s, job->in_step ? job->log_step.load() : 0);
   }
+  // Collectives still queued or blocked on a peer fail at once instead of
+  // at the timeout, and the process group's destructor does not wait for
+  // them. The communicator goes with the job, however it ended: its
+  // threads, its sockets and (rank 0) the store's port.
+  if (!s.ok() || job->cancel) job->connections.Abort();
   comm.reset();
-  if (!s.ok()) SendJobFailed(*job, s, job->in_step ? job->log_step.load() : 0);
-  // else JobBody sent JobEnded.
+  // A job that ended (cancelled or not) says so only now: a worker the
+  // server sees IDLE holds nothing of it.
+  if (job->ending) FinishJob(*job, *std::move(job->ending));
   {
     std::lock_guard<std::mutex> l(mu_);
     if (job_ == job) job_.reset();  // e.g. the final message was sent at shutdown
@@ -163,7 +171,7 @@ absl::Status AttachedWorker::EndJob(Job& job, bool cancelled, const std::string&
   e->set_rank(job.rank);
   e->set_cancelled(cancelled);
   e->set_steps_done(job.steps_done.load());
-  FinishJob(job, std::move(m));
+  job.ending = std::move(m);
   return absl::OkStatus();
 }
 
@@ -180,7 +188,7 @@ JobEvent Job::Next() {
   return e;
 }
 
-absl::Status AttachedWorker::JobBody(Job& job, std::unique_ptr<Communicator>& comm, bool* leak) {
+absl::Status AttachedWorker::JobBody(Job& job, std::unique_ptr<Communicator>& comm) {
   const v1::AssignJob& a = job.assign;
   // Device and graph.
   FXDP_ASSIGN_OR_RETURN(c10::Device device,
@@ -203,7 +211,9 @@ absl::Status AttachedWorker::JobBody(Job& job, std::unique_ptr<Communicator>& co
   if (job.world_size > 1)
     util::Log(job.Prefix(), "rendezvous at ", ro.host, ":", ro.port, " (world size ", ro.world_size,
             ", timeout ", absl::StrFormat("%.3g", timeout_s), " s)");
+  if (job.world_size > 1) job.connections.Watch(ResolveAddresses(ro.host, ro.port));
   FXDP_ASSIGN_OR_RETURN(comm, ConnectCommunicator(ro, device));
+  job.connections.Watch(comm->PeerSocketAddresses());
   if (job.cancel) return EndJob(job, true, "before the first step");
 
   // Program.
@@ -260,7 +270,7 @@ absl::Status AttachedWorker::JobBody(Job& job, std::unique_ptr<Communicator>& co
       case JobEvent::kState:
         return absl::InternalError("a second initial state");  // the router prevents this
       case JobEvent::kBatch:
-        FXDP_RETURN_IF_ERROR(RunBatch(job, e, runner, timed, files, local_loss, leak));
+        FXDP_RETURN_IF_ERROR(RunBatch(job, e, runner, timed, files, local_loss));
         break;
       case JobEvent::kFetch:
         FXDP_RETURN_IF_ERROR(StreamState(job, e, runner));
@@ -272,8 +282,7 @@ absl::Status AttachedWorker::JobBody(Job& job, std::unique_ptr<Communicator>& co
 
 absl::Status AttachedWorker::RunBatch(Job& job, JobEvent& e, StepRunner& runner,
                                       TimedCommunicator& timed,
-                                      const std::vector<TensorMap>& files, int local_loss,
-                                      bool* leak_comm) {
+                                      const std::vector<TensorMap>& files, int local_loss) {
   const int64_t step = e.step;
   job.log_step = step;
   job.in_step = true;
@@ -302,14 +311,10 @@ absl::Status AttachedWorker::RunBatch(Job& job, JobEvent& e, StepRunner& runner,
   FXDP_RETURN_IF_ERROR(runner.SetHyperparameters(e.hyperparameters));
   const TensorMap& batch = files.empty() ? shard : files[(step - 1) % files.size()];
   timed.TakeStats();
-  absl::StatusOr<at::Tensor> loss = runner.Step(batch);
-  if (!loss.ok()) {
-    *leak_comm = true;
-    return loss.status();
-  }
+  FXDP_ASSIGN_OR_RETURN(at::Tensor loss, runner.Step(batch));
   double value = 0, local = 0;
   try {
-    value = LossValue(*loss);
+    value = LossValue(loss);
     local = value;
     if (local_loss >= 0 && local_loss < static_cast<int>(runner.other_outputs().size()) &&
         runner.other_outputs()[local_loss].isTensor())

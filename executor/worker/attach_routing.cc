@@ -110,10 +110,13 @@ void AttachedWorker::Handle(ServerMessage& m, const std::shared_ptr<Session>& se
     case ServerMessage::kCancelJob: {
       std::shared_ptr<Job> job = JobFor(m.cancel_job().job_id(), "CancelJob");
       if (!job) return;
+      job->cancel = true;
+      // A step or rendezvous blocked on a peer (one that failed, say) ends
+      // now, not at the collective timeout.
+      const int aborted = job->connections.Abort();
       util::Log(job->Prefix(), "cancel requested",
               m.cancel_job().reason().empty() ? "" : absl::StrCat(": ", m.cancel_job().reason()),
-              job->in_step ? " (after the step in progress)" : "");
-      job->cancel = true;
+              aborted > 0 ? absl::StrCat(" (", aborted, " connections to the other ranks shut down)") : "");
       JobEvent e(JobEvent::kCancel);
       e.reason = m.cancel_job().reason();
       job->Push(std::move(e));

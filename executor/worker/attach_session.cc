@@ -88,13 +88,11 @@ int AttachedWorker::Serve() {
   std::unique_lock<std::mutex> l(mu_);
   util::Log(Prefix(), "shutting down (", shutdown_reason_, ")");
   const bool done = cv_.wait_for(l, std::chrono::seconds(3), [&] { return running_jobs_ == 0; });
-  const bool leaked = leaked_;
   std::thread t = std::move(job_thread_);
   l.unlock();
-  if (!done || leaked) {
-    // A step blocked on a collective, or a communicator left behind with its
-    // threads: do not run destructors under them.
-    if (!done) util::Log(Prefix(), "a step is still blocked; exiting without waiting for it");
+  if (!done) {
+    // A step still blocked (on a kernel, say): do not run destructors under it.
+    util::Log(Prefix(), "a step is still blocked; exiting without waiting for it");
     std::fflush(stderr);
     std::fflush(stdout);
     std::_Exit(0);
@@ -189,6 +187,7 @@ void AttachedWorker::RequestShutdown(const std::string& why) {
     if (job_) {
       Job& j = *job_;
       j.cancel = true;
+      j.connections.Abort();  // a step or rendezvous blocked on a peer ends now
       JobEvent e(JobEvent::kCancel);
       e.reason = why;
       j.Push(std::move(e));

@@ -28,6 +28,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -38,6 +39,7 @@
 #include "absl/strings/str_cat.h"
 #include "executor/communicator.h"
 #include "executor/interpreter.h"
+#include "executor/socket_abort.h"
 #include "executor/step_runner.h"
 #include "executor/timed_communicator.h"
 #include "executor/worker/wire_tensors.h"
@@ -152,6 +154,12 @@ struct Job {
   std::condition_variable cv;
   std::deque<JobEvent> events;
   std::atomic<bool> cancel{false};
+  // The job's connections to its other ranks (the rendezvous store, then the
+  // communicator's): a cancel or a failure shuts them down, so that a step
+  // or a rendezvous blocked on a peer ends at once, not at the collective
+  // timeout, and the communicator can be destroyed ([Aborting a job's
+  // connections] in executor/socket_abort.h).
+  ConnectionAborter connections;
 
   // Progress, for heartbeats and log lines.
   std::atomic<int64_t> steps_done{0};
@@ -159,6 +167,8 @@ struct Job {
   std::atomic<bool> in_step{false};
   // Set by whoever sends the job's final message (JobFailed or JobEnded).
   std::atomic<bool> final_sent{false};
+  // Job thread: the JobEnded to send once the job's communicator is gone.
+  std::optional<WorkerMessage> ending;
 
   // What the rank graph declares (set before any chunk is routed; the
   // assemblers check each tensor against it before allocating it).
@@ -216,15 +226,18 @@ class AttachedWorker {
   void RunJob(std::shared_ptr<Job> job);
   // The job's AssignJob.data_paths, read and sliced to this rank's shard.
   absl::StatusOr<std::vector<TensorMap>> ReadDataFiles(const Job& job, const Program& program) const;
-  // Rendezvous, load, then the job's events until it ends (JobEnded sent,
-  // OK) or fails (the status; `leak_comm`: leave the communicator behind).
-  absl::Status JobBody(Job& job, std::unique_ptr<Communicator>& comm, bool* leak_comm);
+  // Rendezvous, load, then the job's events until it ends (EndJob: OK) or
+  // fails (the status). `comm` is the job's communicator: RunJob destroys
+  // it (its connections shut down first unless rank 0 ended it cleanly),
+  // then sends the JobEnded; a JobFailed goes before.
+  absl::Status JobBody(Job& job, std::unique_ptr<Communicator>& comm);
   // One Batch event: shard, step, StepResult.
   absl::Status RunBatch(Job& job, JobEvent& e, StepRunner& runner, TimedCommunicator& timed,
-                        const std::vector<TensorMap>& files, int local_loss, bool* leak_comm);
+                        const std::vector<TensorMap>& files, int local_loss);
   // A FetchState event: the state in chunks, the last one marked.
   absl::Status StreamState(Job& job, const JobEvent& e, const StepRunner& runner);
-  // Sends JobEnded (cancelled or not); OK.
+  // The job ended (cancelled or not): logged, and its JobEnded kept for
+  // RunJob to send once the communicator is destroyed; OK.
   absl::Status EndJob(Job& job, bool cancelled, const std::string& why);
   // Sends the job's final message unless one was sent; frees the job slot
   // first, so a server that answers at once finds the worker IDLE.
@@ -250,7 +263,6 @@ class AttachedWorker {
   std::shared_ptr<Job> job_;          // the job held (capacity 1)
   std::thread job_thread_;
   int running_jobs_ = 0;              // job threads not yet returned
-  bool leaked_ = false;               // a communicator was left behind
 
   // Heartbeat thread of the current attachment.
   std::mutex hb_mu_;

@@ -581,9 +581,9 @@ TEST(JobTable, KeepsTheLastFinishedJobsAndEvictsTheOldestState) {
     j->spec.clear_graph();
     const std::string id = table.NextId();
     EXPECT_THAT(id, ::testing::StartsWith("job-" + std::to_string(i + 1) + "-"));
-    table.Add(j, id);
+    ASSERT_TRUE(table.Add(j, id).ok());
     auto state = std::make_shared<server::StateStore::State>(1, F32("w", {15}, 0));  // 60 bytes
-    table.KeepState(j, state);
+    ASSERT_TRUE(table.KeepState(j, state).ok());
     j->SetState(v1::JOB_STATE_SUCCEEDED);
     table.Finished(j);
     jobs.push_back(j);
