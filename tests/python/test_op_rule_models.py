@@ -258,12 +258,13 @@ def test_cdist_of_many_rows_to_prototypes(tmp_path):
 
 def test_cdist_of_two_batch_sharded_operands_is_refused(tmp_path):
     """In-batch distances couple samples across ranks: refused at compile time (a worker failed
-    with "Target 4 is out of bounds")."""
+    with "Target 4 is out of bounds"). The forward alone could all-gather one operand (as a @ b.T
+    does); _cdist_backward's product cannot, so the refusal names it."""
     torch.manual_seed(0)
     model = _Prototypes(coupled=True)
     opt, _ = optimizer(model, "sgd")
     step = fxdp.trace(model, opt, F.cross_entropy, batches_of(randn(B, 8), randint(3, B))[0])
-    refused(tmp_path, step, "aten::_cdist_forward", "operands put the batch on different dims")
+    refused(tmp_path, step, "aten::_cdist_backward", "operands put the batch on different dims")
 
 
 # ---- embedding_bag: bags are samples ----------------------------------------------------------
