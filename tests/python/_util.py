@@ -210,6 +210,26 @@ def local_server(workers: int = 2, heartbeat_ms: int = 1000, extra_args=()):
         yield server.address, server.log
 
 
+@contextlib.contextmanager
+def idle_client(workers: int = 2):
+    """An fxdp.Client on a local_server whose ``workers`` workers are all IDLE (waited up to 30 s)."""
+    with local_server(workers=workers) as (address, _), fxdp.Client(address) as c:
+        deadline = time.monotonic() + 30
+        while sum(w.get("state") == "WORKER_STATE_IDLE" for w in c.workers()) < workers:
+            assert time.monotonic() < deadline, c.workers()
+            time.sleep(0.1)
+        yield c
+
+
+def make_pki(d):
+    """Certificates and tokens made by scripts/dev_ca.sh into the folder ``d`` (returned)."""
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    subprocess.run(["sh", str(root / "scripts" / "dev_ca.sh"), str(d)], check=True, capture_output=True)
+    return d
+
+
 # ---- durable jobs (fxdp-server --state-dir: test_durable_jobs, test_fully_shard_jobs) -------------
 def running(info) -> bool:
     """Whether the job (a JobInfo) has not ended."""

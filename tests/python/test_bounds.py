@@ -17,7 +17,7 @@ import time
 import grpc
 import pytest
 
-from _util import fxdp_binary, local_server, traced
+from _util import fxdp_binary, local_server, make_pki, traced
 from fxdp import zoo
 from fxdp.client import _chunks as chunks
 from fxdp.v1 import compile_pb2 as cpb
@@ -84,11 +84,6 @@ def test_an_expand_that_runs_out_of_memory_is_resource_exhausted_with_a_message(
 
 
 # ---- per-identity quotas (TLS + client tokens) ------------------------------------------------------
-def make_pki(d: pathlib.Path) -> pathlib.Path:
-    subprocess.run(["sh", str(ROOT / "scripts" / "dev_ca.sh"), str(d)], check=True, capture_output=True)
-    return d
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
     return make_pki(tmp_path_factory.mktemp("pki"))

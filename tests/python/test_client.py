@@ -10,14 +10,13 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
-import time
 
 import grpc
 import pytest
 import torch
 
 import fxdp
-from _util import ATOL, RTOL, fxdp_binary, traced, local_server
+from _util import ATOL, RTOL, fxdp_binary, idle_client, traced, local_server
 from fxdp import zoo
 from fxdp.v1 import graph_pb2 as gpb
 from fxdp.v1 import jobs_pb2 as jpb
@@ -28,11 +27,7 @@ MODEL, OPTIM = "mlp", "adamw"
 
 @pytest.fixture(scope="module")
 def client():
-    with local_server() as (address, _), fxdp.Client(address) as c:
-        deadline = time.monotonic() + 30
-        while sum(w.get("state") == "WORKER_STATE_IDLE" for w in c.workers()) < 2:
-            assert time.monotonic() < deadline, c.workers()
-            time.sleep(0.1)
+    with idle_client() as c:
         yield c
 
 

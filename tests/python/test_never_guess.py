@@ -9,7 +9,6 @@ from __future__ import annotations
 import inspect
 import json
 import subprocess
-import time
 
 import grpc
 import pytest
@@ -17,7 +16,7 @@ import torch
 import torch.nn as nn
 
 import fxdp
-from _util import fxdp_binary, local_server
+from _util import fxdp_binary, idle_client
 from fxdp.v1 import graph_pb2 as pb
 
 B = 6
@@ -135,11 +134,7 @@ def test_expand_refuses_an_op_without_a_rule_and_analyze_labels_its_guess(tmp_pa
 
 @pytest.fixture(scope="module")
 def client():
-    with local_server() as (address, _), fxdp.Client(address) as c:
-        deadline = time.monotonic() + 30
-        while sum(w.get("state") == "WORKER_STATE_IDLE" for w in c.workers()) < 2:
-            assert time.monotonic() < deadline, c.workers()
-            time.sleep(0.1)
+    with idle_client() as c:
         yield c
 
 

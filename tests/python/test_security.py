@@ -19,7 +19,7 @@ import grpc
 import pytest
 
 import fxdp
-from _util import fxdp_binary, free_port, local_server, traced
+from _util import fxdp_binary, free_port, local_server, make_pki, traced
 from fxdp import zoo
 from fxdp.v1 import jobs_pb2 as jpb
 from fxdp.v1 import worker_pb2 as wpb
@@ -29,11 +29,6 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 MODEL, OPTIM = "mlp", "adamw"
 UNAUTHENTICATED = grpc.StatusCode.UNAUTHENTICATED
 PERMISSION_DENIED = grpc.StatusCode.PERMISSION_DENIED
-
-
-def make_pki(d: pathlib.Path) -> pathlib.Path:
-    subprocess.run(["sh", str(ROOT / "scripts" / "dev_ca.sh"), str(d)], check=True, capture_output=True)
-    return d
 
 
 @pytest.fixture(scope="module")
