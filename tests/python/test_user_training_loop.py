@@ -10,7 +10,8 @@ AdamW, warmup + cosine through ``torch.optim.lr_scheduler`` (``SequentialLR`` of
 ``fxdp-server --local-workers 2`` with ``fxdp.Client.train(..., schedule=scheduler)``; the
 reference is the same ``train_step`` run eagerly with ``scheduler.step()`` after each step.
 
-* float32: parameters, AdamW state and per-step losses equal one device at rtol 1e-5 / atol 1e-6.
+* float32: parameters, AdamW state and per-step losses equal one device at rtol 1e-5 / atol 1e-6
+  (the attention key bias, whose gradient is zero and whose updates are rounding noise, at 1e-5).
 * bf16 autocast: each rank runs its own rows' micro-batches (DDP with ``no_sync()``). Per-step
   losses equal eager DDP semantics (each rank's micro-batches in bf16 on a replica, gradients
   averaged, then clipping and AdamW) and one device at rtol 1e-3, step 1's loss bit for bit; the
@@ -125,15 +126,36 @@ def train_on_server(address, bf16: bool, hf_schedule: bool = False):
     return r
 
 
+# GPT-2's attention key bias has a gradient of exactly zero in exact arithmetic (q.(k + b) adds
+# q.b to every key's score of one query, and softmax ignores a shift), so what AdamW does to it is
+# rounding noise normalised by its own size: its ~1e-6 values depend on the order of the float sums
+# that the CPU's kernels choose. Measured on one machine: 1.07e-6 apart from eager at both 8a6a11a
+# and later commits (the suite passed at 1e-6 on an earlier session's machine). It alone is compared
+# at KEY_BIAS_ATOL; every other element, its optimizer state included, at the test's tolerance.
+KEY_BIAS_ATOL = 1e-5
+
+
+def assert_close_except_key_bias(name, got, want, rtol, atol, what):
+    if "attn.c_attn.bias" in name:
+        e = want.shape[-1] // 3  # [q | k | v]
+        torch.testing.assert_close(got[e:2 * e], want[e:2 * e], rtol=rtol, atol=KEY_BIAS_ATOL,
+                                   msg=lambda m: f"{what}: {name} (key bias): {m}")
+        got, want = torch.cat([got[:e], got[2 * e:]]), torch.cat([want[:e], want[2 * e:]])
+    torch.testing.assert_close(got, want, rtol=rtol, atol=atol, msg=lambda m: f"{what}: {name}: {m}")
+
+
 def assert_state_equals(state, model, opt, rtol, atol, what):
     names = {id(p): n for n, p in model.named_parameters()}
     for n, p in model.named_parameters():
-        torch.testing.assert_close(state[n], p.detach(), rtol=rtol, atol=atol, msg=lambda m: f"{what}: {n}: {m}")
+        assert_close_except_key_bias(n, state[n], p.detach(), rtol, atol, what)
     for p, st in opt.state.items():
         for k, v in st.items():
             key = f"optim.{names[id(p)]}.{k}"
-            torch.testing.assert_close(state[key], v.to(state[key].dtype), rtol=rtol, atol=atol,
-                                       msg=lambda m: f"{what}: {key}: {m}")
+            want = v.to(state[key].dtype)
+            if want.dim() == 0:
+                torch.testing.assert_close(state[key], want, rtol=rtol, atol=atol, msg=lambda m: f"{what}: {key}: {m}")
+            else:
+                assert_close_except_key_bias(key, state[key], want, rtol, atol, what)
 
 
 @pytest.mark.parametrize("hf_schedule", [False, True], ids=["SequentialLR", "get_cosine_schedule_with_warmup"])
