@@ -38,8 +38,11 @@ absl::Status BatchDimAnalyzer::EmbeddingBackward(NodeId id, const Node& n, const
                         GradAndInputBatch(id, n, rule, ops, g ? g->type->rank() : 0, &s));
   if (!batch) return absl::OkStatus();
   if (BoolArg(n, rule.param(ParamRole::kScaleGradByFreq)).value_or(false)) {
-    a_.notes_.push_back(absl::StrCat(n.name, ": scale_grad_by_freq counts token frequencies "
-                                     "in each rank's local batch"));
+    // Each rank would divide by the counts of its own rows' indices, one
+    // device by the whole batch's: not a sum of per-rank parts.
+    return Error(n, "scale_grad_by_freq=True divides each row's gradient by its index's count in the "
+                    "whole batch, which no rank sees (each would count its own rows); use "
+                    "scale_grad_by_freq=False");
   }
   NodeInfo& info = a_.nodes_[id.value];
   info.detail = Detail::kContracted;

@@ -323,6 +323,30 @@ def test_embedding_bag_with_offsets_from_the_data_is_refused(tmp_path):
     refused(tmp_path, step, "aten::_embedding_bag", "pass a 2-D input")
 
 
+class _FreqScaled(nn.Module):
+    def __init__(self, bag: bool):
+        super().__init__()
+        self.bag = bag
+        self.emb = (nn.EmbeddingBag(20, 6, scale_grad_by_freq=True) if bag
+                    else nn.Embedding(20, 6, scale_grad_by_freq=True))
+        self.fc = nn.Linear(6, 3)
+
+    def forward(self, tokens):
+        h = self.emb(tokens)
+        return self.fc(h if self.bag else h.mean(1))
+
+
+@pytest.mark.parametrize("bag", [False, True], ids=["embedding", "embedding_bag"])
+def test_scale_grad_by_freq_is_refused(tmp_path, bag):
+    """scale_grad_by_freq divides by each index's count in the whole batch; each rank would count
+    only its own rows (it was accepted with a note and trained differently from one device)."""
+    torch.manual_seed(0)
+    model = _FreqScaled(bag)
+    opt, _ = optimizer(model, "sgd")
+    step = fxdp.trace(model, opt, F.cross_entropy, batches_of(randint(20, B, 4), randint(3, B))[0])
+    refused(tmp_path, step, "backward", "scale_grad_by_freq=True", "use scale_grad_by_freq=False")
+
+
 # ---- index_put: a parameter indexed by batch ids ------------------------------------------------
 
 class _Table(nn.Module):
