@@ -8,7 +8,7 @@ CMAKE_FLAGS ?=
 PY := .venv/bin/python
 
 .PHONY: all setup configure build test test-cpp test-python test-asan asan-build fuzz-build fuzz fuzz-smoke \
-	goldens demo bench bench-build clean
+	goldens demo bench bench-build clean format lint
 
 all: build
 
@@ -58,7 +58,21 @@ fuzz-smoke: fuzz-build
 fuzz: fuzz-build
 	bash tests/fuzz/run.sh $(ASAN_BUILD) $(FUZZ_S)
 
-test: test-cpp test-python test-asan fuzz-smoke
+test: lint test-cpp test-python test-asan fuzz-smoke
+
+# The tree's style: .clang-format (C++) and ruff.toml (Python), both pinned in
+# scripts/setup.sh. `make format` rewrites the files; `make lint` (CI) checks them.
+CXX_SOURCES = git ls-files '*.cc' '*.h' '*.cu' | grep -v '^third_party/'
+
+format: setup
+	$(CXX_SOURCES) | xargs .venv/bin/clang-format -i
+	.venv/bin/ruff check --fix -q .
+	.venv/bin/ruff format -q .
+
+lint: setup
+	$(CXX_SOURCES) | xargs .venv/bin/clang-format --dry-run --Werror
+	.venv/bin/ruff check -q .
+	.venv/bin/ruff format --check -q .
 
 # Regenerate tests/testdata/golden/ (tests/python/test_goldens.py compares them byte for byte).
 goldens: build

@@ -52,7 +52,7 @@ enum class ReduceOp : int8_t { kSum, kAvg };
 struct Placement {
   enum class Kind : int8_t { kReplicate, kShard, kPartial };
   Kind kind = Kind::kReplicate;
-  int32_t dim = -1;                // kShard only.
+  int32_t dim = -1;                  // kShard only.
   ReduceOp reduce = ReduceOp::kSum;  // kPartial only.
 
   static Placement Replicate() { return {}; }
@@ -109,15 +109,15 @@ struct ValueInfo {
 
 // Which rule decided a node (printed by DescribeDecision).
 enum class Decision : int8_t {
-  kInput,           // INPUT placeholder: sharded on its batch dim, or replicated (batch_dim -1).
-  kState,           // PARAMETER / BUFFER / OPTIMIZER_STATE / CONSTANT placeholder.
-  kRule,            // the op's rule (op_rules.h).
-  kView,            // a view-op dim map.
-  kGetItem,         // output k of a multi-output op.
-  kShapedByUse,     // a factory-like value sharded because a use needs its batch rows.
-  kFallback,        // no rule: a size-matching guess (guess_unruled_ops only; a warning names it).
-  kNoTensor,        // outputs no tensor.
-  kOutput,          // the graph's output node.
+  kInput,        // INPUT placeholder: sharded on its batch dim, or replicated (batch_dim -1).
+  kState,        // PARAMETER / BUFFER / OPTIMIZER_STATE / CONSTANT placeholder.
+  kRule,         // the op's rule (op_rules.h).
+  kView,         // a view-op dim map.
+  kGetItem,      // output k of a multi-output op.
+  kShapedByUse,  // a factory-like value sharded because a use needs its batch rows.
+  kFallback,     // no rule: a size-matching guess (guess_unruled_ops only; a warning names it).
+  kNoTensor,     // outputs no tensor.
+  kOutput,       // the graph's output node.
 };
 
 // How a rule decided (printed by DescribeDecision).
@@ -156,8 +156,8 @@ struct Reduction {
 // expansion slices it (no communication).
 struct ShardedRead {
   ir::ValueRef value;
-  int32_t dim = 0;     // the batch dim the use needs it sharded on.
-  int64_t outer = 1;   // ValueInfo::outer of that dim.
+  int32_t dim = 0;    // the batch dim the use needs it sharded on.
+  int64_t outer = 1;  // ValueInfo::outer of that dim.
   ir::NodeId user;
 };
 
@@ -201,7 +201,8 @@ class BatchDimAnalysis {
   // batch-sharded operands (samples coupled across the batch, a @ b.T).
   const std::vector<ShardedRead>& gathered_reads() const { return gathered_reads_; }
   // One line per op that had no rule and was placed by a guess
-  // (AnalyzeOptions::guess_unruled_ops): "GUESSED: no batch-dim rule for aten::foo (3 nodes, first n12): ...".
+  // (AnalyzeOptions::guess_unruled_ops): "GUESSED: no batch-dim rule for aten::foo (3 nodes, first
+  // n12): ...".
   const std::vector<std::string>& warnings() const { return warnings_; }
   // Notes about semantics the user should know (local batch statistics, ...).
   const std::vector<std::string>& notes() const { return notes_; }
@@ -254,16 +255,17 @@ std::string PlacementsString(const ir::Graph& graph, const BatchDimAnalysis& ana
 // shard: expansion/state_memory.h): node index -> {placement, reason}.
 using PlacementOverrides = absl::flat_hash_map<int32_t, std::pair<std::string, std::string>>;
 
-// The analysis as JSON (`fxdp analyze --json`, docs/analysis.md): {"world_size": N, "batch_size": B, "nodes": [{"name",
-// "target", "batch_dim", "placement", "reason", "source" (when the graph has it)}], "reductions": [...],
-// "warnings": [...], "notes": [...]}.
+// The analysis as JSON (`fxdp analyze --json`, docs/analysis.md): {"world_size": N, "batch_size":
+// B, "nodes": [{"name", "target", "batch_dim", "placement", "reason", "source" (when the graph has
+// it)}], "reductions": [...], "warnings": [...], "notes": [...]}.
 std::string AnalysisToJson(const ir::Graph& graph, const BatchDimAnalysis& analysis,
                            const PlacementOverrides* overrides = nullptr);
 
 // A table: name, op, batch dim, placement, reason (then "  <- SOURCE", the
 // user's line, with `with_source`); then reductions, warnings and notes.
 std::string AnalysisToTable(const ir::Graph& graph, const BatchDimAnalysis& analysis,
-                            const PlacementOverrides* overrides = nullptr, bool with_source = false);
+                            const PlacementOverrides* overrides = nullptr,
+                            bool with_source = false);
 
 }  // namespace fxdp
 

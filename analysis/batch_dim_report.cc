@@ -60,10 +60,9 @@ std::string DescribeDecision(const Graph& g, const BatchDimAnalysis& a, NodeId i
   std::string s;
   switch (info.decision) {
     case Decision::kInput:
-      s = n.placeholder.batch_dim >= 0
-              ? absl::StrFormat("input, batch dim %d (B=%d)", n.placeholder.batch_dim,
-                                a.batch_size())
-              : "input without a batch dim";
+      s = n.placeholder.batch_dim >= 0 ? absl::StrFormat("input, batch dim %d (B=%d)",
+                                                         n.placeholder.batch_dim, a.batch_size())
+                                       : "input without a batch dim";
       break;
     case Decision::kState:
       if (n.is_placeholder() && n.placeholder.role == ir::PlaceholderRole::kHyperparameter) {
@@ -73,8 +72,7 @@ std::string DescribeDecision(const Graph& g, const BatchDimAnalysis& a, NodeId i
       }
       s = n.is_placeholder()
               ? absl::StrCat(Lower(ir::PlaceholderRoleName(n.placeholder.role)),
-                             n.placeholder.state_name.empty() ? "" : " ",
-                             n.placeholder.state_name)
+                             n.placeholder.state_name.empty() ? "" : " ", n.placeholder.state_name)
               : "attribute";
       break;
     case Decision::kView: {
@@ -151,7 +149,8 @@ std::string PlacementsString(const Graph& g, const BatchDimAnalysis& a, NodeId i
 
 namespace {
 
-const std::pair<std::string, std::string>* OverrideOf(const PlacementOverrides* overrides, NodeId id) {
+const std::pair<std::string, std::string>* OverrideOf(const PlacementOverrides* overrides,
+                                                      NodeId id) {
   if (overrides == nullptr) return nullptr;
   auto it = overrides->find(id.value);
   return it == overrides->end() ? nullptr : &it->second;
@@ -255,8 +254,8 @@ std::string AnalysisToTable(const Graph& g, const BatchDimAnalysis& a,
                                     a.batch_size(), g.size());
   auto line = [&](const std::string& a0, const std::string& a1, const std::string& a2,
                   const std::string& a3, const std::string& a4) {
-    absl::StrAppendFormat(&out, "%-*s  %-*s  %-*s  %-*s  %s\n", w[0], a0, w[1], a1, w[2], a2,
-                          w[3], a3, a4);
+    absl::StrAppendFormat(&out, "%-*s  %-*s  %-*s  %-*s  %s\n", w[0], a0, w[1], a1, w[2], a2, w[3],
+                          a3, a4);
   };
   line("name", "op", "batch dim", "placement", "reason");
   for (const Row& r : rows) line(r.name, r.op, r.bd, r.placement, r.reason);

@@ -86,9 +86,11 @@ std::string DimSpec::ToString() const {
 }
 
 std::string DimMapToString(const DimMap& map) {
-  return absl::StrCat("(", absl::StrJoin(map, ", ", [](std::string* out, const DimSpec& d) {
-    absl::StrAppend(out, d.ToString());
-  }), ")");
+  return absl::StrCat(
+      "(",
+      absl::StrJoin(map, ", ",
+                    [](std::string* out, const DimSpec& d) { absl::StrAppend(out, d.ToString()); }),
+      ")");
 }
 
 namespace {

@@ -23,7 +23,13 @@ namespace fxdp {
 class DimSpec {
  public:
   enum class Kind : int8_t {
-    kSingleton, kInputDim, kBroadcast, kNewDim, kRepeat, kFlatten, kSplit
+    kSingleton,
+    kInputDim,
+    kBroadcast,
+    kNewDim,
+    kRepeat,
+    kFlatten,
+    kSplit
   };
 
   // A size-1 dim tied to no input dim.
@@ -95,9 +101,7 @@ enum class DimFlowRole : int8_t {
 struct DimFlow {
   int64_t output_dim;
   DimFlowRole role;
-  bool operator==(const DimFlow& o) const {
-    return output_dim == o.output_dim && role == o.role;
-  }
+  bool operator==(const DimFlow& o) const { return output_dim == o.output_dim && role == o.role; }
 };
 
 // The first output dimension of `map` built from input dimension

@@ -89,8 +89,7 @@ absl::StatusOr<MatmulLabels> MatmulSpec::Bind(const std::vector<int64_t>& ranks)
       if (bias_) l.bias_arg = 0;
       return l;
     case Kind::kNone:
-    case Kind::kInvalid:
-      break;
+    case Kind::kInvalid: break;
   }
   return absl::InvalidArgumentError(absl::StrCat("no product spec (", ToString(), ")"));
 }

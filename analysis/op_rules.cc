@@ -35,9 +35,7 @@ constexpr OpParam Arg(R role, int i, absl::string_view name) {
 constexpr OpParam Dim(int i, absl::string_view name) { return Arg(R::kDim, i, name); }
 constexpr OpParam Dims(int i, absl::string_view name) { return Arg(R::kDims, i, name); }
 constexpr OpParam KeepDim(int i) { return Arg(R::kKeepDim, i, "keepdim"); }
-constexpr OpParam Reduces(ReduceKind k) {
-  return {R::kReduces, -1, "", static_cast<int8_t>(k)};
-}
+constexpr OpParam Reduces(ReduceKind k) { return {R::kReduces, -1, "", static_cast<int8_t>(k)}; }
 constexpr OpParam Reduction(int i) { return Arg(R::kReduction, i, "reduction"); }
 constexpr OpParam Training(int i) { return Arg(R::kTraining, i, "training"); }
 constexpr OpParam Replicated(int i, absl::string_view name) { return Arg(R::kReplicated, i, name); }
@@ -83,6 +81,8 @@ constexpr ShapeRule BatchAgrees(int self) {
 // traits, its product spec and its shape check (op_rules.h). Keep it sorted
 // (a static_assert checks); tests/testdata/op_rules.txt holds every row in
 // text form (regenerate it as docs/DEVELOPMENT.md says).
+// The table stays one line an op (its golden text is tests/testdata/op_rules.txt).
+// clang-format off
 constexpr OpRule kOpRules[] = {
     {"aten::_adaptive_avg_pool2d", "*", F::kSpatial, kNotLinear, {}},
     {"aten::_adaptive_avg_pool2d_backward", "*", F::kSpatial, Multilinear(0), {}},
@@ -409,6 +409,7 @@ constexpr OpRule kOpRules[] = {
     {"aten::zeros", "*", F::kFactory, kNotLinear, {Sizes(0, "size")}, kZeros, kNoSpec, {ShapeCheck::kSizes}},
     {"aten::zeros_like", "*", F::kLike, kNotLinear, {}, kZeros},
 };
+// clang-format on
 
 constexpr int kNumOpRules = sizeof(kOpRules) / sizeof(kOpRules[0]);
 
@@ -424,8 +425,7 @@ static_assert(RowsSorted(), "kOpRules must be sorted by (name, overload) without
 
 constexpr bool SpecsValid() {
   for (const OpRule& r : kOpRules) {
-    if ((r.family == F::kMatmul) != (r.spec.kind() != MatmulSpec::Kind::kNone) ||
-        !r.spec.valid()) {
+    if ((r.family == F::kMatmul) != (r.spec.kind() != MatmulSpec::Kind::kNone) || !r.spec.valid()) {
       return false;
     }
   }
@@ -516,8 +516,7 @@ std::vector<std::string> OpRuleNames() {
   std::vector<std::string> out;
   out.reserve(kNumOpRules);
   for (const OpRule& r : kOpRules) {
-    out.push_back(r.overload.empty() ? std::string(r.name)
-                                     : absl::StrCat(r.name, ".", r.overload));
+    out.push_back(r.overload.empty() ? std::string(r.name) : absl::StrCat(r.name, ".", r.overload));
   }
   return out;
 }

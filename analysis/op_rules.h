@@ -36,50 +36,50 @@
 namespace fxdp {
 
 enum class OpFamily : int8_t {
-  kPointwise,      // elementwise over all tensor args with broadcasting.
-  kLike,           // *_like(self), fill, zero: self's shape, no data read.
-  kNewFactory,     // new_zeros(self, size), ...: a fresh tensor of `size`.
-  kFactory,        // zeros(size), arange(n), ...: no tensor inputs.
-  kMatmul,         // einsum-like: the row's MatmulSpec.
-  kReduce,         // reduction over Dims (all when absent), KeepDim, Reduces.
-  kAlongDim,       // shape-preserving, works along the Dim (softmax, cumsum, sort).
-  kLastDims,       // shape-preserving, works on the LastDims (triu, tril).
-  kDimsList,       // shape-preserving, works on the Dims listed (flip, roll).
-  kPad,            // constant_pad_nd(self, Pad): pads the last len(pad)/2 dims.
-  kLayerNorm,      // native_layer_norm(input, NormalizedShape, weight, bias, eps).
+  kPointwise,   // elementwise over all tensor args with broadcasting.
+  kLike,        // *_like(self), fill, zero: self's shape, no data read.
+  kNewFactory,  // new_zeros(self, size), ...: a fresh tensor of `size`.
+  kFactory,     // zeros(size), arange(n), ...: no tensor inputs.
+  kMatmul,      // einsum-like: the row's MatmulSpec.
+  kReduce,      // reduction over Dims (all when absent), KeepDim, Reduces.
+  kAlongDim,    // shape-preserving, works along the Dim (softmax, cumsum, sort).
+  kLastDims,    // shape-preserving, works on the LastDims (triu, tril).
+  kDimsList,    // shape-preserving, works on the Dims listed (flip, roll).
+  kPad,         // constant_pad_nd(self, Pad): pads the last len(pad)/2 dims.
+  kLayerNorm,   // native_layer_norm(input, NormalizedShape, weight, bias, eps).
   kLayerNormBackward,
-  kBatchNorm,      // batch norm: Training flag (absent: never training).
+  kBatchNorm,  // batch norm: Training flag (absent: never training).
   kBatchNormBackward,
-  kSpatial,        // conv/pool/group-norm/attention kernels: the batch on dim 0 of every
-                   // operand that is not Replicated, and of the batch-major outputs.
-  kConvBackward,   // convolution/group-norm backward: (grad_input, grad_weight, grad_bias).
-  kEmbedding,      // embedding(weight, indices, ...).
+  kSpatial,       // conv/pool/group-norm/attention kernels: the batch on dim 0 of every
+                  // operand that is not Replicated, and of the batch-major outputs.
+  kConvBackward,  // convolution/group-norm backward: (grad_input, grad_weight, grad_bias).
+  kEmbedding,     // embedding(weight, indices, ...).
   kEmbeddingBackward,
-  kEmbeddingBag,   // _embedding_bag(weight, indices, Offsets, ...): bags of a flat 1-D input.
-  kHistogram,      // histc(self, ...): counts of self's values in bins that are not self's
-                   // dims (a sum over every row: partial).
-  kLoss,           // loss(self, target, ...) with a Reduction.
-  kLossBackward,   // loss_backward(grad_output, self, target, ...) with a Reduction.
-  kNllLoss,        // nll_loss_forward: (output, total_weight).
+  kEmbeddingBag,     // _embedding_bag(weight, indices, Offsets, ...): bags of a flat 1-D input.
+  kHistogram,        // histc(self, ...): counts of self's values in bins that are not self's
+                     // dims (a sum over every row: partial).
+  kLoss,             // loss(self, target, ...) with a Reduction.
+  kLossBackward,     // loss_backward(grad_output, self, target, ...) with a Reduction.
+  kNllLoss,          // nll_loss_forward: (output, total_weight).
   kNllLossBackward,  // TotalWeight, Reduction.
-  kCat,            // cat(tensors, Dim).
-  kStack,          // stack(tensors, Dim).
-  kSplit,          // split/chunk/unbind(self, ..., Dim); kDropsDim when the dim is removed.
-  kSlice,          // slice(self, Dim, Start, End, Step) / narrow(self, Dim, Start, Length).
-  kSelect,         // select(self, Dim, index).
-  kIndexWithDim,   // index_select/gather/scatter(self, Dim, index...).
-  kIndex,          // index.Tensor(self, Indices).
-  kSliceBackward,  // select_backward/slice_backward(grad, Sizes, Dim, ...); kDropsDim for select.
-  kScatterInto,    // slice_scatter/select_scatter(self, src, Dim, ...): self with a
-                   // slice replaced by src; kDropsDim when src lacks the dim (select).
-  kAsStrided,      // as_strided(self, Sizes, Stride, Offset): a view of self's storage; the
-                   // batch stays on the dim whose stride steps over whole samples.
+  kCat,              // cat(tensors, Dim).
+  kStack,            // stack(tensors, Dim).
+  kSplit,            // split/chunk/unbind(self, ..., Dim); kDropsDim when the dim is removed.
+  kSlice,            // slice(self, Dim, Start, End, Step) / narrow(self, Dim, Start, Length).
+  kSelect,           // select(self, Dim, index).
+  kIndexWithDim,     // index_select/gather/scatter(self, Dim, index...).
+  kIndex,            // index.Tensor(self, Indices).
+  kSliceBackward,    // select_backward/slice_backward(grad, Sizes, Dim, ...); kDropsDim for select.
+  kScatterInto,      // slice_scatter/select_scatter(self, src, Dim, ...): self with a
+                     // slice replaced by src; kDropsDim when src lacks the dim (select).
+  kAsStrided,        // as_strided(self, Sizes, Stride, Offset): a view of self's storage; the
+                     // batch stays on the dim whose stride steps over whole samples.
   kAsStridedScatter,  // as_strided_scatter(self, src, Sizes, Stride, Offset).
-  kIndexPut,       // index_put(self, Indices, values, accumulate).
-  kGroupedMm,      // _grouped_mm(a, b, offs): a's rows (grouped by offs) times b[group],
-                   // or a^T b per group (the weight gradient).
-  kForeach,        // _foreach_*: elementwise across the lists.
-  kNoTensor,       // returns no tensor (e.g. _local_scalar_dense).
+  kIndexPut,          // index_put(self, Indices, values, accumulate).
+  kGroupedMm,         // _grouped_mm(a, b, offs): a's rows (grouped by offs) times b[group],
+                      // or a^T b per group (the weight gradient).
+  kForeach,           // _foreach_*: elementwise across the lists.
+  kNoTensor,          // returns no tensor (e.g. _local_scalar_dense).
 };
 
 enum class ReduceKind : int8_t { kSum, kMean, kOther };
@@ -89,36 +89,36 @@ enum class Linearity : int8_t { kNone, kAdditive, kMultilinear };
 // (its position and schema name); a few are fixed by the row (`value`).
 enum class ParamRole : int8_t {
   kNone,
-  kDim,             // int: the dim the op works along, splits, selects, concatenates.
-  kDims,            // int or int[]: the dims it reduces or works on (absent or None: all).
-  kKeepDim,         // bool: a reduction keeps the reduced dims.
-  kReduces,         // fixed: the ReduceKind of a reduction (value).
-  kReduction,       // int: a loss's reduction enum (0 none, 1 mean, 2 sum; default mean).
-  kTraining,        // bool: batch norm normalises with batch statistics (default true).
-  kReplicated,      // tensor: must be replicated (a weight, bias or running statistic).
-  kBatchSize,       // int: spells the batch size (group norm's N); made local by the expansion.
-  kTotalWeight,     // tensor: nll backward's total_weight (a count, exempt from linearity).
-  kSizes,           // int[]: a size list that spells a shape; made local by the expansion.
-  kStride,          // int[]: as_strided's strides.
-  kStorageOffset,   // int: as_strided's storage offset.
-  kStart,           // int: slice/narrow/arange start.
-  kEnd,             // int: slice/arange end.
-  kStep,            // int: slice/arange step.
-  kLength,          // int: narrow's length.
-  kSplitSize,       // int or int[]: the size of each piece of a split.
-  kNormalizedShape, // int[]: layer norm's normalized shape (the last dims it works on).
-  kPad,             // int[]: pad widths, two per padded last dim.
-  kLastDims,        // fixed: works on the last `value` dims.
-  kIndices,         // Tensor?[]: index/index_put's indices.
-  kZeroIsLinear,    // scalar: the op is linear in self when this argument is 0
-                    // (value 1: an absent argument is 0).
-  kScaleGradByFreq, // bool: embedding backward scales by each rank's local token counts.
-  kOrd,             // scalar: the order of the vector norms the op takes of whole tensors
-                    // (absent: 2); FULLY_SHARD completes a 2-norm of shards with an all-reduce.
-  kOffsets,         // tensor: embedding bag's offsets (where each bag starts in the flat input).
+  kDim,                // int: the dim the op works along, splits, selects, concatenates.
+  kDims,               // int or int[]: the dims it reduces or works on (absent or None: all).
+  kKeepDim,            // bool: a reduction keeps the reduced dims.
+  kReduces,            // fixed: the ReduceKind of a reduction (value).
+  kReduction,          // int: a loss's reduction enum (0 none, 1 mean, 2 sum; default mean).
+  kTraining,           // bool: batch norm normalises with batch statistics (default true).
+  kReplicated,         // tensor: must be replicated (a weight, bias or running statistic).
+  kBatchSize,          // int: spells the batch size (group norm's N); made local by the expansion.
+  kTotalWeight,        // tensor: nll backward's total_weight (a count, exempt from linearity).
+  kSizes,              // int[]: a size list that spells a shape; made local by the expansion.
+  kStride,             // int[]: as_strided's strides.
+  kStorageOffset,      // int: as_strided's storage offset.
+  kStart,              // int: slice/narrow/arange start.
+  kEnd,                // int: slice/arange end.
+  kStep,               // int: slice/arange step.
+  kLength,             // int: narrow's length.
+  kSplitSize,          // int or int[]: the size of each piece of a split.
+  kNormalizedShape,    // int[]: layer norm's normalized shape (the last dims it works on).
+  kPad,                // int[]: pad widths, two per padded last dim.
+  kLastDims,           // fixed: works on the last `value` dims.
+  kIndices,            // Tensor?[]: index/index_put's indices.
+  kZeroIsLinear,       // scalar: the op is linear in self when this argument is 0
+                       // (value 1: an absent argument is 0).
+  kScaleGradByFreq,    // bool: embedding backward scales by each rank's local token counts.
+  kOrd,                // scalar: the order of the vector norms the op takes of whole tensors
+                       // (absent: 2); FULLY_SHARD completes a 2-norm of shards with an all-reduce.
+  kOffsets,            // tensor: embedding bag's offsets (where each bag starts in the flat input).
   kIncludeLastOffset,  // bool: the offsets end with the input's length (one more than the bags).
-  kBinRange,        // scalar: histc's min; max is the next argument (equal: the data's range).
-  kAccumulate,      // bool: index_put adds values into self instead of writing them.
+  kBinRange,           // scalar: histc's min; max is the next argument (equal: the data's range).
+  kAccumulate,         // bool: index_put adds values into self instead of writing them.
 };
 
 struct OpParam {
@@ -148,23 +148,23 @@ enum OpTrait : uint16_t {
   kSortsRows = 1 << 8,  // sorts along its Dim: along the batch dim each rank sorts its own
                         // rows, exact only where the order is undone (row_order.cc).
   kDividesPositions = 1 << 9,  // positions // k: positions along a dim k times coarser.
-  kNoSum = 1 << 10,     // kMatmul: the letters missing from the output are not summed
-                        // products (cdist's feature dim): the batch there is refused.
+  kNoSum = 1 << 10,            // kMatmul: the letters missing from the output are not summed
+                               // products (cdist's feature dim): the batch there is refused.
 };
 
 // Shape checks of the expansion (expansion/shape_check.h) beyond broadcasting.
 enum class ShapeCheck : int8_t {
-  kDefault,     // pointwise: operands broadcast to the output; others: none.
-  kNone,        // pointwise whose output is not the broadcast of its operands.
-  kSameAsArg,   // output 0 has the shape of tensor arg `arg`.
-  kSizes,       // output 0's shape is the Sizes argument.
-  kView,        // kSizes (-1: inferred), and the input has as many elements (view rules).
-  kExpand,      // kSizes (-1: the input's), and each input dim is 1 or equal (view rules).
-  kAsStrided,   // kSizes, and the view stays inside a dense input.
-  kProduct,     // operands and output agree with the row's MatmulSpec.
-  kEmbedding,   // embedding(weight, indices): indices.shape + [weight.shape[1]].
+  kDefault,            // pointwise: operands broadcast to the output; others: none.
+  kNone,               // pointwise whose output is not the broadcast of its operands.
+  kSameAsArg,          // output 0 has the shape of tensor arg `arg`.
+  kSizes,              // output 0's shape is the Sizes argument.
+  kView,               // kSizes (-1: inferred), and the input has as many elements (view rules).
+  kExpand,             // kSizes (-1: the input's), and each input dim is 1 or equal (view rules).
+  kAsStrided,          // kSizes, and the view stays inside a dense input.
+  kProduct,            // operands and output agree with the row's MatmulSpec.
+  kEmbedding,          // embedding(weight, indices): indices.shape + [weight.shape[1]].
   kEmbeddingBackward,  // grad_output is indices.shape + [embedding_dim].
-  kBatchAgrees, // nll: self (arg `arg`) and target (next arg) agree on dim 0.
+  kBatchAgrees,        // nll: self (arg `arg`) and target (next arg) agree on dim 0.
 };
 
 // The arguments an op is linear in.

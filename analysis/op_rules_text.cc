@@ -88,8 +88,8 @@ std::string ParamText(const OpParam& p) {
 }  // namespace
 
 std::string OpRuleText(const OpRule& r) {
-  std::string s = absl::StrCat(r.name, r.overload.empty() ? "" : ".", r.overload, "  ",
-                               OpFamilyName(r.family));
+  std::string s =
+      absl::StrCat(r.name, r.overload.empty() ? "" : ".", r.overload, "  ", OpFamilyName(r.family));
   if (r.linear.kind != Linearity::kNone) {
     std::vector<int> args;
     for (int i = 0; i < 8; ++i) {
@@ -105,10 +105,11 @@ std::string OpRuleText(const OpRule& r) {
   if (!params.empty()) absl::StrAppend(&s, "  ", absl::StrJoin(params, " "));
   if (r.spec.kind() != MatmulSpec::Kind::kNone) absl::StrAppend(&s, "  spec=", r.spec.ToString());
   static constexpr std::pair<OpTrait, absl::string_view> kTraitNames[] = {
-      {kZeros, "zeros"},     {kDropsDim, "drops_dim"}, {kAligned, "aligned"},
-      {kPacking, "packing"}, {kInplace, "inplace"},    {kRowsAgree, "rows_agree"},
-      {kRandom, "random"},   {kSelfAlias, "self_alias"}, {kSortsRows, "sorts_rows"},
-      {kDividesPositions, "divides_positions"},
+      {kZeros, "zeros"},          {kDropsDim, "drops_dim"},
+      {kAligned, "aligned"},      {kPacking, "packing"},
+      {kInplace, "inplace"},      {kRowsAgree, "rows_agree"},
+      {kRandom, "random"},        {kSelfAlias, "self_alias"},
+      {kSortsRows, "sorts_rows"}, {kDividesPositions, "divides_positions"},
       {kNoSum, "no_sum"},
   };
   std::vector<absl::string_view> traits;

@@ -91,29 +91,30 @@ absl::Status CheckNode(const ir::Graph& g, int i) {
                : absl::StrCat(" (the graph was traced with torch ", g.header().torch_version, ")");
   };
   if (std::find(std::begin(kNamespaces), std::end(kNamespaces), ns) == std::end(kNamespaces)) {
-    return NodeError(g, i, absl::StrCat("op ", op(), " is in namespace '", ns,
-                                        "': fxdp runs only aten and _c10d_functional ops"));
+    return NodeError(g, i,
+                     absl::StrCat("op ", op(), " is in namespace '", ns,
+                                  "': fxdp runs only aten and _c10d_functional ops"));
   }
   const Table& t = GetTable();
   auto it = t.by_key.find(std::make_pair(name, absl::string_view(n.target.overload)));
   if (it == t.by_key.end()) {
     auto o = t.overloads.find(name);
     if (o == t.overloads.end()) {
-      return NodeError(g, i, absl::StrCat("unknown op ", op(), ": torch ", OpSchemaTorchVersion(),
-                                          " (what fxdp-worker runs) has no such operator",
-                                          traced()));
+      return NodeError(g, i,
+                       absl::StrCat("unknown op ", op(), ": torch ", OpSchemaTorchVersion(),
+                                    " (what fxdp-worker runs) has no such operator", traced()));
     }
-    return NodeError(g, i, absl::StrCat("unknown op ", op(), ": torch ", OpSchemaTorchVersion(),
-                                        " has no overload '", n.target.overload, "' of ", name,
-                                        " (it has ", absl::StrJoin(o->second, ", "), ")",
-                                        traced()));
+    return NodeError(g, i,
+                     absl::StrCat("unknown op ", op(), ": torch ", OpSchemaTorchVersion(),
+                                  " has no overload '", n.target.overload, "' of ", name,
+                                  " (it has ", absl::StrJoin(o->second, ", "), ")", traced()));
   }
   const OpSchema& s = *it->second;
   const int given = static_cast<int>(n.args.size());
   if (given > s.num_positional) {
-    return NodeError(g, i, absl::StrCat(op(), " takes at most ", s.num_positional,
-                                        " positional arguments (", s.ToString(), "), got ",
-                                        given));
+    return NodeError(g, i,
+                     absl::StrCat(op(), " takes at most ", s.num_positional,
+                                  " positional arguments (", s.ToString(), "), got ", given));
   }
   // Bit i: argument i was given (no allocation: this runs for every node).
   uint64_t seen = given >= 64 ? ~uint64_t{0} : (uint64_t{1} << given) - 1;
@@ -121,22 +122,25 @@ absl::Status CheckNode(const ir::Graph& g, int i) {
     auto a = std::find_if(s.args.begin(), s.args.end(),
                           [&](const OpSchemaArg& x) { return x.name == kw.name; });
     if (a == s.args.end()) {
-      return NodeError(g, i, absl::StrCat(op(), " has no argument '", kw.name, "' (arguments: ",
-                                          ArgNames(s), ")"));
+      return NodeError(
+          g, i,
+          absl::StrCat(op(), " has no argument '", kw.name, "' (arguments: ", ArgNames(s), ")"));
     }
     const uint64_t bit = uint64_t{1} << (a - s.args.begin());
     if (seen & bit) {
-      return NodeError(g, i, absl::StrCat(op(), ": argument '", kw.name,
-                                          "' is given both positionally and by keyword"));
+      return NodeError(g, i,
+                       absl::StrCat(op(), ": argument '", kw.name,
+                                    "' is given both positionally and by keyword"));
     }
     seen |= bit;
   }
   if ((s.required & ~seen) == 0) return absl::OkStatus();
   for (size_t k = 0; k < s.args.size(); ++k) {
     if (!(seen >> k & 1) && !s.args[k].has_default) {
-      return NodeError(g, i, absl::StrCat(op(), " is missing argument '", s.args[k].name, "' (",
-                                          s.ToString(), "; got ", given, " positional",
-                                          n.kwargs.empty() ? "" : " and keywords", ")"));
+      return NodeError(g, i,
+                       absl::StrCat(op(), " is missing argument '", s.args[k].name, "' (",
+                                    s.ToString(), "; got ", given, " positional",
+                                    n.kwargs.empty() ? "" : " and keywords", ")"));
     }
   }
   return absl::OkStatus();

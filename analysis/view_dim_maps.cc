@@ -71,8 +71,8 @@ DimMap RepeatMap(int64_t ndim, absl::Span<const int64_t> repeats) {
   const int64_t pad = static_cast<int64_t>(repeats.size()) - ndim;
   DimMap map;
   for (int64_t k = 0; k < static_cast<int64_t>(repeats.size()); ++k) {
-    map.push_back(DimSpec::Repeat(k < pad ? DimSpec::Singleton() : DimSpec::InputDim(k - pad),
-                                  repeats[k]));
+    map.push_back(
+        DimSpec::Repeat(k < pad ? DimSpec::Singleton() : DimSpec::InputDim(k - pad), repeats[k]));
   }
   return map;
 }
@@ -131,8 +131,7 @@ absl::StatusOr<DimMap> ExpandRule(const RuleCall& c) {
 }
 
 absl::StatusOr<DimMap> FlattenRule(const RuleCall& c) {
-  FXDP_ASSIGN_OR_RETURN(const int64_t start,
-                        WrapDim(c, c.params[0].name, c.Int(0), c.ndim()));
+  FXDP_ASSIGN_OR_RETURN(const int64_t start, WrapDim(c, c.params[0].name, c.Int(0), c.ndim()));
   FXDP_ASSIGN_OR_RETURN(const int64_t end, WrapDim(c, c.params[1].name, c.Int(1), c.ndim()));
   if (start > end) {
     return c.Error(absl::StrCat("start_dim ", c.Int(0), " comes after end_dim ", c.Int(1)));

@@ -58,23 +58,23 @@ struct RuleCall {
 using RuleFn = absl::StatusOr<DimMap> (*)(const RuleCall&);
 
 // Parameters, in order, are those the table row binds for the rule.
-absl::StatusOr<DimMap> ViewRule(const RuleCall& c);          // size
-absl::StatusOr<DimMap> ReshapeRule(const RuleCall& c);       // shape
-absl::StatusOr<DimMap> UnflattenRule(const RuleCall& c);     // dim, sizes
-absl::StatusOr<DimMap> ExpandRule(const RuleCall& c);        // size
-absl::StatusOr<DimMap> FlattenRule(const RuleCall& c);       // start_dim, end_dim
-absl::StatusOr<DimMap> SqueezeRule(const RuleCall& c);       // dim (None: all)
-absl::StatusOr<DimMap> UnsqueezeRule(const RuleCall& c);     // dim
-absl::StatusOr<DimMap> PermuteRule(const RuleCall& c);       // dims
-absl::StatusOr<DimMap> TransposeRule(const RuleCall& c);     // dim0, dim1
-absl::StatusOr<DimMap> TRule(const RuleCall& c);             // (none)
-absl::StatusOr<DimMap> MovedimRule(const RuleCall& c);       // source, destination
-absl::StatusOr<DimMap> RepeatRule(const RuleCall& c);        // repeats
-absl::StatusOr<DimMap> TileRule(const RuleCall& c);          // dims
-absl::StatusOr<DimMap> PadLeftRule(const RuleCall& c);       // min_dims (atleast_1d/2d)
-absl::StatusOr<DimMap> AtLeast3dRule(const RuleCall& c);     // (none)
-absl::StatusOr<DimMap> ViewAsRealRule(const RuleCall& c);    // (none)
-absl::StatusOr<DimMap> ViewAsComplexRule(const RuleCall& c); // (none)
+absl::StatusOr<DimMap> ViewRule(const RuleCall& c);           // size
+absl::StatusOr<DimMap> ReshapeRule(const RuleCall& c);        // shape
+absl::StatusOr<DimMap> UnflattenRule(const RuleCall& c);      // dim, sizes
+absl::StatusOr<DimMap> ExpandRule(const RuleCall& c);         // size
+absl::StatusOr<DimMap> FlattenRule(const RuleCall& c);        // start_dim, end_dim
+absl::StatusOr<DimMap> SqueezeRule(const RuleCall& c);        // dim (None: all)
+absl::StatusOr<DimMap> UnsqueezeRule(const RuleCall& c);      // dim
+absl::StatusOr<DimMap> PermuteRule(const RuleCall& c);        // dims
+absl::StatusOr<DimMap> TransposeRule(const RuleCall& c);      // dim0, dim1
+absl::StatusOr<DimMap> TRule(const RuleCall& c);              // (none)
+absl::StatusOr<DimMap> MovedimRule(const RuleCall& c);        // source, destination
+absl::StatusOr<DimMap> RepeatRule(const RuleCall& c);         // repeats
+absl::StatusOr<DimMap> TileRule(const RuleCall& c);           // dims
+absl::StatusOr<DimMap> PadLeftRule(const RuleCall& c);        // min_dims (atleast_1d/2d)
+absl::StatusOr<DimMap> AtLeast3dRule(const RuleCall& c);      // (none)
+absl::StatusOr<DimMap> ViewAsRealRule(const RuleCall& c);     // (none)
+absl::StatusOr<DimMap> ViewAsComplexRule(const RuleCall& c);  // (none)
 
 // DTensor's view_groups: the DimMap of reshaping `from` to `to` (no -1 left,
 // equal element counts). Errors where torch's loop divides by zero or never

@@ -43,8 +43,8 @@ absl::StatusOr<std::vector<int64_t>> InferSize(const RuleCall& c, absl::string_v
   for (int64_t i = 0; i < static_cast<int64_t>(sizes.size()); ++i) {
     if (sizes[i] == -1) {
       if (infer >= 0) {
-        return c.Error(absl::StrCat(what, " ", ShapeString(sizes),
-                                    ": only one dimension can be inferred"));
+        return c.Error(
+            absl::StrCat(what, " ", ShapeString(sizes), ": only one dimension can be inferred"));
       }
       infer = i;
     } else if (sizes[i] < -1) {

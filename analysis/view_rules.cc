@@ -20,15 +20,15 @@ using view_rules_internal::RuleParam;
 // Where a rule's parameter comes from.
 struct Param {
   enum class Kind : int8_t {
-    kUnused,     // no parameter in this slot
-    kInt,        // an `int` schema argument
-    kIntList,    // an `int[]` / `SymInt[]` schema argument (a bare int is one entry)
-    kSizes,      // kIntList that spells the output's shape (-1: inferred); made local
-                 // by the expansion
+    kUnused,       // no parameter in this slot
+    kInt,          // an `int` schema argument
+    kIntList,      // an `int[]` / `SymInt[]` schema argument (a bare int is one entry)
+    kSizes,        // kIntList that spells the output's shape (-1: inferred); made local
+                   // by the expansion
     kExpandSizes,  // kSizes that broadcasts the input (-1: the input's size)
-    kFixedInt,   // not an argument: `value`, fixed by the row
-    kNone,       // not an argument: None (squeeze of every dim)
-    kIgnored,    // a keyword-only argument the rule does not read
+    kFixedInt,     // not an argument: `value`, fixed by the row
+    kNone,         // not an argument: None (squeeze of every dim)
+    kIgnored,      // a keyword-only argument the rule does not read
   };
   Kind kind = Kind::kUnused;
   absl::string_view name;
@@ -73,6 +73,7 @@ struct Row {
 namespace r = view_rules_internal;
 
 // Sorted by (name, overload); one line per aten overload.
+// clang-format off
 constexpr Row kRows[] = {
     {"aten::_unsafe_view", "", r::ViewRule, {Sizes("size")}, kPacks, kFlatShard},
     {"aten::atleast_1d", "", r::PadLeftRule, {Fixed("min_dims", 1)}},
@@ -105,6 +106,7 @@ constexpr Row kRows[] = {
     {"aten::view_as_real", "", r::ViewAsRealRule, {}},
     {"aten::view_copy", "", r::ViewRule, {Sizes("size")}},
 };
+// clang-format on
 
 constexpr bool RowsSorted() {
   for (size_t i = 1; i < std::size(kRows); ++i) {
@@ -117,12 +119,11 @@ constexpr bool RowsSorted() {
 static_assert(RowsSorted(), "kRows must be sorted by (name, overload) without duplicates");
 
 const Row* FindRow(const ir::Target& target) {
-  const auto key = std::make_tuple(absl::string_view(target.name),
-                                   absl::string_view(target.overload));
-  const Row* it = std::lower_bound(std::begin(kRows), std::end(kRows), key,
-                                   [](const Row& row, const auto& k) {
-                                     return std::make_tuple(row.name, row.overload) < k;
-                                   });
+  const auto key =
+      std::make_tuple(absl::string_view(target.name), absl::string_view(target.overload));
+  const Row* it = std::lower_bound(
+      std::begin(kRows), std::end(kRows), key,
+      [](const Row& row, const auto& k) { return std::make_tuple(row.name, row.overload) < k; });
   if (it == std::end(kRows) || it->name != target.name || it->overload != target.overload) {
     return nullptr;
   }
@@ -178,8 +179,8 @@ absl::StatusOr<RuleCall> Bind(const Row& row, absl::Span<const int64_t> shape,
     }
   }
   if (next_positional < args.size()) {
-    return c.Error(absl::StrCat("takes ", next_positional, " positional arguments, got ",
-                                args.size()));
+    return c.Error(
+        absl::StrCat("takes ", next_positional, " positional arguments, got ", args.size()));
   }
   for (const ir::KeywordArgument& k : kwargs) {
     const bool known =
@@ -233,12 +234,8 @@ std::string RowText(const Row* row) {
     switch (p.kind) {
       case Param::Kind::kUnused: continue;
       case Param::Kind::kInt: absl::StrAppend(&s, " int=", positional++, ":", p.name); break;
-      case Param::Kind::kIntList:
-        absl::StrAppend(&s, " ints=", positional++, ":", p.name);
-        break;
-      case Param::Kind::kSizes:
-        absl::StrAppend(&s, " sizes=", positional++, ":", p.name);
-        break;
+      case Param::Kind::kIntList: absl::StrAppend(&s, " ints=", positional++, ":", p.name); break;
+      case Param::Kind::kSizes: absl::StrAppend(&s, " sizes=", positional++, ":", p.name); break;
       case Param::Kind::kExpandSizes:
         absl::StrAppend(&s, " expand_sizes=", positional++, ":", p.name);
         break;
@@ -246,7 +243,8 @@ std::string RowText(const Row* row) {
       case Param::Kind::kNone: absl::StrAppend(&s, " ", p.name, "=all"); break;
       case Param::Kind::kIgnored: absl::StrAppend(&s, " ignores=", p.name); break;
     }
-    if (p.has_default && p.kind == Param::Kind::kInt) absl::StrAppend(&s, "(default ", p.value, ")");
+    if (p.has_default && p.kind == Param::Kind::kInt)
+      absl::StrAppend(&s, "(default ", p.value, ")");
   }
   if (row->packing) absl::StrAppend(&s, " [packing]");
   if (row->shard_view == ShardView::kFlat) absl::StrAppend(&s, " shard_view=flat");

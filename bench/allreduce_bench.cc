@@ -120,11 +120,16 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (Flag(argv[i], "--device", &device) || Flag(argv[i], "--json", &json_path)) continue;
     int64_t* target = nullptr;
-    if (Flag(argv[i], "--min_bytes", &v)) target = &min_bytes;
-    else if (Flag(argv[i], "--max_bytes", &v)) target = &max_bytes;
-    else if (Flag(argv[i], "--factor", &v)) target = &factor;
-    else if (Flag(argv[i], "--reps", &v)) target = &reps;
-    else if (Flag(argv[i], "--budget_mb", &v)) target = &budget_mb;
+    if (Flag(argv[i], "--min_bytes", &v))
+      target = &min_bytes;
+    else if (Flag(argv[i], "--max_bytes", &v))
+      target = &max_bytes;
+    else if (Flag(argv[i], "--factor", &v))
+      target = &factor;
+    else if (Flag(argv[i], "--reps", &v))
+      target = &reps;
+    else if (Flag(argv[i], "--budget_mb", &v))
+      target = &budget_mb;
     if (target == nullptr || !absl::SimpleAtoi(v, target) || *target < 1) {
       std::fprintf(stderr,
                    "usage: RANK=r WORLD_SIZE=n MASTER_ADDR=a MASTER_PORT=p fxdp_allreduce_bench "
@@ -133,9 +138,11 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (factor < 2 || min_bytes < 4 || max_bytes < min_bytes || (device != "cpu" && device != "cuda")) {
-    std::fprintf(stderr, "fxdp_allreduce_bench: need --factor >= 2, 4 <= min <= max bytes, "
-                         "--device cpu or cuda\n");
+  if (factor < 2 || min_bytes < 4 || max_bytes < min_bytes ||
+      (device != "cpu" && device != "cuda")) {
+    std::fprintf(stderr,
+                 "fxdp_allreduce_bench: need --factor >= 2, 4 <= min <= max bytes, "
+                 "--device cpu or cuda\n");
     return 2;
   }
   RendezvousOptions ro;
@@ -174,8 +181,7 @@ int main(int argc, char** argv) {
     comm = *std::move(c);
     Communicator* cm = comm.get();
     impls.push_back(Impl{
-        "fxdp",
-        [&, rank](int64_t n) { donated = at::full({n}, static_cast<float>(rank + 1)); },
+        "fxdp", [&, rank](int64_t n) { donated = at::full({n}, static_cast<float>(rank + 1)); },
         [&, cm, world](bool check) {
           auto w = cm->AllReduceSumDonated(std::move(donated));
           if (!w.ok()) Die(w.status().ToString());
@@ -187,36 +193,36 @@ int main(int argc, char** argv) {
             donated.zero_();
           }
         }});
-    impls.push_back(Impl{
-        "fxdp (copy)",
-        [&, rank](int64_t n) { input = at::full({n}, static_cast<float>(rank + 1)); },
-        [&, cm, world](bool check) {
-          auto w = cm->AllReduceSum(input);
-          if (!w.ok()) Die(w.status().ToString());
-          auto r = (*w)->Wait(kWait);
-          if (!r.ok()) Die(r.status().ToString());
-          if (check) {
-            CheckSum(*r, world, "fxdp (copy)");
-            input.zero_();
-          }
-        }});
-    impls.push_back(Impl{
-        "c10d Gloo",
-        [&, rank](int64_t n) { raw_buf = at::full({n}, static_cast<float>(rank + 1)); },
-        [&, world](bool check) {
-          try {
-            std::vector<at::Tensor> ts{raw_buf};
-            c10d::AllreduceOptions o;
-            o.reduceOp = c10d::ReduceOp::SUM;
-            raw_pg->allreduce(ts, o)->wait(kWait);
-          } catch (const std::exception& e) {
-            Die(absl::StrCat("c10d allreduce: ", e.what()));
-          }
-          if (check) {
-            CheckSum(raw_buf, world, "c10d Gloo");
-            raw_buf.zero_();
-          }
-        }});
+    impls.push_back(
+        Impl{"fxdp (copy)",
+             [&, rank](int64_t n) { input = at::full({n}, static_cast<float>(rank + 1)); },
+             [&, cm, world](bool check) {
+               auto w = cm->AllReduceSum(input);
+               if (!w.ok()) Die(w.status().ToString());
+               auto r = (*w)->Wait(kWait);
+               if (!r.ok()) Die(r.status().ToString());
+               if (check) {
+                 CheckSum(*r, world, "fxdp (copy)");
+                 input.zero_();
+               }
+             }});
+    impls.push_back(
+        Impl{"c10d Gloo",
+             [&, rank](int64_t n) { raw_buf = at::full({n}, static_cast<float>(rank + 1)); },
+             [&, world](bool check) {
+               try {
+                 std::vector<at::Tensor> ts{raw_buf};
+                 c10d::AllreduceOptions o;
+                 o.reduceOp = c10d::ReduceOp::SUM;
+                 raw_pg->allreduce(ts, o)->wait(kWait);
+               } catch (const std::exception& e) {
+                 Die(absl::StrCat("c10d allreduce: ", e.what()));
+               }
+               if (check) {
+                 CheckSum(raw_buf, world, "c10d Gloo");
+                 raw_buf.zero_();
+               }
+             }});
   } else {
 #ifdef FXDP_HAVE_NCCL
     auto count = fxdp::executor::CudaDeviceCount();
@@ -234,7 +240,8 @@ int main(int argc, char** argv) {
     ncclUniqueId id;
     if (rank == 0) {
       if (ncclGetUniqueId(&id) != ncclSuccess) Die("ncclGetUniqueId failed");
-      std::vector<uint8_t> b(reinterpret_cast<uint8_t*>(&id), reinterpret_cast<uint8_t*>(&id) + sizeof id);
+      std::vector<uint8_t> b(reinterpret_cast<uint8_t*>(&id),
+                             reinterpret_cast<uint8_t*>(&id) + sizeof id);
       (*store)->set("bench/raw_nccl_id", b);
     } else {
       std::vector<uint8_t> b = (*store)->get("bench/raw_nccl_id");
@@ -247,42 +254,43 @@ int main(int argc, char** argv) {
     if (ncclCommInitRank(&nccl, world, id, rank) != ncclSuccess) Die("ncclCommInitRank failed");
     const c10::Device cdev(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(dev));
     static at::Tensor cuda_in;
-    impls.push_back(Impl{
-        "fxdp",
-        [&, cdev](int64_t n) {
-          void* p = nullptr;
-          cuda_in = at::Tensor();
-          if (cudaMalloc(&p, n * 4) != cudaSuccess || cudaMemset(p, 0, n * 4) != cudaSuccess) {
-            Die("cudaMalloc failed");
-          }
-          cuda_in = at::from_blob(p, {n}, [](void* q) { cudaFree(q); },
-                                  at::TensorOptions().dtype(at::kFloat).device(cdev), cdev);
-        },
-        [&, cm](bool) {
-          auto w = cm->AllReduceSum(cuda_in);
-          if (!w.ok()) Die(w.status().ToString());
-          auto r = (*w)->Wait(kWait);
-          if (!r.ok()) Die(r.status().ToString());
-        }});
+    impls.push_back(Impl{"fxdp",
+                         [&, cdev](int64_t n) {
+                           void* p = nullptr;
+                           cuda_in = at::Tensor();
+                           if (cudaMalloc(&p, n * 4) != cudaSuccess ||
+                               cudaMemset(p, 0, n * 4) != cudaSuccess) {
+                             Die("cudaMalloc failed");
+                           }
+                           cuda_in = at::from_blob(
+                               p, {n}, [](void* q) { cudaFree(q); },
+                               at::TensorOptions().dtype(at::kFloat).device(cdev), cdev);
+                         },
+                         [&, cm](bool) {
+                           auto w = cm->AllReduceSum(cuda_in);
+                           if (!w.ok()) Die(w.status().ToString());
+                           auto r = (*w)->Wait(kWait);
+                           if (!r.ok()) Die(r.status().ToString());
+                         }});
     static int64_t raw_n = 0;
-    impls.push_back(Impl{
-        "raw NCCL",
-        [&](int64_t n) {
-          if (send != nullptr) cudaFree(send);
-          if (recv != nullptr) cudaFree(recv);
-          if (cudaMalloc(&send, n * 4) != cudaSuccess || cudaMalloc(&recv, n * 4) != cudaSuccess ||
-              cudaMemset(send, 0, n * 4) != cudaSuccess) {
-            Die("cudaMalloc failed");
-          }
-          raw_n = n;
-        },
-        [&](bool) {
-          if (ncclAllReduce(send, recv, static_cast<size_t>(raw_n), ncclFloat, ncclSum, nccl,
-                            stream) != ncclSuccess ||
-              cudaStreamSynchronize(stream) != cudaSuccess) {
-            Die("ncclAllReduce failed");
-          }
-        }});
+    impls.push_back(Impl{"raw NCCL",
+                         [&](int64_t n) {
+                           if (send != nullptr) cudaFree(send);
+                           if (recv != nullptr) cudaFree(recv);
+                           if (cudaMalloc(&send, n * 4) != cudaSuccess ||
+                               cudaMalloc(&recv, n * 4) != cudaSuccess ||
+                               cudaMemset(send, 0, n * 4) != cudaSuccess) {
+                             Die("cudaMalloc failed");
+                           }
+                           raw_n = n;
+                         },
+                         [&](bool) {
+                           if (ncclAllReduce(send, recv, static_cast<size_t>(raw_n), ncclFloat,
+                                             ncclSum, nccl, stream) != ncclSuccess ||
+                               cudaStreamSynchronize(stream) != cudaSuccess) {
+                             Die("ncclAllReduce failed");
+                           }
+                         }});
 #else
     Die("--device cuda: this build has no NCCL (FXDP_HAVE_NCCL is not set: no CUDA toolkit or "
         "NCCL when it was configured)");
@@ -311,9 +319,8 @@ int main(int argc, char** argv) {
         barrier();
         const Clock::time_point t0 = Clock::now();
         for (int64_t it = 0; it < iters[s]; ++it) impl.run(false);
-        const double us =
-            std::chrono::duration<double, std::micro>(Clock::now() - t0).count() /
-            static_cast<double>(iters[s]);
+        const double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count() /
+                          static_cast<double>(iters[s]);
         times[i][s].push_back(us);
       }
     }
@@ -325,9 +332,9 @@ int main(int argc, char** argv) {
   barrier();
 
   if (rank == 0) {
-    std::string j = "{\n  \"device\": \"" + device + "\",\n  \"world_size\": " +
-                    std::to_string(world) + ",\n  \"reps\": " + std::to_string(reps) +
-                    ",\n  \"dtype\": \"float32\",\n  \"bytes\": [";
+    std::string j =
+        "{\n  \"device\": \"" + device + "\",\n  \"world_size\": " + std::to_string(world) +
+        ",\n  \"reps\": " + std::to_string(reps) + ",\n  \"dtype\": \"float32\",\n  \"bytes\": [";
     for (size_t s = 0; s < sizes.size(); ++s) j += (s ? ", " : "") + std::to_string(sizes[s]);
     j += "],\n  \"iterations\": [";
     for (size_t s = 0; s < sizes.size(); ++s) j += (s ? ", " : "") + std::to_string(iters[s]);

@@ -26,7 +26,9 @@ NAME = "torch.distributed (Python)"
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--min-bytes", type=int, default=1024)
     ap.add_argument("--max-bytes", type=int, default=64 << 20)
     ap.add_argument("--factor", type=int, default=2)
@@ -36,8 +38,13 @@ def main() -> int:
     args = ap.parse_args()
     torch.set_num_threads(1)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo", init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
-                            rank=rank, world_size=world, timeout=timedelta(seconds=120))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=120),
+    )
     sizes = []
     b = args.min_bytes
     while b <= args.max_bytes:
@@ -62,9 +69,16 @@ def main() -> int:
             times[i].append(round((time.perf_counter() - t0) / iters[i] * 1e6, 3))
     dist.barrier()
     if rank == 0:
-        out = {"device": "cpu", "world_size": world, "reps": args.reps, "dtype": "float32",
-               "bytes": sizes, "iterations": iters, "time_us": {NAME: times},
-               "torch": torch.__version__}
+        out = {
+            "device": "cpu",
+            "world_size": world,
+            "reps": args.reps,
+            "dtype": "float32",
+            "bytes": sizes,
+            "iterations": iters,
+            "time_us": {NAME: times},
+            "torch": torch.__version__,
+        }
         text = json.dumps(out, indent=1)
         if args.json:
             with open(args.json, "w") as f:

@@ -102,11 +102,11 @@ const std::string& GraphBytes(int64_t target_nodes) {
 }
 
 struct Memory {
-  int64_t graph = 0;     // held by the decoded graph
-  int64_t analysis = 0;  // held by the analysis result
-  int64_t expansion = 0;  // held by the expansion (every rank's graph + the report)
-  int64_t peak = 0;      // highest heap use during decode + analysis (+ expansion)
-  int64_t analysis_peak = 0;  // highest heap use of the analysis alone (graph excluded)
+  int64_t graph = 0;           // held by the decoded graph
+  int64_t analysis = 0;        // held by the analysis result
+  int64_t expansion = 0;       // held by the expansion (every rank's graph + the report)
+  int64_t peak = 0;            // highest heap use during decode + analysis (+ expansion)
+  int64_t analysis_peak = 0;   // highest heap use of the analysis alone (graph excluded)
   int64_t expansion_peak = 0;  // highest heap use of the expansion alone (graph and
                                // analysis excluded)
 };
@@ -149,8 +149,7 @@ Memory MeasureMemory(const std::string& bytes, bool analyze, bool expand = false
 }
 
 // `cpu_ns`: CPU time of the timed parts of all iterations.
-void SetCommonCounters(benchmark::State& state, int64_t nodes, int64_t wire_bytes,
-                       double cpu_ns) {
+void SetCommonCounters(benchmark::State& state, int64_t nodes, int64_t wire_bytes, double cpu_ns) {
   state.SetItemsProcessed(state.iterations() * nodes);
   state.SetComplexityN(nodes);
   state.counters["nodes"] = static_cast<double>(nodes);
@@ -252,7 +251,9 @@ void DecodeAnalyze(benchmark::State& state, bool expand) {
       benchmark::DoNotOptimize(*a);
     }
     cpu_ns += CpuNs() - start;
-    const absl::Status status = !a->ok() ? a->status() : e && !e->ok() ? e->status() : absl::OkStatus();
+    const absl::Status status = !a->ok()        ? a->status()
+                                : e && !e->ok() ? e->status()
+                                                : absl::OkStatus();
     if (!status.ok()) {
       state.SkipWithError(status.ToString().c_str());
       break;

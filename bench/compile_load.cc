@@ -161,8 +161,8 @@ int main(int argc, char** argv) {
                       std::chrono::duration<double>(warm ? 0.0 : duration_s));
       do {
         const Clock::time_point t0 = Clock::now();
-        absl::Status s = expand ? fxdp::server::RunExpand(er).status()
-                                : fxdp::server::RunAnalyze(ar).status();
+        absl::Status s =
+            expand ? fxdp::server::RunExpand(er).status() : fxdp::server::RunAnalyze(ar).status();
         const double ms = Ms(Clock::now() - t0);
         if (!s.ok()) return Fail(s.ToString());
         if (!warm) r.ms.push_back(ms);
@@ -202,7 +202,8 @@ int main(int argc, char** argv) {
           bool cached = false;
           std::string error;
           const Clock::time_point t0 = Clock::now();
-          const bool ok = Call(stubs[static_cast<size_t>(c)].get(), expand, ar, er, &cached, &error);
+          const bool ok =
+              Call(stubs[static_cast<size_t>(c)].get(), expand, ar, er, &cached, &error);
           const double ms = Ms(Clock::now() - t0);
           if (!ok) {
             if (r.errors++ == 0) r.first_error = error;
@@ -215,8 +216,8 @@ int main(int argc, char** argv) {
     }
     while (ready.load() < clients) std::this_thread::yield();
     start = Clock::now();
-    end = start + std::chrono::duration_cast<Clock::duration>(
-                      std::chrono::duration<double>(duration_s));
+    end = start +
+          std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(duration_s));
     go.store(true, std::memory_order_release);
     for (auto& t : threads) t.join();
     elapsed_s = std::chrono::duration<double>(Clock::now() - start).count();

@@ -34,7 +34,6 @@ sys.path.insert(0, str(REPO / "client" / "python"))
 
 import torch  # noqa: E402
 import torch.fx  # noqa: E402
-
 from fxdp import convert  # noqa: E402
 from fxdp.v1 import graph_pb2 as pb  # noqa: E402
 
@@ -91,8 +90,12 @@ def python_baselines(graph_path: str, reps: int) -> tuple[int, dict[str, list[fl
         return gm(x, y)
 
     with torch.inference_mode():
-        for name, fn in [("eager (torch.add/mul)", eager_torch), ("eager (OpOverload)", eager_ops),
-                         ("torch.fx.Interpreter", fx_interpreter), ("fx GraphModule", fx_module)]:
+        for name, fn in [
+            ("eager (torch.add/mul)", eager_torch),
+            ("eager (OpOverload)", eager_ops),
+            ("torch.fx.Interpreter", fx_interpreter),
+            ("fx GraphModule", fx_module),
+        ]:
             out = fn()
             out = out[0] if isinstance(out, (tuple, list)) else out
             if expect is None:
@@ -106,10 +109,18 @@ def cpp_bench(bench: str, nodes: int, reps: int) -> dict[str, list[float]]:
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "b.json")
         r = subprocess.run(
-            [bench, f"--benchmark_filter=BM_(ProgramRun|DirectAten)/{nodes}/",
-             f"--benchmark_repetitions={reps}", "--benchmark_min_time=0.2",
-             f"--benchmark_out={out}", "--benchmark_out_format=json"],
-            capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+            [
+                bench,
+                f"--benchmark_filter=BM_(ProgramRun|DirectAten)/{nodes}/",
+                f"--benchmark_repetitions={reps}",
+                "--benchmark_min_time=0.2",
+                f"--benchmark_out={out}",
+                "--benchmark_out_format=json",
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
         if r.returncode != 0:
             raise RuntimeError(f"{bench} exited {r.returncode}:\n{r.stderr}")
         with open(out) as f:
@@ -124,7 +135,9 @@ def cpp_bench(bench: str, nodes: int, reps: int) -> dict[str, list[float]]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--bench", default=str(REPO / "build" / "bin" / "fxdp_executor_bench"))
     ap.add_argument("--nodes", type=int, default=10000)
     ap.add_argument("--reps", type=int, default=7)
@@ -134,14 +147,19 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as d:
         graph = os.path.join(d, "chain.pb")
-        subprocess.run([args.bench, f"--write_chain={graph}", f"--chain_nodes={args.nodes}"],
-                       check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [args.bench, f"--write_chain={graph}", f"--chain_nodes={args.nodes}"],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         nodes, results = python_baselines(graph, args.reps)
     results = {**cpp_bench(args.bench, args.nodes, args.reps), **results}
 
     base = statistics.median(results["fxdp Program::Run"])
-    print(f"chain of {nodes} one-element ops (add/mul), {args.reps} repetitions, "
-          f"torch {torch.__version__}, 1 thread, inference mode")
+    print(
+        f"chain of {nodes} one-element ops (add/mul), {args.reps} repetitions, "
+        f"torch {torch.__version__}, 1 thread, inference mode"
+    )
     print(f"| {'executor':<24} | median ns/node | min | max | time / fxdp's |")
     print(f"|{'-' * 26}|---:|---:|---:|---:|")
     for name, v in results.items():
@@ -149,7 +167,9 @@ def main() -> int:
         print(f"| {name:<24} | {m:,.0f} | {min(v):,.0f} | {max(v):,.0f} | {m / base:.2f}x |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"nodes": nodes, "torch": torch.__version__, "ns_per_node": results}, f, indent=1)
+            json.dump(
+                {"nodes": nodes, "torch": torch.__version__, "ns_per_node": results}, f, indent=1
+            )
     return 0
 
 

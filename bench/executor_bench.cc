@@ -52,8 +52,8 @@ ir::Graph ChainGraph(int nodes) {
       "  %y: f32[1] = placeholder() {role=INPUT, state=\"y\", batch_dim=-1}\n");
   std::string prev = "x";
   for (int i = 0; i < nodes; ++i) {
-    absl::StrAppend(&text, "  %v", i, ": f32[1] = aten::", i % 2 == 0 ? "add" : "mul",
-                    ".Tensor(%", prev, ", %", i % 2 == 0 ? "x" : "y", ")\n");
+    absl::StrAppend(&text, "  %v", i, ": f32[1] = aten::", i % 2 == 0 ? "add" : "mul", ".Tensor(%",
+                    prev, ", %", i % 2 == 0 ? "x" : "y", ")\n");
     prev = absl::StrCat("v", i);
   }
   absl::StrAppend(&text, "  %output = output([%", prev, "]) {specs=[OTHER]}\n}\n");
@@ -76,7 +76,8 @@ executor::Program LoadOrDie(const ir::Graph& g) {
 
 double NowNs() {
   return std::chrono::duration<double, std::nano>(
-             std::chrono::steady_clock::now().time_since_epoch()).count();
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
 }
 
 // `ns`: wall time of the timed parts of all iterations.

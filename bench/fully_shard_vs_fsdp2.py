@@ -53,7 +53,6 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import step_vs_ddp as sv  # noqa: E402  (the models, batches, graphs and launch helpers)
-
 import torch  # noqa: E402
 
 SYSTEMS = ("fxdp fully_shard", "fxdp replicate", "FSDP2")
@@ -83,7 +82,9 @@ def launch_peak(cmds_envs, timeout: float = 900) -> list:
     procs = []
     for cmd, env in cmds_envs:
         out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-        procs.append((subprocess.Popen(cmd, env=env, stdout=out, stderr=err, text=True), out, err, cmd))
+        procs.append(
+            (subprocess.Popen(cmd, env=env, stdout=out, stderr=err, text=True), out, err, cmd)
+        )
     peaks = [0] * len(procs)
     done = threading.Event()
 
@@ -124,9 +125,20 @@ def run_fxdp(build: pathlib.Path, files: dict, steps: int, trace_dir: str | None
     """Two fxdp-worker ranks. With `trace_dir`, under FXDP_MEMORY_TRACE (live tensor bytes counted at
     the CPU allocator; slower, so the timed runs go without it): adds "memory", per rank."""
     port = sv.free_port()
-    cmd = lambda r: [str(build / "bin" / "fxdp-worker"), "run", "--graph", sv.rank_graph(files, r),  # noqa: E731
-                     "--state", files["state"], "--data", files["batch"], "--steps", str(steps),
-                     "--threads", "1"]
+    cmd = lambda r: [  # noqa: E731
+        str(build / "bin" / "fxdp-worker"),
+        "run",
+        "--graph",
+        sv.rank_graph(files, r),  # noqa: E731
+        "--state",
+        files["state"],
+        "--data",
+        files["batch"],
+        "--steps",
+        str(steps),
+        "--threads",
+        "1",
+    ]
 
     def env(r):
         e = sv.rank_env(r, WORLD, port)
@@ -138,7 +150,9 @@ def run_fxdp(build: pathlib.Path, files: dict, steps: int, trace_dir: str | None
     ms = [float(m.group(4)) for m in map(sv.WORKER_STEP.match, res[0][0].splitlines()) if m]
     out = {"ms": ms, "peak_rss": [r[2] for r in res]}
     if trace_dir:
-        out["memory"] = [memory_summary(os.path.join(trace_dir, f"memory.{r}.json")) for r in range(WORLD)]
+        out["memory"] = [
+            memory_summary(os.path.join(trace_dir, f"memory.{r}.json")) for r in range(WORLD)
+        ]
     return out
 
 
@@ -151,9 +165,14 @@ def memory_summary(path: str) -> dict:
     nodes = t["nodes"]
     node = max(nodes, key=lambda n: n[3])
     at = next((i for i, n in enumerate(nodes) if n[0].startswith("fxdp_wait_bucket")), None)
-    return {"state": t["load"]["live"], "peak": max(s["peak"] for s in t["steps"]),
-            "peak_node": f"{node[0]} ({node[1]})", "load_peak": t["load"]["peak"],
-            "end_of_backward": nodes[at - 1][2] if at else None, "rss_peak": t["steps"][-1]["hwm"]}
+    return {
+        "state": t["load"]["live"],
+        "peak": max(s["peak"] for s in t["steps"]),
+        "peak_node": f"{node[0]} ({node[1]})",
+        "load_peak": t["load"]["peak"],
+        "end_of_backward": nodes[at - 1][2] if at else None,
+        "rss_peak": t["steps"][-1]["hwm"],
+    }
 
 
 def run_fsdp2(model: str, steps: int, tiny: bool) -> dict:
@@ -161,27 +180,47 @@ def run_fsdp2(model: str, steps: int, tiny: bool) -> dict:
     port = sv.free_port()
     cmds = []
     for r in range(WORLD):
-        cmd = [sys.executable, __file__, "--child", "--model", model, "--rank", str(r), "--port",
-               str(port), "--steps", str(steps)] + (["--tiny"] if tiny else [])
+        cmd = [
+            sys.executable,
+            __file__,
+            "--child",
+            "--model",
+            model,
+            "--rank",
+            str(r),
+            "--port",
+            str(port),
+            "--steps",
+            str(steps),
+        ] + (["--tiny"] if tiny else [])
         cmds.append((cmd, sv.clean_env(OMP_NUM_THREADS=1)))
     res = launch_peak(cmds)
     rows = [json.loads(o.strip().splitlines()[-1]) for o, _, _ in res]
-    return {"ms": rows[0]["ms"], "peak_rss": [r[2] for r in res],
-            "state_bytes": [row["state_bytes"] for row in rows]}
+    return {
+        "ms": rows[0]["ms"],
+        "peak_rss": [r[2] for r in res],
+        "state_bytes": [row["state_bytes"] for row in rows],
+    }
 
 
 def fsdp2_child(args) -> None:
     """One rank of the FSDP2 run: fully_shard on every ModuleList element and the root."""
     torch.set_num_threads(1)
-    import torch.distributed as dist
     from datetime import timedelta
+
+    import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor
 
     if args.tiny:
         sv.GPT2_SIZE = sv.GPT2_QUICK
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=args.rank,
-                            world_size=WORLD, timeout=timedelta(seconds=120))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{args.port}",
+        rank=args.rank,
+        world_size=WORLD,
+        timeout=timedelta(seconds=120),
+    )
 
     def wrap(m: torch.nn.Module) -> None:
         for sub in list(m.modules()):
@@ -200,8 +239,12 @@ def fsdp2_child(args) -> None:
 
     held = sum(local_bytes(p) for p in model.parameters())
     held += sum(local_bytes(p.grad) for p in model.parameters() if p.grad is not None)
-    held += sum(local_bytes(v) for st in opt.state.values() for v in st.values()
-                if isinstance(v, torch.Tensor) and v.dim() > 0)
+    held += sum(
+        local_bytes(v)
+        for st in opt.state.values()
+        for v in st.values()
+        if isinstance(v, torch.Tensor) and v.dim() > 0
+    )
     dist.barrier()
     dist.destroy_process_group()
     print(json.dumps({"ms": times, "state_bytes": held}))
@@ -218,8 +261,14 @@ def graph_state_bytes(path: str) -> int:
 
     g = gpb.GraphDef()
     g.ParseFromString(pathlib.Path(path).read_bytes())
-    itemsize = {gpb.FLOAT32: 4, gpb.FLOAT64: 8, gpb.FLOAT16: 2, gpb.BFLOAT16: 2, gpb.INT64: 8,
-                gpb.INT32: 4}
+    itemsize = {
+        gpb.FLOAT32: 4,
+        gpb.FLOAT64: 8,
+        gpb.FLOAT16: 2,
+        gpb.BFLOAT16: 2,
+        gpb.INT64: 8,
+        gpb.INT32: 4,
+    }
     total = 0
     for n in g.nodes:
         if n.kind != gpb.PLACEHOLDER or not n.outputs:
@@ -250,9 +299,17 @@ def bench(args) -> dict:
     fxdp_bin = str(build / "bin" / "fxdp")
     steps, warm = args.steps, args.warmup
     med = lambda xs: statistics.median(xs[warm:] or xs)  # noqa: E731
-    out = {"model": args.model, "world_size": WORLD, "steps": steps, "warmup": warm, "reps": args.reps,
-           "bucket_mb": args.bucket_mb, "unit_mb": args.unit_mb,
-           "quick": args.quick, "torch": torch.__version__}
+    out = {
+        "model": args.model,
+        "world_size": WORLD,
+        "steps": steps,
+        "warmup": warm,
+        "reps": args.reps,
+        "bucket_mb": args.bucket_mb,
+        "unit_mb": args.unit_mb,
+        "quick": args.quick,
+        "torch": torch.__version__,
+    }
     # fully_shard's units (parameters gathered together) are capped by --bucket-mb like REPLICATE's
     # buckets; --unit-mb caps them about as FSDP2 is wrapped here (a unit per transformer block).
     cap = lambda style: args.unit_mb if style == "fully_shard" else args.bucket_mb  # noqa: E731
@@ -260,30 +317,43 @@ def bench(args) -> dict:
     styles = [k.split()[1] for k in systems if k.startswith("fxdp ")]
     with tempfile.TemporaryDirectory() as d:
         files = {s: sv.prepare(args.model, d, fxdp_bin, cap(s), style=s) for s in styles}
-        info = next(iter(files.values()))["info"] if files else sv.prepare(
-            args.model, d, fxdp_bin, args.bucket_mb)["info"]
+        info = (
+            next(iter(files.values()))["info"]
+            if files
+            else sv.prepare(args.model, d, fxdp_bin, args.bucket_mb)["info"]
+        )
         out["info"] = {k: info[k] for k in ("params", "global_batch", "graph_nodes")}
-        out["state_bytes"] = {f"fxdp {s}": [graph_state_bytes(sv.rank_graph(files[s], r)) for r in range(WORLD)]
-                              for s in files}
-        print(f"== {args.model}: {info['params']:,} parameters, global batch {info['global_batch']}, "
-              f"N={WORLD}; steps {steps}, warm-up {warm}, repetitions {args.reps}", flush=True)
-        runners = {"fxdp fully_shard": lambda: run_fxdp(build, files["fully_shard"], steps),
-                   "fxdp replicate": lambda: run_fxdp(build, files["replicate"], steps),
-                   "FSDP2": lambda: run_fsdp2(args.model, steps, tiny=False)}
+        out["state_bytes"] = {
+            f"fxdp {s}": [graph_state_bytes(sv.rank_graph(files[s], r)) for r in range(WORLD)]
+            for s in files
+        }
+        print(
+            f"== {args.model}: {info['params']:,} parameters, global batch {info['global_batch']}, "
+            f"N={WORLD}; steps {steps}, warm-up {warm}, repetitions {args.reps}",
+            flush=True,
+        )
+        runners = {
+            "fxdp fully_shard": lambda: run_fxdp(build, files["fully_shard"], steps),
+            "fxdp replicate": lambda: run_fxdp(build, files["replicate"], steps),
+            "FSDP2": lambda: run_fsdp2(args.model, steps, tiny=False),
+        }
         ms = {k: [] for k in systems}
         peak = {k: [] for k in systems}
         loads = []
         for rep in range(args.reps):
             loads.append(os.getloadavg()[0])
-            order = systems[rep % len(systems):] + systems[:rep % len(systems)]
+            order = systems[rep % len(systems) :] + systems[: rep % len(systems)]
             for k in order:
                 r = runners[k]()
                 ms[k].append(med(r["ms"]))
                 peak[k].append(r["peak_rss"])
                 if k == "FSDP2":
                     out["state_bytes"]["FSDP2"] = r["state_bytes"]
-            print(f"  rep {rep + 1} (load {loads[-1]:.1f}): "
-                  + ", ".join(f"{k} {ms[k][-1]:.1f} ms" for k in systems), flush=True)
+            print(
+                f"  rep {rep + 1} (load {loads[-1]:.1f}): "
+                + ", ".join(f"{k} {ms[k][-1]:.1f} ms" for k in systems),
+                flush=True,
+            )
         # Live tensor bytes, counted at the CPU allocator, in a separate short run per style.
         out["memory"] = {}
         for st in styles:
@@ -305,21 +375,29 @@ def bench(args) -> dict:
     out["load average"] = loads
     out["ms_per_step"] = {k: summary(v) for k, v in ms.items()}
     # per rank: the median over repetitions of the peak RSS
-    out["peak_rss"] = {k: [statistics.median(p[r] for p in v) for r in range(WORLD)] for k, v in peak.items()}
+    out["peak_rss"] = {
+        k: [statistics.median(p[r] for p in v) for r in range(WORLD)] for k, v in peak.items()
+    }
     out["baseline_peak_rss"] = base
-    out["peak_rss_delta"] = {k: [out["peak_rss"][k][r] - base[k][r] for r in range(WORLD)]
-                             for k in base}
+    out["peak_rss_delta"] = {
+        k: [out["peak_rss"][k][r] - base[k][r] for r in range(WORLD)] for k in base
+    }
     MB = 1e6
-    print(f"| {'N=2, per rank':<18} | ms/step | peak RSS MB (rank 0, 1) | delta over tiny MB | "
-          f"state bytes MB |")
+    print(
+        f"| {'N=2, per rank':<18} | ms/step | peak RSS MB (rank 0, 1) | delta over tiny MB | "
+        f"state bytes MB |"
+    )
     print("|---|---:|---:|---:|---:|")
     for k in systems:
         s = out["ms_per_step"][k]
         delta = out["peak_rss_delta"].get(k)
-        print(f"| {k:<18} | {s['median']:.1f} ({s['min']:.1f}-{s['max']:.1f}) | "
-              f"{', '.join(f'{x / MB:.0f}' for x in out['peak_rss'][k])} | "
-              f"{', '.join(f'{x / MB:.0f}' for x in delta) if delta else '-'} | "
-              f"{', '.join(f'{x / MB:.1f}' for x in out['state_bytes'].get(k, []))} |", flush=True)
+        print(
+            f"| {k:<18} | {s['median']:.1f} ({s['min']:.1f}-{s['max']:.1f}) | "
+            f"{', '.join(f'{x / MB:.0f}' for x in out['peak_rss'][k])} | "
+            f"{', '.join(f'{x / MB:.0f}' for x in delta) if delta else '-'} | "
+            f"{', '.join(f'{x / MB:.1f}' for x in out['state_bytes'].get(k, []))} |",
+            flush=True,
+        )
     print_memory(out)
     return out
 
@@ -342,10 +420,19 @@ def formula(out: dict, files: dict, styles: list) -> dict:
     rep = out["memory"]["fxdp replicate"][0]
     A = rep["peak"] - rep["state"]
     N = WORLD
-    return {"P": P, "k": k, "N": N, "U": U, "A": A,
-            "fxdp replicate": {"state": (1 + k) * P, "pgo": (2 + k) * P, "peak": (1 + k) * P + A},
-            "fxdp fully_shard": {"state": (1 + k) * P / N, "pgo": (2 + k) * P / N + U,
-                                 "peak": (1 + k) * P / N + A + U}}
+    return {
+        "P": P,
+        "k": k,
+        "N": N,
+        "U": U,
+        "A": A,
+        "fxdp replicate": {"state": (1 + k) * P, "pgo": (2 + k) * P, "peak": (1 + k) * P + A},
+        "fxdp fully_shard": {
+            "state": (1 + k) * P / N,
+            "pgo": (2 + k) * P / N + U,
+            "peak": (1 + k) * P / N + A + U,
+        },
+    }
 
 
 def print_memory(out: dict) -> None:
@@ -353,35 +440,55 @@ def print_memory(out: dict) -> None:
     if not f:
         return
     MB = 1e6
-    print(f"live tensor bytes per rank (rank 0), MB; P={f['P'] / MB:.1f} (parameters), k={f['k']}, "
-          f"N={f['N']}, U={f['U'] / MB:.1f} (largest gathered unit), A={f['A'] / MB:.1f} (activations "
-          "at the peak: REPLICATE's peak minus its state)")
-    print("| style | state held: measured / formula | params + grads + optimizer state (end of backward):"
-          " measured / formula | peak: measured / formula | peak at | peak RSS (traced run) |")
+    print(
+        f"live tensor bytes per rank (rank 0), MB; P={f['P'] / MB:.1f} (parameters), k={f['k']}, "
+        f"N={f['N']}, U={f['U'] / MB:.1f} (largest gathered unit), A={f['A'] / MB:.1f} (activations "
+        "at the peak: REPLICATE's peak minus its state)"
+    )
+    print(
+        "| style | state held: measured / formula | params + grads + optimizer state (end of backward):"
+        " measured / formula | peak: measured / formula | peak at | peak RSS (traced run) |"
+    )
     print("|---|---:|---:|---:|---|---:|")
     for k in ("fxdp replicate", "fxdp fully_shard"):
         m, g = out["memory"][k][0], f[k]
         eob = f"{m['end_of_backward'] / MB:.1f}" if m["end_of_backward"] is not None else "-"
-        print(f"| {k} | {m['state'] / MB:.1f} / {g['state'] / MB:.1f} | {eob} / {g['pgo'] / MB:.1f} | "
-              f"{m['peak'] / MB:.1f} / {g['peak'] / MB:.1f} | {m['peak_node']} | {m['rss_peak'] / MB:.0f} |",
-              flush=True)
+        print(
+            f"| {k} | {m['state'] / MB:.1f} / {g['state'] / MB:.1f} | {eob} / {g['pgo'] / MB:.1f} | "
+            f"{m['peak'] / MB:.1f} / {g['peak'] / MB:.1f} | {m['peak_node']} | {m['rss_peak'] / MB:.0f} |",
+            flush=True,
+        )
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--build", default=str(sv.REPO / "build"))
     ap.add_argument("--model", default="gpt2", choices=sorted(sv.MODELS))
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--bucket-mb", type=float, default=25, help="replicate's bucket cap, MiB (DDP's 25)")
-    ap.add_argument("--unit-mb", type=float, default=4,
-                    help="fully_shard's unit cap, MiB (fxdp expand --bucket-mb): 4 gathers about one "
-                         "GPT-2 block at a time, as FSDP2's per-block units do (default 4)")
-    ap.add_argument("--systems", default=",".join(SYSTEMS),
-                    help=f"which to run, comma-separated (default: all of {', '.join(SYSTEMS)})")
-    ap.add_argument("--quick", action="store_true",
-                    help="the tiny GPT-2, 3 steps, 1 repetition, no baseline runs (tests)")
+    ap.add_argument(
+        "--bucket-mb", type=float, default=25, help="replicate's bucket cap, MiB (DDP's 25)"
+    )
+    ap.add_argument(
+        "--unit-mb",
+        type=float,
+        default=4,
+        help="fully_shard's unit cap, MiB (fxdp expand --bucket-mb): 4 gathers about one "
+        "GPT-2 block at a time, as FSDP2's per-block units do (default 4)",
+    )
+    ap.add_argument(
+        "--systems",
+        default=",".join(SYSTEMS),
+        help=f"which to run, comma-separated (default: all of {', '.join(SYSTEMS)})",
+    )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="the tiny GPT-2, 3 steps, 1 repetition, no baseline runs (tests)",
+    )
     ap.add_argument("--json")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)

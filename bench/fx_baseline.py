@@ -56,14 +56,23 @@ sys.path.insert(0, str(REPO / "client" / "python"))
 
 import torch  # noqa: E402
 import torch.fx as fx  # noqa: E402
-
+from fx_baseline_analysis import P_AVG, P_SUM, Analysis, R  # noqa: E402  (the analyze phase)
 from fxdp.v1 import graph_pb2 as pb  # noqa: E402
-from fx_baseline_analysis import P_AVG, P_SUM, R, Analysis  # noqa: E402  (the analyze phase)
 
 aten = torch.ops.aten
 FIRST_BUCKET_MB, BUCKET_MB = 1.0, 25.0
-ITEMSIZE = {pb.FLOAT32: 4, pb.FLOAT64: 8, pb.FLOAT16: 2, pb.BFLOAT16: 2, pb.INT64: 8,
-            pb.INT32: 4, pb.INT16: 2, pb.INT8: 1, pb.UINT8: 1, pb.BOOL: 1}
+ITEMSIZE = {
+    pb.FLOAT32: 4,
+    pb.FLOAT64: 8,
+    pb.FLOAT16: 2,
+    pb.BFLOAT16: 2,
+    pb.INT64: 8,
+    pb.INT32: 4,
+    pb.INT16: 2,
+    pb.INT8: 1,
+    pb.UINT8: 1,
+    pb.BOOL: 1,
+}
 
 
 # --------------------------------------------------------------------------- memory
@@ -141,8 +150,11 @@ def decode(data: bytes):
         if w == "scalar":
             s = a.scalar
             k = s.WhichOneof("value")
-            return complex(s.complex_value.real, s.complex_value.imag) if k == "complex_value" \
+            return (
+                complex(s.complex_value.real, s.complex_value.imag)
+                if k == "complex_value"
                 else getattr(s, k)
+            )
         if w == "dtype":
             return ("dtype", a.dtype)
         if w == "device":
@@ -169,8 +181,9 @@ def decode(data: bytes):
             fn, is_seq = fs
             if fn is operator.getitem:
                 r = n.args[0].ref
-                node = graph.create_node("call_function", operator.getitem,
-                                         (env[r.node], r.output), None, n.name)
+                node = graph.create_node(
+                    "call_function", operator.getitem, (env[r.node], r.output), None, n.name
+                )
             else:
                 args = tuple(dec(a) for a in n.args)
                 kwargs = {kw.name: dec(kw.value) for kw in n.kwargs} if n.kwargs else None
@@ -180,8 +193,12 @@ def decode(data: bytes):
             node.meta["specs"] = [(s.role, s.state_name) for s in n.output_specs]
         else:
             raise ValueError(f"node {n.name}: unsupported kind {kind}")
-        node.meta["tm"] = [(tuple(v.tensor.shape), tuple(v.tensor.stride), v.tensor.dtype)
-                           if v.kind == TENSOR else None for v in n.outputs]
+        node.meta["tm"] = [
+            (tuple(v.tensor.shape), tuple(v.tensor.stride), v.tensor.dtype)
+            if v.kind == TENSOR
+            else None
+            for v in n.outputs
+        ]
         if n.grad_of:
             node.meta["grad_of"] = n.grad_of
         env.append(node)
@@ -192,11 +209,22 @@ def decode(data: bytes):
 
 # --------------------------------------------------------------------------- expansion
 
-SIZE_ARG = {aten.view.default: 1, aten._unsafe_view.default: 1, aten.reshape.default: 1,
-            aten.expand.default: 1, aten.select_backward.default: 1,
-            aten.slice_backward.default: 1, aten.new_zeros.default: 1, aten.new_ones.default: 1,
-            aten.new_empty.default: 1, aten.new_full.default: 1, aten.zeros.default: 0,
-            aten.ones.default: 0, aten.empty.memory_format: 0, aten.full.default: 0}
+SIZE_ARG = {
+    aten.view.default: 1,
+    aten._unsafe_view.default: 1,
+    aten.reshape.default: 1,
+    aten.expand.default: 1,
+    aten.select_backward.default: 1,
+    aten.slice_backward.default: 1,
+    aten.new_zeros.default: 1,
+    aten.new_ones.default: 1,
+    aten.new_empty.default: 1,
+    aten.new_full.default: 1,
+    aten.zeros.default: 0,
+    aten.ones.default: 0,
+    aten.empty.memory_format: 0,
+    aten.full.default: 0,
+}
 
 
 def _contig(shape):
@@ -259,13 +287,23 @@ def expand(an: Analysis):
             nbytes *= s
         if cur is not None:
             cap = (FIRST_BUCKET_MB if not buckets else BUCKET_MB) * 1024 * 1024
-            if produced >= cur["wait"] or dtype != cur["dtype"] or op != cur["op"] \
-                    or cur["bytes"] >= cap:
+            if (
+                produced >= cur["wait"]
+                or dtype != cur["dtype"]
+                or op != cur["op"]
+                or cur["bytes"] >= cap
+            ):
                 buckets.append(cur)
                 cur = None
         if cur is None:
-            cur = {"values": [], "bytes": 0, "op": op, "dtype": dtype, "start": produced,
-                   "wait": first_use}
+            cur = {
+                "values": [],
+                "bytes": 0,
+                "op": op,
+                "dtype": dtype,
+                "start": produced,
+                "wait": first_use,
+            }
         cur["values"].append(v)
         cur["bytes"] += nbytes
         cur["start"] = max(cur["start"], produced)
@@ -289,15 +327,18 @@ def expand(an: Analysis):
                 numel = 1
                 for s in v.meta["tm"][0][0]:
                     numel *= s
-                flats.append(call(aten.reshape.default, (v, [-1]), "fxdp_flat_" + v.name,
-                                  (numel,), dtype))
+                flats.append(
+                    call(aten.reshape.default, (v, [-1]), "fxdp_flat_" + v.name, (numel,), dtype)
+                )
                 total += numel
-            x = flats[0] if len(flats) == 1 else call(aten.cat.default, (flats, 0),
-                                                       "fxdp_bucket", (total,), dtype)
+            x = (
+                flats[0]
+                if len(flats) == 1
+                else call(aten.cat.default, (flats, 0), "fxdp_bucket", (total,), dtype)
+            )
             if b["op"] == P_AVG:
                 x = call(aten.mul.Scalar, (x, 1.0 / world), "fxdp_scale", (total,), dtype)
-            ar = call(c10d.all_reduce.default, (x, "sum", "0"), "fxdp_all_reduce", (total,),
-                      dtype)
+            ar = call(c10d.all_reduce.default, (x, "sum", "0"), "fxdp_all_reduce", (total,), dtype)
         keep = set(flats)
         with graph.inserting_before(nodes[b["wait"]]):
             w = call(c10d.wait_tensor.default, (ar,), "fxdp_wait_bucket", (total,), dtype)
@@ -307,10 +348,20 @@ def expand(an: Analysis):
                 numel = 1
                 for s in shape:
                     numel *= s
-                s = w if len(vals) == 1 else call(aten.slice.Tensor, (w, 0, off, off + numel, 1),
-                                                  "fxdp_unpack_" + v.name, (numel,), dtype)
-                red = call(aten.view.default, (s, list(shape)), "fxdp_reduced_" + v.name,
-                           shape, dtype)
+                s = (
+                    w
+                    if len(vals) == 1
+                    else call(
+                        aten.slice.Tensor,
+                        (w, 0, off, off + numel, 1),
+                        "fxdp_unpack_" + v.name,
+                        (numel,),
+                        dtype,
+                    )
+                )
+                red = call(
+                    aten.view.default, (s, list(shape)), "fxdp_reduced_" + v.name, shape, dtype
+                )
                 v.replace_all_uses_with(red, delete_user_cb=lambda u: u not in keep)
                 off += numel
 
@@ -326,8 +377,11 @@ def expand(an: Analysis):
         if p < R:
             shape, _, dtype = loss.meta["tm"][0]
             with graph.inserting_before(out):
-                x = loss if p == P_SUM else call(aten.mul.Scalar, (loss, 1.0 / world),
-                                                 "fxdp_scale", shape, dtype)
+                x = (
+                    loss
+                    if p == P_SUM
+                    else call(aten.mul.Scalar, (loss, 1.0 / world), "fxdp_scale", shape, dtype)
+                )
                 ar = call(c10d.all_reduce.default, (x, "sum", "0"), "fxdp_all_reduce", shape, dtype)
                 outs[k] = call(c10d.wait_tensor.default, (ar,), "fxdp_wait", shape, dtype)
         outs.append(loss)
@@ -350,15 +404,22 @@ def run_once(data: bytes, world: int, check: bool = False):
     buckets = expand(an)
     w3, c3 = time.perf_counter(), time.process_time()
     times = [(w1 - w0, c1 - c0), (w2 - w1, c2 - c1), (w3 - w2, c3 - c2)]
-    info = {"nodes": len(nodes), "expanded_nodes": len(graph.nodes), "buckets": len(buckets),
-            "warnings": sum(w[0] for w in an.warnings.values()),
-            "warning_ops": sorted(str(k) for k in an.warnings),
-            "reductions": len(an.reduced), "view_checks": an.view_checks}
+    info = {
+        "nodes": len(nodes),
+        "expanded_nodes": len(graph.nodes),
+        "buckets": len(buckets),
+        "warnings": sum(w[0] for w in an.warnings.values()),
+        "warning_ops": sorted(str(k) for k in an.warnings),
+        "reductions": len(an.reduced),
+        "view_checks": an.view_checks,
+    }
     return times, info, (graph, nodes, an)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--graph", required=True)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--world-size", type=int, default=8)
@@ -382,15 +443,29 @@ def main(argv=None) -> int:
         del keep
         gc.enable()
         gc.collect()
-    out = {"impl": "torch.fx (Python)", "graph": args.graph, "nodes": info["nodes"],
-           "wire_bytes": len(data), "world_size": args.world_size, "reps": args.reps,
-           "expanded_nodes": info["expanded_nodes"], "buckets": info["buckets"],
-           "reductions": info["reductions"], "warnings": info["warnings"],
-           "warning_ops": info["warning_ops"], "view_checks": info["view_checks"],
-           "peak_rss_bytes": peak,
-           "peak_rss_method": ("VmHWM (reset before rep 1) - VmRSS before rep 1" if hwm_reset
-                               else "VmHWM - VmRSS before rep 1"),
-           "torch": torch.__version__, "python": sys.version.split()[0], "threads": 1}
+    out = {
+        "impl": "torch.fx (Python)",
+        "graph": args.graph,
+        "nodes": info["nodes"],
+        "wire_bytes": len(data),
+        "world_size": args.world_size,
+        "reps": args.reps,
+        "expanded_nodes": info["expanded_nodes"],
+        "buckets": info["buckets"],
+        "reductions": info["reductions"],
+        "warnings": info["warnings"],
+        "warning_ops": info["warning_ops"],
+        "view_checks": info["view_checks"],
+        "peak_rss_bytes": peak,
+        "peak_rss_method": (
+            "VmHWM (reset before rep 1) - VmRSS before rep 1"
+            if hwm_reset
+            else "VmHWM - VmRSS before rep 1"
+        ),
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+        "threads": 1,
+    }
     for k, (wl, cl) in phases.items():
         out[f"{k}_wall_s"] = wl
         out[f"{k}_cpu_s"] = cl

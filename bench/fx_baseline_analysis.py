@@ -17,14 +17,13 @@ sys.path.insert(0, str(REPO / "client" / "python"))
 
 import torch  # noqa: E402
 import torch.fx as fx  # noqa: E402
+from fxdp.v1 import graph_pb2 as pb  # noqa: E402
 from torch.distributed.tensor._ops import _view_ops as vo  # noqa: E402
 
-from fxdp.v1 import graph_pb2 as pb  # noqa: E402
-
 aten = torch.ops.aten
-R = -1            # replicated
-P_SUM = -2        # partial, summed over ranks
-P_AVG = -3        # partial, averaged over ranks
+R = -1  # replicated
+P_SUM = -2  # partial, summed over ranks
+P_AVG = -3  # partial, averaged over ranks
 
 
 class _Meta:
@@ -54,9 +53,9 @@ def _carries(spec, b: int) -> bool:
 class Analysis:
     def __init__(self, graph: fx.Graph, nodes: list, world: int, check_dtensor: bool = False):
         self.graph, self.nodes, self.world = graph, nodes, world
-        self.pl: dict = {}        # node -> placement of output 0, or a list for sequences
+        self.pl: dict = {}  # node -> placement of output 0, or a list for sequences
         self.scaled: set = set()  # values holding B/B_r times their rows (a local mean)
-        self.reduced: dict = {}   # partial value -> (op, first non-linear use)
+        self.reduced: dict = {}  # partial value -> (op, first non-linear use)
         self.pos: dict = {}
         self.batch = 0
         self.warnings: dict = {}
@@ -104,8 +103,10 @@ class Analysis:
         if self.check:
             self.view_checks += 1
             from torch.distributed.tensor.placement_types import Shard
-            _, outp = vo.propagate_shape_and_sharding([Shard(p)], self.shape(x), rule,
-                                                      (self.world,), False)
+
+            _, outp = vo.propagate_shape_and_sharding(
+                [Shard(p)], self.shape(x), rule, (self.world,), False
+            )
             want = outp[0].dim if type(outp[0]) is Shard else R
             if want != out:
                 raise AssertionError(f"{node.name}: walk says {out}, DTensor {outp[0]}")
@@ -136,8 +137,11 @@ class Analysis:
                 others += 1
         if partial:
             ops = {p for _, p in partial}
-            ok = shard == R and len(ops) == 1 and (
-                (linear == "add" and others == 0) or (linear == "mul" and len(partial) == 1))
+            ok = (
+                shard == R
+                and len(ops) == 1
+                and ((linear == "add" and others == 0) or (linear == "mul" and len(partial) == 1))
+            )
             if ok:
                 return ops.pop()
             for a, p in partial:
@@ -312,7 +316,8 @@ VIEWS = {
     aten.expand.default: lambda x, size, implicit=False: vo.dim_maps[torch.Tensor.expand](x, size),
     aten.permute.default: vo.dim_maps[torch.permute],
     aten.transpose.int: vo.dim_maps[torch.transpose],
-    aten.t.default: lambda x: vo.dim_maps[torch.transpose](x, 0, 1) if x.ndim == 2
+    aten.t.default: lambda x: vo.dim_maps[torch.transpose](x, 0, 1)
+    if x.ndim == 2
     else tuple(vo.InputDim(i) for i in range(x.ndim)),
     aten.unsqueeze.default: vo.dim_maps[torch.unsqueeze],
     aten.squeeze.dim: vo.dim_maps[torch.squeeze],
@@ -320,22 +325,60 @@ VIEWS = {
     aten.squeeze.default: vo.dim_maps[torch.squeeze],
 }
 POINTWISE = {
-    **{op: "add" for op in (aten.add.Tensor, aten.sub.Tensor, aten.clone.default,
-                            aten.neg.default, aten.alias.default, aten.detach.default,
-                            aten._to_copy.default)},
-    **{op: "mul" for op in (aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor,
-                            aten.div.Scalar)},
-    **{op: None for op in (aten.gelu.default, aten.gelu_backward.default, aten.relu.default,
-                           aten.threshold_backward.default, aten.masked_fill.Scalar,
-                           aten.where.self, aten.exp.default, aten.log.default,
-                           aten.tanh.default, aten.sigmoid.default, aten.sqrt.default,
-                           aten.rsqrt.default, aten.pow.Tensor_Scalar, aten.addcmul.default,
-                           aten.addcdiv.default, aten.lerp.Scalar, aten.triu.default,
-                           aten.add.Scalar, aten.sub.Scalar,
-                           aten.maximum.default, aten.minimum.default, aten.sign.default,
-                           aten.abs.default)},
+    **{
+        op: "add"
+        for op in (
+            aten.add.Tensor,
+            aten.sub.Tensor,
+            aten.clone.default,
+            aten.neg.default,
+            aten.alias.default,
+            aten.detach.default,
+            aten._to_copy.default,
+        )
+    },
+    **{op: "mul" for op in (aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor, aten.div.Scalar)},
+    **{
+        op: None
+        for op in (
+            aten.gelu.default,
+            aten.gelu_backward.default,
+            aten.relu.default,
+            aten.threshold_backward.default,
+            aten.masked_fill.Scalar,
+            aten.where.self,
+            aten.exp.default,
+            aten.log.default,
+            aten.tanh.default,
+            aten.sigmoid.default,
+            aten.sqrt.default,
+            aten.rsqrt.default,
+            aten.pow.Tensor_Scalar,
+            aten.addcmul.default,
+            aten.addcdiv.default,
+            aten.lerp.Scalar,
+            aten.triu.default,
+            aten.add.Scalar,
+            aten.sub.Scalar,
+            aten.maximum.default,
+            aten.minimum.default,
+            aten.sign.default,
+            aten.abs.default,
+        )
+    },
 }
-LIKE = {aten.ones_like.default, aten.zeros_like.default, aten.empty_like.default,
-        aten.full_like.default}
-FACTORIES = {aten.ones.default, aten.zeros.default, aten.empty.memory_format, aten.full.default,
-             aten.arange.default, aten.arange.start, aten.scalar_tensor.default}
+LIKE = {
+    aten.ones_like.default,
+    aten.zeros_like.default,
+    aten.empty_like.default,
+    aten.full_like.default,
+}
+FACTORIES = {
+    aten.ones.default,
+    aten.zeros.default,
+    aten.empty.memory_format,
+    aten.full.default,
+    aten.arange.default,
+    aten.arange.start,
+    aten.scalar_tensor.default,
+}

@@ -16,10 +16,23 @@ def free_port() -> int:
 def clean_env(**extra) -> dict:
     """This process's environment without any launcher's rank variables (and OMP_NUM_THREADS), plus
     `extra`."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                        "MASTER_PORT", "OMP_NUM_THREADS", "SLURM_PROCID", "SLURM_NTASKS",
-                        "SLURM_LOCALID")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in (
+            "RANK",
+            "WORLD_SIZE",
+            "LOCAL_RANK",
+            "LOCAL_WORLD_SIZE",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "OMP_NUM_THREADS",
+            "SLURM_PROCID",
+            "SLURM_NTASKS",
+            "SLURM_LOCALID",
+        )
+    }
     env.update({k: str(v) for k, v in extra.items()})
     return env
 
@@ -27,5 +40,11 @@ def clean_env(**extra) -> dict:
 def rank_env(rank: int, world: int, port: int, **extra) -> dict:
     """clean_env for rank `rank` of `world` whose rendezvous is 127.0.0.1:`port` (torchrun's
     variables)."""
-    return clean_env(RANK=rank, WORLD_SIZE=world, LOCAL_RANK=rank, MASTER_ADDR="127.0.0.1",
-                     MASTER_PORT=port, **extra)
+    return clean_env(
+        RANK=rank,
+        WORLD_SIZE=world,
+        LOCAL_RANK=rank,
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=port,
+        **extra,
+    )

@@ -25,11 +25,11 @@
 #include <c10/core/InferenceMode.h>
 
 #include <algorithm>
-#include <map>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -65,8 +65,8 @@ struct Args {
   std::string graph, state, data;
   int steps = 0;
   int threads = 1;
-  bool detail = false;   // per-collective times on stderr
-  int profile = 0;       // the N most expensive ops (by op name) on stderr at the end
+  bool detail = false;  // per-collective times on stderr
+  int profile = 0;      // the N most expensive ops (by op name) on stderr at the end
 };
 
 absl::Status Run(const Args& a) {
@@ -108,9 +108,10 @@ absl::Status Run(const Args& a) {
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     const executor::CollectiveStats s = timed.TakeStats();
-    std::printf("rank %d step %d/%d loss %.8g ms %.3f wait %.3f start %.3f collectives %lld bytes %lld\n",
-                rank, i + 1, a.steps, value, ms, s.wait_ms, s.start_ms,
-                static_cast<long long>(s.collectives), static_cast<long long>(s.bytes));
+    std::printf(
+        "rank %d step %d/%d loss %.8g ms %.3f wait %.3f start %.3f collectives %lld bytes %lld\n",
+        rank, i + 1, a.steps, value, ms, s.wait_ms, s.start_ms,
+        static_cast<long long>(s.collectives), static_cast<long long>(s.bytes));
     std::fflush(stdout);
     if (a.detail) {
       std::string line = absl::StrCat("rank ", rank, " step ", i + 1, " collectives:");
@@ -137,7 +138,8 @@ absl::Status Run(const Args& a) {
                  total);
     for (size_t k = 0; k < sorted.size() && k < static_cast<size_t>(a.profile); ++k)
       std::fprintf(stderr, "  %8.3f  %4lld  %s\n", sorted[k].first,
-                   static_cast<long long>(by_op[sorted[k].second].second), sorted[k].second.c_str());
+                   static_cast<long long>(by_op[sorted[k].second].second),
+                   sorted[k].second.c_str());
   }
   return absl::OkStatus();
 }
@@ -174,7 +176,8 @@ int Main(int argc, char** argv) {
   }
   if (a.graph.empty() || a.state.empty() || a.data.empty() || a.steps < 1 || a.threads < 1) {
     std::fprintf(stderr,
-                 "usage: fxdp_step_bench --graph G --state S --data D --steps K [--threads T] [--detail] [--profile N]\n");
+                 "usage: fxdp_step_bench --graph G --state S --data D --steps K [--threads T] "
+                 "[--detail] [--profile N]\n");
     return 2;
   }
   const absl::Status s = Run(a);

@@ -42,9 +42,12 @@ sys.path.insert(0, str(REPO / "client" / "python"))
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
-
 from fxdp.zoo import models as zm  # noqa: E402
-from launch_util import clean_env, free_port, rank_env  # noqa: E402,F401  (fully_shard_vs_fsdp2 uses them as sv.*)
+from launch_util import (  # noqa: E402,F401  (fully_shard_vs_fsdp2 uses them as sv.*)
+    clean_env,
+    free_port,
+    rank_env,
+)
 
 LR = 1e-3
 
@@ -78,9 +81,18 @@ class GPT2(nn.Module):
         super().__init__()
         from transformers import GPT2Config, GPT2LMHeadModel
 
-        cfg = GPT2Config(vocab_size=vocab, n_positions=seq, n_embd=hidden, n_layer=layers,
-                         n_head=4 if hidden % 4 == 0 else 1, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                         bos_token_id=0, eos_token_id=0)
+        cfg = GPT2Config(
+            vocab_size=vocab,
+            n_positions=seq,
+            n_embd=hidden,
+            n_layer=layers,
+            n_head=4 if hidden % 4 == 0 else 1,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
         self.lm = GPT2LMHeadModel(cfg)
 
     def forward(self, tokens):
@@ -113,9 +125,12 @@ MODELS = {
     # global batch 128 x 1024 -> 256
     "mlp": (lambda: WideMLP(), nn.MSELoss(), _mlp_batch, ("x", "target")),
     # the zoo's TransformerLM at d_model 256, 2 layers, vocab 2048; global batch 16 x 64 tokens
-    "transformer": (lambda: zm.TransformerLM(vocab=2048, d_model=256, heads=4, ff=1024, layers=2,
-                                             max_seq=64),
-                    zm.lm_loss, _lm_batch, ("tokens", "target")),
+    "transformer": (
+        lambda: zm.TransformerLM(vocab=2048, d_model=256, heads=4, ff=1024, layers=2, max_seq=64),
+        zm.lm_loss,
+        _lm_batch,
+        ("tokens", "target"),
+    ),
     # Hugging Face GPT-2 (6 x 256, seq 128, vocab 8192) with AdamW; global batch 4 x 128 tokens
     "gpt2": (lambda: GPT2(*GPT2_SIZE[:4]), zm.lm_loss, _gpt2_batch, ("tokens", "target")),
 }
@@ -171,15 +186,21 @@ def timed_steps(net, opt, loss_fn, x, y, steps: int) -> list:
 def eager_child(args) -> None:
     """One rank of the DDP run (world 2), or the plain eager step on the B/2 slice (world 1)."""
     torch.set_num_threads(1)
-    import torch.distributed as dist
     from datetime import timedelta
+
+    import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     model, opt, loss_fn, batch, _ = make(args.model)
     world = args.world
     if world > 1:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=args.rank,
-                                world_size=world, timeout=timedelta(seconds=120))
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{args.port}",
+            rank=args.rank,
+            world_size=world,
+            timeout=timedelta(seconds=120),
+        )
         net = DDP(model, bucket_cap_mb=args.bucket_mb)
         x, y = shard(batch, args.rank, world)
     else:
@@ -200,8 +221,10 @@ def eager_child(args) -> None:
 def launch(cmds_envs, timeout: float = 600, stderr: bool = False) -> list:
     """Runs the processes together; returns their stdouts, or (stdout, stderr) pairs (raises on
     failure)."""
-    procs = [subprocess.Popen(c, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for c, e in cmds_envs]
+    procs = [
+        subprocess.Popen(c, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for c, e in cmds_envs
+    ]
     outs = []
     for p, (c, _) in zip(procs, cmds_envs):
         out, err = p.communicate(timeout=timeout)
@@ -214,8 +237,10 @@ def launch(cmds_envs, timeout: float = 600, stderr: bool = False) -> list:
 
 
 WORKER_STEP = re.compile(r"^step (\d+)/(\d+) loss (\S+) \(([\d.]+) ms\)$")
-BENCH_STEP = re.compile(r"^rank (\d+) step (\d+)/(\d+) loss (\S+) ms ([\d.]+) wait ([\d.]+) "
-                        r"start ([\d.]+) collectives (\d+) bytes (\d+)$")
+BENCH_STEP = re.compile(
+    r"^rank (\d+) step (\d+)/(\d+) loss (\S+) ms ([\d.]+) wait ([\d.]+) "
+    r"start ([\d.]+) collectives (\d+) bytes (\d+)$"
+)
 # fxdp_step_bench --detail (stderr): per collective, in the order started
 BENCH_DETAIL = re.compile(r"\[(\d+) B: ([\d.]+) ms in flight, ([\d.]+) ms waited\]")
 
@@ -223,36 +248,70 @@ BENCH_DETAIL = re.compile(r"\[(\d+) B: ([\d.]+) ms in flight, ([\d.]+) ms waited
 def rank_graph(files, rank: int) -> str:
     """Rank `rank`'s expanded graph: one file for all ranks, or one per rank (`fxdp expand` writes
     X.rank<r>.expanded when the ranks differ, e.g. when they slice a replicated value's rows)."""
-    return files["expanded"] if files["identical"] else files["expanded"].replace(
-        ".expanded", f".rank{rank}.expanded")
+    return (
+        files["expanded"]
+        if files["identical"]
+        else files["expanded"].replace(".expanded", f".rank{rank}.expanded")
+    )
 
 
 def run_worker(build, files, world: int, steps: int) -> list[float]:
     port = free_port()
     data = files["batch"] if world > 1 else files["local"]
-    cmd = lambda r: [str(build / "bin" / "fxdp-worker"), "run", "--graph", rank_graph(files, r),  # noqa: E731
-                     "--state", files["state"], "--data", data, "--steps", str(steps), "--threads", "1"]
+    cmd = lambda r: [  # noqa: E731
+        str(build / "bin" / "fxdp-worker"),
+        "run",
+        "--graph",
+        rank_graph(files, r),  # noqa: E731
+        "--state",
+        files["state"],
+        "--data",
+        data,
+        "--steps",
+        str(steps),
+        "--threads",
+        "1",
+    ]
     out = launch([(cmd(r), rank_env(r, world, port)) for r in range(world)])[0]
     return [float(m.group(4)) for m in map(WORKER_STEP.match, out.splitlines()) if m]
 
 
 def run_step_bench(build, files, world: int, steps: int):
     port = free_port()
-    cmd = lambda r: [str(build / "bin" / "fxdp_step_bench"), "--graph", rank_graph(files, r),  # noqa: E731
-                     "--state", files["state"], "--data", files["batch"], "--steps", str(steps),
-                     "--threads", "1", "--detail"]
+    cmd = lambda r: [  # noqa: E731
+        str(build / "bin" / "fxdp_step_bench"),
+        "--graph",
+        rank_graph(files, r),  # noqa: E731
+        "--state",
+        files["state"],
+        "--data",
+        files["batch"],
+        "--steps",
+        str(steps),
+        "--threads",
+        "1",
+        "--detail",
+    ]
     outs = launch([(cmd(r), rank_env(r, world, port)) for r in range(world)], stderr=True)
     per_rank = []
     for out, err in outs:
         rows = [m for m in map(BENCH_STEP.match, out.splitlines()) if m]
         # per step: [(bytes, in flight ms, waited ms)] for each collective
-        detail = [[(int(b), float(f), float(w)) for b, f, w in BENCH_DETAIL.findall(line)]
-                  for line in err.splitlines() if " collectives: [" in line]
-        per_rank.append({"ms": [float(m.group(5)) for m in rows],
-                         "wait": [float(m.group(6)) for m in rows],
-                         "start": [float(m.group(7)) for m in rows],
-                         "collectives": int(rows[0].group(8)), "bytes": int(rows[0].group(9)),
-                         "detail": detail})
+        detail = [
+            [(int(b), float(f), float(w)) for b, f, w in BENCH_DETAIL.findall(line)]
+            for line in err.splitlines()
+            if " collectives: [" in line
+        ]
+        per_rank.append(
+            {
+                "ms": [float(m.group(5)) for m in rows],
+                "wait": [float(m.group(6)) for m in rows],
+                "start": [float(m.group(7)) for m in rows],
+                "collectives": int(rows[0].group(8)),
+                "bytes": int(rows[0].group(9)),
+                "detail": detail,
+            }
+        )
     return per_rank
 
 
@@ -262,9 +321,13 @@ def per_collective(detail, warmup: int) -> list[dict]:
     steps = detail[warmup:] or detail
     out = []
     for k in range(min(len(d) for d in steps)):
-        out.append({"bytes": steps[0][k][0],
-                    "in_flight_ms": statistics.median(d[k][1] for d in steps),
-                    "wait_ms": statistics.median(d[k][2] for d in steps)})
+        out.append(
+            {
+                "bytes": steps[0][k][0],
+                "in_flight_ms": statistics.median(d[k][1] for d in steps),
+                "wait_ms": statistics.median(d[k][2] for d in steps),
+            }
+        )
     return out
 
 
@@ -272,8 +335,23 @@ def run_eager(model: str, world: int, steps: int, bucket_mb: float) -> list[floa
     port = free_port()
     cmds = []
     for r in range(world):
-        cmd = [sys.executable, __file__, "--child", "--model", model, "--rank", str(r), "--world",
-               str(world), "--port", str(port), "--steps", str(steps), "--bucket-mb", str(bucket_mb)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--child",
+            "--model",
+            model,
+            "--rank",
+            str(r),
+            "--world",
+            str(world),
+            "--port",
+            str(port),
+            "--steps",
+            str(steps),
+            "--bucket-mb",
+            str(bucket_mb),
+        ]
         if GPT2_SIZE == GPT2_QUICK:
             cmd.append("--quick")
         cmds.append((cmd, clean_env(OMP_NUM_THREADS=1)))
@@ -281,7 +359,9 @@ def run_eager(model: str, world: int, steps: int, bucket_mb: float) -> list[floa
     return json.loads(out.strip().splitlines()[-1])["ms"]
 
 
-def prepare(model_name: str, d: str, fxdp_bin: str, bucket_mb: float, style: str = "replicate") -> dict:
+def prepare(
+    model_name: str, d: str, fxdp_bin: str, bucket_mb: float, style: str = "replicate"
+) -> dict:
     """Traces `model_name`, writes its graph, state and batches under `d` and expands it for 2 ranks
     (`fxdp expand --style style`); the files' names say the style unless it is replicate."""
     import fxdp
@@ -290,44 +370,78 @@ def prepare(model_name: str, d: str, fxdp_bin: str, bucket_mb: float, style: str
     model, opt, loss_fn, batch, names = make(model_name)
     step = fxdp.trace(model, opt, loss_fn, batch, batch_dim=0, input_names=names)
     stem = model_name if style == "replicate" else f"{model_name}.{style}"
-    files = {k: os.path.join(d, f"{stem}.{k}") for k in
-             ("graph", "state", "batch", "local", "expanded")}
+    files = {
+        k: os.path.join(d, f"{stem}.{k}") for k in ("graph", "state", "batch", "local", "expanded")
+    }
     step.save(files["graph"])
     step.to_safetensors(files["state"])
     save_file(dict(zip(names, batch)), files["batch"])
     save_file(dict(zip(names, shard(batch, 0, 2))), files["local"])
-    r = subprocess.run([fxdp_bin, "expand", files["graph"], "--world-size", "2", "--bucket-mb",
-                        str(bucket_mb), "-o", files["expanded"], "--json"]
-                       + (["--style", style] if style != "replicate" else []),
-                       check=True, capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            fxdp_bin,
+            "expand",
+            files["graph"],
+            "--world-size",
+            "2",
+            "--bucket-mb",
+            str(bucket_mb),
+            "-o",
+            files["expanded"],
+            "--json",
+        ]
+        + (["--style", style] if style != "replicate" else []),
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     report = json.loads(r.stdout)
     files["identical"] = os.path.exists(files["expanded"])
     nparams = sum(p.numel() for p in model.parameters())
     files["info"] = {
-        "params": nparams, "graph_nodes": len(step.graph.nodes),
-        "buckets": [b["bytes"] for b in report["buckets"]], "bytes_per_step": report["bytes_per_step"],
-        "largest_gather": max((c["bytes"] for c in report.get("collectives", [])
-                               if c.get("purpose", "").startswith("gather unit")), default=0),
+        "params": nparams,
+        "graph_nodes": len(step.graph.nodes),
+        "buckets": [b["bytes"] for b in report["buckets"]],
+        "bytes_per_step": report["bytes_per_step"],
+        "largest_gather": max(
+            (
+                c["bytes"]
+                for c in report.get("collectives", [])
+                if c.get("purpose", "").startswith("gather unit")
+            ),
+            default=0,
+        ),
         "global_batch": list(batch[0].shape),
     }
     return files
 
 
 def summary(per_run: list[float]) -> dict:
-    return {"median": statistics.median(per_run), "min": min(per_run), "max": max(per_run),
-            "runs": per_run}
+    return {
+        "median": statistics.median(per_run),
+        "min": min(per_run),
+        "max": max(per_run),
+        "runs": per_run,
+    }
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--build", default=str(REPO / "build"))
     ap.add_argument("--models", default="mlp,transformer,gpt2")
     ap.add_argument("--steps", type=int, help="steps per run (default 30; gpt2 12)")
-    ap.add_argument("--warmup", type=int, help="steps left out of each run's median (default 5; gpt2 2)")
+    ap.add_argument(
+        "--warmup", type=int, help="steps left out of each run's median (default 5; gpt2 2)"
+    )
     ap.add_argument("--reps", type=int, help="repetitions (default 5; gpt2 3)")
     ap.add_argument("--bucket-mb", type=float, default=25)
-    ap.add_argument("--quick", action="store_true",
-                    help="a tiny GPT-2, 3 steps, 1 repetition, only the fxdp-worker and DDP runs (tests)")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="a tiny GPT-2, 3 steps, 1 repetition, only the fxdp-worker and DDP runs (tests)",
+    )
     ap.add_argument("--json")
     # child mode (one eager/DDP rank)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -348,14 +462,26 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as d:
         for name in args.models.split(","):
             base = QUICK_DEFAULTS if args.quick else {**DEFAULTS, **MODEL_DEFAULTS.get(name, {})}
-            cfg = {k: getattr(args, k) if getattr(args, k) is not None else base[k]
-                   for k in ("steps", "warmup", "reps")}
+            cfg = {
+                k: getattr(args, k) if getattr(args, k) is not None else base[k]
+                for k in ("steps", "warmup", "reps")
+            }
             results[name] = bench_model(name, build, d, args, cfg)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"torch": torch.__version__, "steps": args.steps or DEFAULTS["steps"],
-                       "warmup": args.warmup or DEFAULTS["warmup"], "reps": args.reps or DEFAULTS["reps"],
-                       "bucket_mb": args.bucket_mb, "quick": args.quick, "results": results}, f, indent=1)
+            json.dump(
+                {
+                    "torch": torch.__version__,
+                    "steps": args.steps or DEFAULTS["steps"],
+                    "warmup": args.warmup or DEFAULTS["warmup"],
+                    "reps": args.reps or DEFAULTS["reps"],
+                    "bucket_mb": args.bucket_mb,
+                    "quick": args.quick,
+                    "results": results,
+                },
+                f,
+                indent=1,
+            )
     return 0
 
 
@@ -364,22 +490,33 @@ def bench_model(name: str, build: pathlib.Path, d: str, args, cfg: dict) -> dict
     med = lambda xs: statistics.median(xs[w:])  # noqa: E731
     files = prepare(name, d, str(build / "bin" / "fxdp"), args.bucket_mb)
     info = files["info"]
-    print(f"== {name}: {info['params']:,} parameters, {info['graph_nodes']} graph nodes, global "
-          f"batch {info['global_batch']}, buckets {info['buckets']} bytes; {cfg}", flush=True)
+    print(
+        f"== {name}: {info['params']:,} parameters, {info['graph_nodes']} graph nodes, global "
+        f"batch {info['global_batch']}, buckets {info['buckets']} bytes; {cfg}",
+        flush=True,
+    )
     keys = ["fxdp-worker N=2", "DDP N=2"]
     if not args.quick:
-        keys += ["fxdp_step_bench N=2", "fxdp wait (rank 0)", "fxdp wait (rank 1)", "fxdp start (rank 0)",
-                 "fxdp-worker N=1", "eager N=1"]
+        keys += [
+            "fxdp_step_bench N=2",
+            "fxdp wait (rank 0)",
+            "fxdp wait (rank 1)",
+            "fxdp start (rank 0)",
+            "fxdp-worker N=1",
+            "eager N=1",
+        ]
     runs = {k: [] for k in keys}
     ratios, loads, run_loads, detail, sb = [], [], [], [], None
     for rep in range(cfg["reps"]):
         loads.append(os.getloadavg()[0])
         # fxdp and DDP back to back, in alternating order, so that each
         # repetition's ratio compares runs under similar machine load.
-        pair = [("fxdp-worker N=2", lambda: run_worker(build, files, 2, steps)),
-                ("DDP N=2", lambda: run_eager(name, 2, steps, args.bucket_mb))]
+        pair = [
+            ("fxdp-worker N=2", lambda: run_worker(build, files, 2, steps)),
+            ("DDP N=2", lambda: run_eager(name, 2, steps, args.bucket_mb)),
+        ]
         rl = {}
-        for key, fn in (pair if rep % 2 == 0 else pair[::-1]):
+        for key, fn in pair if rep % 2 == 0 else pair[::-1]:
             rl[key] = os.getloadavg()[0]  # the 1-minute load average as the run starts
             runs[key].append(med(fn()))
         run_loads.append(rl)
@@ -393,9 +530,12 @@ def bench_model(name: str, build: pathlib.Path, d: str, args, cfg: dict) -> dict
             detail.append(per_collective(sb[0]["detail"], w))
             runs["fxdp-worker N=1"].append(med(run_worker(build, files, 1, steps)))
             runs["eager N=1"].append(med(run_eager(name, 1, steps, args.bucket_mb)))
-        print(f"  rep {rep + 1} (load {loads[-1]:.1f}): "
-              + ", ".join(f"{k} {v[-1]:.1f}" for k, v in runs.items())
-              + f", ratio {ratios[-1]:.2f}", flush=True)
+        print(
+            f"  rep {rep + 1} (load {loads[-1]:.1f}): "
+            + ", ".join(f"{k} {v[-1]:.1f}" for k, v in runs.items())
+            + f", ratio {ratios[-1]:.2f}",
+            flush=True,
+        )
     res = {k: summary(v) for k, v in runs.items()}
     res["fxdp-worker / DDP (per repetition)"] = summary(ratios)
     res["load average"] = loads
@@ -412,12 +552,20 @@ def bench_model(name: str, build: pathlib.Path, d: str, args, cfg: dict) -> dict
         print(f"| {k:<22} | {s['median']:.1f} | {s['min']:.1f} | {s['max']:.1f} |")
     r = res["fxdp-worker / DDP (per repetition)"]
     if detail:
-        print("fxdp collectives (rank 0, last repetition): "
-              + ", ".join(f"{c['bytes']:,} B {c['in_flight_ms']:.1f} ms in flight, "
-                          f"{c['wait_ms']:.1f} ms waited" for c in detail[-1]))
-    print(f"fxdp-worker / DDP: median of medians {res['fxdp-worker N=2']['median'] / res['DDP N=2']['median']:.2f}, "
-          f"per repetition median {r['median']:.2f} (min {r['min']:.2f}, max {r['max']:.2f}); "
-          f"target <= 0.95; load average {min(loads):.1f}-{max(loads):.1f}\n", flush=True)
+        print(
+            "fxdp collectives (rank 0, last repetition): "
+            + ", ".join(
+                f"{c['bytes']:,} B {c['in_flight_ms']:.1f} ms in flight, "
+                f"{c['wait_ms']:.1f} ms waited"
+                for c in detail[-1]
+            )
+        )
+    print(
+        f"fxdp-worker / DDP: median of medians {res['fxdp-worker N=2']['median'] / res['DDP N=2']['median']:.2f}, "
+        f"per repetition median {r['median']:.2f} (min {r['min']:.2f}, max {r['max']:.2f}); "
+        f"target <= 0.95; load average {min(loads):.1f}-{max(loads):.1f}\n",
+        flush=True,
+    )
     return res
 
 

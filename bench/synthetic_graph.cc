@@ -58,9 +58,7 @@ Argument IntList(const Shape& v) {
 // output type the way torch's meta functions do for the ops used here.
 class Builder {
  public:
-  const TensorType& type(ValueRef r) const {
-    return nodes_[r.node.value].outputs[r.output].tensor;
-  }
+  const TensorType& type(ValueRef r) const { return nodes_[r.node.value].outputs[r.output].tensor; }
 
   ValueRef Placeholder(const std::string& name, TensorType t, ir::PlaceholderRole role,
                        const std::string& state, int32_t batch_dim = 0) {
@@ -102,8 +100,10 @@ class Builder {
     Shape out = sizes;
     int64_t known = 1, infer = -1;
     for (size_t i = 0; i < out.size(); ++i) {
-      if (out[i] == -1) infer = static_cast<int64_t>(i);
-      else known *= out[i];
+      if (out[i] == -1)
+        infer = static_cast<int64_t>(i);
+      else
+        known *= out[i];
     }
     if (infer >= 0) out[infer] = in.numel() / known;
     return Call(op, absl::StrCat("aten::", op), "", {x, IntList(sizes)},
@@ -193,11 +193,10 @@ class Builder {
   std::vector<ValueRef> LayerNormBackward(ValueRef grad, ValueRef input, ValueRef mean,
                                           ValueRef rstd, ValueRef w, ValueRef b) {
     const Shape& s = type(input).shape;
-    const ValueRef lnb =
-        Call("native_layer_norm_backward", "aten::native_layer_norm_backward", "",
-             {grad, input, IntList({s.back()}), mean, rstd, w, b,
-              Argument(Argument::List{true, true, true})},
-             {Contiguous(s), Contiguous({s.back()}), Contiguous({s.back()})});
+    const ValueRef lnb = Call("native_layer_norm_backward", "aten::native_layer_norm_backward", "",
+                              {grad, input, IntList({s.back()}), mean, rstd, w, b,
+                               Argument(Argument::List{true, true, true})},
+                              {Contiguous(s), Contiguous({s.back()}), Contiguous({s.back()})});
     return GetItems(lnb, 3);
   }
   std::vector<ValueRef> GetItems(ValueRef multi, int n) {
@@ -265,9 +264,9 @@ absl::Status CheckShape(const TransformerShape& s, int32_t layers) {
   if (s.batch < 1 || s.seq < 1 || s.d_model < 1 || s.heads < 1 || s.ff < 1 || s.vocab < 1 ||
       s.max_seq < s.seq || s.d_model % s.heads != 0)
     return absl::InvalidArgumentError(absl::StrCat(
-        "inconsistent transformer shape: batch ", s.batch, ", seq ", s.seq, ", max_seq ",
-        s.max_seq, ", d_model ", s.d_model, ", heads ", s.heads, ", ff ", s.ff, ", vocab ",
-        s.vocab, " (all >= 1, max_seq >= seq, heads divides d_model)"));
+        "inconsistent transformer shape: batch ", s.batch, ", seq ", s.seq, ", max_seq ", s.max_seq,
+        ", d_model ", s.d_model, ", heads ", s.heads, ", ff ", s.ff, ", vocab ", s.vocab,
+        " (all >= 1, max_seq >= seq, heads divides d_model)"));
   return absl::OkStatus();
 }
 
@@ -301,15 +300,22 @@ absl::StatusOr<ir::Graph> BuildTransformerStep(const TransformerShape& s, int32_
   };
   const size_t tok = param("tok.weight", {V, D});
   const size_t pos = param("pos.weight", {s.max_seq, D});
-  struct BlockParams { size_t ln1w, ln1b, qkv, projw, projb, ln2w, ln2b, fc1w, fc1b, fc2w, fc2b; };
+  struct BlockParams {
+    size_t ln1w, ln1b, qkv, projw, projb, ln2w, ln2b, fc1w, fc1b, fc2w, fc2b;
+  };
   std::vector<BlockParams> bp(layers);
   for (int32_t i = 0; i < layers; ++i) {
     const std::string p = absl::StrCat("blocks.", i, ".");
-    bp[i] = {param(p + "ln1.weight", {D}), param(p + "ln1.bias", {D}),
-             param(p + "attn.qkv.weight", {3 * D, D}), param(p + "attn.proj.weight", {D, D}),
-             param(p + "attn.proj.bias", {D}), param(p + "ln2.weight", {D}),
-             param(p + "ln2.bias", {D}), param(p + "fc1.weight", {F, D}),
-             param(p + "fc1.bias", {F}), param(p + "fc2.weight", {D, F}),
+    bp[i] = {param(p + "ln1.weight", {D}),
+             param(p + "ln1.bias", {D}),
+             param(p + "attn.qkv.weight", {3 * D, D}),
+             param(p + "attn.proj.weight", {D, D}),
+             param(p + "attn.proj.bias", {D}),
+             param(p + "ln2.weight", {D}),
+             param(p + "ln2.bias", {D}),
+             param(p + "fc1.weight", {F, D}),
+             param(p + "fc1.bias", {F}),
+             param(p + "fc2.weight", {D, F}),
              param(p + "fc2.bias", {D})};
   }
   const size_t lnfw = param("ln_f.weight", {D}), lnfb = param("ln_f.bias", {D});
@@ -333,13 +339,13 @@ absl::StatusOr<ir::Graph> BuildTransformerStep(const TransformerShape& s, int32_
   const Argument cpu = ir::Device{};
 
   // ---- forward
-  const ValueRef arange = b.Call("arange", "aten::arange", "", {T},
-                                 {Contiguous({T}, DType::kInt64)},
-                                 {{"device", cpu}, {"pin_memory", false}});
-  const ValueRef emb = b.Call("embedding", "aten::embedding", "", {P(tok), tokens},
-                              {Contiguous({B, T, D})});
-  const ValueRef emb_pos = b.Call("embedding", "aten::embedding", "", {P(pos), arange},
-                                  {Contiguous({T, D})});
+  const ValueRef arange =
+      b.Call("arange", "aten::arange", "", {T}, {Contiguous({T}, DType::kInt64)},
+             {{"device", cpu}, {"pin_memory", false}});
+  const ValueRef emb =
+      b.Call("embedding", "aten::embedding", "", {P(tok), tokens}, {Contiguous({B, T, D})});
+  const ValueRef emb_pos =
+      b.Call("embedding", "aten::embedding", "", {P(pos), arange}, {Contiguous({T, D})});
   ValueRef x = b.Add(emb, emb_pos);
 
   std::vector<BlockSaved> saved(layers);
@@ -362,11 +368,11 @@ absl::StatusOr<ir::Graph> BuildTransformerStep(const TransformerShape& s, int32_
     sv.k_3d = b.UnsafeView(b.Clone(b.Expand(kt, {B, H, Dh, T})), {BH, Dh, T});
     const ValueRef scores = b.UnsafeView(b.Bmm(sv.q_3d, sv.k_3d), {B, H, T, T});
     const ValueRef scaled = b.MulScalar(scores, scale);
-    const ValueRef ones = b.Call("ones", "aten::ones", "", {IntList({T, T})},
-                                 {Contiguous({T, T}, DType::kBool)},
-                                 {{"dtype", DType::kBool}, {"device", cpu}, {"pin_memory", false}});
-    sv.mask = b.Call("triu", "aten::triu", "", {ones, int64_t{1}},
-                     {Contiguous({T, T}, DType::kBool)});
+    const ValueRef ones =
+        b.Call("ones", "aten::ones", "", {IntList({T, T})}, {Contiguous({T, T}, DType::kBool)},
+               {{"dtype", DType::kBool}, {"device", cpu}, {"pin_memory", false}});
+    sv.mask =
+        b.Call("triu", "aten::triu", "", {ones, int64_t{1}}, {Contiguous({T, T}, DType::kBool)});
     const ValueRef masked = b.Call("masked_fill", "aten::masked_fill", "Scalar",
                                    {scaled, sv.mask, -std::numeric_limits<double>::infinity()},
                                    {Contiguous({B, H, T, T})});
@@ -411,10 +417,10 @@ absl::StatusOr<ir::Graph> BuildTransformerStep(const TransformerShape& s, int32_
   const ValueRef ones_like =
       b.Call("ones_like", "aten::ones_like", "", {loss}, {Contiguous({})},
              {{"pin_memory", false}, {"memory_format", ir::MemoryFormat::kPreserve}});
-  const ValueRef nll_b = b.Call(
-      "nll_loss_backward", "aten::nll_loss_backward", "",
-      {ones_like, logp, target_1d, ir::NoneArg{}, int64_t{1}, int64_t{-100}, nll_out[1]},
-      {Contiguous({BT, V})});
+  const ValueRef nll_b =
+      b.Call("nll_loss_backward", "aten::nll_loss_backward", "",
+             {ones_like, logp, target_1d, ir::NoneArg{}, int64_t{1}, int64_t{-100}, nll_out[1]},
+             {Contiguous({BT, V})});
   const ValueRef logp_b =
       b.Call("_log_softmax_backward_data", "aten::_log_softmax_backward_data", "",
              {nll_b, logp, int64_t{1}, DType::kFloat32}, {Contiguous({BT, V})});
@@ -453,8 +459,8 @@ absl::StatusOr<ir::Graph> BuildTransformerStep(const TransformerShape& s, int32_
     const BlockParams& q = bp[i];
     // MLP.
     const ValueRef g_fc2 = b.View(dx, {BT, D});
-    const ValueRef g_gelu = b.View(linear_backward(g_fc2, sv.gelu_2d, sv.fc2_t, q.fc2w, q.fc2b),
-                                   {B, T, F});
+    const ValueRef g_gelu =
+        b.View(linear_backward(g_fc2, sv.gelu_2d, sv.fc2_t, q.fc2w, q.fc2b), {B, T, F});
     const ValueRef g_fc1_out = b.Call("gelu_backward", "aten::gelu_backward", "",
                                       {g_gelu, sv.fc1_out}, {Contiguous({B, T, F})});
     const ValueRef g_fc1 = b.View(g_fc1_out, {BT, F});
@@ -466,17 +472,17 @@ absl::StatusOr<ir::Graph> BuildTransformerStep(const TransformerShape& s, int32_
     const ValueRef g_mid = b.Add(dx, ln2_b[0]);
     // Attention output projection.
     const ValueRef g_proj = b.View(g_mid, {BT, D});
-    const ValueRef g_y = b.View(linear_backward(g_proj, sv.attn_2d, sv.proj_t, q.projw, q.projb),
-                                {B, T, D});
+    const ValueRef g_y =
+        b.View(linear_backward(g_proj, sv.attn_2d, sv.proj_t, q.projw, q.projb), {B, T, D});
     const ValueRef g_y4 = b.Transpose(b.View(g_y, {B, T, H, Dh}), 1, 2);
     const ValueRef g_y3 = b.UnsafeView(b.Clone(g_y4), {BH, T, Dh});
     const ValueRef g_v3 = b.Bmm(b.Transpose(sv.att_3d, 1, 2), g_y3);
     const ValueRef g_att3 = b.Bmm(g_y3, b.Transpose(sv.v_3d, 1, 2));
     const ValueRef g_v = b.View(g_v3, {B, H, T, Dh});
     const ValueRef g_att = b.View(g_att3, {B, H, T, T});
-    const ValueRef g_sm = b.Call("_softmax_backward_data", "aten::_softmax_backward_data", "",
-                                 {g_att, sv.softmax, int64_t{-1}, DType::kFloat32},
-                                 {Contiguous({B, H, T, T})});
+    const ValueRef g_sm =
+        b.Call("_softmax_backward_data", "aten::_softmax_backward_data", "",
+               {g_att, sv.softmax, int64_t{-1}, DType::kFloat32}, {Contiguous({B, H, T, T})});
     const ValueRef g_masked = b.Call("masked_fill", "aten::masked_fill", "Scalar",
                                      {g_sm, sv.mask, int64_t{0}}, {Contiguous({B, H, T, T})});
     const ValueRef g_scores = b.View(b.MulScalar(g_masked, scale), {BH, T, T});
@@ -517,9 +523,8 @@ absl::StatusOr<ir::Graph> BuildTransformerStep(const TransformerShape& s, int32_
              {g_pos_rows, arange, s.max_seq, int64_t{-1}, false}, {Contiguous({s.max_seq, D})});
   b.MarkGrad(g_pos, params[pos].state);
   params[pos].grad = g_pos;
-  const ValueRef g_tok =
-      b.Call("embedding_dense_backward", "aten::embedding_dense_backward", "",
-             {dx, tokens, V, int64_t{-1}, false}, {Contiguous({V, D})});
+  const ValueRef g_tok = b.Call("embedding_dense_backward", "aten::embedding_dense_backward", "",
+                                {dx, tokens, V, int64_t{-1}, false}, {Contiguous({V, D})});
   b.MarkGrad(g_tok, params[tok].state);
   params[tok].grad = g_tok;
 

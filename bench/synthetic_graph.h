@@ -29,10 +29,10 @@ namespace fxdp::bench {
 // shapes and view arguments).
 struct TransformerShape {
   int64_t batch = 8;
-  int64_t seq = 128;      // T: tokens per sample (input is [batch, seq]).
-  int64_t max_seq = 1024; // rows of the positional embedding, >= seq.
+  int64_t seq = 128;       // T: tokens per sample (input is [batch, seq]).
+  int64_t max_seq = 1024;  // rows of the positional embedding, >= seq.
   int64_t d_model = 768;
-  int64_t heads = 12;     // divides d_model.
+  int64_t heads = 12;  // divides d_model.
   int64_t ff = 3072;
   int64_t vocab = 50257;
 

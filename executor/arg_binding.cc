@@ -69,18 +69,18 @@ c10::Device ArgBinder::MapDevice(const ir::Device& d) const {
   return ToTorch(d);
 }
 
-absl::Status ArgBinder::Mismatch(const Node& n, const std::string& where,
-                                 const c10::TypePtr& type, const Argument& a) const {
-  return NodeError(n, absl::StrCat(where, " expects ", type->str(), ", got ",
-                                   DescribeArgument(g_, a)));
+absl::Status ArgBinder::Mismatch(const Node& n, const std::string& where, const c10::TypePtr& type,
+                                 const Argument& a) const {
+  return NodeError(
+      n, absl::StrCat(where, " expects ", type->str(), ", got ", DescribeArgument(g_, a)));
 }
 
 absl::StatusOr<std::vector<ArgPlan>> ArgBinder::BindCall(const Node& n,
                                                          const c10::FunctionSchema& schema) {
   const auto& sargs = schema.arguments();
   if (n.args.size() > sargs.size())
-    return NodeError(n, absl::StrCat("takes at most ", sargs.size(),
-                                     " positional arguments, got ", n.args.size()));
+    return NodeError(n, absl::StrCat("takes at most ", sargs.size(), " positional arguments, got ",
+                                     n.args.size()));
   std::vector<const Argument*> given(sargs.size(), nullptr);
   for (size_t i = 0; i < n.args.size(); ++i) given[i] = &n.args[i];
   for (const ir::KeywordArgument& kw : n.kwargs) {
@@ -112,8 +112,8 @@ absl::StatusOr<std::vector<ArgPlan>> ArgBinder::BindCall(const Node& n,
 
 absl::StatusOr<ArgPlan> ArgBinder::PlanArg(const Node& n, const c10::Argument& sa,
                                            const Argument& a) {
-  FXDP_ASSIGN_OR_RETURN(Bound b, Bind(n, absl::StrCat("argument '", sa.name(), "'"), a,
-                                      sa.type(), sa.real_type(), sa.N()));
+  FXDP_ASSIGN_OR_RETURN(Bound b, Bind(n, absl::StrCat("argument '", sa.name(), "'"), a, sa.type(),
+                                      sa.real_type(), sa.N()));
   ArgPlan p;
   if (b.slot == -2) {
     p = std::move(pending_list_);
@@ -145,12 +145,14 @@ absl::StatusOr<ArgBinder::Bound> ArgBinder::Bind(const Node& n, const std::strin
     bool ok = false;
     switch (kind) {
       case K::TensorType: ok = t.is_tensor(); break;
-      case K::IntType: case K::SymIntType: ok = t.kind == ValueKind::kInt; break;
-      case K::FloatType: case K::SymFloatType: ok = t.kind == ValueKind::kFloat; break;
-      case K::BoolType: case K::SymBoolType: ok = t.kind == ValueKind::kBool; break;
+      case K::IntType:
+      case K::SymIntType: ok = t.kind == ValueKind::kInt; break;
+      case K::FloatType:
+      case K::SymFloatType: ok = t.kind == ValueKind::kFloat; break;
+      case K::BoolType:
+      case K::SymBoolType: ok = t.kind == ValueKind::kBool; break;
       case K::NumberType:
-        ok = t.kind == ValueKind::kInt || t.kind == ValueKind::kFloat ||
-             t.kind == ValueKind::kBool;
+        ok = t.kind == ValueKind::kInt || t.kind == ValueKind::kFloat || t.kind == ValueKind::kBool;
         break;
       default: break;
     }
@@ -221,8 +223,8 @@ absl::StatusOr<ArgBinder::Bound> ArgBinder::Bind(const Node& n, const std::strin
       std::vector<Bound> elems;
       if (const auto* l = a.get_if<Argument::List>()) {
         for (size_t k = 0; k < l->size(); ++k) {
-          FXDP_ASSIGN_OR_RETURN(Bound b, Bind(n, absl::StrCat(where, " element ", k), (*l)[k],
-                                              fe, re, std::nullopt));
+          FXDP_ASSIGN_OR_RETURN(
+              Bound b, Bind(n, absl::StrCat(where, " element ", k), (*l)[k], fe, re, std::nullopt));
           elems.push_back(std::move(b));
         }
       } else if (a.is<int64_t>() && (re->kind() == K::IntType || re->kind() == K::SymIntType)) {
@@ -235,8 +237,9 @@ absl::StatusOr<ArgBinder::Bound> ArgBinder::Bind(const Node& n, const std::strin
       return BoundList(fe, std::move(elems));
     }
     default:
-      return NodeError(n, absl::StrCat(where, " has type ", real->str(),
-                                       ", which the interpreter does not support"),
+      return NodeError(n,
+                       absl::StrCat(where, " has type ", real->str(),
+                                    ", which the interpreter does not support"),
                        absl::StatusCode::kUnimplemented);
   }
   return Mismatch(n, where, real, a);

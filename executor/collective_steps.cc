@@ -38,9 +38,7 @@ class AvgWork : public Work {
 
 }  // namespace
 
-bool IsCollectiveNode(const ir::Node& n) {
-  return ir::IsCollective(n.target.name);
-}
+bool IsCollectiveNode(const ir::Node& n) { return ir::IsCollective(n.target.name); }
 
 absl::StatusOr<Step> PlanCollective(const ir::Graph& g, const ir::Node& n, Step s,
                                     const std::vector<std::vector<int32_t>>& slot_of) {
@@ -99,8 +97,7 @@ absl::Status Program::Impl::Resolve(int32_t slot, const Step* reader) {
   if (!w) return absl::OkStatus();
   absl::StatusOr<at::Tensor> r = w->Wait(options.collective_timeout);
   if (!r.ok()) {
-    const std::string who =
-        reader ? ir::NodeLabel(reader->name, reader->op_name) : "output";
+    const std::string who = reader ? ir::NodeLabel(reader->name, reader->op_name) : "output";
     // Name the collective as every rank's graph does: the all_reduce node,
     // what it reduces and its number among this step's collectives.
     std::string what = "all_reduce";
@@ -115,8 +112,8 @@ absl::Status Program::Impl::Resolve(int32_t slot, const Step* reader) {
                               : absl::StrCat(", ", TypeForMessage(from->out_types[0].tensor)),
                           ")");
     }
-    return absl::Status(r.status().code(), absl::StrCat(who, ": waiting for ", what, ": ",
-                                                        r.status().message()));
+    return absl::Status(r.status().code(),
+                        absl::StrCat(who, ": waiting for ", what, ": ", r.status().message()));
   }
   slots[slot] = c10::IValue(*std::move(r));
   return absl::OkStatus();
@@ -127,14 +124,14 @@ absl::Status Program::Impl::RunAllReduce(Step& s) {
   if (in.maybe_pending) FXDP_RETURN_IF_ERROR(Resolve(in.slot, &s));
   const c10::IValue& v = slots[in.slot];
   if (!v.isTensor())
-    return absl::InternalError(absl::StrCat(ir::NodeLabel(s.name, s.op_name),
-                                            ": input is ", v.tagKind(), ", not a tensor"));
+    return absl::InternalError(absl::StrCat(ir::NodeLabel(s.name, s.op_name), ": input is ",
+                                            v.tagKind(), ", not a tensor"));
   ++collectives_started;
   if (s.collective != Step::Collective::kAllReduce && s.group_size != comm->world_size())
-    return absl::InvalidArgumentError(absl::StrCat(
-        ir::NodeLabel(s.name, s.op_name), ": group_size ", s.group_size,
-        " but this program's communicator (", comm->name(), ") has ", comm->world_size(),
-        " ranks"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(ir::NodeLabel(s.name, s.op_name), ": group_size ", s.group_size,
+                     " but this program's communicator (", comm->name(), ") has ",
+                     comm->world_size(), " ranks"));
   // The bucket (or loss) is usually a fresh tensor read by this all_reduce
   // (or reduce_scatter) only: donate it so the communicator reduces in place.
   const bool last_use =
@@ -158,8 +155,7 @@ absl::Status Program::Impl::RunAllReduce(Step& s) {
   if (!w.ok())
     return absl::Status(w.status().code(),
                         absl::StrCat(ir::NodeLabel(s.name, s.op_name), ": collective ",
-                                     collectives_started, " of the step: ",
-                                     w.status().message()));
+                                     collectives_started, " of the step: ", w.status().message()));
   // Collectives that finished meanwhile release their buffers now.
   size_t kept = 0;
   for (int32_t slot : in_flight) {

@@ -4,7 +4,6 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
-
 #include <algorithm>
 #include <chrono>
 #include <set>
@@ -55,8 +54,8 @@ using PeerAddresses = GlooCommunicator::PeerAddresses;
 // Every rank publishes its socket addresses and reads the others'. Gloo
 // names a peer by the address of its socket on the other end of the pair:
 // the peer's listening socket or the socket it connected from, both of which
-// are in the peer's list. Best effort: a peer that does not publish within the store's timeout is left
-// out (the next collective reports it anyway).
+// are in the peer's list. Best effort: a peer that does not publish within the store's timeout is
+// left out (the next collective reports it anyway).
 std::shared_ptr<const PeerAddresses> ExchangeAddresses(c10d::Store& store, int rank, int world) {
   auto peers = std::make_shared<PeerAddresses>();
   try {
@@ -67,9 +66,9 @@ std::shared_ptr<const PeerAddresses> ExchangeAddresses(c10d::Store& store, int r
     for (int r = 0; r < world; ++r) {
       if (r == rank) continue;
       const std::vector<uint8_t> v = store.get(absl::StrCat("fxdp/sockets/", r));
-      for (absl::string_view a : absl::StrSplit(absl::string_view(
-                                                    reinterpret_cast<const char*>(v.data()), v.size()),
-                                                ' ', absl::SkipEmpty())) {
+      for (absl::string_view a :
+           absl::StrSplit(absl::string_view(reinterpret_cast<const char*>(v.data()), v.size()), ' ',
+                          absl::SkipEmpty())) {
         auto [it, inserted] = peers->emplace(std::string(a), r);
         if (!inserted && it->second != r) shared.insert(std::string(a));
       }
@@ -86,7 +85,7 @@ std::shared_ptr<const PeerAddresses> ExchangeAddresses(c10d::Store& store, int r
 // "$seq") appear in `msg`. Gloo versions differ in the byte order they print
 // a port in: both are tried.
 std::vector<std::pair<int, std::string>> PeersNamedIn(absl::string_view msg,
-                                                     const PeerAddresses& peers) {
+                                                      const PeerAddresses& peers) {
   std::vector<std::pair<int, std::string>> found;
   size_t pos = 0;
   while ((pos = msg.find('[', pos)) != absl::string_view::npos) {
@@ -129,7 +128,8 @@ std::string TrimGlooMessage(std::string msg) {
 
 std::string DescribePeers(const std::vector<std::pair<int, std::string>>& peers) {
   std::vector<std::string> parts;
-  for (const auto& [rank, addr] : peers) parts.push_back(absl::StrCat("rank ", rank, " (", addr, ")"));
+  for (const auto& [rank, addr] : peers)
+    parts.push_back(absl::StrCat("rank ", rank, " (", addr, ")"));
   return absl::StrJoin(parts, ", ");
 }
 
@@ -140,8 +140,13 @@ class GlooWork : public Work {
   GlooWork(std::vector<c10::intrusive_ptr<c10d::Work>> works, at::Tensor result, std::string who,
            std::shared_ptr<const PeerAddresses> peers, const char* op = "all_reduce",
            int chunk = -1, int world_size = 1)
-      : works_(std::move(works)), result_(std::move(result)), who_(std::move(who)),
-        peers_(std::move(peers)), op_(op), chunk_(chunk), world_size_(world_size) {}
+      : works_(std::move(works)),
+        result_(std::move(result)),
+        who_(std::move(who)),
+        peers_(std::move(peers)),
+        op_(op),
+        chunk_(chunk),
+        world_size_(world_size) {}
 
   // A reduce-scatter whose all-reduce is done keeps its chunk and releases
   // the whole buffer (and the c10d works that hold it) at once.
@@ -178,15 +183,13 @@ class GlooWork : public Work {
       const std::string msg = TrimGlooMessage(ExceptionMessage(e));
       // "Application timeout caused pair closure": an earlier collective on
       // the same pair timed out and Gloo closed it under this one.
-      const bool timed_out = absl::StrContains(msg, "timed out") ||
-                             absl::StrContains(msg, "Timed out") ||
-                             absl::StrContains(msg, "Timeout") ||
-                             absl::StrContains(msg, "Application timeout");
+      const bool timed_out =
+          absl::StrContains(msg, "timed out") || absl::StrContains(msg, "Timed out") ||
+          absl::StrContains(msg, "Timeout") || absl::StrContains(msg, "Application timeout");
       const auto named = PeersNamedIn(msg, *peers_);
-      std::string status =
-          timed_out ? absl::StrCat("timed out after ", elapsed.count(), " ms (timeout ",
-                                   timeout.count(), " ms)")
-                    : absl::StrCat("failed after ", elapsed.count(), " ms");
+      std::string status = timed_out ? absl::StrCat("timed out after ", elapsed.count(),
+                                                    " ms (timeout ", timeout.count(), " ms)")
+                                     : absl::StrCat("failed after ", elapsed.count(), " ms");
       if (!named.empty()) {
         absl::StrAppend(&status, timed_out ? ", waiting for " : ", lost the connection to ",
                         DescribePeers(named));
@@ -215,7 +218,6 @@ class GlooWork : public Work {
           absl::StrCat(who_, ": ", op_, ": copying this rank's chunk out: ", ExceptionMessage(e)));
     }
   }
-
 
   std::vector<c10::intrusive_ptr<c10d::Work>> works_;
   at::Tensor result_;
@@ -290,9 +292,9 @@ std::string GlooCommunicator::name() const {
 absl::StatusOr<at::Tensor> GlooCommunicator::CopyForGloo(const at::Tensor& input,
                                                          const char* op) const {
   if (!input.device().is_cpu()) {
-    return absl::UnimplementedError(absl::StrCat(
-        name(), ": Gloo ", op, " of a ", input.device().str(),
-        " tensor is not supported (Gloo is the CPU communicator)"));
+    return absl::UnimplementedError(
+        absl::StrCat(name(), ": Gloo ", op, " of a ", input.device().str(),
+                     " tensor is not supported (Gloo is the CPU communicator)"));
   }
   try {
     // A normal (not inference) contiguous CPU copy: Gloo works in place on it
@@ -325,9 +327,8 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::ReduceScatterSumDonated(
   const char* op = "reduce_scatter_tensor";
   const int64_t n = buffer.numel();
   if (n % world_size_ != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(name(), ": ", op, " of ", n,
-                                                   " elements, not a multiple of the world size ",
-                                                   world_size_));
+    return absl::InvalidArgumentError(absl::StrCat(
+        name(), ": ", op, " of ", n, " elements, not a multiple of the world size ", world_size_));
   }
   if (!buffer.device().is_cpu() || !buffer.is_contiguous()) return ReduceScatterSum(buffer);
   return Start(buffer.view({-1}), /*chunk=*/true);
@@ -336,9 +337,9 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::ReduceScatterSumDonated(
 absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::AllGather(const at::Tensor& input) {
   const char* op = "all_gather_into_tensor";
   if (!input.device().is_cpu()) {
-    return absl::UnimplementedError(absl::StrCat(
-        name(), ": Gloo ", op, " of a ", input.device().str(),
-        " tensor is not supported (Gloo is the CPU communicator)"));
+    return absl::UnimplementedError(
+        absl::StrCat(name(), ": Gloo ", op, " of a ", input.device().str(),
+                     " tensor is not supported (Gloo is the CPU communicator)"));
   }
   const int64_t n = input.numel();
   at::Tensor out;
@@ -365,8 +366,8 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::AllGather(const at::Tens
     const auto named = PeersNamedIn(msg, *peers_);
     return absl::UnavailableError(absl::StrCat(
         name(), ": starting ", op, " failed",
-        named.empty() ? "" : absl::StrCat(", lost the connection to ", DescribePeers(named)),
-        ": ", msg));
+        named.empty() ? "" : absl::StrCat(", lost the connection to ", DescribePeers(named)), ": ",
+        msg));
   }
   return std::unique_ptr<Work>(
       std::make_unique<GlooWork>(std::move(works), std::move(out), name(), peers_, op));
@@ -380,16 +381,15 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Start(at::Tensor buf, bo
     c10d::AllreduceOptions o;
     o.reduceOp = c10d::ReduceOp::SUM;
     std::vector<c10::intrusive_ptr<c10d::Work>> works{backend_->allreduce(tensors, o)};
-    return std::unique_ptr<Work>(std::make_unique<GlooWork>(std::move(works), std::move(buf),
-                                                            name(), peers_, op,
-                                                            chunk ? rank_ : -1, world_size_));
+    return std::unique_ptr<Work>(std::make_unique<GlooWork>(
+        std::move(works), std::move(buf), name(), peers_, op, chunk ? rank_ : -1, world_size_));
   } catch (const std::exception& e) {
     const std::string msg = TrimGlooMessage(ExceptionMessage(e));
     const auto named = PeersNamedIn(msg, *peers_);
     return absl::UnavailableError(absl::StrCat(
         name(), ": starting ", op, " failed",
-        named.empty() ? "" : absl::StrCat(", lost the connection to ", DescribePeers(named)),
-        ": ", msg));
+        named.empty() ? "" : absl::StrCat(", lost the connection to ", DescribePeers(named)), ": ",
+        msg));
   }
 }
 

@@ -20,7 +20,8 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectStore(const RendezvousOpt
     return c10::intrusive_ptr<c10d::Store>(c10::make_intrusive<c10d::TCPStore>(opts.host, so));
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat("rank ", opts.rank, ": cannot reach the store at ",
-                                               opts.host, ":", opts.port, ": ", ExceptionMessage(e)));
+                                               opts.host, ":", opts.port, ": ",
+                                               ExceptionMessage(e)));
   }
 }
 

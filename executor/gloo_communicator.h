@@ -78,11 +78,13 @@ class GlooCommunicator : public Communicator {
   const PeerAddresses& peer_addresses() const { return *peers_; }
 
  private:
-  GlooCommunicator(c10::intrusive_ptr<c10d::Store> store,
-                   c10::intrusive_ptr<c10d::Backend> backend, int rank, int world_size,
-                   std::shared_ptr<const PeerAddresses> peers)
-      : store_(std::move(store)), backend_(std::move(backend)), rank_(rank),
-        world_size_(world_size), peers_(std::move(peers)) {}
+  GlooCommunicator(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Backend> backend,
+                   int rank, int world_size, std::shared_ptr<const PeerAddresses> peers)
+      : store_(std::move(store)),
+        backend_(std::move(backend)),
+        rank_(rank),
+        world_size_(world_size),
+        peers_(std::move(peers)) {}
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::Backend> backend_;
   int rank_;

@@ -23,8 +23,7 @@ namespace fxdp::executor {
 
 class HostStagedCommunicator : public Communicator {
  public:
-  explicit HostStagedCommunicator(std::unique_ptr<Communicator> inner)
-      : inner_(std::move(inner)) {}
+  explicit HostStagedCommunicator(std::unique_ptr<Communicator> inner) : inner_(std::move(inner)) {}
 
   int rank() const override { return inner_->rank(); }
   int world_size() const override { return inner_->world_size(); }
@@ -76,8 +75,7 @@ class HostStagedCommunicator : public Communicator {
       // A normal (not inference), contiguous host copy of its own: the inner
       // communicator's threads work on it in place.
       c10::InferenceMode normal(false);
-      host = input.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true)
-                 .contiguous();
+      host = input.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous();
     } catch (const std::exception& e) {
       return absl::ResourceExhaustedError(
           absl::StrCat(what, ": copying the input to the host failed: ", ExceptionMessage(e)));

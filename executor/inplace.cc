@@ -8,21 +8,18 @@
 namespace fxdp::executor {
 namespace {
 
-bool DenseContiguous(const ir::TensorType& t) {
-  return t.IsContiguous() && t.storage_offset == 0;
-}
+bool DenseContiguous(const ir::TensorType& t) { return t.IsContiguous() && t.storage_offset == 0; }
 
 }  // namespace
 
 bool HasPointwiseInplaceVariant(absl::string_view name) {
   static constexpr absl::string_view kOps[] = {
-      "aten::abs",        "aten::add",     "aten::addcdiv",    "aten::addcmul",
-      "aten::clamp",      "aten::clamp_max", "aten::clamp_min", "aten::cos",
-      "aten::div",        "aten::exp",     "aten::gelu",       "aten::hardtanh",
-      "aten::leaky_relu", "aten::lerp",    "aten::log",        "aten::masked_fill",
-      "aten::mul",        "aten::neg",     "aten::reciprocal", "aten::relu",
-      "aten::rsqrt",      "aten::sigmoid", "aten::sign",       "aten::silu",
-      "aten::sin",        "aten::sqrt",    "aten::sub",        "aten::tanh",
+      "aten::abs",         "aten::add",       "aten::addcdiv",    "aten::addcmul",    "aten::clamp",
+      "aten::clamp_max",   "aten::clamp_min", "aten::cos",        "aten::div",        "aten::exp",
+      "aten::gelu",        "aten::hardtanh",  "aten::leaky_relu", "aten::lerp",       "aten::log",
+      "aten::masked_fill", "aten::mul",       "aten::neg",        "aten::reciprocal", "aten::relu",
+      "aten::rsqrt",       "aten::sigmoid",   "aten::sign",       "aten::silu",       "aten::sin",
+      "aten::sqrt",        "aten::sub",       "aten::tanh",
   };
   return std::find(std::begin(kOps), std::end(kOps), name) != std::end(kOps);
 }

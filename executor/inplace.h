@@ -42,8 +42,7 @@ inline bool Reusable(const c10::IValue& v, const ir::TensorType& want) {
     return false;
   if (!t.is_contiguous() || t.storage_offset() != 0) return false;
   const c10::Storage& st = t.storage();
-  return st.use_count() == 1 &&
-         st.nbytes() == static_cast<size_t>(t.numel()) * t.element_size();
+  return st.use_count() == 1 && st.nbytes() == static_cast<size_t>(t.numel()) * t.element_size();
 }
 
 }  // namespace fxdp::executor

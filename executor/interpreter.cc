@@ -21,9 +21,7 @@ namespace fxdp::executor {
 
 absl::Status Program::Impl::Push(const ArgPlan& a, const Step& s) {
   switch (a.kind) {
-    case ArgPlan::Kind::kConst:
-      stack.push_back(a.constant);
-      break;
+    case ArgPlan::Kind::kConst: stack.push_back(a.constant); break;
     case ArgPlan::Kind::kSlot:
       if (a.maybe_pending) FXDP_RETURN_IF_ERROR(Resolve(a.slot, &s));
       if (a.move) {
@@ -59,15 +57,13 @@ absl::Status Program::Impl::TakeReturns(Step& s) {
     case ReturnKind::kNone:
       for (int32_t slot : s.out_slots) slots[slot] = c10::IValue();
       break;
-    case ReturnKind::kSingle:
-      slots[s.out_slots[0]] = std::move(stack[0]);
-      break;
+    case ReturnKind::kSingle: slots[s.out_slots[0]] = std::move(stack[0]); break;
     case ReturnKind::kMulti:
       for (size_t k = 0; k < s.out_slots.size(); ++k) slots[s.out_slots[k]] = std::move(stack[k]);
       break;
     case ReturnKind::kList: {
-      if (!stack[0].isList()) return error(absl::StrCat("returned ", stack[0].tagKind(),
-                                                        ", expected a list"));
+      if (!stack[0].isList())
+        return error(absl::StrCat("returned ", stack[0].tagKind(), ", expected a list"));
       c10::impl::GenericList l = std::move(stack[0]).toList();
       if (l.size() != s.out_slots.size())
         return error(absl::StrCat("returned a list of ", l.size(), " values, the graph declares ",
@@ -102,10 +98,8 @@ absl::Status Program::Impl::RunStep(Step& s) {
       }
       return TakeReturns(s);
     }
-    case StepKind::kAllReduce:
-      return RunAllReduce(s);
-    case StepKind::kWait:
-      return RunWait(s);
+    case StepKind::kAllReduce: return RunAllReduce(s);
+    case StepKind::kWait: return RunWait(s);
   }
   return absl::OkStatus();
 }
@@ -200,15 +194,13 @@ absl::StatusOr<std::vector<c10::IValue>> Program::Run(std::vector<c10::IValue> i
         status = p.RunStep(s);
       } catch (const c10::OutOfMemoryError& e) {
         status = absl::ResourceExhaustedError(absl::StrCat(
-            ir::NodeLabel(s.name, s.op_name), ": out of memory: ",
-            ExceptionMessage(e)));
+            ir::NodeLabel(s.name, s.op_name), ": out of memory: ", ExceptionMessage(e)));
       } catch (const c10::Error& e) {
         status = absl::InvalidArgumentError(absl::StrCat(ir::NodeLabel(s.name, s.op_name),
-                                                         ": kernel failed: ",
-                                                         ExceptionMessage(e)));
+                                                         ": kernel failed: ", ExceptionMessage(e)));
       } catch (const std::exception& e) {
-        status = absl::InternalError(absl::StrCat(ir::NodeLabel(s.name, s.op_name),
-                                                  ": ", ExceptionMessage(e)));
+        status = absl::InternalError(
+            absl::StrCat(ir::NodeLabel(s.name, s.op_name), ": ", ExceptionMessage(e)));
       }
       if (!status.ok()) break;
       for (int32_t slot : s.free_after) {
@@ -216,9 +208,9 @@ absl::StatusOr<std::vector<c10::IValue>> Program::Run(std::vector<c10::IValue> i
         p.works[slot].reset();
       }
       if (p.options.profile) {
-        p.step_ms[&s - p.steps.data()] += std::chrono::duration<double, std::milli>(
-                                              std::chrono::steady_clock::now() - t0)
-                                              .count();
+        p.step_ms[&s - p.steps.data()] +=
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                .count();
       }
       if (p.options.record_live) p.live_trace.emplace_back(s.name, p.Live());
       if (p.options.record_memory) {

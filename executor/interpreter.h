@@ -39,9 +39,9 @@
 //    collective_timeout). A node other than wait_tensor that reads a pending
 //    all_reduce waits first. A failed wait names the waiting node, the
 //    all_reduce node, its number among the run's collectives and the
-//    communicator's reason (rank, lost peer, timeout). The group name is not interpreted: a program has
-//    one communicator. Without a communicator the program uses a
-//    LocalCommunicator (world size 1: all_reduce is a clone).
+//    communicator's reason (rank, lost peer, timeout). The group name is not interpreted: a program
+//    has one communicator. Without a communicator the program uses a LocalCommunicator (world size
+//    1: all_reduce is a clone).
 //  * Runs under c10::InferenceMode by default (no autograd bookkeeping): the
 //    outputs are inference tensors; do not modify them in place outside
 //    InferenceMode.

@@ -20,7 +20,9 @@ std::atomic<int64_t> g_limit{0};
 std::atomic<int64_t> g_in_use{0};
 std::atomic<int64_t> g_peak{0};
 
-std::string MiB(int64_t bytes) { return absl::StrFormat("%.1f MiB", static_cast<double>(bytes) / (1 << 20)); }
+std::string MiB(int64_t bytes) {
+  return absl::StrFormat("%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+}
 
 // Wraps the CPU allocator in place when installed: every tensor allocated
 // afterwards is counted until its storage is freed.
@@ -34,8 +36,8 @@ class LimitedCpuAllocator final : public c10::Allocator {
     const int64_t now = g_in_use.fetch_add(bytes) + bytes;
     if (limit > 0 && now > limit) {
       g_in_use.fetch_sub(bytes);
-      TORCH_CHECK_WITH(OutOfMemoryError, false, "fxdp-worker --memory-limit ", MiB(limit), " (", limit,
-                       " bytes): cannot allocate ", bytes, " bytes with ", now - bytes,
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "fxdp-worker --memory-limit ", MiB(limit), " (",
+                       limit, " bytes): cannot allocate ", bytes, " bytes with ", now - bytes,
                        " bytes of tensors held (", MiB(now - bytes), ")");
     }
     for (int64_t peak = g_peak.load(); now > peak && !g_peak.compare_exchange_weak(peak, now);) {

@@ -90,7 +90,7 @@ struct Program::Impl {
   // Per pending slot: the all_reduce step that started it and its number
   // among this run's collectives (1-based), for errors.
   std::vector<std::pair<const Step*, int>> work_from;
-  int collectives_started = 0;  // this run
+  int collectives_started = 0;     // this run
   std::vector<int32_t> in_flight;  // slots whose works may still be pending
   std::vector<c10::IValue> stack;
   std::vector<std::pair<std::string, int64_t>> live_trace;

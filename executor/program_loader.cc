@@ -2,8 +2,8 @@
 // Step per call node (its op's dispatcher handle, argument plans from
 // ArgBinder, in-place variant, collective plan), the graph's outputs, and
 // value lifetimes (ir::ComputeLiveness).
-#include <ATen/detail/CUDAHooksInterface.h>
 #include <ATen/Context.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 
 #include <torch/headeronly/version.h>
 
@@ -56,8 +56,8 @@ class Loader {
         case ir::NodeKind::kPlaceholder:
         case ir::NodeKind::kGetAttr: {
           if (n.outputs.size() != 1)
-            return NodeError(n, absl::StrCat("a graph input must have one output, it has ",
-                                             n.outputs.size()));
+            return NodeError(
+                n, absl::StrCat("a graph input must have one output, it has ", n.outputs.size()));
           ProgramInput in;
           in.node = n.name;
           in.type = n.outputs[0];
@@ -120,9 +120,10 @@ class Loader {
       return absl::InvalidArgumentError(
           absl::StrCat("device ", d.str(), " is not supported (cpu or cuda:N)"));
     if (!at::hasCUDA())
-      return absl::FailedPreconditionError(absl::StrCat(
-          "device ", d.str(), " requested but this LibTorch has no usable CUDA (no driver, no "
-          "device, or a CPU-only build)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("device ", d.str(),
+                       " requested but this LibTorch has no usable CUDA (no driver, no "
+                       "device, or a CPU-only build)"));
     const int count = at::detail::getCUDAHooks().deviceCount();
     if (d.index() >= count)
       return absl::InvalidArgumentError(
@@ -159,9 +160,8 @@ class Loader {
                                    ? std::string("an unrecorded torch")
                                    : absl::StrCat("torch ", g_.header().torch_version);
     return absl::NotFoundError(absl::StrCat(
-        missing.size(), " operator", missing.size() == 1 ? "" : "s",
-        " of the graph (traced with ", traced, ") not in this LibTorch (", TORCH_VERSION,
-        "): ", absl::StrJoin(parts, "; ")));
+        missing.size(), " operator", missing.size() == 1 ? "" : "s", " of the graph (traced with ",
+        traced, ") not in this LibTorch (", TORCH_VERSION, "): ", absl::StrJoin(parts, "; ")));
   }
 
   // The device type of the graph's tensor placeholders (cpu when none).
@@ -194,8 +194,8 @@ class Loader {
     } else if (rets.size() == 1) {
       s.ret = ReturnKind::kSingle;
       if (n.outputs.size() != 1)
-        return NodeError(n, absl::StrCat("the op returns one value, the graph declares ",
-                                         n.outputs.size()));
+        return NodeError(
+            n, absl::StrCat("the op returns one value, the graph declares ", n.outputs.size()));
     } else {
       s.ret = ReturnKind::kMulti;
       if (n.outputs.size() != rets.size())
@@ -249,8 +249,7 @@ class Loader {
       for (ArgPlan& a : s.args) {
         if (a.kind == ArgPlan::Kind::kSlot) {
           a.maybe_pending = async[a.slot];
-          a.move = s.kind == StepKind::kOp &&
-                   std::binary_search(sole.begin(), sole.end(), a.slot);
+          a.move = s.kind == StepKind::kOp && std::binary_search(sole.begin(), sole.end(), a.slot);
         } else if (a.kind == ArgPlan::Kind::kList) {
           for (int32_t e : a.elem_slots) a.maybe_pending |= e >= 0 && async[e];
         }

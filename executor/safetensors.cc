@@ -38,8 +38,10 @@ absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path,
   return ReadTensors(file, path, nullptr, shards);
 }
 
-absl::StatusOr<SafetensorsFile> ReadTensors(const ir::SafetensorsReader& file, const std::string& path,
-                                            const std::set<std::string>* only, FlatShardRead* shards) {
+absl::StatusOr<SafetensorsFile> ReadTensors(const ir::SafetensorsReader& file,
+                                            const std::string& path,
+                                            const std::set<std::string>* only,
+                                            FlatShardRead* shards) {
   SafetensorsFile out;
   out.metadata = file.header().metadata;
   for (const ir::SafetensorsEntry& e : file.header().tensors) {
@@ -60,8 +62,8 @@ absl::StatusOr<SafetensorsFile> ReadTensors(const ir::SafetensorsReader& file, c
         t = at::empty(e.shape, dtype);
       }
     } catch (const std::exception& ex) {
-      return absl::ResourceExhaustedError(absl::StrCat("'", path, "': allocating tensor '", e.name,
-                                                       "': ", ExceptionMessage(ex)));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("'", path, "': allocating tensor '", e.name, "': ", ExceptionMessage(ex)));
     }
     if (bytes > 0) FXDP_RETURN_IF_ERROR(file.Read(begin, bytes, t.data_ptr()));
     out.tensors.emplace(e.name, std::move(t));
@@ -69,8 +71,9 @@ absl::StatusOr<SafetensorsFile> ReadTensors(const ir::SafetensorsReader& file, c
   return out;
 }
 
-absl::StatusOr<std::string> SerializeSafetensors(const std::map<std::string, at::Tensor>& tensors,
-                                                 const std::map<std::string, std::string>& metadata) {
+absl::StatusOr<std::string> SerializeSafetensors(
+    const std::map<std::string, at::Tensor>& tensors,
+    const std::map<std::string, std::string>& metadata) {
   std::vector<at::Tensor> cpu;  // keeps the bytes the views point into
   std::vector<ir::TensorBytes> views;
   cpu.reserve(tensors.size());

@@ -53,7 +53,8 @@ absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path,
 // The tensors of an opened file (ir::SafetensorsReader::Open) named in
 // `only` (all when null; the others are never read), as ReadSafetensors
 // reads them; errors name `path`.
-absl::StatusOr<SafetensorsFile> ReadTensors(const ir::SafetensorsReader& file, const std::string& path,
+absl::StatusOr<SafetensorsFile> ReadTensors(const ir::SafetensorsReader& file,
+                                            const std::string& path,
                                             const std::set<std::string>* only = nullptr,
                                             FlatShardRead* shards = nullptr);
 

@@ -21,9 +21,9 @@ absl::StatusOr<StepRunner> StepRunner::Create(Program program, TensorMap state) 
       continue;
     }
     if (in.type.is_tensor() && !Fits(it->second, in.type.tensor))
-      return absl::InvalidArgumentError(absl::StrCat(
-          "state '", in.state_name, "' is ", DescribeTorchTensor(it->second), ", placeholder '",
-          in.node, "' expects ", TypeForMessage(in.type.tensor)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("state '", in.state_name, "' is ", DescribeTorchTensor(it->second),
+                       ", placeholder '", in.node, "' expects ", TypeForMessage(in.type.tensor)));
   }
   if (!missing.empty())
     return absl::NotFoundError(
@@ -35,8 +35,8 @@ absl::StatusOr<StepRunner> StepRunner::Create(Program program, TensorMap state) 
       if (t.device() != program.device()) t = t.to(program.device());
     }
   } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("moving the state to ", program.device().str(), ": ",
-                                            ExceptionMessage(e)));
+    return absl::InternalError(
+        absl::StrCat("moving the state to ", program.device().str(), ": ", ExceptionMessage(e)));
   }
   StepRunner r(std::move(program), std::move(state));
   for (const ProgramInput& in : r.program_.inputs()) {

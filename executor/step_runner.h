@@ -39,8 +39,7 @@ class StepRunner {
   // hyper-parameters; nothing is written then). Each value becomes a 0-d
   // tensor of the placeholder's dtype on the program's device and stays in
   // effect until the next call names it.
-  absl::Status SetHyperparameters(
-      const std::vector<std::pair<std::string, double>>& values);
+  absl::Status SetHyperparameters(const std::vector<std::pair<std::string, double>>& values);
 
   const TensorMap& state() const { return state_; }
   // The OTHER outputs of the last step, by position in output_specs.

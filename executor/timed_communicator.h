@@ -102,8 +102,8 @@ class TimedCommunicator : public Communicator {
     stats_.bytes += bytes;
     if (!w.ok()) return w;
     stats_.each.push_back(CollectiveStats::One{bytes, 0, 0});
-    return std::unique_ptr<Work>(std::make_unique<TimedWork>(
-        *std::move(w), &stats_, stats_.each.size() - 1, t1));
+    return std::unique_ptr<Work>(
+        std::make_unique<TimedWork>(*std::move(w), &stats_, stats_.each.size() - 1, t1));
   }
 
   class TimedWork : public Work {

@@ -14,12 +14,12 @@ namespace {
 
 // Indexed by ir::DType; the one table for dtype mapping.
 constexpr std::array<c10::ScalarType, 18> kScalarTypes = {
-    c10::ScalarType::Float,        c10::ScalarType::Double,      c10::ScalarType::Half,
-    c10::ScalarType::BFloat16,     c10::ScalarType::Long,        c10::ScalarType::Int,
-    c10::ScalarType::Short,        c10::ScalarType::Char,        c10::ScalarType::Byte,
-    c10::ScalarType::Bool,         c10::ScalarType::ComplexFloat, c10::ScalarType::ComplexDouble,
-    c10::ScalarType::ComplexHalf,  c10::ScalarType::Float8_e4m3fn, c10::ScalarType::Float8_e5m2,
-    c10::ScalarType::UInt16,       c10::ScalarType::UInt32,      c10::ScalarType::UInt64,
+    c10::ScalarType::Float,       c10::ScalarType::Double,        c10::ScalarType::Half,
+    c10::ScalarType::BFloat16,    c10::ScalarType::Long,          c10::ScalarType::Int,
+    c10::ScalarType::Short,       c10::ScalarType::Char,          c10::ScalarType::Byte,
+    c10::ScalarType::Bool,        c10::ScalarType::ComplexFloat,  c10::ScalarType::ComplexDouble,
+    c10::ScalarType::ComplexHalf, c10::ScalarType::Float8_e4m3fn, c10::ScalarType::Float8_e5m2,
+    c10::ScalarType::UInt16,      c10::ScalarType::UInt32,        c10::ScalarType::UInt64,
 };
 
 }  // namespace
@@ -62,9 +62,8 @@ c10::MemoryFormat ToTorch(ir::MemoryFormat m) {
 absl::StatusOr<c10::OperatorHandle> FindOperator(const ir::Target& target) {
   auto op = c10::Dispatcher::singleton().findSchema({target.name, target.overload});
   if (!op.has_value())
-    return absl::NotFoundError(absl::StrCat("operator ", target.ToString(),
-                                            " is not known to this LibTorch (", TORCH_VERSION,
-                                            ")"));
+    return absl::NotFoundError(absl::StrCat(
+        "operator ", target.ToString(), " is not known to this LibTorch (", TORCH_VERSION, ")"));
   return *op;
 }
 

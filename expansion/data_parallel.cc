@@ -36,8 +36,8 @@ absl::StatusOr<DataParallelStyle> ParseDataParallelStyle(absl::string_view s) {
   const std::string l = absl::AsciiStrToLower(s);
   if (l == "replicate") return DataParallelStyle::kReplicate;
   if (l == "fully_shard" || l == "full_shard") return DataParallelStyle::kFullyShard;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown data-parallel style '", s, "': expected 'replicate' or 'fully_shard'"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown data-parallel style '", s, "': expected 'replicate' or 'fully_shard'"));
 }
 
 namespace {
@@ -170,8 +170,8 @@ absl::StatusOr<Expansion> ExpandDataParallel(const Graph& graph, const BatchDimA
   }
   if (world > batch) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "world size %d is larger than the batch (%d samples): every rank needs at least one",
-        world, batch));
+        "world size %d is larger than the batch (%d samples): every rank needs at least one", world,
+        batch));
   }
   // Micro-batches (batch_dim.h): rank r splits its own rows into k pieces of
   // s_r, as DDP with no_sync() does; the workers hand rank r its balanced
@@ -247,7 +247,8 @@ absl::StatusOr<Expansion> ExpandDataParallel(const Graph& graph, const BatchDimA
   if (options.before_rank_graphs) FXDP_RETURN_IF_ERROR(options.before_rank_graphs(distinct));
   e.distinct_graphs.reserve(distinct);
   for (int32_t r = 0; r < distinct; ++r) {
-    RankExpander x(graph, analysis, options, buckets, rep.slices[r], fs.has_value() ? &*fs : nullptr);
+    RankExpander x(graph, analysis, options, buckets, rep.slices[r],
+                   fs.has_value() ? &*fs : nullptr);
     FXDP_ASSIGN_OR_RETURN(RankNodes local, x.Run(r == 0 ? &rep.collectives : nullptr));
     if (options.overlap_schedule) {
       // Scheduling reads the edges before the graph is verified: a reference
@@ -260,13 +261,12 @@ absl::StatusOr<Expansion> ExpandDataParallel(const Graph& graph, const BatchDimA
       if (r == 0) {
         schedule = OverlapSchedule(local.nodes);
       } else if (OverlapSchedule(local.nodes).order != schedule.order) {
-        return absl::InternalError(absl::StrCat(
-            "rank ", r, "'s expanded graph schedules differently from rank 0's"));
+        return absl::InternalError(
+            absl::StrCat("rank ", r, "'s expanded graph schedules differently from rank 0's"));
       }
       local.nodes = ReorderNodes(std::move(local.nodes), schedule.order);
     }
-    FXDP_ASSIGN_OR_RETURN(Graph g,
-                          Graph::Create(std::move(local.header), std::move(local.nodes)));
+    FXDP_ASSIGN_OR_RETURN(Graph g, Graph::Create(std::move(local.header), std::move(local.nodes)));
     FXDP_RETURN_IF_ERROR(CheckRankShapes(g, r));
     e.distinct_graphs.push_back(std::move(g));
   }
@@ -275,8 +275,9 @@ absl::StatusOr<Expansion> ExpandDataParallel(const Graph& graph, const BatchDimA
     for (size_t k = 0; k < schedule.order.size(); ++k)
       new_index[schedule.order[k]] = static_cast<int32_t>(k);
     for (Collective& c : rep.collectives) c.position = new_index[c.position];
-    std::stable_sort(rep.collectives.begin(), rep.collectives.end(),
-                     [](const Collective& a, const Collective& b) { return a.position < b.position; });
+    std::stable_sort(
+        rep.collectives.begin(), rep.collectives.end(),
+        [](const Collective& a, const Collective& b) { return a.position < b.position; });
   }
   for (const Collective& c : rep.collectives) rep.bytes_per_step += c.bytes;
   return e;

@@ -64,9 +64,9 @@ absl::StatusOr<DataParallelStyle> ParseDataParallelStyle(absl::string_view s);
 struct ExpandOptions {
   int32_t world_size = 1;
   DataParallelStyle style = DataParallelStyle::kReplicate;
-  double bucket_cap_mb = 25.0;       // DDP's bucket_cap_mb.
-  double first_bucket_mb = 1.0;      // DDP's first bucket.
-  std::string group_name = "0";      // the default process group's name in torch.
+  double bucket_cap_mb = 25.0;   // DDP's bucket_cap_mb.
+  double first_bucket_mb = 1.0;  // DDP's first bucket.
+  std::string group_name = "0";  // the default process group's name in torch.
   // Not DDP's: the bucket backward fills last (DDP's caps let it grow to
   // bucket_cap_mb) is split again from its end, with DDP's closing rule (a
   // bucket closes once it reaches its cap) and caps of last_bucket_mb,
@@ -101,8 +101,8 @@ struct Bucket {
   std::vector<std::string> gradients;  // parameter names, in production order.
   int64_t bytes = 0;
   ReduceOp op = ReduceOp::kSum;
-  std::string start_after;   // node after which the all-reduce starts (global graph).
-  std::string wait_before;   // node before which it is waited on.
+  std::string start_after;     // node after which the all-reduce starts (global graph).
+  std::string wait_before;     // node before which it is waited on.
   int32_t start_position = 0;  // node index in the global graph.
   int32_t wait_position = 0;
 };
@@ -119,9 +119,9 @@ struct Collective {
 struct ShardedState {
   std::string state_name;
   ir::PlaceholderRole role = ir::PlaceholderRole::kParameter;  // PARAMETER or OPTIMIZER_STATE
-  std::vector<int64_t> shape;  // the full tensor's.
+  std::vector<int64_t> shape;                                  // the full tensor's.
   ir::DType dtype = ir::DType::kFloat32;
-  int64_t shard_numel = 0;     // s = ceil(numel / N).
+  int64_t shard_numel = 0;  // s = ceil(numel / N).
 };
 
 struct ExpansionReport {

@@ -62,7 +62,6 @@ void MarkAncestors(const Graph& g, int32_t from, std::vector<bool>& mark) {
   }
 }
 
-
 // The whole tensor's numel when `r` is a shard in the optimizer, else -1.
 int64_t FullNumel(const absl::flat_hash_map<ValueRef, int64_t>& full_numel, ValueRef r) {
   auto it = full_numel.find(r);
@@ -100,7 +99,7 @@ absl::Status PlanOptimizerNode(const Graph& g, int32_t i, int32_t world,
   // tensor's dims the view stands for (view_rules.h's ShardView, op_rules.h's
   // kSelfAlias). Only identity-ordered shards feed math.
   const std::optional<ViewOpFacts> view = FindViewOpFacts(node.target);
-  const ShardView sv = view.has_value() ? view->shard_view
+  const ShardView sv = view.has_value()                           ? view->shard_view
                        : rule != nullptr && rule->has(kSelfAlias) ? ShardView::kFlat
                                                                   : ShardView::kNo;
   const bool reshape = sv == ShardView::kFlat;
@@ -115,7 +114,8 @@ absl::Status PlanOptimizerNode(const Graph& g, int32_t i, int32_t world,
       for (int32_t d = 0; d < rank; ++d) perm[d] = d;
     }
     bool identity = true;
-    for (int32_t d = 0; d < static_cast<int32_t>(perm.size()); ++d) identity = identity && perm[d] == d;
+    for (int32_t d = 0; d < static_cast<int32_t>(perm.size()); ++d)
+      identity = identity && perm[d] == d;
     std::vector<int32_t> out;
     if (reshape) {
       if (!identity) return Refuse(node, world, "a reshape of a transposed view of a shard");
@@ -146,8 +146,8 @@ absl::Status PlanOptimizerNode(const Graph& g, int32_t i, int32_t world,
     if (transposed.empty() && p.perm.contains(r)) transposed = g.node(r.node).name;
   });
   if (!transposed.empty()) {
-    return Refuse(node, world, absl::StrCat("operand ", transposed,
-                                            " is a transposed view of a shard"));
+    return Refuse(node, world,
+                  absl::StrCat("operand ", transposed, " is a transposed view of a shard"));
   }
   if (node.is_getitem()) {
     const ValueRef src = node.args[0].as<ValueRef>();
@@ -161,7 +161,7 @@ absl::Status PlanOptimizerNode(const Graph& g, int32_t i, int32_t world,
     const auto arg = [&](const OpParam* q) -> const ir::Argument* {
       if (q == nullptr) return nullptr;
       return q->index >= 0 && q->index < static_cast<int>(node.args.size()) ? &node.args[q->index]
-                                                                             : node.kwarg(q->name);
+                                                                            : node.kwarg(q->name);
     };
     const ir::Argument* ord = arg(ord_param);
     const ir::Argument* dim = arg(rule->param(ParamRole::kDims));
@@ -190,8 +190,9 @@ absl::Status PlanOptimizerNode(const Graph& g, int32_t i, int32_t world,
         if (f < 0 && zero_d(*r)) continue;
         if (numel[k] == -2) numel[k] = f;
         if (f != numel[k]) {
-          return Refuse(node, world, absl::StrCat("list position ", k, " mixes a shard with ",
-                                                  g.node(r->node).name, ", a whole tensor"));
+          return Refuse(node, world,
+                        absl::StrCat("list position ", k, " mixes a shard with ",
+                                     g.node(r->node).name, ", a whole tensor"));
         }
       }
     }
@@ -200,7 +201,8 @@ absl::Status PlanOptimizerNode(const Graph& g, int32_t i, int32_t world,
         return Refuse(node, world, absl::StrCat("operand ", g.node(r->node).name, " is not 0-d"));
       }
     }
-    if (node.outputs.size() != numel.size()) return Refuse(node, world, "outputs do not match the lists");
+    if (node.outputs.size() != numel.size())
+      return Refuse(node, world, "outputs do not match the lists");
     for (size_t k = 0; k < numel.size(); ++k) {
       if (numel[k] == -2) numel[k] = -1;
       full_numel[ValueRef{NodeId{i}, static_cast<int32_t>(k)}] = numel[k];
@@ -258,7 +260,8 @@ absl::StatusOr<FullyShardPlan> PlanFullyShard(const Graph& g, const BatchDimAnal
   }
   for (int32_t i = 0; i < n; ++i) {
     const Node& node = g.nodes()[i];
-    if (!node.is_placeholder() || node.outputs.size() != 1 || !node.outputs[0].is_tensor()) continue;
+    if (!node.is_placeholder() || node.outputs.size() != 1 || !node.outputs[0].is_tensor())
+      continue;
     const ir::TensorType& t = node.outputs[0].tensor;
     bool shard = node.placeholder.role == PlaceholderRole::kParameter;
     if (node.placeholder.role == PlaceholderRole::kOptimizerState &&
@@ -300,7 +303,8 @@ absl::StatusOr<FullyShardPlan> PlanFullyShard(const Graph& g, const BatchDimAnal
     for (size_t k = 0; k < list.size() && k < on.output_specs.size(); ++k) {
       const ValueRef* r = list[k].get_if<ValueRef>();
       const ir::OutputRole role = on.output_specs[k].role;
-      if (r != nullptr && (role == ir::OutputRole::kLoss || role == ir::OutputRole::kUpdatedBuffer)) {
+      if (r != nullptr &&
+          (role == ir::OutputRole::kLoss || role == ir::OutputRole::kUpdatedBuffer)) {
         MarkAncestors(g, r->node.value, fwd);
       }
     }
@@ -418,8 +422,8 @@ absl::StatusOr<FullyShardPlan> PlanFullyShard(const Graph& g, const BatchDimAnal
       const int32_t s = r.node.value;
       if (ph != ShardPhase::kOptimizer) {
         if (p.sharded.contains(s) && !is_param(s)) {
-          problem = absl::StrCat("reads the sharded optimizer state '",
-                                 p.sharded.at(s).state_name, "' in ", PhaseName(ph));
+          problem = absl::StrCat("reads the sharded optimizer state '", p.sharded.at(s).state_name,
+                                 "' in ", PhaseName(ph));
         } else if (grads.contains(s) && !grads.contains(i)) {
           problem = absl::StrCat("reads the gradient of '", grads.at(s), "' (", g.nodes()[s].name,
                                  ") in ", PhaseName(ph),
@@ -473,8 +477,9 @@ absl::StatusOr<FullyShardPlan> PlanFullyShard(const Graph& g, const BatchDimAnal
     }
     if (!e.params.empty()) back.push_back(std::move(e));
   }
-  std::stable_sort(back.begin(), back.end(),
-                   [](const GatherEvent& x, const GatherEvent& y) { return x.position < y.position; });
+  std::stable_sort(back.begin(), back.end(), [](const GatherEvent& x, const GatherEvent& y) {
+    return x.position < y.position;
+  });
   for (GatherEvent& e : back) p.gathers.push_back(std::move(e));
   // Backward may read a parameter forward never did (no gather for it).
   for (const auto& [q, at] : first_bwd) {

@@ -74,8 +74,8 @@ void RankExpander::FullyShardOutputs(NodeId id, Node& n) const {
   if (n.is_placeholder() && fs_->sharded.contains(id.value)) {
     // Sharded state: this rank's flat shard.
     const bool rg = n.outputs[0].tensor.requires_grad;
-    n.outputs[0] = ValueType::Tensor(
-        Flat(n.outputs[0].tensor, fs_->sharded.at(id.value).shard_numel));
+    n.outputs[0] =
+        ValueType::Tensor(Flat(n.outputs[0].tensor, fs_->sharded.at(id.value).shard_numel));
     n.outputs[0].tensor.requires_grad = rg;
   } else if (!fs_->out_shards[id.value].empty()) {
     // Optimizer math on shards: elementwise, so each such output is [s].
@@ -90,26 +90,24 @@ void RankExpander::FullyShardOutputs(NodeId id, Node& n) const {
 
 absl::Status RankExpander::FullyShardAfter(NodeId id, const Node& old) {
   if (fs_->partial_norm[id.value]) return EmitPartialNorm(id, old);
-  if (!old.grad_of.empty() && !bucketed_.contains(ValueRef{id, 0}) &&
-      old.outputs[0].is_tensor()) {
+  if (!old.grad_of.empty() && !bucketed_.contains(ValueRef{id, 0}) && old.outputs[0].is_tensor()) {
     // A gradient the analysis already has whole on every rank (reduced
     // earlier, or never batch-dependent): this rank's shard is a slice.
     const TensorType& t = old.outputs[0].tensor;
     const int64_t world = o_.world_size, s = ShardNumel(t.numel());
     const std::string base = absl::StrCat("fxdp_grad_shard_", old.name);
-    ValueRef x = Emit(Call(base, "aten::reshape", "", {Map(ValueRef{id, 0}), Ints({-1})},
-                           Flat(t, t.numel())));
+    ValueRef x = Emit(
+        Call(base, "aten::reshape", "", {Map(ValueRef{id, 0}), Ints({-1})}, Flat(t, t.numel())));
     if (world * s != t.numel()) {
       x = Emit(Call(base, "aten::constant_pad_nd", "",
                     {x, Ints({0, world * s - t.numel()}), Argument(0.0)}, Flat(t, world * s)));
     }
     TensorType piece = Flat(t, s);
     piece.storage_offset = slice_.rank * s;
-    replaced_[ValueRef{id, 0}] =
-        Emit(Call(base, "aten::slice", "Tensor",
-                  {x, Argument(int64_t{0}), Argument(slice_.rank * s),
-                   Argument((slice_.rank + 1) * s), Argument(int64_t{1})},
-                  piece));
+    replaced_[ValueRef{id, 0}] = Emit(Call(base, "aten::slice", "Tensor",
+                                           {x, Argument(int64_t{0}), Argument(slice_.rank * s),
+                                            Argument((slice_.rank + 1) * s), Argument(int64_t{1})},
+                                           piece));
   }
   return absl::OkStatus();
 }
@@ -117,7 +115,8 @@ absl::Status RankExpander::FullyShardAfter(NodeId id, const Node& old) {
 ValueRef RankExpander::Collect(Node n, const std::string& purpose, int64_t bytes) {
   const std::string name = n.name;
   ValueRef r = Emit(std::move(n));
-  if (collectives_ != nullptr) collectives_->push_back(Collective{name, purpose, bytes, r.node.value});
+  if (collectives_ != nullptr)
+    collectives_->push_back(Collective{name, purpose, bytes, r.node.value});
   return r;
 }
 
@@ -239,7 +238,8 @@ absl::Status RankExpander::EmitGatherWait(int32_t e) {
   const int64_t world = o_.world_size;
   int64_t total = 0;
   for (int32_t q : ev.params) total += fs_->sharded.at(q).shard_numel;
-  const std::string tag = absl::StrCat("unit", ev.unit, ev.phase == ShardPhase::kForward ? "" : "_bw");
+  const std::string tag =
+      absl::StrCat("unit", ev.unit, ev.phase == ShardPhase::kForward ? "" : "_bw");
   ValueRef w = Emit(Call(absl::StrCat("fxdp_wait_", tag), ir::kWaitTensor, "",
                          {gather_started_.at(e)}, Flat(first, world * total)));
   ValueRef rows = w;
@@ -247,7 +247,8 @@ absl::Status RankExpander::EmitGatherWait(int32_t e) {
     TensorType t = Flat(first, 0);
     t.shape = {world, total};
     t.stride = {total, 1};
-    rows = Emit(Call(absl::StrCat("fxdp_rows_", tag), "aten::view", "", {w, Ints({world, total})}, t));
+    rows =
+        Emit(Call(absl::StrCat("fxdp_rows_", tag), "aten::view", "", {w, Ints({world, total})}, t));
   }
   auto& gathered = ev.phase == ShardPhase::kForward ? gathered_fwd_ : gathered_bwd_;
   int64_t off = 0;
@@ -262,10 +263,10 @@ absl::Status RankExpander::EmitGatherWait(int32_t e) {
       col.shape = {world, s};
       col.stride = {total, 1};
       col.storage_offset = off;
-      ValueRef c = Emit(Call(base, "aten::slice", "Tensor",
-                             {rows, Argument(int64_t{1}), Argument(off), Argument(off + s),
-                              Argument(int64_t{1})},
-                             col));
+      ValueRef c = Emit(
+          Call(base, "aten::slice", "Tensor",
+               {rows, Argument(int64_t{1}), Argument(off), Argument(off + s), Argument(int64_t{1})},
+               col));
       flat = Emit(Call(base, "aten::reshape", "", {c, Ints({-1})}, Flat(t, world * s)));
     }
     if (world * s != t.numel()) {
@@ -293,19 +294,21 @@ absl::Status RankExpander::EmitGatherStart(int32_t e) {
     shards.emplace_back(Map(ValueRef{NodeId{q}, 0}));
     total += fs_->sharded.at(q).shard_numel;
   }
-  const std::string tag = absl::StrCat("unit", ev.unit, ev.phase == ShardPhase::kForward ? "" : "_bw");
+  const std::string tag =
+      absl::StrCat("unit", ev.unit, ev.phase == ShardPhase::kForward ? "" : "_bw");
   ValueRef packed = shards[0].as<ValueRef>();
   if (shards.size() > 1) {
-    packed = Emit(Call(absl::StrCat("fxdp_pack_", tag), "aten::cat", "",
-                       {Argument(Argument::List(shards)), Argument(int64_t{0})}, Flat(first, total)));
+    packed =
+        Emit(Call(absl::StrCat("fxdp_pack_", tag), "aten::cat", "",
+                  {Argument(Argument::List(shards)), Argument(int64_t{0})}, Flat(first, total)));
   }
-  Node ag = Call(absl::StrCat("fxdp_all_gather_", tag), ir::kAllGather,
-                 "", {packed, Argument(world), Argument(o_.group_name)}, Flat(first, world * total));
-  gather_started_[e] = Collect(std::move(ag),
-                               absl::StrCat("gather unit ", ev.unit,
-                                            ev.phase == ShardPhase::kForward ? " (forward)"
-                                                                             : " (backward)"),
-                               world * total * ir::DTypeItemSize(first.dtype));
+  Node ag = Call(absl::StrCat("fxdp_all_gather_", tag), ir::kAllGather, "",
+                 {packed, Argument(world), Argument(o_.group_name)}, Flat(first, world * total));
+  gather_started_[e] =
+      Collect(std::move(ag),
+              absl::StrCat("gather unit ", ev.unit,
+                           ev.phase == ShardPhase::kForward ? " (forward)" : " (backward)"),
+              world * total * ir::DTypeItemSize(first.dtype));
   return absl::OkStatus();
 }
 
@@ -342,8 +345,8 @@ absl::Status RankExpander::EmitReduceScatter(size_t b) {
     rows.stride = {total, 1};
     ValueRef c = Emit(Call(absl::StrCat("fxdp_bucket", b), "aten::cat", "",
                            {Argument(Argument::List(parts)), Argument(int64_t{1})}, rows));
-    packed = Emit(Call(absl::StrCat("fxdp_bucket", b), "aten::view", "",
-                       {c, Ints({world * total})}, Flat(first, world * total)));
+    packed = Emit(Call(absl::StrCat("fxdp_bucket", b), "aten::view", "", {c, Ints({world * total})},
+                       Flat(first, world * total)));
   }
   const double w = Weight(pb.info.op);
   if (w != 1.0) {
@@ -363,8 +366,8 @@ absl::Status RankExpander::EmitReduceScatterWait(size_t b, ValueRef started) {
   int64_t total = 0;
   for (const ValueRef& v : pb.values) total += ShardNumel(g_.type(v).tensor.numel());
   const TensorType& first = g_.type(pb.values[0]).tensor;
-  ValueRef w = Emit(Call(absl::StrCat("fxdp_wait_bucket", b), ir::kWaitTensor, "",
-                         {started}, Flat(first, total)));
+  ValueRef w = Emit(Call(absl::StrCat("fxdp_wait_bucket", b), ir::kWaitTensor, "", {started},
+                         Flat(first, total)));
   int64_t off = 0;
   for (const ValueRef& v : pb.values) {
     const TensorType& t = g_.type(v).tensor;
@@ -373,10 +376,10 @@ absl::Status RankExpander::EmitReduceScatterWait(size_t b, ValueRef started) {
     if (pb.values.size() > 1) {
       TensorType piece = Flat(t, s);
       piece.storage_offset = off;
-      x = Emit(Call(absl::StrCat("fxdp_grad_shard_", g_.node(v.node).name), "aten::slice",
-                    "Tensor",
-                    {w, Argument(int64_t{0}), Argument(off), Argument(off + s), Argument(int64_t{1})},
-                    piece));
+      x = Emit(
+          Call(absl::StrCat("fxdp_grad_shard_", g_.node(v.node).name), "aten::slice", "Tensor",
+               {w, Argument(int64_t{0}), Argument(off), Argument(off + s), Argument(int64_t{1})},
+               piece));
     }
     replaced_[v] = x;
     off += s;

@@ -51,21 +51,23 @@ ValueRef RankExpander::EmitGathered(const ShardedRead& r) {
   const int64_t mine = slice_.size * inner;
   x = Emit(Call(base, "aten::reshape", "", {x, Ints({-1})}, Flat(t, mine * row)));
   if (batch_ % world != 0) {  // every rank pads (the largest by 0): one schedule for all ranks
-    x = Emit(Call(base, "aten::constant_pad_nd", "", {x, Ints({0, (most - mine) * row}), Argument(0.0)},
-                  Flat(t, most * row)));
+    x = Emit(Call(base, "aten::constant_pad_nd", "",
+                  {x, Ints({0, (most - mine) * row}), Argument(0.0)}, Flat(t, most * row)));
   }
   const TensorType all = Flat(t, world * most * row);
-  ValueRef g = Collect(Call(base, ir::kAllGather, "", {x, Argument(world), Argument(o_.group_name)}, all),
-                       absl::StrCat("gather ", g_.node(r.value.node).name, " for ", g_.node(r.user).name),
-                       world * most * row * ir::DTypeItemSize(t.dtype));
+  ValueRef g =
+      Collect(Call(base, ir::kAllGather, "", {x, Argument(world), Argument(o_.group_name)}, all),
+              absl::StrCat("gather ", g_.node(r.value.node).name, " for ", g_.node(r.user).name),
+              world * most * row * ir::DTypeItemSize(t.dtype));
   ValueRef full = Emit(Call("fxdp_wait", ir::kWaitTensor, "", {g}, all));
   if (batch_ % world != 0) {
     std::vector<Argument> parts;
     for (const ir::RankSlice& s : split) {
-      parts.emplace_back(Emit(Call(base, "aten::slice", "Tensor",
-                                   {full, Argument(int64_t{0}), Argument(s.rank * most * row),
-                                    Argument((s.rank * most + s.size * inner) * row), Argument(int64_t{1})},
-                                   Flat(t, s.size * inner * row))));
+      parts.emplace_back(
+          Emit(Call(base, "aten::slice", "Tensor",
+                    {full, Argument(int64_t{0}), Argument(s.rank * most * row),
+                     Argument((s.rank * most + s.size * inner) * row), Argument(int64_t{1})},
+                    Flat(t, s.size * inner * row))));
     }
     full = Emit(Call(base, "aten::cat", "", {Argument(Argument::List(parts)), Argument(int64_t{0})},
                      Flat(t, t.numel())));
@@ -77,7 +79,8 @@ ValueRef RankExpander::EmitGathered(const ShardedRead& r) {
   moved.storage_offset = 0;
   moved.requires_grad = false;
   ValueRef v = ViewAs(base, full, moved);
-  if (d != 0) v = Emit(Call(base, "aten::permute", "", {v, Ints(inverse)}, Permuted(moved, inverse)));
+  if (d != 0)
+    v = Emit(Call(base, "aten::permute", "", {v, Ints(inverse)}, Permuted(moved, inverse)));
   return v;
 }
 

@@ -241,7 +241,8 @@ absl::StatusOr<bool> RankExpander::MaybeSyncBatchNorm(NodeId id, const Node& old
   }
   const TensorType& global = g_.type(x).tensor;
   site.input = Local(global, a_.value(x));
-  site.global_count = global.rank() >= 2 && global.shape[1] > 0 ? global.numel() / global.shape[1] : 0;
+  site.global_count =
+      global.rank() >= 2 && global.shape[1] > 0 ? global.numel() / global.shape[1] : 0;
   if (role == SyncBatchNormRole::kBackward) {
     // See sync_batchnorm.h: dy scaled by B/B_r on an uneven split needs weights.
     const double n = static_cast<double>(site.global_count);
@@ -257,7 +258,8 @@ absl::StatusOr<bool> RankExpander::MaybeSyncBatchNorm(NodeId id, const Node& old
   for (int32_t k = 0; k < static_cast<int32_t>(old.outputs.size()); ++k) {
     site.outputs.push_back(LocalValue(ValueRef{id, k}));
   }
-  FXDP_ASSIGN_OR_RETURN(std::vector<std::optional<ValueRef>> values, EmitSyncBatchNorm(site, *this));
+  FXDP_ASSIGN_OR_RETURN(std::vector<std::optional<ValueRef>> values,
+                        EmitSyncBatchNorm(site, *this));
   for (int32_t k = 0; k < static_cast<int32_t>(values.size()); ++k) {
     if (!values[k].has_value()) continue;
     replaced_[ValueRef{id, k}] = *values[k];
@@ -316,9 +318,9 @@ absl::Status RankExpander::EmitNode(NodeId id, const Node& old) {
     if (d < static_cast<int32_t>(sizes.size())) {
       if (const auto* x = sizes[d].get_if<int64_t>(); x != nullptr && *x != -1) {
         if (*x % batch_ != 0) {
-          return absl::InvalidArgumentError(absl::StrFormat(
-              "%s: size %d of dim %d is not a multiple of the batch size %d",
-              ir::NodeLabel(old), *x, d, batch_));
+          return absl::InvalidArgumentError(
+              absl::StrFormat("%s: size %d of dim %d is not a multiple of the batch size %d",
+                              ir::NodeLabel(old), *x, d, batch_));
         }
         sizes[d] = Argument(LocalExtent(*x));
       }
@@ -334,10 +336,10 @@ absl::Status RankExpander::EmitNode(NodeId id, const Node& old) {
     }
   } else if (out_info.placement.is_shard() && a_.node(id).decision == Decision::kShapedByUse &&
              si < 0 && !HasTensorInput(old)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s is built sharded for its use by %s, but the expansion does not know "
-        "how to build it locally",
-        ir::NodeLabel(old), g_.node(a_.node(id).shaped_by).name));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s is built sharded for its use by %s, but the expansion does not know "
+                        "how to build it locally",
+                        ir::NodeLabel(old), g_.node(a_.node(id).shaped_by).name));
   }
   // A micro-batch split of an input (batch_dim.h): the split size is the
   // micro-batch's, which becomes the rank's.
@@ -351,7 +353,8 @@ absl::Status RankExpander::EmitNode(NodeId id, const Node& old) {
       } else if (n.args[1].is_list()) {
         Argument::List sizes = n.args[1].as<Argument::List>();
         for (Argument& a : sizes) {
-          if (const auto* y = a.get_if<int64_t>(); y != nullptr && *y == batch_) a = Argument(slice_.size);
+          if (const auto* y = a.get_if<int64_t>(); y != nullptr && *y == batch_)
+            a = Argument(slice_.size);
         }
         n.args[1] = Argument(std::move(sizes));
       }
@@ -364,9 +367,9 @@ absl::Status RankExpander::EmitNode(NodeId id, const Node& old) {
       bs != nullptr && bs->index < static_cast<int>(n.args.size())) {
     if (const auto* x = n.args[bs->index].get_if<int64_t>()) {
       if (*x % batch_ != 0) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "%s: argument %d '%s' (%d) should be a multiple of the batch size %d",
-            ir::NodeLabel(old), bs->index, bs->name, *x, batch_));
+        return absl::InvalidArgumentError(
+            absl::StrFormat("%s: argument %d '%s' (%d) should be a multiple of the batch size %d",
+                            ir::NodeLabel(old), bs->index, bs->name, *x, batch_));
       }
       n.args[bs->index] = Argument(LocalExtent(*x));
     }
@@ -416,8 +419,8 @@ ValueRef RankExpander::EmitSlice(const ShardedRead& r) {
 
 absl::Status RankExpander::EmitSolo(const Reduction& r) {
   const TensorType& t = g_.type(r.value).tensor;
-  replaced_[r.value] = AllReduce(Map(r.value), t, r.op,
-                                 absl::StrCat("reduce ", g_.node(r.value.node).name), true);
+  replaced_[r.value] =
+      AllReduce(Map(r.value), t, r.op, absl::StrCat("reduce ", g_.node(r.value.node).name), true);
   return absl::OkStatus();
 }
 
@@ -429,8 +432,8 @@ absl::Status RankExpander::EmitStart(size_t b) {
   const TensorType& first = g_.type(pb.values[0]).tensor;
   for (const ValueRef& v : pb.values) {
     const TensorType& t = g_.type(v).tensor;
-    flats.emplace_back(Emit(Call(absl::StrCat("fxdp_flat_", g_.node(v.node).name),
-                                 "aten::reshape", "", {Map(v), Ints({-1})}, Flat(t, t.numel()))));
+    flats.emplace_back(Emit(Call(absl::StrCat("fxdp_flat_", g_.node(v.node).name), "aten::reshape",
+                                 "", {Map(v), Ints({-1})}, Flat(t, t.numel()))));
     total += t.numel();
   }
   const TensorType flat = Flat(first, total);
@@ -453,18 +456,18 @@ absl::Status RankExpander::EmitWait(size_t b) {
   int64_t total = 0;
   for (const ValueRef& v : pb.values) total += g_.type(v).tensor.numel();
   const TensorType flat = Flat(g_.type(pb.values[0]).tensor, total);
-  ValueRef w = Emit(Call(absl::StrCat("fxdp_wait_bucket", b), ir::kWaitTensor,
-                         "", {it->second}, flat));
+  ValueRef w =
+      Emit(Call(absl::StrCat("fxdp_wait_bucket", b), ir::kWaitTensor, "", {it->second}, flat));
   int64_t off = 0;
   for (const ValueRef& v : pb.values) {
     const TensorType& t = g_.type(v).tensor;
     const std::string base = absl::StrCat("fxdp_reduced_", g_.node(v.node).name);
     ValueRef s = w;
     if (pb.values.size() > 1) {
-      s = Emit(Call(absl::StrCat("fxdp_unpack_", g_.node(v.node).name), "aten::slice", "Tensor",
-                    {w, Argument(int64_t{0}), Argument(off), Argument(off + t.numel()),
-                     Argument(int64_t{1})},
-                    Flat(t, t.numel())));
+      s = Emit(Call(
+          absl::StrCat("fxdp_unpack_", g_.node(v.node).name), "aten::slice", "Tensor",
+          {w, Argument(int64_t{0}), Argument(off), Argument(off + t.numel()), Argument(int64_t{1})},
+          Flat(t, t.numel())));
     }
     replaced_[v] = ViewAs(base, s, t);
     off += t.numel();
@@ -487,9 +490,9 @@ absl::Status RankExpander::EmitOutput(const Node& old) {
           ir::UpdatedRole(n.output_specs[k].role).has_value() && a_.value(*r).rank_local) {
         // State computed from local batch statistics (batch-norm running
         // stats): every rank keeps the batch-weighted mean.
-        list[k] = AllReduce(list[k].as<ValueRef>(), Local(g_.type(*r).tensor, a_.value(*r)),
-                            ReduceOp::kAvg, absl::StrCat("sync ", n.output_specs[k].state_name),
-                            true);
+        list[k] =
+            AllReduce(list[k].as<ValueRef>(), Local(g_.type(*r).tensor, a_.value(*r)),
+                      ReduceOp::kAvg, absl::StrCat("sync ", n.output_specs[k].state_name), true);
       }
       continue;
     }

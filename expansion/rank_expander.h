@@ -190,12 +190,13 @@ class RankExpander final : public RankGraphBuilder {
   const int64_t batch_;
   std::vector<Node> out_;
   std::vector<int32_t> new_id_;
-  absl::flat_hash_set<std::string> fresh_names_;            // names Fresh() gave out
-  absl::flat_hash_map<std::string, int> next_suffix_;       // per base: first suffix to try
+  absl::flat_hash_set<std::string> fresh_names_;       // names Fresh() gave out
+  absl::flat_hash_map<std::string, int> next_suffix_;  // per base: first suffix to try
   absl::flat_hash_map<ValueRef, ValueRef> replaced_;
   absl::flat_hash_set<ValueRef> sync_bn_outputs_;  // outputs of rewritten batch-norm nodes
   absl::flat_hash_map<int32_t, std::vector<ShardedRead>> reads_;
-  absl::flat_hash_map<int32_t, std::vector<ShardedRead>> gathered_;  // user -> operands all-gathered
+  absl::flat_hash_map<int32_t, std::vector<ShardedRead>>
+      gathered_;  // user -> operands all-gathered
   absl::flat_hash_map<int32_t, std::vector<Reduction>> solo_;
   absl::flat_hash_map<size_t, ValueRef> started_;
   std::vector<Collective>* collectives_ = nullptr;
@@ -205,7 +206,7 @@ class RankExpander final : public RankGraphBuilder {
   absl::flat_hash_map<int32_t, ValueRef> gather_started_;               // event -> all_gather
   absl::flat_hash_map<int32_t, int32_t> backward_copies_;               // old node -> new node
   absl::flat_hash_map<ValueRef, ValueRef> norms_;  // _foreach_norm output -> whole norm
-  absl::flat_hash_set<ValueRef> bucketed_;          // gradients some bucket reduces
+  absl::flat_hash_set<ValueRef> bucketed_;         // gradients some bucket reduces
 };
 
 }  // namespace fxdp

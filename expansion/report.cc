@@ -49,8 +49,8 @@ std::string ExpansionReport::ToJson() const {
   j["buckets"] = std::move(bs);
   nlohmann::json cs = nlohmann::json::array();
   for (const Collective& c : collectives) {
-    cs.push_back({{"node", c.node}, {"purpose", c.purpose}, {"bytes", c.bytes},
-                  {"position", c.position}});
+    cs.push_back(
+        {{"node", c.node}, {"purpose", c.purpose}, {"bytes", c.bytes}, {"position", c.position}});
   }
   j["collectives"] = std::move(cs);
   j["bytes_per_step"] = bytes_per_step;
@@ -61,16 +61,18 @@ std::string ExpansionReport::ToJson() const {
 }
 
 std::string ExpansionReport::ToTable() const {
-  std::string out = absl::StrFormat("world size %d, global batch %d\n\nrank slices:\n", world_size,
-                                    batch_size);
+  std::string out =
+      absl::StrFormat("world size %d, global batch %d\n\nrank slices:\n", world_size, batch_size);
   for (const RankSlice& s : slices) {
     absl::StrAppendFormat(&out, "  rank %d: samples [%d, %d) (%d)\n", s.rank, s.start,
                           s.start + s.size, s.size);
   }
   absl::StrAppendFormat(&out, "\nstyle: %s\n", DataParallelStyleName(style));
   if (!sharded_state.empty()) {
-    absl::StrAppendFormat(&out, "sharded state (%d tensors, flat shards of s = ceil(numel / %d) "
-                          "per rank):\n", sharded_state.size(), world_size);
+    absl::StrAppendFormat(&out,
+                          "sharded state (%d tensors, flat shards of s = ceil(numel / %d) "
+                          "per rank):\n",
+                          sharded_state.size(), world_size);
     for (const ShardedState& s : sharded_state) {
       absl::StrAppendFormat(&out, "  %-40s %-15s %s[%s] -> S(0) [%d]\n", s.state_name,
                             ir::PlaceholderRoleName(s.role), ir::DTypeShortName(s.dtype),
@@ -79,7 +81,8 @@ std::string ExpansionReport::ToTable() const {
   }
   absl::StrAppendFormat(&out, "\nbuckets (%d):\n", buckets.size());
   for (const Bucket& b : buckets) {
-    absl::StrAppendFormat(&out, "  bucket %d: %d gradients, %d bytes, %s; starts after %s (#%d), "
+    absl::StrAppendFormat(&out,
+                          "  bucket %d: %d gradients, %d bytes, %s; starts after %s (#%d), "
                           "waited before %s (#%d)\n    %s\n",
                           b.index, b.gradients.size(), b.bytes, OpName(b.op), b.start_after,
                           b.start_position, b.wait_before, b.wait_position,
@@ -95,11 +98,13 @@ std::string ExpansionReport::ToTable() const {
     absl::StrAppendFormat(&out, "replicated values sliced locally: %d\n", sharded_reads);
   }
   if (batch_norm == "local") {
-    absl::StrAppend(&out, "batch norm statistics: local (each rank's batch, as DDP; "
-                          "--sync-batchnorm for the global batch's)\n");
+    absl::StrAppend(&out,
+                    "batch norm statistics: local (each rank's batch, as DDP; "
+                    "--sync-batchnorm for the global batch's)\n");
   } else if (batch_norm == "global") {
-    absl::StrAppend(&out, "batch norm statistics: global (sync_batchnorm: all-reduced in forward "
-                          "and backward, as SyncBatchNorm)\n");
+    absl::StrAppend(&out,
+                    "batch norm statistics: global (sync_batchnorm: all-reduced in forward "
+                    "and backward, as SyncBatchNorm)\n");
   }
   for (const std::string& n : notes) absl::StrAppend(&out, "note: ", n, "\n");
   return out;

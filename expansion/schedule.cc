@@ -59,13 +59,19 @@ ScheduleInfo OverlapSchedule(const std::vector<Node>& nodes) {
   const int32_t n = static_cast<int32_t>(nodes.size());
   // What each node is, looked up once.
   enum : uint8_t {
-    kIsAllReduce = 1, kIsWait = 2, kIsPacking = 4, kIsInput = 8, kIsOutput = 16, kIsGather = 32
+    kIsAllReduce = 1,
+    kIsWait = 2,
+    kIsPacking = 4,
+    kIsInput = 8,
+    kIsOutput = 16,
+    kIsGather = 32
   };
   std::vector<uint8_t> what(n, 0);
   for (int32_t i = 0; i < n; ++i) {
     const Node& node = nodes[i];
     if (node.is_call()) {
-      if (node.target.name == kAllReduce || node.target.name == kReduceScatter) what[i] |= kIsAllReduce;
+      if (node.target.name == kAllReduce || node.target.name == kReduceScatter)
+        what[i] |= kIsAllReduce;
       if (node.target.name == kAllGather) what[i] |= kIsGather;
       if (node.target.name == kWaitTensor) what[i] |= kIsWait;
       if (IsPackingNode(node)) what[i] |= kIsPacking;
@@ -93,7 +99,8 @@ ScheduleInfo OverlapSchedule(const std::vector<Node>& nodes) {
   {
     std::vector<int32_t> fill(user_begin.begin(), user_begin.end() - 1);
     for (int32_t i = 0; i < n; ++i)
-      for (int32_t k = pred_begin[i]; k < pred_begin[i + 1]; ++k) user_list[fill[pred_list[k]]++] = i;
+      for (int32_t k = pred_begin[i]; k < pred_begin[i + 1]; ++k)
+        user_list[fill[pred_list[k]]++] = i;
   }
   struct Range {
     const int32_t* b;
@@ -229,8 +236,8 @@ absl::StatusOr<Graph> Reorder(const Graph& g, const std::vector<int32_t>& order)
   for (int32_t k = 0; k < n; ++k) {
     const int32_t old = order[k];
     if (old < 0 || old >= n || new_index[old] >= 0) {
-      return absl::InvalidArgumentError(absl::StrCat("the order is not a permutation (entry ", k,
-                                                     " is ", old, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("the order is not a permutation (entry ", k, " is ", old, ")"));
     }
     new_index[old] = k;
   }

@@ -75,9 +75,8 @@ class Checker {
     return i >= 0 && i < static_cast<int>(n.args.size()) ? Tensor(&n.args[i]) : nullptr;
   }
   static const TensorType* Out(const Node& n, int k = 0) {
-    return k < static_cast<int>(n.outputs.size()) && n.outputs[k].is_tensor()
-               ? &n.outputs[k].tensor
-               : nullptr;
+    return k < static_cast<int>(n.outputs.size()) && n.outputs[k].is_tensor() ? &n.outputs[k].tensor
+                                                                              : nullptr;
   }
   static std::optional<Shape> Ints(const Node& n, int i) {
     if (i < 0 || i >= static_cast<int>(n.args.size())) return std::nullopt;
@@ -96,15 +95,15 @@ class Checker {
     const TensorType* out = Out(n);
     switch (r.kind) {
       case ShapeCheck::kDefault:
-      case ShapeCheck::kNone:
-        return absl::OkStatus();
+      case ShapeCheck::kNone: return absl::OkStatus();
       case ShapeCheck::kSizes:
       case ShapeCheck::kView:
       case ShapeCheck::kExpand:
       case ShapeCheck::kAsStrided: {
         const int a = SizeArgIndex(n.target, op);
         if (a < 0) {
-          return ir::NodeError(n, "shape check without a sizes parameter in its rule", absl::StatusCode::kInternal);
+          return ir::NodeError(n, "shape check without a sizes parameter in its rule",
+                               absl::StatusCode::kInternal);
         }
         auto size = Ints(n, a);
         if (!size || out == nullptr) return absl::OkStatus();
@@ -113,14 +112,15 @@ class Checker {
         if (r.kind == ShapeCheck::kView && in != nullptr) {
           int64_t known = 1, unknown = -1;
           for (size_t i = 0; i < want.size(); ++i) {
-            if (want[i] == -1) unknown = static_cast<int64_t>(i);
-            else known *= want[i];
+            if (want[i] == -1)
+              unknown = static_cast<int64_t>(i);
+            else
+              known *= want[i];
           }
           if (unknown >= 0 && known > 0) want[unknown] = in->numel() / known;
           if (Numel(want) != in->numel()) {
             return Fail(n, absl::StrFormat("size %s has %d elements, its input %s has %d",
-                                           Str(*size), Numel(want), Str(in->shape),
-                                           in->numel()));
+                                           Str(*size), Numel(want), Str(in->shape), in->numel()));
           }
         }
         if (r.kind == ShapeCheck::kExpand && in != nullptr) {
@@ -151,10 +151,10 @@ class Checker {
             int64_t last = offset;
             for (size_t i = 0; i < want.size(); ++i) last += (want[i] - 1) * (*stride)[i];
             if (last >= in->numel()) {
-              return Fail(n, absl::StrFormat("size %s with stride %s reaches element %d of an "
-                                             "input with %d elements %s",
-                                             Str(want), Str(*stride), last, in->numel(),
-                                             Str(in->shape)));
+              return Fail(
+                  n, absl::StrFormat("size %s with stride %s reaches element %d of an "
+                                     "input with %d elements %s",
+                                     Str(want), Str(*stride), last, in->numel(), Str(in->shape)));
             }
           }
         }
@@ -190,8 +190,7 @@ class Checker {
                                        "indices' shape + [embedding_dim])",
                                        Str(grad->shape), Str(idx->shape)));
       }
-      case ShapeCheck::kProduct:
-        return op == nullptr ? absl::OkStatus() : CheckProduct(n, *op);
+      case ShapeCheck::kProduct: return op == nullptr ? absl::OkStatus() : CheckProduct(n, *op);
       case ShapeCheck::kBatchAgrees: {
         const TensorType* self = Arg(n, r.arg);
         const TensorType* target = Arg(n, r.arg + 1);
@@ -260,8 +259,8 @@ class Checker {
       if (t == nullptr || t->rank() == 0 || t->shape[0] == b || t->shape[0] == 1) {
         return absl::OkStatus();
       }
-      return Fail(n, absl::StrFormat("arg %d %s has %d rows, arg 0 %s has %d",
-                                     arg, Str(t->shape), t->shape[0], Str(first->shape), b));
+      return Fail(n, absl::StrFormat("arg %d %s has %d rows, arg 0 %s has %d", arg, Str(t->shape),
+                                     t->shape[0], Str(first->shape), b));
     };
     for (size_t i = 1; i < n.args.size(); ++i) {
       auto s = check(n.args[i], static_cast<int>(i));

@@ -45,17 +45,16 @@ StateMemory RankStateMemory(const ir::Graph& g, DataParallelStyle style, int32_t
       switch (n.placeholder.role) {
         case ir::PlaceholderRole::kParameter: {
           m.parameter_bytes = StateMemory::AddBytes(m.parameter_bytes, bytes);
-          const bool grad = trained.contains(n.placeholder.state_name) ||
-                            (!n.outputs.empty() && n.outputs[0].is_tensor() &&
-                             n.outputs[0].tensor.requires_grad);
+          const bool grad =
+              trained.contains(n.placeholder.state_name) ||
+              (!n.outputs.empty() && n.outputs[0].is_tensor() && n.outputs[0].tensor.requires_grad);
           if (grad) m.gradient_bytes = StateMemory::AddBytes(m.gradient_bytes, bytes);
           break;
         }
         case ir::PlaceholderRole::kOptimizerState:
           m.optimizer_state_bytes = StateMemory::AddBytes(m.optimizer_state_bytes, bytes);
           break;
-        case ir::PlaceholderRole::kInput:
-          break;
+        case ir::PlaceholderRole::kInput: break;
         default:  // buffers, hyper-parameters, constants
           m.other_state_bytes = StateMemory::AddBytes(m.other_state_bytes, bytes);
       }
@@ -86,16 +85,20 @@ StateMemory ExpansionStateMemory(const Expansion& e) {
 
 std::string FormatBytes(int64_t bytes) {
   const double b = static_cast<double>(bytes);
-  if (bytes >= (int64_t{1} << 30)) return absl::StrFormat("%.2f GiB (%d bytes)", b / (1 << 30), bytes);
-  if (bytes >= (int64_t{1} << 20)) return absl::StrFormat("%.1f MiB (%d bytes)", b / (1 << 20), bytes);
-  if (bytes >= (int64_t{1} << 10)) return absl::StrFormat("%.1f KiB (%d bytes)", b / (1 << 10), bytes);
+  if (bytes >= (int64_t{1} << 30))
+    return absl::StrFormat("%.2f GiB (%d bytes)", b / (1 << 30), bytes);
+  if (bytes >= (int64_t{1} << 20))
+    return absl::StrFormat("%.1f MiB (%d bytes)", b / (1 << 20), bytes);
+  if (bytes >= (int64_t{1} << 10))
+    return absl::StrFormat("%.1f KiB (%d bytes)", b / (1 << 10), bytes);
   return absl::StrFormat("%d bytes", bytes);
 }
 
 std::string StateMemoryToTable(const StateMemory& m) {
   const bool fs = m.style == DataParallelStyle::kFullyShard;
-  std::string out = absl::StrFormat("\nstate per rank (%s, %d rank%s): %s\n", DataParallelStyleName(m.style),
-                                    m.world_size, m.world_size == 1 ? "" : "s", FormatBytes(m.total_bytes()));
+  std::string out =
+      absl::StrFormat("\nstate per rank (%s, %d rank%s): %s\n", DataParallelStyleName(m.style),
+                      m.world_size, m.world_size == 1 ? "" : "s", FormatBytes(m.total_bytes()));
   auto line = [&](absl::string_view what, int64_t bytes, absl::string_view note) {
     absl::StrAppendFormat(&out, "  %-18s %s%s\n", what, FormatBytes(bytes), note);
   };
@@ -108,9 +111,12 @@ std::string StateMemoryToTable(const StateMemory& m) {
          absl::StrCat(" (2 x the largest unit, ", FormatBytes(m.largest_unit_bytes),
                       ": a unit and its prefetched successor)"));
   }
-  line("largest bucket", m.largest_bucket_bytes, fs ? " (whole, while reduce-scattered)" : " (while all-reduced)");
-  absl::StrAppend(&out, "  activations and temporaries come on top: the total is a lower bound of the step's "
-                        "peak; fxdp-server refuses a job whose total exceeds a worker's registered memory\n");
+  line("largest bucket", m.largest_bucket_bytes,
+       fs ? " (whole, while reduce-scattered)" : " (while all-reduced)");
+  absl::StrAppend(
+      &out,
+      "  activations and temporaries come on top: the total is a lower bound of the step's "
+      "peak; fxdp-server refuses a job whose total exceeds a worker's registered memory\n");
   return out;
 }
 
@@ -140,14 +146,15 @@ absl::StatusOr<StyledAnalysis> AnalyzeStyle(const ir::Graph& graph, const BatchD
     const ShardedState& x = *it->second;
     int64_t numel = 1;
     for (int64_t d : x.shape) numel *= d;
-    s.overrides[i] = {"S(0)", absl::StrCat("fully_shard: flat shard of ", x.shard_numel, " of ", numel,
-                                           " elements per rank (ceil(", numel, " / ", options.world_size,
-                                           ")); ", ShardedStateReason(x))};
+    s.overrides[i] = {"S(0)", absl::StrCat("fully_shard: flat shard of ", x.shard_numel, " of ",
+                                           numel, " elements per rank (ceil(", numel, " / ",
+                                           options.world_size, ")); ", ShardedStateReason(x))};
   }
   return s;
 }
 
-std::string StyledAnalysisToJson(const ir::Graph& graph, const BatchDimAnalysis& a, const StyledAnalysis& s) {
+std::string StyledAnalysisToJson(const ir::Graph& graph, const BatchDimAnalysis& a,
+                                 const StyledAnalysis& s) {
   nlohmann::json j = nlohmann::json::parse(AnalysisToJson(graph, a, &s.overrides));
   j["style"] = std::string(DataParallelStyleName(s.style));
   const StateMemory& m = s.memory;
@@ -162,8 +169,8 @@ std::string StyledAnalysisToJson(const ir::Graph& graph, const BatchDimAnalysis&
   return j.dump(1) + "\n";
 }
 
-std::string StyledAnalysisToTable(const ir::Graph& graph, const BatchDimAnalysis& a, const StyledAnalysis& s,
-                                  bool with_source) {
+std::string StyledAnalysisToTable(const ir::Graph& graph, const BatchDimAnalysis& a,
+                                  const StyledAnalysis& s, bool with_source) {
   return AnalysisToTable(graph, a, &s.overrides, with_source) + StateMemoryToTable(s.memory);
 }
 

@@ -51,15 +51,16 @@ struct StateMemory {
   // overflow an int64 (the total came out negative and passed admission).
   int64_t total_bytes() const {
     int64_t t = 0;
-    for (int64_t b : {parameter_bytes, gradient_bytes, optimizer_state_bytes, other_state_bytes, gathered_bytes,
-                      largest_bucket_bytes}) {
+    for (int64_t b : {parameter_bytes, gradient_bytes, optimizer_state_bytes, other_state_bytes,
+                      gathered_bytes, largest_bucket_bytes}) {
       t = AddBytes(t, b);
     }
     return t;
   }
   // a + b for byte counts >= 0, saturating at INT64_MAX.
   static int64_t AddBytes(int64_t a, int64_t b) {
-    return a > std::numeric_limits<int64_t>::max() - b ? std::numeric_limits<int64_t>::max() : a + b;
+    return a > std::numeric_limits<int64_t>::max() - b ? std::numeric_limits<int64_t>::max()
+                                                       : a + b;
   }
 };
 

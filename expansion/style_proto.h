@@ -24,10 +24,8 @@ inline v1::DataParallelStyle StyleToProto(DataParallelStyle s) {
 // enum numbers), naming `field` and the accepted values.
 inline absl::StatusOr<DataParallelStyle> StyleFromProto(int value, absl::string_view field) {
   switch (value) {
-    case v1::DATA_PARALLEL_STYLE_REPLICATE:
-      return DataParallelStyle::kReplicate;
-    case v1::DATA_PARALLEL_STYLE_FULLY_SHARD:
-      return DataParallelStyle::kFullyShard;
+    case v1::DATA_PARALLEL_STYLE_REPLICATE: return DataParallelStyle::kReplicate;
+    case v1::DATA_PARALLEL_STYLE_FULLY_SHARD: return DataParallelStyle::kFullyShard;
     default:
       return absl::InvalidArgumentError(absl::StrCat(
           field, ": unknown data-parallel style ", value, "; accepted: ",

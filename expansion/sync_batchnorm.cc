@@ -150,8 +150,9 @@ absl::StatusOr<std::vector<std::optional<ValueRef>>> Forward(const SyncBatchNorm
   const std::optional<ValueRef> running_mean = RefArg(s, op.running_mean);
   const std::optional<ValueRef> running_var = RefArg(s, op.running_var);
   if (!op.functional && (running_mean || running_var)) {
-    return Error(n, "updates its running statistics in place; trace the step with fxdp.trace, "
-                    "which produces _native_batch_norm_legit_functional");
+    return Error(n,
+                 "updates its running statistics in place; trace the step with fxdp.trace, "
+                 "which produces _native_batch_norm_legit_functional");
   }
   if (op.functional && (!running_mean || !running_var)) {
     return Error(n, "expected running_mean and running_var tensors");
@@ -163,7 +164,8 @@ absl::StatusOr<std::vector<std::optional<ValueRef>>> Forward(const SyncBatchNorm
   if (save_mean->dtype != s.input.dtype) {
     return Error(n, absl::StrFormat("the input is %s but its statistics are %s; synchronized "
                                     "statistics need one dtype",
-                                    ir::DTypeShortName(s.input.dtype), ir::DTypeShortName(save_mean->dtype)));
+                                    ir::DTypeShortName(s.input.dtype),
+                                    ir::DTypeShortName(save_mean->dtype)));
   }
   Emitter e(s, b);
   const TensorType& st = e.stat();
@@ -172,12 +174,12 @@ absl::StatusOr<std::vector<std::optional<ValueRef>>> Forward(const SyncBatchNorm
   const ValueRef xmu = e.Binary("aten::sub", *x, e.Broadcastable(mean), e.x());
   const ValueRef var_sum =
       e.AllReduce(e.SumPerChannel(e.Binary("aten::mul", xmu, xmu, e.x())), st, 1.0, "stats");
-  const ValueRef invstd =
-      e.Call("aten::rsqrt", "",
-             {e.Call("aten::add", "Scalar", {e.Divided(var_sum, count, st), Argument(*eps)}, st)},
-             st);
+  const ValueRef invstd = e.Call(
+      "aten::rsqrt", "",
+      {e.Call("aten::add", "Scalar", {e.Divided(var_sum, count, st), Argument(*eps)}, st)}, st);
   ValueRef alpha = invstd;
-  if (const std::optional<ValueRef> w = RefArg(s, op.weight)) alpha = e.Binary("aten::mul", invstd, *w, st);
+  if (const std::optional<ValueRef> w = RefArg(s, op.weight))
+    alpha = e.Binary("aten::mul", invstd, *w, st);
   ValueRef out = e.Binary("aten::mul", xmu, e.Broadcastable(alpha), e.x());
   if (const std::optional<ValueRef> bias = RefArg(s, op.bias)) {
     out = e.Binary("aten::add", out, e.Broadcastable(*bias), e.x());
@@ -207,9 +209,10 @@ absl::StatusOr<std::vector<std::optional<ValueRef>>> Backward(const SyncBatchNor
     return Error(n, "expected grad_output, input (rank >= 2), save_mean and save_invstd tensors");
   }
   if (const TensorType* gw = OutType(s, 1); gw != nullptr && gw->dtype != s.input.dtype) {
-    return Error(n, absl::StrFormat("the input is %s but the weight's gradient is %s; "
-                                    "synchronized statistics need one dtype",
-                                    ir::DTypeShortName(s.input.dtype), ir::DTypeShortName(gw->dtype)));
+    return Error(n,
+                 absl::StrFormat("the input is %s but the weight's gradient is %s; "
+                                 "synchronized statistics need one dtype",
+                                 ir::DTypeShortName(s.input.dtype), ir::DTypeShortName(gw->dtype)));
   }
   Emitter e(s, b);
   const TensorType& st = e.stat();
@@ -222,30 +225,30 @@ absl::StatusOr<std::vector<std::optional<ValueRef>>> Backward(const SyncBatchNor
     TensorType packed_t = st;
     packed_t.shape = {2 * c};
     const ValueRef packed =
-        e.Call("aten::cat", "", {Argument(Argument::List{sum_dy, sum_dy_xmu}), Argument(int64_t{0})},
-               packed_t);
+        e.Call("aten::cat", "",
+               {Argument(Argument::List{sum_dy, sum_dy_xmu}), Argument(int64_t{0})}, packed_t);
     const ValueRef global = e.AllReduce(packed, packed_t, s.grad_weight, "grad");
     const auto half = [&](int64_t from) {
-      return e.Call("aten::slice", "Tensor",
-                    {global, Argument(int64_t{0}), Argument(from), Argument(from + c),
-                     Argument(int64_t{1})},
-                    st);
+      return e.Call(
+          "aten::slice", "Tensor",
+          {global, Argument(int64_t{0}), Argument(from), Argument(from + c), Argument(int64_t{1})},
+          st);
     };
     const ValueRef mean_dy = e.Scaled(half(0), s.grad_factor, st);
-    const ValueRef proj = e.Binary(
-        "aten::mul", e.Scaled(half(c), s.grad_factor, st),
-        e.Binary("aten::mul", *invstd, *invstd, st), st);
+    const ValueRef proj = e.Binary("aten::mul", e.Scaled(half(c), s.grad_factor, st),
+                                   e.Binary("aten::mul", *invstd, *invstd, st), st);
     ValueRef scale = *invstd;
     if (const std::optional<ValueRef> w = RefArg(s, op.weight)) {
       scale = e.Binary("aten::mul", *invstd, *w, st);
     }
-    const ValueRef centred = e.Binary(
-        "aten::sub", e.Binary("aten::sub", *dy, e.Broadcastable(mean_dy), e.x()),
-        e.Binary("aten::mul", xmu, e.Broadcastable(proj), e.x()), e.x());
+    const ValueRef centred =
+        e.Binary("aten::sub", e.Binary("aten::sub", *dy, e.Broadcastable(mean_dy), e.x()),
+                 e.Binary("aten::mul", xmu, e.Broadcastable(proj), e.x()), e.x());
     result[0] = e.Binary("aten::mul", centred, e.Broadcastable(scale), e.x());
   }
   // The parameters' gradients are the rank's partial sums, reduced in buckets.
-  if (const TensorType* gw = OutType(s, 1)) result[1] = e.Binary("aten::mul", sum_dy_xmu, *invstd, *gw);
+  if (const TensorType* gw = OutType(s, 1))
+    result[1] = e.Binary("aten::mul", sum_dy_xmu, *invstd, *gw);
   if (OutType(s, 2) != nullptr) result[2] = sum_dy;
   return result;
 }

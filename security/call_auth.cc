@@ -20,18 +20,21 @@ constexpr absl::string_view kHealthPrefix = "/grpc.health.v1.Health/";
 constexpr absl::string_view kFxdpPrefix = "/fxdp.v1.";
 constexpr size_t kMaxCachedCertificates = 4096;
 constexpr char kNoCredentials[] =
-    "fxdp-server requires credentials: a bearer token (--token-file) or a client certificate signed by the "
+    "fxdp-server requires credentials: a bearer token (--token-file) or a client certificate "
+    "signed by the "
     "server's --tls-ca";
 
 absl::Status CheckRole(const Principal& who, absl::string_view method) {
   const bool attach = method == kAttachMethod;
   if (attach && who.role != Role::kWorker) {
-    return absl::PermissionDeniedError(absl::StrCat("'", who.identity, "' is a ", RoleName(who.role),
-                                                    ", not a worker: attaching needs the join token or a "
-                                                    "worker certificate"));
+    return absl::PermissionDeniedError(
+        absl::StrCat("'", who.identity, "' is a ", RoleName(who.role),
+                     ", not a worker: attaching needs the join token or a "
+                     "worker certificate"));
   }
   if (!attach && who.role == Role::kWorker) {
-    return absl::PermissionDeniedError(absl::StrCat("worker credentials may only attach (called ", method, ")"));
+    return absl::PermissionDeniedError(
+        absl::StrCat("worker credentials may only attach (called ", method, ")"));
   }
   return absl::OkStatus();
 }
@@ -43,10 +46,11 @@ class Processor final : public grpc::AuthMetadataProcessor {
   bool IsBlocking() const override { return false; }  // no I/O: runs inline
 
   // Reads the call's metadata and the connection's context; writes nothing.
-  grpc::Status Process(const InputMetadata& md, grpc::AuthContext* context, OutputMetadata* /*consumed*/,
-                       OutputMetadata* /*response*/) override {
+  grpc::Status Process(const InputMetadata& md, grpc::AuthContext* context,
+                       OutputMetadata* /*consumed*/, OutputMetadata* /*response*/) override {
     absl::string_view path;
-    if (auto it = md.find(":path"); it != md.end()) path = absl::string_view(it->second.data(), it->second.size());
+    if (auto it = md.find(":path"); it != md.end())
+      path = absl::string_view(it->second.data(), it->second.size());
     const bool certificate = !context->FindPropertyValues(GRPC_X509_PEM_CERT_PROPERTY_NAME).empty();
     return auth_->Screen(path, md.count("authorization"), certificate);
   }
@@ -63,7 +67,8 @@ CallAuth::CallAuth(TokenTable tokens, bool certificates, AuthLimiterOptions limi
       limiter_(limits),
       failures_(limits.window_s, limits.max_peers, limits.on_failures) {}
 
-grpc::Status CallAuth::Screen(absl::string_view path, size_t authorization_headers, bool certificate) const {
+grpc::Status CallAuth::Screen(absl::string_view path, size_t authorization_headers,
+                              bool certificate) const {
   if (absl::StartsWith(path, kHealthPrefix)) return grpc::Status::OK;
   if (authorization_headers > 1) {
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
@@ -76,11 +81,13 @@ grpc::Status CallAuth::Screen(absl::string_view path, size_t authorization_heade
                         absl::StrCat("tokens are taken by fxdp.v1 methods only; ", path,
                                      " needs a client certificate"));
   }
-  if (certificate && certificates_) return grpc::Status::OK;  // TLS verified it; the handler reads it
+  if (certificate && certificates_)
+    return grpc::Status::OK;  // TLS verified it; the handler reads it
   return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, kNoCredentials);
 }
 
-absl::StatusOr<Principal> CallAuth::Authenticate(const grpc::ServerContextBase& ctx, absl::string_view method) {
+absl::StatusOr<Principal> CallAuth::Authenticate(const grpc::ServerContextBase& ctx,
+                                                 absl::string_view method) {
   failures_.Sweep();
   const std::multimap<grpc::string_ref, grpc::string_ref>& md = ctx.client_metadata();
   const auto [first, end] = md.equal_range("authorization");
@@ -100,10 +107,10 @@ absl::StatusOr<Principal> CallAuth::Authenticate(const grpc::ServerContextBase& 
 absl::StatusOr<Principal> CallAuth::ByToken(const std::string& peer, absl::string_view value) {
   if (const double left = limiter_.BlockedFor(peer); left > 0) {
     const AuthLimiterOptions& o = limiter_.options();
-    return absl::ResourceExhaustedError(
-        absl::StrFormat("too many wrong tokens on this connection (%d within %.0f s): its calls with a token are "
-                        "refused for %.0f s more (fxdp-server --max-auth-failures)",
-                        o.max_failures, o.window_s, std::ceil(left)));
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "too many wrong tokens on this connection (%d within %.0f s): its calls with a token are "
+        "refused for %.0f s more (fxdp-server --max-auth-failures)",
+        o.max_failures, o.window_s, std::ceil(left)));
   }
   constexpr absl::string_view kBearer = "Bearer ";
   std::optional<Principal> who;
@@ -136,7 +143,8 @@ absl::StatusOr<Principal> CallAuth::ByCertificate(const grpc::ServerContextBase&
   return absl::UnauthenticatedError(kNoCredentials);
 }
 
-absl::StatusOr<std::optional<Principal>> CallPrincipal(CallAuth* auth, const grpc::ServerContextBase& ctx,
+absl::StatusOr<std::optional<Principal>> CallPrincipal(CallAuth* auth,
+                                                       const grpc::ServerContextBase& ctx,
                                                        absl::string_view method) {
   if (auth == nullptr) return std::optional<Principal>();
   absl::StatusOr<Principal> who = auth->Authenticate(ctx, method);
@@ -144,7 +152,8 @@ absl::StatusOr<std::optional<Principal>> CallPrincipal(CallAuth* auth, const grp
   return std::optional<Principal>(*std::move(who));
 }
 
-std::shared_ptr<grpc::AuthMetadataProcessor> MakeAuthProcessor(std::shared_ptr<const CallAuth> auth) {
+std::shared_ptr<grpc::AuthMetadataProcessor> MakeAuthProcessor(
+    std::shared_ptr<const CallAuth> auth) {
   return std::make_shared<Processor>(std::move(auth));
 }
 

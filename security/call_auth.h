@@ -59,7 +59,8 @@ class CallAuth {
 
   // The principal of a call to `method` ("/fxdp.v1.JobService/GetJob"), or
   // UNAUTHENTICATED / PERMISSION_DENIED / RESOURCE_EXHAUSTED saying why not.
-  absl::StatusOr<Principal> Authenticate(const grpc::ServerContextBase& ctx, absl::string_view method);
+  absl::StatusOr<Principal> Authenticate(const grpc::ServerContextBase& ctx,
+                                         absl::string_view method);
 
  private:
   absl::StatusOr<Principal> ByToken(const std::string& peer, absl::string_view value);
@@ -75,11 +76,13 @@ class CallAuth {
 
 // The principal of a call to `method`: nullopt when `auth` is null (the
 // server does not authenticate: every caller may do everything).
-absl::StatusOr<std::optional<Principal>> CallPrincipal(CallAuth* auth, const grpc::ServerContextBase& ctx,
+absl::StatusOr<std::optional<Principal>> CallPrincipal(CallAuth* auth,
+                                                       const grpc::ServerContextBase& ctx,
                                                        absl::string_view method);
 
 // The AuthMetadataProcessor of a server that authenticates (CallAuth::Screen).
-std::shared_ptr<grpc::AuthMetadataProcessor> MakeAuthProcessor(std::shared_ptr<const CallAuth> auth);
+std::shared_ptr<grpc::AuthMetadataProcessor> MakeAuthProcessor(
+    std::shared_ptr<const CallAuth> auth);
 
 // "ipv4:10.0.0.7:51234" -> "ipv4:10.0.0.7", "ipv6:[::1]:5" -> "ipv6:[::1]";
 // anything without a numeric port as it is.

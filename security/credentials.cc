@@ -36,8 +36,9 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials
   }
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::SslCredentials(o);
   if (creds == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot use the TLS files --tls-ca '", s.tls_ca, "'",
-                                                   s.tls_cert.empty() ? "" : " --tls-cert '" + s.tls_cert + "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot use the TLS files --tls-ca '", s.tls_ca, "'",
+                     s.tls_cert.empty() ? "" : " --tls-cert '" + s.tls_cert + "'"));
   }
   if (!s.token_file.empty()) {
     absl::StatusOr<std::string> token = ReadTokenFile(s.token_file);

@@ -11,9 +11,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "grpc/grpc_security_constants.h"
 #include "security/call_auth.h"
 
@@ -39,7 +39,8 @@ bool HasOrganization(X509_NAME* name, const char* org) {
   for (int i = X509_NAME_get_index_by_NID(name, NID_organizationName, -1); i >= 0;
        i = X509_NAME_get_index_by_NID(name, NID_organizationName, i)) {
     unsigned char* utf8 = nullptr;
-    const int n = ASN1_STRING_to_UTF8(&utf8, X509_NAME_ENTRY_get_data(X509_NAME_get_entry(name, i)));
+    const int n =
+        ASN1_STRING_to_UTF8(&utf8, X509_NAME_ENTRY_get_data(X509_NAME_get_entry(name, i)));
     if (n < 0) continue;
     const bool eq = std::string(reinterpret_cast<char*>(utf8), static_cast<size_t>(n)) == org;
     OPENSSL_free(utf8);
@@ -64,20 +65,23 @@ absl::StatusOr<Principal> PrincipalOfCertificate(const std::string& pem) {
   X509_free(cert);
   if (!IsIdentity(p.identity)) {
     return absl::UnauthenticatedError(
-        "the peer certificate's subject has no usable CN (a name without spaces or control characters)");
+        "the peer certificate's subject has no usable CN (a name without spaces or control "
+        "characters)");
   }
   return p;
 }
 
 absl::StatusOr<ServerSecurity> MakeServerSecurity(const ServerSecurityOptions& o) {
   ServerSecurity out;
-  for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--tls-key", o.tls_key},
-                                   {"--client-tokens", o.client_tokens},
-                                   {"--worker-token-file", o.worker_token_file}}) {
+  for (const auto& [flag, path] :
+       {std::pair<const char*, const std::string&>{"--tls-key", o.tls_key},
+        {"--client-tokens", o.client_tokens},
+        {"--worker-token-file", o.worker_token_file}}) {
     struct stat st {};
     if (!path.empty() && stat(path.c_str(), &st) == 0 && (st.st_mode & (S_IROTH | S_IWOTH)) != 0) {
-      out.warnings.push_back(absl::StrCat("warning: ", flag, " '", path,
-                                          "' is readable or writable by every user (chmod o-rwx it)"));
+      out.warnings.push_back(
+          absl::StrCat("warning: ", flag, " '", path,
+                       "' is readable or writable by every user (chmod o-rwx it)"));
     }
   }
   const bool tls = !o.tls_cert.empty() || !o.tls_key.empty();
@@ -86,7 +90,8 @@ absl::StatusOr<ServerSecurity> MakeServerSecurity(const ServerSecurityOptions& o
     if (auth) {
       return absl::InvalidArgumentError(
           "--client-tokens, --worker-token-file and --tls-ca need TLS (--tls-cert and --tls-key): "
-          "tokens sent in the clear could be read by anyone on the path, and gRPC clients send them "
+          "tokens sent in the clear could be read by anyone on the path, and gRPC clients send "
+          "them "
           "over TLS only");
     }
     out.credentials = grpc::InsecureServerCredentials();
@@ -111,8 +116,8 @@ absl::StatusOr<ServerSecurity> MakeServerSecurity(const ServerSecurityOptions& o
   }
   out.credentials = grpc::SslServerCredentials(ssl);
   if (out.credentials == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot use the TLS files --tls-cert '", o.tls_cert,
-                                                   "' --tls-key '", o.tls_key, "'"));
+    return absl::InvalidArgumentError(absl::StrCat("cannot use the TLS files --tls-cert '",
+                                                   o.tls_cert, "' --tls-key '", o.tls_key, "'"));
   }
   out.tls = true;
   out.summary = "TLS";
@@ -126,7 +131,8 @@ absl::StatusOr<ServerSecurity> MakeServerSecurity(const ServerSecurityOptions& o
     absl::StatusOr<TokenTable> t = TokenTable::Load(o.client_tokens);
     if (!t.ok()) return t.status();
     tokens = *std::move(t);
-    clients = absl::StrCat(tokens.size(), " client token(s)", o.tls_ca.empty() ? "" : " or certificates");
+    clients =
+        absl::StrCat(tokens.size(), " client token(s)", o.tls_ca.empty() ? "" : " or certificates");
   } else if (o.tls_ca.empty()) {
     return absl::InvalidArgumentError(
         "--worker-token-file without --client-tokens or --tls-ca: no client could authenticate");
@@ -134,7 +140,8 @@ absl::StatusOr<ServerSecurity> MakeServerSecurity(const ServerSecurityOptions& o
   if (!o.worker_token_file.empty()) {
     absl::StatusOr<std::string> join = ReadTokenFile(o.worker_token_file);
     if (!join.ok()) return join.status();
-    if (absl::Status s = tokens.Add(*join, {"worker", Role::kWorker}, "--worker-token-file '" + o.worker_token_file + "'");
+    if (absl::Status s = tokens.Add(*join, {"worker", Role::kWorker},
+                                    "--worker-token-file '" + o.worker_token_file + "'");
         !s.ok()) {
       return s;
     }
@@ -146,8 +153,8 @@ absl::StatusOr<ServerSecurity> MakeServerSecurity(const ServerSecurityOptions& o
   out.auth = std::make_shared<CallAuth>(std::move(tokens), !o.tls_ca.empty(), o.auth_limits);
   out.credentials->SetAuthMetadataProcessor(MakeAuthProcessor(out.auth));
   out.authenticates = true;
-  out.summary = absl::StrCat("TLS", o.tls_ca.empty() ? "" : " (mutual: --tls-ca)", ", clients: ", clients,
-                             ", workers: ", workers);
+  out.summary = absl::StrCat("TLS", o.tls_ca.empty() ? "" : " (mutual: --tls-ca)",
+                             ", clients: ", clients, ", workers: ", workers);
   return out;
 }
 
@@ -158,7 +165,8 @@ bool IsLoopbackListen(const std::string& listen) {
   const size_t colon = host.rfind(':');
   if (colon == std::string::npos) return false;
   host = host.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
   if (host == "localhost" || host == "::1") return true;
   // 127.0.0.0/8: four dotted decimal numbers, the first 127.
   std::vector<std::string> parts = absl::StrSplit(host, '.');

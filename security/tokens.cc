@@ -74,9 +74,9 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
   if (!text.ok()) return text.status();
   const std::string token(absl::StripAsciiWhitespace(*text));
   if (token.size() < kMinTokenLength || !IsTokenText(token)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "token file '", path, "' must hold one token of at least ", kMinTokenLength,
-        " printable characters without spaces"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("token file '", path, "' must hold one token of at least ", kMinTokenLength,
+                     " printable characters without spaces"));
   }
   return token;
 }
@@ -102,7 +102,8 @@ absl::StatusOr<TokenTable> TokenTable::Parse(absl::string_view text, const std::
     line = absl::StripAsciiWhitespace(line);
     if (line.empty() || line[0] == '#') continue;
     const std::string where = absl::StrCat(path, ":", line_no);
-    std::vector<absl::string_view> f = absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
+    std::vector<absl::string_view> f =
+        absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
     if (f.size() < 2 || f.size() > 3 || (f.size() == 3 && f[2] != "admin")) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": expected 'TOKEN IDENTITY [admin]', got ", f.size(), " fields"));

@@ -8,10 +8,13 @@ namespace fxdp::server {
 
 std::string AuditLine(absl::string_view event, AuditFields fields) {
   std::string line = absl::StrCat("event=\"", absl::CHexEscape(event), "\"");
-  for (const auto& [k, v] : fields) absl::StrAppend(&line, " ", k, "=\"", absl::CHexEscape(v), "\"");
+  for (const auto& [k, v] : fields)
+    absl::StrAppend(&line, " ", k, "=\"", absl::CHexEscape(v), "\"");
   return line;
 }
 
-void Audit(absl::string_view event, AuditFields fields) { Log("audit " + AuditLine(event, fields)); }
+void Audit(absl::string_view event, AuditFields fields) {
+  Log("audit " + AuditLine(event, fields));
+}
 
 }  // namespace fxdp::server

@@ -32,7 +32,8 @@ absl::StatusOr<bool> BatchSharder::Add(int64_t step, const v1::SubmitJobRequest&
   using absl::InvalidArgumentError;
   const int64_t job_step = first_ + step;
   const std::string what = absl::StrCat("step ", job_step, "'s batch");
-  if (!req.has_batch()) return InvalidArgumentError(absl::StrCat("expected ", what, ", got ", SubmitRequestKind(req)));
+  if (!req.has_batch())
+    return InvalidArgumentError(absl::StrCat("expected ", what, ", got ", SubmitRequestKind(req)));
   const v1::StepBatch& b = req.batch();
   if (b.step() != job_step) {
     return InvalidArgumentError(absl::StrCat(
@@ -47,13 +48,14 @@ absl::StatusOr<bool> BatchSharder::Add(int64_t step, const v1::SubmitJobRequest&
     tensors_.clear();
   }
   for (const v1::HyperparameterValue& h : b.hyperparameters()) {
-    if (absl::Status s = placeholders_->Check({h.name()}, absl::StrCat(what, ": StepBatch.hyperparameters"));
+    if (absl::Status s =
+            placeholders_->Check({h.name()}, absl::StrCat(what, ": StepBatch.hyperparameters"));
         !s.ok()) {
       return InvalidArgumentError(s.message());
     }
     if (!std::isfinite(h.value())) {
-      return InvalidArgumentError(
-          absl::StrCat(what, ": hyper-parameter '", h.name(), "' is ", h.value(), ", not a finite number"));
+      return InvalidArgumentError(absl::StrCat(what, ": hyper-parameter '", h.name(), "' is ",
+                                               h.value(), ", not a finite number"));
     }
     step_hyper_[h.name()] = h.value();
   }
@@ -63,15 +65,15 @@ absl::StatusOr<bool> BatchSharder::Add(int64_t step, const v1::SubmitJobRequest&
       if (in == nullptr) {
         std::vector<std::string> names;
         for (const InputSpec& i : *inputs_) names.push_back(i.name);
-        return InvalidArgumentError(absl::StrCat(what, ": tensor '", c.name(),
-                                                 "' is not an INPUT of the graph (its inputs: ",
-                                                 absl::StrJoin(names, ", "), ")"));
+        return InvalidArgumentError(absl::StrCat(
+            what, ": tensor '", c.name(),
+            "' is not an INPUT of the graph (its inputs: ", absl::StrJoin(names, ", "), ")"));
       }
       const std::vector<int64_t> shape(c.shape().begin(), c.shape().end());
       if (c.dtype() != in->dtype || shape != in->shape) {
-        return InvalidArgumentError(absl::StrCat(what, ": input '", c.name(), "' is ", TypeString(c.dtype(), shape),
-                                                 ", the graph expects ", TypeString(in->dtype, in->shape),
-                                                 " (the global batch)"));
+        return InvalidArgumentError(absl::StrCat(
+            what, ": input '", c.name(), "' is ", TypeString(c.dtype(), shape),
+            ", the graph expects ", TypeString(in->dtype, in->shape), " (the global batch)"));
       }
     }
     if (absl::Status s = batch_->Add(c); !s.ok()) return InvalidArgumentError(s.message());
@@ -84,9 +86,10 @@ absl::StatusOr<bool> BatchSharder::Add(int64_t step, const v1::SubmitJobRequest&
   std::vector<RawTensor> tensors = batch_->Take();
   batch_.reset();
   for (const InputSpec& in : *inputs_) {
-    if (std::none_of(tensors.begin(), tensors.end(), [&](const RawTensor& t) { return t.name == in.name; })) {
-      return InvalidArgumentError(
-          absl::StrCat(what, " lacks input '", in.name, "' (", TypeString(in.dtype, in.shape), ")"));
+    if (std::none_of(tensors.begin(), tensors.end(),
+                     [&](const RawTensor& t) { return t.name == in.name; })) {
+      return InvalidArgumentError(absl::StrCat(what, " lacks input '", in.name, "' (",
+                                               TypeString(in.dtype, in.shape), ")"));
     }
   }
   std::map<std::string, double> merged;
@@ -110,7 +113,8 @@ absl::StatusOr<std::vector<v1::ServerMessage>> BatchSharder::RankBatch(int rank)
       const RankSlice slice = SplitBatch(shape[in.batch_dim], world_)[rank];
       absl::StatusOr<std::string> data = SliceDim(t, in.batch_dim, slice.start, slice.size);
       if (!data.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat("step ", first_ + step_, "'s batch: ", data.status().message()));
+        return absl::InvalidArgumentError(
+            absl::StrCat("step ", first_ + step_, "'s batch: ", data.status().message()));
       }
       shape[in.batch_dim] = slice.size;
       c.set_data(*std::move(data));

@@ -31,10 +31,15 @@ namespace fxdp::server {
 class BatchSharder {
  public:
   // The pointees outlive the sharder.
-  BatchSharder(std::string job_id, int world_size, size_t chunk_bytes, const std::vector<InputSpec>* inputs,
-               const ir::PlaceholderNames* placeholders, const ir::Schedule* schedule)
-      : job_id_(std::move(job_id)), world_(world_size), chunk_bytes_(chunk_bytes), inputs_(inputs),
-        placeholders_(placeholders), schedule_(schedule) {}
+  BatchSharder(std::string job_id, int world_size, size_t chunk_bytes,
+               const std::vector<InputSpec>* inputs, const ir::PlaceholderNames* placeholders,
+               const ir::Schedule* schedule)
+      : job_id_(std::move(job_id)),
+        world_(world_size),
+        chunk_bytes_(chunk_bytes),
+        inputs_(inputs),
+        placeholders_(placeholders),
+        schedule_(schedule) {}
 
   // A resumed job runs the job's steps first_step + 1, ...: its client's
   // StepBatch.step and its schedule count them, its workers count from 1.

@@ -6,15 +6,15 @@
 #include <cmath>
 #include <memory>
 #include <new>
-#include <stdexcept>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "google/protobuf/arena.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/wire_format_lite.h"
@@ -35,30 +35,36 @@ absl::Status CheckWorldSize(int32_t world, const CompileLimits& limits) {
     return absl::InvalidArgumentError(absl::StrCat("world_size must be >= 1, got ", world));
   }
   if (world > limits.max_world_size) {
-    return absl::ResourceExhaustedError(absl::StrCat("world_size ", world, " is over this server's limit of ",
-                                                     limits.max_world_size, " (fxdp-server --max-world-size)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("world_size ", world, " is over this server's limit of ",
+                     limits.max_world_size, " (fxdp-server --max-world-size)"));
   }
   return absl::OkStatus();
 }
 
 // ExpandOptions::before_rank_graphs for `request`: the rank graphs against
 // --max-expanded-nodes and --max-expanded-mb.
-absl::Status CheckRankGraphs(const v1::ExpandRequest& request, const CompileLimits& limits, int32_t graphs) {
+absl::Status CheckRankGraphs(const v1::ExpandRequest& request, const CompileLimits& limits,
+                             int32_t graphs) {
   const int64_t nodes = request.graph().nodes_size();
   const int64_t bytes = static_cast<int64_t>(request.graph().ByteSizeLong());
   const std::string why =
-      graphs == 1 ? std::string("one graph for every rank")
-                  : absl::StrCat("one graph per rank: the ranks' graphs differ (the batch splits unevenly over ",
-                                 request.world_size(), " ranks, or values are sliced per rank)");
+      graphs == 1
+          ? std::string("one graph for every rank")
+          : absl::StrCat(
+                "one graph per rank: the ranks' graphs differ (the batch splits unevenly over ",
+                request.world_size(), " ranks, or values are sliced per rank)");
   if (graphs * nodes > limits.max_expanded_nodes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the expansion for world_size ", request.world_size(), " would build ", graphs, " rank graphs (", why,
-        ") of the ", nodes, "-node graph: ", graphs * nodes, " nodes, over this server's limit of ",
-        limits.max_expanded_nodes, " (fxdp-server --max-expanded-nodes)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the expansion for world_size ", request.world_size(), " would build ", graphs,
+                     " rank graphs (", why, ") of the ", nodes, "-node graph: ", graphs * nodes,
+                     " nodes, over this server's limit of ", limits.max_expanded_nodes,
+                     " (fxdp-server --max-expanded-nodes)"));
   }
   if (graphs * bytes > limits.max_expanded_bytes) {
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "the expansion for world_size %d would build %d rank graphs (%s) of the %d-byte graph: %.1f MiB, over "
+        "the expansion for world_size %d would build %d rank graphs (%s) of the %d-byte graph: "
+        "%.1f MiB, over "
         "this server's limit of %d MiB (fxdp-server --max-expanded-mb)",
         request.world_size(), graphs, why, bytes, static_cast<double>(graphs * bytes) / (1 << 20),
         limits.max_expanded_bytes >> 20));
@@ -90,8 +96,8 @@ void AddShardedState(const ShardedState& s, v1::ShardedState* x) {
 
 }  // namespace
 
-absl::Status CheckCompileLimits(const CompileLimits& limits, absl::string_view what,
-                                int64_t bytes, int64_t nodes) {
+absl::Status CheckCompileLimits(const CompileLimits& limits, absl::string_view what, int64_t bytes,
+                                int64_t nodes) {
   if (bytes > limits.max_request_bytes) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "%s is %.1f MiB (%d bytes), over this server's limit of %d MiB (fxdp-server "
@@ -99,9 +105,9 @@ absl::Status CheckCompileLimits(const CompileLimits& limits, absl::string_view w
         what, static_cast<double>(bytes) / (1 << 20), bytes, limits.max_request_bytes >> 20));
   }
   if (nodes > limits.max_graph_nodes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        what, "'s graph has ", nodes, " nodes, over this server's limit of ",
-        limits.max_graph_nodes, " (fxdp-server --max-graph-nodes)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(what, "'s graph has ", nodes, " nodes, over this server's limit of ",
+                     limits.max_graph_nodes, " (fxdp-server --max-graph-nodes)"));
   }
   return absl::OkStatus();
 }
@@ -148,7 +154,8 @@ absl::StatusOr<v1::ExpandResponse> RunExpand(const v1::ExpandRequest& request) {
   return ExpandWithin(request, CompileLimits{});
 }
 
-absl::StatusOr<v1::AnalyzeResponse> AnalyzeWithin(const v1::AnalyzeRequest& request, const CompileLimits& limits) {
+absl::StatusOr<v1::AnalyzeResponse> AnalyzeWithin(const v1::AnalyzeRequest& request,
+                                                  const CompileLimits& limits) {
   FXDP_RETURN_IF_ERROR(CheckWorldSize(request.world_size(), limits));
   FXDP_RETURN_IF_ERROR(CheckBucketMb(request.bucket_cap_mb(), "AnalyzeRequest.bucket_cap_mb"));
   std::optional<StyledAnalysis> styled;
@@ -157,10 +164,10 @@ absl::StatusOr<v1::AnalyzeResponse> AnalyzeWithin(const v1::AnalyzeRequest& requ
     FXDP_ASSIGN_OR_RETURN(opts.style, StyleFromProto(request.style(), "AnalyzeRequest.style"));
   }
   FXDP_ASSIGN_OR_RETURN(ir::Graph g, DecodeRequestGraph(request.has_graph(), request.graph()));
-  FXDP_ASSIGN_OR_RETURN(BatchDimAnalysis a,
-                        AnalyzeBatchDims(g, AnalyzeOptions{request.world_size(),
-                                                            request.sync_batchnorm(),
-                                                            /*guess_unruled_ops=*/true}));
+  FXDP_ASSIGN_OR_RETURN(
+      BatchDimAnalysis a,
+      AnalyzeBatchDims(g, AnalyzeOptions{request.world_size(), request.sync_batchnorm(),
+                                         /*guess_unruled_ops=*/true}));
   if (request.has_style()) {
     opts.world_size = request.world_size();
     opts.sync_batchnorm = request.sync_batchnorm();
@@ -211,15 +218,19 @@ absl::StatusOr<v1::AnalyzeResponse> AnalyzeWithin(const v1::AnalyzeRequest& requ
     *r.mutable_memory() = StateMemoryToProto(styled->memory);
     for (const ShardedState& s : styled->sharded_state) AddShardedState(s, r.add_sharded_state());
   }
-  if (request.include_json()) r.set_json(styled ? StyledAnalysisToJson(g, a, *styled) : AnalysisToJson(g, a));
+  if (request.include_json())
+    r.set_json(styled ? StyledAnalysisToJson(g, a, *styled) : AnalysisToJson(g, a));
   return r;
 }
 
-absl::StatusOr<v1::ExpandResponse> ExpandWithin(const v1::ExpandRequest& request, const CompileLimits& limits) {
+absl::StatusOr<v1::ExpandResponse> ExpandWithin(const v1::ExpandRequest& request,
+                                                const CompileLimits& limits) {
   FXDP_RETURN_IF_ERROR(CheckWorldSize(request.world_size(), limits));
   ExpandOptions opts;
   opts.world_size = request.world_size();
-  opts.before_rank_graphs = [&](int32_t graphs) { return CheckRankGraphs(request, limits, graphs); };
+  opts.before_rank_graphs = [&](int32_t graphs) {
+    return CheckRankGraphs(request, limits, graphs);
+  };
   for (double mb : {request.bucket_cap_mb(), request.first_bucket_mb(),
                     request.has_last_bucket_mb() ? request.last_bucket_mb() : 0.0}) {
     if (!std::isfinite(mb) || mb < 0) {
@@ -235,12 +246,13 @@ absl::StatusOr<v1::ExpandResponse> ExpandWithin(const v1::ExpandRequest& request
   opts.sync_batchnorm = request.sync_batchnorm();
   FXDP_ASSIGN_OR_RETURN(opts.style, StyleFromProto(request.style(), "ExpandRequest.style"));
   FXDP_ASSIGN_OR_RETURN(ir::Graph g, DecodeRequestGraph(request.has_graph(), request.graph()));
-  FXDP_ASSIGN_OR_RETURN(BatchDimAnalysis a, AnalyzeBatchDims(g, AnalyzeOptions{opts.world_size,
-                                                                         opts.sync_batchnorm}));
+  FXDP_ASSIGN_OR_RETURN(BatchDimAnalysis a,
+                        AnalyzeBatchDims(g, AnalyzeOptions{opts.world_size, opts.sync_batchnorm}));
   FXDP_ASSIGN_OR_RETURN(Expansion e, ExpandDataParallel(g, a, opts));
   v1::ExpandResponse r;
   r.set_identical(e.identical);
-  for (const ir::Graph& rank_graph : e.distinct_graphs) *r.add_graphs() = ir::EncodeGraph(rank_graph);
+  for (const ir::Graph& rank_graph : e.distinct_graphs)
+    *r.add_graphs() = ir::EncodeGraph(rank_graph);
   r.set_report_json(e.report.ToJson());
   r.set_report_table(e.report.ToTable());
   r.set_style(StyleToProto(opts.style));
@@ -284,17 +296,18 @@ absl::StatusOr<Response> Guarded(absl::string_view method, const Request& reques
   try {
     return run(request);
   } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the server ran out of memory computing the ", method, " request (world_size ", request.world_size(), ", ",
-        request.graph().nodes_size(), " nodes); its other calls go on"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the server ran out of memory computing the ", method, " request (world_size ",
+                     request.world_size(), ", ", request.graph().nodes_size(),
+                     " nodes); its other calls go on"));
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("computing the ", method, " request: ", e.what()));
   }
 }
 
 template <typename Response, typename Request, typename Run>
-absl::StatusOr<Response> Compute(CompileCache& cache, absl::string_view method, const std::string& key,
-                                 const Request& request, Run run) {
+absl::StatusOr<Response> Compute(CompileCache& cache, absl::string_view method,
+                                 const std::string& key, const Request& request, Run run) {
   absl::StatusOr<Response> r = Guarded<Response>(method, request, run);
   if (!r.ok()) return r;
   if (cache.enabled()) {
@@ -316,7 +329,8 @@ absl::StatusOr<Response> Cached(CompileCache& cache, const CompileLimits& limits
   const std::string key = CompileCacheKey(method, request);
   if (CachedBytes hit = cache.Lookup(key)) {
     Response response;
-    if (!response.ParseFromString(*hit)) return absl::InternalError("cannot parse a cached response");
+    if (!response.ParseFromString(*hit))
+      return absl::InternalError("cannot parse a cached response");
     return response;
   }
   return Compute<Response>(cache, method, key, request, run);
@@ -400,7 +414,8 @@ grpc::Status RawGuarded(absl::string_view method, Run run) {
                         absl::StrCat("the server ran out of memory handling the ", method,
                                      " request; its other calls go on"));
   } catch (const std::exception& e) {
-    return grpc::Status(grpc::StatusCode::INTERNAL, absl::StrCat("handling the ", method, " request: ", e.what()));
+    return grpc::Status(grpc::StatusCode::INTERNAL,
+                        absl::StrCat("handling the ", method, " request: ", e.what()));
   }
 }
 
@@ -410,13 +425,14 @@ grpc::ServerUnaryReactor* CompileServiceImpl::Analyze(grpc::CallbackServerContex
                                                       const grpc::ByteBuffer* request,
                                                       grpc::ByteBuffer* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (auto who = security::CallPrincipal(auth_.get(), *context, "/fxdp.v1.CompileService/Analyze"); !who.ok()) {
+  if (auto who = security::CallPrincipal(auth_.get(), *context, "/fxdp.v1.CompileService/Analyze");
+      !who.ok()) {
     reactor->Finish(ToGrpcStatus(who.status()));
     return reactor;
   }
   reactor->Finish(RawGuarded("Analyze", [&] {
-    return CachedRaw<v1::AnalyzeRequest, v1::AnalyzeResponse>(cache_, limits_, "Analyze", *request, response,
-                                                              AnalyzeRun());
+    return CachedRaw<v1::AnalyzeRequest, v1::AnalyzeResponse>(cache_, limits_, "Analyze", *request,
+                                                              response, AnalyzeRun());
   }));
   return reactor;
 }
@@ -425,20 +441,22 @@ grpc::ServerUnaryReactor* CompileServiceImpl::Expand(grpc::CallbackServerContext
                                                      const grpc::ByteBuffer* request,
                                                      grpc::ByteBuffer* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (auto who = security::CallPrincipal(auth_.get(), *context, "/fxdp.v1.CompileService/Expand"); !who.ok()) {
+  if (auto who = security::CallPrincipal(auth_.get(), *context, "/fxdp.v1.CompileService/Expand");
+      !who.ok()) {
     reactor->Finish(ToGrpcStatus(who.status()));
     return reactor;
   }
   reactor->Finish(RawGuarded("Expand", [&] {
-    return CachedRaw<v1::ExpandRequest, v1::ExpandResponse>(cache_, limits_, "Expand", *request, response,
-                                                            ExpandRun());
+    return CachedRaw<v1::ExpandRequest, v1::ExpandResponse>(cache_, limits_, "Expand", *request,
+                                                            response, ExpandRun());
   }));
   return reactor;
 }
 
 grpc::Status CompileServiceImpl::Analyze(grpc::ServerContext*, const v1::AnalyzeRequest* request,
                                          v1::AnalyzeResponse* response) {
-  return Reply(Cached<v1::AnalyzeResponse>(cache_, limits_, "Analyze", *request, AnalyzeRun()), response);
+  return Reply(Cached<v1::AnalyzeResponse>(cache_, limits_, "Analyze", *request, AnalyzeRun()),
+               response);
 }
 
 grpc::Status CompileServiceImpl::Expand(grpc::ServerContext*, const v1::ExpandRequest* request,
@@ -446,7 +464,8 @@ grpc::Status CompileServiceImpl::Expand(grpc::ServerContext*, const v1::ExpandRe
   return Reply(ExpandCached(*request), response);
 }
 
-absl::StatusOr<v1::ExpandResponse> CompileServiceImpl::ExpandCached(const v1::ExpandRequest& request) {
+absl::StatusOr<v1::ExpandResponse> CompileServiceImpl::ExpandCached(
+    const v1::ExpandRequest& request) {
   return Cached<v1::ExpandResponse>(cache_, limits_, "Expand", request, ExpandRun());
 }
 

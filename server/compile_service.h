@@ -62,13 +62,15 @@ struct CompileLimits {
 // `limits` (the one-argument forms: within the defaults).
 absl::StatusOr<v1::AnalyzeResponse> RunAnalyze(const v1::AnalyzeRequest& request);
 absl::StatusOr<v1::ExpandResponse> RunExpand(const v1::ExpandRequest& request);
-absl::StatusOr<v1::AnalyzeResponse> AnalyzeWithin(const v1::AnalyzeRequest& request, const CompileLimits& limits);
-absl::StatusOr<v1::ExpandResponse> ExpandWithin(const v1::ExpandRequest& request, const CompileLimits& limits);
+absl::StatusOr<v1::AnalyzeResponse> AnalyzeWithin(const v1::AnalyzeRequest& request,
+                                                  const CompileLimits& limits);
+absl::StatusOr<v1::ExpandResponse> ExpandWithin(const v1::ExpandRequest& request,
+                                                const CompileLimits& limits);
 
 // OK, or RESOURCE_EXHAUSTED naming the limit: `what` ("the Analyze request")
 // is `bytes` long and its graph has `nodes` nodes.
-absl::Status CheckCompileLimits(const CompileLimits& limits, absl::string_view what,
-                                int64_t bytes, int64_t nodes);
+absl::Status CheckCompileLimits(const CompileLimits& limits, absl::string_view what, int64_t bytes,
+                                int64_t nodes);
 // Nodes of the `graph` field (1) of a serialized AnalyzeRequest or
 // ExpandRequest, counted without parsing; -1 when the bytes are malformed.
 int64_t CountRequestGraphNodes(absl::string_view request_bytes);

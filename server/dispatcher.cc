@@ -46,26 +46,27 @@ int Dispatcher::Subscribe(std::vector<int64_t>* handles) {
     std::weak_ptr<Job> weak = job_;
     const std::string job_id = id_;
     // Runs on the worker's reader thread, maybe after the job ended.
-    const int64_t h = pool_->Subscribe(workers_[r], [weak, r, job_id](const std::string&, const v1::WorkerMessage* m) {
-      std::shared_ptr<Job> job = weak.lock();
-      if (!job) return;
-      Job::Msg msg;
-      msg.rank = r;
-      if (m == nullptr) {
-        msg.lost = true;
-      } else {
-        const std::string* id = JobIdOf(*m);
-        if (id == nullptr || *id != job_id) return;
-        msg.m = *m;
-      }
-      const bool end = msg.lost || msg.m.has_job_ended() || msg.m.has_job_failed();
-      {
-        std::lock_guard<std::mutex> l(job->mu);
-        job->inbox.push_back(std::move(msg));
-        if (end) job->confirmed[r] = true;
-      }
-      job->cv.notify_all();
-    });
+    const int64_t h = pool_->Subscribe(
+        workers_[r], [weak, r, job_id](const std::string&, const v1::WorkerMessage* m) {
+          std::shared_ptr<Job> job = weak.lock();
+          if (!job) return;
+          Job::Msg msg;
+          msg.rank = r;
+          if (m == nullptr) {
+            msg.lost = true;
+          } else {
+            const std::string* id = JobIdOf(*m);
+            if (id == nullptr || *id != job_id) return;
+            msg.m = *m;
+          }
+          const bool end = msg.lost || msg.m.has_job_ended() || msg.m.has_job_failed();
+          {
+            std::lock_guard<std::mutex> l(job->mu);
+            job->inbox.push_back(std::move(msg));
+            if (end) job->confirmed[r] = true;
+          }
+          job->cv.notify_all();
+        });
     if (h == 0) return r;
     handles->push_back(h);
   }
@@ -101,7 +102,8 @@ int Dispatcher::Assign(const std::string& host, int port, int64_t steps) {
     a->set_num_state_tensors(spec.num_state_tensors());
     a->set_batches_sharded(spec.data_paths_size() == 0);
     const int n = spec.data_paths_size();
-    for (int i = 0; i < n; ++i) a->add_data_paths(spec.data_paths(static_cast<int>((i + job_->first_step) % n)));
+    for (int i = 0; i < n; ++i)
+      a->add_data_paths(spec.data_paths(static_cast<int>((i + job_->first_step) % n)));
     {
       std::lock_guard<std::mutex> l(job_->mu);
       job_->assigned[r] = true;
@@ -111,7 +113,9 @@ int Dispatcher::Assign(const std::string& host, int port, int64_t steps) {
   return -1;
 }
 
-bool Dispatcher::Send(int rank, const v1::ServerMessage& m) { return pool_->Send(workers_[rank], m); }
+bool Dispatcher::Send(int rank, const v1::ServerMessage& m) {
+  return pool_->Send(workers_[rank], m);
+}
 
 int Dispatcher::SendAll(const v1::ServerMessage& m) {
   for (int r = 0; r < world(); ++r) {

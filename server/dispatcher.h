@@ -24,7 +24,8 @@ int FreeLocalPort();
 class Dispatcher {
  public:
   // `workers` in rank order.
-  Dispatcher(WorkerPool* pool, std::shared_ptr<Job> job, std::string job_id, std::vector<std::string> workers)
+  Dispatcher(WorkerPool* pool, std::shared_ptr<Job> job, std::string job_id,
+             std::vector<std::string> workers)
       : pool_(pool), job_(std::move(job)), id_(std::move(job_id)), workers_(std::move(workers)) {}
 
   int world() const { return static_cast<int>(workers_.size()); }

@@ -11,7 +11,10 @@ namespace fxdp::server {
 
 FetchCall::FetchCall(grpc::CallbackServerContext* context, std::string job_id, StateReader state,
                      size_t chunk_bytes, double idle_s, IdentityQuota::Slot slot)
-    : job_id_(std::move(job_id)), state_(std::move(state)), chunk_bytes_(chunk_bytes), idle_s_(idle_s),
+    : job_id_(std::move(job_id)),
+      state_(std::move(state)),
+      chunk_bytes_(chunk_bytes),
+      idle_s_(idle_s),
       slot_(std::move(slot)) {
   watch_->context = context;
   WriteNext();
@@ -42,8 +45,9 @@ void FetchCall::ArmIdleAlarm() {
   alarm_ = std::make_unique<grpc::Alarm>();
   const std::string id = job_id_;
   const double idle = idle_s_;
-  alarm_->Set(std::chrono::system_clock::now() + std::chrono::duration_cast<std::chrono::system_clock::duration>(
-                                                     std::chrono::duration<double>(idle)),
+  alarm_->Set(std::chrono::system_clock::now() +
+                  std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                      std::chrono::duration<double>(idle)),
               [watch = watch_, armed, id, idle](bool fired) {
                 std::lock_guard<std::mutex> l(watch->mu);
                 if (!fired || watch->context == nullptr || watch->writes != armed) return;

@@ -26,8 +26,8 @@ namespace fxdp::server {
 class FetchCall final : public grpc::ServerWriteReactor<v1::StateChunk> {
  public:
   // Starts writing at once. `chunk_bytes` is already clamped.
-  FetchCall(grpc::CallbackServerContext* context, std::string job_id, StateReader state, size_t chunk_bytes,
-            double idle_s, IdentityQuota::Slot slot);
+  FetchCall(grpc::CallbackServerContext* context, std::string job_id, StateReader state,
+            size_t chunk_bytes, double idle_s, IdentityQuota::Slot slot);
 
   void OnWriteDone(bool ok) override;
   void OnDone() override;

@@ -26,15 +26,17 @@ void IdentityQuota::Slot::Release() {
 absl::StatusOr<IdentityQuota::Slot> IdentityQuota::Acquire(const std::string& identity) {
   std::lock_guard<std::mutex> l(mu_);
   if (total_ >= limits_.max_total) {
-    return absl::ResourceExhaustedError(absl::StrCat("this server takes at most ", limits_.max_total, " ",
-                                                     limits_.what, " at once (fxdp-server ", limits_.total_flag, ")"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("this server takes at most ", limits_.max_total, " ", limits_.what,
+                     " at once (fxdp-server ", limits_.total_flag, ")"));
   }
   if (!identity.empty()) {
     size_t& mine = by_identity_[identity];
     if (mine >= limits_.max_per_identity) {
-      return absl::ResourceExhaustedError(absl::StrCat("identity '", identity, "' has ", mine, " ", limits_.what,
-                                                       " open, the most one identity may hold at once (fxdp-server ",
-                                                       limits_.identity_flag, ")"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("identity '", identity, "' has ", mine, " ", limits_.what,
+                       " open, the most one identity may hold at once (fxdp-server ",
+                       limits_.identity_flag, ")"));
     }
     ++mine;
   }

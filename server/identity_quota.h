@@ -18,11 +18,11 @@ namespace fxdp::server {
 class IdentityQuota {
  public:
   struct Limits {
-    const char* what;          // "Submit streams"
-    size_t max_total;          // for the server
-    const char* total_flag;    // "--max-submit-streams"
-    size_t max_per_identity;   // for one authenticated identity
-    const char* identity_flag; // "--max-submit-streams-per-identity"
+    const char* what;           // "Submit streams"
+    size_t max_total;           // for the server
+    const char* total_flag;     // "--max-submit-streams"
+    size_t max_per_identity;    // for one authenticated identity
+    const char* identity_flag;  // "--max-submit-streams-per-identity"
   };
 
   // A slot held; given back when destroyed.
@@ -38,7 +38,8 @@ class IdentityQuota {
 
    private:
     friend class IdentityQuota;
-    Slot(IdentityQuota* quota, std::string identity) : quota_(quota), identity_(std::move(identity)) {}
+    Slot(IdentityQuota* quota, std::string identity)
+        : quota_(quota), identity_(std::move(identity)) {}
     IdentityQuota* quota_ = nullptr;
     std::string identity_;
   };

@@ -64,11 +64,11 @@ struct Job {
   v1::JobSpec spec;  // without the graph
   v1::ExpandResponse expanded;
   std::vector<InputSpec> inputs;
-  ir::PlaceholderNames placeholders;  // of the single-device graph
-  ir::Schedule schedule;              // JobSpec.schedule, checked
+  ir::PlaceholderNames placeholders;   // of the single-device graph
+  ir::Schedule schedule;               // JobSpec.schedule, checked
   ir::DeclaredTensors declared_state;  // the state tensors the graph declares
   ir::DeclaredTensors declared_batch;  // its INPUTs
-  JobOwner owner;                     // set by the Submit call before the job thread starts
+  JobOwner owner;                      // set by the Submit call before the job thread starts
   // With --state-dir, for a data_paths job: the spec as submitted (graph,
   // schedule) until the table recorded it, and its initial state (whole
   // tensors), taken before it is queued (or read back after a restart) and
@@ -88,18 +88,18 @@ struct Job {
 
   std::mutex mu;
   std::condition_variable cv;
-  v1::JobInfo info;             // mu
-  std::deque<Msg> inbox;        // mu: the ranks' messages
+  v1::JobInfo info;       // mu
+  std::deque<Msg> inbox;  // mu: the ranks' messages
   // mu: the client's messages (with their sizes), and whether its stream
   // ended (half-closed, or a failed read) or the call was cancelled.
   std::deque<std::pair<v1::SubmitJobRequest, size_t>> from_client;
   bool client_ended = false, client_gone = false;
-  bool cancel = false;          // mu
-  std::string cancel_reason;    // mu
-  bool dispatched = false;      // mu; `workers` set
-  std::vector<std::string> workers;                // mu; rank order
+  bool cancel = false;                              // mu
+  std::string cancel_reason;                        // mu
+  bool dispatched = false;                          // mu; `workers` set
+  std::vector<std::string> workers;                 // mu; rank order
   std::vector<bool> assigned, confirmed, released;  // mu; per rank
-  std::vector<int64_t> handles;  // the scheduler's mutex: worker subscriptions
+  std::vector<int64_t> handles;                     // the scheduler's mutex: worker subscriptions
   Clock::time_point release_at;  // the scheduler's mutex: free unconfirmed ranks then
   // The scheduler's mutex: since when the job (queued) has needed more
   // workers than are registered; unset while enough are.

@@ -8,16 +8,18 @@ namespace fxdp::server {
 
 absl::Status JobQueue::Push(const std::string& job_id, int world_size) {
   if (queue_.size() >= max_queued_) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the job queue is full: ", queue_.size(), " jobs are waiting for workers (the server's "
-        "--max-queued-jobs is ", max_queued_, "); retry later"));
+    return absl::ResourceExhaustedError(absl::StrCat("the job queue is full: ", queue_.size(),
+                                                     " jobs are waiting for workers (the server's "
+                                                     "--max-queued-jobs is ",
+                                                     max_queued_, "); retry later"));
   }
   queue_.push_back({job_id, world_size});
   return absl::OkStatus();
 }
 
 bool JobQueue::Remove(const std::string& job_id) {
-  auto it = std::find_if(queue_.begin(), queue_.end(), [&](const Entry& e) { return e.job_id == job_id; });
+  auto it = std::find_if(queue_.begin(), queue_.end(),
+                         [&](const Entry& e) { return e.job_id == job_id; });
   if (it == queue_.end()) return false;
   queue_.erase(it);
   return true;

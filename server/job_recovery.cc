@@ -52,7 +52,8 @@ absl::StatusOr<RecoveredJobs> RecoverJobs(JobStore* store, const Expander& expan
       if (c.ok()) {
         checkpoint = *std::move(c);
       } else {
-        Log(absl::StrCat(job->info.job_id(), ": its checkpoint cannot be read: ", c.status().message()));
+        Log(absl::StrCat(job->info.job_id(),
+                         ": its checkpoint cannot be read: ", c.status().message()));
       }
     }
     const int64_t k = checkpoint ? checkpoint->step : 0;
@@ -62,34 +63,44 @@ absl::StatusOr<RecoveredJobs> RecoverJobs(JobStore* store, const Expander& expan
     const bool resume = r.spec.data_paths_size() > 0 && k > 0;
     // A streamed one fails; with a checkpoint its client can resume it.
     const std::string again =
-        k > 0 ? absl::StrCat("resume it from its checkpoint of step ", k, " (fxdp run --resume ", job->info.job_id(),
-                             ", or fxdp.Client.train(resume=...))")
+        k > 0 ? absl::StrCat("resume it from its checkpoint of step ", k, " (fxdp run --resume ",
+                             job->info.job_id(), ", or fxdp.Client.train(resume=...))")
               : "submit it again";
     if (state != v1::JOB_STATE_QUEUED && !resume) {
-      FailRecovered(store, job,
-                    absl::StrCat("the server restarted while the job ran (its Submit stream ended with the server "
-                                 "and its workers were released); ", again));
+      FailRecovered(
+          store, job,
+          absl::StrCat(
+              "the server restarted while the job ran (its Submit stream ended with the server "
+              "and its workers were released); ",
+              again));
       continue;
     }
     if (r.spec.data_paths_size() == 0) {
-      FailRecovered(store, job,
-                    absl::StrCat("the server restarted while the job was queued; its batches came over its Submit "
-                                 "stream, which ended with the server: ", again));
+      FailRecovered(
+          store, job,
+          absl::StrCat(
+              "the server restarted while the job was queued; its batches came over its Submit "
+              "stream, which ended with the server: ",
+              again));
       continue;
     }
     if (!resume && !r.has_initial_state) {
-      FailRecovered(store, job, "the server restarted before the job's initial state was recorded: submit it again");
+      FailRecovered(
+          store, job,
+          "the server restarted before the job's initial state was recorded: submit it again");
       continue;
     }
     // A running job resumes from its checkpoint, a queued one starts.
-    absl::StatusOr<JobStore::Tensors> initial = resume ? std::move(checkpoint->state)
-                                                       : store->ReadInitialState(job->info.job_id());
+    absl::StatusOr<JobStore::Tensors> initial =
+        resume ? std::move(checkpoint->state) : store->ReadInitialState(job->info.job_id());
     absl::StatusOr<PreparedSpec> p = initial.ok() ? PrepareJobSpec(std::move(r.spec), expand)
                                                   : absl::StatusOr<PreparedSpec>(initial.status());
     if (!p.ok()) {
-      FailRecovered(store, job,
-                    absl::StrCat("the server restarted while the job was queued, and it cannot be queued again: ",
-                                 p.status().message()));
+      FailRecovered(
+          store, job,
+          absl::StrCat(
+              "the server restarted while the job was queued, and it cannot be queued again: ",
+              p.status().message()));
       continue;
     }
     job->spec = std::move(p->spec);
@@ -109,9 +120,11 @@ absl::StatusOr<RecoveredJobs> RecoverJobs(JobStore* store, const Expander& expan
       job->spec.set_num_state_tensors(static_cast<uint32_t>(job->initial_state.size()));
       job->info.set_state(v1::JOB_STATE_QUEUED);
       job->info.set_steps_done(k);
-      job->info.mutable_losses()->Truncate(static_cast<int>(std::min<int64_t>(k, job->info.losses_size())));
+      job->info.mutable_losses()->Truncate(
+          static_cast<int>(std::min<int64_t>(k, job->info.losses_size())));
       job->info.clear_workers();
-      job->info.set_message(absl::StrCat("resumed from the checkpoint of step ", k, " after a server restart"));
+      job->info.set_message(
+          absl::StrCat("resumed from the checkpoint of step ", k, " after a server restart"));
       Log(absl::StrCat(job->info.job_id(), ": ", job->info.message()));
     }
     out.to_run.push_back(job);

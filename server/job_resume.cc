@@ -24,7 +24,8 @@ std::string StateName(v1::JobState s) {
 std::string NodeText(const v1::Node& n, int index) {
   std::string target = n.target().name();
   if (!n.target().overload().empty()) absl::StrAppend(&target, ".", n.target().overload());
-  return absl::StrCat("'", n.name(), "' (#", index, target.empty() ? "" : absl::StrCat(", ", target), ")");
+  return absl::StrCat("'", n.name(), "' (#", index,
+                      target.empty() ? "" : absl::StrCat(", ", target), ")");
 }
 
 // Every placeholder by state name: its role and type, as text.
@@ -37,7 +38,8 @@ std::map<std::string, std::string> Placeholders(const v1::GraphDef& g) {
       const v1::TensorMeta& t = n.outputs(0).tensor();
       type = TypeString(t.dtype(), std::vector<int64_t>(t.shape().begin(), t.shape().end()));
     }
-    out[n.placeholder().state_name()] = absl::StrCat(type, " ", v1::PlaceholderRole_Name(n.placeholder().role()));
+    out[n.placeholder().state_name()] =
+        absl::StrCat(type, " ", v1::PlaceholderRole_Name(n.placeholder().role()));
   }
   return out;
 }
@@ -45,8 +47,8 @@ std::map<std::string, std::string> Placeholders(const v1::GraphDef& g) {
 // Refuses a resume of `old` (`id`) while another job resumes it or after one
 // completed it; else claims it for `self`. Under one mutex for all claims
 // (check and claim are one step; each job's mu is taken alone, inside it).
-absl::Status ClaimResume(const JobTable& table, const std::shared_ptr<Job>& old, const std::string& id,
-                         const std::shared_ptr<Job>& self) {
+absl::Status ClaimResume(const JobTable& table, const std::shared_ptr<Job>& old,
+                         const std::string& id, const std::shared_ptr<Job>& self) {
   static std::mutex* const claims = new std::mutex;
   std::lock_guard<std::mutex> l(*claims);
   // The claim covers a resume not yet queued (its JobInfo not yet naming
@@ -67,17 +69,23 @@ absl::Status ClaimResume(const JobTable& table, const std::shared_ptr<Job>& old,
       state = j->info.state();
     }
     if (state == v1::JOB_STATE_SUCCEEDED) {
-      return absl::FailedPreconditionError(absl::StrCat("job '", id, "' was resumed already: job '", other,
-                                                        "' resumed it and SUCCEEDED (its final state: FetchState "
-                                                        "of '", other, "')"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("job '", id, "' was resumed already: job '", other,
+                       "' resumed it and SUCCEEDED (its final state: FetchState "
+                       "of '",
+                       other, "')"));
     }
     if (!Terminal(state)) {
       return absl::FailedPreconditionError(
-          other.empty() ? absl::StrCat("job '", id, "' is being resumed already by another Submit (one resume of "
-                                       "a job at a time)")
-                        : absl::StrCat("job '", id, "' is being resumed already by job '", other, "' (",
-                                       StateName(state), "): one resume of a job at a time; wait for it or "
-                                       "cancel it (fxdp cancel ", other, ")"));
+          other.empty()
+              ? absl::StrCat("job '", id,
+                             "' is being resumed already by another Submit (one resume of "
+                             "a job at a time)")
+              : absl::StrCat("job '", id, "' is being resumed already by job '", other, "' (",
+                             StateName(state),
+                             "): one resume of a job at a time; wait for it or "
+                             "cancel it (fxdp cancel ",
+                             other, ")"));
     }
   }
   old->resumed_by = self;
@@ -90,10 +98,12 @@ std::string GraphDifference(const v1::GraphDef& before, const v1::GraphDef& now)
   const std::map<std::string, std::string> a = Placeholders(before), b = Placeholders(now);
   for (const auto& [name, type] : a) {
     auto it = b.find(name);
-    if (it == b.end()) return absl::StrCat("state tensor or input '", name, "' (", type, ") is not in the new graph");
+    if (it == b.end())
+      return absl::StrCat("state tensor or input '", name, "' (", type,
+                          ") is not in the new graph");
     if (it->second != type) {
-      return absl::StrCat("state tensor or input '", name, "' is ", type, " in the resumed job's graph, ", it->second,
-                          " in the new one");
+      return absl::StrCat("state tensor or input '", name, "' is ", type,
+                          " in the resumed job's graph, ", it->second, " in the new one");
     }
   }
   for (const auto& [name, type] : b) {
@@ -103,22 +113,24 @@ std::string GraphDifference(const v1::GraphDef& before, const v1::GraphDef& now)
     }
   }
   if (before.nodes_size() != now.nodes_size()) {
-    return absl::StrCat("the resumed job's graph has ", before.nodes_size(), " nodes, the new one ", now.nodes_size());
+    return absl::StrCat("the resumed job's graph has ", before.nodes_size(), " nodes, the new one ",
+                        now.nodes_size());
   }
   for (int i = 0; i < before.nodes_size(); ++i) {
     const v1::Node &x = before.nodes(i), &y = now.nodes(i);
     if (x.SerializeAsString() == y.SerializeAsString()) continue;
     if (NodeText(x, i) != NodeText(y, i)) {
-      return absl::StrCat("node ", NodeText(x, i), " in the resumed job's graph is node ", NodeText(y, i),
-                          " in the new one");
+      return absl::StrCat("node ", NodeText(x, i), " in the resumed job's graph is node ",
+                          NodeText(y, i), " in the new one");
     }
     return absl::StrCat("node ", NodeText(x, i), " differs (its arguments or output types)");
   }
   return "";
 }
 
-absl::StatusOr<ResumeStart> PrepareResume(const JobTable& table, JobStore* store, const JobOwner& caller,
-                                          const v1::JobSpec& spec, int64_t checkpoint_every,
+absl::StatusOr<ResumeStart> PrepareResume(const JobTable& table, JobStore* store,
+                                          const JobOwner& caller, const v1::JobSpec& spec,
+                                          int64_t checkpoint_every,
                                           const std::shared_ptr<Job>& self) {
   const std::string& id = spec.resume_job();
   absl::StatusOr<std::shared_ptr<Job>> found = table.Find(id);
@@ -128,7 +140,10 @@ absl::StatusOr<ResumeStart> PrepareResume(const JobTable& table, JobStore* store
   // anyone when the server does not authenticate; another identity's job is
   // NOT_FOUND like an unknown one (ids cannot be probed), audit-logged.
   if (caller.authenticated && !caller.admin && caller.identity != old->owner.identity) {
-    Audit("resume", {{"identity", caller.description}, {"peer", caller.peer}, {"job", id}, {"result", "denied"}});
+    Audit("resume", {{"identity", caller.description},
+                     {"peer", caller.peer},
+                     {"job", id},
+                     {"result", "denied"}});
     return table.NotFound(id);
   }
   v1::JobInfo info;
@@ -138,7 +153,8 @@ absl::StatusOr<ResumeStart> PrepareResume(const JobTable& table, JobStore* store
   }
   if (store == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "job '", id, "' cannot be resumed: this server keeps no checkpoints (start it with --state-dir DIR "
+        "job '", id,
+        "' cannot be resumed: this server keeps no checkpoints (start it with --state-dir DIR "
         "--checkpoint-every K)"));
   }
   if (info.state() != v1::JOB_STATE_FAILED) {
@@ -159,18 +175,22 @@ absl::StatusOr<ResumeStart> PrepareResume(const JobTable& table, JobStore* store
     return absl::InvalidArgumentError(absl::StrCat("cannot resume job '", id, "': ", what));
   };
   if (spec.num_state_tensors() != 0) {
-    return differs(absl::StrCat("a resumed job starts from its checkpoint's state; JobSpec.num_state_tensors must "
-                                "be 0, got ", spec.num_state_tensors()));
+    return differs(absl::StrCat(
+        "a resumed job starts from its checkpoint's state; JobSpec.num_state_tensors must "
+        "be 0, got ",
+        spec.num_state_tensors()));
   }
   if (spec.world_size() != was.world_size()) {
-    return differs(absl::StrCat("world_size is ", spec.world_size(), ", the job ran on ", was.world_size()));
+    return differs(
+        absl::StrCat("world_size is ", spec.world_size(), ", the job ran on ", was.world_size()));
   }
   if (StyleName(spec.style()) != StyleName(was.style())) {
-    return differs(absl::StrCat("style is ", StyleName(spec.style()), ", the job ran ", StyleName(was.style())));
+    return differs(absl::StrCat("style is ", StyleName(spec.style()), ", the job ran ",
+                                StyleName(was.style())));
   }
   if (spec.sync_batchnorm() != was.sync_batchnorm()) {
-    return differs(absl::StrCat("sync_batchnorm is ", spec.sync_batchnorm() ? "on" : "off", ", the job ran with it ",
-                                was.sync_batchnorm() ? "on" : "off"));
+    return differs(absl::StrCat("sync_batchnorm is ", spec.sync_batchnorm() ? "on" : "off",
+                                ", the job ran with it ", was.sync_batchnorm() ? "on" : "off"));
   }
   if (const std::string d = GraphDifference(was.graph(), spec.graph()); !d.empty()) {
     return differs(absl::StrCat("the graph differs: ", d));
@@ -178,13 +198,14 @@ absl::StatusOr<ResumeStart> PrepareResume(const JobTable& table, JobStore* store
   // The file's step holds (the database's may lag it by one checkpoint).
   absl::StatusOr<JobStore::Checkpoint> checkpoint = store->ReadCheckpoint(id);
   if (!checkpoint.ok()) {
-    return absl::FailedPreconditionError(absl::StrCat("job '", id, "': its checkpoint of step ", k, " ('",
-                                                      store->CheckpointPath(id), "') cannot be read: ",
-                                                      checkpoint.status().message()));
+    return absl::FailedPreconditionError(
+        absl::StrCat("job '", id, "': its checkpoint of step ", k, " ('", store->CheckpointPath(id),
+                     "') cannot be read: ", checkpoint.status().message()));
   }
   if (spec.steps() > 0 && spec.steps() <= checkpoint->step) {
-    return differs(absl::StrCat("its checkpoint is at step ", checkpoint->step, " and JobSpec.steps is ",
-                                spec.steps(), ": no step is left to run"));
+    return differs(absl::StrCat("its checkpoint is at step ", checkpoint->step,
+                                " and JobSpec.steps is ", spec.steps(),
+                                ": no step is left to run"));
   }
   if (absl::Status s = ClaimResume(table, old, id, self); !s.ok()) return s;
   ResumeStart out;

@@ -41,8 +41,9 @@ struct ResumeStart {
 // CANCELLED leaves the job resumable. Passing claims the job for `self`
 // (the new job). `checkpoint_every` (the server's flag) only words the
 // messages.
-absl::StatusOr<ResumeStart> PrepareResume(const JobTable& table, JobStore* store, const JobOwner& caller,
-                                          const v1::JobSpec& spec, int64_t checkpoint_every,
+absl::StatusOr<ResumeStart> PrepareResume(const JobTable& table, JobStore* store,
+                                          const JobOwner& caller, const v1::JobSpec& spec,
+                                          int64_t checkpoint_every,
                                           const std::shared_ptr<Job>& self);
 
 // "" when the two graphs have the same nodes (producer and metadata are not

@@ -46,9 +46,10 @@ absl::Status JobRunner::Serve() {
   if (ctx_.store != nullptr && !job_->resumed_from.empty() && !job_->recovered) {
     // Its state is the resumed job's checkpoint: its own from the start, so
     // that it can be resumed (or, reading files, run after a restart) too.
-    if (absl::Status s = ctx_.store->ShareCheckpoint(job_->resumed_from, id_, job_->first_step); !s.ok()) {
-      Log(absl::StrCat(id_, ": cannot record its checkpoint of step ", job_->first_step, " in ", ctx_.store->dir(),
-                       ": ", s.message()));
+    if (absl::Status s = ctx_.store->ShareCheckpoint(job_->resumed_from, id_, job_->first_step);
+        !s.ok()) {
+      Log(absl::StrCat(id_, ": cannot record its checkpoint of step ", job_->first_step, " in ",
+                       ctx_.store->dir(), ": ", s.message()));
     } else {
       std::lock_guard<std::mutex> l(job_->mu);
       job_->info.set_checkpoint_step(job_->first_step);
@@ -56,26 +57,40 @@ absl::Status JobRunner::Serve() {
   } else if (ctx_.store != nullptr && job_->has_initial_state && !job_->recovered) {
     // Recorded (outside the table's lock) so that the job can run after a restart.
     if (absl::Status s = ctx_.store->WriteInitialState(id_, job_->initial_state); !s.ok()) {
-      Log(absl::StrCat(id_, ": cannot record the initial state in ", ctx_.store->dir(), " (the job cannot run "
-                       "again after a restart): ", s.message()));
+      Log(absl::StrCat(id_, ": cannot record the initial state in ", ctx_.store->dir(),
+                       " (the job cannot run "
+                       "again after a restart): ",
+                       s.message()));
     }
   }
   const v1::JobSpec& spec = job_->spec;
-  Log(absl::StrCat(id_, ": submitted, ", spec.world_size(), " ranks, ",
-                   spec.steps() > 0 ? absl::StrCat(spec.steps(), " steps") : "open-ended",
-                   spec.data_paths_size() > 0 ? absl::StrCat(", batches from ", absl::StrJoin(spec.data_paths(), ", "))
-                                              : "",
-                   job_->schedule.empty() ? "" : absl::StrCat(", schedule for ", absl::StrJoin(job_->schedule.names(), ", ")),
-                   job_->resumed_from.empty() ? "" : absl::StrCat(", resuming ", job_->resumed_from,
-                                                                   " from its checkpoint of step ", job_->first_step),
-                   job_->expanded.cached() ? " (compile cache hit)" : " (compiled: cache miss)"));
+  Log(absl::StrCat(
+      id_, ": submitted, ", spec.world_size(), " ranks, ",
+      spec.steps() > 0 ? absl::StrCat(spec.steps(), " steps") : "open-ended",
+      spec.data_paths_size() > 0
+          ? absl::StrCat(", batches from ", absl::StrJoin(spec.data_paths(), ", "))
+          : "",
+      job_->schedule.empty()
+          ? ""
+          : absl::StrCat(", schedule for ", absl::StrJoin(job_->schedule.names(), ", ")),
+      job_->resumed_from.empty() ? ""
+                                 : absl::StrCat(", resuming ", job_->resumed_from,
+                                                " from its checkpoint of step ", job_->first_step),
+      job_->expanded.cached() ? " (compile cache hit)" : " (compiled: cache miss)"));
   const std::string world = absl::StrCat(spec.world_size());
   if (job_->resumed_from.empty()) {
-    Audit("submit", {{"identity", job_->owner.description}, {"peer", job_->owner.peer}, {"job", id_},
-                     {"name", spec.name()}, {"world_size", world}});
+    Audit("submit", {{"identity", job_->owner.description},
+                     {"peer", job_->owner.peer},
+                     {"job", id_},
+                     {"name", spec.name()},
+                     {"world_size", world}});
   } else {
-    Audit("submit", {{"identity", job_->owner.description}, {"peer", job_->owner.peer}, {"job", id_},
-                     {"name", spec.name()}, {"world_size", world}, {"resumes", job_->resumed_from}});
+    Audit("submit", {{"identity", job_->owner.description},
+                     {"peer", job_->owner.peer},
+                     {"job", id_},
+                     {"name", spec.name()},
+                     {"world_size", world},
+                     {"resumes", job_->resumed_from}});
   }
   client_->Write(*std::move(first));
   absl::Status status;
@@ -96,8 +111,8 @@ absl::Status JobRunner::Serve() {
   return Run();
 }
 
-JobRunner::Got JobRunner::Next(bool want_client, bool watch_client, double timeout_s, Job::Msg* worker,
-                               v1::SubmitJobRequest* client) {
+JobRunner::Got JobRunner::Next(bool want_client, bool watch_client, double timeout_s,
+                               Job::Msg* worker, v1::SubmitJobRequest* client) {
   const auto deadline = Clock::now() + Seconds(timeout_s);
   size_t consumed = 0;
   Got got = Got::kTimeout;
@@ -131,7 +146,8 @@ JobRunner::Got JobRunner::Next(bool want_client, bool watch_client, double timeo
       }
       const auto now = Clock::now();
       if (now >= deadline) break;
-      job_->cv.wait_for(l, std::min<Clock::duration>(std::chrono::milliseconds(100), deadline - now));
+      job_->cv.wait_for(l,
+                        std::min<Clock::duration>(std::chrono::milliseconds(100), deadline - now));
     }
   }
   if (consumed > 0) client_->Consumed(consumed);
@@ -144,23 +160,25 @@ absl::Status JobRunner::TakeSpec() {
   const double idle = ctx_.options.client_idle_s;
   const Got got = Next(true, true, idle, &unused, &first);
   if (got == Got::kTimeout) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("the Submit stream sent no JobSpec within ", idle, " s (fxdp-server --client-idle-s)"));
+    return absl::DeadlineExceededError(absl::StrCat("the Submit stream sent no JobSpec within ",
+                                                    idle, " s (fxdp-server --client-idle-s)"));
   }
   client_->SetReadBudget(0);  // nothing more is read while the job waits in the queue
   if (got == Got::kCancel) return absl::CancelledError("the client went away");
   if (got == Got::kClientEnd) {
-    return absl::InvalidArgumentError("the Submit stream ended before its first message (the JobSpec)");
+    return absl::InvalidArgumentError(
+        "the Submit stream ended before its first message (the JobSpec)");
   }
   if (!first.has_spec()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the first SubmitJobRequest must carry the JobSpec, got ", SubmitRequestKind(first)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the first SubmitJobRequest must carry the JobSpec, got ", SubmitRequestKind(first)));
   }
   // With --state-dir a data_paths job is recorded as submitted, to be run
   // again after a restart; so is a job that is checkpointed or resumes
   // another, to check a resume of it against (job_resume.h).
   const v1::JobSpec& submitted = first.spec();
-  if (absl::Status s = CheckDataPathsExcluded(submitted, ctx_.options.data_excluded); !s.ok()) return s;
+  if (absl::Status s = CheckDataPathsExcluded(submitted, ctx_.options.data_excluded); !s.ok())
+    return s;
   const bool from_files = ctx_.store != nullptr && submitted.data_paths_size() > 0;
   const bool resume = !submitted.resume_job().empty();
   if (ctx_.store != nullptr && (from_files || resume || ctx_.options.checkpoint_every > 0)) {
@@ -170,14 +188,18 @@ absl::Status JobRunner::TakeSpec() {
   if (absl::Status s = ctx_.scheduler->CheckPlaceable(submitted.world_size()); !s.ok()) return s;
   // What the graph declares, against the limits, before anything is
   // compiled or held (a data_paths job's state; a resume's checkpoint).
-  job_->declared_state = ir::DeclaredTensors::Of(submitted.graph(), ir::DeclaredTensors::Kind::kState);
-  job_->declared_batch = ir::DeclaredTensors::Of(submitted.graph(), ir::DeclaredTensors::Kind::kBatch);
-  if (absl::Status s = CheckCollectiveTimeout(submitted, ctx_.options.max_collective_timeout_s); !s.ok()) return s;
+  job_->declared_state =
+      ir::DeclaredTensors::Of(submitted.graph(), ir::DeclaredTensors::Kind::kState);
+  job_->declared_batch =
+      ir::DeclaredTensors::Of(submitted.graph(), ir::DeclaredTensors::Kind::kBatch);
+  if (absl::Status s = CheckCollectiveTimeout(submitted, ctx_.options.max_collective_timeout_s);
+      !s.ok())
+    return s;
   if (absl::Status s = CheckDeclaredSizes(submitted, from_files || resume); !s.ok()) return s;
   std::optional<ResumeStart> start;
   if (resume) {
-    absl::StatusOr<ResumeStart> r =
-        PrepareResume(*ctx_.table, ctx_.store, job_->owner, submitted, ctx_.options.checkpoint_every, job_);
+    absl::StatusOr<ResumeStart> r = PrepareResume(*ctx_.table, ctx_.store, job_->owner, submitted,
+                                                  ctx_.options.checkpoint_every, job_);
     if (!r.ok()) return r.status();
     start = *std::move(r);
   }
@@ -225,7 +247,8 @@ bool JobRunner::WaitInQueue(absl::Status* status) {
       });
       if (job_->dispatched) return true;
       if (Terminal(job_->info.state())) {
-        *status = absl::Status(static_cast<absl::StatusCode>(job_->info.error_code()), job_->info.error());
+        *status = absl::Status(static_cast<absl::StatusCode>(job_->info.error_code()),
+                               job_->info.error());
       } else if (job_->info.queue_position() != position || job_->info.message() != message) {
         position = job_->info.queue_position();
         message = job_->info.message();
@@ -270,7 +293,8 @@ absl::Status JobRunner::Run() {
   ctx_.table->Update(job_);
   if (absl::Status s = Assign(); !s.ok()) return s;
   client_->Write(job_->Event(v1::JOB_STATE_RUNNING));
-  for (auto phase : {&JobRunner::ForwardState, &JobRunner::AwaitStarted, &JobRunner::Steps, &JobRunner::End}) {
+  for (auto phase :
+       {&JobRunner::ForwardState, &JobRunner::AwaitStarted, &JobRunner::Steps, &JobRunner::End}) {
     if (absl::Status s = (this->*phase)(); !s.ok()) return s;
   }
   return absl::OkStatus();
@@ -302,7 +326,8 @@ absl::Status JobRunner::SendAll(const v1::ServerMessage& m) {
 
 absl::Status JobRunner::Assign() {
   const int port = FreeLocalPort();
-  if (port == 0) return Finish(v1::JOB_STATE_FAILED, absl::InternalError("no free rendezvous port"), -1);
+  if (port == 0)
+    return Finish(v1::JOB_STATE_FAILED, absl::InternalError("no free rendezvous port"), -1);
   const int gone = ranks_->Assign(ranks_->RendezvousHost(), port, steps_);
   return gone < 0 ? absl::OkStatus() : Lost(gone);
 }
@@ -366,7 +391,8 @@ absl::Status JobRunner::Steps() {
   // for their state (they answer between steps: the state after exactly
   // that step); not after the last step, whose state End fetches.
   auto maybe_checkpoint = [&]() -> absl::Status {
-    if (checkpoint_every <= 0 || (first_ + sent) % checkpoint_every != 0 || (steps_ > 0 && sent >= steps_)) {
+    if (checkpoint_every <= 0 || (first_ + sent) % checkpoint_every != 0 ||
+        (steps_ > 0 && sent >= steps_)) {
       return absl::OkStatus();
     }
     if (sharded) {
@@ -392,24 +418,28 @@ absl::Status JobRunner::Steps() {
     if (left <= 0) return ClientIdle(absl::StrCat("step ", sent + 1, "'s batch"));
     if (room && from_files) {
       ++sent;
-      if (absl::Status s = SendAll(sharder_->ScheduleOnlyBatch(sent, first_ + sent)); !s.ok()) return s;
+      if (absl::Status s = SendAll(sharder_->ScheduleOnlyBatch(sent, first_ + sent)); !s.ok())
+        return s;
       pending.push_back({sent, std::vector<v1::StepResult>(world_), 0});
       if (absl::Status s = maybe_checkpoint(); !s.ok()) return s;
       continue;
     }
-    if (pending.empty() && checkpoints.empty() && (client_done || (steps_ > 0 && sent == steps_))) break;
+    if (pending.empty() && checkpoints.empty() && (client_done || (steps_ > 0 && sent == steps_)))
+      break;
     const Got got = Next(room, true, left, &msg, &req);
     if (got == Got::kTimeout) continue;
     if (got == Got::kClient) idle_from = Clock::now();
     if (got == Got::kCancel) return Cancelled();
     if (got == Got::kClientEnd) {
       if (sharder_->in_step()) {
-        return BadInput(absl::StrCat("the client ended the stream in the middle of step ", first_ + sent + 1,
+        return BadInput(absl::StrCat("the client ended the stream in the middle of step ",
+                                     first_ + sent + 1,
                                      "'s batch (its last StepBatch had more set)"));
       }
       if (steps_ > 0) {
-        return BadInput(absl::StrCat("the client ended the stream after the batches of ", first_ + sent, " of ",
-                                     first_ + steps_, " steps (JobSpec.steps)"));
+        return BadInput(absl::StrCat("the client ended the stream after the batches of ",
+                                     first_ + sent, " of ", first_ + steps_,
+                                     " steps (JobSpec.steps)"));
       }
       client_done = true;
       continue;
@@ -427,12 +457,14 @@ absl::Status JobRunner::Steps() {
     }
     if (msg.lost || msg.m.has_job_failed()) return Failed(msg);
     if (sharded && msg.m.has_state_chunk() && !gathering.empty()) {
-      auto g = std::find_if(gathering.begin(), gathering.end(), [&](const Gathering& x) { return !x.done[msg.rank]; });
+      auto g = std::find_if(gathering.begin(), gathering.end(),
+                            [&](const Gathering& x) { return !x.done[msg.rank]; });
       if (g == gathering.end()) continue;
       const v1::StateChunk& c = msg.m.state_chunk();
       if (c.has_tensor()) {
         if (absl::Status s = g->gather->Add(msg.rank, c.tensor()); !s.ok()) {
-          return Finish(v1::JOB_STATE_FAILED, absl::Status(s.code(), absl::StrCat("job ", id_, ": ", s.message())), -1);
+          return Finish(v1::JOB_STATE_FAILED,
+                        absl::Status(s.code(), absl::StrCat("job ", id_, ": ", s.message())), -1);
         }
       }
       if (c.last()) {
@@ -453,7 +485,9 @@ absl::Status JobRunner::Steps() {
       continue;
     }
     if (msg.rank == 0 && msg.m.has_state_chunk() && !checkpoints.empty()) {
-      if (!checkpoint_check) checkpoint_check.emplace("a checkpoint of rank 0", /*keep_data=*/false, &job_->declared_state);
+      if (!checkpoint_check)
+        checkpoint_check.emplace("a checkpoint of rank 0", /*keep_data=*/false,
+                                 &job_->declared_state);
       if (absl::Status s = CheckRankState(&*checkpoint_check, msg.m.state_chunk()); !s.ok()) {
         return Finish(v1::JOB_STATE_FAILED, s, -1);
       }

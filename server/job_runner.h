@@ -144,8 +144,8 @@ class JobRunner {
   // split into the ranks' shards (`held`: each rank's latest piece, sent
   // with the next one, or with `last` once the state is `complete`), and the
   // end that fetches every rank's state and reassembles it.
-  absl::Status SendShards(const StateSplitter& splitter, const v1::TensorChunk& chunk, bool complete,
-                          std::vector<std::optional<v1::TensorChunk>>* held);
+  absl::Status SendShards(const StateSplitter& splitter, const v1::TensorChunk& chunk,
+                          bool complete, std::vector<std::optional<v1::TensorChunk>>* held);
   absl::Status EndSharded(const v1::ServerMessage& fetch);
 
   // Ends the job: CancelJob to every assigned rank but `except`, the state,

@@ -29,24 +29,28 @@ absl::Status JobRunner::Cancelled() {
     reason = job_->cancel_reason;
   }
   return Finish(v1::JOB_STATE_CANCELLED,
-                absl::CancelledError(absl::StrCat("job ", id_, " cancelled: ", reason.empty() ? "CancelJob" : reason)),
+                absl::CancelledError(absl::StrCat(
+                    "job ", id_, " cancelled: ", reason.empty() ? "CancelJob" : reason)),
                 -1);
 }
 
 double JobRunner::ClientIdleLeft(Clock::time_point from) const {
-  return std::min(3600.0, ctx_.options.client_idle_s - std::chrono::duration<double>(Clock::now() - from).count());
+  return std::min(3600.0, ctx_.options.client_idle_s -
+                              std::chrono::duration<double>(Clock::now() - from).count());
 }
 
 absl::Status JobRunner::ClientIdle(absl::string_view waiting_for) {
   return Finish(v1::JOB_STATE_FAILED,
                 absl::DeadlineExceededError(absl::StrCat(
                     "job ", id_, ": the client sent nothing for ", ctx_.options.client_idle_s,
-                    " s while the job waited for ", waiting_for, " (fxdp-server --client-idle-s); its workers are freed")),
+                    " s while the job waited for ", waiting_for,
+                    " (fxdp-server --client-idle-s); its workers are freed")),
                 -1);
 }
 
 absl::Status JobRunner::BadInput(absl::string_view error) {
-  return Finish(v1::JOB_STATE_FAILED, absl::InvalidArgumentError(absl::StrCat("job ", id_, ": ", error)), -1);
+  return Finish(v1::JOB_STATE_FAILED,
+                absl::InvalidArgumentError(absl::StrCat("job ", id_, ": ", error)), -1);
 }
 
 std::string JobRunner::LostError(int rank) const {
@@ -65,10 +69,10 @@ absl::Status JobRunner::Failed(const Job::Msg& msg) {
   const v1::JobFailed& f = msg.m.job_failed();
   // A worker's text is kept in the job's record, listed and logged: bounded.
   constexpr size_t kMaxError = 4096;
-  const std::string error = f.error().size() <= kMaxError
-                                ? f.error()
-                                : absl::StrCat(f.error().substr(0, kMaxError), "... (", f.error().size(),
-                                               " bytes, cut)");
+  const std::string error =
+      f.error().size() <= kMaxError
+          ? f.error()
+          : absl::StrCat(f.error().substr(0, kMaxError), "... (", f.error().size(), " bytes, cut)");
   if (f.code() == static_cast<int>(absl::StatusCode::kUnavailable) ||
       f.code() == static_cast<int>(absl::StatusCode::kDeadlineExceeded)) {
     const auto until = Clock::now() + std::chrono::milliseconds(1500);
@@ -78,7 +82,8 @@ absl::Status JobRunner::Failed(const Job::Msg& msg) {
       if (Next(false, false, left, &other) != Got::kWorker) break;
       if (other.lost) {
         return Finish(v1::JOB_STATE_FAILED,
-                      absl::UnavailableError(absl::StrCat(LostError(other.rank), " (rank ", msg.rank, ": ", error, ")")),
+                      absl::UnavailableError(absl::StrCat(LostError(other.rank), " (rank ",
+                                                          msg.rank, ": ", error, ")")),
                       other.rank);
       }
     }
@@ -87,15 +92,17 @@ absl::Status JobRunner::Failed(const Job::Msg& msg) {
   if (code <= 0 || code > 16) code = static_cast<int>(absl::StatusCode::kUnknown);
   return Finish(v1::JOB_STATE_FAILED,
                 absl::Status(static_cast<absl::StatusCode>(code),
-                             absl::StrCat("job ", id_, ": rank ", msg.rank, " (worker ", ranks_->worker(msg.rank),
-                                          ") failed", f.step() > 0 ? absl::StrCat(" at step ", f.step()) : "", ": ",
-                                          error)),
+                             absl::StrCat("job ", id_, ": rank ", msg.rank, " (worker ",
+                                          ranks_->worker(msg.rank), ") failed",
+                                          f.step() > 0 ? absl::StrCat(" at step ", f.step()) : "",
+                                          ": ", error)),
                 msg.rank);
 }
 
 absl::Status JobRunner::Succeeded(std::shared_ptr<StateStore::State> state) {
   if (absl::Status s = ctx_.table->Succeed(job_, std::move(state)); !s.ok()) {
-    return Finish(v1::JOB_STATE_FAILED, absl::Status(s.code(), absl::StrCat("job ", id_, ": ", s.message())), -1);
+    return Finish(v1::JOB_STATE_FAILED,
+                  absl::Status(s.code(), absl::StrCat("job ", id_, ": ", s.message())), -1);
   }
   job_->SetState(v1::JOB_STATE_SUCCEEDED);
   client_->Write(job_->Event(v1::JOB_STATE_SUCCEEDED));
@@ -147,7 +154,8 @@ absl::Status JobRunner::EndSharded(const v1::ServerMessage& fetch) {
     const v1::StateChunk& c = msg.m.state_chunk();
     if (c.has_tensor()) {
       if (absl::Status s = gather.Add(msg.rank, c.tensor()); !s.ok()) {
-        return Finish(v1::JOB_STATE_FAILED, absl::Status(s.code(), absl::StrCat("job ", id_, ": ", s.message())), -1);
+        return Finish(v1::JOB_STATE_FAILED,
+                      absl::Status(s.code(), absl::StrCat("job ", id_, ": ", s.message())), -1);
       }
     }
     if (c.last()) {
@@ -158,7 +166,9 @@ absl::Status JobRunner::EndSharded(const v1::ServerMessage& fetch) {
   absl::StatusOr<StateStore::State> whole = gather.Finish();
   if (!whole.ok()) {
     return Finish(v1::JOB_STATE_FAILED,
-                  absl::Status(whole.status().code(), absl::StrCat("job ", id_, ": ", whole.status().message())), -1);
+                  absl::Status(whole.status().code(),
+                               absl::StrCat("job ", id_, ": ", whole.status().message())),
+                  -1);
   }
   return Succeeded(std::make_shared<StateStore::State>(*std::move(whole)));
 }

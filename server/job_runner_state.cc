@@ -25,29 +25,34 @@ std::string MiB(uint64_t bytes) {
 absl::Status JobRunner::CheckDeclaredSizes(const v1::JobSpec& spec, bool hold_state) {
   const JobServiceOptions& o = ctx_.options;
   if (spec.data_paths_size() == 0 && job_->declared_batch.bytes() > o.max_batch_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the graph's ", job_->declared_batch.size(), " INPUTs declare a global batch of ", MiB(job_->declared_batch.bytes()),
-        " per step (", job_->declared_batch.Names(), "), over this server's limit of ", o.max_batch_bytes >> 20,
-        " MiB (fxdp-server --max-batch-mb)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the graph's ", job_->declared_batch.size(),
+                     " INPUTs declare a global batch of ", MiB(job_->declared_batch.bytes()),
+                     " per step (", job_->declared_batch.Names(), "), over this server's limit of ",
+                     o.max_batch_bytes >> 20, " MiB (fxdp-server --max-batch-mb)"));
   }
   if (!hold_state) return absl::OkStatus();
   const uint64_t want = job_->declared_state.bytes();
   const uint64_t max = o.max_initial_state_bytes;
-  const std::string declared =
-      absl::StrCat("the graph declares ", job_->declared_state.size(), " state tensors of ", MiB(want), " in all");
+  const std::string declared = absl::StrCat("the graph declares ", job_->declared_state.size(),
+                                            " state tensors of ", MiB(want), " in all");
   if (want > max) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        declared, ", over this server's limit of ", max >> 20, " MiB for the initial states it holds "
-        "(fxdp-server --max-initial-state-mb; with --state-dir a data_paths job's state is held from its "
-        "Submit until it starts)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(declared, ", over this server's limit of ", max >> 20,
+                     " MiB for the initial states it holds "
+                     "(fxdp-server --max-initial-state-mb; with --state-dir a data_paths job's "
+                     "state is held from its "
+                     "Submit until it starts)"));
   }
   if (ctx_.held_state_bytes == nullptr) return absl::OkStatus();
   uint64_t held = ctx_.held_state_bytes->load();
   do {
     if (held + want > max) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          declared, "; the initial states of other jobs that have not started yet hold ", MiB(held), " of this "
-          "server's ", max >> 20, " MiB (fxdp-server --max-initial-state-mb): submit again once they ran"));
+          declared, "; the initial states of other jobs that have not started yet hold ", MiB(held),
+          " of this "
+          "server's ",
+          max >> 20, " MiB (fxdp-server --max-initial-state-mb): submit again once they ran"));
     }
   } while (!ctx_.held_state_bytes->compare_exchange_weak(held, held + want));
   held_reserved_ = want;
@@ -56,16 +61,17 @@ absl::Status JobRunner::CheckDeclaredSizes(const v1::JobSpec& spec, bool hold_st
 
 void JobRunner::ReleaseHeldState() {
   std::vector<v1::TensorChunk>().swap(job_->initial_state);
-  if (held_reserved_ > 0 && ctx_.held_state_bytes != nullptr) ctx_.held_state_bytes->fetch_sub(held_reserved_);
+  if (held_reserved_ > 0 && ctx_.held_state_bytes != nullptr)
+    ctx_.held_state_bytes->fetch_sub(held_reserved_);
   held_reserved_ = 0;
 }
 
 absl::Status JobRunner::CheckStateCount() const {
   const uint32_t n = job_->spec.num_state_tensors();
   if (n == job_->declared_state.size()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat("JobSpec.num_state_tensors is ", n, ", the graph declares ",
-                                                 job_->declared_state.size(), " state tensors (", job_->declared_state.Names(),
-                                                 ")"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "JobSpec.num_state_tensors is ", n, ", the graph declares ", job_->declared_state.size(),
+      " state tensors (", job_->declared_state.Names(), ")"));
 }
 
 // Before the job is queued (--state-dir, data_paths): its initial state,
@@ -81,20 +87,22 @@ absl::Status JobRunner::TakeInitialState() {
     const double idle = ctx_.options.client_idle_s;
     const Got got = Next(true, true, idle, &unused, &req);
     if (got == Got::kTimeout) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("the Submit stream sent nothing for ", idle, " s while the server waited for its initial state (",
-                       stream.complete(), " of the ", n, " tensors of JobSpec.num_state_tensors received; "
-                       "fxdp-server --client-idle-s)"));
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the Submit stream sent nothing for ", idle,
+          " s while the server waited for its initial state (", stream.complete(), " of the ", n,
+          " tensors of JobSpec.num_state_tensors received; "
+          "fxdp-server --client-idle-s)"));
     }
     if (got == Got::kCancel) return absl::CancelledError("the client went away");
     if (got == Got::kClientEnd) {
-      return absl::InvalidArgumentError(absl::StrCat("the client ended the stream after ", stream.complete(),
-                                                     " of the ", n, " initial-state tensors (JobSpec.num_state_tensors)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("the client ended the stream after ", stream.complete(), " of the ", n,
+                       " initial-state tensors (JobSpec.num_state_tensors)"));
     }
     if (!req.has_state()) {
-      return absl::InvalidArgumentError(absl::StrCat("expected initial-state chunks (", stream.complete(), " of the ", n,
-                                                     " tensors of JobSpec.num_state_tensors so far), got ",
-                                                     SubmitRequestKind(req)));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "expected initial-state chunks (", stream.complete(), " of the ", n,
+          " tensors of JobSpec.num_state_tensors so far), got ", SubmitRequestKind(req)));
     }
     if (absl::Status s = stream.Add(req.state()); !s.ok()) return s;
   }
@@ -171,17 +179,21 @@ absl::Status JobRunner::ForwardState() {
       continue;
     }
     if (got == Got::kClientEnd) {
-      return BadInput(absl::StrCat("the client ended the stream after ", stream.complete(), " of the ", n,
+      return BadInput(absl::StrCat("the client ended the stream after ", stream.complete(),
+                                   " of the ", n,
                                    " initial-state tensors (JobSpec.num_state_tensors)"));
     }
     idle_from = Clock::now();
     if (!req.has_state()) {
-      return BadInput(absl::StrCat("expected initial-state chunks (", stream.complete(), " of the ", n,
-                                   " tensors of JobSpec.num_state_tensors so far), got ", SubmitRequestKind(req)));
+      return BadInput(absl::StrCat("expected initial-state chunks (", stream.complete(), " of the ",
+                                   n, " tensors of JobSpec.num_state_tensors so far), got ",
+                                   SubmitRequestKind(req)));
     }
     if (absl::Status s = stream.Add(req.state()); !s.ok()) return BadInput(s.message());
     if (splitter) {
-      if (absl::Status s = SendShards(*splitter, req.state(), stream.complete() == n, &held); !s.ok()) return s;
+      if (absl::Status s = SendShards(*splitter, req.state(), stream.complete() == n, &held);
+          !s.ok())
+        return s;
       continue;
     }
     pieces.clear();
@@ -195,7 +207,8 @@ absl::Status JobRunner::ForwardState() {
   return absl::OkStatus();
 }
 
-absl::Status JobRunner::SendShards(const StateSplitter& splitter, const v1::TensorChunk& chunk, bool complete,
+absl::Status JobRunner::SendShards(const StateSplitter& splitter, const v1::TensorChunk& chunk,
+                                   bool complete,
                                    std::vector<std::optional<v1::TensorChunk>>* held) {
   std::vector<std::vector<v1::TensorChunk>> to(world_);
   if (absl::Status s = splitter.Add(chunk, &to); !s.ok()) return BadInput(s.message());
@@ -232,9 +245,11 @@ absl::Status JobRunner::RequestState(bool end_job) {
 
 absl::Status JobRunner::CheckRankState(ChunkStream* check, const v1::StateChunk& c) const {
   absl::Status s = c.has_tensor() ? check->Add(c.tensor()) : absl::OkStatus();
-  if (s.ok() && c.last() && (check->pending() || check->complete() != job_->declared_state.size())) {
-    s = absl::InvalidArgumentError(absl::StrCat(check->what(), " ended after ", check->complete(), " complete tensors of the ",
-                                                job_->declared_state.size(), " the graph declares"));
+  if (s.ok() && c.last() &&
+      (check->pending() || check->complete() != job_->declared_state.size())) {
+    s = absl::InvalidArgumentError(
+        absl::StrCat(check->what(), " ended after ", check->complete(), " complete tensors of the ",
+                     job_->declared_state.size(), " the graph declares"));
   }
   if (s.ok()) return s;
   return absl::DataLossError(absl::StrCat("job ", id_, ": ", s.message()));

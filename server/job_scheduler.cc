@@ -16,14 +16,18 @@ std::string QueueMessage(int world, int registered, int free, int ahead) {
   } else {
     absl::StrAppend(&m, ", ", free, " idle");
   }
-  if (ahead > 0) absl::StrAppend(&m, "; ", ahead, " job", ahead == 1 ? "" : "s", " ahead in the queue");
+  if (ahead > 0)
+    absl::StrAppend(&m, "; ", ahead, " job", ahead == 1 ? "" : "s", " ahead in the queue");
   return m;
 }
 
 }  // namespace
 
 JobScheduler::JobScheduler(WorkerPool* pool, JobTable* table, const JobServiceOptions& options)
-    : pool_(pool), table_(table), options_(options), queue_(options.max_queued_jobs),
+    : pool_(pool),
+      table_(table),
+      options_(options),
+      queue_(options.max_queued_jobs),
       thread_(&JobScheduler::Loop, this) {}
 
 JobScheduler::~JobScheduler() {
@@ -61,9 +65,10 @@ int JobScheduler::RegisteredWorkers() const {
 }
 
 std::string JobScheduler::CannotRunMessage(int world, int registered) const {
-  return absl::StrCat("JobSpec.world_size ", world, " exceeds the ", registered, " worker",
-                      registered == 1 ? "" : "s", " registered (not LOST), so it cannot run (jobs wait ",
-                      options_.queue_grace_s, " s for workers to attach: fxdp-server --queue-grace-s)");
+  return absl::StrCat(
+      "JobSpec.world_size ", world, " exceeds the ", registered, " worker",
+      registered == 1 ? "" : "s", " registered (not LOST), so it cannot run (jobs wait ",
+      options_.queue_grace_s, " s for workers to attach: fxdp-server --queue-grace-s)");
 }
 
 absl::Status JobScheduler::CheckPlaceable(int world) const {
@@ -76,11 +81,13 @@ absl::Status JobScheduler::CheckPlaceable(int world) const {
 absl::Status JobScheduler::CheckIdentityQuotaLocked(const JobOwner& owner) const {
   if (!owner.authenticated) return absl::OkStatus();
   size_t queued = 0;
-  for (const auto& [id, j] : queued_) queued += j->owner.authenticated && j->owner.identity == owner.identity;
+  for (const auto& [id, j] : queued_)
+    queued += j->owner.authenticated && j->owner.identity == owner.identity;
   if (queued < options_.max_queued_jobs_per_identity) return absl::OkStatus();
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "identity '", owner.identity, "' has ", queued, " jobs queued, the most one identity may have waiting "
-      "(fxdp-server --max-queued-jobs-per-identity)"));
+  return absl::ResourceExhaustedError(
+      absl::StrCat("identity '", owner.identity, "' has ", queued,
+                   " jobs queued, the most one identity may have waiting "
+                   "(fxdp-server --max-queued-jobs-per-identity)"));
 }
 
 absl::StatusOr<v1::JobEvent> JobScheduler::Enqueue(const std::shared_ptr<Job>& job) {
@@ -114,7 +121,8 @@ absl::StatusOr<v1::JobEvent> JobScheduler::Requeue(const std::shared_ptr<Job>& j
   return first;
 }
 
-bool JobScheduler::CancelQueuedLocked(const std::string& id, const std::string& reason, const absl::Status& status) {
+bool JobScheduler::CancelQueuedLocked(const std::string& id, const std::string& reason,
+                                      const absl::Status& status) {
   if (!queue_.Remove(id)) return false;
   std::shared_ptr<Job> j = std::move(queued_[id]);
   queued_.erase(id);
@@ -127,7 +135,8 @@ bool JobScheduler::CancelQueuedLocked(const std::string& id, const std::string& 
   return true;
 }
 
-bool JobScheduler::CancelQueued(const std::string& id, const std::string& reason, const absl::Status& status) {
+bool JobScheduler::CancelQueued(const std::string& id, const std::string& reason,
+                                const absl::Status& status) {
   std::lock_guard<std::mutex> l(mu_);
   return CancelQueuedLocked(id, reason, status);
 }
@@ -135,11 +144,14 @@ bool JobScheduler::CancelQueued(const std::string& id, const std::string& reason
 void JobScheduler::CancelAllQueued(const std::string& reason) {
   std::lock_guard<std::mutex> l(mu_);
   for (const std::string& id : queue_.Ids()) {
-    CancelQueuedLocked(id, reason, absl::CancelledError(absl::StrCat("job ", id, " cancelled while queued: ", reason)));
+    CancelQueuedLocked(
+        id, reason,
+        absl::CancelledError(absl::StrCat("job ", id, " cancelled while queued: ", reason)));
   }
 }
 
-void JobScheduler::AddHandles(const std::shared_ptr<Job>& job, const std::vector<int64_t>& handles) {
+void JobScheduler::AddHandles(const std::shared_ptr<Job>& job,
+                              const std::vector<int64_t>& handles) {
   std::lock_guard<std::mutex> l(mu_);
   job->handles.insert(job->handles.end(), handles.begin(), handles.end());
 }
@@ -152,7 +164,8 @@ void JobScheduler::Ended(const std::shared_ptr<Job>& job) {
   }
   std::lock_guard<std::mutex> l(mu_);
   if (dispatched) {
-    const double timeout = job->spec.collective_timeout_s() > 0 ? job->spec.collective_timeout_s() : 60;
+    const double timeout =
+        job->spec.collective_timeout_s() > 0 ? job->spec.collective_timeout_s() : 60;
     job->release_at = Clock::now() + Seconds(timeout + options_.release_grace_s);
     releasing_.push_back(job);
   }
@@ -230,8 +243,8 @@ void JobScheduler::DispatchLocked() {
     queued_.erase(id);
     removed = true;
     j->SetState(v1::JOB_STATE_FAILED,
-                absl::FailedPreconditionError(absl::StrCat("job ", id, " failed while queued: ",
-                                                           CannotRunMessage(world, registered))));
+                absl::FailedPreconditionError(absl::StrCat(
+                    "job ", id, " failed while queued: ", CannotRunMessage(world, registered))));
   }
   if (removed) {
     DispatchLocked();

@@ -69,7 +69,8 @@ class JobScheduler {
   // updates the queued jobs' position and message.
   void ReleaseLocked();
   void DispatchLocked();
-  bool CancelQueuedLocked(const std::string& id, const std::string& reason, const absl::Status& status);
+  bool CancelQueuedLocked(const std::string& id, const std::string& reason,
+                          const absl::Status& status);
   // OK, or RESOURCE_EXHAUSTED when `owner` has its quota of queued jobs.
   absl::Status CheckIdentityQuotaLocked(const JobOwner& owner) const;
   // Workers registered and not LOST.

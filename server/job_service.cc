@@ -19,9 +19,10 @@ using Caller = std::optional<security::Principal>;
 
 // The caller of a JobService call (nullopt without authentication) or the
 // status refusing the call (call_auth.h).
-grpc::Status CallerOf(security::CallAuth* auth, const grpc::ServerContextBase& ctx, const char* method,
-                      Caller* caller) {
-  absl::StatusOr<Caller> who = security::CallPrincipal(auth, ctx, absl::StrCat("/fxdp.v1.JobService/", method));
+grpc::Status CallerOf(security::CallAuth* auth, const grpc::ServerContextBase& ctx,
+                      const char* method, Caller* caller) {
+  absl::StatusOr<Caller> who =
+      security::CallPrincipal(auth, ctx, absl::StrCat("/fxdp.v1.JobService/", method));
   if (!who.ok()) return ToGrpcStatus(who.status());
   *caller = *std::move(who);
   return grpc::Status::OK;
@@ -45,23 +46,27 @@ grpc::Status Authorized(const Caller& caller, const JobTable& table, const std::
 }
 
 // An audit line for an action on a job, with its outcome.
-void AuditJob(const char* event, const grpc::ServerContextBase& ctx, const Caller& caller, const std::string& id,
-              const grpc::Status& s, bool denied) {
+void AuditJob(const char* event, const grpc::ServerContextBase& ctx, const Caller& caller,
+              const std::string& id, const grpc::Status& s, bool denied) {
   Audit(event, {{"identity", security::Describe(caller)},
                 {"peer", ctx.peer()},
                 {"job", id},
-                {"result", denied ? "denied" : s.ok() ? "ok" : s.error_message()}});
+                {"result", denied   ? "denied"
+                           : s.ok() ? "ok"
+                                    : s.error_message()}});
 }
 
 }  // namespace
 
-JobServiceImpl::JobServiceImpl(CompileServiceImpl* compile, WorkerPool* workers, JobServiceOptions options,
-                               JobStore* store, std::shared_ptr<security::CallAuth> auth)
+JobServiceImpl::JobServiceImpl(CompileServiceImpl* compile, WorkerPool* workers,
+                               JobServiceOptions options, JobStore* store,
+                               std::shared_ptr<security::CallAuth> auth)
     : auth_(std::move(auth)),
       table_(options, store),
       scheduler_(workers, &table_, options),
       submit_streams_({"Submit streams", options.max_submit_streams, "--max-submit-streams",
-                       options.max_submit_streams_per_identity, "--max-submit-streams-per-identity"}),
+                       options.max_submit_streams_per_identity,
+                       "--max-submit-streams-per-identity"}),
       fetch_streams_({"FetchState calls", options.max_fetch_streams, "--max-fetch-streams",
                       options.max_fetch_streams_per_identity, "--max-fetch-streams-per-identity"}) {
   context_.options = options;
@@ -111,7 +116,8 @@ using RefusedSubmit = RefusedCall<grpc::ServerBidiReactor<v1::SubmitJobRequest, 
 grpc::ServerBidiReactor<v1::SubmitJobRequest, v1::JobEvent>* JobServiceImpl::Submit(
     grpc::CallbackServerContext* context) {
   Caller who;
-  if (grpc::Status s = CallerOf(auth_.get(), *context, "Submit", &who); !s.ok()) return new RefusedSubmit(s);
+  if (grpc::Status s = CallerOf(auth_.get(), *context, "Submit", &who); !s.ok())
+    return new RefusedSubmit(s);
   JobOwner owner;
   if (who.has_value()) {
     owner.identity = who->identity;
@@ -123,8 +129,8 @@ grpc::ServerBidiReactor<v1::SubmitJobRequest, v1::JobEvent>* JobServiceImpl::Sub
   absl::StatusOr<IdentityQuota::Slot> slot = submit_streams_.Acquire(owner.identity);
   if (!slot.ok()) {
     if (refused_submits_.fetch_add(1) < 10) {  // then silence
-      Log(absl::StrCat("Submit from ", owner.description, " at ", context->peer(), ": refused: ",
-                       slot.status().message()));
+      Log(absl::StrCat("Submit from ", owner.description, " at ", context->peer(),
+                       ": refused: ", slot.status().message()));
     }
     return new RefusedSubmit(ToGrpcStatus(slot.status()));
   }
@@ -158,8 +164,8 @@ grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* context, const v1::Li
   return grpc::Status::OK;
 }
 
-grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context, const v1::CancelJobRequest* request,
-                                       v1::JobInfo* response) {
+grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context,
+                                       const v1::CancelJobRequest* request, v1::JobInfo* response) {
   Caller caller;
   if (grpc::Status s = CallerOf(auth_.get(), *context, "CancelJob", &caller); !s.ok()) return s;
   std::shared_ptr<Job> j;
@@ -167,9 +173,11 @@ grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context, const v1::C
   const grpc::Status allowed = Authorized(caller, table_, request->job_id(), &j, &denied);
   AuditJob("cancel", *context, caller, request->job_id(), allowed, denied);
   if (!allowed.ok()) return allowed;
-  const std::string reason = request->reason().empty() ? "CancelJob" : "CancelJob: " + request->reason();
+  const std::string reason =
+      request->reason().empty() ? "CancelJob" : "CancelJob: " + request->reason();
   scheduler_.CancelQueued(request->job_id(), reason,
-                          absl::CancelledError(absl::StrCat("job ", request->job_id(), " cancelled while queued: ", reason)));
+                          absl::CancelledError(absl::StrCat("job ", request->job_id(),
+                                                            " cancelled while queued: ", reason)));
   j->Cancel(reason);
   std::unique_lock<std::mutex> l(j->mu);
   j->cv.wait_for(l, std::chrono::seconds(5), [&] { return Terminal(j->info.state()); });
@@ -187,17 +195,19 @@ std::string JobServiceImpl::OwnerOf(const std::string& id) const {
   return found.ok() ? (*found)->owner.identity : "";
 }
 
-grpc::ServerWriteReactor<v1::StateChunk>* JobServiceImpl::FetchState(grpc::CallbackServerContext* context,
-                                                                     const v1::FetchJobStateRequest* request) {
+grpc::ServerWriteReactor<v1::StateChunk>* JobServiceImpl::FetchState(
+    grpc::CallbackServerContext* context, const v1::FetchJobStateRequest* request) {
   using Refused = RefusedCall<grpc::ServerWriteReactor<v1::StateChunk>>;
   Caller caller;
-  if (grpc::Status s = CallerOf(auth_.get(), *context, "FetchState", &caller); !s.ok()) return new Refused(s);
+  if (grpc::Status s = CallerOf(auth_.get(), *context, "FetchState", &caller); !s.ok())
+    return new Refused(s);
   std::shared_ptr<Job> j;
   bool denied = false;
   grpc::Status allowed = Authorized(caller, table_, request->job_id(), &j, &denied);
   std::optional<IdentityQuota::Slot> slot;
   if (allowed.ok()) {  // a slot before the state's file is opened
-    absl::StatusOr<IdentityQuota::Slot> s = fetch_streams_.Acquire(caller.has_value() ? caller->identity : "");
+    absl::StatusOr<IdentityQuota::Slot> s =
+        fetch_streams_.Acquire(caller.has_value() ? caller->identity : "");
     if (s.ok()) {
       slot = *std::move(s);
     } else {
@@ -211,10 +221,11 @@ grpc::ServerWriteReactor<v1::StateChunk>* JobServiceImpl::FetchState(grpc::Callb
   }
   AuditJob("fetch", *context, caller, request->job_id(), allowed, denied);
   if (!allowed.ok()) return new Refused(allowed);
-  const size_t asked = request->chunk_bytes() > 0 ? request->chunk_bytes() : context_.options.chunk_bytes;
+  const size_t asked =
+      request->chunk_bytes() > 0 ? request->chunk_bytes() : context_.options.chunk_bytes;
   const size_t chunk = std::clamp(asked, kMinFetchChunkBytes, kMaxFetchChunkBytes);
-  return new FetchCall(context, request->job_id(), *std::move(state), chunk, context_.options.client_idle_s,
-                       *std::move(slot));
+  return new FetchCall(context, request->job_id(), *std::move(state), chunk,
+                       context_.options.client_idle_s, *std::move(slot));
 }
 
 }  // namespace fxdp::server

@@ -10,9 +10,9 @@
 //   job_recovery.h   --state-dir: the recorded jobs after a restart
 // Submit is a gRPC callback (reactor) method (submit_call.h): each call gets
 // a job thread running RunJob; FetchState too (fetch_call.h: a chunk at a
-// time, no thread); GetJob, ListJobs and CancelJob read the table. absl::Status from the parts is mapped to grpc::Status here
-// (ToGrpcStatus, the one mapping of the server). Thread-safe. Never includes
-// LibTorch.
+// time, no thread); GetJob, ListJobs and CancelJob read the table. absl::Status from the parts is
+// mapped to grpc::Status here (ToGrpcStatus, the one mapping of the server). Thread-safe. Never
+// includes LibTorch.
 #ifndef FXDP_SERVER_JOB_SERVICE_H_
 #define FXDP_SERVER_JOB_SERVICE_H_
 
@@ -57,7 +57,8 @@ class JobServiceImpl final
   // Call once, before serving.
   absl::Status Recover();
 
-  grpc::ServerBidiReactor<v1::SubmitJobRequest, v1::JobEvent>* Submit(grpc::CallbackServerContext* context) override;
+  grpc::ServerBidiReactor<v1::SubmitJobRequest, v1::JobEvent>* Submit(
+      grpc::CallbackServerContext* context) override;
   grpc::Status GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
                       v1::JobInfo* response) override;
   grpc::Status ListJobs(grpc::ServerContext* context, const v1::ListJobsRequest* request,
@@ -66,8 +67,8 @@ class JobServiceImpl final
                          v1::JobInfo* response) override;
   // The state is written a chunk at a time (fetch_call.h); over
   // --max-fetch-streams (or its per-identity limit) RESOURCE_EXHAUSTED.
-  grpc::ServerWriteReactor<v1::StateChunk>* FetchState(grpc::CallbackServerContext* context,
-                                                       const v1::FetchJobStateRequest* request) override;
+  grpc::ServerWriteReactor<v1::StateChunk>* FetchState(
+      grpc::CallbackServerContext* context, const v1::FetchJobStateRequest* request) override;
 
   // Cancels every queued and running job (server shutdown).
   void CancelAll(const std::string& reason);
@@ -82,8 +83,8 @@ class JobServiceImpl final
   JobContext context_;
   NoClient no_client_;
   std::vector<std::thread> recovered_;  // runners of the jobs queued again
-  IdentityQuota submit_streams_;  // SubmitCalls alive (--max-submit-streams, per identity)
-  IdentityQuota fetch_streams_;   // FetchCalls alive (--max-fetch-streams, per identity)
+  IdentityQuota submit_streams_;        // SubmitCalls alive (--max-submit-streams, per identity)
+  IdentityQuota fetch_streams_;         // FetchCalls alive (--max-fetch-streams, per identity)
   std::atomic<uint64_t> held_state_bytes_{0};  // initial states held (--max-initial-state-mb)
   std::atomic<int64_t> refused_submits_{0};
 };

@@ -14,13 +14,14 @@ namespace fxdp::server {
 std::vector<InputSpec> GraphInputs(const v1::GraphDef& g) {
   std::vector<InputSpec> out;
   for (const v1::Node& n : g.nodes()) {
-    if (n.kind() != v1::PLACEHOLDER || n.placeholder().role() != v1::INPUT || n.outputs_size() == 0 ||
-        n.outputs(0).kind() != v1::TENSOR) {
+    if (n.kind() != v1::PLACEHOLDER || n.placeholder().role() != v1::INPUT ||
+        n.outputs_size() == 0 || n.outputs(0).kind() != v1::TENSOR) {
       continue;
     }
     const v1::TensorMeta& t = n.outputs(0).tensor();
     out.push_back({n.placeholder().state_name(), t.dtype(),
-                   std::vector<int64_t>(t.shape().begin(), t.shape().end()), n.placeholder().batch_dim()});
+                   std::vector<int64_t>(t.shape().begin(), t.shape().end()),
+                   n.placeholder().batch_dim()});
   }
   return out;
 }
@@ -34,10 +35,13 @@ const char* SubmitRequestKind(const v1::SubmitJobRequest& r) {
   }
 }
 
-absl::Status CheckDataPathsExcluded(const v1::JobSpec& spec, const std::vector<std::string>& excluded) {
+absl::Status CheckDataPathsExcluded(const v1::JobSpec& spec,
+                                    const std::vector<std::string>& excluded) {
   for (int i = 0; i < spec.data_paths_size(); ++i) {
-    if (spec.data_paths(i).find('\0') != std::string::npos)  // the checks and the kernel would disagree
-      return absl::InvalidArgumentError(absl::StrCat("JobSpec.data_paths[", i, "] contains a NUL byte"));
+    if (spec.data_paths(i).find('\0') !=
+        std::string::npos)  // the checks and the kernel would disagree
+      return absl::InvalidArgumentError(
+          absl::StrCat("JobSpec.data_paths[", i, "] contains a NUL byte"));
     const std::string real = util::RealPathAsFarAsItExists(spec.data_paths(i));
     const std::string lexical = util::LexicalAbsolute(spec.data_paths(i));
     for (const std::string& x : excluded) {
@@ -55,30 +59,35 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   using absl::InvalidArgumentError;
   if (!spec.has_graph()) return InvalidArgumentError("JobSpec.graph is missing");
   if (spec.world_size() < 1) {
-    return InvalidArgumentError(absl::StrCat("JobSpec.world_size must be >= 1, got ", spec.world_size()));
+    return InvalidArgumentError(
+        absl::StrCat("JobSpec.world_size must be >= 1, got ", spec.world_size()));
   }
   if (spec.steps() < 0) {
-    return InvalidArgumentError(absl::StrCat("JobSpec.steps must be >= 0 (0: as many steps as the client sends "
-                                             "batches for), got ", spec.steps()));
+    return InvalidArgumentError(
+        absl::StrCat("JobSpec.steps must be >= 0 (0: as many steps as the client sends "
+                     "batches for), got ",
+                     spec.steps()));
   }
   // Strings a client chooses are stored, listed and logged: bounded.
   if (spec.name().size() > kMaxJobNameBytes) {
-    return InvalidArgumentError(
-        absl::StrCat("JobSpec.name is ", spec.name().size(), " bytes, more than ", kMaxJobNameBytes));
+    return InvalidArgumentError(absl::StrCat("JobSpec.name is ", spec.name().size(),
+                                             " bytes, more than ", kMaxJobNameBytes));
   }
   if (spec.resume_job().size() > kMaxJobNameBytes) {
-    return InvalidArgumentError(
-        absl::StrCat("JobSpec.resume_job is ", spec.resume_job().size(), " bytes, more than ", kMaxJobNameBytes));
+    return InvalidArgumentError(absl::StrCat("JobSpec.resume_job is ", spec.resume_job().size(),
+                                             " bytes, more than ", kMaxJobNameBytes));
   }
   if (spec.data_paths_size() > kMaxDataPaths) {
     return InvalidArgumentError(absl::StrCat("JobSpec.data_paths has ", spec.data_paths_size(),
                                              " entries, more than ", kMaxDataPaths));
   }
   for (int i = 0; i < spec.data_paths_size(); ++i) {
-    if (spec.data_paths(i).empty()) return InvalidArgumentError(absl::StrCat("JobSpec.data_paths[", i, "] is empty"));
+    if (spec.data_paths(i).empty())
+      return InvalidArgumentError(absl::StrCat("JobSpec.data_paths[", i, "] is empty"));
     if (spec.data_paths(i).size() > kMaxDataPathBytes) {
-      return InvalidArgumentError(absl::StrCat("JobSpec.data_paths[", i, "] is ", spec.data_paths(i).size(),
-                                               " bytes, more than ", kMaxDataPathBytes, " (PATH_MAX)"));
+      return InvalidArgumentError(absl::StrCat("JobSpec.data_paths[", i, "] is ",
+                                               spec.data_paths(i).size(), " bytes, more than ",
+                                               kMaxDataPathBytes, " (PATH_MAX)"));
     }
   }
   if (spec.schedule_size() > 0 && spec.steps() == 0) {
@@ -86,10 +95,12 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
         "JobSpec.steps must be > 0 with a schedule (JobSpec.schedule gives one value per step)");
   }
   if (spec.data_paths_size() > 0 && spec.steps() == 0) {
-    return InvalidArgumentError("JobSpec.steps must be > 0 with data_paths (the workers read the batches; the "
-                                "client sends none)");
+    return InvalidArgumentError(
+        "JobSpec.steps must be > 0 with data_paths (the workers read the batches; the "
+        "client sends none)");
   }
-  if (absl::StatusOr<DataParallelStyle> style = StyleFromProto(spec.style(), "JobSpec.style"); !style.ok()) {
+  if (absl::StatusOr<DataParallelStyle> style = StyleFromProto(spec.style(), "JobSpec.style");
+      !style.ok()) {
     return style.status();
   }
   const double t = spec.collective_timeout_s();
@@ -110,12 +121,14 @@ absl::Status CheckCollectiveTimeout(const v1::JobSpec& spec, double max_s) {
       t, spec.collective_timeout_s() > 0 ? "" : " (0: the default)", max_s));
 }
 
-absl::StatusOr<ir::Schedule> JobScheduleOf(const v1::JobSpec& spec, const ir::PlaceholderNames& placeholders) {
+absl::StatusOr<ir::Schedule> JobScheduleOf(const v1::JobSpec& spec,
+                                           const ir::PlaceholderNames& placeholders) {
   std::map<std::string, std::vector<double>> series;
   std::vector<std::string> names;
   for (const v1::HyperparameterSeries& h : spec.schedule()) {
     if (series.count(h.name()) > 0) {
-      return absl::InvalidArgumentError(absl::StrCat("JobSpec.schedule: '", h.name(), "' appears twice"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("JobSpec.schedule: '", h.name(), "' appears twice"));
     }
     names.push_back(h.name());
     series[h.name()].assign(h.values().begin(), h.values().end());
@@ -123,7 +136,8 @@ absl::StatusOr<ir::Schedule> JobScheduleOf(const v1::JobSpec& spec, const ir::Pl
   if (absl::Status s = placeholders.Check(names, "JobSpec.schedule"); !s.ok()) {
     return absl::InvalidArgumentError(s.message());
   }
-  absl::StatusOr<ir::Schedule> schedule = ir::Schedule::FromSeries(std::move(series), spec.steps(), "JobSpec.schedule");
+  absl::StatusOr<ir::Schedule> schedule =
+      ir::Schedule::FromSeries(std::move(series), spec.steps(), "JobSpec.schedule");
   if (!schedule.ok()) return absl::InvalidArgumentError(schedule.status().message());
   return schedule;
 }
@@ -145,8 +159,9 @@ absl::StatusOr<PreparedSpec> PrepareJobSpec(v1::JobSpec spec, const Expander& ex
   xr.set_style(spec.style());
   absl::StatusOr<v1::ExpandResponse> expanded = expand(xr);
   if (!expanded.ok()) {
-    return absl::Status(expanded.status().code(), absl::StrCat("expanding the graph for ", spec.world_size(),
-                                                               " ranks: ", expanded.status().message()));
+    return absl::Status(expanded.status().code(),
+                        absl::StrCat("expanding the graph for ", spec.world_size(),
+                                     " ranks: ", expanded.status().message()));
   }
   if (expanded->graphs_size() == 0) return absl::InternalError("the expansion returned no graph");
   p.expanded = *std::move(expanded);

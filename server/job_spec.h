@@ -48,7 +48,8 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec);
 // (issue 25.3). The workers refuse them too, as they open them
 // (fxdp-worker attach --data-exclude), which is what holds against a link
 // swapped in later or a worker with another view of the filesystem.
-absl::Status CheckDataPathsExcluded(const v1::JobSpec& spec, const std::vector<std::string>& excluded);
+absl::Status CheckDataPathsExcluded(const v1::JobSpec& spec,
+                                    const std::vector<std::string>& excluded);
 
 // JobSpec.collective_timeout_s (0: 60 s) against the server's cap `max_s`
 // (fxdp-server --max-collective-timeout-s): INVALID_ARGUMENT naming both.
@@ -56,7 +57,8 @@ absl::Status CheckCollectiveTimeout(const v1::JobSpec& spec, double max_s);
 
 // JobSpec.schedule: names of the graph's HYPERPARAMETER placeholders, each
 // at most once, with one value per step.
-absl::StatusOr<ir::Schedule> JobScheduleOf(const v1::JobSpec& spec, const ir::PlaceholderNames& placeholders);
+absl::StatusOr<ir::Schedule> JobScheduleOf(const v1::JobSpec& spec,
+                                           const ir::PlaceholderNames& placeholders);
 
 // What a SubmitJobRequest carries ("a batch", "an initial-state chunk", ...),
 // for errors.

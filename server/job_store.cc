@@ -9,8 +9,8 @@
 #include <cstring>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "analysis/ir/safetensors.h"
 #include "util/files.h"
 
@@ -24,21 +24,24 @@ constexpr char kSchema[] =
     "PRAGMA journal_mode=WAL;"
     "PRAGMA synchronous=NORMAL;"
     "CREATE TABLE IF NOT EXISTS jobs ("
-    "  seq INTEGER PRIMARY KEY,"          // submission order (the N of job-N-HEX)
+    "  seq INTEGER PRIMARY KEY,"  // submission order (the N of job-N-HEX)
     "  id TEXT UNIQUE NOT NULL,"
-    "  info BLOB NOT NULL,"               // fxdp.v1.JobInfo
-    "  spec BLOB,"                        // fxdp.v1.JobSpec as submitted, until the job ended
-    "  final_state INTEGER NOT NULL DEFAULT 0,"    // states/ID.safetensors holds it
-    "  initial_state INTEGER NOT NULL DEFAULT 0,"    // states/ID.initial.safetensors holds it
-    "  checkpoint_step INTEGER NOT NULL DEFAULT 0);";  // states/ID.checkpoint.safetensors: after that step
+    "  info BLOB NOT NULL,"  // fxdp.v1.JobInfo
+    "  spec BLOB,"           // fxdp.v1.JobSpec as submitted, until the job ended
+    "  final_state INTEGER NOT NULL DEFAULT 0,"        // states/ID.safetensors holds it
+    "  initial_state INTEGER NOT NULL DEFAULT 0,"      // states/ID.initial.safetensors holds it
+    "  checkpoint_step INTEGER NOT NULL DEFAULT 0);";  // states/ID.checkpoint.safetensors: after
+                                                       // that step
 
 absl::Status MakeDir(const std::string& path) {
   if (mkdir(path.c_str(), 0700) == 0 || errno == EEXIST) {
     struct stat st {};
     if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return absl::OkStatus();
-    return absl::FailedPreconditionError(absl::StrCat("--state-dir: '", path, "' is not a directory"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("--state-dir: '", path, "' is not a directory"));
   }
-  return absl::FailedPreconditionError(absl::StrCat("--state-dir: cannot create '", path, "': ", std::strerror(errno)));
+  return absl::FailedPreconditionError(
+      absl::StrCat("--state-dir: cannot create '", path, "': ", std::strerror(errno)));
 }
 
 }  // namespace
@@ -57,12 +60,13 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& dir)
   if (sqlite3_exec(store->db_, kSchema, nullptr, nullptr, &err) != SQLITE_OK) {
     const std::string msg = err != nullptr ? err : "unknown error";
     sqlite3_free(err);
-    return absl::FailedPreconditionError(absl::StrCat("--state-dir: '", path, "' is not a usable job database: ", msg));
+    return absl::FailedPreconditionError(
+        absl::StrCat("--state-dir: '", path, "' is not a usable job database: ", msg));
   }
   // A database of the first version lacks the checkpoint column (an error
   // here means it has it).
-  sqlite3_exec(store->db_, "ALTER TABLE jobs ADD COLUMN checkpoint_step INTEGER NOT NULL DEFAULT 0", nullptr,
-               nullptr, nullptr);
+  sqlite3_exec(store->db_, "ALTER TABLE jobs ADD COLUMN checkpoint_step INTEGER NOT NULL DEFAULT 0",
+               nullptr, nullptr, nullptr);
   return store;
 }
 
@@ -71,7 +75,8 @@ JobStore::~JobStore() { sqlite3_close(db_); }
 absl::Status JobStore::Exec(const std::string& sql, const std::vector<Param>& params) {
   sqlite3_stmt* st = nullptr;
   if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &st, nullptr) != SQLITE_OK) {
-    return absl::InternalError(absl::StrCat("job database: ", sqlite3_errmsg(db_), " in '", sql, "'"));
+    return absl::InternalError(
+        absl::StrCat("job database: ", sqlite3_errmsg(db_), " in '", sql, "'"));
   }
   for (size_t i = 0; i < params.size(); ++i) {
     const Param& p = params[i];
@@ -95,8 +100,10 @@ absl::Status JobStore::Exec(const std::string& sql, const std::vector<Param>& pa
 absl::StatusOr<std::vector<JobStore::Record>> JobStore::Load() {
   std::lock_guard<std::mutex> l(mu_);
   sqlite3_stmt* st = nullptr;
-  if (sqlite3_prepare_v2(db_, "SELECT seq, info, spec, final_state, initial_state, checkpoint_step FROM jobs ORDER BY seq", -1, &st,
-                         nullptr) != SQLITE_OK) {
+  if (sqlite3_prepare_v2(db_,
+                         "SELECT seq, info, spec, final_state, initial_state, checkpoint_step FROM "
+                         "jobs ORDER BY seq",
+                         -1, &st, nullptr) != SQLITE_OK) {
     return absl::InternalError(absl::StrCat("job database: ", sqlite3_errmsg(db_)));
   }
   std::vector<Record> out;
@@ -109,8 +116,8 @@ absl::StatusOr<std::vector<JobStore::Record>> JobStore::Load() {
     if (!r.info.ParseFromArray(info, sqlite3_column_bytes(st, 1)) ||
         (spec != nullptr && !r.spec.ParseFromArray(spec, sqlite3_column_bytes(st, 2)))) {
       sqlite3_finalize(st);
-      return absl::DataLossError(absl::StrCat("job database ", dir_, "/jobs.db: the record of job #", r.seq,
-                                              " does not parse"));
+      return absl::DataLossError(absl::StrCat(
+          "job database ", dir_, "/jobs.db: the record of job #", r.seq, " does not parse"));
     }
     r.has_final_state = sqlite3_column_int(st, 3) != 0;
     r.has_initial_state = sqlite3_column_int(st, 4) != 0;
@@ -118,14 +125,17 @@ absl::StatusOr<std::vector<JobStore::Record>> JobStore::Load() {
     out.push_back(std::move(r));
   }
   sqlite3_finalize(st);
-  if (rc != SQLITE_DONE) return absl::InternalError(absl::StrCat("job database: ", sqlite3_errmsg(db_)));
+  if (rc != SQLITE_DONE)
+    return absl::InternalError(absl::StrCat("job database: ", sqlite3_errmsg(db_)));
   return out;
 }
 
 absl::Status JobStore::Insert(int64_t seq, const v1::JobInfo& info, const v1::JobSpec& spec) {
   std::lock_guard<std::mutex> l(mu_);
   return Exec("INSERT OR REPLACE INTO jobs (seq, id, info, spec) VALUES (?, ?, ?, ?)",
-              {{std::to_string(seq)}, {info.job_id()}, {info.SerializeAsString(), true},
+              {{std::to_string(seq)},
+               {info.job_id()},
+               {info.SerializeAsString(), true},
                {spec.SerializeAsString(), true}});
 }
 
@@ -144,20 +154,23 @@ absl::Status JobStore::Update(const v1::JobInfo& info, bool ended) {
 
 absl::Status JobStore::UpdateLocked(const v1::JobInfo& info, bool ended) {
   const std::string info_bytes = info.SerializeAsString();
-  if (!ended) return Exec("UPDATE jobs SET info = ? WHERE id = ?", {{info_bytes, true}, {info.job_id()}});
+  if (!ended)
+    return Exec("UPDATE jobs SET info = ? WHERE id = ?", {{info_bytes, true}, {info.job_id()}});
   // Files go once the record no longer names them (a record that cannot be
   // written leaves them as they were).
   if (info.state() == v1::JOB_STATE_FAILED) {
     // A failed job's checkpoint (and the spec a resume is checked against)
     // stay; without a checkpoint the spec goes.
-    absl::Status s = Exec("UPDATE jobs SET info = ?, initial_state = 0, "
-                          "spec = CASE WHEN checkpoint_step > 0 THEN spec ELSE NULL END WHERE id = ?",
-                          {{info_bytes, true}, {info.job_id()}});
+    absl::Status s = Exec(
+        "UPDATE jobs SET info = ?, initial_state = 0, "
+        "spec = CASE WHEN checkpoint_step > 0 THEN spec ELSE NULL END WHERE id = ?",
+        {{info_bytes, true}, {info.job_id()}});
     if (s.ok()) std::remove(InitialStatePath(info.job_id()).c_str());
     return s;
   }
-  absl::Status s = Exec("UPDATE jobs SET info = ?, spec = NULL, initial_state = 0, checkpoint_step = 0 WHERE id = ?",
-                        {{info_bytes, true}, {info.job_id()}});
+  absl::Status s = Exec(
+      "UPDATE jobs SET info = ?, spec = NULL, initial_state = 0, checkpoint_step = 0 WHERE id = ?",
+      {{info_bytes, true}, {info.job_id()}});
   if (s.ok()) {
     std::remove(InitialStatePath(info.job_id()).c_str());
     std::remove(CheckpointPath(info.job_id()).c_str());
@@ -181,16 +194,19 @@ std::string JobStore::CheckpointPath(const std::string& job_id) const {
   return absl::StrCat(dir_, "/states/", job_id, ".checkpoint.safetensors");
 }
 
-absl::Status JobStore::WriteCheckpoint(const std::string& job_id, int64_t step, const Tensors& state) {
+absl::Status JobStore::WriteCheckpoint(const std::string& job_id, int64_t step,
+                                       const Tensors& state) {
   // The file names its step: a SIGKILL between its rename and the database
   // update below leaves a file newer than the recorded step, and the file's
   // step is the one that holds.
-  if (absl::Status s = WriteTensors(CheckpointPath(job_id), state, {{kCheckpointStepKey, std::to_string(step)}});
+  if (absl::Status s =
+          WriteTensors(CheckpointPath(job_id), state, {{kCheckpointStepKey, std::to_string(step)}});
       !s.ok()) {
     return s;
   }
   std::lock_guard<std::mutex> l(mu_);
-  return Exec("UPDATE jobs SET checkpoint_step = ? WHERE id = ?", {{std::to_string(step)}, {job_id}});
+  return Exec("UPDATE jobs SET checkpoint_step = ? WHERE id = ?",
+              {{std::to_string(step)}, {job_id}});
 }
 
 absl::StatusOr<JobStore::Checkpoint> JobStore::ReadCheckpoint(const std::string& job_id) const {
@@ -202,8 +218,8 @@ absl::StatusOr<JobStore::Checkpoint> JobStore::ReadCheckpoint(const std::string&
   out.state = *std::move(state);
   auto it = metadata.find(kCheckpointStepKey);
   if (it == metadata.end() || !absl::SimpleAtoi(it->second, &out.step) || out.step <= 0) {
-    return absl::DataLossError(absl::StrCat("checkpoint '", path, "' does not name its step (__metadata__ ",
-                                            kCheckpointStepKey, ")"));
+    return absl::DataLossError(absl::StrCat(
+        "checkpoint '", path, "' does not name its step (__metadata__ ", kCheckpointStepKey, ")"));
   }
   return out;
 }
@@ -211,14 +227,16 @@ absl::StatusOr<JobStore::Checkpoint> JobStore::ReadCheckpoint(const std::string&
 absl::StatusOr<JobStore::ResumePoint> JobStore::ReadResumePoint(const std::string& job_id) {
   std::lock_guard<std::mutex> l(mu_);
   sqlite3_stmt* st = nullptr;
-  if (sqlite3_prepare_v2(db_, "SELECT spec, checkpoint_step FROM jobs WHERE id = ?", -1, &st, nullptr) != SQLITE_OK) {
+  if (sqlite3_prepare_v2(db_, "SELECT spec, checkpoint_step FROM jobs WHERE id = ?", -1, &st,
+                         nullptr) != SQLITE_OK) {
     return absl::InternalError(absl::StrCat("job database: ", sqlite3_errmsg(db_)));
   }
   sqlite3_bind_text64(st, 1, job_id.data(), job_id.size(), SQLITE_TRANSIENT, SQLITE_UTF8);
   const int rc = sqlite3_step(st);
   if (rc != SQLITE_ROW) {
     sqlite3_finalize(st);
-    if (rc == SQLITE_DONE) return absl::NotFoundError(absl::StrCat("job '", job_id, "' has no record in ", dir_));
+    if (rc == SQLITE_DONE)
+      return absl::NotFoundError(absl::StrCat("job '", job_id, "' has no record in ", dir_));
     return absl::InternalError(absl::StrCat("job database: ", sqlite3_errmsg(db_)));
   }
   ResumePoint out;
@@ -227,13 +245,14 @@ absl::StatusOr<JobStore::ResumePoint> JobStore::ReadResumePoint(const std::strin
   out.checkpoint_step = sqlite3_column_int64(st, 1);
   sqlite3_finalize(st);
   if (!parsed) {
-    return absl::DataLossError(absl::StrCat("job database ", dir_, "/jobs.db: the spec of job '", job_id,
-                                            "' does not parse"));
+    return absl::DataLossError(absl::StrCat("job database ", dir_, "/jobs.db: the spec of job '",
+                                            job_id, "' does not parse"));
   }
   return out;
 }
 
-absl::Status JobStore::ShareCheckpoint(const std::string& from, const std::string& to, int64_t step) {
+absl::Status JobStore::ShareCheckpoint(const std::string& from, const std::string& to,
+                                       int64_t step) {
   const std::string src = CheckpointPath(from), dst = CheckpointPath(to);
   std::remove(dst.c_str());
   if (link(src.c_str(), dst.c_str()) != 0) {  // another filesystem, or no hard links: a copy
@@ -251,7 +270,7 @@ std::string JobStore::InitialStatePath(const std::string& job_id) const {
 }
 
 absl::Status JobStore::WriteTensors(const std::string& path, const Tensors& tensors,
-                                   const std::map<std::string, std::string>& metadata) const {
+                                    const std::map<std::string, std::string>& metadata) const {
   std::vector<ir::RawTensor> raw;
   raw.reserve(tensors.size());
   for (const v1::TensorChunk& t : tensors) {
@@ -261,7 +280,8 @@ absl::Status JobStore::WriteTensors(const std::string& path, const Tensors& tens
     }
     absl::StatusOr<ir::DType> dtype = ir::DTypeFromWire(t.dtype());
     if (!dtype.ok())
-      return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name(), "': ", dtype.status().message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", t.name(), "': ", dtype.status().message()));
     ir::RawTensor& r = raw.emplace_back();
     r.name = t.name();
     r.dtype = *dtype;
@@ -278,12 +298,14 @@ absl::Status JobStore::WriteTensors(const std::string& path, const Tensors& tens
   return util::WriteFileAtomically(path, *bytes, /*durable=*/true);
 }
 
-absl::StatusOr<JobStore::Tensors> JobStore::ReadTensors(const std::string& path,
-                                                        std::map<std::string, std::string>* metadata) const {
+absl::StatusOr<JobStore::Tensors> JobStore::ReadTensors(
+    const std::string& path, std::map<std::string, std::string>* metadata) const {
   absl::StatusOr<std::string> bytes = ir::ReadSafetensorsBytes(path);
   if (!bytes.ok()) return bytes.status();
   absl::StatusOr<ir::SafetensorsView> view = ir::ParseSafetensors(*bytes);
-  if (!view.ok()) return absl::Status(view.status().code(), absl::StrCat("'", path, "': ", view.status().message()));
+  if (!view.ok())
+    return absl::Status(view.status().code(),
+                        absl::StrCat("'", path, "': ", view.status().message()));
   Tensors out;
   for (const ir::SafetensorsEntry& e : view->tensors) {
     v1::TensorChunk& c = out.emplace_back();

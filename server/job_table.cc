@@ -28,7 +28,8 @@ absl::Status JobTable::Add(const std::shared_ptr<Job>& job, const std::string& i
     *info.mutable_data_paths() = spec.data_paths();
     info.set_submitted_unix_ms(UnixMs());
     info.set_compile_cached(job->expanded.cached());
-    for (std::string& h : job->placeholders.Hyperparameters()) info.add_hyperparameters(std::move(h));
+    for (std::string& h : job->placeholders.Hyperparameters())
+      info.add_hyperparameters(std::move(h));
   }
   std::lock_guard<std::mutex> l(mu_);
   if (store_ != nullptr) {
@@ -40,8 +41,10 @@ absl::Status JobTable::Add(const std::shared_ptr<Job>& job, const std::string& i
     ++next_id_;  // not reused either way
     if (absl::Status s = store_->Insert(next_id_ - 1, info, job->submitted); !s.ok()) {
       Record(s, id, "record");
-      return absl::Status(s.code(), absl::StrCat("the job cannot be recorded (fxdp-server --state-dir ", store_->dir(),
-                                                 "), so it would be lost after a restart: ", s.message()));
+      return absl::Status(
+          s.code(),
+          absl::StrCat("the job cannot be recorded (fxdp-server --state-dir ", store_->dir(),
+                       "), so it would be lost after a restart: ", s.message()));
     }
     job->submitted.Clear();
   } else {
@@ -53,7 +56,8 @@ absl::Status JobTable::Add(const std::shared_ptr<Job>& job, const std::string& i
 }
 
 void JobTable::Record(const absl::Status& s, const std::string& id, const char* what) const {
-  if (!s.ok()) Log(absl::StrCat(id, ": cannot ", what, " the job in ", store_->dir(), ": ", s.message()));
+  if (!s.ok())
+    Log(absl::StrCat(id, ": cannot ", what, " the job in ", store_->dir(), ": ", s.message()));
 }
 
 void JobTable::Update(const std::shared_ptr<Job>& job) {
@@ -124,7 +128,8 @@ void JobTable::Finished(const std::shared_ptr<Job>& job) {
   }
 }
 
-absl::Status JobTable::KeepState(const std::shared_ptr<Job>& job, std::shared_ptr<const StateStore::State> state) {
+absl::Status JobTable::KeepState(const std::shared_ptr<Job>& job,
+                                 std::shared_ptr<const StateStore::State> state) {
   const std::string id = job->id();
   const uint64_t bytes = StateStore::Bytes(*state);
   // With a store the file is the state (written outside the lock): only its
@@ -164,13 +169,16 @@ absl::Status JobTable::KeepState(const std::shared_ptr<Job>& job, std::shared_pt
     Log(absl::StrCat(id, ": final state not kept: larger than --max-state-mb"));
   }
   if (written.ok()) return written;
-  return absl::Status(written.code(),
-                      absl::StrCat("state not saved: ", written.message(),
-                                   kept ? "; the final state is kept in memory for FetchState until the server restarts"
-                                        : ""));
+  return absl::Status(
+      written.code(),
+      absl::StrCat(
+          "state not saved: ", written.message(),
+          kept ? "; the final state is kept in memory for FetchState until the server restarts"
+               : ""));
 }
 
-absl::Status JobTable::Succeed(const std::shared_ptr<Job>& job, std::shared_ptr<const StateStore::State> state) {
+absl::Status JobTable::Succeed(const std::shared_ptr<Job>& job,
+                               std::shared_ptr<const StateStore::State> state) {
   if (absl::Status s = KeepState(job, std::move(state)); !s.ok()) return s;
   if (store_ == nullptr) return absl::OkStatus();
   v1::JobInfo info;
@@ -184,18 +192,23 @@ absl::Status JobTable::Succeed(const std::shared_ptr<Job>& job, std::shared_ptr<
   absl::Status s = store_->Update(info, /*ended=*/true);
   if (s.ok()) return s;
   Record(s, info.job_id(), "record the end of");
-  return absl::Status(s.code(), absl::StrCat("state not saved: ", s.message(), info.has_state()
-                                                 ? "; the final state is kept for FetchState until the server restarts"
-                                                 : ""));
+  return absl::Status(
+      s.code(),
+      absl::StrCat("state not saved: ", s.message(),
+                   info.has_state()
+                       ? "; the final state is kept for FetchState until the server restarts"
+                       : ""));
 }
 
-absl::StatusOr<std::shared_ptr<const StateStore::State>> JobTable::FinalState(const std::string& id) const {
+absl::StatusOr<std::shared_ptr<const StateStore::State>> JobTable::FinalState(
+    const std::string& id) const {
   absl::StatusOr<std::shared_ptr<const StateStore::State>> kept = Kept(id);
   if (!kept.ok() || *kept != nullptr) return kept;
   absl::StatusOr<JobStore::Tensors> read = store_->ReadFinalState(id);  // outside the lock
   if (!read.ok()) {
     return absl::DataLossError(absl::StrCat("job ", id, "'s final state cannot be read back from ",
-                                            store_->FinalStatePath(id), ": ", read.status().message()));
+                                            store_->FinalStatePath(id), ": ",
+                                            read.status().message()));
   }
   return std::make_shared<const StateStore::State>(*std::move(read));
 }
@@ -204,14 +217,17 @@ absl::StatusOr<StateReader> JobTable::OpenFinalState(const std::string& id) cons
   absl::StatusOr<std::shared_ptr<const StateStore::State>> kept = Kept(id);
   if (!kept.ok()) return kept.status();
   if (*kept != nullptr) return StateReader(*std::move(kept));
-  absl::StatusOr<StateReader> file = StateReader::OpenFile(store_->FinalStatePath(id));  // outside the lock
+  absl::StatusOr<StateReader> file =
+      StateReader::OpenFile(store_->FinalStatePath(id));  // outside the lock
   if (!file.ok()) {
-    return absl::DataLossError(absl::StrCat("job ", id, "'s final state cannot be read back: ", file.status().message()));
+    return absl::DataLossError(
+        absl::StrCat("job ", id, "'s final state cannot be read back: ", file.status().message()));
   }
   return file;
 }
 
-absl::StatusOr<std::shared_ptr<const StateStore::State>> JobTable::Kept(const std::string& id) const {
+absl::StatusOr<std::shared_ptr<const StateStore::State>> JobTable::Kept(
+    const std::string& id) const {
   std::shared_ptr<const StateStore::State> kept;
   bool on_disk = false;
   {
@@ -222,8 +238,9 @@ absl::StatusOr<std::shared_ptr<const StateStore::State>> JobTable::Kept(const st
     // With a store, a job that failed because its state could not be saved
     // keeps it (Succeed).
     if (state != v1::JOB_STATE_SUCCEEDED && !(store_ != nullptr && states_.Has(id))) {
-      return absl::FailedPreconditionError(absl::StrCat("job ", id, " is ", v1::JobState_Name(state),
-                                                        ": only a SUCCEEDED job has a final state"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", id, " is ", v1::JobState_Name(state),
+                       ": only a SUCCEEDED job has a final state"));
     }
     kept = states_.Get(id);
     on_disk = kept == nullptr && states_.Has(id) && store_ != nullptr;

@@ -61,13 +61,15 @@ class JobTable {
   // its file, written and synced first; a file that cannot be written is the
   // error ("state not saved: PATH: No space left on device (needed N
   // bytes); ..."), and the state is kept in memory instead (until a restart).
-  absl::Status KeepState(const std::shared_ptr<Job>& job, std::shared_ptr<const StateStore::State> state);
+  absl::Status KeepState(const std::shared_ptr<Job>& job,
+                         std::shared_ptr<const StateStore::State> state);
   // A job that ran all its steps: its final state kept (KeepState) and, with
   // a store, its record SUCCEEDED and synced, in that order; only then (OK)
   // may it be SUCCEEDED anywhere. Otherwise the error names the file that
   // could not be written and the job must fail with it; its state stays
   // fetchable (FinalState) while the server runs.
-  absl::Status Succeed(const std::shared_ptr<Job>& job, std::shared_ptr<const StateStore::State> state);
+  absl::Status Succeed(const std::shared_ptr<Job>& job,
+                       std::shared_ptr<const StateStore::State> state);
   // A job's kept final state: a SUCCEEDED job's, or one that could not be
   // saved (Succeed). FAILED_PRECONDITION when the job did not succeed or its
   // state was evicted, NOT_FOUND for an unknown job.

@@ -20,18 +20,21 @@ std::string Cannot(const std::string& listen, const std::string& why) {
 }  // namespace
 
 std::string WhyCannotListen(const std::string& listen) {
-  if (absl::StartsWith(listen, "unix:")) return Cannot(listen, "gRPC could not bind the socket (does it exist?)");
+  if (absl::StartsWith(listen, "unix:"))
+    return Cannot(listen, "gRPC could not bind the socket (does it exist?)");
   const size_t colon = listen.rfind(':');
   if (colon == std::string::npos) return Cannot(listen, "expected HOST:PORT");
   std::string host = listen.substr(0, colon);
   const std::string port = listen.substr(colon + 1);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE;
   addrinfo* found = nullptr;
-  if (int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &found); rc != 0) {
+  if (int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &found);
+      rc != 0) {
     return Cannot(listen, absl::StrCat("the address does not resolve (", gai_strerror(rc), ")"));
   }
   int error = 0;
@@ -44,7 +47,8 @@ std::string WhyCannotListen(const std::string& listen) {
     close(fd);
   }
   freeaddrinfo(found);
-  if (error == EADDRINUSE) return absl::StrCat("address ", listen, " is in use (another fxdp-server?)");
+  if (error == EADDRINUSE)
+    return absl::StrCat("address ", listen, " is in use (another fxdp-server?)");
   if (error != 0) return Cannot(listen, std::strerror(error));
   return Cannot(listen, "gRPC could not start the server (see its messages above)");
 }

@@ -40,8 +40,8 @@ LocalWorkers::LocalWorkers(LocalWorkersOptions options) : options_(std::move(opt
 LocalWorkers::~LocalWorkers() { Stop(); }
 
 pid_t LocalWorkers::Spawn(const Child& c) {
-  std::vector<std::string> args = {options_.worker_binary, "attach", "--server", options_.server,
-                                   "--worker-id", c.id};
+  std::vector<std::string> args = {options_.worker_binary, "attach",      "--server",
+                                   options_.server,        "--worker-id", c.id};
   args.insert(args.end(), options_.extra_args.begin(), options_.extra_args.end());
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
@@ -96,8 +96,8 @@ void LocalWorkers::Supervise() {
         if (r != c.pid) continue;
         const double ran = std::chrono::duration<double>(now - c.started).count();
         if (ran > 30) c.backoff_s = 0.5;
-        Log(absl::StrCat("local worker ", c.id, " (pid ", c.pid, ") ", ExitText(status),
-                         " after ", static_cast<int>(ran), " s; restarting in ", c.backoff_s, " s"));
+        Log(absl::StrCat("local worker ", c.id, " (pid ", c.pid, ") ", ExitText(status), " after ",
+                         static_cast<int>(ran), " s; restarting in ", c.backoff_s, " s"));
         c.pid = -1;
         c.restart_at = now + std::chrono::duration_cast<Clock::duration>(
                                  std::chrono::duration<double>(c.backoff_s));

@@ -20,8 +20,8 @@ namespace fxdp::server {
 
 struct LocalWorkersOptions {
   int count = 0;
-  std::string worker_binary;  // fxdp-worker
-  std::string server;         // HOST:PORT the workers attach to
+  std::string worker_binary;            // fxdp-worker
+  std::string server;                   // HOST:PORT the workers attach to
   std::vector<std::string> extra_args;  // appended to `attach --server ... --worker-id ...`
 };
 

@@ -140,7 +140,8 @@ constexpr char kUsage[] =
     "                        free is RESOURCE_EXHAUSTED (default 4096)\n"
     "  --max-batch-mb N      one step's global batch as a streamed job's graph declares it\n"
     "                        (the server assembles it to slice it), MiB; more is\n"
-    "                        RESOURCE_EXHAUSTED at Submit (default 2048)\n"    "  --max-world-size N    world_size of an Analyze, Expand or job; more is\n"
+    "                        RESOURCE_EXHAUSTED at Submit (default 2048)\n"
+    "  --max-world-size N    world_size of an Analyze, Expand or job; more is\n"
     "                        RESOURCE_EXHAUSTED before anything is computed (default 1024)\n"
     "  --max-expanded-nodes N  the graph's nodes times the rank graphs an Expand (a job's)\n"
     "                        builds: one for all ranks, or one per rank when they differ\n"
@@ -185,7 +186,8 @@ constexpr char kUsage[] =
     "--state-dir), 2 usage.\n";
 
 // An integer flag in [min, max] ("NAME needs an integer in [MIN, MAX], got 'V'").
-void IntFlag(fxdp::util::Flags& f, const std::string& name, int64_t* out, int64_t min, int64_t max) {
+void IntFlag(fxdp::util::Flags& f, const std::string& name, int64_t* out, int64_t min,
+             int64_t max) {
   const std::string kind = max == INT64_MAX ? absl::StrCat("an integer >= ", min)
                                             : absl::StrCat("an integer in [", min, ", ", max, "]");
   f.Custom(name, kind, [out, min, max](const std::string& v) {
@@ -299,7 +301,8 @@ int main(int argc, char** argv) {
   IntFlag(f, "--max-queued-jobs-per-identity", &quotas[1], 1, INT64_MAX);
   IntFlag(f, "--max-fetch-streams", &quotas[2], 1, 1 << 20);
   IntFlag(f, "--max-fetch-streams-per-identity", &quotas[3], 1, 1 << 20);
-  if (int rc = f.Parse(std::vector<std::string>(argv + 1, argv + argc), nullptr); rc >= 0) return rc;
+  if (int rc = f.Parse(std::vector<std::string>(argv + 1, argv + argc), nullptr); rc >= 0)
+    return rc;
 
   // Signals are taken by a dedicated thread (sigwait): block them before gRPC
   // starts its threads (creating credentials does), so that they all inherit the mask.
@@ -311,14 +314,17 @@ int main(int argc, char** argv) {
 
   security_options.auth_limits.max_failures = static_cast<int>(max_auth_failures);
   security_options.auth_limits.on_block = [](const std::string& peer, int failures) {
-    fxdp::server::Audit("auth_blocked", {{"peer", peer},
-                                         {"failures", absl::StrCat(failures)},
-                                         {"result", "its calls with a token are refused (--auth-block-s)"}});
+    fxdp::server::Audit("auth_blocked",
+                        {{"peer", peer},
+                         {"failures", absl::StrCat(failures)},
+                         {"result", "its calls with a token are refused (--auth-block-s)"}});
   };
   security_options.auth_limits.on_failures = [](const std::string& host, int64_t failures) {
-    fxdp::server::Audit("auth_failed", {{"peer", host},
-                                        {"failures", absl::StrCat(failures)},
-                                        {"result", "wrong tokens since this host's last such line (UNAUTHENTICATED)"}});
+    fxdp::server::Audit(
+        "auth_failed",
+        {{"peer", host},
+         {"failures", absl::StrCat(failures)},
+         {"result", "wrong tokens since this host's last such line (UNAUTHENTICATED)"}});
   };
   absl::StatusOr<fxdp::security::ServerSecurity> security =
       fxdp::security::MakeServerSecurity(security_options);
@@ -331,14 +337,17 @@ int main(int argc, char** argv) {
                    "serve it in the clear anyway");
   }
   if (local_workers == 0 && !worker_memory_limit.empty()) {
-    return f.Usage("--worker-memory-limit applies to --local-workers (give each other worker its own "
-                   "'fxdp-worker attach --memory-limit')");
+    return f.Usage(
+        "--worker-memory-limit applies to --local-workers (give each other worker its own "
+        "'fxdp-worker attach --memory-limit')");
   }
   if (local_workers > 0 && security->tls && security_options.tls_ca.empty()) {
-    return f.Usage("--local-workers with TLS need --tls-ca (the CA they check the server's certificate with)");
+    return f.Usage(
+        "--local-workers with TLS need --tls-ca (the CA they check the server's certificate with)");
   }
   if (local_workers > 0 && security->authenticates && security_options.worker_token_file.empty()) {
-    return f.Usage("--local-workers with authentication need --worker-token-file (their join token)");
+    return f.Usage(
+        "--local-workers with authentication need --worker-token-file (their join token)");
   }
 
   cache.max_bytes = cache_mb << 20;
@@ -360,7 +369,7 @@ int main(int argc, char** argv) {
     if (worker_binary.empty()) worker_binary = fxdp::server::DefaultWorkerBinary();
     if (access(worker_binary.c_str(), X_OK) != 0) {
       return f.Usage("--local-workers: no executable fxdp-worker at '" + worker_binary +
-                   "' (set --worker-binary)");
+                     "' (set --worker-binary)");
     }
   }
 
@@ -372,20 +381,23 @@ int main(int argc, char** argv) {
   }
   std::unique_ptr<fxdp::server::JobStore> store;
   if (!state_dir.empty()) {
-    absl::StatusOr<std::unique_ptr<fxdp::server::JobStore>> opened = fxdp::server::JobStore::Open(state_dir);
+    absl::StatusOr<std::unique_ptr<fxdp::server::JobStore>> opened =
+        fxdp::server::JobStore::Open(state_dir);
     if (!opened.ok()) return f.Usage(std::string(opened.status().message()));
     store = *std::move(opened);
   }
   // The server's own files are never data (issue 25.3): refused at Submit
   // and by the --local-workers as they open a path (--data-exclude).
-  for (const std::string* x : {&state_dir, &security_options.tls_key, &security_options.client_tokens,
-                               &security_options.worker_token_file}) {
+  for (const std::string* x :
+       {&state_dir, &security_options.tls_key, &security_options.client_tokens,
+        &security_options.worker_token_file}) {
     if (!x->empty()) job_options.data_excluded.push_back(fxdp::util::RealPathAsFarAsItExists(*x));
   }
   fxdp::server::JobServiceImpl jobs(&service, &registry, job_options, store.get(), security->auth);
   registry.SetJobOwners([&jobs](const std::string& id) { return jobs.OwnerOf(id); });
   if (absl::Status s = jobs.Recover(); !s.ok()) {
-    std::fprintf(stderr, "fxdp-server: --state-dir %s: %s\n", state_dir.c_str(), std::string(s.message()).c_str());
+    std::fprintf(stderr, "fxdp-server: --state-dir %s: %s\n", state_dir.c_str(),
+                 std::string(s.message()).c_str());
     return 1;
   }
   grpc::EnableDefaultHealthCheckService(true);
@@ -412,11 +424,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   server->GetHealthCheckService()->SetServingStatus(true);
-  server->GetHealthCheckService()->SetServingStatus(
-      fxdp::v1::CompileService::service_full_name(), true);
-  server->GetHealthCheckService()->SetServingStatus(
-      fxdp::v1::WorkerService::service_full_name(), true);
-  server->GetHealthCheckService()->SetServingStatus(fxdp::v1::JobService::service_full_name(), true);
+  server->GetHealthCheckService()->SetServingStatus(fxdp::v1::CompileService::service_full_name(),
+                                                    true);
+  server->GetHealthCheckService()->SetServingStatus(fxdp::v1::WorkerService::service_full_name(),
+                                                    true);
+  server->GetHealthCheckService()->SetServingStatus(fxdp::v1::JobService::service_full_name(),
+                                                    true);
   // --health-listen: a second server with nothing but its own health service.
   std::unique_ptr<grpc::Server> health;
   if (!health_listen.empty()) {
@@ -432,12 +445,14 @@ int main(int argc, char** argv) {
       return 1;
     }
     health->GetHealthCheckService()->SetServingStatus(true);
-    std::fprintf(stderr, "fxdp-server: health checks (plain text, no fxdp service) on port %d\n", health_port);
+    std::fprintf(stderr, "fxdp-server: health checks (plain text, no fxdp service) on port %d\n",
+                 health_port);
   }
   const std::string host = listen.substr(0, listen.rfind(':'));
   std::printf("listening on %s:%d\n", host.c_str(), port);
   std::fflush(stdout);
-  for (const std::string& w : security->warnings) std::fprintf(stderr, "fxdp-server: %s\n", w.c_str());
+  for (const std::string& w : security->warnings)
+    std::fprintf(stderr, "fxdp-server: %s\n", w.c_str());
   std::fprintf(stderr, "fxdp-server: security: %s%s\n", security->summary.c_str(),
                !security->tls && !fxdp::security::IsLoopbackListen(listen)
                    ? " (--insecure: anyone who can reach this address has full access)"
@@ -446,7 +461,8 @@ int main(int argc, char** argv) {
   // The workers attach to the address the server listens on (loopback for a
   // wildcard address).
   std::string worker_host = host;
-  if (host.empty() || host == "0.0.0.0" || host == "[::]" || host == "::") worker_host = "127.0.0.1";
+  if (host.empty() || host == "0.0.0.0" || host == "[::]" || host == "::")
+    worker_host = "127.0.0.1";
   fxdp::server::LocalWorkersOptions lw;
   lw.count = static_cast<int>(local_workers);
   lw.worker_binary = worker_binary;
@@ -477,7 +493,8 @@ int main(int argc, char** argv) {
     for (const char* a : {"--tls-ca", security_options.tls_ca.c_str()}) lw.extra_args.push_back(a);
   }
   if (security->authenticates) {
-    for (const char* a : {"--token-file", security_options.worker_token_file.c_str()}) lw.extra_args.push_back(a);
+    for (const char* a : {"--token-file", security_options.worker_token_file.c_str()})
+      lw.extra_args.push_back(a);
   }
   fxdp::server::LocalWorkers workers(lw);
   if (local_workers > 0) workers.Start();

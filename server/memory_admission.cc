@@ -22,20 +22,24 @@ absl::Status CheckRanksFit(const std::string& job_id, const v1::ExpandResponse& 
     const v1::WorkerInfo& w = *it->second;
     if (w.memory_bytes() <= 0 || need <= w.memory_bytes()) continue;
     std::string msg = absl::StrCat(
-        "job ", job_id, ": rank ", rank, " does not fit worker ", w.worker_id(), ": its state under ",
-        DataParallelStyleName(m.style), " on ", m.world_size, " rank", m.world_size == 1 ? "" : "s", " needs ",
-        FormatBytes(need), " (parameters ", m.parameter_bytes, " + gradients ", m.gradient_bytes,
-        " + optimizer state ", m.optimizer_state_bytes, " + other state ", m.other_state_bytes,
+        "job ", job_id, ": rank ", rank, " does not fit worker ", w.worker_id(),
+        ": its state under ", DataParallelStyleName(m.style), " on ", m.world_size, " rank",
+        m.world_size == 1 ? "" : "s", " needs ", FormatBytes(need), " (parameters ",
+        m.parameter_bytes, " + gradients ", m.gradient_bytes, " + optimizer state ",
+        m.optimizer_state_bytes, " + other state ", m.other_state_bytes,
         m.gathered_bytes > 0 ? absl::StrCat(" + gathered units ", m.gathered_bytes) : "",
-        " + largest bucket ", m.largest_bucket_bytes, " bytes; activations come on top), the worker has ",
-        FormatBytes(w.memory_bytes()), w.memory_source().empty() ? "" : absl::StrCat(" (", w.memory_source(), ")"));
+        " + largest bucket ", m.largest_bucket_bytes,
+        " bytes; activations come on top), the worker has ", FormatBytes(w.memory_bytes()),
+        w.memory_source().empty() ? "" : absl::StrCat(" (", w.memory_source(), ")"));
     if (m.style == DataParallelStyle::kReplicate && m.world_size > 1) {
       const int64_t sharded =
-          StateMemory::AddBytes(StateMemory::AddBytes(m.parameter_bytes, m.gradient_bytes), m.optimizer_state_bytes) /
+          StateMemory::AddBytes(StateMemory::AddBytes(m.parameter_bytes, m.gradient_bytes),
+                                m.optimizer_state_bytes) /
           m.world_size;
-      absl::StrAppend(&msg, "; with --style fully_shard each rank holds 1/", m.world_size,
-                      " of the parameters, gradients and optimizer state, ", FormatBytes(sharded),
-                      ", plus the gathered units: `fxdp analyze --style fully_shard` shows the total");
+      absl::StrAppend(
+          &msg, "; with --style fully_shard each rank holds 1/", m.world_size,
+          " of the parameters, gradients and optimizer state, ", FormatBytes(sharded),
+          ", plus the gathered units: `fxdp analyze --style fully_shard` shows the total");
     } else {
       absl::StrAppend(&msg, "; more ranks (--world-size) make each rank's shard smaller");
     }

@@ -15,7 +15,8 @@ class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
   explicit ParseErrorInterceptor(grpc::experimental::ServerRpcInfo* info)
       : info_(info),
         single_request_(info->type() == grpc::experimental::ServerRpcInfo::Type::UNARY ||
-                        info->type() == grpc::experimental::ServerRpcInfo::Type::SERVER_STREAMING) {}
+                        info->type() == grpc::experimental::ServerRpcInfo::Type::SERVER_STREAMING) {
+  }
 
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
     // A unary or server-streaming call has exactly one request message; a
@@ -29,10 +30,10 @@ class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
         unparsable_) {
       const grpc::Status s = methods->GetSendStatus();
       if (s.error_code() == grpc::StatusCode::INTERNAL) {
-        methods->ModifySendStatus(grpc::Status(
-            grpc::StatusCode::INVALID_ARGUMENT,
-            absl::StrCat("the request to ", info_->method(),
-                         " is not a valid protobuf message of its type")));
+        methods->ModifySendStatus(
+            grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                         absl::StrCat("the request to ", info_->method(),
+                                      " is not a valid protobuf message of its type")));
       }
     }
     methods->Proceed();

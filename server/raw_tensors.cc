@@ -12,7 +12,8 @@ namespace fxdp::server {
 
 absl::StatusOr<int> ItemSize(v1::DType dtype) {
   absl::StatusOr<ir::DType> d = ir::DTypeFromWire(static_cast<int>(dtype));
-  if (!d.ok()) return absl::InvalidArgumentError(absl::StrCat("unknown dtype ", static_cast<int>(dtype)));
+  if (!d.ok())
+    return absl::InvalidArgumentError(absl::StrCat("unknown dtype ", static_cast<int>(dtype)));
   return ir::DTypeItemSize(*d);
 }
 
@@ -33,16 +34,17 @@ absl::Status ChunkStream::Add(const v1::TensorChunk& c) {
   const std::vector<int64_t> shape(c.shape().begin(), c.shape().end());
   if (active_) {
     if (c.name() != cur_.name) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what_, ": a chunk of tensor '", c.name(), "' came before tensor '", cur_.name,
-          "' was complete (", next_, " of ", total_, " bytes)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what_, ": a chunk of tensor '", c.name(), "' came before tensor '",
+                       cur_.name, "' was complete (", next_, " of ", total_, " bytes)"));
     }
     if (c.dtype() != ir::DTypeToWire(cur_.dtype) || shape != cur_.shape) {
       return error(absl::StrCat("a chunk says ", TypeString(c.dtype(), shape), ", the first said ",
                                 TypeString(cur_.dtype, cur_.shape)));
     }
   } else {
-    if (c.name().empty()) return absl::InvalidArgumentError(absl::StrCat(what_, ": a tensor without a name"));
+    if (c.name().empty())
+      return absl::InvalidArgumentError(absl::StrCat(what_, ": a tensor without a name"));
     if (names_.count(c.name())) return error("sent twice");
     if (declared_ != nullptr) {
       if (absl::Status s = declared_->CheckFirstChunk(c, what_); !s.ok()) return s;
@@ -51,7 +53,8 @@ absl::Status ChunkStream::Add(const v1::TensorChunk& c) {
     if (!item.ok()) return error(std::string(item.status().message()));
     uint64_t bytes = static_cast<uint64_t>(*item);
     for (int64_t d : shape) {
-      if (d < 0) return error(absl::StrCat("negative dim in shape [", absl::StrJoin(shape, ", "), "]"));
+      if (d < 0)
+        return error(absl::StrCat("negative dim in shape [", absl::StrJoin(shape, ", "), "]"));
       if (d > 0 && bytes > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(d)) {
         return error(absl::StrCat("shape [", absl::StrJoin(shape, ", "), "] is too large"));
       }
@@ -63,7 +66,8 @@ absl::Status ChunkStream::Add(const v1::TensorChunk& c) {
     active_ = true;
     names_.insert(c.name());
   }
-  if (c.offset() != next_) return error(absl::StrCat("chunk at offset ", c.offset(), ", expected ", next_));
+  if (c.offset() != next_)
+    return error(absl::StrCat("chunk at offset ", c.offset(), ", expected ", next_));
   if (c.data().size() > total_ - next_) {
     return error(absl::StrCat("chunk of ", c.data().size(), " bytes at offset ", c.offset(),
                               " runs past the tensor's ", total_, " bytes (",
@@ -85,9 +89,9 @@ std::vector<RawTensor> ChunkStream::Take() { return std::exchange(done_, {}); }
 absl::StatusOr<std::string> SliceDim(const RawTensor& t, int dim, int64_t start, int64_t size) {
   const int rank = static_cast<int>(t.shape.size());
   if (dim < 0 || dim >= rank || start < 0 || size < 0 || start + size > t.shape[dim]) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "' ", TypeString(t.dtype, t.shape),
-                                                   ": no slice [", start, ", ", start + size,
-                                                   ") along dim ", dim));
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "' ",
+                                                   TypeString(t.dtype, t.shape), ": no slice [",
+                                                   start, ", ", start + size, ") along dim ", dim));
   }
   uint64_t outer = 1, inner = static_cast<uint64_t>(ir::DTypeItemSize(t.dtype));
   for (int d = 0; d < dim; ++d) outer *= static_cast<uint64_t>(t.shape[d]);

@@ -21,7 +21,9 @@ absl::StatusOr<StateReader> StateReader::OpenFile(const std::string& path) {
   return StateReader(std::make_unique<ir::SafetensorsReader>(*std::move(file)));
 }
 
-size_t StateReader::pieces() const { return file_ ? file_->header().tensors.size() : kept_->size(); }
+size_t StateReader::pieces() const {
+  return file_ ? file_->header().tensors.size() : kept_->size();
+}
 
 uint64_t StateReader::PieceBytes(size_t i) const {
   if (file_) {
@@ -48,7 +50,8 @@ absl::StatusOr<bool> StateReader::Next(size_t max_bytes, v1::TensorChunk* out) {
     std::string* data = out->mutable_data();
     data->resize(n);
     if (absl::Status s = file_->Read(e.begin + at_, n, data->data()); !s.ok()) {
-      return absl::DataLossError(absl::StrCat("reading tensor '", e.name, "' of the final state: ", s.message()));
+      return absl::DataLossError(
+          absl::StrCat("reading tensor '", e.name, "' of the final state: ", s.message()));
     }
   } else {
     const v1::TensorChunk& c = (*kept_)[piece_];

@@ -50,8 +50,8 @@ class StateReader {
 
   std::shared_ptr<const StateStore::State> kept_;
   std::unique_ptr<ir::SafetensorsReader> file_;
-  size_t piece_ = 0;    // the piece being read
-  uint64_t at_ = 0;     // bytes of it already read
+  size_t piece_ = 0;  // the piece being read
+  uint64_t at_ = 0;   // bytes of it already read
 };
 
 }  // namespace fxdp::server

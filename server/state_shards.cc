@@ -16,11 +16,15 @@ int64_t Numel(const v1::ShardedState& s) {
   return n;
 }
 
-std::vector<int64_t> ShapeOf(const v1::TensorChunk& c) { return {c.shape().begin(), c.shape().end()}; }
-std::vector<int64_t> ShapeOf(const v1::ShardedState& s) { return {s.shape().begin(), s.shape().end()}; }
+std::vector<int64_t> ShapeOf(const v1::TensorChunk& c) {
+  return {c.shape().begin(), c.shape().end()};
+}
+std::vector<int64_t> ShapeOf(const v1::ShardedState& s) {
+  return {s.shape().begin(), s.shape().end()};
+}
 
-v1::TensorChunk Piece(const std::string& name, v1::DType dtype, std::vector<int64_t> shape, uint64_t offset,
-                      std::string data) {
+v1::TensorChunk Piece(const std::string& name, v1::DType dtype, std::vector<int64_t> shape,
+                      uint64_t offset, std::string data) {
   v1::TensorChunk c;
   c.set_name(name);
   c.set_dtype(dtype);
@@ -37,7 +41,8 @@ StateSplitter::StateSplitter(int world, const ShardedStateList& sharded, size_t 
   for (const v1::ShardedState& s : sharded) sharded_[s.state_name()] = s;
 }
 
-absl::Status StateSplitter::Add(const v1::TensorChunk& c, std::vector<std::vector<v1::TensorChunk>>* out) const {
+absl::Status StateSplitter::Add(const v1::TensorChunk& c,
+                                std::vector<std::vector<v1::TensorChunk>>* out) const {
   auto it = sharded_.find(c.name());
   if (it == sharded_.end()) {
     for (int r = 0; r < world_; ++r) RechunkTensor(c, chunk_bytes_, &(*out)[r]);
@@ -46,8 +51,9 @@ absl::Status StateSplitter::Add(const v1::TensorChunk& c, std::vector<std::vecto
   const v1::ShardedState& meta = it->second;
   if (c.dtype() != meta.dtype() || ShapeOf(c) != ShapeOf(meta)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "initial state: tensor '", c.name(), "' is ", TypeString(c.dtype(), ShapeOf(c)), ", the graph's is ",
-        TypeString(meta.dtype(), ShapeOf(meta)), " (a parameter or optimizer state the ranks hold sharded)"));
+        "initial state: tensor '", c.name(), "' is ", TypeString(c.dtype(), ShapeOf(c)),
+        ", the graph's is ", TypeString(meta.dtype(), ShapeOf(meta)),
+        " (a parameter or optimizer state the ranks hold sharded)"));
   }
   absl::StatusOr<int> item_or = ItemSize(c.dtype());
   if (!item_or.ok()) return item_or.status();
@@ -62,16 +68,18 @@ absl::Status StateSplitter::Add(const v1::TensorChunk& c, std::vector<std::vecto
       (*out)[r].push_back(Piece(c.name(), c.dtype(), shard_shape, 0, ""));
       continue;
     }
-    const uint64_t begin = static_cast<uint64_t>(f.begin) * item, end = static_cast<uint64_t>(f.end) * item;
+    const uint64_t begin = static_cast<uint64_t>(f.begin) * item,
+                   end = static_cast<uint64_t>(f.end) * item;
     const uint64_t a = std::max(lo, begin), b = std::min(hi, end);
     if (a < b) {
-      RechunkTensor(Piece(c.name(), c.dtype(), shard_shape, a - begin, c.data().substr(a - lo, b - a)),
-                    chunk_bytes_, &(*out)[r]);
+      RechunkTensor(
+          Piece(c.name(), c.dtype(), shard_shape, a - begin, c.data().substr(a - lo, b - a)),
+          chunk_bytes_, &(*out)[r]);
     }
     if (last && f.real() < f.shard_numel) {
       const uint64_t pad = static_cast<uint64_t>(f.shard_numel - f.real()) * item;
-      RechunkTensor(Piece(c.name(), c.dtype(), shard_shape, end - begin, std::string(pad, '\0')), chunk_bytes_,
-                    &(*out)[r]);
+      RechunkTensor(Piece(c.name(), c.dtype(), shard_shape, end - begin, std::string(pad, '\0')),
+                    chunk_bytes_, &(*out)[r]);
     }
   }
   return absl::OkStatus();
@@ -99,22 +107,26 @@ absl::Status StateGatherer::Add(int rank, const v1::TensorChunk& c) {
   const FlatShard f = FlatShardOf(numel, world_, rank);
   const std::vector<int64_t> want = {f.shard_numel};
   auto error = [&](const std::string& what) {
-    return absl::DataLossError(absl::StrCat("the final state of rank ", rank, ": shard of '", c.name(), "' ", what));
+    return absl::DataLossError(
+        absl::StrCat("the final state of rank ", rank, ": shard of '", c.name(), "' ", what));
   };
   if (c.dtype() != w.meta.dtype() || ShapeOf(c) != want) {
     return error(absl::StrCat("is ", TypeString(c.dtype(), ShapeOf(c)), ", expected ",
                               TypeString(w.meta.dtype(), want)));
   }
   if (w.item == 0) return error(absl::StrCat("has an unknown dtype ", static_cast<int>(c.dtype())));
-  if (w.data.size() != static_cast<size_t>(numel) * w.item) w.data.assign(static_cast<size_t>(numel) * w.item, '\0');
+  if (w.data.size() != static_cast<size_t>(numel) * w.item)
+    w.data.assign(static_cast<size_t>(numel) * w.item, '\0');
   const uint64_t item = static_cast<uint64_t>(w.item);
   const uint64_t shard_bytes = static_cast<uint64_t>(f.shard_numel) * item;
   const uint64_t lo = c.offset(), hi = c.offset() + c.data().size();
-  if (hi > shard_bytes) return error(absl::StrCat("has bytes up to ", hi, ", past its ", shard_bytes));
+  if (hi > shard_bytes)
+    return error(absl::StrCat("has bytes up to ", hi, ", past its ", shard_bytes));
   const uint64_t real = static_cast<uint64_t>(f.real()) * item;  // the rest is padding
   if (lo < real) {
     const uint64_t b = std::min(hi, real);
-    std::copy_n(c.data().data(), b - lo, w.data.begin() + static_cast<int64_t>(f.begin * w.item + lo));
+    std::copy_n(c.data().data(), b - lo,
+                w.data.begin() + static_cast<int64_t>(f.begin * w.item + lo));
   }
   w.received[rank] += c.data().size();
   return absl::OkStatus();
@@ -128,8 +140,9 @@ absl::StatusOr<StateStore::State> StateGatherer::Finish() {
       const FlatShard f = FlatShardOf(Numel(w.meta), world_, r);
       const uint64_t want = static_cast<uint64_t>(f.shard_numel) * static_cast<uint64_t>(w.item);
       if (w.received[r] != want) {
-        return absl::DataLossError(absl::StrCat("the final state of rank ", r, " has ", w.received[r], " of the ",
-                                                want, " bytes of its shard of '", name, "'"));
+        return absl::DataLossError(absl::StrCat("the final state of rank ", r, " has ",
+                                                w.received[r], " of the ", want,
+                                                " bytes of its shard of '", name, "'"));
       }
     }
   }
@@ -140,7 +153,8 @@ absl::StatusOr<StateStore::State> StateGatherer::Finish() {
       continue;
     }
     Whole& w = it->second;
-    RechunkTensor(Piece(name, w.meta.dtype(), ShapeOf(w.meta), 0, std::move(w.data)), chunk_bytes_, &out);
+    RechunkTensor(Piece(name, w.meta.dtype(), ShapeOf(w.meta), 0, std::move(w.data)), chunk_bytes_,
+                  &out);
   }
   return out;
 }

@@ -42,7 +42,8 @@ class StateSplitter {
   // the tensor's last chunk the zeros that pad the shard to [s].
   // INVALID_ARGUMENT naming the tensor when a sharded tensor's dtype or shape
   // is not the graph's.
-  absl::Status Add(const v1::TensorChunk& chunk, std::vector<std::vector<v1::TensorChunk>>* out) const;
+  absl::Status Add(const v1::TensorChunk& chunk,
+                   std::vector<std::vector<v1::TensorChunk>>* out) const;
 
  private:
   const int world_;
@@ -68,14 +69,14 @@ class StateGatherer {
   struct Whole {
     v1::ShardedState meta;
     int item = 0;
-    std::string data;                 // numel * item bytes
-    std::vector<uint64_t> received;   // per rank: shard bytes received
+    std::string data;                // numel * item bytes
+    std::vector<uint64_t> received;  // per rank: shard bytes received
   };
   const int world_;
   const size_t chunk_bytes_;
   std::map<std::string, Whole> sharded_;
-  std::vector<std::string> order_;             // rank 0's tensor names
-  std::set<std::string> seen_;                 // in order_
+  std::vector<std::string> order_;                       // rank 0's tensor names
+  std::set<std::string> seen_;                           // in order_
   std::map<std::string, StateStore::State> replicated_;  // rank 0's chunks
 };
 

@@ -11,7 +11,8 @@ uint64_t StateStore::Bytes(const State& state) {
   return n;
 }
 
-std::vector<std::string> StateStore::Put(const std::string& job_id, std::shared_ptr<const State> state) {
+std::vector<std::string> StateStore::Put(const std::string& job_id,
+                                         std::shared_ptr<const State> state) {
   const uint64_t bytes = Bytes(*state);
   return Keep(job_id, std::move(state), bytes);
 }
@@ -20,8 +21,8 @@ std::vector<std::string> StateStore::PutBytes(const std::string& job_id, uint64_
   return Keep(job_id, nullptr, bytes);
 }
 
-std::vector<std::string> StateStore::Keep(const std::string& job_id, std::shared_ptr<const State> state,
-                                          uint64_t bytes) {
+std::vector<std::string> StateStore::Keep(const std::string& job_id,
+                                          std::shared_ptr<const State> state, uint64_t bytes) {
   Erase(job_id);
   if (bytes > max_bytes_) return {job_id};
   std::vector<std::string> evicted;

@@ -42,7 +42,8 @@ class StateStore {
   static uint64_t Bytes(const State& state);
 
  private:
-  std::vector<std::string> Keep(const std::string& job_id, std::shared_ptr<const State> state, uint64_t bytes);
+  std::vector<std::string> Keep(const std::string& job_id, std::shared_ptr<const State> state,
+                                uint64_t bytes);
 
   struct Kept {
     std::shared_ptr<const State> state;

@@ -20,7 +20,8 @@
 
 namespace fxdp::server {
 
-class SubmitCall final : public grpc::ServerBidiReactor<v1::SubmitJobRequest, v1::JobEvent>, public JobClient {
+class SubmitCall final : public grpc::ServerBidiReactor<v1::SubmitJobRequest, v1::JobEvent>,
+                         public JobClient {
  public:
   // `context` outlives every call; `owner` submits the job; `slot` is its
   // Submit stream's (--max-submit-streams), held until the call is done.

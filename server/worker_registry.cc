@@ -8,9 +8,9 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
-#include "absl/strings/str_format.h"
 #include "security/server_auth.h"
 #include "server/audit.h"
 #include "server/compile_service.h"
@@ -144,8 +144,8 @@ std::string PeerHost(absl::string_view peer) {
 struct WorkerRegistry::Conn {
   std::string id;
   std::string principal;  // security::Describe of the attaching worker's credentials
-  bool lost = false;  // guarded by WorkerRegistry::mu_
-  int ignored = 0;    // reader thread only
+  bool lost = false;      // guarded by WorkerRegistry::mu_
+  int ignored = 0;        // reader thread only
   std::mutex ctx_mu;
   grpc::ServerContext* ctx = nullptr;  // guarded by ctx_mu; null once the call returned
   std::mutex write_mu;
@@ -167,7 +167,8 @@ struct WorkerRegistry::Conn {
   }
 };
 
-WorkerRegistry::WorkerRegistry(WorkerRegistryOptions options, std::shared_ptr<security::CallAuth> auth)
+WorkerRegistry::WorkerRegistry(WorkerRegistryOptions options,
+                               std::shared_ptr<security::CallAuth> auth)
     : options_(options), auth_(std::move(auth)), watchdog_(&WorkerRegistry::Watchdog, this) {}
 
 WorkerRegistry::~WorkerRegistry() { Shutdown(); }
@@ -197,15 +198,17 @@ grpc::Status WorkerRegistry::Attach(
   // watchdog cancels one that does not, which ends the Read below).
   {
     std::lock_guard<std::mutex> l(mu_);
-    if (shutdown_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down");
+    if (shutdown_)
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down");
     if (streams_ >= options_.max_streams) {
       if (++refused_streams_ <= kMaxIgnoredLogs) {
         Log(absl::StrCat("attach from ", context->peer(), ": refused: ", streams_,
                          " Attach streams open (--max-worker-streams)"));
       }
-      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                          absl::StrCat("this server takes at most ", options_.max_streams,
-                                       " Attach streams at once (fxdp-server --max-worker-streams)"));
+      return grpc::Status(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          absl::StrCat("this server takes at most ", options_.max_streams,
+                       " Attach streams at once (fxdp-server --max-worker-streams)"));
     }
     ++streams_;
     unregistered_[context] =
@@ -243,8 +246,8 @@ grpc::Status WorkerRegistry::Attach(
   }
   v1::Register reg = m.register_worker();
   if (reg.protocol_version() != v1::WORKER_PROTOCOL_VERSION_1) {
-    Log(absl::StrCat("attach from ", context->peer(), ": protocol version ",
-                     reg.protocol_version(), " not supported"));
+    Log(absl::StrCat("attach from ", context->peer(), ": protocol version ", reg.protocol_version(),
+                     " not supported"));
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         absl::StrCat("worker protocol version ", reg.protocol_version(),
                                      " is not supported (this server speaks 1)"));
@@ -260,7 +263,8 @@ grpc::Status WorkerRegistry::Attach(
   conn->stream = stream;
   {
     std::lock_guard<std::mutex> l(mu_);
-    if (shutdown_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down");
+    if (shutdown_)
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down");
     if (reg.worker_id().empty()) {
       do {
         reg.set_worker_id(absl::StrCat("worker-", next_anon_id_++));
@@ -289,9 +293,10 @@ grpc::Status WorkerRegistry::Attach(
                         {"worker", id},
                         {"hostname", reg.hostname()},
                         {"device", reg.device()}});
-  Log(absl::StrFormat("worker %s attached: host %s pid %d device %s capacity %d (fxdp %s, torch %s) from %s",
-                      id, reg.hostname(), reg.pid(), reg.device(), reg.capacity(),
-                      reg.fxdp_version(), reg.torch_version(), context->peer()));
+  Log(absl::StrFormat(
+      "worker %s attached: host %s pid %d device %s capacity %d (fxdp %s, torch %s) from %s", id,
+      reg.hostname(), reg.pid(), reg.device(), reg.capacity(), reg.fxdp_version(),
+      reg.torch_version(), context->peer()));
   v1::ServerMessage hello;
   hello.mutable_registered()->set_worker_id(id);
   hello.mutable_registered()->set_heartbeat_interval_ms(options_.heartbeat_interval_ms);
@@ -338,8 +343,8 @@ grpc::Status WorkerRegistry::Attach(
           // not only at its next heartbeat (a job submitted right after
           // would otherwise find it busy). The message still goes to the
           // subscribers below.
-          const std::string& job = m.has_job_ended() ? m.job_ended().job_id()
-                                                      : m.job_failed().job_id();
+          const std::string& job =
+              m.has_job_ended() ? m.job_ended().job_id() : m.job_failed().job_id();
           std::lock_guard<std::mutex> l(mu_);
           if (conn->lost) break;
           Entry& e = workers_[id];
@@ -352,14 +357,9 @@ grpc::Status WorkerRegistry::Attach(
           if (e.assigned_job == job) e.assigned_job.clear();
           break;
         }
-        case v1::WorkerMessage::kRegisterWorker:
-          conn->Ignore("a second register_worker");
-          continue;
-        case v1::WorkerMessage::MSG_NOT_SET:
-          conn->Ignore("an empty or unknown message");
-          continue;
-        default:
-          break;
+        case v1::WorkerMessage::kRegisterWorker: conn->Ignore("a second register_worker"); continue;
+        case v1::WorkerMessage::MSG_NOT_SET: conn->Ignore("an empty or unknown message"); continue;
+        default: break;
       }
       std::vector<Listener> ls;
       {
@@ -535,7 +535,8 @@ void WorkerRegistry::Unsubscribe(int64_t handle) {
   listeners_.erase(handle);
 }
 
-grpc::Status WorkerRegistry::ListWorkers(grpc::ServerContext* context, const v1::ListWorkersRequest*,
+grpc::Status WorkerRegistry::ListWorkers(grpc::ServerContext* context,
+                                         const v1::ListWorkersRequest*,
                                          v1::ListWorkersResponse* response) {
   absl::StatusOr<std::optional<security::Principal>> who =
       security::CallPrincipal(auth_.get(), *context, "/fxdp.v1.WorkerService/ListWorkers");

@@ -46,8 +46,8 @@ namespace fxdp::server {
 
 // Bounds on what a worker may register (ValidateRegister): a worker is
 // trusted only as far as it is checked (docs/robustness.md).
-inline constexpr int64_t kMaxPid = 4194304;            // Linux's largest pid_max
-inline constexpr int64_t kMaxCudaDevices = 128;        // c10::DeviceIndex is int8_t
+inline constexpr int64_t kMaxPid = 4194304;      // Linux's largest pid_max
+inline constexpr int64_t kMaxCudaDevices = 128;  // c10::DeviceIndex is int8_t
 inline constexpr int32_t kMaxCapacity = 64;
 inline constexpr int64_t kMaxMemoryBytes = int64_t{1} << 50;  // 1 PiB
 inline constexpr int32_t kMaxThreads = 4096;
@@ -90,11 +90,13 @@ class WorkerRegistry final : public v1::WorkerService::Service, public WorkerPoo
   using Listener = WorkerPool::Listener;
 
   // `auth`: who may call (call_auth.h); null: the server does not authenticate.
-  explicit WorkerRegistry(WorkerRegistryOptions options = {}, std::shared_ptr<security::CallAuth> auth = nullptr);
+  explicit WorkerRegistry(WorkerRegistryOptions options = {},
+                          std::shared_ptr<security::CallAuth> auth = nullptr);
   ~WorkerRegistry() override;
 
-  grpc::Status Attach(grpc::ServerContext* context,
-                      grpc::ServerReaderWriter<v1::ServerMessage, v1::WorkerMessage>* stream) override;
+  grpc::Status Attach(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<v1::ServerMessage, v1::WorkerMessage>* stream) override;
   // Every worker; an authenticated caller that is no admin sees the job id
   // and step of its own jobs only (job_owners), never another identity's.
   grpc::Status ListWorkers(grpc::ServerContext* context, const v1::ListWorkersRequest* request,
@@ -150,7 +152,7 @@ class WorkerRegistry final : public v1::WorkerService::Service, public WorkerPoo
   std::map<int64_t, std::pair<std::shared_ptr<Conn>, Listener>> listeners_;
   int64_t next_handle_ = 1, next_anon_id_ = 1;
   bool shutdown_ = false;
-  int streams_ = 0;           // Attach calls in their handler
+  int streams_ = 0;  // Attach calls in their handler
   int64_t refused_streams_ = 0;
   // Attach calls before their Register, with their deadline (min(): past it,
   // cancelled by the watchdog).

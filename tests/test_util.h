@@ -15,8 +15,8 @@
 namespace fxdp::testing {
 
 // The hand-written golden graphs in tests/testdata/ (text form).
-inline constexpr const char* kGoldenGraphs[] = {"mlp_sgd.txt", "mlp_sgd_hyper.txt", "batchnorm_getitem.txt",
-                                                "foreach_adam_like.txt"};
+inline constexpr const char* kGoldenGraphs[] = {"mlp_sgd.txt", "mlp_sgd_hyper.txt",
+                                                "batchnorm_getitem.txt", "foreach_adam_like.txt"};
 
 inline std::string TestDataPath(const std::string& name) {
   return std::string(FXDP_SOURCE_DIR) + "/tests/testdata/" + name;

@@ -53,7 +53,10 @@ int WalkBeneath(int dirfd, const std::string& rel, int flags) {
     drop(cur);
     if (next < 0) return -e;
     struct stat st {};
-    const int err = fstat(next, &st) != 0 ? errno : S_ISLNK(st.st_mode) ? ELOOP : S_ISDIR(st.st_mode) ? 0 : ENOTDIR;
+    const int err = fstat(next, &st) != 0 ? errno
+                    : S_ISLNK(st.st_mode) ? ELOOP
+                    : S_ISDIR(st.st_mode) ? 0
+                                          : ENOTDIR;
     if (err != 0) {
       close(next);
       return -err;
@@ -110,8 +113,8 @@ std::string LexicalAbsolute(const std::string& path) {
 
 bool PathUnder(const std::string& path, const std::string& dir) {
   if (dir == "/") return true;
-  return path == dir ||
-         (path.size() > dir.size() && path.compare(0, dir.size(), dir) == 0 && path[dir.size()] == '/');
+  return path == dir || (path.size() > dir.size() && path.compare(0, dir.size(), dir) == 0 &&
+                         path[dir.size()] == '/');
 }
 
 std::string RealPathAsFarAsItExists(const std::string& path) {
@@ -135,8 +138,8 @@ absl::StatusOr<DataRoots> DataRoots::Open(const std::vector<std::string>& roots,
   for (const std::string& r : roots) {
     const int fd = open(r.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0)
-      return absl::FailedPreconditionError(
-          absl::StrCat("data root '", r, "' is not a directory that can be opened: ", std::strerror(errno)));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "data root '", r, "' is not a directory that can be opened: ", std::strerror(errno)));
     out.roots_.push_back(Root{LexicalAbsolute(r), RealPath(r), fd});
     if (out.roots_.back().real.empty()) out.roots_.back().real = out.roots_.back().configured;
   }
@@ -158,7 +161,8 @@ absl::StatusOr<RegularFile> DataRoots::OpenFile(const std::string& path, uint64_
   // The kernel would stop at a NUL that the checks below look past
   // ("state/x\0/../../ok" is "ok" to them, "state/x" to openat2).
   if (path.find('\0') != std::string::npos)
-    return absl::InvalidArgumentError(absl::StrCat("'", absl::CHexEscape(path), "' contains a NUL byte"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", absl::CHexEscape(path), "' contains a NUL byte"));
   const std::string lexical = LexicalAbsolute(path);
   const Root* root = nullptr;
   std::string rel;
@@ -171,8 +175,9 @@ absl::StatusOr<RegularFile> DataRoots::OpenFile(const std::string& path, uint64_
     }
   }
   if (root == nullptr) {
-    const std::string allowed = configured_.empty() ? "none were configured"
-                                                    : absl::StrCat("allowed: ", absl::StrJoin(configured_, ", "));
+    const std::string allowed = configured_.empty()
+                                    ? "none were configured"
+                                    : absl::StrCat("allowed: ", absl::StrJoin(configured_, ", "));
     return absl::PermissionDeniedError(
         absl::StrCat("'", path, "' is outside this worker's data roots (", allowed, ")"));
   }
@@ -180,19 +185,22 @@ absl::StatusOr<RegularFile> DataRoots::OpenFile(const std::string& path, uint64_
   // file is.
   const std::string real = Join(root->real, rel);
   auto excluded = [&](const Excluded& x) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "'", path, "' is in '", x.real, "', which this worker never reads data from (fxdp-worker attach ",
-        "--data-exclude: the server's --state-dir, keys and tokens)"));
+    return absl::PermissionDeniedError(
+        absl::StrCat("'", path, "' is in '", x.real,
+                     "', which this worker never reads data from (fxdp-worker attach ",
+                     "--data-exclude: the server's --state-dir, keys and tokens)"));
   };
   for (const Excluded& x : excluded_)
     if (PathUnder(real, x.real)) return excluded(x);
   if (rel.empty())
-    return absl::FailedPreconditionError(absl::StrCat("'", path, "' is a directory, not a regular file"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("'", path, "' is a directory, not a regular file"));
   const int fd = internal::OpenBeneath(root->fd, rel, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
   if (fd == -ELOOP || fd == -EXDEV)
     return absl::PermissionDeniedError(absl::StrCat(
         "'", path, "' goes through a symbolic link below its data root '", root->configured,
-        "': data files are opened without following links (one could lead outside this worker's data roots)"));
+        "': data files are opened without following links (one could lead outside this worker's "
+        "data roots)"));
   if (fd == -ENOENT || fd == -ENOTDIR)
     return absl::NotFoundError(absl::StrCat("'", path, "' does not exist under the data roots"));
   if (fd < 0) return RegularFile::OpenError(path, -fd);
@@ -209,7 +217,9 @@ absl::StatusOr<RegularFile> DataRoots::OpenFile(const std::string& path, uint64_
 }
 
 DataRoots::DataRoots(DataRoots&& o) noexcept
-    : configured_(std::move(o.configured_)), roots_(std::move(o.roots_)), excluded_(std::move(o.excluded_)) {
+    : configured_(std::move(o.configured_)),
+      roots_(std::move(o.roots_)),
+      excluded_(std::move(o.excluded_)) {
   o.roots_.clear();
 }
 

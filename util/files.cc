@@ -5,8 +5,8 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdio>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -21,9 +21,10 @@ namespace {
 // disk (or quota, or file size limit) is RESOURCE_EXHAUSTED, a denied one
 // PERMISSION_DENIED, anything else DATA_LOSS.
 absl::Status WriteError(const std::string& path, int err, const std::string& doing) {
-  const absl::StatusCode code = err == ENOSPC || err == EDQUOT || err == EFBIG ? absl::StatusCode::kResourceExhausted
-                                : err == EACCES || err == EPERM || err == EROFS ? absl::StatusCode::kPermissionDenied
-                                                                                : absl::StatusCode::kDataLoss;
+  const absl::StatusCode code =
+      err == ENOSPC || err == EDQUOT || err == EFBIG  ? absl::StatusCode::kResourceExhausted
+      : err == EACCES || err == EPERM || err == EROFS ? absl::StatusCode::kPermissionDenied
+                                                      : absl::StatusCode::kDataLoss;
   return absl::Status(code, absl::StrCat(path, ": ", std::strerror(err), " (", doing, ")"));
 }
 
@@ -64,9 +65,12 @@ absl::Status WriteFileAtomically(const std::string& path, absl::string_view byte
   if (!durable) return absl::OkStatus();
   // The rename itself is durable once the directory is.
   const size_t slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  const std::string dir = slash == std::string::npos ? "."
+                          : slash == 0               ? "/"
+                                                     : path.substr(0, slash);
   const int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) return WriteError(path, errno, absl::StrCat("opening its directory ", dir, " to sync it"));
+  if (dfd < 0)
+    return WriteError(path, errno, absl::StrCat("opening its directory ", dir, " to sync it"));
   const int rc = fsync(dfd);
   const int err = errno;
   close(dfd);
@@ -92,14 +96,19 @@ absl::StatusOr<RegularFile> RegularFile::Open(const std::string& resolved, uint6
 }
 
 absl::Status RegularFile::OpenError(const std::string& path, int e) {
-  if (e == ENOENT || e == ENOTDIR) return absl::NotFoundError(absl::StrCat("cannot open '", path, "': no such file"));
-  if (e == EACCES) return absl::PermissionDeniedError(absl::StrCat("cannot open '", path, "': permission denied"));
+  if (e == ENOENT || e == ENOTDIR)
+    return absl::NotFoundError(absl::StrCat("cannot open '", path, "': no such file"));
+  if (e == EACCES)
+    return absl::PermissionDeniedError(absl::StrCat("cannot open '", path, "': permission denied"));
   if (e == ELOOP)
-    return absl::FailedPreconditionError(absl::StrCat("'", path, "' is a symbolic link, not a regular file"));
-  return absl::FailedPreconditionError(absl::StrCat("cannot open '", path, "': ", std::strerror(e)));
+    return absl::FailedPreconditionError(
+        absl::StrCat("'", path, "' is a symbolic link, not a regular file"));
+  return absl::FailedPreconditionError(
+      absl::StrCat("cannot open '", path, "': ", std::strerror(e)));
 }
 
-absl::StatusOr<RegularFile> RegularFile::FromDescriptor(int fd, const std::string& path, uint64_t max_bytes) {
+absl::StatusOr<RegularFile> RegularFile::FromDescriptor(int fd, const std::string& path,
+                                                        uint64_t max_bytes) {
   RegularFile file(path, fd, 0);  // closes fd on every return below
   struct stat st {};
   if (fstat(fd, &st) != 0)
@@ -111,12 +120,14 @@ absl::StatusOr<RegularFile> RegularFile::FromDescriptor(int fd, const std::strin
                        : S_ISCHR(st.st_mode)  ? "a character device"
                        : S_ISBLK(st.st_mode)  ? "a block device"
                                               : "not a regular file";
-    return absl::FailedPreconditionError(absl::StrCat("'", path, "' is ", kind, ", not a regular file"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("'", path, "' is ", kind, ", not a regular file"));
   }
   file.size_ = static_cast<uint64_t>(st.st_size);
   if (file.size_ > max_bytes)
     return absl::FailedPreconditionError(absl::StrCat("'", path, "' has ", WithCommas(file.size_),
-                                                      " bytes, over the limit of ", WithCommas(max_bytes)));
+                                                      " bytes, over the limit of ",
+                                                      WithCommas(max_bytes)));
   return file;
 }
 
@@ -143,10 +154,13 @@ absl::Status RegularFile::ReadAt(uint64_t offset, uint64_t n, void* dest) const 
   while (got < n) {
     const ssize_t r = pread(fd_, out + got, n - got, static_cast<off_t>(offset + got));
     if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return absl::DataLossError(absl::StrCat("error reading '", path_, "': ", std::strerror(errno)));
+    if (r < 0)
+      return absl::DataLossError(
+          absl::StrCat("error reading '", path_, "': ", std::strerror(errno)));
     if (r == 0)
-      return absl::DataLossError(absl::StrCat("'", path_, "' shrank while being read (", WithCommas(offset + got),
-                                              " of ", WithCommas(size_), " bytes)"));
+      return absl::DataLossError(absl::StrCat("'", path_, "' shrank while being read (",
+                                              WithCommas(offset + got), " of ", WithCommas(size_),
+                                              " bytes)"));
     got += static_cast<uint64_t>(r);
   }
   return absl::OkStatus();

@@ -38,7 +38,8 @@ class RegularFile {
                                           const std::string& shown = "");
   // The same checks on a descriptor opened elsewhere (util::DataRoots), which
   // the RegularFile owns from now on (closed on error too); errors name `path`.
-  static absl::StatusOr<RegularFile> FromDescriptor(int fd, const std::string& path, uint64_t max_bytes);
+  static absl::StatusOr<RegularFile> FromDescriptor(int fd, const std::string& path,
+                                                    uint64_t max_bytes);
   // open()'s errno as Open reports it, naming `path`.
   static absl::Status OpenError(const std::string& path, int e);
   RegularFile(RegularFile&& o) noexcept;
@@ -48,13 +49,14 @@ class RegularFile {
   ~RegularFile();
 
   const std::string& path() const { return path_; }  // as errors name it
-  uint64_t size() const { return size_; }  // as fstat reported it at Open
+  uint64_t size() const { return size_; }            // as fstat reported it at Open
   // Reads bytes [offset, offset + n) into `dest`: DATA_LOSS for a read error
   // or a file that is shorter than that now (naming the path).
   absl::Status ReadAt(uint64_t offset, uint64_t n, void* dest) const;
 
  private:
-  RegularFile(std::string path, int fd, uint64_t size) : path_(std::move(path)), fd_(fd), size_(size) {}
+  RegularFile(std::string path, int fd, uint64_t size)
+      : path_(std::move(path)), fd_(fd), size_(size) {}
   std::string path_;
   int fd_ = -1;
   uint64_t size_ = 0;
@@ -68,7 +70,8 @@ class RegularFile {
 // reason and what was being done ("/d/x: No space left on device (needed
 // 1048576 bytes)"): RESOURCE_EXHAUSTED for a full disk, quota or file size
 // limit, PERMISSION_DENIED, else DATA_LOSS. Nothing is left behind.
-absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes, bool durable = false);
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes,
+                                 bool durable = false);
 
 // "1,234,567" (a byte count in an error message).
 std::string WithCommas(uint64_t n);

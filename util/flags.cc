@@ -10,11 +10,20 @@
 namespace fxdp::util {
 
 void Flags::String(const std::string& name, std::string* out, const std::string& alias) {
-  Custom(name, "a value", [out](const std::string& v) { *out = v; return true; }, alias);
+  Custom(
+      name, "a value",
+      [out](const std::string& v) {
+        *out = v;
+        return true;
+      },
+      alias);
 }
 
 void Flags::Strings(const std::string& name, std::vector<std::string>* out) {
-  Custom(name, "a value", [out](const std::string& v) { out->push_back(v); return true; });
+  Custom(name, "a value", [out](const std::string& v) {
+    out->push_back(v);
+    return true;
+  });
 }
 
 void Flags::Int(const std::string& name, int32_t* out) {
@@ -26,7 +35,12 @@ void Flags::Double(const std::string& name, double* out) {
 }
 
 void Flags::Bool(const std::string& name, bool* out) {
-  flags_.push_back({name, "", false, [out](const std::string&) { *out = true; return true; }, ""});
+  flags_.push_back({name, "", false,
+                    [out](const std::string&) {
+                      *out = true;
+                      return true;
+                    },
+                    ""});
 }
 
 void Flags::Custom(const std::string& name, const std::string& kind,

@@ -9,10 +9,10 @@
 #define FXDP_CONCAT_(a, b) FXDP_CONCAT_INNER_(a, b)
 
 // Returns the status of `expr` from the enclosing function when it is not OK.
-#define FXDP_RETURN_IF_ERROR(expr)                       \
-  do {                                                   \
-    ::absl::Status fxdp_status_ = (expr);                \
-    if (!fxdp_status_.ok()) return fxdp_status_;         \
+#define FXDP_RETURN_IF_ERROR(expr)               \
+  do {                                           \
+    ::absl::Status fxdp_status_ = (expr);        \
+    if (!fxdp_status_.ok()) return fxdp_status_; \
   } while (0)
 
 // `FXDP_ASSIGN_OR_RETURN(auto x, F())` assigns the value of the StatusOr

@@ -70,8 +70,8 @@ inline std::string TargetString(const ir::Node& n) { return n.target.ToString();
 
 // An operand of the node being analysed: a tensor argument.
 struct Operand {
-  int arg;         // positional index; 64 + k for keyword argument k.
-  int elem;        // index in a list argument, else -1.
+  int arg;   // positional index; 64 + k for keyword argument k.
+  int elem;  // index in a list argument, else -1.
   ir::ValueRef ref;
   const ir::TensorType* type;
   ValueInfo info;  // as this use reads it.
@@ -106,9 +106,9 @@ class BatchDimAnalyzer {
 
   // Where a broadcasting combination puts the batch (pointwise.cc).
   struct Combined {
-    int32_t dim = -1;      // output dim holding the batch, or -1.
+    int32_t dim = -1;  // output dim holding the batch, or -1.
     int64_t outer = 1;
-    int arg = -1;          // operand that decided.
+    int arg = -1;  // operand that decided.
   };
 
   // ---- engine (engine.cc) --------------------------------------------------
@@ -198,7 +198,8 @@ class BatchDimAnalyzer {
 
   // ---- families in their own files -------------------------------------------
   absl::Status Matmul(ir::NodeId id, const ir::Node& n, const OpRule& rule);
-  absl::Status GatherCoupled(ir::NodeId id, const ir::Node& n, const OpRule& rule, std::vector<Operand>& ops,
+  absl::Status GatherCoupled(ir::NodeId id, const ir::Node& n, const OpRule& rule,
+                             std::vector<Operand>& ops,
                              const std::function<int(const Operand&, int64_t)>& label_of);
   absl::Status Reduce(ir::NodeId id, const ir::Node& n, const OpRule& rule);
   int64_t ReductionArg(const ir::Node& n, const OpRule& rule) const;
@@ -211,16 +212,18 @@ class BatchDimAnalyzer {
   // The start of a handler whose batch follows operand `arg`: linearity (into
   // *s) and the rule's replicated operands are checked; `arg` when it is
   // batch-sharded, else nullptr with the node recorded as holding no batch.
-  absl::StatusOr<const Operand*> ShardedOperand(ir::NodeId id, const ir::Node& n, const OpRule& rule,
-                                                std::vector<Operand>& ops, int arg, Special* s);
+  absl::StatusOr<const Operand*> ShardedOperand(ir::NodeId id, const ir::Node& n,
+                                                const OpRule& rule, std::vector<Operand>& ops,
+                                                int arg, Special* s);
   // The start of a backward whose args 0 and 1 (grad_output and the input or
   // indices) hold the batch on the same dim: linearity (into *s); nullopt, the
   // node recorded as holding no batch, when neither is sharded; else the rule's
   // replicated operands are checked and the two combined over `out_rank` dims
   // (a replicated one is built sharded).
-  absl::StatusOr<std::optional<Combined>> GradAndInputBatch(ir::NodeId id, const ir::Node& n, const OpRule& rule,
-                                                            std::vector<Operand>& ops, int64_t out_rank,
-                                                            Special* s);
+  absl::StatusOr<std::optional<Combined>> GradAndInputBatch(ir::NodeId id, const ir::Node& n,
+                                                            const OpRule& rule,
+                                                            std::vector<Operand>& ops,
+                                                            int64_t out_rank, Special* s);
   absl::Status LayerNorm(ir::NodeId id, const ir::Node& n, const OpRule& rule);
   absl::Status NormOrConvBackward(ir::NodeId id, const ir::Node& n, const OpRule& rule);
   absl::Status BatchNorm(ir::NodeId id, const ir::Node& n, const OpRule& rule);
@@ -254,10 +257,10 @@ class BatchDimAnalyzer {
   absl::Status SortRows(ir::NodeId id, const ir::Node& n, const OpRule& rule, int32_t d);
   // Operand `arg` when it holds positions (ValueInfo::positions), else nullptr.
   const Operand* PositionsOperand(const std::vector<Operand>& ops, int arg = 1) const;
-  absl::Status IndexRows(ir::NodeId id, const ir::Node& n, const OpRule& rule, std::vector<Operand>& ops,
-                         const Operand& p);
-  absl::Status IndexPutRows(ir::NodeId id, const ir::Node& n, const OpRule& rule, std::vector<Operand>& ops,
-                            const Operand& p);
+  absl::Status IndexRows(ir::NodeId id, const ir::Node& n, const OpRule& rule,
+                         std::vector<Operand>& ops, const Operand& p);
+  absl::Status IndexPutRows(ir::NodeId id, const ir::Node& n, const OpRule& rule,
+                            std::vector<Operand>& ops, const Operand& p);
   absl::Status GroupedMm(ir::NodeId id, const ir::Node& n, const OpRule& rule);
   absl::Status CheckGroupOffsets(const ir::Node& n, const Operand& offs, int32_t order) const;
   ir::ValueRef ThroughCasts(ir::ValueRef r, bool views) const;

@@ -61,7 +61,7 @@ std::optional<bool> BatchDimAnalyzer::BoolArg(const Node& n, int i, absl::string
 
 // Dims listed by an int or int-list argument; nullopt when absent or None.
 std::optional<std::vector<int64_t>> BatchDimAnalyzer::DimsArg(const Node& n, int i,
-                                                   absl::string_view name) {
+                                                              absl::string_view name) {
   const Argument* a = ArgAt(n, i, name);
   if (a == nullptr || a->is_none()) return std::nullopt;
   std::vector<int64_t> dims;

@@ -120,12 +120,14 @@ absl::Status BatchDimAnalyzer::Visit(NodeId id, const Node& n) {
     ValueInfo v = Shard(it->second.dim, it->second.outer, false);
     // Built from constants (zeros, new_ones, ones_like: self gives only the dtype), its rows
     // are in any order; arange's are not, nor a view or pointwise op of rows in an order.
-    const bool constant = rule != nullptr && rule->param(ParamRole::kEnd) == nullptr &&
-                          (rule->family == OpFamily::kFactory || rule->family == OpFamily::kNewFactory ||
-                           rule->family == OpFamily::kLike);
+    const bool constant =
+        rule != nullptr && rule->param(ParamRole::kEnd) == nullptr &&
+        (rule->family == OpFamily::kFactory || rule->family == OpFamily::kNewFactory ||
+         rule->family == OpFamily::kLike);
     v.order = constant || rule == nullptr || rule->param(ParamRole::kEnd) == nullptr ? -1 : 0;
     n.ForEachInput([&](ValueRef r) {
-      if (!constant && TypeOf(r) != nullptr && Read(r).placement.is_shard() && Read(r).order != -1) {
+      if (!constant && TypeOf(r) != nullptr && Read(r).placement.is_shard() &&
+          Read(r).order != -1) {
         v.order = 0;
       }
     });
@@ -167,21 +169,17 @@ absl::Status BatchDimAnalyzer::VisitRule(NodeId id, const Node& n, const OpRule&
     case OpFamily::kLike: return Like(id, n, rule);
     case OpFamily::kNewFactory:
     case OpFamily::kFactory:
-    case OpFamily::kNoTensor:
-      info.detail = Detail::kNoBatch;
-      return absl::OkStatus();
+    case OpFamily::kNoTensor: info.detail = Detail::kNoBatch; return absl::OkStatus();
     case OpFamily::kMatmul: return Matmul(id, n, rule);
     case OpFamily::kReduce: return Reduce(id, n, rule);
     case OpFamily::kAlongDim:
     case OpFamily::kLastDims:
     case OpFamily::kDimsList:
-    case OpFamily::kPad:
-      return ShapePreserving(id, n, rule);
+    case OpFamily::kPad: return ShapePreserving(id, n, rule);
     case OpFamily::kLayerNorm: return LayerNorm(id, n, rule);
     case OpFamily::kLayerNormBackward:
     case OpFamily::kBatchNormBackward:
-    case OpFamily::kConvBackward:
-      return NormOrConvBackward(id, n, rule);
+    case OpFamily::kConvBackward: return NormOrConvBackward(id, n, rule);
     case OpFamily::kBatchNorm: return BatchNorm(id, n, rule);
     case OpFamily::kSpatial: return Spatial(id, n, rule);
     case OpFamily::kEmbedding: return Embedding(id, n, rule);
@@ -189,25 +187,20 @@ absl::Status BatchDimAnalyzer::VisitRule(NodeId id, const Node& n, const OpRule&
     case OpFamily::kEmbeddingBag: return EmbeddingBag(id, n, rule);
     case OpFamily::kHistogram: return Histogram(id, n, rule);
     case OpFamily::kLoss:
-    case OpFamily::kNllLoss:
-      return Loss(id, n, rule);
+    case OpFamily::kNllLoss: return Loss(id, n, rule);
     case OpFamily::kLossBackward:
-    case OpFamily::kNllLossBackward:
-      return LossBackward(id, n, rule);
+    case OpFamily::kNllLossBackward: return LossBackward(id, n, rule);
     case OpFamily::kCat:
-    case OpFamily::kStack:
-      return CatStack(id, n, rule);
+    case OpFamily::kStack: return CatStack(id, n, rule);
     case OpFamily::kSplit:
     case OpFamily::kSlice:
     case OpFamily::kSelect:
     case OpFamily::kIndexWithDim:
-    case OpFamily::kSliceBackward:
-      return DimOp(id, n, rule);
+    case OpFamily::kSliceBackward: return DimOp(id, n, rule);
     case OpFamily::kIndex: return Index(id, n, rule);
     case OpFamily::kScatterInto: return ScatterInto(id, n, rule);
     case OpFamily::kAsStrided:
-    case OpFamily::kAsStridedScatter:
-      return AsStrided(id, n, rule);
+    case OpFamily::kAsStridedScatter: return AsStrided(id, n, rule);
     case OpFamily::kIndexPut: return IndexPut(id, n, rule);
     case OpFamily::kGroupedMm: return GroupedMm(id, n, rule);
     case OpFamily::kForeach: return Foreach(id, n, rule);
@@ -248,8 +241,7 @@ absl::Status BatchDimAnalyzer::VisitOutput(NodeId id, const Node& n) {
   for (size_t k = 0; k < list.size(); ++k) {
     const ValueRef* r = list[k].get_if<ValueRef>();
     if (r == nullptr) continue;
-    const bool loss = k < n.output_specs.size() &&
-                      n.output_specs[k].role == ir::OutputRole::kLoss;
+    const bool loss = k < n.output_specs.size() && n.output_specs[k].role == ir::OutputRole::kLoss;
     if (loss) continue;
     RequireWhole(*r, id);
     if (a_.values_[Offset(*r)].placement.is_shard() && a_.values_[Offset(*r)].order > 0) {
@@ -260,7 +252,8 @@ absl::Status BatchDimAnalyzer::VisitOutput(NodeId id, const Node& n) {
     if (a_.values_[Offset(*r)].positions != ValueInfo::Positions::kNone) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "output %d (%s) holds the row numbers of each rank's own rows (positions from a sort), "
-          "not the batch's", k, g_.node(r->node).name));
+          "not the batch's",
+          k, g_.node(r->node).name));
     }
     const ir::OutputRole role =
         k < n.output_specs.size() ? n.output_specs[k].role : ir::OutputRole::kOther;
@@ -306,7 +299,8 @@ const TensorType* BatchDimAnalyzer::TypeOf(ValueRef r) const {
   return t.is_tensor() ? &t.tensor : nullptr;
 }
 
-void BatchDimAnalyzer::AddOperand(std::vector<Operand>& ops, int arg, int elem, const Argument& a) const {
+void BatchDimAnalyzer::AddOperand(std::vector<Operand>& ops, int arg, int elem,
+                                  const Argument& a) const {
   const ValueRef* r = a.get_if<ValueRef>();
   if (r == nullptr) return;
   const TensorType* t = TypeOf(*r);
@@ -337,25 +331,26 @@ const Operand* BatchDimAnalyzer::Find(const std::vector<Operand>& ops, int arg) 
   return nullptr;
 }
 
-absl::Status BatchDimAnalyzer::RequireReplicatedArgs(const Node& n,
-                                                     const std::vector<Operand>& ops,
+absl::Status BatchDimAnalyzer::RequireReplicatedArgs(const Node& n, const std::vector<Operand>& ops,
                                                      const OpRule& rule) const {
   for (const OpParam& p : rule.params) {
     if (p.role != ParamRole::kReplicated) continue;
     const Operand* o = Find(ops, p.index);
     if (o != nullptr && o->info.placement.is_shard()) {
-      return Error(n, absl::StrFormat("arg %d '%s' (%s) is sharded on the batch (dim %d); this "
-                                      "op needs it replicated (a weight, bias or running "
-                                      "statistic)",
-                                      p.index, p.name, g_.node(o->ref.node).name,
-                                      o->info.placement.dim));
+      return Error(
+          n, absl::StrFormat("arg %d '%s' (%s) is sharded on the batch (dim %d); this "
+                             "op needs it replicated (a weight, bias or running "
+                             "statistic)",
+                             p.index, p.name, g_.node(o->ref.node).name, o->info.placement.dim));
     }
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<const Operand*> BatchDimAnalyzer::ShardedOperand(NodeId id, const Node& n, const OpRule& rule,
-                                                                std::vector<Operand>& ops, int arg, Special* s) {
+absl::StatusOr<const Operand*> BatchDimAnalyzer::ShardedOperand(NodeId id, const Node& n,
+                                                                const OpRule& rule,
+                                                                std::vector<Operand>& ops, int arg,
+                                                                Special* s) {
   FXDP_ASSIGN_OR_RETURN(*s, Linear(id, n, rule.linear, ops));
   FXDP_RETURN_IF_ERROR(RequireReplicatedArgs(n, ops, rule));
   const Operand* o = Find(ops, arg);
@@ -367,13 +362,15 @@ absl::StatusOr<const Operand*> BatchDimAnalyzer::ShardedOperand(NodeId id, const
 }
 
 absl::StatusOr<std::optional<BatchDimAnalyzer::Combined>> BatchDimAnalyzer::GradAndInputBatch(
-    NodeId id, const Node& n, const OpRule& rule, std::vector<Operand>& ops, int64_t out_rank, Special* s) {
+    NodeId id, const Node& n, const OpRule& rule, std::vector<Operand>& ops, int64_t out_rank,
+    Special* s) {
   FXDP_ASSIGN_OR_RETURN(*s, Linear(id, n, rule.linear, ops));
   std::vector<Operand> batched;
   for (const Operand& o : ops) {
     if (o.arg == 0 || o.arg == 1) batched.push_back(o);
   }
-  if (std::none_of(batched.begin(), batched.end(), [](const Operand& o) { return o.info.placement.is_shard(); })) {
+  if (std::none_of(batched.begin(), batched.end(),
+                   [](const Operand& o) { return o.info.placement.is_shard(); })) {
     SetCombined(id, Combined{}, *s);
     return std::nullopt;
   }
@@ -429,8 +426,8 @@ void BatchDimAnalyzer::Finish() {
     const auto& [count, first, what] = fallback_ops_.at(op);
     a_.warnings_.push_back(absl::StrFormat(
         "GUESSED: no batch-dim rule for %s (%d node%s, first %s): placed by size matching: %s "
-        "(fxdp expand and jobs refuse this graph until the op has a rule)", op,
-        count, count == 1 ? "" : "s", g_.node(first).name, what));
+        "(fxdp expand and jobs refuse this graph until the op has a rule)",
+        op, count, count == 1 ? "" : "s", g_.node(first).name, what));
   }
   const std::vector<std::string> hyper = ir::HyperparameterNames(g_);
   if (!hyper.empty()) {

@@ -40,9 +40,10 @@ absl::Status BatchDimAnalyzer::EmbeddingBackward(NodeId id, const Node& n, const
   if (BoolArg(n, rule.param(ParamRole::kScaleGradByFreq)).value_or(false)) {
     // Each rank would divide by the counts of its own rows' indices, one
     // device by the whole batch's: not a sum of per-rank parts.
-    return Error(n, "scale_grad_by_freq=True divides each row's gradient by its index's count in the "
-                    "whole batch, which no rank sees (each would count its own rows); use "
-                    "scale_grad_by_freq=False");
+    return Error(n,
+                 "scale_grad_by_freq=True divides each row's gradient by its index's count in the "
+                 "whole batch, which no rank sees (each would count its own rows); use "
+                 "scale_grad_by_freq=False");
   }
   NodeInfo& info = a_.nodes_[id.value];
   info.detail = Detail::kContracted;
@@ -115,24 +116,30 @@ absl::Status BatchDimAnalyzer::EmbeddingBag(NodeId id, const Node& n, const OpRu
   const Argument* off_arg = ArgOf(n, offsets_p);
   if (!idx_sharded || idx->info.placement.dim != 0 || idx->info.outer != 1 || bag < 0 ||
       off_arg == nullptr || !IsBagOffsets(*off_arg, bag)) {
-    return Error(n, absl::StrFormat(
-        "splits the batch by bags of a flat 1-D input (indices %s: %s, offsets %s: %s): unless "
-        "every bag has the same length (a 2-D input [batch, bag length]), a rank's share of the "
-        "input depends on the data, which a static per-rank graph cannot hold; pass a 2-D input "
-        "(pad the bags to one length with padding_idx, or with per_sample_weights 0 in "
-        "mode='sum')",
-        idx ? g_.node(idx->ref.node).name : "?", idx ? idx->info.placement.ToString() : "-",
-        offsets ? g_.node(offsets->ref.node).name : "?",
-        offsets ? offsets->info.placement.ToString() : "-"));
+    return Error(
+        n,
+        absl::StrFormat(
+            "splits the batch by bags of a flat 1-D input (indices %s: %s, offsets %s: %s): unless "
+            "every bag has the same length (a 2-D input [batch, bag length]), a rank's share of "
+            "the "
+            "input depends on the data, which a static per-rank graph cannot hold; pass a 2-D "
+            "input "
+            "(pad the bags to one length with padding_idx, or with per_sample_weights 0 in "
+            "mode='sum')",
+            idx ? g_.node(idx->ref.node).name : "?", idx ? idx->info.placement.ToString() : "-",
+            offsets ? g_.node(offsets->ref.node).name : "?",
+            offsets ? offsets->info.placement.ToString() : "-"));
   }
   if (BoolArg(n, rule.param(ParamRole::kIncludeLastOffset)).value_or(false)) {
-    return Error(n, "include_last_offset=True with the batch in the bags: the last offset "
-                    "is the whole input's length; pass include_last_offset=False");
+    return Error(n,
+                 "include_last_offset=True with the batch in the bags: the last offset "
+                 "is the whole input's length; pass include_last_offset=False");
   }
   const ValueRef positions = off_arg->as<ValueRef>();
   if (!OnlyOffsets(positions)) {
     return Error(n, absl::StrFormat("its offsets (%s) are also used elsewhere; each rank holds "
-                                    "its own bags' offsets", g_.node(positions.node).name));
+                                    "its own bags' offsets",
+                                    g_.node(positions.node).name));
   }
   if (upgrades_.emplace(positions.node.value, Upgrade{0, 1, id}).second) MarkChanged(id);
   // per_sample_weights: one per index, the batch as in indices.
@@ -167,7 +174,8 @@ bool BatchDimAnalyzer::OnlyIndexesDim(ValueRef r, int64_t pos) const {
     u.ForEachInput([&](ValueRef x) { uses |= x == r; });
     if (!uses) continue;
     const OpRule* rule = u.is_call() ? FindOpRule(u.target) : nullptr;
-    if (rule == nullptr || (rule->family != OpFamily::kIndex && rule->family != OpFamily::kIndexPut)) {
+    if (rule == nullptr ||
+        (rule->family != OpFamily::kIndex && rule->family != OpFamily::kIndexPut)) {
       return false;
     }
     const Argument* idx = ArgOf(u, rule->param(ParamRole::kIndices));
@@ -188,9 +196,11 @@ bool BatchDimAnalyzer::OnlyIndexesDim(ValueRef r, int64_t pos) const {
 // (`x[arange(B), last_token]`): each rank indexes its own rows with
 // arange(B_r), the other indices are its batch rows. Returns the dim of the
 // indexed result that holds the batch, or -1 when the pattern does not apply.
-int64_t BatchDimAnalyzer::BatchPositionsIndex(NodeId id, const Node& n, const std::vector<Operand>& ops,
-                            const Argument::List& list, int64_t pos) {
-  if (pos < 0 || pos >= static_cast<int64_t>(list.size()) || !IsBatchPositions(list[pos])) return -1;
+int64_t BatchDimAnalyzer::BatchPositionsIndex(NodeId id, const Node& n,
+                                              const std::vector<Operand>& ops,
+                                              const Argument::List& list, int64_t pos) {
+  if (pos < 0 || pos >= static_cast<int64_t>(list.size()) || !IsBatchPositions(list[pos]))
+    return -1;
   const ValueRef positions = list[pos].as<ValueRef>();
   if (!OnlyIndexesDim(positions, pos)) return -1;
   std::vector<int64_t> indexed;
@@ -206,7 +216,8 @@ int64_t BatchDimAnalyzer::BatchPositionsIndex(NodeId id, const Node& n, const st
     if (o.info.placement.is_replicate()) NeedShard(o, 0, 1, id);
   }
   if (upgrades_.emplace(positions.node.value, Upgrade{0, 1, id}).second) MarkChanged(id);
-  const bool adjacent = indexed.back() - indexed.front() + 1 == static_cast<int64_t>(indexed.size());
+  const bool adjacent =
+      indexed.back() - indexed.front() + 1 == static_cast<int64_t>(indexed.size());
   return adjacent ? indexed.front() : 0;
 }
 
@@ -230,7 +241,8 @@ absl::Status BatchDimAnalyzer::IndexPut(NodeId id, const Node& n, const OpRule& 
   int64_t pos = -1;
   for (size_t i = 0; i < list->size() && pos < 0; ++i) {
     if (!IsBatchPositions((*list)[i])) continue;
-    bool batch = self->info.placement.is_shard() && self->info.placement.dim == static_cast<int32_t>(i);
+    bool batch =
+        self->info.placement.is_shard() && self->info.placement.dim == static_cast<int32_t>(i);
     for (const Operand& o : ops) {
       batch |= o.arg == 1 && o.elem != static_cast<int>(i) && o.info.placement.is_shard();
     }
@@ -261,7 +273,8 @@ absl::Status BatchDimAnalyzer::IndexPut(NodeId id, const Node& n, const OpRule& 
     }
   }
   if (indexed.empty()) return Error(n, "expects at least one index");
-  const bool adjacent = indexed.back() - indexed.front() + 1 == static_cast<int64_t>(indexed.size());
+  const bool adjacent =
+      indexed.back() - indexed.front() + 1 == static_cast<int64_t>(indexed.size());
   const int64_t n_indexed = static_cast<int64_t>(indexed.size());
   const int64_t res_rank = self->type->rank() - n_indexed + bcast_rank;
   auto is_indexed = [&](int64_t d) {
@@ -279,8 +292,9 @@ absl::Status BatchDimAnalyzer::IndexPut(NodeId id, const Node& n, const OpRule& 
     nd = BatchPositionsIndex(id, n, ops, *list, pos);
     d = pos;
     if (nd < 0) {
-      return Error(n, "indexes the batch dim with arange(B) whose values are also used "
-                      "elsewhere; each rank can only index its own rows");
+      return Error(n,
+                   "indexes the batch dim with arange(B) whose values are also used "
+                   "elsewhere; each rank can only index its own rows");
     }
   } else if (self->info.placement.is_shard()) {
     d = self->info.placement.dim;
@@ -293,13 +307,15 @@ absl::Status BatchDimAnalyzer::IndexPut(NodeId id, const Node& n, const OpRule& 
     }
     if (d < 0) {
       return Error(n, absl::StrFormat("values hold the batch on dim %d, which lands in the "
-                                      "indices' broadcast dims of self", v->info.placement.dim));
+                                      "indices' broadcast dims of self",
+                                      v->info.placement.dim));
     }
   }
   if (d < 0) return Error(n, "cannot place the batch of its operands in self");
   if (self->info.placement.is_shard() && self->info.placement.dim != d) {
     return Error(n, absl::StrFormat("self holds the batch on dim %d, the indexed rows need it "
-                                    "on dim %d", self->info.placement.dim, d));
+                                    "on dim %d",
+                                    self->info.placement.dim, d));
   }
   if (self->info.placement.is_replicate()) NeedShard(*self, static_cast<int32_t>(d), 1, id);
   if (v != nullptr) {
@@ -332,7 +348,8 @@ BatchDimAnalyzer::IndexLayout BatchDimAnalyzer::LayoutOf(const std::vector<Opera
   }
   const Operand* self = Find(ops, 0);
   if (indexed.empty() || self == nullptr) return l;
-  const bool adjacent = indexed.back() - indexed.front() + 1 == static_cast<int64_t>(indexed.size());
+  const bool adjacent =
+      indexed.back() - indexed.front() + 1 == static_cast<int64_t>(indexed.size());
   l.front = adjacent ? indexed.front() : 0;
   l.res_rank = self->type->rank() - static_cast<int64_t>(indexed.size()) + l.bcast_rank;
   return l;
@@ -361,9 +378,10 @@ absl::Status BatchDimAnalyzer::IndexAccumulate(NodeId id, const Node& n, const O
                                                std::vector<Operand> ops,
                                                const Argument::List& list) {
   if (!BoolArg(n, rule.param(ParamRole::kAccumulate)).value_or(false)) {
-    return Error(n, "writes values at indices that hold the batch without accumulate: an index "
-                    "that two ranks write would keep one rank's value, not one device's; "
-                    "accumulate (index_put_(..., accumulate=True)) or keep the indices replicated");
+    return Error(n,
+                 "writes values at indices that hold the batch without accumulate: an index "
+                 "that two ranks write would keep one rank's value, not one device's; "
+                 "accumulate (index_put_(..., accumulate=True)) or keep the indices replicated");
   }
   const Operand* self = Find(ops, 0);
   if (self == nullptr || self->info.placement.is_shard()) {
@@ -395,22 +413,25 @@ absl::Status BatchDimAnalyzer::IndexAccumulate(NodeId id, const Node& n, const O
     const int64_t vd = nd - (l.res_rank - v->type->rank());
     if (v->info.placement.is_shard() && v->info.placement.dim != vd) {
       return Error(n, absl::StrFormat("values hold the batch on dim %d, the indices' rows on "
-                                      "dim %d", v->info.placement.dim, vd));
+                                      "dim %d",
+                                      v->info.placement.dim, vd));
     }
     if (v->info.placement.is_partial()) {
       RequireWhole(v->ref, id);
       v->info = kReplicated;
     }
-    if (!v->info.placement.is_shard() && vd >= 0) NeedShard(*v, static_cast<int32_t>(vd), c.outer, id);
+    if (!v->info.placement.is_shard() && vd >= 0)
+      NeedShard(*v, static_cast<int32_t>(vd), c.outer, id);
     // Each rank's values are its rows' share of the update.
     v->info = Partial(v->info.placement.is_shard() && v->info.mean_scaled);
   }
   FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule.linear, ops));
   if (!s.partial) {
-    return Error(n, absl::StrFormat(
-        "adds batch rows into self (%s), which is replicated and not zeros: each rank would "
-        "add its rows to its own copy, counted once per rank in the sum",
-        g_.node(self->ref.node).name));
+    return Error(
+        n, absl::StrFormat(
+               "adds batch rows into self (%s), which is replicated and not zeros: each rank would "
+               "add its rows to its own copy, counted once per rank in the sum",
+               g_.node(self->ref.node).name));
   }
   NodeInfo& info = a_.nodes_[id.value];
   info.detail = Detail::kContracted;
@@ -441,8 +462,8 @@ absl::Status BatchDimAnalyzer::Index(NodeId id, const Node& n, const OpRule& rul
       }
     }
   }
-  const bool adjacent =
-      indexed.empty() || indexed.back() - indexed.front() + 1 == static_cast<int64_t>(indexed.size());
+  const bool adjacent = indexed.empty() || indexed.back() - indexed.front() + 1 ==
+                                               static_cast<int64_t>(indexed.size());
   if (self->info.placement.is_shard() && self->info.outer == 1) {
     const int64_t nd = BatchPositionsIndex(id, n, ops, *list, self->info.placement.dim);
     if (nd >= 0) {
@@ -480,8 +501,8 @@ absl::Status BatchDimAnalyzer::Index(NodeId id, const Node& n, const OpRule& rul
     return absl::OkStatus();
   }
   if (sharded_index != nullptr) {
-    const int64_t k = sharded_index->info.placement.dim +
-                      (bcast_rank - sharded_index->type->rank());
+    const int64_t k =
+        sharded_index->info.placement.dim + (bcast_rank - sharded_index->type->rank());
     const int64_t nd = adjacent ? indexed.front() + k : k;
     NodeInfo& info = a_.nodes_[id.value];
     info.detail = Detail::kFromArg;

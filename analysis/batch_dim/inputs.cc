@@ -26,20 +26,19 @@ absl::Status BatchDimAnalyzer::FindBatchSize() {
     const int32_t bd = n.placeholder.batch_dim;
     if (bd < 0) continue;
     if (n.outputs.empty() || !n.outputs[0].is_tensor()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "input ", n.name, " has batch_dim ", bd, " but is not a tensor"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("input ", n.name, " has batch_dim ", bd, " but is not a tensor"));
     }
     const TensorType& t = n.outputs[0].tensor;
     if (bd >= t.rank()) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "input %s: batch_dim %d is out of range for a tensor of rank %d (shape %s)",
-          n.name, bd, t.rank(), t.ToString()));
+          "input %s: batch_dim %d is out of range for a tensor of rank %d (shape %s)", n.name, bd,
+          t.rank(), t.ToString()));
     }
     const int64_t b = t.shape[bd];
     if (b < 1) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "input %s: batch dim %d has size %d; a batch needs at least one sample", n.name,
-          bd, b));
+          "input %s: batch dim %d has size %d; a batch needs at least one sample", n.name, bd, b));
     }
     if (first == nullptr) {
       first = &n;

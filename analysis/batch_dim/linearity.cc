@@ -33,7 +33,8 @@ bool BatchDimAnalyzer::InMask(const LinearIn& linear, int arg) {
   return arg < 8 && ((linear.args >> arg) & 1);
 }
 
-absl::Status BatchDimAnalyzer::ScaledError(NodeId id, const Node& n, const Operand& o, absl::string_view why) {
+absl::Status BatchDimAnalyzer::ScaledError(NodeId id, const Node& n, const Operand& o,
+                                           absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrFormat(
       "%s: arg %d (%s) is a batch value scaled by a mean over the local batch "
       "(it descends from a mean-reduced loss); %s. Reduce the loss by sum, or keep this op "
@@ -44,8 +45,10 @@ absl::Status BatchDimAnalyzer::ScaledError(NodeId id, const Node& n, const Opera
 // Applies the op's linearity to its operands. Partial operands that may not
 // flow through are all-reduced (and read replicated from then on); a
 // mean-scaled operand the op is not linear in is an error.
-absl::StatusOr<BatchDimAnalyzer::Special> BatchDimAnalyzer::Linear(NodeId id, const Node& n, const LinearIn& linear,
-                               std::vector<Operand>& ops, int exempt_arg) {
+absl::StatusOr<BatchDimAnalyzer::Special> BatchDimAnalyzer::Linear(NodeId id, const Node& n,
+                                                                   const LinearIn& linear,
+                                                                   std::vector<Operand>& ops,
+                                                                   int exempt_arg) {
   Special s;
   int specials = 0;
   for (Operand& o : ops) {
@@ -83,7 +86,8 @@ absl::StatusOr<BatchDimAnalyzer::Special> BatchDimAnalyzer::Linear(NodeId id, co
     if (linear.kind == Linearity::kAdditive && other_linear) reduce_partials = true;
     if (linear.kind == Linearity::kMultilinear) {
       int n_partial = 0;
-      for (const Operand& o : ops) n_partial += o.info.placement.is_partial() && o.arg != exempt_arg;
+      for (const Operand& o : ops)
+        n_partial += o.info.placement.is_partial() && o.arg != exempt_arg;
       if (n_partial > 1 || other_shard) reduce_partials = true;
     }
   }

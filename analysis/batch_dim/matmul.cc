@@ -37,9 +37,9 @@ std::string LabelName(int label) {
 // open_clip's gather_features. Its gradient comes out partial over the whole
 // batch and is all-reduced, then sliced to each rank's rows where it meets
 // them (Linear, NeedShard): the backward of the all-gather.
-absl::Status BatchDimAnalyzer::GatherCoupled(NodeId id, const Node& n, const OpRule& rule,
-                                             std::vector<Operand>& ops,
-                                             const std::function<int(const Operand&, int64_t)>& label_of) {
+absl::Status BatchDimAnalyzer::GatherCoupled(
+    NodeId id, const Node& n, const OpRule& rule, std::vector<Operand>& ops,
+    const std::function<int(const Operand&, int64_t)>& label_of) {
   (void)rule;
   std::vector<Operand*> sharded;
   for (Operand& o : ops) {
@@ -111,23 +111,25 @@ absl::Status BatchDimAnalyzer::Matmul(NodeId id, const Node& n, const OpRule& ru
     if (!o.info.placement.is_shard()) continue;
     const int l = label_of(o, o.info.placement.dim);
     if (l < 0) {
-      return Error(n, absl::StrFormat("arg %d has an unexpected rank %d for the product %s",
-                                      o.arg, o.type->rank(), rule.spec.ToString()));
+      return Error(n, absl::StrFormat("arg %d has an unexpected rank %d for the product %s", o.arg,
+                                      o.type->rank(), rule.spec.ToString()));
     }
     if (batch_label < 0) {
       batch_label = l;
       outer = o.info.outer;
       decided = &o;
     } else if (batch_label != l || outer != o.info.outer) {
-      return Error(n, absl::StrFormat(
-          "operands put the batch on different dims of the product %s: arg %d (%s) on its dim "
-          "%d (label %s, %d blocks), arg %d (%s) on its dim %d (label %s, %d blocks); samples "
-          "coupled across the batch (an in-batch contrastive loss, a @ b.T) need one "
-          "operand all-gathered, and neither can be (mean-scaled, rows in a sort's order, "
-          "a list element, or spanning the other's batch dim)",
-          rule.spec.ToString(), decided->arg, g_.node(decided->ref.node).name,
-          decided->info.placement.dim, LabelName(batch_label), outer, o.arg,
-          g_.node(o.ref.node).name, o.info.placement.dim, LabelName(l), o.info.outer));
+      return Error(
+          n,
+          absl::StrFormat(
+              "operands put the batch on different dims of the product %s: arg %d (%s) on its dim "
+              "%d (label %s, %d blocks), arg %d (%s) on its dim %d (label %s, %d blocks); samples "
+              "coupled across the batch (an in-batch contrastive loss, a @ b.T) need one "
+              "operand all-gathered, and neither can be (mean-scaled, rows in a sort's order, "
+              "a list element, or spanning the other's batch dim)",
+              rule.spec.ToString(), decided->arg, g_.node(decided->ref.node).name,
+              decided->info.placement.dim, LabelName(batch_label), outer, o.arg,
+              g_.node(o.ref.node).name, o.info.placement.dim, LabelName(l), o.info.outer));
     }
   }
   NodeInfo& info = a_.nodes_[id.value];
@@ -150,15 +152,17 @@ absl::Status BatchDimAnalyzer::Matmul(NodeId id, const Node& n, const OpRule& ru
     return absl::OkStatus();
   }
   if (rule.has(kNoSum)) {
-    return Error(n, absl::StrFormat(
-        "arg %d (%s) holds the batch on its dim %d (label %s), which the op %s works across "
-        "without summing products; each rank's part is not a share of a sum",
-        decided->arg, g_.node(decided->ref.node).name, decided->info.placement.dim,
-        LabelName(batch_label), rule.spec.ToString()));
+    return Error(
+        n, absl::StrFormat(
+               "arg %d (%s) holds the batch on its dim %d (label %s), which the op %s works across "
+               "without summing products; each rank's part is not a share of a sum",
+               decided->arg, g_.node(decided->ref.node).name, decided->info.placement.dim,
+               LabelName(batch_label), rule.spec.ToString()));
   }
   if (labels.bias_arg >= 0 && Find(ops, labels.bias_arg) != nullptr) {
-    return Error(n, "adds a bias to a product that contracts the batch; the bias would "
-                    "be counted once per rank");
+    return Error(n,
+                 "adds a bias to a product that contracts the batch; the bias would "
+                 "be counted once per rank");
   }
   info.detail = Detail::kContracted;
   SetAllOut(id, Partial(s.scaled));

@@ -28,7 +28,8 @@ absl::Status BatchDimAnalyzer::LayerNorm(NodeId id, const Node& n, const OpRule&
   const int32_t d = x->info.placement.dim;
   if (d >= x->type->rank() - static_cast<int64_t>(shape.size())) {
     return Error(n, absl::StrFormat("normalises over the last %d dims, which include the "
-                                    "batch dim %d", shape.size(), d));
+                                    "batch dim %d",
+                                    shape.size(), d));
   }
   SetCombined(id, Combined{d, x->info.outer, 0}, s);
   return absl::OkStatus();
@@ -39,8 +40,9 @@ absl::Status BatchDimAnalyzer::LayerNorm(NodeId id, const Node& n, const OpRule&
 absl::Status BatchDimAnalyzer::NormOrConvBackward(NodeId id, const Node& n, const OpRule& rule) {
   std::vector<Operand> ops = Operands(n);
   Special s;
-  FXDP_ASSIGN_OR_RETURN(std::optional<Combined> batch,
-                        GradAndInputBatch(id, n, rule, ops, OutType(n) ? OutType(n)->rank() : 0, &s));
+  FXDP_ASSIGN_OR_RETURN(
+      std::optional<Combined> batch,
+      GradAndInputBatch(id, n, rule, ops, OutType(n) ? OutType(n)->rank() : 0, &s));
   if (!batch) return absl::OkStatus();
   const Combined& c = *batch;
   if (rule.family == OpFamily::kBatchNormBackward && c.dim == 1) {
@@ -73,7 +75,8 @@ absl::Status BatchDimAnalyzer::BatchNorm(NodeId id, const Node& n, const OpRule&
     // the global batch's: the expansion all-reduces them.
     info.detail = Detail::kSyncStats;
     a_.notes_.push_back(absl::StrCat(
-        n.name, " (", TargetString(n), "): batch norm normalises with the global batch "
+        n.name, " (", TargetString(n),
+        "): batch norm normalises with the global batch "
         "statistics (sync_batchnorm: all-reduced in forward and backward, as SyncBatchNorm); "
         "running statistics are updated from them"));
   } else if (training) {
@@ -83,9 +86,10 @@ absl::Status BatchDimAnalyzer::BatchNorm(NodeId id, const Node& n, const OpRule&
       stats.rank_local = true;
       SetOut(id, k, stats);
     }
-    a_.notes_.push_back(absl::StrCat(
-        n.name, " (", TargetString(n), "): batch norm normalises with each rank's local batch "
-        "statistics, as DDP does; running statistics are updated from them"));
+    a_.notes_.push_back(
+        absl::StrCat(n.name, " (", TargetString(n),
+                     "): batch norm normalises with each rank's local batch "
+                     "statistics, as DDP does; running statistics are updated from them"));
   } else {
     info.detail = Detail::kFromArg;
   }

@@ -23,20 +23,21 @@ using ir::ValueRef;
 
 // Broadcasting combination: every sharded operand must put the batch on the
 // same output dim; replicated operands spanning that dim are sharded too.
-absl::StatusOr<BatchDimAnalyzer::Combined> BatchDimAnalyzer::Broadcast(NodeId id, const Node& n, const std::vector<Operand>& ops,
-                                   int64_t out_rank, bool broadcast) {
+absl::StatusOr<BatchDimAnalyzer::Combined> BatchDimAnalyzer::Broadcast(
+    NodeId id, const Node& n, const std::vector<Operand>& ops, int64_t out_rank, bool broadcast) {
   Combined c;
   for (const Operand& o : ops) {
     if (!o.info.placement.is_shard()) continue;
-    const int32_t d = o.info.placement.dim +
-                      (broadcast ? static_cast<int32_t>(out_rank - o.type->rank()) : 0);
+    const int32_t d =
+        o.info.placement.dim + (broadcast ? static_cast<int32_t>(out_rank - o.type->rank()) : 0);
     if (c.dim < 0) {
       c = {d, o.info.outer, o.arg};
     } else if (c.dim != d || c.outer != o.info.outer) {
-      return Error(n, absl::StrFormat(
-          "operands put the batch on different dims: arg %d (%s) on output dim %d, "
-          "arg %d (%s) on output dim %d",
-          c.arg, OperandName(ops, c.arg), c.dim, o.arg, g_.node(o.ref.node).name, d));
+      return Error(n,
+                   absl::StrFormat(
+                       "operands put the batch on different dims: arg %d (%s) on output dim %d, "
+                       "arg %d (%s) on output dim %d",
+                       c.arg, OperandName(ops, c.arg), c.dim, o.arg, g_.node(o.ref.node).name, d));
     }
   }
   if (c.dim >= 0) {
@@ -65,8 +66,8 @@ void BatchDimAnalyzer::SetCombined(NodeId id, const Combined& c, const Special& 
   }
 }
 
-absl::Status BatchDimAnalyzer::Pointwise(NodeId id, const Node& n, const OpRule& rule, int64_t out_rank,
-                       bool broadcast) {
+absl::Status BatchDimAnalyzer::Pointwise(NodeId id, const Node& n, const OpRule& rule,
+                                         int64_t out_rank, bool broadcast) {
   std::vector<Operand> ops = Operands(n);
   LinearIn linear = rule.linear;
   // masked_fill(x, mask, 0) and constant_pad_nd(x, pad, 0) are linear in x.
@@ -124,7 +125,8 @@ absl::Status BatchDimAnalyzer::ShapePreserving(NodeId id, const Node& n, const O
     if (dim == d && rule.has(kSortsRows)) return SortRows(id, n, rule, static_cast<int32_t>(d));
     if (dim == d) {
       return Error(n, absl::StrFormat("works along dim %d, which holds the batch; it "
-                                      "needs the whole batch on every rank", dim));
+                                      "needs the whole batch on every rank",
+                                      dim));
     }
   } else if (rule.family == OpFamily::kLastDims || rule.family == OpFamily::kPad) {
     int64_t last = 0;
@@ -136,7 +138,8 @@ absl::Status BatchDimAnalyzer::ShapePreserving(NodeId id, const Node& n, const O
     }
     if (d >= out_rank - last) {
       return Error(n, absl::StrFormat("works on the last %d dims, which include the batch "
-                                      "dim %d", last, d));
+                                      "dim %d",
+                                      last, d));
     }
   } else {
     auto dims = DimsArg(n, rule.param(ParamRole::kDims)).value_or(std::vector<int64_t>{});
@@ -191,14 +194,18 @@ absl::Status BatchDimAnalyzer::RefuseUnruledOps() const {
   if (ops.size() > 1) {
     others = absl::StrCat(" (nor do ", absl::StrJoin(ops.begin() + 1, ops.end(), ", "), ")");
   }
-  return Error(*first, absl::StrFormat(
-      "no batch-dim rule for %s%s: the compile step does not guess where the batch goes (matching "
-      "tensor sizes can train a different model without a word); add a row for it to "
-      "analysis/op_rules.cc, e.g. {\"%s\", \"*\", F::kPointwise, kNotLinear, {}} with the family, "
-      "linearity and parameters that say how the op treats the batch, and its line in "
-      "tests/testdata/op_rules.txt (docs/DEVELOPMENT.md, \"The op-rule table\"); `fxdp analyze` "
-      "shows the size-matching guess",
-      ops[0], others, first->target.name));
+  return Error(*first,
+               absl::StrFormat(
+                   "no batch-dim rule for %s%s: the compile step does not guess where the batch "
+                   "goes (matching "
+                   "tensor sizes can train a different model without a word); add a row for it to "
+                   "analysis/op_rules.cc, e.g. {\"%s\", \"*\", F::kPointwise, kNotLinear, {}} with "
+                   "the family, "
+                   "linearity and parameters that say how the op treats the batch, and its line in "
+                   "tests/testdata/op_rules.txt (docs/DEVELOPMENT.md, \"The op-rule table\"); "
+                   "`fxdp analyze` "
+                   "shows the size-matching guess",
+                   ops[0], others, first->target.name));
 }
 
 absl::Status BatchDimAnalyzer::VisitFallback(NodeId id, const Node& n) {
@@ -230,7 +237,8 @@ absl::Status BatchDimAnalyzer::VisitFallback(NodeId id, const Node& n) {
     const auto& shape = n.outputs[k].tensor.shape;
     auto it = std::find(shape.begin(), shape.end(), batch_extent);
     if (it != shape.end()) {
-      SetOut(id, static_cast<int>(k), Shard(static_cast<int32_t>(it - shape.begin()), outer, false));
+      SetOut(id, static_cast<int>(k),
+             Shard(static_cast<int32_t>(it - shape.begin()), outer, false));
       what = absl::StrFormat("batch dim matched by size %d", batch_extent);
     }
   }

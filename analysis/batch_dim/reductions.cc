@@ -60,10 +60,11 @@ absl::Status BatchDimAnalyzer::Reduce(NodeId id, const Node& n, const OpRule& ru
     return absl::OkStatus();
   }
   if (kind == ReduceKind::kOther) {
-    return Error(n, absl::StrFormat(
-        "reduces the batch dim %d, which is not a sum or mean of per-rank results; it "
-        "needs the whole batch on every rank",
-        d));
+    return Error(n,
+                 absl::StrFormat(
+                     "reduces the batch dim %d, which is not a sum or mean of per-rank results; it "
+                     "needs the whole batch on every rank",
+                     d));
   }
   if (kind == ReduceKind::kMean && s.scaled) {
     return ScaledError(id, n, *self, "a second mean over the batch would scale it twice");
@@ -90,10 +91,12 @@ absl::Status BatchDimAnalyzer::Histogram(NodeId id, const Node& n, const OpRule&
     const double min = NumberArg(n, lo->index, "min").value_or(0);
     const double max = NumberArg(n, lo->index + 1, "max").value_or(0);
     if (!(min < max)) {
-      return Error(n, absl::StrFormat(
-          "counts batch rows into bins over [min, max] = [%g, %g], i.e. the range of the data, "
-          "which differs between ranks; pass the range (torch.histc(x, bins, min=lo, max=hi))",
-          min, max));
+      return Error(
+          n,
+          absl::StrFormat(
+              "counts batch rows into bins over [min, max] = [%g, %g], i.e. the range of the data, "
+              "which differs between ranks; pass the range (torch.histc(x, bins, min=lo, max=hi))",
+              min, max));
     }
   }
   NodeInfo& info = a_.nodes_[id.value];

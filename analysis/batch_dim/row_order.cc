@@ -48,7 +48,8 @@ using Positions = ValueInfo::Positions;
 
 std::string BatchDimAnalyzer::OrderName(int32_t order) const {
   if (order <= 0) return "batch order";
-  return absl::StrFormat("the order sort '%s' put each rank's rows in", g_.node(NodeId{order - 1}).name);
+  return absl::StrFormat("the order sort '%s' put each rank's rows in",
+                         g_.node(NodeId{order - 1}).name);
 }
 
 // arange(extent): 1-D, start 0, step 1.
@@ -57,8 +58,9 @@ bool BatchDimAnalyzer::IsPositionsOf(ValueRef r, int64_t extent) const {
   const Node& n = g_.node(r.node);
   const TensorType* t = TypeOf(r);
   const OpRule* rule = n.is_call() ? FindOpRule(n.target) : nullptr;
-  const OpParam* end_arg =
-      rule != nullptr && rule->family == OpFamily::kFactory ? rule->param(ParamRole::kEnd) : nullptr;
+  const OpParam* end_arg = rule != nullptr && rule->family == OpFamily::kFactory
+                               ? rule->param(ParamRole::kEnd)
+                               : nullptr;
   if (end_arg == nullptr || t == nullptr || t->rank() != 1 || t->shape[0] != extent) return false;
   const OpParam* start_arg = rule->param(ParamRole::kStart);
   const OpParam* step_arg = rule->param(ParamRole::kStep);
@@ -73,11 +75,13 @@ absl::Status BatchDimAnalyzer::SortRows(NodeId id, const Node& n, const OpRule& 
   const ValueInfo x = Read(*in);
   const TensorType* xt = TypeOf(*in);
   if (xt != nullptr && xt->numel() != xt->shape[d]) {
-    return Error(n, absl::StrFormat(
-        "sorts %s (%s) along the batch dim %d: each of its %d columns gets its own permutation, so "
-        "its rows are not one permutation of each rank's rows (sort a 1-D key and gather the rows "
-        "with its indices, x[perm])", g_.node(in->node).name, xt->ToString(), d,
-        xt->numel() / std::max<int64_t>(xt->shape[d], 1)));
+    return Error(n, absl::StrFormat("sorts %s (%s) along the batch dim %d: each of its %d columns "
+                                    "gets its own permutation, so "
+                                    "its rows are not one permutation of each rank's rows (sort a "
+                                    "1-D key and gather the rows "
+                                    "with its indices, x[perm])",
+                                    g_.node(in->node).name, xt->ToString(), d,
+                                    xt->numel() / std::max<int64_t>(xt->shape[d], 1)));
   }
   if (x.order > 0) {
     return Error(n, absl::StrFormat("sorts rows of %s that are in %s; only rows in batch order "
@@ -102,7 +106,8 @@ absl::Status BatchDimAnalyzer::SortRows(NodeId id, const Node& n, const OpRule& 
 
 const Operand* BatchDimAnalyzer::PositionsOperand(const std::vector<Operand>& ops, int arg) const {
   for (const Operand& o : ops) {
-    if (o.arg == arg && o.info.placement.is_shard() && o.info.positions != Positions::kNone) return &o;
+    if (o.arg == arg && o.info.placement.is_shard() && o.info.positions != Positions::kNone)
+      return &o;
   }
   return nullptr;
 }
@@ -128,31 +133,36 @@ absl::Status BatchDimAnalyzer::IndexRows(NodeId id, const Node& n, const OpRule&
   FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule.linear, ops));
   const Operand* self = Find(ops, 0);
   const bool select = rule.family == OpFamily::kIndexWithDim;
-  const int32_t d = select ? static_cast<int32_t>(NormDim(IntArg(n, rule.param(ParamRole::kDim)).value_or(-1),
-                                                          self ? self->type->rank() : 0))
-                           : p.elem;
-  if ((!select && !OnlyIndex(ArgOf(n, rule.param(ParamRole::kIndices)), d)) || p.type->rank() != 1 ||
-      self == nullptr || !self->info.placement.is_shard() || self->info.placement.dim != d ||
-      self->info.outer != p.info.outer) {
-    return Error(n, absl::StrFormat(
-        "indexes with %s, positions of batch rows, but not as x[positions] on x's batch dim %d "
-        "alone (the only form whose rows stay within each rank)", g_.node(p.ref.node).name, d));
+  const int32_t d =
+      select ? static_cast<int32_t>(NormDim(IntArg(n, rule.param(ParamRole::kDim)).value_or(-1),
+                                            self ? self->type->rank() : 0))
+             : p.elem;
+  if ((!select && !OnlyIndex(ArgOf(n, rule.param(ParamRole::kIndices)), d)) ||
+      p.type->rank() != 1 || self == nullptr || !self->info.placement.is_shard() ||
+      self->info.placement.dim != d || self->info.outer != p.info.outer) {
+    return Error(
+        n,
+        absl::StrFormat(
+            "indexes with %s, positions of batch rows, but not as x[positions] on x's batch dim %d "
+            "alone (the only form whose rows stay within each rank)",
+            g_.node(p.ref.node).name, d));
   }
   const int64_t rows = p.type->shape[0];
   const int64_t extent = self->type->shape[d];
   ValueInfo v = Shard(d, p.info.outer, s.scaled);
   if (p.info.positions == Positions::kGather) {
     if (self->info.order > 0 || extent * p.info.repeat != rows) {
-      return Error(n, absl::StrFormat(
-          "gathers %d rows of %s (%d rows, in %s) with positions in %s (each row %d times)", rows,
-          g_.node(self->ref.node).name, extent, OrderName(self->info.order), OrderName(p.info.order),
-          p.info.repeat));
+      return Error(
+          n, absl::StrFormat(
+                 "gathers %d rows of %s (%d rows, in %s) with positions in %s (each row %d times)",
+                 rows, g_.node(self->ref.node).name, extent, OrderName(self->info.order),
+                 OrderName(p.info.order), p.info.repeat));
     }
     v.order = p.info.order;
   } else if (self->info.order != p.info.restores || extent != rows) {
-    return Error(n, absl::StrFormat(
-        "puts back rows in %s, but %s (%d rows) is in %s", OrderName(p.info.restores),
-        g_.node(self->ref.node).name, extent, OrderName(self->info.order)));
+    return Error(n, absl::StrFormat("puts back rows in %s, but %s (%d rows) is in %s",
+                                    OrderName(p.info.restores), g_.node(self->ref.node).name,
+                                    extent, OrderName(self->info.order)));
   }
   SetAllOut(id, v);
   order_set_ = true;
@@ -176,7 +186,8 @@ absl::Status BatchDimAnalyzer::IndexPutRows(NodeId id, const Node& n, const OpRu
   if (!OnlyIndex(ArgOf(n, rule.param(ParamRole::kIndices)), d) || p.type->rank() != 1 ||
       self == nullptr || vals == nullptr || self->type->rank() <= d) {
     return Error(n, absl::StrFormat("puts values at %s, positions of batch rows, but not as "
-                                    "x[positions] = values on one dim of x", g_.node(p.ref.node).name));
+                                    "x[positions] = values on one dim of x",
+                                    g_.node(p.ref.node).name));
   }
   const bool accumulate = BoolArg(n, 3, "accumulate").value_or(false);
   const int64_t rows = p.type->shape[0];
@@ -191,21 +202,25 @@ absl::Status BatchDimAnalyzer::IndexPutRows(NodeId id, const Node& n, const OpRu
       return absl::OkStatus();
     }
     return Error(n, absl::StrFormat("puts rows into %s (%s), which is not in %s",
-                                    g_.node(self->ref.node).name, sv.placement.ToString(), OrderName(order)));
+                                    g_.node(self->ref.node).name, sv.placement.ToString(),
+                                    OrderName(order)));
   };
   ValueInfo out = Shard(d, outer, s.scaled);
   if (p.info.positions == Positions::kGather && p.info.repeat == 1 && !accumulate &&
       IsPositionsOf(vals->ref, rows) && extent == rows) {
-    // The inverse permutation: arange(n) becomes each rank's arange(n_r), so nothing else may read it.
+    // The inverse permutation: arange(n) becomes each rank's arange(n_r), so nothing else may read
+    // it.
     for (size_t u = 0; u < g_.nodes().size(); ++u) {
       bool reads = false;
       g_.nodes()[u].ForEachInput([&](ValueRef x) { reads = reads || x == vals->ref; });
       if (reads && static_cast<int32_t>(u) != id.value) {
-        return Error(n, absl::StrFormat(
-            "builds the inverse of %s from %s, which %s also reads: each rank's inverse needs its "
-            "own arange(n_r), where %s needs the batch's positions (use a separate arange)",
-            g_.node(p.ref.node).name, g_.node(vals->ref.node).name, g_.nodes()[u].name,
-            g_.nodes()[u].name));
+        return Error(
+            n, absl::StrFormat(
+                   "builds the inverse of %s from %s, which %s also reads: each rank's inverse "
+                   "needs its "
+                   "own arange(n_r), where %s needs the batch's positions (use a separate arange)",
+                   g_.node(p.ref.node).name, g_.node(vals->ref.node).name, g_.nodes()[u].name,
+                   g_.nodes()[u].name));
       }
     }
     if (vals->info.placement.is_replicate() &&
@@ -218,21 +233,24 @@ absl::Status BatchDimAnalyzer::IndexPutRows(NodeId id, const Node& n, const OpRu
     out.restores = p.info.order;
   } else {
     const bool gather = p.info.positions == Positions::kGather;
-    const int32_t from = gather ? p.info.order : 0;      // the values' order
-    const int32_t to = gather ? 0 : p.info.restores;     // the result's
+    const int32_t from = gather ? p.info.order : 0;   // the values' order
+    const int32_t to = gather ? 0 : p.info.restores;  // the result's
     const ValueInfo& vv = vals->info;
-    if (!vv.placement.is_shard() || vv.placement.dim != d || vals->type->rank() != self->type->rank() ||
-        vv.order != from || vals->type->shape[d] != rows ||
-        extent * (gather ? p.info.repeat : 1) != rows) {
-      return Error(n, absl::StrFormat(
-          "puts %s (%s, %s) at %s, positions of %d batch rows in %s, into %s (%d rows): the values "
-          "must be those rows, in that order", g_.node(vals->ref.node).name, vv.placement.ToString(),
-          OrderName(vv.order), g_.node(p.ref.node).name, rows, OrderName(p.info.order),
-          g_.node(self->ref.node).name, extent));
+    if (!vv.placement.is_shard() || vv.placement.dim != d ||
+        vals->type->rank() != self->type->rank() || vv.order != from ||
+        vals->type->shape[d] != rows || extent * (gather ? p.info.repeat : 1) != rows) {
+      return Error(n,
+                   absl::StrFormat("puts %s (%s, %s) at %s, positions of %d batch rows in %s, into "
+                                   "%s (%d rows): the values "
+                                   "must be those rows, in that order",
+                                   g_.node(vals->ref.node).name, vv.placement.ToString(),
+                                   OrderName(vv.order), g_.node(p.ref.node).name, rows,
+                                   OrderName(p.info.order), g_.node(self->ref.node).name, extent));
     }
     if (!accumulate && gather && p.info.repeat > 1) {
       return Error(n, absl::StrFormat("writes each row %d times without accumulate: which write "
-                                      "wins depends on the rows' order", p.info.repeat));
+                                      "wins depends on the rows' order",
+                                      p.info.repeat));
     }
     FXDP_RETURN_IF_ERROR(self_in(to));
     out.order = to;
@@ -269,7 +287,8 @@ ValueRef BatchDimAnalyzer::ThroughCasts(ValueRef r, bool views) const {
 // indices of a topk, max or argmax over a dim of `groups` entries.
 bool BatchDimAnalyzer::KeysAreGroups(int32_t order, int64_t groups) const {
   const ValueRef* in = g_.node(NodeId{order - 1}).args.empty()
-                           ? nullptr : g_.node(NodeId{order - 1}).args[0].get_if<ValueRef>();
+                           ? nullptr
+                           : g_.node(NodeId{order - 1}).args[0].get_if<ValueRef>();
   if (in == nullptr) return false;
   ValueRef k = ThroughCasts(*in, true);
   const Node* src = &g_.node(k.node);
@@ -298,15 +317,19 @@ int64_t BatchDimAnalyzer::GroupCounts(ValueRef r, int32_t order) const {
     if (v == nullptr) return false;
     const ValueRef k = ThroughCasts(*v, false);
     const Node& m = g_.node(k.node);
-    const int64_t* out = m.is_getitem() && m.args.size() > 1 ? m.args[1].get_if<int64_t>() : nullptr;
+    const int64_t* out =
+        m.is_getitem() && m.args.size() > 1 ? m.args[1].get_if<int64_t>() : nullptr;
     return out != nullptr && *out == 0 && m.args[0].as<ValueRef>().node.value == order - 1;
   };
   const Node& c = g_.node(r.node);
   if (Is(c, "aten::histc") && !c.args.empty() && sorted_keys(c.args[0])) {
     const int64_t bins = IntArg(c, 1, "bins").value_or(100);
-    return NumberArg(c, 2, "min").value_or(0) == 0 && NumberArg(c, 3, "max").value_or(0) == bins - 1 ? bins : -1;
+    return NumberArg(c, 2, "min").value_or(0) == 0 && NumberArg(c, 3, "max").value_or(0) == bins - 1
+               ? bins
+               : -1;
   }
-  const std::optional<std::vector<int64_t>> dims = Is(c, "aten::sum") ? DimsArg(c, 1, "dim") : std::nullopt;
+  const std::optional<std::vector<int64_t>> dims =
+      Is(c, "aten::sum") ? DimsArg(c, 1, "dim") : std::nullopt;
   if (!dims || *dims != std::vector<int64_t>{0} || c.args.empty() || !c.args[0].is_ref()) return -1;
   const Node& eq = g_.node(ThroughCasts(c.args[0].as<ValueRef>(), false).node);
   if (!Is(eq, "aten::eq") || eq.args.size() < 2) return -1;
@@ -328,38 +351,49 @@ int64_t BatchDimAnalyzer::GroupCounts(ValueRef r, int32_t order) const {
 // offs groups the rows on each rank only when every row's group is a function of its key:
 // offs = cumsum(counts) of each rank's own (partial, never all-reduced) counts of the values of
 // the same ascending sort, by group 0..G-1, with every key a group (the indices of a top-k over G).
-absl::Status BatchDimAnalyzer::CheckGroupOffsets(const Node& n, const Operand& offs, int32_t order) const {
+absl::Status BatchDimAnalyzer::CheckGroupOffsets(const Node& n, const Operand& offs,
+                                                 int32_t order) const {
   if (order <= 0) {
-    return Error(n, "groups batch rows in batch order; its offsets would count the rows of the "
-                    "whole batch, not this rank's (sort the rows by group first)");
+    return Error(n,
+                 "groups batch rows in batch order; its offsets would count the rows of the "
+                 "whole batch, not this rank's (sort the rows by group first)");
   }
   if (!offs.info.placement.is_partial()) {
-    return Error(n, absl::StrFormat(
-        "groups rows by offsets %s that are %s: they must be each rank's own group sizes (the "
-        "counts of its sorted keys, not all-reduced)", g_.node(offs.ref.node).name,
-        offs.info.placement.ToString()));
+    return Error(
+        n,
+        absl::StrFormat(
+            "groups rows by offsets %s that are %s: they must be each rank's own group sizes (the "
+            "counts of its sorted keys, not all-reduced)",
+            g_.node(offs.ref.node).name, offs.info.placement.ToString()));
   }
   const Node& sort = g_.node(NodeId{order - 1});
   if (BoolArg(sort, sort.target.overload == "stable" ? -1 : 2, "descending").value_or(false)) {
     return Error(n, absl::StrFormat("groups rows of sort '%s', which is descending: offsets count "
                                     "the groups from the first, so rows would not fall in their "
-                                    "key's group", sort.name));
+                                    "key's group",
+                                    sort.name));
   }
   const Node& cs = g_.node(ThroughCasts(offs.ref, false).node);
-  const ValueRef* counts = Is(cs, "aten::cumsum") && !cs.args.empty() && IntArg(cs, 1, "dim").value_or(-1) == 0
-                               ? cs.args[0].get_if<ValueRef>() : nullptr;
+  const ValueRef* counts =
+      Is(cs, "aten::cumsum") && !cs.args.empty() && IntArg(cs, 1, "dim").value_or(-1) == 0
+          ? cs.args[0].get_if<ValueRef>()
+          : nullptr;
   const int64_t groups = counts ? GroupCounts(ThroughCasts(*counts, false), order) : -1;
   if (groups < 0) {
-    return Error(n, absl::StrFormat(
-        "groups rows by offsets %s that are not cumsum(histc(keys, G, 0, G - 1)) or "
-        "cumsum((keys.unsqueeze(1) == arange(G)).sum(0)) of the values of sort '%s', so a row's "
-        "group may depend on the other rows of its rank", g_.node(offs.ref.node).name, sort.name));
+    return Error(n,
+                 absl::StrFormat(
+                     "groups rows by offsets %s that are not cumsum(histc(keys, G, 0, G - 1)) or "
+                     "cumsum((keys.unsqueeze(1) == arange(G)).sum(0)) of the values of sort '%s', "
+                     "so a row's "
+                     "group may depend on the other rows of its rank",
+                     g_.node(offs.ref.node).name, sort.name));
   }
   if (!KeysAreGroups(order, groups)) {
-    return Error(n, absl::StrFormat(
-        "counts the keys of sort '%s' by groups 0..%d, but the keys are not shown to be groups (the "
-        "indices of a topk, max or argmax over %d entries): keys outside would shift the offsets",
-        sort.name, groups - 1, groups));
+    return Error(n, absl::StrFormat("counts the keys of sort '%s' by groups 0..%d, but the keys "
+                                    "are not shown to be groups (the "
+                                    "indices of a topk, max or argmax over %d entries): keys "
+                                    "outside would shift the offsets",
+                                    sort.name, groups - 1, groups));
   }
   return absl::OkStatus();
 }
@@ -391,15 +425,20 @@ absl::Status BatchDimAnalyzer::GroupedMm(NodeId id, const Node& n, const OpRule&
     out = Shard(0, a->info.outer, s.scaled);
     out.order = order;
     info.detail = Detail::kFromArg;
-  } else if (as && bs && a->type->rank() == 2 && b->type->rank() == 2 && a->info.placement.dim == 1 &&
-             b->info.placement.dim == 0 && b->info.order == order && a->info.outer == b->info.outer) {
+  } else if (as && bs && a->type->rank() == 2 && b->type->rank() == 2 &&
+             a->info.placement.dim == 1 && b->info.placement.dim == 0 && b->info.order == order &&
+             a->info.outer == b->info.outer) {
     out = Partial(s.scaled);
     info.detail = Detail::kContracted;
   } else {
-    return Error(n, absl::StrFormat(
-        "holds the batch on dims the grouped product cannot keep row by row: a %s of rank %d, "
-        "b %s of rank %d (supported: a's rows with a replicated 3-D b, or a^T b summed over rows)",
-        a->info.placement.ToString(), a->type->rank(), b->info.placement.ToString(), b->type->rank()));
+    return Error(
+        n,
+        absl::StrFormat(
+            "holds the batch on dims the grouped product cannot keep row by row: a %s of rank %d, "
+            "b %s of rank %d (supported: a's rows with a replicated 3-D b, or a^T b summed over "
+            "rows)",
+            a->info.placement.ToString(), a->type->rank(), b->info.placement.ToString(),
+            b->type->rank()));
   }
   const Operand* offs = nullptr;
   for (const Operand& o : ops) {
@@ -415,7 +454,8 @@ absl::Status BatchDimAnalyzer::GroupedMm(NodeId id, const Node& n, const OpRule&
 // Positions (a sort's indices, p // k, the inverse permutation) hold each rank's own row numbers,
 // 0..n_r-1, where one device has 0..B-1: exact as the index of x[p] or x[p] = v, as p // k
 // (coarser positions), or as the shape of empty_like(p); any other read uses them as values.
-absl::Status BatchDimAnalyzer::CheckPositionsUse(NodeId id, const Node& n, const OpRule* rule) const {
+absl::Status BatchDimAnalyzer::CheckPositionsUse(NodeId id, const Node& n,
+                                                 const OpRule* rule) const {
   if (rule != nullptr && rule->family == OpFamily::kLike) return absl::OkStatus();
   const int32_t base = a_.value_offset_[id.value];
   bool outputs_positions = a_.num_outputs(id) > 0;
@@ -426,15 +466,17 @@ absl::Status BatchDimAnalyzer::CheckPositionsUse(NodeId id, const Node& n, const
   const bool divides = rule != nullptr && rule->has(kDividesPositions) && outputs_positions;
   absl::Status st;
   n.ForEachInput([&](ValueRef r) {
-    if (!st.ok() || TypeOf(r) == nullptr || (positions_index_ && r == *positions_index_) || divides) return;
+    if (!st.ok() || TypeOf(r) == nullptr || (positions_index_ && r == *positions_index_) || divides)
+      return;
     const ValueInfo v = Read(r);
     if (!v.placement.is_shard() || v.positions == Positions::kNone) return;
     const int32_t sort = v.positions == Positions::kGather ? v.order : v.restores;
-    st = Error(n, absl::StrFormat(
-        "reads %s, row positions from sort '%s', as values: on each rank they number its own rows "
-        "0..n_r-1, where one device numbers the whole batch 0..B-1; positions are exact only as an "
-        "index (x[p], x[p // k], inv[p] = arange(n), y[inv])", g_.node(r.node).name,
-        g_.node(NodeId{sort - 1}).name));
+    st = Error(n, absl::StrFormat("reads %s, row positions from sort '%s', as values: on each rank "
+                                  "they number its own rows "
+                                  "0..n_r-1, where one device numbers the whole batch 0..B-1; "
+                                  "positions are exact only as an "
+                                  "index (x[p], x[p // k], inv[p] = arange(n), y[inv])",
+                                  g_.node(r.node).name, g_.node(NodeId{sort - 1}).name));
   });
   return st;
 }
@@ -474,25 +516,30 @@ absl::Status BatchDimAnalyzer::OrderRows(NodeId id, const Node& n, const OpRule*
   auto refuse = [&](const std::string& why) {
     return Error(n, absl::StrFormat("reads %s, whose rows are in %s (not a slice of the batch), "
                                     "and %s; only row-wise ops, sums over the rows and putting the "
-                                    "rows back are exact on such rows", g_.node(first.node).name,
-                                    OrderName(order), why));
+                                    "rows back are exact on such rows",
+                                    g_.node(first.node).name, OrderName(order), why));
   };
-  if (has_natural) return refuse(absl::StrCat(g_.node(natural.node).name, ", whose rows are in batch order"));
+  if (has_natural)
+    return refuse(absl::StrCat(g_.node(natural.node).name, ", whose rows are in batch order"));
   if (rule == nullptr && !IsViewOp(n.target)) return refuse("has no batch-dim rule");
-  if (rule != nullptr && (rule->family == OpFamily::kAsStrided || rule->family == OpFamily::kAsStridedScatter)) {
+  if (rule != nullptr &&
+      (rule->family == OpFamily::kAsStrided || rule->family == OpFamily::kAsStridedScatter)) {
     return refuse("views its storage with strides");
   }
   for (const ShardedRead& s : a_.sharded_reads_) {
-    if (s.user == id) return refuse(absl::StrCat("slices ", g_.node(s.value.node).name, " by batch rows"));
+    if (s.user == id)
+      return refuse(absl::StrCat("slices ", g_.node(s.value.node).name, " by batch rows"));
   }
-  const bool divides = rule != nullptr && rule->has(kDividesPositions) && f.positions == ValueInfo::Positions::kGather;
+  const bool divides = rule != nullptr && rule->has(kDividesPositions) &&
+                       f.positions == ValueInfo::Positions::kGather;
   for (int32_t k = 0; k < n_out; ++k) {
     ValueInfo& v = a_.values_[base + k];
     if (!v.placement.is_shard()) continue;
     const TensorType* t = OutType(n, k);
     if (t == nullptr || t->shape[v.placement.dim] != extent || v.outer != f.outer) {
-      return refuse(absl::StrFormat("its output %d holds the batch on dim %d of %d entries (the rows: %d)",
-                                    k, v.placement.dim, t ? t->shape[v.placement.dim] : -1, extent));
+      return refuse(
+          absl::StrFormat("its output %d holds the batch on dim %d of %d entries (the rows: %d)", k,
+                          v.placement.dim, t ? t->shape[v.placement.dim] : -1, extent));
     }
     v.order = order;
     // positions // k: positions along a dim k times coarser, whose rank blocks are those rows'.

@@ -40,11 +40,12 @@ absl::Status BatchDimAnalyzer::CatStack(NodeId id, const Node& n, const OpRule& 
       c = {d, o.info.outer, o.arg};
       first = &o;
     } else if (c.dim != d || c.outer != o.info.outer) {
-      return Error(n, absl::StrFormat(
-          "operands hold the batch on different dims: tensor %d (%s) on dim %d (%d blocks), "
-          "tensor %d (%s) on dim %d (%d blocks)",
-          first->elem, g_.node(first->ref.node).name, first->info.placement.dim, c.outer, o.elem,
-          g_.node(o.ref.node).name, o.info.placement.dim, o.info.outer));
+      return Error(
+          n, absl::StrFormat(
+                 "operands hold the batch on different dims: tensor %d (%s) on dim %d (%d blocks), "
+                 "tensor %d (%s) on dim %d (%d blocks)",
+                 first->elem, g_.node(first->ref.node).name, first->info.placement.dim, c.outer,
+                 o.elem, g_.node(o.ref.node).name, o.info.placement.dim, o.info.outer));
     }
   }
   if (c.dim >= 0) {
@@ -67,7 +68,8 @@ absl::Status BatchDimAnalyzer::CatStack(NodeId id, const Node& n, const OpRule& 
 
 absl::Status BatchDimAnalyzer::DimOp(NodeId id, const Node& n, const OpRule& rule) {
   std::vector<Operand> ops = Operands(n);
-  if (rule.family == OpFamily::kIndexWithDim && !rule.has(kAligned)) {  // index_select(x, dim, positions)
+  if (rule.family == OpFamily::kIndexWithDim &&
+      !rule.has(kAligned)) {  // index_select(x, dim, positions)
     if (const Operand* p = PositionsOperand(ops, 2)) return IndexRows(id, n, rule, ops, *p);
   }
   FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule.linear, ops));
@@ -119,7 +121,8 @@ absl::Status BatchDimAnalyzer::DimOp(NodeId id, const Node& n, const OpRule& rul
     case OpFamily::kSelect:
       if (dim == d) {
         return Error(n, absl::StrFormat("selects one entry of dim %d, which holds the batch; "
-                                        "it lives on one rank only", d));
+                                        "it lives on one rank only",
+                                        d));
       }
       if (d > dim) --nd;
       break;
@@ -132,13 +135,14 @@ absl::Status BatchDimAnalyzer::DimOp(NodeId id, const Node& n, const OpRule& rul
       if (dim != d) break;
       const int64_t size = self->type->shape[d];
       bool full;
-      if (const OpParam* length = rule.param(ParamRole::kLength)) {  // narrow(self, dim, start, length)
+      if (const OpParam* length =
+              rule.param(ParamRole::kLength)) {  // narrow(self, dim, start, length)
         full = IntArg(n, rule.param(ParamRole::kStart)).value_or(-1) == 0 &&
                IntArg(n, length).value_or(-1) == size;
       } else {
         const int64_t start = IntArg(n, rule.param(ParamRole::kStart)).value_or(0);
-        const int64_t end = IntArg(n, rule.param(ParamRole::kEnd))
-                                .value_or(std::numeric_limits<int64_t>::max());
+        const int64_t end =
+            IntArg(n, rule.param(ParamRole::kEnd)).value_or(std::numeric_limits<int64_t>::max());
         const int64_t step = IntArg(n, rule.param(ParamRole::kStep)).value_or(1);
         full = start == 0 && end >= size && step == 1;
       }
@@ -153,13 +157,11 @@ absl::Status BatchDimAnalyzer::DimOp(NodeId id, const Node& n, const OpRule& rul
       if (drops_dim) {  // select_backward: the selected dim is re-inserted.
         if (d >= dim) ++nd;
       } else if (dim == d) {
-        return Error(n, absl::StrFormat("scatters a slice into dim %d, which holds the batch",
-                                        d));
+        return Error(n, absl::StrFormat("scatters a slice into dim %d, which holds the batch", d));
       }
       break;
     }
-    default:
-      break;
+    default: break;
   }
   NodeInfo& info = a_.nodes_[id.value];
   info.detail = Detail::kFromArg;
@@ -188,7 +190,8 @@ absl::Status BatchDimAnalyzer::ScatterInto(NodeId id, const Node& n, const OpRul
     const int32_t d = to_self(src->info.placement.dim);
     if (c.dim >= 0 && (c.dim != d || c.outer != src->info.outer)) {
       return Error(n, absl::StrFormat("self holds the batch on dim %d, src on dim %d (dim %d "
-                                      "of self)", c.dim, src->info.placement.dim, d));
+                                      "of self)",
+                                      c.dim, src->info.placement.dim, d));
     }
     if (c.dim < 0) c = {d, src->info.outer, 1};
   }

@@ -36,7 +36,7 @@ void BatchDimAnalyzer::NeedShard(const Operand& o, int32_t dim, int64_t outer, N
 }
 
 bool BatchDimAnalyzer::TryUpgrade(ValueRef r, int32_t dim, int64_t outer, NodeId user,
-                std::vector<std::pair<int32_t, Upgrade>>& marks, int depth) {
+                                  std::vector<std::pair<int32_t, Upgrade>>& marks, int depth) {
   if (depth > 64 || r.output != 0) return false;
   const Node& n = g_.node(r.node);
   if (!n.is_call() || n.outputs.size() != 1) return false;
@@ -55,8 +55,7 @@ bool BatchDimAnalyzer::TryUpgrade(ValueRef r, int32_t dim, int64_t outer, NodeId
     if (spec.is(DimSpec::Kind::kInputDim)) {
       // The dim comes from the input unchanged: build the input sharded.
       const int32_t in_dim = static_cast<int32_t>(spec.input_dim());
-      if (it->shape[in_dim] != 1 &&
-          !TryUpgrade(*in, in_dim, outer, user, marks, depth + 1)) {
+      if (it->shape[in_dim] != 1 && !TryUpgrade(*in, in_dim, outer, user, marks, depth + 1)) {
         return false;
       }
     } else if (!(spec.is(DimSpec::Kind::kBroadcast) || spec.is(DimSpec::Kind::kNewDim)) ||
@@ -81,9 +80,7 @@ bool BatchDimAnalyzer::TryUpgrade(ValueRef r, int32_t dim, int64_t outer, NodeId
       marks.emplace_back(r.node.value, up);
       return true;
     }
-    case OpFamily::kNewFactory:
-      marks.emplace_back(r.node.value, up);
-      return true;
+    case OpFamily::kNewFactory: marks.emplace_back(r.node.value, up); return true;
     case OpFamily::kLike: {
       // ones_like(self) takes self's shape: self must be built sharded too.
       const ValueRef* self = n.args.empty() ? nullptr : n.args[0].get_if<ValueRef>();
@@ -95,13 +92,12 @@ bool BatchDimAnalyzer::TryUpgrade(ValueRef r, int32_t dim, int64_t outer, NodeId
     case OpFamily::kLastDims: {
       // cumsum(ones([B, S]), 1), triu(...): rows stay rows unless the op works along them.
       const int64_t rank = t->rank();
-      const bool along = rule->family == OpFamily::kAlongDim
-                             ? NormDim(IntArg(n, rule->param(ParamRole::kDim)).value_or(-1),
-                                       rank) == dim
-                             : dim >= rank - rule->param(ParamRole::kLastDims)->value;
+      const bool along =
+          rule->family == OpFamily::kAlongDim
+              ? NormDim(IntArg(n, rule->param(ParamRole::kDim)).value_or(-1), rank) == dim
+              : dim >= rank - rule->param(ParamRole::kLastDims)->value;
       const ValueRef* self = n.args.empty() ? nullptr : n.args[0].get_if<ValueRef>();
-      if (along || self == nullptr || TypeOf(*self) == nullptr ||
-          TypeOf(*self)->rank() != rank ||
+      if (along || self == nullptr || TypeOf(*self) == nullptr || TypeOf(*self)->rank() != rank ||
           !TryUpgrade(*self, dim, outer, user, marks, depth + 1)) {
         return false;
       }
@@ -127,8 +123,7 @@ bool BatchDimAnalyzer::TryUpgrade(ValueRef r, int32_t dim, int64_t outer, NodeId
       marks.emplace_back(r.node.value, up);
       return true;
     }
-    default:
-      return false;
+    default: return false;
   }
 }
 

@@ -24,8 +24,8 @@ using ir::ValueRef;
 
 // Where the batch (input dim `d`, outer/inner factors) ends up in the dim
 // `spec` describes. `size` receives the spec's size.
-BatchLoc BatchDimAnalyzer::Locate(const DimSpec& spec, const std::vector<int64_t>& in_shape, int64_t d,
-                int64_t outer, int64_t inner, int64_t* size) const {
+BatchLoc BatchDimAnalyzer::Locate(const DimSpec& spec, const std::vector<int64_t>& in_shape,
+                                  int64_t d, int64_t outer, int64_t inner, int64_t* size) const {
   const int64_t b = a_.batch_size_;
   switch (spec.kind()) {
     case DimSpec::Kind::kSingleton: *size = 1; return {};
@@ -96,8 +96,7 @@ absl::Status BatchDimAnalyzer::VisitView(NodeId id, const Node& n) {
   const ValueRef* in = n.args.empty() ? nullptr : n.args[0].get_if<ValueRef>();
   const TensorType* it = in ? TypeOf(*in) : nullptr;
   if (it == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(ir::NodeLabel(n), ": arg 0 must be a tensor"));
+    return absl::InvalidArgumentError(absl::StrCat(ir::NodeLabel(n), ": arg 0 must be a tensor"));
   }
   const ValueInfo src = Read(*in);
   if (!src.placement.is_shard()) {
@@ -108,8 +107,7 @@ absl::Status BatchDimAnalyzer::VisitView(NodeId id, const Node& n) {
   }
   auto map = ComputeViewDimMap(n.target, it->shape, n.args, n.kwargs);
   if (!map.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(ir::NodeLabel(n), ": ", map.status().message()));
+    return absl::InvalidArgumentError(absl::StrCat(ir::NodeLabel(n), ": ", map.status().message()));
   }
   const int64_t d = src.placement.dim;
   const int64_t n_in = it->shape[d];
@@ -123,8 +121,7 @@ absl::Status BatchDimAnalyzer::VisitView(NodeId id, const Node& n) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "%s: the view %s splits or repeats the batch (size %d, in input dim %d "
           "of %s) across output dim %d; the batch cannot stay split over ranks",
-          ir::NodeLabel(n), DimMapToString(*map), a_.batch_size_, d, it->ToString(),
-          k));
+          ir::NodeLabel(n), DimMapToString(*map), a_.batch_size_, d, it->ToString(), k));
     }
     if (l.kind == BatchLoc::kWhole && found < 0) {
       found = static_cast<int>(k);
@@ -136,9 +133,9 @@ absl::Status BatchDimAnalyzer::VisitView(NodeId id, const Node& n) {
       SetAllOut(id, kReplicated);
       return absl::OkStatus();
     }
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: the view %s drops the batch dim %d of %s", ir::NodeLabel(n),
-        DimMapToString(*map), d, it->ToString()));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: the view %s drops the batch dim %d of %s", ir::NodeLabel(n),
+                        DimMapToString(*map), d, it->ToString()));
   }
   info.detail = Detail::kFromArg;
   info.arg = 0;
@@ -149,8 +146,9 @@ absl::Status BatchDimAnalyzer::VisitView(NodeId id, const Node& n) {
 // The number of storage elements one sample spans in a tensor whose batch
 // is dim `d` (outer 1): stride[d] * size[d] / B, when every other dim stays
 // inside one sample (the batch is the outermost dim in memory); else -1.
-int64_t BatchDimAnalyzer::SampleSpan(const std::vector<int64_t>& size, const std::vector<int64_t>& stride,
-                   int64_t offset, int64_t d) const {
+int64_t BatchDimAnalyzer::SampleSpan(const std::vector<int64_t>& size,
+                                     const std::vector<int64_t>& stride, int64_t offset,
+                                     int64_t d) const {
   const int64_t b = a_.batch_size_;
   if (d < 0 || d >= static_cast<int64_t>(size.size()) || size.size() != stride.size() ||
       size[d] % b != 0) {
@@ -167,8 +165,9 @@ int64_t BatchDimAnalyzer::SampleSpan(const std::vector<int64_t>& size, const std
 
 // The dim of a view (size, stride, offset) that steps over samples of
 // `span` elements, or -1.
-int64_t BatchDimAnalyzer::ViewBatchDim(const std::vector<int64_t>& size, const std::vector<int64_t>& stride,
-                     int64_t offset, int64_t span) const {
+int64_t BatchDimAnalyzer::ViewBatchDim(const std::vector<int64_t>& size,
+                                       const std::vector<int64_t>& stride, int64_t offset,
+                                       int64_t span) const {
   for (size_t k = 0; k < size.size(); ++k) {
     if (SampleSpan(size, stride, offset, static_cast<int64_t>(k)) == span) {
       return static_cast<int64_t>(k);
@@ -214,10 +213,10 @@ absl::Status BatchDimAnalyzer::AsStrided(NodeId id, const Node& n, const OpRule&
   }
   const int64_t k = span < 0 ? -1 : ViewBatchDim(*size, *stride, offset, span);
   if (k < 0) {
-    return Error(n, absl::StrFormat("the view (size [%s], stride [%s], offset %d) mixes "
-                                    "samples of %d elements: it cannot be split by samples",
-                                    absl::StrJoin(*size, ", "), absl::StrJoin(*stride, ", "),
-                                    offset, span));
+    return Error(
+        n, absl::StrFormat("the view (size [%s], stride [%s], offset %d) mixes "
+                           "samples of %d elements: it cannot be split by samples",
+                           absl::StrJoin(*size, ", "), absl::StrJoin(*stride, ", "), offset, span));
   }
   if (!scatter) {
     NodeInfo& info = a_.nodes_[id.value];
@@ -239,7 +238,8 @@ absl::Status BatchDimAnalyzer::AsStrided(NodeId id, const Node& n, const OpRule&
     }
     if (d < 0) {
       return Error(n, absl::StrFormat("self %s has no dim that steps over samples of %d "
-                                      "elements", st.ToString(), span));
+                                      "elements",
+                                      st.ToString(), span));
     }
     NeedShard(*self, static_cast<int32_t>(d), 1, id);
   }

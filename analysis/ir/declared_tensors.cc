@@ -34,7 +34,8 @@ DeclaredTensors DeclaredTensors::Of(const v1::GraphDef& g, Kind kind) {
   DeclaredTensors out;
   out.kind_ = kind;
   for (const v1::Node& n : g.nodes()) {
-    if (n.kind() != v1::PLACEHOLDER || n.outputs_size() == 0 || n.outputs(0).kind() != v1::TENSOR) continue;
+    if (n.kind() != v1::PLACEHOLDER || n.outputs_size() == 0 || n.outputs(0).kind() != v1::TENSOR)
+      continue;
     const bool input = n.placeholder().role() == v1::INPUT;
     if (input != (kind == Kind::kBatch)) continue;
     const std::string& name = n.placeholder().state_name();
@@ -61,8 +62,9 @@ const DeclaredTensors::Tensor* DeclaredTensors::Find(const std::string& name) co
 
 std::string DeclaredTensors::Names(size_t max) const {
   if (order_.size() <= max) return absl::StrJoin(order_, ", ");
-  return absl::StrCat(absl::StrJoin(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(max), ", "),
-                      " and ", order_.size() - max, " more");
+  return absl::StrCat(
+      absl::StrJoin(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(max), ", "),
+      " and ", order_.size() - max, " more");
 }
 
 absl::Status DeclaredTensors::CheckFirstChunk(const v1::TensorChunk& c, absl::string_view what,
@@ -71,8 +73,9 @@ absl::Status DeclaredTensors::CheckFirstChunk(const v1::TensorChunk& c, absl::st
   const std::string prefix = what.empty() ? "" : absl::StrCat(what, ": ");
   const Tensor* want = Find(c.name());
   if (want == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(prefix, "tensor '", c.name(), "' is not a ", noun,
-                                                   " of the graph (its ", size(), ": ", Names(), ")"));
+    return absl::InvalidArgumentError(absl::StrCat(prefix, "tensor '", c.name(), "' is not a ",
+                                                   noun, " of the graph (its ", size(), ": ",
+                                                   Names(), ")"));
   }
   const std::vector<int64_t> shape(c.shape().begin(), c.shape().end());
   absl::StatusOr<DType> dtype = DTypeFromWire(c.dtype());
@@ -91,13 +94,13 @@ absl::Status DeclaredTensors::CheckFirstChunk(const v1::TensorChunk& c, absl::st
   const std::string got = dtype.ok() && c.dtype() != v1::DTYPE_UNSPECIFIED
                               ? TypeText(DTypeShortName(*dtype), shape)
                               : TypeText(absl::StrCat("dtype", static_cast<int>(c.dtype())), shape);
-  return absl::InvalidArgumentError(absl::StrCat(prefix, "tensor '", c.name(), "' is ", got,
-                                                 ", the graph's placeholder '", want->node, "' declares ",
-                                                 TypeText(DTypeShortName(want->dtype), want->shape),
-                                                 world_size > 1 && want->batch_dim >= 0
-                                                     ? absl::StrCat(" (this rank's shard of dim ", want->batch_dim,
-                                                                    " of a global batch over ", world_size, " ranks)")
-                                                     : ""));
+  return absl::InvalidArgumentError(
+      absl::StrCat(prefix, "tensor '", c.name(), "' is ", got, ", the graph's placeholder '",
+                   want->node, "' declares ", TypeText(DTypeShortName(want->dtype), want->shape),
+                   world_size > 1 && want->batch_dim >= 0
+                       ? absl::StrCat(" (this rank's shard of dim ", want->batch_dim,
+                                      " of a global batch over ", world_size, " ranks)")
+                       : ""));
 }
 
 }  // namespace fxdp::ir

@@ -50,7 +50,8 @@ class DeclaredTensors {
   // rank's n). INVALID_ARGUMENT "<what>: tensor 'x' is not ... of the graph
   // (its N ...: a, b)" or "<what>: tensor 'x' is f32[3, 5], the graph's
   // placeholder 'w' declares f32[3, 4]" (no "<what>: " when `what` is empty).
-  absl::Status CheckFirstChunk(const v1::TensorChunk& c, absl::string_view what, int world_size = 1) const;
+  absl::Status CheckFirstChunk(const v1::TensorChunk& c, absl::string_view what,
+                               int world_size = 1) const;
 
  private:
   Kind kind_ = Kind::kState;

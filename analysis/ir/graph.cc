@@ -11,7 +11,7 @@ namespace fxdp::ir {
 namespace {
 
 constexpr std::array<absl::string_view, 4> kNodeKindNames = {"placeholder", "call_function",
-                                                            "get_attr", "output"};
+                                                             "get_attr", "output"};
 constexpr std::array<absl::string_view, 6> kPlaceholderRoleNames = {
     "PARAMETER", "BUFFER", "OPTIMIZER_STATE", "INPUT", "CONSTANT", "HYPERPARAMETER"};
 constexpr std::array<absl::string_view, 5> kOutputRoleNames = {
@@ -117,7 +117,8 @@ UseMap ComputeUses(const Graph& g) {
     const Node& n = g.nodes()[i];
     int32_t pos = 0;
     auto visit = [&](const Argument& a) {
-      a.ForEachRef([&](const ValueRef& r) { uses[r.node.value][r.output].push_back({NodeId{i}, pos}); });
+      a.ForEachRef(
+          [&](const ValueRef& r) { uses[r.node.value][r.output].push_back({NodeId{i}, pos}); });
       ++pos;
     };
     for (const Argument& a : n.args) visit(a);

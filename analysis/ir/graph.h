@@ -12,10 +12,10 @@
 #include <cstdint>
 #include <optional>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <utility>
 #include <variant>
 #include <vector>
+#include "absl/strings/string_view.h"
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
@@ -31,7 +31,9 @@ struct NodeId {
   bool operator!=(NodeId o) const { return value != o.value; }
   bool operator<(NodeId o) const { return value < o.value; }
   template <typename H>
-  friend H AbslHashValue(H h, NodeId id) { return H::combine(std::move(h), id.value); }
+  friend H AbslHashValue(H h, NodeId id) {
+    return H::combine(std::move(h), id.value);
+  }
 };
 
 // Output `output` of node `node`.
@@ -64,27 +66,33 @@ class Argument {
                              Layout, MemoryFormat, Scalar, List>;
 
   Argument() : value_(NoneArg{}) {}
-  Argument(ValueRef r) : value_(r) {}                  // NOLINT: implicit by design
-  Argument(int64_t v) : value_(v) {}                   // NOLINT
-  Argument(int v) : value_(int64_t{v}) {}              // NOLINT
-  Argument(double v) : value_(v) {}                    // NOLINT
-  Argument(bool v) : value_(v) {}                      // NOLINT
-  Argument(std::string v) : value_(std::move(v)) {}    // NOLINT
-  Argument(NoneArg v) : value_(v) {}                   // NOLINT
-  Argument(DType v) : value_(v) {}                     // NOLINT
-  Argument(Device v) : value_(v) {}                    // NOLINT
-  Argument(Layout v) : value_(v) {}                    // NOLINT
-  Argument(MemoryFormat v) : value_(v) {}              // NOLINT
-  Argument(Scalar v) : value_(std::move(v)) {}         // NOLINT
-  Argument(List v) : value_(std::move(v)) {}           // NOLINT
+  Argument(ValueRef r) : value_(r) {}                // NOLINT: implicit by design
+  Argument(int64_t v) : value_(v) {}                 // NOLINT
+  Argument(int v) : value_(int64_t{v}) {}            // NOLINT
+  Argument(double v) : value_(v) {}                  // NOLINT
+  Argument(bool v) : value_(v) {}                    // NOLINT
+  Argument(std::string v) : value_(std::move(v)) {}  // NOLINT
+  Argument(NoneArg v) : value_(v) {}                 // NOLINT
+  Argument(DType v) : value_(v) {}                   // NOLINT
+  Argument(Device v) : value_(v) {}                  // NOLINT
+  Argument(Layout v) : value_(v) {}                  // NOLINT
+  Argument(MemoryFormat v) : value_(v) {}            // NOLINT
+  Argument(Scalar v) : value_(std::move(v)) {}       // NOLINT
+  Argument(List v) : value_(std::move(v)) {}         // NOLINT
 
   const Value& value() const { return value_; }
   template <typename T>
-  bool is() const { return std::holds_alternative<T>(value_); }
+  bool is() const {
+    return std::holds_alternative<T>(value_);
+  }
   template <typename T>
-  const T& as() const { return std::get<T>(value_); }
+  const T& as() const {
+    return std::get<T>(value_);
+  }
   template <typename T>
-  const T* get_if() const { return std::get_if<T>(&value_); }
+  const T* get_if() const {
+    return std::get_if<T>(&value_);
+  }
   bool is_ref() const { return is<ValueRef>(); }
   bool is_list() const { return is<List>(); }
   bool is_none() const { return is<NoneArg>(); }
@@ -126,13 +134,22 @@ enum class NodeKind : int8_t { kPlaceholder, kCallFunction, kGetAttr, kOutput };
 absl::string_view NodeKindName(NodeKind k);  // "placeholder", "call_function", ...
 
 enum class PlaceholderRole : int8_t {
-  kParameter, kBuffer, kOptimizerState, kInput, kConstant, kHyperparameter
+  kParameter,
+  kBuffer,
+  kOptimizerState,
+  kInput,
+  kConstant,
+  kHyperparameter
 };
 absl::string_view PlaceholderRoleName(PlaceholderRole r);  // "PARAMETER", ...
 absl::StatusOr<PlaceholderRole> PlaceholderRoleFromName(absl::string_view s);
 
 enum class OutputRole : int8_t {
-  kUpdatedParameter, kUpdatedBuffer, kUpdatedOptimizerState, kLoss, kOther
+  kUpdatedParameter,
+  kUpdatedBuffer,
+  kUpdatedOptimizerState,
+  kLoss,
+  kOther
 };
 absl::string_view OutputRoleName(OutputRole r);  // "UPDATED_PARAMETER", ...
 absl::StatusOr<OutputRole> OutputRoleFromName(absl::string_view s);
@@ -173,10 +190,10 @@ struct Node {
   std::vector<Argument> args;
   std::vector<KeywordArgument> kwargs;
   std::vector<ValueType> outputs;
-  PlaceholderSpec placeholder;            // kPlaceholder only.
-  std::vector<OutputSpec> output_specs;   // kOutput only.
-  std::string grad_of;                    // parameter whose gradient is output 0.
-  std::string source;                     // the user's line (graph.proto Node.source), or "".
+  PlaceholderSpec placeholder;           // kPlaceholder only.
+  std::vector<OutputSpec> output_specs;  // kOutput only.
+  std::string grad_of;                   // parameter whose gradient is output 0.
+  std::string source;                    // the user's line (graph.proto Node.source), or "".
 
   bool is_placeholder() const { return kind == NodeKind::kPlaceholder; }
   bool is_output() const { return kind == NodeKind::kOutput; }

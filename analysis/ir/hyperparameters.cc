@@ -18,8 +18,8 @@ namespace {
 using Json = nlohmann::json;
 
 std::string KnownList(const std::vector<std::string>& names) {
-  return names.empty() ? "the graph has none" : absl::StrCat("its hyper-parameters: ",
-                                                             absl::StrJoin(names, ", "));
+  return names.empty() ? "the graph has none"
+                       : absl::StrCat("its hyper-parameters: ", absl::StrJoin(names, ", "));
 }
 
 // A closed form's fields: every one a finite number, none unknown, the
@@ -30,14 +30,14 @@ class Fields {
 
   absl::Status Check(std::initializer_list<const char*> allowed) const {
     if (!j_.is_object())
-      return absl::InvalidArgumentError(absl::StrCat(where_, ": expected an object of fields, got ",
-                                                     j_.dump()));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where_, ": expected an object of fields, got ", j_.dump()));
     for (auto it = j_.begin(); it != j_.end(); ++it) {
       if (std::none_of(allowed.begin(), allowed.end(),
                        [&](const char* a) { return it.key() == a; }))
-        return absl::InvalidArgumentError(
-            absl::StrCat(where_, ": unknown field '", it.key(), "' (fields: ",
-                         absl::StrJoin(allowed, ", "), ")"));
+        return absl::InvalidArgumentError(absl::StrCat(where_, ": unknown field '", it.key(),
+                                                       "' (fields: ", absl::StrJoin(allowed, ", "),
+                                                       ")"));
     }
     return absl::OkStatus();
   }
@@ -54,11 +54,11 @@ class Fields {
     return it->get<double>();
   }
   absl::StatusOr<int64_t> Count(const char* name, std::optional<int64_t> fallback = {}) const {
-    FXDP_ASSIGN_OR_RETURN(double v, Number(name, fallback ? std::optional<double>(*fallback)
-                                                          : std::nullopt));
+    FXDP_ASSIGN_OR_RETURN(double v,
+                          Number(name, fallback ? std::optional<double>(*fallback) : std::nullopt));
     if (v < 0 || v != std::floor(v) || v > 1e15)
-      return absl::InvalidArgumentError(absl::StrCat(where_, ": field '", name,
-                                                     "' must be a non-negative integer, got ", v));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where_, ": field '", name, "' must be a non-negative integer, got ", v));
     return static_cast<int64_t>(v);
   }
 
@@ -79,16 +79,17 @@ absl::StatusOr<std::vector<double>> Expand(const std::string& name, const Json& 
     for (int64_t s = 0; s < steps; ++s) {
       const Json& v = j[s];
       if (!v.is_number() || !std::isfinite(v.get<double>()))
-        return absl::InvalidArgumentError(absl::StrCat(where, ": value ", s, " (step ", s + 1,
-                                                       ") must be a finite number, got ", v.dump()));
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": value ", s, " (step ", s + 1, ") must be a finite number, got ", v.dump()));
       out.push_back(v.get<double>());
     }
     return out;
   }
   if (!j.is_object() || j.size() != 1)
     return absl::InvalidArgumentError(absl::StrCat(
-        where, ": expected a list of values (one per step) or one closed form "
-               "({\"constant\": v}, {\"linear_warmup_cosine\": {...}}, {\"step_decay\": {...}}), got ",
+        where,
+        ": expected a list of values (one per step) or one closed form "
+        "({\"constant\": v}, {\"linear_warmup_cosine\": {...}}, {\"step_decay\": {...}}), got ",
         j.dump()));
   const std::string form = j.begin().key();
   const Json& body = j.begin().value();
@@ -96,8 +97,8 @@ absl::StatusOr<std::vector<double>> Expand(const std::string& name, const Json& 
   out.reserve(steps);
   if (form == "constant") {
     if (!body.is_number() || !std::isfinite(body.get<double>()))
-      return absl::InvalidArgumentError(absl::StrCat(at, ": must be a finite number, got ",
-                                                     body.dump()));
+      return absl::InvalidArgumentError(
+          absl::StrCat(at, ": must be a finite number, got ", body.dump()));
     out.assign(steps, body.get<double>());
   } else if (form == "linear_warmup_cosine") {
     Fields f(body, at);
@@ -125,9 +126,9 @@ absl::StatusOr<std::vector<double>> Expand(const std::string& name, const Json& 
     for (int64_t s = 0; s < steps; ++s)
       out.push_back(initial * std::pow(gamma, static_cast<double>(s / size)));
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ": unknown closed form '", form,
-        "' (known: constant, linear_warmup_cosine, step_decay; or a list of values)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": unknown closed form '", form,
+                     "' (known: constant, linear_warmup_cosine, step_decay; or a list of values)"));
   }
   return out;
 }
@@ -183,8 +184,7 @@ absl::StatusOr<Schedule> Schedule::Parse(absl::string_view json, int64_t steps,
                                          absl::string_view source) {
   if (steps < 0) return absl::InvalidArgumentError(absl::StrCat(source, ": negative step count"));
   Json j = Json::parse(json.begin(), json.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded())
-    return absl::InvalidArgumentError(absl::StrCat(source, ": not valid JSON"));
+  if (j.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(source, ": not valid JSON"));
   if (!j.is_object())
     return absl::InvalidArgumentError(absl::StrCat(
         source, ": expected a JSON object {\"optim.group0.lr\": [...], ...}, got ", j.type_name()));
@@ -193,9 +193,9 @@ absl::StatusOr<Schedule> Schedule::Parse(absl::string_view json, int64_t steps,
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (it.key().empty())
       return absl::InvalidArgumentError(absl::StrCat(source, ": an entry with an empty name"));
-    FXDP_ASSIGN_OR_RETURN(std::vector<double> v,
-                          Expand(it.key(), it.value(), steps,
-                                 absl::StrCat(source, ": '", it.key(), "'")));
+    FXDP_ASSIGN_OR_RETURN(
+        std::vector<double> v,
+        Expand(it.key(), it.value(), steps, absl::StrCat(source, ": '", it.key(), "'")));
     s.values_[it.key()] = std::move(v);
   }
   return s;
@@ -222,8 +222,8 @@ absl::StatusOr<Schedule> Schedule::FromSeries(std::map<std::string, std::vector<
                                                      steps, " steps (one value per step)"));
     for (size_t k = 0; k < v.size(); ++k) {
       if (!std::isfinite(v[k]))
-        return absl::InvalidArgumentError(absl::StrCat(what, ": '", name, "' value ", k,
-                                                       " (step ", k + 1, ") is ", v[k],
+        return absl::InvalidArgumentError(absl::StrCat(what, ": '", name, "' value ", k, " (step ",
+                                                       k + 1, ") is ", v[k],
                                                        ", not a finite number"));
     }
     v.resize(steps);

@@ -9,7 +9,8 @@ std::string NodeLabel(absl::string_view name, absl::string_view op) {
 }
 
 std::string NodeLabel(const Node& n) {
-  std::string s = n.is_call() ? NodeLabel(n.name, n.target.ToString()) : NodeLabel(n.name, NodeKindName(n.kind));
+  std::string s = n.is_call() ? NodeLabel(n.name, n.target.ToString())
+                              : NodeLabel(n.name, NodeKindName(n.kind));
   if (!n.source.empty()) absl::StrAppend(&s, " [", n.source, "]");
   return s;
 }

@@ -75,8 +75,8 @@ class Decoder {
       h.metadata.emplace_back(kv.key(), kv.value());
     }
     if (def_.nodes_size() > kMaxNodes)
-      return absl::InvalidArgumentError(absl::StrCat("graph has ", def_.nodes_size(),
-                                                     " nodes, more than the limit ", kMaxNodes));
+      return absl::InvalidArgumentError(
+          absl::StrCat("graph has ", def_.nodes_size(), " nodes, more than the limit ", kMaxNodes));
     std::vector<Node> nodes;
     nodes.reserve(def_.nodes_size());
     for (int i = 0; i < def_.nodes_size(); ++i) {
@@ -102,8 +102,9 @@ class Decoder {
       case v1::GET_ATTR: n.kind = NodeKind::kGetAttr; break;
       case v1::OUTPUT: n.kind = NodeKind::kOutput; break;
       default:
-        return Error(i, d, absl::StrCat("unknown or missing node kind (enum value ",
-                                        static_cast<int>(d.kind()), ")"));
+        return Error(i, d,
+                     absl::StrCat("unknown or missing node kind (enum value ",
+                                  static_cast<int>(d.kind()), ")"));
     }
     if (!d.has_target()) return Error(i, d, "has no target");
     n.target = {d.target().name(), d.target().overload()};
@@ -119,8 +120,8 @@ class Decoder {
         return Error(i, d, absl::StrCat("keyword argument '", kw.name(), "' has no value"));
       auto a = DecodeArgument(kw.value(), 0);
       if (!a.ok())
-        return Error(i, d, absl::StrCat("keyword argument '", kw.name(), "': ",
-                                        a.status().message()));
+        return Error(i, d,
+                     absl::StrCat("keyword argument '", kw.name(), "': ", a.status().message()));
       n.kwargs.push_back({kw.name(), *std::move(a)});
     }
     for (int k = 0; k < d.outputs_size(); ++k) {
@@ -129,10 +130,11 @@ class Decoder {
       n.outputs.push_back(*std::move(v));
     }
     if (d.has_placeholder() != (n.kind == NodeKind::kPlaceholder))
-      return Error(i, d, n.kind == NodeKind::kPlaceholder
-                             ? "placeholder has no placeholder spec (role, state name)"
-                             : absl::StrCat("a ", NodeKindName(n.kind),
-                                            " node carries a placeholder spec"));
+      return Error(
+          i, d,
+          n.kind == NodeKind::kPlaceholder
+              ? "placeholder has no placeholder spec (role, state name)"
+              : absl::StrCat("a ", NodeKindName(n.kind), " node carries a placeholder spec"));
     if (d.has_placeholder()) {
       const v1::PlaceholderSpec& p = d.placeholder();
       Seen(Unknown(p));
@@ -144,8 +146,9 @@ class Decoder {
         case v1::CONSTANT: n.placeholder.role = PlaceholderRole::kConstant; break;
         case v1::HYPERPARAMETER: n.placeholder.role = PlaceholderRole::kHyperparameter; break;
         default:
-          return Error(i, d, absl::StrCat("placeholder role is missing or unknown (enum value ",
-                                          static_cast<int>(p.role()), ")"));
+          return Error(i, d,
+                       absl::StrCat("placeholder role is missing or unknown (enum value ",
+                                    static_cast<int>(p.role()), ")"));
       }
       n.placeholder.state_name = p.state_name();
       n.placeholder.batch_dim = p.batch_dim();
@@ -161,9 +164,10 @@ class Decoder {
         case v1::LOSS: spec.role = OutputRole::kLoss; break;
         case v1::OTHER: spec.role = OutputRole::kOther; break;
         default:
-          return Error(i, d, absl::StrCat("returned value ", k,
-                                          ": output role is missing or unknown (enum value ",
-                                          static_cast<int>(s.role()), ")"));
+          return Error(
+              i, d,
+              absl::StrCat("returned value ", k, ": output role is missing or unknown (enum value ",
+                           static_cast<int>(s.role()), ")"));
       }
       spec.state_name = s.state_name();
       n.output_specs.push_back(std::move(spec));
@@ -208,24 +212,21 @@ class Decoder {
   absl::StatusOr<Argument> DecodeArgument(const v1::Argument& a, int depth) {
     Seen(Unknown(a));
     if (depth > kMaxListDepth)
-      return absl::InvalidArgumentError(
-          absl::StrCat("lists nested deeper than ", kMaxListDepth));
+      return absl::InvalidArgumentError(absl::StrCat("lists nested deeper than ", kMaxListDepth));
     switch (a.value_case()) {
       case v1::Argument::kRef:
         Seen(Unknown(a.ref()));
         if (a.ref().node() > static_cast<uint32_t>(kMaxNodes) || a.ref().output() > (1u << 30))
-          return absl::InvalidArgumentError(absl::StrCat(
-              "reference to node #", a.ref().node(), " output ", a.ref().output(),
-              " is out of range"));
+          return absl::InvalidArgumentError(absl::StrCat("reference to node #", a.ref().node(),
+                                                         " output ", a.ref().output(),
+                                                         " is out of range"));
         return Argument(ValueRef{NodeId{static_cast<int32_t>(a.ref().node())},
                                  static_cast<int32_t>(a.ref().output())});
       case v1::Argument::kIntValue: return Argument(int64_t{a.int_value()});
       case v1::Argument::kFloatValue: return Argument(a.float_value());
       case v1::Argument::kBoolValue: return Argument(a.bool_value());
       case v1::Argument::kStringValue: return Argument(a.string_value());
-      case v1::Argument::kNone:
-        Seen(Unknown(a.none()));
-        return Argument(NoneArg{});
+      case v1::Argument::kNone: Seen(Unknown(a.none())); return Argument(NoneArg{});
       case v1::Argument::kDtype: {
         FXDP_ASSIGN_OR_RETURN(DType d, DTypeFromWire(a.dtype()));
         return Argument(d);
@@ -304,9 +305,12 @@ struct ArgumentEncoder {
     std::visit(
         [o](const auto& v) {
           using T = std::decay_t<decltype(v)>;
-          if constexpr (std::is_same_v<T, int64_t>) o->set_int_value(v);
-          else if constexpr (std::is_same_v<T, double>) o->set_float_value(v);
-          else if constexpr (std::is_same_v<T, bool>) o->set_bool_value(v);
+          if constexpr (std::is_same_v<T, int64_t>)
+            o->set_int_value(v);
+          else if constexpr (std::is_same_v<T, double>)
+            o->set_float_value(v);
+          else if constexpr (std::is_same_v<T, bool>)
+            o->set_bool_value(v);
           else {
             o->mutable_complex_value()->set_real(v.real());
             o->mutable_complex_value()->set_imag(v.imag());
@@ -448,7 +452,8 @@ absl::StatusOr<std::string> ReadFileBytes(const std::string& path) {
 absl::StatusOr<Graph> ReadGraphFile(const std::string& path) {
   FXDP_ASSIGN_OR_RETURN(std::string bytes, ReadFileBytes(path));
   auto g = DecodeGraphBytes(bytes);
-  if (!g.ok()) return absl::Status(g.status().code(), absl::StrCat(path, ": ", g.status().message()));
+  if (!g.ok())
+    return absl::Status(g.status().code(), absl::StrCat(path, ": ", g.status().message()));
   return g;
 }
 

@@ -27,12 +27,22 @@ struct SafetensorsDType {
   DType dtype;
 };
 constexpr SafetensorsDType kSafetensorsDTypes[] = {
-    {"F64", DType::kFloat64},          {"F32", DType::kFloat32},     {"F16", DType::kFloat16},
-    {"BF16", DType::kBFloat16},        {"F8_E4M3", DType::kFloat8E4M3FN},
-    {"F8_E5M2", DType::kFloat8E5M2},   {"I64", DType::kInt64},       {"I32", DType::kInt32},
-    {"I16", DType::kInt16},            {"I8", DType::kInt8},         {"U64", DType::kUInt64},
-    {"U32", DType::kUInt32},           {"U16", DType::kUInt16},      {"U8", DType::kUInt8},
-    {"BOOL", DType::kBool},            {"C64", DType::kComplex64},
+    {"F64", DType::kFloat64},
+    {"F32", DType::kFloat32},
+    {"F16", DType::kFloat16},
+    {"BF16", DType::kBFloat16},
+    {"F8_E4M3", DType::kFloat8E4M3FN},
+    {"F8_E5M2", DType::kFloat8E5M2},
+    {"I64", DType::kInt64},
+    {"I32", DType::kInt32},
+    {"I16", DType::kInt16},
+    {"I8", DType::kInt8},
+    {"U64", DType::kUInt64},
+    {"U32", DType::kUInt32},
+    {"U16", DType::kUInt16},
+    {"U8", DType::kUInt8},
+    {"BOOL", DType::kBool},
+    {"C64", DType::kComplex64},
 };
 
 absl::Status Corrupt(const std::string& what) {
@@ -89,11 +99,13 @@ absl::StatusOr<uint64_t> SafetensorsHeaderLength(absl::string_view first8, uint6
   uint64_t n = 0;
   std::memcpy(&n, first8.data(), 8);
   if (n > kMaxSafetensorsHeader)
-    return Corrupt(absl::StrCat("not a safetensors file: the header length field exceeds the limit of ",
-                                util::WithCommas(kMaxSafetensorsHeader), " bytes"));
+    return Corrupt(
+        absl::StrCat("not a safetensors file: the header length field exceeds the limit of ",
+                     util::WithCommas(kMaxSafetensorsHeader), " bytes"));
   if (n > file_size - 8)
-    return Corrupt(absl::StrCat("not a safetensors file, or truncated: the header length field exceeds the ",
-                                util::WithCommas(file_size - 8), " bytes after it"));
+    return Corrupt(
+        absl::StrCat("not a safetensors file, or truncated: the header length field exceeds the ",
+                     util::WithCommas(file_size - 8), " bytes after it"));
   return n;
 }
 
@@ -108,8 +120,10 @@ absl::StatusOr<SafetensorsEntry> ParseEntry(const std::string& key, const nlohma
   auto dt = v.find("dtype");
   auto sh = v.find("shape");
   auto off = v.find("data_offsets");
-  if (dt == v.end() || !dt->is_string()) return Corrupt(absl::StrCat(where, ": missing or non-string 'dtype'"));
-  if (sh == v.end() || !sh->is_array()) return Corrupt(absl::StrCat(where, ": missing or non-array 'shape'"));
+  if (dt == v.end() || !dt->is_string())
+    return Corrupt(absl::StrCat(where, ": missing or non-string 'dtype'"));
+  if (sh == v.end() || !sh->is_array())
+    return Corrupt(absl::StrCat(where, ": missing or non-array 'shape'"));
   if (off == v.end() || !off->is_array() || off->size() != 2)
     return Corrupt(absl::StrCat(where, ": 'data_offsets' must be [begin, end]"));
   SafetensorsEntry e;
@@ -117,17 +131,21 @@ absl::StatusOr<SafetensorsEntry> ParseEntry(const std::string& key, const nlohma
   absl::StatusOr<DType> type = DTypeFromSafetensorsName(dt->get<std::string>());
   if (!type.ok()) {
     std::string known;
-    for (const SafetensorsDType& t : kSafetensorsDTypes) absl::StrAppend(&known, known.empty() ? "" : " ", t.name);
+    for (const SafetensorsDType& t : kSafetensorsDTypes)
+      absl::StrAppend(&known, known.empty() ? "" : " ", t.name);
     return absl::UnimplementedError(
         absl::StrCat("safetensors ", where, ": a dtype fxdp does not know (it knows ", known, ")"));
   }
   e.dtype = *type;
-  if (sh->size() > 64) return Corrupt(absl::StrCat(where, ": ", sh->size(), " dimensions, more than 64"));
+  if (sh->size() > 64)
+    return Corrupt(absl::StrCat(where, ": ", sh->size(), " dimensions, more than 64"));
   uint64_t numel = 1;
   bool overflow = false;
   for (const nlohmann::json& d : *sh) {
     auto c = AsCount(d);
-    if (!c) return Corrupt(absl::StrCat(where, ": its shape has an entry that is not a non-negative integer"));
+    if (!c)
+      return Corrupt(
+          absl::StrCat(where, ": its shape has an entry that is not a non-negative integer"));
     e.shape.push_back(static_cast<int64_t>(*c));
     if (*c != 0 && numel > (uint64_t{1} << 62) / *c) overflow = true;
     numel *= *c;
@@ -142,32 +160,37 @@ absl::StatusOr<SafetensorsEntry> ParseEntry(const std::string& key, const nlohma
   if (overflow || numel > (uint64_t{1} << 62) / item)
     return Corrupt(absl::StrCat(where, ": its shape is too large (over 2^62 bytes)"));
   if (e.end - e.begin != numel * item)
-    return Corrupt(absl::StrCat(where, ": its data_offsets span a different number of bytes than its dtype "
-                                "and shape need"));
+    return Corrupt(
+        absl::StrCat(where,
+                     ": its data_offsets span a different number of bytes than its dtype "
+                     "and shape need"));
   // Well-formed from here on: named.
   if (e.end > data_size)
-    return Corrupt(absl::StrCat("tensor '", key, "': data ends at byte ", e.end, " of a ", data_size,
-                                "-byte data buffer (truncated?)"));
+    return Corrupt(absl::StrCat("tensor '", key, "': data ends at byte ", e.end, " of a ",
+                                data_size, "-byte data buffer (truncated?)"));
   return e;
 }
 
 }  // namespace
 
-absl::StatusOr<SafetensorsView> ParseSafetensorsHeader(absl::string_view prefix, uint64_t file_size) {
+absl::StatusOr<SafetensorsView> ParseSafetensorsHeader(absl::string_view prefix,
+                                                       uint64_t file_size) {
   absl::StatusOr<uint64_t> length = SafetensorsHeaderLength(prefix, file_size);
   if (!length.ok()) return length.status();
   const uint64_t n = *length;
   if (prefix.size() < 8 + n)
-    return absl::InternalError(absl::StrCat("parsing a safetensors header of ", n, " bytes from the first ",
-                                            prefix.size(), " bytes of the file"));
+    return absl::InternalError(absl::StrCat("parsing a safetensors header of ", n,
+                                            " bytes from the first ", prefix.size(),
+                                            " bytes of the file"));
   const absl::string_view header = prefix.substr(8, n);
   SafetensorsView out;
   out.data_size = file_size - 8 - n;
   // No exceptions, and never nlohmann's message: it quotes the input.
-  nlohmann::json j = nlohmann::json::parse(header.begin(), header.end(), nullptr, /*allow_exceptions=*/false);
+  nlohmann::json j =
+      nlohmann::json::parse(header.begin(), header.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded())
-    return Corrupt(absl::StrCat("not a safetensors file, or a damaged one: its ", util::WithCommas(n),
-                                "-byte header is not valid JSON"));
+    return Corrupt(absl::StrCat("not a safetensors file, or a damaged one: its ",
+                                util::WithCommas(n), "-byte header is not valid JSON"));
   if (!j.is_object()) return Corrupt("not a safetensors file: its header is not a JSON object");
 
   size_t k = 0;
@@ -182,7 +205,8 @@ absl::StatusOr<SafetensorsView> ParseSafetensorsHeader(absl::string_view prefix,
       }
       continue;
     }
-    const std::string where = absl::StrCat("tensor entry ", ++k, " of ", entries, " (in name order)");
+    const std::string where =
+        absl::StrCat("tensor entry ", ++k, " of ", entries, " (in name order)");
     absl::StatusOr<SafetensorsEntry> e = ParseEntry(it.key(), v, where, out.data_size);
     if (!e.ok()) return e.status();
     out.tensors.push_back(*std::move(e));
@@ -197,13 +221,15 @@ absl::StatusOr<SafetensorsView> ParseSafetensorsHeader(absl::string_view prefix,
     if (e.begin < pos)
       return Corrupt(absl::StrCat("tensor '", e.name, "' overlaps the previous tensor"));
     if (e.begin > pos)
-      return Corrupt(absl::StrCat("bytes ", pos, "..", e.begin, " of the data buffer belong to "
-                                  "no tensor (before '", e.name, "')"));
+      return Corrupt(absl::StrCat("bytes ", pos, "..", e.begin,
+                                  " of the data buffer belong to "
+                                  "no tensor (before '",
+                                  e.name, "')"));
     pos = e.end;
   }
   if (pos != out.data_size)
-    return Corrupt(absl::StrCat("the data buffer has ", out.data_size, " bytes, the tensors cover ",
-                                pos));
+    return Corrupt(
+        absl::StrCat("the data buffer has ", out.data_size, " bytes, the tensors cover ", pos));
   return out;
 }
 
@@ -219,8 +245,8 @@ absl::StatusOr<std::vector<RawTensor>> ParseSafetensorsTensors(absl::string_view
   return out;
 }
 
-absl::StatusOr<std::string> SerializeSafetensors(std::vector<TensorBytes> tensors,
-                                                 const std::map<std::string, std::string>& metadata) {
+absl::StatusOr<std::string> SerializeSafetensors(
+    std::vector<TensorBytes> tensors, const std::map<std::string, std::string>& metadata) {
   std::sort(tensors.begin(), tensors.end(),
             [](const TensorBytes& a, const TensorBytes& b) { return a.name < b.name; });
   nlohmann::json header = nlohmann::json::object();
@@ -238,14 +264,13 @@ absl::StatusOr<std::string> SerializeSafetensors(std::vector<TensorBytes> tensor
       return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "' given twice"));
     const absl::string_view dt = DTypeSafetensorsName(t.dtype);
     if (dt.empty())
-      return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': dtype ",
-                                                     DTypeTorchName(t.dtype),
-                                                     " has no safetensors name"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", t.name, "': dtype ", DTypeTorchName(t.dtype), " has no safetensors name"));
     uint64_t want = static_cast<uint64_t>(DTypeItemSize(t.dtype));
     for (int64_t d : t.shape) want *= static_cast<uint64_t>(std::max<int64_t>(d, 0));
     if (t.data.size() != want)
-      return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': ", t.data.size(),
-                                                     " bytes, but its dtype and shape need ", want));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", t.name, "': ", t.data.size(), " bytes, but its dtype and shape need ", want));
     header[t.name] = {{"dtype", std::string(dt)},
                       {"shape", t.shape},
                       {"data_offsets", {offset, offset + t.data.size()}}};
@@ -317,7 +342,8 @@ absl::StatusOr<SafetensorsReader> SafetensorsReader::Open(const std::string& pat
 absl::Status SafetensorsReader::Read(uint64_t begin, uint64_t n, void* dest) const {
   if (begin > header_.data_size || n > header_.data_size - begin)
     return absl::InternalError(absl::StrCat("reading bytes ", begin, "..", begin + n, " of the ",
-                                            header_.data_size, "-byte data buffer of '", file_.path(), "'"));
+                                            header_.data_size, "-byte data buffer of '",
+                                            file_.path(), "'"));
   return file_.ReadAt(data_begin_ + begin, n, dest);
 }
 
@@ -326,7 +352,8 @@ absl::StatusOr<std::vector<RawTensor>> ReadSafetensorsFile(const std::string& pa
   absl::StatusOr<std::string> bytes = ReadSafetensorsBytes(path, options);
   if (!bytes.ok()) return bytes.status();
   absl::StatusOr<std::vector<RawTensor>> r = ParseSafetensorsTensors(*bytes);
-  if (!r.ok()) return absl::Status(r.status().code(), absl::StrCat("'", path, "': ", r.status().message()));
+  if (!r.ok())
+    return absl::Status(r.status().code(), absl::StrCat("'", path, "': ", r.status().message()));
   return r;
 }
 

@@ -73,7 +73,8 @@ absl::StatusOr<uint64_t> SafetensorsHeaderLength(absl::string_view first8, uint6
 // `prefix` holds at least the file's first 8 + header length bytes: the
 // checks of ParseSafetensors, offsets against the file's data size; `data`
 // stays empty (SafetensorsView::data_size says how long it is).
-absl::StatusOr<SafetensorsView> ParseSafetensorsHeader(absl::string_view prefix, uint64_t file_size);
+absl::StatusOr<SafetensorsView> ParseSafetensorsHeader(absl::string_view prefix,
+                                                       uint64_t file_size);
 
 // A tensor to serialize: its bytes are the caller's.
 struct TensorBytes {
@@ -85,8 +86,8 @@ struct TensorBytes {
 
 // INVALID_ARGUMENT naming the tensor for a dtype safetensors cannot name,
 // data of the wrong size, a tensor named __metadata__ or a name twice.
-absl::StatusOr<std::string> SerializeSafetensors(std::vector<TensorBytes> tensors,
-                                                 const std::map<std::string, std::string>& metadata = {});
+absl::StatusOr<std::string> SerializeSafetensors(
+    std::vector<TensorBytes> tensors, const std::map<std::string, std::string>& metadata = {});
 absl::StatusOr<std::string> SerializeSafetensors(const std::vector<RawTensor>& tensors);
 
 // Files. The largest file read unless told otherwise (64 GiB).
@@ -106,8 +107,8 @@ struct SafetensorsReadOptions {
 absl::StatusOr<std::string> ReadSafetensorsBytes(const std::string& path,
                                                  const SafetensorsReadOptions& options = {});
 // Read and parsed (errors start with "'PATH': ").
-absl::StatusOr<std::vector<RawTensor>> ReadSafetensorsFile(const std::string& path,
-                                                           const SafetensorsReadOptions& options = {});
+absl::StatusOr<std::vector<RawTensor>> ReadSafetensorsFile(
+    const std::string& path, const SafetensorsReadOptions& options = {});
 // A safetensors file read piece by piece: Open reads and checks the header
 // only (the open and size checks of ReadSafetensorsBytes; parse errors start
 // with "'PATH': "), Read copies bytes of the data buffer where the caller

@@ -31,9 +31,10 @@ std::string FormatDouble(double v) {
 std::string FormatTypes(const std::vector<ValueType>& outs) {
   if (outs.size() == 1) return outs[0].ToString();
   return absl::StrCat(
-      "(", absl::StrJoin(outs, ", ", [](std::string* o, const ValueType& v) {
-        absl::StrAppend(o, v.ToString());
-      }), ")");
+      "(",
+      absl::StrJoin(outs, ", ",
+                    [](std::string* o, const ValueType& v) { absl::StrAppend(o, v.ToString()); }),
+      ")");
 }
 
 struct ArgPrinter {
@@ -49,25 +50,35 @@ struct ArgPrinter {
   std::string operator()(const std::string& v) const { return Quote(v); }
   std::string operator()(const NoneArg&) const { return "None"; }
   std::string operator()(DType d) const { return std::string(DTypeTorchName(d)); }
-  std::string operator()(const Device& d) const { return absl::StrCat("device(", d.ToString(), ")"); }
+  std::string operator()(const Device& d) const {
+    return absl::StrCat("device(", d.ToString(), ")");
+  }
   std::string operator()(Layout l) const { return std::string(LayoutTorchName(l)); }
   std::string operator()(MemoryFormat m) const { return std::string(MemoryFormatTorchName(m)); }
   std::string operator()(const Scalar& s) const {
     std::string inner = std::visit(
         [](const auto& v) -> std::string {
           using T = std::decay_t<decltype(v)>;
-          if constexpr (std::is_same_v<T, int64_t>) return absl::StrCat(v);
-          else if constexpr (std::is_same_v<T, double>) return FormatDouble(v);
-          else if constexpr (std::is_same_v<T, bool>) return v ? "true" : "false";
-          else return absl::StrCat("complex(", FormatDouble(v.real()), ", ", FormatDouble(v.imag()), ")");
+          if constexpr (std::is_same_v<T, int64_t>)
+            return absl::StrCat(v);
+          else if constexpr (std::is_same_v<T, double>)
+            return FormatDouble(v);
+          else if constexpr (std::is_same_v<T, bool>)
+            return v ? "true" : "false";
+          else
+            return absl::StrCat("complex(", FormatDouble(v.real()), ", ", FormatDouble(v.imag()),
+                                ")");
         },
         s.value);
     return absl::StrCat("scalar(", inner, ")");
   }
   std::string operator()(const Argument::List& l) const {
-    return absl::StrCat("[", absl::StrJoin(l, ", ", [this](std::string* o, const Argument& a) {
-                          absl::StrAppend(o, std::visit(*this, a.value()));
-                        }), "]");
+    return absl::StrCat("[",
+                        absl::StrJoin(l, ", ",
+                                      [this](std::string* o, const Argument& a) {
+                                        absl::StrAppend(o, std::visit(*this, a.value()));
+                                      }),
+                        "]");
   }
 };
 
@@ -91,8 +102,10 @@ std::string PrintNode(const Graph& g, NodeId id, bool with_source) {
   std::vector<std::string> attrs;
   if (!n.is_call()) {
     const absl::string_view default_target = n.is_output() ? absl::string_view("output") : n.name;
-    if (n.target.name != default_target) attrs.push_back(absl::StrCat("target=", Quote(n.target.name)));
-    if (!n.target.overload.empty()) attrs.push_back(absl::StrCat("overload=", Quote(n.target.overload)));
+    if (n.target.name != default_target)
+      attrs.push_back(absl::StrCat("target=", Quote(n.target.name)));
+    if (!n.target.overload.empty())
+      attrs.push_back(absl::StrCat("overload=", Quote(n.target.overload)));
   }
   if (n.is_placeholder()) {
     attrs.push_back(absl::StrCat("role=", PlaceholderRoleName(n.placeholder.role)));
@@ -101,11 +114,14 @@ std::string PrintNode(const Graph& g, NodeId id, bool with_source) {
       attrs.push_back(absl::StrCat("batch_dim=", n.placeholder.batch_dim));
   }
   if (n.is_output()) {
-    attrs.push_back(absl::StrCat(
-        "specs=[", absl::StrJoin(n.output_specs, ", ", [](std::string* o, const OutputSpec& sp) {
-          absl::StrAppend(o, OutputRoleName(sp.role));
-          if (!sp.state_name.empty()) absl::StrAppend(o, " ", Quote(sp.state_name));
-        }), "]"));
+    attrs.push_back(absl::StrCat("specs=[",
+                                 absl::StrJoin(n.output_specs, ", ",
+                                               [](std::string* o, const OutputSpec& sp) {
+                                                 absl::StrAppend(o, OutputRoleName(sp.role));
+                                                 if (!sp.state_name.empty())
+                                                   absl::StrAppend(o, " ", Quote(sp.state_name));
+                                               }),
+                                 "]"));
   }
   if (!n.grad_of.empty()) attrs.push_back(absl::StrCat("grad_of=", Quote(n.grad_of)));
   if (with_source && !n.source.empty()) attrs.push_back(absl::StrCat("source=", Quote(n.source)));
@@ -117,8 +133,10 @@ std::string PrintGraph(const Graph& g, bool with_source) {
   const GraphHeader& h = g.header();
   std::string s = absl::StrCat("graph format=", h.format_version, " producer=", Quote(h.producer),
                                " torch=", Quote(h.torch_version), " {\n");
-  for (const auto& [k, v] : h.metadata) absl::StrAppend(&s, "  meta ", Quote(k), " = ", Quote(v), "\n");
-  for (int32_t i = 0; i < g.size(); ++i) absl::StrAppend(&s, "  ", PrintNode(g, NodeId{i}, with_source), "\n");
+  for (const auto& [k, v] : h.metadata)
+    absl::StrAppend(&s, "  meta ", Quote(k), " = ", Quote(v), "\n");
+  for (int32_t i = 0; i < g.size(); ++i)
+    absl::StrAppend(&s, "  ", PrintNode(g, NodeId{i}, with_source), "\n");
   absl::StrAppend(&s, "}\n");
   return s;
 }
@@ -161,7 +179,7 @@ class Lexer {
       // Graph strings are proto3 strings: bytes that are not UTF-8 would
       // parse here but encode to a GraphDef no decoder accepts.
       if (!google::protobuf::internal::IsStructurallyValidUTF8(unescaped.data(),
-                                                              static_cast<int>(unescaped.size())))
+                                                               static_cast<int>(unescaped.size())))
         return Error(t, "string is not valid UTF-8");
       t.kind = Tok::kString;
       t.text = std::move(unescaped);
@@ -211,8 +229,7 @@ class Lexer {
   }
 
   static absl::Status Error(const Token& t, absl::string_view msg) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("line ", t.line, ", column ", t.col, ": ", msg));
+    return absl::InvalidArgumentError(absl::StrCat("line ", t.line, ", column ", t.col, ": ", msg));
   }
 
  private:
@@ -310,7 +327,8 @@ class Parser {
     return s;
   }
   absl::StatusOr<std::string> ParseString() {
-    if (tok_.kind != Tok::kString) return Error(absl::StrCat("expected a string, got ", Describe()));
+    if (tok_.kind != Tok::kString)
+      return Error(absl::StrCat("expected a string, got ", Describe()));
     std::string s = tok_.text;
     FXDP_RETURN_IF_ERROR(Advance());
     return s;
@@ -322,7 +340,8 @@ class Parser {
     FXDP_RETURN_IF_ERROR(Advance());
     return v;
   }
-  absl::StatusOr<std::vector<int64_t>> ParseIntList(absl::string_view open, absl::string_view close) {
+  absl::StatusOr<std::vector<int64_t>> ParseIntList(absl::string_view open,
+                                                    absl::string_view close) {
     std::vector<int64_t> out;
     FXDP_RETURN_IF_ERROR(ExpectPunct(open));
     while (!IsPunct(close)) {
@@ -430,7 +449,8 @@ class Parser {
       FXDP_ASSIGN_OR_RETURN(int64_t v, ParseInt());
       return Argument(v);
     }
-    if (tok_.kind != Tok::kIdent) return Error(absl::StrCat("expected an argument, got ", Describe()));
+    if (tok_.kind != Tok::kIdent)
+      return Error(absl::StrCat("expected an argument, got ", Describe()));
     const std::string id = tok_.text;
     FXDP_RETURN_IF_ERROR(Advance());
     if (id == "true") return Argument(true);
@@ -458,10 +478,14 @@ class Parser {
         s.value = std::complex<double>(re.as<double>(), im.as<double>());
       } else {
         FXDP_ASSIGN_OR_RETURN(Argument v, ParseArgument(depth + 1));
-        if (auto* i = v.get_if<int64_t>()) s.value = *i;
-        else if (auto* f = v.get_if<double>()) s.value = *f;
-        else if (auto* b = v.get_if<bool>()) s.value = *b;
-        else return Error("scalar() takes an int, float, bool or complex(re, im)");
+        if (auto* i = v.get_if<int64_t>())
+          s.value = *i;
+        else if (auto* f = v.get_if<double>())
+          s.value = *f;
+        else if (auto* b = v.get_if<bool>())
+          s.value = *b;
+        else
+          return Error("scalar() takes an int, float, bool or complex(re, im)");
       }
       FXDP_RETURN_IF_ERROR(ExpectPunct(")"));
       return Argument(std::move(s));

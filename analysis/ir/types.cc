@@ -156,7 +156,9 @@ absl::StatusOr<MemoryFormat> MemoryFormatFromWire(int v) {
 }
 int MemoryFormatToWire(MemoryFormat m) { return Row(kMemoryFormats, m).wire; }
 
-absl::StatusOr<ValueKind> ValueKindFromWire(int v) { return FromWire(kValueKinds, v, "value kind"); }
+absl::StatusOr<ValueKind> ValueKindFromWire(int v) {
+  return FromWire(kValueKinds, v, "value kind");
+}
 int ValueKindToWire(ValueKind k) { return Row(kValueKinds, k).wire; }
 
 std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& shape) {
@@ -164,7 +166,8 @@ std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& shape) {
   int64_t s = 1;
   for (size_t i = shape.size(); i-- > 0;) {
     stride[i] = s;
-    if (__builtin_mul_overflow(s, std::max<int64_t>(shape[i], 1), &s)) s = std::numeric_limits<int64_t>::max();
+    if (__builtin_mul_overflow(s, std::max<int64_t>(shape[i], 1), &s))
+      s = std::numeric_limits<int64_t>::max();
   }
   return stride;
 }
@@ -173,11 +176,13 @@ absl::StatusOr<std::vector<int64_t>> CheckedContiguousStrides(const std::vector<
   int64_t n = 1;
   for (size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] < 0)
-      return absl::InvalidArgumentError(absl::StrCat("size of dim ", i, " is negative (", shape[i], ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("size of dim ", i, " is negative (", shape[i], ")"));
     const int64_t d = std::max<int64_t>(shape[i], 1);
     if (__builtin_mul_overflow(n, d, &n) || n > kMaxTensorElements)
-      return absl::InvalidArgumentError(absl::StrCat("shape [", absl::StrJoin(shape, ", "), "] spans more than ",
-                                                     kMaxTensorElements, " elements (the limit); refusing it"));
+      return absl::InvalidArgumentError(absl::StrCat("shape [", absl::StrJoin(shape, ", "),
+                                                     "] spans more than ", kMaxTensorElements,
+                                                     " elements (the limit); refusing it"));
   }
   return ContiguousStrides(shape);
 }
@@ -209,9 +214,8 @@ absl::Status ValidateTensorType(const TensorType& t) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", t.shape.size(), " exceeds the limit of ", kMaxRank));
   if (t.stride.size() != t.shape.size())
-    return absl::InvalidArgumentError(absl::StrCat("stride has ", t.stride.size(),
-                                                   " entries, expected one per dim (",
-                                                   t.shape.size(), ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "stride has ", t.stride.size(), " entries, expected one per dim (", t.shape.size(), ")"));
   int64_t numel = 1;
   for (size_t i = 0; i < t.shape.size(); ++i) {
     int64_t s = t.shape[i];
@@ -221,28 +225,28 @@ absl::Status ValidateTensorType(const TensorType& t) {
       return absl::InvalidArgumentError(
           absl::StrCat("stride of dim ", i, " is negative (", t.stride[i], ")"));
     if (s != 0 && numel > kMaxTensorElements / s)
-      return absl::InvalidArgumentError(absl::StrCat(
-          "shape [", absl::StrJoin(t.shape, ", "), "] has more than ", kMaxTensorElements,
-          " elements (the limit); refusing it"));
+      return absl::InvalidArgumentError(absl::StrCat("shape [", absl::StrJoin(t.shape, ", "),
+                                                     "] has more than ", kMaxTensorElements,
+                                                     " elements (the limit); refusing it"));
     numel *= s;
   }
   if (t.storage_offset < 0 || t.storage_offset > kMaxTensorElements)
-    return absl::InvalidArgumentError(
-        absl::StrCat("storage_offset ", t.storage_offset, " is out of range [0, ",
-                     kMaxTensorElements, "]"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "storage_offset ", t.storage_offset, " is out of range [0, ", kMaxTensorElements, "]"));
   // The furthest element must be addressable: offset + sum((size-1)*stride).
   if (numel > 0) {
     int64_t extent = t.storage_offset;
     for (size_t i = 0; i < t.shape.size(); ++i) {
-      if (t.stride[i] > kMaxTensorElements || t.shape[i] - 1 > kMaxTensorElements / std::max<int64_t>(t.stride[i], 1))
-        return absl::InvalidArgumentError(absl::StrCat(
-            "stride ", t.stride[i], " of dim ", i, " addresses beyond ", kMaxTensorElements,
-            " elements"));
+      if (t.stride[i] > kMaxTensorElements ||
+          t.shape[i] - 1 > kMaxTensorElements / std::max<int64_t>(t.stride[i], 1))
+        return absl::InvalidArgumentError(absl::StrCat("stride ", t.stride[i], " of dim ", i,
+                                                       " addresses beyond ", kMaxTensorElements,
+                                                       " elements"));
       extent += (t.shape[i] - 1) * t.stride[i];
       if (extent > kMaxTensorElements)
-        return absl::InvalidArgumentError(absl::StrCat(
-            "strides [", absl::StrJoin(t.stride, ", "), "] address beyond ", kMaxTensorElements,
-            " elements"));
+        return absl::InvalidArgumentError(absl::StrCat("strides [", absl::StrJoin(t.stride, ", "),
+                                                       "] address beyond ", kMaxTensorElements,
+                                                       " elements"));
     }
   }
   return absl::OkStatus();

@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <optional>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
+#include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
 
@@ -17,9 +17,24 @@ namespace fxdp::ir {
 
 // Element types, named after torch dtypes.
 enum class DType : int8_t {
-  kFloat32, kFloat64, kFloat16, kBFloat16, kInt64, kInt32, kInt16, kInt8,
-  kUInt8, kBool, kComplex64, kComplex128, kComplex32, kFloat8E4M3FN,
-  kFloat8E5M2, kUInt16, kUInt32, kUInt64,
+  kFloat32,
+  kFloat64,
+  kFloat16,
+  kBFloat16,
+  kInt64,
+  kInt32,
+  kInt16,
+  kInt8,
+  kUInt8,
+  kBool,
+  kComplex64,
+  kComplex128,
+  kComplex32,
+  kFloat8E4M3FN,
+  kFloat8E5M2,
+  kUInt16,
+  kUInt32,
+  kUInt64,
 };
 // Short text name ("f32"), used in type annotations.
 absl::string_view DTypeShortName(DType d);

@@ -41,10 +41,10 @@ absl::Status VerifyArgument(const std::vector<Node>& nodes, int i, const Argumen
                                     ", which is not defined before it (nodes must be in "
                                     "topological order; a cycle or forward reference)"));
     if (r->output < 0 || r->output >= static_cast<int>(nodes[src].outputs.size()))
-      return NodeError(nodes, i,
-                       absl::StrCat(label, " references output ", r->output, " of node '",
-                                    nodes[src].name, "', which has ", nodes[src].outputs.size(),
-                                    " output(s)"));
+      return NodeError(
+          nodes, i,
+          absl::StrCat(label, " references output ", r->output, " of node '", nodes[src].name,
+                       "', which has ", nodes[src].outputs.size(), " output(s)"));
   } else if (const auto* l = arg.get_if<Argument::List>()) {
     for (size_t k = 0; k < l->size(); ++k)
       FXDP_RETURN_IF_ERROR(
@@ -85,15 +85,16 @@ absl::Status VerifyNode(const std::vector<Node>& nodes, int i) {
   const Node& n = nodes[i];
   if (n.name.empty()) return absl::InvalidArgumentError(absl::StrCat("node #", i, " has no name"));
   if (n.args.size() + n.kwargs.size() > static_cast<size_t>(kMaxArgsPerNode))
-    return NodeError(nodes, i, absl::StrCat("has ", n.args.size() + n.kwargs.size(),
-                                            " arguments, more than the limit ", kMaxArgsPerNode));
+    return NodeError(nodes, i,
+                     absl::StrCat("has ", n.args.size() + n.kwargs.size(),
+                                  " arguments, more than the limit ", kMaxArgsPerNode));
   if (n.target.name.empty()) return NodeError(nodes, i, "target name is empty");
   if (n.kind != NodeKind::kPlaceholder && !n.placeholder.state_name.empty())
-    return NodeError(nodes, i, absl::StrCat("is a ", NodeKindName(n.kind),
-                                            " but carries a placeholder spec"));
+    return NodeError(
+        nodes, i, absl::StrCat("is a ", NodeKindName(n.kind), " but carries a placeholder spec"));
   if (n.kind != NodeKind::kOutput && !n.output_specs.empty())
-    return NodeError(nodes, i, absl::StrCat("is a ", NodeKindName(n.kind),
-                                            " but carries output roles"));
+    return NodeError(nodes, i,
+                     absl::StrCat("is a ", NodeKindName(n.kind), " but carries output roles"));
   for (size_t k = 0; k < n.args.size(); ++k) {
     if (ArgumentOk(nodes, i, n.args[k], 0)) continue;
     FXDP_RETURN_IF_ERROR(VerifyArgument(nodes, i, n.args[k], absl::StrCat("argument ", k), 0));
@@ -111,15 +112,16 @@ absl::Status VerifyNode(const std::vector<Node>& nodes, int i) {
       if (!n.args.empty() || !n.kwargs.empty())
         return NodeError(nodes, i, "a placeholder takes no arguments");
       if (n.outputs.size() != 1 || !n.outputs[0].is_tensor())
-        return NodeError(nodes, i,
-                         absl::StrCat("a placeholder must produce exactly one tensor, got ",
-                                      n.outputs.size(), " output(s)",
-                                      n.outputs.size() == 1 ? " of kind " : "",
-                                      n.outputs.size() == 1 ? n.outputs[0].ToString() : ""));
+        return NodeError(
+            nodes, i,
+            absl::StrCat("a placeholder must produce exactly one tensor, got ", n.outputs.size(),
+                         " output(s)", n.outputs.size() == 1 ? " of kind " : "",
+                         n.outputs.size() == 1 ? n.outputs[0].ToString() : ""));
       const PlaceholderSpec& p = n.placeholder;
       if (p.state_name.empty())
-        return NodeError(nodes, i, absl::StrCat("placeholder with role ",
-                                                PlaceholderRoleName(p.role), " has no state name"));
+        return NodeError(nodes, i,
+                         absl::StrCat("placeholder with role ", PlaceholderRoleName(p.role),
+                                      " has no state name"));
       const int64_t rank = n.outputs[0].tensor.rank();
       if (p.role == PlaceholderRole::kInput) {
         if (p.batch_dim < -1 || p.batch_dim >= rank)
@@ -127,18 +129,18 @@ absl::Status VerifyNode(const std::vector<Node>& nodes, int i) {
                            absl::StrCat("batch_dim ", p.batch_dim, " is out of range for a rank-",
                                         rank, " input (expected -1 or 0..", rank - 1, ")"));
       } else if (p.batch_dim != 0) {
-        return NodeError(nodes, i,
-                         absl::StrCat("batch_dim ", p.batch_dim, " set on a ",
-                                      PlaceholderRoleName(p.role),
-                                      " placeholder; only INPUT placeholders have a batch dim"));
+        return NodeError(
+            nodes, i,
+            absl::StrCat("batch_dim ", p.batch_dim, " set on a ", PlaceholderRoleName(p.role),
+                         " placeholder; only INPUT placeholders have a batch dim"));
       }
       if (p.role == PlaceholderRole::kHyperparameter) {
         const TensorType& t = n.outputs[0].tensor;
         if (rank != 0)
-          return NodeError(nodes, i,
-                           absl::StrCat("HYPERPARAMETER placeholder '", p.state_name,
-                                        "' must be a 0-d tensor (one value per step), got ",
-                                        t.ToString()));
+          return NodeError(
+              nodes, i,
+              absl::StrCat("HYPERPARAMETER placeholder '", p.state_name,
+                           "' must be a 0-d tensor (one value per step), got ", t.ToString()));
         if (!DTypeIsFloatingPoint(t.dtype))
           return NodeError(nodes, i,
                            absl::StrCat("HYPERPARAMETER placeholder '", p.state_name,
@@ -154,8 +156,8 @@ absl::Status VerifyNode(const std::vector<Node>& nodes, int i) {
       break;
     case NodeKind::kCallFunction:
       if (n.outputs.empty())
-        return NodeError(nodes, i, absl::StrCat("call to ", n.target.ToString(),
-                                                " has no output metadata"));
+        return NodeError(nodes, i,
+                         absl::StrCat("call to ", n.target.ToString(), " has no output metadata"));
       if (n.is_getitem()) {
         const ValueRef* src = n.args.size() == 2 ? n.args[0].get_if<ValueRef>() : nullptr;
         const int64_t* idx = n.args.size() == 2 ? n.args[1].get_if<int64_t>() : nullptr;
@@ -166,16 +168,17 @@ absl::Status VerifyNode(const std::vector<Node>& nodes, int i) {
                            absl::StrCat("operator.getitem index ", *idx,
                                         " does not match the referenced output ", src->output));
         if (n.outputs.size() != 1 || !(n.outputs[0] == nodes[src->node.value].outputs[src->output]))
-          return NodeError(nodes, i,
-                           absl::StrCat("operator.getitem output type ",
-                                        n.outputs.empty() ? "<none>" : n.outputs[0].ToString(),
-                                        " differs from the element it extracts (",
-                                        nodes[src->node.value].outputs[src->output].ToString(),
-                                        ")"));
+          return NodeError(
+              nodes, i,
+              absl::StrCat("operator.getitem output type ",
+                           n.outputs.empty() ? "<none>" : n.outputs[0].ToString(),
+                           " differs from the element it extracts (",
+                           nodes[src->node.value].outputs[src->output].ToString(), ")"));
       } else if (n.target.name.find("::") == std::string::npos) {
-        return NodeError(nodes, i, absl::StrCat("target '", n.target.name,
-                                                "' is not a schema name (expected "
-                                                "'namespace::op', e.g. 'aten::addmm')"));
+        return NodeError(nodes, i,
+                         absl::StrCat("target '", n.target.name,
+                                      "' is not a schema name (expected "
+                                      "'namespace::op', e.g. 'aten::addmm')"));
       }
       break;
     case NodeKind::kOutput:
@@ -184,8 +187,8 @@ absl::Status VerifyNode(const std::vector<Node>& nodes, int i) {
       if (!n.outputs.empty()) return NodeError(nodes, i, "the output node produces no values");
       break;
   }
-  if (!n.grad_of.empty() && !(n.kind == NodeKind::kCallFunction && !n.outputs.empty() &&
-                              n.outputs[0].is_tensor()))
+  if (!n.grad_of.empty() &&
+      !(n.kind == NodeKind::kCallFunction && !n.outputs.empty() && n.outputs[0].is_tensor()))
     return NodeError(nodes, i, "grad_of is set but the node does not produce a tensor");
   return absl::OkStatus();
 }
@@ -229,8 +232,9 @@ absl::Status VerifyRoles(const std::vector<Node>& nodes) {
         return NodeError(nodes, out, absl::StrCat(label, ": a LOSS output has no state name"));
       if (++losses > 1) return NodeError(nodes, out, absl::StrCat(label, ": a second LOSS output"));
       if (t.numel() != 1)
-        return NodeError(nodes, out, absl::StrCat(label, ": the loss must have one element, got ",
-                                                  t.ToString()));
+        return NodeError(
+            nodes, out,
+            absl::StrCat(label, ": the loss must have one element, got ", t.ToString()));
       continue;
     }
     auto it = state.find(spec.state_name);
@@ -244,8 +248,8 @@ absl::Status VerifyRoles(const std::vector<Node>& nodes) {
     if (UpdatedRole(spec.role) != p.placeholder.role)
       return NodeError(nodes, out,
                        absl::StrCat(label, ": expected a placeholder of role ",
-                                    PlaceholderRoleName(*UpdatedRole(spec.role)), ", but '",
-                                    p.name, "' is ", PlaceholderRoleName(p.placeholder.role)));
+                                    PlaceholderRoleName(*UpdatedRole(spec.role)), ", but '", p.name,
+                                    "' is ", PlaceholderRoleName(p.placeholder.role)));
     const TensorType& pt = p.outputs[0].tensor;
     if (t.shape != pt.shape || t.dtype != pt.dtype)
       return NodeError(nodes, out,
@@ -264,9 +268,9 @@ absl::Status VerifyRoles(const std::vector<Node>& nodes) {
       return NodeError(nodes, i, absl::StrCat("grad_of names '", g, "', which is not a parameter"));
     auto [prev, inserted] = grads.emplace(g, i);
     if (!inserted)
-      return NodeError(nodes, i, absl::StrCat("a second gradient for parameter '", g,
-                                              "' (the first is ", Where(nodes, prev->second),
-                                              ")"));
+      return NodeError(nodes, i,
+                       absl::StrCat("a second gradient for parameter '", g, "' (the first is ",
+                                    Where(nodes, prev->second), ")"));
     const TensorType& pt = nodes[it->second].outputs[0].tensor;
     const TensorType& gt = nodes[i].outputs[0].tensor;
     if (gt.shape != pt.shape)
@@ -282,9 +286,9 @@ absl::Status VerifyRoles(const std::vector<Node>& nodes) {
 absl::Status VerifyGraph(const GraphHeader& header, const std::vector<Node>& nodes,
                          absl::flat_hash_map<absl::string_view, NodeId>* name_index) {
   if (header.format_version != kFormatVersion)
-    return absl::InvalidArgumentError(
-        absl::StrCat("unsupported format_version ", header.format_version, " (this build reads ",
-                     kFormatVersion, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("unsupported format_version ",
+                                                   header.format_version, " (this build reads ",
+                                                   kFormatVersion, ")"));
   if (static_cast<int64_t>(nodes.size()) > kMaxNodes)
     return absl::InvalidArgumentError(
         absl::StrCat("graph has ", nodes.size(), " nodes, more than the limit ", kMaxNodes));

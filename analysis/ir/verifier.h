@@ -8,8 +8,8 @@
 
 #include <vector>
 
-#include "absl/status/status.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
 #include "analysis/ir/graph.h"
 
 namespace fxdp::ir {

@@ -100,12 +100,8 @@ bool ParseScalar(Reader r, int level, ScalarFields* s) {
 bool FinishScalar(const ScalarFields& s, Scalar* out) {
   if (s.unknown) return false;
   switch (s.which) {
-    case w::scalar::kIntValue:
-      *out = Scalar{static_cast<int64_t>(s.bits)};
-      return true;
-    case w::scalar::kFloatValue:
-      *out = Scalar{absl::bit_cast<double>(s.bits)};
-      return true;
+    case w::scalar::kIntValue: *out = Scalar{static_cast<int64_t>(s.bits)}; return true;
+    case w::scalar::kFloatValue: *out = Scalar{absl::bit_cast<double>(s.bits)}; return true;
     case w::scalar::kBoolValue: {
       const bool b = s.bits != 0;
       *out = Scalar{b};
@@ -113,21 +109,20 @@ bool FinishScalar(const ScalarFields& s, Scalar* out) {
     }
     case w::scalar::kComplexValue:
       if (s.complex_unknown) return false;
-      *out = Scalar{std::complex<double>(absl::bit_cast<double>(s.real),
-                                         absl::bit_cast<double>(s.imag))};
+      *out = Scalar{
+          std::complex<double>(absl::bit_cast<double>(s.real), absl::bit_cast<double>(s.imag))};
       return true;
-    default:
-      return false;  // no value
+    default: return false;  // no value
   }
 }
 
 // One Argument message, possibly given in several pieces (a singular field
 // that occurs more than once is merged).
 struct ArgumentFields {
-  uint32_t which = 0;        // the oneof member set (field number), 0: none
-  bool unknown = false;      // unknown field in the Argument itself: kept whatever the member
-  bool member_bad = false;   // the member message is unacceptable
-  uint64_t bits = 0;         // int/bool/enum value, or a double's bits
+  uint32_t which = 0;       // the oneof member set (field number), 0: none
+  bool unknown = false;     // unknown field in the Argument itself: kept whatever the member
+  bool member_bad = false;  // the member message is unacceptable
+  uint64_t bits = 0;        // int/bool/enum value, or a double's bits
   std::string str;
   uint32_t ref_node = 0, ref_output = 0;
   DeviceFields device;
@@ -229,19 +224,16 @@ bool ParseArgument(Reader r, int level, int depth, ArgumentFields* a) {
             return Message(in, [a, level](Reader sub) { return ParseNone(sub, level + 1, a); });
           case Tag(w::argument::kDevice, kLen):
             a->Set(w::argument::kDevice);
-            return Message(in, [a, level](Reader sub) {
-              return ParseDevice(sub, level + 1, &a->device);
-            });
+            return Message(
+                in, [a, level](Reader sub) { return ParseDevice(sub, level + 1, &a->device); });
           case Tag(w::argument::kScalar, kLen):
             a->Set(w::argument::kScalar);
-            return Message(in, [a, level](Reader sub) {
-              return ParseScalar(sub, level + 1, &a->scalar);
-            });
+            return Message(
+                in, [a, level](Reader sub) { return ParseScalar(sub, level + 1, &a->scalar); });
           case Tag(w::argument::kList, kLen):
             a->Set(w::argument::kList);
-            return Message(in, [a, level, depth](Reader sub) {
-              return ParseList(sub, level + 1, depth, a);
-            });
+            return Message(
+                in, [a, level, depth](Reader sub) { return ParseList(sub, level + 1, depth, a); });
           default: return Field::kUnknown;
         }
       },
@@ -256,21 +248,13 @@ bool FinishArgument(ArgumentFields* a, int depth, Argument* out) {
       if (a->member_bad || a->ref_node > static_cast<uint32_t>(kMaxNodes) ||
           a->ref_output > (1u << 30))
         return false;
-      *out = Argument(ValueRef{NodeId{static_cast<int32_t>(a->ref_node)},
-                               static_cast<int32_t>(a->ref_output)});
+      *out = Argument(
+          ValueRef{NodeId{static_cast<int32_t>(a->ref_node)}, static_cast<int32_t>(a->ref_output)});
       return true;
-    case w::argument::kIntValue:
-      *out = Argument(static_cast<int64_t>(a->bits));
-      return true;
-    case w::argument::kFloatValue:
-      *out = Argument(absl::bit_cast<double>(a->bits));
-      return true;
-    case w::argument::kBoolValue:
-      *out = Argument(a->bits != 0);
-      return true;
-    case w::argument::kStringValue:
-      *out = Argument(std::move(a->str));
-      return true;
+    case w::argument::kIntValue: *out = Argument(static_cast<int64_t>(a->bits)); return true;
+    case w::argument::kFloatValue: *out = Argument(absl::bit_cast<double>(a->bits)); return true;
+    case w::argument::kBoolValue: *out = Argument(a->bits != 0); return true;
+    case w::argument::kStringValue: *out = Argument(std::move(a->str)); return true;
     case w::argument::kNone:
       if (a->member_bad) return false;
       *out = Argument(NoneArg{});
@@ -309,8 +293,7 @@ bool FinishArgument(ArgumentFields* a, int depth, Argument* out) {
       if (a->member_bad) return false;
       *out = Argument(std::move(a->items));
       return true;
-    default:
-      return false;  // no value
+    default: return false;  // no value
   }
 }
 

@@ -41,12 +41,16 @@ inline bool DecodeSimpleArgument(Reader r, int level, int depth, Argument* out, 
   uint32_t node = 0, output = 0;
   while (!ref.done()) {
     if (!ReadTag(ref, &tag) || !ReadVarint(ref, &v)) return false;
-    if (tag == Tag(w::value_ref::kNode, kVarint)) node = static_cast<uint32_t>(v);
-    else if (tag == Tag(w::value_ref::kOutput, kVarint)) output = static_cast<uint32_t>(v);
-    else return false;
+    if (tag == Tag(w::value_ref::kNode, kVarint))
+      node = static_cast<uint32_t>(v);
+    else if (tag == Tag(w::value_ref::kOutput, kVarint))
+      output = static_cast<uint32_t>(v);
+    else
+      return false;
   }
   *ok = depth <= kMaxListDepth && node <= static_cast<uint32_t>(kMaxNodes) && output <= (1u << 30);
-  if (*ok) *out = Argument(ValueRef{NodeId{static_cast<int32_t>(node)}, static_cast<int32_t>(output)});
+  if (*ok)
+    *out = Argument(ValueRef{NodeId{static_cast<int32_t>(node)}, static_cast<int32_t>(output)});
   return true;
 }
 

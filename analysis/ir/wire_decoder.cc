@@ -64,8 +64,7 @@ bool DecodeTensorMeta(Reader r, TensorType* t, TensorFields* f) {
       [t, f](uint32_t tag, Reader& in) {
         switch (tag) {
           case Tag(w::tensor_meta::kShape, kLen):
-          case Tag(w::tensor_meta::kShape, kVarint):
-            return Check(ReadRankList(in, tag, &t->shape));
+          case Tag(w::tensor_meta::kShape, kVarint): return Check(ReadRankList(in, tag, &t->shape));
           case Tag(w::tensor_meta::kStride, kLen):
           case Tag(w::tensor_meta::kStride, kVarint):
             return Check(ReadRankList(in, tag, &t->stride));
@@ -97,9 +96,8 @@ bool DecodeValueMeta(Reader r, ValueType* out) {
           case Tag(w::value_meta::kKind, kVarint): return VarintAs(in, &kind);
           case Tag(w::value_meta::kTensor, kLen):
             has_tensor = true;
-            return Message(in, [out, &f](Reader sub) {
-              return DecodeTensorMeta(sub, &out->tensor, &f);
-            });
+            return Message(
+                in, [out, &f](Reader sub) { return DecodeTensorMeta(sub, &out->tensor, &f); });
           default: return Field::kUnknown;
         }
       },
@@ -194,17 +192,15 @@ bool DecodeNode(Reader r, Node* n) {
             return Message(in, [n](Reader sub) { return DecodeTarget(sub, &n->target); });
           case Tag(w::node::kArgs, kLen):
             // Node fields are at level 1, an argument's at 2.
-            return Message(in, [n](Reader sub) {
-              return DecodeArgument(sub, 2, &n->args.emplace_back());
-            });
+            return Message(
+                in, [n](Reader sub) { return DecodeArgument(sub, 2, &n->args.emplace_back()); });
           case Tag(w::node::kKwargs, kLen):
             return Message(in, [n](Reader sub) {
               return DecodeKeywordArgument(sub, &n->kwargs.emplace_back());
             });
           case Tag(w::node::kOutputs, kLen):
-            return Message(in, [n](Reader sub) {
-              return DecodeValueMeta(sub, &n->outputs.emplace_back());
-            });
+            return Message(
+                in, [n](Reader sub) { return DecodeValueMeta(sub, &n->outputs.emplace_back()); });
           case Tag(w::node::kPlaceholder, kLen):
             has_placeholder = true;
             return Message(in, [n, &role](Reader sub) {
@@ -282,9 +278,8 @@ bool DecodeGraphWire(absl::string_view bytes, absl::StatusOr<Graph>* out) {
                      DecodeNode(sub, &nodes.emplace_back());
             });
           case Tag(w::graph_def::kMetadata, kLen):
-            return Message(in, [&h](Reader sub) {
-              return DecodeStringPair(sub, &h.metadata.emplace_back());
-            });
+            return Message(
+                in, [&h](Reader sub) { return DecodeStringPair(sub, &h.metadata.emplace_back()); });
           default: return Field::kUnknown;  // unknown field, wrong wire type, or corrupt
         }
       },

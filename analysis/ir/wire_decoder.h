@@ -63,8 +63,16 @@ enum : uint32_t { kKey = 1, kValue = 2 };
 }
 namespace node {
 enum : uint32_t {
-  kName = 1, kKind = 2, kTarget = 3, kArgs = 4, kKwargs = 5, kOutputs = 6, kPlaceholder = 7,
-  kOutputSpecs = 8, kGradOf = 9, kSource = 10,
+  kName = 1,
+  kKind = 2,
+  kTarget = 3,
+  kArgs = 4,
+  kKwargs = 5,
+  kOutputs = 6,
+  kPlaceholder = 7,
+  kOutputSpecs = 8,
+  kGradOf = 9,
+  kSource = 10,
 };
 }
 namespace target {
@@ -72,8 +80,18 @@ enum : uint32_t { kName = 1, kOverload = 2 };
 }
 namespace argument {
 enum : uint32_t {
-  kRef = 1, kIntValue = 2, kFloatValue = 3, kBoolValue = 4, kStringValue = 5, kNone = 6,
-  kDtype = 7, kDevice = 8, kLayout = 9, kMemoryFormat = 10, kScalar = 11, kList = 12,
+  kRef = 1,
+  kIntValue = 2,
+  kFloatValue = 3,
+  kBoolValue = 4,
+  kStringValue = 5,
+  kNone = 6,
+  kDtype = 7,
+  kDevice = 8,
+  kLayout = 9,
+  kMemoryFormat = 10,
+  kScalar = 11,
+  kList = 12,
 };
 }
 namespace argument_list {
@@ -99,7 +117,12 @@ enum : uint32_t { kKind = 1, kTensor = 2 };
 }
 namespace tensor_meta {
 enum : uint32_t {
-  kShape = 1, kStride = 2, kStorageOffset = 3, kDtype = 4, kDevice = 5, kRequiresGrad = 6,
+  kShape = 1,
+  kStride = 2,
+  kStorageOffset = 3,
+  kDtype = 4,
+  kDevice = 5,
+  kRequiresGrad = 6,
 };
 }
 namespace placeholder_spec {

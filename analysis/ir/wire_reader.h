@@ -131,8 +131,8 @@ inline bool ValidUtf8(const uint8_t* p, size_t n) {
   }
   for (; i < n; ++i) {
     if (p[i] & 0x80)
-      return google::protobuf::internal::IsStructurallyValidUTF8(
-          reinterpret_cast<const char*>(p), static_cast<int>(n));
+      return google::protobuf::internal::IsStructurallyValidUTF8(reinterpret_cast<const char*>(p),
+                                                                 static_cast<int>(n));
   }
   return true;
 }
@@ -165,14 +165,12 @@ inline bool SkipField(Reader& r, uint32_t tag, int level) {
       Reader s;
       return ReadLength(r, &s);
     }
-    case WireType::kStartGroup:
-      return SkipGroup(r, tag >> 3, level + 1);
+    case WireType::kStartGroup: return SkipGroup(r, tag >> 3, level + 1);
     case WireType::kFixed32:
       if (r.end - r.p < 4) return false;
       r.p += 4;
       return true;
-    default:
-      return false;
+    default: return false;
   }
 }
 
@@ -210,10 +208,8 @@ inline bool ForEachField(Reader r, OnField on_field, OnUnknown on_unknown) {
     uint32_t tag;
     if (!ReadTag(r, &tag)) return false;
     switch (on_field(tag, r)) {
-      case Field::kRead:
-        break;
-      case Field::kCorrupt:
-        return false;
+      case Field::kRead: break;
+      case Field::kCorrupt: return false;
       case Field::kUnknown:
         if (!on_unknown(tag, r)) return false;
         break;

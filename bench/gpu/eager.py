@@ -43,11 +43,16 @@ def materialize(name: str, skeleton: str, spec_path: str, out: str) -> dict:
         else:
             t = kept[k]
         if list(t.shape) != s["shape"] or t.dtype != dtype:
-            raise SystemExit(f"materialize: {k} is {t.dtype}{list(t.shape)} here, the trace has "
-                             f"{s['dtype']}{s['shape']}")
+            raise SystemExit(
+                f"materialize: {k} is {t.dtype}{list(t.shape)} here, the trace has "
+                f"{s['dtype']}{s['shape']}"
+            )
         state[k] = t.contiguous()
     save_file(state, out)
-    return {"entries": len(state), "bytes": sum(t.numel() * t.element_size() for t in state.values())}
+    return {
+        "entries": len(state),
+        "bytes": sum(t.numel() * t.element_size() for t in state.values()),
+    }
 
 
 def run(name: str, state: str, batch: str, device: str, steps: int, compiled: bool) -> dict:
@@ -85,14 +90,23 @@ def run(name: str, state: str, batch: str, device: str, steps: int, compiled: bo
         if t_first is None:
             t_first = dt
     warm = ms[2:] if len(ms) > 4 else ms
-    return {"mode": "compile" if compiled else "eager", "torch": torch.__version__, "device": device,
-            "steps": steps, "losses": losses, "step_ms": ms, "median_ms": statistics.median(warm),
-            "first_step_ms": t_first,
-            "peak_mb": torch.cuda.max_memory_allocated(dev) / 1e6 if cuda else None}
+    return {
+        "mode": "compile" if compiled else "eager",
+        "torch": torch.__version__,
+        "device": device,
+        "steps": steps,
+        "losses": losses,
+        "step_ms": ms,
+        "median_ms": statistics.median(warm),
+        "first_step_ms": t_first,
+        "peak_mb": torch.cuda.max_memory_allocated(dev) / 1e6 if cuda else None,
+    }
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run")
     r.add_argument("--name", required=True)

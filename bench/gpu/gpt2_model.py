@@ -28,9 +28,18 @@ class GPT2(nn.Module):
         super().__init__()
         from transformers import GPT2Config, GPT2LMHeadModel
 
-        cfg = GPT2Config(vocab_size=vocab, n_positions=seq, n_embd=hidden, n_layer=layers,
-                         n_head=heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                         bos_token_id=0, eos_token_id=0)
+        cfg = GPT2Config(
+            vocab_size=vocab,
+            n_positions=seq,
+            n_embd=hidden,
+            n_layer=layers,
+            n_head=heads,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
         cfg._attn_implementation = attn
         self.lm = GPT2LMHeadModel(cfg)
 

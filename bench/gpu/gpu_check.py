@@ -30,8 +30,13 @@ import worker_runs as wr  # noqa: E402
 from report import write_report  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(HERE))
-TARGETS = ["fxdp-worker", "torch_types_test", "interpreter_test", "nccl_info_test",
-           "nccl_communicator_test"]
+TARGETS = [
+    "fxdp-worker",
+    "torch_types_test",
+    "interpreter_test",
+    "nccl_info_test",
+    "nccl_communicator_test",
+]
 GPU_TESTS = ["nccl_info_test", "nccl_communicator_test"]
 STEPS_N1 = 3  # steps of each equality run
 # Equality: the losses of every step (max |a-b|/|b|) and the final state (per tensor max |a-b| /
@@ -65,8 +70,11 @@ class Check:
 
     def sh(self, cmd, timeout=600, log=None, **kw) -> subprocess.CompletedProcess:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
-        print(f"$ {' '.join(cmd)}\n{r.stdout[-4000:]}{r.stderr[-4000:]}(rc {r.returncode})",
-              file=log or self.log, flush=True)
+        print(
+            f"$ {' '.join(cmd)}\n{r.stdout[-4000:]}{r.stderr[-4000:]}(rc {r.returncode})",
+            file=log or self.log,
+            flush=True,
+        )
         return r
 
     def path(self, rel: str) -> str:
@@ -86,21 +94,35 @@ class Check:
         def first_line(cmd):
             try:
                 r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-                return (r.stdout or r.stderr).strip().splitlines()[0] if (r.stdout or r.stderr).strip() else ""
+                return (
+                    (r.stdout or r.stderr).strip().splitlines()[0]
+                    if (r.stdout or r.stderr).strip()
+                    else ""
+                )
             except (OSError, subprocess.TimeoutExpired) as e:
                 return f"unavailable ({e})"
 
-        info = {"host": platform.node(), "kernel": platform.release(), "glibc": platform.libc_ver()[1],
-                "python": sys.version.split()[0], "torch": torch.__version__,
-                "torch_cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available(),
-                "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-                "cxx": first_line(["c++", "--version"]), "cmake": first_line(["cmake", "--version"]),
-                "nvcc": subprocess.run(["nvcc", "--version"], capture_output=True,
-                                       text=True).stdout.strip().splitlines()[-1]
-                if shutil.which("nvcc") else None,
-                "nvcc_path": shutil.which("nvcc"),
-                "ninja": first_line(["ninja", "--version"]), "cores": os.cpu_count(),
-                "traced_with": self.manifest["traced_with"]}
+        info = {
+            "host": platform.node(),
+            "kernel": platform.release(),
+            "glibc": platform.libc_ver()[1],
+            "python": sys.version.split()[0],
+            "torch": torch.__version__,
+            "torch_cuda": torch.version.cuda,
+            "cuda_available": torch.cuda.is_available(),
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+            "cxx": first_line(["c++", "--version"]),
+            "cmake": first_line(["cmake", "--version"]),
+            "nvcc": subprocess.run(["nvcc", "--version"], capture_output=True, text=True)
+            .stdout.strip()
+            .splitlines()[-1]
+            if shutil.which("nvcc")
+            else None,
+            "nvcc_path": shutil.which("nvcc"),
+            "ninja": first_line(["ninja", "--version"]),
+            "cores": os.cpu_count(),
+            "traced_with": self.manifest["traced_with"],
+        }
         if not self.a.dry_run and not info["cuda_available"]:
             raise RuntimeError(f"torch {torch.__version__} sees no CUDA device")
         return info
@@ -129,11 +151,24 @@ class Check:
         usr, arch = os.path.join(deps, "usr"), "x86_64-linux-gnu"
         lib = os.path.join(usr, "lib", arch)
         add_ld_path(lib)  # protoc, and the worker's Protobuf and Abseil
-        cfg = ["cmake", "-S", REPO, "-B", self.build, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
-               "-DFXDP_WORKER_ONLY=ON", "-DFXDP_BUILD_BENCH=OFF", f"-DFXDP_TORCH_DIR={self.torch_dir()}",
-               f"-DCMAKE_PREFIX_PATH={usr};{lib}/cmake", f"-DProtobuf_INCLUDE_DIR={usr}/include",
-               f"-DProtobuf_LIBRARY={lib}/libprotobuf.so", f"-DProtobuf_PROTOC_EXECUTABLE={usr}/bin/protoc",
-               f"-DFXDP_TORCH_CUDA={'OFF' if self.a.dry_run else 'AUTO'}"]
+        cfg = [
+            "cmake",
+            "-S",
+            REPO,
+            "-B",
+            self.build,
+            "-G",
+            "Ninja",
+            "-DCMAKE_BUILD_TYPE=Release",
+            "-DFXDP_WORKER_ONLY=ON",
+            "-DFXDP_BUILD_BENCH=OFF",
+            f"-DFXDP_TORCH_DIR={self.torch_dir()}",
+            f"-DCMAKE_PREFIX_PATH={usr};{lib}/cmake",
+            f"-DProtobuf_INCLUDE_DIR={usr}/include",
+            f"-DProtobuf_LIBRARY={lib}/libprotobuf.so",
+            f"-DProtobuf_PROTOC_EXECUTABLE={usr}/bin/protoc",
+            f"-DFXDP_TORCH_CUDA={'OFF' if self.a.dry_run else 'AUTO'}",
+        ]
         nccl = self.nccl_dir()
         if nccl:
             cfg.append(f"-DFXDP_NCCL_DIR={nccl}")
@@ -148,12 +183,21 @@ class Check:
         targets = [t for t in TARGETS if t in open(os.path.join(self.build, "build.ninja")).read()]
         r = self.sh(["ninja", "-C", self.build, "-j", jobs, *targets], log=blog, timeout=1800)
         if r.returncode != 0:
-            raise RuntimeError("ninja failed: " + "\n".join(
-                l for l in (r.stdout + r.stderr).splitlines() if "error" in l.lower())[-2000:])
-        return {"configure_s": round(configure_s, 1), "targets": targets, "jobs": jobs,
-                "torch_dir": self.torch_dir(), "nccl_dir": nccl,
-                "nccl_path": "nccl_communicator_test" in targets,
-                "missing_targets": sorted(set(TARGETS) - set(targets))}
+            raise RuntimeError(
+                "ninja failed: "
+                + "\n".join(l for l in (r.stdout + r.stderr).splitlines() if "error" in l.lower())[
+                    -2000:
+                ]
+            )
+        return {
+            "configure_s": round(configure_s, 1),
+            "targets": targets,
+            "jobs": jobs,
+            "torch_dir": self.torch_dir(),
+            "nccl_dir": nccl,
+            "nccl_path": "nccl_communicator_test" in targets,
+            "missing_targets": sorted(set(TARGETS) - set(targets)),
+        }
 
     def need_worker(self):
         if not os.access(self.worker, os.X_OK):
@@ -172,17 +216,24 @@ class Check:
         for suite in json.load(open(js))["testsuites"]:
             for t in suite["testsuite"]:
                 fails = [f["failure"][:300] for f in t.get("failures", [])]
-                status = "FAILED" if fails else ("SKIPPED" if t.get("result") == "SKIPPED" else "PASSED")
+                status = (
+                    "FAILED" if fails else ("SKIPPED" if t.get("result") == "SKIPPED" else "PASSED")
+                )
                 res.append((f"{suite['name']}.{t['name']}", status, " | ".join(fails)))
         return res
 
     def step_ctest_gpu(self) -> dict:
         self.need_worker()
-        r = self.sh(["ctest", "--test-dir", self.build, "-L", "gpu", "--output-on-failure"], timeout=600)
+        r = self.sh(
+            ["ctest", "--test-dir", self.build, "-L", "gpu", "--output-on-failure"], timeout=600
+        )
         tests = [t for b in GPU_TESTS for t in self.gtests(b)]
         failed = [t for t in tests if t[1] not in ("PASSED", "SKIPPED")]
-        out = {"ctest_rc": r.returncode, "tests": tests,
-               "summary": (r.stdout.strip().splitlines() or [""])[-3:]}
+        out = {
+            "ctest_rc": r.returncode,
+            "tests": tests,
+            "summary": (r.stdout.strip().splitlines() or [""])[-3:],
+        }
         if r.returncode != 0 or failed:
             raise StepFailed(f"{len(failed)} gpu tests failed: {[t[0] for t in failed]}", out)
         return out
@@ -201,8 +252,17 @@ class Check:
             return self.path(c["state"])
         out = os.path.join(self.work, c["name"] + ".state.safetensors")
         if not os.path.exists(out):
-            self.python("materialize", "--name", c["name"], "--skeleton", self.path(c["skeleton"]),
-                        "--spec", self.path(c["spec"]), "--out", out)
+            self.python(
+                "materialize",
+                "--name",
+                c["name"],
+                "--skeleton",
+                self.path(c["skeleton"]),
+                "--spec",
+                self.path(c["spec"]),
+                "--out",
+                out,
+            )
         return out
 
     def equal_case(self, c: dict) -> dict:
@@ -210,12 +270,26 @@ class Check:
         res = {}
         for label, dev in (("ref", "cpu"), ("dev", self.device)):  # the dry run: cpu twice
             out = os.path.join(self.work, f"{c['name']}.n1.{label}.safetensors")
-            res[label] = wr.run_ranks(self.worker, self.path(c["graph"]), self.state_of(c),
-                                      self.path(c["batch"]), STEPS_N1, dev, out, threads=2)
+            res[label] = wr.run_ranks(
+                self.worker,
+                self.path(c["graph"]),
+                self.state_of(c),
+                self.path(c["batch"]),
+                STEPS_N1,
+                dev,
+                out,
+                threads=2,
+            )
             res[label]["final"] = out
         cpu, gpu = res["ref"], res["dev"]
-        row = {"case": c["name"], "nodes": c["nodes"], "cpu_rc": cpu["rc"], "device_rc": gpu["rc"],
-               "losses_cpu": cpu["losses"], "losses_device": gpu["losses"]}
+        row = {
+            "case": c["name"],
+            "nodes": c["nodes"],
+            "cpu_rc": cpu["rc"],
+            "device_rc": gpu["rc"],
+            "losses_cpu": cpu["losses"],
+            "losses_device": gpu["losses"],
+        }
         expect_fail = c.get("expect_cuda_failure") and not self.a.dry_run
         if gpu["rc"] != 0 or cpu["rc"] != 0:
             row["error"] = gpu.get("error") or cpu.get("error")
@@ -250,9 +324,18 @@ class Check:
             if style not in c.get("n2", {}):
                 continue
             out = os.path.join(self.work, f"{c['name']}.{style}.n2.safetensors")
-            r = wr.run_ranks(self.worker, self.path(c["n2"][style]), self.state_of(c),
-                             self.path(c["batch"]), STEPS_N1, self.device, out, world=2,
-                             communicator="gloo", threads=2)
+            r = wr.run_ranks(
+                self.worker,
+                self.path(c["n2"][style]),
+                self.state_of(c),
+                self.path(c["batch"]),
+                STEPS_N1,
+                self.device,
+                out,
+                world=2,
+                communicator="gloo",
+                threads=2,
+            )
             row = {"case": c["name"], "rc": r["rc"], "losses": r["losses"], "seconds": r["seconds"]}
             if r["rc"] != 0:
                 row.update(error=r.get("error"), ok=False)
@@ -277,11 +360,16 @@ class Check:
 
     def step_nccl_ws1(self) -> dict:
         self.need_worker()
-        tests = [t for t in self.gtests("nccl_communicator_test") if "SingleRank" in t[0]
-                 or t[1] == "NOT BUILT"]
+        tests = [
+            t
+            for t in self.gtests("nccl_communicator_test")
+            if "SingleRank" in t[0] or t[1] == "NOT BUILT"
+        ]
         tests += self.gtests("nccl_info_test")
         if not tests or tests[0][1] == "NOT BUILT":
-            raise StepFailed("nccl_communicator_test was not built (no NCCL path)", {"tests": tests})
+            raise StepFailed(
+                "nccl_communicator_test was not built (no NCCL path)", {"tests": tests}
+            )
         single = [t for t in tests if "SingleRank" in t[0]]
         if single and all(t[1] == "SKIPPED" for t in single):
             raise SkipStep("no GPU: every single-rank NCCL test skipped")
@@ -295,18 +383,43 @@ class Check:
         c = self.cases["gpt2_tiny"]
         out = os.path.join(self.work, "overhead.safetensors")
         steps = self.a.timing_steps
-        fx = wr.run_ranks(self.worker, self.path(c["graph"]), self.state_of(c), self.path(c["batch"]),
-                          steps, self.device, out)
+        fx = wr.run_ranks(
+            self.worker,
+            self.path(c["graph"]),
+            self.state_of(c),
+            self.path(c["batch"]),
+            steps,
+            self.device,
+            out,
+        )
         if fx["rc"] != 0:
             raise StepFailed("fxdp-worker failed", fx)
-        ea = self.python("run", "--name", "gpt2_tiny", "--state", self.state_of(c), "--batch",
-                         self.path(c["batch"]), "--device", self.device, "--steps", str(steps))
+        ea = self.python(
+            "run",
+            "--name",
+            "gpt2_tiny",
+            "--state",
+            self.state_of(c),
+            "--batch",
+            self.path(c["batch"]),
+            "--device",
+            self.device,
+            "--steps",
+            str(steps),
+        )
         nodes = fx["ops"]
-        fx_ms = sorted(fx["step_ms"][2:] or fx["step_ms"])[len(fx["step_ms"][2:] or fx["step_ms"]) // 2]
-        return {"case": "gpt2_tiny", "ops": nodes, "fxdp_ms_per_step": fx_ms,
-                "fxdp_us_per_op": 1e3 * fx_ms / nodes, "eager_ms_per_step": ea["median_ms"],
-                "eager_us_per_op_equiv": 1e3 * ea["median_ms"] / nodes,
-                "loss_rel_diff_step1": wr.rel_diff(fx["losses"][:1], ea["losses"][:1])}
+        fx_ms = sorted(fx["step_ms"][2:] or fx["step_ms"])[
+            len(fx["step_ms"][2:] or fx["step_ms"]) // 2
+        ]
+        return {
+            "case": "gpt2_tiny",
+            "ops": nodes,
+            "fxdp_ms_per_step": fx_ms,
+            "fxdp_us_per_op": 1e3 * fx_ms / nodes,
+            "eager_ms_per_step": ea["median_ms"],
+            "eager_us_per_op_equiv": 1e3 * ea["median_ms"] / nodes,
+            "loss_rel_diff_step1": wr.rel_diff(fx["losses"][:1], ea["losses"][:1]),
+        }
 
     def step_gpt2(self) -> dict:
         self.need_worker()
@@ -314,23 +427,52 @@ class Check:
         c = self.cases[name]
         state = self.state_of(c)
         steps = self.a.timing_steps
-        fx = wr.run_ranks(self.worker, self.path(c["graph"]), state, self.path(c["batch"]), steps,
-                          self.device, os.path.join(self.work, "gpt2.final.safetensors"))
+        fx = wr.run_ranks(
+            self.worker,
+            self.path(c["graph"]),
+            state,
+            self.path(c["batch"]),
+            steps,
+            self.device,
+            os.path.join(self.work, "gpt2.final.safetensors"),
+        )
         if fx["rc"] != 0:
             raise StepFailed("fxdp-worker failed", fx)
         warm = fx["step_ms"][2:] or fx["step_ms"]
-        res = {"case": name, "size": c.get("size"), "steps": steps,
-               "fxdp": {"median_ms": sorted(warm)[len(warm) // 2], "first_step_ms": fx["step_ms"][0],
-                        "peak_mb": fx.get("peak_mb"), "reserved_mb": fx.get("reserved_mb"),
-                        "ops": fx.get("ops"), "losses": fx["losses"]}}
+        res = {
+            "case": name,
+            "size": c.get("size"),
+            "steps": steps,
+            "fxdp": {
+                "median_ms": sorted(warm)[len(warm) // 2],
+                "first_step_ms": fx["step_ms"][0],
+                "peak_mb": fx.get("peak_mb"),
+                "reserved_mb": fx.get("reserved_mb"),
+                "ops": fx.get("ops"),
+                "losses": fx["losses"],
+            },
+        }
         for mode in ("eager", "compile"):
             if mode == "compile" and self.a.skip_compile:
                 res[mode] = {"skipped": "--skip-compile"}
                 continue
             try:
-                args = ["run", "--name", name, "--state", state, "--batch", self.path(c["batch"]),
-                        "--device", self.device, "--steps", str(steps)]
-                res[mode] = self.python(*args, *(["--compile"] if mode == "compile" else []), timeout=900)
+                args = [
+                    "run",
+                    "--name",
+                    name,
+                    "--state",
+                    state,
+                    "--batch",
+                    self.path(c["batch"]),
+                    "--device",
+                    self.device,
+                    "--steps",
+                    str(steps),
+                ]
+                res[mode] = self.python(
+                    *args, *(["--compile"] if mode == "compile" else []), timeout=900
+                )
                 res[mode]["loss_rel_diff_vs_fxdp"] = wr.rel_diff(res[mode]["losses"], fx["losses"])
             except Exception as e:  # one mode failing leaves the others' numbers
                 res[mode] = {"error": str(e)[-1500:]}
@@ -359,14 +501,28 @@ class StepFailed(Exception):
         self.details = details or {}
 
 
-STEPS = ["env", "build", "ctest_gpu", "unit", "zoo", "n2_gloo", "fully_shard", "nccl_ws1",
-         "overhead", "gpt2"]
+STEPS = [
+    "env",
+    "build",
+    "ctest_gpu",
+    "unit",
+    "zoo",
+    "n2_gloo",
+    "fully_shard",
+    "nccl_ws1",
+    "overhead",
+    "gpt2",
+]
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--kit", default=os.path.join(REPO, ".gpukit"))
-    ap.add_argument("--out", default=os.environ.get("OUT") or os.path.join(REPO, "build-gpukit", "out"))
+    ap.add_argument(
+        "--out", default=os.environ.get("OUT") or os.path.join(REPO, "build-gpukit", "out")
+    )
     ap.add_argument("--build", default=os.path.join(REPO, "build-gpukit"))
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--dry-run", action="store_true", help="on the CPU: every step, no GPU")
@@ -391,9 +547,18 @@ def main(argv=None) -> int:
         except StepFailed as e:
             details, status, msg = e.details, "FAILED", str(e)
         except Exception as e:  # noqa: BLE001 - every step reports, whatever happened
-            details, status, msg = {"traceback": traceback.format_exc()[-3000:]}, "FAILED", str(e)[-2000:]
-        r = {"step": name, "status": status, "seconds": round(time.time() - t0, 1), "message": msg,
-             "details": details}
+            details, status, msg = (
+                {"traceback": traceback.format_exc()[-3000:]},
+                "FAILED",
+                str(e)[-2000:],
+            )
+        r = {
+            "step": name,
+            "status": status,
+            "seconds": round(time.time() - t0, 1),
+            "message": msg,
+            "details": details,
+        }
         results.append(r)
         print(f"[gpu_check] {name}: {status} ({r['seconds']} s) {msg[:300]}", flush=True)
     total = round(time.time() - t_all, 1)

@@ -28,17 +28,28 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-DEB_PACKAGES = ["libprotobuf-dev", "libprotobuf32", "protobuf-compiler", "libprotoc32", "libabsl-dev",
-                "libabsl20220623", "libgtest-dev", "libgmock-dev", "nlohmann-json3-dev"]
+DEB_PACKAGES = [
+    "libprotobuf-dev",
+    "libprotobuf32",
+    "protobuf-compiler",
+    "libprotoc32",
+    "libabsl-dev",
+    "libabsl20220623",
+    "libgtest-dev",
+    "libgmock-dev",
+    "nlohmann-json3-dev",
+]
 ZOO_OPTIMS = ["sgd", "adam", "adamw"]
 # cases also expanded for N=2 (even global batches: one graph for both ranks), and how. The cnn's
 # BatchNorm equals one device only with --sync-batchnorm, which `fxdp expand --style fully_shard`
 # refuses for it ("operands [8], [4] do not broadcast" in the synced batch norm; seen with this
 # check, left to the expansion): replicate only.
-N2_CASES = {"zoo_mlp_adam": {"replicate": [], "fully_shard": []},
-            "zoo_cnn_sgd": {"replicate": ["--sync-batchnorm"]},
-            "zoo_transformer_adamw": {"replicate": [], "fully_shard": []},
-            "gpt2_tiny": {"replicate": [], "fully_shard": []}}
+N2_CASES = {
+    "zoo_mlp_adam": {"replicate": [], "fully_shard": []},
+    "zoo_cnn_sgd": {"replicate": ["--sync-batchnorm"]},
+    "zoo_transformer_adamw": {"replicate": [], "fully_shard": []},
+    "gpt2_tiny": {"replicate": [], "fully_shard": []},
+}
 HF_CASES = ["gpt2_tiny", "gpt2_tiny_sdpa", "gpt2_step"]
 
 
@@ -59,7 +70,9 @@ def pack_deps(out: str) -> dict:
     listing = os.path.join(out, "deps.list")
     with open(listing, "w") as fh:
         fh.write("\n".join(sorted(files)) + "\n")
-    subprocess.check_call(["tar", "-C", "/", "-cJf", os.path.join(out, "deps.tar.xz"), "-T", listing])
+    subprocess.check_call(
+        ["tar", "-C", "/", "-cJf", os.path.join(out, "deps.tar.xz"), "-T", listing]
+    )
     os.remove(listing)
     return versions
 
@@ -70,8 +83,12 @@ def save_case(step, batch: dict, base: str) -> dict:
     step.save(base + ".pb")
     step.to_safetensors(base + ".state.safetensors")
     save_file({k: v.contiguous() for k, v in batch.items()}, base + ".batch.safetensors")
-    return {"graph": base + ".pb", "state": base + ".state.safetensors",
-            "batch": base + ".batch.safetensors", "nodes": len(step.graph.nodes)}
+    return {
+        "graph": base + ".pb",
+        "state": base + ".state.safetensors",
+        "batch": base + ".batch.safetensors",
+        "nodes": len(step.graph.nodes),
+    }
 
 
 def skeleton(model, state_path: str, base: str) -> dict:
@@ -86,7 +103,11 @@ def skeleton(model, state_path: str, base: str) -> dict:
         for k in f.keys():
             t = f.get_tensor(k)
             src = "param" if k in params else ("zeros" if not t.any() else "file")
-            spec[k] = {"dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape), "from": src}
+            spec[k] = {
+                "dtype": str(t.dtype).replace("torch.", ""),
+                "shape": list(t.shape),
+                "from": src,
+            }
             if src == "file":
                 keep[k] = t.contiguous()
             if src == "param" and not bool((params[k].detach() == t).all()):
@@ -101,8 +122,11 @@ def skeleton(model, state_path: str, base: str) -> dict:
 def expand(fxdp: str, graph: str, style: str, extra: list) -> str:
     """`fxdp expand` for N=2; the graph path, '{rank}' where the ranks' graphs differ."""
     out = graph[:-3] + (".n2.pb" if style == "replicate" else ".fs2.pb")
-    r = subprocess.run([fxdp, "expand", graph, "--world-size", "2", "-o", out, "--style", style,
-                        "--json", *extra], capture_output=True, text=True)
+    r = subprocess.run(
+        [fxdp, "expand", graph, "--world-size", "2", "-o", out, "--style", style, "--json", *extra],
+        capture_output=True,
+        text=True,
+    )
     if r.returncode != 0:
         raise SystemExit(f"pack: fxdp expand {graph} --style {style} failed: {r.stderr}")
     files = [f["path"] for f in json.loads(r.stdout).get("files", [])]
@@ -112,32 +136,42 @@ def expand(fxdp: str, graph: str, style: str, extra: list) -> str:
 
 
 def trace_cases(out: str, fxdp: str, quick: bool) -> list:
-    import torch
     import fxdp as fx
-    from fxdp import zoo
     import gpt2_model
+    from fxdp import zoo
 
     os.makedirs(os.path.join(out, "cases"), exist_ok=True)
     cases = []
-    for m in (["mlp"] if quick else list(zoo.MODELS)):
-        for o in (["adam"] if quick else ZOO_OPTIMS):
+    for m in ["mlp"] if quick else list(zoo.MODELS):
+        for o in ["adam"] if quick else ZOO_OPTIMS:
             name = f"zoo_{m}_{o}"
             step, _, _ = zoo.trace_entry(m, o)
             c = save_case(step, zoo.get(m).named_batch(0), os.path.join(out, "cases", name))
             cases.append({"name": name, "kind": "zoo", **c})
-    for name in ([] if quick else HF_CASES):
+    for name in [] if quick else HF_CASES:
         model, opt = gpt2_model.make(name)
         tokens, target = gpt2_model.batch(name)
-        step = fx.trace(model, opt, gpt2_model.lm_loss, (tokens, target), input_names=("tokens", "target"))
+        step = fx.trace(
+            model, opt, gpt2_model.lm_loss, (tokens, target), input_names=("tokens", "target")
+        )
         c = save_case(step, {"tokens": tokens, "target": target}, os.path.join(out, "cases", name))
         if name == "gpt2_step":
             c.update(skeleton(model, c["state"], os.path.join(out, "cases", name)))
-        cases.append({"name": name, "kind": "hf", **c, "size": gpt2_model.SIZES[name],
-                      "expect_cuda_failure": gpt2_model.SIZES[name]["attn"] == "sdpa"})
+        cases.append(
+            {
+                "name": name,
+                "kind": "hf",
+                **c,
+                "size": gpt2_model.SIZES[name],
+                "expect_cuda_failure": gpt2_model.SIZES[name]["attn"] == "sdpa",
+            }
+        )
         del model, opt, step
     for c in cases:
         if c["name"] in N2_CASES:
-            c["n2"] = {s: expand(fxdp, c["graph"], s, extra) for s, extra in N2_CASES[c["name"]].items()}
+            c["n2"] = {
+                s: expand(fxdp, c["graph"], s, extra) for s, extra in N2_CASES[c["name"]].items()
+            }
     for c in cases:  # paths relative to the folder
         for k in ("graph", "state", "batch", "skeleton", "spec"):
             if c.get(k):
@@ -152,11 +186,15 @@ def folder_bytes(path: str) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", default=".gpukit")
     ap.add_argument("--fxdp", default="build/bin/fxdp")
     ap.add_argument("--quick", action="store_true", help="zoo_mlp_adam only (tests)")
-    ap.add_argument("--no-deps", action="store_true", help="no deps.tar.xz (tests that do not build)")
+    ap.add_argument(
+        "--no-deps", action="store_true", help="no deps.tar.xz (tests that do not build)"
+    )
     args = ap.parse_args(argv)
     import torch
     import transformers
@@ -165,13 +203,18 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     deps = {} if args.no_deps else pack_deps(args.out)
     cases = trace_cases(args.out, args.fxdp, args.quick)
-    manifest = {"traced_with": {"torch": torch.__version__, "transformers": transformers.__version__},
-                "deb_packages": deps, "cases": cases}
+    manifest = {
+        "traced_with": {"torch": torch.__version__, "transformers": transformers.__version__},
+        "deb_packages": deps,
+        "cases": cases,
+    }
     with open(os.path.join(args.out, "manifest.json"), "w") as fh:
         json.dump(manifest, fh, indent=1)
     size = folder_bytes(args.out)
-    print(f"pack: wrote {args.out} ({len(cases)} cases, {size / 2**20:.1f} MiB, "
-          f"{time.time() - t0:.0f} s); the device tool carries at most 64 MiB")
+    print(
+        f"pack: wrote {args.out} ({len(cases)} cases, {size / 2**20:.1f} MiB, "
+        f"{time.time() - t0:.0f} s); the device tool carries at most 64 MiB"
+    )
     return 0 if size < 60 * 2**20 else 1
 
 

@@ -33,25 +33,62 @@ def parse(stdout: str, stderr: str) -> dict:
     return out
 
 
-def run_ranks(worker: str, graph: str, state: str, batch: str, steps: int, device: str, out: str,
-              world: int = 1, communicator: str = "auto", threads: int = 0, timeout: float = 300,
-              env_extra: dict | None = None) -> dict:
+def run_ranks(
+    worker: str,
+    graph: str,
+    state: str,
+    batch: str,
+    steps: int,
+    device: str,
+    out: str,
+    world: int = 1,
+    communicator: str = "auto",
+    threads: int = 0,
+    timeout: float = 300,
+    env_extra: dict | None = None,
+) -> dict:
     """Runs `world` ranks of fxdp-worker run; the result of rank 0 (losses, times, ...) with
     rc (the first non-zero exit status), seconds, and the last stderr lines of a failing rank."""
     port = free_port()
     procs = []
     t0 = time.time()
     for r in range(world):
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK="0",
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **(env_extra or {}))
-        cmd = [worker, "run", "--graph", graph, "--state", state, "--data", batch, "--steps",
-               str(steps), "--device", device, "--out", out, "--timeout", "120"]
+        env = dict(
+            os.environ,
+            RANK=str(r),
+            WORLD_SIZE=str(world),
+            LOCAL_RANK="0",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            **(env_extra or {}),
+        )
+        cmd = [
+            worker,
+            "run",
+            "--graph",
+            graph,
+            "--state",
+            state,
+            "--data",
+            batch,
+            "--steps",
+            str(steps),
+            "--device",
+            device,
+            "--out",
+            out,
+            "--timeout",
+            "120",
+        ]
         if world > 1:
             cmd += ["--communicator", communicator]
         if threads:
             cmd += ["--threads", str(threads)]
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      text=True))
+        procs.append(
+            subprocess.Popen(
+                cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        )
     outs = []
     for p in procs:
         try:
@@ -63,8 +100,11 @@ def run_ranks(worker: str, graph: str, state: str, batch: str, steps: int, devic
         outs.append((p.returncode, so, se))
     res = parse(outs[0][1], outs[0][2])
     bad = [(r, o) for r, o in enumerate(outs) if o[0] != 0]
-    res.update(rc=bad[0][1][0] if bad else 0, seconds=round(time.time() - t0, 2),
-               command=" ".join(procs[0].args))
+    res.update(
+        rc=bad[0][1][0] if bad else 0,
+        seconds=round(time.time() - t0, 2),
+        command=" ".join(procs[0].args),
+    )
     if bad:
         r, (_, _, se) = bad[0]
         res["error"] = f"rank {r}: " + "\n".join(se.strip().splitlines()[-6:])
@@ -93,8 +133,12 @@ def compare_states(a: str, b: str) -> dict:
             err = float((x64 - y64).abs().max()) / scale
             if worst == worst and (err != err or err > worst):  # a NaN stays the worst
                 worst, worst_name = err, k
-    return {"max_rel_err": worst, "worst_tensor": worst_name, "bitwise": bitwise,
-            "tensors": len(ta)}
+    return {
+        "max_rel_err": worst,
+        "worst_tensor": worst_name,
+        "bitwise": bitwise,
+        "tensors": len(ta),
+    }
 
 
 def rel_diff(a: list, b: list) -> float:

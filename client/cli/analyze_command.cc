@@ -10,8 +10,8 @@
 #include "analysis/batch_dim.h"
 #include "analysis/ir/proto_codec.h"
 #include "client/cli/commands.h"
-#include "client/cli/remote.h"
 #include "client/cli/connect.h"
+#include "client/cli/remote.h"
 #include "expansion/state_memory.h"
 #include "expansion/style_proto.h"
 #include "util/flags.h"
@@ -52,8 +52,7 @@ constexpr char kAnalyzeUsage[] =
     "                   \"memory\" (the same fields, \"total_bytes\")\n"
     "  --bucket-mb X    with --style: the unit and bucket cap in MiB (default 25)\n"
     "  --server HOST:PORT   ask fxdp-server (CompileService.Analyze) instead of\n"
-    "                   analysing locally; same output\n"
-    FXDP_CLI_CREDENTIAL_USAGE
+    "                   analysing locally; same output\n" FXDP_CLI_CREDENTIAL_USAGE
     "\n"
     "Exit codes: 0 ok, 1 invalid graph or unsupported use of the batch, 2 usage, 3 I/O.\n";
 
@@ -88,7 +87,8 @@ int AnalyzeCommand(const std::vector<std::string>& args) {
   } else if (flags.Seen("--bucket-mb")) {
     return flags.Usage("--bucket-mb needs --style");
   }
-  if (!(bucket_mb >= 0) || !std::isfinite(bucket_mb)) return flags.Usage("--bucket-mb must be >= 0");
+  if (!(bucket_mb >= 0) || !std::isfinite(bucket_mb))
+    return flags.Usage("--bucket-mb must be >= 0");
   const std::string& path = pos[0];
   if (!server.empty()) {
     RemoteAnalyzeArgs ra;

@@ -31,25 +31,28 @@ std::shared_ptr<grpc::Channel> Connect(const std::string& cmd, const std::string
   grpc::ChannelArguments ch;
   ch.SetMaxReceiveMessageSize(kMaxMessageBytes);
   ch.SetMaxSendMessageSize(kMaxMessageBytes);
-  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> creds = security::MakeChannelCredentials(s, &ch);
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> creds =
+      security::MakeChannelCredentials(s, &ch);
   if (!creds.ok()) {
-    std::fprintf(stderr, "fxdp %s: %s\n", cmd.c_str(), std::string(creds.status().message()).c_str());
+    std::fprintf(stderr, "fxdp %s: %s\n", cmd.c_str(),
+                 std::string(creds.status().message()).c_str());
     return nullptr;
   }
   auto channel = grpc::CreateCustomChannel(server, *creds, ch);
   if (!wait_ready) return channel;
-  const char* hint = s.tls_ca.empty() ? "" : "; with TLS, also check --tls-ca and the server's certificate";
+  const char* hint =
+      s.tls_ca.empty() ? "" : "; with TLS, also check --tls-ca and the server's certificate";
   const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(kConnectTimeoutS);
   for (grpc_connectivity_state st = channel->GetState(true); st != GRPC_CHANNEL_READY;
        st = channel->GetState(true)) {
     if (st == GRPC_CHANNEL_TRANSIENT_FAILURE || st == GRPC_CHANNEL_SHUTDOWN) {
-      std::fprintf(stderr, "fxdp %s: server %s is unreachable (the connection failed%s)\n", cmd.c_str(),
-                   server.c_str(), hint);
+      std::fprintf(stderr, "fxdp %s: server %s is unreachable (the connection failed%s)\n",
+                   cmd.c_str(), server.c_str(), hint);
       return nullptr;
     }
     if (!channel->WaitForStateChange(st, deadline)) {
-      std::fprintf(stderr, "fxdp %s: server %s is unreachable (no connection within %d s%s)\n", cmd.c_str(),
-                   server.c_str(), kConnectTimeoutS, hint);
+      std::fprintf(stderr, "fxdp %s: server %s is unreachable (no connection within %d s%s)\n",
+                   cmd.c_str(), server.c_str(), kConnectTimeoutS, hint);
       return nullptr;
     }
   }

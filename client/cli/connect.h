@@ -15,7 +15,7 @@
 namespace fxdp::cli {
 
 // The usage lines of the two flags (for a command's usage text).
-#define FXDP_CLI_CREDENTIAL_USAGE                                                       \
+#define FXDP_CLI_CREDENTIAL_USAGE                                                           \
   "  --tls-ca FILE        TLS: the CA of the server's certificate (default $FXDP_TLS_CA)\n" \
   "  --token-file FILE    a bearer token for the server, sent over TLS (default\n"          \
   "                       $FXDP_TOKEN_FILE; see docs/security.md)\n"

@@ -9,11 +9,11 @@
 #include "analysis/batch_dim.h"
 #include "analysis/ir/proto_codec.h"
 #include "client/cli/commands.h"
-#include "client/cli/remote.h"
 #include "client/cli/connect.h"
+#include "client/cli/remote.h"
+#include "expansion/data_parallel.h"
 #include "expansion/style_proto.h"
 #include "util/flags.h"
-#include "expansion/data_parallel.h"
 
 namespace fxdp::cli {
 namespace {
@@ -58,8 +58,7 @@ constexpr char kExpandUsage[] =
     "  --json               print the report as JSON, with \"files\": the files written\n"
     "                       and the ranks that run each\n"
     "  --server HOST:PORT   expand on fxdp-server (CompileService.Expand) instead of\n"
-    "                       locally; same files and output\n"
-    FXDP_CLI_CREDENTIAL_USAGE
+    "                       locally; same files and output\n" FXDP_CLI_CREDENTIAL_USAGE
     "\n"
     "Exit codes: 0 ok, 1 invalid graph or unsupported placement, 2 usage, 3 I/O.\n";
 

@@ -71,11 +71,12 @@ int GraphCommand(const std::vector<std::string>& args) {
         params += n.is_placeholder() && n.placeholder.role == ir::PlaceholderRole::kParameter;
         grads += !n.grad_of.empty();
       }
-      std::printf("%s: ok: %d nodes, %lld calls, %lld parameters, %lld gradients, format %d, "
-                  "torch %s\n",
-                  args[1].c_str(), g->size(), static_cast<long long>(calls),
-                  static_cast<long long>(params), static_cast<long long>(grads),
-                  g->header().format_version, g->header().torch_version.c_str());
+      std::printf(
+          "%s: ok: %d nodes, %lld calls, %lld parameters, %lld gradients, format %d, "
+          "torch %s\n",
+          args[1].c_str(), g->size(), static_cast<long long>(calls), static_cast<long long>(params),
+          static_cast<long long>(grads), g->header().format_version,
+          g->header().torch_version.c_str());
     }
     return kExitOk;
   }
@@ -90,10 +91,10 @@ int GraphCommand(const std::vector<std::string>& args) {
     if (again != *bytes) {
       size_t at = 0;
       while (at < again.size() && at < bytes->size() && again[at] == (*bytes)[at]) ++at;
-      return ReportError(cmd, absl::DataLossError(absl::StrCat(
-                                  "re-encoding ", args[1], " gave ", again.size(),
-                                  " bytes instead of ", bytes->size(),
-                                  "; first difference at byte ", at)));
+      return ReportError(
+          cmd, absl::DataLossError(absl::StrCat("re-encoding ", args[1], " gave ", again.size(),
+                                                " bytes instead of ", bytes->size(),
+                                                "; first difference at byte ", at)));
     }
     return kExitOk;
   }
@@ -103,8 +104,8 @@ int GraphCommand(const std::vector<std::string>& args) {
     if (!text.ok()) return ReportError(cmd, text.status());
     auto g = ir::ParseGraphText(*text);
     if (!g.ok())
-      return ReportError(cmd, absl::InvalidArgumentError(
-                                  absl::StrCat(args[1], ": ", g.status().message())));
+      return ReportError(
+          cmd, absl::InvalidArgumentError(absl::StrCat(args[1], ": ", g.status().message())));
     if (absl::Status s = ir::WriteGraphFile(*g, args[2]); !s.ok()) return ReportError(cmd, s);
     return kExitOk;
   }

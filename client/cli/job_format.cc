@@ -24,11 +24,23 @@ std::string StateName(v1::JobState s) {
 }
 
 std::string CodeName(grpc::StatusCode c) {
-  static const char* kNames[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT",
-                                 "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
-                                 "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
-                                 "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL",
-                                 "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"};
+  static const char* kNames[] = {"OK",
+                                 "CANCELLED",
+                                 "UNKNOWN",
+                                 "INVALID_ARGUMENT",
+                                 "DEADLINE_EXCEEDED",
+                                 "NOT_FOUND",
+                                 "ALREADY_EXISTS",
+                                 "PERMISSION_DENIED",
+                                 "RESOURCE_EXHAUSTED",
+                                 "FAILED_PRECONDITION",
+                                 "ABORTED",
+                                 "OUT_OF_RANGE",
+                                 "UNIMPLEMENTED",
+                                 "INTERNAL",
+                                 "UNAVAILABLE",
+                                 "DATA_LOSS",
+                                 "UNAUTHENTICATED"};
   const int i = static_cast<int>(c);
   return i >= 0 && i < 17 ? kNames[i] : absl::StrCat("CODE_", i);
 }
@@ -87,8 +99,9 @@ std::string InfoText(const v1::JobInfo& j) {
   }
   absl::StrAppendFormat(&out, "world size %d\n", j.world_size());
   absl::StrAppendFormat(&out, "style      %s\n", StyleName(j.style()));
-  absl::StrAppendFormat(&out, "steps      %d/%s\n", j.steps_done(),
-                        j.steps() > 0 ? absl::StrCat(j.steps()) : "? (until the client's last batch)");
+  absl::StrAppendFormat(
+      &out, "steps      %d/%s\n", j.steps_done(),
+      j.steps() > 0 ? absl::StrCat(j.steps()) : "? (until the client's last batch)");
   std::string workers;
   for (int i = 0; i < j.workers_size(); ++i)
     absl::StrAppend(&workers, i ? ", " : "", "rank ", i, ": ", j.workers(i));
@@ -98,20 +111,24 @@ std::string InfoText(const v1::JobInfo& j) {
     absl::StrAppendFormat(&losses, "%s%.6g", i ? " " : "", j.losses(i));
   absl::StrAppendFormat(&out, "losses     %s\n", losses.empty() ? "-" : losses);
   if (j.data_paths_size() > 0) {
-    absl::StrAppendFormat(&out, "data       %s (on the workers)\n", absl::StrJoin(j.data_paths(), ", "));
+    absl::StrAppendFormat(&out, "data       %s (on the workers)\n",
+                          absl::StrJoin(j.data_paths(), ", "));
   }
   if (j.hyperparameters_size() > 0) {
     absl::StrAppendFormat(&out, "hyper-params %s\n", absl::StrJoin(j.hyperparameters(), ", "));
   }
-  absl::StrAppendFormat(&out, "compiled   %s\n", j.compile_cached() ? "from the compile cache" : "for this job");
-  absl::StrAppendFormat(&out, "final state %s\n",
-                        j.has_state() ? "kept" : (j.state_evicted() ? "evicted (--max-state-mb)" : "-"));
+  absl::StrAppendFormat(&out, "compiled   %s\n",
+                        j.compile_cached() ? "from the compile cache" : "for this job");
+  absl::StrAppendFormat(
+      &out, "final state %s\n",
+      j.has_state() ? "kept" : (j.state_evicted() ? "evicted (--max-state-mb)" : "-"));
   if (!j.resumed_from().empty()) absl::StrAppendFormat(&out, "resumes    %s\n", j.resumed_from());
   if (j.checkpoint_step() > 0) {
-    absl::StrAppendFormat(&out, "checkpoint step %d%s\n", j.checkpoint_step(),
-                          j.state() == v1::JOB_STATE_FAILED
-                              ? absl::StrCat(" (fxdp run ... --resume ", j.job_id(), " continues from it)")
-                              : "");
+    absl::StrAppendFormat(
+        &out, "checkpoint step %d%s\n", j.checkpoint_step(),
+        j.state() == v1::JOB_STATE_FAILED
+            ? absl::StrCat(" (fxdp run ... --resume ", j.job_id(), " continues from it)")
+            : "");
   }
   if (!j.error().empty()) absl::StrAppendFormat(&out, "error      %s\n", j.error());
   return out;

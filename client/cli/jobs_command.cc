@@ -28,8 +28,8 @@ constexpr char kJobsUsage[] =
     "Lists the jobs of fxdp-server, oldest first: id, state, steps done/total,\n"
     "world size, last loss, and what a queued job waits for or why a job failed.\n"
     "\n"
-    "  --server HOST:PORT   the fxdp server (default $FXDP_SERVER, else 127.0.0.1:50051)\n"
-    FXDP_CLI_CREDENTIAL_USAGE
+    "  --server HOST:PORT   the fxdp server (default $FXDP_SERVER, else "
+    "127.0.0.1:50051)\n" FXDP_CLI_CREDENTIAL_USAGE
     "  --json               print JSON: {\"jobs\": [{...JobInfo...}]}\n"
     "\n"
     "Exit codes: 0 ok, 1 the server refused, 2 usage, 3 the server is unreachable.\n";
@@ -40,8 +40,8 @@ constexpr char kJobUsage[] =
     "Shows one job of fxdp-server (JobService.GetJob): state (a queued job's queue\n"
     "position and what it waits for), steps, workers, losses, error.\n"
     "\n"
-    "  --server HOST:PORT   the fxdp server (default $FXDP_SERVER, else 127.0.0.1:50051)\n"
-    FXDP_CLI_CREDENTIAL_USAGE
+    "  --server HOST:PORT   the fxdp server (default $FXDP_SERVER, else "
+    "127.0.0.1:50051)\n" FXDP_CLI_CREDENTIAL_USAGE
     "  --json               print the job as a JSON object\n"
     "\n"
     "Exit codes: 0 ok, 1 unknown job, 2 usage, 3 the server is unreachable.\n";
@@ -52,8 +52,8 @@ constexpr char kCancelUsage[] =
     "Cancels a queued or running job (JobService.CancelJob); a finished job is\n"
     "left as it is. Prints the job's state afterwards.\n"
     "\n"
-    "  --server HOST:PORT   the fxdp server (default $FXDP_SERVER, else 127.0.0.1:50051)\n"
-    FXDP_CLI_CREDENTIAL_USAGE
+    "  --server HOST:PORT   the fxdp server (default $FXDP_SERVER, else "
+    "127.0.0.1:50051)\n" FXDP_CLI_CREDENTIAL_USAGE
     "  --reason TEXT        why (kept in the job's error; default \"fxdp cancel\")\n"
     "  --json               print the job as a JSON object\n"
     "\n"
@@ -74,7 +74,8 @@ int JobsCommand(const std::vector<std::string>& args) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   v1::ListJobsResponse resp;
-  const grpc::Status s = v1::JobService::NewStub(channel)->ListJobs(&ctx, v1::ListJobsRequest(), &resp);
+  const grpc::Status s =
+      v1::JobService::NewStub(channel)->ListJobs(&ctx, v1::ListJobsRequest(), &resp);
   if (!s.ok()) return ReportRpcError("jobs", server, s);
   if (json) {
     nlohmann::ordered_json o;
@@ -87,11 +88,13 @@ int JobsCommand(const std::vector<std::string>& args) {
       {"id", "name", "state", "steps", "world", "last loss", "detail"}};
   for (const v1::JobInfo& j : resp.jobs()) {
     std::string detail = j.error().empty() ? "-" : j.error();
-    if (j.state() == v1::JOB_STATE_QUEUED) detail = absl::StrCat("#", j.queue_position(), ": ", j.message());
-    rows.push_back({j.job_id(), j.name().empty() ? "-" : j.name(), StateName(j.state()),
-                    absl::StrCat(j.steps_done(), "/", j.steps() > 0 ? absl::StrCat(j.steps()) : "?"),
-                    absl::StrCat(j.world_size()),
-                    j.losses_size() ? absl::StrFormat("%.6g", j.losses(j.losses_size() - 1)) : "-", detail});
+    if (j.state() == v1::JOB_STATE_QUEUED)
+      detail = absl::StrCat("#", j.queue_position(), ": ", j.message());
+    rows.push_back(
+        {j.job_id(), j.name().empty() ? "-" : j.name(), StateName(j.state()),
+         absl::StrCat(j.steps_done(), "/", j.steps() > 0 ? absl::StrCat(j.steps()) : "?"),
+         absl::StrCat(j.world_size()),
+         j.losses_size() ? absl::StrFormat("%.6g", j.losses(j.losses_size() - 1)) : "-", detail});
   }
   std::string out = FormatTable(rows);
   if (resp.jobs_size() == 0) out += "(no jobs)\n";

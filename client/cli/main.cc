@@ -21,7 +21,8 @@ constexpr char kUsage[] =
     "  job       show one job of an fxdp server\n"
     "  cancel    cancel a running job\n"
     "\n"
-    "Run 'fxdp <command> --help' for the arguments of a command; 'fxdp --version' for the version.\n";
+    "Run 'fxdp <command> --help' for the arguments of a command; 'fxdp --version' for the "
+    "version.\n";
 
 }  // namespace
 

@@ -108,20 +108,22 @@ std::string AnalyzeResponseToTable(const v1::AnalyzeResponse& r, bool with_sourc
                                     r.batch_size(), r.nodes_size());
   auto line = [&](const std::string& a0, const std::string& a1, const std::string& a2,
                   const std::string& a3, const std::string& a4) {
-    absl::StrAppendFormat(&out, "%-*s  %-*s  %-*s  %-*s  %s\n", w[0], a0, w[1], a1, w[2], a2,
-                          w[3], a3, a4);
+    absl::StrAppendFormat(&out, "%-*s  %-*s  %-*s  %-*s  %s\n", w[0], a0, w[1], a1, w[2], a2, w[3],
+                          a3, a4);
   };
   line("name", "op", "batch dim", "placement", "reason");
   for (const v1::NodePlacement& n : r.nodes()) {
     line(n.name(), n.target(), n.batch_dim() >= 0 ? absl::StrCat(n.batch_dim()) : "-",
          n.placement(),
-         with_source && !n.source().empty() ? absl::StrCat(n.reason(), "  <- ", n.source()) : n.reason());
+         with_source && !n.source().empty() ? absl::StrCat(n.reason(), "  <- ", n.source())
+                                            : n.reason());
   }
   absl::StrAppendFormat(&out, "\nreductions (%d):\n", r.reductions_size());
   for (const v1::Reduction& x : r.reductions()) {
-    absl::StrAppendFormat(&out, "  all-reduce %s of %s:%d before %s%s\n", x.op(), x.value(),
-                          x.output(), x.first_use().empty() ? "-" : x.first_use(),
-                          x.grad_of().empty() ? "" : absl::StrCat(" (gradient of ", x.grad_of(), ")"));
+    absl::StrAppendFormat(
+        &out, "  all-reduce %s of %s:%d before %s%s\n", x.op(), x.value(), x.output(),
+        x.first_use().empty() ? "-" : x.first_use(),
+        x.grad_of().empty() ? "" : absl::StrCat(" (gradient of ", x.grad_of(), ")"));
   }
   if (r.sharded_reads_size() > 0) {
     absl::StrAppendFormat(&out, "\nsharded reads of replicated values (%d):\n",

@@ -63,8 +63,8 @@ constexpr char kRunUsage[] =
     "the checkpoint's, the batches of the steps before it are skipped, and the\n"
     "final state equals an uninterrupted run's (docs/jobs.md).\n"
     "\n"
-    "  --server HOST:PORT   the fxdp server (default $FXDP_SERVER, else 127.0.0.1:50051)\n"
-    FXDP_CLI_CREDENTIAL_USAGE
+    "  --server HOST:PORT   the fxdp server (default $FXDP_SERVER, else "
+    "127.0.0.1:50051)\n" FXDP_CLI_CREDENTIAL_USAGE
     "  --world-size N       number of data-parallel ranks (default 1)\n"
     "  --state FILE         initial state, safetensors (required; not with --resume)\n"
     "  --data FILE          a global batch, safetensors (repeatable)\n"
@@ -87,7 +87,8 @@ constexpr char kRunUsage[] =
     "                       HYPERPARAMETER placeholders: optim.group0.lr, ...), JSON:\n"
     "                       {\"optim.group0.lr\": [v1, v2, ...]} (one value per step) or a\n"
     "                       closed form: {\"constant\": v}, {\"linear_warmup_cosine\":\n"
-    "                       {\"peak\": P, \"warmup_steps\": W, \"total_steps\": T, \"final\": F}},\n"
+    "                       {\"peak\": P, \"warmup_steps\": W, \"total_steps\": T, \"final\": "
+    "F}},\n"
     "                       {\"step_decay\": {\"initial\": V, \"step_size\": N, \"gamma\": G}}\n"
     "                       (README \"Schedules\"). Sent in the JobSpec; the graph is\n"
     "                       compiled once for the whole run. Names the schedule leaves\n"
@@ -158,9 +159,9 @@ class FirstStep {
 // (cycling through `batches`; a resumed job's from the step after its
 // checkpoint, once `resumed` knows it); WritesDone at the end. Stops when a
 // write fails (the server ended the call).
-void WriteSubmit(grpc::ClientReaderWriter<v1::SubmitJobRequest, v1::JobEvent>* stream, v1::JobSpec spec,
-                 const std::vector<RawTensor>& state, const std::vector<std::vector<RawTensor>>& batches,
-                 FirstStep* resumed) {
+void WriteSubmit(grpc::ClientReaderWriter<v1::SubmitJobRequest, v1::JobEvent>* stream,
+                 v1::JobSpec spec, const std::vector<RawTensor>& state,
+                 const std::vector<std::vector<RawTensor>>& batches, FirstStep* resumed) {
   const int64_t steps = spec.steps();
   v1::SubmitJobRequest req;
   req.mutable_spec()->Swap(&spec);
@@ -201,8 +202,8 @@ void WriteSubmit(grpc::ClientReaderWriter<v1::SubmitJobRequest, v1::JobEvent>* s
 }
 
 // Streams the final state of `job_id` into `out` (safetensors); exit code.
-int FetchFinalState(v1::JobService::Stub* stub, const std::string& server, const std::string& job_id,
-                    const std::string& out, bool json) {
+int FetchFinalState(v1::JobService::Stub* stub, const std::string& server,
+                    const std::string& job_id, const std::string& out, bool json) {
   grpc::ClientContext fctx;
   v1::FetchJobStateRequest freq;
   freq.set_job_id(job_id);
@@ -231,7 +232,8 @@ int FetchFinalState(v1::JobService::Stub* stub, const std::string& server, const
     RawTensor& r = tensors[it->second];
     if (t.offset() != r.data.size()) {
       fctx.TryCancel();
-      std::fprintf(stderr, "fxdp run: final state of %s: chunk of '%s' at offset %llu, expected %zu\n",
+      std::fprintf(stderr,
+                   "fxdp run: final state of %s: chunk of '%s' at offset %llu, expected %zu\n",
                    job_id.c_str(), t.name().c_str(), static_cast<unsigned long long>(t.offset()),
                    r.data.size());
       return kExitInvalidInput;
@@ -262,29 +264,35 @@ int FetchFinalState(v1::JobService::Stub* stub, const std::string& server, const
 class RunPrinter {
  public:
   RunPrinter(bool json, int64_t steps, std::string resume)
-      : json_(json), tty_(!json && isatty(fileno(stdout))), steps_(steps), resume_(std::move(resume)) {}
+      : json_(json),
+        tty_(!json && isatty(fileno(stdout))),
+        steps_(steps),
+        resume_(std::move(resume)) {}
 
   void Event(const v1::JobEvent& e) {
     if (json_) return PrintLine(EventJson(e, steps_));
     if (!resume_.empty() && !told_) {
       told_ = true;
-      Line(absl::StrFormat("job %s resumes job %s from its checkpoint of step %d", e.job_id(), resume_,
-                           e.first_step()));
+      Line(absl::StrFormat("job %s resumes job %s from its checkpoint of step %d", e.job_id(),
+                           resume_, e.first_step()));
     }
     if (e.state() == v1::JOB_STATE_QUEUED && e.queue_position() == 0) {
       Line(absl::StrFormat("job %s submitted", e.job_id()));
     } else if (e.state() == v1::JOB_STATE_QUEUED) {
-      Line(absl::StrFormat("job %s queued: position %d, %s", e.job_id(), e.queue_position(), e.message()));
+      Line(absl::StrFormat("job %s queued: position %d, %s", e.job_id(), e.queue_position(),
+                           e.message()));
     } else if (e.state() == v1::JOB_STATE_RUNNING && e.step() == 0) {
       Line(absl::StrFormat("job %s running on %s", e.job_id(), absl::StrJoin(e.workers(), ", ")));
     } else if (e.state() == v1::JOB_STATE_RUNNING) {
-      const std::string text = absl::StrFormat("step %d/%s loss %.6g (%.1f ms)", e.step(),
-                                               steps_ > 0 ? absl::StrCat(steps_) : "?", e.loss(), e.step_ms());
+      const std::string text =
+          absl::StrFormat("step %d/%s loss %.6g (%.1f ms)", e.step(),
+                          steps_ > 0 ? absl::StrCat(steps_) : "?", e.loss(), e.step_ms());
       if (!tty_) return Line(text);
       constexpr int kBar = 30;
-      const int filled = steps_ > 0 ? static_cast<int>(kBar * std::min(e.step(), steps_) / steps_) : 0;
-      std::printf("\r[%s%s] %s\x1b[K", std::string(filled, '#').c_str(), std::string(kBar - filled, ' ').c_str(),
-                  text.c_str());
+      const int filled =
+          steps_ > 0 ? static_cast<int>(kBar * std::min(e.step(), steps_) / steps_) : 0;
+      std::printf("\r[%s%s] %s\x1b[K", std::string(filled, '#').c_str(),
+                  std::string(kBar - filled, ' ').c_str(), text.c_str());
       bar_open_ = true;
       std::fflush(stdout);
     }
@@ -338,17 +346,21 @@ int RunCommand(const std::vector<std::string>& args) {
   if (int rc = flags.Parse(args, &pos); rc >= 0) return rc;
   if (pos.size() != 1) return flags.Usage("expected exactly one GRAPH");
   if (world < 1) return flags.Usage("--world-size must be >= 1");
-  if (state_path.empty() && resume.empty()) return flags.Usage("--state is required (unless --resume)");
+  if (state_path.empty() && resume.empty())
+    return flags.Usage("--state is required (unless --resume)");
   if (!state_path.empty() && !resume.empty()) {
-    return flags.Usage("--state and --resume exclude each other: a resumed job's state is its checkpoint's");
+    return flags.Usage(
+        "--state and --resume exclude each other: a resumed job's state is its checkpoint's");
   }
-  if (data.empty() == data_on_workers.empty()) return flags.Usage("give either --data or --data-on-workers");
+  if (data.empty() == data_on_workers.empty())
+    return flags.Usage("give either --data or --data-on-workers");
   if (steps < 0) return flags.Usage("--steps must be >= 0");
   if (!data_on_workers.empty() && steps == 0) return flags.Usage("--data-on-workers needs --steps");
   if (steps == 0) steps = static_cast<int32_t>(data.size());
   if (bucket_mb < 0) return flags.Usage("--bucket-mb must be >= 0");
   const absl::StatusOr<DataParallelStyle> parsed_style = ParseDataParallelStyle(style);
-  if (!parsed_style.ok()) return flags.Usage(absl::StrCat("--style: ", parsed_style.status().message()));
+  if (!parsed_style.ok())
+    return flags.Usage(absl::StrCat("--style: ", parsed_style.status().message()));
 
   v1::JobSpec spec;
   {
@@ -386,8 +398,9 @@ int RunCommand(const std::vector<std::string>& args) {
   if (!schedule_path.empty()) {
     absl::StatusOr<ir::Schedule> schedule = ir::Schedule::ReadFile(schedule_path, steps);
     if (!schedule.ok()) return ReportError("run", schedule.status());
-    const absl::Status names = ir::PlaceholderNames::Of(spec.graph())
-                                   .Check(schedule->names(), absl::StrCat("--schedule ", schedule_path));
+    const absl::Status names =
+        ir::PlaceholderNames::Of(spec.graph())
+            .Check(schedule->names(), absl::StrCat("--schedule ", schedule_path));
     if (!names.ok()) return ReportError("run", names);
     for (const auto& [hp, values] : schedule->series()) {
       v1::HyperparameterSeries* h = spec.add_schedule();
@@ -404,7 +417,8 @@ int RunCommand(const std::vector<std::string>& args) {
   std::atomic<bool> written{false};
   FirstStep first_step;
   std::thread writer([&] {
-    WriteSubmit(stream.get(), std::move(spec), *state, batches, resume.empty() ? nullptr : &first_step);
+    WriteSubmit(stream.get(), std::move(spec), *state, batches,
+                resume.empty() ? nullptr : &first_step);
     written = true;
   });
   RunPrinter printer(json, steps, resume);
@@ -420,7 +434,8 @@ int RunCommand(const std::vector<std::string>& args) {
   printer.Close();
   // The server has ended the call: a write still blocked fails soon; cancel
   // it if it does not.
-  for (int i = 0; i < 50 && !written; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  for (int i = 0; i < 50 && !written; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
   if (!written) ctx.TryCancel();
   writer.join();
   const grpc::Status s = stream->Finish();
@@ -451,17 +466,19 @@ int RunCommand(const std::vector<std::string>& args) {
     return kExitInvalidInput;
   }
   if (last.state() != v1::JOB_STATE_SUCCEEDED) {
-    std::fprintf(stderr, "fxdp run: job %s ended %s: %s\n", job_id.c_str(), StateName(last.state()).c_str(),
-                 last.error().c_str());
+    std::fprintf(stderr, "fxdp run: job %s ended %s: %s\n", job_id.c_str(),
+                 StateName(last.state()).c_str(), last.error().c_str());
     return kExitInvalidInput;
   }
   if (!out.empty()) {
     if (int rc = FetchFinalState(stub.get(), server, job_id, out, json); rc != kExitOk) return rc;
   }
-  if (!json && resume.empty()) std::printf("job %s SUCCEEDED (%d steps on %d workers)\n", job_id.c_str(), steps, world);
+  if (!json && resume.empty())
+    std::printf("job %s SUCCEEDED (%d steps on %d workers)\n", job_id.c_str(), steps, world);
   if (!json && !resume.empty()) {
-    std::printf("job %s SUCCEEDED (steps %lld to %d on %d workers, resuming job %s)\n", job_id.c_str(),
-                static_cast<long long>(last.first_step() + 1), steps, world, resume.c_str());
+    std::printf("job %s SUCCEEDED (steps %lld to %d on %d workers, resuming job %s)\n",
+                job_id.c_str(), static_cast<long long>(last.first_step() + 1), steps, world,
+                resume.c_str());
   }
   return kExitOk;
 }

@@ -9,9 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/cli/commands.h"
+#include "client/cli/connect.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/fxdp/v1/worker.grpc.pb.h"
-#include "client/cli/connect.h"
 #include "util/flags.h"
 
 namespace fxdp::cli {
@@ -27,8 +27,8 @@ constexpr char kWorkersUsage[] =
     "worker is BUSY with its job from the moment the server assigns it, and its step\n"
     "is the last one it reported done.\n"
     "\n"
-    "  --server HOST:PORT   the fxdp server (default $FXDP_SERVER, else 127.0.0.1:50051)\n"
-    FXDP_CLI_CREDENTIAL_USAGE
+    "  --server HOST:PORT   the fxdp server (default $FXDP_SERVER, else "
+    "127.0.0.1:50051)\n" FXDP_CLI_CREDENTIAL_USAGE
     "  --json               print JSON: {\"workers\": [{\"id\", \"state\", \"device\",\n"
     "                       \"hostname\", \"pid\", \"job\", \"step\", \"last_heartbeat_s\",\n"
     "                       \"attached_s\", \"capacity\", \"fxdp_version\", \"torch_version\",\n"
@@ -89,14 +89,14 @@ std::string ToTable(const v1::ListWorkersResponse& r) {
       {"id", "state", "device", "host", "pid", "job", "step", "last heartbeat", "memory"}};
   for (const v1::WorkerInfo& w : r.workers()) {
     const bool busy = w.state() == v1::WORKER_STATE_BUSY;
-    rows.push_back({w.worker_id(), StateName(w.state()), w.device(), w.hostname(),
-                    absl::StrCat(w.pid()), w.job_id().empty() ? "-" : w.job_id(),
-                    busy ? absl::StrCat(w.step()) : "-",
-                    absl::StrFormat("%.1f s ago", w.last_heartbeat_s()) +
-                        (w.lost_reason().empty() ? "" : " (" + w.lost_reason() + ")"),
-                    w.memory_bytes() > 0 ? absl::StrFormat("%.1f MiB (%s)", w.memory_bytes() / 1048576.0,
-                                                           w.memory_source().empty() ? "?" : w.memory_source())
-                                         : "-"});
+    rows.push_back(
+        {w.worker_id(), StateName(w.state()), w.device(), w.hostname(), absl::StrCat(w.pid()),
+         w.job_id().empty() ? "-" : w.job_id(), busy ? absl::StrCat(w.step()) : "-",
+         absl::StrFormat("%.1f s ago", w.last_heartbeat_s()) +
+             (w.lost_reason().empty() ? "" : " (" + w.lost_reason() + ")"),
+         w.memory_bytes() > 0 ? absl::StrFormat("%.1f MiB (%s)", w.memory_bytes() / 1048576.0,
+                                                w.memory_source().empty() ? "?" : w.memory_source())
+                              : "-"});
   }
   std::string out = FormatTable(rows);
   if (r.workers_size() == 0) absl::StrAppend(&out, "(no workers)\n");
@@ -122,7 +122,8 @@ int WorkersCommand(const std::vector<std::string>& args) {
   v1::ListWorkersResponse resp;
   const grpc::Status s = stub->ListWorkers(&ctx, v1::ListWorkersRequest(), &resp);
   if (!s.ok()) {
-    std::fprintf(stderr, "fxdp workers: server %s: %s\n", server.c_str(), s.error_message().c_str());
+    std::fprintf(stderr, "fxdp workers: server %s: %s\n", server.c_str(),
+                 s.error_message().c_str());
     return s.error_code() == grpc::StatusCode::UNAVAILABLE ||
                    s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
                ? kExitIo

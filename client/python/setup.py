@@ -62,8 +62,16 @@ def generate_stubs(out_dir: str) -> list:
         os.remove(old)
     well_known = os.path.join(os.path.dirname(grpc_tools.__file__), "_proto")
     rel = [os.path.relpath(p, root) for p in protos]
-    rc = protoc.main(["grpc_tools.protoc", f"-I{root}", f"-I{well_known}", f"--python_out={out_dir}",
-                      f"--grpc_python_out={out_dir}", *rel])
+    rc = protoc.main(
+        [
+            "grpc_tools.protoc",
+            f"-I{root}",
+            f"-I{well_known}",
+            f"--python_out={out_dir}",
+            f"--grpc_python_out={out_dir}",
+            *rel,
+        ]
+    )
     if rc != 0:
         raise SystemExit(f"fxdp build: protoc failed ({rc}) on {', '.join(rel)}")
     init = os.path.join(pkg, "__init__.py")

@@ -77,7 +77,11 @@ absl::StatusOr<at::Tensor> RawCudaEmpty(at::IntArrayRef sizes, const at::TensorO
   }
   const c10::Device dev(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device));
   return at::from_blob(
-      p, sizes, [](void* q) { if (q != nullptr) cudaFree(q); }, options.device(dev), dev);
+      p, sizes,
+      [](void* q) {
+        if (q != nullptr) cudaFree(q);
+      },
+      options.device(dev), dev);
 }
 
 bool IsTimeout(const std::string& msg) {
@@ -99,8 +103,8 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Connect(
 }
 
 absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
-    const c10::intrusive_ptr<c10d::Store>& store, const RendezvousOptions& opts,
-    int device_index, const std::string& store_key) {
+    const c10::intrusive_ptr<c10d::Store>& store, const RendezvousOptions& opts, int device_index,
+    const std::string& store_key) {
   auto state = std::make_shared<State>();
   state->rank = opts.rank;
   state->world_size = opts.world_size;
@@ -125,8 +129,7 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
         absl::StrCat(who, ": no such device (this process sees ", count, " CUDA devices)"));
   CudaDeviceScope scope(device_index);
   if (scope.error() != cudaSuccess)
-    return absl::UnavailableError(
-        absl::StrCat(who, ": cudaSetDevice: ", CudaError(scope.error())));
+    return absl::UnavailableError(absl::StrCat(who, ": cudaSetDevice: ", CudaError(scope.error())));
   const auto deadline = Clock::now() + opts.timeout;
 
   // The unique id: rank 0 makes it, the store carries it.
@@ -232,22 +235,22 @@ absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::Start(const at::Tensor& 
                                                     : "reduce_scatter_tensor";
   const std::string what = absl::StrCat(op, " #", ++s.seq);
   if (!s.abort_reason.empty())
-    return absl::UnavailableError(absl::StrCat(s.Who(), ": ", what,
-                                               ": the NCCL communicator was aborted earlier (",
-                                               s.abort_reason, ")"));
+    return absl::UnavailableError(absl::StrCat(
+        s.Who(), ": ", what, ": the NCCL communicator was aborted earlier (", s.abort_reason, ")"));
   if (!input.defined())
     return absl::InvalidArgumentError(absl::StrCat(s.Who(), ": ", what, " of an undefined tensor"));
   if (!input.is_cuda())
-    return absl::InvalidArgumentError(absl::StrCat(
-        s.Who(), ": ", what, " of a ", input.device().str(),
-        " tensor: NCCL sums CUDA tensors (Gloo is the CPU communicator)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(s.Who(), ": ", what, " of a ", input.device().str(),
+                     " tensor: NCCL sums CUDA tensors (Gloo is the CPU communicator)"));
   if (input.device().index() != s.device)
     return absl::InvalidArgumentError(absl::StrCat(s.Who(), ": ", what, " of a tensor on ",
                                                    input.device().str(),
                                                    ", not this communicator's device"));
   auto type = NcclTypeOf(input.scalar_type());
   if (!type.ok())
-    return absl::InvalidArgumentError(absl::StrCat(s.Who(), ": ", what, ": ", type.status().message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(s.Who(), ": ", what, ": ", type.status().message()));
 
   CudaDeviceScope scope(s.device);
   if (scope.error() != cudaSuccess)
@@ -273,8 +276,9 @@ absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::Start(const at::Tensor& 
   try {
     if (!in.is_contiguous()) {
       if (!torch_cuda)
-        return absl::InvalidArgumentError(absl::StrCat(
-            s.Who(), ": ", what, " of a non-contiguous tensor needs a CUDA build of torch to copy it"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(s.Who(), ": ", what,
+                         " of a non-contiguous tensor needs a CUDA build of torch to copy it"));
       in = in.contiguous();
     }
     if (torch_cuda) {
@@ -307,9 +311,8 @@ absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::Start(const at::Tensor& 
           absl::StrCat(s.Who(), ": ", what, ": cudaEventRecord: ", CudaError(e)));
     }
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat(s.Who(), ": ", what,
-                                               ": recording an event on the current stream: ",
-                                               ExceptionMessage(e)));
+    return absl::UnavailableError(absl::StrCat(
+        s.Who(), ": ", what, ": recording an event on the current stream: ", ExceptionMessage(e)));
   }
   if (const cudaError_t e = cudaStreamWaitEvent(s.stream, s.ready, 0); e != cudaSuccess) {
     cudaGetLastError();
@@ -336,7 +339,8 @@ absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::Start(const at::Tensor& 
     s.Abort(reason);
     if (cudaEventRecord(*done, s.stream) != cudaSuccess) cudaGetLastError();
     s.Adopt(*done, std::move(in), std::move(out));
-    return absl::Status(code, absl::StrCat(s.Who(), ": ", reason, "; the NCCL communicator is aborted"));
+    return absl::Status(code,
+                        absl::StrCat(s.Who(), ": ", reason, "; the NCCL communicator is aborted"));
   };
 #ifdef FXDP_NCCL_NONBLOCKING
   // Nonblocking: ncclInProgress means "not on the stream yet".
@@ -351,7 +355,8 @@ absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::Start(const at::Tensor& 
                 absl::StrCat(what, ": NCCL ", op, " failed: ", NcclError(r, s.comm)));
   if (const cudaError_t e = cudaEventRecord(*done, s.stream); e != cudaSuccess) {
     cudaGetLastError();
-    return fail(absl::StatusCode::kUnavailable, absl::StrCat(what, ": cudaEventRecord: ", CudaError(e)));
+    return fail(absl::StatusCode::kUnavailable,
+                absl::StrCat(what, ": cudaEventRecord: ", CudaError(e)));
   }
   return std::unique_ptr<Work>(
       nccl_internal::MakeNcclWork(state_, *done, std::move(in), std::move(out), what));

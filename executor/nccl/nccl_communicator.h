@@ -27,8 +27,9 @@
 //     error (UNAVAILABLE) or the timeout passes (DEADLINE_EXCEEDED); on error
 //     or timeout the communicator is aborted (ncclCommAbort) and every later
 //     call fails with UNAVAILABLE. Messages name the rank, the device and the
-//     collective ("all_reduce #k": the k-th since this communicator was made). Wait blocks the host until the all-reduce is done, so every
-//     op launched after it is ordered after the result on any stream.
+//     collective ("all_reduce #k": the k-th since this communicator was made). Wait blocks the host
+//     until the all-reduce is done, so every op launched after it is ordered after the result on
+//     any stream.
 // The input is not modified; the Work keeps it (and the output) alive until
 // the all-reduce is known to be done, so the caller may drop its reference and
 // the caching allocator cannot hand the memory out while NCCL still reads it.
@@ -72,8 +73,8 @@ class NcclCommunicator : public Communicator {
   // Over an existing store (tests: several ranks in one process, one GPU
   // each). `store` may be null for world size 1.
   static absl::StatusOr<std::unique_ptr<NcclCommunicator>> Create(
-      const c10::intrusive_ptr<c10d::Store>& store, const RendezvousOptions& opts,
-      int device_index, const std::string& store_key = kDefaultStoreKey);
+      const c10::intrusive_ptr<c10d::Store>& store, const RendezvousOptions& opts, int device_index,
+      const std::string& store_key = kDefaultStoreKey);
 
   // Finalizes the NCCL communicator (waiting up to opts.timeout for
   // outstanding collectives, then aborting it) and frees its stream.

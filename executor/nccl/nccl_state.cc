@@ -152,8 +152,11 @@ class NcclWork : public Work {
  public:
   NcclWork(std::shared_ptr<NcclCommunicator::State> state, cudaEvent_t done, at::Tensor input,
            at::Tensor output, std::string what)
-      : state_(std::move(state)), done_(done), input_(std::move(input)),
-        output_(std::move(output)), what_(std::move(what)) {}
+      : state_(std::move(state)),
+        done_(done),
+        input_(std::move(input)),
+        output_(std::move(output)),
+        what_(std::move(what)) {}
 
   ~NcclWork() override {
     if (finished_) {
@@ -193,7 +196,8 @@ class NcclWork : public Work {
       ncclResult_t async = ncclSuccess;
       const ncclResult_t r = ncclCommGetAsyncError(s.comm, &async);
       if (r != ncclSuccess)
-        return Fail(s, absl::StrCat(what_, ": ncclCommGetAsyncError failed: ", NcclError(r, s.comm)));
+        return Fail(s,
+                    absl::StrCat(what_, ": ncclCommGetAsyncError failed: ", NcclError(r, s.comm)));
       if (async != ncclSuccess && async != ncclInProgress)
         return Fail(s, absl::StrCat(what_, " failed: ", NcclError(async, s.comm)));
       if (Clock::now() >= deadline) {
@@ -215,9 +219,8 @@ class NcclWork : public Work {
         absl::StrCat(s.Who(), ": ", reason, "; the NCCL communicator is aborted"));
   }
   absl::Status Aborted(const NcclCommunicator::State& s) {
-    return absl::UnavailableError(absl::StrCat(s.Who(), ": ", what_,
-                                               " failed: the NCCL communicator was aborted (",
-                                               s.abort_reason, ")"));
+    return absl::UnavailableError(absl::StrCat(
+        s.Who(), ": ", what_, " failed: the NCCL communicator was aborted (", s.abort_reason, ")"));
   }
 
   std::shared_ptr<NcclCommunicator::State> state_;
@@ -232,9 +235,8 @@ class NcclWork : public Work {
 
 namespace nccl_internal {
 
-std::unique_ptr<Work> MakeNcclWork(std::shared_ptr<NcclCommunicator::State> state,
-                                   cudaEvent_t done, at::Tensor input, at::Tensor output,
-                                   std::string what) {
+std::unique_ptr<Work> MakeNcclWork(std::shared_ptr<NcclCommunicator::State> state, cudaEvent_t done,
+                                   at::Tensor input, at::Tensor output, std::string what) {
   return std::make_unique<NcclWork>(std::move(state), done, std::move(input), std::move(output),
                                     std::move(what));
 }

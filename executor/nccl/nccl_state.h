@@ -85,9 +85,8 @@ class CudaDeviceScope {
 
 // The Work of a collective enqueued on `state`'s stream: `done` is recorded
 // after it; `what` names it in errors.
-std::unique_ptr<Work> MakeNcclWork(std::shared_ptr<NcclCommunicator::State> state,
-                                   cudaEvent_t done, at::Tensor input, at::Tensor output,
-                                   std::string what);
+std::unique_ptr<Work> MakeNcclWork(std::shared_ptr<NcclCommunicator::State> state, cudaEvent_t done,
+                                   at::Tensor input, at::Tensor output, std::string what);
 
 }  // namespace fxdp::executor::nccl_internal
 

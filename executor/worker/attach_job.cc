@@ -33,8 +33,8 @@ void AttachedWorker::FinishJob(Job& job, WorkerMessage final_msg) {
 }
 
 void AttachedWorker::SendJobFailed(Job& job, const absl::Status& s, int64_t step) {
-  const std::string error =
-      absl::StrCat("job ", job.id, " rank ", job.rank, " step ", job.StepName(step), ": ", s.message());
+  const std::string error = absl::StrCat("job ", job.id, " rank ", job.rank, " step ",
+                                         job.StepName(step), ": ", s.message());
   util::Log(job.Prefix(), "failed: ", absl::StatusCodeToString(s.code()), ": ", s.message());
   WorkerMessage f;
   v1::JobFailed* jf = f.mutable_job_failed();
@@ -51,15 +51,16 @@ void AttachedWorker::RunJob(std::shared_ptr<Job> job) {
   ResetPeakCpuTensorBytes();
   absl::Status s = JobBody(*job, comm);
   if (CpuMemoryLimit() > 0) {
-    util::Log(job->Prefix(), "tensors held at most ", PeakCpuTensorBytes(), " bytes at once (--memory-limit ",
-              CpuMemoryLimit(), ")");
+    util::Log(job->Prefix(), "tensors held at most ", PeakCpuTensorBytes(),
+              " bytes at once (--memory-limit ", CpuMemoryLimit(), ")");
   }
   if (!s.ok() && job->cancel) {
     // Cancelled while it rendezvoused or ran a step: the abort of its
     // connections ended that with an error.
-    EndJob(*job, true, absl::StrCat(job->in_step ? absl::StrCat("during step ", job->log_step.load())
-                                                 : std::string("before the first step"),
-                                    " (", s.message(), ")"))
+    EndJob(*job, true,
+           absl::StrCat(job->in_step ? absl::StrCat("during step ", job->log_step.load())
+                                     : std::string("before the first step"),
+                        " (", s.message(), ")"))
         .IgnoreError();  // OK
   } else if (!s.ok()) {
     // The failure is sent first, so that the server hears of it from this
@@ -94,10 +95,11 @@ absl::Status DataFileError(const absl::Status& s, const std::string& worker_id) 
   const absl::StatusCode mapped =
       code == absl::StatusCode::kInvalidArgument || code == absl::StatusCode::kUnimplemented
           ? absl::StatusCode::kInvalidArgument
-      : code == absl::StatusCode::kPermissionDenied ? absl::StatusCode::kPermissionDenied
+      : code == absl::StatusCode::kPermissionDenied  ? absl::StatusCode::kPermissionDenied
       : code == absl::StatusCode::kResourceExhausted ? absl::StatusCode::kResourceExhausted
                                                      : absl::StatusCode::kFailedPrecondition;
-  return absl::Status(mapped, absl::StrCat("data_paths file on worker ", worker_id, ": ", s.message()));
+  return absl::Status(mapped,
+                      absl::StrCat("data_paths file on worker ", worker_id, ": ", s.message()));
 }
 
 // The file's tensors that are the program's INPUTs, as meta tensors (no
@@ -108,7 +110,8 @@ TensorMap DeclaredInputs(const ir::SafetensorsView& header, const std::set<std::
   *bytes = 0;
   for (const ir::SafetensorsEntry& e : header.tensors) {
     if (inputs.count(e.name) == 0) continue;
-    out.emplace(e.name, at::empty(e.shape, at::TensorOptions().dtype(ToTorch(e.dtype)).device(at::kMeta)));
+    out.emplace(e.name,
+                at::empty(e.shape, at::TensorOptions().dtype(ToTorch(e.dtype)).device(at::kMeta)));
     *bytes += e.end - e.begin;
   }
   return out;
@@ -132,22 +135,24 @@ absl::StatusOr<std::vector<TensorMap>> AttachedWorker::ReadDataFiles(const Job& 
   const uint64_t budget = static_cast<uint64_t>(o_.max_data_mb) << 20;
   uint64_t read_so_far = 0;
   for (const std::string& path : job.assign.data_paths()) {
-    const std::string where = absl::StrCat("data_paths file '", path, "' (on worker ", worker_id_, ")");
+    const std::string where =
+        absl::StrCat("data_paths file '", path, "' (on worker ", worker_id_, ")");
     SafetensorsReadOptions read;
     read.roots = o_.data_roots_opened ? o_.data_roots_opened.get() : &kNoRoots;
     read.max_bytes = std::numeric_limits<uint64_t>::max();  // what is read is bounded below
     absl::StatusOr<ir::SafetensorsReader> file = ir::SafetensorsReader::Open(path, read);
     if (!file.ok()) return DataFileError(file.status(), worker_id_);
     uint64_t need = 0;
-    absl::StatusOr<TensorMap> shard = ShardBatch(DeclaredInputs(file->header(), inputs, &need), program,
-                                                 job.rank, job.world_size);
+    absl::StatusOr<TensorMap> shard = ShardBatch(DeclaredInputs(file->header(), inputs, &need),
+                                                 program, job.rank, job.world_size);
     absl::Status s = shard.ok() ? CheckBatch(*shard, program) : shard.status();
     if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", s.message()));
     if (need > budget - read_so_far) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "data_paths on worker ", worker_id_, ": the job's files together may hold at most --max-data-mb ",
-          o_.max_data_mb, " MiB; ", files.size(), " of its ", job.assign.data_paths_size(), " entries hold ",
-          read_so_far, " bytes and '", path, "' needs ", need, " bytes more for the graph's inputs"));
+          "data_paths on worker ", worker_id_,
+          ": the job's files together may hold at most --max-data-mb ", o_.max_data_mb, " MiB; ",
+          files.size(), " of its ", job.assign.data_paths_size(), " entries hold ", read_so_far,
+          " bytes and '", path, "' needs ", need, " bytes more for the graph's inputs"));
     }
     absl::StatusOr<SafetensorsFile> f = ReadTensors(*file, path, &inputs);
     if (!f.ok()) return DataFileError(f.status(), worker_id_);
@@ -164,7 +169,7 @@ absl::StatusOr<std::vector<TensorMap>> AttachedWorker::ReadDataFiles(const Job& 
 
 absl::Status AttachedWorker::EndJob(Job& job, bool cancelled, const std::string& why) {
   util::Log(job.Prefix(), cancelled ? "cancelled" : "ended", why.empty() ? "" : ": ", why, " (",
-          job.steps_done.load(), " steps done)");
+            job.steps_done.load(), " steps done)");
   WorkerMessage m;
   v1::JobEnded* e = m.mutable_job_ended();
   e->set_job_id(job.id);
@@ -191,15 +196,17 @@ JobEvent Job::Next() {
 absl::Status AttachedWorker::JobBody(Job& job, std::unique_ptr<Communicator>& comm) {
   const v1::AssignJob& a = job.assign;
   // Device and graph.
-  FXDP_ASSIGN_OR_RETURN(c10::Device device,
-                        ParseWorkerDevice(a.device().empty() ? device_.str() : a.device(),
-                                          device_.is_cuda() ? device_.index() : 0, "AssignJob.device"));
+  FXDP_ASSIGN_OR_RETURN(
+      c10::Device device,
+      ParseWorkerDevice(a.device().empty() ? device_.str() : a.device(),
+                        device_.is_cuda() ? device_.index() : 0, "AssignJob.device"));
   absl::StatusOr<ir::Graph> graph = ir::DecodeGraph(a.graph());
   if (!graph.ok())
-    return absl::Status(graph.status().code(),
-                        absl::StrCat("the graph does not decode or verify: ", graph.status().message()));
+    return absl::Status(graph.status().code(), absl::StrCat("the graph does not decode or verify: ",
+                                                            graph.status().message()));
   const double timeout_s = a.collective_timeout_s() > 0 ? a.collective_timeout_s() : 60.0;
-  const auto timeout = std::chrono::milliseconds(std::max<int64_t>(1, std::llround(timeout_s * 1000)));
+  const auto timeout =
+      std::chrono::milliseconds(std::max<int64_t>(1, std::llround(timeout_s * 1000)));
 
   // Rendezvous.
   RendezvousOptions ro;
@@ -210,7 +217,7 @@ absl::Status AttachedWorker::JobBody(Job& job, std::unique_ptr<Communicator>& co
   ro.timeout = timeout;
   if (job.world_size > 1)
     util::Log(job.Prefix(), "rendezvous at ", ro.host, ":", ro.port, " (world size ", ro.world_size,
-            ", timeout ", absl::StrFormat("%.3g", timeout_s), " s)");
+              ", timeout ", absl::StrFormat("%.3g", timeout_s), " s)");
   if (job.world_size > 1) job.connections.Watch(ResolveAddresses(ro.host, ro.port));
   FXDP_ASSIGN_OR_RETURN(comm, ConnectCommunicator(ro, device));
   job.connections.Watch(comm->PeerSocketAddresses());
@@ -243,8 +250,9 @@ absl::Status AttachedWorker::JobBody(Job& job, std::unique_ptr<Communicator>& co
   StepRunner runner = *std::move(created);
   {
     const double setup_ms = MsSince(job.assigned_at);
-    util::Log(job.Prefix(), "started: ", num_ops, " ops on ", device.str(), ", ", comm->name(), ", ",
-            runner.state().size(), " state tensors (setup ", absl::StrFormat("%.1f", setup_ms), " ms)");
+    util::Log(job.Prefix(), "started: ", num_ops, " ops on ", device.str(), ", ", comm->name(),
+              ", ", runner.state().size(), " state tensors (setup ",
+              absl::StrFormat("%.1f", setup_ms), " ms)");
     WorkerMessage m;
     v1::JobStarted* js = m.mutable_job_started();
     js->set_job_id(job.id);
@@ -259,8 +267,7 @@ absl::Status AttachedWorker::JobBody(Job& job, std::unique_ptr<Communicator>& co
   while (true) {
     e = job.Next();
     switch (e.kind) {
-      case JobEvent::kCancel:
-        return EndJob(job, true, e.reason);
+      case JobEvent::kCancel: return EndJob(job, true, e.reason);
       case JobEvent::kError:
         if (e.step > 0) {
           job.log_step = e.step;
@@ -281,14 +288,14 @@ absl::Status AttachedWorker::JobBody(Job& job, std::unique_ptr<Communicator>& co
 }
 
 absl::Status AttachedWorker::RunBatch(Job& job, JobEvent& e, StepRunner& runner,
-                                      TimedCommunicator& timed,
-                                      const std::vector<TensorMap>& files, int local_loss) {
+                                      TimedCommunicator& timed, const std::vector<TensorMap>& files,
+                                      int local_loss) {
   const int64_t step = e.step;
   job.log_step = step;
   job.in_step = true;
   if (step != job.steps_done + 1)
-    return absl::InvalidArgumentError(absl::StrCat("got the batch for step ", step, ", expected step ",
-                                                   job.steps_done + 1));
+    return absl::InvalidArgumentError(
+        absl::StrCat("got the batch for step ", step, ", expected step ", job.steps_done + 1));
   if (job.steps > 0 && step > job.steps)
     return absl::InvalidArgumentError(
         absl::StrCat("a batch for step ", step, " of a job of ", job.steps, " steps"));
@@ -298,10 +305,12 @@ absl::Status AttachedWorker::RunBatch(Job& job, JobEvent& e, StepRunner& runner,
     if (job.assign.batches_sharded()) {
       shard = std::move(e.tensors);
     } else {
-      FXDP_ASSIGN_OR_RETURN(shard, ShardBatch(e.tensors, runner.program(), job.rank, job.world_size));
+      FXDP_ASSIGN_OR_RETURN(shard,
+                            ShardBatch(e.tensors, runner.program(), job.rank, job.world_size));
     }
     if (absl::Status s = CheckBatch(shard, runner.program()); !s.ok())
-      return absl::InvalidArgumentError(absl::StrCat("the batch of step ", step, ": ", s.message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("the batch of step ", step, ": ", s.message()));
   } else if (!e.tensors.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "a Batch with tensors for a job that reads its batches from AssignJob.data_paths"));
@@ -339,8 +348,8 @@ absl::Status AttachedWorker::RunBatch(Job& job, JobEvent& e, StepRunner& runner,
   r->set_comm_bytes(cs.bytes);
   job.session->Write(m);
   util::Log(job.Prefix(), "loss ", absl::StrFormat("%.8g", value), " (local ",
-          absl::StrFormat("%.8g", local), ", ", absl::StrFormat("%.1f", ms), " ms, comm wait ",
-          absl::StrFormat("%.1f", cs.wait_ms), " ms)");
+            absl::StrFormat("%.8g", local), ", ", absl::StrFormat("%.1f", ms), " ms, comm wait ",
+            absl::StrFormat("%.1f", cs.wait_ms), " ms)");
   return absl::OkStatus();
 }
 
@@ -361,8 +370,7 @@ absl::Status AttachedWorker::StreamState(Job& job, const JobEvent& e, const Step
       return ok;
     });
     if (!ok) break;
-    if (!s.ok())
-      return absl::Status(s.code(), absl::StrCat("fetching the state: ", s.message()));
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("fetching the state: ", s.message()));
   }
   if (ok) {
     if (!held) {
@@ -373,7 +381,7 @@ absl::Status AttachedWorker::StreamState(Job& job, const JobEvent& e, const Step
     ok = job.session->Write(*held);
   }
   util::Log(job.Prefix(), ok ? "sent" : "could not send", " the state (", runner.state().size(),
-          " tensors, ", bytes, " bytes)");
+            " tensors, ", bytes, " bytes)");
   return absl::OkStatus();
 }
 

@@ -15,7 +15,7 @@ std::shared_ptr<Job> AttachedWorker::JobFor(const std::string& job_id, const cha
   }
   if (last_ignored_ != job_id) {
     util::Log(Prefix(), "ignoring ", what, " for job '", job_id,
-            "': not a job this worker holds (finished, failed or unknown)");
+              "': not a job this worker holds (finished, failed or unknown)");
     last_ignored_ = job_id;
   }
   return nullptr;
@@ -23,29 +23,25 @@ std::shared_ptr<Job> AttachedWorker::JobFor(const std::string& job_id, const cha
 
 void AttachedWorker::Handle(ServerMessage& m, const std::shared_ptr<Session>& session) {
   switch (m.msg_case()) {
-    case ServerMessage::kRegistered:
-      util::Log(Prefix(), "ignoring a second Registered");
-      return;
-    case ServerMessage::kAssignJob:
-      HandleAssign(*m.mutable_assign_job(), session);
-      return;
+    case ServerMessage::kRegistered: util::Log(Prefix(), "ignoring a second Registered"); return;
+    case ServerMessage::kAssignJob: HandleAssign(*m.mutable_assign_job(), session); return;
     case ServerMessage::kStateChunk: {
       const v1::StateChunk& c = m.state_chunk();
       std::shared_ptr<Job> job = JobFor(c.job_id(), "a state chunk");
       if (!job || job->input_failed) return;
       auto fail = [&](absl::Status s) {
         job->input_failed = true;
-        job->Push(JobEvent::Error(
-            absl::Status(s.code(), absl::StrCat("initial state: ", s.message()))));
+        job->Push(
+            JobEvent::Error(absl::Status(s.code(), absl::StrCat("initial state: ", s.message()))));
       };
-      if (job->state_done) return fail(absl::InvalidArgumentError("a state chunk after the last one"));
+      if (job->state_done)
+        return fail(absl::InvalidArgumentError("a state chunk after the last one"));
       if (c.has_tensor()) {
         absl::Status s = job->state_asm.Add(c.tensor());
         if (!s.ok()) return fail(s);
         if (job->state_asm.size() > job->num_state)
-          return fail(absl::InvalidArgumentError(
-              absl::StrCat("more than the ", job->num_state,
-                           " tensors AssignJob.num_state_tensors announced")));
+          return fail(absl::InvalidArgumentError(absl::StrCat(
+              "more than the ", job->num_state, " tensors AssignJob.num_state_tensors announced")));
       }
       if (!c.last()) return;
       if (job->state_asm.pending())
@@ -53,8 +49,8 @@ void AttachedWorker::Handle(ServerMessage& m, const std::shared_ptr<Session>& se
             "the last chunk left tensor '", job->state_asm.pending_name(), "' incomplete")));
       if (job->state_asm.size() != job->num_state)
         return fail(absl::InvalidArgumentError(
-            absl::StrCat("got ", job->state_asm.size(), " tensors, AssignJob.num_state_tensors says ",
-                         job->num_state)));
+            absl::StrCat("got ", job->state_asm.size(),
+                         " tensors, AssignJob.num_state_tensors says ", job->num_state)));
       job->state_done = true;
       job->Push(JobEvent::Tensors(JobEvent::kState, job->state_asm.Take()));
       return;
@@ -72,8 +68,9 @@ void AttachedWorker::Handle(ServerMessage& m, const std::shared_ptr<Session>& se
       if (!job->state_done)
         return fail(absl::InvalidArgumentError("sent before the initial state was complete"));
       if (job->batch_step != 0 && job->batch_step != b.step())
-        return fail(absl::InvalidArgumentError(absl::StrCat(
-            "step ", job->batch_step, "'s batch was not complete (its last message had more set)")));
+        return fail(absl::InvalidArgumentError(
+            absl::StrCat("step ", job->batch_step,
+                         "'s batch was not complete (its last message had more set)")));
       job->batch_step = b.step();
       for (const v1::HyperparameterValue& h : b.hyperparameters())
         job->batch_hyper.emplace_back(h.name(), h.value());
@@ -115,16 +112,18 @@ void AttachedWorker::Handle(ServerMessage& m, const std::shared_ptr<Session>& se
       // now, not at the collective timeout.
       const int aborted = job->connections.Abort();
       util::Log(job->Prefix(), "cancel requested",
-              m.cancel_job().reason().empty() ? "" : absl::StrCat(": ", m.cancel_job().reason()),
-              aborted > 0 ? absl::StrCat(" (", aborted, " connections to the other ranks shut down)") : "");
+                m.cancel_job().reason().empty() ? "" : absl::StrCat(": ", m.cancel_job().reason()),
+                aborted > 0
+                    ? absl::StrCat(" (", aborted, " connections to the other ranks shut down)")
+                    : "");
       JobEvent e(JobEvent::kCancel);
       e.reason = m.cancel_job().reason();
       job->Push(std::move(e));
       return;
     }
     case ServerMessage::kShutdown:
-      RequestShutdown(absl::StrCat("the server asked",
-                                   m.shutdown().reason().empty() ? "" : ": " + m.shutdown().reason()));
+      RequestShutdown(absl::StrCat(
+          "the server asked", m.shutdown().reason().empty() ? "" : ": " + m.shutdown().reason()));
       return;
     case ServerMessage::MSG_NOT_SET:
       util::Log(Prefix(), "ignoring an empty or unknown server message");
@@ -144,10 +143,11 @@ void AttachedWorker::HandleAssign(v1::AssignJob& a, const std::shared_ptr<Sessio
     session->Write(f);
   };
   const bool rank_ok = a.world_size() >= 1 && a.rank() >= 0 && a.rank() < a.world_size();
-  if (a.job_id().empty()) return reject(absl::InvalidArgumentError("AssignJob without a job_id"), a.rank());
+  if (a.job_id().empty())
+    return reject(absl::InvalidArgumentError("AssignJob without a job_id"), a.rank());
   if (!rank_ok)
-    return reject(absl::InvalidArgumentError(absl::StrCat("rank ", a.rank(), " is not in [0, world_size ",
-                                                          a.world_size(), ")")),
+    return reject(absl::InvalidArgumentError(absl::StrCat(
+                      "rank ", a.rank(), " is not in [0, world_size ", a.world_size(), ")")),
                   -1);
   if (a.world_size() > 1 &&
       (a.rendezvous_host().empty() || a.rendezvous_port() <= 0 || a.rendezvous_port() > 65535))
@@ -156,8 +156,8 @@ void AttachedWorker::HandleAssign(v1::AssignJob& a, const std::shared_ptr<Sessio
                       a.rendezvous_host(), "' port ", a.rendezvous_port(), ")")),
                   a.rank());
   if (!(a.collective_timeout_s() >= 0) || a.collective_timeout_s() > 86400.0 * 365)
-    return reject(absl::InvalidArgumentError(absl::StrCat("collective_timeout_s ",
-                                                          a.collective_timeout_s(), " is not valid")),
+    return reject(absl::InvalidArgumentError(absl::StrCat(
+                      "collective_timeout_s ", a.collective_timeout_s(), " is not valid")),
                   a.rank());
   if (a.steps() < 0)
     return reject(absl::InvalidArgumentError(absl::StrCat("steps ", a.steps(), " < 0")), a.rank());
@@ -179,8 +179,10 @@ void AttachedWorker::HandleAssign(v1::AssignJob& a, const std::shared_ptr<Sessio
   job->steps = a.steps();
   job->num_state = a.num_state_tensors();
   job->assign.Swap(&a);
-  job->declared_state = ir::DeclaredTensors::Of(job->assign.graph(), ir::DeclaredTensors::Kind::kState);
-  job->declared_batch = ir::DeclaredTensors::Of(job->assign.graph(), ir::DeclaredTensors::Kind::kBatch);
+  job->declared_state =
+      ir::DeclaredTensors::Of(job->assign.graph(), ir::DeclaredTensors::Kind::kState);
+  job->declared_batch =
+      ir::DeclaredTensors::Of(job->assign.graph(), ir::DeclaredTensors::Kind::kBatch);
   job->state_asm.Expect(&job->declared_state);
   job->batch_asm.Expect(&job->declared_batch, job->assign.batches_sharded() ? 1 : job->world_size);
   job->assigned_at = Clock::now();
@@ -192,8 +194,8 @@ void AttachedWorker::HandleAssign(v1::AssignJob& a, const std::shared_ptr<Sessio
   if (old.joinable()) old.join();  // the previous job's thread, already past its final message
   last_ignored_.clear();
   util::Log(job->Prefix(), "assigned: rank ", job->rank, " of ", job->world_size, ", ",
-          job->assign.graph().nodes_size(), " nodes, ", job->num_state,
-          " state tensors", job->steps > 0 ? absl::StrCat(", ", job->steps, " steps") : "");
+            job->assign.graph().nodes_size(), " nodes, ", job->num_state, " state tensors",
+            job->steps > 0 ? absl::StrCat(", ", job->steps, " steps") : "");
   std::lock_guard<std::mutex> l2(mu_);
   job_thread_ = std::thread(&AttachedWorker::RunJob, this, job);
 }

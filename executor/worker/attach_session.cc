@@ -1,8 +1,8 @@
 // The attachment of `fxdp-worker attach` (attach_worker.h): connect,
 // register, heartbeat from its own thread, reconnect with backoff (0.2 s
 // doubling to 5 s), shut down cleanly.
-#include <ATen/Parallel.h>
 #include <ATen/Context.h>
+#include <ATen/Parallel.h>
 #include <torch/headeronly/version.h>
 #include <unistd.h>
 
@@ -10,15 +10,16 @@
 #include <cstdlib>
 
 #include "absl/strings/str_format.h"
-#include "executor/worker/attach_worker.h"
 #include "executor/memory_limit.h"
+#include "executor/worker/attach_worker.h"
 #include "executor/worker/common.h"
 
 namespace fxdp::executor::attach {
 
 int AttachedWorker::Serve() {
   char host[256] = {0};
-  if (gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0') std::snprintf(host, sizeof(host), "localhost");
+  if (gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0')
+    std::snprintf(host, sizeof(host), "localhost");
   hostname_ = host;
   worker_id_ = o_.worker_id.empty() ? absl::StrCat(hostname_, ":", getpid()) : o_.worker_id;
   absl::StatusOr<c10::Device> dev = ParseWorkerDevice(o_.device, 0, "--device");
@@ -40,7 +41,7 @@ int AttachedWorker::Serve() {
   }
   if (o_.threads > 0) at::set_num_threads(o_.threads);
   util::Log(Prefix(), "fxdp ", FXDP_VERSION, ", torch ", TORCH_VERSION, ", device ", device_.str(),
-          ", intra-op threads ", at::get_num_threads(), "; server ", o_.server);
+            ", intra-op threads ", at::get_num_threads(), "; server ", o_.server);
 
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(o_.max_message_mb >= 2047 ? INT32_MAX : o_.max_message_mb << 20);
@@ -77,9 +78,10 @@ int AttachedWorker::Serve() {
     std::unique_lock<std::mutex> l(mu_);
     if (shutdown_) break;
     util::Log(Prefix(),
-            registered ? "lost the server connection" : (ever ? "cannot reattach to " : "cannot attach to "),
-            registered ? "" : o_.server, " (", status, "); retrying in ",
-            absl::StrFormat("%.1f", backoff.count() / 1000.0), " s");
+              registered ? "lost the server connection"
+                         : (ever ? "cannot reattach to " : "cannot attach to "),
+              registered ? "" : o_.server, " (", status, "); retrying in ",
+              absl::StrFormat("%.1f", backoff.count() / 1000.0), " s");
     cv_.wait_for(l, backoff, [&] { return shutdown_; });
     backoff = std::min<std::chrono::milliseconds>(backoff * 2, std::chrono::seconds(5));
   }
@@ -130,13 +132,15 @@ bool AttachedWorker::ServeOnce(std::string* status) {
   }
   if (m.msg_case() == ServerMessage::kRegistered) {
     registered = true;
-    const int interval =
-        m.registered().heartbeat_interval_ms() > 0 ? m.registered().heartbeat_interval_ms() : o_.heartbeat_ms;
-    util::Log(Prefix(), "attached to ", o_.server, " (heartbeat every ", interval, " ms",
-            m.registered().worker_id().empty() || m.registered().worker_id() == worker_id_
-                ? ""
-                : absl::StrCat("; the server calls this worker '", m.registered().worker_id(), "'"),
-            ")");
+    const int interval = m.registered().heartbeat_interval_ms() > 0
+                             ? m.registered().heartbeat_interval_ms()
+                             : o_.heartbeat_ms;
+    util::Log(
+        Prefix(), "attached to ", o_.server, " (heartbeat every ", interval, " ms",
+        m.registered().worker_id().empty() || m.registered().worker_id() == worker_id_
+            ? ""
+            : absl::StrCat("; the server calls this worker '", m.registered().worker_id(), "'"),
+        ")");
     {
       std::lock_guard<std::mutex> l(hb_mu_);
       hb_stop_ = false;
@@ -162,10 +166,12 @@ bool AttachedWorker::ServeOnce(std::string* status) {
   }
   session->Close();
   const grpc::Status st = session->Finish();
-  *status = !protocol_error.empty() ? protocol_error
-            : st.ok()                 ? "the server closed the stream"
-                                      : absl::StrCat(absl::StatusCodeToString(static_cast<absl::StatusCode>(st.error_code())),
-                                   ": ", st.error_message());
+  *status =
+      !protocol_error.empty() ? protocol_error
+      : st.ok()
+          ? "the server closed the stream"
+          : absl::StrCat(absl::StatusCodeToString(static_cast<absl::StatusCode>(st.error_code())),
+                         ": ", st.error_message());
   if (orphan && !orphan->cancel.exchange(true)) {
     util::Log(orphan->Prefix(), "abandoning the job: its server connection is gone");
     JobEvent e(JobEvent::kCancel);

@@ -63,7 +63,6 @@ inline double MsSince(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
-
 struct AttachOptions {
   std::string server;
   std::string device = "cpu";
@@ -76,7 +75,7 @@ struct AttachOptions {
   // The roots opened once with the exclusions (util::DataRoots); null: none.
   std::shared_ptr<const util::DataRoots> data_roots_opened;
   int max_data_mb = 65536;
-  int64_t memory_limit = 0;  // --memory-limit (executor/memory_limit.h); 0: none
+  int64_t memory_limit = 0;         // --memory-limit (executor/memory_limit.h); 0: none
   security::ChannelSecurity creds;  // --tls-ca, --tls-cert/--tls-key, --token-file
 };
 
@@ -130,13 +129,13 @@ struct JobEvent {
   }
 
   Kind kind;
-  TensorMap tensors;     // kState, kBatch
-  int64_t step = 0;      // kBatch
+  TensorMap tensors;                                            // kState, kBatch
+  int64_t step = 0;                                             // kBatch
   std::vector<std::pair<std::string, double>> hyperparameters;  // kBatch: Batch.hyperparameters
-  uint32_t chunk_bytes = 0;  // kFetch
-  bool end_job = false;      // kFetch
-  std::string reason;        // kCancel
-  absl::Status error;        // kError
+  uint32_t chunk_bytes = 0;                                     // kFetch
+  bool end_job = false;                                         // kFetch
+  std::string reason;                                           // kCancel
+  absl::Status error;                                           // kError
 };
 
 struct Job {
@@ -225,7 +224,8 @@ class AttachedWorker {
   // attach_job.cc: the job's thread.
   void RunJob(std::shared_ptr<Job> job);
   // The job's AssignJob.data_paths, read and sliced to this rank's shard.
-  absl::StatusOr<std::vector<TensorMap>> ReadDataFiles(const Job& job, const Program& program) const;
+  absl::StatusOr<std::vector<TensorMap>> ReadDataFiles(const Job& job,
+                                                       const Program& program) const;
   // Rendezvous, load, then the job's events until it ends (EndJob: OK) or
   // fails (the status). `comm` is the job's communicator: RunJob destroys
   // it (its connections shut down first unless rank 0 ended it cleanly),
@@ -262,7 +262,7 @@ class AttachedWorker {
   std::shared_ptr<Session> session_;  // the current attachment
   std::shared_ptr<Job> job_;          // the job held (capacity 1)
   std::thread job_thread_;
-  int running_jobs_ = 0;              // job threads not yet returned
+  int running_jobs_ = 0;  // job threads not yet returned
 
   // Heartbeat thread of the current attachment.
   std::mutex hb_mu_;

@@ -114,14 +114,15 @@ absl::Status CheckBatch(const TensorMap& batch, const Program& program) {
         absl::StrCat(ir::DTypeShortName(want.dtype), "[", absl::StrJoin(want.shape, ", "), "]");
     auto it = batch.find(in.state_name);
     if (it == batch.end() || !it->second.defined())
-      return absl::InvalidArgumentError(
-          absl::StrCat("no tensor for input '", in.state_name, "' (the graph expects ", expected, ")"));
+      return absl::InvalidArgumentError(absl::StrCat("no tensor for input '", in.state_name,
+                                                     "' (the graph expects ", expected, ")"));
     const at::Tensor& t = it->second;
     absl::StatusOr<ir::DType> dtype = FromTorch(t.scalar_type());
     if (!dtype.ok() || *dtype != want.dtype || t.sizes().vec() != want.shape)
       return absl::InvalidArgumentError(absl::StrCat(
           "input '", in.state_name, "' is ",
-          dtype.ok() ? std::string(ir::DTypeShortName(*dtype)) : std::string(c10::toString(t.scalar_type())),
+          dtype.ok() ? std::string(ir::DTypeShortName(*dtype))
+                     : std::string(c10::toString(t.scalar_type())),
           "[", absl::StrJoin(t.sizes(), ", "), "], this rank's graph expects ", expected));
   }
   return absl::OkStatus();

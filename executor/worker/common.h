@@ -39,8 +39,7 @@ std::string GlooInterfaceHost(const std::string& rendezvous_host);
 // or "gloo" (on a CUDA device: host-staged, executor/host_staged_communicator.h,
 // e.g. several ranks on one GPU).
 absl::StatusOr<std::unique_ptr<Communicator>> ConnectCommunicator(
-    const RendezvousOptions& opts, const c10::Device& device,
-    const std::string& backend = "auto");
+    const RendezvousOptions& opts, const c10::Device& device, const std::string& backend = "auto");
 
 // "cuda:0 peak 12.3 MB allocated, 20.0 MB reserved (caching allocator)": the
 // device allocator's peak since the process started ("" on cpu).

@@ -3,10 +3,10 @@
 // serving an fxdp server, executor/worker/attach.h).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <unistd.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/util/Logging.h>
 #include <torch/version.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -16,8 +16,8 @@
 #include <cstdlib>
 #include <memory>
 #include <optional>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -207,7 +207,7 @@ struct RunArgs {
   std::string job = "local";
   int threads = 0;  // 0: see Run
   bool check_outputs = false;
-  std::string schedule;  // --schedule FILE ("" : none)
+  std::string schedule;      // --schedule FILE ("" : none)
   int64_t memory_limit = 0;  // --memory-limit (executor/memory_limit.h)
 };
 
@@ -247,11 +247,12 @@ absl::StatusOr<TensorMap> ShardBatch(const TensorMap& batch, const Program& prog
 // PERMISSION_DENIED naming `flag` and the path.
 absl::Status CheckWritable(const std::string& path, const std::string& flag) {
   const size_t slash = path.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  const std::string dir =
+      slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
   if (::access(dir.c_str(), F_OK) != 0)
     return absl::NotFoundError(absl::StrCat(flag, " ", path, ": folder ", dir, " does not exist"));
-  if (::access(dir.c_str(), W_OK) != 0 || (::access(path.c_str(), F_OK) == 0 &&
-                                           ::access(path.c_str(), W_OK) != 0))
+  if (::access(dir.c_str(), W_OK) != 0 ||
+      (::access(path.c_str(), F_OK) == 0 && ::access(path.c_str(), W_OK) != 0))
     return absl::PermissionDeniedError(absl::StrCat(flag, " ", path, ": not writable"));
   return absl::OkStatus();
 }
@@ -259,16 +260,19 @@ absl::Status CheckWritable(const std::string& path, const std::string& flag) {
 // The graph was expanded for this launch's world size (`fxdp expand` writes
 // "fxdp.world_size" into it): a single-device graph run by N ranks would
 // train N independent copies without a word. INVALID_ARGUMENT naming both.
-absl::Status CheckExpandedFor(const ir::Graph& graph, const std::string& path, const LaunchEnv& env) {
+absl::Status CheckExpandedFor(const ir::Graph& graph, const std::string& path,
+                              const LaunchEnv& env) {
   std::string expanded;
   for (const auto& [k, v] : graph.header().metadata) {
     if (k == "fxdp.world_size") expanded = v;
   }
   if (expanded.empty() && env.world_size == 1) return absl::OkStatus();
   if (expanded == absl::StrCat(env.world_size)) return absl::OkStatus();
-  const std::string fix = absl::StrCat("; expand it for this launch (fxdp expand GRAPH --world-size ",
-                                       env.world_size, " -o X.pb, then run X.pb or X.rank{rank}.pb) "
-                                       "or launch ", expanded.empty() ? "1" : expanded, " rank(s)");
+  const std::string fix =
+      absl::StrCat("; expand it for this launch (fxdp expand GRAPH --world-size ", env.world_size,
+                   " -o X.pb, then run X.pb or X.rank{rank}.pb) "
+                   "or launch ",
+                   expanded.empty() ? "1" : expanded, " rank(s)");
   if (expanded.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         path, " is a single-device graph (not expanded by fxdp expand) but WORLD_SIZE is ",
@@ -286,8 +290,8 @@ absl::Status Run(const RunArgs& args, const LaunchEnv& env, Logger& log,
   // Device.
   c10::Device device(c10::kCPU);
   try {
-    device = args.device == "cuda" ? c10::Device(c10::kCUDA, env.local_rank)
-                                   : c10::Device(args.device);
+    device =
+        args.device == "cuda" ? c10::Device(c10::kCUDA, env.local_rank) : c10::Device(args.device);
   } catch (const std::exception&) {
     return absl::InvalidArgumentError(
         absl::StrCat("--device '", args.device, "' is not a device (cpu, cuda, cuda:N)"));
@@ -316,8 +320,8 @@ absl::Status Run(const RunArgs& args, const LaunchEnv& env, Logger& log,
     threads = 1;
     int local_world = 0;
     if (EnvInt({"LOCAL_WORLD_SIZE"}, &local_world).ok() && local_world > 0) {
-      threads = std::max<int>(1, static_cast<int>(std::thread::hardware_concurrency()) /
-                                     local_world);
+      threads =
+          std::max<int>(1, static_cast<int>(std::thread::hardware_concurrency()) / local_world);
     }
   }
   if (threads > 0) at::set_num_threads(threads);
@@ -338,16 +342,16 @@ absl::Status Run(const RunArgs& args, const LaunchEnv& env, Logger& log,
   po.record_memory = memory.has_value();
   const auto t_load = std::chrono::steady_clock::now();
   FXDP_ASSIGN_OR_RETURN(Program program, Program::Load(graph, po));
-  const double load_ms = std::chrono::duration<double, std::milli>(
-                             std::chrono::steady_clock::now() - t_load).count();
+  const double load_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_load).count();
   const int num_inputs = static_cast<int>(program.inputs().size());
   const std::string on_device = program.device().str();
 
   // FULLY_SHARD graphs: this rank reads only its flat shard of each sharded tensor.
   std::map<std::string, std::vector<int64_t>> full_shapes;
-  FXDP_ASSIGN_OR_RETURN(SafetensorsFile state,
-                        ReadRankState(args.state, ShardedStateNames(graph), env.world_size,
-                                      env.rank, &full_shapes));
+  FXDP_ASSIGN_OR_RETURN(
+      SafetensorsFile state,
+      ReadRankState(args.state, ShardedStateNames(graph), env.world_size, env.rank, &full_shapes));
   std::vector<TensorMap> batches;
   for (const std::string& d : args.data) {
     FXDP_ASSIGN_OR_RETURN(SafetensorsFile f, ReadSafetensors(d));
@@ -355,13 +359,12 @@ absl::Status Run(const RunArgs& args, const LaunchEnv& env, Logger& log,
     batches.push_back(std::move(shard));
   }
   std::string out;
-  if (!args.out.empty() &&
-      (args.out.find("{rank}") != std::string::npos || env.rank == 0)) {
+  if (!args.out.empty() && (args.out.find("{rank}") != std::string::npos || env.rank == 0)) {
     out = WithRank(args.out, env.rank);
     FXDP_RETURN_IF_ERROR(CheckWritable(out, "--out"));
   }
-  FXDP_ASSIGN_OR_RETURN(StepRunner runner, StepRunner::Create(std::move(program),
-                                                              std::move(state.tensors)));
+  FXDP_ASSIGN_OR_RETURN(StepRunner runner,
+                        StepRunner::Create(std::move(program), std::move(state.tensors)));
   if (memory) memory->LoadDone();
 
   if (env.world_size > 1) {
@@ -371,8 +374,8 @@ absl::Status Run(const RunArgs& args, const LaunchEnv& env, Logger& log,
     ro.rank = env.rank;
     ro.world_size = env.world_size;
     ro.timeout = args.timeout;
-    log.Log("rendezvous at ", ro.host, ":", ro.port, " (world size ", ro.world_size,
-            ", timeout ", absl::StrFormat("%.3g", args.timeout.count() / 1000.0), " s)");
+    log.Log("rendezvous at ", ro.host, ":", ro.port, " (world size ", ro.world_size, ", timeout ",
+            absl::StrFormat("%.3g", args.timeout.count() / 1000.0), " s)");
     // Gloo (cpu) or NCCL (cuda); Gloo binds to an address the other ranks
     // reach this host by (worker/common.h GlooInterfaceHost).
     FXDP_ASSIGN_OR_RETURN(comm, ConnectCommunicator(ro, device, args.communicator));
@@ -381,8 +384,8 @@ absl::Status Run(const RunArgs& args, const LaunchEnv& env, Logger& log,
   }
   timed.set_inner(comm.get());
   log.Log("loaded ", graph_path, ": ", runner.program().num_nodes(), " ops, ", num_inputs,
-          " inputs, on ", on_device, ", ", comm->name(), " (",
-          absl::StrFormat("%.1f", load_ms), " ms)");
+          " inputs, on ", on_device, ", ", comm->name(), " (", absl::StrFormat("%.1f", load_ms),
+          " ms)");
 
   double total_ms = 0, total_wait_ms = 0;
   timed.TakeStats();
@@ -390,12 +393,12 @@ absl::Status Run(const RunArgs& args, const LaunchEnv& env, Logger& log,
     log.set_step(i + 1);
     const auto t0 = std::chrono::steady_clock::now();
     if (absl::Status s = runner.SetHyperparameters(schedule.At(i + 1)); !s.ok())
-      return absl::Status(s.code(), absl::StrCat("step ", i + 1, "/", args.steps, ": ", s.message()));
+      return absl::Status(s.code(),
+                          absl::StrCat("step ", i + 1, "/", args.steps, ": ", s.message()));
     absl::StatusOr<at::Tensor> loss = runner.Step(batches[i % batches.size()]);
     if (!loss.ok()) {
-      return absl::Status(loss.status().code(),
-                          absl::StrCat("step ", i + 1, "/", args.steps, " failed: ",
-                                       loss.status().message()));
+      return absl::Status(loss.status().code(), absl::StrCat("step ", i + 1, "/", args.steps,
+                                                             " failed: ", loss.status().message()));
     }
     double value = std::nan("");
     if (loss->defined()) {
@@ -409,8 +412,8 @@ absl::Status Run(const RunArgs& args, const LaunchEnv& env, Logger& log,
     const CollectiveStats cs = timed.TakeStats();
     total_wait_ms += cs.wait_ms;
     if (cs.collectives > 0) {
-      log.Log(absl::StrFormat("%.1f ms, %d collectives (%d bytes), %.1f ms waiting on them",
-                              ms, cs.collectives, cs.bytes, cs.wait_ms));
+      log.Log(absl::StrFormat("%.1f ms, %d collectives (%d bytes), %.1f ms waiting on them", ms,
+                              cs.collectives, cs.bytes, cs.wait_ms));
     }
     if (env.rank == 0) {
       std::printf("step %d/%d loss %.8g (%.1f ms)\n", i + 1, args.steps, value, ms);
@@ -422,8 +425,8 @@ absl::Status Run(const RunArgs& args, const LaunchEnv& env, Logger& log,
   log.Log(args.steps, " steps in ", absl::StrFormat("%.1f", total_ms), " ms (",
           absl::StrFormat("%.2f", total_ms / args.steps), " ms/step, ",
           absl::StrFormat("%.1f", nodes > 0 ? 1000.0 * total_ms / args.steps / nodes : 0.0),
-          " us/op over ", nodes, " ops; ",
-          absl::StrFormat("%.2f", total_wait_ms / args.steps), " ms/step waiting on communication)");
+          " us/op over ", nodes, " ops; ", absl::StrFormat("%.2f", total_wait_ms / args.steps),
+          " ms/step waiting on communication)");
   if (device.is_cuda()) log.Log(DeviceMemorySummary(device));
   if (memory) {
     FXDP_RETURN_IF_ERROR(memory->Write());
@@ -476,11 +479,10 @@ int RunCommand(const std::vector<std::string>& argv) {
         return true;
       },
       "--timeout-s");
-  flags.Custom("--job", "a name without spaces or control characters",
-               [&a](const std::string& v) {
-                 a.job = v;
-                 return util::IsPlainName(v);
-               });
+  flags.Custom("--job", "a name without spaces or control characters", [&a](const std::string& v) {
+    a.job = v;
+    return util::IsPlainName(v);
+  });
   flags.Custom("--memory-limit", "a size in bytes (300MB, 4GiB)",
                [&a](const std::string& v) { return util::ParseByteSize(v, &a.memory_limit); });
   if (int rc = flags.Parse(argv, nullptr); rc >= 0) return rc;
@@ -535,7 +537,8 @@ int main(int argc, char** argv) {
     return fxdp::executor::kExitOk;
   }
   if (cmd == "--version") {
-    std::printf("%s (LibTorch %s)\n", fxdp::util::VersionLine("fxdp-worker").c_str(), TORCH_VERSION);
+    std::printf("%s (LibTorch %s)\n", fxdp::util::VersionLine("fxdp-worker").c_str(),
+                TORCH_VERSION);
     return fxdp::executor::kExitOk;
   }
   if (cmd == "run") return fxdp::executor::RunCommand(args);

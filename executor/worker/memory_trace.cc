@@ -50,8 +50,7 @@ void MemoryTrace::LoadDone() { load_ = Take(); }
 void MemoryTrace::StepDone(const Program& program) {
   Phase p = Take();
   // Program::Run resets the peak at every node: the step's is the nodes' most.
-  for (const NodeMemory& n : program.memory_trace())
-    p.peak = std::max(p.peak, n.peak_bytes);
+  for (const NodeMemory& n : program.memory_trace()) p.peak = std::max(p.peak, n.peak_bytes);
   steps_.push_back(p);
   nodes_ = program.memory_trace();
 }
@@ -74,7 +73,8 @@ absl::Status MemoryTrace::Write() const {
   j["steps"] = nlohmann::json::array();
   for (const Phase& p : steps_) j["steps"].push_back(phase(p));
   j["nodes"] = nlohmann::json::array();
-  for (const NodeMemory& n : nodes_) j["nodes"].push_back({n.node, n.op, n.live_bytes, n.peak_bytes});
+  for (const NodeMemory& n : nodes_)
+    j["nodes"].push_back({n.node, n.op, n.live_bytes, n.peak_bytes});
   return util::WriteFileAtomically(path_, j.dump() + "\n");
 }
 

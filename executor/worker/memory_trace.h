@@ -19,9 +19,9 @@
 #include <string>
 #include <vector>
 
+#include <cstdint>
 #include "absl/status/status.h"
 #include "executor/interpreter.h"
-#include <cstdint>
 
 namespace fxdp::executor {
 
@@ -31,7 +31,7 @@ class MemoryTrace {
   // installs the counter when set (before anything is allocated).
   static std::optional<MemoryTrace> FromEnv(int rank, int world_size);
 
-  void LoadDone();                       // the state and data are in
+  void LoadDone();                        // the state and data are in
   void StepDone(const Program& program);  // after each step
   absl::Status Write() const;
   std::string Summary() const;  // one log line: load and step peaks

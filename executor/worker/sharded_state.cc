@@ -29,16 +29,15 @@ std::vector<std::string> ShardedStateNames(const ir::Graph& g) {
 namespace {
 
 absl::Status MissingShardedTensor(const std::string& name) {
-  return absl::InvalidArgumentError(absl::StrCat(
-      "the state has no tensor '", name, "', which the graph holds sharded (FULLY_SHARD)"));
+  return absl::InvalidArgumentError(absl::StrCat("the state has no tensor '", name,
+                                                 "', which the graph holds sharded (FULLY_SHARD)"));
 }
 
 }  // namespace
 
-absl::StatusOr<SafetensorsFile> ReadRankState(const std::string& path,
-                                              const std::vector<std::string>& names, int world,
-                                              int rank,
-                                              std::map<std::string, std::vector<int64_t>>* full_shapes) {
+absl::StatusOr<SafetensorsFile> ReadRankState(
+    const std::string& path, const std::vector<std::string>& names, int world, int rank,
+    std::map<std::string, std::vector<int64_t>>* full_shapes) {
   FlatShardRead shards;
   shards.names = std::set<std::string>(names.begin(), names.end());
   shards.world = world;
@@ -58,22 +57,24 @@ absl::StatusOr<std::map<std::string, at::Tensor>> UnshardState(
   for (const auto& [name, shape] : full_shapes) {
     auto it = out.find(name);
     if (it == out.end()) {
-      return absl::InternalError(absl::StrCat("the final state lost the sharded tensor '", name, "'"));
+      return absl::InternalError(
+          absl::StrCat("the final state lost the sharded tensor '", name, "'"));
     }
     int64_t numel = 1;
     for (int64_t d : shape) numel *= d;
     FXDP_ASSIGN_OR_RETURN(std::unique_ptr<Work> w, comm.AllGather(it->second));
     absl::StatusOr<at::Tensor> gathered = w->Wait(timeout);
     if (!gathered.ok()) {
-      return absl::Status(gathered.status().code(),
-                          absl::StrCat("gathering '", name, "' for --out: ", gathered.status().message()));
+      return absl::Status(
+          gathered.status().code(),
+          absl::StrCat("gathering '", name, "' for --out: ", gathered.status().message()));
     }
     try {
       c10::InferenceMode guard;
       it->second = gathered->narrow(0, 0, numel).reshape(shape).clone();
     } catch (const std::exception& e) {
-      return absl::InternalError(absl::StrCat("reassembling '", name, "' (", absl::StrJoin(shape, "x"),
-                                              "): ", ExceptionMessage(e)));
+      return absl::InternalError(absl::StrCat(
+          "reassembling '", name, "' (", absl::StrJoin(shape, "x"), "): ", ExceptionMessage(e)));
     }
   }
   return out;

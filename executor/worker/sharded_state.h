@@ -30,10 +30,9 @@ std::vector<std::string> ShardedStateNames(const ir::Graph& g);
 // in `names` read as its flat shard (only those bytes are read), the rest
 // whole; `full_shapes` gets the sharded tensors' whole shapes.
 // INVALID_ARGUMENT naming a tensor in `names` the file lacks.
-absl::StatusOr<SafetensorsFile> ReadRankState(const std::string& path,
-                                              const std::vector<std::string>& names, int world,
-                                              int rank,
-                                              std::map<std::string, std::vector<int64_t>>* full_shapes);
+absl::StatusOr<SafetensorsFile> ReadRankState(
+    const std::string& path, const std::vector<std::string>& names, int world, int rank,
+    std::map<std::string, std::vector<int64_t>>* full_shapes);
 
 // The whole state: every tensor in `full_shapes` all-gathered from the ranks'
 // shards (every rank calls this, with the same names), padding dropped.

@@ -34,8 +34,7 @@ absl::Status TensorAssembler::Add(const v1::TensorChunk& c) {
   if (!active_) {
     if (name.empty()) return absl::InvalidArgumentError("a tensor chunk without a name");
     if (done_.count(name)) return bad("sent twice");
-    if (c.offset() != 0)
-      return bad("its first chunk has offset ", c.offset(), " (expected 0)");
+    if (c.offset() != 0) return bad("its first chunk has offset ", c.offset(), " (expected 0)");
     absl::StatusOr<ir::DType> dt = ir::DTypeFromWire(c.dtype());
     if (!dt.ok() || c.dtype() == v1::DTYPE_UNSPECIFIED)
       return bad("unknown dtype ", static_cast<int>(c.dtype()));
@@ -56,9 +55,9 @@ absl::Status TensorAssembler::Add(const v1::TensorChunk& c) {
       c10::InferenceMode guard(false);  // a normal tensor: the program may update it in place
       cur_ = at::empty(shape, at::TensorOptions().dtype(ToTorch(*dt)).device(at::kCPU));
     } catch (const std::exception& e) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "tensor '", name, "': cannot allocate ", ShapeString(c.shape()), ": ",
-          ExceptionMessage(e)));
+      return absl::ResourceExhaustedError(absl::StrCat("tensor '", name, "': cannot allocate ",
+                                                       ShapeString(c.shape()), ": ",
+                                                       ExceptionMessage(e)));
     }
     active_ = true;
     name_ = name;
@@ -66,15 +65,15 @@ absl::Status TensorAssembler::Add(const v1::TensorChunk& c) {
     total_ = numel * item;
   } else {
     if (name != name_)
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor '", name, "' started before tensor '", name_, "' was complete (", next_, " of ",
-          total_, " bytes)"));
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' started before tensor '",
+                                                     name_, "' was complete (", next_, " of ",
+                                                     total_, " bytes)"));
     if (c.offset() != next_) return bad("chunk at offset ", c.offset(), ", expected ", next_);
   }
   const uint64_t n = c.data().size();
   if (n > total_ - next_)
-    return bad("chunk [", next_, ", ", next_ + n, ") runs past the tensor's ", total_,
-               " bytes (", ShapeString(c.shape()), ")");
+    return bad("chunk [", next_, ", ", next_ + n, ") runs past the tensor's ", total_, " bytes (",
+               ShapeString(c.shape()), ")");
   if (n > 0) std::memcpy(static_cast<char*>(cur_.data_ptr()) + next_, c.data().data(), n);
   next_ += n;
   if (next_ == total_) {
@@ -97,11 +96,11 @@ TensorMap TensorAssembler::Take() {
 
 absl::Status ChunkTensor(const std::string& name, const at::Tensor& t, size_t chunk_bytes,
                          const std::function<bool(v1::TensorChunk&)>& emit) {
-  if (!t.defined()) return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' is undefined"));
+  if (!t.defined())
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' is undefined"));
   absl::StatusOr<ir::DType> dt = FromTorch(t.scalar_type());
   if (!dt.ok())
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor '", name, "': ", dt.status().message()));
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': ", dt.status().message()));
   if (chunk_bytes == 0) chunk_bytes = kDefaultChunkBytes;
   at::Tensor cpu;
   try {

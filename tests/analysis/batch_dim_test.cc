@@ -17,9 +17,9 @@
 namespace fxdp {
 namespace {
 
+using ::fxdp::testing::ReadTestData;
 using ::fxdp::testing::StatusIs;
 using ::fxdp::testing::ValueOrDie;
-using ::fxdp::testing::ReadTestData;
 using ::testing::HasSubstr;
 
 struct Analysed {
@@ -115,10 +115,10 @@ TEST(BatchDim, HyperparametersAreReplicatedAndListed) {
   EXPECT_EQ(r.P("step_w"), "R");
   EXPECT_EQ(r.P("new_w"), "R");
   EXPECT_EQ(r.a.reductions().size(), 2u);
-  EXPECT_THAT(r.a.notes(),
-              ::testing::Contains(HasSubstr("hyper-parameters (R: the same value on every rank, fed "
-                                            "per step by a schedule): optim.group0.lr, "
-                                            "optim.group0.weight_decay")));
+  EXPECT_THAT(r.a.notes(), ::testing::Contains(
+                               HasSubstr("hyper-parameters (R: the same value on every rank, fed "
+                                         "per step by a schedule): optim.group0.lr, "
+                                         "optim.group0.weight_decay")));
   EXPECT_THAT(AnalysisToTable(g, r.a), HasSubstr("hyper-parameter optim.group0.weight_decay"));
   EXPECT_TRUE(r.a.warnings().empty());
 }
@@ -182,13 +182,15 @@ TEST(BatchDim, ViewThatBreaksTheBatchIsAnError) {
   %a: f32[24] = aten::view(%x, [24])
   %c: f32[2, 12] = aten::view(%a, [2, 12])
   %output = output([%c]) {specs=[OTHER]}
-)").status(),
+)")
+                  .status(),
               StatusIs(absl::StatusCode::kInvalidArgument, "node 'c' (aten::view)"));
   EXPECT_THAT(Analyze(R"(
   %x: f32[4, 6] = placeholder() {role=INPUT, state="x", batch_dim=0}
   %r: f32[8, 6] = aten::repeat(%x, [2, 1])
   %output = output([%r]) {specs=[OTHER]}
-)").status(),
+)")
+                  .status(),
               StatusIs(absl::StatusCode::kInvalidArgument, "repeats the batch"));
 }
 
@@ -232,7 +234,8 @@ TEST(BatchDim, OperandsOnDifferentDimsAreAnError) {
   %xt: f32[4, 4]{1, 4} = aten::t(%x)
   %a: f32[4, 4] = aten::add.Tensor(%x, %xt)
   %output = output([%a]) {specs=[OTHER]}
-)").status(),
+)")
+                  .status(),
               StatusIs(absl::StatusCode::kInvalidArgument, "node 'a' (aten::add.Tensor)"));
 }
 
@@ -261,7 +264,8 @@ TEST(BatchDim, ReductionsOverAndBesideTheBatch) {
   %x: f32[4, 3] = placeholder() {role=INPUT, state="x", batch_dim=0}
   %k: f32[3] = aten::amax(%x, [0], false)
   %output = output([%k]) {specs=[OTHER]}
-)").status(),
+)")
+                  .status(),
               StatusIs(absl::StatusCode::kInvalidArgument, "not a sum or mean"));
 }
 
@@ -271,19 +275,23 @@ TEST(BatchDim, SoftmaxCatSliceSelectAlongTheBatchAreErrors) {
 )";
   EXPECT_THAT(Analyze(head + R"(  %s: f32[4, 3] = aten::_softmax(%x, 0, false)
   %output = output([%s]) {specs=[OTHER]}
-)").status(),
+)")
+                  .status(),
               StatusIs(absl::StatusCode::kInvalidArgument, "node 's' (aten::_softmax)"));
   EXPECT_THAT(Analyze(head + R"(  %c: f32[8, 3] = aten::cat([%x, %x])
   %output = output([%c]) {specs=[OTHER]}
-)").status(),
+)")
+                  .status(),
               StatusIs(absl::StatusCode::kInvalidArgument, "concatenates along dim 0"));
   EXPECT_THAT(Analyze(head + R"(  %c: f32[2, 3] = aten::slice.Tensor(%x, 0, 0, 2)
   %output = output([%c]) {specs=[OTHER]}
-)").status(),
+)")
+                  .status(),
               StatusIs(absl::StatusCode::kInvalidArgument, "takes part of dim 0"));
   EXPECT_THAT(Analyze(head + R"(  %c: f32[3] = aten::select.int(%x, 0, 1)
   %output = output([%c]) {specs=[OTHER]}
-)").status(),
+)")
+                  .status(),
               StatusIs(absl::StatusCode::kInvalidArgument, "selects one entry of dim 0"));
   // Along other dims they keep the batch.
   auto r = MustRun(head + R"(  %s: f32[4, 3] = aten::_softmax(%x, -1, false)
@@ -345,7 +353,8 @@ TEST(BatchDim, NonlinearOpOnAMeanScaledGradientIsAnError) {
   %g: f32[4, 3] = aten::mse_loss_backward(%one, %x, %y, 1)
   %e: f32[4, 3] = aten::exp(%g)
   %output = output([%e, %loss]) {specs=[OTHER, LOSS]}
-)").status(),
+)")
+                  .status(),
               StatusIs(absl::StatusCode::kInvalidArgument, "node 'e' (aten::exp)"));
 }
 
@@ -459,13 +468,17 @@ TEST(BatchDim, SafeSoftmaxAndScatterIntoFollowTheirRules) {
   %x: f32[4, 5] = placeholder() {role=INPUT, state="x", batch_dim=0}
   %p: f32[4, 5] = aten::_safe_softmax(%x, 0)
   %output = output([%p]) {specs=[OTHER]}
-)").status(), StatusIs(absl::StatusCode::kInvalidArgument, "node 'p' (aten::_safe_softmax)"));
+)")
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "node 'p' (aten::_safe_softmax)"));
   EXPECT_THAT(Analyze(R"(
   %x: f32[4, 5] = placeholder() {role=INPUT, state="x", batch_dim=0}
   %r: f32[5] = aten::full([5], 0.0)
   %y: f32[4, 5] = aten::select_scatter(%x, %r, 0, 1)
   %output = output([%y]) {specs=[OTHER]}
-)").status(), StatusIs(absl::StatusCode::kInvalidArgument, "scatters into dim 0"));
+)")
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "scatters into dim 0"));
 }
 
 TEST(BatchDim, AsStridedFollowsTheDimThatStepsOverSamples) {
@@ -493,7 +506,9 @@ TEST(BatchDim, AsStridedFollowsTheDimThatStepsOverSamples) {
   %x: f32[4, 4] = placeholder() {role=INPUT, state="x", batch_dim=0}
   %s: f32[2, 8] = aten::as_strided(%x, [2, 8], [8, 1])
   %output = output([%s]) {specs=[OTHER]}
-)").status(), StatusIs(absl::StatusCode::kInvalidArgument, "node 's' (aten::as_strided)"));
+)")
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "node 's' (aten::as_strided)"));
 }
 
 constexpr char kLastTokenLogits[] = R"(
@@ -523,7 +538,9 @@ TEST(BatchDim, ArangeOfTheBatchIndexingItsRowsBecomesLocalPositions) {
   %ix: f32[4] = aten::index.Tensor(%x, [%ar, %tok])
   %sh: i64[4] = aten::add.Tensor(%ar, %tok)
   %output = output([%ix, %sh]) {specs=[OTHER, OTHER]}
-)").status(), StatusIs(absl::StatusCode::kInvalidArgument, "node 'ix' (aten::index.Tensor)"));
+)")
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "node 'ix' (aten::index.Tensor)"));
 }
 
 TEST(BatchDim, IndexPutFollowsTheBatchOfSelfAndValues) {
@@ -543,7 +560,9 @@ TEST(BatchDim, IndexPutFollowsTheBatchOfSelfAndValues) {
   %v: f32[2, 3] = placeholder() {role=BUFFER, state="v"}
   %ip: f32[4, 3] = aten::index_put(%x, [%i], %v, true)
   %output = output([%ip]) {specs=[OTHER]}
-)").status(), StatusIs(absl::StatusCode::kInvalidArgument, "indexes dim 0, which holds the batch"));
+)")
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "indexes dim 0, which holds the batch"));
 }
 
 TEST(BatchDim, ForeachOptimizerReadsReducedGradients) {
@@ -582,8 +601,10 @@ TEST(BatchDim, OpWithoutRuleIsRefusedNamingTheUsersLineAndTheRowToAdd) {
                           "node 'a' (aten::rot90) [train.py:7 in model.head: y = torch.rot90(x)]: "
                           "no batch-dim rule for aten::rot90 (nor do aten::cummax): the compile "
                           "step does not guess"));
-  EXPECT_THAT(std::string(s.message()),
-              HasSubstr("analysis/op_rules.cc, e.g. {\"aten::rot90\", \"*\", F::kPointwise, kNotLinear, {}}"));
+  EXPECT_THAT(
+      std::string(s.message()),
+      HasSubstr(
+          "analysis/op_rules.cc, e.g. {\"aten::rot90\", \"*\", F::kPointwise, kNotLinear, {}}"));
   EXPECT_THAT(std::string(s.message()), HasSubstr("tests/testdata/op_rules.txt"));
 }
 
@@ -594,7 +615,8 @@ TEST(BatchDim, OpWithoutRuleIsAGuessLabelledAsOneWhenAsked) {
   Analysed r{g, ValueOrDie(AnalyzeBatchDims(g, o))};
   EXPECT_EQ(r.P("a"), "S(1)");
   ASSERT_EQ(r.a.warnings().size(), 2u);
-  EXPECT_THAT(r.a.warnings()[0], HasSubstr("GUESSED: no batch-dim rule for aten::rot90 (3 nodes, first a)"));
+  EXPECT_THAT(r.a.warnings()[0],
+              HasSubstr("GUESSED: no batch-dim rule for aten::rot90 (3 nodes, first a)"));
   EXPECT_THAT(r.a.warnings()[0], HasSubstr("fxdp expand and jobs refuse this graph"));
   EXPECT_THAT(r.Why("a"), HasSubstr("NO RULE for aten::rot90"));
 }
@@ -604,21 +626,24 @@ TEST(BatchDim, BadInput) {
   %x: f32[4, 3] = placeholder() {role=INPUT, state="x", batch_dim=0}
   %output = output([%x]) {specs=[OTHER]}
 )";
-  EXPECT_THAT(Analyze(ok, 0).status(), StatusIs(absl::StatusCode::kInvalidArgument,
-                                            "world size must be >= 1, got 0"));
-  EXPECT_THAT(Analyze(R"(
+  EXPECT_THAT(Analyze(ok, 0).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "world size must be >= 1, got 0"));
+  EXPECT_THAT(
+      Analyze(R"(
   %x: f32[4, 3] = placeholder() {role=INPUT, state="x", batch_dim=2}
   %output = output([%x]) {specs=[OTHER]}
-)").status(),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       "node 'x' (#0): batch_dim 2 is out of range"));
-  EXPECT_THAT(Analyze(R"(
+)")
+          .status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, "node 'x' (#0): batch_dim 2 is out of range"));
+  EXPECT_THAT(
+      Analyze(R"(
   %x: f32[4, 3] = placeholder() {role=INPUT, state="x", batch_dim=0}
   %y: f32[5, 3] = placeholder() {role=INPUT, state="y", batch_dim=0}
   %output = output([%x, %y]) {specs=[OTHER, OTHER]}
-)").status(),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       "inputs disagree on the batch size: x has 4 along its batch dim 0, y has 5"));
+)")
+          .status(),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               "inputs disagree on the batch size: x has 4 along its batch dim 0, y has 5"));
   // An input without a batch dim is replicated.
   auto r = MustRun(R"(
   %x: f32[4, 3] = placeholder() {role=INPUT, state="x", batch_dim=0}

@@ -83,13 +83,13 @@ TEST(DimSpecTest, EqualityIsStructural) {
 TEST(TraceInputDimTest, FollowsEachRole) {
   const DimSpec fl = DimSpec::Flatten({In(1), In(2)});
   const DimMap map = {
-      In(3),                                  // 0
-      fl,                                     // 1
-      DimSpec::Split(In(0), {2, 4}, 0),       // 2
-      DimSpec::Split(In(0), {2, 4}, 1),       // 3
-      DimSpec::Repeat(In(4), 2),              // 4
-      DimSpec::Broadcast(In(5), 3),           // 5
-      S,                                      // 6
+      In(3),                             // 0
+      fl,                                // 1
+      DimSpec::Split(In(0), {2, 4}, 0),  // 2
+      DimSpec::Split(In(0), {2, 4}, 1),  // 3
+      DimSpec::Repeat(In(4), 2),         // 4
+      DimSpec::Broadcast(In(5), 3),      // 5
+      S,                                 // 6
   };
   EXPECT_EQ(TraceInputDim(map, 3), (DimFlow{0, DimFlowRole::kIdentity}));
   EXPECT_EQ(TraceInputDim(map, 1), (DimFlow{1, DimFlowRole::kFlattenLeading}));

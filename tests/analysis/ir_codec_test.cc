@@ -20,7 +20,6 @@ using ::fxdp::testing::ReadTestData;
 using ::fxdp::testing::StatusIs;
 using ::fxdp::testing::ValueOrDie;
 
-
 v1::GraphDef GoldenProto(const std::string& name = "mlp_sgd.txt") {
   return EncodeGraph(ValueOrDie(ParseGraphText(ReadTestData(name))));
 }
@@ -82,7 +81,8 @@ TEST_P(CodecRejectTest, RejectsWithClearMessage) {
 // Node indices in mlp_sgd.txt: 0 w, 1 b, 2 x, 3 y, 4 t, 5 addmm, 6 sub, 7 pow,
 // 8 loss, 9 ones, 10 expand, ..., 15 mm, 16 sum, 17 new_w, 18 new_b, 19 output.
 const RejectCase kRejectCases[] = {
-    {"FutureFormatVersion", [](v1::GraphDef& d) { d.set_format_version(static_cast<v1::FormatVersion>(2)); },
+    {"FutureFormatVersion",
+     [](v1::GraphDef& d) { d.set_format_version(static_cast<v1::FormatVersion>(2)); },
      "unsupported format_version 2 (this build reads 1)"},
     {"MissingFormatVersion", [](v1::GraphDef& d) { d.clear_format_version(); },
      "GraphDef has no format_version"},
@@ -113,7 +113,9 @@ const RejectCase kRejectCases[] = {
      },
      "node 'w' (#0): output 0: unknown device type enum value 12"},
     {"MissingDevice",
-     [](v1::GraphDef& d) { d.mutable_nodes(0)->mutable_outputs(0)->mutable_tensor()->clear_device(); },
+     [](v1::GraphDef& d) {
+       d.mutable_nodes(0)->mutable_outputs(0)->mutable_tensor()->clear_device();
+     },
      "node 'w' (#0): output 0: tensor metadata has no device"},
     {"TensorKindWithoutMetadata",
      [](v1::GraphDef& d) { d.mutable_nodes(6)->mutable_outputs(0)->clear_tensor(); },
@@ -126,8 +128,7 @@ const RejectCase kRejectCases[] = {
      "node 'b' (#1): placeholder role is missing or unknown (enum value 0)"},
     {"PlaceholderWithoutSpec", [](v1::GraphDef& d) { d.mutable_nodes(1)->clear_placeholder(); },
      "node 'b' (#1): placeholder has no placeholder spec"},
-    {"CallWithPlaceholderSpec",
-     [](v1::GraphDef& d) { d.mutable_nodes(4)->mutable_placeholder(); },
+    {"CallWithPlaceholderSpec", [](v1::GraphDef& d) { d.mutable_nodes(4)->mutable_placeholder(); },
      "node 't' (#4): a call_function node carries a placeholder spec"},
     {"UnknownOutputRole",
      [](v1::GraphDef& d) {
@@ -140,7 +141,9 @@ const RejectCase kRejectCases[] = {
      [](v1::GraphDef& d) { d.mutable_nodes(17)->mutable_kwargs(0)->clear_value(); },
      "node 'new_w' (#17): keyword argument 'alpha' has no value"},
     {"ScalarWithoutValue",
-     [](v1::GraphDef& d) { d.mutable_nodes(17)->mutable_kwargs(0)->mutable_value()->mutable_scalar(); },
+     [](v1::GraphDef& d) {
+       d.mutable_nodes(17)->mutable_kwargs(0)->mutable_value()->mutable_scalar();
+     },
      "scalar argument has no value"},
     {"UnknownLayoutInList",
      [](v1::GraphDef& d) {
@@ -156,7 +159,9 @@ const RejectCase kRejectCases[] = {
      },
      "node 'x' (#2): output 0: shape [2147483648, 2147483648] has more than"},
     {"ReferenceToNodeBeyondTwoTo40",
-     [](v1::GraphDef& d) { d.mutable_nodes(5)->mutable_args(0)->mutable_ref()->set_node(0xFFFFFFFFu); },
+     [](v1::GraphDef& d) {
+       d.mutable_nodes(5)->mutable_args(0)->mutable_ref()->set_node(0xFFFFFFFFu);
+     },
      "reference to node #4294967295 output 0 is out of range"},
     {"ListsNestedTooDeep",
      [](v1::GraphDef& d) {
@@ -245,7 +250,8 @@ TEST(CodecTest, CorruptedInputsNeverCrash) {
     }
   }
   EXPECT_GT(rejected, 0);
-  std::printf("corrupted inputs: %d accepted (still valid graphs), %d rejected\n", accepted, rejected);
+  std::printf("corrupted inputs: %d accepted (still valid graphs), %d rejected\n", accepted,
+              rejected);
 }
 
 }  // namespace

@@ -44,17 +44,24 @@ TEST(IrSafetensors, RoundTripInNameOrder) {
 }
 
 TEST(IrSafetensors, WriterRefusesWhatTheFormatCannotHold) {
-  EXPECT_THAT(SerializeSafetensors(std::vector<RawTensor>{{"c", DType::kComplex128, {1}, std::string(16, '\0')}}).status(),
+  EXPECT_THAT(SerializeSafetensors(
+                  std::vector<RawTensor>{{"c", DType::kComplex128, {1}, std::string(16, '\0')}})
+                  .status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        "tensor 'c': dtype torch.complex128 has no safetensors name"));
-  EXPECT_THAT(SerializeSafetensors(std::vector<RawTensor>{{"w", DType::kFloat32, {2}, "abc"}}).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, "tensor 'w': 3 bytes, but its dtype and shape need 8"));
-  EXPECT_THAT(SerializeSafetensors(std::vector<RawTensor>{{"w", DType::kInt8, {0}, ""}, {"w", DType::kInt8, {0}, ""}}).status(),
+  EXPECT_THAT(
+      SerializeSafetensors(std::vector<RawTensor>{{"w", DType::kFloat32, {2}, "abc"}}).status(),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               "tensor 'w': 3 bytes, but its dtype and shape need 8"));
+  EXPECT_THAT(SerializeSafetensors(std::vector<RawTensor>{{"w", DType::kInt8, {0}, ""},
+                                                          {"w", DType::kInt8, {0}, ""}})
+                  .status(),
               StatusIs(absl::StatusCode::kInvalidArgument, "tensor 'w' given twice"));
 }
 
 TEST(IrSafetensors, ParserNamesTheTensorAndTheProblem) {
-  std::string bytes = ValueOrDie(SerializeSafetensors(std::vector<RawTensor>{{"w", DType::kFloat32, {2}, Bytes({1, 2})}}));
+  std::string bytes = ValueOrDie(
+      SerializeSafetensors(std::vector<RawTensor>{{"w", DType::kFloat32, {2}, Bytes({1, 2})}}));
   EXPECT_THAT(ParseSafetensors(bytes.substr(0, bytes.size() - 1)).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, "tensor 'w': data ends at byte 8"));
   EXPECT_THAT(ParseSafetensors("garbage!garbage!").status(),
@@ -63,8 +70,11 @@ TEST(IrSafetensors, ParserNamesTheTensorAndTheProblem) {
   std::string odd(8, '\0');
   const uint64_t n = header.size();
   std::memcpy(odd.data(), &n, 8);
-  EXPECT_THAT(ParseSafetensors(odd + header + "z").status(),
-              StatusIs(absl::StatusCode::kUnimplemented, "tensor entry 1 of 1 (in name order): a dtype fxdp does not know (it knows F64 F32"));
+  EXPECT_THAT(
+      ParseSafetensors(odd + header + "z").status(),
+      StatusIs(
+          absl::StatusCode::kUnimplemented,
+          "tensor entry 1 of 1 (in name order): a dtype fxdp does not know (it knows F64 F32"));
 }
 
 // Issue 25.9: a data file may be any file under a data root, a secret one
@@ -78,17 +88,27 @@ TEST(IrSafetensors, ErrorsQuoteNoBytesOfTheFile) {
     return out + header + data;
   };
   const std::string files[] = {
-      with_length(R"("SECRET-PASSWORD-hunter2)"),                       // nlohmann: "last read: ..."
-      with_length(R"({"SECRET-PASSWORD": 3})"),                          // an entry that is no object
-      with_length(R"({"x": {"dtype": "SECRET-PASSWORD", "shape": [1], "data_offsets": [0, 4]}})", "abcd"),
-      with_length(R"({"x": {"dtype": "F32", "shape": ["SECRET-PASSWORD"], "data_offsets": [0, 4]}})", "abcd"),
-      with_length(R"({"x": {"dtype": "F32", "shape": [1], "data_offsets": ["SECRET-PASSWORD", 4]}})", "abcd"),
-      with_length(R"({"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "SECRET-PASSWORD": 1})", "abcd"),
+      with_length(R"("SECRET-PASSWORD-hunter2)"),  // nlohmann: "last read: ..."
+      with_length(R"({"SECRET-PASSWORD": 3})"),    // an entry that is no object
+      with_length(R"({"x": {"dtype": "SECRET-PASSWORD", "shape": [1], "data_offsets": [0, 4]}})",
+                  "abcd"),
+      with_length(
+          R"({"x": {"dtype": "F32", "shape": ["SECRET-PASSWORD"], "data_offsets": [0, 4]}})",
+          "abcd"),
+      with_length(
+          R"({"x": {"dtype": "F32", "shape": [1], "data_offsets": ["SECRET-PASSWORD", 4]}})",
+          "abcd"),
+      with_length(
+          R"({"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "SECRET-PASSWORD": 1})",
+          "abcd"),
       with_length(R"({"__metadata__": {"SECRET-PASSWORD": 1}})"),
       with_length(R"({"__metadata__": "SECRET-PASSWORD"})"),
-      with_length(R"({"SECRET-PASSWORD": {"dtype": "F32", "shape": [7], "data_offsets": [0, 4]}})", "abcd"),
-      with_length(R"({"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}} SECRET-PASSWORD)", "abcd"),
-      std::string("AB\0\0\0\0\0\0SECRET-PASSWORD", 23),             // length field 16,961
+      with_length(R"({"SECRET-PASSWORD": {"dtype": "F32", "shape": [7], "data_offsets": [0, 4]}})",
+                  "abcd"),
+      with_length(
+          R"({"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}} SECRET-PASSWORD)",
+          "abcd"),
+      std::string("AB\0\0\0\0\0\0SECRET-PASSWORD", 23),  // length field 16,961
       "SECRET-PASSWORD-hunter2\n",
   };
   for (const std::string& f : files) {
@@ -114,9 +134,11 @@ TEST(IrSafetensors, FilesNameTheirPath) {
 // A reader that keeps part of a file reads the header, then only the bytes
 // it asks for; the header gets every check ParseSafetensors makes.
 TEST(IrSafetensors, ReaderReadsTheHeaderThenThePiecesAskedFor) {
-  const std::string path = ::testing::TempDir() + "/ir_safetensors_reader_" + std::to_string(getpid());
-  ASSERT_TRUE(WriteSafetensorsFile(path, {{"a", DType::kUInt8, {3}, "xyz"},
-                                          {"b", DType::kUInt8, {2, 2}, "1234"}}).ok());
+  const std::string path =
+      ::testing::TempDir() + "/ir_safetensors_reader_" + std::to_string(getpid());
+  ASSERT_TRUE(WriteSafetensorsFile(
+                  path, {{"a", DType::kUInt8, {3}, "xyz"}, {"b", DType::kUInt8, {2, 2}, "1234"}})
+                  .ok());
   const SafetensorsReader r = ValueOrDie(SafetensorsReader::Open(path));
   ASSERT_EQ(r.header().tensors.size(), 2u);
   EXPECT_EQ(r.header().data_size, 7u);
@@ -126,13 +148,15 @@ TEST(IrSafetensors, ReaderReadsTheHeaderThenThePiecesAskedFor) {
   std::string piece(2, '\0');
   ASSERT_TRUE(r.Read(b.begin + 1, 2, piece.data()).ok());
   EXPECT_EQ(piece, "23");
-  EXPECT_THAT(r.Read(6, 2, piece.data()), StatusIs(absl::StatusCode::kInternal, "7-byte data buffer"));
+  EXPECT_THAT(r.Read(6, 2, piece.data()),
+              StatusIs(absl::StatusCode::kInternal, "7-byte data buffer"));
   // A file cut short fails at Open naming it, as the whole-file parser does.
   const std::string bytes = ValueOrDie(ReadSafetensorsBytes(path));
   const std::string cut = path + ".cut";
   ASSERT_TRUE(util::WriteFileAtomically(cut, bytes.substr(0, bytes.size() - 1)).ok());
-  EXPECT_THAT(SafetensorsReader::Open(cut).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, "': corrupt safetensors data: tensor 'b'"));
+  EXPECT_THAT(
+      SafetensorsReader::Open(cut).status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, "': corrupt safetensors data: tensor 'b'"));
   EXPECT_THAT(SafetensorsReader::Open(path + ".missing").status(),
               StatusIs(absl::StatusCode::kNotFound, ".missing"));
   unlink(cut.c_str());

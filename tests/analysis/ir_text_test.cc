@@ -81,7 +81,8 @@ TEST(TextTest, NodeSourcePrintsOnlyWhenAsked) {
 TEST(TextTest, StringsAreEscaped) {
   const std::string text =
       "graph format=1 producer=\"a \\\"quoted\\\" \\n name\" torch=\"\" {\n"
-      "  %x: f32[2] = placeholder() {target=\"x_in\", role=INPUT, state=\"weird\\tname\", batch_dim=0}\n"
+      "  %x: f32[2] = placeholder() {target=\"x_in\", role=INPUT, state=\"weird\\tname\", "
+      "batch_dim=0}\n"
       "  %output = output([%x]) {specs=[OTHER]}\n"
       "}\n";
   const Graph g = ValueOrDie(ParseGraphText(text));
@@ -106,9 +107,10 @@ TEST_P(TextParseErrorTest, NamesLineAndColumn) {
 
 const ParseErrorCase kParseErrors[] = {
     {"MissingGraphKeyword", "grph {}", "line 1, column 1: expected 'graph', got 'grph'"},
-    {"UndefinedValue",
-     "graph format=1 {\n  %y: f32[2] = aten::neg(%x)\n}", "line 2, column 28: '%x' is not defined before this use"},
-    {"UnknownDType", "graph format=1 {\n  %x: q7[2] = placeholder()\n}", "line 2, column 7: unknown dtype 'q7'"},
+    {"UndefinedValue", "graph format=1 {\n  %y: f32[2] = aten::neg(%x)\n}",
+     "line 2, column 28: '%x' is not defined before this use"},
+    {"UnknownDType", "graph format=1 {\n  %x: q7[2] = placeholder()\n}",
+     "line 2, column 7: unknown dtype 'q7'"},
     {"UnterminatedString", "graph producer=\"abc {}", "line 1, column 16: unterminated string"},
     // Found by tests/fuzz/text_fuzzer: it used to parse into a graph whose GraphDef no decoder
     // accepts (proto3 strings are UTF-8). Raw and escaped bytes alike.
@@ -116,8 +118,8 @@ const ParseErrorCase kParseErrors[] = {
      "line 2, column 8: string is not valid UTF-8"},
     {"NonUtf8Escape", "graph format=1 {\n  meta \"k\" = \"\\377\"\n}",
      "line 2, column 14: string is not valid UTF-8"},
-    {"UnknownAttribute",
-     "graph format=1 {\n  %x: f32[2] = placeholder() {colour=INPUT}\n}", "unknown node attribute 'colour'"},
+    {"UnknownAttribute", "graph format=1 {\n  %x: f32[2] = placeholder() {colour=INPUT}\n}",
+     "unknown node attribute 'colour'"},
     {"UnknownArgument", "graph format=1 {\n  %x: f32[2] = aten::neg(torch.float99)\n}",
      "unknown argument 'torch.float99'"},
     {"PositionalAfterKeyword", "graph format=1 {\n  %x: f32[2] = aten::neg(a=1, 2)\n}",
@@ -133,8 +135,10 @@ const ParseErrorCase kParseErrors[] = {
     {"BadCharacter", "graph format=1 { $ }", "unexpected character '$'"},
     // The contiguous strides of this shape overflow int64 (empty dims count as 1).
     {"HugeShape", "graph format=1 {\n  %x: f32[0, 4294967296, 4294967296] = placeholder()\n}",
-     "line 2, column 7: shape [0, 4294967296, 4294967296] spans more than 281474976710656 elements"},
-    {"NegativeSize", "graph format=1 {\n  %x: f32[-2] = placeholder()\n}", "size of dim 0 is negative (-2)"},
+     "line 2, column 7: shape [0, 4294967296, 4294967296] spans more than 281474976710656 "
+     "elements"},
+    {"NegativeSize", "graph format=1 {\n  %x: f32[-2] = placeholder()\n}",
+     "size of dim 0 is negative (-2)"},
 };
 
 INSTANTIATE_TEST_SUITE_P(All, TextParseErrorTest, ::testing::ValuesIn(kParseErrors),

@@ -33,7 +33,8 @@ TEST_P(VerifierTest, RejectsWithClearMessage) {
   GraphHeader h = g.header();
   std::vector<Node> nodes = g.nodes();
   GetParam().mutate(h, nodes);
-  EXPECT_THAT(VerifyGraph(h, nodes), StatusIs(absl::StatusCode::kInvalidArgument, GetParam().expected));
+  EXPECT_THAT(VerifyGraph(h, nodes),
+              StatusIs(absl::StatusCode::kInvalidArgument, GetParam().expected));
   // Graph::Create refuses the same graph.
   EXPECT_FALSE(Graph::Create(h, nodes).ok());
 }
@@ -72,11 +73,14 @@ const VerifyCase kCases[] = {
      "node 'pow' (#7): target 'torch.pow' is not a schema name"},
     {"FutureFormatVersion", kMlp, [](auto& h, auto&) { h.format_version = 3; },
      "unsupported format_version 3 (this build reads 1)"},
-    {"NoOutputNode", kMlp, [](auto&, auto& n) { n.pop_back(); },
-     "the last node must be OUTPUT"},
+    {"NoOutputNode", kMlp, [](auto&, auto& n) { n.pop_back(); }, "the last node must be OUTPUT"},
     {"OutputNotLast", kMlp, [](auto&, auto& n) { std::swap(n[18], n[19]); },
      "the last node must be OUTPUT"},
-    {"TwoOutputNodes", kMlp, [](auto&, auto& n) { n[18].kind = NodeKind::kOutput; n[18].outputs.clear(); },
+    {"TwoOutputNodes", kMlp,
+     [](auto&, auto& n) {
+       n[18].kind = NodeKind::kOutput;
+       n[18].outputs.clear();
+     },
      "node 'new_b' (#18): the output node must be the last node"},
     {"CallWithoutOutputMetadata", kMlp, [](auto&, auto& n) { n[7].outputs.clear(); },
      "node 'pow' (#7): call to aten::pow.Tensor_Scalar has no output metadata"},
@@ -87,9 +91,11 @@ const VerifyCase kCases[] = {
     {"OverflowingShape", kMlp,
      [](auto&, auto& n) { n[6].outputs[0].tensor.shape = {int64_t{1} << 62, 4}; },
      "node 'sub' (#6): output 0: shape [4611686018427387904, 4] has more than"},
-    {"PlaceholderWithArguments", kMlp, [](auto&, auto& n) { n[1].args.push_back(Argument(int64_t{1})); },
+    {"PlaceholderWithArguments", kMlp,
+     [](auto&, auto& n) { n[1].args.push_back(Argument(int64_t{1})); },
      "node 'b' (#1): a placeholder takes no arguments"},
-    {"PlaceholderNotATensor", kMlp, [](auto&, auto& n) { n[1].outputs[0] = ValueType::Of(ValueKind::kInt); },
+    {"PlaceholderNotATensor", kMlp,
+     [](auto&, auto& n) { n[1].outputs[0] = ValueType::Of(ValueKind::kInt); },
      "node 'b' (#1): a placeholder must produce exactly one tensor, got 1 output(s) of kind int"},
     {"PlaceholderWithoutStateName", kMlp, [](auto&, auto& n) { n[1].placeholder.state_name = ""; },
      "node 'b' (#1): placeholder with role PARAMETER has no state name"},
@@ -107,29 +113,35 @@ const VerifyCase kCases[] = {
      "node 'output' (#19): has 2 output roles for 3 returned values"},
     {"OutputArgumentNotAList", kMlp, [](auto&, auto& n) { n[19].args[0] = Ref(17); },
      "the output node must take exactly one list argument"},
-    {"UpdatedStateUnknown", kMlp, [](auto&, auto& n) { n[19].output_specs[0].state_name = "fc.wieght"; },
+    {"UpdatedStateUnknown", kMlp,
+     [](auto&, auto& n) { n[19].output_specs[0].state_name = "fc.wieght"; },
      "returned value 0 (UPDATED_PARAMETER 'fc.wieght'): no placeholder has that state name"},
     {"UpdatedRoleContradictsPlaceholder", kMlp,
      [](auto&, auto& n) { n[19].output_specs[0].role = OutputRole::kUpdatedBuffer; },
      "expected a placeholder of role BUFFER, but 'w' is PARAMETER"},
-    {"UpdatedShapeMismatch", kMlp, [](auto&, auto& n) { std::swap(n[19].output_specs[0], n[19].output_specs[1]); },
-     "returned value 0 (UPDATED_PARAMETER 'fc.bias'): type f32[3, 4] differs from the state it replaces (f32[3] rg)"},
-    {"StateUpdatedTwice", kMlp, [](auto&, auto& n) {
+    {"UpdatedShapeMismatch", kMlp,
+     [](auto&, auto& n) { std::swap(n[19].output_specs[0], n[19].output_specs[1]); },
+     "returned value 0 (UPDATED_PARAMETER 'fc.bias'): type f32[3, 4] differs from the state it "
+     "replaces (f32[3] rg)"},
+    {"StateUpdatedTwice", kMlp,
+     [](auto&, auto& n) {
        n[19].args[0] = Argument(Argument::List{Ref(17), Ref(17), Ref(8)});
        n[19].output_specs[1] = {OutputRole::kUpdatedParameter, "fc.weight"};
      },
      "returned value 1 (UPDATED_PARAMETER 'fc.weight'): that state is updated twice"},
     {"UpdatedValueNotATensor", kMlp,
-     [](auto&, auto& n) { n[19].args[0] = Argument(Argument::List{Argument(int64_t{3}), Ref(18), Ref(8)}); },
+     [](auto&, auto& n) {
+       n[19].args[0] = Argument(Argument::List{Argument(int64_t{3}), Ref(18), Ref(8)});
+     },
      "returned value 0 (UPDATED_PARAMETER 'fc.weight'): expected a tensor"},
-    {"TwoLosses", kMlp, [](auto&, auto& n) {
+    {"TwoLosses", kMlp,
+     [](auto&, auto& n) {
        n[19].args[0] = Argument(Argument::List{Ref(17), Ref(8), Ref(8)});
        n[19].output_specs[1] = {OutputRole::kLoss, ""};
      },
      "returned value 2 (LOSS): a second LOSS output"},
-    {"LossNotScalar", kMlp, [](auto&, auto& n) {
-       n[19].args[0] = Argument(Argument::List{Ref(17), Ref(18), Ref(7)});
-     },
+    {"LossNotScalar", kMlp,
+     [](auto&, auto& n) { n[19].args[0] = Argument(Argument::List{Ref(17), Ref(18), Ref(7)}); },
      "returned value 2 (LOSS): the loss must have one element, got f32[8, 3]"},
     {"LossWithStateName", kMlp, [](auto&, auto& n) { n[19].output_specs[2].state_name = "x"; },
      "a LOSS output has no state name"},
@@ -138,18 +150,26 @@ const VerifyCase kCases[] = {
     {"GradOfInput", kMlp, [](auto&, auto& n) { n[15].grad_of = "input.0"; },
      "node 'mm' (#15): grad_of names 'input.0', which is not a parameter"},
     {"SecondGradient", kMlp, [](auto&, auto& n) { n[17].grad_of = "fc.weight"; },
-     "node 'new_w' (#17): a second gradient for parameter 'fc.weight' (the first is node 'mm' (#15))"},
-    {"GradientShapeMismatch", kMlp, [](auto&, auto& n) { n[16].grad_of = "fc.weight"; n[15].grad_of = ""; },
-     "node 'sum' (#16): gradient of 'fc.weight' has type f32[3], expected the parameter's shape (f32[3, 4] rg)"},
+     "node 'new_w' (#17): a second gradient for parameter 'fc.weight' (the first is node 'mm' "
+     "(#15))"},
+    {"GradientShapeMismatch", kMlp,
+     [](auto&, auto& n) {
+       n[16].grad_of = "fc.weight";
+       n[15].grad_of = "";
+     },
+     "node 'sum' (#16): gradient of 'fc.weight' has type f32[3], expected the parameter's shape "
+     "(f32[3, 4] rg)"},
     {"GradOfOnPlaceholder", kMlp, [](auto&, auto& n) { n[2].grad_of = "fc.weight"; },
      "node 'x' (#2): grad_of is set but the node does not produce a tensor"},
     {"GetItemIndexMismatch", kBn, [](auto&, auto& n) { n[9].args[1] = Argument(int64_t{2}); },
      "node 'save_mean' (#9): operator.getitem index 2 does not match the referenced output 1"},
     {"GetItemTypeMismatch", kBn, [](auto&, auto& n) { n[9].outputs[0].tensor.shape = {3}; },
-     "node 'save_mean' (#9): operator.getitem output type f32[3] differs from the element it extracts (f32[2])"},
+     "node 'save_mean' (#9): operator.getitem output type f32[3] differs from the element it "
+     "extracts (f32[2])"},
     {"GetItemBadArguments", kBn, [](auto&, auto& n) { n[9].args.pop_back(); },
      "node 'save_mean' (#9): operator.getitem expects (ref, int) arguments"},
-    {"HyperparameterNotScalar", kHyper, [](auto&, auto& n) {
+    {"HyperparameterNotScalar", kHyper,
+     [](auto&, auto& n) {
        n[2].outputs[0].tensor.shape = {1};
        n[2].outputs[0].tensor.stride = {1};
      },
@@ -159,19 +179,23 @@ const VerifyCase kCases[] = {
      [](auto&, auto& n) { n[3].outputs[0].tensor.dtype = DType::kInt64; },
      "node 'wd' (#3): HYPERPARAMETER placeholder 'optim.group0.weight_decay' must have a floating "
      "dtype, got i64[]"},
-    {"HyperparameterWithoutStateName", kHyper, [](auto&, auto& n) { n[2].placeholder.state_name = ""; },
+    {"HyperparameterWithoutStateName", kHyper,
+     [](auto&, auto& n) { n[2].placeholder.state_name = ""; },
      "node 'lr' (#2): placeholder with role HYPERPARAMETER has no state name"},
-    {"HyperparameterUpdated", kHyper, [](auto&, auto& n) {
+    {"HyperparameterUpdated", kHyper,
+     [](auto&, auto& n) {
        n[27].output_specs[0] = {OutputRole::kUpdatedOptimizerState, "optim.group0.lr"};
      },
      "node 'output' (#27): returned value 0 (UPDATED_OPTIMIZER_STATE 'optim.group0.lr'): 'lr' is a "
      "HYPERPARAMETER placeholder, which the step never updates"},
-    {"ListsTooDeep", kMlp, [](auto&, auto& n) {
+    {"ListsTooDeep", kMlp,
+     [](auto&, auto& n) {
        Argument a(int64_t{1});
        for (int i = 0; i < 20; ++i) a = Argument(Argument::List{a});
        n[10].args[1] = a;
      },
-     "node 'expand' (#10): argument 1[0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0]: lists nested deeper than 16"},
+     "node 'expand' (#10): argument 1[0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0]: lists "
+     "nested deeper than 16"},
 };
 
 INSTANTIATE_TEST_SUITE_P(All, VerifierTest, ::testing::ValuesIn(kCases),

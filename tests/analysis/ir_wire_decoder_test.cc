@@ -81,11 +81,10 @@ TEST(WireFieldsTest, MatchTheGeneratedDescriptors) {
     EXPECT_EQ(m->nested_type_count(), 0) << m->full_name();
     for (int k = 0; k < m->field_count(); ++k) {
       ++fields;
-      const bool found = std::any_of(std::begin(wire::kFields), std::end(wire::kFields),
-                                     [&](const wire::FieldSpec& s) {
-                                       return s.message == m->full_name() &&
-                                              s.field == m->field(k)->name();
-                                     });
+      const bool found = std::any_of(
+          std::begin(wire::kFields), std::end(wire::kFields), [&](const wire::FieldSpec& s) {
+            return s.message == m->full_name() && s.field == m->field(k)->name();
+          });
       EXPECT_TRUE(found) << m->field(k)->full_name() << " is missing from wire::kFields";
     }
   }
@@ -104,9 +103,9 @@ std::string Hex(const std::string& b, size_t max = 96) {
 
 struct Tally {
   int cases = 0;
-  int accepted = 0;           // both accepted, equal graphs
-  int verifier_refused = 0;   // both refused; the direct decoder returned the verifier's status
-  int refused = 0;            // both refused; the direct decoder deferred to the protobuf path
+  int accepted = 0;          // both accepted, equal graphs
+  int verifier_refused = 0;  // both refused; the direct decoder returned the verifier's status
+  int refused = 0;           // both refused; the direct decoder deferred to the protobuf path
   int failures = 0;
 };
 
@@ -119,11 +118,16 @@ void Compare(const std::string& bytes, const std::string& what, Tally* t) {
   const absl::StatusOr<Graph> got = DecodeGraphBytes(bytes);
   std::string problem;
   if (want.ok()) {
-    if (!decided) problem = "valid input refused by the direct decoder";
-    else if (!fast.ok()) problem = absl::StrCat("direct decoder: ", fast.status().ToString());
-    else if (!(*fast == *want)) problem = "direct decoder built a different graph";
-    else if (!got.ok() || !(*got == *want)) problem = "DecodeGraphBytes differs";
-    else ++t->accepted;
+    if (!decided)
+      problem = "valid input refused by the direct decoder";
+    else if (!fast.ok())
+      problem = absl::StrCat("direct decoder: ", fast.status().ToString());
+    else if (!(*fast == *want))
+      problem = "direct decoder built a different graph";
+    else if (!got.ok() || !(*got == *want))
+      problem = "DecodeGraphBytes differs";
+    else
+      ++t->accepted;
   } else {
     if (decided && fast.status() != want.status())
       problem = absl::StrCat("direct decoder: ",
@@ -131,15 +135,17 @@ void Compare(const std::string& bytes, const std::string& what, Tally* t) {
     else if (got.status() != want.status())
       problem = absl::StrCat("DecodeGraphBytes: ",
                              got.ok() ? std::string("accepted") : got.status().ToString());
-    else if (decided) ++t->verifier_refused;
-    else ++t->refused;
+    else if (decided)
+      ++t->verifier_refused;
+    else
+      ++t->refused;
   }
   if (!problem.empty()) {
     ++t->failures;
     if (t->failures <= 5)
       ADD_FAILURE() << what << ": " << problem << "\n  protobuf path: "
-                    << (want.ok() ? std::string("OK") : want.status().ToString())
-                    << "\n  bytes (" << bytes.size() << "): " << Hex(bytes);
+                    << (want.ok() ? std::string("OK") : want.status().ToString()) << "\n  bytes ("
+                    << bytes.size() << "): " << Hex(bytes);
   }
 }
 
@@ -150,9 +156,9 @@ struct WMsg;
 struct WField {
   uint32_t number = 0;
   int wt = 0;
-  uint64_t value = 0;          // varint / fixed64 / fixed32
-  std::string bytes;           // length-delimited payload, or a group's body + end tag
-  std::shared_ptr<WMsg> msg;   // a parsed sub-message (length-delimited message fields)
+  uint64_t value = 0;         // varint / fixed64 / fixed32
+  std::string bytes;          // length-delimited payload, or a group's body + end tag
+  std::shared_ptr<WMsg> msg;  // a parsed sub-message (length-delimited message fields)
 };
 struct WMsg {
   const pb::Descriptor* desc = nullptr;
@@ -180,8 +186,14 @@ std::shared_ptr<WMsg> Parse(const std::string& b, const pb::Descriptor* d) {
     f.wt = static_cast<int>(tag & 7);
     switch (f.wt) {
       case 0: f.value = GetVarint(b, &i); break;
-      case 1: std::memcpy(&f.value, b.data() + i, 8); i += 8; break;
-      case 5: std::memcpy(&f.value, b.data() + i, 4); i += 4; break;
+      case 1:
+        std::memcpy(&f.value, b.data() + i, 8);
+        i += 8;
+        break;
+      case 5:
+        std::memcpy(&f.value, b.data() + i, 4);
+        i += 4;
+        break;
       case 2: {
         const size_t n = GetVarint(b, &i);
         f.bytes = b.substr(i, n);
@@ -266,22 +278,57 @@ class Mutator {
   bool OneIn(int n) { return Below(static_cast<size_t>(n)) == 0; }
 
   uint64_t InterestingVarint() {
-    static constexpr uint64_t kValues[] = {0, 1, 2, 3, 4, 5, 6, 7, 9, 12, 17, 31, 77, 100, 127,
-                                           128, 16383, 16384, 1u << 24, (1u << 24) + 1,
-                                           1u << 30, (1u << 30) + 1, 0x7fffffff, 0x80000000,
-                                           0xffffffff, 0x100000000, 0x100000001,
-                                           0xfffffffffffffffe, 0xffffffffffffffff,
+    static constexpr uint64_t kValues[] = {0,
+                                           1,
+                                           2,
+                                           3,
+                                           4,
+                                           5,
+                                           6,
+                                           7,
+                                           9,
+                                           12,
+                                           17,
+                                           31,
+                                           77,
+                                           100,
+                                           127,
+                                           128,
+                                           16383,
+                                           16384,
+                                           1u << 24,
+                                           (1u << 24) + 1,
+                                           1u << 30,
+                                           (1u << 30) + 1,
+                                           0x7fffffff,
+                                           0x80000000,
+                                           0xffffffff,
+                                           0x100000000,
+                                           0x100000001,
+                                           0xfffffffffffffffe,
+                                           0xffffffffffffffff,
                                            0x8000000000000000};
     if (OneIn(4)) return rng_();
     return kValues[Below(std::size(kValues))];
   }
 
   std::string RandomString() {
-    static const std::string kStrings[] = {
-        "", "a", "x", "aten::add", "operator.getitem", "Tensor",
-        "a_rather_long_node_name_past_sso", "\xc3\xa9", "\xe6\x97\xa5\xe6\x9c\xac",
-        "\xf0\x9f\x98\x80", "\xff", "\xc0\x80", "\xed\xa0\x80", "\xf4\x90\x80\x80", "a\xc3",
-        std::string("nul\0inside", 10)};
+    static const std::string kStrings[] = {"",
+                                           "a",
+                                           "x",
+                                           "aten::add",
+                                           "operator.getitem",
+                                           "Tensor",
+                                           "a_rather_long_node_name_past_sso",
+                                           "\xc3\xa9",
+                                           "\xe6\x97\xa5\xe6\x9c\xac",
+                                           "\xf0\x9f\x98\x80",
+                                           "\xff",
+                                           "\xc0\x80",
+                                           "\xed\xa0\x80",
+                                           "\xf4\x90\x80\x80",
+                                           "a\xc3",
+                                           std::string("nul\0inside", 10)};
     return kStrings[Below(std::size(kStrings))];
   }
 
@@ -344,7 +391,8 @@ class Mutator {
     }
     switch (f.wt) {
       case 0: f.value = InterestingVarint(); break;
-      case 1: case 5: f.value = rng_(); break;
+      case 1:
+      case 5: f.value = rng_(); break;
       case 2: f.bytes = OneIn(2) ? RandomString() : std::string("\x08\x01", 2); break;
       case 3: {
         // A group: some fields, nested groups, then the end tag.
@@ -359,7 +407,7 @@ class Mutator {
           body += w.Write(tmp);
         }
         uint32_t end = f.number;
-        if (OneIn(15)) end += 1;  // mismatched end tag: corrupt
+        if (OneIn(15)) end += 1;               // mismatched end tag: corrupt
         if (!OneIn(20)) w.Tag(&body, end, 4);  // or none at all: corrupt
         f.bytes = body;
         break;
@@ -399,9 +447,7 @@ class Mutator {
     auto& fs = m->fields;
     const std::string where = m->desc->name();
     switch (Below(13)) {
-      case 0:
-        std::shuffle(fs.begin(), fs.end(), rng_);
-        return "shuffle " + where;
+      case 0: std::shuffle(fs.begin(), fs.end(), rng_); return "shuffle " + where;
       case 1:
         if (fs.empty()) return "none";
         {
@@ -438,8 +484,7 @@ class Mutator {
         if (m->desc->field_count() == 0) return "none";
         const pb::FieldDescriptor* fd =
             m->desc->field(static_cast<int>(Below(m->desc->field_count())));
-        fs.insert(fs.begin() + static_cast<long>(Below(fs.size() + 1)),
-                  RandomKnownField(fd, all));
+        fs.insert(fs.begin() + static_cast<long>(Below(fs.size() + 1)), RandomKnownField(fd, all));
         return absl::StrCat("insert ", fd->full_name());
       }
       case 6: {
@@ -485,10 +530,11 @@ class Mutator {
         const pb::FieldDescriptor* fd =
             m->desc->field(static_cast<int>(Below(m->desc->field_count())));
         WField f = RandomKnownField(fd, all);
-        if (f.msg && OneIn(2))
-          f.msg->fields.push_back(RandomUnknownField(f.msg->desc));
-        if (OneIn(2)) fs.insert(fs.begin(), f);
-        else fs.push_back(f);
+        if (f.msg && OneIn(2)) f.msg->fields.push_back(RandomUnknownField(f.msg->desc));
+        if (OneIn(2))
+          fs.insert(fs.begin(), f);
+        else
+          fs.push_back(f);
         return absl::StrCat("oneof ", fd->full_name());
       }
       case 9: {
@@ -555,12 +601,8 @@ class Mutator {
         for (size_t k = 1 + Below(3); k > 0; --k)
           (*b)[Below(b->size())] ^= static_cast<char>(1 << Below(8));
         return "bit flips";
-      case 1:
-        (*b)[Below(b->size())] = static_cast<char>(rng_());
-        return "byte";
-      case 2:
-        b->resize(Below(b->size()));
-        return "truncate";
+      case 1: (*b)[Below(b->size())] = static_cast<char>(rng_()); return "byte";
+      case 2: b->resize(Below(b->size())); return "truncate";
       case 3: {
         const size_t at = Below(b->size()), len = Below(24);
         b->insert(at, b->substr(at, len));
@@ -632,7 +674,8 @@ TEST(WireDecoderTest, AgreesOnMutatedEncodings) {
     for (int i = 0; i < kTreeCases / scale; ++i) {
       std::shared_ptr<WMsg> root = Parse(encoded, v1::GraphDef::descriptor());
       std::string what = name;
-      for (size_t k = 1 + mu.Below(3); k > 0; --k) absl::StrAppend(&what, "; ", mu.MutateTree(root.get()));
+      for (size_t k = 1 + mu.Below(3); k > 0; --k)
+        absl::StrAppend(&what, "; ", mu.MutateTree(root.get()));
       Writer w{&mu.rng(), mu.OneIn(4) ? 0.3 : 0.0};
       const std::string b = w.Write(*root);
       Compare(b, what, &tree);
@@ -648,8 +691,9 @@ TEST(WireDecoderTest, AgreesOnMutatedEncodings) {
       Compare(b, what, &bytes);
     }
   }
-  std::printf("structural mutations: %d cases, %d accepted, %d refused by the verifier, %d refused\n",
-              tree.cases, tree.accepted, tree.verifier_refused, tree.refused);
+  std::printf(
+      "structural mutations: %d cases, %d accepted, %d refused by the verifier, %d refused\n",
+      tree.cases, tree.accepted, tree.verifier_refused, tree.refused);
   std::printf("byte mutations: %d cases, %d accepted, %d refused by the verifier, %d refused\n",
               bytes.cases, bytes.accepted, bytes.verifier_refused, bytes.refused);
   EXPECT_EQ(tree.failures + bytes.failures, 0);
@@ -718,10 +762,12 @@ TEST(WireDecoderTest, EdgeCasesAgree) {
   const std::string unknown_ref = Field(1, VarintField(1, 4) + VarintField(42, 1));
   std::vector<Case> cases = {
       {"plain ref", WithArgument(ref), 1},
-      {"ref merged from two pieces", WithArgument(Field(1, VarintField(1, 4)) + Field(1, VarintField(2, 0))), 1},
+      {"ref merged from two pieces",
+       WithArgument(Field(1, VarintField(1, 4)) + Field(1, VarintField(2, 0))), 1},
       {"bad list replaced by a ref", WithArgument(bad_list + ref), 1},
       {"ref replaced by a bad list", WithArgument(ref + bad_list), 0},
-      {"ref with unknown field replaced by an int", WithArgument(unknown_ref + VarintField(2, 4)), 1},
+      {"ref with unknown field replaced by an int", WithArgument(unknown_ref + VarintField(2, 4)),
+       1},
       {"int replaced by ref with unknown field", WithArgument(VarintField(2, 4) + unknown_ref), 0},
       {"unknown field in the argument itself survives replacement",
        WithArgument(VarintField(42, 1) + ref), 0},
@@ -739,46 +785,65 @@ TEST(WireDecoderTest, EdgeCasesAgree) {
          std::string a = ref;
          for (int k = 0; k < 16; ++k) a = Field(12, Field(1, a));
          return a;
-       }()), 1},
+       }()),
+       1},
       {"list nested 17 deep", WithArgument([&] {
          std::string a = ref;
          for (int k = 0; k < 17; ++k) a = Field(12, Field(1, a));
          return a;
-       }()), 0},
+       }()),
+       0},
       // The innermost item of 23 nested lists is at protobuf's nesting level
       // 48 (the limit), of 24 at level 50.
       {"list nested 23 deep then replaced", WithArgument([&] {
          std::string a = VarintField(2, 1);
          for (int k = 0; k < 23; ++k) a = Field(12, Field(1, a));
          return a + ref;
-       }()), 1},
+       }()),
+       1},
       {"list nested 24 deep then replaced (recursion limit)", WithArgument([&] {
          std::string a = VarintField(2, 1);
          for (int k = 0; k < 24; ++k) a = Field(12, Field(1, a));
          return a + ref;
-       }()), 0},
-      {"keyword value nested 22 deep then replaced", WithArgument([&] {
-         std::string a = VarintField(2, 1);
-         for (int k = 0; k < 22; ++k) a = Field(12, Field(1, a));
-         return a + Field(11, VarintField(1, 3));
-       }(), true), 1},
-      {"keyword value nested 23 deep then replaced (recursion limit)", WithArgument([&] {
-         std::string a = VarintField(2, 1);
-         for (int k = 0; k < 23; ++k) a = Field(12, Field(1, a));
-         return a + Field(11, VarintField(1, 3));
-       }(), true), 0},
+       }()),
+       0},
+      {"keyword value nested 22 deep then replaced",
+       WithArgument(
+           [&] {
+             std::string a = VarintField(2, 1);
+             for (int k = 0; k < 22; ++k) a = Field(12, Field(1, a));
+             return a + Field(11, VarintField(1, 3));
+           }(),
+           true),
+       1},
+      {"keyword value nested 23 deep then replaced (recursion limit)",
+       WithArgument(
+           [&] {
+             std::string a = VarintField(2, 1);
+             for (int k = 0; k < 23; ++k) a = Field(12, Field(1, a));
+             return a + Field(11, VarintField(1, 3));
+           }(),
+           true),
+       0},
       {"keyword value merged from two pieces",
        WithArgument(Field(11, VarintField(1, 3)) + Field(11, Field(4, "")), true), 1},
-      {"10-byte varint", WithArgument(std::string("\x10\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", 11) + ref), 1},
-      {"11-byte varint", WithArgument(std::string("\x10\xff\xff\xff\xff\xff\xff\xff\xff\xff\x81\x01", 12) + ref), 0},
-      {"tag in 5 bytes wrapping to field 1", WithArgument(std::string("\x8a\x80\x80\x80\x10", 5) + V(ref.size() - 2) + ref.substr(2)), 1},
-      {"tag in 6 bytes", WithArgument(std::string("\x8a\x80\x80\x80\x80\x00", 6) + ref.substr(1)), 0},
+      {"10-byte varint",
+       WithArgument(std::string("\x10\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", 11) + ref), 1},
+      {"11-byte varint",
+       WithArgument(std::string("\x10\xff\xff\xff\xff\xff\xff\xff\xff\xff\x81\x01", 12) + ref), 0},
+      {"tag in 5 bytes wrapping to field 1",
+       WithArgument(std::string("\x8a\x80\x80\x80\x10", 5) + V(ref.size() - 2) + ref.substr(2)), 1},
+      {"tag in 6 bytes", WithArgument(std::string("\x8a\x80\x80\x80\x80\x00", 6) + ref.substr(1)),
+       0},
       {"length in 5 bytes", WithArgument(std::string("\x0a\x82\x80\x80\x80\x00\x08\x04", 8)), 1},
-      {"length in 6 bytes", WithArgument(std::string("\x0a\x82\x80\x80\x80\x80\x00\x08\x04", 9)), 0},
+      {"length in 6 bytes", WithArgument(std::string("\x0a\x82\x80\x80\x80\x80\x00\x08\x04", 9)),
+       0},
       {"group in a replaced member", WithArgument(Field(12, "\x1b\x08\x01\x1c") + ref), 1},
       {"unclosed group in a replaced member", WithArgument(Field(12, "\x1b\x08\x01") + ref), 0},
-      {"mismatched group end in a replaced member", WithArgument(Field(12, "\x1b\x08\x01\x24") + ref), 0},
-      {"field number 0 in a replaced member", WithArgument(Field(12, std::string("\x00\x01", 2)) + ref), 0},
+      {"mismatched group end in a replaced member",
+       WithArgument(Field(12, "\x1b\x08\x01\x24") + ref), 0},
+      {"field number 0 in a replaced member",
+       WithArgument(Field(12, std::string("\x00\x01", 2)) + ref), 0},
       {"end-group tag in a replaced member", WithArgument(Field(12, "\x0c") + ref), 0},
       {"wire type 6 in a replaced member", WithArgument(Field(12, "\x0e\x01") + ref), 0},
       {"fixed32 in a replaced member", WithArgument(Field(12, "\x0d\x01\x02\x03\x04") + ref), 1},
@@ -846,13 +911,12 @@ TEST(WireDecoderTest, ErrorsAreTheContractMessages) {
   {
     v1::GraphDef d = def;
     d.clear_format_version();
-    EXPECT_THAT(decode(d), StatusIs(absl::StatusCode::kInvalidArgument,
-                                    "GraphDef has no format_version"));
+    EXPECT_THAT(decode(d),
+                StatusIs(absl::StatusCode::kInvalidArgument, "GraphDef has no format_version"));
   }
   {
     v1::GraphDef d = def;
-    d.mutable_nodes(5)->mutable_outputs(0)->mutable_tensor()->set_dtype(
-        static_cast<v1::DType>(77));
+    d.mutable_nodes(5)->mutable_outputs(0)->mutable_tensor()->set_dtype(static_cast<v1::DType>(77));
     EXPECT_THAT(decode(d), StatusIs(absl::StatusCode::kInvalidArgument,
                                     "node 'addmm' (#5): output 0: unknown dtype enum value 77"));
   }

@@ -21,10 +21,12 @@ TEST(NodeError, NamesTheNodeAndItsOp) {
 )"));
   EXPECT_EQ(NodeLabel(g.nodes()[1]), "node 'y' (aten::add.Tensor)");
   EXPECT_EQ(NodeLabel(g.nodes()[0]), "node 'x' (placeholder)");
-  EXPECT_THAT(NodeError(g.nodes()[1], "shapes differ"),
-              StatusIs(absl::StatusCode::kInvalidArgument, "node 'y' (aten::add.Tensor): shapes differ"));
-  EXPECT_THAT(NodeError("mm", "aten::mm", "out of memory", absl::StatusCode::kResourceExhausted),
-              StatusIs(absl::StatusCode::kResourceExhausted, "node 'mm' (aten::mm): out of memory"));
+  EXPECT_THAT(
+      NodeError(g.nodes()[1], "shapes differ"),
+      StatusIs(absl::StatusCode::kInvalidArgument, "node 'y' (aten::add.Tensor): shapes differ"));
+  EXPECT_THAT(
+      NodeError("mm", "aten::mm", "out of memory", absl::StatusCode::kResourceExhausted),
+      StatusIs(absl::StatusCode::kResourceExhausted, "node 'mm' (aten::mm): out of memory"));
 }
 
 TEST(NodeError, QuotesTheUsersLineWhenTheGraphHasIt) {
@@ -34,10 +36,13 @@ TEST(NodeError, QuotesTheUsersLineWhenTheGraphHasIt) {
   %output = output([%y]) {specs=[OTHER]}
 }
 )"));
-  EXPECT_EQ(NodeLabel(g.nodes()[1]), "node 'y' (aten::add.Tensor) [train.py:9 in model.block: y = x + x]");
-  EXPECT_THAT(NodeError(g.nodes()[1], "shapes differ"),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       "node 'y' (aten::add.Tensor) [train.py:9 in model.block: y = x + x]: shapes differ"));
+  EXPECT_EQ(NodeLabel(g.nodes()[1]),
+            "node 'y' (aten::add.Tensor) [train.py:9 in model.block: y = x + x]");
+  EXPECT_THAT(
+      NodeError(g.nodes()[1], "shapes differ"),
+      StatusIs(
+          absl::StatusCode::kInvalidArgument,
+          "node 'y' (aten::add.Tensor) [train.py:9 in model.block: y = x + x]: shapes differ"));
 }
 
 }  // namespace

@@ -47,8 +47,8 @@ TEST(OpRules, TextFormOfOneRowNamesEveryParameter) {
 }
 
 TEST(MatmulSpec, ParsesOnceAndPrintsBack) {
-  for (const char* s : {"ik,kj->ij", "+ij,ik,kj->ij", "bik,bkj->bij", "k,k->", "linear",
-                        "matmul", "ij,ik,jk,,ij->ik"}) {
+  for (const char* s : {"ik,kj->ij", "+ij,ik,kj->ij", "bik,bkj->bij", "k,k->", "linear", "matmul",
+                        "ij,ik,jk,,ij->ik"}) {
     const MatmulSpec m = MatmulSpec::Parse(s);
     EXPECT_TRUE(m.valid()) << s;
     EXPECT_EQ(m.ToString(), s);

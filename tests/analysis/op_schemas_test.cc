@@ -18,10 +18,10 @@ namespace {
 using ::fxdp::testing::StatusIs;
 
 ir::Graph Parse(const std::string& call, const std::string& torch = "2.13.0+cpu") {
-  const std::string text = "graph format=1 producer=\"test\" torch=\"" + torch + "\" {\n" +
-                           "  %x: f32[4, 3] = placeholder() {role=INPUT, state=\"x\", batch_dim=0}\n" +
-                           "  %y: f32[4, 3] = " + call + "\n" +
-                           "  %output = output([%y]) {specs=[OTHER]}\n}\n";
+  const std::string text =
+      "graph format=1 producer=\"test\" torch=\"" + torch + "\" {\n" +
+      "  %x: f32[4, 3] = placeholder() {role=INPUT, state=\"x\", batch_dim=0}\n" +
+      "  %y: f32[4, 3] = " + call + "\n" + "  %output = output([%y]) {specs=[OTHER]}\n}\n";
   return ::fxdp::testing::ValueOrDie(ir::ParseGraphText(text));
 }
 
@@ -62,12 +62,12 @@ TEST(OpSchemas, RefusesUnknownOpsNamingNodeOpAndTracingTorch) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        "node 'y' (#1): unknown op aten::add.NoSuchOverload: torch "
                        "2.13.0 has no overload 'NoSuchOverload' of aten::add (it has "));
-  EXPECT_THAT(Check("aten::add.NoSuchOverload(%x, %x)", "2.99.0"),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       "(it has Scalar, Scalar_out, Tensor, out)"));
-  EXPECT_THAT(Check("aten::add.NoSuchOverload(%x, %x)", "2.99.0"),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       "(the graph was traced with torch 2.99.0)"));
+  EXPECT_THAT(
+      Check("aten::add.NoSuchOverload(%x, %x)", "2.99.0"),
+      StatusIs(absl::StatusCode::kInvalidArgument, "(it has Scalar, Scalar_out, Tensor, out)"));
+  EXPECT_THAT(
+      Check("aten::add.NoSuchOverload(%x, %x)", "2.99.0"),
+      StatusIs(absl::StatusCode::kInvalidArgument, "(the graph was traced with torch 2.99.0)"));
   EXPECT_THAT(Check("mylib::op(%x)"),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        "node 'y' (#1): op mylib::op is in namespace 'mylib': fxdp runs only "
@@ -94,9 +94,9 @@ TEST(OpSchemas, RefusesArgumentListsThatDoNotFit) {
 }
 
 TEST(OpSchemas, AnalyzeRefusesAGraphWithAnUnknownOp) {
-  EXPECT_THAT(AnalyzeBatchDims(Parse("aten::no_such_op(%x)"), AnalyzeOptions{2}).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       "node 'y' (#1): unknown op aten::no_such_op"));
+  EXPECT_THAT(
+      AnalyzeBatchDims(Parse("aten::no_such_op(%x)"), AnalyzeOptions{2}).status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, "node 'y' (#1): unknown op aten::no_such_op"));
 }
 
 }  // namespace

@@ -44,8 +44,7 @@ TEST(ViewRulesTest, WorkedExamples) {
   EXPECT_EQ(Map("aten::view", {256, 8}, {Ints({-1})}), "(Fl(In0,In1))");
   EXPECT_EQ(Map("aten::view", {1, 2048}, {Ints({256, -1})}),
             "(Sp(In1,(256,8),0), Sp(In1,(256,8),1))");
-  EXPECT_EQ(Map("aten::view", {2048}, {Ints({256, 8})}),
-            "(Sp(In0,(256,8),0), Sp(In0,(256,8),1))");
+  EXPECT_EQ(Map("aten::view", {2048}, {Ints({256, 8})}), "(Sp(In0,(256,8),0), Sp(In0,(256,8),1))");
   EXPECT_EQ(Map("aten::view", {4, 6}, {Ints({2, 12})}),
             "(Sp(Fl(In0,In1),(2,12),0), Sp(Fl(In0,In1),(2,12),1))");
   // torch 2.13 keeps size-1 dims inside a group (the legacy rule gave Fl(In0,In2)).
@@ -168,8 +167,9 @@ TEST(ViewRulesTest, ReportsWhereTorchRaises) {
   EXPECT_THAT(Compute("aten::transpose.int", {2, 3}, {0, 2}).status(),
               StatusIs(bad, "dim1 2 is out of range for a 2-d input (expected [-2, 1])"));
   EXPECT_THAT(Compute("aten::unsqueeze", {2, 3}, {4}).status(),
-              StatusIs(bad, "dim 4 is out of range for unsqueezing a 2-d input "
-                            "(expected [-3, 2])"));
+              StatusIs(bad,
+                       "dim 4 is out of range for unsqueezing a 2-d input "
+                       "(expected [-3, 2])"));
   EXPECT_THAT(Compute("aten::permute", {2, 3}, {Ints({0})}).status(),
               StatusIs(bad, "dims [0] has 1 entries for a 2-d input"));
   EXPECT_THAT(Compute("aten::permute", {2, 3}, {Ints({1, -1})}).status(),

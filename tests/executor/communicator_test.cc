@@ -147,7 +147,8 @@ TEST(GlooCommunicatorTest, DonatedReduceScatterReleasesItsBufferWhenPolledAfterI
   for (std::thread& t : threads) t.join();
   for (int r = 0; r < kWorld; ++r) {
     EXPECT_TRUE(released[r]) << r;
-    EXPECT_TRUE(at::equal(mine[r], (at::arange(4, at::kFloat) + 4 * r) * 3)) << r << ": " << mine[r];
+    EXPECT_TRUE(at::equal(mine[r], (at::arange(4, at::kFloat) + 4 * r) * 3))
+        << r << ": " << mine[r];
   }
 }
 

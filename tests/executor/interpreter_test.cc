@@ -46,7 +46,9 @@ void ExpectClose(const at::Tensor& got, const at::Tensor& want, const std::strin
   ASSERT_TRUE(got.defined()) << what;
   EXPECT_EQ(got.scalar_type(), want.scalar_type()) << what;
   EXPECT_EQ(got.sizes(), want.sizes()) << what;
-  EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-6)) << what << "\ngot\n" << got << "\nwant\n" << want;
+  EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-6)) << what << "\ngot\n"
+                                                   << got << "\nwant\n"
+                                                   << want;
 }
 
 // ---- results -------------------------------------------------------------------------
@@ -181,8 +183,7 @@ TEST(InterpreterErrorsTest, EveryUnknownOpIsNamedBeforeRunning) {
   %c: f32[8, 4] = aten::no_such_op(%b)
   %output = output([%c]) {specs=[OTHER]}
 )");
-  EXPECT_THAT(s, StatusIs(absl::StatusCode::kNotFound,
-                          "2 operators of the graph (traced with"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kNotFound, "2 operators of the graph (traced with"));
   EXPECT_THAT(s, StatusIs(absl::StatusCode::kNotFound,
                           "node 'b' (aten::add.NoSuchOverload): operator aten::add.NoSuchOverload "
                           "is not known to this LibTorch"));
@@ -238,12 +239,12 @@ TEST(InterpreterErrorsTest, ArgumentsThatDoNotFitTheSchema) {
   %output = output([%y]) {specs=[OTHER]}
 )"),
               StatusIs(absl::StatusCode::kInvalidArgument, "argument 'mat2' given twice"));
-  EXPECT_THAT(LoadError(R"(
+  EXPECT_THAT(
+      LoadError(R"(
   %y: f32[8, 3] = aten::mm(%x, %w, %w)
   %output = output([%y]) {specs=[OTHER]}
 )"),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       "takes at most 2 positional arguments, got 3"));
+      StatusIs(absl::StatusCode::kInvalidArgument, "takes at most 2 positional arguments, got 3"));
   EXPECT_THAT(LoadError(R"(
   %y: (f32[8, 3], f32[8, 3]) = aten::mm(%x, %w)
   %output = output([%y#0]) {specs=[OTHER]}
@@ -304,7 +305,8 @@ TEST(InterpreterLifetimeTest, ValuesAreFreedAfterTheirLastUse) {
   ProgramOptions o;
   o.record_live = true;
   Program p = LoadCpu(g, o);
-  const auto inputs = Values({at::randn({3, 4}), at::randn({3}), at::randn({8, 4}), at::randn({8, 3})});
+  const auto inputs =
+      Values({at::randn({3, 4}), at::randn({3}), at::randn({8, 4}), at::randn({8, 3})});
   ValueOrDie(p.Run(inputs));
 
   // The expected count, independently: after call node i, a value is live when
@@ -548,14 +550,14 @@ TEST(InterpreterCollectivesTest, GlooWaitTimesOutThenCompletes) {
 TEST(StepRunnerTest, UpdatesTheStateStepByStep) {
   const ir::Graph g = ValueOrDie(ir::ParseGraphText(ReadTestData("mlp_sgd.txt")));
   at::manual_seed(2);
-  TensorMap state{{"fc.weight", at::randn({3, 4})}, {"fc.bias", at::randn({3})},
-                  {"unrelated", at::ones({2})}};
+  TensorMap state{
+      {"fc.weight", at::randn({3, 4})}, {"fc.bias", at::randn({3})}, {"unrelated", at::ones({2})}};
   TensorMap batch{{"input.0", at::randn({8, 4})}, {"input.1", at::randn({8, 3})}};
   Program once = ValueOrDie(Program::Load(g, ProgramOptions{}));
-  auto ref = ValueOrDie(once.Run(Values({state["fc.weight"], state["fc.bias"], batch["input.0"],
-                                         batch["input.1"]})));
-  StepRunner r = ValueOrDie(StepRunner::Create(ValueOrDie(Program::Load(g, ProgramOptions{})),
-                                               state));
+  auto ref = ValueOrDie(
+      once.Run(Values({state["fc.weight"], state["fc.bias"], batch["input.0"], batch["input.1"]})));
+  StepRunner r =
+      ValueOrDie(StepRunner::Create(ValueOrDie(Program::Load(g, ProgramOptions{})), state));
   const at::Tensor loss = ValueOrDie(r.Step(batch));
   ExpectClose(loss, ref[2].toTensor(), "loss");
   ExpectClose(r.state().at("fc.weight"), ref[0].toTensor(), "fc.weight");
@@ -564,9 +566,10 @@ TEST(StepRunnerTest, UpdatesTheStateStepByStep) {
   EXPECT_FALSE(at::equal(state["fc.weight"], r.state().at("fc.weight")));
   ValueOrDie(r.Step(batch));
 
-  EXPECT_THAT(r.Step({{"input.0", at::randn({8, 4})}}).status(),
-              StatusIs(absl::StatusCode::kNotFound,
-                       "the batch has no tensor 'input.1' (INPUT placeholder 'y'); it has: input.0"));
+  EXPECT_THAT(
+      r.Step({{"input.0", at::randn({8, 4})}}).status(),
+      StatusIs(absl::StatusCode::kNotFound,
+               "the batch has no tensor 'input.1' (INPUT placeholder 'y'); it has: input.0"));
   EXPECT_THAT(StepRunner::Create(ValueOrDie(Program::Load(g, ProgramOptions{})),
                                  {{"fc.bias", at::ones({3})}})
                   .status(),
@@ -582,14 +585,16 @@ TEST(StepRunnerTest, HyperparametersAreWrittenIntoTheStateBeforeTheStep) {
   const ir::Graph g = ValueOrDie(ir::ParseGraphText(ReadTestData("mlp_sgd_hyper.txt")));
   at::manual_seed(3);
   const at::Tensor w = at::randn({3, 4}), b = at::randn({3});
-  TensorMap state{{"fc.weight", w}, {"fc.bias", b},
+  TensorMap state{{"fc.weight", w},
+                  {"fc.bias", b},
                   {"optim.group0.lr", at::scalar_tensor(0.1, at::kFloat)},
                   {"optim.group0.weight_decay", at::scalar_tensor(0.0, at::kFloat)}};
   TensorMap batch{{"input.0", at::randn({8, 4})}, {"input.1", at::randn({8, 3})}};
-  StepRunner r = ValueOrDie(StepRunner::Create(ValueOrDie(Program::Load(g, ProgramOptions{})),
-                                               state));
+  StepRunner r =
+      ValueOrDie(StepRunner::Create(ValueOrDie(Program::Load(g, ProgramOptions{})), state));
   // A value given as a double becomes the placeholder's f32[] tensor.
-  ASSERT_TRUE(r.SetHyperparameters({{"optim.group0.lr", 0.5}, {"optim.group0.weight_decay", 0.25}}).ok());
+  ASSERT_TRUE(
+      r.SetHyperparameters({{"optim.group0.lr", 0.5}, {"optim.group0.weight_decay", 0.25}}).ok());
   EXPECT_EQ(r.state().at("optim.group0.lr").scalar_type(), at::kFloat);
   EXPECT_EQ(r.state().at("optim.group0.lr").dim(), 0);
   EXPECT_FLOAT_EQ(r.state().at("optim.group0.lr").item<float>(), 0.5f);
@@ -600,11 +605,12 @@ TEST(StepRunnerTest, HyperparametersAreWrittenIntoTheStateBeforeTheStep) {
   ExpectClose(r.state().at("fc.weight"), w - 0.5 * (d.t().mm(x) + 0.25 * w), "fc.weight");
   ExpectClose(r.state().at("fc.bias"), b - 0.5 * (d.sum(0) + 0.25 * b), "fc.bias");
   // Unknown names and names of other state refuse the whole call, naming them.
-  EXPECT_THAT(r.SetHyperparameters({{"optim.group0.lr", 9.0}, {"optim.group0.momentum", 0.9}}),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       "'optim.group0.momentum' is not a hyper-parameter of the graph (no placeholder "
-                       "has that state name; its hyper-parameters: optim.group0.lr, "
-                       "optim.group0.weight_decay)"));
+  EXPECT_THAT(
+      r.SetHyperparameters({{"optim.group0.lr", 9.0}, {"optim.group0.momentum", 0.9}}),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               "'optim.group0.momentum' is not a hyper-parameter of the graph (no placeholder "
+               "has that state name; its hyper-parameters: optim.group0.lr, "
+               "optim.group0.weight_decay)"));
   EXPECT_FLOAT_EQ(r.state().at("optim.group0.lr").item<float>(), 0.5f);
   EXPECT_THAT(r.SetHyperparameters({{"fc.bias", 1.0}}),
               StatusIs(absl::StatusCode::kInvalidArgument,
@@ -623,8 +629,9 @@ TEST(StepRunnerTest, AKernelFailureMidStepLosesTheHandedOverState) {
 )");
   StepRunner r = ValueOrDie(
       StepRunner::Create(ValueOrDie(Program::Load(g, ProgramOptions{})), {{"w", at::ones({2})}}));
-  EXPECT_THAT(r.Step({{"x", at::ones({3})}}).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, "node 'y' (aten::add.Tensor): kernel failed"));
+  EXPECT_THAT(
+      r.Step({{"x", at::ones({3})}}).status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, "node 'y' (aten::add.Tensor): kernel failed"));
   EXPECT_THAT(r.Step({{"x", at::ones({3})}}).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition, "the state is lost"));
 }
@@ -646,15 +653,19 @@ TEST(InterpreterOverheadTest, MicrosecondsPerTinyOp) {
   for (int rep = 0; rep < 5; ++rep) {
     auto t0 = std::chrono::steady_clock::now();
     auto out = ValueOrDie(p.Run(Values({x})));
-    best = std::min(best, std::chrono::duration<double, std::micro>(
-                              std::chrono::steady_clock::now() - t0).count() / kOps);
+    best = std::min(
+        best,
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
+            kOps);
     ASSERT_EQ(out[0].toTensor().item<float>(), kOps + 1);
     c10::InferenceMode guard;
     t0 = std::chrono::steady_clock::now();
     at::Tensor v = x;
     for (int i = 0; i < kOps; ++i) v = at::add(v, x);
-    eager = std::min(eager, std::chrono::duration<double, std::micro>(
-                                std::chrono::steady_clock::now() - t0).count() / kOps);
+    eager = std::min(
+        eager,
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
+            kOps);
   }
   std::printf("interpreter: %.2f us per tiny op; direct at::add in C++: %.2f us\n", best, eager);
 }

@@ -30,12 +30,11 @@ using ::fxdp::testing::StatusIs;
 using ::fxdp::testing::ValueOrDie;
 
 // Skips the test unless at least `n` CUDA devices are usable.
-#define FXDP_REQUIRE_GPUS(n)                                                             \
-  do {                                                                                   \
-    auto count_ = CudaDeviceCount();                                                     \
-    if (!count_.ok()) GTEST_SKIP() << "needs " << (n) << " GPU(s): " << count_.status(); \
-    if (*count_ < (n))                                                                   \
-      GTEST_SKIP() << "needs " << (n) << " GPUs, this machine has " << *count_;          \
+#define FXDP_REQUIRE_GPUS(n)                                                                     \
+  do {                                                                                           \
+    auto count_ = CudaDeviceCount();                                                             \
+    if (!count_.ok()) GTEST_SKIP() << "needs " << (n) << " GPU(s): " << count_.status();         \
+    if (*count_ < (n)) GTEST_SKIP() << "needs " << (n) << " GPUs, this machine has " << *count_; \
   } while (0)
 
 // A contiguous CUDA tensor on `device` holding `host`.
@@ -55,9 +54,9 @@ at::Tensor ToCuda(const std::vector<T>& host, at::ScalarType dtype, int device) 
 template <typename T>
 std::vector<T> ToHost(const at::Tensor& t) {
   std::vector<T> out(static_cast<size_t>(t.numel()));
-  EXPECT_EQ(cudaMemcpy(out.data(), t.const_data_ptr(), out.size() * sizeof(T),
-                       cudaMemcpyDeviceToHost),
-            cudaSuccess);
+  EXPECT_EQ(
+      cudaMemcpy(out.data(), t.const_data_ptr(), out.size() * sizeof(T), cudaMemcpyDeviceToHost),
+      cudaSuccess);
   return out;
 }
 
@@ -130,7 +129,8 @@ TEST(NcclCommunicatorTest, SingleRankOtherDtypesAndManyInFlight) {
   works.push_back(ValueOrDie(comm->AllReduceSum(ToCuda(b, at::kBool, 0))));
   // The inputs' last references are gone: the Works keep them alive.
   for (int i = 0; i < 8; ++i)
-    works.push_back(ValueOrDie(comm->AllReduceSum(ToCuda(std::vector<float>(4096, i), at::kFloat, 0))));
+    works.push_back(
+        ValueOrDie(comm->AllReduceSum(ToCuda(std::vector<float>(4096, i), at::kFloat, 0))));
   // Waited in reverse order.
   for (int i = 7; i >= 0; --i)
     EXPECT_EQ(ToHost<float>(ValueOrDie(works[3 + i]->Wait(kLong))), std::vector<float>(4096, i));
@@ -140,7 +140,8 @@ TEST(NcclCommunicatorTest, SingleRankOtherDtypesAndManyInFlight) {
   // A Work dropped without Wait is fine.
   ValueOrDie(comm->AllReduceSum(ToCuda(std::vector<float>(16, 1.f), at::kFloat, 0)));
   // An empty tensor.
-  at::Tensor empty = ValueOrDie(ValueOrDie(comm->AllReduceSum(ToCuda(std::vector<float>{}, at::kFloat, 0)))->Wait(kLong));
+  at::Tensor empty = ValueOrDie(
+      ValueOrDie(comm->AllReduceSum(ToCuda(std::vector<float>{}, at::kFloat, 0)))->Wait(kLong));
   EXPECT_EQ(empty.numel(), 0);
 }
 

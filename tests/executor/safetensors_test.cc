@@ -101,58 +101,64 @@ TEST(SafetensorsTest, CorruptFilesAreErrorsNamingWhatIsWrong) {
   EXPECT_THAT(ParseSafetensors(File("[1, 2]")).status(), StatusIs(kBad, "not a JSON object"));
   EXPECT_THAT(ParseSafetensors(File(R"({"a": 3})")).status(),
               StatusIs(kBad, "tensor entry 1 of 1 (in name order) is not an object"));
-  EXPECT_THAT(ParseSafetensors(File(R"({"a": {"shape":[2],"data_offsets":[0,8]}})", eight))
-                  .status(),
-              StatusIs(kBad, "tensor entry 1 of 1 (in name order): missing or non-string 'dtype'"));
+  EXPECT_THAT(
+      ParseSafetensors(File(R"({"a": {"shape":[2],"data_offsets":[0,8]}})", eight)).status(),
+      StatusIs(kBad, "tensor entry 1 of 1 (in name order): missing or non-string 'dtype'"));
   EXPECT_THAT(
       ParseSafetensors(File(R"({"a": {"dtype":"F32","data_offsets":[0,8]}})", eight)).status(),
       StatusIs(kBad, "tensor entry 1 of 1 (in name order): missing or non-array 'shape'"));
-  EXPECT_THAT(ParseSafetensors(File(R"({"a": {)" + f32x2 + R"(,"data_offsets":[0]}})", eight))
-                  .status(),
-              StatusIs(kBad, "tensor entry 1 of 1 (in name order): 'data_offsets' must be [begin, end]"));
+  EXPECT_THAT(
+      ParseSafetensors(File(R"({"a": {)" + f32x2 + R"(,"data_offsets":[0]}})", eight)).status(),
+      StatusIs(kBad, "tensor entry 1 of 1 (in name order): 'data_offsets' must be [begin, end]"));
   EXPECT_THAT(
       ParseSafetensors(File(R"({"a": {"dtype":"Q7","shape":[2],"data_offsets":[0,8]}})", eight))
           .status(),
-      StatusIs(absl::StatusCode::kUnimplemented, "tensor entry 1 of 1 (in name order): a dtype fxdp does not know"));
+      StatusIs(absl::StatusCode::kUnimplemented,
+               "tensor entry 1 of 1 (in name order): a dtype fxdp does not know"));
   EXPECT_THAT(
       ParseSafetensors(File(R"({"a": {"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", eight))
           .status(),
-      StatusIs(kBad, "entry 1 of 1 (in name order): its shape has an entry that is not a non-negative integer"));
-  EXPECT_THAT(ParseSafetensors(File(R"({"a": {)" + f32x2 + R"(,"data_offsets":[8,0]}})", eight))
-                  .status(),
-              StatusIs(kBad, "its data_offsets are not integers 0 <= begin <= end"));
-  EXPECT_THAT(ParseSafetensors(File(R"({"a": {)" + f32x2 + R"(,"data_offsets":[0,12]}})",
-                                    std::string(12, '\0')))
-                  .status(),
-              StatusIs(kBad, "its data_offsets span a different number of bytes than its dtype and shape need"));
-  EXPECT_THAT(ParseSafetensors(File(R"({"a": {)" + f32x2 + R"(,"data_offsets":[0,8]}})", "1234"))
-                  .status(),
-              StatusIs(kBad, "tensor 'a': data ends at byte 8 of a 4-byte data buffer (truncated?)"));
+      StatusIs(kBad,
+               "entry 1 of 1 (in name order): its shape has an entry that is not a non-negative "
+               "integer"));
   EXPECT_THAT(
-      ParseSafetensors(File(R"({"a": {"dtype":"F32","shape":[4611686018427387904, 4],)"
-                            R"("data_offsets":[0,8]}})",
-                            eight))
+      ParseSafetensors(File(R"({"a": {)" + f32x2 + R"(,"data_offsets":[8,0]}})", eight)).status(),
+      StatusIs(kBad, "its data_offsets are not integers 0 <= begin <= end"));
+  EXPECT_THAT(
+      ParseSafetensors(
+          File(R"({"a": {)" + f32x2 + R"(,"data_offsets":[0,12]}})", std::string(12, '\0')))
           .status(),
-      StatusIs(kBad, "is too large"));
+      StatusIs(kBad,
+               "its data_offsets span a different number of bytes than its dtype and shape need"));
+  EXPECT_THAT(
+      ParseSafetensors(File(R"({"a": {)" + f32x2 + R"(,"data_offsets":[0,8]}})", "1234")).status(),
+      StatusIs(kBad, "tensor 'a': data ends at byte 8 of a 4-byte data buffer (truncated?)"));
+  EXPECT_THAT(ParseSafetensors(File(R"({"a": {"dtype":"F32","shape":[4611686018427387904, 4],)"
+                                    R"("data_offsets":[0,8]}})",
+                                    eight))
+                  .status(),
+              StatusIs(kBad, "is too large"));
   EXPECT_THAT(ParseSafetensors(File(R"({"a": {)" + f32x2 + R"(,"data_offsets":[0,8]}, "b": {)" +
                                         f32x2 + R"(,"data_offsets":[4,12]}})",
                                     std::string(12, '\0')))
                   .status(),
               StatusIs(kBad, "overlaps the previous tensor"));
-  EXPECT_THAT(ParseSafetensors(File(R"({"a": {)" + f32x2 + R"(,"data_offsets":[4,12]}})",
-                                    std::string(12, '\0')))
+  EXPECT_THAT(ParseSafetensors(
+                  File(R"({"a": {)" + f32x2 + R"(,"data_offsets":[4,12]}})", std::string(12, '\0')))
                   .status(),
               StatusIs(kBad, "bytes 0..4 of the data buffer belong to no tensor"));
-  EXPECT_THAT(ParseSafetensors(File(R"({"a": {)" + f32x2 + R"(,"data_offsets":[0,8]}})",
-                                    std::string(9, '\0')))
+  EXPECT_THAT(ParseSafetensors(
+                  File(R"({"a": {)" + f32x2 + R"(,"data_offsets":[0,8]}})", std::string(9, '\0')))
                   .status(),
               StatusIs(kBad, "the data buffer has 9 bytes, the tensors cover 8"));
   EXPECT_THAT(ParseSafetensors(File(R"({"__metadata__": {"k": 1}})")).status(),
               StatusIs(kBad, "a __metadata__ value is not a string"));
   EXPECT_THAT(ReadSafetensors("/nonexistent/x.safetensors").status(),
               StatusIs(absl::StatusCode::kNotFound, "cannot open '/nonexistent/x.safetensors'"));
-  EXPECT_THAT(SerializeSafetensors({{"q", at::quantize_per_tensor(at::ones({2}), 0.1, 0, at::kQInt8)}}).status(),
-              StatusIs(kBad, "has no safetensors name"));
+  EXPECT_THAT(
+      SerializeSafetensors({{"q", at::quantize_per_tensor(at::ones({2}), 0.1, 0, at::kQInt8)}})
+          .status(),
+      StatusIs(kBad, "has no safetensors name"));
   EXPECT_THAT(SerializeSafetensors({{"u", at::Tensor()}}).status(),
               StatusIs(kBad, "tensor 'u' is undefined"));
 }
@@ -164,8 +170,10 @@ TEST(SafetensorsTest, CorruptFilesAreErrorsNamingWhatIsWrong) {
 TEST(SafetensorsTest, UntrustedPathsAreErrorsNotAbortsHangsOrLeaks) {
   const std::string root = ::testing::TempDir() + "/st_root";
   const std::string outside = ::testing::TempDir() + "/st_outside";
-  ASSERT_EQ(std::system(absl::StrCat("rm -rf ", root, " ", outside, " && mkdir -p ", root, "/dir ",
-                                     outside).c_str()), 0);
+  ASSERT_EQ(std::system(
+                absl::StrCat("rm -rf ", root, " ", outside, " && mkdir -p ", root, "/dir ", outside)
+                    .c_str()),
+            0);
   const std::string good = ReadTestData("python_written.safetensors");
   auto write = [](const std::string& path, const std::string& bytes) {
     FILE* f = std::fopen(path.c_str(), "wb");
@@ -189,9 +197,11 @@ TEST(SafetensorsTest, UntrustedPathsAreErrorsNotAbortsHangsOrLeaks) {
   const auto kDenied = absl::StatusCode::kPermissionDenied;
   EXPECT_THAT(ReadSafetensors(root + "/dir", o).status(),
               StatusIs(kPre, absl::StrCat("'", root, "/dir' is a directory, not a regular file")));
-  EXPECT_THAT(ReadSafetensors(root + "/fifo", o).status(), StatusIs(kPre, "is a FIFO, not a regular file"));
+  EXPECT_THAT(ReadSafetensors(root + "/fifo", o).status(),
+              StatusIs(kPre, "is a FIFO, not a regular file"));
   EXPECT_THAT(ReadSafetensors(root + "/truncated.safetensors", o).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, "truncated.safetensors': corrupt safetensors data"));
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "truncated.safetensors': corrupt safetensors data"));
   const absl::Status text = ReadSafetensors(root + "/text", o).status();
   EXPECT_THAT(text, StatusIs(absl::StatusCode::kInvalidArgument, "not a safetensors file"));
   EXPECT_EQ(std::string(text.message()).find("root:x"), std::string::npos) << text;
@@ -199,12 +209,15 @@ TEST(SafetensorsTest, UntrustedPathsAreErrorsNotAbortsHangsOrLeaks) {
   uint64_t n = 0;
   std::memcpy(&n, "root:x:0", 8);
   EXPECT_EQ(std::string(text.message()).find(absl::StrCat(n)), std::string::npos) << text;
-  EXPECT_THAT(ReadSafetensors(outside + "/secret.safetensors", o).status(),
-              StatusIs(kDenied, absl::StrCat("outside this worker's data roots (allowed: ", root, ")")));
+  EXPECT_THAT(
+      ReadSafetensors(outside + "/secret.safetensors", o).status(),
+      StatusIs(kDenied, absl::StrCat("outside this worker's data roots (allowed: ", root, ")")));
   EXPECT_THAT(ReadSafetensors(root + "/../st_outside/secret.safetensors", o).status(),
               StatusIs(kDenied, "outside this worker's data roots"));
-  EXPECT_THAT(ReadSafetensors(root + "/escape", o).status(), StatusIs(kDenied, "goes through a symbolic link"));
-  EXPECT_THAT(ReadSafetensors(root + "/zero", o).status(), StatusIs(kDenied, "goes through a symbolic link"));
+  EXPECT_THAT(ReadSafetensors(root + "/escape", o).status(),
+              StatusIs(kDenied, "goes through a symbolic link"));
+  EXPECT_THAT(ReadSafetensors(root + "/zero", o).status(),
+              StatusIs(kDenied, "goes through a symbolic link"));
   // Outside the roots, existing or not, reads the same: nothing is revealed.
   EXPECT_THAT(ReadSafetensors("/nonexistent/x", o).status(), StatusIs(kDenied, "outside"));
   EXPECT_THAT(ReadSafetensors("/etc/passwd", o).status(), StatusIs(kDenied, "outside"));
@@ -212,14 +225,18 @@ TEST(SafetensorsTest, UntrustedPathsAreErrorsNotAbortsHangsOrLeaks) {
               StatusIs(absl::StatusCode::kNotFound, "does not exist under the data roots"));
   const util::DataRoots none;
   o.roots = &none;
-  EXPECT_THAT(ReadSafetensors(root + "/good.safetensors", o).status(), StatusIs(kDenied, "none were configured"));
+  EXPECT_THAT(ReadSafetensors(root + "/good.safetensors", o).status(),
+              StatusIs(kDenied, "none were configured"));
   // Unconfined (fxdp-worker run's own files): still regular files only, bounded.
-  EXPECT_THAT(ReadSafetensors("/dev/zero").status(), StatusIs(kPre, "is a character device, not a regular file"));
-  EXPECT_THAT(ReadSafetensors(root + "/zero").status(), StatusIs(kPre, "zero' is a character device"));
+  EXPECT_THAT(ReadSafetensors("/dev/zero").status(),
+              StatusIs(kPre, "is a character device, not a regular file"));
+  EXPECT_THAT(ReadSafetensors(root + "/zero").status(),
+              StatusIs(kPre, "zero' is a character device"));
   SafetensorsReadOptions small;
   small.max_bytes = 16;
   EXPECT_THAT(ReadSafetensors(root + "/good.safetensors", small).status(),
-              StatusIs(kPre, absl::StrCat("has ", util::WithCommas(good.size()), " bytes, over the limit of 16")));
+              StatusIs(kPre, absl::StrCat("has ", util::WithCommas(good.size()),
+                                          " bytes, over the limit of 16")));
 }
 
 TEST(SafetensorsTest, EveryTruncationAndManyBitFlipsAreErrorsNotCrashes) {

@@ -103,8 +103,8 @@ std::vector<TensorMap> TrainDistributed(const Expansion& e, int world) {
 }
 
 TensorMap TrainOneDevice(const ir::Graph& g) {
-  StepRunner runner = ValueOrDie(StepRunner::Create(ValueOrDie(Program::Load(g, c10::kCPU)),
-                                                    InitialState()));
+  StepRunner runner =
+      ValueOrDie(StepRunner::Create(ValueOrDie(Program::Load(g, c10::kCPU)), InitialState()));
   for (int step = 0; step < kSteps; ++step) ValueOrDie(runner.Step(Batch(step)));
   return Clone(runner.state());
 }

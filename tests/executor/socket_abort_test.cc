@@ -60,8 +60,10 @@ TEST(ConnectionAborterTest, ShutsDownOnlyTheWatchedConnectionsAndWakesTheirReade
   int port = 0, other_port = 0;
   const int server = Listen(&port), other_server = Listen(&other_port);
   const int client = Connect(port), other = Connect(other_port);
-  const int accepted = accept(server, nullptr, nullptr), other_accepted = accept(other_server, nullptr, nullptr);
-  EXPECT_EQ(ResolveAddresses("127.0.0.1", port), std::vector<std::string>{absl::StrCat("[127.0.0.1]:", port)});
+  const int accepted = accept(server, nullptr, nullptr),
+            other_accepted = accept(other_server, nullptr, nullptr);
+  EXPECT_EQ(ResolveAddresses("127.0.0.1", port),
+            std::vector<std::string>{absl::StrCat("[127.0.0.1]:", port)});
 
   ConnectionAborter aborter;
   aborter.Watch(ResolveAddresses("127.0.0.1", port));
@@ -76,7 +78,7 @@ TEST(ConnectionAborterTest, ShutsDownOnlyTheWatchedConnectionsAndWakesTheirReade
   EXPECT_EQ(got, 0);
   EXPECT_TRUE(aborter.aborted());
   char c = 0;
-  EXPECT_EQ(recv(accepted, &c, 1, 0), 0);  // the other end sees it end
+  EXPECT_EQ(recv(accepted, &c, 1, 0), 0);           // the other end sees it end
   EXPECT_EQ(send(other, "x", 1, MSG_NOSIGNAL), 1);  // a connection not watched is untouched
   EXPECT_EQ(recv(other_accepted, &c, 1, 0), 1);
 

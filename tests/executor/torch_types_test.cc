@@ -26,10 +26,12 @@ TEST(TorchTypesTest, EveryDTypeMapsToADistinctScalarTypeOfTheSameSize) {
     const auto d = static_cast<ir::DType>(i);
     const c10::ScalarType t = ToTorch(d);
     EXPECT_TRUE(seen.insert(t).second) << ir::DTypeShortName(d);
-    EXPECT_EQ(c10::elementSize(t), static_cast<size_t>(ir::DTypeItemSize(d))) << ir::DTypeShortName(d);
+    EXPECT_EQ(c10::elementSize(t), static_cast<size_t>(ir::DTypeItemSize(d)))
+        << ir::DTypeShortName(d);
     EXPECT_EQ(ValueOrDie(FromTorch(t)), d);
     // The torch name of the IR matches torch's own spelling.
-    EXPECT_EQ(std::string(ir::DTypeTorchName(d)), "torch." + std::string(c10::getDtypeNames(t).first));
+    EXPECT_EQ(std::string(ir::DTypeTorchName(d)),
+              "torch." + std::string(c10::getDtypeNames(t).first));
   }
   EXPECT_FALSE(FromTorch(c10::ScalarType::QInt8).ok());
 }
@@ -53,8 +55,9 @@ TEST(TorchTypesTest, EveryOpInTheGoldenGraphsIsKnownToTheDispatcher) {
       EXPECT_GE(schema.arguments().size(), n.args.size()) << schema;
       for (const ir::KeywordArgument& kw : n.kwargs)
         EXPECT_TRUE(schema.argumentIndexWithName(kw.name).has_value()) << schema << " " << kw.name;
-      EXPECT_EQ(schema.returns().size() == 1 && !schema.returns()[0].type()->castRaw<c10::ListType>(),
-                n.outputs.size() == 1)
+      EXPECT_EQ(
+          schema.returns().size() == 1 && !schema.returns()[0].type()->castRaw<c10::ListType>(),
+          n.outputs.size() == 1)
           << schema;
       ++resolved;
     }

@@ -25,14 +25,14 @@ std::vector<v1::TensorChunk> Chunks(const std::string& name, const at::Tensor& t
 TEST(WireTensorsTest, RoundTripsEveryDtypeThroughOddChunkSizes) {
   at::manual_seed(0);
   const std::vector<at::Tensor> tensors = {
-      at::randn({3, 5}),                                 // f32, 60 bytes
-      at::randn({7}, at::kDouble),                       // f64
+      at::randn({3, 5}),            // f32, 60 bytes
+      at::randn({7}, at::kDouble),  // f64
       at::randn({2, 3}).to(at::kBFloat16),
       at::randint(-1000, 1000, {4, 2}, at::kLong),
       at::randint(0, 2, {9}, at::kBool),
-      at::randn({2, 3}).t(),                             // not contiguous
-      at::tensor(3.5),                                   // 0-dim
-      at::empty({0, 4}),                                 // 0 bytes
+      at::randn({2, 3}).t(),  // not contiguous
+      at::tensor(3.5),        // 0-dim
+      at::empty({0, 4}),      // 0 bytes
   };
   for (size_t chunk : {size_t{1}, size_t{7}, size_t{60}, size_t{1} << 20}) {
     TensorAssembler a;

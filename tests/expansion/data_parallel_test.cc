@@ -170,16 +170,18 @@ TEST(Expand, ReplicatedRowsAreSlicedPerRank) {
 
 TEST(Expand, StateThatDependsOnBatchRowsIsRejected) {
   // A parameter whose rows pair with batch rows: its gradient is sharded, not partial.
-  EXPECT_THAT(ExpandText(R"(graph format=1 producer="test" torch="2.13.0+cpu" {
+  EXPECT_THAT(
+      ExpandText(R"(graph format=1 producer="test" torch="2.13.0+cpu" {
   %p: f32[4, 3] rg = placeholder() {role=PARAMETER, state="p"}
   %x: f32[4, 3] = placeholder() {role=INPUT, state="x", batch_dim=0}
   %g: f32[4, 3] = aten::mul.Tensor(%x, %p) {grad_of="p"}
   %n: f32[4, 3] = aten::sub.Tensor(%p, %g)
   %output = output([%n]) {specs=[UPDATED_PARAMETER "p"]}
 }
-)", {.world_size = 2}).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       "output 0 (UPDATED_PARAMETER 'p') is S(0)"));
+)",
+                 {.world_size = 2})
+          .status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, "output 0 (UPDATED_PARAMETER 'p') is S(0)"));
 }
 
 // Gradient accumulation: x.chunk(2) in a loop over micro-batches. Each micro-batch is the batch

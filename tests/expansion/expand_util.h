@@ -16,7 +16,8 @@ namespace fxdp::testing {
 
 // The graph of `text` analysed for `o.world_size` ranks (`analyze_sync`: with
 // AnalyzeOptions::sync_batchnorm) and expanded with `o`.
-inline absl::StatusOr<Expansion> ExpandText(const std::string& text, ExpandOptions o, bool analyze_sync = false) {
+inline absl::StatusOr<Expansion> ExpandText(const std::string& text, ExpandOptions o,
+                                            bool analyze_sync = false) {
   auto g = ir::ParseGraphText(text);
   if (!g.ok()) return g.status();
   auto a = AnalyzeBatchDims(*g, AnalyzeOptions{o.world_size, analyze_sync});

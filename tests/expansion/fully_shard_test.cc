@@ -63,8 +63,9 @@ TEST(DataParallelStyle, Names) {
   EXPECT_EQ(ValueOrDie(ParseDataParallelStyle("fully_shard")), DataParallelStyle::kFullyShard);
   EXPECT_EQ(ValueOrDie(ParseDataParallelStyle("FULLY_SHARD")), DataParallelStyle::kFullyShard);
   EXPECT_EQ(ValueOrDie(ParseDataParallelStyle("replicate")), DataParallelStyle::kReplicate);
-  EXPECT_THAT(ParseDataParallelStyle("zero2").status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, "expected 'replicate' or 'fully_shard'"));
+  EXPECT_THAT(
+      ParseDataParallelStyle("zero2").status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, "expected 'replicate' or 'fully_shard'"));
   EXPECT_EQ(DataParallelStyleName(DataParallelStyle::kFullyShard), "fully_shard");
   EXPECT_EQ(ExpandOptions{}.style, DataParallelStyle::kReplicate);
 }
@@ -73,7 +74,8 @@ constexpr DataParallelStyle kFs = DataParallelStyle::kFullyShard;
 
 TEST(FullyShard, MlpShardsParametersGathersThemAndReduceScattersGradients) {
   // fc.weight [3, 4] (12 over 3 ranks: s = 4), fc.bias [3] (s = 1); batch 8 -> 3, 3, 2.
-  Expansion e = ValueOrDie(ExpandText(ReadTestData("mlp_sgd.txt"), {.world_size = 3, .style = kFs}));
+  Expansion e =
+      ValueOrDie(ExpandText(ReadTestData("mlp_sgd.txt"), {.world_size = 3, .style = kFs}));
   ASSERT_EQ(e.sharded_state.size(), 2u);
   EXPECT_EQ(e.sharded_state[0].state_name, "fc.weight");
   EXPECT_EQ(e.sharded_state[0].shape, (std::vector<int64_t>{3, 4}));
@@ -164,15 +166,19 @@ TEST(FullyShard, RefusesNonElementwiseOptimizerMathOnShardsNamingTheNode) {
     return from;
   };
   // A scan along a dim of a shard.
-  std::string scan = edit(text, "%gt: f32[4, 3]{1, 4} = aten::t(%g)", "%gt: f32[3, 4] = aten::cumsum(%g, 1)");
+  std::string scan =
+      edit(text, "%gt: f32[4, 3]{1, 4} = aten::t(%g)", "%gt: f32[3, 4] = aten::cumsum(%g, 1)");
   scan = edit(scan, "%gs: f32[4, 3] = aten::mul", "%gs: f32[3, 4] = aten::mul");
-  scan = edit(scan, "%gst: f32[3, 4]{1, 3} = aten::t(%gs)", "%gst: f32[3, 4] = aten::mul.Tensor(%gs, 1.0)");
+  scan = edit(scan, "%gst: f32[3, 4]{1, 3} = aten::t(%gs)",
+              "%gst: f32[3, 4] = aten::mul.Tensor(%gs, 1.0)");
   EXPECT_THAT(ExpandText(scan, {.world_size = 2, .style = kFs}).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        "node 'gt' (aten::cumsum) runs in the optimizer on sharded state"));
   // Two transposes are the shard again: t(t(g)) is accepted.
-  std::string twice = edit(text, "%gs: f32[4, 3] = aten::mul.Tensor(%gt, 0.1)", "%gs: f32[3, 4] = aten::t(%gt)");
-  twice = edit(twice, "%gst: f32[3, 4]{1, 3} = aten::t(%gs)", "%gst: f32[3, 4] = aten::mul.Tensor(%gs, 0.1)");
+  std::string twice =
+      edit(text, "%gs: f32[4, 3] = aten::mul.Tensor(%gt, 0.1)", "%gs: f32[3, 4] = aten::t(%gt)");
+  twice = edit(twice, "%gst: f32[3, 4]{1, 3} = aten::t(%gs)",
+               "%gst: f32[3, 4] = aten::mul.Tensor(%gs, 0.1)");
   Expansion e = ValueOrDie(ExpandText(twice, {.world_size = 2, .style = kFs}));
   EXPECT_EQ(Find(e.graph(0), "nw").outputs[0].tensor.shape, (std::vector<int64_t>{6}));
   EXPECT_FALSE(e.graph(0).FindNode("gt").has_value());  // views of a shard are the shard

@@ -24,7 +24,9 @@ using ::fxdp::testing::ValueOrDie;
 
 constexpr double kKiB = 1.0 / 1024;  // in MiB
 
-Expansion Expand(const std::string& text, ExpandOptions o) { return ValueOrDie(ExpandText(text, o)); }
+Expansion Expand(const std::string& text, ExpandOptions o) {
+  return ValueOrDie(ExpandText(text, o));
+}
 
 std::vector<std::string> Names(const ir::Graph& g) {
   std::vector<std::string> v;
@@ -37,7 +39,9 @@ bool Is(const ir::Node& n, absl::string_view target) { return n.target.name == t
 // mlp3_momentum.txt: gradients of 256 bytes, produced g2, g1, g0; the
 // optimizer updates w0, w1, w2 in that order.
 ExpandOptions ThreeBuckets(int32_t world) {
-  return ExpandOptions{.world_size = world, .bucket_cap_mb = 1.0, .first_bucket_mb = 0.25 * kKiB,
+  return ExpandOptions{.world_size = world,
+                       .bucket_cap_mb = 1.0,
+                       .first_bucket_mb = 0.25 * kKiB,
                        .last_bucket_mb = 0.25 * kKiB};
 }
 
@@ -80,7 +84,9 @@ TEST(LastBucket, CapsDoubleAndASmallLeftoverJoinsItsNeighbour) {
     absl::StrAppend(&specs, i ? ", " : "", "UPDATED_PARAMETER \"w", i, "\"");
   }
   absl::StrAppend(&text, "  %output = output([", outs, "]) {specs=[", specs, "]}\n}\n");
-  Expansion e = Expand(text, {.world_size = 2, .bucket_cap_mb = 1.0, .first_bucket_mb = 4 * kKiB,
+  Expansion e = Expand(text, {.world_size = 2,
+                              .bucket_cap_mb = 1.0,
+                              .first_bucket_mb = 4 * kKiB,
                               .last_bucket_mb = 4 * kKiB});
   ASSERT_EQ(e.report.buckets.size(), 3u);
   EXPECT_EQ(e.report.buckets[0].gradients, (std::vector<std::string>{"w4"}));
@@ -88,7 +94,9 @@ TEST(LastBucket, CapsDoubleAndASmallLeftoverJoinsItsNeighbour) {
   EXPECT_EQ(e.report.buckets[2].gradients, (std::vector<std::string>{"w0"}));
   // A bucket cap below the tail's caps stops their growth: [w0], [w1], [w2],
   // and the leftover [w3] holds its whole (4 KiB) cap.
-  e = Expand(text, {.world_size = 2, .bucket_cap_mb = 4 * kKiB, .first_bucket_mb = 4 * kKiB,
+  e = Expand(text, {.world_size = 2,
+                    .bucket_cap_mb = 4 * kKiB,
+                    .first_bucket_mb = 4 * kKiB,
                     .last_bucket_mb = 4 * kKiB});
   ASSERT_EQ(e.report.buckets.size(), 5u);
   for (int b = 0; b < 5; ++b)

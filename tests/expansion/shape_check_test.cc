@@ -20,8 +20,8 @@ using ::fxdp::testing::StatusIs;
 using ::fxdp::testing::ValueOrDie;
 
 ir::Graph Parse(const std::string& body) {
-  return ValueOrDie(ir::ParseGraphText(
-      "graph format=1 producer=\"test\" torch=\"2.13.0+cpu\" {\n" + body + "}\n"));
+  return ValueOrDie(ir::ParseGraphText("graph format=1 producer=\"test\" torch=\"2.13.0+cpu\" {\n" +
+                                       body + "}\n"));
 }
 
 TEST(ShapeCheck, ConsistentLocalGraphPasses) {
@@ -58,34 +58,42 @@ TEST(ShapeCheck, GlobalSizesLeftBehindAreErrorsNamingRankAndNode) {
   %x: f32[2, 32] = placeholder() {role=INPUT, state="x", batch_dim=0}
   %s: f32[2, 32, 1, 1] = aten::as_strided(%x, [4, 32, 1, 1], [32, 1, 32, 32])
   %output = output([%s]) {specs=[OTHER]}
-)"), 0),
+)"),
+                              0),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        "size argument [4, 32, 1, 1] but the output is recorded as [2, 32, 1, 1]"));
-  EXPECT_THAT(CheckRankShapes(Parse(R"(
+  EXPECT_THAT(
+      CheckRankShapes(Parse(R"(
   %x: f32[2, 32] = placeholder() {role=INPUT, state="x", batch_dim=0}
   %s: f32[4, 32] = aten::as_strided(%x, [4, 32], [32, 1])
   %output = output([%s]) {specs=[OTHER]}
-)"), 0),
-              StatusIs(absl::StatusCode::kInvalidArgument, "reaches element 127 of an input with 64"));
-  EXPECT_THAT(CheckRankShapes(Parse(R"(
+)"),
+                      0),
+      StatusIs(absl::StatusCode::kInvalidArgument, "reaches element 127 of an input with 64"));
+  EXPECT_THAT(
+      CheckRankShapes(Parse(R"(
   %x: f32[2, 3] = placeholder() {role=INPUT, state="x", batch_dim=0}
   %p: f32[4, 3] = placeholder() {role=PARAMETER, state="p"}
   %a: f32[2, 3] = aten::add.Tensor(%x, %p)
   %output = output([%a]) {specs=[OTHER]}
-)"), 0),
-              StatusIs(absl::StatusCode::kInvalidArgument, "operands [2, 3], [4, 3] do not broadcast"));
+)"),
+                      0),
+      StatusIs(absl::StatusCode::kInvalidArgument, "operands [2, 3], [4, 3] do not broadcast"));
   EXPECT_THAT(CheckRankShapes(Parse(R"(
   %x: f32[2, 3] = placeholder() {role=INPUT, state="x", batch_dim=0}
   %v: f32[4, 3] = aten::view(%x, [4, 3])
   %output = output([%v]) {specs=[OTHER]}
-)"), 0),
-              StatusIs(absl::StatusCode::kInvalidArgument, "size [4, 3] has 12 elements, its input [2, 3] has 6"));
+)"),
+                              0),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "size [4, 3] has 12 elements, its input [2, 3] has 6"));
   EXPECT_THAT(CheckRankShapes(Parse(R"(
   %x: f32[2, 3] = placeholder() {role=INPUT, state="x", batch_dim=0}
   %t: i64[4] = placeholder() {role=BUFFER, state="t"}
   %l: (f32[], f32[]) = aten::nll_loss_forward(%x, %t, None, 1, -100)
   %output = output([%l#0]) {specs=[OTHER]}
-)"), 0),
+)"),
+                              0),
               StatusIs(absl::StatusCode::kInvalidArgument, "input [2, 3] and target [4] disagree"));
 }
 
@@ -104,12 +112,14 @@ TEST(ShapeCheck, UpsampleBackwardInputSizeIsRewrittenAndChecked) {
   Expansion e = ValueOrDie(ExpandDataParallel(g, a, ExpandOptions{.world_size = 2}));
   const ir::Graph& r0 = e.graph(0);
   EXPECT_EQ(ir::PrintArgument(r0, r0.node(*r0.FindNode("gx")).args[2]), "[2, 2, 4, 4]");
-  EXPECT_THAT(CheckRankShapes(Parse(R"(
+  EXPECT_THAT(
+      CheckRankShapes(Parse(R"(
   %u: f32[2, 2, 8, 8] = placeholder() {role=INPUT, state="u", batch_dim=0}
   %gx: f32[2, 2, 4, 4] = aten::upsample_bilinear2d_backward(%u, [8, 8], [4, 2, 4, 4], false)
   %output = output([%gx]) {specs=[OTHER]}
-)"), 1),
-              StatusIs(absl::StatusCode::kInvalidArgument, "size argument [4, 2, 4, 4] but the output"));
+)"),
+                      1),
+      StatusIs(absl::StatusCode::kInvalidArgument, "size argument [4, 2, 4, 4] but the output"));
 }
 
 TEST(ShapeCheck, ExpandRefusesAGraphThatCannotRunAtCompileTime) {

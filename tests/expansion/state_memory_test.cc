@@ -52,8 +52,9 @@ TEST(StateMemory, SumsSaturateInsteadOfOverflowing) {
   std::string text = ReadTestData("mlp_sgd.txt");
   std::string big;
   for (int k = 0; k < 5000; ++k) {
-    big += "  %big" + std::to_string(k) + ": f64[281474976710656] = placeholder() {role=BUFFER, state=\"big" +
-           std::to_string(k) + "\"}\n";
+    big += "  %big" + std::to_string(k) +
+           ": f64[281474976710656] = placeholder() {role=BUFFER, state=\"big" + std::to_string(k) +
+           "\"}\n";
   }
   const std::string after = "state=\"fc.bias\"}\n";
   text.insert(text.find(after) + after.size(), big);
@@ -81,8 +82,10 @@ TEST(StyledAnalysis, ShardedStateIsS0WithTheReason) {
   ASSERT_EQ(fs.s.sharded_state.size(), 6u);
   ASSERT_EQ(fs.s.overrides.size(), 6u);
   const std::string table = StyledAnalysisToTable(fs.g, fs.a, fs.s);
-  EXPECT_THAT(table, HasSubstr("S(0)       fully_shard: flat shard of 22 of 64 elements per rank (ceil(64 / 3)); "
-                               "parameter: each rank holds its flat shard"));
+  EXPECT_THAT(
+      table,
+      HasSubstr("S(0)       fully_shard: flat shard of 22 of 64 elements per rank (ceil(64 / 3)); "
+                "parameter: each rank holds its flat shard"));
   EXPECT_THAT(table, HasSubstr("optimizer state with its parameter's numel"));
   EXPECT_THAT(table, HasSubstr("state per rank (fully_shard, 3 ranks): 3.1 KiB (3168 bytes)"));
   EXPECT_THAT(StyledAnalysisToJson(fs.g, fs.a, fs.s), HasSubstr("\"total_bytes\": 3168"));

@@ -76,7 +76,8 @@ TEST(SyncBatchNorm, DefaultIsLocalStatistics) {
 TEST(SyncBatchNorm, AnalysisSaysWhichStatistics) {
   auto g = ValueOrDie(ir::ParseGraphText(ReadTestData("batchnorm_getitem.txt")));
   const ir::NodeId bn = *g.FindNode("bn");
-  BatchDimAnalysis sync = ValueOrDie(AnalyzeBatchDims(g, {.world_size = 2, .sync_batchnorm = true}));
+  BatchDimAnalysis sync =
+      ValueOrDie(AnalyzeBatchDims(g, {.world_size = 2, .sync_batchnorm = true}));
   BatchDimAnalysis local = ValueOrDie(AnalyzeBatchDims(g, {.world_size = 2}));
   EXPECT_TRUE(sync.sync_batchnorm());
   EXPECT_EQ(sync.node(bn).detail, Detail::kSyncStats);
@@ -99,12 +100,14 @@ TEST(SyncBatchNorm, OptionsMustAgreeWithTheAnalysis) {
 TEST(SyncBatchNorm, InPlaceRunningStatisticsAreRefused) {
   std::string text = ReadTestData("batchnorm_getitem.txt");
   // The non-functional op updates running_mean/var in place: no rewrite can keep that.
-  const std::string from = "(f32[6, 2, 5, 5], f32[2], f32[2], f32[2], f32[2]) = "
-                           "aten::_native_batch_norm_legit_functional(";
+  const std::string from =
+      "(f32[6, 2, 5, 5], f32[2], f32[2], f32[2], f32[2]) = "
+      "aten::_native_batch_norm_legit_functional(";
   const size_t at = text.find(from);
   ASSERT_NE(at, std::string::npos);
-  text.replace(at, from.size(), "(f32[6, 2, 5, 5], f32[2], f32[2], f32[2], f32[2]) = "
-                                "aten::_native_batch_norm_legit(");
+  text.replace(at, from.size(),
+               "(f32[6, 2, 5, 5], f32[2], f32[2], f32[2], f32[2]) = "
+               "aten::_native_batch_norm_legit(");
   auto g = ValueOrDie(ir::ParseGraphText(text));
   auto a = ValueOrDie(AnalyzeBatchDims(g, {.world_size = 2, .sync_batchnorm = true}));
   EXPECT_THAT(ExpandDataParallel(g, a, {.world_size = 2, .sync_batchnorm = true}).status(),

@@ -30,7 +30,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   absl::StatusOr<fxdp::ir::Graph> again = fxdp::ir::ParseGraphText(printed);
   if (!again.ok()) Fail("printed graph does not parse", again.status().ToString() + "\n" + printed);
   if (!(*again == *g)) Fail("print/parse round trip", "another graph\n" + printed);
-  absl::StatusOr<fxdp::ir::Graph> decoded = fxdp::ir::DecodeGraphBytes(fxdp::ir::EncodeGraphBytes(*g));
+  absl::StatusOr<fxdp::ir::Graph> decoded =
+      fxdp::ir::DecodeGraphBytes(fxdp::ir::EncodeGraphBytes(*g));
   if (!decoded.ok()) Fail("encoded graph does not decode", decoded.status().ToString());
   if (!(*decoded == *g)) Fail("encode/decode round trip", "another graph");
   return 0;

@@ -12,12 +12,10 @@ import threading
 import time
 from typing import Dict, List, Tuple
 
+import fxdp
 import grpc
 import pytest
-
 import torch
-
-import fxdp
 from fxdp import zoo
 from fxdp.client import _assemble, _chunks
 from fxdp.dp_oracle import balanced_slices  # noqa: F401 (the oracle's split, used by the tests)
@@ -42,7 +40,9 @@ INCONSISTENT = """graph format=1 producer="test" torch="2.13.0+cpu" {
 
 
 @functools.lru_cache(maxsize=None)
-def traced(model: str, optim: str, overrides: Tuple[Tuple[str, object], ...] = ()) -> fxdp.TracedStep:
+def traced(
+    model: str, optim: str, overrides: Tuple[Tuple[str, object], ...] = ()
+) -> fxdp.TracedStep:
     """Trace a zoo entry (cached: tracing leaves model and optimizer untouched)."""
     step, _, _ = zoo.trace_entry(model, optim, **dict(overrides))
     return step
@@ -78,7 +78,9 @@ def local_steps(step: fxdp.TracedStep, model_name: str, steps: int, start: int =
 def assert_state_matches(state: Dict[str, torch.Tensor], model, opt, check_optimizer=True):
     pname = {id(p): n for n, p in model.named_parameters()}
     for n, p in model.named_parameters():
-        torch.testing.assert_close(state[n], p.detach(), rtol=RTOL, atol=ATOL, msg=lambda m: f"{n}: {m}")
+        torch.testing.assert_close(
+            state[n], p.detach(), rtol=RTOL, atol=ATOL, msg=lambda m: f"{n}: {m}"
+        )
     for n, b in model.named_buffers():
         torch.testing.assert_close(state[n], b, rtol=RTOL, atol=ATOL, msg=lambda m: f"{n}: {m}")
     if not check_optimizer:
@@ -102,7 +104,9 @@ def assert_state_matches(state: Dict[str, torch.Tensor], model, opt, check_optim
 
     hyper = set(optimizer_hyperparameters(opt))  # fed per step, not state the step updates
     traced_opt = {k for k in state if k.startswith("optim.") and k not in hyper}
-    assert traced_opt == seen, f"optimizer state names differ: traced-only {traced_opt - seen}, eager-only {seen - traced_opt}"
+    assert (
+        traced_opt == seen
+    ), f"optimizer state names differ: traced-only {traced_opt - seen}, eager-only {seen - traced_opt}"
 
 
 def placeholders(g: "pb.GraphDef"):
@@ -124,10 +128,12 @@ def fxdp_binary(env: str, name: str) -> str:
     import os
     import pathlib
 
-    path = os.environ.get(env) or str(pathlib.Path(__file__).resolve().parents[2] / "build" / "bin" / name)
-    assert os.path.isfile(path) and os.access(path, os.X_OK), (
-        f"{name} not found at {path}: build it first (make test builds it) or set {env}"
+    path = os.environ.get(env) or str(
+        pathlib.Path(__file__).resolve().parents[2] / "build" / "bin" / name
     )
+    assert os.path.isfile(path) and os.access(
+        path, os.X_OK
+    ), f"{name} not found at {path}: build it first (make test builds it) or set {env}"
     return path
 
 
@@ -150,8 +156,16 @@ class ServerProcess:
     once, and at 250 ms a loaded machine stalling a worker for 0.75 s failed a job as "lost"."""
 
     def __init__(self, *args, workers: int = 2, heartbeat_ms: int = 1000):
-        cmd = [fxdp_binary("FXDP_SERVER_BIN", "fxdp-server"), "--listen", "127.0.0.1:0",
-               "--local-workers", str(workers), "--heartbeat-ms", str(heartbeat_ms), *map(str, args)]
+        cmd = [
+            fxdp_binary("FXDP_SERVER_BIN", "fxdp-server"),
+            "--listen",
+            "127.0.0.1:0",
+            "--local-workers",
+            str(workers),
+            "--heartbeat-ms",
+            str(heartbeat_ms),
+            *map(str, args),
+        ]
         if os.environ.get("FXDP_WORKER"):
             cmd += ["--worker-binary", fxdp_binary("FXDP_WORKER", "fxdp-worker")]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -226,7 +240,9 @@ def make_pki(d):
     import pathlib
 
     root = pathlib.Path(__file__).resolve().parents[2]
-    subprocess.run(["sh", str(root / "scripts" / "dev_ca.sh"), str(d)], check=True, capture_output=True)
+    subprocess.run(
+        ["sh", str(root / "scripts" / "dev_ca.sh"), str(d)], check=True, capture_output=True
+    )
     return d
 
 
@@ -250,7 +266,11 @@ def wait_for(jobs, job_id, pred, timeout=60.0, every=0.1):
 def fetch(jobs, job_id, chunk_bytes: int = 0) -> Dict[str, torch.Tensor]:
     """The job's final state (FetchState, in `chunk_bytes` chunks; 0: the server's size), whole
     tensors by name."""
-    return _assemble(jobs.FetchState(jpb.FetchJobStateRequest(job_id=job_id, chunk_bytes=chunk_bytes), timeout=30))
+    return _assemble(
+        jobs.FetchState(
+            jpb.FetchJobStateRequest(job_id=job_id, chunk_bytes=chunk_bytes), timeout=30
+        )
+    )
 
 
 def batch_files(d, model: str, n: int) -> list:
@@ -268,9 +288,18 @@ def data_paths_requests(step: fxdp.TracedStep, paths, steps: int, **spec):
     fields) and the initial state in 1000-byte chunks."""
     state = step.initial_state()
     paths = [str(p) for p in (paths if isinstance(paths, list) else [paths])]
-    yield jpb.SubmitJobRequest(spec=jpb.JobSpec(
-        graph=step.graph, world_size=2, steps=steps, num_state_tensors=len(state), data_paths=paths,
-        collective_timeout_s=10, name="from-files", **spec))
+    yield jpb.SubmitJobRequest(
+        spec=jpb.JobSpec(
+            graph=step.graph,
+            world_size=2,
+            steps=steps,
+            num_state_tensors=len(state),
+            data_paths=paths,
+            collective_timeout_s=10,
+            name="from-files",
+            **spec,
+        )
+    )
     for k, v in state.items():
         for c in _chunks(k, v, 1000):
             yield jpb.SubmitJobRequest(state=c)
@@ -292,9 +321,12 @@ def resumed_after_sigkill(state_dir, requests, kill_after: int, *server_args):
     with ServerProcess("--state-dir", state_dir, *server_args) as server:
         stream = server.jobs.Submit(requests, timeout=120)  # held until the kill
         job = next(stream).job_id
-        info = wait_for(server.jobs, job, lambda i: i.steps_done >= kill_after or not running(i), every=0.01)
-        assert info.state == jpb.JOB_STATE_RUNNING, (
-            f"the job ended before it could be killed after {kill_after} steps (give it more steps): {info}")
+        info = wait_for(
+            server.jobs, job, lambda i: i.steps_done >= kill_after or not running(i), every=0.01
+        )
+        assert (
+            info.state == jpb.JOB_STATE_RUNNING
+        ), f"the job ended before it could be killed after {kill_after} steps (give it more steps): {info}"
         server.kill()
     killed_at = info.steps_done
     with ServerProcess("--state-dir", state_dir, *server_args) as server:
@@ -306,10 +338,24 @@ def resumed_after_sigkill(state_dir, requests, kill_after: int, *server_args):
 # ---- fxdp-worker processes (test_worker_dist, test_real_models) ----------------------------------
 STEP_LINE = re.compile(r"^step (\d+)/(\d+) loss (\S+) \(([\d.]+) ms\)$")
 
+
 def clean_env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                        "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in (
+            "RANK",
+            "WORLD_SIZE",
+            "LOCAL_RANK",
+            "LOCAL_WORLD_SIZE",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "SLURM_PROCID",
+            "SLURM_NTASKS",
+            "SLURM_LOCALID",
+        )
+    }
     env.update({k: str(v) for k, v in extra.items()})
     return env
 
@@ -329,7 +375,9 @@ def assert_log_lines(stderr: str, job: str, rank: int, steps: int) -> None:
     assert lines, f"rank {rank} logged nothing"
     for line in lines:
         m = prefix.match(line)
-        assert m and 0 <= int(m.group(1)) <= steps, f"rank {rank}: log line without job/rank/step: {line!r}"
+        assert (
+            m and 0 <= int(m.group(1)) <= steps
+        ), f"rank {rank}: log line without job/rank/step: {line!r}"
 
 
 def wait_all(procs, timeout_s: float) -> None:
@@ -352,8 +400,20 @@ def spawn_ranks(args: List[str], world: int, d) -> list:
     procs = []
     for rank in range(world):
         with open(d / f"out{rank}", "w") as out, open(d / f"err{rank}", "w") as err:
-            procs.append(subprocess.Popen(args, stdout=out, stderr=err, env=clean_env(
-                RANK=rank, WORLD_SIZE=world, LOCAL_RANK=rank, MASTER_ADDR="127.0.0.1", MASTER_PORT=port)))
+            procs.append(
+                subprocess.Popen(
+                    args,
+                    stdout=out,
+                    stderr=err,
+                    env=clean_env(
+                        RANK=rank,
+                        WORLD_SIZE=world,
+                        LOCAL_RANK=rank,
+                        MASTER_ADDR="127.0.0.1",
+                        MASTER_PORT=port,
+                    ),
+                )
+            )
     return procs
 
 
@@ -364,19 +424,44 @@ def run_ranks(args: List[str], world: int, d, timeout_s: float = 120) -> List[Tu
     wait_all(procs, timeout_s)
     outs = [((d / f"out{r}").read_text(), (d / f"err{r}").read_text()) for r in range(world)]
     for r, proc in enumerate(procs):
-        assert proc.returncode == 0, f"rank {r} exited with {proc.returncode}:\n{outs[r][1][-3000:]}"
+        assert (
+            proc.returncode == 0
+        ), f"rank {r} exited with {proc.returncode}:\n{outs[r][1][-3000:]}"
     return outs
 
 
-def run_worker_ranks(worker: str, graph: str, state: str, data: List[str], world: int, steps: int, d,
-                     job: str, timeout_s: int = 60) -> dict:
+def run_worker_ranks(
+    worker: str,
+    graph: str,
+    state: str,
+    data: List[str],
+    world: int,
+    steps: int,
+    d,
+    job: str,
+    timeout_s: int = 60,
+) -> dict:
     """`world` real ``fxdp-worker run`` processes (RANK/WORLD_SIZE on 127.0.0.1, one batch file per
     step) writing ``final{rank}.safetensors`` under `d`: every rank exits 0 and logs with job, rank
     and step, only rank 0 prints steps; returns {"finals": [state per rank], "losses": [...]}."""
     from safetensors.torch import load_file
 
-    args = [worker, "run", "--graph", graph, "--state", state, "--steps", str(steps),
-            "--out", str(d / "final{rank}.safetensors"), "--timeout", str(timeout_s), "--job", job]
+    args = [
+        worker,
+        "run",
+        "--graph",
+        graph,
+        "--state",
+        state,
+        "--steps",
+        str(steps),
+        "--out",
+        str(d / "final{rank}.safetensors"),
+        "--timeout",
+        str(timeout_s),
+        "--job",
+        job,
+    ]
     for path in data:
         args += ["--data", path]
     outs, errs = zip(*run_ranks(args, world, d, timeout_s + 30))
@@ -385,7 +470,10 @@ def run_worker_ranks(worker: str, graph: str, state: str, data: List[str], world
     assert all(o == "" for o in outs[1:]), "only rank 0 prints steps"
     losses = losses_of(outs[0])
     assert len(losses) == steps
-    return {"finals": [load_file(str(d / f"final{r}.safetensors")) for r in range(world)], "losses": losses}
+    return {
+        "finals": [load_file(str(d / f"final{r}.safetensors")) for r in range(world)],
+        "losses": losses,
+    }
 
 
 def rank_local_eager(model, opt, loss_of, batches, bdims, world: int) -> Dict[str, torch.Tensor]:

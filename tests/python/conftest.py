@@ -7,8 +7,12 @@ torch.manual_seed(0)
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "real_models: Hugging Face transformers models trained on real workers "
-        "(test_real_models.py); run alone with `pytest -m real_models tests/python`")
+        "markers",
+        "real_models: Hugging Face transformers models trained on real workers "
+        "(test_real_models.py); run alone with `pytest -m real_models tests/python`",
+    )
     config.addinivalue_line(
-        "markers", "install: builds the package's sdist and wheel and uses it from a fresh venv "
-        "(~30 s; deselect with -m 'not install')")
+        "markers",
+        "install: builds the package's sdist and wheel and uses it from a fresh venv "
+        "(~30 s; deselect with -m 'not install')",
+    )

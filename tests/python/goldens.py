@@ -37,26 +37,35 @@ REGEN_COMMAND = "scripts/regen_goldens.sh"
 @dataclasses.dataclass(frozen=True)
 class Case:
     name: str
-    text_graph: Optional[str] = None          # a file of tests/testdata/ (text form)
-    zoo: Optional[Tuple[str, str]] = None     # (model, optimizer) of fxdp.zoo
+    text_graph: Optional[str] = None  # a file of tests/testdata/ (text form)
+    zoo: Optional[Tuple[str, str]] = None  # (model, optimizer) of fxdp.zoo
     world_size: int = 2
-    args: Tuple[str, ...] = ()                # for analyze and expand
-    expand_args: Tuple[str, ...] = ()         # for expand only
-    analysis: bool = True                     # False: expand only (the table is another case's)
+    args: Tuple[str, ...] = ()  # for analyze and expand
+    expand_args: Tuple[str, ...] = ()  # for expand only
+    analysis: bool = True  # False: expand only (the table is another case's)
 
 
 _ZOO_MODELS = ("mlp", "cnn", "transformer", "seqfirst")
 _ZOO_OPTIMS = ("sgd", "adam", "adamw")
 
 CASES = (
-    [Case(p.stem, text_graph=p.name) for p in sorted(TESTDATA.glob("*.txt"))
-     if p.read_text().startswith("graph ")]  # every text graph of tests/testdata/
+    [
+        Case(p.stem, text_graph=p.name)
+        for p in sorted(TESTDATA.glob("*.txt"))
+        if p.read_text().startswith("graph ")
+    ]  # every text graph of tests/testdata/
     + [Case(f"zoo_{m}_{o}", zoo=(m, o)) for m in _ZOO_MODELS for o in _ZOO_OPTIMS]
     + [
-        Case("zoo_mlp_adam.ws5", zoo=("mlp", "adam"), world_size=5),  # uneven: 3,3,2,2,2, one graph per rank
+        Case(
+            "zoo_mlp_adam.ws5", zoo=("mlp", "adam"), world_size=5
+        ),  # uneven: 3,3,2,2,2, one graph per rank
         Case("zoo_cnn_sgd.sync_bn", zoo=("cnn", "sgd"), args=("--sync-batchnorm",)),
-        Case("zoo_transformer_adamw.no_overlap", zoo=("transformer", "adamw"),
-             expand_args=("--no-overlap", "--last-bucket-mb", "0"), analysis=False),
+        Case(
+            "zoo_transformer_adamw.no_overlap",
+            zoo=("transformer", "adamw"),
+            expand_args=("--no-overlap", "--last-bucket-mb", "0"),
+            analysis=False,
+        ),
     ]
 )
 
@@ -64,12 +73,16 @@ CASES = (
 def fxdp_bin() -> str:
     path = os.environ.get("FXDP_BIN") or str(REPO / "build" / "bin" / "fxdp")
     if not (os.path.isfile(path) and os.access(path, os.X_OK)):
-        raise FileNotFoundError(f"C++ CLI not found at {path}: build it first (make build) or set FXDP_BIN")
+        raise FileNotFoundError(
+            f"C++ CLI not found at {path}: build it first (make build) or set FXDP_BIN"
+        )
     return path
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([fxdp_bin(), *map(str, args)], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [fxdp_bin(), *map(str, args)], capture_output=True, text=True, timeout=120
+    )
 
 
 def _shown(cmd: Tuple[str, ...], r: subprocess.CompletedProcess, tmp: str) -> str:
@@ -92,7 +105,9 @@ def _zoo_graph_bytes(model: str, optim: str) -> bytes:
 
 def file_names(case: Case) -> Tuple[str, ...]:
     """The golden files a case renders."""
-    names = ((f"{case.name}.analysis.txt",) if case.analysis else ()) + (f"{case.name}.expanded.txt",)
+    names = ((f"{case.name}.analysis.txt",) if case.analysis else ()) + (
+        f"{case.name}.expanded.txt",
+    )
     if case.zoo is not None and case.name == "zoo_" + "_".join(case.zoo):
         names += (f"{case.name}.traced.txt",)
     return names
@@ -120,7 +135,9 @@ def render(case: Case, tmp: str) -> Dict[str, str]:
 
     if case.analysis:
         cmd = ("analyze", shown_graph, *ws, *case.args)
-        files[f"{case.name}.analysis.txt"] = _shown(cmd, _cli("analyze", graph, *ws, *case.args), tmp)
+        files[f"{case.name}.analysis.txt"] = _shown(
+            cmd, _cli("analyze", graph, *ws, *case.args), tmp
+        )
 
     out = os.path.join(tmp, "x.pb")
     cmd = ("expand", shown_graph, *ws, *case.args, *case.expand_args, "-o", out)
@@ -133,7 +150,10 @@ def render(case: Case, tmp: str) -> Dict[str, str]:
             raise RuntimeError(f"fxdp graph print {p}: {g.stderr}")
         text += f"\n=== OUT/{p}\n{g.stdout}"
     files[f"{case.name}.expanded.txt"] = text
-    assert tuple(sorted(files)) == tuple(sorted(file_names(case))), (sorted(files), file_names(case))
+    assert tuple(sorted(files)) == tuple(sorted(file_names(case))), (
+        sorted(files),
+        file_names(case),
+    )
     return files
 
 
@@ -146,8 +166,12 @@ def render_all(cases=CASES) -> Dict[str, str]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--write", action="store_true", help="write the files (default: only list what differs)")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--write", action="store_true", help="write the files (default: only list what differs)"
+    )
     ap.add_argument("--case", action="append", help="only these cases (by name; repeatable)")
     args = ap.parse_args(argv)
     cases = [c for c in CASES if not args.case or c.name in args.case]
@@ -163,8 +187,10 @@ def main(argv=None) -> int:
         if old == text:
             continue
         changed += 1
-        print(f"{'wrote' if args.write else 'differs:'} {path.relative_to(REPO)}"
-              f"{' (new)' if old is None else ''}")
+        print(
+            f"{'wrote' if args.write else 'differs:'} {path.relative_to(REPO)}"
+            f"{' (new)' if old is None else ''}"
+        )
         if args.write:
             path.write_text(text)
     if not args.case:

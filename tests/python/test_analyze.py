@@ -27,19 +27,24 @@ import re
 import subprocess
 from typing import Dict, List, Optional, Tuple
 
+import fxdp
 import pytest
 import torch
 import torch.nn as nn
-
-import fxdp
+from _util import MODELS, OPTIMS, output_node, target_str, traced
 from fxdp import zoo
 from fxdp.v1 import graph_pb2 as pb
-from _util import MODELS, OPTIMS, output_node, target_str, traced
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CASES = [(m, o) for m in MODELS for o in OPTIMS]
-ROLE_NAMES = {pb.PARAMETER: "PARAMETER", pb.BUFFER: "BUFFER", pb.OPTIMIZER_STATE: "OPTIMIZER_STATE",
-              pb.INPUT: "INPUT", pb.CONSTANT: "CONSTANT", pb.HYPERPARAMETER: "HYPERPARAMETER"}
+ROLE_NAMES = {
+    pb.PARAMETER: "PARAMETER",
+    pb.BUFFER: "BUFFER",
+    pb.OPTIMIZER_STATE: "OPTIMIZER_STATE",
+    pb.INPUT: "INPUT",
+    pb.CONSTANT: "CONSTANT",
+    pb.HYPERPARAMETER: "HYPERPARAMETER",
+}
 STATE_ROLES = {pb.PARAMETER, pb.BUFFER, pb.OPTIMIZER_STATE, pb.CONSTANT, pb.HYPERPARAMETER}
 PLACEMENT_RE = re.compile(r"S\(\d+\)|R|P\((sum|avg)\)")
 
@@ -49,9 +54,9 @@ PLACEMENT_RE = re.compile(r"S\(\d+\)|R|P\((sum|avg)\)")
 
 def fxdp_bin() -> str:
     path = os.environ.get("FXDP_BIN") or str(REPO / "build" / "bin" / "fxdp")
-    assert os.path.isfile(path) and os.access(path, os.X_OK), (
-        f"C++ CLI not found at {path}: build it first (make test builds it) or set FXDP_BIN"
-    )
+    assert os.path.isfile(path) and os.access(
+        path, os.X_OK
+    ), f"C++ CLI not found at {path}: build it first (make test builds it) or set FXDP_BIN"
     return path
 
 
@@ -66,7 +71,9 @@ def analyze_json(path: str, world_size: int = 2) -> dict:
     try:
         return json.loads(proc.stdout)
     except json.JSONDecodeError as e:
-        raise AssertionError(f"fxdp analyze --json printed no single JSON object ({e}): {proc.stdout[:500]}")
+        raise AssertionError(
+            f"fxdp analyze --json printed no single JSON object ({e}): {proc.stdout[:500]}"
+        )
 
 
 class Analysed:
@@ -76,9 +83,9 @@ class Analysed:
         self.g = g
         self.r = result
         self.index = {n.name: i for i, n in enumerate(g.nodes)}
-        assert [n["name"] for n in result["nodes"]] == [n.name for n in g.nodes], (
-            "the JSON's nodes are not the graph's nodes in graph order"
-        )
+        assert [n["name"] for n in result["nodes"]] == [
+            n.name for n in g.nodes
+        ], "the JSON's nodes are not the graph's nodes in graph order"
         self.json = {n["name"]: n for n in result["nodes"]}
 
     def node(self, name: str) -> "pb.Node":
@@ -103,7 +110,9 @@ def output_placements(j: dict, n: "pb.Node") -> List[Optional[str]]:
     each = j["placements"]
     tensor = [o.kind == pb.TENSOR for o in n.outputs]
     assert len(each) == len(tensor), f"{n.name}: {len(each)} placements for {len(tensor)} outputs"
-    assert [p is not None for p in each] == tensor, f"{n.name}: placements {each} for outputs {tensor}"
+    assert [
+        p is not None for p in each
+    ] == tensor, f"{n.name}: placements {each} for outputs {tensor}"
     for p in each:
         assert p is None or PLACEMENT_RE.fullmatch(p), f"{n.name}: malformed placement {p!r}"
     present = [p for p in each if p is not None]
@@ -126,17 +135,21 @@ def save(step: fxdp.TracedStep, d: pathlib.Path, name: str) -> str:
 # --------------------------------------------------------------------------- the half-batch oracle
 
 
-def batch_dims_by_shape(g_full: "pb.GraphDef", g_half: "pb.GraphDef") -> Dict[Tuple[str, int], List[int]]:
+def batch_dims_by_shape(
+    g_full: "pb.GraphDef", g_half: "pb.GraphDef"
+) -> Dict[Tuple[str, int], List[int]]:
     """(node name, output) -> the dims whose size differs between the full- and half-batch traces."""
-    assert [(n.name, target_str(n)) for n in g_full.nodes] == [(n.name, target_str(n)) for n in g_half.nodes], (
-        "the half-batch trace has a different structure"
-    )
+    assert [(n.name, target_str(n)) for n in g_full.nodes] == [
+        (n.name, target_str(n)) for n in g_half.nodes
+    ], "the half-batch trace has a different structure"
     out = {}
     for nf, nh in zip(g_full.nodes, g_half.nodes):
         for k, (of, oh) in enumerate(zip(nf.outputs, nh.outputs)):
             if of.kind == pb.TENSOR:
                 assert len(of.tensor.shape) == len(oh.tensor.shape), f"{nf.name}: rank differs"
-                out[(nf.name, k)] = [d for d, (a, b) in enumerate(zip(of.tensor.shape, oh.tensor.shape)) if a != b]
+                out[(nf.name, k)] = [
+                    d for d, (a, b) in enumerate(zip(of.tensor.shape, oh.tensor.shape)) if a != b
+                ]
     return out
 
 
@@ -158,7 +171,9 @@ def refs_of(n: "pb.Node") -> List["pb.ValueRef"]:
     return out
 
 
-def assert_batch_dims_follow_provenance(a: Analysed, oracle: Dict[Tuple[str, int], List[int]]) -> int:
+def assert_batch_dims_follow_provenance(
+    a: Analysed, oracle: Dict[Tuple[str, int], List[int]]
+) -> int:
     """Every value with one batch-sized dim is S(that dim), or R when it is computed from replicated
     values only (e.g. the seed gradient of a sum expanded to the batch's shape): then every sharded
     node reading it must be listed in sharded_reads (it slices its rows). A value without a
@@ -181,20 +196,33 @@ def assert_batch_dims_follow_provenance(a: Analysed, oracle: Dict[Tuple[str, int
             if dims is None or p is None:
                 continue
             if len(dims) == 1 and p == "R" and n.kind == pb.CALL_FUNCTION:
-                not_r = [f"{a.g.nodes[r.node].name}:{read(r)}" for r in refs_of(n) if read(r) not in ("R", None)]
+                not_r = [
+                    f"{a.g.nodes[r.node].name}:{read(r)}"
+                    for r in refs_of(n)
+                    if read(r) not in ("R", None)
+                ]
                 if not_r:
-                    bad.append(f"{a.describe(n.name)} output {k}: expected S({dims[0]}); R although it reads {not_r}")
+                    bad.append(
+                        f"{a.describe(n.name)} output {k}: expected S({dims[0]}); R although it reads {not_r}"
+                    )
                 for u in users.get((i, k), []):
-                    if u.kind == pb.CALL_FUNCTION and any(q and q.startswith("S(") for q in a.placements(u.name)) \
-                            and (n.name, k, u.name) not in sliced:
-                        bad.append(f"{a.describe(n.name)} output {k}: R and batch-shaped, read by sharded "
-                                   f"{a.describe(u.name)} without a sharded read")
+                    if (
+                        u.kind == pb.CALL_FUNCTION
+                        and any(q and q.startswith("S(") for q in a.placements(u.name))
+                        and (n.name, k, u.name) not in sliced
+                    ):
+                        bad.append(
+                            f"{a.describe(n.name)} output {k}: R and batch-shaped, read by sharded "
+                            f"{a.describe(u.name)} without a sharded read"
+                        )
             elif len(dims) == 1:
                 sharded += 1
                 if p != f"S({dims[0]})":
                     bad.append(f"{a.describe(n.name)} output {k}: expected S({dims[0]})")
             elif not dims and p.startswith("S("):
-                bad.append(f"{a.describe(n.name)} output {k}: expected no shard (no dim scales with the batch)")
+                bad.append(
+                    f"{a.describe(n.name)} output {k}: expected no shard (no dim scales with the batch)"
+                )
     assert not bad, "placements contradict where the batch is:\n  " + "\n  ".join(bad)
     return sharded
 
@@ -202,8 +230,13 @@ def assert_batch_dims_follow_provenance(a: Analysed, oracle: Dict[Tuple[str, int
 # --------------------------------------------------------------------------- the step's semantics
 
 
-def assert_step_semantics(a: Analysed, reduce: str, batch_size: int, world_size: int = 2,
-                          grad_reduce: Optional[str] = None) -> None:
+def assert_step_semantics(
+    a: Analysed,
+    reduce: str,
+    batch_size: int,
+    world_size: int = 2,
+    grad_reduce: Optional[str] = None,
+) -> None:
     """Roles, gradients, reductions, loss and updates, for a loss reduced by `reduce` ("avg"/"sum")
     over the batch. The gradients are reduced the same way unless `grad_reduce` says otherwise."""
     r, g = a.r, a.g
@@ -233,8 +266,10 @@ def assert_step_semantics(a: Analysed, reduce: str, batch_size: int, world_size:
             continue
         j, spec = a.json[n.name], n.placeholder
         if j.get("role") != ROLE_NAMES[spec.role] or j.get("state_name") != spec.state_name:
-            bad.append(f"{n.name}: role/state_name {j.get('role')!r}/{j.get('state_name')!r}, expected "
-                       f"{ROLE_NAMES[spec.role]}/{spec.state_name}")
+            bad.append(
+                f"{n.name}: role/state_name {j.get('role')!r}/{j.get('state_name')!r}, expected "
+                f"{ROLE_NAMES[spec.role]}/{spec.state_name}"
+            )
         if spec.role == pb.INPUT:
             want = f"S({spec.batch_dim})" if spec.batch_dim >= 0 else "R"
         else:
@@ -260,9 +295,12 @@ def assert_step_semantics(a: Analysed, reduce: str, batch_size: int, world_size:
             bad.append(f"gradient of {n.grad_of} ({n.name}): {len(rs)} reductions, expected 1")
             continue
         if rs[0]["op"] != grad_reduce or rs[0].get("grad_of") != n.grad_of:
-            bad.append(f"gradient of {n.grad_of} ({n.name}): reduction {rs[0]}, expected op {grad_reduce!r}")
+            bad.append(
+                f"gradient of {n.grad_of} ({n.name}): reduction {rs[0]}, expected op {grad_reduce!r}"
+            )
     assert set(a.json[n.name].get("grad_of") for n in g.nodes if a.json[n.name].get("grad_of")) == {
-        n.grad_of for n in grads}, "JSON grad_of marks differ from the graph's"
+        n.grad_of for n in grads
+    }, "JSON grad_of marks differ from the graph's"
 
     # every reduction: a partial value with that reduce op, first needed by a later node
     for x in r["reductions"]:
@@ -315,7 +353,11 @@ def zoo_analysed(zoo_dir):
 
 def _zoo_batch_size(model: str) -> int:
     e = zoo.get(model)
-    dims = e.batch_dim if isinstance(e.batch_dim, (list, tuple)) else [e.batch_dim] * len(e.input_names)
+    dims = (
+        e.batch_dim
+        if isinstance(e.batch_dim, (list, tuple))
+        else [e.batch_dim] * len(e.input_names)
+    )
     return e.batch(0)[0].shape[dims[0]]
 
 
@@ -346,8 +388,15 @@ def _half_batch_trace(model: str, optim: str) -> fxdp.TracedStep:
     dims = e.batch_dim if isinstance(e.batch_dim, (list, tuple)) else [e.batch_dim] * len(batch)
     half = tuple(t.narrow(d, 0, t.shape[d] // 2).contiguous() for t, d in zip(batch, dims))
     model = e.model(0)
-    return fxdp.trace(model, zoo.make_optimizer(optim, model), e.loss_fn, half,
-                      batch_dim=e.batch_dim, input_names=e.input_names, loss_reduction=e.loss_reduction)
+    return fxdp.trace(
+        model,
+        zoo.make_optimizer(optim, model),
+        e.loss_fn,
+        half,
+        batch_dim=e.batch_dim,
+        input_names=e.input_names,
+        loss_reduction=e.loss_reduction,
+    )
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -390,8 +439,11 @@ def test_placements_do_not_depend_on_world_size(zoo_analysed):
         assert r["world_size"] == ws
         assert r["batch_size"] == 12
         assert [(n["name"], n["placement"]) for n in r["nodes"]] == [
-            (n["name"], n["placement"]) for n in a.r["nodes"]]
-        assert [(x["value"], x["op"]) for x in r["reductions"]] == [(x["value"], x["op"]) for x in a.r["reductions"]]
+            (n["name"], n["placement"]) for n in a.r["nodes"]
+        ]
+        assert [(x["value"], x["op"]) for x in r["reductions"]] == [
+            (x["value"], x["op"]) for x in a.r["reductions"]
+        ]
 
 
 # --------------------------------------------------------------------------- size-matching traps
@@ -441,7 +493,9 @@ def _narrow(batch, dims):
     return tuple(t.narrow(d, 0, t.shape[d] // 2).contiguous() for t, d in zip(batch, dims))
 
 
-def trace_trap(make_model, make_opt, loss_fn, batch, batch_dims, **kw) -> Tuple[fxdp.TracedStep, Dict]:
+def trace_trap(
+    make_model, make_opt, loss_fn, batch, batch_dims, **kw
+) -> Tuple[fxdp.TracedStep, Dict]:
     """Trace the step at the given batch and at half of it; returns the step and the oracle."""
 
     def one(b):
@@ -466,8 +520,14 @@ def _gen():
 def square_mlp(trap_dir):
     g = _gen()
     batch = (torch.randn(8, 8, generator=g), torch.randn(8, 8, generator=g))
-    step, oracle = trace_trap(SquareMLP, lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
-                              nn.MSELoss(), batch, (0, 0), input_names=("x", "y"))
+    step, oracle = trace_trap(
+        SquareMLP,
+        lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
+        nn.MSELoss(),
+        batch,
+        (0, 0),
+        input_names=("x", "y"),
+    )
     return Analysed(step.graph, analyze_json(save(step, trap_dir, "square_mlp"))), oracle
 
 
@@ -485,7 +545,11 @@ def test_square_mlp_batch_dims_follow_provenance(square_mlp):
     relu = fwd[0]
     assert a.json[relu.name]["placement"] == "S(0)", a.describe(relu.name)
     i = a.index[relu.name]
-    users = [n for n in a.g.nodes if any(x.WhichOneof("value") == "ref" and x.ref.node == i for x in n.args)]
+    users = [
+        n
+        for n in a.g.nodes
+        if any(x.WhichOneof("value") == "ref" and x.ref.node == i for x in n.args)
+    ]
     transposed = [n for n in users if target_str(n) == "aten::t"]
     assert transposed, [target_str(n) for n in users]
     for n in transposed:
@@ -493,16 +557,23 @@ def test_square_mlp_batch_dims_follow_provenance(square_mlp):
         assert a.json[n.name]["batch_dim"] == 1, a.describe(n.name)
     # every (8, 8) weight and weight-derived value stays R: fc1.weight's transpose is one of them
     w = a.index[next(n.name for n in a.g.nodes if n.placeholder.state_name == "fc1.weight")]
-    wt = [n for n in a.g.nodes if target_str(n) == "aten::t" and n.args[0].ref.node == w and not n.grad_of]
-    assert wt and all(a.json[n.name]["placement"] == "R" for n in wt), [a.describe(n.name) for n in wt]
+    wt = [
+        n
+        for n in a.g.nodes
+        if target_str(n) == "aten::t" and n.args[0].ref.node == w and not n.grad_of
+    ]
+    assert wt and all(a.json[n.name]["placement"] == "R" for n in wt), [
+        a.describe(n.name) for n in wt
+    ]
 
 
 @pytest.fixture(scope="module")
 def fold_batch(trap_dir):
     g = _gen()
     batch = (torch.randn(4, 4, 4, generator=g), torch.randn(4, 4, generator=g))
-    step, oracle = trace_trap(FoldBatch, lambda m: torch.optim.Adam(m.parameters(), lr=1e-2),
-                              nn.MSELoss(), batch, (0, 0))
+    step, oracle = trace_trap(
+        FoldBatch, lambda m: torch.optim.Adam(m.parameters(), lr=1e-2), nn.MSELoss(), batch, (0, 0)
+    )
     return Analysed(step.graph, analyze_json(save(step, trap_dir, "fold_batch"))), oracle
 
 
@@ -541,11 +612,21 @@ SUM_LOSSES = {
     "mse_sum": (nn.MSELoss(reduction="sum"), None, "sum", "sum"),
     "pow_sum": (lambda out, y: _sq_err(out, y).sum(), "sum", "sum", "sum"),
     # a mean over the features, then a sum over the batch: a sum loss (features == batch size)
-    "mean_features_sum_batch": (lambda out, y: _sq_err(out, y).mean(dim=1).sum(), "sum", "sum", "sum"),
+    "mean_features_sum_batch": (
+        lambda out, y: _sq_err(out, y).mean(dim=1).sum(),
+        "sum",
+        "sum",
+        "sum",
+    ),
     # a sum over the features, then aten::mean over the batch: a mean loss, P(avg) (the local mean
     # divides by the local batch). Its backward divides by the literal B (expand, div.Scalar(B)),
     # which the per-rank graph keeps: each rank's gradient is (1/B) * its rows' sum, a P(sum).
-    "sum_features_mean_batch": (lambda out, y: _sq_err(out, y).sum(dim=1).mean(), None, "avg", "sum"),
+    "sum_features_mean_batch": (
+        lambda out, y: _sq_err(out, y).sum(dim=1).mean(),
+        None,
+        "avg",
+        "sum",
+    ),
     # the reduction only the graph tells: trace() records its default ("mean") in the metadata
     "pow_sum_unannotated": (lambda out, y: _sq_err(out, y).sum(), None, "sum", "sum"),
 }
@@ -556,8 +637,14 @@ def test_loss_reduction(trap_dir, case):
     loss_fn, reduction, op, grad_op = SUM_LOSSES[case]
     g = _gen()
     batch = (torch.randn(8, 8, generator=g), torch.randn(8, 8, generator=g))
-    step, oracle = trace_trap(SquareMLP, lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2), loss_fn, batch,
-                              (0, 0), loss_reduction=reduction)
+    step, oracle = trace_trap(
+        SquareMLP,
+        lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2),
+        loss_fn,
+        batch,
+        (0, 0),
+        loss_reduction=reduction,
+    )
     a = Analysed(step.graph, analyze_json(save(step, trap_dir, f"loss_{case}")))
     assert_step_semantics(a, op, 8, grad_reduce=grad_op)
     assert assert_batch_dims_follow_provenance(a, oracle) > 10
@@ -568,9 +655,18 @@ def test_loss_reduction(trap_dir, case):
 @pytest.fixture(scope="module")
 def seq_first(trap_dir):
     g = _gen()
-    batch = (torch.randn(6, 6, 6, generator=g), torch.randn(6, 3, generator=g))  # x (S, B, F), target (B, O)
-    step, oracle = trace_trap(SeqFirstMean, lambda m: torch.optim.Adam(m.parameters(), lr=1e-2),
-                              nn.MSELoss(), batch, (1, 0), input_names=("x", "target"))
+    batch = (
+        torch.randn(6, 6, 6, generator=g),
+        torch.randn(6, 3, generator=g),
+    )  # x (S, B, F), target (B, O)
+    step, oracle = trace_trap(
+        SeqFirstMean,
+        lambda m: torch.optim.Adam(m.parameters(), lr=1e-2),
+        nn.MSELoss(),
+        batch,
+        (1, 0),
+        input_names=("x", "target"),
+    )
     return Analysed(step.graph, analyze_json(save(step, trap_dir, "seq_first"))), oracle
 
 
@@ -601,7 +697,9 @@ def mlp_path(zoo_dir) -> str:
 def _edited(mlp_path: str, out: pathlib.Path, state_name: str, batch_dim: int) -> Tuple[str, str]:
     g = pb.GraphDef()
     g.ParseFromString(pathlib.Path(mlp_path).read_bytes())
-    node = next(n for n in g.nodes if n.kind == pb.PLACEHOLDER and n.placeholder.state_name == state_name)
+    node = next(
+        n for n in g.nodes if n.kind == pb.PLACEHOLDER and n.placeholder.state_name == state_name
+    )
     assert node.placeholder.role == pb.INPUT
     node.placeholder.batch_dim = batch_dim
     out.write_bytes(g.SerializeToString())

@@ -6,16 +6,20 @@ scale with the batch (ratio 2 or 1/2). A batch-dependent value hidden in a lifte
 constant, a string, or a different graph structure would be a global-batch assumption the
 BatchDimAnalyzer and the expansion could not rewrite.
 """
-import pytest
-import torch
 
 import fxdp
+import pytest
+import torch
 from fxdp import zoo
 from fxdp.v1 import graph_pb2 as pb
 
 
 def _half_batch(entry, batch):
-    dims = entry.batch_dim if isinstance(entry.batch_dim, (list, tuple)) else [entry.batch_dim] * len(batch)
+    dims = (
+        entry.batch_dim
+        if isinstance(entry.batch_dim, (list, tuple))
+        else [entry.batch_dim] * len(batch)
+    )
     # A rank receives its shard as a contiguous tensor, as a real input would be.
     return tuple(t.narrow(d, 0, t.shape[d] // 2).contiguous() for t, d in zip(batch, dims))
 
@@ -38,7 +42,10 @@ def _diff_args(path, a: pb.Argument, b: pb.Argument, out):
         for i, (x, y) in enumerate(zip(a.list.items, b.list.items)):
             _diff_args(f"{path}[{i}]", x, y, out)
     elif a != b:
-        assert kind in ("int_value", "float_value"), f"{path}: a {kind} argument depends on the batch"
+        assert kind in (
+            "int_value",
+            "float_value",
+        ), f"{path}: a {kind} argument depends on the batch"
         out.append((path, getattr(a, kind), getattr(b, kind)))
 
 
@@ -55,7 +62,9 @@ def test_batch_size_only_in_visible_numbers(model):
 
     diffs = []
     for nf, nh in zip(g_full.nodes, g_half.nodes):
-        assert len(nf.args) == len(nh.args) and [k.name for k in nf.kwargs] == [k.name for k in nh.kwargs]
+        assert len(nf.args) == len(nh.args) and [k.name for k in nf.kwargs] == [
+            k.name for k in nh.kwargs
+        ]
         for i, (x, y) in enumerate(zip(nf.args, nh.args)):
             _diff_args(f"{nf.name}.args[{i}]", x, y, diffs)
         for kf, kh in zip(nf.kwargs, nh.kwargs):

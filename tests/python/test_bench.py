@@ -30,7 +30,9 @@ def build_dir() -> pathlib.Path:
 
 def binary(name: str) -> pathlib.Path:
     p = build_dir() / "bin" / name
-    assert p.is_file() and os.access(p, os.X_OK), f"{p} is missing: build it first (make test builds it)"
+    assert p.is_file() and os.access(
+        p, os.X_OK
+    ), f"{p} is missing: build it first (make test builds it)"
     return p
 
 
@@ -38,8 +40,16 @@ PHASES = ("decode", "analyze", "expand")
 
 
 def check_pipeline_json(d: dict, reps: int) -> None:
-    for k in ("impl", "nodes", "wire_bytes", "world_size", "reps", "expanded_nodes", "buckets",
-              "peak_rss_bytes"):
+    for k in (
+        "impl",
+        "nodes",
+        "wire_bytes",
+        "world_size",
+        "reps",
+        "expanded_nodes",
+        "buckets",
+        "peak_rss_bytes",
+    ):
         assert k in d, k
     assert d["reps"] == reps and d["nodes"] > 0 and d["expanded_nodes"] > d["nodes"]
     assert d["peak_rss_bytes"] > 0
@@ -54,10 +64,26 @@ def quick_run(tmp_path_factory):
     for name in ("fxdp_pipeline_bench", "fxdp_compile_load", "fxdp_allreduce_bench", "fxdp-server"):
         binary(name)
     d = tmp_path_factory.mktemp("bench")
-    r = subprocess.run([sys.executable, str(REPO / "bench" / "run_all.py"), "--quick", "--build", str(build_dir()),
-                        "--areas", "pipeline,compile,allreduce", "--md", str(d / "RESULTS.md"),
-                        "--json", str(d / "results.json"), "--raw", str(d / "raw")],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "run_all.py"),
+            "--quick",
+            "--build",
+            str(build_dir()),
+            "--areas",
+            "pipeline,compile,allreduce",
+            "--md",
+            str(d / "RESULTS.md"),
+            "--json",
+            str(d / "results.json"),
+            "--raw",
+            str(d / "raw"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     return d
 
@@ -78,9 +104,25 @@ def test_pipeline_programs_write_json_and_agree(quick_run):
 
 def test_fx_baseline_follows_dtensor(tmp_path):
     g = tmp_path / "g.pb"
-    subprocess.run([str(binary("fxdp_pipeline_bench")), "--write_synthetic=500", f"--out={g}"], check=True)
-    r = subprocess.run([sys.executable, str(REPO / "bench" / "fx_baseline.py"), "--graph", str(g), "--reps", "1",
-                        "--world-size", "2", "--check-dtensor"], capture_output=True, text=True, timeout=120)
+    subprocess.run(
+        [str(binary("fxdp_pipeline_bench")), "--write_synthetic=500", f"--out={g}"], check=True
+    )
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "fx_baseline.py"),
+            "--graph",
+            str(g),
+            "--reps",
+            "1",
+            "--world-size",
+            "2",
+            "--check-dtensor",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     # every view node's walk was checked against DTensor's propagate_shape_and_sharding
@@ -117,7 +159,9 @@ def test_allreduce_json(quick_run):
     res = json.loads((quick_run / "results.json").read_text())["areas"]["allreduce"]
     assert res["nccl"].startswith("not run") or isinstance(res["nccl"], dict)
     row = res["table"][0]
-    assert row["fxdp"]["busbw_gbs"]["median"] == pytest.approx(row["fxdp"]["algbw_gbs"]["median"])  # n = 2
+    assert row["fxdp"]["busbw_gbs"]["median"] == pytest.approx(
+        row["fxdp"]["algbw_gbs"]["median"]
+    )  # n = 2
 
 
 def test_results_md_has_every_table(quick_run):
@@ -137,29 +181,88 @@ def test_results_md_step_and_executor_tables():
     """The tables of the two areas whose programs are too slow for the test suite, rendered from
     results in the shape bench/step_vs_ddp.py and bench/executor_baselines.py write."""
     s = lambda *v: run_all.summ(list(v))  # noqa: E731
-    step = {"raw": {"torch": "2.13.0", "steps": 30, "warmup": 5, "reps": 2, "bucket_mb": 25, "results": {
-        "mlp": {"fxdp-worker N=2": s(46.0, 48.0), "DDP N=2": s(44.0, 45.0), "fxdp_step_bench N=2": s(47.0, 47.5),
-                "fxdp wait (rank 0)": s(13.0, 12.0), "fxdp wait (rank 1)": s(12.0, 13.0),
-                "fxdp start (rank 0)": s(0.4, 0.5), "fxdp-worker N=1": s(30.0, 31.0), "eager N=1": s(29.0, 29.5),
-                "fxdp-worker / DDP (per repetition)": s(1.02, 1.04), "load average": [1.5, 1.6],
-                "info": {"params": 3411200, "graph_nodes": 234, "global_batch": [128, 1024],
-                         "buckets": [1049600, 12595200], "bytes_per_step": 13644804},
-                "collectives_per_step": 3}}},
-            "n4": run_all.N4_REASON, "command": "bench/step_vs_ddp.py --reps 2", "load": [1, 1], "wall_s": 1}
-    executor = {"nodes": 10000, "command": "bench/executor_baselines.py", "load": [1, 1], "wall_s": 1,
-                "ns_per_node": {"fxdp Program::Run": s(430, 440), "C++ direct at::": s(425, 430),
-                                "torch.fx.Interpreter": s(5200, 5300)}}
-    meta = {"date": "2026-01-01 00:00 UTC", "git_commit": "0" * 40, "git_dirty": False, "cpu": "cpu",
-            "cores": 2, "memory_gib": 23.5, "gpus": 0, "os": "Debian", "kernel": "6", "python": "3.11",
-            "torch": "2.13.0", "build_dir": "build", "build_type": "Release", "load_start": [1, 1, 1],
-            "load_end": [1, 1, 1], "wall_s": 60}
-    md = run_all.render_markdown({"meta": meta, "areas": {"executor": executor, "step": step,
-                                                          "pipeline": {"error": "boom", "wall_s": 0}}})
+    step = {
+        "raw": {
+            "torch": "2.13.0",
+            "steps": 30,
+            "warmup": 5,
+            "reps": 2,
+            "bucket_mb": 25,
+            "results": {
+                "mlp": {
+                    "fxdp-worker N=2": s(46.0, 48.0),
+                    "DDP N=2": s(44.0, 45.0),
+                    "fxdp_step_bench N=2": s(47.0, 47.5),
+                    "fxdp wait (rank 0)": s(13.0, 12.0),
+                    "fxdp wait (rank 1)": s(12.0, 13.0),
+                    "fxdp start (rank 0)": s(0.4, 0.5),
+                    "fxdp-worker N=1": s(30.0, 31.0),
+                    "eager N=1": s(29.0, 29.5),
+                    "fxdp-worker / DDP (per repetition)": s(1.02, 1.04),
+                    "load average": [1.5, 1.6],
+                    "info": {
+                        "params": 3411200,
+                        "graph_nodes": 234,
+                        "global_batch": [128, 1024],
+                        "buckets": [1049600, 12595200],
+                        "bytes_per_step": 13644804,
+                    },
+                    "collectives_per_step": 3,
+                }
+            },
+        },
+        "n4": run_all.N4_REASON,
+        "command": "bench/step_vs_ddp.py --reps 2",
+        "load": [1, 1],
+        "wall_s": 1,
+    }
+    executor = {
+        "nodes": 10000,
+        "command": "bench/executor_baselines.py",
+        "load": [1, 1],
+        "wall_s": 1,
+        "ns_per_node": {
+            "fxdp Program::Run": s(430, 440),
+            "C++ direct at::": s(425, 430),
+            "torch.fx.Interpreter": s(5200, 5300),
+        },
+    }
+    meta = {
+        "date": "2026-01-01 00:00 UTC",
+        "git_commit": "0" * 40,
+        "git_dirty": False,
+        "cpu": "cpu",
+        "cores": 2,
+        "memory_gib": 23.5,
+        "gpus": 0,
+        "os": "Debian",
+        "kernel": "6",
+        "python": "3.11",
+        "torch": "2.13.0",
+        "build_dir": "build",
+        "build_type": "Release",
+        "load_start": [1, 1, 1],
+        "load_end": [1, 1, 1],
+        "wall_s": 60,
+    }
+    md = run_all.render_markdown(
+        {
+            "meta": meta,
+            "areas": {
+                "executor": executor,
+                "step": step,
+                "pipeline": {"error": "boom", "wall_s": 0},
+            },
+        }
+    )
     assert "## 2. Executor host overhead per node" in md
     assert "| **fxdp Program::Run** | 435 (430-440) | 1.00x |" in md
     assert "| torch.fx.Interpreter | 5,250 (5,200-5,300) | 0.08x |" in md
     assert "## 3. Training step at N=2" in md
-    assert "| mlp | 47.0 (46.0-48.0) | 44.5 (44.0-45.0) | 1.03 (1.02-1.04) | 12.5 (12.0-13.0) | 30.5 / 29.2 |" in md
+    assert (
+        "| mlp | 47.0 (46.0-48.0) | 44.5 (44.0-45.0) | 1.03 (1.02-1.04) | 12.5 (12.0-13.0) | 30.5 / 29.2 |"
+        in md
+    )
     assert "**N=4**: not run" in md
     assert "**failed**: `boom`" in md
 
@@ -171,8 +274,22 @@ def test_step_vs_ddp_quick_gpt2(tmp_path):
     for name in ("fxdp", "fxdp-worker"):
         binary(name)
     j = tmp_path / "step.json"
-    r = subprocess.run([sys.executable, str(REPO / "bench" / "step_vs_ddp.py"), "--quick", "--models", "gpt2",
-                        "--build", str(build_dir()), "--json", str(j)], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "step_vs_ddp.py"),
+            "--quick",
+            "--models",
+            "gpt2",
+            "--build",
+            str(build_dir()),
+            "--json",
+            str(j),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     d = json.loads(j.read_text())
     g = d["results"]["gpt2"]
@@ -181,7 +298,11 @@ def test_step_vs_ddp_quick_gpt2(tmp_path):
     for k in ("fxdp-worker N=2", "DDP N=2"):
         assert len(g[k]["runs"]) == 1 and g[k]["median"] > 0, k
     assert g["fxdp-worker / DDP (per repetition)"]["median"] > 0
-    md = "\n".join(results_markdown.md_step({"raw": d, "n4": run_all.N4_REASON, "command": "step_vs_ddp.py --quick"}))
+    md = "\n".join(
+        results_markdown.md_step(
+            {"raw": d, "n4": run_all.N4_REASON, "command": "step_vs_ddp.py --quick"}
+        )
+    )
     assert "| gpt2 | " in md and "steps/warm-up/repetitions 3/1/1" in md
 
 
@@ -194,9 +315,22 @@ def test_fully_shard_vs_fsdp2_quick(tmp_path):
         binary(name)
     j = tmp_path / "fsdp.json"
     systems = "fxdp fully_shard,fxdp replicate,FSDP2"
-    r = subprocess.run([sys.executable, str(REPO / "bench" / "fully_shard_vs_fsdp2.py"), "--quick",
-                        "--systems", systems, "--build", str(build_dir()), "--json", str(j)],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "fully_shard_vs_fsdp2.py"),
+            "--quick",
+            "--systems",
+            systems,
+            "--build",
+            str(build_dir()),
+            "--json",
+            str(j),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     d = json.loads(j.read_text())
     assert d["quick"] and d["steps"] == 3 and d["reps"] == 1 and d["info"]["params"] > 0
@@ -221,7 +355,9 @@ def test_fully_shard_vs_fsdp2_quick(tmp_path):
         assert mem[k][0]["state"] == pytest.approx(fm[k]["state"], rel=0.05), k
         assert mem[k][0]["end_of_backward"] > mem[k][0]["state"], k
     assert mem["fxdp fully_shard"][0]["state"] < 0.6 * mem["fxdp replicate"][0]["state"]
-    md = "\n".join(results_markdown.md_fsdp({"raw": d, "command": "fully_shard_vs_fsdp2.py --quick"}))
+    md = "\n".join(
+        results_markdown.md_fsdp({"raw": d, "command": "fully_shard_vs_fsdp2.py --quick"})
+    )
     assert "params + grads + optimizer state MB: measured / formula" in md
     assert "## 6. FULLY_SHARD against REPLICATE against PyTorch FSDP2" in md
     assert "| **fxdp fully_shard** | " in md and "| fxdp replicate | " in md and "| FSDP2 | " in md

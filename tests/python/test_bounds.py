@@ -16,7 +16,6 @@ import time
 
 import grpc
 import pytest
-
 from _util import fxdp_binary, local_server, make_pki, traced
 from fxdp import zoo
 from fxdp.client import _chunks as chunks
@@ -44,8 +43,13 @@ def test_an_expand_that_runs_out_of_memory_is_resource_exhausted_with_a_message(
     server capped at its idle address space + 256 MiB: RESOURCE_EXHAUSTED naming the request, and
     the server still answers."""
     server = fxdp_binary("FXDP_SERVER_BIN", "fxdp-server")
-    probe = subprocess.Popen([server, "--listen", "127.0.0.1:0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                             text=True, env=dict(os.environ, MALLOC_ARENA_MAX="2"))
+    probe = subprocess.Popen(
+        [server, "--listen", "127.0.0.1:0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=dict(os.environ, MALLOC_ARENA_MAX="2"),
+    )
     try:
         assert probe.stdout.readline().startswith("listening on ")
         idle = _vm_kib(probe.pid, "VmPeak") * 1024
@@ -54,27 +58,61 @@ def test_an_expand_that_runs_out_of_memory_is_resource_exhausted_with_a_message(
         probe.wait()
     # A batch of 150,001 samples: 150,000 ranks split it unevenly, one rank graph each.
     text = (ROOT / "tests" / "testdata" / "mlp_sgd.txt").read_text()
-    text = (text.replace("[8, ", "[150001, ").replace("[3, 8]", "[3, 150001]")
-            .replace("div.Scalar(%expand, 24)", "div.Scalar(%expand, 450003)"))
+    text = (
+        text.replace("[8, ", "[150001, ")
+        .replace("[3, 8]", "[3, 150001]")
+        .replace("div.Scalar(%expand, 24)", "div.Scalar(%expand, 450003)")
+    )
     (tmp_path / "g.txt").write_text(text)
-    subprocess.run([fxdp_binary("FXDP_BIN", "fxdp"), "graph", "parse", str(tmp_path / "g.txt"),
-                    str(tmp_path / "g.pb")], check=True, capture_output=True)
+    subprocess.run(
+        [
+            fxdp_binary("FXDP_BIN", "fxdp"),
+            "graph",
+            "parse",
+            str(tmp_path / "g.txt"),
+            str(tmp_path / "g.pb"),
+        ],
+        check=True,
+        capture_output=True,
+    )
     graph = gpb.GraphDef.FromString((tmp_path / "g.pb").read_bytes())
     env = dict(os.environ, MALLOC_ARENA_MAX="2")  # glibc reserves 64 MiB of address space per arena
-    proc = subprocess.Popen(["prlimit", f"--as={idle + (256 << 20)}", server, "--listen", "127.0.0.1:0",
-                             "--max-world-size", "1000000", "--max-expanded-nodes", str(1 << 40),
-                             "--max-expanded-mb", str(1 << 30), "--cache-entries", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [
+            "prlimit",
+            f"--as={idle + (256 << 20)}",
+            server,
+            "--listen",
+            "127.0.0.1:0",
+            "--max-world-size",
+            "1000000",
+            "--max-expanded-nodes",
+            str(1 << 40),
+            "--max-expanded-mb",
+            str(1 << 30),
+            "--cache-entries",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         line = proc.stdout.readline()
-        assert line.startswith("listening on "), (line, proc.stderr.read() if proc.poll() is not None else "")
+        assert line.startswith("listening on "), (
+            line,
+            proc.stderr.read() if proc.poll() is not None else "",
+        )
         with grpc.insecure_channel(line.split()[-1]) as ch:
             stub = cgrpc.CompileServiceStub(ch)
             with pytest.raises(grpc.RpcError) as e:
                 stub.Expand(cpb.ExpandRequest(graph=graph, world_size=150000), timeout=120)
             assert e.value.code() == RESOURCE_EXHAUSTED, (e.value.code(), e.value.details())
-            assert e.value.details() == ("the server ran out of memory computing the Expand request (world_size "
-                                         f"150000, {len(graph.nodes)} nodes); its other calls go on")
+            assert e.value.details() == (
+                "the server ran out of memory computing the Expand request (world_size "
+                f"150000, {len(graph.nodes)} nodes); its other calls go on"
+            )
             # It still serves.
             ok = stub.Expand(cpb.ExpandRequest(graph=graph, world_size=1), timeout=60)
             assert len(ok.graphs) == 1
@@ -90,21 +128,41 @@ def pki(tmp_path_factory):
 
 
 def tls_args(p: pathlib.Path):
-    return ["--tls-cert", str(p / "server.pem"), "--tls-key", str(p / "server.key"), "--tls-ca", str(p / "ca.pem"),
-            "--client-tokens", str(p / "client-tokens"), "--worker-token-file", str(p / "worker.token")]
+    return [
+        "--tls-cert",
+        str(p / "server.pem"),
+        "--tls-key",
+        str(p / "server.key"),
+        "--tls-ca",
+        str(p / "ca.pem"),
+        "--client-tokens",
+        str(p / "client-tokens"),
+        "--worker-token-file",
+        str(p / "worker.token"),
+    ]
 
 
 def channel(address, p: pathlib.Path, who: str):
-    return grpc.secure_channel(address, grpc.composite_channel_credentials(
-        grpc.ssl_channel_credentials((p / "ca.pem").read_bytes()),
-        grpc.access_token_call_credentials((p / f"{who}.token").read_text().strip())))
+    return grpc.secure_channel(
+        address,
+        grpc.composite_channel_credentials(
+            grpc.ssl_channel_credentials((p / "ca.pem").read_bytes()),
+            grpc.access_token_call_credentials((p / f"{who}.token").read_text().strip()),
+        ),
+    )
 
 
 def wait_idle(address, p, n: int, timeout=60.0):
     with channel(address, p, "admin") as ch:
         stub = wgrpc.WorkerServiceStub(ch)
         deadline = time.monotonic() + timeout
-        while sum(w.state == wpb.WORKER_STATE_IDLE for w in stub.ListWorkers(wpb.ListWorkersRequest()).workers) < n:
+        while (
+            sum(
+                w.state == wpb.WORKER_STATE_IDLE
+                for w in stub.ListWorkers(wpb.ListWorkersRequest()).workers
+            )
+            < n
+        ):
             assert time.monotonic() < deadline, "workers not IDLE"
             time.sleep(0.1)
 
@@ -118,8 +176,15 @@ class Held:
         step = traced(MODEL, OPTIM)
 
         def requests():
-            yield jpb.SubmitJobRequest(spec=jpb.JobSpec(graph=step.graph, world_size=world, steps=1,
-                                                        num_state_tensors=len(step.initial_state()), name="held"))
+            yield jpb.SubmitJobRequest(
+                spec=jpb.JobSpec(
+                    graph=step.graph,
+                    world_size=world,
+                    steps=1,
+                    num_state_tensors=len(step.initial_state()),
+                    name="held",
+                )
+            )
             self._done.wait(120)
 
         self.stream = jobs.Submit(requests(), timeout=120)
@@ -138,8 +203,11 @@ def run_job(jobs):
     state = step.initial_state()
 
     def requests():
-        yield jpb.SubmitJobRequest(spec=jpb.JobSpec(graph=step.graph, world_size=1, steps=1,
-                                                    num_state_tensors=len(state), name="bob"))
+        yield jpb.SubmitJobRequest(
+            spec=jpb.JobSpec(
+                graph=step.graph, world_size=1, steps=1, num_state_tensors=len(state), name="bob"
+            )
+        )
         for k, v in state.items():
             for c in chunks(k, v):
                 yield jpb.SubmitJobRequest(state=c)
@@ -171,8 +239,10 @@ def test_one_identity_cannot_take_every_submit_stream(pki):
             for h in held:
                 assert h.first().state == jpb.JOB_STATE_QUEUED  # on the server: its stream counts
             e = refused(Held(alice).stream)
-            assert e.details() == ("identity 'alice' has 2 Submit streams open, the most one identity may hold "
-                                   "at once (fxdp-server --max-submit-streams-per-identity)"), e.details()
+            assert e.details() == (
+                "identity 'alice' has 2 Submit streams open, the most one identity may hold "
+                "at once (fxdp-server --max-submit-streams-per-identity)"
+            ), e.details()
             job = run_job(bob)
             assert next(job).state == jpb.JOB_STATE_QUEUED
             for h in held:
@@ -194,8 +264,10 @@ def test_one_identity_cannot_fill_the_queue(pki):
             held = [Held(alice) for _ in range(3)]
             assert sorted(h.first().queue_position for h in held) == [0, 1, 2]  # one runs, 2 wait
             e = refused(Held(alice).stream)
-            assert e.details() == ("identity 'alice' has 2 jobs queued, the most one identity may have waiting "
-                                   "(fxdp-server --max-queued-jobs-per-identity)"), e.details()
+            assert e.details() == (
+                "identity 'alice' has 2 jobs queued, the most one identity may have waiting "
+                "(fxdp-server --max-queued-jobs-per-identity)"
+            ), e.details()
             job = run_job(bob)
             assert next(job).queue_position == 3
             for h in held:

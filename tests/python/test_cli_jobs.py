@@ -25,9 +25,8 @@ import time
 
 import pytest
 import torch
+from _util import ATOL, RTOL, fxdp_binary, local_server, traced
 from safetensors.torch import load_file
-
-from _util import ATOL, RTOL, fxdp_binary, traced, local_server
 
 MODEL, OPTIM = "mlp", "adamw"
 
@@ -41,14 +40,25 @@ def server():
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     d = tmp_path_factory.mktemp("zoo")
-    subprocess.run([sys.executable, "-m", "fxdp.zoo.export", str(d), "--models", MODEL, "--optims", OPTIM],
-                   check=True, capture_output=True, text=True)
+    subprocess.run(
+        [sys.executable, "-m", "fxdp.zoo.export", str(d), "--models", MODEL, "--optims", OPTIM],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     base = d / f"{MODEL}_{OPTIM}"
-    return {"graph": f"{base}.pb", "state": f"{base}.safetensors", "data": f"{base}.batch.safetensors", "dir": d}
+    return {
+        "graph": f"{base}.pb",
+        "state": f"{base}.safetensors",
+        "data": f"{base}.batch.safetensors",
+        "dir": d,
+    }
 
 
 def fxdp(*args, timeout=60):
-    return subprocess.run([fxdp_binary("FXDP_BIN", "fxdp"), *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [fxdp_binary("FXDP_BIN", "fxdp"), *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def wait_idle(server, n=2, timeout=30.0):
@@ -57,15 +67,35 @@ def wait_idle(server, n=2, timeout=30.0):
     deadline = time.monotonic() + timeout
     while True:
         r = fxdp("workers", "--server", server, "--json")
-        if r.returncode == 0 and sum(w["state"] == "IDLE" for w in json.loads(r.stdout)["workers"]) >= n:
+        if (
+            r.returncode == 0
+            and sum(w["state"] == "IDLE" for w in json.loads(r.stdout)["workers"]) >= n
+        ):
             return
-        assert time.monotonic() < deadline, f"{n} workers not IDLE within {timeout} s: {r.stdout} {r.stderr}"
+        assert (
+            time.monotonic() < deadline
+        ), f"{n} workers not IDLE within {timeout} s: {r.stdout} {r.stderr}"
         time.sleep(0.1)
 
 
 def run_args(server, ex, steps, *extra):
-    return ["run", ex["graph"], "--server", server, "--world-size", "2", "--state", ex["state"],
-            "--data", ex["data"], "--steps", str(steps), "--timeout", "10", *extra]
+    return [
+        "run",
+        ex["graph"],
+        "--server",
+        server,
+        "--world-size",
+        "2",
+        "--state",
+        ex["state"],
+        "--data",
+        ex["data"],
+        "--steps",
+        str(steps),
+        "--timeout",
+        "10",
+        *extra,
+    ]
 
 
 def test_run_trains_like_one_device_and_is_listed(server, exported):
@@ -73,7 +103,9 @@ def test_run_trains_like_one_device_and_is_listed(server, exported):
     out = exported["dir"] / "final.safetensors"
     r = fxdp(*run_args(server, exported, 3, "--out", str(out)))
     assert r.returncode == 0, r.stderr
-    losses = [float(x) for x in re.findall(r"^step \d+/3 loss (\S+) \([\d.]+ ms\)$", r.stdout, re.M)]
+    losses = [
+        float(x) for x in re.findall(r"^step \d+/3 loss (\S+) \([\d.]+ ms\)$", r.stdout, re.M)
+    ]
     assert len(losses) == 3, r.stdout
     m = re.search(r"^job (\S+) SUCCEEDED", r.stdout, re.M)
     assert m, r.stdout
@@ -112,7 +144,12 @@ def test_run_trains_like_one_device_and_is_listed(server, exported):
     assert r.returncode == 0, r.stderr
     jobs = {j["job_id"]: j for j in json.loads(r.stdout)["jobs"]}
     j = jobs[job_id]
-    assert j["state"] == "SUCCEEDED" and j["steps_done"] == 3 and j["steps"] == 3 and j["world_size"] == 2
+    assert (
+        j["state"] == "SUCCEEDED"
+        and j["steps_done"] == 3
+        and j["steps"] == 3
+        and j["world_size"] == 2
+    )
     assert len(j["losses"]) == 3 and j["has_state"]
 
     r = fxdp("jobs", "--server", server)
@@ -146,7 +183,7 @@ def test_run_with_data_on_workers(server, exported):
     wait_idle(server)
     args = run_args(server, exported, 3, "--json")
     i = args.index("--data")
-    args[i:i + 2] = ["--data-on-workers", exported["data"]]
+    args[i : i + 2] = ["--data-on-workers", exported["data"]]
     r = fxdp(*args)
     assert r.returncode == 0, r.stderr
     events = json_events(r.stdout)
@@ -154,16 +191,29 @@ def test_run_with_data_on_workers(server, exported):
     for g, want in zip(got, reference_losses(exported, 3), strict=True):
         assert abs(g - want) <= RTOL * abs(want) + ATOL, (got, want)
     r = fxdp("job", events[-1]["job_id"], "--server", server)
-    assert r.returncode == 0 and exported["data"] in r.stdout and "on the workers" in r.stdout, r.stdout
-    r = fxdp("run", exported["graph"], "--state", exported["state"], "--data-on-workers", exported["data"])
+    assert (
+        r.returncode == 0 and exported["data"] in r.stdout and "on the workers" in r.stdout
+    ), r.stdout
+    r = fxdp(
+        "run",
+        exported["graph"],
+        "--state",
+        exported["state"],
+        "--data-on-workers",
+        exported["data"],
+    )
     assert r.returncode == 2 and "--data-on-workers needs --steps" in r.stderr, r
     r = fxdp("run", exported["graph"], "--state", exported["state"])
     assert r.returncode == 2 and "either --data or --data-on-workers" in r.stderr, r
 
 
 def start_run(server, exported, steps, *extra):
-    return subprocess.Popen([fxdp_binary("FXDP_BIN", "fxdp"), *run_args(server, exported, steps, *extra)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [fxdp_binary("FXDP_BIN", "fxdp"), *run_args(server, exported, steps, *extra)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_queued_run_waits_then_runs(server, exported):
@@ -178,20 +228,29 @@ def test_queued_run_waits_then_runs(server, exported):
                 break
         queued = start_run(server, exported, 2)
         first = queued.stdout.readline()
-        m = re.fullmatch(r"job (\S+) queued: position 1, waiting for 2 idle workers; 2 registered, 0 idle\n", first)
+        m = re.fullmatch(
+            r"job (\S+) queued: position 1, waiting for 2 idle workers; 2 registered, 0 idle\n",
+            first,
+        )
         assert m, first
         queued_id = m.group(1)
         cancelled = start_run(server, exported, 2, "--json")
         c = json.loads(cancelled.stdout.readline())
-        assert c["state"] == "QUEUED" and c["queue_position"] == 2 and "1 job ahead" in c["message"], c
+        assert (
+            c["state"] == "QUEUED" and c["queue_position"] == 2 and "1 job ahead" in c["message"]
+        ), c
 
         r = fxdp("jobs", "--server", server)
         row = next(l for l in r.stdout.splitlines() if l.startswith(queued_id))
         assert "QUEUED" in row and "waiting for 2 idle workers" in row, r.stdout
         r = fxdp("job", queued_id, "--server", server)
-        assert re.search(r"^queue +position 1: waiting for 2 idle workers", r.stdout, re.M), r.stdout
+        assert re.search(
+            r"^queue +position 1: waiting for 2 idle workers", r.stdout, re.M
+        ), r.stdout
         r = fxdp("cancel", c["job_id"], "--server", server)
-        assert r.returncode == 0 and "CANCELLED" in r.stdout and "cancelled while queued" in r.stdout, r
+        assert (
+            r.returncode == 0 and "CANCELLED" in r.stdout and "cancelled while queued" in r.stdout
+        ), r
         rest, err = cancelled.communicate(timeout=30)
         assert cancelled.returncode == 1 and "CANCELLED" in err, (rest, err)
 
@@ -201,7 +260,9 @@ def test_queued_run_waits_then_runs(server, exported):
         lines = out.splitlines()
         # The busy job's workers come back one at a time: the queued job may first say
         # "... 2 registered, 1 idle" (a QUEUED update) before it runs.
-        while lines and lines[0].startswith(f"job {queued_id} queued: position 1, waiting for 2 idle"):
+        while lines and lines[0].startswith(
+            f"job {queued_id} queued: position 1, waiting for 2 idle"
+        ):
             lines.pop(0)
         assert lines and lines[0].startswith(f"job {queued_id} running on local-"), out
         assert [l.split(" loss")[0] for l in lines[1:3]] == ["step 1/2", "step 2/2"], lines
@@ -215,8 +276,12 @@ def test_queued_run_waits_then_runs(server, exported):
 
 def test_cancel_makes_run_exit_1(server, exported):
     wait_idle(server)
-    proc = subprocess.Popen([fxdp_binary("FXDP_BIN", "fxdp"), *run_args(server, exported, 3000, "--json")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [fxdp_binary("FXDP_BIN", "fxdp"), *run_args(server, exported, 3000, "--json")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         job_id = None
         for line in proc.stdout:

@@ -11,12 +11,11 @@ import json
 import subprocess
 import threading
 
+import fxdp
 import grpc
 import pytest
 import torch
-
-import fxdp
-from _util import ATOL, RTOL, fxdp_binary, idle_client, traced, local_server
+from _util import ATOL, RTOL, fxdp_binary, idle_client, local_server, traced
 from fxdp import zoo
 from fxdp.v1 import graph_pb2 as gpb
 from fxdp.v1 import jobs_pb2 as jpb
@@ -35,8 +34,14 @@ def test_analyze_and_expand_equal_the_local_cli(client, tmp_path):
     step = traced(MODEL, OPTIM)
     path = tmp_path / "g.pb"
     step.save(path)
-    local = json.loads(subprocess.run([fxdp_binary("FXDP_BIN", "fxdp"), "analyze", str(path), "--world-size", "2",
-                                       "--json"], capture_output=True, text=True, check=True).stdout)
+    local = json.loads(
+        subprocess.run(
+            [fxdp_binary("FXDP_BIN", "fxdp"), "analyze", str(path), "--world-size", "2", "--json"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
     assert client.analyze(step, world_size=2) == local
     ex = client.expand(step, world_size=3)
     assert ex.identical and len(ex.graphs) == 1
@@ -49,16 +54,22 @@ def test_train_on_two_workers_equals_one_device(client):
     e = zoo.get(MODEL)
     batches = [e.batch(i) for i in range(3)]
     seen = []
-    result = client.train(step, world_size=2, batches=batches, on_step=lambda i, l: seen.append((i, l)))
+    result = client.train(
+        step, world_size=2, batches=batches, on_step=lambda i, l: seen.append((i, l))
+    )
     ref, losses = step.initial_state(), []
     for b in batches:
         ref, loss = step.run_local(ref, b)
         losses.append(loss.item())
-    torch.testing.assert_close(torch.tensor(result.losses), torch.tensor(losses), rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(
+        torch.tensor(result.losses), torch.tensor(losses), rtol=RTOL, atol=ATOL
+    )
     assert [i for i, _ in seen] == [1, 2, 3]
     assert set(result.state) == set(ref)
     for name, want in ref.items():
-        torch.testing.assert_close(result.state[name], want, rtol=RTOL, atol=ATOL, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(
+            result.state[name], want, rtol=RTOL, atol=ATOL, msg=lambda m: f"{name}: {m}"
+        )
     assert client.job(result.job_id).state == 3  # JOB_STATE_SUCCEEDED
 
 
@@ -91,13 +102,19 @@ def test_train_streams_a_generator_lazily(client):
             yield e.batch(k)
 
     events = []
-    result = client.train(step, world_size=2, batches=batches(), on_step=on_step, on_event=events.append)
+    result = client.train(
+        step, world_size=2, batches=batches(), on_step=on_step, on_event=events.append
+    )
     ref, losses = reference(step, [e.batch(k) for k in range(steps)])
-    torch.testing.assert_close(torch.tensor(result.losses), torch.tensor(losses), rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(
+        torch.tensor(result.losses), torch.tensor(losses), rtol=RTOL, atol=ATOL
+    )
     assert events[0].state == jpb.JOB_STATE_QUEUED and events[-1].state == jpb.JOB_STATE_SUCCEEDED
     assert client.job(result.job_id).steps == steps  # open-ended: the steps the generator yielded
     for name, want in ref.items():
-        torch.testing.assert_close(result.state[name], want, rtol=RTOL, atol=ATOL, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(
+            result.state[name], want, rtol=RTOL, atol=ATOL, msg=lambda m: f"{name}: {m}"
+        )
 
 
 def test_train_from_a_file_on_the_workers(client, tmp_path):
@@ -107,9 +124,13 @@ def test_train_from_a_file_on_the_workers(client, tmp_path):
     save_file(e.named_batch(3), str(path))
     result = client.train(step, world_size=2, data_path=path, steps=3)
     ref, losses = reference(step, [e.batch(3)] * 3)
-    torch.testing.assert_close(torch.tensor(result.losses), torch.tensor(losses), rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(
+        torch.tensor(result.losses), torch.tensor(losses), rtol=RTOL, atol=ATOL
+    )
     for name, want in ref.items():
-        torch.testing.assert_close(result.state[name], want, rtol=RTOL, atol=ATOL, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(
+            result.state[name], want, rtol=RTOL, atol=ATOL, msg=lambda m: f"{name}: {m}"
+        )
     assert list(client.job(result.job_id).data_paths) == [str(path)]
 
     missing = tmp_path / "nope.safetensors"
@@ -122,7 +143,9 @@ def test_train_from_a_file_on_the_workers(client, tmp_path):
     with pytest.raises(fxdp.ServerError) as err:
         client.train(step, world_size=2, data_path=[partial], steps=1)
     assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT, err.value
-    assert str(partial) in str(err.value) and "'target'" in str(err.value) and "rank" in str(err.value)
+    assert (
+        str(partial) in str(err.value) and "'target'" in str(err.value) and "rank" in str(err.value)
+    )
 
 
 def test_errors_raise_server_error(client):
@@ -132,11 +155,15 @@ def test_errors_raise_server_error(client):
     bad.nodes[5].name = bad.nodes[4].name  # a duplicate node name
     with pytest.raises(fxdp.ServerError) as err:
         client.analyze(bad)
-    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and bad.nodes[4].name in str(err.value)
+    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and bad.nodes[4].name in str(
+        err.value
+    )
     x, target = zoo.get(MODEL).batch(0)
     with pytest.raises(fxdp.ServerError) as err:
         client.train(step, world_size=2, batches=[(x[:, :9], target)])
-    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and "input 'x' is f32[12, 9]" in str(err.value)
+    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and "input 'x' is f32[12, 9]" in str(
+        err.value
+    )
 
     def failing():
         yield (x, target)
@@ -156,16 +183,23 @@ def test_unreachable_server_names_the_address_and_how_to_start_one():
         fxdp.Client("127.0.0.1:1", timeout=10).jobs()
     msg = str(err.value)
     assert err.value.code == grpc.StatusCode.UNAVAILABLE, msg
-    assert "cannot reach fxdp-server at 127.0.0.1:1" in msg and "fxdp-server --local-workers" in msg, msg
+    assert (
+        "cannot reach fxdp-server at 127.0.0.1:1" in msg and "fxdp-server --local-workers" in msg
+    ), msg
 
 
-@pytest.mark.parametrize("env,name,want", [
-    ("FXDP_BIN", "fxdp", "fxdp 0.1.0"),
-    ("FXDP_SERVER_BIN", "fxdp-server", "fxdp-server 0.1.0"),
-    ("FXDP_WORKER", "fxdp-worker", "fxdp-worker 0.1.0 (LibTorch 2.13"),
-])
+@pytest.mark.parametrize(
+    "env,name,want",
+    [
+        ("FXDP_BIN", "fxdp", "fxdp 0.1.0"),
+        ("FXDP_SERVER_BIN", "fxdp-server", "fxdp-server 0.1.0"),
+        ("FXDP_WORKER", "fxdp-worker", "fxdp-worker 0.1.0 (LibTorch 2.13"),
+    ],
+)
 def test_every_binary_has_version(env, name, want):
-    p = subprocess.run([fxdp_binary(env, name), "--version"], capture_output=True, text=True, timeout=30)
+    p = subprocess.run(
+        [fxdp_binary(env, name), "--version"], capture_output=True, text=True, timeout=30
+    )
     assert p.returncode == 0 and p.stdout.startswith(want), (p.returncode, p.stdout, p.stderr)
 
 
@@ -174,11 +208,19 @@ def test_large_state_goes_in_chunks():
     torch.manual_seed(0)
     model = torch.nn.Linear(4096, 4096)
     x, y = torch.randn(8, 4096), torch.randn(8, 4096)
-    step = fxdp.trace(model, torch.optim.SGD(model.parameters(), lr=0.01), torch.nn.MSELoss(), (x, y))
-    with local_server(extra_args=("--max-message-mb", "8")) as (address, _), \
-            fxdp.Client(address, max_message_mb=8) as c:
+    step = fxdp.trace(
+        model, torch.optim.SGD(model.parameters(), lr=0.01), torch.nn.MSELoss(), (x, y)
+    )
+    with (
+        local_server(extra_args=("--max-message-mb", "8")) as (address, _),
+        fxdp.Client(address, max_message_mb=8) as c,
+    ):
         result = c.train(step, world_size=2, batches=[(x, y)] * 2)
     ref, losses = reference(step, [(x, y)] * 2)
-    torch.testing.assert_close(torch.tensor(result.losses), torch.tensor(losses), rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(
+        torch.tensor(result.losses), torch.tensor(losses), rtol=RTOL, atol=ATOL
+    )
     for name, want in ref.items():
-        torch.testing.assert_close(result.state[name], want, rtol=RTOL, atol=ATOL, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(
+            result.state[name], want, rtol=RTOL, atol=ATOL, msg=lambda m: f"{name}: {m}"
+        )

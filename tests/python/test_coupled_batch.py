@@ -7,11 +7,10 @@ one device; the expand report names the extra collective and its bytes."""
 
 from __future__ import annotations
 
+import fxdp
 import pytest
 import torch
 import torch.nn.functional as F
-
-import fxdp
 from test_expand_oracle import STEPS, check_against_one_device
 
 
@@ -36,7 +35,9 @@ def test_in_batch_contrastive_loss_over_mm_trains_like_one_device(tmp_path, worl
     model = _InfoNCE()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     g = torch.Generator().manual_seed(2)
-    batches = [(torch.randn(b, 8, generator=g), torch.randn(b, 8, generator=g)) for _ in range(STEPS)]
+    batches = [
+        (torch.randn(b, 8, generator=g), torch.randn(b, 8, generator=g)) for _ in range(STEPS)
+    ]
     step = fxdp.trace_step(lambda m, o, batch: _train(m, o, batch), model, opt, batches[0])
     # + the all-gather of b for the forward product and of b for grad_a's, and the all-reduce
     # of b's gradient (partial over the whole batch) before it is sliced to each rank's rows

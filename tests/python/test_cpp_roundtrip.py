@@ -9,7 +9,6 @@ import pathlib
 import subprocess
 
 import pytest
-
 from _util import MODELS, OPTIMS, traced
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -17,9 +16,9 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 
 def fxdp_bin() -> str:
     path = os.environ.get("FXDP_BIN") or str(REPO / "build" / "bin" / "fxdp")
-    assert os.path.isfile(path) and os.access(path, os.X_OK), (
-        f"C++ CLI not found at {path}: build it first (make test builds it) or set FXDP_BIN"
-    )
+    assert os.path.isfile(path) and os.access(
+        path, os.X_OK
+    ), f"C++ CLI not found at {path}: build it first (make test builds it) or set FXDP_BIN"
     return path
 
 
@@ -30,7 +29,11 @@ def test_cpp_roundtrip_byte_for_byte(tmp_path, model, optim):
     src = tmp_path / f"{model}_{optim}.pb"
     dst = tmp_path / f"{model}_{optim}.out.pb"
     traced(model, optim).save(src)
-    proc = subprocess.run([binary, "graph", "roundtrip", str(src), str(dst)], capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(
+        [binary, "graph", "roundtrip", str(src), str(dst)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, f"fxdp graph roundtrip failed ({proc.returncode}): {proc.stderr}"
     assert dst.read_bytes() == src.read_bytes(), "C++ re-encoding differs from the Python encoding"

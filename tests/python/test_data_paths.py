@@ -17,15 +17,13 @@ import struct
 import subprocess
 import time
 
+import fxdp
 import grpc
 import pytest
-from safetensors.torch import save_file
-
-import fxdp
 from _util import local_server, traced
 from fxdp import zoo
 from fxdp.v1 import worker_pb2 as wpb
-
+from safetensors.torch import save_file
 from test_worker_attach import idle, lab  # noqa: F401  (lab: the fixture)
 
 MODEL, OPTIM = "mlp", "adamw"
@@ -35,8 +33,13 @@ MODEL, OPTIM = "mlp", "adamw"
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("root")
     outside = tmp_path_factory.mktemp("outside")
-    with local_server(extra_args=["--data-root", str(root), "--data-root", "/dev"]) as (address, log), \
-            fxdp.Client(address) as c:
+    with (
+        local_server(extra_args=["--data-root", str(root), "--data-root", "/dev"]) as (
+            address,
+            log,
+        ),
+        fxdp.Client(address) as c,
+    ):
         yield c, root, outside, log
 
 
@@ -67,11 +70,22 @@ def test_bad_data_paths_fail_the_job_and_the_workers_stay(setup):
     cases = [  # (path, status, what the error says)
         (root / "dir", grpc.StatusCode.FAILED_PRECONDITION, "is a directory, not a regular file"),
         (root / "fifo", grpc.StatusCode.FAILED_PRECONDITION, "is a FIFO, not a regular file"),
-        ("/dev/zero", grpc.StatusCode.FAILED_PRECONDITION, "is a character device, not a regular file"),
-        (outside / "secret.safetensors", grpc.StatusCode.PERMISSION_DENIED,
-         f"outside this worker's data roots (allowed: {root}, /dev)"),
+        (
+            "/dev/zero",
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "is a character device, not a regular file",
+        ),
+        (
+            outside / "secret.safetensors",
+            grpc.StatusCode.PERMISSION_DENIED,
+            f"outside this worker's data roots (allowed: {root}, /dev)",
+        ),
         (root / "escape", grpc.StatusCode.PERMISSION_DENIED, "goes through a symbolic link"),
-        (root / "truncated.safetensors", grpc.StatusCode.INVALID_ARGUMENT, "corrupt safetensors data"),
+        (
+            root / "truncated.safetensors",
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "corrupt safetensors data",
+        ),
         (root / "passwd", grpc.StatusCode.INVALID_ARGUMENT, "not a safetensors file"),
         ("/etc/passwd", grpc.StatusCode.PERMISSION_DENIED, "outside this worker's data roots"),
     ]
@@ -108,11 +122,17 @@ def test_errors_never_carry_a_files_bytes(setup):
     files = {
         "string": _with_length(b'"' + SECRET),
         "key": _with_length(b'{"' + SECRET + b'": 3}'),
-        "dtype": _with_length(b'{"x": {"dtype": "' + SECRET + b'", "shape": [1], "data_offsets": [0, 4]}}', b"abcd"),
-        "shape": _with_length(b'{"x": {"dtype": "F32", "shape": ["' + SECRET + b'"], "data_offsets": [0, 4]}}',
-                              b"abcd"),
+        "dtype": _with_length(
+            b'{"x": {"dtype": "' + SECRET + b'", "shape": [1], "data_offsets": [0, 4]}}', b"abcd"
+        ),
+        "shape": _with_length(
+            b'{"x": {"dtype": "F32", "shape": ["' + SECRET + b'"], "data_offsets": [0, 4]}}',
+            b"abcd",
+        ),
         "metadata": _with_length(b'{"__metadata__": {"' + SECRET + b'": 1}}'),
-        "trailing": _with_length(b'{"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}} ' + SECRET, b"abcd"),
+        "trailing": _with_length(
+            b'{"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}} ' + SECRET, b"abcd"
+        ),
         "length": b"AB\0\0\0\0\0\0" + SECRET,
     }
     for name, data in files.items():
@@ -120,7 +140,10 @@ def test_errors_never_carry_a_files_bytes(setup):
         with pytest.raises(fxdp.ServerError) as err:
             client.train(step, world_size=2, data_path=root / f"secret-{name}", steps=1)
         msg = str(err.value)
-        assert err.value.code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION), (name, msg)
+        assert err.value.code in (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            grpc.StatusCode.FAILED_PRECONDITION,
+        ), (name, msg)
         assert f"secret-{name}" in msg, msg
         for leak in ("SECRET", "hunter2", "16961", "16,961", "last read"):
             assert leak not in msg, (name, msg)
@@ -135,11 +158,18 @@ def _sparse_with_unused(path, batch, unused_bytes: int) -> None:
     header, blobs, off = {}, [], 0
     for k in sorted(batch):
         b = batch[k].contiguous().numpy().tobytes()
-        header[k] = {"dtype": names[str(batch[k].dtype)], "shape": list(batch[k].shape),
-                     "data_offsets": [off, off + len(b)]}
+        header[k] = {
+            "dtype": names[str(batch[k].dtype)],
+            "shape": list(batch[k].shape),
+            "data_offsets": [off, off + len(b)],
+        }
         blobs.append(b)
         off += len(b)
-    header["unused"] = {"dtype": "U8", "shape": [unused_bytes], "data_offsets": [off, off + unused_bytes]}
+    header["unused"] = {
+        "dtype": "U8",
+        "shape": [unused_bytes],
+        "data_offsets": [off, off + unused_bytes],
+    }
     h = json.dumps(header).encode()
     h += b" " * ((8 - len(h) % 8) % 8)
     with open(path, "wb") as f:
@@ -176,7 +206,8 @@ def test_the_server_state_dir_is_never_data(tmp_path):
     such a path at Submit (PERMISSION_DENIED naming it: directly, through a link, through '..');
     its --local-workers get the state dir and the key and token files as --data-exclude (and
     --max-data-mb from the server's flag), so they refuse it too when they open it."""
-    from test_security import PERMISSION_DENIED, client as tls_client, code_of, make_pki, server_args
+    from test_security import PERMISSION_DENIED, code_of, make_pki, server_args
+    from test_security import client as tls_client
 
     pki = make_pki(tmp_path / "pki")
     root = tmp_path / "root"
@@ -191,18 +222,29 @@ def test_the_server_state_dir_is_never_data(tmp_path):
         assert stolen.is_file()
         os.symlink(state, root / "via")
         (root / "x").mkdir()
-        for path in (stolen, root / "via" / "states" / stolen.name, f"{root}/x/../state/states/{stolen.name}"):
+        for path in (
+            stolen,
+            root / "via" / "states" / stolen.name,
+            f"{root}/x/../state/states/{stolen.name}",
+        ):
             e = code_of(lambda: bob.train(step, world_size=2, data_path=path, steps=1))
-            assert e.code == PERMISSION_DENIED and str(path) in str(e) and "state directory" in str(e), e
+            assert (
+                e.code == PERMISSION_DENIED and str(path) in str(e) and "state directory" in str(e)
+            ), e
         # A NUL ends the path for the kernel where the checks would look past it.
-        e = code_of(lambda: bob.train(step, world_size=2, data_path=f"{stolen}\0/../../../x", steps=1))
+        e = code_of(
+            lambda: bob.train(step, world_size=2, data_path=f"{stolen}\0/../../../x", steps=1)
+        )
         assert e.code == grpc.StatusCode.INVALID_ARGUMENT and "contains a NUL byte" in str(e), e
         for job in bob.jobs():  # whatever bob has, none holds a byte of alice's state
             assert job["state"] != "JOB_STATE_SUCCEEDED", job
         for w in admin.workers():
             args = open(f"/proc/{w['pid']}/cmdline").read().split("\0")
             excluded = {args[i + 1] for i, a in enumerate(args) if a == "--data-exclude"}
-            assert str(state.resolve()) in excluded and str((pki / "worker.token").resolve()) in excluded, args
+            assert (
+                str(state.resolve()) in excluded
+                and str((pki / "worker.token").resolve()) in excluded
+            ), args
             assert args[args.index("--max-data-mb") + 1] == "4096", args
 
 
@@ -217,17 +259,45 @@ def test_a_worker_refuses_excluded_paths_it_is_sent(lab, tmp_path):  # noqa: F81
     (data / "state").mkdir(parents=True)
     save_file(dict(zoo.get(MODEL).named_batch(0)), str(data / "state" / "b.safetensors"))
     server = lab.server()
-    proc = subprocess.Popen([lab.worker, "attach", "--server", f"127.0.0.1:{server.port}", "--worker-id", "x0",
-                             "--threads", "1", "--heartbeat-ms", "5000", "--data-root", str(data),
-                             "--data-exclude", str(data / "state")], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            lab.worker,
+            "attach",
+            "--server",
+            f"127.0.0.1:{server.port}",
+            "--worker-id",
+            "x0",
+            "--threads",
+            "1",
+            "--heartbeat-ms",
+            "5000",
+            "--data-root",
+            str(data),
+            "--data-exclude",
+            str(data / "state"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     lab.procs.append(proc)
     conn = server.accept(1)["x0"]
     path = str(data / "state" / "b.safetensors")
-    conn.send(assign_job=wpb.AssignJob(job_id="x", rank=0, world_size=1, device="cpu", steps=1, graph=single,
-                                       num_state_tensors=len(step.initial_state()), data_paths=[path]))
+    conn.send(
+        assign_job=wpb.AssignJob(
+            job_id="x",
+            rank=0,
+            world_size=1,
+            device="cpu",
+            steps=1,
+            graph=single,
+            num_state_tensors=len(step.initial_state()),
+            data_paths=[path],
+        )
+    )
     f = conn.recv("job_failed")
-    assert f.code == 7 and path in f.error and "never reads data from" in f.error, f  # PERMISSION_DENIED
+    assert (
+        f.code == 7 and path in f.error and "never reads data from" in f.error
+    ), f  # PERMISSION_DENIED
     assert proc.poll() is None
     conn.wait_heartbeat(idle)
 
@@ -237,16 +307,32 @@ def test_a_worker_never_reads_its_own_key(tmp_path):
     naming the key fails PERMISSION_DENIED naming it (before: the worker read it, and only its
     not being safetensors stopped the job). The server does not know that path: the worker's own
     --tls-key and --token-file are excluded by the worker itself."""
-    from test_security import PERMISSION_DENIED, attach, client as tls_client, code_of, make_pki, server_args
+    from test_security import PERMISSION_DENIED, attach, code_of, make_pki, server_args
+    from test_security import client as tls_client
     from test_security import stop as stop_worker
 
     pki = make_pki(tmp_path / "pki")
     with local_server(workers=0, extra_args=server_args(pki)) as (address, log):
-        worker = attach(pki, address, "--tls-ca", str(pki / "ca.pem"), "--tls-cert", str(pki / "worker.pem"),
-                        "--tls-key", str(pki / "worker.key"), "--data-root", str(pki), worker_id="apart")
+        worker = attach(
+            pki,
+            address,
+            "--tls-ca",
+            str(pki / "ca.pem"),
+            "--tls-cert",
+            str(pki / "worker.pem"),
+            "--tls-key",
+            str(pki / "worker.key"),
+            "--data-root",
+            str(pki),
+            worker_id="apart",
+        )
         try:
             bob = tls_client(address, pki, "bob")
-            e = code_of(lambda: bob.train(traced(MODEL, OPTIM), world_size=1, data_path=pki / "worker.key", steps=1))
+            e = code_of(
+                lambda: bob.train(
+                    traced(MODEL, OPTIM), world_size=1, data_path=pki / "worker.key", steps=1
+                )
+            )
             assert e.code == PERMISSION_DENIED and f"{pki / 'worker.key'}' is in" in str(e), e
             assert "PRIVATE KEY" not in str(e) and "PRIVATE KEY" not in "".join(log)
         finally:
@@ -255,11 +341,25 @@ def test_a_worker_never_reads_its_own_key(tmp_path):
 
 def test_help_documents_data_roots():
     import subprocess
+
     from _util import fxdp_binary
-    server = subprocess.run([fxdp_binary("FXDP_SERVER_BIN", "fxdp-server"), "--help"], capture_output=True,
-                            text=True, check=True).stdout
+
+    server = subprocess.run(
+        [fxdp_binary("FXDP_SERVER_BIN", "fxdp-server"), "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "--data-root DIR" in server and "$TMPDIR" in server
-    worker = subprocess.run([fxdp_binary("FXDP_WORKER", "fxdp-worker"), "attach", "--help"],
-                            capture_output=True, text=True, check=True).stdout
-    assert "--data-root DIR" in worker and "--max-data-mb" in worker and "--data-exclude PATH" in worker
+    worker = subprocess.run(
+        [fxdp_binary("FXDP_WORKER", "fxdp-worker"), "attach", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert (
+        "--data-root DIR" in worker
+        and "--max-data-mb" in worker
+        and "--data-exclude PATH" in worker
+    )
     assert "--max-data-mb N" in server

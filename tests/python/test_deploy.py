@@ -1,6 +1,7 @@
 """deploy/: lint the systemd units, Dockerfiles, Kubernetes manifests and Slurm script with
 real validators (systemd-analyze, hadolint, kubernetes-validate, yamllint, shellcheck; the
 Python-packaged ones are installed into .venv by scripts/setup.sh)."""
+
 import os
 import shutil
 import subprocess
@@ -39,8 +40,11 @@ def test_systemd_units_verify(tmp_path):
         text = (DEPLOY / "systemd" / unit).read_text()
         assert "/opt/fxdp/build/bin/" in text
         (tmp_path / unit).write_text(text.replace("/opt/fxdp/build/bin", str(bindir)))
-    r = run([sa, "verify", "--man=no", "./fxdp-server.service", "./fxdp-worker@0.service"],
-            cwd=tmp_path, env={**os.environ, "SYSTEMD_LOG_LEVEL": "warning"})
+    r = run(
+        [sa, "verify", "--man=no", "./fxdp-server.service", "./fxdp-worker@0.service"],
+        cwd=tmp_path,
+        env={**os.environ, "SYSTEMD_LOG_LEVEL": "warning"},
+    )
     # Unknown keys and bad values are only warnings (exit 0): any output is a failure.
     assert r.returncode == 0 and not (r.stdout + r.stderr).strip(), r.stdout + r.stderr
 
@@ -50,7 +54,10 @@ def test_systemd_worker_unit_contract():
     assert "--device cuda:%i" in text and "Restart=on-failure" in text
     assert "EnvironmentFile=" in text and "NoNewPrivileges=yes" in text
     # TLS and the join token come as systemd credentials.
-    assert "LoadCredential=worker.token:" in text and "--tls-ca %d/ca.pem --token-file %d/worker.token" in text
+    assert (
+        "LoadCredential=worker.token:" in text
+        and "--tls-ca %d/ca.pem --token-file %d/worker.token" in text
+    )
     server = (DEPLOY / "systemd" / "fxdp-server.service").read_text()
     assert "LoadCredential=server.key:" in server and "--tls-cert %d/server.pem" in server
 
@@ -66,7 +73,7 @@ def test_k8s_manifests_validate():
     r = run([tool("kubernetes-validate"), "--strict", "--quiet", *files])
     assert r.returncode == 0, r.stdout + r.stderr
     text = (DEPLOY / "k8s" / "server.yaml").read_text()
-    assert "grpc:\n              port: 50052" in text and "--health-listen\", \"0.0.0.0:50052" in text
+    assert "grpc:\n              port: 50052" in text and '--health-listen", "0.0.0.0:50052' in text
     assert "--tls-cert" in text and "secretName: fxdp-tls" in text
     workers = (DEPLOY / "k8s" / "workers.yaml").read_text()
     assert "nvidia.com/gpu: 1" in workers

@@ -21,15 +21,25 @@ from __future__ import annotations
 
 import re
 
+import fxdp
 import grpc
 import torch
-from safetensors.torch import save_file
-
-import fxdp
-from _util import (ATOL, RTOL, ServerProcess, assert_same_run, batch_files, data_paths_requests, fetch, resumed_after_sigkill,
-                   running, traced, wait_for)
+from _util import (
+    ATOL,
+    RTOL,
+    ServerProcess,
+    assert_same_run,
+    batch_files,
+    data_paths_requests,
+    fetch,
+    resumed_after_sigkill,
+    running,
+    traced,
+    wait_for,
+)
 from fxdp import zoo
 from fxdp.v1 import jobs_pb2 as jpb
+from safetensors.torch import save_file
 from test_server_jobs import LONG, requests
 
 MODEL, OPTIM = "mlp", "adamw"
@@ -43,9 +53,13 @@ def test_jobs_survive_a_server_sigkill(tmp_path):
 
     with ServerProcess("--state-dir", state_dir) as server:
         with fxdp.Client(server.address) as client:
-            a = client.train(step, world_size=2, batches=[zoo.get(MODEL).named_batch(i) for i in range(2)])
+            a = client.train(
+                step, world_size=2, batches=[zoo.get(MODEL).named_batch(i) for i in range(2)]
+            )
         jobs = server.jobs
-        b_stream = jobs.Submit(requests(2, LONG, batches=[zoo.get(MODEL).named_batch(0)]), timeout=120)
+        b_stream = jobs.Submit(
+            requests(2, LONG, batches=[zoo.get(MODEL).named_batch(0)]), timeout=120
+        )
         b = next(e for e in b_stream if e.step >= 1).job_id
         c_stream = jobs.Submit(requests(2, 2), timeout=120)
         c = next(c_stream)
@@ -63,19 +77,29 @@ def test_jobs_survive_a_server_sigkill(tmp_path):
         assert listed[:4] == [a.job_id, b, c.job_id, d.job_id], listed
 
         info = jobs.GetJob(jpb.GetJobRequest(job_id=a.job_id), timeout=10)
-        assert info.state == jpb.JOB_STATE_SUCCEEDED and info.has_state and list(info.losses) == a.losses
+        assert (
+            info.state == jpb.JOB_STATE_SUCCEEDED
+            and info.has_state
+            and list(info.losses) == a.losses
+        )
         again = fetch(jobs, a.job_id)
         assert set(again) == set(a.state), (set(again), set(a.state))
         for k, v in again.items():
             assert torch.equal(v, a.state[k]), k
 
         info = jobs.GetJob(jpb.GetJobRequest(job_id=b), timeout=10)
-        assert info.state == jpb.JOB_STATE_FAILED and info.error_code == grpc.StatusCode.UNAVAILABLE.value[0]
+        assert (
+            info.state == jpb.JOB_STATE_FAILED
+            and info.error_code == grpc.StatusCode.UNAVAILABLE.value[0]
+        )
         assert "the server restarted while the job ran" in info.error, info.error
         assert info.steps_done >= 1
 
         info = jobs.GetJob(jpb.GetJobRequest(job_id=c.job_id), timeout=10)
-        assert info.state == jpb.JOB_STATE_FAILED and "its batches came over its Submit stream" in info.error
+        assert (
+            info.state == jpb.JOB_STATE_FAILED
+            and "its batches came over its Submit stream" in info.error
+        )
 
         info = wait_for(jobs, d.job_id, lambda i: not running(i))
         assert info.state == jpb.JOB_STATE_SUCCEEDED, (info, "".join(server.log[-20:]))
@@ -90,7 +114,9 @@ def test_jobs_survive_a_server_sigkill(tmp_path):
         # A FULLY_SHARD data_paths job: its recorded initial state is split into each rank's shards.
         with fxdp.Client(server.address) as client:
             f = client.train(step, world_size=2, data_path=data, steps=3, style="fully_shard")
-        torch.testing.assert_close(torch.tensor(f.losses), torch.tensor(e.losses), rtol=RTOL, atol=ATOL)
+        torch.testing.assert_close(
+            torch.tensor(f.losses), torch.tensor(e.losses), rtol=RTOL, atol=ATOL
+        )
         for k, v in e.state.items():
             torch.testing.assert_close(f.state[k], v, rtol=RTOL, atol=ATOL, msg=k)
 
@@ -104,8 +130,9 @@ def test_a_running_data_paths_job_resumes_from_its_checkpoint(tmp_path):
     step = traced(MODEL, OPTIM)
     steps = 200
 
-    with resumed_after_sigkill(state_dir, data_paths_requests(step, files, steps), 23,
-                               "--checkpoint-every", "5") as (server, job, info, killed_at):
+    with resumed_after_sigkill(
+        state_dir, data_paths_requests(step, files, steps), 23, "--checkpoint-every", "5"
+    ) as (server, job, info, killed_at):
         assert info.steps_done == steps and len(info.losses) == steps
         resumed = [line for line in server.log if "resumed from the checkpoint of step" in line]
         assert resumed, "".join(server.log)

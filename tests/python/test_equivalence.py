@@ -1,11 +1,10 @@
 """run_local of the traced graph for k steps == eager PyTorch training for k steps."""
 
+import fxdp
 import pytest
 import torch
-
-import fxdp
+from _util import ATOL, MODELS, OPTIMS, RTOL, assert_state_matches, eager_steps, local_steps, traced
 from fxdp import zoo
-from _util import MODELS, OPTIMS, RTOL, ATOL, assert_state_matches, eager_steps, local_steps, traced
 
 
 @pytest.mark.parametrize("optim", OPTIMS)
@@ -40,7 +39,9 @@ VARIANTS = [
 ]
 
 
-@pytest.mark.parametrize("model,optim,overrides", VARIANTS, ids=[f"{m}-{o}-{dict(v)}" for m, o, v in VARIANTS])
+@pytest.mark.parametrize(
+    "model,optim,overrides", VARIANTS, ids=[f"{m}-{o}-{dict(v)}" for m, o, v in VARIANTS]
+)
 def test_optimizer_variants_match_eager(model, optim, overrides):
     step = traced(model, optim, overrides)
     state, losses = local_steps(step, model, 3)
@@ -61,7 +62,12 @@ def test_foreach_flag_is_recorded():
 
 @pytest.mark.parametrize(
     "optim,overrides",
-    [("sgd", (("dampening", 0.3), ("foreach", True))), ("sgd", (("dampening", 0.3),)), ("adam", ()), ("sgd", ())],
+    [
+        ("sgd", (("dampening", 0.3), ("foreach", True))),
+        ("sgd", (("dampening", 0.3),)),
+        ("adam", ()),
+        ("sgd", ()),
+    ],
 )
 def test_trace_against_existing_state(optim, overrides):
     """An optimizer that has already stepped is traced with its state as it is."""
@@ -111,7 +117,10 @@ def test_frozen_parameter_and_parameter_outside_optimizer():
     specs = {s.state_name for s in step.output_node.output_specs}
     assert "fc1.bias" not in specs and "fc2.bias" not in specs  # not updated
     grads = {n.grad_of for n in step.graph.nodes if n.grad_of}
-    assert grads == {"fc1.weight", "fc2.weight"}  # fc2.bias is not in the optimizer: no gradient computed
+    assert grads == {
+        "fc1.weight",
+        "fc2.weight",
+    }  # fc2.bias is not in the optimizer: no gradient computed
 
 
 def test_batch_dim_per_input_and_replicated_input():
@@ -127,12 +136,20 @@ def test_batch_dim_per_input_and_replicated_input():
     model = Scaled()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x, scale, y = torch.randn(12, 10), torch.randn(5), torch.randn(12, 5)
-    step = fxdp.trace(model, opt, torch.nn.MSELoss(), (x, scale, y), batch_dim=[0, -1, 0], num_model_inputs=2)
+    step = fxdp.trace(
+        model, opt, torch.nn.MSELoss(), (x, scale, y), batch_dim=[0, -1, 0], num_model_inputs=2
+    )
     from fxdp.v1 import graph_pb2 as pb
 
-    dims = {n.placeholder.state_name: n.placeholder.batch_dim for n in step.placeholders if n.placeholder.role == pb.INPUT}
+    dims = {
+        n.placeholder.state_name: n.placeholder.batch_dim
+        for n in step.placeholders
+        if n.placeholder.role == pb.INPUT
+    }
     assert dims == {"input.0": 0, "input.1": -1, "input.2": 0}
-    state, loss = step.run_local(step.initial_state(), {"input.0": x, "input.1": scale, "input.2": y})
+    state, loss = step.run_local(
+        step.initial_state(), {"input.0": x, "input.1": scale, "input.2": y}
+    )
     ref = torch.nn.functional.mse_loss(model(x, scale), y)
     torch.testing.assert_close(loss, ref)
 

@@ -1,10 +1,9 @@
 """Clear TraceErrors for what cannot be traced."""
 
+import fxdp
 import pytest
 import torch
 import torch.nn as nn
-
-import fxdp
 from fxdp import zoo
 
 
@@ -61,7 +60,9 @@ def test_item_names_the_module_and_op():
     torch.manual_seed(0)
     model = ItemUser()
     opt = torch.optim.Adam(model.parameters())
-    with pytest.raises(fxdp.TraceError, match=r"data-dependent.*'<root>' \(ItemUser\).*_local_scalar_dense"):
+    with pytest.raises(
+        fxdp.TraceError, match=r"data-dependent.*'<root>' \(ItemUser\).*_local_scalar_dense"
+    ):
         fxdp.trace(model, opt, nn.MSELoss(), _batch())
 
 
@@ -91,17 +92,28 @@ def test_unsupported_optimizer_options():
     with pytest.raises(fxdp.TraceError, match="fused"):
         fxdp.trace(model, torch.optim.Adam(model.parameters(), fused=True), nn.MSELoss(), _batch())
     with pytest.raises(fxdp.TraceError, match="dampening"):
-        fxdp.trace(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, dampening=0.5),
-                   nn.MSELoss(), _batch())
+        fxdp.trace(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, dampening=0.5),
+            nn.MSELoss(),
+            _batch(),
+        )
     with pytest.raises(fxdp.TraceError, match="tensor hyper-parameter 'eps'"):
-        fxdp.trace(model, torch.optim.Adam(model.parameters(), eps=torch.tensor(1e-8)), nn.MSELoss(), _batch())
+        fxdp.trace(
+            model,
+            torch.optim.Adam(model.parameters(), eps=torch.tensor(1e-8)),
+            nn.MSELoss(),
+            _batch(),
+        )
 
 
 def test_mixed_devices_parameter_names_the_module():
     model = zoo.get("mlp").model(0)
     model.fc2.to("meta")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with pytest.raises(fxdp.TraceError, match=r"mixed devices.*'fc2\.weight'.*module 'fc2' \(Linear\).*meta"):
+    with pytest.raises(
+        fxdp.TraceError, match=r"mixed devices.*'fc2\.weight'.*module 'fc2' \(Linear\).*meta"
+    ):
         fxdp.trace(model, opt, nn.MSELoss(), _batch())
 
 
@@ -151,7 +163,9 @@ def test_batch_size_disagreement_names_the_inputs():
     x, y = _batch()
     with pytest.raises(fxdp.TraceError) as err:
         fxdp.trace(model, opt, nn.MSELoss(), (x, y[:6]), input_names=["x", "y"])
-    assert f"6: 'y' (6, 5) dim 0; {x.shape[0]}: 'x' ({x.shape[0]}, 10) dim 0" in str(err.value), err.value
+    assert f"6: 'y' (6, 5) dim 0; {x.shape[0]}: 'x' ({x.shape[0]}, 10) dim 0" in str(
+        err.value
+    ), err.value
 
 
 def test_scheduler_stepped_inside_the_step_says_what_to_do():
@@ -179,15 +193,27 @@ def test_run_local_checks_its_inputs_as_the_workers_do():
     torch.manual_seed(0)
     model = nn.Linear(64, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    step = fxdp.trace(model, opt, nn.MSELoss(), (torch.randn(128, 64), torch.randn(128, 2)), input_names=["x", "y"])
+    step = fxdp.trace(
+        model,
+        opt,
+        nn.MSELoss(),
+        (torch.randn(128, 64), torch.randn(128, 2)),
+        input_names=["x", "y"],
+    )
     state = step.initial_state()
     with pytest.raises(ValueError) as err:
         step.run_local(state, (torch.randn(96, 64), torch.randn(96, 2)))
     assert "input 'x' is float32[96, 64], the graph's placeholder" in str(err.value), err.value
-    assert "declares float32[128, 64]: the step was traced with a batch of 128 (dim 0) and this batch has 96" \
-        in str(err.value), err.value
-    with pytest.raises(ValueError, match=r"input 'x' is float64\[128, 64\], .* declares float32\[128, 64\]$"):
+    assert (
+        "declares float32[128, 64]: the step was traced with a batch of 128 (dim 0) and this batch has 96"
+        in str(err.value)
+    ), err.value
+    with pytest.raises(
+        ValueError, match=r"input 'x' is float64\[128, 64\], .* declares float32\[128, 64\]$"
+    ):
         step.run_local(state, (torch.randn(128, 64, dtype=torch.float64), torch.randn(128, 2)))
     state["weight"] = torch.zeros(2, 63)
-    with pytest.raises(ValueError, match=r"state 'weight' is float32\[2, 63\], .* declares float32\[2, 64\]$"):
+    with pytest.raises(
+        ValueError, match=r"state 'weight' is float32\[2, 63\], .* declares float32\[2, 64\]$"
+    ):
         step.run_local(state, (torch.randn(128, 64), torch.randn(128, 2)))

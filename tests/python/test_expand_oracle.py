@@ -17,10 +17,9 @@ import os
 import subprocess
 import sys
 
+import fxdp
 import pytest
 import torch
-
-import fxdp
 from _util import ATOL, RTOL, free_port, target_str, traced
 from fxdp import zoo
 from fxdp.v1 import graph_pb2 as pb
@@ -31,27 +30,37 @@ STEPS = 3
 
 
 def expand(graph: str, out: str, world: int, *extra: str) -> dict:
-    r = subprocess.run([FXDP, "expand", graph, "--world-size", str(world), "-o", out, "--json", *extra],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [FXDP, "expand", graph, "--world-size", str(world), "-o", out, "--json", *extra],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
 
 CASES = [
     ("mlp", "adamw", 2, ()),
-    ("mlp", "sgd", 5, ()),               # B=12: uneven 3,3,2,2,2
-    ("transformer", "sgd", 4, ()),       # B=6: uneven 2,2,1,1
+    ("mlp", "sgd", 5, ()),  # B=12: uneven 3,3,2,2,2
+    ("transformer", "sgd", 4, ()),  # B=6: uneven 2,2,1,1
     ("transformer", "adam", 2, ()),
-    ("seqfirst", "sgd", 3, ()),          # batch_dim 1, folded into [T*B] by linear
+    ("seqfirst", "sgd", 3, ()),  # batch_dim 1, folded into [T*B] by linear
     ("transformer", "sgd", 2, ("--first-bucket-mb", "0.002", "--bucket-mb", "0.004")),
     # the last bucket split into 1, 2, 4, ... KiB pieces; DDP's order (no overlap schedule)
-    ("transformer", "adamw", 2, ("--first-bucket-mb", "0.01", "--bucket-mb", "0.1",
-                                 "--last-bucket-mb", "0.001")),
+    (
+        "transformer",
+        "adamw",
+        2,
+        ("--first-bucket-mb", "0.01", "--bucket-mb", "0.1", "--last-bucket-mb", "0.001"),
+    ),
     ("mlp", "adamw", 3, ("--no-overlap",)),
 ]
 
 
-def check_against_one_device(tmp_path, step, batches, world, extra=(), rtol=RTOL, atol=ATOL, reductions=0):
+def check_against_one_device(
+    tmp_path, step, batches, world, extra=(), rtol=RTOL, atol=ATOL, reductions=0
+):
     """Expand `step` for `world` ranks, run it on real Gloo processes, compare with one device.
     `reductions`: all-reduces of partial values in the step besides the buckets, the loss and
     cross-entropy's counts."""
@@ -66,10 +75,26 @@ def check_against_one_device(tmp_path, step, batches, world, extra=(), rtol=RTOL
     # x.pb, or x.rank<r>.pb per rank (an uneven split, or a replicated value sliced per rank)
     paths = [next(f["path"] for f in report["files"] if r in f["ranks"]) for r in range(world)]
     port = free_port()
-    procs = [subprocess.Popen([sys.executable, "-m", "fxdp.dp_oracle", str(r), str(world),
-                               str(port), paths[r], state, data, str(tmp_path / f"out{r}.pt")],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(world)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "fxdp.dp_oracle",
+                str(r),
+                str(world),
+                str(port),
+                paths[r],
+                state,
+                data,
+                str(tmp_path / f"out{r}.pt"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(world)
+    ]
     for p in procs:
         out, _ = p.communicate(timeout=120)
         assert p.returncode == 0, out
@@ -85,18 +110,23 @@ def check_against_one_device(tmp_path, step, batches, world, extra=(), rtol=RTOL
         torch.testing.assert_close(got, want, rtol=rtol, atol=atol, msg=lambda m: f"{name}: {m}")
         for r in range(1, world):
             assert torch.equal(results[r]["state"][name], got), f"rank {r} differs on {name}"
-    torch.testing.assert_close(torch.stack(results[0]["losses"]), torch.stack(ref_losses),
-                               rtol=rtol, atol=atol)
+    torch.testing.assert_close(
+        torch.stack(results[0]["losses"]), torch.stack(ref_losses), rtol=rtol, atol=atol
+    )
     assert len(results[0]["local_losses"]) == STEPS
     return report
 
 
-@pytest.mark.parametrize("model,optim,world,extra", CASES,
-                         ids=[f"{m}-{o}-N{n}{'-buckets' if e else ''}" for m, o, n, e in CASES])
+@pytest.mark.parametrize(
+    "model,optim,world,extra",
+    CASES,
+    ids=[f"{m}-{o}-N{n}{'-buckets' if e else ''}" for m, o, n, e in CASES],
+)
 def test_expanded_graph_trains_like_one_device(tmp_path, model, optim, world, extra):
     entry = zoo.get(model)
-    report = check_against_one_device(tmp_path, traced(model, optim),
-                                      [entry.batch(i) for i in range(STEPS)], world, extra)
+    report = check_against_one_device(
+        tmp_path, traced(model, optim), [entry.batch(i) for i in range(STEPS)], world, extra
+    )
     if "--bucket-mb" in extra:
         assert len(report["buckets"]) > 2
 
@@ -107,7 +137,9 @@ def test_sum_reduced_loss_with_uneven_split(tmp_path):
     model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(), torch.nn.Linear(4, 3))
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     g = torch.Generator().manual_seed(5)
-    batches = [(torch.randn(10, 8, generator=g), torch.randn(10, 3, generator=g)) for _ in range(STEPS)]
+    batches = [
+        (torch.randn(10, 8, generator=g), torch.randn(10, 3, generator=g)) for _ in range(STEPS)
+    ]
     step = fxdp.trace(model, opt, lambda out, y: ((out - y) ** 2).sum(), batches[0])
     report = check_against_one_device(tmp_path, step, batches, 4)
     assert [s["size"] for s in report["slices"]] == [3, 3, 2, 2]
@@ -127,18 +159,36 @@ def test_batchnorm_model_trains_like_ddp(tmp_path):
     report = expand(graph, str(tmp_path / "x.pb"), world)
     assert any("bn.running_mean" in n for n in report["notes"])
     port = free_port()
-    procs = [subprocess.Popen([sys.executable, "-m", "fxdp.dp_oracle", str(r), str(world),
-                               str(port), str(tmp_path / "x.pb"), state, data, str(tmp_path / f"out{r}.pt"),
-                               model, optim],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(world)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "fxdp.dp_oracle",
+                str(r),
+                str(world),
+                str(port),
+                str(tmp_path / "x.pb"),
+                state,
+                data,
+                str(tmp_path / f"out{r}.pt"),
+                model,
+                optim,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(world)
+    ]
     for p in procs:
         out, _ = p.communicate(timeout=120)
         assert p.returncode == 0, out
     results = [torch.load(tmp_path / f"out{r}.pt") for r in range(world)]
     for name, want in results[0]["ddp"].items():
-        torch.testing.assert_close(results[0]["state"][name], want, rtol=RTOL, atol=ATOL,
-                                   msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(
+            results[0]["state"][name], want, rtol=RTOL, atol=ATOL, msg=lambda m: f"{name}: {m}"
+        )
     for name, got in results[0]["state"].items():
         assert torch.equal(results[1]["state"][name], got), f"rank 1 differs on {name}"
 
@@ -157,16 +207,22 @@ def test_expand_report_and_errors(tmp_path):
     n_params = sum(p.placeholder.role == pb.PARAMETER for p in step.placeholders)
     assert sorted(grads) == sorted(set(grads)) and len(grads) == n_params
     # No global batch size left in any size list of the expanded graph (B=12 -> 3).
-    text = subprocess.run([FXDP, "graph", "print", str(tmp_path / "x.pb")], capture_output=True,
-                          text=True, check=True).stdout
+    text = subprocess.run(
+        [FXDP, "graph", "print", str(tmp_path / "x.pb")], capture_output=True, text=True, check=True
+    ).stdout
     for line in text.splitlines():
         if "aten::view(" in line or "aten::_unsafe_view(" in line or "aten::expand(" in line:
             assert "[12," not in line and ", 12]" not in line, line
 
-    r = subprocess.run([FXDP, "expand", graph, "--world-size", "13", "-o", str(tmp_path / "y.pb")],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [FXDP, "expand", graph, "--world-size", "13", "-o", str(tmp_path / "y.pb")],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 1 and "larger than the batch (12 samples)" in r.stderr
-    r = subprocess.run([FXDP, "expand", graph, "-o", str(tmp_path / "y.pb")], capture_output=True, text=True)
+    r = subprocess.run(
+        [FXDP, "expand", graph, "-o", str(tmp_path / "y.pb")], capture_output=True, text=True
+    )
     assert r.returncode == 2 and "missing --world-size" in r.stderr
 
 
@@ -174,12 +230,18 @@ def test_group_norm_batch_size_argument_is_localised(tmp_path):
     """native_group_norm(input, w, b, N, C, HxW, group, eps) spells the batch size N as an int:
     the expansion rewrites it per rank (B=6 over 4 ranks: 2,2,1,1), or the kernel would fail."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.GroupNorm(2, 4), torch.nn.ReLU(),
-                                torch.nn.Flatten(), torch.nn.Linear(4 * 4 * 4, 3))
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3),
+        torch.nn.GroupNorm(2, 4),
+        torch.nn.ReLU(),
+        torch.nn.Flatten(),
+        torch.nn.Linear(4 * 4 * 4, 3),
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     g = torch.Generator().manual_seed(7)
-    batches = [(torch.randn(6, 3, 6, 6, generator=g), torch.randn(6, 3, generator=g))
-               for _ in range(STEPS)]
+    batches = [
+        (torch.randn(6, 3, 6, 6, generator=g), torch.randn(6, 3, generator=g)) for _ in range(STEPS)
+    ]
     step = fxdp.trace(model, opt, torch.nn.functional.mse_loss, batches[0])
     targets = {n.target.name for n in step.graph.nodes}
     assert "aten::native_group_norm" in targets and "aten::native_group_norm_backward" in targets
@@ -192,7 +254,9 @@ def check_every_op_has_a_rule_and_one_device(tmp_path, step, batches):
     ranks (B=6: 2,2,1,1) it trains like one device."""
     graph = str(tmp_path / "g.pb")
     step.save(graph)
-    r = subprocess.run([FXDP, "analyze", graph, "--json"], capture_output=True, text=True, check=True)
+    r = subprocess.run(
+        [FXDP, "analyze", graph, "--json"], capture_output=True, text=True, check=True
+    )
     assert json.loads(r.stdout)["warnings"] == []
     (tmp_path / "run").mkdir()
     report = check_against_one_device(tmp_path / "run", step, batches, 4)
@@ -221,8 +285,9 @@ def test_fused_attention_kernel(tmp_path):
     model = _SdpaBlock()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     g = torch.Generator().manual_seed(11)
-    batches = [(torch.randn(6, 5, 16, generator=g), torch.randn(6, 4, generator=g))
-               for _ in range(STEPS)]
+    batches = [
+        (torch.randn(6, 5, 16, generator=g), torch.randn(6, 4, generator=g)) for _ in range(STEPS)
+    ]
     step = fxdp.trace(model, opt, torch.nn.functional.mse_loss, batches[0])
     check_every_op_has_a_rule_and_one_device(tmp_path, step, batches)
 
@@ -232,14 +297,22 @@ def test_prelu_model(tmp_path):
     (no size-matching fallback): its weight per channel after a conv and shared after a linear,
     B=6 over 4 ranks (2,2,1,1), equals one device."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.PReLU(4), torch.nn.Flatten(),
-                                torch.nn.Linear(4 * 4 * 4, 3), torch.nn.PReLU())
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3),
+        torch.nn.PReLU(4),
+        torch.nn.Flatten(),
+        torch.nn.Linear(4 * 4 * 4, 3),
+        torch.nn.PReLU(),
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     g = torch.Generator().manual_seed(7)
-    batches = [(torch.randn(6, 3, 6, 6, generator=g), torch.randn(6, 3, generator=g))
-               for _ in range(STEPS)]
+    batches = [
+        (torch.randn(6, 3, 6, 6, generator=g), torch.randn(6, 3, generator=g)) for _ in range(STEPS)
+    ]
     step = fxdp.trace(model, opt, torch.nn.functional.mse_loss, batches[0])
-    assert {"aten::_prelu_kernel", "aten::_prelu_kernel_backward"} <= {n.target.name for n in step.graph.nodes}
+    assert {"aten::_prelu_kernel", "aten::_prelu_kernel_backward"} <= {
+        n.target.name for n in step.graph.nodes
+    }
     check_every_op_has_a_rule_and_one_device(tmp_path, step, batches)
 
 
@@ -266,8 +339,10 @@ def test_rnn_classifier_traces_on_cpu_and_trains_like_one_device(tmp_path, cell)
     model = _RnnClassifier(cell)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     g = torch.Generator().manual_seed(3)
-    batches = [(torch.randint(0, 20, (6, 5), generator=g), torch.randint(0, 3, (6,), generator=g))
-               for _ in range(STEPS)]
+    batches = [
+        (torch.randint(0, 20, (6, 5), generator=g), torch.randint(0, 3, (6,), generator=g))
+        for _ in range(STEPS)
+    ]
     step = fxdp.trace(model, opt, torch.nn.functional.cross_entropy, batches[0])
     assert not any("mkldnn" in n.target.name for n in step.graph.nodes)
     (tmp_path / "n2").mkdir()

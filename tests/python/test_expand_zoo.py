@@ -6,12 +6,11 @@ reshape, expand, factory or *_backward equals the local shape its node produces.
 from __future__ import annotations
 
 import json
-import pathlib
 import os
+import pathlib
 import subprocess
 
 import pytest
-
 from _util import INCONSISTENT, MODELS, OPTIMS, traced
 from fxdp.v1 import graph_pb2 as pb
 
@@ -20,10 +19,20 @@ FXDP = os.environ.get("FXDP_BIN", os.path.join(HERE, "..", "..", "build", "bin",
 
 # op -> index of the size list that spells the output's shape.
 SIZE_ARGS = {
-    "aten::view": 1, "aten::_unsafe_view": 1, "aten::reshape": 1, "aten::expand": 1,
-    "aten::new_zeros": 1, "aten::new_ones": 1, "aten::new_empty": 1, "aten::new_full": 1,
-    "aten::zeros": 0, "aten::ones": 0, "aten::full": 0, "aten::empty": 0,
-    "aten::select_backward": 1, "aten::slice_backward": 1,
+    "aten::view": 1,
+    "aten::_unsafe_view": 1,
+    "aten::reshape": 1,
+    "aten::expand": 1,
+    "aten::new_zeros": 1,
+    "aten::new_ones": 1,
+    "aten::new_empty": 1,
+    "aten::new_full": 1,
+    "aten::zeros": 0,
+    "aten::ones": 0,
+    "aten::full": 0,
+    "aten::empty": 0,
+    "aten::select_backward": 1,
+    "aten::slice_backward": 1,
 }
 
 
@@ -56,8 +65,12 @@ def graphs(tmp_path_factory):
 def test_expand_zoo(graphs, tmp_path, model, optim, world):
     src = graphs[(model, optim)]
     out = tmp_path / "x.pb"
-    r = subprocess.run([FXDP, "expand", str(src), "--world-size", str(world), "-o", str(out), "--json"],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [FXDP, "expand", str(src), "--world-size", str(world), "-o", str(out), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
     sizes = [s["size"] for s in rep["slices"]]
@@ -90,7 +103,10 @@ def test_expand_zoo(graphs, tmp_path, model, optim, world):
         synced = sum("running" in s for s in rep["notes"] if s.startswith("updated state"))
         counts = sum(c["purpose"].startswith("reduce ") for c in rep["collectives"])
         assert counts == (model in ("cnn", "transformer")), rep["collectives"]
-        assert all_reduces == len(rep["buckets"]) + 1 + synced + counts, (all_reduces, rep["buckets"])
+        assert all_reduces == len(rep["buckets"]) + 1 + synced + counts, (
+            all_reduces,
+            rep["buckets"],
+        )
         for n in g.nodes:
             k = SIZE_ARGS.get(n.target.name)
             if k is None or len(n.args) <= k or not n.outputs:
@@ -99,8 +115,9 @@ def test_expand_zoo(graphs, tmp_path, model, optim, world):
             got = ints(n.args[k])
             assert got is not None and len(got) == len(want), n.name
             for gi, wi in zip(got, want):
-                assert gi == wi or gi == -1, f"{n.name} ({n.target.name}): size list {got} vs local shape {want}"
-
+                assert (
+                    gi == wi or gi == -1
+                ), f"{n.name} ({n.target.name}): size list {got} vs local shape {want}"
 
 
 def test_a_graph_that_cannot_run_is_refused_at_expand_time(tmp_path):
@@ -108,12 +125,22 @@ def test_a_graph_that_cannot_run_is_refused_at_expand_time(tmp_path):
     of the expanded rank graph refuses it, naming rank, node and both shapes, with exit code 1
     (INVALID_ARGUMENT), before any worker could fail on it."""
     (tmp_path / "g.txt").write_text(INCONSISTENT)
-    r = subprocess.run([FXDP, "graph", "parse", str(tmp_path / "g.txt"), str(tmp_path / "g.pb")],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [FXDP, "graph", "parse", str(tmp_path / "g.txt"), str(tmp_path / "g.pb")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
-    r = subprocess.run([FXDP, "expand", str(tmp_path / "g.pb"), "--world-size", "2", "-o",
-                        str(tmp_path / "x.pb")], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [FXDP, "expand", str(tmp_path / "g.pb"), "--world-size", "2", "-o", str(tmp_path / "x.pb")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 1, (r.returncode, r.stderr)
-    assert ("rank 0's expanded graph: node 'ge' (aten::embedding_dense_backward): grad_output "
-            "[2, 5, 3] does not match indices [2, 6]") in r.stderr, r.stderr
+    assert (
+        "rank 0's expanded graph: node 'ge' (aten::embedding_dense_backward): grad_output "
+        "[2, 5, 3] does not match indices [2, 6]"
+    ) in r.stderr, r.stderr
     assert not (tmp_path / "x.pb").exists()

@@ -26,10 +26,9 @@ import subprocess
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
-
 from _util import ATOL, RTOL, fxdp_binary, run_worker_ranks, traced
 from fxdp import zoo
+from safetensors.torch import load_file, save_file
 
 STEPS = 3
 CASES = (
@@ -72,16 +71,40 @@ class Lab:
         if key not in self._runs:
             p = self.prepared(model, optim)
             out = p["dir"] / f"{style}{world}.pb"
-            r = subprocess.run([self.fxdp, "expand", p["graph"], "--world-size", str(world), "--style", style,
-                                "-o", str(out), "--json"], capture_output=True, text=True, timeout=60)
+            r = subprocess.run(
+                [
+                    self.fxdp,
+                    "expand",
+                    p["graph"],
+                    "--world-size",
+                    str(world),
+                    "--style",
+                    style,
+                    "-o",
+                    str(out),
+                    "--json",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             assert r.returncode == 0, r.stderr
             report = json.loads(r.stdout)
             uneven = len({s["size"] for s in report["slices"]}) > 1
             graph = str(p["dir"] / f"{style}{world}.rank{{rank}}.pb") if uneven else str(out)
             d = p["dir"] / f"run_{style}{world}"
             d.mkdir()
-            res = run_worker_ranks(self.worker, graph, p["state"], p["data"], world, STEPS, d,
-                                   f"{model}-{optim}-{style}-n{world}", 60)
+            res = run_worker_ranks(
+                self.worker,
+                graph,
+                p["state"],
+                p["data"],
+                world,
+                STEPS,
+                d,
+                f"{model}-{optim}-{style}-n{world}",
+                60,
+            )
             res["report"] = report
             self._runs[key] = res
         return self._runs[key]
@@ -104,8 +127,12 @@ def test_fully_shard_trains_like_one_device_and_like_replicate(lab, model, optim
     sharded = {s["state_name"]: s for s in fs["report"]["sharded_state"]}
     # Parameters (and their same-sized optimizer state) are sharded; step counters are not.
     from fxdp.v1 import graph_pb2 as pb
-    params = [ph.placeholder.state_name for ph in traced(model, optim).placeholders
-              if ph.placeholder.role == pb.PARAMETER]
+
+    params = [
+        ph.placeholder.state_name
+        for ph in traced(model, optim).placeholders
+        if ph.placeholder.role == pb.PARAMETER
+    ]
     assert params and all(n in sharded for n in params)
     assert any(k.startswith("optim.") for k in sharded)
     for name, s in sharded.items():
@@ -136,7 +163,9 @@ def test_fully_shard_trains_like_one_device_and_like_replicate(lab, model, optim
         beyond = 0
         for k, want in p["ref_state"].items():
             close(got[k], want, rtol=NOISE_RTOL)
-            beyond += int(((got[k].double() - want.double()).abs() > ATOL + RTOL * want.double().abs()).sum())
+            beyond += int(
+                ((got[k].double() - want.double()).abs() > ATOL + RTOL * want.double().abs()).sum()
+            )
         assert beyond <= NOISE_MAX_ELEMENTS
         return
     for k, want in p["ref_state"].items():
@@ -168,11 +197,34 @@ def test_fully_shard_hf_model_trains_like_one_device(tmp_path, name):
         ref, loss = step.run_local(ref, b)
         losses.append(float(loss))
     fxdp_bin = fxdp_binary("FXDP_BIN", "fxdp")
-    r = subprocess.run([fxdp_bin, "expand", graph, "--world-size", str(world), "--style", "fully_shard",
-                        "-o", str(tmp_path / "x.pb")], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            fxdp_bin,
+            "expand",
+            graph,
+            "--world-size",
+            str(world),
+            "--style",
+            "fully_shard",
+            "-o",
+            str(tmp_path / "x.pb"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
-    run = run_worker_ranks(fxdp_binary("FXDP_WORKER", "fxdp-worker"), str(tmp_path / "x.rank{rank}.pb"), state,
-                           paths, world, STEPS, tmp_path, f"{name}-fully-shard", 120)
+    run = run_worker_ranks(
+        fxdp_binary("FXDP_WORKER", "fxdp-worker"),
+        str(tmp_path / "x.rank{rank}.pb"),
+        state,
+        paths,
+        world,
+        STEPS,
+        tmp_path,
+        f"{name}-fully-shard",
+        120,
+    )
     for k, want in ref.items():
         close(run["finals"][0][k], want)
     for a, b in zip(run["losses"], losses):

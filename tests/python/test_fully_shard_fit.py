@@ -28,14 +28,13 @@ import re
 import subprocess
 import time
 
+import fxdp
 import grpc
 import pytest
 import torch
 import torch.nn as nn
+from _util import RTOL, fxdp_binary, local_server, spawn_ranks, wait_all
 from safetensors.torch import load_file, save_file
-
-import fxdp
-from _util import ATOL, RTOL, fxdp_binary, local_server, spawn_ranks, wait_all
 
 WIDTH, LAYERS, BATCH, STEPS, BUCKET_MB = 1024, 4, 8, 2, "4"
 
@@ -70,13 +69,27 @@ def files(tmp_path_factory):
 
 
 def fxdp_cli(*args, timeout=120):
-    return subprocess.run([fxdp_binary("FXDP_BIN", "fxdp"), *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [fxdp_binary("FXDP_BIN", "fxdp"), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def memory(d, style, *server):
-    r = fxdp_cli("analyze", d / "g.pb", "--world-size", "2", "--style", style, "--bucket-mb", BUCKET_MB, "--json",
-                 *server)
+    r = fxdp_cli(
+        "analyze",
+        d / "g.pb",
+        "--world-size",
+        "2",
+        "--style",
+        style,
+        "--bucket-mb",
+        BUCKET_MB,
+        "--json",
+        *server,
+    )
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
@@ -93,21 +106,44 @@ def test_analyze_style_shows_the_sharded_state_and_what_each_rank_holds(files, l
     step, d, _, _ = files
     rep, fs, _ = limits
     r, f = rep["memory"], fs["memory"]
-    params = sum(t.numel() * t.element_size() for n, t in step.initial_state().items() if not n.startswith("optim."))
-    assert r["parameter_bytes"] == r["gradient_bytes"] == params and r["optimizer_state_bytes"] >= 2 * params
+    params = sum(
+        t.numel() * t.element_size()
+        for n, t in step.initial_state().items()
+        if not n.startswith("optim.")
+    )
+    assert (
+        r["parameter_bytes"] == r["gradient_bytes"] == params
+        and r["optimizer_state_bytes"] >= 2 * params
+    )
     # fully_shard on 2 ranks: half of each (N divides every tensor here: no padding)
     for k in ("parameter_bytes", "gradient_bytes"):
         assert f[k] == r[k] // 2, k
-    scalars = sum(t.numel() * t.element_size() for n, t in step.initial_state().items()
-                  if n.startswith("optim.") and not n.startswith("optim.group") and t.dim() == 0)  # the `step`s
+    scalars = sum(
+        t.numel() * t.element_size()
+        for n, t in step.initial_state().items()
+        if n.startswith("optim.") and not n.startswith("optim.group") and t.dim() == 0
+    )  # the `step`s
     assert f["optimizer_state_bytes"] == (r["optimizer_state_bytes"] - scalars) // 2 + scalars
     assert f["gathered_bytes"] == 2 * f["largest_unit_bytes"] > 0 and r["gathered_bytes"] == 0
     assert f["total_bytes"] < 0.7 * r["total_bytes"]
-    sharded = [n for n in fs["nodes"] if n["placement"] == "S(0)" and n.get("role") not in (None, "INPUT")]
+    sharded = [
+        n for n in fs["nodes"] if n["placement"] == "S(0)" and n.get("role") not in (None, "INPUT")
+    ]
     assert len(sharded) == 3 * 2 * LAYERS  # parameters, exp_avg, exp_avg_sq
     assert all(n["reason"].startswith("fully_shard: flat shard of ") for n in sharded)
-    assert not [n for n in rep["nodes"] if n["placement"] == "S(0)" and n.get("role") not in (None, "INPUT")]
-    table = fxdp_cli("analyze", d / "g.pb", "--world-size", "2", "--style", "fully_shard", "--bucket-mb", BUCKET_MB)
+    assert not [
+        n for n in rep["nodes"] if n["placement"] == "S(0)" and n.get("role") not in (None, "INPUT")
+    ]
+    table = fxdp_cli(
+        "analyze",
+        d / "g.pb",
+        "--world-size",
+        "2",
+        "--style",
+        "fully_shard",
+        "--bucket-mb",
+        BUCKET_MB,
+    )
     assert table.returncode == 0, table.stderr
     assert "state per rank (fully_shard, 2 ranks): " in table.stdout and "gathered" in table.stdout
 
@@ -115,7 +151,10 @@ def test_analyze_style_shows_the_sharded_state_and_what_each_rank_holds(files, l
 def test_a_model_that_does_not_fit_replicated_trains_fully_sharded(files, limits):
     step, d, data, ref = files
     rep, fs, limit = limits
-    with local_server(workers=2, extra_args=("--worker-memory-limit", str(limit))) as (address, log):
+    with local_server(workers=2, extra_args=("--worker-memory-limit", str(limit))) as (
+        address,
+        log,
+    ):
         # the analysis through the server is the local one
         for style, local in (("replicate", rep), ("fully_shard", fs)):
             assert memory(d, style, "--server", address) == local
@@ -126,19 +165,46 @@ def test_a_model_that_does_not_fit_replicated_trains_fully_sharded(files, limits
             assert time.monotonic() < deadline, (client.workers(), log)
             time.sleep(0.1)
         workers = client.workers()
-        assert [(w["memory_bytes"], w["memory_source"]) for w in workers] == [(str(limit), "--memory-limit")] * 2
+        assert [(w["memory_bytes"], w["memory_source"]) for w in workers] == [
+            (str(limit), "--memory-limit")
+        ] * 2
 
-        run = ["run", d / "g.pb", "--world-size", "2", "--state", d / "s.safetensors", *data, "--bucket-mb",
-               BUCKET_MB, "--server", address]
+        run = [
+            "run",
+            d / "g.pb",
+            "--world-size",
+            "2",
+            "--state",
+            d / "s.safetensors",
+            *data,
+            "--bucket-mb",
+            BUCKET_MB,
+            "--server",
+            address,
+        ]
         r = fxdp_cli(*run, "--style", "replicate")
         need = rep["memory"]["total_bytes"]
         assert r.returncode == 1, r.stdout + r.stderr
-        assert re.search(rf"FAILED \(FAILED_PRECONDITION\): job \S+: rank 0 does not fit worker local-0: its state "
-                         rf"under replicate on 2 ranks needs [\d.]+ MiB \({need} bytes\) \(parameters", r.stderr), r.stderr
-        assert f"the worker has 67.1 MiB ({limit} bytes) (--memory-limit); with --style fully_shard" in r.stderr
+        assert re.search(
+            rf"FAILED \(FAILED_PRECONDITION\): job \S+: rank 0 does not fit worker local-0: its state "
+            rf"under replicate on 2 ranks needs [\d.]+ MiB \({need} bytes\) \(parameters",
+            r.stderr,
+        ), r.stderr
+        assert (
+            f"the worker has 67.1 MiB ({limit} bytes) (--memory-limit); with --style fully_shard"
+            in r.stderr
+        )
         with pytest.raises(fxdp.ServerError) as e:
-            client.train(step, world_size=2, batches=[batch(0)], style="replicate", bucket_mb=float(BUCKET_MB))
-        assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION and "does not fit worker" in str(e.value)
+            client.train(
+                step,
+                world_size=2,
+                batches=[batch(0)],
+                style="replicate",
+                bucket_mb=float(BUCKET_MB),
+            )
+        assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION and "does not fit worker" in str(
+            e.value
+        )
 
         out = d / "fully_shard.safetensors"
         r = fxdp_cli(*run, "--style", "fully_shard", "--out", out)
@@ -150,27 +216,64 @@ def test_a_model_that_does_not_fit_replicated_trains_fully_sharded(files, limits
         # elements of 0.weight are up to 5.9e-6 apart with 8a6a11a's binaries as with today's
         # (the float sums' order depends on the CPU's kernels); atol 1e-5 keeps every real error out.
         for k, want in ref.items():
-            torch.testing.assert_close(final[k], want, rtol=RTOL, atol=1e-5, msg=lambda m: f"{k}: {m}")
-        peaks = [int(m.group(1)) for line in list(log)
-                 for m in [re.search(r"tensors held at most (\d+) bytes at once", line)] if m]
+            torch.testing.assert_close(
+                final[k], want, rtol=RTOL, atol=1e-5, msg=lambda m: f"{k}: {m}"
+            )
+        peaks = [
+            int(m.group(1))
+            for line in list(log)
+            for m in [re.search(r"tensors held at most (\d+) bytes at once", line)]
+            if m
+        ]
         assert len(peaks) == 2 and all(p <= limit for p in peaks), peaks
         client.close()
 
 
-def test_without_admission_replicate_runs_out_of_memory_and_fully_shard_does_not(files, limits, tmp_path):
+def test_without_admission_replicate_runs_out_of_memory_and_fully_shard_does_not(
+    files, limits, tmp_path
+):
     """`fxdp-worker run --memory-limit`: the limit is real, not only the server's arithmetic."""
     _, d, _, _ = files
     _, _, limit = limits
     worker = fxdp_binary("FXDP_WORKER", "fxdp-worker")
     for style in ("replicate", "fully_shard"):
-        r = fxdp_cli("expand", d / "g.pb", "--world-size", "2", "--bucket-mb", BUCKET_MB, "--style", style,
-                     "-o", tmp_path / f"{style}.pb")
+        r = fxdp_cli(
+            "expand",
+            d / "g.pb",
+            "--world-size",
+            "2",
+            "--bucket-mb",
+            BUCKET_MB,
+            "--style",
+            style,
+            "-o",
+            tmp_path / f"{style}.pb",
+        )
         assert r.returncode == 0, r.stderr
         run_dir = tmp_path / style
         run_dir.mkdir()
-        procs = spawn_ranks([worker, "run", "--graph", str(tmp_path / f"{style}.pb"), "--state",
-                             str(d / "s.safetensors"), "--data", str(d / "d0.safetensors"), "--steps", "1",
-                             "--timeout", "30", "--memory-limit", str(limit), "--job", style], 2, run_dir)
+        procs = spawn_ranks(
+            [
+                worker,
+                "run",
+                "--graph",
+                str(tmp_path / f"{style}.pb"),
+                "--state",
+                str(d / "s.safetensors"),
+                "--data",
+                str(d / "d0.safetensors"),
+                "--steps",
+                "1",
+                "--timeout",
+                "30",
+                "--memory-limit",
+                str(limit),
+                "--job",
+                style,
+            ],
+            2,
+            run_dir,
+        )
         wait_all(procs, 60)
         errs = [(run_dir / f"err{r}").read_text() for r in range(2)]
         if style == "fully_shard":
@@ -178,18 +281,33 @@ def test_without_admission_replicate_runs_out_of_memory_and_fully_shard_does_not
             continue
         assert [p.returncode for p in procs] == [1, 1], errs
         for rank, err in enumerate(errs):
-            assert re.search(rf"\[job replicate rank {rank} step 1/1\] error: step 1/1 failed: node '\S+' \(aten::\S+\): "
-                             rf"out of memory: fxdp-worker --memory-limit 67.1 MiB \({limit} bytes\): cannot allocate "
-                             rf"\d+ bytes with \d+ bytes of tensors held", err), err
+            assert re.search(
+                rf"\[job replicate rank {rank} step 1/1\] error: step 1/1 failed: node '\S+' \(aten::\S+\): "
+                rf"out of memory: fxdp-worker --memory-limit 67.1 MiB \({limit} bytes\): cannot allocate "
+                rf"\d+ bytes with \d+ bytes of tensors held",
+                err,
+            ), err
 
 
 def test_bad_memory_limits_are_usage_errors():
-    server, worker = fxdp_binary("FXDP_SERVER_BIN", "fxdp-server"), fxdp_binary("FXDP_WORKER", "fxdp-worker")
+    server, worker = (
+        fxdp_binary("FXDP_SERVER_BIN", "fxdp-server"),
+        fxdp_binary("FXDP_WORKER", "fxdp-worker"),
+    )
     for args, message in (
-            ([server, "--local-workers", "1", "--worker-memory-limit", "12XB"],
-             "--worker-memory-limit needs a size in bytes (300MB, 4GiB), got '12XB'"),
-            ([server, "--worker-memory-limit", "1GiB"], "--worker-memory-limit applies to --local-workers"),
-            ([worker, "attach", "--memory-limit", "-5MB"], "--memory-limit needs a size in bytes (300MB, 4GiB), got '-5MB'"),
-            ([worker, "run", "--memory-limit", "0"], "--memory-limit needs a size in bytes")):
+        (
+            [server, "--local-workers", "1", "--worker-memory-limit", "12XB"],
+            "--worker-memory-limit needs a size in bytes (300MB, 4GiB), got '12XB'",
+        ),
+        (
+            [server, "--worker-memory-limit", "1GiB"],
+            "--worker-memory-limit applies to --local-workers",
+        ),
+        (
+            [worker, "attach", "--memory-limit", "-5MB"],
+            "--memory-limit needs a size in bytes (300MB, 4GiB), got '-5MB'",
+        ),
+        ([worker, "run", "--memory-limit", "0"], "--memory-limit needs a size in bytes"),
+    ):
         r = subprocess.run(args, capture_output=True, text=True, timeout=30)
         assert r.returncode == 2 and message in r.stderr, (args, r.stderr)

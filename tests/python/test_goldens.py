@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import difflib
 
-import pytest
-
 import goldens
+import pytest
 
 
 @pytest.mark.parametrize("case", goldens.CASES, ids=lambda c: c.name)
@@ -19,13 +18,22 @@ def test_golden(case, tmp_path):
         assert path.exists(), f"{path} is missing: run {goldens.REGEN_COMMAND}"
         want = path.read_bytes()
         if want != text.encode():
-            diff = difflib.unified_diff(want.decode().splitlines(), text.splitlines(),
-                                        f"golden/{name}", "now", lineterm="", n=2)
+            diff = difflib.unified_diff(
+                want.decode().splitlines(),
+                text.splitlines(),
+                f"golden/{name}",
+                "now",
+                lineterm="",
+                n=2,
+            )
             shown = "\n".join(list(diff)[:60])
-            pytest.fail(f"{name} differs from its golden (first lines of the diff below); if the change is "
-                        f"intended, run {goldens.REGEN_COMMAND} and review the diff\n{shown}")
+            pytest.fail(
+                f"{name} differs from its golden (first lines of the diff below); if the change is "
+                f"intended, run {goldens.REGEN_COMMAND} and review the diff\n{shown}"
+            )
 
 
 def test_no_stale_goldens():
-    assert not goldens.stale_files(), (
-        f"golden files no case renders: {goldens.stale_files()}; delete them or add their case")
+    assert (
+        not goldens.stale_files()
+    ), f"golden files no case renders: {goldens.stale_files()}; delete them or add their case"

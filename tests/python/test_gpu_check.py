@@ -14,7 +14,6 @@ import subprocess
 import sys
 
 import pytest
-
 from _util import fxdp_binary
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -29,8 +28,18 @@ def _run(cmd, **kw):
 @pytest.fixture(scope="module")
 def kit(tmp_path_factory):
     out = tmp_path_factory.mktemp("kit")
-    r = _run([sys.executable, str(GPU / "pack.py"), "--out", str(out), "--fxdp",
-              fxdp_binary("FXDP_BIN", "fxdp"), "--quick", "--no-deps"])
+    r = _run(
+        [
+            sys.executable,
+            str(GPU / "pack.py"),
+            "--out",
+            str(out),
+            "--fxdp",
+            fxdp_binary("FXDP_BIN", "fxdp"),
+            "--quick",
+            "--no-deps",
+        ]
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     return out
 
@@ -41,8 +50,21 @@ def _check(kit, tmp_path, steps, worker=True):
     if worker:
         os.symlink(fxdp_binary("FXDP_WORKER", "fxdp-worker"), build / "bin" / "fxdp-worker")
     out = tmp_path / "out"
-    r = _run([sys.executable, str(GPU / "gpu_check.py"), "--dry-run", "--kit", str(kit), "--build",
-              str(build), "--out", str(out), "--steps", steps])
+    r = _run(
+        [
+            sys.executable,
+            str(GPU / "gpu_check.py"),
+            "--dry-run",
+            "--kit",
+            str(kit),
+            "--build",
+            str(build),
+            "--out",
+            str(out),
+            "--steps",
+            steps,
+        ]
+    )
     report = json.loads((out / "gpu_report.json").read_text())
     return r, {s["step"]: s for s in report["steps"]}, (out / "gpu_report.md").read_text()
 
@@ -64,8 +86,14 @@ def test_zoo_n2_and_fully_shard_steps_pass_on_the_cpu(kit, tmp_path):
     for s in ("n2_gloo", "fully_shard"):
         (row,) = steps[s]["details"]["rows"]
         assert row["ok"] and row["max_rel_err"] <= 1e-4, (s, row)
-        assert row["losses"] == steps["zoo"]["details"]["rows"][0]["losses_device"] or \
-            max(abs(a - b) for a, b in zip(row["losses"], steps["zoo"]["details"]["rows"][0]["losses_device"])) < 1e-5
+        assert (
+            row["losses"] == steps["zoo"]["details"]["rows"][0]["losses_device"]
+            or max(
+                abs(a - b)
+                for a, b in zip(row["losses"], steps["zoo"]["details"]["rows"][0]["losses_device"])
+            )
+            < 1e-5
+        )
     assert "| zoo | ok |" in md and "## fully_shard" in md
 
 
@@ -77,7 +105,9 @@ def test_every_step_is_reported_when_the_worker_is_missing(kit, tmp_path):
     assert "| overhead | skipped |" in md
 
 
-@pytest.mark.skipif(os.environ.get("FXDP_GPU_DRY_RUN") != "1", reason="minutes: set FXDP_GPU_DRY_RUN=1")
+@pytest.mark.skipif(
+    os.environ.get("FXDP_GPU_DRY_RUN") != "1", reason="minutes: set FXDP_GPU_DRY_RUN=1"
+)
 def test_dry_run_builds_against_another_libtorch_and_runs_every_step():
     if not (ROOT / ".gpukit" / "manifest.json").exists():
         r = _run(["bash", "scripts/gpu_check.sh", "--pack"])

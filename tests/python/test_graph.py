@@ -2,19 +2,29 @@
 
 import operator
 
+import fxdp
 import pytest
 import torch
-
-import fxdp
+from _util import MODELS, OPTIMS, output_node, placeholders, target_str, traced
 from fxdp import convert, zoo
 from fxdp.v1 import graph_pb2 as pb
-from _util import MODELS, OPTIMS, output_node, placeholders, target_str, traced
 
 CASES = [(m, o) for m in MODELS for o in OPTIMS]
 # trailing underscore is part of these functional op names
 FUNCTIONAL_UNDERSCORE = set()
-VIEW_OPS = {"aten::view", "aten::reshape", "aten::_unsafe_view", "aten::expand", "aten::permute",
-            "aten::transpose", "aten::t", "aten::select", "aten::slice", "aten::unsqueeze", "aten::squeeze"}
+VIEW_OPS = {
+    "aten::view",
+    "aten::reshape",
+    "aten::_unsafe_view",
+    "aten::expand",
+    "aten::permute",
+    "aten::transpose",
+    "aten::t",
+    "aten::select",
+    "aten::slice",
+    "aten::unsqueeze",
+    "aten::squeeze",
+}
 
 
 @pytest.mark.parametrize("model,optim", CASES)
@@ -25,10 +35,14 @@ def test_graph_is_functional_aten(model, optim):
             continue
         t = target_str(n)
         assert n.target.name != "aten::copy_", t
-        assert not n.target.name.endswith("_") or n.target.name in FUNCTIONAL_UNDERSCORE, f"in-place op {t}"
+        assert (
+            not n.target.name.endswith("_") or n.target.name in FUNCTIONAL_UNDERSCORE
+        ), f"in-place op {t}"
         assert not n.target.overload.endswith("_"), f"in-place overload {t}"
         assert "out" not in n.target.overload.split("_"), f"out= overload {t}"
-        assert n.target.name == "operator.getitem" or n.target.name.startswith("aten::"), f"non-aten op {t}"
+        assert n.target.name == "operator.getitem" or n.target.name.startswith(
+            "aten::"
+        ), f"non-aten op {t}"
         fn = convert.resolve_target(n.target.name, n.target.overload)
         if fn is not operator.getitem:
             for a in fn._schema.arguments:
@@ -72,8 +86,11 @@ def test_roles_and_gradients_complete(model, optim):
     assert len(out.args) == 1 and out.args[0].WhichOneof("value") == "list"
     assert len(out.output_specs) == len(out.args[0].list.items)
     assert len(out.outputs) == 0
-    matching = {pb.UPDATED_PARAMETER: pb.PARAMETER, pb.UPDATED_BUFFER: pb.BUFFER,
-                pb.UPDATED_OPTIMIZER_STATE: pb.OPTIMIZER_STATE}
+    matching = {
+        pb.UPDATED_PARAMETER: pb.PARAMETER,
+        pb.UPDATED_BUFFER: pb.BUFFER,
+        pb.UPDATED_OPTIMIZER_STATE: pb.OPTIMIZER_STATE,
+    }
     losses = 0
     updated = set()
     for spec, item in zip(out.output_specs, out.args[0].list.items):
@@ -106,7 +123,9 @@ def test_roles_and_gradients_complete(model, optim):
             gn = grad_nodes.pop(ph.placeholder.state_name)
             assert list(gn.outputs[0].tensor.shape) == list(ph.outputs[0].tensor.shape)
             assert gn.kind == pb.CALL_FUNCTION
-    assert not grad_nodes, f"grad_of names something that is not a trainable parameter: {list(grad_nodes)}"
+    assert (
+        not grad_nodes
+    ), f"grad_of names something that is not a trainable parameter: {list(grad_nodes)}"
 
 
 @pytest.mark.parametrize("model,optim", CASES)
@@ -135,12 +154,19 @@ def test_references_and_value_meta(model, optim):
             if vm.kind == pb.TENSOR:
                 t = vm.tensor
                 assert len(t.shape) == len(t.stride)
-                assert t.dtype != pb.DTYPE_UNSPECIFIED and t.device.type == pb.CPU and t.device.index == -1
+                assert (
+                    t.dtype != pb.DTYPE_UNSPECIFIED
+                    and t.device.type == pb.CPU
+                    and t.device.index == -1
+                )
             else:
                 assert not vm.HasField("tensor")
         if n.target.name == "operator.getitem":
             assert n.target.overload == ""
-            assert n.args[0].WhichOneof("value") == "ref" and n.args[1].int_value == n.args[0].ref.output
+            assert (
+                n.args[0].WhichOneof("value") == "ref"
+                and n.args[1].int_value == n.args[0].ref.output
+            )
             src = g.nodes[n.args[0].ref.node]
             assert src.outputs[n.args[0].ref.output] == n.outputs[0]
 
@@ -152,8 +178,12 @@ def test_recorded_layouts_match_execution(model, optim):
     gm = step.graph_module()
     state = step.initial_state()
     batch = dict(zip(step.input_names(), zoo.get(model).batch(0)))
-    args = [batch[p.placeholder.state_name] if p.placeholder.role == pb.INPUT else state[p.placeholder.state_name]
-            for p in step.placeholders]
+    args = [
+        batch[p.placeholder.state_name]
+        if p.placeholder.role == pb.INPUT
+        else state[p.placeholder.state_name]
+        for p in step.placeholders
+    ]
     bad = []
 
     class Check(torch.fx.Interpreter):
@@ -162,8 +192,12 @@ def test_recorded_layouts_match_execution(model, optim):
             vm = n.meta.get("fxdp_value_meta")
             if vm is not None and isinstance(r, torch.Tensor):
                 t = vm.tensor
-                if (list(r.shape), list(r.stride()), r.storage_offset(), convert.DTYPE_TO_PB[r.dtype]) != (
-                        list(t.shape), list(t.stride), t.storage_offset, t.dtype):
+                if (
+                    list(r.shape),
+                    list(r.stride()),
+                    r.storage_offset(),
+                    convert.DTYPE_TO_PB[r.dtype],
+                ) != (list(t.shape), list(t.stride), t.storage_offset, t.dtype):
                     bad.append(n.name)
             return r
 
@@ -175,7 +209,14 @@ def test_recorded_layouts_match_execution(model, optim):
 def test_view_ops_are_kept():
     g = traced("transformer", "adam").graph
     names = {n.target.name for n in g.nodes}
-    for op in ("aten::view", "aten::_unsafe_view", "aten::permute", "aten::transpose", "aten::t", "aten::expand"):
+    for op in (
+        "aten::view",
+        "aten::_unsafe_view",
+        "aten::permute",
+        "aten::transpose",
+        "aten::t",
+        "aten::expand",
+    ):
         assert op in names, op
     assert not any(n.startswith("prims::") for n in names)
 

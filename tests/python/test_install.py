@@ -29,7 +29,6 @@ import tarfile
 import textwrap
 
 import pytest
-
 from _util import fxdp_binary
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -112,8 +111,14 @@ def _deps_folder(dst: pathlib.Path) -> pathlib.Path:
 def test_wheel_from_sdist_installs_and_works(tmp_path):
     src = _clean_copy(tmp_path / "src")
     # sdist from the source tree, then the wheel from the unpacked sdist (which has no ../../proto).
-    _run([sys.executable, "-c", f"from setuptools import build_meta as b; b.build_sdist({str(tmp_path / 'dist')!r})"],
-         cwd=src)
+    _run(
+        [
+            sys.executable,
+            "-c",
+            f"from setuptools import build_meta as b; b.build_sdist({str(tmp_path / 'dist')!r})",
+        ],
+        cwd=src,
+    )
     (sdist,) = glob.glob(str(tmp_path / "dist" / "fxdp-*.tar.gz"))
     with tarfile.open(sdist) as t:
         names = t.getnames()
@@ -122,16 +127,32 @@ def test_wheel_from_sdist_installs_and_works(tmp_path):
     assert not any("_pb2" in n for n in names), names
     (unpacked,) = glob.glob(str(tmp_path / "unpacked" / "fxdp-*"))
     pip = [sys.executable, "-m", "pip", "-q"]
-    _run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "wheels"), unpacked])
+    _run(
+        [
+            *pip,
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path / "wheels"),
+            unpacked,
+        ]
+    )
     (wheel,) = glob.glob(str(tmp_path / "wheels" / "fxdp-*.whl"))
 
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
     py = venv / "bin" / "python"
-    site = _run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
+    site = _run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]
+    ).stdout.strip()
     deps = _deps_folder(tmp_path / "deps")
     pathlib.Path(site, "project_deps.pth").write_text(f"{deps}\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PIP_FIND_LINKS")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "PYTHONHOME", "PIP_FIND_LINKS")
+    }
     env["PIP_NO_INDEX"] = "1"
     env["PIP_CONFIG_FILE"] = os.devnull
     # Dependencies resolved, not skipped: --no-index fails if the declared ones are not satisfied.
@@ -140,6 +161,15 @@ def test_wheel_from_sdist_installs_and_works(tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     (work / "use_fxdp.py").write_text(SCRIPT)
-    p = _run([str(py), "use_fxdp.py", str(REPO), fxdp_binary("FXDP_SERVER_BIN", "fxdp-server"),
-              os.path.realpath(site)], env=env, cwd=work)
+    p = _run(
+        [
+            str(py),
+            "use_fxdp.py",
+            str(REPO),
+            fxdp_binary("FXDP_SERVER_BIN", "fxdp-server"),
+            os.path.realpath(site),
+        ],
+        env=env,
+        cwd=work,
+    )
     assert p.stdout.startswith("ok "), p.stdout

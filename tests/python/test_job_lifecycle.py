@@ -20,23 +20,24 @@ import resource
 import subprocess
 import time
 
+import fxdp
 import grpc
 import pytest
 import torch
-
-import fxdp
 from _util import ServerProcess, fxdp_binary
 from fxdp.v1 import jobs_pb2 as jpb
 
 TIMEOUT_S = 300.0  # the jobs' collective_timeout_s: far longer than this test may take
-NOFILE = 128       # "good"'s open-file limit: a few jobs' worth of leaked descriptors
+NOFILE = 128  # "good"'s open-file limit: a few jobs' worth of leaked descriptors
 
 
 def wide_step(batch: int):
     """x[batch, 16] -> Linear(16, 4096) -> ReLU -> Linear(4096, 1), SGD: 0.5 MiB of parameters,
     16 KiB of activation per sample."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(16, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1)
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
     def train_step(model, opt, b):
@@ -56,8 +57,17 @@ def attach(address: str, worker_id: str, log, *args, nofile: int = 0) -> subproc
         if nofile:
             resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
-    cmd = [fxdp_binary("FXDP_WORKER", "fxdp-worker"), "attach", "--server", address, "--worker-id",
-           worker_id, "--threads", "1", *args]
+    cmd = [
+        fxdp_binary("FXDP_WORKER", "fxdp-worker"),
+        "attach",
+        "--server",
+        address,
+        "--worker-id",
+        worker_id,
+        "--threads",
+        "1",
+        *args,
+    ]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, preexec_fn=limit)
 
 
@@ -93,8 +103,10 @@ def settled(pid: int, limit, timeout=60.0):
 def cluster(tmp_path_factory):
     log_path = tmp_path_factory.mktemp("lifecycle") / "workers.log"
     with ServerProcess(workers=0) as server, open(log_path, "w") as log:
-        procs = {"good": attach(server.address, "good", log, nofile=NOFILE),
-                 "bad": attach(server.address, "bad", log, "--memory-limit", "2MiB")}
+        procs = {
+            "good": attach(server.address, "good", log, nofile=NOFILE),
+            "bad": attach(server.address, "bad", log, "--memory-limit", "2MiB"),
+        }
         try:
             with fxdp.Client(server.address) as client:
                 idle(client, procs)
@@ -131,7 +143,8 @@ def test_failed_jobs_free_their_ranks_at_once_and_leak_nothing(cluster):
                 assert threads <= limit[0] and fds <= limit[1], (
                     f"worker {w}: {threads} threads and {fds} descriptors after 20 failed jobs, "
                     f"{baseline[w][0]} and {baseline[w][1]} before them: the jobs leaked them\n"
-                    + open(log).read()[-3000:])
+                    + open(log).read()[-3000:]
+                )
     # Job 30 trains on both workers ("good" under its NOFILE limit) and equals one device.
     small, b = wide_step(4)
     result = client.train(small, world_size=2, batches=[b], collective_timeout_s=TIMEOUT_S)

@@ -15,11 +15,10 @@ from __future__ import annotations
 import json
 import subprocess
 
+import fxdp
 import pytest
 import torch
 import torch.nn.functional as F
-
-import fxdp
 from test_expand_oracle import FXDP, STEPS, check_against_one_device
 
 E, K, D, H = 4, 2, 8, 16
@@ -50,8 +49,12 @@ class _DroplessMoE(torch.nn.Module):
         # the bug this refuses: the routing weights in token order against rows in expert order
         w_g = weights if self.mix_orders else weights[perm]
         counts = (ids_g.unsqueeze(1) == torch.arange(E)).sum(0)
-        offs = torch.cumsum(counts.flip(0) if self.offsets == "flipped" else counts, 0, dtype=torch.int32)
-        y = torch._grouped_mm(F.silu(torch._grouped_mm(rows, self.w1, offs=offs)), self.w2, offs=offs)
+        offs = torch.cumsum(
+            counts.flip(0) if self.offsets == "flipped" else counts, 0, dtype=torch.int32
+        )
+        y = torch._grouped_mm(
+            F.silu(torch._grouped_mm(rows, self.w1, offs=offs)), self.w2, offs=offs
+        )
         y = y * w_g.unsqueeze(-1)
         inv = torch.empty_like(perm)
         inv[perm] = torch.arange(perm.size(0))
@@ -61,7 +64,9 @@ class _DroplessMoE(torch.nn.Module):
 
 def _batches(b=6):
     g = torch.Generator().manual_seed(5)
-    return [(torch.randn(b, 4, D, generator=g), torch.randn(b, 3, generator=g)) for _ in range(STEPS)]
+    return [
+        (torch.randn(b, 4, D, generator=g), torch.randn(b, 3, generator=g)) for _ in range(STEPS)
+    ]
 
 
 def _trace(model, optim, b=6):
@@ -71,20 +76,32 @@ def _trace(model, optim, b=6):
 def _analyze(tmp_path, step, world=2):
     graph = str(tmp_path / "g.pb")
     step.save(graph)
-    return subprocess.run([FXDP, "analyze", graph, "--world-size", str(world), "--json"],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [FXDP, "analyze", graph, "--world-size", str(world), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
-@pytest.mark.parametrize("world,optim,b,select", [(2, "sgd", 6, False), (3, "adamw", 7, False), (2, "sgd", 6, True)],
-                         ids=["N2", "N3-uneven", "N2-index_select"])
-def test_dropless_moe_sorts_within_each_rank_and_trains_like_one_device(tmp_path, world, optim, b, select):
+@pytest.mark.parametrize(
+    "world,optim,b,select",
+    [(2, "sgd", 6, False), (3, "adamw", 7, False), (2, "sgd", 6, True)],
+    ids=["N2", "N3-uneven", "N2-index_select"],
+)
+def test_dropless_moe_sorts_within_each_rank_and_trains_like_one_device(
+    tmp_path, world, optim, b, select
+):
     """sort/index (or index_select)/index_put/_grouped_mm along the token dim: every op has a rule,
     the sort is noted in the report, and B=6 over 2 ranks (3,3) or B=7 over 3 ranks (3,2,2) equals
     one device."""
     torch.manual_seed(0)
     model = _DroplessMoE(select=select)
-    opt = (torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9) if optim == "sgd"
-           else torch.optim.AdamW(model.parameters(), lr=1e-2))
+    opt = (
+        torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        if optim == "sgd"
+        else torch.optim.AdamW(model.parameters(), lr=1e-2)
+    )
     step = _trace(model, opt, b)
     ops = {n.target.name for n in step.graph.nodes}
     assert {"aten::sort", "aten::_grouped_mm", "aten::index_put"} <= ops
@@ -106,7 +123,9 @@ def test_rows_of_two_orders_are_refused(tmp_path):
     step = _trace(model, torch.optim.SGD(model.parameters(), lr=0.05))
     r = _analyze(tmp_path, step)
     assert r.returncode != 0
-    assert "aten::mul" in r.stderr and "the order sort 'sort' put each rank's rows in" in r.stderr, r.stderr
+    assert (
+        "aten::mul" in r.stderr and "the order sort 'sort' put each rank's rows in" in r.stderr
+    ), r.stderr
     assert "whose rows are in batch order" in r.stderr, r.stderr
 
 
@@ -135,7 +154,6 @@ def test_capacity_limit_over_the_tokens_is_refused(tmp_path):
     r = _analyze(tmp_path, step)
     assert r.returncode != 0
     assert "aten::cumsum" in r.stderr and "which holds the batch" in r.stderr, r.stderr
-
 
 
 class _SortedRows(torch.nn.Module):
@@ -174,12 +192,15 @@ class _SortedRows(torch.nn.Module):
         return out
 
 
-@pytest.mark.parametrize("use,op,needle", [
-    ("perm", "aten::_to_copy", "row positions from sort 'sort', as values"),
-    ("inv", "aten::_to_copy", "row positions from sort 'sort', as values"),
-    ("columns", "aten::sort", "each of its 8 columns gets its own permutation"),
-    ("shared", "aten::index_put", "each rank's inverse needs its own arange(n_r)"),
-])
+@pytest.mark.parametrize(
+    "use,op,needle",
+    [
+        ("perm", "aten::_to_copy", "row positions from sort 'sort', as values"),
+        ("inv", "aten::_to_copy", "row positions from sort 'sort', as values"),
+        ("columns", "aten::sort", "each of its 8 columns gets its own permutation"),
+        ("shared", "aten::index_put", "each rank's inverse needs its own arange(n_r)"),
+    ],
+)
 def test_reading_a_sort_as_more_than_a_row_permutation_is_refused(tmp_path, use, op, needle):
     """A sort's indices number each rank's own rows 0..n_r-1 (0..B-1 on one device): read as
     values (perm.float(), inv.float()) they differ from one device, as does sorting a 2-D tensor
@@ -204,11 +225,17 @@ def test_sorted_rows_put_back_train_like_one_device(tmp_path):
     check_against_one_device(tmp_path / "run", step, _batches(), 2)
 
 
-@pytest.mark.parametrize("offsets,needle", [
-    ("flipped", "that are not cumsum(histc(keys, G, 0, G - 1)) or cumsum((keys.unsqueeze(1) == arange(G)).sum(0))"),
-    ("descending", "which is descending"),
-    ("shifted", "but the keys are not shown to be groups"),
-])
+@pytest.mark.parametrize(
+    "offsets,needle",
+    [
+        (
+            "flipped",
+            "that are not cumsum(histc(keys, G, 0, G - 1)) or cumsum((keys.unsqueeze(1) == arange(G)).sum(0))",
+        ),
+        ("descending", "which is descending"),
+        ("shifted", "but the keys are not shown to be groups"),
+    ],
+)
 def test_offsets_that_do_not_put_each_row_in_its_keys_group_are_refused(tmp_path, offsets, needle):
     """_grouped_mm's offsets must put every row in its key's group, whatever the rank's other rows:
     counts flipped before the cumsum, a descending sort, or keys outside 0..E-1 (ids - 1: the rows
@@ -240,14 +267,30 @@ class _CausalLM(torch.nn.Module):
 
 def _hf_moe(name):
     T = transformers
-    common = dict(vocab_size=V, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=16, num_experts_per_tok=2,
-                  output_router_logits=True, router_aux_loss_coef=0.1)
+    common = dict(
+        vocab_size=V,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=16,
+        num_experts_per_tok=2,
+        output_router_logits=True,
+        router_aux_loss_coef=0.1,
+    )
     if name == "mixtral":
-        return T.MixtralForCausalLM(T.MixtralConfig(intermediate_size=64, num_local_experts=4, **common))
-    return T.Qwen2MoeForCausalLM(T.Qwen2MoeConfig(
-        intermediate_size=64, moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4,
-        **common))
+        return T.MixtralForCausalLM(
+            T.MixtralConfig(intermediate_size=64, num_local_experts=4, **common)
+        )
+    return T.Qwen2MoeForCausalLM(
+        T.Qwen2MoeConfig(
+            intermediate_size=64,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=32,
+            num_experts=4,
+            **common,
+        )
+    )
 
 
 HF = [("mixtral", 2, 6), ("mixtral", 3, 7), ("qwen2_moe", 2, 6), ("qwen2_moe", 3, 7)]
@@ -267,11 +310,15 @@ def test_hugging_face_moe_trains_like_one_device(tmp_path, name, world, b):
         ids = torch.randint(0, V, (b, 8), generator=g)
         batches.append((ids, ids.clone()))
     step = fxdp.trace(model, opt, None, batches[0])
-    assert {"aten::sort", "aten::_grouped_mm", "aten::histc"} <= {n.target.name for n in step.graph.nodes}
+    assert {"aten::sort", "aten::_grouped_mm", "aten::histc"} <= {
+        n.target.name for n in step.graph.nodes
+    }
     r = _analyze(tmp_path, step, world)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["warnings"] == []
     (tmp_path / "run").mkdir()
     # + the load-balancing loss's two partial sums over the tokens (tokens and router probability
     # per expert), all-reduced before their product
-    check_against_one_device(tmp_path / "run", step, batches, world, rtol=1e-4, atol=5e-5, reductions=2)
+    check_against_one_device(
+        tmp_path / "run", step, batches, world, rtol=1e-4, atol=5e-5, reductions=2
+    )

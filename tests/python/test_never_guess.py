@@ -10,12 +10,11 @@ import inspect
 import json
 import subprocess
 
+import fxdp
 import grpc
 import pytest
 import torch
 import torch.nn as nn
-
-import fxdp
 from _util import fxdp_binary, idle_client
 from fxdp.v1 import graph_pb2 as pb
 
@@ -54,7 +53,8 @@ def line_of(cls, needle: str) -> int:
 def traced(model: nn.Module, reduction: str = "mean") -> fxdp.TracedStep:
     torch.manual_seed(0)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    return fxdp.trace(model, opt, nn.MSELoss(reduction=reduction), (torch.randn(B, 5), torch.randn(B, 4)))
+    batch = (torch.randn(B, 5), torch.randn(B, 4))
+    return fxdp.trace(model, opt, nn.MSELoss(reduction=reduction), batch)
 
 
 def line_of_traced() -> int:
@@ -63,8 +63,12 @@ def line_of_traced() -> int:
 
 
 def fxdp_cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([fxdp_binary("FXDP_BIN", "fxdp"), *map(str, args)], capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [fxdp_binary("FXDP_BIN", "fxdp"), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def assert_names_the_op_and_line(msg: str) -> None:
@@ -82,15 +86,21 @@ def test_every_node_records_the_users_line():
     assert calls and all(n.source for n in calls), [n.name for n in calls if not n.source]
     by_name = {n.name: n.source for n in calls}
     line = line_of(BatchSoftmax, "softmax")
-    assert by_name["_softmax"] == f"tests/python/test_never_guess.py:{line} in model: return h.softmax(dim=0)" \
-        or by_name["_softmax"].endswith(f"test_never_guess.py:{line} in model: return h.softmax(dim=0)"), by_name
+    assert by_name[
+        "_softmax"
+    ] == f"tests/python/test_never_guess.py:{line} in model: return h.softmax(dim=0)" or by_name[
+        "_softmax"
+    ].endswith(f"test_never_guess.py:{line} in model: return h.softmax(dim=0)"), by_name
     fc = line_of(BatchSoftmax, "self.fc(x)")
-    assert by_name["addmm"].endswith(f"test_never_guess.py:{fc} in model.fc: h = self.fc(x)"), by_name
+    assert by_name["addmm"].endswith(
+        f"test_never_guess.py:{fc} in model.fc: h = self.fc(x)"
+    ), by_name
     # the backward of the softmax points at the forward line; the loss module is named by its type; the
     # optimizer's ops (fxdp.trace's own step calls optimizer.step()) at the user's fxdp.trace call
-    assert by_name["_softmax_backward_data"].startswith("backward of ") and \
-        by_name["_softmax_backward_data"].endswith(by_name["_softmax"]), by_name
-    call = "return fxdp.trace(model, opt, nn.MSELoss(reduction=reduction), (torch.randn(B, 5), torch.randn(B, 4)))"
+    assert by_name["_softmax_backward_data"].startswith("backward of ") and by_name[
+        "_softmax_backward_data"
+    ].endswith(by_name["_softmax"]), by_name
+    call = "return fxdp.trace(model, opt, nn.MSELoss(reduction=reduction), batch)"
     assert by_name["mse_loss"].endswith(f"in <MSELoss>: {call}"), by_name
     assert any(s.endswith(f".py:{line_of_traced()}: {call}") for s in by_name.values()), by_name
     assert all(len(s) <= 400 for s in by_name.values())
@@ -119,16 +129,23 @@ def test_expand_refuses_an_op_without_a_rule_and_analyze_labels_its_guess(tmp_pa
     r = fxdp_cli("analyze", path, "--world-size", 2, "--json")
     assert r.returncode == 0, r.stderr
     j = json.loads(r.stdout)
-    assert any(w.startswith("GUESSED: no batch-dim rule for aten::logcumsumexp ") and "refuse" in w
-               for w in j["warnings"]), j["warnings"]
+    assert any(
+        w.startswith("GUESSED: no batch-dim rule for aten::logcumsumexp ") and "refuse" in w
+        for w in j["warnings"]
+    ), j["warnings"]
     line = line_of(CumModel, "logcumsumexp")
     node = next(n for n in j["nodes"] if n["name"] == "logcumsumexp")
     assert node["reason"].startswith("NO RULE for aten::logcumsumexp: size matching"), node
-    assert node["source"].endswith(f"test_never_guess.py:{line} in model: return torch.logcumsumexp(h, dim=1)"), node
+    assert node["source"].endswith(
+        f"test_never_guess.py:{line} in model: return torch.logcumsumexp(h, dim=1)"
+    ), node
     # the table shows each node's line on request
     r = fxdp_cli("analyze", path, "--world-size", 2, "--source")
     row = next(s for s in r.stdout.splitlines() if s.startswith("logcumsumexp "))
-    assert row.endswith(f"test_never_guess.py:{line} in model: return torch.logcumsumexp(h, dim=1)") and " <- " in row, row
+    assert (
+        row.endswith(f"test_never_guess.py:{line} in model: return torch.logcumsumexp(h, dim=1)")
+        and " <- " in row
+    ), row
     assert " <- " not in fxdp_cli("analyze", path, "--world-size", 2).stdout
 
 
@@ -150,4 +167,6 @@ def test_server_expand_and_train_refuse_an_op_without_a_rule(client):
     assert_names_the_op_and_line(str(err.value))
     # Analyze (exploration) still answers, with the guess labelled.
     warnings = client.analyze(step, world_size=2)["warnings"]
-    assert any(w.startswith("GUESSED: no batch-dim rule for aten::logcumsumexp ") for w in warnings), warnings
+    assert any(
+        w.startswith("GUESSED: no batch-dim rule for aten::logcumsumexp ") for w in warnings
+    ), warnings

@@ -10,15 +10,14 @@ from __future__ import annotations
 import json
 import subprocess
 
+import fxdp
 import pytest
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
-from torch import nn
-
-import fxdp
 from _util import fxdp_binary, run_worker_ranks
+from safetensors.torch import save_file
 from test_expand_oracle import FXDP, STEPS, check_against_one_device
+from torch import nn
 
 B = 7
 ADAMW_TOL = dict(rtol=1e-4, atol=5e-5)
@@ -47,8 +46,12 @@ def refused(tmp_path, step, *needles):
     """`fxdp expand` refuses the graph at compile time; its message holds every needle."""
     graph = str(tmp_path / "g.pb")
     step.save(graph)
-    r = subprocess.run([FXDP, "expand", graph, "--world-size", "2", "-o", str(tmp_path / "x.pb")],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [FXDP, "expand", graph, "--world-size", "2", "-o", str(tmp_path / "x.pb")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode != 0, r.stdout
     for needle in needles:
         assert needle in r.stderr, r.stderr
@@ -64,8 +67,12 @@ def one_device(tmp_path, step, batches, world, **kw):
     for `world` ranks it equals one device (test_expand_oracle.check_against_one_device)."""
     graph = str(tmp_path / "analyzed.pb")
     step.save(graph)
-    r = subprocess.run([FXDP, "analyze", graph, "--world-size", str(world), "--json"],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [FXDP, "analyze", graph, "--world-size", str(world), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["warnings"] == []
     return check_against_one_device(tmp_path, step, batches, world, **kw)
@@ -81,24 +88,41 @@ def on_workers(tmp_path, step, batches, world, rtol=1e-5, atol=1e-6):
     for i, b in enumerate(batches):
         data.append(str(tmp_path / f"b{i}.safetensors"))
         save_file({n: t.contiguous() for n, t in zip(step.input_names(), b)}, data[-1])
-    r = subprocess.run([FXDP, "expand", graph, "--world-size", str(world), "-o",
-                        str(tmp_path / "x.pb"), "--json"], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [FXDP, "expand", graph, "--world-size", str(world), "-o", str(tmp_path / "x.pb"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     files = json.loads(r.stdout)["files"]
     template = files[0]["path"] if len(files) == 1 else str(tmp_path / "x.rank{rank}.pb")
     (tmp_path / "run").mkdir()
-    run = run_worker_ranks(fxdp_binary("FXDP_WORKER", "fxdp-worker"), template, state, data, world,
-                           STEPS, tmp_path / "run", "oprules")
+    run = run_worker_ranks(
+        fxdp_binary("FXDP_WORKER", "fxdp-worker"),
+        template,
+        state,
+        data,
+        world,
+        STEPS,
+        tmp_path / "run",
+        "oprules",
+    )
     want, losses = step.initial_state(), []
     for b in batches:
         want, loss = step.run_local(want, b)
         losses.append(float(loss))
     for k, w in want.items():
-        torch.testing.assert_close(run["finals"][0][k], w, rtol=rtol, atol=atol, msg=lambda m: f"{k}: {m}")
-    torch.testing.assert_close(torch.tensor(run["losses"]), torch.tensor(losses), rtol=rtol, atol=atol)
+        torch.testing.assert_close(
+            run["finals"][0][k], w, rtol=rtol, atol=atol, msg=lambda m: f"{k}: {m}"
+        )
+    torch.testing.assert_close(
+        torch.tensor(run["losses"]), torch.tensor(losses), rtol=rtol, atol=atol
+    )
 
 
 # ---- histc: per-rank counts, summed ----------------------------------------------------------
+
 
 class _Router(nn.Module):
     """A Switch-style load-balancing loss: tokens per expert counted with histc (Mixtral's
@@ -106,7 +130,12 @@ class _Router(nn.Module):
 
     def __init__(self, count="histc", experts=4):
         super().__init__()
-        self.gate, self.out, self.count, self.experts = nn.Linear(8, experts), nn.Linear(8, 3), count, experts
+        self.gate, self.out, self.count, self.experts = (
+            nn.Linear(8, experts),
+            nn.Linear(8, 3),
+            count,
+            experts,
+        )
 
     def forward(self, x):
         probs = self.gate(x).softmax(-1)
@@ -155,6 +184,7 @@ def test_histogram_with_bins_from_the_data_is_refused(tmp_path):
 
 # ---- affine_grid / grid_sample: the spatial-transformer tutorial ----------------------------
 
+
 class _SpatialTransformer(nn.Module):
     """pytorch/tutorials' spatial transformer, small: a conv localization net regresses theta,
     affine_grid(theta, x.size()) and grid_sample warp the input, a classifier follows."""
@@ -165,7 +195,9 @@ class _SpatialTransformer(nn.Module):
         self.fc_loc = nn.Sequential(nn.Linear(4 * 3 * 3, 8), nn.ReLU(), nn.Linear(8, 6))
         self.fc_loc[2].weight.data.mul_(0.1)
         self.fc_loc[2].bias.data.copy_(torch.tensor([1, 0, 0, 0, 1, 0], dtype=torch.float))
-        self.classifier = nn.Sequential(nn.Conv2d(1, 3, 3), nn.ReLU(), nn.Flatten(), nn.Linear(3 * 6 * 6, 5))
+        self.classifier = nn.Sequential(
+            nn.Conv2d(1, 3, 3), nn.ReLU(), nn.Flatten(), nn.Linear(3 * 6 * 6, 5)
+        )
 
     def forward(self, x):
         theta = self.fc_loc(self.localization(x).flatten(1)).view(-1, 2, 3)
@@ -182,8 +214,11 @@ def test_spatial_transformer(tmp_path, world, optim):
     opt, tol = optimizer(model, optim)
     batches = batches_of(randn(B, 1, 8, 8), randint(5, B))
     step = fxdp.trace(model, opt, F.cross_entropy, batches[0])
-    assert {"aten::affine_grid_generator", "aten::grid_sampler_2d",
-            "aten::grid_sampler_2d_backward"} <= ops_of(step)
+    assert {
+        "aten::affine_grid_generator",
+        "aten::grid_sampler_2d",
+        "aten::grid_sampler_2d_backward",
+    } <= ops_of(step)
     one_device(tmp_path, step, batches, world, **tol)
 
 
@@ -195,7 +230,9 @@ class _VolumeTransformer(nn.Module):
         super().__init__()
         self.fc_loc = nn.Linear(4 * 4 * 4, 12)
         self.fc_loc.weight.data.mul_(0.1)
-        self.fc_loc.bias.data.copy_(torch.tensor([1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0], dtype=torch.float))
+        self.fc_loc.bias.data.copy_(
+            torch.tensor([1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0], dtype=torch.float)
+        )
         self.classifier = nn.Linear(4 * 4 * 4, 5)
 
     def forward(self, x):
@@ -215,6 +252,7 @@ def test_volume_transformer(tmp_path):
 
 
 # ---- cdist: samples against replicated prototypes --------------------------------------------
+
 
 class _Prototypes(nn.Module):
     """Logits are negative distances to learned prototypes, cdist(features, prototypes) and,
@@ -269,6 +307,7 @@ def test_cdist_of_two_batch_sharded_operands_is_refused(tmp_path):
 
 # ---- embedding_bag: bags are samples ----------------------------------------------------------
 
+
 class _Bags(nn.Module):
     def __init__(self, mode):
         super().__init__()
@@ -284,8 +323,10 @@ class _Bags(nn.Module):
         return (randint(20, B, 4), *weights, randint(3, B))
 
 
-@pytest.mark.parametrize("mode,world,optim", [("mean", 2, "sgd"), ("mean", 3, "adamw"),
-                                               ("sum", 3, "sgd"), ("max", 2, "sgd")])
+@pytest.mark.parametrize(
+    "mode,world,optim",
+    [("mean", 2, "sgd"), ("mean", 3, "adamw"), ("sum", 3, "sgd"), ("max", 2, "sgd")],
+)
 def test_embedding_bag_2d(tmp_path, mode, world, optim):
     """A 2-D input [B, L] (F.embedding_bag flattens it, offsets arange(0, B*L, L)): each rank
     builds its own offsets arange(0, B_r*L, L)."""
@@ -318,8 +359,13 @@ def test_embedding_bag_with_offsets_from_the_data_is_refused(tmp_path):
     opt, _ = optimizer(model, "sgd")
     text = torch.randint(0, 20, (17,))
     offsets = torch.tensor([0, 2, 5, 6, 10, 12, 15])
-    step = fxdp.trace(model, opt, F.cross_entropy, (text, offsets, torch.randint(0, 3, (B,))),
-                      batch_dim=[-1, 0, 0])
+    step = fxdp.trace(
+        model,
+        opt,
+        F.cross_entropy,
+        (text, offsets, torch.randint(0, 3, (B,))),
+        batch_dim=[-1, 0, 0],
+    )
     refused(tmp_path, step, "aten::_embedding_bag", "pass a 2-D input")
 
 
@@ -327,8 +373,11 @@ class _FreqScaled(nn.Module):
     def __init__(self, bag: bool):
         super().__init__()
         self.bag = bag
-        self.emb = (nn.EmbeddingBag(20, 6, scale_grad_by_freq=True) if bag
-                    else nn.Embedding(20, 6, scale_grad_by_freq=True))
+        self.emb = (
+            nn.EmbeddingBag(20, 6, scale_grad_by_freq=True)
+            if bag
+            else nn.Embedding(20, 6, scale_grad_by_freq=True)
+        )
         self.fc = nn.Linear(6, 3)
 
     def forward(self, tokens):
@@ -348,6 +397,7 @@ def test_scale_grad_by_freq_is_refused(tmp_path, bag):
 
 
 # ---- index_put: a parameter indexed by batch ids ------------------------------------------------
+
 
 class _Table(nn.Module):
     """self.table[ids] with ids batch data: the backward adds each sample's gradient rows into
@@ -387,21 +437,25 @@ def test_index_put_without_accumulate_at_batch_indices_is_refused(tmp_path):
     torch.manual_seed(0)
     model = _Overwrite()
     opt, _ = optimizer(model, "sgd")
-    step = fxdp.trace(model, opt, F.mse_loss, (torch.randperm(10)[:B], torch.randn(B, 6),
-                                               torch.randn(B, 3)))
+    step = fxdp.trace(
+        model, opt, F.mse_loss, (torch.randperm(10)[:B], torch.randn(B, 6), torch.randn(B, 3))
+    )
     refused(tmp_path, step, "aten::index_put", "without accumulate")
 
 
 # ---- the formerly crashing graphs on real workers ----------------------------------------------
 
+
 def test_on_real_workers(tmp_path):
     """The spatial transformer, 2-D embedding bags and cdist to prototypes on 3 real
     fxdp-worker processes (B=7: 3,2,2) equal one device."""
     torch.manual_seed(0)
-    cases = [(_SpatialTransformer(), (randn(B, 1, 8, 8), randint(5, B))),
-             (_Bags("mean"), _Bags("mean").makers()),
-             (_Prototypes(), (randn(B, 8), randint(3, B))),
-             (_Table(), (randint(10, B, 4), randint(3, B)))]
+    cases = [
+        (_SpatialTransformer(), (randn(B, 1, 8, 8), randint(5, B))),
+        (_Bags("mean"), _Bags("mean").makers()),
+        (_Prototypes(), (randn(B, 8), randint(3, B))),
+        (_Table(), (randint(10, B, 4), randint(3, B))),
+    ]
     for i, (model, makers) in enumerate(cases):
         opt, _ = optimizer(model, "sgd")
         batches = batches_of(*makers)
@@ -411,6 +465,7 @@ def test_on_real_workers(tmp_path):
 
 
 # ---- Hugging Face models (tiny configs built in code) ----------------------------------------
+
 
 class _OwnLoss(nn.Module):
     """A transformers model called with (inputs, labels) that returns its own loss."""
@@ -433,17 +488,28 @@ def test_mixtral_router_aux_loss(tmp_path, world):
     sort the tokens, which is helper work of its own.)"""
     T = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    cfg = T.MixtralConfig(vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
-                          num_attention_heads=2, num_key_value_heads=1, num_local_experts=4,
-                          num_experts_per_tok=2, max_position_embeddings=16,
-                          output_router_logits=True, router_aux_loss_coef=0.5)
+    cfg = T.MixtralConfig(
+        vocab_size=40,
+        hidden_size=16,
+        intermediate_size=24,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        max_position_embeddings=16,
+        output_router_logits=True,
+        router_aux_loss_coef=0.5,
+    )
     cfg._experts_implementation = "batched_mm"
     model = _OwnLoss(T.MixtralForCausalLM(cfg), "input_ids")
     opt, _ = optimizer(model, "sgd")
     batches = batches_of(randint(40, 5, 6), randint(40, 5, 6))
     step = fxdp.trace(model, opt, None, batches[0])
     assert {"aten::histc", "aten::index_put"} <= ops_of(step)
-    one_device(tmp_path, step, batches, world, reductions=2)  # histc's counts, the router probabilities
+    one_device(
+        tmp_path, step, batches, world, reductions=2
+    )  # histc's counts, the router probabilities
 
 
 @pytest.mark.real_models
@@ -453,11 +519,24 @@ def test_whisper(tmp_path):
     (index_put, accumulate=True) with the batch in the values and indices."""
     T = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    cfg = T.WhisperConfig(vocab_size=40, num_mel_bins=8, encoder_layers=1, decoder_layers=1,
-                          encoder_attention_heads=2, decoder_attention_heads=2, d_model=16,
-                          encoder_ffn_dim=32, decoder_ffn_dim=32, max_source_positions=8,
-                          max_target_positions=16, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-                          decoder_start_token_id=1, dropout=0.0)
+    cfg = T.WhisperConfig(
+        vocab_size=40,
+        num_mel_bins=8,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        d_model=16,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        max_source_positions=8,
+        max_target_positions=16,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        decoder_start_token_id=1,
+        dropout=0.0,
+    )
     model = _OwnLoss(T.WhisperForConditionalGeneration(cfg), "input_features")
     opt, _ = optimizer(model, "sgd")
     batches = batches_of(randn(4, 8, 16), lambda g: torch.randint(3, 40, (4, 5), generator=g))

@@ -32,13 +32,12 @@ import json
 import subprocess
 from typing import Callable, Dict, NamedTuple, Tuple
 
+import fxdp
 import pytest
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
-
-import fxdp
 from _util import ATOL, RTOL, fxdp_binary, rank_local_eager, run_worker_ranks
+from safetensors.torch import save_file
 
 transformers = pytest.importorskip("transformers")
 T = transformers
@@ -54,7 +53,9 @@ NOD = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 class Case(NamedTuple):
     family: str
     make: Callable[[], torch.nn.Module]  # the model, in train mode
-    batch: Callable[..., Tuple[torch.Tensor, ...]]  # (generator[, step]) -> (model inputs..., target)
+    batch: Callable[
+        ..., Tuple[torch.Tensor, ...]
+    ]  # (generator[, step]) -> (model inputs..., target)
     loss: Callable  # loss_fn(model output, target), or None: the model returns the loss
     batchnorm: bool = False
     stepwise: bool = False  # batch() also takes the step's index
@@ -76,7 +77,7 @@ def cls_batch(g):
 def masked_cls_batch(g):
     ids, labels = cls_batch(g)
     mask = torch.ones(B, S, dtype=torch.long)
-    mask[torch.arange(B) % 3 == 1, S - 2:] = 0  # padded samples, as a tokenizer makes them
+    mask[torch.arange(B) % 3 == 1, S - 2 :] = 0  # padded samples, as a tokenizer makes them
     return ids, mask, labels
 
 
@@ -123,8 +124,9 @@ class Seq2SeqMasked(torch.nn.Module):
         self.model = model
 
     def forward(self, ids, enc_mask, dec_mask, labels):
-        return self.model(input_ids=ids, attention_mask=enc_mask, decoder_attention_mask=dec_mask,
-                          labels=labels).loss
+        return self.model(
+            input_ids=ids, attention_mask=enc_mask, decoder_attention_mask=dec_mask, labels=labels
+        ).loss
 
 
 class CausalLM(torch.nn.Module):
@@ -141,7 +143,11 @@ class CausalLM(torch.nn.Module):
 
 # Padded rows (sample, pad tokens, side) of each step's batch: with N=2 (4+4) step 1 pads rank 0's
 # rows only, step 2 rank 1's only, step 3 none (the batch transformers would skip the mask for).
-PADDING = ([(1, 2, "right"), (2, 5, "right"), (3, 3, "left")], [(5, 3, "right"), (7, 1, "left")], [])
+PADDING = (
+    [(1, 2, "right"), (2, 5, "right"), (3, 3, "left")],
+    [(5, 3, "right"), (7, 1, "left")],
+    [],
+)
 
 
 def padded_lm_batch(g, step):
@@ -155,7 +161,7 @@ def padded_lm_batch(g, step):
 def masked_seq2seq_batch(g):
     ids = _ids(g)
     keep = torch.ones(B, S, dtype=torch.bool)
-    keep[torch.arange(B) % 3 == 1, S - 2:] = False  # padded sources
+    keep[torch.arange(B) % 3 == 1, S - 2 :] = False  # padded sources
     enc = keep[:, None, None, :].expand(B, 1, S, S).contiguous()
     dec = torch.ones(S, S, dtype=torch.bool).tril()[None, None].expand(B, 1, S, S).contiguous()
     return ids, enc, dec, ids.roll(-1, 1)
@@ -166,68 +172,288 @@ def _lm(cls, cfg_cls, **kw):
 
 
 DECODER = dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2)
-GPT2 = dict(vocab_size=V, n_positions=16, n_embd=32, n_layer=1, n_head=2, resid_pdrop=0.0, embd_pdrop=0.0,
-            attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+GPT2 = dict(
+    vocab_size=V,
+    n_positions=16,
+    n_embd=32,
+    n_layer=1,
+    n_head=2,
+    resid_pdrop=0.0,
+    embd_pdrop=0.0,
+    attn_pdrop=0.0,
+    bos_token_id=0,
+    eos_token_id=0,
+)
 
 CASES: Dict[str, Case] = {
     # decoder LMs
     "gpt2": Case("decoder", lambda: T.GPT2LMHeadModel(T.GPT2Config(**GPT2)), lm_batch, lm_loss),
     "llama": Case("decoder", _lm(T.LlamaForCausalLM, T.LlamaConfig, **DECODER), lm_batch, lm_loss),
-    "gpt2_padded": Case("decoder", lambda: CausalLM(T.GPT2LMHeadModel(T.GPT2Config(**GPT2))), padded_lm_batch,
-                        None, stepwise=True),
-    "llama_padded": Case("decoder", lambda: CausalLM(_lm(T.LlamaForCausalLM, T.LlamaConfig, **DECODER)()),
-                         padded_lm_batch, None, stepwise=True),
-    "mistral": Case("decoder", _lm(T.MistralForCausalLM, T.MistralConfig, sliding_window=4, **DECODER),
-                    lm_batch, lm_loss),
+    "gpt2_padded": Case(
+        "decoder",
+        lambda: CausalLM(T.GPT2LMHeadModel(T.GPT2Config(**GPT2))),
+        padded_lm_batch,
+        None,
+        stepwise=True,
+    ),
+    "llama_padded": Case(
+        "decoder",
+        lambda: CausalLM(_lm(T.LlamaForCausalLM, T.LlamaConfig, **DECODER)()),
+        padded_lm_batch,
+        None,
+        stepwise=True,
+    ),
+    "mistral": Case(
+        "decoder",
+        _lm(T.MistralForCausalLM, T.MistralConfig, sliding_window=4, **DECODER),
+        lm_batch,
+        lm_loss,
+    ),
     "qwen2": Case("decoder", _lm(T.Qwen2ForCausalLM, T.Qwen2Config, **DECODER), lm_batch, lm_loss),
     # a classification head that picks each sequence's last token: logits[arange(B), last]
-    "llama_cls": Case("decoder", _lm(T.LlamaForSequenceClassification, T.LlamaConfig, num_labels=3,
-                                     pad_token_id=0, **DECODER), cls_batch, cls_loss),
-    "falcon": Case("decoder", lambda: T.FalconForCausalLM(T.FalconConfig(
-        vocab_size=V, hidden_size=32, num_attention_heads=4, num_hidden_layers=1, hidden_dropout=0.0,
-        attention_dropout=0.0)), lm_batch, lm_loss),
-    "opt": Case("decoder", lambda: T.OPTForCausalLM(T.OPTConfig(
-        vocab_size=V, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, ffn_dim=64,
-        max_position_embeddings=16, dropout=0.0, attention_dropout=0.0, word_embed_proj_dim=32)),
-        lm_batch, lm_loss),
+    "llama_cls": Case(
+        "decoder",
+        _lm(
+            T.LlamaForSequenceClassification, T.LlamaConfig, num_labels=3, pad_token_id=0, **DECODER
+        ),
+        cls_batch,
+        cls_loss,
+    ),
+    "falcon": Case(
+        "decoder",
+        lambda: T.FalconForCausalLM(
+            T.FalconConfig(
+                vocab_size=V,
+                hidden_size=32,
+                num_attention_heads=4,
+                num_hidden_layers=1,
+                hidden_dropout=0.0,
+                attention_dropout=0.0,
+            )
+        ),
+        lm_batch,
+        lm_loss,
+    ),
+    "opt": Case(
+        "decoder",
+        lambda: T.OPTForCausalLM(
+            T.OPTConfig(
+                vocab_size=V,
+                hidden_size=32,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                ffn_dim=64,
+                max_position_embeddings=16,
+                dropout=0.0,
+                attention_dropout=0.0,
+                word_embed_proj_dim=32,
+            )
+        ),
+        lm_batch,
+        lm_loss,
+    ),
     # encoders (sequence classification)
-    "bert": Case("encoder", lambda: T.BertForSequenceClassification(T.BertConfig(
-        vocab_size=V, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-        max_position_embeddings=16, num_labels=3, **NOD)), cls_batch, cls_loss),
-    "roberta": Case("encoder", lambda: T.RobertaForSequenceClassification(T.RobertaConfig(
-        vocab_size=V, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-        max_position_embeddings=20, num_labels=3, pad_token_id=0, **NOD)), cls_batch, cls_loss),
-    "distilbert": Case("encoder", lambda: T.DistilBertForSequenceClassification(T.DistilBertConfig(
-        vocab_size=V, dim=32, n_layers=1, n_heads=2, hidden_dim=64, max_position_embeddings=16,
-        num_labels=3, dropout=0.0, attention_dropout=0.0, seq_classif_dropout=0.0)), cls_batch, cls_loss),
-    "electra": Case("encoder", lambda: T.ElectraForSequenceClassification(T.ElectraConfig(
-        vocab_size=V, embedding_size=16, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-        intermediate_size=64, max_position_embeddings=16, num_labels=3, **NOD)), cls_batch, cls_loss),
-    "deberta_v2": Case("encoder", lambda: Masked(T.DebertaV2ForSequenceClassification(T.DebertaV2Config(
-        vocab_size=V, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-        max_position_embeddings=16, num_labels=3, pooler_dropout=0.0, **NOD))), masked_cls_batch, cls_loss),
+    "bert": Case(
+        "encoder",
+        lambda: T.BertForSequenceClassification(
+            T.BertConfig(
+                vocab_size=V,
+                hidden_size=32,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                intermediate_size=64,
+                max_position_embeddings=16,
+                num_labels=3,
+                **NOD,
+            )
+        ),
+        cls_batch,
+        cls_loss,
+    ),
+    "roberta": Case(
+        "encoder",
+        lambda: T.RobertaForSequenceClassification(
+            T.RobertaConfig(
+                vocab_size=V,
+                hidden_size=32,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                intermediate_size=64,
+                max_position_embeddings=20,
+                num_labels=3,
+                pad_token_id=0,
+                **NOD,
+            )
+        ),
+        cls_batch,
+        cls_loss,
+    ),
+    "distilbert": Case(
+        "encoder",
+        lambda: T.DistilBertForSequenceClassification(
+            T.DistilBertConfig(
+                vocab_size=V,
+                dim=32,
+                n_layers=1,
+                n_heads=2,
+                hidden_dim=64,
+                max_position_embeddings=16,
+                num_labels=3,
+                dropout=0.0,
+                attention_dropout=0.0,
+                seq_classif_dropout=0.0,
+            )
+        ),
+        cls_batch,
+        cls_loss,
+    ),
+    "electra": Case(
+        "encoder",
+        lambda: T.ElectraForSequenceClassification(
+            T.ElectraConfig(
+                vocab_size=V,
+                embedding_size=16,
+                hidden_size=32,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                intermediate_size=64,
+                max_position_embeddings=16,
+                num_labels=3,
+                **NOD,
+            )
+        ),
+        cls_batch,
+        cls_loss,
+    ),
+    "deberta_v2": Case(
+        "encoder",
+        lambda: Masked(
+            T.DebertaV2ForSequenceClassification(
+                T.DebertaV2Config(
+                    vocab_size=V,
+                    hidden_size=32,
+                    num_hidden_layers=1,
+                    num_attention_heads=2,
+                    intermediate_size=64,
+                    max_position_embeddings=16,
+                    num_labels=3,
+                    pooler_dropout=0.0,
+                    **NOD,
+                )
+            )
+        ),
+        masked_cls_batch,
+        cls_loss,
+    ),
     # encoder-decoder
-    "t5": Case("encoder-decoder", lambda: Seq2Seq(T.T5ForConditionalGeneration(T.T5Config(
-        vocab_size=V, d_model=32, d_kv=16, d_ff=64, num_layers=1, num_heads=2, dropout_rate=0.0,
-        decoder_start_token_id=0, pad_token_id=0))), lm_batch, None),
-    "bart": Case("encoder-decoder", lambda: Seq2SeqMasked(T.BartForConditionalGeneration(T.BartConfig(
-        vocab_size=V, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=16,
-        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, pad_token_id=1, bos_token_id=0,
-        eos_token_id=2, decoder_start_token_id=2))), masked_seq2seq_batch, None),
+    "t5": Case(
+        "encoder-decoder",
+        lambda: Seq2Seq(
+            T.T5ForConditionalGeneration(
+                T.T5Config(
+                    vocab_size=V,
+                    d_model=32,
+                    d_kv=16,
+                    d_ff=64,
+                    num_layers=1,
+                    num_heads=2,
+                    dropout_rate=0.0,
+                    decoder_start_token_id=0,
+                    pad_token_id=0,
+                )
+            )
+        ),
+        lm_batch,
+        None,
+    ),
+    "bart": Case(
+        "encoder-decoder",
+        lambda: Seq2SeqMasked(
+            T.BartForConditionalGeneration(
+                T.BartConfig(
+                    vocab_size=V,
+                    d_model=32,
+                    encoder_layers=1,
+                    decoder_layers=1,
+                    encoder_attention_heads=2,
+                    decoder_attention_heads=2,
+                    encoder_ffn_dim=64,
+                    decoder_ffn_dim=64,
+                    max_position_embeddings=16,
+                    dropout=0.0,
+                    attention_dropout=0.0,
+                    activation_dropout=0.0,
+                    pad_token_id=1,
+                    bos_token_id=0,
+                    eos_token_id=2,
+                    decoder_start_token_id=2,
+                )
+            )
+        ),
+        masked_seq2seq_batch,
+        None,
+    ),
     # vision
-    "vit": Case("vision", lambda: T.ViTForImageClassification(T.ViTConfig(
-        image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-        intermediate_size=64, num_labels=3, **NOD)), image_batch, cls_loss),
-    "convnext": Case("vision", lambda: T.ConvNextForImageClassification(T.ConvNextConfig(
-        num_stages=2, hidden_sizes=[8, 16], depths=[1, 1], num_labels=3, image_size=32)),
-        image_batch, cls_loss),
-    "swin": Case("vision", lambda: T.SwinForImageClassification(T.SwinConfig(
-        image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 2], window_size=4,
-        num_labels=3, drop_path_rate=0.0, **NOD)), image_batch, cls_loss),
-    "resnet": Case("vision", lambda: T.ResNetForImageClassification(T.ResNetConfig(
-        embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic", num_labels=3)),
-        image_batch, cls_loss, batchnorm=True),
+    "vit": Case(
+        "vision",
+        lambda: T.ViTForImageClassification(
+            T.ViTConfig(
+                image_size=32,
+                patch_size=8,
+                hidden_size=32,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                intermediate_size=64,
+                num_labels=3,
+                **NOD,
+            )
+        ),
+        image_batch,
+        cls_loss,
+    ),
+    "convnext": Case(
+        "vision",
+        lambda: T.ConvNextForImageClassification(
+            T.ConvNextConfig(
+                num_stages=2, hidden_sizes=[8, 16], depths=[1, 1], num_labels=3, image_size=32
+            )
+        ),
+        image_batch,
+        cls_loss,
+    ),
+    "swin": Case(
+        "vision",
+        lambda: T.SwinForImageClassification(
+            T.SwinConfig(
+                image_size=32,
+                patch_size=4,
+                embed_dim=16,
+                depths=[1, 1],
+                num_heads=[2, 2],
+                window_size=4,
+                num_labels=3,
+                drop_path_rate=0.0,
+                **NOD,
+            )
+        ),
+        image_batch,
+        cls_loss,
+    ),
+    "resnet": Case(
+        "vision",
+        lambda: T.ResNetForImageClassification(
+            T.ResNetConfig(
+                embedding_size=8,
+                hidden_sizes=[8, 16],
+                depths=[1, 1],
+                layer_type="basic",
+                num_labels=3,
+            )
+        ),
+        image_batch,
+        cls_loss,
+        batchnorm=True,
+    ),
 }
 # The uneven split runs for one model of each family (and the BatchNorm one).
 UNEVEN = ["llama", "llama_cls", "llama_padded", "bert", "deberta_v2", "t5", "swin", "resnet"]
@@ -269,8 +495,14 @@ class Lab:
         d.mkdir()
         model = make(name)
         step = fxdp.trace(model, optimizer(model), case.loss, data[0])
-        p = {"dir": d, "step": step, "graph": str(d / "g.pb"), "state": str(d / "s.safetensors"),
-             "batches": data, "data": []}
+        p = {
+            "dir": d,
+            "step": step,
+            "graph": str(d / "g.pb"),
+            "state": str(d / "s.safetensors"),
+            "batches": data,
+            "data": [],
+        }
         step.save(p["graph"])
         step.to_safetensors(p["state"])
         names = step.input_names()
@@ -300,7 +532,9 @@ def compare(got, want, what: str) -> None:
     assert not missing, f"{what}: the workers' state lacks {missing}"
     for k in sorted(want):
         g, w = got[k], want[k]
-        assert g.dtype == w.dtype and g.shape == w.shape, f"{what}: {k}: {g.dtype}{list(g.shape)} vs {w.dtype}{list(w.shape)}"
+        assert (
+            g.dtype == w.dtype and g.shape == w.shape
+        ), f"{what}: {k}: {g.dtype}{list(g.shape)} vs {w.dtype}{list(w.shape)}"
         torch.testing.assert_close(g, w, rtol=RTOL, atol=ATOL, msg=lambda m: f"{what}: {k}: {m}")
 
 
@@ -320,7 +554,9 @@ def test_trains_like_one_device_on_real_workers(lab, name, world):
     template = str(p["dir"] / f"x{world}.rank{{rank}}.pb") if len(set(sizes)) > 1 else str(out)
     d = p["dir"] / f"run{world}"
     d.mkdir()
-    run = run_worker_ranks(lab.worker, template, p["state"], p["data"], world, STEPS, d, f"{name}-n{world}")
+    run = run_worker_ranks(
+        lab.worker, template, p["state"], p["data"], world, STEPS, d, f"{name}-n{world}"
+    )
     finals = run["finals"]
     for r_, f in enumerate(finals[1:], start=1):
         for k, v in finals[0].items():
@@ -329,15 +565,24 @@ def test_trains_like_one_device_on_real_workers(lab, name, world):
         # Rank-local BatchNorm statistics, as DDP: fxdp's semantics emulated eagerly.
         model = make(name)
         case = CASES[name]
-        want = rank_local_eager(model, optimizer(model),
-                                lambda m, b: case.loss(m(*b[:-1]), b[-1]), p["batches"],
-                                [0] * len(p["batches"][0]), world)
+        want = rank_local_eager(
+            model,
+            optimizer(model),
+            lambda m, b: case.loss(m(*b[:-1]), b[-1]),
+            p["batches"],
+            [0] * len(p["batches"][0]),
+            world,
+        )
         compare(finals[0], want, f"{name} N={world} vs eager rank-local BatchNorm")
         return
     compare(finals[0], p["ref_state"], f"{name} N={world} vs one device")
     assert set(finals[0]) == set(p["ref_state"])
-    torch.testing.assert_close(torch.tensor(run["losses"], dtype=torch.float64),
-                               torch.tensor(p["ref_losses"], dtype=torch.float64), rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(
+        torch.tensor(run["losses"], dtype=torch.float64),
+        torch.tensor(p["ref_losses"], dtype=torch.float64),
+        rtol=RTOL,
+        atol=ATOL,
+    )
 
 
 def test_deberta_without_attention_mask_is_refused_naming_the_check(lab):
@@ -346,7 +591,9 @@ def test_deberta_without_attention_mask_is_refused_naming_the_check(lab):
     torch.manual_seed(0)
     model = CASES["deberta_v2"].make().model.train()
     ids, _, labels = masked_cls_batch(torch.Generator().manual_seed(1))
-    with pytest.raises(fxdp.TraceError, match=r"data-dependent control flow in module 'deberta'.*pad_token_id"):
+    with pytest.raises(
+        fxdp.TraceError, match=r"data-dependent control flow in module 'deberta'.*pad_token_id"
+    ):
         fxdp.trace(model, torch.optim.SGD(model.parameters(), lr=0.1), cls_loss, (ids, labels))
 
 
@@ -366,20 +613,43 @@ def test_padded_lm_traced_equals_eager_hugging_face(lab, name):
         loss.backward()
         opt.step()
         losses.append(loss.item())
-    torch.testing.assert_close(torch.tensor(p["ref_losses"], dtype=torch.float64),
-                               torch.tensor(losses, dtype=torch.float64), rtol=RTOL, atol=ATOL)
-    compare(p["ref_state"], {k: v.detach() for k, v in model.named_parameters()}, f"{name}: traced vs eager HF")
+    torch.testing.assert_close(
+        torch.tensor(p["ref_losses"], dtype=torch.float64),
+        torch.tensor(losses, dtype=torch.float64),
+        rtol=RTOL,
+        atol=ATOL,
+    )
+    compare(
+        p["ref_state"],
+        {k: v.detach() for k, v in model.named_parameters()},
+        f"{name}: traced vs eager HF",
+    )
 
 
 def test_bart_with_2d_masks_traces_and_matches_eager():
     """BART's encoder (bidirectional) and decoder (causal) masks from 2-D masks with padding trace
     too; the traced loss is transformers' eager loss on the same batch."""
     torch.manual_seed(0)
-    model = T.BartForConditionalGeneration(T.BartConfig(
-        vocab_size=V, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=16,
-        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, pad_token_id=1, bos_token_id=0,
-        eos_token_id=2, decoder_start_token_id=2)).train()
+    model = T.BartForConditionalGeneration(
+        T.BartConfig(
+            vocab_size=V,
+            d_model=32,
+            encoder_layers=1,
+            decoder_layers=1,
+            encoder_attention_heads=2,
+            decoder_attention_heads=2,
+            encoder_ffn_dim=64,
+            decoder_ffn_dim=64,
+            max_position_embeddings=16,
+            dropout=0.0,
+            attention_dropout=0.0,
+            activation_dropout=0.0,
+            pad_token_id=1,
+            bos_token_id=0,
+            eos_token_id=2,
+            decoder_start_token_id=2,
+        )
+    ).train()
 
     class Bart2D(torch.nn.Module):
         def __init__(self):
@@ -387,8 +657,9 @@ def test_bart_with_2d_masks_traces_and_matches_eager():
             self.model = model
 
         def forward(self, ids, mask, labels, dec_mask):
-            return self.model(input_ids=ids, attention_mask=mask, labels=labels,
-                              decoder_attention_mask=dec_mask).loss
+            return self.model(
+                input_ids=ids, attention_mask=mask, labels=labels, decoder_attention_mask=dec_mask
+            ).loss
 
     ids, mask, labels = padded_lm_batch(torch.Generator().manual_seed(1), 0)
     batch = (ids, mask, labels, mask)

@@ -27,11 +27,10 @@ import signal
 import threading
 import time
 
+import fxdp
 import grpc
 import pytest
 import torch
-
-import fxdp
 from _util import ServerProcess, traced
 from fxdp import zoo
 from fxdp.v1 import jobs_pb2 as jpb
@@ -79,7 +78,9 @@ def test_state_with_resume_is_a_value_error():
     step = traced(MODEL, OPTIM)
     client = fxdp.Client("127.0.0.1:1")
     with pytest.raises(ValueError, match="state= and resume= exclude each other"):
-        client.train(step, world_size=2, batches=batches(), state=step.initial_state(), resume="job-1-abc")
+        client.train(
+            step, world_size=2, batches=batches(), state=step.initial_state(), resume="job-1-abc"
+        )
 
 
 def assert_resumed_like(r, plain, old_id, k, client):
@@ -98,8 +99,10 @@ def assert_resumed_like(r, plain, old_id, k, client):
 
 def test_a_streamed_job_resumes_after_a_lost_worker(tmp_path):
     step = traced(MODEL, OPTIM)
-    with ServerProcess("--state-dir", tmp_path / "state", "--checkpoint-every", "2") as server, \
-            fxdp.Client(server.address, timeout=60) as client:
+    with (
+        ServerProcess("--state-dir", tmp_path / "state", "--checkpoint-every", "2") as server,
+        fxdp.Client(server.address, timeout=60) as client,
+    ):
         plain = client.train(step, world_size=2, batches=batches(), schedule=schedule())
         assert len(plain.losses) == STEPS
 
@@ -113,43 +116,78 @@ def test_a_streamed_job_resumes_after_a_lost_worker(tmp_path):
                 os.kill(victim, signal.SIGKILL)
                 killed.set()
 
-        err = code_of(lambda: client.train(step, world_size=2, batches=held_batches(9, killed), steps=STEPS,
-                                           schedule=schedule(), on_step=on_step,
-                                           on_event=lambda e: seen.setdefault("id", e.job_id)))
+        err = code_of(
+            lambda: client.train(
+                step,
+                world_size=2,
+                batches=held_batches(9, killed),
+                steps=STEPS,
+                schedule=schedule(),
+                on_step=on_step,
+                on_event=lambda e: seen.setdefault("id", e.job_id),
+            )
+        )
         assert err.code == grpc.StatusCode.UNAVAILABLE and "was lost" in str(err), err
         old = client.job(seen["id"])
         assert old.state == jpb.JOB_STATE_FAILED, old
         k = old.checkpoint_step
         assert k >= 2 and k % 2 == 0 and k <= old.steps_done < STEPS, old
-        assert os.path.isfile(tmp_path / "state" / "states" / f"{old.job_id}.checkpoint.safetensors")
+        assert os.path.isfile(
+            tmp_path / "state" / "states" / f"{old.job_id}.checkpoint.safetensors"
+        )
 
         # Refused: each names what is wrong.
-        e = code_of(lambda: client.train(step, world_size=2, batches=batches(), resume="job-999-abc"))
+        e = code_of(
+            lambda: client.train(step, world_size=2, batches=batches(), resume="job-999-abc")
+        )
         assert e.code == grpc.StatusCode.NOT_FOUND and "job-999-abc" in str(e), e
-        e = code_of(lambda: client.train(step, world_size=2, batches=batches(), resume=plain.job_id))
+        e = code_of(
+            lambda: client.train(step, world_size=2, batches=batches(), resume=plain.job_id)
+        )
         assert e.code == grpc.StatusCode.FAILED_PRECONDITION, e
         assert "is SUCCEEDED: only a FAILED job can be resumed" in str(e), e
         e = code_of(lambda: client.train(step, world_size=1, batches=batches(), resume=old.job_id))
         assert e.code == grpc.StatusCode.INVALID_ARGUMENT, e
         assert "world_size is 1, the job ran on 2" in str(e), e
-        e = code_of(lambda: client.train(traced(MODEL, "sgd"), world_size=2, batches=batches(),
-                                         resume=old.job_id))
+        e = code_of(
+            lambda: client.train(
+                traced(MODEL, "sgd"), world_size=2, batches=batches(), resume=old.job_id
+            )
+        )
         assert e.code == grpc.StatusCode.INVALID_ARGUMENT and "the graph differs" in str(e), e
         assert "'optim.fc1.bias.exp_avg'" in str(e) and "is not in the new graph" in str(e), e
         # A job that failed at step 1 (a batch of the wrong shape), before its first checkpoint.
         bad = [{"x": torch.zeros(3, 1), "target": torch.zeros(3, 1)}]
-        e = code_of(lambda: client.train(step, world_size=2, batches=bad,
-                                         on_event=lambda ev: seen.__setitem__("bad", ev.job_id)))
+        e = code_of(
+            lambda: client.train(
+                step,
+                world_size=2,
+                batches=bad,
+                on_event=lambda ev: seen.__setitem__("bad", ev.job_id),
+            )
+        )
         assert e.code == grpc.StatusCode.INVALID_ARGUMENT, e
         e = code_of(lambda: client.train(step, world_size=2, batches=batches(), resume=seen["bad"]))
         assert e.code == grpc.StatusCode.FAILED_PRECONDITION and "has no checkpoint" in str(e), e
         # A resume sends no state.
         from fxdp.client import _chunks as chunks
+
         stub = server.jobs
         w = step.initial_state()["fc1.bias"]
-        reqs = iter([jpb.SubmitJobRequest(spec=jpb.JobSpec(graph=step.graph, world_size=2, steps=STEPS,
-                                                           num_state_tensors=1, resume_job=old.job_id)),
-                     *[jpb.SubmitJobRequest(state=c) for c in chunks("fc1.bias", w)]])
+        reqs = iter(
+            [
+                jpb.SubmitJobRequest(
+                    spec=jpb.JobSpec(
+                        graph=step.graph,
+                        world_size=2,
+                        steps=STEPS,
+                        num_state_tensors=1,
+                        resume_job=old.job_id,
+                    )
+                ),
+                *[jpb.SubmitJobRequest(state=c) for c in chunks("fc1.bias", w)],
+            ]
+        )
         with pytest.raises(grpc.RpcError) as rpc:
             list(stub.Submit(reqs, timeout=30))
         assert rpc.value.code() == grpc.StatusCode.INVALID_ARGUMENT, rpc.value
@@ -169,8 +207,14 @@ def test_a_streamed_job_resumes_after_a_lost_worker(tmp_path):
 
         def first():
             try:
-                client.train(step, world_size=2, batches=gated(), steps=STEPS, resume=old.job_id,
-                             on_event=lambda ev: held.setdefault("id", ev.job_id))
+                client.train(
+                    step,
+                    world_size=2,
+                    batches=gated(),
+                    steps=STEPS,
+                    resume=old.job_id,
+                    on_event=lambda ev: held.setdefault("id", ev.job_id),
+                )
             except fxdp.ServerError as err:
                 held["error"] = err
 
@@ -188,15 +232,21 @@ def test_a_streamed_job_resumes_after_a_lost_worker(tmp_path):
         t.join(30)
         assert not t.is_alive() and held["error"].code == grpc.StatusCode.CANCELLED, held
         wait_idle(client)
-        r = client.train(step, world_size=2, batches=batches(), schedule=schedule(), resume=old.job_id)
+        r = client.train(
+            step, world_size=2, batches=batches(), schedule=schedule(), resume=old.job_id
+        )
         assert_resumed_like(r, plain, old.job_id, k, client)
         # It succeeded: the job is done; another resume names the job that completed it.
         e = code_of(lambda: client.train(step, world_size=2, batches=batches(), resume=old.job_id))
         assert e.code == grpc.StatusCode.FAILED_PRECONDITION, e
-        assert f"job '{old.job_id}' was resumed already: job '{r.job_id}' resumed it and SUCCEEDED" in str(e), e
+        assert (
+            f"job '{old.job_id}' was resumed already: job '{r.job_id}' resumed it and SUCCEEDED"
+            in str(e)
+        ), e
         assert client.job(old.job_id).state == jpb.JOB_STATE_FAILED  # the old job stays as it ended
-    assert any(f"resuming {old.job_id} from its checkpoint of step {k}" in line for line in server.log), \
-        "".join(server.log)
+    assert any(
+        f"resuming {old.job_id} from its checkpoint of step {k}" in line for line in server.log
+    ), "".join(server.log)
 
 
 @pytest.mark.parametrize("style", ["replicate", "fully_shard"])
@@ -206,9 +256,13 @@ def test_a_streamed_job_resumes_after_a_server_restart(tmp_path, style):
     from every rank's shards and split again for the resumed job."""
     step = traced(MODEL, OPTIM)
     state_dir = tmp_path / "state"
-    with ServerProcess("--state-dir", state_dir, "--checkpoint-every", "2") as server, \
-            fxdp.Client(server.address, timeout=60) as client:
-        plain = client.train(step, world_size=2, batches=batches(), schedule=schedule(), style=style)
+    with (
+        ServerProcess("--state-dir", state_dir, "--checkpoint-every", "2") as server,
+        fxdp.Client(server.address, timeout=60) as client,
+    ):
+        plain = client.train(
+            step, world_size=2, batches=batches(), schedule=schedule(), style=style
+        )
         wait_idle(client)
         seen, killed = {}, threading.Event()
 
@@ -218,22 +272,44 @@ def test_a_streamed_job_resumes_after_a_server_restart(tmp_path, style):
                 killed.set()
 
         with pytest.raises(fxdp.ServerError):
-            client.train(step, world_size=2, batches=held_batches(11, killed), steps=STEPS, schedule=schedule(),
-                         on_step=on_step,
-                         on_event=lambda e: seen.setdefault("id", e.job_id), style=style)
+            client.train(
+                step,
+                world_size=2,
+                batches=held_batches(11, killed),
+                steps=STEPS,
+                schedule=schedule(),
+                on_step=on_step,
+                on_event=lambda e: seen.setdefault("id", e.job_id),
+                style=style,
+            )
     job = seen["id"]
 
-    with ServerProcess("--state-dir", state_dir, "--checkpoint-every", "2") as server, \
-            fxdp.Client(server.address, timeout=60) as client:
+    with (
+        ServerProcess("--state-dir", state_dir, "--checkpoint-every", "2") as server,
+        fxdp.Client(server.address, timeout=60) as client,
+    ):
         old = client.job(job)
-        assert old.state == jpb.JOB_STATE_FAILED and old.error_code == grpc.StatusCode.UNAVAILABLE.value[0]
+        assert (
+            old.state == jpb.JOB_STATE_FAILED
+            and old.error_code == grpc.StatusCode.UNAVAILABLE.value[0]
+        )
         k = old.checkpoint_step
         assert k >= 2 and k % 2 == 0, old
-        assert f"resume it from its checkpoint of step {k} (fxdp run --resume {job}, or fxdp.Client.train(resume=...))" in old.error, old.error
+        assert (
+            f"resume it from its checkpoint of step {k} (fxdp run --resume {job}, or fxdp.Client.train(resume=...))"
+            in old.error
+        ), old.error
         wait_idle(client)
         # A generator: its first k batches are consumed and dropped.
-        r = client.train(step, world_size=2, batches=iter(batches()), steps=STEPS, schedule=schedule(),
-                         resume=job, style=style)
+        r = client.train(
+            step,
+            world_size=2,
+            batches=iter(batches()),
+            steps=STEPS,
+            schedule=schedule(),
+            resume=job,
+            style=style,
+        )
         assert_resumed_like(r, plain, job, k, client)
 
 
@@ -242,7 +318,8 @@ def test_only_its_owner_or_an_admin_may_resume_a_job(tmp_path):
     unknown job (as GetJob/CancelJob/FetchState: ids cannot be probed) and audit-logged; its owner and
     an admin get past that check."""
     from _util import local_server
-    from test_security import client as as_identity, make_pki, server_args
+    from test_security import client as as_identity
+    from test_security import make_pki, server_args
 
     pki = make_pki(tmp_path / "pki")
     extra = [*server_args(pki), "--state-dir", str(tmp_path / "state"), "--checkpoint-every", "2"]
@@ -252,13 +329,17 @@ def test_only_its_owner_or_an_admin_may_resume_a_job(tmp_path):
         done = alice.train(step, world_size=2, batches=batches()[:2])
         e = code_of(lambda: bob.train(step, world_size=2, batches=batches(), resume=done.job_id))
         assert e.code == grpc.StatusCode.NOT_FOUND and f"no job '{done.job_id}'" in str(e), e
-        line = rf'audit event="resume" identity="bob" peer="[^"]*" job="{done.job_id}" result="denied"'
+        line = (
+            rf'audit event="resume" identity="bob" peer="[^"]*" job="{done.job_id}" result="denied"'
+        )
         deadline = time.monotonic() + 10  # the server's stderr is read by a thread
         while not re.search(line, "".join(log)) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert re.search(line, "".join(log)), log[-20:]
         for who in (alice, admin):  # allowed to try: the job did not fail
-            e = code_of(lambda: who.train(step, world_size=2, batches=batches(), resume=done.job_id))
+            e = code_of(
+                lambda: who.train(step, world_size=2, batches=batches(), resume=done.job_id)
+            )
             assert e.code == grpc.StatusCode.FAILED_PRECONDITION and "is SUCCEEDED" in str(e), e
 
 
@@ -270,9 +351,8 @@ def test_fxdp_run_resume_continues_a_job_whose_worker_was_lost(tmp_path):
     import json
     import subprocess
 
-    from safetensors.torch import load_file, save_file
-
     from _util import fxdp_binary
+    from safetensors.torch import load_file, save_file
 
     step = traced(MODEL, OPTIM)
     graph = tmp_path / "g.pb"
@@ -287,8 +367,22 @@ def test_fxdp_run_resume_continues_a_job_whose_worker_was_lost(tmp_path):
     fxdp_cli = fxdp_binary("FXDP_BIN", "fxdp")
 
     def run(*args):
-        return [fxdp_cli, "run", str(graph), "--world-size", "2", "--steps", str(STEPS), *data,
-                "--schedule", str(tmp_path / "lr.json"), "--json", "--server", server.address, *args]
+        return [
+            fxdp_cli,
+            "run",
+            str(graph),
+            "--world-size",
+            "2",
+            "--steps",
+            str(STEPS),
+            *data,
+            "--schedule",
+            str(tmp_path / "lr.json"),
+            "--json",
+            "--server",
+            server.address,
+            *args,
+        ]
 
     def events(stdout):
         return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
@@ -298,8 +392,12 @@ def test_fxdp_run_resume_continues_a_job_whose_worker_was_lost(tmp_path):
 
     with ServerProcess("--state-dir", tmp_path / "state", "--checkpoint-every", "2") as server:
         address = server.address
-        plain = subprocess.run(run("--state", str(state), "--out", str(tmp_path / "plain.safetensors")),
-                               capture_output=True, text=True, timeout=120)
+        plain = subprocess.run(
+            run("--state", str(state), "--out", str(tmp_path / "plain.safetensors")),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert plain.returncode == 0, plain.stderr
         plain_losses = losses(events(plain.stdout))
         assert len(plain_losses) == STEPS
@@ -307,8 +405,12 @@ def test_fxdp_run_resume_continues_a_job_whose_worker_was_lost(tmp_path):
         with fxdp.Client(address, timeout=60) as client:
             wait_idle(client)
             victim = int(client.workers()[0]["pid"])
-            p = subprocess.Popen(run("--state", str(state)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 text=True)
+            p = subprocess.Popen(
+                run("--state", str(state)),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
             for line in p.stdout:
                 ev = json.loads(line)
                 if ev.get("state") == "RUNNING" and ev.get("step", 0) >= 7:
@@ -321,25 +423,45 @@ def test_fxdp_run_resume_continues_a_job_whose_worker_was_lost(tmp_path):
             assert k >= 2 and k % 2 == 0, client.job(job)
             wait_idle(client)
 
-        r = subprocess.run(run("--resume", job, "--out", str(tmp_path / "resumed.safetensors")),
-                           capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            run("--resume", job, "--out", str(tmp_path / "resumed.safetensors")),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert r.returncode == 0, r.stderr
         evs = events(r.stdout)
         assert evs[0]["first_step"] == k and evs[0]["job_id"] != job, evs[0]
         assert losses(evs) == plain_losses[k:]
         assert [e["step"] for e in evs if "loss" in e] == list(range(k + 1, STEPS + 1))
-        a, b = load_file(str(tmp_path / "plain.safetensors")), load_file(str(tmp_path / "resumed.safetensors"))
+        a, b = (
+            load_file(str(tmp_path / "plain.safetensors")),
+            load_file(str(tmp_path / "resumed.safetensors")),
+        )
         assert set(a) == set(b)
         for name, v in a.items():
             assert torch.equal(b[name], v), name
 
-        shown = subprocess.run([fxdp_cli, "job", evs[0]["job_id"], "--server", address], capture_output=True,
-                               text=True, timeout=30)
+        shown = subprocess.run(
+            [fxdp_cli, "job", evs[0]["job_id"], "--server", address],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert f"resumes    {job}" in shown.stdout, shown.stdout
-        shown = subprocess.run([fxdp_cli, "job", job, "--server", address], capture_output=True, text=True,
-                               timeout=30)
-        assert f"checkpoint step {k} (fxdp run ... --resume {job} continues from it)" in shown.stdout, shown.stdout
+        shown = subprocess.run(
+            [fxdp_cli, "job", job, "--server", address], capture_output=True, text=True, timeout=30
+        )
+        assert (
+            f"checkpoint step {k} (fxdp run ... --resume {job} continues from it)" in shown.stdout
+        ), shown.stdout
         # Without --state or --resume: a usage error.
-        bad = subprocess.run([fxdp_cli, "run", str(graph), *data, "--server", address], capture_output=True,
-                             text=True, timeout=30)
-        assert bad.returncode == 2 and "--state is required (unless --resume)" in bad.stderr, bad.stderr
+        bad = subprocess.run(
+            [fxdp_cli, "run", str(graph), *data, "--server", address],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert (
+            bad.returncode == 2 and "--state is required (unless --resume)" in bad.stderr
+        ), bad.stderr

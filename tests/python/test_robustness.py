@@ -20,7 +20,6 @@ import threading
 
 import grpc
 import pytest
-
 from _util import fxdp_binary
 from fxdp.v1 import worker_pb2 as wpb
 from fxdp.v1 import worker_pb2_grpc as wgrpc
@@ -32,9 +31,12 @@ class Server:
     def __init__(self, tmp_path, *args):
         self.log_path = tmp_path / "server.log"
         self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen([fxdp_binary("FXDP_SERVER_BIN", "fxdp-server"),
-                                      "--listen", "127.0.0.1:0", *args],
-                                     stdout=subprocess.PIPE, stderr=self.log, text=True)
+        self.proc = subprocess.Popen(
+            [fxdp_binary("FXDP_SERVER_BIN", "fxdp-server"), "--listen", "127.0.0.1:0", *args],
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+        )
         line = self.proc.stdout.readline()
         m = re.fullmatch(r"listening on (127\.0\.0\.1:\d+)\n", line)
         assert m, (line, self.log_text())
@@ -64,19 +66,28 @@ def server(tmp_path_factory):
     s.stop()
 
 
-@pytest.mark.parametrize("method,streaming", [
-    ("/fxdp.v1.JobService/GetJob", False),
-    ("/fxdp.v1.JobService/ListJobs", False),
-    ("/fxdp.v1.JobService/CancelJob", False),
-    # FetchState became an async handler (16c0ae2): a request that does not parse ends with
-    # UNIMPLEMENTED and no text, which the garbage interceptor does not see. Known regression, to fix
-    # in server/fetch_call.cc (strict: this fails once it is fixed, so the mark comes off).
-    pytest.param("/fxdp.v1.JobService/FetchState", True, marks=pytest.mark.xfail(
-        strict=True, reason="async FetchState answers a garbage request UNIMPLEMENTED with no text")),
-    ("/fxdp.v1.WorkerService/ListWorkers", False),
-    ("/fxdp.v1.CompileService/Analyze", False),
-    ("/fxdp.v1.CompileService/Expand", False),
-])
+@pytest.mark.parametrize(
+    "method,streaming",
+    [
+        ("/fxdp.v1.JobService/GetJob", False),
+        ("/fxdp.v1.JobService/ListJobs", False),
+        ("/fxdp.v1.JobService/CancelJob", False),
+        # FetchState became an async handler (16c0ae2): a request that does not parse ends with
+        # UNIMPLEMENTED and no text, which the garbage interceptor does not see. Known regression, to fix
+        # in server/fetch_call.cc (strict: this fails once it is fixed, so the mark comes off).
+        pytest.param(
+            "/fxdp.v1.JobService/FetchState",
+            True,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="async FetchState answers a garbage request UNIMPLEMENTED with no text",
+            ),
+        ),
+        ("/fxdp.v1.WorkerService/ListWorkers", False),
+        ("/fxdp.v1.CompileService/Analyze", False),
+        ("/fxdp.v1.CompileService/Expand", False),
+    ],
+)
 def test_garbage_requests_are_invalid_argument(server, method, streaming):
     make = server.channel.unary_stream if streaming else server.channel.unary_unary
     call = make(method)  # no serializers: raw bytes in and out
@@ -99,21 +110,43 @@ def attach_status(server, reg: wpb.Register) -> grpc.RpcError:
 
 
 def good_register(worker_id: str, **kw) -> wpb.Register:
-    fields = dict(protocol_version=wpb.WORKER_PROTOCOL_VERSION_1, worker_id=worker_id,
-                  hostname="node-1", pid=os.getpid(), device="cpu", capacity=1, threads=1)
+    fields = dict(
+        protocol_version=wpb.WORKER_PROTOCOL_VERSION_1,
+        worker_id=worker_id,
+        hostname="node-1",
+        pid=os.getpid(),
+        device="cpu",
+        capacity=1,
+        threads=1,
+    )
     fields.update(kw)
     return wpb.Register(**fields)
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("capacity", 2**31 - 1, "Register.capacity must be in [1, 64], got 2147483647"),
-    ("memory_bytes", 2**63 - 1, "Register.memory_bytes must be in [0, 1125899906842624] (0: unknown), "
-                                "got 9223372036854775807"),
-    ("threads", -5, "Register.threads must be in [0, 4096] (0: unknown), got -5"),
-    ("device", "cuda:999", "Register.device must be cpu or cuda:N with 0 <= N < 128, got 'cuda:999'"),
-    ("hostname", "evil\nfxdp-server: worker admin attached", "Register.hostname must be 1 to 253 "
-                 "letters, digits, '-', '.' or '_', got 'evil\\nfxdp-server: worker admin attached'"),
-])
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("capacity", 2**31 - 1, "Register.capacity must be in [1, 64], got 2147483647"),
+        (
+            "memory_bytes",
+            2**63 - 1,
+            "Register.memory_bytes must be in [0, 1125899906842624] (0: unknown), "
+            "got 9223372036854775807",
+        ),
+        ("threads", -5, "Register.threads must be in [0, 4096] (0: unknown), got -5"),
+        (
+            "device",
+            "cuda:999",
+            "Register.device must be cpu or cuda:N with 0 <= N < 128, got 'cuda:999'",
+        ),
+        (
+            "hostname",
+            "evil\nfxdp-server: worker admin attached",
+            "Register.hostname must be 1 to 253 "
+            "letters, digits, '-', '.' or '_', got 'evil\\nfxdp-server: worker admin attached'",
+        ),
+    ],
+)
 def test_absurd_registrations_are_refused(server, field, value, message):
     e = attach_status(server, good_register(f"absurd-{field}", **{field: value}))
     assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, (e.code(), e.details())
@@ -121,7 +154,9 @@ def test_absurd_registrations_are_refused(server, field, value, message):
     log = server.log_text()
     assert "refused: " + message in log  # escaped: one line
     # No line of the log starts with the injected text.
-    assert not any(line.startswith("fxdp-server: worker admin attached") for line in log.splitlines())
+    assert not any(
+        line.startswith("fxdp-server: worker admin attached") for line in log.splitlines()
+    )
     ws = wgrpc.WorkerServiceStub(server.channel).ListWorkers(wpb.ListWorkersRequest(), timeout=10)
     assert f"absurd-{field}" not in [w.worker_id for w in ws.workers]
 
@@ -153,9 +188,18 @@ ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 
 def mlp_graph_bytes(tmp_path) -> bytes:
     out = tmp_path / "mlp_sgd.pb"
-    p = subprocess.run([fxdp_binary("FXDP_BIN", "fxdp"), "graph", "parse",
-                        str(ROOT / "tests" / "testdata" / "mlp_sgd.txt"), str(out)],
-                       capture_output=True, text=True, timeout=30)
+    p = subprocess.run(
+        [
+            fxdp_binary("FXDP_BIN", "fxdp"),
+            "graph",
+            "parse",
+            str(ROOT / "tests" / "testdata" / "mlp_sgd.txt"),
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert p.returncode == 0, p.stderr
     return out.read_bytes()
 
@@ -175,13 +219,17 @@ def test_graph_node_and_byte_limits(tmp_path):
         n = len(graph.nodes)
         assert n > 10
         stub = cgrpc.CompileServiceStub(s.channel)
-        for rpc, req in (("Analyze", cpb.AnalyzeRequest(graph=graph, world_size=2)),
-                         ("Expand", cpb.ExpandRequest(graph=graph, world_size=2))):
+        for rpc, req in (
+            ("Analyze", cpb.AnalyzeRequest(graph=graph, world_size=2)),
+            ("Expand", cpb.ExpandRequest(graph=graph, world_size=2)),
+        ):
             with pytest.raises(grpc.RpcError) as e:
                 getattr(stub, rpc)(req, timeout=30)
             assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e.value
-            assert (f"the {rpc} request's graph has {n} nodes, over this server's limit of 10 "
-                    "(fxdp-server --max-graph-nodes)") in e.value.details(), e.value.details()
+            assert (
+                f"the {rpc} request's graph has {n} nodes, over this server's limit of 10 "
+                "(fxdp-server --max-graph-nodes)"
+            ) in e.value.details(), e.value.details()
         big = gpb.GraphDef()
         big.CopyFrom(graph)
         del big.nodes[8:]
@@ -193,8 +241,14 @@ def test_graph_node_and_byte_limits(tmp_path):
         # A job's spec goes through the same limits.
         jobs = jgrpc.JobServiceStub(s.channel)
         with pytest.raises(grpc.RpcError) as e:
-            list(jobs.Submit(iter([jpb.SubmitJobRequest(spec=jpb.JobSpec(graph=graph, world_size=1,
-                                                                          steps=1))]), timeout=30))
+            list(
+                jobs.Submit(
+                    iter(
+                        [jpb.SubmitJobRequest(spec=jpb.JobSpec(graph=graph, world_size=1, steps=1))]
+                    ),
+                    timeout=30,
+                )
+            )
         assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e.value
         assert "over this server's limit of 10 (fxdp-server --max-graph-nodes)" in e.value.details()
     finally:
@@ -269,21 +323,36 @@ def test_submit_stream_cap(tmp_path):
         time.sleep(0.5)  # in its handler, waiting for a spec
         assert not first.done()
         with pytest.raises(grpc.RpcError) as e:
-            list(jobs.Submit(iter([jpb.SubmitJobRequest(spec=jpb.JobSpec(world_size=1))]), timeout=10))
-        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, (e.value.code(), e.value.details())
-        assert ("at most 1 Submit streams at once (fxdp-server --max-submit-streams)"
-                in e.value.details())
+            list(
+                jobs.Submit(
+                    iter([jpb.SubmitJobRequest(spec=jpb.JobSpec(world_size=1))]), timeout=10
+                )
+            )
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, (
+            e.value.code(),
+            e.value.details(),
+        )
+        assert (
+            "at most 1 Submit streams at once (fxdp-server --max-submit-streams)"
+            in e.value.details()
+        )
         hold.set()
         first.cancel()
         # The slot is free again: a spec without a graph is refused for what it is.
         deadline = time.monotonic() + 5
         while True:
             with pytest.raises(grpc.RpcError) as e:
-                list(jobs.Submit(iter([jpb.SubmitJobRequest(spec=jpb.JobSpec(world_size=1))]),
-                                 timeout=10))
+                list(
+                    jobs.Submit(
+                        iter([jpb.SubmitJobRequest(spec=jpb.JobSpec(world_size=1))]), timeout=10
+                    )
+                )
             if e.value.code() != grpc.StatusCode.RESOURCE_EXHAUSTED or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
-        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (e.value.code(), e.value.details())
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (
+            e.value.code(),
+            e.value.details(),
+        )
     finally:
         s.stop()

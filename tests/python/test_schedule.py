@@ -5,7 +5,6 @@ import math
 
 import pytest
 import torch
-
 from fxdp import schedule as S
 from fxdp.optimizers import optimizer_hyperparameters
 from fxdp.v1 import graph_pb2 as pb
@@ -16,13 +15,19 @@ def _graph(names):
     for n in ["w"] + list(names) + ["x"]:
         node = g.nodes.add(name=n.replace(".", "_"), kind=pb.PLACEHOLDER)
         node.placeholder.state_name = n
-        node.placeholder.role = pb.HYPERPARAMETER if n.startswith("optim.") else (pb.INPUT if n == "x" else pb.PARAMETER)
+        node.placeholder.role = (
+            pb.HYPERPARAMETER
+            if n.startswith("optim.")
+            else (pb.INPUT if n == "x" else pb.PARAMETER)
+        )
     return g
 
 
 def _opt(**kw):
     m = torch.nn.Linear(3, 2)
-    return torch.optim.AdamW([{"params": [m.weight]}, {"params": [m.bias], "lr": 0.5}], lr=0.1, **kw)
+    return torch.optim.AdamW(
+        [{"params": [m.weight]}, {"params": [m.bias], "lr": 0.5}], lr=0.1, **kw
+    )
 
 
 def test_hyperparameter_names_in_graph_order():
@@ -49,7 +54,10 @@ def test_scheduler_values_match_an_eager_loop_and_leave_the_scheduler_alone():
     assert opt.param_groups[0]["lr"] == 0.1 * 0.25 and sched.last_epoch == 0  # restored
     eopt, esched = make()
     for i in range(5):
-        assert vals[i] == {"optim.group0.lr": eopt.param_groups[0]["lr"], "optim.group1.lr": eopt.param_groups[1]["lr"]}
+        assert vals[i] == {
+            "optim.group0.lr": eopt.param_groups[0]["lr"],
+            "optim.group1.lr": eopt.param_groups[1]["lr"],
+        }
         eopt.step()
         esched.step()
     assert len({v["optim.group0.lr"] for v in vals}) == 5
@@ -66,14 +74,21 @@ def test_tensor_lr_is_read_as_float():
 def test_callable_list_and_none():
     names = ["optim.group0.lr"]
     assert S.schedule_values(lambda s: {"optim.group0.lr": 0.1 * s}, 2, names) == [
-        {"optim.group0.lr": 0.1}, {"optim.group0.lr": 0.2}]
-    assert S.schedule_values([{"optim.group0.lr": 1}, {}], 2, names) == [{"optim.group0.lr": 1.0}, {}]
+        {"optim.group0.lr": 0.1},
+        {"optim.group0.lr": 0.2},
+    ]
+    assert S.schedule_values([{"optim.group0.lr": 1}, {}], 2, names) == [
+        {"optim.group0.lr": 1.0},
+        {},
+    ]
     assert S.schedule_values(None, 2, _graph(names)) == [{}, {}]
 
 
 def test_bad_schedules_name_what_is_wrong():
     names = ["optim.group0.lr"]
-    with pytest.raises(ValueError, match=r"step 2: 'optim.group0.momentum' is not a hyper-parameter"):
+    with pytest.raises(
+        ValueError, match=r"step 2: 'optim.group0.momentum' is not a hyper-parameter"
+    ):
         S.schedule_values([{}, {"optim.group0.momentum": 0.9}], 2, names)
     with pytest.raises(ValueError, match="lists 1 steps, the run has 3"):
         S.schedule_values([{}], 3, names)
@@ -84,10 +99,16 @@ def test_bad_schedules_name_what_is_wrong():
 
 
 def test_file_form_round_trips(tmp_path):
-    vals = [{"optim.group0.lr": 0.1, "optim.group0.beta1": 0.9}, {"optim.group0.lr": 0.05, "optim.group0.beta1": 0.8}]
+    vals = [
+        {"optim.group0.lr": 0.1, "optim.group0.beta1": 0.9},
+        {"optim.group0.lr": 0.05, "optim.group0.beta1": 0.8},
+    ]
     p = tmp_path / "s.json"
     S.save_schedule(p, vals)
-    assert json.loads(p.read_text()) == {"optim.group0.lr": [0.1, 0.05], "optim.group0.beta1": [0.9, 0.8]}
+    assert json.loads(p.read_text()) == {
+        "optim.group0.lr": [0.1, 0.05],
+        "optim.group0.beta1": [0.9, 0.8],
+    }
     assert S.load_schedule(p) == vals
     with pytest.raises(ValueError, match="same names on every step"):
         S.save_schedule(p, [{"optim.group0.lr": 0.1}, {}])

@@ -15,11 +15,10 @@ import socket
 import subprocess
 import time
 
+import fxdp
 import grpc
 import pytest
-
-import fxdp
-from _util import fxdp_binary, free_port, local_server, make_pki, traced
+from _util import free_port, fxdp_binary, local_server, make_pki, traced
 from fxdp import zoo
 from fxdp.v1 import jobs_pb2 as jpb
 from fxdp.v1 import worker_pb2 as wpb
@@ -42,8 +41,18 @@ def other_pki(tmp_path_factory):
 
 
 def server_args(p: pathlib.Path):
-    return ["--tls-cert", str(p / "server.pem"), "--tls-key", str(p / "server.key"), "--tls-ca", str(p / "ca.pem"),
-            "--client-tokens", str(p / "client-tokens"), "--worker-token-file", str(p / "worker.token")]
+    return [
+        "--tls-cert",
+        str(p / "server.pem"),
+        "--tls-key",
+        str(p / "server.key"),
+        "--tls-ca",
+        str(p / "ca.pem"),
+        "--client-tokens",
+        str(p / "client-tokens"),
+        "--worker-token-file",
+        str(p / "worker.token"),
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +73,9 @@ def server(pki, health_port):
 
 
 def client(address, p: pathlib.Path, who: str, **kw) -> fxdp.Client:
-    return fxdp.Client(address, tls_ca=str(p / "ca.pem"), token_file=str(p / f"{who}.token"), timeout=30, **kw)
+    return fxdp.Client(
+        address, tls_ca=str(p / "ca.pem"), token_file=str(p / f"{who}.token"), timeout=30, **kw
+    )
 
 
 def code_of(fn) -> fxdp.ServerError:
@@ -78,8 +89,15 @@ def test_calls_without_or_with_a_wrong_token_are_unauthenticated(server, pki):
     bare = fxdp.Client(address, tls_ca=str(pki / "ca.pem"), timeout=10)
     e = code_of(bare.jobs)
     assert e.code == UNAUTHENTICATED and "requires credentials" in str(e)
-    wrong = fxdp.Client(address, tls_ca=str(pki / "ca.pem"), token="not-a-token-the-server-knows", timeout=10)
-    for call in (wrong.jobs, wrong.workers, lambda: wrong.job("job-1"), lambda: wrong.analyze(traced(MODEL, OPTIM))):
+    wrong = fxdp.Client(
+        address, tls_ca=str(pki / "ca.pem"), token="not-a-token-the-server-knows", timeout=10
+    )
+    for call in (
+        wrong.jobs,
+        wrong.workers,
+        lambda: wrong.job("job-1"),
+        lambda: wrong.analyze(traced(MODEL, OPTIM)),
+    ):
         e = code_of(call)
         assert e.code == UNAUTHENTICATED and "invalid token" in str(e), e
     # The token is never logged.
@@ -97,14 +115,19 @@ def test_calls_without_or_with_a_wrong_token_are_unauthenticated(server, pki):
 def test_health_checks_in_plain_text_on_their_own_port_only(server, pki, health_port):
     raw = dict(request_serializer=lambda b: b, response_deserializer=lambda b: b)
     # On the TLS port, health checks need no credentials (load balancers, probes); nothing else.
-    with grpc.secure_channel(server[0], grpc.ssl_channel_credentials((pki / "ca.pem").read_bytes())) as ch:
+    with grpc.secure_channel(
+        server[0], grpc.ssl_channel_credentials((pki / "ca.pem").read_bytes())
+    ) as ch:
         assert ch.unary_unary("/grpc.health.v1.Health/Check", **raw)(b"", timeout=10) == b"\x08\x01"
         with pytest.raises(grpc.RpcError) as e:
-            ch.stream_stream("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", **raw)(
-                iter([b""]), timeout=10).next()
+            ch.stream_stream(
+                "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", **raw
+            )(iter([b""]), timeout=10).next()
         assert e.value.code() == UNAUTHENTICATED
     with grpc.insecure_channel(f"127.0.0.1:{health_port}") as ch:
-        assert ch.unary_unary("/grpc.health.v1.Health/Check", **raw)(b"", timeout=10) == b"\x08\x01"  # SERVING
+        assert (
+            ch.unary_unary("/grpc.health.v1.Health/Check", **raw)(b"", timeout=10) == b"\x08\x01"
+        )  # SERVING
         with pytest.raises(grpc.RpcError) as e:
             ch.unary_unary("/fxdp.v1.JobService/ListJobs", **raw)(b"", timeout=10)
         assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
@@ -112,24 +135,58 @@ def test_health_checks_in_plain_text_on_their_own_port_only(server, pki, health_
 
 def test_tls_client_with_the_wrong_ca_fails(server, other_pki):
     address, _ = server
-    c = fxdp.Client(address, tls_ca=str(other_pki / "ca.pem"), token_file=str(other_pki / "alice.token"), timeout=10)
+    c = fxdp.Client(
+        address,
+        tls_ca=str(other_pki / "ca.pem"),
+        token_file=str(other_pki / "alice.token"),
+        timeout=10,
+    )
     e = code_of(c.jobs)
     assert e.code == grpc.StatusCode.UNAVAILABLE and "CERTIFICATE_VERIFY_FAILED" in str(e), e
     # The CLI says the same, naming the server and the flag to check.
-    r = subprocess.run([fxdp_binary("FXDP_BIN", "fxdp"), "jobs", "--server", address, "--tls-ca",
-                        str(other_pki / "ca.pem"), "--token-file", str(other_pki / "alice.token")],
-                       capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [
+            fxdp_binary("FXDP_BIN", "fxdp"),
+            "jobs",
+            "--server",
+            address,
+            "--tls-ca",
+            str(other_pki / "ca.pem"),
+            "--token-file",
+            str(other_pki / "alice.token"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 3 and "unreachable" in r.stderr and "--tls-ca" in r.stderr, r.stderr
 
 
 def test_cli_uses_tls_and_a_token_from_flags_or_environment(server, pki):
     address, _ = server
     fxdp_cli = fxdp_binary("FXDP_BIN", "fxdp")
-    r = subprocess.run([fxdp_cli, "workers", "--server", address, "--tls-ca", str(pki / "ca.pem"),
-                        "--token-file", str(pki / "alice.token")], capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [
+            fxdp_cli,
+            "workers",
+            "--server",
+            address,
+            "--tls-ca",
+            str(pki / "ca.pem"),
+            "--token-file",
+            str(pki / "alice.token"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 0 and "local-0" in r.stdout, r.stderr
-    env = dict(os.environ, FXDP_SERVER=address, FXDP_TLS_CA=str(pki / "ca.pem"),
-               FXDP_TOKEN_FILE=str(pki / "bob.token"))
+    env = dict(
+        os.environ,
+        FXDP_SERVER=address,
+        FXDP_TLS_CA=str(pki / "ca.pem"),
+        FXDP_TOKEN_FILE=str(pki / "bob.token"),
+    )
     r = subprocess.run([fxdp_cli, "jobs"], capture_output=True, text=True, env=env, timeout=30)
     assert r.returncode == 0, r.stderr
     env.pop("FXDP_TOKEN_FILE")
@@ -146,31 +203,71 @@ def test_jobs_belong_to_their_submitter(server, pki):
     address, log = server
     alice, bob, admin = (client(address, pki, w) for w in ("alice", "bob", "admin"))
     # Client certificates are identities too: CN=alice is alice.
-    alice_cert = fxdp.Client(address, tls_ca=str(pki / "ca.pem"), tls_cert=str(pki / "client.pem"),
-                             tls_key=str(pki / "client.key"), timeout=30)
+    alice_cert = fxdp.Client(
+        address,
+        tls_ca=str(pki / "ca.pem"),
+        tls_cert=str(pki / "client.pem"),
+        tls_key=str(pki / "client.key"),
+        timeout=30,
+    )
     mine = train_one(alice, "alice's job")
     theirs = train_one(bob, "bob's job")
     # Another identity's job is NOT_FOUND like a job that does not exist (ids cannot be probed).
-    for call in (lambda: bob.job(mine.job_id), lambda: bob.cancel(mine.job_id),
-                 lambda: bob.fetch_state(mine.job_id)):
+    for call in (
+        lambda: bob.job(mine.job_id),
+        lambda: bob.cancel(mine.job_id),
+        lambda: bob.fetch_state(mine.job_id),
+    ):
         e = code_of(call)
         assert e.code == grpc.StatusCode.NOT_FOUND and f"no job '{mine.job_id}'" in str(e), e
     assert alice.job(mine.job_id).name == "alice's job"
     assert set(alice.fetch_state(mine.job_id)) == set(mine.state)
     assert alice_cert.job(mine.job_id).owner == "alice"
-    r = subprocess.run([fxdp_binary("FXDP_BIN", "fxdp"), "job", mine.job_id, "--json", "--server", address,
-                        "--tls-ca", str(pki / "ca.pem"), "--token-file", str(pki / "alice.token")],
-                       capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [
+            fxdp_binary("FXDP_BIN", "fxdp"),
+            "job",
+            mine.job_id,
+            "--json",
+            "--server",
+            address,
+            "--tls-ca",
+            str(pki / "ca.pem"),
+            "--token-file",
+            str(pki / "alice.token"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 0 and '"owner": "alice"' in r.stdout, r.stderr
-    r = subprocess.run([fxdp_binary("FXDP_BIN", "fxdp"), "cancel", mine.job_id, "--server", address,
-                        "--tls-ca", str(pki / "ca.pem"), "--token-file", str(pki / "bob.token")],
-                       capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [
+            fxdp_binary("FXDP_BIN", "fxdp"),
+            "cancel",
+            mine.job_id,
+            "--server",
+            address,
+            "--tls-ca",
+            str(pki / "ca.pem"),
+            "--token-file",
+            str(pki / "bob.token"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 1 and "NOT_FOUND" in r.stderr, r.stderr
     assert [j.job_id for j in alice.jobs()] == [mine.job_id]
     assert [j.job_id for j in bob.jobs()] == [theirs.job_id]
     # An admin (token or O=fxdp:admins certificate) sees and may act on every job.
-    admin_cert = fxdp.Client(address, tls_ca=str(pki / "ca.pem"), tls_cert=str(pki / "admin.pem"),
-                             tls_key=str(pki / "admin.key"), timeout=30)
+    admin_cert = fxdp.Client(
+        address,
+        tls_ca=str(pki / "ca.pem"),
+        tls_cert=str(pki / "admin.pem"),
+        tls_key=str(pki / "admin.key"),
+        timeout=30,
+    )
     for a in (admin, admin_cert):
         assert {mine.job_id, theirs.job_id} <= {j.job_id for j in a.jobs()}
         assert a.job(theirs.job_id).owner == "bob"
@@ -179,10 +276,16 @@ def test_jobs_belong_to_their_submitter(server, pki):
     # The audit log names who did what.
     text = "".join(log)
     assert re.search(rf'audit event="submit" identity="alice" .*job="{mine.job_id}"', text), text
-    assert re.search(rf'audit event="fetch" identity="root \(admin\)" .*job="{mine.job_id}"', text), text
-    assert re.search(rf'audit event="cancel" identity="root \(admin\)" .*job="{mine.job_id}"', text), text
+    assert re.search(
+        rf'audit event="fetch" identity="root \(admin\)" .*job="{mine.job_id}"', text
+    ), text
+    assert re.search(
+        rf'audit event="cancel" identity="root \(admin\)" .*job="{mine.job_id}"', text
+    ), text
     for event in ("get", "cancel", "fetch"):  # denials are audit-logged (GetJob's only when denied)
-        assert re.search(rf'audit event="{event}" identity="bob" .*job="{mine.job_id}" result="denied"', text), text
+        assert re.search(
+            rf'audit event="{event}" identity="bob" .*job="{mine.job_id}" result="denied"', text
+        ), text
 
 
 def test_ownership_survives_a_server_restart(pki, tmp_path):
@@ -201,9 +304,24 @@ def test_ownership_survives_a_server_restart(pki, tmp_path):
 
 
 def attach(pki, address, *creds, worker_id):
-    return subprocess.Popen([fxdp_binary("FXDP_WORKER", "fxdp-worker"), "attach", "--server", address,
-                             "--worker-id", worker_id, "--threads", "1", "--heartbeat-ms", "250", *creds],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [
+            fxdp_binary("FXDP_WORKER", "fxdp-worker"),
+            "attach",
+            "--server",
+            address,
+            "--worker-id",
+            worker_id,
+            "--threads",
+            "1",
+            "--heartbeat-ms",
+            "250",
+            *creds,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def stop(proc) -> str:
@@ -219,28 +337,49 @@ def stop(proc) -> str:
 def wait_listed(admin, worker_id, timeout=20.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if any(w["worker_id"] == worker_id and w.get("state") != "WORKER_STATE_LOST" for w in admin.workers()):
+        if any(
+            w["worker_id"] == worker_id and w.get("state") != "WORKER_STATE_LOST"
+            for w in admin.workers()
+        ):
             return True
         time.sleep(0.1)
     return False
 
 
-def test_workers_attach_only_with_the_join_token_or_a_worker_certificate(server, pki, other_pki, tmp_path):
+def test_workers_attach_only_with_the_join_token_or_a_worker_certificate(
+    server, pki, other_pki, tmp_path
+):
     address, _ = server
     admin = client(address, pki, "admin")
     ca = ["--tls-ca", str(pki / "ca.pem")]
     good = {
         "by-token": [*ca, "--token-file", str(pki / "worker.token")],
-        "by-cert": [*ca, "--tls-cert", str(pki / "worker.pem"), "--tls-key", str(pki / "worker.key")],
+        "by-cert": [
+            *ca,
+            "--tls-cert",
+            str(pki / "worker.pem"),
+            "--tls-key",
+            str(pki / "worker.key"),
+        ],
     }
     bad = {
         "no-creds": (ca, "UNAUTHENTICATED"),
         "wrong-token": ([*ca, "--token-file", str(other_pki / "worker.token")], "UNAUTHENTICATED"),
         "client-token": ([*ca, "--token-file", str(pki / "alice.token")], "PERMISSION_DENIED"),
-        "client-cert": ([*ca, "--tls-cert", str(pki / "client.pem"), "--tls-key", str(pki / "client.key")],
-                        "PERMISSION_DENIED"),
-        "other-ca-cert": ([*ca, "--tls-cert", str(other_pki / "worker.pem"), "--tls-key",
-                           str(other_pki / "worker.key")], "cannot attach"),
+        "client-cert": (
+            [*ca, "--tls-cert", str(pki / "client.pem"), "--tls-key", str(pki / "client.key")],
+            "PERMISSION_DENIED",
+        ),
+        "other-ca-cert": (
+            [
+                *ca,
+                "--tls-cert",
+                str(other_pki / "worker.pem"),
+                "--tls-key",
+                str(other_pki / "worker.key"),
+            ],
+            "cannot attach",
+        ),
     }
     procs = {w: attach(pki, address, *a, worker_id=w) for w, a in good.items()}
     procs.update({w: attach(pki, address, *a, worker_id=w) for w, (a, _) in bad.items()})
@@ -256,8 +395,19 @@ def test_workers_attach_only_with_the_join_token_or_a_worker_certificate(server,
         assert "cannot attach" in logs[w] and why in logs[w], (w, logs[w])
         assert "attached to" not in logs[w], logs[w]
     # A worker without a CA cannot send its token at all: a usage error at once.
-    r = subprocess.run([fxdp_binary("FXDP_WORKER", "fxdp-worker"), "attach", "--server", address,
-                        "--token-file", str(pki / "worker.token")], capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [
+            fxdp_binary("FXDP_WORKER", "fxdp-worker"),
+            "attach",
+            "--server",
+            address,
+            "--token-file",
+            str(pki / "worker.token"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 2 and "--token-file needs --tls-ca" in r.stderr, r.stderr
 
 
@@ -265,20 +415,36 @@ def test_a_hostname_with_a_newline_cannot_inject_a_log_line(server, pki):
     address, log = server
     creds = grpc.composite_channel_credentials(
         grpc.ssl_channel_credentials((pki / "ca.pem").read_bytes()),
-        grpc.access_token_call_credentials((pki / "worker.token").read_text().strip()))
+        grpc.access_token_call_credentials((pki / "worker.token").read_text().strip()),
+    )
     forged = 'fxdp-server: audit event="cancel" identity="root (admin)" job="job-1"'
     with grpc.secure_channel(address, creds) as ch:
         # A hostname with a newline is refused outright (Register is validated: docs/robustness.md).
-        reg = wpb.WorkerMessage(register_worker=wpb.Register(
-            protocol_version=wpb.WORKER_PROTOCOL_VERSION_1, worker_id="evil", hostname="evil\n" + forged,
-            device="cpu", capacity=1))
+        reg = wpb.WorkerMessage(
+            register_worker=wpb.Register(
+                protocol_version=wpb.WORKER_PROTOCOL_VERSION_1,
+                worker_id="evil",
+                hostname="evil\n" + forged,
+                device="cpu",
+                capacity=1,
+            )
+        )
         with pytest.raises(grpc.RpcError) as e:
             list(wgrpc.WorkerServiceStub(ch).Attach(iter([reg]), timeout=10))
-        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "Register.hostname" in e.value.details()
+        assert (
+            e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            and "Register.hostname" in e.value.details()
+        )
         # A worker id may hold quotes and backslashes: the audit line escapes them.
-        reg = wpb.WorkerMessage(register_worker=wpb.Register(
-            protocol_version=wpb.WORKER_PROTOCOL_VERSION_1, worker_id='evil"x=\\1', hostname="evil",
-            device="cpu", capacity=1))
+        reg = wpb.WorkerMessage(
+            register_worker=wpb.Register(
+                protocol_version=wpb.WORKER_PROTOCOL_VERSION_1,
+                worker_id='evil"x=\\1',
+                hostname="evil",
+                device="cpu",
+                capacity=1,
+            )
+        )
         stream = wgrpc.WorkerServiceStub(ch).Attach(iter([reg]), timeout=10)
         first = next(stream)
         assert first.WhichOneof("msg") == "registered"
@@ -290,27 +456,43 @@ def test_a_hostname_with_a_newline_cannot_inject_a_log_line(server, pki):
     lines = "".join(log).splitlines()
     assert not any(line.startswith(forged) for line in lines), lines
     join = [line for line in lines if "worker_join" in line and 'worker="evil' in line]
-    assert join == [f'fxdp-server: audit event="worker_join" identity="worker (worker)" '
-                    f'peer="{join[0].split("peer=")[1].split(chr(34))[1]}" worker="evil\\"x=\\\\1" '
-                    f'hostname="evil" device="cpu"'], join
+    assert join == [
+        f'fxdp-server: audit event="worker_join" identity="worker (worker)" '
+        f'peer="{join[0].split("peer=")[1].split(chr(34))[1]}" worker="evil\\"x=\\\\1" '
+        f'hostname="evil" device="cpu"'
+    ], join
 
 
 def start_server(*args):
-    return subprocess.Popen([fxdp_binary("FXDP_SERVER_BIN", "fxdp-server"), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [fxdp_binary("FXDP_SERVER_BIN", "fxdp-server"), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_a_non_loopback_listen_needs_tls_or_insecure(pki, tmp_path):
     port = free_port()
-    r = subprocess.run([fxdp_binary("FXDP_SERVER_BIN", "fxdp-server"), "--listen", f"0.0.0.0:{port}"],
-                       capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [fxdp_binary("FXDP_SERVER_BIN", "fxdp-server"), "--listen", f"0.0.0.0:{port}"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 2, r
-    assert f"--listen 0.0.0.0:{port} is not a loopback address" in r.stderr and "--insecure" in r.stderr, r.stderr
+    assert (
+        f"--listen 0.0.0.0:{port} is not a loopback address" in r.stderr
+        and "--insecure" in r.stderr
+    ), r.stderr
     for args in (["--insecure"], server_args(pki)):
         p = start_server("--listen", f"0.0.0.0:{free_port()}", *args)
         try:
             line = p.stdout.readline()
-            assert line.startswith("listening on 0.0.0.0:"), (line, p.stderr.read() if p.poll() is not None else "")
+            assert line.startswith("listening on 0.0.0.0:"), (
+                line,
+                p.stderr.read() if p.poll() is not None else "",
+            )
         finally:
             p.terminate()
             _, err = p.communicate(timeout=15)
@@ -326,10 +508,22 @@ def test_a_non_loopback_listen_needs_tls_or_insecure(pki, tmp_path):
     assert p.stdout.readline().startswith("listening on 127.0.0.1:")
     p.terminate()
     _, err = p.communicate(timeout=15)
-    assert f"warning: --worker-token-file '{loose}' is readable or writable by every user" in err, err
+    assert (
+        f"warning: --worker-token-file '{loose}' is readable or writable by every user" in err
+    ), err
     # Tokens without TLS are refused: they would cross the network in the clear.
-    r = subprocess.run([fxdp_binary("FXDP_SERVER_BIN", "fxdp-server"), "--listen", "127.0.0.1:0",
-                        "--client-tokens", str(pki / "client-tokens")], capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [
+            fxdp_binary("FXDP_SERVER_BIN", "fxdp-server"),
+            "--listen",
+            "127.0.0.1:0",
+            "--client-tokens",
+            str(pki / "client-tokens"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 2 and "need TLS" in r.stderr, r.stderr
 
 
@@ -337,17 +531,29 @@ def test_client_timeout_bounds_every_call(server, pki):
     address, _ = server
     c = client(address, pki, "alice")
     assert c.timeout == 30
-    e = code_of(lambda: c.train(traced(MODEL, OPTIM), world_size=1, batches=[zoo.get(MODEL).batch(0)] * 50,
-                                timeout=0.05))
+    e = code_of(
+        lambda: c.train(
+            traced(MODEL, OPTIM), world_size=1, batches=[zoo.get(MODEL).batch(0)] * 50, timeout=0.05
+        )
+    )
     assert e.code == grpc.StatusCode.DEADLINE_EXCEEDED, e
     # A server that accepts the connection and never answers (the TLS handshake hangs): every call
     # ends at the client's timeout.
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen()
-        hung = fxdp.Client(f"127.0.0.1:{silent.getsockname()[1]}", tls_ca=str(pki / "ca.pem"),
-                           token_file=str(pki / "alice.token"), timeout=0.5)
-        for call in (hung.jobs, hung.workers, lambda: hung.job("job-1"), lambda: hung.fetch_state("job-1")):
+        hung = fxdp.Client(
+            f"127.0.0.1:{silent.getsockname()[1]}",
+            tls_ca=str(pki / "ca.pem"),
+            token_file=str(pki / "alice.token"),
+            timeout=0.5,
+        )
+        for call in (
+            hung.jobs,
+            hung.workers,
+            lambda: hung.job("job-1"),
+            lambda: hung.fetch_state("job-1"),
+        ):
             t0 = time.monotonic()
             e = code_of(call)
             assert e.code == grpc.StatusCode.DEADLINE_EXCEEDED and time.monotonic() - t0 < 5, e
@@ -361,15 +567,23 @@ FORGED = 'fxdp-server: audit event="cancel" identity="root (admin)" job="FORGED"
 
 
 def _worker_channel(address, pki):
-    return grpc.secure_channel(address, grpc.composite_channel_credentials(
-        grpc.ssl_channel_credentials((pki / "ca.pem").read_bytes()),
-        grpc.access_token_call_credentials((pki / "worker.token").read_text().strip())))
+    return grpc.secure_channel(
+        address,
+        grpc.composite_channel_credentials(
+            grpc.ssl_channel_credentials((pki / "ca.pem").read_bytes()),
+            grpc.access_token_call_credentials((pki / "worker.token").read_text().strip()),
+        ),
+    )
 
 
 def _client_channel(address, pki, who="alice"):
-    return grpc.secure_channel(address, grpc.composite_channel_credentials(
-        grpc.ssl_channel_credentials((pki / "ca.pem").read_bytes()),
-        grpc.access_token_call_credentials((pki / f"{who}.token").read_text().strip())))
+    return grpc.secure_channel(
+        address,
+        grpc.composite_channel_credentials(
+            grpc.ssl_channel_credentials((pki / "ca.pem").read_bytes()),
+            grpc.access_token_call_credentials((pki / f"{who}.token").read_text().strip()),
+        ),
+    )
 
 
 def _forged_lines(log) -> list:
@@ -389,10 +603,16 @@ def test_no_string_a_client_or_worker_sends_can_inject_a_server_log_line(server,
     step = traced(MODEL, OPTIM)
     with _client_channel(address, pki) as ch:
         jobs = jgrpc.JobServiceStub(ch)
-        jobs.CancelJob(jpb.CancelJobRequest(job_id=named.job_id, reason="reason" + evil), timeout=10)
-        for call in (lambda: jobs.GetJob(jpb.GetJobRequest(job_id="job-id" + evil), timeout=10),
-                     lambda: list(jobs.FetchState(jpb.FetchJobStateRequest(job_id="job-id" + evil), timeout=10)),
-                     lambda: jobs.CancelJob(jpb.CancelJobRequest(job_id="job-id" + evil), timeout=10)):
+        jobs.CancelJob(
+            jpb.CancelJobRequest(job_id=named.job_id, reason="reason" + evil), timeout=10
+        )
+        for call in (
+            lambda: jobs.GetJob(jpb.GetJobRequest(job_id="job-id" + evil), timeout=10),
+            lambda: list(
+                jobs.FetchState(jpb.FetchJobStateRequest(job_id="job-id" + evil), timeout=10)
+            ),
+            lambda: jobs.CancelJob(jpb.CancelJobRequest(job_id="job-id" + evil), timeout=10),
+        ):
             with pytest.raises(grpc.RpcError) as e:
                 call()
             assert e.value.code() == grpc.StatusCode.NOT_FOUND, e.value
@@ -403,19 +623,30 @@ def test_no_string_a_client_or_worker_sends_can_inject_a_server_log_line(server,
         spec = jpb.JobSpec(graph=bad, world_size=1, steps=1, num_state_tensors=0, name="bad graph")
         with pytest.raises(grpc.RpcError) as e:
             list(jobs.Submit(iter([jpb.SubmitJobRequest(spec=spec)]), timeout=30))
-        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "node\n" in e.value.details(), e.value
+        assert (
+            e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "node\n" in e.value.details()
+        ), e.value
     # Worker strings: refused (INVALID_ARGUMENT) or logged escaped; `want` lists what an accepted
     # one leaves in the log.
     want = ['name="name\\n', 'job="job-id\\n']
     with _worker_channel(address, pki) as ch:
         attach_stub = wgrpc.WorkerServiceStub(ch)
-        for i, (fields, logged) in enumerate([
+        for i, (fields, logged) in enumerate(
+            [
                 (dict(worker_id="wid" + evil), []),
                 (dict(device="cpu" + evil), ['device="cpu\\n', "device cpu\\x0a"]),
-                (dict(fxdp_version="v" + evil, torch_version="t" + evil), ["(fxdp v\\x0a"])]):
+                (dict(fxdp_version="v" + evil, torch_version="t" + evil), ["(fxdp v\\x0a"]),
+            ]
+        ):
             fields.setdefault("worker_id", f"inject-{i}")
-            reg = wpb.WorkerMessage(register_worker=wpb.Register(
-                protocol_version=wpb.WORKER_PROTOCOL_VERSION_1, hostname="h", capacity=1, **fields))
+            reg = wpb.WorkerMessage(
+                register_worker=wpb.Register(
+                    protocol_version=wpb.WORKER_PROTOCOL_VERSION_1,
+                    hostname="h",
+                    capacity=1,
+                    **fields,
+                )
+            )
             stream = attach_stub.Attach(iter([reg]), timeout=10)
             try:
                 if next(stream).WhichOneof("msg") == "registered":
@@ -437,14 +668,22 @@ def test_a_data_path_with_a_newline_cannot_inject_a_log_line(server, pki):
     address, log = server
     alice = client(address, pki, "alice")
     with _client_channel(address, pki) as ch:
-        from fxdp.v1 import jobs_pb2_grpc as jgrpc
         from fxdp.client import _chunks
+        from fxdp.v1 import jobs_pb2_grpc as jgrpc
+
         step = traced(MODEL, OPTIM)
         state = step.initial_state()
-        spec = jpb.JobSpec(graph=step.graph, world_size=1, steps=1, num_state_tensors=len(state),
-                           name="paths", data_paths=["/nonexistent\n" + FORGED])
-        reqs = [jpb.SubmitJobRequest(spec=spec)] + [jpb.SubmitJobRequest(state=c)
-                                                     for k, v in state.items() for c in _chunks(k, v)]
+        spec = jpb.JobSpec(
+            graph=step.graph,
+            world_size=1,
+            steps=1,
+            num_state_tensors=len(state),
+            name="paths",
+            data_paths=["/nonexistent\n" + FORGED],
+        )
+        reqs = [jpb.SubmitJobRequest(spec=spec)] + [
+            jpb.SubmitJobRequest(state=c) for k, v in state.items() for c in _chunks(k, v)
+        ]
         with pytest.raises(grpc.RpcError) as e:
             list(jgrpc.JobServiceStub(ch).Submit(iter(reqs), timeout=30))
         assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED, e.value
@@ -455,8 +694,11 @@ def test_a_data_path_with_a_newline_cannot_inject_a_log_line(server, pki):
 
 def _server_pid(admin) -> int:
     """The server's pid: the parent of its --local-workers."""
-    pid = next(w["pid"] for w in admin.workers()
-               if w["worker_id"].startswith("local-") and w.get("state") == "WORKER_STATE_IDLE")
+    pid = next(
+        w["pid"]
+        for w in admin.workers()
+        if w["worker_id"].startswith("local-") and w.get("state") == "WORKER_STATE_IDLE"
+    )
     with open(f"/proc/{pid}/stat") as f:
         return int(f.read().rsplit(")", 1)[1].split()[1])
 
@@ -477,9 +719,14 @@ def test_unauthenticated_streams_cost_the_server_no_thread(server, pki):
     pid = _server_pid(admin)
     before = _threads(pid)
     raw = dict(request_serializer=lambda b: b, response_deserializer=lambda b: b)
-    with grpc.secure_channel(address, grpc.ssl_channel_credentials((pki / "ca.pem").read_bytes())) as ch:
-        calls = [ch.stream_stream(m, **raw)(iter(queue.Queue().get, None), timeout=30)
-                 for m in ("/fxdp.v1.JobService/Submit", "/fxdp.v1.WorkerService/Attach") for _ in range(300)]
+    with grpc.secure_channel(
+        address, grpc.ssl_channel_credentials((pki / "ca.pem").read_bytes())
+    ) as ch:
+        calls = [
+            ch.stream_stream(m, **raw)(iter(queue.Queue().get, None), timeout=30)
+            for m in ("/fxdp.v1.JobService/Submit", "/fxdp.v1.WorkerService/Attach")
+            for _ in range(300)
+        ]
         deadline = time.monotonic() + 20
         while any(c.running() for c in calls):
             assert time.monotonic() < deadline, sum(c.running() for c in calls)
@@ -507,7 +754,8 @@ def test_wrong_tokens_are_rate_limited_per_connection(pki):
 
         def list_jobs(ch, token):
             return ch.unary_unary("/fxdp.v1.JobService/ListJobs", **raw)(
-                b"", metadata=[("authorization", f"Bearer {token}")], timeout=10)
+                b"", metadata=[("authorization", f"Bearer {token}")], timeout=10
+            )
 
         def code(ch, token):
             with pytest.raises(grpc.RpcError) as e:

@@ -18,8 +18,7 @@ import time
 
 import grpc
 import pytest
-
-from _util import fxdp_binary, free_port, local_server
+from _util import free_port, fxdp_binary, local_server
 from fxdp.v1 import jobs_pb2 as jpb
 from fxdp.v1 import jobs_pb2_grpc as jgrpc
 from test_security import client, make_pki, server_args, train_one
@@ -41,8 +40,11 @@ def test_eight_threads_on_one_connection_each_get_their_own_answers(pki):
         ids = {who: train_one(client(address, pki, who), f"{who}'s job").job_id for who in names}
         tokens = {who: (pki / f"{who}.token").read_text().strip() for who in names}
         # ONE channel (one TLS connection), each call with its caller's token.
-        channel = grpc.secure_channel(address, grpc.ssl_channel_credentials((pki / "ca.pem").read_bytes()),
-                                      options=[("grpc.use_local_subchannel_pool", 1)])
+        channel = grpc.secure_channel(
+            address,
+            grpc.ssl_channel_credentials((pki / "ca.pem").read_bytes()),
+            options=[("grpc.use_local_subchannel_pool", 1)],
+        )
         stub = jgrpc.JobServiceStub(channel)
         wrong, rounds = [], [0]
         until = time.monotonic() + 3
@@ -52,7 +54,10 @@ def test_eight_threads_on_one_connection_each_get_their_own_answers(pki):
             jobs = stub.ListJobs(jpb.ListJobsRequest(), metadata=md, timeout=30).jobs
             if [(j.job_id, j.owner) for j in jobs] != [(ids[who], who)]:
                 wrong.append(f"{who}'s ListJobs: {[(j.job_id, j.owner) for j in jobs]}")
-            if stub.GetJob(jpb.GetJobRequest(job_id=ids[who]), metadata=md, timeout=30).owner != who:
+            if (
+                stub.GetJob(jpb.GetJobRequest(job_id=ids[who]), metadata=md, timeout=30).owner
+                != who
+            ):
                 wrong.append(f"{who}'s GetJob of its job: another owner")
             try:
                 info = stub.GetJob(jpb.GetJobRequest(job_id=ids[other]), metadata=md, timeout=30)
@@ -79,7 +84,9 @@ def test_eight_threads_on_one_connection_each_get_their_own_answers(pki):
         channel.close()
         assert not wrong, (wrong[:3], rounds[0], log[-20:])
         assert rounds[0] >= 8
-        assert [j.job_id for j in client(address, pki, "alice").jobs()] == [ids["alice"]]  # still up
+        assert [j.job_id for j in client(address, pki, "alice").jobs()] == [
+            ids["alice"]
+        ]  # still up
 
 
 def test_every_fxdp_method_refuses_a_wrong_token(pki):
@@ -90,14 +97,23 @@ def test_every_fxdp_method_refuses_a_wrong_token(pki):
     raw = dict(request_serializer=lambda b: b, response_deserializer=lambda b: b)
     md = [("authorization", "Bearer not-a-token-the-server-knows")]
     with local_server(workers=0, extra_args=server_args(pki)) as (address, log):
-        with grpc.secure_channel(address, grpc.ssl_channel_credentials((pki / "ca.pem").read_bytes())) as ch:
-            methods = [m for mod in (compile_pb2, jpb, worker_pb2) for svc in mod.DESCRIPTOR.services_by_name.values()
-                       for m in svc.methods]
+        with grpc.secure_channel(
+            address, grpc.ssl_channel_credentials((pki / "ca.pem").read_bytes())
+        ) as ch:
+            methods = [
+                m
+                for mod in (compile_pb2, jpb, worker_pb2)
+                for svc in mod.DESCRIPTOR.services_by_name.values()
+                for m in svc.methods
+            ]
             assert len(methods) == 9, [m.full_name for m in methods]
             for m in methods:
                 path = f"/{m.containing_service.full_name}/{m.name}"
-                kind = {(False, False): ch.unary_unary, (False, True): ch.unary_stream,
-                        (True, True): ch.stream_stream}[(m.client_streaming, m.server_streaming)]
+                kind = {
+                    (False, False): ch.unary_unary,
+                    (False, True): ch.unary_stream,
+                    (True, True): ch.stream_stream,
+                }[(m.client_streaming, m.server_streaming)]
                 with pytest.raises(grpc.RpcError) as e:
                     call = kind(path, **raw)
                     arg = iter([]) if m.client_streaming else b""
@@ -112,12 +128,16 @@ def test_a_second_server_on_a_port_in_use_fails_naming_it():
     port = free_port()
     args = ["--listen", f"127.0.0.1:{port}", "--local-workers", "0"]
     binary = fxdp_binary("FXDP_SERVER_BIN", "fxdp-server")
-    first = subprocess.Popen([binary, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        [binary, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         assert first.stdout.readline() == f"listening on 127.0.0.1:{port}\n"
         r = subprocess.run([binary, *args], capture_output=True, text=True, timeout=60)
         assert r.returncode == 1 and r.stdout == "", (r.returncode, r.stdout)
-        assert f"fxdp-server: address 127.0.0.1:{port} is in use (another fxdp-server?)" in r.stderr, r.stderr
+        assert (
+            f"fxdp-server: address 127.0.0.1:{port} is in use (another fxdp-server?)" in r.stderr
+        ), r.stderr
     finally:
         first.terminate()
         first.communicate(timeout=15)

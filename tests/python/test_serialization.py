@@ -1,15 +1,12 @@
 """save/load, safetensors, zoo export, and the GraphDef -> FX converter."""
 
-import os
-
+import fxdp
 import pytest
 import torch
-from safetensors.torch import load_file
-
-import fxdp
+from _util import MODELS, traced
 from fxdp import convert, zoo
 from fxdp.v1 import graph_pb2 as pb
-from _util import MODELS, OPTIMS, traced
+from safetensors.torch import load_file
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -108,9 +105,11 @@ def test_converter_handles_general_graphs():
     # 3: _to_copy(add, dtype=float64, device=cpu, layout=strided, memory_format=None->none)
     tc = _node(g, "to", pb.CALL_FUNCTION, "aten::_to_copy")
     tc.args.add().ref.node = 2
-    for name, setter in (("dtype", lambda v: setattr(v, "dtype", pb.FLOAT64)),
-                         ("layout", lambda v: setattr(v, "layout", pb.STRIDED)),
-                         ("memory_format", lambda v: v.none.SetInParent())):
+    for name, setter in (
+        ("dtype", lambda v: setattr(v, "dtype", pb.FLOAT64)),
+        ("layout", lambda v: setattr(v, "layout", pb.STRIDED)),
+        ("memory_format", lambda v: v.none.SetInParent()),
+    ):
         k = tc.kwargs.add()
         k.name = name
         setter(k.value)

@@ -20,15 +20,12 @@ import subprocess
 
 import grpc
 import pytest
-
+from _util import INCONSISTENT, fxdp_binary, traced
 from fxdp.v1 import compile_pb2 as cpb
 from fxdp.v1 import compile_pb2_grpc as cgrpc
 from fxdp.v1 import graph_pb2 as gpb
-from _util import INCONSISTENT, fxdp_binary, traced
 
 MAX_MSG = 1 << 30
-
-
 
 
 def cli_report(stdout: str) -> dict:
@@ -37,14 +34,24 @@ def cli_report(stdout: str) -> dict:
     report.pop("files")
     return report
 
+
 def cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([fxdp_binary("FXDP_BIN", "fxdp"), *map(str, args)], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [fxdp_binary("FXDP_BIN", "fxdp"), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @pytest.fixture(scope="module")
 def server():
-    proc = subprocess.Popen([fxdp_binary("FXDP_SERVER_BIN", "fxdp-server"), "--listen", "127.0.0.1:0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [fxdp_binary("FXDP_SERVER_BIN", "fxdp-server"), "--listen", "127.0.0.1:0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     line = proc.stdout.readline()
     m = re.fullmatch(r"listening on (127\.0\.0\.1:\d+)\n", line)
     assert m, f"fxdp-server printed {line!r}; stderr: {proc.stderr.read() if proc.poll() is not None else ''}"
@@ -60,8 +67,13 @@ def server():
 
 @pytest.fixture(scope="module")
 def channel(server):
-    ch = grpc.insecure_channel(server[1], options=[("grpc.max_send_message_length", MAX_MSG),
-                                                   ("grpc.max_receive_message_length", MAX_MSG)])
+    ch = grpc.insecure_channel(
+        server[1],
+        options=[
+            ("grpc.max_send_message_length", MAX_MSG),
+            ("grpc.max_receive_message_length", MAX_MSG),
+        ],
+    )
     yield ch
     ch.close()
 
@@ -105,10 +117,14 @@ def test_analyze_equals_local(stub, graphs, model):
     assert json.loads(r.json) == want
     assert r.world_size == 2 and r.batch_size == want["batch_size"]
     assert [(n.name, n.target, n.placement, n.reason) for n in r.nodes] == [
-        (n["name"], n["target"], n["placement"], n["reason"]) for n in want["nodes"]]
-    assert [n.batch_dim for n in r.nodes] == [-1 if n["batch_dim"] is None else n["batch_dim"] for n in want["nodes"]]
+        (n["name"], n["target"], n["placement"], n["reason"]) for n in want["nodes"]
+    ]
+    assert [n.batch_dim for n in r.nodes] == [
+        -1 if n["batch_dim"] is None else n["batch_dim"] for n in want["nodes"]
+    ]
     assert [(x.value, x.output, x.op, x.first_use, x.grad_of) for x in r.reductions] == [
-        (x["value"], x["output"], x["op"], x["first_use"], x["grad_of"]) for x in want["reductions"]]
+        (x["value"], x["output"], x["op"], x["first_use"], x["grad_of"]) for x in want["reductions"]
+    ]
     assert list(r.warnings) == want["warnings"] and list(r.notes) == want["notes"]
 
 
@@ -138,10 +154,19 @@ def test_cached_bytes_equal_uncached_bytes(channel, graphs):
     # serialized before its fields 6 to 8, so the tag sits before `memory`, field 8: b"\x42").
     g = graph_def(graphs["mlp"])
     for method, req, resp, tag in (
-            ("/fxdp.v1.CompileService/Analyze", cpb.AnalyzeRequest(graph=g, world_size=11), cpb.AnalyzeResponse,
-             b"\x48\x01"),
-            ("/fxdp.v1.CompileService/Expand", cpb.ExpandRequest(graph=g, world_size=11), cpb.ExpandResponse,
-             b"\x28\x01")):
+        (
+            "/fxdp.v1.CompileService/Analyze",
+            cpb.AnalyzeRequest(graph=g, world_size=11),
+            cpb.AnalyzeResponse,
+            b"\x48\x01",
+        ),
+        (
+            "/fxdp.v1.CompileService/Expand",
+            cpb.ExpandRequest(graph=g, world_size=11),
+            cpb.ExpandResponse,
+            b"\x28\x01",
+        ),
+    ):
         call = channel.unary_unary(method)
         first = call(req.SerializeToString(), timeout=30)
         second = call(req.SerializeToString(), timeout=30)
@@ -159,19 +184,25 @@ def test_non_canonical_encoding_is_the_same_submission(channel, stub, graphs):
     req = cpb.AnalyzeRequest(graph=g, world_size=13)
     want = stub.Analyze(req)
     assert not want.cached
-    reordered = cpb.AnalyzeRequest(world_size=13).SerializeToString() + \
-        cpb.AnalyzeRequest(graph=g).SerializeToString()
+    reordered = (
+        cpb.AnalyzeRequest(world_size=13).SerializeToString()
+        + cpb.AnalyzeRequest(graph=g).SerializeToString()
+    )
     assert reordered != req.SerializeToString()
     got = cpb.AnalyzeResponse.FromString(
-        channel.unary_unary("/fxdp.v1.CompileService/Analyze")(reordered, timeout=30))
+        channel.unary_unary("/fxdp.v1.CompileService/Analyze")(reordered, timeout=30)
+    )
     assert got.cached
     got.cached = False
     assert got == want
     # Computed first in the odd encoding, then asked canonically: also one computation.
-    reordered = cpb.AnalyzeRequest(world_size=14).SerializeToString() + \
-        cpb.AnalyzeRequest(graph=g).SerializeToString()
+    reordered = (
+        cpb.AnalyzeRequest(world_size=14).SerializeToString()
+        + cpb.AnalyzeRequest(graph=g).SerializeToString()
+    )
     first = cpb.AnalyzeResponse.FromString(
-        channel.unary_unary("/fxdp.v1.CompileService/Analyze")(reordered, timeout=30))
+        channel.unary_unary("/fxdp.v1.CompileService/Analyze")(reordered, timeout=30)
+    )
     assert not first.cached
     assert stub.Analyze(cpb.AnalyzeRequest(graph=g, world_size=14)).cached
 
@@ -232,13 +263,19 @@ def test_expand_equals_local(stub, server, graphs, tmp_path, world):
     else:
         assert len(r.graphs) == world
         local = [(tmp_path / f"local.rank{i}.pb").read_bytes() for i in range(world)]
-        assert files == [{"path": str(tmp_path / f"local.rank{i}.pb"), "ranks": [i]} for i in range(world)]
+        assert files == [
+            {"path": str(tmp_path / f"local.rank{i}.pb"), "ranks": [i]} for i in range(world)
+        ]
     assert [g.SerializeToString() for g in r.graphs] == local
     # The CLI through the server writes the same files and prints the same report.
     remote_out = tmp_path / "remote.pb"
-    q = cli("expand", path, "--world-size", world, "-o", remote_out, "--json", "--server", server[1])
+    q = cli(
+        "expand", path, "--world-size", world, "-o", remote_out, "--json", "--server", server[1]
+    )
     assert q.returncode == 0, q.stderr
-    assert q.stdout == p.stdout.replace(str(local_out.with_suffix("")), str(remote_out.with_suffix("")))
+    assert q.stdout == p.stdout.replace(
+        str(local_out.with_suffix("")), str(remote_out.with_suffix(""))
+    )
     names = ["remote.pb"] if r.identical else [f"remote.rank{i}.pb" for i in range(world)]
     assert [f["path"] for f in json.loads(q.stdout)["files"]] == [str(tmp_path / n) for n in names]
     assert [(tmp_path / n).read_bytes() for n in names] == local
@@ -253,27 +290,76 @@ def test_expand_equals_local(stub, server, graphs, tmp_path, world):
 
 def test_expand_options(stub, graphs, tmp_path):
     path = graphs["transformer"]
-    p = cli("expand", path, "--world-size", 2, "-o", tmp_path / "x.pb", "--json", "--bucket-mb", "0.01",
-            "--first-bucket-mb", "0.001", "--group", "dp")
+    p = cli(
+        "expand",
+        path,
+        "--world-size",
+        2,
+        "-o",
+        tmp_path / "x.pb",
+        "--json",
+        "--bucket-mb",
+        "0.01",
+        "--first-bucket-mb",
+        "0.001",
+        "--group",
+        "dp",
+    )
     assert p.returncode == 0, p.stderr
-    r = stub.Expand(cpb.ExpandRequest(graph=graph_def(path), world_size=2, bucket_cap_mb=0.01,
-                                      first_bucket_mb=0.001, group_name="dp"))
+    r = stub.Expand(
+        cpb.ExpandRequest(
+            graph=graph_def(path),
+            world_size=2,
+            bucket_cap_mb=0.01,
+            first_bucket_mb=0.001,
+            group_name="dp",
+        )
+    )
     assert json.loads(r.report_json) == cli_report(p.stdout)
     assert r.graphs[0].SerializeToString() == (tmp_path / "x.pb").read_bytes()
     # The last-bucket split and the overlap schedule: same options, same graphs, local or remote.
-    q = cli("expand", path, "--world-size", 2, "-o", tmp_path / "y.pb", "--json", "--bucket-mb", "0.1",
-            "--last-bucket-mb", "0.001", "--no-overlap")
+    q = cli(
+        "expand",
+        path,
+        "--world-size",
+        2,
+        "-o",
+        tmp_path / "y.pb",
+        "--json",
+        "--bucket-mb",
+        "0.1",
+        "--last-bucket-mb",
+        "0.001",
+        "--no-overlap",
+    )
     assert q.returncode == 0, q.stderr
-    s = stub.Expand(cpb.ExpandRequest(graph=graph_def(path), world_size=2, bucket_cap_mb=0.1,
-                                      last_bucket_mb=0.001, no_overlap_schedule=True))
+    s = stub.Expand(
+        cpb.ExpandRequest(
+            graph=graph_def(path),
+            world_size=2,
+            bucket_cap_mb=0.1,
+            last_bucket_mb=0.001,
+            no_overlap_schedule=True,
+        )
+    )
     assert json.loads(s.report_json) == cli_report(q.stdout)
     assert s.graphs[0].SerializeToString() == (tmp_path / "y.pb").read_bytes()
     split = len(json.loads(q.stdout)["buckets"])
-    whole = stub.Expand(cpb.ExpandRequest(graph=graph_def(path), world_size=2, bucket_cap_mb=0.1,
-                                          last_bucket_mb=0, no_overlap_schedule=True))
+    whole = stub.Expand(
+        cpb.ExpandRequest(
+            graph=graph_def(path),
+            world_size=2,
+            bucket_cap_mb=0.1,
+            last_bucket_mb=0,
+            no_overlap_schedule=True,
+        )
+    )
     assert len(json.loads(whole.report_json)["buckets"]) < split
-    overlap = stub.Expand(cpb.ExpandRequest(graph=graph_def(path), world_size=2, bucket_cap_mb=0.1,
-                                            last_bucket_mb=0.001))
+    overlap = stub.Expand(
+        cpb.ExpandRequest(
+            graph=graph_def(path), world_size=2, bucket_cap_mb=0.1, last_bucket_mb=0.001
+        )
+    )
     # the schedule moves nodes (and the report's positions), not the buckets
     assert json.loads(overlap.report_json)["buckets"] == json.loads(s.report_json)["buckets"]
     assert overlap.graphs[0] != s.graphs[0]
@@ -286,12 +372,17 @@ def test_expand_style_replicate_is_the_default(stub, graphs, tmp_path):
     byte for byte; the response says the style and lists no sharded state."""
     path = graphs["mlp"]
     plain = stub.Expand(cpb.ExpandRequest(graph=graph_def(path), world_size=2))
-    styled = stub.Expand(cpb.ExpandRequest(graph=graph_def(path), world_size=2,
-                                           style=cpb.DATA_PARALLEL_STYLE_REPLICATE))
+    styled = stub.Expand(
+        cpb.ExpandRequest(
+            graph=graph_def(path), world_size=2, style=cpb.DATA_PARALLEL_STYLE_REPLICATE
+        )
+    )
     assert styled.style == plain.style == cpb.DATA_PARALLEL_STYLE_REPLICATE
     assert list(styled.graphs) == list(plain.graphs) and not styled.sharded_state
     assert json.loads(styled.report_json)["style"] == "replicate"
-    p = cli("expand", path, "--world-size", 2, "-o", tmp_path / "x.pb", "--style", "replicate", "--json")
+    p = cli(
+        "expand", path, "--world-size", 2, "-o", tmp_path / "x.pb", "--style", "replicate", "--json"
+    )
     assert p.returncode == 0, p.stderr
     assert (tmp_path / "x.pb").read_bytes() == plain.graphs[0].SerializeToString()
 
@@ -301,12 +392,20 @@ def test_unknown_style_names_the_accepted_ones(server, stub, graphs, tmp_path):
     with pytest.raises(grpc.RpcError) as e:
         stub.Expand(cpb.ExpandRequest(graph=graph_def(path), world_size=2, style=7))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert ("ExpandRequest.style: unknown data-parallel style 7; accepted: 0 (DATA_PARALLEL_STYLE_REPLICATE"
-            in e.value.details() and "1 (DATA_PARALLEL_STYLE_FULLY_SHARD)" in e.value.details())
+    assert (
+        "ExpandRequest.style: unknown data-parallel style 7; accepted: 0 (DATA_PARALLEL_STYLE_REPLICATE"
+        in e.value.details()
+        and "1 (DATA_PARALLEL_STYLE_FULLY_SHARD)" in e.value.details()
+    )
     for extra in ([], ["--server", server[1]]):
-        p = cli("expand", path, "--world-size", 2, "-o", tmp_path / "x.pb", "--style", "zero3", *extra)
+        p = cli(
+            "expand", path, "--world-size", 2, "-o", tmp_path / "x.pb", "--style", "zero3", *extra
+        )
         assert p.returncode == 2
-        assert "--style: unknown data-parallel style 'zero3': expected 'replicate' or 'fully_shard'" in p.stderr
+        assert (
+            "--style: unknown data-parallel style 'zero3': expected 'replicate' or 'fully_shard'"
+            in p.stderr
+        )
 
 
 # --------------------------------------------------------------------------- errors
@@ -321,8 +420,10 @@ def malformed(path) -> "gpb.GraphDef":
 def test_malformed_graph_is_invalid_argument_naming_the_node(stub, server, graphs, tmp_path):
     g = malformed(graphs["mlp"])
     bad = g.nodes[5].name
-    for call in (lambda: stub.Analyze(cpb.AnalyzeRequest(graph=g, world_size=2)),
-                 lambda: stub.Expand(cpb.ExpandRequest(graph=g, world_size=2))):
+    for call in (
+        lambda: stub.Analyze(cpb.AnalyzeRequest(graph=g, world_size=2)),
+        lambda: stub.Expand(cpb.ExpandRequest(graph=g, world_size=2)),
+    ):
         with pytest.raises(grpc.RpcError) as e:
             call()
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -346,14 +447,19 @@ def test_expand_refuses_a_graph_that_cannot_run(stub, tmp_path):
     with pytest.raises(grpc.RpcError) as e:
         stub.Expand(cpb.ExpandRequest(graph=g, world_size=2))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "node 'ge' (aten::embedding_dense_backward): grad_output [2, 5, 3] does not match" in e.value.details()
+    assert (
+        "node 'ge' (aten::embedding_dense_backward): grad_output [2, 5, 3] does not match"
+        in e.value.details()
+    )
 
 
 @pytest.mark.parametrize("world", [0, -1])
 def test_bad_world_size(stub, graphs, world):
     g = graph_def(graphs["mlp"])
-    for call in (lambda: stub.Analyze(cpb.AnalyzeRequest(graph=g, world_size=world)),
-                 lambda: stub.Expand(cpb.ExpandRequest(graph=g, world_size=world))):
+    for call in (
+        lambda: stub.Analyze(cpb.AnalyzeRequest(graph=g, world_size=world)),
+        lambda: stub.Expand(cpb.ExpandRequest(graph=g, world_size=world)),
+    ):
         with pytest.raises(grpc.RpcError) as e:
             call()
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -365,7 +471,9 @@ def test_missing_graph_and_bad_buckets(stub, graphs):
         stub.Analyze(cpb.AnalyzeRequest(world_size=2))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "no graph" in e.value.details()
     with pytest.raises(grpc.RpcError) as e:
-        stub.Expand(cpb.ExpandRequest(graph=graph_def(graphs["mlp"]), world_size=2, bucket_cap_mb=-1))
+        stub.Expand(
+            cpb.ExpandRequest(graph=graph_def(graphs["mlp"]), world_size=2, bucket_cap_mb=-1)
+        )
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
@@ -387,7 +495,8 @@ def test_concurrent_clients(server, graphs):
         ch = grpc.insecure_channel(server[1])
         try:
             r = cgrpc.CompileServiceStub(ch).Analyze(
-                cpb.AnalyzeRequest(graph=g, world_size=w, include_json=True), timeout=30)
+                cpb.AnalyzeRequest(graph=g, world_size=w, include_json=True), timeout=30
+            )
             return w, json.loads(r.json)
         finally:
             ch.close()
@@ -421,7 +530,12 @@ def test_reflection_lists_the_service(channel):
 
 def test_survives_garbage(server, channel, stub, graphs):
     for method in ("/fxdp.v1.CompileService/Analyze", "/fxdp.v1.CompileService/Expand"):
-        for junk in (b"\xff\xff\xff\xff", b"\x0a\x05abc", os.urandom(4096), b"\x0a\x80\x80\x80\x80\x10"):
+        for junk in (
+            b"\xff\xff\xff\xff",
+            b"\x0a\x05abc",
+            os.urandom(4096),
+            b"\x0a\x80\x80\x80\x80\x10",
+        ):
             with pytest.raises(grpc.RpcError) as e:
                 channel.unary_unary(method)(junk, timeout=10)
             assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, junk[:16], e.value)
@@ -439,19 +553,46 @@ def test_survives_garbage(server, channel, stub, graphs):
 
 
 def test_sigterm_shuts_down_cleanly():
-    proc = subprocess.Popen([fxdp_binary("FXDP_SERVER_BIN", "fxdp-server"), "--listen", "127.0.0.1:0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [fxdp_binary("FXDP_SERVER_BIN", "fxdp-server"), "--listen", "127.0.0.1:0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout.readline().startswith("listening on 127.0.0.1:")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=10) == 0
 
 
 def test_server_usage():
-    p = subprocess.run([fxdp_binary("FXDP_SERVER_BIN", "fxdp-server"), "--bogus"], capture_output=True, text=True, timeout=10)
+    p = subprocess.run(
+        [fxdp_binary("FXDP_SERVER_BIN", "fxdp-server"), "--bogus"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
     assert p.returncode == 2 and "unknown argument" in p.stderr
-    p = subprocess.run([fxdp_binary("FXDP_SERVER_BIN", "fxdp-server"), "--local-workers", "2", "--worker-binary",
-                        "/nonexistent/fxdp-worker"], capture_output=True, text=True, timeout=10)
-    assert p.returncode == 2 and "no executable fxdp-worker at '/nonexistent/fxdp-worker'" in p.stderr
-    p = subprocess.run([fxdp_binary("FXDP_SERVER_BIN", "fxdp-server"), "--local-workers", "-1"], capture_output=True,
-                       text=True, timeout=10)
-    assert p.returncode == 2 and "--local-workers needs an integer in [0, 256], got '-1'" in p.stderr
+    p = subprocess.run(
+        [
+            fxdp_binary("FXDP_SERVER_BIN", "fxdp-server"),
+            "--local-workers",
+            "2",
+            "--worker-binary",
+            "/nonexistent/fxdp-worker",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
+    assert (
+        p.returncode == 2 and "no executable fxdp-worker at '/nonexistent/fxdp-worker'" in p.stderr
+    )
+    p = subprocess.run(
+        [fxdp_binary("FXDP_SERVER_BIN", "fxdp-server"), "--local-workers", "-1"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
+    assert (
+        p.returncode == 2 and "--local-workers needs an integer in [0, 256], got '-1'" in p.stderr
+    )

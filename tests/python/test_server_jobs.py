@@ -30,11 +30,10 @@ import signal
 import threading
 import time
 
+import fxdp
 import grpc
 import pytest
 import torch
-
-import fxdp
 from _util import ATOL, RTOL, fetch, local_server, local_steps, traced
 from fxdp import zoo
 from fxdp.client import _chunks as chunks
@@ -50,18 +49,31 @@ MODEL, OPTIM = "mlp", "adamw"
 LONG = 3000  # steps of a job that runs until it is cancelled
 
 
-def requests(world: int, steps: int, *, step: fxdp.TracedStep = None, batches=None, state=None,
-             num_state=None):
+def requests(
+    world: int,
+    steps: int,
+    *,
+    step: fxdp.TracedStep = None,
+    batches=None,
+    state=None,
+    num_state=None,
+):
     """The Submit stream: the spec, the state in 1000-byte chunks, each step's global batch in
     100-byte chunks (zoo mlp batches unless given), every step closed by an empty StepBatch."""
     step = step or traced(MODEL, OPTIM)
     state = step.initial_state() if state is None else state
     if batches is None:
         batches = [zoo.get(MODEL).named_batch(i) for i in range(steps)]
-    yield jpb.SubmitJobRequest(spec=jpb.JobSpec(
-        graph=step.graph, world_size=world, steps=steps,
-        num_state_tensors=len(state) if num_state is None else num_state, collective_timeout_s=10,
-        name="test"))
+    yield jpb.SubmitJobRequest(
+        spec=jpb.JobSpec(
+            graph=step.graph,
+            world_size=world,
+            steps=steps,
+            num_state_tensors=len(state) if num_state is None else num_state,
+            collective_timeout_s=10,
+            name="test",
+        )
+    )
     for k, v in state.items():
         for c in chunks(k, v, 1000):
             yield jpb.SubmitJobRequest(state=c)
@@ -85,7 +97,9 @@ def wait_idle(workers_stub, ids=None, n=2, timeout=30.0) -> list:
     while True:
         ws = workers_stub.ListWorkers(wpb.ListWorkersRequest()).workers
         idle = [w for w in ws if w.state == wpb.WORKER_STATE_IDLE]
-        if (ids is None and len(idle) >= n) or (ids is not None and set(ids) <= {w.worker_id for w in idle}):
+        if (ids is None and len(idle) >= n) or (
+            ids is not None and set(ids) <= {w.worker_id for w in idle}
+        ):
             return list(ws)
         if time.monotonic() > deadline:
             raise AssertionError(f"workers not IDLE within {timeout} s: {ws}")
@@ -94,7 +108,9 @@ def wait_idle(workers_stub, ids=None, n=2, timeout=30.0) -> list:
 
 def start_long_job(jobs, world=2):
     """A job of LONG steps, returned once it runs its second step: (stream, job id, workers)."""
-    stream = jobs.Submit(requests(world, LONG, batches=[zoo.get(MODEL).named_batch(0)]), timeout=120)
+    stream = jobs.Submit(
+        requests(world, LONG, batches=[zoo.get(MODEL).named_batch(0)]), timeout=120
+    )
     for e in stream:
         if e.step >= 2:
             return stream, e.job_id, list(e.workers)
@@ -131,8 +147,13 @@ def test_two_worker_job_trains_like_one_device(server):
     events = list(jobs.Submit(requests(2, steps), timeout=60))
     elapsed = time.monotonic() - t0
     assert [events[0].state, events[1].state, events[-1].state] == [
-        jpb.JOB_STATE_QUEUED, jpb.JOB_STATE_RUNNING, jpb.JOB_STATE_SUCCEEDED], events
-    assert events[0].queue_position == 0 and events[1].step == 0 and len(set(events[1].workers)) == 2
+        jpb.JOB_STATE_QUEUED,
+        jpb.JOB_STATE_RUNNING,
+        jpb.JOB_STATE_SUCCEEDED,
+    ], events
+    assert (
+        events[0].queue_position == 0 and events[1].step == 0 and len(set(events[1].workers)) == 2
+    )
     job_id = events[0].job_id
     for e in check_losses(events, steps):
         assert len(e.local_losses) == 2 and e.step_ms > 0
@@ -162,11 +183,20 @@ def test_uneven_batch_along_dim_1_is_sliced_by_the_server(server):
     jobs, workers, _ = server
     e = zoo.get("seqfirst")
     gen = torch.Generator().manual_seed(5)
-    batches = [{"x": torch.randn(5, 7, 10, generator=gen), "target": torch.randn(5, 7, 4, generator=gen)}
-               for _ in range(3)]
+    batches = [
+        {"x": torch.randn(5, 7, 10, generator=gen), "target": torch.randn(5, 7, 4, generator=gen)}
+        for _ in range(3)
+    ]
     model = e.model(0)
-    step = fxdp.trace(model, zoo.make_optimizer("adam", model), e.loss_fn, tuple(batches[0].values()),
-                      batch_dim=1, input_names=e.input_names, loss_reduction=e.loss_reduction)
+    step = fxdp.trace(
+        model,
+        zoo.make_optimizer("adam", model),
+        e.loss_fn,
+        tuple(batches[0].values()),
+        batch_dim=1,
+        input_names=e.input_names,
+        loss_reduction=e.loss_reduction,
+    )
     state, losses = step.initial_state(), []
     for b in batches:
         state, loss = step.run_local(state, b)
@@ -194,10 +224,14 @@ def test_two_jobs_at_once_one_waits_queued(server):
         t.start()
     for t in threads:
         t.join(120)
-    infos = sorted((jobs.GetJob(jpb.GetJobRequest(job_id=ev[0].job_id)) for ev in results.values()),
-                   key=lambda i: i.started_unix_ms)
+    infos = sorted(
+        (jobs.GetJob(jpb.GetJobRequest(job_id=ev[0].job_id)) for ev in results.values()),
+        key=lambda i: i.started_unix_ms,
+    )
     for events in results.values():
-        assert events[0].state == jpb.JOB_STATE_QUEUED and events[-1].state == jpb.JOB_STATE_SUCCEEDED, events
+        assert (
+            events[0].state == jpb.JOB_STATE_QUEUED and events[-1].state == jpb.JOB_STATE_SUCCEEDED
+        ), events
         check_losses(events, 3)
     # The second ran only after the first ended; it said what it waited for.
     first, second = infos
@@ -232,7 +266,10 @@ def test_strict_fifo_and_more_ranks_than_workers(server):
     jobs.CancelJob(jpb.CancelJobRequest(job_id=long_id))
     assert drain(long_stream).code() == grpc.StatusCode.CANCELLED
     events_b, events_c = list(b), list(c)
-    assert events_b[-1].state == events_c[-1].state == jpb.JOB_STATE_SUCCEEDED, (events_b[-1], events_c[-1])
+    assert events_b[-1].state == events_c[-1].state == jpb.JOB_STATE_SUCCEEDED, (
+        events_b[-1],
+        events_c[-1],
+    )
     ib, ic = (jobs.GetJob(jpb.GetJobRequest(job_id=x.job_id)) for x in (eb, ec))
     assert ib.started_unix_ms <= ic.started_unix_ms, (ib, ic)
 
@@ -274,7 +311,9 @@ def test_killed_worker_fails_the_job_and_the_queue_goes_on(server):
     stream, job_id, ranks = start_long_job(jobs)
     behind = jobs.Submit(requests(2, 3), timeout=120)
     first_event(behind)
-    pid = {w.worker_id: w.pid for w in workers.ListWorkers(wpb.ListWorkersRequest()).workers}[ranks[1]]
+    pid = {w.worker_id: w.pid for w in workers.ListWorkers(wpb.ListWorkersRequest()).workers}[
+        ranks[1]
+    ]
     t0 = time.monotonic()
     os.kill(pid, signal.SIGKILL)
     err = drain(stream)
@@ -284,7 +323,11 @@ def test_killed_worker_fails_the_job_and_the_queue_goes_on(server):
     assert err.code() == grpc.StatusCode.UNAVAILABLE, err
     assert f"rank 1 (worker {ranks[1]})" in err.details(), err.details()
     info = jobs.GetJob(jpb.GetJobRequest(job_id=job_id))
-    assert info.state == jpb.JOB_STATE_FAILED and "rank 1" in info.error and 2 <= info.steps_done < LONG
+    assert (
+        info.state == jpb.JOB_STATE_FAILED
+        and "rank 1" in info.error
+        and 2 <= info.steps_done < LONG
+    )
     # The survivor and the restarted worker take the queued job.
     events = list(behind)
     assert events[-1].state == jpb.JOB_STATE_SUCCEEDED, events[-1]
@@ -336,8 +379,13 @@ def test_malformed_submissions(server):
     # 2 workers is refused before its graph is expanded once the server is up --queue-grace-s).
     with grpc.insecure_channel(server[2]) as ch:
         with pytest.raises(grpc.RpcError) as ei:
-            cgrpc.CompileServiceStub(ch).Expand(cpb.ExpandRequest(graph=spec.graph, world_size=13), timeout=60)
-    assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "larger than the batch" in ei.value.details()
+            cgrpc.CompileServiceStub(ch).Expand(
+                cpb.ExpandRequest(graph=spec.graph, world_size=13), timeout=60
+            )
+    assert (
+        ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        and "larger than the batch" in ei.value.details()
+    )
 
     # Errors in the stream once the job runs: INVALID_ARGUMENT naming the step and tensor.
     e = zoo.get(MODEL)
@@ -345,14 +393,29 @@ def test_malformed_submissions(server):
     odd_name = dict(e.named_batch(0), y=torch.zeros(12, 5))
     state = step.initial_state()
     cases = [
-        (requests(2, 1, batches=[wrong]), "step 1's batch: input 'x' is f32[12, 9], the graph expects f32[12, 10]"),
-        (requests(2, 1, batches=[odd_name]), "step 1's batch: tensor 'y' is not an INPUT of the graph"),
-        (requests(2, 1, batches=[{"x": e.named_batch(0)["x"]}]), "step 1's batch lacks input 'target'"),
+        (
+            requests(2, 1, batches=[wrong]),
+            "step 1's batch: input 'x' is f32[12, 9], the graph expects f32[12, 10]",
+        ),
+        (
+            requests(2, 1, batches=[odd_name]),
+            "step 1's batch: tensor 'y' is not an INPUT of the graph",
+        ),
+        (
+            requests(2, 1, batches=[{"x": e.named_batch(0)["x"]}]),
+            "step 1's batch lacks input 'target'",
+        ),
         (list(requests(2, 2))[:-3], "the client ended the stream in the middle of step 2's batch"),
-        ([r for r in requests(2, 2) if not r.HasField("batch") or r.batch.step == 1],
-         "after the batches of 1 of 2 steps"),
-        ([r for r in requests(2, 1, state=state) if r.HasField("spec") or r.HasField("state")][:-1],
-         "initial-state tensors (JobSpec.num_state_tensors)"),
+        (
+            [r for r in requests(2, 2) if not r.HasField("batch") or r.batch.step == 1],
+            "after the batches of 1 of 2 steps",
+        ),
+        (
+            [r for r in requests(2, 1, state=state) if r.HasField("spec") or r.HasField("state")][
+                :-1
+            ],
+            "initial-state tensors (JobSpec.num_state_tensors)",
+        ),
     ]
     for reqs, want in cases:
         wait_idle(workers)
@@ -369,13 +432,22 @@ def test_malformed_submissions(server):
 def test_garbage_does_not_hurt_the_server(server):
     jobs, workers, address = server
     ch = grpc.insecure_channel(address)
-    submit = ch.stream_stream("/fxdp.v1.JobService/Submit", request_serializer=lambda b: b,
-                              response_deserializer=jpb.JobEvent.FromString)
-    for payload in (b"\xff\xff\xff\xff\x0f garbage", b"",
-                    jpb.SubmitJobRequest(batch=jpb.StepBatch(step=1)).SerializeToString()):
+    submit = ch.stream_stream(
+        "/fxdp.v1.JobService/Submit",
+        request_serializer=lambda b: b,
+        response_deserializer=jpb.JobEvent.FromString,
+    )
+    for payload in (
+        b"\xff\xff\xff\xff\x0f garbage",
+        b"",
+        jpb.SubmitJobRequest(batch=jpb.StepBatch(step=1)).SerializeToString(),
+    ):
         with pytest.raises(grpc.RpcError) as ei:
             list(submit(iter([payload]), timeout=10))
-        assert ei.value.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.INTERNAL), ei.value
+        assert ei.value.code() in (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            grpc.StatusCode.INTERNAL,
+        ), ei.value
     ch.close()
     assert len(wait_idle(workers)) >= 2
     events = list(jobs.Submit(requests(2, 1), timeout=60))
@@ -401,7 +473,9 @@ def test_limits_name_their_flags(limited):
     assert not info.has_state and info.state_evicted, info
     with pytest.raises(grpc.RpcError) as ei:
         list(jobs.FetchState(jpb.FetchJobStateRequest(job_id=first_id)))
-    assert ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "evicted" in ei.value.details()
+    assert (
+        ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "evicted" in ei.value.details()
+    )
     assert "--max-state-mb" in ei.value.details(), ei.value.details()
 
     wait_idle(workers)
@@ -409,12 +483,17 @@ def test_limits_name_their_flags(limited):
     queued = jobs.Submit(requests(2, 1), timeout=60)
     q = first_event(queued)
     err = submit_error(jobs, list(requests(2, 1)))
-    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "--max-queued-jobs is 1" in err.details(), err
+    assert (
+        err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        and "--max-queued-jobs is 1" in err.details()
+    ), err
     jobs.CancelJob(jpb.CancelJobRequest(job_id=q.job_id))
     jobs.CancelJob(jpb.CancelJobRequest(job_id=long_id))
     drain(queued), drain(long_stream)
     # Three jobs finished; the first is forgotten.
     with pytest.raises(grpc.RpcError) as ei:
         jobs.GetJob(jpb.GetJobRequest(job_id=first_id))
-    assert ei.value.code() == grpc.StatusCode.NOT_FOUND and "--max-finished-jobs" in ei.value.details()
+    assert (
+        ei.value.code() == grpc.StatusCode.NOT_FOUND and "--max-finished-jobs" in ei.value.details()
+    )
     assert {j.job_id for j in jobs.ListJobs(jpb.ListJobsRequest()).jobs} == {q.job_id, long_id}

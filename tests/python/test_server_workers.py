@@ -27,7 +27,6 @@ import time
 
 import grpc
 import pytest
-
 from _util import free_port, fxdp_binary
 from fxdp.v1 import worker_pb2 as wpb
 from fxdp.v1 import worker_pb2_grpc as wgrpc
@@ -36,8 +35,12 @@ ATTACH = "/fxdp.v1.WorkerService/Attach"
 
 
 def workers(addr: str) -> list:
-    p = subprocess.run([fxdp_binary("FXDP_BIN", "fxdp"), "workers", "--server", addr, "--json"],
-                       capture_output=True, text=True, timeout=20)
+    p = subprocess.run(
+        [fxdp_binary("FXDP_BIN", "fxdp"), "workers", "--server", addr, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
     assert p.returncode == 0, p.stderr
     return json.loads(p.stdout)["workers"]
 
@@ -54,7 +57,11 @@ def wait_for(pred, timeout: float, what: str, addr: str):
 
 
 def idle_local(ws) -> list:
-    return [w for w in ws if w["state"] == "IDLE" and w["device"] == "cpu" and w["id"].startswith("local-")]
+    return [
+        w
+        for w in ws
+        if w["state"] == "IDLE" and w["device"] == "cpu" and w["id"].startswith("local-")
+    ]
 
 
 def alive(pid: int) -> bool:
@@ -68,7 +75,13 @@ def alive(pid: int) -> bool:
 @pytest.fixture(scope="module")
 def server():
     env = dict(os.environ)
-    cmd = [fxdp_binary("FXDP_SERVER_BIN", "fxdp-server"), "--listen", "127.0.0.1:0", "--local-workers", "2"]
+    cmd = [
+        fxdp_binary("FXDP_SERVER_BIN", "fxdp-server"),
+        "--listen",
+        "127.0.0.1:0",
+        "--local-workers",
+        "2",
+    ]
     if os.environ.get("FXDP_WORKER"):
         cmd += ["--worker-binary", fxdp_binary("FXDP_WORKER", "fxdp-worker")]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -91,17 +104,29 @@ class RawClient:
     def __init__(self, addr: str):
         self.channel = grpc.insecure_channel(addr)
         self.out: "queue.Queue" = queue.Queue()
-        call = self.channel.stream_stream(ATTACH, request_serializer=lambda b: b,
-                                          response_deserializer=wpb.ServerMessage.FromString)
+        call = self.channel.stream_stream(
+            ATTACH,
+            request_serializer=lambda b: b,
+            response_deserializer=wpb.ServerMessage.FromString,
+        )
         self.responses = call(iter(self.out.get, None))
 
     def send(self, data: bytes) -> None:
         self.out.put(data)
 
     def register(self, worker_id: str) -> "wpb.ServerMessage":
-        self.send(wpb.WorkerMessage(register_worker=wpb.Register(
-            protocol_version=wpb.WORKER_PROTOCOL_VERSION_1, worker_id=worker_id, hostname="raw",
-            pid=os.getpid(), device="cpu", capacity=1)).SerializeToString())
+        self.send(
+            wpb.WorkerMessage(
+                register_worker=wpb.Register(
+                    protocol_version=wpb.WORKER_PROTOCOL_VERSION_1,
+                    worker_id=worker_id,
+                    hostname="raw",
+                    pid=os.getpid(),
+                    device="cpu",
+                    capacity=1,
+                )
+            ).SerializeToString()
+        )
         return next(self.responses)
 
     def close(self) -> None:
@@ -117,11 +142,26 @@ def test_local_workers_attach(server):
     for w in ws:
         assert w["pid"] > 0 and alive(w["pid"]) and w["capacity"] == 1 and w["last_heartbeat_s"] < 3
         seen.add(w["pid"])
-    table = subprocess.run([fxdp_binary("FXDP_BIN", "fxdp"), "workers", "--server", addr],
-                           capture_output=True, text=True, timeout=20)
+    table = subprocess.run(
+        [fxdp_binary("FXDP_BIN", "fxdp"), "workers", "--server", addr],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
-    assert lines[0].split() == ["id", "state", "device", "host", "pid", "job", "step", "last", "heartbeat", "memory"]
+    assert lines[0].split() == [
+        "id",
+        "state",
+        "device",
+        "host",
+        "pid",
+        "job",
+        "step",
+        "last",
+        "heartbeat",
+        "memory",
+    ]
     assert any(l.startswith("local-0 ") and " IDLE " in l and str(ws[0]["pid"]) in l for l in lines)
 
 
@@ -131,10 +171,18 @@ def test_killed_worker_is_lost_and_restarted(server):
     victim = ws[1]
     os.kill(victim["pid"], signal.SIGKILL)
     t0 = time.monotonic()
-    wait_for(lambda ws: not any(w["pid"] == victim["pid"] and w["state"] != "LOST" for w in ws),
-             5, f"worker {victim['id']} (pid {victim['pid']}) LOST", addr)
-    ws = wait_for(lambda ws: len(idle_local(ws)) == 2 and victim["pid"] not in [w["pid"] for w in ws],
-                  10, "a restarted worker", addr)
+    wait_for(
+        lambda ws: not any(w["pid"] == victim["pid"] and w["state"] != "LOST" for w in ws),
+        5,
+        f"worker {victim['id']} (pid {victim['pid']}) LOST",
+        addr,
+    )
+    ws = wait_for(
+        lambda ws: len(idle_local(ws)) == 2 and victim["pid"] not in [w["pid"] for w in ws],
+        10,
+        "a restarted worker",
+        addr,
+    )
     assert time.monotonic() - t0 < 12
     for w in ws:
         seen.add(w["pid"])
@@ -146,13 +194,19 @@ def test_garbage_is_lost_and_server_keeps_serving(server):
     c = RawClient(addr)
     try:
         r = c.register("raw-garbage")
-        assert r.registered.worker_id == "raw-garbage" and r.registered.heartbeat_interval_ms == 1000
+        assert (
+            r.registered.worker_id == "raw-garbage" and r.registered.heartbeat_interval_ms == 1000
+        )
         assert any(w["id"] == "raw-garbage" and w["state"] == "IDLE" for w in workers(addr))
         c.send(b"")  # an empty WorkerMessage: ignored
         c.send(wpb.WorkerMessage(job_ended=wpb.JobEnded(job_id="nope")).SerializeToString())
         c.send(b"\xff\xff\xff\xff\x0f garbage")  # not a WorkerMessage: the stream ends
-        wait_for(lambda ws: any(w["id"] == "raw-garbage" and w["state"] == "LOST" for w in ws), 5,
-                 "raw-garbage LOST", addr)
+        wait_for(
+            lambda ws: any(w["id"] == "raw-garbage" and w["state"] == "LOST" for w in ws),
+            5,
+            "raw-garbage LOST",
+            addr,
+        )
     finally:
         c.close()
     assert len(idle_local(workers(addr))) == 2
@@ -164,8 +218,12 @@ def test_silent_worker_is_lost(server):
     try:
         c.register("raw-silent")
         t0 = time.monotonic()
-        ws = wait_for(lambda ws: any(w["id"] == "raw-silent" and w["state"] == "LOST" for w in ws), 5,
-                      "raw-silent LOST", addr)
+        ws = wait_for(
+            lambda ws: any(w["id"] == "raw-silent" and w["state"] == "LOST" for w in ws),
+            5,
+            "raw-silent LOST",
+            addr,
+        )
         assert time.monotonic() - t0 > 2.5  # 3 missed intervals of 1 s
         [w] = [w for w in ws if w["id"] == "raw-silent"]
         assert "heartbeat" in w["lost_reason"], w
@@ -181,9 +239,16 @@ def test_refused_attachments(server):
     _, addr, _ = server
     ch = grpc.insecure_channel(addr)
     stub = wgrpc.WorkerServiceStub(ch)
-    reg = wpb.WorkerMessage(register_worker=wpb.Register(
-        protocol_version=wpb.WORKER_PROTOCOL_VERSION_1, worker_id="local-0", hostname="raw", pid=1,
-        device="cpu", capacity=1))
+    reg = wpb.WorkerMessage(
+        register_worker=wpb.Register(
+            protocol_version=wpb.WORKER_PROTOCOL_VERSION_1,
+            worker_id="local-0",
+            hostname="raw",
+            pid=1,
+            device="cpu",
+            capacity=1,
+        )
+    )
     with pytest.raises(grpc.RpcError) as e:
         list(stub.Attach(iter([reg]), timeout=10))
     assert e.value.code() == grpc.StatusCode.ALREADY_EXISTS, e.value
@@ -200,8 +265,12 @@ def test_refused_attachments(server):
 
 
 def test_unreachable_server_exits_3():
-    p = subprocess.run([fxdp_binary("FXDP_BIN", "fxdp"), "workers", "--server", f"127.0.0.1:{free_port()}"],
-                       capture_output=True, text=True, timeout=30)
+    p = subprocess.run(
+        [fxdp_binary("FXDP_BIN", "fxdp"), "workers", "--server", f"127.0.0.1:{free_port()}"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert p.returncode == 3, (p.returncode, p.stderr)
     assert "fxdp workers: server 127.0.0.1:" in p.stderr
 
@@ -211,7 +280,9 @@ def test_every_subcommand_takes_the_server_from_fxdp_server(server):
     _, addr, _ = server
     fxdp = fxdp_binary("FXDP_BIN", "fxdp")
     env = {**os.environ, "FXDP_SERVER": addr}
-    p = subprocess.run([fxdp, "workers", "--json"], capture_output=True, text=True, timeout=20, env=env)
+    p = subprocess.run(
+        [fxdp, "workers", "--json"], capture_output=True, text=True, timeout=20, env=env
+    )
     assert p.returncode == 0, p.stderr
     assert "local-0" in [w["id"] for w in json.loads(p.stdout)["workers"]]
     p = subprocess.run([fxdp, "jobs"], capture_output=True, text=True, timeout=20, env=env)

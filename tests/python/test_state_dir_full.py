@@ -17,11 +17,10 @@ from __future__ import annotations
 import os
 import subprocess
 
+import fxdp
 import grpc
 import pytest
 import torch
-
-import fxdp
 from _util import ATOL, RTOL, ServerProcess, fetch, traced
 from fxdp import zoo
 from fxdp.v1 import jobs_pb2 as jpb
@@ -33,7 +32,11 @@ SIZE = 2 << 20  # the tmpfs
 def full_disk(tmp_path):
     d = tmp_path / "state"
     d.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SIZE}", "tmpfs", str(d)], capture_output=True, text=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={SIZE}", "tmpfs", str(d)],
+        capture_output=True,
+        text=True,
+    )
     if r.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs (needs root): {r.stderr.strip()}")
     try:
@@ -85,7 +88,9 @@ def test_a_job_is_succeeded_only_once_its_state_and_record_are_on_disk(full_disk
         b = client.train(small, world_size=2, batches=[e.batch(0)])
         assert client.job(b.job_id).state == jpb.JOB_STATE_SUCCEEDED
 
-        fd = os.open(full_disk / "filler", os.O_WRONLY | os.O_CREAT)  # the disk full to the last byte
+        fd = os.open(
+            full_disk / "filler", os.O_WRONLY | os.O_CREAT
+        )  # the disk full to the last byte
         try:
             while os.write(fd, b"\0" * 4096) > 0:
                 pass
@@ -96,14 +101,20 @@ def test_a_job_is_succeeded_only_once_its_state_and_record_are_on_disk(full_disk
         with pytest.raises(fxdp.ServerError) as err:
             client.train(small, world_size=2, batches=[e.batch(0)])
         assert err.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED, str(err.value)
-        assert "No space left on device" in str(err.value) or "database or disk is full" in str(err.value), str(err.value)
+        assert "No space left on device" in str(err.value) or "database or disk is full" in str(
+            err.value
+        ), str(err.value)
         succeeded = {j.job_id for j in client.jobs() if j.state == jpb.JOB_STATE_SUCCEEDED}
         assert succeeded == {b.job_id}, succeeded
     (full_disk / "filler").unlink()
 
     with ServerProcess("--state-dir", full_disk) as server, fxdp.Client(server.address) as client:
         after = {j.job_id: j for j in client.jobs()}
-        assert {j for j, i in after.items() if i.state == jpb.JOB_STATE_SUCCEEDED} == {b.job_id}, after
-        assert after[a].state == jpb.JOB_STATE_FAILED and "state not saved" in after[a].error, after[a]
+        assert {j for j, i in after.items() if i.state == jpb.JOB_STATE_SUCCEEDED} == {
+            b.job_id
+        }, after
+        assert (
+            after[a].state == jpb.JOB_STATE_FAILED and "state not saved" in after[a].error
+        ), after[a]
         assert not after[a].has_state, after[a]
         assert all(torch.equal(v, b.state[k]) for k, v in fetch(server.jobs, b.job_id).items())

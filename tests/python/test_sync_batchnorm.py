@@ -14,15 +14,14 @@ import json
 import subprocess
 from typing import Dict, List
 
+import fxdp
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
-
-import fxdp
 from _util import ATOL, RTOL, fxdp_binary, local_server, run_ranks, traced
 from fxdp import zoo
+from safetensors.torch import load_file, save_file
 
 STEPS = 3
 TIMEOUT_S = 60
@@ -65,13 +64,22 @@ def trace_bnnet(loss: str, dtype=torch.float32) -> fxdp.TracedStep:
     model = BNNet().to(dtype)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss() if loss == "mean" else sum_ce
-    return fxdp.trace(model, opt, loss_fn, bn_batches(dtype)[0], batch_dim=0,
-                      input_names=("x", "target"))
+    return fxdp.trace(
+        model, opt, loss_fn, bn_batches(dtype)[0], batch_dim=0, input_names=("x", "target")
+    )
 
 
 def expand(graph: str, world: int, out: str, sync: bool) -> dict:
-    cmd = [fxdp_binary("FXDP_BIN", "fxdp"), "expand", graph, "--world-size", str(world), "-o", out,
-           "--json"] + (["--sync-batchnorm"] if sync else [])
+    cmd = [
+        fxdp_binary("FXDP_BIN", "fxdp"),
+        "expand",
+        graph,
+        "--world-size",
+        str(world),
+        "-o",
+        out,
+        "--json",
+    ] + (["--sync-batchnorm"] if sync else [])
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
@@ -90,15 +98,33 @@ def run_workers(tmp, step: fxdp.TracedStep, batches, world: int) -> dict:
     report = expand(graph, world, str(tmp / "x.pb"), sync=True)
     uneven = len({s["size"] for s in report["slices"]}) > 1
     template = str(tmp / "x.rank{rank}.pb") if uneven else str(tmp / "x.pb")
-    args = [fxdp_binary("FXDP_WORKER", "fxdp-worker"), "run", "--graph", template, "--state", state,
-            "--steps", str(STEPS), "--out", str(tmp / "final{rank}.safetensors"), "--timeout",
-            str(TIMEOUT_S), "--job", f"syncbn-n{world}"]
+    args = [
+        fxdp_binary("FXDP_WORKER", "fxdp-worker"),
+        "run",
+        "--graph",
+        template,
+        "--state",
+        state,
+        "--steps",
+        str(STEPS),
+        "--out",
+        str(tmp / "final{rank}.safetensors"),
+        "--timeout",
+        str(TIMEOUT_S),
+        "--job",
+        f"syncbn-n{world}",
+    ]
     for d in data:
         args += ["--data", d]
     outs = run_ranks(args, world, tmp, TIMEOUT_S + 30)
-    losses = [float(line.split()[3]) for line in outs[0][0].splitlines() if line.startswith("step ")]
-    return {"report": report, "losses": losses,
-            "finals": [load_file(str(tmp / f"final{r}.safetensors")) for r in range(world)]}
+    losses = [
+        float(line.split()[3]) for line in outs[0][0].splitlines() if line.startswith("step ")
+    ]
+    return {
+        "report": report,
+        "losses": losses,
+        "finals": [load_file(str(tmp / f"final{r}.safetensors")) for r in range(world)],
+    }
 
 
 def one_device(step: fxdp.TracedStep, batches):
@@ -109,8 +135,13 @@ def one_device(step: fxdp.TracedStep, batches):
     return state, losses
 
 
-def assert_equals_one_device(run: dict, ref_state: Dict[str, torch.Tensor], ref_losses: List[float],
-                             rtol: float = RTOL, atol: float = ATOL):
+def assert_equals_one_device(
+    run: dict,
+    ref_state: Dict[str, torch.Tensor],
+    ref_losses: List[float],
+    rtol: float = RTOL,
+    atol: float = ATOL,
+):
     finals = run["finals"]
     for r, f in enumerate(finals[1:], start=1):
         for k, v in finals[0].items():
@@ -121,8 +152,12 @@ def assert_equals_one_device(run: dict, ref_state: Dict[str, torch.Tensor], ref_
         assert got.dtype == want.dtype and got.shape == want.shape, k
         torch.testing.assert_close(got, want, rtol=rtol, atol=atol, msg=lambda m: f"{k}: {m}")
     # the worker prints losses with 8 significant digits
-    torch.testing.assert_close(torch.tensor(run["losses"], dtype=torch.float64),
-                               torch.tensor(ref_losses, dtype=torch.float64), rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(
+        torch.tensor(run["losses"], dtype=torch.float64),
+        torch.tensor(ref_losses, dtype=torch.float64),
+        rtol=RTOL,
+        atol=ATOL,
+    )
 
 
 # (loss reduction, dtype, rtol, atol). In float64 the rewrite is exact to rounding (1e-13 seen):
@@ -130,7 +165,10 @@ def assert_equals_one_device(run: dict, ref_state: Dict[str, torch.Tensor], ref_
 # the all-reduced partial sums round differently from one sum over the batch; with the loss
 # reduced by sum the gradients are B=10 times larger and so is that rounding (1.6e-6 seen on a
 # momentum buffer element of 0.04 at N=3), so the sum case is checked in float64.
-CASES = {"mean-f32": ("mean", torch.float32, RTOL, ATOL), "sum-f64": ("sum", torch.float64, 1e-9, 1e-11)}
+CASES = {
+    "mean-f32": ("mean", torch.float32, RTOL, ATOL),
+    "sum-f64": ("sum", torch.float64, 1e-9, 1e-11),
+}
 
 
 @pytest.mark.parametrize("case", ["mean-f32", "sum-f64"])
@@ -176,12 +214,34 @@ def test_default_stays_local_and_reports_say_which(tmp_path):
     # local statistics average the running statistics over ranks; global ones need nothing
     assert any(c["purpose"].startswith("sync bn.running") for c in local["collectives"])
     fxdp_bin = fxdp_binary("FXDP_BIN", "fxdp")
-    table = subprocess.run([fxdp_bin, "expand", graph, "--world-size", "2", "-o", str(tmp_path / "t.pb"),
-                            "--sync-batchnorm"], capture_output=True, text=True, check=True).stdout
+    table = subprocess.run(
+        [
+            fxdp_bin,
+            "expand",
+            graph,
+            "--world-size",
+            "2",
+            "-o",
+            str(tmp_path / "t.pb"),
+            "--sync-batchnorm",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "batch norm statistics: global" in table
-    for flag, word in (([], "local batch statistics"), (["--sync-batchnorm"], "global batch statistics")):
-        a = json.loads(subprocess.run([fxdp_bin, "analyze", graph, "--json", *flag], capture_output=True,
-                                      text=True, check=True).stdout)
+    for flag, word in (
+        ([], "local batch statistics"),
+        (["--sync-batchnorm"], "global batch statistics"),
+    ):
+        a = json.loads(
+            subprocess.run(
+                [fxdp_bin, "analyze", graph, "--json", *flag],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+        )
         bn = next(n for n in a["nodes"] if n["target"].startswith("aten::_native_batch_norm_legit"))
         assert word in bn["reason"], bn
         assert any(word in note for note in a["notes"]), a["notes"]
@@ -202,27 +262,69 @@ def test_client_and_cli_through_the_server(tmp_path):
         save_file({"x": x, "target": y}, data[-1])
     fxdp_bin = fxdp_binary("FXDP_BIN", "fxdp")
     with local_server(workers=2) as (address, log), fxdp.Client(address) as client:
-        assert client.expand(step, world_size=2, sync_batchnorm=True).report["batch_norm"] == "global"
+        assert (
+            client.expand(step, world_size=2, sync_batchnorm=True).report["batch_norm"] == "global"
+        )
         assert client.expand(step, world_size=2).report["batch_norm"] == "local"
         a = client.analyze(step, world_size=2, sync_batchnorm=True)
         assert any("global batch statistics" in note for note in a["notes"])
         result = client.train(step, world_size=2, batches=batches, sync_batchnorm=True)
         local = client.train(step, world_size=2, batches=batches)
-        r = subprocess.run([fxdp_bin, "expand", graph, "--world-size", "3", "-o", str(tmp_path / "x.pb"),
-                            "--sync-batchnorm", "--json", "--server", address], capture_output=True, text=True)
+        r = subprocess.run(
+            [
+                fxdp_bin,
+                "expand",
+                graph,
+                "--world-size",
+                "3",
+                "-o",
+                str(tmp_path / "x.pb"),
+                "--sync-batchnorm",
+                "--json",
+                "--server",
+                address,
+            ],
+            capture_output=True,
+            text=True,
+        )
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout)["batch_norm"] == "global"
-        r = subprocess.run([fxdp_bin, "run", graph, "--world-size", "2", "--state", state, *data,
-                            "--sync-batchnorm", "--out", str(tmp_path / "final.safetensors"), "--server",
-                            address], capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            [
+                fxdp_bin,
+                "run",
+                graph,
+                "--world-size",
+                "2",
+                "--state",
+                state,
+                *data,
+                "--sync-batchnorm",
+                "--out",
+                str(tmp_path / "final.safetensors"),
+                "--server",
+                address,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert r.returncode == 0, r.stdout + r.stderr
-    torch.testing.assert_close(torch.tensor(result.losses), torch.tensor(ref_losses), rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(
+        torch.tensor(result.losses), torch.tensor(ref_losses), rtol=RTOL, atol=ATOL
+    )
     cli_final = load_file(str(tmp_path / "final.safetensors"))
     for k, want in ref_state.items():
-        torch.testing.assert_close(result.state[k], want, rtol=RTOL, atol=ATOL, msg=lambda m: f"{k}: {m}")
-        torch.testing.assert_close(cli_final[k], want, rtol=RTOL, atol=ATOL, msg=lambda m: f"fxdp run: {k}: {m}")
+        torch.testing.assert_close(
+            result.state[k], want, rtol=RTOL, atol=ATOL, msg=lambda m: f"{k}: {m}"
+        )
+        torch.testing.assert_close(
+            cli_final[k], want, rtol=RTOL, atol=ATOL, msg=lambda m: f"fxdp run: {k}: {m}"
+        )
     # DDP's local statistics give other running statistics (and losses)
-    assert not torch.allclose(local.state["bn2d.running_var"], ref_state["bn2d.running_var"], rtol=1e-4)
+    assert not torch.allclose(
+        local.state["bn2d.running_var"], ref_state["bn2d.running_var"], rtol=1e-4
+    )
 
 
 class HFResNet(nn.Module):
@@ -233,8 +335,14 @@ class HFResNet(nn.Module):
         super().__init__()
         from transformers import ResNetConfig, ResNetForImageClassification
 
-        cfg = ResNetConfig(num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1],
-                           layer_type="basic", num_labels=3)
+        cfg = ResNetConfig(
+            num_channels=3,
+            embedding_size=8,
+            hidden_sizes=[8, 16],
+            depths=[1, 1],
+            layer_type="basic",
+            num_labels=3,
+        )
         self.net = ResNetForImageClassification(cfg)
 
     def forward(self, x):
@@ -252,7 +360,9 @@ def test_hf_resnet_equals_one_device(tmp_path, world):
     model = HFResNet()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     batches = [resnet_batch(i) for i in range(STEPS)]
-    step = fxdp.trace(model, opt, nn.CrossEntropyLoss(), batches[0], batch_dim=0, input_names=("x", "target"))
+    step = fxdp.trace(
+        model, opt, nn.CrossEntropyLoss(), batches[0], batch_dim=0, input_names=("x", "target")
+    )
     run = run_workers(tmp_path, step, batches, world)
     n_bn = sum(isinstance(m, nn.BatchNorm2d) for m in model.modules())
     assert n_bn == 6

@@ -26,15 +26,14 @@ import math
 import os
 import subprocess
 
+import fxdp
 import pytest
 import torch
 import torch.nn as nn
-from safetensors.torch import load_file, save_file
-
-import fxdp
 from _util import ATOL, RTOL, free_port, fxdp_binary
 from fxdp import schedule as S
 from fxdp import zoo
+from safetensors.torch import load_file, save_file
 
 O = torch.optim
 STEPS = 3
@@ -42,7 +41,9 @@ STEPS = 3
 
 def warmup_decay(opt):
     """Linear warmup then cosine decay: lr changes every step."""
-    return O.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 2) * 0.5 * (1 + math.cos(math.pi * s / 8)))
+    return O.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / 2) * 0.5 * (1 + math.cos(math.pi * s / 8))
+    )
 
 
 def accumulating_step(loss_fn, k, max_norm, batch_dim=0):
@@ -83,7 +84,9 @@ def run_eager(train_step, model, opt, sched, batches, steps=STEPS):
 
 def assert_params(state, model, rtol=RTOL, atol=ATOL):
     for n, p in model.named_parameters():
-        torch.testing.assert_close(state[n], p.detach(), rtol=rtol, atol=atol, msg=lambda m: f"{n}: {m}")
+        torch.testing.assert_close(
+            state[n], p.detach(), rtol=rtol, atol=atol, msg=lambda m: f"{n}: {m}"
+        )
     for n, b in model.named_buffers():
         torch.testing.assert_close(state[n], b, rtol=rtol, atol=atol, msg=lambda m: f"{n}: {m}")
 
@@ -103,11 +106,19 @@ def test_zoo_step_with_schedule_clipping_and_micro_batches_matches_eager(name):
 
     batches = [e.batch(i) for i in range(STEPS)]
     m, o, sched = make()
-    step = fxdp.trace_step(train_step, m, o, batches[0], batch_dim=e.batch_dim, input_names=e.input_names)
-    assert step.hyperparameter_names() == ["optim.group0.lr", "optim.group0.beta1", "optim.group0.beta2",
-                                           "optim.group0.weight_decay"]
+    step = fxdp.trace_step(
+        train_step, m, o, batches[0], batch_dim=e.batch_dim, input_names=e.input_names
+    )
+    assert step.hyperparameter_names() == [
+        "optim.group0.lr",
+        "optim.group0.beta1",
+        "optim.group0.beta2",
+        "optim.group0.weight_decay",
+    ]
     state, losses, values = run_traced(step, batches, sched)
-    assert len({v["optim.group0.lr"] for v in values}) == STEPS  # the schedule changes lr every step
+    assert (
+        len({v["optim.group0.lr"] for v in values}) == STEPS
+    )  # the schedule changes lr every step
     m2, o2, s2 = make()
     want = run_eager(train_step, m2, o2, s2, batches)
     assert_params(state, m2)
@@ -134,7 +145,11 @@ OPTIMIZER_CASES = [
     (O.AdamW, dict(lr=0.01, weight_decay=0.1, maximize=True, betas=(0.8, 0.95)), False),
     (O.RMSprop, dict(lr=0.01, momentum=0.9, centered=True, weight_decay=0.01), True),
     (O.RMSprop, dict(lr=0.01, alpha=0.9), False),
-    (O.Adagrad, dict(lr=0.1, lr_decay=0.01, weight_decay=0.01, initial_accumulator_value=0.1), True),
+    (
+        O.Adagrad,
+        dict(lr=0.1, lr_decay=0.01, weight_decay=0.01, initial_accumulator_value=0.1),
+        True,
+    ),
     (O.Adagrad, dict(lr=0.1), False),
     (O.Adadelta, dict(lr=1.0, rho=0.8, weight_decay=0.01), True),
     (O.Adamax, dict(lr=0.01, weight_decay=0.01), False),
@@ -162,9 +177,15 @@ def _mse(out, y):
     return torch.nn.functional.mse_loss(out, y)
 
 
-@pytest.mark.parametrize("cls,kw,foreach", OPTIMIZER_CASES,
-                         ids=[f"{c.__name__}-{'-'.join(k for k in kw if k != 'lr') or 'default'}-"
-                              f"{'foreach' if f else 'single'}" for c, kw, f in OPTIMIZER_CASES])
+@pytest.mark.parametrize(
+    "cls,kw,foreach",
+    OPTIMIZER_CASES,
+    ids=[
+        f"{c.__name__}-{'-'.join(k for k in kw if k != 'lr') or 'default'}-"
+        f"{'foreach' if f else 'single'}"
+        for c, kw, f in OPTIMIZER_CASES
+    ],
+)
 def test_every_optimizer_matches_eager(cls, kw, foreach):
     train_step = accumulating_step(_mse, 2, 0.05)
 
@@ -204,8 +225,10 @@ def test_tensor_lr_param_groups_and_autograd_grad():
 
     def make():
         m = _mlp()
-        o = O.Adam([{"params": m[0].parameters()}, {"params": m[2].parameters(), "lr": 0.05}],
-                   lr=torch.tensor(0.01))
+        o = O.Adam(
+            [{"params": m[0].parameters()}, {"params": m[2].parameters(), "lr": 0.05}],
+            lr=torch.tensor(0.01),
+        )
         return m, o, O.lr_scheduler.ExponentialLR(o, gamma=0.5)
 
     batches = _mlp_batches()
@@ -217,7 +240,9 @@ def test_tensor_lr_param_groups_and_autograd_grad():
     assert values[1]["optim.group1.lr"] == pytest.approx(0.025)
     state = step.initial_state()
     for i in range(STEPS):
-        state, loss, outs = step.run_local(state, batches[i], hyperparameters=values[i], outputs=True)
+        state, loss, outs = step.run_local(
+            state, batches[i], hyperparameters=values[i], outputs=True
+        )
     m2, o2, s2 = make()
     for i in range(STEPS):
         out = train_step(m2, o2, batches[i])
@@ -250,7 +275,9 @@ def test_two_losses_clip_grad_value_and_a_dict_batch():
     values = S.schedule_values(sched, STEPS, step)
     state = step.initial_state()
     for i in range(STEPS):
-        state, loss, outs = step.run_local(state, batches[i], hyperparameters=values[i], outputs=True)
+        state, loss, outs = step.run_local(
+            state, batches[i], hyperparameters=values[i], outputs=True
+        )
     m2, o2, s2 = make()
     for i in range(STEPS):
         want = train_step(m2, o2, batches[i])
@@ -279,7 +306,10 @@ def test_compile_decorator_trains_the_live_model_like_eager():
         sched.step()
         s2.step()
         torch.testing.assert_close(loss, want, rtol=RTOL, atol=ATOL)
-    assert compiled.traced is not None and compiled.traced.hyperparameter_names()[0] == "optim.group0.lr"
+    assert (
+        compiled.traced is not None
+        and compiled.traced.hyperparameter_names()[0] == "optim.group0.lr"
+    )
     inner(m, o, batches[3])  # eager continues from the state the graph wrote
     inner(m2, o2, batches[3])
     for (n, p), p2 in zip(m.named_parameters(), m2.parameters()):
@@ -292,10 +322,15 @@ def test_guards_refuse_values_that_change_the_code_path():
     m = _mlp()
     o = O.SGD(m.parameters(), lr=0.1, momentum=0.9)
     step = fxdp.trace_step(accumulating_step(_mse, 1, 1.0), m, o, _mlp_batches()[0])
-    assert S.hyperparameter_guards(step) == {"optim.group0.momentum != 0": True,
-                                             "optim.group0.weight_decay != 0": False}
-    with pytest.raises(ValueError, match=r"step 2: optim.group0.weight_decay = 0.1 makes "
-                                         r"'optim.group0.weight_decay != 0' True"):
+    assert S.hyperparameter_guards(step) == {
+        "optim.group0.momentum != 0": True,
+        "optim.group0.weight_decay != 0": False,
+    }
+    with pytest.raises(
+        ValueError,
+        match=r"step 2: optim.group0.weight_decay = 0.1 makes "
+        r"'optim.group0.weight_decay != 0' True",
+    ):
         S.schedule_values([{}, {"optim.group0.weight_decay": 0.1}], 2, step)
     S.schedule_values([{"optim.group0.momentum": 0.5}], 1, step)  # same side: fine
 
@@ -353,9 +388,14 @@ def test_readme_training_loop():
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 5))
         opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
-        sched = torch.optim.lr_scheduler.SequentialLR(opt, [
-            torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.01, total_iters=100),
-            torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=900)], milestones=[100])
+        sched = torch.optim.lr_scheduler.SequentialLR(
+            opt,
+            [
+                torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.01, total_iters=100),
+                torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=900),
+            ],
+            milestones=[100],
+        )
         return model, opt, sched
 
     def train_step(model, opt, batch):
@@ -372,7 +412,10 @@ def test_readme_training_loop():
         return total
 
     g = torch.Generator().manual_seed(2)
-    batches = [(torch.randn(16, 8, generator=g), torch.randint(0, 5, (16,), generator=g)) for _ in range(STEPS)]
+    batches = [
+        (torch.randn(16, 8, generator=g), torch.randint(0, 5, (16,), generator=g))
+        for _ in range(STEPS)
+    ]
     model, opt, sched = make()
     step = fxdp.trace_step(train_step, model, opt, batches[0])
     state = step.initial_state()
@@ -400,8 +443,10 @@ def test_control_flow_on_a_tensor_names_the_users_line():
             opt.step()
         return loss
 
-    with pytest.raises(fxdp.TraceError, match=r"data-dependent control flow.*test_trace_step.py:\d+ "
-                                              r"\(if loss > 1.0:"):
+    with pytest.raises(
+        fxdp.TraceError,
+        match=r"data-dependent control flow.*test_trace_step.py:\d+ " r"\(if loss > 1.0:",
+    ):
         _trace(train_step)
 
 
@@ -414,7 +459,9 @@ def test_gradscaler_is_refused():
         scaler.update()
         return loss
 
-    with pytest.raises(fxdp.TraceError, match=r"GradScaler cannot be traced.*inf/nan.*test_trace_step.py"):
+    with pytest.raises(
+        fxdp.TraceError, match=r"GradScaler cannot be traced.*inf/nan.*test_trace_step.py"
+    ):
         _trace(train_step)
 
 
@@ -435,7 +482,9 @@ def test_step_twice_or_never():
         loss.backward()
         return loss
 
-    with pytest.raises(fxdp.TraceError, match=r"more than once \(again at .*test_trace_step.py:\d+\)"):
+    with pytest.raises(
+        fxdp.TraceError, match=r"more than once \(again at .*test_trace_step.py:\d+\)"
+    ):
         _trace(twice)
     with pytest.raises(fxdp.TraceError, match="never calls optimizer.step"):
         _trace(never)
@@ -455,7 +504,9 @@ def test_tracing_leaves_model_and_optimizer_unchanged():
 
 
 def _cli(*args, timeout=60):
-    r = subprocess.run([fxdp_binary("FXDP_BIN", "fxdp"), *args], capture_output=True, text=True, timeout=timeout)
+    r = subprocess.run(
+        [fxdp_binary("FXDP_BIN", "fxdp"), *args], capture_output=True, text=True, timeout=timeout
+    )
     assert r.returncode == 0, r.stderr
     return r.stdout
 
@@ -463,8 +514,13 @@ def _cli(*args, timeout=60):
 def test_analysis_all_reduces_grad_of_before_clipping_once_per_step(tmp_path):
     e = zoo.get("transformer")
     m = e.model(0)
-    step = fxdp.trace_step(accumulating_step(e.loss_fn, 3, 0.05), m, O.AdamW(m.parameters(), lr=1e-2),
-                           e.batch(0), input_names=e.input_names)
+    step = fxdp.trace_step(
+        accumulating_step(e.loss_fn, 3, 0.05),
+        m,
+        O.AdamW(m.parameters(), lr=1e-2),
+        e.batch(0),
+        input_names=e.input_names,
+    )
     path = tmp_path / "t.pb"
     step.save(path)
     a = json.loads(_cli("analyze", str(path), "--world-size", "2", "--json"))
@@ -478,7 +534,9 @@ def test_analysis_all_reduces_grad_of_before_clipping_once_per_step(tmp_path):
     # batch's), one scalar sum per micro-batch
     counts = [r for r in a["reductions"] if not r["grad_of"]]
     assert len(counts) == 3 and all(r["op"] == "sum" for r in counts), counts
-    x = json.loads(_cli("expand", str(path), "--world-size", "2", "-o", str(tmp_path / "x.pb"), "--json"))
+    x = json.loads(
+        _cli("expand", str(path), "--world-size", "2", "-o", str(tmp_path / "x.pb"), "--json")
+    )
     g = fxdp.load(tmp_path / "x.pb").graph
     reduces = [n for n in g.nodes if n.target.name == "_c10d_functional::all_reduce"]
     # one per bucket, plus the loss (all-reduced once, not per micro-batch), plus the 3 total weights
@@ -486,16 +544,46 @@ def test_analysis_all_reduces_grad_of_before_clipping_once_per_step(tmp_path):
 
 
 def _worker_run(graph_template, state, data, out_template, world, extra=()):
-    args = [fxdp_binary("FXDP_WORKER", "fxdp-worker"), "run", "--graph", graph_template, "--state", state,
-            "--steps", str(STEPS), "--out", out_template, "--timeout", "60", *extra]
+    args = [
+        fxdp_binary("FXDP_WORKER", "fxdp-worker"),
+        "run",
+        "--graph",
+        graph_template,
+        "--state",
+        state,
+        "--steps",
+        str(STEPS),
+        "--out",
+        out_template,
+        "--timeout",
+        "60",
+        *extra,
+    ]
     for d in data:
         args += ["--data", d]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")
+    }
     port = free_port()
-    procs = [subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env={**env, "RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r),
-                                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-             for r in range(world)]
+    procs = [
+        subprocess.Popen(
+            args,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={
+                **env,
+                "RANK": str(r),
+                "WORLD_SIZE": str(world),
+                "LOCAL_RANK": str(r),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+            },
+        )
+        for r in range(world)
+    ]
     for r, p in enumerate(procs):
         _, err = p.communicate(timeout=120)
         assert p.returncode == 0, f"rank {r}: {err}"
@@ -504,9 +592,9 @@ def _worker_run(graph_template, state, data, out_template, world, extra=()):
 WORKER_CASES = [  # (model, world, batch, micro-batches, autocast): the small MLP with AdamW, zoo models with SGD
     ("mlp8", 2, 12, 2, False),
     ("mlp8", 3, 12, 2, False),
-    ("mlp8", 2, 7, 1, False),   # uneven: 4, 3
-    ("mlp8", 3, 8, 1, False),   # uneven: 3, 3, 2
-    ("mlp8", 2, 12, 2, True),   # bf16 autocast
+    ("mlp8", 2, 7, 1, False),  # uneven: 4, 3
+    ("mlp8", 3, 8, 1, False),  # uneven: 3, 3, 2
+    ("mlp8", 2, 12, 2, True),  # bf16 autocast
     ("seqfirst", 3, 12, 2, False),  # batch dim 1, micro-batches along it
     ("transformer", 4, 6, 1, False),  # uneven: 2, 2, 1, 1
 ]
@@ -516,17 +604,33 @@ def _worker_case(name, b):
     """(model, optimizer, loss_fn, batches, batch_dim, input_names) for a worker case."""
     if name == "mlp8":
         m = _mlp()
-        return m, O.AdamW(m.parameters(), lr=1e-2, weight_decay=0.01), _mse, _mlp_batches(b=b), 0, ("input.0", "input.1")
+        return (
+            m,
+            O.AdamW(m.parameters(), lr=1e-2, weight_decay=0.01),
+            _mse,
+            _mlp_batches(b=b),
+            0,
+            ("input.0", "input.1"),
+        )
     e = zoo.get(name)
     m = e.model(0)
     batches = [e.batch(i) for i in range(STEPS)]
     assert batches[0][0].shape[e.batch_dim] == b
-    return m, O.SGD(m.parameters(), lr=0.05, momentum=0.9, nesterov=True), e.loss_fn, batches, e.batch_dim, \
-        e.input_names or ("input.0", "input.1")
+    return (
+        m,
+        O.SGD(m.parameters(), lr=0.05, momentum=0.9, nesterov=True),
+        e.loss_fn,
+        batches,
+        e.batch_dim,
+        e.input_names or ("input.0", "input.1"),
+    )
 
 
-@pytest.mark.parametrize("name,world,b,k,bf16", WORKER_CASES,
-                         ids=[f"{m}-n{w}-b{b}-k{k}{'-bf16' if a else ''}" for m, w, b, k, a in WORKER_CASES])
+@pytest.mark.parametrize(
+    "name,world,b,k,bf16",
+    WORKER_CASES,
+    ids=[f"{m}-n{w}-b{b}-k{k}{'-bf16' if a else ''}" for m, w, b, k, a in WORKER_CASES],
+)
 def test_workers_equal_one_device_with_a_schedule(tmp_path, name, world, b, k, bf16):
     m, opt, loss_fn, batches, bdim, names = _worker_case(name, b)
     inner = accumulating_step(loss_fn, k, 0.05, bdim)
@@ -547,13 +651,28 @@ def test_workers_equal_one_device_with_a_schedule(tmp_path, name, world, b, k, b
     for i, (x, y) in enumerate(batches):
         save_file({names[0]: x, names[1]: y}, str(tmp_path / f"d{i}.safetensors"))
         data.append(str(tmp_path / f"d{i}.safetensors"))
-    x = json.loads(_cli("expand", str(tmp_path / "g.pb"), "--world-size", str(world), "-o",
-                        str(tmp_path / "x.pb"), "--json"))
+    x = json.loads(
+        _cli(
+            "expand",
+            str(tmp_path / "g.pb"),
+            "--world-size",
+            str(world),
+            "-o",
+            str(tmp_path / "x.pb"),
+            "--json",
+        )
+    )
     uneven = len({s["size"] for s in x["slices"]}) > 1
     assert uneven == (b % world != 0)
     tmpl = str(tmp_path / ("x.rank{rank}.pb" if uneven else "x.pb"))
-    _worker_run(tmpl, str(tmp_path / "s.safetensors"), data, str(tmp_path / "f{rank}.safetensors"), world,
-                ["--schedule", str(tmp_path / "sched.json")])
+    _worker_run(
+        tmpl,
+        str(tmp_path / "s.safetensors"),
+        data,
+        str(tmp_path / "f{rank}.safetensors"),
+        world,
+        ["--schedule", str(tmp_path / "sched.json")],
+    )
     finals = [load_file(str(tmp_path / f"f{r}.safetensors")) for r in range(world)]
     tol = dict(rtol=2e-2, atol=1e-3) if bf16 else dict(rtol=RTOL, atol=ATOL)
     for r, f in enumerate(finals):
@@ -564,11 +683,24 @@ def test_workers_equal_one_device_with_a_schedule(tmp_path, name, world, b, k, b
 
 def test_micro_batches_that_do_not_split_over_ranks_are_refused(tmp_path):
     m = _mlp()
-    step = fxdp.trace_step(accumulating_step(_mse, 2, 0.05), m, O.SGD(m.parameters(), lr=0.1),
-                           _mlp_batches(b=6)[0])
+    step = fxdp.trace_step(
+        accumulating_step(_mse, 2, 0.05), m, O.SGD(m.parameters(), lr=0.1), _mlp_batches(b=6)[0]
+    )
     step.save(tmp_path / "g.pb")
-    r = subprocess.run([fxdp_binary("FXDP_BIN", "fxdp"), "expand", str(tmp_path / "g.pb"), "--world-size", "2",
-                        "-o", str(tmp_path / "x.pb")], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [
+            fxdp_binary("FXDP_BIN", "fxdp"),
+            "expand",
+            str(tmp_path / "g.pb"),
+            "--world-size",
+            "2",
+            "-o",
+            str(tmp_path / "x.pb"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode != 0
     assert "splits its batch of 6 samples into 2 micro-batches of 3" in r.stderr
     assert "make the batch a multiple of 4" in r.stderr

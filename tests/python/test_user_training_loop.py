@@ -26,10 +26,9 @@ from __future__ import annotations
 import copy
 import math
 
+import fxdp
 import pytest
 import torch
-
-import fxdp
 from _util import ATOL, RTOL, local_server
 
 transformers = pytest.importorskip("transformers")
@@ -41,17 +40,33 @@ LR = 1e-3
 
 def make(bf16: bool, hf_schedule: bool = False):
     torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
-        vocab_size=V, n_positions=16, n_embd=32, n_layer=2, n_head=2,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    model = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(
+            vocab_size=V,
+            n_positions=16,
+            n_embd=32,
+            n_layer=2,
+            n_head=2,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        )
+    )
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.1)
     if hf_schedule:  # transformers' warmup + cosine (a LambdaLR): lr = 0 at step 1
-        sched = transformers.get_cosine_schedule_with_warmup(opt, num_warmup_steps=2, num_training_steps=STEPS)
+        sched = transformers.get_cosine_schedule_with_warmup(
+            opt, num_warmup_steps=2, num_training_steps=STEPS
+        )
     else:
-        sched = torch.optim.lr_scheduler.SequentialLR(opt, [
-            torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.25, total_iters=2),   # warmup
-            torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=STEPS - 2)], milestones=[2])  # cosine
+        sched = torch.optim.lr_scheduler.SequentialLR(
+            opt,
+            [
+                torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.25, total_iters=2),  # warmup
+                torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=STEPS - 2),
+            ],
+            milestones=[2],
+        )  # cosine
 
     def train_step(model, opt, batch):  # the user's eager step, unchanged
         total = 0.0
@@ -91,7 +106,7 @@ def eager_ddp(bf16: bool):
         ids = b["input_ids"]
         grads, total = [], 0.0
         for r in range(WORLD):
-            rows = ids[r * B // WORLD:(r + 1) * B // WORLD]
+            rows = ids[r * B // WORLD : (r + 1) * B // WORLD]
             replica = copy.deepcopy(model)
             for mb in rows.chunk(ACCUM):
                 with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
@@ -138,10 +153,17 @@ KEY_BIAS_ATOL = 1e-5
 def assert_close_except_key_bias(name, got, want, rtol, atol, what):
     if "attn.c_attn.bias" in name:
         e = want.shape[-1] // 3  # [q | k | v]
-        torch.testing.assert_close(got[e:2 * e], want[e:2 * e], rtol=rtol, atol=KEY_BIAS_ATOL,
-                                   msg=lambda m: f"{what}: {name} (key bias): {m}")
-        got, want = torch.cat([got[:e], got[2 * e:]]), torch.cat([want[:e], want[2 * e:]])
-    torch.testing.assert_close(got, want, rtol=rtol, atol=atol, msg=lambda m: f"{what}: {name}: {m}")
+        torch.testing.assert_close(
+            got[e : 2 * e],
+            want[e : 2 * e],
+            rtol=rtol,
+            atol=KEY_BIAS_ATOL,
+            msg=lambda m: f"{what}: {name} (key bias): {m}",
+        )
+        got, want = torch.cat([got[:e], got[2 * e :]]), torch.cat([want[:e], want[2 * e :]])
+    torch.testing.assert_close(
+        got, want, rtol=rtol, atol=atol, msg=lambda m: f"{what}: {name}: {m}"
+    )
 
 
 def assert_state_equals(state, model, opt, rtol, atol, what):
@@ -153,12 +175,16 @@ def assert_state_equals(state, model, opt, rtol, atol, what):
             key = f"optim.{names[id(p)]}.{k}"
             want = v.to(state[key].dtype)
             if want.dim() == 0:
-                torch.testing.assert_close(state[key], want, rtol=rtol, atol=atol, msg=lambda m: f"{what}: {key}: {m}")
+                torch.testing.assert_close(
+                    state[key], want, rtol=rtol, atol=atol, msg=lambda m: f"{what}: {key}: {m}"
+                )
             else:
                 assert_close_except_key_bias(key, state[key], want, rtol, atol, what)
 
 
-@pytest.mark.parametrize("hf_schedule", [False, True], ids=["SequentialLR", "get_cosine_schedule_with_warmup"])
+@pytest.mark.parametrize(
+    "hf_schedule", [False, True], ids=["SequentialLR", "get_cosine_schedule_with_warmup"]
+)
 def test_fp32_loop_on_two_ranks_equals_one_device(server, hf_schedule):
     r = train_on_server(server[0], bf16=False, hf_schedule=hf_schedule)
     model, opt, losses = eager_one_device(bf16=False, hf_schedule=hf_schedule)
@@ -186,7 +212,9 @@ def test_bf16_autocast_loop_on_two_ranks_equals_ddp_and_one_device(server):
     # update is 0.5% off eager DDP and 3% off one device (one device in bf16 vs fp32: 4%).
     torch.testing.assert_close(torch.tensor(r.losses), torch.tensor(ddp_losses), rtol=1e-3, atol=0)
     torch.testing.assert_close(torch.tensor(r.losses), torch.tensor(losses), rtol=1e-3, atol=0)
-    assert r.losses[0] == ddp_losses[0]  # step 1 runs the same bf16 micro-batches on the same parameters
+    assert (
+        r.losses[0] == ddp_losses[0]
+    )  # step 1 runs the same bf16 micro-batches on the same parameters
     assert relative_update_error(r.state, ddp) < 0.02
     assert relative_update_error(r.state, one) < 0.1
 
@@ -200,8 +228,15 @@ def test_warmup_from_lr_zero_leaves_zero_gradient_parameters_unchanged(cls, fore
     same updates as eager for the following steps."""
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)
-    opt = cls(model.parameters(), lr=1e-2, weight_decay=0.1 if cls is torch.optim.AdamW else 0.0, foreach=foreach)
-    sched = transformers.get_cosine_schedule_with_warmup(opt, num_warmup_steps=2, num_training_steps=4)
+    opt = cls(
+        model.parameters(),
+        lr=1e-2,
+        weight_decay=0.1 if cls is torch.optim.AdamW else 0.0,
+        foreach=foreach,
+    )
+    sched = transformers.get_cosine_schedule_with_warmup(
+        opt, num_warmup_steps=2, num_training_steps=4
+    )
     assert opt.param_groups[0]["lr"] == 0.0
 
     def train_step(model, opt, batch):

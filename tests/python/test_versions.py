@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import re
 
+import fxdp
 import pytest
 import torch
-
-import fxdp
 from fxdp import versions, zoo
 
 
@@ -19,7 +18,10 @@ def test_2_13_is_accepted(v):
 @pytest.mark.parametrize("v", ["2.4.0", "2.12.1+cpu", "2.14.0", "3.0.0", "nightly"])
 def test_other_versions_are_refused_naming_them(v, monkeypatch):
     monkeypatch.delenv(versions.ALLOW_ENV, raising=False)
-    with pytest.raises(fxdp.TraceError, match=rf"torch {re.escape(v)} is not supported: fxdp traces with torch 2\.13\.x"):
+    with pytest.raises(
+        fxdp.TraceError,
+        match=rf"torch {re.escape(v)} is not supported: fxdp traces with torch 2\.13\.x",
+    ):
         versions.check_torch(v)
     monkeypatch.setenv(versions.ALLOW_ENV, "1")
     versions.check_torch(v)

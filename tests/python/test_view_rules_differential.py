@@ -37,6 +37,7 @@ aten = torch.ops.aten
 
 # ---- text form: mirrors DimSpec::ToString / DimMapToString (analysis/dim_spec.cc) ----------------
 
+
 def fmt(d) -> str:
     if isinstance(d, V.Singleton):
         return "S"
@@ -61,6 +62,7 @@ def fmt_map(m) -> str:
 
 # ---- torch's rules, called the way DTensor calls them --------------------------------------
 
+
 class _Arg:
     """Stands in for the OpStrategy DTensor passes as args_schema[0]: only .shape and .ndim."""
 
@@ -80,7 +82,8 @@ RULES = {
     "aten::expand": lambda x, size, out: M[torch.Tensor.expand](x, size),
     "aten::expand_copy": lambda x, size, out: M[torch.Tensor.expand](x, size),
     "aten::flatten.using_ints": lambda x, s, e, out: V.dim_flatten(
-        x.ndim, s % max(x.ndim, 1), e % max(x.ndim, 1)),
+        x.ndim, s % max(x.ndim, 1), e % max(x.ndim, 1)
+    ),
     "aten::movedim.int": lambda x, s, d, out: M[torch.movedim](x, s, d),
     "aten::movedim.intlist": lambda x, s, d, out: M[torch.movedim](x, s, d),
     "aten::permute": lambda x, dims, out: M[torch.permute](x, dims),
@@ -108,6 +111,7 @@ RULES = {
 # [View Rule Divergences]: where torch's map has a different rank from the op's output, each
 # function returns the map the C++ side gives instead (text form), or None when it does not apply.
 
+
 def squeeze_keeps_size0_dims(op, shape, args):
     """torch's squeeze rule drops targeted dims of size <= 1; the op drops only size-1 dims."""
     if not op.startswith("aten::squeeze"):
@@ -115,8 +119,9 @@ def squeeze_keeps_size0_dims(op, shape, args):
     n = max(len(shape), 1)
     dims = args[0] if args and isinstance(args[0], list) else args
     targets = {d % n for d in dims} if args else set(range(len(shape)))
-    return "(" + ", ".join(f"In{i}" for i, s in enumerate(shape)
-                           if s != 1 or i not in targets) + ")"
+    return (
+        "(" + ", ".join(f"In{i}" for i, s in enumerate(shape) if s != 1 or i not in targets) + ")"
+    )
 
 
 def view_as_complex_1d_is_0d(op, shape, args):
@@ -197,7 +202,8 @@ def expected(op, shape, args, stats):
                 stats["divergence: " + divergence.__name__] += 1
                 return "OK " + corrected
         raise AssertionError(
-            f"unexplained rank mismatch: {op}{shape} {args}: {fmt_map(dim_map)} vs {out}")
+            f"unexplained rank mismatch: {op}{shape} {args}: {fmt_map(dim_map)} vs {out}"
+        )
     if op != "aten::view_as_complex" and 0 not in shape:  # the oracle itself is sane
         sizes = tuple(_dim_size(d, shape) for d in dim_map)
         assert sizes == out, f"{op}{shape} {args}: {fmt_map(dim_map)} sizes {sizes} vs {out}"
@@ -206,9 +212,12 @@ def expected(op, shape, args, stats):
 
 # ---- case generation ---------------------------------------------------------------------
 
+
 def _shape(rng, max_rank=6):
-    return [rng.choice([0, 1, 1, 1, 2, 2, 3, 4, 5, 6]) if rng.random() > 0.03 else 0
-            for _ in range(rng.randint(0, max_rank))]
+    return [
+        rng.choice([0, 1, 1, 1, 2, 2, 3, 4, 5, 6]) if rng.random() > 0.03 else 0
+        for _ in range(rng.randint(0, max_rank))
+    ]
 
 
 def _dim(rng, ndim, extra=0):
@@ -243,7 +252,7 @@ def _target_shape(rng, shape):
     while i < len(shape):  # regroup runs of adjacent dims
         k = rng.choice([1, 1, 1, 2, 3])
         prod = 1
-        for s in shape[i:i + k]:
+        for s in shape[i : i + k]:
             prod *= s
         out += _factors(rng, prod) if rng.random() < 0.6 else [prod]
         i += k
@@ -404,8 +413,10 @@ def test_view_rules_match_torch(record_property):
         if status != want:
             mismatches.append(f"{req}: torch {want!r}, fxdp {have!r}")
     n, ok = len(cases), sum(want != "ERR" for _, want in cases)
-    summary = (f"{n} cases ({ok} maps, {n - ok} errors) in {time.perf_counter() - start:.1f}s; "
-               + ", ".join(f"{k} {v}" for k, v in stats.items()))
+    summary = (
+        f"{n} cases ({ok} maps, {n - ok} errors) in {time.perf_counter() - start:.1f}s; "
+        + ", ".join(f"{k} {v}" for k, v in stats.items())
+    )
     print(summary)
     record_property("cases", n)
     record_property("summary", summary)

@@ -26,7 +26,6 @@ Binaries: $FXDP_WORKER (default build/bin/fxdp-worker), $FXDP_BIN (build/bin/fxd
 
 from __future__ import annotations
 
-import os
 import queue
 import signal
 import subprocess
@@ -38,7 +37,6 @@ from typing import Dict, List, Optional
 import grpc
 import pytest
 import torch
-
 from _util import ATOL, RTOL, balanced_slices, free_port, fxdp_binary, local_steps, traced
 from fxdp import zoo
 from fxdp.v1 import graph_pb2 as gpb
@@ -49,9 +47,16 @@ HEARTBEAT_MS = 200
 WAIT_S = 30  # generous bound for anything a worker is asked to do here
 
 TO_WIRE = {
-    torch.float32: gpb.FLOAT32, torch.float64: gpb.FLOAT64, torch.float16: gpb.FLOAT16,
-    torch.bfloat16: gpb.BFLOAT16, torch.int64: gpb.INT64, torch.int32: gpb.INT32,
-    torch.int16: gpb.INT16, torch.int8: gpb.INT8, torch.uint8: gpb.UINT8, torch.bool: gpb.BOOL,
+    torch.float32: gpb.FLOAT32,
+    torch.float64: gpb.FLOAT64,
+    torch.float16: gpb.FLOAT16,
+    torch.bfloat16: gpb.BFLOAT16,
+    torch.int64: gpb.INT64,
+    torch.int32: gpb.INT32,
+    torch.int16: gpb.INT16,
+    torch.int8: gpb.INT8,
+    torch.uint8: gpb.UINT8,
+    torch.bool: gpb.BOOL,
 }
 FROM_WIRE = {v: k for k, v in TO_WIRE.items()}
 
@@ -66,8 +71,10 @@ def chunks_of(name: str, t: torch.Tensor, chunk_bytes: int):
     data = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
     off = 0
     while True:
-        piece = data[off:off + chunk_bytes]
-        yield wpb.TensorChunk(name=name, dtype=TO_WIRE[t.dtype], shape=list(t.shape), offset=off, data=piece)
+        piece = data[off : off + chunk_bytes]
+        yield wpb.TensorChunk(
+            name=name, dtype=TO_WIRE[t.dtype], shape=list(t.shape), offset=off, data=piece
+        )
         off += len(piece)
         if off >= len(data):
             return
@@ -84,15 +91,22 @@ class Assembler:
         if self._name is None:
             assert c.offset == 0 and c.name not in self.tensors, c.name
             self._name, self._buf, self._meta = c.name, bytearray(), (c.dtype, tuple(c.shape))
-        assert c.name == self._name and c.offset == len(self._buf), (c.name, c.offset, len(self._buf))
+        assert c.name == self._name and c.offset == len(self._buf), (
+            c.name,
+            c.offset,
+            len(self._buf),
+        )
         assert (c.dtype, tuple(c.shape)) == self._meta
         self._buf += c.data
         dtype, shape = FROM_WIRE[c.dtype], tuple(c.shape)
         total = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
         assert len(self._buf) <= total
         if len(self._buf) == total:
-            t = (torch.frombuffer(self._buf, dtype=dtype).reshape(shape).clone() if total
-                 else torch.empty(shape, dtype=dtype))
+            t = (
+                torch.frombuffer(self._buf, dtype=dtype).reshape(shape).clone()
+                if total
+                else torch.empty(shape, dtype=dtype)
+            )
             self.tensors[self._name] = t
             self._name = None
 
@@ -126,7 +140,9 @@ class Conn:
 
     def wait_heartbeat(self, pred, timeout=WAIT_S) -> "wpb.Heartbeat":
         with self._hb:
-            ok = self._hb.wait_for(lambda: self.heartbeat is not None and pred(self.heartbeat), timeout)
+            ok = self._hb.wait_for(
+                lambda: self.heartbeat is not None and pred(self.heartbeat), timeout
+            )
             assert ok, f"{self.register.worker_id}: no matching heartbeat within {timeout} s (last: {self.heartbeat})"
             return self.heartbeat
 
@@ -135,7 +151,9 @@ class Conn:
         try:
             m = self.inbox.get(timeout=timeout)
         except queue.Empty:
-            raise AssertionError(f"{self.register.worker_id}: no {kind} within {timeout} s") from None
+            raise AssertionError(
+                f"{self.register.worker_id}: no {kind} within {timeout} s"
+            ) from None
         got = m.WhichOneof("msg")
         assert got == kind, f"{self.register.worker_id}: expected {kind}, got {got}: {m}"
         return getattr(m, kind)
@@ -146,8 +164,13 @@ class FakeServer(wgrpc.WorkerServiceServicer):
 
     def __init__(self, port: int = 0):
         self.conns: "queue.Queue[Conn]" = queue.Queue()
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=[
-            ("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)])
+        self.server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=16),
+            options=[
+                ("grpc.max_receive_message_length", 64 << 20),
+                ("grpc.max_send_message_length", 64 << 20),
+            ],
+        )
         wgrpc.add_WorkerServiceServicer_to_server(self, self.server)
         self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")
         assert self.port, "could not bind the test server"
@@ -178,8 +201,11 @@ class FakeServer(wgrpc.WorkerServiceServicer):
 
         threading.Thread(target=read, daemon=True).start()
         self.conns.put(conn)
-        yield wpb.ServerMessage(registered=wpb.Registered(worker_id=conn.register.worker_id,
-                                                          heartbeat_interval_ms=HEARTBEAT_MS))
+        yield wpb.ServerMessage(
+            registered=wpb.Registered(
+                worker_id=conn.register.worker_id, heartbeat_interval_ms=HEARTBEAT_MS
+            )
+        )
         while True:
             m = conn.out.get()
             if m is None:
@@ -194,19 +220,46 @@ class FakeServer(wgrpc.WorkerServiceServicer):
             try:
                 c = self.conns.get(timeout=max(0.01, deadline - time.monotonic()))
             except queue.Empty:
-                raise AssertionError(f"only {len(out)} of {n} workers registered within {timeout} s") from None
+                raise AssertionError(
+                    f"only {len(out)} of {n} workers registered within {timeout} s"
+                ) from None
             out[c.register.worker_id] = c
         return out
 
 
-def assign(conn: Conn, job_id: str, graph: "gpb.GraphDef", state: Dict[str, torch.Tensor], *, rank=0,
-           world=1, port=0, timeout_s=30.0, steps=3, chunk_bytes=777, num_state=None) -> None:
-    conn.send(assign_job=wpb.AssignJob(
-        job_id=job_id, rank=rank, world_size=world, rendezvous_host="127.0.0.1", rendezvous_port=port,
-        collective_timeout_s=timeout_s, device="cpu", steps=steps, graph=graph,
-        num_state_tensors=len(state) if num_state is None else num_state))
-    msgs = [wpb.StateChunk(job_id=job_id, tensor=c)
-            for name, t in state.items() for c in chunks_of(name, t, chunk_bytes)]
+def assign(
+    conn: Conn,
+    job_id: str,
+    graph: "gpb.GraphDef",
+    state: Dict[str, torch.Tensor],
+    *,
+    rank=0,
+    world=1,
+    port=0,
+    timeout_s=30.0,
+    steps=3,
+    chunk_bytes=777,
+    num_state=None,
+) -> None:
+    conn.send(
+        assign_job=wpb.AssignJob(
+            job_id=job_id,
+            rank=rank,
+            world_size=world,
+            rendezvous_host="127.0.0.1",
+            rendezvous_port=port,
+            collective_timeout_s=timeout_s,
+            device="cpu",
+            steps=steps,
+            graph=graph,
+            num_state_tensors=len(state) if num_state is None else num_state,
+        )
+    )
+    msgs = [
+        wpb.StateChunk(job_id=job_id, tensor=c)
+        for name, t in state.items()
+        for c in chunks_of(name, t, chunk_bytes)
+    ]
     if not msgs:
         msgs = [wpb.StateChunk(job_id=job_id)]
     msgs[-1].last = True
@@ -214,7 +267,9 @@ def assign(conn: Conn, job_id: str, graph: "gpb.GraphDef", state: Dict[str, torc
         conn.send(state_chunk=m)
 
 
-def send_batch(conn: Conn, job_id: str, step: int, tensors: Dict[str, torch.Tensor], chunk_bytes=1 << 20) -> None:
+def send_batch(
+    conn: Conn, job_id: str, step: int, tensors: Dict[str, torch.Tensor], chunk_bytes=1 << 20
+) -> None:
     chunks = [c for name, t in tensors.items() for c in chunks_of(name, t, chunk_bytes)]
     # Two messages per step when there is more than one chunk: exercises `more`.
     half = len(chunks) // 2
@@ -223,7 +278,9 @@ def send_batch(conn: Conn, job_id: str, step: int, tensors: Dict[str, torch.Tens
     conn.send(batch=wpb.Batch(job_id=job_id, step=step, tensors=chunks[half:]))
 
 
-def fetch_state(conn: Conn, job_id: str, chunk_bytes=1000, end_job=False) -> Dict[str, torch.Tensor]:
+def fetch_state(
+    conn: Conn, job_id: str, chunk_bytes=1000, end_job=False
+) -> Dict[str, torch.Tensor]:
     conn.send(fetch_state=wpb.FetchState(job_id=job_id, chunk_bytes=chunk_bytes, end_job=end_job))
     asm = Assembler()
     while True:
@@ -238,11 +295,16 @@ def fetch_state(conn: Conn, job_id: str, chunk_bytes=1000, end_job=False) -> Dic
 
 
 def batch_dims(graph: "gpb.GraphDef") -> Dict[str, int]:
-    return {n.placeholder.state_name: n.placeholder.batch_dim for n in graph.nodes
-            if n.kind == gpb.PLACEHOLDER and n.placeholder.role == gpb.INPUT}
+    return {
+        n.placeholder.state_name: n.placeholder.batch_dim
+        for n in graph.nodes
+        if n.kind == gpb.PLACEHOLDER and n.placeholder.role == gpb.INPUT
+    }
 
 
-def shard(batch: Dict[str, torch.Tensor], dims: Dict[str, int], rank: int, world: int) -> Dict[str, torch.Tensor]:
+def shard(
+    batch: Dict[str, torch.Tensor], dims: Dict[str, int], rank: int, world: int
+) -> Dict[str, torch.Tensor]:
     out = {}
     for name, t in batch.items():
         d = dims[name]
@@ -274,9 +336,22 @@ class Lab:
 
     def start_worker(self, server_port: int, worker_id: str) -> subprocess.Popen:
         err = open(self.tmp / f"{worker_id}.err", "w")
-        p = subprocess.Popen([self.worker, "attach", "--server", f"127.0.0.1:{server_port}", "--worker-id", worker_id,
-                              "--threads", "1", "--heartbeat-ms", "5000"],
-                             stdout=subprocess.DEVNULL, stderr=err)
+        p = subprocess.Popen(
+            [
+                self.worker,
+                "attach",
+                "--server",
+                f"127.0.0.1:{server_port}",
+                "--worker-id",
+                worker_id,
+                "--threads",
+                "1",
+                "--heartbeat-ms",
+                "5000",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
         err.close()
         p.worker_id = worker_id
         self.procs.append(p)
@@ -293,8 +368,12 @@ class Lab:
             g = self.tmp / f"{model}_{optim}.pb"
             step.save(str(g))
             x = self.tmp / f"{model}_{optim}.x{world}.pb"
-            r = subprocess.run([self.fxdp, "expand", str(g), "--world-size", str(world), "-o", str(x)],
-                               capture_output=True, text=True, timeout=60)
+            r = subprocess.run(
+                [self.fxdp, "expand", str(g), "--world-size", str(world), "-o", str(x)],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             assert r.returncode == 0, r.stderr
             xs = [x]
             if not x.exists():  # uneven split: one file per rank
@@ -325,8 +404,12 @@ def lab(tmp_path):
 
 
 def assert_float_close(got: float, want) -> None:
-    torch.testing.assert_close(torch.tensor(got, dtype=torch.float64),
-                               torch.as_tensor(want).to(torch.float64), rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(
+        torch.tensor(got, dtype=torch.float64),
+        torch.as_tensor(want).to(torch.float64),
+        rtol=RTOL,
+        atol=ATOL,
+    )
 
 
 def idle(h) -> bool:
@@ -362,7 +445,12 @@ def test_two_ranks_train_like_one_device(lab, model, optim):
         assign(c, "dp", graphs[r], state0, rank=r, world=world, port=port, steps=steps)
     for r, c in enumerate(ranks):
         s = c.recv("job_started")
-        assert (s.job_id, s.rank, s.world_size, s.device) == ("dp", r, world, "cpu") and s.num_ops > 0
+        assert (s.job_id, s.rank, s.world_size, s.device) == (
+            "dp",
+            r,
+            world,
+            "cpu",
+        ) and s.num_ops > 0
         assert c.wait_heartbeat(lambda h: h.state == wpb.WORKER_STATE_BUSY).job_id == "dp"
 
     ref_state, ref_losses = local_steps(step, model, steps)
@@ -388,21 +476,30 @@ def test_two_ranks_train_like_one_device(lab, model, optim):
     finals = [fetch_state(c, "dp", chunk_bytes=1000, end_job=True) for c in ranks]
     for r, c in enumerate(ranks):
         ended = c.recv("job_ended")
-        assert (ended.job_id, ended.rank, ended.cancelled, ended.steps_done) == ("dp", r, False, steps)
+        assert (ended.job_id, ended.rank, ended.cancelled, ended.steps_done) == (
+            "dp",
+            r,
+            False,
+            steps,
+        )
         c.wait_heartbeat(idle)
     elapsed = time.monotonic() - t0
     assert set(finals[0]) == set(ref_state), "the fetched state has other entries than run_local's"
     for k, want in ref_state.items():
         assert finals[0][k].dtype == want.dtype and finals[0][k].shape == want.shape, k
         assert torch.equal(finals[0][k], finals[1][k]), f"rank 1 differs from rank 0 on {k}"
-        torch.testing.assert_close(finals[0][k], want, rtol=RTOL, atol=ATOL, msg=lambda m: f"{k}: {m}")
+        torch.testing.assert_close(
+            finals[0][k], want, rtol=RTOL, atol=ATOL, msg=lambda m: f"{k}: {m}"
+        )
 
     for r in range(world):
         log = lab.log(f"w{r}")
         assert f"[job dp rank {r} step 3/3] " in log and f"[worker w{r}] attached to" in log, log
     nbytes = sum(t.numel() * t.element_size() for t in ref_state.values())
-    print(f"\n2-rank attach job ({model}, {optim}, {len(ref_state)} state tensors, {nbytes} bytes): "
-          f"setup + 3 steps + fetch in {elapsed:.2f} s")
+    print(
+        f"\n2-rank attach job ({model}, {optim}, {len(ref_state)} state tensors, {nbytes} bytes): "
+        f"setup + 3 steps + fetch in {elapsed:.2f} s"
+    )
 
 
 def test_killed_rank_fails_the_job_and_the_survivor_is_reusable(lab):
@@ -415,8 +512,17 @@ def test_killed_rank_fails_the_job_and_the_survivor_is_reusable(lab):
     timeout_s = 10.0
     port = free_port()
     for r, c in enumerate(ranks):
-        assign(c, "doomed", expanded[0], step.initial_state(), rank=r, world=world, port=port,
-               timeout_s=timeout_s, steps=3)
+        assign(
+            c,
+            "doomed",
+            expanded[0],
+            step.initial_state(),
+            rank=r,
+            world=world,
+            port=port,
+            timeout_s=timeout_s,
+            steps=3,
+        )
     for c in ranks:
         c.recv("job_started")
     dims = batch_dims(expanded[0])
@@ -476,11 +582,16 @@ def test_bad_jobs_fail_clearly_and_the_worker_stays_attached(lab):
     # A graph that does not verify: an argument refers to its own node.
     bad = gpb.GraphDef()
     bad.CopyFrom(single)
-    idx, node = next((i, n) for i, n in enumerate(bad.nodes)
-                     if n.kind == gpb.CALL_FUNCTION and any(a.HasField("ref") for a in n.args))
+    idx, node = next(
+        (i, n)
+        for i, n in enumerate(bad.nodes)
+        if n.kind == gpb.CALL_FUNCTION and any(a.HasField("ref") for a in n.args)
+    )
     next(a for a in node.args if a.HasField("ref")).ref.node = idx
     assign(conn, "badgraph", bad, state)
-    f = expect_failure("badgraph", 3, "job badgraph rank 0 step 0/3", "does not decode or verify", node.name)
+    expect_failure(
+        "badgraph", 3, "job badgraph rank 0 step 0/3", "does not decode or verify", node.name
+    )
 
     # A rank outside the world.
     assign(conn, "badrank", single, state, rank=2, world=2, port=free_port())
@@ -493,12 +604,16 @@ def test_bad_jobs_fail_clearly_and_the_worker_stays_attached(lab):
 
     # State that announces more tensors than it sends.
     assign(conn, "short", single, state, num_state=len(state) + 1)
-    expect_failure("short", 3, f"got {len(state)} tensors, AssignJob.num_state_tensors says {len(state) + 1}")
+    expect_failure(
+        "short", 3, f"got {len(state)} tensors, AssignJob.num_state_tensors says {len(state) + 1}"
+    )
 
     # A 2-rank job whose other rank never shows up: the rendezvous times out naming it.
     t0 = time.monotonic()
     assign(conn, "alone", single, state, rank=0, world=2, port=free_port(), timeout_s=1.0)
-    expect_failure("alone", 14, "job alone rank 0 step 0/3", "Gloo rendezvous failed", "no word from rank 1")
+    expect_failure(
+        "alone", 14, "job alone rank 0 step 0/3", "Gloo rendezvous failed", "no word from rank 1"
+    )
     assert time.monotonic() - t0 < 10
 
     # A good job; a second AssignJob while it runs is refused, the first goes on.
@@ -506,7 +621,9 @@ def test_bad_jobs_fail_clearly_and_the_worker_stays_attached(lab):
     conn.recv("job_started")
     assign(conn, "second", single, state)
     expect_failure_busy = conn.recv("job_failed")
-    assert expect_failure_busy.job_id == "second" and expect_failure_busy.code == 8, expect_failure_busy
+    assert (
+        expect_failure_busy.job_id == "second" and expect_failure_busy.code == 8
+    ), expect_failure_busy
     assert "busy with job 'good'" in expect_failure_busy.error
     batch = zoo.get(model).named_batch(0)
     send_batch(conn, "good", 1, dict(batch))
@@ -552,7 +669,7 @@ def test_reattaches_after_the_server_goes_away_and_exits_on_sigterm(lab):
     server2 = lab.server(port)
     conn2 = server2.accept(1, timeout=15)["r0"]
     assert conn2.register.pid == proc.pid
-    h = conn2.wait_heartbeat(idle)
+    conn2.wait_heartbeat(idle)
     print(f"\nreattached after {time.monotonic() - t0:.2f} s")
     assign(conn2, "after", single, step.initial_state())
     conn2.recv("job_started")
@@ -564,7 +681,9 @@ def test_reattaches_after_the_server_goes_away_and_exits_on_sigterm(lab):
     assert f.job_id == "after" and f.code == 1 and "shutting down (SIGTERM)" in f.error, f
     assert proc.wait(timeout=10) == 0
     log = lab.log("r0")
-    assert "[job orphan rank 0 step 0] abandoning the job: its server connection is gone" in log, log
+    assert (
+        "[job orphan rank 0 step 0] abandoning the job: its server connection is gone" in log
+    ), log
     assert "lost the server connection" in log, log
 
 
@@ -577,8 +696,17 @@ def test_hung_rank_times_out_and_heartbeats_tell_which_worker_hangs(lab):
     ranks = [conns["h0"], conns["h1"]]
     port = free_port()
     for r, c in enumerate(ranks):
-        assign(c, "hang", expanded[0], step.initial_state(), rank=r, world=world, port=port,
-               timeout_s=timeout_s, steps=3)
+        assign(
+            c,
+            "hang",
+            expanded[0],
+            step.initial_state(),
+            rank=r,
+            world=world,
+            port=port,
+            timeout_s=timeout_s,
+            steps=3,
+        )
     for c in ranks:
         c.recv("job_started")
     dims = batch_dims(expanded[0])
@@ -623,16 +751,29 @@ def test_batch_hyperparameters_are_applied_before_the_step(lab):
     import pathlib
 
     g = lab.tmp / "hyper.pb"
-    r = subprocess.run([lab.fxdp, "graph", "parse",
-                        str(pathlib.Path(__file__).resolve().parents[1] / "testdata" / "mlp_sgd_hyper.txt"),
-                        str(g)], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [
+            lab.fxdp,
+            "graph",
+            "parse",
+            str(pathlib.Path(__file__).resolve().parents[1] / "testdata" / "mlp_sgd_hyper.txt"),
+            str(g),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     graph = gpb.GraphDef()
     graph.ParseFromString(g.read_bytes())
     torch.manual_seed(0)
     w, b = torch.randn(3, 4), torch.randn(3)
-    state = {"fc.weight": w, "fc.bias": b, "optim.group0.lr": torch.tensor(0.1),
-             "optim.group0.weight_decay": torch.tensor(0.0)}
+    state = {
+        "fc.weight": w,
+        "fc.bias": b,
+        "optim.group0.lr": torch.tensor(0.1),
+        "optim.group0.weight_decay": torch.tensor(0.0),
+    }
     batch = {"input.0": torch.randn(8, 4), "input.1": torch.randn(8, 3)}
     server = lab.server()
     lab.start_worker(server.port, "h0")
@@ -640,10 +781,18 @@ def test_batch_hyperparameters_are_applied_before_the_step(lab):
 
     assign(conn, "hp", graph, state, steps=3)
     conn.recv("job_started")
-    values = [wpb.HyperparameterValue(name="optim.group0.lr", value=0.5),
-              wpb.HyperparameterValue(name="optim.group0.weight_decay", value=0.25)]
-    conn.send(batch=wpb.Batch(job_id="hp", step=1, tensors=[c for k, t in batch.items() for c in chunks_of(k, t, 64)],
-                              hyperparameters=values))
+    values = [
+        wpb.HyperparameterValue(name="optim.group0.lr", value=0.5),
+        wpb.HyperparameterValue(name="optim.group0.weight_decay", value=0.25),
+    ]
+    conn.send(
+        batch=wpb.Batch(
+            job_id="hp",
+            step=1,
+            tensors=[c for k, t in batch.items() for c in chunks_of(k, t, 64)],
+            hyperparameters=values,
+        )
+    )
     assert conn.recv("step_result").step == 1
     send_batch(conn, "hp", 2, batch)  # no values: lr 0.5 and weight decay 0.25 stay
     assert conn.recv("step_result").step == 2
@@ -656,11 +805,19 @@ def test_batch_hyperparameters_are_applied_before_the_step(lab):
     torch.testing.assert_close(got["fc.bias"], b, rtol=RTOL, atol=ATOL)
     assert got["optim.group0.lr"].dtype == torch.float32 and got["optim.group0.lr"].item() == 0.5
 
-    conn.send(batch=wpb.Batch(job_id="hp", step=3, tensors=[c for k, t in batch.items() for c in chunks_of(k, t, 1 << 20)],
-                              hyperparameters=[wpb.HyperparameterValue(name="fc.bias", value=1.0)]))
+    conn.send(
+        batch=wpb.Batch(
+            job_id="hp",
+            step=3,
+            tensors=[c for k, t in batch.items() for c in chunks_of(k, t, 1 << 20)],
+            hyperparameters=[wpb.HyperparameterValue(name="fc.bias", value=1.0)],
+        )
+    )
     f = conn.recv("job_failed")
     assert f.job_id == "hp" and f.code == 3 and f.step == 3, f
     assert f.error.startswith("job hp rank 0 step 3/3"), f.error
-    assert ("hyper-parameter values: 'fc.bias' is not a hyper-parameter of the graph (it is the state of "
-            "placeholder 'b'; its hyper-parameters: optim.group0.lr, optim.group0.weight_decay)") in f.error, f.error
+    assert (
+        "hyper-parameter values: 'fc.bias' is not a hyper-parameter of the graph (it is the state of "
+        "placeholder 'b'; its hyper-parameters: optim.group0.lr, optim.group0.weight_decay)"
+    ) in f.error, f.error
     conn.wait_heartbeat(idle)

@@ -13,7 +13,6 @@ from __future__ import annotations
 from fxdp import zoo
 from fxdp.v1 import graph_pb2 as gpb
 from fxdp.v1 import worker_pb2 as wpb
-
 from test_worker_attach import assign, idle, lab, send_batch  # noqa: F401  (lab: the fixture)
 
 GIB8 = 1 << 31  # f32 elements: 8 GiB, which Linux lets at::empty reserve without touching it
@@ -39,28 +38,60 @@ def test_declared_shapes_are_checked_against_the_graph_before_allocating(lab):  
         conn.wait_heartbeat(idle)
 
     # A state tensor of the graph declared 8 GiB: one chunk of 4 bytes, never the rest.
-    conn.send(assign_job=wpb.AssignJob(job_id="huge", rank=0, world_size=1, device="cpu", steps=1,
-                                       graph=single, num_state_tensors=len(state)))
+    conn.send(
+        assign_job=wpb.AssignJob(
+            job_id="huge",
+            rank=0,
+            world_size=1,
+            device="cpu",
+            steps=1,
+            graph=single,
+            num_state_tensors=len(state),
+        )
+    )
     conn.send(state_chunk=wpb.StateChunk(job_id="huge", tensor=_chunk(first, [GIB8])))
     want = ", ".join(str(d) for d in state[first].shape)
-    expect_invalid("huge", "initial state", f"tensor '{first}' is f32[{GIB8}]", "the graph's placeholder",
-                   f"declares f32[{want}]")
+    expect_invalid(
+        "huge",
+        "initial state",
+        f"tensor '{first}' is f32[{GIB8}]",
+        "the graph's placeholder",
+        f"declares f32[{want}]",
+    )
 
     # A name the graph does not have.
-    conn.send(assign_job=wpb.AssignJob(job_id="stranger", rank=0, world_size=1, device="cpu", steps=1,
-                                       graph=single, num_state_tensors=len(state)))
-    conn.send(state_chunk=wpb.StateChunk(job_id="stranger", tensor=_chunk("not.in.the.graph", [GIB8])))
-    expect_invalid("stranger", "initial state", "tensor 'not.in.the.graph' is not a state tensor of the graph")
+    conn.send(
+        assign_job=wpb.AssignJob(
+            job_id="stranger",
+            rank=0,
+            world_size=1,
+            device="cpu",
+            steps=1,
+            graph=single,
+            num_state_tensors=len(state),
+        )
+    )
+    conn.send(
+        state_chunk=wpb.StateChunk(job_id="stranger", tensor=_chunk("not.in.the.graph", [GIB8]))
+    )
+    expect_invalid(
+        "stranger", "initial state", "tensor 'not.in.the.graph' is not a state tensor of the graph"
+    )
 
     # A batch tensor declared 32 GiB, after a good state.
     assign(conn, "bigbatch", single, state, steps=1)
     conn.recv("job_started")
     batch = dict(zoo.get("mlp").named_batch(0))
     name, t = next(iter(batch.items()))
-    conn.send(batch=wpb.Batch(job_id="bigbatch", step=1,
-                              tensors=[_chunk(name, [GIB8] + list(t.shape[1:]))], more=True))
+    conn.send(
+        batch=wpb.Batch(
+            job_id="bigbatch", step=1, tensors=[_chunk(name, [GIB8] + list(t.shape[1:]))], more=True
+        )
+    )
     want = ", ".join(str(d) for d in t.shape)
-    expect_invalid("bigbatch", "batch for step 1", f"tensor '{name}' is f32[{GIB8}", f"declares f32[{want}]")
+    expect_invalid(
+        "bigbatch", "batch for step 1", f"tensor '{name}' is f32[{GIB8}", f"declares f32[{want}]"
+    )
 
     # The worker is still there and trains the next job.
     assert proc.poll() is None
@@ -91,17 +122,46 @@ def test_the_same_data_path_many_times_cannot_exhaust_a_worker(lab, tmp_path):  
     save_file({**batch, "padding": torch.zeros(100_000)}, str(data / "b.safetensors"))  # ~400 KB
     server = lab.server()
     err = open(tmp_path / "d0.err", "w")
-    proc = subprocess.Popen([lab.worker, "attach", "--server", f"127.0.0.1:{server.port}", "--worker-id", "d0",
-                             "--threads", "1", "--heartbeat-ms", "5000", "--data-root", str(data),
-                             "--max-data-mb", "1"], stdout=subprocess.DEVNULL, stderr=err)
+    proc = subprocess.Popen(
+        [
+            lab.worker,
+            "attach",
+            "--server",
+            f"127.0.0.1:{server.port}",
+            "--worker-id",
+            "d0",
+            "--threads",
+            "1",
+            "--heartbeat-ms",
+            "5000",
+            "--data-root",
+            str(data),
+            "--max-data-mb",
+            "1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=err,
+    )
     err.close()
     lab.procs.append(proc)
     conn = server.accept(1)["d0"]
-    conn.send(assign_job=wpb.AssignJob(job_id="many", rank=0, world_size=1, device="cpu", steps=1, graph=single,
-                                       num_state_tensors=len(state),
-                                       data_paths=[str(data / "b.safetensors")] * 2048))
+    conn.send(
+        assign_job=wpb.AssignJob(
+            job_id="many",
+            rank=0,
+            world_size=1,
+            device="cpu",
+            steps=1,
+            graph=single,
+            num_state_tensors=len(state),
+            data_paths=[str(data / "b.safetensors")] * 2048,
+        )
+    )
     f = conn.recv("job_failed")
     assert f.job_id == "many" and f.code == 8, f  # RESOURCE_EXHAUSTED
-    assert "--max-data-mb 1 MiB" in f.error and "1456 of its 2048 entries hold 1048320 bytes" in f.error, f.error
+    assert (
+        "--max-data-mb 1 MiB" in f.error
+        and "1456 of its 2048 entries hold 1048320 bytes" in f.error
+    ), f.error
     assert proc.poll() is None
     conn.wait_heartbeat(idle)

@@ -48,11 +48,22 @@ from typing import Dict, List
 
 import pytest
 import torch
-from safetensors.torch import save_file
-
-from _util import (ATOL, RTOL, STEP_LINE, assert_log_lines, clean_env, free_port,
-                   fxdp_binary, rank_local_eager, run_worker_ranks, spawn_ranks, traced, wait_all)
+from _util import (
+    ATOL,
+    RTOL,
+    STEP_LINE,
+    assert_log_lines,
+    clean_env,
+    free_port,
+    fxdp_binary,
+    rank_local_eager,
+    run_worker_ranks,
+    spawn_ranks,
+    traced,
+    wait_all,
+)
 from fxdp import zoo
+from safetensors.torch import save_file
 
 STEPS = 3
 MODELS = ["mlp", "cnn", "transformer", "seqfirst"]
@@ -70,8 +81,6 @@ WORKER_TIMEOUT_S = 60  # --timeout of the matrix runs; the test waits a little l
 DIFFS: Dict[str, dict] = {}
 
 
-
-
 def record(family: str, got: torch.Tensor, want: torch.Tensor) -> None:
     d = (got.double() - want.double()).abs()
     if d.numel() == 0:
@@ -83,15 +92,23 @@ def record(family: str, got: torch.Tensor, want: torch.Tensor) -> None:
     f["entries"] += 1
 
 
-def compare(got: Dict[str, torch.Tensor], want: Dict[str, torch.Tensor], family: str,
-            rtol: float = RTOL, atol: float = ATOL, keys=None) -> None:
+def compare(
+    got: Dict[str, torch.Tensor],
+    want: Dict[str, torch.Tensor],
+    family: str,
+    rtol: float = RTOL,
+    atol: float = ATOL,
+    keys=None,
+) -> None:
     """Every entry of `want` (or `keys`) is in `got` with the same dtype and shape and close."""
     keys = sorted(want) if keys is None else keys
     missing = [k for k in keys if k not in got]
     assert not missing, f"{family}: the workers' state lacks {missing}"
     for k in keys:
         g, w = got[k], want[k]
-        assert g.dtype == w.dtype and g.shape == w.shape, f"{family}: {k}: {g.dtype}{list(g.shape)} vs {w.dtype}{list(w.shape)}"
+        assert (
+            g.dtype == w.dtype and g.shape == w.shape
+        ), f"{family}: {k}: {g.dtype}{list(g.shape)} vs {w.dtype}{list(w.shape)}"
         record(family, g, w)
         torch.testing.assert_close(g, w, rtol=rtol, atol=atol, msg=lambda m: f"{family}: {k}: {m}")
 
@@ -100,11 +117,9 @@ def assert_ranks_identical(finals: List[Dict[str, torch.Tensor]]) -> None:
     for r, f in enumerate(finals[1:], start=1):
         assert set(f) == set(finals[0]), f"rank {r} has other state entries"
         for k, v in finals[0].items():
-            assert f[k].dtype == v.dtype and torch.equal(f[k], v), f"rank {r} differs from rank 0 on {k}"
-
-
-
-
+            assert f[k].dtype == v.dtype and torch.equal(
+                f[k], v
+            ), f"rank {r} differs from rank 0 on {k}"
 
 
 class Lab:
@@ -123,8 +138,14 @@ class Lab:
             d.mkdir()
             step = traced(model, optim)
             e = zoo.get(model)
-            p = {"dir": d, "step": step, "graph": str(d / "g.pb"), "state": str(d / "s.safetensors"),
-                 "batches": [e.batch(i) for i in range(STEPS)], "data": []}
+            p = {
+                "dir": d,
+                "step": step,
+                "graph": str(d / "g.pb"),
+                "state": str(d / "s.safetensors"),
+                "batches": [e.batch(i) for i in range(STEPS)],
+                "data": [],
+            }
             step.save(p["graph"])
             step.to_safetensors(p["state"])
             for i in range(STEPS):
@@ -145,23 +166,49 @@ class Lab:
         if key not in self._expanded:
             p = self.prepared(model, optim)
             out = p["dir"] / f"x{world}.pb"
-            r = subprocess.run([self.fxdp, "expand", p["graph"], "--world-size", str(world), "-o", str(out),
-                                "--json"], capture_output=True, text=True, timeout=60)
+            r = subprocess.run(
+                [
+                    self.fxdp,
+                    "expand",
+                    p["graph"],
+                    "--world-size",
+                    str(world),
+                    "-o",
+                    str(out),
+                    "--json",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             assert r.returncode == 0, r.stderr
             report = json.loads(r.stdout)
             sizes = [s["size"] for s in report["slices"]]
             uneven = len(set(sizes)) > 1
             tmpl = str(p["dir"] / f"x{world}.rank{{rank}}.pb") if uneven else str(out)
-            self._expanded[key] = {"template": tmpl, "sizes": sizes, "report": report,
-                                   "paths": [tmpl.replace("{rank}", str(r)) for r in range(world)]}
+            self._expanded[key] = {
+                "template": tmpl,
+                "sizes": sizes,
+                "report": report,
+                "paths": [tmpl.replace("{rank}", str(r)) for r in range(world)],
+            }
         return self._expanded[key]
 
     def run_workers(self, model: str, optim: str, world: int) -> dict:
         p, x = self.prepared(model, optim), self.expanded(model, optim, world)
         d = p["dir"] / f"run{world}"
         d.mkdir()
-        return run_worker_ranks(self.worker, x["template"], p["state"], p["data"], world, STEPS, d,
-                                f"{model}-{optim}-n{world}", WORKER_TIMEOUT_S)
+        return run_worker_ranks(
+            self.worker,
+            x["template"],
+            p["state"],
+            p["data"],
+            world,
+            STEPS,
+            d,
+            f"{model}-{optim}-n{world}",
+            WORKER_TIMEOUT_S,
+        )
 
     def oracle(self, model: str, optim: str, world: int, ddp: bool) -> dict:
         """fxdp.dp_oracle: PyTorch (torch.fx) runs the same expanded graphs on `world` Gloo
@@ -175,11 +222,26 @@ class Lab:
             procs = []
             for r in range(world):
                 with open(d / f"log{r}", "w") as log:
-                    procs.append(subprocess.Popen(
-                        [sys.executable, "-m", "fxdp.dp_oracle", str(r), str(world), str(port), x["paths"][r],
-                         p["state"], str(p["dir"] / "batches.pt"), str(d / f"out{r}.pt")]
-                        + ([model, optim] if ddp else []),
-                        stdout=log, stderr=subprocess.STDOUT, env=clean_env(OMP_NUM_THREADS=1)))
+                    procs.append(
+                        subprocess.Popen(
+                            [
+                                sys.executable,
+                                "-m",
+                                "fxdp.dp_oracle",
+                                str(r),
+                                str(world),
+                                str(port),
+                                x["paths"][r],
+                                p["state"],
+                                str(p["dir"] / "batches.pt"),
+                                str(d / f"out{r}.pt"),
+                            ]
+                            + ([model, optim] if ddp else []),
+                            stdout=log,
+                            stderr=subprocess.STDOUT,
+                            env=clean_env(OMP_NUM_THREADS=1),
+                        )
+                    )
             wait_all(procs, 180)
             for r, proc in enumerate(procs):
                 assert proc.returncode == 0, (d / f"log{r}").read_text()
@@ -191,8 +253,6 @@ class Lab:
         return self._oracle[key]
 
 
-
-
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     yield Lab(tmp_path_factory.mktemp("dist"))
@@ -200,7 +260,9 @@ def lab(tmp_path_factory):
         print("\nlargest differences (max |got - want|; share of rtol 1e-5/atol 1e-6 used):")
         for family in sorted(DIFFS):
             f = DIFFS[family]
-            print(f"  {family:<58} {f['max_abs']:.3g}  {f['tol_used']:.3g}  ({f['entries']} tensors)")
+            print(
+                f"  {family:<58} {f['max_abs']:.3g}  {f['tol_used']:.3g}  ({f['entries']} tensors)"
+            )
 
 
 def sharded_eager(model_name: str, optim: str, batches, world: int) -> Dict[str, torch.Tensor]:
@@ -208,12 +270,19 @@ def sharded_eager(model_name: str, optim: str, batches, world: int) -> Dict[str,
     e = zoo.get(model_name)
     model = e.model(0)
     bdims = e.batch_dim if isinstance(e.batch_dim, (list, tuple)) else [e.batch_dim] * 2
-    return rank_local_eager(model, zoo.make_optimizer(optim, model),
-                            lambda m, b: e.loss_fn(m(*b[:-1]), b[-1]), batches, bdims, world)
+    return rank_local_eager(
+        model,
+        zoo.make_optimizer(optim, model),
+        lambda m, b: e.loss_fn(m(*b[:-1]), b[-1]),
+        batches,
+        bdims,
+        world,
+    )
 
 
-@pytest.mark.parametrize("model,optim,world", MATRIX + UNEVEN,
-                         ids=[f"{m}-{o}-N{n}" for m, o, n in MATRIX + UNEVEN])
+@pytest.mark.parametrize(
+    "model,optim,world", MATRIX + UNEVEN, ids=[f"{m}-{o}-N{n}" for m, o, n in MATRIX + UNEVEN]
+)
 def test_workers_train_like_the_reference(lab, model, optim, world):
     run = lab.run_workers(model, optim, world)
     finals = run["finals"]
@@ -243,17 +312,28 @@ def test_workers_train_like_the_reference(lab, model, optim, world):
         o = lab.oracle(model, optim, world, ddp=False)
         compare(finals[0], o["state"], f"transformer adam* vs torch-run expanded graph ({split})")
         torch.testing.assert_close(losses, torch.stack(o["losses"]).double(), rtol=RTOL, atol=ATOL)
-        compare(finals[0], p["ref_state"], "transformer adam* vs one device (ADAM_NOISE tol)",
-                rtol=NOISE_RTOL, atol=NOISE_ATOL)
-        over = {k: int(((finals[0][k].double() - w.double()).abs() > ATOL + RTOL * w.double().abs()).sum())
-                for k, w in p["ref_state"].items()}
+        compare(
+            finals[0],
+            p["ref_state"],
+            "transformer adam* vs one device (ADAM_NOISE tol)",
+            rtol=NOISE_RTOL,
+            atol=NOISE_ATOL,
+        )
+        over = {
+            k: int(
+                ((finals[0][k].double() - w.double()).abs() > ATOL + RTOL * w.double().abs()).sum()
+            )
+            for k, w in p["ref_state"].items()
+        }
         over = {k: n for k, n in over.items() if n}
         assert sum(over.values()) <= NOISE_MAX_ELEMENTS, f"beyond rtol {RTOL}/atol {ATOL}: {over}"
         return
 
     compare(finals[0], p["ref_state"], f"{model} {optim} vs one device ({split})")
     assert set(finals[0]) == set(p["ref_state"])
-    torch.testing.assert_close(losses, torch.tensor(p["ref_losses"], dtype=torch.float64), rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(
+        losses, torch.tensor(p["ref_losses"], dtype=torch.float64), rtol=RTOL, atol=ATOL
+    )
 
 
 # ---- failures ---------------------------------------------------------------------------------
@@ -264,8 +344,22 @@ FAIL_TIMEOUT_S = 5
 
 def start_long_run(lab, tmp_path, world: int, job: str, timeout_s: float = FAIL_TIMEOUT_S):
     p, x = lab.prepared("mlp", "sgd"), lab.expanded("mlp", "sgd", world)
-    args = [lab.worker, "run", "--graph", x["template"], "--state", p["state"], "--data", p["data"][0],
-            "--steps", str(LONG_RUN), "--timeout", str(timeout_s), "--job", job]
+    args = [
+        lab.worker,
+        "run",
+        "--graph",
+        x["template"],
+        "--state",
+        p["state"],
+        "--data",
+        p["data"][0],
+        "--steps",
+        str(LONG_RUN),
+        "--timeout",
+        str(timeout_s),
+        "--job",
+        job,
+    ]
     procs = spawn_ranks(args, world, tmp_path)
     # Rank 0 prints every step: wait until the ranks have trained together for a few steps.
     deadline = time.monotonic() + 60
@@ -310,7 +404,9 @@ def test_killed_peer_fails_the_others_naming_it(lab, tmp_path, world, victim):
             rf"node '\w+' \(_c10d_functional::wait_tensor\): waiting for all_reduce 'fxdp_all_reduce\w*' "
             rf"\(collective \d of the step, f32\[\d*\]\): gloo rank {r}/{world}: all_reduce "
             rf"(failed after \d+ ms, lost the connection to rank (\d+) \(\[127\.0\.0\.1\]:\d+\): "
-            rf"|timed out after \d+ ms \(timeout {FAIL_TIMEOUT_S * 1000} ms\))", line)
+            rf"|timed out after \d+ ms \(timeout {FAIL_TIMEOUT_S * 1000} ms\))",
+            line,
+        )
         assert m and m.group(1) == m.group(2), line
         assert int(m.group(1)) >= 3
         if m.group(4) is not None:
@@ -337,22 +433,46 @@ def test_hung_peer_fails_the_others_after_the_timeout(lab, tmp_path):
     assert re.match(
         rf"^\[job hung-peer rank 0 step (\d+)/{LONG_RUN}\] error: step \1/{LONG_RUN} failed: node '\w+' "
         rf"\(_c10d_functional::wait_tensor\): waiting for all_reduce 'fxdp_all_reduce\w*' .*"
-        rf"gloo rank 0/2: all_reduce timed out after \d+ ms \(timeout 2000 ms\)", line), line
+        rf"gloo rank 0/2: all_reduce timed out after \d+ ms \(timeout 2000 ms\)",
+        line,
+    ), line
 
 
 def test_missing_peer_fails_the_rendezvous_within_the_timeout(lab, tmp_path):
     """Rank 0 alone: it serves the store and waits for rank 1's Gloo address until --timeout."""
     p, x = lab.prepared("mlp", "sgd"), lab.expanded("mlp", "sgd", 2)
     t0 = time.monotonic()
-    r = subprocess.run([lab.worker, "run", "--graph", x["template"], "--state", p["state"], "--data",
-                        p["data"][0], "--steps", "1", "--timeout", "1.5", "--job", "alone"],
-                       capture_output=True, text=True, timeout=60,
-                       env=clean_env(RANK=0, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port()))
+    r = subprocess.run(
+        [
+            lab.worker,
+            "run",
+            "--graph",
+            x["template"],
+            "--state",
+            p["state"],
+            "--data",
+            p["data"][0],
+            "--steps",
+            "1",
+            "--timeout",
+            "1.5",
+            "--job",
+            "alone",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=clean_env(RANK=0, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port()),
+    )
     elapsed = time.monotonic() - t0
     assert r.returncode == 1, r.stderr
     assert elapsed < 1.5 + 10, elapsed
-    assert re.search(r"^\[job alone rank 0 step 0/1\] error: rank 0 of 2: Gloo rendezvous failed: .*"
-                     r"\(no word from rank 1 within 1500 ms", r.stderr, re.M), r.stderr
+    assert re.search(
+        r"^\[job alone rank 0 step 0/1\] error: rank 0 of 2: Gloo rendezvous failed: .*"
+        r"\(no word from rank 1 within 1500 ms",
+        r.stderr,
+        re.M,
+    ), r.stderr
     assert_log_lines(r.stderr, "alone", 0, 1)  # c10d's own log lines are off by default
 
 
@@ -366,16 +486,26 @@ def test_bad_local_input_fails_before_the_rendezvous(lab, tmp_path, bad):
     port = free_port()
     procs = []
     for rank in range(2):
-        a = {"graph": x["template"], "state": p["state"], "data": p["data"][0],
-             "out": str(tmp_path / "final{rank}.safetensors")}
+        a = {
+            "graph": x["template"],
+            "state": p["state"],
+            "data": p["data"][0],
+            "out": str(tmp_path / "final{rank}.safetensors"),
+        }
         if rank == 1:
             a[bad] = missing
         args = [lab.worker, "run", "--steps", "2", "--timeout", "1.5", "--job", "bad-input"]
         for k, v in a.items():
             args += [f"--{k}", v]
-        procs.append(subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                      env=clean_env(RANK=rank, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1",
-                                                    MASTER_PORT=port)))
+        procs.append(
+            subprocess.Popen(
+                args,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=clean_env(RANK=rank, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1", MASTER_PORT=port),
+            )
+        )
     _, err1 = procs[1].communicate(timeout=60)
     _, err0 = procs[0].communicate(timeout=60)
     assert procs[1].returncode in (1, 3), err1
@@ -391,14 +521,32 @@ def test_flags(lab):
     for flag in ("--timeout SECONDS", "--job NAME", "default 60", "default 'local'"):
         assert flag in r.stdout, flag
     p = lab.prepared("mlp", "sgd")
-    base = [lab.worker, "run", "--graph", p["graph"], "--state", p["state"], "--data", p["data"][0], "--steps", "1"]
-    for bad, msg in ((["--timeout", "0"], "--timeout needs a number of seconds"),
-                     (["--timeout-s", "x"], "--timeout-s needs a number of seconds"),
-                     (["--job", "a b"], "--job needs a name without spaces")):
+    base = [
+        lab.worker,
+        "run",
+        "--graph",
+        p["graph"],
+        "--state",
+        p["state"],
+        "--data",
+        p["data"][0],
+        "--steps",
+        "1",
+    ]
+    for bad, msg in (
+        (["--timeout", "0"], "--timeout needs a number of seconds"),
+        (["--timeout-s", "x"], "--timeout-s needs a number of seconds"),
+        (["--job", "a b"], "--job needs a name without spaces"),
+    ):
         r = subprocess.run(base + bad, capture_output=True, text=True, timeout=30, env=clean_env())
         assert r.returncode == 2 and msg in r.stderr, r.stderr
-    r = subprocess.run(base + ["--job=nightly-7", "--timeout=0.5"], capture_output=True, text=True, timeout=60,
-                       env=clean_env())
+    r = subprocess.run(
+        base + ["--job=nightly-7", "--timeout=0.5"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=clean_env(),
+    )
     assert r.returncode == 0, r.stderr
     assert_log_lines(r.stderr, "nightly-7", 0, 1)
     assert STEP_LINE.match(r.stdout.strip())

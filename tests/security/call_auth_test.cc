@@ -45,7 +45,8 @@ std::string Pki() {
   static const Dir dir{[] {
     char tmpl[] = "/tmp/fxdp_call_auth_XXXXXX";
     std::string d = mkdtemp(tmpl);
-    const std::string cmd = absl::StrCat("sh ", FXDP_SOURCE_DIR, "/scripts/dev_ca.sh ", d, " >/dev/null 2>&1");
+    const std::string cmd =
+        absl::StrCat("sh ", FXDP_SOURCE_DIR, "/scripts/dev_ca.sh ", d, " >/dev/null 2>&1");
     EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
     return d;
   }()};
@@ -143,7 +144,8 @@ class QueuedJob {
   std::string id_;
 };
 
-grpc::Status GetJob(v1::JobService::Stub* stub, const std::string& token, const std::string& id, v1::JobInfo* info) {
+grpc::Status GetJob(v1::JobService::Stub* stub, const std::string& token, const std::string& id,
+                    v1::JobInfo* info) {
   grpc::ClientContext ctx;
   As(&ctx, token);
   v1::GetJobRequest req;
@@ -159,15 +161,18 @@ std::string OneRound(v1::JobService::Stub* stub, const std::string& who, const s
   grpc::ClientContext ctx;
   As(&ctx, token);
   v1::ListJobsResponse list;
-  if (grpc::Status s = stub->ListJobs(&ctx, {}, &list); !s.ok()) return "ListJobs: " + s.error_message();
+  if (grpc::Status s = stub->ListJobs(&ctx, {}, &list); !s.ok())
+    return "ListJobs: " + s.error_message();
   if (list.jobs_size() != 1 || list.jobs(0).job_id() != mine || list.jobs(0).owner() != who) {
     return absl::StrCat(who, "'s ListJobs: ", list.ShortDebugString());
   }
   v1::JobInfo info;
   if (grpc::Status s = GetJob(stub, token, mine, &info); !s.ok() || info.owner() != who) {
-    return absl::StrCat(who, "'s GetJob of its job: ", s.error_message(), " owner '", info.owner(), "'");
+    return absl::StrCat(who, "'s GetJob of its job: ", s.error_message(), " owner '", info.owner(),
+                        "'");
   }
-  if (grpc::Status s = GetJob(stub, token, theirs, &info); s.error_code() != grpc::StatusCode::NOT_FOUND) {
+  if (grpc::Status s = GetJob(stub, token, theirs, &info);
+      s.error_code() != grpc::StatusCode::NOT_FOUND) {
     return absl::StrCat(who, "'s GetJob of another's job: ", s.error_code(), " ", info.owner());
   }
   return "";
@@ -230,7 +235,8 @@ TEST(CallAuth, AnotherIdentitysJobIsNotFoundLikeAMissingOneAndHiddenInListWorker
     EXPECT_TRUE(workers->ListWorkers(&ctx, {}, &r).ok());
     return r.workers_size() == 1 ? r.workers(0).job_id() : "?";
   };
-  ASSERT_TRUE(WaitUntil([&] { return job_seen_by("alice") == alice.id(); }, 30)) << job_seen_by("alice");
+  ASSERT_TRUE(WaitUntil([&] { return job_seen_by("alice") == alice.id(); }, 30))
+      << job_seen_by("alice");
   EXPECT_EQ(job_seen_by("admin"), alice.id());
   EXPECT_EQ(job_seen_by("bob"), "");
   worker.Release();

@@ -20,8 +20,8 @@ constexpr char kAlice[] = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 constexpr char kRoot[] = "rrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrr";
 
 TEST(TokenTable, ParsesIdentitiesAndAdmins) {
-  auto t = TokenTable::Parse(absl::StrCat("# comment\n\n", kAlice, " alice\n", kRoot, "\troot admin\n"),
-                             "tokens");
+  auto t = TokenTable::Parse(
+      absl::StrCat("# comment\n\n", kAlice, " alice\n", kRoot, "\troot admin\n"), "tokens");
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ(t->size(), 2u);
   auto a = t->Match(kAlice);
@@ -44,7 +44,8 @@ TEST(TokenTable, ErrorsNameTheLineNeverTheToken) {
       {absl::StrCat(kAlice, "\n"), "tokens:1: expected 'TOKEN IDENTITY [admin]', got 1 fields"},
       {absl::StrCat("\n", kAlice, " alice root\n"), "tokens:2: expected"},
       {"short alice\n", "tokens:1: a token must have at least 16"},
-      {absl::StrCat(kAlice, " alice\n", kAlice, " bob\n"), "tokens:2: this token is already in use"},
+      {absl::StrCat(kAlice, " alice\n", kAlice, " bob\n"),
+       "tokens:2: this token is already in use"},
       {"# nothing\n", "has no tokens"},
   };
   for (const Case& c : cases) {
@@ -64,11 +65,15 @@ TEST(AuthLimiter, BlocksAPeerAfterTooManyFailuresWithinTheWindowAndReportsItOnce
   o.max_failures = 3;
   o.window_s = 10;
   o.block_s = 60;
-  o.on_block = [&](const std::string& peer, int failures) { reported.emplace_back(peer, failures); };
+  o.on_block = [&](const std::string& peer, int failures) {
+    reported.emplace_back(peer, failures);
+  };
   AuthLimiter limiter(o);
   const auto t0 = AuthLimiter::Clock::now();
-  auto at = [&](double s) { return t0 + std::chrono::duration_cast<AuthLimiter::Clock::duration>(
-                                            std::chrono::duration<double>(s)); };
+  auto at = [&](double s) {
+    return t0 + std::chrono::duration_cast<AuthLimiter::Clock::duration>(
+                    std::chrono::duration<double>(s));
+  };
   EXPECT_FALSE(limiter.Failed("a", at(0)));
   EXPECT_FALSE(limiter.Failed("a", at(1)));
   EXPECT_FALSE(limiter.Failed("a", at(11.5)));  // the first two left the window
@@ -77,8 +82,8 @@ TEST(AuthLimiter, BlocksAPeerAfterTooManyFailuresWithinTheWindowAndReportsItOnce
   EXPECT_TRUE(limiter.Failed("a", at(13)));  // three within 10 s
   EXPECT_DOUBLE_EQ(limiter.BlockedFor("a", at(13)), 60);
   EXPECT_NEAR(limiter.BlockedFor("a", at(43)), 30, 1e-6);
-  EXPECT_FALSE(limiter.Failed("a", at(14)));  // blocked: counted once
-  EXPECT_EQ(limiter.BlockedFor("b", at(14)), 0);  // another connection
+  EXPECT_FALSE(limiter.Failed("a", at(14)));        // blocked: counted once
+  EXPECT_EQ(limiter.BlockedFor("b", at(14)), 0);    // another connection
   EXPECT_EQ(limiter.BlockedFor("a", at(73.5)), 0);  // the block is over
   ASSERT_EQ(reported.size(), 1u);
   EXPECT_EQ(reported[0], std::make_pair(std::string("a"), 3));
@@ -97,7 +102,8 @@ TEST(AuthLimiter, TracksAtMostMaxPeers) {
   const auto now = AuthLimiter::Clock::now();
   limiter.Failed("first", now);
   limiter.Failed("first", now);  // blocked
-  for (int i = 0; i < 1000; ++i) limiter.Failed(absl::StrCat("peer", i), now + std::chrono::seconds(1));
+  for (int i = 0; i < 1000; ++i)
+    limiter.Failed(absl::StrCat("peer", i), now + std::chrono::seconds(1));
   // Memory stays bounded; the oldest failures went first, the block stays.
   EXPECT_LE(limiter.peers(), 100u);
   EXPECT_GT(limiter.BlockedFor("first", now + std::chrono::seconds(2)), 0);
@@ -109,10 +115,13 @@ TEST(AuthLimiter, TracksAtMostMaxPeers) {
 // over; the number of hosts is bounded.
 TEST(FailureTally, ReportsAHostsFailuresOncePerWindowWithTheirCount) {
   std::vector<std::pair<std::string, int64_t>> lines;
-  FailureTally tally(60, 3, [&](const std::string& host, int64_t n) { lines.emplace_back(host, n); });
+  FailureTally tally(60, 3,
+                     [&](const std::string& host, int64_t n) { lines.emplace_back(host, n); });
   const auto t0 = FailureTally::Clock::now();
-  auto at = [&](double s) { return t0 + std::chrono::duration_cast<FailureTally::Clock::duration>(
-                                            std::chrono::duration<double>(s)); };
+  auto at = [&](double s) {
+    return t0 + std::chrono::duration_cast<FailureTally::Clock::duration>(
+                    std::chrono::duration<double>(s));
+  };
   using Line = std::pair<std::string, int64_t>;
   for (int i = 0; i < 500; ++i) tally.Failed("h1", at(i * 0.1));  // 0 .. 49.9 s
   tally.Failed("h2", at(50));
@@ -131,16 +140,24 @@ TEST(FailureTally, ReportsAHostsFailuresOncePerWindowWithTheirCount) {
   tally.Failed("h3", at(123));
   tally.Failed("h3", at(123));  // held
   tally.Failed("h4", at(124));  // a fourth host: the held ones are reported, the table starts over
-  EXPECT_EQ(lines, (std::vector<Line>{{"h1", 1}, {"h2", 1}, {"h1", 499}, {"h1", 1}, {"h2", 1}, {"h3", 1},
-                                      {"h3", 1}, {"h4", 1}}));
+  EXPECT_EQ(lines, (std::vector<Line>{{"h1", 1},
+                                      {"h2", 1},
+                                      {"h1", 499},
+                                      {"h1", 1},
+                                      {"h2", 1},
+                                      {"h3", 1},
+                                      {"h3", 1},
+                                      {"h4", 1}}));
 }
 
 TEST(Listen, LoopbackOnlyForLocalAddresses) {
-  for (const char* a : {"127.0.0.1:50051", "127.1.2.3:0", "localhost:1", "[::1]:50051", "unix:/tmp/s"}) {
+  for (const char* a :
+       {"127.0.0.1:50051", "127.1.2.3:0", "localhost:1", "[::1]:50051", "unix:/tmp/s"}) {
     EXPECT_TRUE(IsLoopbackListen(a)) << a;
   }
-  for (const char* a : {"0.0.0.0:50051", "[::]:50051", ":50051", "10.0.0.1:50051", "127.0.0.1.evil:1",
-                        "128.0.0.1:1", "example.com:50051", "127.0.0.256:1", "127.0.0.1"}) {
+  for (const char* a :
+       {"0.0.0.0:50051", "[::]:50051", ":50051", "10.0.0.1:50051", "127.0.0.1.evil:1",
+        "128.0.0.1:1", "example.com:50051", "127.0.0.256:1", "127.0.0.1"}) {
     EXPECT_FALSE(IsLoopbackListen(a)) << a;
   }
 }
@@ -156,12 +173,14 @@ TEST(Access, OwnersAndAdmins) {
 
 TEST(Audit, EveryFieldEscaped) {
   const std::string line = server::AuditLine(
-      "worker_join", {{"identity", "w"}, {"hostname", "evil\nfxdp-server: audit event=\"cancel\""}});
+      "worker_join",
+      {{"identity", "w"}, {"hostname", "evil\nfxdp-server: audit event=\"cancel\""}});
   EXPECT_EQ(line,
             "event=\"worker_join\" identity=\"w\" "
             "hostname=\"evil\\nfxdp-server: audit event=\\\"cancel\\\"\"");
   EXPECT_EQ(line.find('\n'), std::string::npos);
-  EXPECT_EQ(server::AuditLine("x", {{"k", "\x01\x7f\xc3\xa9\\"}}), "event=\"x\" k=\"\\x01\\x7f\\xc3\\xa9\\\\\"");
+  EXPECT_EQ(server::AuditLine("x", {{"k", "\x01\x7f\xc3\xa9\\"}}),
+            "event=\"x\" k=\"\\x01\\x7f\\xc3\\xa9\\\\\"");
 }
 
 }  // namespace

@@ -43,7 +43,8 @@ struct JobArgs {
   std::function<void(v1::JobSpec&)> edit_spec;
 };
 
-inline JobArgs Args(int world, int64_t steps, int64_t batches = -1, std::vector<std::string> data_paths = {}) {
+inline JobArgs Args(int world, int64_t steps, int64_t batches = -1,
+                    std::vector<std::string> data_paths = {}) {
   JobArgs a;
   a.world = world;
   a.steps = steps;
@@ -59,12 +60,14 @@ inline std::vector<v1::SubmitJobRequest> Requests(const JobArgs& a) {
   for (const auto& p : a.data_paths) spec->add_data_paths(p);
   if (a.edit_spec) a.edit_spec(*spec);
   std::vector<v1::TensorChunk> state = State();
-  for (const v1::Node& n : spec->graph().nodes()) {  // a graph with hyper-parameters: their values too
+  for (const v1::Node& n :
+       spec->graph().nodes()) {  // a graph with hyper-parameters: their values too
     if (n.kind() == v1::PLACEHOLDER && n.placeholder().role() == v1::HYPERPARAMETER) {
       state.push_back(F32(n.placeholder().state_name(), {}, 0.5f));
     }
   }
-  spec->set_num_state_tensors(spec->num_state_tensors() + static_cast<uint32_t>(state.size() - State().size()));
+  spec->set_num_state_tensors(spec->num_state_tensors() +
+                              static_cast<uint32_t>(state.size() - State().size()));
   for (const auto& c : state) *out.emplace_back().mutable_state() = c;
   const int64_t batches = a.data_paths.empty() ? (a.batches < 0 ? a.steps : a.batches) : 0;
   for (int64_t s = 1; s <= batches; ++s) {
@@ -82,7 +85,8 @@ inline std::vector<v1::SubmitJobRequest> Requests(const JobArgs& a) {
 class Submission {
  public:
   // `close`: half-close after the requests (else the client keeps the stream open).
-  Submission(const TestServer& server, const std::vector<v1::SubmitJobRequest>& requests, bool close = true)
+  Submission(const TestServer& server, const std::vector<v1::SubmitJobRequest>& requests,
+             bool close = true)
       : stub_(server.jobs()) {
     ctx_.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
     stream_ = stub_->Submit(&ctx_);
@@ -91,7 +95,8 @@ class Submission {
     }
     if (close) stream_->WritesDone();
   }
-  explicit Submission(const TestServer& server, const JobArgs& args = JobArgs()) : Submission(server, Requests(args)) {}
+  explicit Submission(const TestServer& server, const JobArgs& args = JobArgs())
+      : Submission(server, Requests(args)) {}
 
   bool Write(const v1::SubmitJobRequest& r) { return stream_->Write(r); }
   void Close() { stream_->WritesDone(); }
@@ -123,7 +128,8 @@ class Submission {
   std::unique_ptr<grpc::ClientReaderWriter<v1::SubmitJobRequest, v1::JobEvent>> stream_;
 };
 
-inline v1::JobInfo GetJob(const TestServer& s, const std::string& id, grpc::Status* status = nullptr) {
+inline v1::JobInfo GetJob(const TestServer& s, const std::string& id,
+                          grpc::Status* status = nullptr) {
   grpc::ClientContext ctx;
   v1::GetJobRequest req;
   req.set_job_id(id);
@@ -144,8 +150,8 @@ inline v1::JobInfo CancelJob(const TestServer& s, const std::string& id) {
 }
 
 // The final state's tensors by name (chunks of at most `chunk_bytes`).
-inline grpc::Status FetchState(const TestServer& s, const std::string& id, std::map<std::string, std::string>* out,
-                        uint32_t chunk_bytes = 0) {
+inline grpc::Status FetchState(const TestServer& s, const std::string& id,
+                               std::map<std::string, std::string>* out, uint32_t chunk_bytes = 0) {
   grpc::ClientContext ctx;
   v1::FetchJobStateRequest req;
   req.set_job_id(id);
@@ -156,7 +162,8 @@ inline grpc::Status FetchState(const TestServer& s, const std::string& id, std::
     if (c.has_tensor()) {
       if (chunk_bytes > 0) {  // the server clamps what it is asked for
         EXPECT_LE(c.tensor().data().size(),
-                  std::clamp<size_t>(chunk_bytes, server::kMinFetchChunkBytes, server::kMaxFetchChunkBytes));
+                  std::clamp<size_t>(chunk_bytes, server::kMinFetchChunkBytes,
+                                     server::kMaxFetchChunkBytes));
       }
       (*out)[c.tensor().name()] += c.tensor().data();
     }
@@ -165,7 +172,8 @@ inline grpc::Status FetchState(const TestServer& s, const std::string& id, std::
 }
 
 // Attached and registered fake workers w0, w1, ...
-inline std::vector<std::unique_ptr<FakeWorker>> Workers(const TestServer& s, int n, const std::string& prefix = "w") {
+inline std::vector<std::unique_ptr<FakeWorker>> Workers(const TestServer& s, int n,
+                                                        const std::string& prefix = "w") {
   std::vector<std::unique_ptr<FakeWorker>> out;
   for (int i = 0; i < n; ++i) {
     out.push_back(std::make_unique<FakeWorker>(s.address(), prefix + std::to_string(i)));

@@ -64,7 +64,7 @@ class InProcessWorkers : public server::WorkerPool {
  public:
   struct Record {
     v1::AssignJob assign;
-    std::map<std::string, v1::TensorChunk> state;                  // whole tensors
+    std::map<std::string, v1::TensorChunk> state;                       // whole tensors
     std::map<int64_t, std::map<std::string, v1::TensorChunk>> batches;  // by step
     std::map<int64_t, int> batch_messages;
     bool cancelled = false;
@@ -80,7 +80,9 @@ class InProcessWorkers : public server::WorkerPool {
     for (const auto& [id, w] : workers_) {
       v1::WorkerInfo& i = out.emplace_back();
       i.set_worker_id(id);
-      i.set_state(w.lost ? v1::WORKER_STATE_LOST : w.busy ? v1::WORKER_STATE_BUSY : v1::WORKER_STATE_IDLE);
+      i.set_state(w.lost   ? v1::WORKER_STATE_LOST
+                  : w.busy ? v1::WORKER_STATE_BUSY
+                           : v1::WORKER_STATE_IDLE);
     }
     return out;
   }
@@ -187,8 +189,7 @@ class InProcessWorkers : public server::WorkerPool {
         rec->cancelled = true;
         End(w, rec, out);
         return;
-      default:
-        return;
+      default: return;
     }
   }
   static void End(Worker& w, Record* rec, std::vector<v1::WorkerMessage>* out) {
@@ -292,7 +293,8 @@ TEST(JobRunner, RunsAStreamedJobOnTwoRanksWithoutGrpc) {
         const v1::TensorChunk& got = jobs[0].batches.at(step).at(global.name());
         const int64_t cols = global.shape(1);
         EXPECT_THAT(got.shape(), ElementsAre(4, cols));
-        EXPECT_EQ(got.data(), global.data().substr(4 * r * cols * 4, 4 * cols * 4)) << global.name();
+        EXPECT_EQ(got.data(), global.data().substr(4 * r * cols * 4, 4 * cols * 4))
+            << global.name();
       }
     }
   }
@@ -314,7 +316,9 @@ TEST(JobRunner, BadInputFailsTheJobInvalidArgumentAndCancelsTheRanks) {
   QueuedClient client;
   const absl::Status s = parts.Run(req, &client);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr("step 1's batch: input 'input.1' is f64[8, 3], the graph expects f32[8, 3]"));
+  EXPECT_THAT(
+      s.message(),
+      HasSubstr("step 1's batch: input 'input.1' is f64[8, 3], the graph expects f32[8, 3]"));
   EXPECT_EQ(client.events().back().state(), v1::JOB_STATE_FAILED);
   for (const char* w : {"w0", "w1"}) EXPECT_TRUE(parts.pool.jobs(w).back().cancelled) << w;
 }
@@ -383,25 +387,33 @@ TEST(JobRunner, InitialStateIsCheckedAgainstTheGraphAndItsHeldBytesAreBounded) {
            r[1].mutable_state()->add_shape(int64_t{1} << 36);
          }),
          absl::StatusCode::kInvalidArgument,
-         "initial state: tensor 'fc.weight' is f32[68719476736], the graph's placeholder 'w' declares f32[3, 4]");
+         "initial state: tensor 'fc.weight' is f32[68719476736], the graph's placeholder 'w' "
+         "declares f32[3, 4]");
   expect(submit([](auto& r) { r[2].mutable_state()->set_dtype(v1::FLOAT64); }),
-         absl::StatusCode::kInvalidArgument, "tensor 'fc.bias' is f64[3], the graph's placeholder 'b' declares f32[3]");
-  expect(submit([](auto& r) { r[2].mutable_state()->set_name("fc.extra"); }), absl::StatusCode::kInvalidArgument,
+         absl::StatusCode::kInvalidArgument,
+         "tensor 'fc.bias' is f64[3], the graph's placeholder 'b' declares f32[3]");
+  expect(submit([](auto& r) { r[2].mutable_state()->set_name("fc.extra"); }),
+         absl::StatusCode::kInvalidArgument,
          "tensor 'fc.extra' is not a state tensor of the graph (its 2: fc.weight, fc.bias)");
-  expect(submit([](auto& r) { r[2] = r[1]; }), absl::StatusCode::kInvalidArgument, "tensor 'fc.weight': sent twice");
-  expect(submit([](auto& r) { r[0].mutable_spec()->set_num_state_tensors(3); }), absl::StatusCode::kInvalidArgument,
+  expect(submit([](auto& r) { r[2] = r[1]; }), absl::StatusCode::kInvalidArgument,
+         "tensor 'fc.weight': sent twice");
+  expect(submit([](auto& r) { r[0].mutable_spec()->set_num_state_tensors(3); }),
+         absl::StatusCode::kInvalidArgument,
          "JobSpec.num_state_tensors is 3, the graph declares 2 state tensors (fc.weight, fc.bias)");
   // Other jobs' held states leave too little: refused before a byte is read.
   held = 50;
   const absl::Status busy = submit(nullptr);
   EXPECT_EQ(busy.code(), absl::StatusCode::kResourceExhausted) << busy;
-  EXPECT_THAT(busy.message(), HasSubstr("the graph declares 2 state tensors of 0.0 MiB (60 bytes) in all; the "
-                                        "initial states of other jobs that have not started yet hold 0.0 MiB (50 bytes)"));
+  EXPECT_THAT(
+      busy.message(),
+      HasSubstr("the graph declares 2 state tensors of 0.0 MiB (60 bytes) in all; the "
+                "initial states of other jobs that have not started yet hold 0.0 MiB (50 bytes)"));
   held = 0;
   parts.options.max_initial_state_bytes = 50;
   parts.context.options.max_initial_state_bytes = 50;
   expect(submit(nullptr), absl::StatusCode::kResourceExhausted,
-         "over this server's limit of 0 MiB for the initial states it holds (fxdp-server --max-initial-state-mb");
+         "over this server's limit of 0 MiB for the initial states it holds (fxdp-server "
+         "--max-initial-state-mb");
   // A resume holds its checkpoint too: refused before the checkpoint is looked up or read.
   expect(submit([](auto& r) {
            r.resize(1);
@@ -428,12 +440,18 @@ TEST(JobRunner, AWorkersStateIsCheckedAgainstTheGraph) {
   };
   absl::Status s = parts.Run(Requests(1, 1), &client);
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
-  EXPECT_THAT(s.message(), HasSubstr("the final state of rank 0: tensor 'fc.weight' is f32[68719476736, 4], the "
-                                     "graph's placeholder 'w' declares f32[3, 4]"));
-  parts.pool.edit_fetched = [](std::vector<v1::WorkerMessage>* out) { out->erase(out->begin()); };  // one tensor short
+  EXPECT_THAT(s.message(),
+              HasSubstr("the final state of rank 0: tensor 'fc.weight' is f32[68719476736, 4], the "
+                        "graph's placeholder 'w' declares f32[3, 4]"));
+  parts.pool.edit_fetched = [](std::vector<v1::WorkerMessage>* out) {
+    out->erase(out->begin());
+  };  // one tensor short
   s = parts.Run(Requests(1, 1), &client);
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
-  EXPECT_THAT(s.message(), HasSubstr("the final state of rank 0 ended after 1 complete tensors of the 2 the graph declares"));
+  EXPECT_THAT(
+      s.message(),
+      HasSubstr(
+          "the final state of rank 0 ended after 1 complete tensors of the 2 the graph declares"));
   EXPECT_EQ(client.events().back().state(), v1::JOB_STATE_FAILED);
 }
 
@@ -446,13 +464,18 @@ TEST(JobRunner, StreamedStateIsCheckedAndDeclaredBatchesAreBounded) {
   QueuedClient client;
   absl::Status s = parts.Run(req, &client);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_THAT(s.message(), HasSubstr("initial state: tensor 'fc.weight' is f32[3, 5], the graph's placeholder 'w' "
-                                     "declares f32[3, 4]"));
+  EXPECT_THAT(
+      s.message(),
+      HasSubstr("initial state: tensor 'fc.weight' is f32[3, 5], the graph's placeholder 'w' "
+                "declares f32[3, 4]"));
   parts.context.options.max_batch_bytes = 200;  // input.0 + input.1: 224 bytes
   s = parts.Run(Requests(1, 1), &client);
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
-  EXPECT_THAT(s.message(), HasSubstr("the graph's 2 INPUTs declare a global batch of 0.0 MiB (224 bytes) per step "
-                                     "(input.0, input.1), over this server's limit of 0 MiB (fxdp-server --max-batch-mb)"));
+  EXPECT_THAT(
+      s.message(),
+      HasSubstr(
+          "the graph's 2 INPUTs declare a global batch of 0.0 MiB (224 bytes) per step "
+          "(input.0, input.1), over this server's limit of 0 MiB (fxdp-server --max-batch-mb)"));
 }
 
 // The sharder alone: 8 rows on 3 ranks (3, 3, 2), messages of <= 40 bytes.
@@ -503,10 +526,13 @@ TEST(BatchSharder, RefusesBatchesThatDoNotMatchTheGraphNamingWhat) {
     return std::string(s.status().message());
   };
   const auto b = MlpBatch(1);
-  EXPECT_THAT(error(BatchMessage(2, b[0], false)), HasSubstr("got a StepBatch for step 2, expected step 1"));
-  EXPECT_THAT(error(BatchMessage(1, F32("labels", {8}, 0), false)),
-              HasSubstr("tensor 'labels' is not an INPUT of the graph (its inputs: input.0, input.1)"));
-  EXPECT_THAT(error(BatchMessage(1, b[0], false)), HasSubstr("step 1's batch lacks input 'input.1' (f32[8, 3])"));
+  EXPECT_THAT(error(BatchMessage(2, b[0], false)),
+              HasSubstr("got a StepBatch for step 2, expected step 1"));
+  EXPECT_THAT(
+      error(BatchMessage(1, F32("labels", {8}, 0), false)),
+      HasSubstr("tensor 'labels' is not an INPUT of the graph (its inputs: input.0, input.1)"));
+  EXPECT_THAT(error(BatchMessage(1, b[0], false)),
+              HasSubstr("step 1's batch lacks input 'input.1' (f32[8, 3])"));
   v1::SubmitJobRequest hyper = BatchMessage(1, b[0], true);
   auto* h = hyper.mutable_batch()->add_hyperparameters();
   h->set_name("optim.lr");
@@ -520,7 +546,8 @@ TEST(BatchSharder, RefusesBatchesThatDoNotMatchTheGraphNamingWhat) {
 // batches 6, 7, ..., its schedule is read at those steps, its workers count
 // from 1.
 TEST(BatchSharder, AResumedJobTakesTheJobsStepsAndTheScheduleFromThere) {
-  const v1::GraphDef g = ir::EncodeGraph(ValueOrDie(ir::ParseGraphText(ReadTestData("mlp_sgd_hyper.txt"))));
+  const v1::GraphDef g =
+      ir::EncodeGraph(ValueOrDie(ir::ParseGraphText(ReadTestData("mlp_sgd_hyper.txt"))));
   const std::vector<server::InputSpec> inputs = server::GraphInputs(g);
   const ir::PlaceholderNames names = ir::PlaceholderNames::Of(g);
   const ir::Schedule schedule = ValueOrDie(ir::Schedule::FromSeries(
@@ -530,7 +557,8 @@ TEST(BatchSharder, AResumedJobTakesTheJobsStepsAndTheScheduleFromThere) {
   const auto b = MlpBatch(1);
   absl::StatusOr<bool> wrong = sharder.Add(1, BatchMessage(1, b[0], true));
   EXPECT_THAT(wrong.status().message(),
-              HasSubstr("got a StepBatch for step 1, expected step 6 (the job resumes after its checkpoint of step 5"));
+              HasSubstr("got a StepBatch for step 1, expected step 6 (the job resumes after its "
+                        "checkpoint of step 5"));
   server::BatchSharder resumed("job-x", 2, 1 << 20, &inputs, &names, &schedule);
   resumed.set_first_step(5);
   ASSERT_TRUE(resumed.Add(1, BatchMessage(6, b[0], true)).ok());
@@ -556,7 +584,8 @@ TEST(JobSpec, ValidationNamesTheFieldAndTheValue) {
   EXPECT_THAT(error(s), HasSubstr("JobSpec.steps must be > 0 with data_paths"));
   s = MlpSpec(1, 1);
   s.set_collective_timeout_s(-2);
-  EXPECT_THAT(error(s), HasSubstr("collective_timeout_s must be in [0, one year] (0: 60 s), got -2"));
+  EXPECT_THAT(error(s),
+              HasSubstr("collective_timeout_s must be in [0, one year] (0: 60 s), got -2"));
   s = MlpSpec(1, 1);  // issue 17: strings a client chooses are bounded
   s.set_name(std::string(100000, 'n'));
   EXPECT_EQ(error(s), "JobSpec.name is 100000 bytes, more than 256");
@@ -598,7 +627,8 @@ TEST(JobTable, KeepsTheLastFinishedJobsAndEvictsTheOldestState) {
   EXPECT_TRUE(jobs[1]->info.state_evicted());
   EXPECT_TRUE(table.FinalState(jobs[2]->id()).ok());
   jobs[2]->SetState(v1::JOB_STATE_FAILED, absl::InternalError("x"));
-  EXPECT_THAT(table.FinalState(jobs[2]->id()).status().message(), HasSubstr("only a SUCCEEDED job has a final state"));
+  EXPECT_THAT(table.FinalState(jobs[2]->id()).status().message(),
+              HasSubstr("only a SUCCEEDED job has a final state"));
 }
 
 TEST(JobScheduler, DispatchesInFifoOrderAndCancelsQueuedJobs) {
@@ -620,7 +650,8 @@ TEST(JobScheduler, DispatchesInFifoOrderAndCancelsQueuedJobs) {
   }
   EXPECT_EQ(first->queue_position(), 1);
   EXPECT_THAT(first->message(), HasSubstr("waiting for 2 idle workers; 2 registered, 0 idle"));
-  EXPECT_TRUE(parts.scheduler.CancelQueued(b->id(), "test", absl::CancelledError("cancelled while queued")));
+  EXPECT_TRUE(parts.scheduler.CancelQueued(b->id(), "test",
+                                           absl::CancelledError("cancelled while queued")));
   EXPECT_EQ(b->state(), v1::JOB_STATE_CANCELLED);
   EXPECT_FALSE(parts.scheduler.CancelQueued(a->id(), "test", absl::CancelledError("no")));
 }

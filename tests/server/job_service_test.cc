@@ -94,7 +94,8 @@ TEST(JobService, FifoDispatchNeverLetsASmallerJobOvertake) {
   EXPECT_EQ(ec.queue_position(), 2);
   EXPECT_THAT(ec.message(), HasSubstr("1 job ahead in the queue"));
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  EXPECT_EQ(GetJob(server, ec.job_id()).state(), v1::JOB_STATE_QUEUED);  // the idle worker waits for b
+  EXPECT_EQ(GetJob(server, ec.job_id()).state(),
+            v1::JOB_STATE_QUEUED);  // the idle worker waits for b
   EXPECT_EQ(GetJob(server, ec.job_id()).queue_position(), 2);
   for (auto& w : workers) w->Release();
   EXPECT_TRUE(a.Finish().ok());
@@ -128,14 +129,17 @@ TEST(JobService, CancelQueuedJobsAndRunningOnes) {
   Submission gone(server, Args(1, 1));
   const std::string gone_id = gone.Next().job_id();
   gone.Cancel();  // the client goes away
-  EXPECT_TRUE(WaitUntil([&] { return GetJob(server, gone_id).state() == v1::JOB_STATE_CANCELLED; }));
+  EXPECT_TRUE(
+      WaitUntil([&] { return GetJob(server, gone_id).state() == v1::JOB_STATE_CANCELLED; }));
   EXPECT_THAT(GetJob(server, gone_id).error(), HasSubstr("the client of Submit went away"));
 
   EXPECT_EQ(CancelJob(server, running_id).state(), v1::JOB_STATE_CANCELLED);
   EXPECT_EQ(running.Finish().error_code(), grpc::StatusCode::CANCELLED);
-  EXPECT_TRUE(WaitUntil([&] { return !workers[0]->jobs().empty() && workers[0]->jobs()[0].cancelled; }));
+  EXPECT_TRUE(
+      WaitUntil([&] { return !workers[0]->jobs().empty() && workers[0]->jobs()[0].cancelled; }));
   std::map<std::string, std::string> state;
-  EXPECT_EQ(FetchState(server, running_id, &state).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(FetchState(server, running_id, &state).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
 }
 
 TEST(JobService, CancelWhileWaitingForTheClientsNextBatch) {
@@ -156,12 +160,15 @@ TEST(JobService, CancelWhileWaitingForTheClientsNextBatch) {
 TEST(JobService, ClientMayWaitForEachStepsResultBeforeSendingTheNextBatch) {
   TestServer server(FastOptions());
   auto workers = Workers(server, 2);
-  const std::vector<v1::SubmitJobRequest> reqs = Requests(Args(2, 3));  // spec, 3 state chunks, 2 per step
-  Submission job(server, std::vector<v1::SubmitJobRequest>(reqs.begin(), reqs.begin() + 4), /*close=*/false);
+  const std::vector<v1::SubmitJobRequest> reqs =
+      Requests(Args(2, 3));  // spec, 3 state chunks, 2 per step
+  Submission job(server, std::vector<v1::SubmitJobRequest>(reqs.begin(), reqs.begin() + 4),
+                 /*close=*/false);
   for (int64_t step = 1; step <= 3; ++step) {
     ASSERT_TRUE(job.Write(reqs[2 + 2 * step]));
     ASSERT_TRUE(job.Write(reqs[3 + 2 * step]));
-    const v1::JobEvent e = job.UntilStep(step);  // the server reports it without waiting for the next batch
+    const v1::JobEvent e =
+        job.UntilStep(step);  // the server reports it without waiting for the next batch
     ASSERT_EQ(e.step(), step) << e.DebugString();
     EXPECT_EQ(e.loss(), static_cast<double>(step));
   }
@@ -177,7 +184,8 @@ TEST(JobService, FullQueueIsResourceExhaustedAndJobsWaitForWorkersToAttach) {
   TestServer server(o);
   Submission first(server, Args(1, 1));
   const v1::JobEvent e = first.Next();
-  EXPECT_THAT(e.message(), HasSubstr("waiting for 1 idle worker; 0 registered (more workers must attach)"));
+  EXPECT_THAT(e.message(),
+              HasSubstr("waiting for 1 idle worker; 0 registered (more workers must attach)"));
   Submission second(server, Args(1, 1));
   const grpc::Status s = second.Finish();
   EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
@@ -198,14 +206,16 @@ TEST(JobService, JobsLargerThanTheRegisteredWorkersFailAfterTheGracePeriod) {
   const auto t0 = std::chrono::steady_clock::now();
   Submission big(server, Args(3, 1));
   const v1::JobEvent queued = big.Next();
-  EXPECT_THAT(queued.message(), HasSubstr("waiting for 3 idle workers; 2 registered (more workers must attach)"));
+  EXPECT_THAT(queued.message(),
+              HasSubstr("waiting for 3 idle workers; 2 registered (more workers must attach)"));
   Submission small(server, Args(1, 1));
   std::vector<v1::JobEvent> rest;
   const grpc::Status s = big.Finish(&rest);
   EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(450));
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
-  EXPECT_THAT(s.error_message(), HasSubstr("failed while queued: JobSpec.world_size 3 exceeds the 2 workers "
-                                           "registered (not LOST), so it cannot run"));
+  EXPECT_THAT(s.error_message(),
+              HasSubstr("failed while queued: JobSpec.world_size 3 exceeds the 2 workers "
+                        "registered (not LOST), so it cannot run"));
   ASSERT_FALSE(rest.empty());
   EXPECT_EQ(rest.back().state(), v1::JOB_STATE_FAILED);
   EXPECT_EQ(GetJob(server, queued.job_id()).state(), v1::JOB_STATE_FAILED);
@@ -216,7 +226,8 @@ TEST(JobService, JobsLargerThanTheRegisteredWorkersFailAfterTheGracePeriod) {
   const grpc::Status s2 = again.Finish();
   EXPECT_LT(std::chrono::steady_clock::now() - t1, std::chrono::milliseconds(400));
   EXPECT_EQ(s2.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
-  EXPECT_THAT(s2.error_message(), HasSubstr("JobSpec.world_size 3 exceeds the 2 workers registered"));
+  EXPECT_THAT(s2.error_message(),
+              HasSubstr("JobSpec.world_size 3 exceeds the 2 workers registered"));
   EXPECT_TRUE(Submission(server, Args(2, 1)).Finish().ok());
 }
 
@@ -231,14 +242,17 @@ TEST(JobService, SilentClientsFailAfterTheIdleLimitAndFreeTheWorkers) {
     Submission job(server, {reqs[0]}, /*close=*/false);
     const grpc::Status s = job.Finish();
     EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
-    EXPECT_THAT(s.error_message(), HasSubstr("the client sent nothing for 0.5 s while the job waited for its "
-                                             "initial state (0 of the"));
+    EXPECT_THAT(s.error_message(),
+                HasSubstr("the client sent nothing for 0.5 s while the job waited for its "
+                          "initial state (0 of the"));
   }
   {  // spec and state, then silence before step 1's batch
-    Submission job(server, std::vector<v1::SubmitJobRequest>(reqs.begin(), reqs.begin() + 4), /*close=*/false);
+    Submission job(server, std::vector<v1::SubmitJobRequest>(reqs.begin(), reqs.begin() + 4),
+                   /*close=*/false);
     const grpc::Status s = job.Finish();
     EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
-    EXPECT_THAT(s.error_message(), HasSubstr("while the job waited for step 1's batch (fxdp-server --client-idle-s)"));
+    EXPECT_THAT(s.error_message(),
+                HasSubstr("while the job waited for step 1's batch (fxdp-server --client-idle-s)"));
   }
   {  // nothing at all: not even a spec
     Submission job(server, {}, /*close=*/false);
@@ -252,14 +266,17 @@ TEST(JobService, SilentClientsFailAfterTheIdleLimitAndFreeTheWorkers) {
 
 TEST(JobService, MalformedSubmissionsAreInvalidArgumentNamingWhatIsWrong) {
   TestServer server(FastOptions());
-  auto expect_invalid = [&](const std::vector<v1::SubmitJobRequest>& reqs, const std::string& want) {
+  auto expect_invalid = [&](const std::vector<v1::SubmitJobRequest>& reqs,
+                            const std::string& want) {
     Submission sub(server, reqs);
     const grpc::Status s = sub.Finish();
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << want << ": " << s.error_message();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << want << ": " << s.error_message();
     EXPECT_THAT(s.error_message(), HasSubstr(want));
   };
   std::vector<v1::SubmitJobRequest> reqs = Requests(JobArgs());
-  expect_invalid({reqs[1]}, "the first SubmitJobRequest must carry the JobSpec, got an initial-state chunk");
+  expect_invalid({reqs[1]},
+                 "the first SubmitJobRequest must carry the JobSpec, got an initial-state chunk");
   expect_invalid({}, "the Submit stream ended before its first message");
   expect_invalid(Requests(Args(0, 1)), "JobSpec.world_size must be >= 1, got 0");
   expect_invalid(Requests(Args(9, 1)), "world size 9 is larger than the batch (8 samples)");
@@ -282,11 +299,14 @@ TEST(JobService, MalformedSubmissionsAreInvalidArgumentNamingWhatIsWrong) {
   expect_invalid(reqs, "step 1's batch: input 'input.0' is f32[8, 5], the graph expects f32[8, 4]");
   reqs = Requests(Args(1, 1));
   reqs[5].mutable_batch()->mutable_tensors(0)->set_name("labels");
-  expect_invalid(reqs, "step 1's batch: tensor 'labels' is not an INPUT of the graph (its inputs: input.0, input.1)");
+  expect_invalid(reqs,
+                 "step 1's batch: tensor 'labels' is not an INPUT of the graph (its inputs: "
+                 "input.0, input.1)");
   reqs = Requests(Args(1, 1));
   reqs[4].mutable_batch()->set_step(2);
   expect_invalid(reqs, "got a StepBatch for step 2, expected step 1");
-  expect_invalid(Requests(Args(1, 3, 2)), "the client ended the stream after the batches of 2 of 3 steps");
+  expect_invalid(Requests(Args(1, 3, 2)),
+                 "the client ended the stream after the batches of 2 of 3 steps");
   EXPECT_TRUE(WaitUntil([&] { return server.registry().IdleWorkers().size() == 1; }));
 }
 
@@ -306,11 +326,13 @@ TEST(JobService, LostRankFailsTheJobNamingItAndTheQueueGoesOn) {
     if (w->id() == running.workers(1)) rank1 = w.get();
     if (w->id() == running.workers(0)) rank0 = w.get();
   }
-  ASSERT_TRUE(WaitUntil([&] { return !rank0->jobs().empty() && !rank0->jobs()[0].batches.empty(); }));
+  ASSERT_TRUE(
+      WaitUntil([&] { return !rank0->jobs().empty() && !rank0->jobs()[0].batches.empty(); }));
   rank1->StopHeartbeats();  // hung: only the missing heartbeats tell
   const grpc::Status s = a.Finish();
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
-  EXPECT_THAT(s.error_message(), HasSubstr("job " + a_id + ": rank 1 (worker " + rank1->id() + ") was lost"));
+  EXPECT_THAT(s.error_message(),
+              HasSubstr("job " + a_id + ": rank 1 (worker " + rank1->id() + ") was lost"));
   EXPECT_TRUE(WaitUntil([&] { return rank0->jobs()[0].cancelled; }));
   for (auto& w : workers) w->Release();
   std::vector<v1::JobEvent> rest;
@@ -328,7 +350,9 @@ TEST(JobService, FailedRankFailsTheJobWithItsCode) {
   Submission job(server, Args(2, 3));
   const grpc::Status s = job.Finish();
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_THAT(s.error_message(), ::testing::MatchesRegex(".*rank [01] \\(worker w[01]\\) failed at step 2: node addmm.*"));
+  EXPECT_THAT(
+      s.error_message(),
+      ::testing::MatchesRegex(".*rank [01] \\(worker w[01]\\) failed at step 2: node addmm.*"));
   EXPECT_TRUE(WaitUntil([&] { return server.registry().IdleWorkers().size() == 2; }));
   // A worker's error text is bounded in the job's record (issue 17).
   for (auto& w : workers) w->FailAt(1, grpc::StatusCode::INTERNAL, std::string(1 << 20, 'e'));
@@ -348,7 +372,8 @@ TEST(JobService, DataPathsJobsSendEmptyBatches) {
   for (const auto& w : workers) {
     const auto rec = w->jobs().at(0);
     EXPECT_FALSE(rec.assign.batches_sharded());
-    EXPECT_THAT(rec.assign.data_paths(), ::testing::ElementsAre("/data/a.safetensors", "/data/b.safetensors"));
+    EXPECT_THAT(rec.assign.data_paths(),
+                ::testing::ElementsAre("/data/a.safetensors", "/data/b.safetensors"));
     ASSERT_EQ(rec.batches.size(), 2u);
     EXPECT_TRUE(rec.batches.at(1).empty() && rec.batches.at(2).empty());
   }
@@ -383,7 +408,8 @@ TEST(JobService, AScheduledJobCompilesOnceAndEveryRankGetsEachStepsValues) {
   EXPECT_EQ(server.cache_stats().misses - misses_before, 1);
   v1::JobInfo info = GetJob(server, ev[0].job_id());
   EXPECT_FALSE(info.compile_cached());
-  EXPECT_THAT(info.hyperparameters(), ::testing::ElementsAre("optim.group0.lr", "optim.group0.weight_decay"));
+  EXPECT_THAT(info.hyperparameters(),
+              ::testing::ElementsAre("optim.group0.lr", "optim.group0.weight_decay"));
   for (const auto& w : workers) {
     const auto rec = w->jobs().at(0);
     ASSERT_EQ(rec.hyperparameters.size(), 5u) << w->id();
@@ -404,7 +430,8 @@ TEST(JobService, AScheduledJobCompilesOnceAndEveryRankGetsEachStepsValues) {
   };
   std::vector<v1::SubmitJobRequest> reqs = Requests(streamed);
   // spec, 5 state messages (the graph's lr and weight_decay too), 2 batch messages a step
-  v1::HyperparameterValue* h = reqs[8].mutable_batch()->add_hyperparameters();  // step 2's first message
+  v1::HyperparameterValue* h =
+      reqs[8].mutable_batch()->add_hyperparameters();  // step 2's first message
   h->set_name("optim.group0.lr");
   h->set_value(0.25);
   h = reqs[9].mutable_batch()->add_hyperparameters();  // step 2's last message
@@ -417,21 +444,25 @@ TEST(JobService, AScheduledJobCompilesOnceAndEveryRankGetsEachStepsValues) {
   EXPECT_TRUE(GetJob(server, ev[0].job_id()).compile_cached());
   for (const auto& w : workers) {
     const auto rec = w->jobs().at(1);
-    EXPECT_THAT(rec.hyperparameters.at(1), ::testing::ElementsAre(::testing::Pair("optim.group0.weight_decay", 0.01)));
+    EXPECT_THAT(rec.hyperparameters.at(1),
+                ::testing::ElementsAre(::testing::Pair("optim.group0.weight_decay", 0.01)));
     EXPECT_THAT(rec.hyperparameters.at(2),
                 ::testing::ElementsAre(::testing::Pair("optim.group0.lr", 0.25),
                                        ::testing::Pair("optim.group0.weight_decay", 0.5)));
-    EXPECT_THAT(rec.hyperparameters.at(3), ::testing::ElementsAre(::testing::Pair("optim.group0.weight_decay", 0.03)));
+    EXPECT_THAT(rec.hyperparameters.at(3),
+                ::testing::ElementsAre(::testing::Pair("optim.group0.weight_decay", 0.03)));
   }
 }
 
 TEST(JobService, BadSchedulesAreInvalidArgumentNamingTheName) {
   TestServer server(FastOptions());
   auto workers = Workers(server, 1);
-  auto expect_invalid = [&](const std::vector<v1::SubmitJobRequest>& reqs, const std::string& want) {
+  auto expect_invalid = [&](const std::vector<v1::SubmitJobRequest>& reqs,
+                            const std::string& want) {
     Submission sub(server, reqs);
     const grpc::Status s = sub.Finish();
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << want << ": " << s.error_message();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << want << ": " << s.error_message();
     EXPECT_THAT(s.error_message(), HasSubstr(want));
   };
   auto with = [](int64_t steps, std::function<void(v1::JobSpec&)> edit) {
@@ -443,12 +474,14 @@ TEST(JobService, BadSchedulesAreInvalidArgumentNamingTheName) {
     return Requests(a);
   };
   const int64_t misses = server.cache_stats().misses;
-  expect_invalid(with(2, [](v1::JobSpec& s) { AddSeries(s, "optim.group0.momentum", {0.9, 0.9}); }),
-                 "JobSpec.schedule: 'optim.group0.momentum' is not a hyper-parameter of the graph (no "
-                 "placeholder has that state name; its hyper-parameters: optim.group0.lr, "
-                 "optim.group0.weight_decay)");
-  expect_invalid(with(2, [](v1::JobSpec& s) { AddSeries(s, "fc.weight", {0.9, 0.9}); }),
-                 "'fc.weight' is not a hyper-parameter of the graph (it is the state of placeholder 'w'");
+  expect_invalid(
+      with(2, [](v1::JobSpec& s) { AddSeries(s, "optim.group0.momentum", {0.9, 0.9}); }),
+      "JobSpec.schedule: 'optim.group0.momentum' is not a hyper-parameter of the graph (no "
+      "placeholder has that state name; its hyper-parameters: optim.group0.lr, "
+      "optim.group0.weight_decay)");
+  expect_invalid(
+      with(2, [](v1::JobSpec& s) { AddSeries(s, "fc.weight", {0.9, 0.9}); }),
+      "'fc.weight' is not a hyper-parameter of the graph (it is the state of placeholder 'w'");
   expect_invalid(with(3, [](v1::JobSpec& s) { AddSeries(s, "optim.group0.lr", {0.1, 0.2}); }),
                  "JobSpec.schedule: 'optim.group0.lr' has 2 values for 3 steps");
   expect_invalid(with(0, [](v1::JobSpec& s) { AddSeries(s, "optim.group0.lr", {0.1}); }),
@@ -457,10 +490,13 @@ TEST(JobService, BadSchedulesAreInvalidArgumentNamingTheName) {
   EXPECT_EQ(server.cache_stats().misses, misses);
   // A StepBatch naming something else fails the running job.
   std::vector<v1::SubmitJobRequest> reqs = with(1, [](v1::JobSpec&) {});
-  v1::HyperparameterValue* h = reqs[6].mutable_batch()->add_hyperparameters();  // after 5 state messages
+  v1::HyperparameterValue* h =
+      reqs[6].mutable_batch()->add_hyperparameters();  // after 5 state messages
   h->set_name("optim.group0.betas");
   h->set_value(0.9);
-  expect_invalid(reqs, "step 1's batch: StepBatch.hyperparameters: 'optim.group0.betas' is not a hyper-parameter");
+  expect_invalid(
+      reqs,
+      "step 1's batch: StepBatch.hyperparameters: 'optim.group0.betas' is not a hyper-parameter");
   EXPECT_TRUE(WaitUntil([&] { return server.registry().IdleWorkers().size() == 1; }));
 }
 

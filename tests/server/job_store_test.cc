@@ -45,7 +45,8 @@ TEST(JobStore, RecordsAndStatesSurviveAReopenAndRecoveryResolvesEachJob) {
   const std::string dir = TempDir();
   v1::JobSpec files_spec = MlpSpec(2, 3);
   files_spec.add_data_paths("/data/batch.safetensors");
-  const std::vector<v1::TensorChunk> initial = {F32("fc.weight", {3, 4}, 0), F32("fc.bias", {3}, 100)};
+  const std::vector<v1::TensorChunk> initial = {F32("fc.weight", {3, 4}, 0),
+                                                F32("fc.bias", {3}, 100)};
   // The final state in two chunks of one tensor and a second tensor.
   v1::TensorChunk w = F32("fc.weight", {3, 4}, 7), w2 = w;
   w.set_data(w.data().substr(0, 20));
@@ -73,7 +74,8 @@ TEST(JobStore, RecordsAndStatesSurviveAReopenAndRecoveryResolvesEachJob) {
   EXPECT_EQ(r.jobs[0]->owner.identity, "alice");  // ownership survives the restart
   EXPECT_EQ(r.jobs[1]->state(), v1::JOB_STATE_FAILED);
   EXPECT_EQ(r.jobs[1]->info.error_code(), static_cast<int>(absl::StatusCode::kUnavailable));
-  EXPECT_THAT(r.jobs[1]->info.error(), HasSubstr("job job-2-b: the server restarted while the job ran"));
+  EXPECT_THAT(r.jobs[1]->info.error(),
+              HasSubstr("job job-2-b: the server restarted while the job ran"));
   EXPECT_EQ(r.jobs[2]->state(), v1::JOB_STATE_FAILED);
   EXPECT_THAT(r.jobs[2]->info.error(), HasSubstr("its batches came over its Submit stream"));
   ASSERT_EQ(r.to_run.size(), 1u);
@@ -114,7 +116,9 @@ TEST(JobStore, ARunningDataPathsJobWithACheckpointResumesAfterItsStep) {
     auto store = ValueOrDie(server::JobStore::Open(dir));
     v1::JobInfo info = Info("job-1-r", v1::JOB_STATE_QUEUED);
     ASSERT_TRUE(store->Insert(1, info, spec).ok());
-    ASSERT_TRUE(store->WriteInitialState("job-1-r", {F32("fc.weight", {3, 4}, 0), F32("fc.bias", {3}, 0)}).ok());
+    ASSERT_TRUE(
+        store->WriteInitialState("job-1-r", {F32("fc.weight", {3, 4}, 0), F32("fc.bias", {3}, 0)})
+            .ok());
     ASSERT_TRUE(store->WriteCheckpoint("job-1-r", 3, at6).ok());
     ASSERT_TRUE(store->WriteCheckpoint("job-1-r", 6, at6).ok());  // replaces step 3's
     info.set_state(v1::JOB_STATE_RUNNING);
@@ -172,7 +176,9 @@ TEST(JobStore, AFailedJobKeepsItsCheckpointAndSpecToBeResumed) {
   ASSERT_TRUE(store->Insert(3, Info("job-3-r", v1::JOB_STATE_QUEUED), spec).ok());
   ASSERT_TRUE(store->ShareCheckpoint("job-1-f", "job-3-r", 4).ok());
   EXPECT_EQ(ValueOrDie(store->ReadResumePoint("job-3-r")).checkpoint_step, 4);
-  ASSERT_TRUE(store->WriteCheckpoint("job-3-r", 6, {F32("fc.weight", {3, 4}, 60), F32("fc.bias", {3}, 6)}).ok());
+  ASSERT_TRUE(
+      store->WriteCheckpoint("job-3-r", 6, {F32("fc.weight", {3, 4}, 60), F32("fc.bias", {3}, 6)})
+          .ok());
   EXPECT_EQ(WeightOf(ValueOrDie(store->ReadCheckpoint("job-1-f")).state), at4[0].data());
   // Succeeded: its checkpoint goes.
   ASSERT_TRUE(store->Update(Info("job-3-r", v1::JOB_STATE_SUCCEEDED), true).ok());
@@ -185,7 +191,8 @@ TEST(JobStore, AFailedJobKeepsItsCheckpointAndSpecToBeResumed) {
 TEST(JobStore, ACheckpointFileNewerThanItsRecordedStepIsTakenAtItsOwnStep) {
   const std::string dir = TempDir();
   v1::JobSpec spec;
-  *spec.mutable_graph() = ir::EncodeGraph(ValueOrDie(ir::ParseGraphText(ReadTestData("mlp_sgd.txt"))));
+  *spec.mutable_graph() =
+      ir::EncodeGraph(ValueOrDie(ir::ParseGraphText(ReadTestData("mlp_sgd.txt"))));
   spec.set_world_size(1);
   spec.set_steps(10);
   spec.add_data_paths("/data/a.safetensors");
@@ -198,10 +205,14 @@ TEST(JobStore, ACheckpointFileNewerThanItsRecordedStepIsTakenAtItsOwnStep) {
     for (int i = 1; i <= 7; ++i) info.add_losses(i);
     ASSERT_TRUE(store->Insert(1, info, spec).ok());
     ASSERT_TRUE(store->Insert(2, Info("job-2-c", v1::JOB_STATE_RUNNING), spec).ok());
-    ASSERT_TRUE(store->WriteCheckpoint("job-1-c", 4, {F32("fc.weight", {3, 4}, 40), F32("fc.bias", {3}, 4)}).ok());
+    ASSERT_TRUE(
+        store->WriteCheckpoint("job-1-c", 4, {F32("fc.weight", {3, 4}, 40), F32("fc.bias", {3}, 4)})
+            .ok());
     ASSERT_TRUE(store->WriteCheckpoint("job-2-c", 6, at6).ok());
     // job-1-c's file of step 6 is in place, its record still says 4.
-    ASSERT_EQ(std::rename(store->CheckpointPath("job-2-c").c_str(), store->CheckpointPath("job-1-c").c_str()), 0);
+    ASSERT_EQ(std::rename(store->CheckpointPath("job-2-c").c_str(),
+                          store->CheckpointPath("job-1-c").c_str()),
+              0);
   }
   auto store = ValueOrDie(server::JobStore::Open(dir));
   EXPECT_EQ(ValueOrDie(store->ReadResumePoint("job-1-c")).checkpoint_step, 4);
@@ -229,9 +240,11 @@ TEST(GraphDifference, NamesTheStateTensorTheNodeCountOrTheFirstNodeThatDiffers) 
   EXPECT_EQ(server::GraphDifference(g, with("alpha=0.1)\n  %new_b", "alpha=0.2)\n  %new_b")),
             "node 'new_w' (#17, aten::sub.Tensor) differs (its arguments or output types)");
   EXPECT_EQ(server::GraphDifference(g, with("aten::mean(%pow)", "aten::sum(%pow)")),
-            "node 'loss' (#8, aten::mean) in the resumed job's graph is node 'loss' (#8, aten::sum) in the new one");
+            "node 'loss' (#8, aten::mean) in the resumed job's graph is node 'loss' (#8, "
+            "aten::sum) in the new one");
   std::string renamed = text;
-  for (size_t at; (at = renamed.find("\"fc.bias\"")) != std::string::npos;) renamed.replace(at, 9, "\"fc.b\"");
+  for (size_t at; (at = renamed.find("\"fc.bias\"")) != std::string::npos;)
+    renamed.replace(at, 9, "\"fc.b\"");
   EXPECT_EQ(server::GraphDifference(g, ir::EncodeGraph(ValueOrDie(ir::ParseGraphText(renamed)))),
             "state tensor or input 'fc.bias' (f32[3] PARAMETER) is not in the new graph");
 }

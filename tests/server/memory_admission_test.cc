@@ -39,24 +39,30 @@ TEST(MemoryAdmission, RefusesTheFirstRankThatDoesNotFit) {
   const absl::Status rep =
       CheckRanksFit("job-1", Expanded(v1::DATA_PARALLEL_STYLE_REPLICATE, 2), {"a", "b"}, known);
   EXPECT_EQ(rep.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(rep.message()),
-              AllOf(HasSubstr("job job-1: rank 1 does not fit worker b: its state under replicate on 2 ranks "
-                              "needs 4.4 KiB (4500 bytes) (parameters 1000 + gradients 1000 + optimizer state 2000 "
-                              "+ other state 0 + largest bucket 500 bytes; activations come on top), the worker "
-                              "has 4.4 KiB (4499 bytes) (--memory-limit)"),
-                    HasSubstr("with --style fully_shard each rank holds 1/2 of the parameters, gradients and "
-                              "optimizer state, 2.0 KiB (2000 bytes), plus the gathered units")));
+  EXPECT_THAT(
+      std::string(rep.message()),
+      AllOf(
+          HasSubstr(
+              "job job-1: rank 1 does not fit worker b: its state under replicate on 2 ranks "
+              "needs 4.4 KiB (4500 bytes) (parameters 1000 + gradients 1000 + optimizer state 2000 "
+              "+ other state 0 + largest bucket 500 bytes; activations come on top), the worker "
+              "has 4.4 KiB (4499 bytes) (--memory-limit)"),
+          HasSubstr("with --style fully_shard each rank holds 1/2 of the parameters, gradients and "
+                    "optimizer state, 2.0 KiB (2000 bytes), plus the gathered units")));
   const absl::Status fs =
       CheckRanksFit("job-1", Expanded(v1::DATA_PARALLEL_STYLE_FULLY_SHARD, 2), {"b", "a"}, known);
   EXPECT_EQ(fs.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(fs.message()), AllOf(HasSubstr("rank 0 does not fit worker b: its state under fully_shard"),
-                                                HasSubstr("more ranks (--world-size)")));
+  EXPECT_THAT(std::string(fs.message()),
+              AllOf(HasSubstr("rank 0 does not fit worker b: its state under fully_shard"),
+                    HasSubstr("more ranks (--world-size)")));
 }
 
 TEST(MemoryAdmission, FitsOrUnknownPasses) {
   const auto known = {Worker("a", 4500, "--memory-limit"), Worker("u", 0, "")};
-  EXPECT_TRUE(CheckRanksFit("j", Expanded(v1::DATA_PARALLEL_STYLE_REPLICATE, 2), {"a", "u"}, known).ok());
-  EXPECT_TRUE(CheckRanksFit("j", v1::ExpandResponse(), {"a"}, {Worker("a", 1, "")}).ok());  // no figure
+  EXPECT_TRUE(
+      CheckRanksFit("j", Expanded(v1::DATA_PARALLEL_STYLE_REPLICATE, 2), {"a", "u"}, known).ok());
+  EXPECT_TRUE(
+      CheckRanksFit("j", v1::ExpandResponse(), {"a"}, {Worker("a", 1, "")}).ok());  // no figure
 }
 
 TEST(ByteSize, Units) {
@@ -67,7 +73,8 @@ TEST(ByteSize, Units) {
   EXPECT_EQ(b, int64_t{3} << 29);
   ASSERT_TRUE(util::ParseByteSize("70324272", &b));
   EXPECT_EQ(b, 70324272);
-  for (const char* bad : {"", "MB", "-1MB", "0", "12XB", "nanMB", "1e30TB"}) EXPECT_FALSE(util::ParseByteSize(bad, &b)) << bad;
+  for (const char* bad : {"", "MB", "-1MB", "0", "12XB", "nanMB", "1e30TB"})
+    EXPECT_FALSE(util::ParseByteSize(bad, &b)) << bad;
 }
 
 }  // namespace

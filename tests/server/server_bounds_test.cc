@@ -34,7 +34,8 @@ JobArgs BigStateJob() {
   a.edit_spec = [](v1::JobSpec& spec) {
     const std::string text = absl::StrReplaceAll(
         ReadTestData("mlp_sgd.txt"),
-        {{"  %x: f32[8, 4]", absl::StrCat("  %big: f32[", kBigNumel, "] = placeholder() {role=BUFFER, state=\"big\"}\n"
+        {{"  %x: f32[8, 4]", absl::StrCat("  %big: f32[", kBigNumel,
+                                          "] = placeholder() {role=BUFFER, state=\"big\"}\n"
                                           "  %x: f32[8, 4]")}});
     *spec.mutable_graph() = ir::EncodeGraph(ValueOrDie(ir::ParseGraphText(text)));
   };
@@ -62,7 +63,8 @@ std::shared_ptr<grpc::Channel> SmallWindowChannel(const TestServer& s) {
 
 // A FetchState call that reads only when told.
 struct OpenFetch {
-  OpenFetch(const std::shared_ptr<grpc::Channel>& channel, const std::string& id, uint32_t chunk_bytes)
+  OpenFetch(const std::shared_ptr<grpc::Channel>& channel, const std::string& id,
+            uint32_t chunk_bytes)
       : stub(v1::JobService::NewStub(channel)) {
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
     v1::FetchJobStateRequest req;
@@ -92,11 +94,13 @@ TEST(ServerBounds, FetchStateChunkSizeIsClamped) {
     while (f.reader->Read(&c)) {
       got[c.tensor().name()] += c.tensor().data();
       if (c.tensor().name() == "big") sizes.push_back(c.tensor().data().size());
-      ASSERT_LT(sizes.size(), 1000u) << "chunk_bytes " << asked << ": chunks of " << sizes.front() << " bytes";
+      ASSERT_LT(sizes.size(), 1000u)
+          << "chunk_bytes " << asked << ": chunks of " << sizes.front() << " bytes";
     }
     ASSERT_TRUE(f.reader->Finish().ok());
     // The kept state holds "big" in one 2 MiB piece, under the ceiling.
-    const size_t want = asked < server::kMinFetchChunkBytes ? server::kMinFetchChunkBytes : big.size();
+    const size_t want =
+        asked < server::kMinFetchChunkBytes ? server::kMinFetchChunkBytes : big.size();
     EXPECT_EQ(sizes.size(), big.size() / want) << "chunk_bytes " << asked;
     EXPECT_EQ(sizes.front(), want);
     EXPECT_TRUE(got.at("big") == big);
@@ -127,15 +131,17 @@ TEST(ServerBounds, FetchStateCallsAreBoundedAndSilentOnesCancelled) {
   EXPECT_FALSE(third.reader->Read(&c));
   const grpc::Status refused = third.reader->Finish();
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
-  EXPECT_THAT(refused.error_message(),
-              HasSubstr("this server takes at most 2 FetchState calls at once (fxdp-server --max-fetch-streams)"));
+  EXPECT_THAT(refused.error_message(), HasSubstr("this server takes at most 2 FetchState calls at "
+                                                 "once (fxdp-server --max-fetch-streams)"));
   // The silent calls read nothing more: after --client-idle-s the server
   // cancels them and their slots are free for another fetch.
   std::map<std::string, std::string> state;
-  EXPECT_TRUE(WaitUntil([&] {
-    state.clear();
-    return FetchState(server, id, &state).ok();
-  }, 30));
+  EXPECT_TRUE(WaitUntil(
+      [&] {
+        state.clear();
+        return FetchState(server, id, &state).ok();
+      },
+      30));
   EXPECT_EQ(state.at("big").size(), size_t{4} * kBigNumel);
   for (auto& f : silent) {
     while (f->reader->Read(&c)) {
@@ -152,15 +158,17 @@ TEST(ServerBounds, ExpandWorldSizeIsBoundedBeforeAnythingIsComputed) {
   v1::ExpandRequest req;
   // A batch of 65536 that 2000 ranks split unevenly: 2000 rank graphs before.
   const std::string text = absl::StrReplaceAll(
-      ReadTestData("mlp_sgd.txt"),
-      {{"[8, ", "[65536, "}, {"[3, 8]", "[3, 65536]"}, {"div.Scalar(%expand, 24)", "div.Scalar(%expand, 196608)"}});
+      ReadTestData("mlp_sgd.txt"), {{"[8, ", "[65536, "},
+                                    {"[3, 8]", "[3, 65536]"},
+                                    {"div.Scalar(%expand, 24)", "div.Scalar(%expand, 196608)"}});
   *req.mutable_graph() = ir::EncodeGraph(ValueOrDie(ir::ParseGraphText(text)));
   req.set_world_size(2000);
   grpc::ClientContext ctx;
   v1::ExpandResponse resp;
   const grpc::Status s = stub->Expand(&ctx, req, &resp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
-  EXPECT_EQ(s.error_message(), "world_size 2000 is over this server's limit of 1024 (fxdp-server --max-world-size)");
+  EXPECT_EQ(s.error_message(),
+            "world_size 2000 is over this server's limit of 1024 (fxdp-server --max-world-size)");
 }
 
 // 25.5: the rank graphs an Expand would build (one, or one per rank when the
@@ -179,20 +187,22 @@ TEST(ServerBounds, ExpandRankGraphsAreBoundedBeforeTheyAreBuilt) {
     v1::ExpandResponse resp;
     return stub->Expand(&ctx, req, &resp);
   };
-  EXPECT_TRUE(expand(4).ok());  // 8 samples over 4 ranks: one graph for all
+  EXPECT_TRUE(expand(4).ok());       // 8 samples over 4 ranks: one graph for all
   const grpc::Status s = expand(3);  // 3, 3, 2: three graphs
   EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
   EXPECT_THAT(s.error_message(),
-              HasSubstr(absl::StrCat("would build 3 rank graphs (one graph per rank: the ranks' graphs differ (the "
-                                     "batch splits unevenly over 3 ranks, or values are sliced per rank)) of the ",
-                                     nodes, "-node graph: ", 3 * nodes, " nodes, over this server's limit of ",
-                                     2 * nodes, " (fxdp-server --max-expanded-nodes)")));
+              HasSubstr(absl::StrCat(
+                  "would build 3 rank graphs (one graph per rank: the ranks' graphs differ (the "
+                  "batch splits unevenly over 3 ranks, or values are sliced per rank)) of the ",
+                  nodes, "-node graph: ", 3 * nodes, " nodes, over this server's limit of ",
+                  2 * nodes, " (fxdp-server --max-expanded-nodes)")));
   // A job's expansion is bounded the same way.
   auto workers = Workers(server, 3);
   const grpc::Status job = Submission(server, Args(3, 1)).Finish();
   EXPECT_EQ(job.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << job.error_message();
-  EXPECT_THAT(job.error_message(), HasSubstr("expanding the graph for 3 ranks: the expansion for world_size 3 would "
-                                             "build 3 rank graphs"));
+  EXPECT_THAT(job.error_message(),
+              HasSubstr("expanding the graph for 3 ranks: the expansion for world_size 3 would "
+                        "build 3 rank graphs"));
 }
 
 // 25.5: a Submit for more ranks than are registered (once the grace period
@@ -204,7 +214,8 @@ TEST(ServerBounds, MoreRanksThanWorkersIsRefusedBeforeTheExpansion) {
   auto workers = Workers(server, 2);
   const grpc::Status s = Submission(server, Args(5, 1)).Finish();
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
-  EXPECT_THAT(s.error_message(), HasSubstr("JobSpec.world_size 5 exceeds the 2 workers registered"));
+  EXPECT_THAT(s.error_message(),
+              HasSubstr("JobSpec.world_size 5 exceeds the 2 workers registered"));
   EXPECT_EQ(server.cache_stats().misses, 0) << "the graph was expanded before the job was refused";
 }
 

@@ -96,7 +96,8 @@ TEST(JobQueue, StrictFifoWithReservations) {
   ASSERT_TRUE(q.Push("a", 2).ok());
   ASSERT_TRUE(q.Push("b", 1).ok());
   ASSERT_TRUE(q.Push("c", 1).ok());
-  EXPECT_THAT(q.Push("d", 1), StatusIs(absl::StatusCode::kResourceExhausted, "--max-queued-jobs is 3"));
+  EXPECT_THAT(q.Push("d", 1),
+              StatusIs(absl::StatusCode::kResourceExhausted, "--max-queued-jobs is 3"));
   EXPECT_EQ(q.Position("b"), 2);
   EXPECT_EQ(q.Position("nope"), 0);
   // One idle worker: the head needs two, so nobody starts (b may not overtake).
@@ -154,8 +155,8 @@ TEST(StateStore, EvictsTheOldestFirst) {
   EXPECT_EQ(store.size(), 0u);
 }
 
-v1::TensorChunk Chunk(const std::string& name, std::vector<int64_t> shape, std::string data, uint64_t offset = 0,
-                      v1::DType dtype = v1::FLOAT32) {
+v1::TensorChunk Chunk(const std::string& name, std::vector<int64_t> shape, std::string data,
+                      uint64_t offset = 0, v1::DType dtype = v1::FLOAT32) {
   v1::TensorChunk c;
   c.set_name(name);
   c.set_dtype(dtype);
@@ -171,21 +172,27 @@ TEST(ChunkStream, AssemblesTensorsAndNamesEveryError) {
   EXPECT_TRUE(s.pending());
   EXPECT_THAT(s.Add(Chunk("y", {1}, "bbbb")),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       "step 1's batch: a chunk of tensor 'y' came before tensor 'x' was complete (6 of 16 bytes)"));
-  EXPECT_THAT(s.Add(Chunk("x", {2, 2}, "c", 7)),
-              StatusIs(absl::StatusCode::kInvalidArgument, "tensor 'x': chunk at offset 7, expected 6"));
+                       "step 1's batch: a chunk of tensor 'y' came before tensor 'x' was complete "
+                       "(6 of 16 bytes)"));
+  EXPECT_THAT(
+      s.Add(Chunk("x", {2, 2}, "c", 7)),
+      StatusIs(absl::StatusCode::kInvalidArgument, "tensor 'x': chunk at offset 7, expected 6"));
   EXPECT_THAT(s.Add(Chunk("x", {2, 3}, "c", 6)),
-              StatusIs(absl::StatusCode::kInvalidArgument, "a chunk says f32[2, 3], the first said f32[2, 2]"));
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "a chunk says f32[2, 3], the first said f32[2, 2]"));
   EXPECT_THAT(s.Add(Chunk("x", {2, 2}, std::string(11, 'c'), 6)),
               StatusIs(absl::StatusCode::kInvalidArgument, "runs past the tensor's 16 bytes"));
   ASSERT_TRUE(s.Add(Chunk("x", {2, 2}, std::string(10, 'c'), 6)).ok());
   EXPECT_FALSE(s.pending());
   ASSERT_TRUE(s.Add(Chunk("e", {0, 3}, "")).ok());  // an empty tensor is one empty chunk
-  EXPECT_THAT(s.Add(Chunk("x", {1}, "dddd")), StatusIs(absl::StatusCode::kInvalidArgument, "tensor 'x': sent twice"));
-  EXPECT_THAT(s.Add(Chunk("z", {-1}, "")), StatusIs(absl::StatusCode::kInvalidArgument, "negative dim"));
+  EXPECT_THAT(s.Add(Chunk("x", {1}, "dddd")),
+              StatusIs(absl::StatusCode::kInvalidArgument, "tensor 'x': sent twice"));
+  EXPECT_THAT(s.Add(Chunk("z", {-1}, "")),
+              StatusIs(absl::StatusCode::kInvalidArgument, "negative dim"));
   EXPECT_THAT(s.Add(Chunk("z", {1}, "", 0, static_cast<v1::DType>(99))),
               StatusIs(absl::StatusCode::kInvalidArgument, "unknown dtype 99"));
-  EXPECT_THAT(s.Add(Chunk("z", {int64_t{1} << 62, 8}, "")), StatusIs(absl::StatusCode::kInvalidArgument, "too large"));
+  EXPECT_THAT(s.Add(Chunk("z", {int64_t{1} << 62, 8}, "")),
+              StatusIs(absl::StatusCode::kInvalidArgument, "too large"));
   EXPECT_EQ(s.complete(), 2u);
   const std::vector<RawTensor> t = s.Take();
   ASSERT_EQ(t.size(), 2u);
@@ -203,7 +210,8 @@ RawTensor Iota(std::vector<int64_t> shape) {
 
 std::vector<int32_t> Ints(const std::string& bytes) {
   std::vector<int32_t> v(bytes.size() / 4);
-  if (!v.empty()) std::memcpy(v.data(), bytes.data(), bytes.size());  // data() may be null when empty
+  if (!v.empty())
+    std::memcpy(v.data(), bytes.data(), bytes.size());  // data() may be null when empty
   return v;
 }
 
@@ -213,8 +221,10 @@ TEST(SliceDim, SlicesAnyDimOfARowMajorTensor) {
   EXPECT_THAT(Ints(*SliceDim(t, 1, 1, 2)), ElementsAre(2, 3, 4, 5, 8, 9, 10, 11));
   EXPECT_THAT(Ints(*SliceDim(t, 2, 1, 1)), ElementsAre(1, 3, 5, 7, 9, 11));
   EXPECT_THAT(Ints(*SliceDim(t, 1, 3, 0)), IsEmpty());
-  EXPECT_THAT(SliceDim(t, 1, 2, 2).status(), StatusIs(absl::StatusCode::kInvalidArgument, "no slice [2, 4) along dim 1"));
-  EXPECT_THAT(SliceDim(t, 3, 0, 1).status(), StatusIs(absl::StatusCode::kInvalidArgument, "along dim 3"));
+  EXPECT_THAT(SliceDim(t, 1, 2, 2).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "no slice [2, 4) along dim 1"));
+  EXPECT_THAT(SliceDim(t, 3, 0, 1).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "along dim 3"));
 }
 
 TEST(RechunkTensor, SplitsWithOffsets) {

@@ -35,8 +35,8 @@ std::string Floats(int64_t n, float start) {
 }
 
 // `data` of a tensor as chunks of `chunk` bytes (one empty chunk when empty).
-std::vector<v1::TensorChunk> Chunks(const std::string& name, std::vector<int64_t> shape, const std::string& data,
-                                    size_t chunk) {
+std::vector<v1::TensorChunk> Chunks(const std::string& name, std::vector<int64_t> shape,
+                                    const std::string& data, size_t chunk) {
   std::vector<v1::TensorChunk> out;
   size_t off = 0;
   do {
@@ -76,9 +76,11 @@ std::map<std::string, server::RawTensor> Receive(const std::vector<v1::TensorChu
 
 TEST(StateShards, EveryRankGetsItsPaddedFlatShardAndTheWholeComesBack) {
   for (int world : {1, 2, 3, 4}) {
-    for (std::vector<int64_t> shape : std::vector<std::vector<int64_t>>{{0}, {1}, {5}, {3, 4}, {7, 3}, {2, 2, 2}}) {
+    for (std::vector<int64_t> shape :
+         std::vector<std::vector<int64_t>>{{0}, {1}, {5}, {3, 4}, {7, 3}, {2, 2, 2}}) {
       for (size_t chunk : {1, 3, 4, 8, 1000}) {
-        SCOPED_TRACE(::testing::Message() << "world " << world << " shape[0] " << shape[0] << " chunk " << chunk);
+        SCOPED_TRACE(::testing::Message()
+                     << "world " << world << " shape[0] " << shape[0] << " chunk " << chunk);
         int64_t n = 1;
         for (int64_t d : shape) n *= d;
         const std::string w = Floats(n, 1.0f), bias = Floats(3, 100.0f);
@@ -94,14 +96,17 @@ TEST(StateShards, EveryRankGetsItsPaddedFlatShardAndTheWholeComesBack) {
           const FlatShard f = FlatShardOf(n, world, r);
           ASSERT_EQ(got["w"].shape, std::vector<int64_t>{f.shard_numel});
           // the real elements, then zeros
-          std::string want = w.substr(static_cast<size_t>(f.begin) * 4, static_cast<size_t>(f.real()) * 4);
+          std::string want =
+              w.substr(static_cast<size_t>(f.begin) * 4, static_cast<size_t>(f.real()) * 4);
           want.resize(static_cast<size_t>(f.shard_numel) * 4, '\0');
           EXPECT_EQ(got["w"].data, want) << "rank " << r;
           EXPECT_EQ(got["b"].data, bias);
           EXPECT_EQ(got["b"].shape, std::vector<int64_t>{3});
           // the rank sends its state back (another chunking; the rank's own order)
-          for (const auto& c : Chunks("w", {f.shard_numel}, got["w"].data, 6)) ASSERT_TRUE(gather.Add(r, c).ok());
-          for (const auto& c : Chunks("b", {3}, got["b"].data, 6)) ASSERT_TRUE(gather.Add(r, c).ok());
+          for (const auto& c : Chunks("w", {f.shard_numel}, got["w"].data, 6))
+            ASSERT_TRUE(gather.Add(r, c).ok());
+          for (const auto& c : Chunks("b", {3}, got["b"].data, 6))
+            ASSERT_TRUE(gather.Add(r, c).ok());
         }
         absl::StatusOr<server::StateStore::State> whole = gather.Finish();
         ASSERT_TRUE(whole.ok()) << whole.status();
@@ -122,8 +127,9 @@ TEST(StateShards, AShardedTensorOfTheWrongShapeIsRefusedNamingIt) {
   std::vector<std::vector<v1::TensorChunk>> to(2);
   const absl::Status s = split.Add(Chunks("fc.weight", {3, 4}, Floats(12, 0), 1 << 20)[0], &to);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(s.message()),
-              HasSubstr("initial state: tensor 'fc.weight' is f32[3, 4], the graph's is f32[4, 3]"));
+  EXPECT_THAT(
+      std::string(s.message()),
+      HasSubstr("initial state: tensor 'fc.weight' is f32[3, 4], the graph's is f32[4, 3]"));
 }
 
 TEST(StateShards, AShortOrMisshapenShardIsDataLossNamingTheRank) {
@@ -140,7 +146,8 @@ TEST(StateShards, AShortOrMisshapenShardIsDataLossNamingTheRank) {
   StateGatherer gather(2, sharded, 1 << 20);
   const absl::Status s = gather.Add(1, Chunks("w", {5}, Floats(5, 0), 100)[0]);
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("rank 1: shard of 'w' is f32[5], expected f32[3]"));
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("rank 1: shard of 'w' is f32[5], expected f32[3]"));
 }
 
 }  // namespace

@@ -12,12 +12,14 @@ TestServer::TestServer(server::JobServiceOptions jobs, server::WorkerRegistryOpt
                        const security::ServerSecurity* security, server::CompileLimits limits)
     : compile_({}, limits, security != nullptr ? security->auth : nullptr),
       registry_(workers, security != nullptr ? security->auth : nullptr),
-      job_service_(&compile_, &registry_, jobs, nullptr, security != nullptr ? security->auth : nullptr) {
+      job_service_(&compile_, &registry_, jobs, nullptr,
+                   security != nullptr ? security->auth : nullptr) {
   registry_.SetJobOwners([this](const std::string& id) { return job_service_.OwnerOf(id); });
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", security != nullptr ? security->credentials : grpc::InsecureServerCredentials(),
-                           &port);
+  builder.AddListeningPort(
+      "127.0.0.1:0",
+      security != nullptr ? security->credentials : grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(&compile_);
   builder.RegisterService(&registry_);
   builder.RegisterService(&job_service_);
@@ -26,7 +28,8 @@ TestServer::TestServer(server::JobServiceOptions jobs, server::WorkerRegistryOpt
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   server_ = builder.BuildAndStart();
   address_ = "127.0.0.1:" + std::to_string(port);
-  if (security == nullptr || !security->tls) channel_ = grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
+  if (security == nullptr || !security->tls)
+    channel_ = grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
 }
 
 TestServer::~TestServer() {
@@ -51,8 +54,8 @@ FakeWorker::FakeWorker(const std::string& address, std::string id, int heartbeat
   Start();
 }
 
-FakeWorker::FakeWorker(std::shared_ptr<grpc::Channel> channel, const std::string& token, std::string id,
-                       int heartbeat_ms)
+FakeWorker::FakeWorker(std::shared_ptr<grpc::Channel> channel, const std::string& token,
+                       std::string id, int heartbeat_ms)
     : id_(std::move(id)), heartbeat_ms_(heartbeat_ms), channel_(std::move(channel)) {
   ctx_.AddMetadata("authorization", "Bearer " + token);
   Start();
@@ -306,8 +309,7 @@ void FakeWorker::Handle(v1::ServerMessage& m) {
       Write(e);
       return;
     }
-    default:
-      return;
+    default: return;
   }
 }
 

@@ -34,8 +34,10 @@ class TestServer {
   // `security` (security/server_auth.h): its credentials and CallAuth;
   // null: plain text without authentication. With TLS, channel() is null
   // (the test makes its own with the CA). `limits`: the compile service's.
-  explicit TestServer(server::JobServiceOptions jobs = {}, server::WorkerRegistryOptions workers = {},
-                      const security::ServerSecurity* security = nullptr, server::CompileLimits limits = {});
+  explicit TestServer(server::JobServiceOptions jobs = {},
+                      server::WorkerRegistryOptions workers = {},
+                      const security::ServerSecurity* security = nullptr,
+                      server::CompileLimits limits = {});
   ~TestServer();
 
   const std::string& address() const { return address_; }
@@ -44,7 +46,9 @@ class TestServer {
   // Compiles (cache misses) and cache hits so far (jobs expand through it).
   server::CompileCacheStats cache_stats() const { return compile_.cache_stats(); }
   std::unique_ptr<v1::JobService::Stub> jobs() const { return v1::JobService::NewStub(channel_); }
-  std::unique_ptr<v1::WorkerService::Stub> workers() const { return v1::WorkerService::NewStub(channel_); }
+  std::unique_ptr<v1::WorkerService::Stub> workers() const {
+    return v1::WorkerService::NewStub(channel_);
+  }
 
  private:
   server::CompileServiceImpl compile_;
@@ -69,10 +73,11 @@ class FakeWorker {
   struct JobRecord {
     v1::AssignJob assign;  // without the graph
     Tensors state;
-    std::map<int64_t, Tensors> batches;  // by step
+    std::map<int64_t, Tensors> batches;     // by step
     std::map<int64_t, int> batch_messages;  // Batch messages per step
-    std::map<int64_t, std::map<std::string, double>> hyperparameters;  // Batch.hyperparameters by step
-    size_t max_chunk_bytes = 0;           // largest TensorChunk data received
+    std::map<int64_t, std::map<std::string, double>>
+        hyperparameters;         // Batch.hyperparameters by step
+    size_t max_chunk_bytes = 0;  // largest TensorChunk data received
     bool cancelled = false;
   };
 

@@ -9,9 +9,9 @@
 #include <climits>
 #include <cstdint>
 #include <functional>
-#include <utility>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "grpcpp/impl/client_unary_call.h"
@@ -70,7 +70,8 @@ TEST(WorkerRegistry, RefusesRegistrationsOutOfBounds) {
        "Register.capacity must be in [1, 64], got 2147483647"},
       {[](v1::Register* r) { r->set_capacity(0); }, "Register.capacity must be in [1, 64], got 0"},
       {[](v1::Register* r) { r->set_memory_bytes(INT64_MAX); },
-       "Register.memory_bytes must be in [0, 1125899906842624] (0: unknown), got 9223372036854775807"},
+       "Register.memory_bytes must be in [0, 1125899906842624] (0: unknown), got "
+       "9223372036854775807"},
       {[](v1::Register* r) { r->set_threads(-5); },
        "Register.threads must be in [0, 4096] (0: unknown), got -5"},
       {[](v1::Register* r) { r->set_device("cuda:999"); },
@@ -81,12 +82,14 @@ TEST(WorkerRegistry, RefusesRegistrationsOutOfBounds) {
        "Register.hostname must be 1 to 253 letters, digits, '-', '.' or '_', got "
        "'evil\\nfxdp-server: worker x attached'"},
       {[](v1::Register* r) { r->set_hostname(""); }, "Register.hostname must be"},
-      {[](v1::Register* r) { r->set_hostname(std::string(300, 'a')); }, "Register.hostname must be"},
+      {[](v1::Register* r) { r->set_hostname(std::string(300, 'a')); },
+       "Register.hostname must be"},
       {[](v1::Register* r) { r->set_pid(-1); }, "Register.pid must be in [0, 4194304], got -1"},
       {[](v1::Register* r) { r->set_fxdp_version("0.1\n"); }, "Register.fxdp_version must be"},
       {[](v1::Register* r) { r->set_torch_version(std::string(65, 'x')); },
        "Register.torch_version must be"},
-      {[](v1::Register* r) { r->set_busy_with_job_id("a b"); }, "Register.busy_with_job_id must be"},
+      {[](v1::Register* r) { r->set_busy_with_job_id("a b"); },
+       "Register.busy_with_job_id must be"},
       {[](v1::Register* r) { r->set_worker_id("a\tb"); }, "Register.worker_id must be"},
   };
   int n = 0;
@@ -137,7 +140,8 @@ TEST(WorkerRegistry, CapsStreamsAndEndsSilentAttaches) {
   o.register_deadline_s = 0.3;
   TestServer server({}, o);
   std::vector<std::unique_ptr<grpc::ClientContext>> ctxs;
-  std::vector<std::unique_ptr<grpc::ClientReaderWriter<v1::WorkerMessage, v1::ServerMessage>>> silent;
+  std::vector<std::unique_ptr<grpc::ClientReaderWriter<v1::WorkerMessage, v1::ServerMessage>>>
+      silent;
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < 2; ++i) {
     ctxs.push_back(std::make_unique<grpc::ClientContext>());
@@ -145,10 +149,13 @@ TEST(WorkerRegistry, CapsStreamsAndEndsSilentAttaches) {
   }
   // Both are in their handlers once a third one is refused.
   grpc::Status third;
-  ASSERT_TRUE(WaitUntil([&] {
-    third = AttachWith(server, GoodRegister("third"));
-    return third.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
-  }, 2)) << third.error_message();
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        third = AttachWith(server, GoodRegister("third"));
+        return third.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+      },
+      2))
+      << third.error_message();
   EXPECT_THAT(third.error_message(),
               HasSubstr("at most 2 Attach streams at once (fxdp-server --max-worker-streams)"));
   for (auto& st : silent) {
@@ -239,16 +246,18 @@ TEST(WorkerRegistry, DeadWorkerIsLostAtOnceAndMayReattach) {
   auto a = std::make_unique<FakeWorker>(server.address(), "a");
   ASSERT_TRUE(a->WaitRegistered());
   std::atomic<int> messages{0}, lost{0};
-  const int64_t h = server.registry().Subscribe("a", [&](const std::string& id, const v1::WorkerMessage* m) {
-    (m == nullptr ? lost : messages)++;
-  });
+  const int64_t h =
+      server.registry().Subscribe("a", [&](const std::string& id, const v1::WorkerMessage* m) {
+        (m == nullptr ? lost : messages)++;
+      });
   ASSERT_NE(h, 0);
   EXPECT_TRUE(WaitUntil([&] { return messages > 0; }, 3));  // its heartbeats
   a->Kill();
   ASSERT_TRUE(WaitUntil([&] { return Info(server, "a").state() == v1::WORKER_STATE_LOST; }, 1));
   EXPECT_THAT(Info(server, "a").lost_reason(), HasSubstr("stream"));
   EXPECT_TRUE(WaitUntil([&] { return lost == 1; }, 1));
-  EXPECT_EQ(server.registry().Subscribe("a", [](const std::string&, const v1::WorkerMessage*) {}), 0);
+  EXPECT_EQ(server.registry().Subscribe("a", [](const std::string&, const v1::WorkerMessage*) {}),
+            0);
   server.registry().Unsubscribe(h);
   a.reset();
   FakeWorker again(server.address(), "a");  // replaces the LOST entry

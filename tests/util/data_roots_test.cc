@@ -42,9 +42,10 @@ struct Tree {
 // outside/d/f; links: root/abs -> outside/secret, root/dirlink -> outside,
 // root/rel -> sub (a relative link that stays inside).
 Tree MakeTree(const std::string& name) {
-  Tree t{::testing::TempDir() + "/" + name + "_root", ::testing::TempDir() + "/" + name + "_outside"};
-  const std::string cmd = absl::StrCat("rm -rf ", t.root, " ", t.outside, " && mkdir -p ", t.root, "/sub ", t.root,
-                                       "/state ", t.outside, "/d");
+  Tree t{::testing::TempDir() + "/" + name + "_root",
+         ::testing::TempDir() + "/" + name + "_outside"};
+  const std::string cmd = absl::StrCat("rm -rf ", t.root, " ", t.outside, " && mkdir -p ", t.root,
+                                       "/sub ", t.root, "/state ", t.outside, "/d");
   EXPECT_EQ(std::system(cmd.c_str()), 0);
   Write(t.root + "/sub/f", "inside");
   Write(t.root + "/state/job.safetensors", "alice's weights");
@@ -70,20 +71,28 @@ TEST(DataRoots, OpensBeneathTheRootAndFollowsNoLink) {
   EXPECT_EQ(Contents(ValueOrDie(roots.OpenFile(t.root + "/sub/../sub/./f", 100))), "inside");
   const auto kDenied = absl::StatusCode::kPermissionDenied;
   // '..' out of the root, lexically: refused before anything is looked up.
-  EXPECT_THAT(roots.OpenFile(t.root + "/../" + t.outside.substr(t.outside.rfind('/') + 1) + "/secret", 100).status(),
+  EXPECT_THAT(
+      roots.OpenFile(t.root + "/../" + t.outside.substr(t.outside.rfind('/') + 1) + "/secret", 100)
+          .status(),
+      StatusIs(kDenied, "is outside this worker's data roots"));
+  EXPECT_THAT(roots.OpenFile("/etc/passwd", 100).status(),
               StatusIs(kDenied, "is outside this worker's data roots"));
-  EXPECT_THAT(roots.OpenFile("/etc/passwd", 100).status(), StatusIs(kDenied, "is outside this worker's data roots"));
   // An absolute link, a linked directory out, a relative link that stays in.
   for (const std::string p : {"/abs", "/dirlink/secret", "/rel/f"}) {
-    EXPECT_THAT(roots.OpenFile(t.root + p, 100).status(), StatusIs(kDenied, "goes through a symbolic link")) << p;
+    EXPECT_THAT(roots.OpenFile(t.root + p, 100).status(),
+                StatusIs(kDenied, "goes through a symbolic link"))
+        << p;
   }
   EXPECT_THAT(roots.OpenFile(t.root + "/missing", 100).status(),
               StatusIs(absl::StatusCode::kNotFound, "does not exist under the data roots"));
-  EXPECT_THAT(roots.OpenFile(t.root, 100).status(), StatusIs(absl::StatusCode::kFailedPrecondition, "a directory"));
-  EXPECT_THAT(roots.OpenFile(t.root + "/sub", 100).status(), StatusIs(absl::StatusCode::kFailedPrecondition, "a directory"));
+  EXPECT_THAT(roots.OpenFile(t.root, 100).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "a directory"));
+  EXPECT_THAT(roots.OpenFile(t.root + "/sub", 100).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "a directory"));
   EXPECT_THAT(roots.OpenFile(t.root + "/sub/f", 3).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition, "has 6 bytes, over the limit of 3"));
-  EXPECT_THAT(DataRoots().OpenFile(t.root + "/sub/f", 100).status(), StatusIs(kDenied, "none were configured"));
+  EXPECT_THAT(DataRoots().OpenFile(t.root + "/sub/f", 100).status(),
+              StatusIs(kDenied, "none were configured"));
 }
 
 // The two ways of opening beneath a root (openat2, and the O_NOFOLLOW walk
@@ -97,8 +106,10 @@ TEST(DataRoots, Openat2AndTheWalkRefuseTheSameLinks) {
     EXPECT_GE(fd, 0) << openat2;
     if (fd >= 0) close(fd);
     for (const char* p : {"abs", "dirlink/secret", "rel/f"})
-      EXPECT_EQ(internal::OpenBeneath(root, p, O_RDONLY | O_CLOEXEC, openat2), -ELOOP) << p << " " << openat2;
-    EXPECT_EQ(internal::OpenBeneath(root, "nope/f", O_RDONLY | O_CLOEXEC, openat2), -ENOENT) << openat2;
+      EXPECT_EQ(internal::OpenBeneath(root, p, O_RDONLY | O_CLOEXEC, openat2), -ELOOP)
+          << p << " " << openat2;
+    EXPECT_EQ(internal::OpenBeneath(root, "nope/f", O_RDONLY | O_CLOEXEC, openat2), -ENOENT)
+        << openat2;
   }
   close(root);
 }
@@ -107,24 +118,32 @@ TEST(DataRoots, ExcludedPathsAreNeverOpened) {
   const Tree t = MakeTree("dr_excl");
   ASSERT_EQ(link((t.root + "/key").c_str(), (t.root + "/sub/key-hardlink").c_str()), 0);
   Write(t.root + "/statefile", "not in the state dir");
-  const DataRoots roots = ValueOrDie(DataRoots::Open({t.root}, {t.root + "/state", t.root + "/key"}));
+  const DataRoots roots =
+      ValueOrDie(DataRoots::Open({t.root}, {t.root + "/state", t.root + "/key"}));
   const auto kDenied = absl::StatusCode::kPermissionDenied;
   EXPECT_THAT(roots.OpenFile(t.root + "/state/job.safetensors", 100).status(),
               StatusIs(kDenied, absl::StrCat("'", t.root, "/state/job.safetensors' is in '")));
-  EXPECT_THAT(roots.OpenFile(t.root + "/sub/../state/job.safetensors", 100).status(), StatusIs(kDenied, "never reads"));
-  EXPECT_THAT(roots.OpenFile(t.root + "/state/missing", 100).status(), StatusIs(kDenied, "never reads"));
+  EXPECT_THAT(roots.OpenFile(t.root + "/sub/../state/job.safetensors", 100).status(),
+              StatusIs(kDenied, "never reads"));
+  EXPECT_THAT(roots.OpenFile(t.root + "/state/missing", 100).status(),
+              StatusIs(kDenied, "never reads"));
   EXPECT_THAT(roots.OpenFile(t.root + "/key", 100).status(), StatusIs(kDenied, "never reads"));
-  EXPECT_THAT(roots.OpenFile(t.root + "/sub/key-hardlink", 100).status(), StatusIs(kDenied, "never reads"));
-  EXPECT_EQ(Contents(ValueOrDie(roots.OpenFile(t.root + "/statefile", 100))), "not in the state dir");
+  EXPECT_THAT(roots.OpenFile(t.root + "/sub/key-hardlink", 100).status(),
+              StatusIs(kDenied, "never reads"));
+  EXPECT_EQ(Contents(ValueOrDie(roots.OpenFile(t.root + "/statefile", 100))),
+            "not in the state dir");
   // A NUL would end the path for the kernel where the checks see more:
   // "state/job.safetensors\0/../../statefile" is "statefile" to them.
-  EXPECT_THAT(roots.OpenFile(t.root + std::string("/state/job.safetensors\0/../../statefile", 39), 100).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, "contains a NUL byte"));
+  EXPECT_THAT(
+      roots.OpenFile(t.root + std::string("/state/job.safetensors\0/../../statefile", 39), 100)
+          .status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, "contains a NUL byte"));
   // A root spelled through a link is the same root: its exclusions hold.
   const std::string alias = t.outside + "/root-alias";
   ASSERT_EQ(symlink(t.root.c_str(), alias.c_str()), 0);
   const DataRoots aliased = ValueOrDie(DataRoots::Open({alias}, {t.root + "/state"}));
-  EXPECT_THAT(aliased.OpenFile(alias + "/state/job.safetensors", 100).status(), StatusIs(kDenied, "never reads"));
+  EXPECT_THAT(aliased.OpenFile(alias + "/state/job.safetensors", 100).status(),
+              StatusIs(kDenied, "never reads"));
   EXPECT_EQ(Contents(ValueOrDie(aliased.OpenFile(alias + "/sub/f", 100))), "inside");
 }
 
@@ -137,14 +156,16 @@ TEST(DataRoots, ASwappedInLinkNeverLeadsOut) {
   ASSERT_EQ(mkdir((t.root + "/d").c_str(), 0755), 0);
   Write(t.root + "/d/f", "inside");
   ASSERT_EQ(symlink((t.outside + "/d").c_str(), (t.root + "/alt").c_str()), 0);
-  struct stat in {}, out {};
+  struct stat in {
+  }, out{};
   ASSERT_EQ(stat((t.root + "/d/f").c_str(), &in), 0);
   ASSERT_EQ(stat((t.outside + "/d/f").c_str(), &out), 0);
   std::atomic<bool> stop{false};
   std::atomic<int> swaps{0};
   std::thread swapper([&] {
     while (!stop.load()) {
-      if (renameat2(AT_FDCWD, (t.root + "/d").c_str(), AT_FDCWD, (t.root + "/alt").c_str(), RENAME_EXCHANGE) == 0)
+      if (renameat2(AT_FDCWD, (t.root + "/d").c_str(), AT_FDCWD, (t.root + "/alt").c_str(),
+                    RENAME_EXCHANGE) == 0)
         ++swaps;
     }
   });
@@ -165,7 +186,8 @@ TEST(DataRoots, ASwappedInLinkNeverLeadsOut) {
       ASSERT_EQ(fstat(fd, &st), 0);
       close(fd);
       ++opened;
-      EXPECT_FALSE(st.st_dev == out.st_dev && st.st_ino == out.st_ino) << "opened the file outside the root";
+      EXPECT_FALSE(st.st_dev == out.st_dev && st.st_ino == out.st_ino)
+          << "opened the file outside the root";
       inside += st.st_dev == in.st_dev && st.st_ino == in.st_ino;
     }
     absl::StatusOr<RegularFile> f = roots.OpenFile(t.root + "/d/f", 100);

@@ -23,8 +23,7 @@ TEST(Log, ControlBytesCannotStartAForgedLine) {
   EXPECT_EQ(EscapeControlBytes("a\nb\r\x1b[0m\x7f"), "a\\x0ab\\x0d\\x1b[0m\\x7f");
   ::testing::internal::CaptureStderr();
   Log("[worker w] ", "host\nfxdp-server: forged");
-  EXPECT_EQ(::testing::internal::GetCapturedStderr(),
-            "[worker w] host\\x0afxdp-server: forged\n");
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "[worker w] host\\x0afxdp-server: forged\n");
 }
 
 }  // namespace

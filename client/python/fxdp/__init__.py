@@ -2,11 +2,10 @@
 
 __version__ = "0.1.0"
 
+from .compiled import CompiledStep, compile  # noqa: E402,A004
 from .errors import GraphFormatError, TraceError  # noqa: E402
 from .traced import TracedStep, load  # noqa: E402
-from .compiled import CompiledStep, compile  # noqa: E402,A004
 from .tracer import DEFAULT_DECOMPOSITIONS, SUPPORTED_OPTIMIZERS, trace, trace_step  # noqa: E402
-
 
 
 def __getattr__(name):

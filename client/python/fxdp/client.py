@@ -46,9 +46,18 @@ from .v1 import jobs_pb2_grpc as jgrpc
 from .v1 import worker_pb2 as wpb
 from .v1 import worker_pb2_grpc as wgrpc
 
-_TO_WIRE = {torch.float32: gpb.FLOAT32, torch.float64: gpb.FLOAT64, torch.float16: gpb.FLOAT16,
-            torch.bfloat16: gpb.BFLOAT16, torch.int64: gpb.INT64, torch.int32: gpb.INT32,
-            torch.int16: gpb.INT16, torch.int8: gpb.INT8, torch.uint8: gpb.UINT8, torch.bool: gpb.BOOL}
+_TO_WIRE = {
+    torch.float32: gpb.FLOAT32,
+    torch.float64: gpb.FLOAT64,
+    torch.float16: gpb.FLOAT16,
+    torch.bfloat16: gpb.BFLOAT16,
+    torch.int64: gpb.INT64,
+    torch.int32: gpb.INT32,
+    torch.int16: gpb.INT16,
+    torch.int8: gpb.INT8,
+    torch.uint8: gpb.UINT8,
+    torch.bool: gpb.BOOL,
+}
 _FROM_WIRE = {v: k for k, v in _TO_WIRE.items()}
 
 Graphish = Union[TracedStep, "gpb.GraphDef"]
@@ -64,8 +73,10 @@ class ServerError(RuntimeError):
 
 
 # The data-parallel styles by the name ``style=`` takes (compile.proto's DataParallelStyle).
-STYLES = {"replicate": cpb.DATA_PARALLEL_STYLE_REPLICATE,
-          "fully_shard": cpb.DATA_PARALLEL_STYLE_FULLY_SHARD}
+STYLES = {
+    "replicate": cpb.DATA_PARALLEL_STYLE_REPLICATE,
+    "fully_shard": cpb.DATA_PARALLEL_STYLE_FULLY_SHARD,
+}
 _STYLE_NAMES = {v: k for k, v in STYLES.items()}
 
 
@@ -73,11 +84,20 @@ def _server_error(e: grpc.RpcError, address: str) -> ServerError:
     """The ServerError for a failed RPC; a server that cannot be reached is named by the address
     tried, with how to start one (gRPC's own text says only "failed to connect to all addresses")."""
     # gRPC's client-side texts (a server's own UNAVAILABLE, e.g. "worker ... was lost", stays as is).
-    unreachable = ("failed to connect to all addresses", "DNS resolution failed", "Connection refused")
-    if e.code() == grpc.StatusCode.UNAVAILABLE and any(t in (e.details() or "") for t in unreachable):
-        return ServerError(e.code(), f"cannot reach fxdp-server at {address} ({e.details()}); start one "
-                           "there (`fxdp-server --local-workers 2` listens on 127.0.0.1:50051) or pass its "
-                           "address: fxdp.Client(\"HOST:PORT\") or FXDP_SERVER=HOST:PORT")
+    unreachable = (
+        "failed to connect to all addresses",
+        "DNS resolution failed",
+        "Connection refused",
+    )
+    if e.code() == grpc.StatusCode.UNAVAILABLE and any(
+        t in (e.details() or "") for t in unreachable
+    ):
+        return ServerError(
+            e.code(),
+            f"cannot reach fxdp-server at {address} ({e.details()}); start one "
+            "there (`fxdp-server --local-workers 2` listens on 127.0.0.1:50051) or pass its "
+            'address: fxdp.Client("HOST:PORT") or FXDP_SERVER=HOST:PORT',
+        )
     return ServerError(e.code(), e.details())
 
 
@@ -94,6 +114,7 @@ def _style(style: str) -> int:
 class ShardedState:
     """A state tensor ``fully_shard`` keeps as flat per-rank shards (``shard_numel`` elements
     each); ``shape`` and ``dtype`` are the whole tensor's."""
+
     name: str
     shape: List[int]
     dtype: torch.dtype
@@ -102,10 +123,10 @@ class ShardedState:
 
 @dataclasses.dataclass
 class Expanded:
-    graphs: List["gpb.GraphDef"]   # one per rank (one when ``identical``)
+    graphs: List["gpb.GraphDef"]  # one per rank (one when ``identical``)
     identical: bool
-    report: dict                   # slices, buckets, collectives, bytes_per_step
-    style: str = "replicate"       # "replicate" or "fully_shard"
+    report: dict  # slices, buckets, collectives, bytes_per_step
+    style: str = "replicate"  # "replicate" or "fully_shard"
     # fully_shard: the state tensors every rank holds a flat shard of (empty for replicate)
     sharded_state: List[ShardedState] = dataclasses.field(default_factory=list)
 
@@ -113,7 +134,7 @@ class Expanded:
 @dataclasses.dataclass
 class TrainResult:
     job_id: str
-    losses: List[float]            # the global loss of every step this call ran
+    losses: List[float]  # the global loss of every step this call ran
     state: "OrderedDict[str, torch.Tensor]"
     # resume=: the step of the checkpoint the job continued from (``losses`` are those of steps
     # first_step + 1, ...); 0 for a job that started from its initial state
@@ -127,20 +148,29 @@ def _graph(g: Graphish) -> "gpb.GraphDef":
 CHUNK_BYTES = 1 << 20  # the largest tensor piece per message train() sends
 
 
-def _chunks(name: str, t: torch.Tensor, chunk_bytes: int = CHUNK_BYTES) -> Iterator["wpb.TensorChunk"]:
+def _chunks(
+    name: str, t: torch.Tensor, chunk_bytes: int = CHUNK_BYTES
+) -> Iterator["wpb.TensorChunk"]:
     """``t``'s raw bytes as TensorChunk messages of at most ``chunk_bytes`` (one empty chunk for an
     empty tensor); only one chunk's bytes are copied at a time."""
     t = t.detach().to("cpu").contiguous()
     if t.dtype not in _TO_WIRE:
-        raise TypeError(f"tensor '{name}' has dtype {t.dtype}, which the wire format does not carry")
+        raise TypeError(
+            f"tensor '{name}' has dtype {t.dtype}, which the wire format does not carry"
+        )
     dtype, shape = _TO_WIRE[t.dtype], list(t.shape)
     if t.numel() == 0:
         yield wpb.TensorChunk(name=name, dtype=dtype, shape=shape, offset=0, data=b"")
         return
     raw = memoryview(t.reshape(-1).view(torch.uint8).numpy())
     for off in range(0, len(raw), chunk_bytes):
-        yield wpb.TensorChunk(name=name, dtype=dtype, shape=shape, offset=off,
-                              data=bytes(raw[off:off + chunk_bytes]))
+        yield wpb.TensorChunk(
+            name=name,
+            dtype=dtype,
+            shape=shape,
+            offset=off,
+            data=bytes(raw[off : off + chunk_bytes]),
+        )
 
 
 def _by_name(b: "Batch", names: Sequence[str], step: int) -> Dict[str, torch.Tensor]:
@@ -162,15 +192,20 @@ def _assemble(chunks: Iterable["wpb.StateChunk"]) -> "OrderedDict[str, torch.Ten
         t = c.tensor
         buf = bufs.setdefault(t.name, bytearray())
         if t.offset != len(buf):
-            raise ServerError(grpc.StatusCode.DATA_LOSS,
-                              f"state chunk of '{t.name}' at offset {t.offset}, expected {len(buf)}")
+            raise ServerError(
+                grpc.StatusCode.DATA_LOSS,
+                f"state chunk of '{t.name}' at offset {t.offset}, expected {len(buf)}",
+            )
         buf += t.data
         metas[t.name] = (_FROM_WIRE[t.dtype], tuple(t.shape))
     out = OrderedDict()
     for name, buf in bufs.items():
         dtype, shape = metas[name]
-        out[name] = (torch.frombuffer(buf, dtype=dtype).reshape(shape).clone() if len(buf)
-                     else torch.empty(shape, dtype=dtype))
+        out[name] = (
+            torch.frombuffer(buf, dtype=dtype).reshape(shape).clone()
+            if len(buf)
+            else torch.empty(shape, dtype=dtype)
+        )
     return out
 
 
@@ -191,15 +226,25 @@ class Client:
     ``timeout=``. ``train`` takes ``timeout=`` for the whole job (a training run has no default
     limit). A call past its deadline fails with DEADLINE_EXCEEDED."""
 
-    def __init__(self, address: Optional[str] = None, max_message_mb: int = 1024, *,
-                 tls_ca: Union[None, str, os.PathLike] = None, token: Optional[str] = None,
-                 token_file: Union[None, str, os.PathLike] = None,
-                 tls_cert: Union[None, str, os.PathLike] = None,
-                 tls_key: Union[None, str, os.PathLike] = None, tls_server_name: Optional[str] = None,
-                 timeout: Optional[float] = None):
+    def __init__(
+        self,
+        address: Optional[str] = None,
+        max_message_mb: int = 1024,
+        *,
+        tls_ca: Union[None, str, os.PathLike] = None,
+        token: Optional[str] = None,
+        token_file: Union[None, str, os.PathLike] = None,
+        tls_cert: Union[None, str, os.PathLike] = None,
+        tls_key: Union[None, str, os.PathLike] = None,
+        tls_server_name: Optional[str] = None,
+        timeout: Optional[float] = None,
+    ):
         address = address or os.environ.get("FXDP_SERVER") or "127.0.0.1:50051"
         limit = max_message_mb * 1024 * 1024
-        options = [("grpc.max_send_message_length", limit), ("grpc.max_receive_message_length", limit)]
+        options = [
+            ("grpc.max_send_message_length", limit),
+            ("grpc.max_receive_message_length", limit),
+        ]
         if timeout is not None and not timeout > 0:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         self.timeout = timeout
@@ -233,9 +278,15 @@ class Client:
         except grpc.RpcError as e:  # pragma: no cover - exercised through the tests' error cases
             raise _server_error(e, self.address) from None
 
-    def analyze(self, step: Graphish, world_size: int = 2, sync_batchnorm: bool = False,
-                timeout: Optional[float] = None, style: Optional[str] = None,
-                bucket_mb: float = 0.0) -> dict:
+    def analyze(
+        self,
+        step: Graphish,
+        world_size: int = 2,
+        sync_batchnorm: bool = False,
+        timeout: Optional[float] = None,
+        style: Optional[str] = None,
+        bucket_mb: float = 0.0,
+    ) -> dict:
         """Placements of every node (the JSON of ``fxdp analyze --json``, as a dict). With ``style``
         (``"replicate"`` or ``"fully_shard"``, as ``fxdp analyze --style``): the state the style
         shards is ``S(0)`` with the reason, and ``"memory"`` says what each rank holds
@@ -243,39 +294,77 @@ class Client:
         ``largest_unit_bytes``, ``gathered_bytes``, ``largest_bucket_bytes``, ``total_bytes``: the
         figure the server checks against a worker's memory); ``bucket_mb`` caps units and buckets
         (0: 25 MiB)."""
-        req = cpb.AnalyzeRequest(graph=_graph(step), world_size=world_size, include_json=True,
-                                 sync_batchnorm=sync_batchnorm, bucket_cap_mb=bucket_mb)
+        req = cpb.AnalyzeRequest(
+            graph=_graph(step),
+            world_size=world_size,
+            include_json=True,
+            sync_batchnorm=sync_batchnorm,
+            bucket_cap_mb=bucket_mb,
+        )
         if style is not None:
             req.style = _style(style)
         r = self._call(self._compile.Analyze, req, timeout=timeout)
         return json.loads(r.json)
 
-    def expand(self, step: Graphish, world_size: int, bucket_mb: float = 25.0,
-               first_bucket_mb: float = 1.0, sync_batchnorm: bool = False,
-               style: str = "replicate", timeout: Optional[float] = None) -> Expanded:
+    def expand(
+        self,
+        step: Graphish,
+        world_size: int,
+        bucket_mb: float = 25.0,
+        first_bucket_mb: float = 1.0,
+        sync_batchnorm: bool = False,
+        style: str = "replicate",
+        timeout: Optional[float] = None,
+    ) -> Expanded:
         """The per-rank graphs and the expansion report (``fxdp expand``). ``sync_batchnorm``:
         batch norm normalises with the global batch's statistics (as ``SyncBatchNorm``; the
         report's ``batch_norm`` says ``"global"``) instead of each rank's (``"local"``, DDP's).
         ``style``: ``"replicate"`` (every rank holds the whole state, as DDP) or ``"fully_shard"``
         (each rank holds a flat 1/N shard of every parameter and its optimizer state, as FSDP;
         ``Expanded.sharded_state`` lists them)."""
-        r = self._call(self._compile.Expand, cpb.ExpandRequest(
-            graph=_graph(step), world_size=world_size, bucket_cap_mb=bucket_mb,
-            first_bucket_mb=first_bucket_mb, sync_batchnorm=sync_batchnorm, style=_style(style)),
-            timeout=timeout)
-        sharded = [ShardedState(s.state_name, list(s.shape), _FROM_WIRE[s.dtype], s.shard_numel)
-                   for s in r.sharded_state]
-        return Expanded(list(r.graphs), r.identical, json.loads(r.report_json),
-                        _STYLE_NAMES.get(r.style, str(r.style)), sharded)
+        r = self._call(
+            self._compile.Expand,
+            cpb.ExpandRequest(
+                graph=_graph(step),
+                world_size=world_size,
+                bucket_cap_mb=bucket_mb,
+                first_bucket_mb=first_bucket_mb,
+                sync_batchnorm=sync_batchnorm,
+                style=_style(style),
+            ),
+            timeout=timeout,
+        )
+        sharded = [
+            ShardedState(s.state_name, list(s.shape), _FROM_WIRE[s.dtype], s.shard_numel)
+            for s in r.sharded_state
+        ]
+        return Expanded(
+            list(r.graphs),
+            r.identical,
+            json.loads(r.report_json),
+            _STYLE_NAMES.get(r.style, str(r.style)),
+            sharded,
+        )
 
-    def train(self, step: TracedStep, world_size: int, batches: Optional[Iterable[Batch]] = None,
-              steps: Optional[int] = None, state: Optional[Mapping[str, torch.Tensor]] = None,
-              bucket_mb: float = 25.0, collective_timeout_s: float = 10.0, name: str = "",
-              on_step: Optional[Callable[[int, float], None]] = None,
-              data_path: Union[None, str, os.PathLike, Sequence[Union[str, os.PathLike]]] = None,
-              on_event: Optional[Callable[["jpb.JobEvent"], None]] = None,
-              sync_batchnorm: bool = False, schedule=None, timeout: Optional[float] = None,
-              style: str = "replicate", resume: Optional[str] = None) -> TrainResult:
+    def train(
+        self,
+        step: TracedStep,
+        world_size: int,
+        batches: Optional[Iterable[Batch]] = None,
+        steps: Optional[int] = None,
+        state: Optional[Mapping[str, torch.Tensor]] = None,
+        bucket_mb: float = 25.0,
+        collective_timeout_s: float = 10.0,
+        name: str = "",
+        on_step: Optional[Callable[[int, float], None]] = None,
+        data_path: Union[None, str, os.PathLike, Sequence[Union[str, os.PathLike]]] = None,
+        on_event: Optional[Callable[["jpb.JobEvent"], None]] = None,
+        sync_batchnorm: bool = False,
+        schedule=None,
+        timeout: Optional[float] = None,
+        style: str = "replicate",
+        resume: Optional[str] = None,
+    ) -> TrainResult:
         """Train on ``world_size`` of the server's workers; returns the per-step global losses and
         the final state.
 
@@ -319,8 +408,11 @@ class Client:
         wire_style = _style(style)
         paths: List[str] = []
         if data_path is not None:
-            paths = [os.fspath(data_path)] if isinstance(data_path, (str, os.PathLike)) else [
-                os.fspath(p) for p in data_path]
+            paths = (
+                [os.fspath(data_path)]
+                if isinstance(data_path, (str, os.PathLike))
+                else [os.fspath(p) for p in data_path]
+            )
             if not paths or not steps:
                 raise ValueError("train with data_path needs at least one path and steps >= 1")
             source: Iterable[Batch] = ()
@@ -332,41 +424,63 @@ class Client:
         else:
             source = itertools.islice(batches, steps) if steps else batches
         if resume and state is not None:
-            raise ValueError("train: state= and resume= exclude each other: a resumed job's state is "
-                             "its checkpoint's")
+            raise ValueError(
+                "train: state= and resume= exclude each other: a resumed job's state is "
+                "its checkpoint's"
+            )
         names = step.input_names()
         if resume:  # the job's state is its checkpoint's
             init: Mapping[str, torch.Tensor] = OrderedDict()
         else:
             init = step.initial_state() if state is None else state
-        spec = jpb.JobSpec(graph=step.graph, world_size=world_size, steps=steps or 0,
-                           num_state_tensors=len(init), data_paths=paths, bucket_cap_mb=bucket_mb,
-                           collective_timeout_s=collective_timeout_s, name=name,
-                           sync_batchnorm=sync_batchnorm, style=wire_style, resume_job=resume or "")
+        spec = jpb.JobSpec(
+            graph=step.graph,
+            world_size=world_size,
+            steps=steps or 0,
+            num_state_tensors=len(init),
+            data_paths=paths,
+            bucket_cap_mb=bucket_mb,
+            collective_timeout_s=collective_timeout_s,
+            name=name,
+            sync_batchnorm=sync_batchnorm,
+            style=wire_style,
+            resume_job=resume or "",
+        )
         per_step: List[Dict[str, float]] = []
         if schedule is not None:
             if not steps:
-                raise ValueError("train with a schedule needs the number of steps: pass steps= (or a "
-                                 "sequence of batches)")
+                raise ValueError(
+                    "train with a schedule needs the number of steps: pass steps= (or a "
+                    "sequence of batches)"
+                )
             from .schedule import hyperparameter_names, schedule_values
+
             known = hyperparameter_names(step)
             if not known:
-                raise ValueError("train got a schedule, but the graph has no HYPERPARAMETER placeholders "
-                                 "(its lr and other hyper-parameters are constants): nothing to schedule")
+                raise ValueError(
+                    "train got a schedule, but the graph has no HYPERPARAMETER placeholders "
+                    "(its lr and other hyper-parameters are constants): nothing to schedule"
+                )
             per_step = schedule_values(schedule, steps, known)
             if paths:  # the workers read the batches: the whole schedule goes in the spec
                 for hp in sorted({k for d in per_step for k in d}):
                     missing = [i + 1 for i, d in enumerate(per_step) if hp not in d]
                     if missing:
-                        raise ValueError(f"schedule: '{hp}' has no value for steps {missing[:5]}; a "
-                                         "data_path job needs a value for every step")
+                        raise ValueError(
+                            f"schedule: '{hp}' has no value for steps {missing[:5]}; a "
+                            "data_path job needs a value for every step"
+                        )
                     spec.schedule.add(name=hp, values=[float(d[hp]) for d in per_step])
                 per_step = []
 
         def hyper(i: int) -> List["wpb.HyperparameterValue"]:
             if i > len(per_step):
                 return []
-            return [wpb.HyperparameterValue(name=k, value=float(v)) for k, v in sorted(per_step[i - 1].items())]
+            return [
+                wpb.HyperparameterValue(name=k, value=float(v))
+                for k, v in sorted(per_step[i - 1].items())
+            ]
+
         problem: List[BaseException] = []
         call_box: list = []
         call_made = threading.Event()
@@ -392,13 +506,19 @@ class Client:
                     prev = next(pieces)
                     values = hyper(i)  # on the step's first message
                     for c in pieces:
-                        yield jpb.SubmitJobRequest(batch=jpb.StepBatch(step=i, tensors=[prev], more=True,
-                                                                       hyperparameters=values))
+                        yield jpb.SubmitJobRequest(
+                            batch=jpb.StepBatch(
+                                step=i, tensors=[prev], more=True, hyperparameters=values
+                            )
+                        )
                         values = []
                         prev = c
-                    yield jpb.SubmitJobRequest(batch=jpb.StepBatch(step=i, tensors=[prev],
-                                                                   hyperparameters=values))
-            except Exception as e:  # a bad batch or a failing generator: stop the job, raise it below
+                    yield jpb.SubmitJobRequest(
+                        batch=jpb.StepBatch(step=i, tensors=[prev], hyperparameters=values)
+                    )
+            except (
+                Exception
+            ) as e:  # a bad batch or a failing generator: stop the job, raise it below
                 problem.append(e)
                 call_made.wait()
                 call_box[0].cancel()
@@ -428,13 +548,20 @@ class Client:
             call_over.set()
         final = OrderedDict(init.items())
         left = None if deadline is None else max(deadline - time.monotonic(), 1e-3)
-        final.update(self._call(lambda timeout: _assemble(
-            self._jobs.FetchState(jpb.FetchJobStateRequest(job_id=job_id), timeout=timeout)), timeout=left))
+        final.update(
+            self._call(
+                lambda timeout: _assemble(
+                    self._jobs.FetchState(jpb.FetchJobStateRequest(job_id=job_id), timeout=timeout)
+                ),
+                timeout=left,
+            )
+        )
         return TrainResult(job_id, losses, final, first_step[0])
 
     def workers(self, timeout: Optional[float] = None) -> List[dict]:
         """The workers attached to the server (id, state, device, host, pid, job, step)."""
         from google.protobuf.json_format import MessageToDict
+
         r = self._call(self._workers.ListWorkers, wpb.ListWorkersRequest(), timeout=timeout)
         return [MessageToDict(w, preserving_proto_field_name=True) for w in r.workers]
 
@@ -445,14 +572,25 @@ class Client:
     def job(self, job_id: str, timeout: Optional[float] = None) -> "jpb.JobInfo":
         return self._call(self._jobs.GetJob, jpb.GetJobRequest(job_id=job_id), timeout=timeout)
 
-    def cancel(self, job_id: str, reason: str = "", timeout: Optional[float] = None) -> "jpb.JobInfo":
-        return self._call(self._jobs.CancelJob, jpb.CancelJobRequest(job_id=job_id, reason=reason),
-                          timeout=timeout)
+    def cancel(
+        self, job_id: str, reason: str = "", timeout: Optional[float] = None
+    ) -> "jpb.JobInfo":
+        return self._call(
+            self._jobs.CancelJob,
+            jpb.CancelJobRequest(job_id=job_id, reason=reason),
+            timeout=timeout,
+        )
 
-    def fetch_state(self, job_id: str, timeout: Optional[float] = None) -> "OrderedDict[str, torch.Tensor]":
+    def fetch_state(
+        self, job_id: str, timeout: Optional[float] = None
+    ) -> "OrderedDict[str, torch.Tensor]":
         """The final state of a finished job (FetchState), as tensors."""
-        return self._call(lambda timeout: _assemble(
-            self._jobs.FetchState(jpb.FetchJobStateRequest(job_id=job_id), timeout=timeout)), timeout=timeout)
+        return self._call(
+            lambda timeout: _assemble(
+                self._jobs.FetchState(jpb.FetchJobStateRequest(job_id=job_id), timeout=timeout)
+            ),
+            timeout=timeout,
+        )
 
 
 def _read(path: Union[str, os.PathLike], what: str) -> bytes:
@@ -463,13 +601,17 @@ def _read(path: Union[str, os.PathLike], what: str) -> bytes:
         raise ValueError(f"{what} '{os.fspath(path)}': {e.strerror}") from None
 
 
-def _channel_credentials(tls_ca, token, token_file, tls_cert, tls_key) -> Optional["grpc.ChannelCredentials"]:
+def _channel_credentials(
+    tls_ca, token, token_file, tls_cert, tls_key
+) -> Optional["grpc.ChannelCredentials"]:
     """TLS (+ a bearer token) credentials, or None for a plain channel (see Client)."""
     tls_ca = (tls_ca if tls_ca is not None else os.environ.get("FXDP_TLS_CA")) or None  # "": plain
     if token is not None and token_file is not None:
         raise ValueError("give token or token_file, not both")
     if token is None:
-        token_file = token_file if token_file is not None else os.environ.get("FXDP_TOKEN_FILE") or None
+        token_file = (
+            token_file if token_file is not None else os.environ.get("FXDP_TOKEN_FILE") or None
+        )
         if token_file is not None:
             token = _read(token_file, "token_file").decode("utf-8", "replace").strip()
             if not token:
@@ -478,13 +620,16 @@ def _channel_credentials(tls_ca, token, token_file, tls_cert, tls_key) -> Option
         raise ValueError("tls_cert and tls_key go together")
     if tls_ca is None:
         if token is not None or tls_cert is not None:
-            raise ValueError("a token or client certificate needs TLS: pass tls_ca (the CA of the server's "
-                             "certificate; gRPC sends tokens over TLS only)")
+            raise ValueError(
+                "a token or client certificate needs TLS: pass tls_ca (the CA of the server's "
+                "certificate; gRPC sends tokens over TLS only)"
+            )
         return None
     creds = grpc.ssl_channel_credentials(
         root_certificates=_read(tls_ca, "tls_ca"),
         private_key=_read(tls_key, "tls_key") if tls_key is not None else None,
-        certificate_chain=_read(tls_cert, "tls_cert") if tls_cert is not None else None)
+        certificate_chain=_read(tls_cert, "tls_cert") if tls_cert is not None else None,
+    )
     if token is not None:
         creds = grpc.composite_channel_credentials(creds, grpc.access_token_call_credentials(token))
     return creds

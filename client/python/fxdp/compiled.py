@@ -70,8 +70,13 @@ class CompiledStep:
                 state[name] = buffers[name]
             else:
                 state[name] = self._optimizer_tensor(optimizer, params, name, init)
-        state.update({n: torch.tensor(v, dtype=init[n].dtype, device=init[n].device)
-                      for n, v in optimizer_hyperparameters(optimizer).items() if n in init})
+        state.update(
+            {
+                n: torch.tensor(v, dtype=init[n].dtype, device=init[n].device)
+                for n, v in optimizer_hyperparameters(optimizer).items()
+                if n in init
+            }
+        )
         new, loss, outs = step.run_local(state, batch, outputs=True)
         with torch.no_grad():
             for name, t in new.items():
@@ -86,10 +91,10 @@ class CompiledStep:
     @staticmethod
     def _split(params, name: str):
         """'optim.<param>.<key>' -> (parameter, key), or None for hyper-parameters/constants."""
-        body = name[len("optim."):]
+        body = name[len("optim.") :]
         for pn in sorted(params, key=len, reverse=True):
             if body.startswith(pn + "."):
-                return params[pn], body[len(pn) + 1:]
+                return params[pn], body[len(pn) + 1 :]
         return None
 
     def _optimizer_tensor(self, optimizer, params, name: str, init) -> torch.Tensor:

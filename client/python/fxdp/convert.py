@@ -54,7 +54,11 @@ PB_TO_DTYPE = {v: k for k, v in DTYPE_TO_PB.items()}
 DEVICE_TO_PB = {"cpu": pb.CPU, "cuda": pb.CUDA, "meta": pb.META}
 PB_TO_DEVICE = {v: k for k, v in DEVICE_TO_PB.items()}
 
-LAYOUT_TO_PB = {torch.strided: pb.STRIDED, torch.sparse_coo: pb.SPARSE_COO, torch.sparse_csr: pb.SPARSE_CSR}
+LAYOUT_TO_PB = {
+    torch.strided: pb.STRIDED,
+    torch.sparse_coo: pb.SPARSE_COO,
+    torch.sparse_csr: pb.SPARSE_CSR,
+}
 PB_TO_LAYOUT = {v: k for k, v in LAYOUT_TO_PB.items()}
 
 MEMFMT_TO_PB = {
@@ -81,7 +85,9 @@ def target_of(fn: Any) -> tuple[str, str]:
         name = fn._schema.name  # "aten::addmm"
         overload = fn._overloadname
         return name, "" if overload == "default" else overload
-    raise _err(f"op {fn!r} is not a dispatcher op (torch.ops.<ns>.<name>.<overload>) or operator.getitem")
+    raise _err(
+        f"op {fn!r} is not a dispatcher op (torch.ops.<ns>.<name>.<overload>) or operator.getitem"
+    )
 
 
 def _device_pb(dev: torch.device, out: "pb.Device", where: str) -> None:
@@ -92,7 +98,9 @@ def _device_pb(dev: torch.device, out: "pb.Device", where: str) -> None:
     out.index = -1 if dev.index is None else dev.index
 
 
-def encode_argument(a: Any, out: "pb.Argument", ref: Callable[[fx.Node], tuple[int, int]], where: str) -> None:
+def encode_argument(
+    a: Any, out: "pb.Argument", ref: Callable[[fx.Node], tuple[int, int]], where: str
+) -> None:
     if isinstance(a, fx.Node):
         n, k = ref(a)
         out.ref.node = n
@@ -131,7 +139,9 @@ def encode_argument(a: Any, out: "pb.Argument", ref: Callable[[fx.Node], tuple[i
         raise _err(f"{where}: cannot encode argument {a!r} of type {type(a).__name__}")
 
 
-def _value_meta(v: Any, out: "pb.ValueMeta", requires_grad: bool, where: str, device: Any = None) -> None:
+def _value_meta(
+    v: Any, out: "pb.ValueMeta", requires_grad: bool, where: str, device: Any = None
+) -> None:
     if isinstance(v, torch.Tensor):
         out.kind = pb.TENSOR
         t = out.tensor
@@ -182,8 +192,13 @@ def fx_to_graphdef(gm: fx.GraphModule, metadata: Sequence[tuple[str, str]] = ())
             p.placeholder.role = role
             p.placeholder.state_name = state_name
             p.placeholder.batch_dim = batch_dim
-            _value_meta(node.meta["val"], p.outputs.add(), node.meta.get("fxdp_requires_grad", False), where,
-                        node.meta.get("fxdp_device"))
+            _value_meta(
+                node.meta["val"],
+                p.outputs.add(),
+                node.meta.get("fxdp_requires_grad", False),
+                where,
+                node.meta.get("fxdp_device"),
+            )
         elif node.op == "call_function":
             p.kind = pb.CALL_FUNCTION
             p.target.name, p.target.overload = target_of(node.target)
@@ -219,7 +234,9 @@ def fx_to_graphdef(gm: fx.GraphModule, metadata: Sequence[tuple[str, str]] = ())
         elif node.op == "get_attr":
             p.kind = pb.GET_ATTR
             p.target.name = str(node.target)
-            _value_meta(node.meta.get("val"), p.outputs.add(), False, where, node.meta.get("fxdp_device"))
+            _value_meta(
+                node.meta.get("val"), p.outputs.add(), False, where, node.meta.get("fxdp_device")
+            )
         elif node.op == "output":
             p.kind = pb.OUTPUT
             p.target.name = str(node.target)
@@ -275,11 +292,15 @@ def meta_from_pb(vm: "pb.ValueMeta") -> Any:
     """A meta-device tensor (or python placeholder value) describing a ValueMeta."""
     if vm.kind == pb.TENSOR:
         t = vm.tensor
-        return torch.empty_strided(list(t.shape), list(t.stride), dtype=PB_TO_DTYPE[t.dtype], device="meta")
+        return torch.empty_strided(
+            list(t.shape), list(t.stride), dtype=PB_TO_DTYPE[t.dtype], device="meta"
+        )
     return None
 
 
-def graphdef_to_fx(g: "pb.GraphDef", attrs: Optional[Dict[str, torch.Tensor]] = None) -> fx.GraphModule:
+def graphdef_to_fx(
+    g: "pb.GraphDef", attrs: Optional[Dict[str, torch.Tensor]] = None
+) -> fx.GraphModule:
     """Build a runnable GraphModule from a GraphDef.
 
     Placeholders keep GraphDef order. A reference to element i of a node returning a
@@ -294,10 +315,14 @@ def graphdef_to_fx(g: "pb.GraphDef", attrs: Optional[Dict[str, torch.Tensor]] = 
 
     def value(r: "pb.ValueRef", where: str) -> fx.Node:
         if r.node >= len(env):
-            raise GraphFormatError(f"{where}: reference to node {r.node} which is not earlier in the graph")
+            raise GraphFormatError(
+                f"{where}: reference to node {r.node} which is not earlier in the graph"
+            )
         if not seq[r.node]:
             if r.output != 0:
-                raise GraphFormatError(f"{where}: output {r.output} of single-output node {env[r.node].name}")
+                raise GraphFormatError(
+                    f"{where}: output {r.output} of single-output node {env[r.node].name}"
+                )
             return env[r.node]
         key = (r.node, r.output)
         if key not in extracted:
@@ -350,7 +375,9 @@ def graphdef_to_fx(g: "pb.GraphDef", attrs: Optional[Dict[str, torch.Tensor]] = 
                     raise GraphFormatError(f"{where}: getitem needs a reference argument")
                 r = n.args[0].ref
                 if r.node >= len(env):
-                    raise GraphFormatError(f"{where}: reference to node {r.node} which is not earlier")
+                    raise GraphFormatError(
+                        f"{where}: reference to node {r.node} which is not earlier"
+                    )
                 node = graph.call_function(operator.getitem, (env[r.node], r.output))
                 is_seq = False
             else:

@@ -41,7 +41,9 @@ def _loss_backward(op):
     def backward(grad_output, self, target, weight, reduction, ignore_index, total_weight):
         if reduction != _MEAN:
             return NotImplemented
-        return op(grad_output / total_weight, self, target, weight, _SUM, ignore_index, total_weight)
+        return op(
+            grad_output / total_weight, self, target, weight, _SUM, ignore_index, total_weight
+        )
 
     return backward
 

@@ -41,6 +41,7 @@ def balanced_slices(b: int, world: int):
 def ddp_params(model_name: str, optim: str, shards) -> dict:
     """Eager DDP (Gloo) training of the zoo entry on this rank's shards: final parameters."""
     from torch.nn.parallel import DistributedDataParallel as DDP
+
     from fxdp import zoo
 
     e = zoo.get(model_name)
@@ -61,7 +62,7 @@ def flat_shard(x: torch.Tensor, world: int, rank: int) -> torch.Tensor:
     s = -(-x.numel() // world)
     flat = torch.zeros(world * s, dtype=x.dtype)
     flat[: x.numel()] = x.reshape(-1)
-    return flat[rank * s:(rank + 1) * s].clone()
+    return flat[rank * s : (rank + 1) * s].clone()
 
 
 def unshard(x: torch.Tensor, shape, world: int) -> torch.Tensor:
@@ -73,13 +74,22 @@ def unshard(x: torch.Tensor, shape, world: int) -> torch.Tensor:
 def main() -> None:
     rank, world, port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     graph, state_path, data_path, out_path = sys.argv[4:8]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world, timeout=timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=60),
+    )
     assert dist.group.WORLD.group_name == "0", dist.group.WORLD.group_name
     step = fxdp.load(graph)
     state = load_file(state_path)
     meta = step.metadata()
-    sharded = meta.get("fxdp.sharded_state", "").split("\n") if meta.get("fxdp.style") == "fully_shard" else []
+    sharded = (
+        meta.get("fxdp.sharded_state", "").split("\n")
+        if meta.get("fxdp.style") == "fully_shard"
+        else []
+    )
     full_shapes = {k: state[k].shape for k in sharded}
     for k in sharded:
         state[k] = flat_shard(state[k], world, rank)
@@ -96,9 +106,12 @@ def main() -> None:
             start, size = balanced_slices(x.shape[d], world)[rank]
             shard.append(x.narrow(d, start, size).contiguous())
         shards.append(list(shard))
-        outs = step.graph_module()(*[
-            shard.pop(0) if p.placeholder.role == pb.INPUT else state[p.placeholder.state_name]
-            for p in step.placeholders])
+        outs = step.graph_module()(
+            *[
+                shard.pop(0) if p.placeholder.role == pb.INPUT else state[p.placeholder.state_name]
+                for p in step.placeholders
+            ]
+        )
         for spec, v in zip(step.output_node.output_specs, outs):
             if spec.role in (pb.UPDATED_PARAMETER, pb.UPDATED_BUFFER, pb.UPDATED_OPTIMIZER_STATE):
                 state[spec.state_name] = v

@@ -43,9 +43,11 @@ class GradientTaps:
 
     def __enter__(self):
         for n, leaf in self.leaves.items():
+
             def hook(p, n=n):
                 self.snap[n] = p.grad.clone()
                 self.seen[n] = p.grad
+
             self.handles.append(leaf.register_post_accumulate_grad_hook(hook))
         return self
 
@@ -78,8 +80,10 @@ class StepHook:
         def step(*args, **kwargs):
             self.calls += 1
             if self.calls > 1:
-                raise TraceError(f"train_step calls optimizer.step() more than once (again at {self._caller()}); "
-                                 "one traced step is one optimizer update")
+                raise TraceError(
+                    f"train_step calls optimizer.step() more than once (again at {self._caller()}); "
+                    "one traced step is one optimizer update"
+                )
             self.taps.at_step()
             with torch.no_grad(), compiling(), self.hmode:
                 return orig(*args, **kwargs)
@@ -107,7 +111,9 @@ def split_result(result) -> Tuple[torch.Tensor, "OrderedDict[str, torch.Tensor]"
     extras: "OrderedDict[str, torch.Tensor]" = OrderedDict()
     if isinstance(result, dict):
         if "loss" not in result:
-            raise TraceError(f"train_step returned a dict without a 'loss' entry (keys {list(result)})")
+            raise TraceError(
+                f"train_step returned a dict without a 'loss' entry (keys {list(result)})"
+            )
         loss = result["loss"]
         extras.update((str(k), v) for k, v in result.items() if k != "loss")
     elif isinstance(result, (tuple, list)):
@@ -132,7 +138,9 @@ def split_result(result) -> Tuple[torch.Tensor, "OrderedDict[str, torch.Tensor]"
     return loss, extras
 
 
-def flat_step(sig: Signature, train_step, model: nn.Module, optimizer, report: Dict[str, Any]) -> Callable:
+def flat_step(
+    sig: Signature, train_step, model: nn.Module, optimizer, report: Dict[str, Any]
+) -> Callable:
     """The user's step as a function of flat tensors (fxdp.tracer's docstring, step 1). Returns
     ``[*params, *buffers, *optimizer_state, loss, *extras, *gradient_snapshots]``; the names of the
     extras and the hyper-parameter guards go into ``report``."""
@@ -150,18 +158,28 @@ def flat_step(sig: Signature, train_step, model: nn.Module, optimizer, report: D
             leaves[n] = leaf
         bufs = OrderedDict((n, t.clone()) for n, t in zip(sig.bnames, b_in))
         it = iter(s_in)
-        st_tensors = OrderedDict((pn, OrderedDict((k, next(it).clone()) for k in st))
-                                 for pn, st in sig.ostate.items())
+        st_tensors = OrderedDict(
+            (pn, OrderedDict((k, next(it).clone()) for k in st)) for pn, st in sig.ostate.items()
+        )
         htensors = OrderedDict(zip(sig.hnames, h_in))
         hmode = optim_table.HyperparameterMode(htensors, sig.hvalues)
         taps = GradientTaps(OrderedDict((n, leaves[n]) for n in sig.trainable))
-        bound = optim_table.BoundOptimizer(optimizer, leaves, sig.pname_of, st_tensors, htensors, sig.foreach)
+        bound = optim_table.BoundOptimizer(
+            optimizer, leaves, sig.pname_of, st_tensors, htensors, sig.foreach
+        )
         hook = StepHook(optimizer, taps, hmode)
-        with _reparametrize_module(model, {**leaves, **bufs}, tie_weights=True), bound, taps, hook, \
-                torch.enable_grad():
+        with (
+            _reparametrize_module(model, {**leaves, **bufs}, tie_weights=True),
+            bound,
+            taps,
+            hook,
+            torch.enable_grad(),
+        ):
             result = train_step(model, optimizer, sig.batch.rebuild(list(x_in)))
             if hook.calls == 0:
-                raise TraceError("train_step never calls optimizer.step(): fxdp traces one optimizer update per step")
+                raise TraceError(
+                    "train_step never calls optimizer.step(): fxdp traces one optimizer update per step"
+                )
             final_state = [bound.final_state(pn, k) for pn, k in sig.state_names]
             new_bufs = [bufs[n] for n in sig.bnames]
         loss, extras = split_result(result)

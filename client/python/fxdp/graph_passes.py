@@ -25,8 +25,14 @@ if TYPE_CHECKING:
 aten = torch.ops.aten
 
 _IDENTITY_OPS = {aten.detach.default, aten.alias.default}
-_PREFIX = {pb.PARAMETER: "p", pb.BUFFER: "b", pb.OPTIMIZER_STATE: "s", pb.HYPERPARAMETER: "h", pb.INPUT: "x",
-           pb.CONSTANT: "c"}
+_PREFIX = {
+    pb.PARAMETER: "p",
+    pb.BUFFER: "b",
+    pb.OPTIMIZER_STATE: "s",
+    pb.HYPERPARAMETER: "h",
+    pb.INPUT: "x",
+    pb.CONSTANT: "c",
+}
 
 
 def ident(s: str) -> str:
@@ -93,25 +99,35 @@ def _surviving_mutation(n: fx.Node, t) -> str:
     src = node_source(n)
     at = f" ({src})" if src else ""
     dst = n.args[0] if n.args else None
-    spec = dst.meta.get("fxdp_placeholder") if isinstance(dst, fx.Node) and dst.op == "placeholder" else None
+    spec = (
+        dst.meta.get("fxdp_placeholder")
+        if isinstance(dst, fx.Node) and dst.op == "placeholder"
+        else None
+    )
     if spec is None:
         return f"node '{n.name}'{at}: in-place op {t} survived functionalization"
     role, name, _ = spec
     if role == pb.HYPERPARAMETER:
-        return (f"train_step changes the hyper-parameter '{name}' in place{at}: a learning-rate scheduler's "
-                "step() (or an assignment to param_group[...]) inside the traced step; one graph runs every step, "
-                "so a value cannot change inside it. Call scheduler.step() outside train_step and give the "
-                "schedule to fxdp instead (run_local(..., schedule=sched, step=k), Client.train(..., "
-                "schedule=sched), fxdp.schedule)")
+        return (
+            f"train_step changes the hyper-parameter '{name}' in place{at}: a learning-rate scheduler's "
+            "step() (or an assignment to param_group[...]) inside the traced step; one graph runs every step, "
+            "so a value cannot change inside it. Call scheduler.step() outside train_step and give the "
+            "schedule to fxdp instead (run_local(..., schedule=sched, step=k), Client.train(..., "
+            "schedule=sched), fxdp.schedule)"
+        )
     what = {pb.INPUT: "its input", pb.BUFFER: "the buffer", pb.PARAMETER: "the parameter"}.get(
-        role, pb.PlaceholderRole.Name(role).lower().replace("_", " "))
-    return (f"train_step writes into {what} '{name}' in place{at}, outside what the graph can hand back "
-            f"({t} survived functionalization); compute on a copy (x = x.clone()) or, for model state, "
-            "change it inside the model's forward or the optimizer's step")
+        role, pb.PlaceholderRole.Name(role).lower().replace("_", " ")
+    )
+    return (
+        f"train_step writes into {what} '{name}' in place{at}, outside what the graph can hand back "
+        f"({t} survived functionalization); compute on a copy (x = x.clone()) or, for model state, "
+        "change it inside the model's forward or the optimizer's step"
+    )
 
 
-def mark_gradients(graph: fx.Graph, snaps: Sequence[Any], trainable: Sequence[str],
-                   ph_of: Dict[str, fx.Node]) -> List[fx.Node]:
+def mark_gradients(
+    graph: fx.Graph, snaps: Sequence[Any], trainable: Sequence[str], ph_of: Dict[str, fx.Node]
+) -> List[fx.Node]:
     """Mark each parameter's gradient node with ``grad_of``; returns the nodes that must stay alive as
     OTHER outputs (a gradient that cannot carry the mark itself keeps its own clone)."""
     marked = set()
@@ -153,8 +169,9 @@ def assign_roles(graph: fx.Graph, sig: "Signature", n_extras: int) -> List[Tuple
     ret = list(out_node.args[0])
     n_kept = sig.n_state + 1 + n_extras
     n_p = len(sig.pnames)
-    extra_grads = mark_gradients(graph, ret[n_kept:], sig.trainable,
-                                              dict(zip(sig.pnames, placeholders[:n_p])))
+    extra_grads = mark_gradients(
+        graph, ret[n_kept:], sig.trainable, dict(zip(sig.pnames, placeholders[:n_p]))
+    )
     final_ret, final_roles = [], []
     for i, (v, r) in enumerate(zip(ret[:n_kept], sig.output_specs(n_extras))):
         if i < sig.n_state and v is placeholders[i]:
@@ -190,8 +207,11 @@ def lift_constants(gm: fx.GraphModule, before: fx.Node) -> "OrderedDict[str, tor
             if not isinstance(val, torch.Tensor):
                 raise TraceError(f"node '{n.name}': non-tensor attribute {n.target}")
             sname = f"const.{n.target}"
-            anchor = graph.inserting_before(before) if before is not None else \
-                graph.inserting_after([p for p in graph.nodes if p.op == "placeholder"][-1])
+            anchor = (
+                graph.inserting_before(before)
+                if before is not None
+                else graph.inserting_after([p for p in graph.nodes if p.op == "placeholder"][-1])
+            )
             with anchor:
                 ph = graph.placeholder(ident(str(n.target)))
             ph.meta["val"] = val
@@ -236,7 +256,9 @@ def record_real_meta(gm: fx.GraphModule, args: Sequence[Any]) -> None:
 
     def describe(v):
         if isinstance(v, torch.Tensor):
-            m = torch.empty(0, dtype=v.dtype, device="meta").as_strided(v.shape, v.stride(), v.storage_offset())
+            m = torch.empty(0, dtype=v.dtype, device="meta").as_strided(
+                v.shape, v.stride(), v.storage_offset()
+            )
             return m, v.device
         return v, None
 
@@ -256,12 +278,18 @@ def record_real_meta(gm: fx.GraphModule, args: Sequence[Any]) -> None:
         _Rec(gm).run(*args)
 
 
-def record_layouts(gm: fx.GraphModule, sig: "Signature", consts: "OrderedDict[str, torch.Tensor]") -> None:
+def record_layouts(
+    gm: fx.GraphModule, sig: "Signature", consts: "OrderedDict[str, torch.Tensor]"
+) -> None:
     """Real mode: run the finished graph once on the example tensors to record exact layouts."""
     by_spec = {spec[:2]: t for spec, t in zip(sig.placeholder_specs(), sig.example_args())}
     by_spec.update(((pb.CONSTANT, n), t) for n, t in consts.items())
-    args = [by_spec[n.meta["fxdp_placeholder"][:2]] for n in gm.graph.nodes if n.op == "placeholder"]
+    args = [
+        by_spec[n.meta["fxdp_placeholder"][:2]] for n in gm.graph.nodes if n.op == "placeholder"
+    ]
     try:
         record_real_meta(gm, args)
     except Exception as e:  # noqa: BLE001
-        raise TraceError(f"the traced graph does not run on the example tensors: {type(e).__name__}: {e}") from e
+        raise TraceError(
+            f"the traced graph does not run on the example tensors: {type(e).__name__}: {e}"
+        ) from e

@@ -46,10 +46,18 @@ def _explicit(build: Callable) -> Callable:
         if mask is None or args:  # no padding to apply (or a caller fxdp does not know: as it is)
             return build(*args, **kwargs)
         kv_length, kv_offset = kwargs["kv_length"], kwargs.get("kv_offset", 0)
-        pattern = build(**{**kwargs, "attention_mask": None, "allow_is_causal_skip": False,
-                           "allow_is_bidirectional_skip": False})
+        pattern = build(
+            **{
+                **kwargs,
+                "attention_mask": None,
+                "allow_is_causal_skip": False,
+                "allow_is_bidirectional_skip": False,
+            }
+        )
         if pattern is None:  # a builder of the user's that skips anyway: transformers' own path
-            return build(**{**kwargs, "allow_is_causal_skip": False, "allow_is_bidirectional_skip": False})
+            return build(
+                **{**kwargs, "allow_is_causal_skip": False, "allow_is_bidirectional_skip": False}
+            )
         keep = _padding(mask, kv_length, kv_offset)[:, None, None, :]
         if pattern.dtype == torch.bool:
             return pattern & keep
@@ -64,7 +72,7 @@ def _padding(mask: torch.Tensor, kv_length: int, kv_offset: int) -> torch.Tensor
     mask = mask.bool()
     if (short := kv_offset + kv_length - mask.shape[-1]) > 0:
         mask = torch.nn.functional.pad(mask, (0, short))
-    return mask[:, kv_offset:kv_offset + kv_length]
+    return mask[:, kv_offset : kv_offset + kv_length]
 
 
 @contextlib.contextmanager

@@ -83,7 +83,9 @@ def group_hyperparameters(group_index: int, group: dict) -> "OrderedDict[str, fl
             continue
         vals = tuple(v) if isinstance(v, (tuple, list)) else (v,)
         if len(vals) != len(comps):
-            raise ValueError(f"param group {group_index}: '{key}' has {len(vals)} entries, expected {len(comps)}")
+            raise ValueError(
+                f"param group {group_index}: '{key}' has {len(vals)} entries, expected {len(comps)}"
+            )
         for c, x in zip(comps, vals):
             out[hyperparameter_name(group_index, c)] = _as_float(x)
     return out
@@ -141,43 +143,82 @@ def _rmsprop_state(p, g, name):
 
 def _adagrad_state(p, g, name):
     iav = g["initial_accumulator_value"]
-    return {"step": _scalar(0, p), "sum": torch.full_like(p, iav, memory_format=torch.preserve_format)}
+    return {
+        "step": _scalar(0, p),
+        "sum": torch.full_like(p, iav, memory_format=torch.preserve_format),
+    }
 
 
 @dataclass(frozen=True)
 class OptimizerSpec:
-    state: Callable[[torch.Tensor, dict, str], Dict[str, torch.Tensor]]  # fresh state of one parameter
+    state: Callable[
+        [torch.Tensor, dict, str], Dict[str, torch.Tensor]
+    ]  # fresh state of one parameter
     state_keys: Tuple[str, ...]  # every key its state may hold
     capturable: bool  # has torch's capturable path (switched on while tracing)
-    capturable_single_tensor: bool = True  # False: single-tensor groups keep the default path (module doc)
+    capturable_single_tensor: bool = (
+        True  # False: single-tensor groups keep the default path (module doc)
+    )
 
 
 OPTIMIZERS: Dict[type, OptimizerSpec] = {
     O.SGD: OptimizerSpec(_sgd_state, ("momentum_buffer",), False),
-    O.Adam: OptimizerSpec(_adam_state, ("step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"), True, False),
-    O.AdamW: OptimizerSpec(_adam_state, ("step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"), True, False),
-    O.RMSprop: OptimizerSpec(_rmsprop_state, ("step", "square_avg", "momentum_buffer", "grad_avg"), True),
+    O.Adam: OptimizerSpec(
+        _adam_state, ("step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"), True, False
+    ),
+    O.AdamW: OptimizerSpec(
+        _adam_state, ("step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"), True, False
+    ),
+    O.RMSprop: OptimizerSpec(
+        _rmsprop_state, ("step", "square_avg", "momentum_buffer", "grad_avg"), True
+    ),
     O.Adagrad: OptimizerSpec(_adagrad_state, ("step", "sum"), False),
     O.Adadelta: OptimizerSpec(
         lambda p, g, n: {"step": _scalar(0, p), "square_avg": _zeros(p), "acc_delta": _zeros(p)},
-        ("step", "square_avg", "acc_delta"), True),
+        ("step", "square_avg", "acc_delta"),
+        True,
+    ),
     O.Adamax: OptimizerSpec(
         lambda p, g, n: {"step": _scalar(0, p), "exp_avg": _zeros(p), "exp_inf": _zeros(p)},
-        ("step", "exp_avg", "exp_inf"), True),
+        ("step", "exp_avg", "exp_inf"),
+        True,
+    ),
     O.NAdam: OptimizerSpec(
-        lambda p, g, n: {"step": _scalar(0, p), "mu_product": _scalar(1, p), "exp_avg": _zeros(p),
-                         "exp_avg_sq": _zeros(p)},
-        ("step", "mu_product", "exp_avg", "exp_avg_sq"), True),
+        lambda p, g, n: {
+            "step": _scalar(0, p),
+            "mu_product": _scalar(1, p),
+            "exp_avg": _zeros(p),
+            "exp_avg_sq": _zeros(p),
+        },
+        ("step", "mu_product", "exp_avg", "exp_avg_sq"),
+        True,
+    ),
     O.RAdam: OptimizerSpec(
         lambda p, g, n: {"step": _scalar(0, p), "exp_avg": _zeros(p), "exp_avg_sq": _zeros(p)},
-        ("step", "exp_avg", "exp_avg_sq"), True),
+        ("step", "exp_avg", "exp_avg_sq"),
+        True,
+    ),
     O.ASGD: OptimizerSpec(
-        lambda p, g, n: {"step": _scalar(0, p), "eta": _scalar(g["lr"], p), "mu": _scalar(1, p), "ax": _zeros(p)},
-        ("step", "eta", "mu", "ax"), True),
+        lambda p, g, n: {
+            "step": _scalar(0, p),
+            "eta": _scalar(g["lr"], p),
+            "mu": _scalar(1, p),
+            "ax": _zeros(p),
+        },
+        ("step", "eta", "mu", "ax"),
+        True,
+    ),
     O.Rprop: OptimizerSpec(
-        lambda p, g, n: {"step": _scalar(0, p), "prev": _zeros(p),
-                         "step_size": torch.full_like(p, _as_float(g["lr"]), memory_format=torch.preserve_format)},
-        ("step", "prev", "step_size"), True),
+        lambda p, g, n: {
+            "step": _scalar(0, p),
+            "prev": _zeros(p),
+            "step_size": torch.full_like(
+                p, _as_float(g["lr"]), memory_format=torch.preserve_format
+            ),
+        },
+        ("step", "prev", "step_size"),
+        True,
+    ),
 }
 
 SUPPORTED_OPTIMIZERS = tuple(OPTIMIZERS)
@@ -188,7 +229,9 @@ def spec_of(optimizer) -> OptimizerSpec:
     if spec is None:
         extra = ""
         if isinstance(optimizer, O.LBFGS):
-            extra = " (LBFGS re-evaluates a closure a data-dependent number of times: no single graph)"
+            extra = (
+                " (LBFGS re-evaluates a closure a data-dependent number of times: no single graph)"
+            )
         raise TraceError(
             f"unsupported optimizer {type(optimizer).__module__}.{type(optimizer).__name__}{extra}: fxdp traces "
             + ", ".join(f"torch.optim.{c.__name__}" for c in OPTIMIZERS)
@@ -199,7 +242,9 @@ def spec_of(optimizer) -> OptimizerSpec:
 def check_options(optimizer) -> None:
     for i, group in enumerate(optimizer.param_groups):
         if group.get("fused"):
-            raise TraceError(f"optimizer param group {i}: fused=True is not supported; use foreach or single-tensor")
+            raise TraceError(
+                f"optimizer param group {i}: fused=True is not supported; use foreach or single-tensor"
+            )
         if group.get("differentiable"):
             raise TraceError(f"optimizer param group {i}: differentiable=True is not supported")
         for k, v in group.items():
@@ -221,12 +266,16 @@ def resolve_foreach(optimizer, params_of_group) -> List[bool]:
     for group, ps in zip(optimizer.param_groups, params_of_group):
         fe = group.get("foreach")
         if fe is None:
-            _, fe = _default_to_fused_or_foreach(ps, group.get("differentiable", False), use_fused=False)
+            _, fe = _default_to_fused_or_foreach(
+                ps, group.get("differentiable", False), use_fused=False
+            )
         out.append(bool(fe))
     return out
 
 
-def initial_state(optimizer, pname_of: Mapping[int, str]) -> "OrderedDict[str, OrderedDict[str, torch.Tensor]]":
+def initial_state(
+    optimizer, pname_of: Mapping[int, str]
+) -> "OrderedDict[str, OrderedDict[str, torch.Tensor]]":
     """Per trained parameter name: the state tensors the traced step reads (existing or fresh)."""
     from torch.optim.optimizer import _get_scalar_dtype
 
@@ -240,7 +289,9 @@ def initial_state(optimizer, pname_of: Mapping[int, str]) -> "OrderedDict[str, O
             existing = optimizer.state.get(p, {})
             for k in existing:
                 if k not in spec.state_keys:
-                    raise TraceError(f"unexpected {type(optimizer).__name__} state '{k}' for parameter '{name}'")
+                    raise TraceError(
+                        f"unexpected {type(optimizer).__name__} state '{k}' for parameter '{name}'"
+                    )
             if existing:
                 st = OrderedDict()
                 for k in spec.state_keys:
@@ -268,18 +319,47 @@ def hyperparameter_tensors(optimizer, device) -> "OrderedDict[str, torch.Tensor]
 # --------------------------------------------------------------------------- hyper-parameter mode
 
 _COMPARE = {
-    "__eq__": operator.eq, "eq": operator.eq, "__ne__": operator.ne, "ne": operator.ne,
-    "__lt__": operator.lt, "lt": operator.lt, "__le__": operator.le, "le": operator.le,
-    "__gt__": operator.gt, "gt": operator.gt, "__ge__": operator.ge, "ge": operator.ge,
+    "__eq__": operator.eq,
+    "eq": operator.eq,
+    "__ne__": operator.ne,
+    "ne": operator.ne,
+    "__lt__": operator.lt,
+    "lt": operator.lt,
+    "__le__": operator.le,
+    "le": operator.le,
+    "__gt__": operator.gt,
+    "gt": operator.gt,
+    "__ge__": operator.ge,
+    "ge": operator.ge,
 }
-_SYMBOL = {operator.eq: "==", operator.ne: "!=", operator.lt: "<", operator.le: "<=", operator.gt: ">",
-           operator.ge: ">="}
-_FLIP = {operator.lt: operator.gt, operator.le: operator.ge, operator.gt: operator.lt, operator.ge: operator.le,
-         operator.eq: operator.eq, operator.ne: operator.ne}
+_SYMBOL = {
+    operator.eq: "==",
+    operator.ne: "!=",
+    operator.lt: "<",
+    operator.le: "<=",
+    operator.gt: ">",
+    operator.ge: ">=",
+}
+_FLIP = {
+    operator.lt: operator.gt,
+    operator.le: operator.ge,
+    operator.gt: operator.lt,
+    operator.ge: operator.le,
+    operator.eq: operator.eq,
+    operator.ne: operator.ne,
+}
 # per-tensor ops whose Scalar argument (alpha= / value=) torch.optim fills with a hyper-parameter:
 # the tensor form scales the argument it multiplies (position 1) instead
-_SCALED_BY = {"add": "alpha", "add_": "alpha", "sub": "alpha", "sub_": "alpha", "addcmul": "value",
-              "addcmul_": "value", "addcdiv": "value", "addcdiv_": "value"}
+_SCALED_BY = {
+    "add": "alpha",
+    "add_": "alpha",
+    "sub": "alpha",
+    "sub_": "alpha",
+    "addcmul": "value",
+    "addcmul_": "value",
+    "addcdiv": "value",
+    "addcdiv_": "value",
+}
 # foreach ops whose Tensor overload the Python binding picks for a 0-d tensor (for _foreach_add it picks
 # the Scalar overload and calls .item())
 _FOREACH_TENSOR_OK = {"_foreach_mul", "_foreach_mul_", "_foreach_div", "_foreach_div_"}
@@ -317,10 +397,13 @@ def _needs_rewrite(fname: str, args, kwargs) -> bool:
 
 def _unrolled(fname: str, args, kwargs):
     """A foreach op with a 0-d tensor in a Scalar slot, as one per-tensor op per list element."""
-    op = fname[len("_foreach_"):]
+    op = fname[len("_foreach_") :]
     n = next(len(a) for a in args if isinstance(a, (list, tuple)))
     pick = lambda v, i: v[i] if isinstance(v, (list, tuple)) else v  # noqa: E731
-    outs = [_single(op, [pick(a, i) for a in args], {k: pick(v, i) for k, v in kwargs.items()}) for i in range(n)]
+    outs = [
+        _single(op, [pick(a, i) for a in args], {k: pick(v, i) for k, v in kwargs.items()})
+        for i in range(n)
+    ]
     return None if op.endswith("_") else outs
 
 
@@ -388,12 +471,24 @@ class BoundOptimizer:
     back on exit.
     """
 
-    def __init__(self, optimizer, leaves: Mapping[str, torch.Tensor], pname_of: Mapping[int, str],
-                 state: Mapping[str, Mapping[str, torch.Tensor]], hyper: Mapping[str, torch.Tensor],
-                 foreach: Sequence[bool]):
+    def __init__(
+        self,
+        optimizer,
+        leaves: Mapping[str, torch.Tensor],
+        pname_of: Mapping[int, str],
+        state: Mapping[str, Mapping[str, torch.Tensor]],
+        hyper: Mapping[str, torch.Tensor],
+        foreach: Sequence[bool],
+    ):
         self.opt = optimizer
         self.spec = spec_of(optimizer)
-        self.leaves, self.pname_of, self.state, self.hyper, self.foreach = leaves, pname_of, state, hyper, foreach
+        self.leaves, self.pname_of, self.state, self.hyper, self.foreach = (
+            leaves,
+            pname_of,
+            state,
+            hyper,
+            foreach,
+        )
 
     def __enter__(self):
         opt = self.opt

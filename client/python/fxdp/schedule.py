@@ -34,7 +34,13 @@ from typing import Any, Dict, List, Mapping, Sequence, Union
 from .optimizers import check_guards, optimizer_hyperparameters
 from .v1 import graph_pb2 as pb
 
-__all__ = ["hyperparameter_names", "hyperparameter_guards", "schedule_values", "save_schedule", "load_schedule"]
+__all__ = [
+    "hyperparameter_names",
+    "hyperparameter_guards",
+    "schedule_values",
+    "save_schedule",
+    "load_schedule",
+]
 
 Values = Dict[str, float]
 
@@ -42,7 +48,9 @@ Values = Dict[str, float]
 def _graph_of(traced_or_graphdef: Any) -> "pb.GraphDef":
     g = getattr(traced_or_graphdef, "graph", traced_or_graphdef)
     if not isinstance(g, pb.GraphDef):
-        raise TypeError(f"expected a TracedStep or fxdp.v1.GraphDef, got {type(traced_or_graphdef).__name__}")
+        raise TypeError(
+            f"expected a TracedStep or fxdp.v1.GraphDef, got {type(traced_or_graphdef).__name__}"
+        )
     return g
 
 
@@ -66,7 +74,9 @@ def hyperparameter_guards(traced_or_graphdef: Any) -> Dict[str, bool]:
 
 def _check_values(step: int, values: Any, known: Sequence[str]) -> Values:
     if not isinstance(values, Mapping):
-        raise TypeError(f"schedule step {step}: expected a dict of hyper-parameter values, got {type(values).__name__}")
+        raise TypeError(
+            f"schedule step {step}: expected a dict of hyper-parameter values, got {type(values).__name__}"
+        )
     known_set = set(known)
     out: Values = OrderedDict()
     for k, v in values.items():
@@ -77,7 +87,9 @@ def _check_values(step: int, values: Any, known: Sequence[str]) -> Values:
         try:
             f = float(v)
         except (TypeError, ValueError):
-            raise TypeError(f"schedule step {step}: value of '{k}' is a {type(v).__name__}, not a number") from None
+            raise TypeError(
+                f"schedule step {step}: value of '{k}' is a {type(v).__name__}, not a number"
+            ) from None
         if not math.isfinite(f):
             raise ValueError(f"schedule step {step}: value of '{k}' is {f}")
         out[k] = f
@@ -88,7 +100,9 @@ def _scheduler_values(scheduler: Any, steps: int, names: Sequence[str]) -> List[
     from torch.optim.lr_scheduler import ReduceLROnPlateau
 
     if isinstance(scheduler, ReduceLROnPlateau):
-        raise TypeError("ReduceLROnPlateau depends on a metric measured during training; pass the values per step")
+        raise TypeError(
+            "ReduceLROnPlateau depends on a metric measured during training; pass the values per step"
+        )
     opt = scheduler.optimizer
     saved_sched = scheduler.state_dict()
     saved_groups = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
@@ -103,7 +117,9 @@ def _scheduler_values(scheduler: Any, steps: int, names: Sequence[str]) -> List[
             if i < steps:
                 with warnings.catch_warnings():
                     # the scheduler warns that it steps before its optimizer: here nothing trains
-                    warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)`")
+                    warnings.filterwarnings(
+                        "ignore", message="Detected call of `lr_scheduler.step\\(\\)`"
+                    )
                     scheduler.step()
     finally:
         scheduler.load_state_dict(saved_sched)

@@ -19,15 +19,23 @@ class Batch:
     """The example batch: its tensors in order, their names, and how to rebuild its structure."""
 
     def __init__(self, example, input_names):
-        self.kind = "tensor" if isinstance(example, torch.Tensor) else "dict" if isinstance(example, dict) else "seq"
+        self.kind = (
+            "tensor"
+            if isinstance(example, torch.Tensor)
+            else "dict"
+            if isinstance(example, dict)
+            else "seq"
+        )
         if self.kind == "tensor":
             values = [example]
         elif self.kind == "dict":
             values = list(example.values())
         else:
             if not isinstance(example, (tuple, list)):
-                raise TraceError(f"the example batch must be a tensor, a tuple/list or a dict of tensors, got "
-                                 f"{type(example).__name__}")
+                raise TraceError(
+                    f"the example batch must be a tensor, a tuple/list or a dict of tensors, got "
+                    f"{type(example).__name__}"
+                )
             values = list(example)
             self.seq_type = type(example)
         if self.kind == "dict":
@@ -72,13 +80,17 @@ class Batch:
             if d < -1:
                 d += x.dim()
             if not 0 <= d < x.dim():
-                raise TraceError(f"batch_dim {d} is out of range for input '{n}' of shape {tuple(x.shape)}")
+                raise TraceError(
+                    f"batch_dim {d} is out of range for input '{n}' of shape {tuple(x.shape)}"
+                )
             sizes.setdefault(x.shape[d], []).append(f"'{n}' {tuple(x.shape)} dim {d}")
             out.append(d)
         if len(sizes) > 1:
             told = "; ".join(f"{s}: {', '.join(ins)}" for s, ins in sorted(sizes.items()))
-            raise TraceError(f"inputs disagree on the batch size along their batch dims ({told}); give batch_dim=-1 "
-                             "to an input without a batch dim, or one batch_dim per input")
+            raise TraceError(
+                f"inputs disagree on the batch size along their batch dims ({told}); give batch_dim=-1 "
+                "to an input without a batch dim, or one batch_dim per input"
+            )
         return out
 
 
@@ -113,7 +125,14 @@ class Signature:
     *hyperparameters, *inputs)`` holds, and the example tensors that feed it. Built from the model,
     the optimizer and the example batch, with every argument check the trace needs."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, example_batch, batch_dim, input_names):
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        example_batch,
+        batch_dim,
+        input_names,
+    ):
         optim_table.spec_of(optimizer)
         optim_table.check_options(optimizer)
         self.batch = Batch(example_batch, input_names)
@@ -137,16 +156,24 @@ class Signature:
         for pn, st in self.ostate.items():
             for k, t in st.items():
                 if t.device != self.device and not (t.dim() == 0 and t.device.type == "cpu"):
-                    raise TraceError(f"tensors on mixed devices: optimizer state '{k}' of parameter '{pn}' is on "
-                                     f"{t.device}, the model on {self.device}")
+                    raise TraceError(
+                        f"tensors on mixed devices: optimizer state '{k}' of parameter '{pn}' is on "
+                        f"{t.device}, the model on {self.device}"
+                    )
         self.hvalues = optim_table.optimizer_hyperparameters(optimizer)
         self.hyper = optim_table.hyperparameter_tensors(optimizer, self.device)
 
-        self.pnames, self.bnames, self.hnames = list(self.params), list(self.buffers), list(self.hyper)
+        self.pnames, self.bnames, self.hnames = (
+            list(self.params),
+            list(self.buffers),
+            list(self.hyper),
+        )
         self.state_names = [(pn, k) for pn, st in self.ostate.items() for k in st]
         in_optimizer = {self.pname_of[id(p)] for ps in group_params for p in ps}
         # the graph differentiates w.r.t. the parameters the optimizer updates
-        self.trainable = [n for n in self.pnames if self.params[n].requires_grad and n in in_optimizer]
+        self.trainable = [
+            n for n in self.pnames if self.params[n].requires_grad and n in in_optimizer
+        ]
 
     @property
     def n_state(self) -> int:
@@ -158,7 +185,7 @@ class Signature:
         cuts = [0]
         for n in (len(self.pnames), len(self.bnames), len(self.state_names), len(self.hnames)):
             cuts.append(cuts[-1] + n)
-        return [flat[a:b] for a, b in zip(cuts, cuts[1:])] + [flat[cuts[-1]:]]
+        return [flat[a:b] for a, b in zip(cuts, cuts[1:])] + [flat[cuts[-1] :]]
 
     def example_args(self) -> List[torch.Tensor]:
         return (
@@ -201,4 +228,3 @@ class Signature:
         for n in self.hnames:
             out[n] = self.hyper[n]
         return out
-

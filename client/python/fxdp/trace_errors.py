@@ -60,7 +60,10 @@ class DataDependenceGuard(torch.utils._python_dispatch.TorchDispatchMode):
             raise DataDependenceError(func)
         if name == "aten::index" and len(args) > 1:
             # boolean-mask indexing: the result's shape depends on the mask's values
-            if any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in args[1]):
+            if any(
+                isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)
+                for i in args[1]
+            ):
                 raise DataDependenceError(func)
         return func(*args, **(kwargs or {}))
 
@@ -69,7 +72,9 @@ class ModuleStack:
     """Tracks which submodule is executing, so errors can name it."""
 
     def __init__(self, model: nn.Module):
-        self.names = {id(m): (n or "<root>") for n, m in model.named_modules(remove_duplicate=False)}
+        self.names = {
+            id(m): (n or "<root>") for n, m in model.named_modules(remove_duplicate=False)
+        }
         self.stack: List[nn.Module] = []
         self.handles = []
 
@@ -98,7 +103,9 @@ class ModuleStack:
             return ""
         name = self.names.get(id(self.stack[-1]))
         if name is None:
-            return f"<{type(self.stack[-1]).__name__}>"  # a module outside the model (a loss module)
+            return (
+                f"<{type(self.stack[-1]).__name__}>"  # a module outside the model (a loss module)
+            )
         return "model" if name == "<root>" else f"model.{name}"
 
     def where(self) -> str:
@@ -118,7 +125,11 @@ SOURCE_MAX = 400  # bytes of Node.source (graph.proto)
 def _is_library(filename: str) -> bool:
     if filename.startswith(_FXDP_USER_DIRS):
         return False
-    return filename.startswith(_TORCH_DIR) or filename.startswith(_FXDP_DIR) or filename.startswith("<")
+    return (
+        filename.startswith(_TORCH_DIR)
+        or filename.startswith(_FXDP_DIR)
+        or filename.startswith("<")
+    )
 
 
 def _short_path(filename: str) -> str:
@@ -168,7 +179,9 @@ class SourceRecorder(torch.utils._python_dispatch.TorchDispatchMode):
         if src is None:
             src = self._here()
         seq = torch.autograd._get_sequence_nr()
-        if grad_fn is None and seq != self.seq:  # the op made an autograd node: its backward's source
+        if (
+            grad_fn is None and seq != self.seq
+        ):  # the op made an autograd node: its backward's source
             self.forward[seq - 1] = src
         self.seq = seq
         fx_traceback.set_stack_trace([src] if src else [])
@@ -196,10 +209,19 @@ def user_frame(tb) -> str:
 
 
 def _is_data_dependent(e: BaseException) -> bool:
-    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+    from torch._subclasses.fake_tensor import (
+        DataDependentOutputException,
+        DynamicOutputShapeException,
+    )
 
-    names = {"GuardOnDataDependentSymNode", "DataDependentOutputException", "DynamicOutputShapeException",
-             "DataDependenceError", "UserError", "PendingUnbackedSymbolNotFound"}
+    names = {
+        "GuardOnDataDependentSymNode",
+        "DataDependentOutputException",
+        "DynamicOutputShapeException",
+        "DataDependenceError",
+        "UserError",
+        "PendingUnbackedSymbolNotFound",
+    }
     if isinstance(e, (DataDependentOutputException, DynamicOutputShapeException)):
         return True
     if type(e).__name__ in names:

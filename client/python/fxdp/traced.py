@@ -38,10 +38,14 @@ class TracedStep:
 
     def state_names(self) -> List[str]:
         """Names of the non-input placeholders (parameters, buffers, optimizer state, constants), in order."""
-        return [n.placeholder.state_name for n in self.placeholders if n.placeholder.role != pb.INPUT]
+        return [
+            n.placeholder.state_name for n in self.placeholders if n.placeholder.role != pb.INPUT
+        ]
 
     def input_names(self) -> List[str]:
-        return [n.placeholder.state_name for n in self.placeholders if n.placeholder.role == pb.INPUT]
+        return [
+            n.placeholder.state_name for n in self.placeholders if n.placeholder.role == pb.INPUT
+        ]
 
     def metadata(self) -> Dict[str, str]:
         return {kv.key: kv.value for kv in self.graph.metadata}
@@ -63,7 +67,9 @@ class TracedStep:
             )
         return OrderedDict((k, v.detach().clone()) for k, v in self._state.items())
 
-    def to_safetensors(self, path: Union[str, os.PathLike], state: Optional[Mapping[str, torch.Tensor]] = None) -> None:
+    def to_safetensors(
+        self, path: Union[str, os.PathLike], state: Optional[Mapping[str, torch.Tensor]] = None
+    ) -> None:
         """Write ``state`` (default: the initial state) as a safetensors file, same names."""
         from safetensors.torch import save_file
 
@@ -79,7 +85,11 @@ class TracedStep:
 
     def hyperparameter_names(self) -> List[str]:
         """Names of the HYPERPARAMETER placeholders (``optim.group0.lr``...), fed per step."""
-        return [n.placeholder.state_name for n in self.placeholders if n.placeholder.role == pb.HYPERPARAMETER]
+        return [
+            n.placeholder.state_name
+            for n in self.placeholders
+            if n.placeholder.role == pb.HYPERPARAMETER
+        ]
 
     def output_names(self) -> List[str]:
         """Names of the extra (OTHER) outputs ``train_step`` returned beside the loss."""
@@ -119,10 +129,15 @@ class TracedStep:
             state = OrderedDict(state.items())
             for k, v in hv.items():
                 ref = state.get(k)
-                state[k] = torch.tensor(v, dtype=ref.dtype if ref is not None else torch.float32,
-                                        device=ref.device if ref is not None else "cpu")
-        check_guards(hyperparameter_guards(self), {k: float(state[k]) for k in self.hyperparameter_names()
-                                                  if k in state})
+                state[k] = torch.tensor(
+                    v,
+                    dtype=ref.dtype if ref is not None else torch.float32,
+                    device=ref.device if ref is not None else "cpu",
+                )
+        check_guards(
+            hyperparameter_guards(self),
+            {k: float(state[k]) for k in self.hyperparameter_names() if k in state},
+        )
         if isinstance(batch, torch.Tensor):
             batch = (batch,)
         in_names = self.input_names()
@@ -134,7 +149,9 @@ class TracedStep:
         else:
             batch = list(batch)
             if len(batch) != len(in_names):
-                raise ValueError(f"batch has {len(batch)} tensors, the graph takes {len(in_names)} inputs {in_names}")
+                raise ValueError(
+                    f"batch has {len(batch)} tensors, the graph takes {len(in_names)} inputs {in_names}"
+                )
             batch_by_name = dict(zip(in_names, batch))
         args = []
         for ph in self.placeholders:
@@ -185,17 +202,30 @@ def _checked(ph: "pb.Node", t) -> torch.Tensor:
     if t.dtype == want_dtype and list(t.shape) == list(meta.shape):
         return t
     short = lambda d: str(d).replace("torch.", "")  # noqa: E731
-    msg = (f"run_local: {what} is {_type_text(short(t.dtype), t.shape)}, the graph's placeholder '{ph.name}' "
-           f"declares {_type_text(short(want_dtype), meta.shape)}")
+    msg = (
+        f"run_local: {what} is {_type_text(short(t.dtype), t.shape)}, the graph's placeholder '{ph.name}' "
+        f"declares {_type_text(short(want_dtype), meta.shape)}"
+    )
     d = spec.batch_dim
-    if spec.role == pb.INPUT and d >= 0 and t.dim() == len(meta.shape) and t.dtype == want_dtype \
-            and [s for i, s in enumerate(t.shape) if i != d] == [s for i, s in enumerate(meta.shape) if i != d]:
-        msg += (f": the step was traced with a batch of {meta.shape[d]} (dim {d}) and this batch has {t.shape[d]}; "
-                "a traced graph runs the batch size it was traced with: trace it again with this batch size")
+    if (
+        spec.role == pb.INPUT
+        and d >= 0
+        and t.dim() == len(meta.shape)
+        and t.dtype == want_dtype
+        and [s for i, s in enumerate(t.shape) if i != d]
+        == [s for i, s in enumerate(meta.shape) if i != d]
+    ):
+        msg += (
+            f": the step was traced with a batch of {meta.shape[d]} (dim {d}) and this batch has {t.shape[d]}; "
+            "a traced graph runs the batch size it was traced with: trace it again with this batch size"
+        )
     raise ValueError(msg)
 
 
-def load(path: Union[str, os.PathLike], state: Union[None, str, os.PathLike, Mapping[str, torch.Tensor]] = None) -> TracedStep:
+def load(
+    path: Union[str, os.PathLike],
+    state: Union[None, str, os.PathLike, Mapping[str, torch.Tensor]] = None,
+) -> TracedStep:
     """Read a GraphDef written by :meth:`TracedStep.save`.
 
     ``state`` may be a mapping or a safetensors path; without it, a sibling ``<stem>.safetensors``
@@ -215,6 +245,10 @@ def load(path: Union[str, os.PathLike], state: Union[None, str, os.PathLike, Map
         from safetensors.torch import load_file
 
         loaded = load_file(str(state))
-        names = [n.placeholder.state_name for n in g.nodes if n.kind == pb.PLACEHOLDER and n.placeholder.role != pb.INPUT]
+        names = [
+            n.placeholder.state_name
+            for n in g.nodes
+            if n.kind == pb.PLACEHOLDER and n.placeholder.role != pb.INPUT
+        ]
         state = OrderedDict((k, loaded[k]) for k in names if k in loaded)
     return TracedStep(g, state)

@@ -135,8 +135,13 @@ def _onednn_off():
         torch._C._set_mkldnn_enabled(was)
 
 
-def _make_graph(step: Callable, args: List[torch.Tensor], mstack: ModuleStack, tracing_mode: str,
-                decompositions: Optional[Dict[Any, Callable]]) -> torch.fx.GraphModule:
+def _make_graph(
+    step: Callable,
+    args: List[torch.Tensor],
+    mstack: ModuleStack,
+    tracing_mode: str,
+    decompositions: Optional[Dict[Any, Callable]],
+) -> torch.fx.GraphModule:
     """Passes 1 and 2 of the module docstring: ``make_fx`` records the aten ops, then
     functionalization removes every mutation. Every failure becomes a TraceError naming what it can."""
     table = dict(DEFAULT_DECOMPOSITIONS)
@@ -152,13 +157,23 @@ def _make_graph(step: Callable, args: List[torch.Tensor], mstack: ModuleStack, t
         return torch.fx.Interpreter(gm1).run(*flat)
 
     try:
-        with mstack, hf_masks.explicit_attention_masks(), _onednn_off(), fx_traceback.preserve_node_meta():
-            gm1 = make_fx(recorded, tracing_mode=tracing_mode, decomposition_table=table,
-                          _allow_non_fake_inputs=True)(*args)
+        with (
+            mstack,
+            hf_masks.explicit_attention_masks(),
+            _onednn_off(),
+            fx_traceback.preserve_node_meta(),
+        ):
+            gm1 = make_fx(
+                recorded,
+                tracing_mode=tracing_mode,
+                decomposition_table=table,
+                _allow_non_fake_inputs=True,
+            )(*args)
         with _onednn_off(), fx_traceback.preserve_node_meta():
             return make_fx(
-                torch.func.functionalize(replay, remove="mutations"), tracing_mode=tracing_mode,
-                _allow_non_fake_inputs=True
+                torch.func.functionalize(replay, remove="mutations"),
+                tracing_mode=tracing_mode,
+                _allow_non_fake_inputs=True,
             )(*args)
     except Exception as e:  # noqa: BLE001 - every failure becomes a TraceError naming what it can
         if _gradscaler_in(e.__traceback__):
@@ -174,13 +189,18 @@ def _make_graph(step: Callable, args: List[torch.Tensor], mstack: ModuleStack, t
         raise as_trace_error(e, mstack) from e
 
 
-def _metadata(sig: Signature, model, optimizer, train_step, loss_reduction, report) -> List[Tuple[str, str]]:
+def _metadata(
+    sig: Signature, model, optimizer, train_step, loss_reduction, report
+) -> List[Tuple[str, str]]:
     meta = [
         ("model", type(model).__name__),
         ("optimizer", type(optimizer).__name__),
         ("optimizer.foreach", ",".join("true" if f else "false" for f in sig.foreach)),
         ("loss_reduction", str(loss_reduction or "mean")),
-        ("batch_size", str(next((x.shape[d] for x, d in zip(sig.batch.values, sig.bdims) if d >= 0), -1))),
+        (
+            "batch_size",
+            str(next((x.shape[d] for x, d in zip(sig.batch.values, sig.bdims) if d >= 0), -1)),
+        ),
         ("decompositions", decompositions_table.NAME),
         ("device", str(sig.device)),
         ("train_step", getattr(train_step, "__qualname__", type(train_step).__name__)),
@@ -192,7 +212,9 @@ def _metadata(sig: Signature, model, optimizer, train_step, loss_reduction, repo
     return meta
 
 
-def _initial_state(sig: Signature, consts: "OrderedDict[str, torch.Tensor]") -> "OrderedDict[str, torch.Tensor]":
+def _initial_state(
+    sig: Signature, consts: "OrderedDict[str, torch.Tensor]"
+) -> "OrderedDict[str, torch.Tensor]":
     init = OrderedDict((n, t.detach().clone()) for n, t in sig.state_tensors().items())
     init.update(consts)
     return init
@@ -253,7 +275,9 @@ def trace_step(
     final_gm = graph_passes.renamed(gm.graph, output_roles)
     if tracing_mode == "real":
         graph_passes.record_layouts(final_gm, sig, consts)
-    graph_def = convert.fx_to_graphdef(final_gm, _metadata(sig, model, optimizer, train_step, loss_reduction, report))
+    graph_def = convert.fx_to_graphdef(
+        final_gm, _metadata(sig, model, optimizer, train_step, loss_reduction, report)
+    )
     return TracedStep(graph_def, _initial_state(sig, consts))
 
 
@@ -303,5 +327,14 @@ def trace(
 
     train_step.__qualname__ = "fxdp.trace"
     red = loss_reduction or getattr(loss_fn, "reduction", None) or "mean"
-    return trace_step(train_step, model, optimizer, example_inputs, batch_dim=batch_dim, input_names=input_names,
-                      loss_reduction=red, decompositions=decompositions, tracing_mode=tracing_mode)
+    return trace_step(
+        train_step,
+        model,
+        optimizer,
+        example_inputs,
+        batch_dim=batch_dim,
+        input_names=input_names,
+        loss_reduction=red,
+        decompositions=decompositions,
+        tracing_mode=tracing_mode,
+    )

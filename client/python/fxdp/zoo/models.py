@@ -10,7 +10,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-
 # --------------------------------------------------------------------------- models
 
 
@@ -83,7 +82,15 @@ class Block(nn.Module):
 class TransformerLM(nn.Module):
     """Decoder-only LM: token + positional embedding, blocks, final LayerNorm, vocab head."""
 
-    def __init__(self, vocab: int = 23, d_model: int = 16, heads: int = 2, ff: int = 32, layers: int = 2, max_seq: int = 9):
+    def __init__(
+        self,
+        vocab: int = 23,
+        d_model: int = 16,
+        heads: int = 2,
+        ff: int = 32,
+        layers: int = 2,
+        max_seq: int = 9,
+    ):
         super().__init__()
         self.tok = nn.Embedding(vocab, d_model)
         self.pos = nn.Embedding(max_seq, d_model)
@@ -172,14 +179,18 @@ def _seqfirst_batch(g):
 MODELS: Dict[str, ZooEntry] = {
     "mlp": ZooEntry("mlp", MLP, nn.MSELoss(), _mlp_batch),
     "cnn": ZooEntry("cnn", CNN, nn.CrossEntropyLoss(), _cnn_batch),
-    "transformer": ZooEntry("transformer", TransformerLM, lm_loss, _lm_batch, input_names=("tokens", "target")),
+    "transformer": ZooEntry(
+        "transformer", TransformerLM, lm_loss, _lm_batch, input_names=("tokens", "target")
+    ),
     "seqfirst": ZooEntry("seqfirst", SeqFirstAttention, nn.MSELoss(), _seqfirst_batch, batch_dim=1),
 }
 
 OPTIMIZERS: Dict[str, Callable[[nn.Module], torch.optim.Optimizer]] = {
     "sgd": lambda m, **kw: torch.optim.SGD(m.parameters(), **{"lr": 0.05, "momentum": 0.9, **kw}),
     "adam": lambda m, **kw: torch.optim.Adam(m.parameters(), **{"lr": 1e-2, **kw}),
-    "adamw": lambda m, **kw: torch.optim.AdamW(m.parameters(), **{"lr": 1e-2, "weight_decay": 0.01, **kw}),
+    "adamw": lambda m, **kw: torch.optim.AdamW(
+        m.parameters(), **{"lr": 1e-2, "weight_decay": 0.01, **kw}
+    ),
 }
 
 
