@@ -4,6 +4,7 @@ __version__ = "0.1.0"
 
 from .compiled import CompiledStep, compile  # noqa: E402,A004
 from .errors import GraphFormatError, TraceError  # noqa: E402
+from .state_io import load_into  # noqa: E402
 from .traced import TracedStep, load  # noqa: E402
 from .tracer import DEFAULT_DECOMPOSITIONS, SUPPORTED_OPTIMIZERS, trace, trace_step  # noqa: E402
 
@@ -25,6 +26,7 @@ __all__ = [
     "compile",
     "CompiledStep",
     "load",
+    "load_into",
     "TracedStep",
     "TraceError",
     "GraphFormatError",
