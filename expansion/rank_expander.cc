@@ -209,6 +209,8 @@ absl::StatusOr<bool> RankExpander::MaybeSyncBatchNorm(NodeId id, const Node& old
     // (heap-use-after-free under ASan).
     const ValueRef to = replaced_.at(src);
     replaced_[ValueRef{id, 0}] = to;
+    // A parameter's gradient: FULLY_SHARD's bucket or per-rank slice, as in EmitNode.
+    if (fs_ != nullptr) FXDP_RETURN_IF_ERROR(FullyShardAfter(id, old));
     return true;
   }
   const SyncBatchNormRole role = SyncBatchNormRoleOf(old);
@@ -230,6 +232,8 @@ absl::StatusOr<bool> RankExpander::MaybeSyncBatchNorm(NodeId id, const Node& old
       if (!local.contains(r.value)) local[r.value] = EmitSlice(r);
     }
   }
+  // FULLY_SHARD: the weight and bias are read gathered, as in EmitNode.
+  if (fs_ != nullptr) FXDP_RETURN_IF_ERROR(FullyShardReads(id, old, local));
   bool dy_scaled = false;
   if (role == SyncBatchNormRole::kBackward) {
     const ValueRef* dy = old.args[0].get_if<ValueRef>();

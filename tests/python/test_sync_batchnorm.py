@@ -369,3 +369,28 @@ def test_hf_resnet_equals_one_device(tmp_path, world):
     assert sum(c["purpose"].startswith("bn ") for c in run["report"]["collectives"]) == 3 * n_bn
     ref_state, ref_losses = one_device(step, batches)
     assert_equals_one_device(run, ref_state, ref_losses)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_fully_shard_with_sync_batchnorm_equals_one_device(world):
+    """FULLY_SHARD and sync_batchnorm together (B=10: N=3 splits 4,3,3): the batch norms read
+    their gathered weight and bias, and their gradients go to FULLY_SHARD's reduce-scatter. The
+    rewrite used to read the rank's flat shard ("operands [8], [4] do not broadcast" at expand)."""
+    step = trace_bnnet("mean")
+    batches = bn_batches()
+    ref_state, ref_losses = one_device(step, batches)
+    with local_server(workers=world) as (address, log), fxdp.Client(address) as client:
+        report = client.expand(
+            step, world_size=world, sync_batchnorm=True, style="fully_shard"
+        ).report
+        assert report["batch_norm"] == "global"
+        result = client.train(
+            step, world_size=world, batches=batches, sync_batchnorm=True, style="fully_shard"
+        )
+    torch.testing.assert_close(
+        torch.tensor(result.losses), torch.tensor(ref_losses), rtol=RTOL, atol=ATOL
+    )
+    for k, want in ref_state.items():
+        torch.testing.assert_close(
+            result.state[k], want, rtol=RTOL, atol=ATOL, msg=lambda m: f"{k}: {m}"
+        )
