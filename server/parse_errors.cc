@@ -28,8 +28,11 @@ class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
     }
     if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_STATUS) &&
         unparsable_) {
-      const grpc::Status s = methods->GetSendStatus();
-      if (s.error_code() == grpc::StatusCode::INTERNAL) {
+      // The sync API answers such a request INTERNAL; the callback API
+      // (Submit, FetchState) UNIMPLEMENTED with no text, before any handler
+      // runs: both are this interceptor's to rewrite.
+      const grpc::StatusCode code = methods->GetSendStatus().error_code();
+      if (code == grpc::StatusCode::INTERNAL || code == grpc::StatusCode::UNIMPLEMENTED) {
         methods->ModifySendStatus(
             grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                          absl::StrCat("the request to ", info_->method(),

@@ -72,17 +72,7 @@ def server(tmp_path_factory):
         ("/fxdp.v1.JobService/GetJob", False),
         ("/fxdp.v1.JobService/ListJobs", False),
         ("/fxdp.v1.JobService/CancelJob", False),
-        # FetchState became an async handler (16c0ae2): a request that does not parse ends with
-        # UNIMPLEMENTED and no text, which the garbage interceptor does not see. Known regression, to fix
-        # in server/fetch_call.cc (strict: this fails once it is fixed, so the mark comes off).
-        pytest.param(
-            "/fxdp.v1.JobService/FetchState",
-            True,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="async FetchState answers a garbage request UNIMPLEMENTED with no text",
-            ),
-        ),
+        ("/fxdp.v1.JobService/FetchState", True),
         ("/fxdp.v1.WorkerService/ListWorkers", False),
         ("/fxdp.v1.CompileService/Analyze", False),
         ("/fxdp.v1.CompileService/Expand", False),
