@@ -18,13 +18,18 @@ Each call feeds the graph the live model's parameters and buffers, the optimizer
 its param groups' current hyper-parameters (so a scheduler stepped between calls takes effect),
 and writes the updated tensors back in place, so eager code before, between and after the calls
 sees the same model and optimizer as eager training would. A call with another model, optimizer
-or batch shape traces again.
+or batch shape traces again; the last ``max_shapes`` traces (default 8) are kept, so a shape seen
+before runs its graph at once. Bound the number of shapes a data loader yields (pad to a multiple:
+``DataCollatorWithPadding(pad_to_multiple_of=64)``, or bucket by length) so that each is traced
+once; ``traces`` counts the traces made.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Dict, Optional, Tuple
+import weakref
+from collections import OrderedDict
+from typing import Any, Callable, Dict, Tuple
 
 import torch
 
@@ -44,21 +49,37 @@ def _batch_key(batch) -> Tuple:
 class CompiledStep:
     """The callable ``@fxdp.compile`` returns (see the module docstring)."""
 
-    def __init__(self, fn: Callable, trace_kwargs: Dict[str, Any]):
+    def __init__(self, fn: Callable, trace_kwargs: Dict[str, Any], max_shapes: int = 8):
+        if max_shapes < 1:
+            raise ValueError(f"max_shapes must be at least 1, got {max_shapes}")
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.trace_kwargs = trace_kwargs
-        self.traced = None
-        self._key: Optional[Tuple] = None
+        self.max_shapes = max_shapes
+        self.traced = None  # the TracedStep of the last call
+        self.traces = 0
+        # (id(model), id(optimizer), batch key) -> (model ref, optimizer ref, TracedStep), most
+        # recently used last; the refs tell a live object from a new one that reuses a dead id.
+        self._cache: "OrderedDict[Tuple, Tuple[Any, Any, Any]]" = OrderedDict()
 
-    def __call__(self, model, optimizer, batch):
+    def _step_for(self, model, optimizer, batch):
         from .tracer import trace_step
 
         key = (id(model), id(optimizer), _batch_key(batch))
-        if key != self._key:
-            self.traced = trace_step(self.fn, model, optimizer, batch, **self.trace_kwargs)
-            self._key = key
-        step = self.traced
+        hit = self._cache.get(key)
+        if hit is not None and hit[0]() is model and hit[1]() is optimizer:
+            self._cache.move_to_end(key)
+            return hit[2]
+        step = trace_step(self.fn, model, optimizer, batch, **self.trace_kwargs)
+        self.traces += 1
+        self._cache[key] = (weakref.ref(model), weakref.ref(optimizer), step)
+        self._cache.move_to_end(key)
+        while len(self._cache) > self.max_shapes:
+            self._cache.popitem(last=False)
+        return step
+
+    def __call__(self, model, optimizer, batch):
+        step = self.traced = self._step_for(model, optimizer, batch)
         params = dict(model.named_parameters())
         buffers = dict(model.named_buffers())
         init = step.initial_state()
@@ -119,11 +140,12 @@ class CompiledStep:
             st[k] = t.clone()
 
 
-def compile(**trace_kwargs) -> Callable[[Callable], CompiledStep]:  # noqa: A001 - the seed's name
+def compile(max_shapes: int = 8, **trace_kwargs) -> Callable[[Callable], CompiledStep]:  # noqa: A001
     """Decorator: ``@fxdp.compile(batch_dim=0)`` over ``train_step(model, optimizer, batch)``;
+    ``max_shapes``: how many traces (one per model, optimizer and batch shape) are kept; the other
     keyword arguments are :func:`fxdp.trace_step`'s."""
 
     def wrap(fn: Callable) -> CompiledStep:
-        return CompiledStep(fn, trace_kwargs)
+        return CompiledStep(fn, trace_kwargs, max_shapes)
 
     return wrap
