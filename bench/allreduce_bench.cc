@@ -51,8 +51,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "executor/communicator.h"
-#include "executor/gloo_backend.h"
-#include "executor/gloo_communicator.h"
+#include "executor/gloo/gloo_backend.h"
+#include "executor/gloo/gloo_communicator.h"
 
 #ifdef FXDP_HAVE_NCCL
 #include <ATen/ops/from_blob.h>

@@ -38,7 +38,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "analysis/ir/proto_codec.h"
-#include "executor/gloo_communicator.h"
+#include "executor/gloo/gloo_communicator.h"
 #include "executor/interpreter.h"
 #include "executor/safetensors.h"
 #include "executor/step_runner.h"

@@ -10,8 +10,8 @@
 // is a new tensor.
 //
 //   LocalCommunicator  world size 1: the result is a clone, done at once.
-//   GlooCommunicator   c10d ProcessGroupGloo (CPU tensors), in
-//                      executor/gloo_communicator.h.
+//   GlooCommunicator   c10d ProcessGroupGloo (CPU tensors), in executor/gloo/
+//                      (HostStagedCommunicator: Gloo for device tensors).
 //   NcclCommunicator   raw NCCL (CUDA tensors), in executor/nccl/.
 #ifndef FXDP_EXECUTOR_COMMUNICATOR_H_
 #define FXDP_EXECUTOR_COMMUNICATOR_H_

@@ -6,9 +6,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "analysis/ir/flat_shard.h"
 #include "analysis/ir/safetensors.h"
 #include "executor/torch_types.h"
-#include "expansion/sharding.h"
 #include "util/files.h"
 #include "util/status_macros.h"
 
@@ -53,7 +53,7 @@ absl::StatusOr<SafetensorsFile> ReadTensors(const ir::SafetensorsReader& file,
     try {
       if (shards != nullptr && shards->names.count(e.name) > 0) {
         const int64_t numel = static_cast<int64_t>((e.end - e.begin) / item);
-        const FlatShard f = FlatShardOf(numel, shards->world, shards->rank);
+        const ir::FlatShard f = ir::FlatShardOf(numel, shards->world, shards->rank);
         t = at::zeros({f.shard_numel}, dtype);  // the padding stays zero
         begin += static_cast<uint64_t>(f.begin * item);
         bytes = static_cast<uint64_t>(f.real() * item);

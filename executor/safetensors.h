@@ -30,7 +30,7 @@ using ir::SafetensorsReadOptions;
 
 absl::StatusOr<SafetensorsFile> ParseSafetensors(absl::string_view bytes);
 
-// Reading a FULLY_SHARD rank's state (expansion/sharding.h): each tensor
+// Reading a FULLY_SHARD rank's state (analysis/ir/flat_shard.h): each tensor
 // named in `names` is read as rank `rank`'s flat shard of it over `world`
 // ranks (a 1-D tensor of FlatShardOf's shard_numel elements, its real
 // elements read from the file, the padding zero); its whole shape goes to

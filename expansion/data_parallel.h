@@ -49,7 +49,7 @@ namespace fxdp {
 // How state is held across ranks (torch's ShardingStrategy / fully_shard).
 //   kReplicate   every rank holds every parameter, buffer and optimizer-state
 //                tensor whole; gradients are all-reduced (DDP).
-//   kFullyShard  every rank holds a flat 1/N shard (expansion/sharding.h) of
+//   kFullyShard  every rank holds a flat 1/N shard (analysis/ir/flat_shard.h) of
 //                each parameter, its gradient and its optimizer state;
 //                parameters are all-gathered before use and gradients
 //                reduce-scattered (ZeRO-3, FSDP's FULL_SHARD, FSDP2's
@@ -114,7 +114,7 @@ struct Collective {
   int32_t position = 0;  // index in rank 0's expanded graph.
 };
 
-// One state tensor FULLY_SHARD keeps as flat shards (expansion/sharding.h):
+// One state tensor FULLY_SHARD keeps as flat shards (analysis/ir/flat_shard.h):
 // each rank's placeholder for it is 1-D with shard_numel elements.
 struct ShardedState {
   std::string state_name;

@@ -13,10 +13,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "analysis/dim_spec.h"
+#include "analysis/ir/flat_shard.h"
 #include "analysis/ir/node_error.h"
 #include "analysis/op_rules.h"
 #include "analysis/view_rules.h"
-#include "expansion/sharding.h"
 #include "util/status_macros.h"
 
 namespace fxdp {
@@ -285,7 +285,7 @@ absl::StatusOr<FullyShardPlan> PlanFullyShard(const Graph& g, const BatchDimAnal
     s.role = node.placeholder.role;
     s.shape = t.shape;
     s.dtype = t.dtype;
-    s.shard_numel = FlatShardOf(t.numel(), world, 0).shard_numel;
+    s.shard_numel = ir::FlatShardOf(t.numel(), world, 0).shard_numel;
     p.sharded[i] = s;
     p.sharded_state.push_back(std::move(s));
   }

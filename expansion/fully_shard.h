@@ -1,6 +1,6 @@
 // FULLY_SHARD (ZeRO-3, FSDP2's fully_shard) as a graph rewrite: the plan.
 //
-// Each rank holds a flat shard (expansion/sharding.h) of every PARAMETER and
+// Each rank holds a flat shard (analysis/ir/flat_shard.h) of every PARAMETER and
 // of every OPTIMIZER_STATE tensor tied to a parameter with the same numel
 // ("optim.<param>.exp_avg", "...exp_avg_sq", "...momentum_buffer"). Buffers,
 // scalar optimizer state (step), hyper-parameters and constants stay whole;

@@ -21,10 +21,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "analysis/batch_dim.h"
+#include "analysis/ir/flat_shard.h"
 #include "analysis/ir/graph.h"
 #include "expansion/data_parallel.h"
 #include "expansion/fully_shard.h"
-#include "expansion/sharding.h"
 #include "expansion/sync_batchnorm.h"
 
 namespace fxdp {
@@ -160,7 +160,7 @@ class RankExpander final : public RankGraphBuilder {
   // ---- FULLY_SHARD (fully_shard_emit.cc; expansion/fully_shard.h) ------------------
 
   int64_t ShardNumel(int64_t numel) const {
-    return FlatShardOf(numel, o_.world_size, 0).shard_numel;
+    return ir::FlatShardOf(numel, o_.world_size, 0).shard_numel;
   }
   ValueRef Collect(Node n, const std::string& purpose, int64_t bytes);
   // The metadata fxdp-worker run reads to slice and reassemble state files.

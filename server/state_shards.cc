@@ -4,7 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "expansion/sharding.h"
+#include "analysis/ir/flat_shard.h"
 #include "server/raw_tensors.h"
 
 namespace fxdp::server {
@@ -62,7 +62,7 @@ absl::Status StateSplitter::Add(const v1::TensorChunk& c,
   const uint64_t lo = c.offset(), hi = c.offset() + c.data().size();
   const bool last = hi == static_cast<uint64_t>(numel) * item;
   for (int r = 0; r < world_; ++r) {
-    const FlatShard f = FlatShardOf(numel, world_, r);
+    const ir::FlatShard f = ir::FlatShardOf(numel, world_, r);
     const std::vector<int64_t> shard_shape = {f.shard_numel};
     if (f.shard_numel == 0) {  // an empty tensor: one empty chunk per rank
       (*out)[r].push_back(Piece(c.name(), c.dtype(), shard_shape, 0, ""));
@@ -104,7 +104,7 @@ absl::Status StateGatherer::Add(int rank, const v1::TensorChunk& c) {
   }
   Whole& w = it->second;
   const int64_t numel = Numel(w.meta);
-  const FlatShard f = FlatShardOf(numel, world_, rank);
+  const ir::FlatShard f = ir::FlatShardOf(numel, world_, rank);
   const std::vector<int64_t> want = {f.shard_numel};
   auto error = [&](const std::string& what) {
     return absl::DataLossError(
@@ -137,7 +137,7 @@ absl::StatusOr<StateStore::State> StateGatherer::Finish() {
   for (const auto& [name, w] : sharded_) {
     if (!seen_.count(name)) order_.push_back(name);  // not from rank 0: caught below
     for (int r = 0; r < world_; ++r) {
-      const FlatShard f = FlatShardOf(Numel(w.meta), world_, r);
+      const ir::FlatShard f = ir::FlatShardOf(Numel(w.meta), world_, r);
       const uint64_t want = static_cast<uint64_t>(f.shard_numel) * static_cast<uint64_t>(w.item);
       if (w.received[r] != want) {
         return absl::DataLossError(absl::StrCat("the final state of rank ", r, " has ",

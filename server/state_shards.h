@@ -2,7 +2,7 @@
 // shards: the initial state is split into each rank's flat shards as its
 // chunks stream in (StateSplitter), and the ranks' final states are put back
 // together into whole tensors (StateGatherer). The layout is
-// expansion/sharding.h's FlatShardOf: a sharded tensor of n elements, s =
+// analysis/ir/flat_shard.h's FlatShardOf: a sharded tensor of n elements, s =
 // ceil(n / N); rank r holds elements [r*s, (r+1)*s) of the flattened tensor
 // padded with zeros to N*s, as a 1-D [s] tensor of the same dtype. Tensors
 // not in the expansion's sharded_state (buffers, scalar optimizer state,

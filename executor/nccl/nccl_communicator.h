@@ -4,7 +4,7 @@
 // nccl_communicator.cc.
 //
 // Rendezvous: rank 0 calls ncclGetUniqueId and publishes the id under a key of
-// the c10d store (the TCPStore the Gloo path uses, executor/gloo_backend.h
+// the c10d store (the TCPStore the Gloo path uses, executor/gloo/gloo_backend.h
 // ConnectStore); the others read it (blocking, up to the store's timeout);
 // then every rank calls ncclCommInitRankConfig on its device. World size 1
 // needs no store. Where NCCL supports it (>= 2.14) the communicator is
@@ -53,7 +53,7 @@
 
 #include "absl/status/statusor.h"
 #include "executor/communicator.h"
-#include "executor/gloo_backend.h"
+#include "executor/gloo/gloo_backend.h"
 
 namespace fxdp::executor {
 

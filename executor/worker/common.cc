@@ -13,8 +13,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "analysis/ir/batch_split.h"
-#include "executor/gloo_communicator.h"
-#include "executor/host_staged_communicator.h"
+#include "executor/gloo/gloo_communicator.h"
+#include "executor/gloo/host_staged_communicator.h"
 #include "executor/torch_types.h"
 #include "util/status_macros.h"
 #if defined(FXDP_HAVE_NCCL)

@@ -13,7 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "executor/communicator.h"
-#include "executor/gloo_backend.h"
+#include "executor/gloo/gloo_backend.h"
 #include "executor/interpreter.h"
 #include "executor/step_runner.h"
 
@@ -36,7 +36,7 @@ std::string GlooInterfaceHost(const std::string& rendezvous_host);
 // destroyed (ProcessGroupGloo's destructor drains its queue, which behind a
 // lost peer can take another timeout): release() it.
 // `backend`: "auto" (NCCL for a CUDA device where built, else Gloo), "nccl",
-// or "gloo" (on a CUDA device: host-staged, executor/host_staged_communicator.h,
+// or "gloo" (on a CUDA device: host-staged, executor/gloo/host_staged_communicator.h,
 // e.g. several ranks on one GPU).
 absl::StatusOr<std::unique_ptr<Communicator>> ConnectCommunicator(
     const RendezvousOptions& opts, const c10::Device& device, const std::string& backend = "auto");

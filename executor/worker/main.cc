@@ -28,7 +28,7 @@
 #include "analysis/ir/hyperparameters.h"
 #include "analysis/ir/proto_codec.h"
 #include "executor/communicator.h"
-#include "executor/gloo_communicator.h"
+#include "executor/gloo/gloo_communicator.h"
 #include "executor/interpreter.h"
 #include "executor/memory_limit.h"
 #include "executor/safetensors.h"

@@ -9,8 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "analysis/ir/flat_shard.h"
 #include "executor/torch_types.h"
-#include "expansion/sharding.h"
 #include "util/status_macros.h"
 
 namespace fxdp::executor {

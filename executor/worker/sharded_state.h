@@ -2,7 +2,7 @@
 // which state it holds as flat shards (metadata "fxdp.style" = "fully_shard",
 // "fxdp.sharded_state" = the names, one per line). `fxdp-worker run` reads
 // only this rank's slice of each sharded tensor from the state file
-// (expansion/sharding.h FlatShardOf: real elements, then zero padding) and, for
+// (analysis/ir/flat_shard.h FlatShardOf: real elements, then zero padding) and, for
 // --out, all-gathers the shards back into whole tensors, so users never
 // handle shards.
 #ifndef FXDP_EXECUTOR_WORKER_SHARDED_STATE_H_

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "executor/communicator.h"
-#include "executor/gloo_communicator.h"
-#include "executor/host_staged_communicator.h"
+#include "executor/gloo/gloo_communicator.h"
+#include "executor/gloo/host_staged_communicator.h"
 #include "executor/safetensors.h"
 #include "executor/timed_communicator.h"
 #include "executor/worker/sharded_state.h"

@@ -14,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "analysis/ir/text.h"
-#include "executor/gloo_communicator.h"
+#include "executor/gloo/gloo_communicator.h"
 #include "executor/timed_communicator.h"
 #include "tests/executor/local_rendezvous.h"
 #include "tests/test_util.h"

@@ -9,8 +9,8 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "absl/status/statusor.h"
-#include "executor/gloo_backend.h"
-#include "executor/gloo_communicator.h"
+#include "executor/gloo/gloo_backend.h"
+#include "executor/gloo/gloo_communicator.h"
 #include "tests/test_util.h"
 
 namespace fxdp::testing {

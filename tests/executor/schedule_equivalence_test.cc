@@ -13,7 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "analysis/ir/text.h"
-#include "executor/gloo_communicator.h"
+#include "executor/gloo/gloo_communicator.h"
 #include "executor/interpreter.h"
 #include "executor/step_runner.h"
 #include "expansion/data_parallel.h"

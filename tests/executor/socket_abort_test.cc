@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "executor/gloo_communicator.h"
+#include "executor/gloo/gloo_communicator.h"
 #include "executor/socket_abort.h"
 #include "tests/executor/local_rendezvous.h"
 #include "tests/test_util.h"

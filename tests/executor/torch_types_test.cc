@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "analysis/ir/text.h"
-#include "executor/gloo_backend.h"
+#include "executor/gloo/gloo_backend.h"
 #include "tests/executor/local_rendezvous.h"
 #include "tests/test_util.h"
 

@@ -1,5 +1,5 @@
 // FULLY_SHARD's state split and reassembly in the server (server/state_shards.h):
-// every rank gets exactly expansion/sharding.h's flat shard (zero padded),
+// every rank gets exactly analysis/ir/flat_shard.h's flat shard (zero padded),
 // whatever the chunking of the client's tensors, and the ranks' shards come
 // back as the whole tensors; replicated tensors go to every rank as they are
 // and come back from rank 0. Bad shapes and short shards are errors naming the
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "expansion/sharding.h"
+#include "analysis/ir/flat_shard.h"
 #include "server/raw_tensors.h"
 #include "server/state_shards.h"
 #include "tests/test_util.h"
@@ -60,7 +60,7 @@ ShardedStateList Sharded(const std::string& name, std::vector<int64_t> shape, in
   s->set_dtype(v1::FLOAT32);
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
-  s->set_shard_numel(FlatShardOf(n, world, 0).shard_numel);
+  s->set_shard_numel(ir::FlatShardOf(n, world, 0).shard_numel);
   return l;
 }
 
@@ -93,7 +93,7 @@ TEST(StateShards, EveryRankGetsItsPaddedFlatShardAndTheWholeComesBack) {
         for (int r = 0; r < world; ++r) {
           for (const v1::TensorChunk& c : to[r]) EXPECT_LE(c.data().size(), 5u);
           std::map<std::string, server::RawTensor> got = Receive(to[r]);
-          const FlatShard f = FlatShardOf(n, world, r);
+          const ir::FlatShard f = ir::FlatShardOf(n, world, r);
           ASSERT_EQ(got["w"].shape, std::vector<int64_t>{f.shard_numel});
           // the real elements, then zeros
           std::string want =

@@ -12,7 +12,7 @@ With MODEL and OPTIM (a zoo entry), the rank then trains the same model eagerly 
 PyTorch's DistributedDataParallel on the same shards and saves its parameters too.
 
 A FULLY_SHARD graph (metadata "fxdp.style" = "fully_shard") holds the state its
-"fxdp.sharded_state" lists as flat shards (expansion/sharding.h: s = ceil(n / N), rank r holds
+"fxdp.sharded_state" lists as flat shards (analysis/ir/flat_shard.h: s = ceil(n / N), rank r holds
 elements [r*s, (r+1)*s) of the flattened tensor padded with zeros): each rank slices them from
 the whole state file and all-gathers them back at the end, so OUT.pt holds whole tensors.
 """

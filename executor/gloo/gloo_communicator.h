@@ -22,8 +22,8 @@
 // publishes the addresses of its own TCP sockets in the store, so the
 // address Gloo reports (the peer's listening or connecting socket) maps back
 // to a rank.
-#ifndef FXDP_EXECUTOR_GLOO_COMMUNICATOR_H_
-#define FXDP_EXECUTOR_GLOO_COMMUNICATOR_H_
+#ifndef FXDP_EXECUTOR_GLOO_GLOO_COMMUNICATOR_H_
+#define FXDP_EXECUTOR_GLOO_GLOO_COMMUNICATOR_H_
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
@@ -34,7 +34,7 @@
 
 #include "absl/status/statusor.h"
 #include "executor/communicator.h"
-#include "executor/gloo_backend.h"
+#include "executor/gloo/gloo_backend.h"
 
 namespace fxdp::executor {
 
@@ -94,4 +94,4 @@ class GlooCommunicator : public Communicator {
 
 }  // namespace fxdp::executor
 
-#endif  // FXDP_EXECUTOR_GLOO_COMMUNICATOR_H_
+#endif  // FXDP_EXECUTOR_GLOO_GLOO_COMMUNICATOR_H_

@@ -1,8 +1,8 @@
 // Creating c10d's Gloo backend. This is the only TU that includes
 // ProcessGroupGloo.hpp (compiled against third_party/gloo-shim); everything
 // else sees a c10d::Backend.
-#ifndef FXDP_EXECUTOR_GLOO_BACKEND_H_
-#define FXDP_EXECUTOR_GLOO_BACKEND_H_
+#ifndef FXDP_EXECUTOR_GLOO_GLOO_BACKEND_H_
+#define FXDP_EXECUTOR_GLOO_GLOO_BACKEND_H_
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -33,4 +33,4 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Backend>> CreateGlooBackend(
 
 }  // namespace fxdp::executor
 
-#endif  // FXDP_EXECUTOR_GLOO_BACKEND_H_
+#endif  // FXDP_EXECUTOR_GLOO_GLOO_BACKEND_H_

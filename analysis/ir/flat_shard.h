@@ -8,14 +8,15 @@
 // fully_shard.h). The one copy of this arithmetic: the expansion, the server's
 // split/reassembly, `fxdp-worker run` and the tests all use FlatShardOf.
 //
-// Torch-free and header-only, so every layer (executor included) can use it.
-#ifndef FXDP_EXPANSION_SHARDING_H_
-#define FXDP_EXPANSION_SHARDING_H_
+// Torch-free and header-only, beside the IR so that every layer may include
+// it (the executor depends on the IR only: docs/architecture.md, Layering).
+#ifndef FXDP_ANALYSIS_IR_FLAT_SHARD_H_
+#define FXDP_ANALYSIS_IR_FLAT_SHARD_H_
 
 #include <algorithm>
 #include <cstdint>
 
-namespace fxdp {
+namespace fxdp::ir {
 
 struct FlatShard {
   int64_t shard_numel = 0;  // s = ceil(n / N): every rank's shard has this many elements.
@@ -34,6 +35,6 @@ inline FlatShard FlatShardOf(int64_t numel, int32_t world, int32_t rank) {
   return f;
 }
 
-}  // namespace fxdp
+}  // namespace fxdp::ir
 
-#endif  // FXDP_EXPANSION_SHARDING_H_
+#endif  // FXDP_ANALYSIS_IR_FLAT_SHARD_H_

@@ -1,4 +1,4 @@
-#include "executor/gloo_backend.h"
+#include "executor/gloo/gloo_backend.h"
 
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>

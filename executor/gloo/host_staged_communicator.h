@@ -4,8 +4,8 @@
 // `fxdp-worker run --communicator gloo` uses on cuda:N, e.g. several ranks on
 // one GPU, which NCCL refuses (docs/gpu.md). Costs a device-to-host and a
 // host-to-device copy per collective; NCCL is the fast path.
-#ifndef FXDP_EXECUTOR_HOST_STAGED_COMMUNICATOR_H_
-#define FXDP_EXECUTOR_HOST_STAGED_COMMUNICATOR_H_
+#ifndef FXDP_EXECUTOR_GLOO_HOST_STAGED_COMMUNICATOR_H_
+#define FXDP_EXECUTOR_GLOO_HOST_STAGED_COMMUNICATOR_H_
 
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
@@ -89,4 +89,4 @@ class HostStagedCommunicator : public Communicator {
 
 }  // namespace fxdp::executor
 
-#endif  // FXDP_EXECUTOR_HOST_STAGED_COMMUNICATOR_H_
+#endif  // FXDP_EXECUTOR_GLOO_HOST_STAGED_COMMUNICATOR_H_
