@@ -131,6 +131,7 @@ enum class Detail : int8_t {
   kPartialLinear,  // a partial operand flows through a linear op.
   kLocalStats,     // batch norm: local batch statistics, as DDP.
   kSyncStats,      // batch norm: global batch statistics (AnalyzeOptions::sync_batchnorm).
+  kGathered,       // works along the batch dim: sharded operands all-gathered, whole result.
 };
 
 struct NodeInfo {
@@ -159,6 +160,9 @@ struct ShardedRead {
   int32_t dim = 0;    // the batch dim the use needs it sharded on.
   int64_t outer = 1;  // ValueInfo::outer of that dim.
   ir::NodeId user;
+  // gathered_reads: the argument of `user` that reads it gathered (positional index, 64 + k for
+  // keyword k; cdist(x, x) may gather one of two arguments holding the same value).
+  int32_t arg = -1;
 };
 
 struct AnalyzeOptions {

@@ -47,6 +47,8 @@ std::string DetailText(const Graph& g, const BatchDimAnalysis& a, NodeId id) {
     case Detail::kPartialLinear: return "partial operand through a linear op";
     case Detail::kLocalStats: return "normalised with local batch statistics (as DDP)";
     case Detail::kSyncStats: return "normalised with global batch statistics (sync_batchnorm)";
+    case Detail::kGathered:
+      return "works along the batch dim: sharded operands all-gathered, whole on every rank";
   }
   return "";
 }

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "analysis/ir/batch_split.h"
 #include "analysis/ir/collectives.h"
@@ -82,6 +83,22 @@ ValueRef RankExpander::EmitGathered(const ShardedRead& r) {
   if (d != 0)
     v = Emit(Call(base, "aten::permute", "", {v, Ints(inverse)}, Permuted(moved, inverse)));
   return v;
+}
+
+// Each gathered argument reads the value all-gathered; one gather per value and use.
+void RankExpander::GatherArgs(ir::NodeId id, ir::Node& n) {
+  auto it = gathered_.find(id.value);
+  if (it == gathered_.end()) return;
+  absl::flat_hash_map<ValueRef, ValueRef> whole;
+  for (const ShardedRead& r : it->second) {
+    auto [w, fresh] = whole.try_emplace(r.value);
+    if (fresh) w->second = EmitGathered(r);
+    if (r.arg >= 64 && r.arg - 64 < static_cast<int32_t>(n.kwargs.size())) {
+      n.kwargs[r.arg - 64].value = Argument(w->second);
+    } else if (r.arg >= 0 && r.arg < static_cast<int32_t>(n.args.size())) {
+      n.args[r.arg] = Argument(w->second);
+    }
+  }
 }
 
 }  // namespace fxdp

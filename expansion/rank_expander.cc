@@ -285,12 +285,6 @@ absl::Status RankExpander::EmitNode(NodeId id, const Node& old) {
       if (!local.contains(r.value)) local[r.value] = EmitSlice(r);
     }
   }
-  // Gathered reads: all-gather the sharded operand for this use.
-  if (auto it = gathered_.find(id.value); it != gathered_.end()) {
-    for (const ShardedRead& r : it->second) {
-      if (!local.contains(r.value)) local[r.value] = EmitGathered(r);
-    }
-  }
   if (fs_ != nullptr) {
     if (FullyShardReplaces(id, old)) return absl::OkStatus();
     FXDP_RETURN_IF_ERROR(FullyShardReads(id, old, local));
@@ -299,6 +293,7 @@ absl::Status RankExpander::EmitNode(NodeId id, const Node& old) {
   }
   for (Argument& a : n.args) MapArgs(a, local);
   for (ir::KeywordArgument& k : n.kwargs) MapArgs(k.value, local);
+  GatherArgs(id, n);
   for (int32_t k = 0; k < static_cast<int32_t>(n.outputs.size()); ++k) {
     // LocalValue() is the value itself unless it is a batch-sharded tensor.
     const ValueRef r{id, k};

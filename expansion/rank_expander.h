@@ -152,6 +152,8 @@ class RankExpander final : public RankGraphBuilder {
   absl::Status EmitNode(NodeId id, const Node& old);
   ValueRef EmitSlice(const ShardedRead& r);
   ValueRef EmitGathered(const ShardedRead& r);  // gathered_reads.cc
+  // The arguments of `n` (the rank's copy of node `id`) that read an operand all-gathered.
+  void GatherArgs(ir::NodeId id, ir::Node& n);  // gathered_reads.cc
   absl::Status EmitSolo(const Reduction& r);
   absl::Status EmitStart(size_t b);
   absl::Status EmitWait(size_t b);

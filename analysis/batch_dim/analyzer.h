@@ -13,6 +13,7 @@
 //   pointwise.cc    pointwise, shape-preserving along/over dims, like,
 //                   foreach, and the size-matching fallback
 //   matmul.cc       einsum-like products (the rule's MatmulSpec)
+//   coupled.cc      ops along the batch dim: samples coupled across the batch
 //   reductions.cc   reductions, histograms, losses and their backwards
 //   norms.cc        layer/batch norm, convolution/pooling/attention kernels
 //   shape_ops.cc    cat, stack, split, slice, select, scatter into a slice
@@ -198,6 +199,10 @@ class BatchDimAnalyzer {
 
   // ---- families in their own files -------------------------------------------
   absl::Status Matmul(ir::NodeId id, const ir::Node& n, const OpRule& rule);
+  // An op along the batch dim (coupled.cc): its sharded operands all-gathered; false when none
+  // holds the batch on `dim`.
+  absl::StatusOr<bool> GatherAlong(ir::NodeId id, const ir::Node& n, const OpRule& rule,
+                                   int64_t dim);
   absl::Status GatherCoupled(ir::NodeId id, const ir::Node& n, const OpRule& rule,
                              std::vector<Operand>& ops,
                              const std::function<int(const Operand&, int64_t)>& label_of);

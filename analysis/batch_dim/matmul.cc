@@ -67,7 +67,7 @@ absl::Status BatchDimAnalyzer::GatherCoupled(
   }
   if (g == nullptr) return absl::OkStatus();  // Matmul names the conflict
   const int32_t dim = g->info.placement.dim;
-  a_.gathered_reads_.push_back(ShardedRead{g->ref, dim, 1, id});
+  a_.gathered_reads_.push_back(ShardedRead{g->ref, dim, 1, id, g->arg});
   g->info = kReplicated;
   a_.notes_.push_back(absl::StrFormat(
       "%s: all-gathers %s (its batch dim %d) for the product: samples coupled across the batch",

@@ -116,6 +116,11 @@ absl::Status BatchDimAnalyzer::Like(NodeId id, const Node& n, const OpRule& rule
 absl::Status BatchDimAnalyzer::ShapePreserving(NodeId id, const Node& n, const OpRule& rule) {
   const TensorType* out = OutType(n);
   const int64_t out_rank = out ? out->rank() : 0;
+  if (rule.family == OpFamily::kAlongDim && !rule.has(kSortsRows)) {
+    const int64_t dim = NormDim(IntArg(n, rule.param(ParamRole::kDim)).value_or(-1), out_rank);
+    FXDP_ASSIGN_OR_RETURN(const bool gathered, GatherAlong(id, n, rule, dim));
+    if (gathered) return absl::OkStatus();
+  }
   FXDP_RETURN_IF_ERROR(Pointwise(id, n, rule, out_rank, /*broadcast=*/false));
   const ValueInfo& v = a_.values_[a_.value_offset_[id.value]];
   if (!v.placement.is_shard()) return absl::OkStatus();

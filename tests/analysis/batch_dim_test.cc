@@ -269,15 +269,43 @@ TEST(BatchDim, ReductionsOverAndBesideTheBatch) {
               StatusIs(absl::StatusCode::kInvalidArgument, "not a sum or mean"));
 }
 
-TEST(BatchDim, SoftmaxCatSliceSelectAlongTheBatchAreErrors) {
+// An op along the batch dim reads its sharded operands all-gathered and is whole (R) on every
+// rank; a mean-scaled operand (each rank's rows scaled by its own B / B_r) cannot be gathered.
+TEST(BatchDim, SoftmaxAlongTheBatchReadsItAllGathered) {
+  auto r = MustRun(R"(
+  %x: f32[4, 3] = placeholder() {role=INPUT, state="x", batch_dim=0}
+  %s: f32[4, 3] = aten::_softmax(%x, 0, false)
+  %g: f32[4, 3] = aten::_softmax_backward_data(%x, %s, 0, torch.float32)
+  %y: f32[4, 3] = aten::mul.Tensor(%g, %x)
+  %output = output([%y]) {specs=[OTHER]}
+)");
+  EXPECT_EQ(r.P("s"), "R");
+  EXPECT_EQ(r.P("g"), "R");
+  EXPECT_EQ(r.P("y"), "S(0)");  // reads its rows of g
+  ASSERT_EQ(r.a.gathered_reads().size(), 2u);
+  EXPECT_EQ(r.a.gathered_reads()[0].arg, 0);
+  EXPECT_EQ(r.a.gathered_reads()[1].arg, 0);  // g's arg 1, s, is whole already
+  ASSERT_EQ(r.a.sharded_reads().size(), 1u);
+  EXPECT_EQ(r.a.sharded_reads()[0].user.value, r.graph.FindNode("y")->value);
+  EXPECT_THAT(
+      Analyze(R"(
+  %x: f32[4, 3] = placeholder() {role=INPUT, state="x", batch_dim=0}
+  %y: f32[4, 3] = placeholder() {role=INPUT, state="y", batch_dim=0}
+  %s: f32[4, 3] = aten::_softmax(%x, 0, false)
+  %loss: f32[] = aten::mse_loss(%s, %y, 1)
+  %one: f32[] = aten::ones_like(%loss)
+  %d: f32[4, 3] = aten::mse_loss_backward(%one, %s, %y, 1)
+  %g: f32[4, 3] = aten::_softmax_backward_data(%d, %s, 0, torch.float32)
+  %output = output([%g, %loss]) {specs=[OTHER, LOSS]}
+)")
+          .status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, "node 'g' (aten::_softmax_backward_data)"));
+}
+
+TEST(BatchDim, CatSliceSelectAlongTheBatchAreErrors) {
   const std::string head = R"(
   %x: f32[4, 3] = placeholder() {role=INPUT, state="x", batch_dim=0}
 )";
-  EXPECT_THAT(Analyze(head + R"(  %s: f32[4, 3] = aten::_softmax(%x, 0, false)
-  %output = output([%s]) {specs=[OTHER]}
-)")
-                  .status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, "node 's' (aten::_softmax)"));
   EXPECT_THAT(Analyze(head + R"(  %c: f32[8, 3] = aten::cat([%x, %x])
   %output = output([%c]) {specs=[OTHER]}
 )")
@@ -464,13 +492,13 @@ TEST(BatchDim, SafeSoftmaxAndScatterIntoFollowTheirRules) {
   EXPECT_EQ(r.P("sel"), "S(0)");
   EXPECT_EQ(r.P("p"), "S(0)");
   EXPECT_TRUE(r.a.warnings().empty());
-  EXPECT_THAT(Analyze(R"(
+  EXPECT_EQ(MustRun(R"(
   %x: f32[4, 5] = placeholder() {role=INPUT, state="x", batch_dim=0}
   %p: f32[4, 5] = aten::_safe_softmax(%x, 0)
   %output = output([%p]) {specs=[OTHER]}
 )")
-                  .status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, "node 'p' (aten::_safe_softmax)"));
+                .P("p"),
+            "R");
   EXPECT_THAT(Analyze(R"(
   %x: f32[4, 5] = placeholder() {role=INPUT, state="x", batch_dim=0}
   %r: f32[5] = aten::full([5], 0.0)

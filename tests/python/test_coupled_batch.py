@@ -54,3 +54,69 @@ def _train(model, opt, batch):
     opt.step()
     opt.zero_grad()
     return loss
+
+
+def _tiny_clip():
+    T = pytest.importorskip("transformers")
+    cfg = T.CLIPConfig(
+        text_config=dict(
+            vocab_size=50,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            max_position_embeddings=8,
+        ),
+        vision_config=dict(
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            image_size=8,
+            patch_size=4,
+            num_channels=3,
+        ),
+        projection_dim=8,
+    )
+    return T.CLIPModel(cfg)
+
+
+def _clip_step(model, opt, batch):
+    loss = model(input_ids=batch[0], pixel_values=batch[1], return_loss=True).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss
+
+
+@pytest.mark.real_models
+@pytest.mark.parametrize("world,b", [(2, 6), (3, 7)], ids=["N2", "N3-uneven"])
+def test_clip_return_loss_trains_like_one_device(tmp_path, world, b):
+    """transformers' CLIP with return_loss=True: the image loss is a cross-entropy over
+    logits_per_text.t(), a log_softmax along the dim that holds the text batch. That log_softmax
+    all-gathers its input (the whole [B, B] logits) and computes it whole on every rank; its
+    gradient is sliced to each rank's rows where it meets the text loss's. The replicated image
+    loss is added to the text loss once that is all-reduced (no double counting)."""
+    torch.manual_seed(0)
+    model = _tiny_clip()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    g = torch.Generator().manual_seed(3)
+    batches = [
+        (torch.randint(0, 50, (b, 5), generator=g), torch.randn(b, 3, 8, 8, generator=g))
+        for _ in range(STEPS)
+    ]
+    step = fxdp.trace_step(_clip_step, model, opt, batches[0])
+    # besides the bucket: 3 gathers (image features for logits_per_text and for its gradient,
+    # the logits for the image loss), the all-reduce of the image features' gradient, the text
+    # count and the text loss (before it is added to the whole image loss; no loss all-reduce and
+    # no image count all-reduce, both whole): 6 = loss + 2 counts + 3
+    report = check_against_one_device(tmp_path, step, batches, world, reductions=3)
+    gathers = {
+        c["purpose"]: c["bytes"]
+        for c in report["collectives"]
+        if c["purpose"].startswith("gather ")
+    }
+    per_rank = -(-b // world)
+    # the logits' rows of this rank's texts, gathered for the image loss: [B, B] floats
+    assert gathers["gather permute for _log_softmax_1"] == world * per_rank * b * 4, gathers
+    assert any("_log_softmax_1: all-gathers permute" in n for n in report["notes"]), report["notes"]

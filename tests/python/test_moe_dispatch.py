@@ -6,8 +6,8 @@ group of rows (``torch._grouped_mm`` with offsets counted from the sorted keys),
 back with the inverse permutation. Each rank sorts its own tokens: not a slice of the one-device
 sort, but every step in between is row-wise, so the result is exact. The expanded graph runs on N
 Gloo processes (``fxdp.dp_oracle``) and must equal one device; what depends on the tokens' order
-across ranks (a capacity count along the tokens, rows of the sorted order mixed with rows in batch
-order) is refused at compile time, naming the op.
+across ranks (rows of the sorted order mixed with rows in batch order) is refused at compile time, naming the op, unless it can read the tokens all-gathered: a
+capacity count along the tokens (cumsum over every token in batch order) is exact that way.
 """
 
 from __future__ import annotations
@@ -147,13 +147,20 @@ class _CapacityRouter(torch.nn.Module):
         return self.head(y.view(x.shape).mean(1))
 
 
-def test_capacity_limit_over_the_tokens_is_refused(tmp_path):
+def test_capacity_limit_over_the_tokens_trains_like_one_device(tmp_path):
+    """A capacity count along the tokens (cumsum of the routing one-hots over the token dim, which
+    holds the batch) all-gathers the one-hots and counts over every token in batch order on every
+    rank, as one device does: B=7 over 3 ranks (3,2,2) equals one device."""
     torch.manual_seed(0)
     model = _CapacityRouter()
-    step = _trace(model, torch.optim.SGD(model.parameters(), lr=0.05))
-    r = _analyze(tmp_path, step)
-    assert r.returncode != 0
-    assert "aten::cumsum" in r.stderr and "which holds the batch" in r.stderr, r.stderr
+    step = _trace(model, torch.optim.SGD(model.parameters(), lr=0.05), 7)
+    r = _analyze(tmp_path, step, 3)
+    assert r.returncode == 0, r.stderr
+    notes = json.loads(r.stdout)["notes"]
+    assert any("cumsum: all-gathers" in n and "works along it whole" in n for n in notes), notes
+    (tmp_path / "run").mkdir()
+    report = check_against_one_device(tmp_path / "run", step, _batches(7), 3, reductions=1)
+    assert [c["purpose"] for c in report["collectives"]][0] == "gather _to_copy for cumsum"
 
 
 class _SortedRows(torch.nn.Module):

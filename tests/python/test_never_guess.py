@@ -34,7 +34,9 @@ class CumModel(nn.Module):
 
 
 class BatchSoftmax(nn.Module):
-    """A softmax across the batch: the analysis refuses it (exactly), naming the node."""
+    """A softmax across the batch under a mean-reduced loss: the softmax reads the batch
+    all-gathered, but its backward's rows are scaled by each rank's own mean, so they cannot be:
+    the analysis refuses it (exactly), naming the node and the user's line."""
 
     def __init__(self):
         super().__init__()
@@ -112,7 +114,7 @@ def test_compile_errors_quote_the_users_line(tmp_path):
     r = fxdp_cli("expand", path, "--world-size", 2, "-o", tmp_path / "x.pb")
     line = line_of(BatchSoftmax, "softmax")
     assert r.returncode == 1, r.stderr
-    assert "node '_softmax' (aten::_softmax) [" in r.stderr, r.stderr
+    assert "node '_softmax_backward_data' (aten::_softmax_backward_data) [backward of " in r.stderr
     assert f"test_never_guess.py:{line} in model: return h.softmax(dim=0)]" in r.stderr, r.stderr
     r = fxdp_cli("graph", "print", path, "--source")
     assert f'test_never_guess.py:{line} in model: return h.softmax(dim=0)"' in r.stdout, r.stderr
