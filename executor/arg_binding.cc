@@ -64,10 +64,13 @@ std::string DescribeArgument(const ir::Graph& g, const Argument& a) {
   return absl::StrCat("list ", ir::PrintArgument(g, a));
 }
 
-c10::Device ArgBinder::MapDevice(const ir::Device& d) const {
-  if (d.type == trace_device_) return device_;
-  return ToTorch(d);
-}
+// A graph runs on the worker's device whatever device it was traced on:
+// factory ops recorded with device=meta (a model built on `meta`), cpu (a
+// CPU trace run by a CUDA worker, or a cpu tensor made inside a CUDA trace)
+// or cuda:1 (the user's GPU) all make their tensors on the program's device.
+// A step's tensors all live on one device (the tracer checks its inputs), so
+// no device argument of a traced step means a transfer elsewhere.
+c10::Device ArgBinder::MapDevice(const ir::Device&) const { return device_; }
 
 absl::Status ArgBinder::Mismatch(const Node& n, const std::string& where, const c10::TypePtr& type,
                                  const Argument& a) const {

@@ -30,11 +30,11 @@ std::string DescribeArgument(const ir::Graph& g, const ir::Argument& a);
 class ArgBinder {
  public:
   // slot_of[node][k]: the value slot of output k of every node before the
-  // ones bound. `device`: the program's device; device arguments of type
-  // `trace_device` (the graph's) are replaced by it.
+  // ones bound. `device`: the program's device; every device argument of
+  // the graph is replaced by it (MapDevice).
   ArgBinder(const ir::Graph& g, const std::vector<std::vector<int32_t>>& slot_of,
-            c10::Device device, ir::DeviceType trace_device)
-      : g_(g), slot_of_(slot_of), device_(device), trace_device_(trace_device) {}
+            c10::Device device)
+      : g_(g), slot_of_(slot_of), device_(device) {}
 
   // One plan per schema argument of `n`'s op, in schema order.
   absl::StatusOr<std::vector<ArgPlan>> BindCall(const ir::Node& n,
@@ -64,7 +64,6 @@ class ArgBinder {
   const ir::Graph& g_;
   const std::vector<std::vector<int32_t>>& slot_of_;
   c10::Device device_;
-  ir::DeviceType trace_device_;
   ArgPlan pending_list_;
 };
 

@@ -48,7 +48,6 @@ class Loader {
   absl::Status Load() {
     FXDP_RETURN_IF_ERROR(CheckDevice());
     FXDP_RETURN_IF_ERROR(CheckOperators());
-    trace_device_ = TraceDeviceType();
     slot_of_.resize(g_.size());
     for (int32_t i = 0; i < g_.size(); ++i) {
       const Node& n = g_.nodes()[i];
@@ -164,16 +163,6 @@ class Loader {
         traced, ") not in this LibTorch (", TORCH_VERSION, "): ", absl::StrJoin(parts, "; ")));
   }
 
-  // The device type of the graph's tensor placeholders (cpu when none).
-  ir::DeviceType TraceDeviceType() const {
-    for (const Node& n : g_.nodes()) {
-      if (!n.is_placeholder()) continue;
-      for (const ir::ValueType& t : n.outputs)
-        if (t.is_tensor()) return t.tensor.device.type;
-    }
-    return ir::DeviceType::kCpu;
-  }
-
   absl::StatusOr<Step> PlanCall(const Node& n, int32_t index) {
     Step s;
     s.node = index;
@@ -184,7 +173,7 @@ class Loader {
     if (!op.ok()) return NodeError(n, op.status().message(), absl::StatusCode::kNotFound);
     s.op = *op;
     const c10::FunctionSchema& schema = op->schema();
-    ArgBinder binder(g_, slot_of_, p_.options.device, trace_device_);
+    ArgBinder binder(g_, slot_of_, p_.options.device);
     FXDP_ASSIGN_OR_RETURN(s.args, binder.BindCall(n, schema));
     const auto& rets = schema.returns();
     if (rets.empty()) {
@@ -262,7 +251,6 @@ class Loader {
 
   const ir::Graph& g_;
   Program::Impl& p_;
-  ir::DeviceType trace_device_ = ir::DeviceType::kCpu;
   std::vector<std::vector<int32_t>> slot_of_;
   int32_t next_slot_ = 0;
 };

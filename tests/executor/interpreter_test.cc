@@ -133,6 +133,26 @@ TEST(InterpreterTest, ListsWrappedNumbersAndTensorListReturns) {
   ExpectClose(out[4].toTensor(), at::ones({2}), "factory");
 }
 
+TEST(InterpreterTest, DeviceArgumentsNameTheWorkersDevice) {
+  // Traced on `meta` (a model built there, placeholders @meta) with factory ops
+  // recorded on meta, cpu and the user's cuda:1: run on a CPU worker, every
+  // factory op makes real CPU tensors (issue 27).
+  const ir::Graph g = Parse(R"(
+  %x: f32[2]@meta = placeholder() {role=INPUT, state="x", batch_dim=0}
+  %a: f32[2]@meta = aten::ones([2], dtype=torch.float32, layout=torch.strided, device=device(meta), pin_memory=false)
+  %b: f32[2] = aten::full([2], 2.0, dtype=torch.float32, layout=torch.strided, device=device(cpu), pin_memory=false)
+  %c: f32[2]@cuda:1 = aten::ones([2], dtype=torch.float32, layout=torch.strided, device=device(cuda:1), pin_memory=false)
+  %ab: f32[2]@meta = aten::add.Tensor(%a, %b)
+  %abc: f32[2]@meta = aten::add.Tensor(%ab, %c)
+  %y: f32[2]@meta = aten::mul.Tensor(%abc, %x)
+  %output = output([%y]) {specs=[OTHER]}
+)");
+  Program p = LoadCpu(g, {});
+  auto out = ValueOrDie(p.Run({at::full({2}, 3.0)}));
+  EXPECT_TRUE(out[0].toTensor().device().is_cpu()) << out[0].toTensor().device();
+  ExpectClose(out[0].toTensor(), at::full({2}, 12.0), "(1 + 2 + 1) * 3 on the CPU");
+}
+
 TEST(InterpreterTest, EveryGoldenGraphLoads) {
   // foreach_adam_like.txt has every argument kind (complex scalars, inf/nan,
   // strings, dtypes, devices, layouts, memory formats, Tensor[] lists).

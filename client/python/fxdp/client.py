@@ -433,6 +433,13 @@ class Client:
             init: Mapping[str, torch.Tensor] = OrderedDict()
         else:
             init = step.initial_state() if state is None else state
+            on_meta = [n for n, t in init.items() if t.device.type == "meta"]
+            if on_meta:
+                raise ValueError(
+                    f"train: {len(on_meta)} state tensors are on the meta device (no values), e.g. "
+                    f"{', '.join(on_meta[:3])}: a model built on meta needs its state from elsewhere: "
+                    "state=fxdp.state_of(step, model, optimizer) of the model built with weights"
+                )
         spec = jpb.JobSpec(
             graph=step.graph,
             world_size=world_size,

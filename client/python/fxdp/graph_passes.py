@@ -206,6 +206,13 @@ def lift_constants(gm: fx.GraphModule, before: fx.Node) -> "OrderedDict[str, tor
             val = getattr(gm, n.target)
             if not isinstance(val, torch.Tensor):
                 raise TraceError(f"node '{n.name}': non-tensor attribute {n.target}")
+            if val.device.type == "meta" and val.numel() > 0:
+                users = ", ".join(u.name for u in n.users)
+                raise TraceError(
+                    f"tensor constant {n.target} (read by {users}) is on the meta device: its "
+                    f"{val.numel()} values are unknown; make it a buffer of the model, or build "
+                    "it from a tensor the step receives"
+                )
             sname = f"const.{n.target}"
             anchor = (
                 graph.inserting_before(before)

@@ -1,6 +1,7 @@
 """A step's state and PyTorch objects: :func:`load_into` puts a state (a job's ``TrainResult.state``,
 ``Client.fetch_state``, ``run_local``'s new state, ``initial_state()``) back into the user's model and
-``torch.optim`` optimizer.
+``torch.optim`` optimizer; :func:`state_of` takes a step's state from a model and optimizer (for a
+step traced from a model on ``meta``, whose own state has no values).
 
 A state is keyed by the names the tracer gives (:mod:`fxdp.tracer`): the model's parameters
 (``named_parameters()``, so a tied weight appears once, under its first name: GPT-2's
@@ -20,7 +21,7 @@ import torch.nn as nn
 from . import optimizers as optim_table
 from .errors import TraceError
 
-__all__ = ["load_into"]
+__all__ = ["load_into", "state_of"]
 
 CONSTANT_PREFIX = "const."
 
@@ -185,3 +186,31 @@ def load_into(model: nn.Module, optimizer, state: Mapping[str, torch.Tensor]) ->
         for p, st in new.items():
             optimizer.state[p] = st
         _set_hyperparameters(optimizer, state)
+
+
+def state_of(step, model: nn.Module, optimizer) -> "OrderedDict[str, torch.Tensor]":
+    """The state ``step`` (a :class:`fxdp.TracedStep`) reads, from ``model`` and ``optimizer``: e.g.
+    a step traced from a model built on ``meta`` and the same model built with weights. Parameters
+    and buffers as they are (not copied), the optimizer's state (as its first step creates it where it
+    has none), each group's hyper-parameters and the step's constants, in the step's order. A
+    ValueError lists every name the step reads that they lack and every name they have that the
+    step does not read.
+    """
+    pname_of = {id(p): n for n, p in model.named_parameters()}
+    have: "OrderedDict[str, torch.Tensor]" = OrderedDict(
+        (n, p.detach()) for n, p in model.named_parameters()
+    )
+    have.update(model.named_buffers())
+    for pn, st in optim_table.initial_state(optimizer, pname_of).items():
+        have.update((f"optim.{pn}.{k}", t) for k, t in st.items())
+    have.update(optim_table.hyperparameter_tensors(optimizer, "cpu"))
+    have.update((n, t) for n, t in (step._state or {}).items() if n.startswith(CONSTANT_PREFIX))
+    want = step.state_names()
+    missing = [n for n in want if n not in have]
+    extra = [n for n in have if n not in set(want)]
+    if missing or extra:
+        raise ValueError(
+            f"state_of: the model and optimizer do not give the step's state: {len(missing)} "
+            f"missing ({', '.join(missing)}), {len(extra)} not read by the step ({', '.join(extra)})"
+        )
+    return OrderedDict((n, have[n]) for n in want)

@@ -99,10 +99,13 @@ def _module_of(name: str) -> str:
 
 
 def check_devices(model, params, buffers, batch: Batch) -> torch.device:
+    """The one device of the model, its buffers and the batch (a TraceError names a tensor elsewhere).
+    The batch of a model on ``meta`` may be on any device: only its shapes are read."""
     mods = dict(model.named_modules())
     items = [(f"parameter '{n}'", n, t) for n, t in params.items()]
     items += [(f"buffer '{n}'", n, t) for n, t in buffers.items()]
-    items += [(f"input '{n}'", None, t) for n, t in zip(batch.names, batch.values)]
+    if not (items and items[0][2].device.type == "meta"):
+        items += [(f"input '{n}'", None, t) for n, t in zip(batch.names, batch.values)]
     if not items:
         raise TraceError("nothing to trace: the model has no parameters and there are no inputs")
     ref_desc, _, ref_t = items[0]
@@ -120,6 +123,22 @@ def check_devices(model, params, buffers, batch: Batch) -> torch.device:
     return ref
 
 
+def _trace_device(model_device: torch.device, device) -> torch.device:
+    """The device the graph is traced as: the model's, or for a model on ``meta`` ``device``
+    (default cpu). Workers run it on theirs either way (executor/arg_binding.cc, MapDevice)."""
+    if model_device.type != "meta":
+        if device is not None and torch.device(device) != model_device:
+            raise TraceError(
+                f"device={str(device)!r} is for a model on the meta device; this one is on "
+                f"{model_device} and is traced there"
+            )
+        return model_device
+    out = torch.device("cpu" if device is None else device)
+    if out.type not in ("cpu", "cuda"):
+        raise TraceError(f"device={str(device)!r}: a model on meta is traced as cpu or cuda")
+    return out
+
+
 class Signature:
     """What each position of the flat step ``step(*params, *buffers, *optimizer_state,
     *hyperparameters, *inputs)`` holds, and the example tensors that feed it. Built from the model,
@@ -132,6 +151,7 @@ class Signature:
         example_batch,
         batch_dim,
         input_names,
+        device=None,
     ):
         optim_table.spec_of(optimizer)
         optim_table.check_options(optimizer)
@@ -160,8 +180,12 @@ class Signature:
                         f"tensors on mixed devices: optimizer state '{k}' of parameter '{pn}' is on "
                         f"{t.device}, the model on {self.device}"
                     )
+        self.trace_device = _trace_device(self.device, device)
         self.hvalues = optim_table.optimizer_hyperparameters(optimizer)
-        self.hyper = optim_table.hyperparameter_tensors(optimizer, self.device)
+        # on `meta` their values would be lost: they are real CPU tensors in the initial state
+        self.hyper = optim_table.hyperparameter_tensors(
+            optimizer, "cpu" if self.device.type == "meta" else self.device
+        )
 
         self.pnames, self.bnames, self.hnames = (
             list(self.params),
@@ -188,13 +212,23 @@ class Signature:
         return [flat[a:b] for a, b in zip(cuts, cuts[1:])] + [flat[cuts[-1] :]]
 
     def example_args(self) -> List[torch.Tensor]:
-        return (
+        """The flat step's example arguments; for a model on ``meta``, FakeTensors on the trace
+        device (one FakeTensorMode, which ``make_fx(tracing_mode="fake")`` adopts): the graph is
+        traced as on that device (its kernels' choices, e.g. SDPA's CPU flash attention, and its
+        factory ops' device), with no memory behind any tensor."""
+        args = (
             [self.params[n].detach() for n in self.pnames]
             + [self.buffers[n] for n in self.bnames]
             + [self.ostate[pn][k] for pn, k in self.state_names]
             + [self.hyper[n] for n in self.hnames]
             + list(self.batch.values)
         )
+        if self.device.type != "meta":
+            return args
+        from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        return [FakeTensor(mode, t.detach().to("meta"), self.trace_device) for t in args]
 
     def placeholder_specs(self) -> List[Tuple[int, str, int]]:
         """(role, state name, batch dim) of each flat argument."""

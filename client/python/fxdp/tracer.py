@@ -202,7 +202,7 @@ def _metadata(
             str(next((x.shape[d] for x, d in zip(sig.batch.values, sig.bdims) if d >= 0), -1)),
         ),
         ("decompositions", decompositions_table.NAME),
-        ("device", str(sig.device)),
+        ("device", str(sig.trace_device)),
         ("train_step", getattr(train_step, "__qualname__", type(train_step).__name__)),
     ]
     if report["extras"]:
@@ -234,6 +234,7 @@ def trace_step(
     loss_reduction: Optional[str] = "mean",
     decompositions: Optional[Dict[Any, Callable]] = None,
     tracing_mode: str = "real",
+    device: Union[None, str, torch.device] = None,
 ):
     """Trace ``train_step(model, optimizer, batch)`` (ordinary eager PyTorch) into a :class:`fxdp.TracedStep`.
 
@@ -249,6 +250,13 @@ def trace_step(
     an input without a batch dim (replicated). ``loss_reduction`` (``"mean"`` or ``"sum"``) says how
     the returned loss combines the examples of the batch.
 
+    A model built on the ``meta`` device (no memory behind its weights) traces with
+    ``tracing_mode="fake"`` as if it were on ``device`` (``"cpu"`` by default, or ``"cuda"``); its
+    batch may be on ``meta`` or any device (only shapes are read). Its ``initial_state()`` holds
+    meta tensors but for the hyper-parameters: a job's state comes from elsewhere
+    (``Client.train(state=fxdp.state_of(step, model, optimizer))`` of the same model built with
+    weights). Workers run any graph on their own device, whatever it was traced on.
+
     The model, its buffers and the optimizer are left unchanged. Raises :class:`fxdp.TraceError`
     for what cannot be traced (see the module docstring).
     """
@@ -262,7 +270,11 @@ def trace_step(
         raise TraceError(f"train_step must be callable, got {type(train_step).__name__}")
     if tracing_mode not in ("real", "fake"):
         raise TraceError(f"tracing_mode must be 'real' or 'fake', got {tracing_mode!r}")
-    sig = Signature(model, optimizer, example_batch, batch_dim, input_names)
+    sig = Signature(model, optimizer, example_batch, batch_dim, input_names, device)
+    if sig.device.type == "meta" and tracing_mode == "real":
+        raise TraceError(
+            "the model is on the meta device (no values to run): trace it with tracing_mode='fake'"
+        )
 
     report: Dict[str, Any] = {}
     step = flat_step(sig, train_step, model, optimizer, report)
@@ -296,6 +308,7 @@ def trace(
     loss_reduction: Optional[str] = None,
     decompositions: Optional[Dict[Any, Callable]] = None,
     tracing_mode: str = "real",
+    device: Union[None, str, torch.device] = None,
 ):
     """Trace the step ``loss_fn(model(*inputs[:n]), *inputs[n:]).backward(); optimizer.step()``.
 
@@ -337,4 +350,5 @@ def trace(
         loss_reduction=red,
         decompositions=decompositions,
         tracing_mode=tracing_mode,
+        device=device,
     )

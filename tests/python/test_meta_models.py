@@ -1,0 +1,87 @@
+"""Models built on the ``meta`` device (issue 27): no memory behind their weights, traced with
+``tracing_mode="fake"`` as if on the CPU (the graph is byte for byte the one a CPU model gives:
+SDPA's CPU flash attention, not the math path meta would pick; factory ops on cpu), and run on CPU
+workers from a state that comes from elsewhere (``fxdp.state_of`` of the model built with weights),
+equal to one device. The workers' side (every device argument is the worker's device) is
+InterpreterTest.DeviceArgumentsNameTheWorkersDevice."""
+
+from __future__ import annotations
+
+import fxdp
+import pytest
+import torch
+from _util import ATOL, RTOL, local_server
+
+transformers = pytest.importorskip("transformers")
+transformers.logging.set_verbosity_error()
+
+from test_user_training_loop import assert_state_equals  # noqa: E402
+
+V, B, S, WORLD = 64, 8, 8, 2
+CONFIG = dict(
+    vocab_size=V,
+    n_positions=16,
+    n_embd=32,
+    n_layer=2,
+    n_head=2,
+    resid_pdrop=0.0,
+    embd_pdrop=0.0,
+    attn_pdrop=0.0,
+)
+
+
+def make(device=None):
+    torch.manual_seed(0)
+    with torch.device(device or "cpu"):
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**CONFIG)).train()
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
+
+
+def train_step(model, opt, batch):
+    loss = model(input_ids=batch["input_ids"], labels=batch["input_ids"]).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss
+
+
+def batches(n: int):
+    g = torch.Generator().manual_seed(1)
+    return [{"input_ids": torch.randint(0, V, (B, S), generator=g)} for _ in range(n)]
+
+
+def test_a_meta_gpt2_traces_as_on_the_cpu_and_trains_on_cpu_workers_from_a_state_given():
+    meta_model, meta_opt = make("meta")
+    step = fxdp.trace_step(train_step, meta_model, meta_opt, batches(1)[0], tracing_mode="fake")
+    assert step.metadata()["device"] == "cpu"
+    model, opt = make()
+    cpu_step = fxdp.trace_step(train_step, model, opt, batches(1)[0])
+    assert step.serialize() == cpu_step.serialize()
+
+    init = step.initial_state()
+    assert init["transformer.wte.weight"].is_meta  # no values; hyper-parameters have theirs
+    assert float(init["optim.group0.lr"]) == float(torch.tensor(1e-3))
+    state = fxdp.state_of(step, model, opt)
+    data = batches(2)
+    with local_server(workers=WORLD) as (address, _), fxdp.Client(address) as c:
+        with pytest.raises(ValueError, match=r"state tensors are on the meta device .*state_of"):
+            c.train(step, WORLD, batches=data)
+        r = c.train(step, WORLD, batches=data, state=state)
+    for b in data:
+        train_step(model, opt, b)
+    assert_state_equals(r.state, model, opt, RTOL, ATOL, "one device")
+
+
+def test_meta_models_trace_only_fake_and_state_of_names_what_differs():
+    meta_model, meta_opt = make("meta")
+    with pytest.raises(fxdp.TraceError, match="meta device .* tracing_mode='fake'"):
+        fxdp.trace_step(train_step, meta_model, meta_opt, batches(1)[0])
+    model, opt = make()
+    with pytest.raises(fxdp.TraceError, match="device='cuda' is for a model on the meta device"):
+        fxdp.trace_step(train_step, model, opt, batches(1)[0], device="cuda")
+    step = fxdp.trace_step(train_step, meta_model, meta_opt, batches(1)[0], tracing_mode="fake")
+    other = transformers.GPT2LMHeadModel(transformers.GPT2Config(**{**CONFIG, "n_layer": 1}))
+    with pytest.raises(
+        ValueError, match=r"state_of: .* 48 missing \(transformer\.h\.1\.ln_1\.weight"
+    ):
+        fxdp.state_of(step, other, torch.optim.AdamW(other.parameters()))
