@@ -23,7 +23,7 @@
 
 namespace fxdp::executor::attach {
 
-void AttachedWorker::FinishJob(Job& job, WorkerMessage final_msg) {
+void AttachedWorker::FinishJob(AssignedJob& job, WorkerMessage final_msg) {
   {
     std::lock_guard<std::mutex> l(mu_);
     if (job_.get() == &job) job_.reset();
@@ -32,7 +32,7 @@ void AttachedWorker::FinishJob(Job& job, WorkerMessage final_msg) {
   if (!job.final_sent.exchange(true)) job.session->Write(final_msg);
 }
 
-void AttachedWorker::SendJobFailed(Job& job, const absl::Status& s, int64_t step) {
+void AttachedWorker::SendJobFailed(AssignedJob& job, const absl::Status& s, int64_t step) {
   const std::string error = absl::StrCat("job ", job.id, " rank ", job.rank, " step ",
                                          job.StepName(step), ": ", s.message());
   util::Log(job.Prefix(), "failed: ", absl::StatusCodeToString(s.code()), ": ", s.message());
@@ -46,7 +46,7 @@ void AttachedWorker::SendJobFailed(Job& job, const absl::Status& s, int64_t step
   FinishJob(job, std::move(f));
 }
 
-void AttachedWorker::RunJob(std::shared_ptr<Job> job) {
+void AttachedWorker::JobThread(std::shared_ptr<AssignedJob> job) {
   std::unique_ptr<Communicator> comm;
   ResetPeakCpuTensorBytes();
   absl::Status s = JobBody(*job, comm);
@@ -125,7 +125,7 @@ TensorMap DeclaredInputs(const ir::SafetensorsView& header, const std::set<std::
 // --max-data-mb bounds those bytes over the job's files together: each is
 // kept (this rank's shard of it) for the whole job, so the same path listed
 // many times would otherwise hold as many copies.
-absl::StatusOr<std::vector<TensorMap>> AttachedWorker::ReadDataFiles(const Job& job,
+absl::StatusOr<std::vector<TensorMap>> AttachedWorker::ReadDataFiles(const AssignedJob& job,
                                                                      const Program& program) const {
   static const util::DataRoots kNoRoots;
   std::set<std::string> inputs;
@@ -167,7 +167,7 @@ absl::StatusOr<std::vector<TensorMap>> AttachedWorker::ReadDataFiles(const Job& 
   return files;
 }
 
-absl::Status AttachedWorker::EndJob(Job& job, bool cancelled, const std::string& why) {
+absl::Status AttachedWorker::EndJob(AssignedJob& job, bool cancelled, const std::string& why) {
   util::Log(job.Prefix(), cancelled ? "cancelled" : "ended", why.empty() ? "" : ": ", why, " (",
             job.steps_done.load(), " steps done)");
   WorkerMessage m;
@@ -180,106 +180,73 @@ absl::Status AttachedWorker::EndJob(Job& job, bool cancelled, const std::string&
   return absl::OkStatus();
 }
 
-JobEvent Job::Next() {
+JobTask AssignedJob::Next() {
   std::unique_lock<std::mutex> l(mu);
   cv.wait(l, [&] { return cancel.load() || !events.empty(); });
   if (cancel) {
-    for (JobEvent& e : events)
-      if (e.kind == JobEvent::kCancel) return std::move(e);
-    return JobEvent(JobEvent::kCancel);
+    for (JobTask& e : events)
+      if (e.kind == JobTask::kCancel) return std::move(e);
+    return JobTask(JobTask::kCancel);
   }
-  JobEvent e = std::move(events.front());
+  JobTask e = std::move(events.front());
   events.pop_front();
   return e;
 }
 
-absl::Status AttachedWorker::JobBody(Job& job, std::unique_ptr<Communicator>& comm) {
+absl::Status AttachedWorker::JobBody(AssignedJob& job, std::unique_ptr<Communicator>& comm) {
   const v1::AssignJob& a = job.assign;
-  // Device and graph.
+  // The rank's set-up, as `fxdp-worker run`'s (common.h): device, graph,
+  // rendezvous (an abort of the job's connections ends it), program.
+  RankSetup setup;
   FXDP_ASSIGN_OR_RETURN(
-      c10::Device device,
-      ParseWorkerDevice(a.device().empty() ? device_.str() : a.device(),
-                        device_.is_cuda() ? device_.index() : 0, "AssignJob.device"));
+      setup.device, ParseWorkerDevice(a.device().empty() ? device_.str() : a.device(),
+                                      device_.is_cuda() ? device_.index() : 0, "AssignJob.device"));
   absl::StatusOr<ir::Graph> graph = ir::DecodeGraph(a.graph());
   if (!graph.ok())
     return absl::Status(graph.status().code(), absl::StrCat("the graph does not decode or verify: ",
                                                             graph.status().message()));
   const double timeout_s = a.collective_timeout_s() > 0 ? a.collective_timeout_s() : 60.0;
-  const auto timeout =
+  setup.rendezvous.host = a.rendezvous_host().empty() ? "127.0.0.1" : a.rendezvous_host();
+  setup.rendezvous.port = a.rendezvous_port();
+  setup.rendezvous.rank = job.rank;
+  setup.rendezvous.world_size = job.world_size;
+  setup.rendezvous.timeout =
       std::chrono::milliseconds(std::max<int64_t>(1, std::llround(timeout_s * 1000)));
-
-  // Rendezvous.
-  RendezvousOptions ro;
-  ro.host = a.rendezvous_host().empty() ? "127.0.0.1" : a.rendezvous_host();
-  ro.port = a.rendezvous_port();
-  ro.rank = job.rank;
-  ro.world_size = job.world_size;
-  ro.timeout = timeout;
-  if (job.world_size > 1)
-    util::Log(job.Prefix(), "rendezvous at ", ro.host, ":", ro.port, " (world size ", ro.world_size,
-              ", timeout ", absl::StrFormat("%.3g", timeout_s), " s)");
-  if (job.world_size > 1) job.connections.Watch(ResolveAddresses(ro.host, ro.port));
-  FXDP_ASSIGN_OR_RETURN(comm, ConnectCommunicator(ro, device));
-  job.connections.Watch(comm->PeerSocketAddresses());
+  setup.check_outputs = a.check_outputs();
+  FXDP_ASSIGN_OR_RETURN(comm, Rendezvous(setup, job.Prefix(), &job.connections));
   if (job.cancel) return EndJob(job, true, "before the first step");
-
-  // Program.
   TimedCommunicator timed(comm.get());
-  ProgramOptions po;
-  po.device = device;
-  po.communicator = &timed;
-  po.collective_timeout = timeout;
-  po.check_outputs = a.check_outputs();
-  FXDP_ASSIGN_OR_RETURN(Program program, Program::Load(*graph, po));
+  FXDP_ASSIGN_OR_RETURN(Program program, LoadRankProgram(*graph, setup, &timed));
   graph = absl::StatusOr<ir::Graph>();  // the program holds what it needs
   job.assign.clear_graph();
   const int local_loss = LocalLossIndex(program);
-  const int num_ops = program.num_nodes();
   FXDP_ASSIGN_OR_RETURN(std::vector<TensorMap> files, ReadDataFiles(job, program));
 
   // Initial state.
-  JobEvent e = job.Next();
-  if (e.kind == JobEvent::kCancel) return EndJob(job, true, e.reason);
-  if (e.kind == JobEvent::kError) return e.error;
-  if (e.kind != JobEvent::kState)
+  JobTask e = job.Next();
+  if (e.kind == JobTask::kCancel) return EndJob(job, true, e.reason);
+  if (e.kind == JobTask::kError) return e.error;
+  if (e.kind != JobTask::kState)
     return absl::InternalError("the initial state was expected first");  // the router ensures it
-  absl::StatusOr<StepRunner> created = StepRunner::Create(std::move(program), std::move(e.tensors));
-  if (!created.ok())
-    return absl::Status(created.status().code(),
-                        absl::StrCat("initial state: ", created.status().message()));
-  StepRunner runner = *std::move(created);
-  {
-    const double setup_ms = MsSince(job.assigned_at);
-    util::Log(job.Prefix(), "started: ", num_ops, " ops on ", device.str(), ", ", comm->name(),
-              ", ", runner.state().size(), " state tensors (setup ",
-              absl::StrFormat("%.1f", setup_ms), " ms)");
-    WorkerMessage m;
-    v1::JobStarted* js = m.mutable_job_started();
-    js->set_job_id(job.id);
-    js->set_rank(job.rank);
-    js->set_world_size(job.world_size);
-    js->set_device(device.str());
-    js->set_num_ops(num_ops);
-    js->set_setup_ms(setup_ms);
-    job.session->Write(m);
-  }
+  FXDP_ASSIGN_OR_RETURN(StepRunner runner, StartJob(job, std::move(program), std::move(e.tensors),
+                                                    setup.device, comm->name()));
 
   while (true) {
     e = job.Next();
     switch (e.kind) {
-      case JobEvent::kCancel: return EndJob(job, true, e.reason);
-      case JobEvent::kError:
+      case JobTask::kCancel: return EndJob(job, true, e.reason);
+      case JobTask::kError:
         if (e.step > 0) {
           job.log_step = e.step;
           job.in_step = true;
         }
         return e.error;
-      case JobEvent::kState:
+      case JobTask::kState:
         return absl::InternalError("a second initial state");  // the router prevents this
-      case JobEvent::kBatch:
+      case JobTask::kBatch:
         FXDP_RETURN_IF_ERROR(RunBatch(job, e, runner, timed, files, local_loss));
         break;
-      case JobEvent::kFetch:
+      case JobTask::kFetch:
         FXDP_RETURN_IF_ERROR(StreamState(job, e, runner));
         if (e.end_job) return EndJob(job, false, "after FetchState");
         break;
@@ -287,7 +254,31 @@ absl::Status AttachedWorker::JobBody(Job& job, std::unique_ptr<Communicator>& co
   }
 }
 
-absl::Status AttachedWorker::RunBatch(Job& job, JobEvent& e, StepRunner& runner,
+absl::StatusOr<StepRunner> AttachedWorker::StartJob(AssignedJob& job, Program program,
+                                                    TensorMap state, const c10::Device& device,
+                                                    const std::string& comm_name) {
+  const int num_ops = program.num_nodes();
+  absl::StatusOr<StepRunner> runner = StepRunner::Create(std::move(program), std::move(state));
+  if (!runner.ok())
+    return absl::Status(runner.status().code(),
+                        absl::StrCat("initial state: ", runner.status().message()));
+  const double setup_ms = MsSince(job.assigned_at);
+  util::Log(job.Prefix(), "started: ", num_ops, " ops on ", device.str(), ", ", comm_name, ", ",
+            runner->state().size(), " state tensors (setup ", absl::StrFormat("%.1f", setup_ms),
+            " ms)");
+  WorkerMessage m;
+  v1::JobStarted* js = m.mutable_job_started();
+  js->set_job_id(job.id);
+  js->set_rank(job.rank);
+  js->set_world_size(job.world_size);
+  js->set_device(device.str());
+  js->set_num_ops(num_ops);
+  js->set_setup_ms(setup_ms);
+  job.session->Write(m);
+  return runner;
+}
+
+absl::Status AttachedWorker::RunBatch(AssignedJob& job, JobTask& e, StepRunner& runner,
                                       TimedCommunicator& timed, const std::vector<TensorMap>& files,
                                       int local_loss) {
   const int64_t step = e.step;
@@ -353,7 +344,8 @@ absl::Status AttachedWorker::RunBatch(Job& job, JobEvent& e, StepRunner& runner,
   return absl::OkStatus();
 }
 
-absl::Status AttachedWorker::StreamState(Job& job, const JobEvent& e, const StepRunner& runner) {
+absl::Status AttachedWorker::StreamState(AssignedJob& job, const JobTask& e,
+                                         const StepRunner& runner) {
   // Stream the state: every chunk is written when the next one exists,
   // so the final one can carry `last`.
   std::optional<WorkerMessage> held;

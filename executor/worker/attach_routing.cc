@@ -8,7 +8,7 @@
 
 namespace fxdp::executor::attach {
 
-std::shared_ptr<Job> AttachedWorker::JobFor(const std::string& job_id, const char* what) {
+std::shared_ptr<AssignedJob> AttachedWorker::JobFor(const std::string& job_id, const char* what) {
   {
     std::lock_guard<std::mutex> l(mu_);
     if (job_ && job_->id == job_id) return job_;
@@ -27,12 +27,12 @@ void AttachedWorker::Handle(ServerMessage& m, const std::shared_ptr<Session>& se
     case ServerMessage::kAssignJob: HandleAssign(*m.mutable_assign_job(), session); return;
     case ServerMessage::kStateChunk: {
       const v1::StateChunk& c = m.state_chunk();
-      std::shared_ptr<Job> job = JobFor(c.job_id(), "a state chunk");
+      std::shared_ptr<AssignedJob> job = JobFor(c.job_id(), "a state chunk");
       if (!job || job->input_failed) return;
       auto fail = [&](absl::Status s) {
         job->input_failed = true;
         job->Push(
-            JobEvent::Error(absl::Status(s.code(), absl::StrCat("initial state: ", s.message()))));
+            JobTask::Error(absl::Status(s.code(), absl::StrCat("initial state: ", s.message()))));
       };
       if (job->state_done)
         return fail(absl::InvalidArgumentError("a state chunk after the last one"));
@@ -52,16 +52,16 @@ void AttachedWorker::Handle(ServerMessage& m, const std::shared_ptr<Session>& se
             absl::StrCat("got ", job->state_asm.size(),
                          " tensors, AssignJob.num_state_tensors says ", job->num_state)));
       job->state_done = true;
-      job->Push(JobEvent::Tensors(JobEvent::kState, job->state_asm.Take()));
+      job->Push(JobTask::Tensors(JobTask::kState, job->state_asm.Take()));
       return;
     }
     case ServerMessage::kBatch: {
       const v1::Batch& b = m.batch();
-      std::shared_ptr<Job> job = JobFor(b.job_id(), "a batch");
+      std::shared_ptr<AssignedJob> job = JobFor(b.job_id(), "a batch");
       if (!job || job->input_failed) return;
       auto fail = [&](absl::Status s) {
         job->input_failed = true;
-        job->Push(JobEvent::Error(
+        job->Push(JobTask::Error(
             absl::Status(s.code(), absl::StrCat("batch for step ", b.step(), ": ", s.message())),
             b.step()));
       };
@@ -83,29 +83,29 @@ void AttachedWorker::Handle(ServerMessage& m, const std::shared_ptr<Session>& se
         return fail(absl::InvalidArgumentError(absl::StrCat(
             "tensor '", job->batch_asm.pending_name(), "' is incomplete and more is not set")));
       job->batch_step = 0;
-      JobEvent e = JobEvent::Tensors(JobEvent::kBatch, job->batch_asm.Take(), b.step());
+      JobTask e = JobTask::Tensors(JobTask::kBatch, job->batch_asm.Take(), b.step());
       e.hyperparameters = std::move(job->batch_hyper);
       job->batch_hyper.clear();
       job->Push(std::move(e));
       return;
     }
     case ServerMessage::kFetchState: {
-      std::shared_ptr<Job> job = JobFor(m.fetch_state().job_id(), "FetchState");
+      std::shared_ptr<AssignedJob> job = JobFor(m.fetch_state().job_id(), "FetchState");
       if (!job || job->input_failed) return;
       if (!job->state_done) {
         job->input_failed = true;
-        job->Push(JobEvent::Error(
+        job->Push(JobTask::Error(
             absl::InvalidArgumentError("FetchState before the initial state was complete")));
         return;
       }
-      JobEvent e(JobEvent::kFetch);
+      JobTask e(JobTask::kFetch);
       e.chunk_bytes = m.fetch_state().chunk_bytes();
       e.end_job = m.fetch_state().end_job();
       job->Push(std::move(e));
       return;
     }
     case ServerMessage::kCancelJob: {
-      std::shared_ptr<Job> job = JobFor(m.cancel_job().job_id(), "CancelJob");
+      std::shared_ptr<AssignedJob> job = JobFor(m.cancel_job().job_id(), "CancelJob");
       if (!job) return;
       job->cancel = true;
       // A step or rendezvous blocked on a peer (one that failed, say) ends
@@ -116,7 +116,7 @@ void AttachedWorker::Handle(ServerMessage& m, const std::shared_ptr<Session>& se
                 aborted > 0
                     ? absl::StrCat(" (", aborted, " connections to the other ranks shut down)")
                     : "");
-      JobEvent e(JobEvent::kCancel);
+      JobTask e(JobTask::kCancel);
       e.reason = m.cancel_job().reason();
       job->Push(std::move(e));
       return;
@@ -172,7 +172,7 @@ void AttachedWorker::HandleAssign(v1::AssignJob& a, const std::shared_ptr<Sessio
                       "worker ", worker_id_, " is busy with job '", busy, "' (capacity 1)")),
                   a.rank());
   }
-  auto job = std::make_shared<Job>();
+  auto job = std::make_shared<AssignedJob>();
   job->id = a.job_id();
   job->rank = a.rank();
   job->world_size = a.world_size();
@@ -197,7 +197,7 @@ void AttachedWorker::HandleAssign(v1::AssignJob& a, const std::shared_ptr<Sessio
             job->assign.graph().nodes_size(), " nodes, ", job->num_state, " state tensors",
             job->steps > 0 ? absl::StrCat(", ", job->steps, " steps") : "");
   std::lock_guard<std::mutex> l2(mu_);
-  job_thread_ = std::thread(&AttachedWorker::RunJob, this, job);
+  job_thread_ = std::thread(&AttachedWorker::JobThread, this, job);
 }
 
 }  // namespace fxdp::executor::attach

@@ -158,7 +158,7 @@ bool AttachedWorker::ServeOnce(std::string* status) {
   }
   // The stream is over (the server ended it, the connection broke, or we
   // cancelled it while shutting down).
-  std::shared_ptr<Job> orphan;
+  std::shared_ptr<AssignedJob> orphan;
   {
     std::lock_guard<std::mutex> l(mu_);
     if (session_ == session) session_.reset();
@@ -174,7 +174,7 @@ bool AttachedWorker::ServeOnce(std::string* status) {
                          ": ", st.error_message());
   if (orphan && !orphan->cancel.exchange(true)) {
     util::Log(orphan->Prefix(), "abandoning the job: its server connection is gone");
-    JobEvent e(JobEvent::kCancel);
+    JobTask e(JobTask::kCancel);
     e.reason = "lost the server connection";
     orphan->Push(std::move(e));
   }
@@ -191,10 +191,10 @@ void AttachedWorker::RequestShutdown(const std::string& why) {
     shutdown_reason_ = why;
     session = session_;
     if (job_) {
-      Job& j = *job_;
+      AssignedJob& j = *job_;
       j.cancel = true;
       j.connections.Abort();  // a step or rendezvous blocked on a peer ends now
-      JobEvent e(JobEvent::kCancel);
+      JobTask e(JobTask::kCancel);
       e.reason = why;
       j.Push(std::move(e));
       if (!j.final_sent.exchange(true)) {

@@ -15,7 +15,7 @@
 //              the job's queue (a batch, a state fetch, a cancel).
 //   signals    waits for SIGTERM/SIGINT (self-pipe) and starts the shutdown.
 // Writes to the stream are serialised by Session's mutex. Lock order: the
-// worker's mu_ before a Job's mu; Session's mutex is a leaf.
+// worker's mu_ before an AssignedJob's mu; Session's mutex is a leaf.
 #ifndef FXDP_EXECUTOR_WORKER_ATTACH_WORKER_H_
 #define FXDP_EXECUTOR_WORKER_ATTACH_WORKER_H_
 
@@ -111,18 +111,20 @@ class Session {
   bool closed_ = false;
 };
 
-// What the main thread hands a job's thread.
-struct JobEvent {
+// What the main thread hands a job's thread: the initial state, a batch, a
+// state fetch, a cancel or an error. (Not the wire's v1::JobEvent, which the
+// server streams to a client.)
+struct JobTask {
   enum Kind { kState, kBatch, kFetch, kCancel, kError };
-  explicit JobEvent(Kind k) : kind(k) {}
-  static JobEvent Tensors(Kind k, TensorMap t, int64_t step = 0) {
-    JobEvent e(k);
+  explicit JobTask(Kind k) : kind(k) {}
+  static JobTask Tensors(Kind k, TensorMap t, int64_t step = 0) {
+    JobTask e(k);
     e.tensors = std::move(t);
     e.step = step;
     return e;
   }
-  static JobEvent Error(absl::Status s, int64_t step = 0) {
-    JobEvent e(kError);
+  static JobTask Error(absl::Status s, int64_t step = 0) {
+    JobTask e(kError);
     e.error = std::move(s);
     e.step = step;
     return e;
@@ -138,7 +140,10 @@ struct JobEvent {
   absl::Status error;                                           // kError
 };
 
-struct Job {
+// The job this worker was assigned: one rank of a server's job (the server's
+// own record of the whole job is server/'s Job), with its queue of tasks and
+// its progress.
+struct AssignedJob {
   std::string id;
   int rank = 0;
   int world_size = 1;
@@ -151,7 +156,7 @@ struct Job {
   // Queue (main thread -> job thread).
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<JobEvent> events;
+  std::deque<JobTask> events;
   std::atomic<bool> cancel{false};
   // The job's connections to its other ranks (the rendezvous store, then the
   // communicator's): a cancel or a failure shuts them down, so that a step
@@ -180,7 +185,7 @@ struct Job {
   std::vector<std::pair<std::string, double>> batch_hyper;  // that step's hyper-parameters
   bool input_failed = false;  // an error was queued: later chunks are ignored
 
-  void Push(JobEvent e) {
+  void Push(JobTask e) {
     {
       std::lock_guard<std::mutex> l(mu);
       events.push_back(std::move(e));
@@ -194,7 +199,7 @@ struct Job {
     return steps > 0 ? absl::StrCat(s, "/", steps) : absl::StrCat(s);
   }
   // The job thread's next event (blocks); a cancel jumps the queue.
-  JobEvent Next();
+  JobTask Next();
 };
 
 class AttachedWorker {
@@ -219,30 +224,33 @@ class AttachedWorker {
   void Handle(ServerMessage& m, const std::shared_ptr<Session>& session);
   void HandleAssign(v1::AssignJob& a, const std::shared_ptr<Session>& session);
   // The current job if it is `job_id` (else logs that the message is ignored).
-  std::shared_ptr<Job> JobFor(const std::string& job_id, const char* what);
+  std::shared_ptr<AssignedJob> JobFor(const std::string& job_id, const char* what);
 
   // attach_job.cc: the job's thread.
-  void RunJob(std::shared_ptr<Job> job);
+  void JobThread(std::shared_ptr<AssignedJob> job);
   // The job's AssignJob.data_paths, read and sliced to this rank's shard.
-  absl::StatusOr<std::vector<TensorMap>> ReadDataFiles(const Job& job,
+  absl::StatusOr<std::vector<TensorMap>> ReadDataFiles(const AssignedJob& job,
                                                        const Program& program) const;
   // Rendezvous, load, then the job's events until it ends (EndJob: OK) or
-  // fails (the status). `comm` is the job's communicator: RunJob destroys
+  // fails (the status). `comm` is the job's communicator: JobThread destroys
   // it (its connections shut down first unless rank 0 ended it cleanly),
   // then sends the JobEnded; a JobFailed goes before.
-  absl::Status JobBody(Job& job, std::unique_ptr<Communicator>& comm);
+  absl::Status JobBody(AssignedJob& job, std::unique_ptr<Communicator>& comm);
+  // The job's StepRunner over its initial state, announced by a JobStarted.
+  absl::StatusOr<StepRunner> StartJob(AssignedJob& job, Program program, TensorMap state,
+                                      const c10::Device& device, const std::string& comm_name);
   // One Batch event: shard, step, StepResult.
-  absl::Status RunBatch(Job& job, JobEvent& e, StepRunner& runner, TimedCommunicator& timed,
+  absl::Status RunBatch(AssignedJob& job, JobTask& e, StepRunner& runner, TimedCommunicator& timed,
                         const std::vector<TensorMap>& files, int local_loss);
   // A FetchState event: the state in chunks, the last one marked.
-  absl::Status StreamState(Job& job, const JobEvent& e, const StepRunner& runner);
+  absl::Status StreamState(AssignedJob& job, const JobTask& e, const StepRunner& runner);
   // The job ended (cancelled or not): logged, and its JobEnded kept for
-  // RunJob to send once the communicator is destroyed; OK.
-  absl::Status EndJob(Job& job, bool cancelled, const std::string& why);
+  // JobThread to send once the communicator is destroyed; OK.
+  absl::Status EndJob(AssignedJob& job, bool cancelled, const std::string& why);
   // Sends the job's final message unless one was sent; frees the job slot
   // first, so a server that answers at once finds the worker IDLE.
-  void FinishJob(Job& job, WorkerMessage final_msg);
-  void SendJobFailed(Job& job, const absl::Status& s, int64_t step);
+  void FinishJob(AssignedJob& job, WorkerMessage final_msg);
+  void SendJobFailed(AssignedJob& job, const absl::Status& s, int64_t step);
 
   std::string Prefix() const { return absl::StrCat("[worker ", worker_id_, "] "); }
 
@@ -260,7 +268,7 @@ class AttachedWorker {
   bool shutdown_ = false;
   std::string shutdown_reason_;
   std::shared_ptr<Session> session_;  // the current attachment
-  std::shared_ptr<Job> job_;          // the job held (capacity 1)
+  std::shared_ptr<AssignedJob> job_;  // the job held (capacity 1)
   std::thread job_thread_;
   int running_jobs_ = 0;  // job threads not yet returned
 

@@ -16,6 +16,7 @@
 #include "executor/gloo/gloo_communicator.h"
 #include "executor/gloo/host_staged_communicator.h"
 #include "executor/torch_types.h"
+#include "util/log.h"
 #include "util/status_macros.h"
 #if defined(FXDP_HAVE_NCCL)
 #include "executor/nccl/nccl_communicator.h"
@@ -66,6 +67,33 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectCommunicator(const Rendezvo
   if (!device.is_cpu())
     return std::unique_ptr<Communicator>(new HostStagedCommunicator(std::move(g)));
   return std::unique_ptr<Communicator>(std::move(g));
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> Rendezvous(const RankSetup& setup,
+                                                         const std::string& log_prefix,
+                                                         ConnectionAborter* watch) {
+  const RendezvousOptions& ro = setup.rendezvous;
+  if (ro.world_size <= 1) return std::unique_ptr<Communicator>(new LocalCommunicator());
+  util::Log(log_prefix, "rendezvous at ", ro.host, ":", ro.port, " (world size ", ro.world_size,
+            ", timeout ", absl::StrFormat("%.3g", ro.timeout.count() / 1000.0), " s)");
+  if (watch != nullptr) watch->Watch(ResolveAddresses(ro.host, ro.port));
+  // Gloo (cpu) or NCCL (cuda); Gloo binds to an address the other ranks
+  // reach this host by (GlooInterfaceHost).
+  FXDP_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm,
+                        ConnectCommunicator(ro, setup.device, setup.communicator));
+  if (watch != nullptr) watch->Watch(comm->PeerSocketAddresses());
+  return comm;
+}
+
+absl::StatusOr<Program> LoadRankProgram(const ir::Graph& graph, const RankSetup& setup,
+                                        Communicator* comm) {
+  ProgramOptions po;
+  po.device = setup.device;
+  po.communicator = comm;
+  po.collective_timeout = setup.rendezvous.timeout;
+  po.check_outputs = setup.check_outputs;
+  po.record_memory = setup.record_memory;
+  return Program::Load(graph, po);
 }
 
 std::string DeviceMemorySummary(const c10::Device& device) {

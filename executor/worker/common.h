@@ -1,7 +1,8 @@
-// What both fxdp-worker modes need: `run` (main.cc: a launcher such as
-// torchrun or Slurm started the ranks) and `attach` (attach.cc: an fxdp
-// server assigns the jobs). Device names, the Gloo rendezvous, a rank's slice
-// of a global batch, reading a step's losses.
+// What both fxdp-worker modes need: `run` (run_command.h: a launcher such as
+// torchrun or Slurm started the ranks) and `attach` (attach.h: an fxdp server
+// assigns the jobs). Device names, one rank's set-up (RankSetup: the
+// rendezvous and the program), a rank's slice of a global batch, reading a
+// step's losses.
 #ifndef FXDP_EXECUTOR_WORKER_COMMON_H_
 #define FXDP_EXECUTOR_WORKER_COMMON_H_
 
@@ -15,6 +16,7 @@
 #include "executor/communicator.h"
 #include "executor/gloo/gloo_backend.h"
 #include "executor/interpreter.h"
+#include "executor/socket_abort.h"
 #include "executor/step_runner.h"
 
 namespace fxdp::executor {
@@ -40,6 +42,32 @@ std::string GlooInterfaceHost(const std::string& rendezvous_host);
 // e.g. several ranks on one GPU).
 absl::StatusOr<std::unique_ptr<Communicator>> ConnectCommunicator(
     const RendezvousOptions& opts, const c10::Device& device, const std::string& backend = "auto");
+
+// One rank's set-up, the same in both modes: its device, how it meets its
+// peers and how its program is loaded.
+struct RankSetup {
+  c10::Device device{c10::kCPU};
+  // Where the ranks meet, this rank, the world size and the timeout (also
+  // every collective's).
+  RendezvousOptions rendezvous;
+  std::string communicator = "auto";  // ConnectCommunicator's backend
+  bool check_outputs = false;         // ProgramOptions::check_outputs
+  bool record_memory = false;         // ProgramOptions::record_memory
+};
+
+// World size > 1: logs "rendezvous at H:P (world size N, timeout T s)" after
+// `log_prefix` and meets the peers (ConnectCommunicator); `watch` (when not
+// null) is given the store's address first, so that an abort ends a
+// rendezvous that waits for a peer. World size 1: a LocalCommunicator.
+absl::StatusOr<std::unique_ptr<Communicator>> Rendezvous(const RankSetup& setup,
+                                                         const std::string& log_prefix,
+                                                         ConnectionAborter* watch = nullptr);
+
+// The rank's graph as a Program on setup.device whose collectives go through
+// `comm` (a TimedCommunicator whose communicator may be set after the
+// rendezvous) and time out after setup.rendezvous.timeout.
+absl::StatusOr<Program> LoadRankProgram(const ir::Graph& graph, const RankSetup& setup,
+                                        Communicator* comm);
 
 // "cuda:0 peak 12.3 MB allocated, 20.0 MB reserved (caching allocator)": the
 // device allocator's peak since the process started ("" on cpu).
