@@ -14,7 +14,7 @@
 //   fxdp_compile_load --inprocess --graph=PATH [--rpc=...] [--duration_s=2]
 //       [--world_size=2] [--json=OUT]
 //     the floor: the same request computed in this process by the library
-//     calls behind the RPCs (server/compile_service.h RunAnalyze/RunExpand:
+//     calls behind the RPCs (server/compile/compile_service.h RunAnalyze/RunExpand:
 //     decode, analysis, expansion, building the response), one thread, no
 //     gRPC, no cache.
 //
@@ -36,7 +36,7 @@
 #include "absl/strings/numbers.h"
 #include "analysis/ir/proto_codec.h"
 #include "proto/fxdp/v1/compile.grpc.pb.h"
-#include "server/compile_service.h"
+#include "server/compile/compile_service.h"
 
 namespace {
 

@@ -14,7 +14,7 @@
 // cgroup's memory limit (v2 memory.max, v1 memory.limit_in_bytes) and
 // --memory-limit (worker.proto's Register.memory_bytes and memory_source);
 // fxdp-server refuses a job whose per-rank state needs more
-// (server/memory_admission.h).
+// (server/jobs/memory_admission.h).
 #ifndef FXDP_EXECUTOR_MEMORY_LIMIT_H_
 #define FXDP_EXECUTOR_MEMORY_LIMIT_H_
 

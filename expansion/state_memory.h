@@ -17,7 +17,7 @@
 //                    (a gradient bucket, whole while it is reduced)
 // The total is a lower bound of the step's peak: activations and the
 // temporaries of each op come on top. The server refuses a job whose total
-// exceeds a worker's registered memory (server/memory_admission.h).
+// exceeds a worker's registered memory (server/jobs/memory_admission.h).
 #ifndef FXDP_EXPANSION_STATE_MEMORY_H_
 #define FXDP_EXPANSION_STATE_MEMORY_H_
 

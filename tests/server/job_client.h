@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "server/job_options.h"
+#include "server/jobs/job_options.h"
 #include "tests/server/mlp_job.h"
 #include "tests/server/test_server.h"
 

@@ -18,15 +18,15 @@
 #include <string>
 #include <vector>
 
-#include "server/batch_sharder.h"
-#include "server/compile_service.h"
-#include "server/job.h"
-#include "server/job_runner.h"
-#include "server/job_scheduler.h"
-#include "server/job_spec.h"
-#include "server/job_store.h"
-#include "server/job_table.h"
-#include "server/worker_pool.h"
+#include "server/compile/compile_service.h"
+#include "server/jobs/batch_sharder.h"
+#include "server/jobs/job.h"
+#include "server/jobs/job_runner.h"
+#include "server/jobs/job_scheduler.h"
+#include "server/jobs/job_spec.h"
+#include "server/jobs/job_store.h"
+#include "server/jobs/job_table.h"
+#include "server/workers/worker_pool.h"
 #include "tests/server/mlp_job.h"
 #include "tests/test_util.h"
 

@@ -1,4 +1,4 @@
-// JobService (server/job_service.h) in process, over a real gRPC channel,
+// JobService (server/jobs/job_service.h) in process, over a real gRPC channel,
 // with FakeWorkers (tests/server/test_server.h) as the workers: streamed
 // submission, per-rank batch shards, FIFO queueing, cancellation, a full
 // queue, malformed submissions, lost and failing ranks, data_paths jobs,

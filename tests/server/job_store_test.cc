@@ -13,11 +13,11 @@
 
 #include "analysis/ir/proto_codec.h"
 #include "analysis/ir/text.h"
-#include "server/compile_service.h"
-#include "server/job_recovery.h"
-#include "server/job_resume.h"
-#include "server/job_store.h"
-#include "server/job_table.h"
+#include "server/compile/compile_service.h"
+#include "server/jobs/job_recovery.h"
+#include "server/jobs/job_resume.h"
+#include "server/jobs/job_store.h"
+#include "server/jobs/job_table.h"
 #include "tests/server/mlp_job.h"
 #include "tests/test_util.h"
 

@@ -1,9 +1,9 @@
-// Admission by memory (server/memory_admission.h): a rank whose state needs
+// Admission by memory (server/jobs/memory_admission.h): a rank whose state needs
 // more than its worker registered is refused, naming what and where.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "server/memory_admission.h"
+#include "server/jobs/memory_admission.h"
 #include "tests/test_util.h"
 #include "util/flags.h"
 

@@ -10,11 +10,11 @@
 #include <vector>
 
 #include "proto/fxdp/v1/compile.pb.h"
-#include "server/compile_cache.h"
-#include "server/compile_service.h"
-#include "server/job_queue.h"
-#include "server/raw_tensors.h"
-#include "server/state_store.h"
+#include "server/compile/compile_cache.h"
+#include "server/compile/compile_service.h"
+#include "server/jobs/job_queue.h"
+#include "server/jobs/raw_tensors.h"
+#include "server/jobs/state_store.h"
 #include "tests/test_util.h"
 
 namespace fxdp::server {

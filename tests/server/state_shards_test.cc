@@ -1,4 +1,4 @@
-// FULLY_SHARD's state split and reassembly in the server (server/state_shards.h):
+// FULLY_SHARD's state split and reassembly in the server (server/jobs/state_shards.h):
 // every rank gets exactly analysis/ir/flat_shard.h's flat shard (zero padded),
 // whatever the chunking of the client's tensors, and the ranks' shards come
 // back as the whole tensors; replicated tensors go to every rank as they are
@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "analysis/ir/flat_shard.h"
-#include "server/raw_tensors.h"
-#include "server/state_shards.h"
+#include "server/jobs/raw_tensors.h"
+#include "server/jobs/state_shards.h"
 #include "tests/test_util.h"
 
 namespace fxdp::testing {

@@ -23,9 +23,9 @@
 #include "proto/fxdp/v1/jobs.grpc.pb.h"
 #include "proto/fxdp/v1/worker.grpc.pb.h"
 #include "security/server_auth.h"
-#include "server/compile_service.h"
-#include "server/job_service.h"
-#include "server/worker_registry.h"
+#include "server/compile/compile_service.h"
+#include "server/jobs/job_service.h"
+#include "server/workers/worker_registry.h"
 
 namespace fxdp::testing {
 

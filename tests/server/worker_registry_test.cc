@@ -1,4 +1,4 @@
-// WorkerRegistry (server/worker_registry.h) in process, over a real gRPC
+// WorkerRegistry (server/workers/worker_registry.h) in process, over a real gRPC
 // channel, with FakeWorkers: registration and refusals, heartbeats, LOST
 // workers (silent or gone), subscriptions, re-attachment.
 #include <gmock/gmock.h>

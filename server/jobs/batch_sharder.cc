@@ -1,0 +1,160 @@
+#include "server/jobs/batch_sharder.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "expansion/data_parallel.h"
+
+namespace fxdp::server {
+namespace {
+
+void AddHyperparameters(const ir::HyperparameterValues& values, v1::Batch* b) {
+  for (const auto& [name, value] : values) {
+    v1::HyperparameterValue* h = b->add_hyperparameters();
+    h->set_name(name);
+    h->set_value(value);
+  }
+}
+
+}  // namespace
+
+const InputSpec* BatchSharder::FindInput(const std::string& name) const {
+  for (const InputSpec& in : *inputs_) {
+    if (in.name == name) return &in;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<bool> BatchSharder::Add(int64_t step, const v1::SubmitJobRequest& req) {
+  using absl::InvalidArgumentError;
+  const int64_t job_step = first_ + step;
+  const std::string what = absl::StrCat("step ", job_step, "'s batch");
+  if (!req.has_batch())
+    return InvalidArgumentError(absl::StrCat("expected ", what, ", got ", SubmitRequestKind(req)));
+  const v1::StepBatch& b = req.batch();
+  if (b.step() != job_step) {
+    return InvalidArgumentError(absl::StrCat(
+        "got a StepBatch for step ", b.step(), ", expected step ", job_step,
+        first_ > 0 ? absl::StrCat(" (the job resumes after its checkpoint of step ", first_,
+                                  " (JobEvent.first_step), then steps are consecutive)")
+                   : std::string(" (steps count from 1, consecutively)")));
+  }
+  if (batch_ == nullptr) {
+    batch_ = std::make_unique<ChunkStream>(what, /*keep_data=*/true);
+    step_hyper_.clear();
+    tensors_.clear();
+  }
+  for (const v1::HyperparameterValue& h : b.hyperparameters()) {
+    if (absl::Status s =
+            placeholders_->Check({h.name()}, absl::StrCat(what, ": StepBatch.hyperparameters"));
+        !s.ok()) {
+      return InvalidArgumentError(s.message());
+    }
+    if (!std::isfinite(h.value())) {
+      return InvalidArgumentError(absl::StrCat(what, ": hyper-parameter '", h.name(), "' is ",
+                                               h.value(), ", not a finite number"));
+    }
+    step_hyper_[h.name()] = h.value();
+  }
+  for (const v1::TensorChunk& c : b.tensors()) {
+    if (!batch_->pending()) {
+      const InputSpec* in = FindInput(c.name());
+      if (in == nullptr) {
+        std::vector<std::string> names;
+        for (const InputSpec& i : *inputs_) names.push_back(i.name);
+        return InvalidArgumentError(absl::StrCat(
+            what, ": tensor '", c.name(),
+            "' is not an INPUT of the graph (its inputs: ", absl::StrJoin(names, ", "), ")"));
+      }
+      const std::vector<int64_t> shape(c.shape().begin(), c.shape().end());
+      if (c.dtype() != in->dtype || shape != in->shape) {
+        return InvalidArgumentError(absl::StrCat(
+            what, ": input '", c.name(), "' is ", TypeString(c.dtype(), shape),
+            ", the graph expects ", TypeString(in->dtype, in->shape), " (the global batch)"));
+      }
+    }
+    if (absl::Status s = batch_->Add(c); !s.ok()) return InvalidArgumentError(s.message());
+  }
+  if (b.more()) return false;
+  if (batch_->pending()) {
+    return InvalidArgumentError(absl::StrCat(what, ": tensor '", batch_->pending_name(),
+                                             "' is incomplete and StepBatch.more is not set"));
+  }
+  std::vector<RawTensor> tensors = batch_->Take();
+  batch_.reset();
+  for (const InputSpec& in : *inputs_) {
+    if (std::none_of(tensors.begin(), tensors.end(),
+                     [&](const RawTensor& t) { return t.name == in.name; })) {
+      return InvalidArgumentError(absl::StrCat(what, " lacks input '", in.name, "' (",
+                                               TypeString(in.dtype, in.shape), ")"));
+    }
+  }
+  std::map<std::string, double> merged;
+  for (const auto& [name, value] : schedule_->At(job_step)) merged[name] = value;
+  for (const auto& [name, value] : step_hyper_) merged[name] = value;
+  hyper_.assign(merged.begin(), merged.end());
+  tensors_ = std::move(tensors);
+  step_ = step;
+  return true;
+}
+
+absl::StatusOr<std::vector<v1::ServerMessage>> BatchSharder::RankBatch(int rank) {
+  std::vector<v1::TensorChunk> chunks;
+  for (const RawTensor& t : tensors_) {
+    const InputSpec& in = *FindInput(t.name);
+    v1::TensorChunk c;
+    c.set_name(t.name);
+    c.set_dtype(static_cast<v1::DType>(ir::DTypeToWire(t.dtype)));
+    std::vector<int64_t> shape = t.shape;
+    if (in.batch_dim >= 0 && in.batch_dim < static_cast<int>(shape.size())) {
+      const RankSlice slice = SplitBatch(shape[in.batch_dim], world_)[rank];
+      absl::StatusOr<std::string> data = SliceDim(t, in.batch_dim, slice.start, slice.size);
+      if (!data.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("step ", first_ + step_, "'s batch: ", data.status().message()));
+      }
+      shape[in.batch_dim] = slice.size;
+      c.set_data(*std::move(data));
+    } else {
+      c.set_data(t.data);
+    }
+    for (int64_t d : shape) c.add_shape(d);
+    RechunkTensor(c, chunk_bytes_, &chunks);
+  }
+  // Chunks grouped up to chunk_bytes per message; the hyper-parameters on
+  // the step's first message.
+  std::vector<v1::ServerMessage> out(1);
+  auto start = [&] {
+    v1::Batch* b = out.back().mutable_batch();
+    b->set_job_id(job_id_);
+    b->set_step(step_);
+  };
+  start();
+  AddHyperparameters(hyper_, out.back().mutable_batch());
+  size_t bytes = 0;
+  for (v1::TensorChunk& c : chunks) {
+    v1::Batch* b = out.back().mutable_batch();
+    if (b->tensors_size() > 0 && bytes + c.data().size() > chunk_bytes_) {
+      b->set_more(true);
+      out.emplace_back();
+      start();
+      bytes = 0;
+    }
+    bytes += c.data().size();
+    out.back().mutable_batch()->add_tensors()->Swap(&c);
+  }
+  return out;
+}
+
+v1::ServerMessage BatchSharder::ScheduleOnlyBatch(int64_t step, int64_t schedule_step) const {
+  v1::ServerMessage m;
+  m.mutable_batch()->set_job_id(job_id_);
+  m.mutable_batch()->set_step(step);
+  AddHyperparameters(schedule_->At(schedule_step), m.mutable_batch());
+  return m;
+}
+
+}  // namespace fxdp::server

@@ -1,0 +1,83 @@
+// BatchSharder: server-side slicing of a job's global batches. It takes a
+// step's StepBatch messages from the client, checks them against the graph's
+// INPUTs (names, dtypes, global shapes, chunking, hyper-parameter names and
+// values), assembles the global tensors, and cuts each rank its slice along
+// each INPUT's batch dim (the balanced split of expansion/, the whole tensor
+// for an input without a batch dim), as Batch messages of at most
+// chunk_bytes of tensor data (`more` on all but the last) that carry the
+// step's hyper-parameters (the schedule's, overridden by the batch's).
+// Errors are INVALID_ARGUMENT naming the step, the tensor and what was
+// expected. Not thread-safe (one per job runner). No gRPC here.
+#ifndef FXDP_SERVER_JOBS_BATCH_SHARDER_H_
+#define FXDP_SERVER_JOBS_BATCH_SHARDER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "analysis/ir/hyperparameters.h"
+#include "proto/fxdp/v1/jobs.pb.h"
+#include "proto/fxdp/v1/worker.pb.h"
+#include "server/jobs/job_spec.h"
+#include "server/jobs/raw_tensors.h"
+
+namespace fxdp::server {
+
+class BatchSharder {
+ public:
+  // The pointees outlive the sharder.
+  BatchSharder(std::string job_id, int world_size, size_t chunk_bytes,
+               const std::vector<InputSpec>* inputs, const ir::PlaceholderNames* placeholders,
+               const ir::Schedule* schedule)
+      : job_id_(std::move(job_id)),
+        world_(world_size),
+        chunk_bytes_(chunk_bytes),
+        inputs_(inputs),
+        placeholders_(placeholders),
+        schedule_(schedule) {}
+
+  // A resumed job runs the job's steps first_step + 1, ...: its client's
+  // StepBatch.step and its schedule count them, its workers count from 1.
+  void set_first_step(int64_t first_step) { first_ = first_step; }
+  // One client message of run step `step`'s batch (steps count from 1,
+  // consecutively; the client numbers it first_step + step). True when it
+  // completed the step: then RankBatch gives each rank its messages, until
+  // the next step's first message.
+  absl::StatusOr<bool> Add(int64_t step, const v1::SubmitJobRequest& request);
+  // Part of a step's batch was received (its last StepBatch had `more`).
+  bool in_step() const { return batch_ != nullptr; }
+  // The completed step's Batch messages for `rank`.
+  absl::StatusOr<std::vector<v1::ServerMessage>> RankBatch(int rank);
+  // The completed step's global tensors are no longer needed.
+  void Clear() { tensors_.clear(); }
+
+  // The Batch of a data_paths job's step: no tensors (the workers read their
+  // files), the schedule's hyper-parameters of step `schedule_step` (the
+  // job's step counted from its start, for a resumed job).
+  v1::ServerMessage ScheduleOnlyBatch(int64_t step, int64_t schedule_step) const;
+
+ private:
+  const InputSpec* FindInput(const std::string& name) const;
+
+  const std::string job_id_;
+  const int world_;
+  const size_t chunk_bytes_;
+  const std::vector<InputSpec>* const inputs_;
+  const ir::PlaceholderNames* const placeholders_;
+  const ir::Schedule* const schedule_;
+  std::unique_ptr<ChunkStream> batch_;        // the step being read
+  std::map<std::string, double> step_hyper_;  // its StepBatch.hyperparameters
+  int64_t step_ = 0;                          // the completed step (run step)
+  int64_t first_ = 0;                         // steps done before this run
+  std::vector<RawTensor> tensors_;            // its global tensors
+  ir::HyperparameterValues hyper_;            // its hyper-parameters
+};
+
+}  // namespace fxdp::server
+
+#endif  // FXDP_SERVER_JOBS_BATCH_SHARDER_H_

@@ -1,0 +1,148 @@
+#include "server/jobs/dispatcher.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <utility>
+
+namespace fxdp::server {
+namespace {
+
+// The job a worker message is about (null for heartbeats and registration).
+const std::string* JobIdOf(const v1::WorkerMessage& m) {
+  switch (m.msg_case()) {
+    case v1::WorkerMessage::kJobStarted: return &m.job_started().job_id();
+    case v1::WorkerMessage::kJobFailed: return &m.job_failed().job_id();
+    case v1::WorkerMessage::kStepResult: return &m.step_result().job_id();
+    case v1::WorkerMessage::kStateChunk: return &m.state_chunk().job_id();
+    case v1::WorkerMessage::kJobEnded: return &m.job_ended().job_id();
+    default: return nullptr;
+  }
+}
+
+}  // namespace
+
+int FreeLocalPort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return 0;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  int port = 0;
+  socklen_t len = sizeof(a);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+int Dispatcher::Subscribe(std::vector<int64_t>* handles) {
+  for (int r = 0; r < world(); ++r) {
+    std::weak_ptr<Job> weak = job_;
+    const std::string job_id = id_;
+    // Runs on the worker's reader thread, maybe after the job ended.
+    const int64_t h = pool_->Subscribe(
+        workers_[r], [weak, r, job_id](const std::string&, const v1::WorkerMessage* m) {
+          std::shared_ptr<Job> job = weak.lock();
+          if (!job) return;
+          Job::Msg msg;
+          msg.rank = r;
+          if (m == nullptr) {
+            msg.lost = true;
+          } else {
+            const std::string* id = JobIdOf(*m);
+            if (id == nullptr || *id != job_id) return;
+            msg.m = *m;
+          }
+          const bool end = msg.lost || msg.m.has_job_ended() || msg.m.has_job_failed();
+          {
+            std::lock_guard<std::mutex> l(job->mu);
+            job->inbox.push_back(std::move(msg));
+            if (end) job->confirmed[r] = true;
+          }
+          job->cv.notify_all();
+        });
+    if (h == 0) return r;
+    handles->push_back(h);
+  }
+  return -1;
+}
+
+std::string Dispatcher::RendezvousHost() const {
+  // Rank 0's address as the server sees its connection (WorkerInfo.address;
+  // loopback when it runs here), never the hostname it declared
+  // (docs/robustness.md).
+  std::string host = "127.0.0.1";
+  for (const auto& w : pool_->List()) {
+    if (w.worker_id() == workers_[0] && !w.address().empty()) host = w.address();
+  }
+  return host;
+}
+
+int Dispatcher::Assign(const std::string& host, int port, int64_t steps) {
+  const v1::JobSpec& spec = job_->spec;
+  const v1::ExpandResponse& expanded = job_->expanded;
+  for (int r = 0; r < world(); ++r) {
+    v1::ServerMessage m;
+    v1::AssignJob* a = m.mutable_assign_job();
+    a->set_job_id(id_);
+    a->set_rank(r);
+    a->set_world_size(world());
+    a->set_rendezvous_host(host);
+    a->set_rendezvous_port(port);
+    a->set_collective_timeout_s(spec.collective_timeout_s());
+    a->set_device("cpu");
+    a->set_steps(steps);
+    *a->mutable_graph() = expanded.graphs(r % expanded.graphs_size());
+    a->set_num_state_tensors(spec.num_state_tensors());
+    a->set_batches_sharded(spec.data_paths_size() == 0);
+    const int n = spec.data_paths_size();
+    for (int i = 0; i < n; ++i)
+      a->add_data_paths(spec.data_paths(static_cast<int>((i + job_->first_step) % n)));
+    {
+      std::lock_guard<std::mutex> l(job_->mu);
+      job_->assigned[r] = true;
+    }
+    if (!Send(r, m)) return r;
+  }
+  return -1;
+}
+
+bool Dispatcher::Send(int rank, const v1::ServerMessage& m) {
+  return pool_->Send(workers_[rank], m);
+}
+
+int Dispatcher::SendAll(const v1::ServerMessage& m) {
+  for (int r = 0; r < world(); ++r) {
+    if (!Send(r, m)) return r;
+  }
+  return -1;
+}
+
+bool Dispatcher::Assigned(int rank) {
+  std::lock_guard<std::mutex> l(job_->mu);
+  return job_->assigned[rank];
+}
+
+void Dispatcher::CancelAssigned(const std::string& reason, int except) {
+  v1::ServerMessage m;
+  m.mutable_cancel_job()->set_job_id(id_);
+  m.mutable_cancel_job()->set_reason(reason);
+  for (int r = 0; r < world(); ++r) {
+    if (r != except && Assigned(r)) Send(r, m);
+  }
+}
+
+void Dispatcher::CancelOthers(const std::string& reason) {
+  v1::ServerMessage m;
+  m.mutable_cancel_job()->set_job_id(id_);
+  m.mutable_cancel_job()->set_reason(reason);
+  for (int r = 1; r < world(); ++r) Send(r, m);
+}
+
+}  // namespace fxdp::server

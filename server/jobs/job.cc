@@ -1,0 +1,100 @@
+#include "server/jobs/job.h"
+
+#include <chrono>
+
+namespace fxdp::server {
+
+int64_t UnixMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+Clock::duration Seconds(double s) {
+  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+}
+
+bool Terminal(v1::JobState s) {
+  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
+}
+
+void Job::SetState(v1::JobState s, const absl::Status& status) {
+  {
+    std::lock_guard<std::mutex> l(mu);
+    info.set_state(s);
+    if (!status.ok()) info.set_error(std::string(status.message()));
+    info.set_error_code(static_cast<int>(status.code()));
+    if (s != v1::JOB_STATE_QUEUED) {
+      info.set_queue_position(0);
+      info.clear_message();
+    }
+    if (s == v1::JOB_STATE_RUNNING) info.set_started_unix_ms(UnixMs());
+    if (Terminal(s)) info.set_ended_unix_ms(UnixMs());
+  }
+  cv.notify_all();
+}
+
+bool Job::Cancel(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> l(mu);
+    if (Terminal(info.state()) || cancel) return false;
+    cancel = true;
+    cancel_reason = reason;
+  }
+  cv.notify_all();
+  return true;
+}
+
+v1::JobEvent Job::Event(v1::JobState state) {
+  v1::JobEvent e;
+  std::lock_guard<std::mutex> l(mu);
+  e.set_job_id(info.job_id());
+  e.set_state(state);
+  // A resumed job's events before its first step of this run report none.
+  const int64_t done = info.steps_done();
+  e.set_step(Terminal(state) || done > first_step ? done : 0);
+  if (first_step > 0) e.set_first_step(first_step);
+  for (const auto& w : workers) e.add_workers(w);
+  if (state == v1::JOB_STATE_QUEUED) {
+    e.set_queue_position(info.queue_position());
+    e.set_message(info.message());
+  }
+  if (Terminal(state)) e.set_error(info.error());
+  return e;
+}
+
+std::string Job::id() {
+  std::lock_guard<std::mutex> l(mu);
+  return info.job_id();
+}
+
+v1::JobState Job::state() {
+  std::lock_guard<std::mutex> l(mu);
+  return info.state();
+}
+
+void Job::FromClient(v1::SubmitJobRequest request, size_t bytes) {
+  {
+    std::lock_guard<std::mutex> l(mu);
+    from_client.emplace_back(std::move(request), bytes);
+  }
+  cv.notify_all();
+}
+
+void Job::ClientEnded() {
+  {
+    std::lock_guard<std::mutex> l(mu);
+    client_ended = true;
+  }
+  cv.notify_all();
+}
+
+void Job::ClientGone() {
+  {
+    std::lock_guard<std::mutex> l(mu);
+    client_gone = true;
+  }
+  cv.notify_all();
+}
+
+}  // namespace fxdp::server

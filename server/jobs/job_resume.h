@@ -1,0 +1,57 @@
+// Resuming a FAILED job from its last checkpoint (JobSpec.resume_job,
+// fxdp.Client.train(resume=JOB)): the checks a resume
+// Submit passes (the job exists, the caller may act on it, it FAILED and
+// kept a checkpoint, the new spec runs the same graph the same way) and what
+// the new job starts from: the checkpoint's state, its step, and the resumed
+// job's losses up to it. The new job has its own id (JobInfo.resumed_from
+// names the old one; the old one stays FAILED, with its checkpoint, until it
+// leaves the history). No gRPC here.
+#ifndef FXDP_SERVER_JOBS_JOB_RESUME_H_
+#define FXDP_SERVER_JOBS_JOB_RESUME_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/fxdp/v1/graph.pb.h"
+#include "proto/fxdp/v1/jobs.pb.h"
+#include "proto/fxdp/v1/worker.pb.h"
+#include "server/jobs/job.h"
+#include "server/jobs/job_store.h"
+#include "server/jobs/job_table.h"
+
+namespace fxdp::server {
+
+struct ResumeStart {
+  std::string from;                    // the resumed job
+  int64_t step = 0;                    // its checkpoint's step
+  std::vector<v1::TensorChunk> state;  // the checkpoint (whole tensors)
+  std::vector<double> losses;          // the resumed job's losses of steps 1 ... step
+};
+
+// Checks `spec` (as submitted: with its graph; resume_job set) against the
+// job it resumes, in this order: NOT_FOUND (unknown job), PERMISSION_DENIED
+// (another identity's, docs/security.md), FAILED_PRECONDITION (no
+// --state-dir, a job that did not fail, no checkpoint), INVALID_ARGUMENT
+// (state sent, a different graph, world size, style or sync_batchnorm, no
+// step left), naming what differs; last, FAILED_PRECONDITION when another
+// job resumes it already (queued, running, or its Submit not yet queued) or
+// resumed it and SUCCEEDED, naming that job; a resume that FAILED or was
+// CANCELLED leaves the job resumable. Passing claims the job for `self`
+// (the new job). `checkpoint_every` (the server's flag) only words the
+// messages.
+absl::StatusOr<ResumeStart> PrepareResume(const JobTable& table, JobStore* store,
+                                          const JobOwner& caller, const v1::JobSpec& spec,
+                                          int64_t checkpoint_every,
+                                          const std::shared_ptr<Job>& self);
+
+// "" when the two graphs have the same nodes (producer and metadata are not
+// compared), else what differs first: a state tensor or input (its name and
+// both types), the number of nodes, or the first node that differs (its
+// name, index and target in both).
+std::string GraphDifference(const v1::GraphDef& before, const v1::GraphDef& now);
+
+}  // namespace fxdp::server
+
+#endif  // FXDP_SERVER_JOBS_JOB_RESUME_H_

@@ -1,0 +1,183 @@
+// JobRunner: one job, on its own thread, from its client's first message to
+// its end:
+//   1. the spec (the first message): checked and expanded (job_spec.h);
+//      with --state-dir, a data_paths job's initial state is taken too, so
+//      that it can run again after a restart (job_recovery.h);
+//   2. a place in the queue (JobScheduler), the first QUEUED event, then a
+//      QUEUED event whenever its place or message changes, until the
+//      scheduler gives it its workers (nothing is read from the client
+//      meanwhile; a client that goes away cancels the queued job);
+//   3. the run on its ranks (Dispatcher): each rank's state checked against
+//      its worker's registered memory (server/jobs/memory_admission.h), a free
+//      rendezvous port, AssignJob
+//      to every rank, the client's initial state forwarded chunk by chunk to
+//      every rank, every rank's JobStarted;
+//   4. the steps: the client's global batches (read ahead up to
+//      read_ahead_bytes) taken at most steps_ahead steps before the earliest
+//      unfinished step's results are in, each rank sent its shard
+//      (BatchSharder; a data_paths job gets a tensor-free Batch per step),
+//      one RUNNING event per step from the ranks' StepResults, in order;
+//   5. the end: FetchState{end_job} from rank 0 into the JobTable (the
+//      other ranks end by CancelJob), SUCCEEDED once the final state and
+//      the job's record are durable (with --state-dir: written and synced;
+//      else FAILED naming the file, the state kept in memory for FetchState).
+// FULLY_SHARD (the expansion lists sharded_state): in 3 each rank gets only
+// its flat shard of every sharded tensor (server/jobs/state_shards.h), in 5 every
+// rank sends its state and the whole tensors are reassembled.
+// A lost worker or a JobFailed fails the job naming the rank (the other
+// ranks get CancelJob); CancelJob or a client that goes away cancels it; a
+// client that sends nothing for client_idle_s while the job waits on it
+// fails it (DEADLINE_EXCEEDED); bad client input fails it INVALID_ARGUMENT
+// naming what is wrong. Every outcome is an absl::Status (the gRPC layer maps
+// it once). No gRPC here: the client is a JobClient, the workers a WorkerPool.
+// job_runner.cc has the phases, job_runner_state.cc the state transfers in,
+// job_runner_end.cc the ends (the final state, failures, cancels).
+#ifndef FXDP_SERVER_JOBS_JOB_RUNNER_H_
+#define FXDP_SERVER_JOBS_JOB_RUNNER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "server/jobs/batch_sharder.h"
+#include "server/jobs/dispatcher.h"
+#include "server/jobs/job.h"
+#include "server/jobs/job_options.h"
+#include "server/jobs/job_resume.h"
+#include "server/jobs/job_scheduler.h"
+#include "server/jobs/job_spec.h"
+#include "server/jobs/job_store.h"
+#include "server/jobs/job_table.h"
+#include "server/jobs/state_shards.h"
+#include "server/workers/worker_pool.h"
+
+namespace fxdp::server {
+
+// What every runner of a service shares.
+struct JobContext {
+  JobServiceOptions options;
+  Expander expand;
+  WorkerPool* pool = nullptr;
+  JobTable* table = nullptr;
+  JobScheduler* scheduler = nullptr;
+  JobStore* store = nullptr;  // --state-dir (null: in memory only)
+  // Bytes of initial states held (JobServiceOptions::max_initial_state_bytes).
+  std::atomic<uint64_t>* held_state_bytes = nullptr;
+};
+
+// Runs `job` for `client` to its end (see above); the job's Submit status. A
+// job that got a place in the queue is recorded as finished in the table and
+// handed to the scheduler for the release of its workers.
+absl::Status RunJob(const JobContext& context, JobClient* client, std::shared_ptr<Job> job);
+
+class JobRunner {
+ public:
+  JobRunner(const JobContext& context, JobClient* client, std::shared_ptr<Job> job)
+      : ctx_(context), client_(client), job_(std::move(job)) {}
+
+  // Everything from the spec to the end.
+  absl::Status Serve();
+  // Whether the job got a place in the queue (and so in the table).
+  bool queued() const { return queued_; }
+  // Drops the initial state held for the job (--state-dir) and gives back
+  // its reservation (JobServiceOptions::max_initial_state_bytes).
+  void ReleaseHeldState();
+
+ private:
+  enum class Got { kWorker, kClient, kClientEnd, kCancel, kTimeout };
+
+  // The next of: a rank's message (first), with `want_client` the client's
+  // next message or the end of its stream, a cancellation (CancelJob, or
+  // with `watch_client` the client went away); kTimeout after timeout_s.
+  Got Next(bool want_client, bool watch_client, double timeout_s, Job::Msg* worker,
+           v1::SubmitJobRequest* client = nullptr);
+  absl::Status TakeSpec();
+  // A resume (JobSpec.resume_job, checked): the job starts from the
+  // checkpoint's state, step and losses.
+  void StartFromCheckpoint(ResumeStart start);
+  absl::Status TakeInitialState();
+  // What the graph declares against the server's limits (a step's batch;
+  // the state to hold), before anything of it is read: RESOURCE_EXHAUSTED
+  // naming the bytes, the limit and its flag.
+  absl::Status CheckDeclaredSizes(const v1::JobSpec& spec, bool hold_state);
+  // JobSpec.num_state_tensors against the graph's state tensors, before the
+  // client's state is read.
+  absl::Status CheckStateCount() const;
+  bool WaitInQueue(absl::Status* status);
+  absl::Status Run();
+  // Every rank's state fits its worker's memory (server/jobs/memory_admission.h).
+  absl::Status CheckMemory();
+  absl::Status Assign();
+  absl::Status ForwardState();
+  absl::Status AwaitStarted();
+  absl::Status Steps();
+  absl::Status SendStep(int64_t step);
+  // Asks rank 0 for the job's state (after the steps sent so far).
+  absl::Status RequestState(bool end_job);
+  // A rank-0 StateChunk into `state`; true when it was the last.
+  static bool AddStateChunk(Job::Msg& msg, StateStore::State* state);
+  // A StateChunk of rank 0's state (REPLICATE: a checkpoint, the final
+  // state) against the graph's state tensors (`check`: this state's stream,
+  // on ir::DeclaredTensors), so a worker cannot make the server hold more
+  // than the graph declares; with `last` the state must be complete.
+  // DATA_LOSS naming the rank, the tensor and what is wrong.
+  absl::Status CheckRankState(ChunkStream* check, const v1::StateChunk& chunk) const;
+  void StepDone(int64_t step, const std::vector<v1::StepResult>& results);
+  // --checkpoint-every: records the state after job step `step` once that
+  // step's loss is recorded too (rank 0's state can arrive before the other
+  // ranks' results of the step), so the store never holds a checkpoint newer
+  // than its losses; until then it waits in deferred_checkpoints_.
+  void SaveCheckpoint(int64_t step, StateStore::State state);
+  void WriteCheckpoint(int64_t step, const StateStore::State& state);
+  absl::Status End();
+  // The final state in: SUCCEEDED once it and the job's record are durable
+  // (JobTable::Succeed), else FAILED naming what could not be saved.
+  absl::Status Succeeded(std::shared_ptr<StateStore::State> state);
+  // FULLY_SHARD (the expansion's sharded_state): a piece of the initial state
+  // split into the ranks' shards (`held`: each rank's latest piece, sent
+  // with the next one, or with `last` once the state is `complete`), and the
+  // end that fetches every rank's state and reassembles it.
+  absl::Status SendShards(const StateSplitter& splitter, const v1::TensorChunk& chunk,
+                          bool complete, std::vector<std::optional<v1::TensorChunk>>* held);
+  absl::Status EndSharded(const v1::ServerMessage& fetch);
+
+  // Ends the job: CancelJob to every assigned rank but `except`, the state,
+  // the last event; returns `status`.
+  absl::Status Finish(v1::JobState state, const absl::Status& status, int except);
+  absl::Status Cancelled();
+  // Seconds left of client_idle_s counted from `from`.
+  double ClientIdleLeft(Clock::time_point from) const;
+  absl::Status ClientIdle(absl::string_view waiting_for);
+  absl::Status BadInput(absl::string_view error);
+  std::string LostError(int rank) const;
+  absl::Status Lost(int rank);
+  absl::Status Failed(const Job::Msg& msg);
+  absl::Status OnWorker(const Job::Msg& msg);
+  absl::Status SendAll(const v1::ServerMessage& m);
+  bool CancelRequested();
+
+  const JobContext& ctx_;
+  JobClient* const client_;
+  const std::shared_ptr<Job> job_;
+  std::unique_ptr<Dispatcher> ranks_;
+  std::unique_ptr<BatchSharder> sharder_;
+  bool queued_ = false;
+  std::string id_;
+  int world_ = 0;
+  int started_ = 0;    // ranks that sent JobStarted
+  int64_t steps_ = 0;  // 0: until the client half-closes; this run's steps
+  int64_t first_ = 0;  // steps done before this run (job_->first_step)
+  std::deque<std::pair<int64_t, StateStore::State>> deferred_checkpoints_;  // oldest first
+  uint64_t held_reserved_ = 0;  // of ctx_.held_state_bytes
+};
+
+}  // namespace fxdp::server
+
+#endif  // FXDP_SERVER_JOBS_JOB_RUNNER_H_

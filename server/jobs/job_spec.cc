@@ -1,0 +1,175 @@
+#include "server/jobs/job_spec.h"
+
+#include <cmath>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "expansion/style_proto.h"
+#include "util/data_roots.h"
+
+namespace fxdp::server {
+
+std::vector<InputSpec> GraphInputs(const v1::GraphDef& g) {
+  std::vector<InputSpec> out;
+  for (const v1::Node& n : g.nodes()) {
+    if (n.kind() != v1::PLACEHOLDER || n.placeholder().role() != v1::INPUT ||
+        n.outputs_size() == 0 || n.outputs(0).kind() != v1::TENSOR) {
+      continue;
+    }
+    const v1::TensorMeta& t = n.outputs(0).tensor();
+    out.push_back({n.placeholder().state_name(), t.dtype(),
+                   std::vector<int64_t>(t.shape().begin(), t.shape().end()),
+                   n.placeholder().batch_dim()});
+  }
+  return out;
+}
+
+const char* SubmitRequestKind(const v1::SubmitJobRequest& r) {
+  switch (r.msg_case()) {
+    case v1::SubmitJobRequest::kSpec: return "a second spec";
+    case v1::SubmitJobRequest::kState: return "an initial-state chunk";
+    case v1::SubmitJobRequest::kBatch: return "a batch";
+    default: return "an empty SubmitJobRequest";
+  }
+}
+
+absl::Status CheckDataPathsExcluded(const v1::JobSpec& spec,
+                                    const std::vector<std::string>& excluded) {
+  for (int i = 0; i < spec.data_paths_size(); ++i) {
+    if (spec.data_paths(i).find('\0') !=
+        std::string::npos)  // the checks and the kernel would disagree
+      return absl::InvalidArgumentError(
+          absl::StrCat("JobSpec.data_paths[", i, "] contains a NUL byte"));
+    const std::string real = util::RealPathAsFarAsItExists(spec.data_paths(i));
+    const std::string lexical = util::LexicalAbsolute(spec.data_paths(i));
+    for (const std::string& x : excluded) {
+      if (util::PathUnder(real, x) || util::PathUnder(lexical, x)) {
+        return absl::PermissionDeniedError(absl::StrCat(
+            "JobSpec.data_paths[", i, "] '", spec.data_paths(i), "' is in '", x,
+            "', the server's state directory or credentials, which are never read as data"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
+  using absl::InvalidArgumentError;
+  if (!spec.has_graph()) return InvalidArgumentError("JobSpec.graph is missing");
+  if (spec.world_size() < 1) {
+    return InvalidArgumentError(
+        absl::StrCat("JobSpec.world_size must be >= 1, got ", spec.world_size()));
+  }
+  if (spec.steps() < 0) {
+    return InvalidArgumentError(
+        absl::StrCat("JobSpec.steps must be >= 0 (0: as many steps as the client sends "
+                     "batches for), got ",
+                     spec.steps()));
+  }
+  // Strings a client chooses are stored, listed and logged: bounded.
+  if (spec.name().size() > kMaxJobNameBytes) {
+    return InvalidArgumentError(absl::StrCat("JobSpec.name is ", spec.name().size(),
+                                             " bytes, more than ", kMaxJobNameBytes));
+  }
+  if (spec.resume_job().size() > kMaxJobNameBytes) {
+    return InvalidArgumentError(absl::StrCat("JobSpec.resume_job is ", spec.resume_job().size(),
+                                             " bytes, more than ", kMaxJobNameBytes));
+  }
+  if (spec.data_paths_size() > kMaxDataPaths) {
+    return InvalidArgumentError(absl::StrCat("JobSpec.data_paths has ", spec.data_paths_size(),
+                                             " entries, more than ", kMaxDataPaths));
+  }
+  for (int i = 0; i < spec.data_paths_size(); ++i) {
+    if (spec.data_paths(i).empty())
+      return InvalidArgumentError(absl::StrCat("JobSpec.data_paths[", i, "] is empty"));
+    if (spec.data_paths(i).size() > kMaxDataPathBytes) {
+      return InvalidArgumentError(absl::StrCat("JobSpec.data_paths[", i, "] is ",
+                                               spec.data_paths(i).size(), " bytes, more than ",
+                                               kMaxDataPathBytes, " (PATH_MAX)"));
+    }
+  }
+  if (spec.schedule_size() > 0 && spec.steps() == 0) {
+    return InvalidArgumentError(
+        "JobSpec.steps must be > 0 with a schedule (JobSpec.schedule gives one value per step)");
+  }
+  if (spec.data_paths_size() > 0 && spec.steps() == 0) {
+    return InvalidArgumentError(
+        "JobSpec.steps must be > 0 with data_paths (the workers read the batches; the "
+        "client sends none)");
+  }
+  if (absl::StatusOr<DataParallelStyle> style = StyleFromProto(spec.style(), "JobSpec.style");
+      !style.ok()) {
+    return style.status();
+  }
+  const double t = spec.collective_timeout_s();
+  if (!std::isfinite(t) || t < 0 || t > 86400.0 * 365) {
+    return InvalidArgumentError(
+        absl::StrCat("JobSpec.collective_timeout_s must be in [0, one year] (0: 60 s), got ", t));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckCollectiveTimeout(const v1::JobSpec& spec, double max_s) {
+  const double t = spec.collective_timeout_s() > 0 ? spec.collective_timeout_s() : 60;
+  if (t <= max_s) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "JobSpec.collective_timeout_s %.15g s%s is over this server's limit of %.15g s "
+      "(fxdp-server --max-collective-timeout-s): it bounds each rendezvous and collective, so how "
+      "long a hung or failed peer can hold the job's workers",
+      t, spec.collective_timeout_s() > 0 ? "" : " (0: the default)", max_s));
+}
+
+absl::StatusOr<ir::Schedule> JobScheduleOf(const v1::JobSpec& spec,
+                                           const ir::PlaceholderNames& placeholders) {
+  std::map<std::string, std::vector<double>> series;
+  std::vector<std::string> names;
+  for (const v1::HyperparameterSeries& h : spec.schedule()) {
+    if (series.count(h.name()) > 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("JobSpec.schedule: '", h.name(), "' appears twice"));
+    }
+    names.push_back(h.name());
+    series[h.name()].assign(h.values().begin(), h.values().end());
+  }
+  if (absl::Status s = placeholders.Check(names, "JobSpec.schedule"); !s.ok()) {
+    return absl::InvalidArgumentError(s.message());
+  }
+  absl::StatusOr<ir::Schedule> schedule =
+      ir::Schedule::FromSeries(std::move(series), spec.steps(), "JobSpec.schedule");
+  if (!schedule.ok()) return absl::InvalidArgumentError(schedule.status().message());
+  return schedule;
+}
+
+absl::StatusOr<PreparedSpec> PrepareJobSpec(v1::JobSpec spec, const Expander& expand) {
+  if (absl::Status s = ValidateJobSpec(spec); !s.ok()) return s;
+  PreparedSpec p;
+  p.placeholders = ir::PlaceholderNames::Of(spec.graph());
+  absl::StatusOr<ir::Schedule> schedule = JobScheduleOf(spec, p.placeholders);
+  if (!schedule.ok()) return schedule.status();
+  p.schedule = *std::move(schedule);
+  spec.clear_schedule();
+  v1::ExpandRequest xr;
+  xr.set_allocated_graph(spec.release_graph());
+  xr.set_world_size(spec.world_size());
+  xr.set_bucket_cap_mb(spec.bucket_cap_mb());
+  xr.set_first_bucket_mb(spec.first_bucket_mb());
+  xr.set_sync_batchnorm(spec.sync_batchnorm());
+  xr.set_style(spec.style());
+  absl::StatusOr<v1::ExpandResponse> expanded = expand(xr);
+  if (!expanded.ok()) {
+    return absl::Status(expanded.status().code(),
+                        absl::StrCat("expanding the graph for ", spec.world_size(),
+                                     " ranks: ", expanded.status().message()));
+  }
+  if (expanded->graphs_size() == 0) return absl::InternalError("the expansion returned no graph");
+  p.expanded = *std::move(expanded);
+  p.inputs = GraphInputs(xr.graph());
+  p.state = ir::DeclaredTensors::Of(xr.graph(), ir::DeclaredTensors::Kind::kState);
+  p.batch = ir::DeclaredTensors::Of(xr.graph(), ir::DeclaredTensors::Kind::kBatch);
+  p.spec = std::move(spec);
+  return p;
+}
+
+}  // namespace fxdp::server

@@ -1,0 +1,86 @@
+// A JobSpec checked and prepared for running: its fields validated, its
+// hyper-parameter schedule checked against the graph's HYPERPARAMETER
+// placeholders, its graph expanded for world_size ranks, its INPUTs listed.
+// Errors are INVALID_ARGUMENT naming the field and the value (the expansion's
+// own code for a graph it refuses, naming the node). No gRPC here.
+#ifndef FXDP_SERVER_JOBS_JOB_SPEC_H_
+#define FXDP_SERVER_JOBS_JOB_SPEC_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "analysis/ir/declared_tensors.h"
+#include "analysis/ir/hyperparameters.h"
+#include "proto/fxdp/v1/compile.pb.h"
+#include "proto/fxdp/v1/jobs.pb.h"
+
+namespace fxdp::server {
+
+// An INPUT placeholder of the single-device graph.
+struct InputSpec {
+  std::string name;
+  v1::DType dtype = v1::DTYPE_UNSPECIFIED;
+  std::vector<int64_t> shape;
+  int batch_dim = -1;
+};
+
+// The graph's INPUT placeholders, in graph order.
+std::vector<InputSpec> GraphInputs(const v1::GraphDef& graph);
+
+// Bounds of the strings a JobSpec carries (they are stored, listed, logged).
+inline constexpr size_t kMaxJobNameBytes = 256;    // JobSpec.name, JobSpec.resume_job
+inline constexpr int kMaxDataPaths = 4096;         // JobSpec.data_paths entries
+inline constexpr size_t kMaxDataPathBytes = 4096;  // each (PATH_MAX)
+
+// JobSpec's fields: a graph, world_size >= 1, steps >= 0 (> 0 with a
+// schedule or data_paths), no empty data path, a collective timeout in
+// [0, one year], the strings within the bounds above.
+absl::Status ValidateJobSpec(const v1::JobSpec& spec);
+
+// JobSpec.data_paths that lead, as this host resolves them (links
+// followed, relative to the server's working directory), into one of
+// `excluded` (real paths: the server's --state-dir, key and token files) are
+// PERMISSION_DENIED naming the entry: the server's own files are never data
+// (issue 25.3). The workers refuse them too, as they open them
+// (fxdp-worker attach --data-exclude), which is what holds against a link
+// swapped in later or a worker with another view of the filesystem.
+absl::Status CheckDataPathsExcluded(const v1::JobSpec& spec,
+                                    const std::vector<std::string>& excluded);
+
+// JobSpec.collective_timeout_s (0: 60 s) against the server's cap `max_s`
+// (fxdp-server --max-collective-timeout-s): INVALID_ARGUMENT naming both.
+absl::Status CheckCollectiveTimeout(const v1::JobSpec& spec, double max_s);
+
+// JobSpec.schedule: names of the graph's HYPERPARAMETER placeholders, each
+// at most once, with one value per step.
+absl::StatusOr<ir::Schedule> JobScheduleOf(const v1::JobSpec& spec,
+                                           const ir::PlaceholderNames& placeholders);
+
+// What a SubmitJobRequest carries ("a batch", "an initial-state chunk", ...),
+// for errors.
+const char* SubmitRequestKind(const v1::SubmitJobRequest& request);
+
+// Expands a graph (the compile service, through its cache, in the server).
+using Expander = std::function<absl::StatusOr<v1::ExpandResponse>(const v1::ExpandRequest&)>;
+
+struct PreparedSpec {
+  v1::JobSpec spec;  // without the graph and the schedule
+  v1::ExpandResponse expanded;
+  std::vector<InputSpec> inputs;
+  ir::PlaceholderNames placeholders;
+  ir::Schedule schedule;
+  ir::DeclaredTensors state;  // the single-device graph's state tensors
+  ir::DeclaredTensors batch;  // its INPUTs
+};
+
+// Validates `spec`, checks its schedule, expands its graph (an empty
+// expansion is INTERNAL).
+absl::StatusOr<PreparedSpec> PrepareJobSpec(v1::JobSpec spec, const Expander& expand);
+
+}  // namespace fxdp::server
+
+#endif  // FXDP_SERVER_JOBS_JOB_SPEC_H_

@@ -1,0 +1,258 @@
+#include "server/jobs/job_table.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/log.h"
+
+namespace fxdp::server {
+
+std::string JobTable::NextId() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return absl::StrCat("job-", next_id_, "-", absl::Hex(UnixMs() & 0xffffff));
+}
+
+absl::Status JobTable::Add(const std::shared_ptr<Job>& job, const std::string& id) {
+  const v1::JobSpec& spec = job->spec;
+  {
+    std::lock_guard<std::mutex> jl(job->mu);
+    v1::JobInfo& info = job->info;
+    info.set_job_id(id);
+    info.set_name(spec.name());
+    info.set_owner(job->owner.identity);
+    info.set_state(v1::JOB_STATE_QUEUED);
+    info.set_world_size(spec.world_size());
+    info.set_style(spec.style());
+    info.set_steps(spec.steps());
+    *info.mutable_data_paths() = spec.data_paths();
+    info.set_submitted_unix_ms(UnixMs());
+    info.set_compile_cached(job->expanded.cached());
+    for (std::string& h : job->placeholders.Hyperparameters())
+      info.add_hyperparameters(std::move(h));
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  if (store_ != nullptr) {
+    v1::JobInfo info;
+    {
+      std::lock_guard<std::mutex> jl(job->mu);
+      info = job->info;
+    }
+    ++next_id_;  // not reused either way
+    if (absl::Status s = store_->Insert(next_id_ - 1, info, job->submitted); !s.ok()) {
+      Record(s, id, "record");
+      return absl::Status(
+          s.code(),
+          absl::StrCat("the job cannot be recorded (fxdp-server --state-dir ", store_->dir(),
+                       "), so it would be lost after a restart: ", s.message()));
+    }
+    job->submitted.Clear();
+  } else {
+    ++next_id_;
+  }
+  jobs_[id] = job;
+  order_.push_back(id);
+  return absl::OkStatus();
+}
+
+void JobTable::Record(const absl::Status& s, const std::string& id, const char* what) const {
+  if (!s.ok())
+    Log(absl::StrCat(id, ": cannot ", what, " the job in ", store_->dir(), ": ", s.message()));
+}
+
+void JobTable::Update(const std::shared_ptr<Job>& job) {
+  if (store_ == nullptr) return;
+  v1::JobInfo info;
+  {
+    std::lock_guard<std::mutex> jl(job->mu);
+    info = job->info;
+  }
+  Record(store_->Update(info, /*ended=*/false), info.job_id(), "update");
+}
+
+void JobTable::Restore(const std::vector<std::shared_ptr<Job>>& jobs, int64_t last_seq) {
+  std::lock_guard<std::mutex> l(mu_);
+  for (const std::shared_ptr<Job>& j : jobs) {
+    const std::string id = j->id();
+    jobs_[id] = j;
+    order_.push_back(id);
+    if (Terminal(j->state())) finished_.push_back(id);
+    std::lock_guard<std::mutex> jl(j->mu);
+    // Only a SUCCEEDED job's state is a file; another's was kept in memory
+    // (KeepState) and is gone.
+    if (j->info.state() != v1::JOB_STATE_SUCCEEDED) j->info.set_has_state(false);
+    if (j->info.has_state() && store_ != nullptr) states_.PutBytes(id, store_->FinalStateBytes(id));
+  }
+  next_id_ = std::max(next_id_, last_seq + 1);
+}
+
+absl::Status JobTable::NotFound(const std::string& id) const {
+  return absl::NotFoundError(absl::StrCat("no job '", id, "' (the server remembers the last ",
+                                          std::max<size_t>(options_.max_finished_jobs, 1),
+                                          " finished jobs: --max-finished-jobs)"));
+}
+
+absl::StatusOr<std::shared_ptr<Job>> JobTable::Find(const std::string& id) const {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return NotFound(id);
+  return it->second;
+}
+
+std::vector<std::shared_ptr<Job>> JobTable::All() const {
+  std::lock_guard<std::mutex> l(mu_);
+  std::vector<std::shared_ptr<Job>> out;
+  for (const auto& id : order_) out.push_back(jobs_.at(id));
+  return out;
+}
+
+void JobTable::Finished(const std::shared_ptr<Job>& job) {
+  v1::JobInfo info;
+  {
+    std::lock_guard<std::mutex> jl(job->mu);
+    // Only a FAILED job keeps its checkpoint (to be resumed).
+    if (job->info.state() != v1::JOB_STATE_FAILED) job->info.clear_checkpoint_step();
+    info = job->info;
+  }
+  const std::string& id = info.job_id();
+  std::lock_guard<std::mutex> l(mu_);
+  if (store_ != nullptr) Record(store_->Update(info, /*ended=*/true), id, "update");
+  finished_.push_back(id);
+  while (finished_.size() > std::max<size_t>(options_.max_finished_jobs, 1)) {
+    const std::string old = finished_.front();
+    finished_.pop_front();
+    jobs_.erase(old);
+    order_.erase(std::find(order_.begin(), order_.end(), old));
+    states_.Erase(old);
+    if (store_ != nullptr) Record(store_->Erase(old), old, "forget");
+  }
+}
+
+absl::Status JobTable::KeepState(const std::shared_ptr<Job>& job,
+                                 std::shared_ptr<const StateStore::State> state) {
+  const std::string id = job->id();
+  const uint64_t bytes = StateStore::Bytes(*state);
+  // With a store the file is the state (written outside the lock): only its
+  // bytes are counted here. A file that cannot be written: the state in
+  // memory, as without a store.
+  absl::Status written;
+  if (store_ != nullptr && bytes <= states_.max_bytes()) {
+    written = store_->WriteFinalState(id, *state);
+    Record(written, id, "write the final state of");
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  std::vector<std::string> evicted;
+  if (store_ == nullptr || !written.ok()) {
+    evicted = states_.Put(id, std::move(state));
+  } else {
+    evicted = states_.PutBytes(id, bytes);
+  }
+  for (const std::string& gone : evicted) {
+    if (store_ != nullptr) Record(store_->EraseFinalState(gone), gone, "erase the final state of");
+    auto it = jobs_.find(gone);
+    if (it == jobs_.end()) continue;
+    if (gone != id) Log(absl::StrCat(gone, ": final state evicted (--max-state-mb)"));
+    v1::JobInfo info;
+    {
+      std::lock_guard<std::mutex> jl(it->second->mu);
+      it->second->info.set_has_state(false);
+      it->second->info.set_state_evicted(true);
+      info = it->second->info;
+    }
+    if (store_ != nullptr) Record(store_->Update(info, Terminal(info.state())), gone, "update");
+  }
+  const bool kept = states_.Has(id);
+  if (kept) {
+    std::lock_guard<std::mutex> jl(job->mu);
+    job->info.set_has_state(true);
+  } else {
+    Log(absl::StrCat(id, ": final state not kept: larger than --max-state-mb"));
+  }
+  if (written.ok()) return written;
+  return absl::Status(
+      written.code(),
+      absl::StrCat(
+          "state not saved: ", written.message(),
+          kept ? "; the final state is kept in memory for FetchState until the server restarts"
+               : ""));
+}
+
+absl::Status JobTable::Succeed(const std::shared_ptr<Job>& job,
+                               std::shared_ptr<const StateStore::State> state) {
+  if (absl::Status s = KeepState(job, std::move(state)); !s.ok()) return s;
+  if (store_ == nullptr) return absl::OkStatus();
+  v1::JobInfo info;
+  {
+    std::lock_guard<std::mutex> jl(job->mu);
+    info = job->info;
+  }
+  info.set_state(v1::JOB_STATE_SUCCEEDED);
+  info.set_ended_unix_ms(UnixMs());
+  info.clear_checkpoint_step();
+  absl::Status s = store_->Update(info, /*ended=*/true);
+  if (s.ok()) return s;
+  Record(s, info.job_id(), "record the end of");
+  return absl::Status(
+      s.code(),
+      absl::StrCat("state not saved: ", s.message(),
+                   info.has_state()
+                       ? "; the final state is kept for FetchState until the server restarts"
+                       : ""));
+}
+
+absl::StatusOr<std::shared_ptr<const StateStore::State>> JobTable::FinalState(
+    const std::string& id) const {
+  absl::StatusOr<std::shared_ptr<const StateStore::State>> kept = Kept(id);
+  if (!kept.ok() || *kept != nullptr) return kept;
+  absl::StatusOr<JobStore::Tensors> read = store_->ReadFinalState(id);  // outside the lock
+  if (!read.ok()) {
+    return absl::DataLossError(absl::StrCat("job ", id, "'s final state cannot be read back from ",
+                                            store_->FinalStatePath(id), ": ",
+                                            read.status().message()));
+  }
+  return std::make_shared<const StateStore::State>(*std::move(read));
+}
+
+absl::StatusOr<StateReader> JobTable::OpenFinalState(const std::string& id) const {
+  absl::StatusOr<std::shared_ptr<const StateStore::State>> kept = Kept(id);
+  if (!kept.ok()) return kept.status();
+  if (*kept != nullptr) return StateReader(*std::move(kept));
+  absl::StatusOr<StateReader> file =
+      StateReader::OpenFile(store_->FinalStatePath(id));  // outside the lock
+  if (!file.ok()) {
+    return absl::DataLossError(
+        absl::StrCat("job ", id, "'s final state cannot be read back: ", file.status().message()));
+  }
+  return file;
+}
+
+absl::StatusOr<std::shared_ptr<const StateStore::State>> JobTable::Kept(
+    const std::string& id) const {
+  std::shared_ptr<const StateStore::State> kept;
+  bool on_disk = false;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) return NotFound(id);
+    const v1::JobState state = it->second->state();
+    // With a store, a job that failed because its state could not be saved
+    // keeps it (Succeed).
+    if (state != v1::JOB_STATE_SUCCEEDED && !(store_ != nullptr && states_.Has(id))) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", id, " is ", v1::JobState_Name(state),
+                       ": only a SUCCEEDED job has a final state"));
+    }
+    kept = states_.Get(id);
+    on_disk = kept == nullptr && states_.Has(id) && store_ != nullptr;
+  }
+  if (kept == nullptr && !on_disk) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", id, "'s final state was evicted: the server keeps at most ",
+                     options_.max_state_bytes >> 20,
+                     " MiB of final states (--max-state-mb) and evicts the oldest first; fetch it "
+                     "sooner or raise --max-state-mb"));
+  }
+  return kept;
+}
+
+}  // namespace fxdp::server
