@@ -203,8 +203,9 @@ class BatchDimAnalyzer {
   // holds the batch on `dim`.
   absl::StatusOr<bool> GatherAlong(ir::NodeId id, const ir::Node& n, const OpRule& rule,
                                    int64_t dim);
-  absl::Status GatherCoupled(ir::NodeId id, const ir::Node& n, const OpRule& rule,
-                             std::vector<Operand>& ops,
+  // Operands holding the batch on two labels of a product: one label's all-gathered
+  // (coupled.cc).
+  absl::Status GatherCoupled(ir::NodeId id, const ir::Node& n, std::vector<Operand>& ops,
                              const std::function<int(const Operand&, int64_t)>& label_of);
   absl::Status Reduce(ir::NodeId id, const ir::Node& n, const OpRule& rule);
   int64_t ReductionArg(const ir::Node& n, const OpRule& rule) const;

@@ -1,6 +1,9 @@
 // Samples coupled across the batch: an op whose result for one sample reads every sample
-// (a softmax over the batch dim) reads its batch-sharded operands all-gathered.
+// (a softmax over the batch dim, a product of two batch-sharded operands) reads batch-sharded
+// operands all-gathered.
+#include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -62,6 +65,63 @@ absl::StatusOr<bool> BatchDimAnalyzer::GatherAlong(NodeId id, const Node& n, con
   SetCombined(id, Combined{}, s);
   a_.nodes_[id.value].detail = Detail::kGathered;
   return true;
+}
+
+// Operands holding the batch on two labels of the product (logits = a @ b.T, both batch-sharded;
+// cdist(a, b) and its backward, whose gradient for x2 reads grad.T, x2, x1 and cdist.T): the
+// operands of one label are all-gathered for this use (read replicated), as open_clip's
+// gather_features, so the product keeps the other label's rows, or sums over them (partial)
+// when the output lacks that label. Gathered: the label whose operands are fewer bytes (the
+// later operand's on a tie: b in a @ b.T), and whose operands do not span the other label. The
+// gradient of a gathered operand comes out partial over the whole batch and is all-reduced,
+// then sliced to each rank's rows where it meets them (Linear, NeedShard): the backward of the
+// all-gather.
+absl::Status BatchDimAnalyzer::GatherCoupled(
+    NodeId id, const Node& n, std::vector<Operand>& ops,
+    const std::function<int(const Operand&, int64_t)>& label_of) {
+  std::vector<int> labels;
+  for (const Operand& o : ops) {
+    if (!o.info.placement.is_shard()) continue;
+    const int l = label_of(o, o.info.placement.dim);
+    if (l < 0) return absl::OkStatus();  // Matmul names the rank mismatch
+    if (std::find(labels.begin(), labels.end(), l) == labels.end()) labels.push_back(l);
+  }
+  if (labels.size() != 2) return absl::OkStatus();
+  struct Group {
+    bool ok = true;
+    int64_t bytes = 0;
+    int last_arg = -1;
+  };
+  auto group = [&](int gathered, int kept) {
+    Group g;
+    for (const Operand& o : ops) {
+      if (!o.info.placement.is_shard() || label_of(o, o.info.placement.dim) != gathered) continue;
+      bool spans = false;
+      for (int64_t d = 0; d < o.type->rank(); ++d) spans |= label_of(o, d) == kept;
+      g.ok &= !spans && o.info.outer == 1 && !o.info.mean_scaled && o.info.order == 0 && o.elem < 0;
+      g.bytes += o.type->numel() * ir::DTypeItemSize(o.type->dtype);
+      g.last_arg = std::max(g.last_arg, o.arg);
+    }
+    return g;
+  };
+  const Group g0 = group(labels[0], labels[1]), g1 = group(labels[1], labels[0]);
+  if (!g0.ok && !g1.ok) return absl::OkStatus();  // Matmul names the conflict
+  const bool second =
+      !g0.ok ||
+      (g1.ok && (g1.bytes < g0.bytes || (g1.bytes == g0.bytes && g1.last_arg > g0.last_arg)));
+  const int gathered = labels[second ? 1 : 0];
+  std::vector<std::string> names;
+  for (Operand& o : ops) {
+    if (!o.info.placement.is_shard() || label_of(o, o.info.placement.dim) != gathered) continue;
+    a_.gathered_reads_.push_back(ShardedRead{o.ref, o.info.placement.dim, 1, id, o.arg});
+    names.push_back(absl::StrFormat("%s (arg %d, its batch dim %d)", g_.node(o.ref.node).name,
+                                    o.arg, o.info.placement.dim));
+    o.info = kReplicated;
+  }
+  a_.notes_.push_back(
+      absl::StrFormat("%s: all-gathers %s for the product: samples coupled across the batch",
+                      n.name, absl::StrJoin(names, ", ")));
+  return absl::OkStatus();
 }
 
 }  // namespace fxdp

@@ -30,51 +30,6 @@ std::string LabelName(int label) {
 
 }  // namespace
 
-// Two operands holding the batch on different labels (logits = a @ b.T, with
-// both batch-sharded: samples coupled across the batch): one operand, whose
-// labels do not include the other's batch label, is all-gathered for this
-// use (read replicated), so the product keeps the other's rows, as
-// open_clip's gather_features. Its gradient comes out partial over the whole
-// batch and is all-reduced, then sliced to each rank's rows where it meets
-// them (Linear, NeedShard): the backward of the all-gather.
-absl::Status BatchDimAnalyzer::GatherCoupled(
-    NodeId id, const Node& n, const OpRule& rule, std::vector<Operand>& ops,
-    const std::function<int(const Operand&, int64_t)>& label_of) {
-  (void)rule;
-  std::vector<Operand*> sharded;
-  for (Operand& o : ops) {
-    if (o.info.placement.is_shard()) sharded.push_back(&o);
-  }
-  if (sharded.size() != 2) return absl::OkStatus();
-  Operand* x = sharded[0];
-  Operand* y = sharded[1];
-  const int lx = label_of(*x, x->info.placement.dim), ly = label_of(*y, y->info.placement.dim);
-  if (lx < 0 || ly < 0 || lx == ly) return absl::OkStatus();
-  auto spans = [&](const Operand& o, int label) {
-    for (int64_t d = 0; d < o.type->rank(); ++d) {
-      if (label_of(o, d) == label) return true;
-    }
-    return false;
-  };
-  auto gatherable = [&](const Operand& o) {
-    return o.info.outer == 1 && !o.info.mean_scaled && o.info.order == 0 && o.elem < 0;
-  };
-  Operand* g = nullptr;
-  if (!spans(*y, lx) && gatherable(*y)) {
-    g = y;  // prefer the second operand (b in a @ b.T)
-  } else if (!spans(*x, ly) && gatherable(*x)) {
-    g = x;
-  }
-  if (g == nullptr) return absl::OkStatus();  // Matmul names the conflict
-  const int32_t dim = g->info.placement.dim;
-  a_.gathered_reads_.push_back(ShardedRead{g->ref, dim, 1, id, g->arg});
-  g->info = kReplicated;
-  a_.notes_.push_back(absl::StrFormat(
-      "%s: all-gathers %s (its batch dim %d) for the product: samples coupled across the batch",
-      n.name, g_.node(g->ref.node).name, dim));
-  return absl::OkStatus();
-}
-
 // The batch follows its label through the product (the row's MatmulSpec,
 // bound to this call's operand ranks): kept when the output has the label,
 // contracted (partial) when it does not.
@@ -103,7 +58,7 @@ absl::Status BatchDimAnalyzer::Matmul(NodeId id, const Node& n, const OpRule& ru
     return -1;
   };
   FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule.linear, ops));
-  FXDP_RETURN_IF_ERROR(GatherCoupled(id, n, rule, ops, label_of));
+  FXDP_RETURN_IF_ERROR(GatherCoupled(id, n, ops, label_of));
   int batch_label = -1;
   int64_t outer = 1;
   const Operand* decided = nullptr;
@@ -124,9 +79,10 @@ absl::Status BatchDimAnalyzer::Matmul(NodeId id, const Node& n, const OpRule& ru
           absl::StrFormat(
               "operands put the batch on different dims of the product %s: arg %d (%s) on its dim "
               "%d (label %s, %d blocks), arg %d (%s) on its dim %d (label %s, %d blocks); samples "
-              "coupled across the batch (an in-batch contrastive loss, a @ b.T) need one "
-              "operand all-gathered, and neither can be (mean-scaled, rows in a sort's order, "
-              "a list element, or spanning the other's batch dim)",
+              "coupled across the batch (an in-batch contrastive loss, a @ b.T) need the "
+              "operands of one label all-gathered, and neither label's can be (mean-scaled, rows "
+              "in a sort's order, a list element, or spanning the other label), or more than two "
+              "labels hold the batch",
               rule.spec.ToString(), decided->arg, g_.node(decided->ref.node).name,
               decided->info.placement.dim, LabelName(batch_label), outer, o.arg,
               g_.node(o.ref.node).name, o.info.placement.dim, LabelName(l), o.info.outer));

@@ -20,7 +20,9 @@ namespace {
 using ::fxdp::testing::ReadTestData;
 using ::fxdp::testing::StatusIs;
 using ::fxdp::testing::ValueOrDie;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Pair;
 
 struct Analysed {
   ir::Graph graph;
@@ -300,6 +302,30 @@ TEST(BatchDim, SoftmaxAlongTheBatchReadsItAllGathered) {
 )")
           .status(),
       StatusIs(absl::StatusCode::kInvalidArgument, "node 'g' (aten::_softmax_backward_data)"));
+}
+
+// In-batch distances: each product gathers the label whose operands are fewer bytes. The
+// backward for x2 reads (grad.T, x2, x1, p, cdist.T): it gathers x2 (arg 1) and sums over the
+// rank's x1 rows (partial); arg 1 and arg 2 are the same value, gathered at one position only.
+TEST(BatchDim, InBatchCdistGathersOneLabelsOperands) {
+  auto r = MustRun(R"(
+  %x: f32[4, 3] = placeholder() {role=INPUT, state="x", batch_dim=0}
+  %d: f32[4, 4] = aten::_cdist_forward(%x, %x, 2.0, None)
+  %g: f32[4, 3] = aten::_cdist_backward(%d, %x, %x, 2.0, %d)
+  %dt: f32[4, 4] = aten::t(%d)
+  %h: f32[4, 3] = aten::_cdist_backward(%dt, %x, %x, 2.0, %dt)
+  %s: f32[4, 3] = aten::add.Tensor(%g, %h)
+  %output = output([%s]) {specs=[OTHER]}
+)");
+  EXPECT_EQ(r.P("d"), "S(0)");
+  EXPECT_EQ(r.P("g"), "S(0)");
+  EXPECT_EQ(r.P("h"), "P(sum)");
+  EXPECT_EQ(r.P("s"), "S(0)");
+  std::vector<std::pair<std::string, int>> gathered;
+  for (const ShardedRead& g : r.a.gathered_reads()) {
+    gathered.emplace_back(r.graph.node(g.user).name, g.arg);
+  }
+  EXPECT_THAT(gathered, ElementsAre(Pair("d", 1), Pair("g", 2), Pair("h", 1)));
 }
 
 TEST(BatchDim, CatSliceSelectAlongTheBatchAreErrors) {

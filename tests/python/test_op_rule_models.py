@@ -267,7 +267,9 @@ class _Prototypes(nn.Module):
     def forward(self, x):
         f = self.features(x)
         if self.coupled:  # in-batch: every sample against every other
-            return -torch.cdist(f, f)[:, :3]
+            # "shifted": no zero distances, which the product form (_euclidean_dist) computes as
+            # rounding noise whose gradient depends on the matmul's shape
+            return -torch.cdist(f, f + 1 if self.coupled == "shifted" else f)[:, :3]
         return -(torch.cdist(f, self.prototypes) + torch.cdist(self.prototypes, f).t()) / 2
 
 
@@ -294,15 +296,28 @@ def test_cdist_of_many_rows_to_prototypes(tmp_path):
     one_device(tmp_path, step, batches, 3)
 
 
-def test_cdist_of_two_batch_sharded_operands_is_refused(tmp_path):
-    """In-batch distances couple samples across ranks: refused at compile time (a worker failed
-    with "Target 4 is out of bounds"). The forward alone could all-gather one operand (as a @ b.T
-    does); _cdist_backward's product cannot, so the refusal names it."""
+@pytest.mark.parametrize(
+    "world,b", [(2, B), (3, B), (3, 29)], ids=["N2", "N3-uneven", "N3-euclidean"]
+)
+def test_in_batch_cdist_trains_like_one_device(tmp_path, world, b):
+    """In-batch distances, cdist(f, f) (a worker failed with "Target 4 is out of bounds" when
+    size matching placed them): the forward all-gathers x2; _cdist_backward for x1 gathers x2 too,
+    and the one for x2, _cdist_backward(grad.T, x2, x1, p, cdist.T), gathers its x2 (fewer bytes
+    than grad.T, x1 and cdist.T) and sums over the rank's x1 rows: a partial, all-reduced and
+    sliced to each rank's rows. B=29: torch's product form (_euclidean_dist, above 25 rows), of f
+    and f + 1."""
     torch.manual_seed(0)
-    model = _Prototypes(coupled=True)
+    model = _Prototypes(coupled="shifted" if b > 25 else True)
     opt, _ = optimizer(model, "sgd")
-    step = fxdp.trace(model, opt, F.cross_entropy, batches_of(randn(B, 8), randint(3, B))[0])
-    refused(tmp_path, step, "aten::_cdist_backward", "operands put the batch on different dims")
+    batches = batches_of(randn(b, 8), randint(3, b))
+    step = fxdp.trace(model, opt, F.cross_entropy, batches[0])
+    euclidean = "aten::_euclidean_dist" in ops_of(step)
+    assert euclidean == (b > 25)
+    # + 3 gathers of f (forward, each backward) and x2's partial gradient; _euclidean_dist: 2
+    # gathers (forward, the gradient's mm) and 2 partials (an mm and a sum over x1 rows)
+    report = one_device(tmp_path, step, batches, world, reductions=4)
+    gathers = [c for c in report["collectives"] if c["purpose"].startswith("gather ")]
+    assert gathers and all(c["bytes"] == world * -(-b // world) * 5 * 4 for c in gathers), gathers
 
 
 # ---- embedding_bag: bags are samples ----------------------------------------------------------
