@@ -14,8 +14,10 @@ import subprocess
 import threading
 import time
 
+import fxdp
 import grpc
 import pytest
+import torch
 from _util import fxdp_binary, local_server, make_pki, traced
 from fxdp import zoo
 from fxdp.client import _chunks as chunks
@@ -274,3 +276,57 @@ def test_one_identity_cannot_fill_the_queue(pki):
                 h.close()
             events = list(job)
             assert events[-1].state == jpb.JOB_STATE_SUCCEEDED, events[-1]
+
+
+class Wide(torch.nn.Module):
+    """A 2 MiB weight: with AdamW 6 MiB of final state, more than a stream's flow-control window
+    holds, so a FetchState that is not read stays open on the server."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(1024, 512)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+def test_one_identity_cannot_take_every_fetch_stream(pki):
+    """--max-fetch-streams-per-identity: alice holds her one FetchState call open (read one chunk,
+    then nothing); her second is refused naming her count and the flag; bob's fetch still runs;
+    once alice lets go, hers does too."""
+    args = [*tls_args(pki), "--max-fetch-streams", "3", "--max-fetch-streams-per-identity", "1"]
+    torch.manual_seed(0)
+    model = Wide()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    step = fxdp.trace(model, opt, torch.nn.MSELoss(), (torch.randn(4, 1024), torch.randn(4, 512)))
+    batch = [(torch.randn(4, 1024), torch.randn(4, 512))]
+    with local_server(workers=1, extra_args=args) as (address, log):
+        wait_idle(address, pki, 1)
+        tls = {"tls_ca": pki / "ca.pem"}
+        with fxdp.Client(address, token_file=pki / "alice.token", **tls) as c:
+            job = c.train(step, world_size=1, batches=batch).job_id
+        with channel(address, pki, "alice") as a, channel(address, pki, "bob") as b:
+            alice, bob = jgrpc.JobServiceStub(a), jgrpc.JobServiceStub(b)
+            ask = jpb.FetchJobStateRequest(job_id=job, chunk_bytes=64 << 10)
+            held = alice.FetchState(ask, timeout=60)
+            assert next(held).tensor.name  # its first chunk: the call is open on the server
+            e = refused(alice.FetchState(ask, timeout=60))
+            assert e.details() == (
+                "identity 'alice' has 1 FetchState calls open, the most one identity may hold "
+                "at once (fxdp-server --max-fetch-streams-per-identity)"
+            ), e.details()
+            events = list(run_job(bob))
+            assert events[-1].state == jpb.JOB_STATE_SUCCEEDED, events[-1]
+            got = list(
+                bob.FetchState(jpb.FetchJobStateRequest(job_id=events[-1].job_id), timeout=60)
+            )
+            assert got, "bob's fetch returned nothing"
+            held.cancel()
+            deadline = time.monotonic() + 30
+            while True:  # the server gives the slot back once it sees the cancel
+                try:
+                    assert list(alice.FetchState(ask, timeout=60))
+                    break
+                except grpc.RpcError as err:
+                    assert err.code() == RESOURCE_EXHAUSTED and time.monotonic() < deadline, err
+                    time.sleep(0.1)
