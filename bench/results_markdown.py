@@ -366,6 +366,31 @@ def md_fsdp(r: dict) -> list:
     return L
 
 
+def md_trace(r: dict) -> list:
+    raw = r["raw"]
+    MB = 1e6
+    L = [
+        "## 7. Client memory of tracing a model built on meta",
+        "",
+        f"`bench/trace_memory.py`: a Llama-shaped `transformers` model of {raw.get('layers')} layers "
+        "(vocabulary 32000) built on the `meta` device, its step (AdamW, LM loss, batch "
+        f"{raw.get('batch')} x {raw.get('seq')}) traced by `fxdp.trace_step`'s default mode, each "
+        "in a fresh process: RSS before the trace (the model built) and peak RSS (`ru_maxrss`); "
+        "the growth is their difference. With the weights on meta it should not grow with the "
+        "parameter count.",
+        "",
+        "| hidden | parameters | graph nodes | trace s | RSS before MB | peak RSS growth MB |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for x in raw.get("rows", []):
+        L.append(
+            f"| {x['hidden']} | {x['params']:,} | {x['nodes']} | {x['seconds']:.1f} | "
+            f"{x['rss_before'] / MB:.0f} | {x['growth'] / MB:.0f} |"
+        )
+    L += ["", f"Command: `{r['command']}`."]
+    return L
+
+
 RENDER = {
     "pipeline": md_pipeline,
     "executor": md_executor,
@@ -373,6 +398,7 @@ RENDER = {
     "compile": md_compile,
     "allreduce": md_allreduce,
     "fsdp": md_fsdp,
+    "trace": md_trace,
 }
 TITLES = {
     "pipeline": "1. Graph decode + analysis + expansion",
@@ -381,6 +407,7 @@ TITLES = {
     "compile": "4. Compile RPC latency",
     "allreduce": "5. All-reduce bandwidth",
     "fsdp": "6. FULLY_SHARD vs REPLICATE vs FSDP2",
+    "trace": "7. Tracing a meta model: client memory",
 }
 
 

@@ -1,6 +1,6 @@
 """`make bench`: every performance claim of fxdp measured next to its baseline, in one run.
 
-Runs the benchmarks of six areas (AREAS below), each fxdp number with its baseline in the same
+Runs the benchmarks of seven areas (AREAS below), each fxdp number with its baseline in the same
 run, and writes bench/RESULTS.md (one table per area: what was measured, fxdp, baseline, ratio, the
 command to reproduce it; medians over repetitions with min and max; the machine, date, git
 commit and load average) and bench/results.json (every raw number). Raw per-program outputs
@@ -50,7 +50,7 @@ from results_markdown import render_markdown
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PY = sys.executable
-AREAS = ["pipeline", "executor", "step", "compile", "allreduce", "fsdp"]
+AREAS = ["pipeline", "executor", "step", "compile", "allreduce", "fsdp", "trace"]
 
 FULL = {
     # nodes -> (fxdp reps, torch.fx reps)
@@ -63,6 +63,7 @@ FULL = {
     "compile_duration_s": 2.0,
     "allreduce": {"min": 1024, "max": 64 << 20, "factor": 2, "reps": 5, "budget_mb": 64},
     "fsdp": [],  # fully_shard_vs_fsdp2.py's defaults: the GPT-2, 3 repetitions of 12 steps
+    "trace": [],  # trace_memory.py's defaults: 2-layer Llamas of hidden 512, 2048, 4096 on meta
 }
 QUICK = {
     "pipeline_sizes": {1_000: (1, 1)},
@@ -74,6 +75,7 @@ QUICK = {
     "compile_duration_s": 0.2,
     "allreduce": {"min": 1024, "max": 16384, "factor": 4, "reps": 1, "budget_mb": 1},
     "fsdp": ["--quick"],
+    "trace": ["--quick"],
 }
 
 N4_REASON = (
@@ -555,6 +557,10 @@ def area_fsdp(ctx) -> dict:
     )
 
 
+def area_trace(ctx) -> dict:
+    return run_py_bench(ctx, "trace_memory", ctx["cfg"]["trace"], 1800)
+
+
 RUNNERS = {
     "pipeline": area_pipeline,
     "executor": area_executor,
@@ -562,6 +568,7 @@ RUNNERS = {
     "compile": area_compile,
     "allreduce": area_allreduce,
     "fsdp": area_fsdp,
+    "trace": area_trace,
 }
 
 

@@ -361,3 +361,23 @@ def test_fully_shard_vs_fsdp2_quick(tmp_path):
     assert "params + grads + optimizer state MB: measured / formula" in md
     assert "## 6. FULLY_SHARD against REPLICATE against PyTorch FSDP2" in md
     assert "| **fxdp fully_shard** | " in md and "| fxdp replicate | " in md and "| FSDP2 | " in md
+
+
+def test_trace_memory_quick(tmp_path):
+    """bench/trace_memory.py --quick: two tiny Llamas built on meta, traced each in its own
+    process; rows with parameters, nodes, seconds and the RSS growth, rendered into section 7."""
+    j = tmp_path / "trace.json"
+    r = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "trace_memory.py"), "--quick", "--json", str(j)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    d = json.loads(j.read_text())
+    rows = d["rows"]
+    assert [x["hidden"] for x in rows] == [64, 128] and rows[0]["params"] < rows[1]["params"]
+    assert rows[0]["nodes"] == rows[1]["nodes"] > 0  # the same graph, wider tensors
+    assert all(x["peak_rss"] >= x["rss_before"] > 0 and x["seconds"] > 0 for x in rows)
+    md = "\n".join(results_markdown.md_trace({"raw": d, "command": "trace_memory.py --quick"}))
+    assert "## 7. Client memory of tracing a model built on meta" in md and "| 128 | " in md

@@ -43,7 +43,7 @@ def _batch():
     return torch.randn(12, 10, generator=g), torch.randn(12, 5, generator=g)
 
 
-@pytest.mark.parametrize("mode", ["real", "fake"])
+@pytest.mark.parametrize("mode", ["auto", "real", "fake"])
 def test_data_dependent_control_flow_names_the_module(mode):
     torch.manual_seed(0)
     model = Outer()

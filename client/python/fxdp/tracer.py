@@ -20,11 +20,14 @@ How it works
 2. (``_make_graph``) Pass 1: ``make_fx(step, tracing_mode=..., decomposition_table=...)`` records every aten op
    below autograd (so the backward ops are explicit nodes); :class:`fxdp.trace_errors.SourceRecorder` gives
    each node the user's line that produced it (``Node.source``: file:line, submodule, code; a backward op
-   its forward op's line), which every compile error quotes. The default ``"real"`` mode runs the
-   step once on the real example tensors, so layouts and view decisions are exactly those of the
-   real kernels; :class:`fxdp.trace_errors.DataDependenceGuard` turns data-dependent ops
+   its forward op's line), which every compile error quotes. The default ``"auto"`` mode traces
+   on FakeTensors (nothing runs; a model on ``meta`` traces) and checks the layouts FakeTensors may
+   get wrong (:mod:`fxdp.layouts`), tracing again in ``"real"`` mode where one differs; ``"real"``
+   runs the step on the real example tensors, so layouts and view decisions are exactly those of
+   the real kernels; ``"fake"`` traces on FakeTensors without the check.
+   :class:`fxdp.trace_errors.DataDependenceGuard` turns data-dependent ops
    (``.item()``/``bool()`` on tensors, ``nonzero``, boolean masks...) into TraceErrors naming the
-   user's file:line. ``"fake"`` traces on FakeTensors. Hugging Face models build their attention
+   user's file:line. Hugging Face models build their attention
    masks from a 2-D ``attention_mask`` on the path that is right for every batch
    (:mod:`fxdp.hf_masks`).
 3. Pass 2: the pass-1 graph is re-traced (node by node, keeping each node's source) under
@@ -89,6 +92,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import sys
+import time
 from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -97,13 +103,13 @@ import torch.fx.traceback as fx_traceback
 import torch.nn as nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from . import convert, graph_passes, hf_masks
+from . import convert, graph_passes, hf_masks, layouts
 from . import decompositions as decompositions_table
 from .errors import TraceError
 from .flat_step import flat_step
 from .optimizers import SUPPORTED_OPTIMIZERS
 from .step_signature import Signature
-from .trace_errors import ModuleStack, SourceRecorder, as_trace_error, user_frame
+from .trace_errors import ModuleStack, SourceRecorder, as_trace_error, node_source, user_frame
 
 aten = torch.ops.aten
 
@@ -189,6 +195,64 @@ def _make_graph(
         raise as_trace_error(e, mstack) from e
 
 
+class _Progress:
+    """One line on stderr while tracing ("fxdp: tracing GPT2LMHeadModel (124,439,808 parameters) on
+    fake tensors ... 4013 nodes in 9.8 s"), when stderr is a terminal or $FXDP_PROGRESS is 1."""
+
+    def __init__(self, model, sig: Signature, mode: str):
+        self.t0 = time.monotonic()
+        self.on = os.environ.get("FXDP_PROGRESS", "1" if sys.stderr.isatty() else "0") == "1"
+        n = sum(p.numel() for p in sig.params.values())
+        on = "real tensors" if mode == "real" else "fake tensors"
+        self.say(f"fxdp: tracing {type(model).__name__} ({n:,} parameters) on {on} ...")
+
+    def say(self, text: str, end: str = " ") -> None:
+        if self.on:
+            sys.stderr.write(text + end)
+            sys.stderr.flush()
+
+    def done(self, nodes: int) -> None:
+        self.say(f"{nodes} nodes in {time.monotonic() - self.t0:.1f} s", "\n")
+
+
+@contextlib.contextmanager
+def _fake_cache_off():
+    """FakeTensor's dispatch cache off while tracing: it answered an op with the layout of an earlier
+    call in the process (HF BART's ``shift_tokens_right`` ``copy``: storage offset 1 or 0 depending
+    on what was traced before), so a graph depended on the traces before it."""
+    import torch._dynamo.config as dynamo_config
+
+    with dynamo_config.patch(fake_tensor_cache_enabled=False):
+        yield
+
+
+def _traced(step, sig: Signature, model, mode: str, decompositions, progress: _Progress):
+    """``_make_graph`` in ``mode``; "auto" traces on FakeTensors and checks the layouts FakeTensors
+    may get wrong (fxdp.layouts): where one differs, it traces again on real tensors (a model on
+    meta: TraceError). Returns the graph and the mode that made it."""
+    fake_mode = "fake" if mode == "auto" else mode
+    with _fake_cache_off():
+        gm = _make_graph(step, sig.example_args(), ModuleStack(model), fake_mode, decompositions)
+    if mode != "auto":
+        return gm, mode
+    bad = layouts.check(gm, sig.trace_device)
+    if not bad:
+        return gm, "fake"
+    n, fake, real = bad[0]
+    what = (
+        f"node '{n.name}' ({layouts._op_name(n)}) at {node_source(n) or 'an unknown line'} lays out "
+        f"its output as {real} on {sig.trace_device}, FakeTensor says {fake}"
+    )
+    if sig.device.type == "meta":
+        raise TraceError(
+            f"{what}: the graph traced on fake tensors would not be exact, and a model on meta "
+            "cannot be traced on real ones; build it with weights, or pass tracing_mode='fake' to "
+            "accept FakeTensor's layouts (a view they allow that the kernel's do not fails at run time)"
+        )
+    progress.say(f"\n  {what}: tracing again on real tensors ...")
+    return _make_graph(step, sig.example_args(), ModuleStack(model), "real", decompositions), "real"
+
+
 def _metadata(
     sig: Signature, model, optimizer, train_step, loss_reduction, report
 ) -> List[Tuple[str, str]]:
@@ -233,7 +297,7 @@ def trace_step(
     input_names: Optional[Sequence[str]] = None,
     loss_reduction: Optional[str] = "mean",
     decompositions: Optional[Dict[Any, Callable]] = None,
-    tracing_mode: str = "real",
+    tracing_mode: str = "auto",
     device: Union[None, str, torch.device] = None,
 ):
     """Trace ``train_step(model, optimizer, batch)`` (ordinary eager PyTorch) into a :class:`fxdp.TracedStep`.
@@ -250,8 +314,9 @@ def trace_step(
     an input without a batch dim (replicated). ``loss_reduction`` (``"mean"`` or ``"sum"``) says how
     the returned loss combines the examples of the batch.
 
-    A model built on the ``meta`` device (no memory behind its weights) traces with
-    ``tracing_mode="fake"`` as if it were on ``device`` (``"cpu"`` by default, or ``"cuda"``); its
+    ``tracing_mode``: ``"auto"`` (default: FakeTensors, checked, see the module docstring),
+    ``"real"`` or ``"fake"``. A model built on the ``meta`` device (no memory behind its weights)
+    traces in auto or fake mode as if it were on ``device`` (``"cpu"`` by default, or ``"cuda"``); its
     batch may be on ``meta`` or any device (only shapes are read). Its ``initial_state()`` holds
     meta tensors but for the hyper-parameters: a job's state comes from elsewhere
     (``Client.train(state=fxdp.state_of(step, model, optimizer))`` of the same model built with
@@ -268,17 +333,18 @@ def trace_step(
         raise TraceError(f"model must be an nn.Module, got {type(model).__name__}")
     if not callable(train_step):
         raise TraceError(f"train_step must be callable, got {type(train_step).__name__}")
-    if tracing_mode not in ("real", "fake"):
-        raise TraceError(f"tracing_mode must be 'real' or 'fake', got {tracing_mode!r}")
+    if tracing_mode not in ("auto", "real", "fake"):
+        raise TraceError(f"tracing_mode must be 'auto', 'real' or 'fake', got {tracing_mode!r}")
     sig = Signature(model, optimizer, example_batch, batch_dim, input_names, device)
     if sig.device.type == "meta" and tracing_mode == "real":
         raise TraceError(
-            "the model is on the meta device (no values to run): trace it with tracing_mode='fake'"
+            "the model is on the meta device (no values to run): trace it with tracing_mode='auto' (the default) or 'fake'"
         )
 
     report: Dict[str, Any] = {}
     step = flat_step(sig, train_step, model, optimizer, report)
-    gm = _make_graph(step, sig.example_args(), ModuleStack(model), tracing_mode, decompositions)
+    progress = _Progress(model, sig, tracing_mode)
+    gm, tracing_mode = _traced(step, sig, model, tracing_mode, decompositions, progress)
     graph_passes.cleanup(gm)
     first_input = graph_passes.first_input(gm.graph, sig)
     output_roles = graph_passes.assign_roles(gm.graph, sig, len(report["extras"]))
@@ -287,6 +353,7 @@ def trace_step(
     final_gm = graph_passes.renamed(gm.graph, output_roles)
     if tracing_mode == "real":
         graph_passes.record_layouts(final_gm, sig, consts)
+    progress.done(len(gm.graph.nodes))
     graph_def = convert.fx_to_graphdef(
         final_gm, _metadata(sig, model, optimizer, train_step, loss_reduction, report)
     )
@@ -307,7 +374,7 @@ def trace(
     input_names: Optional[Sequence[str]] = None,
     loss_reduction: Optional[str] = None,
     decompositions: Optional[Dict[Any, Callable]] = None,
-    tracing_mode: str = "real",
+    tracing_mode: str = "auto",
     device: Union[None, str, torch.device] = None,
 ):
     """Trace the step ``loss_fn(model(*inputs[:n]), *inputs[n:]).backward(); optimizer.step()``.
