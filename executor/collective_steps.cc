@@ -97,7 +97,7 @@ absl::Status Program::Impl::Resolve(int32_t slot, const Step* reader) {
   if (!w) return absl::OkStatus();
   absl::StatusOr<at::Tensor> r = w->Wait(options.collective_timeout);
   if (!r.ok()) {
-    const std::string who = reader ? ir::NodeLabel(reader->name, reader->op_name) : "output";
+    const std::string who = reader ? reader->label : "output";
     // Name the collective as every rank's graph does: the all_reduce node,
     // what it reduces and its number among this step's collectives.
     std::string what = "all_reduce";
@@ -124,14 +124,12 @@ absl::Status Program::Impl::RunAllReduce(Step& s) {
   if (in.maybe_pending) FXDP_RETURN_IF_ERROR(Resolve(in.slot, &s));
   const c10::IValue& v = slots[in.slot];
   if (!v.isTensor())
-    return absl::InternalError(absl::StrCat(ir::NodeLabel(s.name, s.op_name), ": input is ",
-                                            v.tagKind(), ", not a tensor"));
+    return absl::InternalError(absl::StrCat(s.label, ": input is ", v.tagKind(), ", not a tensor"));
   ++collectives_started;
   if (s.collective != Step::Collective::kAllReduce && s.group_size != comm->world_size())
     return absl::InvalidArgumentError(
-        absl::StrCat(ir::NodeLabel(s.name, s.op_name), ": group_size ", s.group_size,
-                     " but this program's communicator (", comm->name(), ") has ",
-                     comm->world_size(), " ranks"));
+        absl::StrCat(s.label, ": group_size ", s.group_size, " but this program's communicator (",
+                     comm->name(), ") has ", comm->world_size(), " ranks"));
   // The bucket (or loss) is usually a fresh tensor read by this all_reduce
   // (or reduce_scatter) only: donate it so the communicator reduces in place.
   const bool last_use =
@@ -154,8 +152,8 @@ absl::Status Program::Impl::RunAllReduce(Step& s) {
   }
   if (!w.ok())
     return absl::Status(w.status().code(),
-                        absl::StrCat(ir::NodeLabel(s.name, s.op_name), ": collective ",
-                                     collectives_started, " of the step: ", w.status().message()));
+                        absl::StrCat(s.label, ": collective ", collectives_started,
+                                     " of the step: ", w.status().message()));
   // Collectives that finished meanwhile release their buffers now.
   size_t kept = 0;
   for (int32_t slot : in_flight) {

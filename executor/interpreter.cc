@@ -10,7 +10,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "analysis/ir/node_error.h"
 #include "executor/inplace.h"
 #include "executor/memory_limit.h"
 #include "executor/program_impl.h"
@@ -51,7 +50,7 @@ absl::Status Program::Impl::Push(const ArgPlan& a, const Step& s) {
 
 absl::Status Program::Impl::TakeReturns(Step& s) {
   auto error = [&](const std::string& what) {
-    return absl::InternalError(absl::StrCat(ir::NodeLabel(s.name, s.op_name), ": ", what));
+    return absl::InternalError(absl::StrCat(s.label, ": ", what));
   };
   switch (s.ret) {
     case ReturnKind::kNone:
@@ -193,14 +192,13 @@ absl::StatusOr<std::vector<c10::IValue>> Program::Run(std::vector<c10::IValue> i
       try {
         status = p.RunStep(s);
       } catch (const c10::OutOfMemoryError& e) {
-        status = absl::ResourceExhaustedError(absl::StrCat(
-            ir::NodeLabel(s.name, s.op_name), ": out of memory: ", ExceptionMessage(e)));
+        status = absl::ResourceExhaustedError(
+            absl::StrCat(s.label, ": out of memory: ", ExceptionMessage(e)));
       } catch (const c10::Error& e) {
-        status = absl::InvalidArgumentError(absl::StrCat(ir::NodeLabel(s.name, s.op_name),
-                                                         ": kernel failed: ", ExceptionMessage(e)));
+        status = absl::InvalidArgumentError(
+            absl::StrCat(s.label, ": kernel failed: ", ExceptionMessage(e)));
       } catch (const std::exception& e) {
-        status = absl::InternalError(
-            absl::StrCat(ir::NodeLabel(s.name, s.op_name), ": ", ExceptionMessage(e)));
+        status = absl::InternalError(absl::StrCat(s.label, ": ", ExceptionMessage(e)));
       }
       if (!status.ok()) break;
       for (int32_t slot : s.free_after) {

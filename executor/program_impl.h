@@ -58,8 +58,10 @@ struct Step {
   Collective collective = Collective::kAllReduce;
   int64_t group_size = 0;
   int32_t node = -1;
-  std::string name;  // node name and op, for errors
+  std::string name;  // node name and op
   std::string op_name;
+  // For errors: "node 'NAME' (OP) [the user's line]" (ir::NodeLabel, Node::source).
+  std::string label;
   std::optional<c10::OperatorHandle> op;
   // The op's in-place variant (`aten::mul_.Scalar` for `aten::mul.Scalar`),
   // called instead when `self` dies here and nothing else shares its storage

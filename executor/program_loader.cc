@@ -168,6 +168,7 @@ class Loader {
     s.node = index;
     s.name = n.name;
     s.op_name = n.target.ToString();
+    s.label = ir::NodeLabel(n);
     if (IsCollectiveNode(n)) return PlanCollective(g_, n, std::move(s), slot_of_);
     auto op = FindOperator(n.target);
     if (!op.ok()) return NodeError(n, op.status().message(), absl::StatusCode::kNotFound);

@@ -286,6 +286,19 @@ TEST(InterpreterErrorsTest, KernelErrorsNameNodeAndOp) {
   EXPECT_EQ(p.live_values(), 0);  // everything released after the failure
 }
 
+// A run-time error on a worker quotes the user's line that produced the node (Node::source), as
+// compile-time errors do.
+TEST(InterpreterErrorsTest, KernelErrorsQuoteTheUsersLine) {
+  Program p = LoadCpu(Parse(absl::StrCat(kInputs, R"(
+  %y: f32[8, 3] = aten::mm(%x, %x) {source="train.py:42 in model.fc: h = x @ x"}
+  %output = output([%y]) {specs=[OTHER]}
+)")));
+  EXPECT_THAT(p.Run(Values({at::ones({8, 4}), at::ones({4, 3})})).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "node 'y' (aten::mm) [train.py:42 in model.fc: h = x @ x]: kernel failed: "
+                       "mat1 and mat2 shapes cannot be multiplied (8x4 and 8x4)"));
+}
+
 TEST(InterpreterErrorsTest, InputsAreCheckedAgainstThePlaceholders) {
   Program p = LoadCpu(Parse(absl::StrCat(kInputs, R"(
   %y: f32[8, 3] = aten::mm(%x, %w)

@@ -12,9 +12,11 @@ or <repo>/build/bin/fxdp; the tests fail (they do not skip) when a binary is mis
 
 from __future__ import annotations
 
+import inspect
 import pathlib
 import subprocess
 
+import fxdp
 import pytest
 import torch
 from _util import (
@@ -293,3 +295,34 @@ def test_errors(tmp_path):
     assert r.returncode != 0 and "rank 1" in r.stderr, r.stderr
     r = run_worker(base, env=clean_env(RANK=2, WORLD_SIZE=2))
     assert r.returncode == 2 and "RANK 2 is not below WORLD_SIZE 2" in r.stderr
+
+
+class _Lookup(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(10, 4)
+
+    def forward(self, ids):
+        return self.emb(ids).sum(1)
+
+
+def test_run_time_errors_quote_the_users_line(tmp_path):
+    """A kernel that fails on the data (a token id past the table) names the node and the user's
+    line that produced it (Node.source), as compile-time errors do."""
+    torch.manual_seed(0)
+    model = _Lookup()
+    ids, y = torch.randint(0, 10, (6, 3)), torch.randn(6, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    step = fxdp.trace(model, opt, torch.nn.functional.mse_loss, (ids, y))
+    bad = ids.clone()
+    bad[2, 1] = 12
+    graph, state, data = save_inputs(tmp_path, step, [{"input.0": bad, "input.1": y}])
+    r = run_worker(["run", "--graph", graph, "--state", state, "--data", data[0], "--steps", "1"])
+    lines, first = inspect.getsourcelines(_Lookup.forward)
+    line = first + next(i for i, s in enumerate(lines) if "self.emb(ids)" in s)
+    assert r.returncode == 1, r.stderr
+    assert "node 'embedding' (aten::embedding) [" in r.stderr, r.stderr
+    assert (
+        f"test_worker_local.py:{line} in model.emb: return self.emb(ids).sum(1)]: kernel failed: "
+        "index out of range" in r.stderr
+    ), r.stderr
