@@ -528,10 +528,12 @@ def test_mixtral_router_aux_loss(tmp_path, world):
 
 
 @pytest.mark.real_models
-def test_whisper(tmp_path):
+@pytest.mark.parametrize("world,b", [(2, 4), (3, 7)], ids=["N2", "N3-uneven"])
+def test_whisper(tmp_path, world, b):
     """transformers' Whisper (tiny config, labels): the decoder's positions are repeated per
     sample, so the backward of embed_positions.weight[positions] adds every sample's rows
-    (index_put, accumulate=True) with the batch in the values and indices."""
+    (index_put, accumulate=True) with the batch in the values and indices. N=2 (B=4) and N=3
+    (B=7: 3,2,2)."""
     T = pytest.importorskip("transformers")
     torch.manual_seed(0)
     cfg = T.WhisperConfig(
@@ -554,7 +556,7 @@ def test_whisper(tmp_path):
     )
     model = _OwnLoss(T.WhisperForConditionalGeneration(cfg), "input_features")
     opt, _ = optimizer(model, "sgd")
-    batches = batches_of(randn(4, 8, 16), lambda g: torch.randint(3, 40, (4, 5), generator=g))
+    batches = batches_of(randn(b, 8, 16), lambda g: torch.randint(3, 40, (b, 5), generator=g))
     step = fxdp.trace(model, opt, None, batches[0])
     assert "aten::index_put" in ops_of(step)
-    one_device(tmp_path, step, batches, 2)
+    one_device(tmp_path, step, batches, world)
