@@ -1,6 +1,9 @@
 #include "server/jobs/job.h"
 
 #include <chrono>
+#include <string>
+
+#include "server/log.h"
 
 namespace fxdp::server {
 
@@ -14,24 +17,23 @@ Clock::duration Seconds(double s) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
 }
 
-bool Terminal(v1::JobState s) {
-  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
-}
-
-void Job::SetState(v1::JobState s, const absl::Status& status) {
+absl::Status Job::Change(JobChange change, const absl::Status& status) {
+  absl::Status refused;
   {
     std::lock_guard<std::mutex> l(mu);
-    info.set_state(s);
-    if (!status.ok()) info.set_error(std::string(status.message()));
-    info.set_error_code(static_cast<int>(status.code()));
-    if (s != v1::JOB_STATE_QUEUED) {
-      info.set_queue_position(0);
-      info.clear_message();
-    }
-    if (s == v1::JOB_STATE_RUNNING) info.set_started_unix_ms(UnixMs());
-    if (Terminal(s)) info.set_ended_unix_ms(UnixMs());
+    refused = ApplyChange(&info, change, status);
+  }
+  if (!refused.ok()) {
+    Log(std::string(refused.message()));
+    return refused;
   }
   cv.notify_all();
+  return absl::OkStatus();
+}
+
+v1::JobInfo Job::Info() {
+  std::lock_guard<std::mutex> l(mu);
+  return info;
 }
 
 bool Job::Cancel(const std::string& reason) {

@@ -23,6 +23,7 @@
 #include "proto/fxdp/v1/compile.pb.h"
 #include "proto/fxdp/v1/jobs.pb.h"
 #include "proto/fxdp/v1/worker.pb.h"
+#include "server/jobs/job_lifecycle.h"
 #include "server/jobs/job_spec.h"
 
 namespace fxdp::server {
@@ -31,7 +32,6 @@ using Clock = std::chrono::steady_clock;
 
 int64_t UnixMs();
 Clock::duration Seconds(double s);
-bool Terminal(v1::JobState s);
 
 // The job's client, from the runner's side. Thread-safe.
 class JobClient {
@@ -105,15 +105,18 @@ struct Job {
   // workers than are registered; unset while enough are.
   std::optional<Clock::time_point> unplaceable_since;
 
-  // The job's state; `status` (a terminal state's error) sets error_code and
-  // error.
-  void SetState(v1::JobState s, const absl::Status& status = absl::OkStatus());
+  // Changes the job's state (job_lifecycle.h: the one table of states and
+  // changes), with `status` a terminal state's error; a change the table
+  // does not allow is refused (FAILED_PRECONDITION naming both states,
+  // logged) and the job keeps its state.
+  absl::Status Change(JobChange change, const absl::Status& status = absl::OkStatus());
   // Asks a running job to stop; false when it ended or was asked already.
   bool Cancel(const std::string& reason);
   // An event of `state` carrying the job's id, step, workers (and queue place
   // or error; a resumed job's first_step).
   v1::JobEvent Event(v1::JobState state);
   std::string id();
+  v1::JobInfo Info();  // a copy, under mu
   v1::JobState state();
 
   // From the client's side (the Submit reactor, tests): a message arrived,

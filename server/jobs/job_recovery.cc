@@ -13,7 +13,8 @@ namespace {
 // The job failed because of the restart: recorded as FAILED (UNAVAILABLE).
 void FailRecovered(JobStore* store, const std::shared_ptr<Job>& job, const std::string& why) {
   const std::string id = job->id();
-  job->SetState(v1::JOB_STATE_FAILED, absl::UnavailableError(absl::StrCat("job ", id, ": ", why)));
+  job->Change(JobChange::kFail, absl::UnavailableError(absl::StrCat("job ", id, ": ", why)))
+      .IgnoreError();  // refused: logged
   v1::JobInfo info;
   {
     std::lock_guard<std::mutex> l(job->mu);
@@ -118,7 +119,9 @@ absl::StatusOr<RecoveredJobs> RecoverJobs(JobStore* store, const Expander& expan
     if (resume) {
       job->first_step = k;
       job->spec.set_num_state_tensors(static_cast<uint32_t>(job->initial_state.size()));
-      job->info.set_state(v1::JOB_STATE_QUEUED);
+      if (state == v1::JOB_STATE_RUNNING) {
+        ApplyChange(&job->info, JobChange::kRequeue, absl::OkStatus()).IgnoreError();
+      }
       job->info.set_steps_done(k);
       job->info.mutable_losses()->Truncate(
           static_cast<int>(std::min<int64_t>(k, job->info.losses_size())));

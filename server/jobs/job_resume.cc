@@ -15,11 +15,6 @@
 namespace fxdp::server {
 namespace {
 
-std::string StateName(v1::JobState s) {
-  std::string name = v1::JobState_Name(s);
-  return name.rfind("JOB_STATE_", 0) == 0 ? name.substr(10) : name;
-}
-
 // "'addmm' (#9, aten::addmm)".
 std::string NodeText(const v1::Node& n, int index) {
   std::string target = n.target().name();
@@ -68,7 +63,7 @@ absl::Status ClaimResume(const JobTable& table, const std::shared_ptr<Job>& old,
       other = j->info.job_id();
       state = j->info.state();
     }
-    if (state == v1::JOB_STATE_SUCCEEDED) {
+    if (HasFinalState(state)) {
       return absl::FailedPreconditionError(
           absl::StrCat("job '", id, "' was resumed already: job '", other,
                        "' resumed it and SUCCEEDED (its final state: FetchState "
@@ -157,7 +152,7 @@ absl::StatusOr<ResumeStart> PrepareResume(const JobTable& table, JobStore* store
         "' cannot be resumed: this server keeps no checkpoints (start it with --state-dir DIR "
         "--checkpoint-every K)"));
   }
-  if (info.state() != v1::JOB_STATE_FAILED) {
+  if (!Resumable(info.state())) {
     return absl::FailedPreconditionError(absl::StrCat("job '", id, "' is ", StateName(info.state()),
                                                       ": only a FAILED job can be resumed"));
   }

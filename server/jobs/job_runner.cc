@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <deque>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -13,7 +12,6 @@
 #include "server/jobs/job_resume.h"
 #include "server/jobs/memory_admission.h"
 #include "server/jobs/raw_tensors.h"
-#include "server/jobs/state_shards.h"
 #include "server/log.h"
 
 namespace fxdp::server {
@@ -108,6 +106,8 @@ absl::Status JobRunner::Serve() {
   sharder_ = std::make_unique<BatchSharder>(id_, world_, ctx_.options.chunk_bytes, &job_->inputs,
                                             &job_->placeholders, &job_->schedule);
   sharder_->set_first_step(first_);
+  state_ = MakeStateCollector(id_, world_, job_->expanded, &job_->declared_state,
+                              ctx_.options.chunk_bytes);
   return Run();
 }
 
@@ -284,12 +284,13 @@ absl::Status JobRunner::Run() {
   }
   // Nothing is assigned yet: a job cancelled now frees its workers at once.
   if (CancelRequested()) return Cancelled();
-  if (absl::Status s = CheckMemory(); !s.ok()) return Finish(v1::JOB_STATE_FAILED, s, -1);
+  if (absl::Status s = CheckMemory(); !s.ok()) return Finish(JobChange::kFail, s, -1);
   std::vector<int64_t> handles;
   const int lost = ranks_->Subscribe(&handles);
   ctx_.scheduler->AddHandles(job_, handles);
   if (lost >= 0) return Lost(lost);
-  job_->SetState(v1::JOB_STATE_RUNNING);
+  if (absl::Status s = job_->Change(JobChange::kStart); !s.ok())
+    return Finish(JobChange::kFail, s, -1);
   ctx_.table->Update(job_);
   if (absl::Status s = Assign(); !s.ok()) return s;
   client_->Write(job_->Event(v1::JOB_STATE_RUNNING));
@@ -327,7 +328,7 @@ absl::Status JobRunner::SendAll(const v1::ServerMessage& m) {
 absl::Status JobRunner::Assign() {
   const int port = FreeLocalPort();
   if (port == 0)
-    return Finish(v1::JOB_STATE_FAILED, absl::InternalError("no free rendezvous port"), -1);
+    return Finish(JobChange::kFail, absl::InternalError("no free rendezvous port"), -1);
   const int gone = ranks_->Assign(ranks_->RendezvousHost(), port, steps_);
   return gone < 0 ? absl::OkStatus() : Lost(gone);
 }
@@ -341,228 +342,6 @@ absl::Status JobRunner::AwaitStarted() {
     if (absl::Status s = OnWorker(msg); !s.ok()) return s;
   }
   return absl::OkStatus();
-}
-
-absl::Status JobRunner::SendStep(int64_t step) {
-  for (int r = 0; r < world_; ++r) {
-    absl::StatusOr<std::vector<v1::ServerMessage>> batch = sharder_->RankBatch(r);
-    if (!batch.ok()) return BadInput(batch.status().message());
-    for (const v1::ServerMessage& m : *batch) {
-      if (!ranks_->Send(r, m)) return Lost(r);
-    }
-  }
-  sharder_->Clear();
-  return absl::OkStatus();
-}
-
-absl::Status JobRunner::Steps() {
-  const bool from_files = job_->spec.data_paths_size() > 0;
-  if (from_files) client_->SetReadBudget(0);
-  struct Pending {
-    int64_t step;
-    std::vector<v1::StepResult> results;
-    int got = 0;
-  };
-  std::deque<Pending> pending;
-  int64_t sent = 0;
-  bool client_done = false;
-  const size_t ahead = static_cast<size_t>(std::max(1, ctx_.options.steps_ahead));
-  Job::Msg msg;
-  v1::SubmitJobRequest req;
-  Clock::time_point idle_from = Clock::now();
-  // Checkpoints asked of rank 0 (their steps, oldest first) and the one
-  // arriving; jobs under --state-dir have them, whether their batches are
-  // streamed or read from data_paths. FULLY_SHARD: asked of every rank, each
-  // checkpoint's shards reassembled into whole tensors (a rank's chunks of
-  // one checkpoint all come before the next's).
-  const bool checkpointed = ctx_.store != nullptr;
-  const bool sharded = job_->expanded.sharded_state_size() > 0;
-  const int64_t checkpoint_every = checkpointed ? ctx_.options.checkpoint_every : 0;
-  std::deque<int64_t> checkpoints;
-  StateStore::State checkpoint;
-  std::optional<ChunkStream> checkpoint_check;  // of `checkpoint`, against the graph
-  struct Gathering {
-    std::unique_ptr<StateGatherer> gather;
-    std::vector<bool> done;
-    int left = 0;
-  };
-  std::deque<Gathering> gathering;  // FULLY_SHARD: one per entry of `checkpoints`
-  // --checkpoint-every: after run step `sent` was sent, the ranks are asked
-  // for their state (they answer between steps: the state after exactly
-  // that step); not after the last step, whose state End fetches.
-  auto maybe_checkpoint = [&]() -> absl::Status {
-    if (checkpoint_every <= 0 || (first_ + sent) % checkpoint_every != 0 ||
-        (steps_ > 0 && sent >= steps_)) {
-      return absl::OkStatus();
-    }
-    if (sharded) {
-      v1::ServerMessage m;
-      m.mutable_fetch_state()->set_job_id(id_);
-      m.mutable_fetch_state()->set_chunk_bytes(static_cast<uint32_t>(ctx_.options.chunk_bytes));
-      if (absl::Status s = SendAll(m); !s.ok()) return s;
-      gathering.push_back({std::make_unique<StateGatherer>(world_, job_->expanded.sharded_state(),
-                                                           ctx_.options.chunk_bytes),
-                           std::vector<bool>(world_, false), world_});
-    } else if (absl::Status s = RequestState(/*end_job=*/false); !s.ok()) {
-      return s;
-    }
-    checkpoints.push_back(first_ + sent);
-    return absl::OkStatus();
-  };
-  while (true) {
-    const bool room = !client_done && pending.size() < ahead && (steps_ == 0 || sent < steps_);
-    // Nothing outstanding on the workers: the job waits on its client alone.
-    const bool on_client = room && !from_files && pending.empty();
-    if (!on_client) idle_from = Clock::now();
-    const double left = on_client ? ClientIdleLeft(idle_from) : 3600;
-    if (left <= 0) return ClientIdle(absl::StrCat("step ", sent + 1, "'s batch"));
-    if (room && from_files) {
-      ++sent;
-      if (absl::Status s = SendAll(sharder_->ScheduleOnlyBatch(sent, first_ + sent)); !s.ok())
-        return s;
-      pending.push_back({sent, std::vector<v1::StepResult>(world_), 0});
-      if (absl::Status s = maybe_checkpoint(); !s.ok()) return s;
-      continue;
-    }
-    if (pending.empty() && checkpoints.empty() && (client_done || (steps_ > 0 && sent == steps_)))
-      break;
-    const Got got = Next(room, true, left, &msg, &req);
-    if (got == Got::kTimeout) continue;
-    if (got == Got::kClient) idle_from = Clock::now();
-    if (got == Got::kCancel) return Cancelled();
-    if (got == Got::kClientEnd) {
-      if (sharder_->in_step()) {
-        return BadInput(absl::StrCat("the client ended the stream in the middle of step ",
-                                     first_ + sent + 1,
-                                     "'s batch (its last StepBatch had more set)"));
-      }
-      if (steps_ > 0) {
-        return BadInput(absl::StrCat("the client ended the stream after the batches of ",
-                                     first_ + sent, " of ", first_ + steps_,
-                                     " steps (JobSpec.steps)"));
-      }
-      client_done = true;
-      continue;
-    }
-    if (got == Got::kClient) {
-      absl::StatusOr<bool> complete = sharder_->Add(sent + 1, req);
-      if (!complete.ok()) return BadInput(complete.status().message());
-      if (!*complete) continue;  // more of this step follows
-      if (absl::Status s = SendStep(sent + 1); !s.ok()) return s;
-      ++sent;
-      pending.push_back({sent, std::vector<v1::StepResult>(world_), 0});
-      if (steps_ > 0 && sent == steps_) client_->SetReadBudget(0);
-      if (absl::Status s = maybe_checkpoint(); !s.ok()) return s;
-      continue;
-    }
-    if (msg.lost || msg.m.has_job_failed()) return Failed(msg);
-    if (sharded && msg.m.has_state_chunk() && !gathering.empty()) {
-      auto g = std::find_if(gathering.begin(), gathering.end(),
-                            [&](const Gathering& x) { return !x.done[msg.rank]; });
-      if (g == gathering.end()) continue;
-      const v1::StateChunk& c = msg.m.state_chunk();
-      if (c.has_tensor()) {
-        if (absl::Status s = g->gather->Add(msg.rank, c.tensor()); !s.ok()) {
-          return Finish(v1::JOB_STATE_FAILED,
-                        absl::Status(s.code(), absl::StrCat("job ", id_, ": ", s.message())), -1);
-        }
-      }
-      if (c.last()) {
-        g->done[msg.rank] = true;
-        --g->left;
-      }
-      while (!gathering.empty() && gathering.front().left == 0) {
-        absl::StatusOr<StateStore::State> whole = gathering.front().gather->Finish();
-        if (whole.ok()) {
-          SaveCheckpoint(checkpoints.front(), *std::move(whole));
-        } else {
-          Log(absl::StrCat(id_, ": cannot write the checkpoint of step ", checkpoints.front(), ": ",
-                           whole.status().message()));
-        }
-        gathering.pop_front();
-        checkpoints.pop_front();
-      }
-      continue;
-    }
-    if (msg.rank == 0 && msg.m.has_state_chunk() && !checkpoints.empty()) {
-      if (!checkpoint_check)
-        checkpoint_check.emplace("a checkpoint of rank 0", /*keep_data=*/false,
-                                 &job_->declared_state);
-      if (absl::Status s = CheckRankState(&*checkpoint_check, msg.m.state_chunk()); !s.ok()) {
-        return Finish(v1::JOB_STATE_FAILED, s, -1);
-      }
-      if (!AddStateChunk(msg, &checkpoint)) continue;
-      checkpoint_check.reset();
-      SaveCheckpoint(checkpoints.front(), std::move(checkpoint));
-      checkpoint.clear();
-      checkpoints.pop_front();
-      continue;
-    }
-    if (!msg.m.has_step_result()) continue;
-    const v1::StepResult& sr = msg.m.step_result();
-    for (Pending& p : pending) {
-      if (p.step == sr.step() && p.results[msg.rank].step() == 0) {
-        p.results[msg.rank] = sr;
-        ++p.got;
-      }
-    }
-    while (!pending.empty() && pending.front().got == world_) {
-      StepDone(pending.front().step, pending.front().results);
-      pending.pop_front();
-    }
-  }
-  if (sent == 0) return BadInput("the client sent no batch: a job needs at least one step");
-  if (steps_ == 0) {
-    steps_ = sent;
-    std::lock_guard<std::mutex> l(job_->mu);
-    job_->info.set_steps(first_ + sent);
-  }
-  return absl::OkStatus();
-}
-
-void JobRunner::StepDone(int64_t run_step, const std::vector<v1::StepResult>& results) {
-  const int64_t step = first_ + run_step;  // the job's step
-  {
-    std::lock_guard<std::mutex> l(job_->mu);
-    job_->info.set_steps_done(step);
-    job_->info.add_losses(results[0].loss());
-  }
-  v1::JobEvent e = job_->Event(v1::JOB_STATE_RUNNING);
-  e.set_step(step);
-  e.set_loss(results[0].loss());
-  e.set_step_ms(results[0].step_ms());
-  for (const auto& r : results) e.add_local_losses(r.local_loss());
-  client_->Write(std::move(e));
-  ctx_.table->Update(job_);  // the losses up to `step` are in the store now
-  while (!deferred_checkpoints_.empty() && deferred_checkpoints_.front().first <= step) {
-    WriteCheckpoint(deferred_checkpoints_.front().first, deferred_checkpoints_.front().second);
-    deferred_checkpoints_.pop_front();
-  }
-}
-
-void JobRunner::SaveCheckpoint(int64_t step, StateStore::State state) {
-  int64_t done = 0;
-  {
-    std::lock_guard<std::mutex> l(job_->mu);
-    done = job_->info.steps_done();
-  }
-  if (done < step || !deferred_checkpoints_.empty()) {
-    deferred_checkpoints_.emplace_back(step, std::move(state));
-    return;
-  }
-  WriteCheckpoint(step, state);
-}
-
-void JobRunner::WriteCheckpoint(int64_t step, const StateStore::State& state) {
-  if (absl::Status s = ctx_.store->WriteCheckpoint(id_, step, state); !s.ok()) {
-    Log(absl::StrCat(id_, ": cannot write the checkpoint of step ", step, ": ", s.message()));
-    return;
-  }
-  {
-    std::lock_guard<std::mutex> l(job_->mu);
-    job_->info.set_checkpoint_step(step);
-  }
-  ctx_.table->Update(job_);
 }
 
 }  // namespace fxdp::server

@@ -17,21 +17,26 @@
 //      unfinished step's results are in, each rank sent its shard
 //      (BatchSharder; a data_paths job gets a tensor-free Batch per step),
 //      one RUNNING event per step from the ranks' StepResults, in order;
-//   5. the end: FetchState{end_job} from rank 0 into the JobTable (the
-//      other ranks end by CancelJob), SUCCEEDED once the final state and
-//      the job's record are durable (with --state-dir: written and synced;
-//      else FAILED naming the file, the state kept in memory for FetchState).
-// FULLY_SHARD (the expansion lists sharded_state): in 3 each rank gets only
-// its flat shard of every sharded tensor (server/jobs/state_shards.h), in 5 every
-// rank sends its state and the whole tensors are reassembled.
+//      with --checkpoint-every the state after every K-th step;
+//   5. the end: the final state (FetchState{end_job}) into the JobTable,
+//      SUCCEEDED once it and the job's record are durable (with
+//      --state-dir: written and synced; else FAILED naming the file, the
+//      state kept in memory for FetchState).
+// The state in 4 and 5 comes out of the ranks through a StateCollector
+// (state_collector.h): REPLICATE asks rank 0 (the other ranks end by
+// CancelJob), FULLY_SHARD every rank and reassembles the whole tensors. In 3
+// a FULLY_SHARD rank gets only its flat shard of every sharded tensor
+// (server/jobs/state_shards.h). Every change of the job's state goes through
+// Job::Change (job_lifecycle.h).
 // A lost worker or a JobFailed fails the job naming the rank (the other
 // ranks get CancelJob); CancelJob or a client that goes away cancels it; a
 // client that sends nothing for client_idle_s while the job waits on it
 // fails it (DEADLINE_EXCEEDED); bad client input fails it INVALID_ARGUMENT
 // naming what is wrong. Every outcome is an absl::Status (the gRPC layer maps
 // it once). No gRPC here: the client is a JobClient, the workers a WorkerPool.
-// job_runner.cc has the phases, job_runner_state.cc the state transfers in,
-// job_runner_end.cc the ends (the final state, failures, cancels).
+// job_runner.cc has phases 1-3, job_runner_state.cc the state transfers in,
+// job_runner_steps.cc phase 4, job_runner_end.cc the ends (the final state,
+// failures, cancels).
 #ifndef FXDP_SERVER_JOBS_JOB_RUNNER_H_
 #define FXDP_SERVER_JOBS_JOB_RUNNER_H_
 
@@ -55,6 +60,7 @@
 #include "server/jobs/job_spec.h"
 #include "server/jobs/job_store.h"
 #include "server/jobs/job_table.h"
+#include "server/jobs/state_collector.h"
 #include "server/jobs/state_shards.h"
 #include "server/workers/worker_pool.h"
 
@@ -117,18 +123,18 @@ class JobRunner {
   absl::Status Assign();
   absl::Status ForwardState();
   absl::Status AwaitStarted();
+  // The steps (job_runner_steps.cc): batches fed ahead of the results
+  // (a data_paths job's from its files, SendFileStep; a streamed one's as
+  // the client's arrive, OnBatch and OnClientEnd), the ranks' messages
+  // (OnStepMessage: results, in order, and checkpoint chunks for state_).
   absl::Status Steps();
+  absl::Status SendFileStep();
+  absl::Status OnBatch(const v1::SubmitJobRequest& req);
+  absl::Status OnClientEnd();
   absl::Status SendStep(int64_t step);
-  // Asks rank 0 for the job's state (after the steps sent so far).
-  absl::Status RequestState(bool end_job);
-  // A rank-0 StateChunk into `state`; true when it was the last.
-  static bool AddStateChunk(Job::Msg& msg, StateStore::State* state);
-  // A StateChunk of rank 0's state (REPLICATE: a checkpoint, the final
-  // state) against the graph's state tensors (`check`: this state's stream,
-  // on ir::DeclaredTensors), so a worker cannot make the server hold more
-  // than the graph declares; with `last` the state must be complete.
-  // DATA_LOSS naming the rank, the tensor and what is wrong.
-  absl::Status CheckRankState(ChunkStream* check, const v1::StateChunk& chunk) const;
+  // --checkpoint-every: after run step sent_ the ranks are asked for their state.
+  absl::Status MaybeCheckpoint();
+  absl::Status OnStepMessage(Job::Msg& msg);
   void StepDone(int64_t step, const std::vector<v1::StepResult>& results);
   // --checkpoint-every: records the state after job step `step` once that
   // step's loss is recorded too (rank 0's state can arrive before the other
@@ -142,15 +148,13 @@ class JobRunner {
   absl::Status Succeeded(std::shared_ptr<StateStore::State> state);
   // FULLY_SHARD (the expansion's sharded_state): a piece of the initial state
   // split into the ranks' shards (`held`: each rank's latest piece, sent
-  // with the next one, or with `last` once the state is `complete`), and the
-  // end that fetches every rank's state and reassembles it.
+  // with the next one, or with `last` once the state is `complete`).
   absl::Status SendShards(const StateSplitter& splitter, const v1::TensorChunk& chunk,
                           bool complete, std::vector<std::optional<v1::TensorChunk>>* held);
-  absl::Status EndSharded(const v1::ServerMessage& fetch);
 
-  // Ends the job: CancelJob to every assigned rank but `except`, the state,
-  // the last event; returns `status`.
-  absl::Status Finish(v1::JobState state, const absl::Status& status, int except);
+  // Ends the job: CancelJob to every assigned rank but `except`, the change
+  // (kFail or kCancel, job_lifecycle.h), the last event; returns `status`.
+  absl::Status Finish(JobChange change, const absl::Status& status, int except);
   absl::Status Cancelled();
   // Seconds left of client_idle_s counted from `from`.
   double ClientIdleLeft(Clock::time_point from) const;
@@ -168,6 +172,7 @@ class JobRunner {
   const std::shared_ptr<Job> job_;
   std::unique_ptr<Dispatcher> ranks_;
   std::unique_ptr<BatchSharder> sharder_;
+  std::unique_ptr<StateCollector> state_;  // checkpoints and the final state out of the ranks
   bool queued_ = false;
   std::string id_;
   int world_ = 0;
@@ -175,6 +180,15 @@ class JobRunner {
   int64_t steps_ = 0;  // 0: until the client half-closes; this run's steps
   int64_t first_ = 0;  // steps done before this run (job_->first_step)
   std::deque<std::pair<int64_t, StateStore::State>> deferred_checkpoints_;  // oldest first
+  // The steps sent (run steps 1 ... sent_) whose results are not all in, oldest first.
+  struct PendingStep {
+    int64_t step;
+    std::vector<v1::StepResult> results;  // per rank
+    int got = 0;
+  };
+  std::deque<PendingStep> pending_;
+  int64_t sent_ = 0;
+  bool client_done_ = false;    // an open-ended job's client half-closed
   uint64_t held_reserved_ = 0;  // of ctx_.held_state_bytes
 };
 

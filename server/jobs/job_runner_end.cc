@@ -1,24 +1,24 @@
-// JobRunner's ends (job_runner.h): the final state fetched (FULLY_SHARD:
-// gathered from every rank) and the job SUCCEEDED once that state and the
-// job's record are durable (JobTable::Succeed), or FAILED naming what could
-// not be saved; and every other end: a failing or lost rank, a cancel, an
-// idle client, bad input. Each one ends the job once (Finish): CancelJob to
-// the ranks still assigned, the state, the client's last event.
+// JobRunner's ends (job_runner.h): the final state collected (the job's
+// StateCollector: rank 0's, or FULLY_SHARD's gathered from every rank) and the job SUCCEEDED once
+// that state and the job's record are durable (JobTable::Succeed), or FAILED naming what could not
+// be saved; and every other end: a failing or lost rank, a cancel, an idle client, bad input. Each
+// one ends the job once (Finish): CancelJob to the ranks still assigned, the state, the client's
+// last event.
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "server/jobs/job_runner.h"
-#include "server/jobs/state_shards.h"
 
 namespace fxdp::server {
 
-absl::Status JobRunner::Finish(v1::JobState state, const absl::Status& status, int except) {
+absl::Status JobRunner::Finish(JobChange change, const absl::Status& status, int except) {
   ranks_->CancelAssigned(std::string(status.message()), except);
-  job_->SetState(state, status);
-  client_->Write(job_->Event(state));
+  job_->Change(change, status).IgnoreError();  // refused: logged, and the event says its state
+  client_->Write(job_->Event(job_->state()));
   return status;
 }
 
@@ -28,7 +28,7 @@ absl::Status JobRunner::Cancelled() {
     std::lock_guard<std::mutex> l(job_->mu);
     reason = job_->cancel_reason;
   }
-  return Finish(v1::JOB_STATE_CANCELLED,
+  return Finish(JobChange::kCancel,
                 absl::CancelledError(absl::StrCat(
                     "job ", id_, " cancelled: ", reason.empty() ? "CancelJob" : reason)),
                 -1);
@@ -40,7 +40,7 @@ double JobRunner::ClientIdleLeft(Clock::time_point from) const {
 }
 
 absl::Status JobRunner::ClientIdle(absl::string_view waiting_for) {
-  return Finish(v1::JOB_STATE_FAILED,
+  return Finish(JobChange::kFail,
                 absl::DeadlineExceededError(absl::StrCat(
                     "job ", id_, ": the client sent nothing for ", ctx_.options.client_idle_s,
                     " s while the job waited for ", waiting_for,
@@ -49,7 +49,7 @@ absl::Status JobRunner::ClientIdle(absl::string_view waiting_for) {
 }
 
 absl::Status JobRunner::BadInput(absl::string_view error) {
-  return Finish(v1::JOB_STATE_FAILED,
+  return Finish(JobChange::kFail,
                 absl::InvalidArgumentError(absl::StrCat("job ", id_, ": ", error)), -1);
 }
 
@@ -59,7 +59,7 @@ std::string JobRunner::LostError(int rank) const {
 }
 
 absl::Status JobRunner::Lost(int rank) {
-  return Finish(v1::JOB_STATE_FAILED, absl::UnavailableError(LostError(rank)), rank);
+  return Finish(JobChange::kFail, absl::UnavailableError(LostError(rank)), rank);
 }
 
 // A peer's loss usually shows up as a JobFailed of a survivor first or right
@@ -81,7 +81,7 @@ absl::Status JobRunner::Failed(const Job::Msg& msg) {
       const double left = std::chrono::duration<double>(until - Clock::now()).count();
       if (Next(false, false, left, &other) != Got::kWorker) break;
       if (other.lost) {
-        return Finish(v1::JOB_STATE_FAILED,
+        return Finish(JobChange::kFail,
                       absl::UnavailableError(absl::StrCat(LostError(other.rank), " (rank ",
                                                           msg.rank, ": ", error, ")")),
                       other.rank);
@@ -90,7 +90,7 @@ absl::Status JobRunner::Failed(const Job::Msg& msg) {
   }
   int code = f.code();
   if (code <= 0 || code > 16) code = static_cast<int>(absl::StatusCode::kUnknown);
-  return Finish(v1::JOB_STATE_FAILED,
+  return Finish(JobChange::kFail,
                 absl::Status(static_cast<absl::StatusCode>(code),
                              absl::StrCat("job ", id_, ": rank ", msg.rank, " (worker ",
                                           ranks_->worker(msg.rank), ") failed",
@@ -101,76 +101,37 @@ absl::Status JobRunner::Failed(const Job::Msg& msg) {
 
 absl::Status JobRunner::Succeeded(std::shared_ptr<StateStore::State> state) {
   if (absl::Status s = ctx_.table->Succeed(job_, std::move(state)); !s.ok()) {
-    return Finish(v1::JOB_STATE_FAILED,
+    return Finish(JobChange::kFail,
                   absl::Status(s.code(), absl::StrCat("job ", id_, ": ", s.message())), -1);
   }
-  job_->SetState(v1::JOB_STATE_SUCCEEDED);
+  if (absl::Status s = job_->Change(JobChange::kSucceed); !s.ok())
+    return Finish(JobChange::kFail, s, -1);
   client_->Write(job_->Event(v1::JOB_STATE_SUCCEEDED));
   return absl::OkStatus();
 }
 
 absl::Status JobRunner::End() {
   client_->SetReadBudget(0);
-  if (job_->expanded.sharded_state_size() > 0) {
-    v1::ServerMessage m;
-    m.mutable_fetch_state()->set_job_id(id_);
-    m.mutable_fetch_state()->set_chunk_bytes(static_cast<uint32_t>(ctx_.options.chunk_bytes));
-    m.mutable_fetch_state()->set_end_job(true);
-    return EndSharded(m);
-  }
-  if (absl::Status s = RequestState(/*end_job=*/true); !s.ok()) return s;
-  ranks_->CancelOthers("the job finished (state fetched from rank 0)");
-  auto state = std::make_shared<StateStore::State>();
-  ChunkStream check("the final state of rank 0", /*keep_data=*/false, &job_->declared_state);
+  if (const int gone = state_->Request(ranks_.get(), first_ + steps_, /*end_job=*/true); gone >= 0)
+    return Lost(gone);
   Job::Msg msg;
   while (true) {
     const Got got = Next(false, true, 3600, &msg);
     if (got == Got::kCancel) return Cancelled();
-    if (got != Got::kWorker || msg.rank != 0) continue;  // the others end by CancelJob
+    if (got != Got::kWorker || !state_->Awaits(msg.rank))
+      continue;  // REPLICATE: the others end by CancelJob
     if (msg.lost || msg.m.has_job_failed()) return Failed(msg);
     if (!msg.m.has_state_chunk()) continue;
-    if (absl::Status s = CheckRankState(&check, msg.m.state_chunk()); !s.ok()) {
-      return Finish(v1::JOB_STATE_FAILED, s, -1);
+    std::optional<StateCollector::Collected> done;
+    if (absl::Status s = state_->Add(msg, &done); !s.ok()) return Finish(JobChange::kFail, s, -1);
+    if (!done) continue;
+    if (!done->state.ok()) {
+      const absl::Status& s = done->state.status();
+      return Finish(JobChange::kFail,
+                    absl::Status(s.code(), absl::StrCat("job ", id_, ": ", s.message())), -1);
     }
-    if (AddStateChunk(msg, state.get())) break;
+    return Succeeded(std::make_shared<StateStore::State>(*std::move(done->state)));
   }
-  return Succeeded(std::move(state));
-}
-
-// FULLY_SHARD: every rank sends its state (its shards and the replicated
-// rest) and ends; the shards are put back together into whole tensors.
-absl::Status JobRunner::EndSharded(const v1::ServerMessage& fetch) {
-  if (absl::Status s = SendAll(fetch); !s.ok()) return s;
-  StateGatherer gather(world_, job_->expanded.sharded_state(), ctx_.options.chunk_bytes);
-  std::vector<bool> done(world_, false);
-  int left = world_;
-  Job::Msg msg;
-  while (left > 0) {
-    const Got got = Next(false, true, 3600, &msg);
-    if (got == Got::kCancel) return Cancelled();
-    if (got != Got::kWorker) continue;
-    if (msg.lost || msg.m.has_job_failed()) return Failed(msg);
-    if (!msg.m.has_state_chunk() || done[msg.rank]) continue;
-    const v1::StateChunk& c = msg.m.state_chunk();
-    if (c.has_tensor()) {
-      if (absl::Status s = gather.Add(msg.rank, c.tensor()); !s.ok()) {
-        return Finish(v1::JOB_STATE_FAILED,
-                      absl::Status(s.code(), absl::StrCat("job ", id_, ": ", s.message())), -1);
-      }
-    }
-    if (c.last()) {
-      done[msg.rank] = true;
-      --left;
-    }
-  }
-  absl::StatusOr<StateStore::State> whole = gather.Finish();
-  if (!whole.ok()) {
-    return Finish(v1::JOB_STATE_FAILED,
-                  absl::Status(whole.status().code(),
-                               absl::StrCat("job ", id_, ": ", whole.status().message())),
-                  -1);
-  }
-  return Succeeded(std::make_shared<StateStore::State>(*std::move(whole)));
 }
 
 }  // namespace fxdp::server

@@ -1,7 +1,7 @@
-// JobRunner's state transfers (job_runner.h): the initial state in (taken
-// before the job is queued under --state-dir, or forwarded from the client as
-// it arrives; FULLY_SHARD split into each rank's shards), and rank 0's state
-// out (checkpoints; the final state is job_runner_end.cc's).
+// JobRunner's initial state (job_runner.h): taken before the job is queued
+// under --state-dir, or forwarded from the client as it arrives; FULLY_SHARD
+// split into each rank's shards. The state out of the ranks is the job's
+// StateCollector's (state_collector.h).
 #include <optional>
 #include <utility>
 #include <vector>
@@ -233,32 +233,6 @@ absl::Status JobRunner::SendShards(const StateSplitter& splitter, const v1::Tens
     }
   }
   return absl::OkStatus();
-}
-
-absl::Status JobRunner::RequestState(bool end_job) {
-  v1::ServerMessage m;
-  m.mutable_fetch_state()->set_job_id(id_);
-  m.mutable_fetch_state()->set_chunk_bytes(static_cast<uint32_t>(ctx_.options.chunk_bytes));
-  m.mutable_fetch_state()->set_end_job(end_job);
-  return ranks_->Send(0, m) ? absl::OkStatus() : Lost(0);
-}
-
-absl::Status JobRunner::CheckRankState(ChunkStream* check, const v1::StateChunk& c) const {
-  absl::Status s = c.has_tensor() ? check->Add(c.tensor()) : absl::OkStatus();
-  if (s.ok() && c.last() &&
-      (check->pending() || check->complete() != job_->declared_state.size())) {
-    s = absl::InvalidArgumentError(
-        absl::StrCat(check->what(), " ended after ", check->complete(), " complete tensors of the ",
-                     job_->declared_state.size(), " the graph declares"));
-  }
-  if (s.ok()) return s;
-  return absl::DataLossError(absl::StrCat("job ", id_, ": ", s.message()));
-}
-
-bool JobRunner::AddStateChunk(Job::Msg& msg, StateStore::State* state) {
-  v1::StateChunk& c = *msg.m.mutable_state_chunk();
-  if (c.has_tensor()) state->push_back(std::move(*c.mutable_tensor()));
-  return c.last();
 }
 
 }  // namespace fxdp::server

@@ -131,7 +131,7 @@ bool JobScheduler::CancelQueuedLocked(const std::string& id, const std::string& 
     j->cancel = true;
     j->cancel_reason = reason;
   }
-  j->SetState(v1::JOB_STATE_CANCELLED, status);
+  j->Change(JobChange::kCancel, status).IgnoreError();  // refused: logged
   return true;
 }
 
@@ -242,9 +242,10 @@ void JobScheduler::DispatchLocked() {
     queue_.Remove(id);
     queued_.erase(id);
     removed = true;
-    j->SetState(v1::JOB_STATE_FAILED,
-                absl::FailedPreconditionError(absl::StrCat(
-                    "job ", id, " failed while queued: ", CannotRunMessage(world, registered))));
+    j->Change(JobChange::kFail,
+              absl::FailedPreconditionError(absl::StrCat(
+                  "job ", id, " failed while queued: ", CannotRunMessage(world, registered))))
+        .IgnoreError();  // refused: logged
   }
   if (removed) {
     DispatchLocked();

@@ -90,7 +90,7 @@ absl::Status JobServiceImpl::Recover() {
   table_.Restore(r->jobs, r->last_seq);
   for (const std::shared_ptr<Job>& job : r->to_run) {  // in their old order
     if (absl::StatusOr<v1::JobEvent> queued = scheduler_.Requeue(job); !queued.ok()) {
-      job->SetState(v1::JOB_STATE_FAILED, queued.status());
+      job->Change(JobChange::kFail, queued.status()).IgnoreError();  // refused: logged
       table_.Finished(job);
       continue;
     }

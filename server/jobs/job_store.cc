@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "analysis/ir/safetensors.h"
+#include "server/jobs/job_lifecycle.h"
 #include "util/files.h"
 
 namespace fxdp::server {
@@ -158,7 +159,7 @@ absl::Status JobStore::UpdateLocked(const v1::JobInfo& info, bool ended) {
     return Exec("UPDATE jobs SET info = ? WHERE id = ?", {{info_bytes, true}, {info.job_id()}});
   // Files go once the record no longer names them (a record that cannot be
   // written leaves them as they were).
-  if (info.state() == v1::JOB_STATE_FAILED) {
+  if (KeepsCheckpoint(info.state())) {  // FAILED (job_lifecycle.h)
     // A failed job's checkpoint (and the spec a resume is checked against)
     // stay; without a checkpoint the spec goes.
     absl::Status s = Exec(

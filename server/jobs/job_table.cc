@@ -18,10 +18,10 @@ absl::Status JobTable::Add(const std::shared_ptr<Job>& job, const std::string& i
   {
     std::lock_guard<std::mutex> jl(job->mu);
     v1::JobInfo& info = job->info;
+    if (absl::Status s = ApplyChange(&info, JobChange::kQueue, absl::OkStatus()); !s.ok()) return s;
     info.set_job_id(id);
     info.set_name(spec.name());
     info.set_owner(job->owner.identity);
-    info.set_state(v1::JOB_STATE_QUEUED);
     info.set_world_size(spec.world_size());
     info.set_style(spec.style());
     info.set_steps(spec.steps());
@@ -80,7 +80,7 @@ void JobTable::Restore(const std::vector<std::shared_ptr<Job>>& jobs, int64_t la
     std::lock_guard<std::mutex> jl(j->mu);
     // Only a SUCCEEDED job's state is a file; another's was kept in memory
     // (KeepState) and is gone.
-    if (j->info.state() != v1::JOB_STATE_SUCCEEDED) j->info.set_has_state(false);
+    if (!HasFinalState(j->info.state())) j->info.set_has_state(false);
     if (j->info.has_state() && store_ != nullptr) states_.PutBytes(id, store_->FinalStateBytes(id));
   }
   next_id_ = std::max(next_id_, last_seq + 1);
@@ -110,9 +110,7 @@ void JobTable::Finished(const std::shared_ptr<Job>& job) {
   v1::JobInfo info;
   {
     std::lock_guard<std::mutex> jl(job->mu);
-    // Only a FAILED job keeps its checkpoint (to be resumed).
-    if (job->info.state() != v1::JOB_STATE_FAILED) job->info.clear_checkpoint_step();
-    info = job->info;
+    info = job->info;  // its checkpoint kept only when it FAILED (ApplyChange)
   }
   const std::string& id = info.job_id();
   std::lock_guard<std::mutex> l(mu_);
@@ -186,9 +184,8 @@ absl::Status JobTable::Succeed(const std::shared_ptr<Job>& job,
     std::lock_guard<std::mutex> jl(job->mu);
     info = job->info;
   }
-  info.set_state(v1::JOB_STATE_SUCCEEDED);
-  info.set_ended_unix_ms(UnixMs());
-  info.clear_checkpoint_step();
+  // The record SUCCEEDED (no checkpoint) before the job is (JobRunner::Succeeded).
+  if (absl::Status s = ApplyChange(&info, JobChange::kSucceed, absl::OkStatus()); !s.ok()) return s;
   absl::Status s = store_->Update(info, /*ended=*/true);
   if (s.ok()) return s;
   Record(s, info.job_id(), "record the end of");
@@ -237,7 +234,7 @@ absl::StatusOr<std::shared_ptr<const StateStore::State>> JobTable::Kept(
     const v1::JobState state = it->second->state();
     // With a store, a job that failed because its state could not be saved
     // keeps it (Succeed).
-    if (state != v1::JOB_STATE_SUCCEEDED && !(store_ != nullptr && states_.Has(id))) {
+    if (!HasFinalState(state) && !(store_ != nullptr && states_.Has(id))) {
       return absl::FailedPreconditionError(
           absl::StrCat("job ", id, " is ", v1::JobState_Name(state),
                        ": only a SUCCEEDED job has a final state"));

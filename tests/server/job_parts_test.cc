@@ -613,7 +613,8 @@ TEST(JobTable, KeepsTheLastFinishedJobsAndEvictsTheOldestState) {
     ASSERT_TRUE(table.Add(j, id).ok());
     auto state = std::make_shared<server::StateStore::State>(1, F32("w", {15}, 0));  // 60 bytes
     ASSERT_TRUE(table.KeepState(j, state).ok());
-    j->SetState(v1::JOB_STATE_SUCCEEDED);
+    ASSERT_TRUE(j->Change(server::JobChange::kStart).ok());
+    ASSERT_TRUE(j->Change(server::JobChange::kSucceed).ok());
     table.Finished(j);
     jobs.push_back(j);
   }
@@ -626,8 +627,13 @@ TEST(JobTable, KeepsTheLastFinishedJobsAndEvictsTheOldestState) {
   EXPECT_THAT(evicted.status().message(), HasSubstr("evicted"));
   EXPECT_TRUE(jobs[1]->info.state_evicted());
   EXPECT_TRUE(table.FinalState(jobs[2]->id()).ok());
-  jobs[2]->SetState(v1::JOB_STATE_FAILED, absl::InternalError("x"));
-  EXPECT_THAT(table.FinalState(jobs[2]->id()).status().message(),
+  auto failed = std::make_shared<server::Job>();
+  failed->spec = MlpSpec(1, 1);
+  failed->spec.clear_graph();
+  ASSERT_TRUE(table.Add(failed, table.NextId()).ok());
+  ASSERT_TRUE(failed->Change(server::JobChange::kStart).ok());
+  ASSERT_TRUE(failed->Change(server::JobChange::kFail, absl::InternalError("x")).ok());
+  EXPECT_THAT(table.FinalState(failed->id()).status().message(),
               HasSubstr("only a SUCCEEDED job has a final state"));
 }
 

@@ -1,0 +1,187 @@
+// JobRunner's steps (job_runner.h, phase 4): batches fed to the ranks at
+// most steps_ahead steps ahead of their results (a data_paths job's from its
+// files, a streamed job's as its client sends them), each step's results
+// reported once every rank's is in, in order, and the checkpoints
+// (--checkpoint-every) taken through the job's StateCollector and recorded
+// once their step's loss is.
+#include <algorithm>
+#include <deque>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "server/jobs/job_runner.h"
+#include "server/log.h"
+
+namespace fxdp::server {
+
+absl::Status JobRunner::Steps() {
+  const bool from_files = job_->spec.data_paths_size() > 0;
+  if (from_files) client_->SetReadBudget(0);
+  const size_t ahead = static_cast<size_t>(std::max(1, ctx_.options.steps_ahead));
+  Job::Msg msg;
+  v1::SubmitJobRequest req;
+  Clock::time_point idle_from = Clock::now();
+  while (true) {
+    const bool room = !client_done_ && pending_.size() < ahead && (steps_ == 0 || sent_ < steps_);
+    // Nothing outstanding on the workers: the job waits on its client alone.
+    const bool on_client = room && !from_files && pending_.empty();
+    if (!on_client) idle_from = Clock::now();
+    const double left = on_client ? ClientIdleLeft(idle_from) : 3600;
+    if (left <= 0) return ClientIdle(absl::StrCat("step ", sent_ + 1, "'s batch"));
+    if (room && from_files) {
+      if (absl::Status s = SendFileStep(); !s.ok()) return s;
+      continue;
+    }
+    if (pending_.empty() && !state_->pending() && (client_done_ || (steps_ > 0 && sent_ == steps_)))
+      break;
+    const Got got = Next(room, true, left, &msg, &req);
+    if (got == Got::kTimeout) continue;
+    if (got == Got::kClient) idle_from = Clock::now();
+    if (got == Got::kCancel) return Cancelled();
+    absl::Status s = got == Got::kClientEnd ? OnClientEnd()
+                     : got == Got::kClient  ? OnBatch(req)
+                                            : OnStepMessage(msg);
+    if (!s.ok()) return s;
+  }
+  if (sent_ == 0) return BadInput("the client sent no batch: a job needs at least one step");
+  if (steps_ == 0) {
+    steps_ = sent_;
+    std::lock_guard<std::mutex> l(job_->mu);
+    job_->info.set_steps(first_ + sent_);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobRunner::SendFileStep() {
+  ++sent_;
+  if (absl::Status s = SendAll(sharder_->ScheduleOnlyBatch(sent_, first_ + sent_)); !s.ok())
+    return s;
+  pending_.push_back({sent_, std::vector<v1::StepResult>(world_), 0});
+  return MaybeCheckpoint();
+}
+
+absl::Status JobRunner::OnBatch(const v1::SubmitJobRequest& req) {
+  absl::StatusOr<bool> complete = sharder_->Add(sent_ + 1, req);
+  if (!complete.ok()) return BadInput(complete.status().message());
+  if (!*complete) return absl::OkStatus();  // more of this step follows
+  if (absl::Status s = SendStep(sent_ + 1); !s.ok()) return s;
+  ++sent_;
+  pending_.push_back({sent_, std::vector<v1::StepResult>(world_), 0});
+  if (steps_ > 0 && sent_ == steps_) client_->SetReadBudget(0);
+  return MaybeCheckpoint();
+}
+
+absl::Status JobRunner::OnClientEnd() {
+  if (sharder_->in_step()) {
+    return BadInput(absl::StrCat("the client ended the stream in the middle of step ",
+                                 first_ + sent_ + 1, "'s batch (its last StepBatch had more set)"));
+  }
+  if (steps_ > 0) {
+    return BadInput(absl::StrCat("the client ended the stream after the batches of ",
+                                 first_ + sent_, " of ", first_ + steps_,
+                                 " steps (JobSpec.steps)"));
+  }
+  client_done_ = true;
+  return absl::OkStatus();
+}
+
+// --checkpoint-every (with --state-dir): after run step sent_ was sent, the
+// ranks are asked for their state (they answer between steps: the state
+// after exactly that step); not after the last step, whose state End fetches.
+absl::Status JobRunner::MaybeCheckpoint() {
+  const int64_t every = ctx_.store != nullptr ? ctx_.options.checkpoint_every : 0;
+  if (every <= 0 || (first_ + sent_) % every != 0 || (steps_ > 0 && sent_ >= steps_))
+    return absl::OkStatus();
+  const int gone = state_->Request(ranks_.get(), first_ + sent_, /*end_job=*/false);
+  return gone < 0 ? absl::OkStatus() : Lost(gone);
+}
+
+absl::Status JobRunner::OnStepMessage(Job::Msg& msg) {
+  if (msg.lost || msg.m.has_job_failed()) return Failed(msg);
+  if (msg.m.has_state_chunk()) {
+    std::optional<StateCollector::Collected> done;
+    if (absl::Status s = state_->Add(msg, &done); !s.ok()) return Finish(JobChange::kFail, s, -1);
+    if (!done) return absl::OkStatus();
+    if (!done->state.ok()) {
+      Log(absl::StrCat(id_, ": cannot write the checkpoint of step ", done->step, ": ",
+                       done->state.status().message()));
+      return absl::OkStatus();
+    }
+    SaveCheckpoint(done->step, *std::move(done->state));
+    return absl::OkStatus();
+  }
+  if (!msg.m.has_step_result()) return absl::OkStatus();
+  const v1::StepResult& sr = msg.m.step_result();
+  for (PendingStep& p : pending_) {
+    if (p.step == sr.step() && p.results[msg.rank].step() == 0) {
+      p.results[msg.rank] = sr;
+      ++p.got;
+    }
+  }
+  while (!pending_.empty() && pending_.front().got == world_) {
+    StepDone(pending_.front().step, pending_.front().results);
+    pending_.pop_front();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobRunner::SendStep(int64_t step) {
+  for (int r = 0; r < world_; ++r) {
+    absl::StatusOr<std::vector<v1::ServerMessage>> batch = sharder_->RankBatch(r);
+    if (!batch.ok()) return BadInput(batch.status().message());
+    for (const v1::ServerMessage& m : *batch) {
+      if (!ranks_->Send(r, m)) return Lost(r);
+    }
+  }
+  sharder_->Clear();
+  return absl::OkStatus();
+}
+
+void JobRunner::StepDone(int64_t run_step, const std::vector<v1::StepResult>& results) {
+  const int64_t step = first_ + run_step;  // the job's step
+  {
+    std::lock_guard<std::mutex> l(job_->mu);
+    job_->info.set_steps_done(step);
+    job_->info.add_losses(results[0].loss());
+  }
+  v1::JobEvent e = job_->Event(v1::JOB_STATE_RUNNING);
+  e.set_step(step);
+  e.set_loss(results[0].loss());
+  e.set_step_ms(results[0].step_ms());
+  for (const auto& r : results) e.add_local_losses(r.local_loss());
+  client_->Write(std::move(e));
+  ctx_.table->Update(job_);  // the losses up to `step` are in the store now
+  while (!deferred_checkpoints_.empty() && deferred_checkpoints_.front().first <= step) {
+    WriteCheckpoint(deferred_checkpoints_.front().first, deferred_checkpoints_.front().second);
+    deferred_checkpoints_.pop_front();
+  }
+}
+
+void JobRunner::SaveCheckpoint(int64_t step, StateStore::State state) {
+  int64_t done = 0;
+  {
+    std::lock_guard<std::mutex> l(job_->mu);
+    done = job_->info.steps_done();
+  }
+  if (done < step || !deferred_checkpoints_.empty()) {
+    deferred_checkpoints_.emplace_back(step, std::move(state));
+    return;
+  }
+  WriteCheckpoint(step, state);
+}
+
+void JobRunner::WriteCheckpoint(int64_t step, const StateStore::State& state) {
+  if (absl::Status s = ctx_.store->WriteCheckpoint(id_, step, state); !s.ok()) {
+    Log(absl::StrCat(id_, ": cannot write the checkpoint of step ", step, ": ", s.message()));
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> l(job_->mu);
+    job_->info.set_checkpoint_step(step);
+  }
+  ctx_.table->Update(job_);
+}
+
+}  // namespace fxdp::server
