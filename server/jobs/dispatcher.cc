@@ -59,13 +59,7 @@ int Dispatcher::Subscribe(std::vector<int64_t>* handles) {
             if (id == nullptr || *id != job_id) return;
             msg.m = *m;
           }
-          const bool end = msg.lost || msg.m.has_job_ended() || msg.m.has_job_failed();
-          {
-            std::lock_guard<std::mutex> l(job->mu);
-            job->inbox.push_back(std::move(msg));
-            if (end) job->confirmed[r] = true;
-          }
-          job->cv.notify_all();
+          job->FromRank(std::move(msg));
         });
     if (h == 0) return r;
     handles->push_back(h);
@@ -85,8 +79,8 @@ std::string Dispatcher::RendezvousHost() const {
 }
 
 int Dispatcher::Assign(const std::string& host, int port, int64_t steps) {
-  const v1::JobSpec& spec = job_->spec;
-  const v1::ExpandResponse& expanded = job_->expanded;
+  const v1::JobSpec& spec = job_->plan().spec;
+  const v1::ExpandResponse& expanded = job_->plan().expanded;
   for (int r = 0; r < world(); ++r) {
     v1::ServerMessage m;
     v1::AssignJob* a = m.mutable_assign_job();
@@ -103,11 +97,8 @@ int Dispatcher::Assign(const std::string& host, int port, int64_t steps) {
     a->set_batches_sharded(spec.data_paths_size() == 0);
     const int n = spec.data_paths_size();
     for (int i = 0; i < n; ++i)
-      a->add_data_paths(spec.data_paths(static_cast<int>((i + job_->first_step) % n)));
-    {
-      std::lock_guard<std::mutex> l(job_->mu);
-      job_->assigned[r] = true;
-    }
+      a->add_data_paths(spec.data_paths(static_cast<int>((i + job_->plan().first_step) % n)));
+    job_->MarkAssigned(r);
     if (!Send(r, m)) return r;
   }
   return -1;
@@ -124,17 +115,12 @@ int Dispatcher::SendAll(const v1::ServerMessage& m) {
   return -1;
 }
 
-bool Dispatcher::Assigned(int rank) {
-  std::lock_guard<std::mutex> l(job_->mu);
-  return job_->assigned[rank];
-}
-
 void Dispatcher::CancelAssigned(const std::string& reason, int except) {
   v1::ServerMessage m;
   m.mutable_cancel_job()->set_job_id(id_);
   m.mutable_cancel_job()->set_reason(reason);
   for (int r = 0; r < world(); ++r) {
-    if (r != except && Assigned(r)) Send(r, m);
+    if (r != except && job_->assigned(r)) Send(r, m);
   }
 }
 

@@ -51,8 +51,6 @@ class Dispatcher {
   void CancelOthers(const std::string& reason);
 
  private:
-  bool Assigned(int rank);
-
   WorkerPool* const pool_;
   const std::shared_ptr<Job> job_;
   const std::string id_;

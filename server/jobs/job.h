@@ -1,6 +1,5 @@
-// Job: one submitted job's shared state: its checked spec and expansion, its
-// JobInfo (what GetJob/ListJobs show), the messages waiting for its runner
-// (the ranks' and the client's), cancellation, and its workers. JobClient:
+// Job: one submitted job, its plan apart from its progress, behind one lock
+// discipline (below); its state changes in job_lifecycle.h. JobClient:
 // what the runner sees of the job's client (the Submit stream in the server,
 // a test's in-process client in the unit tests). No gRPC here.
 #ifndef FXDP_SERVER_JOBS_JOB_H_
@@ -11,8 +10,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <memory>
 #include <mutex>
-#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -54,13 +54,9 @@ struct JobOwner {
   bool authenticated = false, admin = false;
 };
 
-struct Job {
-  struct Msg {
-    int rank = -1;
-    bool lost = false;
-    v1::WorkerMessage m;
-  };
-  // Set before the job is queued, then read-only.
+// What a job is to do, fixed before it is queued (Job::SetPlan, by its
+// runner or by Recover), then read by every thread without a lock.
+struct JobPlan {
   v1::JobSpec spec;  // without the graph
   v1::ExpandResponse expanded;
   std::vector<InputSpec> inputs;
@@ -68,62 +64,175 @@ struct Job {
   ir::Schedule schedule;               // JobSpec.schedule, checked
   ir::DeclaredTensors declared_state;  // the state tensors the graph declares
   ir::DeclaredTensors declared_batch;  // its INPUTs
-  JobOwner owner;                      // set by the Submit call before the job thread starts
-  // With --state-dir, for a data_paths job: the spec as submitted (graph,
-  // schedule) until the table recorded it, and its initial state (whole
-  // tensors), taken before it is queued (or read back after a restart) and
-  // forwarded to the ranks from here.
-  v1::JobSpec submitted;
-  std::vector<v1::TensorChunk> initial_state;
-  bool has_initial_state = false;
-  bool recovered = false;  // queued again after a server restart (by Recover): no client
-  // Steps done before this run: a job resumed from its checkpoint runs steps
+  // Steps done before this run: a job resumed from a checkpoint runs steps
   // first_step + 1 ... JobSpec.steps (numbered 1 ... for its workers).
   int64_t first_step = 0;
   // A job resumed from another's checkpoint (JobSpec.resume_job): that job.
   std::string resumed_from;
-  // The latest job whose resume of this one passed PrepareResume (job_resume.h;
-  // guarded by its claim mutex, not mu): one resume of a job at a time.
-  std::weak_ptr<Job> resumed_by;
+  bool recovered = false;  // queued again after a server restart (Recover): no client
+};
 
-  std::mutex mu;
-  std::condition_variable cv;
-  v1::JobInfo info;       // mu
-  std::deque<Msg> inbox;  // mu: the ranks' messages
-  // mu: the client's messages (with their sizes), and whether its stream
-  // ended (half-closed, or a failed read) or the call was cancelled.
-  std::deque<std::pair<v1::SubmitJobRequest, size_t>> from_client;
-  bool client_ended = false, client_gone = false;
-  bool cancel = false;                              // mu
-  std::string cancel_reason;                        // mu
-  bool dispatched = false;                          // mu; `workers` set
-  std::vector<std::string> workers;                 // mu; rank order
-  std::vector<bool> assigned, confirmed, released;  // mu; per rank
-  std::vector<int64_t> handles;                     // the scheduler's mutex: worker subscriptions
-  Clock::time_point release_at;  // the scheduler's mutex: free unconfirmed ranks then
-  // The scheduler's mutex: since when the job (queued) has needed more
-  // workers than are registered; unset while enough are.
-  std::optional<Clock::time_point> unplaceable_since;
+// A prepared spec (job_spec.h) as a plan: first_step 0, not resumed or recovered.
+JobPlan PlanOf(PreparedSpec p);
 
+// A job: its owner and plan (read-only once it is queued) apart from its
+// progress, which callers ask it to change and never set: its state (Change:
+// the lifecycle table of job_lifecycle.h, nothing else sets JobInfo.state),
+// its record (JobInfo: what GetJob/ListJobs show), the messages waiting for
+// its runner (the ranks' and the client's), cancellation, and its ranks'
+// workers.
+//
+// Lock discipline, the one for every job:
+//   - owner() and plan() take no lock: the owner is set at construction, the
+//     plan once before the job is queued (a queued job's plan never changes);
+//   - everything else is behind the job's own mutex, taken only inside these
+//     methods and never held while calling out, so a job's lock is always the
+//     innermost: the scheduler (its mutex) and the table (its mutex) call a
+//     job's methods while holding theirs, never the other way round;
+//   - the held initial state and the submitted spec belong to the thread that
+//     prepares the job (its runner, or Recover before the runner starts);
+//   - resumed_by is guarded by job_resume.cc's claim mutex.
+// What one subsystem keeps about a job (the scheduler's worker subscriptions
+// and release time) it keeps itself, by job.
+class Job {
+ public:
+  struct Msg {
+    int rank = -1;
+    bool lost = false;
+    v1::WorkerMessage m;
+  };
+  // What a runner waiting on its job got (Next).
+  enum class Got { kWorker, kClient, kClientEnd, kCancel, kTimeout };
+
+  // A new job of `owner`; after a restart (Recover) one with its `recorded` info.
+  explicit Job(JobOwner owner = {}, v1::JobInfo recorded = {})
+      : owner_(std::move(owner)), info_(std::move(recorded)) {}
+  Job(const Job&) = delete;
+  Job& operator=(const Job&) = delete;
+
+  const JobOwner& owner() const { return owner_; }
+  const JobPlan& plan() const { return plan_; }
+  // Once, before the job is queued.
+  void SetPlan(JobPlan plan) { plan_ = std::move(plan); }
+
+  // Before it is queued, the preparing thread's: with --state-dir the spec as
+  // submitted (graph, schedule), until the table recorded it (TakeSubmitted);
+  // the initial state (whole tensors) taken before the job is queued (or a
+  // checkpoint's, or read back after a restart), forwarded to the ranks.
+  void SetSubmitted(v1::JobSpec spec) { submitted_ = std::move(spec); }
+  v1::JobSpec TakeSubmitted() { return std::move(submitted_); }
+  void HoldInitialState(std::vector<v1::TensorChunk> state);
+  bool has_initial_state() const { return has_initial_state_; }
+  const std::vector<v1::TensorChunk>& initial_state() const { return initial_state_; }
+  std::vector<v1::TensorChunk> TakeInitialState();  // has_initial_state stays true
+  void DropInitialState();                          // frees it
+
+  // The latest job whose resume of this one passed PrepareResume
+  // (job_resume.h; under its claim mutex): one resume of a job at a time.
+  std::shared_ptr<Job> resumed_by() const { return resumed_by_.lock(); }
+  void set_resumed_by(const std::shared_ptr<Job>& job) { resumed_by_ = job; }
+
+  // Its record.
+  std::string id() const;
+  v1::JobState state() const;
+  v1::JobInfo Info() const;  // a copy
   // Changes the job's state (job_lifecycle.h: the one table of states and
   // changes), with `status` a terminal state's error; a change the table
   // does not allow is refused (FAILED_PRECONDITION naming both states,
   // logged) and the job keeps its state.
   absl::Status Change(JobChange change, const absl::Status& status = absl::OkStatus());
-  // Asks a running job to stop; false when it ended or was asked already.
-  bool Cancel(const std::string& reason);
+  // JobTable::Add: the job is QUEUED as `id`, its record filled from its
+  // plan and owner (name, world size, steps, data paths, times,
+  // hyper-parameter names).
+  absl::Status Queue(const std::string& id);
+  // The scheduler: its place in the queue and why it waits; true when either changed.
+  bool SetQueuePlace(int position, const std::string& message);
+  // The runner's progress: a resume's start (the checkpoint's job, step and
+  // losses), a step done with its loss, an open-ended job's step count, the
+  // latest checkpoint's step.
+  void StartAt(const std::string& resumed_from, int64_t step, const std::vector<double>& losses);
+  void StepDone(int64_t step, double loss);
+  int64_t steps_done() const;
+  void SetSteps(int64_t steps);
+  void SetCheckpointStep(int64_t step);
+  // The table: whether its final state is kept (for FetchState); evicted.
+  void SetHasState(bool kept);
+  void StateEvicted();
   // An event of `state` carrying the job's id, step, workers (and queue place
   // or error; a resumed job's first_step).
   v1::JobEvent Event(v1::JobState state);
-  std::string id();
-  v1::JobInfo Info();  // a copy, under mu
-  v1::JobState state();
+
+  // Cancellation: asks a running job to stop; false when it ended or was
+  // asked already. CancelQueued: the scheduler's, as it ends a queued job.
+  bool Cancel(const std::string& reason);
+  void CancelQueued(const std::string& reason);
+  bool cancel_requested() const;
+  std::string cancel_reason() const;
+  // A job whose client went away is cancelled ("the client of Submit went away").
+  void CancelIfClientGone();
 
   // From the client's side (the Submit reactor, tests): a message arrived,
   // the stream ended, the client went away.
   void FromClient(v1::SubmitJobRequest request, size_t bytes);
   void ClientEnded();
   void ClientGone();
+
+  // Its ranks. The scheduler dispatches it to `workers` (rank order); the
+  // dispatcher marks a rank assigned before sending it AssignJob and
+  // delivers the ranks' messages (a rank's end, JobEnded, JobFailed or lost,
+  // confirms it, for the release of its worker).
+  void Dispatch(std::vector<std::string> workers);
+  bool dispatched() const;
+  std::vector<std::string> workers() const;
+  void MarkAssigned(int rank);
+  bool assigned(int rank) const;
+  void FromRank(Msg msg);
+  // The scheduler's release of an ended job's workers: `release` is called
+  // for every rank not yet released that confirmed its end, was never
+  // assigned, or (with `timed_out`) did not confirm (`unconfirmed`); true
+  // once every rank is released (its undelivered messages are dropped).
+  bool ReleaseRanks(
+      bool timed_out,
+      const std::function<void(int rank, const std::string& worker, bool unconfirmed)>& release);
+
+  // The runner's waits. Next: a rank's message (first), with `want_client`
+  // the client's next message (its size in `consumed`) or the end of its
+  // stream, a cancellation (with `watch_client` a client that went away
+  // cancels the job); kTimeout at `deadline` (checked every 100 ms).
+  Got Next(bool want_client, bool watch_client, Clock::time_point deadline, Msg* worker,
+           v1::SubmitJobRequest* client, size_t* consumed);
+  // While queued, up to `wait`: whether it was dispatched, its place or
+  // message changed from `*position`, `*message` (updated), its client went
+  // away, or it ended (then `ended` is its error).
+  struct QueueWatch {
+    bool dispatched = false, changed = false, client_gone = false;
+    absl::Status ended;
+  };
+  QueueWatch WatchQueued(int* position, std::string* message, Clock::duration wait);
+  // CancelJob: its record once it ended, or after `wait`.
+  v1::JobInfo WaitEnded(Clock::duration wait);
+
+ private:
+  const JobOwner owner_;
+  JobPlan plan_;
+  v1::JobSpec submitted_;
+  std::vector<v1::TensorChunk> initial_state_;
+  bool has_initial_state_ = false;
+  std::weak_ptr<Job> resumed_by_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  v1::JobInfo info_;
+  std::deque<Msg> inbox_;  // the ranks' messages
+  // The client's messages (with their sizes), and whether its stream ended
+  // (half-closed, or a failed read) or the call was cancelled.
+  std::deque<std::pair<v1::SubmitJobRequest, size_t>> from_client_;
+  bool client_ended_ = false, client_gone_ = false;
+  bool cancel_ = false;
+  std::string cancel_reason_;
+  bool dispatched_ = false;                            // workers_ set
+  std::vector<std::string> workers_;                   // rank order
+  std::vector<bool> assigned_, confirmed_, released_;  // per rank
 };
 
 }  // namespace fxdp::server

@@ -48,21 +48,17 @@ absl::Status ClaimResume(const JobTable& table, const std::shared_ptr<Job>& old,
   std::lock_guard<std::mutex> l(*claims);
   // The claim covers a resume not yet queued (its JobInfo not yet naming
   // `id`); the table, those queued, ended, or recovered after a restart.
-  const std::shared_ptr<Job> claimed = old->resumed_by.lock();
+  const std::shared_ptr<Job> claimed = old->resumed_by();
   std::vector<std::shared_ptr<Job>> others;
   if (claimed != nullptr && claimed != self) others.push_back(claimed);
   for (const std::shared_ptr<Job>& j : table.All()) {
     if (j != self && j != claimed) others.push_back(j);
   }
   for (const std::shared_ptr<Job>& j : others) {
-    std::string other;
-    v1::JobState state;
-    {
-      std::lock_guard<std::mutex> jl(j->mu);
-      if (j != claimed && j->info.resumed_from() != id) continue;
-      other = j->info.job_id();
-      state = j->info.state();
-    }
+    const v1::JobInfo info = j->Info();
+    if (j != claimed && info.resumed_from() != id) continue;
+    const std::string& other = info.job_id();
+    const v1::JobState state = info.state();
     if (HasFinalState(state)) {
       return absl::FailedPreconditionError(
           absl::StrCat("job '", id, "' was resumed already: job '", other,
@@ -83,7 +79,7 @@ absl::Status ClaimResume(const JobTable& table, const std::shared_ptr<Job>& old,
                              other, ")"));
     }
   }
-  old->resumed_by = self;
+  old->set_resumed_by(self);
   return absl::OkStatus();
 }
 
@@ -134,18 +130,14 @@ absl::StatusOr<ResumeStart> PrepareResume(const JobTable& table, JobStore* store
   // As GetJob/CancelJob/FetchState (job_service.cc): the owner, an admin, or
   // anyone when the server does not authenticate; another identity's job is
   // NOT_FOUND like an unknown one (ids cannot be probed), audit-logged.
-  if (caller.authenticated && !caller.admin && caller.identity != old->owner.identity) {
+  if (caller.authenticated && !caller.admin && caller.identity != old->owner().identity) {
     Audit("resume", {{"identity", caller.description},
                      {"peer", caller.peer},
                      {"job", id},
                      {"result", "denied"}});
     return table.NotFound(id);
   }
-  v1::JobInfo info;
-  {
-    std::lock_guard<std::mutex> l(old->mu);
-    info = old->info;
-  }
+  const v1::JobInfo info = old->Info();
   if (store == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "job '", id,

@@ -97,22 +97,28 @@ class JobRunner {
   void ReleaseHeldState();
 
  private:
-  enum class Got { kWorker, kClient, kClientEnd, kCancel, kTimeout };
+  using Got = Job::Got;
 
   // The next of: a rank's message (first), with `want_client` the client's
   // next message or the end of its stream, a cancellation (CancelJob, or
   // with `watch_client` the client went away); kTimeout after timeout_s.
   Got Next(bool want_client, bool watch_client, double timeout_s, Job::Msg* worker,
            v1::SubmitJobRequest* client = nullptr);
+  absl::Status ReadSpec(v1::SubmitJobRequest* first);
   absl::Status TakeSpec();
+  // With --state-dir, once queued: a resume's checkpoint shared as its own,
+  // or a data_paths job's initial state recorded (to run after a restart).
+  void RecordStart();
+  void LogSubmitted();  // and audit-logged
   // A resume (JobSpec.resume_job, checked): the job starts from the
   // checkpoint's state, step and losses.
-  void StartFromCheckpoint(ResumeStart start);
+  void StartFromCheckpoint(JobPlan plan, ResumeStart start);
   absl::Status TakeInitialState();
   // What the graph declares against the server's limits (a step's batch;
   // the state to hold), before anything of it is read: RESOURCE_EXHAUSTED
   // naming the bytes, the limit and its flag.
-  absl::Status CheckDeclaredSizes(const v1::JobSpec& spec, bool hold_state);
+  absl::Status CheckDeclaredSizes(const v1::JobSpec& spec, const ir::DeclaredTensors& state,
+                                  const ir::DeclaredTensors& batch, bool hold_state);
   // JobSpec.num_state_tensors against the graph's state tensors, before the
   // client's state is read.
   absl::Status CheckStateCount() const;
@@ -165,7 +171,6 @@ class JobRunner {
   absl::Status Failed(const Job::Msg& msg);
   absl::Status OnWorker(const Job::Msg& msg);
   absl::Status SendAll(const v1::ServerMessage& m);
-  bool CancelRequested();
 
   const JobContext& ctx_;
   JobClient* const client_;
@@ -178,7 +183,7 @@ class JobRunner {
   int world_ = 0;
   int started_ = 0;    // ranks that sent JobStarted
   int64_t steps_ = 0;  // 0: until the client half-closes; this run's steps
-  int64_t first_ = 0;  // steps done before this run (job_->first_step)
+  int64_t first_ = 0;  // steps done before this run (the plan's first_step)
   std::deque<std::pair<int64_t, StateStore::State>> deferred_checkpoints_;  // oldest first
   // The steps sent (run steps 1 ... sent_) whose results are not all in, oldest first.
   struct PendingStep {

@@ -23,11 +23,7 @@ absl::Status JobRunner::Finish(JobChange change, const absl::Status& status, int
 }
 
 absl::Status JobRunner::Cancelled() {
-  std::string reason;
-  {
-    std::lock_guard<std::mutex> l(job_->mu);
-    reason = job_->cancel_reason;
-  }
+  const std::string reason = job_->cancel_reason();
   return Finish(JobChange::kCancel,
                 absl::CancelledError(absl::StrCat(
                     "job ", id_, " cancelled: ", reason.empty() ? "CancelJob" : reason)),

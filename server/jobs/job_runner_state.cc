@@ -22,20 +22,21 @@ std::string MiB(uint64_t bytes) {
 
 }  // namespace
 
-absl::Status JobRunner::CheckDeclaredSizes(const v1::JobSpec& spec, bool hold_state) {
+absl::Status JobRunner::CheckDeclaredSizes(const v1::JobSpec& spec,
+                                           const ir::DeclaredTensors& state,
+                                           const ir::DeclaredTensors& batch, bool hold_state) {
   const JobServiceOptions& o = ctx_.options;
-  if (spec.data_paths_size() == 0 && job_->declared_batch.bytes() > o.max_batch_bytes) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("the graph's ", job_->declared_batch.size(),
-                     " INPUTs declare a global batch of ", MiB(job_->declared_batch.bytes()),
-                     " per step (", job_->declared_batch.Names(), "), over this server's limit of ",
-                     o.max_batch_bytes >> 20, " MiB (fxdp-server --max-batch-mb)"));
+  if (spec.data_paths_size() == 0 && batch.bytes() > o.max_batch_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the graph's ", batch.size(), " INPUTs declare a global batch of ", MiB(batch.bytes()),
+        " per step (", batch.Names(), "), over this server's limit of ", o.max_batch_bytes >> 20,
+        " MiB (fxdp-server --max-batch-mb)"));
   }
   if (!hold_state) return absl::OkStatus();
-  const uint64_t want = job_->declared_state.bytes();
+  const uint64_t want = state.bytes();
   const uint64_t max = o.max_initial_state_bytes;
-  const std::string declared = absl::StrCat("the graph declares ", job_->declared_state.size(),
-                                            " state tensors of ", MiB(want), " in all");
+  const std::string declared =
+      absl::StrCat("the graph declares ", state.size(), " state tensors of ", MiB(want), " in all");
   if (want > max) {
     return absl::ResourceExhaustedError(
         absl::StrCat(declared, ", over this server's limit of ", max >> 20,
@@ -60,26 +61,27 @@ absl::Status JobRunner::CheckDeclaredSizes(const v1::JobSpec& spec, bool hold_st
 }
 
 void JobRunner::ReleaseHeldState() {
-  std::vector<v1::TensorChunk>().swap(job_->initial_state);
+  job_->DropInitialState();
   if (held_reserved_ > 0 && ctx_.held_state_bytes != nullptr)
     ctx_.held_state_bytes->fetch_sub(held_reserved_);
   held_reserved_ = 0;
 }
 
 absl::Status JobRunner::CheckStateCount() const {
-  const uint32_t n = job_->spec.num_state_tensors();
-  if (n == job_->declared_state.size()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "JobSpec.num_state_tensors is ", n, ", the graph declares ", job_->declared_state.size(),
-      " state tensors (", job_->declared_state.Names(), ")"));
+  const uint32_t n = job_->plan().spec.num_state_tensors();
+  if (n == job_->plan().declared_state.size()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("JobSpec.num_state_tensors is ", n, ", the graph declares ",
+                   job_->plan().declared_state.size(), " state tensors (",
+                   job_->plan().declared_state.Names(), ")"));
 }
 
 // Before the job is queued (--state-dir, data_paths): its initial state,
 // whole, kept on the job.
 absl::Status JobRunner::TakeInitialState() {
-  const uint32_t n = job_->spec.num_state_tensors();
+  const uint32_t n = job_->plan().spec.num_state_tensors();
   if (absl::Status s = CheckStateCount(); !s.ok()) return s;
-  ChunkStream stream("initial state", /*keep_data=*/true, &job_->declared_state);
+  ChunkStream stream("initial state", /*keep_data=*/true, &job_->plan().declared_state);
   v1::SubmitJobRequest req;
   Job::Msg unused;
   client_->SetReadBudget(ctx_.options.read_ahead_bytes);
@@ -107,23 +109,24 @@ absl::Status JobRunner::TakeInitialState() {
     if (absl::Status s = stream.Add(req.state()); !s.ok()) return s;
   }
   client_->SetReadBudget(0);
+  std::vector<v1::TensorChunk> held;
   for (RawTensor& t : stream.Take()) {
-    v1::TensorChunk& c = job_->initial_state.emplace_back();
+    v1::TensorChunk& c = held.emplace_back();
     c.set_name(t.name);
     c.set_dtype(static_cast<v1::DType>(ir::DTypeToWire(t.dtype)));
     for (int64_t d : t.shape) c.add_shape(d);
     c.set_data(std::move(t.data));
   }
-  job_->has_initial_state = true;
+  job_->HoldInitialState(std::move(held));
   return absl::OkStatus();
 }
 
 absl::Status JobRunner::ForwardState() {
-  const uint32_t n = job_->spec.num_state_tensors();
+  const uint32_t n = job_->plan().spec.num_state_tensors();
   v1::ServerMessage m;
   v1::StateChunk* sc = m.mutable_state_chunk();
   sc->set_job_id(id_);
-  if (!job_->has_initial_state) {  // the client streams it
+  if (!job_->has_initial_state()) {  // the client streams it
     if (absl::Status s = CheckStateCount(); !s.ok()) return BadInput(s.message());
   }
   if (n == 0) {
@@ -134,15 +137,14 @@ absl::Status JobRunner::ForwardState() {
   // rank's latest piece is held back until the next, so the last one can
   // carry `last`.
   std::optional<StateSplitter> splitter;
-  if (job_->expanded.sharded_state_size() > 0) {
-    splitter.emplace(world_, job_->expanded.sharded_state(), ctx_.options.chunk_bytes);
+  if (job_->plan().expanded.sharded_state_size() > 0) {
+    splitter.emplace(world_, job_->plan().expanded.sharded_state(), ctx_.options.chunk_bytes);
   }
   std::vector<std::optional<v1::TensorChunk>> held(world_);
-  if (job_->has_initial_state) {  // taken before the job was queued (--state-dir)
+  if (job_->has_initial_state()) {  // taken before the job was queued (--state-dir)
     // Its reservation is given back once it is sent (after `state` is freed).
     absl::Cleanup release = [this] { ReleaseHeldState(); };
-    std::vector<v1::TensorChunk> state = std::move(job_->initial_state);
-    job_->initial_state.clear();
+    std::vector<v1::TensorChunk> state = job_->TakeInitialState();
     std::vector<v1::TensorChunk> pieces;
     for (size_t t = 0; t < state.size(); ++t) {
       const bool complete = t + 1 == state.size();
@@ -160,7 +162,7 @@ absl::Status JobRunner::ForwardState() {
     }
     return absl::OkStatus();
   }
-  ChunkStream stream("initial state", /*keep_data=*/false, &job_->declared_state);
+  ChunkStream stream("initial state", /*keep_data=*/false, &job_->plan().declared_state);
   v1::SubmitJobRequest req;
   Job::Msg msg;
   std::vector<v1::TensorChunk> pieces;

@@ -17,7 +17,7 @@
 namespace fxdp::server {
 
 absl::Status JobRunner::Steps() {
-  const bool from_files = job_->spec.data_paths_size() > 0;
+  const bool from_files = job_->plan().spec.data_paths_size() > 0;
   if (from_files) client_->SetReadBudget(0);
   const size_t ahead = static_cast<size_t>(std::max(1, ctx_.options.steps_ahead));
   Job::Msg msg;
@@ -48,8 +48,7 @@ absl::Status JobRunner::Steps() {
   if (sent_ == 0) return BadInput("the client sent no batch: a job needs at least one step");
   if (steps_ == 0) {
     steps_ = sent_;
-    std::lock_guard<std::mutex> l(job_->mu);
-    job_->info.set_steps(first_ + sent_);
+    job_->SetSteps(first_ + sent_);
   }
   return absl::OkStatus();
 }
@@ -141,11 +140,7 @@ absl::Status JobRunner::SendStep(int64_t step) {
 
 void JobRunner::StepDone(int64_t run_step, const std::vector<v1::StepResult>& results) {
   const int64_t step = first_ + run_step;  // the job's step
-  {
-    std::lock_guard<std::mutex> l(job_->mu);
-    job_->info.set_steps_done(step);
-    job_->info.add_losses(results[0].loss());
-  }
+  job_->StepDone(step, results[0].loss());
   v1::JobEvent e = job_->Event(v1::JOB_STATE_RUNNING);
   e.set_step(step);
   e.set_loss(results[0].loss());
@@ -160,11 +155,7 @@ void JobRunner::StepDone(int64_t run_step, const std::vector<v1::StepResult>& re
 }
 
 void JobRunner::SaveCheckpoint(int64_t step, StateStore::State state) {
-  int64_t done = 0;
-  {
-    std::lock_guard<std::mutex> l(job_->mu);
-    done = job_->info.steps_done();
-  }
+  const int64_t done = job_->steps_done();
   if (done < step || !deferred_checkpoints_.empty()) {
     deferred_checkpoints_.emplace_back(step, std::move(state));
     return;
@@ -177,10 +168,7 @@ void JobRunner::WriteCheckpoint(int64_t step, const StateStore::State& state) {
     Log(absl::StrCat(id_, ": cannot write the checkpoint of step ", step, ": ", s.message()));
     return;
   }
-  {
-    std::lock_guard<std::mutex> l(job_->mu);
-    job_->info.set_checkpoint_step(step);
-  }
+  job_->SetCheckpointStep(step);
   ctx_.table->Update(job_);
 }
 

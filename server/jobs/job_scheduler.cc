@@ -37,8 +37,8 @@ JobScheduler::~JobScheduler() {
   }
   cv_.notify_all();
   thread_.join();
-  for (auto& j : releasing_) {
-    for (int64_t h : j->handles) pool_->Unsubscribe(h);
+  for (auto& r : releasing_) {
+    for (int64_t h : handles_[r.job.get()]) pool_->Unsubscribe(h);
   }
 }
 
@@ -82,7 +82,7 @@ absl::Status JobScheduler::CheckIdentityQuotaLocked(const JobOwner& owner) const
   if (!owner.authenticated) return absl::OkStatus();
   size_t queued = 0;
   for (const auto& [id, j] : queued_)
-    queued += j->owner.authenticated && j->owner.identity == owner.identity;
+    queued += j->owner().authenticated && j->owner().identity == owner.identity;
   if (queued < options_.max_queued_jobs_per_identity) return absl::OkStatus();
   return absl::ResourceExhaustedError(
       absl::StrCat("identity '", owner.identity, "' has ", queued,
@@ -91,10 +91,10 @@ absl::Status JobScheduler::CheckIdentityQuotaLocked(const JobOwner& owner) const
 }
 
 absl::StatusOr<v1::JobEvent> JobScheduler::Enqueue(const std::shared_ptr<Job>& job) {
-  const int world = job->spec.world_size();
+  const int world = job->plan().spec.world_size();
   if (absl::Status s = CheckPlaceable(world); !s.ok()) return s;
   std::lock_guard<std::mutex> l(mu_);
-  if (absl::Status s = CheckIdentityQuotaLocked(job->owner); !s.ok()) return s;
+  if (absl::Status s = CheckIdentityQuotaLocked(job->owner()); !s.ok()) return s;
   const std::string id = table_->NextId();
   if (absl::Status s = queue_.Push(id, world); !s.ok()) return s;
   if (absl::Status s = table_->Add(job, id); !s.ok()) {
@@ -113,7 +113,7 @@ absl::StatusOr<v1::JobEvent> JobScheduler::Enqueue(const std::shared_ptr<Job>& j
 absl::StatusOr<v1::JobEvent> JobScheduler::Requeue(const std::shared_ptr<Job>& job) {
   const std::string id = job->id();
   std::lock_guard<std::mutex> l(mu_);
-  if (absl::Status s = queue_.Push(id, job->spec.world_size()); !s.ok()) return s;
+  if (absl::Status s = queue_.Push(id, job->plan().spec.world_size()); !s.ok()) return s;
   queued_[id] = job;
   DispatchLocked();
   v1::JobEvent first = job->Event(v1::JOB_STATE_QUEUED);
@@ -126,11 +126,8 @@ bool JobScheduler::CancelQueuedLocked(const std::string& id, const std::string& 
   if (!queue_.Remove(id)) return false;
   std::shared_ptr<Job> j = std::move(queued_[id]);
   queued_.erase(id);
-  {
-    std::lock_guard<std::mutex> jl(j->mu);
-    j->cancel = true;
-    j->cancel_reason = reason;
-  }
+  unplaceable_since_.erase(id);
+  j->CancelQueued(reason);
   j->Change(JobChange::kCancel, status).IgnoreError();  // refused: logged
   return true;
 }
@@ -153,21 +150,17 @@ void JobScheduler::CancelAllQueued(const std::string& reason) {
 void JobScheduler::AddHandles(const std::shared_ptr<Job>& job,
                               const std::vector<int64_t>& handles) {
   std::lock_guard<std::mutex> l(mu_);
-  job->handles.insert(job->handles.end(), handles.begin(), handles.end());
+  std::vector<int64_t>& mine = handles_[job.get()];
+  mine.insert(mine.end(), handles.begin(), handles.end());
 }
 
 void JobScheduler::Ended(const std::shared_ptr<Job>& job) {
-  bool dispatched = false;
-  {
-    std::lock_guard<std::mutex> jl(job->mu);
-    dispatched = job->dispatched;
-  }
+  const bool dispatched = job->dispatched();
   std::lock_guard<std::mutex> l(mu_);
   if (dispatched) {
-    const double timeout =
-        job->spec.collective_timeout_s() > 0 ? job->spec.collective_timeout_s() : 60;
-    job->release_at = Clock::now() + Seconds(timeout + options_.release_grace_s);
-    releasing_.push_back(job);
+    const double t = job->plan().spec.collective_timeout_s();
+    const double timeout = t > 0 ? t : 60;
+    releasing_.push_back({job, Clock::now() + Seconds(timeout + options_.release_grace_s)});
   }
   Wake();
 }
@@ -176,31 +169,25 @@ void JobScheduler::ReleaseLocked() {
   const auto now = Clock::now();
   std::vector<int64_t> unsubscribe;
   for (auto it = releasing_.begin(); it != releasing_.end();) {
-    Job& j = **it;
-    bool all = true;
-    {
-      std::lock_guard<std::mutex> l(j.mu);
-      for (size_t r = 0; r < j.workers.size(); ++r) {
-        if (j.released[r]) continue;
-        if (j.assigned[r] && !j.confirmed[r] && now < j.release_at) {
-          all = false;
-          continue;
-        }
-        if (j.assigned[r] && !j.confirmed[r]) {
-          Log(absl::StrCat(j.info.job_id(), ": worker ", j.workers[r], " (rank ", r,
-                           ") did not confirm the end of the job; freeing it anyway"));
-        }
-        queue_.Release(j.workers[r], j.info.job_id());
-        j.released[r] = true;
-      }
-      if (all) j.inbox.clear();
-    }
+    Job& j = *it->job;
+    const std::string id = j.id();
+    const bool all =
+        j.ReleaseRanks(now >= it->at, [&](int rank, const std::string& worker, bool unconfirmed) {
+          if (unconfirmed) {
+            Log(absl::StrCat(id, ": worker ", worker, " (rank ", rank,
+                             ") did not confirm the end of the job; freeing it anyway"));
+          }
+          queue_.Release(worker, id);
+        });
     if (!all) {
       ++it;
       continue;
     }
-    unsubscribe.insert(unsubscribe.end(), j.handles.begin(), j.handles.end());
-    j.handles.clear();
+    auto h = handles_.find(&j);
+    if (h != handles_.end()) {
+      unsubscribe.insert(unsubscribe.end(), h->second.begin(), h->second.end());
+      handles_.erase(h);
+    }
     it = releasing_.erase(it);
   }
   for (int64_t h : unsubscribe) pool_->Unsubscribe(h);
@@ -212,17 +199,8 @@ void JobScheduler::DispatchLocked() {
   for (JobQueue::Dispatch& d : queue_.Take(idle)) {
     std::shared_ptr<Job> j = std::move(queued_[d.job_id]);
     queued_.erase(d.job_id);
-    {
-      std::lock_guard<std::mutex> l(j->mu);
-      j->workers = d.workers;
-      j->assigned.assign(d.workers.size(), false);
-      j->confirmed.assign(d.workers.size(), false);
-      j->released.assign(d.workers.size(), false);
-      j->info.clear_workers();
-      for (const auto& w : d.workers) j->info.add_workers(w);
-      j->dispatched = true;
-    }
-    j->cv.notify_all();
+    unplaceable_since_.erase(d.job_id);
+    j->Dispatch(std::move(d.workers));
   }
   if (queue_.size() == 0) return;
   const int registered = RegisteredWorkers();
@@ -232,15 +210,16 @@ void JobScheduler::DispatchLocked() {
   bool removed = false;
   for (const std::string& id : queue_.Ids()) {
     std::shared_ptr<Job> j = queued_[id];
-    const int world = j->spec.world_size();
+    const int world = j->plan().spec.world_size();
     if (world <= registered) {
-      j->unplaceable_since.reset();
+      unplaceable_since_.erase(id);
       continue;
     }
-    if (!j->unplaceable_since) j->unplaceable_since = now;
-    if (now - *j->unplaceable_since < Seconds(options_.queue_grace_s)) continue;
+    const Clock::time_point since = unplaceable_since_.emplace(id, now).first->second;
+    if (now - since < Seconds(options_.queue_grace_s)) continue;
     queue_.Remove(id);
     queued_.erase(id);
+    unplaceable_since_.erase(id);
     removed = true;
     j->Change(JobChange::kFail,
               absl::FailedPreconditionError(absl::StrCat(
@@ -256,14 +235,8 @@ void JobScheduler::DispatchLocked() {
   for (const std::string& id : queue_.Ids()) {
     std::shared_ptr<Job> j = queued_[id];
     ++position;
-    {
-      std::lock_guard<std::mutex> l(j->mu);
-      const std::string msg = QueueMessage(j->info.world_size(), registered, free, position - 1);
-      if (j->info.queue_position() == position && j->info.message() == msg) continue;
-      j->info.set_queue_position(position);
-      j->info.set_message(msg);
-    }
-    j->cv.notify_all();
+    j->SetQueuePlace(position,
+                     QueueMessage(j->plan().spec.world_size(), registered, free, position - 1));
   }
 }
 

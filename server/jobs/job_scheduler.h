@@ -85,7 +85,15 @@ class JobScheduler {
   std::mutex mu_;
   JobQueue queue_;
   std::map<std::string, std::shared_ptr<Job>> queued_;  // by id
-  std::vector<std::shared_ptr<Job>> releasing_;         // ended jobs still holding workers
+  // Ended jobs still holding workers, with when their unconfirmed ranks are freed anyway.
+  struct Releasing {
+    std::shared_ptr<Job> job;
+    Clock::time_point at;
+  };
+  std::vector<Releasing> releasing_;
+  std::map<const Job*, std::vector<int64_t>> handles_;  // dispatched jobs' worker subscriptions
+  // Since when a queued job (by id) has needed more workers than are registered.
+  std::map<std::string, Clock::time_point> unplaceable_since_;
   bool stop_ = false;
   std::atomic<bool> wake_{false};
   std::condition_variable cv_;

@@ -37,7 +37,7 @@ grpc::Status Authorized(const Caller& caller, const JobTable& table, const std::
   *denied = false;
   absl::StatusOr<std::shared_ptr<Job>> found = table.Find(id);
   if (!found.ok()) return ToGrpcStatus(found.status());
-  if (!security::MayAccess(caller, (*found)->owner.identity)) {
+  if (!security::MayAccess(caller, (*found)->owner().identity)) {
     *denied = true;
     return ToGrpcStatus(table.NotFound(id));
   }
@@ -147,8 +147,7 @@ grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* context, const v1::GetJ
     if (denied) AuditJob("get", *context, caller, request->job_id(), s, denied);  // not every poll
     return s;
   }
-  std::lock_guard<std::mutex> l(j->mu);
-  *response = j->info;
+  *response = j->Info();
   return grpc::Status::OK;
 }
 
@@ -157,9 +156,8 @@ grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* context, const v1::Li
   Caller caller;
   if (grpc::Status s = CallerOf(auth_.get(), *context, "ListJobs", &caller); !s.ok()) return s;
   for (const std::shared_ptr<Job>& j : table_.All()) {
-    if (!security::MayAccess(caller, j->owner.identity)) continue;
-    std::lock_guard<std::mutex> l(j->mu);
-    *response->add_jobs() = j->info;
+    if (!security::MayAccess(caller, j->owner().identity)) continue;
+    *response->add_jobs() = j->Info();
   }
   return grpc::Status::OK;
 }
@@ -179,9 +177,7 @@ grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context,
                           absl::CancelledError(absl::StrCat("job ", request->job_id(),
                                                             " cancelled while queued: ", reason)));
   j->Cancel(reason);
-  std::unique_lock<std::mutex> l(j->mu);
-  j->cv.wait_for(l, std::chrono::seconds(5), [&] { return Terminal(j->info.state()); });
-  *response = j->info;
+  *response = j->WaitEnded(std::chrono::seconds(5));
   return grpc::Status::OK;
 }
 
@@ -192,7 +188,7 @@ void JobServiceImpl::CancelAll(const std::string& reason) {
 
 std::string JobServiceImpl::OwnerOf(const std::string& id) const {
   absl::StatusOr<std::shared_ptr<Job>> found = table_.Find(id);
-  return found.ok() ? (*found)->owner.identity : "";
+  return found.ok() ? (*found)->owner().identity : "";
 }
 
 grpc::ServerWriteReactor<v1::StateChunk>* JobServiceImpl::FetchState(

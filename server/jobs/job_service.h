@@ -1,6 +1,9 @@
 // JobServiceImpl: fxdp.v1.JobService (proto/fxdp/v1/jobs.proto), the gRPC
 // layer over the job service's parts, none of which includes gRPC:
+//   job.h            one job: its plan, its progress, the lock discipline
+//   job_lifecycle.h  every state and every change of state, one table
 //   job_runner.h     one job from its spec to its end (a thread per job)
+//   state_collector.h  checkpoints and the final state out of the ranks
 //   job_spec.h       spec validation, schedule, expansion
 //   job_scheduler.h  the FIFO queue, dispatch to idle workers, releases
 //   dispatcher.h     messages between a job and its ranks

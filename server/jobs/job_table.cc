@@ -14,39 +14,18 @@ std::string JobTable::NextId() const {
 }
 
 absl::Status JobTable::Add(const std::shared_ptr<Job>& job, const std::string& id) {
-  const v1::JobSpec& spec = job->spec;
-  {
-    std::lock_guard<std::mutex> jl(job->mu);
-    v1::JobInfo& info = job->info;
-    if (absl::Status s = ApplyChange(&info, JobChange::kQueue, absl::OkStatus()); !s.ok()) return s;
-    info.set_job_id(id);
-    info.set_name(spec.name());
-    info.set_owner(job->owner.identity);
-    info.set_world_size(spec.world_size());
-    info.set_style(spec.style());
-    info.set_steps(spec.steps());
-    *info.mutable_data_paths() = spec.data_paths();
-    info.set_submitted_unix_ms(UnixMs());
-    info.set_compile_cached(job->expanded.cached());
-    for (std::string& h : job->placeholders.Hyperparameters())
-      info.add_hyperparameters(std::move(h));
-  }
+  if (absl::Status s = job->Queue(id); !s.ok()) return s;
   std::lock_guard<std::mutex> l(mu_);
   if (store_ != nullptr) {
-    v1::JobInfo info;
-    {
-      std::lock_guard<std::mutex> jl(job->mu);
-      info = job->info;
-    }
     ++next_id_;  // not reused either way
-    if (absl::Status s = store_->Insert(next_id_ - 1, info, job->submitted); !s.ok()) {
+    if (absl::Status s = store_->Insert(next_id_ - 1, job->Info(), job->TakeSubmitted()); !s.ok()) {
       Record(s, id, "record");
       return absl::Status(
           s.code(),
           absl::StrCat("the job cannot be recorded (fxdp-server --state-dir ", store_->dir(),
                        "), so it would be lost after a restart: ", s.message()));
     }
-    job->submitted.Clear();
+
   } else {
     ++next_id_;
   }
@@ -62,11 +41,7 @@ void JobTable::Record(const absl::Status& s, const std::string& id, const char* 
 
 void JobTable::Update(const std::shared_ptr<Job>& job) {
   if (store_ == nullptr) return;
-  v1::JobInfo info;
-  {
-    std::lock_guard<std::mutex> jl(job->mu);
-    info = job->info;
-  }
+  v1::JobInfo info = job->Info();
   Record(store_->Update(info, /*ended=*/false), info.job_id(), "update");
 }
 
@@ -77,11 +52,11 @@ void JobTable::Restore(const std::vector<std::shared_ptr<Job>>& jobs, int64_t la
     jobs_[id] = j;
     order_.push_back(id);
     if (Terminal(j->state())) finished_.push_back(id);
-    std::lock_guard<std::mutex> jl(j->mu);
     // Only a SUCCEEDED job's state is a file; another's was kept in memory
     // (KeepState) and is gone.
-    if (!HasFinalState(j->info.state())) j->info.set_has_state(false);
-    if (j->info.has_state() && store_ != nullptr) states_.PutBytes(id, store_->FinalStateBytes(id));
+    if (!HasFinalState(j->state())) j->SetHasState(false);
+    if (j->Info().has_state() && store_ != nullptr)
+      states_.PutBytes(id, store_->FinalStateBytes(id));
   }
   next_id_ = std::max(next_id_, last_seq + 1);
 }
@@ -107,11 +82,7 @@ std::vector<std::shared_ptr<Job>> JobTable::All() const {
 }
 
 void JobTable::Finished(const std::shared_ptr<Job>& job) {
-  v1::JobInfo info;
-  {
-    std::lock_guard<std::mutex> jl(job->mu);
-    info = job->info;  // its checkpoint kept only when it FAILED (ApplyChange)
-  }
+  const v1::JobInfo info = job->Info();  // its checkpoint kept only when it FAILED (ApplyChange)
   const std::string& id = info.job_id();
   std::lock_guard<std::mutex> l(mu_);
   if (store_ != nullptr) Record(store_->Update(info, /*ended=*/true), id, "update");
@@ -150,19 +121,13 @@ absl::Status JobTable::KeepState(const std::shared_ptr<Job>& job,
     auto it = jobs_.find(gone);
     if (it == jobs_.end()) continue;
     if (gone != id) Log(absl::StrCat(gone, ": final state evicted (--max-state-mb)"));
-    v1::JobInfo info;
-    {
-      std::lock_guard<std::mutex> jl(it->second->mu);
-      it->second->info.set_has_state(false);
-      it->second->info.set_state_evicted(true);
-      info = it->second->info;
-    }
+    it->second->StateEvicted();
+    const v1::JobInfo info = it->second->Info();
     if (store_ != nullptr) Record(store_->Update(info, Terminal(info.state())), gone, "update");
   }
   const bool kept = states_.Has(id);
   if (kept) {
-    std::lock_guard<std::mutex> jl(job->mu);
-    job->info.set_has_state(true);
+    job->SetHasState(true);
   } else {
     Log(absl::StrCat(id, ": final state not kept: larger than --max-state-mb"));
   }
@@ -179,11 +144,7 @@ absl::Status JobTable::Succeed(const std::shared_ptr<Job>& job,
                                std::shared_ptr<const StateStore::State> state) {
   if (absl::Status s = KeepState(job, std::move(state)); !s.ok()) return s;
   if (store_ == nullptr) return absl::OkStatus();
-  v1::JobInfo info;
-  {
-    std::lock_guard<std::mutex> jl(job->mu);
-    info = job->info;
-  }
+  v1::JobInfo info = job->Info();
   // The record SUCCEEDED (no checkpoint) before the job is (JobRunner::Succeeded).
   if (absl::Status s = ApplyChange(&info, JobChange::kSucceed, absl::OkStatus()); !s.ok()) return s;
   absl::Status s = store_->Update(info, /*ended=*/true);

@@ -7,8 +7,7 @@
 namespace fxdp::server {
 
 SubmitCall::SubmitCall(const JobContext* context, JobOwner owner, IdentityQuota::Slot slot)
-    : context_(context), slot_(std::move(slot)) {
-  job_->owner = std::move(owner);
+    : context_(context), slot_(std::move(slot)), job_(std::make_shared<Job>(std::move(owner))) {
   {
     std::lock_guard<std::mutex> l(rmu_);
     MaybeRead();  // the spec (budget_ 1, buffered_ 0)

@@ -45,7 +45,7 @@ class SubmitCall final : public grpc::ServerBidiReactor<v1::SubmitJobRequest, v1
 
   const JobContext* const context_;
   IdentityQuota::Slot slot_;
-  const std::shared_ptr<Job> job_ = std::make_shared<Job>();
+  const std::shared_ptr<Job> job_;
   std::mutex rmu_;
   v1::SubmitJobRequest incoming_;  // the outstanding read's message
   bool reading_ = false, read_ended_ = false;

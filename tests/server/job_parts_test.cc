@@ -598,6 +598,15 @@ TEST(JobSpec, ValidationNamesTheFieldAndTheValue) {
   EXPECT_TRUE(server::ValidateJobSpec(MlpSpec(2, 3)).ok());
 }
 
+// A job plan of MlpSpec(world, steps) without its graph (the table and the
+// scheduler read only the spec).
+server::JobPlan GraphlessPlan(int world, int steps) {
+  server::JobPlan plan;
+  plan.spec = MlpSpec(world, steps);
+  plan.spec.clear_graph();
+  return plan;
+}
+
 TEST(JobTable, KeepsTheLastFinishedJobsAndEvictsTheOldestState) {
   server::JobServiceOptions o;
   o.max_finished_jobs = 2;
@@ -606,8 +615,7 @@ TEST(JobTable, KeepsTheLastFinishedJobsAndEvictsTheOldestState) {
   std::vector<std::shared_ptr<server::Job>> jobs;
   for (int i = 0; i < 3; ++i) {
     auto j = std::make_shared<server::Job>();
-    j->spec = MlpSpec(1, 1);
-    j->spec.clear_graph();
+    j->SetPlan(GraphlessPlan(1, 1));
     const std::string id = table.NextId();
     EXPECT_THAT(id, ::testing::StartsWith("job-" + std::to_string(i + 1) + "-"));
     ASSERT_TRUE(table.Add(j, id).ok());
@@ -625,11 +633,10 @@ TEST(JobTable, KeepsTheLastFinishedJobsAndEvictsTheOldestState) {
   auto evicted = table.FinalState(jobs[1]->id());
   EXPECT_EQ(evicted.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(evicted.status().message(), HasSubstr("evicted"));
-  EXPECT_TRUE(jobs[1]->info.state_evicted());
+  EXPECT_TRUE(jobs[1]->Info().state_evicted());
   EXPECT_TRUE(table.FinalState(jobs[2]->id()).ok());
   auto failed = std::make_shared<server::Job>();
-  failed->spec = MlpSpec(1, 1);
-  failed->spec.clear_graph();
+  failed->SetPlan(GraphlessPlan(1, 1));
   ASSERT_TRUE(table.Add(failed, table.NextId()).ok());
   ASSERT_TRUE(failed->Change(server::JobChange::kStart).ok());
   ASSERT_TRUE(failed->Change(server::JobChange::kFail, absl::InternalError("x")).ok());
@@ -641,19 +648,15 @@ TEST(JobScheduler, DispatchesInFifoOrderAndCancelsQueuedJobs) {
   Parts parts(2);
   auto queued = [&] {
     auto j = std::make_shared<server::Job>();
-    j->spec = MlpSpec(2, 1);
-    j->spec.clear_graph();
+    j->SetPlan(GraphlessPlan(2, 1));
     return j;
   };
   auto a = queued(), b = queued();
   ASSERT_TRUE(parts.scheduler.Enqueue(a).ok());
   absl::StatusOr<v1::JobEvent> first = parts.scheduler.Enqueue(b);
   ASSERT_TRUE(first.ok());
-  {
-    std::lock_guard<std::mutex> l(a->mu);
-    EXPECT_TRUE(a->dispatched);
-    EXPECT_THAT(a->workers, ElementsAre("w0", "w1"));
-  }
+  EXPECT_TRUE(a->dispatched());
+  EXPECT_THAT(a->workers(), ElementsAre("w0", "w1"));
   EXPECT_EQ(first->queue_position(), 1);
   EXPECT_THAT(first->message(), HasSubstr("waiting for 2 idle workers; 2 registered, 0 idle"));
   EXPECT_TRUE(parts.scheduler.CancelQueued(b->id(), "test",

@@ -70,29 +70,29 @@ TEST(JobStore, RecordsAndStatesSurviveAReopenAndRecoveryResolvesEachJob) {
   ASSERT_EQ(r.jobs.size(), 4u);
   EXPECT_EQ(r.last_seq, 4);
   EXPECT_EQ(r.jobs[0]->state(), v1::JOB_STATE_SUCCEEDED);
-  EXPECT_TRUE(r.jobs[0]->info.has_state());
-  EXPECT_EQ(r.jobs[0]->owner.identity, "alice");  // ownership survives the restart
+  EXPECT_TRUE(r.jobs[0]->Info().has_state());
+  EXPECT_EQ(r.jobs[0]->owner().identity, "alice");  // ownership survives the restart
   EXPECT_EQ(r.jobs[1]->state(), v1::JOB_STATE_FAILED);
-  EXPECT_EQ(r.jobs[1]->info.error_code(), static_cast<int>(absl::StatusCode::kUnavailable));
-  EXPECT_THAT(r.jobs[1]->info.error(),
+  EXPECT_EQ(r.jobs[1]->Info().error_code(), static_cast<int>(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(r.jobs[1]->Info().error(),
               HasSubstr("job job-2-b: the server restarted while the job ran"));
   EXPECT_EQ(r.jobs[2]->state(), v1::JOB_STATE_FAILED);
-  EXPECT_THAT(r.jobs[2]->info.error(), HasSubstr("its batches came over its Submit stream"));
+  EXPECT_THAT(r.jobs[2]->Info().error(), HasSubstr("its batches came over its Submit stream"));
   ASSERT_EQ(r.to_run.size(), 1u);
   const server::Job& d = *r.to_run[0];
   EXPECT_EQ(r.to_run[0]->id(), "job-4-d");
-  EXPECT_TRUE(d.recovered);
-  EXPECT_EQ(d.spec.world_size(), 2);
-  EXPECT_EQ(d.expanded.graphs_size(), 1);
-  EXPECT_EQ(d.inputs.size(), 2u);
-  ASSERT_EQ(d.initial_state.size(), 2u);  // read back whole, by name
-  EXPECT_EQ(d.initial_state[0].name(), "fc.bias");
-  EXPECT_EQ(d.initial_state[0].data(), initial[1].data());
-  EXPECT_EQ(d.initial_state[1].data(), initial[0].data());
+  EXPECT_TRUE(d.plan().recovered);
+  EXPECT_EQ(d.plan().spec.world_size(), 2);
+  EXPECT_EQ(d.plan().expanded.graphs_size(), 1);
+  EXPECT_EQ(d.plan().inputs.size(), 2u);
+  ASSERT_EQ(d.initial_state().size(), 2u);  // read back whole, by name
+  EXPECT_EQ(d.initial_state()[0].name(), "fc.bias");
+  EXPECT_EQ(d.initial_state()[0].data(), initial[1].data());
+  EXPECT_EQ(d.initial_state()[1].data(), initial[0].data());
 
   // The failures were recorded: a third start sees them as they are.
   server::RecoveredJobs again = ValueOrDie(server::RecoverJobs(store.get(), server::RunExpand));
-  EXPECT_EQ(again.jobs[1]->info.error(), r.jobs[1]->info.error());
+  EXPECT_EQ(again.jobs[1]->Info().error(), r.jobs[1]->Info().error());
 
   // The table serves the recovered final state from its file, whole.
   server::JobServiceOptions o;
@@ -130,13 +130,13 @@ TEST(JobStore, ARunningDataPathsJobWithACheckpointResumesAfterItsStep) {
   server::RecoveredJobs r = ValueOrDie(server::RecoverJobs(store.get(), server::RunExpand));
   ASSERT_EQ(r.to_run.size(), 1u);
   const server::Job& j = *r.to_run[0];
-  EXPECT_EQ(j.first_step, 6);
-  EXPECT_EQ(j.info.state(), v1::JOB_STATE_QUEUED);
-  EXPECT_EQ(j.info.steps_done(), 6);
-  EXPECT_THAT(j.info.losses(), ::testing::ElementsAre(1, 2, 3, 4, 5, 6));
-  EXPECT_EQ(j.info.message(), "resumed from the checkpoint of step 6 after a server restart");
-  ASSERT_EQ(j.initial_state.size(), 2u);
-  EXPECT_EQ(j.initial_state[1].data(), at6[0].data());  // fc.weight, from the checkpoint
+  EXPECT_EQ(j.plan().first_step, 6);
+  EXPECT_EQ(j.Info().state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(j.Info().steps_done(), 6);
+  EXPECT_THAT(j.Info().losses(), ::testing::ElementsAre(1, 2, 3, 4, 5, 6));
+  EXPECT_EQ(j.Info().message(), "resumed from the checkpoint of step 6 after a server restart");
+  ASSERT_EQ(j.initial_state().size(), 2u);
+  EXPECT_EQ(j.initial_state()[1].data(), at6[0].data());  // fc.weight, from the checkpoint
   // The end of the job drops its spec, initial state and checkpoint.
   ASSERT_TRUE(store->Update(Info("job-1-r", v1::JOB_STATE_SUCCEEDED), true).ok());
   EXPECT_FALSE(std::ifstream(store->CheckpointPath("job-1-r")).good());
@@ -219,10 +219,10 @@ TEST(JobStore, ACheckpointFileNewerThanItsRecordedStepIsTakenAtItsOwnStep) {
   EXPECT_EQ(ValueOrDie(store->ReadCheckpoint("job-1-c")).step, 6);
   server::RecoveredJobs r = ValueOrDie(server::RecoverJobs(store.get(), server::RunExpand));
   ASSERT_EQ(r.to_run.size(), 1u);
-  EXPECT_EQ(r.to_run[0]->first_step, 6);
-  EXPECT_EQ(r.to_run[0]->info.checkpoint_step(), 6);
-  EXPECT_THAT(r.to_run[0]->info.losses(), ::testing::ElementsAre(1, 2, 3, 4, 5, 6));
-  EXPECT_EQ(WeightOf(r.to_run[0]->initial_state), at6[0].data());
+  EXPECT_EQ(r.to_run[0]->plan().first_step, 6);
+  EXPECT_EQ(r.to_run[0]->Info().checkpoint_step(), 6);
+  EXPECT_THAT(r.to_run[0]->Info().losses(), ::testing::ElementsAre(1, 2, 3, 4, 5, 6));
+  EXPECT_EQ(WeightOf(r.to_run[0]->initial_state()), at6[0].data());
 }
 
 TEST(GraphDifference, NamesTheStateTensorTheNodeCountOrTheFirstNodeThatDiffers) {
