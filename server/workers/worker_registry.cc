@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -188,33 +189,11 @@ void WorkerRegistry::Shutdown() {
   for (auto& c : conns) c->Cancel();
 }
 
-grpc::Status WorkerRegistry::Attach(
-    grpc::ServerContext* context,
-    grpc::ServerReaderWriter<v1::ServerMessage, v1::WorkerMessage>* stream) {
+grpc::Status WorkerRegistry::Attach(grpc::ServerContext* context, AttachStream* stream) {
   absl::StatusOr<std::optional<security::Principal>> who =
       security::CallPrincipal(auth_.get(), *context, security::kAttachMethod);
   if (!who.ok()) return ToGrpcStatus(who.status());
-  // Admission: at most max_streams calls; each must register in time (the
-  // watchdog cancels one that does not, which ends the Read below).
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    if (shutdown_)
-      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down");
-    if (streams_ >= options_.max_streams) {
-      if (++refused_streams_ <= kMaxIgnoredLogs) {
-        Log(absl::StrCat("attach from ", context->peer(), ": refused: ", streams_,
-                         " Attach streams open (--max-worker-streams)"));
-      }
-      return grpc::Status(
-          grpc::StatusCode::RESOURCE_EXHAUSTED,
-          absl::StrCat("this server takes at most ", options_.max_streams,
-                       " Attach streams at once (fxdp-server --max-worker-streams)"));
-    }
-    ++streams_;
-    unregistered_[context] =
-        Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                           std::chrono::duration<double>(options_.register_deadline_s));
-  }
+  if (grpc::Status s = Admit(context); !s.ok()) return s;
   struct StreamSlot {
     WorkerRegistry* r;
     ~StreamSlot() {
@@ -222,6 +201,46 @@ grpc::Status WorkerRegistry::Attach(
       --r->streams_;
     }
   } slot{this};
+  std::optional<v1::Register> reg;
+  if (grpc::Status s = ReadRegister(context, stream, &reg); !s.ok() || !reg) return s;
+  std::shared_ptr<Conn> conn;
+  if (grpc::Status s = Enroll(security::Describe(*who), context, stream, &*reg, &conn); !s.ok()) {
+    return s;
+  }
+  const std::string why = Serve(conn, context, stream);
+  MarkLost(conn->id, conn, why);
+  {
+    std::lock_guard<std::mutex> l(conn->ctx_mu);
+    conn->ctx = nullptr;
+  }
+  std::lock_guard<std::mutex> l(conn->write_mu);
+  conn->stream = nullptr;
+  return grpc::Status::OK;
+}
+
+// At most max_streams calls; each must register in time (the watchdog
+// cancels one that does not, which ends ReadRegister's Read).
+grpc::Status WorkerRegistry::Admit(grpc::ServerContext* context) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (shutdown_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down");
+  if (streams_ >= options_.max_streams) {
+    if (++refused_streams_ <= kMaxIgnoredLogs) {
+      Log(absl::StrCat("attach from ", context->peer(), ": refused: ", streams_,
+                       " Attach streams open (--max-worker-streams)"));
+    }
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        absl::StrCat("this server takes at most ", options_.max_streams,
+                                     " Attach streams at once (fxdp-server --max-worker-streams)"));
+  }
+  ++streams_;
+  unregistered_[context] =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                         std::chrono::duration<double>(options_.register_deadline_s));
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerRegistry::ReadRegister(grpc::ServerContext* context, AttachStream* stream,
+                                          std::optional<v1::Register>* reg) {
   v1::WorkerMessage m;
   const bool got = stream->Read(&m);
   bool late = false;
@@ -244,142 +263,147 @@ grpc::Status WorkerRegistry::Attach(
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "the first message on Attach must be register_worker");
   }
-  v1::Register reg = m.register_worker();
-  if (reg.protocol_version() != v1::WORKER_PROTOCOL_VERSION_1) {
-    Log(absl::StrCat("attach from ", context->peer(), ": protocol version ", reg.protocol_version(),
+  const v1::Register& r = m.register_worker();
+  if (r.protocol_version() != v1::WORKER_PROTOCOL_VERSION_1) {
+    Log(absl::StrCat("attach from ", context->peer(), ": protocol version ", r.protocol_version(),
                      " not supported"));
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        absl::StrCat("worker protocol version ", reg.protocol_version(),
+                        absl::StrCat("worker protocol version ", r.protocol_version(),
                                      " is not supported (this server speaks 1)"));
   }
-  if (grpc::Status bad = ValidateRegister(reg); !bad.ok()) {
+  if (grpc::Status bad = ValidateRegister(r); !bad.ok()) {
     Log(absl::StrCat("attach from ", context->peer(), ": refused: ", bad.error_message()));
     return bad;
   }
+  *reg = r;
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerRegistry::Enroll(const std::string& principal, grpc::ServerContext* context,
+                                    AttachStream* stream, v1::Register* reg,
+                                    std::shared_ptr<Conn>* out) {
   const std::string address = PeerHost(context->peer());
   auto conn = std::make_shared<Conn>();
-  conn->principal = security::Describe(*who);
+  conn->principal = principal;
   conn->ctx = context;
   conn->stream = stream;
   {
     std::lock_guard<std::mutex> l(mu_);
     if (shutdown_)
       return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down");
-    if (reg.worker_id().empty()) {
+    if (reg->worker_id().empty()) {
       do {
-        reg.set_worker_id(absl::StrCat("worker-", next_anon_id_++));
-      } while (workers_.count(reg.worker_id()));
+        reg->set_worker_id(absl::StrCat("worker-", next_anon_id_++));
+      } while (workers_.count(reg->worker_id()));
     }
-    auto it = workers_.find(reg.worker_id());
+    auto it = workers_.find(reg->worker_id());
     if (it != workers_.end() && it->second.conn) {
-      Log(absl::StrCat("attach from ", context->peer(), ": worker id '", reg.worker_id(),
+      Log(absl::StrCat("attach from ", context->peer(), ": worker id '", reg->worker_id(),
                        "' is in use"));
       return grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
-                          absl::StrCat("worker id '", reg.worker_id(), "' is attached already"));
+                          absl::StrCat("worker id '", reg->worker_id(), "' is attached already"));
     }
-    conn->id = reg.worker_id();
+    conn->id = reg->worker_id();
     Entry& e = workers_[conn->id];
     e = Entry{};
-    e.reg = reg;
+    e.reg = *reg;
     e.address = address;
-    e.state = reg.busy_with_job_id().empty() ? v1::WORKER_STATE_IDLE : v1::WORKER_STATE_BUSY;
-    e.job_id = reg.busy_with_job_id();
+    e.state = reg->busy_with_job_id().empty() ? v1::WORKER_STATE_IDLE : v1::WORKER_STATE_BUSY;
+    e.job_id = reg->busy_with_job_id();
     e.attached = e.last_heartbeat = Clock::now();
     e.conn = conn;
   }
-  const std::string& id = conn->id;
   Audit("worker_join", {{"identity", conn->principal},
                         {"peer", context->peer()},
-                        {"worker", id},
-                        {"hostname", reg.hostname()},
-                        {"device", reg.device()}});
+                        {"worker", conn->id},
+                        {"hostname", reg->hostname()},
+                        {"device", reg->device()}});
   Log(absl::StrFormat(
-      "worker %s attached: host %s pid %d device %s capacity %d (fxdp %s, torch %s) from %s", id,
-      reg.hostname(), reg.pid(), reg.device(), reg.capacity(), reg.fxdp_version(),
-      reg.torch_version(), context->peer()));
-  v1::ServerMessage hello;
-  hello.mutable_registered()->set_worker_id(id);
-  hello.mutable_registered()->set_heartbeat_interval_ms(options_.heartbeat_interval_ms);
-  std::string why = "stream ended";
-  if (!conn->Write(hello)) {
-    why = "could not send Registered";
-  } else {
-    while (stream->Read(&m)) {
-      switch (m.msg_case()) {
-        case v1::WorkerMessage::kHeartbeat: {
-          const v1::Heartbeat& h = m.heartbeat();
-          if (h.state() != v1::WORKER_STATE_IDLE && h.state() != v1::WORKER_STATE_BUSY) {
-            conn->Ignore(absl::StrCat("a heartbeat with state ", h.state()));
-            continue;
-          }
-          std::lock_guard<std::mutex> l(mu_);
-          if (conn->lost) break;
-          Entry& e = workers_[id];
-          e.last_heartbeat = Clock::now();
-          if (!e.assigned_job.empty()) {
-            // Sent before the worker saw its assignment: keep BUSY.
-            if (h.state() != v1::WORKER_STATE_BUSY || h.job_id() != e.assigned_job) break;
-            e.assigned_job.clear();
-          }
-          // A heartbeat may be older than the last StepResult of the same job.
-          const bool same_job = e.state == v1::WORKER_STATE_BUSY && e.job_id == h.job_id();
-          e.step = same_job ? std::max(e.step, h.step()) : h.step();
-          e.state = h.state();
-          e.job_id = h.job_id();
-          break;
-        }
-        case v1::WorkerMessage::kStepResult: {
-          std::lock_guard<std::mutex> l(mu_);
-          if (conn->lost) break;
-          Entry& e = workers_[id];
-          if (e.state == v1::WORKER_STATE_BUSY && e.job_id == m.step_result().job_id()) {
-            e.step = std::max(e.step, m.step_result().step());
-          }
-          break;
-        }
-        case v1::WorkerMessage::kJobEnded:
-        case v1::WorkerMessage::kJobFailed: {
-          // The worker frees its job slot before it says so: it is IDLE now,
-          // not only at its next heartbeat (a job submitted right after
-          // would otherwise find it busy). The message still goes to the
-          // subscribers below.
-          const std::string& job =
-              m.has_job_ended() ? m.job_ended().job_id() : m.job_failed().job_id();
-          std::lock_guard<std::mutex> l(mu_);
-          if (conn->lost) break;
-          Entry& e = workers_[id];
-          // Only the job it is running: a refused second job leaves it busy.
-          if (e.job_id.empty() || e.job_id == job) {
-            e.state = v1::WORKER_STATE_IDLE;
-            e.job_id.clear();
-            e.step = 0;
-          }
-          if (e.assigned_job == job) e.assigned_job.clear();
-          break;
-        }
-        case v1::WorkerMessage::kRegisterWorker: conn->Ignore("a second register_worker"); continue;
-        case v1::WorkerMessage::MSG_NOT_SET: conn->Ignore("an empty or unknown message"); continue;
-        default: break;
-      }
-      std::vector<Listener> ls;
-      {
-        std::lock_guard<std::mutex> l(mu_);
-        for (auto& [h, p] : listeners_) {
-          if (p.first == conn) ls.push_back(p.second);
-        }
-      }
-      for (auto& f : ls) f(id, &m);
-    }
-    if (context->IsCancelled()) why = "stream cancelled";
-  }
-  MarkLost(id, conn, why);
-  {
-    std::lock_guard<std::mutex> l(conn->ctx_mu);
-    conn->ctx = nullptr;
-  }
-  std::lock_guard<std::mutex> l(conn->write_mu);
-  conn->stream = nullptr;
+      "worker %s attached: host %s pid %d device %s capacity %d (fxdp %s, torch %s) from %s",
+      conn->id, reg->hostname(), reg->pid(), reg->device(), reg->capacity(), reg->fxdp_version(),
+      reg->torch_version(), context->peer()));
+  *out = std::move(conn);
   return grpc::Status::OK;
+}
+
+std::string WorkerRegistry::Serve(const std::shared_ptr<Conn>& conn, grpc::ServerContext* context,
+                                  AttachStream* stream) {
+  v1::ServerMessage hello;
+  hello.mutable_registered()->set_worker_id(conn->id);
+  hello.mutable_registered()->set_heartbeat_interval_ms(options_.heartbeat_interval_ms);
+  if (!conn->Write(hello)) return "could not send Registered";
+  v1::WorkerMessage m;
+  while (stream->Read(&m)) {
+    if (!OnMessage(conn, m)) continue;
+    std::vector<Listener> ls;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      for (auto& [h, p] : listeners_) {
+        if (p.first == conn) ls.push_back(p.second);
+      }
+    }
+    for (auto& f : ls) f(conn->id, &m);
+  }
+  return context->IsCancelled() ? "stream cancelled" : "stream ended";
+}
+
+bool WorkerRegistry::OnMessage(const std::shared_ptr<Conn>& conn, const v1::WorkerMessage& m) {
+  switch (m.msg_case()) {
+    case v1::WorkerMessage::kHeartbeat: {
+      const v1::Heartbeat& h = m.heartbeat();
+      if (h.state() != v1::WORKER_STATE_IDLE && h.state() != v1::WORKER_STATE_BUSY) {
+        conn->Ignore(absl::StrCat("a heartbeat with state ", h.state()));
+        return false;
+      }
+      std::lock_guard<std::mutex> l(mu_);
+      if (!conn->lost) OnHeartbeat(&workers_[conn->id], h);
+      return true;
+    }
+    case v1::WorkerMessage::kStepResult: {
+      std::lock_guard<std::mutex> l(mu_);
+      if (conn->lost) return true;
+      Entry& e = workers_[conn->id];
+      if (e.state == v1::WORKER_STATE_BUSY && e.job_id == m.step_result().job_id()) {
+        e.step = std::max(e.step, m.step_result().step());
+      }
+      return true;
+    }
+    case v1::WorkerMessage::kJobEnded:
+    case v1::WorkerMessage::kJobFailed: {
+      // The worker frees its job slot before it says so: it is IDLE now,
+      // not only at its next heartbeat (a job submitted right after would
+      // otherwise find it busy). The message still goes to the subscribers.
+      const std::string& job = m.has_job_ended() ? m.job_ended().job_id() : m.job_failed().job_id();
+      std::lock_guard<std::mutex> l(mu_);
+      if (conn->lost) return true;
+      Entry& e = workers_[conn->id];
+      // Only the job it is running: a refused second job leaves it busy.
+      if (e.job_id.empty() || e.job_id == job) {
+        e.state = v1::WORKER_STATE_IDLE;
+        e.job_id.clear();
+        e.step = 0;
+      }
+      if (e.assigned_job == job) e.assigned_job.clear();
+      return true;
+    }
+    case v1::WorkerMessage::kRegisterWorker: conn->Ignore("a second register_worker"); return false;
+    case v1::WorkerMessage::MSG_NOT_SET: conn->Ignore("an empty or unknown message"); return false;
+    default: return true;
+  }
+}
+
+void WorkerRegistry::OnHeartbeat(Entry* e, const v1::Heartbeat& h) {
+  e->last_heartbeat = Clock::now();
+  if (!e->assigned_job.empty()) {
+    // Sent before the worker saw its assignment: keep BUSY.
+    if (h.state() != v1::WORKER_STATE_BUSY || h.job_id() != e->assigned_job) return;
+    e->assigned_job.clear();
+  }
+  // A heartbeat may be older than the last StepResult of the same job.
+  const bool same_job = e->state == v1::WORKER_STATE_BUSY && e->job_id == h.job_id();
+  e->step = same_job ? std::max(e->step, h.step()) : h.step();
+  e->state = h.state();
+  e->job_id = h.job_id();
 }
 
 void WorkerRegistry::MarkLost(const std::string& id, const std::shared_ptr<Conn>& conn,

@@ -31,6 +31,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -94,9 +95,9 @@ class WorkerRegistry final : public v1::WorkerService::Service, public WorkerPoo
                           std::shared_ptr<security::CallAuth> auth = nullptr);
   ~WorkerRegistry() override;
 
-  grpc::Status Attach(
-      grpc::ServerContext* context,
-      grpc::ServerReaderWriter<v1::ServerMessage, v1::WorkerMessage>* stream) override;
+  using AttachStream = grpc::ServerReaderWriter<v1::ServerMessage, v1::WorkerMessage>;
+  // One worker's attachment, from its admission to its loss (the steps below).
+  grpc::Status Attach(grpc::ServerContext* context, AttachStream* stream) override;
   // Every worker; an authenticated caller that is no admin sees the job id
   // and step of its own jobs only (job_owners), never another identity's.
   grpc::Status ListWorkers(grpc::ServerContext* context, const v1::ListWorkersRequest* request,
@@ -140,6 +141,21 @@ class WorkerRegistry final : public v1::WorkerService::Service, public WorkerPoo
     std::shared_ptr<Conn> conn;  // null once LOST
   };
 
+  // Attach's steps: admission (max_streams, the register deadline), the
+  // Register read and validated (OK with none: the stream closed first), the
+  // worker listed (its id, unique), its messages served until the stream
+  // ends (why it ended), then MarkLost.
+  grpc::Status Admit(grpc::ServerContext* context);
+  grpc::Status ReadRegister(grpc::ServerContext* context, AttachStream* stream,
+                            std::optional<v1::Register>* reg);
+  grpc::Status Enroll(const std::string& principal, grpc::ServerContext* context,
+                      AttachStream* stream, v1::Register* reg, std::shared_ptr<Conn>* conn);
+  std::string Serve(const std::shared_ptr<Conn>& conn, grpc::ServerContext* context,
+                    AttachStream* stream);
+  // A message of an attached worker applied to its entry; false when it is
+  // ignored (not for the subscribers).
+  bool OnMessage(const std::shared_ptr<Conn>& conn, const v1::WorkerMessage& m);
+  void OnHeartbeat(Entry* e, const v1::Heartbeat& h);  // mu_ held
   void MarkLost(const std::string& id, const std::shared_ptr<Conn>& conn, const std::string& why);
   void Watchdog();
   v1::WorkerInfo InfoOf(const std::string& id, const Entry& e, Clock::time_point now) const;
