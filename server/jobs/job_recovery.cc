@@ -33,6 +33,29 @@ JobOwner RecordedOwner(const v1::JobInfo& info) {
   return owner;
 }
 
+// Why a job cut short in `state` cannot be queued again ("" when it can):
+// a running one without a checkpoint to resume from, or one whose batches
+// came over its Submit stream, or whose initial state was not recorded.
+std::string WhyNotAgain(v1::JobState state, const JobStore::Record& r, bool resume,
+                        const std::string& again) {
+  if (state != v1::JOB_STATE_QUEUED && !resume) {
+    return absl::StrCat(
+        "the server restarted while the job ran (its Submit stream ended with the server "
+        "and its workers were released); ",
+        again);
+  }
+  if (r.spec.data_paths_size() == 0) {
+    return absl::StrCat(
+        "the server restarted while the job was queued; its batches came over its Submit "
+        "stream, which ended with the server: ",
+        again);
+  }
+  if (!resume && !r.has_initial_state) {
+    return "the server restarted before the job's initial state was recorded: submit it again";
+  }
+  return "";
+}
+
 // A job that was queued or running when the server stopped: failed (in
 // `info`, recorded), or its plan and initial state to run again (null).
 std::shared_ptr<Job> RecoverCutShort(JobStore* store, const Expander& expand, JobStore::Record& r,
@@ -60,28 +83,8 @@ std::shared_ptr<Job> RecoverCutShort(JobStore* store, const Expander& expand, Jo
       k > 0 ? absl::StrCat("resume it from its checkpoint of step ", k, " (fxdp run --resume ", id,
                            ", or fxdp.Client.train(resume=...))")
             : "submit it again";
-  if (state != v1::JOB_STATE_QUEUED && !resume) {
-    FailRecovered(
-        store, info,
-        absl::StrCat(
-            "the server restarted while the job ran (its Submit stream ended with the server "
-            "and its workers were released); ",
-            again));
-    return nullptr;
-  }
-  if (r.spec.data_paths_size() == 0) {
-    FailRecovered(
-        store, info,
-        absl::StrCat(
-            "the server restarted while the job was queued; its batches came over its Submit "
-            "stream, which ended with the server: ",
-            again));
-    return nullptr;
-  }
-  if (!resume && !r.has_initial_state) {
-    FailRecovered(
-        store, info,
-        "the server restarted before the job's initial state was recorded: submit it again");
+  if (const std::string why = WhyNotAgain(state, r, resume, again); !why.empty()) {
+    FailRecovered(store, info, why);
     return nullptr;
   }
   // A running job resumes from its checkpoint, a queued one starts.

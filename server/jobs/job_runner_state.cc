@@ -20,6 +20,24 @@ std::string MiB(uint64_t bytes) {
   return absl::StrFormat("%.1f MiB (%d bytes)", static_cast<double>(bytes) / (1 << 20), bytes);
 }
 
+// A whole-state tensor (REPLICATE) to every rank, re-chunked to `chunk_bytes`
+// pieces; `last` on the last piece when it is the state's last tensor.
+template <typename SendAll>
+absl::Status SendRechunked(const std::string& job_id, const v1::TensorChunk& tensor,
+                           size_t chunk_bytes, bool last_tensor, SendAll send_all) {
+  v1::ServerMessage m;
+  v1::StateChunk* sc = m.mutable_state_chunk();
+  sc->set_job_id(job_id);
+  std::vector<v1::TensorChunk> pieces;
+  RechunkTensor(tensor, chunk_bytes, &pieces);
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    sc->mutable_tensor()->Swap(&pieces[i]);
+    sc->set_last(last_tensor && i + 1 == pieces.size());
+    if (absl::Status s = send_all(m); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status JobRunner::CheckDeclaredSizes(const v1::JobSpec& spec,
@@ -123,14 +141,15 @@ absl::Status JobRunner::TakeInitialState() {
 
 absl::Status JobRunner::ForwardState() {
   const uint32_t n = job_->plan().spec.num_state_tensors();
-  v1::ServerMessage m;
-  v1::StateChunk* sc = m.mutable_state_chunk();
-  sc->set_job_id(id_);
+  const size_t chunk_bytes = ctx_.options.chunk_bytes;
+  auto send_all = [this](const v1::ServerMessage& m) { return SendAll(m); };
   if (!job_->has_initial_state()) {  // the client streams it
     if (absl::Status s = CheckStateCount(); !s.ok()) return BadInput(s.message());
   }
   if (n == 0) {
-    sc->set_last(true);
+    v1::ServerMessage m;
+    m.mutable_state_chunk()->set_job_id(id_);
+    m.mutable_state_chunk()->set_last(true);
     return SendAll(m);
   }
   // FULLY_SHARD: each rank gets its own shards, so its own messages; each
@@ -145,27 +164,18 @@ absl::Status JobRunner::ForwardState() {
     // Its reservation is given back once it is sent (after `state` is freed).
     absl::Cleanup release = [this] { ReleaseHeldState(); };
     std::vector<v1::TensorChunk> state = job_->TakeInitialState();
-    std::vector<v1::TensorChunk> pieces;
     for (size_t t = 0; t < state.size(); ++t) {
       const bool complete = t + 1 == state.size();
-      if (splitter) {
-        if (absl::Status s = SendShards(*splitter, state[t], complete, &held); !s.ok()) return s;
-        continue;
-      }
-      pieces.clear();
-      RechunkTensor(state[t], ctx_.options.chunk_bytes, &pieces);
-      for (size_t i = 0; i < pieces.size(); ++i) {
-        sc->mutable_tensor()->Swap(&pieces[i]);
-        sc->set_last(complete && i + 1 == pieces.size());
-        if (absl::Status s = SendAll(m); !s.ok()) return s;
-      }
+      if (absl::Status s = splitter ? SendShards(*splitter, state[t], complete, &held)
+                                    : SendRechunked(id_, state[t], chunk_bytes, complete, send_all);
+          !s.ok())
+        return s;
     }
     return absl::OkStatus();
   }
   ChunkStream stream("initial state", /*keep_data=*/false, &job_->plan().declared_state);
   v1::SubmitJobRequest req;
   Job::Msg msg;
-  std::vector<v1::TensorChunk> pieces;
   Clock::time_point idle_from = Clock::now();
   while (stream.complete() < n) {
     const double left = ClientIdleLeft(idle_from);
@@ -192,19 +202,12 @@ absl::Status JobRunner::ForwardState() {
                                    SubmitRequestKind(req)));
     }
     if (absl::Status s = stream.Add(req.state()); !s.ok()) return BadInput(s.message());
-    if (splitter) {
-      if (absl::Status s = SendShards(*splitter, req.state(), stream.complete() == n, &held);
-          !s.ok())
-        return s;
-      continue;
-    }
-    pieces.clear();
-    RechunkTensor(req.state(), ctx_.options.chunk_bytes, &pieces);
-    for (size_t i = 0; i < pieces.size(); ++i) {
-      sc->mutable_tensor()->Swap(&pieces[i]);
-      sc->set_last(stream.complete() == n && i + 1 == pieces.size());
-      if (absl::Status s = SendAll(m); !s.ok()) return s;
-    }
+    const bool complete = stream.complete() == n;
+    if (absl::Status s = splitter
+                             ? SendShards(*splitter, req.state(), complete, &held)
+                             : SendRechunked(id_, req.state(), chunk_bytes, complete, send_all);
+        !s.ok())
+      return s;
   }
   return absl::OkStatus();
 }
