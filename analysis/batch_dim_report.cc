@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "analysis/analysis_table.h"
 #include "analysis/batch_dim.h"
 #include "analysis/op_rules.h"
 #include "analysis/view_rules.h"
@@ -23,8 +24,6 @@ namespace {
 
 std::string Lower(absl::string_view s) { return absl::AsciiStrToLower(s); }
 
-std::string ReduceName(ReduceOp op) { return op == ReduceOp::kAvg ? "avg" : "sum"; }
-
 std::string DetailText(const Graph& g, const BatchDimAnalysis& a, NodeId id) {
   const NodeInfo& info = a.node(id);
   const ValueInfo& v = a.primary(id);
@@ -38,9 +37,9 @@ std::string DetailText(const Graph& g, const BatchDimAnalysis& a, NodeId id) {
     }
     case Detail::kContracted:
       return absl::StrFormat("batch (arg %d) contracted -> partial %s", info.arg,
-                             ReduceName(v.placement.reduce));
+                             ReduceOpName(v.placement.reduce));
     case Detail::kReducedBatch:
-      return absl::StrFormat("batch dim reduced -> partial %s", ReduceName(v.placement.reduce));
+      return absl::StrFormat("batch dim reduced -> partial %s", ReduceOpName(v.placement.reduce));
     case Detail::kLossReduced:
       return absl::StrFormat("loss reduced over the batch by %s",
                              v.placement.reduce == ReduceOp::kAvg ? "mean" : "sum");
@@ -120,7 +119,7 @@ std::string DescribeDecision(const Graph& g, const BatchDimAnalysis& a, NodeId i
   if (v.rank_local) absl::StrAppend(&s, " (rank-local: from local batch statistics)");
   if (!n.grad_of.empty()) absl::StrAppend(&s, "; gradient of ", n.grad_of);
   if (a.num_outputs(id) > 0 && a.IsReduced(ValueRef{id, 0})) {
-    absl::StrAppend(&s, "; all-reduced (", ReduceName(v.placement.reduce), ") before use");
+    absl::StrAppend(&s, "; all-reduced (", ReduceOpName(v.placement.reduce), ") before use");
   }
   return s;
 }
@@ -202,7 +201,7 @@ std::string AnalysisToJson(const Graph& g, const BatchDimAnalysis& a,
     nlohmann::json x;
     x["value"] = g.node(r.value.node).name;
     x["output"] = r.value.output;
-    x["op"] = ReduceName(r.op);
+    x["op"] = ReduceOpName(r.op);
     x["first_use"] = r.first_use.valid() ? g.node(r.first_use).name : std::string();
     x["grad_of"] = r.grad_of;
     reds.push_back(std::move(x));
@@ -225,64 +224,7 @@ std::string AnalysisToJson(const Graph& g, const BatchDimAnalysis& a,
 
 std::string AnalysisToTable(const Graph& g, const BatchDimAnalysis& a,
                             const PlacementOverrides* overrides, bool with_source) {
-  struct Row {
-    std::string name, op, bd, placement, reason;
-  };
-  std::vector<Row> rows;
-  rows.reserve(g.size());
-  size_t w[4] = {4, 2, 9, 9};
-  for (int32_t i = 0; i < g.size(); ++i) {
-    const NodeId id{i};
-    const Node& n = g.node(id);
-    Row r;
-    r.name = n.name;
-    r.op = n.is_call() ? n.target.ToString() : std::string(ir::NodeKindName(n.kind));
-    const int32_t bd = a.primary(id).batch_dim();
-    r.bd = bd >= 0 ? absl::StrCat(bd) : "-";
-    if (const std::pair<std::string, std::string>* o = OverrideOf(overrides, id); o != nullptr) {
-      r.placement = o->first;
-      r.reason = o->second;
-    } else {
-      r.placement = PlacementsString(g, a, id);
-      r.reason = DescribeDecision(g, a, id);
-    }
-    if (with_source && !n.source.empty()) absl::StrAppend(&r.reason, "  <- ", n.source);
-    w[0] = std::max(w[0], r.name.size());
-    w[1] = std::max(w[1], r.op.size());
-    w[3] = std::max(w[3], r.placement.size());
-    rows.push_back(std::move(r));
-  }
-  std::string out = absl::StrFormat("world size %d, batch size %d, %d nodes\n\n", a.world_size(),
-                                    a.batch_size(), g.size());
-  auto line = [&](const std::string& a0, const std::string& a1, const std::string& a2,
-                  const std::string& a3, const std::string& a4) {
-    absl::StrAppendFormat(&out, "%-*s  %-*s  %-*s  %-*s  %s\n", w[0], a0, w[1], a1, w[2], a2, w[3],
-                          a3, a4);
-  };
-  line("name", "op", "batch dim", "placement", "reason");
-  for (const Row& r : rows) line(r.name, r.op, r.bd, r.placement, r.reason);
-  absl::StrAppendFormat(&out, "\nreductions (%d):\n", a.reductions().size());
-  for (const Reduction& r : a.reductions()) {
-    absl::StrAppendFormat(&out, "  all-reduce %s of %s:%d before %s%s\n", ReduceName(r.op),
-                          g.node(r.value.node).name, r.value.output,
-                          r.first_use.valid() ? g.node(r.first_use).name : "-",
-                          r.grad_of.empty() ? "" : absl::StrCat(" (gradient of ", r.grad_of, ")"));
-  }
-  if (!a.sharded_reads().empty()) {
-    absl::StrAppendFormat(&out, "\nsharded reads of replicated values (%d):\n",
-                          a.sharded_reads().size());
-    for (const ShardedRead& r : a.sharded_reads()) {
-      absl::StrAppendFormat(&out, "  %s:%d sliced on dim %d for %s\n", g.node(r.value.node).name,
-                            r.value.output, r.dim, g.node(r.user).name);
-    }
-  }
-  absl::StrAppendFormat(&out, "\nwarnings (%d):\n", a.warnings().size());
-  for (const std::string& s : a.warnings()) absl::StrAppend(&out, "  ", s, "\n");
-  if (!a.notes().empty()) {
-    absl::StrAppendFormat(&out, "\nnotes (%d):\n", a.notes().size());
-    for (const std::string& s : a.notes()) absl::StrAppend(&out, "  ", s, "\n");
-  }
-  return out;
+  return AnalysisTableText(AnalysisToProto(g, a, overrides), with_source);
 }
 
 }  // namespace fxdp

@@ -6,7 +6,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "analysis/ir/type_text.h"
 #include "analysis/view_dim_maps.h"
 #include "util/status_macros.h"
 
@@ -17,10 +17,6 @@ absl::Status RuleCall::Error(absl::string_view message) const {
 }
 
 namespace {
-
-std::string ListString(absl::Span<const int64_t> s) {
-  return absl::StrCat("[", absl::StrJoin(s, ", "), "]");
-}
 
 DimMap Identity(int64_t ndim) {
   DimMap map;
@@ -48,7 +44,7 @@ absl::StatusOr<std::vector<int64_t>> WrapDims(const RuleCall& c, int param, int6
   for (int64_t dim : *p.ints) {
     FXDP_ASSIGN_OR_RETURN(const int64_t d, WrapDim(c, p.name, dim, rank));
     if (!seen.insert(d).second) {
-      return c.Error(absl::StrCat(p.name, " ", ListString(*p.ints), " names dim ", d, " twice"));
+      return c.Error(absl::StrCat(p.name, " ", ir::ShapeText(*p.ints), " names dim ", d, " twice"));
     }
     out.push_back(d);
   }
@@ -59,7 +55,7 @@ absl::Status CheckNonNegative(const RuleCall& c, int param) {
   const RuleParam& p = c.params[param];
   for (size_t i = 0; i < p.ints->size(); ++i) {
     if ((*p.ints)[i] < 0) {
-      return c.Error(absl::StrCat(p.name, " ", ListString(*p.ints), " has negative entry ",
+      return c.Error(absl::StrCat(p.name, " ", ir::ShapeText(*p.ints), " has negative entry ",
                                   (*p.ints)[i], " at index ", i));
     }
   }
@@ -100,14 +96,14 @@ absl::StatusOr<DimMap> ExpandRule(const RuleCall& c) {
   const std::vector<int64_t>& sizes = c.Ints(0);
   const int64_t pad = static_cast<int64_t>(sizes.size()) - c.ndim();
   if (pad < 0) {
-    return c.Error(absl::StrCat(c.params[0].name, " ", ListString(sizes), " has ", sizes.size(),
+    return c.Error(absl::StrCat(c.params[0].name, " ", ir::ShapeText(sizes), " has ", sizes.size(),
                                 " entries, fewer than the input's ", c.ndim(), " dims"));
   }
   DimMap map;
   for (int64_t k = 0; k < static_cast<int64_t>(sizes.size()); ++k) {
     const int64_t want = sizes[k];
     if (want < -1 || (k < pad && want == -1)) {
-      return c.Error(absl::StrCat(c.params[0].name, " ", ListString(sizes), ": size ", want,
+      return c.Error(absl::StrCat(c.params[0].name, " ", ir::ShapeText(sizes), ": size ", want,
                                   " is not allowed at dim ", k,
                                   k < pad ? " (a new leading dim)" : ""));
     }
@@ -122,7 +118,7 @@ absl::StatusOr<DimMap> ExpandRule(const RuleCall& c) {
     } else if (actual == 1) {
       map.push_back(DimSpec::Broadcast(DimSpec::InputDim(k - pad), want));
     } else {
-      return c.Error(absl::StrCat(c.params[0].name, " ", ListString(sizes), ": size ", want,
+      return c.Error(absl::StrCat(c.params[0].name, " ", ir::ShapeText(sizes), ": size ", want,
                                   " must match the existing size ", actual,
                                   " at non-singleton input dim ", k - pad));
     }
@@ -169,7 +165,7 @@ absl::StatusOr<DimMap> UnsqueezeRule(const RuleCall& c) {
 
 absl::StatusOr<DimMap> PermuteRule(const RuleCall& c) {
   if (static_cast<int64_t>(c.Ints(0).size()) != c.ndim()) {
-    return c.Error(absl::StrCat(c.params[0].name, " ", ListString(c.Ints(0)), " has ",
+    return c.Error(absl::StrCat(c.params[0].name, " ", ir::ShapeText(c.Ints(0)), " has ",
                                 c.Ints(0).size(), " entries for a ", c.ndim(), "-d input"));
   }
   FXDP_ASSIGN_OR_RETURN(const std::vector<int64_t> dims, WrapDims(c, 0, c.ndim()));
@@ -198,8 +194,8 @@ absl::StatusOr<DimMap> TRule(const RuleCall& c) {
 
 absl::StatusOr<DimMap> MovedimRule(const RuleCall& c) {
   if (c.Ints(0).size() != c.Ints(1).size()) {
-    return c.Error(absl::StrCat("source ", ListString(c.Ints(0)), " and destination ",
-                                ListString(c.Ints(1)), " differ in length"));
+    return c.Error(absl::StrCat("source ", ir::ShapeText(c.Ints(0)), " and destination ",
+                                ir::ShapeText(c.Ints(1)), " differ in length"));
   }
   FXDP_ASSIGN_OR_RETURN(const std::vector<int64_t> src, WrapDims(c, 0, c.ndim()));
   FXDP_ASSIGN_OR_RETURN(const std::vector<int64_t> dst, WrapDims(c, 1, c.ndim()));
@@ -224,7 +220,7 @@ absl::StatusOr<DimMap> MovedimRule(const RuleCall& c) {
 
 absl::StatusOr<DimMap> RepeatRule(const RuleCall& c) {
   if (static_cast<int64_t>(c.Ints(0).size()) < c.ndim()) {
-    return c.Error(absl::StrCat(c.params[0].name, " ", ListString(c.Ints(0)), " has ",
+    return c.Error(absl::StrCat(c.params[0].name, " ", ir::ShapeText(c.Ints(0)), " has ",
                                 c.Ints(0).size(), " entries, fewer than the input's ", c.ndim(),
                                 " dims"));
   }

@@ -4,16 +4,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "analysis/ir/type_text.h"
 #include "analysis/view_dim_maps.h"
 #include "util/status_macros.h"
 
 namespace fxdp::view_rules_internal {
 namespace {
-
-std::string ShapeString(absl::Span<const int64_t> s) {
-  return absl::StrCat("[", absl::StrJoin(s, ", "), "]");
-}
 
 absl::StatusOr<int64_t> CheckedMul(const RuleCall& c, int64_t a, int64_t b) {
   int64_t out;
@@ -44,18 +40,18 @@ absl::StatusOr<std::vector<int64_t>> InferSize(const RuleCall& c, absl::string_v
     if (sizes[i] == -1) {
       if (infer >= 0) {
         return c.Error(
-            absl::StrCat(what, " ", ShapeString(sizes), ": only one dimension can be inferred"));
+            absl::StrCat(what, " ", ir::ShapeText(sizes), ": only one dimension can be inferred"));
       }
       infer = i;
     } else if (sizes[i] < -1) {
       return c.Error(absl::StrCat("invalid ", what, " dimension ", sizes[i], " at index ", i,
-                                  " of ", ShapeString(sizes)));
+                                  " of ", ir::ShapeText(sizes)));
     } else {
       FXDP_ASSIGN_OR_RETURN(known, CheckedMul(c, known, sizes[i]));
     }
   }
   const auto invalid = [&] {
-    return c.Error(absl::StrCat(what, " ", ShapeString(sizes), " is invalid for ", of));
+    return c.Error(absl::StrCat(what, " ", ir::ShapeText(sizes), " is invalid for ", of));
   };
   if (infer < 0) {
     if (known != numel) return invalid();
@@ -63,7 +59,7 @@ absl::StatusOr<std::vector<int64_t>> InferSize(const RuleCall& c, absl::string_v
   }
   if (known == 0) {
     if (numel != 0) return invalid();
-    return c.Error(absl::StrCat(what, " ", ShapeString(sizes), " is ambiguous for ", of,
+    return c.Error(absl::StrCat(what, " ", ir::ShapeText(sizes), " is ambiguous for ", of,
                                 ": the -1 could be any value"));
   }
   if (numel % known != 0) return invalid();
@@ -80,7 +76,7 @@ absl::StatusOr<DimMap> ViewGroups(const RuleCall& c, absl::Span<const int64_t> f
   DimMap result;
   const auto zero_group = [&] {
     return c.Error(absl::StrCat("DTensor's view_groups divides by a size-0 group reshaping ",
-                                ShapeString(from), " to ", ShapeString(to)));
+                                ir::ShapeText(from), " to ", ir::ShapeText(to)));
   };
   while (fi < from_len || ti < to_len) {
     const size_t fi_before = fi, ti_before = ti;
@@ -121,7 +117,7 @@ absl::StatusOr<DimMap> ViewGroups(const RuleCall& c, absl::Span<const int64_t> f
     }
     if (fi == fi_before && ti == ti_before) {
       return c.Error(absl::StrCat("DTensor's view_groups does not terminate reshaping ",
-                                  ShapeString(from), " to ", ShapeString(to)));
+                                  ir::ShapeText(from), " to ", ir::ShapeText(to)));
     }
     if (to_group.empty()) continue;
     std::vector<DimSpec> members;  // torch leaves size-0 input dims out

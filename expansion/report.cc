@@ -4,15 +4,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "analysis/analysis_table.h"
+#include "analysis/ir/type_text.h"
 #include "expansion/data_parallel.h"
 #include "expansion/state_memory.h"
 #include "nlohmann/json.hpp"
 
 namespace fxdp {
-
-namespace {
-const char* OpName(ReduceOp op) { return op == ReduceOp::kAvg ? "avg" : "sum"; }
-}  // namespace
 
 std::string ExpansionReport::ToJson() const {
   nlohmann::json j;
@@ -40,7 +38,7 @@ std::string ExpansionReport::ToJson() const {
     bs.push_back({{"index", b.index},
                   {"gradients", b.gradients},
                   {"bytes", b.bytes},
-                  {"op", OpName(b.op)},
+                  {"op", ReduceOpName(b.op)},
                   {"start_after", b.start_after},
                   {"wait_before", b.wait_before},
                   {"start_position", b.start_position},
@@ -74,9 +72,9 @@ std::string ExpansionReport::ToTable() const {
                           "per rank):\n",
                           sharded_state.size(), world_size);
     for (const ShardedState& s : sharded_state) {
-      absl::StrAppendFormat(&out, "  %-40s %-15s %s[%s] -> S(0) [%d]\n", s.state_name,
-                            ir::PlaceholderRoleName(s.role), ir::DTypeShortName(s.dtype),
-                            absl::StrJoin(s.shape, ", "), s.shard_numel);
+      absl::StrAppendFormat(&out, "  %-40s %-15s %s -> S(0) [%d]\n", s.state_name,
+                            ir::PlaceholderRoleName(s.role), ir::TypeText(s.dtype, s.shape),
+                            s.shard_numel);
     }
   }
   absl::StrAppendFormat(&out, "\nbuckets (%d):\n", buckets.size());
@@ -84,7 +82,7 @@ std::string ExpansionReport::ToTable() const {
     absl::StrAppendFormat(&out,
                           "  bucket %d: %d gradients, %d bytes, %s; starts after %s (#%d), "
                           "waited before %s (#%d)\n    %s\n",
-                          b.index, b.gradients.size(), b.bytes, OpName(b.op), b.start_after,
+                          b.index, b.gradients.size(), b.bytes, ReduceOpName(b.op), b.start_after,
                           b.start_position, b.wait_before, b.wait_position,
                           absl::StrJoin(b.gradients, ", "));
   }

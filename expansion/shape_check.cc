@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "analysis/ir/node_error.h"
+#include "analysis/ir/type_text.h"
 #include "analysis/op_rules.h"
 
 namespace fxdp {
@@ -19,11 +20,10 @@ namespace {
 using ir::Argument;
 using ir::Graph;
 using ir::Node;
+using ir::ShapeText;
 using ir::TensorType;
 using ir::ValueRef;
 using Shape = std::vector<int64_t>;
-
-std::string Str(const Shape& s) { return absl::StrCat("[", absl::StrJoin(s, ", "), "]"); }
 
 int64_t Numel(const Shape& s) {
   int64_t n = 1;
@@ -119,8 +119,9 @@ class Checker {
           }
           if (unknown >= 0 && known > 0) want[unknown] = in->numel() / known;
           if (Numel(want) != in->numel()) {
-            return Fail(n, absl::StrFormat("size %s has %d elements, its input %s has %d",
-                                           Str(*size), Numel(want), Str(in->shape), in->numel()));
+            return Fail(
+                n, absl::StrFormat("size %s has %d elements, its input %s has %d", ShapeText(*size),
+                                   Numel(want), ShapeText(in->shape), in->numel()));
           }
         }
         if (r.kind == ShapeCheck::kExpand && in != nullptr) {
@@ -130,15 +131,16 @@ class Checker {
             int64_t& w = want[i + shift];
             if (w == -1) w = in->shape[i];
             if (in->shape[i] != 1 && in->shape[i] != w) {
-              return Fail(n, absl::StrFormat("input %s cannot be expanded to %s (dim %d: %d "
-                                             "vs %d)",
-                                             Str(in->shape), Str(*size), i, in->shape[i], w));
+              return Fail(
+                  n, absl::StrFormat("input %s cannot be expanded to %s (dim %d: %d "
+                                     "vs %d)",
+                                     ShapeText(in->shape), ShapeText(*size), i, in->shape[i], w));
             }
           }
         }
         if (want != out->shape) {
           return Fail(n, absl::StrFormat("size argument %s but the output is recorded as %s",
-                                         Str(*size), Str(out->shape)));
+                                         ShapeText(*size), ShapeText(out->shape)));
         }
         if (r.kind == ShapeCheck::kAsStrided && in != nullptr && in->IsContiguous() &&
             in->storage_offset == 0) {
@@ -151,10 +153,10 @@ class Checker {
             int64_t last = offset;
             for (size_t i = 0; i < want.size(); ++i) last += (want[i] - 1) * (*stride)[i];
             if (last >= in->numel()) {
-              return Fail(
-                  n, absl::StrFormat("size %s with stride %s reaches element %d of an "
-                                     "input with %d elements %s",
-                                     Str(want), Str(*stride), last, in->numel(), Str(in->shape)));
+              return Fail(n, absl::StrFormat("size %s with stride %s reaches element %d of an "
+                                             "input with %d elements %s",
+                                             ShapeText(want), ShapeText(*stride), last, in->numel(),
+                                             ShapeText(in->shape)));
             }
           }
         }
@@ -163,8 +165,8 @@ class Checker {
       case ShapeCheck::kSameAsArg: {
         const TensorType* in = Arg(n, r.arg);
         if (in == nullptr || out == nullptr || in->shape == out->shape) return absl::OkStatus();
-        return Fail(n, absl::StrFormat("output %s differs from arg %d %s", Str(out->shape), r.arg,
-                                       Str(in->shape)));
+        return Fail(n, absl::StrFormat("output %s differs from arg %d %s", ShapeText(out->shape),
+                                       r.arg, ShapeText(in->shape)));
       }
       case ShapeCheck::kEmbedding: {
         const TensorType* w = Arg(n, 0);
@@ -175,8 +177,9 @@ class Checker {
         Shape want = idx->shape;
         want.push_back(w->shape[1]);
         if (want == out->shape) return absl::OkStatus();
-        return Fail(n, absl::StrFormat("indices %s give %s, the output is recorded as %s",
-                                       Str(idx->shape), Str(want), Str(out->shape)));
+        return Fail(n,
+                    absl::StrFormat("indices %s give %s, the output is recorded as %s",
+                                    ShapeText(idx->shape), ShapeText(want), ShapeText(out->shape)));
       }
       case ShapeCheck::kEmbeddingBackward: {
         const TensorType* grad = Arg(n, 0);
@@ -188,7 +191,7 @@ class Checker {
         if (lead == idx->shape) return absl::OkStatus();
         return Fail(n, absl::StrFormat("grad_output %s does not match indices %s (it must be "
                                        "indices' shape + [embedding_dim])",
-                                       Str(grad->shape), Str(idx->shape)));
+                                       ShapeText(grad->shape), ShapeText(idx->shape)));
       }
       case ShapeCheck::kProduct: return op == nullptr ? absl::OkStatus() : CheckProduct(n, *op);
       case ShapeCheck::kBatchAgrees: {
@@ -199,7 +202,7 @@ class Checker {
         }
         if (self->shape[0] != target->shape[0]) {
           return Fail(n, absl::StrFormat("input %s and target %s disagree on the batch",
-                                         Str(self->shape), Str(target->shape)));
+                                         ShapeText(self->shape), ShapeText(target->shape)));
         }
         return absl::OkStatus();
       }
@@ -226,7 +229,7 @@ class Checker {
       const TensorType* t = Arg(n, arg);
       const std::vector<int>& l = labels->operands[i];
       if (t == nullptr || t->rank() != static_cast<int64_t>(l.size())) return absl::OkStatus();
-      shapes.push_back(Str(t->shape));
+      shapes.push_back(ShapeText(t->shape));
       for (size_t d = 0; d < l.size(); ++d) {
         auto [it, inserted] = size_of.emplace(l[d], t->shape[d]);
         if (!inserted && it->second != t->shape[d]) agree = false;
@@ -242,7 +245,7 @@ class Checker {
     for (int l : labels->output) want.push_back(size_of[l]);
     if (out->shape != want) {
       return Fail(n, absl::StrFormat("%s is recorded as %s", absl::StrJoin(shapes, " x "),
-                                     Str(out->shape)));
+                                     ShapeText(out->shape)));
     }
     return absl::OkStatus();
   }
@@ -259,8 +262,8 @@ class Checker {
       if (t == nullptr || t->rank() == 0 || t->shape[0] == b || t->shape[0] == 1) {
         return absl::OkStatus();
       }
-      return Fail(n, absl::StrFormat("arg %d %s has %d rows, arg 0 %s has %d", arg, Str(t->shape),
-                                     t->shape[0], Str(first->shape), b));
+      return Fail(n, absl::StrFormat("arg %d %s has %d rows, arg 0 %s has %d", arg,
+                                     ShapeText(t->shape), t->shape[0], ShapeText(first->shape), b));
     };
     for (size_t i = 1; i < n.args.size(); ++i) {
       auto s = check(n.args[i], static_cast<int>(i));
@@ -291,19 +294,19 @@ class Checker {
         if (x != 1) return false;
         x = s[i];
       }
-      absl::StrAppend(&seen, seen.empty() ? "" : ", ", Str(s));
+      absl::StrAppend(&seen, seen.empty() ? "" : ", ", ShapeText(s));
       return true;
     };
     for (const Argument& a : n.args) {
       if (!add(a)) {
         return Fail(n, absl::StrFormat("operands %s%s%s do not broadcast", seen,
-                                       seen.empty() ? "" : ", ", Str(Tensor(&a)->shape)));
+                                       seen.empty() ? "" : ", ", ShapeText(Tensor(&a)->shape)));
       }
     }
     for (const auto& kw : n.kwargs) {
       if (!add(kw.value)) {
         return Fail(n, absl::StrFormat("operands %s, %s do not broadcast", seen,
-                                       Str(Tensor(&kw.value)->shape)));
+                                       ShapeText(Tensor(&kw.value)->shape)));
       }
     }
     if (!any) return absl::OkStatus();
@@ -311,7 +314,7 @@ class Checker {
       const TensorType* out = Out(n, static_cast<int>(k));
       if (out != nullptr && out->shape != b) {
         return Fail(n, absl::StrFormat("operands %s broadcast to %s, output %d is recorded as %s",
-                                       seen, Str(b), k, Str(out->shape)));
+                                       seen, ShapeText(b), k, ShapeText(out->shape)));
       }
     }
     return absl::OkStatus();

@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "analysis/ir/collectives.h"
 #include "nlohmann/json.hpp"
+#include "util/bytes.h"
 
 namespace fxdp {
 namespace {
@@ -87,8 +88,7 @@ std::string FormatBytes(int64_t bytes) {
   const double b = static_cast<double>(bytes);
   if (bytes >= (int64_t{1} << 30))
     return absl::StrFormat("%.2f GiB (%d bytes)", b / (1 << 30), bytes);
-  if (bytes >= (int64_t{1} << 20))
-    return absl::StrFormat("%.1f MiB (%d bytes)", b / (1 << 20), bytes);
+  if (bytes >= (int64_t{1} << 20)) return util::MiBWithBytes(bytes);
   if (bytes >= (int64_t{1} << 10))
     return absl::StrFormat("%.1f KiB (%d bytes)", b / (1 << 10), bytes);
   return absl::StrFormat("%d bytes", bytes);

@@ -1,6 +1,8 @@
 // The fixed-point engine of the batch-dim analysis (analyzer.h).
 #include "analysis/batch_dim/analyzer.h"
 
+#include "analysis/analysis_table.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -32,11 +34,13 @@ bool Placement::operator==(const Placement& o) const {
   return true;
 }
 
+const char* ReduceOpName(ReduceOp op) { return op == ReduceOp::kAvg ? "avg" : "sum"; }
+
 std::string Placement::ToString() const {
   switch (kind) {
     case Kind::kReplicate: return "R";
     case Kind::kShard: return absl::StrCat("S(", dim, ")");
-    case Kind::kPartial: return reduce == ReduceOp::kAvg ? "P(avg)" : "P(sum)";
+    case Kind::kPartial: return absl::StrCat("P(", ReduceOpName(reduce), ")");
   }
   return "?";
 }

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "analysis/ir/type_text.h"
 
 namespace fxdp::ir {
 namespace {
@@ -12,10 +13,6 @@ namespace {
 constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
 
 uint64_t SaturatingAdd(uint64_t a, uint64_t b) { return a > kMax - b ? kMax : a + b; }
-
-std::string TypeText(absl::string_view dtype, const std::vector<int64_t>& shape) {
-  return absl::StrCat(dtype, "[", absl::StrJoin(shape, ", "), "]");
-}
 
 }  // namespace
 
@@ -92,11 +89,11 @@ absl::Status DeclaredTensors::CheckFirstChunk(const v1::TensorChunk& c, absl::st
   }
   if (fits) return absl::OkStatus();
   const std::string got = dtype.ok() && c.dtype() != v1::DTYPE_UNSPECIFIED
-                              ? TypeText(DTypeShortName(*dtype), shape)
+                              ? TypeText(*dtype, shape)
                               : TypeText(absl::StrCat("dtype", static_cast<int>(c.dtype())), shape);
   return absl::InvalidArgumentError(
       absl::StrCat(prefix, "tensor '", c.name(), "' is ", got, ", the graph's placeholder '",
-                   want->node, "' declares ", TypeText(DTypeShortName(want->dtype), want->shape),
+                   want->node, "' declares ", TypeText(want->dtype, want->shape),
                    world_size > 1 && want->batch_dim >= 0
                        ? absl::StrCat(" (this rank's shard of dim ", want->batch_dim,
                                       " of a global batch over ", world_size, " ranks)")

@@ -1,5 +1,7 @@
 #include "analysis/ir/types.h"
 
+#include "analysis/ir/type_text.h"
+
 #include <algorithm>
 #include <array>
 #include <limits>
@@ -180,8 +182,8 @@ absl::StatusOr<std::vector<int64_t>> CheckedContiguousStrides(const std::vector<
           absl::StrCat("size of dim ", i, " is negative (", shape[i], ")"));
     const int64_t d = std::max<int64_t>(shape[i], 1);
     if (__builtin_mul_overflow(n, d, &n) || n > kMaxTensorElements)
-      return absl::InvalidArgumentError(absl::StrCat("shape [", absl::StrJoin(shape, ", "),
-                                                     "] spans more than ", kMaxTensorElements,
+      return absl::InvalidArgumentError(absl::StrCat("shape ", ShapeText(shape),
+                                                     " spans more than ", kMaxTensorElements,
                                                      " elements (the limit); refusing it"));
   }
   return ContiguousStrides(shape);
@@ -200,8 +202,20 @@ bool TensorType::operator==(const TensorType& o) const {
          dtype == o.dtype && device == o.device && requires_grad == o.requires_grad;
 }
 
+std::string ShapeText(absl::Span<const int64_t> shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+std::string TypeText(absl::string_view dtype, absl::Span<const int64_t> shape) {
+  return absl::StrCat(dtype, ShapeText(shape));
+}
+
+std::string TypeText(DType dtype, absl::Span<const int64_t> shape) {
+  return TypeText(DTypeShortName(dtype), shape);
+}
+
 std::string TensorType::ToString() const {
-  std::string s = absl::StrCat(DTypeShortName(dtype), "[", absl::StrJoin(shape, ", "), "]");
+  std::string s = TypeText(dtype, shape);
   if (!IsContiguous()) absl::StrAppend(&s, "{", absl::StrJoin(stride, ", "), "}");
   if (storage_offset != 0) absl::StrAppend(&s, "+", storage_offset);
   if (device != Device{}) absl::StrAppend(&s, "@", device.ToString());
@@ -225,8 +239,8 @@ absl::Status ValidateTensorType(const TensorType& t) {
       return absl::InvalidArgumentError(
           absl::StrCat("stride of dim ", i, " is negative (", t.stride[i], ")"));
     if (s != 0 && numel > kMaxTensorElements / s)
-      return absl::InvalidArgumentError(absl::StrCat("shape [", absl::StrJoin(t.shape, ", "),
-                                                     "] has more than ", kMaxTensorElements,
+      return absl::InvalidArgumentError(absl::StrCat("shape ", ShapeText(t.shape),
+                                                     " has more than ", kMaxTensorElements,
                                                      " elements (the limit); refusing it"));
     numel *= s;
   }
@@ -244,9 +258,8 @@ absl::Status ValidateTensorType(const TensorType& t) {
                                                        " elements"));
       extent += (t.shape[i] - 1) * t.stride[i];
       if (extent > kMaxTensorElements)
-        return absl::InvalidArgumentError(absl::StrCat("strides [", absl::StrJoin(t.stride, ", "),
-                                                       "] address beyond ", kMaxTensorElements,
-                                                       " elements"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "strides ", ShapeText(t.stride), " address beyond ", kMaxTensorElements, " elements"));
     }
   }
   return absl::OkStatus();

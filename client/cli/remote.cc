@@ -1,6 +1,5 @@
 #include "client/cli/remote.h"
 
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -9,7 +8,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
+#include "analysis/analysis_table.h"
 #include "client/cli/commands.h"
 #include "client/cli/connect.h"
 #include "expansion/style_proto.h"
@@ -98,47 +97,7 @@ std::string ReportJsonWithFiles(const std::string& report_json,
 }
 
 std::string AnalyzeResponseToTable(const v1::AnalyzeResponse& r, bool with_source) {
-  size_t w[4] = {4, 2, 9, 9};
-  for (const v1::NodePlacement& n : r.nodes()) {
-    w[0] = std::max(w[0], n.name().size());
-    w[1] = std::max(w[1], n.target().size());
-    w[3] = std::max(w[3], n.placement().size());
-  }
-  std::string out = absl::StrFormat("world size %d, batch size %d, %d nodes\n\n", r.world_size(),
-                                    r.batch_size(), r.nodes_size());
-  auto line = [&](const std::string& a0, const std::string& a1, const std::string& a2,
-                  const std::string& a3, const std::string& a4) {
-    absl::StrAppendFormat(&out, "%-*s  %-*s  %-*s  %-*s  %s\n", w[0], a0, w[1], a1, w[2], a2, w[3],
-                          a3, a4);
-  };
-  line("name", "op", "batch dim", "placement", "reason");
-  for (const v1::NodePlacement& n : r.nodes()) {
-    line(n.name(), n.target(), n.batch_dim() >= 0 ? absl::StrCat(n.batch_dim()) : "-",
-         n.placement(),
-         with_source && !n.source().empty() ? absl::StrCat(n.reason(), "  <- ", n.source())
-                                            : n.reason());
-  }
-  absl::StrAppendFormat(&out, "\nreductions (%d):\n", r.reductions_size());
-  for (const v1::Reduction& x : r.reductions()) {
-    absl::StrAppendFormat(
-        &out, "  all-reduce %s of %s:%d before %s%s\n", x.op(), x.value(), x.output(),
-        x.first_use().empty() ? "-" : x.first_use(),
-        x.grad_of().empty() ? "" : absl::StrCat(" (gradient of ", x.grad_of(), ")"));
-  }
-  if (r.sharded_reads_size() > 0) {
-    absl::StrAppendFormat(&out, "\nsharded reads of replicated values (%d):\n",
-                          r.sharded_reads_size());
-    for (const v1::ShardedRead& x : r.sharded_reads()) {
-      absl::StrAppendFormat(&out, "  %s:%d sliced on dim %d for %s\n", x.value(), x.output(),
-                            x.dim(), x.user());
-    }
-  }
-  absl::StrAppendFormat(&out, "\nwarnings (%d):\n", r.warnings_size());
-  for (const std::string& s : r.warnings()) absl::StrAppend(&out, "  ", s, "\n");
-  if (r.notes_size() > 0) {
-    absl::StrAppendFormat(&out, "\nnotes (%d):\n", r.notes_size());
-    for (const std::string& s : r.notes()) absl::StrAppend(&out, "  ", s, "\n");
-  }
+  std::string out = AnalysisTableText(r, with_source);
   if (r.has_memory()) absl::StrAppend(&out, StateMemoryToTable(StateMemoryFromProto(r.memory())));
   return out;
 }

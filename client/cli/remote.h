@@ -40,8 +40,9 @@ struct RemoteExpandArgs {
 };
 int RemoteExpand(const RemoteExpandArgs& args);
 
-// The analysis table (`fxdp analyze` without --json) rendered from a response;
-// the same text as AnalysisToTable (StyledAnalysisToTable with a style).
+// The analysis table (`fxdp analyze` without --json) rendered from a response:
+// AnalysisTableText, then the memory summary when the response has one (the
+// same text as AnalysisToTable, StyledAnalysisToTable with a style).
 std::string AnalyzeResponseToTable(const v1::AnalyzeResponse& r, bool with_source = false);
 
 // OUT with ".rank<r>" before the extension.
