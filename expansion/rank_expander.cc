@@ -21,7 +21,6 @@
 namespace fxdp {
 
 using ir::Argument;
-using ir::Graph;
 using ir::Node;
 using ir::NodeId;
 using ir::TensorType;

@@ -59,11 +59,9 @@ constexpr char kAnalyzeUsage[] =
 }  // namespace
 
 int AnalyzeCommand(const std::vector<std::string>& args) {
-  bool json = false;
   int32_t world = 2;
   util::Flags flags("fxdp analyze", kAnalyzeUsage);
   flags.Int("--world-size", &world);
-  flags.Bool("--json", &json);
   bool with_source = false;
   flags.Bool("--source", &with_source);
   bool sync_bn = false;
@@ -72,12 +70,10 @@ int AnalyzeCommand(const std::vector<std::string>& args) {
   flags.String("--style", &style);
   double bucket_mb = 0;
   flags.Double("--bucket-mb", &bucket_mb);
-  std::string server;
-  security::ChannelSecurity creds;
-  AddServerFlags(&flags, &server, &creds);
-  std::vector<std::string> pos;
-  if (int rc = flags.Parse(args, &pos); rc >= 0) return rc;
-  if (pos.size() != 1) return flags.Usage(pos.empty() ? "missing GRAPH" : "takes one GRAPH");
+  ServerQuery q;
+  AddServerQueryFlags(&flags, /*default_server=*/"", &q);  // no --server: analyzed here
+  std::string path;
+  if (int rc = ParseGraphArgs(&flags, args, &path); rc >= 0) return rc;
   const bool styled = flags.Seen("--style");
   ExpandOptions opts;
   if (styled) {
@@ -89,14 +85,13 @@ int AnalyzeCommand(const std::vector<std::string>& args) {
   }
   if (!(bucket_mb >= 0) || !std::isfinite(bucket_mb))
     return flags.Usage("--bucket-mb must be >= 0");
-  const std::string& path = pos[0];
-  if (!server.empty()) {
+  if (!q.server.empty()) {
     RemoteAnalyzeArgs ra;
-    ra.server = server;
-    ra.creds = creds;
+    ra.server = q.server;
+    ra.creds = q.creds;
     ra.path = path;
     ra.world = world;
-    ra.json = json;
+    ra.json = q.json;
     ra.sync_batchnorm = sync_bn;
     if (styled) ra.style = StyleToProto(opts.style);
     ra.bucket_cap_mb = bucket_mb;
@@ -115,9 +110,10 @@ int AnalyzeCommand(const std::vector<std::string>& args) {
     if (bucket_mb > 0) opts.bucket_cap_mb = bucket_mb;
     absl::StatusOr<StyledAnalysis> s = AnalyzeStyle(*g, *a, opts);
     if (!s.ok()) return ReportError("analyze", s.status());
-    out = json ? StyledAnalysisToJson(*g, *a, *s) : StyledAnalysisToTable(*g, *a, *s, with_source);
+    out =
+        q.json ? StyledAnalysisToJson(*g, *a, *s) : StyledAnalysisToTable(*g, *a, *s, with_source);
   } else {
-    out = json ? AnalysisToJson(*g, *a) : AnalysisToTable(*g, *a, nullptr, with_source);
+    out = q.json ? AnalysisToJson(*g, *a) : AnalysisToTable(*g, *a, nullptr, with_source);
   }
   std::fwrite(out.data(), 1, out.size(), stdout);
   return kExitOk;

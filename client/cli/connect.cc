@@ -26,6 +26,20 @@ void AddServerFlags(util::Flags* flags, std::string* server, security::ChannelSe
   flags->String("--token-file", &s->token_file);
 }
 
+void AddServerQueryFlags(util::Flags* flags, const std::string& default_server, ServerQuery* q) {
+  q->server = default_server;
+  AddServerFlags(flags, &q->server, &q->creds);
+  flags->Bool("--json", &q->json);
+}
+
+int ParseGraphArgs(util::Flags* flags, const std::vector<std::string>& args, std::string* graph) {
+  std::vector<std::string> pos;
+  if (int rc = flags->Parse(args, &pos); rc >= 0) return rc;
+  if (pos.size() != 1) return flags->Usage(pos.empty() ? "missing GRAPH" : "takes one GRAPH");
+  *graph = pos[0];
+  return -1;
+}
+
 std::shared_ptr<grpc::Channel> Connect(const std::string& cmd, const std::string& server,
                                        const security::ChannelSecurity& s, bool wait_ready) {
   grpc::ChannelArguments ch;

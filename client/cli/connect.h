@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "grpcpp/grpcpp.h"
 #include "security/credentials.h"
@@ -24,6 +25,20 @@ namespace fxdp::cli {
 // (into *server, whose value is the default) and --tls-ca / --token-file
 // (into `s`, filled from the environment first).
 void AddServerFlags(util::Flags* flags, std::string* server, security::ChannelSecurity* s);
+
+// The flags of a command that asks the server and can answer in JSON:
+// AddServerFlags, then --json. `default_server` is DefaultServer() for the job
+// and worker commands, "" for analyze and expand (which then run locally).
+struct ServerQuery {
+  std::string server;
+  security::ChannelSecurity creds;
+  bool json = false;
+};
+void AddServerQueryFlags(util::Flags* flags, const std::string& default_server, ServerQuery* q);
+
+// Parses the arguments of a command on one GRAPH file (analyze, expand) into
+// *graph: the exit code to end with (usage printed), or -1 to go on.
+int ParseGraphArgs(util::Flags* flags, const std::vector<std::string>& args, std::string* graph);
 
 // A channel to `server` with `s`'s credentials; nullptr after printing
 // "fxdp CMD: ..." when a credential file is bad or, with `wait_ready`, when

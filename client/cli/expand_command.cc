@@ -66,7 +66,6 @@ constexpr char kExpandUsage[] =
 
 int ExpandCommand(const std::vector<std::string>& args) {
   std::string out;
-  bool json = false;
   ExpandOptions opts;
   util::Flags flags("fxdp expand", kExpandUsage);
   flags.Int("--world-size", &opts.world_size);
@@ -80,13 +79,10 @@ int ExpandCommand(const std::vector<std::string>& args) {
   flags.Bool("--no-overlap", &no_overlap);
   flags.Bool("--sync-batchnorm", &opts.sync_batchnorm);
   flags.String("--group", &opts.group_name);
-  flags.Bool("--json", &json);
-  std::string server;
-  security::ChannelSecurity creds;
-  AddServerFlags(&flags, &server, &creds);
-  std::vector<std::string> pos;
-  if (int rc = flags.Parse(args, &pos); rc >= 0) return rc;
-  if (pos.size() != 1) return flags.Usage(pos.empty() ? "missing GRAPH" : "takes one GRAPH");
+  ServerQuery q;
+  AddServerQueryFlags(&flags, /*default_server=*/"", &q);  // no --server: expanded here
+  std::string path;
+  if (int rc = ParseGraphArgs(&flags, args, &path); rc >= 0) return rc;
   if (!flags.Seen("--world-size")) return flags.Usage("missing --world-size");
   if (out.empty()) return flags.Usage("missing -o OUT");
   if (!(opts.last_bucket_mb >= 0)) return flags.Usage("--last-bucket-mb must be >= 0");
@@ -96,11 +92,10 @@ int ExpandCommand(const std::vector<std::string>& args) {
   } else {
     return flags.Usage(absl::StrCat("--style: ", st.status().message()));
   }
-  const std::string& path = pos[0];
-  if (!server.empty()) {
+  if (!q.server.empty()) {
     RemoteExpandArgs ra;
-    ra.server = server;
-    ra.creds = creds;
+    ra.server = q.server;
+    ra.creds = q.creds;
     ra.path = path;
     ra.out = out;
     ra.world = opts.world_size;
@@ -111,7 +106,7 @@ int ExpandCommand(const std::vector<std::string>& args) {
     ra.no_overlap_schedule = no_overlap;
     ra.sync_batchnorm = opts.sync_batchnorm;
     ra.style = StyleToProto(opts.style);
-    ra.json = json;
+    ra.json = q.json;
     return RemoteExpand(ra);
   }
   auto g = ir::ReadGraphFile(path);
@@ -129,8 +124,9 @@ int ExpandCommand(const std::vector<std::string>& args) {
     std::fprintf(stderr, "fxdp expand: wrote %s (%s, %d nodes)\n", p.c_str(),
                  e->identical ? "all ranks" : absl::StrCat("rank ", r).c_str(), e->graph(r).size());
   }
-  const std::string report =
-      json ? ReportJsonWithFiles(e->report.ToJson(), paths, opts.world_size) : e->report.ToTable();
+  const std::string report = q.json
+                                 ? ReportJsonWithFiles(e->report.ToJson(), paths, opts.world_size)
+                                 : e->report.ToTable();
   std::fwrite(report.data(), 1, report.size(), stdout);
   return kExitOk;
 }

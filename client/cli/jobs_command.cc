@@ -63,21 +63,18 @@ constexpr char kCancelUsage[] =
 
 int JobsCommand(const std::vector<std::string>& args) {
   util::Flags flags("fxdp jobs", kJobsUsage);
-  std::string server = DefaultServer();
-  bool json = false;
-  security::ChannelSecurity creds;
-  AddServerFlags(&flags, &server, &creds);
-  flags.Bool("--json", &json);
+  ServerQuery q;
+  AddServerQueryFlags(&flags, DefaultServer(), &q);
   if (int rc = flags.Parse(args, nullptr); rc >= 0) return rc;
-  auto channel = Connect("jobs", server, creds);
+  auto channel = Connect("jobs", q.server, q.creds);
   if (!channel) return kExitIo;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   v1::ListJobsResponse resp;
   const grpc::Status s =
       v1::JobService::NewStub(channel)->ListJobs(&ctx, v1::ListJobsRequest(), &resp);
-  if (!s.ok()) return ReportRpcError("jobs", server, s);
-  if (json) {
+  if (!s.ok()) return ReportRpcError("jobs", q.server, s);
+  if (q.json) {
     nlohmann::ordered_json o;
     o["jobs"] = nlohmann::ordered_json::array();
     for (const v1::JobInfo& j : resp.jobs()) o["jobs"].push_back(InfoJson(j));
@@ -104,15 +101,12 @@ int JobsCommand(const std::vector<std::string>& args) {
 
 int JobCommand(const std::vector<std::string>& args) {
   util::Flags flags("fxdp job", kJobUsage);
-  std::string server = DefaultServer();
-  bool json = false;
-  security::ChannelSecurity creds;
-  AddServerFlags(&flags, &server, &creds);
-  flags.Bool("--json", &json);
+  ServerQuery q;
+  AddServerQueryFlags(&flags, DefaultServer(), &q);
   std::vector<std::string> pos;
   if (int rc = flags.Parse(args, &pos); rc >= 0) return rc;
   if (pos.size() != 1) return flags.Usage("expected exactly one job ID");
-  auto channel = Connect("job", server, creds);
+  auto channel = Connect("job", q.server, q.creds);
   if (!channel) return kExitIo;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
@@ -120,24 +114,22 @@ int JobCommand(const std::vector<std::string>& args) {
   req.set_job_id(pos[0]);
   v1::JobInfo info;
   const grpc::Status s = v1::JobService::NewStub(channel)->GetJob(&ctx, req, &info);
-  if (!s.ok()) return ReportRpcError("job", server, s);
-  const std::string out = json ? InfoJson(info).dump(2) + "\n" : InfoText(info);
+  if (!s.ok()) return ReportRpcError("job", q.server, s);
+  const std::string out = q.json ? InfoJson(info).dump(2) + "\n" : InfoText(info);
   std::fwrite(out.data(), 1, out.size(), stdout);
   return kExitOk;
 }
 
 int CancelCommand(const std::vector<std::string>& args) {
   util::Flags flags("fxdp cancel", kCancelUsage);
-  std::string server = DefaultServer(), reason = "fxdp cancel";
-  bool json = false;
-  security::ChannelSecurity creds;
-  AddServerFlags(&flags, &server, &creds);
+  ServerQuery q;
+  AddServerQueryFlags(&flags, DefaultServer(), &q);
+  std::string reason = "fxdp cancel";
   flags.String("--reason", &reason);
-  flags.Bool("--json", &json);
   std::vector<std::string> pos;
   if (int rc = flags.Parse(args, &pos); rc >= 0) return rc;
   if (pos.size() != 1) return flags.Usage("expected exactly one job ID");
-  auto channel = Connect("cancel", server, creds);
+  auto channel = Connect("cancel", q.server, q.creds);
   if (!channel) return kExitIo;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
@@ -146,8 +138,8 @@ int CancelCommand(const std::vector<std::string>& args) {
   req.set_reason(reason);
   v1::JobInfo info;
   const grpc::Status s = v1::JobService::NewStub(channel)->CancelJob(&ctx, req, &info);
-  if (!s.ok()) return ReportRpcError("cancel", server, s);
-  if (json) {
+  if (!s.ok()) return ReportRpcError("cancel", q.server, s);
+  if (q.json) {
     std::printf("%s\n", InfoJson(info).dump(2).c_str());
   } else {
     std::printf("job %s %s%s\n", info.job_id().c_str(), StateName(info.state()).c_str(),

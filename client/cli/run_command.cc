@@ -90,7 +90,7 @@ constexpr char kRunUsage[] =
     "                       {\"peak\": P, \"warmup_steps\": W, \"total_steps\": T, \"final\": "
     "F}},\n"
     "                       {\"step_decay\": {\"initial\": V, \"step_size\": N, \"gamma\": G}}\n"
-    "                       (README \"Schedules\"). Sent in the JobSpec; the graph is\n"
+    "                       (docs/schedules.md). Sent in the JobSpec; the graph is\n"
     "                       compiled once for the whole run. Names the schedule leaves\n"
     "                       out keep their traced value\n"
     "  --json               one JSON object per line per event instead of text\n"
@@ -315,119 +315,141 @@ class RunPrinter {
   bool bar_open_ = false, told_ = false;
 };
 
-}  // namespace
-
-int RunCommand(const std::vector<std::string>& args) {
-  util::Flags flags("fxdp run", kRunUsage);
-  std::string server = DefaultServer(), state_path, out, name, schedule_path, resume;
+// What `fxdp run` is asked: its GRAPH and flags, checked.
+struct RunArgs {
+  std::string graph, server, state_path, out, name, schedule_path, resume;
   std::vector<std::string> data, data_on_workers;
   int32_t world = 1, steps = 0;
   double bucket_mb = 0, timeout_s = 0;
-  bool json = false;
+  bool json = false, sync_bn = false;
+  DataParallelStyle style = DataParallelStyle::kReplicate;
   security::ChannelSecurity creds;
-  AddServerFlags(&flags, &server, &creds);
-  flags.Int("--world-size", &world);
-  flags.String("--state", &state_path);
-  flags.Strings("--data", &data);
-  flags.Strings("--data-on-workers", &data_on_workers);
-  flags.Int("--steps", &steps);
-  flags.String("--out", &out, "-o");
-  flags.Double("--bucket-mb", &bucket_mb);
-  bool sync_bn = false;
-  flags.Bool("--sync-batchnorm", &sync_bn);
+};
+
+// The exit code to end with (the usage printed), or -1 with `a` filled.
+int ParseRunArgs(const std::vector<std::string>& args, RunArgs* a) {
+  util::Flags flags("fxdp run", kRunUsage);
+  a->server = DefaultServer();
+  AddServerFlags(&flags, &a->server, &a->creds);
+  flags.Int("--world-size", &a->world);
+  flags.String("--state", &a->state_path);
+  flags.Strings("--data", &a->data);
+  flags.Strings("--data-on-workers", &a->data_on_workers);
+  flags.Int("--steps", &a->steps);
+  flags.String("--out", &a->out, "-o");
+  flags.Double("--bucket-mb", &a->bucket_mb);
+  flags.Bool("--sync-batchnorm", &a->sync_bn);
   std::string style = "replicate";
   flags.String("--style", &style);
-  flags.String("--name", &name);
-  flags.Double("--timeout", &timeout_s);
-  flags.String("--schedule", &schedule_path);
-  flags.Bool("--json", &json);
-  flags.String("--resume", &resume);
+  flags.String("--name", &a->name);
+  flags.Double("--timeout", &a->timeout_s);
+  flags.String("--schedule", &a->schedule_path);
+  flags.Bool("--json", &a->json);
+  flags.String("--resume", &a->resume);
   std::vector<std::string> pos;
   if (int rc = flags.Parse(args, &pos); rc >= 0) return rc;
   if (pos.size() != 1) return flags.Usage("expected exactly one GRAPH");
-  if (world < 1) return flags.Usage("--world-size must be >= 1");
-  if (state_path.empty() && resume.empty())
+  a->graph = pos[0];
+  if (a->world < 1) return flags.Usage("--world-size must be >= 1");
+  if (a->state_path.empty() && a->resume.empty())
     return flags.Usage("--state is required (unless --resume)");
-  if (!state_path.empty() && !resume.empty()) {
+  if (!a->state_path.empty() && !a->resume.empty()) {
     return flags.Usage(
         "--state and --resume exclude each other: a resumed job's state is its checkpoint's");
   }
-  if (data.empty() == data_on_workers.empty())
+  if (a->data.empty() == a->data_on_workers.empty())
     return flags.Usage("give either --data or --data-on-workers");
-  if (steps < 0) return flags.Usage("--steps must be >= 0");
-  if (!data_on_workers.empty() && steps == 0) return flags.Usage("--data-on-workers needs --steps");
-  if (steps == 0) steps = static_cast<int32_t>(data.size());
-  if (bucket_mb < 0) return flags.Usage("--bucket-mb must be >= 0");
+  if (a->steps < 0) return flags.Usage("--steps must be >= 0");
+  if (!a->data_on_workers.empty() && a->steps == 0)
+    return flags.Usage("--data-on-workers needs --steps");
+  if (a->steps == 0) a->steps = static_cast<int32_t>(a->data.size());
+  if (a->bucket_mb < 0) return flags.Usage("--bucket-mb must be >= 0");
   const absl::StatusOr<DataParallelStyle> parsed_style = ParseDataParallelStyle(style);
   if (!parsed_style.ok())
     return flags.Usage(absl::StrCat("--style: ", parsed_style.status().message()));
+  a->style = *parsed_style;
+  return -1;
+}
 
-  v1::JobSpec spec;
-  {
-    std::ifstream in(pos[0], std::ios::binary);
-    if (!in) {
-      std::fprintf(stderr, "fxdp run: cannot read %s\n", pos[0].c_str());
-      return kExitIo;
-    }
-    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (!spec.mutable_graph()->ParseFromString(bytes)) {
-      std::fprintf(stderr, "fxdp run: %s: not a serialized GraphDef\n", pos[0].c_str());
-      return kExitInvalidInput;
-    }
+// The job to submit: its spec (the graph, the options, the schedule), the
+// initial state (none when resuming: the checkpoint's) and the batches. The
+// exit code to end with (the error printed), or -1.
+int BuildJob(const RunArgs& a, v1::JobSpec* spec, std::vector<RawTensor>* state,
+             std::vector<std::vector<RawTensor>>* batches) {
+  std::ifstream in(a.graph, std::ios::binary);
+  if (!in) {
+    std::fprintf(stderr, "fxdp run: cannot read %s\n", a.graph.c_str());
+    return kExitIo;
   }
-  // A resumed job's state is its checkpoint (--state with --resume is refused above).
-  absl::StatusOr<std::vector<RawTensor>> state = std::vector<RawTensor>();
-  if (resume.empty()) state = ir::ReadSafetensorsFile(state_path);
-  if (!state.ok()) return ReportError("run", state.status());
-  std::vector<std::vector<RawTensor>> batches;
-  for (const std::string& d : data) {
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!spec->mutable_graph()->ParseFromString(bytes)) {
+    std::fprintf(stderr, "fxdp run: %s: not a serialized GraphDef\n", a.graph.c_str());
+    return kExitInvalidInput;
+  }
+  if (a.resume.empty()) {
+    absl::StatusOr<std::vector<RawTensor>> s = ir::ReadSafetensorsFile(a.state_path);
+    if (!s.ok()) return ReportError("run", s.status());
+    *state = *std::move(s);
+  }
+  for (const std::string& d : a.data) {
     auto b = ir::ReadSafetensorsFile(d);
     if (!b.ok()) return ReportError("run", b.status());
-    batches.push_back(*std::move(b));
+    batches->push_back(*std::move(b));
   }
-  spec.set_world_size(world);
-  spec.set_steps(steps);
-  spec.set_num_state_tensors(static_cast<uint32_t>(state->size()));
-  for (const std::string& p : data_on_workers) spec.add_data_paths(p);
-  spec.set_bucket_cap_mb(bucket_mb);
-  spec.set_sync_batchnorm(sync_bn);
-  spec.set_style(StyleToProto(*parsed_style));
-  spec.set_collective_timeout_s(timeout_s);
-  spec.set_name(name.empty() ? Basename(pos[0]) : name);
-  spec.set_resume_job(resume);
-  if (!schedule_path.empty()) {
-    absl::StatusOr<ir::Schedule> schedule = ir::Schedule::ReadFile(schedule_path, steps);
+  spec->set_world_size(a.world);
+  spec->set_steps(a.steps);
+  spec->set_num_state_tensors(static_cast<uint32_t>(state->size()));
+  for (const std::string& p : a.data_on_workers) spec->add_data_paths(p);
+  spec->set_bucket_cap_mb(a.bucket_mb);
+  spec->set_sync_batchnorm(a.sync_bn);
+  spec->set_style(StyleToProto(a.style));
+  spec->set_collective_timeout_s(a.timeout_s);
+  spec->set_name(a.name.empty() ? Basename(a.graph) : a.name);
+  spec->set_resume_job(a.resume);
+  if (!a.schedule_path.empty()) {
+    absl::StatusOr<ir::Schedule> schedule = ir::Schedule::ReadFile(a.schedule_path, a.steps);
     if (!schedule.ok()) return ReportError("run", schedule.status());
     const absl::Status names =
-        ir::PlaceholderNames::Of(spec.graph())
-            .Check(schedule->names(), absl::StrCat("--schedule ", schedule_path));
+        ir::PlaceholderNames::Of(spec->graph())
+            .Check(schedule->names(), absl::StrCat("--schedule ", a.schedule_path));
     if (!names.ok()) return ReportError("run", names);
     for (const auto& [hp, values] : schedule->series()) {
-      v1::HyperparameterSeries* h = spec.add_schedule();
+      v1::HyperparameterSeries* h = spec->add_schedule();
       h->set_name(hp);
       *h->mutable_values() = {values.begin(), values.end()};
     }
   }
+  return -1;
+}
 
-  auto channel = Connect("run", server, creds);
-  if (!channel) return kExitIo;
-  auto stub = v1::JobService::NewStub(channel);
+// How the Submit call ended: its status, whether any event came, the last.
+struct Submitted {
+  grpc::Status status;
+  bool any = false;
+  v1::JobEvent last;
+};
+
+// Submits the job, writing its state and batches from a thread of their own
+// while its events are printed as they come.
+Submitted SubmitJob(v1::JobService::Stub* stub, const RunArgs& a, v1::JobSpec spec,
+                    const std::vector<RawTensor>& state,
+                    const std::vector<std::vector<RawTensor>>& batches) {
   grpc::ClientContext ctx;
   auto stream = stub->Submit(&ctx);
   std::atomic<bool> written{false};
   FirstStep first_step;
   std::thread writer([&] {
-    WriteSubmit(stream.get(), std::move(spec), *state, batches,
-                resume.empty() ? nullptr : &first_step);
+    WriteSubmit(stream.get(), std::move(spec), state, batches,
+                a.resume.empty() ? nullptr : &first_step);
     written = true;
   });
-  RunPrinter printer(json, steps, resume);
-  v1::JobEvent e, last;
-  bool any = false;
+  RunPrinter printer(a.json, a.steps, a.resume);
+  Submitted r;
+  v1::JobEvent e;
   while (stream->Read(&e)) {
-    if (!any) first_step.Set(e.first_step());
-    any = true;
-    last = e;
+    if (!r.any) first_step.Set(e.first_step());
+    r.any = true;
+    r.last = e;
     printer.Event(e);
   }
   first_step.Set(-1);  // the call ended before any event: nothing more is written
@@ -438,47 +460,70 @@ int RunCommand(const std::vector<std::string>& args) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   if (!written) ctx.TryCancel();
   writer.join();
-  const grpc::Status s = stream->Finish();
-  const std::string job_id = last.job_id();
-  if (!s.ok()) {
-    if (!any) {
-      if (json) {
-        nlohmann::ordered_json o;
-        o["event"] = "error";
-        o["code"] = CodeName(s.error_code());
-        o["error"] = s.error_message();
-        PrintLine(o);
-      }
-      return ReportRpcError("run", server, s);
-    }
-    const std::string st = s.error_code() == grpc::StatusCode::CANCELLED ? "CANCELLED" : "FAILED";
-    if (json && last.state() != v1::JOB_STATE_FAILED && last.state() != v1::JOB_STATE_CANCELLED) {
+  r.status = stream->Finish();
+  return r;
+}
+
+// The exit code of a Submit call that failed, the failure printed.
+int ReportFailedCall(const RunArgs& a, const Submitted& r) {
+  const grpc::Status& s = r.status;
+  if (!r.any) {
+    if (a.json) {
       nlohmann::ordered_json o;
-      o["event"] = "job";
-      o["job_id"] = job_id;
-      o["state"] = st;
+      o["event"] = "error";
       o["code"] = CodeName(s.error_code());
       o["error"] = s.error_message();
       PrintLine(o);
     }
-    std::fprintf(stderr, "fxdp run: job %s %s (%s): %s\n", job_id.c_str(), st.c_str(),
-                 CodeName(s.error_code()).c_str(), s.error_message().c_str());
-    return kExitInvalidInput;
+    return ReportRpcError("run", a.server, s);
   }
-  if (last.state() != v1::JOB_STATE_SUCCEEDED) {
+  const std::string& job_id = r.last.job_id();
+  const std::string st = s.error_code() == grpc::StatusCode::CANCELLED ? "CANCELLED" : "FAILED";
+  if (a.json && r.last.state() != v1::JOB_STATE_FAILED &&
+      r.last.state() != v1::JOB_STATE_CANCELLED) {
+    nlohmann::ordered_json o;
+    o["event"] = "job";
+    o["job_id"] = job_id;
+    o["state"] = st;
+    o["code"] = CodeName(s.error_code());
+    o["error"] = s.error_message();
+    PrintLine(o);
+  }
+  std::fprintf(stderr, "fxdp run: job %s %s (%s): %s\n", job_id.c_str(), st.c_str(),
+               CodeName(s.error_code()).c_str(), s.error_message().c_str());
+  return kExitInvalidInput;
+}
+
+}  // namespace
+
+int RunCommand(const std::vector<std::string>& args) {
+  RunArgs a;
+  if (int rc = ParseRunArgs(args, &a); rc >= 0) return rc;
+  v1::JobSpec spec;
+  std::vector<RawTensor> state;
+  std::vector<std::vector<RawTensor>> batches;
+  if (int rc = BuildJob(a, &spec, &state, &batches); rc >= 0) return rc;
+  auto channel = Connect("run", a.server, a.creds);
+  if (!channel) return kExitIo;
+  auto stub = v1::JobService::NewStub(channel);
+  const Submitted r = SubmitJob(stub.get(), a, std::move(spec), state, batches);
+  if (!r.status.ok()) return ReportFailedCall(a, r);
+  const std::string& job_id = r.last.job_id();
+  if (r.last.state() != v1::JOB_STATE_SUCCEEDED) {
     std::fprintf(stderr, "fxdp run: job %s ended %s: %s\n", job_id.c_str(),
-                 StateName(last.state()).c_str(), last.error().c_str());
+                 StateName(r.last.state()).c_str(), r.last.error().c_str());
     return kExitInvalidInput;
   }
-  if (!out.empty()) {
-    if (int rc = FetchFinalState(stub.get(), server, job_id, out, json); rc != kExitOk) return rc;
+  if (!a.out.empty()) {
+    if (int rc = FetchFinalState(stub.get(), a.server, job_id, a.out, a.json); rc != kExitOk)
+      return rc;
   }
-  if (!json && resume.empty())
-    std::printf("job %s SUCCEEDED (%d steps on %d workers)\n", job_id.c_str(), steps, world);
-  if (!json && !resume.empty()) {
+  if (!a.json && a.resume.empty())
+    std::printf("job %s SUCCEEDED (%d steps on %d workers)\n", job_id.c_str(), a.steps, a.world);
+  if (!a.json && !a.resume.empty()) {
     std::printf("job %s SUCCEEDED (steps %lld to %d on %d workers, resuming job %s)\n",
-                job_id.c_str(), static_cast<long long>(last.first_step() + 1), steps, world,
-                resume.c_str());
+                job_id.c_str(), static_cast<long long>(r.last.first_step() + 1), a.steps, a.world,
+                a.resume.c_str());
   }
   return kExitOk;
 }

@@ -12,6 +12,7 @@
 #include "client/cli/connect.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/fxdp/v1/worker.grpc.pb.h"
+#include "util/bytes.h"
 #include "util/flags.h"
 
 namespace fxdp::cli {
@@ -89,14 +90,15 @@ std::string ToTable(const v1::ListWorkersResponse& r) {
       {"id", "state", "device", "host", "pid", "job", "step", "last heartbeat", "memory"}};
   for (const v1::WorkerInfo& w : r.workers()) {
     const bool busy = w.state() == v1::WORKER_STATE_BUSY;
-    rows.push_back(
-        {w.worker_id(), StateName(w.state()), w.device(), w.hostname(), absl::StrCat(w.pid()),
-         w.job_id().empty() ? "-" : w.job_id(), busy ? absl::StrCat(w.step()) : "-",
-         absl::StrFormat("%.1f s ago", w.last_heartbeat_s()) +
-             (w.lost_reason().empty() ? "" : " (" + w.lost_reason() + ")"),
-         w.memory_bytes() > 0 ? absl::StrFormat("%.1f MiB (%s)", w.memory_bytes() / 1048576.0,
-                                                w.memory_source().empty() ? "?" : w.memory_source())
-                              : "-"});
+    rows.push_back({w.worker_id(), StateName(w.state()), w.device(), w.hostname(),
+                    absl::StrCat(w.pid()), w.job_id().empty() ? "-" : w.job_id(),
+                    busy ? absl::StrCat(w.step()) : "-",
+                    absl::StrFormat("%.1f s ago", w.last_heartbeat_s()) +
+                        (w.lost_reason().empty() ? "" : " (" + w.lost_reason() + ")"),
+                    w.memory_bytes() > 0
+                        ? absl::StrCat(util::MiB(w.memory_bytes()), " (",
+                                       w.memory_source().empty() ? "?" : w.memory_source(), ")")
+                        : "-"});
   }
   std::string out = FormatTable(rows);
   if (r.workers_size() == 0) absl::StrAppend(&out, "(no workers)\n");
@@ -107,14 +109,11 @@ std::string ToTable(const v1::ListWorkersResponse& r) {
 
 int WorkersCommand(const std::vector<std::string>& args) {
   util::Flags flags("fxdp workers", kWorkersUsage);
-  std::string server = DefaultServer();
-  bool json = false;
-  security::ChannelSecurity creds;
-  AddServerFlags(&flags, &server, &creds);
-  flags.Bool("--json", &json);
+  ServerQuery q;
+  AddServerQueryFlags(&flags, DefaultServer(), &q);
   if (int rc = flags.Parse(args, nullptr); rc >= 0) return rc;
-  if (server.empty()) return flags.Usage("--server must not be empty");
-  auto channel = Connect("workers", server, creds, /*wait_ready=*/false);
+  if (q.server.empty()) return flags.Usage("--server must not be empty");
+  auto channel = Connect("workers", q.server, q.creds, /*wait_ready=*/false);
   if (!channel) return kExitUsage;
   auto stub = v1::WorkerService::NewStub(channel);
   grpc::ClientContext ctx;
@@ -122,14 +121,14 @@ int WorkersCommand(const std::vector<std::string>& args) {
   v1::ListWorkersResponse resp;
   const grpc::Status s = stub->ListWorkers(&ctx, v1::ListWorkersRequest(), &resp);
   if (!s.ok()) {
-    std::fprintf(stderr, "fxdp workers: server %s: %s\n", server.c_str(),
+    std::fprintf(stderr, "fxdp workers: server %s: %s\n", q.server.c_str(),
                  s.error_message().c_str());
     return s.error_code() == grpc::StatusCode::UNAVAILABLE ||
                    s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
                ? kExitIo
                : kExitInvalidInput;
   }
-  const std::string out = json ? ToJson(resp) : ToTable(resp);
+  const std::string out = q.json ? ToJson(resp) : ToTable(resp);
   std::fwrite(out.data(), 1, out.size(), stdout);
   return kExitOk;
 }
