@@ -9,79 +9,37 @@ newline cannot inject a log line, and a non-loopback ``--listen`` without TLS ne
 from __future__ import annotations
 
 import os
-import pathlib
 import re
 import socket
 import subprocess
 import time
 
+import _security_server as tls
 import fxdp
 import grpc
 import pytest
-from _util import free_port, fxdp_binary, local_server, make_pki, traced
+from _security_server import (
+    MODEL,
+    OPTIM,
+    PERMISSION_DENIED,
+    UNAUTHENTICATED,
+    cli_as,
+    client,
+    code_of,
+    server_args,
+    train_one,
+)
+from _util import free_port, fxdp_binary, local_server, traced
 from fxdp import zoo
 from fxdp.v1 import jobs_pb2 as jpb
 from fxdp.v1 import worker_pb2 as wpb
 from fxdp.v1 import worker_pb2_grpc as wgrpc
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-MODEL, OPTIM = "mlp", "adamw"
-UNAUTHENTICATED = grpc.StatusCode.UNAUTHENTICATED
-PERMISSION_DENIED = grpc.StatusCode.PERMISSION_DENIED
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory):
-    return make_pki(tmp_path_factory.mktemp("pki"))
-
-
-@pytest.fixture(scope="module")
-def other_pki(tmp_path_factory):
-    return make_pki(tmp_path_factory.mktemp("other_pki"))
-
-
-def server_args(p: pathlib.Path):
-    return [
-        "--tls-cert",
-        str(p / "server.pem"),
-        "--tls-key",
-        str(p / "server.key"),
-        "--tls-ca",
-        str(p / "ca.pem"),
-        "--client-tokens",
-        str(p / "client-tokens"),
-        "--worker-token-file",
-        str(p / "worker.token"),
-    ]
-
-
-@pytest.fixture(scope="module")
-def health_port():
-    return free_port()
-
-
-@pytest.fixture(scope="module")
-def server(pki, health_port):
-    extra = [*server_args(pki), "--health-listen", f"127.0.0.1:{health_port}"]
-    with local_server(workers=2, extra_args=extra) as (address, log):
-        admin = client(address, pki, "admin")
-        deadline = time.monotonic() + 30
-        while sum(w.get("state") == "WORKER_STATE_IDLE" for w in admin.workers()) < 2:
-            assert time.monotonic() < deadline, (admin.workers(), log)
-            time.sleep(0.1)
-        yield address, log
-
-
-def client(address, p: pathlib.Path, who: str, **kw) -> fxdp.Client:
-    return fxdp.Client(
-        address, tls_ca=str(p / "ca.pem"), token_file=str(p / f"{who}.token"), timeout=30, **kw
-    )
-
-
-def code_of(fn) -> fxdp.ServerError:
-    with pytest.raises(fxdp.ServerError) as e:
-        fn()
-    return e.value
+# The TLS server's fixtures (_security_server.py).
+health_port = tls.health_port
+other_pki = tls.other_pki
+pki = tls.pki
+server = tls.server
 
 
 def test_calls_without_or_with_a_wrong_token_are_unauthenticated(server, pki):
@@ -144,42 +102,14 @@ def test_tls_client_with_the_wrong_ca_fails(server, other_pki):
     e = code_of(c.jobs)
     assert e.code == grpc.StatusCode.UNAVAILABLE and "CERTIFICATE_VERIFY_FAILED" in str(e), e
     # The CLI says the same, naming the server and the flag to check.
-    r = subprocess.run(
-        [
-            fxdp_binary("FXDP_BIN", "fxdp"),
-            "jobs",
-            "--server",
-            address,
-            "--tls-ca",
-            str(other_pki / "ca.pem"),
-            "--token-file",
-            str(other_pki / "alice.token"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    r = cli_as(address, other_pki, "alice", "jobs")
     assert r.returncode == 3 and "unreachable" in r.stderr and "--tls-ca" in r.stderr, r.stderr
 
 
 def test_cli_uses_tls_and_a_token_from_flags_or_environment(server, pki):
     address, _ = server
     fxdp_cli = fxdp_binary("FXDP_BIN", "fxdp")
-    r = subprocess.run(
-        [
-            fxdp_cli,
-            "workers",
-            "--server",
-            address,
-            "--tls-ca",
-            str(pki / "ca.pem"),
-            "--token-file",
-            str(pki / "alice.token"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    r = cli_as(address, pki, "alice", "workers")
     assert r.returncode == 0 and "local-0" in r.stdout, r.stderr
     env = dict(
         os.environ,
@@ -192,11 +122,6 @@ def test_cli_uses_tls_and_a_token_from_flags_or_environment(server, pki):
     env.pop("FXDP_TOKEN_FILE")
     r = subprocess.run([fxdp_cli, "jobs"], capture_output=True, text=True, env=env, timeout=30)
     assert r.returncode == 1 and "UNAUTHENTICATED" in r.stderr, r.stderr
-
-
-def train_one(c: fxdp.Client, name: str):
-    step = traced(MODEL, OPTIM)
-    return c.train(step, world_size=1, batches=[zoo.get(MODEL).batch(0)], name=name)
 
 
 def test_jobs_belong_to_their_submitter(server, pki):
@@ -223,40 +148,9 @@ def test_jobs_belong_to_their_submitter(server, pki):
     assert alice.job(mine.job_id).name == "alice's job"
     assert set(alice.fetch_state(mine.job_id)) == set(mine.state)
     assert alice_cert.job(mine.job_id).owner == "alice"
-    r = subprocess.run(
-        [
-            fxdp_binary("FXDP_BIN", "fxdp"),
-            "job",
-            mine.job_id,
-            "--json",
-            "--server",
-            address,
-            "--tls-ca",
-            str(pki / "ca.pem"),
-            "--token-file",
-            str(pki / "alice.token"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    r = cli_as(address, pki, "alice", "job", mine.job_id, "--json")
     assert r.returncode == 0 and '"owner": "alice"' in r.stdout, r.stderr
-    r = subprocess.run(
-        [
-            fxdp_binary("FXDP_BIN", "fxdp"),
-            "cancel",
-            mine.job_id,
-            "--server",
-            address,
-            "--tls-ca",
-            str(pki / "ca.pem"),
-            "--token-file",
-            str(pki / "bob.token"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    r = cli_as(address, pki, "bob", "cancel", mine.job_id)
     assert r.returncode == 1 and "NOT_FOUND" in r.stderr, r.stderr
     assert [j.job_id for j in alice.jobs()] == [mine.job_id]
     assert [j.job_id for j in bob.jobs()] == [theirs.job_id]
@@ -559,232 +453,3 @@ def test_client_timeout_bounds_every_call(server, pki):
             assert e.code == grpc.StatusCode.DEADLINE_EXCEEDED and time.monotonic() - t0 < 5, e
     with pytest.raises(ValueError, match="timeout"):
         fxdp.Client(address, timeout=0)
-
-
-# ---- Checked attacks (docs/security.md): every string a client or worker sends, and silent streams ----
-
-FORGED = 'fxdp-server: audit event="cancel" identity="root (admin)" job="FORGED"'
-
-
-def _worker_channel(address, pki):
-    return grpc.secure_channel(
-        address,
-        grpc.composite_channel_credentials(
-            grpc.ssl_channel_credentials((pki / "ca.pem").read_bytes()),
-            grpc.access_token_call_credentials((pki / "worker.token").read_text().strip()),
-        ),
-    )
-
-
-def _client_channel(address, pki, who="alice"):
-    return grpc.secure_channel(
-        address,
-        grpc.composite_channel_credentials(
-            grpc.ssl_channel_credentials((pki / "ca.pem").read_bytes()),
-            grpc.access_token_call_credentials((pki / f"{who}.token").read_text().strip()),
-        ),
-    )
-
-
-def _forged_lines(log) -> list:
-    return [line for line in "".join(log).splitlines() if line.startswith(FORGED)]
-
-
-def test_no_string_a_client_or_worker_sends_can_inject_a_server_log_line(server, pki):
-    """A newline followed by a forged audit line in a job name, a cancel reason, a job id, a node
-    name (echoed in an error), a worker id, a device and the version strings: those the server
-    logs are there, escaped (checked), and no log line starts with the forged text."""
-    from fxdp.v1 import jobs_pb2_grpc as jgrpc
-
-    address, log = server
-    alice = client(address, pki, "alice")
-    evil = "\n" + FORGED
-    named = train_one(alice, "name" + evil)
-    step = traced(MODEL, OPTIM)
-    with _client_channel(address, pki) as ch:
-        jobs = jgrpc.JobServiceStub(ch)
-        jobs.CancelJob(
-            jpb.CancelJobRequest(job_id=named.job_id, reason="reason" + evil), timeout=10
-        )
-        for call in (
-            lambda: jobs.GetJob(jpb.GetJobRequest(job_id="job-id" + evil), timeout=10),
-            lambda: list(
-                jobs.FetchState(jpb.FetchJobStateRequest(job_id="job-id" + evil), timeout=10)
-            ),
-            lambda: jobs.CancelJob(jpb.CancelJobRequest(job_id="job-id" + evil), timeout=10),
-        ):
-            with pytest.raises(grpc.RpcError) as e:
-                call()
-            assert e.value.code() == grpc.StatusCode.NOT_FOUND, e.value
-        bad = step.graph.__class__()
-        bad.CopyFrom(step.graph)
-        bad.nodes[4].name = "node" + evil
-        bad.nodes[5].name = bad.nodes[4].name  # a duplicate node name: an error naming it
-        spec = jpb.JobSpec(graph=bad, world_size=1, steps=1, num_state_tensors=0, name="bad graph")
-        with pytest.raises(grpc.RpcError) as e:
-            list(jobs.Submit(iter([jpb.SubmitJobRequest(spec=spec)]), timeout=30))
-        assert (
-            e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "node\n" in e.value.details()
-        ), e.value
-    # Worker strings: refused (INVALID_ARGUMENT) or logged escaped; `want` lists what an accepted
-    # one leaves in the log.
-    want = ['name="name\\n', 'job="job-id\\n']
-    with _worker_channel(address, pki) as ch:
-        attach_stub = wgrpc.WorkerServiceStub(ch)
-        for i, (fields, logged) in enumerate(
-            [
-                (dict(worker_id="wid" + evil), []),
-                (dict(device="cpu" + evil), ['device="cpu\\n', "device cpu\\x0a"]),
-                (dict(fxdp_version="v" + evil, torch_version="t" + evil), ["(fxdp v\\x0a"]),
-            ]
-        ):
-            fields.setdefault("worker_id", f"inject-{i}")
-            reg = wpb.WorkerMessage(
-                register_worker=wpb.Register(
-                    protocol_version=wpb.WORKER_PROTOCOL_VERSION_1,
-                    hostname="h",
-                    capacity=1,
-                    **fields,
-                )
-            )
-            stream = attach_stub.Attach(iter([reg]), timeout=10)
-            try:
-                if next(stream).WhichOneof("msg") == "registered":
-                    want += logged
-                for _ in stream:
-                    pass
-            except grpc.RpcError as e:
-                assert e.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.CANCELLED), e
-    text = "".join(log)
-    deadline = time.monotonic() + 10
-    while not all(w in text for w in want):  # every value reached the log, escaped
-        assert time.monotonic() < deadline, ([w for w in want if w not in text], text[-3000:])
-        time.sleep(0.1)
-        text = "".join(log)
-    assert _forged_lines(log) == [], _forged_lines(log)
-
-
-def test_a_data_path_with_a_newline_cannot_inject_a_log_line(server, pki):
-    address, log = server
-    alice = client(address, pki, "alice")
-    with _client_channel(address, pki) as ch:
-        from fxdp.client import _chunks
-        from fxdp.v1 import jobs_pb2_grpc as jgrpc
-
-        step = traced(MODEL, OPTIM)
-        state = step.initial_state()
-        spec = jpb.JobSpec(
-            graph=step.graph,
-            world_size=1,
-            steps=1,
-            num_state_tensors=len(state),
-            name="paths",
-            data_paths=["/nonexistent\n" + FORGED],
-        )
-        reqs = [jpb.SubmitJobRequest(spec=spec)] + [
-            jpb.SubmitJobRequest(state=c) for k, v in state.items() for c in _chunks(k, v)
-        ]
-        with pytest.raises(grpc.RpcError) as e:
-            list(jgrpc.JobServiceStub(ch).Submit(iter(reqs), timeout=30))
-        assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED, e.value
-    assert alice.jobs()
-    time.sleep(0.5)
-    assert _forged_lines(log) == [], _forged_lines(log)
-
-
-def _server_pid(admin) -> int:
-    """The server's pid: the parent of its --local-workers."""
-    pid = next(
-        w["pid"]
-        for w in admin.workers()
-        if w["worker_id"].startswith("local-") and w.get("state") == "WORKER_STATE_IDLE"
-    )
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[1])
-
-
-def _threads(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        return int(re.search(r"^Threads:\s+(\d+)", f.read(), re.M).group(1))
-
-
-def test_unauthenticated_streams_cost_the_server_no_thread(server, pki):
-    """300 Submit and 300 Attach streams without credentials, left open and silent, are refused
-    UNAUTHENTICATED before any handler runs: the server's thread count does not grow (without
-    authentication each one held a server thread: 19 -> 2,021 threads with 2,000 streams)."""
-    import queue
-
-    address, _ = server
-    admin = client(address, pki, "admin")
-    pid = _server_pid(admin)
-    before = _threads(pid)
-    raw = dict(request_serializer=lambda b: b, response_deserializer=lambda b: b)
-    with grpc.secure_channel(
-        address, grpc.ssl_channel_credentials((pki / "ca.pem").read_bytes())
-    ) as ch:
-        calls = [
-            ch.stream_stream(m, **raw)(iter(queue.Queue().get, None), timeout=30)
-            for m in ("/fxdp.v1.JobService/Submit", "/fxdp.v1.WorkerService/Attach")
-            for _ in range(300)
-        ]
-        deadline = time.monotonic() + 20
-        while any(c.running() for c in calls):
-            assert time.monotonic() < deadline, sum(c.running() for c in calls)
-            time.sleep(0.1)
-        assert {c.code() for c in calls} == {UNAUTHENTICATED}, {c.code() for c in calls}
-        during = _threads(pid)
-        for c in calls:
-            c.cancel()
-    assert during <= before + 8, (before, during)
-    assert admin.jobs() is not None
-
-
-def test_wrong_tokens_are_rate_limited_per_connection(pki):
-    """After --max-auth-failures wrong tokens on one connection, its calls with a token (a right one
-    too: a blocked guesser must not learn when it guessed right) are RESOURCE_EXHAUSTED for
-    --auth-block-s, audit-logged once; other connections go on."""
-    extra = [*server_args(pki), "--max-auth-failures", "3", "--auth-block-s", "2"]
-    with local_server(workers=0, extra_args=extra) as (address, log):
-        ca = grpc.ssl_channel_credentials((pki / "ca.pem").read_bytes())
-        alice = (pki / "alice.token").read_text().strip()
-        raw = dict(request_serializer=lambda b: b, response_deserializer=lambda b: b)
-
-        def connection():  # its own TCP + TLS connection (no shared subchannel)
-            return grpc.secure_channel(address, ca, options=[("grpc.use_local_subchannel_pool", 1)])
-
-        def list_jobs(ch, token):
-            return ch.unary_unary("/fxdp.v1.JobService/ListJobs", **raw)(
-                b"", metadata=[("authorization", f"Bearer {token}")], timeout=10
-            )
-
-        def code(ch, token):
-            with pytest.raises(grpc.RpcError) as e:
-                list_jobs(ch, token)
-            return e.value
-
-        guesser, other = connection(), connection()
-        for i in range(3):
-            assert code(guesser, f"guess-{i:012d}").code() == UNAUTHENTICATED
-        blocked = code(guesser, alice)
-        assert blocked.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, blocked
-        assert "too many wrong tokens on this connection (3 within 60 s)" in blocked.details()
-        assert "--max-auth-failures" in blocked.details()
-        assert code(guesser, "guess-again-000000").code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        list_jobs(other, alice)  # another connection is not blocked
-        time.sleep(2.2)
-        list_jobs(guesser, alice)  # the block is over
-        time.sleep(0.2)
-        lines = [x for x in log if 'audit event="auth_blocked"' in x]
-        assert len(lines) == 1, lines
-        assert 'failures="3"' in lines[0] and "guess" not in "".join(log)
-        # New connections, after a blocked one closed, never inherit its block (they could when the
-        # key was a memory address, which the allocator hands out again).
-        for i in range(3):
-            assert code(guesser, f"guess-{i:012d}").code() == UNAUTHENTICATED
-        assert code(guesser, alice).code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        guesser.close()
-        time.sleep(0.3)
-        for _ in range(20):
-            with connection() as fresh:
-                list_jobs(fresh, alice)
-        other.close()

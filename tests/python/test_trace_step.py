@@ -10,86 +10,33 @@ eagerly with a scheduler stepped after each step. Checked:
 * a tensor lr, named extra outputs, hyper-parameter guards;
 * bf16: a step under torch.autocast("cpu", bfloat16) and a model kept in bf16 equal eager bf16
   training within bf16 tolerance;
-* DDP semantics: `fxdp analyze` all-reduces exactly the grad_of values (sum over micro-batches)
-  before clipping reads them, with no fallback warning; the expansion has one all_reduce per
-  bucket; real `fxdp-worker run` processes at N=2, 3 and 4 (micro-batches: even batches; uneven
-  batches without micro-batches; the small MLP with AdamW, bf16 autocast, and the seq-first and
-  transformer zoo models with SGD), with a per-step `--schedule FILE`, equal one device;
 * TraceErrors naming the user's line: control flow on a tensor value, GradScaler, LBFGS,
   optimizer.step() twice or never.
+
+Data parallel (analysis, expansion, real workers): test_trace_step_workers.py.
 """
 
 from __future__ import annotations
-
-import json
-import math
-import os
-import subprocess
 
 import fxdp
 import pytest
 import torch
 import torch.nn as nn
-from _util import ATOL, RTOL, free_port, fxdp_binary
+from _trace_steps import (
+    STEPS,
+    O,
+    _mlp,
+    _mlp_batches,
+    _mse,
+    accumulating_step,
+    assert_params,
+    run_eager,
+    run_traced,
+    warmup_decay,
+)
+from _util import ATOL, RTOL
 from fxdp import schedule as S
 from fxdp import zoo
-from safetensors.torch import load_file, save_file
-
-O = torch.optim
-STEPS = 3
-
-
-def warmup_decay(opt):
-    """Linear warmup then cosine decay: lr changes every step."""
-    return O.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / 2) * 0.5 * (1 + math.cos(math.pi * s / 8))
-    )
-
-
-def accumulating_step(loss_fn, k, max_norm, batch_dim=0):
-    """A typical step: k micro-batches, clip_grad_norm_, step, zero_grad."""
-
-    def train_step(model, opt, batch):
-        x, y = batch
-        total = 0.0
-        for xm, ym in zip(x.chunk(k, dim=batch_dim), y.chunk(k, dim=batch_dim)):
-            loss = loss_fn(model(xm), ym) / k
-            loss.backward()
-            total = total + loss.detach()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-        opt.step()
-        opt.zero_grad()
-        return total
-
-    return train_step
-
-
-def run_traced(step, batches, sched, steps=STEPS):
-    values = S.schedule_values(sched, steps, step)
-    state = step.initial_state()
-    losses = []
-    for i in range(steps):
-        state, loss = step.run_local(state, batches[i], hyperparameters=values[i])
-        losses.append(loss)
-    return state, losses, values
-
-
-def run_eager(train_step, model, opt, sched, batches, steps=STEPS):
-    losses = []
-    for i in range(steps):
-        losses.append(train_step(model, opt, batches[i]).detach())
-        sched.step()
-    return losses
-
-
-def assert_params(state, model, rtol=RTOL, atol=ATOL):
-    for n, p in model.named_parameters():
-        torch.testing.assert_close(
-            state[n], p.detach(), rtol=rtol, atol=atol, msg=lambda m: f"{n}: {m}"
-        )
-    for n, b in model.named_buffers():
-        torch.testing.assert_close(state[n], b, rtol=rtol, atol=atol, msg=lambda m: f"{n}: {m}")
-
 
 # --------------------------------------------------------------------------- zoo x AdamW
 
@@ -161,20 +108,6 @@ OPTIMIZER_CASES = [
     (O.Rprop, dict(lr=0.01, etas=(0.4, 1.3)), False),
     (O.Rprop, dict(lr=0.01, maximize=True), True),
 ]
-
-
-def _mlp():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
-
-
-def _mlp_batches(n=STEPS, b=6):
-    g = torch.Generator().manual_seed(1)
-    return [(torch.randn(b, 4, generator=g), torch.randn(b, 3, generator=g)) for _ in range(n)]
-
-
-def _mse(out, y):
-    return torch.nn.functional.mse_loss(out, y)
 
 
 @pytest.mark.parametrize(
@@ -498,209 +431,3 @@ def test_tracing_leaves_model_and_optimizer_unchanged():
     assert not o.state and "step" not in o.__dict__ and isinstance(o.param_groups[0]["lr"], float)
     assert all(p.grad is None and torch.equal(p, before[n]) for n, p in m.named_parameters())
     assert o.param_groups[0]["params"][0] is m[0].weight
-
-
-# --------------------------------------------------------------------------- data parallel
-
-
-def _cli(*args, timeout=60):
-    r = subprocess.run(
-        [fxdp_binary("FXDP_BIN", "fxdp"), *args], capture_output=True, text=True, timeout=timeout
-    )
-    assert r.returncode == 0, r.stderr
-    return r.stdout
-
-
-def test_analysis_all_reduces_grad_of_before_clipping_once_per_step(tmp_path):
-    e = zoo.get("transformer")
-    m = e.model(0)
-    step = fxdp.trace_step(
-        accumulating_step(e.loss_fn, 3, 0.05),
-        m,
-        O.AdamW(m.parameters(), lr=1e-2),
-        e.batch(0),
-        input_names=e.input_names,
-    )
-    path = tmp_path / "t.pb"
-    step.save(path)
-    a = json.loads(_cli("analyze", str(path), "--world-size", "2", "--json"))
-    assert a["warnings"] == []
-    grad_nodes = {n.name: n.grad_of for n in step.graph.nodes if n.grad_of}
-    assert sorted(grad_nodes.values()) == sorted(n for n, _ in m.named_parameters())
-    grads = [r for r in a["reductions"] if r["grad_of"]]
-    # exactly the grad_of values: one all-reduce per gradient per step
-    assert sorted(r["value"].split(":")[0] for r in grads) == sorted(grad_nodes)
-    # and cross-entropy's total weight (the count of targets that count: the mean is over the whole
-    # batch's), one scalar sum per micro-batch
-    counts = [r for r in a["reductions"] if not r["grad_of"]]
-    assert len(counts) == 3 and all(r["op"] == "sum" for r in counts), counts
-    x = json.loads(
-        _cli("expand", str(path), "--world-size", "2", "-o", str(tmp_path / "x.pb"), "--json")
-    )
-    g = fxdp.load(tmp_path / "x.pb").graph
-    reduces = [n for n in g.nodes if n.target.name == "_c10d_functional::all_reduce"]
-    # one per bucket, plus the loss (all-reduced once, not per micro-batch), plus the 3 total weights
-    assert len(reduces) == len(x["buckets"]) + 1 + 3
-
-
-def _worker_run(graph_template, state, data, out_template, world, extra=()):
-    args = [
-        fxdp_binary("FXDP_WORKER", "fxdp-worker"),
-        "run",
-        "--graph",
-        graph_template,
-        "--state",
-        state,
-        "--steps",
-        str(STEPS),
-        "--out",
-        out_template,
-        "--timeout",
-        "60",
-        *extra,
-    ]
-    for d in data:
-        args += ["--data", d]
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")
-    }
-    port = free_port()
-    procs = [
-        subprocess.Popen(
-            args,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={
-                **env,
-                "RANK": str(r),
-                "WORLD_SIZE": str(world),
-                "LOCAL_RANK": str(r),
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-            },
-        )
-        for r in range(world)
-    ]
-    for r, p in enumerate(procs):
-        _, err = p.communicate(timeout=120)
-        assert p.returncode == 0, f"rank {r}: {err}"
-
-
-WORKER_CASES = [  # (model, world, batch, micro-batches, autocast): the small MLP with AdamW, zoo models with SGD
-    ("mlp8", 2, 12, 2, False),
-    ("mlp8", 3, 12, 2, False),
-    ("mlp8", 2, 7, 1, False),  # uneven: 4, 3
-    ("mlp8", 3, 8, 1, False),  # uneven: 3, 3, 2
-    ("mlp8", 2, 12, 2, True),  # bf16 autocast
-    ("seqfirst", 3, 12, 2, False),  # batch dim 1, micro-batches along it
-    ("transformer", 4, 6, 1, False),  # uneven: 2, 2, 1, 1
-]
-
-
-def _worker_case(name, b):
-    """(model, optimizer, loss_fn, batches, batch_dim, input_names) for a worker case."""
-    if name == "mlp8":
-        m = _mlp()
-        return (
-            m,
-            O.AdamW(m.parameters(), lr=1e-2, weight_decay=0.01),
-            _mse,
-            _mlp_batches(b=b),
-            0,
-            ("input.0", "input.1"),
-        )
-    e = zoo.get(name)
-    m = e.model(0)
-    batches = [e.batch(i) for i in range(STEPS)]
-    assert batches[0][0].shape[e.batch_dim] == b
-    return (
-        m,
-        O.SGD(m.parameters(), lr=0.05, momentum=0.9, nesterov=True),
-        e.loss_fn,
-        batches,
-        e.batch_dim,
-        e.input_names or ("input.0", "input.1"),
-    )
-
-
-@pytest.mark.parametrize(
-    "name,world,b,k,bf16",
-    WORKER_CASES,
-    ids=[f"{m}-n{w}-b{b}-k{k}{'-bf16' if a else ''}" for m, w, b, k, a in WORKER_CASES],
-)
-def test_workers_equal_one_device_with_a_schedule(tmp_path, name, world, b, k, bf16):
-    m, opt, loss_fn, batches, bdim, names = _worker_case(name, b)
-    inner = accumulating_step(loss_fn, k, 0.05, bdim)
-
-    def train_step(model, opt, batch):
-        if not bf16:
-            return inner(model, opt, batch)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            return inner(model, opt, batch)
-
-    sched = warmup_decay(opt)
-    step = fxdp.trace_step(train_step, m, opt, batches[0], batch_dim=bdim, input_names=names)
-    want, _, values = run_traced(step, batches, sched)
-    step.save(tmp_path / "g.pb")
-    step.to_safetensors(tmp_path / "s.safetensors")
-    S.save_schedule(tmp_path / "sched.json", values)
-    data = []
-    for i, (x, y) in enumerate(batches):
-        save_file({names[0]: x, names[1]: y}, str(tmp_path / f"d{i}.safetensors"))
-        data.append(str(tmp_path / f"d{i}.safetensors"))
-    x = json.loads(
-        _cli(
-            "expand",
-            str(tmp_path / "g.pb"),
-            "--world-size",
-            str(world),
-            "-o",
-            str(tmp_path / "x.pb"),
-            "--json",
-        )
-    )
-    uneven = len({s["size"] for s in x["slices"]}) > 1
-    assert uneven == (b % world != 0)
-    tmpl = str(tmp_path / ("x.rank{rank}.pb" if uneven else "x.pb"))
-    _worker_run(
-        tmpl,
-        str(tmp_path / "s.safetensors"),
-        data,
-        str(tmp_path / "f{rank}.safetensors"),
-        world,
-        ["--schedule", str(tmp_path / "sched.json")],
-    )
-    finals = [load_file(str(tmp_path / f"f{r}.safetensors")) for r in range(world)]
-    tol = dict(rtol=2e-2, atol=1e-3) if bf16 else dict(rtol=RTOL, atol=ATOL)
-    for r, f in enumerate(finals):
-        for n, _ in m.named_parameters():
-            assert torch.equal(f[n], finals[0][n]), f"rank {r} differs from rank 0 on {n}"
-            torch.testing.assert_close(f[n], want[n], **tol, msg=lambda msg: f"rank {r} {n}: {msg}")
-
-
-def test_micro_batches_that_do_not_split_over_ranks_are_refused(tmp_path):
-    m = _mlp()
-    step = fxdp.trace_step(
-        accumulating_step(_mse, 2, 0.05), m, O.SGD(m.parameters(), lr=0.1), _mlp_batches(b=6)[0]
-    )
-    step.save(tmp_path / "g.pb")
-    r = subprocess.run(
-        [
-            fxdp_binary("FXDP_BIN", "fxdp"),
-            "expand",
-            str(tmp_path / "g.pb"),
-            "--world-size",
-            "2",
-            "-o",
-            str(tmp_path / "x.pb"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert r.returncode != 0
-    assert "splits its batch of 6 samples into 2 micro-batches of 3" in r.stderr
-    assert "make the batch a multiple of 4" in r.stderr
