@@ -1,6 +1,6 @@
 // fxdp_allreduce_bench: all-reduce (sum, float32) time and bandwidth through
 // fxdp's communicator against the library it wraps, called directly
-// (bench/README.md, "All-reduce bandwidth"). One process per rank, launched
+// (bench/README.md, area 5 and "The programs"). One process per rank, launched
 // like fxdp-worker: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT.
 //
 //   RANK=r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=P

@@ -1,6 +1,6 @@
 // fxdp_compile_load: a closed-loop load generator for fxdp-server's
 // CompileService (proto/fxdp/v1/compile.proto), through the generated gRPC
-// stubs (bench/README.md, "Compile RPC latency").
+// stubs (bench/README.md, area 4 and "The programs").
 //
 //   fxdp_compile_load --server=HOST:PORT --graph=PATH [--rpc=analyze|expand]
 //       [--clients=1] [--duration_s=2] [--world_size=2] [--json=OUT]

@@ -1,8 +1,7 @@
 // fxdp_pipeline_bench: decode + analysis + expansion of one serialized graph
 // file, timed per phase, with the peak resident memory of the process, so
 // that fxdp and its Python baseline (bench/fx_baseline.py) are measured the
-// same way on the same bytes (bench/README.md, "Graph pipeline against
-// torch.fx"). No LibTorch.
+// same way on the same bytes (bench/README.md, area 1 and "The programs"). No LibTorch.
 //
 //   fxdp_pipeline_bench --write_synthetic=NODES --out=PATH
 //       writes the synthetic transformer step of about NODES nodes
