@@ -18,6 +18,7 @@ import fxdp
 import grpc
 import pytest
 import torch
+from _security_server import server_args
 from _util import fxdp_binary, local_server, make_pki, traced
 from fxdp import zoo
 from fxdp.client import _chunks as chunks
@@ -129,21 +130,6 @@ def pki(tmp_path_factory):
     return make_pki(tmp_path_factory.mktemp("pki"))
 
 
-def tls_args(p: pathlib.Path):
-    return [
-        "--tls-cert",
-        str(p / "server.pem"),
-        "--tls-key",
-        str(p / "server.key"),
-        "--tls-ca",
-        str(p / "ca.pem"),
-        "--client-tokens",
-        str(p / "client-tokens"),
-        "--worker-token-file",
-        str(p / "worker.token"),
-    ]
-
-
 def channel(address, p: pathlib.Path, who: str):
     return grpc.secure_channel(
         address,
@@ -232,7 +218,13 @@ def test_one_identity_cannot_take_every_submit_stream(pki):
     """256 silent Submits from one identity locked every other out. Scaled down: 3 streams for the
     server, 2 per identity; alice holds 2 (her jobs hold both workers), her third is refused naming
     her count and the flag, bob's is taken and runs once alice lets go."""
-    args = [*tls_args(pki), "--max-submit-streams", "3", "--max-submit-streams-per-identity", "2"]
+    args = [
+        *server_args(pki),
+        "--max-submit-streams",
+        "3",
+        "--max-submit-streams-per-identity",
+        "2",
+    ]
     with local_server(workers=2, extra_args=args) as (address, log):
         wait_idle(address, pki, 2)
         with channel(address, pki, "alice") as a, channel(address, pki, "bob") as b:
@@ -258,7 +250,7 @@ def test_one_identity_cannot_fill_the_queue(pki):
     for the server, 2 per identity, one worker: alice's job runs, two more of hers wait, her fourth
     is refused naming her count and the flag; bob's job still gets a place and runs once alice's
     are gone."""
-    args = [*tls_args(pki), "--max-queued-jobs", "3", "--max-queued-jobs-per-identity", "2"]
+    args = [*server_args(pki), "--max-queued-jobs", "3", "--max-queued-jobs-per-identity", "2"]
     with local_server(workers=1, extra_args=args) as (address, log):
         wait_idle(address, pki, 1)
         with channel(address, pki, "alice") as a, channel(address, pki, "bob") as b:
@@ -294,7 +286,7 @@ def test_one_identity_cannot_take_every_fetch_stream(pki):
     """--max-fetch-streams-per-identity: alice holds her one FetchState call open (read one chunk,
     then nothing); her second is refused naming her count and the flag; bob's fetch still runs;
     once alice lets go, hers does too."""
-    args = [*tls_args(pki), "--max-fetch-streams", "3", "--max-fetch-streams-per-identity", "1"]
+    args = [*server_args(pki), "--max-fetch-streams", "3", "--max-fetch-streams-per-identity", "1"]
     torch.manual_seed(0)
     model = Wide()
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
