@@ -48,6 +48,56 @@ def traced(
     return step
 
 
+def prepare_zoo_step(d, model: str, optim: str, steps: int) -> dict:
+    """Zoo `model` x `optim` traced into folder `d`: the graph (g.pb), its state (s.safetensors),
+    one batch file per step (b<i>.safetensors), the batches, and the one-device reference
+    (run_local's final state and losses on them)."""
+    from safetensors.torch import save_file
+
+    step, e = traced(model, optim), zoo.get(model)
+    p = {
+        "dir": d,
+        "step": step,
+        "graph": str(d / "g.pb"),
+        "state": str(d / "s.safetensors"),
+        "batches": [e.batch(i) for i in range(steps)],
+        "data": [],
+    }
+    step.save(p["graph"])
+    step.to_safetensors(p["state"])
+    for i in range(steps):
+        path = str(d / f"b{i}.safetensors")
+        save_file({k: v.contiguous() for k, v in e.named_batch(i).items()}, path)
+        p["data"].append(path)
+    state, losses = step.initial_state(), []
+    for b in p["batches"]:
+        state, loss = step.run_local(state, b)
+        losses.append(float(loss))
+    p["ref_state"], p["ref_losses"] = state, losses
+    return p
+
+
+def expand_json(fxdp_cli: str, graph: str, world: int, out, *args: str) -> Tuple[dict, str]:
+    """`fxdp expand GRAPH --world-size N ARGS -o OUT --json`: its report, and the graph path a
+    rank runs ('{rank}' in it when the split is uneven and each rank has its own graph)."""
+    import json
+    import pathlib
+
+    out = pathlib.Path(out)
+    r = subprocess.run(
+        [fxdp_cli, "expand", graph, "--world-size", str(world), *args, "-o", str(out), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    uneven = len({s["size"] for s in report["slices"]}) > 1
+    return report, str(out.with_name(f"{out.stem}.rank{{rank}}{out.suffix}")) if uneven else str(
+        out
+    )
+
+
 def eager_steps(model_name: str, optim: str, steps: int, overrides=(), warmup: int = 0):
     """Train the zoo entry eagerly; returns (model, optimizer, losses)."""
     e = zoo.get(model_name)
@@ -391,6 +441,31 @@ def wait_all(procs, timeout_s: float) -> None:
                 proc.kill()
                 proc.wait()
         pytest.fail(f"processes still running after {timeout_s} s (a hang)")
+
+
+def run_dp_oracle(paths: List[str], state: str, data: str, out_dir, *extra: str) -> List[dict]:
+    """fxdp.dp_oracle: PyTorch (torch.fx) runs the expanded graphs (rank r: paths[r]) on
+    len(paths) Gloo processes from `state` on the batches torch.save'd in `data`; with `extra` =
+    (model, optimizer) each rank then also trains the zoo model under eager DDP. Each rank's
+    result (out<r>.pt in `out_dir`: state, losses, ddp); its log is log<r>."""
+    import sys
+
+    world, port, procs = len(paths), free_port(), []
+    for r in range(world):
+        with open(out_dir / f"log{r}", "w") as log:
+            cmd = [sys.executable, "-m", "fxdp.dp_oracle", str(r), str(world), str(port)]
+            procs.append(
+                subprocess.Popen(
+                    [*cmd, paths[r], state, data, str(out_dir / f"out{r}.pt"), *extra],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=clean_env(OMP_NUM_THREADS=1),
+                )
+            )
+    wait_all(procs, 180)
+    for r, proc in enumerate(procs):
+        assert proc.returncode == 0, (out_dir / f"log{r}").read_text()
+    return [torch.load(out_dir / f"out{r}.pt") for r in range(world)]
 
 
 def spawn_ranks(args: List[str], world: int, d) -> list:

@@ -15,12 +15,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import fxdp
 import pytest
 import torch
-from _util import ATOL, RTOL, free_port, target_str, traced
+from _util import ATOL, RTOL, run_dp_oracle, target_str, traced
 from fxdp import zoo
 from fxdp.v1 import graph_pb2 as pb
 
@@ -74,37 +73,13 @@ def check_against_one_device(
     assert len(report["collectives"]) == len(report["buckets"]) + 1 + counts + reductions
     # x.pb, or x.rank<r>.pb per rank (an uneven split, or a replicated value sliced per rank)
     paths = [next(f["path"] for f in report["files"] if r in f["ranks"]) for r in range(world)]
-    port = free_port()
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "fxdp.dp_oracle",
-                str(r),
-                str(world),
-                str(port),
-                paths[r],
-                state,
-                data,
-                str(tmp_path / f"out{r}.pt"),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(world)
-    ]
-    for p in procs:
-        out, _ = p.communicate(timeout=120)
-        assert p.returncode == 0, out
+    results = run_dp_oracle(paths, state, data, tmp_path)
 
     ref = step.initial_state()
     ref_losses = []
     for b in batches:
         ref, loss = step.run_local(ref, b)
         ref_losses.append(loss)
-    results = [torch.load(tmp_path / f"out{r}.pt") for r in range(world)]
     for name, want in ref.items():
         got = results[0]["state"][name]
         torch.testing.assert_close(got, want, rtol=rtol, atol=atol, msg=lambda m: f"{name}: {m}")
@@ -158,33 +133,7 @@ def test_batchnorm_model_trains_like_ddp(tmp_path):
     torch.save([zoo.get(model).batch(i) for i in range(STEPS)], data)
     report = expand(graph, str(tmp_path / "x.pb"), world)
     assert any("bn.running_mean" in n for n in report["notes"])
-    port = free_port()
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "fxdp.dp_oracle",
-                str(r),
-                str(world),
-                str(port),
-                str(tmp_path / "x.pb"),
-                state,
-                data,
-                str(tmp_path / f"out{r}.pt"),
-                model,
-                optim,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(world)
-    ]
-    for p in procs:
-        out, _ = p.communicate(timeout=120)
-        assert p.returncode == 0, out
-    results = [torch.load(tmp_path / f"out{r}.pt") for r in range(world)]
+    results = run_dp_oracle([str(tmp_path / "x.pb")] * world, state, data, tmp_path, model, optim)
     for name, want in results[0]["ddp"].items():
         torch.testing.assert_close(
             results[0]["state"][name], want, rtol=RTOL, atol=ATOL, msg=lambda m: f"{name}: {m}"

@@ -21,13 +21,11 @@ splits and parameter sizes not divisible by N (mlp's fc1.weight: 160 elements ov
 
 from __future__ import annotations
 
-import json
 import subprocess
 
 import pytest
 import torch
-from _util import ATOL, RTOL, fxdp_binary, run_worker_ranks, traced
-from fxdp import zoo
+from _util import ATOL, RTOL, expand_json, fxdp_binary, prepare_zoo_step, run_worker_ranks, traced
 from safetensors.torch import load_file, save_file
 
 STEPS = 3
@@ -51,18 +49,7 @@ class Lab:
         if key not in self._prepared:
             d = self.root / f"{model}_{optim}"
             d.mkdir()
-            step, e = traced(model, optim), zoo.get(model)
-            p = {"dir": d, "graph": str(d / "g.pb"), "state": str(d / "s.safetensors"), "data": []}
-            step.save(p["graph"])
-            step.to_safetensors(p["state"])
-            state, losses = step.initial_state(), []
-            for i in range(STEPS):
-                path = str(d / f"b{i}.safetensors")
-                save_file({k: v.contiguous() for k, v in e.named_batch(i).items()}, path)
-                p["data"].append(path)
-                state, loss = step.run_local(state, e.batch(i))
-                losses.append(float(loss))
-            p["ref_state"], p["ref_losses"] = state, losses
+            p = prepare_zoo_step(d, model, optim, STEPS)
             self._prepared[key] = p
         return self._prepared[key]
 
@@ -71,27 +58,7 @@ class Lab:
         if key not in self._runs:
             p = self.prepared(model, optim)
             out = p["dir"] / f"{style}{world}.pb"
-            r = subprocess.run(
-                [
-                    self.fxdp,
-                    "expand",
-                    p["graph"],
-                    "--world-size",
-                    str(world),
-                    "--style",
-                    style,
-                    "-o",
-                    str(out),
-                    "--json",
-                ],
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
-            assert r.returncode == 0, r.stderr
-            report = json.loads(r.stdout)
-            uneven = len({s["size"] for s in report["slices"]}) > 1
-            graph = str(p["dir"] / f"{style}{world}.rank{{rank}}.pb") if uneven else str(out)
+            report, graph = expand_json(self.fxdp, p["graph"], world, out, "--style", style)
             d = p["dir"] / f"run_{style}{world}"
             d.mkdir()
             res = run_worker_ranks(

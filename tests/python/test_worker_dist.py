@@ -38,11 +38,9 @@ Run with ``-s`` to print the largest differences seen per case family.
 
 from __future__ import annotations
 
-import json
 import re
 import signal
 import subprocess
-import sys
 import time
 from typing import Dict, List
 
@@ -54,16 +52,17 @@ from _util import (
     STEP_LINE,
     assert_log_lines,
     clean_env,
+    expand_json,
     free_port,
     fxdp_binary,
+    prepare_zoo_step,
     rank_local_eager,
+    run_dp_oracle,
     run_worker_ranks,
     spawn_ranks,
-    traced,
     wait_all,
 )
 from fxdp import zoo
-from safetensors.torch import save_file
 
 STEPS = 3
 MODELS = ["mlp", "cnn", "transformer", "seqfirst"]
@@ -136,28 +135,8 @@ class Lab:
         if key not in self._prepared:
             d = self.root / f"{model}_{optim}"
             d.mkdir()
-            step = traced(model, optim)
-            e = zoo.get(model)
-            p = {
-                "dir": d,
-                "step": step,
-                "graph": str(d / "g.pb"),
-                "state": str(d / "s.safetensors"),
-                "batches": [e.batch(i) for i in range(STEPS)],
-                "data": [],
-            }
-            step.save(p["graph"])
-            step.to_safetensors(p["state"])
-            for i in range(STEPS):
-                path = str(d / f"b{i}.safetensors")
-                save_file({k: v.contiguous() for k, v in e.named_batch(i).items()}, path)
-                p["data"].append(path)
+            p = prepare_zoo_step(d, model, optim, STEPS)
             torch.save(p["batches"], d / "batches.pt")
-            state, losses = step.initial_state(), []
-            for b in p["batches"]:
-                state, loss = step.run_local(state, b)
-                losses.append(float(loss))
-            p["ref_state"], p["ref_losses"] = state, losses
             self._prepared[key] = p
         return self._prepared[key]
 
@@ -166,26 +145,8 @@ class Lab:
         if key not in self._expanded:
             p = self.prepared(model, optim)
             out = p["dir"] / f"x{world}.pb"
-            r = subprocess.run(
-                [
-                    self.fxdp,
-                    "expand",
-                    p["graph"],
-                    "--world-size",
-                    str(world),
-                    "-o",
-                    str(out),
-                    "--json",
-                ],
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
-            assert r.returncode == 0, r.stderr
-            report = json.loads(r.stdout)
+            report, tmpl = expand_json(self.fxdp, p["graph"], world, out)
             sizes = [s["size"] for s in report["slices"]]
-            uneven = len(set(sizes)) > 1
-            tmpl = str(p["dir"] / f"x{world}.rank{{rank}}.pb") if uneven else str(out)
             self._expanded[key] = {
                 "template": tmpl,
                 "sizes": sizes,
@@ -218,34 +179,13 @@ class Lab:
             p, x = self.prepared(model, optim), self.expanded(model, optim, world)
             d = p["dir"] / f"oracle{world}"
             d.mkdir()
-            port = free_port()
-            procs = []
-            for r in range(world):
-                with open(d / f"log{r}", "w") as log:
-                    procs.append(
-                        subprocess.Popen(
-                            [
-                                sys.executable,
-                                "-m",
-                                "fxdp.dp_oracle",
-                                str(r),
-                                str(world),
-                                str(port),
-                                x["paths"][r],
-                                p["state"],
-                                str(p["dir"] / "batches.pt"),
-                                str(d / f"out{r}.pt"),
-                            ]
-                            + ([model, optim] if ddp else []),
-                            stdout=log,
-                            stderr=subprocess.STDOUT,
-                            env=clean_env(OMP_NUM_THREADS=1),
-                        )
-                    )
-            wait_all(procs, 180)
-            for r, proc in enumerate(procs):
-                assert proc.returncode == 0, (d / f"log{r}").read_text()
-            results = [torch.load(d / f"out{r}.pt") for r in range(world)]
+            results = run_dp_oracle(
+                x["paths"],
+                p["state"],
+                str(p["dir"] / "batches.pt"),
+                d,
+                *([model, optim] if ddp else []),
+            )
             for r in range(1, world):
                 for k, v in results[0]["state"].items():
                     assert torch.equal(results[r]["state"][k], v), f"oracle rank {r} differs on {k}"
