@@ -56,105 +56,143 @@ bool RefsPointBackwards(const std::vector<Node>& nodes) {
 
 }  // namespace
 
-absl::StatusOr<std::vector<PlannedBucket>> PlanBuckets(const Graph& g, const BatchDimAnalysis& a,
-                                                       const ExpandOptions& o) {
+namespace {
+
+// Buckets being filled in order: Add puts a gradient into the open bucket,
+// Close files it (its index, and after which node its collective starts and
+// before which its wait goes).
+class BucketFiller {
+ public:
+  explicit BucketFiller(const Graph& g) : g_(g) {}
+
+  const PlannedBucket& open() const { return cur_; }
+  size_t closed() const { return buckets_.size(); }
+
+  void Add(ValueRef v, int32_t produced, int32_t first_use, const std::string& grad_of,
+           ReduceOp op) {
+    if (cur_.values.empty()) {
+      cur_.info.op = op;
+      cur_.wait = first_use;
+    }
+    cur_.values.push_back(v);
+    cur_.produced.push_back(produced);
+    cur_.first_use.push_back(first_use);
+    cur_.info.gradients.push_back(grad_of);
+    cur_.info.bytes += Bytes(g_.type(v).tensor);
+    cur_.start = std::max(cur_.start, produced);
+    cur_.wait = std::min(cur_.wait, first_use);
+  }
+
+  void Close() {
+    if (cur_.values.empty()) return;
+    cur_.info.index = static_cast<int32_t>(buckets_.size());
+    cur_.info.start_after = g_.node(NodeId{cur_.start}).name;
+    cur_.info.wait_before = g_.node(NodeId{cur_.wait}).name;
+    cur_.info.start_position = cur_.start;
+    cur_.info.wait_position = cur_.wait;
+    buckets_.push_back(std::move(cur_));
+    cur_ = PlannedBucket{};
+  }
+
+  std::vector<PlannedBucket>& buckets() { return buckets_; }
+
+ private:
+  const Graph& g_;
+  PlannedBucket cur_;
+  std::vector<PlannedBucket> buckets_;
+};
+
+int64_t MiBToBytes(double mb) { return static_cast<int64_t>(mb * 1024 * 1024); }
+
+// DDP's rule over the gradients in production order: a bucket closes once it
+// reaches its cap (first_bucket_mb for the first), or before a gradient of
+// another dtype, device or reduce op, or one produced after the bucket's
+// first use.
+void FillBuckets(const Graph& g, const BatchDimAnalysis& a, const ExpandOptions& o,
+                 BucketFiller& f) {
   std::vector<const Reduction*> grads;
   for (const Reduction& r : a.reductions()) {
     if (!r.grad_of.empty()) grads.push_back(&r);
   }
   std::sort(grads.begin(), grads.end(),
             [](const Reduction* x, const Reduction* y) { return x->value.node < y->value.node; });
-  std::vector<PlannedBucket> buckets;
-  const auto cap = [&](size_t index) {
-    return static_cast<int64_t>((index == 0 ? o.first_bucket_mb : o.bucket_cap_mb) * 1024 * 1024);
-  };
-  PlannedBucket cur;
-  auto close = [&]() {
-    if (cur.values.empty()) return;
-    cur.info.index = static_cast<int32_t>(buckets.size());
-    cur.info.start_after = g.node(NodeId{cur.start}).name;
-    cur.info.wait_before = g.node(NodeId{cur.wait}).name;
-    cur.info.start_position = cur.start;
-    cur.info.wait_position = cur.wait;
-    buckets.push_back(std::move(cur));
-    cur = PlannedBucket{};
-  };
   for (const Reduction* r : grads) {
     const TensorType* t = g.type(r->value).is_tensor() ? &g.type(r->value).tensor : nullptr;
     if (t == nullptr) continue;
     const int32_t produced = r->value.node.value;
     const int32_t first_use = r->first_use.valid() ? r->first_use.value : g.size() - 1;
+    const PlannedBucket& cur = f.open();
     if (!cur.values.empty()) {
       const TensorType& head = g.type(cur.values[0]).tensor;
+      const double cap_mb = f.closed() == 0 ? o.first_bucket_mb : o.bucket_cap_mb;
       if (produced >= cur.wait || head.dtype != t->dtype || head.device != t->device ||
-          cur.info.op != r->op || cur.info.bytes >= cap(buckets.size())) {
-        close();
+          cur.info.op != r->op || cur.info.bytes >= MiBToBytes(cap_mb)) {
+        f.Close();
       }
     }
-    if (cur.values.empty()) {
-      cur.info.op = r->op;
-      cur.wait = first_use;
-    }
-    cur.values.push_back(r->value);
-    cur.produced.push_back(produced);
-    cur.first_use.push_back(first_use);
-    cur.info.gradients.push_back(r->grad_of);
-    cur.info.bytes += Bytes(*t);
-    cur.start = std::max(cur.start, produced);
-    cur.wait = std::min(cur.wait, first_use);
+    f.Add(r->value, produced, first_use, r->grad_of, r->op);
   }
-  close();
-  // The tail: the last bucket is split again from its end, with DDP's rule
-  // (a bucket closes once it reaches its cap) and caps last_bucket_mb,
-  // 2 * last_bucket_mb, 4 * ... (at most bucket_cap_mb); the front piece
-  // left over is a bucket of its own if it holds at least half its cap.
-  if (o.last_bucket_mb > 0 && !buckets.empty() && buckets.back().values.size() > 1) {
-    PlannedBucket last = std::move(buckets.back());
-    buckets.pop_back();
-    const int64_t max_cap = static_cast<int64_t>(o.bucket_cap_mb * 1024 * 1024);
-    int64_t piece_cap = static_cast<int64_t>(o.last_bucket_mb * 1024 * 1024);
-    std::vector<std::pair<size_t, size_t>> pieces;  // [from, to), last piece first
-    size_t to = last.values.size();
-    int64_t bytes = 0;
-    for (size_t k = last.values.size(); k-- > 0;) {
-      bytes += Bytes(g.type(last.values[k]).tensor);
-      if (bytes >= piece_cap) {
-        pieces.emplace_back(k, to);
-        to = k;
-        bytes = 0;
-        piece_cap = std::min(2 * piece_cap, std::max(max_cap, piece_cap));
-      }
-    }
-    if (to > 0) {
-      // A front piece under half its cap joins the piece after it (which then
-      // starts no later: it holds the later gradients).
-      if (pieces.empty() || 2 * bytes >= piece_cap) {
-        pieces.emplace_back(0, to);
-      } else {
-        pieces.back().first = 0;
-      }
-    }
-    for (auto it = pieces.rbegin(); it != pieces.rend(); ++it) {
-      cur = PlannedBucket{};
-      cur.info.op = last.info.op;
-      cur.wait = g.size() - 1;
-      for (size_t k = it->first; k < it->second; ++k) {
-        cur.values.push_back(last.values[k]);
-        cur.produced.push_back(last.produced[k]);
-        cur.first_use.push_back(last.first_use[k]);
-        cur.info.gradients.push_back(last.info.gradients[k]);
-        cur.info.bytes += Bytes(g.type(last.values[k]).tensor);
-        cur.start = std::max(cur.start, last.produced[k]);
-        cur.wait = std::min(cur.wait, last.first_use[k]);
-      }
-      close();
-    }
-  }
-  return buckets;
+  f.Close();
 }
 
-absl::StatusOr<Expansion> ExpandDataParallel(const Graph& graph, const BatchDimAnalysis& analysis,
-                                             const ExpandOptions& options) {
+// The tail: the last bucket is split again from its end, with DDP's rule
+// (a bucket closes once it reaches its cap) and caps last_bucket_mb,
+// 2 * last_bucket_mb, 4 * ... (at most bucket_cap_mb); the front piece
+// left over is a bucket of its own if it holds at least half its cap.
+void SplitLastBucket(const Graph& g, const ExpandOptions& o, BucketFiller& f) {
+  std::vector<PlannedBucket>& buckets = f.buckets();
+  if (o.last_bucket_mb <= 0 || buckets.empty() || buckets.back().values.size() <= 1) return;
+  PlannedBucket last = std::move(buckets.back());
+  buckets.pop_back();
+  const int64_t max_cap = MiBToBytes(o.bucket_cap_mb);
+  int64_t piece_cap = MiBToBytes(o.last_bucket_mb);
+  std::vector<std::pair<size_t, size_t>> pieces;  // [from, to), last piece first
+  size_t to = last.values.size();
+  int64_t bytes = 0;
+  for (size_t k = last.values.size(); k-- > 0;) {
+    bytes += Bytes(g.type(last.values[k]).tensor);
+    if (bytes >= piece_cap) {
+      pieces.emplace_back(k, to);
+      to = k;
+      bytes = 0;
+      piece_cap = std::min(2 * piece_cap, std::max(max_cap, piece_cap));
+    }
+  }
+  if (to > 0) {
+    // A front piece under half its cap joins the piece after it (which then
+    // starts no later: it holds the later gradients).
+    if (pieces.empty() || 2 * bytes >= piece_cap) {
+      pieces.emplace_back(0, to);
+    } else {
+      pieces.back().first = 0;
+    }
+  }
+  for (auto it = pieces.rbegin(); it != pieces.rend(); ++it) {
+    for (size_t k = it->first; k < it->second; ++k) {
+      f.Add(last.values[k], last.produced[k], last.first_use[k], last.info.gradients[k],
+            last.info.op);
+    }
+    f.Close();
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<PlannedBucket>> PlanBuckets(const Graph& g, const BatchDimAnalysis& a,
+                                                       const ExpandOptions& o) {
+  BucketFiller f(g);
+  FillBuckets(g, a, o, f);
+  SplitLastBucket(g, o, f);
+  return std::move(f.buckets());
+}
+
+namespace {
+
+// What the expansion needs of its inputs: a world size the analysis was run
+// for and the batch can feed, micro-batches that split over the ranks,
+// gradients to all-reduce, sane bucket caps, the same sync_batchnorm.
+absl::Status CheckExpandable(const Graph& graph, const BatchDimAnalysis& analysis,
+                             const ExpandOptions& options) {
   const int32_t world = options.world_size;
   if (world < 1) {
     return absl::InvalidArgumentError(absl::StrCat("world size must be >= 1, got ", world));
@@ -201,17 +239,22 @@ absl::StatusOr<Expansion> ExpandDataParallel(const Graph& graph, const BatchDimA
         "the expansion asks for sync_batchnorm=%s but the analysis was run with %s",
         options.sync_batchnorm ? "true" : "false", analysis.sync_batchnorm() ? "true" : "false"));
   }
-  FXDP_ASSIGN_OR_RETURN(std::vector<PlannedBucket> buckets, PlanBuckets(graph, analysis, options));
-  std::optional<FullyShardPlan> fs;
-  if (options.style == DataParallelStyle::kFullyShard) {
-    FXDP_ASSIGN_OR_RETURN(fs, PlanFullyShard(graph, analysis, options));
-  }
+  return absl::OkStatus();
+}
 
-  Expansion e;
+// The report's facts that do not depend on the rank graphs: style, batch and
+// slices, notes (the analysis' and rank-local updated state), batch norm,
+// buckets (FULLY_SHARD's units and sharded state: ReportFullyShard).
+void StartReport(const Graph& graph, const BatchDimAnalysis& analysis, const ExpandOptions& options,
+                 const std::vector<PlannedBucket>& buckets, const FullyShardPlan* fs,
+                 Expansion* out) {
+  Expansion& e = *out;
+  const int32_t world = options.world_size;
+  const int64_t batch = analysis.batch_size();
   ExpansionReport& rep = e.report;
   rep.world_size = world;
   rep.style = options.style;
-  if (fs.has_value()) ReportFullyShard(*fs, &e);
+  if (fs != nullptr) ReportFullyShard(*fs, &e);
   rep.batch_size = batch;
   rep.slices = SplitBatch(batch, world);
   rep.sharded_reads = static_cast<int32_t>(analysis.sharded_reads().size());
@@ -237,7 +280,19 @@ absl::StatusOr<Expansion> ExpandDataParallel(const Graph& graph, const BatchDimA
   for (const PlannedBucket& b : buckets) rep.buckets.push_back(b.info);
   // Rank-specific slices of replicated values make the graphs differ too.
   e.identical = batch % world == 0 && analysis.sharded_reads().empty();
-  if (fs.has_value() && FullyShardSlicesPerRank(graph, buckets)) e.identical = false;
+  if (fs != nullptr && FullyShardSlicesPerRank(graph, buckets)) e.identical = false;
+}
+
+// The distinct rank graphs (one when every rank's is the same), each in the
+// overlap schedule's order (rank 0's, the same for every rank: checked), and
+// the report's collectives in that order.
+absl::Status BuildRankGraphs(const Graph& graph, const BatchDimAnalysis& analysis,
+                             const ExpandOptions& options,
+                             const std::vector<PlannedBucket>& buckets, const FullyShardPlan* fs,
+                             Expansion* out) {
+  Expansion& e = *out;
+  ExpansionReport& rep = e.report;
+  const int32_t world = options.world_size;
   // The overlap schedule: one order for every rank. The rank graphs have the
   // same structure, so each rank's own schedule is rank 0's (checked) and
   // they start their collectives in the same order.
@@ -247,8 +302,7 @@ absl::StatusOr<Expansion> ExpandDataParallel(const Graph& graph, const BatchDimA
   if (options.before_rank_graphs) FXDP_RETURN_IF_ERROR(options.before_rank_graphs(distinct));
   e.distinct_graphs.reserve(distinct);
   for (int32_t r = 0; r < distinct; ++r) {
-    RankExpander x(graph, analysis, options, buckets, rep.slices[r],
-                   fs.has_value() ? &*fs : nullptr);
+    RankExpander x(graph, analysis, options, buckets, rep.slices[r], fs);
     FXDP_ASSIGN_OR_RETURN(RankNodes local, x.Run(r == 0 ? &rep.collectives : nullptr));
     if (options.overlap_schedule) {
       // Scheduling reads the edges before the graph is verified: a reference
@@ -279,7 +333,24 @@ absl::StatusOr<Expansion> ExpandDataParallel(const Graph& graph, const BatchDimA
         rep.collectives.begin(), rep.collectives.end(),
         [](const Collective& a, const Collective& b) { return a.position < b.position; });
   }
-  for (const Collective& c : rep.collectives) rep.bytes_per_step += c.bytes;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Expansion> ExpandDataParallel(const Graph& graph, const BatchDimAnalysis& analysis,
+                                             const ExpandOptions& options) {
+  FXDP_RETURN_IF_ERROR(CheckExpandable(graph, analysis, options));
+  FXDP_ASSIGN_OR_RETURN(std::vector<PlannedBucket> buckets, PlanBuckets(graph, analysis, options));
+  std::optional<FullyShardPlan> fs;
+  if (options.style == DataParallelStyle::kFullyShard) {
+    FXDP_ASSIGN_OR_RETURN(fs, PlanFullyShard(graph, analysis, options));
+  }
+  const FullyShardPlan* plan = fs.has_value() ? &*fs : nullptr;
+  Expansion e;
+  StartReport(graph, analysis, options, buckets, plan, &e);
+  FXDP_RETURN_IF_ERROR(BuildRankGraphs(graph, analysis, options, buckets, plan, &e));
+  for (const Collective& c : e.report.collectives) e.report.bytes_per_step += c.bytes;
   return e;
 }
 

@@ -299,6 +299,20 @@ absl::Status RankExpander::EmitNode(NodeId id, const Node& old) {
     if (n.outputs[k].is_tensor() && a_.value(r).placement.is_shard()) n.outputs[k] = LocalValue(r);
   }
   if (fs_ != nullptr) FullyShardOutputs(id, n);
+  FXDP_RETURN_IF_ERROR(LocalizeSizes(id, old, n));
+  out_.push_back(std::move(n));
+  new_id_[id.value] = static_cast<int32_t>(out_.size() - 1);
+  if (fs_ != nullptr) return FullyShardAfter(id, old);
+  return absl::OkStatus();
+}
+
+absl::Status RankExpander::LocalizeSizes(NodeId id, const Node& old, Node& n) {
+  FXDP_RETURN_IF_ERROR(LocalizeSizeList(id, old, n));
+  LocalizeSplitSize(old, n);
+  return LocalizeBatchSizeArg(id, old, n);
+}
+
+absl::Status RankExpander::LocalizeSizeList(NodeId id, const Node& old, Node& n) {
   // Size lists that spell a sharded output's global shape.
   const ValueInfo& out_info = a_.primary(id);
   const OpRule* rule = FindOpRule(old.target);
@@ -339,6 +353,11 @@ absl::Status RankExpander::EmitNode(NodeId id, const Node& old) {
                         "how to build it locally",
                         ir::NodeLabel(old), g_.node(a_.node(id).shaped_by).name));
   }
+  return absl::OkStatus();
+}
+
+void RankExpander::LocalizeSplitSize(const Node& old, Node& n) {
+  const OpRule* rule = FindOpRule(old.target);
   // A micro-batch split of an input (batch_dim.h): the split size is the
   // micro-batch's, which becomes the rank's.
   if (a_.micro_batches() > 1 && !old.args.empty() && rule != nullptr &&
@@ -358,6 +377,11 @@ absl::Status RankExpander::EmitNode(NodeId id, const Node& old) {
       }
     }
   }
+}
+
+absl::Status RankExpander::LocalizeBatchSizeArg(NodeId id, const Node& old, Node& n) {
+  const ValueInfo& out_info = a_.primary(id);
+  const OpRule* rule = FindOpRule(old.target);
   // An int argument that spells the batch size (native_group_norm's N).
   if (const OpParam* bs = out_info.placement.is_shard() && rule != nullptr
                               ? rule->param(ParamRole::kBatchSize)
@@ -372,9 +396,6 @@ absl::Status RankExpander::EmitNode(NodeId id, const Node& old) {
       n.args[bs->index] = Argument(LocalExtent(*x));
     }
   }
-  out_.push_back(std::move(n));
-  new_id_[id.value] = static_cast<int32_t>(out_.size() - 1);
-  if (fs_ != nullptr) return FullyShardAfter(id, old);
   return absl::OkStatus();
 }
 

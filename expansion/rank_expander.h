@@ -150,6 +150,14 @@ class RankExpander final : public RankGraphBuilder {
 
   absl::StatusOr<bool> MaybeSyncBatchNorm(NodeId id, const Node& old);
   absl::Status EmitNode(NodeId id, const Node& old);
+  // Sizes in `n` (the rank's copy of node `id`) that spell the global batch
+  // become this rank's: a size list of a sharded output (or as_strided_scatter's
+  // src), arange(B) indexing the batch rows, a micro-batch split of an input,
+  // an int argument that is the batch size (native_group_norm's N).
+  absl::Status LocalizeSizes(NodeId id, const Node& old, Node& n);
+  absl::Status LocalizeSizeList(NodeId id, const Node& old, Node& n);
+  void LocalizeSplitSize(const Node& old, Node& n);
+  absl::Status LocalizeBatchSizeArg(NodeId id, const Node& old, Node& n);
   ValueRef EmitSlice(const ShardedRead& r);
   ValueRef EmitGathered(const ShardedRead& r);  // gathered_reads.cc
   // The arguments of `n` (the rank's copy of node `id`) that read an operand all-gathered.
