@@ -7,6 +7,7 @@
 #include "analysis/ir/node_error.h"
 #include "analysis/ir/verifier.h"
 #include "analysis/ir/wire_decoder.h"
+#include "analysis/ir/wire_enums.h"
 #include "google/protobuf/arena.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/unknown_field_set.h"
@@ -96,16 +97,13 @@ class Decoder {
     Seen(Unknown(d) || Unknown(d.target()));
     Node n;
     n.name = d.name();
-    switch (d.kind()) {
-      case v1::PLACEHOLDER: n.kind = NodeKind::kPlaceholder; break;
-      case v1::CALL_FUNCTION: n.kind = NodeKind::kCallFunction; break;
-      case v1::GET_ATTR: n.kind = NodeKind::kGetAttr; break;
-      case v1::OUTPUT: n.kind = NodeKind::kOutput; break;
-      default:
-        return Error(i, d,
-                     absl::StrCat("unknown or missing node kind (enum value ",
-                                  static_cast<int>(d.kind()), ")"));
+    const std::optional<NodeKind> kind = NodeKindFromWire(d.kind());
+    if (!kind.has_value()) {
+      return Error(i, d,
+                   absl::StrCat("unknown or missing node kind (enum value ",
+                                static_cast<int>(d.kind()), ")"));
     }
+    n.kind = *kind;
     if (!d.has_target()) return Error(i, d, "has no target");
     n.target = {d.target().name(), d.target().overload()};
     n.args.reserve(d.args_size());
@@ -138,18 +136,13 @@ class Decoder {
     if (d.has_placeholder()) {
       const v1::PlaceholderSpec& p = d.placeholder();
       Seen(Unknown(p));
-      switch (p.role()) {
-        case v1::PARAMETER: n.placeholder.role = PlaceholderRole::kParameter; break;
-        case v1::BUFFER: n.placeholder.role = PlaceholderRole::kBuffer; break;
-        case v1::OPTIMIZER_STATE: n.placeholder.role = PlaceholderRole::kOptimizerState; break;
-        case v1::INPUT: n.placeholder.role = PlaceholderRole::kInput; break;
-        case v1::CONSTANT: n.placeholder.role = PlaceholderRole::kConstant; break;
-        case v1::HYPERPARAMETER: n.placeholder.role = PlaceholderRole::kHyperparameter; break;
-        default:
-          return Error(i, d,
-                       absl::StrCat("placeholder role is missing or unknown (enum value ",
-                                    static_cast<int>(p.role()), ")"));
+      const std::optional<PlaceholderRole> role = PlaceholderRoleFromWire(p.role());
+      if (!role.has_value()) {
+        return Error(i, d,
+                     absl::StrCat("placeholder role is missing or unknown (enum value ",
+                                  static_cast<int>(p.role()), ")"));
       }
+      n.placeholder.role = *role;
       n.placeholder.state_name = p.state_name();
       n.placeholder.batch_dim = p.batch_dim();
     }
@@ -157,18 +150,14 @@ class Decoder {
       const v1::OutputSpec& s = d.output_specs(k);
       Seen(Unknown(s));
       OutputSpec spec;
-      switch (s.role()) {
-        case v1::UPDATED_PARAMETER: spec.role = OutputRole::kUpdatedParameter; break;
-        case v1::UPDATED_BUFFER: spec.role = OutputRole::kUpdatedBuffer; break;
-        case v1::UPDATED_OPTIMIZER_STATE: spec.role = OutputRole::kUpdatedOptimizerState; break;
-        case v1::LOSS: spec.role = OutputRole::kLoss; break;
-        case v1::OTHER: spec.role = OutputRole::kOther; break;
-        default:
-          return Error(
-              i, d,
-              absl::StrCat("returned value ", k, ": output role is missing or unknown (enum value ",
-                           static_cast<int>(s.role()), ")"));
+      const std::optional<OutputRole> role = OutputRoleFromWire(s.role());
+      if (!role.has_value()) {
+        return Error(
+            i, d,
+            absl::StrCat("returned value ", k, ": output role is missing or unknown (enum value ",
+                         static_cast<int>(s.role()), ")"));
       }
+      spec.role = *role;
       spec.state_name = s.state_name();
       n.output_specs.push_back(std::move(spec));
     }
@@ -324,16 +313,6 @@ struct ArgumentEncoder {
   }
 };
 
-v1::NodeKind KindToWire(NodeKind k) {
-  switch (k) {
-    case NodeKind::kPlaceholder: return v1::PLACEHOLDER;
-    case NodeKind::kCallFunction: return v1::CALL_FUNCTION;
-    case NodeKind::kGetAttr: return v1::GET_ATTR;
-    case NodeKind::kOutput: return v1::OUTPUT;
-  }
-  return v1::NODE_KIND_UNSPECIFIED;
-}
-
 }  // namespace
 
 absl::StatusOr<Graph> DecodeGraph(const v1::GraphDef& def) { return Decoder(def).Run(); }
@@ -384,7 +363,7 @@ v1::GraphDef EncodeGraph(const Graph& g) {
   for (const Node& n : g.nodes()) {
     v1::Node* d = def.add_nodes();
     d->set_name(n.name);
-    d->set_kind(KindToWire(n.kind));
+    d->set_kind(static_cast<v1::NodeKind>(NodeKindToWire(n.kind)));
     d->mutable_target()->set_name(n.target.name);
     d->mutable_target()->set_overload(n.target.overload);
     for (const Argument& a : n.args) std::visit(ArgumentEncoder{d->add_args()}, a.value());
@@ -407,13 +386,13 @@ v1::GraphDef EncodeGraph(const Graph& g) {
     }
     if (n.is_placeholder()) {
       v1::PlaceholderSpec* p = d->mutable_placeholder();
-      p->set_role(static_cast<v1::PlaceholderRole>(static_cast<int>(n.placeholder.role) + 1));
+      p->set_role(static_cast<v1::PlaceholderRole>(PlaceholderRoleToWire(n.placeholder.role)));
       p->set_state_name(n.placeholder.state_name);
       p->set_batch_dim(n.placeholder.batch_dim);
     }
     for (const OutputSpec& s : n.output_specs) {
       v1::OutputSpec* o = d->add_output_specs();
-      o->set_role(static_cast<v1::OutputRole>(static_cast<int>(s.role) + 1));
+      o->set_role(static_cast<v1::OutputRole>(OutputRoleToWire(s.role)));
       o->set_state_name(s.state_name);
     }
     d->set_grad_of(n.grad_of);

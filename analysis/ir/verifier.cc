@@ -81,6 +81,81 @@ absl::Status VerifyOutputs(const std::vector<Node>& nodes, int i) {
   return absl::OkStatus();
 }
 
+// A placeholder: no arguments, one tensor, a state name; a batch dim only on
+// an INPUT (and in range); a HYPERPARAMETER is a 0-d floating tensor.
+absl::Status VerifyPlaceholder(const std::vector<Node>& nodes, int i) {
+  const Node& n = nodes[i];
+  if (!n.args.empty() || !n.kwargs.empty())
+    return NodeError(nodes, i, "a placeholder takes no arguments");
+  if (n.outputs.size() != 1 || !n.outputs[0].is_tensor())
+    return NodeError(
+        nodes, i,
+        absl::StrCat("a placeholder must produce exactly one tensor, got ", n.outputs.size(),
+                     " output(s)", n.outputs.size() == 1 ? " of kind " : "",
+                     n.outputs.size() == 1 ? n.outputs[0].ToString() : ""));
+  const PlaceholderSpec& p = n.placeholder;
+  if (p.state_name.empty())
+    return NodeError(
+        nodes, i,
+        absl::StrCat("placeholder with role ", PlaceholderRoleName(p.role), " has no state name"));
+  const int64_t rank = n.outputs[0].tensor.rank();
+  if (p.role == PlaceholderRole::kInput) {
+    if (p.batch_dim < -1 || p.batch_dim >= rank)
+      return NodeError(nodes, i,
+                       absl::StrCat("batch_dim ", p.batch_dim, " is out of range for a rank-", rank,
+                                    " input (expected -1 or 0..", rank - 1, ")"));
+  } else if (p.batch_dim != 0) {
+    return NodeError(
+        nodes, i,
+        absl::StrCat("batch_dim ", p.batch_dim, " set on a ", PlaceholderRoleName(p.role),
+                     " placeholder; only INPUT placeholders have a batch dim"));
+  }
+  if (p.role == PlaceholderRole::kHyperparameter) {
+    const TensorType& t = n.outputs[0].tensor;
+    if (rank != 0)
+      return NodeError(
+          nodes, i,
+          absl::StrCat("HYPERPARAMETER placeholder '", p.state_name,
+                       "' must be a 0-d tensor (one value per step), got ", t.ToString()));
+    if (!DTypeIsFloatingPoint(t.dtype))
+      return NodeError(nodes, i,
+                       absl::StrCat("HYPERPARAMETER placeholder '", p.state_name,
+                                    "' must have a floating dtype, got ", t.ToString()));
+  }
+  return absl::OkStatus();
+}
+
+// A call: output metadata, a schema name ("aten::addmm") or an
+// operator.getitem(ref, int) whose output is the element it extracts.
+absl::Status VerifyCall(const std::vector<Node>& nodes, int i) {
+  const Node& n = nodes[i];
+  if (n.outputs.empty())
+    return NodeError(nodes, i,
+                     absl::StrCat("call to ", n.target.ToString(), " has no output metadata"));
+  if (n.is_getitem()) {
+    const ValueRef* src = n.args.size() == 2 ? n.args[0].get_if<ValueRef>() : nullptr;
+    const int64_t* idx = n.args.size() == 2 ? n.args[1].get_if<int64_t>() : nullptr;
+    if (src == nullptr || idx == nullptr || !n.kwargs.empty())
+      return NodeError(nodes, i, "operator.getitem expects (ref, int) arguments");
+    if (*idx != src->output)
+      return NodeError(nodes, i,
+                       absl::StrCat("operator.getitem index ", *idx,
+                                    " does not match the referenced output ", src->output));
+    if (n.outputs.size() != 1 || !(n.outputs[0] == nodes[src->node.value].outputs[src->output]))
+      return NodeError(nodes, i,
+                       absl::StrCat("operator.getitem output type ",
+                                    n.outputs.empty() ? "<none>" : n.outputs[0].ToString(),
+                                    " differs from the element it extracts (",
+                                    nodes[src->node.value].outputs[src->output].ToString(), ")"));
+  } else if (n.target.name.find("::") == std::string::npos) {
+    return NodeError(nodes, i,
+                     absl::StrCat("target '", n.target.name,
+                                  "' is not a schema name (expected "
+                                  "'namespace::op', e.g. 'aten::addmm')"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status VerifyNode(const std::vector<Node>& nodes, int i) {
   const Node& n = nodes[i];
   if (n.name.empty()) return absl::InvalidArgumentError(absl::StrCat("node #", i, " has no name"));
@@ -108,79 +183,14 @@ absl::Status VerifyNode(const std::vector<Node>& nodes, int i) {
   FXDP_RETURN_IF_ERROR(VerifyOutputs(nodes, i));
 
   switch (n.kind) {
-    case NodeKind::kPlaceholder: {
-      if (!n.args.empty() || !n.kwargs.empty())
-        return NodeError(nodes, i, "a placeholder takes no arguments");
-      if (n.outputs.size() != 1 || !n.outputs[0].is_tensor())
-        return NodeError(
-            nodes, i,
-            absl::StrCat("a placeholder must produce exactly one tensor, got ", n.outputs.size(),
-                         " output(s)", n.outputs.size() == 1 ? " of kind " : "",
-                         n.outputs.size() == 1 ? n.outputs[0].ToString() : ""));
-      const PlaceholderSpec& p = n.placeholder;
-      if (p.state_name.empty())
-        return NodeError(nodes, i,
-                         absl::StrCat("placeholder with role ", PlaceholderRoleName(p.role),
-                                      " has no state name"));
-      const int64_t rank = n.outputs[0].tensor.rank();
-      if (p.role == PlaceholderRole::kInput) {
-        if (p.batch_dim < -1 || p.batch_dim >= rank)
-          return NodeError(nodes, i,
-                           absl::StrCat("batch_dim ", p.batch_dim, " is out of range for a rank-",
-                                        rank, " input (expected -1 or 0..", rank - 1, ")"));
-      } else if (p.batch_dim != 0) {
-        return NodeError(
-            nodes, i,
-            absl::StrCat("batch_dim ", p.batch_dim, " set on a ", PlaceholderRoleName(p.role),
-                         " placeholder; only INPUT placeholders have a batch dim"));
-      }
-      if (p.role == PlaceholderRole::kHyperparameter) {
-        const TensorType& t = n.outputs[0].tensor;
-        if (rank != 0)
-          return NodeError(
-              nodes, i,
-              absl::StrCat("HYPERPARAMETER placeholder '", p.state_name,
-                           "' must be a 0-d tensor (one value per step), got ", t.ToString()));
-        if (!DTypeIsFloatingPoint(t.dtype))
-          return NodeError(nodes, i,
-                           absl::StrCat("HYPERPARAMETER placeholder '", p.state_name,
-                                        "' must have a floating dtype, got ", t.ToString()));
-      }
-      break;
-    }
+    case NodeKind::kPlaceholder: FXDP_RETURN_IF_ERROR(VerifyPlaceholder(nodes, i)); break;
     case NodeKind::kGetAttr:
       if (!n.args.empty() || !n.kwargs.empty())
         return NodeError(nodes, i, "get_attr takes no arguments");
       if (n.outputs.size() != 1 || !n.outputs[0].is_tensor())
         return NodeError(nodes, i, "get_attr must produce exactly one tensor");
       break;
-    case NodeKind::kCallFunction:
-      if (n.outputs.empty())
-        return NodeError(nodes, i,
-                         absl::StrCat("call to ", n.target.ToString(), " has no output metadata"));
-      if (n.is_getitem()) {
-        const ValueRef* src = n.args.size() == 2 ? n.args[0].get_if<ValueRef>() : nullptr;
-        const int64_t* idx = n.args.size() == 2 ? n.args[1].get_if<int64_t>() : nullptr;
-        if (src == nullptr || idx == nullptr || !n.kwargs.empty())
-          return NodeError(nodes, i, "operator.getitem expects (ref, int) arguments");
-        if (*idx != src->output)
-          return NodeError(nodes, i,
-                           absl::StrCat("operator.getitem index ", *idx,
-                                        " does not match the referenced output ", src->output));
-        if (n.outputs.size() != 1 || !(n.outputs[0] == nodes[src->node.value].outputs[src->output]))
-          return NodeError(
-              nodes, i,
-              absl::StrCat("operator.getitem output type ",
-                           n.outputs.empty() ? "<none>" : n.outputs[0].ToString(),
-                           " differs from the element it extracts (",
-                           nodes[src->node.value].outputs[src->output].ToString(), ")"));
-      } else if (n.target.name.find("::") == std::string::npos) {
-        return NodeError(nodes, i,
-                         absl::StrCat("target '", n.target.name,
-                                      "' is not a schema name (expected "
-                                      "'namespace::op', e.g. 'aten::addmm')"));
-      }
-      break;
+    case NodeKind::kCallFunction: FXDP_RETURN_IF_ERROR(VerifyCall(nodes, i)); break;
     case NodeKind::kOutput:
       if (i != static_cast<int>(nodes.size()) - 1)
         return NodeError(nodes, i, "the output node must be the last node");
@@ -194,8 +204,11 @@ absl::Status VerifyNode(const std::vector<Node>& nodes, int i) {
 }
 
 // Graph-level role checks: state names, output specs, gradient marks.
-absl::Status VerifyRoles(const std::vector<Node>& nodes) {
-  absl::flat_hash_map<std::string, int> state;  // state_name -> node index
+using StateNodes = absl::flat_hash_map<std::string, int>;  // state_name -> node index
+
+// Every placeholder's state name once.
+absl::Status CollectStateNames(const std::vector<Node>& nodes, StateNodes* state_out) {
+  StateNodes& state = *state_out;
   for (int i = 0; i < static_cast<int>(nodes.size()); ++i) {
     if (!nodes[i].is_placeholder()) continue;
     auto [it, inserted] = state.emplace(nodes[i].placeholder.state_name, i);
@@ -204,7 +217,13 @@ absl::Status VerifyRoles(const std::vector<Node>& nodes) {
                        absl::StrCat("state name '", nodes[i].placeholder.state_name,
                                     "' is already used by ", Where(nodes, it->second)));
   }
+  return absl::OkStatus();
+}
 
+// The output node: one list, a role per value; one LOSS of one element; each
+// updated state names a placeholder of the matching role, has its type and is
+// updated once.
+absl::Status VerifyOutputRoles(const std::vector<Node>& nodes, const StateNodes& state) {
   const int out = static_cast<int>(nodes.size()) - 1;
   const Node& o = nodes[out];
   const Argument::List* returned =
@@ -258,7 +277,11 @@ absl::Status VerifyRoles(const std::vector<Node>& nodes) {
     if (!updated.insert(spec.state_name).second)
       return NodeError(nodes, out, absl::StrCat(label, ": that state is updated twice"));
   }
+  return absl::OkStatus();
+}
 
+// grad_of names a parameter, once, with the parameter's shape.
+absl::Status VerifyGradients(const std::vector<Node>& nodes, const StateNodes& state) {
   absl::flat_hash_map<std::string, int> grads;
   for (int i = 0; i < static_cast<int>(nodes.size()); ++i) {
     const std::string& g = nodes[i].grad_of;
@@ -279,6 +302,13 @@ absl::Status VerifyRoles(const std::vector<Node>& nodes) {
                                     ", expected the parameter's shape (", pt.ToString(), ")"));
   }
   return absl::OkStatus();
+}
+
+absl::Status VerifyRoles(const std::vector<Node>& nodes) {
+  StateNodes state;
+  FXDP_RETURN_IF_ERROR(CollectStateNames(nodes, &state));
+  FXDP_RETURN_IF_ERROR(VerifyOutputRoles(nodes, state));
+  return VerifyGradients(nodes, state);
 }
 
 }  // namespace

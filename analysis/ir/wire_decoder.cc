@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "analysis/ir/wire_arguments.h"
+#include "analysis/ir/wire_enums.h"
 #include "analysis/ir/wire_reader.h"
 #include "proto/fxdp/v1/graph.pb.h"
 
@@ -140,14 +141,10 @@ bool DecodeOutputSpec(Reader r, OutputSpec* s) {
       },
       RefuseUnknown);
   if (!read) return false;
-  switch (static_cast<int>(role)) {
-    case v1::UPDATED_PARAMETER: s->role = OutputRole::kUpdatedParameter; return true;
-    case v1::UPDATED_BUFFER: s->role = OutputRole::kUpdatedBuffer; return true;
-    case v1::UPDATED_OPTIMIZER_STATE: s->role = OutputRole::kUpdatedOptimizerState; return true;
-    case v1::LOSS: s->role = OutputRole::kLoss; return true;
-    case v1::OTHER: s->role = OutputRole::kOther; return true;
-    default: return false;
-  }
+  const std::optional<OutputRole> parsed = OutputRoleFromWire(static_cast<int>(role));
+  if (!parsed.has_value()) return false;
+  s->role = *parsed;
+  return true;
 }
 
 struct NodeFieldCounts {
@@ -218,24 +215,14 @@ bool DecodeNode(Reader r, Node* n) {
       },
       RefuseUnknown);
   if (!read) return false;
-  switch (static_cast<int>(kind)) {
-    case v1::PLACEHOLDER: n->kind = NodeKind::kPlaceholder; break;
-    case v1::CALL_FUNCTION: n->kind = NodeKind::kCallFunction; break;
-    case v1::GET_ATTR: n->kind = NodeKind::kGetAttr; break;
-    case v1::OUTPUT: n->kind = NodeKind::kOutput; break;
-    default: return false;
-  }
+  const std::optional<NodeKind> parsed_kind = NodeKindFromWire(static_cast<int>(kind));
+  if (!parsed_kind.has_value()) return false;
+  n->kind = *parsed_kind;
   if (!has_target || has_placeholder != (n->kind == NodeKind::kPlaceholder)) return false;
   if (has_placeholder) {
-    switch (static_cast<int>(role)) {
-      case v1::PARAMETER: n->placeholder.role = PlaceholderRole::kParameter; break;
-      case v1::BUFFER: n->placeholder.role = PlaceholderRole::kBuffer; break;
-      case v1::OPTIMIZER_STATE: n->placeholder.role = PlaceholderRole::kOptimizerState; break;
-      case v1::INPUT: n->placeholder.role = PlaceholderRole::kInput; break;
-      case v1::CONSTANT: n->placeholder.role = PlaceholderRole::kConstant; break;
-      case v1::HYPERPARAMETER: n->placeholder.role = PlaceholderRole::kHyperparameter; break;
-      default: return false;
-    }
+    const std::optional<PlaceholderRole> parsed = PlaceholderRoleFromWire(static_cast<int>(role));
+    if (!parsed.has_value()) return false;
+    n->placeholder.role = *parsed;
   }
   return true;
 }
