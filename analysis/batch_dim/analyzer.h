@@ -171,6 +171,14 @@ class BatchDimAnalyzer {
   void NeedShard(const Operand& o, int32_t dim, int64_t outer, ir::NodeId user);
   bool TryUpgrade(ir::ValueRef r, int32_t dim, int64_t outer, ir::NodeId user,
                   std::vector<std::pair<int32_t, Upgrade>>& marks, int depth);
+  // TryUpgrade of a view's output (its input built sharded, or an expand's
+  // new dim) and of an op by its rule's family (factories, *_like, along-dim,
+  // embedding, pointwise).
+  bool TryUpgradeView(ir::ValueRef r, const ir::Node& n, int32_t dim, int64_t outer,
+                      ir::NodeId user, std::vector<std::pair<int32_t, Upgrade>>& marks, int depth);
+  bool TryUpgradeByRule(ir::ValueRef r, const ir::Node& n, int32_t dim, int64_t outer,
+                        ir::NodeId user, std::vector<std::pair<int32_t, Upgrade>>& marks,
+                        int depth);
 
   // ---- views (views.cc) ----------------------------------------------------
   BatchLoc Locate(const DimSpec& spec, const std::vector<int64_t>& in_shape, int64_t d,
@@ -236,6 +244,13 @@ class BatchDimAnalyzer {
   absl::Status Spatial(ir::NodeId id, const ir::Node& n, const OpRule& rule);
   absl::Status CatStack(ir::NodeId id, const ir::Node& n, const OpRule& rule);
   absl::Status DimOp(ir::NodeId id, const ir::Node& n, const OpRule& rule);
+  // Where arg 0's batch dim (sharded, `self`) lands after a dim op along
+  // `dim`, or the error when the op splits, selects, indexes or takes part of
+  // the batch dim.
+  absl::StatusOr<int32_t> ShardedDimAfter(const ir::Node& n, const OpRule& rule,
+                                          const Operand& self, int64_t dim) const;
+  // Whether a slice/narrow takes all of a dim of `size`.
+  static bool SliceTakesAll(const ir::Node& n, const OpRule& rule, int64_t size);
   absl::Status ScatterInto(ir::NodeId id, const ir::Node& n, const OpRule& rule);
   absl::Status Embedding(ir::NodeId id, const ir::Node& n, const OpRule& rule);
   absl::Status EmbeddingBackward(ir::NodeId id, const ir::Node& n, const OpRule& rule);
@@ -247,6 +262,15 @@ class BatchDimAnalyzer {
   int64_t BatchPositionsIndex(ir::NodeId id, const ir::Node& n, const std::vector<Operand>& ops,
                               const ir::Argument::List& list, int64_t pos);
   absl::Status IndexPut(ir::NodeId id, const ir::Node& n, const OpRule& rule);
+  // The index of `list` that is arange(B) indexing the batch rows next to a
+  // batch-sharded self or index, or -1.
+  int64_t BatchPositionsArg(const std::vector<Operand>& ops, const Operand& self,
+                            const ir::Argument::List& list) const;
+  // The dim of self that holds the batch (checked against self's and the
+  // values' placements, which are upgraded to sharded where replicated).
+  absl::StatusOr<int64_t> IndexPutBatchDim(ir::NodeId id, const ir::Node& n,
+                                           const std::vector<Operand>& ops,
+                                           const ir::Argument::List& list, int64_t pos);
   struct IndexLayout {
     int64_t front = 0;       // values' dim of the indices' first broadcast dim.
     int64_t bcast_rank = 0;  // rank of the indices' broadcast.

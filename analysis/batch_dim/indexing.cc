@@ -236,31 +236,49 @@ absl::Status BatchDimAnalyzer::IndexPut(NodeId id, const Node& n, const OpRule& 
   if (self == nullptr || list == nullptr) return Error(n, "expects self and a list of indices");
   bool sharded = false;
   for (const Operand& o : ops) sharded |= o.info.placement.is_shard();
+  const int64_t pos = BatchPositionsArg(ops, *self, *list);
+  if (pos < 0 && IndicesHoldBatch(ops, *list)) return IndexAccumulate(id, n, rule, ops, *list);
+  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule.linear, ops));
+  if (!sharded && pos < 0) {
+    SetCombined(id, Combined{}, s);
+    return absl::OkStatus();
+  }
+  FXDP_ASSIGN_OR_RETURN(const int64_t d, IndexPutBatchDim(id, n, ops, *list, pos));
+  NodeInfo& info = a_.nodes_[id.value];
+  info.detail = Detail::kFromArg;
+  info.arg = 0;
+  SetAllOut(id, Shard(static_cast<int32_t>(d), 1, s.scaled));
+  return absl::OkStatus();
+}
+
+int64_t BatchDimAnalyzer::BatchPositionsArg(const std::vector<Operand>& ops, const Operand& self,
+                                            const Argument::List& list) const {
   // arange(B) indexes the batch only next to a batch-sharded self or index (a
   // same-sized arange over another dim is positions of that dim).
   int64_t pos = -1;
-  for (size_t i = 0; i < list->size() && pos < 0; ++i) {
-    if (!IsBatchPositions((*list)[i])) continue;
+  for (size_t i = 0; i < list.size() && pos < 0; ++i) {
+    if (!IsBatchPositions(list[i])) continue;
     bool batch =
-        self->info.placement.is_shard() && self->info.placement.dim == static_cast<int32_t>(i);
+        self.info.placement.is_shard() && self.info.placement.dim == static_cast<int32_t>(i);
     for (const Operand& o : ops) {
       batch |= o.arg == 1 && o.elem != static_cast<int>(i) && o.info.placement.is_shard();
     }
     if (batch) pos = static_cast<int64_t>(i);
   }
-  if (pos < 0 && IndicesHoldBatch(ops, *list)) return IndexAccumulate(id, n, rule, ops, *list);
-  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule.linear, ops));
-  self = Find(ops, 0);
-  if (!sharded && pos < 0) {
-    SetCombined(id, Combined{}, s);
-    return absl::OkStatus();
-  }
+  return pos;
+}
+
+absl::StatusOr<int64_t> BatchDimAnalyzer::IndexPutBatchDim(NodeId id, const Node& n,
+                                                           const std::vector<Operand>& ops,
+                                                           const Argument::List& list,
+                                                           int64_t pos) {
+  const Operand* self = Find(ops, 0);
   // The indexed result's layout (as Index): [self dims before the indexed ones, the
   // indices' broadcast dims, the rest]; non-adjacent indexed dims put the broadcast first.
   std::vector<int64_t> indexed;
   int64_t bcast_rank = 0;
-  for (size_t i = 0; i < list->size(); ++i) {
-    if ((*list)[i].is_none()) continue;
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (list[i].is_none()) continue;
     indexed.push_back(static_cast<int64_t>(i));
     for (const Operand& o : ops) {
       if (o.arg != 1 || o.elem != static_cast<int>(i)) continue;
@@ -289,7 +307,7 @@ absl::Status BatchDimAnalyzer::IndexPut(NodeId id, const Node& n, const OpRule& 
   const Operand* v = Find(ops, 2);
   int64_t nd = -1, d = -1;
   if (pos >= 0) {
-    nd = BatchPositionsIndex(id, n, ops, *list, pos);
+    nd = BatchPositionsIndex(id, n, ops, list, pos);
     d = pos;
     if (nd < 0) {
       return Error(n,
@@ -326,11 +344,7 @@ absl::Status BatchDimAnalyzer::IndexPut(NodeId id, const Node& n, const OpRule& 
     }
     if (v->info.placement.is_replicate() && vd >= 0) NeedShard(*v, static_cast<int32_t>(vd), 1, id);
   }
-  NodeInfo& info = a_.nodes_[id.value];
-  info.detail = Detail::kFromArg;
-  info.arg = 0;
-  SetAllOut(id, Shard(static_cast<int32_t>(d), 1, s.scaled));
-  return absl::OkStatus();
+  return d;
 }
 
 // Where index_put's values go: [self's dims before the indexed ones, the

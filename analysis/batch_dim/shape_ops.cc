@@ -96,21 +96,45 @@ absl::Status BatchDimAnalyzer::DimOp(NodeId id, const Node& n, const OpRule& rul
     return absl::OkStatus();
   }
   const int64_t in_rank = self->type->rank();
-  const int32_t d = self->info.placement.dim;
   const TensorType* out = OutType(n);
   const int64_t out_rank = out ? out->rank() : in_rank;
   // select_backward / slice_backward work in the output's coordinates.
   const int64_t dim_rank = rule.family == OpFamily::kSliceBackward ? out_rank : in_rank;
   const int64_t dim = NormDim(IntArg(n, dim_arg).value_or(0), dim_rank);
+  FXDP_ASSIGN_OR_RETURN(const int32_t nd, ShardedDimAfter(n, rule, *self, dim));
+  NodeInfo& info = a_.nodes_[id.value];
+  info.detail = Detail::kFromArg;
+  info.arg = 0;
+  SetAllOut(id, Shard(nd, self->info.outer, s.scaled));
+  return absl::OkStatus();
+}
+
+// Whether a slice/narrow takes all of a dim of `size`.
+bool BatchDimAnalyzer::SliceTakesAll(const Node& n, const OpRule& rule, int64_t size) {
+  if (const OpParam* length = rule.param(ParamRole::kLength)) {  // narrow(self, dim, start, length)
+    return IntArg(n, rule.param(ParamRole::kStart)).value_or(-1) == 0 &&
+           IntArg(n, length).value_or(-1) == size;
+  }
+  const int64_t start = IntArg(n, rule.param(ParamRole::kStart)).value_or(0);
+  const int64_t end =
+      IntArg(n, rule.param(ParamRole::kEnd)).value_or(std::numeric_limits<int64_t>::max());
+  const int64_t step = IntArg(n, rule.param(ParamRole::kStep)).value_or(1);
+  return start == 0 && end >= size && step == 1;
+}
+
+absl::StatusOr<int32_t> BatchDimAnalyzer::ShardedDimAfter(const Node& n, const OpRule& rule,
+                                                          const Operand& self, int64_t dim) const {
   const bool drops_dim = rule.has(kDropsDim);
+  const int64_t in_rank = self.type->rank();
+  const int32_t d = self.info.placement.dim;
   int32_t nd = d;
   switch (rule.family) {
     case OpFamily::kSplit:
-      if (dim == d && a_.micro_batches_ > 1 && self->ref.node.value >= 0 &&
-          g_.node(self->ref.node).is_placeholder() && !drops_dim) {
+      if (dim == d && a_.micro_batches_ > 1 && self.ref.node.value >= 0 &&
+          g_.node(self.ref.node).is_placeholder() && !drops_dim) {
         break;  // a micro-batch of an input (FindMicroBatches): it holds the batch on dim d
       }
-      if (dim == d && !drops_dim && EqualSplitSize(n, dim, in_rank) >= self->type->shape[d]) {
+      if (dim == d && !drops_dim && EqualSplitSize(n, dim, in_rank) >= self.type->shape[d]) {
         break;  // one piece, the whole value (x.chunk(1)): an identity
       }
       if (dim == d) {
@@ -133,19 +157,7 @@ absl::Status BatchDimAnalyzer::DimOp(NodeId id, const Node& n, const OpRule& rul
       break;
     case OpFamily::kSlice: {
       if (dim != d) break;
-      const int64_t size = self->type->shape[d];
-      bool full;
-      if (const OpParam* length =
-              rule.param(ParamRole::kLength)) {  // narrow(self, dim, start, length)
-        full = IntArg(n, rule.param(ParamRole::kStart)).value_or(-1) == 0 &&
-               IntArg(n, length).value_or(-1) == size;
-      } else {
-        const int64_t start = IntArg(n, rule.param(ParamRole::kStart)).value_or(0);
-        const int64_t end =
-            IntArg(n, rule.param(ParamRole::kEnd)).value_or(std::numeric_limits<int64_t>::max());
-        const int64_t step = IntArg(n, rule.param(ParamRole::kStep)).value_or(1);
-        full = start == 0 && end >= size && step == 1;
-      }
+      const bool full = SliceTakesAll(n, rule, self.type->shape[d]);
       if (!full) {
         return Error(n, absl::StrFormat("takes part of dim %d, which holds the batch; a "
                                         "slice of the batch is not a slice of each rank's part",
@@ -163,11 +175,7 @@ absl::Status BatchDimAnalyzer::DimOp(NodeId id, const Node& n, const OpRule& rul
     }
     default: break;
   }
-  NodeInfo& info = a_.nodes_[id.value];
-  info.detail = Detail::kFromArg;
-  info.arg = 0;
-  SetAllOut(id, Shard(nd, self->info.outer, s.scaled));
-  return absl::OkStatus();
+  return nd;
 }
 
 // slice_scatter / select_scatter: self and src hold the batch on the same

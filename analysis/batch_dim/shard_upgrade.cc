@@ -43,29 +43,42 @@ bool BatchDimAnalyzer::TryUpgrade(ValueRef r, int32_t dim, int64_t outer, NodeId
   if (!a_.values_[Offset(r)].placement.is_replicate()) return false;
   const TensorType* t = TypeOf(r);
   if (t == nullptr || dim >= t->rank()) return false;
-  const Upgrade up{dim, outer, user};
   if (upgrades_.contains(r.node.value)) return true;
-  if (IsViewOp(n.target)) {
-    const ValueRef* in = n.args.empty() ? nullptr : n.args[0].get_if<ValueRef>();
-    const TensorType* it = in ? TypeOf(*in) : nullptr;
-    if (it == nullptr) return false;
-    auto map = ComputeViewDimMap(n.target, it->shape, n.args, n.kwargs);
-    if (!map.ok() || dim >= static_cast<int32_t>(map->size())) return false;
-    const DimSpec& spec = (*map)[dim];
-    if (spec.is(DimSpec::Kind::kInputDim)) {
-      // The dim comes from the input unchanged: build the input sharded.
-      const int32_t in_dim = static_cast<int32_t>(spec.input_dim());
-      if (it->shape[in_dim] != 1 && !TryUpgrade(*in, in_dim, outer, user, marks, depth + 1)) {
-        return false;
-      }
-    } else if (!(spec.is(DimSpec::Kind::kBroadcast) || spec.is(DimSpec::Kind::kNewDim)) ||
-               !FindViewOpFacts(n.target)->expands) {
-      // Only an expand's sizes spell a new dim's size, which the expansion rewrites.
+  if (IsViewOp(n.target)) return TryUpgradeView(r, n, dim, outer, user, marks, depth);
+  return TryUpgradeByRule(r, n, dim, outer, user, marks, depth);
+}
+
+bool BatchDimAnalyzer::TryUpgradeView(ValueRef r, const Node& n, int32_t dim, int64_t outer,
+                                      NodeId user, std::vector<std::pair<int32_t, Upgrade>>& marks,
+                                      int depth) {
+  const Upgrade up{dim, outer, user};
+  const ValueRef* in = n.args.empty() ? nullptr : n.args[0].get_if<ValueRef>();
+  const TensorType* it = in ? TypeOf(*in) : nullptr;
+  if (it == nullptr) return false;
+  auto map = ComputeViewDimMap(n.target, it->shape, n.args, n.kwargs);
+  if (!map.ok() || dim >= static_cast<int32_t>(map->size())) return false;
+  const DimSpec& spec = (*map)[dim];
+  if (spec.is(DimSpec::Kind::kInputDim)) {
+    // The dim comes from the input unchanged: build the input sharded.
+    const int32_t in_dim = static_cast<int32_t>(spec.input_dim());
+    if (it->shape[in_dim] != 1 && !TryUpgrade(*in, in_dim, outer, user, marks, depth + 1)) {
       return false;
     }
-    marks.emplace_back(r.node.value, up);
-    return true;
+  } else if (!(spec.is(DimSpec::Kind::kBroadcast) || spec.is(DimSpec::Kind::kNewDim)) ||
+             !FindViewOpFacts(n.target)->expands) {
+    // Only an expand's sizes spell a new dim's size, which the expansion rewrites.
+    return false;
   }
+  marks.emplace_back(r.node.value, up);
+  return true;
+}
+
+bool BatchDimAnalyzer::TryUpgradeByRule(ValueRef r, const Node& n, int32_t dim, int64_t outer,
+                                        NodeId user,
+                                        std::vector<std::pair<int32_t, Upgrade>>& marks,
+                                        int depth) {
+  const Upgrade up{dim, outer, user};
+  const TensorType* t = TypeOf(r);
   const OpRule* rule = FindOpRule(n.target);
   if (rule == nullptr) return false;
   switch (rule->family) {
