@@ -42,7 +42,8 @@ constexpr char kUsage[] =
     "\n"
     "  --listen HOST:PORT    address to listen on (default 127.0.0.1:50051; port 0 picks\n"
     "                        a free port); prints 'listening on HOST:PORT' once serving\n"
-    "  --max-message-mb N    largest message received or sent, MiB (default 1024)\n"
+    "  --max-message-mb N    largest message received or sent, MiB (default 1024); tensor\n"
+    "                        chunks are kept 64 KiB under it\n"
     "  --cache-entries N     compile cache: most results kept (default 256; 0 disables)\n"
     "  --cache-mb N          compile cache: most bytes kept, MiB (default 2048)\n"
     "  --heartbeat-ms MS     heartbeat interval asked of workers (default 1000); a worker\n"
@@ -298,6 +299,7 @@ void Apply(const Raw& r, ServerConfig* c) {
   j.max_queued_jobs_per_identity = static_cast<size_t>(r.quotas[1]);
   j.max_fetch_streams = static_cast<size_t>(r.quotas[2]);
   j.max_fetch_streams_per_identity = static_cast<size_t>(r.quotas[3]);
+  LimitChunksToMessages(static_cast<size_t>(c->max_message_bytes), &j);
 }
 
 }  // namespace

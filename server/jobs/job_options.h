@@ -4,6 +4,7 @@
 #ifndef FXDP_SERVER_JOBS_JOB_OPTIONS_H_
 #define FXDP_SERVER_JOBS_JOB_OPTIONS_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -15,11 +16,17 @@ namespace fxdp::server {
 // costs a message per byte (a 16 MiB state took the server to 3.4 GB).
 inline constexpr size_t kMinFetchChunkBytes = size_t{64} << 10;
 inline constexpr size_t kMaxFetchChunkBytes = size_t{4} << 20;
+// Room in a message for all but a chunk's data (name, shape, a step's
+// hyper-parameters): chunks stay that far under --max-message-mb.
+inline constexpr size_t kMessageHeadroomBytes = size_t{64} << 10;
 
 struct JobServiceOptions {
   // Chunk size of what the server sends workers (state, batches) and of
   // FetchState (unless the request asks for another).
   size_t chunk_bytes = size_t{1} << 20;
+  // The largest chunk a FetchState request may ask for: kMaxFetchChunkBytes,
+  // or less under a small --max-message-mb (LimitChunksToMessages).
+  size_t max_fetch_chunk_bytes = kMaxFetchChunkBytes;
   // --max-queued-jobs: more queued jobs are RESOURCE_EXHAUSTED.
   size_t max_queued_jobs = 64;
   // --max-queued-jobs-per-identity: queued jobs of one authenticated
@@ -84,6 +91,15 @@ struct JobServiceOptions {
   // --max-fetch-streams-per-identity: the same for one authenticated identity.
   size_t max_fetch_streams_per_identity = 4;
 };
+
+// Chunks and their message headers within a gRPC message limit of
+// `max_message_bytes` (fxdp-server --max-message-mb): a 1 MiB chunk in a
+// 1 MiB message was RESOURCE_EXHAUSTED ("larger than max").
+inline void LimitChunksToMessages(size_t max_message_bytes, JobServiceOptions* o) {
+  const size_t most = max_message_bytes - kMessageHeadroomBytes;
+  o->chunk_bytes = std::min(o->chunk_bytes, most);
+  o->max_fetch_chunk_bytes = std::min(kMaxFetchChunkBytes, most);
+}
 
 }  // namespace fxdp::server
 

@@ -219,7 +219,8 @@ grpc::ServerWriteReactor<v1::StateChunk>* JobServiceImpl::FetchState(
   if (!allowed.ok()) return new Refused(allowed);
   const size_t asked =
       request->chunk_bytes() > 0 ? request->chunk_bytes() : context_.options.chunk_bytes;
-  const size_t chunk = std::clamp(asked, kMinFetchChunkBytes, kMaxFetchChunkBytes);
+  const size_t chunk =
+      std::clamp(asked, kMinFetchChunkBytes, context_.options.max_fetch_chunk_bytes);
   return new FetchCall(context, request->job_id(), *std::move(state), chunk,
                        context_.options.client_idle_s, *std::move(slot));
 }

@@ -322,3 +322,24 @@ def test_one_identity_cannot_take_every_fetch_stream(pki):
                 except grpc.RpcError as err:
                     assert err.code() == RESOURCE_EXHAUSTED and time.monotonic() < deadline, err
                     time.sleep(0.1)
+
+
+def test_chunks_fit_a_small_message_limit():
+    """--max-message-mb 1 (server) and max_message_mb=1 (client): a 1 MiB chunk in a 1 MiB message
+    was RESOURCE_EXHAUSTED ("Sent message larger than max (1048603 vs. 1048576)"). Chunks now stay
+    64 KiB under the limit both ways: a 2 MiB weight trains on 2 workers equal to one device, and a
+    FetchState asking for 4 MiB chunks gets chunks under 1 MiB."""
+    torch.manual_seed(0)
+    model = Wide()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    batch = (torch.randn(4, 1024), torch.randn(4, 512))
+    step = fxdp.trace(model, opt, torch.nn.MSELoss(), batch)
+    want, _ = step.run_local(step.initial_state(), batch)
+    with local_server(workers=2, extra_args=["--max-message-mb", "1"]) as (address, log):
+        with fxdp.Client(address, max_message_mb=1) as c:
+            result = c.train(step, world_size=2, batches=[batch])
+            ask = jpb.FetchJobStateRequest(job_id=result.job_id, chunk_bytes=4 << 20)
+            sizes = [len(m.tensor.data) for m in c._jobs.FetchState(ask, timeout=60)]
+    assert max(sizes) == (1 << 20) - (64 << 10), sizes
+    for k, v in want.items():
+        torch.testing.assert_close(result.state[k], v, rtol=1e-5, atol=1e-6, msg=k)

@@ -146,6 +146,9 @@ def _graph(g: Graphish) -> "gpb.GraphDef":
 
 
 CHUNK_BYTES = 1 << 20  # the largest tensor piece per message train() sends
+# Room in a message for all but a chunk's data (name, shape, a step's hyper-parameters), so that
+# a message stays within the channel's max_message_mb (Client.__init__).
+MESSAGE_HEADROOM = 64 << 10
 
 
 def _chunks(
@@ -241,6 +244,8 @@ class Client:
     ):
         address = address or os.environ.get("FXDP_SERVER") or "127.0.0.1:50051"
         limit = max_message_mb * 1024 * 1024
+        # the largest tensor piece a message carries either way, under the message limit
+        self.chunk_bytes = min(CHUNK_BYTES, limit - MESSAGE_HEADROOM)
         options = [
             ("grpc.max_send_message_length", limit),
             ("grpc.max_receive_message_length", limit),
@@ -498,7 +503,7 @@ class Client:
         def requests():
             yield jpb.SubmitJobRequest(spec=spec)
             for k, v in init.items():
-                for c in _chunks(k, v):
+                for c in _chunks(k, v, self.chunk_bytes):
                     yield jpb.SubmitJobRequest(state=c)
             skip = 0
             if resume and not paths:
@@ -509,7 +514,9 @@ class Client:
             try:
                 for i, b in enumerate(itertools.islice(source, skip, None), skip + 1):
                     by_name = _by_name(b, names, i)
-                    pieces = itertools.chain.from_iterable(_chunks(n, by_name[n]) for n in names)
+                    pieces = itertools.chain.from_iterable(
+                        _chunks(n, by_name[n], self.chunk_bytes) for n in names
+                    )
                     prev = next(pieces)
                     values = hyper(i)  # on the step's first message
                     for c in pieces:
@@ -523,9 +530,8 @@ class Client:
                     yield jpb.SubmitJobRequest(
                         batch=jpb.StepBatch(step=i, tensors=[prev], hyperparameters=values)
                     )
-            except (
-                Exception
-            ) as e:  # a bad batch or a failing generator: stop the job, raise it below
+            # a bad batch or a failing generator: stop the job, raise it below
+            except Exception as e:
                 problem.append(e)
                 call_made.wait()
                 call_box[0].cancel()
@@ -558,7 +564,10 @@ class Client:
         final.update(
             self._call(
                 lambda timeout: _assemble(
-                    self._jobs.FetchState(jpb.FetchJobStateRequest(job_id=job_id), timeout=timeout)
+                    self._jobs.FetchState(
+                        jpb.FetchJobStateRequest(job_id=job_id, chunk_bytes=self.chunk_bytes),
+                        timeout=timeout,
+                    )
                 ),
                 timeout=left,
             )
@@ -594,7 +603,10 @@ class Client:
         """The final state of a finished job (FetchState), as tensors."""
         return self._call(
             lambda timeout: _assemble(
-                self._jobs.FetchState(jpb.FetchJobStateRequest(job_id=job_id), timeout=timeout)
+                self._jobs.FetchState(
+                    jpb.FetchJobStateRequest(job_id=job_id, chunk_bytes=self.chunk_bytes),
+                    timeout=timeout,
+                )
             ),
             timeout=timeout,
         )
