@@ -103,3 +103,19 @@ def test_a_progress_line_says_what_is_traced(monkeypatch, capsys):
     monkeypatch.setenv("FXDP_PROGRESS", "0")
     zoo_trace("mlp", "auto")
     assert capsys.readouterr().err == ""
+
+
+def test_where_fake_tensors_cannot_trace_auto_traces_on_real_ones():
+    """_grouped_mm's meta kernel refuses float32 (the CPU kernel takes it): fake mode fails, auto
+    gives real mode's graph (test_moe_dispatch trains it)."""
+    from test_moe_dispatch import _batches, _DroplessMoE
+
+    def trace(mode):
+        torch.manual_seed(0)
+        m = _DroplessMoE()
+        opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+        return fxdp.trace(m, opt, torch.nn.functional.mse_loss, _batches(6)[0], tracing_mode=mode)
+
+    with pytest.raises(fxdp.TraceError, match="Expected inputs of BF16 type"):
+        trace("fake")
+    assert_same(trace("auto"), trace("real"))

@@ -22,7 +22,8 @@ How it works
    each node the user's line that produced it (``Node.source``: file:line, submodule, code; a backward op
    its forward op's line), which every compile error quotes. The default ``"auto"`` mode traces
    on FakeTensors (nothing runs; a model on ``meta`` traces) and checks the layouts FakeTensors may
-   get wrong (:mod:`fxdp.layouts`), tracing again in ``"real"`` mode where one differs; ``"real"``
+   get wrong (:mod:`fxdp.layouts`), tracing again in ``"real"`` mode where one differs (or
+   where the fake trace fails); ``"real"``
    runs the step on the real example tensors, so layouts and view decisions are exactly those of
    the real kernels; ``"fake"`` traces on FakeTensors without the check.
    :class:`fxdp.trace_errors.DataDependenceGuard` turns data-dependent ops
@@ -231,8 +232,20 @@ def _traced(step, sig: Signature, model, mode: str, decompositions, progress: _P
     may get wrong (fxdp.layouts): where one differs, it traces again on real tensors (a model on
     meta: TraceError). Returns the graph and the mode that made it."""
     fake_mode = "fake" if mode == "auto" else mode
-    with _fake_cache_off():
-        gm = _make_graph(step, sig.example_args(), ModuleStack(model), fake_mode, decompositions)
+    try:
+        with _fake_cache_off():
+            gm = _make_graph(
+                step, sig.example_args(), ModuleStack(model), fake_mode, decompositions
+            )
+    except TraceError as e:
+        if mode != "auto" or sig.device.type == "meta":
+            raise
+        # a meta kernel stricter than the real one (_grouped_mm's refuses float32), or the user's
+        # error, which real mode raises as it always did
+        progress.say(f"\n  on fake tensors: {str(e)[:300]}: tracing again on real tensors ...")
+        return _make_graph(
+            step, sig.example_args(), ModuleStack(model), "real", decompositions
+        ), "real"
     if mode != "auto":
         return gm, mode
     bad = layouts.check(gm, sig.trace_device)
