@@ -238,6 +238,7 @@ constexpr OpRule kOpRules[] = {
     {"aten::huber_loss_backward", "*", F::kLossBackward, Multilinear(0), {Reduction(3)}},
     {"aten::index", "Tensor", F::kIndex, Additive(0), {Indices(1)}},
     {"aten::index", "Tensor_hacked_twin", F::kIndex, Additive(0), {Indices(1)}},
+    {"aten::index_add", "", F::kIndexAdd, kNotLinear, {Dim(1, "dim")}},
     {"aten::index_put", "", F::kIndexPut, Additive(0, 2), {Indices(1), Accumulate(3)}},
     {"aten::index_select", "*", F::kIndexWithDim, Additive(0), {Dim(1, "dim")}},
     {"aten::isinf", "*", F::kPointwise, kNotLinear, {}},
@@ -505,6 +506,7 @@ absl::string_view OpFamilyName(OpFamily f) {
     case F::kAsStrided: return "as strided";
     case F::kAsStridedScatter: return "as strided scatter";
     case F::kIndexPut: return "index put";
+    case F::kIndexAdd: return "index add";
     case F::kGroupedMm: return "grouped mm";
     case F::kForeach: return "foreach";
     case F::kNoTensor: return "no tensor";

@@ -76,6 +76,7 @@ enum class OpFamily : int8_t {
                      // batch stays on the dim whose stride steps over whole samples.
   kAsStridedScatter,  // as_strided_scatter(self, src, Sizes, Stride, Offset).
   kIndexPut,          // index_put(self, Indices, values, accumulate).
+  kIndexAdd,          // index_add(self, Dim, index, source): source's slices added at index.
   kGroupedMm,         // _grouped_mm(a, b, offs): a's rows (grouped by offs) times b[group],
                       // or a^T b per group (the weight gradient).
   kForeach,           // _foreach_*: elementwise across the lists.

@@ -271,6 +271,7 @@ class BatchDimAnalyzer {
   absl::StatusOr<int64_t> IndexPutBatchDim(ir::NodeId id, const ir::Node& n,
                                            const std::vector<Operand>& ops,
                                            const ir::Argument::List& list, int64_t pos);
+  absl::Status IndexAdd(ir::NodeId id, const ir::Node& n, const OpRule& rule);  // coupled.cc
   struct IndexLayout {
     int64_t front = 0;       // values' dim of the indices' first broadcast dim.
     int64_t bcast_rank = 0;  // rank of the indices' broadcast.

@@ -124,4 +124,52 @@ absl::Status BatchDimAnalyzer::GatherCoupled(
   return absl::OkStatus();
 }
 
+// index_add(self, dim, index, source): source's slices added into self at index along dim. With
+// the batch on source's dim `dim` (index batch data, or a replicated index sliced to the rank's
+// rows), each rank adds its samples into a fresh zero tensor: a partial sum over the batch (a
+// segment sum). With the batch in self and source on another dim, it is per sample.
+absl::Status BatchDimAnalyzer::IndexAdd(NodeId id, const Node& n, const OpRule& rule) {
+  std::vector<Operand> ops = Operands(n);
+  FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule.linear, ops));
+  const Operand* self = Find(ops, 0);
+  const Operand* index = Find(ops, 2);
+  const Operand* source = Find(ops, 3);
+  if (self == nullptr || index == nullptr || source == nullptr) {
+    return Error(n, "expects self, index and source tensors");
+  }
+  const int64_t dim =
+      NormDim(IntArg(n, rule.param(ParamRole::kDim)).value_or(0), self->type->rank());
+  const bool rows = source->info.placement.is_shard() && source->info.placement.dim == dim;
+  if (!rows && index->info.placement.is_shard()) {
+    return Error(
+        n, absl::StrFormat("index (%s) holds the batch but source (%s) does not hold it "
+                           "on dim %d, the dim it adds along",
+                           g_.node(index->ref.node).name, g_.node(source->ref.node).name, dim));
+  }
+  if (!rows) {
+    std::vector<Operand> batched{*self, *source};
+    FXDP_ASSIGN_OR_RETURN(Combined c, Broadcast(id, n, batched, self->type->rank(), false));
+    if (c.dim == dim) {
+      return Error(n, absl::StrFormat("self (%s) holds the batch on dim %d, the dim index "
+                                      "adds into; each rank holds only its own rows",
+                                      g_.node(self->ref.node).name, dim));
+    }
+    SetCombined(id, c, s);
+    return absl::OkStatus();
+  }
+  if (self->info.placement.is_shard() || !IsZeros(self->ref)) {
+    return Error(
+        n, absl::StrFormat("adds each rank's samples (source %s, dim %d) into %s, which is not a "
+                           "fresh zero tensor: every rank would add it once; write "
+                           "torch.zeros(...).index_add(...) + it",
+                           g_.node(source->ref.node).name, dim, g_.node(self->ref.node).name));
+  }
+  if (index->info.placement.is_replicate()) NeedShard(*index, 0, source->info.outer, id);
+  NodeInfo& info = a_.nodes_[id.value];
+  info.detail = Detail::kReducedBatch;
+  info.arg = 3;
+  SetAllOut(id, Partial(false));
+  return absl::OkStatus();
+}
+
 }  // namespace fxdp

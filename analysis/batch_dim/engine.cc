@@ -206,6 +206,7 @@ absl::Status BatchDimAnalyzer::VisitRule(NodeId id, const Node& n, const OpRule&
     case OpFamily::kAsStrided:
     case OpFamily::kAsStridedScatter: return AsStrided(id, n, rule);
     case OpFamily::kIndexPut: return IndexPut(id, n, rule);
+    case OpFamily::kIndexAdd: return IndexAdd(id, n, rule);
     case OpFamily::kGroupedMm: return GroupedMm(id, n, rule);
     case OpFamily::kForeach: return Foreach(id, n, rule);
   }

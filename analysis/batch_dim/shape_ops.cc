@@ -76,6 +76,20 @@ absl::Status BatchDimAnalyzer::DimOp(NodeId id, const Node& n, const OpRule& rul
   const Operand* self = Find(ops, 0);
   if (self == nullptr) return Error(n, "arg 0 must be a tensor");
   const OpParam* dim_arg = rule.param(ParamRole::kDim);
+  const Operand* index = Find(ops, 2);
+  if (!rule.has(kAligned) && index != nullptr && index->info.placement.is_shard() &&
+      !self->info.placement.is_shard()) {
+    // index_select(x, dim, ids) with ids batch data (the backward of index_add over samples):
+    // each sample's slice of the whole x.
+    if (self->info.placement.is_partial()) RequireWhole(self->ref, id);
+    NodeInfo& info = a_.nodes_[id.value];
+    info.detail = Detail::kFromArg;
+    info.arg = 2;
+    SetAllOut(
+        id, Shard(static_cast<int32_t>(NormDim(IntArg(n, dim_arg).value_or(0), self->type->rank())),
+                  index->info.outer, false));
+    return absl::OkStatus();
+  }
   if (rule.has(kAligned)) {
     // gather / scatter: every tensor operand has self's rank.
     FXDP_ASSIGN_OR_RETURN(Combined c, Broadcast(id, n, ops, self->type->rank(), false));

@@ -298,6 +298,30 @@ TEST(BatchDim, InBatchCdistGathersOneLabelsOperands) {
   EXPECT_THAT(gathered, ElementsAre(Pair("d", 1), Pair("g", 2), Pair("h", 1)));
 }
 
+// index_add of batch rows (index and source hold the batch) into zeros is a partial sum; into
+// anything else every rank would add it once; the backward's index_select reads whole rows.
+TEST(BatchDim, IndexAddOfBatchRowsIntoZerosIsAPartialSum) {
+  const std::string head = R"(
+  %x: f32[4, 3] = placeholder() {role=INPUT, state="x", batch_dim=0}
+  %i: i64[4] = placeholder() {role=INPUT, state="i", batch_dim=0}
+  %w: f32[2, 3] = placeholder() {role=PARAMETER, state="w"}
+  %z: f32[2, 3] = aten::zeros([2, 3], dtype=torch.float32)
+)";
+  auto r = MustRun(head + R"(  %s: f32[2, 3] = aten::index_add(%z, 0, %i, %x)
+  %g: f32[4, 3] = aten::index_select(%s, 0, %i)
+  %output = output([%g]) {specs=[OTHER]}
+)");
+  EXPECT_EQ(r.P("s"), "P(sum)");
+  EXPECT_EQ(r.P("g"), "S(0)");
+  ASSERT_EQ(r.a.reductions().size(), 1u);
+  EXPECT_EQ(r.graph.node(r.a.reductions()[0].value.node).name, "s");
+  EXPECT_THAT(Analyze(head + R"(  %s: f32[2, 3] = aten::index_add(%w, 0, %i, %x)
+  %output = output([%s]) {specs=[OTHER]}
+)")
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "which is not a fresh zero tensor"));
+}
+
 TEST(BatchDim, CatSliceSelectAlongTheBatchAreErrors) {
   const std::string head = R"(
   %x: f32[4, 3] = placeholder() {role=INPUT, state="x", batch_dim=0}

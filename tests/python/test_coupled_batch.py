@@ -120,3 +120,38 @@ def test_clip_return_loss_trains_like_one_device(tmp_path, world, b):
     # the logits' rows of this rank's texts, gathered for the image loss: [B, B] floats
     assert gathers["gather permute for _log_softmax_1"] == world * per_rank * b * 4, gathers
     assert any("_log_softmax_1: all-gathers permute" in n for n in report["notes"]), report["notes"]
+
+
+class _Centroids(torch.nn.Module):
+    """Class centroids summed over the batch (index_add of each sample's features at its label:
+    a segment sum) and each sample's negative squared distance to every centroid."""
+
+    def __init__(self):
+        super().__init__()
+        self.f = torch.nn.Linear(8, 6)
+
+    def forward(self, x, labels):
+        h = self.f(x)
+        centroids = torch.zeros(3, 6).index_add(0, labels, h) / 4.0
+        return -((h.unsqueeze(1) - centroids.unsqueeze(0)) ** 2).sum(-1)
+
+
+@pytest.mark.parametrize("world,b", [(2, 6), (3, 7)], ids=["N2", "N3-uneven"])
+def test_index_add_of_batch_rows_is_a_partial_sum(tmp_path, world, b):
+    """index_add with the batch in index and source adds each rank's samples into zeros: a
+    partial sum, all-reduced where the centroids are read; the gradient of the centroids, a sum
+    over every sample, is all-reduced before each rank reads its labels' rows of it."""
+    torch.manual_seed(0)
+    model = _Centroids()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    g = torch.Generator().manual_seed(4)
+    batches = []
+    for _ in range(STEPS):
+        labels = torch.randint(0, 3, (b,), generator=g)
+        batches.append((torch.randn(b, 8, generator=g), labels, labels))
+    step = fxdp.trace(model, opt, F.cross_entropy, batches[0])
+    assert "aten::index_add" in {n.target.name for n in step.graph.nodes}
+    # + the centroids' sum (reduce unsqueeze_1) and their gradient (reduce div_3)
+    report = check_against_one_device(tmp_path, step, batches, world, reductions=2)
+    purposes = [c["purpose"] for c in report["collectives"]]
+    assert purposes[0] == "reduce unsqueeze_1", purposes
