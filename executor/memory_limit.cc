@@ -10,8 +10,8 @@
 #include <sstream>
 
 #include "absl/strings/numbers.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "util/bytes.h"
 
 namespace fxdp::executor {
 namespace {
@@ -19,10 +19,6 @@ namespace {
 std::atomic<int64_t> g_limit{0};
 std::atomic<int64_t> g_in_use{0};
 std::atomic<int64_t> g_peak{0};
-
-std::string MiB(int64_t bytes) {
-  return absl::StrFormat("%.1f MiB", static_cast<double>(bytes) / (1 << 20));
-}
 
 // Wraps the CPU allocator in place when installed: every tensor allocated
 // afterwards is counted until its storage is freed.
@@ -36,9 +32,9 @@ class LimitedCpuAllocator final : public c10::Allocator {
     const int64_t now = g_in_use.fetch_add(bytes) + bytes;
     if (limit > 0 && now > limit) {
       g_in_use.fetch_sub(bytes);
-      TORCH_CHECK_WITH(OutOfMemoryError, false, "fxdp-worker --memory-limit ", MiB(limit), " (",
-                       limit, " bytes): cannot allocate ", bytes, " bytes with ", now - bytes,
-                       " bytes of tensors held (", MiB(now - bytes), ")");
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "fxdp-worker --memory-limit ", util::MiB(limit),
+                       " (", limit, " bytes): cannot allocate ", bytes, " bytes with ", now - bytes,
+                       " bytes of tensors held (", util::MiB(now - bytes), ")");
     }
     for (int64_t peak = g_peak.load(); now > peak && !g_peak.compare_exchange_weak(peak, now);) {
     }

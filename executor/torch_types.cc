@@ -7,7 +7,7 @@
 #include <torch/headeronly/version.h>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "analysis/ir/type_text.h"
 
 namespace fxdp::executor {
 namespace {
@@ -70,8 +70,8 @@ absl::StatusOr<c10::OperatorHandle> FindOperator(const ir::Target& target) {
 std::string DescribeTorchTensor(const at::Tensor& t) {
   if (!t.defined()) return "an undefined tensor";
   auto d = FromTorch(t.scalar_type());
-  std::string s = d.ok() ? std::string(ir::DTypeShortName(*d)) : c10::toString(t.scalar_type());
-  absl::StrAppend(&s, "[", absl::StrJoin(t.sizes(), ", "), "]");
+  std::string s = d.ok() ? ir::TypeText(*d, t.sizes())
+                         : ir::TypeText(c10::toString(t.scalar_type()), t.sizes());
   if (!t.device().is_cpu()) absl::StrAppend(&s, "@", t.device().str());
   return s;
 }
@@ -81,9 +81,7 @@ std::string DescribeIValue(const c10::IValue& v) {
   return v.tagKind();
 }
 
-std::string TypeForMessage(const ir::TensorType& t) {
-  return absl::StrCat(ir::DTypeShortName(t.dtype), "[", absl::StrJoin(t.shape, ", "), "]");
-}
+std::string TypeForMessage(const ir::TensorType& t) { return ir::TypeText(t); }
 
 bool Fits(const at::Tensor& t, const ir::TensorType& want) {
   return t.defined() && t.scalar_type() == ToTorch(want.dtype) &&

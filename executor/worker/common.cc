@@ -11,7 +11,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "analysis/ir/batch_split.h"
 #include "executor/gloo/gloo_communicator.h"
 #include "executor/gloo/host_staged_communicator.h"
@@ -138,8 +137,7 @@ absl::Status CheckBatch(const TensorMap& batch, const Program& program) {
   for (const ProgramInput& in : program.inputs()) {
     if (in.role != ir::PlaceholderRole::kInput || !in.type.is_tensor()) continue;
     const ir::TensorType& want = in.type.tensor;
-    const std::string expected =
-        absl::StrCat(ir::DTypeShortName(want.dtype), "[", absl::StrJoin(want.shape, ", "), "]");
+    const std::string expected = TypeForMessage(want);
     auto it = batch.find(in.state_name);
     if (it == batch.end() || !it->second.defined())
       return absl::InvalidArgumentError(absl::StrCat("no tensor for input '", in.state_name,
@@ -147,11 +145,9 @@ absl::Status CheckBatch(const TensorMap& batch, const Program& program) {
     const at::Tensor& t = it->second;
     absl::StatusOr<ir::DType> dtype = FromTorch(t.scalar_type());
     if (!dtype.ok() || *dtype != want.dtype || t.sizes().vec() != want.shape)
-      return absl::InvalidArgumentError(absl::StrCat(
-          "input '", in.state_name, "' is ",
-          dtype.ok() ? std::string(ir::DTypeShortName(*dtype))
-                     : std::string(c10::toString(t.scalar_type())),
-          "[", absl::StrJoin(t.sizes(), ", "), "], this rank's graph expects ", expected));
+      return absl::InvalidArgumentError(absl::StrCat("input '", in.state_name, "' is ",
+                                                     DescribeTorchTensor(t),
+                                                     ", this rank's graph expects ", expected));
   }
   return absl::OkStatus();
 }

@@ -8,8 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "analysis/ir/types.h"
+#include "analysis/ir/type_text.h"
 #include "executor/torch_types.h"
 #include "util/status_macros.h"
 
@@ -17,14 +16,6 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "the wire's tensor bytes are little-endian; this host is not");
 
 namespace fxdp::executor {
-
-namespace {
-
-std::string ShapeString(const google::protobuf::RepeatedField<int64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
-
-}  // namespace
 
 absl::Status TensorAssembler::Add(const v1::TensorChunk& c) {
   const std::string& name = c.name();
@@ -41,22 +32,22 @@ absl::Status TensorAssembler::Add(const v1::TensorChunk& c) {
     uint64_t numel = 1;
     std::vector<int64_t> shape;
     for (int64_t d : c.shape()) {
-      if (d < 0) return bad("negative dim in shape ", ShapeString(c.shape()));
+      if (d < 0) return bad("negative dim in shape ", ir::ShapeText(c.shape()));
       if (d != 0 && numel > std::numeric_limits<int64_t>::max() / static_cast<uint64_t>(d))
-        return bad("shape ", ShapeString(c.shape()), " is too large");
+        return bad("shape ", ir::ShapeText(c.shape()), " is too large");
       numel *= static_cast<uint64_t>(d);
       shape.push_back(d);
     }
     const uint64_t item = static_cast<uint64_t>(ir::DTypeItemSize(*dt));
     if (numel > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / item)
-      return bad("shape ", ShapeString(c.shape()), " is too large");
+      return bad("shape ", ir::ShapeText(c.shape()), " is too large");
     if (declared_ != nullptr) FXDP_RETURN_IF_ERROR(declared_->CheckFirstChunk(c, "", world_size_));
     try {
       c10::InferenceMode guard(false);  // a normal tensor: the program may update it in place
       cur_ = at::empty(shape, at::TensorOptions().dtype(ToTorch(*dt)).device(at::kCPU));
     } catch (const std::exception& e) {
       return absl::ResourceExhaustedError(absl::StrCat("tensor '", name, "': cannot allocate ",
-                                                       ShapeString(c.shape()), ": ",
+                                                       ir::ShapeText(c.shape()), ": ",
                                                        ExceptionMessage(e)));
     }
     active_ = true;
@@ -73,7 +64,7 @@ absl::Status TensorAssembler::Add(const v1::TensorChunk& c) {
   const uint64_t n = c.data().size();
   if (n > total_ - next_)
     return bad("chunk [", next_, ", ", next_ + n, ") runs past the tensor's ", total_, " bytes (",
-               ShapeString(c.shape()), ")");
+               ir::ShapeText(c.shape()), ")");
   if (n > 0) std::memcpy(static_cast<char*>(cur_.data_ptr()) + next_, c.data().data(), n);
   next_ += n;
   if (next_ == total_) {

@@ -20,11 +20,13 @@
 #include "google/protobuf/wire_format_lite.h"
 
 #include "absl/strings/str_cat.h"
+#include "analysis/analysis_table.h"
 #include "analysis/batch_dim.h"
 #include "analysis/ir/proto_codec.h"
 #include "expansion/data_parallel.h"
 #include "expansion/state_memory.h"
 #include "expansion/style_proto.h"
+#include "util/bytes.h"
 #include "util/status_macros.h"
 
 namespace fxdp::server {
@@ -64,9 +66,8 @@ absl::Status CheckRankGraphs(const v1::ExpandRequest& request, const CompileLimi
   if (graphs * bytes > limits.max_expanded_bytes) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "the expansion for world_size %d would build %d rank graphs (%s) of the %d-byte graph: "
-        "%.1f MiB, over "
-        "this server's limit of %d MiB (fxdp-server --max-expanded-mb)",
-        request.world_size(), graphs, why, bytes, static_cast<double>(graphs * bytes) / (1 << 20),
+        "%s, over this server's limit of %d MiB (fxdp-server --max-expanded-mb)",
+        request.world_size(), graphs, why, bytes, util::MiB(graphs * bytes),
         limits.max_expanded_bytes >> 20));
   }
   return absl::OkStatus();
@@ -76,8 +77,6 @@ absl::StatusOr<ir::Graph> DecodeRequestGraph(bool has_graph, const v1::GraphDef&
   if (!has_graph) return absl::InvalidArgumentError("the request has no graph");
   return ir::DecodeGraph(def);
 }
-
-const char* ReduceName(ReduceOp op) { return op == ReduceOp::kAvg ? "avg" : "sum"; }
 
 absl::Status CheckBucketMb(double mb, absl::string_view field) {
   if (!std::isfinite(mb) || mb < 0) {
@@ -99,10 +98,9 @@ void AddShardedState(const ShardedState& s, v1::ShardedState* x) {
 absl::Status CheckCompileLimits(const CompileLimits& limits, absl::string_view what, int64_t bytes,
                                 int64_t nodes) {
   if (bytes > limits.max_request_bytes) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "%s is %.1f MiB (%d bytes), over this server's limit of %d MiB (fxdp-server "
-        "--max-graph-mb)",
-        what, static_cast<double>(bytes) / (1 << 20), bytes, limits.max_request_bytes >> 20));
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("%s is %s, over this server's limit of %d MiB (fxdp-server --max-graph-mb)",
+                        what, util::MiBWithBytes(bytes), limits.max_request_bytes >> 20));
   }
   if (nodes > limits.max_graph_nodes) {
     return absl::ResourceExhaustedError(
@@ -174,46 +172,7 @@ absl::StatusOr<v1::AnalyzeResponse> AnalyzeWithin(const v1::AnalyzeRequest& requ
     if (request.bucket_cap_mb() > 0) opts.bucket_cap_mb = request.bucket_cap_mb();
     FXDP_ASSIGN_OR_RETURN(styled, AnalyzeStyle(g, a, opts));
   }
-  v1::AnalyzeResponse r;
-  r.set_world_size(a.world_size());
-  r.set_batch_size(a.batch_size());
-  r.mutable_nodes()->Reserve(g.size());
-  for (int32_t i = 0; i < g.size(); ++i) {
-    const ir::NodeId id{i};
-    const ir::Node& n = g.node(id);
-    v1::NodePlacement* p = r.add_nodes();
-    p->set_name(n.name);
-    p->set_target(n.is_call() ? n.target.ToString() : std::string(ir::NodeKindName(n.kind)));
-    const bool tensor = !n.outputs.empty() && n.outputs[0].is_tensor();
-    const int32_t bd = a.primary(id).batch_dim();
-    p->set_batch_dim(tensor && bd >= 0 ? bd : -1);
-    p->set_source(n.source);
-    auto o = styled ? styled->overrides.find(i) : PlacementOverrides::const_iterator();
-    if (styled && o != styled->overrides.end()) {  // sharded state (AnalyzeStyle)
-      p->set_placement(o->second.first);
-      p->set_reason(o->second.second);
-    } else {
-      p->set_placement(PlacementsString(g, a, id));
-      p->set_reason(DescribeDecision(g, a, id));
-    }
-  }
-  for (const Reduction& red : a.reductions()) {
-    v1::Reduction* x = r.add_reductions();
-    x->set_value(g.node(red.value.node).name);
-    x->set_output(red.value.output);
-    x->set_op(ReduceName(red.op));
-    x->set_first_use(red.first_use.valid() ? g.node(red.first_use).name : std::string());
-    x->set_grad_of(red.grad_of);
-  }
-  for (const ShardedRead& s : a.sharded_reads()) {
-    v1::ShardedRead* x = r.add_sharded_reads();
-    x->set_value(g.node(s.value.node).name);
-    x->set_output(s.value.output);
-    x->set_dim(s.dim);
-    x->set_user(g.node(s.user).name);
-  }
-  for (const std::string& w : a.warnings()) r.add_warnings(w);
-  for (const std::string& w : a.notes()) r.add_notes(w);
+  v1::AnalyzeResponse r = AnalysisToProto(g, a, styled ? &styled->overrides : nullptr);
   if (styled) {
     *r.mutable_memory() = StateMemoryToProto(styled->memory);
     for (const ShardedState& s : styled->sharded_state) AddShardedState(s, r.add_sharded_state());

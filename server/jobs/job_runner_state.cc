@@ -8,17 +8,13 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "server/jobs/job_runner.h"
 #include "server/jobs/raw_tensors.h"
 #include "server/jobs/state_shards.h"
+#include "util/bytes.h"
 
 namespace fxdp::server {
 namespace {
-
-std::string MiB(uint64_t bytes) {
-  return absl::StrFormat("%.1f MiB (%d bytes)", static_cast<double>(bytes) / (1 << 20), bytes);
-}
 
 // A whole-state tensor (REPLICATE) to every rank, re-chunked to `chunk_bytes`
 // pieces; `last` on the last piece when it is the state's last tensor.
@@ -45,16 +41,18 @@ absl::Status JobRunner::CheckDeclaredSizes(const v1::JobSpec& spec,
                                            const ir::DeclaredTensors& batch, bool hold_state) {
   const JobServiceOptions& o = ctx_.options;
   if (spec.data_paths_size() == 0 && batch.bytes() > o.max_batch_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the graph's ", batch.size(), " INPUTs declare a global batch of ", MiB(batch.bytes()),
-        " per step (", batch.Names(), "), over this server's limit of ", o.max_batch_bytes >> 20,
-        " MiB (fxdp-server --max-batch-mb)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the graph's ", batch.size(), " INPUTs declare a global batch of ",
+                     util::MiBWithBytes(batch.bytes()), " per step (", batch.Names(),
+                     "), over this server's limit of ", o.max_batch_bytes >> 20,
+                     " MiB (fxdp-server --max-batch-mb)"));
   }
   if (!hold_state) return absl::OkStatus();
   const uint64_t want = state.bytes();
   const uint64_t max = o.max_initial_state_bytes;
   const std::string declared =
-      absl::StrCat("the graph declares ", state.size(), " state tensors of ", MiB(want), " in all");
+      absl::StrCat("the graph declares ", state.size(), " state tensors of ",
+                   util::MiBWithBytes(want), " in all");
   if (want > max) {
     return absl::ResourceExhaustedError(
         absl::StrCat(declared, ", over this server's limit of ", max >> 20,
@@ -68,7 +66,8 @@ absl::Status JobRunner::CheckDeclaredSizes(const v1::JobSpec& spec,
   do {
     if (held + want > max) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          declared, "; the initial states of other jobs that have not started yet hold ", MiB(held),
+          declared, "; the initial states of other jobs that have not started yet hold ",
+          util::MiBWithBytes(held),
           " of this "
           "server's ",
           max >> 20, " MiB (fxdp-server --max-initial-state-mb): submit again once they ran"));

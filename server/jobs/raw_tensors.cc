@@ -5,8 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "analysis/ir/types.h"
+#include "analysis/ir/type_text.h"
 
 namespace fxdp::server {
 
@@ -19,12 +18,12 @@ absl::StatusOr<int> ItemSize(v1::DType dtype) {
 
 std::string TypeString(v1::DType dtype, const std::vector<int64_t>& shape) {
   absl::StatusOr<ir::DType> d = ir::DTypeFromWire(static_cast<int>(dtype));
-  if (d.ok()) return TypeString(*d, shape);
-  return absl::StrCat("dtype", static_cast<int>(dtype), "[", absl::StrJoin(shape, ", "), "]");
+  if (d.ok()) return ir::TypeText(*d, shape);
+  return ir::TypeText(absl::StrCat("dtype", static_cast<int>(dtype)), shape);
 }
 
 std::string TypeString(ir::DType dtype, const std::vector<int64_t>& shape) {
-  return absl::StrCat(ir::DTypeShortName(dtype), "[", absl::StrJoin(shape, ", "), "]");
+  return ir::TypeText(dtype, shape);
 }
 
 absl::Status ChunkStream::Add(const v1::TensorChunk& c) {
@@ -53,10 +52,9 @@ absl::Status ChunkStream::Add(const v1::TensorChunk& c) {
     if (!item.ok()) return error(std::string(item.status().message()));
     uint64_t bytes = static_cast<uint64_t>(*item);
     for (int64_t d : shape) {
-      if (d < 0)
-        return error(absl::StrCat("negative dim in shape [", absl::StrJoin(shape, ", "), "]"));
+      if (d < 0) return error(absl::StrCat("negative dim in shape ", ir::ShapeText(shape)));
       if (d > 0 && bytes > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(d)) {
-        return error(absl::StrCat("shape [", absl::StrJoin(shape, ", "), "] is too large"));
+        return error(absl::StrCat("shape ", ir::ShapeText(shape), " is too large"));
       }
       bytes *= static_cast<uint64_t>(d);
     }
