@@ -18,6 +18,15 @@ T.logging.set_verbosity_error()
 STEPS = 3
 B, S, V = 8, 8, 64
 NOD = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+# The one-layer encoder the encoder and ViT cases share (dropout off).
+ENCODER = dict(
+    hidden_size=32,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    intermediate_size=64,
+    num_labels=3,
+    **NOD,
+)
 
 
 class Case(NamedTuple):
@@ -250,13 +259,8 @@ CASES: Dict[str, Case] = {
         lambda: T.BertForSequenceClassification(
             T.BertConfig(
                 vocab_size=V,
-                hidden_size=32,
-                num_hidden_layers=1,
-                num_attention_heads=2,
-                intermediate_size=64,
                 max_position_embeddings=16,
-                num_labels=3,
-                **NOD,
+                **ENCODER,
             )
         ),
         cls_batch,
@@ -267,14 +271,9 @@ CASES: Dict[str, Case] = {
         lambda: T.RobertaForSequenceClassification(
             T.RobertaConfig(
                 vocab_size=V,
-                hidden_size=32,
-                num_hidden_layers=1,
-                num_attention_heads=2,
-                intermediate_size=64,
                 max_position_embeddings=20,
-                num_labels=3,
                 pad_token_id=0,
-                **NOD,
+                **ENCODER,
             )
         ),
         cls_batch,
@@ -305,13 +304,8 @@ CASES: Dict[str, Case] = {
             T.ElectraConfig(
                 vocab_size=V,
                 embedding_size=16,
-                hidden_size=32,
-                num_hidden_layers=1,
-                num_attention_heads=2,
-                intermediate_size=64,
                 max_position_embeddings=16,
-                num_labels=3,
-                **NOD,
+                **ENCODER,
             )
         ),
         cls_batch,
@@ -323,14 +317,9 @@ CASES: Dict[str, Case] = {
             T.DebertaV2ForSequenceClassification(
                 T.DebertaV2Config(
                     vocab_size=V,
-                    hidden_size=32,
-                    num_hidden_layers=1,
-                    num_attention_heads=2,
-                    intermediate_size=64,
                     max_position_embeddings=16,
-                    num_labels=3,
                     pooler_dropout=0.0,
-                    **NOD,
+                    **ENCODER,
                 )
             )
         ),
@@ -371,12 +360,7 @@ CASES: Dict[str, Case] = {
             T.ViTConfig(
                 image_size=32,
                 patch_size=8,
-                hidden_size=32,
-                num_hidden_layers=1,
-                num_attention_heads=2,
-                intermediate_size=64,
-                num_labels=3,
-                **NOD,
+                **ENCODER,
             )
         ),
         image_batch,
