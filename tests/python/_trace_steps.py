@@ -57,6 +57,25 @@ def run_eager(train_step, model, opt, sched, batches, steps=STEPS):
     return losses
 
 
+def run_local_outputs(step, batches, values, steps=STEPS):
+    """run_local over `steps` batches with the schedule's values: the final state and the last
+    step's extra outputs."""
+    state = step.initial_state()
+    for i in range(steps):
+        state, _, outs = step.run_local(state, batches[i], hyperparameters=values[i], outputs=True)
+    return state, outs
+
+
+def run_eager_last(train_step, make, batches, steps=STEPS):
+    """The step run eagerly on a fresh make() (model, optimizer, scheduler), the scheduler stepped
+    after each step: the model and the last step's return value."""
+    model, opt, sched = make()
+    for i in range(steps):
+        out = train_step(model, opt, batches[i])
+        sched.step()
+    return model, out
+
+
 def assert_params(state, model, rtol=RTOL, atol=ATOL):
     for n, p in model.named_parameters():
         torch.testing.assert_close(

@@ -31,6 +31,8 @@ from _trace_steps import (
     accumulating_step,
     assert_params,
     run_eager,
+    run_eager_last,
+    run_local_outputs,
     run_traced,
     warmup_decay,
 )
@@ -171,15 +173,8 @@ def test_tensor_lr_param_groups_and_autograd_grad():
     assert step.output_names() == ["pred"]
     values = S.schedule_values(sched, STEPS, step)
     assert values[1]["optim.group1.lr"] == pytest.approx(0.025)
-    state = step.initial_state()
-    for i in range(STEPS):
-        state, loss, outs = step.run_local(
-            state, batches[i], hyperparameters=values[i], outputs=True
-        )
-    m2, o2, s2 = make()
-    for i in range(STEPS):
-        out = train_step(m2, o2, batches[i])
-        s2.step()
+    state, outs = run_local_outputs(step, batches, values)
+    m2, out = run_eager_last(train_step, make, batches)
     assert_params(state, m2)
     torch.testing.assert_close(outs["pred"], out[1]["pred"].detach(), rtol=RTOL, atol=ATOL)
 
@@ -206,15 +201,8 @@ def test_two_losses_clip_grad_value_and_a_dict_batch():
     step = fxdp.trace_step(train_step, m, o, batches[0])
     assert step.input_names() == ["x", "y"] and step.output_names() == ["aux"]
     values = S.schedule_values(sched, STEPS, step)
-    state = step.initial_state()
-    for i in range(STEPS):
-        state, loss, outs = step.run_local(
-            state, batches[i], hyperparameters=values[i], outputs=True
-        )
-    m2, o2, s2 = make()
-    for i in range(STEPS):
-        want = train_step(m2, o2, batches[i])
-        s2.step()
+    state, outs = run_local_outputs(step, batches, values)
+    m2, want = run_eager_last(train_step, make, batches)
     assert_params(state, m2)
     torch.testing.assert_close(outs["aux"], want["aux"].detach(), rtol=RTOL, atol=ATOL)
 
