@@ -1,7 +1,7 @@
 """Tracing without running the model is the default (issue 27): ``tracing_mode="auto"`` traces on
 FakeTensors and checks the layouts FakeTensors may get wrong (fxdp.layouts). For every zoo model and
-every Hugging Face model of test_real_models, its graph is the one ``tracing_mode="real"`` gives
-(which runs the step twice and the graph once more), byte for byte but for the strides of size-1
+every Hugging Face model of test_real_models (_real_models.CASES), its graph is the one
+``tracing_mode="real"`` gives (which runs the step twice and the graph once more), byte for byte but for the strides of size-1
 dims (they address nothing; Falcon's attention views differ there), and so are the initial states'
 constants. Where the fake layout is not the kernel's (zoo ``seqfirst``: ``mse_loss_backward`` of
 a non-contiguous input; Swin: ``native_layer_norm_backward``), auto finds it and traces again on
@@ -20,7 +20,7 @@ from fxdp import zoo
 from fxdp.zoo import models as zoo_models
 
 transformers = pytest.importorskip("transformers")
-import test_real_models as hf  # noqa: E402
+import _real_models as hf  # noqa: E402
 
 
 def normalized(step: fxdp.TracedStep) -> bytes:
