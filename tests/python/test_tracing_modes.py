@@ -1,12 +1,13 @@
 """Tracing without running the model is the default (issue 27): ``tracing_mode="auto"`` traces on
 FakeTensors and checks the layouts FakeTensors may get wrong (fxdp.layouts). For every zoo model and
 every Hugging Face model of test_real_models (_real_models.CASES), its graph is the one
-``tracing_mode="real"`` gives (which runs the step twice and the graph once more), byte for byte but for the strides of size-1
-dims (they address nothing; Falcon's attention views differ there), and so are the initial states'
-constants. Where the fake layout is not the kernel's (zoo ``seqfirst``: ``mse_loss_backward`` of
-a non-contiguous input; Swin: ``native_layer_norm_backward``), auto finds it and traces again on
-real tensors; ``tracing_mode="fake"`` does not, and gives another graph. A model on ``meta`` whose
-fake layouts are not the kernel's is refused, naming the node, the op, the line and both layouts.
+``tracing_mode="real"`` gives (which runs the step twice and the graph once more), byte for byte but
+for the strides of size-1 dims (they address nothing; Falcon's attention views differ there), and so
+are the initial states' constants. Where the fake layout is not the kernel's (zoo ``seqfirst``:
+``mse_loss_backward`` of a non-contiguous input; Swin: ``native_layer_norm_backward``), auto finds
+it and traces again on real tensors; ``tracing_mode="fake"`` does not, and gives another graph. A
+model on ``meta`` whose fake layouts are not the kernel's is refused, naming the node, the op, the
+line and both layouts.
 """
 
 from __future__ import annotations
