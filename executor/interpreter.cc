@@ -90,7 +90,11 @@ absl::Status Program::Impl::RunStep(Step& s) {
   switch (s.kind) {
     case StepKind::kOp: {
       for (const ArgPlan& a : s.args) FXDP_RETURN_IF_ERROR(Push(a, s));
-      if (s.inplace_op.has_value() && Reusable(stack[0], s.out_types[0].tensor)) {
+      if (s.random.has_value()) {
+        if (absl::Status st = RunRandom(*s.random, random, options.device, stack); !st.ok())
+          return absl::Status(st.code(),
+                              absl::StrCat(ir::NodeLabel(s.name, s.op_name), ": ", st.message()));
+      } else if (s.inplace_op.has_value() && Reusable(stack[0], s.out_types[0].tensor)) {
         s.inplace_op->callBoxed(stack);
       } else {
         s.op->callBoxed(stack);
@@ -130,6 +134,21 @@ const std::vector<ProgramInput>& Program::inputs() const { return impl_->inputs;
 const std::vector<ir::OutputSpec>& Program::output_specs() const { return impl_->output_specs; }
 int32_t Program::num_nodes() const { return static_cast<int32_t>(impl_->steps.size()); }
 int64_t Program::live_values() const { return impl_->Live(); }
+void Program::SetStep(int64_t step) { impl_->random.step = step; }
+
+// The rank's slice of the batch for sharded random nodes, from the
+// communicator (set by the first Run: fxdp-worker run connects it after Load).
+absl::Status Program::Impl::SetRandomSlice() {
+  if (random_slice_set || random_layouts.empty()) return absl::OkStatus();
+  if (comm->world_size() != random_world || random.batch < random_world)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the graph's random ops are laid out for ", random_world, " ranks and a batch of ",
+        random.batch, " (metadata fxdp.world_size, fxdp.batch_size); this run has ",
+        comm->world_size(), " ranks"));
+  random.slice = ir::SliceForRank(random.batch, comm->world_size(), comm->rank());
+  random_slice_set = true;
+  return absl::OkStatus();
+}
 const std::vector<std::pair<std::string, int64_t>>& Program::live_trace() const {
   return impl_->live_trace;
 }
@@ -163,6 +182,7 @@ absl::Status Program::CheckInputs(const std::vector<c10::IValue>& inputs) const 
 absl::StatusOr<std::vector<c10::IValue>> Program::Run(std::vector<c10::IValue> inputs) {
   Impl& p = *impl_;
   FXDP_RETURN_IF_ERROR(CheckInputs(inputs));
+  FXDP_RETURN_IF_ERROR(p.SetRandomSlice());
   std::optional<c10::InferenceMode> inference;
   if (p.options.inference_mode) inference.emplace();
   if (p.options.record_live) p.live_trace.clear();

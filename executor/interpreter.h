@@ -92,6 +92,9 @@ struct ProgramOptions {
   // were during the node (memory_trace()). Resets the counter's peak at every
   // node.
   bool record_memory = false;
+  // The seed of the random ops (docs/randomness.md); unset: the graph's
+  // metadata "fxdp.seed" (0 when it has none).
+  std::optional<uint64_t> seed;
 };
 
 // ProgramOptions::record_memory: one entry per call node of the last run.
@@ -146,6 +149,9 @@ class Program {
   // The program holds the only references it is given: pass inputs by move
   // to let them be freed after their last use.
   absl::StatusOr<std::vector<c10::IValue>> Run(std::vector<c10::IValue> inputs);
+  // The 1-based training step the next Runs draw their random numbers for
+  // (executor/random_ops.h); default 1.
+  void SetStep(int64_t step);
 
   // Values held in the value table right now (0 between runs).
   int64_t live_values() const;

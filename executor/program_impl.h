@@ -27,6 +27,7 @@
 #include "analysis/ir/node_error.h"
 #include "executor/communicator.h"
 #include "executor/interpreter.h"
+#include "executor/random_ops.h"
 
 namespace fxdp::executor {
 
@@ -71,6 +72,8 @@ struct Step {
   std::vector<int32_t> out_slots;  // one per graph output
   std::vector<ir::ValueType> out_types;
   std::vector<int32_t> free_after;  // slots whose last read is this step
+  // A random op of analysis/ir/random_ops.h: drawn by RunRandom, not the op.
+  std::optional<RandomPlan> random;
 };
 
 struct Program::Impl {
@@ -85,6 +88,12 @@ struct Program::Impl {
   std::vector<ArgPlan> outputs;
   std::vector<ir::OutputSpec> output_specs;
   int32_t num_slots = 0;
+  // Random ops: the graph's layouts, the seed, step, batch and (set at the
+  // first Run, from the communicator) this rank's slice.
+  std::vector<ir::RandomLayout> random_layouts;
+  int64_t random_world = 1;  // the graph's "fxdp.world_size"
+  bool random_slice_set = false;
+  RandomContext random;
 
   // Per run.
   std::vector<c10::IValue> slots;
@@ -104,6 +113,7 @@ struct Program::Impl {
   absl::Status RunStep(Step& s);
   absl::Status Push(const ArgPlan& a, const Step& s);
   absl::Status TakeReturns(Step& s);
+  absl::Status SetRandomSlice();
   // collective_steps.cc
   absl::Status RunAllReduce(Step& s);
   absl::Status RunWait(Step& s);

@@ -21,6 +21,7 @@
 #include "executor/collective_steps.h"
 #include "executor/inplace.h"
 #include "executor/program_impl.h"
+#include "executor/random_ops.h"
 #include "executor/torch_types.h"
 #include "util/status_macros.h"
 
@@ -194,6 +195,10 @@ class Loader {
     }
     s.out_types = n.outputs;
     PlanInplace(g_, n, s);
+    if (const ir::RandomOp* r = ir::FindRandomOp(n.target)) {
+      FXDP_ASSIGN_OR_RETURN(s.random, PlanRandom(*r, schema, n, p_.random_layouts));
+      s.inplace_op.reset();
+    }
     return s;
   }
 
@@ -259,6 +264,17 @@ class Loader {
 }  // namespace
 
 absl::Status LoadPlan(const ir::Graph& graph, Program::Impl& impl) {
+  FXDP_ASSIGN_OR_RETURN(const uint64_t seed, ir::MetadataNumber(graph, ir::kSeedKey, 0));
+  impl.random.seed = impl.options.seed.value_or(seed);
+  FXDP_ASSIGN_OR_RETURN(const uint64_t batch, ir::MetadataNumber(graph, ir::kBatchSizeKey, 0));
+  impl.random.batch = static_cast<int64_t>(batch);
+  FXDP_ASSIGN_OR_RETURN(const uint64_t world, ir::MetadataNumber(graph, "fxdp.world_size", 1));
+  impl.random_world = static_cast<int64_t>(world);
+  for (const auto& [key, value] : graph.header().metadata) {
+    if (key == ir::kRandomLayoutKey) {
+      FXDP_ASSIGN_OR_RETURN(impl.random_layouts, ir::ParseRandomLayouts(value));
+    }
+  }
   return Loader(graph, impl).Load();
 }
 

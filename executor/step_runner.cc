@@ -111,6 +111,7 @@ absl::StatusOr<at::Tensor> StepRunner::Step(const TensorMap& batch) {
     state_[inputs[i].state_name] = at::Tensor();  // the graph holds the only reference
     handed = true;
   }
+  program_.SetStep(step_++);
   absl::StatusOr<std::vector<c10::IValue>> out = program_.Run(std::move(values));
   if (!out.ok()) {
     broken_ = handed;

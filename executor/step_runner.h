@@ -32,6 +32,10 @@ class StepRunner {
   // during the step (they are not copied); if a kernel fails mid-step those
   // entries are lost and every later Step is FAILED_PRECONDITION.
   absl::StatusOr<at::Tensor> Step(const TensorMap& batch);
+  // The 1-based number of the next Step (default 1; each Step adds one): the
+  // step its random ops draw for (docs/randomness.md). A resumed job sets it.
+  void set_step(int64_t step) { step_ = step; }
+  int64_t step() const { return step_; }
 
   // Writes one step's hyper-parameter values into the state: each name must
   // be a HYPERPARAMETER placeholder's state name (INVALID_ARGUMENT naming the
@@ -54,6 +58,7 @@ class StepRunner {
   std::vector<bool> moves_;  // per input: the step replaces this state entry
   std::vector<c10::IValue> other_;
   bool broken_ = false;
+  int64_t step_ = 1;
 };
 
 }  // namespace fxdp::executor

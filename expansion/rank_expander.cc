@@ -16,6 +16,7 @@
 #include "analysis/ir/collectives.h"
 #include "analysis/ir/node_error.h"
 #include "analysis/op_rules.h"
+#include "expansion/random_layout.h"
 #include "util/status_macros.h"
 
 namespace fxdp {
@@ -81,6 +82,7 @@ absl::StatusOr<RankNodes> RankExpander::Run(std::vector<Collective>* collectives
   r.header = g_.header();
   r.header.metadata.emplace_back("fxdp.world_size", absl::StrCat(o_.world_size));
   r.header.metadata.emplace_back("fxdp.local_batch", absl::StrCat(slice_.size));
+  FXDP_RETURN_IF_ERROR(AddRandomLayouts(g_, a_, r.header));
   if (fs_ != nullptr) FullyShardMetadata(r.header);
   r.nodes = std::move(out_);
   return r;

@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "analysis/ir/hyperparameters.h"
 #include "analysis/ir/node_error.h"
+#include "analysis/ir/random_ops.h"
 #include "analysis/op_schemas.h"
 #include "analysis/view_rules.h"
 #include "util/status_macros.h"
@@ -164,6 +165,12 @@ absl::Status BatchDimAnalyzer::Visit(NodeId id, const Node& n) {
 
 // Dispatches on the rule's family: the only switch over families.
 absl::Status BatchDimAnalyzer::VisitRule(NodeId id, const Node& n, const OpRule& rule) {
+  if (rule.has(kRandom) && ir::FindRandomOp(n.target) == nullptr)
+    return Error(n, absl::StrCat(n.target.ToString(),
+                                 " draws random values fxdp cannot draw rank-invariantly: every "
+                                 "random op comes from fxdp's own generator so that N ranks draw "
+                                 "exactly what one device draws, and it has no such form of this "
+                                 "op (docs/randomness.md lists the random ops it draws)"));
   NodeInfo& info = a_.nodes_[id.value];
   switch (rule.family) {
     case OpFamily::kPointwise: {

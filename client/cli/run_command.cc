@@ -19,10 +19,12 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "analysis/ir/hyperparameters.h"
+#include "analysis/ir/random_ops.h"
 #include "analysis/ir/safetensors.h"
 #include "client/cli/commands.h"
 #include "client/cli/connect.h"
@@ -42,7 +44,7 @@ constexpr char kRunUsage[] =
     "usage: fxdp run GRAPH --world-size N --state S.safetensors --data D.safetensors\n"
     "                [--data D2.safetensors ...] [--steps K] [--out FINAL.safetensors]\n"
     "                [--style replicate|fully_shard] [--bucket-mb X] [--sync-batchnorm]\n"
-    "                [--name NAME] [--timeout S]\n"
+    "                [--name NAME] [--timeout S] [--seed S]\n"
     "                [--schedule FILE] [--json] [--server HOST:PORT]\n"
     "       fxdp run GRAPH ... --data-on-workers PATH [--data-on-workers PATH2 ...] --steps K\n"
     "       fxdp run GRAPH --world-size N --data D.safetensors ... --resume JOB\n"
@@ -72,6 +74,11 @@ constexpr char kRunUsage[] =
     "                       instead of --data; needs --steps; read only under the\n"
     "                       workers' --data-root directories)\n"
     "  --steps K            number of steps (default: the number of --data files)\n"
+    "  --seed S             the seed of the graph's random ops (dropout...), an unsigned\n"
+    "                       64-bit number recorded in the job's graph (metadata\n"
+    "                       fxdp.seed; default: the one the graph has). The same\n"
+    "                       seed gives the same draws on any number of workers\n"
+    "                       (docs/randomness.md)\n"
     "  --out FILE           write the final state (FetchState) as safetensors: whole\n"
     "                       tensors, whatever the style\n"
     "  --style S            replicate (default: every worker holds the whole state,\n"
@@ -324,7 +331,18 @@ struct RunArgs {
   bool json = false, sync_bn = false;
   DataParallelStyle style = DataParallelStyle::kReplicate;
   security::ChannelSecurity creds;
+  std::optional<uint64_t> seed;  // --seed
 };
+
+// Records `seed` as the graph's metadata fxdp.seed (analysis/ir/random_ops.h).
+void SetGraphSeed(v1::GraphDef& graph, uint64_t seed) {
+  auto* meta = graph.mutable_metadata();
+  for (int i = meta->size() - 1; i >= 0; --i)
+    if (meta->Get(i).key() == ir::kSeedKey) meta->DeleteSubrange(i, 1);
+  v1::StringPair* p = graph.add_metadata();
+  p->set_key(std::string(ir::kSeedKey));
+  p->set_value(absl::StrCat(seed));
+}
 
 // The exit code to end with (the usage printed), or -1 with `a` filled.
 int ParseRunArgs(const std::vector<std::string>& args, RunArgs* a) {
@@ -346,6 +364,8 @@ int ParseRunArgs(const std::vector<std::string>& args, RunArgs* a) {
   flags.String("--schedule", &a->schedule_path);
   flags.Bool("--json", &a->json);
   flags.String("--resume", &a->resume);
+  std::string seed_text;
+  flags.String("--seed", &seed_text);
   std::vector<std::string> pos;
   if (int rc = flags.Parse(args, &pos); rc >= 0) return rc;
   if (pos.size() != 1) return flags.Usage("expected exactly one GRAPH");
@@ -364,6 +384,13 @@ int ParseRunArgs(const std::vector<std::string>& args, RunArgs* a) {
     return flags.Usage("--data-on-workers needs --steps");
   if (a->steps == 0) a->steps = static_cast<int32_t>(a->data.size());
   if (a->bucket_mb < 0) return flags.Usage("--bucket-mb must be >= 0");
+  if (!seed_text.empty()) {
+    uint64_t seed = 0;
+    if (!absl::SimpleAtoi(seed_text, &seed))
+      return flags.Usage(
+          absl::StrCat("--seed: '", seed_text, "' is not an unsigned 64-bit number"));
+    a->seed = seed;
+  }
   const absl::StatusOr<DataParallelStyle> parsed_style = ParseDataParallelStyle(style);
   if (!parsed_style.ok())
     return flags.Usage(absl::StrCat("--style: ", parsed_style.status().message()));
@@ -406,6 +433,7 @@ int BuildJob(const RunArgs& a, v1::JobSpec* spec, std::vector<RawTensor>* state,
   spec->set_collective_timeout_s(a.timeout_s);
   spec->set_name(a.name.empty() ? Basename(a.graph) : a.name);
   spec->set_resume_job(a.resume);
+  if (a.seed.has_value()) SetGraphSeed(*spec->mutable_graph(), *a.seed);
   if (!a.schedule_path.empty()) {
     absl::StatusOr<ir::Schedule> schedule = ir::Schedule::ReadFile(a.schedule_path, a.steps);
     if (!schedule.ok()) return ReportError("run", schedule.status());

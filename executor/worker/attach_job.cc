@@ -311,6 +311,7 @@ absl::Status AttachedWorker::RunBatch(AssignedJob& job, JobTask& e, StepRunner& 
   FXDP_RETURN_IF_ERROR(runner.SetHyperparameters(e.hyperparameters));
   const TensorMap& batch = files.empty() ? shard : files[(step - 1) % files.size()];
   timed.TakeStats();
+  runner.set_step(step);
   FXDP_ASSIGN_OR_RETURN(at::Tensor loss, runner.Step(batch));
   double value = 0, local = 0;
   try {

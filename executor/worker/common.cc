@@ -92,6 +92,7 @@ absl::StatusOr<Program> LoadRankProgram(const ir::Graph& graph, const RankSetup&
   po.collective_timeout = setup.rendezvous.timeout;
   po.check_outputs = setup.check_outputs;
   po.record_memory = setup.record_memory;
+  po.seed = setup.seed;
   return Program::Load(graph, po);
 }
 

@@ -10,6 +10,7 @@
 #include <c10/core/Device.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -53,6 +54,7 @@ struct RankSetup {
   std::string communicator = "auto";  // ConnectCommunicator's backend
   bool check_outputs = false;         // ProgramOptions::check_outputs
   bool record_memory = false;         // ProgramOptions::record_memory
+  std::optional<uint64_t> seed;       // ProgramOptions::seed (fxdp-worker run --seed)
 };
 
 // World size > 1: logs "rendezvous at H:P (world size N, timeout T s)" after

@@ -25,6 +25,7 @@ const char kRunUsage[] =
     "                       [--data D2.safetensors ...] [--timeout SECONDS] [--threads N]\n"
     "                       [--job NAME] [--check-outputs] [--schedule FILE]\n"
     "                       [--memory-limit SIZE] [--communicator auto|gloo|nccl]\n"
+    "                       [--seed S]\n"
     "\n"
     "Runs the training step G (a binary fxdp.v1.GraphDef, e.g. from fxdp.TracedStep.save,\n"
     "python -m fxdp.zoo.export or fxdp expand) K times. The state file holds every\n"
@@ -59,6 +60,9 @@ const char kRunUsage[] =
     "  --threads N         intra-op CPU threads (default: OMP_NUM_THREADS, else all cores\n"
     "                      for one rank, cores / LOCAL_WORLD_SIZE or 1 for several ranks)\n"
     "  --check-outputs     compare every node's output dtype and shape with the graph\n"
+    "  --seed S            the seed of the graph's random ops (an unsigned 64-bit number;\n"
+    "                      default: the graph's metadata fxdp.seed, else 0). Every rank draws\n"
+    "                      its slice of what one device draws (docs/randomness.md)\n"
     "  --memory-limit SIZE the most memory this rank's tensors may hold at once (300MB,\n"
     "                      4GiB: powers of 1024); an allocation past it fails the rank\n"
     "                      naming the node, as a device of that size would\n"
@@ -172,6 +176,12 @@ int RunCommand(const std::vector<std::string>& argv) {
     return [out](const std::string& v) { return absl::SimpleAtoi(v, out) && *out >= 1; };
   };
   flags.Custom("--steps", "a positive integer", positive(&a.steps));
+  flags.Custom("--seed", "an unsigned 64-bit number", [&a](const std::string& v) {
+    uint64_t s = 0;
+    if (!absl::SimpleAtoi(v, &s)) return false;
+    a.seed = s;
+    return true;
+  });
   flags.Custom("--threads", "a positive integer", positive(&a.threads));
   flags.Custom(
       "--timeout", "a number of seconds (at least 0.001)",

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -48,8 +49,9 @@ struct RunArgs {
   std::string job = "local";
   int threads = 0;  // 0: see IntraOpThreads
   bool check_outputs = false;
-  std::string schedule;      // --schedule FILE ("" : none)
-  int64_t memory_limit = 0;  // --memory-limit (executor/memory_limit.h)
+  std::string schedule;          // --schedule FILE ("" : none)
+  int64_t memory_limit = 0;      // --memory-limit (executor/memory_limit.h)
+  std::optional<uint64_t> seed;  // --seed (ProgramOptions::seed)
 };
 
 // Every line on stderr says which job, rank and step it is about:

@@ -233,6 +233,7 @@ absl::Status RunRank(const RunArgs& args, const LaunchEnv& env, Logger& log,
   setup.check_outputs = args.check_outputs;
   std::optional<MemoryTrace> memory = MemoryTrace::FromEnv(env.rank, env.world_size);
   setup.record_memory = memory.has_value();
+  setup.seed = args.seed;
 
   TimedCommunicator timed(nullptr);
   LoadedRank r;

@@ -369,6 +369,7 @@ class Client:
         timeout: Optional[float] = None,
         style: str = "replicate",
         resume: Optional[str] = None,
+        seed: Optional[int] = None,
     ) -> TrainResult:
         """Train on ``world_size`` of the server's workers; returns the per-step global losses and
         the final state.
@@ -407,7 +408,17 @@ class Client:
         step and ``losses`` those of the steps after it; the final state equals an uninterrupted
         run's. Another identity's job is NOT_FOUND (as an unknown one), one without a checkpoint
         FAILED_PRECONDITION, a different graph or world size INVALID_ARGUMENT naming the
-        difference."""
+        difference.
+
+        ``seed``: the seed of the step's random ops (dropout...), recorded in the job's graph
+        (default: the one ``trace_step`` recorded, ``step.seed()``). The same graph, state,
+        batches and seed give bit-identical results on any number of ranks, equal to
+        ``run_local(..., step=i, seed=seed)`` on one device (docs/randomness.md)."""
+        if seed is not None:  # a copy: the caller's step keeps its seed
+            graph = gpb.GraphDef()
+            graph.CopyFrom(step.graph)
+            step = TracedStep(graph, step._state)
+            step.set_seed(seed)
         if (batches is None) == (data_path is None):
             raise ValueError("train needs either batches or data_path")
         wire_style = _style(style)

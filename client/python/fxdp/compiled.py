@@ -61,6 +61,7 @@ class CompiledStep:
         # (id(model), id(optimizer), batch key) -> (model ref, optimizer ref, TracedStep), most
         # recently used last; the refs tell a live object from a new one that reuses a dead id.
         self._cache: "OrderedDict[Tuple, Tuple[Any, Any, Any]]" = OrderedDict()
+        self.step = 0  # calls so far (every shape): the step number random ops draw for
 
     def _step_for(self, model, optimizer, batch):
         from .tracer import trace_step
@@ -98,7 +99,8 @@ class CompiledStep:
                 if n in init
             }
         )
-        new, loss, outs = step.run_local(state, batch, outputs=True)
+        self.step += 1
+        new, loss, outs = step.run_local(state, batch, outputs=True, step=self.step)
         with torch.no_grad():
             for name, t in new.items():
                 if name in params:

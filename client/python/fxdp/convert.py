@@ -397,6 +397,7 @@ def graphdef_to_fx(
         if n.kind == pb.PLACEHOLDER:
             ph = n.placeholder
             node.meta["fxdp_placeholder"] = (ph.role, ph.state_name, ph.batch_dim)
+        node.meta["fxdp_name"] = n.name  # torch.fx may name it otherwise
         if n.grad_of:
             node.meta["fxdp_grad_of"] = n.grad_of
         if n.source:

@@ -91,6 +91,30 @@ class TracedStep:
             if n.placeholder.role == pb.HYPERPARAMETER
         ]
 
+    def random_nodes(self) -> List[str]:
+        """Names of the nodes that draw random values (dropout...: fxdp.random_ops.TABLE)."""
+        from .random_ops import TABLE
+
+        return [
+            n.name
+            for n in self.graph.nodes
+            if n.kind == pb.CALL_FUNCTION and (n.target.name, n.target.overload) in TABLE
+        ]
+
+    def seed(self) -> int:
+        """The seed of the step's random ops (metadata ``fxdp.seed``; 0 when it has none)."""
+        return int(self.metadata().get("fxdp.seed", "0"))
+
+    def set_seed(self, seed: int) -> None:
+        """Records ``seed`` (0 <= seed < 2**64) as the graph's ``fxdp.seed``."""
+        from .philox import check_key
+
+        check_key(int(seed), 0)
+        kept = [(kv.key, kv.value) for kv in self.graph.metadata if kv.key != "fxdp.seed"]
+        del self.graph.metadata[:]
+        for k, v in kept + [("fxdp.seed", str(int(seed)))]:
+            self.graph.metadata.add(key=k, value=v)
+
     def output_names(self) -> List[str]:
         """Names of the extra (OTHER) outputs ``train_step`` returned beside the loss."""
         import json
@@ -106,6 +130,7 @@ class TracedStep:
         schedule=None,
         step: int = 1,
         outputs: bool = False,
+        seed: Optional[int] = None,
     ):
         """Execute the graph with PyTorch: returns ``(new_state, loss)``, or
         ``(new_state, loss, {name: tensor})`` with ``outputs=True`` (the extra outputs).
@@ -116,6 +141,10 @@ class TracedStep:
         values) or ``schedule`` (anything :func:`fxdp.schedule.schedule_values` takes, evaluated
         at the 1-based ``step``) gives them. ``new_state`` holds every entry of ``state``,
         replaced where the step updates it. Inputs are not modified.
+
+        Random ops (dropout...) draw from fxdp's generator keyed by ``seed`` (default: the graph's,
+        :meth:`seed`), ``step`` and the node, exactly what N ranks draw together for that step
+        (docs/randomness.md).
         """
         from .optimizers import check_guards
         from .schedule import hyperparameter_guards, schedule_values
@@ -163,7 +192,18 @@ class TracedStep:
                     raise KeyError(f"state lacks '{spec.state_name}'")
                 args.append(_checked(ph, state[spec.state_name]))
         with torch.no_grad():
-            outs = self.graph_module()(*args)
+            if self.random_nodes():
+                from .random_ops import RandomInterpreter
+
+                metas = {n.name: n.outputs[0].tensor for n in self.graph.nodes if n.outputs}
+                shapes = {
+                    name: (tuple(metas[name].shape), convert.PB_TO_DTYPE[metas[name].dtype])
+                    for name in self.random_nodes()
+                }
+                s = self.seed() if seed is None else int(seed)
+                outs = RandomInterpreter(self.graph_module(), shapes, s, step).run(*args)
+            else:
+                outs = self.graph_module()(*args)
         new_state = OrderedDict(state.items())
         loss = None
         others = []

@@ -312,6 +312,7 @@ def trace_step(
     decompositions: Optional[Dict[Any, Callable]] = None,
     tracing_mode: str = "auto",
     device: Union[None, str, torch.device] = None,
+    seed: Optional[int] = None,
 ):
     """Trace ``train_step(model, optimizer, batch)`` (ordinary eager PyTorch) into a :class:`fxdp.TracedStep`.
 
@@ -334,6 +335,11 @@ def trace_step(
     meta tensors but for the hyper-parameters: a job's state comes from elsewhere
     (``Client.train(state=fxdp.state_of(step, model, optimizer))`` of the same model built with
     weights). Workers run any graph on their own device, whatever it was traced on.
+
+    A step with random ops (dropout...) records ``seed`` in the graph (metadata ``fxdp.seed``;
+    default: a number drawn from torch's default generator, so ``torch.manual_seed`` before tracing
+    makes runs reproducible): the workers and ``run_local`` draw every random value from fxdp's
+    generator keyed by it, the step number and the node (docs/randomness.md).
 
     The model, its buffers and the optimizer are left unchanged. Raises :class:`fxdp.TraceError`
     for what cannot be traced (see the module docstring).
@@ -370,7 +376,10 @@ def trace_step(
     graph_def = convert.fx_to_graphdef(
         final_gm, _metadata(sig, model, optimizer, train_step, loss_reduction, report)
     )
-    return TracedStep(graph_def, _initial_state(sig, consts))
+    traced = TracedStep(graph_def, _initial_state(sig, consts))
+    if traced.random_nodes():
+        traced.set_seed(int(torch.randint(0, 2**63 - 1, ()).item()) if seed is None else seed)
+    return traced
 
 
 # --------------------------------------------------------------------------- trace (shortcut)
@@ -389,12 +398,14 @@ def trace(
     decompositions: Optional[Dict[Any, Callable]] = None,
     tracing_mode: str = "auto",
     device: Union[None, str, torch.device] = None,
+    seed: Optional[int] = None,
 ):
     """Trace the step ``loss_fn(model(*inputs[:n]), *inputs[n:]).backward(); optimizer.step()``.
 
     A shortcut over :func:`trace_step`. ``n = num_model_inputs`` defaults to all inputs but the
     last (the target) when a ``loss_fn`` is given, and to all inputs when ``loss_fn`` is None (the
     model returns the loss). ``loss_reduction`` defaults to ``loss_fn.reduction`` or ``"mean"``.
+    ``seed``: as :func:`trace_step`'s.
     """
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
@@ -431,4 +442,5 @@ def trace(
         decompositions=decompositions,
         tracing_mode=tracing_mode,
         device=device,
+        seed=seed,
     )

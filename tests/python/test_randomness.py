@@ -1,0 +1,241 @@
+"""Seeded, rank-invariant randomness (docs/randomness.md): Hugging Face GPT-2 and BERT with their
+default dropout (0.1) train on N = 2 and 3 (uneven) real ``fxdp-worker run`` ranks equal to
+``TracedStep.run_local`` on one device with the same seed (SGD at rtol 1e-5 / atol 1e-6, AdamW at
+rtol 1e-4 / atol 5e-5); the same seed gives bit-identical runs and another seed other ones; the
+drawn masks drop p of the values; run_local's table is the workers' (tests/testdata/random_ops.txt).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import fxdp
+import pytest
+import torch
+import torch.nn.functional as F
+from _util import fxdp_binary, run_worker_ranks
+from fxdp import random_ops
+from safetensors.torch import load_file, save_file
+
+transformers = pytest.importorskip("transformers")
+T = transformers
+T.logging.set_verbosity_error()
+
+STEPS, B, S, V = 3, 8, 8, 64
+SEED = 20241127
+TESTDATA = os.path.join(os.path.dirname(__file__), "..", "testdata")
+TOL = {"sgd": dict(rtol=1e-5, atol=1e-6), "adamw": dict(rtol=1e-4, atol=5e-5)}
+
+
+def gpt2():
+    cfg = T.GPT2Config(vocab_size=V, n_positions=16, n_embd=32, n_layer=1, n_head=2)
+    cfg.bos_token_id = cfg.eos_token_id = 0
+    return T.GPT2LMHeadModel(cfg)
+
+
+def bert():
+    return T.BertForSequenceClassification(
+        T.BertConfig(
+            vocab_size=V,
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=16,
+            num_labels=3,
+        )
+    )
+
+
+def lm_loss(out, y):
+    return F.cross_entropy(out.logits.flatten(0, 1), y.flatten())
+
+
+def cls_loss(out, y):
+    return F.cross_entropy(out.logits, y)
+
+
+MODELS = {"gpt2": (gpt2, lm_loss), "bert": (bert, cls_loss)}
+
+
+def batches(name):
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for _ in range(STEPS):
+        ids = torch.randint(3, V, (B, S), generator=g)
+        y = ids.roll(-1, 1) if name == "gpt2" else torch.randint(0, 3, (B,), generator=g)
+        out.append((ids, y))
+    return out
+
+
+def traced(name, optim):
+    torch.manual_seed(0)
+    make, loss = MODELS[name]
+    model = make().train()
+    assert (
+        model.config.to_dict().get("resid_pdrop", model.config.to_dict().get("hidden_dropout_prob"))
+        == 0.1
+    )
+    opt = (
+        torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        if optim == "sgd"
+        else torch.optim.AdamW(model.parameters(), lr=1e-3)
+    )
+    step = fxdp.trace(model, opt, loss, batches(name)[0])
+    step.set_seed(SEED)
+    return step
+
+
+def one_device(step, data, seed=None):
+    state, losses = step.initial_state(), []
+    for i, b in enumerate(data):
+        state, loss = step.run_local(state, b, step=i + 1, seed=seed)
+        losses.append(float(loss))
+    return state, losses
+
+
+def save(step, data, d):
+    step.save(str(d / "g.pb"))
+    step.to_safetensors(str(d / "s.safetensors"))
+    paths = []
+    for i, b in enumerate(data):
+        paths.append(str(d / f"b{i}.safetensors"))
+        save_file({n: t.contiguous() for n, t in zip(step.input_names(), b)}, paths[-1])
+    return paths
+
+
+MATRIX = [
+    ("gpt2", 2, "sgd", "replicate"),
+    ("gpt2", 3, "adamw", "replicate"),
+    ("bert", 2, "adamw", "replicate"),
+    ("bert", 3, "sgd", "replicate"),
+    ("gpt2", 3, "sgd", "fully_shard"),
+]
+
+
+@pytest.mark.parametrize(
+    "name,world,optim,style", MATRIX, ids=[f"{m}-N{n}-{o}-{s}" for m, n, o, s in MATRIX]
+)
+def test_dropout_on_n_ranks_equals_one_device(tmp_path, name, world, optim, style):
+    step = traced(name, optim)
+    assert step.random_nodes(), "the model traced without dropout"
+    data = batches(name)
+    paths = save(step, data, tmp_path)
+    ref_state, ref_losses = one_device(step, data)
+    out = tmp_path / "x.pb"
+    expand = [fxdp_binary("FXDP_BIN", "fxdp"), "expand", str(tmp_path / "g.pb")]
+    expand += ["--world-size", str(world), "--style", style, "-o", str(out)]
+    r = subprocess.run(expand, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    graph = str(tmp_path / "x.rank{rank}.pb") if world == 3 else str(out)
+    worker = fxdp_binary("FXDP_WORKER", "fxdp-worker")
+    state = str(tmp_path / "s.safetensors")
+    run = run_worker_ranks(worker, graph, state, paths, world, STEPS, tmp_path, f"{name}-n{world}")
+    for r_, f in enumerate(run["finals"][1:], start=1):
+        for k, v in run["finals"][0].items():
+            assert torch.equal(f[k], v), f"rank {r_} differs from rank 0 on {k}"
+    for k, want in ref_state.items():
+        got = run["finals"][0][k]
+        torch.testing.assert_close(got, want, **TOL[optim], msg=lambda m, k=k: f"{k}: {m}")
+    torch.testing.assert_close(
+        torch.tensor(run["losses"], dtype=torch.float64),
+        torch.tensor(ref_losses, dtype=torch.float64),
+        **TOL[optim],
+    )
+
+
+def test_one_seed_is_bit_identical_and_two_seeds_differ(tmp_path):
+    step = traced("gpt2", "sgd")
+    data = batches("gpt2")
+    a, la = one_device(step, data)
+    b, lb = one_device(step, data)
+    assert la == lb and all(torch.equal(a[k], b[k]) for k in a)
+    _, lc = one_device(step, data, seed=SEED + 1)
+    assert lc != la
+    # The workers, twice with --seed, and with another seed.
+    paths = save(step, data, tmp_path)
+    worker = fxdp_binary("FXDP_WORKER", "fxdp-worker")
+
+    def run(seed, out):
+        args = [
+            worker,
+            "run",
+            "--graph",
+            str(tmp_path / "g.pb"),
+            "--state",
+            str(tmp_path / "s.safetensors"),
+            "--steps",
+            str(STEPS),
+            "--out",
+            str(out),
+            "--seed",
+            str(seed),
+        ]
+        for p in paths:
+            args += ["--data", p]
+        r = subprocess.run(args, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return load_file(str(out))
+
+    w1, w2, w3 = (
+        run(SEED, tmp_path / "1.st"),
+        run(SEED, tmp_path / "2.st"),
+        run(7, tmp_path / "3.st"),
+    )
+    assert all(torch.equal(w1[k], w2[k]) for k in w1)
+    assert not all(torch.equal(w1[k], w3[k]) for k in w1)
+    for k in a:  # the worker with the graph's seed is one device
+        torch.testing.assert_close(w1[k], a[k], rtol=1e-5, atol=1e-6)
+
+
+def test_compiled_step_is_seeded_from_torch():
+    """@fxdp.compile draws its seed from torch's default generator when it traces."""
+
+    def run(seed):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            torch.nn.Linear(4, 16), torch.nn.Dropout(0.5), torch.nn.Linear(16, 1)
+        )
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+
+        @fxdp.compile()
+        def train_step(model, opt, batch):
+            loss = F.mse_loss(model(batch[0]), batch[1])
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+
+        torch.manual_seed(seed)
+        g = torch.Generator().manual_seed(1)
+        data = [(torch.randn(8, 4, generator=g), torch.randn(8, 1, generator=g)) for _ in range(3)]
+        return [float(train_step(model, opt, b)) for b in data]
+
+    first = run(1)
+    assert run(1) == first
+    assert run(2) != first
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_dropout_rate_of_the_drawn_masks(p):
+    n = 1 << 22
+    x = torch.ones(n)
+    out, mask = random_ops.draw(
+        torch.ops.aten.native_dropout.default,
+        (x, p, True),
+        {},
+        "dropout",
+        (n,),
+        torch.float32,
+        5,
+        1,
+    )
+    rate = 1.0 - mask.double().mean().item()
+    assert abs(rate - p) < 0.01 * p, rate
+    assert torch.equal(out, x.mul(mask).mul_(1.0 / (1.0 - p)))
+
+
+def test_run_local_table_is_the_workers():
+    with open(os.path.join(TESTDATA, "random_ops.txt")) as f:
+        assert random_ops.table_text() == f.read()
