@@ -215,6 +215,9 @@ class BatchDimAnalyzer {
   // (coupled.cc).
   absl::Status GatherCoupled(ir::NodeId id, const ir::Node& n, std::vector<Operand>& ops,
                              const std::function<int(const Operand&, int64_t)>& label_of);
+  // INVALID_ARGUMENT when the step has micro-batches: a gather would couple other samples than
+  // one device's micro-batch does (coupled.cc).
+  absl::Status GatherNeedsWholeBatches(const ir::Node& n, absl::string_view what) const;
   absl::Status Reduce(ir::NodeId id, const ir::Node& n, const OpRule& rule);
   int64_t ReductionArg(const ir::Node& n, const OpRule& rule) const;
   absl::Status Loss(ir::NodeId id, const ir::Node& n, const OpRule& rule);
