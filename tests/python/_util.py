@@ -302,6 +302,19 @@ def running(info) -> bool:
     return info.state in (jpb.JOB_STATE_QUEUED, jpb.JOB_STATE_RUNNING)
 
 
+def wait_log(log, patterns: List[str], timeout: float = 30.0) -> str:
+    """The server's log text once every regex of ``patterns`` is in it (a reader thread fills
+    ``log`` as the server writes, so a line may arrive after the call that caused it returned)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = "".join(log)
+        missing = [p for p in patterns if not re.search(p, text)]
+        if not missing:
+            return text
+        assert time.monotonic() < deadline, f"not in the server log: {missing}\n{text}"
+        time.sleep(0.05)
+
+
 def wait_for(jobs, job_id, pred, timeout=60.0, every=0.1):
     """GetJob every `every` s until `pred(info)` holds; that info (fails after `timeout` s)."""
     deadline = time.monotonic() + timeout

@@ -9,7 +9,6 @@ newline cannot inject a log line, and a non-loopback ``--listen`` without TLS ne
 from __future__ import annotations
 
 import os
-import re
 import socket
 import subprocess
 import time
@@ -29,7 +28,7 @@ from _security_server import (
     server_args,
     train_one,
 )
-from _util import free_port, fxdp_binary, local_server, traced
+from _util import free_port, fxdp_binary, local_server, traced, wait_log
 from fxdp import zoo
 from fxdp.v1 import jobs_pb2 as jpb
 from fxdp.v1 import worker_pb2 as wpb
@@ -167,19 +166,20 @@ def test_jobs_belong_to_their_submitter(server, pki):
         assert a.job(theirs.job_id).owner == "bob"
         assert set(a.fetch_state(mine.job_id)) == set(mine.state)
     assert admin.cancel(mine.job_id).state == jpb.JOB_STATE_SUCCEEDED  # finished: left as it is
-    # The audit log names who did what.
-    text = "".join(log)
-    assert re.search(rf'audit event="submit" identity="alice" .*job="{mine.job_id}"', text), text
-    assert re.search(
-        rf'audit event="fetch" identity="root \(admin\)" .*job="{mine.job_id}"', text
-    ), text
-    assert re.search(
-        rf'audit event="cancel" identity="root \(admin\)" .*job="{mine.job_id}"', text
-    ), text
-    for event in ("get", "cancel", "fetch"):  # denials are audit-logged (GetJob's only when denied)
-        assert re.search(
-            rf'audit event="{event}" identity="bob" .*job="{mine.job_id}" result="denied"', text
-        ), text
+    # The audit log names who did what (denials too: GetJob's only when denied).
+    job = mine.job_id
+    wait_log(
+        log,
+        [
+            rf'audit event="submit" identity="alice" .*job="{job}"',
+            rf'audit event="fetch" identity="root \(admin\)" .*job="{job}"',
+            rf'audit event="cancel" identity="root \(admin\)" .*job="{job}"',
+        ]
+        + [
+            rf'audit event="{event}" identity="bob" .*job="{job}" result="denied"'
+            for event in ("get", "cancel", "fetch")
+        ],
+    )
 
 
 def test_ownership_survives_a_server_restart(pki, tmp_path):
