@@ -9,7 +9,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "analysis/view_rules.h"
 
 namespace fxdp {
 namespace {
@@ -37,7 +36,13 @@ constexpr OpParam Dims(int i, absl::string_view name) { return Arg(R::kDims, i, 
 constexpr OpParam KeepDim(int i) { return Arg(R::kKeepDim, i, "keepdim"); }
 constexpr OpParam Reduces(ReduceKind k) { return {R::kReduces, -1, "", static_cast<int8_t>(k)}; }
 constexpr OpParam Reduction(int i) { return Arg(R::kReduction, i, "reduction"); }
-constexpr OpParam Training(int i) { return Arg(R::kTraining, i, "training"); }
+constexpr OpParam Training(int i, absl::string_view name = "training") {
+  return Arg(R::kTraining, i, name);
+}
+constexpr OpParam Momentum(int i) { return Arg(R::kMomentum, i, "momentum"); }
+constexpr OpParam Eps(int i) { return Arg(R::kEps, i, "eps"); }
+constexpr OpParam SaveMean(int i) { return Arg(R::kSaveMean, i, "save_mean"); }
+constexpr OpParam SaveInvstd(int i) { return Arg(R::kSaveInvstd, i, "save_invstd"); }
 constexpr OpParam Replicated(int i, absl::string_view name) { return Arg(R::kReplicated, i, name); }
 constexpr OpParam BatchSize(int i, absl::string_view name) { return Arg(R::kBatchSize, i, name); }
 constexpr OpParam TotalWeight(int i) { return Arg(R::kTotalWeight, i, "total_weight"); }
@@ -101,10 +106,10 @@ constexpr OpRule kOpRules[] = {
     {"aten::_log_softmax", "*", F::kAlongDim, kNotLinear, {Dim(1, "dim")}, kNoTraits, kNoSpec, SameAs(0)},
     {"aten::_log_softmax_backward_data", "*", F::kAlongDim, Multilinear(0), {Dim(2, "dim")}, kNoTraits, kNoSpec, SameAs(0)},
     {"aten::_masked_scale", "*", F::kPointwise, Multilinear(0), {}},
-    {"aten::_native_batch_norm_legit", "", F::kBatchNorm, kNotLinear, {Training(5), Replicated(1, "weight"), Replicated(2, "bias"), Replicated(3, "running_mean"), Replicated(4, "running_var")}},
-    {"aten::_native_batch_norm_legit", "no_stats", F::kBatchNorm, kNotLinear, {Training(3), Replicated(1, "weight"), Replicated(2, "bias")}},
-    {"aten::_native_batch_norm_legit_functional", "*", F::kBatchNorm, kNotLinear, {Training(5), Replicated(1, "weight"), Replicated(2, "bias"), Replicated(3, "running_mean"), Replicated(4, "running_var")}},
-    {"aten::_native_batch_norm_legit_no_training", "*", F::kBatchNorm, kNotLinear, {Replicated(1, "weight"), Replicated(2, "bias"), Replicated(3, "running_mean"), Replicated(4, "running_var")}},
+    {"aten::_native_batch_norm_legit", "", F::kBatchNorm, kNotLinear, {Training(5), Replicated(1, "weight"), Replicated(2, "bias"), Replicated(3, "running_mean"), Replicated(4, "running_var"), Momentum(6), Eps(7)}},
+    {"aten::_native_batch_norm_legit", "no_stats", F::kBatchNorm, kNotLinear, {Training(3), Replicated(1, "weight"), Replicated(2, "bias"), Momentum(4), Eps(5)}},
+    {"aten::_native_batch_norm_legit_functional", "*", F::kBatchNorm, kNotLinear, {Training(5), Replicated(1, "weight"), Replicated(2, "bias"), Replicated(3, "running_mean"), Replicated(4, "running_var"), Momentum(6), Eps(7)}, kReturnsRunningStats},
+    {"aten::_native_batch_norm_legit_no_training", "*", F::kBatchNorm, kNotLinear, {Replicated(1, "weight"), Replicated(2, "bias"), Replicated(3, "running_mean"), Replicated(4, "running_var"), Momentum(5), Eps(6)}},
     {"aten::_prelu_kernel", "*", F::kPointwise, kNotLinear, {}},
     {"aten::_prelu_kernel_backward", "*", F::kPointwise, Multilinear(0), {}},
     {"aten::_safe_softmax", "*", F::kAlongDim, kNotLinear, {Dim(1, "dim")}, kNoTraits, kNoSpec, SameAs(0)},
@@ -187,7 +192,7 @@ constexpr OpRule kOpRules[] = {
     {"aten::copy", "", F::kPointwise, Additive(1), {}},
     {"aten::cos", "*", F::kPointwise, kNotLinear, {}, kInplace},
     {"aten::cosh", "*", F::kPointwise, kNotLinear, {}},
-    {"aten::cudnn_convolution", "*", F::kSpatial, kNotLinear, {Replicated(1, "weight"), Replicated(2, "bias")}},
+    {"aten::cudnn_convolution", "*", F::kSpatial, kNotLinear, {Replicated(1, "weight")}},
     {"aten::cumprod", "*", F::kAlongDim, kNotLinear, {Dim(1, "dim")}},
     {"aten::cumsum", "*", F::kAlongDim, Additive(0), {Dim(1, "dim")}},
     {"aten::detach", "*", F::kPointwise, Additive(0), {}, kSelfAlias},
@@ -294,8 +299,8 @@ constexpr OpRule kOpRules[] = {
     {"aten::mv", "*", F::kMatmul, Multilinear(0, 1), {}, kNoTraits, Spec("ik,k->i")},
     {"aten::nan_to_num", "*", F::kPointwise, kNotLinear, {}},
     {"aten::narrow", "", F::kSlice, Additive(0), {Dim(1, "dim"), Start(2), Length(3)}},
-    {"aten::native_batch_norm", "*", F::kBatchNorm, kNotLinear, {Training(5), Replicated(1, "weight"), Replicated(2, "bias"), Replicated(3, "running_mean"), Replicated(4, "running_var")}},
-    {"aten::native_batch_norm_backward", "*", F::kBatchNormBackward, Multilinear(0), {Replicated(2, "weight"), Replicated(3, "running_mean"), Replicated(4, "running_var")}},
+    {"aten::native_batch_norm", "*", F::kBatchNorm, kNotLinear, {Training(5), Replicated(1, "weight"), Replicated(2, "bias"), Replicated(3, "running_mean"), Replicated(4, "running_var"), Momentum(6), Eps(7)}},
+    {"aten::native_batch_norm_backward", "*", F::kBatchNormBackward, Multilinear(0), {Replicated(2, "weight"), Replicated(3, "running_mean"), Replicated(4, "running_var"), SaveMean(5), SaveInvstd(6), Training(7, "train"), Eps(8)}},
     {"aten::native_dropout", "*", F::kPointwise, kNotLinear, {}, kRandom},
     {"aten::native_dropout_backward", "*", F::kPointwise, Multilinear(0), {}},
     {"aten::native_group_norm", "*", F::kSpatial, kNotLinear, {Replicated(1, "weight"), Replicated(2, "bias"), BatchSize(3, "N")}},
@@ -525,32 +530,6 @@ std::vector<std::string> OpRuleNames() {
     out.push_back(r.overload.empty() ? std::string(r.name) : absl::StrCat(r.name, ".", r.overload));
   }
   return out;
-}
-
-int SizeArgIndex(const ir::Target& t) { return SizeArgIndex(t, FindOpRule(t)); }
-
-int SizeArgIndex(const ir::Target& t, const OpRule* r) {
-  if (r != nullptr) {
-    const OpParam* p = r->param(R::kSizes);
-    return p == nullptr ? -1 : p->index;
-  }
-  const std::optional<ViewOpFacts> v = FindViewOpFacts(t);
-  return v ? v->sizes_arg : -1;
-}
-
-ShapeRule ShapeRuleOf(const ir::Target& t) { return ShapeRuleOf(t, FindOpRule(t)); }
-
-ShapeRule ShapeRuleOf(const ir::Target& t, const OpRule* r) {
-  if (r != nullptr) return r->shape;
-  const std::optional<ViewOpFacts> v = FindViewOpFacts(t);
-  if (!v || v->sizes_arg < 0) return {};
-  return {v->expands ? ShapeCheck::kExpand : ShapeCheck::kView, -1};
-}
-
-bool IsPackingOp(const ir::Target& t) {
-  if (const OpRule* r = FindOpRule(t)) return r->has(kPacking);
-  const std::optional<ViewOpFacts> v = FindViewOpFacts(t);
-  return v && v->packing;
 }
 
 bool HasInplaceVariant(const ir::Target& t) {

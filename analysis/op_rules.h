@@ -2,10 +2,11 @@
 // (op_rules.cc), one line per op, read by the BatchDimAnalyzer (batch_dim.h),
 // the expansion (which size lists to make local; FULLY_SHARD: which ops are
 // random, alias self, take norms, work across lists), its shape check and the
-// overlap schedule (packing ops). kInplace records the interpreter's in-place
-// candidates; executor/ may depend on the IR only (docs/architecture.md,
-// "Layering"), so its copy of that list stays until the table can move
-// beside the IR.
+// overlap schedule (packing ops), sync BatchNorm (batch norm's argument
+// positions) and the interpreter (kInplace: its in-place candidates). The
+// table is its own torch-free library, fxdp_op_facts (op_rules.cc,
+// op_rules_text.cc, matmul_spec.cc), which the executor links; the queries
+// that also consult the view rules are op_queries.h (fxdp_analysis).
 //
 // A row names the op (schema name and overload; "*" matches any overload),
 // its family (how the batch dim moves through it), the arguments it is
@@ -120,6 +121,10 @@ enum class ParamRole : int8_t {
   kIncludeLastOffset,  // bool: the offsets end with the input's length (one more than the bags).
   kBinRange,           // scalar: histc's min; max is the next argument (equal: the data's range).
   kAccumulate,         // bool: index_put adds values into self instead of writing them.
+  kMomentum,           // float: batch norm's running-statistics momentum.
+  kEps,                // float: added to a norm's variance.
+  kSaveMean,           // tensor: batch norm backward's saved batch mean.
+  kSaveInvstd,         // tensor: batch norm backward's saved inverse standard deviation.
 };
 
 struct OpParam {
@@ -148,9 +153,11 @@ enum OpTrait : uint16_t {
                         // optimizer reads a shard through it as the shard itself.
   kSortsRows = 1 << 8,  // sorts along its Dim: along the batch dim each rank sorts its own
                         // rows, exact only where the order is undone (row_order.cc).
-  kDividesPositions = 1 << 9,  // positions // k: positions along a dim k times coarser.
-  kNoSum = 1 << 10,            // kMatmul: the letters missing from the output are not summed
-                               // products (cdist's feature dim): the batch there is refused.
+  kDividesPositions = 1 << 9,      // positions // k: positions along a dim k times coarser.
+  kNoSum = 1 << 10,                // kMatmul: the letters missing from the output are not summed
+                                   // products (cdist's feature dim): the batch there is refused.
+  kReturnsRunningStats = 1 << 11,  // batch norm: outputs 3 and 4 are the updated running
+                                   // statistics (the functional form; others update in place).
 };
 
 // Shape checks of the expansion (expansion/shape_check.h) beyond broadcasting.
@@ -180,7 +187,7 @@ struct ShapeRule {
 };
 
 struct OpRule {
-  static constexpr int kMaxParams = 6;
+  static constexpr int kMaxParams = 8;
 
   absl::string_view name;      // "aten::add"
   absl::string_view overload;  // "Tensor", "" for default, "*" for any.
@@ -225,18 +232,8 @@ std::string OpRuleText(const OpRule& rule);
 // Every row, one line each, in table order (tests/testdata/op_rules.txt).
 std::string OpRulesText();
 
-// ---- queries other passes make of the vocabulary --------------------------
+// ---- queries of the table alone (op_queries.h also consults the view rules)
 
-// The index of `t`'s size-list argument (a kSizes parameter of its op or
-// view rule), or -1 when it has none.
-int SizeArgIndex(const ir::Target& t);
-// The same when the caller has looked up FindOpRule(t) already.
-int SizeArgIndex(const ir::Target& t, const OpRule* rule);
-// The shape check of `t`'s op or view rule (the default when it has none).
-ShapeRule ShapeRuleOf(const ir::Target& t);
-ShapeRule ShapeRuleOf(const ir::Target& t, const OpRule* rule);
-// Whether `t` is cheap enough to move up with the all_reduce it feeds.
-bool IsPackingOp(const ir::Target& t);
 // Whether `t` has an in-place variant `name_` that computes it into self.
 bool HasInplaceVariant(const ir::Target& t);
 

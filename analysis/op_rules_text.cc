@@ -44,6 +44,10 @@ absl::string_view RoleName(ParamRole r) {
     case R::kIncludeLastOffset: return "include_last_offset";
     case R::kBinRange: return "bin_range";
     case R::kAccumulate: return "accumulate";
+    case R::kMomentum: return "momentum";
+    case R::kEps: return "eps";
+    case R::kSaveMean: return "save_mean";
+    case R::kSaveInvstd: return "save_invstd";
   }
   return "?";
 }
@@ -110,7 +114,7 @@ std::string OpRuleText(const OpRule& r) {
       {kInplace, "inplace"},      {kRowsAgree, "rows_agree"},
       {kRandom, "random"},        {kSelfAlias, "self_alias"},
       {kSortsRows, "sorts_rows"}, {kDividesPositions, "divides_positions"},
-      {kNoSum, "no_sum"},
+      {kNoSum, "no_sum"},         {kReturnsRunningStats, "returns_running_stats"},
   };
   std::vector<absl::string_view> traits;
   for (const auto& [t, name] : kTraitNames) {

@@ -1,25 +1,19 @@
 // In-place planning: a pointwise op (add, mul, div, lerp, addcmul, addcdiv,
-// sqrt, relu, ...: the list in inplace.cc) whose `self` argument dies at that
-// node runs as its in-place variant (`aten::mul_.Scalar` for
-// `aten::mul.Scalar`) when the graph gives self and the result the same dtype
-// and shape, contiguous, and at run time nothing else holds self's storage
-// (Reusable). The result is the same; it saves an allocation and a third of
-// the memory traffic.
+// sqrt, relu, ...: the op table's kInplace rows, analysis/op_rules.cc) whose `self` argument dies
+// at that node runs as its in-place variant (`aten::mul_.Scalar` for `aten::mul.Scalar`) when the
+// graph gives self and the result the same dtype and shape, contiguous, and at run time nothing
+// else holds self's storage (Reusable). The result is the same; it saves an allocation and a third
+// of the memory traffic.
 #ifndef FXDP_EXECUTOR_INPLACE_H_
 #define FXDP_EXECUTOR_INPLACE_H_
 
 #include <ATen/core/ivalue.h>
 
-#include "absl/strings/string_view.h"
 #include "analysis/ir/graph.h"
 #include "executor/program_impl.h"
 #include "executor/torch_types.h"
 
 namespace fxdp::executor {
-
-// Pointwise ops whose in-place variant (`name_`, same overload, same
-// arguments) computes what the functional op would, into `self`.
-bool HasPointwiseInplaceVariant(absl::string_view name);
 
 // Sets s.inplace_op when `n`'s op has a pointwise in-place variant with the
 // same arguments and the graph says self (a value slot) and the result have

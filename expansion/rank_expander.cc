@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "analysis/ir/collectives.h"
 #include "analysis/ir/node_error.h"
+#include "analysis/op_queries.h"
 #include "analysis/op_rules.h"
 #include "expansion/random_layout.h"
 #include "util/status_macros.h"

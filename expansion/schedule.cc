@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "analysis/ir/collectives.h"
+#include "analysis/op_queries.h"
 #include "analysis/op_rules.h"
 
 namespace fxdp {

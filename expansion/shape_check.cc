@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "analysis/ir/node_error.h"
 #include "analysis/ir/type_text.h"
+#include "analysis/op_queries.h"
 #include "analysis/op_rules.h"
 
 namespace fxdp {

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "analysis/ir/node_error.h"
+#include "analysis/op_rules.h"
 
 namespace fxdp {
 
@@ -20,33 +21,45 @@ using ir::ValueRef;
 
 namespace {
 
-// Argument positions of the batch-norm ops (-1: the op has none).
+// A batch-norm op's argument positions (-1: the op has none), read from its
+// row of the op table (analysis/op_rules.cc): the kBatchNorm rows that take
+// a training flag and the kBatchNormBackward row. In the backward,
+// running_mean and running_var name save_mean and save_invstd.
 struct BatchNormOp {
-  absl::string_view name;
-  absl::string_view overload;
-  SyncBatchNormRole role;
-  int weight, bias, running_mean, running_var, training, momentum, eps;
-  bool functional;  // outputs 3 and 4 are the updated running statistics
-};
-constexpr BatchNormOp kOps[] = {
-    {"aten::_native_batch_norm_legit", "", SyncBatchNormRole::kForward, 1, 2, 3, 4, 5, 6, 7, false},
-    {"aten::_native_batch_norm_legit", "no_stats", SyncBatchNormRole::kForward, 1, 2, -1, -1, 3, 4,
-     5, false},
-    {"aten::_native_batch_norm_legit_functional", "", SyncBatchNormRole::kForward, 1, 2, 3, 4, 5, 6,
-     7, true},
-    {"aten::native_batch_norm", "", SyncBatchNormRole::kForward, 1, 2, 3, 4, 5, 6, 7, false},
-    // (grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps,
-    // output_mask): `running_*` name save_mean/save_invstd here.
-    {"aten::native_batch_norm_backward", "", SyncBatchNormRole::kBackward, 2, -1, 5, 6, 7, -1, 8,
-     false},
+  SyncBatchNormRole role = SyncBatchNormRole::kNone;
+  int weight = -1, bias = -1, running_mean = -1, running_var = -1, training = -1, momentum = -1,
+      eps = -1;
+  bool functional = false;  // outputs 3 and 4 are the updated running statistics
 };
 
-const BatchNormOp* FindOp(const Node& n) {
-  if (!n.is_call()) return nullptr;
-  for (const BatchNormOp& op : kOps) {
-    if (n.target.name == op.name && n.target.overload == op.overload) return &op;
+int ArgIndex(const OpParam* p) { return p == nullptr ? -1 : p->index; }
+
+int ReplicatedIndex(const OpRule& rule, absl::string_view name) {
+  for (const OpParam& p : rule.params) {
+    if (p.role == ParamRole::kReplicated && p.name == name) return p.index;
   }
-  return nullptr;
+  return -1;
+}
+
+std::optional<BatchNormOp> FindOp(const Node& n) {
+  const OpRule* rule = n.is_call() ? FindOpRule(n.target) : nullptr;
+  // Without a training flag a batch norm never uses batch statistics.
+  if (rule == nullptr || rule->param(ParamRole::kTraining) == nullptr) return std::nullopt;
+  BatchNormOp op;
+  const bool backward = rule->family == OpFamily::kBatchNormBackward;
+  if (rule->family != OpFamily::kBatchNorm && !backward) return std::nullopt;
+  op.role = backward ? SyncBatchNormRole::kBackward : SyncBatchNormRole::kForward;
+  op.weight = ReplicatedIndex(*rule, "weight");
+  op.bias = ReplicatedIndex(*rule, "bias");
+  op.running_mean = backward ? ArgIndex(rule->param(ParamRole::kSaveMean))
+                             : ReplicatedIndex(*rule, "running_mean");
+  op.running_var = backward ? ArgIndex(rule->param(ParamRole::kSaveInvstd))
+                            : ReplicatedIndex(*rule, "running_var");
+  op.training = ArgIndex(rule->param(ParamRole::kTraining));
+  op.momentum = ArgIndex(rule->param(ParamRole::kMomentum));
+  op.eps = ArgIndex(rule->param(ParamRole::kEps));
+  op.functional = rule->has(kReturnsRunningStats);
+  return op;
 }
 
 absl::Status Error(const Node& n, absl::string_view what) {
@@ -256,13 +269,13 @@ absl::StatusOr<std::vector<std::optional<ValueRef>>> Backward(const SyncBatchNor
 }  // namespace
 
 SyncBatchNormRole SyncBatchNormRoleOf(const Node& n) {
-  const BatchNormOp* op = FindOp(n);
-  return op == nullptr ? SyncBatchNormRole::kNone : op->role;
+  const std::optional<BatchNormOp> op = FindOp(n);
+  return op ? op->role : SyncBatchNormRole::kNone;
 }
 
 bool BatchNormBackwardTrains(const Node& n) {
-  const BatchNormOp* op = FindOp(n);
-  if (op == nullptr || op->role != SyncBatchNormRole::kBackward ||
+  const std::optional<BatchNormOp> op = FindOp(n);
+  if (!op || op->role != SyncBatchNormRole::kBackward ||
       op->training >= static_cast<int>(n.args.size())) {
     return false;
   }
@@ -272,8 +285,8 @@ bool BatchNormBackwardTrains(const Node& n) {
 
 absl::StatusOr<std::vector<std::optional<ValueRef>>> EmitSyncBatchNorm(
     const SyncBatchNormSite& site, RankGraphBuilder& builder) {
-  const BatchNormOp* op = FindOp(*site.node);
-  if (op == nullptr) return Error(*site.node, "not a batch-norm op");
+  const std::optional<BatchNormOp> op = FindOp(*site.node);
+  if (!op) return Error(*site.node, "not a batch-norm op");
   if (site.global_count < 2) {
     return Error(*site.node, absl::StrFormat("the global batch has %d element(s) per channel; "
                                              "batch norm in training needs more than 1",

@@ -3,6 +3,7 @@
 // plus one golden line. Regenerate after a deliberate change:
 //   FXDP_REGEN_GOLDENS=1 build/tests/op_rules_test
 #include "analysis/op_rules.h"
+#include "analysis/op_queries.h"
 
 #include <gtest/gtest.h>
 
@@ -11,6 +12,7 @@
 #include <string>
 
 #include "analysis/matmul_spec.h"
+#include "analysis/op_schemas.h"
 #include "analysis/view_rules.h"
 #include "tests/test_util.h"
 
@@ -95,6 +97,26 @@ TEST(OpRules, OtherPassesReadTheSameRows) {
   EXPECT_TRUE(conv->replicated(1));
   EXPECT_TRUE(conv->replicated(2));
   EXPECT_FALSE(conv->replicated(0));
+}
+
+// A row's positional parameters name the schema's arguments at their
+// positions (the overload's, or for "*" rows the default overload's), so
+// whoever reads a position from the table (sync BatchNorm's momentum, eps,
+// saved statistics; the analyzer's dims; ...) reads the right argument.
+TEST(OpRules, ParameterPositionsAreTheSchemas) {
+  int checked = 0;
+  for (int i = 0; i < NumOpRules(); ++i) {
+    const OpRule& r = OpRuleAt(i);
+    const OpSchema* schema = FindOpSchema(r.name, r.overload == "*" ? "" : r.overload);
+    if (schema == nullptr) continue;
+    for (const OpParam& p : r.params) {
+      if (p.role == ParamRole::kNone || p.index < 0 || p.name.empty()) continue;
+      ASSERT_LT(p.index, static_cast<int>(schema->args.size())) << OpRuleText(r);
+      EXPECT_EQ(schema->args[p.index].name, p.name) << OpRuleText(r) << " vs " << schema->ToString();
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 150);
 }
 
 }  // namespace
