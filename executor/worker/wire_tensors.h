@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "analysis/ir/declared_tensors.h"
+#include "analysis/ir/tensor_chunks.h"
 #include "executor/interpreter.h"
 #include "proto/fxdp/v1/worker.pb.h"
 
@@ -21,12 +22,10 @@ namespace fxdp::executor {
 // FetchState's default chunk size (FetchState.chunk_bytes = 0).
 inline constexpr size_t kDefaultChunkBytes = size_t{1} << 20;
 
-// Builds CPU tensors from TensorChunk messages, checking worker.proto's rules:
-// a known dtype, non-negative dims, chunks of one tensor in order without gaps
-// (the first at offset 0), no chunk past the tensor's end, no tensor started
-// before the previous one is complete, no name twice. With Expect, each
-// tensor must also be one the graph declares, with its dtype and shape
-// (ir::DeclaredTensors::CheckFirstChunk), checked before its memory is
+// Builds CPU tensors from TensorChunk messages, each checked against the
+// protocol's rules (analysis/ir/tensor_chunks.h, the server's too); with
+// Expect, each tensor must also be one the graph declares, with its dtype and
+// shape (ir::DeclaredTensors::CheckFirstChunk), checked before its memory is
 // allocated: a message cannot make the worker allocate more than its graph
 // needs. Errors are INVALID_ARGUMENT naming the tensor (RESOURCE_EXHAUSTED
 // when it cannot be allocated).
@@ -35,27 +34,21 @@ class TensorAssembler {
   // `declared` outlives the assembler; `world_size` > 1 admits a global
   // batch along an INPUT's batch dim (not yet sharded for this rank).
   void Expect(const ir::DeclaredTensors* declared, int world_size = 1) {
-    declared_ = declared;
-    world_size_ = world_size;
+    check_ = ir::TensorChunkChecker("", declared, world_size);
   }
   absl::Status Add(const v1::TensorChunk& chunk);
   // A tensor is partly received (its name; "" when none).
-  bool pending() const { return active_; }
-  const std::string& pending_name() const { return name_; }
+  bool pending() const { return check_.pending(); }
+  const std::string& pending_name() const { return check_.pending_name(); }
   // Complete tensors so far.
   size_t size() const { return done_.size(); }
   // Hands the complete tensors over and starts afresh.
   TensorMap Take();
 
  private:
+  ir::TensorChunkChecker check_;
   TensorMap done_;
-  const ir::DeclaredTensors* declared_ = nullptr;
-  int world_size_ = 1;
-  bool active_ = false;
-  std::string name_;
-  at::Tensor cur_;
-  uint64_t next_ = 0;   // offset the next chunk must have
-  uint64_t total_ = 0;  // the tensor's bytes
+  at::Tensor cur_;  // the tensor being received
 };
 
 // Splits `t` into chunks of at most `chunk_bytes` (>= 1) data bytes (one

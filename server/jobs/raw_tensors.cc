@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "analysis/ir/type_text.h"
+#include "util/status_macros.h"
 
 namespace fxdp::server {
 
@@ -27,58 +28,14 @@ std::string TypeString(ir::DType dtype, const std::vector<int64_t>& shape) {
 }
 
 absl::Status ChunkStream::Add(const v1::TensorChunk& c) {
-  auto error = [&](const std::string& msg) {
-    return absl::InvalidArgumentError(absl::StrCat(what_, ": tensor '", c.name(), "': ", msg));
-  };
-  const std::vector<int64_t> shape(c.shape().begin(), c.shape().end());
-  if (active_) {
-    if (c.name() != cur_.name) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what_, ": a chunk of tensor '", c.name(), "' came before tensor '",
-                       cur_.name, "' was complete (", next_, " of ", total_, " bytes)"));
-    }
-    if (c.dtype() != ir::DTypeToWire(cur_.dtype) || shape != cur_.shape) {
-      return error(absl::StrCat("a chunk says ", TypeString(c.dtype(), shape), ", the first said ",
-                                TypeString(cur_.dtype, cur_.shape)));
-    }
-  } else {
-    if (c.name().empty())
-      return absl::InvalidArgumentError(absl::StrCat(what_, ": a tensor without a name"));
-    if (names_.count(c.name())) return error("sent twice");
-    if (declared_ != nullptr) {
-      if (absl::Status s = declared_->CheckFirstChunk(c, what_); !s.ok()) return s;
-    }
-    absl::StatusOr<int> item = ItemSize(c.dtype());
-    if (!item.ok()) return error(std::string(item.status().message()));
-    uint64_t bytes = static_cast<uint64_t>(*item);
-    for (int64_t d : shape) {
-      if (d < 0) return error(absl::StrCat("negative dim in shape ", ir::ShapeText(shape)));
-      if (d > 0 && bytes > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(d)) {
-        return error(absl::StrCat("shape ", ir::ShapeText(shape), " is too large"));
-      }
-      bytes *= static_cast<uint64_t>(d);
-    }
-    cur_ = RawTensor{c.name(), *ir::DTypeFromWire(c.dtype()), shape, {}};  // ItemSize checked it
-    total_ = bytes;
-    next_ = 0;
-    active_ = true;
-    names_.insert(c.name());
+  FXDP_ASSIGN_OR_RETURN(const ir::ChunkPlace place, check_.Add(c));
+  if (!keep_) return absl::OkStatus();
+  if (place.starts) {
+    const ir::ChunkedTensor& t = check_.current();
+    cur_ = RawTensor{t.name, t.dtype, t.shape, {}};
   }
-  if (c.offset() != next_)
-    return error(absl::StrCat("chunk at offset ", c.offset(), ", expected ", next_));
-  if (c.data().size() > total_ - next_) {
-    return error(absl::StrCat("chunk of ", c.data().size(), " bytes at offset ", c.offset(),
-                              " runs past the tensor's ", total_, " bytes (",
-                              TypeString(cur_.dtype, cur_.shape), ")"));
-  }
-  if (keep_) cur_.data.append(c.data());
-  next_ += c.data().size();
-  if (next_ == total_) {
-    active_ = false;
-    ++complete_;
-    if (keep_) done_.push_back(std::move(cur_));
-    cur_ = RawTensor{};
-  }
+  cur_.data.append(c.data());
+  if (place.completes) done_.push_back(std::exchange(cur_, RawTensor{}));
   return absl::OkStatus();
 }
 

@@ -7,7 +7,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -15,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "analysis/ir/declared_tensors.h"
 #include "analysis/ir/raw_tensor.h"
+#include "analysis/ir/tensor_chunks.h"
 #include "proto/fxdp/v1/worker.pb.h"
 
 namespace fxdp::server {
@@ -29,42 +29,34 @@ absl::StatusOr<int> ItemSize(v1::DType dtype);
 std::string TypeString(v1::DType dtype, const std::vector<int64_t>& shape);
 std::string TypeString(ir::DType dtype, const std::vector<int64_t>& shape);
 
-// Checks a stream of TensorChunks against worker.proto's rules: a known dtype,
-// non-negative dims, each tensor's chunks in order without gaps (the first
-// at offset 0), the same dtype and shape in every chunk of a tensor, no chunk
-// past the tensor's end, no tensor started before the previous one is
-// complete, no name twice. With `keep_data` it also assembles the complete
-// tensors (Take). Errors are INVALID_ARGUMENT starting with `what` ("initial
-// state", "step 3's batch") and naming the tensor, the field, what was
-// expected and what came. With `declared` (which outlives the stream) each
-// tensor's first chunk must also be one of those tensors, with its dtype and
-// shape (DeclaredTensors::CheckFirstChunk), so a stream never holds more than
-// what the graph declares.
+// A stream of TensorChunks checked against the protocol's rules
+// (analysis/ir/tensor_chunks.h: the worker's and, mirrored, the Python
+// client's), optionally assembling the complete tensors (`keep_data`: Take).
+// Errors are INVALID_ARGUMENT starting with `what` ("initial state", "step
+// 3's batch") and naming the tensor, the offsets and sizes. With `declared`
+// (which outlives the stream) each tensor's first chunk must also be one of
+// those tensors, with its dtype and shape (DeclaredTensors::CheckFirstChunk),
+// so a stream never holds more than what the graph declares.
 class ChunkStream {
  public:
   ChunkStream(std::string what, bool keep_data, const ir::DeclaredTensors* declared = nullptr)
-      : what_(std::move(what)), keep_(keep_data), declared_(declared) {}
+      : check_(std::move(what), declared), keep_(keep_data) {}
 
   absl::Status Add(const v1::TensorChunk& chunk);
   // A tensor is partly received.
-  bool pending() const { return active_; }
-  const std::string& pending_name() const { return cur_.name; }
+  bool pending() const { return check_.pending(); }
+  const std::string& pending_name() const { return check_.pending_name(); }
   // Complete tensors so far.
-  size_t complete() const { return complete_; }
-  const std::string& what() const { return what_; }
+  size_t complete() const { return check_.complete(); }
+  const std::string& what() const { return check_.what(); }
   // keep_data: the complete tensors, in order; forgets them.
   std::vector<RawTensor> Take();
 
  private:
-  std::string what_;
+  ir::TensorChunkChecker check_;
   bool keep_;
-  const ir::DeclaredTensors* declared_;
-  std::set<std::string> names_;
   std::vector<RawTensor> done_;
-  RawTensor cur_;  // data only with keep_
-  bool active_ = false;
-  uint64_t next_ = 0, total_ = 0;
-  size_t complete_ = 0;
+  RawTensor cur_;  // keep_data: the tensor being received
 };
 
 // Elements [start, start + size) along `dim` of a row-major tensor `t`, as

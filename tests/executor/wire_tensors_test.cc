@@ -1,4 +1,6 @@
-// The worker protocol's tensor chunks (executor/worker/wire_tensors.h).
+// The worker protocol's tensor chunks (executor/worker/wire_tensors.h): the
+// LibTorch side; the protocol's rules are analysis/ir/tensor_chunks.h's
+// (tests/analysis/tensor_chunks_test.cc and its shared vectors).
 #include "executor/worker/wire_tensors.h"
 
 #include <ATen/ATen.h>
@@ -66,7 +68,8 @@ TEST(WireTensorsTest, RejectsChunksThatBreakTheRules) {
   ASSERT_EQ(cs.size(), 3u);
   {
     TensorAssembler a;
-    EXPECT_THAT(std::string(a.Add(cs[1]).message()), HasSubstr("first chunk has offset 16"));
+    EXPECT_THAT(std::string(a.Add(cs[1]).message()),
+                HasSubstr("tensor 'w': chunk at offset 16, expected 0"));
   }
   {
     TensorAssembler a;

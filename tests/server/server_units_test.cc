@@ -172,7 +172,7 @@ TEST(ChunkStream, AssemblesTensorsAndNamesEveryError) {
   EXPECT_TRUE(s.pending());
   EXPECT_THAT(s.Add(Chunk("y", {1}, "bbbb")),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       "step 1's batch: a chunk of tensor 'y' came before tensor 'x' was complete "
+                       "step 1's batch: tensor 'y' started before tensor 'x' was complete "
                        "(6 of 16 bytes)"));
   EXPECT_THAT(
       s.Add(Chunk("x", {2, 2}, "c", 7)),

@@ -37,6 +37,7 @@ from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, 
 import grpc
 import torch
 
+from . import tensor_chunks
 from .traced import TracedStep
 from .v1 import compile_pb2 as cpb
 from .v1 import compile_pb2_grpc as cgrpc
@@ -155,24 +156,17 @@ def _chunks(
     name: str, t: torch.Tensor, chunk_bytes: int = CHUNK_BYTES
 ) -> Iterator["wpb.TensorChunk"]:
     """``t``'s raw bytes as TensorChunk messages of at most ``chunk_bytes`` (one empty chunk for an
-    empty tensor); only one chunk's bytes are copied at a time."""
+    empty tensor: tensor_chunks.chunk_spans); only one chunk's bytes are copied at a time."""
     t = t.detach().to("cpu").contiguous()
     if t.dtype not in _TO_WIRE:
         raise TypeError(
             f"tensor '{name}' has dtype {t.dtype}, which the wire format does not carry"
         )
     dtype, shape = _TO_WIRE[t.dtype], list(t.shape)
-    if t.numel() == 0:
-        yield wpb.TensorChunk(name=name, dtype=dtype, shape=shape, offset=0, data=b"")
-        return
-    raw = memoryview(t.reshape(-1).view(torch.uint8).numpy())
-    for off in range(0, len(raw), chunk_bytes):
+    raw = memoryview(t.reshape(-1).view(torch.uint8).numpy()) if t.numel() else b""
+    for off, n in tensor_chunks.chunk_spans(len(raw), chunk_bytes):
         yield wpb.TensorChunk(
-            name=name,
-            dtype=dtype,
-            shape=shape,
-            offset=off,
-            data=bytes(raw[off : off + chunk_bytes]),
+            name=name, dtype=dtype, shape=shape, offset=off, data=bytes(raw[off : off + n])
         )
 
 
@@ -187,28 +181,25 @@ def _by_name(b: "Batch", names: Sequence[str], step: int) -> Dict[str, torch.Ten
 
 
 def _assemble(chunks: Iterable["wpb.StateChunk"]) -> "OrderedDict[str, torch.Tensor]":
-    bufs: Dict[str, bytearray] = OrderedDict()
-    metas = {}
-    for c in chunks:
-        if not c.HasField("tensor"):
-            continue
-        t = c.tensor
-        buf = bufs.setdefault(t.name, bytearray())
-        if t.offset != len(buf):
-            raise ServerError(
-                grpc.StatusCode.DATA_LOSS,
-                f"state chunk of '{t.name}' at offset {t.offset}, expected {len(buf)}",
-            )
-        buf += t.data
-        metas[t.name] = (_FROM_WIRE[t.dtype], tuple(t.shape))
+    """A FetchState stream's tensors, each checked against the chunk protocol (tensor_chunks.py:
+    the server's and the worker's rules); a broken stream is DATA_LOSS naming the tensor."""
     out = OrderedDict()
-    for name, buf in bufs.items():
-        dtype, shape = metas[name]
-        out[name] = (
-            torch.frombuffer(buf, dtype=dtype).reshape(shape).clone()
-            if len(buf)
-            else torch.empty(shape, dtype=dtype)
-        )
+    tensors = (c.tensor for c in chunks if c.HasField("tensor"))
+    try:
+        for name, dtype, shape, buf in tensor_chunks.assemble(tensors, "the final state"):
+            if dtype not in _FROM_WIRE:
+                raise tensor_chunks.ChunkError(
+                    f"the final state: tensor '{name}' is {tensor_chunks.type_text(dtype, shape)}, "
+                    "a dtype this client does not convert to torch"
+                )
+            t = _FROM_WIRE[dtype]
+            out[name] = (
+                torch.frombuffer(buf, dtype=t).reshape(shape).clone()
+                if len(buf)
+                else torch.empty(shape, dtype=t)
+            )
+    except tensor_chunks.ChunkError as e:
+        raise ServerError(grpc.StatusCode.DATA_LOSS, str(e)) from None
     return out
 
 
