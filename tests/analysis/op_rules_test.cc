@@ -112,7 +112,8 @@ TEST(OpRules, ParameterPositionsAreTheSchemas) {
     for (const OpParam& p : r.params) {
       if (p.role == ParamRole::kNone || p.index < 0 || p.name.empty()) continue;
       ASSERT_LT(p.index, static_cast<int>(schema->args.size())) << OpRuleText(r);
-      EXPECT_EQ(schema->args[p.index].name, p.name) << OpRuleText(r) << " vs " << schema->ToString();
+      EXPECT_EQ(schema->args[p.index].name, p.name)
+          << OpRuleText(r) << " vs " << schema->ToString();
       ++checked;
     }
   }
