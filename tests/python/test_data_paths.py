@@ -206,8 +206,9 @@ def test_the_server_state_dir_is_never_data(tmp_path):
     such a path at Submit (PERMISSION_DENIED naming it: directly, through a link, through '..');
     its --local-workers get the state dir and the key and token files as --data-exclude (and
     --max-data-mb from the server's flag), so they refuse it too when they open it."""
-    from test_security import PERMISSION_DENIED, code_of, make_pki, server_args
-    from test_security import client as tls_client
+    from _security_server import PERMISSION_DENIED, code_of, server_args
+    from _security_server import client as tls_client
+    from _util import make_pki
 
     pki = make_pki(tmp_path / "pki")
     root = tmp_path / "root"
@@ -307,8 +308,10 @@ def test_a_worker_never_reads_its_own_key(tmp_path):
     naming the key fails PERMISSION_DENIED naming it (before: the worker read it, and only its
     not being safetensors stopped the job). The server does not know that path: the worker's own
     --tls-key and --token-file are excluded by the worker itself."""
-    from test_security import PERMISSION_DENIED, attach, code_of, make_pki, server_args
-    from test_security import client as tls_client
+    from _security_server import PERMISSION_DENIED, code_of, server_args
+    from _security_server import client as tls_client
+    from _util import make_pki
+    from test_security import attach
     from test_security import stop as stop_worker
 
     pki = make_pki(tmp_path / "pki")

@@ -317,9 +317,9 @@ def test_only_its_owner_or_an_admin_may_resume_a_job(tmp_path):
     """With authentication (docs/security.md) a resume of another identity's job is NOT_FOUND like an
     unknown job (as GetJob/CancelJob/FetchState: ids cannot be probed) and audit-logged; its owner and
     an admin get past that check."""
-    from _util import local_server
-    from test_security import client as as_identity
-    from test_security import make_pki, server_args
+    from _security_server import client as as_identity
+    from _security_server import server_args
+    from _util import local_server, make_pki
 
     pki = make_pki(tmp_path / "pki")
     extra = [*server_args(pki), "--state-dir", str(tmp_path / "state"), "--checkpoint-every", "2"]

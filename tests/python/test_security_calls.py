@@ -18,10 +18,10 @@ import time
 
 import grpc
 import pytest
-from _util import free_port, fxdp_binary, local_server
+from _security_server import client, server_args, train_one
+from _util import free_port, fxdp_binary, local_server, make_pki
 from fxdp.v1 import jobs_pb2 as jpb
 from fxdp.v1 import jobs_pb2_grpc as jgrpc
-from test_security import client, make_pki, server_args, train_one
 
 
 @pytest.fixture(scope="module")
