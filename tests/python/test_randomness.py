@@ -14,7 +14,7 @@ import fxdp
 import pytest
 import torch
 import torch.nn.functional as F
-from _util import fxdp_binary, run_worker_ranks
+from _util import fxdp_binary, local_server, run_worker_ranks
 from fxdp import random_ops
 from safetensors.torch import load_file, save_file
 
@@ -239,3 +239,25 @@ def test_dropout_rate_of_the_drawn_masks(p):
 def test_run_local_table_is_the_workers():
     with open(os.path.join(TESTDATA, "random_ops.txt")) as f:
         assert random_ops.table_text() == f.read()
+
+
+def test_client_train_with_a_seed_equals_run_local():
+    """Through the server: Client.train(seed=S) on 2 workers equals run_local with S on one device
+    (dropout on), the same seed twice gives bit-identical results, another seed differs."""
+    step = traced("gpt2", "sgd")
+    data = batches("gpt2")
+    want, want_losses = one_device(step, data, seed=SEED + 5)
+    with local_server(workers=2) as (address, log), fxdp.Client(address) as c:
+        a = c.train(step, world_size=2, batches=data, seed=SEED + 5)
+        b = c.train(step, world_size=2, batches=data, seed=SEED + 5)
+        other = c.train(step, world_size=2, batches=data, seed=SEED + 6)
+    assert step.seed() == SEED  # the caller's step keeps its seed
+    assert a.losses == b.losses and all(torch.equal(a.state[k], b.state[k]) for k in a.state)
+    assert other.losses != a.losses
+    for k, v in want.items():
+        torch.testing.assert_close(a.state[k], v, **TOL["sgd"], msg=lambda m, k=k: f"{k}: {m}")
+    torch.testing.assert_close(
+        torch.tensor(a.losses, dtype=torch.float64),
+        torch.tensor(want_losses, dtype=torch.float64),
+        **TOL["sgd"],
+    )
