@@ -134,7 +134,7 @@ const std::vector<ProgramInput>& Program::inputs() const { return impl_->inputs;
 const std::vector<ir::OutputSpec>& Program::output_specs() const { return impl_->output_specs; }
 int32_t Program::num_nodes() const { return static_cast<int32_t>(impl_->steps.size()); }
 int64_t Program::live_values() const { return impl_->Live(); }
-void Program::SetStep(int64_t step) { impl_->random.step = step; }
+void Program::SetStep(int64_t step) { impl_->random.step = impl_->random_step_offset + step; }
 
 // The rank's slice of the batch for sharded random nodes, from the
 // communicator (set by the first Run: fxdp-worker run connects it after Load).

@@ -266,6 +266,8 @@ class Loader {
 absl::Status LoadPlan(const ir::Graph& graph, Program::Impl& impl) {
   FXDP_ASSIGN_OR_RETURN(const uint64_t seed, ir::MetadataNumber(graph, ir::kSeedKey, 0));
   impl.random.seed = impl.options.seed.value_or(seed);
+  FXDP_ASSIGN_OR_RETURN(const uint64_t offset, ir::MetadataNumber(graph, ir::kStepOffsetKey, 0));
+  impl.random_step_offset = static_cast<int64_t>(offset);
   FXDP_ASSIGN_OR_RETURN(const uint64_t batch, ir::MetadataNumber(graph, ir::kBatchSizeKey, 0));
   impl.random.batch = static_cast<int64_t>(batch);
   FXDP_ASSIGN_OR_RETURN(const uint64_t world, ir::MetadataNumber(graph, "fxdp.world_size", 1));

@@ -59,6 +59,10 @@ std::string RandomOpsText();
 inline constexpr absl::string_view kSeedKey = "fxdp.seed";
 inline constexpr absl::string_view kRandomLayoutKey = "fxdp.random";
 inline constexpr absl::string_view kBatchSizeKey = "fxdp.batch_size";
+// The job steps done before a resumed job's first batch: its workers count
+// steps from 1 again, so the key's step is this offset plus theirs (the
+// server adds it to a resumed job's rank graphs; absent: 0).
+inline constexpr absl::string_view kStepOffsetKey = "fxdp.step_offset";
 
 // A random node whose output holds the batch along `dim`: the global extent
 // of that dim is `global_extent` = outer * B * rows (analysis/batch_dim.h's

@@ -7,6 +7,9 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "analysis/ir/random_ops.h"
+
 namespace fxdp::server {
 namespace {
 
@@ -93,6 +96,12 @@ int Dispatcher::Assign(const std::string& host, int port, int64_t steps) {
     a->set_device("cpu");
     a->set_steps(steps);
     *a->mutable_graph() = expanded.graphs(r % expanded.graphs_size());
+    if (const int64_t done = job_->plan().first_step; done > 0) {
+      // A resumed job's workers count its steps from 1: its random ops go on from `done`.
+      v1::StringPair* kv = a->mutable_graph()->add_metadata();
+      kv->set_key(std::string(ir::kStepOffsetKey));
+      kv->set_value(absl::StrCat(done));
+    }
     a->set_num_state_tensors(spec.num_state_tensors());
     a->set_batches_sharded(spec.data_paths_size() == 0);
     const int n = spec.data_paths_size();

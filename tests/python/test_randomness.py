@@ -14,7 +14,15 @@ import fxdp
 import pytest
 import torch
 import torch.nn.functional as F
-from _util import fxdp_binary, local_server, run_worker_ranks
+from _util import (
+    assert_same_run,
+    data_paths_requests,
+    fetch,
+    fxdp_binary,
+    local_server,
+    resumed_after_sigkill,
+    run_worker_ranks,
+)
 from fxdp import random_ops
 from safetensors.torch import load_file, save_file
 
@@ -261,3 +269,45 @@ def test_client_train_with_a_seed_equals_run_local():
         torch.tensor(want_losses, dtype=torch.float64),
         **TOL["sgd"],
     )
+
+
+class DropMLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.drop, self.fc2 = (
+            torch.nn.Linear(6, 16),
+            torch.nn.Dropout(0.3),
+            torch.nn.Linear(16, 2),
+        )
+
+    def forward(self, x):
+        return self.fc2(self.drop(torch.relu(self.fc1(x))))
+
+
+def test_a_resumed_job_continues_the_same_random_stream(tmp_path):
+    """A job with dropout killed mid-run (server SIGKILL, --checkpoint-every 5) and resumed ends
+    bit for bit as an uninterrupted run: the step number in the key continues, masks do not
+    repeat. 200 steps of ~5 ms, as test_durable_jobs (the kill must land mid-run under load)."""
+    torch.manual_seed(0)
+    model = DropMLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    g = torch.Generator().manual_seed(3)
+    data = [(torch.randn(8, 6, generator=g), torch.randn(8, 2, generator=g)) for _ in range(3)]
+    step = fxdp.trace(model, opt, F.mse_loss, data[0], input_names=("x", "y"))
+    assert step.random_nodes()
+    files = []
+    for i, (x, y) in enumerate(data):
+        files.append(tmp_path / f"b{i}.safetensors")
+        save_file({"x": x, "y": y}, str(files[-1]))
+    requests = data_paths_requests(step, files, 200)
+    with resumed_after_sigkill(tmp_path / "state", requests, 13, "--checkpoint-every", "5") as (
+        server,
+        job,
+        info,
+        _,
+    ):
+        assert any("resumed from the checkpoint of step" in line for line in server.log)
+        final = fetch(server.jobs, job)
+        with fxdp.Client(server.address) as client:
+            plain = client.train(step, world_size=2, data_path=files, steps=200)
+    assert_same_run(info.losses, final, plain)
