@@ -164,15 +164,20 @@ def test_trains_like_one_device_on_real_workers(lab, name, world):
 
 
 def test_deberta_without_attention_mask_is_refused_naming_the_check(lab):
-    """Without a mask, transformers looks for padding in the ids (a data-dependent ``if``):
-    tracing refuses it with the module and the source line; with the mask it traces (above)."""
+    """Without a mask, transformers looks for padding in the ids (a data-dependent ``if``): a
+    trace that runs the model (tracing_mode="real") refuses it with the module and the source
+    line. The default trace (FakeTensors) does not meet it: transformers skips that check, which
+    only warns, when it is traced (``is_tracing``), so the step traces; with the mask it traces
+    either way (above)."""
     torch.manual_seed(0)
     model = CASES["deberta_v2"].make().model.train()
     ids, _, labels = masked_cls_batch(torch.Generator().manual_seed(1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(
         fxdp.TraceError, match=r"data-dependent control flow in module 'deberta'.*pad_token_id"
     ):
-        fxdp.trace(model, torch.optim.SGD(model.parameters(), lr=0.1), cls_loss, (ids, labels))
+        fxdp.trace(model, opt, cls_loss, (ids, labels), tracing_mode="real")
+    assert fxdp.trace(model, opt, cls_loss, (ids, labels)).graph.nodes
 
 
 @pytest.mark.parametrize("name", ["gpt2_padded", "llama_padded"])
