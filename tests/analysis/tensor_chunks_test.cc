@@ -62,7 +62,8 @@ TEST(TensorChunks, DTypeTableIsTheIrs) {
 }
 
 TEST(TensorChunks, StreamsAreCheckedAsTheVectorsSay) {
-  for (const json& stream : Vectors()["streams"]) {
+  const json v = Vectors();  // a range over a member of a temporary would outlive it
+  for (const json& stream : v["streams"]) {
     SCOPED_TRACE(stream["case"].get<std::string>());
     TensorChunkChecker check(stream["what"].get<std::string>());
     std::vector<std::string> complete;
@@ -89,7 +90,8 @@ TEST(TensorChunks, StreamsAreCheckedAsTheVectorsSay) {
 }
 
 TEST(TensorChunks, SpansAreTheVectors) {
-  for (const json& s : Vectors()["spans"]) {
+  const json v = Vectors();
+  for (const json& s : v["spans"]) {
     std::vector<std::vector<uint64_t>> got;
     for (const auto& [off, n] : ChunkSpans(s["bytes"], s["chunk_bytes"])) got.push_back({off, n});
     EXPECT_EQ(got, s["spans"].get<std::vector<std::vector<uint64_t>>>()) << s;
