@@ -157,8 +157,9 @@ def test_one_seed_is_bit_identical_and_two_seeds_differ(tmp_path):
     """run_local and fxdp-worker run, twice with one seed: bit-identical; another seed differs.
     KNOWN BUG (issue 24, found at the end of session 8): fxdp-worker run with more than one
     intra-op thread gave different momentum buffers on reruns of this GPT-2 with dropout (29
-    tensors, quiet machine; without dropout: identical), so the workers run with --threads 1 here
-    until the random-op path's thread dependence is found."""
+    tensors, under CPU contention; without dropout: identical), so the workers run with --threads 1
+    here until it is found. Not the generator: it needs only SDPA's math path, which attention
+    dropout selects (attn_pdrop=1e-12, every mask element kept, still differs; run_local does not)."""
     step = traced("gpt2", "sgd")
     data = batches("gpt2")
     a, la = one_device(step, data)
