@@ -13,6 +13,7 @@ from __future__ import annotations
 import fxdp
 import pytest
 import torch
+from _tiny_gpt2 import CONFIG, batches, train_step
 from _util import ATOL, RTOL, local_server
 
 transformers = pytest.importorskip("transformers")
@@ -20,36 +21,13 @@ transformers.logging.set_verbosity_error()
 
 from test_user_training_loop import assert_state_equals  # noqa: E402
 
-V, B, S, WORLD = 64, 8, 8, 2
+WORLD = 2
 
 
 def make(seed: int, lr: float = 1e-3, weight_decay: float = 0.1):
     torch.manual_seed(seed)
-    cfg = transformers.GPT2Config(
-        vocab_size=V,
-        n_positions=16,
-        n_embd=32,
-        n_layer=2,
-        n_head=2,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-    )
-    model = transformers.GPT2LMHeadModel(cfg).train()
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**CONFIG)).train()
     return model, torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
-
-
-def train_step(model, opt, batch):
-    loss = model(input_ids=batch["input_ids"], labels=batch["input_ids"]).loss
-    loss.backward()
-    opt.step()
-    opt.zero_grad()
-    return loss
-
-
-def batches(n: int):
-    g = torch.Generator().manual_seed(1)
-    return [{"input_ids": torch.randint(0, V, (B, S), generator=g)} for _ in range(n)]
 
 
 def test_gpt2_with_adamw_state_round_trips_and_the_next_eager_step_equals_fxdps():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import fxdp
 import pytest
 import torch
+from _tiny_gpt2 import CONFIG, batches, train_step
 from _util import ATOL, RTOL, local_server
 
 transformers = pytest.importorskip("transformers")
@@ -17,17 +18,7 @@ transformers.logging.set_verbosity_error()
 
 from test_user_training_loop import assert_state_equals  # noqa: E402
 
-V, B, S, WORLD = 64, 8, 8, 2
-CONFIG = dict(
-    vocab_size=V,
-    n_positions=16,
-    n_embd=32,
-    n_layer=2,
-    n_head=2,
-    resid_pdrop=0.0,
-    embd_pdrop=0.0,
-    attn_pdrop=0.0,
-)
+WORLD = 2
 
 
 def make(device=None):
@@ -35,19 +26,6 @@ def make(device=None):
     with torch.device(device or "cpu"):
         model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**CONFIG)).train()
     return model, torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
-
-
-def train_step(model, opt, batch):
-    loss = model(input_ids=batch["input_ids"], labels=batch["input_ids"]).loss
-    loss.backward()
-    opt.step()
-    opt.zero_grad()
-    return loss
-
-
-def batches(n: int):
-    g = torch.Generator().manual_seed(1)
-    return [{"input_ids": torch.randint(0, V, (B, S), generator=g)} for _ in range(n)]
 
 
 def test_a_meta_gpt2_traces_as_on_the_cpu_and_trains_on_cpu_workers_from_a_state_given():

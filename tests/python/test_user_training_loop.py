@@ -29,6 +29,7 @@ import math
 import fxdp
 import pytest
 import torch
+from _tiny_gpt2 import CONFIG
 from _util import ATOL, RTOL, local_server
 
 transformers = pytest.importorskip("transformers")
@@ -40,18 +41,7 @@ LR = 1e-3
 
 def make(bf16: bool, hf_schedule: bool = False):
     torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(
-        transformers.GPT2Config(
-            vocab_size=V,
-            n_positions=16,
-            n_embd=32,
-            n_layer=2,
-            n_head=2,
-            resid_pdrop=0.0,
-            embd_pdrop=0.0,
-            attn_pdrop=0.0,
-        )
-    )
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**CONFIG))
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.1)
     if hf_schedule:  # transformers' warmup + cosine (a LambdaLR): lr = 0 at step 1
