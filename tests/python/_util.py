@@ -17,11 +17,12 @@ import grpc
 import pytest
 import torch
 from fxdp import zoo
-from fxdp.client import _assemble, _chunks
 from fxdp.dp_oracle import balanced_slices  # noqa: F401 (the oracle's split, used by the tests)
 from fxdp.v1 import graph_pb2 as pb
 from fxdp.v1 import jobs_pb2 as jpb
 from fxdp.v1 import jobs_pb2_grpc as jgrpc
+from fxdp.wire_tensors import assemble as _assemble
+from fxdp.wire_tensors import chunks as _chunks
 
 MODELS = list(zoo.MODELS)
 OPTIMS = list(zoo.OPTIMIZERS)

@@ -21,7 +21,6 @@ import torch
 from _security_server import server_args
 from _util import fxdp_binary, local_server, make_pki, traced
 from fxdp import zoo
-from fxdp.client import _chunks as chunks
 from fxdp.v1 import compile_pb2 as cpb
 from fxdp.v1 import compile_pb2_grpc as cgrpc
 from fxdp.v1 import graph_pb2 as gpb
@@ -29,6 +28,7 @@ from fxdp.v1 import jobs_pb2 as jpb
 from fxdp.v1 import jobs_pb2_grpc as jgrpc
 from fxdp.v1 import worker_pb2 as wpb
 from fxdp.v1 import worker_pb2_grpc as wgrpc
+from fxdp.wire_tensors import chunks
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MODEL, OPTIM = "mlp", "adamw"

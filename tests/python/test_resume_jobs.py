@@ -170,7 +170,7 @@ def test_a_streamed_job_resumes_after_a_lost_worker(tmp_path):
         e = code_of(lambda: client.train(step, world_size=2, batches=batches(), resume=seen["bad"]))
         assert e.code == grpc.StatusCode.FAILED_PRECONDITION and "has no checkpoint" in str(e), e
         # A resume sends no state.
-        from fxdp.client import _chunks as chunks
+        from fxdp.wire_tensors import chunks
 
         stub = server.jobs
         w = step.initial_state()["fc1.bias"]

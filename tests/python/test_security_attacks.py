@@ -136,8 +136,8 @@ def test_a_data_path_with_a_newline_cannot_inject_a_log_line(server, pki):
     address, log = server
     alice = client(address, pki, "alice")
     with _client_channel(address, pki) as ch:
-        from fxdp.client import _chunks
         from fxdp.v1 import jobs_pb2_grpc as jgrpc
+        from fxdp.wire_tensors import chunks as _chunks
 
         step = traced(MODEL, OPTIM)
         state = step.initial_state()

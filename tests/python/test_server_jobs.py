@@ -36,7 +36,6 @@ import pytest
 import torch
 from _util import ATOL, RTOL, fetch, local_server, local_steps, traced
 from fxdp import zoo
-from fxdp.client import _chunks as chunks
 from fxdp.v1 import compile_pb2 as cpb
 from fxdp.v1 import compile_pb2_grpc as cgrpc
 from fxdp.v1 import graph_pb2 as gpb
@@ -44,6 +43,7 @@ from fxdp.v1 import jobs_pb2 as jpb
 from fxdp.v1 import jobs_pb2_grpc as jgrpc
 from fxdp.v1 import worker_pb2 as wpb
 from fxdp.v1 import worker_pb2_grpc as wgrpc
+from fxdp.wire_tensors import chunks
 
 MODEL, OPTIM = "mlp", "adamw"
 LONG = 3000  # steps of a job that runs until it is cancelled

@@ -6,7 +6,7 @@ import pathlib
 
 import pytest
 import torch
-from fxdp import client, tensor_chunks
+from fxdp import ServerError, tensor_chunks, wire_tensors
 from fxdp.v1 import graph_pb2 as gpb
 from fxdp.v1 import worker_pb2 as wpb
 
@@ -69,13 +69,15 @@ def test_client_chunks_and_assembles_through_the_protocol():
         "e": torch.empty(0, 3),
         "b": torch.tensor([True, False]),
     }
-    chunks = [c for name, t in tensors.items() for c in client._chunks(name, t, chunk_bytes=16)]
+    chunks = [
+        c for name, t in tensors.items() for c in wire_tensors.chunks(name, t, chunk_bytes=16)
+    ]
     assert [c.offset for c in chunks if c.name == "w"] == [0, 16, 32]
-    got = client._assemble(wpb.StateChunk(tensor=c) for c in chunks)
+    got = wire_tensors.assemble(wpb.StateChunk(tensor=c) for c in chunks)
     assert list(got) == list(tensors)
     for name, t in tensors.items():
         assert got[name].dtype == t.dtype and torch.equal(got[name], t)
-    with pytest.raises(client.ServerError, match="tensor 'w': chunk at offset 32, expected 16"):
-        client._assemble(wpb.StateChunk(tensor=c) for c in [chunks[0], chunks[2]])
-    with pytest.raises(client.ServerError, match="tensor 'w' is incomplete"):
-        client._assemble(wpb.StateChunk(tensor=c) for c in chunks[:2])
+    with pytest.raises(ServerError, match="tensor 'w': chunk at offset 32, expected 16"):
+        wire_tensors.assemble(wpb.StateChunk(tensor=c) for c in [chunks[0], chunks[2]])
+    with pytest.raises(ServerError, match="tensor 'w' is incomplete"):
+        wire_tensors.assemble(wpb.StateChunk(tensor=c) for c in chunks[:2])

@@ -26,19 +26,20 @@ graph once for the whole run.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import os
-import threading
 import time
 from collections import OrderedDict
-from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import Callable, Iterable, List, Mapping, Optional, Sequence, Union
 
 import grpc
 import torch
 
-from . import tensor_chunks
+from . import train_job
+from .credentials import channel_credentials
+from .rpc_errors import ServerError, server_error  # noqa: F401 - fxdp.ServerError
 from .traced import TracedStep
+from .train_job import Batch
 from .v1 import compile_pb2 as cpb
 from .v1 import compile_pb2_grpc as cgrpc
 from .v1 import graph_pb2 as gpb
@@ -46,31 +47,9 @@ from .v1 import jobs_pb2 as jpb
 from .v1 import jobs_pb2_grpc as jgrpc
 from .v1 import worker_pb2 as wpb
 from .v1 import worker_pb2_grpc as wgrpc
-
-_TO_WIRE = {
-    torch.float32: gpb.FLOAT32,
-    torch.float64: gpb.FLOAT64,
-    torch.float16: gpb.FLOAT16,
-    torch.bfloat16: gpb.BFLOAT16,
-    torch.int64: gpb.INT64,
-    torch.int32: gpb.INT32,
-    torch.int16: gpb.INT16,
-    torch.int8: gpb.INT8,
-    torch.uint8: gpb.UINT8,
-    torch.bool: gpb.BOOL,
-}
-_FROM_WIRE = {v: k for k, v in _TO_WIRE.items()}
+from .wire_tensors import CHUNK_BYTES, FROM_WIRE, MESSAGE_HEADROOM, assemble
 
 Graphish = Union[TracedStep, "gpb.GraphDef"]
-Batch = Union[Sequence[torch.Tensor], Mapping[str, torch.Tensor]]
-
-
-class ServerError(RuntimeError):
-    """An RPC failed: ``code`` is the grpc.StatusCode, the message is the server's."""
-
-    def __init__(self, code: grpc.StatusCode, message: str):
-        super().__init__(f"{code.name}: {message}")
-        self.code = code
 
 
 # The data-parallel styles by the name ``style=`` takes (compile.proto's DataParallelStyle).
@@ -79,27 +58,6 @@ STYLES = {
     "fully_shard": cpb.DATA_PARALLEL_STYLE_FULLY_SHARD,
 }
 _STYLE_NAMES = {v: k for k, v in STYLES.items()}
-
-
-def _server_error(e: grpc.RpcError, address: str) -> ServerError:
-    """The ServerError for a failed RPC; a server that cannot be reached is named by the address
-    tried, with how to start one (gRPC's own text says only "failed to connect to all addresses")."""
-    # gRPC's client-side texts (a server's own UNAVAILABLE, e.g. "worker ... was lost", stays as is).
-    unreachable = (
-        "failed to connect to all addresses",
-        "DNS resolution failed",
-        "Connection refused",
-    )
-    if e.code() == grpc.StatusCode.UNAVAILABLE and any(
-        t in (e.details() or "") for t in unreachable
-    ):
-        return ServerError(
-            e.code(),
-            f"cannot reach fxdp-server at {address} ({e.details()}); start one "
-            "there (`fxdp-server --local-workers 2` listens on 127.0.0.1:50051) or pass its "
-            'address: fxdp.Client("HOST:PORT") or FXDP_SERVER=HOST:PORT',
-        )
-    return ServerError(e.code(), e.details())
 
 
 def _style(style: str) -> int:
@@ -146,63 +104,6 @@ def _graph(g: Graphish) -> "gpb.GraphDef":
     return g.graph if isinstance(g, TracedStep) else g
 
 
-CHUNK_BYTES = 1 << 20  # the largest tensor piece per message train() sends
-# Room in a message for all but a chunk's data (name, shape, a step's hyper-parameters), so that
-# a message stays within the channel's max_message_mb (Client.__init__).
-MESSAGE_HEADROOM = 64 << 10
-
-
-def _chunks(
-    name: str, t: torch.Tensor, chunk_bytes: int = CHUNK_BYTES
-) -> Iterator["wpb.TensorChunk"]:
-    """``t``'s raw bytes as TensorChunk messages of at most ``chunk_bytes`` (one empty chunk for an
-    empty tensor: tensor_chunks.chunk_spans); only one chunk's bytes are copied at a time."""
-    t = t.detach().to("cpu").contiguous()
-    if t.dtype not in _TO_WIRE:
-        raise TypeError(
-            f"tensor '{name}' has dtype {t.dtype}, which the wire format does not carry"
-        )
-    dtype, shape = _TO_WIRE[t.dtype], list(t.shape)
-    raw = memoryview(t.reshape(-1).view(torch.uint8).numpy()) if t.numel() else b""
-    for off, n in tensor_chunks.chunk_spans(len(raw), chunk_bytes):
-        yield wpb.TensorChunk(
-            name=name, dtype=dtype, shape=shape, offset=off, data=bytes(raw[off : off + n])
-        )
-
-
-def _by_name(b: "Batch", names: Sequence[str], step: int) -> Dict[str, torch.Tensor]:
-    if isinstance(b, torch.Tensor):
-        b = (b,)
-    by_name = dict(b) if isinstance(b, Mapping) else dict(zip(names, b))
-    missing = [n for n in names if n not in by_name]
-    if missing:
-        raise KeyError(f"the batch of step {step} lacks inputs {missing}")
-    return by_name
-
-
-def _assemble(chunks: Iterable["wpb.StateChunk"]) -> "OrderedDict[str, torch.Tensor]":
-    """A FetchState stream's tensors, each checked against the chunk protocol (tensor_chunks.py:
-    the server's and the worker's rules); a broken stream is DATA_LOSS naming the tensor."""
-    out = OrderedDict()
-    tensors = (c.tensor for c in chunks if c.HasField("tensor"))
-    try:
-        for name, dtype, shape, buf in tensor_chunks.assemble(tensors, "the final state"):
-            if dtype not in _FROM_WIRE:
-                raise tensor_chunks.ChunkError(
-                    f"the final state: tensor '{name}' is {tensor_chunks.type_text(dtype, shape)}, "
-                    "a dtype this client does not convert to torch"
-                )
-            t = _FROM_WIRE[dtype]
-            out[name] = (
-                torch.frombuffer(buf, dtype=t).reshape(shape).clone()
-                if len(buf)
-                else torch.empty(shape, dtype=t)
-            )
-    except tensor_chunks.ChunkError as e:
-        raise ServerError(grpc.StatusCode.DATA_LOSS, str(e)) from None
-    return out
-
-
 class Client:
     """A connection to one fxdp-server (``address`` is ``host:port``; default ``$FXDP_SERVER``, else
     ``127.0.0.1:50051``, as for the ``fxdp`` CLI).
@@ -245,7 +146,7 @@ class Client:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         self.timeout = timeout
         self.address = address
-        creds = _channel_credentials(tls_ca, token, token_file, tls_cert, tls_key)
+        creds = channel_credentials(tls_ca, token, token_file, tls_cert, tls_key)
         if creds is None:
             self._channel = grpc.insecure_channel(address, options=options)
         else:
@@ -272,7 +173,7 @@ class Client:
         try:
             return fn(*args, timeout=self._timeout(timeout), **kw)
         except grpc.RpcError as e:  # pragma: no cover - exercised through the tests' error cases
-            raise _server_error(e, self.address) from None
+            raise server_error(e, self.address) from None
 
     def analyze(
         self,
@@ -331,7 +232,7 @@ class Client:
             timeout=timeout,
         )
         sharded = [
-            ShardedState(s.state_name, list(s.shape), _FROM_WIRE[s.dtype], s.shard_numel)
+            ShardedState(s.state_name, list(s.shape), FROM_WIRE[s.dtype], s.shard_numel)
             for s in r.sharded_state
         ]
         return Expanded(
@@ -405,48 +306,13 @@ class Client:
         (default: the one ``trace_step`` recorded, ``step.seed()``). The same graph, state,
         batches and seed give bit-identical results on any number of ranks, equal to
         ``run_local(..., step=i, seed=seed)`` on one device (docs/randomness.md)."""
-        if seed is not None:  # a copy: the caller's step keeps its seed
-            graph = gpb.GraphDef()
-            graph.CopyFrom(step.graph)
-            step = TracedStep(graph, step._state)
-            step.set_seed(seed)
+        if seed is not None:
+            step = train_job.with_seed(step, seed)
         if (batches is None) == (data_path is None):
             raise ValueError("train needs either batches or data_path")
         wire_style = _style(style)
-        paths: List[str] = []
-        if data_path is not None:
-            paths = (
-                [os.fspath(data_path)]
-                if isinstance(data_path, (str, os.PathLike))
-                else [os.fspath(p) for p in data_path]
-            )
-            if not paths or not steps:
-                raise ValueError("train with data_path needs at least one path and steps >= 1")
-            source: Iterable[Batch] = ()
-        elif isinstance(batches, Sequence):
-            if not batches:
-                raise ValueError("train needs at least one batch")
-            steps = len(batches) if steps is None else steps
-            source = (batches[i % len(batches)] for i in range(steps))
-        else:
-            source = itertools.islice(batches, steps) if steps else batches
-        if resume and state is not None:
-            raise ValueError(
-                "train: state= and resume= exclude each other: a resumed job's state is "
-                "its checkpoint's"
-            )
-        names = step.input_names()
-        if resume:  # the job's state is its checkpoint's
-            init: Mapping[str, torch.Tensor] = OrderedDict()
-        else:
-            init = step.initial_state() if state is None else state
-            on_meta = [n for n, t in init.items() if t.device.type == "meta"]
-            if on_meta:
-                raise ValueError(
-                    f"train: {len(on_meta)} state tensors are on the meta device (no values), e.g. "
-                    f"{', '.join(on_meta[:3])}: a model built on meta needs its state from elsewhere: "
-                    "state=fxdp.state_of(step, model, optimizer) of the model built with weights"
-                )
+        source, paths, steps = train_job.batch_source(batches, data_path, steps)
+        init = train_job.initial_state(step, state, resume)
         spec = jpb.JobSpec(
             graph=step.graph,
             world_size=world_size,
@@ -460,121 +326,16 @@ class Client:
             style=wire_style,
             resume_job=resume or "",
         )
-        per_step: List[Dict[str, float]] = []
-        if schedule is not None:
-            if not steps:
-                raise ValueError(
-                    "train with a schedule needs the number of steps: pass steps= (or a "
-                    "sequence of batches)"
-                )
-            from .schedule import hyperparameter_names, schedule_values
-
-            known = hyperparameter_names(step)
-            if not known:
-                raise ValueError(
-                    "train got a schedule, but the graph has no HYPERPARAMETER placeholders "
-                    "(its lr and other hyper-parameters are constants): nothing to schedule"
-                )
-            per_step = schedule_values(schedule, steps, known)
-            if paths:  # the workers read the batches: the whole schedule goes in the spec
-                for hp in sorted({k for d in per_step for k in d}):
-                    missing = [i + 1 for i, d in enumerate(per_step) if hp not in d]
-                    if missing:
-                        raise ValueError(
-                            f"schedule: '{hp}' has no value for steps {missing[:5]}; a "
-                            "data_path job needs a value for every step"
-                        )
-                    spec.schedule.add(name=hp, values=[float(d[hp]) for d in per_step])
-                per_step = []
-
-        def hyper(i: int) -> List["wpb.HyperparameterValue"]:
-            if i > len(per_step):
-                return []
-            return [
-                wpb.HyperparameterValue(name=k, value=float(v))
-                for k, v in sorted(per_step[i - 1].items())
-            ]
-
-        problem: List[BaseException] = []
-        call_box: list = []
-        call_made = threading.Event()
-        # resume: the step the job continues from, told by its first event
-        first_event, call_over = threading.Event(), threading.Event()
-        first_step = [0]
-
-        def requests():
-            yield jpb.SubmitJobRequest(spec=spec)
-            for k, v in init.items():
-                for c in _chunks(k, v, self.chunk_bytes):
-                    yield jpb.SubmitJobRequest(state=c)
-            skip = 0
-            if resume and not paths:
-                while not first_event.wait(0.1):
-                    if call_over.is_set():
-                        return
-                skip = first_step[0]
-            try:
-                for i, b in enumerate(itertools.islice(source, skip, None), skip + 1):
-                    by_name = _by_name(b, names, i)
-                    pieces = itertools.chain.from_iterable(
-                        _chunks(n, by_name[n], self.chunk_bytes) for n in names
-                    )
-                    prev = next(pieces)
-                    values = hyper(i)  # on the step's first message
-                    for c in pieces:
-                        yield jpb.SubmitJobRequest(
-                            batch=jpb.StepBatch(
-                                step=i, tensors=[prev], more=True, hyperparameters=values
-                            )
-                        )
-                        values = []
-                        prev = c
-                    yield jpb.SubmitJobRequest(
-                        batch=jpb.StepBatch(step=i, tensors=[prev], hyperparameters=values)
-                    )
-            # a bad batch or a failing generator: stop the job, raise it below
-            except Exception as e:
-                problem.append(e)
-                call_made.wait()
-                call_box[0].cancel()
-
-        job_id, losses = "", []
+        per_step = train_job.schedule_per_step(spec, step, schedule, steps, paths)
+        submission = train_job.Submission(
+            spec, init, source, step.input_names(), per_step, self.chunk_bytes
+        )
         deadline = None if timeout is None else time.monotonic() + timeout
-        call = self._jobs.Submit(requests(), timeout=timeout)
-        call_box.append(call)
-        call_made.set()
-        try:
-            for ev in call:
-                job_id = ev.job_id or job_id
-                if not first_event.is_set():
-                    first_step[0] = ev.first_step
-                    first_event.set()
-                if on_event is not None:
-                    on_event(ev)
-                if ev.state == jpb.JOB_STATE_RUNNING and ev.step > first_step[0] + len(losses):
-                    losses.append(ev.loss)
-                    if on_step is not None:
-                        on_step(ev.step, ev.loss)
-        except grpc.RpcError as e:
-            if problem:
-                raise problem[0]
-            raise _server_error(e, self.address) from None
-        finally:
-            call_over.set()
+        job_id, losses = submission.run(self._jobs.Submit, timeout, self.address, on_event, on_step)
         final = OrderedDict(init.items())
         left = None if deadline is None else max(deadline - time.monotonic(), 1e-3)
-        final.update(
-            self._call(
-                lambda timeout: _assemble(
-                    self._jobs.FetchState(
-                        jpb.FetchJobStateRequest(job_id=job_id, chunk_bytes=self.chunk_bytes),
-                        timeout=timeout,
-                    )
-                ),
-                timeout=left,
-            )
-        )
-        return TrainResult(job_id, losses, final, first_step[0])
+        final.update(self.fetch_state(job_id, timeout=left))
+        return TrainResult(job_id, losses, final, submission.first_step)
 
     def workers(self, timeout: Optional[float] = None) -> List[dict]:
         """The workers attached to the server (id, state, device, host, pid, job, step)."""
@@ -604,7 +365,7 @@ class Client:
     ) -> "OrderedDict[str, torch.Tensor]":
         """The final state of a finished job (FetchState), as tensors."""
         return self._call(
-            lambda timeout: _assemble(
+            lambda timeout: assemble(
                 self._jobs.FetchState(
                     jpb.FetchJobStateRequest(job_id=job_id, chunk_bytes=self.chunk_bytes),
                     timeout=timeout,
@@ -612,45 +373,3 @@ class Client:
             ),
             timeout=timeout,
         )
-
-
-def _read(path: Union[str, os.PathLike], what: str) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError as e:
-        raise ValueError(f"{what} '{os.fspath(path)}': {e.strerror}") from None
-
-
-def _channel_credentials(
-    tls_ca, token, token_file, tls_cert, tls_key
-) -> Optional["grpc.ChannelCredentials"]:
-    """TLS (+ a bearer token) credentials, or None for a plain channel (see Client)."""
-    tls_ca = (tls_ca if tls_ca is not None else os.environ.get("FXDP_TLS_CA")) or None  # "": plain
-    if token is not None and token_file is not None:
-        raise ValueError("give token or token_file, not both")
-    if token is None:
-        token_file = (
-            token_file if token_file is not None else os.environ.get("FXDP_TOKEN_FILE") or None
-        )
-        if token_file is not None:
-            token = _read(token_file, "token_file").decode("utf-8", "replace").strip()
-            if not token:
-                raise ValueError(f"token_file '{os.fspath(token_file)}' is empty")
-    if (tls_cert is None) != (tls_key is None):
-        raise ValueError("tls_cert and tls_key go together")
-    if tls_ca is None:
-        if token is not None or tls_cert is not None:
-            raise ValueError(
-                "a token or client certificate needs TLS: pass tls_ca (the CA of the server's "
-                "certificate; gRPC sends tokens over TLS only)"
-            )
-        return None
-    creds = grpc.ssl_channel_credentials(
-        root_certificates=_read(tls_ca, "tls_ca"),
-        private_key=_read(tls_key, "tls_key") if tls_key is not None else None,
-        certificate_chain=_read(tls_cert, "tls_cert") if tls_cert is not None else None,
-    )
-    if token is not None:
-        creds = grpc.composite_channel_credentials(creds, grpc.access_token_call_credentials(token))
-    return creds
