@@ -1,4 +1,4 @@
-"""Launching benchmark ranks on 127.0.0.1 (run_all.py, step_vs_ddp.py, fully_shard_vs_fsdp2.py)."""
+"""Launching benchmark ranks on 127.0.0.1 (run_util.py, step_vs_ddp.py, fully_shard_vs_fsdp2.py)."""
 
 from __future__ import annotations
 

@@ -31,25 +31,15 @@ results.json back into RESULTS.md.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
 import pathlib
-import platform
-import re
-import shutil
-import signal
-import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
-from launch_util import free_port, rank_env
+from areas import N4_REASON, RUNNERS, area_step
 from results_markdown import render_markdown
+from run_util import REPO, load, machine, rel, summ  # noqa: F401 - summ: tests/python/test_bench.py
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-PY = sys.executable
 AREAS = ["pipeline", "executor", "step", "compile", "allreduce", "fsdp", "trace"]
 
 FULL = {
@@ -77,500 +67,6 @@ QUICK = {
     "fsdp": ["--quick"],
     "trace": ["--quick"],
 }
-
-N4_REASON = (
-    "not run: this machine has 2 CPU cores, so 4 single-threaded ranks would be 2x "
-    "oversubscribed and time the scheduler (ranks waiting for a core inside collectives), not "
-    "fxdp or DDP; bench/step_vs_ddp.py also runs N=2 only (its world size is fixed). Run it on "
-    "a machine with >= 4 free cores after adding a --world-size flag there."
-)
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def summ(xs) -> dict:
-    xs = [x for x in xs if x is not None]
-    if not xs:
-        return {"median": None, "min": None, "max": None, "n": 0, "values": []}
-    return {
-        "median": statistics.median(xs),
-        "min": min(xs),
-        "max": max(xs),
-        "n": len(xs),
-        "values": list(xs),
-    }
-
-
-def load() -> list:
-    return [round(x, 2) for x in os.getloadavg()]
-
-
-def run(cmd, timeout=900, env=None, log=None) -> subprocess.CompletedProcess:
-    r = subprocess.run(
-        [str(c) for c in cmd], capture_output=True, text=True, timeout=timeout, env=env
-    )
-    if log is not None:
-        with open(log, "a") as f:
-            f.write(f"$ {' '.join(map(str, cmd))}\n{r.stdout}\n{r.stderr}\n")
-    if r.returncode != 0:
-        raise RuntimeError(f"{' '.join(map(str, cmd))} exited {r.returncode}:\n{r.stderr[-3000:]}")
-    return r
-
-
-def rel(p) -> str:
-    try:
-        return str(pathlib.Path(p).resolve().relative_to(REPO))
-    except ValueError:
-        return str(p)
-
-
-def launch_ranks(cmd, world: int, timeout: float = 600, log=None) -> None:
-    """Runs `cmd` as `world` ranks on 127.0.0.1 (RANK/WORLD_SIZE/MASTER_*)."""
-    port = free_port()
-    procs = [
-        subprocess.Popen(
-            [str(c) for c in cmd],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=rank_env(r, world, port, OMP_NUM_THREADS=1),
-        )
-        for r in range(world)
-    ]
-    errors = []
-    deadline = time.monotonic() + timeout
-    for r, p in enumerate(procs):
-        try:
-            out, err = p.communicate(timeout=max(1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise RuntimeError(f"{' '.join(map(str, cmd))}: rank {r} timed out after {timeout} s")
-        if log is not None:
-            with open(log, "a") as f:
-                f.write(f"$ RANK={r} {' '.join(map(str, cmd))}\n{out}\n{err}\n")
-        if p.returncode != 0:
-            errors.append(f"rank {r} exited {p.returncode}: {err[-2000:]}")
-    if errors:
-        raise RuntimeError(f"{' '.join(map(str, cmd))}:\n" + "\n".join(errors))
-
-
-def git(*args) -> str:
-    try:
-        return subprocess.run(
-            ["git", *args],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=30,
-            env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"},
-        ).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-
-
-def machine(build: pathlib.Path) -> dict:
-    cpu = platform.processor()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem = 0
-    try:
-        for line in open("/proc/meminfo"):
-            if line.startswith("MemTotal:"):
-                mem = int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    osname = platform.platform()
-    try:
-        for line in open("/etc/os-release"):
-            if line.startswith("PRETTY_NAME="):
-                osname = line.split("=", 1)[1].strip().strip('"')
-    except OSError:
-        pass
-    build_type = ""
-    try:
-        m = re.search(
-            r"^CMAKE_BUILD_TYPE:STRING=(.*)$", (build / "CMakeCache.txt").read_text(), re.M
-        )
-        build_type = m.group(1) if m else ""
-    except OSError:
-        pass
-    import torch
-
-    gpus = 0
-    if shutil.which("nvidia-smi"):
-        r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
-        gpus = (
-            sum(1 for line in r.stdout.splitlines() if line.startswith("GPU "))
-            if r.returncode == 0
-            else 0
-        )
-    dirty = git("status", "--porcelain", "--untracked-files=no")
-    return {
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "git_commit": git("rev-parse", "HEAD"),
-        "git_dirty": bool(dirty),
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "memory_gib": round(mem / 2**30, 1),
-        "gpus": gpus,
-        "os": osname,
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "build_dir": rel(build),
-        "build_type": build_type,
-        "load_start": load(),
-    }
-
-
-# --------------------------------------------------------------------------- areas
-
-
-def area_pipeline(ctx) -> dict:
-    cfg, bindir, raw = ctx["cfg"], ctx["bin"], ctx["raw"]
-    world = cfg["world_size"]
-    out = {"world_size": world, "sizes": []}
-    with tempfile.TemporaryDirectory() as d:
-        for target, (fx_reps, py_reps) in cfg["pipeline_sizes"].items():
-            graph = pathlib.Path(d) / f"synthetic_{target}.pb"
-            run(
-                [bindir / "fxdp_pipeline_bench", f"--write_synthetic={target}", f"--out={graph}"],
-                log=ctx["log"],
-            )
-            fj, pj = raw / f"pipeline_fxdp_{target}.json", raw / f"pipeline_fx_{target}.json"
-            l0 = load()
-            run(
-                [
-                    bindir / "fxdp_pipeline_bench",
-                    f"--graph={graph}",
-                    f"--reps={fx_reps}",
-                    f"--world_size={world}",
-                    f"--json={fj}",
-                ],
-                timeout=1800,
-                log=ctx["log"],
-            )
-            run(
-                [
-                    PY,
-                    REPO / "bench" / "fx_baseline.py",
-                    "--graph",
-                    graph,
-                    "--reps",
-                    py_reps,
-                    "--world-size",
-                    world,
-                    "--json",
-                    pj,
-                ],
-                timeout=1800,
-                log=ctx["log"],
-            )
-            fx, py = json.loads(fj.read_text()), json.loads(pj.read_text())
-            row = {
-                "target_nodes": target,
-                "nodes": fx["nodes"],
-                "wire_bytes": fx["wire_bytes"],
-                "load": [l0, load()],
-                "fxdp": fx,
-                "torch_fx": py,
-            }
-            for side, r in (("fxdp", fx), ("torch_fx", py)):
-                n = r["nodes"]
-                per = {}
-                for ph in ("decode", "analyze", "expand"):
-                    per[ph] = summ([t / n * 1e6 for t in r[f"{ph}_cpu_s"]])
-                tot = [
-                    sum(r[f"{ph}_cpu_s"][i] for ph in ("decode", "analyze", "expand"))
-                    for i in range(r["reps"])
-                ]
-                per["total"] = summ([t / n * 1e6 for t in tot])
-                per["total_wall"] = summ(
-                    [
-                        sum(r[f"{ph}_wall_s"][i] for ph in ("decode", "analyze", "expand"))
-                        / n
-                        * 1e6
-                        for i in range(r["reps"])
-                    ]
-                )
-                per["peak_rss_kb_per_node"] = r["peak_rss_bytes"] / n / 1024
-                row[f"{side}_us_per_node"] = per
-            out["sizes"].append(row)
-    out["commands"] = {
-        "fxdp": f"{rel(bindir)}/fxdp_pipeline_bench --write_synthetic=N --out=G.pb && "
-        f"{rel(bindir)}/fxdp_pipeline_bench --graph=G.pb --reps=R --world_size={world}",
-        "baseline": f".venv/bin/python bench/fx_baseline.py --graph G.pb --reps R --world-size {world}",
-    }
-    return out
-
-
-def run_py_bench(ctx, name: str, args: list, timeout: int, keep_stdout: bool = True) -> dict:
-    """Runs bench/<name>.py `args` --json RAW/<name>.json (its stdout kept as RAW/<name>.txt): the
-    area's "raw" (that JSON), "load" (before and after) and "command" (as RESULTS.md shows it)."""
-    j = ctx["raw"] / f"{name}.json"
-    cmd = [PY, REPO / "bench" / f"{name}.py", *args, "--json", j]
-    l0 = load()
-    r = run(cmd, timeout=timeout, log=ctx["log"])
-    if keep_stdout:
-        (ctx["raw"] / f"{name}.txt").write_text(r.stdout)
-    return {
-        "raw": json.loads(j.read_text()),
-        "load": [l0, load()],
-        "command": " ".join(
-            rel(c) if isinstance(c, pathlib.Path) else str(c) for c in cmd[1:]
-        ).replace(str(ctx["raw"]), "OUT"),
-    }
-
-
-def area_executor(ctx) -> dict:
-    res = run_py_bench(
-        ctx,
-        "executor_baselines",
-        ["--bench", ctx["bin"] / "fxdp_executor_bench", *ctx["cfg"]["executor"]],
-        900,
-        keep_stdout=False,
-    )
-    data = res["raw"]
-    return {
-        "nodes": data.get("nodes"),
-        **res,
-        "ns_per_node": {k: summ(v) for k, v in data["ns_per_node"].items()},
-    }
-
-
-def area_step(ctx) -> dict:
-    return {
-        **run_py_bench(ctx, "step_vs_ddp", ["--build", ctx["build"], *ctx["cfg"]["step"]], 1500),
-        "n4": N4_REASON,
-    }
-
-
-class Server:
-    def __init__(self, binary, cache_entries: int):
-        self.proc = subprocess.Popen(
-            [str(binary), "--listen", "127.0.0.1:0", "--cache-entries", str(cache_entries)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        line = self.proc.stdout.readline()
-        m = re.search(r"listening on (\S+)", line)
-        if not m:
-            self.proc.kill()
-            raise RuntimeError(
-                f"fxdp-server did not start: {line!r} {self.proc.stderr.read()[-2000:]}"
-            )
-        self.address = m.group(1)
-
-    def stop(self) -> str:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            _, err = self.proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            _, err = self.proc.communicate()
-        return err
-
-
-def area_compile(ctx) -> dict:
-    cfg, bindir, raw = ctx["cfg"], ctx["bin"], ctx["raw"]
-    clients, reps, dur = cfg["compile_clients"], cfg["compile_reps"], cfg["compile_duration_s"]
-    zoo = raw / "zoo"
-    run(
-        [PY, "-m", "fxdp.zoo.export", zoo, "--models", "transformer", "--optims", "adam"],
-        log=ctx["log"],
-    )
-    graph = zoo / "transformer_adam.pb"
-    load_bin = bindir / "fxdp_compile_load"
-    l0 = load()
-    # Two servers at once (each idle while the other is measured), so that every repetition
-    # measures both modes back to back.
-    servers = {
-        "cache on": Server(bindir / "fxdp-server", 256),
-        "cache off": Server(bindir / "fxdp-server", 0),
-    }
-    runs = {}
-    try:
-        for rep in range(reps):
-            for rpc in ("analyze", "expand"):
-                r = run(
-                    [
-                        load_bin,
-                        "--inprocess",
-                        f"--graph={graph}",
-                        f"--rpc={rpc}",
-                        f"--duration_s={dur}",
-                    ],
-                    log=ctx["log"],
-                )
-                runs.setdefault((rpc, "in-process", 1), []).append(json.loads(r.stdout))
-                for c in clients:
-                    for mode in (
-                        ("cache on", "cache off") if rep % 2 == 0 else ("cache off", "cache on")
-                    ):
-                        r = run(
-                            [
-                                load_bin,
-                                f"--server={servers[mode].address}",
-                                f"--graph={graph}",
-                                f"--rpc={rpc}",
-                                f"--clients={c}",
-                                f"--duration_s={dur}",
-                            ],
-                            timeout=300,
-                            log=ctx["log"],
-                        )
-                        runs.setdefault((rpc, mode, c), []).append(json.loads(r.stdout))
-    finally:
-        stops = {m: s.stop() for m, s in servers.items()}
-    rows = []
-    for (rpc, mode, c), rs in runs.items():
-        rows.append(
-            {
-                "rpc": rpc,
-                "mode": mode,
-                "clients": c,
-                "p50_ms": summ([x["p50_ms"] for x in rs]),
-                "p99_ms": summ([x["p99_ms"] for x in rs]),
-                "qps": summ([x["qps"] for x in rs]),
-                "requests": sum(x["requests"] for x in rs),
-                "cached_fraction": summ([x["cached_fraction"] for x in rs])["median"],
-                "runs": rs,
-            }
-        )
-    first = next(iter(runs.values()))[0]
-    return {
-        "graph": "zoo transformer + Adam (python -m fxdp.zoo.export DIR --models transformer --optims adam)",
-        "graph_nodes": first["graph_nodes"],
-        "request_bytes": first["request_bytes"],
-        "world_size": first["world_size"],
-        "duration_s": dur,
-        "reps": reps,
-        "rows": rows,
-        "server_stderr": {m: e.strip().splitlines()[-1:] for m, e in stops.items()},
-        "load": [l0, load()],
-        "commands": {
-            "server": f"{rel(bindir)}/fxdp-server --listen 127.0.0.1:0 [--cache-entries 0]",
-            "load": f"{rel(bindir)}/fxdp_compile_load --server=ADDR --graph=transformer_adam.pb "
-            f"--rpc=analyze|expand --clients=N --duration_s={dur}",
-            "floor": f"{rel(bindir)}/fxdp_compile_load --inprocess --graph=transformer_adam.pb "
-            f"--rpc=analyze|expand --duration_s={dur}",
-        },
-    }
-
-
-def area_allreduce(ctx) -> dict:
-    a, bindir, raw = ctx["cfg"]["allreduce"], ctx["bin"], ctx["raw"]
-    flags = [
-        f"--min_bytes={a['min']}",
-        f"--max_bytes={a['max']}",
-        f"--factor={a['factor']}",
-        f"--reps={a['reps']}",
-        f"--budget_mb={a['budget_mb']}",
-    ]
-    l0 = load()
-    cj, pj = raw / "allreduce_fxdp.json", raw / "allreduce_torch.json"
-    launch_ranks(
-        [bindir / "fxdp_allreduce_bench", "--device=cpu", *flags, f"--json={cj}"], 2, log=ctx["log"]
-    )
-    launch_ranks(
-        [
-            PY,
-            REPO / "bench" / "allreduce_torch.py",
-            "--min-bytes",
-            a["min"],
-            "--max-bytes",
-            a["max"],
-            "--factor",
-            a["factor"],
-            "--reps",
-            a["reps"],
-            "--budget-mb",
-            a["budget_mb"],
-            "--json",
-            pj,
-        ],
-        2,
-        log=ctx["log"],
-    )
-    c, p = json.loads(cj.read_text()), json.loads(pj.read_text())
-    assert c["bytes"] == p["bytes"], (c["bytes"], p["bytes"])
-    world = c["world_size"]
-    impls = {**c["time_us"], **p["time_us"]}
-    table = []
-    for i, nbytes in enumerate(c["bytes"]):
-        row = {"bytes": nbytes, "iterations": c["iterations"][i]}
-        for name, per_size in impls.items():
-            t = summ(per_size[i])
-            algbw = summ([nbytes / (x * 1e-6) / 1e9 for x in per_size[i]])  # GB/s
-            row[name] = {
-                "time_us": t,
-                "algbw_gbs": algbw,
-                "busbw_gbs": summ([x * 2 * (world - 1) / world for x in algbw["values"]]),
-            }
-        table.append(row)
-    nccl = "not run: no GPU on this machine"
-    if ctx["meta"].get("gpus", 0) >= 2:
-        nj = raw / "allreduce_nccl.json"
-        try:
-            launch_ranks(
-                [bindir / "fxdp_allreduce_bench", "--device=cuda", *flags, f"--json={nj}"],
-                2,
-                log=ctx["log"],
-            )
-            nccl = json.loads(nj.read_text())
-        except RuntimeError as e:
-            nccl = f"failed: {e}"
-    elif ctx["meta"].get("gpus", 0) == 1:
-        nccl = "not run: one GPU (NCCL needs one GPU per rank, 2 ranks)"
-    return {
-        "world_size": world,
-        "dtype": c["dtype"],
-        "reps": a["reps"],
-        "impls": list(impls),
-        "table": table,
-        "nccl": nccl,
-        "load": [l0, load()],
-        "raw": {"cpp": c, "torch": p},
-        "commands": {
-            "fxdp + c10d": "RANK=r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=P "
-            f"{rel(bindir)}/fxdp_allreduce_bench --device=cpu " + " ".join(flags),
-            "torch.distributed": "RANK=r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=P "
-            ".venv/bin/python bench/allreduce_torch.py "
-            f"--min-bytes {a['min']} --max-bytes {a['max']} --factor {a['factor']} "
-            f"--reps {a['reps']} --budget-mb {a['budget_mb']}",
-            "nccl": "... fxdp_allreduce_bench --device=cuda (a GPU per rank, built with NCCL)",
-        },
-    }
-
-
-def area_fsdp(ctx) -> dict:
-    return run_py_bench(
-        ctx, "fully_shard_vs_fsdp2", ["--build", ctx["build"], *ctx["cfg"]["fsdp"]], 1500
-    )
-
-
-def area_trace(ctx) -> dict:
-    return run_py_bench(ctx, "trace_memory", ctx["cfg"]["trace"], 1800)
-
-
-RUNNERS = {
-    "pipeline": area_pipeline,
-    "executor": area_executor,
-    "step": area_step,
-    "compile": area_compile,
-    "allreduce": area_allreduce,
-    "fsdp": area_fsdp,
-    "trace": area_trace,
-}
-
 
 # --------------------------------------------------------------------------- main
 
@@ -610,7 +106,7 @@ def update_step_models(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
+def arg_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -636,6 +132,46 @@ def main(argv=None) -> int:
         help="replace only the --areas run in the existing --json results (each keeps when "
         "and at which commit it was measured), keep the others; then write --md",
     )
+    return ap
+
+
+def run_areas(areas: list, ctx: dict) -> tuple:
+    """Runs each area in turn, one failing area not losing the others: (results by area, the
+    names of those that failed)."""
+    out, failed = {}, []
+    for name in areas:
+        t0, l0 = time.monotonic(), load()
+        print(f"== {name} (load {l0})", flush=True)
+        try:
+            res = RUNNERS[name](ctx)
+        except Exception as e:  # noqa: BLE001 - one failing area must not lose the others
+            res = {"error": f"{type(e).__name__}: {e}", "load": [load()]}
+            failed.append(name)
+            print(f"   {name} FAILED: {e}", file=sys.stderr, flush=True)
+        res["wall_s"] = round(time.monotonic() - t0, 1)
+        res["load"] = [l0, load()]
+        out[name] = res
+        print(f"   {name}: {res['wall_s']:.0f} s", flush=True)
+    return out, failed
+
+
+def merge_into(path: str, results: dict) -> dict:
+    """--merge: the results in ``path`` with the areas just run replaced (each says when and at
+    which commit it was measured)."""
+    meta = results["meta"]
+    merged = json.loads(pathlib.Path(path).read_text())
+    for name, res in results["areas"].items():
+        res["measured"] = {
+            "date": meta["date"],
+            "git_commit": meta["git_commit"],
+            "load": res["load"],
+        }
+        merged["areas"][name] = res
+    return merged
+
+
+def main(argv=None) -> int:
+    ap = arg_parser()
     args = ap.parse_args(argv)
     if args.step_models:
         return update_step_models(args)
@@ -648,7 +184,6 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"unknown area(s) {unknown}; known: {AREAS}")
     build = pathlib.Path(args.build).resolve()
-    bindir = build / "bin"
     raw = pathlib.Path(args.raw).resolve()
     raw.mkdir(parents=True, exist_ok=True)
     log = raw / "commands.log"
@@ -658,39 +193,18 @@ def main(argv=None) -> int:
     meta["quick"] = args.quick
     ctx = {
         "cfg": QUICK if args.quick else FULL,
-        "bin": bindir,
+        "bin": build / "bin",
         "build": build,
         "raw": raw,
         "log": log,
         "meta": meta,
     }
-    results = {"meta": meta, "areas": {}}
-    failed = []
-    for name in areas:
-        t0, l0 = time.monotonic(), load()
-        print(f"== {name} (load {l0})", flush=True)
-        try:
-            res = RUNNERS[name](ctx)
-        except Exception as e:  # noqa: BLE001 - one failing area must not lose the others
-            res = {"error": f"{type(e).__name__}: {e}", "load": [load()]}
-            failed.append(name)
-            print(f"   {name} FAILED: {e}", file=sys.stderr, flush=True)
-        res["wall_s"] = round(time.monotonic() - t0, 1)
-        res["load"] = [l0, load()]
-        results["areas"][name] = res
-        print(f"   {name}: {res['wall_s']:.0f} s", flush=True)
+    by_area, failed = run_areas(areas, ctx)
+    results = {"meta": meta, "areas": by_area}
     meta["load_end"] = load()
     meta["wall_s"] = round(time.monotonic() - t_start, 1)
     if args.merge:
-        merged = json.loads(pathlib.Path(args.json).read_text())
-        for name, res in results["areas"].items():
-            res["measured"] = {
-                "date": meta["date"],
-                "git_commit": meta["git_commit"],
-                "load": res["load"],
-            }
-            merged["areas"][name] = res
-        results = merged
+        results = merge_into(args.json, results)
     pathlib.Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
     pathlib.Path(args.md).write_text(render_markdown(results))
     print(
