@@ -22,6 +22,7 @@ import torch
 import torch.fx as fx
 
 from .errors import GraphFormatError, TraceError
+from .sizes import SizeArg, SizeWriter
 from .trace_errors import node_source
 from .v1 import graph_pb2 as pb
 
@@ -99,9 +100,18 @@ def _device_pb(dev: torch.device, out: "pb.Device", where: str) -> None:
 
 
 def encode_argument(
-    a: Any, out: "pb.Argument", ref: Callable[[fx.Node], tuple[int, int]], where: str
+    a: Any,
+    out: "pb.Argument",
+    ref: Callable[[fx.Node], tuple[int, int]],
+    where: str,
+    sizes: "Optional[SizeWriter]" = None,
 ) -> None:
-    if isinstance(a, fx.Node):
+    if isinstance(a, SizeArg):
+        if sizes is None:
+            raise _err(f"{where}: a size computed from the batch's shape ({a}) in a static graph")
+        out.int_value = a.hint
+        out.size_expr = sizes.expr(a.expr, where)
+    elif isinstance(a, fx.Node):
         n, k = ref(a)
         out.ref.node = n
         out.ref.output = k
@@ -132,22 +142,34 @@ def encode_argument(
         lst = out.list
         lst.SetInParent()
         for item in a:
-            encode_argument(item, lst.items.add(), ref, where)
+            encode_argument(item, lst.items.add(), ref, where, sizes)
     elif isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        raise _err(f"{where}: symbolic value {a} in the graph (dynamic shapes are not supported)")
+        # never int(): that would specialise the symbol (fxdp.graph_passes.fold_sizes folds them)
+        raise _err(f"{where}: symbolic value {a} was not folded into a size argument")
     else:
         raise _err(f"{where}: cannot encode argument {a!r} of type {type(a).__name__}")
 
 
 def _value_meta(
-    v: Any, out: "pb.ValueMeta", requires_grad: bool, where: str, device: Any = None
+    v: Any,
+    out: "pb.ValueMeta",
+    requires_grad: bool,
+    where: str,
+    device: Any = None,
+    sizes: "Optional[SizeWriter]" = None,
 ) -> None:
     if isinstance(v, torch.Tensor):
         out.kind = pb.TENSOR
         t = out.tensor
-        t.shape.extend(int(s) for s in v.shape)
-        t.stride.extend(int(s) for s in v.stride())
-        t.storage_offset = int(v.storage_offset())
+        if sizes is not None:
+            sizes.tensor(v, t, where)
+        elif any(isinstance(s, torch.SymInt) for s in (*v.shape, *v.stride(), v.storage_offset())):
+            # never int() a SymInt: that specialises the symbol to the example's value
+            raise _err(f"{where}: a tensor of symbolic shape {tuple(v.shape)} in a static graph")
+        else:
+            t.shape.extend(int(s) for s in v.shape)
+            t.stride.extend(int(s) for s in v.stride())
+            t.storage_offset = int(v.storage_offset())
         if v.dtype not in DTYPE_TO_PB:
             raise _err(f"{where}: dtype {v.dtype} is not representable in the wire format")
         t.dtype = DTYPE_TO_PB[v.dtype]
@@ -165,8 +187,23 @@ def _value_meta(
         raise _err(f"{where}: cannot describe value {v!r} of type {type(v).__name__}")
 
 
-def fx_to_graphdef(gm: fx.GraphModule, metadata: Sequence[tuple[str, str]] = ()) -> "pb.GraphDef":
-    """Encode an aten-level FX graph (with fxdp node metadata) as a GraphDef."""
+def _size_writer(gm: fx.GraphModule, shape_env) -> "Optional[SizeWriter]":
+    if shape_env is None:
+        return None
+    inputs = [
+        (i, n.meta["fxdp_placeholder"][1], n.meta["val"])
+        for i, n in enumerate(gm.graph.nodes)
+        if n.op == "placeholder" and n.meta.get("fxdp_placeholder", (None,))[0] == pb.INPUT
+    ]
+    return SizeWriter(shape_env, inputs)
+
+
+def fx_to_graphdef(
+    gm: fx.GraphModule, metadata: Sequence[tuple[str, str]] = (), shape_env=None
+) -> "pb.GraphDef":
+    """Encode an aten-level FX graph (with fxdp node metadata) as a GraphDef; a symbolic trace's
+    (``shape_env``: its ShapeEnv) with its sizes' expressions, symbols and guards (fxdp.sizes)."""
+    sizes = _size_writer(gm, shape_env)
     g = pb.GraphDef()
     g.format_version = pb.FORMAT_VERSION_1
     g.producer = PRODUCER
@@ -198,6 +235,7 @@ def fx_to_graphdef(gm: fx.GraphModule, metadata: Sequence[tuple[str, str]] = ())
                 node.meta.get("fxdp_requires_grad", False),
                 where,
                 node.meta.get("fxdp_device"),
+                sizes,
             )
         elif node.op == "call_function":
             p.kind = pb.CALL_FUNCTION
@@ -212,20 +250,20 @@ def fx_to_graphdef(gm: fx.GraphModule, metadata: Sequence[tuple[str, str]] = ())
                 p.args.add().int_value = i
             else:
                 for a in node.args:
-                    encode_argument(a, p.args.add(), ref, where)
+                    encode_argument(a, p.args.add(), ref, where, sizes)
                 for k, a in node.kwargs.items():
                     kw = p.kwargs.add()
                     kw.name = k
-                    encode_argument(a, kw.value, ref, where)
+                    encode_argument(a, kw.value, ref, where, sizes)
             val = node.meta.get("val")
             rg = node.meta.get("fxdp_requires_grad", False)
             dev = node.meta.get("fxdp_device")
             if isinstance(val, (tuple, list)):
                 devs = dev if isinstance(dev, (tuple, list)) else [None] * len(val)
                 for v, d in zip(val, devs):
-                    _value_meta(v, p.outputs.add(), rg, where, d)
+                    _value_meta(v, p.outputs.add(), rg, where, d, sizes)
             else:
-                _value_meta(val, p.outputs.add(), rg, where, dev)
+                _value_meta(val, p.outputs.add(), rg, where, dev, sizes)
             if node.meta.get("fxdp_grad_of"):
                 p.grad_of = node.meta["fxdp_grad_of"]
             source = node_source(node)
@@ -258,6 +296,8 @@ def fx_to_graphdef(gm: fx.GraphModule, metadata: Sequence[tuple[str, str]] = ())
         kv = g.metadata.add()
         kv.key = k
         kv.value = v
+    if sizes is not None:
+        sizes.write(g)
     return g
 
 

@@ -16,6 +16,7 @@ import torch
 import torch.fx as fx
 
 from .errors import TraceError
+from .sizes import SizeArg, expr_of
 from .trace_errors import node_source
 from .v1 import graph_pb2 as pb
 
@@ -45,8 +46,10 @@ def _is_profiler(n: fx.Node) -> bool:
     return isinstance(t, torch._ops.OpOverload) and t.namespace == "profiler"
 
 
-def cleanup(gm: fx.GraphModule) -> None:
-    """Remove profiler ops, ``detach``/``alias``, and the clones the step function makes of its inputs."""
+def cleanup(gm: fx.GraphModule, dynamic: bool = False) -> None:
+    """Remove profiler ops, ``detach``/``alias``, and the clones the step function makes of its inputs;
+    a symbolic trace (``dynamic``) also loses what a concrete trace never records
+    (:func:`elide_full_slices`, :func:`drop_noop_clones`)."""
     g = gm.graph
     for n in reversed(list(g.nodes)):
         if n.op == "call_function" and _is_profiler(n) and not n.users:
@@ -70,7 +73,139 @@ def cleanup(gm: fx.GraphModule) -> None:
         ):
             n.replace_all_uses_with(n.args[0])
             g.erase_node(n)
+    if dynamic:
+        elide_full_slices(gm)
+        drop_noop_clones(gm)
     g.eliminate_dead_code()
+
+
+# --------------------------------------------------------------------------- symbolic traces
+
+_INT64_MAX = 2**63 - 1
+
+
+def _size(a) -> Optional[Any]:
+    """The sympy expression of a size argument (an int, a SymInt node, a SizeArg), else None."""
+    if isinstance(a, fx.Node):
+        v = a.meta.get("val")
+        return expr_of(v) if isinstance(v, torch.SymInt) else None
+    try:
+        return expr_of(a)
+    except TypeError:
+        return None
+
+
+def _layout_exprs(v) -> Optional[Tuple]:
+    if not isinstance(v, torch.Tensor):
+        return None
+    return (
+        tuple(expr_of(s) for s in v.shape),
+        tuple(expr_of(s) for s in v.stride()),
+        expr_of(v.storage_offset()),
+    )
+
+
+def _is(a, value: int) -> bool:
+    e = _size(a)
+    return e is not None and e.is_Integer and int(e) == value
+
+
+def _full_range(start, end, step, size) -> bool:
+    """start 0 (or None), step 1 (or None) and end None, INT64_MAX or ``size`` itself (the same
+    expression: sizes are compared symbolically, never through a SymInt, which would guard)."""
+    if not (start is None or _is(start, 0)) or not (step is None or _is(step, 1)):
+        return False
+    return end is None or _is(end, _INT64_MAX) or (_size(end) is not None and _size(end) == size)
+
+
+def elide_full_slices(gm: fx.GraphModule) -> None:
+    """A symbolic trace records ``x[:, :S]`` and ``x[:, 0:]`` (and their ``slice_backward``) where a
+    concrete trace sees that the slice covers the whole dim and records nothing; the analyzer refuses
+    a slice of the batch dim. A full ``slice`` is its input (same shape, strides and offset); a full
+    ``slice_backward`` whose gradient already has the result's layout is that gradient."""
+    g = gm.graph
+    for n in list(g.nodes):
+        if n.op != "call_function":
+            continue
+        if n.target is aten.slice.Tensor and not n.kwargs:
+            x, dim, start, end, step = (list(n.args) + [0, None, None, 1][len(n.args) - 1 :])[:5]
+            xv = x.meta.get("val") if isinstance(x, fx.Node) else None
+            if not isinstance(xv, torch.Tensor) or not isinstance(dim, int):
+                continue
+            if _full_range(start, end, step, expr_of(xv.shape[dim % xv.dim()])):
+                n.replace_all_uses_with(x)
+                g.erase_node(n)
+        elif n.target is aten.slice_backward.default:
+            grad, sizes, dim, start, end, step = n.args
+            want = tuple(_size(s) for s in sizes)
+            mine, its = _layout_exprs(n.meta.get("val")), _layout_exprs(grad.meta.get("val"))
+            if (
+                mine is not None
+                and its == mine
+                and want == mine[0]
+                and _full_range(start, end, step, want[dim % len(want)])
+            ):
+                n.replace_all_uses_with(grad)
+                g.erase_node(n)
+
+
+def drop_noop_clones(gm: fx.GraphModule) -> None:
+    """A symbolic trace runs ``dropout(p=0)``'s Python decomposition, ``input.clone()``, where a
+    concrete trace returns the input: a ``clone`` (preserve format) of a computed value whose result
+    has the value's exact layout is the value itself in a graph without mutation. Clones the outputs
+    take (the gradient snapshots mark_gradients reads) stay."""
+    g = gm.graph
+    for n in list(g.nodes):
+        if n.op != "call_function" or n.target is not aten.clone.default:
+            continue
+        x = n.args[0]
+        if not isinstance(x, fx.Node) or x.op == "placeholder":
+            continue
+        if n.kwargs.get("memory_format", torch.preserve_format) != torch.preserve_format:
+            continue
+        if any(u.op == "output" for u in n.users):
+            continue
+        mine = _layout_exprs(n.meta.get("val"))
+        if mine is not None and mine == _layout_exprs(x.meta.get("val")):
+            n.replace_all_uses_with(x)
+            g.erase_node(n)
+
+
+def fold_sizes(gm: fx.GraphModule) -> None:
+    """The size arithmetic of a symbolic trace (``sym_size``, ``operator.mul`` of SymInts...) becomes
+    :class:`fxdp.sizes.SizeArg` arguments of the ops that take the sizes (its expression and its
+    value at the example): every remaining call is a dispatcher op. A float or bool computed from
+    sizes cannot be written: a TraceError names the node and the user's line."""
+    g = gm.graph
+    folded: Dict[fx.Node, SizeArg] = {}
+    for n in g.nodes:
+        if n.op != "call_function":
+            continue
+        v = n.meta.get("val")
+        if isinstance(v, torch.SymInt):
+            hint = v.node.hint
+            if hint is None:
+                raise TraceError(
+                    f"node '{n.name}' ({node_source(n) or 'an unknown line'}): the size {v} depends "
+                    "on tensor values; trace with dynamic=False"
+                )
+            folded[n] = SizeArg(expr_of(v), int(hint))
+        elif isinstance(v, (torch.SymFloat, torch.SymBool)):
+            raise TraceError(
+                f"node '{n.name}' ({node_source(n) or 'an unknown line'}): a {type(v).__name__} "
+                f"computed from sizes ({v}), which the wire format cannot carry (only integer sizes); "
+                "trace with dynamic=False"
+            )
+    for n in g.nodes:
+        if n not in folded and n.op != "placeholder":
+            n.args = fx.node.map_aggregate(
+                n.args, lambda a: folded.get(a, a) if isinstance(a, fx.Node) else a
+            )
+            n.kwargs = fx.node.map_aggregate(
+                n.kwargs, lambda a: folded.get(a, a) if isinstance(a, fx.Node) else a
+            )
+    for n in reversed(list(folded)):
+        g.erase_node(n)
 
 
 def validate_ops(gm: fx.GraphModule) -> None:

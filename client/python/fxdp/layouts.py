@@ -17,7 +17,7 @@ naming the node, the op, the user's line and both layouts.
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import torch
 import torch.fx as fx
@@ -47,13 +47,17 @@ def _layout(t: torch.Tensor) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
     return tuple(t.shape), tuple(s if d > 1 else 0 for d, s in zip(t.shape, t.stride()))
 
 
-def unsure_nodes(gm: fx.GraphModule) -> List[fx.Node]:
+def _val(n: fx.Node):
+    return n.meta.get("val")
+
+
+def unsure_nodes(gm: fx.GraphModule, val_of: Callable = _val) -> List[fx.Node]:
     """Nodes of an op of LAYOUT_UNSURE with an input that is not contiguous."""
     out = []
     for n in gm.graph.nodes:
         if n.op != "call_function" or _op_name(n) not in LAYOUT_UNSURE:
             continue
-        ins = [a.meta.get("val") for a in n.all_input_nodes]
+        ins = [val_of(a) for a in n.all_input_nodes]
         if any(isinstance(v, torch.Tensor) and not v.is_contiguous() for v in ins):
             out.append(n)
     return out
@@ -68,9 +72,9 @@ def _zeros_like_val(v, device: torch.device):
     return buf.as_strided(v.shape, v.stride(), v.storage_offset())
 
 
-def _real_outputs(n: fx.Node, device: torch.device):
+def _real_outputs(n: fx.Node, device: torch.device, val_of: Callable = _val):
     def arg(a):
-        return _zeros_like_val(a.meta.get("val"), device) if isinstance(a, fx.Node) else a
+        return _zeros_like_val(val_of(a), device) if isinstance(a, fx.Node) else a
 
     args = fx.node.map_aggregate(n.args, lambda a: arg(a) if isinstance(a, fx.Node) else a)
     kwargs = fx.node.map_aggregate(n.kwargs, lambda a: arg(a) if isinstance(a, fx.Node) else a)
@@ -78,15 +82,18 @@ def _real_outputs(n: fx.Node, device: torch.device):
         return n.target(*args, **kwargs)
 
 
-def check(gm: fx.GraphModule, device: torch.device) -> List[Tuple[fx.Node, str, str]]:
+def check(
+    gm: fx.GraphModule, device: torch.device, val_of: Callable = _val
+) -> List[Tuple[fx.Node, str, str]]:
     """(node, FakeTensor layout, real layout) of each unsure node whose real layout differs; every
-    unsure node when ``device`` cannot run ops here (a CUDA trace without CUDA)."""
+    unsure node when ``device`` cannot run ops here (a CUDA trace without CUDA). ``val_of(node)``:
+    the node's FakeTensor (a symbolic trace's at the example's sizes: fxdp.dynamic.hinted)."""
     bad = []
-    for n in unsure_nodes(gm):
-        fake = [_layout(t) for t in _tensors(n.meta.get("val"))]
+    for n in unsure_nodes(gm, val_of):
+        fake = [_layout(t) for t in _tensors(val_of(n))]
         real: Optional[list] = None
         if device.type == "cpu" or (device.type == "cuda" and torch.cuda.is_available()):
-            real = [_layout(t) for t in _tensors(_real_outputs(n, device))]
+            real = [_layout(t) for t in _tensors(_real_outputs(n, device, val_of))]
         if real != fake:
             bad.append((n, _describe(fake), _describe(real) if real is not None else "unknown"))
     return bad

@@ -26,6 +26,7 @@ class TracedStep:
         self.graph = graph
         self._state = OrderedDict(state) if state is not None else None
         self._gm = None
+        self._instances: "OrderedDict[tuple, TracedStep]" = OrderedDict()  # symbolic: per shape
 
     # ----------------------------------------------------------------- description
     @property
@@ -75,6 +76,54 @@ class TracedStep:
 
         st = self.initial_state() if state is None else state
         save_file({k: v.detach().contiguous().cpu() for k, v in st.items()}, str(path))
+
+    # ----------------------------------------------------------------- symbolic sizes
+    def is_symbolic(self) -> bool:
+        """True for a graph traced with ``dynamic=...`` (sizes as expressions of the input dims)."""
+        return len(self.graph.symbols) > 0
+
+    def instantiate(
+        self, batch: Union[Sequence[torch.Tensor], Mapping[str, torch.Tensor], torch.Tensor]
+    ) -> "TracedStep":
+        """The static TracedStep of this symbolic one for ``batch``'s shapes (its tensors, or their
+        shapes: ``{name: (8, 60)}``), sharing the state; a static step returns itself. The last 16
+        shapes are kept. Raises :class:`fxdp.instantiate.ShapeError` (a ValueError) naming the
+        input, the dim or guard and the user's line, when the trace does not hold for them."""
+        if not self.is_symbolic():
+            return self
+        from .instantiate import instantiate
+
+        shapes = self._batch_shapes(batch)
+        key = tuple(tuple(shapes[n]) for n in self.input_names())
+        hit = self._instances.get(key)
+        if hit is None:
+            hit = TracedStep(instantiate(self.graph, shapes), self._state)
+            self._instances[key] = hit
+            while len(self._instances) > 16:
+                self._instances.popitem(last=False)
+        self._instances.move_to_end(key)
+        return hit
+
+    def _batch_shapes(self, batch) -> Dict[str, List[int]]:
+        names = self.input_names()
+        if isinstance(batch, torch.Tensor):
+            batch = (batch,)
+        if isinstance(batch, Mapping):
+            missing = [n for n in names if n not in batch]
+            if missing:
+                raise KeyError(f"batch lacks inputs {missing}")
+            items = [(n, batch[n]) for n in names]
+        else:
+            batch = list(batch)
+            if len(batch) != len(names):
+                raise ValueError(
+                    f"batch has {len(batch)} tensors, the graph takes {len(names)} inputs {names}"
+                )
+            items = list(zip(names, batch))
+        return {
+            n: list(t.shape) if isinstance(t, torch.Tensor) else [int(d) for d in t]
+            for n, t in items
+        }
 
     # ----------------------------------------------------------------- execution
     def graph_module(self) -> torch.fx.GraphModule:
@@ -145,7 +194,20 @@ class TracedStep:
         Random ops (dropout...) draw from fxdp's generator keyed by ``seed`` (default: the graph's,
         :meth:`seed`), ``step`` and the node, exactly what N ranks draw together for that step
         (docs/randomness.md).
+
+        A symbolic step (``trace_step(..., dynamic=True)``) runs its instance for the batch's
+        shapes (:meth:`instantiate`).
         """
+        if self.is_symbolic():
+            return self.instantiate(batch).run_local(
+                state,
+                batch,
+                hyperparameters=hyperparameters,
+                schedule=schedule,
+                step=step,
+                outputs=outputs,
+                seed=seed,
+            )
         from .optimizers import check_guards
         from .schedule import hyperparameter_guards, schedule_values
 

@@ -106,6 +106,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from . import convert, graph_passes, hf_masks, layouts
 from . import decompositions as decompositions_table
+from . import dynamic as dyn
 from .errors import TraceError
 from .flat_step import flat_step
 from .optimizers import SUPPORTED_OPTIMIZERS
@@ -266,6 +267,23 @@ def _traced(step, sig: Signature, model, mode: str, decompositions, progress: _P
     return _make_graph(step, sig.example_args(), ModuleStack(model), "real", decompositions), "real"
 
 
+def _traced_symbolic(step, sig: Signature, model, mode: str, decompositions, dims):
+    """``_make_graph`` with symbolic input dims (fxdp.dynamic); "auto" checks the layouts at the
+    example's sizes. Returns the graph and its ShapeEnv."""
+    if mode == "real":
+        raise TraceError(
+            "dynamic=True traces on FakeTensors (tracing_mode 'auto', the default, checks their "
+            "layouts at the example's sizes); tracing_mode='real' runs one shape: use dynamic=False"
+        )
+    args, env = dyn.symbolic_args(sig, dims)
+    with _fake_cache_off():
+        gm = _make_graph(step, args, ModuleStack(model), "symbolic", decompositions)
+    if mode == "auto":
+        with dyn.frozen(env):
+            dyn.check_layouts(gm, sig.trace_device)
+    return gm, env, args[len(args) - len(sig.batch.values) :]
+
+
 def _metadata(
     sig: Signature, model, optimizer, train_step, loss_reduction, report
 ) -> List[Tuple[str, str]]:
@@ -287,6 +305,21 @@ def _metadata(
     if report["guards"]:
         meta.append(("hyperparameter_guards", json.dumps(report["guards"])))
     return meta
+
+
+def _specialized(env, sig: Signature, fakes, dims) -> List[Tuple[str, str]]:
+    """Metadata ``fxdp.specialized`` (and a warning) for the dims ``dynamic`` asked for that the
+    step made static (fxdp.dynamic.specialized)."""
+    import warnings
+
+    found = dyn.specialized(env, sig.batch.names, fakes, dims)
+    if not found:
+        return []
+    text = "; ".join(
+        f"input '{s['input']}' dim {s['dim']} = {s['value']}: {s['why']}" for s in found
+    )
+    warnings.warn(f"fxdp: dynamic dims traced as static ({text})", stacklevel=3)
+    return [("fxdp.specialized", json.dumps(found))]
 
 
 def _initial_state(
@@ -313,6 +346,7 @@ def trace_step(
     tracing_mode: str = "auto",
     device: Union[None, str, torch.device] = None,
     seed: Optional[int] = None,
+    dynamic: Union[bool, Dict[str, Sequence[int]]] = False,
 ):
     """Trace ``train_step(model, optimizer, batch)`` (ordinary eager PyTorch) into a :class:`fxdp.TracedStep`.
 
@@ -341,6 +375,13 @@ def trace_step(
     makes runs reproducible): the workers and ``run_local`` draw every random value from fxdp's
     generator keyed by it, the step number and the node (docs/randomness.md).
 
+    ``dynamic=True`` traces once for every batch shape (docs/shapes.md): each dim of each input is
+    a symbol (``dynamic={"input_ids": [0, 1]}`` names the dims; the others stay static), the graph
+    carries its sizes as expressions of them and the guards the step assumed (each with the user's
+    line), and ``TracedStep.instantiate(batch)`` (``run_local``) makes the static graph of a batch.
+    Dims the step forced to one value (or of size 0 or 1 in the example) stay static; they are
+    warned about and listed in the metadata ``fxdp.specialized``.
+
     The model, its buffers and the optimizer are left unchanged. Raises :class:`fxdp.TraceError`
     for what cannot be traced (see the module docstring).
     """
@@ -363,19 +404,28 @@ def trace_step(
     report: Dict[str, Any] = {}
     step = flat_step(sig, train_step, model, optimizer, report)
     progress = _Progress(model, sig, tracing_mode)
-    gm, tracing_mode = _traced(step, sig, model, tracing_mode, decompositions, progress)
-    graph_passes.cleanup(gm)
-    first_input = graph_passes.first_input(gm.graph, sig)
-    output_roles = graph_passes.assign_roles(gm.graph, sig, len(report["extras"]))
-    consts = graph_passes.lift_constants(gm, first_input)
-    graph_passes.validate_ops(gm)
-    final_gm = graph_passes.renamed(gm.graph, output_roles)
-    if tracing_mode == "real":
-        graph_passes.record_layouts(final_gm, sig, consts)
-    progress.done(len(gm.graph.nodes))
-    graph_def = convert.fx_to_graphdef(
-        final_gm, _metadata(sig, model, optimizer, train_step, loss_reduction, report)
-    )
+    env = None
+    if dynamic:
+        dims = dyn.dynamic_dims(dynamic, sig.batch.names, sig.batch.values)
+        gm, env, fakes = _traced_symbolic(step, sig, model, tracing_mode, decompositions, dims)
+    else:
+        gm, tracing_mode = _traced(step, sig, model, tracing_mode, decompositions, progress)
+    with dyn.frozen(env) if env is not None else contextlib.nullcontext():
+        graph_passes.cleanup(gm, dynamic=env is not None)
+        first_input = graph_passes.first_input(gm.graph, sig)
+        output_roles = graph_passes.assign_roles(gm.graph, sig, len(report["extras"]))
+        consts = graph_passes.lift_constants(gm, first_input)
+        if env is not None:
+            graph_passes.fold_sizes(gm)
+        graph_passes.validate_ops(gm)
+        final_gm = graph_passes.renamed(gm.graph, output_roles)
+        if tracing_mode == "real":
+            graph_passes.record_layouts(final_gm, sig, consts)
+        progress.done(len(gm.graph.nodes))
+        meta = _metadata(sig, model, optimizer, train_step, loss_reduction, report)
+        if env is not None:
+            meta += _specialized(env, sig, fakes, dims)
+        graph_def = convert.fx_to_graphdef(final_gm, meta, shape_env=env)
     traced = TracedStep(graph_def, _initial_state(sig, consts))
     if traced.random_nodes():
         traced.set_seed(int(torch.randint(0, 2**63 - 1, ()).item()) if seed is None else seed)
@@ -399,13 +449,14 @@ def trace(
     tracing_mode: str = "auto",
     device: Union[None, str, torch.device] = None,
     seed: Optional[int] = None,
+    dynamic: Union[bool, Dict[str, Sequence[int]]] = False,
 ):
     """Trace the step ``loss_fn(model(*inputs[:n]), *inputs[n:]).backward(); optimizer.step()``.
 
     A shortcut over :func:`trace_step`. ``n = num_model_inputs`` defaults to all inputs but the
     last (the target) when a ``loss_fn`` is given, and to all inputs when ``loss_fn`` is None (the
     model returns the loss). ``loss_reduction`` defaults to ``loss_fn.reduction`` or ``"mean"``.
-    ``seed``: as :func:`trace_step`'s.
+    ``seed``, ``dynamic``: as :func:`trace_step`'s.
     """
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
@@ -443,4 +494,5 @@ def trace(
         tracing_mode=tracing_mode,
         device=device,
         seed=seed,
+        dynamic=dynamic,
     )
