@@ -11,7 +11,7 @@ N=2 (4+4) for every model, N=3 (3+3+2, uneven) for one model of each family; SGD
 * rank 0's parameters, buffers and optimizer state and the per-step global losses equal one
   device (``TracedStep.run_local`` on the full batches) at rtol 1e-5 / atol 1e-6;
 * BatchNorm models (ResNet) normalise with each rank's local batch statistics, as DDP does, so
-  they equal that semantics instead (``_util.rank_local_eager``: every rank's replica on its
+  they equal that semantics instead (``_eager_dp.rank_local_eager``: every rank's replica on its
   slice, gradients and running statistics combined with weights B_r/B), at the same tolerance.
 
 DeBERTa-v2 is traced with the ``attention_mask`` a real input pipeline has: without it,
@@ -34,6 +34,7 @@ import subprocess
 import fxdp
 import pytest
 import torch
+from _eager_dp import rank_local_eager
 from _real_models import (
     CASES,
     MATRIX,
@@ -46,7 +47,7 @@ from _real_models import (
     optimizer,
     padded_lm_batch,
 )
-from _util import ATOL, RTOL, fxdp_binary, rank_local_eager, run_worker_ranks
+from _util import ATOL, RTOL, fxdp_binary, run_worker_ranks
 from safetensors.torch import save_file
 
 transformers = pytest.importorskip("transformers")

@@ -26,374 +26,27 @@ Binaries: $FXDP_WORKER (default build/bin/fxdp-worker), $FXDP_BIN (build/bin/fxd
 
 from __future__ import annotations
 
-import queue
 import signal
 import subprocess
-import threading
 import time
-from concurrent import futures
-from typing import Dict, List, Optional
 
-import grpc
 import pytest
 import torch
-from _util import ATOL, RTOL, balanced_slices, free_port, fxdp_binary, local_steps, traced
+from _util import ATOL, RTOL, free_port, local_steps
+from _worker_protocol import (
+    Lab,
+    assert_float_close,
+    assign,
+    batch_dims,
+    fetch_state,
+    idle,
+    send_batch,
+    shard,
+)
 from fxdp import zoo
 from fxdp.v1 import graph_pb2 as gpb
 from fxdp.v1 import worker_pb2 as wpb
-from fxdp.v1 import worker_pb2_grpc as wgrpc
-
-HEARTBEAT_MS = 200
-WAIT_S = 30  # generous bound for anything a worker is asked to do here
-
-TO_WIRE = {
-    torch.float32: gpb.FLOAT32,
-    torch.float64: gpb.FLOAT64,
-    torch.float16: gpb.FLOAT16,
-    torch.bfloat16: gpb.BFLOAT16,
-    torch.int64: gpb.INT64,
-    torch.int32: gpb.INT32,
-    torch.int16: gpb.INT16,
-    torch.int8: gpb.INT8,
-    torch.uint8: gpb.UINT8,
-    torch.bool: gpb.BOOL,
-}
-FROM_WIRE = {v: k for k, v in TO_WIRE.items()}
-
-
-# --------------------------------------------------------------------------------------------
-# Tensors on the wire
-
-
-def chunks_of(name: str, t: torch.Tensor, chunk_bytes: int):
-    """TensorChunk messages for `t`: raw row-major little-endian bytes split by byte offset."""
-    t = t.detach().contiguous()
-    data = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
-    off = 0
-    while True:
-        piece = data[off : off + chunk_bytes]
-        yield wpb.TensorChunk(
-            name=name, dtype=TO_WIRE[t.dtype], shape=list(t.shape), offset=off, data=piece
-        )
-        off += len(piece)
-        if off >= len(data):
-            return
-
-
-class Assembler:
-    """Builds tensors from TensorChunks, checking offsets like the worker does."""
-
-    def __init__(self):
-        self.tensors: Dict[str, torch.Tensor] = {}
-        self._name, self._buf, self._meta = None, None, None
-
-    def add(self, c: "wpb.TensorChunk") -> None:
-        if self._name is None:
-            assert c.offset == 0 and c.name not in self.tensors, c.name
-            self._name, self._buf, self._meta = c.name, bytearray(), (c.dtype, tuple(c.shape))
-        assert c.name == self._name and c.offset == len(self._buf), (
-            c.name,
-            c.offset,
-            len(self._buf),
-        )
-        assert (c.dtype, tuple(c.shape)) == self._meta
-        self._buf += c.data
-        dtype, shape = FROM_WIRE[c.dtype], tuple(c.shape)
-        total = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
-        assert len(self._buf) <= total
-        if len(self._buf) == total:
-            t = (
-                torch.frombuffer(self._buf, dtype=dtype).reshape(shape).clone()
-                if total
-                else torch.empty(shape, dtype=dtype)
-            )
-            self.tensors[self._name] = t
-            self._name = None
-
-
-# --------------------------------------------------------------------------------------------
-# The server's side
-
-
-class Conn:
-    """One worker's Attach stream, seen from the server."""
-
-    def __init__(self, register: "wpb.Register"):
-        self.register = register
-        self.out: "queue.Queue[Optional[wpb.ServerMessage]]" = queue.Queue()
-        self.inbox: "queue.Queue[wpb.WorkerMessage]" = queue.Queue()
-        self.heartbeat: Optional["wpb.Heartbeat"] = None
-        self.heartbeats = 0
-        self.closed = threading.Event()
-        self._hb = threading.Condition()
-
-    def send(self, **fields) -> None:
-        self.out.put(wpb.ServerMessage(**fields))
-
-    def end(self) -> None:
-        self.out.put(None)
-
-    def on_heartbeat(self, h) -> None:
-        with self._hb:
-            self.heartbeat, self.heartbeats = h, self.heartbeats + 1
-            self._hb.notify_all()
-
-    def wait_heartbeat(self, pred, timeout=WAIT_S) -> "wpb.Heartbeat":
-        with self._hb:
-            ok = self._hb.wait_for(
-                lambda: self.heartbeat is not None and pred(self.heartbeat), timeout
-            )
-            assert ok, f"{self.register.worker_id}: no matching heartbeat within {timeout} s (last: {self.heartbeat})"
-            return self.heartbeat
-
-    def recv(self, kind: str, timeout=WAIT_S) -> "wpb.WorkerMessage":
-        """The next non-heartbeat message, which must be `kind` (a WorkerMessage oneof name)."""
-        try:
-            m = self.inbox.get(timeout=timeout)
-        except queue.Empty:
-            raise AssertionError(
-                f"{self.register.worker_id}: no {kind} within {timeout} s"
-            ) from None
-        got = m.WhichOneof("msg")
-        assert got == kind, f"{self.register.worker_id}: expected {kind}, got {got}: {m}"
-        return getattr(m, kind)
-
-
-class FakeServer(wgrpc.WorkerServiceServicer):
-    """The fxdp server's part of the worker protocol, just enough for these tests."""
-
-    def __init__(self, port: int = 0):
-        self.conns: "queue.Queue[Conn]" = queue.Queue()
-        self.server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=16),
-            options=[
-                ("grpc.max_receive_message_length", 64 << 20),
-                ("grpc.max_send_message_length", 64 << 20),
-            ],
-        )
-        wgrpc.add_WorkerServiceServicer_to_server(self, self.server)
-        self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")
-        assert self.port, "could not bind the test server"
-        self.server.start()
-
-    def stop(self) -> None:
-        self.server.stop(0)
-
-    def Attach(self, request_iterator, context):
-        first = next(request_iterator)
-        assert first.WhichOneof("msg") == "register_worker", first
-        conn = Conn(first.register_worker)
-        context.add_callback(conn.closed.set)
-        context.add_callback(conn.end)  # unblocks the response loop below when the RPC ends
-
-        def read():
-            try:
-                for m in request_iterator:
-                    if m.WhichOneof("msg") == "heartbeat":
-                        conn.on_heartbeat(m.heartbeat)
-                    else:
-                        conn.inbox.put(m)
-            except grpc.RpcError:
-                pass
-            finally:
-                conn.closed.set()
-                conn.end()
-
-        threading.Thread(target=read, daemon=True).start()
-        self.conns.put(conn)
-        yield wpb.ServerMessage(
-            registered=wpb.Registered(
-                worker_id=conn.register.worker_id, heartbeat_interval_ms=HEARTBEAT_MS
-            )
-        )
-        while True:
-            m = conn.out.get()
-            if m is None:
-                return
-            yield m
-
-    def accept(self, n: int, timeout=WAIT_S) -> Dict[str, Conn]:
-        """The next n registrations, by worker id."""
-        out = {}
-        deadline = time.monotonic() + timeout
-        while len(out) < n:
-            try:
-                c = self.conns.get(timeout=max(0.01, deadline - time.monotonic()))
-            except queue.Empty:
-                raise AssertionError(
-                    f"only {len(out)} of {n} workers registered within {timeout} s"
-                ) from None
-            out[c.register.worker_id] = c
-        return out
-
-
-def assign(
-    conn: Conn,
-    job_id: str,
-    graph: "gpb.GraphDef",
-    state: Dict[str, torch.Tensor],
-    *,
-    rank=0,
-    world=1,
-    port=0,
-    timeout_s=30.0,
-    steps=3,
-    chunk_bytes=777,
-    num_state=None,
-) -> None:
-    conn.send(
-        assign_job=wpb.AssignJob(
-            job_id=job_id,
-            rank=rank,
-            world_size=world,
-            rendezvous_host="127.0.0.1",
-            rendezvous_port=port,
-            collective_timeout_s=timeout_s,
-            device="cpu",
-            steps=steps,
-            graph=graph,
-            num_state_tensors=len(state) if num_state is None else num_state,
-        )
-    )
-    msgs = [
-        wpb.StateChunk(job_id=job_id, tensor=c)
-        for name, t in state.items()
-        for c in chunks_of(name, t, chunk_bytes)
-    ]
-    if not msgs:
-        msgs = [wpb.StateChunk(job_id=job_id)]
-    msgs[-1].last = True
-    for m in msgs:
-        conn.send(state_chunk=m)
-
-
-def send_batch(
-    conn: Conn, job_id: str, step: int, tensors: Dict[str, torch.Tensor], chunk_bytes=1 << 20
-) -> None:
-    chunks = [c for name, t in tensors.items() for c in chunks_of(name, t, chunk_bytes)]
-    # Two messages per step when there is more than one chunk: exercises `more`.
-    half = len(chunks) // 2
-    if half:
-        conn.send(batch=wpb.Batch(job_id=job_id, step=step, tensors=chunks[:half], more=True))
-    conn.send(batch=wpb.Batch(job_id=job_id, step=step, tensors=chunks[half:]))
-
-
-def fetch_state(
-    conn: Conn, job_id: str, chunk_bytes=1000, end_job=False
-) -> Dict[str, torch.Tensor]:
-    conn.send(fetch_state=wpb.FetchState(job_id=job_id, chunk_bytes=chunk_bytes, end_job=end_job))
-    asm = Assembler()
-    while True:
-        c = conn.recv("state_chunk")
-        assert c.job_id == job_id
-        if c.HasField("tensor"):
-            assert len(c.tensor.data) <= chunk_bytes
-            asm.add(c.tensor)
-        if c.last:
-            assert asm._name is None, "the last chunk left a tensor incomplete"
-            return asm.tensors
-
-
-def batch_dims(graph: "gpb.GraphDef") -> Dict[str, int]:
-    return {
-        n.placeholder.state_name: n.placeholder.batch_dim
-        for n in graph.nodes
-        if n.kind == gpb.PLACEHOLDER and n.placeholder.role == gpb.INPUT
-    }
-
-
-def shard(
-    batch: Dict[str, torch.Tensor], dims: Dict[str, int], rank: int, world: int
-) -> Dict[str, torch.Tensor]:
-    out = {}
-    for name, t in batch.items():
-        d = dims[name]
-        if d < 0:
-            out[name] = t
-            continue
-        start, size = balanced_slices(t.shape[d], world)[rank]
-        out[name] = t.narrow(d, start, size).contiguous()
-    return out
-
-
-# --------------------------------------------------------------------------------------------
-# Fixtures
-
-
-class Lab:
-    def __init__(self, tmp_path):
-        self.tmp = tmp_path
-        self.worker = fxdp_binary("FXDP_WORKER", "fxdp-worker")
-        self.fxdp = fxdp_binary("FXDP_BIN", "fxdp")
-        self.procs: List[subprocess.Popen] = []
-        self.servers: List[FakeServer] = []
-        self._graphs = {}
-
-    def server(self, port: int = 0) -> FakeServer:
-        s = FakeServer(port)
-        self.servers.append(s)
-        return s
-
-    def start_worker(self, server_port: int, worker_id: str) -> subprocess.Popen:
-        err = open(self.tmp / f"{worker_id}.err", "w")
-        p = subprocess.Popen(
-            [
-                self.worker,
-                "attach",
-                "--server",
-                f"127.0.0.1:{server_port}",
-                "--worker-id",
-                worker_id,
-                "--threads",
-                "1",
-                "--heartbeat-ms",
-                "5000",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-        )
-        err.close()
-        p.worker_id = worker_id
-        self.procs.append(p)
-        return p
-
-    def log(self, worker_id: str) -> str:
-        return (self.tmp / f"{worker_id}.err").read_text()
-
-    def graphs(self, model: str, optim: str, world: int):
-        """(traced step, the single-device GraphDef, the rank-0 expanded GraphDef for `world`)."""
-        key = (model, optim, world)
-        if key not in self._graphs:
-            step = traced(model, optim)
-            g = self.tmp / f"{model}_{optim}.pb"
-            step.save(str(g))
-            x = self.tmp / f"{model}_{optim}.x{world}.pb"
-            r = subprocess.run(
-                [self.fxdp, "expand", str(g), "--world-size", str(world), "-o", str(x)],
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
-            assert r.returncode == 0, r.stderr
-            xs = [x]
-            if not x.exists():  # uneven split: one file per rank
-                xs = [self.tmp / f"{model}_{optim}.x{world}.rank{r}.pb" for r in range(world)]
-            single, expanded = gpb.GraphDef(), []
-            single.ParseFromString(g.read_bytes())
-            for p in xs:
-                e = gpb.GraphDef()
-                e.ParseFromString(p.read_bytes())
-                expanded.append(e)
-            self._graphs[key] = (step, single, expanded)
-        return self._graphs[key]
-
-    def close(self):
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-        for s in self.servers:
-            s.stop()
+from fxdp.wire_tensors import chunks
 
 
 @pytest.fixture
@@ -401,19 +54,6 @@ def lab(tmp_path):
     lab = Lab(tmp_path)
     yield lab
     lab.close()
-
-
-def assert_float_close(got: float, want) -> None:
-    torch.testing.assert_close(
-        torch.tensor(got, dtype=torch.float64),
-        torch.as_tensor(want).to(torch.float64),
-        rtol=RTOL,
-        atol=ATOL,
-    )
-
-
-def idle(h) -> bool:
-    return h.state == wpb.WORKER_STATE_IDLE
 
 
 # --------------------------------------------------------------------------------------------
@@ -503,28 +143,9 @@ def test_two_ranks_train_like_one_device(lab, model, optim):
 
 
 def test_killed_rank_fails_the_job_and_the_survivor_is_reusable(lab):
-    model, optim, world = "mlp", "sgd", 2
-    step, single, expanded = lab.graphs(model, optim, world)
-    server = lab.server()
-    procs = {p.worker_id: p for p in (lab.start_worker(server.port, f"k{r}") for r in range(world))}
-    conns = server.accept(world)
-    ranks = [conns["k0"], conns["k1"]]
-    timeout_s = 10.0
-    port = free_port()
-    for r, c in enumerate(ranks):
-        assign(
-            c,
-            "doomed",
-            expanded[0],
-            step.initial_state(),
-            rank=r,
-            world=world,
-            port=port,
-            timeout_s=timeout_s,
-            steps=3,
-        )
-    for c in ranks:
-        c.recv("job_started")
+    model, optim, world, timeout_s = "mlp", "sgd", 2, 10.0
+    step, expanded, procs, ranks = lab.two_rank_job("k", "doomed", model, optim, timeout_s)
+    _, single, _ = lab.graphs(model, optim, world)
     dims = batch_dims(expanded[0])
     batch = zoo.get(model).named_batch(0)
     for r, c in enumerate(ranks):
@@ -689,26 +310,7 @@ def test_reattaches_after_the_server_goes_away_and_exits_on_sigterm(lab):
 
 def test_hung_rank_times_out_and_heartbeats_tell_which_worker_hangs(lab):
     model, optim, world, timeout_s = "mlp", "sgd", 2, 2.0
-    step, _, expanded = lab.graphs(model, optim, world)
-    server = lab.server()
-    procs = {p.worker_id: p for p in (lab.start_worker(server.port, f"h{r}") for r in range(world))}
-    conns = server.accept(world)
-    ranks = [conns["h0"], conns["h1"]]
-    port = free_port()
-    for r, c in enumerate(ranks):
-        assign(
-            c,
-            "hang",
-            expanded[0],
-            step.initial_state(),
-            rank=r,
-            world=world,
-            port=port,
-            timeout_s=timeout_s,
-            steps=3,
-        )
-    for c in ranks:
-        c.recv("job_started")
+    step, expanded, procs, ranks = lab.two_rank_job("h", "hang", model, optim, timeout_s)
     dims = batch_dims(expanded[0])
     e = zoo.get(model)
     for r, c in enumerate(ranks):
@@ -789,7 +391,7 @@ def test_batch_hyperparameters_are_applied_before_the_step(lab):
         batch=wpb.Batch(
             job_id="hp",
             step=1,
-            tensors=[c for k, t in batch.items() for c in chunks_of(k, t, 64)],
+            tensors=[c for k, t in batch.items() for c in chunks(k, t, 64)],
             hyperparameters=values,
         )
     )
@@ -809,7 +411,7 @@ def test_batch_hyperparameters_are_applied_before_the_step(lab):
         batch=wpb.Batch(
             job_id="hp",
             step=3,
-            tensors=[c for k, t in batch.items() for c in chunks_of(k, t, 1 << 20)],
+            tensors=[c for k, t in batch.items() for c in chunks(k, t, 1 << 20)],
             hyperparameters=[wpb.HyperparameterValue(name="fc.bias", value=1.0)],
         )
     )

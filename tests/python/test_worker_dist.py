@@ -46,6 +46,7 @@ from typing import Dict, List
 
 import pytest
 import torch
+from _eager_dp import rank_local_eager
 from _util import (
     ATOL,
     RTOL,
@@ -56,7 +57,6 @@ from _util import (
     free_port,
     fxdp_binary,
     prepare_zoo_step,
-    rank_local_eager,
     run_dp_oracle,
     run_worker_ranks,
     spawn_ranks,
@@ -206,7 +206,7 @@ def lab(tmp_path_factory):
 
 
 def sharded_eager(model_name: str, optim: str, batches, world: int) -> Dict[str, torch.Tensor]:
-    """fxdp's data parallelism with rank-local BatchNorm, emulated eagerly (_util.rank_local_eager)."""
+    """fxdp's data parallelism with rank-local BatchNorm, emulated eagerly (_eager_dp.rank_local_eager)."""
     e = zoo.get(model_name)
     model = e.model(0)
     bdims = e.batch_dim if isinstance(e.batch_dim, (list, tuple)) else [e.batch_dim] * 2
