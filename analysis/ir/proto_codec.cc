@@ -63,10 +63,23 @@ class Decoder {
   }
   void Seen(bool unknown) { saw_unknown_ |= unknown; }
 
+  // A symbolic graph (docs/shapes.md) is instantiated at concrete shapes before
+  // anything decodes it: decoding its hints as sizes would run the traced
+  // example's shapes for every batch.
+  static absl::Status Symbolic(absl::string_view what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what,
+                     " (docs/shapes.md): instantiate it at concrete input shapes first; "
+                     "this reader takes static graphs only"));
+  }
+
   absl::StatusOr<Graph> RunFast() {
     Seen(Unknown(def_));
     GraphHeader h;
     h.format_version = def_.format_version();
+    if (def_.symbols_size() > 0 || def_.size_exprs_size() > 0 || def_.guards_size() > 0)
+      return Symbolic(absl::StrCat("the graph has ", def_.symbols_size(), " symbolic sizes and ",
+                                   def_.guards_size(), " guards"));
     if (h.format_version == v1::FORMAT_VERSION_UNSPECIFIED)
       return absl::InvalidArgumentError("GraphDef has no format_version");
     h.producer = def_.producer();
@@ -184,6 +197,8 @@ class Decoder {
     if (kind != ValueKind::kTensor) return ValueType::Of(kind);
     const v1::TensorMeta& t = m.tensor();
     Seen(Unknown(t));
+    if (t.shape_expr_size() > 0 || t.stride_expr_size() > 0 || t.storage_offset_expr() != 0)
+      return Symbolic("a tensor has symbolic sizes");
     TensorType tt;
     if (t.shape_size() > kMaxRank)
       return absl::InvalidArgumentError(
@@ -200,6 +215,7 @@ class Decoder {
 
   absl::StatusOr<Argument> DecodeArgument(const v1::Argument& a, int depth) {
     Seen(Unknown(a));
+    if (a.size_expr() != 0) return Symbolic("an argument is a symbolic size");
     if (depth > kMaxListDepth)
       return absl::InvalidArgumentError(absl::StrCat("lists nested deeper than ", kMaxListDepth));
     switch (a.value_case()) {

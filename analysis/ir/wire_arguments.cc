@@ -234,6 +234,15 @@ bool ParseArgument(Reader r, int level, int depth, ArgumentFields* a) {
             a->Set(w::argument::kList);
             return Message(
                 in, [a, level, depth](Reader sub) { return ParseList(sub, level + 1, depth, a); });
+          case Tag(w::argument::kSizeExpr, kVarint):
+            // Not part of the oneof: a symbolic size leaves the graph to the
+            // protobuf path (FinishArgument refuses an Argument with unknowns).
+            {
+              const Field f = DefaultUint32(in);
+              if (f != Field::kUnknown) return f;
+              a->unknown = true;
+              return Field::kRead;
+            }
           default: return Field::kUnknown;
         }
       },

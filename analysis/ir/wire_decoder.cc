@@ -80,6 +80,9 @@ bool DecodeTensorMeta(Reader r, TensorType* t, TensorFields* f) {
             });
           case Tag(w::tensor_meta::kRequiresGrad, kVarint):
             return VarintBool(in, &t->requires_grad);
+          case Tag(w::tensor_meta::kShapeExpr, kLen):
+          case Tag(w::tensor_meta::kStrideExpr, kLen): return EmptyPacked(in);
+          case Tag(w::tensor_meta::kStorageOffsetExpr, kVarint): return DefaultUint32(in);
           default: return Field::kUnknown;
         }
       },

@@ -56,7 +56,16 @@ constexpr uint32_t Tag(uint32_t field, WireType type) {
 // Field numbers of graph.proto, the only place the direct decoder takes them
 // from (kFields below lists them for the test against the descriptors).
 namespace graph_def {
-enum : uint32_t { kFormatVersion = 1, kProducer = 2, kTorchVersion = 3, kNodes = 4, kMetadata = 5 };
+enum : uint32_t {
+  kFormatVersion = 1,
+  kProducer = 2,
+  kTorchVersion = 3,
+  kNodes = 4,
+  kMetadata = 5,
+  kSymbols = 6,
+  kSizeExprs = 7,
+  kGuards = 8,
+};
 }
 namespace string_pair {
 enum : uint32_t { kKey = 1, kValue = 2 };
@@ -92,6 +101,7 @@ enum : uint32_t {
   kMemoryFormat = 10,
   kScalar = 11,
   kList = 12,
+  kSizeExpr = 13,
 };
 }
 namespace argument_list {
@@ -123,7 +133,22 @@ enum : uint32_t {
   kDtype = 4,
   kDevice = 5,
   kRequiresGrad = 6,
+  kShapeExpr = 7,
+  kStrideExpr = 8,
+  kStorageOffsetExpr = 9,
 };
+}
+// The symbolic-size messages (docs/shapes.md): the direct decoder reads static
+// graphs only and leaves a graph that uses them to the protobuf path, which
+// refuses it; the numbers are listed so that the field table stays complete.
+namespace symbol {
+enum : uint32_t { kName = 1, kInputNode = 2, kDim = 3, kHint = 4, kMin = 5, kMax = 6 };
+}
+namespace size_expr {
+enum : uint32_t { kOp = 1, kValue = 2, kSymbol = 3, kOperands = 4 };
+}
+namespace guard {
+enum : uint32_t { kKind = 1, kLhs = 2, kRhs = 3, kSource = 4 };
 }
 namespace placeholder_spec {
 enum : uint32_t { kRole = 1, kStateName = 2, kBatchDim = 3 };
@@ -200,6 +225,28 @@ inline constexpr FieldSpec kFields[] = {
     {"fxdp.v1.PlaceholderSpec", "batch_dim", placeholder_spec::kBatchDim, WireType::kVarint},
     {"fxdp.v1.OutputSpec", "role", output_spec::kRole, WireType::kVarint},
     {"fxdp.v1.OutputSpec", "state_name", output_spec::kStateName, WireType::kLengthDelimited},
+    {"fxdp.v1.GraphDef", "symbols", graph_def::kSymbols, WireType::kLengthDelimited},
+    {"fxdp.v1.GraphDef", "size_exprs", graph_def::kSizeExprs, WireType::kLengthDelimited},
+    {"fxdp.v1.GraphDef", "guards", graph_def::kGuards, WireType::kLengthDelimited},
+    {"fxdp.v1.TensorMeta", "shape_expr", tensor_meta::kShapeExpr, WireType::kVarint},
+    {"fxdp.v1.TensorMeta", "stride_expr", tensor_meta::kStrideExpr, WireType::kVarint},
+    {"fxdp.v1.TensorMeta", "storage_offset_expr", tensor_meta::kStorageOffsetExpr,
+     WireType::kVarint},
+    {"fxdp.v1.Argument", "size_expr", argument::kSizeExpr, WireType::kVarint},
+    {"fxdp.v1.Symbol", "name", symbol::kName, WireType::kLengthDelimited},
+    {"fxdp.v1.Symbol", "input_node", symbol::kInputNode, WireType::kVarint},
+    {"fxdp.v1.Symbol", "dim", symbol::kDim, WireType::kVarint},
+    {"fxdp.v1.Symbol", "hint", symbol::kHint, WireType::kVarint},
+    {"fxdp.v1.Symbol", "min", symbol::kMin, WireType::kVarint},
+    {"fxdp.v1.Symbol", "max", symbol::kMax, WireType::kVarint},
+    {"fxdp.v1.SizeExpr", "op", size_expr::kOp, WireType::kVarint},
+    {"fxdp.v1.SizeExpr", "value", size_expr::kValue, WireType::kVarint},
+    {"fxdp.v1.SizeExpr", "symbol", size_expr::kSymbol, WireType::kVarint},
+    {"fxdp.v1.SizeExpr", "operands", size_expr::kOperands, WireType::kVarint},
+    {"fxdp.v1.Guard", "kind", guard::kKind, WireType::kVarint},
+    {"fxdp.v1.Guard", "lhs", guard::kLhs, WireType::kVarint},
+    {"fxdp.v1.Guard", "rhs", guard::kRhs, WireType::kVarint},
+    {"fxdp.v1.Guard", "source", guard::kSource, WireType::kLengthDelimited},
 };
 
 }  // namespace wire

@@ -252,6 +252,20 @@ inline Field VarintBool(Reader& r, T* out) {  // bool fields: any non-zero varin
 }
 inline Field Fixed64(Reader& r, uint64_t* out) { return Check(ReadFixed64(r, out)); }
 inline Field String(Reader& r, std::string* out) { return Check(ReadString(r, out)); }
+// A symbolic-size field (docs/shapes.md) that a static graph leaves at its
+// default: consumed when it holds the default (a uint32 varint of 0, an empty packed
+// list), else kUnknown, so the message's policy defers the graph to the
+// protobuf path, which refuses a symbolic graph by name.
+inline Field DefaultUint32(Reader& r) {
+  uint64_t v;
+  if (!ReadVarint(r, &v)) return Field::kCorrupt;
+  return static_cast<uint32_t>(v) == 0 ? Field::kRead : Field::kUnknown;  // mod 2^32, as protobuf
+}
+inline Field EmptyPacked(Reader& r) {
+  Reader packed;
+  if (!ReadLength(r, &packed)) return Field::kCorrupt;
+  return packed.done() ? Field::kRead : Field::kUnknown;
+}
 // A message field: `decode(Reader)` gets its bytes.
 template <typename Decode>
 inline Field Message(Reader& r, Decode decode) {

@@ -170,6 +170,22 @@ const RejectCase kRejectCases[] = {
        a->set_int_value(1);
      },
      "lists nested deeper than 16"},
+    // A symbolic graph (docs/shapes.md) decoded as it is would run its hints.
+    {"SymbolicGraph",
+     [](v1::GraphDef& d) {
+       v1::Symbol* s = d.add_symbols();
+       s->set_input_node(2);
+       s->set_hint(4);
+     },
+     "the graph has 1 symbolic sizes and 0 guards (docs/shapes.md): instantiate it"},
+    {"SymbolicTensorDim",
+     [](v1::GraphDef& d) {
+       d.mutable_nodes(5)->mutable_outputs(0)->mutable_tensor()->add_shape_expr(1);
+     },
+     "node 'addmm' (#5): output 0: a tensor has symbolic sizes"},
+    {"SymbolicSizeArgument",
+     [](v1::GraphDef& d) { d.mutable_nodes(10)->mutable_args(1)->set_size_expr(1); },
+     "node 'expand' (#10): argument 1: an argument is a symbolic size"},
 };
 
 INSTANTIATE_TEST_SUITE_P(All, CodecRejectTest, ::testing::ValuesIn(kRejectCases),
