@@ -39,10 +39,17 @@ T ValueOrDie(absl::StatusOr<T> s) {
   return *std::move(s);
 }
 
+inline const absl::Status& StatusOf(const absl::Status& s) { return s; }
+template <typename T>
+const absl::Status& StatusOf(const absl::StatusOr<T>& s) {
+  return s.status();
+}
+
+// A Status, or a StatusOr's status, with `code` and a message containing `substr`.
 MATCHER_P2(StatusIs, code, substr,
            std::string("status ") + absl::StatusCodeToString(code) + " with message containing '" +
                std::string(substr) + "'") {
-  const absl::Status& s = arg;
+  const absl::Status& s = StatusOf(arg);
   *result_listener << "got " << s;
   return s.code() == code && std::string(s.message()).find(substr) != std::string::npos;
 }

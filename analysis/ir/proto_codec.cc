@@ -351,14 +351,9 @@ absl::StatusOr<Graph> DecodeGraphBytes(absl::string_view bytes) {
   return DecodeGraphBytesViaMessage(bytes);
 }
 
-absl::StatusOr<Graph> DecodeGraphBytesViaMessage(absl::string_view bytes) {
+absl::StatusOr<v1::GraphDef*> ParseGraphDefBytes(absl::string_view bytes, pb::Arena* arena) {
   if (static_cast<int64_t>(bytes.size()) > kMaxGraphBytes) return TooLarge(bytes);
-  // An arena: the parsed message is freed in a few large blocks, not node by node.
-  pb::ArenaOptions options;
-  options.start_block_size = 64 << 10;
-  options.max_block_size = 8 << 20;
-  pb::Arena arena(options);
-  v1::GraphDef* def = pb::Arena::CreateMessage<v1::GraphDef>(&arena);
+  v1::GraphDef* def = pb::Arena::CreateMessage<v1::GraphDef>(arena);
   pb::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(bytes.data()),
                               static_cast<int>(bytes.size()));
   in.SetRecursionLimit(wire::kRecursionLimit);
@@ -366,6 +361,16 @@ absl::StatusOr<Graph> DecodeGraphBytesViaMessage(absl::string_view bytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("bytes are not a valid fxdp.v1.GraphDef (", bytes.size(),
                      " bytes; truncated, corrupt, or nested too deeply)"));
+  return def;
+}
+
+absl::StatusOr<Graph> DecodeGraphBytesViaMessage(absl::string_view bytes) {
+  // An arena: the parsed message is freed in a few large blocks, not node by node.
+  pb::ArenaOptions options;
+  options.start_block_size = 64 << 10;
+  options.max_block_size = 8 << 20;
+  pb::Arena arena(options);
+  FXDP_ASSIGN_OR_RETURN(v1::GraphDef * def, ParseGraphDefBytes(bytes, &arena));
   return DecodeGraph(*def);
 }
 

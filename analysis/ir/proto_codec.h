@@ -6,6 +6,8 @@
 // bytes as `def` (the encoding is canonical: no maps, fields in order).
 // DecodeGraphBytes reads the bytes directly (wire_decoder.h) and gives the
 // same graph or the same error as parsing them into a GraphDef first.
+// A graph with symbolic sizes (graph.proto GraphDef.symbols) is refused:
+// instantiate.h turns it into a static graph at given input shapes.
 #ifndef FXDP_ANALYSIS_IR_PROTO_CODEC_H_
 #define FXDP_ANALYSIS_IR_PROTO_CODEC_H_
 
@@ -14,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "analysis/ir/graph.h"
+#include "google/protobuf/arena.h"
 #include "proto/fxdp/v1/graph.pb.h"
 
 namespace fxdp::ir {
@@ -30,6 +33,12 @@ absl::StatusOr<Graph> DecodeGraphBytes(absl::string_view bytes);
 // arena, recursion limit wire::kRecursionLimit), then DecodeGraph. Slower and
 // holds the message (~1 KB/node) next to the IR; the differential test's oracle.
 absl::StatusOr<Graph> DecodeGraphBytesViaMessage(absl::string_view bytes);
+
+// The protobuf parse DecodeGraphBytesViaMessage makes (bounded by
+// kMaxGraphBytes, recursion limit wire::kRecursionLimit), into a message on
+// `arena`: for readers of a GraphDef's symbolic sizes (instantiate.h).
+absl::StatusOr<v1::GraphDef*> ParseGraphDefBytes(absl::string_view bytes,
+                                                 google::protobuf::Arena* arena);
 
 v1::GraphDef EncodeGraph(const Graph& g);
 std::string EncodeGraphBytes(const Graph& g);
