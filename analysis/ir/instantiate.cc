@@ -157,6 +157,16 @@ class Instantiator {
     return absl::OkStatus();
   }
 
+  absl::Status NoShape(const v1::Node& n, absl::string_view why) const {
+    const std::string& name = n.placeholder().state_name();
+    const std::vector<int64_t> traced = Ints(n.outputs(0).tensor().shape());
+    return InvalidArgumentError(
+        absl::StrCat("the graph has symbolic sizes and no shape was given for input '", name,
+                     "' (traced at ", ShapeText(traced), "; ", why,
+                     "): give the shape of every input with a symbolic dim (`fxdp ",
+                     "expand|analyze --shape ", name, "=", absl::StrJoin(traced, "x"), "`)"));
+  }
+
   const std::vector<int64_t>* Given(const v1::Node& n) const {
     auto it = shapes_.find(n.placeholder().state_name());
     return it == shapes_.end() ? nullptr : &it->second;
@@ -170,10 +180,7 @@ class Instantiator {
       const std::string& name = n.placeholder().state_name();
       const std::vector<int64_t>* given = Given(n);
       const std::vector<int64_t> traced = Ints(n.outputs(0).tensor().shape());
-      if (given == nullptr)
-        return InvalidArgumentError(absl::StrCat(
-            "no shape for input '", name, "' (traced at ", ShapeText(traced), "), whose dim ",
-            s.dim(), " is the symbol ", s.name(), ": give every input with a symbolic dim"));
+      if (given == nullptr) return NoShape(n, absl::StrCat("its dim ", s.dim(), " is ", s.name()));
       if (given->size() != traced.size())
         return InvalidArgumentError(absl::StrCat("input '", name, "' is ", ShapeText(*given),
                                                  ", but the graph's has ", traced.size(),
@@ -209,9 +216,7 @@ class Instantiator {
     const std::vector<int64_t>* given = Given(n);
     if (given == nullptr) {
       if (t.shape_expr().empty()) return absl::OkStatus();  // all static: its traced shape
-      return InvalidArgumentError(absl::StrCat("no shape for input '", name, "' (traced at ",
-                                               ShapeText(traced),
-                                               "), which has symbolic dims: give its shape too"));
+      return NoShape(n, "it has symbolic dims");
     }
     if (given->size() != traced.size())
       return InvalidArgumentError(absl::StrCat("input '", name, "' is ", ShapeText(*given),

@@ -1,4 +1,5 @@
-// fxdp analyze GRAPH --world-size N [--json] [--style S] [--server HOST:PORT]:
+// fxdp analyze GRAPH --world-size N [--json] [--style S] [--shape NAME=AxB]
+// [--server HOST:PORT]:
 // the BatchDimAnalyzer on a saved graph (with a style, seen through its
 // expansion: expansion/state_memory.h), locally or through fxdp-server.
 #include <cmath>
@@ -8,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "analysis/batch_dim.h"
-#include "analysis/ir/proto_codec.h"
+#include "analysis/ir/instantiate.h"
 #include "client/cli/commands.h"
 #include "client/cli/connect.h"
 #include "client/cli/remote.h"
@@ -22,6 +23,7 @@ namespace {
 constexpr char kAnalyzeUsage[] =
     "usage: fxdp analyze GRAPH [--world-size N] [--sync-batchnorm] [--json] [--source]\n"
     "                    [--style replicate|fully_shard [--bucket-mb X]]\n"
+    "                    [--shape NAME=AxB ...]\n"
     "                    [--server HOST:PORT]\n"
     "\n"
     "Decodes and verifies the binary GraphDef GRAPH, checks every op against the\n"
@@ -50,9 +52,11 @@ constexpr char kAnalyzeUsage[] =
     "                   peak, what fxdp-server checks against a worker's registered\n"
     "                   memory before it runs a job); --json adds \"style\" and\n"
     "                   \"memory\" (the same fields, \"total_bytes\")\n"
-    "  --bucket-mb X    with --style: the unit and bucket cap in MiB (default 25)\n"
+    "  --bucket-mb X    with --style: the unit and bucket cap in MiB (default "
+    "25)\n" FXDP_CLI_SHAPE_USAGE
     "  --server HOST:PORT   ask fxdp-server (CompileService.Analyze) instead of\n"
-    "                   analysing locally; same output\n" FXDP_CLI_CREDENTIAL_USAGE
+    "                   analysing locally; same output (with --shape the graph is\n"
+    "                   instantiated here and sent static)\n" FXDP_CLI_CREDENTIAL_USAGE
     "\n"
     "Exit codes: 0 ok, 1 invalid graph or unsupported use of the batch, 2 usage, 3 I/O.\n";
 
@@ -73,7 +77,8 @@ int AnalyzeCommand(const std::vector<std::string>& args) {
   ServerQuery q;
   AddServerQueryFlags(&flags, /*default_server=*/"", &q);  // no --server: analyzed here
   std::string path;
-  if (int rc = ParseGraphArgs(&flags, args, &path); rc >= 0) return rc;
+  ir::InputShapes shapes;
+  if (int rc = ParseGraphArgs(&flags, args, &path, &shapes); rc >= 0) return rc;
   const bool styled = flags.Seen("--style");
   ExpandOptions opts;
   if (styled) {
@@ -96,9 +101,10 @@ int AnalyzeCommand(const std::vector<std::string>& args) {
     if (styled) ra.style = StyleToProto(opts.style);
     ra.bucket_cap_mb = bucket_mb;
     ra.with_source = with_source;
+    ra.shapes = shapes;
     return RemoteAnalyze(ra);
   }
-  auto g = ir::ReadGraphFile(path);
+  auto g = ir::ReadGraphFileAt(path, shapes);
   if (!g.ok()) return ReportError("analyze", g.status());
   // Exploration: an op without a rule is placed by a labelled guess (expand refuses it).
   auto a = AnalyzeBatchDims(*g, AnalyzeOptions{world, sync_bn, /*guess_unruled_ops=*/true});

@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <limits>
 
+#include "absl/strings/str_cat.h"
+
 namespace fxdp::cli {
 namespace {
 
@@ -37,6 +39,18 @@ int ParseGraphArgs(util::Flags* flags, const std::vector<std::string>& args, std
   if (int rc = flags->Parse(args, &pos); rc >= 0) return rc;
   if (pos.size() != 1) return flags->Usage(pos.empty() ? "missing GRAPH" : "takes one GRAPH");
   *graph = pos[0];
+  return -1;
+}
+
+int ParseGraphArgs(util::Flags* flags, const std::vector<std::string>& args, std::string* graph,
+                   ir::InputShapes* shapes) {
+  std::vector<std::string> texts;
+  flags->Strings("--shape", &texts);
+  if (int rc = ParseGraphArgs(flags, args, graph); rc >= 0) return rc;
+  for (const std::string& t : texts) {
+    absl::Status s = ir::ParseInputShape(t, shapes);
+    if (!s.ok()) return flags->Usage(absl::StrCat("--shape: ", s.message()));
+  }
   return -1;
 }
 

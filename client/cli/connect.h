@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "analysis/ir/instantiate.h"
 #include "grpcpp/grpcpp.h"
 #include "security/credentials.h"
 #include "util/flags.h"
@@ -39,6 +40,16 @@ void AddServerQueryFlags(util::Flags* flags, const std::string& default_server, 
 // Parses the arguments of a command on one GRAPH file (analyze, expand) into
 // *graph: the exit code to end with (usage printed), or -1 to go on.
 int ParseGraphArgs(util::Flags* flags, const std::vector<std::string>& args, std::string* graph);
+// The same with --shape NAME=8x60 (repeatable) into *shapes: the input shapes
+// a symbolic graph is instantiated at (analysis/ir/instantiate.h).
+int ParseGraphArgs(util::Flags* flags, const std::vector<std::string>& args, std::string* graph,
+                   ir::InputShapes* shapes);
+// The --shape lines of a command's usage.
+#define FXDP_CLI_SHAPE_USAGE                                                              \
+  "  --shape NAME=AxB     the shape of batch input NAME (repeat per input; NAME= for a\n" \
+  "                       0-d input): a graph traced with symbolic sizes is first\n"      \
+  "                       instantiated at these shapes, its guards checked\n"             \
+  "                       (docs/shapes.md); a static graph's inputs must have them\n"
 
 // A channel to `server` with `s`'s credentials; nullptr after printing
 // "fxdp CMD: ..." when a credential file is bad or, with `wait_ready`, when

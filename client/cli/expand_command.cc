@@ -1,12 +1,13 @@
-// fxdp expand GRAPH --world-size N -o OUT [--style S] [--bucket-mb X] [--json]: the
-// data-parallel expansion of a saved graph, locally or through fxdp-server
-// (--server HOST:PORT).
+// fxdp expand GRAPH --world-size N -o OUT [--style S] [--bucket-mb X] [--shape NAME=AxB]
+// [--json]: the data-parallel expansion of a saved graph (a symbolic one instantiated at
+// the --shape's first), locally or through fxdp-server (--server HOST:PORT).
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "analysis/batch_dim.h"
+#include "analysis/ir/instantiate.h"
 #include "analysis/ir/proto_codec.h"
 #include "client/cli/commands.h"
 #include "client/cli/connect.h"
@@ -21,7 +22,8 @@ namespace {
 constexpr char kExpandUsage[] =
     "usage: fxdp expand GRAPH --world-size N -o OUT [--style replicate|fully_shard]\n"
     "                   [--bucket-mb X] [--first-bucket-mb Y] [--sync-batchnorm]\n"
-    "                   [--group NAME] [--json] [--server HOST:PORT]\n"
+    "                   [--group NAME] [--shape NAME=AxB ...] [--json]\n"
+    "                   [--server HOST:PORT]\n"
     "\n"
     "Analyses the binary GraphDef GRAPH and rewrites it into the graph each of N ranks\n"
     "runs: local batch shapes, gradients all-reduced in buckets that overlap backward,\n"
@@ -54,11 +56,12 @@ constexpr char kExpandUsage[] =
     "                       SyncBatchNorm): BatchNorm models train exactly like one\n"
     "                       device (default: each rank's local statistics, as DDP)\n"
     "  --group NAME         process group name the collectives use (default \"0\": torch's\n"
-    "                       default group)\n"
+    "                       default group)\n" FXDP_CLI_SHAPE_USAGE
     "  --json               print the report as JSON, with \"files\": the files written\n"
     "                       and the ranks that run each\n"
     "  --server HOST:PORT   expand on fxdp-server (CompileService.Expand) instead of\n"
-    "                       locally; same files and output\n" FXDP_CLI_CREDENTIAL_USAGE
+    "                       locally; same files and output (with --shape the graph is\n"
+    "                       instantiated here and sent static)\n" FXDP_CLI_CREDENTIAL_USAGE
     "\n"
     "Exit codes: 0 ok, 1 invalid graph or unsupported placement, 2 usage, 3 I/O.\n";
 
@@ -82,7 +85,8 @@ int ExpandCommand(const std::vector<std::string>& args) {
   ServerQuery q;
   AddServerQueryFlags(&flags, /*default_server=*/"", &q);  // no --server: expanded here
   std::string path;
-  if (int rc = ParseGraphArgs(&flags, args, &path); rc >= 0) return rc;
+  ir::InputShapes shapes;
+  if (int rc = ParseGraphArgs(&flags, args, &path, &shapes); rc >= 0) return rc;
   if (!flags.Seen("--world-size")) return flags.Usage("missing --world-size");
   if (out.empty()) return flags.Usage("missing -o OUT");
   if (!(opts.last_bucket_mb >= 0)) return flags.Usage("--last-bucket-mb must be >= 0");
@@ -107,9 +111,10 @@ int ExpandCommand(const std::vector<std::string>& args) {
     ra.sync_batchnorm = opts.sync_batchnorm;
     ra.style = StyleToProto(opts.style);
     ra.json = q.json;
+    ra.shapes = shapes;
     return RemoteExpand(ra);
   }
-  auto g = ir::ReadGraphFile(path);
+  auto g = ir::ReadGraphFileAt(path, shapes);
   if (!g.ok()) return ReportError("expand", g.status());
   auto a = AnalyzeBatchDims(*g, AnalyzeOptions{opts.world_size, opts.sync_batchnorm});
   if (!a.ok()) return ReportError("expand", a.status());

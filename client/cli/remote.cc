@@ -28,7 +28,10 @@ std::unique_ptr<v1::CompileService::Stub> Stub(const std::string& cmd, const std
 }
 
 // Reads GRAPH into `def`; prints the error and returns the exit code, or -1.
-int ReadGraphDef(const std::string& cmd, const std::string& path, v1::GraphDef* def) {
+// The GraphDef at `path`; with `shapes`, instantiated at them here
+// (CompileService takes static graphs: analysis/ir/instantiate.h).
+int ReadGraphDef(const std::string& cmd, const std::string& path, const ir::InputShapes& shapes,
+                 v1::GraphDef* def) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     std::fprintf(stderr, "fxdp %s: cannot read %s\n", cmd.c_str(), path.c_str());
@@ -39,6 +42,13 @@ int ReadGraphDef(const std::string& cmd, const std::string& path, v1::GraphDef* 
     std::fprintf(stderr, "fxdp %s: %s: not a serialized GraphDef\n", cmd.c_str(), path.c_str());
     return kExitInvalidInput;
   }
+  if (shapes.empty()) return -1;
+  absl::StatusOr<v1::GraphDef> at = ir::InstantiateDef(*def, shapes);
+  if (!at.ok()) {
+    return ReportError(
+        cmd, absl::Status(at.status().code(), absl::StrCat(path, ": ", at.status().message())));
+  }
+  *def = *std::move(at);
   return -1;
 }
 
@@ -104,7 +114,7 @@ std::string AnalyzeResponseToTable(const v1::AnalyzeResponse& r, bool with_sourc
 
 int RemoteAnalyze(const RemoteAnalyzeArgs& a) {
   v1::AnalyzeRequest req;
-  if (int rc = ReadGraphDef("analyze", a.path, req.mutable_graph()); rc >= 0) return rc;
+  if (int rc = ReadGraphDef("analyze", a.path, a.shapes, req.mutable_graph()); rc >= 0) return rc;
   req.set_world_size(a.world);
   req.set_include_json(a.json);
   req.set_sync_batchnorm(a.sync_batchnorm);
@@ -123,7 +133,7 @@ int RemoteAnalyze(const RemoteAnalyzeArgs& a) {
 
 int RemoteExpand(const RemoteExpandArgs& a) {
   v1::ExpandRequest req;
-  if (int rc = ReadGraphDef("expand", a.path, req.mutable_graph()); rc >= 0) return rc;
+  if (int rc = ReadGraphDef("expand", a.path, a.shapes, req.mutable_graph()); rc >= 0) return rc;
   req.set_world_size(a.world);
   req.set_bucket_cap_mb(a.bucket_cap_mb);
   req.set_first_bucket_mb(a.first_bucket_mb);

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "analysis/ir/instantiate.h"
 #include "proto/fxdp/v1/compile.pb.h"
 #include "security/credentials.h"
 
@@ -22,6 +23,7 @@ struct RemoteAnalyzeArgs {
   std::optional<v1::DataParallelStyle> style;  // AnalyzeRequest.style
   double bucket_cap_mb = 0;                    // 0: the server's default
   bool with_source = false;                    // the table shows each node's source line
+  ir::InputShapes shapes;                      // --shape: the graph is instantiated here, then sent
 };
 // Exit code of the command (commands.h's kExit*).
 int RemoteAnalyze(const RemoteAnalyzeArgs& args);
@@ -37,6 +39,7 @@ struct RemoteExpandArgs {
   bool sync_batchnorm = false;
   v1::DataParallelStyle style = v1::DATA_PARALLEL_STYLE_REPLICATE;
   bool json = false;
+  ir::InputShapes shapes;  // --shape: the graph is instantiated here, then sent
 };
 int RemoteExpand(const RemoteExpandArgs& args);
 

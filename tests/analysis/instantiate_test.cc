@@ -119,7 +119,10 @@ TEST(Instantiate, EveryInputDimIsChecked) {
                        "input 'x' is [5, 7], but the graph's has 3 dims (traced at [8, 6, 4])"));
   EXPECT_THAT(
       Instantiate(def, {{"x", {5, 7, 4}}}),
-      StatusIs(absl::StatusCode::kInvalidArgument, "no shape for input 'y' (traced at [8, 6])"));
+      StatusIs(
+          absl::StatusCode::kInvalidArgument,
+          "no shape was given for input 'y' (traced at [8, 6]; its dim 0 is s2): give the shape of "
+          "every input with a symbolic dim (`fxdp expand|analyze --shape y=8x6`)"));
   EXPECT_THAT(Instantiate(def, {{"x", {5, 7, 4}}, {"y", {5, 7}}, {"z", {1}}}),
               StatusIs(absl::StatusCode::kInvalidArgument, "the graph has no input 'z'"));
   EXPECT_THAT(Instantiate(def, {{"x", {5, -7, 4}}, {"y", {5, 7}}}),
