@@ -17,8 +17,9 @@
 
 namespace fxdp::testing {
 
-// The static graph at batch B and sequence S (what instantiation must give).
-inline std::string StaticGraphText(int64_t b, int64_t s) {
+// The static graph at batch B and sequence S (what instantiation must give);
+// with `train`, its backward and an SGD update of w too (what Expand takes).
+inline std::string StaticGraphText(int64_t b, int64_t s, bool train = false) {
   const std::string bs = std::to_string(b * s);
   return absl::StrReplaceAll(
       R"g(graph format=1 producer="test" torch="2.13.0" {
@@ -31,14 +32,29 @@ inline std::string StaticGraphText(int64_t b, int64_t s) {
   %s: f32[{B}, {S}] = aten::sum.dim_IntList(%v, [2], false)
   %d: f32[{B}, {S}] = aten::sub.Tensor(%s, %y)
   %loss: f32[] = aten::mean(%d)
-  %output = output([%loss]) {specs=[LOSS]}
+)g" + std::string(
+          train
+              ? R"g(  %ones: f32[] = aten::ones_like(%loss, pin_memory=false, memory_format=torch.preserve_format)
+  %g: f32[{B}, {S}]{0, 0} = aten::expand(%ones, [{B}, {S}])
+  %gd: f32[{B}, {S}] = aten::div.Scalar(%g, {BS})
+  %gv: f32[{B}, {S}, 1] = aten::unsqueeze(%gd, 2)
+  %ge: f32[{B}, {S}, 3]{{S}, 1, 0} = aten::expand(%gv, [{B}, {S}, 3])
+  %gc: f32[{B}, {S}, 3] = aten::clone(%ge, memory_format=torch.contiguous_format)
+  %gf: f32[{BS}, 3] = aten::view(%gc, [{BS}, 3])
+  %ft: f32[4, {BS}]{1, 4} = aten::t(%flat)
+  %gw: f32[4, 3] = aten::mm(%ft, %gf) {grad_of="w"}
+  %nw: f32[4, 3] = aten::sub.Tensor(%w, %gw, alpha=0.1)
+  %output = output([%nw, %loss]) {specs=[UPDATED_PARAMETER "w", LOSS]}
 }
-)g",
+)g"
+              : R"g(  %output = output([%loss]) {specs=[LOSS]}
+}
+)g"),
       {{"{BS}", bs}, {"{B}", std::to_string(b)}, {"{S}", std::to_string(s)}});
 }
 
-inline v1::GraphDef StaticGraphDef(int64_t b, int64_t s) {
-  return ir::EncodeGraph(ValueOrDie(ir::ParseGraphText(StaticGraphText(b, s))));
+inline v1::GraphDef StaticGraphDef(int64_t b, int64_t s, bool train = false) {
+  return ir::EncodeGraph(ValueOrDie(ir::ParseGraphText(StaticGraphText(b, s, train))));
 }
 
 inline void AddSymbol(v1::GraphDef* def, const std::string& name, uint32_t node, int dim,
@@ -81,8 +97,8 @@ inline void SetExprs(v1::TensorMeta* t, std::initializer_list<uint32_t> shape,
 enum SymbolicNode { kW = 0, kX, kY, kFlat, kMm, kV, kS, kD, kLoss, kOutput };
 
 // The graph above traced at 8x6 with symbolic B and S.
-inline v1::GraphDef SymbolicGraphDef() {
-  v1::GraphDef def = StaticGraphDef(8, 6);
+inline v1::GraphDef SymbolicGraphDef(bool train = false) {
+  v1::GraphDef def = StaticGraphDef(8, 6, train);
   AddSymbol(&def, "s0", kX, 0, 8, /*min=*/2);
   AddSymbol(&def, "s1", kX, 1, 6);
   AddSymbol(&def, "s2", kY, 0, 8);
@@ -112,6 +128,25 @@ inline v1::GraphDef SymbolicGraphDef() {
   v1::ArgumentList* v = def.mutable_nodes(kV)->mutable_args(1)->mutable_list();
   v->mutable_items(0)->set_size_expr(b);
   v->mutable_items(1)->set_size_expr(s);
+  if (!train) return def;
+  // The backward (kLoss + 1 on): mean's gradient divides by B*S.
+  enum { kOnes = kLoss + 1, kG, kGd, kGv, kGe, kGc, kGf, kFt };
+  SetExprs(meta(kG), {b, s}, {});
+  SetExprs(meta(kGd), {b, s}, {s, 0});
+  SetExprs(meta(kGv), {b, s, 0}, {s, 0, 0});
+  SetExprs(meta(kGe), {b, s, 0}, {s, 0, 0});
+  SetExprs(meta(kGc), {b, s, 0}, {s3, 0, 0});
+  SetExprs(meta(kGf), {bs, 0}, {});
+  SetExprs(meta(kFt), {0, bs}, {});
+  auto items = [&def](int node) {
+    return def.mutable_nodes(node)->mutable_args(1)->mutable_list();
+  };
+  items(kG)->mutable_items(0)->set_size_expr(b);
+  items(kG)->mutable_items(1)->set_size_expr(s);
+  items(kGe)->mutable_items(0)->set_size_expr(b);
+  items(kGe)->mutable_items(1)->set_size_expr(s);
+  items(kGf)->mutable_items(0)->set_size_expr(bs);
+  def.mutable_nodes(kGd)->mutable_args(1)->set_size_expr(bs);
   return def;
 }
 
