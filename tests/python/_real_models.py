@@ -10,6 +10,7 @@ from typing import Callable, Dict, NamedTuple, Tuple
 import pytest
 import torch
 import torch.nn.functional as F
+from _hf_call import KeywordCall
 
 transformers = pytest.importorskip("transformers")
 T = transformers
@@ -64,60 +65,17 @@ def image_batch(g):
     return torch.randn(B, 3, 32, 32, generator=g), torch.randint(0, 3, (B,), generator=g)
 
 
+# A decoder LM trained as users train one: input_ids, the tokenizer's 2-D attention_mask and labels
+# (-100 where the mask is 0); the model shifts the labels and computes its own loss.
+LM_WITH_MASK = ("input_ids", "attention_mask", "labels")
+
+
 def lm_loss(out, y):
     return F.cross_entropy(out.logits.flatten(0, 1), y.flatten())
 
 
 def cls_loss(out, y):
     return F.cross_entropy(out.logits if hasattr(out, "logits") else out, y)
-
-
-class Seq2Seq(torch.nn.Module):
-    """An encoder-decoder trained on (input_ids, labels): the model computes its own loss."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, ids, labels):
-        return self.model(input_ids=ids, labels=labels).loss
-
-
-class Masked(torch.nn.Module):
-    """A classifier called with input_ids and attention_mask."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, ids, mask):
-        return self.model(input_ids=ids, attention_mask=mask).logits
-
-
-class Seq2SeqMasked(torch.nn.Module):
-    """An encoder-decoder called with prebuilt 4-D boolean masks (True: attend), which
-    transformers uses as given instead of testing the 2-D mask for padding."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, ids, enc_mask, dec_mask, labels):
-        return self.model(
-            input_ids=ids, attention_mask=enc_mask, decoder_attention_mask=dec_mask, labels=labels
-        ).loss
-
-
-class CausalLM(torch.nn.Module):
-    """A decoder LM trained as users train one: input_ids, the tokenizer's 2-D attention_mask and
-    labels (-100 where the mask is 0); the model shifts the labels and computes its own loss."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, ids, mask, labels):
-        return self.model(input_ids=ids, attention_mask=mask, labels=labels).loss
 
 
 # Padded rows (sample, pad tokens, side) of each step's batch: with N=2 (4+4) step 1 pads rank 0's
@@ -192,14 +150,14 @@ CASES: Dict[str, Case] = {
     "llama": Case("decoder", _lm(T.LlamaForCausalLM, T.LlamaConfig, **DECODER), lm_batch, lm_loss),
     "gpt2_padded": Case(
         "decoder",
-        lambda: CausalLM(T.GPT2LMHeadModel(T.GPT2Config(**GPT2))),
+        lambda: KeywordCall(T.GPT2LMHeadModel(T.GPT2Config(**GPT2)), LM_WITH_MASK),
         padded_lm_batch,
         None,
         stepwise=True,
     ),
     "llama_padded": Case(
         "decoder",
-        lambda: CausalLM(_lm(T.LlamaForCausalLM, T.LlamaConfig, **DECODER)()),
+        lambda: KeywordCall(_lm(T.LlamaForCausalLM, T.LlamaConfig, **DECODER)(), LM_WITH_MASK),
         padded_lm_batch,
         None,
         stepwise=True,
@@ -313,7 +271,7 @@ CASES: Dict[str, Case] = {
     ),
     "deberta_v2": Case(
         "encoder",
-        lambda: Masked(
+        lambda: KeywordCall(
             T.DebertaV2ForSequenceClassification(
                 T.DebertaV2Config(
                     vocab_size=V,
@@ -321,7 +279,9 @@ CASES: Dict[str, Case] = {
                     pooler_dropout=0.0,
                     **ENCODER,
                 )
-            )
+            ),
+            ("input_ids", "attention_mask"),
+            "logits",
         ),
         masked_cls_batch,
         cls_loss,
@@ -329,7 +289,7 @@ CASES: Dict[str, Case] = {
     # encoder-decoder
     "t5": Case(
         "encoder-decoder",
-        lambda: Seq2Seq(
+        lambda: KeywordCall(
             T.T5ForConditionalGeneration(
                 T.T5Config(
                     vocab_size=V,
@@ -342,14 +302,20 @@ CASES: Dict[str, Case] = {
                     decoder_start_token_id=0,
                     pad_token_id=0,
                 )
-            )
+            ),
+            ("input_ids", "labels"),
         ),
         lm_batch,
         None,
     ),
     "bart": Case(
         "encoder-decoder",
-        lambda: Seq2SeqMasked(T.BartForConditionalGeneration(bart_config())),
+        # prebuilt 4-D boolean masks (True: attend), which transformers uses as given instead of
+        # testing the 2-D mask for padding
+        lambda: KeywordCall(
+            T.BartForConditionalGeneration(bart_config()),
+            ("input_ids", "attention_mask", "decoder_attention_mask", "labels"),
+        ),
         masked_seq2seq_batch,
         None,
     ),

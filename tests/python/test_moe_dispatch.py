@@ -19,6 +19,7 @@ import fxdp
 import pytest
 import torch
 import torch.nn.functional as F
+from _hf_call import KeywordCall
 from test_expand_oracle import FXDP, STEPS, check_against_one_device
 
 E, K, D, H = 4, 2, 8, 16
@@ -261,17 +262,6 @@ transformers.logging.set_verbosity_error()
 V = 64
 
 
-class _CausalLM(torch.nn.Module):
-    """The model's own loss: cross-entropy plus the router's load-balancing loss."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, ids, labels):
-        return self.model(input_ids=ids, labels=labels).loss
-
-
 def _hf_moe(name):
     T = transformers
     common = dict(
@@ -309,7 +299,8 @@ def test_hugging_face_moe_trains_like_one_device(tmp_path, name, world, b):
     (the load-balancing loss counts tokens per expert with histc), AdamW: B=6 over 2 ranks and B=7
     over 3 (3,2,2) equal one device."""
     torch.manual_seed(0)
-    model = _CausalLM(_hf_moe(name)).train()
+    # the model's own loss: cross-entropy plus the router's load-balancing loss
+    model = KeywordCall(_hf_moe(name), ("input_ids", "labels")).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     g = torch.Generator().manual_seed(1)
     batches = []

@@ -14,6 +14,7 @@ import fxdp
 import pytest
 import torch
 import torch.nn.functional as F
+from _hf_call import KeywordCall
 from _util import fxdp_binary, run_worker_ranks
 from safetensors.torch import save_file
 from test_expand_oracle import FXDP, STEPS, check_against_one_device
@@ -482,17 +483,6 @@ def test_on_real_workers(tmp_path):
 # ---- Hugging Face models (tiny configs built in code) ----------------------------------------
 
 
-class _OwnLoss(nn.Module):
-    """A transformers model called with (inputs, labels) that returns its own loss."""
-
-    def __init__(self, model, key):
-        super().__init__()
-        self.model, self.key = model, key
-
-    def forward(self, x, labels):
-        return self.model(**{self.key: x}, labels=labels).loss
-
-
 @pytest.mark.real_models
 @pytest.mark.parametrize("world", [2, 3])
 def test_mixtral_router_aux_loss(tmp_path, world):
@@ -517,7 +507,7 @@ def test_mixtral_router_aux_loss(tmp_path, world):
         router_aux_loss_coef=0.5,
     )
     cfg._experts_implementation = "batched_mm"
-    model = _OwnLoss(T.MixtralForCausalLM(cfg), "input_ids")
+    model = KeywordCall(T.MixtralForCausalLM(cfg), ("input_ids", "labels"))
     opt, _ = optimizer(model, "sgd")
     batches = batches_of(randint(40, 5, 6), randint(40, 5, 6))
     step = fxdp.trace(model, opt, None, batches[0])
@@ -554,7 +544,7 @@ def test_whisper(tmp_path, world, b):
         decoder_start_token_id=1,
         dropout=0.0,
     )
-    model = _OwnLoss(T.WhisperForConditionalGeneration(cfg), "input_features")
+    model = KeywordCall(T.WhisperForConditionalGeneration(cfg), ("input_features", "labels"))
     opt, _ = optimizer(model, "sgd")
     batches = batches_of(randn(b, 8, 16), lambda g: torch.randint(3, 40, (b, 5), generator=g))
     step = fxdp.trace(model, opt, None, batches[0])
