@@ -411,6 +411,36 @@ TITLES = {
 }
 
 
+def md_before_after(c: dict) -> list:
+    """The comparison of two runs (bench/before_after.py): each headline number before and after,
+    and its ratio to the same run's baseline."""
+    b, a = c["before"], c["after"]
+
+    def num(x):
+        return "-" if x is None else f"{x:.3g}"
+
+    L = [
+        "## Before and after (bench/before_after.py)",
+        "",
+        f"Before: commit `{(b['git_commit'] or '')[:12]}`, {b['date']}, load {b['load_start']} -> "
+        f"{b['load_end']}. After: commit `{(a['git_commit'] or '')[:12]}`, {a['date']}, load "
+        f"{a['load_start']} -> {a['load_end']}. Lower is better everywhere; \"vs baseline\" is the "
+        "fxdp number over its baseline measured in the same run (less moved by the load).",
+        "",
+        "| what | before | after | after / before | vs baseline before | vs baseline after |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for what, vb, va, rb, ra in c["rows"]:
+        change = f"{va / vb:.2f}x" if vb and va is not None else "-"
+        L.append(f"| {what} | {num(vb)} | {num(va)} | {change} | {num(rb)} | {num(ra)} |")
+    L.append("")
+    L.append("| area | load before (start / end) | load after (start / end) |")
+    L.append("|---|---|---|")
+    for name, (lb, la) in c.get("areas", {}).items():
+        L.append(f"| {name} | {lb[0]} / {lb[-1]} | {la[0]} / {la[-1]} |")
+    return L
+
+
 def render_markdown(results: dict) -> str:
     m = results["meta"]
     L = [
@@ -454,4 +484,6 @@ def render_markdown(results: dict) -> str:
                 f"{w['load'][0]} at start and {w['load'][-1]} at end: not in the run above.",
             ]
         L.append("")
+    if "before_after" in results:
+        L += md_before_after(results["before_after"])
     return "\n".join(L).rstrip() + "\n"

@@ -381,3 +381,18 @@ def test_trace_memory_quick(tmp_path):
     assert all(x["peak_rss"] >= x["rss_before"] > 0 and x["seconds"] > 0 for x in rows)
     md = "\n".join(results_markdown.md_trace({"raw": d, "command": "trace_memory.py --quick"}))
     assert "## 7. Client memory of tracing a model built on meta" in md and "| 128 | " in md
+
+
+def test_before_after_compares_two_runs_area_by_area():
+    """bench/before_after.py: the committed results against themselves give every headline row
+    once, each unchanged (1.00x), and RESULTS.md renders them."""
+    import before_after
+
+    results = json.loads((REPO / "bench" / "results.json").read_text())
+    c = before_after.compare(results, results)
+    whats = [r[0] for r in c["rows"]]
+    assert len(whats) == len(set(whats)) and len(whats) >= 6, whats
+    assert {w.split()[0].rstrip(":") for w in whats} >= {"pipeline", "executor", "compile", "allreduce"}
+    assert all(r[1] == r[2] and r[3] == r[4] for r in c["rows"]), c["rows"]
+    md = run_all.render_markdown({**results, "before_after": c})
+    assert "## Before and after (bench/before_after.py)" in md and "| 1.00x |" in md
