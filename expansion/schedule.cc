@@ -271,7 +271,11 @@ ScheduleInfo OverlapSchedule(const std::vector<Node>& nodes) {
   const Priorities p = CollectivePriorities(edges, what, eff);
   const std::vector<int32_t> level = WaitLevels(edges, what, feeds, p, &info.deferred_waits);
   std::vector<Key> keys(n);
-  for (int32_t i = 0; i < n; ++i) keys[i] = Key{level[i], p.first[i], eff[i], i};
+  // Graph inputs keep their order (every one at level -1, ordered by index alone): the
+  // placeholders' order is the step's signature, which callers bind inputs by.
+  for (int32_t i = 0; i < n; ++i) {
+    keys[i] = (what[i] & kIsInput) ? Key{-1, -1, -1, i} : Key{level[i], p.first[i], eff[i], i};
+  }
   AnchorGathers(edges, what, keys);
   std::sort(keys.begin(), keys.end(), [](const Key& a, const Key& b) {
     return std::tie(a.level, a.first, a.eff, a.index) < std::tie(b.level, b.first, b.eff, b.index);

@@ -205,5 +205,28 @@ TEST(OverlapSchedule, WaitsThatFeedACollectiveStayInPlace) {
   EXPECT_LT(IndexOf(g, "c"), IndexOf(g, "g"));
 }
 
+TEST(OverlapSchedule, GraphInputsKeepTheirOrder) {
+  // %m feeds no collective, %x feeds the bucket's all_reduce: sorted by the collective each node
+  // feeds first, %x moved above %m, and fxdp.dp_oracle (which binds the batch to the INPUT
+  // placeholders by position) fed each input the other's slice.
+  const std::string text = R"(graph format=1 producer="test" torch="2.13.0+cpu" {
+  %w: f32[4, 4] rg = placeholder() {role=PARAMETER, state="w"}
+  %m: f32[8] = placeholder() {role=INPUT, state="m", batch_dim=0}
+  %x: f32[8, 4] = placeholder() {role=INPUT, state="x", batch_dim=0}
+  %xt: f32[4, 8]{1, 4} = aten::t(%x)
+  %g: f32[4, 4] = aten::mm(%xt, %x) {grad_of="w"}
+  %n: f32[4, 4] = aten::sub.Tensor(%w, %g)
+  %s: f32[] = aten::sum(%m)
+  %output = output([%n, %s]) {specs=[UPDATED_PARAMETER "w", OTHER]}
+}
+)";
+  Expansion e = Expand(text, {.world_size = 2});
+  const ir::Graph& g = e.graph(0);
+  EXPECT_EQ(IndexOf(g, "w"), 0);
+  EXPECT_EQ(IndexOf(g, "m"), 1);
+  EXPECT_EQ(IndexOf(g, "x"), 2);
+  EXPECT_EQ(OverlapSchedule(g).moved, 0);
+}
+
 }  // namespace
 }  // namespace fxdp
