@@ -350,7 +350,12 @@ absl::StatusOr<Expansion> ExpandDataParallel(const Graph& graph, const BatchDimA
   Expansion e;
   StartReport(graph, analysis, options, buckets, plan, &e);
   FXDP_RETURN_IF_ERROR(BuildRankGraphs(graph, analysis, options, buckets, plan, &e));
-  for (const Collective& c : e.report.collectives) e.report.bytes_per_step += c.bytes;
+  for (const Collective& c : e.report.collectives) {
+    ExpansionReport& rep = e.report;
+    (c.op == "all_gather_into_tensor"  ? rep.bytes_gathered_per_step
+     : c.op == "reduce_scatter_tensor" ? rep.bytes_reduce_scattered_per_step
+                                       : rep.bytes_per_step) += c.bytes;
+  }
   return e;
 }
 

@@ -112,6 +112,9 @@ struct Collective {
   std::string purpose;  // "bucket 0", "loss", "reduce <value>".
   int64_t bytes = 0;
   int32_t position = 0;  // index in rank 0's expanded graph.
+  // The op without its namespace: "all_reduce", "all_gather_into_tensor" or
+  // "reduce_scatter_tensor".
+  std::string op = "all_reduce";
 };
 
 // One state tensor FULLY_SHARD keeps as flat shards (analysis/ir/flat_shard.h):
@@ -133,7 +136,9 @@ struct ExpansionReport {
   std::vector<RankSlice> slices;
   std::vector<Bucket> buckets;
   std::vector<Collective> collectives;  // rank 0's.
-  int64_t bytes_per_step = 0;           // all-reduced bytes per rank per step.
+  int64_t bytes_per_step = 0;           // all-reduced bytes per rank per step (all_reduce only).
+  int64_t bytes_gathered_per_step = 0;  // all_gather_into_tensor's output bytes per rank per step.
+  int64_t bytes_reduce_scattered_per_step = 0;  // reduce_scatter_tensor's input bytes.
   int32_t sharded_reads = 0;
   // Batch-norm statistics in training: "none" (no such node), "local" (each
   // rank's, as DDP) or "global" (sync_batchnorm).

@@ -114,9 +114,10 @@ absl::Status RankExpander::FullyShardAfter(NodeId id, const Node& old) {
 
 ValueRef RankExpander::Collect(Node n, const std::string& purpose, int64_t bytes) {
   const std::string name = n.name;
+  const std::string op = n.target.name.substr(n.target.name.find("::") + 2);
   ValueRef r = Emit(std::move(n));
   if (collectives_ != nullptr)
-    collectives_->push_back(Collective{name, purpose, bytes, r.node.value});
+    collectives_->push_back(Collective{name, purpose, bytes, r.node.value, op});
   return r;
 }
 

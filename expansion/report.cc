@@ -47,11 +47,16 @@ std::string ExpansionReport::ToJson() const {
   j["buckets"] = std::move(bs);
   nlohmann::json cs = nlohmann::json::array();
   for (const Collective& c : collectives) {
-    cs.push_back(
-        {{"node", c.node}, {"purpose", c.purpose}, {"bytes", c.bytes}, {"position", c.position}});
+    cs.push_back({{"node", c.node},
+                  {"purpose", c.purpose},
+                  {"op", c.op},
+                  {"bytes", c.bytes},
+                  {"position", c.position}});
   }
   j["collectives"] = std::move(cs);
   j["bytes_per_step"] = bytes_per_step;
+  j["bytes_gathered_per_step"] = bytes_gathered_per_step;
+  j["bytes_reduce_scattered_per_step"] = bytes_reduce_scattered_per_step;
   j["sharded_reads"] = sharded_reads;
   j["batch_norm"] = batch_norm;
   j["notes"] = notes;
@@ -92,6 +97,14 @@ std::string ExpansionReport::ToTable() const {
                           c.bytes);
   }
   absl::StrAppendFormat(&out, "\nbytes all-reduced per rank per step: %d\n", bytes_per_step);
+  if (bytes_gathered_per_step > 0) {
+    absl::StrAppendFormat(&out, "bytes all-gathered per rank per step: %d\n",
+                          bytes_gathered_per_step);
+  }
+  if (bytes_reduce_scattered_per_step > 0) {
+    absl::StrAppendFormat(&out, "bytes reduce-scattered per rank per step: %d\n",
+                          bytes_reduce_scattered_per_step);
+  }
   if (sharded_reads > 0) {
     absl::StrAppendFormat(&out, "replicated values sliced locally: %d\n", sharded_reads);
   }

@@ -48,6 +48,12 @@ def test_in_batch_contrastive_loss_over_mm_trains_like_one_device(tmp_path, worl
     assert len(gathers) == 2, report["collectives"]
     per_rank = -(-b // world)
     assert all(c["bytes"] == world * per_rank * 16 * 4 for c in gathers), gathers
+    assert all(c["op"] == "all_gather_into_tensor" for c in gathers), gathers
+    # "bytes all-reduced" counts all_reduce only; the gathers have their own total
+    reduced = [c for c in report["collectives"] if c["op"] == "all_reduce"]
+    assert len(reduced) + len(gathers) == len(report["collectives"]), report["collectives"]
+    assert report["bytes_per_step"] == sum(c["bytes"] for c in reduced), report
+    assert report["bytes_gathered_per_step"] == sum(c["bytes"] for c in gathers), report
 
 
 def _train(model, opt, batch):

@@ -149,6 +149,8 @@ def test_expand_report_and_errors(tmp_path):
     rep = expand(graph, str(tmp_path / "x.pb"), 4)
     assert [s["size"] for s in rep["slices"]] == [3, 3, 3, 3]
     assert rep["bytes_per_step"] == sum(c["bytes"] for c in rep["collectives"])
+    assert {c["op"] for c in rep["collectives"]} == {"all_reduce"}
+    assert rep["bytes_gathered_per_step"] == 0 and rep["bytes_reduce_scattered_per_step"] == 0
     b0 = rep["buckets"][0]
     assert b0["op"] == "avg" and b0["start_position"] < b0["wait_position"]
     # Every gradient is in exactly one bucket.
