@@ -160,11 +160,11 @@ class Instantiator {
   absl::Status NoShape(const v1::Node& n, absl::string_view why) const {
     const std::string& name = n.placeholder().state_name();
     const std::vector<int64_t> traced = Ints(n.outputs(0).tensor().shape());
-    return InvalidArgumentError(
-        absl::StrCat("the graph has symbolic sizes and no shape was given for input '", name,
-                     "' (traced at ", ShapeText(traced), "; ", why,
-                     "): give the shape of every input with a symbolic dim (`fxdp ",
-                     "expand|analyze --shape ", name, "=", absl::StrJoin(traced, "x"), "`)"));
+    return InvalidArgumentError(absl::StrCat(
+        "the graph has symbolic sizes and no shape was given for input '", name, "' (traced at ",
+        ShapeText(traced), "; ", why,
+        "): give the shape of every input with a symbolic dim (the fxdp CLI: `--shape ", name, "=",
+        absl::StrJoin(traced, "x"), "`)"));
   }
 
   const std::vector<int64_t>* Given(const v1::Node& n) const {

@@ -122,7 +122,7 @@ TEST(Instantiate, EveryInputDimIsChecked) {
       StatusIs(
           absl::StatusCode::kInvalidArgument,
           "no shape was given for input 'y' (traced at [8, 6]; its dim 0 is s2): give the shape of "
-          "every input with a symbolic dim (`fxdp expand|analyze --shape y=8x6`)"));
+          "every input with a symbolic dim (the fxdp CLI: `--shape y=8x6`)"));
   EXPECT_THAT(Instantiate(def, {{"x", {5, 7, 4}}, {"y", {5, 7}}, {"z", {1}}}),
               StatusIs(absl::StatusCode::kInvalidArgument, "the graph has no input 'z'"));
   EXPECT_THAT(Instantiate(def, {{"x", {5, -7, 4}}, {"y", {5, 7}}}),

@@ -169,3 +169,20 @@ def test_refusals_say_what_is_wrong_and_what_to_do(tmp_path):
     )
     assert r.returncode == 1, r.stderr
     assert "input 'x' is [5, 6, 4], but the graph is static, traced at [8, 6, 4]" in r.stderr
+
+
+def test_graph_instantiate_print_and_check_take_shapes(tmp_path):
+    sym = symbolic_graph(tmp_path)
+    shape = ["--shape", "x=5x7x4", "--shape=y=5x7"]
+    out = tmp_path / "at_5x7.pb"
+    r = cli("graph", "instantiate", sym, out, *shape)
+    assert r.returncode == 0, r.stderr
+    assert out.read_bytes() == static_graph(tmp_path, 5, 7).read_bytes()
+    p = cli("graph", "print", sym, *shape)
+    assert p.returncode == 0 and p.stdout == cli("graph", "print", out).stdout, p.stderr
+    c = cli("graph", "check", sym, *shape)
+    assert c.returncode == 0 and ": ok: 20 nodes" in c.stdout, c.stderr
+    r = cli("graph", "print", sym)
+    assert r.returncode == 1 and "no shape was given for input 'x'" in r.stderr, r.stderr
+    r = cli("graph", "roundtrip", sym, out, *shape)
+    assert r.returncode == 2 and "roundtrip takes no --shape" in r.stderr, r.stderr
