@@ -22,7 +22,8 @@ constexpr char kUsage[] =
     "                   [--cache-mb N] [--heartbeat-ms MS] [--local-workers N]\n"
     "                   [--worker-binary PATH] [--max-queued-jobs N] [--max-state-mb N]\n"
     "                   [--max-finished-jobs N] [--data-root DIR ...] [--queue-grace-s S]\n"
-    "                   [--client-idle-s S] [--tls-cert FILE --tls-key FILE [--tls-ca FILE]]\n"
+    "                   [--client-idle-s S] [--keep-state-s S]\n"
+    "                   [--tls-cert FILE --tls-key FILE [--tls-ca FILE]]\n"
     "                   [--client-tokens FILE] [--worker-token-file FILE] [--insecure]\n"
     "                   [--health-listen HOST:PORT] [--state-dir DIR [--checkpoint-every K]]\n"
     "                   [--max-graph-nodes N] [--max-graph-mb N] [--max-worker-streams N]\n"
@@ -80,6 +81,10 @@ constexpr char kUsage[] =
     "                        DEADLINE_EXCEEDED after S seconds without a message, freeing\n"
     "                        its workers; also the limit for a Submit's first message\n"
     "                        and for a FetchState client to take each chunk (default 60)\n"
+    "  --keep-state-s S      a running job that fails (bad input, an idle client) or is\n"
+    "                        cancelled keeps the state of its last completed step: its\n"
+    "                        ranks finish the steps sent and give their state, within S\n"
+    "                        seconds (else its last checkpoint is kept; default 60)\n"
     "  --max-collective-timeout-s S  the most a job's JobSpec.collective_timeout_s may\n"
     "                        ask for (it bounds each rendezvous and collective, so how long\n"
     "                        a hung peer can hold a worker); more is INVALID_ARGUMENT at\n"
@@ -252,6 +257,7 @@ void AddJobFlags(util::Flags& f, ServerConfig* c, Raw* r) {
   IntFlag(f, "--max-finished-jobs", &r->max_finished, 1, INT64_MAX);
   SecondsFlag(f, "--queue-grace-s", &c->jobs.queue_grace_s);
   SecondsFlag(f, "--client-idle-s", &c->jobs.client_idle_s);
+  SecondsFlag(f, "--keep-state-s", &c->jobs.keep_state_s);
   SecondsFlag(f, "--max-collective-timeout-s", &c->jobs.max_collective_timeout_s);
   IntFlag(f, "--checkpoint-every", &c->jobs.checkpoint_every, 0, INT64_MAX);
   f.Custom("--state-dir", "a DIR", [c](const std::string& v) {

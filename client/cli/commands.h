@@ -33,6 +33,7 @@ int RunCommand(const std::vector<std::string>& args);
 int JobsCommand(const std::vector<std::string>& args);
 int JobCommand(const std::vector<std::string>& args);
 int CancelCommand(const std::vector<std::string>& args);
+int FetchCommand(const std::vector<std::string>& args);
 
 // Rows as left-aligned columns two spaces apart, one line each (the first row
 // is the header); the human tables of `fxdp jobs`, `fxdp workers`, ...

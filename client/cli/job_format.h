@@ -9,6 +9,7 @@
 
 #include "grpcpp/grpcpp.h"
 #include "nlohmann/json.hpp"
+#include "proto/fxdp/v1/jobs.grpc.pb.h"
 #include "proto/fxdp/v1/jobs.pb.h"
 
 namespace fxdp::cli {
@@ -28,6 +29,10 @@ std::string InfoText(const v1::JobInfo& j);
 void PrintLine(const nlohmann::ordered_json& o);
 // A Submit event as `fxdp run --json` prints it (`steps`: the job's, 0 when open-ended).
 nlohmann::ordered_json EventJson(const v1::JobEvent& e, int64_t steps);
+// fetch_command.cc: streams the state job `job_id` kept (FetchState) into
+// `out` (safetensors) for `fxdp CMD`; its exit code.
+int FetchStateToFile(v1::JobService::Stub* stub, const std::string& cmd, const std::string& server,
+                     const std::string& job_id, const std::string& out, bool json);
 
 }  // namespace fxdp::cli
 

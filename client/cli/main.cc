@@ -20,6 +20,7 @@ constexpr char kUsage[] =
     "  jobs      list the jobs of an fxdp server\n"
     "  job       show one job of an fxdp server\n"
     "  cancel    cancel a running job\n"
+    "  fetch     write the state a finished job kept (final, or its last step's)\n"
     "\n"
     "Run 'fxdp <command> --help' for the arguments of a command; 'fxdp --version' for the "
     "version.\n";
@@ -50,6 +51,7 @@ int main(int argc, char** argv) {
   if (cmd == "jobs") return fxdp::cli::JobsCommand(args);
   if (cmd == "job") return fxdp::cli::JobCommand(args);
   if (cmd == "cancel") return fxdp::cli::CancelCommand(args);
+  if (cmd == "fetch") return fxdp::cli::FetchCommand(args);
   std::fprintf(stderr, "fxdp: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);
   return fxdp::cli::kExitUsage;
 }

@@ -59,10 +59,10 @@ constexpr char kRunUsage[] =
     "While fewer than N workers are idle the job is queued (FIFO): 'queued' lines say\n"
     "its position and what it waits for. Then prints a line per step (step i/K loss\n"
     "L (T ms); a progress bar on a terminal) and the job id at the end.\n"
-    "With --resume JOB (a FAILED job with a checkpoint: fxdp-server --state-dir\n"
-    "--checkpoint-every) the same command continues that job from its last\n"
-    "checkpoint as a new job: its state, step counter and schedule position are\n"
-    "the checkpoint's, the batches of the steps before it are skipped, and the\n"
+    "With --resume JOB (a FAILED or CANCELLED job that kept the state of its last\n"
+    "step, or a checkpoint: fxdp-server --state-dir) the same command continues\n"
+    "that job from there as a new job: its state, step counter and schedule\n"
+    "position are the checkpoint's, the batches of the steps before it are skipped, and the\n"
     "final state equals an uninterrupted run's (docs/jobs.md).\n"
     "\n"
     "  --server HOST:PORT   the fxdp server (default $FXDP_SERVER, else "
@@ -101,8 +101,8 @@ constexpr char kRunUsage[] =
     "                       compiled once for the whole run. Names the schedule leaves\n"
     "                       out keep their traced value\n"
     "  --json               one JSON object per line per event instead of text\n"
-    "  --resume JOB         continue the FAILED job JOB from its last checkpoint (give\n"
-    "                       the first run's GRAPH, --world-size, --style, --data,\n"
+    "  --resume JOB         continue the FAILED or CANCELLED job JOB from its kept\n"
+    "                       state (give the first run's GRAPH, --world-size, --style, --data,\n"
     "                       --steps and --schedule; not --state): a new job\n"
     "                       that runs the steps after the checkpoint\n"
     "\n"
@@ -206,64 +206,6 @@ void WriteSubmit(grpc::ClientReaderWriter<v1::SubmitJobRequest, v1::JobEvent>* s
     if (!stream->Write(*held)) return;
   }
   stream->WritesDone();
-}
-
-// Streams the final state of `job_id` into `out` (safetensors); exit code.
-int FetchFinalState(v1::JobService::Stub* stub, const std::string& server,
-                    const std::string& job_id, const std::string& out, bool json) {
-  grpc::ClientContext fctx;
-  v1::FetchJobStateRequest freq;
-  freq.set_job_id(job_id);
-  auto fr = stub->FetchState(&fctx, freq);
-  std::vector<RawTensor> tensors;
-  std::map<std::string, size_t> index;
-  v1::StateChunk c;
-  while (fr->Read(&c)) {
-    if (!c.has_tensor()) continue;
-    const v1::TensorChunk& t = c.tensor();
-    auto [it, fresh] = index.emplace(t.name(), tensors.size());
-    if (fresh) {
-      absl::StatusOr<ir::DType> dtype = ir::DTypeFromWire(t.dtype());
-      if (!dtype.ok()) {
-        fctx.TryCancel();
-        std::fprintf(stderr, "fxdp run: final state of %s: tensor '%s': %s\n", job_id.c_str(),
-                     t.name().c_str(), std::string(dtype.status().message()).c_str());
-        return kExitInvalidInput;
-      }
-      RawTensor r;
-      r.name = t.name();
-      r.dtype = *dtype;
-      r.shape.assign(t.shape().begin(), t.shape().end());
-      tensors.push_back(std::move(r));
-    }
-    RawTensor& r = tensors[it->second];
-    if (t.offset() != r.data.size()) {
-      fctx.TryCancel();
-      std::fprintf(stderr,
-                   "fxdp run: final state of %s: chunk of '%s' at offset %llu, expected %zu\n",
-                   job_id.c_str(), t.name().c_str(), static_cast<unsigned long long>(t.offset()),
-                   r.data.size());
-      return kExitInvalidInput;
-    }
-    r.data += t.data();
-  }
-  const grpc::Status fs = fr->Finish();
-  if (!fs.ok()) return ReportRpcError("run", server, fs);
-  if (absl::Status w = ir::WriteSafetensorsFile(out, tensors); !w.ok()) {
-    std::fprintf(stderr, "fxdp run: %s\n", std::string(w.message()).c_str());
-    return kExitIo;
-  }
-  if (json) {
-    nlohmann::ordered_json o;
-    o["event"] = "state_written";
-    o["job_id"] = job_id;
-    o["path"] = out;
-    o["tensors"] = tensors.size();
-    PrintLine(o);
-  } else {
-    std::fprintf(stderr, "fxdp run: wrote %s (%zu tensors)\n", out.c_str(), tensors.size());
-  }
-  return kExitOk;
 }
 
 // How `fxdp run` shows the job's events: text lines, a progress bar on a
@@ -543,7 +485,8 @@ int RunCommand(const std::vector<std::string>& args) {
     return kExitInvalidInput;
   }
   if (!a.out.empty()) {
-    if (int rc = FetchFinalState(stub.get(), a.server, job_id, a.out, a.json); rc != kExitOk)
+    if (int rc = FetchStateToFile(stub.get(), "run", a.server, job_id, a.out, a.json);
+        rc != kExitOk)
       return rc;
   }
   if (!a.json && a.resume.empty())

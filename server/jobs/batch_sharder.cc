@@ -19,6 +19,44 @@ void AddHyperparameters(const ir::HyperparameterValues& values, v1::Batch* b) {
   }
 }
 
+// What to do about a global batch input of `dtype` and `shape` that is not
+// the graph's `in` (issue 26): a partial last batch, another sequence
+// length, another dtype, each with what fixes it.
+std::string ShapeAdvice(const InputSpec& in, v1::DType dtype, const std::vector<int64_t>& shape) {
+  constexpr char kOneShape[] =
+      "fxdp traces one shape per job today (docs/shapes.md: symbolic sizes are being built)";
+  if (dtype != in.dtype) {
+    return absl::StrCat("convert it to the traced dtype (", TypeString(in.dtype, in.shape), ")");
+  }
+  if (shape.size() != in.shape.size()) {
+    return absl::StrCat("it has ", shape.size(), " dims, the traced batch ", in.shape.size(), "; ",
+                        kOneShape);
+  }
+  std::vector<std::string> advice;
+  const int bd = in.batch_dim;
+  if (bd >= 0 && shape[bd] < in.shape[bd]) {
+    advice.push_back(absl::StrCat("a partial last batch (", shape[bd], " of ", in.shape[bd],
+                                  " samples): drop it (DataLoader(..., drop_last=True)) or pad it "
+                                  "to ",
+                                  in.shape[bd], " samples"));
+  } else if (bd >= 0 && shape[bd] > in.shape[bd]) {
+    advice.push_back(absl::StrCat(shape[bd], " samples, traced with ", in.shape[bd],
+                                  ": send batches of ", in.shape[bd], " or trace with ",
+                                  shape[bd]));
+  }
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (static_cast<int>(d) == bd || shape[d] == in.shape[d]) continue;
+    advice.push_back(absl::StrCat(
+        "dim ", d, " is ", shape[d], ", traced with ", in.shape[d],
+        " (a padded sequence length?): pad every batch to ", in.shape[d],
+        " (a tokenizer's padding=\"max_length\", max_length=", in.shape[d],
+        "; pad_to_multiple_of bounds the lengths, but each length needs its own job)"));
+    break;
+  }
+  advice.push_back(kOneShape);
+  return absl::StrJoin(advice, "; ");
+}
+
 }  // namespace
 
 const InputSpec* BatchSharder::FindInput(const std::string& name) const {
@@ -71,9 +109,10 @@ absl::StatusOr<bool> BatchSharder::Add(int64_t step, const v1::SubmitJobRequest&
       }
       const std::vector<int64_t> shape(c.shape().begin(), c.shape().end());
       if (c.dtype() != in->dtype || shape != in->shape) {
-        return InvalidArgumentError(absl::StrCat(
-            what, ": input '", c.name(), "' is ", TypeString(c.dtype(), shape),
-            ", the graph expects ", TypeString(in->dtype, in->shape), " (the global batch)"));
+        return InvalidArgumentError(
+            absl::StrCat(what, ": input '", c.name(), "' is ", TypeString(c.dtype(), shape),
+                         ", the graph expects ", TypeString(in->dtype, in->shape),
+                         " (the global batch): ", ShapeAdvice(*in, c.dtype(), shape)));
       }
     }
     if (absl::Status s = batch_->Add(c); !s.ok()) return InvalidArgumentError(s.message());

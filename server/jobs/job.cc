@@ -308,6 +308,14 @@ Job::Got Job::Next(bool want_client, bool watch_client, Clock::time_point deadli
   }
 }
 
+bool Job::NextRank(Clock::time_point deadline, Msg* worker) {
+  std::unique_lock<std::mutex> l(mu_);
+  if (!cv_.wait_until(l, deadline, [&] { return !inbox_.empty(); })) return false;
+  *worker = std::move(inbox_.front());
+  inbox_.pop_front();
+  return true;
+}
+
 Job::QueueWatch Job::WatchQueued(int* position, std::string* message, Clock::duration wait) {
   QueueWatch w;
   std::unique_lock<std::mutex> l(mu_);

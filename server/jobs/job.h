@@ -201,6 +201,9 @@ class Job {
   // cancels the job); kTimeout at `deadline` (checked every 100 ms).
   Got Next(bool want_client, bool watch_client, Clock::time_point deadline, Msg* worker,
            v1::SubmitJobRequest* client, size_t* consumed);
+  // A rank's message only, whether or not the job was cancelled (its ranks'
+  // last messages as it ends); false at `deadline`.
+  bool NextRank(Clock::time_point deadline, Msg* worker);
   // While queued, up to `wait`: whether it was dispatched, its place or
   // message changed from `*position`, `*message` (updated), its client went
   // away, or it ended (then `ended` is its error).

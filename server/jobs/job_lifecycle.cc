@@ -17,7 +17,7 @@ constexpr StateFacts kStates[] = {
     // state                   terminal final_state keeps_checkpoint
     {v1::JOB_STATE_UNSPECIFIED, false, false, false}, {v1::JOB_STATE_QUEUED, false, false, true},
     {v1::JOB_STATE_RUNNING, false, false, true},      {v1::JOB_STATE_SUCCEEDED, true, true, false},
-    {v1::JOB_STATE_FAILED, true, false, true},        {v1::JOB_STATE_CANCELLED, true, false, false},
+    {v1::JOB_STATE_FAILED, true, false, true},        {v1::JOB_STATE_CANCELLED, true, false, true},
 };
 
 const StateFacts& Facts(v1::JobState s) {
@@ -31,15 +31,16 @@ const StateFacts& Facts(v1::JobState s) {
 
 const std::vector<JobTransition>& JobTransitions() {
   using C = JobChange;
+  using K = StateKept;
   static const std::vector<JobTransition>* const table = new std::vector<JobTransition>{
-      {v1::JOB_STATE_UNSPECIFIED, C::kQueue, v1::JOB_STATE_QUEUED},
-      {v1::JOB_STATE_QUEUED, C::kStart, v1::JOB_STATE_RUNNING},
-      {v1::JOB_STATE_QUEUED, C::kFail, v1::JOB_STATE_FAILED},
-      {v1::JOB_STATE_QUEUED, C::kCancel, v1::JOB_STATE_CANCELLED},
-      {v1::JOB_STATE_RUNNING, C::kSucceed, v1::JOB_STATE_SUCCEEDED},
-      {v1::JOB_STATE_RUNNING, C::kFail, v1::JOB_STATE_FAILED},
-      {v1::JOB_STATE_RUNNING, C::kCancel, v1::JOB_STATE_CANCELLED},
-      {v1::JOB_STATE_RUNNING, C::kRequeue, v1::JOB_STATE_QUEUED},
+      {v1::JOB_STATE_UNSPECIFIED, C::kQueue, v1::JOB_STATE_QUEUED, K::kNothing},
+      {v1::JOB_STATE_QUEUED, C::kStart, v1::JOB_STATE_RUNNING, K::kNothing},
+      {v1::JOB_STATE_QUEUED, C::kFail, v1::JOB_STATE_FAILED, K::kNothing},
+      {v1::JOB_STATE_QUEUED, C::kCancel, v1::JOB_STATE_CANCELLED, K::kNothing},
+      {v1::JOB_STATE_RUNNING, C::kSucceed, v1::JOB_STATE_SUCCEEDED, K::kFinal},
+      {v1::JOB_STATE_RUNNING, C::kFail, v1::JOB_STATE_FAILED, K::kLastStep},
+      {v1::JOB_STATE_RUNNING, C::kCancel, v1::JOB_STATE_CANCELLED, K::kLastStep},
+      {v1::JOB_STATE_RUNNING, C::kRequeue, v1::JOB_STATE_QUEUED, K::kNothing},
   };
   return *table;
 }
@@ -66,6 +67,13 @@ bool Terminal(v1::JobState s) { return Facts(s).terminal; }
 bool HasFinalState(v1::JobState s) { return Facts(s).final_state; }
 bool KeepsCheckpoint(v1::JobState s) { return Facts(s).keeps_checkpoint; }
 bool Resumable(v1::JobState s) { return Terminal(s) && KeepsCheckpoint(s); }
+
+StateKept KeptBy(v1::JobState from, JobChange change) {
+  for (const JobTransition& t : JobTransitions()) {
+    if (t.from == from && t.change == change) return t.kept;
+  }
+  return StateKept::kNothing;
+}
 
 absl::Status ApplyChange(v1::JobInfo* info, JobChange change, const absl::Status& status) {
   const v1::JobState from = info->state();

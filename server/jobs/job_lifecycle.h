@@ -5,23 +5,32 @@
 // and a change the table does not list is refused with a message naming
 // both states (the job keeps its state).
 //
-//   from         change     to          made by
-//   (new)        kQueue     QUEUED      JobTable::Add: the Submit was queued
-//   QUEUED       kStart     RUNNING     JobRunner::Run: its workers are assigned
-//   QUEUED       kFail      FAILED      the scheduler (too few workers), the runner before it
-//                                       started (memory, a lost worker), Recover (the queue is
-//                                       full)
-//   QUEUED       kCancel    CANCELLED   CancelJob, or the client went away, while queued
-//   RUNNING      kSucceed   SUCCEEDED   JobRunner: the final state and the record are durable
-//   RUNNING      kFail      FAILED      JobRunner: a rank failed or was lost, bad client input,
-//                                       an idle client, the state not saved; a server restart
-//   RUNNING      kCancel    CANCELLED   CancelJob, or the client went away
-//   RUNNING      kRequeue   QUEUED      a server restart: a data_paths job resumes from its
-//   checkpoint
+//   from         change     to          kept             made by
+//   (new)        kQueue     QUEUED      -                JobTable::Add: the Submit was queued
+//   QUEUED       kStart     RUNNING     -                JobRunner::Run: its workers are assigned
+//   QUEUED       kFail      FAILED      -                the scheduler (too few workers), the
+//                                                        runner before it started (memory, a lost
+//                                                        worker), Recover (the queue is full)
+//   QUEUED       kCancel    CANCELLED   -                CancelJob, or the client went away
+//   RUNNING      kSucceed   SUCCEEDED   final state      JobRunner: the final state and the
+//                                                        record are durable
+//   RUNNING      kFail      FAILED      last step's      JobRunner: a rank failed or was lost, bad
+//                                                        client input, an idle client, the state
+//                                                        not saved; a server restart
+//   RUNNING      kCancel    CANCELLED   last step's      CancelJob, or the client went away
+//   RUNNING      kRequeue   QUEUED      -                a server restart: a data_paths job
+//                                                        resumes from its checkpoint
+//
+// "kept" is what the change keeps of the job's state (StateKept): the final
+// state, or the state of its last completed step (kLastStep): collected from
+// the ranks before they are let go when they can give it (they are alive and
+// between steps: the runner lets the steps sent finish first), else its last
+// checkpoint; kept as its checkpoint (JobInfo.checkpoint_step names the
+// step, has_state says it can be fetched).
 //
 // SUCCEEDED, FAILED and CANCELLED are terminal: no change leaves them. Only
-// a SUCCEEDED job has a final state (FetchState); only a FAILED job keeps its
-// checkpoint (to be resumed: job_resume.h).
+// a SUCCEEDED job has a final state; a FAILED or CANCELLED one keeps its
+// checkpoint (to be fetched, FetchState, and resumed: job_resume.h).
 #ifndef FXDP_SERVER_JOBS_JOB_LIFECYCLE_H_
 #define FXDP_SERVER_JOBS_JOB_LIFECYCLE_H_
 
@@ -38,10 +47,16 @@ namespace fxdp::server {
 enum class JobChange { kQueue, kStart, kSucceed, kFail, kCancel, kRequeue };
 
 // One row of the lifecycle: `change` moves a job in state `from` to `to`.
+// What a change keeps of the job's state (the table's "kept").
+enum class StateKept { kNothing, kFinal, kLastStep };
+
+// One row of the lifecycle: `change` moves a job in state `from` to `to`,
+// keeping `kept` of its state.
 struct JobTransition {
   v1::JobState from;
   JobChange change;
   v1::JobState to;
+  StateKept kept;
 };
 
 // Every allowed change, the table above.
@@ -54,8 +69,11 @@ absl::string_view ChangeName(JobChange c);
 // What a state means.
 bool Terminal(v1::JobState s);         // SUCCEEDED, FAILED, CANCELLED
 bool HasFinalState(v1::JobState s);    // SUCCEEDED: its final state is kept
-bool KeepsCheckpoint(v1::JobState s);  // FAILED: its checkpoint is kept, to be resumed
-bool Resumable(v1::JobState s);        // FAILED (job_resume.h)
+bool KeepsCheckpoint(v1::JobState s);  // FAILED, CANCELLED: its checkpoint, to fetch and resume
+bool Resumable(v1::JobState s);        // FAILED, CANCELLED (job_resume.h)
+// What `change` from state `from` keeps of the state (kNothing when the
+// table has no such row).
+StateKept KeptBy(v1::JobState from, JobChange change);
 
 // Applies `change` to a job's info: its state and what each state shows
 // (the error and its code from `status`, the queue place and message only

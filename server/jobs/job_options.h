@@ -59,6 +59,11 @@ struct JobServiceOptions {
   // state, or for a batch with no step outstanding) fails after this long
   // without a message from it, freeing its workers.
   double client_idle_s = 60;
+  // --keep-state-s: a running job that fails while its ranks are alive, or is
+  // cancelled, keeps the state of its last completed step (job_lifecycle.h):
+  // its ranks finish the steps sent and give their state within this long,
+  // else its last checkpoint is what it keeps.
+  double keep_state_s = 60;
   // --max-collective-timeout-s: the most JobSpec.collective_timeout_s may
   // be (it bounds each rendezvous and collective, so how long a hung peer
   // holds a worker); more is INVALID_ARGUMENT at Submit.

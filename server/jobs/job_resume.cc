@@ -141,20 +141,23 @@ absl::StatusOr<ResumeStart> PrepareResume(const JobTable& table, JobStore* store
   if (store == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "job '", id,
-        "' cannot be resumed: this server keeps no checkpoints (start it with --state-dir DIR "
-        "--checkpoint-every K)"));
+        "' cannot be resumed: this server keeps no job records (start it with --state-dir DIR; "
+        "the state it kept can be fetched: fxdp fetch ",
+        id, ")"));
   }
   if (!Resumable(info.state())) {
     return absl::FailedPreconditionError(absl::StrCat("job '", id, "' is ", StateName(info.state()),
-                                                      ": only a FAILED job can be resumed"));
+                                                      ": only a FAILED or CANCELLED job can be "
+                                                      "resumed"));
   }
   absl::StatusOr<JobStore::ResumePoint> point = store->ReadResumePoint(id);
   if (!point.ok()) return point.status();
   const int64_t k = point->checkpoint_step;
   if (k <= 0 || !point->spec.has_graph()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "job '", id, "' has no checkpoint to resume from: it failed after ", info.steps_done(),
-        " steps, before its first checkpoint (fxdp-server --checkpoint-every ",
+        "job '", id, "' has no checkpoint to resume from: it ended after ", info.steps_done(),
+        " steps without a state to keep (its error says why) and before its first checkpoint "
+        "(fxdp-server --checkpoint-every ",
         checkpoint_every > 0 ? absl::StrCat(checkpoint_every) : "is off", ")"));
   }
   const v1::JobSpec& was = point->spec;

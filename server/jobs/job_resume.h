@@ -1,4 +1,5 @@
-// Resuming a FAILED job from its last checkpoint (JobSpec.resume_job,
+// Resuming a FAILED or CANCELLED job from its checkpoint (the state of its
+// last completed step, or its last --checkpoint-every one) (JobSpec.resume_job,
 // fxdp.Client.train(resume=JOB)): the checks a resume
 // Submit passes (the job exists, the caller may act on it, it FAILED and
 // kept a checkpoint, the new spec runs the same graph the same way) and what
@@ -33,7 +34,7 @@ struct ResumeStart {
 // Checks `spec` (as submitted: with its graph; resume_job set) against the
 // job it resumes, in this order: NOT_FOUND (unknown job), PERMISSION_DENIED
 // (another identity's, docs/security.md), FAILED_PRECONDITION (no
-// --state-dir, a job that did not fail, no checkpoint), INVALID_ARGUMENT
+// --state-dir, a job that did not fail and was not cancelled, no checkpoint), INVALID_ARGUMENT
 // (state sent, a different graph, world size, style or sync_batchnorm, no
 // step left), naming what differs; last, FAILED_PRECONDITION when another
 // job resumes it already (queued, running, or its Submit not yet queued) or

@@ -152,17 +152,15 @@ absl::Status JobRunner::ReadSpec(v1::SubmitJobRequest* first) {
 absl::Status JobRunner::TakeSpec() {
   v1::SubmitJobRequest first;
   if (absl::Status s = ReadSpec(&first); !s.ok()) return s;
-  // With --state-dir a data_paths job is recorded as submitted, to be run
-  // again after a restart; so is a job that is checkpointed or resumes
-  // another, to check a resume of it against (job_resume.h).
+  // With --state-dir every job is recorded as submitted: a data_paths job to
+  // be run again after a restart, any job to check a resume of it against
+  // (job_resume.h: a FAILED or CANCELLED job keeps its last step's state).
   const v1::JobSpec& submitted = first.spec();
   if (absl::Status s = CheckDataPathsExcluded(submitted, ctx_.options.data_excluded); !s.ok())
     return s;
   const bool from_files = ctx_.store != nullptr && submitted.data_paths_size() > 0;
   const bool resume = !submitted.resume_job().empty();
-  if (ctx_.store != nullptr && (from_files || resume || ctx_.options.checkpoint_every > 0)) {
-    job_->SetSubmitted(submitted);
-  }
+  if (ctx_.store != nullptr) job_->SetSubmitted(submitted);
   // More ranks than workers fail before the graph is expanded for them.
   if (absl::Status s = ctx_.scheduler->CheckPlaceable(submitted.world_size()); !s.ok()) return s;
   // What the graph declares, against the limits, before anything is

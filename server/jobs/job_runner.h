@@ -36,7 +36,7 @@
 // it once). No gRPC here: the client is a JobClient, the workers a WorkerPool.
 // job_runner.cc has phases 1-3, job_runner_state.cc the state transfers in,
 // job_runner_steps.cc phase 4, job_runner_end.cc the ends (the final state,
-// failures, cancels).
+// failures, cancels), job_runner_keep.cc the state an ended job keeps.
 #ifndef FXDP_SERVER_JOBS_JOB_RUNNER_H_
 #define FXDP_SERVER_JOBS_JOB_RUNNER_H_
 
@@ -141,6 +141,8 @@ class JobRunner {
   // --checkpoint-every: after run step sent_ the ranks are asked for their state.
   absl::Status MaybeCheckpoint();
   absl::Status OnStepMessage(Job::Msg& msg);
+  // A rank's StepResult: recorded, and the steps whose results are all in reported.
+  void OnStepResult(const Job::Msg& msg);
   void StepDone(int64_t step, const std::vector<v1::StepResult>& results);
   // --checkpoint-every: records the state after job step `step` once that
   // step's loss is recorded too (rank 0's state can arrive before the other
@@ -158,10 +160,22 @@ class JobRunner {
   absl::Status SendShards(const StateSplitter& splitter, const v1::TensorChunk& chunk,
                           bool complete, std::vector<std::optional<v1::TensorChunk>>* held);
 
-  // Ends the job: CancelJob to every assigned rank but `except`, the change
-  // (kFail or kCancel, job_lifecycle.h), the last event; returns `status`.
+  // Ends the job: during the steps the state of its last completed step kept
+  // (KeepLastState) when the change keeps it (job_lifecycle.h), CancelJob to
+  // every assigned rank but `except`, the change (kFail or kCancel), the last
+  // event; returns `status` saying what state was kept.
   absl::Status Finish(JobChange change, const absl::Status& status, int except);
   absl::Status Cancelled();
+  // job_runner_keep.cc: the state of the last completed step kept (collected
+  // from the ranks unless rank `except` failed or was lost; else the last
+  // checkpoint): `status` with what was kept, or why nothing was, said.
+  absl::Status KeepLastState(const absl::Status& status, int except);
+  // Every step sent finished, then the state after the last one collected
+  // (job step `*step`), within --keep-state-s.
+  absl::Status CollectLastState(int64_t* step, StateStore::State* state);
+  // The ranks' results already delivered, recorded.
+  void TakeDelivered();
+  absl::Status KeptSaid(const absl::Status& status, const std::string& kept) const;
   // Seconds left of client_idle_s counted from `from`.
   double ClientIdleLeft(Clock::time_point from) const;
   absl::Status ClientIdle(absl::string_view waiting_for);
@@ -194,6 +208,7 @@ class JobRunner {
   std::deque<PendingStep> pending_;
   int64_t sent_ = 0;
   bool client_done_ = false;    // an open-ended job's client half-closed
+  bool stepping_ = false;       // in Steps(): an end keeps the last step's state
   uint64_t held_reserved_ = 0;  // of ctx_.held_state_bytes
 };
 

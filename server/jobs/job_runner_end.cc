@@ -16,10 +16,13 @@
 namespace fxdp::server {
 
 absl::Status JobRunner::Finish(JobChange change, const absl::Status& status, int except) {
-  ranks_->CancelAssigned(std::string(status.message()), except);
-  job_->Change(change, status).IgnoreError();  // refused: logged, and the event says its state
+  const absl::Status end = stepping_ && KeptBy(job_->state(), change) == StateKept::kLastStep
+                               ? KeepLastState(status, except)
+                               : status;
+  ranks_->CancelAssigned(std::string(end.message()), except);
+  job_->Change(change, end).IgnoreError();  // refused: logged, and the event says its state
   client_->Write(job_->Event(job_->state()));
-  return status;
+  return end;
 }
 
 absl::Status JobRunner::Cancelled() {

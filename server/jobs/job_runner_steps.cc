@@ -17,6 +17,7 @@
 namespace fxdp::server {
 
 absl::Status JobRunner::Steps() {
+  stepping_ = true;
   const bool from_files = job_->plan().spec.data_paths_size() > 0;
   if (from_files) client_->SetReadBudget(0);
   const size_t ahead = static_cast<size_t>(std::max(1, ctx_.options.steps_ahead));
@@ -45,6 +46,7 @@ absl::Status JobRunner::Steps() {
                                             : OnStepMessage(msg);
     if (!s.ok()) return s;
   }
+  stepping_ = false;
   if (sent_ == 0) return BadInput("the client sent no batch: a job needs at least one step");
   if (steps_ == 0) {
     steps_ = sent_;
@@ -111,7 +113,11 @@ absl::Status JobRunner::OnStepMessage(Job::Msg& msg) {
     SaveCheckpoint(done->step, *std::move(done->state));
     return absl::OkStatus();
   }
-  if (!msg.m.has_step_result()) return absl::OkStatus();
+  if (msg.m.has_step_result()) OnStepResult(msg);
+  return absl::OkStatus();
+}
+
+void JobRunner::OnStepResult(const Job::Msg& msg) {
   const v1::StepResult& sr = msg.m.step_result();
   for (PendingStep& p : pending_) {
     if (p.step == sr.step() && p.results[msg.rank].step() == 0) {
@@ -123,7 +129,6 @@ absl::Status JobRunner::OnStepMessage(Job::Msg& msg) {
     StepDone(pending_.front().step, pending_.front().results);
     pending_.pop_front();
   }
-  return absl::OkStatus();
 }
 
 absl::Status JobRunner::SendStep(int64_t step) {

@@ -159,8 +159,8 @@ absl::Status JobStore::UpdateLocked(const v1::JobInfo& info, bool ended) {
     return Exec("UPDATE jobs SET info = ? WHERE id = ?", {{info_bytes, true}, {info.job_id()}});
   // Files go once the record no longer names them (a record that cannot be
   // written leaves them as they were).
-  if (KeepsCheckpoint(info.state())) {  // FAILED (job_lifecycle.h)
-    // A failed job's checkpoint (and the spec a resume is checked against)
+  if (KeepsCheckpoint(info.state())) {  // FAILED, CANCELLED (job_lifecycle.h)
+    // An ended job's checkpoint (and the spec a resume is checked against)
     // stay; without a checkpoint the spec goes.
     absl::Status s = Exec(
         "UPDATE jobs SET info = ?, initial_state = 0, "

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/log.h"
+#include "util/bytes.h"
 
 namespace fxdp::server {
 
@@ -52,10 +53,12 @@ void JobTable::Restore(const std::vector<std::shared_ptr<Job>>& jobs, int64_t la
     jobs_[id] = j;
     order_.push_back(id);
     if (Terminal(j->state())) finished_.push_back(id);
-    // Only a SUCCEEDED job's state is a file; another's was kept in memory
-    // (KeepState) and is gone.
-    if (!HasFinalState(j->state())) j->SetHasState(false);
-    if (j->Info().has_state() && store_ != nullptr)
+    // A SUCCEEDED job's state is a file, a FAILED or CANCELLED job's its
+    // checkpoint; another's was kept in memory (KeepState) and is gone.
+    const v1::JobInfo info = j->Info();
+    const bool checkpoint = Resumable(info.state()) && info.checkpoint_step() > 0;
+    if (!HasFinalState(info.state())) j->SetHasState(checkpoint);
+    if (HasFinalState(info.state()) && info.has_state() && store_ != nullptr)
       states_.PutBytes(id, store_->FinalStateBytes(id));
   }
   next_id_ = std::max(next_id_, last_seq + 1);
@@ -116,15 +119,7 @@ absl::Status JobTable::KeepState(const std::shared_ptr<Job>& job,
   } else {
     evicted = states_.PutBytes(id, bytes);
   }
-  for (const std::string& gone : evicted) {
-    if (store_ != nullptr) Record(store_->EraseFinalState(gone), gone, "erase the final state of");
-    auto it = jobs_.find(gone);
-    if (it == jobs_.end()) continue;
-    if (gone != id) Log(absl::StrCat(gone, ": final state evicted (--max-state-mb)"));
-    it->second->StateEvicted();
-    const v1::JobInfo info = it->second->Info();
-    if (store_ != nullptr) Record(store_->Update(info, Terminal(info.state())), gone, "update");
-  }
+  Evicted(evicted, id);
   const bool kept = states_.Has(id);
   if (kept) {
     job->SetHasState(true);
@@ -138,6 +133,52 @@ absl::Status JobTable::KeepState(const std::shared_ptr<Job>& job,
           "state not saved: ", written.message(),
           kept ? "; the final state is kept in memory for FetchState until the server restarts"
                : ""));
+}
+
+void JobTable::Evicted(const std::vector<std::string>& evicted, const std::string& id) {
+  for (const std::string& gone : evicted) {
+    if (store_ != nullptr) Record(store_->EraseFinalState(gone), gone, "erase the final state of");
+    auto it = jobs_.find(gone);
+    if (it == jobs_.end()) continue;
+    if (gone != id) Log(absl::StrCat(gone, ": kept state evicted (--max-state-mb)"));
+    it->second->StateEvicted();
+    const v1::JobInfo info = it->second->Info();
+    if (store_ != nullptr) Record(store_->Update(info, Terminal(info.state())), gone, "update");
+  }
+}
+
+absl::Status JobTable::KeepLastState(const std::shared_ptr<Job>& job, int64_t step,
+                                     std::shared_ptr<const StateStore::State> state) {
+  const std::string id = job->id();
+  absl::Status written;
+  if (store_ != nullptr) {
+    written = store_->WriteCheckpoint(id, step, *state);  // outside the lock
+    Record(written, id, "write the last state of");
+    if (written.ok()) {
+      job->SetCheckpointStep(step);
+      job->SetHasState(true);
+      return written;
+    }
+  }
+  const uint64_t bytes = StateStore::Bytes(*state);
+  std::lock_guard<std::mutex> l(mu_);
+  Evicted(states_.Put(id, std::move(state)), id);
+  const bool kept = states_.Has(id);
+  if (kept) {
+    job->SetCheckpointStep(step);
+    job->SetHasState(true);
+  }
+  if (!written.ok()) {
+    return absl::Status(
+        written.code(),
+        absl::StrCat("its state after step ", step, " not saved: ", written.message(),
+                     kept ? "; kept in memory until the server restarts" : ""));
+  }
+  if (kept) return absl::OkStatus();
+  return absl::ResourceExhaustedError(
+      absl::StrCat("its state after step ", step, " (", util::MiBWithBytes(bytes),
+                   ") is larger than this server keeps (fxdp-server --max-state-mb ",
+                   states_.max_bytes() >> 20, ")"));
 }
 
 absl::Status JobTable::Succeed(const std::shared_ptr<Job>& job,
@@ -160,55 +201,73 @@ absl::Status JobTable::Succeed(const std::shared_ptr<Job>& job,
 
 absl::StatusOr<std::shared_ptr<const StateStore::State>> JobTable::FinalState(
     const std::string& id) const {
-  absl::StatusOr<std::shared_ptr<const StateStore::State>> kept = Kept(id);
+  std::string path;
+  absl::StatusOr<std::shared_ptr<const StateStore::State>> kept = Kept(id, &path);
   if (!kept.ok() || *kept != nullptr) return kept;
-  absl::StatusOr<JobStore::Tensors> read = store_->ReadFinalState(id);  // outside the lock
+  absl::StatusOr<JobStore::Tensors> read = path == store_->FinalStatePath(id)
+                                               ? store_->ReadFinalState(id)
+                                               : [&]() -> absl::StatusOr<JobStore::Tensors> {
+    absl::StatusOr<JobStore::Checkpoint> c = store_->ReadCheckpoint(id);
+    if (!c.ok()) return c.status();
+    return std::move(c->state);
+  }();  // outside the lock
   if (!read.ok()) {
-    return absl::DataLossError(absl::StrCat("job ", id, "'s final state cannot be read back from ",
-                                            store_->FinalStatePath(id), ": ",
-                                            read.status().message()));
+    return absl::DataLossError(absl::StrCat("job ", id, "'s state cannot be read back from ", path,
+                                            ": ", read.status().message()));
   }
   return std::make_shared<const StateStore::State>(*std::move(read));
 }
 
 absl::StatusOr<StateReader> JobTable::OpenFinalState(const std::string& id) const {
-  absl::StatusOr<std::shared_ptr<const StateStore::State>> kept = Kept(id);
+  std::string path;
+  absl::StatusOr<std::shared_ptr<const StateStore::State>> kept = Kept(id, &path);
   if (!kept.ok()) return kept.status();
   if (*kept != nullptr) return StateReader(*std::move(kept));
-  absl::StatusOr<StateReader> file =
-      StateReader::OpenFile(store_->FinalStatePath(id));  // outside the lock
+  absl::StatusOr<StateReader> file = StateReader::OpenFile(path);  // outside the lock
   if (!file.ok()) {
     return absl::DataLossError(
-        absl::StrCat("job ", id, "'s final state cannot be read back: ", file.status().message()));
+        absl::StrCat("job ", id, "'s state cannot be read back: ", file.status().message()));
   }
   return file;
 }
 
-absl::StatusOr<std::shared_ptr<const StateStore::State>> JobTable::Kept(
-    const std::string& id) const {
+absl::StatusOr<std::shared_ptr<const StateStore::State>> JobTable::Kept(const std::string& id,
+                                                                        std::string* path) const {
   std::shared_ptr<const StateStore::State> kept;
-  bool on_disk = false;
+  bool on_disk = false, succeeded = false;
   {
     std::lock_guard<std::mutex> l(mu_);
     auto it = jobs_.find(id);
     if (it == jobs_.end()) return NotFound(id);
-    const v1::JobState state = it->second->state();
+    const v1::JobInfo info = it->second->Info();
+    const v1::JobState state = info.state();
+    // A FAILED or CANCELLED job's checkpoint (job_lifecycle.h): in memory, or its file.
+    const bool checkpoint = KeepsCheckpoint(state) && Terminal(state) && info.checkpoint_step() > 0;
+    if (checkpoint && store_ != nullptr && !states_.Has(id)) {
+      *path = store_->CheckpointPath(id);
+      return kept;
+    }
     // With a store, a job that failed because its state could not be saved
     // keeps it (Succeed).
-    if (!HasFinalState(state) && !(store_ != nullptr && states_.Has(id))) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("job ", id, " is ", v1::JobState_Name(state),
-                       ": only a SUCCEEDED job has a final state"));
+    if (!HasFinalState(state) && !checkpoint && !(store_ != nullptr && states_.Has(id))) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", id, " is ", v1::JobState_Name(state), " and keeps no state: ",
+          Terminal(state) ? absl::StrCat("it ended after ", info.steps_done(),
+                                         " steps without a state to keep (its error says why)")
+                          : "it has not ended (a SUCCEEDED job has a final state, a FAILED or "
+                            "CANCELLED one the state of its last completed step)"));
     }
     kept = states_.Get(id);
     on_disk = kept == nullptr && states_.Has(id) && store_ != nullptr;
+    succeeded = HasFinalState(state);
   }
+  if (on_disk) *path = store_->FinalStatePath(id);
   if (kept == nullptr && !on_disk) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("job ", id, "'s final state was evicted: the server keeps at most ",
-                     options_.max_state_bytes >> 20,
-                     " MiB of final states (--max-state-mb) and evicts the oldest first; fetch it "
-                     "sooner or raise --max-state-mb"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", id, succeeded ? "'s final" : "'s kept",
+        " state was evicted: the server keeps at most ", options_.max_state_bytes >> 20,
+        " MiB of job states (--max-state-mb) and evicts the oldest first; fetch it "
+        "sooner or raise --max-state-mb"));
   }
   return kept;
 }

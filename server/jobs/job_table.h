@@ -70,9 +70,18 @@ class JobTable {
   // fetchable (FinalState) while the server runs.
   absl::Status Succeed(const std::shared_ptr<Job>& job,
                        std::shared_ptr<const StateStore::State> state);
-  // A job's kept final state: a SUCCEEDED job's, or one that could not be
-  // saved (Succeed). FAILED_PRECONDITION when the job did not succeed or its
-  // state was evicted, NOT_FOUND for an unknown job.
+  // A job that fails or is cancelled while running (job_lifecycle.h,
+  // kLastStep): the state after job step `step`, collected from its ranks,
+  // kept as its checkpoint (checkpoint_step, has_state): with a store its
+  // checkpoint file (replacing an older one), else (or when the file cannot
+  // be written: the error) in memory within max_state_bytes, as final states.
+  absl::Status KeepLastState(const std::shared_ptr<Job>& job, int64_t step,
+                             std::shared_ptr<const StateStore::State> state);
+  // A job's kept state: a SUCCEEDED job's final state, one that could not be
+  // saved (Succeed), or a FAILED or CANCELLED job's checkpoint (its last
+  // step's, KeepLastState, or its last --checkpoint-every one).
+  // FAILED_PRECONDITION when the job keeps none or its state was evicted,
+  // NOT_FOUND for an unknown job.
   absl::StatusOr<std::shared_ptr<const StateStore::State>> FinalState(const std::string& id) const;
   // The same, to be read chunk by chunk (FetchState): the kept state shared,
   // or its file in the store opened (only its header read).
@@ -82,8 +91,12 @@ class JobTable {
   absl::Status NotFound(const std::string& id) const;
 
  private:
-  // FinalState's checks: the state kept in memory, or null when it is in the store.
-  absl::StatusOr<std::shared_ptr<const StateStore::State>> Kept(const std::string& id) const;
+  // FinalState's checks: the state kept in memory, or null when it is in the
+  // store (`*path`: its file).
+  absl::StatusOr<std::shared_ptr<const StateStore::State>> Kept(const std::string& id,
+                                                                std::string* path) const;
+  // Evicted states: their jobs and files updated (mu_ held).
+  void Evicted(const std::vector<std::string>& evicted, const std::string& id);
   void Record(const absl::Status& s, const std::string& id, const char* what) const;
 
   const JobServiceOptions options_;

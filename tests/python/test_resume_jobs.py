@@ -145,7 +145,7 @@ def test_a_streamed_job_resumes_after_a_lost_worker(tmp_path):
             lambda: client.train(step, world_size=2, batches=batches(), resume=plain.job_id)
         )
         assert e.code == grpc.StatusCode.FAILED_PRECONDITION, e
-        assert "is SUCCEEDED: only a FAILED job can be resumed" in str(e), e
+        assert "is SUCCEEDED: only a FAILED or CANCELLED job can be resumed" in str(e), e
         e = code_of(lambda: client.train(step, world_size=1, batches=batches(), resume=old.job_id))
         assert e.code == grpc.StatusCode.INVALID_ARGUMENT, e
         assert "world_size is 1, the job ran on 2" in str(e), e

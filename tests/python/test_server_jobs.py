@@ -299,9 +299,11 @@ def test_cancel_queued_and_client_gone(server):
     info = jobs.CancelJob(jpb.CancelJobRequest(job_id=long_id, reason="test"))
     assert info.state == jpb.JOB_STATE_CANCELLED and "test" in info.error, info
     assert drain(long_stream).code() == grpc.StatusCode.CANCELLED
-    with pytest.raises(grpc.RpcError) as ei:
-        list(jobs.FetchState(jpb.FetchJobStateRequest(job_id=long_id)))
-    assert ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    # It keeps the state of its last completed step (issue 26).
+    info = jobs.GetJob(jpb.GetJobRequest(job_id=long_id))
+    assert info.has_state and info.checkpoint_step == info.steps_done > 0, info
+    assert f"its state after step {info.steps_done} is kept" in info.error, info
+    assert list(jobs.FetchState(jpb.FetchJobStateRequest(job_id=long_id)))[-1].last
     wait_idle(workers, timeout=10)
 
 
@@ -488,7 +490,10 @@ def test_limits_name_their_flags(limited):
         and "--max-queued-jobs is 1" in err.details()
     ), err
     jobs.CancelJob(jpb.CancelJobRequest(job_id=q.job_id))
-    jobs.CancelJob(jpb.CancelJobRequest(job_id=long_id))
+    info = jobs.CancelJob(jpb.CancelJobRequest(job_id=long_id))
+    # Its last step's state does not fit --max-state-mb 0: not kept, and said so.
+    assert "is larger than this server keeps (fxdp-server --max-state-mb 0)" in info.error, info
+    assert not info.has_state, info
     drain(queued), drain(long_stream)
     # Three jobs finished; the first is forgotten.
     with pytest.raises(grpc.RpcError) as ei:

@@ -186,6 +186,7 @@ inline server::JobServiceOptions FastOptions() {
   server::JobServiceOptions o;
   o.dispatch_interval_s = 0.01;
   o.release_grace_s = 1;
+  o.keep_state_s = 1;  // a held step (FakeWorker::Hold) is given up on soon
   return o;
 }
 

@@ -59,9 +59,9 @@ TEST(JobLifecycle, EveryAllowedChangeMovesTheJob) {
     EXPECT_EQ(info.message().empty(), t.to != v1::JOB_STATE_QUEUED);
     EXPECT_EQ(info.started_unix_ms() > 0, t.to == v1::JOB_STATE_RUNNING);
     EXPECT_EQ(info.ended_unix_ms() > 0, server::Terminal(t.to));
-    // An ended job keeps its checkpoint only when it FAILED (to be resumed).
-    EXPECT_EQ(info.checkpoint_step(),
-              t.to == v1::JOB_STATE_SUCCEEDED || t.to == v1::JOB_STATE_CANCELLED ? 0 : 4);
+    // An ended job keeps its checkpoint (the state of its last completed
+    // step, to be fetched and resumed) unless it SUCCEEDED.
+    EXPECT_EQ(info.checkpoint_step(), t.to == v1::JOB_STATE_SUCCEEDED ? 0 : 4);
   }
 }
 
@@ -115,8 +115,25 @@ TEST(JobLifecycle, WhatEachStateMeans) {
         s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
     EXPECT_EQ(server::Terminal(s), ended);
     EXPECT_EQ(server::HasFinalState(s), s == v1::JOB_STATE_SUCCEEDED);
-    EXPECT_EQ(server::Resumable(s), s == v1::JOB_STATE_FAILED);
+    EXPECT_EQ(server::Resumable(s), s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED);
   }
+}
+
+// What each change keeps of the job's state: a running job that fails or
+// is cancelled keeps its last completed step's, one that succeeds its final
+// state; nothing else keeps one (issue 26).
+TEST(JobLifecycle, WhatEachChangeKeeps) {
+  std::set<std::string> keeping;
+  for (const server::JobTransition& t : server::JobTransitions()) {
+    EXPECT_EQ(server::KeptBy(t.from, t.change), t.kept);
+    if (t.kept == server::StateKept::kNothing) continue;
+    keeping.insert(server::StateName(t.from) + " " + std::string(server::ChangeName(t.change)) +
+                   (t.kept == server::StateKept::kFinal ? " final" : " last step"));
+  }
+  EXPECT_EQ(keeping, (std::set<std::string>{"RUNNING succeed final", "RUNNING fail last step",
+                                            "RUNNING cancel last step"}));
+  EXPECT_EQ(server::KeptBy(v1::JOB_STATE_QUEUED, JobChange::kCancel), server::StateKept::kNothing);
+  EXPECT_EQ(server::KeptBy(v1::JOB_STATE_FAILED, JobChange::kCancel), server::StateKept::kNothing);
 }
 
 TEST(JobLifecycle, JobChangeRefusesAndKeepsItsState) {

@@ -641,7 +641,7 @@ TEST(JobTable, KeepsTheLastFinishedJobsAndEvictsTheOldestState) {
   ASSERT_TRUE(failed->Change(server::JobChange::kStart).ok());
   ASSERT_TRUE(failed->Change(server::JobChange::kFail, absl::InternalError("x")).ok());
   EXPECT_THAT(table.FinalState(failed->id()).status().message(),
-              HasSubstr("only a SUCCEEDED job has a final state"));
+              HasSubstr("is JOB_STATE_FAILED and keeps no state: it ended after 0 steps"));
 }
 
 TEST(JobScheduler, DispatchesInFifoOrderAndCancelsQueuedJobs) {

@@ -154,7 +154,15 @@ TEST(JobService, CancelWhileWaitingForTheClientsNextBatch) {
   EXPECT_EQ(info.state(), v1::JOB_STATE_CANCELLED);
   EXPECT_THAT(info.error(), HasSubstr("cancelled: CancelJob: test"));
   EXPECT_EQ(slow.Finish().error_code(), grpc::StatusCode::CANCELLED);
-  EXPECT_TRUE(WaitUntil([&] { return workers[0]->jobs().at(0).cancelled; }));
+  // Its rank gave the state after step 1 and ended (issue 26): kept, fetchable.
+  EXPECT_THAT(info.error(), HasSubstr("its state after step 1 is kept"));
+  EXPECT_EQ(info.checkpoint_step(), 1);
+  EXPECT_EQ(info.steps_done(), 1);
+  EXPECT_TRUE(info.has_state());
+  std::map<std::string, std::string> state;
+  ASSERT_TRUE(FetchState(server, e.job_id(), &state).ok());
+  EXPECT_EQ(state.size(), 2u);
+  EXPECT_TRUE(WaitUntil([&] { return !workers[0]->jobs().at(0).cancelled; }));
 }
 
 TEST(JobService, ClientMayWaitForEachStepsResultBeforeSendingTheNextBatch) {
@@ -358,7 +366,7 @@ TEST(JobService, FailedRankFailsTheJobWithItsCode) {
   for (auto& w : workers) w->FailAt(1, grpc::StatusCode::INTERNAL, std::string(1 << 20, 'e'));
   const grpc::Status big = Submission(server, Args(2, 1)).Finish();
   EXPECT_EQ(big.error_code(), grpc::StatusCode::INTERNAL);
-  EXPECT_LT(big.error_message().size(), 4300u);
+  EXPECT_LT(big.error_message().size(), 4600u);  // and what state is kept (issue 26)
   EXPECT_THAT(big.error_message(), HasSubstr("eee... (1048576 bytes, cut)"));
 }
 

@@ -120,6 +120,11 @@ void FakeWorker::Hold() {
   hold_ = true;
 }
 
+size_t FakeWorker::held() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return held_.size();
+}
+
 void FakeWorker::Release() {
   std::vector<int64_t> steps;
   v1::AssignJob a;

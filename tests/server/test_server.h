@@ -99,6 +99,8 @@ class FakeWorker {
   // Holds StepResults back until Release() (keeps a job running).
   void Hold();
   void Release();
+  // Steps held back.
+  size_t held() const;
   // Answers step `step` of the next job with JobFailed(code, error).
   void FailAt(int64_t step, grpc::StatusCode code, std::string error);
 

@@ -291,8 +291,9 @@ class Client:
         DEADLINE_EXCEEDED; default: no limit (the client's ``timeout`` still bounds fetching the
         final state).
 
-        ``resume``: the id of a FAILED job to continue from its last checkpoint (a server with
-        ``--state-dir DIR --checkpoint-every K``; docs/jobs.md). Pass the same step, world size,
+        ``resume``: the id of a FAILED or CANCELLED job to continue from the state it kept (its
+        last completed step's, or its last checkpoint; a server with ``--state-dir DIR``;
+        docs/jobs.md). Pass the same step, world size,
         style, batches, steps and schedule as the first run: the server starts a new job from the
         checkpoint's state (``state`` with ``resume`` is a ValueError), with the step counter and the schedule where
         they were, and says which step that is; ``batches`` and ``schedule`` are skipped up to it
@@ -363,7 +364,8 @@ class Client:
     def fetch_state(
         self, job_id: str, timeout: Optional[float] = None
     ) -> "OrderedDict[str, torch.Tensor]":
-        """The final state of a finished job (FetchState), as tensors."""
+        """The state a finished job kept (FetchState), as tensors: a SUCCEEDED job's final
+        state, a FAILED or CANCELLED one's last completed step's (``job(id).checkpoint_step``)."""
         return self._call(
             lambda timeout: assemble(
                 self._jobs.FetchState(
