@@ -1,6 +1,7 @@
-"""``@fxdp.compile`` with the batches a data loader yields: each shape is traced once and kept (the
-last ``max_shapes`` of them), so a shape seen before runs its graph without a new trace, and every
-call still trains the live model like eager (issue 26)."""
+"""``@fxdp.compile`` with the batches a data loader yields (issue 26, docs/shapes.md step 7): one
+symbolic trace serves every shape, a batch breaking its guards is traced again as a second variant,
+and with ``dynamic=False`` each shape is traced once and kept (the last ``max_shapes`` of them);
+every call still trains the live model like eager."""
 
 from __future__ import annotations
 
@@ -36,19 +37,44 @@ def batch(i: int, rows: int):
 ROWS = [4, 6, 4, 2, 6, 4]
 
 
-@pytest.mark.parametrize("max_shapes,traces", [(8, 3), (1, 6)])
-def test_a_shape_seen_before_is_not_traced_again(max_shapes, traces):
-    compiled = fxdp.compile(max_shapes=max_shapes)(step)
+def run_like_eager(compiled, fn, rows):
     m, o = make()
     m2, o2 = make()
-    for i, rows in enumerate(ROWS):
-        b = batch(i, rows)
+    for i, r in enumerate(rows):
+        b = batch(i, r)
         loss = compiled(m, o, b)
-        want = step(m2, o2, b)
+        want = fn(m2, o2, b)
         torch.testing.assert_close(loss, want.detach(), rtol=RTOL, atol=ATOL)
-    assert compiled.traces == traces
     for p, p2 in zip(m.parameters(), m2.parameters()):
         torch.testing.assert_close(p, p2, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize(
+    "dynamic,max_shapes,traces", [(True, 8, 1), (True, 1, 1), (False, 8, 3), (False, 1, 6)]
+)
+def test_a_shape_seen_before_is_not_traced_again(dynamic, max_shapes, traces):
+    compiled = fxdp.compile(max_shapes=max_shapes, dynamic=dynamic)(step)
+    run_like_eager(compiled, step, ROWS)
+    assert compiled.traces == traces
+    assert compiled.traced.is_symbolic() is False  # each call runs a static instance
+
+
+def guarded(model, opt, batch):
+    x, y = batch
+    if x.shape[0] < 6:  # the trace at 4 rows holds for 2..5
+        loss = F.mse_loss(model(x), y)
+    else:
+        loss = F.l1_loss(model(x), y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss
+
+
+def test_a_batch_breaking_the_guards_is_traced_again_as_a_variant():
+    compiled = fxdp.compile()(guarded)
+    run_like_eager(compiled, guarded, ROWS + [8, 3])
+    assert compiled.traces == 2  # 4 rows (2..5), then 6 rows (6 or more)
 
 
 def test_another_model_is_traced_again():

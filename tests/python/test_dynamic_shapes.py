@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import collections
 import copy
+import subprocess
 
 import fxdp
 import pytest
 import sympy
 import torch
 from _tiny_gpt2 import CONFIG, train_step
-from _util import ATOL, RTOL
+from _util import ATOL, RTOL, fxdp_binary, local_server
 from fxdp import sizes
-from fxdp.errors import TraceError
-from fxdp.instantiate import ShapeError
+from fxdp.errors import ShapeError, TraceError
 from fxdp.v1 import graph_pb2 as pb
 
 transformers = pytest.importorskip("transformers")
@@ -109,7 +109,7 @@ def test_a_dict_names_the_dynamic_dims():
     step.instantiate(ids(3, 16))
     with pytest.raises(
         ShapeError,
-        match=r"input 'input_ids' is 4x24: dim 1 is 24, but the trace made it static \(16",
+        match=r"input 'input_ids' is 4x24: dim 1 is 24, but the trace has it static \(16",
     ):
         step.instantiate(ids(4, 24))
     with pytest.raises(
@@ -117,6 +117,49 @@ def test_a_dict_names_the_dynamic_dims():
         match=r"dynamic names \['mask'\], which are not inputs; the inputs are \['input_ids'\]",
     ):
         fxdp.trace_step(train_step, model, opt, ids(4, 16), dynamic={"mask": [0]})
+
+
+@pytest.mark.parametrize("shape", [(5, 37), (3, 16)])
+def test_the_python_instance_is_the_cpp_one(symbolic, tmp_path, shape):
+    """TracedStep.instantiate mirrors analysis/ir/instantiate: ``fxdp expand G --shape`` of the
+    symbolic graph and ``fxdp expand`` of the Python instance give the same rank graphs, byte for
+    byte (2 uneven ranks at 5 rows)."""
+    step = symbolic[0]
+    step.save(tmp_path / "sym.pb")
+    step.instantiate(ids(*shape)).save(tmp_path / "inst.pb")
+    outs = []
+    for name, extra in (("sym", ["--shape", f"input_ids={shape[0]}x{shape[1]}"]), ("inst", [])):
+        (tmp_path / name).mkdir()
+        cmd = [fxdp_binary("FXDP_BIN", "fxdp"), "expand", str(tmp_path / f"{name}.pb")]
+        cmd += ["--world-size", "2", "-o", str(tmp_path / name / "g.pb"), *extra]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        outs.append({p.name: p.read_bytes() for p in sorted((tmp_path / name).iterdir())})
+    assert outs[0] == outs[1] and len(outs[0]) == 2
+
+
+def test_client_train_runs_a_symbolic_step_at_its_batches_shape(symbolic):
+    """The server takes static graphs (until docs/shapes.md steps 5-6): Client.train instantiates
+    a symbolic step at its batches' shape, which trains on 2 workers exactly as a trace at that
+    shape does, and a batch of another shape fails naming both."""
+    step = symbolic[0]
+    model, opt = gpt2()
+    concrete = fxdp.trace_step(train_step, model, opt, ids(4, 24))
+    batches = [ids(4, 24, seed=s) for s in (7, 8)]
+    state, want = step.initial_state(), []
+    for i, b in enumerate(batches, 1):
+        state, loss = step.run_local(state, b, step=i)
+        want.append(float(loss))
+    with local_server(workers=2) as (address, _), fxdp.Client(address) as c:
+        r, ref = c.train(step, 2, batches), c.train(concrete, 2, batches)
+        assert r.losses == ref.losses and r.losses == pytest.approx(want, rel=RTOL, abs=ATOL)
+        for n, t in ref.state.items():
+            assert torch.equal(r.state[n], t), n
+        with pytest.raises(
+            ValueError,
+            match=r"the batch of step 2 has shapes \{'input_ids': \(4, 16\)\}, step 1's \{'input_ids': \(4, 24\)\}",
+        ):
+            c.train(step, 2, [ids(4, 24), ids(4, 16)])
 
 
 # --------------------------------------------------------------------------- guards
@@ -186,7 +229,7 @@ def test_a_dim_the_step_pins_is_reported_and_checked():
     assert [(s.dim, s.hint) for s in step.graph.symbols] == [(1, 6)]
     step.instantiate({"x": torch.randn(4, 7, 8)})
     with pytest.raises(
-        ShapeError, match=r"input 'x' is 5x6x8: dim 0 is 5, but the trace made it static \(4"
+        ShapeError, match=r"input 'x' is 5x6x8: dim 0 is 5, but the trace has it static \(4"
     ):
         step.instantiate({"x": torch.randn(5, 6, 8)})
 

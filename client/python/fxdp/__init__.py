@@ -3,7 +3,7 @@
 __version__ = "0.1.0"
 
 from .compiled import CompiledStep, compile  # noqa: E402,A004
-from .errors import GraphFormatError, TraceError  # noqa: E402
+from .errors import GraphFormatError, ShapeError, TraceError  # noqa: E402
 from .state_io import load_into, state_of  # noqa: E402
 from .traced import TracedStep, load  # noqa: E402
 from .tracer import DEFAULT_DECOMPOSITIONS, SUPPORTED_OPTIMIZERS, trace, trace_step  # noqa: E402
@@ -31,6 +31,7 @@ __all__ = [
     "TracedStep",
     "TraceError",
     "GraphFormatError",
+    "ShapeError",
     "DEFAULT_DECOMPOSITIONS",
     "SUPPORTED_OPTIMIZERS",
     "__version__",

@@ -306,13 +306,18 @@ class Client:
         ``seed``: the seed of the step's random ops (dropout...), recorded in the job's graph
         (default: the one ``trace_step`` recorded, ``step.seed()``). The same graph, state,
         batches and seed give bit-identical results on any number of ranks, equal to
-        ``run_local(..., step=i, seed=seed)`` on one device (docs/randomness.md)."""
+        ``run_local(..., step=i, seed=seed)`` on one device (docs/randomness.md).
+
+        A symbolic ``step`` (``trace_step(..., dynamic=True)``) is instantiated at the first
+        batch's shapes; until the server switches graphs per shape (docs/shapes.md steps 5-6), a
+        batch of other shapes fails the job with a ValueError naming both."""
         if seed is not None:
             step = train_job.with_seed(step, seed)
         if (batches is None) == (data_path is None):
             raise ValueError("train needs either batches or data_path")
         wire_style = _style(style)
         source, paths, steps = train_job.batch_source(batches, data_path, steps)
+        step, source = train_job.one_shape(step, source, paths)
         init = train_job.initial_state(step, state, resume)
         spec = jpb.JobSpec(
             graph=step.graph,

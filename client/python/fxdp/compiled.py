@@ -17,11 +17,19 @@
 Each call feeds the graph the live model's parameters and buffers, the optimizer's state and
 its param groups' current hyper-parameters (so a scheduler stepped between calls takes effect),
 and writes the updated tensors back in place, so eager code before, between and after the calls
-sees the same model and optimizer as eager training would. A call with another model, optimizer
-or batch shape traces again; the last ``max_shapes`` traces (default 8) are kept, so a shape seen
-before runs its graph at once. Bound the number of shapes a data loader yields (pad to a multiple:
-``DataCollatorWithPadding(pad_to_multiple_of=64)``, or bucket by length) so that each is traced
-once; ``traces`` counts the traces made.
+sees the same model and optimizer as eager training would.
+
+Shapes (docs/shapes.md): the step is traced once with symbolic sizes (``dynamic=True``, the
+default: every dim of every input), and a batch of a new shape runs that trace's instance for its
+shape (``TracedStep.instantiate``: a guard check and a substitution, no trace). A batch whose
+shape breaks a guard the trace assumed (``if x.shape[0] < 6``, a micro-batch of one row) is traced
+again with itself as the example: a second variant (the variants are tried in turn, the most
+recently used first). The last ``max_shapes`` variants (default 8) are kept, each with its last
+16 shapes' instances. A call with
+another model or optimizer, or a batch of other dtypes or ranks, traces again. ``dynamic=False``
+traces each shape (``max_shapes`` traces kept); bound the shapes a data loader yields anyway (pad
+to a multiple: ``DataCollatorWithPadding(pad_to_multiple_of=64)``, or bucket by length): each
+shape is a graph to build and run. ``traces`` counts the traces made.
 """
 
 from __future__ import annotations
@@ -38,12 +46,13 @@ from .optimizers import optimizer_hyperparameters
 __all__ = ["compile", "CompiledStep"]
 
 
-def _batch_key(batch) -> Tuple:
+def _batch_key(batch, shapes: bool = True) -> Tuple:
+    """The batch's structure, dtypes and shapes (``shapes=False``: ranks instead)."""
     if isinstance(batch, torch.Tensor):
-        return (tuple(batch.shape), batch.dtype)
+        return (tuple(batch.shape) if shapes else batch.dim(), batch.dtype)
     if isinstance(batch, dict):
-        return tuple((k, _batch_key(v)) for k, v in batch.items())
-    return tuple(_batch_key(v) for v in batch)
+        return tuple((k, _batch_key(v, shapes)) for k, v in batch.items())
+    return tuple(_batch_key(v, shapes) for v in batch)
 
 
 class CompiledStep:
@@ -54,7 +63,7 @@ class CompiledStep:
             raise ValueError(f"max_shapes must be at least 1, got {max_shapes}")
         functools.update_wrapper(self, fn)
         self.fn = fn
-        self.trace_kwargs = trace_kwargs
+        self.trace_kwargs = {"dynamic": True, **trace_kwargs}
         self.max_shapes = max_shapes
         self.traced = None  # the TracedStep of the last call
         self.traces = 0
@@ -64,20 +73,32 @@ class CompiledStep:
         self.step = 0  # calls so far (every shape): the step number random ops draw for
 
     def _step_for(self, model, optimizer, batch):
+        """The static TracedStep for this batch: a kept trace's (a symbolic one's instance for
+        the batch's shape, the first variant whose guards hold), else a new trace's."""
+        from .errors import ShapeError
         from .tracer import trace_step
 
-        key = (id(model), id(optimizer), _batch_key(batch))
-        hit = self._cache.get(key)
-        if hit is not None and hit[0]() is model and hit[1]() is optimizer:
+        dynamic = bool(self.trace_kwargs["dynamic"])
+        structure = _batch_key(batch, shapes=not dynamic)
+        for key in [
+            k for k in reversed(self._cache) if k[:3] == (id(model), id(optimizer), structure)
+        ]:
+            m, o, variant = self._cache[key]
+            if m() is not model or o() is not optimizer:
+                continue
+            try:
+                step = variant.instantiate(batch)
+            except ShapeError:
+                continue  # its guards do not hold: the next variant, or a new trace
             self._cache.move_to_end(key)
-            return hit[2]
-        step = trace_step(self.fn, model, optimizer, batch, **self.trace_kwargs)
+            return step
+        variant = trace_step(self.fn, model, optimizer, batch, **self.trace_kwargs)
         self.traces += 1
-        self._cache[key] = (weakref.ref(model), weakref.ref(optimizer), step)
-        self._cache.move_to_end(key)
+        key = (id(model), id(optimizer), structure, self.traces)
+        self._cache[key] = (weakref.ref(model), weakref.ref(optimizer), variant)
         while len(self._cache) > self.max_shapes:
             self._cache.popitem(last=False)
-        return step
+        return variant.instantiate(batch)
 
     def __call__(self, model, optimizer, batch):
         step = self.traced = self._step_for(model, optimizer, batch)
@@ -144,8 +165,9 @@ class CompiledStep:
 
 def compile(max_shapes: int = 8, **trace_kwargs) -> Callable[[Callable], CompiledStep]:  # noqa: A001
     """Decorator: ``@fxdp.compile(batch_dim=0)`` over ``train_step(model, optimizer, batch)``;
-    ``max_shapes``: how many traces (one per model, optimizer and batch shape) are kept; the other
-    keyword arguments are :func:`fxdp.trace_step`'s."""
+    ``max_shapes``: how many traces are kept (symbolic variants; with ``dynamic=False`` one per
+    shape); the other keyword arguments are :func:`fxdp.trace_step`'s (``dynamic`` defaults to
+    True here)."""
 
     def wrap(fn: Callable) -> CompiledStep:
         return CompiledStep(fn, trace_kwargs, max_shapes)

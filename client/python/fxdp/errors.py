@@ -10,3 +10,8 @@ class TraceError(Exception):
 
 class GraphFormatError(ValueError):
     """A GraphDef cannot be converted (unknown op, bad reference, ...)."""
+
+
+class ShapeError(ValueError):
+    """A batch a symbolic graph does not hold for (an input's dim, a symbol's range or a guard the
+    trace assumed): ``TracedStep.instantiate`` (fxdp/instantiate.py)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Dict, List, Mapping, Sequence
 
 from . import sizes
+from .errors import ShapeError
 from .v1 import graph_pb2 as pb
 
 WHAT_TO_DO = (
@@ -20,10 +21,6 @@ WHAT_TO_DO = (
     "pad_to_multiple_of=...)), drop a last partial batch (DataLoader(drop_last=True)), or trace "
     "again with this batch as the example (fxdp.trace_step(..., dynamic=True))"
 )
-
-
-class ShapeError(ValueError):
-    """A batch the symbolic graph does not hold for (a dim, a symbol's range or a guard)."""
 
 
 def _shape_text(shape: Sequence[int]) -> str:
@@ -96,7 +93,10 @@ def _check_inputs(graph, shapes, vals, got: str) -> None:
         how = (
             f"it is {sizes.render(graph, e - 1, _symbol_names(graph))} = {want[d]} for this batch"
             if e
-            else f"the trace made it static ({want[d]}; metadata fxdp.specialized says why)"
+            else f"the trace has it static ({want[d]}: a dim dynamic= did not name, or one the step "
+            "pinned, metadata fxdp.specialized)"
+            if graph.symbols
+            else f"the graph is static (traced at {want[d]}; trace_step(..., dynamic=True) traces every shape)"
         )
         raise ShapeError(
             f"input '{name}' is {_shape_text(shape)}: dim {d} is {shape[d]}, but {how} "
@@ -144,10 +144,11 @@ def _substitute_arg(a: "pb.Argument", vals: List[int]) -> None:
 
 def instantiate(graph: "pb.GraphDef", shapes: Mapping[str, Sequence[int]]) -> "pb.GraphDef":
     """The static GraphDef of ``graph`` (symbolic) for inputs of these shapes (by input name); a
-    static ``graph`` is returned as it is. Raises :class:`ShapeError`."""
-    if not graph.symbols:
-        return graph
+    static ``graph`` is returned as it is when the shapes are its own. Raises :class:`ShapeError`."""
     got = ", ".join(f"{k} {_shape_text(v)}" for k, v in shapes.items())
+    if not graph.symbols:
+        _check_inputs(graph, shapes, [], got)
+        return graph
     bound = _bind(graph, shapes, got)
     vals = sizes.evaluate(graph, bound)
     _check_inputs(graph, shapes, vals, got)

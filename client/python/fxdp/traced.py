@@ -86,14 +86,15 @@ class TracedStep:
         self, batch: Union[Sequence[torch.Tensor], Mapping[str, torch.Tensor], torch.Tensor]
     ) -> "TracedStep":
         """The static TracedStep of this symbolic one for ``batch``'s shapes (its tensors, or their
-        shapes: ``{name: (8, 60)}``), sharing the state; a static step returns itself. The last 16
-        shapes are kept. Raises :class:`fxdp.instantiate.ShapeError` (a ValueError) naming the
+        shapes: ``{name: (8, 60)}``), sharing the state; a static step returns itself, for its own
+        shapes. The last 16 shapes are kept. Raises :class:`fxdp.ShapeError` (a ValueError) naming the
         input, the dim or guard and the user's line, when the trace does not hold for them."""
-        if not self.is_symbolic():
-            return self
         from .instantiate import instantiate
 
         shapes = self._batch_shapes(batch)
+        if not self.is_symbolic():
+            instantiate(self.graph, shapes)  # checks the shapes
+            return self
         key = tuple(tuple(shapes[n]) for n in self.input_names())
         hit = self._instances.get(key)
         if hit is None:

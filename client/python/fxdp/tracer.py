@@ -307,7 +307,7 @@ def _metadata(
     return meta
 
 
-def _specialized(env, sig: Signature, fakes, dims) -> List[Tuple[str, str]]:
+def _specialized(env, sig: Signature, fakes, dims, dynamic) -> List[Tuple[str, str]]:
     """Metadata ``fxdp.specialized`` (and a warning) for the dims ``dynamic`` asked for that the
     step made static (fxdp.dynamic.specialized)."""
     import warnings
@@ -315,10 +315,11 @@ def _specialized(env, sig: Signature, fakes, dims) -> List[Tuple[str, str]]:
     found = dyn.specialized(env, sig.batch.names, fakes, dims)
     if not found:
         return []
-    text = "; ".join(
-        f"input '{s['input']}' dim {s['dim']} = {s['value']}: {s['why']}" for s in found
-    )
-    warnings.warn(f"fxdp: dynamic dims traced as static ({text})", stacklevel=3)
+    if isinstance(dynamic, dict):  # dims the caller named (dynamic=True: models pin feature dims)
+        text = "; ".join(
+            f"input '{s['input']}' dim {s['dim']} = {s['value']}: {s['why']}" for s in found
+        )
+        warnings.warn(f"fxdp: dynamic dims traced as static ({text})", stacklevel=3)
     return [("fxdp.specialized", json.dumps(found))]
 
 
@@ -380,7 +381,7 @@ def trace_step(
     carries its sizes as expressions of them and the guards the step assumed (each with the user's
     line), and ``TracedStep.instantiate(batch)`` (``run_local``) makes the static graph of a batch.
     Dims the step forced to one value (or of size 0 or 1 in the example) stay static; they are
-    warned about and listed in the metadata ``fxdp.specialized``.
+    listed in the metadata ``fxdp.specialized`` (and warned about when the dict named them).
 
     The model, its buffers and the optimizer are left unchanged. Raises :class:`fxdp.TraceError`
     for what cannot be traced (see the module docstring).
@@ -424,7 +425,7 @@ def trace_step(
         progress.done(len(gm.graph.nodes))
         meta = _metadata(sig, model, optimizer, train_step, loss_reduction, report)
         if env is not None:
-            meta += _specialized(env, sig, fakes, dims)
+            meta += _specialized(env, sig, fakes, dims, dynamic)
         graph_def = convert.fx_to_graphdef(final_gm, meta, shape_env=env)
     traced = TracedStep(graph_def, _initial_state(sig, consts))
     if traced.random_nodes():

@@ -56,6 +56,51 @@ def batch_source(
     return (itertools.islice(batches, steps) if steps else batches), [], steps
 
 
+def _shapes(b: Batch, names: Sequence[str], step: int) -> Tuple:
+    by_name = _by_name(b, names, step)
+    return tuple(tuple(by_name[n].shape) for n in names)
+
+
+def one_shape(
+    step: TracedStep, source: Iterable[Batch], paths: List[str]
+) -> Tuple[TracedStep, Iterable[Batch]]:
+    """A symbolic ``step`` (``trace_step(..., dynamic=True)``) instantiated at the batches' shape:
+    the server takes static graphs, one per job, until it instantiates them itself
+    (docs/shapes.md build plan steps 5 and 6). The first batch gives the shape; a later batch of
+    another shape fails the job with a ValueError naming both. A static ``step`` is returned as
+    it is (the server checks its batches)."""
+    if not step.is_symbolic():
+        return step, source
+    if paths:
+        raise ValueError(
+            "train: a symbolic step (traced with dynamic=...) with data_path: the client cannot see "
+            "the shapes of the workers' batches; pass step.instantiate({input: shape, ...})"
+        )
+    names = step.input_names()
+    it = iter(source)
+    try:
+        first = next(it)
+    except StopIteration:
+        return step, ()
+    shapes = _shapes(first, names, 1)
+    static = step.instantiate(_by_name(first, names, 1))
+
+    def checked() -> Iterable[Batch]:
+        yield first
+        for i, b in enumerate(it, 2):
+            got = _shapes(b, names, i)
+            if got != shapes:
+                raise ValueError(
+                    f"train: the batch of step {i} has shapes {dict(zip(names, got))}, step 1's "
+                    f"{dict(zip(names, shapes))}: a job runs one shape until the server instantiates "
+                    "symbolic graphs itself (docs/shapes.md steps 5-6); pad the batches to one shape, "
+                    "or train one job per shape"
+                )
+            yield b
+
+    return static, checked()
+
+
 def initial_state(
     step: TracedStep, state: Optional[Mapping[str, torch.Tensor]], resume: Optional[str]
 ) -> Mapping[str, torch.Tensor]:
