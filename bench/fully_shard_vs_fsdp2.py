@@ -125,20 +125,8 @@ def run_fxdp(build: pathlib.Path, files: dict, steps: int, trace_dir: str | None
     """Two fxdp-worker ranks. With `trace_dir`, under FXDP_MEMORY_TRACE (live tensor bytes counted at
     the CPU allocator; slower, so the timed runs go without it): adds "memory", per rank."""
     port = sv.free_port()
-    cmd = lambda r: [  # noqa: E731
-        str(build / "bin" / "fxdp-worker"),
-        "run",
-        "--graph",
-        sv.rank_graph(files, r),  # noqa: E731
-        "--state",
-        files["state"],
-        "--data",
-        files["batch"],
-        "--steps",
-        str(steps),
-        "--threads",
-        "1",
-    ]
+    worker = [str(build / "bin" / "fxdp-worker"), "run"]
+    cmd = lambda r: sv.rank_command(worker, files, r, steps)  # noqa: E731
 
     def env(r):
         e = sv.rank_env(r, WORLD, port)

@@ -255,43 +255,38 @@ def rank_graph(files, rank: int) -> str:
     )
 
 
-def run_worker(build, files, world: int, steps: int) -> list[float]:
-    port = free_port()
-    data = files["batch"] if world > 1 else files["local"]
-    cmd = lambda r: [  # noqa: E731
-        str(build / "bin" / "fxdp-worker"),
-        "run",
+def rank_command(program: list, files, rank: int, steps: int, data: str = "") -> list:
+    """`program` (fxdp-worker run, fxdp_step_bench) on rank `rank`'s graph, the state and `data`
+    (default: the global batch) for `steps` steps on one thread: the arguments every worker
+    benchmark gives."""
+    return [
+        *program,
         "--graph",
-        rank_graph(files, r),  # noqa: E731
+        rank_graph(files, rank),
         "--state",
         files["state"],
         "--data",
-        data,
+        data or files["batch"],
         "--steps",
         str(steps),
         "--threads",
         "1",
     ]
+
+
+def run_worker(build, files, world: int, steps: int) -> list[float]:
+    port = free_port()
+    data = files["batch"] if world > 1 else files["local"]
+    worker = [str(build / "bin" / "fxdp-worker"), "run"]
+    cmd = lambda r: rank_command(worker, files, r, steps, data)  # noqa: E731
     out = launch([(cmd(r), rank_env(r, world, port)) for r in range(world)])[0]
     return [float(m.group(4)) for m in map(WORKER_STEP.match, out.splitlines()) if m]
 
 
 def run_step_bench(build, files, world: int, steps: int):
     port = free_port()
-    cmd = lambda r: [  # noqa: E731
-        str(build / "bin" / "fxdp_step_bench"),
-        "--graph",
-        rank_graph(files, r),  # noqa: E731
-        "--state",
-        files["state"],
-        "--data",
-        files["batch"],
-        "--steps",
-        str(steps),
-        "--threads",
-        "1",
-        "--detail",
-    ]
+    bench = [str(build / "bin" / "fxdp_step_bench")]
+    cmd = lambda r: [*rank_command(bench, files, r, steps), "--detail"]  # noqa: E731
     outs = launch([(cmd(r), rank_env(r, world, port)) for r in range(world)], stderr=True)
     per_rank = []
     for out, err in outs:

@@ -392,7 +392,12 @@ def test_before_after_compares_two_runs_area_by_area():
     c = before_after.compare(results, results)
     whats = [r[0] for r in c["rows"]]
     assert len(whats) == len(set(whats)) and len(whats) >= 6, whats
-    assert {w.split()[0].rstrip(":") for w in whats} >= {"pipeline", "executor", "compile", "allreduce"}
+    assert {w.split()[0].rstrip(":") for w in whats} >= {
+        "pipeline",
+        "executor",
+        "compile",
+        "allreduce",
+    }
     assert all(r[1] == r[2] and r[3] == r[4] for r in c["rows"]), c["rows"]
     md = run_all.render_markdown({**results, "before_after": c})
     assert "## Before and after (bench/before_after.py)" in md and "| 1.00x |" in md
