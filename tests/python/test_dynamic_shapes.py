@@ -234,6 +234,29 @@ def test_a_dim_the_step_pins_is_reported_and_checked():
         step.instantiate({"x": torch.randn(5, 6, 8)})
 
 
+def test_an_example_dim_of_size_one_stays_static_and_is_reported():
+    model, opt = net()
+    with pytest.warns(
+        UserWarning, match=r"input 'x' dim 1 = 1: the example's size 1: sizes 0 and 1"
+    ):
+        step = fxdp.trace_step(
+            plain_step, model, opt, {"x": torch.randn(4, 1, 8)}, dynamic={"x": [0, 1]}
+        )
+    assert [(s.dim, s.hint) for s in step.graph.symbols] == [(0, 4)]
+    step.instantiate({"x": torch.randn(3, 1, 8)})
+    with pytest.raises(
+        ShapeError, match=r"input 'x' is 3x2x8: dim 1 is 2, but the trace has it static \(1"
+    ):
+        step.instantiate({"x": torch.randn(3, 2, 8)})
+
+
+def plain_step(model, opt, batch):
+    loss = model(batch["x"]).pow(2).mean()
+    loss.backward()
+    opt.step()
+    return loss
+
+
 def value_step(model, opt, batch):
     loss = model(batch["x"]).pow(2).mean()
     if loss > 1:  # data-dependent
@@ -249,6 +272,23 @@ def test_data_dependent_control_flow_is_a_trace_error_at_the_users_line():
         TraceError, match=r"data-dependent control flow.*test_dynamic_shapes.py:\d+ \(if loss > 1:"
     ):
         fxdp.trace_step(value_step, model, opt, {"x": torch.randn(4, 8)}, dynamic=True)
+
+
+def test_a_fake_layout_the_kernel_does_not_give_is_refused():
+    """tracing_mode="auto" checks fxdp.layouts' unsure ops at the example's sizes; a symbolic trace
+    cannot fall back to real tensors, so a difference is a TraceError naming the node."""
+    from fxdp import zoo
+
+    e = zoo.get("seqfirst")
+    m = e.model(0)
+    with pytest.raises(TraceError) as err:
+        fxdp.trace(
+            m, zoo.make_optimizer("adam", m), e.loss_fn, e.batch(0), batch_dim=e.batch_dim,
+            input_names=e.input_names, loss_reduction=e.loss_reduction, dynamic=True,
+        )  # fmt: skip
+    msg = str(err.value)
+    assert "node 'mse_loss_backward' (aten::mse_loss_backward) at backward of " in msg
+    assert "FakeTensor says shape [5, 12, 4] strides [4, 20, 1]" in msg and "dynamic=False" in msg
 
 
 def test_dynamic_with_real_tracing_mode_is_refused():
