@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "analysis/ir/batch_split.h"
 #include "analysis/ir/collectives.h"
+#include "analysis/view_rules.h"
 #include "expansion/rank_expander.h"
 
 namespace fxdp {
@@ -85,18 +86,77 @@ ValueRef RankExpander::EmitGathered(const ShardedRead& r) {
   return v;
 }
 
-// Each gathered argument reads the value all-gathered; one gather per value and use.
+// The value a gathered read `r` is taken from: back through views of one tensor (t, permute,
+// transpose: logits.T, b.T) to the first value that holds the batch whole on one dim, with the
+// views from it to `r.value` in `chain` (last first). Reads of views of one value then share its
+// one gather (a forward product and its backward's, the 3 reads of cdist(f, f)).
+ShardedRead RankExpander::GatherRoot(const ShardedRead& r, std::vector<ValueRef>* chain) const {
+  ShardedRead root = r;
+  for (;;) {
+    const ir::Node& n = g_.node(root.value.node);
+    if (!n.is_call() || !IsViewOp(n.target) || n.args.empty()) return root;
+    const ValueRef* in = n.args[0].get_if<ValueRef>();
+    int inputs = 0;
+    n.ForEachInput([&](ValueRef) { ++inputs; });
+    if (in == nullptr || inputs != 1 || !g_.type(*in).is_tensor()) return root;
+    const ValueInfo& v = a_.value(*in);
+    if (!v.placement.is_shard() || v.outer != 1 || v.order != 0 || v.mean_scaled ||
+        a_.value(root.value).mean_scaled) {
+      return root;
+    }
+    chain->push_back(root.value);
+    root.value = *in;
+    root.dim = v.placement.dim;
+  }
+}
+
+// `r.value` whole on this rank: all-gathered once per value (whole_), its views replayed on the
+// gathered root when the root comes out in its traced layout (so each view's traced type holds).
+ValueRef RankExpander::Whole(const ShardedRead& r) {
+  if (auto it = whole_.find(r.value); it != whole_.end()) return it->second;
+  std::vector<ValueRef> chain;
+  const ShardedRead root = GatherRoot(r, &chain);
+  auto [w, fresh] = whole_.try_emplace(root.value);
+  if (fresh) w->second = EmitGathered(root);
+  ValueRef v = w->second;
+  const TensorType& got = out_[v.node.value].outputs[0].tensor;
+  const TensorType& traced = g_.type(root.value).tensor;
+  if (got.shape != traced.shape || got.stride != traced.stride ||
+      got.storage_offset != traced.storage_offset) {
+    if (root.value == r.value) return v;
+    auto [own, own_fresh] = whole_.try_emplace(r.value);
+    if (own_fresh) own->second = EmitGathered(r);
+    return own->second;
+  }
+  for (auto c = chain.rbegin(); c != chain.rend(); ++c) {
+    if (auto it = whole_.find(*c); it != whole_.end()) {
+      v = it->second;
+      continue;
+    }
+    const ir::Node& old = g_.node(c->node);
+    std::vector<Argument> args = old.args;
+    args[0] = Argument(v);
+    TensorType t = g_.type(*c).tensor;
+    t.requires_grad = false;
+    ir::Node n = Call(absl::StrCat("fxdp_whole_", old.name), old.target.name, old.target.overload,
+                      std::move(args), t);
+    n.kwargs = old.kwargs;
+    v = Emit(std::move(n));
+    whole_[*c] = v;
+  }
+  return v;
+}
+
+// Each gathered argument reads the value all-gathered: one gather per value in the graph.
 void RankExpander::GatherArgs(ir::NodeId id, ir::Node& n) {
   auto it = gathered_.find(id.value);
   if (it == gathered_.end()) return;
-  absl::flat_hash_map<ValueRef, ValueRef> whole;
   for (const ShardedRead& r : it->second) {
-    auto [w, fresh] = whole.try_emplace(r.value);
-    if (fresh) w->second = EmitGathered(r);
+    const ValueRef w = Whole(r);
     if (r.arg >= 64 && r.arg - 64 < static_cast<int32_t>(n.kwargs.size())) {
-      n.kwargs[r.arg - 64].value = Argument(w->second);
+      n.kwargs[r.arg - 64].value = Argument(w);
     } else if (r.arg >= 0 && r.arg < static_cast<int32_t>(n.args.size())) {
-      n.args[r.arg] = Argument(w->second);
+      n.args[r.arg] = Argument(w);
     }
   }
 }

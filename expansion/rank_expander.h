@@ -162,6 +162,8 @@ class RankExpander final : public RankGraphBuilder {
   ValueRef EmitGathered(const ShardedRead& r);  // gathered_reads.cc
   // The arguments of `n` (the rank's copy of node `id`) that read an operand all-gathered.
   void GatherArgs(ir::NodeId id, ir::Node& n);  // gathered_reads.cc
+  ShardedRead GatherRoot(const ShardedRead& r, std::vector<ValueRef>* chain) const;
+  ValueRef Whole(const ShardedRead& r);  // gathered_reads.cc
   absl::Status EmitSolo(const Reduction& r);
   absl::Status EmitStart(size_t b);
   absl::Status EmitWait(size_t b);
@@ -206,7 +208,8 @@ class RankExpander final : public RankGraphBuilder {
   absl::flat_hash_set<ValueRef> sync_bn_outputs_;  // outputs of rewritten batch-norm nodes
   absl::flat_hash_map<int32_t, std::vector<ShardedRead>> reads_;
   absl::flat_hash_map<int32_t, std::vector<ShardedRead>>
-      gathered_;  // user -> operands all-gathered
+      gathered_;                                   // user -> operands all-gathered
+  absl::flat_hash_map<ValueRef, ValueRef> whole_;  // gathered value (or a view of it) -> whole
   absl::flat_hash_map<int32_t, std::vector<Reduction>> solo_;
   absl::flat_hash_map<size_t, ValueRef> started_;
   std::vector<Collective>* collectives_ = nullptr;
