@@ -92,6 +92,74 @@ class Checker {
     return s;
   }
 
+  // kSizes, kView, kExpand, kAsStrided: the size argument (a view's -1 inferred from the input,
+  // an expand's -1 the input's dim) is the recorded output shape; an as_strided view of a
+  // contiguous input stays inside it.
+  absl::Status CheckSizes(const Node& n, const ShapeRule& r, const OpRule* op,
+                          const TensorType* out) {
+    const int a = SizeArgIndex(n.target, op);
+    if (a < 0) {
+      return ir::NodeError(n, "shape check without a sizes parameter in its rule",
+                           absl::StatusCode::kInternal);
+    }
+    auto size = Ints(n, a);
+    if (!size || out == nullptr) return absl::OkStatus();
+    const TensorType* in = Arg(n, 0);
+    Shape want = *size;
+    if (r.kind == ShapeCheck::kView && in != nullptr) {
+      int64_t known = 1, unknown = -1;
+      for (size_t i = 0; i < want.size(); ++i) {
+        if (want[i] == -1)
+          unknown = static_cast<int64_t>(i);
+        else
+          known *= want[i];
+      }
+      if (unknown >= 0 && known > 0) want[unknown] = in->numel() / known;
+      if (Numel(want) != in->numel()) {
+        return Fail(
+            n, absl::StrFormat("size %s has %d elements, its input %s has %d", ShapeText(*size),
+                               Numel(want), ShapeText(in->shape), in->numel()));
+      }
+    }
+    if (r.kind == ShapeCheck::kExpand && in != nullptr) {
+      const int64_t shift = static_cast<int64_t>(want.size()) - in->rank();
+      if (shift < 0) return Fail(n, "expands to fewer dims than its input has");
+      for (int64_t i = 0; i < in->rank(); ++i) {
+        int64_t& w = want[i + shift];
+        if (w == -1) w = in->shape[i];
+        if (in->shape[i] != 1 && in->shape[i] != w) {
+          return Fail(n,
+                      absl::StrFormat("input %s cannot be expanded to %s (dim %d: %d "
+                                      "vs %d)",
+                                      ShapeText(in->shape), ShapeText(*size), i, in->shape[i], w));
+        }
+      }
+    }
+    if (want != out->shape) {
+      return Fail(n, absl::StrFormat("size argument %s but the output is recorded as %s",
+                                     ShapeText(*size), ShapeText(out->shape)));
+    }
+    if (r.kind == ShapeCheck::kAsStrided && in != nullptr && in->IsContiguous() &&
+        in->storage_offset == 0) {
+      auto stride = Ints(n, a + 1);
+      int64_t offset = 0;
+      if (a + 2 < static_cast<int>(n.args.size())) {
+        if (const auto* v = n.args[a + 2].get_if<int64_t>()) offset = *v;
+      }
+      if (stride && stride->size() == want.size() && Numel(want) > 0) {
+        int64_t last = offset;
+        for (size_t i = 0; i < want.size(); ++i) last += (want[i] - 1) * (*stride)[i];
+        if (last >= in->numel()) {
+          return Fail(n, absl::StrFormat("size %s with stride %s reaches element %d of an "
+                                         "input with %d elements %s",
+                                         ShapeText(want), ShapeText(*stride), last, in->numel(),
+                                         ShapeText(in->shape)));
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status Check(const Node& n, const ShapeRule& r, const OpRule* op) {
     const TensorType* out = Out(n);
     switch (r.kind) {
@@ -100,69 +168,7 @@ class Checker {
       case ShapeCheck::kSizes:
       case ShapeCheck::kView:
       case ShapeCheck::kExpand:
-      case ShapeCheck::kAsStrided: {
-        const int a = SizeArgIndex(n.target, op);
-        if (a < 0) {
-          return ir::NodeError(n, "shape check without a sizes parameter in its rule",
-                               absl::StatusCode::kInternal);
-        }
-        auto size = Ints(n, a);
-        if (!size || out == nullptr) return absl::OkStatus();
-        const TensorType* in = Arg(n, 0);
-        Shape want = *size;
-        if (r.kind == ShapeCheck::kView && in != nullptr) {
-          int64_t known = 1, unknown = -1;
-          for (size_t i = 0; i < want.size(); ++i) {
-            if (want[i] == -1)
-              unknown = static_cast<int64_t>(i);
-            else
-              known *= want[i];
-          }
-          if (unknown >= 0 && known > 0) want[unknown] = in->numel() / known;
-          if (Numel(want) != in->numel()) {
-            return Fail(
-                n, absl::StrFormat("size %s has %d elements, its input %s has %d", ShapeText(*size),
-                                   Numel(want), ShapeText(in->shape), in->numel()));
-          }
-        }
-        if (r.kind == ShapeCheck::kExpand && in != nullptr) {
-          const int64_t shift = static_cast<int64_t>(want.size()) - in->rank();
-          if (shift < 0) return Fail(n, "expands to fewer dims than its input has");
-          for (int64_t i = 0; i < in->rank(); ++i) {
-            int64_t& w = want[i + shift];
-            if (w == -1) w = in->shape[i];
-            if (in->shape[i] != 1 && in->shape[i] != w) {
-              return Fail(
-                  n, absl::StrFormat("input %s cannot be expanded to %s (dim %d: %d "
-                                     "vs %d)",
-                                     ShapeText(in->shape), ShapeText(*size), i, in->shape[i], w));
-            }
-          }
-        }
-        if (want != out->shape) {
-          return Fail(n, absl::StrFormat("size argument %s but the output is recorded as %s",
-                                         ShapeText(*size), ShapeText(out->shape)));
-        }
-        if (r.kind == ShapeCheck::kAsStrided && in != nullptr && in->IsContiguous() &&
-            in->storage_offset == 0) {
-          auto stride = Ints(n, a + 1);
-          int64_t offset = 0;
-          if (a + 2 < static_cast<int>(n.args.size())) {
-            if (const auto* v = n.args[a + 2].get_if<int64_t>()) offset = *v;
-          }
-          if (stride && stride->size() == want.size() && Numel(want) > 0) {
-            int64_t last = offset;
-            for (size_t i = 0; i < want.size(); ++i) last += (want[i] - 1) * (*stride)[i];
-            if (last >= in->numel()) {
-              return Fail(n, absl::StrFormat("size %s with stride %s reaches element %d of an "
-                                             "input with %d elements %s",
-                                             ShapeText(want), ShapeText(*stride), last, in->numel(),
-                                             ShapeText(in->shape)));
-            }
-          }
-        }
-        return absl::OkStatus();
-      }
+      case ShapeCheck::kAsStrided: return CheckSizes(n, r, op, out);
       case ShapeCheck::kSameAsArg: {
         const TensorType* in = Arg(n, r.arg);
         if (in == nullptr || out == nullptr || in->shape == out->shape) return absl::OkStatus();

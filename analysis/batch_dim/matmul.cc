@@ -28,6 +28,70 @@ std::string LabelName(int label) {
                        : absl::StrCat("'", std::string(1, static_cast<char>(label)), "'");
 }
 
+// The rank of each positional tensor argument (-1 where there is none), as MatmulSpec::Bind
+// takes them.
+std::vector<int64_t> PositionalRanks(const std::vector<Operand>& ops) {
+  std::vector<int64_t> ranks;
+  for (const Operand& o : ops) {
+    if (o.arg >= 64 || o.elem >= 0) continue;
+    if (o.arg >= static_cast<int>(ranks.size())) ranks.resize(o.arg + 1, -1);
+    if (ranks[o.arg] < 0) ranks[o.arg] = o.type->rank();
+  }
+  return ranks;
+}
+
+// The label of operand `o`'s dim `dim` (a bias is right-aligned against its labels), or -1.
+int OperandLabel(const MatmulLabels& labels, const Operand& o, int64_t dim) {
+  for (size_t i = 0; i < labels.args.size(); ++i) {
+    if (labels.args[i] != o.arg) continue;
+    const auto& l = labels.operands[i];
+    const int64_t shift = static_cast<int64_t>(l.size()) - o.type->rank();
+    if (shift < 0 || dim + shift >= static_cast<int64_t>(l.size())) return -1;
+    return l[dim + shift];
+  }
+  return -1;
+}
+
+// Where the sharded operands of a product put the batch: its label (-1: no operand holds the
+// batch), its blocks and the operand that decided them.
+struct ProductBatch {
+  int label = -1;
+  int64_t outer = 1;
+  const Operand* decided = nullptr;
+};
+
+// INVALID_ARGUMENT (the message only) when a sharded operand's dim has no label, or two put the
+// batch on different labels or blocks.
+absl::StatusOr<ProductBatch> FindProductBatch(
+    const Graph& g, const OpRule& rule, const std::vector<Operand>& ops,
+    const std::function<int(const Operand&, int64_t)>& label_of) {
+  ProductBatch b;
+  for (const Operand& o : ops) {
+    if (!o.info.placement.is_shard()) continue;
+    const int l = label_of(o, o.info.placement.dim);
+    if (l < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("arg %d has an unexpected rank %d for the product %s", o.arg,
+                          o.type->rank(), rule.spec.ToString()));
+    }
+    if (b.label < 0) {
+      b = ProductBatch{l, o.info.outer, &o};
+    } else if (b.label != l || b.outer != o.info.outer) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "operands put the batch on different dims of the product %s: arg %d (%s) on its dim "
+          "%d (label %s, %d blocks), arg %d (%s) on its dim %d (label %s, %d blocks); samples "
+          "coupled across the batch (an in-batch contrastive loss, a @ b.T) need the "
+          "operands of one label all-gathered, and neither label's can be (mean-scaled, rows "
+          "in a sort's order, a list element, or spanning the other label), or more than two "
+          "labels hold the batch",
+          rule.spec.ToString(), b.decided->arg, g.node(b.decided->ref.node).name,
+          b.decided->info.placement.dim, LabelName(b.label), b.outer, o.arg,
+          g.node(o.ref.node).name, o.info.placement.dim, LabelName(l), o.info.outer));
+    }
+  }
+  return b;
+}
+
 }  // namespace
 
 // The batch follows its label through the product (the row's MatmulSpec,
@@ -37,57 +101,17 @@ absl::Status BatchDimAnalyzer::Matmul(NodeId id, const Node& n, const OpRule& ru
   std::vector<Operand> ops = Operands(n);
   const TensorType* out = OutType(n);
   if (out == nullptr) return Error(n, "expected a tensor output");
-  std::vector<int64_t> ranks;
-  for (const Operand& o : ops) {
-    if (o.arg >= 64 || o.elem >= 0) continue;
-    if (o.arg >= static_cast<int>(ranks.size())) ranks.resize(o.arg + 1, -1);
-    if (ranks[o.arg] < 0) ranks[o.arg] = o.type->rank();
-  }
-  absl::StatusOr<MatmulLabels> bound = rule.spec.Bind(ranks);
+  absl::StatusOr<MatmulLabels> bound = rule.spec.Bind(PositionalRanks(ops));
   if (!bound.ok()) return Error(n, std::string(bound.status().message()));
   const MatmulLabels& labels = *bound;
-  // Operand dim -> label (a bias is right-aligned against its labels).
-  auto label_of = [&](const Operand& o, int64_t dim) -> int {
-    for (size_t i = 0; i < labels.args.size(); ++i) {
-      if (labels.args[i] != o.arg) continue;
-      const auto& l = labels.operands[i];
-      const int64_t shift = static_cast<int64_t>(l.size()) - o.type->rank();
-      if (shift < 0 || dim + shift >= static_cast<int64_t>(l.size())) return -1;
-      return l[dim + shift];
-    }
-    return -1;
-  };
+  auto label_of = [&](const Operand& o, int64_t dim) { return OperandLabel(labels, o, dim); };
   FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule.linear, ops));
   FXDP_RETURN_IF_ERROR(GatherCoupled(id, n, ops, label_of));
-  int batch_label = -1;
-  int64_t outer = 1;
-  const Operand* decided = nullptr;
-  for (const Operand& o : ops) {
-    if (!o.info.placement.is_shard()) continue;
-    const int l = label_of(o, o.info.placement.dim);
-    if (l < 0) {
-      return Error(n, absl::StrFormat("arg %d has an unexpected rank %d for the product %s", o.arg,
-                                      o.type->rank(), rule.spec.ToString()));
-    }
-    if (batch_label < 0) {
-      batch_label = l;
-      outer = o.info.outer;
-      decided = &o;
-    } else if (batch_label != l || outer != o.info.outer) {
-      return Error(
-          n,
-          absl::StrFormat(
-              "operands put the batch on different dims of the product %s: arg %d (%s) on its dim "
-              "%d (label %s, %d blocks), arg %d (%s) on its dim %d (label %s, %d blocks); samples "
-              "coupled across the batch (an in-batch contrastive loss, a @ b.T) need the "
-              "operands of one label all-gathered, and neither label's can be (mean-scaled, rows "
-              "in a sort's order, a list element, or spanning the other label), or more than two "
-              "labels hold the batch",
-              rule.spec.ToString(), decided->arg, g_.node(decided->ref.node).name,
-              decided->info.placement.dim, LabelName(batch_label), outer, o.arg,
-              g_.node(o.ref.node).name, o.info.placement.dim, LabelName(l), o.info.outer));
-    }
-  }
+  absl::StatusOr<ProductBatch> found = FindProductBatch(g_, rule, ops, label_of);
+  if (!found.ok()) return Error(n, std::string(found.status().message()));
+  const int batch_label = found->label;
+  const int64_t outer = found->outer;
+  const Operand* decided = found->decided;
   NodeInfo& info = a_.nodes_[id.value];
   if (batch_label < 0) {
     SetCombined(id, Combined{}, s);

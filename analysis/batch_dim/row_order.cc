@@ -172,6 +172,20 @@ absl::Status BatchDimAnalyzer::IndexRows(NodeId id, const Node& n, const OpRule&
   return absl::OkStatus();
 }
 
+namespace {
+
+// The first node other than `except` that reads `v`, or nullptr.
+const Node* OtherReader(const ir::Graph& g, ValueRef v, NodeId except) {
+  for (size_t u = 0; u < g.nodes().size(); ++u) {
+    bool reads = false;
+    g.nodes()[u].ForEachInput([&](ValueRef x) { reads = reads || x == v; });
+    if (reads && static_cast<int32_t>(u) != except.value) return &g.nodes()[u];
+  }
+  return nullptr;
+}
+
+}  // namespace
+
 // index_put(_, [perm], arange(n)): the inverse permutation; index_put(zeros,
 // [perm (// k)], rows in order P, accumulate): rows back in batch order (the
 // backward of a gather); index_put(zeros, [inverse], rows): rows in order P.
@@ -210,18 +224,13 @@ absl::Status BatchDimAnalyzer::IndexPutRows(NodeId id, const Node& n, const OpRu
       IsPositionsOf(vals->ref, rows) && extent == rows) {
     // The inverse permutation: arange(n) becomes each rank's arange(n_r), so nothing else may read
     // it.
-    for (size_t u = 0; u < g_.nodes().size(); ++u) {
-      bool reads = false;
-      g_.nodes()[u].ForEachInput([&](ValueRef x) { reads = reads || x == vals->ref; });
-      if (reads && static_cast<int32_t>(u) != id.value) {
-        return Error(
-            n, absl::StrFormat(
-                   "builds the inverse of %s from %s, which %s also reads: each rank's inverse "
-                   "needs its "
-                   "own arange(n_r), where %s needs the batch's positions (use a separate arange)",
-                   g_.node(p.ref.node).name, g_.node(vals->ref.node).name, g_.nodes()[u].name,
-                   g_.nodes()[u].name));
-      }
+    if (const Node* other = OtherReader(g_, vals->ref, id)) {
+      return Error(
+          n, absl::StrFormat("builds the inverse of %s from %s, which %s also reads: each rank's "
+                             "inverse needs its own arange(n_r), where %s needs the batch's "
+                             "positions (use a separate arange)",
+                             g_.node(p.ref.node).name, g_.node(vals->ref.node).name, other->name,
+                             other->name));
     }
     if (vals->info.placement.is_replicate() &&
         upgrades_.emplace(vals->ref.node.value, Upgrade{0, outer, id}).second) {
@@ -241,8 +250,7 @@ absl::Status BatchDimAnalyzer::IndexPutRows(NodeId id, const Node& n, const OpRu
         vals->type->shape[d] != rows || extent * (gather ? p.info.repeat : 1) != rows) {
       return Error(n,
                    absl::StrFormat("puts %s (%s, %s) at %s, positions of %d batch rows in %s, into "
-                                   "%s (%d rows): the values "
-                                   "must be those rows, in that order",
+                                   "%s (%d rows): the values must be those rows, in that order",
                                    g_.node(vals->ref.node).name, vv.placement.ToString(),
                                    OrderName(vv.order), g_.node(p.ref.node).name, rows,
                                    OrderName(p.info.order), g_.node(self->ref.node).name, extent));
