@@ -25,7 +25,8 @@ constexpr char kUsage[] =
     "                   [--client-idle-s S] [--keep-state-s S]\n"
     "                   [--tls-cert FILE --tls-key FILE [--tls-ca FILE]]\n"
     "                   [--client-tokens FILE] [--worker-token-file FILE] [--insecure]\n"
-    "                   [--health-listen HOST:PORT] [--state-dir DIR [--checkpoint-every K]]\n"
+    "                   [--health-listen HOST:PORT] [--metrics-port PORT]\n"
+    "                   [--state-dir DIR [--checkpoint-every K]]\n"
     "                   [--max-graph-nodes N] [--max-graph-mb N] [--max-worker-streams N]\n"
     "                   [--max-submit-streams N] [--register-deadline-s S]\n"
     "                   [--max-initial-state-mb N] [--max-batch-mb N]\n"
@@ -152,6 +153,10 @@ constexpr char kUsage[] =
     "  --health-listen HOST:PORT  also serve grpc.health.v1 alone, in plain text, here (for\n"
     "                        Kubernetes' gRPC probes, which cannot use TLS); no fxdp\n"
     "                        service is served on it\n"
+    "  --metrics-port PORT   also serve Prometheus text metrics (jobs and workers by state,\n"
+    "                        steps, step time, bytes) at http://HOST:PORT/metrics, HOST\n"
+    "                        being --listen's; plain HTTP, no authentication (0: a free\n"
+    "                        port, printed); off by default\n"
     "  --max-auth-failures N after N wrong tokens within 60 s on one connection, its calls\n"
     "                        with a token are RESOURCE_EXHAUSTED for --auth-block-s\n"
     "                        (audit-logged once; default 20; 0: no limit)\n"
@@ -220,6 +225,7 @@ void AddServingFlags(util::Flags& f, ServerConfig* c, Raw* r) {
     return !v.empty();
   });
   f.String("--health-listen", &c->health_listen);
+  IntFlag(f, "--metrics-port", &c->metrics_port, 0, 65535);
   IntFlag(f, "--max-message-mb", &r->max_message_mb, 1, 2047);
   IntFlag(f, "--cache-entries", &c->cache.max_entries, 0, INT64_MAX);
   IntFlag(f, "--cache-mb", &r->cache_mb, 0, INT64_MAX >> 20);

@@ -20,6 +20,7 @@ struct ServerConfig {
   std::string listen = "127.0.0.1:50051";
   int64_t max_message_bytes = int64_t{1024} << 20;  // --max-message-mb
   std::string health_listen;
+  int64_t metrics_port = -1;  // --metrics-port (server/metrics_http.h); -1: off
   CompileCacheOptions cache;
   CompileLimits limits;
   WorkerRegistryOptions registry;

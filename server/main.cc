@@ -37,6 +37,7 @@
 #include "server/jobs/job_service.h"
 #include "server/jobs/job_store.h"
 #include "server/listen_check.h"
+#include "server/metrics_http.h"
 #include "server/parse_errors.h"
 #include "server/workers/local_workers.h"
 #include "server/workers/worker_registry.h"
@@ -203,6 +204,19 @@ int RunServer(ServerConfig c, sigset_t sigs) {
     return 1;
   }
   const std::string host = c.listen.substr(0, c.listen.rfind(':'));
+  std::unique_ptr<MetricsHttp> metrics;
+  if (c.metrics_port >= 0) {
+    absl::StatusOr<std::unique_ptr<MetricsHttp>> m = MetricsHttp::Start(
+        host, static_cast<int>(c.metrics_port), [&jobs] { return jobs.Metrics(); });
+    if (!m.ok()) {
+      std::fprintf(stderr, "fxdp-server: %s\n", std::string(m.status().message()).c_str());
+      server->Shutdown();
+      return 1;
+    }
+    metrics = *std::move(m);
+    std::fprintf(stderr, "fxdp-server: metrics on http://%s:%d/metrics\n", host.c_str(),
+                 metrics->port());
+  }
   PrintStarted(c, *security, host, port);
   LocalWorkers workers(LocalWorkersOf(c, *security, host, port));
   if (c.local_workers > 0) workers.Start();

@@ -162,4 +162,32 @@ nlohmann::ordered_json EventJson(const v1::JobEvent& e, int64_t steps) {
   return o;
 }
 
+BatchCounts CountBatch(const v1::GraphDef& graph) {
+  BatchCounts b;
+  for (const v1::Node& n : graph.nodes()) {
+    if (n.kind() != v1::PLACEHOLDER || n.placeholder().role() != v1::INPUT ||
+        n.outputs_size() == 0 || n.outputs(0).kind() != v1::TENSOR)
+      continue;
+    const v1::TensorMeta& t = n.outputs(0).tensor();
+    const int d = n.placeholder().batch_dim();
+    if (d < 0 || d >= t.shape_size()) continue;
+    if (b.samples == 0) b.samples = t.shape(d);
+    if (b.tokens == 0 && (t.dtype() == v1::INT64 || t.dtype() == v1::INT32) &&
+        t.shape_size() >= 2) {
+      b.tokens = 1;
+      for (int64_t s : t.shape()) b.tokens *= s;
+    }
+  }
+  return b;
+}
+
+double StepRate::Add(int64_t step) {
+  seen_.emplace_back(step, std::chrono::steady_clock::now());
+  if (seen_.size() > window_) seen_.pop_front();
+  const auto& [s0, t0] = seen_.front();
+  const auto& [s1, t1] = seen_.back();
+  const double dt = std::chrono::duration<double>(t1 - t0).count();
+  return s1 > s0 && dt > 0 ? static_cast<double>(s1 - s0) / dt : -1;
+}
+
 }  // namespace fxdp::cli

@@ -4,11 +4,15 @@
 #ifndef FXDP_CLIENT_CLI_JOB_FORMAT_H_
 #define FXDP_CLIENT_CLI_JOB_FORMAT_H_
 
+#include <chrono>
 #include <cstdint>
+#include <deque>
 #include <string>
+#include <utility>
 
 #include "grpcpp/grpcpp.h"
 #include "nlohmann/json.hpp"
+#include "proto/fxdp/v1/graph.pb.h"
 #include "proto/fxdp/v1/jobs.grpc.pb.h"
 #include "proto/fxdp/v1/jobs.pb.h"
 
@@ -29,6 +33,27 @@ std::string InfoText(const v1::JobInfo& j);
 void PrintLine(const nlohmann::ordered_json& o);
 // A Submit event as `fxdp run --json` prints it (`steps`: the job's, 0 when open-ended).
 nlohmann::ordered_json EventJson(const v1::JobEvent& e, int64_t steps);
+// One step's global batch from the graph's INPUTs (as fxdp.progress's
+// batch_counts): samples, the batch dim's size of the first INPUT with one;
+// tokens, the element count of the first integer INPUT of 2+ dims with a
+// batch dim (token ids), else 0.
+struct BatchCounts {
+  int64_t samples = 0, tokens = 0;
+};
+BatchCounts CountBatch(const v1::GraphDef& graph);
+
+// Steps per second over the last `window` steps seen (as fxdp.progress.StepRate).
+class StepRate {
+ public:
+  explicit StepRate(size_t window = 20) : window_(window) {}
+  // Records `step` done now; the rate, or -1 until two steps were seen.
+  double Add(int64_t step);
+
+ private:
+  const size_t window_;
+  std::deque<std::pair<int64_t, std::chrono::steady_clock::time_point>> seen_;
+};
+
 // fetch_command.cc: streams the state job `job_id` kept (FetchState) into
 // `out` (safetensors) for `fxdp CMD`; its exit code.
 int FetchStateToFile(v1::JobService::Stub* stub, const std::string& cmd, const std::string& server,

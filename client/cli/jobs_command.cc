@@ -25,8 +25,9 @@ namespace {
 constexpr char kJobsUsage[] =
     "usage: fxdp jobs [--json] [--server HOST:PORT]\n"
     "\n"
-    "Lists the jobs of fxdp-server, oldest first: id, state, steps done/total,\n"
-    "world size, last loss, and what a queued job waits for or why a job failed.\n"
+    "Lists the jobs of fxdp-server, oldest first: id, state, steps done/total, a\n"
+    "running job's steps/s since it started, world size, last loss, and what a\n"
+    "queued job waits for or why a job failed.\n"
     "\n"
     "  --server HOST:PORT   the fxdp server (default $FXDP_SERVER, else "
     "127.0.0.1:50051)\n" FXDP_CLI_CREDENTIAL_USAGE
@@ -59,6 +60,16 @@ constexpr char kCancelUsage[] =
     "\n"
     "Exit codes: 0 ok, 1 unknown job, 2 usage, 3 the server is unreachable.\n";
 
+// A running job's steps per second since it started ("-" for another, or
+// a resumed one, whose steps_done counts the resumed job's steps too).
+std::string AverageRate(const v1::JobInfo& j, int64_t now_ms) {
+  const double s = (now_ms - j.started_unix_ms()) / 1000.0;
+  if (j.state() != v1::JOB_STATE_RUNNING || !j.resumed_from().empty() || s <= 0 ||
+      j.steps_done() == 0)
+    return "-";
+  return absl::StrFormat("%.3g", j.steps_done() / s);
+}
+
 }  // namespace
 
 int JobsCommand(const std::vector<std::string>& args) {
@@ -82,7 +93,10 @@ int JobsCommand(const std::vector<std::string>& args) {
     return kExitOk;
   }
   std::vector<std::vector<std::string>> rows = {
-      {"id", "name", "state", "steps", "world", "last loss", "detail"}};
+      {"id", "name", "state", "steps", "steps/s", "world", "last loss", "detail"}};
+  const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                             std::chrono::system_clock::now().time_since_epoch())
+                             .count();
   for (const v1::JobInfo& j : resp.jobs()) {
     std::string detail = j.error().empty() ? "-" : j.error();
     if (j.state() == v1::JOB_STATE_QUEUED)
@@ -90,7 +104,7 @@ int JobsCommand(const std::vector<std::string>& args) {
     rows.push_back(
         {j.job_id(), j.name().empty() ? "-" : j.name(), StateName(j.state()),
          absl::StrCat(j.steps_done(), "/", j.steps() > 0 ? absl::StrCat(j.steps()) : "?"),
-         absl::StrCat(j.world_size()),
+         AverageRate(j, now_ms), absl::StrCat(j.world_size()),
          j.losses_size() ? absl::StrFormat("%.6g", j.losses(j.losses_size() - 1)) : "-", detail});
   }
   std::string out = FormatTable(rows);

@@ -212,14 +212,25 @@ void WriteSubmit(grpc::ClientReaderWriter<v1::SubmitJobRequest, v1::JobEvent>* s
 // terminal, or JSON lines.
 class RunPrinter {
  public:
-  RunPrinter(bool json, int64_t steps, std::string resume)
+  RunPrinter(bool json, int64_t steps, std::string resume, BatchCounts batch)
       : json_(json),
         tty_(!json && isatty(fileno(stdout))),
         steps_(steps),
-        resume_(std::move(resume)) {}
+        resume_(std::move(resume)),
+        batch_(batch) {}
 
   void Event(const v1::JobEvent& e) {
-    if (json_) return PrintLine(EventJson(e, steps_));
+    const bool step_done = e.state() == v1::JOB_STATE_RUNNING && e.step() > 0;
+    const double rate = step_done ? rate_.Add(e.step()) : -1;
+    if (json_) {
+      nlohmann::ordered_json o = EventJson(e, steps_);
+      if (rate > 0) {
+        o["steps_per_s"] = rate;
+        if (batch_.samples > 0) o["samples_per_s"] = rate * batch_.samples;
+        if (batch_.tokens > 0) o["tokens_per_s"] = rate * batch_.tokens;
+      }
+      return PrintLine(o);
+    }
     if (!resume_.empty() && !told_) {
       told_ = true;
       Line(absl::StrFormat("job %s resumes job %s from its checkpoint of step %d", e.job_id(),
@@ -233,9 +244,10 @@ class RunPrinter {
     } else if (e.state() == v1::JOB_STATE_RUNNING && e.step() == 0) {
       Line(absl::StrFormat("job %s running on %s", e.job_id(), absl::StrJoin(e.workers(), ", ")));
     } else if (e.state() == v1::JOB_STATE_RUNNING) {
-      const std::string text =
+      const std::string text = absl::StrCat(
           absl::StrFormat("step %d/%s loss %.6g (%.1f ms)", e.step(),
-                          steps_ > 0 ? absl::StrCat(steps_) : "?", e.loss(), e.step_ms());
+                          steps_ > 0 ? absl::StrCat(steps_) : "?", e.loss(), e.step_ms()),
+          RateText(rate));
       if (!tty_) return Line(text);
       constexpr int kBar = 30;
       const int filled =
@@ -258,9 +270,22 @@ class RunPrinter {
     std::printf("%s\n", text.c_str());
     std::fflush(stdout);
   }
+  // "  12.5 steps/s  150 samples/s" (tokens/s for token ids); "" before a rate.
+  std::string RateText(double rate) const {
+    if (rate <= 0) return "";
+    std::string out = absl::StrFormat("  %.3g steps/s", rate);
+    if (batch_.tokens > 0)
+      return absl::StrCat(out, absl::StrFormat("  %.4g tokens/s", rate * batch_.tokens));
+    if (batch_.samples > 0)
+      return absl::StrCat(out, absl::StrFormat("  %.4g samples/s", rate * batch_.samples));
+    return out;
+  }
+
   const bool json_, tty_;
   const int64_t steps_;
   const std::string resume_;
+  const BatchCounts batch_;
+  StepRate rate_;
   bool bar_open_ = false, told_ = false;
 };
 
@@ -404,6 +429,7 @@ struct Submitted {
 Submitted SubmitJob(v1::JobService::Stub* stub, const RunArgs& a, v1::JobSpec spec,
                     const std::vector<RawTensor>& state,
                     const std::vector<std::vector<RawTensor>>& batches) {
+  const BatchCounts batch = CountBatch(spec.graph());
   grpc::ClientContext ctx;
   auto stream = stub->Submit(&ctx);
   std::atomic<bool> written{false};
@@ -413,7 +439,7 @@ Submitted SubmitJob(v1::JobService::Stub* stub, const RunArgs& a, v1::JobSpec sp
                 a.resume.empty() ? nullptr : &first_step);
     written = true;
   });
-  RunPrinter printer(a.json, a.steps, a.resume);
+  RunPrinter printer(a.json, a.steps, a.resume, batch);
   Submitted r;
   v1::JobEvent e;
   while (stream->Read(&e)) {

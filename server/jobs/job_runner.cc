@@ -125,6 +125,7 @@ JobRunner::Got JobRunner::Next(bool want_client, bool watch_client, double timeo
   const Got got = job_->Next(want_client, watch_client, Clock::now() + Seconds(timeout_s), worker,
                              client, &consumed);
   if (consumed > 0) client_->Consumed(consumed);
+  if (consumed > 0 && ctx_.counters != nullptr) ctx_.counters->client_bytes += consumed;
   return got;
 }
 

@@ -54,6 +54,7 @@
 #include "server/jobs/batch_sharder.h"
 #include "server/jobs/dispatcher.h"
 #include "server/jobs/job.h"
+#include "server/jobs/job_metrics.h"
 #include "server/jobs/job_options.h"
 #include "server/jobs/job_resume.h"
 #include "server/jobs/job_scheduler.h"
@@ -76,6 +77,7 @@ struct JobContext {
   JobStore* store = nullptr;  // --state-dir (null: in memory only)
   // Bytes of initial states held (JobServiceOptions::max_initial_state_bytes).
   std::atomic<uint64_t>* held_state_bytes = nullptr;
+  JobCounters* counters = nullptr;  // --metrics-port (job_metrics.h); null: not counted
 };
 
 // Runs `job` for `client` to its end (see above); the job's Submit status. A

@@ -92,6 +92,7 @@ absl::Status JobRunner::KeepLastState(const absl::Status& status, int except) {
       s = ctx_.table->KeepLastState(job_, step,
                                     std::make_shared<const StateStore::State>(std::move(state)));
     }
+    if (s.ok() && ctx_.counters != nullptr) ++ctx_.counters->states_kept;
     if (s.ok()) return KeptSaid(status, absl::StrCat("its state after step ", step, " is kept"));
     Log(absl::StrCat(id_, ": the state of its last step is not kept: ", s.message()));
     why_not = std::string(s.message());

@@ -146,6 +146,11 @@ absl::Status JobRunner::SendStep(int64_t step) {
 void JobRunner::StepDone(int64_t run_step, const std::vector<v1::StepResult>& results) {
   const int64_t step = first_ + run_step;  // the job's step
   job_->StepDone(step, results[0].loss());
+  if (JobCounters* c = ctx_.counters; c != nullptr) {
+    ++c->steps;
+    c->step_us += static_cast<int64_t>(results[0].step_ms() * 1000);
+    for (const v1::StepResult& r : results) c->collective_bytes += r.comm_bytes();
+  }
   v1::JobEvent e = job_->Event(v1::JOB_STATE_RUNNING);
   e.set_step(step);
   e.set_loss(results[0].loss());

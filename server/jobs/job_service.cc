@@ -76,6 +76,7 @@ JobServiceImpl::JobServiceImpl(CompileServiceImpl* compile, WorkerPool* workers,
   context_.scheduler = &scheduler_;
   context_.store = store;
   context_.held_state_bytes = &held_state_bytes_;
+  context_.counters = &counters_;
 }
 
 JobServiceImpl::~JobServiceImpl() {
@@ -223,6 +224,12 @@ grpc::ServerWriteReactor<v1::StateChunk>* JobServiceImpl::FetchState(
       std::clamp(asked, kMinFetchChunkBytes, context_.options.max_fetch_chunk_bytes);
   return new FetchCall(context, request->job_id(), *std::move(state), chunk,
                        context_.options.client_idle_s, *std::move(slot));
+}
+
+std::string JobServiceImpl::Metrics() const {
+  std::vector<v1::JobState> states;
+  for (const std::shared_ptr<Job>& j : table_.All()) states.push_back(j->state());
+  return MetricsText(states, context_.pool->List(), counters_);
 }
 
 }  // namespace fxdp::server

@@ -78,6 +78,8 @@ class JobServiceImpl final
   // The identity that owns job `id` ("" when unknown or unauthenticated),
   // for ListWorkers (WorkerRegistry::SetJobOwners).
   std::string OwnerOf(const std::string& id) const;
+  // The Prometheus text of --metrics-port (job_metrics.h).
+  std::string Metrics() const;
 
  private:
   const std::shared_ptr<security::CallAuth> auth_;
@@ -90,6 +92,7 @@ class JobServiceImpl final
   IdentityQuota fetch_streams_;         // FetchCalls alive (--max-fetch-streams, per identity)
   std::atomic<uint64_t> held_state_bytes_{0};  // initial states held (--max-initial-state-mb)
   std::atomic<int64_t> refused_submits_{0};
+  JobCounters counters_;
 };
 
 }  // namespace fxdp::server

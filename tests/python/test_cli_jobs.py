@@ -103,10 +103,15 @@ def test_run_trains_like_one_device_and_is_listed(server, exported):
     out = exported["dir"] / "final.safetensors"
     r = fxdp(*run_args(server, exported, 3, "--out", str(out)))
     assert r.returncode == 0, r.stderr
-    losses = [
-        float(x) for x in re.findall(r"^step \d+/3 loss (\S+) \([\d.]+ ms\)$", r.stdout, re.M)
-    ]
-    assert len(losses) == 3, r.stdout
+    # From step 2 on, a line says the steps/s and samples/s (the batch's 12 samples) so far.
+    steps = re.findall(
+        r"^step \d+/3 loss (\S+) \([\d.]+ ms\)(?:  (\S+) steps/s  (\S+) samples/s)?$",
+        r.stdout,
+        re.M,
+    )
+    losses = [float(x) for x, _, _ in steps]
+    assert len(losses) == 3 and steps[0][1] == "" and steps[2][1], r.stdout
+    assert abs(float(steps[2][2]) / float(steps[2][1]) - 12) < 0.05, r.stdout
     m = re.search(r"^job (\S+) SUCCEEDED", r.stdout, re.M)
     assert m, r.stdout
     job_id = m.group(1)

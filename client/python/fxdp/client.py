@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 import time
 from collections import OrderedDict
 from typing import Callable, Iterable, List, Mapping, Optional, Sequence, Union
@@ -37,6 +38,7 @@ import torch
 
 from . import train_job
 from .credentials import channel_credentials
+from .progress import Progress
 from .rpc_errors import ServerError, server_error  # noqa: F401 - fxdp.ServerError
 from .traced import TracedStep
 from .train_job import Batch
@@ -98,6 +100,7 @@ class TrainResult:
     # resume=: the step of the checkpoint the job continued from (``losses`` are those of steps
     # first_step + 1, ...); 0 for a job that started from its initial state
     first_step: int = 0
+    steps_per_s: float = 0.0  # over this call's steps, as their results came in
 
 
 def _graph(g: Graphish) -> "gpb.GraphDef":
@@ -262,6 +265,7 @@ class Client:
         style: str = "replicate",
         resume: Optional[str] = None,
         seed: Optional[int] = None,
+        progress: bool = False,
     ) -> TrainResult:
         """Train on ``world_size`` of the server's workers; returns the per-step global losses and
         the final state.
@@ -303,6 +307,10 @@ class Client:
         FAILED_PRECONDITION, a different graph or world size INVALID_ARGUMENT naming the
         difference.
 
+        ``progress``: print a line per step to stderr: its loss, steps/s and samples/s (tokens/s
+        for token ids) over the last steps (``fxdp.progress.Progress``);
+        ``TrainResult.steps_per_s`` is the whole call's either way.
+
         ``seed``: the seed of the step's random ops (dropout...), recorded in the job's graph
         (default: the one ``trace_step`` recorded, ``step.seed()``). The same graph, state,
         batches and seed give bit-identical results on any number of ranks, equal to
@@ -337,11 +345,20 @@ class Client:
             spec, init, source, step.input_names(), per_step, self.chunk_bytes
         )
         deadline = None if timeout is None else time.monotonic() + timeout
-        job_id, losses = submission.run(self._jobs.Submit, timeout, self.address, on_event, on_step)
+        shown = Progress(step.graph, steps or 0, out=sys.stderr if progress else None)
+
+        def reported(s: int, loss: float) -> None:
+            if on_step is not None:
+                on_step(s, loss)
+            shown(s, loss)
+
+        job_id, losses = submission.run(
+            self._jobs.Submit, timeout, self.address, on_event, reported
+        )
         final = OrderedDict(init.items())
         left = None if deadline is None else max(deadline - time.monotonic(), 1e-3)
         final.update(self.fetch_state(job_id, timeout=left))
-        return TrainResult(job_id, losses, final, submission.first_step)
+        return TrainResult(job_id, losses, final, submission.first_step, shown.overall)
 
     def workers(self, timeout: Optional[float] = None) -> List[dict]:
         """The workers attached to the server (id, state, device, host, pid, job, step)."""
