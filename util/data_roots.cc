@@ -157,7 +157,7 @@ absl::StatusOr<DataRoots> DataRoots::Open(const std::vector<std::string>& roots,
   return out;
 }
 
-absl::StatusOr<RegularFile> DataRoots::OpenFile(const std::string& path, uint64_t max_bytes) const {
+absl::StatusOr<int> DataRoots::OpenChecked(const std::string& path, bool* is_root) const {
   // The kernel would stop at a NUL that the checks below look past
   // ("state/x\0/../../ok" is "ok" to them, "state/x" to openat2).
   if (path.find('\0') != std::string::npos)
@@ -192,9 +192,8 @@ absl::StatusOr<RegularFile> DataRoots::OpenFile(const std::string& path, uint64_
   };
   for (const Excluded& x : excluded_)
     if (PathUnder(real, x.real)) return excluded(x);
-  if (rel.empty())
-    return absl::FailedPreconditionError(
-        absl::StrCat("'", path, "' is a directory, not a regular file"));
+  *is_root = rel.empty();
+  if (rel.empty()) return -1;
   const int fd = internal::OpenBeneath(root->fd, rel, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
   if (fd == -ELOOP || fd == -EXDEV)
     return absl::PermissionDeniedError(absl::StrCat(
@@ -213,7 +212,30 @@ absl::StatusOr<RegularFile> DataRoots::OpenFile(const std::string& path, uint64_
       }
     }
   }
-  return RegularFile::FromDescriptor(fd, path, max_bytes);
+  return fd;
+}
+
+absl::StatusOr<RegularFile> DataRoots::OpenFile(const std::string& path, uint64_t max_bytes) const {
+  bool is_root = false;
+  absl::StatusOr<int> fd = OpenChecked(path, &is_root);
+  if (!fd.ok()) return fd.status();
+  if (is_root)
+    return absl::FailedPreconditionError(
+        absl::StrCat("'", path, "' is a directory, not a regular file"));
+  return RegularFile::FromDescriptor(*fd, path, max_bytes);
+}
+
+absl::StatusOr<bool> DataRoots::IsDirectory(const std::string& path) const {
+  bool is_root = false;
+  absl::StatusOr<int> fd = OpenChecked(path, &is_root);
+  if (!fd.ok()) return fd.status();
+  if (is_root) return true;
+  struct stat st {};
+  const bool ok = fstat(*fd, &st) == 0;
+  const int e = errno;
+  close(*fd);
+  if (!ok) return RegularFile::OpenError(path, e);
+  return S_ISDIR(st.st_mode);
 }
 
 DataRoots::DataRoots(DataRoots&& o) noexcept

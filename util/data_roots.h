@@ -59,6 +59,11 @@ class DataRoots {
   // INVALID_ARGUMENT for a path with a NUL byte.
   absl::StatusOr<RegularFile> OpenFile(const std::string& path, uint64_t max_bytes) const;
 
+  // Whether `path` is a directory (a dataset directory, docs/datasets.md),
+  // under OpenFile's rules (the same errors for a path outside the roots,
+  // excluded, through a link or missing); a root itself is one.
+  absl::StatusOr<bool> IsDirectory(const std::string& path) const;
+
   const std::vector<std::string>& configured() const { return configured_; }
 
  private:
@@ -73,6 +78,9 @@ class DataRoots {
     bool is_dir = false;
   };
   void Close();
+  // OpenFile's checks and open: a descriptor (the caller's), or -1 with
+  // *is_root set for a root itself (never opened here).
+  absl::StatusOr<int> OpenChecked(const std::string& path, bool* is_root) const;
   std::vector<std::string> configured_;  // as given, for errors
   std::vector<Root> roots_;
   std::vector<Excluded> excluded_;

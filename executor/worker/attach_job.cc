@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "analysis/ir/proto_codec.h"
+#include "analysis/ir/random_ops.h"
 #include "executor/memory_limit.h"
 #include "executor/safetensors.h"
 #include "executor/torch_types.h"
@@ -167,6 +168,35 @@ absl::StatusOr<std::vector<TensorMap>> AttachedWorker::ReadDataFiles(const Assig
   return files;
 }
 
+absl::StatusOr<std::optional<DatasetReader>> AttachedWorker::OpenDataset(
+    const AssignedJob& job, const Program& program, int64_t step_offset) const {
+  static const util::DataRoots kNoRoots;
+  const util::DataRoots* roots = o_.data_roots_opened ? o_.data_roots_opened.get() : &kNoRoots;
+  const auto& paths = job.assign.data_paths();
+  for (const std::string& path : paths) {
+    absl::StatusOr<bool> dir = roots->IsDirectory(path);
+    if (!dir.ok()) return DataFileError(dir.status(), worker_id_);
+    if (!*dir) continue;
+    if (paths.size() > 1)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "data_paths entry '", path, "' is a directory (a dataset, docs/datasets.md) among ",
+          paths.size(), " entries: name the dataset directory alone, or safetensors files only"));
+    DatasetReader::Options o;
+    o.roots = roots;
+    o.rank = job.rank;
+    o.world_size = job.world_size;
+    o.step_offset = step_offset;
+    o.max_step_bytes = static_cast<uint64_t>(o_.max_data_mb) << 20;
+    o.what = "data_paths";
+    absl::StatusOr<DatasetReader> d = DatasetReader::Open(path, program, std::move(o));
+    if (!d.ok()) return DataFileError(d.status(), worker_id_);
+    util::Log(job.Prefix(), "dataset ", path, ": ", d->num_steps(),
+              " steps, this rank's rows read per step");
+    return std::optional<DatasetReader>(*std::move(d));
+  }
+  return std::optional<DatasetReader>();
+}
+
 absl::Status AttachedWorker::EndJob(AssignedJob& job, bool cancelled, const std::string& why) {
   util::Log(job.Prefix(), cancelled ? "cancelled" : "ended", why.empty() ? "" : ": ", why, " (",
             job.steps_done.load(), " steps done)");
@@ -217,10 +247,17 @@ absl::Status AttachedWorker::JobBody(AssignedJob& job, std::unique_ptr<Communica
   if (job.cancel) return EndJob(job, true, "before the first step");
   TimedCommunicator timed(comm.get());
   FXDP_ASSIGN_OR_RETURN(Program program, LoadRankProgram(*graph, setup, &timed));
+  FXDP_ASSIGN_OR_RETURN(const uint64_t step_offset,
+                        ir::MetadataNumber(*graph, ir::kStepOffsetKey, 0));
   graph = absl::StatusOr<ir::Graph>();  // the program holds what it needs
   job.assign.clear_graph();
   const int local_loss = LocalLossIndex(program);
-  FXDP_ASSIGN_OR_RETURN(std::vector<TensorMap> files, ReadDataFiles(job, program));
+  FXDP_ASSIGN_OR_RETURN(std::optional<DatasetReader> dataset,
+                        OpenDataset(job, program, static_cast<int64_t>(step_offset)));
+  std::vector<TensorMap> files;
+  if (!dataset) {
+    FXDP_ASSIGN_OR_RETURN(files, ReadDataFiles(job, program));
+  }
 
   // Initial state.
   JobTask e = job.Next();
@@ -244,7 +281,8 @@ absl::Status AttachedWorker::JobBody(AssignedJob& job, std::unique_ptr<Communica
       case JobTask::kState:
         return absl::InternalError("a second initial state");  // the router prevents this
       case JobTask::kBatch:
-        FXDP_RETURN_IF_ERROR(RunBatch(job, e, runner, timed, files, local_loss));
+        FXDP_RETURN_IF_ERROR(
+            RunBatch(job, e, runner, timed, files, dataset ? &*dataset : nullptr, local_loss));
         break;
       case JobTask::kFetch:
         FXDP_RETURN_IF_ERROR(StreamState(job, e, runner));
@@ -280,7 +318,7 @@ absl::StatusOr<StepRunner> AttachedWorker::StartJob(AssignedJob& job, Program pr
 
 absl::Status AttachedWorker::RunBatch(AssignedJob& job, JobTask& e, StepRunner& runner,
                                       TimedCommunicator& timed, const std::vector<TensorMap>& files,
-                                      int local_loss) {
+                                      DatasetReader* dataset, int local_loss) {
   const int64_t step = e.step;
   job.log_step = step;
   job.in_step = true;
@@ -292,7 +330,14 @@ absl::Status AttachedWorker::RunBatch(AssignedJob& job, JobTask& e, StepRunner& 
         absl::StrCat("a batch for step ", step, " of a job of ", job.steps, " steps"));
   const auto t0 = Clock::now();
   TensorMap shard;
-  if (files.empty()) {
+  if (dataset != nullptr) {
+    if (!e.tensors.empty())
+      return absl::InvalidArgumentError(
+          "a Batch with tensors for a job that reads its batches from a dataset directory");
+    absl::StatusOr<TensorMap> read = dataset->ReadStep(step, runner.program());
+    if (!read.ok()) return DataFileError(read.status(), worker_id_);
+    shard = *std::move(read);
+  } else if (files.empty()) {
     if (job.assign.batches_sharded()) {
       shard = std::move(e.tensors);
     } else {
@@ -309,7 +354,8 @@ absl::Status AttachedWorker::RunBatch(AssignedJob& job, JobTask& e, StepRunner& 
   e.tensors.clear();
   // Batch.hyperparameters; the error's prefix names the job, rank and step.
   FXDP_RETURN_IF_ERROR(runner.SetHyperparameters(e.hyperparameters));
-  const TensorMap& batch = files.empty() ? shard : files[(step - 1) % files.size()];
+  const TensorMap& batch =
+      files.empty() || dataset != nullptr ? shard : files[(step - 1) % files.size()];
   timed.TakeStats();
   runner.set_step(step);
   FXDP_ASSIGN_OR_RETURN(at::Tensor loss, runner.Step(batch));

@@ -42,6 +42,7 @@
 #include "executor/socket_abort.h"
 #include "executor/step_runner.h"
 #include "executor/timed_communicator.h"
+#include "executor/worker/dataset.h"
 #include "executor/worker/wire_tensors.h"
 #include "proto/fxdp/v1/worker.grpc.pb.h"
 #include "proto/fxdp/v1/worker.pb.h"
@@ -231,6 +232,12 @@ class AttachedWorker {
   // The job's AssignJob.data_paths, read and sliced to this rank's shard.
   absl::StatusOr<std::vector<TensorMap>> ReadDataFiles(const AssignedJob& job,
                                                        const Program& program) const;
+  // A job whose only data_paths entry is a directory: that dataset
+  // (dataset.h), read per step; nullopt for files. A directory among several
+  // entries is INVALID_ARGUMENT. `step_offset`: a resumed job's steps done.
+  absl::StatusOr<std::optional<DatasetReader>> OpenDataset(const AssignedJob& job,
+                                                           const Program& program,
+                                                           int64_t step_offset) const;
   // Rendezvous, load, then the job's events until it ends (EndJob: OK) or
   // fails (the status). `comm` is the job's communicator: JobThread destroys
   // it (its connections shut down first unless rank 0 ended it cleanly),
@@ -241,7 +248,8 @@ class AttachedWorker {
                                       const c10::Device& device, const std::string& comm_name);
   // One Batch event: shard, step, StepResult.
   absl::Status RunBatch(AssignedJob& job, JobTask& e, StepRunner& runner, TimedCommunicator& timed,
-                        const std::vector<TensorMap>& files, int local_loss);
+                        const std::vector<TensorMap>& files, DatasetReader* dataset,
+                        int local_loss);
   // A FetchState event: the state in chunks, the last one marked.
   absl::Status StreamState(AssignedJob& job, const JobTask& e, const StepRunner& runner);
   // The job ended (cancelled or not): logged, and its JobEnded kept for

@@ -1,6 +1,7 @@
 // One rank of `fxdp-worker run` (run_command.h): load, rendezvous, steps,
 // the final state.
 #include <ATen/Parallel.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,6 +28,7 @@
 #include "executor/step_runner.h"
 #include "executor/timed_communicator.h"
 #include "executor/worker/common.h"
+#include "executor/worker/dataset.h"
 #include "executor/worker/memory_trace.h"
 #include "executor/worker/run_command.h"
 #include "executor/worker/sharded_state.h"
@@ -79,12 +81,28 @@ absl::Status CheckExpandedFor(const ir::Graph& graph, const std::string& path,
                                                  " ranks but WORLD_SIZE is ", env.world_size, fix));
 }
 
+// Whether --data names a dataset directory (one --data, a directory); a
+// directory among several --data is a usage error.
+absl::StatusOr<bool> IsDatasetDir(const std::vector<std::string>& data) {
+  for (const std::string& d : data) {
+    struct stat st {};
+    if (::stat(d.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) continue;
+    if (data.size() > 1)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--data ", d, " is a directory (a dataset, docs/datasets.md) among ", data.size(),
+          " --data: give the dataset directory alone, or safetensors files only"));
+    return true;
+  }
+  return false;
+}
+
 // What a rank holds once everything local is read.
 struct LoadedRank {
   std::string graph_path;
   ir::Schedule schedule;
   std::optional<StepRunner> runner;
   std::vector<TensorMap> batches;
+  std::optional<DatasetReader> dataset;  // --data DIR: read per step (docs/datasets.md)
   std::map<std::string, std::vector<int64_t>> full_shapes;  // FULLY_SHARD: sharded tensors
   std::map<std::string, std::string> state_metadata;
   std::string out;  // where this rank writes the final state ("": nowhere)
@@ -123,7 +141,16 @@ absl::Status LoadRank(const RunArgs& args, const LaunchEnv& env, const RankSetup
                         ReadRankState(args.state, ShardedStateNames(graph), env.world_size,
                                       env.rank, &r.full_shapes));
   r.state_metadata = state.metadata;
-  for (const std::string& d : args.data) {
+  FXDP_ASSIGN_OR_RETURN(const bool is_dataset, IsDatasetDir(args.data));
+  if (is_dataset) {
+    DatasetReader::Options o;
+    o.rank = env.rank;
+    o.world_size = env.world_size;
+    FXDP_ASSIGN_OR_RETURN(DatasetReader d, DatasetReader::Open(args.data[0], program, o));
+    log.Log("dataset ", args.data[0], ": ", d.num_steps(), " steps, read per step");
+    r.dataset.emplace(std::move(d));
+  }
+  for (const std::string& d : is_dataset ? std::vector<std::string>{} : args.data) {
     FXDP_ASSIGN_OR_RETURN(SafetensorsFile f, ReadSafetensors(d));
     FXDP_ASSIGN_OR_RETURN(TensorMap shard,
                           ShardBatch(f.tensors, program, env.rank, env.world_size));
@@ -152,7 +179,11 @@ absl::Status RunSteps(const RunArgs& args, const LaunchEnv& env, Logger& log,
     if (absl::Status s = runner.SetHyperparameters(r.schedule.At(i + 1)); !s.ok())
       return absl::Status(s.code(),
                           absl::StrCat("step ", i + 1, "/", args.steps, ": ", s.message()));
-    absl::StatusOr<at::Tensor> loss = runner.Step(r.batches[i % r.batches.size()]);
+    absl::StatusOr<TensorMap> read;
+    if (r.dataset) read = r.dataset->ReadStep(i + 1, runner.program());
+    if (r.dataset && !read.ok()) return read.status();
+    absl::StatusOr<at::Tensor> loss =
+        runner.Step(r.dataset ? *read : r.batches[i % r.batches.size()]);
     if (!loss.ok()) {
       return absl::Status(loss.status().code(), absl::StrCat("step ", i + 1, "/", args.steps,
                                                              " failed: ", loss.status().message()));

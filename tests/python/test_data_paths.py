@@ -3,7 +3,7 @@ directories, open regular files only, bound what they read, and never echo a fil
 
 Starts ``fxdp-server --local-workers 2 --data-root ROOT --data-root /dev`` (/dev so that
 /dev/zero is inside a root and refused for being a device, not for where it is) and trains the
-zoo mlp from files on the workers. Each bad path (a directory, a FIFO, /dev/zero, a file outside
+zoo mlp from files on the workers. Each bad path (a directory without a dataset index, a FIFO, /dev/zero, a file outside
 the roots, a symlink out of the root, a truncated file, a text file) fails the job with a
 ``fxdp.ServerError`` naming the rank and the path, without a hang or a crashed worker; both
 workers are IDLE afterwards (same pids: nothing restarted) and a good file still trains.
@@ -68,7 +68,8 @@ def test_bad_data_paths_fail_the_job_and_the_workers_stay(setup):
     before = {w["worker_id"]: w.get("pid") for w in idle_workers(client)}
 
     cases = [  # (path, status, what the error says)
-        (root / "dir", grpc.StatusCode.FAILED_PRECONDITION, "is a directory, not a regular file"),
+        # A directory is a dataset directory (docs/datasets.md): this one has no index.
+        (root / "dir", grpc.StatusCode.FAILED_PRECONDITION, "dir/index.json' does not exist"),
         (root / "fifo", grpc.StatusCode.FAILED_PRECONDITION, "is a FIFO, not a regular file"),
         (
             "/dev/zero",

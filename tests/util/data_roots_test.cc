@@ -95,6 +95,25 @@ TEST(DataRoots, OpensBeneathTheRootAndFollowsNoLink) {
               StatusIs(kDenied, "none were configured"));
 }
 
+// IsDirectory (a dataset directory, docs/datasets.md) under OpenFile's rules:
+// the same refusals outside the roots, through links and when missing.
+TEST(DataRoots, IsDirectoryFollowsOpenFilesRules) {
+  const Tree t = MakeTree("dr_isdir");
+  const DataRoots roots = ValueOrDie(DataRoots::Open({t.root}, {t.root + "/state"}));
+  EXPECT_TRUE(ValueOrDie(roots.IsDirectory(t.root)));
+  EXPECT_TRUE(ValueOrDie(roots.IsDirectory(t.root + "/sub")));
+  EXPECT_FALSE(ValueOrDie(roots.IsDirectory(t.root + "/sub/f")));
+  const auto kDenied = absl::StatusCode::kPermissionDenied;
+  EXPECT_THAT(roots.IsDirectory(t.outside).status(),
+              StatusIs(kDenied, "is outside this worker's data roots"));
+  EXPECT_THAT(roots.IsDirectory(t.root + "/dirlink").status(),
+              StatusIs(kDenied, "goes through a symbolic link"));
+  EXPECT_THAT(roots.IsDirectory(t.root + "/state").status(),
+              StatusIs(kDenied, "never reads data from"));
+  EXPECT_THAT(roots.IsDirectory(t.root + "/missing").status(),
+              StatusIs(absl::StatusCode::kNotFound, "does not exist under the data roots"));
+}
+
 // The two ways of opening beneath a root (openat2, and the O_NOFOLLOW walk
 // of kernels without it) refuse the same links.
 TEST(DataRoots, Openat2AndTheWalkRefuseTheSameLinks) {

@@ -3,6 +3,7 @@
 __version__ = "0.1.0"
 
 from .compiled import CompiledStep, compile  # noqa: E402,A004
+from .dataset import write_dataset  # noqa: E402
 from .errors import GraphFormatError, ShapeError, TraceError  # noqa: E402
 from .state_io import load_into, state_of  # noqa: E402
 from .traced import TracedStep, load  # noqa: E402
@@ -28,6 +29,7 @@ __all__ = [
     "load",
     "load_into",
     "state_of",
+    "write_dataset",
     "TracedStep",
     "TraceError",
     "GraphFormatError",

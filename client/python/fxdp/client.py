@@ -274,8 +274,9 @@ class Client:
         steps, or is cycled through for ``steps`` steps; any other iterable (a generator) is
         consumed lazily while the job runs, for ``steps`` steps or, without ``steps``, until it is
         exhausted. ``data_path``: instead of ``batches``, a safetensors file (or a list of them,
-        step i using file i mod n) on the workers' filesystem, each holding one global batch;
-        ``steps`` is required then. ``on_step(step, loss)`` is called as each step's result
+        step i using file i mod n) on the workers' filesystem, each holding one global batch,
+        or a dataset directory (``fxdp.write_dataset``; docs/datasets.md: each worker reads only
+        its rows of each step); ``steps`` is required then. ``on_step(step, loss)`` is called as each step's result
         arrives, ``on_event(event)`` for every JobEvent (QUEUED with its queue position, ...).
         ``sync_batchnorm``: batch norm with the global batch's statistics, so BatchNorm models
         train exactly like one device (default: each rank's, as DDP).

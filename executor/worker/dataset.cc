@@ -1,0 +1,200 @@
+#include "executor/worker/dataset.h"
+
+#include <ATen/ATen.h>
+
+#include <nlohmann/json.hpp>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "analysis/ir/batch_split.h"
+#include "executor/torch_types.h"
+#include "util/files.h"
+#include "util/status_macros.h"
+
+namespace fxdp::executor {
+namespace {
+
+absl::Status BadIndex(const std::string& where, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(where, ": ", what));
+}
+
+// A shard's name: a relative path whose components are neither empty, "."
+// nor "..", so that it stays in the dataset directory lexically (the data
+// roots still decide what may be opened).
+bool PlainRelativePath(const std::string& s) {
+  if (s.empty() || s.size() > 1024 || s.front() == '/' || s.find('\0') != std::string::npos)
+    return false;
+  for (absl::string_view part : absl::StrSplit(s, '/'))
+    if (part.empty() || part == "." || part == "..") return false;
+  return true;
+}
+
+absl::StatusOr<DatasetStep> ParseStep(const nlohmann::json& v, const std::string& where, size_t i) {
+  const std::string at = absl::StrCat("steps[", i, "]");
+  if (!v.is_object()) return BadIndex(where, absl::StrCat(at, " is not an object"));
+  auto file = v.find("file");
+  auto rows = v.find("rows");
+  if (file == v.end() || !file->is_string())
+    return BadIndex(where, absl::StrCat(at, " has no \"file\" string"));
+  DatasetStep s;
+  s.file = file->get<std::string>();
+  if (!PlainRelativePath(s.file))
+    return BadIndex(where, absl::StrCat(at,
+                                        ".file is not a relative path inside the dataset "
+                                        "directory (no leading '/', no '.' or '..' parts, at "
+                                        "most 1024 bytes)"));
+  if (rows == v.end() || !rows->is_array() || rows->size() != 2 ||
+      !(*rows)[0].is_number_unsigned() || !(*rows)[1].is_number_unsigned())
+    return BadIndex(where, absl::StrCat(at, ".rows is not [begin, end] (non-negative integers)"));
+  const uint64_t b = (*rows)[0].get<uint64_t>(), e = (*rows)[1].get<uint64_t>();
+  if (e <= b || e > (uint64_t{1} << 62))
+    return BadIndex(where, absl::StrCat(at, ".rows [", b, ", ", e, "] is not a non-empty range"));
+  s.begin = static_cast<int64_t>(b);
+  s.end = static_cast<int64_t>(e);
+  return s;
+}
+
+std::string JoinPath(const std::string& dir, const std::string& rel) {
+  return !dir.empty() && dir.back() == '/' ? dir + rel : absl::StrCat(dir, "/", rel);
+}
+
+absl::StatusOr<std::string> ReadIndex(const std::string& path, const util::DataRoots* roots) {
+  if (roots == nullptr) return util::ReadRegularFile(path, kMaxDatasetIndexBytes);
+  FXDP_ASSIGN_OR_RETURN(util::RegularFile f, roots->OpenFile(path, kMaxDatasetIndexBytes));
+  std::string text(f.size(), '\0');
+  FXDP_RETURN_IF_ERROR(f.ReadAt(0, f.size(), text.data()));
+  return text;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<DatasetStep>> ParseDatasetIndex(const std::string& text,
+                                                           const std::string& where) {
+  // Never nlohmann's message, nor any of the text, before the file says it
+  // is an fxdp dataset index (it may be any file under a data root).
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("fxdp_dataset"))
+    return BadIndex(where, absl::StrCat("not an fxdp dataset index (", text.size(),
+                                        " bytes; expected a JSON object with \"fxdp_dataset\": "
+                                        "1 and \"steps\", docs/datasets.md)"));
+  if (j["fxdp_dataset"] != 1)
+    return BadIndex(where, "\"fxdp_dataset\" is not 1 (the only version this worker reads)");
+  auto steps = j.find("steps");
+  if (steps == j.end() || !steps->is_array() || steps->empty())
+    return BadIndex(where, "\"steps\" is not a non-empty list");
+  if (steps->size() > static_cast<size_t>(kMaxDatasetSteps))
+    return BadIndex(
+        where, absl::StrCat("it lists ", steps->size(), " steps, more than ", kMaxDatasetSteps));
+  std::vector<DatasetStep> out;
+  out.reserve(steps->size());
+  for (size_t i = 0; i < steps->size(); ++i) {
+    FXDP_ASSIGN_OR_RETURN(DatasetStep s, ParseStep((*steps)[i], where, i));
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+absl::StatusOr<DatasetReader> DatasetReader::Open(const std::string& dir, const Program& program,
+                                                  Options options) {
+  DatasetReader r;
+  r.dir_ = dir;
+  r.o_ = std::move(options);
+  const std::string index = JoinPath(dir, kDatasetIndexName);
+  const std::string where = absl::StrCat("dataset index '", index, "'");
+  absl::StatusOr<std::string> text = ReadIndex(index, r.o_.roots);
+  if (!text.ok())
+    return absl::Status(
+        text.status().code(),
+        absl::StrCat("dataset directory '", dir, "' (", r.o_.what, "): ", text.status().message()));
+  FXDP_ASSIGN_OR_RETURN(r.steps_, ParseDatasetIndex(*text, where));
+  for (const ProgramInput& in : program.inputs()) {
+    if (in.role != ir::PlaceholderRole::kInput || !in.type.is_tensor()) continue;
+    if (in.batch_dim != 0)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dataset directory '", dir, "': input '", in.state_name, "' has ",
+          in.batch_dim < 0 ? std::string("no batch dim")
+                           : absl::StrCat("its batch on dim ", in.batch_dim),
+          "; a dataset holds samples as rows along dim 0 (stream such batches from the client, "
+          "or give files with --data / data_paths)"));
+  }
+  return r;
+}
+
+absl::Status DatasetReader::OpenShard(const std::string& file) {
+  if (shard_ != nullptr && shard_name_ == file) return absl::OkStatus();
+  shard_.reset();
+  shard_name_.clear();
+  ir::SafetensorsReadOptions read;
+  read.roots = o_.roots;
+  FXDP_ASSIGN_OR_RETURN(ir::SafetensorsReader reader,
+                        ir::SafetensorsReader::Open(JoinPath(dir_, file), read));
+  shard_ = std::make_unique<ir::SafetensorsReader>(std::move(reader));
+  shard_name_ = file;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TensorMap> DatasetReader::ReadStep(int64_t step, const Program& program) {
+  const size_t index = static_cast<size_t>((step + o_.step_offset - 1) % num_steps());
+  const DatasetStep& s = steps_[index];
+  const std::string path = JoinPath(dir_, s.file);
+  const std::string where = absl::StrCat(
+      "dataset '", dir_, "' step ", step + o_.step_offset, " (index entry ", index, ", rows [",
+      s.begin, ", ", s.end, ") of '", path, "'), rank ", o_.rank, " of ", o_.world_size);
+  FXDP_RETURN_IF_ERROR(OpenShard(s.file));
+  const ir::RankSlice slice = ir::SliceForRank(s.end - s.begin, o_.world_size, o_.rank);
+  // Everything is checked before a byte is read.
+  struct Piece {
+    const ProgramInput* in;
+    uint64_t offset, bytes;
+  };
+  std::vector<Piece> pieces;
+  uint64_t total = 0;
+  for (const ProgramInput& in : program.inputs()) {
+    if (in.role != ir::PlaceholderRole::kInput || !in.type.is_tensor()) continue;
+    const ir::TensorType& want = in.type.tensor;
+    const ir::SafetensorsEntry* e = nullptr;
+    for (const ir::SafetensorsEntry& x : shard_->header().tensors)
+      if (x.name == in.state_name) e = &x;
+    const std::string expected = TypeForMessage(want);
+    if (e == nullptr)
+      return absl::InvalidArgumentError(absl::StrCat(where, ": the shard has no tensor '",
+                                                     in.state_name, "' (the graph expects ",
+                                                     expected, " on this rank)"));
+    std::vector<int64_t> got_rest(e->shape.begin() + (e->shape.empty() ? 0 : 1), e->shape.end());
+    std::vector<int64_t> want_rest(want.shape.begin() + 1, want.shape.end());
+    if (e->dtype != want.dtype || e->shape.empty() || got_rest != want_rest)
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": tensor '", in.state_name, "' is ", ir::DTypeShortName(e->dtype),
+                       "[", absl::StrJoin(e->shape, ", "), "] in the shard; its rows must be ",
+                       ir::DTypeShortName(want.dtype), "[", absl::StrJoin(want_rest, ", "),
+                       "] (this rank's graph expects ", expected, ")"));
+    if (e->shape[0] < s.end)
+      return absl::InvalidArgumentError(absl::StrCat(where, ": tensor '", in.state_name, "' has ",
+                                                     e->shape[0], " rows, fewer than ", s.end));
+    if (slice.size != want.shape[0])
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": the step has ", s.end - s.begin, " rows, of which this rank gets ", slice.size,
+          "; its graph expects ", want.shape[0], " for input '", in.state_name, "'"));
+    const uint64_t row = (e->end - e->begin) / static_cast<uint64_t>(e->shape[0]);
+    pieces.push_back(Piece{&in, e->begin + row * static_cast<uint64_t>(s.begin + slice.start),
+                           row * static_cast<uint64_t>(slice.size)});
+    total += pieces.back().bytes;
+  }
+  if (total > o_.max_step_bytes)
+    return absl::ResourceExhaustedError(absl::StrCat(where, ": this rank's rows are ", total,
+                                                     " bytes, more than the limit of ",
+                                                     o_.max_step_bytes, " (--max-data-mb)"));
+  TensorMap out;
+  for (const Piece& p : pieces) {
+    at::Tensor t = at::empty(p.in->type.tensor.shape,
+                             at::TensorOptions().dtype(ToTorch(p.in->type.tensor.dtype)));
+    if (absl::Status st = shard_->Read(p.offset, p.bytes, t.data_ptr()); !st.ok())
+      return absl::Status(st.code(), absl::StrCat(where, ": ", st.message()));
+    out.emplace(p.in->state_name, std::move(t));
+  }
+  return out;
+}
+
+}  // namespace fxdp::executor

@@ -1,0 +1,84 @@
+// A dataset directory (docs/datasets.md): safetensors shards and an index,
+// DIR/index.json, that says where each step's global batch is:
+//
+//   {"fxdp_dataset": 1,
+//    "steps": [{"file": "shard-00000.safetensors", "rows": [0, 8]}, ...]}
+//
+// Step i (1-based) of a job uses entry (i - 1) mod the number of entries: rows
+// [begin, end) along dim 0 of every tensor of `file` named by an INPUT
+// placeholder's state name. A rank reads only its balanced slice of those
+// rows (the split of fxdp expand), as byte ranges of the shard, and only when
+// the step runs: one step's rows are held at a time, never the epoch.
+//
+// What comes from the index is untrusted (a job's data_paths name it): the
+// index is at most kMaxDatasetIndexBytes, shard names are relative paths
+// without "." or ".." components, shards are opened like any data file (under
+// the worker's data roots when given: util::DataRoots), and the bytes a step
+// reads are checked against the rank's graph (dtype, trailing dims, rows
+// present in the shard) and against `max_step_bytes` before any is read.
+// Errors name the dataset, the shard, the tensor, the step and the rank, with
+// what was expected and what was found.
+#ifndef FXDP_EXECUTOR_WORKER_DATASET_H_
+#define FXDP_EXECUTOR_WORKER_DATASET_H_
+
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "analysis/ir/safetensors.h"
+#include "executor/interpreter.h"
+#include "executor/step_runner.h"
+#include "util/data_roots.h"
+
+namespace fxdp::executor {
+
+inline constexpr char kDatasetIndexName[] = "index.json";
+inline constexpr uint64_t kMaxDatasetIndexBytes = uint64_t{64} << 20;
+inline constexpr int64_t kMaxDatasetSteps = int64_t{1} << 24;
+
+struct DatasetStep {
+  std::string file;  // relative to the dataset directory
+  int64_t begin = 0, end = 0;
+};
+
+// The index's text parsed and checked (INVALID_ARGUMENT naming `where` and
+// the entry otherwise).
+absl::StatusOr<std::vector<DatasetStep>> ParseDatasetIndex(const std::string& text,
+                                                           const std::string& where);
+
+class DatasetReader {
+ public:
+  struct Options {
+    const util::DataRoots* roots = nullptr;  // null: files the operator named
+    int rank = 0, world_size = 1;
+    int64_t step_offset = 0;  // a resumed job's steps done: job step i reads entry i + offset - 1
+    uint64_t max_step_bytes = std::numeric_limits<uint64_t>::max();
+    std::string what = "--data";  // how errors name the dataset's origin
+  };
+  // Reads DIR/index.json and checks that every INPUT of `program` has its
+  // batch on dim 0 (the dataset's rows).
+  static absl::StatusOr<DatasetReader> Open(const std::string& dir, const Program& program,
+                                            Options options);
+  int64_t num_steps() const { return static_cast<int64_t>(steps_.size()); }
+  // This rank's rows of the batch of job step `step` (1-based; entry
+  // (step - 1) mod num_steps()), as CPU tensors with the shapes of
+  // `program` (the one Open checked).
+  absl::StatusOr<TensorMap> ReadStep(int64_t step, const Program& program);
+
+ private:
+  DatasetReader() = default;
+  absl::Status OpenShard(const std::string& file);
+  std::string dir_;
+  Options o_;
+  std::vector<DatasetStep> steps_;
+  std::string shard_name_;  // the shard open now ("" none)
+  std::unique_ptr<ir::SafetensorsReader> shard_;
+};
+
+}  // namespace fxdp::executor
+
+#endif  // FXDP_EXECUTOR_WORKER_DATASET_H_
