@@ -221,12 +221,20 @@ absl::Status CheckExpandable(const Graph& graph, const BatchDimAnalysis& analysi
         "multiple of the world size (make the batch a multiple of %d)",
         k * batch, k, batch, world, k, k * world));
   }
-  bool any_grad = false;
-  for (const Node& n : graph.nodes()) any_grad |= !n.grad_of.empty();
-  if (!any_grad) {
+  // A training step all-reduces gradients; an evaluation step (fxdp.trace_eval:
+  // no UPDATED_* output, docs/evaluation.md) has none and only its outputs are
+  // reduced.
+  bool any_grad = false, any_update = false;
+  for (const Node& n : graph.nodes()) {
+    any_grad |= !n.grad_of.empty();
+    for (const ir::OutputSpec& s : n.output_specs)
+      any_update |= ir::UpdatedRole(s.role).has_value();
+  }
+  if (!any_grad && any_update) {
     return absl::InvalidArgumentError(
-        "the graph marks no gradients (no node has grad_of): nothing to all-reduce; trace it "
-        "with fxdp.trace");
+        "the graph updates state but marks no gradients (no node has grad_of): nothing to "
+        "all-reduce; trace it with fxdp.trace (an evaluation step, which updates nothing, with "
+        "fxdp.trace_eval)");
   }
   if (options.bucket_cap_mb <= 0 || options.first_bucket_mb <= 0) {
     return absl::InvalidArgumentError("bucket sizes must be positive");

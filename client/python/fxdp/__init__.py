@@ -5,6 +5,7 @@ __version__ = "0.1.0"
 from .compiled import CompiledStep, compile  # noqa: E402,A004
 from .dataset import write_dataset  # noqa: E402
 from .errors import GraphFormatError, ShapeError, TraceError  # noqa: E402
+from .evaluation import trace_eval  # noqa: E402
 from .state_io import load_into, state_of  # noqa: E402
 from .traced import TracedStep, load  # noqa: E402
 from .tracer import DEFAULT_DECOMPOSITIONS, SUPPORTED_OPTIMIZERS, trace, trace_step  # noqa: E402
@@ -24,6 +25,7 @@ __all__ = [
     "ServerError",
     "trace",
     "trace_step",
+    "trace_eval",
     "compile",
     "CompiledStep",
     "load",
