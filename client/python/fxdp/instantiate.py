@@ -105,16 +105,23 @@ def _check_inputs(graph, shapes, vals, got: str) -> None:
 
 
 def _check_guards(graph, vals, got: str) -> None:
+    """Every guard, in order; a side that divides by zero at these sizes (None) breaks it."""
     names = _symbol_names(graph)
     for g in graph.guards:
         a, b = vals[g.lhs], vals[g.rhs]
-        ok = {pb.GUARD_EQ: a == b, pb.GUARD_NE: a != b, pb.GUARD_LT: a < b, pb.GUARD_LE: a <= b}
-        if ok.get(g.kind, False):
+        defined = a is not None and b is not None
+        if defined and {
+            pb.GUARD_EQ: a == b,
+            pb.GUARD_NE: a != b,
+            pb.GUARD_LT: a < b,
+            pb.GUARD_LE: a <= b,
+        }.get(g.kind, False):
             continue
         text = f"{sizes.render(graph, g.lhs, names)} {sizes.GUARD_TEXT.get(g.kind, '?')} {sizes.render(graph, g.rhs, names)}"
+        what = f"{a} vs {b}" if defined else "a side divides by zero at these sizes"
         at = f" at {g.source}" if g.source else ""
         raise ShapeError(
-            f"the batch ({got}) breaks the guard {text} ({a} vs {b}), which the trace assumed{at}; "
+            f"the batch ({got}) breaks the guard {text} ({what}), which the trace assumed{at}; "
             f"{WHAT_TO_DO}"
         )
 
@@ -150,10 +157,16 @@ def instantiate(graph: "pb.GraphDef", shapes: Mapping[str, Sequence[int]]) -> "p
         _check_inputs(graph, shapes, [], got)
         return graph
     bound = _bind(graph, shapes, got)
-    vals = sizes.evaluate(graph, bound)
+    vals = sizes.evaluate(graph, bound, strict=False)  # a zero divisor: None, the guards refuse
     _check_inputs(graph, shapes, vals, got)
     _check_guards(graph, vals, got)
     _check_ranges(graph, bound, got)
+    if None in vals:
+        i = vals.index(None)
+        raise ShapeError(
+            f"size expression {i} ({sizes.render(graph, i, _symbol_names(graph))}) divides by zero "
+            f"at this batch ({got}), though every guard holds; {WHAT_TO_DO}"
+        )
     out = pb.GraphDef()
     out.CopyFrom(graph)
     for f in ("symbols", "size_exprs", "guards"):

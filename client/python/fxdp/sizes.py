@@ -221,41 +221,55 @@ def _range(env, s: sympy.Symbol) -> Tuple[int, int]:
 
 def _floordiv(a: int, b: int, i: int) -> int:
     if b == 0:
-        raise ValueError(f"size expression {i} divides by zero")
+        raise ZeroDivisionError(f"size expression {i} divides by zero")
     return a // b
 
 
-def evaluate(g: "pb.GraphDef", symbols: Sequence[int]) -> List[int]:
-    """Every entry of ``g.size_exprs`` at the given symbol values (Python's // and %)."""
-    vals: List[int] = []
+def evaluate(g: "pb.GraphDef", symbols: Sequence[int], strict: bool = True) -> List[Optional[int]]:
+    """Every entry of ``g.size_exprs`` at the given symbol values (Python's // and %). A zero
+    divisor is a ValueError, or with ``strict=False`` the entry (and every entry that reads it)
+    is None: instantiation checks the guards first, which refuse such a batch by name."""
+    vals: List[Optional[int]] = []
     for i, e in enumerate(g.size_exprs):
-        xs = [vals[k] for k in e.operands]
         if any(k >= i for k in e.operands):
             raise ValueError(f"size expression {i} refers to a later entry {list(e.operands)}")
-        if e.op == pb.SIZE_OP_CONST:
-            v = e.value
-        elif e.op == pb.SIZE_OP_SYMBOL:
-            v = symbols[e.symbol]
-        elif e.op == pb.SIZE_OP_ADD:
-            v = sum(xs)
-        elif e.op == pb.SIZE_OP_MUL:
-            v = 1
-            for x in xs:
-                v *= x
-        elif e.op == pb.SIZE_OP_MIN:
-            v = min(xs)
-        elif e.op == pb.SIZE_OP_MAX:
-            v = max(xs)
-        elif e.op == pb.SIZE_OP_FLOORDIV:
-            v = _floordiv(xs[0], xs[1], i)
-        elif e.op == pb.SIZE_OP_MOD:
-            v = xs[0] - xs[1] * _floordiv(xs[0], xs[1], i)
-        elif e.op == pb.SIZE_OP_NEG:
-            v = -xs[0]
-        else:
-            raise ValueError(f"size expression {i} has an unknown op {e.op}")
-        vals.append(v)
+        xs = [vals[k] for k in e.operands]
+        if any(x is None for x in xs):
+            vals.append(None)
+            continue
+        try:
+            vals.append(_apply(e, xs, symbols, i))
+        except ZeroDivisionError as err:
+            if strict:
+                raise ValueError(str(err)) from None
+            vals.append(None)
     return vals
+
+
+def _apply(e: "pb.SizeExpr", xs: List[int], symbols: Sequence[int], i: int) -> int:
+    """One entry of the table from its operands' values."""
+    if e.op == pb.SIZE_OP_CONST:
+        return e.value
+    if e.op == pb.SIZE_OP_SYMBOL:
+        return symbols[e.symbol]
+    if e.op == pb.SIZE_OP_ADD:
+        return sum(xs)
+    if e.op == pb.SIZE_OP_MUL:
+        v = 1
+        for x in xs:
+            v *= x
+        return v
+    if e.op == pb.SIZE_OP_MIN:
+        return min(xs)
+    if e.op == pb.SIZE_OP_MAX:
+        return max(xs)
+    if e.op == pb.SIZE_OP_FLOORDIV:
+        return _floordiv(xs[0], xs[1], i)
+    if e.op == pb.SIZE_OP_MOD:
+        return xs[0] - xs[1] * _floordiv(xs[0], xs[1], i)
+    if e.op == pb.SIZE_OP_NEG:
+        return -xs[0]
+    raise ValueError(f"size expression {i} has an unknown op {e.op}")
 
 
 _TEXT = {
