@@ -180,3 +180,40 @@ def test_bad_datasets_fail_naming_what_is_wrong(data, server):
         assert "secret" not in msg, msg
     with pytest.raises(fxdp.ServerError, match="is a directory .* among 2 entries"):
         client.train(step, world_size=2, data_path=[root / "ds", root / "ds"], steps=1)
+
+
+def test_a_resumed_dataset_job_reads_from_its_checkpoints_step(tmp_path):
+    """A dataset job killed mid-run (server SIGKILL) resumes from its checkpoint (a multiple of 5,
+    which is a multiple of the dataset's 11 steps only from 55 on) and reads the entries an uninterrupted run reads
+    (the workers count steps from 1 again: they add the graph's fxdp.step_offset), ending equal to
+    an uninterrupted run over batch files bit for bit."""
+    import re
+
+    from _util import (
+        assert_same_run,
+        batch_files,
+        data_paths_requests,
+        fetch,
+        resumed_after_sigkill,
+        traced,
+    )
+    from fxdp import zoo
+
+    step = traced("mlp", "adamw")
+    files = batch_files(tmp_path, "mlp", 11)
+    fxdp.write_dataset(tmp_path / "ds", (zoo.get("mlp").named_batch(i) for i in range(11)))
+    steps = 200
+    with resumed_after_sigkill(
+        tmp_path / "state",
+        data_paths_requests(step, tmp_path / "ds", steps),
+        23,
+        "--checkpoint-every",
+        "5",
+    ) as (server, job, info, _):
+        resumed = [line for line in server.log if "resumed from the checkpoint of step" in line]
+        assert resumed, "".join(server.log)
+        assert int(re.search(r"checkpoint of step (\d+)", resumed[0]).group(1)) > 0
+        final = fetch(server.jobs, job)
+        with fxdp.Client(server.address) as client:
+            plain = client.train(step, world_size=2, data_path=files, steps=steps)
+        assert_same_run(info.losses, final, plain)
