@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -207,10 +208,18 @@ absl::Status CheckSizeExprs(const v1::GraphDef& def) {
 }
 
 absl::StatusOr<std::vector<int64_t>> EvaluateSizeExprs(const v1::GraphDef& def,
-                                                       const std::vector<int64_t>& symbols) {
+                                                       const std::vector<int64_t>& symbols,
+                                                       std::vector<bool>* undefined) {
   std::vector<int64_t> v(def.size_exprs_size());
+  if (undefined != nullptr) undefined->assign(def.size_exprs_size(), false);
   for (int i = 0; i < def.size_exprs_size(); ++i) {
     const v1::SizeExpr& e = def.size_exprs(i);
+    if (undefined != nullptr &&
+        std::any_of(e.operands().begin(), e.operands().end(),
+                    [&](uint32_t k) { return static_cast<bool>((*undefined)[k]); })) {
+      (*undefined)[i] = true;
+      continue;
+    }
     bool ok = true;
     switch (e.op()) {
       case v1::SIZE_OP_CONST: v[i] = e.value(); break;
@@ -223,13 +232,19 @@ absl::StatusOr<std::vector<int64_t>> EvaluateSizeExprs(const v1::GraphDef& def,
         for (int k = 1; ok && k < e.operands_size(); ++k)
           ok = Apply(e.op(), v[i], v[e.operands(k)], &v[i]);
     }
+    const bool zero_divisor = !ok &&
+                              (e.op() == v1::SIZE_OP_FLOORDIV || e.op() == v1::SIZE_OP_MOD) &&
+                              std::any_of(e.operands().begin() + 1, e.operands().end(),
+                                          [&](uint32_t k) { return v[k] == 0; });
+    if (zero_divisor && undefined != nullptr) {
+      (*undefined)[i] = true;
+      continue;
+    }
     if (!ok)
-      return InvalidArgumentError(absl::StrCat(
-          "size expression ", i, " (", SizeExprText(def, i), ") ",
-          (e.op() == v1::SIZE_OP_FLOORDIV || e.op() == v1::SIZE_OP_MOD) && v[e.operands(1)] == 0
-              ? "divides by zero"
-              : "overflows int64",
-          " at ", SymbolValues(def, i, symbols)));
+      return InvalidArgumentError(absl::StrCat("size expression ", i, " (", SizeExprText(def, i),
+                                               ") ",
+                                               zero_divisor ? "divides by zero" : "overflows int64",
+                                               " at ", SymbolValues(def, i, symbols)));
   }
   return v;
 }

@@ -40,9 +40,12 @@ bool HasSymbolicSizes(const v1::GraphDef& def);
 absl::Status CheckSizeExprs(const v1::GraphDef& def);
 
 // Every entry's value given each symbol's (indexed like def.symbols).
-// Precondition: CheckSizeExprs(def) is OK.
+// Precondition: CheckSizeExprs(def) is OK. A zero divisor fails, naming the
+// entry; with `undefined` given, it marks the entry (and every entry reading
+// it) true there instead, so that instantiation checks the guards first.
 absl::StatusOr<std::vector<int64_t>> EvaluateSizeExprs(const v1::GraphDef& def,
-                                                       const std::vector<int64_t>& symbols);
+                                                       const std::vector<int64_t>& symbols,
+                                                       std::vector<bool>* undefined = nullptr);
 
 // Entry `index` as text with the symbols' names: "s15*s54", "(s41 + 1)//2",
 // "min(s1, 4)"; cut with "..." past about `max_chars`. Precondition:

@@ -16,6 +16,8 @@
 namespace fxdp::ir {
 namespace {
 
+using ::fxdp::testing::AddExpr;
+using ::fxdp::testing::AddGuard;
 using ::fxdp::testing::StaticGraphDef;
 using ::fxdp::testing::StaticGraphText;
 using ::fxdp::testing::StatusIs;
@@ -94,6 +96,32 @@ TEST(Instantiate, AFailedGuardNamesTheShapesTheGuardItsLineAndWhatToDo) {
   EXPECT_THAT(Instantiate(SymbolicGraphDef(), Shapes(5, 7, 5, 8)),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        "the trace assumed s3 == s1 [model.py:7: d = s - y]"));
+}
+
+TEST(Instantiate, AGuardIsCheckedBeforeAZeroDivisorStopsTheEvaluation) {
+  // chunk(3) traced at B=6 writes entries like B % (S*(B - 2*((B + 2)//3))), whose divisor is 0
+  // at B=4, where the guards already refuse (two chunks, not three). Here: q = s0//8,
+  // r = s0//q and the guard r <= s0; at s0=5, q is 0. Before: 'divides by zero', no guard.
+  v1::GraphDef def = SymbolicGraphDef();
+  const uint32_t b = AddExpr(&def, v1::SIZE_OP_SYMBOL, {}, 0);
+  const uint32_t q =
+      AddExpr(&def, v1::SIZE_OP_FLOORDIV, {b, AddExpr(&def, v1::SIZE_OP_CONST, {}, 8)});
+  AddGuard(&def, v1::GUARD_LE, AddExpr(&def, v1::SIZE_OP_FLOORDIV, {b, q}), b,
+           "model.py:4: for c in x.chunk(3):");
+  EXPECT_TRUE(Instantiate(def, Shapes(9, 6, 9, 6)).ok());
+  EXPECT_THAT(Instantiate(def, Shapes(5, 6, 5, 6)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "at x=5x6x4, y=5x6: the trace assumed s0//(s0//8) <= s0 [model.py:4: for c "
+                       "in x.chunk(3):], which does not hold here: a side divides by zero"));
+  // An entry no guard reads that divides by zero is still refused, by the entry.
+  v1::GraphDef bare = SymbolicGraphDef();
+  const uint32_t b0 = AddExpr(&bare, v1::SIZE_OP_SYMBOL, {}, 0);
+  AddExpr(
+      &bare, v1::SIZE_OP_FLOORDIV,
+      {b0, AddExpr(&bare, v1::SIZE_OP_FLOORDIV, {b0, AddExpr(&bare, v1::SIZE_OP_CONST, {}, 8)})});
+  EXPECT_THAT(
+      Instantiate(bare, Shapes(5, 6, 5, 6)),
+      StatusIs(absl::StatusCode::kInvalidArgument, "(s0//(s0//8)) divides by zero at s0=5"));
 }
 
 TEST(Instantiate, ASymbolOutsideItsRangeIsRefused) {
