@@ -211,6 +211,7 @@ class JobRunner {
   int64_t sent_ = 0;
   bool client_done_ = false;    // an open-ended job's client half-closed
   bool stepping_ = false;       // in Steps(): an end keeps the last step's state
+  bool final_asked_ = false;    // End asked for the final state: a cancel waits for it
   uint64_t held_reserved_ = 0;  // of ctx_.held_state_bytes
 };
 

@@ -116,7 +116,12 @@ absl::Status JobRunner::End() {
   Job::Msg msg;
   while (true) {
     const Got got = Next(false, true, 3600, &msg);
-    if (got == Got::kCancel) return Cancelled();
+    if (got == Got::kCancel) {
+      // Every step ran and the ranks are sending their state: the cancel
+      // keeps it (CollectLastState takes the answer to this request).
+      stepping_ = final_asked_ = true;
+      return Cancelled();
+    }
     if (got != Got::kWorker || !state_->Awaits(msg.rank))
       continue;  // REPLICATE: the others end by CancelJob
     if (msg.lost || msg.m.has_job_failed()) return Failed(msg);

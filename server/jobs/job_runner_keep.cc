@@ -31,7 +31,7 @@ absl::Status JobRunner::CollectLastState(int64_t* step, StateStore::State* state
   const double wait_s = ctx_.options.keep_state_s;
   const auto deadline = Clock::now() + Seconds(wait_s);
   const int64_t want = first_ + sent_;
-  bool asked = false;
+  bool asked = final_asked_;  // End's request for the final state is answered first
   Job::Msg msg;
   while (true) {
     // The ranks answer between steps: once every step sent has its results,
