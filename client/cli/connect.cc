@@ -13,6 +13,11 @@ namespace {
 constexpr int kMaxMessageBytes = std::numeric_limits<int>::max();
 constexpr int kConnectTimeoutS = 5;
 
+// How to get a server to talk to (client/python/fxdp/rpc_errors.py says the same).
+constexpr char kStartServer[] =
+    "; start one there (`fxdp-server --local-workers 2` listens on 127.0.0.1:50051) or pass "
+    "its address: --server HOST:PORT or FXDP_SERVER=HOST:PORT";
+
 std::string Env(const char* name) {
   const char* v = std::getenv(name);
   return v != nullptr ? std::string(v) : std::string();
@@ -74,17 +79,26 @@ std::shared_ptr<grpc::Channel> Connect(const std::string& cmd, const std::string
   for (grpc_connectivity_state st = channel->GetState(true); st != GRPC_CHANNEL_READY;
        st = channel->GetState(true)) {
     if (st == GRPC_CHANNEL_TRANSIENT_FAILURE || st == GRPC_CHANNEL_SHUTDOWN) {
-      std::fprintf(stderr, "fxdp %s: server %s is unreachable (the connection failed%s)\n",
-                   cmd.c_str(), server.c_str(), hint);
+      std::fprintf(stderr, "fxdp %s: server %s is unreachable (the connection failed%s)%s\n",
+                   cmd.c_str(), server.c_str(), hint, kStartServer);
       return nullptr;
     }
     if (!channel->WaitForStateChange(st, deadline)) {
-      std::fprintf(stderr, "fxdp %s: server %s is unreachable (no connection within %d s%s)\n",
-                   cmd.c_str(), server.c_str(), kConnectTimeoutS, hint);
+      std::fprintf(stderr, "fxdp %s: server %s is unreachable (no connection within %d s%s)%s\n",
+                   cmd.c_str(), server.c_str(), kConnectTimeoutS, hint, kStartServer);
       return nullptr;
     }
   }
   return channel;
+}
+
+std::string UnreachableHint(const grpc::Status& s) {
+  if (s.error_code() != grpc::StatusCode::UNAVAILABLE) return "";
+  for (const char* text :
+       {"failed to connect to all addresses", "DNS resolution failed", "Connection refused"}) {
+    if (s.error_message().find(text) != std::string::npos) return kStartServer;
+  }
+  return "";
 }
 
 }  // namespace fxdp::cli

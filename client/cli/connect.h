@@ -57,6 +57,11 @@ int ParseGraphArgs(util::Flags* flags, const std::vector<std::string>& args, std
 std::shared_ptr<grpc::Channel> Connect(const std::string& cmd, const std::string& server,
                                        const security::ChannelSecurity& s, bool wait_ready = true);
 
+// "; start one there (...) or pass its address: ..." when `s` is gRPC's own
+// failure to connect (a server's own UNAVAILABLE, e.g. a lost worker, gets ""):
+// what to do about an unreachable server, as the Python client says it.
+std::string UnreachableHint(const grpc::Status& s);
+
 }  // namespace fxdp::cli
 
 #endif  // FXDP_CLIENT_CLI_CONNECT_H_

@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/cli/commands.h"
+#include "client/cli/connect.h"
 #include "expansion/style_proto.h"
 
 namespace fxdp::cli {
@@ -46,12 +47,13 @@ std::string CodeName(grpc::StatusCode c) {
 }
 
 int ReportRpcError(const std::string& cmd, const std::string& server, const grpc::Status& s) {
-  if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
-    std::fprintf(stderr, "fxdp %s: server %s: %s\n", cmd.c_str(), server.c_str(),
-                 s.error_message().c_str());
+  const grpc::StatusCode c = s.error_code();
+  if (c == grpc::StatusCode::UNAVAILABLE || c == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    std::fprintf(stderr, "fxdp %s: server %s: %s%s\n", cmd.c_str(), server.c_str(),
+                 s.error_message().c_str(), UnreachableHint(s).c_str());
     return kExitIo;
   }
-  std::fprintf(stderr, "fxdp %s: %s: %s\n", cmd.c_str(), CodeName(s.error_code()).c_str(),
+  std::fprintf(stderr, "fxdp %s: %s: %s\n", cmd.c_str(), CodeName(c).c_str(),
                s.error_message().c_str());
   return kExitInvalidInput;
 }

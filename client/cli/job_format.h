@@ -22,8 +22,10 @@ namespace fxdp::cli {
 std::string StateName(v1::JobState s);
 // "INVALID_ARGUMENT", ...; "CODE_<n>" past the known codes.
 std::string CodeName(grpc::StatusCode c);
-// Prints a failed RPC of `cmd` to stderr; kExitIo when the server is
-// unreachable, else kExitInvalidInput.
+// Prints a failed RPC of `cmd` to stderr, the one mapping of the CLI: a server
+// that is unreachable (UNAVAILABLE, with how to start one when gRPC could not
+// connect) or did not answer in time (DEADLINE_EXCEEDED) is named by its address,
+// kExitIo; any other error with its code name, kExitInvalidInput.
 int ReportRpcError(const std::string& cmd, const std::string& server, const grpc::Status& s);
 // A job as `fxdp job --json` prints it.
 nlohmann::ordered_json InfoJson(const v1::JobInfo& j);

@@ -33,7 +33,8 @@ constexpr char kJobsUsage[] =
     "127.0.0.1:50051)\n" FXDP_CLI_CREDENTIAL_USAGE
     "  --json               print JSON: {\"jobs\": [{...JobInfo...}]}\n"
     "\n"
-    "Exit codes: 0 ok, 1 the server refused, 2 usage, 3 the server is unreachable.\n";
+    "Exit codes: 0 ok, 1 the server refused, 2 usage, 3 the server is unreachable\n"
+    "(or did not answer in time).\n";
 
 constexpr char kJobUsage[] =
     "usage: fxdp job ID [--json] [--server HOST:PORT]\n"
@@ -45,7 +46,8 @@ constexpr char kJobUsage[] =
     "127.0.0.1:50051)\n" FXDP_CLI_CREDENTIAL_USAGE
     "  --json               print the job as a JSON object\n"
     "\n"
-    "Exit codes: 0 ok, 1 unknown job, 2 usage, 3 the server is unreachable.\n";
+    "Exit codes: 0 ok, 1 unknown job, 2 usage, 3 the server is unreachable\n"
+    "(or did not answer in time).\n";
 
 constexpr char kCancelUsage[] =
     "usage: fxdp cancel ID [--reason TEXT] [--json] [--server HOST:PORT]\n"
@@ -58,7 +60,8 @@ constexpr char kCancelUsage[] =
     "  --reason TEXT        why (kept in the job's error; default \"fxdp cancel\")\n"
     "  --json               print the job as a JSON object\n"
     "\n"
-    "Exit codes: 0 ok, 1 unknown job, 2 usage, 3 the server is unreachable.\n";
+    "Exit codes: 0 ok, 1 unknown job, 2 usage, 3 the server is unreachable\n"
+    "(or did not answer in time).\n";
 
 // A running job's steps per second since it started ("-" for another, or
 // a resumed one, whose steps_done counts the resumed job's steps too).

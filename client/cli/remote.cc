@@ -11,6 +11,7 @@
 #include "analysis/analysis_table.h"
 #include "client/cli/commands.h"
 #include "client/cli/connect.h"
+#include "client/cli/job_format.h"
 #include "expansion/style_proto.h"
 #include "grpcpp/grpcpp.h"
 #include "nlohmann/json.hpp"
@@ -50,19 +51,6 @@ int ReadGraphDef(const std::string& cmd, const std::string& path, const ir::Inpu
   }
   *def = *std::move(at);
   return -1;
-}
-
-int ReportRpcError(const std::string& cmd, const std::string& server, const grpc::Status& s) {
-  switch (s.error_code()) {
-    case grpc::StatusCode::UNAVAILABLE:
-    case grpc::StatusCode::DEADLINE_EXCEEDED:
-      std::fprintf(stderr, "fxdp %s: server %s: %s\n", cmd.c_str(), server.c_str(),
-                   s.error_message().c_str());
-      return kExitIo;
-    default:
-      std::fprintf(stderr, "fxdp %s: %s\n", cmd.c_str(), s.error_message().c_str());
-      return kExitInvalidInput;
-  }
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "client/cli/commands.h"
 #include "client/cli/connect.h"
+#include "client/cli/job_format.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/fxdp/v1/worker.grpc.pb.h"
 #include "util/bytes.h"
@@ -35,7 +36,8 @@ constexpr char kWorkersUsage[] =
     "                       \"attached_s\", \"capacity\", \"fxdp_version\", \"torch_version\",\n"
     "                       \"lost_reason\", \"memory_bytes\", \"memory_source\"}]}\n"
     "\n"
-    "Exit codes: 0 ok, 1 the server refused, 2 usage, 3 the server is unreachable.\n";
+    "Exit codes: 0 ok, 1 the server refused, 2 usage, 3 the server is unreachable\n"
+    "(or did not answer in time).\n";
 
 std::string StateName(v1::WorkerState s) {
   switch (s) {
@@ -120,14 +122,7 @@ int WorkersCommand(const std::vector<std::string>& args) {
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   v1::ListWorkersResponse resp;
   const grpc::Status s = stub->ListWorkers(&ctx, v1::ListWorkersRequest(), &resp);
-  if (!s.ok()) {
-    std::fprintf(stderr, "fxdp workers: server %s: %s\n", q.server.c_str(),
-                 s.error_message().c_str());
-    return s.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                   s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
-               ? kExitIo
-               : kExitInvalidInput;
-  }
+  if (!s.ok()) return ReportRpcError("workers", q.server, s);
   const std::string out = q.json ? ToJson(resp) : ToTable(resp);
   std::fwrite(out.data(), 1, out.size(), stdout);
   return kExitOk;

@@ -189,6 +189,36 @@ def test_unreachable_server_names_the_address_and_how_to_start_one():
 
 
 @pytest.mark.parametrize(
+    "args",
+    [
+        ["workers"],
+        ["jobs"],
+        ["job", "job-1"],
+        ["cancel", "job-1"],
+        ["analyze", "G"],
+        ["expand", "G", "--world-size", "2", "-o", "OUT"],
+    ],
+)
+def test_cli_unreachable_server_names_the_address_and_how_to_start_one(tmp_path, args):
+    """Every `fxdp` command that talks to a server says, like the Python client, which address it
+    tried and how to start a server there (exit 3)."""
+    graph = tmp_path / "g.pb"
+    graph.write_bytes(b"")
+    names = {"G": str(graph), "OUT": str(tmp_path / "x.pb")}
+    cmd = [names.get(a, a) for a in args]
+    p = subprocess.run(
+        [fxdp_binary("FXDP_BIN", "fxdp"), *cmd, "--server", "127.0.0.1:1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 3, (p.returncode, p.stderr)
+    assert f"fxdp {args[0]}: server 127.0.0.1:1" in p.stderr, p.stderr
+    assert "start one there (`fxdp-server --local-workers 2`" in p.stderr, p.stderr
+    assert "--server HOST:PORT or FXDP_SERVER=HOST:PORT" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize(
     "env,name,want",
     [
         ("FXDP_BIN", "fxdp", "fxdp 0.1.0"),
