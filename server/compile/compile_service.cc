@@ -26,6 +26,7 @@
 #include "expansion/data_parallel.h"
 #include "expansion/state_memory.h"
 #include "expansion/style_proto.h"
+#include "server/grpc_status.h"
 #include "util/bytes.h"
 #include "util/status_macros.h"
 
@@ -135,13 +136,6 @@ int64_t CountRequestGraphNodes(absl::string_view bytes) {
     in.PopLimit(limit);
   }
   return in.ConsumedEntireMessage() ? nodes : -1;
-}
-
-grpc::Status ToGrpcStatus(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  // absl::StatusCode and grpc::StatusCode share google.rpc.Code's numbers.
-  return grpc::Status(static_cast<grpc::StatusCode>(static_cast<int>(status.code())),
-                      std::string(status.message()));
 }
 
 absl::StatusOr<v1::AnalyzeResponse> RunAnalyze(const v1::AnalyzeRequest& request) {

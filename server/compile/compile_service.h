@@ -10,7 +10,7 @@
 // by a content hash of the request (compile_cache.h): the same submission
 // twice is computed once, the second answer has cached = true.
 // Errors are absl::Status from the library, mapped to grpc::Status once, in
-// ToGrpcStatus (the codes are the same numbers). A request that runs the
+// ToGrpcStatus (server/grpc_status.h). A request that runs the
 // server out of memory (std::bad_alloc) is RESOURCE_EXHAUSTED naming it; no
 // exception leaves a handler (gRPC would answer UNIMPLEMENTED with no text,
 // and a job thread would abort the server).
@@ -29,9 +29,6 @@
 #include "server/compile/compile_cache.h"
 
 namespace fxdp::server {
-
-// absl::Status -> grpc::Status, code and message kept.
-grpc::Status ToGrpcStatus(const absl::Status& status);
 
 // What one compile request may cost (docs/robustness.md): checked before the
 // request is parsed (raw RPCs: its size, and its graph's nodes counted on the

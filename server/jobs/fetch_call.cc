@@ -4,7 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "server/compile/compile_service.h"
+#include "server/grpc_status.h"
 #include "server/log.h"
 
 namespace fxdp::server {

@@ -119,6 +119,36 @@ std::string GraphDifference(const v1::GraphDef& before, const v1::GraphDef& now)
   return "";
 }
 
+namespace {
+
+// "" when `spec` may continue the job that ran as `was` (no state of its own, the same world
+// size, style, batch norm and graph), else what differs.
+std::string SpecDifference(const v1::JobSpec& spec, const v1::JobSpec& was) {
+  if (spec.num_state_tensors() != 0) {
+    return absl::StrCat(
+        "a resumed job starts from its checkpoint's state; JobSpec.num_state_tensors must "
+        "be 0, got ",
+        spec.num_state_tensors());
+  }
+  if (spec.world_size() != was.world_size()) {
+    return absl::StrCat("world_size is ", spec.world_size(), ", the job ran on ", was.world_size());
+  }
+  if (StyleName(spec.style()) != StyleName(was.style())) {
+    return absl::StrCat("style is ", StyleName(spec.style()), ", the job ran ",
+                        StyleName(was.style()));
+  }
+  if (spec.sync_batchnorm() != was.sync_batchnorm()) {
+    return absl::StrCat("sync_batchnorm is ", spec.sync_batchnorm() ? "on" : "off",
+                        ", the job ran with it ", was.sync_batchnorm() ? "on" : "off");
+  }
+  if (const std::string d = GraphDifference(was.graph(), spec.graph()); !d.empty()) {
+    return absl::StrCat("the graph differs: ", d);
+  }
+  return "";
+}
+
+}  // namespace
+
 absl::StatusOr<ResumeStart> PrepareResume(const JobTable& table, JobStore* store,
                                           const JobOwner& caller, const v1::JobSpec& spec,
                                           int64_t checkpoint_every,
@@ -164,27 +194,7 @@ absl::StatusOr<ResumeStart> PrepareResume(const JobTable& table, JobStore* store
   auto differs = [&](const std::string& what) {
     return absl::InvalidArgumentError(absl::StrCat("cannot resume job '", id, "': ", what));
   };
-  if (spec.num_state_tensors() != 0) {
-    return differs(absl::StrCat(
-        "a resumed job starts from its checkpoint's state; JobSpec.num_state_tensors must "
-        "be 0, got ",
-        spec.num_state_tensors()));
-  }
-  if (spec.world_size() != was.world_size()) {
-    return differs(
-        absl::StrCat("world_size is ", spec.world_size(), ", the job ran on ", was.world_size()));
-  }
-  if (StyleName(spec.style()) != StyleName(was.style())) {
-    return differs(absl::StrCat("style is ", StyleName(spec.style()), ", the job ran ",
-                                StyleName(was.style())));
-  }
-  if (spec.sync_batchnorm() != was.sync_batchnorm()) {
-    return differs(absl::StrCat("sync_batchnorm is ", spec.sync_batchnorm() ? "on" : "off",
-                                ", the job ran with it ", was.sync_batchnorm() ? "on" : "off"));
-  }
-  if (const std::string d = GraphDifference(was.graph(), spec.graph()); !d.empty()) {
-    return differs(absl::StrCat("the graph differs: ", d));
-  }
+  if (const std::string d = SpecDifference(spec, was); !d.empty()) return differs(d);
   // The file's step holds (the database's may lag it by one checkpoint).
   absl::StatusOr<JobStore::Checkpoint> checkpoint = store->ReadCheckpoint(id);
   if (!checkpoint.ok()) {

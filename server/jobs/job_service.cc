@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "security/server_auth.h"
 #include "server/audit.h"
+#include "server/grpc_status.h"
 #include "server/jobs/fetch_call.h"
 #include "server/jobs/submit_call.h"
 #include "server/log.h"

@@ -1,10 +1,10 @@
 #include "server/jobs/raw_tensors.h"
 
-#include <algorithm>
 #include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "analysis/ir/tensor_chunks.h"
 #include "analysis/ir/type_text.h"
 #include "util/status_macros.h"
 
@@ -73,13 +73,13 @@ void RechunkTensor(const v1::TensorChunk& in, size_t max_bytes, std::vector<v1::
     out->push_back(in);
     return;
   }
-  for (size_t off = 0; off < data.size(); off += max_bytes) {
+  for (const auto& [off, n] : ir::ChunkSpans(data.size(), max_bytes)) {
     v1::TensorChunk c;
     c.set_name(in.name());
     c.set_dtype(in.dtype());
     *c.mutable_shape() = in.shape();
     c.set_offset(in.offset() + off);
-    c.set_data(data.substr(off, std::min(max_bytes, data.size() - off)));
+    c.set_data(data.substr(off, n));
     out->push_back(std::move(c));
   }
 }

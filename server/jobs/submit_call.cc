@@ -2,7 +2,7 @@
 
 #include <utility>
 
-#include "server/compile/compile_service.h"
+#include "server/grpc_status.h"
 
 namespace fxdp::server {
 

@@ -14,7 +14,7 @@
 #include "absl/strings/strip.h"
 #include "security/server_auth.h"
 #include "server/audit.h"
-#include "server/compile/compile_service.h"
+#include "server/grpc_status.h"
 #include "server/log.h"
 
 namespace fxdp::server {
