@@ -11,6 +11,7 @@
 #include "analysis/ir/proto_codec.h"
 #include "analysis/ir/text.h"
 #include "proto/fxdp/v1/jobs.pb.h"
+#include "server/jobs/job.h"
 #include "tests/test_util.h"
 
 namespace fxdp::testing {
@@ -50,6 +51,25 @@ inline v1::JobSpec MlpSpec(int world, int64_t steps) {
   spec.set_num_state_tensors(2);
   spec.set_collective_timeout_s(5);
   return spec;
+}
+
+// One SubmitJobRequest of step `step`'s batch carrying `c` (`more`: the step
+// goes on in the next message).
+inline v1::SubmitJobRequest BatchMessage(int64_t step, const v1::TensorChunk& c, bool more) {
+  v1::SubmitJobRequest r;
+  r.mutable_batch()->set_step(step);
+  *r.mutable_batch()->add_tensors() = c;
+  r.mutable_batch()->set_more(more);
+  return r;
+}
+
+// A job plan of MlpSpec(world, steps) without its graph (the table and the
+// scheduler read only the spec).
+inline server::JobPlan GraphlessPlan(int world, int steps) {
+  server::JobPlan plan;
+  plan.spec = MlpSpec(world, steps);
+  plan.spec.clear_graph();
+  return plan;
 }
 
 }  // namespace fxdp::testing
