@@ -6,7 +6,10 @@
 #include <openssl/x509.h>
 #include <sys/stat.h>
 
+#include <memory>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
@@ -71,36 +74,28 @@ absl::StatusOr<Principal> PrincipalOfCertificate(const std::string& pem) {
   return p;
 }
 
-absl::StatusOr<ServerSecurity> MakeServerSecurity(const ServerSecurityOptions& o) {
-  ServerSecurity out;
+namespace {
+
+// "warning: FLAG 'PATH' is readable or writable by every user" for each secret file that is.
+std::vector<std::string> PermissionWarnings(const ServerSecurityOptions& o) {
+  std::vector<std::string> warnings;
   for (const auto& [flag, path] :
        {std::pair<const char*, const std::string&>{"--tls-key", o.tls_key},
         {"--client-tokens", o.client_tokens},
         {"--worker-token-file", o.worker_token_file}}) {
     struct stat st {};
     if (!path.empty() && stat(path.c_str(), &st) == 0 && (st.st_mode & (S_IROTH | S_IWOTH)) != 0) {
-      out.warnings.push_back(
-          absl::StrCat("warning: ", flag, " '", path,
-                       "' is readable or writable by every user (chmod o-rwx it)"));
+      warnings.push_back(absl::StrCat("warning: ", flag, " '", path,
+                                      "' is readable or writable by every user (chmod o-rwx it)"));
     }
   }
-  const bool tls = !o.tls_cert.empty() || !o.tls_key.empty();
-  const bool auth = !o.client_tokens.empty() || !o.worker_token_file.empty() || !o.tls_ca.empty();
-  if (!tls) {
-    if (auth) {
-      return absl::InvalidArgumentError(
-          "--client-tokens, --worker-token-file and --tls-ca need TLS (--tls-cert and --tls-key): "
-          "tokens sent in the clear could be read by anyone on the path, and gRPC clients send "
-          "them "
-          "over TLS only");
-    }
-    out.credentials = grpc::InsecureServerCredentials();
-    out.summary = "no TLS, no authentication";
-    return out;
-  }
-  if (o.tls_cert.empty() || o.tls_key.empty()) {
-    return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
-  }
+  return warnings;
+}
+
+// The server's TLS credentials from --tls-cert, --tls-key and (client certificates verified
+// against it) --tls-ca.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TlsCredentials(
+    const ServerSecurityOptions& o) {
   grpc::SslServerCredentialsOptions ssl(o.tls_ca.empty()
                                             ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
                                             : GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY);
@@ -114,11 +109,38 @@ absl::StatusOr<ServerSecurity> MakeServerSecurity(const ServerSecurityOptions& o
     if (!ca.ok()) return ca.status();
     ssl.pem_root_certs = *std::move(ca);
   }
-  out.credentials = grpc::SslServerCredentials(ssl);
-  if (out.credentials == nullptr) {
+  std::shared_ptr<grpc::ServerCredentials> creds = grpc::SslServerCredentials(ssl);
+  if (creds == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("cannot use the TLS files --tls-cert '",
                                                    o.tls_cert, "' --tls-key '", o.tls_key, "'"));
   }
+  return creds;
+}
+
+}  // namespace
+
+absl::StatusOr<ServerSecurity> MakeServerSecurity(const ServerSecurityOptions& o) {
+  ServerSecurity out;
+  out.warnings = PermissionWarnings(o);
+  const bool tls = !o.tls_cert.empty() || !o.tls_key.empty();
+  const bool auth = !o.client_tokens.empty() || !o.worker_token_file.empty() || !o.tls_ca.empty();
+  if (!tls) {
+    if (auth) {
+      return absl::InvalidArgumentError(
+          "--client-tokens, --worker-token-file and --tls-ca need TLS (--tls-cert and --tls-key): "
+          "tokens sent in the clear could be read by anyone on the path, and gRPC clients send "
+          "them over TLS only");
+    }
+    out.credentials = grpc::InsecureServerCredentials();
+    out.summary = "no TLS, no authentication";
+    return out;
+  }
+  if (o.tls_cert.empty() || o.tls_key.empty()) {
+    return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds = TlsCredentials(o);
+  if (!creds.ok()) return creds.status();
+  out.credentials = *std::move(creds);
   out.tls = true;
   out.summary = "TLS";
   if (!auth) {
