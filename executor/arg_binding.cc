@@ -42,6 +42,71 @@ std::optional<at::Scalar> AsNumber(const Argument& a) {
   return std::nullopt;
 }
 
+// Whether a graph value of type `t` fits a schema argument of `kind` (a tensor, or a number of
+// the kind's own type; a Number takes any).
+bool ValueFits(c10::TypeKind kind, const ir::ValueType& t) {
+  using K = c10::TypeKind;
+  switch (kind) {
+    case K::TensorType: return t.is_tensor();
+    case K::IntType:
+    case K::SymIntType: return t.kind == ValueKind::kInt;
+    case K::FloatType:
+    case K::SymFloatType: return t.kind == ValueKind::kFloat;
+    case K::BoolType:
+    case K::SymBoolType: return t.kind == ValueKind::kBool;
+    case K::NumberType:
+      return t.kind == ValueKind::kInt || t.kind == ValueKind::kFloat || t.kind == ValueKind::kBool;
+    default: return false;
+  }
+}
+
+// The constant a schema argument of a scalar `kind` (a number, string, dtype, layout, memory
+// format) takes from `a` (an int for a float), or nullopt when `a` does not fit.
+std::optional<c10::IValue> ScalarConstant(c10::TypeKind kind, const Argument& a) {
+  using K = c10::TypeKind;
+  switch (kind) {
+    case K::IntType:
+    case K::SymIntType:
+      if (const auto* i = a.get_if<int64_t>()) return c10::IValue(*i);
+      break;
+    case K::FloatType:
+    case K::SymFloatType:
+      if (const auto* d = a.get_if<double>()) return c10::IValue(*d);
+      if (const auto* i = a.get_if<int64_t>()) return c10::IValue(static_cast<double>(*i));
+      break;
+    case K::BoolType:
+    case K::SymBoolType:
+      if (const auto* b = a.get_if<bool>()) return c10::IValue(*b);
+      break;
+    case K::NumberType: {
+      if (const auto* s = a.get_if<ir::Scalar>()) return ScalarIValue(*s);
+      if (auto num = AsNumber(a)) return c10::IValue(*num);
+      break;
+    }
+    case K::ComplexType:
+      if (const auto* s = a.get_if<ir::Scalar>()) return ScalarIValue(*s);
+      break;
+    case K::StringType:
+      if (const auto* s = a.get_if<std::string>()) return c10::IValue(*s);
+      break;
+    case K::ScalarTypeType:
+      if (const auto* d = a.get_if<ir::DType>())
+        return c10::IValue(static_cast<int64_t>(ToTorch(*d)));
+      break;
+    case K::LayoutType:
+      if (const auto* l = a.get_if<ir::Layout>())
+        return c10::IValue(static_cast<int64_t>(ToTorch(*l)));
+      break;
+    case K::MemoryFormatType:
+      if (const auto* m = a.get_if<ir::MemoryFormat>()) {
+        return c10::IValue(static_cast<int64_t>(ToTorch(*m)));
+      }
+      break;
+    default: break;
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::string DescribeArgument(const ir::Graph& g, const Argument& a) {
@@ -144,22 +209,7 @@ absl::StatusOr<ArgBinder::Bound> ArgBinder::Bind(const Node& n, const std::strin
                 real->expectRef<c10::OptionalType>().getElementType(), list_n);
   }
   if (const auto* r = a.get_if<ValueRef>()) {
-    const ir::ValueType& t = g_.type(*r);
-    bool ok = false;
-    switch (kind) {
-      case K::TensorType: ok = t.is_tensor(); break;
-      case K::IntType:
-      case K::SymIntType: ok = t.kind == ValueKind::kInt; break;
-      case K::FloatType:
-      case K::SymFloatType: ok = t.kind == ValueKind::kFloat; break;
-      case K::BoolType:
-      case K::SymBoolType: ok = t.kind == ValueKind::kBool; break;
-      case K::NumberType:
-        ok = t.kind == ValueKind::kInt || t.kind == ValueKind::kFloat || t.kind == ValueKind::kBool;
-        break;
-      default: break;
-    }
-    if (!ok) return Mismatch(n, where, real, a);
+    if (!ValueFits(kind, g_.type(*r))) return Mismatch(n, where, real, a);
     return Bound{Slot(*r), c10::IValue()};
   }
   switch (kind) {
@@ -174,41 +224,17 @@ absl::StatusOr<ArgBinder::Bound> ArgBinder::Bind(const Node& n, const std::strin
     }
     case K::IntType:
     case K::SymIntType:
-      if (const auto* i = a.get_if<int64_t>()) return Bound{-1, c10::IValue(*i)};
-      break;
     case K::FloatType:
     case K::SymFloatType:
-      if (const auto* d = a.get_if<double>()) return Bound{-1, c10::IValue(*d)};
-      if (const auto* i = a.get_if<int64_t>())
-        return Bound{-1, c10::IValue(static_cast<double>(*i))};
-      break;
     case K::BoolType:
     case K::SymBoolType:
-      if (const auto* b = a.get_if<bool>()) return Bound{-1, c10::IValue(*b)};
-      break;
-    case K::NumberType: {
-      if (const auto* s = a.get_if<ir::Scalar>()) return Bound{-1, ScalarIValue(*s)};
-      auto num = AsNumber(a);
-      if (num) return Bound{-1, c10::IValue(*num)};
-      break;
-    }
+    case K::NumberType:
     case K::ComplexType:
-      if (const auto* s = a.get_if<ir::Scalar>()) return Bound{-1, ScalarIValue(*s)};
-      break;
     case K::StringType:
-      if (const auto* s = a.get_if<std::string>()) return Bound{-1, c10::IValue(*s)};
-      break;
     case K::ScalarTypeType:
-      if (const auto* d = a.get_if<ir::DType>())
-        return Bound{-1, c10::IValue(static_cast<int64_t>(ToTorch(*d)))};
-      break;
     case K::LayoutType:
-      if (const auto* l = a.get_if<ir::Layout>())
-        return Bound{-1, c10::IValue(static_cast<int64_t>(ToTorch(*l)))};
-      break;
     case K::MemoryFormatType:
-      if (const auto* m = a.get_if<ir::MemoryFormat>())
-        return Bound{-1, c10::IValue(static_cast<int64_t>(ToTorch(*m)))};
+      if (auto v = ScalarConstant(kind, a)) return Bound{-1, *std::move(v)};
       break;
     case K::DeviceObjType:
       if (const auto* d = a.get_if<ir::Device>()) return Bound{-1, c10::IValue(MapDevice(*d))};

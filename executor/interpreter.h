@@ -11,8 +11,8 @@
 // memory is that of the graph's live values, as in eager mode.
 //
 // Buffer reuse (inplace.h): a pointwise op (add, mul, div, lerp, addcmul,
-// addcdiv, sqrt, relu, ...: the list in inplace.cc) whose `self` argument dies at that
-// node runs as its in-place variant (`aten::mul_.Scalar` for
+// addcdiv, sqrt, relu, ...: the op table's kInplace rows, analysis/op_rules.cc) whose `self`
+// argument dies at that node runs as its in-place variant (`aten::mul_.Scalar` for
 // `aten::mul.Scalar`) when the graph gives self and the result the same dtype
 // and shape, contiguous, and at run time nothing else holds self's storage
 // (use counts 1: never a tensor the caller kept, an input still read later or
