@@ -1,9 +1,11 @@
 """Attacks on ``trace_step(..., dynamic=True)`` (issue 26): a symbolic trace instantiated at a
 shape its assumptions do not cover must be refused with the guard and the user's line, never run
 nor fail with a bare arithmetic error. What held is listed in the report of helper
-review-shapes (session 9); the cases kept here are the ones that found something."""
+review-shapes (session 9); kept here: what found something, and the size branches."""
 
 from __future__ import annotations
+
+import copy
 
 import fxdp
 import pytest
@@ -57,3 +59,40 @@ def test_a_batch_whose_chunks_differ_names_the_guard_not_a_zero_divisor(chunked,
         match=r"breaks the guard .*x\.shape\[0\].*test_dynamic_shapes_attack\.py:\d+: for c in x\.chunk\(3\)",
     ):
         chunked.instantiate(x_of(b))
+
+
+class Branchy(nn.Module):
+    """Python branches on sizes: ``if S > 8`` and ``min(S, 12)`` (a window)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        scale = 2 if x.shape[1] > 8 else 1
+        h = self.lin(x[:, : min(x.shape[1], 12)]) * scale
+        return h.pow(2).sum() / x.shape[0]
+
+
+def test_size_branches_hold_where_traced_and_are_refused_elsewhere():
+    """Traced at S=16 (the branch taken, the window 12): S=13 and 20 equal eager (loss and
+    SGD-updated weights; SGD keeps a wrong 1/B or x2 visible, Adam would normalise it away);
+    S=12 (min picks S) and S=8 (branch not taken) are refused naming the line."""
+    torch.manual_seed(0)
+    model = Branchy()
+    start = copy.deepcopy(model)
+    xs = lambda b, s: {"x": torch.randn(b, s, 4, generator=torch.Generator().manual_seed(s))}  # noqa: E731
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    step = fxdp.trace_step(sgd_step, model, opt, xs(4, 16), dynamic=True)
+    for b, s in [(3, 13), (5, 20)]:
+        ref = copy.deepcopy(start)
+        ref_loss = sgd_step(ref, torch.optim.SGD(ref.parameters(), lr=0.1), xs(b, s))
+        state, loss = step.run_local(step.initial_state(), xs(b, s))
+        assert float(loss) == pytest.approx(float(ref_loss), rel=1e-6)
+        for n, p in ref.named_parameters():
+            torch.testing.assert_close(state[n], p.detach(), rtol=1e-5, atol=1e-6, msg=n)
+    for s, line in [(12, r"min\(x\.shape\[1\], 12\)"), (8, r"2 if x\.shape\[1\] > 8")]:
+        with pytest.raises(
+            ShapeError, match=rf"breaks the guard .*test_dynamic_shapes_attack\.py:\d+: .*{line}"
+        ):
+            step.instantiate(xs(4, s))
