@@ -52,6 +52,11 @@ ValueRef RankExpander::EmitGathered(const ShardedRead& r) {
   const int64_t most = split[0].size * inner;
   const int64_t mine = slice_.size * inner;
   x = Emit(Call(base, "aten::reshape", "", {x, Ints({-1})}, Flat(t, mine * row)));
+  if (r.unscale) {  // rank r holds B/B_r times its rows: times B_r/B, the one device's values
+    x = Emit(Call(base, "aten::mul", "Scalar",
+                  {x, Argument(static_cast<double>(slice_.size) / static_cast<double>(batch_))},
+                  Flat(t, mine * row)));
+  }
   if (batch_ % world != 0) {  // every rank pads (the largest by 0): one schedule for all ranks
     x = Emit(Call(base, "aten::constant_pad_nd", "",
                   {x, Ints({0, (most - mine) * row}), Argument(0.0)}, Flat(t, most * row)));

@@ -234,8 +234,9 @@ struct Key {
 };
 
 // All-gathers (and the packing that only feeds them) keep their place: right
-// after the node before them, unless their own key is earlier. Lowering a key
-// never breaks an edge: their users' keys are at least their own.
+// after the node before them (or their last producer), unless their own key is earlier.
+// Lowering a key never breaks an edge: their users' keys are at least their own, their
+// producers' at most the anchor.
 void AnchorGathers(const Edges& edges, std::vector<uint8_t>& what, std::vector<Key>& keys) {
   const int32_t n = static_cast<int32_t>(what.size());
   for (int32_t i = n - 1; i >= 1; --i) {
@@ -248,8 +249,16 @@ void AnchorGathers(const Edges& edges, std::vector<uint8_t>& what, std::vector<K
   }
   for (int32_t i = 1; i < n; ++i) {
     if (!(what[i] & kIsGather) || (what[i] & kIsInput)) continue;
-    const Key& prev = keys[i - 1];
-    const Key anchor{std::max(prev.level, 0), prev.first, prev.eff, i};
+    // Never above a producer: the node before may be a hoisted all_reduce (a bucket that
+    // ended right before a mean-scaled gradient's gather), whose key is earlier than the
+    // gathered value's.
+    Key anchor{std::max(keys[i - 1].level, 0), keys[i - 1].first, keys[i - 1].eff, i};
+    for (int32_t p : edges.preds(i)) {
+      if (std::tie(keys[p].level, keys[p].first, keys[p].eff) >
+          std::tie(anchor.level, anchor.first, anchor.eff)) {
+        anchor = Key{keys[p].level, keys[p].first, keys[p].eff, i};
+      }
+    }
     if (std::tie(anchor.level, anchor.first, anchor.eff) <
         std::tie(keys[i].level, keys[i].first, keys[i].eff)) {
       keys[i] = anchor;

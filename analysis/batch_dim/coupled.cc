@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
@@ -32,6 +33,15 @@ absl::StatusOr<bool> BatchDimAnalyzer::GatherAlong(NodeId id, const Node& n, con
   for (const Operand& o : ops) along |= o.info.placement.is_shard() && o.info.placement.dim == dim;
   if (!along) return false;
   FXDP_RETURN_IF_ERROR(GatherNeedsWholeBatches(n, "works along the batch dim"));
+  // A mean-scaled operand on `dim` (a softmax over the batch below a mean-reduced loss) is
+  // gathered unscaled: each rank's rows times B_r/B, the one device's values (true scale).
+  std::vector<int> unscaled;
+  for (Operand& o : ops) {
+    if (o.info.placement.is_shard() && o.info.placement.dim == dim && o.info.mean_scaled) {
+      o.info.mean_scaled = false;
+      unscaled.push_back(o.arg);
+    }
+  }
   FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule.linear, ops));
   std::vector<std::string> names;
   for (const Operand& o : ops) {
@@ -41,11 +51,6 @@ absl::StatusOr<bool> BatchDimAnalyzer::GatherAlong(NodeId id, const Node& n, con
       return Error(n, absl::StrFormat("works along dim %d, which holds the batch of some operands, "
                                       "but arg %d (%s) holds it on dim %d",
                                       dim, o.arg, name, o.info.placement.dim));
-    }
-    if (o.info.mean_scaled) {
-      return ScaledError(id, n, o,
-                         "all-gathering it for an op along the batch dim would mix "
-                         "the ranks' scales");
     }
     const char* why = o.info.outer != 1   ? "the batch is folded inside the dim"
                       : o.info.order != 0 ? "its rows are in a rank-local order"
@@ -57,8 +62,11 @@ absl::StatusOr<bool> BatchDimAnalyzer::GatherAlong(NodeId id, const Node& n, con
                                       "all-gathered for it: %s",
                                       dim, o.arg, name, why));
     }
-    a_.gathered_reads_.push_back(ShardedRead{o.ref, static_cast<int32_t>(dim), 1, id, o.arg});
-    names.push_back(name);
+    const bool unscale = std::count(unscaled.begin(), unscaled.end(), o.arg) > 0;
+    a_.gathered_reads_.push_back(
+        ShardedRead{o.ref, static_cast<int32_t>(dim), 1, id, o.arg, unscale});
+    names.push_back(unscale ? absl::StrCat(name, " (mean-scaled: its rows times B_r/B first)")
+                            : name);
   }
   a_.notes_.push_back(absl::StrFormat(
       "%s: all-gathers %s (batch dim %d) and works along it whole on every rank: samples "

@@ -242,7 +242,8 @@ TEST(BatchDim, ReductionsOverAndBesideTheBatch) {
 }
 
 // An op along the batch dim reads its sharded operands all-gathered and is whole (R) on every
-// rank; a mean-scaled operand (each rank's rows scaled by its own B / B_r) cannot be gathered.
+// rank; a mean-scaled operand (each rank's rows scaled by its own B / B_r) is gathered unscaled
+// (times B_r / B first): the whole result is at true scale, not mean-scaled.
 TEST(BatchDim, SoftmaxAlongTheBatchReadsItAllGathered) {
   auto r = MustRun(R"(
   %x: f32[4, 3] = placeholder() {role=INPUT, state="x", batch_dim=0}
@@ -259,8 +260,7 @@ TEST(BatchDim, SoftmaxAlongTheBatchReadsItAllGathered) {
   EXPECT_EQ(r.a.gathered_reads()[1].arg, 0);  // g's arg 1, s, is whole already
   ASSERT_EQ(r.a.sharded_reads().size(), 1u);
   EXPECT_EQ(r.a.sharded_reads()[0].user.value, r.graph.FindNode("y")->value);
-  EXPECT_THAT(
-      Analyze(R"(
+  auto m = MustRun(R"(
   %x: f32[4, 3] = placeholder() {role=INPUT, state="x", batch_dim=0}
   %y: f32[4, 3] = placeholder() {role=INPUT, state="y", batch_dim=0}
   %s: f32[4, 3] = aten::_softmax(%x, 0, false)
@@ -269,9 +269,14 @@ TEST(BatchDim, SoftmaxAlongTheBatchReadsItAllGathered) {
   %d: f32[4, 3] = aten::mse_loss_backward(%one, %s, %y, 1)
   %g: f32[4, 3] = aten::_softmax_backward_data(%d, %s, 0, torch.float32)
   %output = output([%g, %loss]) {specs=[OTHER, LOSS]}
-)")
-          .status(),
-      StatusIs(absl::StatusCode::kInvalidArgument, "node 'g' (aten::_softmax_backward_data)"));
+)");
+  EXPECT_TRUE(m.a.value(ir::ValueRef{*m.graph.FindNode("d"), 0}).mean_scaled);
+  EXPECT_EQ(m.P("g"), "R");
+  EXPECT_FALSE(m.a.value(ir::ValueRef{*m.graph.FindNode("g"), 0}).mean_scaled);
+  const ShardedRead& d = m.a.gathered_reads().back();
+  EXPECT_EQ(m.graph.node(d.value.node).name, "d");
+  EXPECT_TRUE(d.unscale);
+  EXPECT_FALSE(m.a.gathered_reads().front().unscale);  // x, for s
 }
 
 // In-batch distances: each product gathers the label whose operands are fewer bytes. The

@@ -260,3 +260,38 @@ def test_ops_along_the_batch_train_like_one_device(tmp_path, loss_of, reductions
 
     step = fxdp.trace_step(step_fn, model, opt, batches[0], loss_reduction="sum")
     check_against_one_device(tmp_path, step, batches, 3, reductions=reductions)
+
+
+def _softmax_over_batch_mean_loss(model, xa, xb):
+    """A softmax over the batch under a mean-reduced loss: mse_loss's backward divides by the
+    rank's own numel, so the gradient reaching _softmax_backward_data is mean-scaled (rank r holds
+    B/B_r times its rows)."""
+    p = torch.softmax(model.fa(xa), dim=0)
+    return F.mse_loss(p, torch.tanh(model.fb(xb)))
+
+
+@pytest.mark.parametrize("world,b", [(2, 6), (3, 7)], ids=["N2", "N3-uneven"])
+def test_softmax_over_the_batch_under_a_mean_loss(tmp_path, world, b):
+    """Refused before ("all-gathering it for an op along the batch dim would mix the ranks'
+    scales"): each rank multiplies its rows of the mean-scaled gradient by B_r/B before the
+    gather, so the gathered gradient is one device's; equal to one device on N=2 and N=3 (3,2,2)."""
+    torch.manual_seed(0)
+    model = _InfoNCE()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    g = torch.Generator().manual_seed(5)
+    batches = [
+        (torch.randn(b, 8, generator=g), torch.randn(b, 8, generator=g)) for _ in range(STEPS)
+    ]
+
+    def step_fn(m, o, batch):
+        loss = _softmax_over_batch_mean_loss(m, *batch)
+        loss.backward()
+        o.step()
+        o.zero_grad()
+        return loss
+
+    step = fxdp.trace_step(step_fn, model, opt, batches[0])
+    # + 2 gathers: the softmax's input, and the mean-scaled gradient its backward reads (fa's
+    # gradients come out whole or P(sum), fb's P(avg) in a bucket of their own)
+    report = check_against_one_device(tmp_path, step, batches, world, reductions=2)
+    assert any("mean-scaled: its rows times B_r/B first" in n for n in report["notes"]), report
