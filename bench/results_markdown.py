@@ -434,10 +434,14 @@ def md_before_after(c: dict) -> list:
         change = f"{va / vb:.2f}x" if vb and va is not None else "-"
         L.append(f"| {what} | {num(vb)} | {num(va)} | {change} | {num(rb)} | {num(ra)} |")
     L.append("")
-    L.append("| area | load before (start / end) | load after (start / end) |")
-    L.append("|---|---|---|")
-    for name, (lb, la) in c.get("areas", {}).items():
-        L.append(f"| {name} | {lb[0]} / {lb[-1]} | {la[0]} / {la[-1]} |")
+    if c.get("areas"):
+        L.append("| area | load before (start / end) | load after (start / end) |")
+        L.append("|---|---|---|")
+        for name, (lb, la) in c["areas"].items():
+            L.append(f"| {name} | {lb[0]} / {lb[-1]} | {la[0]} / {la[-1]} |")
+        L.append("")
+    for note in c.get("notes", []):  # how the numbers were taken, when not by two whole runs
+        L += [note, ""]
     return L
 
 
