@@ -113,18 +113,23 @@ absl::Status JobRunner::End() {
   client_->SetReadBudget(0);
   if (const int gone = state_->Request(ranks_.get(), first_ + steps_, /*end_job=*/true); gone >= 0)
     return Lost(gone);
+  // Every step ran and the ranks are sending their state: a cancel keeps it
+  // (CollectLastState takes the answer to this request), a lost or failed
+  // rank keeps the last checkpoint and says so (KeepLastState).
+  final_asked_ = true;
   Job::Msg msg;
   while (true) {
     const Got got = Next(false, true, 3600, &msg);
     if (got == Got::kCancel) {
-      // Every step ran and the ranks are sending their state: the cancel
-      // keeps it (CollectLastState takes the answer to this request).
-      stepping_ = final_asked_ = true;
+      stepping_ = true;
       return Cancelled();
     }
     if (got != Got::kWorker || !state_->Awaits(msg.rank))
       continue;  // REPLICATE: the others end by CancelJob
-    if (msg.lost || msg.m.has_job_failed()) return Failed(msg);
+    if (msg.lost || msg.m.has_job_failed()) {
+      stepping_ = true;
+      return Failed(msg);
+    }
     if (!msg.m.has_state_chunk()) continue;
     std::optional<StateCollector::Collected> done;
     if (absl::Status s = state_->Add(msg, &done); !s.ok()) return Finish(JobChange::kFail, s, -1);

@@ -78,10 +78,11 @@ absl::Status JobRunner::KeepLastState(const absl::Status& status, int except) {
   std::string why_not;
   if (except >= 0) {
     TakeDelivered();  // the results already in: steps_done agrees with the error
-    why_not = absl::StrCat("rank ", except,
-                           " took its state with it and the other ranks were in a step with it; ",
-                           sharded ? "a FULLY_SHARD job's state needs every rank's shard"
-                                   : "a REPLICATE job's state needs a living rank between steps");
+    why_not =
+        absl::StrCat("rank ", except, " took its state with it and the other ranks were ",
+                     final_asked_ ? "sending the final state with it; " : "in a step with it; ",
+                     sharded ? "a FULLY_SHARD job's state needs every rank's shard"
+                             : "a REPLICATE job's state needs a living rank between steps");
   } else if (first_ + sent_ == 0) {
     return status;  // no step ran: the client has the initial state
   } else {

@@ -257,3 +257,47 @@ def test_a_cancel_while_the_final_state_is_collected_keeps_it(tmp_path):
         assert set(state) == set(plain)
         for k, v in plain.items():
             assert torch.equal(state[k], v), k
+
+
+def test_a_rank_lost_while_the_final_state_is_collected_says_what_is_kept(tmp_path):
+    """A worker SIGKILLed after the last step's loss (4 steps, --checkpoint-every 2), while the ranks
+    send their final state: the job FAILs (or succeeded first) and its error says that the
+    checkpoint of step 2 is kept, which fetches as exactly 2 steps."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2048, 2048)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = [{"x": torch.randn(4, 2048), "y": torch.randn(4, 2048)} for _ in range(4)]
+    step = fxdp.trace(model, opt, F.mse_loss, (data[0]["x"], data[0]["y"]), input_names=("x", "y"))
+    args = ("--state-dir", tmp_path / "state", "--checkpoint-every", 2)
+    with ServerProcess(*args) as server, fxdp.Client(server.address, timeout=60) as client:
+        kw = dict(world_size=2, steps=len(data), style="fully_shard")
+        wait_idle(client)
+        victim = int(client.workers()[0]["pid"])
+        seen = {}
+
+        def on_step(s, loss):
+            if s == len(data):
+                os.kill(victim, signal.SIGKILL)
+
+        try:
+            client.train(
+                step,
+                batches=data,
+                **kw,
+                on_step=on_step,
+                on_event=lambda e: seen.setdefault("id", e.job_id),
+            )
+            return  # the state came first
+        except fxdp.ServerError as err:
+            assert err.code == grpc.StatusCode.UNAVAILABLE, err
+            assert "its checkpoint of step 2 is kept, not its last step's" in str(err), err
+        info = client.job(seen["id"])
+        assert (info.steps_done, info.checkpoint_step, info.has_state) == (4, 2, True), info
+        want = step.initial_state()
+        for b in data[:2]:
+            want, _ = step.run_local(want, b)
+        got = client.fetch_state(seen["id"])
+        for k, v in want.items():
+            torch.testing.assert_close(
+                got[k], v, rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}"
+            )
