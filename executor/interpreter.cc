@@ -7,13 +7,18 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/InferenceMode.h>
 
+#include <cerrno>
+#include <cstring>
+#include <fstream>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "executor/inplace.h"
 #include "executor/memory_limit.h"
 #include "executor/program_impl.h"
 #include "executor/torch_types.h"
+#include "executor/value_trace.h"
 #include "util/status_macros.h"
 
 namespace fxdp::executor {
@@ -90,11 +95,13 @@ absl::Status Program::Impl::RunStep(Step& s) {
   switch (s.kind) {
     case StepKind::kOp: {
       for (const ArgPlan& a : s.args) FXDP_RETURN_IF_ERROR(Push(a, s));
+      s.ran_inplace = false;
       if (s.random.has_value()) {
         if (absl::Status st = RunRandom(*s.random, random, options.device, stack); !st.ok())
           return absl::Status(st.code(),
                               absl::StrCat(ir::NodeLabel(s.name, s.op_name), ": ", st.message()));
       } else if (s.inplace_op.has_value() && Reusable(stack[0], s.out_types[0].tensor)) {
+        s.ran_inplace = true;
         s.inplace_op->callBoxed(stack);
       } else {
         s.op->callBoxed(stack);
@@ -221,6 +228,7 @@ absl::StatusOr<std::vector<c10::IValue>> Program::Run(std::vector<c10::IValue> i
         status = absl::InternalError(absl::StrCat(s.label, ": ", ExceptionMessage(e)));
       }
       if (!status.ok()) break;
+      if (!p.options.value_trace.empty()) p.TraceStep(s);
       for (int32_t slot : s.free_after) {
         p.slots[slot] = c10::IValue();
         p.works[slot].reset();
@@ -255,8 +263,30 @@ absl::StatusOr<std::vector<c10::IValue>> Program::Run(std::vector<c10::IValue> i
     status = absl::InternalError(absl::StrCat("running the graph: ", ExceptionMessage(e)));
   }
   p.Clear();
+  if (status.ok() && !p.options.value_trace.empty()) status = p.WriteValueTrace();
   if (!status.ok()) return status;
   return results;
+}
+
+void Program::Impl::TraceStep(const Step& s) {
+  // empty, empty_like, new_empty, empty_strided: memory nobody wrote yet.
+  const bool uninitialised = absl::StrContains(s.op_name, "empty");
+  for (size_t k = 0; k < s.out_slots.size(); ++k) {
+    absl::StrAppend(&value_trace, "run ", traced_runs + 1, " ", s.label,
+                    s.ran_inplace ? " inplace" : "", " out ", k, " ",
+                    TraceValue(slots[s.out_slots[k]], !uninitialised), "\n");
+  }
+}
+
+absl::Status Program::Impl::WriteValueTrace() {
+  ++traced_runs;
+  std::ofstream f(options.value_trace, std::ios::app);
+  f << value_trace;
+  value_trace.clear();
+  if (!f.good())
+    return absl::InternalError(absl::StrCat("writing the value trace to '", options.value_trace,
+                                            "': ", std::strerror(errno)));
+  return absl::OkStatus();
 }
 
 }  // namespace fxdp::executor

@@ -95,6 +95,10 @@ struct ProgramOptions {
   // The seed of the random ops (docs/randomness.md); unset: the graph's
   // metadata "fxdp.seed" (0 when it has none).
   std::optional<uint64_t> seed;
+  // Non-empty: after every run, append each call node's outputs to this file
+  // (value_trace.h: shapes, strides, a hash of the values). Slow; for
+  // finding where two runs that should be bit-identical part.
+  std::string value_trace;
 };
 
 // ProgramOptions::record_memory: one entry per call node of the last run.

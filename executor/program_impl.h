@@ -74,6 +74,7 @@ struct Step {
   std::vector<int32_t> free_after;  // slots whose last read is this step
   // A random op of analysis/ir/random_ops.h: drawn by RunRandom, not the op.
   std::optional<RandomPlan> random;
+  bool ran_inplace = false;  // the last run called inplace_op (value traces)
 };
 
 struct Program::Impl {
@@ -109,12 +110,16 @@ struct Program::Impl {
   std::vector<NodeMemory> memory_trace;
   std::vector<double> step_ms;  // ProgramOptions::profile, per step
   int64_t profiled_runs = 0;
+  std::string value_trace;  // ProgramOptions::value_trace: this run's lines
+  int64_t traced_runs = 0;
 
   // interpreter.cc
   absl::Status RunStep(Step& s);
   absl::Status Push(const ArgPlan& a, const Step& s);
   absl::Status TakeReturns(Step& s);
   absl::Status SetRandomSlice();
+  void TraceStep(const Step& s);
+  absl::Status WriteValueTrace();
   // collective_steps.cc
   absl::Status RunAllReduce(Step& s);
   absl::Status RunWait(Step& s);

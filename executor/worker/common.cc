@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
 #include "analysis/ir/batch_split.h"
 #include "executor/gloo/gloo_communicator.h"
 #include "executor/gloo/host_staged_communicator.h"
@@ -93,6 +94,8 @@ absl::StatusOr<Program> LoadRankProgram(const ir::Graph& graph, const RankSetup&
   po.check_outputs = setup.check_outputs;
   po.record_memory = setup.record_memory;
   po.seed = setup.seed;
+  if (const char* trace = std::getenv("FXDP_VALUE_TRACE"); trace != nullptr)
+    po.value_trace = absl::StrReplaceAll(trace, {{"{rank}", absl::StrCat(setup.rendezvous.rank)}});
   return Program::Load(graph, po);
 }
 

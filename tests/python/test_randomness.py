@@ -319,3 +319,33 @@ def test_a_resumed_job_continues_the_same_random_stream(tmp_path):
         with fxdp.Client(server.address) as client:
             plain = client.train(step, world_size=2, data_path=files, steps=200)
     assert_same_run(info.losses, final, plain)
+
+
+def test_value_trace_names_each_nodes_outputs(tmp_path):
+    """FXDP_VALUE_TRACE=FILE: every node's outputs per run (layout and a hash of the values), the
+    tool for finding the first node where two runs that should be bit-identical part (the known
+    >1-thread rerun bug, docs/randomness.md). Two runs of the GPT-2 at --threads 2 trace alike;
+    empty_like's memory is marked, not hashed; steps that wrote into their input say so."""
+    step = traced("gpt2", "sgd")
+    paths = save(step, batches("gpt2"), tmp_path)
+    worker = fxdp_binary("FXDP_WORKER", "fxdp-worker")
+    traces = []
+    for i in range(2):
+        trace = tmp_path / f"t{i}.txt"
+        args = [worker, "run", "--graph", str(tmp_path / "g.pb"), "--state"]
+        args += [str(tmp_path / "s.safetensors"), "--steps", "2", "--threads", "2"]
+        for p in paths[:2]:
+            args += ["--data", p]
+        env = {**os.environ, "FXDP_VALUE_TRACE": str(trace)}
+        r = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env)
+        assert r.returncode == 0, r.stderr
+        traces.append(trace.read_text().splitlines())
+    lines = traces[0]
+    assert lines[0].startswith("run 1 node 'view' (aten::view) ["), lines[0]
+    assert {ln.split(" ")[1] for ln in lines} == {"1", "2"}
+    empties = [ln for ln in lines if "(aten::empty_like)" in ln]
+    assert empties and all(ln.endswith("uninitialised") for ln in empties)
+    assert any(" inplace out 0 " in ln for ln in lines)
+    assert all(" fnv " in ln for ln in lines if "aten::empty" not in ln and "Float" in ln)
+    first = next((a for a, b in zip(lines, traces[1]) if a != b), None)
+    assert first is None and len(lines) == len(traces[1]), f"the runs part at: {first}"
