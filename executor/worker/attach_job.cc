@@ -49,6 +49,7 @@ void AttachedWorker::SendJobFailed(AssignedJob& job, const absl::Status& s, int6
 
 void AttachedWorker::JobThread(std::shared_ptr<AssignedJob> job) {
   std::unique_ptr<Communicator> comm;
+  SetIntraOpThreads(o_.threads);  // OpenMP's settings are per thread
   ResetPeakCpuTensorBytes();
   absl::Status s = JobBody(*job, comm);
   if (CpuMemoryLimit() > 0) {

@@ -1,8 +1,10 @@
 #include "executor/worker/common.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/InferenceMode.h>
+#include <dlfcn.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -83,6 +85,13 @@ absl::StatusOr<std::unique_ptr<Communicator>> Rendezvous(const RankSetup& setup,
                         ConnectCommunicator(ro, setup.device, setup.communicator));
   if (watch != nullptr) watch->Watch(comm->PeerSocketAddresses());
   return comm;
+}
+
+void SetIntraOpThreads(int threads) {
+  if (threads > 0) at::set_num_threads(threads);
+  // libgomp comes with libtorch_cpu, not linked to the worker: found at run time.
+  using SetDynamic = void (*)(int);
+  if (auto off = reinterpret_cast<SetDynamic>(dlsym(RTLD_DEFAULT, "omp_set_dynamic"))) off(0);
 }
 
 absl::StatusOr<Program> LoadRankProgram(const ir::Graph& graph, const RankSetup& setup,

@@ -57,6 +57,14 @@ struct RankSetup {
   std::optional<uint64_t> seed;       // ProgramOptions::seed (fxdp-worker run --seed)
 };
 
+// This thread's intra-op threads: `threads` > 0 sets them (at::set_num_threads);
+// either way OpenMP's dynamic adjustment is switched off for the calling thread,
+// so every team has that many threads. With OMP_DYNAMIC=true libgomp sizes each
+// team as the cores minus the 15-minute load average, and ops whose reduction
+// order follows the team size (native_layer_norm_backward's weight gradient)
+// gave other bits under load (docs/randomness.md).
+void SetIntraOpThreads(int threads);
+
 // World size > 1: logs "rendezvous at H:P (world size N, timeout T s)" after
 // `log_prefix` and meets the peers (ConnectCommunicator); `watch` (when not
 // null) is given the store's address first, so that an abort ends a

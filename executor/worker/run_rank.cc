@@ -128,7 +128,7 @@ absl::Status LoadRank(const RunArgs& args, const LaunchEnv& env, const RankSetup
     log.Log("schedule ", args.schedule, ": ", absl::StrJoin(r.schedule.names(), ", "));
   }
   FXDP_RETURN_IF_ERROR(CheckExpandedFor(graph, r.graph_path, env));
-  if (int threads = IntraOpThreads(args.threads, env); threads > 0) at::set_num_threads(threads);
+  SetIntraOpThreads(IntraOpThreads(args.threads, env));
   log.Log("intra-op threads: ", at::get_num_threads());
 
   const auto t_load = std::chrono::steady_clock::now();

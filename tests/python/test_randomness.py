@@ -349,3 +349,43 @@ def test_value_trace_names_each_nodes_outputs(tmp_path):
     assert all(" fnv " in ln for ln in lines if "aten::empty" not in ln and "Float" in ln)
     first = next((a for a, b in zip(lines, traces[1]) if a != b), None)
     assert first is None and len(lines) == len(traces[1]), f"the runs part at: {first}"
+
+
+LOADAVG_SHIM = r"""
+#include <stdlib.h>
+int getloadavg(double l[], int n) {  /* the load average FAKE_LOADAVG says */
+  const char* v = getenv("FAKE_LOADAVG");
+  for (int i = 0; i < n; ++i) l[i] = v ? atof(v) : 0.0;
+  return n;
+}
+"""
+
+
+def test_reruns_do_not_follow_the_load_average_under_omp_dynamic(tmp_path):
+    """With OMP_DYNAMIC=true libgomp sizes each OpenMP team as the cores minus the 15-minute load
+    average, and native_layer_norm_backward's weight gradient follows the team size: the worker
+    switches the adjustment off, so runs at load 0 and load 20 (a getloadavg stand-in) are
+    bit-identical (before: the --threads 2 and the --threads 1 results)."""
+    import shutil
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler for the getloadavg stand-in")
+    (tmp_path / "shim.c").write_text(LOADAVG_SHIM)
+    shim = tmp_path / "shim.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", shim, tmp_path / "shim.c"], check=True)
+    step = traced("gpt2", "sgd")
+    paths = save(step, batches("gpt2"), tmp_path)
+    worker = fxdp_binary("FXDP_WORKER", "fxdp-worker")
+    finals = []
+    for load in ("0", "20"):
+        out = tmp_path / f"load{load}.st"
+        args = [worker, "run", "--graph", str(tmp_path / "g.pb"), "--state"]
+        args += [str(tmp_path / "s.safetensors"), "--steps", "2", "--threads", "2"]
+        args += ["--out", str(out), "--data", paths[0], "--data", paths[1]]
+        env = {**os.environ, "OMP_DYNAMIC": "true", "LD_PRELOAD": str(shim), "FAKE_LOADAVG": load}
+        r = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env)
+        assert r.returncode == 0, r.stderr
+        finals.append(load_file(str(out)))
+    differ = [k for k in finals[0] if not torch.equal(finals[0][k], finals[1][k])]
+    assert not differ, f"{len(differ)} tensors differ between load 0 and 20: {differ[:4]}"
