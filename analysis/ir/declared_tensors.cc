@@ -57,6 +57,19 @@ const DeclaredTensors::Tensor* DeclaredTensors::Find(const std::string& name) co
   return it == by_name_.end() ? nullptr : &it->second;
 }
 
+DeclaredTensors DeclaredTensors::Without(const std::set<std::string>& drop) const {
+  DeclaredTensors out;
+  out.kind_ = kind_;
+  for (const std::string& name : order_) {
+    if (drop.count(name) > 0) continue;
+    const Tensor& t = by_name_.at(name);
+    out.bytes_ = SaturatingAdd(out.bytes_, t.bytes);
+    out.order_.push_back(name);
+    out.by_name_.emplace(name, t);
+  }
+  return out;
+}
+
 std::string DeclaredTensors::Names(size_t max) const {
   if (order_.size() <= max) return absl::StrJoin(order_, ", ");
   return absl::StrCat(

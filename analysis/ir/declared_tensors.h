@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,11 @@ class DeclaredTensors {
   const Tensor* Find(const std::string& name) const;
   // "fc.weight, fc.bias" (the first `max`, then "and N more").
   std::string Names(size_t max = 8) const;
+  // The state names, graph order.
+  const std::vector<std::string>& names() const { return order_; }
+  // These tensors but `drop` (graph order kept): e.g. the state a client
+  // still sends when a checkpoint gives the rest.
+  DeclaredTensors Without(const std::set<std::string>& drop) const;
 
   // A tensor's first chunk: its name is declared, its dtype and shape are
   // the placeholder's. With `world_size` > 1 the batch dim of an INPUT may

@@ -19,6 +19,7 @@
 #include "executor/safetensors.h"
 #include "executor/torch_types.h"
 #include "executor/worker/attach_worker.h"
+#include "executor/worker/checkpoint_read.h"
 #include "executor/worker/common.h"
 #include "util/status_macros.h"
 
@@ -92,7 +93,8 @@ namespace {
 // corrupt file is the client's bad input, a path outside the roots (or
 // excluded, or through a link) is denied, anything else (missing, not a
 // regular file, a read error) is the file's state on this worker.
-absl::Status DataFileError(const absl::Status& s, const std::string& worker_id) {
+absl::Status DataFileError(const absl::Status& s, const std::string& worker_id,
+                           const char* what = "data_paths file") {
   const absl::StatusCode code = s.code();
   const absl::StatusCode mapped =
       code == absl::StatusCode::kInvalidArgument || code == absl::StatusCode::kUnimplemented
@@ -100,8 +102,7 @@ absl::Status DataFileError(const absl::Status& s, const std::string& worker_id) 
       : code == absl::StatusCode::kPermissionDenied  ? absl::StatusCode::kPermissionDenied
       : code == absl::StatusCode::kResourceExhausted ? absl::StatusCode::kResourceExhausted
                                                      : absl::StatusCode::kFailedPrecondition;
-  return absl::Status(mapped,
-                      absl::StrCat("data_paths file on worker ", worker_id, ": ", s.message()));
+  return absl::Status(mapped, absl::StrCat(what, " on worker ", worker_id, ": ", s.message()));
 }
 
 // The file's tensors that are the program's INPUTs, as meta tensors (no
@@ -198,6 +199,31 @@ absl::StatusOr<std::optional<DatasetReader>> AttachedWorker::OpenDataset(
   return std::optional<DatasetReader>();
 }
 
+// AssignJob.initial_checkpoint: the tensors this rank reads and creates,
+// added to the ones the server sent (a name in both is refused).
+absl::Status AttachedWorker::AddCheckpointState(const AssignedJob& job, TensorMap* state) const {
+  const RankStateLayout layout =
+      LayoutOf(job.assign, &job.declared_state, o_.data_roots_opened.get());
+  const auto t0 = Clock::now();
+  absl::StatusOr<CheckpointState> read =
+      ReadCheckpointState(job.assign.initial_checkpoint(), layout);
+  if (!read.ok()) return DataFileError(read.status(), worker_id_, "initial_checkpoint");
+  for (auto& [name, t] : read->tensors) {
+    if (!state->emplace(name, std::move(t)).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "initial state: '", name,
+          "' was both sent and read from initial_checkpoint (JobSpec.num_state_tensors counts "
+          "only the tensors the checkpoint does not give)"));
+    }
+  }
+  util::Log(job.Prefix(), "initial_checkpoint '", job.assign.initial_checkpoint().path(),
+            "': read ", job.assign.initial_checkpoint().tensors_size(), " tensors from ",
+            read->files, " files (", read->bytes_read, " of their ", read->bytes_listed,
+            " bytes), filled ", job.assign.initial_checkpoint().fills_size(), " in ",
+            absl::StrFormat("%.1f", MsSince(t0)), " ms");
+  return absl::OkStatus();
+}
+
 absl::Status AttachedWorker::EndJob(AssignedJob& job, bool cancelled, const std::string& why) {
   util::Log(job.Prefix(), cancelled ? "cancelled" : "ended", why.empty() ? "" : ": ", why, " (",
             job.steps_done.load(), " steps done)");
@@ -266,6 +292,7 @@ absl::Status AttachedWorker::JobBody(AssignedJob& job, std::unique_ptr<Communica
   if (e.kind == JobTask::kError) return e.error;
   if (e.kind != JobTask::kState)
     return absl::InternalError("the initial state was expected first");  // the router ensures it
+  if (a.has_initial_checkpoint()) FXDP_RETURN_IF_ERROR(AddCheckpointState(job, &e.tensors));
   FXDP_ASSIGN_OR_RETURN(StepRunner runner, StartJob(job, std::move(program), std::move(e.tensors),
                                                     setup.device, comm->name()));
 

@@ -238,6 +238,8 @@ class AttachedWorker {
   absl::StatusOr<std::optional<DatasetReader>> OpenDataset(const AssignedJob& job,
                                                            const Program& program,
                                                            int64_t step_offset) const;
+  // AssignJob.initial_checkpoint read and filled into `state` (checkpoint_read.h).
+  absl::Status AddCheckpointState(const AssignedJob& job, TensorMap* state) const;
   // Rendezvous, load, then the job's events until it ends (EndJob: OK) or
   // fails (the status). `comm` is the job's communicator: JobThread destroys
   // it (its connections shut down first unless rank 0 ended it cleanly),

@@ -107,10 +107,24 @@ int Dispatcher::Assign(const std::string& host, int port, int64_t steps) {
     const int n = spec.data_paths_size();
     for (int i = 0; i < n; ++i)
       a->add_data_paths(spec.data_paths(static_cast<int>((i + job_->plan().first_step) % n)));
+    AddCheckpointFields(a);
     job_->MarkAssigned(r);
     if (!Send(r, m)) return r;
   }
   return -1;
+}
+
+void Dispatcher::AddCheckpointFields(v1::AssignJob* a) const {
+  const JobPlan& plan = job_->plan();
+  if (!plan.spec.has_initial_checkpoint()) return;
+  *a->mutable_sharded_state() = plan.expanded.sharded_state();
+  v1::CheckpointSource* c = a->mutable_initial_checkpoint();
+  *c = plan.spec.initial_checkpoint();
+  for (v1::StateFill& f : *c->mutable_fills()) {
+    // The whole shape, which a FULLY_SHARD rank needs to leave its padding zero.
+    if (const ir::DeclaredTensors::Tensor* t = plan.declared_state.Find(f.state_name()))
+      f.mutable_shape()->Assign(t->shape.begin(), t->shape.end());
+  }
 }
 
 bool Dispatcher::Send(int rank, const v1::ServerMessage& m) {

@@ -51,6 +51,10 @@ class Dispatcher {
   void CancelOthers(const std::string& reason);
 
  private:
+  // JobSpec.initial_checkpoint into `a`, each fill with its whole shape, and
+  // the expansion's sharded_state (docs/checkpoints.md).
+  void AddCheckpointFields(v1::AssignJob* a) const;
+
   WorkerPool* const pool_;
   const std::shared_ptr<Job> job_;
   const std::string id_;

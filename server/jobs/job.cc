@@ -26,6 +26,7 @@ JobPlan PlanOf(PreparedSpec p) {
   plan.placeholders = std::move(p.placeholders);
   plan.schedule = std::move(p.schedule);
   plan.declared_state = std::move(p.state);
+  plan.declared_sent = std::move(p.sent);
   plan.declared_batch = std::move(p.batch);
   return plan;
 }

@@ -63,6 +63,7 @@ struct JobPlan {
   ir::PlaceholderNames placeholders;   // of the single-device graph
   ir::Schedule schedule;               // JobSpec.schedule, checked
   ir::DeclaredTensors declared_state;  // the state tensors the graph declares
+  ir::DeclaredTensors declared_sent;   // of those, the ones the client sends (initial_checkpoint)
   ir::DeclaredTensors declared_batch;  // its INPUTs
   // Steps done before this run: a job resumed from a checkpoint runs steps
   // first_step + 1 ... JobSpec.steps (numbered 1 ... for its workers).

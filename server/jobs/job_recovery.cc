@@ -107,6 +107,9 @@ std::shared_ptr<Job> RecoverCutShort(JobStore* store, const Expander& expand, Jo
   if (resume) {
     plan.first_step = k;
     plan.spec.set_num_state_tensors(static_cast<uint32_t>(initial->size()));
+    // The checkpoint holds the whole state: nothing is read by the workers.
+    plan.spec.clear_initial_checkpoint();
+    plan.declared_sent = plan.declared_state;
     if (state == v1::JOB_STATE_RUNNING) {
       ApplyChange(info, JobChange::kRequeue, absl::OkStatus()).IgnoreError();
     }

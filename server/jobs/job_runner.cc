@@ -173,7 +173,10 @@ absl::Status JobRunner::TakeSpec() {
   if (absl::Status s = CheckCollectiveTimeout(submitted, ctx_.options.max_collective_timeout_s);
       !s.ok())
     return s;
-  if (absl::Status s = CheckDeclaredSizes(submitted, state, batch, from_files || resume); !s.ok())
+  // Held before the job starts: what the client sends (a checkpoint gives the rest).
+  absl::StatusOr<ir::DeclaredTensors> sent = SentStateOf(submitted, state);
+  if (!sent.ok()) return sent.status();
+  if (absl::Status s = CheckDeclaredSizes(submitted, *sent, batch, from_files || resume); !s.ok())
     return s;
   std::optional<ResumeStart> start;
   if (resume) {

@@ -85,12 +85,19 @@ void JobRunner::ReleaseHeldState() {
 }
 
 absl::Status JobRunner::CheckStateCount() const {
-  const uint32_t n = job_->plan().spec.num_state_tensors();
-  if (n == job_->plan().declared_state.size()) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat("JobSpec.num_state_tensors is ", n, ", the graph declares ",
-                   job_->plan().declared_state.size(), " state tensors (",
-                   job_->plan().declared_state.Names(), ")"));
+  const JobPlan& plan = job_->plan();
+  const uint32_t n = plan.spec.num_state_tensors();
+  if (n == plan.declared_sent.size()) return absl::OkStatus();
+  const v1::CheckpointSource& c = plan.spec.initial_checkpoint();
+  const std::string read =
+      plan.spec.has_initial_checkpoint()
+          ? absl::StrCat(", of which JobSpec.initial_checkpoint reads ", c.tensors_size(),
+                         " and fills ", c.fills_size(), "; the client sends the other ",
+                         plan.declared_sent.size())
+          : "";
+  return absl::InvalidArgumentError(absl::StrCat(
+      "JobSpec.num_state_tensors is ", n, ", the graph declares ", plan.declared_state.size(),
+      " state tensors", read, " (", plan.declared_sent.Names(), ")"));
 }
 
 // Before the job is queued (--state-dir, data_paths): its initial state,
@@ -98,7 +105,7 @@ absl::Status JobRunner::CheckStateCount() const {
 absl::Status JobRunner::TakeInitialState() {
   const uint32_t n = job_->plan().spec.num_state_tensors();
   if (absl::Status s = CheckStateCount(); !s.ok()) return s;
-  ChunkStream stream("initial state", /*keep_data=*/true, &job_->plan().declared_state);
+  ChunkStream stream("initial state", /*keep_data=*/true, &job_->plan().declared_sent);
   v1::SubmitJobRequest req;
   Job::Msg unused;
   client_->SetReadBudget(ctx_.options.read_ahead_bytes);
@@ -172,7 +179,7 @@ absl::Status JobRunner::ForwardState() {
     }
     return absl::OkStatus();
   }
-  ChunkStream stream("initial state", /*keep_data=*/false, &job_->plan().declared_state);
+  ChunkStream stream("initial state", /*keep_data=*/false, &job_->plan().declared_sent);
   v1::SubmitJobRequest req;
   Job::Msg msg;
   Clock::time_point idle_from = Clock::now();

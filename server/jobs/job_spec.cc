@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <map>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -35,25 +36,106 @@ const char* SubmitRequestKind(const v1::SubmitJobRequest& r) {
   }
 }
 
-absl::Status CheckDataPathsExcluded(const v1::JobSpec& spec,
-                                    const std::vector<std::string>& excluded) {
-  for (int i = 0; i < spec.data_paths_size(); ++i) {
-    if (spec.data_paths(i).find('\0') !=
-        std::string::npos)  // the checks and the kernel would disagree
-      return absl::InvalidArgumentError(
-          absl::StrCat("JobSpec.data_paths[", i, "] contains a NUL byte"));
-    const std::string real = util::RealPathAsFarAsItExists(spec.data_paths(i));
-    const std::string lexical = util::LexicalAbsolute(spec.data_paths(i));
-    for (const std::string& x : excluded) {
-      if (util::PathUnder(real, x) || util::PathUnder(lexical, x)) {
-        return absl::PermissionDeniedError(absl::StrCat(
-            "JobSpec.data_paths[", i, "] '", spec.data_paths(i), "' is in '", x,
-            "', the server's state directory or credentials, which are never read as data"));
-      }
+namespace {
+
+// One path a job names on the workers' filesystem (`field` names it).
+absl::Status CheckPathExcluded(const std::string& path, const std::string& field,
+                               const std::vector<std::string>& excluded) {
+  if (path.find('\0') != std::string::npos)  // the checks and the kernel would disagree
+    return absl::InvalidArgumentError(absl::StrCat(field, " contains a NUL byte"));
+  const std::string real = util::RealPathAsFarAsItExists(path);
+  const std::string lexical = util::LexicalAbsolute(path);
+  for (const std::string& x : excluded) {
+    if (util::PathUnder(real, x) || util::PathUnder(lexical, x)) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          field, " '", path, "' is in '", x,
+          "', the server's state directory or credentials, which are never read as data"));
     }
   }
   return absl::OkStatus();
 }
+
+}  // namespace
+
+absl::Status CheckDataPathsExcluded(const v1::JobSpec& spec,
+                                    const std::vector<std::string>& excluded) {
+  for (int i = 0; i < spec.data_paths_size(); ++i) {
+    if (absl::Status s = CheckPathExcluded(spec.data_paths(i),
+                                           absl::StrCat("JobSpec.data_paths[", i, "]"), excluded);
+        !s.ok())
+      return s;
+  }
+  if (!spec.has_initial_checkpoint()) return absl::OkStatus();
+  return CheckPathExcluded(spec.initial_checkpoint().path(), "JobSpec.initial_checkpoint.path",
+                           excluded);
+}
+
+absl::StatusOr<ir::DeclaredTensors> SentStateOf(const v1::JobSpec& spec,
+                                                const ir::DeclaredTensors& state) {
+  std::set<std::string> covered;
+  auto cover = [&](const std::string& name, const std::string& field) {
+    if (state.Find(name) == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(field, " '", name,
+                                                     "' is not a state tensor of the graph (its ",
+                                                     state.size(), ": ", state.Names(), ")"));
+    }
+    if (!covered.insert(name).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, " '", name, "': the state tensor is read or filled twice"));
+    }
+    return absl::OkStatus();
+  };
+  const v1::CheckpointSource& c = spec.initial_checkpoint();
+  for (int i = 0; i < c.tensors_size(); ++i) {
+    if (absl::Status s = cover(c.tensors(i).state_name(),
+                               absl::StrCat("JobSpec.initial_checkpoint.tensors[", i, "]"));
+        !s.ok())
+      return s;
+  }
+  for (int i = 0; i < c.fills_size(); ++i) {
+    if (absl::Status s = cover(c.fills(i).state_name(),
+                               absl::StrCat("JobSpec.initial_checkpoint.fills[", i, "]"));
+        !s.ok())
+      return s;
+  }
+  return state.Without(covered);
+}
+
+namespace {
+
+absl::Status ValidateCheckpoints(const v1::JobSpec& spec) {
+  using absl::InvalidArgumentError;
+  if (spec.has_checkpoints()) {
+    return absl::UnimplementedError(
+        "JobSpec.checkpoints: checkpoints written by the workers are not built yet (issue 27); "
+        "use fxdp-server --state-dir --checkpoint-every");
+  }
+  if (!spec.has_initial_checkpoint()) return absl::OkStatus();
+  const v1::CheckpointSource& c = spec.initial_checkpoint();
+  if (!spec.resume_job().empty()) {
+    return InvalidArgumentError(
+        "JobSpec.initial_checkpoint and resume_job exclude each other: a resumed job starts from "
+        "its checkpoint's state");
+  }
+  if (c.path().empty()) return InvalidArgumentError("JobSpec.initial_checkpoint.path is empty");
+  if (c.path().size() > kMaxDataPathBytes) {
+    return InvalidArgumentError(absl::StrCat("JobSpec.initial_checkpoint.path is ", c.path().size(),
+                                             " bytes, more than ", kMaxDataPathBytes,
+                                             " (PATH_MAX)"));
+  }
+  for (int i = 0; i < c.fills_size(); ++i) {
+    const v1::StateFill& f = c.fills(i);
+    if (!std::isfinite(f.value()) || f.shape_size() > 0) {
+      return InvalidArgumentError(absl::StrCat(
+          "JobSpec.initial_checkpoint.fills[", i, "] ('", f.state_name(), "'): value ", f.value(),
+          " with ", f.shape_size(),
+          " shape dims; the value must be finite and the shape empty (the server sets it)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   using absl::InvalidArgumentError;
@@ -108,7 +190,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     return InvalidArgumentError(
         absl::StrCat("JobSpec.collective_timeout_s must be in [0, one year] (0: 60 s), got ", t));
   }
-  return absl::OkStatus();
+  return ValidateCheckpoints(spec);
 }
 
 absl::Status CheckCollectiveTimeout(const v1::JobSpec& spec, double max_s) {
@@ -168,6 +250,9 @@ absl::StatusOr<PreparedSpec> PrepareJobSpec(v1::JobSpec spec, const Expander& ex
   p.inputs = GraphInputs(xr.graph());
   p.state = ir::DeclaredTensors::Of(xr.graph(), ir::DeclaredTensors::Kind::kState);
   p.batch = ir::DeclaredTensors::Of(xr.graph(), ir::DeclaredTensors::Kind::kBatch);
+  absl::StatusOr<ir::DeclaredTensors> sent = SentStateOf(spec, p.state);
+  if (!sent.ok()) return sent.status();
+  p.sent = *std::move(sent);
   p.spec = std::move(spec);
   return p;
 }

@@ -41,7 +41,7 @@ inline constexpr size_t kMaxDataPathBytes = 4096;  // each (PATH_MAX)
 // [0, one year], the strings within the bounds above.
 absl::Status ValidateJobSpec(const v1::JobSpec& spec);
 
-// JobSpec.data_paths that lead, as this host resolves them (links
+// JobSpec.data_paths (and initial_checkpoint.path) that lead, as this host resolves them (links
 // followed, relative to the server's working directory), into one of
 // `excluded` (real paths: the server's --state-dir, key and token files) are
 // PERMISSION_DENIED naming the entry: the server's own files are never data
@@ -50,6 +50,13 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec);
 // swapped in later or a worker with another view of the filesystem.
 absl::Status CheckDataPathsExcluded(const v1::JobSpec& spec,
                                     const std::vector<std::string>& excluded);
+
+// JobSpec.initial_checkpoint against the single-device graph's `state`: every
+// name it reads (tensors) or creates (fills) is a state tensor of the graph,
+// named once. The rest is what the client sends (JobSpec.num_state_tensors
+// of them). INVALID_ARGUMENT naming the entry.
+absl::StatusOr<ir::DeclaredTensors> SentStateOf(const v1::JobSpec& spec,
+                                                const ir::DeclaredTensors& state);
 
 // JobSpec.collective_timeout_s (0: 60 s) against the server's cap `max_s`
 // (fxdp-server --max-collective-timeout-s): INVALID_ARGUMENT naming both.
@@ -74,6 +81,7 @@ struct PreparedSpec {
   ir::PlaceholderNames placeholders;
   ir::Schedule schedule;
   ir::DeclaredTensors state;  // the single-device graph's state tensors
+  ir::DeclaredTensors sent;   // those the client sends (SentStateOf)
   ir::DeclaredTensors batch;  // its INPUTs
 };
 

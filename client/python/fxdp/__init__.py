@@ -2,6 +2,7 @@
 
 __version__ = "0.1.0"
 
+from .checkpoints import InitialCheckpoint, initial_checkpoint  # noqa: E402
 from .compiled import CompiledStep, compile  # noqa: E402,A004
 from .dataset import write_dataset  # noqa: E402
 from .errors import GraphFormatError, ShapeError, TraceError  # noqa: E402
@@ -30,6 +31,8 @@ __all__ = [
     "CompiledStep",
     "load",
     "load_into",
+    "initial_checkpoint",
+    "InitialCheckpoint",
     "state_of",
     "write_dataset",
     "TracedStep",

@@ -36,7 +36,7 @@ from typing import Callable, Iterable, List, Mapping, Optional, Sequence, Union
 import grpc
 import torch
 
-from . import train_job
+from . import checkpoints, train_job
 from .credentials import channel_credentials
 from .progress import Progress
 from .rpc_errors import ServerError, server_error  # noqa: F401 - fxdp.ServerError
@@ -266,6 +266,7 @@ class Client:
         resume: Optional[str] = None,
         seed: Optional[int] = None,
         progress: bool = False,
+        initial_checkpoint=None,
     ) -> TrainResult:
         """Train on ``world_size`` of the server's workers; returns the per-step global losses and
         the final state.
@@ -319,7 +320,16 @@ class Client:
 
         A symbolic ``step`` (``trace_step(..., dynamic=True)``) is instantiated at the first
         batch's shapes; until the server switches graphs per shape (docs/shapes.md steps 5-6), a
-        batch of other shapes fails the job with a ValueError naming both."""
+        batch of other shapes fails the job with a ValueError naming both.
+
+        ``initial_checkpoint``: the job's state is read by the workers from a checkpoint on their
+        filesystem (under their ``--data-root``): a Hugging Face ``save_pretrained`` directory,
+        ``model.safetensors`` or ``model.safetensors.index.json``, each rank reading only what it
+        holds. A path (the plan built from the step: ``fxdp.initial_checkpoint(step, path,
+        state=state)``) or such a plan (for a step traced on ``meta``, a tied weight saved under
+        its other name, or renamed tensors). The client sends only what the checkpoint lacks
+        (hyper-parameters, constants, non-persistent buffers); ``TrainResult.state`` is whole
+        (docs/checkpoints.md)."""
         if seed is not None:
             step = train_job.with_seed(step, seed)
         if (batches is None) == (data_path is None):
@@ -327,7 +337,8 @@ class Client:
         wire_style = _style(style)
         source, paths, steps = train_job.batch_source(batches, data_path, steps)
         step, source = train_job.one_shape(step, source, paths)
-        init = train_job.initial_state(step, state, resume)
+        plan = checkpoints.plan_for_train(step, initial_checkpoint, state, resume)
+        init = plan.sent if plan is not None else train_job.initial_state(step, state, resume)
         spec = jpb.JobSpec(
             graph=step.graph,
             world_size=world_size,
@@ -341,6 +352,7 @@ class Client:
             style=wire_style,
             resume_job=resume or "",
         )
+        checkpoints.add_to_spec(spec, plan)
         per_step = train_job.schedule_per_step(spec, step, schedule, steps, paths)
         submission = train_job.Submission(
             spec, init, source, step.input_names(), per_step, self.chunk_bytes

@@ -1,0 +1,195 @@
+"""A job's initial state read by the workers from a checkpoint on their filesystem (issue 27,
+docs/checkpoints.md): the client sends the graph, the checkpoint's path, which state tensor is which
+checkpoint tensor, the optimizer state the workers create (a constant each: zeros, ``step`` 0, ...)
+and only the few tensors a checkpoint does not hold (hyper-parameters, the graph's constants,
+non-persistent buffers such as Llama's rotary ``inv_freq``). Never the weights.
+
+:func:`initial_checkpoint` builds that plan; ``Client.train(initial_checkpoint=...)`` takes it or
+a path (then built from the step alone).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Dict, Mapping, Optional, Set, Union
+
+import torch
+
+from . import optimizers as optim_table
+from .v1 import graph_pb2 as gpb
+
+__all__ = ["InitialCheckpoint", "initial_checkpoint"]
+
+_HF_INDEX = "model.safetensors.index.json"
+_HF_SINGLE = "model.safetensors"
+
+
+@dataclass
+class InitialCheckpoint:
+    """What a job reads from a checkpoint: ``path`` on the workers' filesystem, ``tensors``
+    (graph state name -> checkpoint tensor name), ``fills`` (state name -> the constant the workers
+    fill it with) and ``sent`` (the state tensors the client still sends)."""
+
+    path: str
+    tensors: "OrderedDict[str, str]" = field(default_factory=OrderedDict)
+    fills: "OrderedDict[str, float]" = field(default_factory=OrderedDict)
+    sent: "OrderedDict[str, torch.Tensor]" = field(default_factory=OrderedDict)
+
+
+def _safetensors_names(path: str) -> Set[str]:
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    return {k for k in header if k != "__metadata__"}
+
+
+def local_checkpoint_names(path: str) -> Optional[Set[str]]:
+    """The tensor names of the checkpoint at ``path`` when this machine can read it (the client
+    and the workers share a filesystem), else None."""
+    try:
+        if os.path.isdir(path):
+            index = os.path.join(path, _HF_INDEX)
+            path = index if os.path.exists(index) else os.path.join(path, _HF_SINGLE)
+        if path.endswith(".json"):
+            with open(path) as f:
+                return set(json.load(f)["weight_map"])
+        return _safetensors_names(path)
+    except (OSError, ValueError, KeyError, struct.error):
+        return None
+
+
+def _constant(t: torch.Tensor, name: str) -> float:
+    if t.device.type == "meta":
+        raise ValueError(
+            f"initial_checkpoint: optimizer state '{name}' is on meta (no values): pass the "
+            "optimizer (fxdp.initial_checkpoint(step, path, optimizer=...)) so that the workers "
+            "create it as its first step does"
+        )
+    flat = t.detach().reshape(-1)
+    v = float(flat[0]) if flat.numel() else 0.0
+    if flat.numel() and not bool((flat == flat[0]).all()):
+        raise ValueError(
+            f"initial_checkpoint: optimizer state '{name}' is not one value throughout (the "
+            "step was traced after optimizer steps): a checkpoint gives the parameters only; "
+            "trace with a fresh optimizer, or send the whole state"
+        )
+    return v
+
+
+def _optimizer_fills(model, optimizer) -> Dict[str, float]:
+    """Every fresh optimizer state entry as its constant, from the optimizer table on a 2-element
+    tensor of each parameter's dtype (no memory of the parameter's size)."""
+    spec = optim_table.spec_of(optimizer)
+    pname = {id(p): n for n, p in model.named_parameters()}
+    out: Dict[str, float] = {}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if not p.requires_grad:
+                continue
+            name = pname[id(p)]
+            for k, v in spec.state(torch.zeros(2, dtype=p.dtype), group, name).items():
+                out[f"optim.{name}.{k}"] = _constant(v, f"optim.{name}.{k}")
+    return out
+
+
+def _aliases(model) -> Dict[str, list]:
+    """Each parameter's names (a tied weight has several), first name first."""
+    out: Dict[str, list] = OrderedDict()
+    first = {}
+    for n, p in model.named_parameters(remove_duplicate=False):
+        out.setdefault(first.setdefault(id(p), n), []).append(n)
+    return out
+
+
+def _checkpoint_name(sn: str, names: Mapping[str, str], aliases, listed) -> str:
+    if sn in names:
+        return names[sn]
+    if listed is None or sn in listed:
+        return sn
+    for a in aliases.get(sn, []):
+        if a in listed:
+            return a
+    return sn  # the workers name what is missing
+
+
+def initial_checkpoint(
+    step,
+    path: Union[str, os.PathLike],
+    model=None,
+    optimizer=None,
+    state: Optional[Mapping[str, torch.Tensor]] = None,
+    names: Optional[Mapping[str, str]] = None,
+) -> InitialCheckpoint:
+    """The plan of a job whose state comes from the checkpoint at ``path`` (on the workers'
+    filesystem: a Hugging Face ``save_pretrained`` directory, ``model.safetensors`` or
+    ``model.safetensors.index.json``) for ``step`` (a :class:`fxdp.TracedStep`).
+
+    Parameters and buffers are read from the checkpoint, under their own names or ``names[state
+    name]``; a tied weight under whichever of its names (``model``) the checkpoint lists when this
+    machine can read the checkpoint. Non-persistent buffers (not in ``model.state_dict()``), the
+    hyper-parameters and the graph's constants are sent (from ``state``, else the step's own state);
+    so is anything in ``state``. Optimizer state is created by the workers: its constant comes from
+    the step's state, or from ``optimizer`` for a step traced on ``meta``. A sent tensor on
+    ``meta`` is a ValueError naming it."""
+    path = os.fspath(path)
+    names = dict(names or {})
+    given = OrderedDict(state or {})
+    own = step._state or OrderedDict()
+    persistent = set(model.state_dict()) if model is not None else None
+    aliases = _aliases(model) if model is not None else {}
+    listed = local_checkpoint_names(path)
+    fills = _optimizer_fills(model, optimizer) if model is not None and optimizer else {}
+    plan = InitialCheckpoint(path)
+    for ph in step.placeholders:
+        role, sn = ph.placeholder.role, ph.placeholder.state_name
+        if role == gpb.INPUT:
+            continue
+        if sn in given:
+            plan.sent[sn] = given[sn]
+        elif role == gpb.PARAMETER or (
+            role == gpb.BUFFER
+            and (persistent is None or sn in persistent)
+            and (listed is None or sn in listed or sn in names)
+        ):
+            plan.tensors[sn] = _checkpoint_name(sn, names, aliases, listed)
+        elif role == gpb.OPTIMIZER_STATE:
+            plan.fills[sn] = fills[sn] if sn in fills else _constant(own[sn], sn)
+        elif sn in own:
+            plan.sent[sn] = own[sn]
+        else:
+            raise ValueError(f"initial_checkpoint: no value for state '{sn}': pass it in state=")
+    on_meta = [n for n, t in plan.sent.items() if t.device.type == "meta"]
+    if on_meta:
+        raise ValueError(
+            f"initial_checkpoint: {len(on_meta)} state tensors the checkpoint does not give are on "
+            f"meta (no values): {', '.join(on_meta)}; pass them in state= (e.g. a rotary "
+            "embedding's inv_freq from the module built on the CPU)"
+        )
+    return plan
+
+
+def plan_for_train(step, given, state, resume) -> Optional[InitialCheckpoint]:
+    """``Client.train``'s ``initial_checkpoint`` (a path or a plan) as a plan; None without one."""
+    if given is None:
+        return None
+    if resume:
+        raise ValueError("train: initial_checkpoint= and resume= exclude each other")
+    if isinstance(given, InitialCheckpoint):
+        return given
+    return initial_checkpoint(step, given, state=state)
+
+
+def add_to_spec(spec, plan: Optional[InitialCheckpoint]) -> None:
+    """``plan`` into ``spec`` (a JobSpec) as its initial_checkpoint."""
+    if plan is None:
+        return
+    c = spec.initial_checkpoint
+    c.path = plan.path
+    for sn, cn in plan.tensors.items():
+        c.tensors.add(state_name=sn, checkpoint_name=cn)
+    for sn, v in plan.fills.items():
+        c.fills.add(state_name=sn, value=float(v))
