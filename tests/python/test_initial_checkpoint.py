@@ -23,6 +23,7 @@ transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
 
 STEPS = 2
+ADAMW_RTOL, ADAMW_ATOL = 1e-4, 5e-5
 
 
 def make(device=None, **config):
@@ -71,9 +72,13 @@ def test_a_job_from_a_sharded_hf_checkpoint_equals_run_local(setup, style, world
     r = c.train(step, world, batches=batches(STEPS), initial_checkpoint=plan, style=style)
     want, losses = reference(root / "gpt2", step)
     assert sorted(r.state) == sorted(want)
-    for n, t in want.items():  # the key bias's gradient is 0 up to rounding (its values: noise)
+    # AdamW's tolerance (issue 27's and 23's rtol 1e-4 / atol 5e-5): Adam divides by sqrt(v) + eps,
+    # so an element whose gradient is near eps amplifies the ranks' other summation order (one
+    # key-weight element of 4,096 was off by 2.8e-6 in ~1 run of 6 under load). The key bias's
+    # gradient is 0 up to rounding (its values: noise).
+    for n, t in want.items():
         if t.dim() > 0:
-            assert_close_except_key_bias(n, r.state[n], t, RTOL, ATOL, "run_local")
+            assert_close_except_key_bias(n, r.state[n], t, ADAMW_RTOL, ADAMW_ATOL, "run_local")
         else:
             torch.testing.assert_close(r.state[n], t, msg=lambda m: f"{n}: {m}")
     torch.testing.assert_close(torch.tensor(r.losses), torch.tensor(losses), rtol=RTOL, atol=ATOL)
