@@ -34,9 +34,8 @@ class CumModel(nn.Module):
 
 
 class BatchSoftmax(nn.Module):
-    """A softmax across the batch under a mean-reduced loss: the softmax reads the batch
-    all-gathered, but its backward's rows are scaled by each rank's own mean, so they cannot be:
-    the analysis refuses it (exactly), naming the node and the user's line."""
+    """A softmax across the batch: its backward (_softmax_backward_data) records the forward's
+    line as "backward of ..." (exact on N ranks since issue 23's B_r/B rescaling)."""
 
     def __init__(self):
         super().__init__()
@@ -45,6 +44,20 @@ class BatchSoftmax(nn.Module):
     def forward(self, x):
         h = self.fc(x)
         return h.softmax(dim=0)
+
+
+class BatchProduct(nn.Module):
+    """Samples mixed by a product of two batch-sharded operands under a mean-reduced loss: the
+    backward adds a gradient scaled by each rank's own mean to one that is not, which no rank can
+    make exact: the analysis refuses it, naming the backward node and the user's line."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(5, 4)
+
+    def forward(self, x):
+        h = self.fc(x)
+        return (h @ h.T) @ h
 
 
 def line_of(cls, needle: str) -> int:
@@ -110,14 +123,15 @@ def test_every_node_records_the_users_line():
 
 def test_compile_errors_quote_the_users_line(tmp_path):
     path = tmp_path / "g.pb"
-    traced(BatchSoftmax()).save(path)
+    traced(BatchProduct()).save(path)
     r = fxdp_cli("expand", path, "--world-size", 2, "-o", tmp_path / "x.pb")
-    line = line_of(BatchSoftmax, "softmax")
+    line = line_of(BatchProduct, "h.T")
     assert r.returncode == 1, r.stderr
-    assert "node '_softmax_backward_data' (aten::_softmax_backward_data) [backward of " in r.stderr
-    assert f"test_never_guess.py:{line} in model: return h.softmax(dim=0)]" in r.stderr, r.stderr
+    assert "node 'add' (aten::add.Tensor) [backward of " in r.stderr, r.stderr
+    assert f"test_never_guess.py:{line} in model: return (h @ h.T) @ h]" in r.stderr, r.stderr
+    assert "mean-scaled" in r.stderr and "Reduce the loss by sum" in r.stderr, r.stderr
     r = fxdp_cli("graph", "print", path, "--source")
-    assert f'test_never_guess.py:{line} in model: return h.softmax(dim=0)"' in r.stdout, r.stderr
+    assert f'test_never_guess.py:{line} in model: return (h @ h.T) @ h"' in r.stdout, r.stderr
     assert "source=" not in fxdp_cli("graph", "print", path).stdout
 
 
