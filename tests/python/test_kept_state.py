@@ -31,10 +31,10 @@ def batches():
     return [zoo.get(MODEL).named_batch(i) for i in range(STEPS)]
 
 
-def held(n: int, gate: threading.Event):
-    """batches() as a generator that sends n, then waits for `gate` (the job is cancelled meanwhile,
-    so that it cannot have run step n + 1)."""
-    for i, b in enumerate(batches()):
+def held(n: int, gate: threading.Event, data=None):
+    """batches() (or `data`) as a generator that sends n, then waits for `gate` (the job is
+    cancelled meanwhile, so that it cannot have run step n + 1)."""
+    for i, b in enumerate(batches() if data is None else data):
         if i == n:
             gate.wait(60)
             return
@@ -53,6 +53,42 @@ def server_error(fn) -> fxdp.ServerError:
     return e.value
 
 
+def cancel_at(client, step, n, *, cancels=1, on_cancel=None, data=None, resume=None, **kw):
+    """Trains `step` on 2 ranks with the batches held after n, cancelling (`cancels` times at once,
+    from other threads: CancelJob waits for the job's end) at step n -> (the error, the job id)."""
+    seen, gate = {}, threading.Event()
+    threads = []
+
+    def on_step(s, loss):
+        if s == n:
+            for _ in range(cancels):
+                t = threading.Thread(target=lambda: client.cancel(seen["id"], "enough"))
+                threads.append(t)
+                t.start()
+            if on_cancel is not None:
+                on_cancel(seen["id"])
+
+    try:
+        err = server_error(
+            lambda: client.train(
+                step,
+                world_size=2,
+                batches=held(n, gate, data),
+                steps=STEPS,
+                **{"style": "fully_shard", **kw},
+                on_step=on_step,
+                resume=resume,
+                on_event=lambda e: seen.setdefault("id", e.job_id),
+            )
+        )
+    finally:
+        gate.set()
+    for t in threads:
+        t.join(60)
+        assert not t.is_alive(), "a CancelJob did not return"
+    return err, seen["id"]
+
+
 @pytest.mark.parametrize("style", ["replicate", "fully_shard"])
 def test_a_cancelled_job_keeps_its_last_steps_state_and_resumes(tmp_path, style):
     step = traced(MODEL, OPTIM)
@@ -60,27 +96,7 @@ def test_a_cancelled_job_keeps_its_last_steps_state_and_resumes(tmp_path, style)
         ServerProcess("--state-dir", tmp_path / "state") as server,
         fxdp.Client(server.address, timeout=60) as client,
     ):
-        seen, gate = {}, threading.Event()
-
-        def on_step(s, loss):
-            if s == 4:  # from another thread: CancelJob waits for the job's end
-                threading.Thread(target=lambda: client.cancel(seen["id"], "enough")).start()
-
-        try:
-            err = server_error(
-                lambda: client.train(
-                    step,
-                    world_size=2,
-                    batches=held(4, gate),
-                    steps=STEPS,
-                    style=style,
-                    on_step=on_step,
-                    on_event=lambda e: seen.setdefault("id", e.job_id),
-                )
-            )
-        finally:
-            gate.set()
-        job = seen["id"]
+        err, job = cancel_at(client, step, 4, style=style)
         assert err.code == grpc.StatusCode.CANCELLED, err
         assert f"its state after step 4 is kept (fxdp fetch {job}, or continue it" in str(err), err
         info = client.job(job)

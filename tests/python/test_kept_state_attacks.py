@@ -20,7 +20,7 @@ import grpc
 import torch
 import torch.nn.functional as F
 from _util import ServerProcess, local_steps, traced
-from test_kept_state import MODEL, OPTIM, STEPS, assert_state_close, batches, server_error
+from test_kept_state import MODEL, OPTIM, STEPS, assert_state_close, batches, cancel_at
 from test_randomness import DropMLP
 from test_resume_jobs import wait_idle
 
@@ -42,49 +42,12 @@ def drop_step():
     return step, data, [{LR: 0.01 * (1 + i)} for i in range(STEPS)]
 
 
-def held(n: int, gate: threading.Event, data=None):
-    for i, b in enumerate(batches() if data is None else data):
-        if i == n:
-            gate.wait(60)
-            return
-        yield b
-
-
-def cancelled_at(client, step, n, *, resume=None, cancels=1, on_cancel=None, data=None, **kw):
-    """Trains with batches held after n, cancelling (`cancels` times at once) at step n; -> job."""
-    seen, gate = {}, threading.Event()
-    threads = []
-
-    def on_step(s, loss):
-        if s == n:
-            for _ in range(cancels):
-                t = threading.Thread(target=lambda: client.cancel(seen["id"], "enough"))
-                threads.append(t)
-                t.start()
-            if on_cancel is not None:
-                on_cancel(seen["id"])
-
-    try:
-        err = server_error(
-            lambda: client.train(
-                step,
-                world_size=2,
-                batches=held(n, gate, data),
-                steps=STEPS,
-                **{"style": "fully_shard", **kw},
-                on_step=on_step,
-                resume=resume,
-                on_event=lambda e: seen.setdefault("id", e.job_id),
-            )
-        )
-    finally:
-        gate.set()
-    for t in threads:
-        t.join(60)
-        assert not t.is_alive(), "a CancelJob did not return"
+def cancelled_at(client, step, n, **kw):
+    """cancel_at, whose job keeps the state after step n -> the job id."""
+    err, job = cancel_at(client, step, n, **kw)
     assert err.code == grpc.StatusCode.CANCELLED, err
     assert f"its state after step {n} is kept" in str(err), err
-    return seen["id"]
+    return job
 
 
 def test_cancels_at_checkpoint_steps_and_a_chain_of_resumes(tmp_path):
@@ -144,28 +107,9 @@ def test_the_workers_serve_the_next_job_after_keep_state_s_expires(tmp_path):
         ServerProcess("--keep-state-s", "0.001") as server,
         fxdp.Client(server.address, timeout=60) as client,
     ):
-        seen, gate = {}, threading.Event()
-
-        def on_step(s, loss):
-            if s == 4:
-                threading.Thread(target=lambda: client.cancel(seen["id"], "enough")).start()
-
-        try:
-            err = server_error(
-                lambda: client.train(
-                    step,
-                    world_size=2,
-                    batches=held(4, gate),
-                    steps=STEPS,
-                    style="fully_shard",
-                    on_step=on_step,
-                    on_event=lambda e: seen.setdefault("id", e.job_id),
-                )
-            )
-        finally:
-            gate.set()
+        err, job = cancel_at(client, step, 4)
         assert err.code == grpc.StatusCode.CANCELLED, err
-        info = client.job(seen["id"])
+        info = client.job(job)
         if "its state after step 4 is kept" not in str(err):
             assert (
                 "no state is kept (the ranks did not give their state after step 4 within 0.001 s "
@@ -186,34 +130,12 @@ def test_a_rank_killed_during_the_cancel_keeps_an_exact_state(tmp_path):
     with ServerProcess(*args) as server, fxdp.Client(server.address, timeout=60) as client:
         wait_idle(client)
         victim = int(client.workers()[0]["pid"])
-        seen, gate = {}, threading.Event()
-
-        def on_step(s, loss):
-            if s == 5:
-                threading.Thread(target=lambda: client.cancel(seen["id"], "enough")).start()
-                os.kill(victim, signal.SIGKILL)
-
-        try:
-            err = server_error(
-                lambda: client.train(
-                    step,
-                    world_size=2,
-                    batches=held(5, gate),
-                    steps=STEPS,
-                    style="fully_shard",
-                    on_step=on_step,
-                    on_event=lambda e: seen.setdefault("id", e.job_id),
-                )
-            )
-        finally:
-            gate.set()
-        info = client.job(seen["id"])
+        err, job = cancel_at(client, step, 5, on_cancel=lambda _: os.kill(victim, signal.SIGKILL))
+        info = client.job(job)
         k = info.checkpoint_step
         assert k in (4, 5) and info.has_state and f"step {k}" in str(err), (k, err)
-        assert_state_close(client.fetch_state(seen["id"]), local_steps(step, MODEL, k)[0])
-        r = client.train(
-            step, world_size=2, batches=batches(), style="fully_shard", resume=seen["id"]
-        )
+        assert_state_close(client.fetch_state(job), local_steps(step, MODEL, k)[0])
+        r = client.train(step, world_size=2, batches=batches(), style="fully_shard", resume=job)
         assert r.first_step == k and len(r.losses) == STEPS - k, (r.first_step, r.losses)
         assert_state_close(r.state, local_steps(step, MODEL, STEPS)[0])
 
