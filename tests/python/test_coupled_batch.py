@@ -31,15 +31,21 @@ class _InfoNCE(torch.nn.Module):
         return F.cross_entropy(logits, torch.arange(xa.shape[0]))
 
 
-@pytest.mark.parametrize("world,b", [(2, 6), (3, 7)], ids=["N2", "N3-uneven"])
-def test_in_batch_contrastive_loss_over_mm_trains_like_one_device(tmp_path, world, b):
+def _info_nce_setup(b: int, seed: int):
+    """_InfoNCE with SGD (momentum 0.9) and STEPS pairs of b rows of 8 features."""
     torch.manual_seed(0)
     model = _InfoNCE()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    g = torch.Generator().manual_seed(2)
+    g = torch.Generator().manual_seed(seed)
     batches = [
         (torch.randn(b, 8, generator=g), torch.randn(b, 8, generator=g)) for _ in range(STEPS)
     ]
+    return model, opt, batches
+
+
+@pytest.mark.parametrize("world,b", [(2, 6), (3, 7)], ids=["N2", "N3-uneven"])
+def test_in_batch_contrastive_loss_over_mm_trains_like_one_device(tmp_path, world, b):
+    model, opt, batches = _info_nce_setup(b, seed=2)
     step = fxdp.trace_step(lambda m, o, batch: _train(m, o, batch), model, opt, batches[0])
     # + one all-gather of b, read by the forward product (as b.T) and by grad_a's (as b.T.T: views
     # of the one gathered value; it was gathered twice), and the all-reduce of b's gradient
@@ -275,13 +281,7 @@ def test_softmax_over_the_batch_under_a_mean_loss(tmp_path, world, b):
     """Refused before ("all-gathering it for an op along the batch dim would mix the ranks'
     scales"): each rank multiplies its rows of the mean-scaled gradient by B_r/B before the
     gather, so the gathered gradient is one device's; equal to one device on N=2 and N=3 (3,2,2)."""
-    torch.manual_seed(0)
-    model = _InfoNCE()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    g = torch.Generator().manual_seed(5)
-    batches = [
-        (torch.randn(b, 8, generator=g), torch.randn(b, 8, generator=g)) for _ in range(STEPS)
-    ]
+    model, opt, batches = _info_nce_setup(b, seed=5)
 
     def step_fn(m, o, batch):
         loss = _softmax_over_batch_mean_loss(m, *batch)
