@@ -136,6 +136,14 @@ TEST(Instantiate, ASymbolOutsideItsRangeIsRefused) {
               StatusIs(absl::StatusCode::kInvalidArgument, "s1 in [0, 64]"));
 }
 
+// Node `node`'s output dim 1 becomes the expression s1 + c (expression 2 of
+// SymbolicGraphDef is the symbol s1, given as 1 + its index like every operand).
+void SetDim1ToS1Plus(v1::GraphDef* def, int node, int64_t c) {
+  const uint32_t e =
+      testing::AddExpr(def, v1::SIZE_OP_ADD, {2, testing::AddExpr(def, v1::SIZE_OP_CONST, {}, c)});
+  def->mutable_nodes(node)->mutable_outputs(0)->mutable_tensor()->set_shape_expr(1, e);
+}
+
 TEST(Instantiate, EveryInputDimIsChecked) {
   const v1::GraphDef def = SymbolicGraphDef();
   EXPECT_THAT(Instantiate(def, {{"x", {5, 7, 3}}, {"y", {5, 7}}}),
@@ -157,9 +165,7 @@ TEST(Instantiate, EveryInputDimIsChecked) {
               StatusIs(absl::StatusCode::kInvalidArgument, "sizes are >= 0"));
   // A dim given as another's expression: y's dim 1 is S + 1.
   v1::GraphDef plus = SymbolicGraphDef();
-  const uint32_t s1 = testing::AddExpr(&plus, v1::SIZE_OP_ADD,
-                                       {2, testing::AddExpr(&plus, v1::SIZE_OP_CONST, {}, 1)});
-  plus.mutable_nodes(testing::kY)->mutable_outputs(0)->mutable_tensor()->set_shape_expr(1, s1);
+  SetDim1ToS1Plus(&plus, testing::kY, 1);
   EXPECT_THAT(Instantiate(plus, Shapes(5, 7, 5, 7)),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        "input 'y' is [5, 7], but its dim 1 must be s1 + 1 = 8, from "
@@ -168,9 +174,7 @@ TEST(Instantiate, EveryInputDimIsChecked) {
 
 TEST(Instantiate, ANegativeSizeNamesTheNodeAndItsLine) {
   v1::GraphDef def = SymbolicGraphDef();
-  const uint32_t minus = testing::AddExpr(&def, v1::SIZE_OP_ADD,
-                                          {2, testing::AddExpr(&def, v1::SIZE_OP_CONST, {}, -10)});
-  def.mutable_nodes(testing::kV)->mutable_outputs(0)->mutable_tensor()->set_shape_expr(1, minus);
+  SetDim1ToS1Plus(&def, testing::kV, -10);
   EXPECT_THAT(Instantiate(def, Shapes(5, 7, 5, 7)),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        "node 'v' (aten::view) [model.py:5: h = h.view(b, s, 3)]: output "
