@@ -226,7 +226,7 @@ void AttachedWorker::RequestShutdown(const std::string& why) {
 WorkerMessage AttachedWorker::MakeRegister() {
   WorkerMessage reg;
   v1::Register* r = reg.mutable_register_worker();
-  r->set_protocol_version(v1::WORKER_PROTOCOL_VERSION_1);
+  r->set_protocol_version(v1::WORKER_PROTOCOL_VERSION_2);
   r->set_worker_id(worker_id_);
   r->set_hostname(hostname_);
   r->set_pid(getpid());

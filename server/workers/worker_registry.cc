@@ -264,12 +264,13 @@ grpc::Status WorkerRegistry::ReadRegister(grpc::ServerContext* context, AttachSt
                         "the first message on Attach must be register_worker");
   }
   const v1::Register& r = m.register_worker();
-  if (r.protocol_version() != v1::WORKER_PROTOCOL_VERSION_1) {
+  if (r.protocol_version() != v1::WORKER_PROTOCOL_VERSION_2) {
     Log(absl::StrCat("attach from ", context->peer(), ": protocol version ", r.protocol_version(),
                      " not supported"));
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         absl::StrCat("worker protocol version ", r.protocol_version(),
-                                     " is not supported (this server speaks 1)"));
+                                     " is not supported (this server speaks 2): run the "
+                                     "fxdp-worker built with this fxdp-server"));
   }
   if (grpc::Status bad = ValidateRegister(r); !bad.ok()) {
     Log(absl::StrCat("attach from ", context->peer(), ": refused: ", bad.error_message()));

@@ -101,7 +101,7 @@ def attach_status(server, reg: wpb.Register) -> grpc.RpcError:
 
 def good_register(worker_id: str, **kw) -> wpb.Register:
     fields = dict(
-        protocol_version=wpb.WORKER_PROTOCOL_VERSION_1,
+        protocol_version=wpb.WORKER_PROTOCOL_VERSION_2,
         worker_id=worker_id,
         hostname="node-1",
         pid=os.getpid(),

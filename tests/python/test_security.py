@@ -316,7 +316,7 @@ def test_a_hostname_with_a_newline_cannot_inject_a_log_line(server, pki):
         # A hostname with a newline is refused outright (Register is validated: docs/robustness.md).
         reg = wpb.WorkerMessage(
             register_worker=wpb.Register(
-                protocol_version=wpb.WORKER_PROTOCOL_VERSION_1,
+                protocol_version=wpb.WORKER_PROTOCOL_VERSION_2,
                 worker_id="evil",
                 hostname="evil\n" + forged,
                 device="cpu",
@@ -332,7 +332,7 @@ def test_a_hostname_with_a_newline_cannot_inject_a_log_line(server, pki):
         # A worker id may hold quotes and backslashes: the audit line escapes them.
         reg = wpb.WorkerMessage(
             register_worker=wpb.Register(
-                protocol_version=wpb.WORKER_PROTOCOL_VERSION_1,
+                protocol_version=wpb.WORKER_PROTOCOL_VERSION_2,
                 worker_id='evil"x=\\1',
                 hostname="evil",
                 device="cpu",

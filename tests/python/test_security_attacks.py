@@ -109,7 +109,7 @@ def test_no_string_a_client_or_worker_sends_can_inject_a_server_log_line(server,
             fields.setdefault("worker_id", f"inject-{i}")
             reg = wpb.WorkerMessage(
                 register_worker=wpb.Register(
-                    protocol_version=wpb.WORKER_PROTOCOL_VERSION_1,
+                    protocol_version=wpb.WORKER_PROTOCOL_VERSION_2,
                     hostname="h",
                     capacity=1,
                     **fields,

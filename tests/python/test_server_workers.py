@@ -118,7 +118,7 @@ class RawClient:
         self.send(
             wpb.WorkerMessage(
                 register_worker=wpb.Register(
-                    protocol_version=wpb.WORKER_PROTOCOL_VERSION_1,
+                    protocol_version=wpb.WORKER_PROTOCOL_VERSION_2,
                     worker_id=worker_id,
                     hostname="raw",
                     pid=os.getpid(),
@@ -241,7 +241,7 @@ def test_refused_attachments(server):
     stub = wgrpc.WorkerServiceStub(ch)
     reg = wpb.WorkerMessage(
         register_worker=wpb.Register(
-            protocol_version=wpb.WORKER_PROTOCOL_VERSION_1,
+            protocol_version=wpb.WORKER_PROTOCOL_VERSION_2,
             worker_id="local-0",
             hostname="raw",
             pid=1,

@@ -70,7 +70,7 @@ def test_two_ranks_train_like_one_device(lab, model, optim):
     conns = server.accept(world)
     for p in procs:
         reg = conns[p.worker_id].register
-        assert reg.protocol_version == wpb.WORKER_PROTOCOL_VERSION_1
+        assert reg.protocol_version == wpb.WORKER_PROTOCOL_VERSION_2
         assert reg.pid == p.pid and reg.device == "cpu" and reg.capacity == 1 and reg.threads == 1
         assert reg.memory_bytes > 0 and reg.hostname and reg.fxdp_version
         assert reg.torch_version == torch.__version__.split("+")[0]

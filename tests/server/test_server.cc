@@ -66,7 +66,7 @@ void FakeWorker::Start() {
   stream_ = stub_->Attach(&ctx_);
   v1::WorkerMessage reg;
   v1::Register* r = reg.mutable_register_worker();
-  r->set_protocol_version(v1::WORKER_PROTOCOL_VERSION_1);
+  r->set_protocol_version(v1::WORKER_PROTOCOL_VERSION_2);
   r->set_worker_id(id_);
   r->set_hostname("fake");
   r->set_pid(1);

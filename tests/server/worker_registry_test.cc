@@ -47,7 +47,7 @@ grpc::Status AttachWith(const TestServer& s, const v1::WorkerMessage& first) {
 v1::WorkerMessage GoodRegister(const std::string& id) {
   v1::WorkerMessage m;
   v1::Register* r = m.mutable_register_worker();
-  r->set_protocol_version(v1::WORKER_PROTOCOL_VERSION_1);
+  r->set_protocol_version(v1::WORKER_PROTOCOL_VERSION_2);
   r->set_worker_id(id);
   r->set_hostname("gpu-node-1.cluster");
   r->set_pid(4242);
@@ -223,6 +223,12 @@ TEST(WorkerRegistry, RefusesDuplicatesBadFirstMessagesAndOtherProtocols) {
   const grpc::Status o = AttachWith(server, old);
   EXPECT_EQ(o.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_THAT(o.error_message(), HasSubstr("protocol version 0 is not supported"));
+  // A version-1 worker does not know LoadGraph (a job of several shapes).
+  old.mutable_register_worker()->set_protocol_version(v1::WORKER_PROTOCOL_VERSION_1);
+  const grpc::Status v1_worker = AttachWith(server, old);
+  EXPECT_EQ(v1_worker.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(v1_worker.error_message(),
+              HasSubstr("protocol version 1 is not supported (this server speaks 2)"));
   EXPECT_EQ(server.registry().List().size(), 1u);  // a only; a stays IDLE
   EXPECT_EQ(Info(server, "a").state(), v1::WORKER_STATE_IDLE);
 }
