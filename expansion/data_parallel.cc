@@ -297,7 +297,7 @@ void StartReport(const Graph& graph, const BatchDimAnalysis& analysis, const Exp
 absl::Status BuildRankGraphs(const Graph& graph, const BatchDimAnalysis& analysis,
                              const ExpandOptions& options,
                              const std::vector<PlannedBucket>& buckets, const FullyShardPlan* fs,
-                             Expansion* out) {
+                             const DeferredDivision* dd, Expansion* out) {
   Expansion& e = *out;
   ExpansionReport& rep = e.report;
   const int32_t world = options.world_size;
@@ -310,7 +310,7 @@ absl::Status BuildRankGraphs(const Graph& graph, const BatchDimAnalysis& analysi
   if (options.before_rank_graphs) FXDP_RETURN_IF_ERROR(options.before_rank_graphs(distinct));
   e.distinct_graphs.reserve(distinct);
   for (int32_t r = 0; r < distinct; ++r) {
-    RankExpander x(graph, analysis, options, buckets, rep.slices[r], fs);
+    RankExpander x(graph, analysis, options, buckets, rep.slices[r], fs, dd);
     FXDP_ASSIGN_OR_RETURN(RankNodes local, x.Run(r == 0 ? &rep.collectives : nullptr));
     if (options.overlap_schedule) {
       // Scheduling reads the edges before the graph is verified: a reference
@@ -357,7 +357,12 @@ absl::StatusOr<Expansion> ExpandDataParallel(const Graph& graph, const BatchDimA
   const FullyShardPlan* plan = fs.has_value() ? &*fs : nullptr;
   Expansion e;
   StartReport(graph, analysis, options, buckets, plan, &e);
-  FXDP_RETURN_IF_ERROR(BuildRankGraphs(graph, analysis, options, buckets, plan, &e));
+  // The loss's divisor (cross-entropy's total weight) all-reduced while the backward runs.
+  std::string note;
+  const std::optional<DeferredDivision> dd = FindDeferredDivision(graph, analysis, &note);
+  if (!note.empty()) e.report.notes.push_back(note);
+  FXDP_RETURN_IF_ERROR(
+      BuildRankGraphs(graph, analysis, options, buckets, plan, dd ? &*dd : nullptr, &e));
   for (const Collective& c : e.report.collectives) {
     ExpansionReport& rep = e.report;
     (c.op == "all_gather_into_tensor"  ? rep.bytes_gathered_per_step

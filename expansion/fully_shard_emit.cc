@@ -367,8 +367,9 @@ absl::Status RankExpander::EmitReduceScatterWait(size_t b, ValueRef started) {
   int64_t total = 0;
   for (const ValueRef& v : pb.values) total += ShardNumel(g_.type(v).tensor.numel());
   const TensorType& first = g_.type(pb.values[0]).tensor;
-  ValueRef w = Emit(Call(absl::StrCat("fxdp_wait_bucket", b), ir::kWaitTensor, "", {started},
-                         Flat(first, total)));
+  ValueRef w = DivideBucket(Emit(Call(absl::StrCat("fxdp_wait_bucket", b), ir::kWaitTensor, "",
+                                      {started}, Flat(first, total))),
+                            Flat(first, total), b);
   int64_t off = 0;
   for (const ValueRef& v : pb.values) {
     const TensorType& t = g_.type(v).tensor;

@@ -279,6 +279,10 @@ absl::Status RankExpander::EmitNode(NodeId id, const Node& old) {
     FXDP_ASSIGN_OR_RETURN(const bool rewritten, MaybeSyncBatchNorm(id, old));
     if (rewritten) return absl::OkStatus();
   }
+  if (dd_ != nullptr && id == dd_->seed) {
+    replaced_[ValueRef{id, 0}] = Map(dd_->ones);  // the backward starts from 1
+    return absl::OkStatus();
+  }
   Node n = old;
   // Sharded reads: slice the replicated operand's rows for this use.
   absl::flat_hash_map<ValueRef, ValueRef> local;
@@ -295,6 +299,7 @@ absl::Status RankExpander::EmitNode(NodeId id, const Node& old) {
   }
   for (Argument& a : n.args) MapArgs(a, local);
   for (ir::KeywordArgument& k : n.kwargs) MapArgs(k.value, local);
+  if (dd_ != nullptr) DeferredDivisionArgs(id, n);
   GatherArgs(id, n);
   for (int32_t k = 0; k < static_cast<int32_t>(n.outputs.size()); ++k) {
     // LocalValue() is the value itself unless it is a batch-sharded tensor.
@@ -446,6 +451,26 @@ absl::Status RankExpander::EmitSolo(const Reduction& r) {
   return absl::OkStatus();
 }
 
+void RankExpander::DeferredDivisionArgs(NodeId id, Node& n) const {
+  if (id == dd_->ones_like && !n.args.empty()) n.args[0] = Argument(Map(dd_->total));
+  for (const auto& [node, arg] : dd_->local_reads) {
+    if (node != id || arg >= static_cast<int>(n.args.size())) continue;
+    n.args[arg] = Argument(ValueRef{NodeId{new_id_[dd_->divisor.node.value]}, dd_->divisor.output});
+  }
+}
+
+ValueRef RankExpander::DivideBucket(ValueRef waited, const TensorType& flat, size_t b) {
+  if (dd_ == nullptr) return waited;
+  return Emit(Call(absl::StrCat("fxdp_divide_bucket", b), "aten::div", "Tensor",
+                   {waited, Map(dd_->divisor)}, flat));
+}
+
+ValueRef RankExpander::DeferredLoss(const TensorType& loss) {
+  const ValueRef total =
+      AllReduce(Map(dd_->total), g_.type(dd_->total).tensor, ReduceOp::kSum, "loss", true);
+  return Emit(Call("fxdp_loss", "aten::div", "Tensor", {total, Map(dd_->divisor)}, loss));
+}
+
 absl::Status RankExpander::EmitStart(size_t b) {
   if (fs_ != nullptr) return EmitReduceScatter(b);
   const PlannedBucket& pb = buckets_[b];
@@ -478,8 +503,9 @@ absl::Status RankExpander::EmitWait(size_t b) {
   int64_t total = 0;
   for (const ValueRef& v : pb.values) total += g_.type(v).tensor.numel();
   const TensorType flat = Flat(g_.type(pb.values[0]).tensor, total);
-  ValueRef w =
-      Emit(Call(absl::StrCat("fxdp_wait_bucket", b), ir::kWaitTensor, "", {it->second}, flat));
+  ValueRef w = DivideBucket(
+      Emit(Call(absl::StrCat("fxdp_wait_bucket", b), ir::kWaitTensor, "", {it->second}, flat)),
+      flat, b);
   int64_t off = 0;
   for (const ValueRef& v : pb.values) {
     const TensorType& t = g_.type(v).tensor;
@@ -523,6 +549,8 @@ absl::Status RankExpander::EmitOutput(const Node& old) {
     const ValueInfo& v = a_.value(*r);
     if (replaced_.contains(*r)) {
       list[k] = replaced_[*r];
+    } else if (dd_ != nullptr && *r == ValueRef{dd_->loss, 0}) {
+      list[k] = DeferredLoss(g_.type(*r).tensor);
     } else if (v.placement.is_partial()) {
       list[k] = AllReduce(local_loss, g_.type(*r).tensor, v.placement.reduce, "loss", true);
     } else {

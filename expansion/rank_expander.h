@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "analysis/batch_dim.h"
+#include "analysis/deferred_division.h"
 #include "analysis/ir/flat_shard.h"
 #include "analysis/ir/graph.h"
 #include "expansion/data_parallel.h"
@@ -61,10 +62,18 @@ inline int64_t Bytes(const ir::TensorType& t) { return t.numel() * ir::DTypeItem
 class RankExpander final : public RankGraphBuilder {
  public:
   // `fs`: the FULLY_SHARD plan, nullptr for REPLICATE.
+  // `dd`: the loss's division deferred (analysis/deferred_division.h), nullptr for none.
   RankExpander(const ir::Graph& g, const BatchDimAnalysis& a, const ExpandOptions& o,
                const std::vector<PlannedBucket>& buckets, RankSlice slice,
-               const FullyShardPlan* fs = nullptr)
-      : g_(g), a_(a), o_(o), buckets_(buckets), slice_(slice), batch_(a.batch_size()), fs_(fs) {
+               const FullyShardPlan* fs = nullptr, const DeferredDivision* dd = nullptr)
+      : g_(g),
+        a_(a),
+        o_(o),
+        buckets_(buckets),
+        slice_(slice),
+        batch_(a.batch_size()),
+        fs_(fs),
+        dd_(dd) {
     for (const PlannedBucket& b : buckets_) bucketed_.insert(b.values.begin(), b.values.end());
   }
 
@@ -165,6 +174,12 @@ class RankExpander final : public RankGraphBuilder {
   ShardedRead GatherRoot(const ShardedRead& r, std::vector<ValueRef>* chain) const;
   ValueRef Whole(const ShardedRead& r);  // gathered_reads.cc
   absl::Status EmitSolo(const Reduction& r);
+  // DeferredDivision (analysis/batch_dim.h): the arguments of `n` (the rank's copy of node `id`)
+  // that read the seed's ones_like's loss (now `total`) or the local divisor; a bucket's reduced
+  // gradients divided by the all-reduced divisor; the LOSS output all_reduce(total) / divisor.
+  void DeferredDivisionArgs(NodeId id, Node& n) const;
+  ValueRef DivideBucket(ValueRef waited, const TensorType& flat, size_t b);
+  ValueRef DeferredLoss(const TensorType& loss);
   absl::Status EmitStart(size_t b);
   absl::Status EmitWait(size_t b);
   absl::Status EmitOutput(const Node& old);
@@ -215,6 +230,7 @@ class RankExpander final : public RankGraphBuilder {
   std::vector<Collective>* collectives_ = nullptr;
   // FULLY_SHARD.
   const FullyShardPlan* fs_ = nullptr;
+  const DeferredDivision* dd_ = nullptr;
   absl::flat_hash_map<int32_t, ValueRef> gathered_fwd_, gathered_bwd_;  // placeholder -> whole
   absl::flat_hash_map<int32_t, ValueRef> gather_started_;               // event -> all_gather
   absl::flat_hash_map<int32_t, int32_t> backward_copies_;               // old node -> new node

@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "analysis/deferred_division.h"
 #include "analysis/ir/node_error.h"
 #include "util/status_macros.h"
 
@@ -80,6 +81,8 @@ absl::StatusOr<BatchDimAnalyzer::Special> BatchDimAnalyzer::Linear(NodeId id, co
       if (o.info.placement.is_shard()) other_shard = true;
     }
   }
+  // A number added to a partial value is added on every rank (x + 1.0): a replicated term.
+  if (AddsNumber(n, linear)) other_linear = true;
   bool reduce_partials = false;
   if (any_partial) {
     if (any_scaled_shard || (avg && sum)) reduce_partials = true;
@@ -110,6 +113,12 @@ absl::StatusOr<BatchDimAnalyzer::Special> BatchDimAnalyzer::Linear(NodeId id, co
       }
     }
     if (linear.kind == Linearity::kAdditive) {
+      if (AddsNumber(n, linear)) {
+        const Operand& o = *std::find_if(ops.begin(), ops.end(), [&](const Operand& x) {
+          return x.arg != exempt_arg && IsSpecial(x.info);
+        });
+        return ScaledError(id, n, o, "a number is added to it on every rank");
+      }
       for (const Operand& o : ops) {
         if (o.arg != exempt_arg && InMask(linear, o.arg) && !IsSpecial(o.info) &&
             o.type->numel() > 0 && !IsZeros(o.ref)) {

@@ -1,6 +1,8 @@
 // Pointwise and shape-preserving families, like, foreach, and the size-matching fallback.
 #include "analysis/batch_dim/analyzer.h"
 
+#include "analysis/deferred_division.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -69,23 +71,7 @@ void BatchDimAnalyzer::SetCombined(NodeId id, const Combined& c, const Special& 
 absl::Status BatchDimAnalyzer::Pointwise(NodeId id, const Node& n, const OpRule& rule,
                                          int64_t out_rank, bool broadcast) {
   std::vector<Operand> ops = Operands(n);
-  LinearIn linear = rule.linear;
-  // masked_fill(x, mask, 0) and constant_pad_nd(x, pad, 0) are linear in x.
-  if (const OpParam* z = rule.param(ParamRole::kZeroIsLinear)) {
-    const Argument* v = ArgOf(n, z);
-    bool zero = z->value != 0 && v == nullptr;
-    if (v != nullptr) {
-      if (const auto* s = v->get_if<ir::Scalar>()) {
-        if (const auto* i = std::get_if<int64_t>(&s->value)) zero = *i == 0;
-        if (const auto* f = std::get_if<double>(&s->value)) zero = *f == 0.0;
-      } else if (const auto* i = v->get_if<int64_t>()) {
-        zero = *i == 0;
-      } else if (const auto* f = v->get_if<double>()) {
-        zero = *f == 0.0;
-      }
-    }
-    if (zero) linear = {Linearity::kMultilinear, 1};
-  }
+  const LinearIn linear = LinearOf(n, rule);
   FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, linear, ops));
   FXDP_ASSIGN_OR_RETURN(Combined c, Broadcast(id, n, ops, out_rank, broadcast));
   if (c.dim >= 0 && s.partial) {

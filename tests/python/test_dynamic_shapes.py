@@ -291,6 +291,21 @@ def test_a_fake_layout_the_kernel_does_not_give_is_refused():
     assert "FakeTensor says shape [5, 12, 4] strides [4, 20, 1]" in msg and "dynamic=False" in msg
 
 
+def test_dynamic_with_a_model_on_the_meta_device_is_refused():
+    """Symbolic tracing runs on FakeTensors made from the model's weights: a meta model (no weights)
+    is refused by name, for every tracing_mode."""
+    with torch.device("meta"):
+        model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for mode in ("auto", "fake"):
+        with pytest.raises(
+            TraceError, match="this one is on the meta device: build it with weights"
+        ):
+            fxdp.trace_step(
+                value_step, model, opt, {"x": torch.randn(4, 8)}, dynamic=True, tracing_mode=mode
+            )
+
+
 def test_dynamic_with_real_tracing_mode_is_refused():
     model, opt = net()
     with pytest.raises(TraceError, match="tracing_mode='real' runs one shape: use dynamic=False"):

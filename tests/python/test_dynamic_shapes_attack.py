@@ -96,3 +96,36 @@ def test_size_branches_hold_where_traced_and_are_refused_elsewhere():
             ShapeError, match=rf"breaks the guard .*test_dynamic_shapes_attack\.py:\d+: .*{line}"
         ):
             step.instantiate(xs(4, s))
+
+
+def test_a_guard_made_inside_an_installed_package_names_the_users_line(tmp_path, monkeypatch):
+    """A size guard made inside a library (transformers' masking_utils.py, here a stand-in
+    module in a directory taken for site-packages) quotes the user's line that called into it,
+    then the library's; before, only the library's (issue 23)."""
+    from fxdp import trace_errors
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "windowlib.py").write_text("def window(x):\n    return x[:, : min(x.shape[1], 12)]\n")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setattr(trace_errors, "_INSTALLED_DIRS", (str(site) + "/",), raising=False)
+    import windowlib
+
+    class Windowed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.lin(windowlib.window(x)).pow(2).sum()
+
+    torch.manual_seed(0)
+    model = Windowed()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    xs = lambda s: {"x": torch.randn(2, s, 4)}  # noqa: E731
+    step = fxdp.trace_step(sgd_step, model, opt, xs(16), dynamic=True)
+    with pytest.raises(ShapeError) as err:
+        step.instantiate(xs(8))
+    msg = str(err.value)
+    assert "test_dynamic_shapes_attack.py:" in msg and "self.lin(windowlib.window(x))" in msg, msg
+    assert "(in windowlib.py:2: return x[:, : min(x.shape[1], 12)])" in msg, msg

@@ -299,3 +299,47 @@ def test_rnn_classifier_traces_on_cpu_and_trains_like_one_device(tmp_path, cell)
     (tmp_path / "n2").mkdir()
     check_against_one_device(tmp_path / "n2", step, batches, 2)
     check_every_op_has_a_rule_and_one_device(tmp_path, step, batches)
+
+
+def test_lstm_classifier_on_three_uneven_ranks_with_adamw(tmp_path):
+    """Issue 23's Done-means for the LSTM classifier: N=3 with B=7 (3,2,2) under AdamW (rtol
+    1e-4/atol 5e-5) equals one device too."""
+    torch.manual_seed(0)
+    model = _RnnClassifier(torch.nn.LSTM)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(4)
+    batches = [
+        (torch.randint(0, 20, (7, 5), generator=g), torch.randint(0, 3, (7,), generator=g))
+        for _ in range(STEPS)
+    ]
+    step = fxdp.trace(model, opt, torch.nn.functional.cross_entropy, batches[0])
+    check_against_one_device(tmp_path, step, batches, 3, rtol=1e-4, atol=5e-5)
+
+
+class _SumPlusOne(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+def _sum_plus_one_loss(out, _):
+    t = out.sum(0) + 1.0  # a sum over the batch, then a number added: once, not once per rank
+    return (t * t).sum()
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_number_added_to_a_sum_over_the_batch_is_added_once(tmp_path, world):
+    """x.sum(0) + 1.0 is partial on each rank; the 1.0 is added on every rank, so the sum of the
+    ranks' values was x.sum(0) + N and the weights trained differently from one device (the
+    analysis took a number argument of an additive op for 0). Now the partial sum is all-reduced
+    first (one reduction, and the loss whole)."""
+    torch.manual_seed(0)
+    model = _SumPlusOne()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(2)
+    batches = [(torch.randn(7, 3, generator=g), torch.zeros(7, 2)) for _ in range(STEPS)]
+    step = fxdp.trace(model, opt, _sum_plus_one_loss, batches[0])
+    check_against_one_device(tmp_path, step, batches, world)  # the sum, not the loss, is reduced

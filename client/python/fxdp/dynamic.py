@@ -16,7 +16,6 @@ at another size fails its check naming the dim.
 from __future__ import annotations
 
 import contextlib
-import linecache
 import sys
 from typing import Dict, List, Optional, Sequence, Union
 
@@ -26,20 +25,15 @@ from torch.fx.experimental import symbolic_shapes as ss
 from . import layouts
 from .errors import TraceError
 from .sizes import expr_of
-from .trace_errors import _is_library, _short_path, node_source
+from .trace_errors import node_source, user_line
 
 Dynamic = Union[bool, Dict[str, Sequence[int]]]
 
 
 def _user_line() -> str:
-    """The innermost frame outside torch and fxdp, as "file:line: code" (Node.source's format)."""
-    f = sys._getframe(2)
-    while f is not None and _is_library(f.f_code.co_filename):
-        f = f.f_back
-    if f is None:
-        return ""
-    code = linecache.getline(f.f_code.co_filename, f.f_lineno).strip()
-    return f"{_short_path(f.f_code.co_filename)}:{f.f_lineno}: {code}"
+    """The user's line that made a guard (trace_errors.user_line: outside torch, fxdp and
+    installed packages such as transformers, whose frame it names after it)."""
+    return user_line(sys._getframe(2))
 
 
 class GuardSources(ss.ShapeEnv):

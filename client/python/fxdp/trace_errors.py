@@ -132,12 +132,58 @@ def _is_library(filename: str) -> bool:
     )
 
 
+def _installed_dirs() -> tuple:
+    import site
+    import sysconfig
+
+    dirs = {sysconfig.get_paths().get(k, "") for k in ("purelib", "platlib")}
+    dirs.update(getattr(site, "getsitepackages", lambda: [])())
+    return tuple(sorted(os.path.join(d, "") for d in dirs if d))
+
+
+_INSTALLED_DIRS = _installed_dirs()  # site-packages: transformers, timm, ... (not the user's code)
+
+
+def _is_installed(filename: str) -> bool:
+    """A file of an installed package (site-packages), fxdp's own models excepted."""
+    return filename.startswith(_INSTALLED_DIRS) and not filename.startswith(_FXDP_USER_DIRS)
+
+
 def _short_path(filename: str) -> str:
+    for d in _INSTALLED_DIRS:
+        if filename.startswith(d):
+            return filename[len(d) :]  # transformers/masking_utils.py
     try:
         rel = os.path.relpath(filename)
     except ValueError:
         return filename
     return filename if rel.startswith("..") else rel
+
+
+def user_line(frame) -> str:
+    """The innermost frame from `frame` outward that is outside torch and fxdp, as "file:line:
+    code" (Node.source's format). When that frame is in an installed package (a guard made in
+    transformers' masking_utils.py), the user's line is the innermost frame outside installed
+    packages too: "train.py:12: out = model(ids) (in transformers/masking_utils.py:340: ...)"."""
+    f = frame
+    while f is not None and _is_library(f.f_code.co_filename):
+        f = f.f_back
+    if f is None:
+        return ""
+    inner = _frame_text(f.f_code.co_filename, f.f_lineno)
+    if not _is_installed(f.f_code.co_filename):
+        return inner
+    u = f.f_back
+    while u is not None and (
+        _is_library(u.f_code.co_filename) or _is_installed(u.f_code.co_filename)
+    ):
+        u = u.f_back
+    return inner if u is None else f"{_frame_text(u.f_code.co_filename, u.f_lineno)} (in {inner})"
+
+
+def _frame_text(filename: str, lineno: int) -> str:
+    code = linecache.getline(filename, lineno).strip()
+    return f"{_short_path(filename)}:{lineno}: {code}"
 
 
 class SourceRecorder(torch.utils._python_dispatch.TorchDispatchMode):
@@ -197,15 +243,23 @@ def node_source(node: torch.fx.Node) -> str:
 
 
 def user_frame(tb) -> str:
-    """The innermost traceback frame outside torch and fxdp, as 'file:line (source)'."""
+    """The innermost traceback frame outside torch and fxdp, as 'file:line (source)'; when it is
+    in an installed package (transformers), the innermost outside installed packages, with the
+    package's frame after it: 'train.py:12 (out = model(ids)) in transformers/...:340 (...)'."""
     torch_dir = os.path.dirname(torch.__file__)
     fxdp_dir = os.path.dirname(__file__)
-    best = ""
+    best, lib = "", ""
     for fr in traceback.extract_tb(tb):
         if fr.filename.startswith(torch_dir) or fr.filename.startswith(fxdp_dir):
             continue
-        best = f"{fr.filename}:{fr.lineno} ({fr.line})"
-    return best
+        text = f"{_short_path(fr.filename) if _is_installed(fr.filename) else fr.filename}:{fr.lineno} ({fr.line})"
+        if _is_installed(fr.filename):
+            lib = text
+        else:
+            best, lib = text, ""
+    if best and lib:
+        return f"{best} in {lib}"
+    return best or lib
 
 
 def _is_data_dependent(e: BaseException) -> bool:
