@@ -236,7 +236,7 @@ def launch(cmds_envs, timeout: float = 600, stderr: bool = False) -> list:
     return outs
 
 
-WORKER_STEP = re.compile(r"^step (\d+)/(\d+) loss (\S+) \(([\d.]+) ms\)$")
+WORKER_STEP = re.compile(r"^step (\d+)/(\d+) loss (\S+) \(([\d.]+) ms\)((?: \S+=\S+)*)$")
 BENCH_STEP = re.compile(
     r"^rank (\d+) step (\d+)/(\d+) loss (\S+) ms ([\d.]+) wait ([\d.]+) "
     r"start ([\d.]+) collectives (\d+) bytes (\d+)$"

@@ -10,7 +10,7 @@ import socket
 import subprocess
 import time
 
-STEP_RE = re.compile(r"^step (\d+)/(\d+) loss (\S+) \(([\d.]+) ms\)$", re.M)
+STEP_RE = re.compile(r"^step (\d+)/(\d+) loss (\S+) \(([\d.]+) ms\)((?: \S+=\S+)*)$", re.M)
 SUMMARY_RE = re.compile(r"([\d.]+) ms/step, ([\d.]+) us/op over (\d+) ops")
 PEAK_RE = re.compile(r"peak ([\d.]+) MB allocated, ([\d.]+) MB reserved")
 

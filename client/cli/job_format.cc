@@ -158,6 +158,9 @@ nlohmann::ordered_json EventJson(const v1::JobEvent& e, int64_t steps) {
     o["loss"] = e.loss();
     o["step_ms"] = e.step_ms();
     o["local_losses"] = std::vector<double>(e.local_losses().begin(), e.local_losses().end());
+    nlohmann::ordered_json outputs = nlohmann::ordered_json::object();
+    for (const v1::NamedValue& v : e.outputs()) outputs[v.name()] = v.value();
+    o["outputs"] = std::move(outputs);
   }
   o["workers"] = std::vector<std::string>(e.workers().begin(), e.workers().end());
   if (!e.error().empty()) o["error"] = e.error();

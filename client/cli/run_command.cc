@@ -246,10 +246,10 @@ class RunPrinter {
     } else if (e.state() == v1::JOB_STATE_RUNNING && e.step() == 0) {
       Line(absl::StrFormat("job %s running on %s", e.job_id(), absl::StrJoin(e.workers(), ", ")));
     } else if (e.state() == v1::JOB_STATE_RUNNING) {
-      const std::string text = absl::StrCat(
-          absl::StrFormat("step %d/%s loss %.6g (%.1f ms)", e.step(),
-                          steps_ > 0 ? absl::StrCat(steps_) : "?", e.loss(), e.step_ms()),
-          RateText(rate));
+      const std::string text =
+          absl::StrCat(absl::StrFormat("step %d/%s loss %.6g", e.step(),
+                                       steps_ > 0 ? absl::StrCat(steps_) : "?", e.loss()),
+                       OutputsText(e), absl::StrFormat(" (%.1f ms)", e.step_ms()), RateText(rate));
       if (!tty_) return Line(text);
       constexpr int kBar = 30;
       const int filled =
@@ -271,6 +271,13 @@ class RunPrinter {
     Close();
     std::printf("%s\n", text.c_str());
     std::fflush(stdout);
+  }
+  // " correct=5 accuracy=0.625": the step's named outputs.
+  static std::string OutputsText(const v1::JobEvent& e) {
+    std::string out;
+    for (const v1::NamedValue& v : e.outputs())
+      absl::StrAppend(&out, " ", v.name(), "=", absl::StrFormat("%.6g", v.value()));
+    return out;
   }
   // "  12.5 steps/s  150 samples/s" (tokens/s for token ids); "" before a rate.
   std::string RateText(double rate) const {

@@ -21,6 +21,7 @@
 #include "executor/worker/attach_worker.h"
 #include "executor/worker/checkpoint_read.h"
 #include "executor/worker/common.h"
+#include "executor/worker/named_outputs.h"
 #include "util/status_macros.h"
 
 namespace fxdp::executor::attach {
@@ -274,6 +275,7 @@ absl::Status AttachedWorker::JobBody(AssignedJob& job, std::unique_ptr<Communica
   if (job.cancel) return EndJob(job, true, "before the first step");
   TimedCommunicator timed(comm.get());
   FXDP_ASSIGN_OR_RETURN(Program program, LoadRankProgram(*graph, setup, &timed));
+  FXDP_ASSIGN_OR_RETURN(job.outputs, NamedOutputs::Of(*graph, program.output_specs()));
   FXDP_ASSIGN_OR_RETURN(const uint64_t step_offset,
                         ir::MetadataNumber(*graph, ir::kStepOffsetKey, 0));
   graph = absl::StatusOr<ir::Graph>();  // the program holds what it needs
@@ -388,7 +390,9 @@ absl::Status AttachedWorker::RunBatch(AssignedJob& job, JobTask& e, StepRunner& 
   runner.set_step(step);
   FXDP_ASSIGN_OR_RETURN(at::Tensor loss, runner.Step(batch));
   double value = 0, local = 0;
+  std::vector<std::pair<std::string, double>> named;
   try {
+    named = job.outputs.Values(runner.other_outputs());
     value = LossValue(loss);
     local = value;
     if (local_loss >= 0 && local_loss < static_cast<int>(runner.other_outputs().size()) &&
@@ -412,10 +416,15 @@ absl::Status AttachedWorker::RunBatch(AssignedJob& job, JobTask& e, StepRunner& 
   r->set_comm_wait_ms(cs.wait_ms);
   r->set_collectives(static_cast<int32_t>(cs.collectives));
   r->set_comm_bytes(cs.bytes);
+  for (const auto& [name, v] : named) {
+    v1::NamedValue* o = r->add_outputs();
+    o->set_name(name);
+    o->set_value(v);
+  }
   job.session->Write(m);
-  util::Log(job.Prefix(), "loss ", absl::StrFormat("%.8g", value), " (local ",
-            absl::StrFormat("%.8g", local), ", ", absl::StrFormat("%.1f", ms), " ms, comm wait ",
-            absl::StrFormat("%.1f", cs.wait_ms), " ms)");
+  util::Log(job.Prefix(), "loss ", absl::StrFormat("%.8g", value), NamedValuesText(named),
+            " (local ", absl::StrFormat("%.8g", local), ", ", absl::StrFormat("%.1f", ms),
+            " ms, comm wait ", absl::StrFormat("%.1f", cs.wait_ms), " ms)");
   return absl::OkStatus();
 }
 

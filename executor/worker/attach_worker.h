@@ -43,6 +43,7 @@
 #include "executor/step_runner.h"
 #include "executor/timed_communicator.h"
 #include "executor/worker/dataset.h"
+#include "executor/worker/named_outputs.h"
 #include "executor/worker/wire_tensors.h"
 #include "proto/fxdp/v1/worker.grpc.pb.h"
 #include "proto/fxdp/v1/worker.pb.h"
@@ -165,6 +166,9 @@ struct AssignedJob {
   // timeout, and the communicator can be destroyed ([Aborting a job's
   // connections] in executor/socket_abort.h).
   ConnectionAborter connections;
+
+  // The graph's named 0-d OTHER outputs (StepResult.outputs).
+  NamedOutputs outputs;
 
   // Progress, for heartbeats and log lines.
   std::atomic<int64_t> steps_done{0};

@@ -30,6 +30,7 @@
 #include "executor/worker/common.h"
 #include "executor/worker/dataset.h"
 #include "executor/worker/memory_trace.h"
+#include "executor/worker/named_outputs.h"
 #include "executor/worker/run_command.h"
 #include "executor/worker/sharded_state.h"
 #include "util/status_macros.h"
@@ -105,7 +106,8 @@ struct LoadedRank {
   std::optional<DatasetReader> dataset;  // --data DIR: read per step (docs/datasets.md)
   std::map<std::string, std::vector<int64_t>> full_shapes;  // FULLY_SHARD: sharded tensors
   std::map<std::string, std::string> state_metadata;
-  std::string out;  // where this rank writes the final state ("": nowhere)
+  std::string out;       // where this rank writes the final state ("": nowhere)
+  NamedOutputs outputs;  // the step's named metrics, printed after its loss
   double load_ms = 0;
   int num_inputs = 0;
 };
@@ -136,6 +138,7 @@ absl::Status LoadRank(const RunArgs& args, const LaunchEnv& env, const RankSetup
   r.load_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_load).count();
   r.num_inputs = static_cast<int>(program.inputs().size());
+  FXDP_ASSIGN_OR_RETURN(r.outputs, NamedOutputs::Of(graph, program.output_specs()));
   // FULLY_SHARD graphs: this rank reads only its flat shard of each sharded tensor.
   FXDP_ASSIGN_OR_RETURN(SafetensorsFile state,
                         ReadRankState(args.state, ShardedStateNames(graph), env.world_size,
@@ -167,7 +170,9 @@ absl::Status LoadRank(const RunArgs& args, const LaunchEnv& env, const RankSetup
   return absl::OkStatus();
 }
 
-// The steps: "step i/K loss L (T ms)" on stdout (rank 0), then the totals.
+// The steps: "step i/K loss L (T ms)" on stdout (rank 0), followed by the
+// step's named metrics (" correct=5 accuracy=0.625", NamedOutputs), then the
+// totals.
 absl::Status RunSteps(const RunArgs& args, const LaunchEnv& env, Logger& log,
                       TimedCommunicator& timed, std::optional<MemoryTrace>& memory, LoadedRank& r) {
   StepRunner& runner = *r.runner;
@@ -200,7 +205,9 @@ absl::Status RunSteps(const RunArgs& args, const LaunchEnv& env, Logger& log,
                               cs.collectives, cs.bytes, cs.wait_ms));
     }
     if (env.rank == 0) {
-      std::printf("step %d/%d loss %.8g (%.1f ms)\n", i + 1, args.steps, value, ms);
+      const std::string named = NamedValuesText(r.outputs.Values(runner.other_outputs()));
+      std::printf("step %d/%d loss %.8g (%.1f ms)%s\n", i + 1, args.steps, value, ms,
+                  named.c_str());
       std::fflush(stdout);
     }
     if (!std::isfinite(value) && loss->defined()) log.Log("warning: the loss is not finite");

@@ -156,6 +156,7 @@ void JobRunner::StepDone(int64_t run_step, const std::vector<v1::StepResult>& re
   e.set_loss(results[0].loss());
   e.set_step_ms(results[0].step_ms());
   for (const auto& r : results) e.add_local_losses(r.local_loss());
+  *e.mutable_outputs() = results[0].outputs();  // the same on every rank
   client_->Write(std::move(e));
   ctx_.table->Update(job_);  // the losses up to `step` are in the store now
   while (!deferred_checkpoints_.empty() && deferred_checkpoints_.front().first <= step) {

@@ -400,7 +400,7 @@ def resumed_after_sigkill(state_dir, requests, kill_after: int, *server_args):
 
 
 # ---- fxdp-worker processes (test_worker_dist, test_real_models) ----------------------------------
-STEP_LINE = re.compile(r"^step (\d+)/(\d+) loss (\S+) \(([\d.]+) ms\)$")
+STEP_LINE = re.compile(r"^step (\d+)/(\d+) loss (\S+) \(([\d.]+) ms\)((?: \S+=\S+)*)$")
 
 
 def clean_env(**extra) -> dict:
@@ -431,6 +431,14 @@ def losses_of(stdout: str) -> List[float]:
         assert m, f"unexpected stdout line {line!r}"
         out.append(float(m.group(3)))
     return out
+
+
+def outputs_of(stdout: str) -> List[Dict[str, float]]:
+    """Each step line's named outputs (`` correct=5 accuracy=0.625`` after the time)."""
+    return [
+        {k: float(v) for k, v in (kv.split("=", 1) for kv in m.group(5).split())}
+        for m in map(STEP_LINE.match, stdout.splitlines())
+    ]
 
 
 def assert_log_lines(stderr: str, job: str, rank: int, steps: int) -> None:
@@ -532,7 +540,8 @@ def run_worker_ranks(
 ) -> dict:
     """`world` real ``fxdp-worker run`` processes (RANK/WORLD_SIZE on 127.0.0.1, one batch file per
     step) writing ``final{rank}.safetensors`` under `d`: every rank exits 0 and logs with job, rank
-    and step, only rank 0 prints steps; returns {"finals": [state per rank], "losses": [...]}."""
+    and step, only rank 0 prints steps; returns {"finals": [state per rank], "losses": [...],
+    "outputs": [{name: value} per step]}."""
     from safetensors.torch import load_file
 
     args = [
@@ -562,4 +571,5 @@ def run_worker_ranks(
     return {
         "finals": [load_file(str(d / f"final{r}.safetensors")) for r in range(world)],
         "losses": losses,
+        "outputs": outputs_of(outs[0]),
     }

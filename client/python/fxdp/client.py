@@ -31,7 +31,7 @@ import os
 import sys
 import time
 from collections import OrderedDict
-from typing import Callable, Iterable, List, Mapping, Optional, Sequence, Union
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 import grpc
 import torch
@@ -101,6 +101,9 @@ class TrainResult:
     # first_step + 1, ...); 0 for a job that started from its initial state
     first_step: int = 0
     steps_per_s: float = 0.0  # over this call's steps, as their results came in
+    # each step's named 0-d outputs (train_step's extra outputs: ``(loss, {"correct": ...})``),
+    # as one device computes them, by step like ``losses``
+    outputs: List[Dict[str, float]] = dataclasses.field(default_factory=list)
 
 
 def _graph(g: Graphish) -> "gpb.GraphDef":
@@ -309,7 +312,11 @@ class Client:
         FAILED_PRECONDITION, a different graph or world size INVALID_ARGUMENT naming the
         difference.
 
-        ``progress``: print a line per step to stderr: its loss, steps/s and samples/s (tokens/s
+        ``TrainResult.outputs``: each step's named 0-d outputs, the extra outputs ``step``
+        returns beside the loss (``(loss, {"correct": ...})``), reduced on the ranks as one
+        device computes them (a mean over the batch weighted by each rank's rows, a sum summed).
+
+        ``progress``: print a line per step to stderr: its loss, its named outputs, steps/s and samples/s (tokens/s
         for token ids) over the last steps (``fxdp.progress.Progress``);
         ``TrainResult.steps_per_s`` is the whole call's either way.
 
@@ -360,18 +367,18 @@ class Client:
         deadline = None if timeout is None else time.monotonic() + timeout
         shown = Progress(step.graph, steps or 0, out=sys.stderr if progress else None)
 
-        def reported(s: int, loss: float) -> None:
+        def reported(s: int, loss: float, outputs: Dict[str, float]) -> None:
             if on_step is not None:
                 on_step(s, loss)
-            shown(s, loss)
+            shown(s, loss, outputs)
 
-        job_id, losses = submission.run(
+        job_id, losses, outputs = submission.run(
             self._jobs.Submit, timeout, self.address, on_event, reported
         )
         final = OrderedDict(init.items())
         left = None if deadline is None else max(deadline - time.monotonic(), 1e-3)
         final.update(self.fetch_state(job_id, timeout=left))
-        return TrainResult(job_id, losses, final, submission.first_step, shown.overall)
+        return TrainResult(job_id, losses, final, submission.first_step, shown.overall, outputs)
 
     def workers(self, timeout: Optional[float] = None) -> List[dict]:
         """The workers attached to the server (id, state, device, host, pid, job, step)."""

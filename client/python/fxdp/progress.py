@@ -8,7 +8,7 @@ import math
 import sys
 import time
 from collections import deque
-from typing import Optional, TextIO, Tuple
+from typing import Dict, Optional, TextIO, Tuple
 
 from .v1 import graph_pb2 as gpb
 
@@ -46,7 +46,8 @@ class StepRate:
 
 class Progress:
     """``on_step`` of ``Client.train``: with ``out`` (``progress=True``: stderr) prints ``step
-    3/10  loss 0.123456  12.5 steps/s  150 samples/s`` (tokens/s for token ids) for every step;
+    3/10  loss 0.123456  correct 5  12.5 steps/s  150 samples/s`` (the step's named outputs after
+    the loss; tokens/s for token ids) for every step;
     ``overall`` is the steps/s of all the steps seen."""
 
     def __init__(self, graph: "gpb.GraphDef", steps: int = 0, out: Optional[TextIO] = sys.stderr):
@@ -63,7 +64,7 @@ class Progress:
             return 0.0
         return (self._latest[0] - self._first[0]) / (self._latest[1] - self._first[1])
 
-    def __call__(self, step: int, loss: float) -> None:
+    def __call__(self, step: int, loss: float, outputs: Optional[Dict[str, float]] = None) -> None:
         now = time.monotonic()
         self._latest = (step, now)
         self._first = self._first or self._latest
@@ -71,6 +72,7 @@ class Progress:
         if self.out is None:
             return
         text = f"step {step}/{self.steps or '?'}  loss {loss:.6g}"
+        text += "".join(f"  {k} {v:.6g}" for k, v in (outputs or {}).items())
         if self.last is not None:
             per, unit = (self.tokens, "tokens") if self.tokens else (self.samples, "samples")
             text += f"  {self.last:.3g} steps/s"

@@ -243,11 +243,11 @@ class Submission:
         timeout: Optional[float],
         address: str,
         on_event: Optional[Callable[["jpb.JobEvent"], None]],
-        on_step: Optional[Callable[[int, float], None]],
-    ) -> Tuple[str, List[float]]:
+        on_step: Optional[Callable[[int, float, Dict[str, float]], None]],
+    ) -> Tuple[str, List[float], List[Dict[str, float]]]:
         """Makes the call (``submit``: the JobService stub's Submit) and follows the job to its
-        end: (its id, the global loss of every step run)."""
-        job_id, losses = "", []
+        end: (its id, the global loss of every step run, each step's named outputs)."""
+        job_id, losses, outputs = "", [], []
         self.call = submit(self.requests(), timeout=timeout)
         self.call_made.set()
         try:
@@ -260,12 +260,13 @@ class Submission:
                     on_event(ev)
                 if ev.state == jpb.JOB_STATE_RUNNING and ev.step > self.first_step + len(losses):
                     losses.append(ev.loss)
+                    outputs.append({v.name: v.value for v in ev.outputs})
                     if on_step is not None:
-                        on_step(ev.step, ev.loss)
+                        on_step(ev.step, ev.loss, outputs[-1])
         except grpc.RpcError as e:
             if self.problem:
                 raise self.problem[0]
             raise server_error(e, address) from None
         finally:
             self.call_over.set()
-        return job_id, losses
+        return job_id, losses, outputs
