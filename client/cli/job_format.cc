@@ -154,13 +154,21 @@ nlohmann::ordered_json EventJson(const v1::JobEvent& e, int64_t steps) {
     o["queue_position"] = e.queue_position();
     o["message"] = e.message();
   }
-  if (e.step() > 0 && e.state() == v1::JOB_STATE_RUNNING) {
+  if (e.step() > 0 && e.state() == v1::JOB_STATE_RUNNING && !e.has_eval()) {
     o["loss"] = e.loss();
     o["step_ms"] = e.step_ms();
     o["local_losses"] = std::vector<double>(e.local_losses().begin(), e.local_losses().end());
     nlohmann::ordered_json outputs = nlohmann::ordered_json::object();
     for (const v1::NamedValue& v : e.outputs()) outputs[v.name()] = v.value();
     o["outputs"] = std::move(outputs);
+  }
+  if (e.has_eval()) {
+    nlohmann::ordered_json metrics = nlohmann::ordered_json::object();
+    for (const v1::NamedValue& v : e.eval().metrics()) metrics[v.name()] = v.value();
+    o["eval"] = {{"step", e.eval().step()},
+                 {"metrics", std::move(metrics)},
+                 {"batches", e.eval().batches()},
+                 {"eval_ms", e.eval().eval_ms()}};
   }
   o["workers"] = std::vector<std::string>(e.workers().begin(), e.workers().end());
   if (!e.error().empty()) o["error"] = e.error();

@@ -222,6 +222,7 @@ class RunPrinter {
         batch_(batch) {}
 
   void Event(const v1::JobEvent& e) {
+    if (e.has_eval()) return json_ ? PrintLine(EventJson(e, steps_)) : Line(EvalText(e.eval()));
     const bool step_done = e.state() == v1::JOB_STATE_RUNNING && e.step() > 0;
     const double rate = step_done ? rate_.Add(e.step()) : -1;
     if (json_) {
@@ -271,6 +272,14 @@ class RunPrinter {
     Close();
     std::printf("%s\n", text.c_str());
     std::fflush(stdout);
+  }
+  // "evaluation after step 10: loss=3.2 correct=45 (summed over 8 batches, 12.5 ms)".
+  static std::string EvalText(const v1::EvalMetrics& m) {
+    std::string out = absl::StrCat("evaluation after step ", m.step(), ":");
+    for (const v1::NamedValue& v : m.metrics())
+      absl::StrAppend(&out, " ", v.name(), "=", absl::StrFormat("%.6g", v.value()));
+    return absl::StrCat(
+        out, absl::StrFormat(" (summed over %d batches, %.1f ms)", m.batches(), m.eval_ms()));
   }
   // " correct=5 accuracy=0.625": the step's named outputs.
   static std::string OutputsText(const v1::JobEvent& e) {

@@ -130,22 +130,27 @@ TensorMap DeclaredInputs(const ir::SafetensorsView& header, const std::set<std::
 // kept (this rank's shard of it) for the whole job, so the same path listed
 // many times would otherwise hold as many copies.
 absl::StatusOr<std::vector<TensorMap>> AttachedWorker::ReadDataFiles(const AssignedJob& job,
-                                                                     const Program& program) const {
+                                                                     const Program& program,
+                                                                     const DataPaths& paths,
+                                                                     const char* field,
+                                                                     uint64_t* held) const {
   static const util::DataRoots kNoRoots;
   std::set<std::string> inputs;
   for (const ProgramInput& in : program.inputs())
     if (in.role == ir::PlaceholderRole::kInput && in.type.is_tensor()) inputs.insert(in.state_name);
   std::vector<TensorMap> files;
   const uint64_t budget = static_cast<uint64_t>(o_.max_data_mb) << 20;
-  uint64_t read_so_far = 0;
-  for (const std::string& path : job.assign.data_paths()) {
+  const uint64_t before = *held;  // the job's other files
+  uint64_t read_so_far = before;
+  const std::string file_what = absl::StrCat(field, " file");
+  for (const std::string& path : paths) {
     const std::string where =
-        absl::StrCat("data_paths file '", path, "' (on worker ", worker_id_, ")");
+        absl::StrCat(field, " file '", path, "' (on worker ", worker_id_, ")");
     SafetensorsReadOptions read;
     read.roots = o_.data_roots_opened ? o_.data_roots_opened.get() : &kNoRoots;
     read.max_bytes = std::numeric_limits<uint64_t>::max();  // what is read is bounded below
     absl::StatusOr<ir::SafetensorsReader> file = ir::SafetensorsReader::Open(path, read);
-    if (!file.ok()) return DataFileError(file.status(), worker_id_);
+    if (!file.ok()) return DataFileError(file.status(), worker_id_, file_what.c_str());
     uint64_t need = 0;
     absl::StatusOr<TensorMap> shard = ShardBatch(DeclaredInputs(file->header(), inputs, &need),
                                                  program, job.rank, job.world_size);
@@ -153,13 +158,14 @@ absl::StatusOr<std::vector<TensorMap>> AttachedWorker::ReadDataFiles(const Assig
     if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", s.message()));
     if (need > budget - read_so_far) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "data_paths on worker ", worker_id_,
+          field, " on worker ", worker_id_,
           ": the job's files together may hold at most --max-data-mb ", o_.max_data_mb, " MiB; ",
-          files.size(), " of its ", job.assign.data_paths_size(), " entries hold ", read_so_far,
-          " bytes and '", path, "' needs ", need, " bytes more for the graph's inputs"));
+          files.size(), " of its ", paths.size(), " entries hold ", read_so_far - before, " bytes",
+          before > 0 ? absl::StrCat(" (the job's other files ", before, " bytes)") : std::string(),
+          " and '", path, "' needs ", need, " bytes more for the graph's inputs"));
     }
     absl::StatusOr<SafetensorsFile> f = ReadTensors(*file, path, &inputs);
-    if (!f.ok()) return DataFileError(f.status(), worker_id_);
+    if (!f.ok()) return DataFileError(f.status(), worker_id_, file_what.c_str());
     shard = ShardBatch(f->tensors, program, job.rank, job.world_size);
     s = shard.ok() ? CheckBatch(*shard, program) : shard.status();
     if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", s.message()));
@@ -167,22 +173,26 @@ absl::StatusOr<std::vector<TensorMap>> AttachedWorker::ReadDataFiles(const Assig
     util::Log(job.Prefix(), "read ", path, ": ", shard->size(), " tensors (", need,
               " bytes), this rank's shard kept");
     files.push_back(*std::move(shard));
+    *held = read_so_far;
   }
   return files;
 }
 
-absl::StatusOr<std::optional<DatasetReader>> AttachedWorker::OpenDataset(
-    const AssignedJob& job, const Program& program, int64_t step_offset) const {
+absl::StatusOr<std::optional<DatasetReader>> AttachedWorker::OpenDataset(const AssignedJob& job,
+                                                                         const Program& program,
+                                                                         int64_t step_offset,
+                                                                         const DataPaths& paths,
+                                                                         const char* field) const {
   static const util::DataRoots kNoRoots;
   const util::DataRoots* roots = o_.data_roots_opened ? o_.data_roots_opened.get() : &kNoRoots;
-  const auto& paths = job.assign.data_paths();
+  const std::string file_what = absl::StrCat(field, " file");
   for (const std::string& path : paths) {
     absl::StatusOr<bool> dir = roots->IsDirectory(path);
-    if (!dir.ok()) return DataFileError(dir.status(), worker_id_);
+    if (!dir.ok()) return DataFileError(dir.status(), worker_id_, file_what.c_str());
     if (!*dir) continue;
     if (paths.size() > 1)
       return absl::InvalidArgumentError(absl::StrCat(
-          "data_paths entry '", path, "' is a directory (a dataset, docs/datasets.md) among ",
+          field, " entry '", path, "' is a directory (a dataset, docs/datasets.md) among ",
           paths.size(), " entries: name the dataset directory alone, or safetensors files only"));
     DatasetReader::Options o;
     o.roots = roots;
@@ -190,9 +200,9 @@ absl::StatusOr<std::optional<DatasetReader>> AttachedWorker::OpenDataset(
     o.world_size = job.world_size;
     o.step_offset = step_offset;
     o.max_step_bytes = static_cast<uint64_t>(o_.max_data_mb) << 20;
-    o.what = "data_paths";
+    o.what = field;
     absl::StatusOr<DatasetReader> d = DatasetReader::Open(path, program, std::move(o));
-    if (!d.ok()) return DataFileError(d.status(), worker_id_);
+    if (!d.ok()) return DataFileError(d.status(), worker_id_, file_what.c_str());
     util::Log(job.Prefix(), "dataset ", path, ": ", d->num_steps(),
               " steps, this rank's rows read per step");
     return std::optional<DatasetReader>(*std::move(d));
@@ -278,15 +288,18 @@ absl::Status AttachedWorker::JobBody(AssignedJob& job, std::unique_ptr<Communica
   FXDP_ASSIGN_OR_RETURN(job.outputs, NamedOutputs::Of(*graph, program.output_specs()));
   FXDP_ASSIGN_OR_RETURN(const uint64_t step_offset,
                         ir::MetadataNumber(*graph, ir::kStepOffsetKey, 0));
+  job.step_offset = static_cast<int64_t>(step_offset);
   graph = absl::StatusOr<ir::Graph>();  // the program holds what it needs
   job.assign.clear_graph();
   const int local_loss = LocalLossIndex(program);
   FXDP_ASSIGN_OR_RETURN(std::optional<DatasetReader> dataset,
-                        OpenDataset(job, program, static_cast<int64_t>(step_offset)));
+                        OpenDataset(job, program, job.step_offset, a.data_paths()));
   std::vector<TensorMap> files;
   if (!dataset) {
-    FXDP_ASSIGN_OR_RETURN(files, ReadDataFiles(job, program));
+    FXDP_ASSIGN_OR_RETURN(
+        files, ReadDataFiles(job, program, a.data_paths(), "data_paths", &job.data_bytes));
   }
+  if (a.has_eval()) FXDP_RETURN_IF_ERROR(SetUpEval(job, setup, &timed));
 
   // Initial state.
   JobTask e = job.Next();
@@ -425,7 +438,7 @@ absl::Status AttachedWorker::RunBatch(AssignedJob& job, JobTask& e, StepRunner& 
   util::Log(job.Prefix(), "loss ", absl::StrFormat("%.8g", value), NamedValuesText(named),
             " (local ", absl::StrFormat("%.8g", local), ", ", absl::StrFormat("%.1f", ms),
             " ms, comm wait ", absl::StrFormat("%.1f", cs.wait_ms), " ms)");
-  return absl::OkStatus();
+  return MaybeEvaluate(job, runner, step);
 }
 
 absl::Status AttachedWorker::StreamState(AssignedJob& job, const JobTask& e,

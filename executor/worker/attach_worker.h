@@ -42,7 +42,9 @@
 #include "executor/socket_abort.h"
 #include "executor/step_runner.h"
 #include "executor/timed_communicator.h"
+#include "executor/worker/common.h"
 #include "executor/worker/dataset.h"
+#include "executor/worker/evaluation.h"
 #include "executor/worker/named_outputs.h"
 #include "executor/worker/wire_tensors.h"
 #include "proto/fxdp/v1/worker.grpc.pb.h"
@@ -169,6 +171,11 @@ struct AssignedJob {
 
   // The graph's named 0-d OTHER outputs (StepResult.outputs).
   NamedOutputs outputs;
+  // Job thread: AssignJob.eval's program and batches (null: none), the bytes
+  // of the data files the job holds (--max-data-mb), a resumed job's steps done.
+  std::unique_ptr<Evaluation> eval;
+  uint64_t data_bytes = 0;
+  int64_t step_offset = 0;
 
   // Progress, for heartbeats and log lines.
   std::atomic<int64_t> steps_done{0};
@@ -233,15 +240,28 @@ class AttachedWorker {
 
   // attach_job.cc: the job's thread.
   void JobThread(std::shared_ptr<AssignedJob> job);
-  // The job's AssignJob.data_paths, read and sliced to this rank's shard.
+  // The files `paths` (AssignJob.data_paths or eval.data_paths, named
+  // `field` in errors), read and sliced to this rank's shard of `program`'s
+  // inputs; `held`: the bytes the job's files hold (--max-data-mb), updated.
+  using DataPaths = google::protobuf::RepeatedPtrField<std::string>;
   absl::StatusOr<std::vector<TensorMap>> ReadDataFiles(const AssignedJob& job,
-                                                       const Program& program) const;
-  // A job whose only data_paths entry is a directory: that dataset
-  // (dataset.h), read per step; nullopt for files. A directory among several
-  // entries is INVALID_ARGUMENT. `step_offset`: a resumed job's steps done.
+                                                       const Program& program,
+                                                       const DataPaths& paths, const char* field,
+                                                       uint64_t* held) const;
+  // `paths` whose only entry is a directory: that dataset (dataset.h), read
+  // per step; nullopt for files. A directory among several entries is
+  // INVALID_ARGUMENT. `step_offset`: a resumed job's steps done.
   absl::StatusOr<std::optional<DatasetReader>> OpenDataset(const AssignedJob& job,
                                                            const Program& program,
-                                                           int64_t step_offset) const;
+                                                           int64_t step_offset,
+                                                           const DataPaths& paths,
+                                                           const char* field = "data_paths") const;
+  // attach_eval.cc: AssignJob.eval's program loaded (its collectives through
+  // `comm`, the job's) and its batches read or opened, into job.eval.
+  absl::Status SetUpEval(AssignedJob& job, const RankSetup& setup, Communicator* comm);
+  // After run step `step`: when due, every evaluation batch run against the
+  // runner's state, answered by an EvalResult.
+  absl::Status MaybeEvaluate(AssignedJob& job, const StepRunner& runner, int64_t step);
   // AssignJob.initial_checkpoint read and filled into `state` (checkpoint_read.h).
   absl::Status AddCheckpointState(const AssignedJob& job, TensorMap* state) const;
   // Rendezvous, load, then the job's events until it ends (EndJob: OK) or

@@ -21,6 +21,7 @@ const std::string* JobIdOf(const v1::WorkerMessage& m) {
     case v1::WorkerMessage::kStepResult: return &m.step_result().job_id();
     case v1::WorkerMessage::kStateChunk: return &m.state_chunk().job_id();
     case v1::WorkerMessage::kJobEnded: return &m.job_ended().job_id();
+    case v1::WorkerMessage::kEvalResult: return &m.eval_result().job_id();
     default: return nullptr;
   }
 }
@@ -108,6 +109,11 @@ int Dispatcher::Assign(const std::string& host, int port, int64_t steps) {
     for (int i = 0; i < n; ++i)
       a->add_data_paths(spec.data_paths(static_cast<int>((i + job_->plan().first_step) % n)));
     AddCheckpointFields(a);
+    if (spec.has_eval()) {
+      *a->mutable_eval() = spec.eval();  // its graph: this rank's expanded one
+      *a->mutable_eval()->mutable_graph() =
+          job_->plan().eval.graphs(r % job_->plan().eval.graphs_size());
+    }
     job_->MarkAssigned(r);
     if (!Send(r, m)) return r;
   }

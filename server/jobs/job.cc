@@ -28,6 +28,7 @@ JobPlan PlanOf(PreparedSpec p) {
   plan.declared_state = std::move(p.state);
   plan.declared_sent = std::move(p.sent);
   plan.declared_batch = std::move(p.batch);
+  plan.eval = std::move(p.eval);
   return plan;
 }
 
@@ -129,6 +130,11 @@ void Job::SetSteps(int64_t steps) {
 void Job::SetCheckpointStep(int64_t step) {
   std::lock_guard<std::mutex> l(mu_);
   info_.set_checkpoint_step(step);
+}
+
+void Job::AddEval(const v1::EvalMetrics& eval) {
+  std::lock_guard<std::mutex> l(mu_);
+  *info_.add_evals() = eval;
 }
 
 void Job::SetHasState(bool kept) {

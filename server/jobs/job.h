@@ -65,6 +65,7 @@ struct JobPlan {
   ir::DeclaredTensors declared_state;  // the state tensors the graph declares
   ir::DeclaredTensors declared_sent;   // of those, the ones the client sends (initial_checkpoint)
   ir::DeclaredTensors declared_batch;  // its INPUTs
+  v1::ExpandResponse eval;             // JobSpec.eval's graph, expanded (empty: none)
   // Steps done before this run: a job resumed from a checkpoint runs steps
   // first_step + 1 ... JobSpec.steps (numbered 1 ... for its workers).
   int64_t first_step = 0;
@@ -156,6 +157,8 @@ class Job {
   int64_t steps_done() const;
   void SetSteps(int64_t steps);
   void SetCheckpointStep(int64_t step);
+  // JobSpec.eval: an evaluation of the state after its step (JobInfo.evals).
+  void AddEval(const v1::EvalMetrics& eval);
   // The table: whether its final state is kept (for FetchState); evicted.
   void SetHasState(bool kept);
   void StateEvicted();

@@ -17,7 +17,8 @@
 //      unfinished step's results are in, each rank sent its shard
 //      (BatchSharder; a data_paths job gets a tensor-free Batch per step),
 //      one RUNNING event per step from the ranks' StepResults, in order;
-//      with --checkpoint-every the state after every K-th step;
+//      with --checkpoint-every the state after every K-th step; with
+//      JobSpec.eval an EVAL event after every due step (job_runner_eval.cc);
 //   5. the end: the final state (FetchState{end_job}) into the JobTable,
 //      SUCCEEDED once it and the job's record are durable (with
 //      --state-dir: written and synced; else FAILED naming the file, the
@@ -152,6 +153,14 @@ class JobRunner {
   // than its losses; until then it waits in deferred_checkpoints_.
   void SaveCheckpoint(int64_t step, StateStore::State state);
   void WriteCheckpoint(int64_t step, const StateStore::State& state);
+  // JobSpec.eval (job_runner_eval.cc): whether the ranks evaluate after run
+  // step `run_step`; StepSent counts run step sent_'s evaluation as due;
+  // rank 0's EvalResult checked and recorded, reported (ReportEvals) once
+  // the event of the step it evaluated is sent.
+  bool EvalDueAfter(int64_t run_step) const;
+  void StepSent();
+  absl::Status OnEvalResult(const Job::Msg& msg);
+  void ReportEvals();
   absl::Status End();
   // The final state in: SUCCEEDED once it and the job's record are durable
   // (JobTable::Succeed), else FAILED naming what could not be saved.
@@ -209,8 +218,10 @@ class JobRunner {
   };
   std::deque<PendingStep> pending_;
   int64_t sent_ = 0;
-  bool client_done_ = false;    // an open-ended job's client half-closed
-  bool stepping_ = false;       // in Steps(): an end keeps the last step's state
+  int64_t evals_due_ = 0, evals_got_ = 0;  // JobSpec.eval: of the steps sent, rank 0's results in
+  std::deque<v1::EvalMetrics> evals_waiting_;  // for their step's event, oldest first
+  bool client_done_ = false;                   // an open-ended job's client half-closed
+  bool stepping_ = false;                      // in Steps(): an end keeps the last step's state
   bool final_asked_ = false;    // End asked for the final state: a cancel waits for it
   uint64_t held_reserved_ = 0;  // of ctx_.held_state_bytes
 };

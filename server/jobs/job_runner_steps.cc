@@ -35,7 +35,8 @@ absl::Status JobRunner::Steps() {
       if (absl::Status s = SendFileStep(); !s.ok()) return s;
       continue;
     }
-    if (pending_.empty() && !state_->pending() && (client_done_ || (steps_ > 0 && sent_ == steps_)))
+    if (pending_.empty() && !state_->pending() && evals_got_ == evals_due_ &&
+        (client_done_ || (steps_ > 0 && sent_ == steps_)))
       break;
     const Got got = Next(room, true, left, &msg, &req);
     if (got == Got::kTimeout) continue;
@@ -57,6 +58,7 @@ absl::Status JobRunner::Steps() {
 
 absl::Status JobRunner::SendFileStep() {
   ++sent_;
+  StepSent();
   if (absl::Status s = SendAll(sharder_->ScheduleOnlyBatch(sent_, first_ + sent_)); !s.ok())
     return s;
   pending_.push_back({sent_, std::vector<v1::StepResult>(world_), 0});
@@ -69,6 +71,7 @@ absl::Status JobRunner::OnBatch(const v1::SubmitJobRequest& req) {
   if (!*complete) return absl::OkStatus();  // more of this step follows
   if (absl::Status s = SendStep(sent_ + 1); !s.ok()) return s;
   ++sent_;
+  StepSent();
   pending_.push_back({sent_, std::vector<v1::StepResult>(world_), 0});
   if (steps_ > 0 && sent_ == steps_) client_->SetReadBudget(0);
   return MaybeCheckpoint();
@@ -113,6 +116,7 @@ absl::Status JobRunner::OnStepMessage(Job::Msg& msg) {
     SaveCheckpoint(done->step, *std::move(done->state));
     return absl::OkStatus();
   }
+  if (msg.m.has_eval_result()) return OnEvalResult(msg);
   if (msg.m.has_step_result()) OnStepResult(msg);
   return absl::OkStatus();
 }
@@ -163,6 +167,7 @@ void JobRunner::StepDone(int64_t run_step, const std::vector<v1::StepResult>& re
     WriteCheckpoint(deferred_checkpoints_.front().first, deferred_checkpoints_.front().second);
     deferred_checkpoints_.pop_front();
   }
+  ReportEvals();
 }
 
 void JobRunner::SaveCheckpoint(int64_t step, StateStore::State state) {

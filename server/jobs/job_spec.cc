@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "expansion/style_proto.h"
+#include "server/jobs/eval_spec.h"
 #include "util/data_roots.h"
 
 namespace fxdp::server {
@@ -62,6 +63,12 @@ absl::Status CheckDataPathsExcluded(const v1::JobSpec& spec,
   for (int i = 0; i < spec.data_paths_size(); ++i) {
     if (absl::Status s = CheckPathExcluded(spec.data_paths(i),
                                            absl::StrCat("JobSpec.data_paths[", i, "]"), excluded);
+        !s.ok())
+      return s;
+  }
+  for (int i = 0; i < spec.eval().data_paths_size(); ++i) {
+    if (absl::Status s = CheckPathExcluded(
+            spec.eval().data_paths(i), absl::StrCat("JobSpec.eval.data_paths[", i, "]"), excluded);
         !s.ok())
       return s;
   }
@@ -253,6 +260,12 @@ absl::StatusOr<PreparedSpec> PrepareJobSpec(v1::JobSpec spec, const Expander& ex
   absl::StatusOr<ir::DeclaredTensors> sent = SentStateOf(spec, p.state);
   if (!sent.ok()) return sent.status();
   p.sent = *std::move(sent);
+  if (spec.has_eval()) {
+    absl::StatusOr<v1::ExpandResponse> eval = PrepareEval(spec, xr.graph(), p.expanded, expand);
+    if (!eval.ok()) return eval.status();
+    p.eval = *std::move(eval);
+    spec.mutable_eval()->clear_graph();
+  }
   p.spec = std::move(spec);
   return p;
 }

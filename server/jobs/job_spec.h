@@ -83,6 +83,7 @@ struct PreparedSpec {
   ir::DeclaredTensors state;  // the single-device graph's state tensors
   ir::DeclaredTensors sent;   // those the client sends (SentStateOf)
   ir::DeclaredTensors batch;  // its INPUTs
+  v1::ExpandResponse eval;    // JobSpec.eval's graph expanded (eval_spec.h); spec.eval without it
 };
 
 // Validates `spec`, checks its schedule, expands its graph (an empty

@@ -36,7 +36,7 @@ from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, 
 import grpc
 import torch
 
-from . import checkpoints, train_job
+from . import checkpoints, evaluation, train_job
 from .credentials import channel_credentials
 from .progress import Progress
 from .rpc_errors import ServerError, server_error  # noqa: F401 - fxdp.ServerError
@@ -104,6 +104,8 @@ class TrainResult:
     # each step's named 0-d outputs (train_step's extra outputs: ``(loss, {"correct": ...})``),
     # as one device computes them, by step like ``losses``
     outputs: List[Dict[str, float]] = dataclasses.field(default_factory=list)
+    # train(eval=...): each evaluation of the state while the job ran, in step order
+    evals: List["evaluation.Evaluated"] = dataclasses.field(default_factory=list)
 
 
 def _graph(g: Graphish) -> "gpb.GraphDef":
@@ -270,6 +272,9 @@ class Client:
         seed: Optional[int] = None,
         progress: bool = False,
         initial_checkpoint=None,
+        eval: Optional[TracedStep] = None,  # noqa: A002 (the JobSpec field's name)
+        eval_data: Union[None, str, os.PathLike, Sequence[Union[str, os.PathLike]]] = None,
+        eval_every: int = 0,
     ) -> TrainResult:
         """Train on ``world_size`` of the server's workers; returns the per-step global losses and
         the final state.
@@ -336,7 +341,16 @@ class Client:
         state=state)``) or such a plan (for a step traced on ``meta``, a tied weight saved under
         its other name, or renamed tensors). The client sends only what the checkpoint lacks
         (hyper-parameters, constants, non-persistent buffers); ``TrainResult.state`` is whole
-        (docs/checkpoints.md)."""
+        (docs/checkpoints.md).
+
+        ``eval``: an evaluation step (``fxdp.trace_eval``) the workers run against the job's
+        current state after every ``eval_every``-th step and after the last (``eval_every`` 0:
+        only after the last), over the evaluation batches ``eval_data`` on the workers (a dataset
+        directory or safetensors files, as ``data_path``), each rank its rows of each batch; the
+        state is left as it is. It reads only the training state (the server refuses another
+        name, dtype or shape). ``TrainResult.evals``: each evaluation (``fxdp.evaluation.Evaluated``:
+        the step, each metric summed over the batches as one device computes it per batch);
+        ``on_event`` sees them as RUNNING events carrying ``eval`` (docs/evaluation.md)."""
         if seed is not None:
             step = train_job.with_seed(step, seed)
         if (batches is None) == (data_path is None):
@@ -360,6 +374,12 @@ class Client:
             resume_job=resume or "",
         )
         checkpoints.add_to_spec(spec, plan)
+        if eval is not None:
+            spec.eval.CopyFrom(
+                evaluation.eval_policy(
+                    eval, {**step.initial_state(), **init}, eval_every, eval_data
+                )
+            )
         per_step = train_job.schedule_per_step(spec, step, schedule, steps, paths)
         submission = train_job.Submission(
             spec, init, source, step.input_names(), per_step, self.chunk_bytes
@@ -378,7 +398,10 @@ class Client:
         final = OrderedDict(init.items())
         left = None if deadline is None else max(deadline - time.monotonic(), 1e-3)
         final.update(self.fetch_state(job_id, timeout=left))
-        return TrainResult(job_id, losses, final, submission.first_step, shown.overall, outputs)
+        evals = [evaluation.Evaluated.of(m) for m in submission.evals]
+        return TrainResult(
+            job_id, losses, final, submission.first_step, shown.overall, outputs, evals
+        )
 
     def workers(self, timeout: Optional[float] = None) -> List[dict]:
         """The workers attached to the server (id, state, device, host, pid, job, step)."""

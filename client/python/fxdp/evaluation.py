@@ -5,8 +5,10 @@ which runs data-parallel like a training step (``run_local``, ``fxdp-worker run`
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from collections import OrderedDict
-from typing import Any, Callable, Dict, Sequence, Union
+from typing import Any, Callable, Dict, Mapping, Sequence, Union
 
 import torch
 from torch import nn
@@ -117,3 +119,61 @@ def _remove_nodes(g: "gpb.GraphDef", drop) -> None:
         dst.CopyFrom(src)
     del g.nodes[:]
     g.nodes.extend(kept)
+
+
+@dataclasses.dataclass
+class Evaluated:
+    """One evaluation of a job's state (``Client.train(eval=...)``; JobEvent.eval): after job
+    step ``step``, each metric (``"loss"`` for the loss, then the step's named outputs) summed
+    over the ``batches`` evaluation batches, each batch's as one device computes it."""
+
+    step: int
+    metrics: Dict[str, float]
+    batches: int
+    eval_ms: float = 0.0
+
+    @property
+    def means(self) -> Dict[str, float]:
+        """Each metric's mean over the evaluation batches (a per-batch mean stays a mean)."""
+        return {k: v / self.batches for k, v in self.metrics.items()} if self.batches else {}
+
+    @staticmethod
+    def of(m) -> "Evaluated":
+        return Evaluated(m.step, {v.name: v.value for v in m.metrics}, m.batches, m.eval_ms)
+
+
+def eval_policy(step, train_state: Mapping[str, torch.Tensor], every: int, data):
+    """The ``EvalPolicy`` of ``Client.train(eval=step, eval_data=data, eval_every=every)``. The
+    server checks that the evaluation graph reads only the training state (names, dtypes,
+    shapes); what it cannot see are values: each constant the evaluation graph lifted (a tensor
+    built in ``forward``) must equal the training state's of that name, else a ValueError."""
+    from .v1 import worker_pb2 as wpb
+
+    if isinstance(data, (str, os.PathLike)):
+        data = [data]
+    paths = [os.fspath(p) for p in data or ()]
+    if not paths:
+        raise ValueError("train(eval=...) needs eval_data: the evaluation batches on the workers")
+    if every is None or int(every) < 0:
+        raise ValueError(
+            f"train(eval=...): eval_every must be >= 0 (0: after the last step), got {every}"
+        )
+    consts = {
+        n.placeholder.state_name
+        for n in step.graph.nodes
+        if n.kind == gpb.PLACEHOLDER and n.placeholder.role == gpb.CONSTANT
+    }
+    mine = step.initial_state()
+    for name in sorted(consts):
+        theirs = train_state.get(name)
+        if theirs is None or not torch.equal(theirs.cpu(), mine[name].cpu()):
+            raise ValueError(
+                f"train(eval=...): the evaluation graph's constant '{name}' "
+                + (
+                    "is not in the training state"
+                    if theirs is None
+                    else "differs from the training state's"
+                )
+                + ": a job's evaluation reads the training state only; make the tensor a buffer of the model"
+            )
+    return wpb.EvalPolicy(graph=step.graph, data_paths=paths, every=int(every))

@@ -189,6 +189,7 @@ class Submission:
         self.call_made = threading.Event()
         self.first_event, self.call_over = threading.Event(), threading.Event()
         self.first_step = 0  # resume: the step the job continues from, told by its first event
+        self.evals: List["jpb.EvalMetrics"] = []  # JobSpec.eval: each evaluation's event
 
     def _hyper(self, i: int) -> List["wpb.HyperparameterValue"]:
         if i > len(self.per_step):
@@ -258,7 +259,9 @@ class Submission:
                     self.first_event.set()
                 if on_event is not None:
                     on_event(ev)
-                if ev.state == jpb.JOB_STATE_RUNNING and ev.step > self.first_step + len(losses):
+                if ev.HasField("eval"):
+                    self.evals.append(ev.eval)
+                elif ev.state == jpb.JOB_STATE_RUNNING and ev.step > self.first_step + len(losses):
                     losses.append(ev.loss)
                     outputs.append({v.name: v.value for v in ev.outputs})
                     if on_step is not None:
