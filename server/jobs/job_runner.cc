@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/audit.h"
+#include "server/jobs/eval_kept.h"
 #include "server/jobs/job_resume.h"
 #include "server/jobs/memory_admission.h"
 #include "server/jobs/raw_tensors.h"
@@ -179,7 +180,13 @@ absl::Status JobRunner::TakeSpec() {
   if (absl::Status s = CheckDeclaredSizes(submitted, *sent, batch, from_files || resume); !s.ok())
     return s;
   std::optional<ResumeStart> start;
-  if (resume) {
+  std::optional<StateStore::State> kept;  // an evaluation of a finished job's state (eval_kept.h)
+  if (resume && IsEvaluationGraph(submitted.graph())) {
+    absl::StatusOr<StateStore::State> k =
+        KeptStateToEvaluate(*ctx_.table, job_->owner(), submitted);
+    if (!k.ok()) return k.status();
+    kept = *std::move(k);
+  } else if (resume) {
     absl::StatusOr<ResumeStart> r = PrepareResume(*ctx_.table, ctx_.store, job_->owner(), submitted,
                                                   ctx_.options.checkpoint_every, job_);
     if (!r.ok()) return r.status();
@@ -192,6 +199,13 @@ absl::Status JobRunner::TakeSpec() {
   plan.declared_batch = std::move(batch);
   if (start) {
     StartFromCheckpoint(std::move(plan), *std::move(start));
+    return absl::OkStatus();
+  }
+  if (kept) {
+    plan.spec.set_num_state_tensors(static_cast<uint32_t>(plan.declared_state.size()));
+    Log(absl::StrCat(id_, ": evaluates the state job ", plan.spec.resume_job(), " kept"));
+    job_->SetPlan(std::move(plan));
+    job_->HoldInitialState(*std::move(kept));
     return absl::OkStatus();
   }
   job_->SetPlan(std::move(plan));

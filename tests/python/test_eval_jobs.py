@@ -152,3 +152,34 @@ def test_a_graph_that_is_not_an_evaluation_of_the_state_is_refused(server):
     _, ev = _steps()
     with pytest.raises(ValueError, match="eval_data"):
         client.train(train, world_size=2, batches=_batches(2, 3), eval=ev)
+
+
+def test_a_finished_jobs_kept_state_is_evaluated_on_the_workers(server):
+    """Client.evaluate: a job whose JobSpec.resume_job names a SUCCEEDED job and whose graph is
+    an evaluation graph starts from the state that job kept (never sent by the client): its
+    metrics per batch equal run_local on one device's state after the same 3 steps, and its
+    state is the evaluation graph's, unchanged. A graph reading another shape, or an unknown
+    job, is refused."""
+    client, _, _ = server
+    train, ev = _steps()
+    batches, evals = _batches(3, 3), _batches(3, 7)
+    state, _ = _one_device(train, ev, batches, evals, at=set())
+    trained = client.train(train, world_size=2, batches=batches)
+    got = client.evaluate(ev, trained.job_id, world_size=2, batches=evals)
+    want = [ev.run_local(state, e, outputs=True) for e in evals]
+    assert got.losses == pytest.approx([float(w[1]) for w in want], rel=1e-5, abs=1e-6)
+    for o, w in zip(got.outputs, want):
+        assert o == pytest.approx({k: float(v) for k, v in w[2].items()}, rel=1e-5, abs=1e-6)
+    assert sorted(got.state) == sorted(ev.initial_state())
+    for k, v in got.state.items():
+        assert torch.equal(v, trained.state[k]), k
+    _, wider = _steps(hidden=9)
+    with pytest.raises(
+        fxdp.ServerError,
+        match=r"kept: tensor '0\.bias' is f32\[8\], the graph's \S+ 'p_0_bias' declares f32\[9\]",
+    ) as e:
+        client.evaluate(wider, trained.job_id, world_size=2, batches=evals)
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(fxdp.ServerError) as e:
+        client.evaluate(ev, "no-such-job", world_size=2, batches=evals)
+    assert e.value.code == grpc.StatusCode.NOT_FOUND

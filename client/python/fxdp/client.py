@@ -403,6 +403,35 @@ class Client:
             job_id, losses, final, submission.first_step, shown.overall, outputs, evals
         )
 
+    def evaluate(
+        self,
+        step: TracedStep,
+        job_id: str,
+        world_size: int,
+        batches: Optional[Iterable[Batch]] = None,
+        data_path: Union[None, str, os.PathLike, Sequence[Union[str, os.PathLike]]] = None,
+        steps: Optional[int] = None,
+        **kwargs,
+    ) -> TrainResult:
+        """Runs the evaluation step ``step`` (``fxdp.trace_eval``) on ``world_size`` workers
+        against the state job ``job_id`` kept (a SUCCEEDED job's final state, a FAILED or
+        CANCELLED one's last completed step's), which never passes through this client: the
+        server starts the job from it (JobSpec.resume_job with an evaluation graph; only the
+        tensors the graph reads, checked by name, dtype and shape). One step per batch
+        (``batches`` streamed, or ``data_path`` on the workers with ``steps``), as ``train``:
+        ``losses`` and ``outputs`` are each batch's metrics as one device computes them, and
+        ``state`` the graph's state, unchanged. ``kwargs`` are ``train``'s (``style``...); the
+        job's own ``eval=`` is for evaluating while training (docs/evaluation.md)."""
+        return self.train(
+            step,
+            world_size,
+            batches=batches,
+            data_path=data_path,
+            steps=steps,
+            resume=job_id,
+            **kwargs,
+        )
+
     def workers(self, timeout: Optional[float] = None) -> List[dict]:
         """The workers attached to the server (id, state, device, host, pid, job, step)."""
         from google.protobuf.json_format import MessageToDict
