@@ -15,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "executor/inplace.h"
+#include "executor/kernel_init.h"
 #include "executor/memory_limit.h"
 #include "executor/program_impl.h"
 #include "executor/torch_types.h"
@@ -120,6 +121,7 @@ Program& Program::operator=(Program&&) noexcept = default;
 Program::~Program() = default;
 
 absl::StatusOr<Program> Program::Load(const ir::Graph& graph, const ProgramOptions& options) {
+  InitKernelLibraries();  // before any of its parallel regions (kernel_init.h)
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   try {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections import OrderedDict
 from typing import Dict, List, Mapping, Optional, Sequence, Union
 
@@ -212,6 +213,7 @@ class TracedStep:
         from .optimizers import check_guards
         from .schedule import hyperparameter_guards, schedule_values
 
+        init_kernel_libraries()
         hv: Dict[str, float] = {}
         if schedule is not None:
             hv.update(schedule_values(schedule, step, self)[step - 1])
@@ -287,6 +289,27 @@ class TracedStep:
             f"TracedStep({len(self.graph.nodes)} nodes, {len(self.state_names())} state tensors, "
             f"inputs={self.input_names()})"
         )
+
+
+_kernels_ready = threading.Event()
+_kernels_lock = threading.Lock()
+
+
+def init_kernel_libraries() -> None:
+    """MKL's vector math (VML: torch's tanh, erf, exp, log... of float tensors) caches the CPU type
+    it detects on its first call without a lock, storing the raw type before the mapped one, so a
+    thread calling it in between runs other kernels (tanh off by up to 1342 ulp); torch splits an
+    elementwise op of >= 4096 elements over its threads, whose first VML calls then race. One call
+    here, on this thread, before run_local's first op (as the workers do, executor/kernel_init.h;
+    docs/randomness.md)."""
+    if _kernels_ready.is_set():
+        return
+    with _kernels_lock:
+        if not _kernels_ready.is_set():
+            x = torch.zeros(1)  # one element: below every grain size, computed on this thread
+            for op in (torch.tanh, torch.erf, torch.exp, torch.log1p):
+                op(x)
+            _kernels_ready.set()
 
 
 def _type_text(dtype: str, shape) -> str:
