@@ -106,7 +106,17 @@ constexpr char kRunUsage[] =
     "  --resume JOB         continue the FAILED or CANCELLED job JOB from its kept\n"
     "                       state (give the first run's GRAPH, --world-size, --style, --data,\n"
     "                       --steps and --schedule; not --state): a new job\n"
-    "                       that runs the steps after the checkpoint\n"
+    "                       that runs the steps after the checkpoint. With an\n"
+    "                       evaluation GRAPH (fxdp.trace_eval) instead: evaluates the\n"
+    "                       state any finished job JOB kept, on the workers\n"
+    "  --eval G             evaluate the state while training: the evaluation graph G\n"
+    "                       (fxdp.trace_eval) after every --eval-every steps and the last,\n"
+    "                       over the --eval-data batches on the workers; prints\n"
+    "                       'evaluation after step K: loss=... name=...' (summed over\n"
+    "                       the batches; docs/evaluation.md)\n"
+    "  --eval-data P        an evaluation batch on the workers, safetensors (repeatable),\n"
+    "                       or a dataset directory alone\n"
+    "  --eval-every K       evaluate after every K-th step (default 0: after the last)\n"
     "\n"
     "Exit codes: 0 ok, 1 the job failed, was cancelled or was refused, 2 usage, 3 the\n"
     "server is unreachable or a file cannot be read or written.\n";
@@ -236,8 +246,10 @@ class RunPrinter {
     }
     if (!resume_.empty() && !told_) {
       told_ = true;
-      Line(absl::StrFormat("job %s resumes job %s from its checkpoint of step %d", e.job_id(),
-                           resume_, e.first_step()));
+      Line(e.first_step() > 0
+               ? absl::StrFormat("job %s resumes job %s from its checkpoint of step %d", e.job_id(),
+                                 resume_, e.first_step())
+               : absl::StrFormat("job %s evaluates the state job %s kept", e.job_id(), resume_));
     }
     if (e.state() == v1::JOB_STATE_QUEUED && e.queue_position() == 0) {
       Line(absl::StrFormat("job %s submitted", e.job_id()));
@@ -309,9 +321,9 @@ class RunPrinter {
 
 // What `fxdp run` is asked: its GRAPH and flags, checked.
 struct RunArgs {
-  std::string graph, server, state_path, out, name, schedule_path, resume;
-  std::vector<std::string> data, data_on_workers;
-  int32_t world = 1, steps = 0;
+  std::string graph, server, state_path, out, name, schedule_path, resume, eval;
+  std::vector<std::string> data, data_on_workers, eval_data;
+  int32_t world = 1, steps = 0, eval_every = 0;
   double bucket_mb = 0, timeout_s = 0;
   bool json = false, sync_bn = false;
   DataParallelStyle style = DataParallelStyle::kReplicate;
@@ -349,6 +361,9 @@ int ParseRunArgs(const std::vector<std::string>& args, RunArgs* a) {
   flags.String("--schedule", &a->schedule_path);
   flags.Bool("--json", &a->json);
   flags.String("--resume", &a->resume);
+  flags.String("--eval", &a->eval);
+  flags.Strings("--eval-data", &a->eval_data);
+  flags.Int("--eval-every", &a->eval_every);
   std::string seed_text;
   flags.String("--seed", &seed_text);
   std::vector<std::string> pos;
@@ -369,6 +384,9 @@ int ParseRunArgs(const std::vector<std::string>& args, RunArgs* a) {
     return flags.Usage("--data-on-workers needs --steps");
   if (a->steps == 0) a->steps = static_cast<int32_t>(a->data.size());
   if (a->bucket_mb < 0) return flags.Usage("--bucket-mb must be >= 0");
+  if (a->eval.empty() != a->eval_data.empty())
+    return flags.Usage("--eval and --eval-data go together");
+  if (a->eval_every < 0) return flags.Usage("--eval-every must be >= 0");
   if (!seed_text.empty()) {
     uint64_t seed = 0;
     if (!absl::SimpleAtoi(seed_text, &seed))
@@ -386,17 +404,28 @@ int ParseRunArgs(const std::vector<std::string>& args, RunArgs* a) {
 // The job to submit: its spec (the graph, the options, the schedule), the
 // initial state (none when resuming: the checkpoint's) and the batches. The
 // exit code to end with (the error printed), or -1.
-int BuildJob(const RunArgs& a, v1::JobSpec* spec, std::vector<RawTensor>* state,
-             std::vector<std::vector<RawTensor>>* batches) {
-  std::ifstream in(a.graph, std::ios::binary);
+int ReadGraph(const std::string& path, v1::GraphDef* graph) {
+  std::ifstream in(path, std::ios::binary);
   if (!in) {
-    std::fprintf(stderr, "fxdp run: cannot read %s\n", a.graph.c_str());
+    std::fprintf(stderr, "fxdp run: cannot read %s\n", path.c_str());
     return kExitIo;
   }
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (!spec->mutable_graph()->ParseFromString(bytes)) {
-    std::fprintf(stderr, "fxdp run: %s: not a serialized GraphDef\n", a.graph.c_str());
+  if (!graph->ParseFromString(bytes)) {
+    std::fprintf(stderr, "fxdp run: %s: not a serialized GraphDef\n", path.c_str());
     return kExitInvalidInput;
+  }
+  return -1;
+}
+
+int BuildJob(const RunArgs& a, v1::JobSpec* spec, std::vector<RawTensor>* state,
+             std::vector<std::vector<RawTensor>>* batches) {
+  if (int rc = ReadGraph(a.graph, spec->mutable_graph()); rc >= 0) return rc;
+  if (!a.eval.empty()) {
+    v1::EvalPolicy* e = spec->mutable_eval();
+    if (int rc = ReadGraph(a.eval, e->mutable_graph()); rc >= 0) return rc;
+    for (const std::string& p : a.eval_data) e->add_data_paths(p);
+    e->set_every(a.eval_every);
   }
   if (a.resume.empty()) {
     absl::StatusOr<std::vector<RawTensor>> s = ir::ReadSafetensorsFile(a.state_path);

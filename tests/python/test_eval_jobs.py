@@ -9,11 +9,14 @@ not an evaluation graph of the job's state is refused, INVALID_ARGUMENT naming w
 
 from __future__ import annotations
 
+import re
+import subprocess
+
 import fxdp
 import grpc
 import pytest
 import torch
-from _util import local_server
+from _util import fxdp_binary, local_server
 from fxdp.v1 import jobs_pb2 as jpb
 from safetensors.torch import save_file
 
@@ -87,12 +90,12 @@ def server(tmp_path_factory):
     fxdp.write_dataset(root / "evalset", _batches(3, 7), names=["x", "y"])
     with local_server(extra_args=["--data-root", str(root)]) as (address, _):
         with fxdp.Client(address) as client:
-            yield client, files, str(root / "evalset")
+            yield client, files, str(root / "evalset"), address
 
 
 @pytest.mark.parametrize("style,data", [("replicate", "files"), ("fully_shard", "dataset")])
 def test_evaluations_while_training_equal_one_device(server, style, data):
-    client, files, dataset = server
+    client, files, dataset, _ = server
     train, ev = _steps()
     batches = _batches(4, 3)
     state, want = _one_device(train, ev, batches, _batches(3, 7), at={2, 4})
@@ -138,7 +141,7 @@ def _refused(client, files, ev, match, **kw):
 
 
 def test_a_graph_that_is_not_an_evaluation_of_the_state_is_refused(server):
-    client, files, _ = server
+    client, files, _, _ = server
     _, wider = _steps(hidden=9)
     _refused(
         client,
@@ -160,7 +163,7 @@ def test_a_finished_jobs_kept_state_is_evaluated_on_the_workers(server):
     metrics per batch equal run_local on one device's state after the same 3 steps, and its
     state is the evaluation graph's, unchanged. A graph reading another shape, or an unknown
     job, is refused."""
-    client, _, _ = server
+    client, _, _, _ = server
     train, ev = _steps()
     batches, evals = _batches(3, 3), _batches(3, 7)
     state, _ = _one_device(train, ev, batches, evals, at=set())
@@ -183,3 +186,36 @@ def test_a_finished_jobs_kept_state_is_evaluated_on_the_workers(server):
     with pytest.raises(fxdp.ServerError) as e:
         client.evaluate(ev, "no-such-job", world_size=2, batches=evals)
     assert e.value.code == grpc.StatusCode.NOT_FOUND
+
+
+def test_fxdp_run_prints_the_evaluations(server, tmp_path):
+    """fxdp run --eval G --eval-data F ... --eval-every 1: a line per evaluation, its metrics
+    run_local's on one device's state after that step, summed over the evaluation batches."""
+    _, files, _, address = server
+    train, ev = _steps()
+    batches = _batches(2, 3)
+    _, want = _one_device(train, ev, batches, _batches(3, 7), at={1, 2})
+    train.save(str(tmp_path / "t.pb"))
+    ev.save(str(tmp_path / "e.pb"))
+    train.to_safetensors(str(tmp_path / "s.safetensors"))
+    data = []
+    for i, (x, y) in enumerate(batches):
+        data += ["--data", str(tmp_path / f"b{i}.safetensors")]
+        save_file({"x": x, "y": y}, data[-1])
+    r = subprocess.run(
+        [fxdp_binary("FXDP_BIN", "fxdp"), "run", str(tmp_path / "t.pb"), "--server", address,
+         "--world-size", "2", "--state", str(tmp_path / "s.safetensors"), *data,
+         "--eval", str(tmp_path / "e.pb"), *[a for f in files for a in ("--eval-data", f)],
+         "--eval-every", "1"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    lines = [x for x in r.stdout.splitlines() if x.startswith("evaluation after step")]
+    assert len(lines) == 2, r.stdout
+    for k, line in zip((1, 2), lines):
+        m = re.fullmatch(
+            rf"evaluation after step {k}: (.*) \(summed over 3 batches, [\d.]+ ms\)", line
+        )
+        assert m, line
+        got = {a: float(b) for a, b in (kv.split("=") for kv in m.group(1).split())}
+        assert got == pytest.approx(want[k], rel=1e-5, abs=1e-5)
