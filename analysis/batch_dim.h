@@ -163,9 +163,9 @@ struct ShardedRead {
   // gathered_reads: the argument of `user` that reads it gathered (positional index, 64 + k for
   // keyword k; cdist(x, x) may gather one of two arguments holding the same value).
   int32_t arg = -1;
-  // gathered_reads: the value is mean-scaled (rank r holds B/B_r times its rows, below a
-  // mean-reduced loss); each rank multiplies its rows by B_r/B before the gather, so the
-  // gathered value is the one device's.
+  // Mean-scaled (rank r holds B/B_r times its rows): each rank multiplies its rows by B_r/B
+  // for this use (gathered_reads: before the gather; sharded_reads: a shard, not sliced, that an
+  // additive op adds to a value at true scale, linearity.cc), so it reads one device's values.
   bool unscale = false;
 };
 

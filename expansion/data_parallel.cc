@@ -265,7 +265,9 @@ void StartReport(const Graph& graph, const BatchDimAnalysis& analysis, const Exp
   if (fs != nullptr) ReportFullyShard(*fs, &e);
   rep.batch_size = batch;
   rep.slices = SplitBatch(batch, world);
-  rep.sharded_reads = static_cast<int32_t>(analysis.sharded_reads().size());
+  rep.sharded_reads = static_cast<int32_t>(
+      std::count_if(analysis.sharded_reads().begin(), analysis.sharded_reads().end(),
+                    [](const ShardedRead& r) { return !r.unscale; }));
   rep.notes.insert(rep.notes.begin(), analysis.notes().begin(), analysis.notes().end());
   for (const Node& n : graph.nodes()) {
     if (!n.is_output() || n.args.empty() || !n.args[0].is_list()) continue;
@@ -287,7 +289,11 @@ void StartReport(const Graph& graph, const BatchDimAnalysis& analysis, const Exp
   }
   for (const PlannedBucket& b : buckets) rep.buckets.push_back(b.info);
   // Rank-specific slices of replicated values make the graphs differ too.
-  e.identical = batch % world == 0 && analysis.sharded_reads().empty();
+  // (A mean-scaled shard read at true scale is times B_r/B: the same on every rank of an even
+  // split.)
+  e.identical = batch % world == 0 &&
+                std::all_of(analysis.sharded_reads().begin(), analysis.sharded_reads().end(),
+                            [](const ShardedRead& r) { return r.unscale; });
   if (fs != nullptr && FullyShardSlicesPerRank(graph, buckets)) e.identical = false;
 }
 

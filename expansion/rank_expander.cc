@@ -231,7 +231,7 @@ absl::StatusOr<bool> RankExpander::MaybeSyncBatchNorm(NodeId id, const Node& old
   absl::flat_hash_map<ValueRef, ValueRef> local;
   if (auto it = reads_.find(id.value); it != reads_.end()) {
     for (const ShardedRead& r : it->second) {
-      if (!local.contains(r.value)) local[r.value] = EmitSlice(r);
+      if (!local.contains(r.value)) local[r.value] = EmitRead(r);
     }
   }
   // FULLY_SHARD: the weight and bias are read gathered, as in EmitNode.
@@ -288,7 +288,7 @@ absl::Status RankExpander::EmitNode(NodeId id, const Node& old) {
   absl::flat_hash_map<ValueRef, ValueRef> local;
   if (auto it = reads_.find(id.value); it != reads_.end()) {
     for (const ShardedRead& r : it->second) {
-      if (!local.contains(r.value)) local[r.value] = EmitSlice(r);
+      if (!local.contains(r.value)) local[r.value] = EmitRead(r);
     }
   }
   if (fs_ != nullptr) {
@@ -405,6 +405,17 @@ absl::Status RankExpander::LocalizeBatchSizeArg(NodeId id, const Node& old, Node
     }
   }
   return absl::OkStatus();
+}
+
+// A sharded read: a replicated value's rows (a slice), or a mean-scaled shard at true scale.
+ValueRef RankExpander::EmitRead(const ShardedRead& r) {
+  if (!r.unscale) return EmitSlice(r);
+  const double w = static_cast<double>(slice_.size) / static_cast<double>(batch_);
+  TensorType t = LocalValue(r.value).tensor;
+  t.stride = ir::ContiguousStrides(t.shape);
+  t.storage_offset = 0;
+  return Emit(Call(absl::StrCat("fxdp_unscale_", g_.node(r.value.node).name), "aten::mul", "Scalar",
+                   {Map(r.value), Argument(w)}, t));
 }
 
 ValueRef RankExpander::EmitSlice(const ShardedRead& r) {

@@ -167,6 +167,7 @@ class RankExpander final : public RankGraphBuilder {
   absl::Status LocalizeSizeList(NodeId id, const Node& old, Node& n);
   void LocalizeSplitSize(const Node& old, Node& n);
   absl::Status LocalizeBatchSizeArg(NodeId id, const Node& old, Node& n);
+  ValueRef EmitRead(const ShardedRead& r);
   ValueRef EmitSlice(const ShardedRead& r);
   ValueRef EmitGathered(const ShardedRead& r);  // gathered_reads.cc
   // The arguments of `n` (the rank's copy of node `id`) that read an operand all-gathered.

@@ -108,7 +108,7 @@ absl::Status BatchDimAnalyzer::GatherCoupled(
       if (!o.info.placement.is_shard() || label_of(o, o.info.placement.dim) != gathered) continue;
       bool spans = false;
       for (int64_t d = 0; d < o.type->rank(); ++d) spans |= label_of(o, d) == kept;
-      g.ok &= !spans && o.info.outer == 1 && !o.info.mean_scaled && o.info.order == 0 && o.elem < 0;
+      g.ok &= !spans && o.info.outer == 1 && o.info.order == 0 && o.elem < 0;
       g.bytes += o.type->numel() * ir::DTypeItemSize(o.type->dtype);
       g.last_arg = std::max(g.last_arg, o.arg);
     }
@@ -124,9 +124,13 @@ absl::Status BatchDimAnalyzer::GatherCoupled(
   std::vector<std::string> names;
   for (Operand& o : ops) {
     if (!o.info.placement.is_shard() || label_of(o, o.info.placement.dim) != gathered) continue;
-    a_.gathered_reads_.push_back(ShardedRead{o.ref, o.info.placement.dim, 1, id, o.arg});
-    names.push_back(absl::StrFormat("%s (arg %d, its batch dim %d)", g_.node(o.ref.node).name,
-                                    o.arg, o.info.placement.dim));
+    // A mean-scaled operand (below a mean-reduced loss) is gathered at true scale: each rank's
+    // rows times B_r/B first.
+    a_.gathered_reads_.push_back(
+        ShardedRead{o.ref, o.info.placement.dim, 1, id, o.arg, o.info.mean_scaled});
+    names.push_back(absl::StrFormat(
+        "%s (arg %d, its batch dim %d%s)", g_.node(o.ref.node).name, o.arg, o.info.placement.dim,
+        o.info.mean_scaled ? "; mean-scaled: its rows times B_r/B first" : ""));
     o.info = kReplicated;
   }
   a_.notes_.push_back(

@@ -112,21 +112,28 @@ absl::StatusOr<BatchDimAnalyzer::Special> BatchDimAnalyzer::Linear(NodeId id, co
         return ScaledError(id, n, o, "it is multiplied by another mean-scaled value");
       }
     }
-    if (linear.kind == Linearity::kAdditive) {
-      if (AddsNumber(n, linear)) {
-        const Operand& o = *std::find_if(ops.begin(), ops.end(), [&](const Operand& x) {
-          return x.arg != exempt_arg && IsSpecial(x.info);
-        });
-        return ScaledError(id, n, o, "a number is added to it on every rank");
-      }
-      for (const Operand& o : ops) {
-        if (o.arg != exempt_arg && InMask(linear, o.arg) && !IsSpecial(o.info) &&
-            o.type->numel() > 0 && !IsZeros(o.ref)) {
-          return ScaledError(id, n, o, "it is added to a value that is not mean-scaled");
-        }
-      }
+    bool true_scale_term = linear.kind == Linearity::kAdditive && AddsNumber(n, linear);
+    for (const Operand& o : ops) {
+      true_scale_term |= linear.kind == Linearity::kAdditive && o.arg != exempt_arg &&
+                         InMask(linear, o.arg) && !IsSpecial(o.info) && o.type->numel() > 0 &&
+                         !IsZeros(o.ref);
     }
-    s.scaled = true;
+    if (true_scale_term) {
+      // Added to a value at true scale (or a number): this use reads each mean-scaled shard
+      // times B_r/B (the rank's rows at one device's scale), and the sum is at true scale.
+      for (Operand& o : ops) {
+        if (o.arg == exempt_arg || !IsSpecial(o.info)) continue;
+        a_.sharded_reads_.push_back(
+            ShardedRead{o.ref, o.info.placement.dim, o.info.outer, id, o.arg, /*unscale=*/true});
+        a_.notes_.push_back(absl::StrFormat(
+            "%s: reads %s (mean-scaled: rank r holds B/B_r times its rows) times B_r/B, the one "
+            "device's scale, to add it to a value at that scale",
+            n.name, g_.node(o.ref.node).name));
+        o.info.mean_scaled = false;
+      }
+    } else {
+      s.scaled = true;
+    }
   }
   if (any_partial) {
     s.partial = true;

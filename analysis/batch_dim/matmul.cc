@@ -81,9 +81,9 @@ absl::StatusOr<ProductBatch> FindProductBatch(
           "operands put the batch on different dims of the product %s: arg %d (%s) on its dim "
           "%d (label %s, %d blocks), arg %d (%s) on its dim %d (label %s, %d blocks); samples "
           "coupled across the batch (an in-batch contrastive loss, a @ b.T) need the "
-          "operands of one label all-gathered, and neither label's can be (mean-scaled, rows "
-          "in a sort's order, a list element, or spanning the other label), or more than two "
-          "labels hold the batch",
+          "operands of one label all-gathered, and neither label's can be (rows in a sort's "
+          "order, a list element, folded inside a dim, or spanning the other label), or more "
+          "than two labels hold the batch",
           rule.spec.ToString(), b.decided->arg, g.node(b.decided->ref.node).name,
           b.decided->info.placement.dim, LabelName(b.label), b.outer, o.arg,
           g.node(o.ref.node).name, o.info.placement.dim, LabelName(l), o.info.outer));

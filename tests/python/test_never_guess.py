@@ -48,8 +48,8 @@ class BatchSoftmax(nn.Module):
 
 class BatchProduct(nn.Module):
     """Samples mixed by a product of two batch-sharded operands under a mean-reduced loss: the
-    backward adds a gradient scaled by each rank's own mean to one that is not, which no rank can
-    make exact: the analysis refuses it, naming the backward node and the user's line."""
+    backward adds a gradient scaled by each rank's own mean (B/B_r times its rows) to one at true
+    scale; each rank reads the scaled one times B_r/B for that sum (issue 23; it was refused)."""
 
     def __init__(self):
         super().__init__()
@@ -58,6 +58,18 @@ class BatchProduct(nn.Module):
     def forward(self, x):
         h = self.fc(x)
         return (h @ h.T) @ h
+
+
+class BatchMax(nn.Module):
+    """A max over the batch: no sum or mean of per-rank results, refused at compile time."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(5, 4)
+
+    def forward(self, x):
+        h = self.fc(x)
+        return h - h.amax(dim=0)
 
 
 def line_of(cls, needle: str) -> int:
@@ -123,16 +135,34 @@ def test_every_node_records_the_users_line():
 
 def test_compile_errors_quote_the_users_line(tmp_path):
     path = tmp_path / "g.pb"
-    traced(BatchProduct()).save(path)
+    traced(BatchMax()).save(path)
     r = fxdp_cli("expand", path, "--world-size", 2, "-o", tmp_path / "x.pb")
-    line = line_of(BatchProduct, "h.T")
+    line = line_of(BatchMax, "amax")
     assert r.returncode == 1, r.stderr
-    assert "node 'add' (aten::add.Tensor) [backward of " in r.stderr, r.stderr
-    assert f"test_never_guess.py:{line} in model: return (h @ h.T) @ h]" in r.stderr, r.stderr
-    assert "mean-scaled" in r.stderr and "Reduce the loss by sum" in r.stderr, r.stderr
+    assert "node 'amax' (aten::amax) [" in r.stderr, r.stderr
+    assert f"test_never_guess.py:{line} in model: return h - h.amax(dim=0)]" in r.stderr, r.stderr
+    assert "not a sum or mean of per-rank results" in r.stderr, r.stderr
     r = fxdp_cli("graph", "print", path, "--source")
-    assert f'test_never_guess.py:{line} in model: return (h @ h.T) @ h"' in r.stdout, r.stderr
+    assert f'test_never_guess.py:{line} in model: return h - h.amax(dim=0)"' in r.stdout, r.stderr
     assert "source=" not in fxdp_cli("graph", "print", path).stdout
+
+
+@pytest.mark.parametrize("world,b", [(2, 6), (3, 7)], ids=["N2", "N3-uneven"])
+def test_a_mean_scaled_gradient_added_to_one_at_true_scale(tmp_path, world, b):
+    """(h @ h.T) @ h under MSE's mean: h's gradient adds gY @ (h h^T)^T-terms scaled by each
+    rank's mean to the gathered operand's, which is at true scale; the scaled term is read times
+    B_r/B on each rank (a note says so) and N ranks equal one device (it was refused)."""
+    from test_expand_oracle import check_against_one_device
+
+    torch.manual_seed(0)
+    model = BatchProduct()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(b, 5, generator=g), torch.randn(b, 4, generator=g)) for _ in range(3)]
+    step = fxdp.trace(model, opt, nn.MSELoss(), batches[0])
+    # + the gather of h; the all-reduces of mm_2 and permute_1, partial over the whole batch
+    report = check_against_one_device(tmp_path, step, batches, world, reductions=3)
+    assert any("to add it to a value at that scale" in n for n in report["notes"]), report
 
 
 def test_expand_refuses_an_op_without_a_rule_and_analyze_labels_its_guess(tmp_path):
