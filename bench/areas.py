@@ -360,6 +360,22 @@ def area_trace(ctx) -> dict:
     return run_py_bench(ctx, "trace_memory", ctx["cfg"]["trace"], 1800)
 
 
+def area_random(ctx) -> dict:
+    """Dropout through fxdp's generator against torch's CPU kernel on the same tensor
+    (fxdp_random_bench --json: every run's time, the two measured alternately in one process)."""
+    rows, commands, l0 = [], [], load()
+    for numel, threads, reps in ctx["cfg"]["random"]:
+        flags = ["--numel", str(numel), "--threads", str(threads), "--reps", str(reps)]
+        r = run([ctx["bin"] / "fxdp_random_bench", *flags, "--json"], log=ctx["log"])
+        (ctx["raw"] / f"random_{numel}_{threads}.json").write_text(r.stdout)
+        for line in r.stdout.splitlines():
+            x = json.loads(line)
+            fx, th = summ(x["fxdp_ms"]), summ(x["torch_ms"])
+            rows.append({**x, "fxdp_ms": fx, "torch_ms": th, "ratio": fx["median"] / th["median"]})
+        commands.append(f"{rel(ctx['bin'])}/fxdp_random_bench " + " ".join(flags))
+    return {"target": 1.2, "rows": rows, "load": [l0, load()], "commands": commands}
+
+
 RUNNERS = {
     "pipeline": area_pipeline,
     "executor": area_executor,
@@ -368,4 +384,5 @@ RUNNERS = {
     "allreduce": area_allreduce,
     "fsdp": area_fsdp,
     "trace": area_trace,
+    "random": area_random,
 }

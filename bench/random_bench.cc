@@ -9,7 +9,8 @@
 //
 // usage: fxdp_random_bench [--numel N] [--reps R] [--threads T] [--json]
 // Each row: the median over R runs of each, measured alternately in the same
-// process, and their ratio (fxdp / torch).
+// process, and their ratio (fxdp / torch); --json: one line per op with every run's time
+// (make bench's "random" area, bench/areas.py).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
@@ -21,6 +22,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "analysis/ir/random_ops.h"
@@ -51,17 +53,40 @@ RandomPlan Plan(const char* op, const char* overload, int64_t numel) {
   return *plan;
 }
 
-double MedianMs(const std::function<void()>& f, int reps) {
-  std::vector<double> ms;
-  f();  // warm up
-  for (int i = 0; i < reps; ++i) {
+// The times of `reps` runs of f and of g, in ms, in run order, measured
+// alternately (f, g, f, g...) after one run of each to warm up, so that a
+// change of the machine's load falls on both.
+std::pair<std::vector<double>, std::vector<double>> AlternateMs(const std::function<void()>& f,
+                                                                const std::function<void()>& g,
+                                                                int reps) {
+  std::pair<std::vector<double>, std::vector<double>> ms;
+  f();
+  g();
+  auto time = [](const std::function<void()>& h) {
     const auto t0 = std::chrono::steady_clock::now();
-    f();
-    ms.push_back(
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    h();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  };
+  for (int i = 0; i < reps; ++i) {
+    ms.first.push_back(time(f));
+    ms.second.push_back(time(g));
   }
+  return ms;
+}
+
+double Median(std::vector<double> ms) {
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
+}
+
+std::string JsonList(const std::vector<double>& ms) {
+  std::string out = "[";
+  for (size_t i = 0; i < ms.size(); ++i) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%s%.4f", i ? ", " : "", ms[i]);
+    out += buf;
+  }
+  return out + "]";
 }
 
 int Main(int argc, char** argv) {
@@ -102,22 +127,22 @@ int Main(int argc, char** argv) {
   auto torch_bernoulli = [&] { at::bernoulli(x, 1.0 - p); };
   struct Row {
     const char* name;
-    double fxdp_ms, torch_ms;
+    std::pair<std::vector<double>, std::vector<double>> ms;  // fxdp's, torch's
   };
-  std::vector<Row> rows = {
-      {"native_dropout", MedianMs(fxdp_dropout, reps), MedianMs(torch_dropout, reps)},
-      {"bernoulli.p", MedianMs(fxdp_bernoulli, reps), MedianMs(torch_bernoulli, reps)}};
+  const std::vector<Row> rows = {
+      {"native_dropout", AlternateMs(fxdp_dropout, torch_dropout, reps)},
+      {"bernoulli.p", AlternateMs(fxdp_bernoulli, torch_bernoulli, reps)}};
   for (const Row& r : rows) {
+    const double f = Median(r.ms.first), t = Median(r.ms.second);
     if (json) {
       std::printf(
-          "{\"op\": \"%s\", \"numel\": %lld, \"threads\": %d, \"fxdp_ms\": %.4f, "
-          "\"torch_ms\": %.4f, \"ratio\": %.3f}\n",
-          r.name, static_cast<long long>(numel), threads, r.fxdp_ms, r.torch_ms,
-          r.fxdp_ms / r.torch_ms);
+          "{\"op\": \"%s\", \"numel\": %lld, \"threads\": %d, \"p\": %g, \"fxdp_ms\": %s, "
+          "\"torch_ms\": %s}\n",
+          r.name, static_cast<long long>(numel), threads, p, JsonList(r.ms.first).c_str(),
+          JsonList(r.ms.second).c_str());
     } else {
       std::printf("%-15s numel %lld, %d thread(s): fxdp %.3f ms, torch %.3f ms, ratio %.2f\n",
-                  r.name, static_cast<long long>(numel), threads, r.fxdp_ms, r.torch_ms,
-                  r.fxdp_ms / r.torch_ms);
+                  r.name, static_cast<long long>(numel), threads, f, t, f / t);
     }
   }
   return 0;

@@ -391,6 +391,33 @@ def md_trace(r: dict) -> list:
     return L
 
 
+def md_random(r: dict) -> list:
+    L = [
+        "## 8. Dropout through fxdp's generator against torch's kernel",
+        "",
+        "`fxdp_random_bench`: `native_dropout` through fxdp's counter-based Philox generator "
+        "(executor/random_ops.h: each element's mask from its global index, then "
+        "`input * mask * 1/(1-p)`) against `at::native_dropout` (torch's CPU generator), and "
+        "fxdp's `bernoulli.p` (what a traced `nn.Dropout` becomes) against `at::bernoulli`, on "
+        "the same float32 tensor, p = 0.1; the two measured alternately in one process. "
+        f"Target (issue 24): fxdp within {r['target']}x of torch. Times in ms, median (min-max).",
+        "",
+        "| op | elements | threads | fxdp ms | torch ms | fxdp / torch |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for x in r["rows"]:
+        L.append(
+            f"| {x['op']} | {x['numel']:,} | {x['threads']} | {mm(x['fxdp_ms'])} | "
+            f"{mm(x['torch_ms'])} | {x['ratio']:.2f}x |"
+        )
+    worst = max((x["ratio"] for x in r["rows"]), default=None)
+    if worst is not None:
+        met = "met" if worst <= r["target"] else "**missed**"
+        L += ["", f"Worst ratio {worst:.2f}x: target {met}."]
+    L += ["", "Commands: " + "; ".join(f"`{c}`" for c in r["commands"]) + "."]
+    return L
+
+
 RENDER = {
     "pipeline": md_pipeline,
     "executor": md_executor,
@@ -399,6 +426,7 @@ RENDER = {
     "allreduce": md_allreduce,
     "fsdp": md_fsdp,
     "trace": md_trace,
+    "random": md_random,
 }
 TITLES = {
     "pipeline": "1. Graph decode + analysis + expansion",
@@ -408,6 +436,7 @@ TITLES = {
     "allreduce": "5. All-reduce bandwidth",
     "fsdp": "6. FULLY_SHARD vs REPLICATE vs FSDP2",
     "trace": "7. Tracing a meta model: client memory",
+    "random": "8. Dropout through fxdp's generator",
 }
 
 

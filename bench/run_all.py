@@ -1,6 +1,6 @@
 """`make bench`: every performance claim of fxdp measured next to its baseline, in one run.
 
-Runs the benchmarks of seven areas (AREAS below), each fxdp number with its baseline in the same
+Runs the benchmarks of eight areas (AREAS below), each fxdp number with its baseline in the same
 run, and writes bench/RESULTS.md (one table per area: what was measured, fxdp, baseline, ratio, the
 command to reproduce it; medians over repetitions with min and max; the machine, date, git
 commit and load average) and bench/results.json (every raw number). Raw per-program outputs
@@ -19,6 +19,9 @@ go to --raw (default bench/out/latest, not committed).
   fsdp       FULLY_SHARD against REPLICATE against PyTorch FSDP2 (fully_shard, Gloo) at N=2
              on CPU, the GPT-2 of `step`: step time and memory per rank:
              bench/fully_shard_vs_fsdp2.py
+  trace      client memory of tracing a Llama built on meta: bench/trace_memory.py
+  random     dropout (and bernoulli.p) through fxdp's generator against torch's CPU kernel on
+             the same tensor: fxdp_random_bench (target: within 1.2x, issue 24)
 
 usage: .venv/bin/python bench/run_all.py [--build build] [--areas pipeline,executor,...]
            [--merge] [--quick] [--md bench/RESULTS.md] [--json bench/results.json] [--raw DIR]
@@ -40,7 +43,7 @@ from areas import N4_REASON, RUNNERS, area_step
 from results_markdown import render_markdown
 from run_util import REPO, load, machine, rel, summ  # noqa: F401 - summ: tests/python/test_bench.py
 
-AREAS = ["pipeline", "executor", "step", "compile", "allreduce", "fsdp", "trace"]
+AREAS = ["pipeline", "executor", "step", "compile", "allreduce", "fsdp", "trace", "random"]
 
 FULL = {
     # nodes -> (fxdp reps, torch.fx reps)
@@ -54,6 +57,7 @@ FULL = {
     "allreduce": {"min": 1024, "max": 64 << 20, "factor": 2, "reps": 5, "budget_mb": 64},
     "fsdp": [],  # fully_shard_vs_fsdp2.py's defaults: the GPT-2, 3 repetitions of 12 steps
     "trace": [],  # trace_memory.py's defaults: 2-layer Llamas of hidden 512, 2048, 4096 on meta
+    "random": [(1 << 22, 1, 21), (1 << 22, 2, 21), (1 << 20, 1, 21)],  # (numel, threads, reps)
 }
 QUICK = {
     "pipeline_sizes": {1_000: (1, 1)},
@@ -66,6 +70,7 @@ QUICK = {
     "allreduce": {"min": 1024, "max": 16384, "factor": 4, "reps": 1, "budget_mb": 1},
     "fsdp": ["--quick"],
     "trace": ["--quick"],
+    "random": [(1 << 16, 1, 3)],
 }
 
 # --------------------------------------------------------------------------- main

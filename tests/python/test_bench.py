@@ -61,7 +61,13 @@ def check_pipeline_json(d: dict, reps: int) -> None:
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
-    for name in ("fxdp_pipeline_bench", "fxdp_compile_load", "fxdp_allreduce_bench", "fxdp-server"):
+    for name in (
+        "fxdp_pipeline_bench",
+        "fxdp_compile_load",
+        "fxdp_allreduce_bench",
+        "fxdp_random_bench",
+        "fxdp-server",
+    ):
         binary(name)
     d = tmp_path_factory.mktemp("bench")
     r = subprocess.run(
@@ -72,7 +78,7 @@ def quick_run(tmp_path_factory):
             "--build",
             str(build_dir()),
             "--areas",
-            "pipeline,compile,allreduce",
+            "pipeline,compile,allreduce,random",
             "--md",
             str(d / "RESULTS.md"),
             "--json",
@@ -166,8 +172,14 @@ def test_allreduce_json(quick_run):
 
 def test_results_md_has_every_table(quick_run):
     md = (quick_run / "RESULTS.md").read_text()
-    for heading in ("## 1. Graph decode", "## 4. Compile RPC latency", "## 5. All-reduce"):
+    for heading in (
+        "## 1. Graph decode",
+        "## 4. Compile RPC latency",
+        "## 5. All-reduce",
+        "## 8. ",
+    ):
         assert heading in md
+    assert "| native_dropout | 65,536 | 1 |" in md and "| bernoulli.p | 65,536 | 1 |" in md
     assert "| nodes | phase | fxdp µs/node | torch.fx µs/node | ratio |" in md
     assert "| Analyze | 1 |" in md and "| Expand | 2 |" in md
     assert "| 1 KB |" in md and "**NCCL**" in md
