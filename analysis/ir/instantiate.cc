@@ -329,8 +329,8 @@ absl::Status ParseInputShape(absl::string_view text, InputShapes* shapes) {
   return absl::OkStatus();
 }
 
-std::string InputShapesText(const InputShapes& shapes) {
-  return absl::StrJoin(shapes, ", ", [](std::string* out, const auto& kv) {
+std::string InputShapesText(const InputShapes& shapes, absl::string_view sep) {
+  return absl::StrJoin(shapes, sep, [](std::string* out, const auto& kv) {
     absl::StrAppend(out, kv.first, "=", absl::StrJoin(kv.second, "x"));
   });
 }

@@ -41,8 +41,9 @@ using InputShapes = std::map<std::string, std::vector<int64_t>>;
 // Adds "NAME=8x60" to *shapes ("NAME=" for a 0-d input); INVALID_ARGUMENT
 // naming the text when it is malformed or names an input twice.
 absl::Status ParseInputShape(absl::string_view text, InputShapes* shapes);
-// "input_ids=8x60, labels=8x60" ("" when empty).
-std::string InputShapesText(const InputShapes& shapes);
+// "input_ids=8x60, labels=8x60" ("" when empty); `sep` between inputs (a
+// job's JobEvent.shape: "input_ids=8x60 labels=8x60").
+std::string InputShapesText(const InputShapes& shapes, absl::string_view sep = ", ");
 
 absl::StatusOr<v1::GraphDef> InstantiateDef(const v1::GraphDef& def, const InputShapes& shapes);
 absl::StatusOr<Graph> Instantiate(const v1::GraphDef& def, const InputShapes& shapes);

@@ -87,6 +87,14 @@ nlohmann::ordered_json InfoJson(const v1::JobInfo& j) {
   o["compile_cached"] = j.compile_cached();
   o["checkpoint_step"] = j.checkpoint_step();
   o["resumed_from"] = j.resumed_from();
+  nlohmann::ordered_json shapes = nlohmann::ordered_json::array();
+  for (const v1::CompiledShape& c : j.shapes()) {
+    shapes.push_back({{"shape", c.shape()},
+                      {"steps", c.steps()},
+                      {"compile_ms", c.compile_ms()},
+                      {"evicted", c.evicted()}});
+  }
+  o["shapes"] = std::move(shapes);
   return o;
 }
 
@@ -121,6 +129,10 @@ std::string InfoText(const v1::JobInfo& j) {
   }
   absl::StrAppendFormat(&out, "compiled   %s\n",
                         j.compile_cached() ? "from the compile cache" : "for this job");
+  for (const v1::CompiledShape& c : j.shapes()) {
+    absl::StrAppendFormat(&out, "shape      %s: %d steps, compiled in %.1f ms%s\n", c.shape(),
+                          c.steps(), c.compile_ms(), c.evicted() ? " (evicted: max_shapes)" : "");
+  }
   absl::StrAppendFormat(
       &out, "final state %s\n",
       j.has_state() ? "kept" : (j.state_evicted() ? "evicted (--max-state-mb)" : "-"));
@@ -158,6 +170,7 @@ nlohmann::ordered_json EventJson(const v1::JobEvent& e, int64_t steps) {
     o["loss"] = e.loss();
     o["step_ms"] = e.step_ms();
     o["local_losses"] = std::vector<double>(e.local_losses().begin(), e.local_losses().end());
+    if (!e.shape().empty()) o["shape"] = e.shape();
     nlohmann::ordered_json outputs = nlohmann::ordered_json::object();
     for (const v1::NamedValue& v : e.outputs()) outputs[v.name()] = v.value();
     o["outputs"] = std::move(outputs);
@@ -184,11 +197,13 @@ BatchCounts CountBatch(const v1::GraphDef& graph) {
     const v1::TensorMeta& t = n.outputs(0).tensor();
     const int d = n.placeholder().batch_dim();
     if (d < 0 || d >= t.shape_size()) continue;
-    if (b.samples == 0) b.samples = t.shape(d);
+    // A size that varies per batch (a graph with symbolic sizes) is not known: 0.
+    auto varies = [&t](int i) { return i < t.shape_expr_size() && t.shape_expr(i) != 0; };
+    if (b.samples == 0) b.samples = varies(d) ? 0 : t.shape(d);
     if (b.tokens == 0 && (t.dtype() == v1::INT64 || t.dtype() == v1::INT32) &&
         t.shape_size() >= 2) {
       b.tokens = 1;
-      for (int64_t s : t.shape()) b.tokens *= s;
+      for (int i = 0; i < t.shape_size(); ++i) b.tokens *= varies(i) ? 0 : t.shape(i);
     }
   }
   return b;

@@ -38,7 +38,8 @@ nlohmann::ordered_json EventJson(const v1::JobEvent& e, int64_t steps);
 // One step's global batch from the graph's INPUTs (as fxdp.progress's
 // batch_counts): samples, the batch dim's size of the first INPUT with one;
 // tokens, the element count of the first integer INPUT of 2+ dims with a
-// batch dim (token ids), else 0.
+// batch dim (token ids), else 0; a size that varies per batch (a graph with
+// symbolic sizes) is not known: 0.
 struct BatchCounts {
   int64_t samples = 0, tokens = 0;
 };

@@ -96,7 +96,7 @@ int JobsCommand(const std::vector<std::string>& args) {
     return kExitOk;
   }
   std::vector<std::vector<std::string>> rows = {
-      {"id", "name", "state", "steps", "steps/s", "world", "last loss", "detail"}};
+      {"id", "name", "state", "steps", "steps/s", "world", "shapes", "last loss", "detail"}};
   const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                              std::chrono::system_clock::now().time_since_epoch())
                              .count();
@@ -108,6 +108,7 @@ int JobsCommand(const std::vector<std::string>& args) {
         {j.job_id(), j.name().empty() ? "-" : j.name(), StateName(j.state()),
          absl::StrCat(j.steps_done(), "/", j.steps() > 0 ? absl::StrCat(j.steps()) : "?"),
          AverageRate(j, now_ms), absl::StrCat(j.world_size()),
+         j.shapes_size() > 0 ? absl::StrCat(j.shapes_size()) : "-",
          j.losses_size() ? absl::StrFormat("%.6g", j.losses(j.losses_size() - 1)) : "-", detail});
   }
   std::string out = FormatTable(rows);

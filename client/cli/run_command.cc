@@ -262,7 +262,8 @@ class RunPrinter {
       const std::string text =
           absl::StrCat(absl::StrFormat("step %d/%s loss %.6g", e.step(),
                                        steps_ > 0 ? absl::StrCat(steps_) : "?", e.loss()),
-                       OutputsText(e), absl::StrFormat(" (%.1f ms)", e.step_ms()), RateText(rate));
+                       OutputsText(e), absl::StrFormat(" (%.1f ms)", e.step_ms()),
+                       e.shape().empty() ? "" : absl::StrCat(" [", e.shape(), "]"), RateText(rate));
       if (!tty_) return Line(text);
       constexpr int kBar = 30;
       const int filled =

@@ -20,17 +20,17 @@ void AddHyperparameters(const ir::HyperparameterValues& values, v1::Batch* b) {
 }
 
 // What to do about a global batch input of `dtype` and `shape` that is not
-// the graph's `in` (issue 26): a partial last batch, another sequence
+// the static graph's `in` (issue 26): a partial last batch, another sequence
 // length, another dtype, each with what fixes it.
 std::string ShapeAdvice(const InputSpec& in, v1::DType dtype, const std::vector<int64_t>& shape) {
-  constexpr char kOneShape[] =
-      "fxdp traces one shape per job today (docs/shapes.md: symbolic sizes are being built)";
+  constexpr char kSymbolic[] =
+      "or trace with symbolic sizes (fxdp.trace_step(..., dynamic=True)): one job then runs every "
+      "batch shape (docs/shapes.md)";
   if (dtype != in.dtype) {
     return absl::StrCat("convert it to the traced dtype (", TypeString(in.dtype, in.shape), ")");
   }
   if (shape.size() != in.shape.size()) {
-    return absl::StrCat("it has ", shape.size(), " dims, the traced batch ", in.shape.size(), "; ",
-                        kOneShape);
+    return absl::StrCat("it has ", shape.size(), " dims, the traced batch ", in.shape.size());
   }
   std::vector<std::string> advice;
   const int bd = in.batch_dim;
@@ -41,29 +41,99 @@ std::string ShapeAdvice(const InputSpec& in, v1::DType dtype, const std::vector<
                                   in.shape[bd], " samples"));
   } else if (bd >= 0 && shape[bd] > in.shape[bd]) {
     advice.push_back(absl::StrCat(shape[bd], " samples, traced with ", in.shape[bd],
-                                  ": send batches of ", in.shape[bd], " or trace with ",
-                                  shape[bd]));
+                                  ": send batches of ", in.shape[bd]));
   }
   for (size_t d = 0; d < shape.size(); ++d) {
     if (static_cast<int>(d) == bd || shape[d] == in.shape[d]) continue;
-    advice.push_back(absl::StrCat(
-        "dim ", d, " is ", shape[d], ", traced with ", in.shape[d],
-        " (a padded sequence length?): pad every batch to ", in.shape[d],
-        " (a tokenizer's padding=\"max_length\", max_length=", in.shape[d],
-        "; pad_to_multiple_of bounds the lengths, but each length needs its own job)"));
+    advice.push_back(
+        absl::StrCat("dim ", d, " is ", shape[d], ", traced with ", in.shape[d],
+                     " (a padded sequence length?): pad every batch to ", in.shape[d],
+                     " (a tokenizer's padding=\"max_length\", max_length=", in.shape[d], ")"));
     break;
   }
-  advice.push_back(kOneShape);
+  advice.push_back(kSymbolic);
   return absl::StrJoin(advice, "; ");
+}
+
+// "f32[s, s, 4]": `in`'s type, a symbolic dim as 's'.
+std::string SymbolicTypeText(const InputSpec& in) {
+  std::string dims;
+  for (size_t d = 0; d < in.shape.size(); ++d) {
+    absl::StrAppend(&dims, d ? ", " : "", in.symbolic[d] ? "s" : absl::StrCat(in.shape[d]));
+  }
+  const std::string t = TypeString(in.dtype, {});  // "f32[]"
+  return absl::StrCat(t.substr(0, t.size() - 1), dims, "]");
+}
+
+// A global batch input against `in`: a static graph's exactly, a symbolic
+// one's dtype, rank and static dims (instantiation checks the rest).
+absl::Status CheckInputShape(const std::string& what, const InputSpec& in, v1::DType dtype,
+                             const std::vector<int64_t>& shape) {
+  const std::string got = TypeString(dtype, shape);
+  if (in.symbolic.empty()) {
+    if (dtype == in.dtype && shape == in.shape) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": input '", in.name, "' is ", got, ", the graph expects ",
+        TypeString(in.dtype, in.shape), " (the global batch): ", ShapeAdvice(in, dtype, shape)));
+  }
+  const std::string want =
+      absl::StrCat(what, ": input '", in.name, "' is ", got, ", the graph expects ",
+                   SymbolicTypeText(in), " (the global batch; s: a size its guards allow)");
+  if (dtype != in.dtype) {
+    return absl::InvalidArgumentError(absl::StrCat(want, ": convert it to the traced dtype (",
+                                                   TypeString(in.dtype, in.shape), ")"));
+  }
+  if (shape.size() != in.shape.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(want, ": it has ", shape.size(), " dims, the traced batch ", in.shape.size()));
+  }
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (in.symbolic[d] || shape[d] == in.shape[d]) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        want, ": dim ", d, " is ", shape[d], ", but the trace made it static at ", in.shape[d],
+        " (the model used its size as a constant); pad it to ", in.shape[d],
+        ", or trace with dynamic={'", in.name, "': [...]} naming the dims that vary"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
 
-const InputSpec* BatchSharder::FindInput(const std::string& name) const {
-  for (const InputSpec& in : *inputs_) {
-    if (in.name == name) return &in;
+absl::StatusOr<RankRows> RankRowsOf(const v1::ExpandResponse& expanded, int world,
+                                    const std::vector<InputSpec>& inputs,
+                                    const ir::InputShapes& shapes) {
+  RankRows rows;
+  for (const InputSpec& in : inputs) {
+    auto global = shapes.find(in.name);
+    if (in.batch_dim >= 0 && global != shapes.end() &&
+        in.batch_dim < static_cast<int>(global->second.size()))
+      rows[in.name];
   }
-  return nullptr;
+  for (int r = 0; r < world && !rows.empty(); ++r) {
+    for (const InputSpec& local : GraphInputs(expanded.graphs(r % expanded.graphs_size()))) {
+      auto it = rows.find(local.name);
+      if (it == rows.end()) continue;
+      const int bd = FindInputSpec(inputs, local.name)->batch_dim;
+      const int64_t start = r == 0 ? 0 : it->second.back().start + it->second.back().size;
+      if (bd < static_cast<int>(local.shape.size()))
+        it->second.push_back({r, start, local.shape[bd]});
+    }
+  }
+  for (const auto& [name, slices] : rows) {
+    const int64_t global = shapes.at(name)[FindInputSpec(inputs, name)->batch_dim];
+    const int64_t covered = slices.empty() ? 0 : slices.back().start + slices.back().size;
+    if (static_cast<int>(slices.size()) != world || covered != global) {
+      return absl::InternalError(absl::StrCat("the rank graphs declare ", covered,
+                                              " rows of input '", name, "' on ", slices.size(),
+                                              " of ", world, " ranks, the global batch has ",
+                                              global, " (", ir::InputShapesText(shapes), ")"));
+    }
+  }
+  return rows;
+}
+
+const InputSpec* BatchSharder::FindInput(const std::string& name) const {
+  return FindInputSpec(*inputs_, name);
 }
 
 absl::StatusOr<bool> BatchSharder::Add(int64_t step, const v1::SubmitJobRequest& req) {
@@ -84,6 +154,8 @@ absl::StatusOr<bool> BatchSharder::Add(int64_t step, const v1::SubmitJobRequest&
     batch_ = std::make_unique<ChunkStream>(what, /*keep_data=*/true);
     step_hyper_.clear();
     tensors_.clear();
+    shapes_.clear();
+    step_bytes_ = 0;
   }
   for (const v1::HyperparameterValue& h : b.hyperparameters()) {
     if (absl::Status s =
@@ -108,12 +180,10 @@ absl::StatusOr<bool> BatchSharder::Add(int64_t step, const v1::SubmitJobRequest&
             "' is not an INPUT of the graph (its inputs: ", absl::StrJoin(names, ", "), ")"));
       }
       const std::vector<int64_t> shape(c.shape().begin(), c.shape().end());
-      if (c.dtype() != in->dtype || shape != in->shape) {
-        return InvalidArgumentError(
-            absl::StrCat(what, ": input '", c.name(), "' is ", TypeString(c.dtype(), shape),
-                         ", the graph expects ", TypeString(in->dtype, in->shape),
-                         " (the global batch): ", ShapeAdvice(*in, c.dtype(), shape)));
-      }
+      if (absl::Status s = CheckInputShape(what, *in, c.dtype(), shape); !s.ok()) return s;
+      if (absl::Status s = batch_->Add(c); !s.ok()) return InvalidArgumentError(s.message());
+      if (absl::Status s = CountBytes(what, c.name()); !s.ok()) return s;
+      continue;
     }
     if (absl::Status s = batch_->Add(c); !s.ok()) return InvalidArgumentError(s.message());
   }
@@ -135,12 +205,23 @@ absl::StatusOr<bool> BatchSharder::Add(int64_t step, const v1::SubmitJobRequest&
   for (const auto& [name, value] : schedule_->At(job_step)) merged[name] = value;
   for (const auto& [name, value] : step_hyper_) merged[name] = value;
   hyper_.assign(merged.begin(), merged.end());
+  for (const RawTensor& t : tensors) shapes_[t.name] = t.shape;
   tensors_ = std::move(tensors);
   step_ = step;
   return true;
 }
 
-absl::StatusOr<std::vector<v1::ServerMessage>> BatchSharder::RankBatch(int rank) {
+absl::Status BatchSharder::CountBytes(const std::string& what, const std::string& name) {
+  step_bytes_ += batch_->current_bytes();
+  if (step_bytes_ <= max_batch_bytes_) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      what, " is ", step_bytes_, " bytes with input '", name, "', over this server's limit of ",
+      max_batch_bytes_ >> 20, " MiB per step (fxdp-server --max-batch-mb)"));
+}
+
+absl::StatusOr<std::vector<v1::ServerMessage>> BatchSharder::RankBatch(int rank,
+                                                                       const RankRows& rows,
+                                                                       uint32_t graph_id) {
   std::vector<v1::TensorChunk> chunks;
   for (const RawTensor& t : tensors_) {
     const InputSpec& in = *FindInput(t.name);
@@ -149,7 +230,12 @@ absl::StatusOr<std::vector<v1::ServerMessage>> BatchSharder::RankBatch(int rank)
     c.set_dtype(static_cast<v1::DType>(ir::DTypeToWire(t.dtype)));
     std::vector<int64_t> shape = t.shape;
     if (in.batch_dim >= 0 && in.batch_dim < static_cast<int>(shape.size())) {
-      const RankSlice slice = SplitBatch(shape[in.batch_dim], world_)[rank];
+      auto it = rows.find(t.name);
+      if (it == rows.end() || static_cast<int>(it->second.size()) <= rank) {
+        return absl::InternalError(absl::StrCat("step ", first_ + step_, "'s batch: no rows of '",
+                                                t.name, "' for rank ", rank));
+      }
+      const RankSlice slice = it->second[rank];
       absl::StatusOr<std::string> data = SliceDim(t, in.batch_dim, slice.start, slice.size);
       if (!data.ok()) {
         return absl::InvalidArgumentError(
@@ -170,6 +256,7 @@ absl::StatusOr<std::vector<v1::ServerMessage>> BatchSharder::RankBatch(int rank)
     v1::Batch* b = out.back().mutable_batch();
     b->set_job_id(job_id_);
     b->set_step(step_);
+    b->set_graph_id(graph_id);
   };
   start();
   AddHyperparameters(hyper_, out.back().mutable_batch());

@@ -1,13 +1,16 @@
 // BatchSharder: server-side slicing of a job's global batches. It takes a
 // step's StepBatch messages from the client, checks them against the graph's
 // INPUTs (names, dtypes, global shapes, chunking, hyper-parameter names and
-// values), assembles the global tensors, and cuts each rank its slice along
-// each INPUT's batch dim (the balanced split of expansion/, the whole tensor
-// for an input without a batch dim), as Batch messages of at most
-// chunk_bytes of tensor data (`more` on all but the last) that carry the
-// step's hyper-parameters (the schedule's, overridden by the batch's).
-// Errors are INVALID_ARGUMENT naming the step, the tensor and what was
-// expected. Not thread-safe (one per job runner). No gRPC here.
+// values; a graph with symbolic sizes: the static dims only, the step's
+// shapes then go to ShapeVariants, whose instantiation checks the rest),
+// assembles the global tensors, and cuts each rank its slice along each
+// INPUT's batch dim (the rows its rank graph declares, RankRowsOf: the
+// balanced split of expansion/; the whole tensor for an input without a
+// batch dim), as Batch messages of at most chunk_bytes of tensor data
+// (`more` on all but the last) that carry the step's hyper-parameters (the
+// schedule's, overridden by the batch's) and the program that runs it
+// (Batch.graph_id). Errors are INVALID_ARGUMENT naming the step, the tensor
+// and what was expected. Not thread-safe (one per job runner). No gRPC here.
 #ifndef FXDP_SERVER_JOBS_BATCH_SHARDER_H_
 #define FXDP_SERVER_JOBS_BATCH_SHARDER_H_
 
@@ -20,13 +23,25 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "analysis/ir/batch_split.h"
 #include "analysis/ir/hyperparameters.h"
+#include "analysis/ir/instantiate.h"
 #include "proto/fxdp/v1/jobs.pb.h"
 #include "proto/fxdp/v1/worker.pb.h"
 #include "server/jobs/job_spec.h"
 #include "server/jobs/raw_tensors.h"
 
 namespace fxdp::server {
+
+// Rank r's rows of each batch INPUT with a batch dim (by name): where they
+// start in the global batch and how many, as the rank graphs of `expanded`
+// declare them (each INPUT placeholder's size along its batch dim). INTERNAL
+// when a rank graph lacks the input or the sizes do not add up to the global
+// batch's (`shapes`).
+using RankRows = std::map<std::string, std::vector<ir::RankSlice>>;
+absl::StatusOr<RankRows> RankRowsOf(const v1::ExpandResponse& expanded, int world,
+                                    const std::vector<InputSpec>& inputs,
+                                    const ir::InputShapes& shapes);
 
 class BatchSharder {
  public:
@@ -41,6 +56,9 @@ class BatchSharder {
         placeholders_(placeholders),
         schedule_(schedule) {}
 
+  // The most bytes one step's global batch may hold (fxdp-server
+  // --max-batch-mb): a graph with symbolic sizes declares no bound itself.
+  void set_max_batch_bytes(uint64_t bytes) { max_batch_bytes_ = bytes; }
   // A resumed job runs the job's steps first_step + 1, ...: its client's
   // StepBatch.step and its schedule count them, its workers count from 1.
   void set_first_step(int64_t first_step) { first_ = first_step; }
@@ -51,8 +69,12 @@ class BatchSharder {
   absl::StatusOr<bool> Add(int64_t step, const v1::SubmitJobRequest& request);
   // Part of a step's batch was received (its last StepBatch had `more`).
   bool in_step() const { return batch_ != nullptr; }
-  // The completed step's Batch messages for `rank`.
-  absl::StatusOr<std::vector<v1::ServerMessage>> RankBatch(int rank);
+  // The completed step's global batch shapes (every INPUT by name).
+  const ir::InputShapes& shapes() const { return shapes_; }
+  // The completed step's Batch messages for `rank`: its `rows`
+  // (RankRowsOf), run by program `graph_id`.
+  absl::StatusOr<std::vector<v1::ServerMessage>> RankBatch(int rank, const RankRows& rows,
+                                                           uint32_t graph_id = 0);
   // The completed step's global tensors are no longer needed.
   void Clear() { tensors_.clear(); }
 
@@ -63,6 +85,9 @@ class BatchSharder {
 
  private:
   const InputSpec* FindInput(const std::string& name) const;
+  // The step's batch with the tensor `name` just started, against
+  // max_batch_bytes_ (RESOURCE_EXHAUSTED).
+  absl::Status CountBytes(const std::string& what, const std::string& name);
 
   const std::string job_id_;
   const int world_;
@@ -75,7 +100,10 @@ class BatchSharder {
   int64_t step_ = 0;                          // the completed step (run step)
   int64_t first_ = 0;                         // steps done before this run
   std::vector<RawTensor> tensors_;            // its global tensors
-  ir::HyperparameterValues hyper_;            // its hyper-parameters
+  ir::InputShapes shapes_;                    // their shapes
+  uint64_t step_bytes_ = 0;                   // of the step being read
+  uint64_t max_batch_bytes_ = UINT64_MAX;
+  ir::HyperparameterValues hyper_;  // its hyper-parameters
 };
 
 }  // namespace fxdp::server

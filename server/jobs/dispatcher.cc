@@ -82,9 +82,30 @@ std::string Dispatcher::RendezvousHost() const {
   return host;
 }
 
-int Dispatcher::Assign(const std::string& host, int port, int64_t steps) {
+v1::GraphDef Dispatcher::RankGraph(const v1::ExpandResponse& expanded, int rank) const {
+  v1::GraphDef g = expanded.graphs(rank % expanded.graphs_size());
+  if (const int64_t done = job_->plan().first_step; done > 0) {
+    // A resumed job's workers count its steps from 1: its random ops go on from `done`.
+    v1::StringPair* kv = g.add_metadata();
+    kv->set_key(std::string(ir::kStepOffsetKey));
+    kv->set_value(absl::StrCat(done));
+  }
+  return g;
+}
+
+bool Dispatcher::LoadGraph(int rank, uint32_t graph_id, const v1::ExpandResponse& expanded,
+                           uint32_t evict) {
+  v1::ServerMessage m;
+  v1::LoadGraph* l = m.mutable_load_graph();
+  l->set_job_id(id_);
+  l->set_graph_id(graph_id);
+  *l->mutable_graph() = RankGraph(expanded, rank);
+  l->set_evict_graph_id(evict);
+  return Send(rank, m);
+}
+
+int Dispatcher::Assign(const std::string& host, int port, int64_t steps, uint32_t max_graphs) {
   const v1::JobSpec& spec = job_->plan().spec;
-  const v1::ExpandResponse& expanded = job_->plan().expanded;
   for (int r = 0; r < world(); ++r) {
     v1::ServerMessage m;
     v1::AssignJob* a = m.mutable_assign_job();
@@ -96,13 +117,8 @@ int Dispatcher::Assign(const std::string& host, int port, int64_t steps) {
     a->set_collective_timeout_s(spec.collective_timeout_s());
     a->set_device("cpu");
     a->set_steps(steps);
-    *a->mutable_graph() = expanded.graphs(r % expanded.graphs_size());
-    if (const int64_t done = job_->plan().first_step; done > 0) {
-      // A resumed job's workers count its steps from 1: its random ops go on from `done`.
-      v1::StringPair* kv = a->mutable_graph()->add_metadata();
-      kv->set_key(std::string(ir::kStepOffsetKey));
-      kv->set_value(absl::StrCat(done));
-    }
+    *a->mutable_graph() = RankGraph(job_->plan().expanded, r);
+    a->set_max_graphs(max_graphs);
     a->set_num_state_tensors(spec.num_state_tensors());
     a->set_batches_sharded(spec.data_paths_size() == 0);
     const int n = spec.data_paths_size();

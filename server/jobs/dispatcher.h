@@ -39,10 +39,14 @@ class Dispatcher {
   // host, else the hostname it registered with.
   std::string RendezvousHost() const;
   // AssignJob to every rank (its expanded graph, `steps`, the rendezvous
-  // address; a resumed job's data_paths rotated by its first_step, so that
-  // its step i reads the file of the job's step first_step + i); marks each
-  // rank assigned before sending.
-  int Assign(const std::string& host, int port, int64_t steps);
+  // address, `max_graphs` (a graph with symbolic sizes: the LoadGraph
+  // programs it keeps); a resumed job's data_paths rotated by its first_step,
+  // so that its step i reads the file of the job's step first_step + i);
+  // marks each rank assigned before sending.
+  int Assign(const std::string& host, int port, int64_t steps, uint32_t max_graphs = 0);
+  // LoadGraph to `rank`: its graph of `expanded` as program `graph_id`,
+  // dropping program `evict` (0: none) first; false when the rank is gone.
+  bool LoadGraph(int rank, uint32_t graph_id, const v1::ExpandResponse& expanded, uint32_t evict);
   bool Send(int rank, const v1::ServerMessage& m);
   int SendAll(const v1::ServerMessage& m);
   // CancelJob(reason) to every assigned rank but `except`.
@@ -51,6 +55,8 @@ class Dispatcher {
   void CancelOthers(const std::string& reason);
 
  private:
+  // Rank `rank`'s graph of `expanded`, with a resumed job's step offset.
+  v1::GraphDef RankGraph(const v1::ExpandResponse& expanded, int rank) const;
   // JobSpec.initial_checkpoint into `a`, each fill with its whole shape, and
   // the expansion's sharded_state (docs/checkpoints.md).
   void AddCheckpointFields(v1::AssignJob* a) const;

@@ -22,6 +22,9 @@ JobPlan PlanOf(PreparedSpec p) {
   JobPlan plan;
   plan.spec = std::move(p.spec);
   plan.expanded = std::move(p.expanded);
+  plan.symbolic = std::move(p.symbolic);
+  plan.example = std::move(p.example);
+  plan.compile_ms = p.compile_ms;
   plan.inputs = std::move(p.inputs);
   plan.placeholders = std::move(p.placeholders);
   plan.schedule = std::move(p.schedule);
@@ -130,6 +133,11 @@ void Job::SetSteps(int64_t steps) {
 void Job::SetCheckpointStep(int64_t step) {
   std::lock_guard<std::mutex> l(mu_);
   info_.set_checkpoint_step(step);
+}
+
+void Job::SetShapes(const std::vector<v1::CompiledShape>& shapes) {
+  std::lock_guard<std::mutex> l(mu_);
+  *info_.mutable_shapes() = {shapes.begin(), shapes.end()};
 }
 
 void Job::AddEval(const v1::EvalMetrics& eval) {

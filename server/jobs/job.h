@@ -57,8 +57,13 @@ struct JobOwner {
 // What a job is to do, fixed before it is queued (Job::SetPlan, by its
 // runner or by Recover), then read by every thread without a lock.
 struct JobPlan {
-  v1::JobSpec spec;  // without the graph
-  v1::ExpandResponse expanded;
+  v1::JobSpec spec;             // without the graph
+  v1::ExpandResponse expanded;  // graph 0 (a symbolic graph's at its traced example's shapes)
+  // A graph with symbolic sizes (PreparedSpec): its ExpandRequest, the traced
+  // example's shapes and their compile time; null for a static graph.
+  std::shared_ptr<const v1::ExpandRequest> symbolic;
+  ir::InputShapes example;
+  double compile_ms = 0;
   std::vector<InputSpec> inputs;
   ir::PlaceholderNames placeholders;   // of the single-device graph
   ir::Schedule schedule;               // JobSpec.schedule, checked
@@ -159,6 +164,8 @@ class Job {
   void SetCheckpointStep(int64_t step);
   // JobSpec.eval: an evaluation of the state after its step (JobInfo.evals).
   void AddEval(const v1::EvalMetrics& eval);
+  // A graph with symbolic sizes: the shapes compiled so far (JobInfo.shapes).
+  void SetShapes(const std::vector<v1::CompiledShape>& shapes);
   // The table: whether its final state is kept (for FetchState); evicted.
   void SetHasState(bool kept);
   void StateEvicted();

@@ -57,6 +57,16 @@ absl::Status JobRunner::Serve() {
   sharder_ = std::make_unique<BatchSharder>(id_, world_, ctx_.options.chunk_bytes, &plan.inputs,
                                             &plan.placeholders, &plan.schedule);
   sharder_->set_first_step(first_);
+  sharder_->set_max_batch_bytes(ctx_.options.max_batch_bytes);
+  if (plan.symbolic != nullptr) {
+    const int max_shapes = plan.spec.max_shapes() > 0 ? plan.spec.max_shapes() : kDefaultMaxShapes;
+    variants_ = std::make_unique<ShapeVariants>(*plan.symbolic, ctx_.expand, max_shapes);
+    // Graph 0, the plan's (aliased: the job outlives the runner).
+    variants_->Pin(plan.example, std::shared_ptr<const v1::ExpandResponse>(job_, &plan.expanded),
+                   plan.compile_ms);
+    programs_ = std::make_unique<RankPrograms>(world_, variants_->max_graphs());
+    job_->SetShapes(variants_->compiled());
+  }
   state_ = MakeStateCollector(id_, world_, plan.expanded, &plan.declared_state,
                               ctx_.options.chunk_bytes);
   return Run();
@@ -292,7 +302,8 @@ absl::Status JobRunner::Assign() {
   const int port = FreeLocalPort();
   if (port == 0)
     return Finish(JobChange::kFail, absl::InternalError("no free rendezvous port"), -1);
-  const int gone = ranks_->Assign(ranks_->RendezvousHost(), port, steps_);
+  const int gone = ranks_->Assign(ranks_->RendezvousHost(), port, steps_,
+                                  variants_ ? static_cast<uint32_t>(variants_->max_graphs()) : 0);
   return gone < 0 ? absl::OkStatus() : Lost(gone);
 }
 

@@ -62,6 +62,7 @@
 #include "server/jobs/job_spec.h"
 #include "server/jobs/job_store.h"
 #include "server/jobs/job_table.h"
+#include "server/jobs/shape_variants.h"
 #include "server/jobs/state_collector.h"
 #include "server/jobs/state_shards.h"
 #include "server/workers/worker_pool.h"
@@ -140,13 +141,20 @@ class JobRunner {
   absl::Status SendFileStep();
   absl::Status OnBatch(const v1::SubmitJobRequest& req);
   absl::Status OnClientEnd();
-  absl::Status SendStep(int64_t step);
+  // Run step `step`'s batch to every rank: its shape's program (a graph
+  // with symbolic sizes: compiled on a miss, LoadGraph to the ranks that
+  // lack it), each rank its rows; `*shape` the step's shape ("": static).
+  absl::Status SendStep(int64_t step, std::string* shape);
+  // A graph with symbolic sizes: the program of the step's batch shape
+  // (ShapeVariants), a batch its guards refuse failing the step; a newly
+  // compiled one checked against the workers' memory.
+  absl::Status StepVariant(int64_t step, ShapeVariant* variant);
   // --checkpoint-every: after run step sent_ the ranks are asked for their state.
   absl::Status MaybeCheckpoint();
   absl::Status OnStepMessage(Job::Msg& msg);
   // A rank's StepResult: recorded, and the steps whose results are all in reported.
   void OnStepResult(const Job::Msg& msg);
-  void StepDone(int64_t step, const std::vector<v1::StepResult>& results);
+  void StepDone(int64_t step, const std::vector<v1::StepResult>& results, const std::string& shape);
   // --checkpoint-every: records the state after job step `step` once that
   // step's loss is recorded too (rank 0's state can arrive before the other
   // ranks' results of the step), so the store never holds a checkpoint newer
@@ -191,6 +199,8 @@ class JobRunner {
   double ClientIdleLeft(Clock::time_point from) const;
   absl::Status ClientIdle(absl::string_view waiting_for);
   absl::Status BadInput(absl::string_view error);
+  // Fails the job with `status`'s code and message (prefixed with the job).
+  absl::Status BadInput(const absl::Status& status);
   std::string LostError(int rank) const;
   absl::Status Lost(int rank);
   absl::Status Failed(const Job::Msg& msg);
@@ -202,6 +212,10 @@ class JobRunner {
   const std::shared_ptr<Job> job_;
   std::unique_ptr<Dispatcher> ranks_;
   std::unique_ptr<BatchSharder> sharder_;
+  // A graph with symbolic sizes: its programs per batch shape and which of
+  // them each rank holds (null: a static graph).
+  std::unique_ptr<ShapeVariants> variants_;
+  std::unique_ptr<RankPrograms> programs_;
   std::unique_ptr<StateCollector> state_;  // checkpoints and the final state out of the ranks
   bool queued_ = false;
   std::string id_;
@@ -215,6 +229,7 @@ class JobRunner {
     int64_t step;
     std::vector<v1::StepResult> results;  // per rank
     int got = 0;
+    std::string shape;  // JobEvent.shape
   };
   std::deque<PendingStep> pending_;
   int64_t sent_ = 0;

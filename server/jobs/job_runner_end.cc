@@ -52,6 +52,11 @@ absl::Status JobRunner::BadInput(absl::string_view error) {
                 absl::InvalidArgumentError(absl::StrCat("job ", id_, ": ", error)), -1);
 }
 
+absl::Status JobRunner::BadInput(const absl::Status& status) {
+  return Finish(JobChange::kFail,
+                absl::Status(status.code(), absl::StrCat("job ", id_, ": ", status.message())), -1);
+}
+
 std::string JobRunner::LostError(int rank) const {
   return absl::StrCat("job ", id_, ": rank ", rank, " (worker ", ranks_->worker(rank),
                       ") was lost: its stream ended or it missed its heartbeats");

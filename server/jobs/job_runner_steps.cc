@@ -11,7 +11,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "server/jobs/job_runner.h"
+#include "server/jobs/memory_admission.h"
 #include "server/log.h"
 
 namespace fxdp::server {
@@ -61,18 +63,19 @@ absl::Status JobRunner::SendFileStep() {
   StepSent();
   if (absl::Status s = SendAll(sharder_->ScheduleOnlyBatch(sent_, first_ + sent_)); !s.ok())
     return s;
-  pending_.push_back({sent_, std::vector<v1::StepResult>(world_), 0});
+  pending_.push_back({sent_, std::vector<v1::StepResult>(world_), 0, ""});
   return MaybeCheckpoint();
 }
 
 absl::Status JobRunner::OnBatch(const v1::SubmitJobRequest& req) {
   absl::StatusOr<bool> complete = sharder_->Add(sent_ + 1, req);
-  if (!complete.ok()) return BadInput(complete.status().message());
+  if (!complete.ok()) return BadInput(complete.status());
   if (!*complete) return absl::OkStatus();  // more of this step follows
-  if (absl::Status s = SendStep(sent_ + 1); !s.ok()) return s;
+  std::string shape;
+  if (absl::Status s = SendStep(sent_ + 1, &shape); !s.ok()) return s;
   ++sent_;
   StepSent();
-  pending_.push_back({sent_, std::vector<v1::StepResult>(world_), 0});
+  pending_.push_back({sent_, std::vector<v1::StepResult>(world_), 0, std::move(shape)});
   if (steps_ > 0 && sent_ == steps_) client_->SetReadBudget(0);
   return MaybeCheckpoint();
 }
@@ -130,15 +133,30 @@ void JobRunner::OnStepResult(const Job::Msg& msg) {
     }
   }
   while (!pending_.empty() && pending_.front().got == world_) {
-    StepDone(pending_.front().step, pending_.front().results);
+    StepDone(pending_.front().step, pending_.front().results, pending_.front().shape);
     pending_.pop_front();
   }
 }
 
-absl::Status JobRunner::SendStep(int64_t step) {
+absl::Status JobRunner::SendStep(int64_t step, std::string* shape) {
+  ShapeVariant variant;
+  if (variants_ != nullptr) {
+    if (absl::Status s = StepVariant(step, &variant); !s.ok()) return s;
+    *shape = variant.shape;
+  }
+  const v1::ExpandResponse& expanded =
+      variant.expanded != nullptr ? *variant.expanded : job_->plan().expanded;
+  absl::StatusOr<RankRows> rows =
+      RankRowsOf(expanded, world_, job_->plan().inputs, sharder_->shapes());
+  if (!rows.ok()) return Finish(JobChange::kFail, rows.status(), -1);
   for (int r = 0; r < world_; ++r) {
-    absl::StatusOr<std::vector<v1::ServerMessage>> batch = sharder_->RankBatch(r);
-    if (!batch.ok()) return BadInput(batch.status().message());
+    if (programs_ != nullptr) {
+      const RankPrograms::Use use = programs_->Run(r, variant.graph_id);
+      if (use.load && !ranks_->LoadGraph(r, variant.graph_id, expanded, use.evict)) return Lost(r);
+    }
+    absl::StatusOr<std::vector<v1::ServerMessage>> batch =
+        sharder_->RankBatch(r, *rows, variant.graph_id);
+    if (!batch.ok()) return BadInput(batch.status());
     for (const v1::ServerMessage& m : *batch) {
       if (!ranks_->Send(r, m)) return Lost(r);
     }
@@ -147,7 +165,32 @@ absl::Status JobRunner::SendStep(int64_t step) {
   return absl::OkStatus();
 }
 
-void JobRunner::StepDone(int64_t run_step, const std::vector<v1::StepResult>& results) {
+absl::Status JobRunner::StepVariant(int64_t step, ShapeVariant* variant) {
+  const int64_t job_step = first_ + step;
+  absl::StatusOr<ShapeVariant> v = variants_->Get(sharder_->shapes());
+  job_->SetShapes(variants_->compiled());
+  if (!v.ok()) {
+    return BadInput(absl::Status(
+        v.status().code(), absl::StrCat("step ", job_step, "'s batch: ", v.status().message())));
+  }
+  *variant = *std::move(v);
+  if (!variant->compiled) return absl::OkStatus();
+  Log(absl::StrCat(id_, ": step ", job_step, ": compiled shape ", variant->shape, " as graph ",
+                   variant->graph_id, absl::StrFormat(" in %.1f ms", variant->compile_ms)));
+  std::vector<std::string> workers;
+  for (int r = 0; r < world_; ++r) workers.push_back(ranks_->worker(r));
+  if (absl::Status s = CheckRanksFit(id_, *variant->expanded, workers, ctx_.pool->List());
+      !s.ok()) {
+    return Finish(JobChange::kFail,
+                  absl::Status(s.code(), absl::StrCat("step ", job_step, "'s batch (",
+                                                      variant->shape, "): ", s.message())),
+                  -1);
+  }
+  return absl::OkStatus();
+}
+
+void JobRunner::StepDone(int64_t run_step, const std::vector<v1::StepResult>& results,
+                         const std::string& shape) {
   const int64_t step = first_ + run_step;  // the job's step
   job_->StepDone(step, results[0].loss());
   if (JobCounters* c = ctx_.counters; c != nullptr) {
@@ -159,6 +202,7 @@ void JobRunner::StepDone(int64_t run_step, const std::vector<v1::StepResult>& re
   e.set_step(step);
   e.set_loss(results[0].loss());
   e.set_step_ms(results[0].step_ms());
+  e.set_shape(shape);
   for (const auto& r : results) e.add_local_losses(r.local_loss());
   *e.mutable_outputs() = results[0].outputs();  // the same on every rank
   client_->Write(std::move(e));

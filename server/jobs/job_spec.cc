@@ -1,5 +1,6 @@
 #include "server/jobs/job_spec.h"
 
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <set>
@@ -7,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "analysis/ir/size_exprs.h"
 #include "expansion/style_proto.h"
 #include "server/jobs/eval_spec.h"
 #include "util/data_roots.h"
@@ -21,11 +23,23 @@ std::vector<InputSpec> GraphInputs(const v1::GraphDef& g) {
       continue;
     }
     const v1::TensorMeta& t = n.outputs(0).tensor();
-    out.push_back({n.placeholder().state_name(), t.dtype(),
-                   std::vector<int64_t>(t.shape().begin(), t.shape().end()),
-                   n.placeholder().batch_dim()});
+    InputSpec& in = out.emplace_back();
+    in.name = n.placeholder().state_name();
+    in.dtype = t.dtype();
+    in.shape.assign(t.shape().begin(), t.shape().end());
+    in.batch_dim = n.placeholder().batch_dim();
+    if (t.shape_expr_size() > 0) {
+      for (uint32_t e : t.shape_expr()) in.symbolic.push_back(e != 0);
+    }
   }
   return out;
+}
+
+const InputSpec* FindInputSpec(const std::vector<InputSpec>& inputs, const std::string& name) {
+  for (const InputSpec& in : inputs) {
+    if (in.name == name) return &in;
+  }
+  return nullptr;
 }
 
 const char* SubmitRequestKind(const v1::SubmitJobRequest& r) {
@@ -192,6 +206,11 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
       !style.ok()) {
     return style.status();
   }
+  if (spec.max_shapes() < 0 || spec.max_shapes() > kMaxMaxShapes) {
+    return InvalidArgumentError(absl::StrCat("JobSpec.max_shapes must be in [0, ", kMaxMaxShapes,
+                                             "] (0: ", kDefaultMaxShapes, "), got ",
+                                             spec.max_shapes()));
+  }
   const double t = spec.collective_timeout_s();
   if (!std::isfinite(t) || t < 0 || t > 86400.0 * 365) {
     return InvalidArgumentError(
@@ -231,6 +250,33 @@ absl::StatusOr<ir::Schedule> JobScheduleOf(const v1::JobSpec& spec,
   return schedule;
 }
 
+namespace {
+
+// A graph with symbolic sizes: kept whole in `p` (its request, the traced
+// example's shapes), its instantiation at those shapes left in `xr` to expand.
+absl::Status KeepSymbolic(const v1::JobSpec& spec, v1::ExpandRequest* xr, PreparedSpec* p) {
+  if (spec.data_paths_size() > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the graph has symbolic sizes (", xr->graph().symbols_size(),
+        " symbols; docs/shapes.md), and JobSpec.data_paths: the server cannot see the shapes of "
+        "the workers' files; instantiate the graph at their shape (TracedStep.instantiate, "
+        "`fxdp graph instantiate`), or stream the batches from the client"));
+  }
+  for (const InputSpec& in : GraphInputs(xr->graph())) p->example[in.name] = in.shape;
+  absl::StatusOr<v1::GraphDef> at = ir::InstantiateDef(xr->graph(), p->example);
+  if (!at.ok()) {
+    return absl::Status(at.status().code(),
+                        absl::StrCat("instantiating the graph at its traced example's shapes: ",
+                                     at.status().message()));
+  }
+  auto request = std::make_shared<v1::ExpandRequest>(*xr);
+  xr->mutable_graph()->Swap(&*at);
+  p->symbolic = std::move(request);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<PreparedSpec> PrepareJobSpec(v1::JobSpec spec, const Expander& expand) {
   if (absl::Status s = ValidateJobSpec(spec); !s.ok()) return s;
   PreparedSpec p;
@@ -246,17 +292,27 @@ absl::StatusOr<PreparedSpec> PrepareJobSpec(v1::JobSpec spec, const Expander& ex
   xr.set_first_bucket_mb(spec.first_bucket_mb());
   xr.set_sync_batchnorm(spec.sync_batchnorm());
   xr.set_style(spec.style());
+  const auto start = std::chrono::steady_clock::now();
+  if (ir::HasSymbolicSizes(xr.graph())) {
+    if (absl::Status s = KeepSymbolic(spec, &xr, &p); !s.ok()) return s;
+  }
   absl::StatusOr<v1::ExpandResponse> expanded = expand(xr);
   if (!expanded.ok()) {
     return absl::Status(expanded.status().code(),
-                        absl::StrCat("expanding the graph for ", spec.world_size(),
-                                     " ranks: ", expanded.status().message()));
+                        absl::StrCat("expanding the graph for ", spec.world_size(), " ranks",
+                                     p.symbolic ? absl::StrCat(" at its traced example's shapes (",
+                                                               ir::InputShapesText(p.example), ")")
+                                                : "",
+                                     ": ", expanded.status().message()));
   }
   if (expanded->graphs_size() == 0) return absl::InternalError("the expansion returned no graph");
+  p.compile_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   p.expanded = *std::move(expanded);
-  p.inputs = GraphInputs(xr.graph());
-  p.state = ir::DeclaredTensors::Of(xr.graph(), ir::DeclaredTensors::Kind::kState);
-  p.batch = ir::DeclaredTensors::Of(xr.graph(), ir::DeclaredTensors::Kind::kBatch);
+  const v1::GraphDef& graph = p.symbolic ? p.symbolic->graph() : xr.graph();
+  p.inputs = GraphInputs(graph);
+  p.state = ir::DeclaredTensors::Of(graph, ir::DeclaredTensors::Kind::kState);
+  p.batch = ir::DeclaredTensors::Of(graph, ir::DeclaredTensors::Kind::kBatch);
   absl::StatusOr<ir::DeclaredTensors> sent = SentStateOf(spec, p.state);
   if (!sent.ok()) return sent.status();
   p.sent = *std::move(sent);

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,30 +16,38 @@
 #include "absl/status/statusor.h"
 #include "analysis/ir/declared_tensors.h"
 #include "analysis/ir/hyperparameters.h"
+#include "analysis/ir/instantiate.h"
 #include "proto/fxdp/v1/compile.pb.h"
 #include "proto/fxdp/v1/jobs.pb.h"
 
 namespace fxdp::server {
 
-// An INPUT placeholder of the single-device graph.
+// An INPUT placeholder of the single-device graph (of a graph with symbolic
+// sizes: `shape` the traced example's, `symbolic` its dims that vary).
 struct InputSpec {
   std::string name;
   v1::DType dtype = v1::DTYPE_UNSPECIFIED;
   std::vector<int64_t> shape;
   int batch_dim = -1;
+  std::vector<bool> symbolic;  // per dim (TensorMeta.shape_expr != 0); empty: static
 };
 
 // The graph's INPUT placeholders, in graph order.
 std::vector<InputSpec> GraphInputs(const v1::GraphDef& graph);
+// The one named `name` (null: none).
+const InputSpec* FindInputSpec(const std::vector<InputSpec>& inputs, const std::string& name);
 
 // Bounds of the strings a JobSpec carries (they are stored, listed, logged).
 inline constexpr size_t kMaxJobNameBytes = 256;    // JobSpec.name, JobSpec.resume_job
 inline constexpr int kMaxDataPaths = 4096;         // JobSpec.data_paths entries
 inline constexpr size_t kMaxDataPathBytes = 4096;  // each (PATH_MAX)
+inline constexpr int kDefaultMaxShapes = 16;       // JobSpec.max_shapes 0
+inline constexpr int kMaxMaxShapes = 64;  // JobSpec.max_shapes' bound (the worker keeps <= 64)
 
 // JobSpec's fields: a graph, world_size >= 1, steps >= 0 (> 0 with a
 // schedule or data_paths), no empty data path, a collective timeout in
-// [0, one year], the strings within the bounds above.
+// [0, one year], max_shapes in [0, kMaxMaxShapes], the strings within the
+// bounds above.
 absl::Status ValidateJobSpec(const v1::JobSpec& spec);
 
 // JobSpec.data_paths (and initial_checkpoint.path) that lead, as this host resolves them (links
@@ -75,8 +84,14 @@ const char* SubmitRequestKind(const v1::SubmitJobRequest& request);
 using Expander = std::function<absl::StatusOr<v1::ExpandResponse>(const v1::ExpandRequest&)>;
 
 struct PreparedSpec {
-  v1::JobSpec spec;  // without the graph and the schedule
-  v1::ExpandResponse expanded;
+  v1::JobSpec spec;             // without the graph and the schedule
+  v1::ExpandResponse expanded;  // a symbolic graph's: at its traced example's shapes
+  // A graph with symbolic sizes (docs/shapes.md): its ExpandRequest, to
+  // compile each batch shape (ShapeVariants), the traced example's shapes
+  // (`expanded`'s: graph 0) and how long they took to compile; null: static.
+  std::shared_ptr<const v1::ExpandRequest> symbolic;
+  ir::InputShapes example;
+  double compile_ms = 0;
   std::vector<InputSpec> inputs;
   ir::PlaceholderNames placeholders;
   ir::Schedule schedule;
@@ -87,7 +102,10 @@ struct PreparedSpec {
 };
 
 // Validates `spec`, checks its schedule, expands its graph (an empty
-// expansion is INTERNAL).
+// expansion is INTERNAL); a graph with symbolic sizes is instantiated at its
+// traced example's shapes for that and kept (PreparedSpec.symbolic); with
+// data_paths it is INVALID_ARGUMENT (the server does not see the files'
+// shapes).
 absl::StatusOr<PreparedSpec> PrepareJobSpec(v1::JobSpec spec, const Expander& expand);
 
 }  // namespace fxdp::server

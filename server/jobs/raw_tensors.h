@@ -46,6 +46,8 @@ class ChunkStream {
   // A tensor is partly received.
   bool pending() const { return check_.pending(); }
   const std::string& pending_name() const { return check_.pending_name(); }
+  // The bytes of the tensor the last chunk belongs to (all of it, as declared).
+  uint64_t current_bytes() const { return check_.current().bytes; }
   // Complete tensors so far.
   size_t complete() const { return check_.complete(); }
   const std::string& what() const { return check_.what(); }

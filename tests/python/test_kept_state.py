@@ -131,7 +131,7 @@ def test_a_bad_batch_at_step_3_keeps_step_2s_state(tmp_path):
             "a partial last batch (5 of 12 samples): drop it (DataLoader(..., drop_last=True))"
             in str(err)
         )
-        assert "fxdp traces one shape per job today" in str(err), err
+        assert "or trace with symbolic sizes (fxdp.trace_step(..., dynamic=True))" in str(err), err
         assert f"its state after step 2 is kept (fxdp fetch {job})" in str(err), err
         info = client.job(job)
         assert (info.steps_done, info.checkpoint_step, info.has_state) == (2, 2, True), info

@@ -18,8 +18,9 @@ namespace {
 
 using ::testing::HasSubstr;
 
-constexpr char kOneShape[] =
-    "fxdp traces one shape per job today (docs/shapes.md: symbolic sizes are being built)";
+constexpr char kSymbolic[] =
+    "or trace with symbolic sizes (fxdp.trace_step(..., dynamic=True)): one job then runs every "
+    "batch shape (docs/shapes.md)";
 
 TEST(JobKeep, ABadBatchAtStep3KeepsTheStateAfterStep2) {
   TestServer server(FastOptions());
@@ -87,22 +88,20 @@ TEST(JobKeep, BatchErrorsSayWhatToDo) {
             head +
                 "f32[8, 6], the graph expects f32[8, 4] (the global batch): dim 1 is 6, "
                 "traced with 4 (a padded sequence length?): pad every batch to 4 (a "
-                "tokenizer's padding=\"max_length\", max_length=4; pad_to_multiple_of bounds "
-                "the lengths, but each length needs its own job); " +
-                kOneShape);
+                "tokenizer's padding=\"max_length\", max_length=4); " +
+                kSymbolic);
   EXPECT_EQ(error(F32("input.0", {16, 4}, 0)),
             head +
                 "f32[16, 4], the graph expects f32[8, 4] (the global batch): 16 samples, "
-                "traced with 8: send batches of 8 or trace with 16; " +
-                kOneShape);
+                "traced with 8: send batches of 8; " +
+                kSymbolic);
   EXPECT_EQ(error(F32("input.0", {3, 5}, 0)),
             head +
                 "f32[3, 5], the graph expects f32[8, 4] (the global batch): a partial last "
                 "batch (3 of 8 samples): drop it (DataLoader(..., drop_last=True)) or pad it "
                 "to 8 samples; dim 1 is 5, traced with 4 (a padded sequence length?): pad "
-                "every batch to 4 (a tokenizer's padding=\"max_length\", max_length=4; "
-                "pad_to_multiple_of bounds the lengths, but each length needs its own job); " +
-                kOneShape);
+                "every batch to 4 (a tokenizer's padding=\"max_length\", max_length=4); " +
+                kSymbolic);
   v1::TensorChunk f64 = F32("input.0", {8, 4}, 0);
   f64.set_dtype(v1::FLOAT64);
   f64.set_data(std::string(8 * 4 * 8, '\0'));

@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "server/parse_errors.h"
 
 namespace fxdp::testing {
@@ -220,6 +221,32 @@ void FakeWorker::AnswerStep(const v1::AssignJob& a, int64_t step) {
   Write(m);
 }
 
+namespace {
+
+// A LoadGraph: the program held (its eviction first), checked against max_graphs.
+void RecordLoadGraph(const v1::LoadGraph& g, FakeWorker::JobRecord* rec) {
+  std::vector<uint32_t>& held = rec->held_graphs;
+  if (g.evict_graph_id() != 0) {
+    auto it = std::find(held.begin(), held.end(), g.evict_graph_id());
+    if (it == held.end()) rec->errors.push_back(absl::StrCat("evicts ", g.evict_graph_id()));
+    if (it != held.end()) held.erase(it);
+  }
+  held.push_back(g.graph_id());
+  if (held.size() > rec->assign.max_graphs())
+    rec->errors.push_back(absl::StrCat("holds ", held.size(), " programs"));
+  rec->loads.push_back(g);
+}
+
+// A Batch's graph_id: recorded, and it must name a program held (0: AssignJob's).
+void RecordGraphId(int64_t step, uint32_t id, FakeWorker::JobRecord* rec) {
+  const std::vector<uint32_t>& held = rec->held_graphs;
+  if (id != 0 && std::find(held.begin(), held.end(), id) == held.end())
+    rec->errors.push_back(absl::StrCat("step ", step, " runs graph ", id, ", not held"));
+  rec->graph_ids[step] = id;
+}
+
+}  // namespace
+
 void FakeWorker::Handle(v1::ServerMessage& m) {
   auto add = [](Tensors& into, const v1::TensorChunk& c, JobRecord* rec) {
     Tensor& t = into[c.name()];
@@ -254,10 +281,16 @@ void FakeWorker::Handle(v1::ServerMessage& m) {
       Write(s);
       return;
     }
+    case v1::ServerMessage::kLoadGraph: {
+      JobRecord* rec = Current(m.load_graph().job_id());
+      if (rec != nullptr) RecordLoadGraph(m.load_graph(), rec);
+      return;
+    }
     case v1::ServerMessage::kBatch: {
       JobRecord* rec = Current(m.batch().job_id());
       if (rec == nullptr) return;
       const int64_t step = m.batch().step();
+      RecordGraphId(step, m.batch().graph_id(), rec);
       ++rec->batch_messages[step];
       Tensors& into = rec->batches[step];
       for (const v1::HyperparameterValue& h : m.batch().hyperparameters())

@@ -1,7 +1,7 @@
 // What the server tests share: an in-process fxdp-server (CompileService,
 // WorkerService, JobService) on an ephemeral 127.0.0.1 port, and FakeWorker,
 // a worker speaking proto/fxdp/v1/worker.proto without LibTorch: it records
-// what the server sends it (AssignJob, state, each step's batch) and answers
+// what the server sends it (AssignJob, state, each step's batch, LoadGraphs) and answers
 // like fxdp-worker attach (JobStarted once the state is complete, a
 // StepResult per step with loss = step, the initial state back on FetchState,
 // JobEnded on end_job and CancelJob).
@@ -79,6 +79,13 @@ class FakeWorker {
         hyperparameters;         // Batch.hyperparameters by step
     size_t max_chunk_bytes = 0;  // largest TensorChunk data received
     bool cancelled = false;
+    // A job of several batch shapes: its LoadGraphs in order, each step's
+    // Batch.graph_id, the LoadGraph programs held, and what broke the
+    // protocol (a Batch naming a program not held, more than max_graphs).
+    std::vector<v1::LoadGraph> loads;
+    std::map<int64_t, uint32_t> graph_ids;
+    std::vector<uint32_t> held_graphs;
+    std::vector<std::string> errors;
   };
 
   FakeWorker(const std::string& address, std::string id, int heartbeat_ms = 50);
