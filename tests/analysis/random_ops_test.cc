@@ -12,6 +12,7 @@
 #include <fstream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "analysis/batch_dim.h"
 #include "analysis/ir/text.h"
 #include "analysis/op_rules.h"
@@ -65,6 +66,24 @@ TEST(RandomOpsTable, AnalysisRefusesARandomOpOutsideTheTable) {
   EXPECT_THAT(AnalyzeBatchDims(g, {.world_size = 2}).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        "aten::randperm draws random values fxdp cannot draw rank-invariantly"));
+}
+
+// The random overloads fxdp has no draw for (a tensor probability, a tensor
+// bound) are refused by name: their op rules say random, the table has no row.
+TEST(RandomOpsTable, AnalysisRefusesRandomOverloadsWithoutARow) {
+  for (const char* call : {"aten::bernoulli.Tensor(%x, %x)", "aten::randint_like.Tensor(%x, %h)"}) {
+    const Graph g = ValueOrDie(ParseGraphText(
+        absl::StrCat("graph format=1 producer=\"test\" torch=\"2.13.0\" {\n"
+                     "  %x: f32[8, 4] = placeholder() {role=INPUT, state=\"x\", batch_dim=0}\n"
+                     "  %h: i64[] = placeholder() {role=PARAMETER, state=\"h\"}\n"
+                     "  %y: f32[8, 4] = ",
+                     call, "\n  %output = output([%y]) {specs=[OTHER]}\n}\n")));
+    const std::string op(call, std::string_view(call).find('('));
+    EXPECT_THAT(AnalyzeBatchDims(g, {.world_size = 2}).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         absl::StrCat(op, " draws random values fxdp cannot draw")))
+        << op;
+  }
 }
 
 }  // namespace
