@@ -89,7 +89,16 @@ def server():
     m = re.fullmatch(r"listening on (127\.0\.0\.1:\d+)\n", line)
     assert m, f"fxdp-server printed {line!r}; stderr: {proc.stderr.read() if proc.poll() is not None else ''}"
     seen_pids = set()
-    yield proc, m.group(1), seen_pids
+    try:
+        # Every test, run alone too, starts with both local workers attached.
+        ws = wait_for(lambda ws: len(idle_local(ws)) == 2, 20, "2 IDLE local workers", m.group(1))
+        seen_pids.update(w["pid"] for w in ws)
+        yield proc, m.group(1), seen_pids
+    finally:
+        _stop(proc, seen_pids)
+
+
+def _stop(proc, seen_pids) -> None:
     if proc.poll() is None:
         proc.kill()
         proc.wait()
