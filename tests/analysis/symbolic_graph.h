@@ -17,40 +17,19 @@
 
 namespace fxdp::testing {
 
-// The static graph at batch B and sequence S (what instantiation must give);
-// with `train`, its backward and an SGD update of w too (what Expand takes).
+// The static graph at batch B and sequence S (what instantiation must give):
+// tests/testdata/sized_step.txt.in with its sizes filled in (the Python tests
+// read the same file). With `train`, its backward and an SGD update of w too
+// (what Expand takes); without, the forward up to the loss.
 inline std::string StaticGraphText(int64_t b, int64_t s, bool train = false) {
-  const std::string bs = std::to_string(b * s);
+  std::string text = ReadTestData("sized_step.txt.in");
+  if (!train) {
+    text.resize(text.find("  %ones: "));
+    text += "  %output = output([%loss]) {specs=[LOSS]}\n}\n";
+  }
   return absl::StrReplaceAll(
-      R"g(graph format=1 producer="test" torch="2.13.0" {
-  %w: f32[4, 3] rg = placeholder() {role=PARAMETER, state="w"}
-  %x: f32[{B}, {S}, 4] = placeholder() {role=INPUT, state="x", batch_dim=0}
-  %y: f32[{B}, {S}] = placeholder() {role=INPUT, state="y", batch_dim=0}
-  %flat: f32[{BS}, 4] = aten::view(%x, [{BS}, 4]) {source="model.py:3: h = x.view(-1, 4)"}
-  %mm: f32[{BS}, 3] = aten::mm(%flat, %w)
-  %v: f32[{B}, {S}, 3] = aten::view(%mm, [{B}, {S}, 3]) {source="model.py:5: h = h.view(b, s, 3)"}
-  %s: f32[{B}, {S}] = aten::sum.dim_IntList(%v, [2], false)
-  %d: f32[{B}, {S}] = aten::sub.Tensor(%s, %y)
-  %loss: f32[] = aten::mean(%d)
-)g" + std::string(
-          train
-              ? R"g(  %ones: f32[] = aten::ones_like(%loss, pin_memory=false, memory_format=torch.preserve_format)
-  %g: f32[{B}, {S}]{0, 0} = aten::expand(%ones, [{B}, {S}])
-  %gd: f32[{B}, {S}] = aten::div.Scalar(%g, {BS})
-  %gv: f32[{B}, {S}, 1] = aten::unsqueeze(%gd, 2)
-  %ge: f32[{B}, {S}, 3]{{S}, 1, 0} = aten::expand(%gv, [{B}, {S}, 3])
-  %gc: f32[{B}, {S}, 3] = aten::clone(%ge, memory_format=torch.contiguous_format)
-  %gf: f32[{BS}, 3] = aten::view(%gc, [{BS}, 3])
-  %ft: f32[4, {BS}]{1, 4} = aten::t(%flat)
-  %gw: f32[4, 3] = aten::mm(%ft, %gf) {grad_of="w"}
-  %nw: f32[4, 3] = aten::sub.Tensor(%w, %gw, alpha=0.1)
-  %output = output([%nw, %loss]) {specs=[UPDATED_PARAMETER "w", LOSS]}
-}
-)g"
-              : R"g(  %output = output([%loss]) {specs=[LOSS]}
-}
-)g"),
-      {{"{BS}", bs}, {"{B}", std::to_string(b)}, {"{S}", std::to_string(s)}});
+      text,
+      {{"{BS}", std::to_string(b * s)}, {"{B}", std::to_string(b)}, {"{S}", std::to_string(s)}});
 }
 
 inline v1::GraphDef StaticGraphDef(int64_t b, int64_t s, bool train = false) {

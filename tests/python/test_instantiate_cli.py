@@ -13,29 +13,11 @@ import pytest
 from _util import fxdp_binary, local_server
 from fxdp.v1 import graph_pb2 as gpb
 
-STATIC = """graph format=1 producer="test" torch="2.13.0" {
-  %w: f32[4, 3] rg = placeholder() {role=PARAMETER, state="w"}
-  %x: f32[{B}, {S}, 4] = placeholder() {role=INPUT, state="x", batch_dim=0}
-  %y: f32[{B}, {S}] = placeholder() {role=INPUT, state="y", batch_dim=0}
-  %flat: f32[{BS}, 4] = aten::view(%x, [{BS}, 4]) {source="model.py:3: h = x.view(-1, 4)"}
-  %mm: f32[{BS}, 3] = aten::mm(%flat, %w)
-  %v: f32[{B}, {S}, 3] = aten::view(%mm, [{B}, {S}, 3])
-  %s: f32[{B}, {S}] = aten::sum.dim_IntList(%v, [2], false)
-  %d: f32[{B}, {S}] = aten::sub.Tensor(%s, %y)
-  %loss: f32[] = aten::mean(%d)
-  %ones: f32[] = aten::ones_like(%loss, pin_memory=false, memory_format=torch.preserve_format)
-  %g: f32[{B}, {S}]{0, 0} = aten::expand(%ones, [{B}, {S}])
-  %gd: f32[{B}, {S}] = aten::div.Scalar(%g, {BS})
-  %gv: f32[{B}, {S}, 1] = aten::unsqueeze(%gd, 2)
-  %ge: f32[{B}, {S}, 3]{{S}, 1, 0} = aten::expand(%gv, [{B}, {S}, 3])
-  %gc: f32[{B}, {S}, 3] = aten::clone(%ge, memory_format=torch.contiguous_format)
-  %gf: f32[{BS}, 3] = aten::view(%gc, [{BS}, 3])
-  %ft: f32[4, {BS}]{1, 4} = aten::t(%flat)
-  %gw: f32[4, 3] = aten::mm(%ft, %gf) {grad_of="w"}
-  %nw: f32[4, 3] = aten::sub.Tensor(%w, %gw, alpha=0.1)
-  %output = output([%nw, %loss]) {specs=[UPDATED_PARAMETER "w", LOSS]}
-}
-"""
+# The step at batch {B} and sequence {S} ({BS} = B*S): the C++ tests' graph too
+# (tests/analysis/symbolic_graph.h).
+STATIC = (
+    pathlib.Path(__file__).resolve().parents[1] / "testdata" / "sized_step.txt.in"
+).read_text()
 
 
 def cli(*args) -> subprocess.CompletedProcess:
