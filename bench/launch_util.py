@@ -1,4 +1,6 @@
-"""Launching benchmark ranks on 127.0.0.1 (run_util.py, step_vs_ddp.py, fully_shard_vs_fsdp2.py)."""
+"""Launching ranks on 127.0.0.1: the benchmarks (run_util.py, step_vs_ddp.py,
+fully_shard_vs_fsdp2.py), the GPU check (gpu/worker_runs.py) and the Python tests (tests/python/_util.py)
+take free_port and clean_env from here."""
 
 from __future__ import annotations
 
@@ -14,8 +16,8 @@ def free_port() -> int:
 
 
 def clean_env(**extra) -> dict:
-    """This process's environment without any launcher's rank variables (and OMP_NUM_THREADS), plus
-    `extra`."""
+    """This process's environment without any launcher's rank variables, plus `extra` (the
+    benchmarks pass OMP_NUM_THREADS there)."""
     env = {
         k: v
         for k, v in os.environ.items()
@@ -27,7 +29,6 @@ def clean_env(**extra) -> dict:
             "LOCAL_WORLD_SIZE",
             "MASTER_ADDR",
             "MASTER_PORT",
-            "OMP_NUM_THREADS",
             "SLURM_PROCID",
             "SLURM_NTASKS",
             "SLURM_LOCALID",

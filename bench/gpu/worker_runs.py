@@ -6,19 +6,16 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
+import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from launch_util import free_port  # noqa: E402 (bench/launch_util.py)
 
 STEP_RE = re.compile(r"^step (\d+)/(\d+) loss (\S+) \(([\d.]+) ms\)((?: \S+=\S+)*)$", re.M)
 SUMMARY_RE = re.compile(r"([\d.]+) ms/step, ([\d.]+) us/op over (\d+) ops")
 PEAK_RE = re.compile(r"peak ([\d.]+) MB allocated, ([\d.]+) MB reserved")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def parse(stdout: str, stderr: str) -> dict:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import pathlib
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 from typing import Dict, List, Tuple
@@ -23,6 +25,9 @@ from fxdp.v1 import jobs_pb2 as jpb
 from fxdp.v1 import jobs_pb2_grpc as jgrpc
 from fxdp.wire_tensors import assemble as _assemble
 from fxdp.wire_tensors import chunks as _chunks
+
+sys.path.append(str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
+from launch_util import clean_env, free_port  # noqa: E402,F401 (one copy, with the benchmarks')
 
 MODELS = list(zoo.MODELS)
 OPTIMS = list(zoo.OPTIMIZERS)
@@ -186,15 +191,6 @@ def fxdp_binary(env: str, name: str) -> str:
         path, os.X_OK
     ), f"{name} not found at {path}: build it first (make test builds it) or set {env}"
     return path
-
-
-def free_port() -> int:
-    """An ephemeral TCP port on 127.0.0.1 that was free a moment ago."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServerProcess:
@@ -401,27 +397,6 @@ def resumed_after_sigkill(state_dir, requests, kill_after: int, *server_args):
 
 # ---- fxdp-worker processes (test_worker_dist, test_real_models) ----------------------------------
 STEP_LINE = re.compile(r"^step (\d+)/(\d+) loss (\S+) \(([\d.]+) ms\)((?: \S+=\S+)*)$")
-
-
-def clean_env(**extra) -> dict:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k
-        not in (
-            "RANK",
-            "WORLD_SIZE",
-            "LOCAL_RANK",
-            "LOCAL_WORLD_SIZE",
-            "MASTER_ADDR",
-            "MASTER_PORT",
-            "SLURM_PROCID",
-            "SLURM_NTASKS",
-            "SLURM_LOCALID",
-        )
-    }
-    env.update({k: str(v) for k, v in extra.items()})
-    return env
 
 
 def losses_of(stdout: str) -> List[float]:
