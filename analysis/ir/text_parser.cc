@@ -280,31 +280,8 @@ class Parser {
 
   absl::StatusOr<Argument> ParseArgument(int depth) {
     if (depth > 16) return Error("lists nested too deeply");
-    if (tok_.kind == Tok::kPercent) {
-      FXDP_RETURN_IF_ERROR(Advance());
-      FXDP_ASSIGN_OR_RETURN(std::string name, ParseIdent());
-      auto it = index_.find(name);
-      if (it == index_.end())
-        return Error(absl::StrCat("'%", name, "' is not defined before this use"));
-      ValueRef r{NodeId{it->second}, 0};
-      if (IsPunct("#")) {
-        FXDP_RETURN_IF_ERROR(Advance());
-        FXDP_ASSIGN_OR_RETURN(int64_t k, ParseInt());
-        r.output = static_cast<int32_t>(k);
-      }
-      return Argument(r);
-    }
-    if (IsPunct("[")) {
-      FXDP_RETURN_IF_ERROR(Advance());
-      Argument::List items;
-      while (!IsPunct("]")) {
-        if (!items.empty()) FXDP_RETURN_IF_ERROR(ExpectPunct(","));
-        FXDP_ASSIGN_OR_RETURN(Argument a, ParseArgument(depth + 1));
-        items.push_back(std::move(a));
-      }
-      FXDP_RETURN_IF_ERROR(Advance());
-      return Argument(std::move(items));
-    }
+    if (tok_.kind == Tok::kPercent) return ParseValueRef();
+    if (IsPunct("[")) return ParseList(depth);
     if (tok_.kind == Tok::kString) {
       FXDP_ASSIGN_OR_RETURN(std::string s, ParseString());
       return Argument(std::move(s));
@@ -336,36 +313,68 @@ class Parser {
       if (!d.ok()) return Error(d.status().message());
       return Argument(*d);
     }
-    if (id == "scalar") {
-      FXDP_RETURN_IF_ERROR(ExpectPunct("("));
-      Scalar s;
-      if (tok_.kind == Tok::kIdent && tok_.text == "complex") {
-        FXDP_RETURN_IF_ERROR(Advance());
-        FXDP_RETURN_IF_ERROR(ExpectPunct("("));
-        FXDP_ASSIGN_OR_RETURN(Argument re, ParseArgument(depth + 1));
-        FXDP_RETURN_IF_ERROR(ExpectPunct(","));
-        FXDP_ASSIGN_OR_RETURN(Argument im, ParseArgument(depth + 1));
-        FXDP_RETURN_IF_ERROR(ExpectPunct(")"));
-        if (!re.is<double>() || !im.is<double>()) return Error("complex() takes two floats");
-        s.value = std::complex<double>(re.as<double>(), im.as<double>());
-      } else {
-        FXDP_ASSIGN_OR_RETURN(Argument v, ParseArgument(depth + 1));
-        if (auto* i = v.get_if<int64_t>())
-          s.value = *i;
-        else if (auto* f = v.get_if<double>())
-          s.value = *f;
-        else if (auto* b = v.get_if<bool>())
-          s.value = *b;
-        else
-          return Error("scalar() takes an int, float, bool or complex(re, im)");
-      }
-      FXDP_RETURN_IF_ERROR(ExpectPunct(")"));
-      return Argument(std::move(s));
-    }
+    if (id == "scalar") return ParseScalarCall(depth);
     if (auto d = DTypeFromTorchName(id); d.ok()) return Argument(*d);
     if (auto l = LayoutFromTorchName(id); l.ok()) return Argument(*l);
     if (auto m = MemoryFormatFromTorchName(id); m.ok()) return Argument(*m);
     return Error(absl::StrCat("unknown argument '", id, "'"));
+  }
+
+  // %name or %name#k, a value defined above.
+  absl::StatusOr<Argument> ParseValueRef() {
+    FXDP_RETURN_IF_ERROR(Advance());
+    FXDP_ASSIGN_OR_RETURN(std::string name, ParseIdent());
+    auto it = index_.find(name);
+    if (it == index_.end())
+      return Error(absl::StrCat("'%", name, "' is not defined before this use"));
+    ValueRef r{NodeId{it->second}, 0};
+    if (IsPunct("#")) {
+      FXDP_RETURN_IF_ERROR(Advance());
+      FXDP_ASSIGN_OR_RETURN(int64_t k, ParseInt());
+      r.output = static_cast<int32_t>(k);
+    }
+    return Argument(r);
+  }
+
+  // [a, b, ...]
+  absl::StatusOr<Argument> ParseList(int depth) {
+    FXDP_RETURN_IF_ERROR(Advance());
+    Argument::List items;
+    while (!IsPunct("]")) {
+      if (!items.empty()) FXDP_RETURN_IF_ERROR(ExpectPunct(","));
+      FXDP_ASSIGN_OR_RETURN(Argument a, ParseArgument(depth + 1));
+      items.push_back(std::move(a));
+    }
+    FXDP_RETURN_IF_ERROR(Advance());
+    return Argument(std::move(items));
+  }
+
+  // scalar(v) or scalar(complex(re, im)), after the word `scalar`.
+  absl::StatusOr<Argument> ParseScalarCall(int depth) {
+    FXDP_RETURN_IF_ERROR(ExpectPunct("("));
+    Scalar s;
+    if (tok_.kind == Tok::kIdent && tok_.text == "complex") {
+      FXDP_RETURN_IF_ERROR(Advance());
+      FXDP_RETURN_IF_ERROR(ExpectPunct("("));
+      FXDP_ASSIGN_OR_RETURN(Argument re, ParseArgument(depth + 1));
+      FXDP_RETURN_IF_ERROR(ExpectPunct(","));
+      FXDP_ASSIGN_OR_RETURN(Argument im, ParseArgument(depth + 1));
+      FXDP_RETURN_IF_ERROR(ExpectPunct(")"));
+      if (!re.is<double>() || !im.is<double>()) return Error("complex() takes two floats");
+      s.value = std::complex<double>(re.as<double>(), im.as<double>());
+    } else {
+      FXDP_ASSIGN_OR_RETURN(Argument v, ParseArgument(depth + 1));
+      if (auto* i = v.get_if<int64_t>())
+        s.value = *i;
+      else if (auto* f = v.get_if<double>())
+        s.value = *f;
+      else if (auto* b = v.get_if<bool>())
+        s.value = *b;
+      else
+        return Error("scalar() takes an int, float, bool or complex(re, im)");
+    }
+    FXDP_RETURN_IF_ERROR(ExpectPunct(")"));
+    return Argument(std::move(s));
   }
 
   absl::Status ParseAttrs(Node& n) {

@@ -110,6 +110,18 @@ std::string DescribePeers(const std::vector<std::pair<int, std::string>>& peers)
   return absl::StrJoin(parts, ", ");
 }
 
+// A collective Gloo refused to start: UNAVAILABLE, naming the peers its
+// message names.
+absl::Status StartFailed(const std::string& who, const char* op, const std::exception& e,
+                         const PeerAddresses& peers) {
+  const std::string msg = TrimGlooMessage(ExceptionMessage(e));
+  const auto named = PeersNamedIn(msg, peers);
+  return absl::UnavailableError(absl::StrCat(
+      who, ": starting ", op, " failed",
+      named.empty() ? "" : absl::StrCat(", lost the connection to ", DescribePeers(named)), ": ",
+      msg));
+}
+
 class GlooWork : public Work {
  public:
   // `chunk` >= 0: Wait returns chunk `chunk` of `result` cut in world_size
@@ -339,12 +351,7 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::AllGather(const at::Tens
       works.push_back(backend_->broadcast(part, o));
     }
   } catch (const std::exception& e) {
-    const std::string msg = TrimGlooMessage(ExceptionMessage(e));
-    const auto named = PeersNamedIn(msg, *peers_);
-    return absl::UnavailableError(absl::StrCat(
-        name(), ": starting ", op, " failed",
-        named.empty() ? "" : absl::StrCat(", lost the connection to ", DescribePeers(named)), ": ",
-        msg));
+    return StartFailed(name(), op, e, *peers_);
   }
   return std::unique_ptr<Work>(
       std::make_unique<GlooWork>(std::move(works), std::move(out), name(), peers_, op));
@@ -361,12 +368,7 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Start(at::Tensor buf, bo
     return std::unique_ptr<Work>(std::make_unique<GlooWork>(
         std::move(works), std::move(buf), name(), peers_, op, chunk ? rank_ : -1, world_size_));
   } catch (const std::exception& e) {
-    const std::string msg = TrimGlooMessage(ExceptionMessage(e));
-    const auto named = PeersNamedIn(msg, *peers_);
-    return absl::UnavailableError(absl::StrCat(
-        name(), ": starting ", op, " failed",
-        named.empty() ? "" : absl::StrCat(", lost the connection to ", DescribePeers(named)), ": ",
-        msg));
+    return StartFailed(name(), op, e, *peers_);
   }
 }
 

@@ -89,6 +89,170 @@ bool IsTimeout(const std::string& msg) {
   return absl::StrContains(m, "timeout") || absl::StrContains(m, "timed out");
 }
 
+using State = NcclCommunicator::State;
+
+// Create's parts: the ncclUniqueId (rank 0 makes it, the store carries it to
+// the others), the communicator, the stream and the producer event.
+absl::StatusOr<ncclUniqueId> ExchangeUniqueId(const State& state,
+                                              const c10::intrusive_ptr<c10d::Store>& store,
+                                              const std::string& store_key) {
+  const std::string who = state.Who();
+  ncclUniqueId id;
+  std::memset(&id, 0, sizeof(id));
+  if (state.rank == 0) {
+    if (const ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess)
+      return absl::UnavailableError(
+          absl::StrCat(who, ": ncclGetUniqueId failed: ", NcclError(r, nullptr)));
+    if (state.world_size > 1) {
+      try {
+        const auto* b = reinterpret_cast<const uint8_t*>(&id);
+        store->set(store_key, std::vector<uint8_t>(b, b + sizeof(id)));
+      } catch (const std::exception& e) {
+        return absl::UnavailableError(absl::StrCat(who, ": publishing the NCCL id under '",
+                                                   store_key, "' failed: ", ExceptionMessage(e)));
+      }
+    }
+    return id;
+  }
+  std::vector<uint8_t> bytes;
+  try {
+    bytes = store->get(store_key);
+  } catch (const std::exception& e) {
+    const std::string msg = ExceptionMessage(e);
+    return absl::Status(
+        IsTimeout(msg) ? absl::StatusCode::kDeadlineExceeded : absl::StatusCode::kUnavailable,
+        absl::StrCat(who, ": waiting for rank 0's NCCL id under '", store_key, "' failed: ", msg));
+  }
+  if (bytes.size() != sizeof(id))
+    return absl::InternalError(absl::StrCat(who, ": the store holds ", bytes.size(),
+                                            " bytes under '", store_key, "', not an NCCL id (",
+                                            sizeof(id), " bytes)"));
+  std::memcpy(&id, bytes.data(), sizeof(id));
+  return id;
+}
+
+absl::StatusOr<ncclComm_t> InitComm(const State& state, const ncclUniqueId& id,
+                                    Clock::time_point deadline) {
+  const std::string who = state.Who();
+  ncclComm_t comm = nullptr;
+#ifdef FXDP_NCCL_NONBLOCKING
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclResult_t r = ncclCommInitRankConfig(&comm, state.world_size, id, state.rank, &config);
+  bool timed_out = false;
+  if (r == ncclInProgress) r = PollInProgress(comm, deadline, &timed_out);
+  if (timed_out) {
+    ncclCommAbort(comm);
+    return absl::DeadlineExceededError(absl::StrCat(
+        who, ": NCCL initialisation timed out after ", state.timeout.count(), " ms (did all ",
+        state.world_size, " ranks start, each on its own GPU, and can they reach each other?)"));
+  }
+#else
+  (void)deadline;
+  ncclResult_t r = ncclCommInitRank(&comm, state.world_size, id, state.rank);
+#endif
+  if (r != ncclSuccess) {
+    const std::string err = NcclError(r, comm);
+    if (comm != nullptr) ncclCommAbort(comm);
+    return absl::UnavailableError(absl::StrCat(who, ": ncclCommInitRank failed: ", err));
+  }
+  return comm;
+}
+
+absl::Status CreateStreamAndEvent(State& state) {
+  if (const cudaError_t e = cudaStreamCreateWithFlags(&state.stream, cudaStreamNonBlocking);
+      e != cudaSuccess) {
+    cudaGetLastError();
+    state.stream = nullptr;
+    return absl::UnavailableError(absl::StrCat(state.Who(), ": cudaStreamCreate: ", CudaError(e)));
+  }
+  if (const cudaError_t e = cudaEventCreateWithFlags(&state.ready, cudaEventDisableTiming);
+      e != cudaSuccess) {
+    cudaGetLastError();
+    state.ready = nullptr;
+    return absl::UnavailableError(absl::StrCat(state.Who(), ": cudaEventCreate: ", CudaError(e)));
+  }
+  return absl::OkStatus();
+}
+
+// Start's parts: the checks of its input (its NCCL type when they pass), the
+// result buffer (`in` made contiguous first), and the NCCL stream's wait for
+// the producer stream.
+absl::StatusOr<NcclType> CheckInput(const State& s, const at::Tensor& input,
+                                    const std::string& what) {
+  if (!input.defined())
+    return absl::InvalidArgumentError(absl::StrCat(s.Who(), ": ", what, " of an undefined tensor"));
+  if (!input.is_cuda())
+    return absl::InvalidArgumentError(
+        absl::StrCat(s.Who(), ": ", what, " of a ", input.device().str(),
+                     " tensor: NCCL sums CUDA tensors (Gloo is the CPU communicator)"));
+  if (input.device().index() != s.device)
+    return absl::InvalidArgumentError(absl::StrCat(s.Who(), ": ", what, " of a tensor on ",
+                                                   input.device().str(),
+                                                   ", not this communicator's device"));
+  auto type = NcclTypeOf(input.scalar_type());
+  if (!type.ok())
+    return absl::InvalidArgumentError(
+        absl::StrCat(s.Who(), ": ", what, ": ", type.status().message()));
+  return type;
+}
+
+// With a CUDA build of torch (`torch_cuda`), ATen allocates and copies;
+// with a CPU-only torch, raw CUDA.
+absl::Status AllocateResult(const State& s, const std::string& what, bool torch_cuda,
+                            const std::vector<int64_t>& out_sizes, at::Tensor& in,
+                            at::Tensor& out) {
+  try {
+    if (!in.is_contiguous()) {
+      if (!torch_cuda)
+        return absl::InvalidArgumentError(
+            absl::StrCat(s.Who(), ": ", what,
+                         " of a non-contiguous tensor needs a CUDA build of torch to copy it"));
+      in = in.contiguous();
+    }
+    if (torch_cuda) {
+      out = at::empty(out_sizes, in.options().memory_format(c10::MemoryFormat::Contiguous));
+    } else {
+      auto raw = RawCudaEmpty(out_sizes, in.options(), s.device);
+      if (!raw.ok())
+        return absl::Status(raw.status().code(),
+                            absl::StrCat(s.Who(), ": ", what, ": ", raw.status().message()));
+      out = *std::move(raw);
+    }
+  } catch (const std::exception& e) {
+    return absl::InternalError(
+        absl::StrCat(s.Who(), ": ", what, ": allocating the result failed: ", ExceptionMessage(e)));
+  }
+  return absl::OkStatus();
+}
+
+// The producer stream is torch's current stream with a CUDA build of torch,
+// the legacy default stream without.
+absl::Status WaitForProducer(const State& s, const std::string& what, bool torch_cuda) {
+  try {
+    if (torch_cuda) {
+      const c10::impl::DeviceGuardImplInterface* impl =
+          c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+      const c10::Device dev(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(s.device));
+      void* ev = s.ready;
+      impl->record(&ev, impl->getStream(dev), dev.index(), c10::EventFlag::PYTORCH_DEFAULT);
+    } else if (const cudaError_t e = cudaEventRecord(s.ready, cudaStreamLegacy); e != cudaSuccess) {
+      cudaGetLastError();
+      return absl::UnavailableError(
+          absl::StrCat(s.Who(), ": ", what, ": cudaEventRecord: ", CudaError(e)));
+    }
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat(
+        s.Who(), ": ", what, ": recording an event on the current stream: ", ExceptionMessage(e)));
+  }
+  if (const cudaError_t e = cudaStreamWaitEvent(s.stream, s.ready, 0); e != cudaSuccess) {
+    cudaGetLastError();
+    return absl::UnavailableError(
+        absl::StrCat(s.Who(), ": ", what, ": cudaStreamWaitEvent: ", CudaError(e)));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Connect(
@@ -131,78 +295,12 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
   if (scope.error() != cudaSuccess)
     return absl::UnavailableError(absl::StrCat(who, ": cudaSetDevice: ", CudaError(scope.error())));
   const auto deadline = Clock::now() + opts.timeout;
-
-  // The unique id: rank 0 makes it, the store carries it.
-  ncclUniqueId id;
-  std::memset(&id, 0, sizeof(id));
-  if (opts.rank == 0) {
-    if (const ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess)
-      return absl::UnavailableError(
-          absl::StrCat(who, ": ncclGetUniqueId failed: ", NcclError(r, nullptr)));
-    if (opts.world_size > 1) {
-      try {
-        const auto* b = reinterpret_cast<const uint8_t*>(&id);
-        store->set(store_key, std::vector<uint8_t>(b, b + sizeof(id)));
-      } catch (const std::exception& e) {
-        return absl::UnavailableError(absl::StrCat(who, ": publishing the NCCL id under '",
-                                                   store_key, "' failed: ", ExceptionMessage(e)));
-      }
-    }
-  } else {
-    std::vector<uint8_t> bytes;
-    try {
-      bytes = store->get(store_key);
-    } catch (const std::exception& e) {
-      const std::string msg = ExceptionMessage(e);
-      return absl::Status(
-          IsTimeout(msg) ? absl::StatusCode::kDeadlineExceeded : absl::StatusCode::kUnavailable,
-          absl::StrCat(who, ": waiting for rank 0's NCCL id under '", store_key,
-                       "' failed: ", msg));
-    }
-    if (bytes.size() != sizeof(id))
-      return absl::InternalError(absl::StrCat(who, ": the store holds ", bytes.size(),
-                                              " bytes under '", store_key, "', not an NCCL id (",
-                                              sizeof(id), " bytes)"));
-    std::memcpy(&id, bytes.data(), sizeof(id));
-  }
-
-  // The communicator.
-  ncclComm_t comm = nullptr;
-#ifdef FXDP_NCCL_NONBLOCKING
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
-  ncclResult_t r = ncclCommInitRankConfig(&comm, opts.world_size, id, opts.rank, &config);
-  bool timed_out = false;
-  if (r == ncclInProgress) r = PollInProgress(comm, deadline, &timed_out);
-  if (timed_out) {
-    ncclCommAbort(comm);
-    return absl::DeadlineExceededError(absl::StrCat(
-        who, ": NCCL initialisation timed out after ", opts.timeout.count(), " ms (did all ",
-        opts.world_size, " ranks start, each on its own GPU, and can they reach each other?)"));
-  }
-#else
-  (void)deadline;
-  ncclResult_t r = ncclCommInitRank(&comm, opts.world_size, id, opts.rank);
-#endif
-  if (r != ncclSuccess) {
-    const std::string err = NcclError(r, comm);
-    if (comm != nullptr) ncclCommAbort(comm);
-    return absl::UnavailableError(absl::StrCat(who, ": ncclCommInitRank failed: ", err));
-  }
-  state->comm = comm;  // from here on ~State cleans up
-
-  if (const cudaError_t e = cudaStreamCreateWithFlags(&state->stream, cudaStreamNonBlocking);
-      e != cudaSuccess) {
-    cudaGetLastError();
-    state->stream = nullptr;
-    return absl::UnavailableError(absl::StrCat(who, ": cudaStreamCreate: ", CudaError(e)));
-  }
-  if (const cudaError_t e = cudaEventCreateWithFlags(&state->ready, cudaEventDisableTiming);
-      e != cudaSuccess) {
-    cudaGetLastError();
-    state->ready = nullptr;
-    return absl::UnavailableError(absl::StrCat(who, ": cudaEventCreate: ", CudaError(e)));
-  }
+  auto id = ExchangeUniqueId(*state, store, store_key);
+  if (!id.ok()) return id.status();
+  auto comm = InitComm(*state, *id, deadline);
+  if (!comm.ok()) return comm.status();
+  state->comm = *comm;  // from here on ~State cleans up
+  if (absl::Status st = CreateStreamAndEvent(*state); !st.ok()) return st;
   return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(std::move(state)));
 }
 
@@ -237,29 +335,13 @@ absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::Start(const at::Tensor& 
   if (!s.abort_reason.empty())
     return absl::UnavailableError(absl::StrCat(
         s.Who(), ": ", what, ": the NCCL communicator was aborted earlier (", s.abort_reason, ")"));
-  if (!input.defined())
-    return absl::InvalidArgumentError(absl::StrCat(s.Who(), ": ", what, " of an undefined tensor"));
-  if (!input.is_cuda())
-    return absl::InvalidArgumentError(
-        absl::StrCat(s.Who(), ": ", what, " of a ", input.device().str(),
-                     " tensor: NCCL sums CUDA tensors (Gloo is the CPU communicator)"));
-  if (input.device().index() != s.device)
-    return absl::InvalidArgumentError(absl::StrCat(s.Who(), ": ", what, " of a tensor on ",
-                                                   input.device().str(),
-                                                   ", not this communicator's device"));
-  auto type = NcclTypeOf(input.scalar_type());
-  if (!type.ok())
-    return absl::InvalidArgumentError(
-        absl::StrCat(s.Who(), ": ", what, ": ", type.status().message()));
-
+  auto type = CheckInput(s, input, what);
+  if (!type.ok()) return type.status();
   CudaDeviceScope scope(s.device);
   if (scope.error() != cudaSuccess)
     return absl::UnavailableError(
         absl::StrCat(s.Who(), ": ", what, ": cudaSetDevice: ", CudaError(scope.error())));
 
-  // With a CUDA build of torch, ATen allocates and copies, and the producer
-  // stream is torch's current stream; with a CPU-only torch, raw CUDA and
-  // the legacy default stream.
   const bool torch_cuda = c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA);
   at::Tensor in = input;
   at::Tensor out;
@@ -273,52 +355,12 @@ absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::Start(const at::Tensor& 
                                    : kind == Collective::kAllGather
                                        ? std::vector<int64_t>{n * s.world_size}
                                        : std::vector<int64_t>{n / s.world_size};
-  try {
-    if (!in.is_contiguous()) {
-      if (!torch_cuda)
-        return absl::InvalidArgumentError(
-            absl::StrCat(s.Who(), ": ", what,
-                         " of a non-contiguous tensor needs a CUDA build of torch to copy it"));
-      in = in.contiguous();
-    }
-    if (torch_cuda) {
-      out = at::empty(out_sizes, in.options().memory_format(c10::MemoryFormat::Contiguous));
-    } else {
-      auto raw = RawCudaEmpty(out_sizes, in.options(), s.device);
-      if (!raw.ok())
-        return absl::Status(raw.status().code(),
-                            absl::StrCat(s.Who(), ": ", what, ": ", raw.status().message()));
-      out = *std::move(raw);
-    }
-  } catch (const std::exception& e) {
-    return absl::InternalError(
-        absl::StrCat(s.Who(), ": ", what, ": allocating the result failed: ", ExceptionMessage(e)));
-  }
+  if (absl::Status st = AllocateResult(s, what, torch_cuda, out_sizes, in, out); !st.ok())
+    return st;
   const int64_t count = in.numel() * type->scalars_per_element;
   if (count == 0) return std::unique_ptr<Work>(std::make_unique<ReadyWork>(out));
-
   // The NCCL stream waits for the producer stream up to this point.
-  try {
-    if (torch_cuda) {
-      const c10::impl::DeviceGuardImplInterface* impl =
-          c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
-      const c10::Device dev(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(s.device));
-      void* ev = s.ready;
-      impl->record(&ev, impl->getStream(dev), dev.index(), c10::EventFlag::PYTORCH_DEFAULT);
-    } else if (const cudaError_t e = cudaEventRecord(s.ready, cudaStreamLegacy); e != cudaSuccess) {
-      cudaGetLastError();
-      return absl::UnavailableError(
-          absl::StrCat(s.Who(), ": ", what, ": cudaEventRecord: ", CudaError(e)));
-    }
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat(
-        s.Who(), ": ", what, ": recording an event on the current stream: ", ExceptionMessage(e)));
-  }
-  if (const cudaError_t e = cudaStreamWaitEvent(s.stream, s.ready, 0); e != cudaSuccess) {
-    cudaGetLastError();
-    return absl::UnavailableError(
-        absl::StrCat(s.Who(), ": ", what, ": cudaStreamWaitEvent: ", CudaError(e)));
-  }
+  if (absl::Status st = WaitForProducer(s, what, torch_cuda); !st.ok()) return st;
 
   auto done = s.TakeEvent();
   if (!done.ok()) return done.status();

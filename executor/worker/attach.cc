@@ -96,6 +96,35 @@ void OnSignal(int sig) {
   if (g_signal_pipe[1] >= 0) (void)!write(g_signal_pipe[1], &c, 1);
 }
 
+// Serves until the server or a signal ends it. SIGTERM / SIGINT: a clean
+// shutdown, from a thread (handlers cannot take locks or touch gRPC).
+int ServeUntilSignalled(attach::AttachedWorker& worker) {
+  if (pipe(g_signal_pipe) != 0) {
+    std::perror("fxdp-worker attach: pipe");
+    return 1;
+  }
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  std::thread signals([&worker] {
+    char c = 0;
+    while (true) {
+      const ssize_t n = read(g_signal_pipe[0], &c, 1);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0 || c == 0) return;  // 0: Serve returned
+      worker.RequestShutdown(c == SIGINT ? "SIGINT" : "SIGTERM");
+    }
+  });
+  const int code = worker.Serve();
+  const char stop = 0;
+  (void)!write(g_signal_pipe[1], &stop, 1);
+  signals.join();
+  std::fflush(stderr);
+  return code;
+}
+
 }  // namespace
 
 int AttachCommand(const std::vector<std::string>& argv) {
@@ -153,31 +182,6 @@ int AttachCommand(const std::vector<std::string>& argv) {
   if (!roots.ok()) return flags.Usage(std::string(roots.status().message()));
   o.data_roots_opened = std::make_shared<const util::DataRoots>(*std::move(roots));
   attach::AttachedWorker worker(o);
-  // SIGTERM / SIGINT: a clean shutdown, from a thread (handlers cannot take
-  // locks or touch gRPC).
-  if (pipe(g_signal_pipe) != 0) {
-    std::perror("fxdp-worker attach: pipe");
-    return 1;
-  }
-  struct sigaction sa {};
-  sa.sa_handler = OnSignal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGINT, &sa, nullptr);
-  std::thread signals([&worker] {
-    char c = 0;
-    while (true) {
-      const ssize_t n = read(g_signal_pipe[0], &c, 1);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0 || c == 0) return;  // 0: Serve returned
-      worker.RequestShutdown(c == SIGINT ? "SIGINT" : "SIGTERM");
-    }
-  });
-  const int code = worker.Serve();
-  const char stop = 0;
-  (void)!write(g_signal_pipe[1], &stop, 1);
-  signals.join();
-  std::fflush(stderr);
-  return code;
+  return ServeUntilSignalled(worker);
 }
 }  // namespace fxdp::executor
