@@ -220,55 +220,9 @@ def fx_to_graphdef(
         p = g.nodes.add()
         p.name = node.name
         if node.op == "placeholder":
-            p.kind = pb.PLACEHOLDER
-            p.target.name = str(node.target)
-            spec = node.meta.get("fxdp_placeholder")
-            if spec is None:
-                raise _err(f"{where}: placeholder without an fxdp role")
-            role, state_name, batch_dim = spec
-            p.placeholder.role = role
-            p.placeholder.state_name = state_name
-            p.placeholder.batch_dim = batch_dim
-            _value_meta(
-                node.meta["val"],
-                p.outputs.add(),
-                node.meta.get("fxdp_requires_grad", False),
-                where,
-                node.meta.get("fxdp_device"),
-                sizes,
-            )
+            _encode_placeholder(node, p, where, sizes)
         elif node.op == "call_function":
-            p.kind = pb.CALL_FUNCTION
-            p.target.name, p.target.overload = target_of(node.target)
-            if node.target is operator.getitem:
-                src, i = node.args
-                if not isinstance(src, fx.Node) or not isinstance(i, int):
-                    raise _err(f"{where}: getitem must take (node, int)")
-                a = p.args.add()
-                a.ref.node = index[src]
-                a.ref.output = i
-                p.args.add().int_value = i
-            else:
-                for a in node.args:
-                    encode_argument(a, p.args.add(), ref, where, sizes)
-                for k, a in node.kwargs.items():
-                    kw = p.kwargs.add()
-                    kw.name = k
-                    encode_argument(a, kw.value, ref, where, sizes)
-            val = node.meta.get("val")
-            rg = node.meta.get("fxdp_requires_grad", False)
-            dev = node.meta.get("fxdp_device")
-            if isinstance(val, (tuple, list)):
-                devs = dev if isinstance(dev, (tuple, list)) else [None] * len(val)
-                for v, d in zip(val, devs):
-                    _value_meta(v, p.outputs.add(), rg, where, d, sizes)
-            else:
-                _value_meta(val, p.outputs.add(), rg, where, dev, sizes)
-            if node.meta.get("fxdp_grad_of"):
-                p.grad_of = node.meta["fxdp_grad_of"]
-            source = node_source(node)
-            if source:
-                p.source = source
+            _encode_call(node, p, index, ref, where, sizes)
         elif node.op == "get_attr":
             p.kind = pb.GET_ATTR
             p.target.name = str(node.target)
@@ -276,19 +230,7 @@ def fx_to_graphdef(
                 node.meta.get("val"), p.outputs.add(), False, where, node.meta.get("fxdp_device")
             )
         elif node.op == "output":
-            p.kind = pb.OUTPUT
-            p.target.name = str(node.target)
-            (ret,) = node.args
-            if not isinstance(ret, (list, tuple)):
-                ret = [ret]
-            encode_argument(list(ret), p.args.add(), ref, where)
-            specs = node.meta.get("fxdp_output_specs")
-            if specs is None or len(specs) != len(ret):
-                raise _err(f"{where}: output specs missing or of the wrong length")
-            for role, name in specs:
-                s = p.output_specs.add()
-                s.role = role
-                s.state_name = name
+            _encode_output(node, p, ref, where)
         else:
             raise _err(f"{where}: unsupported FX node kind '{node.op}'")
         index[node] = len(g.nodes) - 1
@@ -299,6 +241,78 @@ def fx_to_graphdef(
     if sizes is not None:
         sizes.write(g)
     return g
+
+
+def _encode_placeholder(node: fx.Node, p: "pb.Node", where: str, sizes) -> None:
+    p.kind = pb.PLACEHOLDER
+    p.target.name = str(node.target)
+    spec = node.meta.get("fxdp_placeholder")
+    if spec is None:
+        raise _err(f"{where}: placeholder without an fxdp role")
+    role, state_name, batch_dim = spec
+    p.placeholder.role = role
+    p.placeholder.state_name = state_name
+    p.placeholder.batch_dim = batch_dim
+    _value_meta(
+        node.meta["val"],
+        p.outputs.add(),
+        node.meta.get("fxdp_requires_grad", False),
+        where,
+        node.meta.get("fxdp_device"),
+        sizes,
+    )
+
+
+def _encode_call(
+    node: fx.Node, p: "pb.Node", index: Dict[fx.Node, int], ref, where: str, sizes
+) -> None:
+    p.kind = pb.CALL_FUNCTION
+    p.target.name, p.target.overload = target_of(node.target)
+    if node.target is operator.getitem:
+        src, i = node.args
+        if not isinstance(src, fx.Node) or not isinstance(i, int):
+            raise _err(f"{where}: getitem must take (node, int)")
+        a = p.args.add()
+        a.ref.node = index[src]
+        a.ref.output = i
+        p.args.add().int_value = i
+    else:
+        for a in node.args:
+            encode_argument(a, p.args.add(), ref, where, sizes)
+        for k, a in node.kwargs.items():
+            kw = p.kwargs.add()
+            kw.name = k
+            encode_argument(a, kw.value, ref, where, sizes)
+    val = node.meta.get("val")
+    rg = node.meta.get("fxdp_requires_grad", False)
+    dev = node.meta.get("fxdp_device")
+    if isinstance(val, (tuple, list)):
+        devs = dev if isinstance(dev, (tuple, list)) else [None] * len(val)
+        for v, d in zip(val, devs):
+            _value_meta(v, p.outputs.add(), rg, where, d, sizes)
+    else:
+        _value_meta(val, p.outputs.add(), rg, where, dev, sizes)
+    if node.meta.get("fxdp_grad_of"):
+        p.grad_of = node.meta["fxdp_grad_of"]
+    source = node_source(node)
+    if source:
+        p.source = source
+
+
+def _encode_output(node: fx.Node, p: "pb.Node", ref, where: str) -> None:
+    p.kind = pb.OUTPUT
+    p.target.name = str(node.target)
+    (ret,) = node.args
+    if not isinstance(ret, (list, tuple)):
+        ret = [ret]
+    encode_argument(list(ret), p.args.add(), ref, where)
+    specs = node.meta.get("fxdp_output_specs")
+    if specs is None or len(specs) != len(ret):
+        raise _err(f"{where}: output specs missing or of the wrong length")
+    for role, name in specs:
+        s = p.output_specs.add()
+        s.role = role
+        s.state_name = name
 
 
 # --------------------------------------------------------------------------- decode
@@ -338,41 +352,39 @@ def meta_from_pb(vm: "pb.ValueMeta") -> Any:
     return None
 
 
-def graphdef_to_fx(
-    g: "pb.GraphDef", attrs: Optional[Dict[str, torch.Tensor]] = None
-) -> fx.GraphModule:
-    """Build a runnable GraphModule from a GraphDef.
+class _Decoder:
+    """Arguments of a GraphDef as FX values: references to earlier nodes, an inserted getitem
+    per element taken from a node returning a tuple/Tensor[]."""
 
-    Placeholders keep GraphDef order. A reference to element i of a node returning a
-    tuple/Tensor[] from anything but ``operator.getitem`` gets an inserted getitem node.
-    ``attrs`` supplies the tensors of GET_ATTR nodes, if any.
-    """
-    graph = fx.Graph()
-    root = torch.nn.Module()
-    env: List[fx.Node] = []
-    seq: List[bool] = []
-    extracted: Dict[tuple[int, int], fx.Node] = {}
+    def __init__(self, graph: fx.Graph):
+        self.graph = graph
+        self.env: List[fx.Node] = []
+        self.seq: List[bool] = []
+        self.extracted: Dict[tuple[int, int], fx.Node] = {}
 
-    def value(r: "pb.ValueRef", where: str) -> fx.Node:
+    def value(self, r: "pb.ValueRef", where: str) -> fx.Node:
+        env = self.env
         if r.node >= len(env):
             raise GraphFormatError(
                 f"{where}: reference to node {r.node} which is not earlier in the graph"
             )
-        if not seq[r.node]:
+        if not self.seq[r.node]:
             if r.output != 0:
                 raise GraphFormatError(
                     f"{where}: output {r.output} of single-output node {env[r.node].name}"
                 )
             return env[r.node]
         key = (r.node, r.output)
-        if key not in extracted:
-            extracted[key] = graph.call_function(operator.getitem, (env[r.node], r.output))
-        return extracted[key]
+        if key not in self.extracted:
+            self.extracted[key] = self.graph.call_function(
+                operator.getitem, (env[r.node], r.output)
+            )
+        return self.extracted[key]
 
-    def dec(a: "pb.Argument", where: str) -> Any:
+    def argument(self, a: "pb.Argument", where: str) -> Any:
         which = a.WhichOneof("value")
         if which == "ref":
-            return value(a.ref, where)
+            return self.value(a.ref, where)
         if which in ("int_value", "float_value", "bool_value", "string_value"):
             return getattr(a, which)
         if which == "none":
@@ -393,58 +405,72 @@ def graphdef_to_fx(
                 return complex(s.complex_value.real, s.complex_value.imag)
             return getattr(s, w)
         if which == "list":
-            return [dec(x, where) for x in a.list.items]
+            return [self.argument(x, where) for x in a.list.items]
         raise GraphFormatError(f"{where}: empty argument")
 
+    def call(self, n: "pb.Node", where: str) -> tuple[fx.Node, bool]:
+        """The FX node of a CALL_FUNCTION node, and whether it returns a sequence."""
+        fn = resolve_target(n.target.name, n.target.overload)
+        if fn is not operator.getitem:
+            args = tuple(self.argument(a, where) for a in n.args)
+            kwargs = {kw.name: self.argument(kw.value, where) for kw in n.kwargs}
+            return self.graph.call_function(fn, args, kwargs), returns_sequence(fn)
+        if len(n.args) < 1 or n.args[0].WhichOneof("value") != "ref":
+            raise GraphFormatError(f"{where}: getitem needs a reference argument")
+        r = n.args[0].ref
+        if r.node >= len(self.env):
+            raise GraphFormatError(f"{where}: reference to node {r.node} which is not earlier")
+        return self.graph.call_function(operator.getitem, (self.env[r.node], r.output)), False
+
+
+def graphdef_to_fx(
+    g: "pb.GraphDef", attrs: Optional[Dict[str, torch.Tensor]] = None
+) -> fx.GraphModule:
+    """Build a runnable GraphModule from a GraphDef.
+
+    Placeholders keep GraphDef order. A reference to element i of a node returning a
+    tuple/Tensor[] from anything but ``operator.getitem`` gets an inserted getitem node.
+    ``attrs`` supplies the tensors of GET_ATTR nodes, if any.
+    """
+    graph = fx.Graph()
+    root = torch.nn.Module()
+    dec = _Decoder(graph)
     for i, n in enumerate(g.nodes):
         where = f"node {i} '{n.name}'"
+        is_seq = False
         if n.kind == pb.PLACEHOLDER:
             node = graph.placeholder(n.name)
-            is_seq = False
         elif n.kind == pb.GET_ATTR:
             if attrs is None or n.target.name not in attrs:
                 raise GraphFormatError(f"{where}: GET_ATTR '{n.target.name}' has no value")
             qual = n.target.name.replace(".", "_")
             setattr(root, qual, attrs[n.target.name])
             node = graph.get_attr(qual)
-            is_seq = False
         elif n.kind == pb.CALL_FUNCTION:
-            fn = resolve_target(n.target.name, n.target.overload)
-            if fn is operator.getitem:
-                if len(n.args) < 1 or n.args[0].WhichOneof("value") != "ref":
-                    raise GraphFormatError(f"{where}: getitem needs a reference argument")
-                r = n.args[0].ref
-                if r.node >= len(env):
-                    raise GraphFormatError(
-                        f"{where}: reference to node {r.node} which is not earlier"
-                    )
-                node = graph.call_function(operator.getitem, (env[r.node], r.output))
-                is_seq = False
-            else:
-                args = tuple(dec(a, where) for a in n.args)
-                kwargs = {kw.name: dec(kw.value, where) for kw in n.kwargs}
-                node = graph.call_function(fn, args, kwargs)
-                is_seq = returns_sequence(fn)
+            node, is_seq = dec.call(n, where)
         elif n.kind == pb.OUTPUT:
             if len(n.args) != 1:
                 raise GraphFormatError(f"{where}: OUTPUT takes exactly one (list) argument")
-            ret = dec(n.args[0], where)
-            node = graph.output(ret)
+            node = graph.output(dec.argument(n.args[0], where))
             node.meta["fxdp_output_specs"] = [(s.role, s.state_name) for s in n.output_specs]
-            is_seq = False
         else:
             raise GraphFormatError(f"{where}: unknown node kind {n.kind}")
-        if n.kind == pb.PLACEHOLDER:
-            ph = n.placeholder
-            node.meta["fxdp_placeholder"] = (ph.role, ph.state_name, ph.batch_dim)
-        node.meta["fxdp_name"] = n.name  # torch.fx may name it otherwise
-        if n.grad_of:
-            node.meta["fxdp_grad_of"] = n.grad_of
-        if n.source:
-            node.meta["stack_trace"] = n.source
-        if len(n.outputs) == 1 and not is_seq:
-            node.meta["fxdp_value_meta"] = n.outputs[0]
-        env.append(node)
-        seq.append(is_seq)
+        _set_meta(node, n, is_seq)
+        dec.env.append(node)
+        dec.seq.append(is_seq)
     graph.lint()
     return fx.GraphModule(root, graph)
+
+
+def _set_meta(node: fx.Node, n: "pb.Node", is_seq: bool) -> None:
+    """The fxdp metadata of wire node ``n`` on its FX node (what fx_to_graphdef reads back)."""
+    if n.kind == pb.PLACEHOLDER:
+        ph = n.placeholder
+        node.meta["fxdp_placeholder"] = (ph.role, ph.state_name, ph.batch_dim)
+    node.meta["fxdp_name"] = n.name  # torch.fx may name it otherwise
+    if n.grad_of:
+        node.meta["fxdp_grad_of"] = n.grad_of
+    if n.source:
+        node.meta["stack_trace"] = n.source
+    if len(n.outputs) == 1 and not is_seq:
+        node.meta["fxdp_value_meta"] = n.outputs[0]

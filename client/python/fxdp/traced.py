@@ -106,7 +106,9 @@ class TracedStep:
         self._instances.move_to_end(key)
         return hit
 
-    def _batch_shapes(self, batch) -> Dict[str, List[int]]:
+    def _batch_by_name(self, batch) -> Dict[str, object]:
+        """The batch's item of each input, in trace order: ``batch`` is one tensor, a sequence in
+        trace order or a mapping by input name."""
         names = self.input_names()
         if isinstance(batch, torch.Tensor):
             batch = (batch,)
@@ -114,17 +116,18 @@ class TracedStep:
             missing = [n for n in names if n not in batch]
             if missing:
                 raise KeyError(f"batch lacks inputs {missing}")
-            items = [(n, batch[n]) for n in names]
-        else:
-            batch = list(batch)
-            if len(batch) != len(names):
-                raise ValueError(
-                    f"batch has {len(batch)} tensors, the graph takes {len(names)} inputs {names}"
-                )
-            items = list(zip(names, batch))
+            return {n: batch[n] for n in names}
+        batch = list(batch)
+        if len(batch) != len(names):
+            raise ValueError(
+                f"batch has {len(batch)} tensors, the graph takes {len(names)} inputs {names}"
+            )
+        return dict(zip(names, batch))
+
+    def _batch_shapes(self, batch) -> Dict[str, List[int]]:
         return {
             n: list(t.shape) if isinstance(t, torch.Tensor) else [int(d) for d in t]
-            for n, t in items
+            for n, t in self._batch_by_name(batch).items()
         }
 
     # ----------------------------------------------------------------- execution
@@ -211,42 +214,15 @@ class TracedStep:
                 seed=seed,
             )
         from .optimizers import check_guards
-        from .schedule import hyperparameter_guards, schedule_values
+        from .schedule import hyperparameter_guards
 
         init_kernel_libraries()
-        hv: Dict[str, float] = {}
-        if schedule is not None:
-            hv.update(schedule_values(schedule, step, self)[step - 1])
-        if hyperparameters is not None:
-            hv.update(schedule_values([hyperparameters], 1, self)[0])
-        if hv:
-            state = OrderedDict(state.items())
-            for k, v in hv.items():
-                ref = state.get(k)
-                state[k] = torch.tensor(
-                    v,
-                    dtype=ref.dtype if ref is not None else torch.float32,
-                    device=ref.device if ref is not None else "cpu",
-                )
+        state = self._with_hyperparameters(state, hyperparameters, schedule, step)
         check_guards(
             hyperparameter_guards(self),
             {k: float(state[k]) for k in self.hyperparameter_names() if k in state},
         )
-        if isinstance(batch, torch.Tensor):
-            batch = (batch,)
-        in_names = self.input_names()
-        if isinstance(batch, Mapping):
-            missing = [n for n in in_names if n not in batch]
-            if missing:
-                raise KeyError(f"batch lacks inputs {missing}")
-            batch_by_name = dict(batch)
-        else:
-            batch = list(batch)
-            if len(batch) != len(in_names):
-                raise ValueError(
-                    f"batch has {len(batch)} tensors, the graph takes {len(in_names)} inputs {in_names}"
-                )
-            batch_by_name = dict(zip(in_names, batch))
+        batch_by_name = self._batch_by_name(batch)
         args = []
         for ph in self.placeholders:
             spec = ph.placeholder
@@ -257,18 +233,49 @@ class TracedStep:
                     raise KeyError(f"state lacks '{spec.state_name}'")
                 args.append(_checked(ph, state[spec.state_name]))
         with torch.no_grad():
-            if self.random_nodes():
-                from .random_ops import RandomInterpreter
+            outs = self._run_graph(args, seed, step)
+        return self._results(state, outs, outputs)
 
-                metas = {n.name: n.outputs[0].tensor for n in self.graph.nodes if n.outputs}
-                shapes = {
-                    name: (tuple(metas[name].shape), convert.PB_TO_DTYPE[metas[name].dtype])
-                    for name in self.random_nodes()
-                }
-                s = self.seed() if seed is None else int(seed)
-                outs = RandomInterpreter(self.graph_module(), shapes, s, step).run(*args)
-            else:
-                outs = self.graph_module()(*args)
+    def _with_hyperparameters(self, state, hyperparameters, schedule, step: int):
+        """``state`` with the hyper-parameters ``hyperparameters`` or ``schedule`` (at ``step``)
+        give, as tensors of the state's dtype and device (float32 on the CPU where it has none)."""
+        from .schedule import schedule_values
+
+        hv: Dict[str, float] = {}
+        if schedule is not None:
+            hv.update(schedule_values(schedule, step, self)[step - 1])
+        if hyperparameters is not None:
+            hv.update(schedule_values([hyperparameters], 1, self)[0])
+        if not hv:
+            return state
+        state = OrderedDict(state.items())
+        for k, v in hv.items():
+            ref = state.get(k)
+            state[k] = torch.tensor(
+                v,
+                dtype=ref.dtype if ref is not None else torch.float32,
+                device=ref.device if ref is not None else "cpu",
+            )
+        return state
+
+    def _run_graph(self, args: List[torch.Tensor], seed: Optional[int], step: int):
+        """The graph's outputs on ``args`` (placeholder order); random ops draw from fxdp's
+        generator keyed by ``seed`` (default the graph's), ``step`` and the node."""
+        if not self.random_nodes():
+            return self.graph_module()(*args)
+        from .random_ops import RandomInterpreter
+
+        metas = {n.name: n.outputs[0].tensor for n in self.graph.nodes if n.outputs}
+        shapes = {
+            name: (tuple(metas[name].shape), convert.PB_TO_DTYPE[metas[name].dtype])
+            for name in self.random_nodes()
+        }
+        s = self.seed() if seed is None else int(seed)
+        return RandomInterpreter(self.graph_module(), shapes, s, step).run(*args)
+
+    def _results(self, state, outs, outputs: bool):
+        """``(new_state, loss)`` (with ``outputs``, the named extra outputs too) from the graph's
+        outputs: UPDATED_* entries replace ``state``'s."""
         new_state = OrderedDict(state.items())
         loss = None
         others = []
