@@ -12,7 +12,7 @@ constexpr char kUsage[] =
     "usage: fxdp <command> [args]\n"
     "\n"
     "commands:\n"
-    "  graph     inspect and validate saved graphs (print, check, roundtrip, parse)\n"
+    "  graph     inspect and validate saved graphs (print, check, roundtrip, parse, instantiate)\n"
     "  analyze   batch dim and placement of every node of a saved graph\n"
     "  expand    rewrite a saved graph into per-rank data-parallel graphs\n"
     "  workers   list the workers attached to an fxdp server\n"
