@@ -275,6 +275,7 @@ class Client:
         eval: Optional[TracedStep] = None,  # noqa: A002 (the JobSpec field's name)
         eval_data: Union[None, str, os.PathLike, Sequence[Union[str, os.PathLike]]] = None,
         eval_every: int = 0,
+        max_shapes: int = 0,
     ) -> TrainResult:
         """Train on ``world_size`` of the server's workers; returns the per-step global losses and
         the final state.
@@ -330,9 +331,14 @@ class Client:
         batches and seed give bit-identical results on any number of ranks, equal to
         ``run_local(..., step=i, seed=seed)`` on one device (docs/randomness.md).
 
-        A symbolic ``step`` (``trace_step(..., dynamic=True)``) is instantiated at the first
-        batch's shapes; until the server switches graphs per shape (docs/shapes.md steps 5-6), a
-        batch of other shapes fails the job with a ValueError naming both.
+        A symbolic ``step`` (``trace_step(..., dynamic=True)``, or an ``@fxdp.compile`` step once
+        called) runs every batch shape its guards allow in one job with one state: the server
+        compiles each new shape once (milliseconds) and keeps the last ``max_shapes`` (default
+        16, the traced example's included); each step's shape is ``JobEvent.shape``, the shapes
+        compiled ``job(id).shapes``. Bound the shapes a loader yields (pad to a multiple:
+        ``DataCollatorWithPadding(pad_to_multiple_of=64)``, or bucket by length). A batch that
+        breaks a guard fails the job (INVALID_ARGUMENT naming the guard, the user's line and what
+        to do), which keeps its last completed step's state (docs/shapes.md).
 
         ``initial_checkpoint``: the job's state is read by the workers from a checkpoint on their
         filesystem (under their ``--data-root``): a Hugging Face ``save_pretrained`` directory,
@@ -351,13 +357,14 @@ class Client:
         name, dtype or shape). ``TrainResult.evals``: each evaluation (``fxdp.evaluation.Evaluated``:
         the step, each metric summed over the batches as one device computes it per batch);
         ``on_event`` sees them as RUNNING events carrying ``eval`` (docs/evaluation.md)."""
+        step = train_job.traced_step(step)
         if seed is not None:
             step = train_job.with_seed(step, seed)
         if (batches is None) == (data_path is None):
             raise ValueError("train needs either batches or data_path")
         wire_style = _style(style)
         source, paths, steps = train_job.batch_source(batches, data_path, steps)
-        step, source = train_job.one_shape(step, source, paths)
+        train_job.check_symbolic(step, paths)
         plan = checkpoints.plan_for_train(step, initial_checkpoint, state, resume)
         init = plan.sent if plan is not None else train_job.initial_state(step, state, resume)
         spec = jpb.JobSpec(
@@ -372,6 +379,7 @@ class Client:
             sync_batchnorm=sync_batchnorm,
             style=wire_style,
             resume_job=resume or "",
+            max_shapes=max_shapes,
         )
         checkpoints.add_to_spec(spec, plan)
         if eval is not None:
@@ -387,10 +395,10 @@ class Client:
         deadline = None if timeout is None else time.monotonic() + timeout
         shown = Progress(step.graph, steps or 0, out=sys.stderr if progress else None)
 
-        def reported(s: int, loss: float, outputs: Dict[str, float]) -> None:
+        def reported(s: int, loss: float, outputs: Dict[str, float], shape: str) -> None:
             if on_step is not None:
                 on_step(s, loss)
-            shown(s, loss, outputs)
+            shown(s, loss, outputs, shape)
 
         job_id, losses, outputs = submission.run(
             self._jobs.Submit, timeout, self.address, on_event, reported

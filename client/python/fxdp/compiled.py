@@ -30,6 +30,10 @@ another model or optimizer, or a batch of other dtypes or ranks, traces again. `
 traces each shape (``max_shapes`` traces kept); bound the shapes a data loader yields anyway (pad
 to a multiple: ``DataCollatorWithPadding(pad_to_multiple_of=64)``, or bucket by length): each
 shape is a graph to build and run. ``traces`` counts the traces made.
+
+On workers: ``Client.train(train_step, ...)`` (once called) sends ``train_step.variant``, the trace
+of its last call, as it is: symbolic with ``dynamic=True``, so one job runs every batch shape, each
+compiled once on the server (docs/shapes.md).
 """
 
 from __future__ import annotations
@@ -66,6 +70,7 @@ class CompiledStep:
         self.trace_kwargs = {"dynamic": True, **trace_kwargs}
         self.max_shapes = max_shapes
         self.traced = None  # the TracedStep of the last call
+        self.variant = None  # the trace it is an instance of (symbolic with dynamic=True)
         self.traces = 0
         # (id(model), id(optimizer), batch key) -> (model ref, optimizer ref, TracedStep), most
         # recently used last; the refs tell a live object from a new one that reuses a dead id.
@@ -91,6 +96,7 @@ class CompiledStep:
             except ShapeError:
                 continue  # its guards do not hold: the next variant, or a new trace
             self._cache.move_to_end(key)
+            self.variant = variant
             return step
         variant = trace_step(self.fn, model, optimizer, batch, **self.trace_kwargs)
         self.traces += 1
@@ -98,6 +104,7 @@ class CompiledStep:
         self._cache[key] = (weakref.ref(model), weakref.ref(optimizer), variant)
         while len(self._cache) > self.max_shapes:
             self._cache.popitem(last=False)
+        self.variant = variant
         return variant.instantiate(batch)
 
     def __call__(self, model, optimizer, batch):

@@ -16,7 +16,8 @@ from .v1 import graph_pb2 as gpb
 def batch_counts(graph: "gpb.GraphDef") -> Tuple[int, int]:
     """``(samples, tokens)`` of one step's global batch: the batch dim's size of the graph's first
     INPUT that has one, and the element count of its first integer INPUT of 2+ dims with a batch
-    dim (token ids; 0 when there is none)."""
+    dim (token ids; 0 when there is none). A size that varies per batch (a graph with symbolic
+    sizes: docs/shapes.md) is not known: 0."""
     samples = tokens = 0
     for n in graph.nodes:
         if n.kind != gpb.PLACEHOLDER or n.placeholder.role != gpb.INPUT or not n.outputs:
@@ -24,9 +25,10 @@ def batch_counts(graph: "gpb.GraphDef") -> Tuple[int, int]:
         t, d = n.outputs[0].tensor, n.placeholder.batch_dim
         if not 0 <= d < len(t.shape):
             continue
-        samples = samples or t.shape[d]
+        varies = [bool(e) for e in t.shape_expr] or [False] * len(t.shape)
+        samples = samples or (0 if varies[d] else t.shape[d])
         if not tokens and t.dtype in (gpb.INT64, gpb.INT32) and len(t.shape) >= 2:
-            tokens = math.prod(t.shape)
+            tokens = 0 if any(varies) else math.prod(t.shape)
     return samples, tokens
 
 
@@ -64,7 +66,9 @@ class Progress:
             return 0.0
         return (self._latest[0] - self._first[0]) / (self._latest[1] - self._first[1])
 
-    def __call__(self, step: int, loss: float, outputs: Optional[Dict[str, float]] = None) -> None:
+    def __call__(
+        self, step: int, loss: float, outputs: Optional[Dict[str, float]] = None, shape: str = ""
+    ) -> None:
         now = time.monotonic()
         self._latest = (step, now)
         self._first = self._first or self._latest
@@ -73,6 +77,7 @@ class Progress:
             return
         text = f"step {step}/{self.steps or '?'}  loss {loss:.6g}"
         text += "".join(f"  {k} {v:.6g}" for k, v in (outputs or {}).items())
+        text += f"  [{shape}]" if shape else ""
         if self.last is not None:
             per, unit = (self.tokens, "tokens") if self.tokens else (self.samples, "samples")
             text += f"  {self.last:.3g} steps/s"

@@ -56,49 +56,31 @@ def batch_source(
     return (itertools.islice(batches, steps) if steps else batches), [], steps
 
 
-def _shapes(b: Batch, names: Sequence[str], step: int) -> Tuple:
-    by_name = _by_name(b, names, step)
-    return tuple(tuple(by_name[n].shape) for n in names)
+def traced_step(step) -> TracedStep:
+    """The TracedStep a job sends: ``step`` itself, or an ``@fxdp.compile`` step's trace (its last
+    call's symbolic variant: every batch shape runs from it). A symbolic graph is sent as it is;
+    the server compiles each batch shape once (docs/shapes.md)."""
+    from .compiled import CompiledStep
+
+    if isinstance(step, CompiledStep):
+        if step.variant is None:
+            raise ValueError(
+                "train: the @fxdp.compile step has not been called yet, so it has no trace: call it "
+                "once on a batch (or pass fxdp.trace_step(...)'s TracedStep)"
+            )
+        return step.variant
+    return step
 
 
-def one_shape(
-    step: TracedStep, source: Iterable[Batch], paths: List[str]
-) -> Tuple[TracedStep, Iterable[Batch]]:
-    """A symbolic ``step`` (``trace_step(..., dynamic=True)``) instantiated at the batches' shape:
-    the server takes static graphs, one per job, until it instantiates them itself
-    (docs/shapes.md build plan steps 5 and 6). The first batch gives the shape; a later batch of
-    another shape fails the job with a ValueError naming both. A static ``step`` is returned as
-    it is (the server checks its batches)."""
-    if not step.is_symbolic():
-        return step, source
-    if paths:
+def check_symbolic(step: TracedStep, paths: List[str]) -> None:
+    """A symbolic ``step`` (``trace_step(..., dynamic=True)``) runs every batch shape the client
+    streams; the server does not see the shapes of files the workers read (``data_path``)."""
+    if step.is_symbolic() and paths:
         raise ValueError(
-            "train: a symbolic step (traced with dynamic=...) with data_path: the client cannot see "
-            "the shapes of the workers' batches; pass step.instantiate({input: shape, ...})"
+            "train: a symbolic step (traced with dynamic=...) with data_path: the server cannot see "
+            "the shapes of the workers' files; pass step.instantiate({input: shape, ...}) at their "
+            "shape"
         )
-    names = step.input_names()
-    it = iter(source)
-    try:
-        first = next(it)
-    except StopIteration:
-        return step, ()
-    shapes = _shapes(first, names, 1)
-    static = step.instantiate(_by_name(first, names, 1))
-
-    def checked() -> Iterable[Batch]:
-        yield first
-        for i, b in enumerate(it, 2):
-            got = _shapes(b, names, i)
-            if got != shapes:
-                raise ValueError(
-                    f"train: the batch of step {i} has shapes {dict(zip(names, got))}, step 1's "
-                    f"{dict(zip(names, shapes))}: a job runs one shape until the server instantiates "
-                    "symbolic graphs itself (docs/shapes.md steps 5-6); pad the batches to one shape, "
-                    "or train one job per shape"
-                )
-            yield b
-
-    return static, checked()
 
 
 def initial_state(
@@ -244,7 +226,7 @@ class Submission:
         timeout: Optional[float],
         address: str,
         on_event: Optional[Callable[["jpb.JobEvent"], None]],
-        on_step: Optional[Callable[[int, float, Dict[str, float]], None]],
+        on_step: Optional[Callable[[int, float, Dict[str, float], str], None]],
     ) -> Tuple[str, List[float], List[Dict[str, float]]]:
         """Makes the call (``submit``: the JobService stub's Submit) and follows the job to its
         end: (its id, the global loss of every step run, each step's named outputs)."""
@@ -265,7 +247,7 @@ class Submission:
                     losses.append(ev.loss)
                     outputs.append({v.name: v.value for v in ev.outputs})
                     if on_step is not None:
-                        on_step(ev.step, ev.loss, outputs[-1])
+                        on_step(ev.step, ev.loss, outputs[-1], ev.shape)
         except grpc.RpcError as e:
             if self.problem:
                 raise self.problem[0]
