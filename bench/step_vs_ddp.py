@@ -13,8 +13,8 @@ with ``fxdp expand --world-size 2 --bucket-mb X`` and run, interleaved, ``--reps
                       (bench/step_bench.cc): the time rank 0 waits on communication, and
                       per collective (--detail) its time in flight before its wait and
                       the time blocked there (JSON: "fxdp collectives (rank 0)")
-  fxdp N=1, eager N=1 one process on the B/2 slice, no communication (the expanded graph
-                      with its all-reduces as clones; the plain eager step): compute alone
+  fxdp N=1, eager N=1 one process on the B/2 slice, no communication (the step traced at
+                      B/2, a single-device graph; the plain eager step): compute alone
 
 Every process uses 1 intra-op thread. Each run: K steps, the median after the warm-up steps;
 over the repetitions: median, min and max of those medians. The JSON also records the 1-minute
@@ -275,7 +275,11 @@ def rank_command(program: list, files, rank: int, steps: int, data: str = "") ->
 
 
 def run_worker(build, files, world: int, steps: int) -> list[float]:
+    """fxdp-worker run on `world` ranks: the expanded graph on the global batch, or (world 1)
+    the single-device graph of the B/2 slice."""
     port = free_port()
+    if world == 1:
+        files = {**files, "expanded": files["local_graph"], "identical": True}
     data = files["batch"] if world > 1 else files["local"]
     worker = [str(build / "bin" / "fxdp-worker"), "run"]
     cmd = lambda r: rank_command(worker, files, r, steps, data)  # noqa: E731
@@ -366,12 +370,19 @@ def prepare(
     step = fxdp.trace(model, opt, loss_fn, batch, batch_dim=0, input_names=names)
     stem = model_name if style == "replicate" else f"{model_name}.{style}"
     files = {
-        k: os.path.join(d, f"{stem}.{k}") for k in ("graph", "state", "batch", "local", "expanded")
+        k: os.path.join(d, f"{stem}.{k}")
+        for k in ("graph", "state", "batch", "local", "local_graph", "expanded")
     }
     step.save(files["graph"])
     step.to_safetensors(files["state"])
     save_file(dict(zip(names, batch)), files["batch"])
-    save_file(dict(zip(names, shard(batch, 0, 2))), files["local"])
+    local = shard(batch, 0, 2)
+    save_file(dict(zip(names, local)), files["local"])
+    # fxdp-worker N=1 runs one device's graph of the B/2 slice: a launch of one rank refuses a
+    # graph expanded for 2 (run_rank.cc CheckExpandedFor).
+    fxdp.trace(model, opt, loss_fn, local, batch_dim=0, input_names=names).save(
+        files["local_graph"]
+    )
     r = subprocess.run(
         [
             fxdp_bin,
