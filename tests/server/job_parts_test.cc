@@ -21,6 +21,14 @@ namespace {
 
 using ::testing::HasSubstr;
 
+// The balanced split of `batch` rows over `world` ranks for every input: what
+// RankRowsOf gives for a graph expanded as usual.
+server::RankRows Balanced(const std::vector<server::InputSpec>& inputs, int64_t batch, int world) {
+  server::RankRows rows;
+  for (const server::InputSpec& in : inputs) rows[in.name] = ir::SplitBatch(batch, world);
+  return rows;
+}
+
 // The sharder alone: 8 rows on 3 ranks (3, 3, 2), messages of <= 40 bytes.
 TEST(BatchSharder, SlicesEachInputAlongItsBatchDimIntoSmallMessages) {
   const std::vector<server::InputSpec> inputs = server::GraphInputs(MlpGraph());
@@ -36,7 +44,7 @@ TEST(BatchSharder, SlicesEachInputAlongItsBatchDimIntoSmallMessages) {
   ASSERT_TRUE(done.ok() && *done) << done.status();
   const int64_t starts[] = {0, 3, 6}, sizes[] = {3, 3, 2};
   for (int r = 0; r < 3; ++r) {
-    auto msgs = sharder.RankBatch(r);
+    auto msgs = sharder.RankBatch(r, Balanced(inputs, kB, 3));
     ASSERT_TRUE(msgs.ok()) << msgs.status();
     EXPECT_GT(msgs->size(), 1u);
     std::map<std::string, std::string> got;
@@ -107,7 +115,8 @@ TEST(BatchSharder, AResumedJobTakesTheJobsStepsAndTheScheduleFromThere) {
   ASSERT_TRUE(resumed.Add(1, BatchMessage(6, b[0], true)).ok());
   absl::StatusOr<bool> done = resumed.Add(1, BatchMessage(6, b[1], false));
   ASSERT_TRUE(done.ok() && *done) << done.status();
-  const std::vector<v1::ServerMessage> msgs = ValueOrDie(resumed.RankBatch(0));
+  const std::vector<v1::ServerMessage> msgs =
+      ValueOrDie(resumed.RankBatch(0, Balanced(inputs, kB, 2)));
   const v1::Batch& m = msgs[0].batch();
   EXPECT_EQ(m.step(), 1);  // the workers' first step of this run
   ASSERT_EQ(m.hyperparameters_size(), 1);
