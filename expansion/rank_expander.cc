@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "analysis/ir/collectives.h"
+#include "analysis/ir/instantiate.h"
 #include "analysis/ir/node_error.h"
 #include "analysis/op_queries.h"
 #include "analysis/op_rules.h"
@@ -83,6 +84,8 @@ absl::StatusOr<RankNodes> RankExpander::Run(std::vector<Collective>* collectives
   r.header = g_.header();
   r.header.metadata.emplace_back("fxdp.world_size", absl::StrCat(o_.world_size));
   r.header.metadata.emplace_back("fxdp.local_batch", absl::StrCat(slice_.size));
+  r.header.metadata.emplace_back(std::string(ir::kInputShapesKey),
+                                 ir::InputShapesText(ir::InputShapesOf(g_)));
   FXDP_RETURN_IF_ERROR(AddRandomLayouts(g_, a_, r.header));
   if (fs_ != nullptr) FullyShardMetadata(r.header);
   r.nodes = std::move(out_);

@@ -335,6 +335,16 @@ std::string InputShapesText(const InputShapes& shapes, absl::string_view sep) {
   });
 }
 
+InputShapes InputShapesOf(const Graph& graph) {
+  InputShapes out;
+  for (const Node& n : graph.nodes()) {
+    if (n.is_placeholder() && n.placeholder.role == PlaceholderRole::kInput && !n.outputs.empty() &&
+        n.outputs[0].is_tensor())
+      out.emplace(n.placeholder.state_name, n.outputs[0].tensor.shape);
+  }
+  return out;
+}
+
 absl::StatusOr<v1::GraphDef> InstantiateDef(const v1::GraphDef& def, const InputShapes& shapes) {
   if (!HasSymbolicSizes(def)) {
     FXDP_ASSIGN_OR_RETURN(Graph g, DecodeGraph(def));

@@ -44,6 +44,14 @@ absl::Status ParseInputShape(absl::string_view text, InputShapes* shapes);
 // "input_ids=8x60, labels=8x60" ("" when empty); `sep` between inputs (a
 // job's JobEvent.shape: "input_ids=8x60 labels=8x60").
 std::string InputShapesText(const InputShapes& shapes, absl::string_view sep = ", ");
+// The shapes of a static graph's INPUT tensor placeholders.
+InputShapes InputShapesOf(const Graph& graph);
+
+// A rank graph's metadata key for the global batch's input shapes it was
+// expanded for (InputShapesText of the single-device graph's INPUTs; the
+// expansion writes it): `fxdp-worker run` picks, for each step's data, the
+// graph expanded for that data's shapes.
+inline constexpr absl::string_view kInputShapesKey = "fxdp.input_shapes";
 
 absl::StatusOr<v1::GraphDef> InstantiateDef(const v1::GraphDef& def, const InputShapes& shapes);
 absl::StatusOr<Graph> Instantiate(const v1::GraphDef& def, const InputShapes& shapes);

@@ -289,9 +289,9 @@ absl::Status AttachedWorker::JobBody(AssignedJob& job, std::unique_ptr<Communica
   FXDP_ASSIGN_OR_RETURN(const uint64_t step_offset,
                         ir::MetadataNumber(*graph, ir::kStepOffsetKey, 0));
   job.step_offset = static_cast<int64_t>(step_offset);
-  graph = absl::StatusOr<ir::Graph>();  // the program holds what it needs
+  const GraphMetadata shared = SharedMetadata(*graph);  // LoadGraph's programs match it
+  graph = absl::StatusOr<ir::Graph>();                  // the program holds what it needs
   job.assign.clear_graph();
-  const int local_loss = LocalLossIndex(program);
   FXDP_ASSIGN_OR_RETURN(std::optional<DatasetReader> dataset,
                         OpenDataset(job, program, job.step_offset, a.data_paths()));
   std::vector<TensorMap> files;
@@ -324,8 +324,10 @@ absl::Status AttachedWorker::JobBody(AssignedJob& job, std::unique_ptr<Communica
       case JobTask::kState:
         return absl::InternalError("a second initial state");  // the router prevents this
       case JobTask::kBatch:
-        FXDP_RETURN_IF_ERROR(
-            RunBatch(job, e, runner, timed, files, dataset ? &*dataset : nullptr, local_loss));
+        FXDP_RETURN_IF_ERROR(RunBatch(job, e, runner, timed, files, dataset ? &*dataset : nullptr));
+        break;
+      case JobTask::kLoadGraph:
+        FXDP_RETURN_IF_ERROR(LoadGraph(job, e, runner, setup, timed, shared));
         break;
       case JobTask::kFetch:
         FXDP_RETURN_IF_ERROR(StreamState(job, e, runner));
@@ -361,7 +363,7 @@ absl::StatusOr<StepRunner> AttachedWorker::StartJob(AssignedJob& job, Program pr
 
 absl::Status AttachedWorker::RunBatch(AssignedJob& job, JobTask& e, StepRunner& runner,
                                       TimedCommunicator& timed, const std::vector<TensorMap>& files,
-                                      DatasetReader* dataset, int local_loss) {
+                                      DatasetReader* dataset) {
   const int64_t step = e.step;
   job.log_step = step;
   job.in_step = true;
@@ -371,28 +373,37 @@ absl::Status AttachedWorker::RunBatch(AssignedJob& job, JobTask& e, StepRunner& 
   if (job.steps > 0 && step > job.steps)
     return absl::InvalidArgumentError(
         absl::StrCat("a batch for step ", step, " of a job of ", job.steps, " steps"));
+  Program* program = runner.FindProgram(e.graph_id);
+  if (program == nullptr)  // the router checks it first
+    return absl::InvalidArgumentError(absl::StrCat("the batch of step ", step, " names graph_id ",
+                                                   e.graph_id, "; the worker holds ",
+                                                   runner.ProgramIds()));
   const auto t0 = Clock::now();
   TensorMap shard;
   if (dataset != nullptr) {
     if (!e.tensors.empty())
       return absl::InvalidArgumentError(
           "a Batch with tensors for a job that reads its batches from a dataset directory");
-    absl::StatusOr<TensorMap> read = dataset->ReadStep(step, runner.program());
+    absl::StatusOr<TensorMap> read = dataset->ReadStep(step, *program);
     if (!read.ok()) return DataFileError(read.status(), worker_id_);
     shard = *std::move(read);
   } else if (files.empty()) {
     if (job.assign.batches_sharded()) {
       shard = std::move(e.tensors);
     } else {
-      FXDP_ASSIGN_OR_RETURN(shard,
-                            ShardBatch(e.tensors, runner.program(), job.rank, job.world_size));
+      FXDP_ASSIGN_OR_RETURN(shard, ShardBatch(e.tensors, *program, job.rank, job.world_size));
     }
-    if (absl::Status s = CheckBatch(shard, runner.program()); !s.ok())
+    if (absl::Status s = CheckBatch(shard, *program); !s.ok())
       return absl::InvalidArgumentError(
           absl::StrCat("the batch of step ", step, ": ", s.message()));
   } else if (!e.tensors.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "a Batch with tensors for a job that reads its batches from AssignJob.data_paths"));
+  } else if (e.graph_id != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the batch of step ", step, " names graph_id ", e.graph_id,
+        ", but the job's data_paths files were read for graph 0 at set-up: files of another "
+        "shape need a dataset directory (docs/datasets.md)"));
   }
   e.tensors.clear();
   // Batch.hyperparameters; the error's prefix names the job, rank and step.
@@ -401,7 +412,8 @@ absl::Status AttachedWorker::RunBatch(AssignedJob& job, JobTask& e, StepRunner& 
       files.empty() || dataset != nullptr ? shard : files[(step - 1) % files.size()];
   timed.TakeStats();
   runner.set_step(step);
-  FXDP_ASSIGN_OR_RETURN(at::Tensor loss, runner.Step(batch));
+  FXDP_ASSIGN_OR_RETURN(at::Tensor loss, runner.Step(batch, e.graph_id));
+  const int local_loss = LocalLossIndex(*program);
   double value = 0, local = 0;
   std::vector<std::pair<std::string, double>> named;
   try {
@@ -434,11 +446,46 @@ absl::Status AttachedWorker::RunBatch(AssignedJob& job, JobTask& e, StepRunner& 
     o->set_name(name);
     o->set_value(v);
   }
+  r->set_graph_id(e.graph_id);
   job.session->Write(m);
   util::Log(job.Prefix(), "loss ", absl::StrFormat("%.8g", value), NamedValuesText(named),
             " (local ", absl::StrFormat("%.8g", local), ", ", absl::StrFormat("%.1f", ms),
             " ms, comm wait ", absl::StrFormat("%.1f", cs.wait_ms), " ms)");
   return MaybeEvaluate(job, runner, step);
+}
+
+absl::Status AttachedWorker::LoadGraph(AssignedJob& job, JobTask& e, StepRunner& runner,
+                                       const RankSetup& setup, TimedCommunicator& timed,
+                                       const GraphMetadata& first) {
+  // A failure here fails the step the program is for (the next one).
+  job.log_step = job.steps_done + 1;
+  job.in_step = true;
+  if (!e.error.ok()) return e.error;  // the router refused it
+  const auto t0 = Clock::now();
+  auto fail = [&](const absl::Status& s, absl::string_view what = "") {
+    return absl::Status(s.code(),
+                        absl::StrCat("LoadGraph graph_id ", e.graph_id, ": ", what, s.message()));
+  };
+  if (e.evict_graph_id != 0) {
+    if (absl::Status s = runner.DropProgram(e.evict_graph_id); !s.ok())
+      return fail(s, absl::StrCat("evict_graph_id ", e.evict_graph_id, ": "));
+  }
+  absl::StatusOr<ir::Graph> graph = ir::DecodeGraph(*e.graph);
+  e.graph.reset();
+  if (!graph.ok()) return fail(graph.status(), "the graph does not decode or verify: ");
+  if (absl::Status s = CheckSharedMetadata(first, *graph); !s.ok()) return fail(s);
+  absl::StatusOr<Program> program = LoadRankProgram(*graph, setup, &timed);
+  if (!program.ok()) return fail(program.status());
+  const int num_ops = program->num_nodes();
+  if (absl::Status s = runner.AddProgram(e.graph_id, *std::move(program)); !s.ok())
+    return fail(s, "its placeholders differ from graph 0's, which share the job's state: ");
+  util::Log(job.Prefix(), "loaded graph ", e.graph_id, ": ", num_ops, " ops in ",
+            absl::StrFormat("%.1f", MsSince(t0)), " ms",
+            e.evict_graph_id != 0 ? absl::StrCat(" (evicted graph ", e.evict_graph_id, ")") : "",
+            "; holding graphs ", runner.ProgramIds());
+  job.in_step = false;
+  job.log_step = job.steps_done.load();
+  return absl::OkStatus();
 }
 
 absl::Status AttachedWorker::StreamState(AssignedJob& job, const JobTask& e,

@@ -2,11 +2,24 @@
 // and batch chunks are assembled into tensors and queued for the job's
 // thread with FetchState and CancelJob; AssignJob starts a job (or is
 // refused naming why); Shutdown starts the shutdown.
+#include <memory>
 #include <utility>
 
 #include "executor/worker/attach_worker.h"
 
 namespace fxdp::executor::attach {
+
+const ir::DeclaredTensors* AssignedJob::DeclaredBatch(uint32_t graph_id) const {
+  if (graph_id == 0) return &declared_batch;
+  auto it = graph_batches.find(graph_id);
+  return it == graph_batches.end() ? nullptr : &it->second;
+}
+
+std::string AssignedJob::GraphIds() const {
+  std::string ids = "0";
+  for (const auto& [id, d] : graph_batches) absl::StrAppend(&ids, ", ", id);
+  return ids;
+}
 
 std::shared_ptr<AssignedJob> AttachedWorker::JobFor(const std::string& job_id, const char* what) {
   {
@@ -55,40 +68,8 @@ void AttachedWorker::Handle(ServerMessage& m, const std::shared_ptr<Session>& se
       job->Push(JobTask::Tensors(JobTask::kState, job->state_asm.Take()));
       return;
     }
-    case ServerMessage::kBatch: {
-      const v1::Batch& b = m.batch();
-      std::shared_ptr<AssignedJob> job = JobFor(b.job_id(), "a batch");
-      if (!job || job->input_failed) return;
-      auto fail = [&](absl::Status s) {
-        job->input_failed = true;
-        job->Push(JobTask::Error(
-            absl::Status(s.code(), absl::StrCat("batch for step ", b.step(), ": ", s.message())),
-            b.step()));
-      };
-      if (!job->state_done)
-        return fail(absl::InvalidArgumentError("sent before the initial state was complete"));
-      if (job->batch_step != 0 && job->batch_step != b.step())
-        return fail(absl::InvalidArgumentError(
-            absl::StrCat("step ", job->batch_step,
-                         "'s batch was not complete (its last message had more set)")));
-      job->batch_step = b.step();
-      for (const v1::HyperparameterValue& h : b.hyperparameters())
-        job->batch_hyper.emplace_back(h.name(), h.value());
-      for (const v1::TensorChunk& t : b.tensors()) {
-        absl::Status s = job->batch_asm.Add(t);
-        if (!s.ok()) return fail(s);
-      }
-      if (b.more()) return;
-      if (job->batch_asm.pending())
-        return fail(absl::InvalidArgumentError(absl::StrCat(
-            "tensor '", job->batch_asm.pending_name(), "' is incomplete and more is not set")));
-      job->batch_step = 0;
-      JobTask e = JobTask::Tensors(JobTask::kBatch, job->batch_asm.Take(), b.step());
-      e.hyperparameters = std::move(job->batch_hyper);
-      job->batch_hyper.clear();
-      job->Push(std::move(e));
-      return;
-    }
+    case ServerMessage::kBatch: HandleBatch(m.batch()); return;
+    case ServerMessage::kLoadGraph: HandleLoadGraph(*m.mutable_load_graph()); return;
     case ServerMessage::kFetchState: {
       std::shared_ptr<AssignedJob> job = JobFor(m.fetch_state().job_id(), "FetchState");
       if (!job || job->input_failed) return;
@@ -131,6 +112,107 @@ void AttachedWorker::Handle(ServerMessage& m, const std::shared_ptr<Session>& se
   }
 }
 
+void AttachedWorker::HandleBatch(const v1::Batch& b) {
+  std::shared_ptr<AssignedJob> job = JobFor(b.job_id(), "a batch");
+  if (!job || job->input_failed) return;
+  auto fail = [&](absl::Status s) {
+    job->input_failed = true;
+    job->Push(JobTask::Error(
+        absl::Status(s.code(), absl::StrCat("batch for step ", b.step(), ": ", s.message())),
+        b.step()));
+  };
+  if (!job->state_done)
+    return fail(absl::InvalidArgumentError("sent before the initial state was complete"));
+  if (job->batch_step != 0 && job->batch_step != b.step())
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+        "step ", job->batch_step, "'s batch was not complete (its last message had more set)")));
+  if (job->batch_step == 0) {
+    // The step's first message: its tensors are the INPUTs of the program it names.
+    const ir::DeclaredTensors* declared = job->DeclaredBatch(b.graph_id());
+    if (declared == nullptr)
+      return fail(absl::InvalidArgumentError(absl::StrCat(
+          "graph_id ", b.graph_id(), " is not a program this worker holds for the job (it holds ",
+          job->GraphIds(), "): a LoadGraph must come before the first Batch naming it")));
+    job->batch_asm.Expect(declared, job->batch_world);
+    job->batch_graph = b.graph_id();
+  } else if (b.graph_id() != job->batch_graph) {
+    return fail(absl::InvalidArgumentError(absl::StrCat("a message names graph_id ", b.graph_id(),
+                                                        ", the step's first one named ",
+                                                        job->batch_graph)));
+  }
+  job->batch_step = b.step();
+  for (const v1::HyperparameterValue& h : b.hyperparameters())
+    job->batch_hyper.emplace_back(h.name(), h.value());
+  for (const v1::TensorChunk& t : b.tensors()) {
+    absl::Status s = job->batch_asm.Add(t);
+    if (!s.ok()) return fail(s);
+  }
+  if (b.more()) return;
+  if (job->batch_asm.pending())
+    return fail(absl::InvalidArgumentError(absl::StrCat("tensor '", job->batch_asm.pending_name(),
+                                                        "' is incomplete and more is not set")));
+  job->batch_step = 0;
+  JobTask e = JobTask::Tensors(JobTask::kBatch, job->batch_asm.Take(), b.step());
+  e.hyperparameters = std::move(job->batch_hyper);
+  e.graph_id = b.graph_id();
+  job->batch_hyper.clear();
+  job->Push(std::move(e));
+}
+
+// Only bounds and bookkeeping here (the main thread reads the stream): the
+// program is decoded, loaded and checked against program 0 by the job's
+// thread (AttachedWorker::LoadGraph), in order with the batches.
+void AttachedWorker::HandleLoadGraph(v1::LoadGraph& lg) {
+  std::shared_ptr<AssignedJob> job = JobFor(lg.job_id(), "LoadGraph");
+  if (!job || job->input_failed) return;
+  const uint32_t id = lg.graph_id(), evict = lg.evict_graph_id();
+  auto fail = [&](absl::Status s) {  // reported by the job's thread, naming the step it precedes
+    job->input_failed = true;
+    JobTask e(JobTask::kLoadGraph);
+    e.graph_id = id;
+    e.error = absl::Status(s.code(), absl::StrCat("LoadGraph graph_id ", id, ": ", s.message()));
+    job->Push(std::move(e));
+  };
+  if (!job->state_done) {  // the job's thread waits for the state: an error, not a program
+    job->input_failed = true;
+    job->Push(JobTask::Error(absl::InvalidArgumentError(
+        absl::StrCat("LoadGraph graph_id ", id, ": sent before the initial state was complete"))));
+    return;
+  }
+  if (job->batch_step != 0)
+    return fail(
+        absl::InvalidArgumentError(absl::StrCat("sent while step ", job->batch_step,
+                                                "'s batch was incomplete (its last message had "
+                                                "more set)")));
+  if (id == 0)
+    return fail(absl::InvalidArgumentError(
+        "graph_id 0 names AssignJob.graph; a LoadGraph's graph_id is at least 1"));
+  if (job->graph_batches.count(id) > 0)
+    return fail(absl::InvalidArgumentError(absl::StrCat("the worker already holds program ", id,
+                                                        " for the job (it holds ", job->GraphIds(),
+                                                        "): graph ids are unique per job")));
+  if (evict != 0 && job->graph_batches.count(evict) == 0)
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+        "evict_graph_id ", evict, " is not a program this worker holds for the job (it holds ",
+        job->GraphIds(), ")")));
+  const size_t held = job->graph_batches.size() - (evict != 0 ? 1 : 0);
+  if (held + 1 > job->max_graphs)
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+        "the job would hold ", held + 1,
+        " programs besides graph 0, more than AssignJob.max_graphs ", job->max_graphs,
+        " (it holds ", job->GraphIds(),
+        evict != 0 ? absl::StrCat(", evicting ", evict) : std::string(" and evicts none"), ")")));
+  if (evict != 0) job->graph_batches.erase(evict);
+  job->graph_batches.emplace(
+      id, ir::DeclaredTensors::Of(lg.graph(), ir::DeclaredTensors::Kind::kBatch));
+  JobTask e(JobTask::kLoadGraph);
+  e.graph_id = id;
+  e.evict_graph_id = evict;
+  e.graph = std::make_unique<v1::GraphDef>();
+  e.graph->Swap(lg.mutable_graph());
+  job->Push(std::move(e));
+}
+
 void AttachedWorker::HandleAssign(v1::AssignJob& a, const std::shared_ptr<Session>& session) {
   auto reject = [&](absl::Status s, int rank) {
     util::Log(Prefix(), "refusing job '", a.job_id(), "': ", s.message());
@@ -161,6 +243,11 @@ void AttachedWorker::HandleAssign(v1::AssignJob& a, const std::shared_ptr<Sessio
                   a.rank());
   if (a.steps() < 0)
     return reject(absl::InvalidArgumentError(absl::StrCat("steps ", a.steps(), " < 0")), a.rank());
+  if (a.max_graphs() > kMaxLoadedGraphs)
+    return reject(absl::InvalidArgumentError(absl::StrCat(
+                      "max_graphs ", a.max_graphs(), " is more than this worker keeps (",
+                      kMaxLoadedGraphs, " programs besides graph 0)")),
+                  a.rank());
 
   std::thread old;
   std::unique_lock<std::mutex> l(mu_);
@@ -178,13 +265,14 @@ void AttachedWorker::HandleAssign(v1::AssignJob& a, const std::shared_ptr<Sessio
   job->world_size = a.world_size();
   job->steps = a.steps();
   job->num_state = a.num_state_tensors();
+  job->max_graphs = a.max_graphs();
+  job->batch_world = a.batches_sharded() ? 1 : a.world_size();
   job->assign.Swap(&a);
   job->declared_state =
       ir::DeclaredTensors::Of(job->assign.graph(), ir::DeclaredTensors::Kind::kState);
   job->declared_batch =
       ir::DeclaredTensors::Of(job->assign.graph(), ir::DeclaredTensors::Kind::kBatch);
   job->state_asm.Expect(&job->declared_state);
-  job->batch_asm.Expect(&job->declared_batch, job->assign.batches_sharded() ? 1 : job->world_size);
   job->assigned_at = Clock::now();
   job->session = session;
   job_ = job;

@@ -26,6 +26,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -115,11 +116,16 @@ class Session {
   bool closed_ = false;
 };
 
+// The most LoadGraph programs a job may keep besides AssignJob.graph
+// (AssignJob.max_graphs above it is refused): bounds what a server's
+// messages can make a worker hold (docs/shapes.md).
+inline constexpr uint32_t kMaxLoadedGraphs = 64;
+
 // What the main thread hands a job's thread: the initial state, a batch, a
-// state fetch, a cancel or an error. (Not the wire's v1::JobEvent, which the
-// server streams to a client.)
+// program to load, a state fetch, a cancel or an error. (Not the wire's
+// v1::JobEvent, which the server streams to a client.)
 struct JobTask {
-  enum Kind { kState, kBatch, kFetch, kCancel, kError };
+  enum Kind { kState, kBatch, kLoadGraph, kFetch, kCancel, kError };
   explicit JobTask(Kind k) : kind(k) {}
   static JobTask Tensors(Kind k, TensorMap t, int64_t step = 0) {
     JobTask e(k);
@@ -138,10 +144,13 @@ struct JobTask {
   TensorMap tensors;                                            // kState, kBatch
   int64_t step = 0;                                             // kBatch
   std::vector<std::pair<std::string, double>> hyperparameters;  // kBatch: Batch.hyperparameters
-  uint32_t chunk_bytes = 0;                                     // kFetch
-  bool end_job = false;                                         // kFetch
-  std::string reason;                                           // kCancel
-  absl::Status error;                                           // kError
+  uint32_t graph_id = 0;                // kBatch: the program it runs; kLoadGraph: the new one
+  uint32_t evict_graph_id = 0;          // kLoadGraph: dropped first (0: none)
+  std::unique_ptr<v1::GraphDef> graph;  // kLoadGraph
+  uint32_t chunk_bytes = 0;             // kFetch
+  bool end_job = false;                 // kFetch
+  std::string reason;                   // kCancel
+  absl::Status error;  // kError; kLoadGraph: the router refused it (reported as the next step's)
 };
 
 // The job this worker was assigned: one rank of a server's job (the server's
@@ -152,8 +161,10 @@ struct AssignedJob {
   int rank = 0;
   int world_size = 1;
   int64_t steps = 0;
-  uint32_t num_state = 0;  // AssignJob.num_state_tensors
-  v1::AssignJob assign;    // the graph included; the job thread's after the start
+  uint32_t num_state = 0;   // AssignJob.num_state_tensors
+  uint32_t max_graphs = 0;  // AssignJob.max_graphs (<= kMaxLoadedGraphs)
+  int batch_world = 1;      // a Batch tensor may hold this many ranks' rows (1: batches_sharded)
+  v1::AssignJob assign;     // the graph included; the job thread's after the start
   Clock::time_point assigned_at;
   std::shared_ptr<Session> session;  // where its messages go
 
@@ -193,7 +204,12 @@ struct AssignedJob {
   TensorAssembler state_asm;
   bool state_done = false;
   TensorAssembler batch_asm;
-  int64_t batch_step = 0;  // the step whose Batch messages are arriving (0: none)
+  int64_t batch_step = 0;    // the step whose Batch messages are arriving (0: none)
+  uint32_t batch_graph = 0;  // the graph_id that step's first message named
+  // The LoadGraph programs as routed so far (the job thread loads them in
+  // the same order): graph_id -> its INPUTs, which a Batch naming it is
+  // assembled against (graph 0's are declared_batch).
+  std::map<uint32_t, ir::DeclaredTensors> graph_batches;
   std::vector<std::pair<std::string, double>> batch_hyper;  // that step's hyper-parameters
   bool input_failed = false;  // an error was queued: later chunks are ignored
 
@@ -212,6 +228,10 @@ struct AssignedJob {
   }
   // The job thread's next event (blocks); a cancel jumps the queue.
   JobTask Next();
+  // Main thread: the INPUTs of program `graph_id` as routed (null: not
+  // held), and the ids held ("0, 3, 4").
+  const ir::DeclaredTensors* DeclaredBatch(uint32_t graph_id) const;
+  std::string GraphIds() const;
 };
 
 class AttachedWorker {
@@ -235,6 +255,10 @@ class AttachedWorker {
   // attach_routing.cc: the server's messages, on the main thread.
   void Handle(ServerMessage& m, const std::shared_ptr<Session>& session);
   void HandleAssign(v1::AssignJob& a, const std::shared_ptr<Session>& session);
+  void HandleBatch(const v1::Batch& b);
+  // LoadGraph's bounds (graph_id, evict_graph_id, max_graphs), then the
+  // program is queued for the job's thread.
+  void HandleLoadGraph(v1::LoadGraph& lg);
   // The current job if it is `job_id` (else logs that the message is ignored).
   std::shared_ptr<AssignedJob> JobFor(const std::string& job_id, const char* what);
 
@@ -272,10 +296,13 @@ class AttachedWorker {
   // The job's StepRunner over its initial state, announced by a JobStarted.
   absl::StatusOr<StepRunner> StartJob(AssignedJob& job, Program program, TensorMap state,
                                       const c10::Device& device, const std::string& comm_name);
-  // One Batch event: shard, step, StepResult.
+  // One Batch event: shard, step, StepResult (with the program it names).
   absl::Status RunBatch(AssignedJob& job, JobTask& e, StepRunner& runner, TimedCommunicator& timed,
-                        const std::vector<TensorMap>& files, DatasetReader* dataset,
-                        int local_loss);
+                        const std::vector<TensorMap>& files, DatasetReader* dataset);
+  // A LoadGraph event: evict, decode, load, check against program 0 (the
+  // state it shares, `first`: graph 0's SharedMetadata), add.
+  absl::Status LoadGraph(AssignedJob& job, JobTask& e, StepRunner& runner, const RankSetup& setup,
+                         TimedCommunicator& timed, const GraphMetadata& first);
   // A FetchState event: the state in chunks, the last one marked.
   absl::Status StreamState(AssignedJob& job, const JobTask& e, const StepRunner& runner);
   // The job ended (cancelled or not): logged, and its JobEnded kept for

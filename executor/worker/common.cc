@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "analysis/ir/batch_split.h"
+#include "analysis/ir/random_ops.h"
 #include "executor/gloo/gloo_communicator.h"
 #include "executor/gloo/host_staged_communicator.h"
 #include "executor/torch_types.h"
@@ -161,6 +162,45 @@ absl::Status CheckBatch(const TensorMap& batch, const Program& program) {
       return absl::InvalidArgumentError(absl::StrCat("input '", in.state_name, "' is ",
                                                      DescribeTorchTensor(t),
                                                      ", this rank's graph expects ", expected));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// The metadata keys every program of a job shares (SharedMetadata).
+constexpr absl::string_view kSharedMetadataKeys[] = {
+    ir::kSeedKey, ir::kStepOffsetKey, "fxdp.world_size", "fxdp.style", "fxdp.sharded_state",
+};
+
+std::string Cut(const std::string& v) {
+  if (v.empty()) return "(absent)";
+  return v.size() <= 80 ? absl::StrCat("'", v, "'")
+                        : absl::StrCat("'", v.substr(0, 77), "...' (", v.size(), " bytes)");
+}
+
+}  // namespace
+
+GraphMetadata SharedMetadata(const ir::Graph& graph) {
+  GraphMetadata out;
+  for (const auto& [k, v] : graph.header().metadata) {
+    for (absl::string_view key : kSharedMetadataKeys)
+      if (k == key) out[k] = v;
+  }
+  return out;
+}
+
+absl::Status CheckSharedMetadata(const GraphMetadata& first, const ir::Graph& next) {
+  const GraphMetadata got = SharedMetadata(next);
+  for (absl::string_view key : kSharedMetadataKeys) {
+    auto a = first.find(std::string(key));
+    auto b = got.find(std::string(key));
+    const std::string want = a == first.end() ? "" : a->second;
+    const std::string have = b == got.end() ? "" : b->second;
+    if (want != have)
+      return absl::InvalidArgumentError(absl::StrCat("its metadata ", key, " is ", Cut(have),
+                                                     ", graph 0's ", Cut(want),
+                                                     ": every program of a job shares it"));
   }
   return absl::OkStatus();
 }

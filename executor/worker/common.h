@@ -9,6 +9,7 @@
 #include <ATen/Tensor.h>
 #include <c10/core/Device.h>
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -95,6 +96,19 @@ absl::StatusOr<TensorMap> ShardBatch(const TensorMap& batch, const Program& prog
 // dtype and shape (this rank's shard): INVALID_ARGUMENT naming the input,
 // what the graph expects and what came, else.
 absl::Status CheckBatch(const TensorMap& batch, const Program& program);
+
+// Graph metadata by key (ir::GraphHeader::metadata).
+using GraphMetadata = std::map<std::string, std::string>;
+
+// What every program of one job (one per batch shape, docs/shapes.md) must
+// share of its graph's metadata: the random seed and step offset, the world
+// size, the FULLY_SHARD style and sharded state (kSharedMetadataKeys). A
+// program whose graph differs would draw other random numbers or hold the
+// state otherwise than program 0.
+GraphMetadata SharedMetadata(const ir::Graph& graph);
+// INVALID_ARGUMENT naming the key and both values (long ones cut) when
+// `next`'s SharedMetadata differs from `first`.
+absl::Status CheckSharedMetadata(const GraphMetadata& first, const ir::Graph& next);
 
 // The position in StepRunner::other_outputs() of the "local_loss" OTHER
 // output the expansion adds (the rank's loss over its own shard), or -1.

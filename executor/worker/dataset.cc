@@ -135,14 +135,47 @@ absl::Status DatasetReader::OpenShard(const std::string& file) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<TensorMap> DatasetReader::ReadStep(int64_t step, const Program& program) {
+absl::StatusOr<const DatasetStep*> DatasetReader::Locate(int64_t step, std::string* where) {
   const size_t index = static_cast<size_t>((step + o_.step_offset - 1) % num_steps());
   const DatasetStep& s = steps_[index];
   const std::string path = JoinPath(dir_, s.file);
-  const std::string where = absl::StrCat(
-      "dataset '", dir_, "' step ", step + o_.step_offset, " (index entry ", index, ", rows [",
-      s.begin, ", ", s.end, ") of '", path, "'), rank ", o_.rank, " of ", o_.world_size);
+  *where = absl::StrCat("dataset '", dir_, "' step ", step + o_.step_offset, " (index entry ",
+                        index, ", rows [", s.begin, ", ", s.end, ") of '", path, "'), rank ",
+                        o_.rank, " of ", o_.world_size);
   FXDP_RETURN_IF_ERROR(OpenShard(s.file));
+  return &s;
+}
+
+absl::StatusOr<const ir::SafetensorsEntry*> DatasetReader::Entry(const ProgramInput& in,
+                                                                 const std::string& where) const {
+  for (const ir::SafetensorsEntry& x : shard_->header().tensors)
+    if (x.name == in.state_name) return &x;
+  return absl::InvalidArgumentError(absl::StrCat(where, ": the shard has no tensor '",
+                                                 in.state_name, "' (the graph expects ",
+                                                 TypeForMessage(in.type.tensor), " on this rank)"));
+}
+
+absl::StatusOr<ir::InputShapes> DatasetReader::StepShapes(int64_t step, const Program& program) {
+  std::string where;
+  FXDP_ASSIGN_OR_RETURN(const DatasetStep* s, Locate(step, &where));
+  ir::InputShapes out;
+  for (const ProgramInput& in : program.inputs()) {
+    if (in.role != ir::PlaceholderRole::kInput || !in.type.is_tensor()) continue;
+    FXDP_ASSIGN_OR_RETURN(const ir::SafetensorsEntry* e, Entry(in, where));
+    if (e->shape.empty())
+      return absl::InvalidArgumentError(absl::StrCat(where, ": tensor '", in.state_name,
+                                                     "' is 0-d in the shard: it has no rows"));
+    std::vector<int64_t> shape = e->shape;
+    shape[0] = s->end - s->begin;
+    out.emplace(in.state_name, std::move(shape));
+  }
+  return out;
+}
+
+absl::StatusOr<TensorMap> DatasetReader::ReadStep(int64_t step, const Program& program) {
+  std::string where;
+  FXDP_ASSIGN_OR_RETURN(const DatasetStep* step_entry, Locate(step, &where));
+  const DatasetStep& s = *step_entry;
   const ir::RankSlice slice = ir::SliceForRank(s.end - s.begin, o_.world_size, o_.rank);
   // Everything is checked before a byte is read.
   struct Piece {
@@ -154,14 +187,8 @@ absl::StatusOr<TensorMap> DatasetReader::ReadStep(int64_t step, const Program& p
   for (const ProgramInput& in : program.inputs()) {
     if (in.role != ir::PlaceholderRole::kInput || !in.type.is_tensor()) continue;
     const ir::TensorType& want = in.type.tensor;
-    const ir::SafetensorsEntry* e = nullptr;
-    for (const ir::SafetensorsEntry& x : shard_->header().tensors)
-      if (x.name == in.state_name) e = &x;
+    FXDP_ASSIGN_OR_RETURN(const ir::SafetensorsEntry* e, Entry(in, where));
     const std::string expected = TypeForMessage(want);
-    if (e == nullptr)
-      return absl::InvalidArgumentError(absl::StrCat(where, ": the shard has no tensor '",
-                                                     in.state_name, "' (the graph expects ",
-                                                     expected, " on this rank)"));
     std::vector<int64_t> got_rest(e->shape.begin() + (e->shape.empty() ? 0 : 1), e->shape.end());
     std::vector<int64_t> want_rest(want.shape.begin() + 1, want.shape.end());
     if (e->dtype != want.dtype || e->shape.empty() || got_rest != want_rest)

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "analysis/ir/instantiate.h"
 #include "analysis/ir/safetensors.h"
 #include "executor/interpreter.h"
 #include "executor/step_runner.h"
@@ -66,12 +67,22 @@ class DatasetReader {
   int64_t num_steps() const { return static_cast<int64_t>(steps_.size()); }
   // This rank's rows of the batch of job step `step` (1-based; entry
   // (step - 1) mod num_steps()), as CPU tensors with the shapes of
-  // `program` (the one Open checked).
+  // `program` (the one Open checked, or one of the same INPUTs for another
+  // batch shape).
   absl::StatusOr<TensorMap> ReadStep(int64_t step, const Program& program);
+  // The global batch of job step `step` as shapes: each INPUT of `program`
+  // with the step's row count and the shard's trailing dims (what the graph
+  // expanded for this step takes: ir::kInputShapesKey). Reads the header only.
+  absl::StatusOr<ir::InputShapes> StepShapes(int64_t step, const Program& program);
 
  private:
   DatasetReader() = default;
   absl::Status OpenShard(const std::string& file);
+  // Step `step`'s index entry, its shard opened, and how errors name it.
+  absl::StatusOr<const DatasetStep*> Locate(int64_t step, std::string* where);
+  // The open shard's tensor `name`, or INVALID_ARGUMENT naming it.
+  absl::StatusOr<const ir::SafetensorsEntry*> Entry(const ProgramInput& in,
+                                                    const std::string& where) const;
   std::string dir_;
   Options o_;
   std::vector<DatasetStep> steps_;

@@ -46,7 +46,13 @@ const char kRunUsage[] =
     "file holds whole tensors as with REPLICATE.\n"
     "\n"
     "  --graph G           the graph; '{rank}' in the path is replaced by the rank (the\n"
-    "                      per-rank files fxdp expand writes for uneven batches)\n"
+    "                      per-rank files fxdp expand writes for uneven batches). Repeat it\n"
+    "                      for data of several shapes (batch sizes, sequence lengths;\n"
+    "                      docs/shapes.md): one graph per shape, e.g. a symbolic trace\n"
+    "                      expanded with fxdp expand --shape at each; every step runs the\n"
+    "                      graph expanded for its data's global shapes (the expansion records\n"
+    "                      them), all over one state. Data of a shape no --graph takes is an\n"
+    "                      error naming the shapes\n"
     "  --state S           initial state (safetensors)\n"
     "  --data D            a batch (safetensors); repeat for one batch per step; or a\n"
     "                      dataset directory (given alone: safetensors shards and an\n"
@@ -171,7 +177,7 @@ int RunCommand(const std::vector<std::string>& argv) {
   run::RunArgs a;
   util::Flags flags("fxdp-worker run", kRunUsage);
   flags.Bool("--check-outputs", &a.check_outputs);
-  flags.String("--graph", &a.graph);
+  flags.Strings("--graph", &a.graphs);
   flags.String("--state", &a.state);
   flags.Strings("--data", &a.data);
   flags.String("--out", &a.out);
@@ -209,7 +215,7 @@ int RunCommand(const std::vector<std::string>& argv) {
   flags.Custom("--memory-limit", "a size in bytes (300MB, 4GiB)",
                [&a](const std::string& v) { return util::ParseByteSize(v, &a.memory_limit); });
   if (int rc = flags.Parse(argv, nullptr); rc >= 0) return rc;
-  if (a.graph.empty()) return flags.Usage("--graph is required");
+  if (a.graphs.empty()) return flags.Usage("--graph is required");
   if (a.state.empty()) return flags.Usage("--state is required");
   if (a.data.empty()) return flags.Usage("--data is required");
   if (a.steps == 0) return flags.Usage("--steps is required");

@@ -40,7 +40,10 @@ struct LaunchEnv {
 };
 
 struct RunArgs {
-  std::string graph, state, out;
+  // --graph: one graph, or one per batch shape (each step runs the one
+  // expanded for its data's shapes, ir::kInputShapesKey).
+  std::vector<std::string> graphs;
+  std::string state, out;
   std::vector<std::string> data;
   int steps = 0;
   std::string device = "cpu";

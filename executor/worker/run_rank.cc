@@ -22,6 +22,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "analysis/ir/hyperparameters.h"
+#include "analysis/ir/instantiate.h"
 #include "analysis/ir/proto_codec.h"
 #include "executor/memory_limit.h"
 #include "executor/safetensors.h"
@@ -99,10 +100,15 @@ absl::StatusOr<bool> IsDatasetDir(const std::vector<std::string>& data) {
 
 // What a rank holds once everything local is read.
 struct LoadedRank {
-  std::string graph_path;
+  std::string graph_path;  // the first --graph (program 0)
   ir::Schedule schedule;
-  std::optional<StepRunner> runner;
-  std::vector<TensorMap> batches;
+  std::optional<StepRunner> runner;  // program k: the k-th --graph
+  // Several --graph: program k's global input shapes (ir::kInputShapesKey),
+  // which pick the program of each step's data; empty for one --graph.
+  std::vector<std::string> shapes;
+  std::vector<std::string> paths;        // program k's --graph, '{rank}' replaced
+  std::vector<TensorMap> batches;        // --data files: this rank's shard of each
+  std::vector<uint32_t> batch_program;   // the program of each of them
   std::optional<DatasetReader> dataset;  // --data DIR: read per step (docs/datasets.md)
   std::map<std::string, std::vector<int64_t>> full_shapes;  // FULLY_SHARD: sharded tensors
   std::map<std::string, std::string> state_metadata;
@@ -112,8 +118,107 @@ struct LoadedRank {
   int num_inputs = 0;
 };
 
+// The global input shapes the graph at `path` takes (several --graph): the
+// expansion's record, or a single-device graph's own INPUTs.
+absl::StatusOr<std::string> GlobalShapes(const ir::Graph& g, const std::string& path) {
+  bool expanded = false;
+  for (const auto& [k, v] : g.header().metadata) {
+    if (k == ir::kInputShapesKey) return v;
+    expanded |= k == "fxdp.world_size";
+  }
+  if (!expanded) return ir::InputShapesText(ir::InputShapesOf(g));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--graph ", path, " does not record the global input shapes it was expanded for (metadata ",
+      ir::kInputShapesKey,
+      "; an older fxdp expand wrote it): expand it again to run it among "
+      "several --graph"));
+}
+
+// The program whose graph was expanded for `shapes` (the global batch `what`
+// holds); with one --graph, that one (its shapes are checked as they always
+// were).
+absl::StatusOr<uint32_t> ProgramFor(const LoadedRank& r, const ir::InputShapes& shapes,
+                                    const std::string& what) {
+  if (r.shapes.empty()) return 0;
+  const std::string text = ir::InputShapesText(shapes);
+  std::string have;
+  for (size_t k = 0; k < r.shapes.size(); ++k) {
+    if (r.shapes[k] == text) return static_cast<uint32_t>(k);
+    absl::StrAppend(&have, k == 0 ? "" : "; ", r.paths[k], ": ", r.shapes[k]);
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      what, " holds ", text, "; no --graph was expanded for that shape (", have,
+      "): expand the symbolic graph at it (fxdp expand G.pb --world-size N --shape NAME=AxB "
+      "...) and add the file with --graph"));
+}
+
+// Every --graph after the first: read, checked against the first (its
+// metadata, then its placeholders as StepRunner::AddProgram checks them)
+// and added as program k; each graph's global input shapes recorded.
+absl::Status AddPrograms(const RunArgs& args, const LaunchEnv& env, const RankSetup& setup,
+                         const ir::Graph& first, TimedCommunicator* timed, LoadedRank& r) {
+  if (args.graphs.size() == 1) return absl::OkStatus();
+  const GraphMetadata shared = SharedMetadata(first);
+  FXDP_ASSIGN_OR_RETURN(std::string shapes0, GlobalShapes(first, r.graph_path));
+  r.shapes.push_back(std::move(shapes0));
+  for (size_t k = 1; k < args.graphs.size(); ++k) {
+    const std::string path = WithRank(args.graphs[k], env.rank);
+    FXDP_ASSIGN_OR_RETURN(ir::Graph g, ir::ReadGraphFile(path));
+    FXDP_RETURN_IF_ERROR(CheckExpandedFor(g, path, env));
+    absl::Status s = CheckSharedMetadata(shared, g);
+    FXDP_ASSIGN_OR_RETURN(std::string shapes, GlobalShapes(g, path));
+    for (size_t j = 0; s.ok() && j < r.shapes.size(); ++j) {
+      if (r.shapes[j] == shapes)
+        s = absl::InvalidArgumentError(absl::StrCat("it takes ", shapes, " as --graph ", r.paths[j],
+                                                    " does: give one graph per shape"));
+    }
+    if (s.ok()) {
+      absl::StatusOr<Program> program = LoadRankProgram(g, setup, timed);
+      s = program.ok() ? r.runner->AddProgram(static_cast<uint32_t>(k), *std::move(program))
+                       : program.status();
+    }
+    if (!s.ok())
+      return absl::Status(s.code(), absl::StrCat("--graph ", path, " (after --graph ", r.graph_path,
+                                                 "): ", s.message()));
+    r.paths.push_back(path);
+    r.shapes.push_back(std::move(shapes));
+  }
+  return absl::OkStatus();
+}
+
+// --data: one dataset directory, read per step, or files, each read now
+// and sliced for this rank by the program expanded for its shapes.
+absl::Status LoadData(const RunArgs& args, const LaunchEnv& env, Logger& log, LoadedRank& r) {
+  FXDP_ASSIGN_OR_RETURN(const bool is_dataset, IsDatasetDir(args.data));
+  StepRunner& runner = *r.runner;
+  if (is_dataset) {
+    DatasetReader::Options o;
+    o.rank = env.rank;
+    o.world_size = env.world_size;
+    FXDP_ASSIGN_OR_RETURN(DatasetReader d, DatasetReader::Open(args.data[0], runner.program(), o));
+    log.Log("dataset ", args.data[0], ": ", d.num_steps(), " steps, read per step");
+    r.dataset.emplace(std::move(d));
+    return absl::OkStatus();
+  }
+  for (const std::string& d : args.data) {
+    FXDP_ASSIGN_OR_RETURN(SafetensorsFile f, ReadSafetensors(d));
+    ir::InputShapes shapes;
+    for (const ProgramInput& in : runner.program().inputs()) {
+      auto it = f.tensors.find(in.state_name);
+      if (in.role == ir::PlaceholderRole::kInput && it != f.tensors.end())
+        shapes.emplace(in.state_name, it->second.sizes().vec());
+    }
+    FXDP_ASSIGN_OR_RETURN(const uint32_t k, ProgramFor(r, shapes, absl::StrCat("--data ", d)));
+    FXDP_ASSIGN_OR_RETURN(TensorMap shard,
+                          ShardBatch(f.tensors, *runner.FindProgram(k), env.rank, env.world_size));
+    r.batches.push_back(std::move(shard));
+    r.batch_program.push_back(k);
+  }
+  return absl::OkStatus();
+}
+
 // The graph and the schedule first: a bad schedule fails before the
-// rendezvous, so no rank waits for one that gave up. Then the program, the
+// rendezvous, so no rank waits for one that gave up. Then the programs, the
 // state, the data and where --out goes, so a missing or bad file fails this
 // rank before it meets its peers, which would otherwise only see "lost the
 // connection to rank R". `timed` counts the time each step spends waiting
@@ -121,7 +226,8 @@ struct LoadedRank {
 absl::Status LoadRank(const RunArgs& args, const LaunchEnv& env, const RankSetup& setup,
                       Logger& log, TimedCommunicator* timed, std::optional<MemoryTrace>& memory,
                       LoadedRank& r) {
-  r.graph_path = WithRank(args.graph, env.rank);
+  r.graph_path = WithRank(args.graphs[0], env.rank);
+  r.paths = {r.graph_path};
   FXDP_ASSIGN_OR_RETURN(ir::Graph graph, ir::ReadGraphFile(r.graph_path));
   if (!args.schedule.empty()) {
     FXDP_ASSIGN_OR_RETURN(r.schedule, ir::Schedule::ReadFile(args.schedule, args.steps));
@@ -144,28 +250,15 @@ absl::Status LoadRank(const RunArgs& args, const LaunchEnv& env, const RankSetup
                         ReadRankState(args.state, ShardedStateNames(graph), env.world_size,
                                       env.rank, &r.full_shapes));
   r.state_metadata = state.metadata;
-  FXDP_ASSIGN_OR_RETURN(const bool is_dataset, IsDatasetDir(args.data));
-  if (is_dataset) {
-    DatasetReader::Options o;
-    o.rank = env.rank;
-    o.world_size = env.world_size;
-    FXDP_ASSIGN_OR_RETURN(DatasetReader d, DatasetReader::Open(args.data[0], program, o));
-    log.Log("dataset ", args.data[0], ": ", d.num_steps(), " steps, read per step");
-    r.dataset.emplace(std::move(d));
-  }
-  for (const std::string& d : is_dataset ? std::vector<std::string>{} : args.data) {
-    FXDP_ASSIGN_OR_RETURN(SafetensorsFile f, ReadSafetensors(d));
-    FXDP_ASSIGN_OR_RETURN(TensorMap shard,
-                          ShardBatch(f.tensors, program, env.rank, env.world_size));
-    r.batches.push_back(std::move(shard));
-  }
+  FXDP_ASSIGN_OR_RETURN(StepRunner runner,
+                        StepRunner::Create(std::move(program), std::move(state.tensors)));
+  r.runner.emplace(std::move(runner));
+  FXDP_RETURN_IF_ERROR(AddPrograms(args, env, setup, graph, timed, r));
+  FXDP_RETURN_IF_ERROR(LoadData(args, env, log, r));
   if (!args.out.empty() && (args.out.find("{rank}") != std::string::npos || env.rank == 0)) {
     r.out = WithRank(args.out, env.rank);
     FXDP_RETURN_IF_ERROR(CheckWritable(r.out, "--out"));
   }
-  FXDP_ASSIGN_OR_RETURN(StepRunner runner,
-                        StepRunner::Create(std::move(program), std::move(state.tensors)));
-  r.runner.emplace(std::move(runner));
   if (memory) memory->LoadDone();
   return absl::OkStatus();
 }
@@ -184,11 +277,20 @@ absl::Status RunSteps(const RunArgs& args, const LaunchEnv& env, Logger& log,
     if (absl::Status s = runner.SetHyperparameters(r.schedule.At(i + 1)); !s.ok())
       return absl::Status(s.code(),
                           absl::StrCat("step ", i + 1, "/", args.steps, ": ", s.message()));
+    absl::StatusOr<uint32_t> id = r.dataset ? 0 : r.batch_program[i % r.batches.size()];
+    if (r.dataset && !r.shapes.empty()) {
+      absl::StatusOr<ir::InputShapes> shapes = r.dataset->StepShapes(i + 1, runner.program());
+      id = shapes.ok()
+               ? ProgramFor(r, *shapes, absl::StrCat("--data ", args.data[0], " step ", i + 1))
+               : shapes.status();
+    }
+    if (!id.ok()) return id.status();
+    Program& program = *runner.FindProgram(*id);
     absl::StatusOr<TensorMap> read;
-    if (r.dataset) read = r.dataset->ReadStep(i + 1, runner.program());
+    if (r.dataset) read = r.dataset->ReadStep(i + 1, program);
     if (r.dataset && !read.ok()) return read.status();
     absl::StatusOr<at::Tensor> loss =
-        runner.Step(r.dataset ? *read : r.batches[i % r.batches.size()]);
+        runner.Step(r.dataset ? *read : r.batches[i % r.batches.size()], *id);
     if (!loss.ok()) {
       return absl::Status(loss.status().code(), absl::StrCat("step ", i + 1, "/", args.steps,
                                                              " failed: ", loss.status().message()));
@@ -196,7 +298,7 @@ absl::Status RunSteps(const RunArgs& args, const LaunchEnv& env, Logger& log,
     const double value = LossValue(*loss);  // syncs the device
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    if (memory) memory->StepDone(runner.program());
+    if (memory) memory->StepDone(program);
     total_ms += ms;
     const CollectiveStats cs = timed.TakeStats();
     total_wait_ms += cs.wait_ms;

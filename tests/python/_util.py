@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Dict, List, Tuple
+from typing import Dict, List, Tuple, Union
 
 import fxdp
 import grpc
@@ -504,7 +504,7 @@ def run_ranks(args: List[str], world: int, d, timeout_s: float = 120) -> List[Tu
 
 def run_worker_ranks(
     worker: str,
-    graph: str,
+    graph: Union[str, List[str]],
     state: str,
     data: List[str],
     world: int,
@@ -516,14 +516,14 @@ def run_worker_ranks(
     """`world` real ``fxdp-worker run`` processes (RANK/WORLD_SIZE on 127.0.0.1, one batch file per
     step) writing ``final{rank}.safetensors`` under `d`: every rank exits 0 and logs with job, rank
     and step, only rank 0 prints steps; returns {"finals": [state per rank], "losses": [...],
-    "outputs": [{name: value} per step]}."""
+    "outputs": [{name: value} per step]}. A list of graphs is one --graph each (one per batch
+    shape)."""
     from safetensors.torch import load_file
 
-    args = [
-        worker,
-        "run",
-        "--graph",
-        graph,
+    args = [worker, "run"]
+    for g in [graph] if isinstance(graph, str) else graph:
+        args += ["--graph", g]
+    args += [
         "--state",
         state,
         "--steps",

@@ -153,6 +153,7 @@ def assign(
     steps=3,
     chunk_bytes=777,
     num_state=None,
+    max_graphs=0,
 ) -> None:
     conn.send(
         assign_job=wpb.AssignJob(
@@ -166,6 +167,7 @@ def assign(
             steps=steps,
             graph=graph,
             num_state_tensors=len(state) if num_state is None else num_state,
+            max_graphs=max_graphs,
         )
     )
     msgs = [
@@ -181,14 +183,23 @@ def assign(
 
 
 def send_batch(
-    conn: Conn, job_id: str, step: int, tensors: Dict[str, torch.Tensor], chunk_bytes=1 << 20
+    conn: Conn,
+    job_id: str,
+    step: int,
+    tensors: Dict[str, torch.Tensor],
+    chunk_bytes=1 << 20,
+    graph_id=0,
 ) -> None:
     pieces = [c for name, t in tensors.items() for c in chunks(name, t, chunk_bytes)]
     # Two messages per step when there is more than one chunk: exercises `more`.
     half = len(pieces) // 2
     if half:
-        conn.send(batch=wpb.Batch(job_id=job_id, step=step, tensors=pieces[:half], more=True))
-    conn.send(batch=wpb.Batch(job_id=job_id, step=step, tensors=pieces[half:]))
+        conn.send(
+            batch=wpb.Batch(
+                job_id=job_id, step=step, tensors=pieces[:half], more=True, graph_id=graph_id
+            )
+        )
+    conn.send(batch=wpb.Batch(job_id=job_id, step=step, tensors=pieces[half:], graph_id=graph_id))
 
 
 def fetch_state(
