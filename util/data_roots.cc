@@ -69,6 +69,13 @@ int WalkBeneath(int dirfd, const std::string& rel, int flags) {
   return fd >= 0 ? fd : -e;
 }
 
+absl::Status ExcludedError(const std::string& path, const std::string& excluded) {
+  return absl::PermissionDeniedError(
+      absl::StrCat("'", path, "' is in '", excluded,
+                   "', which this worker never reads data from (fxdp-worker attach ",
+                   "--data-exclude: the server's --state-dir, keys and tokens)"));
+}
+
 }  // namespace
 
 namespace internal {
@@ -157,24 +164,23 @@ absl::StatusOr<DataRoots> DataRoots::Open(const std::vector<std::string>& roots,
   return out;
 }
 
-absl::StatusOr<int> DataRoots::OpenChecked(const std::string& path, bool* is_root) const {
+absl::StatusOr<DataRoots::Resolved> DataRoots::Resolve(const std::string& path) const {
   // The kernel would stop at a NUL that the checks below look past
   // ("state/x\0/../../ok" is "ok" to them, "state/x" to openat2).
   if (path.find('\0') != std::string::npos)
     return absl::InvalidArgumentError(
         absl::StrCat("'", absl::CHexEscape(path), "' contains a NUL byte"));
   const std::string lexical = LexicalAbsolute(path);
-  const Root* root = nullptr;
-  std::string rel;
+  Resolved out;
   for (const Root& r : roots_) {
     for (const std::string* spelling : {&r.configured, &r.real}) {
-      if (root == nullptr && PathUnder(lexical, *spelling)) {
-        root = &r;
-        rel = Below(lexical, *spelling);
+      if (out.root == nullptr && PathUnder(lexical, *spelling)) {
+        out.root = &r;
+        out.rel = Below(lexical, *spelling);
       }
     }
   }
-  if (root == nullptr) {
+  if (out.root == nullptr) {
     const std::string allowed = configured_.empty()
                                     ? "none were configured"
                                     : absl::StrCat("allowed: ", absl::StrJoin(configured_, ", "));
@@ -183,15 +189,17 @@ absl::StatusOr<int> DataRoots::OpenChecked(const std::string& path, bool* is_roo
   }
   // Nothing below a root is a link (they are refused), so this is where the
   // file is.
-  const std::string real = Join(root->real, rel);
-  auto excluded = [&](const Excluded& x) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("'", path, "' is in '", x.real,
-                     "', which this worker never reads data from (fxdp-worker attach ",
-                     "--data-exclude: the server's --state-dir, keys and tokens)"));
-  };
+  const std::string real = Join(out.root->real, out.rel);
   for (const Excluded& x : excluded_)
-    if (PathUnder(real, x.real)) return excluded(x);
+    if (PathUnder(real, x.real)) return ExcludedError(path, x.real);
+  return out;
+}
+
+absl::StatusOr<int> DataRoots::OpenChecked(const std::string& path, bool* is_root) const {
+  absl::StatusOr<Resolved> where = Resolve(path);
+  if (!where.ok()) return where.status();
+  const Root* root = where->root;
+  const std::string& rel = where->rel;
   *is_root = rel.empty();
   if (rel.empty()) return -1;
   const int fd = internal::OpenBeneath(root->fd, rel, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
@@ -208,7 +216,7 @@ absl::StatusOr<int> DataRoots::OpenChecked(const std::string& path, bool* is_roo
     for (const Excluded& x : excluded_) {
       if (!x.is_dir && x.dev == st.st_dev && x.ino == st.st_ino) {
         close(fd);
-        return excluded(x);
+        return ExcludedError(path, x.real);
       }
     }
   }

@@ -23,6 +23,15 @@
 //     also compared by device and inode after the open (a hard link).
 //   * The descriptor is fstat()ed and read from; the path is never opened
 //     twice (no check-then-open).
+//   * Writing (CreateFile, Remove: the checkpoints a worker writes,
+//     docs/checkpoints.md) takes the same roots and exclusions, refuses any
+//     "." or ".." component outright, creates each missing directory with
+//     mkdirat() and opens it with O_NOFOLLOW from its parent's descriptor
+//     (a link anywhere below the root is refused, also one swapped in
+//     between), and creates the file new (O_CREAT | O_EXCL | O_NOFOLLOW)
+//     under a temporary name that becomes `path` only when it is complete
+//     (renameat2 RENAME_NOREPLACE): an existing file is never replaced,
+//     truncated or written through.
 //
 // Errors name the path as given and never contain file contents.
 #ifndef FXDP_UTIL_DATA_ROOTS_H_
@@ -35,9 +44,39 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "util/files.h"
 
 namespace fxdp::util {
+
+// A file being written beneath a data root (DataRoots::CreateFile): its
+// bytes go to a temporary file beside `path` that Commit renames to `path`;
+// one never committed is removed when this is destroyed. Errors name `path`.
+class NewFile {
+ public:
+  NewFile() = default;
+  NewFile(NewFile&& o) noexcept { *this = std::move(o); }
+  NewFile& operator=(NewFile&& o) noexcept;
+  NewFile(const NewFile&) = delete;
+  NewFile& operator=(const NewFile&) = delete;
+  ~NewFile();
+
+  // Appends `bytes`: RESOURCE_EXHAUSTED past the max_bytes it was created
+  // with (or a full disk), else WriteError's codes.
+  absl::Status Write(absl::string_view bytes);
+  // fsync, then the rename to `path` (ALREADY_EXISTS if something appeared
+  // there meanwhile: it is left as it is) and an fsync of the directory.
+  absl::Status Commit();
+  const std::string& path() const { return path_; }
+  uint64_t written() const { return written_; }
+
+ private:
+  friend class DataRoots;
+  void Drop();
+  std::string path_, name_, tmp_;  // as given; its name and the temporary's in dir_fd_
+  int dir_fd_ = -1, fd_ = -1;
+  uint64_t max_bytes_ = 0, written_ = 0;
+};
 
 class DataRoots {
  public:
@@ -64,6 +103,19 @@ class DataRoots {
   // excluded, through a link or missing); a root itself is one.
   absl::StatusOr<bool> IsDirectory(const std::string& path) const;
 
+  // A new regular file at `path` (NewFile: written, then committed), its
+  // missing directories created (mode 0755). INVALID_ARGUMENT for a "." or
+  // ".." component, a NUL byte or more than PATH_MAX bytes; the errors of
+  // OpenFile for a path outside the roots, excluded or through a link
+  // (PERMISSION_DENIED); ALREADY_EXISTS when `path` exists (of any kind);
+  // FAILED_PRECONDITION for a directory of it that is not one.
+  absl::StatusOr<NewFile> CreateFile(const std::string& path, uint64_t max_bytes) const;
+  // Removes the file (or link: never followed) `path`, or with `directory`
+  // the empty directory `path`, beneath its root; CreateFile's checks.
+  // NOT_FOUND when it does not exist, FAILED_PRECONDITION for a directory
+  // that is not empty.
+  absl::Status Remove(const std::string& path, bool directory) const;
+
   const std::vector<std::string>& configured() const { return configured_; }
 
  private:
@@ -81,6 +133,16 @@ class DataRoots {
   // OpenFile's checks and open: a descriptor (the caller's), or -1 with
   // *is_root set for a root itself (never opened here).
   absl::StatusOr<int> OpenChecked(const std::string& path, bool* is_root) const;
+  // The root `path` lies under and the rest below it; PERMISSION_DENIED
+  // outside every root or in an excluded path.
+  struct Resolved {
+    const Root* root = nullptr;
+    std::string rel;
+  };
+  absl::StatusOr<Resolved> Resolve(const std::string& path) const;
+  // CreateFile and Remove: the descriptor of `path`'s directory (created
+  // when `create`), and its last component.
+  absl::StatusOr<int> ParentBeneath(const std::string& path, bool create, std::string* name) const;
   std::vector<std::string> configured_;  // as given, for errors
   std::vector<Root> roots_;
   std::vector<Excluded> excluded_;

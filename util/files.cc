@@ -15,11 +15,7 @@
 #include "absl/strings/str_split.h"
 
 namespace fxdp::util {
-namespace {
 
-// `path`'s failure: the system's reason and what was being done; a full
-// disk (or quota, or file size limit) is RESOURCE_EXHAUSTED, a denied one
-// PERMISSION_DENIED, anything else DATA_LOSS.
 absl::Status WriteError(const std::string& path, int err, const std::string& doing) {
   const absl::StatusCode code =
       err == ENOSPC || err == EDQUOT || err == EFBIG  ? absl::StatusCode::kResourceExhausted
@@ -27,8 +23,6 @@ absl::Status WriteError(const std::string& path, int err, const std::string& doi
                                                       : absl::StatusCode::kDataLoss;
   return absl::Status(code, absl::StrCat(path, ": ", std::strerror(err), " (", doing, ")"));
 }
-
-}  // namespace
 
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes, bool durable) {
   const std::string tmp = absl::StrCat(path, ".tmp.", getpid());

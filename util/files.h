@@ -73,6 +73,12 @@ class RegularFile {
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes,
                                  bool durable = false);
 
+// A write to `path` that failed with errno `err` while `doing`: the
+// system's reason and what was being done; a full disk (or quota, or file
+// size limit) is RESOURCE_EXHAUSTED, a denied one PERMISSION_DENIED,
+// anything else DATA_LOSS.
+absl::Status WriteError(const std::string& path, int err, const std::string& doing);
+
 // "1,234,567" (a byte count in an error message).
 std::string WithCommas(uint64_t n);
 

@@ -16,7 +16,7 @@ uint64_t SaturatingAdd(uint64_t a, uint64_t b) { return a > kMax - b ? kMax : a 
 
 }  // namespace
 
-uint64_t TensorBytes(DType dtype, const std::vector<int64_t>& shape) {
+uint64_t TensorByteSize(DType dtype, const std::vector<int64_t>& shape) {
   uint64_t bytes = static_cast<uint64_t>(DTypeItemSize(dtype));
   for (int64_t d : shape) {
     if (d <= 0) return 0;
@@ -44,7 +44,7 @@ DeclaredTensors DeclaredTensors::Of(const v1::GraphDef& g, Kind kind) {
     d.dtype = dtype.ok() ? *dtype : DType::kFloat32;  // a decoded graph has known dtypes
     d.shape.assign(t.shape().begin(), t.shape().end());
     d.batch_dim = input ? n.placeholder().batch_dim() : -1;
-    d.bytes = TensorBytes(d.dtype, d.shape);
+    d.bytes = TensorByteSize(d.dtype, d.shape);
     out.bytes_ = SaturatingAdd(out.bytes_, d.bytes);
     out.order_.push_back(name);
     out.by_name_.emplace(name, std::move(d));

@@ -68,7 +68,7 @@ class DeclaredTensors {
 
 // numel * item size of `shape`, saturating at UINT64_MAX (a negative dim
 // counts as 0).
-uint64_t TensorBytes(DType dtype, const std::vector<int64_t>& shape);
+uint64_t TensorByteSize(DType dtype, const std::vector<int64_t>& shape);
 
 }  // namespace fxdp::ir
 

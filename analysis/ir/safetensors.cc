@@ -245,9 +245,10 @@ absl::StatusOr<std::vector<RawTensor>> ParseSafetensorsTensors(absl::string_view
   return out;
 }
 
-absl::StatusOr<std::string> SerializeSafetensors(
-    std::vector<TensorBytes> tensors, const std::map<std::string, std::string>& metadata) {
-  std::sort(tensors.begin(), tensors.end(),
+absl::StatusOr<std::string> SafetensorsHeader(std::vector<TensorBytes>* tensors,
+                                              const std::map<std::string, std::string>& metadata,
+                                              uint64_t* data_bytes) {
+  std::sort(tensors->begin(), tensors->end(),
             [](const TensorBytes& a, const TensorBytes& b) { return a.name < b.name; });
   nlohmann::json header = nlohmann::json::object();
   if (!metadata.empty()) {
@@ -256,11 +257,11 @@ absl::StatusOr<std::string> SerializeSafetensors(
     header["__metadata__"] = m;
   }
   uint64_t offset = 0;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const TensorBytes& t = tensors[i];
+  for (size_t i = 0; i < tensors->size(); ++i) {
+    const TensorBytes& t = (*tensors)[i];
     if (t.name == "__metadata__")
       return absl::InvalidArgumentError("a tensor cannot be named __metadata__");
-    if (i > 0 && tensors[i - 1].name == t.name)
+    if (i > 0 && (*tensors)[i - 1].name == t.name)
       return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "' given twice"));
     const absl::string_view dt = DTypeSafetensorsName(t.dtype);
     if (dt.empty())
@@ -278,12 +279,20 @@ absl::StatusOr<std::string> SerializeSafetensors(
   }
   std::string h = header.dump();
   h.append((8 - h.size() % 8) % 8, ' ');
-  std::string out;
-  out.reserve(8 + h.size() + offset);
   const uint64_t n = h.size();
-  out.append(reinterpret_cast<const char*>(&n), 8);
+  std::string out(reinterpret_cast<const char*>(&n), 8);
   out += h;
-  for (const TensorBytes& t : tensors) out.append(t.data.data(), t.data.size());
+  if (data_bytes != nullptr) *data_bytes = offset;
+  return out;
+}
+
+absl::StatusOr<std::string> SerializeSafetensors(
+    std::vector<TensorBytes> tensors, const std::map<std::string, std::string>& metadata) {
+  uint64_t data_bytes = 0;
+  absl::StatusOr<std::string> out = SafetensorsHeader(&tensors, metadata, &data_bytes);
+  if (!out.ok()) return out.status();
+  out->reserve(out->size() + data_bytes);
+  for (const TensorBytes& t : tensors) out->append(t.data.data(), t.data.size());
   return out;
 }
 

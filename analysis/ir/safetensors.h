@@ -89,6 +89,13 @@ struct TensorBytes {
 absl::StatusOr<std::string> SerializeSafetensors(
     std::vector<TensorBytes> tensors, const std::map<std::string, std::string>& metadata = {});
 absl::StatusOr<std::string> SerializeSafetensors(const std::vector<RawTensor>& tensors);
+// What SerializeSafetensors writes before the tensors' bytes (the 8-byte
+// length and the JSON header), for a writer that streams each tensor's
+// bytes after it: `tensors` sorted by name (the order their bytes follow),
+// their total in `data_bytes`. The same errors.
+absl::StatusOr<std::string> SafetensorsHeader(std::vector<TensorBytes>* tensors,
+                                              const std::map<std::string, std::string>& metadata,
+                                              uint64_t* data_bytes);
 
 // Files. The largest file read unless told otherwise (64 GiB).
 inline constexpr uint64_t kMaxSafetensorsFile = uint64_t{64} << 30;

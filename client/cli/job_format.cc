@@ -86,6 +86,7 @@ nlohmann::ordered_json InfoJson(const v1::JobInfo& j) {
       std::vector<std::string>(j.hyperparameters().begin(), j.hyperparameters().end());
   o["compile_cached"] = j.compile_cached();
   o["checkpoint_step"] = j.checkpoint_step();
+  o["checkpoint_path"] = j.checkpoint_path();
   o["resumed_from"] = j.resumed_from();
   nlohmann::ordered_json shapes = nlohmann::ordered_json::array();
   for (const v1::CompiledShape& c : j.shapes()) {
@@ -137,7 +138,10 @@ std::string InfoText(const v1::JobInfo& j) {
       &out, "final state %s\n",
       j.has_state() ? "kept" : (j.state_evicted() ? "evicted (--max-state-mb)" : "-"));
   if (!j.resumed_from().empty()) absl::StrAppendFormat(&out, "resumes    %s\n", j.resumed_from());
-  if (j.checkpoint_step() > 0) {
+  if (!j.checkpoint_path().empty()) {
+    absl::StrAppendFormat(&out, "checkpoint step %d: %s (written by the workers)\n",
+                          j.checkpoint_step(), j.checkpoint_path());
+  } else if (j.checkpoint_step() > 0) {
     absl::StrAppendFormat(
         &out, "checkpoint step %d%s\n", j.checkpoint_step(),
         j.state() == v1::JOB_STATE_FAILED

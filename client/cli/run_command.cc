@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -29,6 +30,7 @@
 #include "client/cli/commands.h"
 #include "client/cli/connect.h"
 #include "client/cli/job_format.h"
+#include "client/cli/run_checkpoints.h"
 #include "expansion/style_proto.h"
 #include "grpcpp/grpcpp.h"
 #include "nlohmann/json.hpp"
@@ -46,6 +48,8 @@ constexpr char kRunUsage[] =
     "                [--style replicate|fully_shard] [--bucket-mb X] [--sync-batchnorm]\n"
     "                [--name NAME] [--timeout S] [--seed S]\n"
     "                [--schedule FILE] [--json] [--server HOST:PORT]\n"
+    "                [--checkpoint-dir D [--checkpoint-every K] [--keep-checkpoints N]]\n"
+    "                [--initial-checkpoint P]\n"
     "       fxdp run GRAPH ... --data-on-workers PATH [--data-on-workers PATH2 ...] --steps K\n"
     "       fxdp run GRAPH --world-size N --data D.safetensors ... --resume JOB\n"
     "\n"
@@ -103,6 +107,13 @@ constexpr char kRunUsage[] =
     "                       compiled once for the whole run. Names the schedule leaves\n"
     "                       out keep their traced value\n"
     "  --json               one JSON object per line per event instead of text\n"
+    "  --checkpoint-dir D   the workers write checkpoints, each its own part, into\n"
+    "                       D/step-K/ under their --data-root (docs/checkpoints.md): every\n"
+    "                       --checkpoint-every K steps (0, default: after the last), the\n"
+    "                       --keep-checkpoints N newest kept (0: all); the last is printed\n"
+    "  --initial-checkpoint P  the workers read what --state lacks (optional then) from\n"
+    "                       the checkpoint P on their filesystem (one they wrote, or a\n"
+    "                       Hugging Face one), each state tensor under its own name\n"
     "  --resume JOB         continue the FAILED or CANCELLED job JOB from its kept\n"
     "                       state (give the first run's GRAPH, --world-size, --style, --data,\n"
     "                       --steps and --schedule; not --state): a new job\n"
@@ -322,9 +333,10 @@ class RunPrinter {
 
 // What `fxdp run` is asked: its GRAPH and flags, checked.
 struct RunArgs {
-  std::string graph, server, state_path, out, name, schedule_path, resume, eval;
+  std::string graph, server, state_path, out, name, schedule_path, resume, eval, checkpoint_dir,
+      initial_checkpoint;
   std::vector<std::string> data, data_on_workers, eval_data;
-  int32_t world = 1, steps = 0, eval_every = 0;
+  int32_t world = 1, steps = 0, eval_every = 0, checkpoint_every = 0, keep_checkpoints = 0;
   double bucket_mb = 0, timeout_s = 0;
   bool json = false, sync_bn = false;
   DataParallelStyle style = DataParallelStyle::kReplicate;
@@ -365,6 +377,10 @@ int ParseRunArgs(const std::vector<std::string>& args, RunArgs* a) {
   flags.String("--eval", &a->eval);
   flags.Strings("--eval-data", &a->eval_data);
   flags.Int("--eval-every", &a->eval_every);
+  flags.String("--checkpoint-dir", &a->checkpoint_dir);
+  flags.String("--initial-checkpoint", &a->initial_checkpoint);
+  flags.Int("--checkpoint-every", &a->checkpoint_every);
+  flags.Int("--keep-checkpoints", &a->keep_checkpoints);
   std::string seed_text;
   flags.String("--seed", &seed_text);
   std::vector<std::string> pos;
@@ -372,8 +388,8 @@ int ParseRunArgs(const std::vector<std::string>& args, RunArgs* a) {
   if (pos.size() != 1) return flags.Usage("expected exactly one GRAPH");
   a->graph = pos[0];
   if (a->world < 1) return flags.Usage("--world-size must be >= 1");
-  if (a->state_path.empty() && a->resume.empty())
-    return flags.Usage("--state is required (unless --resume)");
+  if (a->state_path.empty() && a->resume.empty() && a->initial_checkpoint.empty())
+    return flags.Usage("--state is required (unless --resume or --initial-checkpoint)");
   if (!a->state_path.empty() && !a->resume.empty()) {
     return flags.Usage(
         "--state and --resume exclude each other: a resumed job's state is its checkpoint's");
@@ -388,6 +404,10 @@ int ParseRunArgs(const std::vector<std::string>& args, RunArgs* a) {
   if (a->eval.empty() != a->eval_data.empty())
     return flags.Usage("--eval and --eval-data go together");
   if (a->eval_every < 0) return flags.Usage("--eval-every must be >= 0");
+  if (a->checkpoint_every < 0 || a->keep_checkpoints < 0)
+    return flags.Usage("--checkpoint-every and --keep-checkpoints must be >= 0");
+  if (a->checkpoint_dir.empty() && (a->checkpoint_every > 0 || a->keep_checkpoints > 0))
+    return flags.Usage("--checkpoint-every and --keep-checkpoints need --checkpoint-dir");
   if (!seed_text.empty()) {
     uint64_t seed = 0;
     if (!absl::SimpleAtoi(seed_text, &seed))
@@ -428,7 +448,7 @@ int BuildJob(const RunArgs& a, v1::JobSpec* spec, std::vector<RawTensor>* state,
     for (const std::string& p : a.eval_data) e->add_data_paths(p);
     e->set_every(a.eval_every);
   }
-  if (a.resume.empty()) {
+  if (!a.state_path.empty()) {
     absl::StatusOr<std::vector<RawTensor>> s = ir::ReadSafetensorsFile(a.state_path);
     if (!s.ok()) return ReportError("run", s.status());
     *state = *std::move(s);
@@ -448,6 +468,8 @@ int BuildJob(const RunArgs& a, v1::JobSpec* spec, std::vector<RawTensor>* state,
   spec->set_collective_timeout_s(a.timeout_s);
   spec->set_name(a.name.empty() ? Basename(a.graph) : a.name);
   spec->set_resume_job(a.resume);
+  AddCheckpointSpec(a.initial_checkpoint, a.checkpoint_dir, a.checkpoint_every, a.keep_checkpoints,
+                    *state, spec);
   if (a.seed.has_value()) SetGraphSeed(*spec->mutable_graph(), *a.seed);
   if (!a.schedule_path.empty()) {
     absl::StatusOr<ir::Schedule> schedule = ir::Schedule::ReadFile(a.schedule_path, a.steps);
@@ -563,6 +585,7 @@ int RunCommand(const std::vector<std::string>& args) {
         rc != kExitOk)
       return rc;
   }
+  if (!a.checkpoint_dir.empty()) PrintWorkerCheckpoint(stub.get(), a.json, job_id);
   if (!a.json && a.resume.empty())
     std::printf("job %s SUCCEEDED (%d steps on %d workers)\n", job_id.c_str(), a.steps, a.world);
   if (!a.json && !a.resume.empty()) {

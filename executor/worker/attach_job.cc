@@ -451,6 +451,7 @@ absl::Status AttachedWorker::RunBatch(AssignedJob& job, JobTask& e, StepRunner& 
   util::Log(job.Prefix(), "loss ", absl::StrFormat("%.8g", value), NamedValuesText(named),
             " (local ", absl::StrFormat("%.8g", local), ", ", absl::StrFormat("%.1f", ms),
             " ms, comm wait ", absl::StrFormat("%.1f", cs.wait_ms), " ms)");
+  FXDP_RETURN_IF_ERROR(MaybeCheckpoint(job, runner, timed, step));
   return MaybeEvaluate(job, runner, step);
 }
 

@@ -192,6 +192,9 @@ struct AssignedJob {
   std::atomic<int64_t> steps_done{0};
   std::atomic<int64_t> log_step{0};  // the step in progress, else the last done
   std::atomic<bool> in_step{false};
+  // Job thread: the job steps of the complete checkpoints this rank wrote
+  // (AssignJob.checkpoints), oldest first; the oldest beyond `keep` go.
+  std::deque<int64_t> checkpoints;
   // Set by whoever sends the job's final message (JobFailed or JobEnded).
   std::atomic<bool> final_sent{false};
   // Job thread: the JobEnded to send once the job's communicator is gone.
@@ -303,6 +306,12 @@ class AttachedWorker {
   // state it shares, `first`: graph 0's SharedMetadata), add.
   absl::Status LoadGraph(AssignedJob& job, JobTask& e, StepRunner& runner, const RankSetup& setup,
                          TimedCommunicator& timed, const GraphMetadata& first);
+  // attach_checkpoint.cc: after run step `step`, this rank's part of the
+  // checkpoint AssignJob.checkpoints wants (none: OK), agreed on by every
+  // rank (an all-reduce of whether each wrote its part), answered by
+  // CheckpointWritten, the oldest beyond `keep` removed.
+  absl::Status MaybeCheckpoint(AssignedJob& job, const StepRunner& runner, Communicator& comm,
+                               int64_t step);
   // A FetchState event: the state in chunks, the last one marked.
   absl::Status StreamState(AssignedJob& job, const JobTask& e, const StepRunner& runner);
   // The job ended (cancelled or not): logged, and its JobEnded kept for

@@ -1,9 +1,5 @@
 #include "executor/worker/checkpoint_read.h"
 
-// Before declared_tensors.h, whose TensorBytes() function hides this one's
-// TensorBytes struct.
-#include "analysis/ir/safetensors.h"
-
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
@@ -18,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "analysis/ir/declared_tensors.h"
 #include "analysis/ir/flat_shard.h"
+#include "analysis/ir/safetensors.h"
 #include "analysis/ir/type_text.h"
 #include "executor/torch_types.h"
 #include "util/status_macros.h"

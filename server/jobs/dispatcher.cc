@@ -22,6 +22,7 @@ const std::string* JobIdOf(const v1::WorkerMessage& m) {
     case v1::WorkerMessage::kStateChunk: return &m.state_chunk().job_id();
     case v1::WorkerMessage::kJobEnded: return &m.job_ended().job_id();
     case v1::WorkerMessage::kEvalResult: return &m.eval_result().job_id();
+    case v1::WorkerMessage::kCheckpointWritten: return &m.checkpoint_written().job_id();
     default: return nullptr;
   }
 }
@@ -138,8 +139,10 @@ int Dispatcher::Assign(const std::string& host, int port, int64_t steps, uint32_
 
 void Dispatcher::AddCheckpointFields(v1::AssignJob* a) const {
   const JobPlan& plan = job_->plan();
-  if (!plan.spec.has_initial_checkpoint()) return;
+  if (!plan.spec.has_initial_checkpoint() && !plan.spec.has_checkpoints()) return;
   *a->mutable_sharded_state() = plan.expanded.sharded_state();
+  if (plan.spec.has_checkpoints()) *a->mutable_checkpoints() = plan.spec.checkpoints();
+  if (!plan.spec.has_initial_checkpoint()) return;
   v1::CheckpointSource* c = a->mutable_initial_checkpoint();
   *c = plan.spec.initial_checkpoint();
   for (v1::StateFill& f : *c->mutable_fills()) {

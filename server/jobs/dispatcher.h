@@ -57,8 +57,9 @@ class Dispatcher {
  private:
   // Rank `rank`'s graph of `expanded`, with a resumed job's step offset.
   v1::GraphDef RankGraph(const v1::ExpandResponse& expanded, int rank) const;
-  // JobSpec.initial_checkpoint into `a`, each fill with its whole shape, and
-  // the expansion's sharded_state (docs/checkpoints.md).
+  // JobSpec.initial_checkpoint into `a`, each fill with its whole shape,
+  // JobSpec.checkpoints, and with either the expansion's sharded_state
+  // (docs/checkpoints.md).
   void AddCheckpointFields(v1::AssignJob* a) const;
 
   WorkerPool* const pool_;

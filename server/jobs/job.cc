@@ -133,6 +133,13 @@ void Job::SetSteps(int64_t steps) {
 void Job::SetCheckpointStep(int64_t step) {
   std::lock_guard<std::mutex> l(mu_);
   info_.set_checkpoint_step(step);
+  info_.clear_checkpoint_path();  // the server's state, not the workers' files, is named now
+}
+
+void Job::SetWorkerCheckpoint(int64_t step, const std::string& path) {
+  std::lock_guard<std::mutex> l(mu_);
+  info_.set_checkpoint_step(step);
+  info_.set_checkpoint_path(path);
 }
 
 void Job::SetShapes(const std::vector<v1::CompiledShape>& shapes) {

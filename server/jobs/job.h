@@ -161,7 +161,11 @@ class Job {
   void StepDone(int64_t step, double loss);
   int64_t steps_done() const;
   void SetSteps(int64_t steps);
+  // The state the server kept (--checkpoint-every, a failed job's last
+  // step): checkpoint_path cleared. A complete checkpoint the workers wrote
+  // (JobSpec.checkpoints): its step and directory.
   void SetCheckpointStep(int64_t step);
+  void SetWorkerCheckpoint(int64_t step, const std::string& path);
   // JobSpec.eval: an evaluation of the state after its step (JobInfo.evals).
   void AddEval(const v1::EvalMetrics& eval);
   // A graph with symbolic sizes: the shapes compiled so far (JobInfo.shapes).

@@ -106,7 +106,9 @@ absl::Status ApplyChange(v1::JobInfo* info, JobChange change, const absl::Status
   }
   if (to == v1::JOB_STATE_RUNNING) info->set_started_unix_ms(UnixMs());
   if (Terminal(to)) info->set_ended_unix_ms(UnixMs());
-  if (Terminal(to) && !KeepsCheckpoint(to)) info->clear_checkpoint_step();
+  // A checkpoint the workers wrote (checkpoint_path) stays on their filesystem.
+  if (Terminal(to) && !KeepsCheckpoint(to) && info->checkpoint_path().empty())
+    info->clear_checkpoint_step();
   return absl::OkStatus();
 }
 

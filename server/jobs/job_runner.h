@@ -44,8 +44,10 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -154,6 +156,13 @@ class JobRunner {
   absl::Status OnStepMessage(Job::Msg& msg);
   // A rank's StepResult: recorded, and the steps whose results are all in reported.
   void OnStepResult(const Job::Msg& msg);
+  // JobSpec.checkpoints: a rank's CheckpointWritten counted; once every
+  // rank's for a step is in, the checkpoint is complete (JobInfo.
+  // checkpoint_step and checkpoint_path). AwaitLastCheckpoint: at the end,
+  // until the checkpoint of the last step (when one is due) is complete, or
+  // a rank fails.
+  void OnCheckpointWritten(const Job::Msg& msg);
+  absl::Status AwaitLastCheckpoint();
   void StepDone(int64_t step, const std::vector<v1::StepResult>& results, const std::string& shape);
   // --checkpoint-every: records the state after job step `step` once that
   // step's loss is recorded too (rank 0's state can arrive before the other
@@ -232,6 +241,8 @@ class JobRunner {
     std::string shape;  // JobEvent.shape
   };
   std::deque<PendingStep> pending_;
+  std::map<int64_t, std::set<int>> checkpoint_ranks_;  // job step -> ranks that wrote theirs
+  int64_t last_checkpoint_ = 0;                        // the newest complete one's job step
   int64_t sent_ = 0;
   int64_t evals_due_ = 0, evals_got_ = 0;  // JobSpec.eval: of the steps sent, rank 0's results in
   std::deque<v1::EvalMetrics> evals_waiting_;  // for their step's event, oldest first

@@ -116,6 +116,9 @@ absl::Status JobRunner::Succeeded(std::shared_ptr<StateStore::State> state) {
 
 absl::Status JobRunner::End() {
   client_->SetReadBudget(0);
+  // Before the final state is asked for (REPLICATE: rank 0's; the others
+  // are cancelled, which would cut their checkpoint's files short).
+  if (absl::Status s = AwaitLastCheckpoint(); !s.ok()) return s;
   if (const int gone = state_->Request(ranks_.get(), first_ + steps_, /*end_job=*/true); gone >= 0)
     return Lost(gone);
   // Every step ran and the ranks are sending their state: a cancel keeps it

@@ -98,7 +98,14 @@ absl::Status JobRunner::KeepLastState(const absl::Status& status, int except) {
     Log(absl::StrCat(id_, ": the state of its last step is not kept: ", s.message()));
     why_not = std::string(s.message());
   }
-  const int64_t checkpoint = job_->Info().checkpoint_step();
+  const v1::JobInfo info = job_->Info();
+  const int64_t checkpoint = info.checkpoint_step();
+  if (checkpoint > 0 && !info.checkpoint_path().empty()) {
+    return absl::Status(status.code(),
+                        absl::StrCat(status.message(), "; the server keeps no state (", why_not,
+                                     "); the workers' checkpoint of step ", checkpoint, " is '",
+                                     info.checkpoint_path(), "' (JobSpec.initial_checkpoint)"));
+  }
   if (checkpoint > 0) {
     job_->SetHasState(true);
     return KeptSaid(status, absl::StrCat("its checkpoint of step ", checkpoint,

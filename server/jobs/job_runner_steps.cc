@@ -7,11 +7,13 @@
 #include <algorithm>
 #include <deque>
 #include <optional>
+#include <set>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "analysis/ir/checkpoint_index.h"
 #include "server/jobs/job_runner.h"
 #include "server/jobs/memory_admission.h"
 #include "server/log.h"
@@ -98,7 +100,9 @@ absl::Status JobRunner::OnClientEnd() {
 // ranks are asked for their state (they answer between steps: the state
 // after exactly that step); not after the last step, whose state End fetches.
 absl::Status JobRunner::MaybeCheckpoint() {
-  const int64_t every = ctx_.store != nullptr ? ctx_.options.checkpoint_every : 0;
+  // A job whose workers write its checkpoints (JobSpec.checkpoints) has no others.
+  const bool server_side = ctx_.store != nullptr && !job_->plan().spec.has_checkpoints();
+  const int64_t every = server_side ? ctx_.options.checkpoint_every : 0;
   if (every <= 0 || (first_ + sent_) % every != 0 || (steps_ > 0 && sent_ >= steps_))
     return absl::OkStatus();
   const int gone = state_->Request(ranks_.get(), first_ + sent_, /*end_job=*/false);
@@ -121,6 +125,48 @@ absl::Status JobRunner::OnStepMessage(Job::Msg& msg) {
   }
   if (msg.m.has_eval_result()) return OnEvalResult(msg);
   if (msg.m.has_step_result()) OnStepResult(msg);
+  if (msg.m.has_checkpoint_written()) OnCheckpointWritten(msg);
+  return absl::OkStatus();
+}
+
+void JobRunner::OnCheckpointWritten(const Job::Msg& msg) {
+  const int64_t k = msg.m.checkpoint_written().step();
+  if (k <= last_checkpoint_ || k > first_ + sent_ || msg.rank < 0 || msg.rank >= world_) {
+    Log(absl::StrCat(id_, ": ignoring rank ", msg.rank, "'s CheckpointWritten for step ", k,
+                     " (steps ", last_checkpoint_ + 1, " to ", first_ + sent_, " expected)"));
+    return;
+  }
+  std::set<int>& ranks = checkpoint_ranks_[k];
+  ranks.insert(msg.rank);
+  if (static_cast<int>(ranks.size()) < world_) return;
+  checkpoint_ranks_.erase(checkpoint_ranks_.begin(), checkpoint_ranks_.upper_bound(k));
+  last_checkpoint_ = k;
+  // The server's own spelling of the directory, not a worker's text.
+  const std::string path =
+      ir::JoinCheckpointPath(job_->plan().spec.checkpoints().dir(), ir::CheckpointStepDir(k));
+  job_->SetWorkerCheckpoint(k, path);
+  ctx_.table->Update(job_);
+  Log(absl::StrCat(id_, ": the checkpoint of step ", k, " is complete (", world_,
+                   " ranks wrote theirs): ", path));
+}
+
+absl::Status JobRunner::AwaitLastCheckpoint() {
+  const v1::JobSpec& spec = job_->plan().spec;
+  const int64_t last = first_ + steps_;
+  const int64_t every = spec.checkpoints().every();
+  if (!spec.has_checkpoints() || !(spec.steps() > 0 || (every > 0 && last % every == 0)))
+    return absl::OkStatus();
+  Job::Msg msg;
+  while (last_checkpoint_ < last) {
+    const Got got = Next(false, true, 3600, &msg);
+    if (got == Got::kCancel) return Cancelled();
+    if (got != Got::kWorker) continue;
+    if (msg.lost || msg.m.has_job_failed()) {
+      stepping_ = true;  // the state of the last step is kept
+      return Failed(msg);
+    }
+    if (msg.m.has_checkpoint_written()) OnCheckpointWritten(msg);
+  }
   return absl::OkStatus();
 }
 

@@ -86,6 +86,12 @@ absl::Status CheckDataPathsExcluded(const v1::JobSpec& spec,
         !s.ok())
       return s;
   }
+  if (spec.has_checkpoints()) {
+    if (absl::Status s =
+            CheckPathExcluded(spec.checkpoints().dir(), "JobSpec.checkpoints.dir", excluded);
+        !s.ok())
+      return s;
+  }
   if (!spec.has_initial_checkpoint()) return absl::OkStatus();
   return CheckPathExcluded(spec.initial_checkpoint().path(), "JobSpec.initial_checkpoint.path",
                            excluded);
@@ -124,12 +130,33 @@ absl::StatusOr<ir::DeclaredTensors> SentStateOf(const v1::JobSpec& spec,
 
 namespace {
 
+// JobSpec.checkpoints: a directory the workers can create files in (their
+// own checks: util::DataRoots::CreateFile), steps and a count >= 0.
+absl::Status ValidateCheckpointPolicy(const v1::JobSpec& spec) {
+  using absl::InvalidArgumentError;
+  const v1::CheckpointPolicy& p = spec.checkpoints();
+  if (p.dir().empty()) return InvalidArgumentError("JobSpec.checkpoints.dir is empty");
+  if (p.dir().size() > kMaxDataPathBytes) {
+    return InvalidArgumentError(absl::StrCat("JobSpec.checkpoints.dir is ", p.dir().size(),
+                                             " bytes, more than ", kMaxDataPathBytes,
+                                             " (PATH_MAX)"));
+  }
+  if (p.every() < 0 || p.keep() < 0) {
+    return InvalidArgumentError(absl::StrCat("JobSpec.checkpoints: every ", p.every(), " and keep ",
+                                             p.keep(), " must be >= 0"));
+  }
+  if (p.every() == 0 && spec.steps() == 0) {
+    return InvalidArgumentError(
+        "JobSpec.checkpoints.every is 0 (a checkpoint after the last step only) but the job is "
+        "open-ended (JobSpec.steps 0): its workers do not know its last step; set steps or every");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateCheckpoints(const v1::JobSpec& spec) {
   using absl::InvalidArgumentError;
   if (spec.has_checkpoints()) {
-    return absl::UnimplementedError(
-        "JobSpec.checkpoints: checkpoints written by the workers are not built yet (issue 27); "
-        "use fxdp-server --state-dir --checkpoint-every");
+    if (absl::Status s = ValidateCheckpointPolicy(spec); !s.ok()) return s;
   }
   if (!spec.has_initial_checkpoint()) return absl::OkStatus();
   const v1::CheckpointSource& c = spec.initial_checkpoint();

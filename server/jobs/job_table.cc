@@ -56,7 +56,8 @@ void JobTable::Restore(const std::vector<std::shared_ptr<Job>>& jobs, int64_t la
     // A SUCCEEDED job's state is a file, a FAILED or CANCELLED job's its
     // checkpoint; another's was kept in memory (KeepState) and is gone.
     const v1::JobInfo info = j->Info();
-    const bool checkpoint = Resumable(info.state()) && info.checkpoint_step() > 0;
+    const bool checkpoint =
+        Resumable(info.state()) && info.checkpoint_step() > 0 && info.checkpoint_path().empty();
     if (!HasFinalState(info.state())) j->SetHasState(checkpoint);
     if (HasFinalState(info.state()) && info.has_state() && store_ != nullptr)
       states_.PutBytes(id, store_->FinalStateBytes(id));
@@ -242,7 +243,8 @@ absl::StatusOr<std::shared_ptr<const StateStore::State>> JobTable::Kept(const st
     const v1::JobInfo info = it->second->Info();
     const v1::JobState state = info.state();
     // A FAILED or CANCELLED job's checkpoint (job_lifecycle.h): in memory, or its file.
-    const bool checkpoint = KeepsCheckpoint(state) && Terminal(state) && info.checkpoint_step() > 0;
+    const bool checkpoint = KeepsCheckpoint(state) && Terminal(state) &&
+                            info.checkpoint_step() > 0 && info.checkpoint_path().empty();
     if (checkpoint && store_ != nullptr && !states_.Has(id)) {
       *path = store_->CheckpointPath(id);
       return kept;

@@ -17,8 +17,7 @@
 #include "server/jobs/state_store.h"
 
 namespace fxdp::ir {
-class SafetensorsReader;  // analysis/ir/safetensors.h (not included: its TensorBytes
-                          // struct clashes with declared_tensors.h's function)
+class SafetensorsReader;  // analysis/ir/safetensors.h
 }  // namespace fxdp::ir
 
 namespace fxdp::server {

@@ -21,6 +21,7 @@ import torch
 
 from . import optimizers as optim_table
 from .v1 import graph_pb2 as gpb
+from .v1 import worker_pb2 as wpb
 
 __all__ = ["InitialCheckpoint", "initial_checkpoint"]
 
@@ -193,3 +194,25 @@ def add_to_spec(spec, plan: Optional[InitialCheckpoint]) -> None:
         c.tensors.add(state_name=sn, checkpoint_name=cn)
     for sn, v in plan.fills.items():
         c.fills.add(state_name=sn, value=float(v))
+
+
+def add_policy(spec, checkpoints) -> None:
+    """``Client.train``'s ``checkpoints`` into ``spec`` (a JobSpec): a ``CheckpointPolicy``, or a
+    dict ``{"dir": D, "every": K, "keep": N}`` (``every`` and ``keep`` default 0: after the last
+    step only, all kept)."""
+    if checkpoints is None:
+        return
+    if isinstance(checkpoints, wpb.CheckpointPolicy):
+        spec.checkpoints.CopyFrom(checkpoints)
+        return
+    if not isinstance(checkpoints, Mapping) or "dir" not in checkpoints:
+        raise ValueError(
+            "train: checkpoints= is a fxdp.v1 CheckpointPolicy or a dict with 'dir' "
+            f"(and 'every', 'keep'), got {checkpoints!r}"
+        )
+    unknown = set(checkpoints) - {"dir", "every", "keep"}
+    if unknown:
+        raise ValueError(f"train: checkpoints= has unknown keys {sorted(unknown)}")
+    spec.checkpoints.dir = os.fspath(checkpoints["dir"])
+    spec.checkpoints.every = int(checkpoints.get("every", 0))
+    spec.checkpoints.keep = int(checkpoints.get("keep", 0))

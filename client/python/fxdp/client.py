@@ -36,7 +36,8 @@ from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, 
 import grpc
 import torch
 
-from . import checkpoints, evaluation, train_job
+from . import checkpoints as worker_checkpoints
+from . import evaluation, train_job
 from .credentials import channel_credentials
 from .progress import Progress
 from .rpc_errors import ServerError, server_error  # noqa: F401 - fxdp.ServerError
@@ -276,6 +277,7 @@ class Client:
         eval_data: Union[None, str, os.PathLike, Sequence[Union[str, os.PathLike]]] = None,
         eval_every: int = 0,
         max_shapes: int = 0,
+        checkpoints=None,
     ) -> TrainResult:
         """Train on ``world_size`` of the server's workers; returns the per-step global losses and
         the final state.
@@ -356,7 +358,14 @@ class Client:
         state is left as it is. It reads only the training state (the server refuses another
         name, dtype or shape). ``TrainResult.evals``: each evaluation (``fxdp.evaluation.Evaluated``:
         the step, each metric summed over the batches as one device computes it per batch);
-        ``on_event`` sees them as RUNNING events carrying ``eval`` (docs/evaluation.md)."""
+        ``on_event`` sees them as RUNNING events carrying ``eval`` (docs/evaluation.md).
+
+        ``checkpoints``: the workers write checkpoints themselves, each rank its own part, into
+        ``DIR/step-K/`` on their filesystem (under their ``--data-root``): ``{"dir": DIR, "every":
+        K, "keep": N}`` (after every K steps, and after the last; the N newest complete ones
+        kept; 0: all) or a ``fxdp.v1`` ``CheckpointPolicy``. ``job(id).checkpoint_path`` names the
+        newest complete one, which ``initial_checkpoint=`` reads on any world size and style
+        (docs/checkpoints.md)."""
         step = train_job.traced_step(step)
         if seed is not None:
             step = train_job.with_seed(step, seed)
@@ -365,7 +374,7 @@ class Client:
         wire_style = _style(style)
         source, paths, steps = train_job.batch_source(batches, data_path, steps)
         train_job.check_symbolic(step, paths)
-        plan = checkpoints.plan_for_train(step, initial_checkpoint, state, resume)
+        plan = worker_checkpoints.plan_for_train(step, initial_checkpoint, state, resume)
         init = plan.sent if plan is not None else train_job.initial_state(step, state, resume)
         spec = jpb.JobSpec(
             graph=step.graph,
@@ -381,7 +390,8 @@ class Client:
             resume_job=resume or "",
             max_shapes=max_shapes,
         )
-        checkpoints.add_to_spec(spec, plan)
+        worker_checkpoints.add_to_spec(spec, plan)
+        worker_checkpoints.add_policy(spec, checkpoints)
         if eval is not None:
             spec.eval.CopyFrom(
                 evaluation.eval_policy(
