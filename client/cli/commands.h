@@ -34,6 +34,8 @@ int JobsCommand(const std::vector<std::string>& args);
 int JobCommand(const std::vector<std::string>& args);
 int CancelCommand(const std::vector<std::string>& args);
 int FetchCommand(const std::vector<std::string>& args);
+// export_command.cc: a checkpoint the workers wrote as a Hugging Face model.safetensors.
+int ExportCommand(const std::vector<std::string>& args);
 
 // Rows as left-aligned columns two spaces apart, one line each (the first row
 // is the header); the human tables of `fxdp jobs`, `fxdp workers`, ...

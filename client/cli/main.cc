@@ -21,6 +21,7 @@ constexpr char kUsage[] =
     "  job       show one job of an fxdp server\n"
     "  cancel    cancel a running job\n"
     "  fetch     write the state a finished job kept (final, or its last step's)\n"
+    "  export    a checkpoint the workers wrote as a Hugging Face model.safetensors\n"
     "\n"
     "Run 'fxdp <command> --help' for the arguments of a command; 'fxdp --version' for the "
     "version.\n";
@@ -52,6 +53,7 @@ int main(int argc, char** argv) {
   if (cmd == "job") return fxdp::cli::JobCommand(args);
   if (cmd == "cancel") return fxdp::cli::CancelCommand(args);
   if (cmd == "fetch") return fxdp::cli::FetchCommand(args);
+  if (cmd == "export") return fxdp::cli::ExportCommand(args);
   std::fprintf(stderr, "fxdp: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);
   return fxdp::cli::kExitUsage;
 }

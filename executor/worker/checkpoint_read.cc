@@ -3,8 +3,10 @@
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <utility>
 #include <vector>
@@ -12,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "analysis/ir/checkpoint_reader.h"
 #include "analysis/ir/declared_tensors.h"
 #include "analysis/ir/flat_shard.h"
 #include "analysis/ir/safetensors.h"
@@ -32,12 +35,23 @@ std::string DirOf(const std::string& path) {
   return slash == std::string::npos ? "." : path.substr(0, slash == 0 ? 1 : slash);
 }
 
-// Checkpoint tensor name -> the file (as opened) that holds it.
+// Checkpoint tensor name -> the file (as opened) that holds it; or for a
+// checkpoint the workers wrote, its index (every tensor's parts).
 struct Located {
   std::string shown;                           // the checkpoint as the job named it
   std::map<std::string, std::string> file_of;  // empty: a single file, `single`
   std::string single;
+  std::optional<ir::CheckpointReader> fxdp;  // a checkpoint the workers wrote
 };
+
+// A checkpoint the workers wrote (analysis/ir/checkpoint_reader.h): its index.
+absl::StatusOr<Located> ReadFxdpIndex(const std::string& path, const util::DataRoots& roots) {
+  ir::SafetensorsReadOptions o;
+  o.roots = &roots;
+  Located out;
+  FXDP_ASSIGN_OR_RETURN(out.fxdp, ir::CheckpointReader::Open(path, o));
+  return out;
+}
 
 // A Hugging Face index's weight_map: its file names must be plain names in
 // the index's directory (no '/', '.', '..').
@@ -71,8 +85,14 @@ absl::StatusOr<Located> ReadHfIndex(const std::string& path, const util::DataRoo
 // model.safetensors.index.json or model.safetensors.
 absl::StatusOr<Located> Locate(const std::string& path, const util::DataRoots& roots) {
   Located out;
-  if (absl::EndsWith(path, ".json")) {
+  const std::string fxdp_index = absl::StrCat(path, "/", ir::kCheckpointIndexName);
+  if (absl::EndsWith(path, absl::StrCat("/", ir::kCheckpointIndexName)) ||
+      path == ir::kCheckpointIndexName) {
+    FXDP_ASSIGN_OR_RETURN(out, ReadFxdpIndex(path, roots));
+  } else if (absl::EndsWith(path, ".json")) {
     FXDP_ASSIGN_OR_RETURN(out, ReadHfIndex(path, roots));
+  } else if (absl::StatusOr<bool> dir = roots.IsDirectory(fxdp_index); dir.ok() && !*dir) {
+    FXDP_ASSIGN_OR_RETURN(out, ReadFxdpIndex(fxdp_index, roots));
   } else if (absl::EndsWith(path, ".safetensors")) {
     out.single = path;
   } else {
@@ -194,6 +214,56 @@ absl::Status ReadFile(const std::string& path, const std::vector<const Wanted*>&
   return absl::OkStatus();
 }
 
+// This rank's part of one tensor of a checkpoint the workers wrote: its
+// range (whole, or its flat shard's real elements), whatever world size
+// wrote it, in the graph's dtype.
+absl::StatusOr<at::Tensor> ReadFxdpPart(ir::CheckpointReader& reader,
+                                        const ir::CheckpointTensorEntry& e, const Wanted& w,
+                                        const RankStateLayout& layout) {
+  const int64_t numel = e.numel();
+  const ir::FlatShard f = w.sharded ? ir::FlatShardOf(numel, layout.world, layout.rank)
+                                    : ir::FlatShard{numel, 0, numel};
+  const at::TensorOptions graph_type = at::TensorOptions().dtype(ToTorch(w.dtype));
+  at::Tensor result =
+      w.sharded ? at::zeros({f.shard_numel}, graph_type) : at::empty(e.shape, graph_type);
+  at::Tensor dst = result.view({-1}).narrow(0, 0, f.real());
+  at::Tensor buf =
+      e.dtype == w.dtype ? dst : at::empty({f.real()}, at::TensorOptions().dtype(ToTorch(e.dtype)));
+  FXDP_RETURN_IF_ERROR(reader.Read(w.checkpoint_name, f.begin, f.end, buf.data_ptr()));
+  if (e.dtype != w.dtype) dst.copy_(buf);
+  return result;
+}
+
+// Every wanted tensor from a checkpoint the workers wrote.
+absl::Status ReadFxdp(Located& where, const std::vector<Wanted>& wanted,
+                      const RankStateLayout& layout, CheckpointState* out) {
+  ir::CheckpointReader& reader = *where.fxdp;
+  const auto& tensors = reader.index().tensors;
+  for (const Wanted& w : wanted) {
+    auto it = tensors.find(w.checkpoint_name);
+    if (it == tensors.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", where.shown, "': its index lists no tensor '", w.checkpoint_name,
+                       "' (for the graph's '", w.state_name, "'; it lists ", tensors.size(), ")"));
+    }
+    ir::SafetensorsEntry as_listed{w.checkpoint_name, it->second.dtype, it->second.shape, 0, 0};
+    FXDP_RETURN_IF_ERROR(CheckEntry(as_listed, w, where.shown));
+    try {
+      c10::InferenceMode guard;
+      FXDP_ASSIGN_OR_RETURN(at::Tensor t, ReadFxdpPart(reader, it->second, w, layout));
+      out->bytes_listed +=
+          static_cast<uint64_t>(it->second.numel() * ir::DTypeItemSize(it->second.dtype));
+      out->tensors.emplace(w.state_name, std::move(t));
+    } catch (const std::exception& ex) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("reading tensor '", w.checkpoint_name, "': ", ExceptionMessage(ex)));
+    }
+  }
+  out->bytes_read += reader.bytes_read();
+  out->files += reader.files_opened();
+  return absl::OkStatus();
+}
+
 // One fill: the rank's tensor (a sharded one's real elements only) set to
 // the value.
 absl::StatusOr<at::Tensor> Fill(const v1::StateFill& fill, const RankStateLayout& layout) {
@@ -251,8 +321,10 @@ absl::StatusOr<CheckpointState> ReadCheckpointState(const v1::CheckpointSource& 
   if (source.tensors_size() > 0) {
     FXDP_ASSIGN_OR_RETURN(std::vector<Wanted> wanted, WantedTensors(source, layout));
     FXDP_ASSIGN_OR_RETURN(Located where, Locate(source.path(), roots));
+    if (where.fxdp) FXDP_RETURN_IF_ERROR(ReadFxdp(where, wanted, layout, &out));
     std::map<std::string, std::vector<const Wanted*>> by_file;
     for (const Wanted& w : wanted) {
+      if (where.fxdp) break;
       if (where.file_of.empty()) {
         by_file[where.single].push_back(&w);
         continue;

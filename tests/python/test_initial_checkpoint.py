@@ -147,3 +147,23 @@ def test_bad_checkpoints_fail_the_job_naming_path_tensor_shapes_and_rank(setup):
     ) as e:
         c.train(step, 2, batches=batches(1), initial_checkpoint=plan)
     assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_a_bf16_checkpoint_gives_the_fp32_state_it_rounds_to(setup):
+    c, _, step, meta_model, meta_opt, root, _ = setup
+    model, _ = make()
+    model.to(torch.bfloat16).save_pretrained(root / "bf16")
+    saved = load_file(str(root / "bf16" / "model.safetensors"))
+    assert {t.dtype for t in saved.values()} == {torch.bfloat16}
+    plan = fxdp.initial_checkpoint(step, root / "bf16", model=meta_model, optimizer=meta_opt)
+    r = c.train(step, 2, batches=batches(STEPS), initial_checkpoint=plan, style="fully_shard")
+    # One device from the same weights, converted to fp32 (exactly: bf16 -> fp32 is).
+    model, opt = make()
+    model.load_state_dict({k: v.float() for k, v in saved.items()}, strict=False)
+    state = fxdp.state_of(step, model, opt)
+    for i, b in enumerate(batches(STEPS), 1):
+        state, _ = step.run_local(state, b, step=i)
+    for n, t in state.items():
+        assert r.state[n].dtype == torch.float32, n
+        if t.dim() > 0:
+            assert_close_except_key_bias(n, r.state[n], t, ADAMW_RTOL, ADAMW_ATOL, "run_local")

@@ -63,6 +63,44 @@ def local_checkpoint_names(path: str) -> Optional[Set[str]]:
         return None
 
 
+_FXDP_INDEX = "fxdp-checkpoint.json"
+
+
+def _is_fxdp_checkpoint(path: str) -> bool:
+    """A checkpoint the workers wrote (docs/checkpoints.md): its index, or its directory when this
+    machine sees the index in it."""
+    return os.path.basename(path) == _FXDP_INDEX or os.path.exists(os.path.join(path, _FXDP_INDEX))
+
+
+def _fxdp_plan(step, path: str, given, own) -> InitialCheckpoint:
+    """Every state tensor read under its own name (a checkpoint the workers wrote holds the whole
+    state: optimizer state, hyper-parameters and constants too), but those in ``state=``; when this
+    machine can read the index, the ones it lacks are sent from the step's own state."""
+    index = path if os.path.basename(path) == _FXDP_INDEX else os.path.join(path, _FXDP_INDEX)
+    try:
+        with open(index) as f:
+            listed = set(json.load(f)["tensors"])
+    except (OSError, ValueError, KeyError):
+        listed = None
+    plan = InitialCheckpoint(path)
+    for ph in step.placeholders:
+        role, sn = ph.placeholder.role, ph.placeholder.state_name
+        if role == gpb.INPUT:
+            continue
+        if sn in given:
+            plan.sent[sn] = given[sn]
+        elif listed is None or sn in listed:
+            plan.tensors[sn] = sn
+        elif sn in own:
+            plan.sent[sn] = own[sn]
+        else:
+            raise ValueError(
+                f"initial_checkpoint: '{path}' has no state '{sn}' and the step none to send: "
+                "pass it in state="
+            )
+    return plan
+
+
 def _constant(t: torch.Tensor, name: str) -> float:
     if t.device.type == "meta":
         raise ValueError(
@@ -127,7 +165,9 @@ def initial_checkpoint(
 ) -> InitialCheckpoint:
     """The plan of a job whose state comes from the checkpoint at ``path`` (on the workers'
     filesystem: a Hugging Face ``save_pretrained`` directory, ``model.safetensors`` or
-    ``model.safetensors.index.json``) for ``step`` (a :class:`fxdp.TracedStep`).
+    ``model.safetensors.index.json``; or the ``fxdp-checkpoint.json`` of one the workers wrote,
+    whose every state tensor is read, on any world size and style) for ``step`` (a
+    :class:`fxdp.TracedStep`).
 
     Parameters and buffers are read from the checkpoint, under their own names or ``names[state
     name]``; a tied weight under whichever of its names (``model``) the checkpoint lists when this
@@ -140,6 +180,8 @@ def initial_checkpoint(
     names = dict(names or {})
     given = OrderedDict(state or {})
     own = step._state or OrderedDict()
+    if _is_fxdp_checkpoint(path):
+        return _fxdp_plan(step, path, given, own)
     persistent = set(model.state_dict()) if model is not None else None
     aliases = _aliases(model) if model is not None else {}
     listed = local_checkpoint_names(path)
