@@ -1,8 +1,13 @@
 # pytest configuration for the fxdp Python tests. Nothing magic: the fxdp package is installed
 # (editable) in the project's .venv; shared helpers live in _util.py next to the tests.
 import torch
+from fxdp.traced import init_kernel_libraries
 
 torch.manual_seed(0)
+# The eager references the tests compute in this process run torch's VML ops (tanh, exp...) on
+# 2 threads: make MKL's first VML call on one thread, as the workers and run_local do (MKL caches
+# the CPU type it detects without a lock; docs/randomness.md "Hunting the rerun difference").
+init_kernel_libraries()
 
 
 def pytest_configure(config):

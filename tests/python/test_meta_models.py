@@ -11,12 +11,17 @@ import fxdp
 import pytest
 import torch
 from _tiny_gpt2 import CONFIG, batches, train_step
-from _util import ATOL, RTOL, local_server
+from _util import local_server
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
 
 from test_user_training_loop import assert_state_equals  # noqa: E402
+
+# AdamW's tolerances (issue 23/24's standard: rtol 1e-4, atol 5e-5): AdamW divides each gradient by
+# its own running norm, so a rounding difference in a near-zero gradient moves a weight by ~1e-6,
+# above SGD's atol (1 of 3,072 elements, 1.39e-6, since session 10's reordered float operations).
+RTOL, ATOL = 1e-4, 5e-5
 
 WORLD = 2
 

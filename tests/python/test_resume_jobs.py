@@ -463,5 +463,6 @@ def test_fxdp_run_resume_continues_a_job_whose_worker_was_lost(tmp_path):
             timeout=30,
         )
         assert (
-            bad.returncode == 2 and "--state is required (unless --resume)" in bad.stderr
+            bad.returncode == 2
+            and "--state is required (unless --resume or --initial-checkpoint)" in bad.stderr
         ), bad.stderr
