@@ -66,8 +66,16 @@ absl::Status JobRunner::Lost(int rank) {
   return Finish(JobChange::kFail, absl::UnavailableError(LostError(rank)), rank);
 }
 
-// A peer's loss usually shows up as a JobFailed of a survivor first or right
-// after: prefer naming the lost rank when it comes soon.
+// Whether a rank's failure code is what a peer's failure looks like from
+// its side (a collective cut short or timed out), not a cause of its own.
+static bool PeerSymptom(int code) {
+  return code == static_cast<int>(absl::StatusCode::kUnavailable) ||
+         code == static_cast<int>(absl::StatusCode::kDeadlineExceeded);
+}
+
+// A peer's loss or failure usually shows up as a JobFailed of a survivor
+// first or right after: prefer naming the lost rank, or the rank that failed
+// for a reason of its own (e.g. RESOURCE_EXHAUSTED), when it comes soon.
 absl::Status JobRunner::Failed(const Job::Msg& msg) {
   if (msg.lost) return Lost(msg.rank);
   const v1::JobFailed& f = msg.m.job_failed();
@@ -77,8 +85,7 @@ absl::Status JobRunner::Failed(const Job::Msg& msg) {
       f.error().size() <= kMaxError
           ? f.error()
           : absl::StrCat(f.error().substr(0, kMaxError), "... (", f.error().size(), " bytes, cut)");
-  if (f.code() == static_cast<int>(absl::StatusCode::kUnavailable) ||
-      f.code() == static_cast<int>(absl::StatusCode::kDeadlineExceeded)) {
+  if (PeerSymptom(f.code())) {
     const auto until = Clock::now() + std::chrono::milliseconds(1500);
     Job::Msg other;
     while (Clock::now() < until) {
@@ -89,6 +96,9 @@ absl::Status JobRunner::Failed(const Job::Msg& msg) {
                       absl::UnavailableError(absl::StrCat(LostError(other.rank), " (rank ",
                                                           msg.rank, ": ", error, ")")),
                       other.rank);
+      }
+      if (other.m.has_job_failed() && !PeerSymptom(other.m.job_failed().code())) {
+        return Failed(other);
       }
     }
   }

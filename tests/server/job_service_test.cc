@@ -370,6 +370,23 @@ TEST(JobService, FailedRankFailsTheJobWithItsCode) {
   EXPECT_THAT(big.error_message(), HasSubstr("eee... (1048576 bytes, cut)"));
 }
 
+// A rank whose collective was cut short (UNAVAILABLE) reports first; the rank
+// that failed for a reason of its own reports soon after: the job names the
+// cause (test_job_lifecycle saw UNAVAILABLE from the good worker once in 29).
+TEST(JobService, ARanksOwnFailureWinsOverItsPeersCutCollective) {
+  TestServer server(FastOptions());
+  auto workers = Workers(server, 2);
+  workers[0]->FailAt(1, grpc::StatusCode::UNAVAILABLE, "all_reduce: connection closed by peer");
+  workers[1]->FailAt(1, grpc::StatusCode::RESOURCE_EXHAUSTED, "node mm: out of memory");
+  workers[1]->Hold();
+  Submission job(server, Args(2, 1));
+  ASSERT_TRUE(WaitUntil([&] { return workers[1]->held() == 1; }));
+  workers[1]->Release();  // within the 1.5 s the server waits for the cause
+  const grpc::Status s = job.Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("rank 1 (worker w1) failed at step 1: node mm"));
+}
+
 TEST(JobService, DataPathsJobsSendEmptyBatches) {
   TestServer server(FastOptions());
   auto workers = Workers(server, 2);
