@@ -13,6 +13,7 @@ import fxdp
 import pytest
 import torch
 import torch.nn.functional as F
+from _util import ATOL
 from test_expand_oracle import FXDP, STEPS, check_against_one_device
 
 
@@ -265,7 +266,11 @@ def test_ops_along_the_batch_train_like_one_device(tmp_path, loss_of, reductions
         return loss
 
     step = fxdp.trace_step(step_fn, model, opt, batches[0], loss_reduction="sum")
-    check_against_one_device(tmp_path, step, batches, 3, reductions=reductions)
+    # fa.bias's gradient under a softmax over the batch is 0 (each column's softmax is
+    # shift-invariant): its momentum buffer is rounding noise (~1e-6, 1.08e-6 apart in 2 of 3 full
+    # runs), compared with that noise as the absolute tolerance.
+    atol = 5e-6 if loss_of is _softmax_read_three_ways else ATOL
+    check_against_one_device(tmp_path, step, batches, 3, atol=atol, reductions=reductions)
 
 
 def _softmax_over_batch_mean_loss(model, xa, xb):
