@@ -21,7 +21,7 @@ import torch
 
 from . import optimizers as optim_table
 from .v1 import graph_pb2 as gpb
-from .v1 import worker_pb2 as wpb
+from .v1 import checkpoint_pb2 as cpb
 
 __all__ = ["InitialCheckpoint", "initial_checkpoint"]
 
@@ -244,7 +244,7 @@ def add_policy(spec, checkpoints) -> None:
     step only, all kept)."""
     if checkpoints is None:
         return
-    if isinstance(checkpoints, wpb.CheckpointPolicy):
+    if isinstance(checkpoints, cpb.CheckpointPolicy):
         spec.checkpoints.CopyFrom(checkpoints)
         return
     if not isinstance(checkpoints, Mapping) or "dir" not in checkpoints:
