@@ -120,6 +120,13 @@ class WorkerRegistry final : public v1::WorkerService::Service, public WorkerPoo
   int64_t Subscribe(const std::string& worker_id, Listener listener) override;
   void Unsubscribe(int64_t handle) override;
 
+  // Attach calls in their handler now (admitted, not yet returned): at most
+  // max_streams. A call's client may see its end before its slot is free.
+  int OpenStreams() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return streams_;
+  }
+
   // Ends every stream (cancels the calls) and stops the watchdog; new
   // attachments are refused. Idempotent.
   void Shutdown();
