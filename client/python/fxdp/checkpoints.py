@@ -20,8 +20,8 @@ from typing import Dict, Mapping, Optional, Set, Union
 import torch
 
 from . import optimizers as optim_table
-from .v1 import graph_pb2 as gpb
 from .v1 import checkpoint_pb2 as cpb
+from .v1 import graph_pb2 as gpb
 
 __all__ = ["InitialCheckpoint", "initial_checkpoint"]
 
