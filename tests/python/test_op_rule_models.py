@@ -206,7 +206,7 @@ class _SpatialTransformer(nn.Module):
         return self.classifier(F.grid_sample(x, grid, align_corners=False))
 
 
-@pytest.mark.parametrize("world,optim", [(2, "sgd"), (3, "sgd"), (2, "adamw")])
+@pytest.mark.parametrize("world,optim", [(2, "sgd"), (3, "sgd"), (2, "adamw"), (3, "adamw")])
 def test_spatial_transformer(tmp_path, world, optim):
     """affine_grid_generator's size argument [B, C, H, W] is made local (a worker failed with
     "Expected [64, 3] but got [32, 3]"); grid_sampler_2d and its backward are per sample."""
