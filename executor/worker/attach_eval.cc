@@ -66,16 +66,10 @@ absl::Status AttachedWorker::MaybeEvaluate(AssignedJob& job, const StepRunner& r
   r->set_step(step);
   r->set_batches(job.eval->num_batches());
   r->set_eval_ms(ms);
-  std::string text;
-  for (const auto& [name, value] : *metrics) {
-    v1::NamedValue* v = r->add_metrics();
-    v->set_name(name);
-    v->set_value(value);
-    absl::StrAppend(&text, " ", name, "=", absl::StrFormat("%.8g", value));
-  }
+  AddNamedValues(*metrics, r->mutable_metrics());
   job.session->Write(m);
-  util::Log(job.Prefix(), "evaluated", text, " (summed over ", job.eval->num_batches(),
-            " batches, ", absl::StrFormat("%.1f", ms), " ms)");
+  util::Log(job.Prefix(), "evaluated", NamedValuesText(*metrics), " (summed over ",
+            job.eval->num_batches(), " batches, ", absl::StrFormat("%.1f", ms), " ms)");
   return absl::OkStatus();
 }
 

@@ -441,11 +441,7 @@ absl::Status AttachedWorker::RunBatch(AssignedJob& job, JobTask& e, StepRunner& 
   r->set_comm_wait_ms(cs.wait_ms);
   r->set_collectives(static_cast<int32_t>(cs.collectives));
   r->set_comm_bytes(cs.bytes);
-  for (const auto& [name, v] : named) {
-    v1::NamedValue* o = r->add_outputs();
-    o->set_name(name);
-    o->set_value(v);
-  }
+  AddNamedValues(named, r->mutable_outputs());
   r->set_graph_id(e.graph_id);
   job.session->Write(m);
   util::Log(job.Prefix(), "loss ", absl::StrFormat("%.8g", value), NamedValuesText(named),

@@ -60,9 +60,9 @@ std::vector<std::pair<std::string, double>> NamedOutputs::Values(
   return out;
 }
 
-void NamedOutputs::AddTo(const std::vector<c10::IValue>& other,
-                         google::protobuf::RepeatedPtrField<v1::NamedValue>* out) const {
-  for (auto& [name, value] : Values(other)) {
+void AddNamedValues(const std::vector<std::pair<std::string, double>>& values,
+                    google::protobuf::RepeatedPtrField<v1::NamedValue>* out) {
+  for (const auto& [name, value] : values) {
     v1::NamedValue* v = out->Add();
     v->set_name(name);
     v->set_value(value);

@@ -42,15 +42,16 @@ class NamedOutputs {
   // The named outputs among `other` (one step's OTHER outputs, in order) that
   // are 0-d tensors, as doubles (synchronises the device).
   std::vector<std::pair<std::string, double>> Values(const std::vector<c10::IValue>& other) const;
-  // The same, appended to `out`.
-  void AddTo(const std::vector<c10::IValue>& other,
-             google::protobuf::RepeatedPtrField<v1::NamedValue>* out) const;
 
   const std::vector<std::string>& names() const { return names_; }
 
  private:
   std::vector<std::string> names_;  // by position in the OTHER outputs
 };
+
+// `values` appended to `out` (StepResult.outputs, EvalResult.metrics).
+void AddNamedValues(const std::vector<std::pair<std::string, double>>& values,
+                    google::protobuf::RepeatedPtrField<v1::NamedValue>* out);
 
 // " correct=5 accuracy=0.625": the values for a log or progress line ("" for none).
 std::string NamedValuesText(const std::vector<std::pair<std::string, double>>& values);
