@@ -8,6 +8,7 @@
 #include <c10/core/InferenceMode.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <utility>
@@ -188,6 +189,89 @@ absl::Status Program::CheckInputs(const std::vector<c10::IValue>& inputs) const 
   return absl::OkStatus();
 }
 
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Moves the run's inputs into their slots (copied to the program's device
+// where they are elsewhere) and empties the slots that no step reads.
+void BindInputs(Program::Impl& p, std::vector<c10::IValue>& inputs) {
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    c10::IValue v = std::move(inputs[i]);
+    if (v.isTensor() && v.toTensor().device() != p.options.device)
+      v = v.toTensor().to(p.options.device);
+    p.slots[p.input_slots[i]] = std::move(v);
+  }
+  inputs.clear();
+  for (int32_t slot : p.free_at_start) p.slots[slot] = c10::IValue();
+}
+
+// One step, a kernel's exception turned into a status naming the step.
+absl::Status RunStepCaught(Program::Impl& p, Step& s) {
+  try {
+    return p.RunStep(s);
+  } catch (const c10::OutOfMemoryError& e) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(s.label, ": out of memory: ", ExceptionMessage(e)));
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(s.label, ": kernel failed: ", ExceptionMessage(e)));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat(s.label, ": ", ExceptionMessage(e)));
+  }
+}
+
+// After step `s` (started at `t0`): the values that die there released, and
+// what ProgramOptions asked to record (value trace, profile, live values,
+// memory).
+void AfterStep(Program::Impl& p, const Step& s, Clock::time_point t0) {
+  if (!p.options.value_trace.empty()) p.TraceStep(s);
+  for (int32_t slot : s.free_after) {
+    p.slots[slot] = c10::IValue();
+    p.works[slot].reset();
+  }
+  if (p.options.profile) {
+    p.step_ms[&s - p.steps.data()] +=
+        std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  }
+  if (p.options.record_live) p.live_trace.emplace_back(s.name, p.Live());
+  if (p.options.record_memory) {
+    const int64_t live = CpuTensorBytesInUse(), peak = PeakCpuTensorBytes();
+    ResetPeakCpuTensorBytes();
+    p.memory_trace.push_back(NodeMemory{s.name, s.op_name, live, peak});
+  }
+}
+
+// Every step in order; stops at the first that fails.
+absl::Status RunSteps(Program::Impl& p) {
+  if (p.options.profile) {
+    p.step_ms.resize(p.steps.size());
+    ++p.profiled_runs;
+  }
+  for (Step& s : p.steps) {
+    const Clock::time_point t0 = p.options.profile ? Clock::now() : Clock::time_point();
+    FXDP_RETURN_IF_ERROR(RunStepCaught(p, s));
+    AfterStep(p, s, t0);
+  }
+  return absl::OkStatus();
+}
+
+// The graph's outputs, each collective still pending in one waited for.
+absl::Status TakeOutputs(Program::Impl& p, std::vector<c10::IValue>& results) {
+  results.reserve(p.outputs.size());
+  for (const ArgPlan& a : p.outputs) {
+    if (a.kind != ArgPlan::Kind::kSlot) {
+      results.emplace_back();
+      continue;
+    }
+    if (a.maybe_pending) FXDP_RETURN_IF_ERROR(p.Resolve(a.slot, nullptr));
+    results.push_back(p.slots[a.slot]);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<c10::IValue>> Program::Run(std::vector<c10::IValue> inputs) {
   Impl& p = *impl_;
   FXDP_RETURN_IF_ERROR(CheckInputs(inputs));
@@ -203,64 +287,9 @@ absl::StatusOr<std::vector<c10::IValue>> Program::Run(std::vector<c10::IValue> i
   std::vector<c10::IValue> results;
   try {
     c10::DeviceGuard guard(p.options.device);
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      c10::IValue v = std::move(inputs[i]);
-      if (v.isTensor() && v.toTensor().device() != p.options.device)
-        v = v.toTensor().to(p.options.device);
-      p.slots[p.input_slots[i]] = std::move(v);
-    }
-    inputs.clear();
-    for (int32_t slot : p.free_at_start) p.slots[slot] = c10::IValue();
-    if (p.options.profile) {
-      p.step_ms.resize(p.steps.size());
-      ++p.profiled_runs;
-    }
-    for (Step& s : p.steps) {
-      const auto t0 = p.options.profile ? std::chrono::steady_clock::now()
-                                        : std::chrono::steady_clock::time_point();
-      try {
-        status = p.RunStep(s);
-      } catch (const c10::OutOfMemoryError& e) {
-        status = absl::ResourceExhaustedError(
-            absl::StrCat(s.label, ": out of memory: ", ExceptionMessage(e)));
-      } catch (const c10::Error& e) {
-        status = absl::InvalidArgumentError(
-            absl::StrCat(s.label, ": kernel failed: ", ExceptionMessage(e)));
-      } catch (const std::exception& e) {
-        status = absl::InternalError(absl::StrCat(s.label, ": ", ExceptionMessage(e)));
-      }
-      if (!status.ok()) break;
-      if (!p.options.value_trace.empty()) p.TraceStep(s);
-      for (int32_t slot : s.free_after) {
-        p.slots[slot] = c10::IValue();
-        p.works[slot].reset();
-      }
-      if (p.options.profile) {
-        p.step_ms[&s - p.steps.data()] +=
-            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                .count();
-      }
-      if (p.options.record_live) p.live_trace.emplace_back(s.name, p.Live());
-      if (p.options.record_memory) {
-        const int64_t live = CpuTensorBytesInUse(), peak = PeakCpuTensorBytes();
-        ResetPeakCpuTensorBytes();
-        p.memory_trace.push_back(NodeMemory{s.name, s.op_name, live, peak});
-      }
-    }
-    if (status.ok()) {
-      results.reserve(p.outputs.size());
-      for (const ArgPlan& a : p.outputs) {
-        if (a.kind != ArgPlan::Kind::kSlot) {
-          results.emplace_back();
-          continue;
-        }
-        if (a.maybe_pending) {
-          status = p.Resolve(a.slot, nullptr);
-          if (!status.ok()) break;
-        }
-        results.push_back(p.slots[a.slot]);
-      }
-    }
+    BindInputs(p, inputs);
+    status = RunSteps(p);
+    if (status.ok()) status = TakeOutputs(p, results);
   } catch (const std::exception& e) {
     status = absl::InternalError(absl::StrCat("running the graph: ", ExceptionMessage(e)));
   }
