@@ -38,70 +38,11 @@ void AttachedWorker::Handle(ServerMessage& m, const std::shared_ptr<Session>& se
   switch (m.msg_case()) {
     case ServerMessage::kRegistered: util::Log(Prefix(), "ignoring a second Registered"); return;
     case ServerMessage::kAssignJob: HandleAssign(*m.mutable_assign_job(), session); return;
-    case ServerMessage::kStateChunk: {
-      const v1::StateChunk& c = m.state_chunk();
-      std::shared_ptr<AssignedJob> job = JobFor(c.job_id(), "a state chunk");
-      if (!job || job->input_failed) return;
-      auto fail = [&](absl::Status s) {
-        job->input_failed = true;
-        job->Push(
-            JobTask::Error(absl::Status(s.code(), absl::StrCat("initial state: ", s.message()))));
-      };
-      if (job->state_done)
-        return fail(absl::InvalidArgumentError("a state chunk after the last one"));
-      if (c.has_tensor()) {
-        absl::Status s = job->state_asm.Add(c.tensor());
-        if (!s.ok()) return fail(s);
-        if (job->state_asm.size() > job->num_state)
-          return fail(absl::InvalidArgumentError(absl::StrCat(
-              "more than the ", job->num_state, " tensors AssignJob.num_state_tensors announced")));
-      }
-      if (!c.last()) return;
-      if (job->state_asm.pending())
-        return fail(absl::InvalidArgumentError(absl::StrCat(
-            "the last chunk left tensor '", job->state_asm.pending_name(), "' incomplete")));
-      if (job->state_asm.size() != job->num_state)
-        return fail(absl::InvalidArgumentError(
-            absl::StrCat("got ", job->state_asm.size(),
-                         " tensors, AssignJob.num_state_tensors says ", job->num_state)));
-      job->state_done = true;
-      job->Push(JobTask::Tensors(JobTask::kState, job->state_asm.Take()));
-      return;
-    }
+    case ServerMessage::kStateChunk: HandleStateChunk(m.state_chunk()); return;
     case ServerMessage::kBatch: HandleBatch(m.batch()); return;
     case ServerMessage::kLoadGraph: HandleLoadGraph(*m.mutable_load_graph()); return;
-    case ServerMessage::kFetchState: {
-      std::shared_ptr<AssignedJob> job = JobFor(m.fetch_state().job_id(), "FetchState");
-      if (!job || job->input_failed) return;
-      if (!job->state_done) {
-        job->input_failed = true;
-        job->Push(JobTask::Error(
-            absl::InvalidArgumentError("FetchState before the initial state was complete")));
-        return;
-      }
-      JobTask e(JobTask::kFetch);
-      e.chunk_bytes = m.fetch_state().chunk_bytes();
-      e.end_job = m.fetch_state().end_job();
-      job->Push(std::move(e));
-      return;
-    }
-    case ServerMessage::kCancelJob: {
-      std::shared_ptr<AssignedJob> job = JobFor(m.cancel_job().job_id(), "CancelJob");
-      if (!job) return;
-      job->cancel = true;
-      // A step or rendezvous blocked on a peer (one that failed, say) ends
-      // now, not at the collective timeout.
-      const int aborted = job->connections.Abort();
-      util::Log(job->Prefix(), "cancel requested",
-                m.cancel_job().reason().empty() ? "" : absl::StrCat(": ", m.cancel_job().reason()),
-                aborted > 0
-                    ? absl::StrCat(" (", aborted, " connections to the other ranks shut down)")
-                    : "");
-      JobTask e(JobTask::kCancel);
-      e.reason = m.cancel_job().reason();
-      job->Push(std::move(e));
-      return;
-    }
+    case ServerMessage::kFetchState: HandleFetchState(m.fetch_state()); return;
+    case ServerMessage::kCancelJob: HandleCancel(m.cancel_job()); return;
     case ServerMessage::kShutdown:
       RequestShutdown(absl::StrCat(
           "the server asked", m.shutdown().reason().empty() ? "" : ": " + m.shutdown().reason()));
@@ -110,6 +51,63 @@ void AttachedWorker::Handle(ServerMessage& m, const std::shared_ptr<Session>& se
       util::Log(Prefix(), "ignoring an empty or unknown server message");
       return;
   }
+}
+
+void AttachedWorker::HandleStateChunk(const v1::StateChunk& c) {
+  std::shared_ptr<AssignedJob> job = JobFor(c.job_id(), "a state chunk");
+  if (!job || job->input_failed) return;
+  auto fail = [&](absl::Status s) {
+    job->input_failed = true;
+    job->Push(JobTask::Error(absl::Status(s.code(), absl::StrCat("initial state: ", s.message()))));
+  };
+  if (job->state_done) return fail(absl::InvalidArgumentError("a state chunk after the last one"));
+  if (c.has_tensor()) {
+    absl::Status s = job->state_asm.Add(c.tensor());
+    if (!s.ok()) return fail(s);
+    if (job->state_asm.size() > job->num_state)
+      return fail(absl::InvalidArgumentError(absl::StrCat(
+          "more than the ", job->num_state, " tensors AssignJob.num_state_tensors announced")));
+  }
+  if (!c.last()) return;
+  if (job->state_asm.pending())
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+        "the last chunk left tensor '", job->state_asm.pending_name(), "' incomplete")));
+  if (job->state_asm.size() != job->num_state)
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat("got ", job->state_asm.size(), " tensors, AssignJob.num_state_tensors says ",
+                     job->num_state)));
+  job->state_done = true;
+  job->Push(JobTask::Tensors(JobTask::kState, job->state_asm.Take()));
+}
+
+void AttachedWorker::HandleFetchState(const v1::FetchState& f) {
+  std::shared_ptr<AssignedJob> job = JobFor(f.job_id(), "FetchState");
+  if (!job || job->input_failed) return;
+  if (!job->state_done) {
+    job->input_failed = true;
+    job->Push(JobTask::Error(
+        absl::InvalidArgumentError("FetchState before the initial state was complete")));
+    return;
+  }
+  JobTask e(JobTask::kFetch);
+  e.chunk_bytes = f.chunk_bytes();
+  e.end_job = f.end_job();
+  job->Push(std::move(e));
+}
+
+void AttachedWorker::HandleCancel(const v1::CancelJob& c) {
+  std::shared_ptr<AssignedJob> job = JobFor(c.job_id(), "CancelJob");
+  if (!job) return;
+  job->cancel = true;
+  // A step or rendezvous blocked on a peer (one that failed, say) ends
+  // now, not at the collective timeout.
+  const int aborted = job->connections.Abort();
+  util::Log(
+      job->Prefix(), "cancel requested", c.reason().empty() ? "" : absl::StrCat(": ", c.reason()),
+      aborted > 0 ? absl::StrCat(" (", aborted, " connections to the other ranks shut down)") : "");
+  JobTask e(JobTask::kCancel);
+  e.reason = c.reason();
+  job->Push(std::move(e));
 }
 
 void AttachedWorker::HandleBatch(const v1::Batch& b) {

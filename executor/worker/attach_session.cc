@@ -17,6 +17,13 @@
 namespace fxdp::executor::attach {
 
 int AttachedWorker::Serve() {
+  if (const int rc = SetUp(); rc != 0) return rc;
+  Connect();
+  AttachUntilShutdown();
+  return Stop();
+}
+
+int AttachedWorker::SetUp() {
   char host[256] = {0};
   if (gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0')
     std::snprintf(host, sizeof(host), "localhost");
@@ -42,7 +49,10 @@ int AttachedWorker::Serve() {
   if (o_.threads > 0) at::set_num_threads(o_.threads);
   util::Log(Prefix(), "fxdp ", FXDP_VERSION, ", torch ", TORCH_VERSION, ", device ", device_.str(),
             ", intra-op threads ", at::get_num_threads(), "; server ", o_.server);
+  return 0;
+}
 
+void AttachedWorker::Connect() {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(o_.max_message_mb >= 2047 ? INT32_MAX : o_.max_message_mb << 20);
   args.SetMaxSendMessageSize(-1);
@@ -61,7 +71,9 @@ int AttachedWorker::Serve() {
   }
   channel_ = grpc::CreateCustomChannel(o_.server, *creds, args);
   stub_ = v1::WorkerService::NewStub(channel_);
+}
 
+void AttachedWorker::AttachUntilShutdown() {
   auto backoff = std::chrono::milliseconds(200);
   bool ever = false;
   while (true) {
@@ -85,7 +97,9 @@ int AttachedWorker::Serve() {
     cv_.wait_for(l, backoff, [&] { return shutdown_; });
     backoff = std::min<std::chrono::milliseconds>(backoff * 2, std::chrono::seconds(5));
   }
+}
 
+int AttachedWorker::Stop() {
   // Shutting down: wait briefly for the job thread (it was told to stop).
   std::unique_lock<std::mutex> l(mu_);
   util::Log(Prefix(), "shutting down (", shutdown_reason_, ")");

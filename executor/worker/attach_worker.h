@@ -247,7 +247,15 @@ class AttachedWorker {
   void RequestShutdown(const std::string& why);
 
  private:
-  // attach_session.cc: the attachment.
+  // attach_session.cc: the attachment. Serve's steps: the worker's identity,
+  // device, memory figure and threads (an exit code: 2 for a bad --device);
+  // the channel (its reconnect backoff capped at ours, the credentials); the
+  // attachments, reattaching with backoff until shutdown; then a short wait for
+  // the job thread (the exit code).
+  int SetUp();
+  void Connect();
+  void AttachUntilShutdown();
+  int Stop();
   // One attachment: connect, register, read until the stream ends. Whether
   // the server accepted the registration; `status` says why it ended.
   bool ServeOnce(std::string* status);
@@ -258,7 +266,13 @@ class AttachedWorker {
   // attach_routing.cc: the server's messages, on the main thread.
   void Handle(ServerMessage& m, const std::shared_ptr<Session>& session);
   void HandleAssign(v1::AssignJob& a, const std::shared_ptr<Session>& session);
+  // The initial state's chunks, assembled; checked against
+  // AssignJob.num_state_tensors when the last one comes.
+  void HandleStateChunk(const v1::StateChunk& c);
   void HandleBatch(const v1::Batch& b);
+  void HandleFetchState(const v1::FetchState& f);
+  // Ends a blocked step or rendezvous at once (the job's connections shut down).
+  void HandleCancel(const v1::CancelJob& c);
   // LoadGraph's bounds (graph_id, evict_graph_id, max_graphs), then the
   // program is queued for the job's thread.
   void HandleLoadGraph(v1::LoadGraph& lg);
