@@ -245,15 +245,52 @@ void RecordGraphId(int64_t step, uint32_t id, FakeWorker::JobRecord* rec) {
   rec->graph_ids[step] = id;
 }
 
+// A chunk appended to its tensor in `into` (a new tensor at offset 0).
+void AddChunk(FakeWorker::Tensors& into, const v1::TensorChunk& c, FakeWorker::JobRecord* rec) {
+  FakeWorker::Tensor& t = into[c.name()];
+  if (c.offset() == 0) t = FakeWorker::Tensor{c.dtype(), {c.shape().begin(), c.shape().end()}, ""};
+  t.data += c.data();
+  rec->max_chunk_bytes = std::max(rec->max_chunk_bytes, c.data().size());
+}
+
+v1::WorkerMessage JobStarted(const v1::AssignJob& a) {
+  v1::WorkerMessage s;
+  s.mutable_job_started()->set_job_id(a.job_id());
+  s.mutable_job_started()->set_rank(a.rank());
+  s.mutable_job_started()->set_world_size(a.world_size());
+  return s;
+}
+
+v1::WorkerMessage JobEnded(const v1::AssignJob& a, bool cancelled) {
+  v1::WorkerMessage e;
+  e.mutable_job_ended()->set_job_id(a.job_id());
+  e.mutable_job_ended()->set_rank(a.rank());
+  if (cancelled) e.mutable_job_ended()->set_cancelled(true);
+  return e;
+}
+
+// FetchState's answer: a chunk per state tensor, the last one marked (one
+// empty chunk for no state).
+std::vector<v1::WorkerMessage> StateChunks(const FakeWorker::JobRecord& rec) {
+  std::vector<v1::WorkerMessage> out;
+  for (const auto& [name, t] : rec.state) {
+    v1::WorkerMessage c;
+    v1::TensorChunk* tc = c.mutable_state_chunk()->mutable_tensor();
+    c.mutable_state_chunk()->set_job_id(rec.assign.job_id());
+    tc->set_name(name);
+    tc->set_dtype(t.dtype);
+    for (int64_t d : t.shape) tc->add_shape(d);
+    tc->set_data(t.data);
+    out.push_back(std::move(c));
+  }
+  if (out.empty()) out.emplace_back().mutable_state_chunk()->set_job_id(rec.assign.job_id());
+  out.back().mutable_state_chunk()->set_last(true);
+  return out;
+}
+
 }  // namespace
 
 void FakeWorker::Handle(v1::ServerMessage& m) {
-  auto add = [](Tensors& into, const v1::TensorChunk& c, JobRecord* rec) {
-    Tensor& t = into[c.name()];
-    if (c.offset() == 0) t = Tensor{c.dtype(), {c.shape().begin(), c.shape().end()}, ""};
-    t.data += c.data();
-    rec->max_chunk_bytes = std::max(rec->max_chunk_bytes, c.data().size());
-  };
   std::unique_lock<std::mutex> l(mu_);
   switch (m.msg_case()) {
     case v1::ServerMessage::kRegistered:
@@ -271,12 +308,9 @@ void FakeWorker::Handle(v1::ServerMessage& m) {
     case v1::ServerMessage::kStateChunk: {
       JobRecord* rec = Current(m.state_chunk().job_id());
       if (rec == nullptr) return;
-      if (m.state_chunk().has_tensor()) add(rec->state, m.state_chunk().tensor(), rec);
+      if (m.state_chunk().has_tensor()) AddChunk(rec->state, m.state_chunk().tensor(), rec);
       if (!m.state_chunk().last()) return;
-      v1::WorkerMessage s;
-      s.mutable_job_started()->set_job_id(rec->assign.job_id());
-      s.mutable_job_started()->set_rank(rec->assign.rank());
-      s.mutable_job_started()->set_world_size(rec->assign.world_size());
+      const v1::WorkerMessage s = JobStarted(rec->assign);
       l.unlock();
       Write(s);
       return;
@@ -295,7 +329,7 @@ void FakeWorker::Handle(v1::ServerMessage& m) {
       Tensors& into = rec->batches[step];
       for (const v1::HyperparameterValue& h : m.batch().hyperparameters())
         rec->hyperparameters[step][h.name()] = h.value();
-      for (const v1::TensorChunk& c : m.batch().tensors()) add(into, c, rec);
+      for (const v1::TensorChunk& c : m.batch().tensors()) AddChunk(into, c, rec);
       if (m.batch().more()) return;
       if (hold_) {
         held_.push_back(step);
@@ -309,24 +343,9 @@ void FakeWorker::Handle(v1::ServerMessage& m) {
     case v1::ServerMessage::kFetchState: {
       JobRecord* rec = Current(m.fetch_state().job_id());
       if (rec == nullptr) return;
-      std::vector<v1::WorkerMessage> out;
-      for (const auto& [name, t] : rec->state) {
-        v1::WorkerMessage c;
-        v1::TensorChunk* tc = c.mutable_state_chunk()->mutable_tensor();
-        c.mutable_state_chunk()->set_job_id(rec->assign.job_id());
-        tc->set_name(name);
-        tc->set_dtype(t.dtype);
-        for (int64_t d : t.shape) tc->add_shape(d);
-        tc->set_data(t.data);
-        out.push_back(std::move(c));
-      }
-      if (out.empty()) out.emplace_back().mutable_state_chunk()->set_job_id(rec->assign.job_id());
-      out.back().mutable_state_chunk()->set_last(true);
+      std::vector<v1::WorkerMessage> out = StateChunks(*rec);
       if (m.fetch_state().end_job()) {
-        v1::WorkerMessage e;
-        e.mutable_job_ended()->set_job_id(rec->assign.job_id());
-        e.mutable_job_ended()->set_rank(rec->assign.rank());
-        out.push_back(std::move(e));
+        out.push_back(JobEnded(rec->assign, false));
         job_id_.clear();
       }
       l.unlock();
@@ -338,10 +357,7 @@ void FakeWorker::Handle(v1::ServerMessage& m) {
       if (rec == nullptr) return;
       rec->cancelled = true;
       held_.clear();
-      v1::WorkerMessage e;
-      e.mutable_job_ended()->set_job_id(rec->assign.job_id());
-      e.mutable_job_ended()->set_rank(rec->assign.rank());
-      e.mutable_job_ended()->set_cancelled(true);
+      const v1::WorkerMessage e = JobEnded(rec->assign, true);
       job_id_.clear();
       l.unlock();
       Write(e);
