@@ -110,26 +110,27 @@ void CheckSum(const at::Tensor& t, int world, const std::string& who) {
   }
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  // A write to a dead peer's socket must fail, not kill this process.
-  signal(SIGPIPE, SIG_IGN);
-  std::string device = "cpu", json_path, v;
+struct Args {
+  std::string device = "cpu", json_path;
   int64_t min_bytes = 1024, max_bytes = int64_t{64} << 20, factor = 2, reps = 3, budget_mb = 128;
+};
+
+// The command line into `a`: 0, or 2 after a usage message.
+int ParseArgs(int argc, char** argv, Args* a) {
+  std::string v;
   for (int i = 1; i < argc; ++i) {
-    if (Flag(argv[i], "--device", &device) || Flag(argv[i], "--json", &json_path)) continue;
+    if (Flag(argv[i], "--device", &a->device) || Flag(argv[i], "--json", &a->json_path)) continue;
     int64_t* target = nullptr;
     if (Flag(argv[i], "--min_bytes", &v))
-      target = &min_bytes;
+      target = &a->min_bytes;
     else if (Flag(argv[i], "--max_bytes", &v))
-      target = &max_bytes;
+      target = &a->max_bytes;
     else if (Flag(argv[i], "--factor", &v))
-      target = &factor;
+      target = &a->factor;
     else if (Flag(argv[i], "--reps", &v))
-      target = &reps;
+      target = &a->reps;
     else if (Flag(argv[i], "--budget_mb", &v))
-      target = &budget_mb;
+      target = &a->budget_mb;
     if (target == nullptr || !absl::SimpleAtoi(v, target) || *target < 1) {
       std::fprintf(stderr,
                    "usage: RANK=r WORLD_SIZE=n MASTER_ADDR=a MASTER_PORT=p fxdp_allreduce_bench "
@@ -138,124 +139,143 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (factor < 2 || min_bytes < 4 || max_bytes < min_bytes ||
-      (device != "cpu" && device != "cuda")) {
+  if (a->factor < 2 || a->min_bytes < 4 || a->max_bytes < a->min_bytes ||
+      (a->device != "cpu" && a->device != "cuda")) {
     std::fprintf(stderr,
                  "fxdp_allreduce_bench: need --factor >= 2, 4 <= min <= max bytes, "
                  "--device cpu or cuda\n");
     return 2;
   }
-  RendezvousOptions ro;
-  ro.rank = EnvInt("RANK", 0);
-  ro.world_size = EnvInt("WORLD_SIZE", 1);
-  ro.port = EnvInt("MASTER_PORT", 29500);
-  if (const char* h = std::getenv("MASTER_ADDR")) ro.host = h;
-  ro.timeout = kWait;
-  const int rank = ro.rank, world = ro.world_size;
+  return 0;
+}
 
-  auto store = fxdp::executor::ConnectStore(ro);
-  if (!store.ok()) Die(store.status().ToString());
-  // The raw group: also the barrier before each timed loop.
-  c10::intrusive_ptr<c10d::Store> raw_store =
-      c10::make_intrusive<c10d::PrefixStore>("bench/raw", *store);
-  auto raw = fxdp::executor::CreateGlooBackend(raw_store, ro, ro.host);
-  if (!raw.ok()) Die(raw.status().ToString());
-  c10::intrusive_ptr<c10d::Backend> raw_pg = *raw;
-  auto barrier = [&] {
+// One rank's benchmark: the store, the raw Gloo group (also the barrier
+// before each timed loop), fxdp's communicator and the implementations timed.
+struct Bench {
+  Args args;
+  RendezvousOptions ro;
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::Backend> raw_pg;
+  std::unique_ptr<Communicator> comm;
+  at::Tensor donated, input, raw_buf;  // the CPU implementations' buffers
+  std::vector<Impl> impls;
+
+  void Barrier() {
     try {
       raw_pg->barrier()->wait(kWait);
     } catch (const std::exception& e) {
       Die(absl::StrCat("barrier: ", e.what()));
     }
-  };
+  }
+};
 
-  std::vector<Impl> impls;
-  std::unique_ptr<Communicator> comm;
-  // CPU state.
-  at::Tensor donated, input, raw_buf;
-  if (device == "cpu") {
-    c10::intrusive_ptr<c10d::Store> fx_store =
-        c10::make_intrusive<c10d::PrefixStore>("bench/fxdp", *store);
-    auto c = fxdp::executor::GlooCommunicator::Create(fx_store, ro, ro.host);
-    if (!c.ok()) Die(c.status().ToString());
-    comm = *std::move(c);
-    Communicator* cm = comm.get();
-    impls.push_back(Impl{
-        "fxdp", [&, rank](int64_t n) { donated = at::full({n}, static_cast<float>(rank + 1)); },
-        [&, cm, world](bool check) {
-          auto w = cm->AllReduceSumDonated(std::move(donated));
-          if (!w.ok()) Die(w.status().ToString());
-          auto r = (*w)->Wait(kWait);
-          if (!r.ok()) Die(r.status().ToString());
-          donated = *std::move(r);  // reduced in place: the same buffer, reused
-          if (check) {
-            CheckSum(donated, world, "fxdp");
-            donated.zero_();
-          }
-        }});
-    impls.push_back(
-        Impl{"fxdp (copy)",
-             [&, rank](int64_t n) { input = at::full({n}, static_cast<float>(rank + 1)); },
-             [&, cm, world](bool check) {
-               auto w = cm->AllReduceSum(input);
-               if (!w.ok()) Die(w.status().ToString());
-               auto r = (*w)->Wait(kWait);
-               if (!r.ok()) Die(r.status().ToString());
-               if (check) {
-                 CheckSum(*r, world, "fxdp (copy)");
-                 input.zero_();
-               }
-             }});
-    impls.push_back(
-        Impl{"c10d Gloo",
-             [&, rank](int64_t n) { raw_buf = at::full({n}, static_cast<float>(rank + 1)); },
-             [&, world](bool check) {
-               try {
-                 std::vector<at::Tensor> ts{raw_buf};
-                 c10d::AllreduceOptions o;
-                 o.reduceOp = c10d::ReduceOp::SUM;
-                 raw_pg->allreduce(ts, o)->wait(kWait);
-               } catch (const std::exception& e) {
-                 Die(absl::StrCat("c10d allreduce: ", e.what()));
-               }
-               if (check) {
-                 CheckSum(raw_buf, world, "c10d Gloo");
-                 raw_buf.zero_();
-               }
-             }});
-  } else {
+// RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT: the store and the raw group.
+void Connect(Bench& b) {
+  RendezvousOptions& ro = b.ro;
+  ro.rank = EnvInt("RANK", 0);
+  ro.world_size = EnvInt("WORLD_SIZE", 1);
+  ro.port = EnvInt("MASTER_PORT", 29500);
+  if (const char* h = std::getenv("MASTER_ADDR")) ro.host = h;
+  ro.timeout = kWait;
+  auto store = fxdp::executor::ConnectStore(ro);
+  if (!store.ok()) Die(store.status().ToString());
+  b.store = *store;
+  c10::intrusive_ptr<c10d::Store> raw_store =
+      c10::make_intrusive<c10d::PrefixStore>("bench/raw", b.store);
+  auto raw = fxdp::executor::CreateGlooBackend(raw_store, ro, ro.host);
+  if (!raw.ok()) Die(raw.status().ToString());
+  b.raw_pg = *raw;
+}
+
+// --device=cpu: fxdp in place, fxdp copying, c10d's ProcessGroupGloo.
+void AddGlooImpls(Bench& b) {
+  const int rank = b.ro.rank, world = b.ro.world_size;
+  c10::intrusive_ptr<c10d::Store> fx_store =
+      c10::make_intrusive<c10d::PrefixStore>("bench/fxdp", b.store);
+  auto c = fxdp::executor::GlooCommunicator::Create(fx_store, b.ro, b.ro.host);
+  if (!c.ok()) Die(c.status().ToString());
+  b.comm = *std::move(c);
+  Communicator* cm = b.comm.get();
+  b.impls.push_back(Impl{
+      "fxdp", [&b, rank](int64_t n) { b.donated = at::full({n}, static_cast<float>(rank + 1)); },
+      [&b, cm, world](bool check) {
+        auto w = cm->AllReduceSumDonated(std::move(b.donated));
+        if (!w.ok()) Die(w.status().ToString());
+        auto r = (*w)->Wait(kWait);
+        if (!r.ok()) Die(r.status().ToString());
+        b.donated = *std::move(r);  // reduced in place: the same buffer, reused
+        if (check) {
+          CheckSum(b.donated, world, "fxdp");
+          b.donated.zero_();
+        }
+      }});
+  b.impls.push_back(
+      Impl{"fxdp (copy)",
+           [&b, rank](int64_t n) { b.input = at::full({n}, static_cast<float>(rank + 1)); },
+           [&b, cm, world](bool check) {
+             auto w = cm->AllReduceSum(b.input);
+             if (!w.ok()) Die(w.status().ToString());
+             auto r = (*w)->Wait(kWait);
+             if (!r.ok()) Die(r.status().ToString());
+             if (check) {
+               CheckSum(*r, world, "fxdp (copy)");
+               b.input.zero_();
+             }
+           }});
+  b.impls.push_back(
+      Impl{"c10d Gloo",
+           [&b, rank](int64_t n) { b.raw_buf = at::full({n}, static_cast<float>(rank + 1)); },
+           [&b, world](bool check) {
+             try {
+               std::vector<at::Tensor> ts{b.raw_buf};
+               c10d::AllreduceOptions o;
+               o.reduceOp = c10d::ReduceOp::SUM;
+               b.raw_pg->allreduce(ts, o)->wait(kWait);
+             } catch (const std::exception& e) {
+               Die(absl::StrCat("c10d allreduce: ", e.what()));
+             }
+             if (check) {
+               CheckSum(b.raw_buf, world, "c10d Gloo");
+               b.raw_buf.zero_();
+             }
+           }});
+}
+
 #ifdef FXDP_HAVE_NCCL
-    auto count = fxdp::executor::CudaDeviceCount();
-    if (!count.ok()) Die(absl::StrCat("--device cuda: ", count.status().ToString()));
-    const int dev = rank % *count;
-    auto c = fxdp::executor::NcclCommunicator::Create(*store, ro, dev);
-    if (!c.ok()) Die(c.status().ToString());
-    comm = *std::move(c);
-    Communicator* cm = comm.get();
-    // Raw NCCL: its own communicator (rank 0 publishes the id in the store).
-    static ncclComm_t nccl = nullptr;
-    static cudaStream_t stream = nullptr;
-    static void* send = nullptr;
-    static void* recv = nullptr;
-    ncclUniqueId id;
-    if (rank == 0) {
-      if (ncclGetUniqueId(&id) != ncclSuccess) Die("ncclGetUniqueId failed");
-      std::vector<uint8_t> b(reinterpret_cast<uint8_t*>(&id),
-                             reinterpret_cast<uint8_t*>(&id) + sizeof id);
-      (*store)->set("bench/raw_nccl_id", b);
-    } else {
-      std::vector<uint8_t> b = (*store)->get("bench/raw_nccl_id");
-      if (b.size() != sizeof id) Die("bad raw NCCL id in the store");
-      std::memcpy(&id, b.data(), sizeof id);
-    }
-    if (cudaSetDevice(dev) != cudaSuccess || cudaStreamCreate(&stream) != cudaSuccess) {
-      Die("cannot set up CUDA device " + std::to_string(dev));
-    }
-    if (ncclCommInitRank(&nccl, world, id, rank) != ncclSuccess) Die("ncclCommInitRank failed");
-    const c10::Device cdev(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(dev));
-    static at::Tensor cuda_in;
-    impls.push_back(Impl{"fxdp",
-                         [&, cdev](int64_t n) {
+// --device=cuda: fxdp's NcclCommunicator and raw NCCL (its own communicator,
+// rank 0 publishing the id in the store).
+void AddNcclImpls(Bench& b) {
+  const int rank = b.ro.rank, world = b.ro.world_size;
+  auto count = fxdp::executor::CudaDeviceCount();
+  if (!count.ok()) Die(absl::StrCat("--device cuda: ", count.status().ToString()));
+  const int dev = rank % *count;
+  auto c = fxdp::executor::NcclCommunicator::Create(b.store, b.ro, dev);
+  if (!c.ok()) Die(c.status().ToString());
+  b.comm = *std::move(c);
+  Communicator* cm = b.comm.get();
+  static ncclComm_t nccl = nullptr;
+  static cudaStream_t stream = nullptr;
+  static void* send = nullptr;
+  static void* recv = nullptr;
+  ncclUniqueId id;
+  if (rank == 0) {
+    if (ncclGetUniqueId(&id) != ncclSuccess) Die("ncclGetUniqueId failed");
+    std::vector<uint8_t> bytes(reinterpret_cast<uint8_t*>(&id),
+                               reinterpret_cast<uint8_t*>(&id) + sizeof id);
+    b.store->set("bench/raw_nccl_id", bytes);
+  } else {
+    std::vector<uint8_t> bytes = b.store->get("bench/raw_nccl_id");
+    if (bytes.size() != sizeof id) Die("bad raw NCCL id in the store");
+    std::memcpy(&id, bytes.data(), sizeof id);
+  }
+  if (cudaSetDevice(dev) != cudaSuccess || cudaStreamCreate(&stream) != cudaSuccess) {
+    Die("cannot set up CUDA device " + std::to_string(dev));
+  }
+  if (ncclCommInitRank(&nccl, world, id, rank) != ncclSuccess) Die("ncclCommInitRank failed");
+  const c10::Device cdev(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(dev));
+  static at::Tensor cuda_in;
+  b.impls.push_back(Impl{"fxdp",
+                         [cdev](int64_t n) {
                            void* p = nullptr;
                            cuda_in = at::Tensor();
                            if (cudaMalloc(&p, n * 4) != cudaSuccess ||
@@ -266,15 +286,15 @@ int main(int argc, char** argv) {
                                p, {n}, [](void* q) { cudaFree(q); },
                                at::TensorOptions().dtype(at::kFloat).device(cdev), cdev);
                          },
-                         [&, cm](bool) {
+                         [cm](bool) {
                            auto w = cm->AllReduceSum(cuda_in);
                            if (!w.ok()) Die(w.status().ToString());
                            auto r = (*w)->Wait(kWait);
                            if (!r.ok()) Die(r.status().ToString());
                          }});
-    static int64_t raw_n = 0;
-    impls.push_back(Impl{"raw NCCL",
-                         [&](int64_t n) {
+  static int64_t raw_n = 0;
+  b.impls.push_back(Impl{"raw NCCL",
+                         [](int64_t n) {
                            if (send != nullptr) cudaFree(send);
                            if (recv != nullptr) cudaFree(recv);
                            if (cudaMalloc(&send, n * 4) != cudaSuccess ||
@@ -284,81 +304,115 @@ int main(int argc, char** argv) {
                            }
                            raw_n = n;
                          },
-                         [&](bool) {
+                         [](bool) {
                            if (ncclAllReduce(send, recv, static_cast<size_t>(raw_n), ncclFloat,
                                              ncclSum, nccl, stream) != ncclSuccess ||
                                cudaStreamSynchronize(stream) != cudaSuccess) {
                              Die("ncclAllReduce failed");
                            }
                          }});
+}
 #else
-    Die("--device cuda: this build has no NCCL (FXDP_HAVE_NCCL is not set: no CUDA toolkit or "
-        "NCCL when it was configured)");
+void AddNcclImpls(Bench&) {
+  Die("--device cuda: this build has no NCCL (FXDP_HAVE_NCCL is not set: no CUDA toolkit or "
+      "NCCL when it was configured)");
+}
 #endif
-  }
 
-  std::vector<int64_t> sizes;
-  for (int64_t b = min_bytes; b <= max_bytes; b *= factor) sizes.push_back(b / 4 * 4);
-  // times[impl][size][rep], µs per all-reduce.
-  std::vector<std::vector<std::vector<double>>> times(
-      impls.size(), std::vector<std::vector<double>>(sizes.size()));
-  std::vector<int64_t> iters(sizes.size());
-  const int64_t budget = budget_mb << 20;
+// What the timed loops measured: per size its bytes and iterations; per
+// implementation, size and repetition the µs of one all-reduce.
+struct Timings {
+  std::vector<int64_t> sizes, iters;
+  std::vector<std::vector<std::vector<double>>> times;  // [impl][size][rep]
+};
+
+// Every repetition, size and implementation (in rotating order): set up,
+// 2 untimed all-reduces (the first checks the sum on the CPU), a barrier,
+// then the timed loop.
+Timings Measure(Bench& b) {
+  const Args& a = b.args;
+  Timings t;
+  for (int64_t bytes = a.min_bytes; bytes <= a.max_bytes; bytes *= a.factor)
+    t.sizes.push_back(bytes / 4 * 4);
+  t.times.assign(b.impls.size(), std::vector<std::vector<double>>(t.sizes.size()));
+  t.iters.resize(t.sizes.size());
+  const int64_t budget = a.budget_mb << 20;
   c10::InferenceMode guard(false);
-  for (int64_t rep = 0; rep < reps; ++rep) {
-    for (size_t s = 0; s < sizes.size(); ++s) {
-      const int64_t numel = sizes[s] / 4;
-      iters[s] = std::clamp<int64_t>(budget / sizes[s], 5, 1000);
-      for (size_t k = 0; k < impls.size(); ++k) {
+  for (int64_t rep = 0; rep < a.reps; ++rep) {
+    for (size_t s = 0; s < t.sizes.size(); ++s) {
+      const int64_t numel = t.sizes[s] / 4;
+      t.iters[s] = std::clamp<int64_t>(budget / t.sizes[s], 5, 1000);
+      for (size_t k = 0; k < b.impls.size(); ++k) {
         // Rotate the order with the repetition and the size.
-        const size_t i = (k + static_cast<size_t>(rep) + s) % impls.size();
-        Impl& impl = impls[i];
+        const size_t i = (k + static_cast<size_t>(rep) + s) % b.impls.size();
+        Impl& impl = b.impls[i];
         impl.setup(numel);
-        impl.run(/*check=*/device == "cpu");
+        impl.run(/*check=*/a.device == "cpu");
         impl.run(false);
-        barrier();
+        b.Barrier();
         const Clock::time_point t0 = Clock::now();
-        for (int64_t it = 0; it < iters[s]; ++it) impl.run(false);
+        for (int64_t it = 0; it < t.iters[s]; ++it) impl.run(false);
         const double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count() /
-                          static_cast<double>(iters[s]);
-        times[i][s].push_back(us);
+                          static_cast<double>(t.iters[s]);
+        t.times[i][s].push_back(us);
       }
     }
-    if (rank == 0) {
+    if (b.ro.rank == 0) {
       std::fprintf(stderr, "rep %lld/%lld done\n", static_cast<long long>(rep + 1),
-                   static_cast<long long>(reps));
+                   static_cast<long long>(a.reps));
     }
   }
-  barrier();
+  return t;
+}
 
-  if (rank == 0) {
-    std::string j =
-        "{\n  \"device\": \"" + device + "\",\n  \"world_size\": " + std::to_string(world) +
-        ",\n  \"reps\": " + std::to_string(reps) + ",\n  \"dtype\": \"float32\",\n  \"bytes\": [";
-    for (size_t s = 0; s < sizes.size(); ++s) j += (s ? ", " : "") + std::to_string(sizes[s]);
-    j += "],\n  \"iterations\": [";
-    for (size_t s = 0; s < sizes.size(); ++s) j += (s ? ", " : "") + std::to_string(iters[s]);
-    j += "],\n  \"time_us\": {";
-    for (size_t i = 0; i < impls.size(); ++i) {
-      j += (i ? ",\n" : "\n") + std::string("    \"") + impls[i].name + "\": [";
-      for (size_t s = 0; s < sizes.size(); ++s) {
-        j += s ? ", [" : "[";
-        for (size_t r = 0; r < times[i][s].size(); ++r) {
-          char buf[32];
-          std::snprintf(buf, sizeof buf, "%s%.3f", r ? ", " : "", times[i][s][r]);
-          j += buf;
-        }
-        j += "]";
+std::string ResultJson(const Bench& b, const Timings& t) {
+  std::string j = "{\n  \"device\": \"" + b.args.device +
+                  "\",\n  \"world_size\": " + std::to_string(b.ro.world_size) +
+                  ",\n  \"reps\": " + std::to_string(b.args.reps) +
+                  ",\n  \"dtype\": \"float32\",\n  \"bytes\": [";
+  for (size_t s = 0; s < t.sizes.size(); ++s) j += (s ? ", " : "") + std::to_string(t.sizes[s]);
+  j += "],\n  \"iterations\": [";
+  for (size_t s = 0; s < t.sizes.size(); ++s) j += (s ? ", " : "") + std::to_string(t.iters[s]);
+  j += "],\n  \"time_us\": {";
+  for (size_t i = 0; i < b.impls.size(); ++i) {
+    j += (i ? ",\n" : "\n") + std::string("    \"") + b.impls[i].name + "\": [";
+    for (size_t s = 0; s < t.sizes.size(); ++s) {
+      j += s ? ", [" : "[";
+      for (size_t r = 0; r < t.times[i][s].size(); ++r) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%s%.3f", r ? ", " : "", t.times[i][s][r]);
+        j += buf;
       }
       j += "]";
     }
-    j += "\n  }\n}\n";
-    if (json_path.empty()) {
+    j += "]";
+  }
+  j += "\n  }\n}\n";
+  return j;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // A write to a dead peer's socket must fail, not kill this process.
+  signal(SIGPIPE, SIG_IGN);
+  Bench b;
+  if (const int rc = ParseArgs(argc, argv, &b.args); rc != 0) return rc;
+  Connect(b);
+  if (b.args.device == "cpu")
+    AddGlooImpls(b);
+  else
+    AddNcclImpls(b);
+  const Timings t = Measure(b);
+  b.Barrier();
+  if (b.ro.rank == 0) {
+    const std::string j = ResultJson(b, t);
+    if (b.args.json_path.empty()) {
       std::fputs(j.c_str(), stdout);
     } else {
-      std::ofstream f(json_path);
+      std::ofstream f(b.args.json_path);
       f << j;
-      if (!f.good()) Die("cannot write " + json_path);
+      if (!f.good()) Die("cannot write " + b.args.json_path);
     }
   }
   std::fflush(stdout);

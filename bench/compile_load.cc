@@ -33,6 +33,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "analysis/ir/proto_codec.h"
 #include "proto/fxdp/v1/compile.grpc.pb.h"
@@ -91,32 +93,35 @@ bool Call(fxdp::v1::CompileService::Stub* stub, bool expand, const fxdp::v1::Ana
   return s.ok();
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  std::string server, graph_path, rpc = "analyze", json_path, v;
+struct Args {
+  std::string server, graph_path, rpc = "analyze", json_path;
   int64_t clients = 1, world = 2;
   double duration_s = 2;
   bool inprocess = false;
+};
+
+// The command line into `a`: 0, or 2 after a usage message.
+int ParseArgs(int argc, char** argv, Args* a) {
+  std::string v;
   for (int i = 1; i < argc; ++i) {
-    if (Flag(argv[i], "--server", &server) || Flag(argv[i], "--graph", &graph_path) ||
-        Flag(argv[i], "--rpc", &rpc) || Flag(argv[i], "--json", &json_path)) {
+    if (Flag(argv[i], "--server", &a->server) || Flag(argv[i], "--graph", &a->graph_path) ||
+        Flag(argv[i], "--rpc", &a->rpc) || Flag(argv[i], "--json", &a->json_path)) {
       continue;
     }
     if (std::strcmp(argv[i], "--inprocess") == 0) {
-      inprocess = true;
+      a->inprocess = true;
     } else if (Flag(argv[i], "--clients", &v)) {
-      if (!absl::SimpleAtoi(v, &clients) || clients < 1 || clients > 1024) {
+      if (!absl::SimpleAtoi(v, &a->clients) || a->clients < 1 || a->clients > 1024) {
         std::fprintf(stderr, "--clients needs 1..1024\n");
         return 2;
       }
     } else if (Flag(argv[i], "--world_size", &v)) {
-      if (!absl::SimpleAtoi(v, &world) || world < 1) {
+      if (!absl::SimpleAtoi(v, &a->world) || a->world < 1) {
         std::fprintf(stderr, "--world_size needs >= 1\n");
         return 2;
       }
     } else if (Flag(argv[i], "--duration_s", &v)) {
-      if (!absl::SimpleAtod(v, &duration_s) || duration_s <= 0) {
+      if (!absl::SimpleAtod(v, &a->duration_s) || a->duration_s <= 0) {
         std::fprintf(stderr, "--duration_s needs a positive number\n");
         return 2;
       }
@@ -130,107 +135,123 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (rpc != "analyze" && rpc != "expand") {
+  if (a->rpc != "analyze" && a->rpc != "expand") {
     std::fprintf(stderr, "--rpc must be analyze or expand\n");
     return 2;
   }
-  if (graph_path.empty() || (!inprocess && server.empty())) {
+  if (a->graph_path.empty() || (!a->inprocess && a->server.empty())) {
     std::fprintf(stderr, "--graph and --server (or --inprocess) are needed\n");
     return 2;
   }
-  const bool expand = rpc == "expand";
+  return 0;
+}
 
-  absl::StatusOr<std::string> bytes = fxdp::ir::ReadFileBytes(graph_path);
-  if (!bytes.ok()) return Fail(bytes.status().ToString());
+// The same request for either RPC.
+struct Requests {
+  bool expand = false;
   fxdp::v1::AnalyzeRequest ar;
   fxdp::v1::ExpandRequest er;
-  if (!ar.mutable_graph()->ParseFromString(*bytes)) return Fail("cannot parse " + graph_path);
-  ar.set_world_size(static_cast<int32_t>(world));
-  *er.mutable_graph() = ar.graph();
-  er.set_world_size(static_cast<int32_t>(world));
+};
 
-  std::vector<ClientResult> results(static_cast<size_t>(inprocess ? 1 : clients));
+// --inprocess: one untimed warm-up call, then back to back for the duration.
+// The seconds the timed calls took, or the first failure.
+absl::StatusOr<double> RunInProcess(const Args& a, const Requests& q, ClientResult& r) {
   double elapsed_s = 0;
-  if (inprocess) {
-    ClientResult& r = results[0];
-    // One untimed warm-up call, then back to back for the duration.
-    for (int warm = 1; warm >= 0; --warm) {
-      const Clock::time_point start = Clock::now();
-      const Clock::time_point end =
-          start + std::chrono::duration_cast<Clock::duration>(
-                      std::chrono::duration<double>(warm ? 0.0 : duration_s));
-      do {
-        const Clock::time_point t0 = Clock::now();
-        absl::Status s =
-            expand ? fxdp::server::RunExpand(er).status() : fxdp::server::RunAnalyze(ar).status();
-        const double ms = Ms(Clock::now() - t0);
-        if (!s.ok()) return Fail(s.ToString());
-        if (!warm) r.ms.push_back(ms);
-      } while (Clock::now() < end);
-      if (!warm) elapsed_s = std::chrono::duration<double>(Clock::now() - start).count();
-    }
-  } else {
-    std::vector<std::unique_ptr<fxdp::v1::CompileService::Stub>> stubs;
-    for (int64_t c = 0; c < clients; ++c) {
-      grpc::ChannelArguments args;
-      args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // a connection per client
-      args.SetMaxReceiveMessageSize(-1);
-      args.SetMaxSendMessageSize(-1);
-      auto channel = grpc::CreateCustomChannel(server, grpc::InsecureChannelCredentials(), args);
-      if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(30))) {
-        return Fail("cannot connect to " + server);
-      }
-      stubs.push_back(fxdp::v1::CompileService::NewStub(channel));
-    }
-    // Warm-up: one call per client, in turn (the first fills the cache).
-    for (auto& stub : stubs) {
-      bool cached = false;
-      std::string error;
-      if (!Call(stub.get(), expand, ar, er, &cached, &error)) return Fail("warm-up: " + error);
-    }
-    std::atomic<int64_t> ready{0};
-    std::atomic<bool> go{false};
-    Clock::time_point start, end;
-    std::vector<std::thread> threads;
-    for (int64_t c = 0; c < clients; ++c) {
-      threads.emplace_back([&, c] {
-        ClientResult& r = results[static_cast<size_t>(c)];
-        r.ms.reserve(4096);
-        ready.fetch_add(1);
-        while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
-        while (Clock::now() < end) {
-          bool cached = false;
-          std::string error;
-          const Clock::time_point t0 = Clock::now();
-          const bool ok =
-              Call(stubs[static_cast<size_t>(c)].get(), expand, ar, er, &cached, &error);
-          const double ms = Ms(Clock::now() - t0);
-          if (!ok) {
-            if (r.errors++ == 0) r.first_error = error;
-            continue;
-          }
-          r.ms.push_back(ms);
-          r.cached += cached ? 1 : 0;
-        }
-      });
-    }
-    while (ready.load() < clients) std::this_thread::yield();
-    start = Clock::now();
-    end = start +
-          std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(duration_s));
-    go.store(true, std::memory_order_release);
-    for (auto& t : threads) t.join();
-    elapsed_s = std::chrono::duration<double>(Clock::now() - start).count();
+  for (int warm = 1; warm >= 0; --warm) {
+    const Clock::time_point start = Clock::now();
+    const Clock::time_point end =
+        start + std::chrono::duration_cast<Clock::duration>(
+                    std::chrono::duration<double>(warm ? 0.0 : a.duration_s));
+    do {
+      const Clock::time_point t0 = Clock::now();
+      absl::Status s = q.expand ? fxdp::server::RunExpand(q.er).status()
+                                : fxdp::server::RunAnalyze(q.ar).status();
+      const double ms = Ms(Clock::now() - t0);
+      if (!s.ok()) return absl::InternalError(s.ToString());  // printed whole
+      if (!warm) r.ms.push_back(ms);
+    } while (Clock::now() < end);
+    if (!warm) elapsed_s = std::chrono::duration<double>(Clock::now() - start).count();
   }
+  return elapsed_s;
+}
 
+// A stub per client, each on its own connection, each warmed up by one call
+// (in turn: the first fills the cache).
+absl::StatusOr<std::vector<std::unique_ptr<fxdp::v1::CompileService::Stub>>> ConnectClients(
+    const Args& a, const Requests& q) {
+  std::vector<std::unique_ptr<fxdp::v1::CompileService::Stub>> stubs;
+  for (int64_t c = 0; c < a.clients; ++c) {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // a connection per client
+    args.SetMaxReceiveMessageSize(-1);
+    args.SetMaxSendMessageSize(-1);
+    auto channel = grpc::CreateCustomChannel(a.server, grpc::InsecureChannelCredentials(), args);
+    if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(30))) {
+      return absl::UnavailableError("cannot connect to " + a.server);
+    }
+    stubs.push_back(fxdp::v1::CompileService::NewStub(channel));
+  }
+  for (auto& stub : stubs) {
+    bool cached = false;
+    std::string error;
+    if (!Call(stub.get(), q.expand, q.ar, q.er, &cached, &error))
+      return absl::UnknownError("warm-up: " + error);
+  }
+  return stubs;
+}
+
+// The clients' threads, started together, each calling back to back for the
+// duration. The seconds they ran, or a failure to connect or warm up.
+absl::StatusOr<double> RunClients(const Args& a, const Requests& q,
+                                  std::vector<ClientResult>& results) {
+  auto stubs = ConnectClients(a, q);
+  if (!stubs.ok()) return stubs.status();
+  std::atomic<int64_t> ready{0};
+  std::atomic<bool> go{false};
+  Clock::time_point start, end;
+  std::vector<std::thread> threads;
+  for (int64_t c = 0; c < a.clients; ++c) {
+    threads.emplace_back([&, c] {
+      ClientResult& r = results[static_cast<size_t>(c)];
+      r.ms.reserve(4096);
+      ready.fetch_add(1);
+      while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
+      while (Clock::now() < end) {
+        bool cached = false;
+        std::string error;
+        const Clock::time_point t0 = Clock::now();
+        const bool ok =
+            Call((*stubs)[static_cast<size_t>(c)].get(), q.expand, q.ar, q.er, &cached, &error);
+        const double ms = Ms(Clock::now() - t0);
+        if (!ok) {
+          if (r.errors++ == 0) r.first_error = error;
+          continue;
+        }
+        r.ms.push_back(ms);
+        r.cached += cached ? 1 : 0;
+      }
+    });
+  }
+  while (ready.load() < a.clients) std::this_thread::yield();
+  start = Clock::now();
+  end = start +
+        std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(a.duration_s));
+  go.store(true, std::memory_order_release);
+  for (auto& t : threads) t.join();
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// The run's one JSON line; `errors` and `first_error` summed over the clients.
+std::string SummaryJson(const Args& a, const Requests& q, size_t request_bytes, double elapsed_s,
+                        const std::vector<ClientResult>& results, int64_t* errors,
+                        std::string* first_error) {
   std::vector<double> all;
-  int64_t errors = 0, cached = 0;
-  std::string first_error;
+  int64_t cached = 0;
   for (const ClientResult& r : results) {
     all.insert(all.end(), r.ms.begin(), r.ms.end());
-    errors += r.errors;
+    *errors += r.errors;
     cached += r.cached;
-    if (first_error.empty()) first_error = r.first_error;
+    if (first_error->empty()) *first_error = r.first_error;
   }
   std::sort(all.begin(), all.end());
   double sum = 0;
@@ -243,19 +264,44 @@ int main(int argc, char** argv) {
                 "\"requests\": %zu, \"errors\": %lld, \"qps\": %.2f, \"p50_ms\": %.4f, "
                 "\"p90_ms\": %.4f, \"p99_ms\": %.4f, \"max_ms\": %.4f, \"mean_ms\": %.4f, "
                 "\"cached_fraction\": %.4f}\n",
-                inprocess ? "inprocess" : "grpc", rpc.c_str(),
-                static_cast<long long>(inprocess ? 1 : clients), static_cast<long long>(world),
-                ar.graph().nodes_size(), bytes->size(), elapsed_s, all.size(),
-                static_cast<long long>(errors), elapsed_s > 0 ? n / elapsed_s : 0.0,
-                Percentile(all, 50), Percentile(all, 90), Percentile(all, 99),
-                all.empty() ? 0.0 : all.back(), n > 0 ? sum / n : 0.0,
+                a.inprocess ? "inprocess" : "grpc", a.rpc.c_str(),
+                static_cast<long long>(a.inprocess ? 1 : a.clients),
+                static_cast<long long>(a.world), q.ar.graph().nodes_size(), request_bytes,
+                elapsed_s, all.size(), static_cast<long long>(*errors),
+                elapsed_s > 0 ? n / elapsed_s : 0.0, Percentile(all, 50), Percentile(all, 90),
+                Percentile(all, 99), all.empty() ? 0.0 : all.back(), n > 0 ? sum / n : 0.0,
                 n > 0 ? static_cast<double>(cached) / n : 0.0);
-  if (json_path.empty()) {
-    std::fputs(buf, stdout);
+  return buf;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  if (const int rc = ParseArgs(argc, argv, &a); rc != 0) return rc;
+  absl::StatusOr<std::string> bytes = fxdp::ir::ReadFileBytes(a.graph_path);
+  if (!bytes.ok()) return Fail(bytes.status().ToString());
+  Requests q;
+  q.expand = a.rpc == "expand";
+  if (!q.ar.mutable_graph()->ParseFromString(*bytes)) return Fail("cannot parse " + a.graph_path);
+  q.ar.set_world_size(static_cast<int32_t>(a.world));
+  *q.er.mutable_graph() = q.ar.graph();
+  q.er.set_world_size(static_cast<int32_t>(a.world));
+
+  std::vector<ClientResult> results(static_cast<size_t>(a.inprocess ? 1 : a.clients));
+  absl::StatusOr<double> elapsed_s =
+      a.inprocess ? RunInProcess(a, q, results[0]) : RunClients(a, q, results);
+  if (!elapsed_s.ok()) return Fail(std::string(elapsed_s.status().message()));
+  int64_t errors = 0;
+  std::string first_error;
+  const std::string json =
+      SummaryJson(a, q, bytes->size(), *elapsed_s, results, &errors, &first_error);
+  if (a.json_path.empty()) {
+    std::fputs(json.c_str(), stdout);
   } else {
-    std::ofstream f(json_path);
-    f << buf;
-    if (!f.good()) return Fail("cannot write " + json_path);
+    std::ofstream f(a.json_path);
+    f << json;
+    if (!f.good()) return Fail("cannot write " + a.json_path);
   }
   if (errors > 0) return Fail(std::to_string(errors) + " calls failed, first: " + first_error);
   return 0;
