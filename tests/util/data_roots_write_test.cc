@@ -125,29 +125,27 @@ TEST(DataRootsWrite, RefusesDotsOutsideLinksAndExcludedPaths) {
   const DataRoots roots = ValueOrDie(DataRoots::Open({t.root}, {t.root + "/state"}));
   const auto kInvalid = absl::StatusCode::kInvalidArgument;
   const auto kDenied = absl::StatusCode::kPermissionDenied;
-  // '..' and '.', even where they would stay inside.
-  EXPECT_THAT(roots.CreateFile(t.root + "/sub/../x", 100).status(),
-              StatusIs(kInvalid, "has a '..' component"));
-  EXPECT_THAT(roots.CreateFile(t.root + "/../x", 100).status(),
-              StatusIs(kInvalid, "has a '..' component"));
-  EXPECT_THAT(roots.CreateFile(t.root + "/./x", 100).status(),
-              StatusIs(kInvalid, "has a '.' component"));
-  // An absolute path outside, a link to a directory outside, a link that stays inside.
-  EXPECT_THAT(roots.CreateFile(t.outside + "/x", 100).status(),
-              StatusIs(kDenied, "outside this worker's data roots"));
-  EXPECT_THAT(roots.CreateFile(t.root + "/dirlink/x", 100).status(),
-              StatusIs(kDenied, "goes through a symbolic link ('dirlink')"));
-  EXPECT_THAT(roots.CreateFile(t.root + "/dirlink/new/x", 100).status(),
-              StatusIs(kDenied, "symbolic link"));
-  EXPECT_THAT(roots.CreateFile(t.root + "/rel/x", 100).status(),
-              StatusIs(kDenied, "symbolic link"));
-  EXPECT_THAT(roots.CreateFile(t.root + "/state/x", 100).status(),
-              StatusIs(kDenied, "never reads data from"));
-  EXPECT_THAT(roots.CreateFile(t.root, 100).status(), StatusIs(kInvalid, "a data root itself"));
-  EXPECT_THAT(roots.CreateFile(t.root + std::string("/x\0/../y", 8), 100).status(),
-              StatusIs(kInvalid, "contains a NUL byte"));
-  EXPECT_THAT(roots.CreateFile(t.root + "/" + std::string(5000, 'a'), 100).status(),
-              StatusIs(kInvalid, "longer than PATH_MAX"));
+  const struct {
+    std::string path;
+    absl::StatusCode code;
+    const char* message;
+  } kRefused[] = {
+      // '..' and '.', even where they would stay inside.
+      {t.root + "/sub/../x", kInvalid, "has a '..' component"},
+      {t.root + "/../x", kInvalid, "has a '..' component"},
+      {t.root + "/./x", kInvalid, "has a '.' component"},
+      // An absolute path outside, a link to a directory outside, a link that stays inside.
+      {t.outside + "/x", kDenied, "outside this worker's data roots"},
+      {t.root + "/dirlink/x", kDenied, "goes through a symbolic link ('dirlink')"},
+      {t.root + "/dirlink/new/x", kDenied, "symbolic link"},
+      {t.root + "/rel/x", kDenied, "symbolic link"},
+      {t.root + "/state/x", kDenied, "never reads data from"},
+      {t.root, kInvalid, "a data root itself"},
+      {t.root + std::string("/x\0/../y", 8), kInvalid, "contains a NUL byte"},
+      {t.root + "/" + std::string(5000, 'a'), kInvalid, "longer than PATH_MAX"},
+  };
+  for (const auto& c : kRefused)
+    EXPECT_THAT(roots.CreateFile(c.path, 100).status(), StatusIs(c.code, c.message)) << c.path;
   EXPECT_THAT(DataRoots().CreateFile(t.root + "/x", 100).status(),
               StatusIs(kDenied, "none were configured"));
   EXPECT_EQ(Entries(t.outside), std::set<std::string>{"secret"});
