@@ -82,14 +82,9 @@ def _fxdp_plan(step, path: str, given, own) -> InitialCheckpoint:
             listed = set(json.load(f)["tensors"])
     except (OSError, ValueError, KeyError):
         listed = None
-    plan = InitialCheckpoint(path)
-    for ph in step.placeholders:
-        role, sn = ph.placeholder.role, ph.placeholder.state_name
-        if role == gpb.INPUT:
-            continue
-        if sn in given:
-            plan.sent[sn] = given[sn]
-        elif listed is None or sn in listed:
+
+    def place(plan, role, sn):
+        if listed is None or sn in listed:
             plan.tensors[sn] = sn
         elif sn in own:
             plan.sent[sn] = own[sn]
@@ -98,6 +93,23 @@ def _fxdp_plan(step, path: str, given, own) -> InitialCheckpoint:
                 f"initial_checkpoint: '{path}' has no state '{sn}' and the step none to send: "
                 "pass it in state="
             )
+
+    return _plan(step, path, given, place)
+
+
+def _plan(step, path: str, given, place) -> InitialCheckpoint:
+    """The plan of ``step``'s state placeholders: each one in ``given`` (``state=``) is sent, every
+    other one is placed by ``place(plan, role, state name)`` (read, filled or sent; a ValueError
+    when it has no value)."""
+    plan = InitialCheckpoint(path)
+    for ph in step.placeholders:
+        role, sn = ph.placeholder.role, ph.placeholder.state_name
+        if role == gpb.INPUT:
+            continue
+        if sn in given:
+            plan.sent[sn] = given[sn]
+        else:
+            place(plan, role, sn)
     return plan
 
 
@@ -186,14 +198,9 @@ def initial_checkpoint(
     aliases = _aliases(model) if model is not None else {}
     listed = local_checkpoint_names(path)
     fills = _optimizer_fills(model, optimizer) if model is not None and optimizer else {}
-    plan = InitialCheckpoint(path)
-    for ph in step.placeholders:
-        role, sn = ph.placeholder.role, ph.placeholder.state_name
-        if role == gpb.INPUT:
-            continue
-        if sn in given:
-            plan.sent[sn] = given[sn]
-        elif role == gpb.PARAMETER or (
+
+    def place(plan, role, sn):
+        if role == gpb.PARAMETER or (
             role == gpb.BUFFER
             and (persistent is None or sn in persistent)
             and (listed is None or sn in listed or sn in names)
@@ -205,6 +212,8 @@ def initial_checkpoint(
             plan.sent[sn] = own[sn]
         else:
             raise ValueError(f"initial_checkpoint: no value for state '{sn}': pass it in state=")
+
+    plan = _plan(step, path, given, place)
     on_meta = [n for n, t in plan.sent.items() if t.device.type == "meta"]
     if on_meta:
         raise ValueError(
