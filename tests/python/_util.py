@@ -165,6 +165,27 @@ def assert_state_matches(state: Dict[str, torch.Tensor], model, opt, check_optim
     ), f"optimizer state names differ: traced-only {traced_opt - seen}, eager-only {seen - traced_opt}"
 
 
+def mse_step(model, opt, batch):
+    """The tests' plain training step over ``(x, y)`` batches: MSE loss, backward, optimizer step."""
+    x, y = batch
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss
+
+
+def traced_mlp_adamw(example, hidden: int = 33) -> fxdp.TracedStep:
+    """A 10-``hidden``-1 MLP (ReLU, seed 0) with AdamW (lr 1e-2) traced with mse_step on
+    ``example``: the checkpoint tests' job."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(10, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 1)
+    )
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    return fxdp.trace_step(mse_step, model, opt, example)
+
+
 def placeholders(g: "pb.GraphDef"):
     return [n for n in g.nodes if n.kind == pb.PLACEHOLDER]
 

@@ -12,9 +12,9 @@ import subprocess
 import fxdp
 import pytest
 import torch
-from _util import ATOL, RTOL, fxdp_binary, local_server, wait_log
+from _util import ATOL, RTOL, fxdp_binary, local_server, traced_mlp_adamw, wait_log
 from safetensors.torch import load_file, save_file
-from test_worker_checkpoints import batches, train_step
+from test_worker_checkpoints import batches
 
 STEPS = 4
 
@@ -22,10 +22,7 @@ STEPS = 4
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("root")
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(10, 33), torch.nn.ReLU(), torch.nn.Linear(33, 1))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    step = fxdp.trace_step(train_step, model, opt, batches(1)[0])
+    step = traced_mlp_adamw(batches(1)[0])
     with local_server(workers=3, extra_args=["--data-root", str(root)]) as (address, log):
         with fxdp.Client(address) as c:
             whole = c.train(step, 2, batches=batches(STEPS), style="fully_shard")
@@ -66,10 +63,7 @@ def test_resumed_on_another_world_size_and_style_equals_an_uninterrupted_run(set
 
 def test_a_checkpoint_from_another_graph_is_refused_naming_the_tensor(setup):
     c, _, _, ck, _, _ = setup
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(10, 34), torch.nn.ReLU(), torch.nn.Linear(34, 1))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    other = fxdp.trace_step(train_step, model, opt, batches(1)[0])
+    other = traced_mlp_adamw(batches(1)[0], hidden=34)
     plan = fxdp.initial_checkpoint(other, ck / "step-2")
     with pytest.raises(fxdp.ServerError) as e:
         c.train(other, 2, batches=batches(1), initial_checkpoint=plan)

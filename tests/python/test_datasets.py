@@ -13,7 +13,7 @@ import fxdp
 import grpc
 import pytest
 import torch
-from _util import expand_json, fxdp_binary, local_server, run_worker_ranks
+from _util import expand_json, fxdp_binary, local_server, mse_step, run_worker_ranks
 from safetensors.torch import load_file, save_file
 
 ROWS, STEPS = 7, 5
@@ -22,15 +22,6 @@ ROWS, STEPS = 7, 5
 def _model():
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
-
-
-def _train_step(model, opt, batch):
-    x, y = batch
-    loss = torch.nn.functional.mse_loss(model(x), y)
-    loss.backward()
-    opt.step()
-    opt.zero_grad()
-    return loss
 
 
 def _batches():
@@ -46,7 +37,7 @@ def data(tmp_path_factory):
     model = _model()
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     batches = _batches()
-    step = fxdp.trace_step(_train_step, model, opt, batches[0], input_names=["x", "y"])
+    step = fxdp.trace_step(mse_step, model, opt, batches[0], input_names=["x", "y"])
     # About two steps per shard (36 bytes a row): steps 2 and 4 start at row 7 of their shard.
     n = fxdp.write_dataset(d / "ds", batches, step=step, shard_mb=500 / 2**20)
     assert n == STEPS

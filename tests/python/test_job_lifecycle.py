@@ -24,7 +24,7 @@ import fxdp
 import grpc
 import pytest
 import torch
-from _util import ServerProcess, fxdp_binary
+from _util import ServerProcess, fxdp_binary, mse_step
 from fxdp.v1 import jobs_pb2 as jpb
 
 TIMEOUT_S = 300.0  # the jobs' collective_timeout_s: far longer than this test may take
@@ -39,17 +39,8 @@ def wide_step(batch: int):
         torch.nn.Linear(16, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1)
     )
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-
-    def train_step(model, opt, b):
-        x, y = b
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
-
     b = (torch.randn(batch, 16), torch.randn(batch, 1))
-    return fxdp.trace_step(train_step, model, opt, b), b
+    return fxdp.trace_step(mse_step, model, opt, b), b
 
 
 def attach(address: str, worker_id: str, log, *args, nofile: int = 0) -> subprocess.Popen:

@@ -22,6 +22,7 @@ import pytest
 import torch
 from _util import ATOL, RTOL, ServerProcess
 from fxdp.rpc_errors import ServerError
+from test_dynamic_shapes import guarded_step
 
 torch.set_num_threads(1)
 
@@ -100,18 +101,6 @@ def test_a_symbolic_job_runs_every_shape_like_one_device(server):
         line for line in proc.log if f"{r.job_id}: step" in line and "compiled shape" in line
     ]
     assert len(compiled) == 2, compiled
-
-
-def guarded_step(model, opt, batch):
-    x = batch["x"]
-    if x.shape[0] < 6:  # the guard
-        loss = model(x).pow(2).mean()
-    else:
-        loss = model(x).abs().mean()
-    loss.backward()
-    opt.step()
-    opt.zero_grad()
-    return loss
 
 
 def test_a_batch_breaking_a_guard_fails_naming_it_and_keeps_the_state(server):

@@ -21,7 +21,7 @@ import fxdp
 import grpc
 import pytest
 import torch
-from _util import ATOL, RTOL, ServerProcess, fetch, traced
+from _util import ATOL, RTOL, ServerProcess, fetch, mse_step, traced
 from fxdp import zoo
 from fxdp.v1 import jobs_pb2 as jpb
 
@@ -51,16 +51,7 @@ def big_step():
     model = torch.nn.Linear(1024, 512)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     batch = (torch.randn(4, 1024), torch.randn(4, 512))
-
-    def train_step(model, opt, batch):
-        x, y = batch
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
-
-    return fxdp.trace_step(train_step, model, opt, batch), batch
+    return fxdp.trace_step(mse_step, model, opt, batch), batch
 
 
 def test_a_job_is_succeeded_only_once_its_state_and_record_are_on_disk(full_disk):

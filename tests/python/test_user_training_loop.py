@@ -30,7 +30,7 @@ import fxdp
 import pytest
 import torch
 from _tiny_gpt2 import CONFIG
-from _util import ATOL, RTOL, local_server
+from _util import ATOL, RTOL, local_server, mse_step
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
@@ -229,18 +229,10 @@ def test_warmup_from_lr_zero_leaves_zero_gradient_parameters_unchanged(cls, fore
     )
     assert opt.param_groups[0]["lr"] == 0.0
 
-    def train_step(model, opt, batch):
-        x, y = batch
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
-
     x = torch.randn(8, 4)
     x[:, 0] = 0  # the weight's column 0 gets an exactly-zero gradient
     batch = (x, torch.randn(8, 2))
-    step = fxdp.trace_step(train_step, model, opt, batch)
+    step = fxdp.trace_step(mse_step, model, opt, batch)
     state, traced = step.initial_state(), []
     for i in range(1, 4):
         state, _ = step.run_local(state, batch, schedule=sched, step=i)
@@ -248,7 +240,7 @@ def test_warmup_from_lr_zero_leaves_zero_gradient_parameters_unchanged(cls, fore
     w0 = model.weight.detach().clone()
     torch.testing.assert_close(traced[0], w0, rtol=0, atol=0)  # lr = 0: unchanged, as eager
     for i in range(3):
-        train_step(model, opt, batch)
+        mse_step(model, opt, batch)
         sched.step()
         torch.testing.assert_close(traced[i], model.weight.detach(), rtol=RTOL, atol=ATOL)
     assert not torch.equal(traced[-1], w0)

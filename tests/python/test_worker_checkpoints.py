@@ -15,19 +15,10 @@ import fxdp
 import grpc
 import pytest
 import torch
-from _util import fxdp_binary, local_server
+from _util import fxdp_binary, local_server, traced_mlp_adamw
 from safetensors.torch import load_file, save_file
 
 STEPS = 3
-
-
-def train_step(model, opt, batch):
-    x, y = batch
-    loss = torch.nn.functional.mse_loss(model(x), y)
-    loss.backward()
-    opt.step()
-    opt.zero_grad()
-    return loss
 
 
 def batches(n):
@@ -39,10 +30,7 @@ def batches(n):
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("root")
     outside = tmp_path_factory.mktemp("outside")
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(10, 33), torch.nn.ReLU(), torch.nn.Linear(33, 1))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    step = fxdp.trace_step(train_step, model, opt, batches(1)[0])
+    step = traced_mlp_adamw(batches(1)[0])
     with local_server(workers=3, extra_args=["--data-root", str(root)]) as (address, log):
         with fxdp.Client(address) as c:
             yield c, log, step, root, outside

@@ -197,6 +197,20 @@ def failed_job(conn, job: str, graph, state, *, max_graphs=1, messages=()) -> "w
     return conn.recv("job_failed")
 
 
+def assign_only(conn, job: str, graph, state, *, max_graphs: int) -> None:
+    """A 1-rank AssignJob alone: its initial state never follows."""
+    conn.send(
+        assign_job=wpb.AssignJob(
+            job_id=job,
+            rank=0,
+            world_size=1,
+            graph=graph,
+            num_state_tensors=len(state),
+            max_graphs=max_graphs,
+        )
+    )
+
+
 def test_what_a_job_cannot_load_or_run_is_refused_naming_it(lab, shapes):
     g6, g5, g3 = (shapes.rank_graph(b, 1, 0) for b in SIZES)
     state = shapes.step.initial_state()
@@ -271,30 +285,12 @@ def test_what_a_job_cannot_load_or_run_is_refused_naming_it(lab, shapes):
         assert f.code == INVALID_ARGUMENT, f
         assert error in f.error, f"case {i}: {f.error}"
         assert f.step == 1, f  # the step the program was for
-    conn.send(
-        assign_job=wpb.AssignJob(
-            job_id="big",
-            rank=0,
-            world_size=1,
-            graph=g6,
-            num_state_tensors=len(state),
-            max_graphs=65,
-        )
-    )
+    assign_only(conn, "big", g6, state, max_graphs=65)
     f = conn.recv("job_failed")
     assert f.code == INVALID_ARGUMENT
     assert "max_graphs 65 is more than this worker keeps (64 programs besides graph 0)" in f.error
     # A LoadGraph before the initial state is complete (the state never comes).
-    conn.send(
-        assign_job=wpb.AssignJob(
-            job_id="early",
-            rank=0,
-            world_size=1,
-            graph=g6,
-            num_state_tensors=len(state),
-            max_graphs=1,
-        )
-    )
+    assign_only(conn, "early", g6, state, max_graphs=1)
     conn.send(load_graph=wpb.LoadGraph(job_id="early", graph_id=1, graph=g5))
     f = conn.recv("job_failed")
     assert (f.code, f.step) == (INVALID_ARGUMENT, 0)

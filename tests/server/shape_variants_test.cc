@@ -32,12 +32,17 @@ v1::ExpandRequest Request(v1::GraphDef graph) {
 
 ir::InputShapes Shapes(int64_t b, int64_t s) { return {{"x", {b, s, 4}}, {"y", {b, s}}}; }
 
+// The compile service's Expand, counting its calls in `calls`.
+auto CountingExpand(int* calls) {
+  return [calls](const v1::ExpandRequest& r) {
+    ++*calls;
+    return RunExpand(r);
+  };
+}
+
 TEST(ShapeVariants, EachShapeIsItsStaticTraceExpanded) {
   int calls = 0;
-  ShapeVariants v(Request(SymbolicGraphDef(/*train=*/true)), [&calls](const v1::ExpandRequest& r) {
-    ++calls;
-    return RunExpand(r);
-  });
+  ShapeVariants v(Request(SymbolicGraphDef(/*train=*/true)), CountingExpand(&calls));
   for (auto [b, s] : {std::pair<int64_t, int64_t>{8, 6}, {5, 7}, {3, 133}}) {
     SCOPED_TRACE(absl::StrCat(b, "x", s));
     const ShapeVariant got = ValueOrDie(v.Get(Shapes(b, s)));
@@ -62,13 +67,7 @@ TEST(ShapeVariants, EachShapeIsItsStaticTraceExpanded) {
 
 TEST(ShapeVariants, KeepsTheLastMaxShapes) {
   int calls = 0;
-  ShapeVariants v(
-      Request(SymbolicGraphDef(true)),
-      [&calls](const v1::ExpandRequest& r) {
-        ++calls;
-        return RunExpand(r);
-      },
-      /*max_shapes=*/2);
+  ShapeVariants v(Request(SymbolicGraphDef(true)), CountingExpand(&calls), /*max_shapes=*/2);
   for (int64_t s : {4, 5, 4, 6, 4, 5}) ASSERT_TRUE(v.Get(Shapes(2, s)).ok());
   // 4, 5 compiled; 4 hit; 6 evicts 5; 4 hit; 5 again compiled (evicting 6).
   EXPECT_EQ(calls, 4);
@@ -86,13 +85,7 @@ TEST(ShapeVariants, KeepsTheLastMaxShapes) {
 
 TEST(ShapeVariants, ThePinnedShapeIsGraphZeroAndCountsInMaxShapes) {
   int calls = 0;
-  ShapeVariants v(
-      Request(SymbolicGraphDef(true)),
-      [&calls](const v1::ExpandRequest& r) {
-        ++calls;
-        return RunExpand(r);
-      },
-      /*max_shapes=*/2);
+  ShapeVariants v(Request(SymbolicGraphDef(true)), CountingExpand(&calls), /*max_shapes=*/2);
   auto zero = std::make_shared<const v1::ExpandResponse>(
       ValueOrDie(RunExpand(Request(StaticGraphDef(8, 6, true)))));
   v.Pin(Shapes(8, 6), zero, 12.5);
