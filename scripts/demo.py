@@ -29,7 +29,7 @@ def sh(*cmd: str) -> str:
     return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--model", default="mlp", choices=sorted(zoo.MODELS))
     ap.add_argument("--optim", default="adamw", choices=sorted(zoo.OPTIMIZERS))
@@ -38,17 +38,32 @@ def main() -> int:
     ap.add_argument("--worker", default="build/bin/fxdp-worker")
     ap.add_argument("--server", default="build/bin/fxdp-server")
     ap.add_argument("--out", default="build/demo")
-    args = ap.parse_args()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    return ap.parse_args()
 
+
+def free_port() -> int:
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        return sk.getsockname()[1]
+
+
+def max_diff(got, want) -> float:
+    """The largest |got - want| over the tensors of ``want`` (a state dict)."""
+    return max((got[n] - v).abs().max().item() for n, v in want.items())
+
+
+def trace(args, out: Path):
     print(f"== 1. trace one {args.model} + {args.optim} training step into an aten graph")
     step, model, opt = zoo.trace_entry(args.model, args.optim)
     path = out / f"{args.model}_{args.optim}.pb"
     step.save(path)
     step.to_safetensors(out / f"{args.model}_{args.optim}.safetensors")
     print(f"   {step!r}\n   saved {path} ({path.stat().st_size} bytes)")
+    return step, model, opt, path
 
+
+def roundtrip_and_print(args, out: Path, path: Path) -> bool:
+    """Steps 2 and 3; whether the C++ side re-encoded the graph byte for byte."""
     print("== 2. C++: decode + verify + re-encode byte for byte")
     print("   " + sh(args.fxdp, "graph", "check", str(path)).strip())
     sh(args.fxdp, "graph", "roundtrip", str(path), str(out / "roundtrip.pb"))
@@ -60,9 +75,12 @@ def main() -> int:
     for line in text[:14]:
         print("   " + line)
     print(f"   ... {len(text) - 14} more lines")
+    return same
 
+
+def against_eager(args, step, model, opt, entry):
+    """Step 4: the traced graph's state after the steps, and its worst difference from eager."""
     print(f"== 4. {args.steps} steps: traced graph (torch.fx) vs eager PyTorch")
-    entry = zoo.get(args.model)
     state = step.initial_state()
     worst = 0.0
     for k in range(args.steps):
@@ -79,6 +97,11 @@ def main() -> int:
             f"   step {k + 1}: loss graph {loss.item():.6f}  eager {eager_loss.item():.6f}  "
             f"max |param diff| {diff:.2e}"
         )
+    return state, worst
+
+
+def analyze_and_expand(args, out: Path, path: Path) -> Path:
+    """Steps 5 and 6; the expanded graph's path."""
     print("== 5. C++ BatchDimAnalyzer: placements for 2 ranks (`fxdp analyze` prints every node)")
     an = json.loads(sh(args.fxdp, "analyze", str(path), "--world-size", "2", "--json"))
     counts = collections.Counter(n["placement"] for n in an["nodes"] if n["placement"] != "-")
@@ -94,7 +117,16 @@ def main() -> int:
     print("== 6. C++ expansion for 2 ranks (`fxdp expand`)")
     xpath = out / "expanded.pb"
     rep = json.loads(
-        sh(args.fxdp, "expand", str(path), "--world-size", "2", "-o", str(xpath), "--json")
+        sh(
+            args.fxdp,
+            "expand",
+            str(path),
+            "--world-size",
+            "2",
+            "-o",
+            str(xpath),
+            "--json",
+        )
     )
     for b in rep["buckets"]:
         print(
@@ -105,13 +137,15 @@ def main() -> int:
         f"   rank slices: {[(s['start'], s['start'] + s['size']) for s in rep['slices']]}; "
         f"{rep['bytes_per_step']} bytes all-reduced per step"
     )
+    return xpath
 
+
+def on_dp_oracle(args, out: Path, entry, xpath: Path, state):
+    """Step 7: the expanded graph on 2 Gloo processes (PyTorch); (ok, worst state difference)."""
     print(f"== 7. {args.steps} steps of the expanded graph on 2 Gloo processes vs one device")
     data = out / "batches.pt"
     torch.save([entry.batch(k) for k in range(args.steps)], data)
-    with socket.socket() as sk:
-        sk.bind(("127.0.0.1", 0))
-        port = sk.getsockname()[1]
+    port = free_port()
     procs = [
         subprocess.Popen(
             [
@@ -135,8 +169,13 @@ def main() -> int:
         r0 = torch.load(out / "rank0.pt")
         for k, loss in enumerate(r0["losses"]):
             print(f"   step {k + 1}: global loss {loss.item():.6f}")
-        dp_worst = max((r0["state"][n] - v).abs().max().item() for n, v in state.items())
+        dp_worst = max_diff(r0["state"], state)
         print(f"   max |state diff| vs single device after {args.steps} steps: {dp_worst:.2e}")
+    return dp_ok, dp_worst
+
+
+def on_workers(args, out: Path, entry, xpath: Path, state):
+    """Step 8: the same on 2 fxdp-worker processes; (ok, worst state difference)."""
     print(f"== 8. the same {args.steps} steps on 2 fxdp-worker processes (LibTorch + Gloo)")
     from safetensors.torch import load_file, save_file
 
@@ -145,13 +184,15 @@ def main() -> int:
         f = out / f"batch{k}.safetensors"
         save_file({n: t.contiguous() for n, t in entry.named_batch(k).items()}, str(f))
         datas += ["--data", str(f)]
-    with socket.socket() as sk:
-        sk.bind(("127.0.0.1", 0))
-        port = sk.getsockname()[1]
+    port = free_port()
     workers = []
     for r in range(2):
         env = dict(
-            os.environ, RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+            os.environ,
+            RANK=str(r),
+            WORLD_SIZE="2",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
         )
         workers.append(
             subprocess.Popen(
@@ -183,8 +224,35 @@ def main() -> int:
         for line in outs[0].splitlines():
             print("   " + line)
         final = load_file(str(out / "worker_final.safetensors"))
-        wk_worst = max((final[n] - v).abs().max().item() for n, v in state.items())
+        wk_worst = max_diff(final, state)
         print(f"   max |state diff| vs single device after {args.steps} steps: {wk_worst:.2e}")
+    return wk_ok, wk_worst
+
+
+def train_on_server(client, step, entry, steps: int):
+    """Step 9 inside the server: waits for its 2 workers, analyzes, trains; the TrainResult."""
+    deadline = time.monotonic() + 30
+    while sum(w.get("state") == "WORKER_STATE_IDLE" for w in client.workers()) < 2:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"workers did not attach: {client.workers()}")
+        time.sleep(0.1)
+    for w in client.workers():
+        print(f"   worker {w['worker_id']}: {w.get('device', '?')}, pid {w.get('pid', '?')}")
+    an = client.analyze(step, world_size=2)
+    counts = collections.Counter(n["placement"] for n in an["nodes"] if n["placement"] != "-")
+    print("   placements (server): " + ", ".join(f"{k} x{v}" for k, v in counts.most_common()))
+    # A generator: each global batch is made and streamed while the job runs; the server
+    # sends each worker only its shard.
+    return client.train(
+        step,
+        world_size=2,
+        batches=(entry.batch(k) for k in range(steps)),
+        on_step=lambda i, loss: print(f"   step {i}: global loss {loss:.6f}"),
+    )
+
+
+def on_server(args, step, entry, state):
+    """Step 9: fxdp-server with 2 local workers, through fxdp.Client; (ok, worst state diff)."""
     print(
         "== 9. the product: fxdp-server with 2 local CPU workers, the job submitted with fxdp.Client"
     )
@@ -199,31 +267,8 @@ def main() -> int:
         addr = server.stdout.readline().strip().removeprefix("listening on ")
         print(f"   fxdp-server at {addr}")
         with fxdp.Client(addr) as client:
-            deadline = time.monotonic() + 30
-            while sum(w.get("state") == "WORKER_STATE_IDLE" for w in client.workers()) < 2:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"workers did not attach: {client.workers()}")
-                time.sleep(0.1)
-            for w in client.workers():
-                print(
-                    f"   worker {w['worker_id']}: {w.get('device', '?')}, pid {w.get('pid', '?')}"
-                )
-            an = client.analyze(step, world_size=2)
-            counts = collections.Counter(
-                n["placement"] for n in an["nodes"] if n["placement"] != "-"
-            )
-            print(
-                "   placements (server): " + ", ".join(f"{k} x{v}" for k, v in counts.most_common())
-            )
-            # A generator: each global batch is made and streamed while the job runs; the server
-            # sends each worker only its shard.
-            result = client.train(
-                step,
-                world_size=2,
-                batches=(entry.batch(k) for k in range(args.steps)),
-                on_step=lambda i, loss: print(f"   step {i}: global loss {loss:.6f}"),
-            )
-        sv_worst = max((result.state[n] - v).abs().max().item() for n, v in state.items())
+            result = train_on_server(client, step, entry, args.steps)
+        sv_worst = max_diff(result.state, state)
         print(f"   job {result.job_id}: max |state diff| vs single device: {sv_worst:.2e}")
         sv_ok = True
     except Exception as e:  # report and fail the demo, never hang
@@ -235,16 +280,23 @@ def main() -> int:
         except subprocess.TimeoutExpired:
             server.kill()
         print(f"   fxdp-server stopped (exit {server.returncode})")
-    ok = (
-        same
-        and worst <= 1e-5
-        and dp_ok
-        and dp_worst <= 1e-5
-        and wk_ok
-        and wk_worst <= 1e-5
-        and sv_ok
-        and sv_worst <= 1e-5
-    )
+    return sv_ok, sv_worst
+
+
+def main() -> int:
+    args = parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    step, model, opt, path = trace(args, out)
+    entry = zoo.get(args.model)
+    same = roundtrip_and_print(args, out, path)
+    state, worst = against_eager(args, step, model, opt, entry)
+    xpath = analyze_and_expand(args, out, path)
+    dp_ok, dp_worst = on_dp_oracle(args, out, entry, xpath, state)
+    wk_ok, wk_worst = on_workers(args, out, entry, xpath, state)
+    sv_ok, sv_worst = on_server(args, step, entry, state)
+    ok = same and worst <= 1e-5 and dp_ok and wk_ok and sv_ok
+    ok = ok and max(dp_worst, wk_worst, sv_worst) <= 1e-5
     print("demo: OK" if ok else "demo: MISMATCH")
     return 0 if ok else 1
 
