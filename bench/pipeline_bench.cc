@@ -85,20 +85,24 @@ bool Flag(const char* arg, const char* name, std::string* value) {
   return true;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  std::string synthetic, out, graph_path, json_path, v;
+struct Args {
+  std::string synthetic, out, graph_path, json_path;
   int64_t reps = 3, world = 8;
+};
+
+// The command line into `a`: -1, or the exit code (1 or 2 after a message).
+int ParseArgs(int argc, char** argv, Args* a) {
+  std::string v;
   for (int i = 1; i < argc; ++i) {
-    if (Flag(argv[i], "--write_synthetic", &synthetic) || Flag(argv[i], "--out", &out) ||
-        Flag(argv[i], "--graph", &graph_path) || Flag(argv[i], "--json", &json_path)) {
+    if (Flag(argv[i], "--write_synthetic", &a->synthetic) || Flag(argv[i], "--out", &a->out) ||
+        Flag(argv[i], "--graph", &a->graph_path) || Flag(argv[i], "--json", &a->json_path)) {
       continue;
     }
     if (Flag(argv[i], "--reps", &v)) {
-      if (!absl::SimpleAtoi(v, &reps) || reps < 1) return Fail("--reps needs an integer >= 1");
+      if (!absl::SimpleAtoi(v, &a->reps) || a->reps < 1)
+        return Fail("--reps needs an integer >= 1");
     } else if (Flag(argv[i], "--world_size", &v)) {
-      if (!absl::SimpleAtoi(v, &world) || world < 1) return Fail("--world_size needs >= 1");
+      if (!absl::SimpleAtoi(v, &a->world) || a->world < 1) return Fail("--world_size needs >= 1");
     } else {
       std::fprintf(stderr,
                    "usage: fxdp_pipeline_bench --write_synthetic=NODES --out=PATH\n"
@@ -107,65 +111,75 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  return -1;
+}
 
-  if (!synthetic.empty()) {
-    int64_t nodes = 0;
-    if (!absl::SimpleAtoi(synthetic, &nodes) || nodes < 1 || out.empty()) {
-      return Fail("--write_synthetic=NODES needs NODES >= 1 and --out=PATH");
-    }
-    absl::StatusOr<std::string> bytes = fxdp::bench::BuildSyntheticGraphBytes(nodes);
-    if (!bytes.ok()) return Fail(bytes.status().ToString());
-    std::ofstream f(out, std::ios::binary);
-    f.write(bytes->data(), static_cast<std::streamsize>(bytes->size()));
-    if (!f.good()) return Fail("cannot write " + out);
-    return 0;
+// --write_synthetic=NODES --out=PATH: the exit code.
+int WriteSynthetic(const Args& a) {
+  int64_t nodes = 0;
+  if (!absl::SimpleAtoi(a.synthetic, &nodes) || nodes < 1 || a.out.empty()) {
+    return Fail("--write_synthetic=NODES needs NODES >= 1 and --out=PATH");
   }
-  if (graph_path.empty()) return Fail("--graph=PATH or --write_synthetic=NODES is needed");
-
-  absl::StatusOr<std::string> bytes = fxdp::ir::ReadFileBytes(graph_path);
+  absl::StatusOr<std::string> bytes = fxdp::bench::BuildSyntheticGraphBytes(nodes);
   if (!bytes.ok()) return Fail(bytes.status().ToString());
+  std::ofstream f(a.out, std::ios::binary);
+  f.write(bytes->data(), static_cast<std::streamsize>(bytes->size()));
+  if (!f.good()) return Fail("cannot write " + a.out);
+  return 0;
+}
 
+// Every repetition's phases, and what the first one measured.
+struct Timings {
   std::vector<Phase> decode, analyze, expand;
-  int64_t nodes = 0, expanded_nodes = 0, buckets = 0, rss_before = 0, peak_rss = -1;
-  const bool hwm_reset = ResetPeakRss();
-  for (int64_t rep = 0; rep < reps; ++rep) {
+  int64_t nodes = 0, expanded_nodes = 0, buckets = 0, peak_rss = -1;
+  bool hwm_reset = false;
+};
+
+// Decode, analyze and expand `bytes` --reps times, each rep's results freed
+// untimed after it.
+absl::Status RunReps(const Args& a, const std::string& bytes, Timings* t) {
+  int64_t rss_before = 0;
+  t->hwm_reset = ResetPeakRss();
+  for (int64_t rep = 0; rep < a.reps; ++rep) {
     if (rep == 0) rss_before = ProcStatusBytes("VmRSS");
-    Phase d, a, e;
     double w0 = WallSeconds(), c0 = CpuSeconds();
     std::optional<absl::StatusOr<fxdp::ir::Graph>> g;
-    g.emplace(fxdp::ir::DecodeGraphBytes(*bytes));
+    g.emplace(fxdp::ir::DecodeGraphBytes(bytes));
     double w1 = WallSeconds(), c1 = CpuSeconds();
-    if (!g->ok()) return Fail(g->status().ToString());
-    d = {w1 - w0, c1 - c0};
+    if (!g->ok()) return g->status();
+    const Phase d = {w1 - w0, c1 - c0};
     std::optional<absl::StatusOr<fxdp::BatchDimAnalysis>> an;
-    an.emplace(fxdp::AnalyzeBatchDims(**g, {static_cast<int32_t>(world)}));
+    an.emplace(fxdp::AnalyzeBatchDims(**g, {static_cast<int32_t>(a.world)}));
     double w2 = WallSeconds(), c2 = CpuSeconds();
-    if (!an->ok()) return Fail(an->status().ToString());
-    a = {w2 - w1, c2 - c1};
+    if (!an->ok()) return an->status();
+    const Phase an_phase = {w2 - w1, c2 - c1};
     fxdp::ExpandOptions eo;
-    eo.world_size = static_cast<int32_t>(world);
+    eo.world_size = static_cast<int32_t>(a.world);
     std::optional<absl::StatusOr<fxdp::Expansion>> ex;
     ex.emplace(fxdp::ExpandDataParallel(**g, **an, eo));
     double w3 = WallSeconds(), c3 = CpuSeconds();
-    if (!ex->ok()) return Fail(ex->status().ToString());
-    e = {w3 - w2, c3 - c2};
+    if (!ex->ok()) return ex->status();
+    const Phase e = {w3 - w2, c3 - c2};
     if (rep == 0) {
       // The HWM was reset to the RSS with the file read; where /proc does
       // not allow the reset it is the process's whole-life peak (the same
       // here: nothing larger ran before).
-      peak_rss = ProcStatusBytes("VmHWM") - rss_before;
-      nodes = (*g)->size();
-      expanded_nodes = (**ex).distinct_graphs.empty() ? 0 : (**ex).graph(0).size();
-      buckets = static_cast<int64_t>((**ex).report.buckets.size());
+      t->peak_rss = ProcStatusBytes("VmHWM") - rss_before;
+      t->nodes = (*g)->size();
+      t->expanded_nodes = (**ex).distinct_graphs.empty() ? 0 : (**ex).graph(0).size();
+      t->buckets = static_cast<int64_t>((**ex).report.buckets.size());
     }
-    decode.push_back(d);
-    analyze.push_back(a);
-    expand.push_back(e);
+    t->decode.push_back(d);
+    t->analyze.push_back(an_phase);
+    t->expand.push_back(e);
     ex.reset();
     an.reset();
     g.reset();
   }
+  return absl::OkStatus();
+}
 
+std::string ResultJson(const Args& a, size_t wire_bytes, const Timings& t) {
   auto list = [](const std::vector<Phase>& ps, bool cpu) {
     std::string s = "[";
     for (size_t i = 0; i < ps.size(); ++i) {
@@ -177,31 +191,46 @@ int main(int argc, char** argv) {
   };
   std::string json = "{\n";
   json += "  \"impl\": \"fxdp\",\n";
-  json += "  \"graph\": \"" + graph_path + "\",\n";
-  json += "  \"nodes\": " + std::to_string(nodes) + ",\n";
-  json += "  \"wire_bytes\": " + std::to_string(bytes->size()) + ",\n";
-  json += "  \"world_size\": " + std::to_string(world) + ",\n";
-  json += "  \"reps\": " + std::to_string(reps) + ",\n";
-  json += "  \"expanded_nodes\": " + std::to_string(expanded_nodes) + ",\n";
-  json += "  \"buckets\": " + std::to_string(buckets) + ",\n";
-  json += "  \"peak_rss_bytes\": " + std::to_string(peak_rss) + ",\n";
+  json += "  \"graph\": \"" + a.graph_path + "\",\n";
+  json += "  \"nodes\": " + std::to_string(t.nodes) + ",\n";
+  json += "  \"wire_bytes\": " + std::to_string(wire_bytes) + ",\n";
+  json += "  \"world_size\": " + std::to_string(a.world) + ",\n";
+  json += "  \"reps\": " + std::to_string(a.reps) + ",\n";
+  json += "  \"expanded_nodes\": " + std::to_string(t.expanded_nodes) + ",\n";
+  json += "  \"buckets\": " + std::to_string(t.buckets) + ",\n";
+  json += "  \"peak_rss_bytes\": " + std::to_string(t.peak_rss) + ",\n";
   json += "  \"peak_rss_method\": \"" +
-          std::string(hwm_reset ? "VmHWM (reset before rep 1) - VmRSS before rep 1"
-                                : "VmHWM - VmRSS before rep 1") +
+          std::string(t.hwm_reset ? "VmHWM (reset before rep 1) - VmRSS before rep 1"
+                                  : "VmHWM - VmRSS before rep 1") +
           "\",\n";
   const char* names[] = {"decode", "analyze", "expand"};
-  const std::vector<Phase>* phases[] = {&decode, &analyze, &expand};
+  const std::vector<Phase>* phases[] = {&t.decode, &t.analyze, &t.expand};
   for (int k = 0; k < 3; ++k) {
     json += std::string("  \"") + names[k] + "_wall_s\": " + list(*phases[k], false) + ",\n";
     json += std::string("  \"") + names[k] + "_cpu_s\": " + list(*phases[k], true) + ",\n";
   }
   json += "  \"threads\": 1\n}\n";
-  if (json_path.empty()) {
+  return json;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  if (const int rc = ParseArgs(argc, argv, &a); rc >= 0) return rc;
+  if (!a.synthetic.empty()) return WriteSynthetic(a);
+  if (a.graph_path.empty()) return Fail("--graph=PATH or --write_synthetic=NODES is needed");
+  absl::StatusOr<std::string> bytes = fxdp::ir::ReadFileBytes(a.graph_path);
+  if (!bytes.ok()) return Fail(bytes.status().ToString());
+  Timings t;
+  if (absl::Status s = RunReps(a, *bytes, &t); !s.ok()) return Fail(s.ToString());
+  const std::string json = ResultJson(a, bytes->size(), t);
+  if (a.json_path.empty()) {
     std::fputs(json.c_str(), stdout);
   } else {
-    std::ofstream f(json_path);
+    std::ofstream f(a.json_path);
     f << json;
-    if (!f.good()) return Fail("cannot write " + json_path);
+    if (!f.good()) return Fail("cannot write " + a.json_path);
   }
   return 0;
 }
