@@ -25,104 +25,116 @@ def _table(head, rows):
     return out
 
 
+def _kv(name, d) -> list:
+    # The traceback of a failed step follows in its own block.
+    return [f"- {k}: {v}" for k, v in d.items() if k != "traceback"]
+
+
+def _tests_md(name, d) -> list:
+    tests = d.get("tests") or d.get("failed") or []
+    md = _table(["test", "result", "message"], [(t[0], t[1], t[2][:200]) for t in tests])
+    if name == "unit":
+        md.append(f"\n{d.get('passed', 0)} passed")
+    return md
+
+
+def _zoo_md(name, d) -> list:
+    steps = len(d["rows"][0]["losses_cpu"]) if d.get("rows") else "-"
+    head = ["case", "nodes", f"loss cpu (step {steps})", "loss device", "loss rel diff"]
+    head += ["state max rel err", "worst tensor", "bitwise", "ok", "note"]
+    rows = [
+        (
+            x["case"],
+            x["nodes"],
+            _f((x["losses_cpu"] or [None])[-1], ".8g"),
+            _f((x["losses_device"] or [None])[-1], ".8g"),
+            _f(x.get("loss_rel_diff")),
+            _f(x.get("max_rel_err")),
+            x.get("worst_tensor", ""),
+            x.get("bitwise", "-"),
+            x["ok"],
+            x.get("note") or (x.get("error") or "")[:300],
+        )
+        for x in d.get("rows", [])
+    ]
+    return _table(head, rows) + [f"\nbounds: {d.get('tolerance')}"]
+
+
+def _n2_md(name, d) -> list:
+    head = ["case", "losses (N=2)", "loss rel diff vs N=1", "state max rel err vs N=1"]
+    head += ["worst tensor", "ok", "error"]
+    rows = [
+        (
+            x["case"],
+            ", ".join(_f(v, ".8g") for v in x["losses"]),
+            _f(x.get("loss_rel_diff")),
+            _f(x.get("max_rel_err")),
+            x.get("worst_tensor", ""),
+            x["ok"],
+            (x.get("error") or "")[:300],
+        )
+        for x in d.get("rows", [])
+    ]
+    return _table(head, rows) + [f"\nbounds: {d.get('tolerance')}"]
+
+
+def _overhead_md(name, d) -> list:
+    if not d:
+        return []
+    md = _table(
+        ["", "ms/step", "us per graph op"],
+        [
+            ("fxdp-worker", _f(d["fxdp_ms_per_step"]), _f(d["fxdp_us_per_op"])),
+            ("eager PyTorch", _f(d["eager_ms_per_step"]), _f(d["eager_us_per_op_equiv"])),
+        ],
+    )
+    md.append(
+        f"\n{d['case']}: {d['ops']} ops per step; step-1 loss rel diff {_f(d['loss_rel_diff_step1'])}"
+    )
+    return md
+
+
+def _gpt2_md(name, d) -> list:
+    if not d.get("fxdp"):
+        return []
+    rows = []
+    for mode in ("fxdp", "eager", "compile"):
+        m = d.get(mode, {})
+        rows.append(
+            (
+                mode,
+                _f(m.get("median_ms")),
+                _f(m.get("first_step_ms")),
+                _f(m.get("peak_mb")),
+                _f(m.get("loss_rel_diff_vs_fxdp")),
+                (m.get("error") or m.get("skipped") or "")[:300],
+            )
+        )
+    md = _table(
+        ["", "median ms/step", "first step ms", "peak MB", "loss rel diff vs fxdp", "note"], rows
+    )
+    md.append(f"\n{d['case']} {d.get('size')}, {d['steps']} steps, median over steps 3..")
+    return md
+
+
+# Each step's section of gpu_report.md, from its details.
+_STEP_MD = {
+    "env": _kv,
+    "build": _kv,
+    "ctest_gpu": _tests_md,
+    "nccl_ws1": _tests_md,
+    "unit": _tests_md,
+    "zoo": _zoo_md,
+    "n2_gloo": _n2_md,
+    "fully_shard": _n2_md,
+    "overhead": _overhead_md,
+    "gpt2": _gpt2_md,
+}
+
+
 def _step_md(r) -> list:
     d, name = r["details"] or {}, r["step"]
-    md = []
-    if name == "env":
-        md += [f"- {k}: {v}" for k, v in d.items()]
-    elif name == "build":
-        md += [f"- {k}: {v}" for k, v in d.items()]
-    elif name in ("ctest_gpu", "nccl_ws1", "unit"):
-        tests = d.get("tests") or d.get("failed") or []
-        md += _table(["test", "result", "message"], [(t[0], t[1], t[2][:200]) for t in tests])
-        if name == "unit":
-            md.append(f"\n{d.get('passed', 0)} passed")
-    elif name == "zoo":
-        md += _table(
-            [
-                "case",
-                "nodes",
-                f"loss cpu (step {len(d['rows'][0]['losses_cpu']) if d.get('rows') else '-'})",
-                "loss device",
-                "loss rel diff",
-                "state max rel err",
-                "worst tensor",
-                "bitwise",
-                "ok",
-                "note",
-            ],
-            [
-                (
-                    x["case"],
-                    x["nodes"],
-                    _f((x["losses_cpu"] or [None])[-1], ".8g"),
-                    _f((x["losses_device"] or [None])[-1], ".8g"),
-                    _f(x.get("loss_rel_diff")),
-                    _f(x.get("max_rel_err")),
-                    x.get("worst_tensor", ""),
-                    x.get("bitwise", "-"),
-                    x["ok"],
-                    x.get("note") or (x.get("error") or "")[:300],
-                )
-                for x in d.get("rows", [])
-            ],
-        )
-        md.append(f"\nbounds: {d.get('tolerance')}")
-    elif name in ("n2_gloo", "fully_shard"):
-        md += _table(
-            [
-                "case",
-                "losses (N=2)",
-                "loss rel diff vs N=1",
-                "state max rel err vs N=1",
-                "worst tensor",
-                "ok",
-                "error",
-            ],
-            [
-                (
-                    x["case"],
-                    ", ".join(_f(v, ".8g") for v in x["losses"]),
-                    _f(x.get("loss_rel_diff")),
-                    _f(x.get("max_rel_err")),
-                    x.get("worst_tensor", ""),
-                    x["ok"],
-                    (x.get("error") or "")[:300],
-                )
-                for x in d.get("rows", [])
-            ],
-        )
-        md.append(f"\nbounds: {d.get('tolerance')}")
-    elif name == "overhead" and d:
-        md += _table(
-            ["", "ms/step", "us per graph op"],
-            [
-                ("fxdp-worker", _f(d["fxdp_ms_per_step"]), _f(d["fxdp_us_per_op"])),
-                ("eager PyTorch", _f(d["eager_ms_per_step"]), _f(d["eager_us_per_op_equiv"])),
-            ],
-        )
-        md.append(
-            f"\n{d['case']}: {d['ops']} ops per step; step-1 loss rel diff {_f(d['loss_rel_diff_step1'])}"
-        )
-    elif name == "gpt2" and d.get("fxdp"):
-        rows = []
-        for mode in ("fxdp", "eager", "compile"):
-            m = d.get(mode, {})
-            rows.append(
-                (
-                    mode,
-                    _f(m.get("median_ms")),
-                    _f(m.get("first_step_ms")),
-                    _f(m.get("peak_mb")),
-                    _f(m.get("loss_rel_diff_vs_fxdp")),
-                    (m.get("error") or m.get("skipped") or "")[:300],
-                )
-            )
-        md += _table(
-            ["", "median ms/step", "first step ms", "peak MB", "loss rel diff vs fxdp", "note"],
-            rows,
-        )
-        md.append(f"\n{d['case']} {d.get('size')}, {d['steps']} steps, median over steps 3..")
+    md = _STEP_MD[name](name, d) if name in _STEP_MD else []
     if r["status"] == "FAILED" and d.get("traceback"):
         md += ["```", d["traceback"][-1500:], "```"]
     return md
