@@ -235,16 +235,9 @@ def _contig(shape):
     return tuple(st)
 
 
-def expand(an: Analysis):
-    graph, world, batch = an.graph, an.world, an.batch
-    if batch % world:
-        raise ValueError("the baseline builds one graph: the batch must split evenly")
-    local_b = batch // world
-    c10d = torch.ops._c10d_functional
-    pos, pl, reduced = an.pos, an.pl, an.reduced
-    nodes = list(graph.nodes)
-
-    # 1. local shapes and size arguments of batch-sharded values
+def _local_shapes(an: Analysis, nodes, local_b: int) -> None:
+    """Step 1: the local shapes and size arguments of batch-sharded values."""
+    pl, batch = an.pl, an.batch
     for node in nodes:
         p = pl[node]
         tm = node.meta["tm"]
@@ -274,10 +267,12 @@ def expand(an: Analysis):
                 args[si] = sizes
                 node.args = tuple(args)
 
-    # 2. buckets of gradients, in production order (DDP's caps)
+
+def _buckets(an: Analysis) -> list:
+    """Step 2: buckets of gradients, in production order (DDP's caps)."""
+    pos, reduced = an.pos, an.reduced
     grads = sorted((v for v in reduced if "grad_of" in v.meta), key=pos.__getitem__)
     buckets, cur = [], None
-    last_node = nodes[-1]
     for v in grads:
         op, use = reduced[v]
         produced, first_use = pos[v], pos[use]
@@ -310,63 +305,77 @@ def expand(an: Analysis):
         cur["wait"] = min(cur["wait"], first_use)
     if cur is not None:
         buckets.append(cur)
+    return buckets
 
-    def call(target, args, name, shape, dtype):
-        n = graph.create_node("call_function", target, args, None, name)
-        n.meta["tm"] = [(shape, _contig(shape), dtype)]
-        return n
 
-    # 3. start after the last gradient, wait before the first use
-    for b in buckets:
-        vals = b["values"]
-        dtype = b["dtype"]
-        with graph.inserting_before(nodes[b["start"]].next):
-            flats = []
-            total = 0
-            for v in vals:
-                numel = 1
-                for s in v.meta["tm"][0][0]:
-                    numel *= s
-                flats.append(
-                    call(aten.reshape.default, (v, [-1]), "fxdp_flat_" + v.name, (numel,), dtype)
+def _call(graph, target, args, name, shape, dtype):
+    n = graph.create_node("call_function", target, args, None, name)
+    n.meta["tm"] = [(shape, _contig(shape), dtype)]
+    return n
+
+
+def _numel(shape) -> int:
+    numel = 1
+    for s in shape:
+        numel *= s
+    return numel
+
+
+def _bucket_collectives(graph, nodes, b: dict, world: int) -> None:
+    """Step 3, one bucket: flatten, cat, scale and all_reduce after its last gradient; wait,
+    slice and view before the first use, the uses redirected."""
+    c10d = torch.ops._c10d_functional
+    vals, dtype = b["values"], b["dtype"]
+    with graph.inserting_before(nodes[b["start"]].next):
+        flats = []
+        total = 0
+        for v in vals:
+            numel = _numel(v.meta["tm"][0][0])
+            flats.append(
+                _call(
+                    graph, aten.reshape.default, (v, [-1]), "fxdp_flat_" + v.name, (numel,), dtype
                 )
-                total += numel
-            x = (
-                flats[0]
-                if len(flats) == 1
-                else call(aten.cat.default, (flats, 0), "fxdp_bucket", (total,), dtype)
             )
-            if b["op"] == P_AVG:
-                x = call(aten.mul.Scalar, (x, 1.0 / world), "fxdp_scale", (total,), dtype)
-            ar = call(c10d.all_reduce.default, (x, "sum", "0"), "fxdp_all_reduce", (total,), dtype)
-        keep = set(flats)
-        with graph.inserting_before(nodes[b["wait"]]):
-            w = call(c10d.wait_tensor.default, (ar,), "fxdp_wait_bucket", (total,), dtype)
-            off = 0
-            for v in vals:
-                shape = v.meta["tm"][0][0]
-                numel = 1
-                for s in shape:
-                    numel *= s
-                s = (
-                    w
-                    if len(vals) == 1
-                    else call(
-                        aten.slice.Tensor,
-                        (w, 0, off, off + numel, 1),
-                        "fxdp_unpack_" + v.name,
-                        (numel,),
-                        dtype,
-                    )
+            total += numel
+        x = (
+            flats[0]
+            if len(flats) == 1
+            else _call(graph, aten.cat.default, (flats, 0), "fxdp_bucket", (total,), dtype)
+        )
+        if b["op"] == P_AVG:
+            x = _call(graph, aten.mul.Scalar, (x, 1.0 / world), "fxdp_scale", (total,), dtype)
+        ar = _call(
+            graph, c10d.all_reduce.default, (x, "sum", "0"), "fxdp_all_reduce", (total,), dtype
+        )
+    keep = set(flats)
+    with graph.inserting_before(nodes[b["wait"]]):
+        w = _call(graph, c10d.wait_tensor.default, (ar,), "fxdp_wait_bucket", (total,), dtype)
+        off = 0
+        for v in vals:
+            shape = v.meta["tm"][0][0]
+            numel = _numel(shape)
+            s = (
+                w
+                if len(vals) == 1
+                else _call(
+                    graph,
+                    aten.slice.Tensor,
+                    (w, 0, off, off + numel, 1),
+                    "fxdp_unpack_" + v.name,
+                    (numel,),
+                    dtype,
                 )
-                red = call(
-                    aten.view.default, (s, list(shape)), "fxdp_reduced_" + v.name, shape, dtype
-                )
-                v.replace_all_uses_with(red, delete_user_cb=lambda u: u not in keep)
-                off += numel
+            )
+            red = _call(
+                graph, aten.view.default, (s, list(shape)), "fxdp_reduced_" + v.name, shape, dtype
+            )
+            v.replace_all_uses_with(red, delete_user_cb=lambda u: u not in keep)
+            off += numel
 
-    # 4. the global loss; the local one as an extra output
-    out = last_node
+
+def _global_loss(graph, out, pl, world: int) -> None:
+    """Step 4: the global loss; the local one as an extra output."""
+    c10d = torch.ops._c10d_functional
     specs = out.meta["specs"]
     outs = list(out.args[0])
     for k, (role, _) in enumerate(specs):
@@ -380,13 +389,29 @@ def expand(an: Analysis):
                 x = (
                     loss
                     if p == P_SUM
-                    else call(aten.mul.Scalar, (loss, 1.0 / world), "fxdp_scale", shape, dtype)
+                    else _call(
+                        graph, aten.mul.Scalar, (loss, 1.0 / world), "fxdp_scale", shape, dtype
+                    )
                 )
-                ar = call(c10d.all_reduce.default, (x, "sum", "0"), "fxdp_all_reduce", shape, dtype)
-                outs[k] = call(c10d.wait_tensor.default, (ar,), "fxdp_wait", shape, dtype)
+                ar = _call(
+                    graph, c10d.all_reduce.default, (x, "sum", "0"), "fxdp_all_reduce", shape, dtype
+                )
+                outs[k] = _call(graph, c10d.wait_tensor.default, (ar,), "fxdp_wait", shape, dtype)
         outs.append(loss)
         specs.append((pb.OTHER, "local_loss"))
     out.args = (outs,)
+
+
+def expand(an: Analysis):
+    graph, world, batch = an.graph, an.world, an.batch
+    if batch % world:
+        raise ValueError("the baseline builds one graph: the batch must split evenly")
+    nodes = list(graph.nodes)
+    _local_shapes(an, nodes, batch // world)
+    buckets = _buckets(an)
+    for b in buckets:
+        _bucket_collectives(graph, nodes, b, world)
+    _global_loss(graph, nodes[-1], an.pl, world)
     graph.lint()
     return buckets
 
