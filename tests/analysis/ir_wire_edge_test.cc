@@ -79,16 +79,26 @@ std::string WithArgument(const std::string& arg, bool kwarg = false) {
   return Writer{&rng}.Write(*root);
 }
 
-TEST(WireDecoderTest, EdgeCasesAgree) {
-  const std::string ref = Field(1, VarintField(1, 4));  // %t, output 0
-  struct Case {
-    std::string name;
-    std::string bytes;
-    int expect;  // 1: accepted, 0: refused, -1: either
-  };
+struct EdgeCase {
+  std::string name;
+  std::string bytes;
+  int expect;  // 1: accepted, 0: refused, -1: either
+};
+
+std::string Ref() { return Field(1, VarintField(1, 4)); }  // %t, output 0
+
+// `inner` as the only item of `depth` nested lists.
+std::string Nested(std::string inner, int depth) {
+  for (int k = 0; k < depth; ++k) inner = Field(12, Field(1, inner));
+  return inner;
+}
+
+// Oneof members replacing each other, merged pieces, unknown fields between members.
+std::vector<EdgeCase> MergeCases() {
+  const std::string ref = Ref();
   const std::string bad_list = Field(12, Field(1, ""));  // a list whose item has no value
   const std::string unknown_ref = Field(1, VarintField(1, 4) + VarintField(42, 1));
-  std::vector<Case> cases = {
+  return {
       {"plain ref", WithArgument(ref), 1},
       {"ref merged from two pieces",
        WithArgument(Field(1, VarintField(1, 4)) + Field(1, VarintField(2, 0))), 1},
@@ -109,52 +119,33 @@ TEST(WireDecoderTest, EdgeCasesAgree) {
        WithArgument(Field(11, VarintField(1, 3) + Field(4, VarintField(9, 1)))), 0},
       {"list merged from two pieces",
        WithArgument(Field(12, Field(1, ref)) + Field(12, Field(1, ref))), 1},
-      {"list nested 16 deep", WithArgument([&] {
-         std::string a = ref;
-         for (int k = 0; k < 16; ++k) a = Field(12, Field(1, a));
-         return a;
-       }()),
-       1},
-      {"list nested 17 deep", WithArgument([&] {
-         std::string a = ref;
-         for (int k = 0; k < 17; ++k) a = Field(12, Field(1, a));
-         return a;
-       }()),
-       0},
-      // The innermost item of 23 nested lists is at protobuf's nesting level
-      // 48 (the limit), of 24 at level 50.
-      {"list nested 23 deep then replaced", WithArgument([&] {
-         std::string a = VarintField(2, 1);
-         for (int k = 0; k < 23; ++k) a = Field(12, Field(1, a));
-         return a + ref;
-       }()),
-       1},
-      {"list nested 24 deep then replaced (recursion limit)", WithArgument([&] {
-         std::string a = VarintField(2, 1);
-         for (int k = 0; k < 24; ++k) a = Field(12, Field(1, a));
-         return a + ref;
-       }()),
-       0},
-      {"keyword value nested 22 deep then replaced",
-       WithArgument(
-           [&] {
-             std::string a = VarintField(2, 1);
-             for (int k = 0; k < 22; ++k) a = Field(12, Field(1, a));
-             return a + Field(11, VarintField(1, 3));
-           }(),
-           true),
-       1},
-      {"keyword value nested 23 deep then replaced (recursion limit)",
-       WithArgument(
-           [&] {
-             std::string a = VarintField(2, 1);
-             for (int k = 0; k < 23; ++k) a = Field(12, Field(1, a));
-             return a + Field(11, VarintField(1, 3));
-           }(),
-           true),
-       0},
       {"keyword value merged from two pieces",
        WithArgument(Field(11, VarintField(1, 3)) + Field(11, Field(4, "")), true), 1},
+  };
+}
+
+// The list depth limit (16) and protobuf's recursion limit: the innermost item
+// of 23 nested lists is at protobuf's nesting level 48 (the limit), of 24 at 50.
+std::vector<EdgeCase> NestingCases() {
+  const std::string ref = Ref();
+  const std::string kw = Field(11, VarintField(1, 3));
+  return {
+      {"list nested 16 deep", WithArgument(Nested(ref, 16)), 1},
+      {"list nested 17 deep", WithArgument(Nested(ref, 17)), 0},
+      {"list nested 23 deep then replaced", WithArgument(Nested(VarintField(2, 1), 23) + ref), 1},
+      {"list nested 24 deep then replaced (recursion limit)",
+       WithArgument(Nested(VarintField(2, 1), 24) + ref), 0},
+      {"keyword value nested 22 deep then replaced",
+       WithArgument(Nested(VarintField(2, 1), 22) + kw, true), 1},
+      {"keyword value nested 23 deep then replaced (recursion limit)",
+       WithArgument(Nested(VarintField(2, 1), 23) + kw, true), 0},
+  };
+}
+
+// Varint and tag lengths, groups, bad wire types and UTF-8 in replaced members.
+std::vector<EdgeCase> EncodingCases() {
+  const std::string ref = Ref();
+  return {
       {"10-byte varint",
        WithArgument(std::string("\x10\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", 11) + ref), 1},
       {"11-byte varint",
@@ -177,8 +168,14 @@ TEST(WireDecoderTest, EdgeCasesAgree) {
       {"fixed32 in a replaced member", WithArgument(Field(12, "\x0d\x01\x02\x03\x04") + ref), 1},
       {"invalid UTF-8 in a replaced string", WithArgument(Field(5, "\xff") + ref), 0},
   };
+}
+
+TEST(WireDecoderTest, EdgeCasesAgree) {
+  std::vector<EdgeCase> cases = MergeCases();
+  for (auto part : {NestingCases(), EncodingCases()})
+    cases.insert(cases.end(), part.begin(), part.end());
   Tally t;
-  for (const Case& c : cases) {
+  for (const EdgeCase& c : cases) {
     SCOPED_TRACE(c.name);
     Compare(c.bytes, c.name, &t);
     const bool ok = DecodeGraphBytesViaMessage(c.bytes).ok();
