@@ -301,6 +301,114 @@ class Mutator {
     }
   }
 
+  // MutateTree's larger mutations of message `m` (`where`: its type's name),
+  // each returning its name ("none" where `m` has nothing to mutate).
+  // Split a sub-message field into two occurrences (merged on parse).
+  std::string Split(WMsg* m, const std::string& where) {
+    auto& fs = m->fields;
+    std::vector<size_t> subs;
+    for (size_t k = 0; k < fs.size(); ++k)
+      if (fs[k].msg && fs[k].msg->fields.size() >= 2) subs.push_back(k);
+    if (subs.empty()) return "none";
+    const size_t k = subs[Below(subs.size())];
+    WField second = fs[k];
+    second.msg = Clone(*fs[k].msg);
+    const size_t cut = 1 + Below(fs[k].msg->fields.size() - 1);
+    fs[k].msg->fields.resize(cut);
+    second.msg->fields.erase(second.msg->fields.begin(),
+                             second.msg->fields.begin() + static_cast<long>(cut));
+    fs.insert(fs.begin() + static_cast<long>(k + 1), second);
+    return "split in " + where;
+  }
+  // Packed <-> unpacked repeated int64, or split into several packed runs.
+  std::string Unpack(WMsg* m, const std::string& where) {
+    auto& fs = m->fields;
+    std::vector<size_t> packed;
+    for (size_t k = 0; k < fs.size(); ++k)
+      if (fs[k].wt == 2 && !fs[k].msg && m->desc->FindFieldByNumber(fs[k].number) &&
+          m->desc->FindFieldByNumber(fs[k].number)->is_packed())
+        packed.push_back(k);
+    if (packed.empty()) return "none";
+    const size_t k = packed[Below(packed.size())];
+    std::vector<uint64_t> values;
+    for (size_t i = 0; i < fs[k].bytes.size();) values.push_back(GetVarint(fs[k].bytes, &i));
+    std::vector<WField> repl;
+    Writer w{&rng_};
+    for (size_t i = 0; i < values.size(); ++i) {
+      if (OneIn(2)) {
+        repl.push_back(WField{fs[k].number, 0, values[i], "", nullptr});
+      } else {
+        WField p{fs[k].number, 2, 0, "", nullptr};
+        w.Varint(&p.bytes, values[i], 10);
+        repl.push_back(p);
+      }
+    }
+    fs.erase(fs.begin() + static_cast<long>(k));
+    fs.insert(fs.begin() + static_cast<long>(k), repl.begin(), repl.end());
+    return "unpack in " + where;
+  }
+  // A oneof member first, the existing value after it: the first is
+  // replaced (with whatever was wrong inside it) unless both are the
+  // same member, in which case they merge.
+  std::string OneofFirst(WMsg* m, const std::vector<WMsg*>& all) {
+    auto& fs = m->fields;
+    if (m->desc != v1::Argument::descriptor() && m->desc != v1::Scalar::descriptor()) return "none";
+    const pb::FieldDescriptor* fd = m->desc->field(static_cast<int>(Below(m->desc->field_count())));
+    WField f = RandomKnownField(fd, all);
+    if (f.msg && OneIn(2)) f.msg->fields.push_back(RandomUnknownField(f.msg->desc));
+    if (OneIn(2))
+      fs.insert(fs.begin(), f);
+    else
+      fs.push_back(f);
+    return absl::StrCat("oneof ", fd->full_name());
+  }
+  // An Argument wrapped in lists around the list depth limit (16) and
+  // protobuf's recursion limit (48).
+  std::string NestArgument(WMsg* m) {
+    if (m->desc != v1::Argument::descriptor()) return "none";
+    const int levels = static_cast<int>(OneIn(2) ? Below(5) : 14 + Below(12));
+    Nest(m, levels);
+    if (OneIn(3)) {
+      // ...and replaced by an int: only corruption counts then.
+      m->fields.push_back(WField{2, 0, 7, "", nullptr});
+    }
+    return absl::StrCat("nest ", levels);
+  }
+  // Deeply nested unknown groups.
+  std::string DeepGroups(WMsg* m, const std::vector<WMsg*>& all, const std::string& where) {
+    auto& fs = m->fields;
+    WField g{99, 3, 0, "", nullptr};
+    Writer w{&rng_};
+    const int levels = 40 + static_cast<int>(Below(12));
+    std::string body;
+    for (int k = 0; k < levels; ++k) w.Tag(&body, 99, 3);
+    for (int k = 0; k <= levels; ++k) w.Tag(&body, 99, 4);
+    g.bytes = body;
+    if (m->desc != v1::Argument::descriptor() || OneIn(2)) {
+      fs.push_back(g);
+      return "groups in " + where;
+    }
+    // Inside a oneof member that gets replaced.
+    WField list = RandomKnownField(v1::Argument::descriptor()->FindFieldByNumber(12), all);
+    list.msg->fields.push_back(g);
+    fs.insert(fs.begin(), list);
+    return "groups in replaced list";
+  }
+  // Raw bytes in place of a message field.
+  std::string RawBytes(WMsg* m, const std::string& where) {
+    auto& fs = m->fields;
+    std::vector<WField*> subs;
+    for (WField& f : fs)
+      if (f.msg) subs.push_back(&f);
+    if (subs.empty()) return "none";
+    WField* f = subs[Below(subs.size())];
+    Writer w{&rng_};
+    f->bytes = w.Write(*f->msg);
+    f->msg = nullptr;
+    if (!f->bytes.empty()) f->bytes[Below(f->bytes.size())] = static_cast<char>(rng_());
+    return "raw bytes in " + where;
+  }
+
   // Applies one structural mutation to the tree; returns its name.
   std::string MutateTree(WMsg* root) {
     std::vector<WMsg*> all;
@@ -327,22 +435,7 @@ class Mutator {
           fs.insert(fs.begin() + static_cast<long>(Below(fs.size() + 1)), f);
         }
         return "duplicate in " + where;
-      case 2: {
-        // Split a sub-message field into two occurrences (merged on parse).
-        std::vector<size_t> subs;
-        for (size_t k = 0; k < fs.size(); ++k)
-          if (fs[k].msg && fs[k].msg->fields.size() >= 2) subs.push_back(k);
-        if (subs.empty()) return "none";
-        const size_t k = subs[Below(subs.size())];
-        WField second = fs[k];
-        second.msg = Clone(*fs[k].msg);
-        const size_t cut = 1 + Below(fs[k].msg->fields.size() - 1);
-        fs[k].msg->fields.resize(cut);
-        second.msg->fields.erase(second.msg->fields.begin(),
-                                 second.msg->fields.begin() + static_cast<long>(cut));
-        fs.insert(fs.begin() + static_cast<long>(k + 1), second);
-        return "split in " + where;
-      }
+      case 2: return Split(m, where);
       case 3:
         if (fs.empty()) return "none";
         fs.erase(fs.begin() + static_cast<long>(Below(fs.size())));
@@ -366,48 +459,8 @@ class Mutator {
         varints[Below(varints.size())]->value = InterestingVarint();
         return "varint in " + where;
       }
-      case 7: {
-        // Packed <-> unpacked repeated int64, or split into several packed runs.
-        std::vector<size_t> packed;
-        for (size_t k = 0; k < fs.size(); ++k)
-          if (fs[k].wt == 2 && !fs[k].msg && m->desc->FindFieldByNumber(fs[k].number) &&
-              m->desc->FindFieldByNumber(fs[k].number)->is_packed())
-            packed.push_back(k);
-        if (packed.empty()) return "none";
-        const size_t k = packed[Below(packed.size())];
-        std::vector<uint64_t> values;
-        for (size_t i = 0; i < fs[k].bytes.size();) values.push_back(GetVarint(fs[k].bytes, &i));
-        std::vector<WField> repl;
-        Writer w{&rng_};
-        for (size_t i = 0; i < values.size(); ++i) {
-          if (OneIn(2)) {
-            repl.push_back(WField{fs[k].number, 0, values[i], "", nullptr});
-          } else {
-            WField p{fs[k].number, 2, 0, "", nullptr};
-            w.Varint(&p.bytes, values[i], 10);
-            repl.push_back(p);
-          }
-        }
-        fs.erase(fs.begin() + static_cast<long>(k));
-        fs.insert(fs.begin() + static_cast<long>(k), repl.begin(), repl.end());
-        return "unpack in " + where;
-      }
-      case 8: {
-        // A oneof member first, the existing value after it: the first is
-        // replaced (with whatever was wrong inside it) unless both are the
-        // same member, in which case they merge.
-        if (m->desc != v1::Argument::descriptor() && m->desc != v1::Scalar::descriptor())
-          return "none";
-        const pb::FieldDescriptor* fd =
-            m->desc->field(static_cast<int>(Below(m->desc->field_count())));
-        WField f = RandomKnownField(fd, all);
-        if (f.msg && OneIn(2)) f.msg->fields.push_back(RandomUnknownField(f.msg->desc));
-        if (OneIn(2))
-          fs.insert(fs.begin(), f);
-        else
-          fs.push_back(f);
-        return absl::StrCat("oneof ", fd->full_name());
-      }
+      case 7: return Unpack(m, where);
+      case 8: return OneofFirst(m, all);
       case 9: {
         std::vector<WField*> strings;
         for (WField& f : fs)
@@ -418,49 +471,9 @@ class Mutator {
         strings[Below(strings.size())]->bytes = RandomString();
         return "string in " + where;
       }
-      case 10: {
-        if (m->desc != v1::Argument::descriptor()) return "none";
-        // Around the list depth limit (16) and protobuf's recursion limit (48).
-        const int levels = static_cast<int>(OneIn(2) ? Below(5) : 14 + Below(12));
-        Nest(m, levels);
-        if (OneIn(3)) {
-          // ...and replaced by an int: only corruption counts then.
-          m->fields.push_back(WField{2, 0, 7, "", nullptr});
-        }
-        return absl::StrCat("nest ", levels);
-      }
-      case 11: {
-        // Deeply nested unknown groups.
-        WField g{99, 3, 0, "", nullptr};
-        Writer w{&rng_};
-        const int levels = 40 + static_cast<int>(Below(12));
-        std::string body;
-        for (int k = 0; k < levels; ++k) w.Tag(&body, 99, 3);
-        for (int k = 0; k <= levels; ++k) w.Tag(&body, 99, 4);
-        g.bytes = body;
-        if (m->desc != v1::Argument::descriptor() || OneIn(2)) {
-          fs.push_back(g);
-          return "groups in " + where;
-        }
-        // Inside a oneof member that gets replaced.
-        WField list = RandomKnownField(v1::Argument::descriptor()->FindFieldByNumber(12), all);
-        list.msg->fields.push_back(g);
-        fs.insert(fs.begin(), list);
-        return "groups in replaced list";
-      }
-      default: {
-        // Raw bytes in place of a message field.
-        std::vector<WField*> subs;
-        for (WField& f : fs)
-          if (f.msg) subs.push_back(&f);
-        if (subs.empty()) return "none";
-        WField* f = subs[Below(subs.size())];
-        Writer w{&rng_};
-        f->bytes = w.Write(*f->msg);
-        f->msg = nullptr;
-        if (!f->bytes.empty()) f->bytes[Below(f->bytes.size())] = static_cast<char>(rng_());
-        return "raw bytes in " + where;
-      }
+      case 10: return NestArgument(m);
+      case 11: return DeepGroups(m, all, where);
+      default: return RawBytes(m, where);
     }
   }
 
