@@ -258,6 +258,8 @@ class BatchDimAnalyzer {
   absl::Status Embedding(ir::NodeId id, const ir::Node& n, const OpRule& rule);
   absl::Status EmbeddingBackward(ir::NodeId id, const ir::Node& n, const OpRule& rule);
   absl::Status EmbeddingBag(ir::NodeId id, const ir::Node& n, const OpRule& rule);
+  absl::Status WholeInputBags(ir::NodeId id, const ir::Node& n, const OpRule& rule,
+                              const std::vector<Operand>& ops);
   bool IsBagOffsets(const ir::Argument& a, int64_t bag) const;
   bool OnlyOffsets(ir::ValueRef r) const;
   bool IsBatchPositions(const ir::Argument& a) const;

@@ -31,6 +31,14 @@ absl::Status BatchDimAnalyzer::Embedding(NodeId id, const Node& n, const OpRule&
 absl::Status BatchDimAnalyzer::EmbeddingBackward(NodeId id, const Node& n, const OpRule& rule) {
   std::vector<Operand> ops = Operands(n);
   const Operand* g = Find(ops, 0);
+  const Operand* idx = Find(ops, 1);
+  if (rule.param(ParamRole::kOffsets) != nullptr && idx != nullptr &&
+      !idx->info.placement.is_shard()) {
+    // The backward of bags of a whole flat input (EmbeddingBag): grad_output's rows (and the
+    // offsets) all-gathered, every bag's gradient added into the whole table on every rank.
+    FXDP_ASSIGN_OR_RETURN(const bool gathered, GatherAlong(id, n, rule, 0));
+    if (gathered) return absl::OkStatus();
+  }
   // grad_output is [*indices.shape, embedding_dim]: both hold the batch on
   // the same leading dim, so a replicated one is built sharded or sliced.
   Special s;
@@ -96,8 +104,10 @@ bool BatchDimAnalyzer::OnlyOffsets(ValueRef r) const {
 // offsets[i + 1]]. With the batch in the bags, each rank's bags must be
 // contiguous indices of a static size: the 2-D form [B, bag] flattened, whose
 // offsets arange(0, B * bag, bag) each rank builds as arange(0, B_r * bag, bag).
-// Offsets from the data (bags of varying length) would give each rank a share
-// of the flat input whose size depends on the data: refused.
+// Offsets from the data (bags of varying length) into a flat input that holds
+// the batch would give each rank a share of the input whose size depends on
+// the data: refused. Into a whole flat input (batch_dim=-1, the text
+// classification tutorial), see WholeInputBags.
 absl::Status BatchDimAnalyzer::EmbeddingBag(NodeId id, const Node& n, const OpRule& rule) {
   std::vector<Operand> ops = Operands(n);
   Special s;
@@ -111,6 +121,7 @@ absl::Status BatchDimAnalyzer::EmbeddingBag(NodeId id, const Node& n, const OpRu
     SetCombined(id, Combined{}, s);
     return absl::OkStatus();
   }
+  if (!idx_sharded) return WholeInputBags(id, n, rule, ops);
   const int64_t extent = idx != nullptr && idx->type->rank() == 1 ? idx->type->shape[0] : -1;
   const int64_t bag = extent > 0 && extent % a_.batch_size_ == 0 ? extent / a_.batch_size_ : -1;
   const Argument* off_arg = ArgOf(n, offsets_p);
@@ -121,11 +132,10 @@ absl::Status BatchDimAnalyzer::EmbeddingBag(NodeId id, const Node& n, const OpRu
         absl::StrFormat(
             "splits the batch by bags of a flat 1-D input (indices %s: %s, offsets %s: %s): unless "
             "every bag has the same length (a 2-D input [batch, bag length]), a rank's share of "
-            "the "
-            "input depends on the data, which a static per-rank graph cannot hold; pass a 2-D "
-            "input "
-            "(pad the bags to one length with padding_idx, or with per_sample_weights 0 in "
-            "mode='sum')",
+            "the input depends on the data, which a static per-rank graph cannot hold; give the "
+            "flat input batch_dim=-1 (every rank reads it whole and computes every bag, exact) "
+            "or pass a 2-D input (pad the bags to one length with padding_idx, or with "
+            "per_sample_weights 0 in mode='sum')",
             idx ? g_.node(idx->ref.node).name : "?", idx ? idx->info.placement.ToString() : "-",
             offsets ? g_.node(offsets->ref.node).name : "?",
             offsets ? offsets->info.placement.ToString() : "-"));
@@ -155,6 +165,34 @@ absl::Status BatchDimAnalyzer::EmbeddingBag(NodeId id, const Node& n, const OpRu
   info.detail = Detail::kFromArg;
   info.arg = 1;
   SetAllOut(id, Shard(0, 1, s.scaled));
+  return absl::OkStatus();
+}
+
+// Bags of a whole flat input (indices replicated: batch_dim=-1, every rank reads all of it) at
+// offsets that hold the batch (the text classification tutorial's collate: offsets =
+// cumsum(lengths), one per sample). A rank's bags are indices[offsets[b_r] : offsets[b_r + B_r]],
+// whose end is the next rank's first offset: the offsets are all-gathered and every rank computes
+// every bag (GatherAlong: the output whole, R), as one device does; each sharded use reads its
+// rows. The backward gathers grad_output's rows the same way (EmbeddingBackward).
+absl::Status BatchDimAnalyzer::WholeInputBags(NodeId id, const Node& n, const OpRule& rule,
+                                              const std::vector<Operand>& ops) {
+  const OpParam* offsets_p = rule.param(ParamRole::kOffsets);
+  for (const Operand& o : ops) {
+    if (o.arg == offsets_p->index || !o.info.placement.is_shard()) continue;
+    return Error(n, absl::StrFormat("arg %d (%s) holds the batch on dim %d, but the indices (a "
+                                    "flat input read whole) do not: per_sample_weights are one "
+                                    "per index; give them the indices' batch_dim (-1)",
+                                    o.arg, g_.node(o.ref.node).name, o.info.placement.dim));
+  }
+  if (BoolArg(n, rule.param(ParamRole::kIncludeLastOffset)).value_or(false)) {
+    return Error(n,
+                 "include_last_offset=True with the batch in the offsets: the offsets have one "
+                 "more entry than the batch; pass include_last_offset=False");
+  }
+  FXDP_ASSIGN_OR_RETURN(const bool gathered, GatherAlong(id, n, rule, 0));
+  if (!gathered) {
+    return Error(n, "its offsets hold the batch on another dim than 0");
+  }
   return absl::OkStatus();
 }
 

@@ -170,6 +170,14 @@ absl::Status BatchDimAnalyzer::LossBackward(NodeId id, const Node& n, const OpRu
     }
     if (c.dim < 0 && target != nullptr && target->info.placement.is_shard()) {
       c = {target->info.placement.dim, target->info.outer, 2};
+      // self whole on every rank (logits computed from all-gathered values, e.g. every bag of
+      // a flat input): each rank reads the rows of its targets, as the forward does (Broadcast);
+      // a per-sample grad_output (reduction='none') has the target's shape.
+      for (const Operand& o : aligned) {
+        if (!o.info.placement.is_replicate() || o.type->rank() == 0) continue;
+        const int64_t d = o.arg == 1 && c.dim > 0 ? c.dim + 1 : c.dim;
+        if (d < o.type->rank()) NeedShard(o, static_cast<int32_t>(d), c.outer, id);
+      }
     }
     // self is [N, C] (or [N, C, d...]), target [N] ([N, d...]): a
     // replicated target spanning the batch is built sharded or sliced.

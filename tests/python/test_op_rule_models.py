@@ -356,43 +356,6 @@ def test_embedding_bag_2d(tmp_path, mode, world, optim):
     one_device(tmp_path, step, batches, world, **tol)
 
 
-class _TextClassifier(nn.Module):
-    """pytorch/tutorials' text classification: a flat 1-D text and per-sample offsets."""
-
-    def __init__(self):
-        super().__init__()
-        self.embedding = nn.EmbeddingBag(20, 6)
-        self.fc = nn.Linear(6, 3)
-
-    def forward(self, text, offsets):
-        return self.fc(self.embedding(text, offsets))
-
-
-def test_embedding_bag_with_offsets_from_the_data_is_refused(tmp_path):
-    """Bags of varying length in a flat input: a rank's share of the text would depend on the
-    data (a worker failed with "offsets[0] has to be 0"); refused, naming the 2-D form."""
-    torch.manual_seed(0)
-    model = _TextClassifier()
-    opt, _ = optimizer(model, "sgd")
-    text = torch.randint(0, 20, (17,))
-    offsets = torch.tensor([0, 2, 5, 6, 10, 12, 15])
-    step = fxdp.trace(
-        model,
-        opt,
-        F.cross_entropy,
-        (text, offsets, torch.randint(0, 3, (B,))),
-        batch_dim=[-1, 0, 0],
-    )
-    refused(
-        tmp_path,
-        step,
-        "node '_embedding_bag' (aten::_embedding_bag) [",
-        "in model.embedding: return self.fc(self.embedding(text, offsets))]",
-        "a rank's share of the input depends on the data",
-        "pass a 2-D input",
-    )
-
-
 class _FreqScaled(nn.Module):
     def __init__(self, bag: bool):
         super().__init__()

@@ -1,0 +1,150 @@
+"""pytorch/tutorials' text classification (text_sentiment_ngrams_tutorial) on N ranks: an
+EmbeddingBag over a flat 1-D text with one offset per sample (the tutorial's collate_batch
+concatenates the samples' tokens and takes offsets = cumsum([0] + lengths[:-1])), a batch of
+variable total length. The batch is the offsets' (and labels') dim 0; the text has none
+(batch_dim=-1): every rank reads it whole. A rank's bags end where the next rank's begin, so the
+analysis all-gathers the offsets and every rank computes every bag, as one device does, then its
+own rows; the backward gathers the bags' gradient rows the same way (issue 23). Before, the
+worker failed ("offsets[0] has to be 0"), then the compile step refused the graph.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import fxdp
+import pytest
+import torch
+import torch.nn.functional as F
+from test_expand_oracle import FXDP, STEPS, check_against_one_device
+from test_op_rule_models import B, on_workers, optimizer, refused
+from torch import nn
+
+V = 20
+
+
+class _TextClassifier(nn.Module):
+    """The tutorial's TextClassificationModel, small."""
+
+    def __init__(self, mode="mean"):
+        super().__init__()
+        self.embedding = nn.EmbeddingBag(V, 6, mode=mode)
+        self.fc = nn.Linear(6, 3)
+
+    def forward(self, text, offsets):
+        return self.fc(self.embedding(text, offsets))
+
+
+def collate(lengths, g):
+    """The tutorial's collate_batch for samples of these token counts: (text, offsets, labels)."""
+    text = torch.randint(0, V, (sum(lengths),), generator=g)
+    offsets = torch.tensor([0] + lengths[:-1]).cumsum(0)
+    return text, offsets, torch.randint(0, 3, (len(lengths),), generator=g)
+
+
+def batches_of_total(total, b, seed=5):
+    """STEPS batches of b samples whose lengths (1..) differ per step but add up to `total`."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(STEPS):
+        cuts = torch.randperm(total - 1, generator=g)[: b - 1].add(1).sort().values.tolist()
+        lengths = [e - s for s, e in zip([0, *cuts], [*cuts, total])]
+        out.append(collate(lengths, g))
+    return out
+
+
+def trace(model, opt, batch, **kw):
+    return fxdp.trace(model, opt, F.cross_entropy, batch, batch_dim=[-1, 0, 0], **kw)
+
+
+@pytest.mark.parametrize(
+    "mode,world,optim",
+    [("mean", 2, "sgd"), ("mean", 3, "sgd"), ("mean", 3, "adamw"), ("sum", 2, "sgd")],
+)
+def test_text_classifier_trains_like_one_device(tmp_path, mode, world, optim):
+    """B=7 bags of 17 tokens in all (4,3 and 3,2,2 bags per rank): the offsets are all-gathered
+    (forward and backward read one gather) and so are the bags' gradient rows; the table's
+    gradient comes out whole on every rank (no all-reduce); equal to one device."""
+    torch.manual_seed(0)
+    model = _TextClassifier(mode)
+    opt, tol = optimizer(model, optim)
+    batches = batches_of_total(17, B)
+    step = trace(model, opt, batches[0])
+    assert {"aten::_embedding_bag", "aten::_embedding_bag_backward"} <= {
+        n.target.name for n in step.graph.nodes
+    }
+    # + the two gathers (offsets; the bags' gradient rows)
+    report = check_against_one_device(tmp_path, step, batches, world, reductions=2, **tol)
+    gathers = [c["purpose"] for c in report["collectives"] if c["op"] == "all_gather_into_tensor"]
+    assert gathers == [
+        "gather x_input_1 for _embedding_bag",
+        "gather mm for _embedding_bag_backward",
+    ]
+    notes = " ".join(report["notes"])
+    assert "_embedding_bag: all-gathers x_input_1 (batch dim 0)" in notes, notes
+    assert all("embedding.weight" not in b["gradients"] for b in report["buckets"]), report
+
+
+def test_one_symbolic_trace_for_every_total_length(tmp_path):
+    """dynamic=True: one trace for batches of any total length and size; instantiated at 17
+    tokens in 7 bags and 23 tokens in 6 bags, each equals one device on 2 ranks."""
+    torch.manual_seed(0)
+    model = _TextClassifier()
+    opt, _ = optimizer(model, "sgd")
+    step = trace(model, opt, batches_of_total(17, B)[0], dynamic=True)
+    assert step.is_symbolic()
+    for total, b in ((17, B), (23, 6)):
+        batches = batches_of_total(total, b, seed=total)
+        (tmp_path / str(total)).mkdir()
+        check_against_one_device(
+            tmp_path / str(total), step.instantiate(batches[0]), batches, 2, reductions=2
+        )
+
+
+def test_on_real_workers(tmp_path):
+    """3 real fxdp-worker processes (LibTorch), B=7 (3,2,2): equal to one device."""
+    torch.manual_seed(0)
+    model = _TextClassifier()
+    opt, _ = optimizer(model, "sgd")
+    batches = batches_of_total(17, B)
+    on_workers(tmp_path, trace(model, opt, batches[0]), batches, 3)
+
+
+def test_a_flat_input_that_holds_the_batch_is_refused(tmp_path):
+    """The flat input given batch_dim 0 (it happens to have as many tokens as samples): a rank's
+    share of it would depend on the offsets; refused naming the op, the user's line and both ways
+    out (batch_dim=-1 for the flat input, or a 2-D input)."""
+    torch.manual_seed(0)
+    model = _TextClassifier()
+    opt, _ = optimizer(model, "sgd")
+    g = torch.Generator().manual_seed(1)
+    text, offsets, labels = collate([1, 2, 1, 1, 1, 0, 1], g)
+    step = fxdp.trace(model, opt, F.cross_entropy, (text, offsets, labels))
+    refused(
+        tmp_path,
+        step,
+        "node '_embedding_bag' (aten::_embedding_bag) [",
+        "in model.embedding: return self.fc(self.embedding(text, offsets))]",
+        "a rank's share of the input depends on the data",
+        "give the flat input batch_dim=-1",
+        "pass a 2-D input",
+    )
+
+
+def test_analyze_places_every_node(tmp_path):
+    """No op falls back to size matching (`fxdp analyze` warns of none)."""
+    torch.manual_seed(0)
+    model = _TextClassifier()
+    opt, _ = optimizer(model, "sgd")
+    step = trace(model, opt, batches_of_total(17, B)[0])
+    step.save(str(tmp_path / "g.pb"))
+    r = subprocess.run(
+        [FXDP, "analyze", str(tmp_path / "g.pb"), "--world-size", "2", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["warnings"] == []
