@@ -97,6 +97,132 @@ def assert_resumed_like(r, plain, old_id, k, client):
     assert info.checkpoint_step == 0  # a job that succeeded keeps none
 
 
+def _lose_a_worker_mid_job(client, step, tmp_path):
+    """SIGKILL a worker once step 7's loss is in: the job fails naming the lost rank; its
+    JobInfo, with the checkpoint of an even step on disk."""
+    wait_idle(client)
+    victim = int(client.workers()[0]["pid"])
+    seen, killed = {}, threading.Event()
+
+    def on_step(s, loss):
+        if s == 7:
+            os.kill(victim, signal.SIGKILL)
+            killed.set()
+
+    err = code_of(
+        lambda: client.train(
+            step,
+            world_size=2,
+            batches=held_batches(9, killed),
+            steps=STEPS,
+            schedule=schedule(),
+            on_step=on_step,
+            on_event=lambda e: seen.setdefault("id", e.job_id),
+        )
+    )
+    assert err.code == grpc.StatusCode.UNAVAILABLE and "was lost" in str(err), err
+    old = client.job(seen["id"])
+    assert old.state == jpb.JOB_STATE_FAILED, old
+    k = old.checkpoint_step
+    assert k >= 2 and k % 2 == 0 and k <= old.steps_done < STEPS, old
+    assert os.path.isfile(tmp_path / "state" / "states" / f"{old.job_id}.checkpoint.safetensors")
+    return old
+
+
+def _bad_resumes_are_refused(server, client, step, plain, old):
+    """Each names what is wrong: an unknown job, a SUCCEEDED one, another world size, another
+    graph, a job without a checkpoint, a resume that sends state."""
+    e = code_of(lambda: client.train(step, world_size=2, batches=batches(), resume="job-999-abc"))
+    assert e.code == grpc.StatusCode.NOT_FOUND and "job-999-abc" in str(e), e
+    e = code_of(lambda: client.train(step, world_size=2, batches=batches(), resume=plain.job_id))
+    assert e.code == grpc.StatusCode.FAILED_PRECONDITION, e
+    assert "is SUCCEEDED: only a FAILED or CANCELLED job can be resumed" in str(e), e
+    e = code_of(lambda: client.train(step, world_size=1, batches=batches(), resume=old.job_id))
+    assert e.code == grpc.StatusCode.INVALID_ARGUMENT, e
+    assert "world_size is 1, the job ran on 2" in str(e), e
+    e = code_of(
+        lambda: client.train(
+            traced(MODEL, "sgd"), world_size=2, batches=batches(), resume=old.job_id
+        )
+    )
+    assert e.code == grpc.StatusCode.INVALID_ARGUMENT and "the graph differs" in str(e), e
+    assert "'optim.fc1.bias.exp_avg'" in str(e) and "is not in the new graph" in str(e), e
+    # A job that failed at step 1 (a batch of the wrong shape), before its first checkpoint.
+    bad, seen = [{"x": torch.zeros(3, 1), "target": torch.zeros(3, 1)}], {}
+    e = code_of(
+        lambda: client.train(
+            step,
+            world_size=2,
+            batches=bad,
+            on_event=lambda ev: seen.__setitem__("bad", ev.job_id),
+        )
+    )
+    assert e.code == grpc.StatusCode.INVALID_ARGUMENT, e
+    e = code_of(lambda: client.train(step, world_size=2, batches=batches(), resume=seen["bad"]))
+    assert e.code == grpc.StatusCode.FAILED_PRECONDITION and "has no checkpoint" in str(e), e
+    # A resume sends no state.
+    from fxdp.wire_tensors import chunks
+
+    w = step.initial_state()["fc1.bias"]
+    reqs = iter(
+        [
+            jpb.SubmitJobRequest(
+                spec=jpb.JobSpec(
+                    graph=step.graph,
+                    world_size=2,
+                    steps=STEPS,
+                    num_state_tensors=1,
+                    resume_job=old.job_id,
+                )
+            ),
+            *[jpb.SubmitJobRequest(state=c) for c in chunks("fc1.bias", w)],
+        ]
+    )
+    with pytest.raises(grpc.RpcError) as rpc:
+        list(server.jobs.Submit(reqs, timeout=30))
+    assert rpc.value.code() == grpc.StatusCode.INVALID_ARGUMENT, rpc.value
+    assert "num_state_tensors must be 0" in rpc.value.details(), rpc.value.details()
+
+
+def _one_resume_at_a_time(client, step, old):
+    """While a resume waits for its first batch, another is refused naming it; once it is
+    cancelled, the job can be resumed again."""
+    gate, held = threading.Event(), {}
+
+    def gated():
+        for i, b in enumerate(batches()):
+            if i >= old.checkpoint_step:
+                gate.wait(30)
+            yield b
+
+    def first():
+        try:
+            client.train(
+                step,
+                world_size=2,
+                batches=gated(),
+                steps=STEPS,
+                resume=old.job_id,
+                on_event=lambda ev: held.setdefault("id", ev.job_id),
+            )
+        except fxdp.ServerError as err:
+            held["error"] = err
+
+    t = threading.Thread(target=first)
+    t.start()
+    deadline = time.monotonic() + 30
+    while "id" not in held:
+        assert time.monotonic() < deadline and t.is_alive(), held
+        time.sleep(0.02)
+    e = code_of(lambda: client.train(step, world_size=2, batches=batches(), resume=old.job_id))
+    assert e.code == grpc.StatusCode.FAILED_PRECONDITION, e
+    assert f"job '{old.job_id}' is being resumed already by job '{held['id']}'" in str(e), e
+    client.cancel(held["id"])
+    gate.set()
+    t.join(30)
+    assert not t.is_alive() and held["error"].code == grpc.StatusCode.CANCELLED, held
+
+
 def test_a_streamed_job_resumes_after_a_lost_worker(tmp_path):
     step = traced(MODEL, OPTIM)
     with (
@@ -105,132 +231,12 @@ def test_a_streamed_job_resumes_after_a_lost_worker(tmp_path):
     ):
         plain = client.train(step, world_size=2, batches=batches(), schedule=schedule())
         assert len(plain.losses) == STEPS
-
-        # SIGKILL a worker once step 7's loss is in: the job fails naming the lost rank.
-        wait_idle(client)
-        victim = int(client.workers()[0]["pid"])
-        seen, killed = {}, threading.Event()
-
-        def on_step(s, loss):
-            if s == 7:
-                os.kill(victim, signal.SIGKILL)
-                killed.set()
-
-        err = code_of(
-            lambda: client.train(
-                step,
-                world_size=2,
-                batches=held_batches(9, killed),
-                steps=STEPS,
-                schedule=schedule(),
-                on_step=on_step,
-                on_event=lambda e: seen.setdefault("id", e.job_id),
-            )
-        )
-        assert err.code == grpc.StatusCode.UNAVAILABLE and "was lost" in str(err), err
-        old = client.job(seen["id"])
-        assert old.state == jpb.JOB_STATE_FAILED, old
+        old = _lose_a_worker_mid_job(client, step, tmp_path)
         k = old.checkpoint_step
-        assert k >= 2 and k % 2 == 0 and k <= old.steps_done < STEPS, old
-        assert os.path.isfile(
-            tmp_path / "state" / "states" / f"{old.job_id}.checkpoint.safetensors"
-        )
-
-        # Refused: each names what is wrong.
-        e = code_of(
-            lambda: client.train(step, world_size=2, batches=batches(), resume="job-999-abc")
-        )
-        assert e.code == grpc.StatusCode.NOT_FOUND and "job-999-abc" in str(e), e
-        e = code_of(
-            lambda: client.train(step, world_size=2, batches=batches(), resume=plain.job_id)
-        )
-        assert e.code == grpc.StatusCode.FAILED_PRECONDITION, e
-        assert "is SUCCEEDED: only a FAILED or CANCELLED job can be resumed" in str(e), e
-        e = code_of(lambda: client.train(step, world_size=1, batches=batches(), resume=old.job_id))
-        assert e.code == grpc.StatusCode.INVALID_ARGUMENT, e
-        assert "world_size is 1, the job ran on 2" in str(e), e
-        e = code_of(
-            lambda: client.train(
-                traced(MODEL, "sgd"), world_size=2, batches=batches(), resume=old.job_id
-            )
-        )
-        assert e.code == grpc.StatusCode.INVALID_ARGUMENT and "the graph differs" in str(e), e
-        assert "'optim.fc1.bias.exp_avg'" in str(e) and "is not in the new graph" in str(e), e
-        # A job that failed at step 1 (a batch of the wrong shape), before its first checkpoint.
-        bad = [{"x": torch.zeros(3, 1), "target": torch.zeros(3, 1)}]
-        e = code_of(
-            lambda: client.train(
-                step,
-                world_size=2,
-                batches=bad,
-                on_event=lambda ev: seen.__setitem__("bad", ev.job_id),
-            )
-        )
-        assert e.code == grpc.StatusCode.INVALID_ARGUMENT, e
-        e = code_of(lambda: client.train(step, world_size=2, batches=batches(), resume=seen["bad"]))
-        assert e.code == grpc.StatusCode.FAILED_PRECONDITION and "has no checkpoint" in str(e), e
-        # A resume sends no state.
-        from fxdp.wire_tensors import chunks
-
-        stub = server.jobs
-        w = step.initial_state()["fc1.bias"]
-        reqs = iter(
-            [
-                jpb.SubmitJobRequest(
-                    spec=jpb.JobSpec(
-                        graph=step.graph,
-                        world_size=2,
-                        steps=STEPS,
-                        num_state_tensors=1,
-                        resume_job=old.job_id,
-                    )
-                ),
-                *[jpb.SubmitJobRequest(state=c) for c in chunks("fc1.bias", w)],
-            ]
-        )
-        with pytest.raises(grpc.RpcError) as rpc:
-            list(stub.Submit(reqs, timeout=30))
-        assert rpc.value.code() == grpc.StatusCode.INVALID_ARGUMENT, rpc.value
-        assert "num_state_tensors must be 0" in rpc.value.details(), rpc.value.details()
-
+        _bad_resumes_are_refused(server, client, step, plain, old)
         # The resume: the same arguments plus resume=.
         wait_idle(client)  # the supervisor restarted the killed worker
-        # One resume at a time: while a resume waits for its first batch, another is refused naming
-        # it; once it is cancelled, the job can be resumed again.
-        gate, held = threading.Event(), {}
-
-        def gated():
-            for i, b in enumerate(batches()):
-                if i >= k:
-                    gate.wait(30)
-                yield b
-
-        def first():
-            try:
-                client.train(
-                    step,
-                    world_size=2,
-                    batches=gated(),
-                    steps=STEPS,
-                    resume=old.job_id,
-                    on_event=lambda ev: held.setdefault("id", ev.job_id),
-                )
-            except fxdp.ServerError as err:
-                held["error"] = err
-
-        t = threading.Thread(target=first)
-        t.start()
-        deadline = time.monotonic() + 30
-        while "id" not in held:
-            assert time.monotonic() < deadline and t.is_alive(), held
-            time.sleep(0.02)
-        e = code_of(lambda: client.train(step, world_size=2, batches=batches(), resume=old.job_id))
-        assert e.code == grpc.StatusCode.FAILED_PRECONDITION, e
-        assert f"job '{old.job_id}' is being resumed already by job '{held['id']}'" in str(e), e
-        client.cancel(held["id"])
-        gate.set()
-        t.join(30)
-        assert not t.is_alive() and held["error"].code == grpc.StatusCode.CANCELLED, held
+        _one_resume_at_a_time(client, step, old)
         wait_idle(client)
         r = client.train(
             step, world_size=2, batches=batches(), schedule=schedule(), resume=old.job_id
