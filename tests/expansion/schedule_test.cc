@@ -231,16 +231,18 @@ TEST(OverlapSchedule, GraphInputsKeepTheirOrder) {
 TEST(OverlapSchedule, AGatherKeepsItsPlaceButNeverRisesAboveItsProducer) {
   // AnchorGathers: an all_gather, and the packing only it reads (%s), stay right after the node
   // before them. Here that node is a bucket's all_reduce (%ar), which the schedule hoists to
-  // right after its gradient, above %v, the value the packing reads (a mean-scaled gradient
-  // unscaled and gathered, issue 23): anchored to %ar alone the packing came out before %v.
+  // right after its gradient, above %h and %v, the value the packing reads (a mean-scaled
+  // gradient unscaled and gathered, issue 23): anchored to %ar alone the packing came out before
+  // %v (a forward reference). The expansion emits exactly this for a softmax over the batch
+  // under a mean loss (test_coupled_batch's test_a_gathers_packing_stays_after_its_producer).
   const std::string text = R"(graph format=1 producer="test" torch="2.13.0+cpu" {
   %w: f32[4] rg = placeholder() {role=PARAMETER, state="w"}
   %x: f32[4] = placeholder() {role=INPUT, state="x", batch_dim=0}
   %g: f32[4] = aten::mul.Tensor(%x, %w)
   %flat: f32[4] = aten::reshape(%g, [-1])
-  %h: f32[4] = aten::mul.Tensor(%x, %x)
+  %h: f32[4] = aten::exp(%x)
+  %v: f32[4] = aten::tanh(%h)
   %ar: f32[4] = _c10d_functional::all_reduce(%flat, "sum", "0")
-  %v: f32[4] = aten::mul.Tensor(%h, %w)
   %s: f32[4] = aten::mul.Scalar(%v, 0.5)
   %ag: f32[8] = _c10d_functional::all_gather_into_tensor(%s, 2, "0")
   %agw: f32[8] = _c10d_functional::wait_tensor(%ag)
@@ -254,7 +256,7 @@ TEST(OverlapSchedule, AGatherKeepsItsPlaceButNeverRisesAboveItsProducer) {
   const ScheduleInfo info = OverlapSchedule(g);
   const ir::Graph r = ValueOrDie(Reorder(g, info.order));  // topological
   EXPECT_LT(IndexOf(r, "flat"), IndexOf(r, "ar"));         // the all_reduce hoisted above %h and %v
-  EXPECT_LT(IndexOf(r, "ar"), IndexOf(r, "v"));
+  EXPECT_LT(IndexOf(r, "ar"), IndexOf(r, "h"));
   EXPECT_EQ(IndexOf(r, "s"), IndexOf(r, "v") + 1);  // the packing right after its producer
   EXPECT_EQ(IndexOf(r, "ag"), IndexOf(r, "s") + 1);
 }

@@ -14,7 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from _util import ATOL
-from test_expand_oracle import FXDP, STEPS, check_against_one_device
+from fxdp.v1 import graph_pb2 as pb
+from test_expand_oracle import FXDP, STEPS, check_against_one_device, expand
 
 
 class _InfoNCE(torch.nn.Module):
@@ -300,3 +301,55 @@ def test_softmax_over_the_batch_under_a_mean_loss(tmp_path, world, b):
     # gradients come out whole or P(sum), fb's P(avg) in a bucket of their own)
     report = check_against_one_device(tmp_path, step, batches, world, reductions=2)
     assert any("mean-scaled: its rows times B_r/B first" in n for n in report["notes"]), report
+
+
+class _SoftmaxThenLinear(torch.nn.Module):
+    """A softmax over the batch between two linear layers."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(5, 4)
+        self.fc2 = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.fc2(torch.softmax(self.fc1(x), dim=0))
+
+
+def _nodes(path):
+    g = pb.GraphDef()
+    with open(path, "rb") as f:
+        g.ParseFromString(f.read())
+    return [n.name for n in g.nodes], {n.name: n.target.name for n in g.nodes}
+
+
+@pytest.mark.parametrize("world,b", [(2, 6), (3, 7)], ids=["N2", "N3-uneven"])
+def test_a_gathers_packing_stays_after_its_producer(tmp_path, world, b):
+    """The smallest traced model where the schedule's AnchorGathers must not lift a gather above
+    the value it gathers: fc2's input gradient `mm` (mean-scaled under mse_loss's mean) is
+    all-gathered for _softmax_backward_data, and the expansion emits its packing (a reshape, then
+    times B_r/B) right after fc2's bucket all-reduce, which the schedule hoists to right after
+    fc2's gradients, above `mm`. Anchored to that all-reduce alone, the packing came out before
+    `mm` ("argument 0 references node 'mm', which is not defined before it": fxdp expand failed);
+    it must stay right after `mm`, and N ranks equal one device."""
+    torch.manual_seed(0)
+    model = _SoftmaxThenLinear()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    g = torch.Generator().manual_seed(3)
+    batches = [(torch.randn(b, 5, generator=g), torch.randn(b, 3, generator=g)) for _ in range(3)]
+    step = fxdp.trace(model, opt, F.mse_loss, batches[0])
+    step.save(str(tmp_path / "g.pb"))
+    # the expansion's own order (no schedule): the packing right after a bucket's all-reduce
+    (tmp_path / "plain").mkdir()
+    plain = expand(str(tmp_path / "g.pb"), str(tmp_path / "plain" / "x.pb"), world, "--no-overlap")
+    order, op = _nodes(plain["files"][0]["path"])
+    bucket = order[order.index("fxdp_gather_mm") - 1]
+    assert op[bucket] == "_c10d_functional::all_reduce", order
+    assert order.index("mm") < order.index(bucket)
+    # + the gathers of the softmax's input and of `mm`
+    report = check_against_one_device(tmp_path, step, batches, world, reductions=2)
+    order, op = _nodes(report["files"][0]["path"])
+    assert order.index(bucket) < order.index("mm"), order  # the all-reduce hoisted above `mm`
+    packing = order.index("fxdp_gather_mm")
+    assert packing == order.index("mm") + 1, order  # the packing right after its producer
+    gather = next(n for n in order[packing:] if op[n] == "_c10d_functional::all_gather_into_tensor")
+    assert gather.startswith("fxdp_gather_mm"), order
