@@ -60,7 +60,13 @@ def trace(model, opt, batch, **kw):
 
 @pytest.mark.parametrize(
     "mode,world,optim",
-    [("mean", 2, "sgd"), ("mean", 3, "sgd"), ("mean", 3, "adamw"), ("sum", 2, "sgd")],
+    [
+        ("mean", 2, "sgd"),
+        ("mean", 3, "sgd"),
+        ("mean", 3, "adamw"),
+        ("sum", 2, "sgd"),
+        ("max", 2, "sgd"),
+    ],
 )
 def test_text_classifier_trains_like_one_device(tmp_path, mode, world, optim):
     """B=7 bags of 17 tokens in all (4,3 and 3,2,2 bags per rank): the offsets are all-gathered
@@ -84,6 +90,51 @@ def test_text_classifier_trains_like_one_device(tmp_path, mode, world, optim):
     notes = " ".join(report["notes"])
     assert "_embedding_bag: all-gathers x_input_1 (batch dim 0)" in notes, notes
     assert all("embedding.weight" not in b["gradients"] for b in report["buckets"]), report
+
+
+def test_the_tutorials_step_with_clipping(tmp_path):
+    """The tutorial's own train step: CrossEntropyLoss, backward, clip_grad_norm_(0.1), SGD lr=5
+    (the clipping norm reads the table's whole gradient and fc's all-reduced ones); N=3."""
+    torch.manual_seed(0)
+    model = _TextClassifier()
+    opt = torch.optim.SGD(model.parameters(), lr=5.0)
+    criterion = nn.CrossEntropyLoss()
+
+    def train_step(m, o, batch):
+        text, offsets, label = batch
+        loss = criterion(m(text, offsets), label)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 0.1)
+        o.step()
+        o.zero_grad()
+        return loss
+
+    batches = batches_of_total(17, B)
+    step = fxdp.trace_step(train_step, model, opt, batches[0], batch_dim=[-1, 0, 0])
+    check_against_one_device(tmp_path, step, batches, 3, reductions=2)
+
+
+class _WeightedBags(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embedding = nn.EmbeddingBag(V, 6, mode="sum")
+        self.fc = nn.Linear(6, 3)
+
+    def forward(self, text, offsets, weights):
+        return self.fc(self.embedding(text, offsets, per_sample_weights=weights))
+
+
+def test_per_sample_weights_read_whole_with_the_text(tmp_path):
+    """per_sample_weights, one per token, batch_dim=-1 like the text: N=3 equals one device."""
+    torch.manual_seed(0)
+    model = _WeightedBags()
+    opt, _ = optimizer(model, "sgd")
+    g = torch.Generator().manual_seed(4)
+    batches = [
+        (t, o, torch.rand(t.shape[0], generator=g), y) for t, o, y in batches_of_total(17, B)
+    ]
+    step = fxdp.trace(model, opt, F.cross_entropy, batches[0], batch_dim=[-1, 0, -1, 0])
+    check_against_one_device(tmp_path, step, batches, 3, reductions=2)
 
 
 def test_one_symbolic_trace_for_every_total_length(tmp_path):
