@@ -143,6 +143,7 @@ const c10::Device& Program::device() const { return impl_->options.device; }
 const std::vector<ProgramInput>& Program::inputs() const { return impl_->inputs; }
 const std::vector<ir::OutputSpec>& Program::output_specs() const { return impl_->output_specs; }
 int32_t Program::num_nodes() const { return static_cast<int32_t>(impl_->steps.size()); }
+int64_t Program::micro_batch() const { return impl_->micro_batch; }
 int64_t Program::live_values() const { return impl_->Live(); }
 void Program::SetStep(int64_t step) { impl_->random.step = impl_->random_step_offset + step; }
 

@@ -146,6 +146,9 @@ class Program {
   // The roles of Run's results, one per returned value.
   const std::vector<ir::OutputSpec>& output_specs() const;
   int32_t num_nodes() const;  // call nodes that run (getitem excluded)
+  // The graph's micro-batch size in rows (metadata ir::kMicroBatchKey; 0:
+  // none): which global rows this rank holds is ir::RankRows(B, it, N, r).
+  int64_t micro_batch() const;
 
   // Checks `inputs` against inputs() (count, dtype, sizes) without running.
   absl::Status CheckInputs(const std::vector<c10::IValue>& inputs) const;

@@ -93,6 +93,7 @@ struct Program::Impl {
   // first Run, from the communicator) this rank's slice.
   std::vector<ir::RandomLayout> random_layouts;
   int64_t random_world = 1;        // the graph's "fxdp.world_size"
+  int64_t micro_batch = 0;         // the graph's ir::kMicroBatchKey (0: none)
   int64_t random_step_offset = 0;  // the graph's "fxdp.step_offset" (a resumed job)
   bool random_slice_set = false;
   RandomContext random;

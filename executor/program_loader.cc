@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "analysis/ir/batch_split.h"
 #include "analysis/ir/liveness.h"
 #include "analysis/ir/node_error.h"
 #include "executor/arg_binding.h"
@@ -272,6 +273,8 @@ absl::Status LoadPlan(const ir::Graph& graph, Program::Impl& impl) {
   impl.random.batch = static_cast<int64_t>(batch);
   FXDP_ASSIGN_OR_RETURN(const uint64_t world, ir::MetadataNumber(graph, "fxdp.world_size", 1));
   impl.random_world = static_cast<int64_t>(world);
+  FXDP_ASSIGN_OR_RETURN(const uint64_t micro, ir::MetadataNumber(graph, ir::kMicroBatchKey, 0));
+  impl.micro_batch = static_cast<int64_t>(micro);
   for (const auto& [key, value] : graph.header().metadata) {
     if (key == ir::kRandomLayoutKey) {
       FXDP_ASSIGN_OR_RETURN(impl.random_layouts, ir::ParseRandomLayouts(value));

@@ -189,8 +189,8 @@ absl::StatusOr<std::vector<PlannedBucket>> PlanBuckets(const Graph& g, const Bat
 namespace {
 
 // What the expansion needs of its inputs: a world size the analysis was run
-// for and the batch can feed, micro-batches that split over the ranks,
-// gradients to all-reduce, sane bucket caps, the same sync_batchnorm.
+// for and the batch (each micro-batch) can feed, gradients to all-reduce, sane bucket caps, the
+// same sync_batchnorm.
 absl::Status CheckExpandable(const Graph& graph, const BatchDimAnalysis& analysis,
                              const ExpandOptions& options) {
   const int32_t world = options.world_size;
@@ -210,16 +210,6 @@ absl::Status CheckExpandable(const Graph& graph, const BatchDimAnalysis& analysi
     return absl::InvalidArgumentError(absl::StrFormat(
         "world size %d is larger than the batch (%d samples): every rank needs at least one", world,
         batch));
-  }
-  // Micro-batches (batch_dim.h): rank r splits its own rows into k pieces of
-  // s_r, as DDP with no_sync() does; the workers hand rank r its balanced
-  // slice of the k * s rows, which is k * s_r only when N divides s.
-  if (const int64_t k = analysis.micro_batches(); k > 1 && batch % world != 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "the step splits its batch of %d samples into %d micro-batches of %d; over %d ranks each "
-        "rank's rows must split into %d equal micro-batches, so the micro-batch size must be a "
-        "multiple of the world size (make the batch a multiple of %d)",
-        k * batch, k, batch, world, k, k * world));
   }
   // A training step all-reduces gradients; an evaluation step (fxdp.trace_eval:
   // no UPDATED_* output, docs/evaluation.md) has none and only its outputs are
@@ -265,6 +255,11 @@ void StartReport(const Graph& graph, const BatchDimAnalysis& analysis, const Exp
   if (fs != nullptr) ReportFullyShard(*fs, &e);
   rep.batch_size = batch;
   rep.slices = SplitBatch(batch, world);
+  if (const int64_t k = analysis.micro_batches(); k > 1) {
+    rep.micro_batches = k;
+    for (int32_t r = 0; r < world; ++r)
+      rep.rank_rows.push_back(ir::RankRows(k * batch, batch, world, r));
+  }
   rep.sharded_reads = static_cast<int32_t>(
       std::count_if(analysis.sharded_reads().begin(), analysis.sharded_reads().end(),
                     [](const ShardedRead& r) { return !r.unscale; }));

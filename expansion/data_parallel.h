@@ -2,7 +2,9 @@
 // into the graph each of N ranks runs.
 //
 //   * Batch inputs become the rank's contiguous slice along their batch dim
-//     (balanced: the first B % N ranks get one extra sample).
+//     (balanced: the first B % N ranks get one extra sample); with
+//     micro-batches (x.chunk(k)), its slice of each micro-batch, concatenated
+//     (ir::RankRows; the rank graphs' metadata ir::kMicroBatchKey says so).
 //   * Every value sharded on the batch gets its local shape, and every
 //     argument that spells a global batch-sized extent (view/reshape/expand
 //     sizes, factory sizes, select/slice_backward input sizes) the local one.
@@ -132,8 +134,13 @@ struct ExpansionReport {
   DataParallelStyle style = DataParallelStyle::kReplicate;
   // FULLY_SHARD: the sharded state, in placeholder order (empty for REPLICATE).
   std::vector<ShardedState> sharded_state;
+  // The batch size B, and each rank's slice of it; with micro-batches, of one
+  // micro-batch (the step's batch is micro_batches * B rows) and rank r holds
+  // rank_rows[r] of the step's batch (ir::RankRows: its slice of each).
   int64_t batch_size = 0;
   std::vector<RankSlice> slices;
+  int64_t micro_batches = 1;
+  std::vector<std::vector<RankSlice>> rank_rows;  // empty without micro-batches
   std::vector<Bucket> buckets;
   std::vector<Collective> collectives;  // rank 0's.
   int64_t bytes_per_step = 0;           // all-reduced bytes per rank per step (all_reduce only).

@@ -86,6 +86,13 @@ absl::StatusOr<RankNodes> RankExpander::Run(std::vector<Collective>* collectives
   r.header.metadata.emplace_back("fxdp.local_batch", absl::StrCat(slice_.size));
   r.header.metadata.emplace_back(std::string(ir::kInputShapesKey),
                                  ir::InputShapesText(ir::InputShapesOf(g_)));
+  // Micro-batches: the rows each rank holds are ir::RankRows(B, this, N, r), which the server
+  // and the workers read from here (a key the input graph carried is not the analysis').
+  auto& meta = r.header.metadata;
+  meta.erase(std::remove_if(meta.begin(), meta.end(),
+                            [](const auto& kv) { return kv.first == ir::kMicroBatchKey; }),
+             meta.end());
+  if (a_.micro_batches() > 1) meta.emplace_back(ir::kMicroBatchKey, absl::StrCat(batch_));
   FXDP_RETURN_IF_ERROR(AddRandomLayouts(g_, a_, r.header));
   if (fs_ != nullptr) FullyShardMetadata(r.header);
   r.nodes = std::move(out_);

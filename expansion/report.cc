@@ -1,5 +1,6 @@
 // Printing an ExpansionReport.
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -33,6 +34,16 @@ std::string ExpansionReport::ToJson() const {
     sl.push_back({{"rank", s.rank}, {"start", s.start}, {"size", s.size}});
   }
   j["slices"] = std::move(sl);
+  if (micro_batches > 1) {
+    j["micro_batches"] = micro_batches;
+    nlohmann::json rr = nlohmann::json::array();
+    for (const std::vector<RankSlice>& rows : rank_rows) {
+      nlohmann::json one = nlohmann::json::array();
+      for (const RankSlice& s : rows) one.push_back({{"start", s.start}, {"size", s.size}});
+      rr.push_back(std::move(one));
+    }
+    j["rank_rows"] = std::move(rr);
+  }
   nlohmann::json bs = nlohmann::json::array();
   for (const Bucket& b : buckets) {
     bs.push_back({{"index", b.index},
@@ -69,6 +80,18 @@ std::string ExpansionReport::ToTable() const {
   for (const RankSlice& s : slices) {
     absl::StrAppendFormat(&out, "  rank %d: samples [%d, %d) (%d)\n", s.rank, s.start,
                           s.start + s.size, s.size);
+  }
+  if (micro_batches > 1) {
+    absl::StrAppendFormat(&out,
+                          "micro-batches: %d of %d samples (the step's batch is %d); each rank "
+                          "holds its slice of each:\n",
+                          micro_batches, batch_size, micro_batches * batch_size);
+    for (size_t r = 0; r < rank_rows.size(); ++r) {
+      std::vector<std::string> rows;
+      for (const RankSlice& s : rank_rows[r])
+        rows.push_back(absl::StrFormat("[%d, %d)", s.start, s.start + s.size));
+      absl::StrAppendFormat(&out, "  rank %d: rows %s\n", r, absl::StrJoin(rows, " "));
+    }
   }
   absl::StrAppendFormat(&out, "\nstyle: %s\n", DataParallelStyleName(style));
   if (!sharded_state.empty()) {

@@ -215,9 +215,6 @@ class BatchDimAnalyzer {
   // (coupled.cc).
   absl::Status GatherCoupled(ir::NodeId id, const ir::Node& n, std::vector<Operand>& ops,
                              const std::function<int(const Operand&, int64_t)>& label_of);
-  // INVALID_ARGUMENT when the step has micro-batches: a gather would couple other samples than
-  // one device's micro-batch does (coupled.cc).
-  absl::Status GatherNeedsWholeBatches(const ir::Node& n, absl::string_view what) const;
   absl::Status Reduce(ir::NodeId id, const ir::Node& n, const OpRule& rule);
   int64_t ReductionArg(const ir::Node& n, const OpRule& rule) const;
   absl::Status Loss(ir::NodeId id, const ir::Node& n, const OpRule& rule);
@@ -247,6 +244,9 @@ class BatchDimAnalyzer {
   absl::Status Spatial(ir::NodeId id, const ir::Node& n, const OpRule& rule);
   absl::Status CatStack(ir::NodeId id, const ir::Node& n, const OpRule& rule);
   absl::Status DimOp(ir::NodeId id, const ir::Node& n, const OpRule& rule);
+  // The error for a split along the batch dim `d` of `self` (shape_ops.cc): unequal micro-batches
+  // named, with what to do.
+  absl::Status SplitAlongBatchError(const ir::Node& n, const Operand& self, int32_t d) const;
   // Where arg 0's batch dim (sharded, `self`) lands after a dim op along
   // `dim`, or the error when the op splits, selects, indexes or takes part of
   // the batch dim.

@@ -32,7 +32,6 @@ absl::StatusOr<bool> BatchDimAnalyzer::GatherAlong(NodeId id, const Node& n, con
   bool along = false;
   for (const Operand& o : ops) along |= o.info.placement.is_shard() && o.info.placement.dim == dim;
   if (!along) return false;
-  FXDP_RETURN_IF_ERROR(GatherNeedsWholeBatches(n, "works along the batch dim"));
   // A mean-scaled operand on `dim` (a softmax over the batch below a mean-reduced loss) is
   // gathered unscaled: each rank's rows times B_r/B, the one device's values (true scale).
   std::vector<int> unscaled;
@@ -119,7 +118,6 @@ absl::Status BatchDimAnalyzer::GatherCoupled(
   const bool second =
       !g0.ok ||
       (g1.ok && (g1.bytes < g0.bytes || (g1.bytes == g0.bytes && g1.last_arg > g0.last_arg)));
-  FXDP_RETURN_IF_ERROR(GatherNeedsWholeBatches(n, "multiplies samples by samples of the batch"));
   const int gathered = labels[second ? 1 : 0];
   std::vector<std::string> names;
   for (Operand& o : ops) {
@@ -185,24 +183,6 @@ absl::Status BatchDimAnalyzer::IndexAdd(NodeId id, const Node& n, const OpRule& 
   info.arg = 3;
   SetAllOut(id, Partial(false));
   return absl::OkStatus();
-}
-
-// Micro-batches (FindMicroBatches): each rank splits its own rows into k pieces (as DDP's
-// no_sync), so micro-batch j all-gathered over the ranks holds every rank's j-th piece, not
-// one device's rows [j*s, (j+1)*s): an op coupling the samples of a micro-batch would mix
-// other samples than one device does. Exact only if each rank held its share of every
-// micro-batch (docs/shapes.md, item 8); refused until then.
-absl::Status BatchDimAnalyzer::GatherNeedsWholeBatches(const Node& n,
-                                                       absl::string_view what) const {
-  const int64_t k = a_.micro_batches_, s = a_.batch_size_;
-  if (k <= 1) return absl::OkStatus();
-  return Error(
-      n, absl::StrFormat("%s, so it reads each micro-batch all-gathered, but the step splits its "
-                         "batch of %d samples into %d micro-batches of %d and each rank splits its "
-                         "own rows: micro-batch j gathered over the ranks would hold every rank's "
-                         "j-th piece, not one device's samples [%d*j, %d*j+%d); samples coupled "
-                         "across the batch need the whole batch in one step (no micro-batches)",
-                         what, k * s, k, s, s, s, s));
 }
 
 }  // namespace fxdp

@@ -82,8 +82,9 @@ int64_t BatchDimAnalyzer::EqualSplitSize(const Node& n, int64_t dim, int64_t ran
 // micro-batches of one size s < B, each micro-batch is the batch the rest of
 // the graph sees. The analysis then runs with B = s: an input (B = k * s
 // rows) is S(d) whose local extent is k * s_r, each split piece is S(d) with
-// s_r rows, and rank r splits its own k * s_r rows into k micro-batches, as
-// DDP with no_sync() does (the expansion requires k | B_r).
+// s_r rows: rank r holds its share s_r of EACH micro-batch (ir::RankRows), so
+// micro-batch j over the ranks is one device's micro-batch j. Pieces of
+// unequal sizes are refused at the split (SplitAlongBatchError).
 absl::Status BatchDimAnalyzer::FindMicroBatches() {
   if (a_.batch_size_ <= 1) return absl::OkStatus();
   const ir::UseMap uses = ir::ComputeUses(g_);

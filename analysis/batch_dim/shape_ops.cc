@@ -136,6 +136,27 @@ bool BatchDimAnalyzer::SliceTakesAll(const Node& n, const OpRule& rule, int64_t 
   return start == 0 && end >= size && step == 1;
 }
 
+// A split along the batch dim that is not one of micro-batches (FindMicroBatches): micro-batches of
+// unequal sizes (x.chunk(k) of a batch k does not divide) would each need their own batch size in
+// the expansion, which sizes every sharded value by one B; refused, with what to do.
+absl::Status BatchDimAnalyzer::SplitAlongBatchError(const Node& n, const Operand& self,
+                                                    int32_t d) const {
+  const int64_t rows = self.type->shape[d];
+  const int64_t piece = EqualSplitSize(n, d, self.type->rank());
+  if (self.ref.node.value >= 0 && g_.node(self.ref.node).is_placeholder() && piece > 0 &&
+      piece < rows && rows % piece != 0) {
+    const int64_t k = (rows + piece - 1) / piece;
+    return Error(n, absl::StrFormat("splits the batch of %d samples along dim %d into "
+                                    "micro-batches of %d rows, the last of %d: micro-batches of "
+                                    "unequal sizes cannot be split over ranks exactly (each would "
+                                    "need its own batch size); make the batch a multiple of the "
+                                    "micro-batch count (pad it to %d samples, or drop the partial "
+                                    "last batch: DataLoader(..., drop_last=True))",
+                                    rows, d, piece, rows - (k - 1) * piece, k * piece));
+  }
+  return Error(n, absl::StrFormat("splits along dim %d, which holds the batch", d));
+}
+
 absl::StatusOr<int32_t> BatchDimAnalyzer::ShardedDimAfter(const Node& n, const OpRule& rule,
                                                           const Operand& self, int64_t dim) const {
   const bool drops_dim = rule.has(kDropsDim);
@@ -151,9 +172,7 @@ absl::StatusOr<int32_t> BatchDimAnalyzer::ShardedDimAfter(const Node& n, const O
       if (dim == d && !drops_dim && EqualSplitSize(n, dim, in_rank) >= self.type->shape[d]) {
         break;  // one piece, the whole value (x.chunk(1)): an identity
       }
-      if (dim == d) {
-        return Error(n, absl::StrFormat("splits along dim %d, which holds the batch", d));
-      }
+      if (dim == d) return SplitAlongBatchError(n, self, d);
       if (drops_dim && d > dim) --nd;
       break;
     case OpFamily::kSelect:

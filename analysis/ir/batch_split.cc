@@ -17,4 +17,21 @@ std::vector<RankSlice> SplitBatch(int64_t batch, int32_t world) {
   return out;
 }
 
+std::vector<RankSlice> RankRows(int64_t batch, int64_t micro, int32_t world, int32_t rank) {
+  if (micro <= 0 || micro >= batch) return {SliceForRank(batch, world, rank)};
+  std::vector<RankSlice> out;
+  for (int64_t first = 0; first < batch; first += micro) {
+    RankSlice s = SliceForRank(std::min(micro, batch - first), world, rank);
+    s.start += first;
+    out.push_back(s);
+  }
+  return out;
+}
+
+int64_t RowCount(const std::vector<RankSlice>& rows) {
+  int64_t n = 0;
+  for (const RankSlice& s : rows) n += s.size;
+  return n;
+}
+
 }  // namespace fxdp::ir

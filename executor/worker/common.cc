@@ -137,12 +137,19 @@ absl::StatusOr<TensorMap> ShardBatch(const TensorMap& batch, const Program& prog
         t.size(dim) == want[dim])
       continue;
     const int64_t b = t.size(dim);
-    const ir::RankSlice slice = ir::SliceForRank(b, world_size, rank);
-    if (slice.size != want[dim])
+    const std::vector<ir::RankSlice> rows =
+        ir::RankRows(b, program.micro_batch(), world_size, rank);
+    if (ir::RowCount(rows) != want[dim])
       return absl::InvalidArgumentError(absl::StrCat(
           "input '", in.state_name, "' has ", b, " samples on dim ", dim, "; rank ", rank, " of ",
-          world_size, " would get ", slice.size, " but its graph expects ", want[dim]));
-    t = t.narrow(dim, slice.start, slice.size).contiguous();
+          world_size, " would get ", ir::RowCount(rows),
+          program.micro_batch() > 0
+              ? absl::StrCat(" (its share of each micro-batch of ", program.micro_batch(), ")")
+              : std::string(),
+          " but its graph expects ", want[dim]));
+    std::vector<at::Tensor> pieces;
+    for (const ir::RankSlice& s : rows) pieces.push_back(t.narrow(dim, s.start, s.size));
+    t = pieces.size() == 1 ? pieces[0].contiguous() : at::cat(pieces, dim);
   }
   return out;
 }

@@ -85,10 +85,11 @@ absl::StatusOr<Program> LoadRankProgram(const ir::Graph& graph, const RankSetup&
 std::string DeviceMemorySummary(const c10::Device& device);
 
 // This rank's part of a global batch: every INPUT with a batch dim whose size
-// differs from the graph's becomes its balanced contiguous slice (the first
-// B % N ranks get one extra sample: fxdp expand's split); tensors that
-// already have the graph's size are used as they are. INVALID_ARGUMENT when
-// the slice would not have the graph's size.
+// differs from the graph's becomes this rank's rows (ir::RankRows: its
+// balanced contiguous slice, the first B % N ranks getting one extra sample,
+// or with micro-batches, Program::micro_batch, its share of each); tensors
+// that already have the graph's size are used as they are. INVALID_ARGUMENT
+// when the rows would not have the graph's size.
 absl::StatusOr<TensorMap> ShardBatch(const TensorMap& batch, const Program& program, int rank,
                                      int world_size);
 

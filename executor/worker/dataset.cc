@@ -176,11 +176,13 @@ absl::StatusOr<TensorMap> DatasetReader::ReadStep(int64_t step, const Program& p
   std::string where;
   FXDP_ASSIGN_OR_RETURN(const DatasetStep* step_entry, Locate(step, &where));
   const DatasetStep& s = *step_entry;
-  const ir::RankSlice slice = ir::SliceForRank(s.end - s.begin, o_.world_size, o_.rank);
+  const std::vector<ir::RankSlice> rows =
+      ir::RankRows(s.end - s.begin, program.micro_batch(), o_.world_size, o_.rank);
+  const int64_t count = ir::RowCount(rows);
   // Everything is checked before a byte is read.
   struct Piece {
     const ProgramInput* in;
-    uint64_t offset, bytes;
+    std::vector<std::pair<uint64_t, uint64_t>> reads;  // (offset, bytes), one per row range
   };
   std::vector<Piece> pieces;
   uint64_t total = 0;
@@ -200,14 +202,18 @@ absl::StatusOr<TensorMap> DatasetReader::ReadStep(int64_t step, const Program& p
     if (e->shape[0] < s.end)
       return absl::InvalidArgumentError(absl::StrCat(where, ": tensor '", in.state_name, "' has ",
                                                      e->shape[0], " rows, fewer than ", s.end));
-    if (slice.size != want.shape[0])
+    if (count != want.shape[0])
       return absl::InvalidArgumentError(absl::StrCat(
-          where, ": the step has ", s.end - s.begin, " rows, of which this rank gets ", slice.size,
+          where, ": the step has ", s.end - s.begin, " rows, of which this rank gets ", count,
           "; its graph expects ", want.shape[0], " for input '", in.state_name, "'"));
     const uint64_t row = (e->end - e->begin) / static_cast<uint64_t>(e->shape[0]);
-    pieces.push_back(Piece{&in, e->begin + row * static_cast<uint64_t>(s.begin + slice.start),
-                           row * static_cast<uint64_t>(slice.size)});
-    total += pieces.back().bytes;
+    Piece p{&in, {}};
+    for (const ir::RankSlice& r : rows) {
+      p.reads.emplace_back(e->begin + row * static_cast<uint64_t>(s.begin + r.start),
+                           row * static_cast<uint64_t>(r.size));
+      total += p.reads.back().second;
+    }
+    pieces.push_back(std::move(p));
   }
   if (total > o_.max_step_bytes)
     return absl::ResourceExhaustedError(absl::StrCat(where, ": this rank's rows are ", total,
@@ -217,8 +223,12 @@ absl::StatusOr<TensorMap> DatasetReader::ReadStep(int64_t step, const Program& p
   for (const Piece& p : pieces) {
     at::Tensor t = at::empty(p.in->type.tensor.shape,
                              at::TensorOptions().dtype(ToTorch(p.in->type.tensor.dtype)));
-    if (absl::Status st = shard_->Read(p.offset, p.bytes, t.data_ptr()); !st.ok())
-      return absl::Status(st.code(), absl::StrCat(where, ": ", st.message()));
+    char* dst = static_cast<char*>(t.data_ptr());
+    for (const auto& [offset, bytes] : p.reads) {
+      if (absl::Status st = shard_->Read(offset, bytes, dst); !st.ok())
+        return absl::Status(st.code(), absl::StrCat(where, ": ", st.message()));
+      dst += bytes;
+    }
     out.emplace(p.in->state_name, std::move(t));
   }
   return out;

@@ -6,9 +6,10 @@
 //
 // Step i (1-based) of a job uses entry (i - 1) mod the number of entries: rows
 // [begin, end) along dim 0 of every tensor of `file` named by an INPUT
-// placeholder's state name. A rank reads only its balanced slice of those
-// rows (the split of fxdp expand), as byte ranges of the shard, and only when
-// the step runs: one step's rows are held at a time, never the epoch.
+// placeholder's state name. A rank reads only its rows of those (ir::RankRows:
+// its balanced slice, or its share of each micro-batch), as byte ranges of
+// the shard, and only when the step runs: one step's rows are held at a time,
+// never the epoch.
 //
 // What comes from the index is untrusted (a job's data_paths name it): the
 // index is at most kMaxDatasetIndexBytes, shard names are relative paths

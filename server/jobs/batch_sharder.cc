@@ -4,9 +4,11 @@
 #include <cmath>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "expansion/data_parallel.h"
+#include "util/status_macros.h"
 
 namespace fxdp::server {
 namespace {
@@ -99,34 +101,52 @@ absl::Status CheckInputShape(const std::string& what, const InputSpec& in, v1::D
 
 }  // namespace
 
+absl::StatusOr<int64_t> MicroBatchOf(const v1::ExpandResponse& expanded) {
+  int64_t rows = 0;
+  if (expanded.graphs_size() == 0) return 0;
+  for (const v1::StringPair& m : expanded.graphs(0).metadata()) {
+    if (m.key() == ir::kMicroBatchKey && (!absl::SimpleAtoi(m.value(), &rows) || rows < 0)) {
+      return absl::InternalError(absl::StrCat("the rank graphs' ", ir::kMicroBatchKey, " is '",
+                                              m.value(), "', not a number of rows"));
+    }
+  }
+  return rows;
+}
+
 absl::StatusOr<RankRows> RankRowsOf(const v1::ExpandResponse& expanded, int world,
                                     const std::vector<InputSpec>& inputs,
                                     const ir::InputShapes& shapes) {
+  FXDP_ASSIGN_OR_RETURN(const int64_t micro, MicroBatchOf(expanded));
   RankRows rows;
+  std::map<std::string, int64_t> global;  // each batch input's rows
   for (const InputSpec& in : inputs) {
-    auto global = shapes.find(in.name);
-    if (in.batch_dim >= 0 && global != shapes.end() &&
-        in.batch_dim < static_cast<int>(global->second.size()))
-      rows[in.name];
+    auto it = shapes.find(in.name);
+    if (in.batch_dim >= 0 && it != shapes.end() &&
+        in.batch_dim < static_cast<int>(it->second.size()))
+      global[in.name] = it->second[in.batch_dim];
   }
-  for (int r = 0; r < world && !rows.empty(); ++r) {
+  for (int r = 0; r < world && !global.empty(); ++r) {
     for (const InputSpec& local : GraphInputs(expanded.graphs(r % expanded.graphs_size()))) {
-      auto it = rows.find(local.name);
-      if (it == rows.end()) continue;
+      auto it = global.find(local.name);
+      if (it == global.end()) continue;
       const int bd = FindInputSpec(inputs, local.name)->batch_dim;
-      const int64_t start = r == 0 ? 0 : it->second.back().start + it->second.back().size;
-      if (bd < static_cast<int>(local.shape.size()))
-        it->second.push_back({r, start, local.shape[bd]});
+      std::vector<ir::RankSlice> mine = ir::RankRows(it->second, micro, world, r);
+      const int64_t declared = bd < static_cast<int>(local.shape.size()) ? local.shape[bd] : -1;
+      if (ir::RowCount(mine) != declared) {
+        return absl::InternalError(
+            absl::StrCat("rank ", r, "'s graph declares ", declared, " rows of input '", local.name,
+                         "', but its rows of the global batch of ", it->second,
+                         micro > 0 ? absl::StrCat(" in micro-batches of ", micro) : std::string(),
+                         " are ", ir::RowCount(mine), " (", ir::InputShapesText(shapes), ")"));
+      }
+      rows[local.name].push_back(std::move(mine));
     }
   }
-  for (const auto& [name, slices] : rows) {
-    const int64_t global = shapes.at(name)[FindInputSpec(inputs, name)->batch_dim];
-    const int64_t covered = slices.empty() ? 0 : slices.back().start + slices.back().size;
-    if (static_cast<int>(slices.size()) != world || covered != global) {
-      return absl::InternalError(absl::StrCat("the rank graphs declare ", covered,
-                                              " rows of input '", name, "' on ", slices.size(),
-                                              " of ", world, " ranks, the global batch has ",
-                                              global, " (", ir::InputShapesText(shapes), ")"));
+  for (const auto& [name, n] : global) {
+    if (static_cast<int>(rows[name].size()) != world) {
+      return absl::InternalError(absl::StrCat("the rank graphs declare input '", name, "' on ",
+                                              rows[name].size(), " of ", world, " ranks (",
+                                              ir::InputShapesText(shapes), ")"));
     }
   }
   return rows;
@@ -235,13 +255,13 @@ absl::StatusOr<std::vector<v1::ServerMessage>> BatchSharder::RankBatch(int rank,
         return absl::InternalError(absl::StrCat("step ", first_ + step_, "'s batch: no rows of '",
                                                 t.name, "' for rank ", rank));
       }
-      const RankSlice slice = it->second[rank];
-      absl::StatusOr<std::string> data = SliceDim(t, in.batch_dim, slice.start, slice.size);
+      const std::vector<RankSlice>& slices = it->second[rank];
+      absl::StatusOr<std::string> data = SliceRows(t, in.batch_dim, slices);
       if (!data.ok()) {
         return absl::InvalidArgumentError(
             absl::StrCat("step ", first_ + step_, "'s batch: ", data.status().message()));
       }
-      shape[in.batch_dim] = slice.size;
+      shape[in.batch_dim] = ir::RowCount(slices);
       c.set_data(*std::move(data));
     } else {
       c.set_data(t.data);

@@ -3,12 +3,13 @@
 // INPUTs (names, dtypes, global shapes, chunking, hyper-parameter names and
 // values; a graph with symbolic sizes: the static dims only, the step's
 // shapes then go to ShapeVariants, whose instantiation checks the rest),
-// assembles the global tensors, and cuts each rank its slice along each
-// INPUT's batch dim (the rows its rank graph declares, RankRowsOf: the
-// balanced split of expansion/; the whole tensor for an input without a
-// batch dim), as Batch messages of at most chunk_bytes of tensor data
-// (`more` on all but the last) that carry the step's hyper-parameters (the
-// schedule's, overridden by the batch's) and the program that runs it
+// assembles the global tensors, and cuts each rank its rows along each
+// INPUT's batch dim (RankRowsOf: ir::RankRows of the step's batch, the
+// balanced split of expansion/ or with micro-batches its share of each, as
+// the shape's rank graphs declare them; the whole tensor for an input
+// without a batch dim), as Batch messages of at most chunk_bytes of tensor
+// data (`more` on all but the last) that carry the step's hyper-parameters
+// (the schedule's, overridden by the batch's) and the program that runs it
 // (Batch.graph_id). Errors are INVALID_ARGUMENT naming the step, the tensor
 // and what was expected. Not thread-safe (one per job runner). No gRPC here.
 #ifndef FXDP_SERVER_JOBS_BATCH_SHARDER_H_
@@ -26,6 +27,7 @@
 #include "analysis/ir/batch_split.h"
 #include "analysis/ir/hyperparameters.h"
 #include "analysis/ir/instantiate.h"
+#include "proto/fxdp/v1/compile.pb.h"
 #include "proto/fxdp/v1/jobs.pb.h"
 #include "proto/fxdp/v1/worker.pb.h"
 #include "server/jobs/job_spec.h"
@@ -33,12 +35,19 @@
 
 namespace fxdp::server {
 
-// Rank r's rows of each batch INPUT with a batch dim (by name): where they
-// start in the global batch and how many, as the rank graphs of `expanded`
-// declare them (each INPUT placeholder's size along its batch dim). INTERNAL
-// when a rank graph lacks the input or the sizes do not add up to the global
-// batch's (`shapes`).
-using RankRows = std::map<std::string, std::vector<ir::RankSlice>>;
+// The micro-batch size (rows) the expansion wrote into the rank graphs of
+// `expanded` (ir::kMicroBatchKey), 0 when the step has none. Each shape of a
+// symbolic graph has its own (x.chunk(k) of 8 rows: 4; of 6 rows: 3).
+// INTERNAL when the key is not a number.
+absl::StatusOr<int64_t> MicroBatchOf(const v1::ExpandResponse& expanded);
+
+// Rank r's rows of each batch INPUT with a batch dim (by name; [r]: the
+// ranges of the global batch rank r holds, in its graph's order): ir::RankRows
+// of the step's global batch (`shapes`) with the micro-batch size of
+// `expanded` (MicroBatchOf), checked against the rows each rank graph of
+// `expanded` declares (its INPUT placeholder's size along the batch dim).
+// INTERNAL when a rank graph lacks the input or declares other rows.
+using RankRows = std::map<std::string, std::vector<std::vector<ir::RankSlice>>>;
 absl::StatusOr<RankRows> RankRowsOf(const v1::ExpandResponse& expanded, int world,
                                     const std::vector<InputSpec>& inputs,
                                     const ir::InputShapes& shapes);

@@ -42,11 +42,20 @@ absl::Status ChunkStream::Add(const v1::TensorChunk& c) {
 std::vector<RawTensor> ChunkStream::Take() { return std::exchange(done_, {}); }
 
 absl::StatusOr<std::string> SliceDim(const RawTensor& t, int dim, int64_t start, int64_t size) {
+  return SliceRows(t, dim, {ir::RankSlice{0, start, size}});
+}
+
+absl::StatusOr<std::string> SliceRows(const RawTensor& t, int dim,
+                                      const std::vector<ir::RankSlice>& rows) {
   const int rank = static_cast<int>(t.shape.size());
-  if (dim < 0 || dim >= rank || start < 0 || size < 0 || start + size > t.shape[dim]) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "' ",
-                                                   TypeString(t.dtype, t.shape), ": no slice [",
-                                                   start, ", ", start + size, ") along dim ", dim));
+  uint64_t rows_out = 0;
+  for (const ir::RankSlice& r : rows) {
+    if (dim < 0 || dim >= rank || r.start < 0 || r.size < 0 || r.start + r.size > t.shape[dim]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", t.name, "' ", TypeString(t.dtype, t.shape), ": no slice [",
+                       r.start, ", ", r.start + r.size, ") along dim ", dim));
+    }
+    rows_out += static_cast<uint64_t>(r.size);
   }
   uint64_t outer = 1, inner = static_cast<uint64_t>(ir::DTypeItemSize(t.dtype));
   for (int d = 0; d < dim; ++d) outer *= static_cast<uint64_t>(t.shape[d]);
@@ -57,11 +66,13 @@ absl::StatusOr<std::string> SliceDim(const RawTensor& t, int dim, int64_t start,
                                                    " bytes, ", TypeString(t.dtype, t.shape),
                                                    " needs ", outer * row));
   }
-  const uint64_t piece = static_cast<uint64_t>(size) * inner;
   std::string out;
-  out.reserve(outer * piece);
+  out.reserve(outer * rows_out * inner);
   for (uint64_t o = 0; o < outer; ++o) {
-    out.append(t.data, o * row + static_cast<uint64_t>(start) * inner, piece);
+    for (const ir::RankSlice& r : rows) {
+      out.append(t.data, o * row + static_cast<uint64_t>(r.start) * inner,
+                 static_cast<uint64_t>(r.size) * inner);
+    }
   }
   return out;
 }

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "analysis/ir/batch_split.h"
 #include "analysis/ir/declared_tensors.h"
 #include "analysis/ir/raw_tensor.h"
 #include "analysis/ir/tensor_chunks.h"
@@ -65,6 +66,11 @@ class ChunkStream {
 // bytes (the slice's own row-major layout). Requires 0 <= dim < rank and a
 // range inside the dim (checked: INVALID_ARGUMENT).
 absl::StatusOr<std::string> SliceDim(const RawTensor& t, int dim, int64_t start, int64_t size);
+// The ranges `rows` along `dim`, concatenated along it in their order (a
+// rank's rows of a batch with micro-batches: ir::RankRows), as bytes of the
+// result's row-major layout. The same checks as SliceDim, per range.
+absl::StatusOr<std::string> SliceRows(const RawTensor& t, int dim,
+                                      const std::vector<ir::RankSlice>& rows);
 
 // Splits a chunk's bytes into chunks of at most `max_bytes` data bytes
 // (offsets adjusted; an empty chunk stays one chunk), appended to `out`.

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "analysis/ir/hyperparameters.h"
 #include "analysis/ir/text.h"
 #include "tests/expansion/expand_util.h"
@@ -24,6 +25,7 @@ using ::fxdp::testing::ReadTestData;
 using ::fxdp::testing::StatusIs;
 using ::fxdp::testing::ValueOrDie;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::vector<std::string> Targets(const ir::Graph& g) {
   std::vector<std::string> t;
@@ -184,10 +186,18 @@ TEST(Expand, StateThatDependsOnBatchRowsIsRejected) {
       StatusIs(absl::StatusCode::kInvalidArgument, "output 0 (UPDATED_PARAMETER 'p') is S(0)"));
 }
 
+std::string MetadataValue(const ir::Graph& g, const std::string& key) {
+  for (const auto& [k, v] : g.header().metadata) {
+    if (k == key) return v;
+  }
+  return "<absent>";
+}
+
 // Gradient accumulation: x.chunk(2) in a loop over micro-batches. Each micro-batch is the batch
-// the analysis sees (B = 4 of 8 rows); each rank splits its own 4 rows into 2 micro-batches of 2
-// (DDP with no_sync()), the gradient (the sum over micro-batches) is all-reduced once.
-TEST(Expand, MicroBatchesSplitEachRanksRows) {
+// the analysis sees (B = 4 of 8 rows); rank r holds its share of EACH micro-batch (RankRows: rows
+// 0-1 and 4-5 on rank 0 of 2), which the rank graphs' "fxdp.micro_batch" tells the server and
+// the workers; the gradient (the sum over micro-batches) is all-reduced once.
+TEST(Expand, MicroBatchesGiveEachRankItsShareOfEach) {
   const std::string text = R"(graph format=1 producer="test" torch="2.13.0+cpu" {
   %w: f32[3] rg = placeholder() {role=PARAMETER, state="w"}
   %x: f32[8, 3] = placeholder() {role=INPUT, state="x", batch_dim=0}
@@ -215,12 +225,54 @@ TEST(Expand, MicroBatchesSplitEachRanksRows) {
   EXPECT_EQ(ir::PrintArgument(g0, Find(g0, "sp").args[1]), "2");
   EXPECT_EQ(Find(g0, "x1").outputs[0].tensor.shape, (std::vector<int64_t>{2, 3}));
   EXPECT_EQ(Count(g0, "_c10d_functional::all_reduce"), 1);  // once per step, not per micro-batch
+  EXPECT_EQ(MetadataValue(g0, ir::kMicroBatchKey), "4");
+  EXPECT_EQ(e.report.micro_batches, 2);
+  ASSERT_EQ(e.report.rank_rows.size(), 2u);
+  EXPECT_EQ(e.report.rank_rows[1][1].start, 6);
+  EXPECT_THAT(e.report.ToJson(), HasSubstr("\"micro_batches\": 2"));
+  EXPECT_THAT(e.report.ToTable(), HasSubstr("rank 1: rows [2, 4) [6, 8)"));
 
-  // 3 ranks cannot split a micro-batch of 4 evenly: refused, naming the sizes.
+  // 3 ranks: micro-batches of 4 rows split 2 + 1 + 1 (before, each rank split its own contiguous
+  // rows, and 3 ranks were refused): rank 0 reads 4 rows in 2 pieces, ranks 1 and 2 two in 1.
   auto a3 = ValueOrDie(AnalyzeBatchDims(g, {3}));
-  EXPECT_THAT(ExpandDataParallel(g, a3, {.world_size = 3}).status(),
+  Expansion e3 = ValueOrDie(ExpandDataParallel(g, a3, {.world_size = 3}));
+  ASSERT_FALSE(e3.identical);
+  const int64_t want_rows[] = {4, 2, 2}, want_piece[] = {2, 1, 1};
+  for (int r = 0; r < 3; ++r) {
+    const ir::Graph& gr = e3.graph(r);
+    EXPECT_EQ(Find(gr, "x").outputs[0].tensor.shape[0], want_rows[r]) << r;
+    EXPECT_EQ(ir::PrintArgument(gr, Find(gr, "sp").args[1]), absl::StrCat(want_piece[r])) << r;
+    EXPECT_EQ(ir::RowCount(e3.report.rank_rows[r]), want_rows[r]) << r;
+    EXPECT_EQ(MetadataValue(gr, ir::kMicroBatchKey), "4") << r;
+  }
+  EXPECT_EQ(e3.report.rank_rows[2][1].start, 7);
+}
+
+// Micro-batches of unequal sizes (x.chunk(2) of 5 rows: 3 and 2) are refused at the split, with
+// what to do; a step without micro-batches has no "fxdp.micro_batch" in its rank graphs.
+TEST(Expand, UnequalMicroBatchesAreRefusedNamingTheSizes) {
+  EXPECT_THAT(ExpandText(R"(graph format=1 producer="test" torch="2.13.0+cpu" {
+  %w: f32[3] rg = placeholder() {role=PARAMETER, state="w"}
+  %x: f32[5, 3] = placeholder() {role=INPUT, state="x", batch_dim=0}
+  %sp: (f32[3, 3], f32[2, 3]) = aten::split.Tensor(%x, 3)
+  %x0: f32[3, 3] = operator.getitem(%sp#0, 0)
+  %x1: f32[2, 3] = operator.getitem(%sp#1, 1)
+  %g0: f32[3] = aten::mean.dim(%x0, [0], false)
+  %g1: f32[3] = aten::mean.dim(%x1, [0], false)
+  %g: f32[3] = aten::add.Tensor(%g0, %g1) {grad_of="w"}
+  %n: f32[3] = aten::sub.Tensor(%w, %g)
+  %output = output([%n]) {specs=[UPDATED_PARAMETER "w"]}
+}
+)",
+                         {.world_size = 2})
+                  .status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       "splits its batch of 8 samples into 2 micro-batches of 4"));
+                       "node 'sp' (aten::split.Tensor): splits the batch of 5 samples along dim 0 "
+                       "into micro-batches of 3 rows, the last of 2"));
+  Expansion e = ValueOrDie(ExpandText(ReadTestData("mlp_sgd.txt"), {.world_size = 2}));
+  EXPECT_EQ(MetadataValue(e.graph(0), ir::kMicroBatchKey), "<absent>");
+  EXPECT_EQ(e.report.micro_batches, 1);
+  EXPECT_THAT(e.report.ToJson(), Not(HasSubstr("micro_batches")));
 }
 
 TEST(Expand, Errors) {

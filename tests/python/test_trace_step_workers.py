@@ -25,7 +25,7 @@ from _trace_steps import (
     run_traced,
     warmup_decay,
 )
-from _util import ATOL, RTOL, free_port, fxdp_binary
+from _util import ATOL, RTOL, expand_json, free_port, fxdp_binary
 from fxdp import schedule as S
 from fxdp import zoo
 from safetensors.torch import load_file, save_file
@@ -211,26 +211,21 @@ def test_workers_equal_one_device_with_a_schedule(tmp_path, name, world, b, k, b
             torch.testing.assert_close(f[n], want[n], **tol, msg=lambda msg: f"rank {r} {n}: {msg}")
 
 
-def test_micro_batches_that_do_not_split_over_ranks_are_refused(tmp_path):
+def test_micro_batches_the_world_size_does_not_divide_split_per_micro_batch(tmp_path):
+    """2 micro-batches of 3 rows on 2 ranks: each rank holds its share of each (rows 0-1 and 3-4
+    on rank 0, 2 and 5 on rank 1; analysis/ir/batch_split.h RankRows). Refused before ("make the
+    batch a multiple of 4"): each rank split its own contiguous rows. Training on such splits is
+    checked against one device in test_micro_batch_rows.py."""
     m = _mlp()
     step = fxdp.trace_step(
         accumulating_step(_mse, 2, 0.05), m, O.SGD(m.parameters(), lr=0.1), _mlp_batches(b=6)[0]
     )
     step.save(tmp_path / "g.pb")
-    r = subprocess.run(
-        [
-            fxdp_binary("FXDP_BIN", "fxdp"),
-            "expand",
-            str(tmp_path / "g.pb"),
-            "--world-size",
-            "2",
-            "-o",
-            str(tmp_path / "x.pb"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
+    report, _ = expand_json(
+        fxdp_binary("FXDP_BIN", "fxdp"), str(tmp_path / "g.pb"), 2, tmp_path / "x.pb"
     )
-    assert r.returncode != 0
-    assert "splits its batch of 6 samples into 2 micro-batches of 3" in r.stderr
-    assert "make the batch a multiple of 4" in r.stderr
+    assert report["micro_batches"] == 2
+    assert report["rank_rows"] == [
+        [{"start": 0, "size": 2}, {"start": 3, "size": 2}],
+        [{"start": 2, "size": 1}, {"start": 5, "size": 1}],
+    ]

@@ -12,8 +12,8 @@ reference is the same ``train_step`` run eagerly with ``scheduler.step()`` after
 
 * float32: parameters, AdamW state and per-step losses equal one device at rtol 1e-5 / atol 1e-6
   (the attention key bias, whose gradient is zero and whose updates are rounding noise, at 1e-5).
-* bf16 autocast: each rank runs its own rows' micro-batches (DDP with ``no_sync()``). Per-step
-  losses equal eager DDP semantics (each rank's micro-batches in bf16 on a replica, gradients
+* bf16 autocast: each rank runs its share of each micro-batch. Per-step losses equal eager DDP
+  semantics on those rows (each rank's micro-batches in bf16 on a replica, gradients
   averaged, then clipping and AdamW) and one device at rtol 1e-3, step 1's loss bit for bit; the
   total parameter update is within 2% of eager DDP's and 10% of one device's (bf16 tolerance:
   see the test).
@@ -88,17 +88,18 @@ def eager_one_device(bf16: bool, hf_schedule: bool = False):
 
 
 def eager_ddp(bf16: bool):
-    """DDP's semantics on one process: each rank's rows in ACCUM micro-batches on a replica, the
-    gradients averaged over ranks, then the user's clipping and AdamW on the averaged gradients."""
+    """fxdp's data parallelism on one process: each rank's share of each of the ACCUM micro-batches
+    on a replica (analysis/ir/batch_split.h RankRows), the gradients averaged over ranks, then the
+    user's clipping and AdamW on the averaged gradients."""
     model, opt, sched, train_step = make(bf16)
     losses = []
     for b in batches():
         ids = b["input_ids"]
         grads, total = [], 0.0
         for r in range(WORLD):
-            rows = ids[r * B // WORLD : (r + 1) * B // WORLD]
             replica = copy.deepcopy(model)
-            for mb in rows.chunk(ACCUM):
+            for whole in ids.chunk(ACCUM):  # rank r holds its share of each micro-batch
+                mb = whole[r * len(whole) // WORLD : (r + 1) * len(whole) // WORLD]
                 with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                     loss = replica(input_ids=mb, labels=mb).loss / ACCUM
                 loss.backward()

@@ -25,7 +25,9 @@ using ::testing::HasSubstr;
 // RankRowsOf gives for a graph expanded as usual.
 server::RankRows Balanced(const std::vector<server::InputSpec>& inputs, int64_t batch, int world) {
   server::RankRows rows;
-  for (const server::InputSpec& in : inputs) rows[in.name] = ir::SplitBatch(batch, world);
+  for (const server::InputSpec& in : inputs) {
+    for (const ir::RankSlice& s : ir::SplitBatch(batch, world)) rows[in.name].push_back({s});
+  }
   return rows;
 }
 

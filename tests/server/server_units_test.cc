@@ -227,6 +227,18 @@ TEST(SliceDim, SlicesAnyDimOfARowMajorTensor) {
               StatusIs(absl::StatusCode::kInvalidArgument, "along dim 3"));
 }
 
+// A rank's rows of a batch with micro-batches (ir::RankRows): several ranges along the batch dim,
+// concatenated along it, on any dim.
+TEST(SliceRows, ConcatenatesRangesAlongTheDim) {
+  const RawTensor t = Iota({2, 4, 1});                               // [[0..3], [4..7]] along dim 1
+  const std::vector<ir::RankSlice> rows = ir::RankRows(4, 2, 2, 1);  // rows 1 and 3
+  EXPECT_THAT(Ints(*SliceRows(t, 1, rows)), ElementsAre(1, 3, 5, 7));
+  const RawTensor u = Iota({4, 2});
+  EXPECT_THAT(Ints(*SliceRows(u, 0, rows)), ElementsAre(2, 3, 6, 7));
+  EXPECT_THAT(SliceRows(u, 0, {{0, 3, 2}}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "no slice [3, 5) along dim 0"));
+}
+
 TEST(RechunkTensor, SplitsWithOffsets) {
   std::vector<v1::TensorChunk> out;
   RechunkTensor(Chunk("x", {10}, std::string(40, 'a'), 0), 16, &out);

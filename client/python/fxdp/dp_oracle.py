@@ -7,7 +7,8 @@ and ``make demo``): the expanded GraphDef is loaded back into torch.fx
 
 usage: python -m fxdp.dp_oracle RANK WORLD PORT GRAPH STATE.safetensors DATA.pt OUT.pt [MODEL OPTIM]
 DATA.pt holds a list of full global batches (tuples of tensors, one per step); each rank
-takes its contiguous slice along every input's batch dim, as the expansion's report says.
+takes its rows along every input's batch dim (rank_rows: its contiguous slice, or with
+micro-batches its slice of each), as the expansion's report says.
 With MODEL and OPTIM (a zoo entry), the rank then trains the same model eagerly under
 PyTorch's DistributedDataParallel on the same shards and saves its parameters too.
 
@@ -36,6 +37,21 @@ def balanced_slices(b: int, world: int):
     must not call into it."""
     sizes = [b // world + (r < b % world) for r in range(world)]
     return [(sum(sizes[:r]), sizes[r]) for r in range(world)]
+
+
+def rank_rows(b: int, micro: int, world: int, rank: int):
+    """[(start, size)] of the global rows (of b) rank `rank` holds, in its graph's order: its
+    balanced slice, or with micro-batches of `micro` rows (the rank graph's "fxdp.micro_batch";
+    x.chunk(k)'s pieces: rows [j*micro, min((j+1)*micro, b))) its balanced slice of each, so that
+    micro-batch j over the ranks is one device's. The same rows as analysis/ir/batch_split.h's
+    RankRows, restated here for the same reason as balanced_slices."""
+    if micro <= 0 or micro >= b:
+        return [balanced_slices(b, world)[rank]]
+    out = []
+    for first in range(0, b, micro):
+        start, size = balanced_slices(min(micro, b - first), world)[rank]
+        out.append((first + start, size))
+    return out
 
 
 def ddp_params(model_name: str, optim: str, shards) -> dict:
@@ -94,6 +110,7 @@ def main() -> None:
     for k in sharded:
         state[k] = flat_shard(state[k], world, rank)
     batches = torch.load(data_path)
+    micro = int(meta.get("fxdp.micro_batch", "0"))
     inputs = [p for p in step.placeholders if p.placeholder.role == pb.INPUT]
     losses, local_losses, shards = [], [], []
     for full in batches:
@@ -103,8 +120,8 @@ def main() -> None:
             if d < 0:
                 shard.append(x)
                 continue
-            start, size = balanced_slices(x.shape[d], world)[rank]
-            shard.append(x.narrow(d, start, size).contiguous())
+            rows = rank_rows(x.shape[d], micro, world, rank)
+            shard.append(torch.cat([x.narrow(d, start, size) for start, size in rows], d))
         shards.append(list(shard))
         outs = step.graph_module()(
             *[
