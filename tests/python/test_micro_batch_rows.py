@@ -18,6 +18,8 @@ and jobs on a real server (streamed batches sliced by the server, a dataset read
 from __future__ import annotations
 
 import fxdp
+import fxdp.rpc_errors
+import grpc
 import pytest
 import torch
 import torch.nn.functional as F
@@ -126,3 +128,84 @@ def test_jobs_equal_one_device(data, client, world):
     _assert_one_device(data, streamed.losses, streamed.state)
     ds = client.train(data["step"], world_size=world, data_path=data["dir"] / "ds", steps=STEPS)
     _assert_one_device(data, ds.losses, ds.state)
+
+
+# ------------------------------------------ a symbolic graph: each shape its own micro-batch size
+
+
+def _dict_step(model, opt, batch):
+    return _train_step(model, opt, (batch["x"], batch["y"]))
+
+
+def _dict_batch(b: int, seed: int):
+    """b rows, padding (-100) on the last 1-2 rows of the first micro-batch: one device's two
+    micro-batches count different numbers of real targets."""
+    g = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(b, 6, generator=g), torch.randint(0, 5, (b,), generator=g)
+    y[b // K - 1 - seed % 2 : b // K] = -100
+    return {"x": x, "y": y}
+
+
+def _symbolic_job(rows):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 5))
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    batches = [_dict_batch(b, seed) for seed, b in enumerate(rows, 1)]
+    step = fxdp.trace_step(_dict_step, model, opt, _dict_batch(ROWS, 0), dynamic=True)
+    assert step.is_symbolic()
+    return step, batches
+
+
+def _run_local(step, batches):
+    state, losses = step.initial_state(), []
+    for i, b in enumerate(batches, 1):
+        state, loss = step.run_local(state, b, step=i)
+        losses.append(float(loss))
+    return state, losses
+
+
+@pytest.mark.parametrize("world", [2, 3], ids=["N2", "N3-uneven"])
+def test_a_symbolic_job_gives_each_shape_its_own_micro_batch_rows(client, world):
+    """Traced once at 8 rows (micro-batches of 4), run at 8, 6, 10 and 6 rows: each shape's rank
+    graphs say their own micro-batch size (3 for 6 rows, 5 for 10), and the server cuts rank r its
+    share of each micro-batch of THAT size (RankRowsOf with MicroBatchOf of the shape's expansion).
+    Contiguous rows of the declared sizes (rank 0 of 2 taking rows 0-3 of 6 instead of 0, 1, 3, 4)
+    or the traced shape's micro-batch size (4: rows 0, 1, 4 of 6) train other micro-batches than
+    one device, with other counts of real targets."""
+    step, batches = _symbolic_job([8, 6, 10, 6])
+    r = client.train(step, world_size=world, batches=batches)
+    want_state, want = _run_local(step, batches)
+    assert r.losses == pytest.approx(want, rel=RTOL, abs=ATOL)
+    for name, t in want_state.items():
+        torch.testing.assert_close(r.state[name], t, rtol=RTOL, atol=ATOL, msg=name)
+    assert [c.shape for c in client.job(r.job_id).shapes] == [f"x={b}x6 y={b}" for b in (8, 6, 10)]
+
+
+def test_a_step_whose_batch_the_micro_batch_count_does_not_divide_fails_and_keeps_the_state(client):
+    """A symbolic graph with x.chunk(2) and a step of 7 rows (micro-batches of 4 and 3): refused at
+    that step with INVALID_ARGUMENT naming the sizes and what to do; the job keeps its state of
+    the last step (one device's after the 8- and 6-row steps)."""
+    step, batches = _symbolic_job([8, 6, 7])
+    seen = {}
+    with pytest.raises(fxdp.rpc_errors.ServerError) as e:
+        client.train(
+            step,
+            world_size=2,
+            batches=batches,
+            on_event=lambda ev: seen.setdefault("id", ev.job_id),
+        )
+    msg = str(e.value)
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT, msg
+    assert "step 3's batch" in msg and "x=7x6" in msg, msg
+    assert (
+        "splits the batch of 7 samples along dim 0 into micro-batches of 4 rows, the last of 3"
+        in msg
+    ), msg
+    assert "pad it to 8 samples" in msg and "drop_last=True" in msg, msg
+    assert f"its state after step 2 is kept (fxdp fetch {seen['id']}" in msg, msg
+    info = client.job(seen["id"])
+    assert (info.steps_done, info.has_state) == (2, True), info
+    want_state, _ = _run_local(step, batches[:2])
+    got = client.fetch_state(seen["id"])
+    for name, t in want_state.items():
+        torch.testing.assert_close(got[name], t, rtol=RTOL, atol=ATOL, msg=name)
