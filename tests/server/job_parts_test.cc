@@ -7,14 +7,17 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "server/compile/compile_service.h"
 #include "server/jobs/batch_sharder.h"
 #include "server/jobs/job.h"
 #include "server/jobs/job_spec.h"
 #include "server/jobs/job_table.h"
 #include "tests/server/mlp_job.h"
 #include "tests/test_util.h"
+#include "util/status_macros.h"
 
 namespace fxdp::testing {
 namespace {
@@ -124,6 +127,46 @@ TEST(BatchSharder, AResumedJobTakesTheJobsStepsAndTheScheduleFromThere) {
   ASSERT_EQ(m.hyperparameters_size(), 1);
   EXPECT_EQ(m.hyperparameters(0).value(), 0.6);  // the job's step 6
   EXPECT_EQ(resumed.ScheduleOnlyBatch(2, 7).batch().hyperparameters(0).value(), 0.7);
+}
+
+// Rank 1's rows of input.0 (as (start, size)) that RankRowsOf gives for the MLP expanded on 2
+// ranks (4 + 4 of 8 rows) whose rank graphs say "fxdp.micro_batch" = `micro` ("": no key).
+absl::StatusOr<std::vector<std::pair<int64_t, int64_t>>> Rank1Rows(const std::string& micro) {
+  v1::ExpandRequest req;
+  *req.mutable_graph() = MlpGraph();
+  req.set_world_size(2);
+  v1::ExpandResponse x = ValueOrDie(server::RunExpand(req));
+  for (v1::GraphDef& g : *x.mutable_graphs()) {
+    if (micro.empty()) continue;
+    v1::StringPair* m = g.add_metadata();
+    m->set_key(ir::kMicroBatchKey);
+    m->set_value(micro);
+  }
+  const std::vector<server::InputSpec> inputs = server::GraphInputs(MlpGraph());
+  ir::InputShapes shapes;
+  for (const server::InputSpec& in : inputs) shapes[in.name] = in.shape;
+  FXDP_ASSIGN_OR_RETURN(const server::RankRows rows, server::RankRowsOf(x, 2, inputs, shapes));
+  EXPECT_EQ(rows.at("input.0").size(), 2u);
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (const ir::RankSlice& s : rows.at("input.0")[1]) out.emplace_back(s.start, s.size);
+  return out;
+}
+
+// RankRowsOf: ir::RankRows with the micro-batch size the rank graphs say (each shape of a
+// symbolic graph its own), checked against the rows each rank graph declares.
+TEST(RankRowsOf, EachRankItsShareOfEachMicroBatchCheckedAgainstItsGraph) {
+  using Rows = std::vector<std::pair<int64_t, int64_t>>;
+  EXPECT_EQ(ValueOrDie(Rank1Rows("")), (Rows{{4, 4}}));
+  EXPECT_EQ(ValueOrDie(Rank1Rows("4")), (Rows{{2, 2}, {6, 2}}));  // rows 2, 3, 6, 7
+  EXPECT_EQ(ValueOrDie(Rank1Rows("2")), (Rows{{1, 1}, {3, 1}, {5, 1}, {7, 1}}));
+  // Micro-batches of 3 rows would give rank 0 2 + 2 + 1 rows: not what its graph declares.
+  EXPECT_THAT(Rank1Rows("3").status(),
+              StatusIs(absl::StatusCode::kInternal,
+                       "rank 0's graph declares 4 rows of input 'input.0', but its rows of the "
+                       "global batch of 8 in micro-batches of 3 are 5"));
+  EXPECT_THAT(
+      Rank1Rows("four").status(),
+      StatusIs(absl::StatusCode::kInternal, "fxdp.micro_batch is 'four', not a number of rows"));
 }
 
 TEST(JobSpec, ValidationNamesTheFieldAndTheValue) {
