@@ -34,10 +34,13 @@ TARGETS = [
     "fxdp-worker",
     "torch_types_test",
     "interpreter_test",
+    "random_ops_test",
     "nccl_info_test",
     "nccl_communicator_test",
 ]
 GPU_TESTS = ["nccl_info_test", "nccl_communicator_test"]
+# The executor's own tests, against the machine's LibTorch: every test FXDP_WORKER_ONLY builds.
+UNIT_TESTS = ["torch_types_test", "interpreter_test", "random_ops_test"]
 STEPS_N1 = 3  # steps of each equality run
 # Equality: the losses of every step (max |a-b|/|b|) and the final state (per tensor max |a-b| /
 # max|b|, the worst tensor). Rounding differs between devices (cuDNN may use TF32 for
@@ -243,7 +246,7 @@ class Check:
 
     def step_unit(self) -> dict:
         self.need_worker()
-        tests = [t for b in ("torch_types_test", "interpreter_test") for t in self.gtests(b)]
+        tests = [t for b in UNIT_TESTS for t in self.gtests(b)]
         failed = [t for t in tests if t[1] not in ("PASSED", "SKIPPED")]
         out = {"passed": sum(t[1] == "PASSED" for t in tests), "failed": failed}
         if failed:
