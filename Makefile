@@ -8,7 +8,7 @@ CMAKE_FLAGS ?=
 PY := .venv/bin/python
 
 .PHONY: all setup configure build test test-cpp test-python test-asan asan-build fuzz-build fuzz fuzz-smoke \
-	goldens demo bench bench-build clean format lint
+	goldens demo bench bench-build llama-check clean format lint
 
 all: build
 
@@ -95,6 +95,13 @@ bench-build: setup
 
 bench: bench-build
 	$(PY) bench/run_all.py --build $(BUILD)
+
+# make llama-check: issue 27's Done means (bench/llama300m_check.py, `make bench`'s
+# area 9 on its own, merged into bench/RESULTS.md): a 297 M Llama from a sharded
+# save_pretrained checkpoint, FULLY_SHARD on 2 workers, client and server RSS, equal
+# to eager PyTorch, resumed on 1 REPLICATE rank, fxdp export. ~10 min, ~20 GB of disk.
+llama-check: bench-build
+	$(PY) bench/run_all.py --build $(BUILD) --areas llama --merge
 
 clean:
 	rm -rf $(BUILD)

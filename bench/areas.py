@@ -376,6 +376,11 @@ def area_random(ctx) -> dict:
     return {"target": 1.2, "rows": rows, "load": [l0, load()], "commands": commands}
 
 
+def area_llama(ctx) -> dict:
+    """Issue 27's Done-means run (bench/llama300m_check.py: the 300 M Llama; --quick: 18 M)."""
+    return run_py_bench(ctx, "llama300m_check", ["--bin", ctx["bin"], *ctx["cfg"]["llama"]], 3600)
+
+
 RUNNERS = {
     "pipeline": area_pipeline,
     "executor": area_executor,
@@ -385,4 +390,5 @@ RUNNERS = {
     "fsdp": area_fsdp,
     "trace": area_trace,
     "random": area_random,
+    "llama": area_llama,
 }

@@ -391,6 +391,49 @@ def md_trace(r: dict) -> list:
     return L
 
 
+def md_llama(r: dict) -> list:
+    raw = r["raw"]
+    t, res, ref, cmp_ = raw["train"], raw["resume"], raw["reference"], raw["compare"]
+    diffs = ", ".join(f"{k} {v:.2g}" for k, v in ref["max_abs_diff"].items())
+    w = raw.get("phase_wall_seconds", {})
+    L = [
+        "## 9. A Llama from a Hugging Face checkpoint: FULLY_SHARD, resume, export (issue 27)",
+        "",
+        f"`bench/llama300m_check.py`: a Llama of {raw['save']['params']:,} parameters saved by "
+        f"`save_pretrained` in {raw['save']['shards']} shards, traced on `meta`, "
+        f"{raw['steps']} steps (AdamW, batch {raw['batch']} x {raw['seq']}) FULLY_SHARD on 2 "
+        "`fxdp-worker`s reading it, the workers writing checkpoints; the checkpoint of step 2 "
+        "resumed on 1 REPLICATE rank; `fxdp export --hf`; one device is eager PyTorch from the "
+        "same checkpoint. Each phase a process of its own: peak RSS is `ru_maxrss`, growth the "
+        "peak (VmHWM, reset before the call) over the RSS before `Client.train`.",
+        "",
+        "| phase | s | peak RSS MB | notes |",
+        "|---|---:|---:|---|",
+        f"| save_pretrained (a process) | {w.get('save', 0):.0f} | - | |",
+        f"| client (a process): trace on meta | {t['trace_seconds']:.0f} | "
+        f"{t['peak_trace_mb']:.0f} | {t['graph_nodes']:,} nodes |",
+        f"| client: train, 2 FULLY_SHARD workers | {t['seconds']:.0f} | {t['peak_rss_mb']:.0f} | "
+        f"growth {t['growth_mb']:.0f} MB, the server's {t['server_growth_mb']:.0f} MB; sent "
+        f"{t['sent_bytes']} bytes of state |",
+        f"| client: resume on 1 REPLICATE rank | {res['seconds']:.0f} | {res['peak_rss_mb']:.0f} | "
+        f"growth {res['growth_mb']:.0f} MB, the server's {res['server_growth_mb']:.0f} MB |",
+        f"| fxdp export --hf | {raw['export']['seconds']:.0f} | "
+        f"{raw['export']['peak_rss_mb']:.0f} | |",
+        f"| one device, eager, 3 steps (a process) | {ref['seconds_3_steps']:.0f} | "
+        f"{ref['peak_rss_mb']:.0f} | with the comparisons: {w.get('check', 0):.0f} s |",
+        "",
+        f"Peak RSS of the server and workers: {raw['server_peak_mb']}. Against one device, max "
+        f"abs difference: {diffs}; {ref['elements_outside_tolerance']} elements outside rtol "
+        f"1e-4 / atol 5e-5. Resumed against uninterrupted: {cmp_['max_abs_diff']:.2g} over "
+        f"{cmp_['tensors']} tensors. Checks: "
+        + "; ".join(("ok " if ok else "**FAILED** ") + what for ok, what in raw["checks"])
+        + ".",
+        "",
+        f"Command: `{r['command']}`.",
+    ]
+    return L
+
+
 def md_random(r: dict) -> list:
     L = [
         "## 8. Dropout through fxdp's generator against torch's kernel",
@@ -427,6 +470,7 @@ RENDER = {
     "fsdp": md_fsdp,
     "trace": md_trace,
     "random": md_random,
+    "llama": md_llama,
 }
 TITLES = {
     "pipeline": "1. Graph decode + analysis + expansion",
@@ -437,6 +481,7 @@ TITLES = {
     "fsdp": "6. FULLY_SHARD vs REPLICATE vs FSDP2",
     "trace": "7. Tracing a meta model: client memory",
     "random": "8. Dropout through fxdp's generator",
+    "llama": "9. A 300 M Llama from a Hugging Face checkpoint",
 }
 
 

@@ -1,6 +1,6 @@
 """`make bench`: every performance claim of fxdp measured next to its baseline, in one run.
 
-Runs the benchmarks of eight areas (AREAS below), each fxdp number with its baseline in the same
+Runs the benchmarks of nine areas (AREAS below), each fxdp number with its baseline in the same
 run, and writes bench/RESULTS.md (one table per area: what was measured, fxdp, baseline, ratio, the
 command to reproduce it; medians over repetitions with min and max; the machine, date, git
 commit and load average) and bench/results.json (every raw number). Raw per-program outputs
@@ -22,6 +22,9 @@ go to --raw (default bench/out/latest, not committed).
   trace      client memory of tracing a Llama built on meta: bench/trace_memory.py
   random     dropout (and bernoulli.p) through fxdp's generator against torch's CPU kernel on
              the same tensor: fxdp_random_bench (target: within 1.2x, issue 24)
+  llama      issue 27's Done means: a 300 M Llama from a sharded save_pretrained checkpoint,
+             FULLY_SHARD on 2 workers, client and server RSS, equal to eager, resume, export:
+             bench/llama300m_check.py
 
 usage: .venv/bin/python bench/run_all.py [--build build] [--areas pipeline,executor,...]
            [--merge] [--quick] [--md bench/RESULTS.md] [--json bench/results.json] [--raw DIR]
@@ -43,7 +46,7 @@ from areas import N4_REASON, RUNNERS, area_step
 from results_markdown import render_markdown
 from run_util import REPO, load, machine, rel, summ  # noqa: F401 - summ: tests/python/test_bench.py
 
-AREAS = ["pipeline", "executor", "step", "compile", "allreduce", "fsdp", "trace", "random"]
+AREAS = ["pipeline", "executor", "step", "compile", "allreduce", "fsdp", "trace", "random", "llama"]
 
 FULL = {
     # nodes -> (fxdp reps, torch.fx reps)
@@ -57,6 +60,7 @@ FULL = {
     "allreduce": {"min": 1024, "max": 64 << 20, "factor": 2, "reps": 5, "budget_mb": 64},
     "fsdp": [],  # fully_shard_vs_fsdp2.py's defaults: the GPT-2, 3 repetitions of 12 steps
     "trace": [],  # trace_memory.py's defaults: 2-layer Llamas of hidden 512, 2048, 4096 on meta
+    "llama": [],  # llama300m_check.py's default: the 300 M Llama (~10 min, ~20 GB of disk)
     "random": [(1 << 22, 1, 21), (1 << 22, 2, 21), (1 << 20, 1, 21)],  # (numel, threads, reps)
 }
 QUICK = {
@@ -70,6 +74,7 @@ QUICK = {
     "allreduce": {"min": 1024, "max": 16384, "factor": 4, "reps": 1, "budget_mb": 1},
     "fsdp": ["--quick"],
     "trace": ["--quick"],
+    "llama": ["--size", "small"],
     "random": [(1 << 16, 1, 3)],
 }
 

@@ -8,10 +8,10 @@
 // (ir::CheckpointReader), whatever world size or style wrote them.
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <deque>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -85,30 +85,42 @@ int IndexPath(const std::string& given, const std::string& server,
   return -1;
 }
 
-// The parameters and buffers, whole, streamed into `out` after their header.
+// The parameters and buffers, whole, streamed into `out` after their header:
+// one tensor at a time is held (read from the parts that hold it, written).
 absl::Status Consolidate(ir::CheckpointReader& reader, const std::string& out, int* count) {
-  std::deque<std::string> data;  // stays where it is as it grows: the views point into it
   std::vector<ir::TensorBytes> tensors;
+  size_t largest = 0;
   for (const auto& [name, e] : reader.index().tensors) {
     if (e.role != "PARAMETER" && e.role != "BUFFER") continue;
-    data.emplace_back(static_cast<size_t>(e.numel() * ir::DTypeItemSize(e.dtype)), '\0');
-    if (absl::Status s = reader.Read(name, 0, e.numel(), data.back().data()); !s.ok()) return s;
-    tensors.push_back(ir::TensorBytes{name, e.dtype, e.shape, data.back()});
+    largest = std::max(largest, static_cast<size_t>(e.numel() * ir::DTypeItemSize(e.dtype)));
+    tensors.push_back(ir::TensorBytes{name, e.dtype, e.shape, {}});
   }
   *count = static_cast<int>(tensors.size());
+  // The header needs each tensor's size only: views of one buffer, which
+  // then holds each tensor in turn as it is read and written.
+  std::string buffer(largest, '\0');
+  for (ir::TensorBytes& t : tensors)
+    t.data = absl::string_view(buffer.data(),
+                               static_cast<size_t>(reader.index().tensors.at(t.name).numel() *
+                                                   ir::DTypeItemSize(t.dtype)));
   uint64_t bytes = 0;
   absl::StatusOr<std::string> header = ir::SafetensorsHeader(&tensors, {{"format", "pt"}}, &bytes);
   if (!header.ok()) return header.status();
   const std::string tmp = absl::StrCat(out, ".tmp");
+  absl::Status read;
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
     f.write(header->data(), static_cast<std::streamsize>(header->size()));
-    for (const ir::TensorBytes& t : tensors)
-      f.write(t.data.data(), static_cast<std::streamsize>(t.data.size()));
-    if (!f.flush()) {
-      std::remove(tmp.c_str());
-      return util::WriteError(out, errno, absl::StrCat("writing ", tmp));
+    for (const ir::TensorBytes& t : tensors) {  // in the header's (name) order
+      read = reader.Read(t.name, 0, reader.index().tensors.at(t.name).numel(), buffer.data());
+      if (!read.ok()) break;
+      f.write(buffer.data(), static_cast<std::streamsize>(t.data.size()));
     }
+    if (read.ok() && !f.flush()) read = util::WriteError(out, errno, absl::StrCat("writing ", tmp));
+  }
+  if (!read.ok()) {
+    std::remove(tmp.c_str());
+    return read;
   }
   if (std::rename(tmp.c_str(), out.c_str()) != 0)
     return util::WriteError(out, errno, absl::StrCat("renaming ", tmp, " to it"));

@@ -86,7 +86,7 @@ constexpr char kRunUsage[] =
     "                       seed gives the same draws on any number of workers\n"
     "                       (docs/randomness.md)\n"
     "  --out FILE           write the final state (FetchState) as safetensors: whole\n"
-    "                       tensors, whatever the style\n"
+    "                       tensors, whatever the style (not with --checkpoint-dir)\n"
     "  --style S            replicate (default: every worker holds the whole state,\n"
     "                       as DDP) or fully_shard (each holds a flat 1/N shard of\n"
     "                       every parameter and its optimizer state, as FSDP; the\n"
@@ -110,7 +110,9 @@ constexpr char kRunUsage[] =
     "  --checkpoint-dir D   the workers write checkpoints, each its own part, into\n"
     "                       D/step-K/ under their --data-root (docs/checkpoints.md): every\n"
     "                       --checkpoint-every K steps (0, default: after the last), the\n"
-    "                       --keep-checkpoints N newest kept (0: all); the last is printed\n"
+    "                       --keep-checkpoints N newest of this job kept (0: all; one\n"
+    "                       dir per job: older jobs' are not removed); the last, printed,\n"
+    "                       is the final state (the server collects none)\n"
     "  --initial-checkpoint P  the workers read what --state lacks (optional then) from\n"
     "                       the checkpoint P on their filesystem (one they wrote, or a\n"
     "                       Hugging Face one), each state tensor under its own name\n"
@@ -408,6 +410,10 @@ int ParseRunArgs(const std::vector<std::string>& args, RunArgs* a) {
     return flags.Usage("--checkpoint-every and --keep-checkpoints must be >= 0");
   if (a->checkpoint_dir.empty() && (a->checkpoint_every > 0 || a->keep_checkpoints > 0))
     return flags.Usage("--checkpoint-every and --keep-checkpoints need --checkpoint-dir");
+  if (!a->checkpoint_dir.empty() && !a->out.empty())
+    return flags.Usage(
+        "--out with --checkpoint-dir: the job's final state is the workers' last checkpoint, "
+        "which the server does not collect; fxdp export it (fxdp export JOB --hf DIR)");
   if (!seed_text.empty()) {
     uint64_t seed = 0;
     if (!absl::SimpleAtoi(seed_text, &seed))

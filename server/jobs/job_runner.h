@@ -180,7 +180,9 @@ class JobRunner {
   void ReportEvals();
   absl::Status End();
   // The final state in: SUCCEEDED once it and the job's record are durable
-  // (JobTable::Succeed), else FAILED naming what could not be saved.
+  // (JobTable::Succeed), else FAILED naming what could not be saved. Null:
+  // the final state is the workers' checkpoint of the last step, which the
+  // server does not collect (JobSpec.checkpoints; FetchState names it).
   absl::Status Succeeded(std::shared_ptr<StateStore::State> state);
   // FULLY_SHARD (the expansion's sharded_state): a piece of the initial state
   // split into the ranks' shards (`held`: each rank's latest piece, sent

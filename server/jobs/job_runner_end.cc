@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/jobs/job_runner.h"
+#include "server/log.h"
 
 namespace fxdp::server {
 
@@ -129,6 +130,17 @@ absl::Status JobRunner::End() {
   // Before the final state is asked for (REPLICATE: rank 0's; the others
   // are cancelled, which would cut their checkpoint's files short).
   if (absl::Status s = AwaitLastCheckpoint(); !s.ok()) return s;
+  // The workers wrote the checkpoint of the last step: that is the final
+  // state, which never passes through the server (issue 27: a model that
+  // does not fit one process); the ranks end by CancelJob.
+  if (job_->plan().spec.has_checkpoints() && last_checkpoint_ == first_ + steps_) {
+    const std::string path = job_->Info().checkpoint_path();
+    Log(absl::StrCat(id_, ": its final state is the workers' checkpoint ", path,
+                     " (not collected)"));
+    ranks_->CancelAssigned(
+        absl::StrCat("job ", id_, " SUCCEEDED: its final state is the checkpoint ", path), -1);
+    return Succeeded(nullptr);
+  }
   if (const int gone = state_->Request(ranks_.get(), first_ + steps_, /*end_job=*/true); gone >= 0)
     return Lost(gone);
   // Every step ran and the ranks are sending their state: a cancel keeps it

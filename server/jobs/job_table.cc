@@ -184,7 +184,9 @@ absl::Status JobTable::KeepLastState(const std::shared_ptr<Job>& job, int64_t st
 
 absl::Status JobTable::Succeed(const std::shared_ptr<Job>& job,
                                std::shared_ptr<const StateStore::State> state) {
-  if (absl::Status s = KeepState(job, std::move(state)); !s.ok()) return s;
+  if (state != nullptr) {  // null: the workers' last checkpoint is the state
+    if (absl::Status s = KeepState(job, std::move(state)); !s.ok()) return s;
+  }
   if (store_ == nullptr) return absl::OkStatus();
   v1::JobInfo info = job->Info();
   // The record SUCCEEDED (no checkpoint) before the job is (JobRunner::Succeeded).
@@ -248,6 +250,19 @@ absl::StatusOr<std::shared_ptr<const StateStore::State>> JobTable::Kept(const st
     if (checkpoint && store_ != nullptr && !states_.Has(id)) {
       *path = store_->CheckpointPath(id);
       return kept;
+    }
+    // A job whose workers wrote its last step's checkpoint SUCCEEDED without
+    // its state passing through the server (JobRunner::End).
+    if (HasFinalState(state) && !info.has_state() && !info.checkpoint_path().empty() &&
+        !states_.Has(id)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", id, " SUCCEEDED and its final state is the checkpoint its workers wrote, ",
+          info.checkpoint_path(), " (step ", info.checkpoint_step(),
+          ", JobSpec.checkpoints): it stays on their filesystem, the server holds no copy; "
+          "read it there (fxdp export ",
+          id,
+          " --hf DIR), or start a job from it "
+          "(initial_checkpoint)"));
     }
     // With a store, a job that failed because its state could not be saved
     // keeps it (Succeed).

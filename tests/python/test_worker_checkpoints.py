@@ -2,8 +2,10 @@
 each rank writes its part to DIR/step-K/rank-R-of-N.safetensors (FULLY_SHARD its flat shards,
 REPLICATE the tensors spread over the ranks) and rank 0 the index fxdp-checkpoint.json; the server
 names the newest complete one (JobInfo.checkpoint_path) and the workers keep the ``keep`` newest.
-The parts put together equal the job's state bit for bit; a directory outside the workers' data
-roots, through a link or over an existing file fails the job naming the path and the rank."""
+The parts put together equal the job's state bit for bit; the checkpoint of the last step is the
+final state, which the server does not collect (FetchState names it, ``TrainResult.state`` reads
+it); a directory outside the workers' data roots, through a link or over an existing file fails
+the job naming the path and the rank."""
 
 from __future__ import annotations
 
@@ -68,6 +70,13 @@ def test_fully_shard_ranks_write_their_shards_and_keep_the_newest(setup):
             "rank-0-of-2.safetensors",
             "rank-1-of-2.safetensors",
         ]
+    # The checkpoint of the last step is the final state: the server collected none.
+    assert r.checkpoint == str(ck / "step-3") and not info.has_state
+    assert isinstance(r.state, fxdp.checkpoints.CheckpointState)
+    with pytest.raises(fxdp.ServerError) as e:
+        c.fetch_state(r.job_id)
+    assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"its final state is the checkpoint its workers wrote, {ck / 'step-3'}" in str(e.value)
     index, state = consolidated(ck / "step-3")
     assert (index["step"], index["world_size"], index["style"]) == (3, 2, "fully_shard")
     # FULLY_SHARD: a parameter's shards in both files (33 * 10 elements: 165 each).
@@ -149,3 +158,9 @@ def test_fxdp_run_writes_checkpoints_and_prints_the_newest(setup, tmp_path):
         text=True,
     )
     assert p.returncode == 2 and "need --checkpoint-dir" in p.stderr, p.stderr
+    p = subprocess.run(
+        [fxdp_binary("FXDP_BIN", "fxdp"), *args, "--out", str(tmp_path / "out.safetensors")],
+        capture_output=True,
+        text=True,
+    )
+    assert p.returncode == 2 and "--out with --checkpoint-dir" in p.stderr, p.stderr

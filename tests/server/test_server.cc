@@ -139,6 +139,21 @@ void FakeWorker::Release() {
   for (int64_t s : steps) AnswerStep(a, s);
 }
 
+void FakeWorker::HoldCheckpoints() {
+  std::lock_guard<std::mutex> l(mu_);
+  hold_checkpoints_ = true;
+}
+
+void FakeWorker::ReleaseCheckpoints() {
+  std::vector<v1::WorkerMessage> held;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    hold_checkpoints_ = false;
+    held.swap(held_checkpoints_);
+  }
+  for (const v1::WorkerMessage& m : held) Write(m);
+}
+
 void FakeWorker::FailAt(int64_t step, grpc::StatusCode code, std::string error) {
   std::lock_guard<std::mutex> l(mu_);
   fail_step_ = step;
@@ -195,7 +210,7 @@ FakeWorker::JobRecord* FakeWorker::Current(const std::string& job_id) {
 }
 
 void FakeWorker::AnswerStep(const v1::AssignJob& a, int64_t step) {
-  v1::WorkerMessage m;
+  v1::WorkerMessage m, checkpoint;
   {
     std::lock_guard<std::mutex> l(mu_);
     if (job_id_ != a.job_id()) return;
@@ -216,8 +231,23 @@ void FakeWorker::AnswerStep(const v1::AssignJob& a, int64_t step) {
       r->set_loss(static_cast<double>(step));
       r->set_local_loss(static_cast<double>(a.rank()));
       r->set_step_ms(1);
+      const v1::CheckpointPolicy& c = a.checkpoints();
+      if (a.has_checkpoints() && ((c.every() > 0 && step % c.every() == 0) || step == a.steps())) {
+        v1::WorkerMessage w;
+        v1::CheckpointWritten* cw = w.mutable_checkpoint_written();
+        cw->set_job_id(a.job_id());
+        cw->set_rank(a.rank());
+        cw->set_step(step);
+        cw->set_path(absl::StrCat(c.dir(), "/step-", step));
+        if (hold_checkpoints_) {
+          held_checkpoints_.push_back(std::move(w));
+        } else {
+          checkpoint = std::move(w);
+        }
+      }
     }
   }
+  if (checkpoint.has_checkpoint_written()) Write(checkpoint);
   Write(m);
 }
 
@@ -343,6 +373,7 @@ void FakeWorker::Handle(v1::ServerMessage& m) {
     case v1::ServerMessage::kFetchState: {
       JobRecord* rec = Current(m.fetch_state().job_id());
       if (rec == nullptr) return;
+      ++rec->fetches;
       std::vector<v1::WorkerMessage> out = StateChunks(*rec);
       if (m.fetch_state().end_job()) {
         out.push_back(JobEnded(rec->assign, false));

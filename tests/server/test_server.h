@@ -3,7 +3,8 @@
 // a worker speaking proto/fxdp/v1/worker.proto without LibTorch: it records
 // what the server sends it (AssignJob, state, each step's batch, LoadGraphs) and answers
 // like fxdp-worker attach (JobStarted once the state is complete, a
-// StepResult per step with loss = step, the initial state back on FetchState,
+// StepResult per step with loss = step, before it a CheckpointWritten when
+// AssignJob.checkpoints makes one due, the initial state back on FetchState,
 // JobEnded on end_job and CancelJob).
 #ifndef FXDP_TESTS_SERVER_TEST_SERVER_H_
 #define FXDP_TESTS_SERVER_TEST_SERVER_H_
@@ -79,6 +80,7 @@ class FakeWorker {
         hyperparameters;         // Batch.hyperparameters by step
     size_t max_chunk_bytes = 0;  // largest TensorChunk data received
     bool cancelled = false;
+    int fetches = 0;  // FetchState messages received
     // A job of several batch shapes: its LoadGraphs in order, each step's
     // Batch.graph_id, the LoadGraph programs held, and what broke the
     // protocol (a Batch naming a program not held, more than max_graphs).
@@ -108,6 +110,10 @@ class FakeWorker {
   void Release();
   // Steps held back.
   size_t held() const;
+  // Holds CheckpointWritten messages back until ReleaseCheckpoints() (its
+  // checkpoints are never complete until then).
+  void HoldCheckpoints();
+  void ReleaseCheckpoints();
   // Answers step `step` of the next job with JobFailed(code, error).
   void FailAt(int64_t step, grpc::StatusCode code, std::string error);
 
@@ -138,6 +144,8 @@ class FakeWorker {
   std::string job_id_;  // the job held ("" when idle)
   std::vector<JobRecord> jobs_;
   std::vector<int64_t> held_;  // steps whose results are held back
+  bool hold_checkpoints_ = false;
+  std::vector<v1::WorkerMessage> held_checkpoints_;
   int64_t fail_step_ = 0;
   grpc::StatusCode fail_code_ = grpc::StatusCode::OK;
   std::string fail_error_;

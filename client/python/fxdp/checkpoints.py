@@ -5,15 +5,17 @@ and only the few tensors a checkpoint does not hold (hyper-parameters, the graph
 non-persistent buffers such as Llama's rotary ``inv_freq``). Never the weights.
 
 :func:`initial_checkpoint` builds that plan; ``Client.train(initial_checkpoint=...)`` takes it or
-a path (then built from the step alone).
+a path (then built from the step alone). :class:`CheckpointState` reads a checkpoint the workers
+wrote one tensor at a time (``TrainResult.state`` of a job that wrote its last step's).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
-from collections import OrderedDict
+from collections import OrderedDict, abc
 from dataclasses import dataclass, field
 from typing import Dict, Mapping, Optional, Set, Union
 
@@ -23,7 +25,7 @@ from . import optimizers as optim_table
 from .v1 import checkpoint_pb2 as cpb
 from .v1 import graph_pb2 as gpb
 
-__all__ = ["InitialCheckpoint", "initial_checkpoint"]
+__all__ = ["CheckpointState", "InitialCheckpoint", "initial_checkpoint"]
 
 _HF_INDEX = "model.safetensors.index.json"
 _HF_SINGLE = "model.safetensors"
@@ -64,6 +66,73 @@ def local_checkpoint_names(path: str) -> Optional[Set[str]]:
 
 
 _FXDP_INDEX = "fxdp-checkpoint.json"
+
+
+_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+
+
+class CheckpointState(abc.Mapping):
+    """The state in a checkpoint the workers wrote (``path``: its ``step-K`` directory or its
+    ``fxdp-checkpoint.json``), every tensor whole, read when it is looked up (one at a time, from
+    the parts its index lists: any world size and style) and not kept: iterating holds one tensor
+    at a time. This machine must see the workers' filesystem; where it cannot, the first look-up
+    raises FileNotFoundError naming the path. ``TrainResult.state`` of a job whose workers wrote
+    its last step's checkpoint (the server collects no state then, docs/checkpoints.md)."""
+
+    def __init__(self, path: Union[str, os.PathLike]):
+        path = os.fspath(path)
+        self.path = os.path.dirname(path) if os.path.basename(path) == _FXDP_INDEX else path
+        self._index: Optional[dict] = None
+
+    def index(self) -> dict:
+        """The checkpoint's index (fxdp-checkpoint.json), read once."""
+        if self._index is None:
+            where = os.path.join(self.path, _FXDP_INDEX)
+            try:
+                with open(where) as f:
+                    self._index = json.load(f)
+            except OSError as e:
+                raise FileNotFoundError(
+                    f"the state is the checkpoint the workers wrote, '{self.path}', and this "
+                    f"machine cannot read its index '{where}' ({e.strerror}): read it where the "
+                    "workers' filesystem is, export it (fxdp export DIR --hf OUT) or start a "
+                    "job from it (initial_checkpoint=)"
+                ) from None
+        return self._index
+
+    def __iter__(self):
+        return iter(self.index()["tensors"])
+
+    def __len__(self) -> int:
+        return len(self.index()["tensors"])
+
+    def __contains__(self, name) -> bool:
+        return name in self.index()["tensors"]
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        from safetensors import safe_open
+
+        index = self.index()
+        entry = index["tensors"][name]
+        out = torch.empty(math.prod(entry["shape"]), dtype=_DTYPES[entry["dtype"]])
+        for f, begin, end in entry["parts"]:
+            with safe_open(os.path.join(self.path, index["files"][f]), framework="pt") as part:
+                out[begin:end] = part.get_tensor(name).reshape(-1)
+        return out.reshape(entry["shape"])
+
+    def __repr__(self) -> str:
+        return f"CheckpointState({self.path!r})"
 
 
 def _is_fxdp_checkpoint(path: str) -> bool:

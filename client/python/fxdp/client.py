@@ -97,7 +97,7 @@ class Expanded:
 class TrainResult:
     job_id: str
     losses: List[float]  # the global loss of every step this call ran
-    state: "OrderedDict[str, torch.Tensor]"
+    state: Mapping[str, torch.Tensor]
     # resume=: the step of the checkpoint the job continued from (``losses`` are those of steps
     # first_step + 1, ...); 0 for a job that started from its initial state
     first_step: int = 0
@@ -107,6 +107,11 @@ class TrainResult:
     outputs: List[Dict[str, float]] = dataclasses.field(default_factory=list)
     # train(eval=...): each evaluation of the state while the job ran, in step order
     evals: List["evaluation.Evaluated"] = dataclasses.field(default_factory=list)
+    # checkpoints=: the workers' checkpoint of the last step (its directory on their filesystem),
+    # which is the final state: ``state`` reads it tensor by tensor when looked up
+    # (fxdp.checkpoints.CheckpointState), nothing of it passed through the server or this client;
+    # "" when the state was fetched
+    checkpoint: str = ""
 
 
 def _graph(g: Graphish) -> "gpb.GraphDef":
@@ -296,7 +301,8 @@ class Client:
         ``style``: ``"replicate"`` (default; every rank holds the whole state, as DDP) or
         ``"fully_shard"`` (each rank holds a flat 1/N shard of every parameter and its optimizer
         state, as FSDP). Either way ``state`` goes in whole and ``TrainResult.state`` comes back
-        whole: the server splits and reassembles the shards.
+        whole: the server splits and reassembles the shards (unless the workers wrote the final
+        state themselves: ``checkpoints``).
 
         ``schedule``: the hyper-parameters' values per step, anything
         ``fxdp.schedule.schedule_values`` accepts (a ``torch.optim.lr_scheduler`` on the traced
@@ -365,7 +371,12 @@ class Client:
         K, "keep": N}`` (after every K steps, and after the last; the N newest complete ones
         kept; 0: all) or a ``fxdp.v1`` ``CheckpointPolicy``. ``job(id).checkpoint_path`` names the
         newest complete one, which ``initial_checkpoint=`` reads on any world size and style
-        (docs/checkpoints.md)."""
+        (docs/checkpoints.md). The checkpoint of the last step is the final state: the server
+        does not collect it (``fetch_state`` and ``evaluate`` of the job are FAILED_PRECONDITION
+        naming it), ``TrainResult.checkpoint`` names it and ``TrainResult.state`` reads it from
+        the workers' filesystem one tensor at a time as it is looked up
+        (``fxdp.checkpoints.CheckpointState``), so the state never passes through this
+        process whole."""
         step = train_job.traced_step(step)
         if seed is not None:
             step = train_job.with_seed(step, seed)
@@ -413,13 +424,25 @@ class Client:
         job_id, losses, outputs = submission.run(
             self._jobs.Submit, timeout, self.address, on_event, reported
         )
-        final = OrderedDict(init.items())
         left = None if deadline is None else max(deadline - time.monotonic(), 1e-3)
-        final.update(self.fetch_state(job_id, timeout=left))
+        final, checkpoint = self._final_state(job_id, spec, init, left)
         evals = [evaluation.Evaluated.of(m) for m in submission.evals]
         return TrainResult(
-            job_id, losses, final, submission.first_step, shown.overall, outputs, evals
+            job_id, losses, final, submission.first_step, shown.overall, outputs, evals, checkpoint
         )
+
+    def _final_state(self, job_id: str, spec, init, timeout: Optional[float]):
+        """(the job's final state, the checkpoint holding it): a job whose workers wrote its last
+        step's checkpoint has its state there, which the server did not collect (read from the
+        workers' filesystem when looked up); any other's is fetched, whole."""
+        if spec.HasField("checkpoints"):
+            info = self.job(job_id, timeout=timeout)
+            if info.checkpoint_path and not info.has_state:
+                path = info.checkpoint_path
+                return worker_checkpoints.CheckpointState(path), path
+        final = OrderedDict(init.items())
+        final.update(self.fetch_state(job_id, timeout=timeout))
+        return final, ""
 
     def evaluate(
         self,
