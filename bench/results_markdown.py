@@ -422,15 +422,33 @@ def md_llama(r: dict) -> list:
         f"| one device, eager, 3 steps (a process) | {ref['seconds_3_steps']:.0f} | "
         f"{ref['peak_rss_mb']:.0f} | with the comparisons: {w.get('check', 0):.0f} s |",
         "",
-        f"Peak RSS of the server and workers: {raw['server_peak_mb']}. Against one device, max "
+        "Peak RSS over the run: "
+        + ", ".join(f"{k} {v:.0f} MB" for k, v in raw["server_peak_mb"].items())
+        + f" (the state: {raw['save']['params'] * 12 / 2**20:.0f} MB). Against one device, max "
         f"abs difference: {diffs}; {ref['elements_outside_tolerance']} elements outside rtol "
         f"1e-4 / atol 5e-5. Resumed against uninterrupted: {cmp_['max_abs_diff']:.2g} over "
         f"{cmp_['tensors']} tensors. Checks: "
         + "; ".join(("ok " if ok else "**FAILED** ") + what for ok, what in raw["checks"])
         + ".",
-        "",
-        f"Command: `{r['command']}`.",
     ]
+    bad = ref.get("outside_tolerance", [])
+    if bad:
+        L += [
+            "",
+            "The parameter elements outside the tolerance, with AdamW's moments of both runs there "
+            "(Adam moves an element by about lr whatever its gradient's size: a gradient at "
+            "rounding level, now or at an earlier step, is where 2 ranks' summation order shows):",
+            "",
+            "| tensor | element | fxdp | eager | exp_avg fxdp / eager | exp_avg_sq fxdp / eager |",
+            "|---|---:|---:|---:|---|---|",
+        ]
+        for x in bad:
+            L.append(
+                f"| {x['tensor']} | {x['index']} | {x['fxdp']:.7g} | {x['eager']:.7g} | "
+                f"{x['exp_avg fxdp']:.4g} / {x['exp_avg eager']:.4g} | "
+                f"{x['exp_avg_sq fxdp']:.4g} / {x['exp_avg_sq eager']:.4g} |"
+            )
+    L += ["", f"Command: `{r['command']}`."]
     return L
 
 

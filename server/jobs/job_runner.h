@@ -184,6 +184,10 @@ class JobRunner {
   // the final state is the workers' checkpoint of the last step, which the
   // server does not collect (JobSpec.checkpoints; FetchState names it).
   absl::Status Succeeded(std::shared_ptr<StateStore::State> state);
+  // The workers wrote the checkpoint of the last step: the ranks are ended by
+  // CancelJob, and the job SUCCEEDS without a state once every rank answered
+  // JobEnded (each removed its checkpoints past `keep` before it did).
+  absl::Status SucceedOnTheWorkers();
   // FULLY_SHARD (the expansion's sharded_state): a piece of the initial state
   // split into the ranks' shards (`held`: each rank's latest piece, sent
   // with the next one, or with `last` once the state is `complete`).

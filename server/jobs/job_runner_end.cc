@@ -125,6 +125,27 @@ absl::Status JobRunner::Succeeded(std::shared_ptr<StateStore::State> state) {
   return absl::OkStatus();
 }
 
+absl::Status JobRunner::SucceedOnTheWorkers() {
+  const std::string path = job_->Info().checkpoint_path();
+  Log(absl::StrCat(id_, ": its final state is the workers' checkpoint ", path, " (not collected)"));
+  ranks_->CancelAssigned(
+      absl::StrCat("job ", id_, " SUCCEEDED: its final state is the checkpoint ", path), -1);
+  std::vector<bool> ended(world_, false);
+  int left = world_;
+  Job::Msg msg;
+  while (left > 0) {
+    const Got got = Next(false, true, 3600, &msg);
+    if (got == Got::kCancel) break;  // too late to change anything: the state is written
+    if (got != Got::kWorker || msg.rank < 0 || msg.rank >= world_) continue;
+    if (msg.lost || msg.m.has_job_failed()) return Failed(msg);
+    if (msg.m.has_job_ended() && !ended[msg.rank]) {
+      ended[msg.rank] = true;
+      --left;
+    }
+  }
+  return Succeeded(nullptr);
+}
+
 absl::Status JobRunner::End() {
   client_->SetReadBudget(0);
   // Before the final state is asked for (REPLICATE: rank 0's; the others
@@ -133,14 +154,8 @@ absl::Status JobRunner::End() {
   // The workers wrote the checkpoint of the last step: that is the final
   // state, which never passes through the server (issue 27: a model that
   // does not fit one process); the ranks end by CancelJob.
-  if (job_->plan().spec.has_checkpoints() && last_checkpoint_ == first_ + steps_) {
-    const std::string path = job_->Info().checkpoint_path();
-    Log(absl::StrCat(id_, ": its final state is the workers' checkpoint ", path,
-                     " (not collected)"));
-    ranks_->CancelAssigned(
-        absl::StrCat("job ", id_, " SUCCEEDED: its final state is the checkpoint ", path), -1);
-    return Succeeded(nullptr);
-  }
+  if (job_->plan().spec.has_checkpoints() && last_checkpoint_ == first_ + steps_)
+    return SucceedOnTheWorkers();
   if (const int gone = state_->Request(ranks_.get(), first_ + steps_, /*end_job=*/true); gone >= 0)
     return Lost(gone);
   // Every step ran and the ranks are sending their state: a cancel keeps it
