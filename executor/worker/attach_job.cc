@@ -299,6 +299,10 @@ absl::Status AttachedWorker::JobBody(AssignedJob& job, std::unique_ptr<Communica
     FXDP_ASSIGN_OR_RETURN(
         files, ReadDataFiles(job, program, a.data_paths(), "data_paths", &job.data_bytes));
   }
+  v1::DatasetShapes dataset_shapes;  // AssignJob.report_dataset_shapes: rank 0's
+  if (a.report_dataset_shapes() && dataset) {
+    FXDP_ASSIGN_OR_RETURN(dataset_shapes, ReportShapes(job, *dataset, program));
+  }
   if (a.has_eval()) FXDP_RETURN_IF_ERROR(SetUpEval(job, setup, &timed));
 
   // Initial state.
@@ -308,8 +312,9 @@ absl::Status AttachedWorker::JobBody(AssignedJob& job, std::unique_ptr<Communica
   if (e.kind != JobTask::kState)
     return absl::InternalError("the initial state was expected first");  // the router ensures it
   if (a.has_initial_checkpoint()) FXDP_RETURN_IF_ERROR(AddCheckpointState(job, &e.tensors));
-  FXDP_ASSIGN_OR_RETURN(StepRunner runner, StartJob(job, std::move(program), std::move(e.tensors),
-                                                    setup.device, comm->name()));
+  FXDP_ASSIGN_OR_RETURN(StepRunner runner,
+                        StartJob(job, std::move(program), std::move(e.tensors), setup.device,
+                                 comm->name(), std::move(dataset_shapes)));
 
   while (true) {
     e = job.Next();
@@ -337,9 +342,30 @@ absl::Status AttachedWorker::JobBody(AssignedJob& job, std::unique_ptr<Communica
   }
 }
 
+absl::StatusOr<v1::DatasetShapes> AttachedWorker::ReportShapes(const AssignedJob& job,
+                                                               DatasetReader& dataset,
+                                                               const Program& program) const {
+  absl::StatusOr<DatasetReader::EntryShapes> all = dataset.AllEntryShapes(program);
+  if (!all.ok()) return DataFileError(all.status(), worker_id_, "data_paths file");
+  v1::DatasetShapes out;
+  for (const ir::InputShapes& shape : all->shapes) {
+    v1::BatchShape* b = out.add_shapes();
+    for (const auto& [name, dims] : shape) {
+      v1::NamedShape* t = b->add_tensors();
+      t->set_name(name);
+      t->mutable_dims()->Assign(dims.begin(), dims.end());
+    }
+  }
+  out.mutable_entries()->Assign(all->entries.begin(), all->entries.end());
+  util::Log(job.Prefix(), "dataset: ", all->entries.size(), " index entries of ",
+            all->shapes.size(), " batch shapes, reported to the server");
+  return out;
+}
+
 absl::StatusOr<StepRunner> AttachedWorker::StartJob(AssignedJob& job, Program program,
                                                     TensorMap state, const c10::Device& device,
-                                                    const std::string& comm_name) {
+                                                    const std::string& comm_name,
+                                                    v1::DatasetShapes dataset_shapes) {
   const int num_ops = program.num_nodes();
   absl::StatusOr<StepRunner> runner = StepRunner::Create(std::move(program), std::move(state));
   if (!runner.ok())
@@ -357,6 +383,7 @@ absl::StatusOr<StepRunner> AttachedWorker::StartJob(AssignedJob& job, Program pr
   js->set_device(device.str());
   js->set_num_ops(num_ops);
   js->set_setup_ms(setup_ms);
+  if (dataset_shapes.entries_size() > 0) js->mutable_dataset_shapes()->Swap(&dataset_shapes);
   job.session->Write(m);
   return runner;
 }

@@ -311,8 +311,13 @@ class AttachedWorker {
   // then sends the JobEnded; a JobFailed goes before.
   absl::Status JobBody(AssignedJob& job, std::unique_ptr<Communicator>& comm);
   // The job's StepRunner over its initial state, announced by a JobStarted.
+  // `dataset_shapes` (rank 0's, AssignJob.report_dataset_shapes) rides on it.
   absl::StatusOr<StepRunner> StartJob(AssignedJob& job, Program program, TensorMap state,
-                                      const c10::Device& device, const std::string& comm_name);
+                                      const c10::Device& device, const std::string& comm_name,
+                                      v1::DatasetShapes dataset_shapes = {});
+  // A dataset's index entries' shapes for the server (DatasetReader::AllEntryShapes).
+  absl::StatusOr<v1::DatasetShapes> ReportShapes(const AssignedJob& job, DatasetReader& dataset,
+                                                 const Program& program) const;
   // One Batch event: shard, step, StepResult (with the program it names).
   absl::Status RunBatch(AssignedJob& job, JobTask& e, StepRunner& runner, TimedCommunicator& timed,
                         const std::vector<TensorMap>& files, DatasetReader* dataset);

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <map>
 #include <nlohmann/json.hpp>
 #include <utility>
 
@@ -29,6 +30,40 @@ bool PlainRelativePath(const std::string& s) {
   for (absl::string_view part : absl::StrSplit(s, '/'))
     if (part.empty() || part == "." || part == "..") return false;
   return true;
+}
+
+// An entry's "shape": {name: [rows, dims...], ...}, its rows those of `s`.
+absl::StatusOr<ir::InputShapes> ParseShape(const nlohmann::json& v, const DatasetStep& s,
+                                           const std::string& where, const std::string& at) {
+  if (!v.is_object() || v.empty() || v.size() > kMaxDatasetShapeTensors)
+    return BadIndex(where, absl::StrCat(at, ".shape is not an object of 1 to ",
+                                        kMaxDatasetShapeTensors, " tensors' dims"));
+  ir::InputShapes out;
+  for (auto it = v.begin(); it != v.end(); ++it) {
+    const std::string& name = it.key();
+    if (name.empty() || name.size() > 256 || name.find('\0') != std::string::npos)
+      return BadIndex(where, absl::StrCat(at,
+                                          ".shape has a name that is empty, longer than 256 "
+                                          "bytes or holds a NUL"));
+    const std::string dims_at = absl::StrCat(at, ".shape['", name, "']");
+    const nlohmann::json& dims = it.value();
+    if (!dims.is_array() || dims.empty() || dims.size() > static_cast<size_t>(ir::kMaxRank))
+      return BadIndex(where,
+                      absl::StrCat(dims_at, " is not a list of 1 to ", ir::kMaxRank, " dims"));
+    std::vector<int64_t> d;
+    for (const nlohmann::json& x : dims) {
+      if (!x.is_number_unsigned() || x.get<uint64_t>() > (uint64_t{1} << 62))
+        return BadIndex(where, absl::StrCat(dims_at,
+                                            " has a dim that is not a non-negative "
+                                            "integer"));
+      d.push_back(static_cast<int64_t>(x.get<uint64_t>()));
+    }
+    if (d[0] != s.end - s.begin)
+      return BadIndex(where, absl::StrCat(dims_at, " has ", d[0], " rows; the entry's rows [",
+                                          s.begin, ", ", s.end, "] are ", s.end - s.begin));
+    out.emplace(name, std::move(d));
+  }
+  return out;
 }
 
 absl::StatusOr<DatasetStep> ParseStep(const nlohmann::json& v, const std::string& where, size_t i) {
@@ -70,8 +105,7 @@ absl::StatusOr<std::string> ReadIndex(const std::string& path, const util::DataR
 
 }  // namespace
 
-absl::StatusOr<std::vector<DatasetStep>> ParseDatasetIndex(const std::string& text,
-                                                           const std::string& where) {
+absl::StatusOr<DatasetIndex> ParseDatasetIndex(const std::string& text, const std::string& where) {
   // Never nlohmann's message, nor any of the text, before the file says it
   // is an fxdp dataset index (it may be any file under a data root).
   nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -87,11 +121,20 @@ absl::StatusOr<std::vector<DatasetStep>> ParseDatasetIndex(const std::string& te
   if (steps->size() > static_cast<size_t>(kMaxDatasetSteps))
     return BadIndex(
         where, absl::StrCat("it lists ", steps->size(), " steps, more than ", kMaxDatasetSteps));
-  std::vector<DatasetStep> out;
-  out.reserve(steps->size());
+  DatasetIndex out;
+  out.steps.reserve(steps->size());
+  std::map<ir::InputShapes, int32_t> ids;  // each distinct "shape" once
   for (size_t i = 0; i < steps->size(); ++i) {
-    FXDP_ASSIGN_OR_RETURN(DatasetStep s, ParseStep((*steps)[i], where, i));
-    out.push_back(std::move(s));
+    const nlohmann::json& v = (*steps)[i];
+    FXDP_ASSIGN_OR_RETURN(DatasetStep s, ParseStep(v, where, i));
+    if (auto shape = v.find("shape"); shape != v.end()) {
+      FXDP_ASSIGN_OR_RETURN(ir::InputShapes dims,
+                            ParseShape(*shape, s, where, absl::StrCat("steps[", i, "]")));
+      auto [it, added] = ids.emplace(std::move(dims), static_cast<int32_t>(out.shapes.size()));
+      if (added) out.shapes.push_back(it->first);
+      s.shape = it->second;
+    }
+    out.steps.push_back(std::move(s));
   }
   return out;
 }
@@ -108,7 +151,9 @@ absl::StatusOr<DatasetReader> DatasetReader::Open(const std::string& dir, const 
     return absl::Status(
         text.status().code(),
         absl::StrCat("dataset directory '", dir, "' (", r.o_.what, "): ", text.status().message()));
-  FXDP_ASSIGN_OR_RETURN(r.steps_, ParseDatasetIndex(*text, where));
+  FXDP_ASSIGN_OR_RETURN(DatasetIndex parsed, ParseDatasetIndex(*text, where));
+  r.steps_ = std::move(parsed.steps);
+  r.shapes_ = std::move(parsed.shapes);
   for (const ProgramInput& in : program.inputs()) {
     if (in.role != ir::PlaceholderRole::kInput || !in.type.is_tensor()) continue;
     if (in.batch_dim != 0)
@@ -136,12 +181,19 @@ absl::Status DatasetReader::OpenShard(const std::string& file) {
 }
 
 absl::StatusOr<const DatasetStep*> DatasetReader::Locate(int64_t step, std::string* where) {
-  const size_t index = static_cast<size_t>((step + o_.step_offset - 1) % num_steps());
+  return LocateEntry(static_cast<size_t>((step + o_.step_offset - 1) % num_steps()),
+                     step + o_.step_offset, where);
+}
+
+absl::StatusOr<const DatasetStep*> DatasetReader::LocateEntry(size_t index, int64_t step,
+                                                              std::string* where) {
   const DatasetStep& s = steps_[index];
   const std::string path = JoinPath(dir_, s.file);
-  *where = absl::StrCat("dataset '", dir_, "' step ", step + o_.step_offset, " (index entry ",
-                        index, ", rows [", s.begin, ", ", s.end, ") of '", path, "'), rank ",
-                        o_.rank, " of ", o_.world_size);
+  const std::string rows = absl::StrCat("rows [", s.begin, ", ", s.end, ") of '", path, "'), rank ",
+                                        o_.rank, " of ", o_.world_size);
+  *where = step > 0 ? absl::StrCat("dataset '", dir_, "' step ", step, " (index entry ", index,
+                                   ", ", rows)
+                    : absl::StrCat("dataset '", dir_, "' index entry ", index, " (", rows);
   FXDP_RETURN_IF_ERROR(OpenShard(s.file));
   return &s;
 }
@@ -155,19 +207,84 @@ absl::StatusOr<const ir::SafetensorsEntry*> DatasetReader::Entry(const ProgramIn
                                                  TypeForMessage(in.type.tensor), " on this rank)"));
 }
 
+absl::StatusOr<std::vector<int64_t>> DatasetReader::ShardShape(const DatasetStep& s,
+                                                               const ProgramInput& in,
+                                                               const std::string& where) const {
+  FXDP_ASSIGN_OR_RETURN(const ir::SafetensorsEntry* e, Entry(in, where));
+  if (e->shape.empty())
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": tensor '", in.state_name, "' is 0-d in the shard: it has no rows"));
+  std::vector<int64_t> shape = e->shape;
+  shape[0] = s.end - s.begin;
+  return shape;
+}
+
 absl::StatusOr<ir::InputShapes> DatasetReader::StepShapes(int64_t step, const Program& program) {
   std::string where;
   FXDP_ASSIGN_OR_RETURN(const DatasetStep* s, Locate(step, &where));
   ir::InputShapes out;
   for (const ProgramInput& in : program.inputs()) {
     if (in.role != ir::PlaceholderRole::kInput || !in.type.is_tensor()) continue;
-    FXDP_ASSIGN_OR_RETURN(const ir::SafetensorsEntry* e, Entry(in, where));
-    if (e->shape.empty())
-      return absl::InvalidArgumentError(absl::StrCat(where, ": tensor '", in.state_name,
-                                                     "' is 0-d in the shard: it has no rows"));
-    std::vector<int64_t> shape = e->shape;
-    shape[0] = s->end - s->begin;
+    FXDP_ASSIGN_OR_RETURN(std::vector<int64_t> shape, ShardShape(*s, in, where));
     out.emplace(in.state_name, std::move(shape));
+  }
+  return out;
+}
+
+absl::Status DatasetReader::CheckIndexShape(const DatasetStep& s, const Program& program,
+                                            const std::string& where) const {
+  if (s.shape < 0) return absl::OkStatus();
+  const ir::InputShapes& said = shapes_[s.shape];
+  for (const ProgramInput& in : program.inputs()) {
+    if (in.role != ir::PlaceholderRole::kInput || !in.type.is_tensor()) continue;
+    auto it = said.find(in.state_name);
+    if (it == said.end())
+      return absl::InvalidArgumentError(absl::StrCat(where, ": the index's shape of the step (",
+                                                     ir::InputShapesText(said),
+                                                     ") names no tensor '", in.state_name, "'"));
+    FXDP_ASSIGN_OR_RETURN(std::vector<int64_t> got, ShardShape(s, in, where));
+    if (got != it->second)
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": tensor '", in.state_name,
+                       "': the index says the step's batch is [", absl::StrJoin(it->second, ", "),
+                       "], its rows in the shard are [", absl::StrJoin(got, ", "), "]"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DatasetReader::EntryShapes> DatasetReader::AllEntryShapes(const Program& program) {
+  EntryShapes out;
+  std::map<ir::InputShapes, uint32_t> ids;
+  std::vector<int64_t> of_index(shapes_.size(), -1);  // the index's shape k: its id in `out`
+  out.entries.reserve(steps_.size());
+  for (size_t i = 0; i < steps_.size(); ++i) {
+    const DatasetStep& s = steps_[i];
+    if (s.shape >= 0 && of_index[s.shape] >= 0) {
+      out.entries.push_back(static_cast<uint32_t>(of_index[s.shape]));
+      continue;
+    }
+    ir::InputShapes shape;
+    std::string where;
+    if (s.shape < 0) FXDP_RETURN_IF_ERROR(LocateEntry(i, 0, &where).status());
+    for (const ProgramInput& in : program.inputs()) {
+      if (in.role != ir::PlaceholderRole::kInput || !in.type.is_tensor()) continue;
+      if (s.shape < 0) {
+        FXDP_ASSIGN_OR_RETURN(std::vector<int64_t> dims, ShardShape(s, in, where));
+        shape.emplace(in.state_name, std::move(dims));
+        continue;
+      }
+      auto it = shapes_[s.shape].find(in.state_name);
+      if (it == shapes_[s.shape].end())
+        return absl::InvalidArgumentError(
+            absl::StrCat("dataset '", dir_, "' index entry ", i, ": its shape (",
+                         ir::InputShapesText(shapes_[s.shape]), ") names no tensor '",
+                         in.state_name, "' (an INPUT of the graph)"));
+      shape.emplace(in.state_name, it->second);
+    }
+    auto [it, added] = ids.emplace(std::move(shape), static_cast<uint32_t>(out.shapes.size()));
+    if (added) out.shapes.push_back(it->first);
+    if (s.shape >= 0) of_index[s.shape] = it->second;
+    out.entries.push_back(it->second);
   }
   return out;
 }
@@ -176,6 +293,7 @@ absl::StatusOr<TensorMap> DatasetReader::ReadStep(int64_t step, const Program& p
   std::string where;
   FXDP_ASSIGN_OR_RETURN(const DatasetStep* step_entry, Locate(step, &where));
   const DatasetStep& s = *step_entry;
+  FXDP_RETURN_IF_ERROR(CheckIndexShape(s, program, where));
   const std::vector<ir::RankSlice> rows =
       ir::RankRows(s.end - s.begin, program.micro_batch(), o_.world_size, o_.rank);
   const int64_t count = ir::RowCount(rows);

@@ -4,6 +4,11 @@
 //   {"fxdp_dataset": 1,
 //    "steps": [{"file": "shard-00000.safetensors", "rows": [0, 8]}, ...]}
 //
+// An entry may say its global batch's shape, "shape": {"x": [8, 6], ...}
+// (every tensor's dims, rows first; fxdp.write_dataset writes it): a job whose
+// graph has symbolic sizes learns each step's shape from it (rank 0 reports
+// them, AllEntryShapes), and every step checks it against the shard.
+//
 // Step i (1-based) of a job uses entry (i - 1) mod the number of entries: rows
 // [begin, end) along dim 0 of every tensor of `file` named by an INPUT
 // placeholder's state name. A rank reads only its rows of those (ir::RankRows:
@@ -42,15 +47,23 @@ inline constexpr char kDatasetIndexName[] = "index.json";
 inline constexpr uint64_t kMaxDatasetIndexBytes = uint64_t{64} << 20;
 inline constexpr int64_t kMaxDatasetSteps = int64_t{1} << 24;
 
+inline constexpr size_t kMaxDatasetShapeTensors = 1024;  // names in one entry's "shape"
+
 struct DatasetStep {
   std::string file;  // relative to the dataset directory
   int64_t begin = 0, end = 0;
+  int32_t shape = -1;  // its "shape": an index into DatasetIndex::shapes; -1: none given
+};
+
+struct DatasetIndex {
+  std::vector<DatasetStep> steps;
+  std::vector<ir::InputShapes> shapes;  // the distinct "shape"s, first given first
 };
 
 // The index's text parsed and checked (INVALID_ARGUMENT naming `where` and
-// the entry otherwise).
-absl::StatusOr<std::vector<DatasetStep>> ParseDatasetIndex(const std::string& text,
-                                                           const std::string& where);
+// the entry otherwise): a "shape" has 1 to kMaxDatasetShapeTensors names of 1
+// to 256 bytes, each with 1 to ir::kMaxRank dims, the first its rows.
+absl::StatusOr<DatasetIndex> ParseDatasetIndex(const std::string& text, const std::string& where);
 
 class DatasetReader {
  public:
@@ -75,19 +88,36 @@ class DatasetReader {
   // with the step's row count and the shard's trailing dims (what the graph
   // expanded for this step takes: ir::kInputShapesKey). Reads the header only.
   absl::StatusOr<ir::InputShapes> StepShapes(int64_t step, const Program& program);
+  // Every index entry's global batch shape (AssignJob.report_dataset_shapes),
+  // each distinct one once: each INPUT of `program` by name, from the
+  // entry's "shape" (which must name every INPUT), else as StepShapes.
+  struct EntryShapes {
+    std::vector<ir::InputShapes> shapes;
+    std::vector<uint32_t> entries;  // per index entry, its position in `shapes`
+  };
+  absl::StatusOr<EntryShapes> AllEntryShapes(const Program& program);
 
  private:
   DatasetReader() = default;
   absl::Status OpenShard(const std::string& file);
   // Step `step`'s index entry, its shard opened, and how errors name it.
   absl::StatusOr<const DatasetStep*> Locate(int64_t step, std::string* where);
+  absl::StatusOr<const DatasetStep*> LocateEntry(size_t index, int64_t step, std::string* where);
+  // The step's rows and shard's trailing dims of `program`'s INPUT `in`.
+  absl::StatusOr<std::vector<int64_t>> ShardShape(const DatasetStep& s, const ProgramInput& in,
+                                                  const std::string& where) const;
+  // The entry's "shape" (if given) against its shard, for every INPUT of
+  // `program`: INVALID_ARGUMENT naming the step, the tensor and both shapes.
+  absl::Status CheckIndexShape(const DatasetStep& s, const Program& program,
+                               const std::string& where) const;
   // The open shard's tensor `name`, or INVALID_ARGUMENT naming it.
   absl::StatusOr<const ir::SafetensorsEntry*> Entry(const ProgramInput& in,
                                                     const std::string& where) const;
   std::string dir_;
   Options o_;
   std::vector<DatasetStep> steps_;
-  std::string shard_name_;  // the shard open now ("" none)
+  std::vector<ir::InputShapes> shapes_;  // the index's distinct "shape"s
+  std::string shard_name_;               // the shard open now ("" none)
   std::unique_ptr<ir::SafetensorsReader> shard_;
 };
 

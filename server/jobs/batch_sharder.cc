@@ -67,8 +67,8 @@ std::string SymbolicTypeText(const InputSpec& in) {
   return absl::StrCat(t.substr(0, t.size() - 1), dims, "]");
 }
 
-// A global batch input against `in`: a static graph's exactly, a symbolic
-// one's dtype, rank and static dims (instantiation checks the rest).
+}  // namespace
+
 absl::Status CheckInputShape(const std::string& what, const InputSpec& in, v1::DType dtype,
                              const std::vector<int64_t>& shape) {
   const std::string got = TypeString(dtype, shape);
@@ -98,8 +98,6 @@ absl::Status CheckInputShape(const std::string& what, const InputSpec& in, v1::D
   }
   return absl::OkStatus();
 }
-
-}  // namespace
 
 absl::StatusOr<int64_t> MicroBatchOf(const v1::ExpandResponse& expanded) {
   int64_t rows = 0;

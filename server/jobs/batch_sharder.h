@@ -52,6 +52,13 @@ absl::StatusOr<RankRows> RankRowsOf(const v1::ExpandResponse& expanded, int worl
                                     const std::vector<InputSpec>& inputs,
                                     const ir::InputShapes& shapes);
 
+// A global batch input of `dtype` and `shape` against `in`: a static graph's
+// exactly, a symbolic one's dtype, rank and static dims (instantiation checks
+// the rest); INVALID_ARGUMENT prefixed with `what`, naming both types and what
+// to do.
+absl::Status CheckInputShape(const std::string& what, const InputSpec& in, v1::DType dtype,
+                             const std::vector<int64_t>& shape);
+
 class BatchSharder {
  public:
   // The pointees outlive the sharder.

@@ -120,6 +120,9 @@ int Dispatcher::Assign(const std::string& host, int port, int64_t steps, uint32_
     a->set_steps(steps);
     *a->mutable_graph() = RankGraph(job_->plan().expanded, r);
     a->set_max_graphs(max_graphs);
+    // Rank 0 reports a dataset's step shapes (dataset_shapes.h).
+    a->set_report_dataset_shapes(r == 0 && job_->plan().symbolic != nullptr &&
+                                 spec.data_paths_size() > 0);
     a->set_num_state_tensors(spec.num_state_tensors());
     a->set_batches_sharded(spec.data_paths_size() == 0);
     const int n = spec.data_paths_size();

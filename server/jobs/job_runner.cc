@@ -289,7 +289,21 @@ absl::Status JobRunner::CheckMemory() {
 // is counted, anything else is ignored.
 absl::Status JobRunner::OnWorker(const Job::Msg& msg) {
   if (msg.lost || msg.m.has_job_failed()) return Failed(msg);
-  started_ += msg.m.has_job_started();
+  if (!msg.m.has_job_started()) return absl::OkStatus();
+  ++started_;
+  if (msg.rank != 0 || !msg.m.job_started().has_dataset_shapes() || variants_ == nullptr)
+    return absl::OkStatus();
+  return TakeDatasetShapes(msg.m.job_started().dataset_shapes());
+}
+
+absl::Status JobRunner::TakeDatasetShapes(const v1::DatasetShapes& report) {
+  const JobPlan& plan = job_->plan();
+  absl::StatusOr<DatasetStepShapes> shapes =
+      DatasetStepShapes::Of(report, plan.inputs, plan.spec.data_paths(0));
+  if (!shapes.ok()) return BadInput(shapes.status());
+  data_shapes_ = std::make_unique<DatasetStepShapes>(*std::move(shapes));
+  Log(absl::StrCat(id_, ": dataset ", plan.spec.data_paths(0), ": ", data_shapes_->entries(),
+                   " index entries of ", data_shapes_->distinct(), " batch shapes"));
   return absl::OkStatus();
 }
 

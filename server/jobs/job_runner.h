@@ -55,6 +55,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "server/jobs/batch_sharder.h"
+#include "server/jobs/dataset_shapes.h"
 #include "server/jobs/dispatcher.h"
 #include "server/jobs/job.h"
 #include "server/jobs/job_metrics.h"
@@ -150,7 +151,13 @@ class JobRunner {
   // A graph with symbolic sizes: the program of the step's batch shape
   // (ShapeVariants), a batch its guards refuse failing the step; a newly
   // compiled one checked against the workers' memory.
-  absl::Status StepVariant(int64_t step, ShapeVariant* variant);
+  absl::Status StepVariant(int64_t step, const ir::InputShapes& shapes, const std::string& what,
+                           ShapeVariant* variant);
+  // Every rank that lacks `variant`'s program is sent it (LoadGraph).
+  absl::Status LoadPrograms(const ShapeVariant& variant);
+  // A symbolic data_paths job: rank 0's JobStarted.dataset_shapes checked
+  // (dataset_shapes.h) into data_shapes_.
+  absl::Status TakeDatasetShapes(const v1::DatasetShapes& report);
   // --checkpoint-every: after run step sent_ the ranks are asked for their state.
   absl::Status MaybeCheckpoint();
   absl::Status OnStepMessage(Job::Msg& msg);
@@ -231,6 +238,9 @@ class JobRunner {
   // them each rank holds (null: a static graph).
   std::unique_ptr<ShapeVariants> variants_;
   std::unique_ptr<RankPrograms> programs_;
+  // A symbolic job reading a dataset directory: each step's shape (rank 0's
+  // report); null: streamed, or files of graph 0's shape.
+  std::unique_ptr<DatasetStepShapes> data_shapes_;
   std::unique_ptr<StateCollector> state_;  // checkpoints and the final state out of the ranks
   bool queued_ = false;
   std::string id_;

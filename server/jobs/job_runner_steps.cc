@@ -60,12 +60,30 @@ absl::Status JobRunner::Steps() {
   return absl::OkStatus();
 }
 
+// A data_paths job's step: no tensors (the workers read them); a graph with
+// symbolic sizes gets the program of the step's shape (a dataset's entry's,
+// rank 0's report; files: graph 0's, checked by the workers at set-up).
 absl::Status JobRunner::SendFileStep() {
+  ShapeVariant variant;
+  if (variants_ != nullptr) {
+    const int64_t job_step = first_ + sent_ + 1;
+    const std::string& dataset = job_->plan().spec.data_paths(0);
+    const std::string what =
+        data_shapes_ == nullptr
+            ? absl::StrCat("step ", job_step, "'s batch")
+            : absl::StrCat("step ", job_step, "'s batch (dataset '", dataset, "' index entry ",
+                           (job_step - 1) % data_shapes_->entries(), ")");
+    const ir::InputShapes& shapes =
+        data_shapes_ != nullptr ? data_shapes_->At(job_step) : job_->plan().example;
+    if (absl::Status s = StepVariant(sent_ + 1, shapes, what, &variant); !s.ok()) return s;
+    if (absl::Status s = LoadPrograms(variant); !s.ok()) return s;
+  }
   ++sent_;
   StepSent();
-  if (absl::Status s = SendAll(sharder_->ScheduleOnlyBatch(sent_, first_ + sent_)); !s.ok())
-    return s;
-  pending_.push_back({sent_, std::vector<v1::StepResult>(world_), 0, ""});
+  v1::ServerMessage batch = sharder_->ScheduleOnlyBatch(sent_, first_ + sent_);
+  batch.mutable_batch()->set_graph_id(variant.graph_id);
+  if (absl::Status s = SendAll(batch); !s.ok()) return s;
+  pending_.push_back({sent_, std::vector<v1::StepResult>(world_), 0, variant.shape});
   return MaybeCheckpoint();
 }
 
@@ -187,7 +205,9 @@ void JobRunner::OnStepResult(const Job::Msg& msg) {
 absl::Status JobRunner::SendStep(int64_t step, std::string* shape) {
   ShapeVariant variant;
   if (variants_ != nullptr) {
-    if (absl::Status s = StepVariant(step, &variant); !s.ok()) return s;
+    const std::string what = absl::StrCat("step ", first_ + step, "'s batch");
+    if (absl::Status s = StepVariant(step, sharder_->shapes(), what, &variant); !s.ok()) return s;
+    if (absl::Status s = LoadPrograms(variant); !s.ok()) return s;
     *shape = variant.shape;
   }
   const v1::ExpandResponse& expanded =
@@ -196,10 +216,6 @@ absl::Status JobRunner::SendStep(int64_t step, std::string* shape) {
       RankRowsOf(expanded, world_, job_->plan().inputs, sharder_->shapes());
   if (!rows.ok()) return Finish(JobChange::kFail, rows.status(), -1);
   for (int r = 0; r < world_; ++r) {
-    if (programs_ != nullptr) {
-      const RankPrograms::Use use = programs_->Run(r, variant.graph_id);
-      if (use.load && !ranks_->LoadGraph(r, variant.graph_id, expanded, use.evict)) return Lost(r);
-    }
     absl::StatusOr<std::vector<v1::ServerMessage>> batch =
         sharder_->RankBatch(r, *rows, variant.graph_id);
     if (!batch.ok()) return BadInput(batch.status());
@@ -211,13 +227,23 @@ absl::Status JobRunner::SendStep(int64_t step, std::string* shape) {
   return absl::OkStatus();
 }
 
-absl::Status JobRunner::StepVariant(int64_t step, ShapeVariant* variant) {
+absl::Status JobRunner::LoadPrograms(const ShapeVariant& variant) {
+  for (int r = 0; r < world_; ++r) {
+    const RankPrograms::Use use = programs_->Run(r, variant.graph_id);
+    if (use.load && !ranks_->LoadGraph(r, variant.graph_id, *variant.expanded, use.evict))
+      return Lost(r);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobRunner::StepVariant(int64_t step, const ir::InputShapes& shapes,
+                                    const std::string& what, ShapeVariant* variant) {
   const int64_t job_step = first_ + step;
-  absl::StatusOr<ShapeVariant> v = variants_->Get(sharder_->shapes());
+  absl::StatusOr<ShapeVariant> v = variants_->Get(shapes);
   job_->SetShapes(variants_->compiled());
   if (!v.ok()) {
-    return BadInput(absl::Status(
-        v.status().code(), absl::StrCat("step ", job_step, "'s batch: ", v.status().message())));
+    return BadInput(
+        absl::Status(v.status().code(), absl::StrCat(what, ": ", v.status().message())));
   }
   *variant = *std::move(v);
   if (!variant->compiled) return absl::OkStatus();

@@ -281,14 +281,8 @@ namespace {
 
 // A graph with symbolic sizes: kept whole in `p` (its request, the traced
 // example's shapes), its instantiation at those shapes left in `xr` to expand.
-absl::Status KeepSymbolic(const v1::JobSpec& spec, v1::ExpandRequest* xr, PreparedSpec* p) {
-  if (spec.data_paths_size() > 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the graph has symbolic sizes (", xr->graph().symbols_size(),
-        " symbols; docs/shapes.md), and JobSpec.data_paths: the server cannot see the shapes of "
-        "the workers' files; instantiate the graph at their shape (TracedStep.instantiate, "
-        "`fxdp graph instantiate`), or stream the batches from the client"));
-  }
+// A data_paths job's step shapes come from its workers (dataset_shapes.h).
+absl::Status KeepSymbolic(v1::ExpandRequest* xr, PreparedSpec* p) {
   for (const InputSpec& in : GraphInputs(xr->graph())) p->example[in.name] = in.shape;
   absl::StatusOr<v1::GraphDef> at = ir::InstantiateDef(xr->graph(), p->example);
   if (!at.ok()) {
@@ -321,7 +315,7 @@ absl::StatusOr<PreparedSpec> PrepareJobSpec(v1::JobSpec spec, const Expander& ex
   xr.set_style(spec.style());
   const auto start = std::chrono::steady_clock::now();
   if (ir::HasSymbolicSizes(xr.graph())) {
-    if (absl::Status s = KeepSymbolic(spec, &xr, &p); !s.ok()) return s;
+    if (absl::Status s = KeepSymbolic(&xr, &p); !s.ok()) return s;
   }
   absl::StatusOr<v1::ExpandResponse> expanded = expand(xr);
   if (!expanded.ok()) {

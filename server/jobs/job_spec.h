@@ -103,9 +103,7 @@ struct PreparedSpec {
 
 // Validates `spec`, checks its schedule, expands its graph (an empty
 // expansion is INTERNAL); a graph with symbolic sizes is instantiated at its
-// traced example's shapes for that and kept (PreparedSpec.symbolic); with
-// data_paths it is INVALID_ARGUMENT (the server does not see the files'
-// shapes).
+// traced example's shapes for that and kept (PreparedSpec.symbolic).
 absl::StatusOr<PreparedSpec> PrepareJobSpec(v1::JobSpec spec, const Expander& expand);
 
 }  // namespace fxdp::server

@@ -5,7 +5,8 @@
 // again not compiled again, max_shapes evicting on the server and on the
 // workers, JobEvent.shape and JobInfo.shapes, and the refusals: a batch its
 // guards refuse (the step fails, the last step's state kept), a static dim
-// changed, data_paths, max_shapes out of range.
+// changed, max_shapes out of range; a dataset job (data_paths) whose steps
+// take the shapes rank 0 reports, each report checked before any step.
 #include <map>
 #include <set>
 #include <string>
@@ -186,12 +187,99 @@ TEST(JobShapes, RefusalsNameWhatIsWrong) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(s.error_message(), HasSubstr("JobSpec.max_shapes must be in [0, 64] (0: 16), got "
                                            "65"));
-  reqs = ShapesJob(2, {{8, 6}});
-  reqs[0].mutable_spec()->add_data_paths("/data/step1.safetensors");
-  s = Submission(server, {reqs[0], reqs[1]}).Finish();
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_THAT(s.error_message(), HasSubstr("and JobSpec.data_paths: the server cannot see the "
-                                           "shapes of the workers' files"));
+}
+
+// Rank 0's report of a dataset of `shapes` (x f32[B, S, 4], y f32[B, S]),
+// index entry i of shape entries[i].
+v1::DatasetShapes Report(const std::vector<Shape>& shapes, const std::vector<uint32_t>& entries) {
+  v1::DatasetShapes r;
+  for (const Shape& s : shapes) {
+    v1::BatchShape* b = r.add_shapes();
+    v1::NamedShape* x = b->add_tensors();
+    x->set_name("x");
+    for (int64_t d : {s.b, s.s, int64_t{4}}) x->add_dims(d);
+    v1::NamedShape* y = b->add_tensors();
+    y->set_name("y");
+    for (int64_t d : {s.b, s.s}) y->add_dims(d);
+  }
+  for (uint32_t e : entries) r.add_entries(e);
+  return r;
+}
+
+// The spec and state of a job of `steps` steps that the workers read from
+// the dataset directory /data/epoch0.
+std::vector<v1::SubmitJobRequest> DatasetJob(int64_t steps) {
+  std::vector<v1::SubmitJobRequest> reqs = ShapesJob(2, {{8, 6}});
+  reqs.resize(2);
+  reqs[0].mutable_spec()->set_steps(steps);
+  reqs[0].mutable_spec()->add_data_paths("/data/epoch0");
+  return reqs;
+}
+
+TEST(JobShapes, ADatasetJobRunsEachStepWithItsIndexEntrysShape) {
+  TestServer server(FastOptions());
+  auto workers = Workers(server, 2);
+  for (auto& w : workers) w->SetDatasetShapes(Report({{8, 6}, {5, 7}}, {0, 1, 1}));
+  Submission job(server, DatasetJob(5));
+  std::vector<v1::JobEvent> ev;
+  ASSERT_TRUE(job.Finish(&ev).ok()) << (ev.empty() ? "" : ev.back().error());
+  std::vector<std::string> shapes;
+  for (const v1::JobEvent& e : ev) {
+    if (e.state() == v1::JOB_STATE_RUNNING && e.step() > 0) shapes.push_back(e.shape());
+  }
+  // Steps 1-5 read index entries 0, 1, 2, 0, 1.
+  EXPECT_THAT(shapes, ElementsAre("x=8x6x4 y=8x6", "x=5x7x4 y=5x7", "x=5x7x4 y=5x7",
+                                  "x=8x6x4 y=8x6", "x=5x7x4 y=5x7"));
+  for (const auto& w : workers) {
+    const FakeWorker::JobRecord rec = w->jobs().at(0);
+    const int r = rec.assign.rank();
+    SCOPED_TRACE(absl::StrCat("rank ", r));
+    EXPECT_THAT(rec.errors, ElementsAre());
+    EXPECT_EQ(rec.assign.report_dataset_shapes(), r == 0);
+    EXPECT_THAT(rec.graph_ids, ElementsAre(std::pair<const int64_t, uint32_t>{1, 0},
+                                           std::pair<const int64_t, uint32_t>{2, 1},
+                                           std::pair<const int64_t, uint32_t>{3, 1},
+                                           std::pair<const int64_t, uint32_t>{4, 0},
+                                           std::pair<const int64_t, uint32_t>{5, 1}));
+    ASSERT_EQ(rec.loads.size(), 1u);
+    EXPECT_EQ(rec.loads[0].graph().SerializeAsString(),
+              StaticRankGraph({5, 7}, 2, r).SerializeAsString());
+    EXPECT_TRUE(rec.batches.at(2).empty());  // the workers read the rows
+  }
+  const v1::JobInfo info = GetJob(server, ev[0].job_id());
+  ASSERT_EQ(info.shapes_size(), 2);
+  EXPECT_EQ(info.shapes(0).steps(), 2);
+  EXPECT_EQ(info.shapes(1).shape(), "x=5x7x4 y=5x7");
+  EXPECT_EQ(info.shapes(1).steps(), 3);
+}
+
+TEST(JobShapes, ADatasetReportIsCheckedBeforeAnyStep) {
+  TestServer server(FastOptions());
+  auto workers = Workers(server, 2);
+  v1::DatasetShapes lacks_y = Report({{8, 6}}, {0});
+  lacks_y.mutable_shapes(0)->mutable_tensors()->RemoveLast();
+  v1::DatasetShapes static_dim = Report({{8, 6}, {5, 7}}, {0, 1});
+  static_dim.mutable_shapes(1)->mutable_tensors(0)->set_dims(2, 5);
+  v1::DatasetShapes other = Report({{8, 6}}, {0});
+  other.mutable_shapes(0)->mutable_tensors(1)->set_name("z");
+  const std::pair<v1::DatasetShapes, std::string> cases[] = {
+      {Report({{8, 6}, {5, 7}}, {0, 2}), ": index entry 1 names shape 2 of 2"},
+      {Report({{8, 6}}, {}), ": 0 index entries of 1 shapes"},
+      {lacks_y, ": index entry 0's batch lacks input 'y'"},
+      {static_dim,
+       ": index entry 1's batch: input 'x' is f32[5, 7, 5], the graph expects "
+       "f32[s, s, 4] (the global batch; s: a size its guards allow): dim 2 is 5, but "
+       "the trace made it static at 4"},
+      {other, ": index entry 0's batch: 'z' is not an INPUT of the graph (its inputs: x, y)"},
+  };
+  for (const auto& [report, error] : cases) {
+    SCOPED_TRACE(error);
+    for (auto& w : workers) w->SetDatasetShapes(report);
+    const grpc::Status s = Submission(server, DatasetJob(3)).Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(),
+                HasSubstr("dataset '/data/epoch0' (rank 0's report of its index)" + error));
+  }
 }
 
 }  // namespace

@@ -340,7 +340,9 @@ void FakeWorker::Handle(v1::ServerMessage& m) {
       if (rec == nullptr) return;
       if (m.state_chunk().has_tensor()) AddChunk(rec->state, m.state_chunk().tensor(), rec);
       if (!m.state_chunk().last()) return;
-      const v1::WorkerMessage s = JobStarted(rec->assign);
+      v1::WorkerMessage s = JobStarted(rec->assign);
+      if (rec->assign.report_dataset_shapes())
+        *s.mutable_job_started()->mutable_dataset_shapes() = dataset_shapes_;
       l.unlock();
       Write(s);
       return;

@@ -117,6 +117,12 @@ class FakeWorker {
   // Answers step `step` of the next job with JobFailed(code, error).
   void FailAt(int64_t step, grpc::StatusCode code, std::string error);
 
+  // What JobStarted reports when AssignJob.report_dataset_shapes asks.
+  void SetDatasetShapes(v1::DatasetShapes shapes) {
+    std::lock_guard<std::mutex> l(mu_);
+    dataset_shapes_ = std::move(shapes);
+  }
+
   std::vector<JobRecord> jobs() const;
   const std::string& id() const { return id_; }
 
@@ -149,6 +155,7 @@ class FakeWorker {
   int64_t fail_step_ = 0;
   grpc::StatusCode fail_code_ = grpc::StatusCode::OK;
   std::string fail_error_;
+  v1::DatasetShapes dataset_shapes_;
   std::thread reader_, heartbeat_;
 };
 

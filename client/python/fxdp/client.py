@@ -346,7 +346,9 @@ class Client:
         compiled ``job(id).shapes``. Bound the shapes a loader yields (pad to a multiple:
         ``DataCollatorWithPadding(pad_to_multiple_of=64)``, or bucket by length). A batch that
         breaks a guard fails the job (INVALID_ARGUMENT naming the guard, the user's line and what
-        to do), which keeps its last completed step's state (docs/shapes.md).
+        to do), which keeps its last completed step's state (docs/shapes.md). With ``data_path`` a
+        dataset directory (``fxdp.write_dataset``), each step runs its index entry's shape (the
+        workers report them; files of another shape than the traced example's need a dataset).
 
         ``initial_checkpoint``: the job's state is read by the workers from a checkpoint on their
         filesystem (under their ``--data-root``): a Hugging Face ``save_pretrained`` directory,
@@ -384,7 +386,6 @@ class Client:
             raise ValueError("train needs either batches or data_path")
         wire_style = _style(style)
         source, paths, steps = train_job.batch_source(batches, data_path, steps)
-        train_job.check_symbolic(step, paths)
         plan = worker_checkpoints.plan_for_train(step, initial_checkpoint, state, resume)
         init = plan.sent if plan is not None else train_job.initial_state(step, state, resume)
         spec = jpb.JobSpec(

@@ -68,7 +68,8 @@ class _Shards:
             self.flush()
         n = next(iter(batch.values())).shape[0]
         name = f"shard-{self.files:05d}.safetensors"
-        self.steps.append({"file": name, "rows": [self.rows, self.rows + n]})
+        shape = {k: list(t.shape) for k, t in sorted(batch.items())}
+        self.steps.append({"file": name, "rows": [self.rows, self.rows + n], "shape": shape})
         self.pending.append(batch)
         self.rows += n
         self.pending_bytes += sum(t.numel() * t.element_size() for t in batch.values())
@@ -102,7 +103,8 @@ def write_dataset(
     step's input state names to tensors, or sequences in the order of ``step.input_names()`` /
     ``names``) as a dataset directory: safetensors shards of about ``shard_mb`` MiB each, every
     tensor's rows (dim 0) of consecutive steps concatenated, and ``index.json`` listing each
-    step's shard and row range (written last, so a directory with an index is complete).
+    step's shard, row range and shape (every tensor's dims; written last, so a directory with an
+    index is complete).
     Batches are consumed one at a time: at most one shard is held. Returns the number of steps.
 
     A batch's tensors must agree on their rows (dim 0); batches of another dtype or trailing

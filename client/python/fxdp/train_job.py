@@ -72,17 +72,6 @@ def traced_step(step) -> TracedStep:
     return step
 
 
-def check_symbolic(step: TracedStep, paths: List[str]) -> None:
-    """A symbolic ``step`` (``trace_step(..., dynamic=True)``) runs every batch shape the client
-    streams; the server does not see the shapes of files the workers read (``data_path``)."""
-    if step.is_symbolic() and paths:
-        raise ValueError(
-            "train: a symbolic step (traced with dynamic=...) with data_path: the server cannot see "
-            "the shapes of the workers' files; pass step.instantiate({input: shape, ...}) at their "
-            "shape"
-        )
-
-
 def initial_state(
     step: TracedStep, state: Optional[Mapping[str, torch.Tensor]], resume: Optional[str]
 ) -> Mapping[str, torch.Tensor]:
