@@ -7,6 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "analysis/ir/instantiate.h"
 #include "client/cli/commands.h"
 #include "client/cli/connect.h"
 #include "expansion/style_proto.h"
@@ -203,9 +205,14 @@ BatchCounts CountBatch(const v1::GraphDef& graph) {
     if (d < 0 || d >= t.shape_size()) continue;
     // A size that varies per batch (a graph with symbolic sizes) is not known: 0.
     auto varies = [&t](int i) { return i < t.shape_expr_size() && t.shape_expr(i) != 0; };
-    if (b.samples == 0) b.samples = varies(d) ? 0 : t.shape(d);
-    if (b.tokens == 0 && (t.dtype() == v1::INT64 || t.dtype() == v1::INT32) &&
+    if (b.samples_input.empty()) {
+      b.samples_input = n.placeholder().state_name();
+      b.samples_dim = d;
+      b.samples = varies(d) ? 0 : t.shape(d);
+    }
+    if (b.tokens_input.empty() && (t.dtype() == v1::INT64 || t.dtype() == v1::INT32) &&
         t.shape_size() >= 2) {
+      b.tokens_input = n.placeholder().state_name();
       b.tokens = 1;
       for (int i = 0; i < t.shape_size(); ++i) b.tokens *= varies(i) ? 0 : t.shape(i);
     }
@@ -213,13 +220,47 @@ BatchCounts CountBatch(const v1::GraphDef& graph) {
   return b;
 }
 
-double StepRate::Add(int64_t step) {
-  seen_.emplace_back(step, std::chrono::steady_clock::now());
+BatchCounts StepCounts(const BatchCounts& graph, const std::string& shape) {
+  if (shape.empty()) return graph;
+  ir::InputShapes given;
+  for (absl::string_view part : absl::StrSplit(shape, ' ', absl::SkipEmpty())) {
+    if (!ir::ParseInputShape(part, &given).ok()) return BatchCounts{};
+  }
+  BatchCounts b = graph;
+  auto s = given.find(graph.samples_input);
+  b.samples = s != given.end() && graph.samples_dim < static_cast<int>(s->second.size())
+                  ? s->second[graph.samples_dim]
+                  : 0;
+  auto t = given.find(graph.tokens_input);
+  b.tokens = 0;
+  if (t != given.end()) {
+    b.tokens = 1;
+    for (int64_t d : t->second) b.tokens *= d;
+  }
+  return b;
+}
+
+StepRate::Rates StepRate::Add(int64_t step, const BatchCounts& counts) {
+  seen_.push_back({step, counts.samples, counts.tokens, std::chrono::steady_clock::now()});
   if (seen_.size() > window_) seen_.pop_front();
-  const auto& [s0, t0] = seen_.front();
-  const auto& [s1, t1] = seen_.back();
-  const double dt = std::chrono::duration<double>(t1 - t0).count();
-  return s1 > s0 && dt > 0 ? static_cast<double>(s1 - s0) / dt : -1;
+  Rates r;
+  const Seen& first = seen_.front();
+  const Seen& last = seen_.back();
+  const double dt = std::chrono::duration<double>(last.at - first.at).count();
+  if (last.step <= first.step || dt <= 0) return r;
+  r.steps = static_cast<double>(last.step - first.step) / dt;
+  // The steps after the window's first, each with its own batch.
+  int64_t samples = 0, tokens = 0;
+  bool known_samples = true, known_tokens = true;
+  for (size_t i = 1; i < seen_.size(); ++i) {
+    samples += seen_[i].samples;
+    tokens += seen_[i].tokens;
+    known_samples = known_samples && seen_[i].samples > 0;
+    known_tokens = known_tokens && seen_[i].tokens > 0;
+  }
+  r.samples = known_samples ? static_cast<double>(samples) / dt : 0;
+  r.tokens = known_tokens ? static_cast<double>(tokens) / dt : 0;
+  return r;
 }
 
 }  // namespace fxdp::cli

@@ -39,22 +39,38 @@ nlohmann::ordered_json EventJson(const v1::JobEvent& e, int64_t steps);
 // batch_counts): samples, the batch dim's size of the first INPUT with one;
 // tokens, the element count of the first integer INPUT of 2+ dims with a
 // batch dim (token ids), else 0; a size that varies per batch (a graph with
-// symbolic sizes) is not known: 0.
+// symbolic sizes) is not known: 0, until StepCounts reads it from a step's
+// shape.
 struct BatchCounts {
   int64_t samples = 0, tokens = 0;
+  std::string samples_input, tokens_input;  // the INPUTs counted ("": none)
+  int samples_dim = -1;                     // samples_input's batch dim
 };
 BatchCounts CountBatch(const v1::GraphDef& graph);
+// A step's counts: `graph`'s (CountBatch), or for a step of a graph with
+// symbolic sizes those of its global batch shape `shape` (JobEvent.shape,
+// "input_ids=8x60 labels=8x60").
+BatchCounts StepCounts(const BatchCounts& graph, const std::string& shape);
 
-// Steps per second over the last `window` steps seen (as fxdp.progress.StepRate).
+// Steps per second over the last `window` steps seen (as fxdp.progress.StepRate),
+// and the samples and tokens per second of those steps (each step's own).
 class StepRate {
  public:
   explicit StepRate(size_t window = 20) : window_(window) {}
-  // Records `step` done now; the rate, or -1 until two steps were seen.
-  double Add(int64_t step);
+  struct Rates {
+    double steps = -1;               // -1 until two steps were seen
+    double samples = 0, tokens = 0;  // 0: a step's count is not known
+  };
+  // Records `step` done now with its batch's counts.
+  Rates Add(int64_t step, const BatchCounts& counts = {});
 
  private:
+  struct Seen {
+    int64_t step, samples, tokens;
+    std::chrono::steady_clock::time_point at;
+  };
   const size_t window_;
-  std::deque<std::pair<int64_t, std::chrono::steady_clock::time_point>> seen_;
+  std::deque<Seen> seen_;
 };
 
 // fetch_command.cc: streams the state job `job_id` kept (FetchState) into

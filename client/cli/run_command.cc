@@ -247,13 +247,14 @@ class RunPrinter {
   void Event(const v1::JobEvent& e) {
     if (e.has_eval()) return json_ ? PrintLine(EventJson(e, steps_)) : Line(EvalText(e.eval()));
     const bool step_done = e.state() == v1::JOB_STATE_RUNNING && e.step() > 0;
-    const double rate = step_done ? rate_.Add(e.step()) : -1;
+    const StepRate::Rates rate =
+        step_done ? rate_.Add(e.step(), StepCounts(batch_, e.shape())) : StepRate::Rates{};
     if (json_) {
       nlohmann::ordered_json o = EventJson(e, steps_);
-      if (rate > 0) {
-        o["steps_per_s"] = rate;
-        if (batch_.samples > 0) o["samples_per_s"] = rate * batch_.samples;
-        if (batch_.tokens > 0) o["tokens_per_s"] = rate * batch_.tokens;
+      if (rate.steps > 0) {
+        o["steps_per_s"] = rate.steps;
+        if (rate.samples > 0) o["samples_per_s"] = rate.samples;
+        if (rate.tokens > 0) o["tokens_per_s"] = rate.tokens;
       }
       return PrintLine(o);
     }
@@ -315,13 +316,12 @@ class RunPrinter {
     return out;
   }
   // "  12.5 steps/s  150 samples/s" (tokens/s for token ids); "" before a rate.
-  std::string RateText(double rate) const {
-    if (rate <= 0) return "";
-    std::string out = absl::StrFormat("  %.3g steps/s", rate);
-    if (batch_.tokens > 0)
-      return absl::StrCat(out, absl::StrFormat("  %.4g tokens/s", rate * batch_.tokens));
-    if (batch_.samples > 0)
-      return absl::StrCat(out, absl::StrFormat("  %.4g samples/s", rate * batch_.samples));
+  static std::string RateText(const StepRate::Rates& rate) {
+    if (rate.steps <= 0) return "";
+    std::string out = absl::StrFormat("  %.3g steps/s", rate.steps);
+    if (rate.tokens > 0) return absl::StrCat(out, absl::StrFormat("  %.4g tokens/s", rate.tokens));
+    if (rate.samples > 0)
+      return absl::StrCat(out, absl::StrFormat("  %.4g samples/s", rate.samples));
     return out;
   }
 

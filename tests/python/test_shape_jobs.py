@@ -187,3 +187,42 @@ def test_a_dataloader_epoch_with_dynamic_padding_trains_in_one_job(server):
     assert info.steps_done == 4 and len(info.shapes) == len(
         {tuple(b["input_ids"].shape) for b in batches}
     )
+
+
+def test_samples_per_second_count_each_steps_own_rows(server, capfd, tmp_path):
+    """Steps of 8, 5, 3 and 5 rows: ``Client.train(progress=True)`` and ``fxdp run --json`` count
+    each step's own rows (its ``JobEvent.shape``), so after step 4 the samples/s are the rows of
+    steps 2-4 (13) over the time of those 3 steps: 13/3 of the steps/s."""
+    import json
+    import re
+    import subprocess
+
+    from _util import fxdp_binary
+    from safetensors.torch import save_file
+
+    proc, client = server
+    step = mlp_traced()
+    batches = [rows(b, seed) for seed, b in enumerate([8, 5, 3, 5], 1)]
+    client.train(step, 2, batches, progress=True)
+    lines = [x for x in capfd.readouterr().err.splitlines() if x.startswith("step 4/")]
+    m = re.fullmatch(r"step 4/4 .*  (\S+) steps/s  (\S+) samples/s", lines[-1])
+    assert m, lines
+    assert float(m.group(2)) / float(m.group(1)) == pytest.approx(13 / 3, rel=0.01), lines[-1]
+
+    graph, state, data = tmp_path / "g.pb", tmp_path / "s.safetensors", []
+    step.save(str(graph))
+    step.to_safetensors(str(state))
+    for i, b in enumerate(batches):
+        data += ["--data", str(tmp_path / f"b{i}.safetensors")]
+        save_file(b, data[-1])
+    out = subprocess.run(
+        [fxdp_binary("FXDP_BIN", "fxdp"), "run", str(graph), "--world-size", "2", "--state"]
+        + [str(state), *data, "--steps", "4", "--json", "--server", proc.address],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    events = [json.loads(x) for x in out.stdout.splitlines() if x.startswith("{")]
+    last = [e for e in events if e.get("step") == 4 and "steps_per_s" in e]
+    assert last and last[0]["samples_per_s"] == pytest.approx(13 / 3 * last[0]["steps_per_s"])
