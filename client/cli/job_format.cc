@@ -1,5 +1,6 @@
 #include "client/cli/job_format.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -98,7 +99,26 @@ nlohmann::ordered_json InfoJson(const v1::JobInfo& j) {
                       {"evicted", c.evicted()}});
   }
   o["shapes"] = std::move(shapes);
+  nlohmann::ordered_json evals = nlohmann::ordered_json::array();
+  for (const v1::EvalMetrics& e : j.evals()) {
+    nlohmann::ordered_json metrics = nlohmann::ordered_json::object();
+    for (const v1::NamedValue& v : e.metrics()) metrics[v.name()] = v.value();
+    evals.push_back({{"step", e.step()},
+                     {"metrics", std::move(metrics)},
+                     {"batches", e.batches()},
+                     {"eval_ms", e.eval_ms()}});
+  }
+  o["evals"] = std::move(evals);
   return o;
+}
+
+std::string EvalShort(const v1::EvalMetrics& e, int max_metrics) {
+  std::string out = absl::StrCat("step ", e.step(), ":");
+  for (int i = 0; i < e.metrics_size() && i < max_metrics; ++i)
+    absl::StrAppend(&out, " ", e.metrics(i).name(), "=",
+                    absl::StrFormat("%.6g", e.metrics(i).value()));
+  if (e.metrics_size() > max_metrics) absl::StrAppend(&out, " ...");
+  return out;
 }
 
 std::string InfoText(const v1::JobInfo& j) {
@@ -135,6 +155,16 @@ std::string InfoText(const v1::JobInfo& j) {
   for (const v1::CompiledShape& c : j.shapes()) {
     absl::StrAppendFormat(&out, "shape      %s: %d steps, compiled in %.1f ms%s\n", c.shape(),
                           c.steps(), c.compile_ms(), c.evicted() ? " (evicted: max_shapes)" : "");
+  }
+  if (j.evals_size() > 0) {
+    // The last few (a job evaluates at most 10,000 times).
+    constexpr int kShown = 3;
+    std::vector<std::string> shown;
+    for (int i = std::max(0, j.evals_size() - kShown); i < j.evals_size(); ++i)
+      shown.push_back(EvalShort(j.evals(i), 4));
+    absl::StrAppendFormat(&out, "evaluations %d%s: %s\n", j.evals_size(),
+                          j.evals_size() > kShown ? absl::StrCat(", the last ", kShown) : "",
+                          absl::StrJoin(shown, "; "));
   }
   absl::StrAppendFormat(
       &out, "final state %s\n",

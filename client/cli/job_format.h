@@ -31,6 +31,9 @@ int ReportRpcError(const std::string& cmd, const std::string& server, const grpc
 nlohmann::ordered_json InfoJson(const v1::JobInfo& j);
 // A job as `fxdp job` prints it, one "field value" line each.
 std::string InfoText(const v1::JobInfo& j);
+// An evaluation in one line: "step 4: loss=3.1 correct=14" (at most
+// `max_metrics` metrics, then "...").
+std::string EvalShort(const v1::EvalMetrics& e, int max_metrics);
 // One JSON line on stdout, flushed.
 void PrintLine(const nlohmann::ordered_json& o);
 // A Submit event as `fxdp run --json` prints it (`steps`: the job's, 0 when open-ended).

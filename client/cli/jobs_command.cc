@@ -26,8 +26,9 @@ constexpr char kJobsUsage[] =
     "usage: fxdp jobs [--json] [--server HOST:PORT]\n"
     "\n"
     "Lists the jobs of fxdp-server, oldest first: id, state, steps done/total, a\n"
-    "running job's steps/s since it started, world size, last loss, and what a\n"
-    "queued job waits for or why a job failed.\n"
+    "running job's steps/s since it started, world size, last loss, the last\n"
+    "evaluation's step and loss (JobSpec.eval), and what a queued job waits for or\n"
+    "why a job failed.\n"
     "\n"
     "  --server HOST:PORT   the fxdp server (default $FXDP_SERVER, else "
     "127.0.0.1:50051)\n" FXDP_CLI_CREDENTIAL_USAGE
@@ -40,7 +41,8 @@ constexpr char kJobUsage[] =
     "usage: fxdp job ID [--json] [--server HOST:PORT]\n"
     "\n"
     "Shows one job of fxdp-server (JobService.GetJob): state (a queued job's queue\n"
-    "position and what it waits for), steps, workers, losses, error.\n"
+    "position and what it waits for), steps, workers, losses, shapes, the last\n"
+    "evaluations (--json: every one), checkpoints, error.\n"
     "\n"
     "  --server HOST:PORT   the fxdp server (default $FXDP_SERVER, else "
     "127.0.0.1:50051)\n" FXDP_CLI_CREDENTIAL_USAGE
@@ -95,8 +97,8 @@ int JobsCommand(const std::vector<std::string>& args) {
     std::printf("%s\n", o.dump(2).c_str());
     return kExitOk;
   }
-  std::vector<std::vector<std::string>> rows = {
-      {"id", "name", "state", "steps", "steps/s", "world", "shapes", "last loss", "detail"}};
+  std::vector<std::vector<std::string>> rows = {{"id", "name", "state", "steps", "steps/s", "world",
+                                                 "shapes", "last loss", "last eval", "detail"}};
   const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                              std::chrono::system_clock::now().time_since_epoch())
                              .count();
@@ -109,7 +111,8 @@ int JobsCommand(const std::vector<std::string>& args) {
          absl::StrCat(j.steps_done(), "/", j.steps() > 0 ? absl::StrCat(j.steps()) : "?"),
          AverageRate(j, now_ms), absl::StrCat(j.world_size()),
          j.shapes_size() > 0 ? absl::StrCat(j.shapes_size()) : "-",
-         j.losses_size() ? absl::StrFormat("%.6g", j.losses(j.losses_size() - 1)) : "-", detail});
+         j.losses_size() ? absl::StrFormat("%.6g", j.losses(j.losses_size() - 1)) : "-",
+         j.evals_size() ? EvalShort(j.evals(j.evals_size() - 1), 1) : "-", detail});
   }
   std::string out = FormatTable(rows);
   if (resp.jobs_size() == 0) out += "(no jobs)\n";

@@ -106,12 +106,13 @@ bool Job::SetQueuePlace(int position, const std::string& message) {
   return true;
 }
 
-void Job::StartAt(const std::string& resumed_from, int64_t step,
-                  const std::vector<double>& losses) {
+void Job::StartAt(const std::string& resumed_from, int64_t step, const std::vector<double>& losses,
+                  const std::vector<v1::EvalMetrics>& evals) {
   std::lock_guard<std::mutex> l(mu_);
   info_.set_resumed_from(resumed_from);
   info_.set_steps_done(step);
   *info_.mutable_losses() = {losses.begin(), losses.end()};
+  *info_.mutable_evals() = {evals.begin(), evals.end()};
 }
 
 void Job::StepDone(int64_t step, double loss) {

@@ -154,10 +154,11 @@ class Job {
   absl::Status Queue(const std::string& id);
   // The scheduler: its place in the queue and why it waits; true when either changed.
   bool SetQueuePlace(int position, const std::string& message);
-  // The runner's progress: a resume's start (the checkpoint's job, step and
-  // losses), a step done with its loss, an open-ended job's step count, the
+  // The runner's progress: a resume's start (the checkpoint's job, step,
+  // losses and evaluations), a step done with its loss, an open-ended job's step count, the
   // latest checkpoint's step.
-  void StartAt(const std::string& resumed_from, int64_t step, const std::vector<double>& losses);
+  void StartAt(const std::string& resumed_from, int64_t step, const std::vector<double>& losses,
+               const std::vector<v1::EvalMetrics>& evals);
   void StepDone(int64_t step, double loss);
   int64_t steps_done() const;
   void SetSteps(int64_t steps);

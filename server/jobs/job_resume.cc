@@ -214,6 +214,9 @@ absl::StatusOr<ResumeStart> PrepareResume(const JobTable& table, JobStore* store
   out.state = std::move(checkpoint->state);
   const int n = static_cast<int>(std::min<int64_t>(out.step, info.losses_size()));
   out.losses.assign(info.losses().begin(), info.losses().begin() + n);
+  for (const v1::EvalMetrics& e : info.evals()) {
+    if (e.step() <= out.step) out.evals.push_back(e);
+  }
   return out;
 }
 

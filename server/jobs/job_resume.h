@@ -29,6 +29,7 @@ struct ResumeStart {
   int64_t step = 0;                    // its checkpoint's step
   std::vector<v1::TensorChunk> state;  // the checkpoint (whole tensors)
   std::vector<double> losses;          // the resumed job's losses of steps 1 ... step
+  std::vector<v1::EvalMetrics> evals;  // its evaluations after steps <= step (JobSpec.eval)
 };
 
 // Checks `spec` (as submitted: with its graph; resume_job set) against the

@@ -228,7 +228,7 @@ void JobRunner::StartFromCheckpoint(JobPlan plan, ResumeStart start) {
   plan.resumed_from = start.from;
   job_->SetPlan(std::move(plan));
   job_->HoldInitialState(std::move(start.state));
-  job_->StartAt(start.from, start.step, start.losses);
+  job_->StartAt(start.from, start.step, start.losses, start.evals);
 }
 
 bool JobRunner::WaitInQueue(absl::Status* status) {
