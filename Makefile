@@ -86,7 +86,7 @@ demo: build
 # bench/results.json, raw outputs under bench/out/latest. Not part of `make test`.
 # Builds only what it runs, in Release (BUILD=dir to use another build folder).
 BENCH_TARGETS := fxdp fxdp-server fxdp-worker fxdp_pipeline_bench fxdp_compile_load \
-	fxdp_allreduce_bench fxdp_executor_bench fxdp_step_bench
+	fxdp_allreduce_bench fxdp_executor_bench fxdp_step_bench fxdp_shape_bench
 
 bench-build: setup
 	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DFXDP_WITH_TORCH=ON \

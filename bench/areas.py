@@ -381,6 +381,12 @@ def area_llama(ctx) -> dict:
     return run_py_bench(ctx, "llama300m_check", ["--bin", ctx["bin"], *ctx["cfg"]["llama"]], 3600)
 
 
+def area_shapes(ctx) -> dict:
+    """A new batch shape of a 12-layer GPT-2 traced once with symbolic sizes: the server's
+    compile of it (ShapeVariants, fxdp_shape_bench) against issue 26's 2 s."""
+    return run_py_bench(ctx, "shape_cost", ["--build", ctx["build"], *ctx["cfg"]["shapes"]], 1800)
+
+
 RUNNERS = {
     "pipeline": area_pipeline,
     "executor": area_executor,
@@ -391,4 +397,5 @@ RUNNERS = {
     "trace": area_trace,
     "random": area_random,
     "llama": area_llama,
+    "shapes": area_shapes,
 }

@@ -479,6 +479,33 @@ def md_random(r: dict) -> list:
     return L
 
 
+def md_shapes(r: dict) -> list:
+    raw = r["raw"]
+    L = [
+        "## 10. A new batch shape of a symbolic graph",
+        "",
+        f"`bench/shape_cost.py`: an HF GPT-2 of {raw.get('layers')} layers of {raw.get('hidden')} "
+        f"({raw.get('params', 0):,} parameters; AdamW, `clip_grad_norm_`, a padded batch) traced "
+        f"once with `dynamic=True` at {'x'.join(map(str, raw.get('example', [])))} "
+        f"({raw.get('trace_cpu_s', 0):.1f} s CPU, {raw.get('nodes')} nodes, "
+        f"{raw.get('graph_bytes', 0) / 1e6:.2f} MB); `fxdp_shape_bench` runs the server's "
+        "ShapeVariants over it: each new shape instantiated, analysed and expanded for "
+        f"{raw.get('world_size')} ranks, as a job's step meets it (`JobInfo.shapes[].compile_ms`). "
+        f"Issue 26's target: {raw.get('target_ms', 2000) / 1000:.0f} s per new shape.",
+        "",
+        "| new shape | compile ms (median, min-max) | CPU ms | rank graph MB |",
+        "|---|---:|---:|---:|",
+    ]
+    for x in raw.get("rows", []):
+        ms = x["compile_ms"]
+        L.append(
+            f"| {x['shape']} | {x['median_ms']:.0f} ({min(ms):.0f}-{max(ms):.0f}) | "
+            f"{x['median_cpu_ms']:.0f} | {x['rank_graph_bytes'] / 1e6:.2f} |"
+        )
+    L += ["", f"Command: `{r['command']}`."]
+    return L
+
+
 RENDER = {
     "pipeline": md_pipeline,
     "executor": md_executor,
@@ -489,6 +516,7 @@ RENDER = {
     "trace": md_trace,
     "random": md_random,
     "llama": md_llama,
+    "shapes": md_shapes,
 }
 TITLES = {
     "pipeline": "1. Graph decode + analysis + expansion",
@@ -500,6 +528,7 @@ TITLES = {
     "trace": "7. Tracing a meta model: client memory",
     "random": "8. Dropout through fxdp's generator",
     "llama": "9. A 300 M Llama from a Hugging Face checkpoint",
+    "shapes": "10. A new batch shape (symbolic GPT-2)",
 }
 
 

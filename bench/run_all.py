@@ -1,6 +1,6 @@
 """`make bench`: every performance claim of fxdp measured next to its baseline, in one run.
 
-Runs the benchmarks of nine areas (AREAS below), each fxdp number with its baseline in the same
+Runs the benchmarks of ten areas (AREAS below), each fxdp number with its baseline in the same
 run, and writes bench/RESULTS.md (one table per area: what was measured, fxdp, baseline, ratio, the
 command to reproduce it; medians over repetitions with min and max; the machine, date, git
 commit and load average) and bench/results.json (every raw number). Raw per-program outputs
@@ -25,6 +25,9 @@ go to --raw (default bench/out/latest, not committed).
   llama      issue 27's Done means: a 300 M Llama from a sharded save_pretrained checkpoint,
              FULLY_SHARD on 2 workers, client and server RSS, equal to eager, resume, export:
              bench/llama300m_check.py
+  shapes     a new batch shape of a 12-layer GPT-2 traced once with symbolic sizes: the
+             server's compile of it (bench/shape_cost.py + fxdp_shape_bench; target: 2 s,
+             issue 26)
 
 usage: .venv/bin/python bench/run_all.py [--build build] [--areas pipeline,executor,...]
            [--merge] [--quick] [--md bench/RESULTS.md] [--json bench/results.json] [--raw DIR]
@@ -46,7 +49,18 @@ from areas import N4_REASON, RUNNERS, area_step
 from results_markdown import render_markdown
 from run_util import REPO, load, machine, rel, summ  # noqa: F401 - summ: tests/python/test_bench.py
 
-AREAS = ["pipeline", "executor", "step", "compile", "allreduce", "fsdp", "trace", "random", "llama"]
+AREAS = [
+    "pipeline",
+    "executor",
+    "step",
+    "compile",
+    "allreduce",
+    "fsdp",
+    "trace",
+    "random",
+    "llama",
+    "shapes",
+]
 
 FULL = {
     # nodes -> (fxdp reps, torch.fx reps)
@@ -62,6 +76,7 @@ FULL = {
     "trace": [],  # trace_memory.py's defaults: 2-layer Llamas of hidden 512, 2048, 4096 on meta
     "llama": [],  # llama300m_check.py's default: the 300 M Llama (~10 min, ~20 GB of disk)
     "random": [(1 << 22, 1, 21), (1 << 22, 2, 21), (1 << 20, 1, 21)],  # (numel, threads, reps)
+    "shapes": [],  # shape_cost.py's defaults: the 12-layer GPT-2, 3 new shapes, 3 repetitions
 }
 QUICK = {
     "pipeline_sizes": {1_000: (1, 1)},
@@ -76,6 +91,7 @@ QUICK = {
     "trace": ["--quick"],
     "llama": ["--size", "small"],
     "random": [(1 << 16, 1, 3)],
+    "shapes": ["--quick"],
 }
 
 # --------------------------------------------------------------------------- main

@@ -395,6 +395,28 @@ def test_trace_memory_quick(tmp_path):
     assert "## 7. Client memory of tracing a model built on meta" in md and "| 128 | " in md
 
 
+def test_shape_cost_quick(tmp_path):
+    """bench/shape_cost.py --quick: a 2-layer GPT-2 traced with dynamic=True, two new shapes
+    compiled by the server's ShapeVariants (fxdp_shape_bench); rendered into section 10."""
+    pytest.importorskip("transformers")
+    j = tmp_path / "shapes.json"
+    cmd = [sys.executable, str(REPO / "bench" / "shape_cost.py"), "--quick", "--json", str(j)]
+    binary("fxdp_shape_bench")
+    r = subprocess.run(
+        [*cmd, "--build", str(build_dir())], capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    d = json.loads(j.read_text())
+    assert [x["shape"] for x in d["rows"]] == [
+        "attention_mask=4x24 input_ids=4x24 labels=4x24",
+        "attention_mask=3x16 input_ids=3x16 labels=3x16",
+    ]
+    assert all(len(x["compile_ms"]) == 1 and x["compile_ms"][0] > 0 for x in d["rows"])
+    assert d["nodes"] > 0 and d["rows"][0]["rank_graph_bytes"] > 0
+    md = "\n".join(results_markdown.md_shapes({"raw": d, "command": "shape_cost.py --quick"}))
+    assert "## 10. A new batch shape of a symbolic graph" in md and "| attention_mask=3x16" in md
+
+
 def test_before_after_compares_two_runs_area_by_area():
     """bench/before_after.py: the committed results against themselves give every headline row
     once, each unchanged (1.00x), and RESULTS.md renders them."""
