@@ -21,9 +21,10 @@ import fxdp
 import grpc
 import pytest
 import torch
+from _tiny_gpt2 import gpt2_step, padded_epoch
 from _util import ATOL, RTOL, ServerProcess
 from fxdp.rpc_errors import ServerError
-from test_shape_jobs import gpt2_step, local, mlp_traced, pad_collate, rows
+from test_shape_jobs import local, mlp_traced, rows
 
 torch.set_num_threads(1)
 
@@ -55,12 +56,7 @@ def test_a_gpt2_epoch_of_mixed_lengths_from_a_dataset_equals_it_streamed(client,
     transformers.logging.set_verbosity_error()
     from _tiny_gpt2 import CONFIG
 
-    g = torch.Generator().manual_seed(5)
-    lengths = torch.randint(5, 30, (15,), generator=g).tolist()
-    samples = [torch.randint(1, CONFIG["vocab_size"], (n,), generator=g) for n in lengths]
-    loader = torch.utils.data.DataLoader(
-        samples, batch_size=4, collate_fn=pad_collate, drop_last=False
-    )
+    loader = padded_epoch(5)
     batches = list(loader)
     shapes = [tuple(b["input_ids"].shape) for b in batches]
     assert shapes[-1][0] == 3 and len(set(shapes)) == len(shapes), shapes  # 4 shapes

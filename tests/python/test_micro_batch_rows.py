@@ -238,8 +238,7 @@ def test_padded_tokens_in_micro_batches_of_a_dataloader_epoch_equal_eager(client
     transformers.logging.set_verbosity_error()
     import copy
 
-    from _tiny_gpt2 import CONFIG
-    from test_shape_jobs import pad_collate
+    from _tiny_gpt2 import CONFIG, pad_collate
 
     g = torch.Generator().manual_seed(5)
     lengths = torch.randint(3, 30, (16,), generator=g).tolist()

@@ -131,40 +131,13 @@ def test_a_batch_breaking_a_guard_fails_naming_it_and_keeps_the_state(server):
 
 # ------------------------------------------------------------ the newcomer's script (Done-means)
 
-PAD = 0
-
-
-def pad_collate(samples):
-    """Dynamic padding: each batch padded to its longest sequence (right), labels -100 there."""
-    n = max(len(s) for s in samples)
-    ids = torch.full((len(samples), n), PAD, dtype=torch.long)
-    mask = torch.zeros(len(samples), n, dtype=torch.long)
-    labels = torch.full((len(samples), n), -100, dtype=torch.long)
-    for i, s in enumerate(samples):
-        ids[i, : len(s)], mask[i, : len(s)], labels[i, : len(s)] = s, 1, s
-    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
-
-
-def gpt2_step(model, opt, batch):
-    loss = model(**batch).loss
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    opt.step()
-    opt.zero_grad()
-    return loss
-
 
 def test_a_dataloader_epoch_with_dynamic_padding_trains_in_one_job(server):
     transformers = pytest.importorskip("transformers")
     transformers.logging.set_verbosity_error()
-    from _tiny_gpt2 import CONFIG
+    from _tiny_gpt2 import CONFIG, gpt2_step, padded_epoch
 
-    g = torch.Generator().manual_seed(3)
-    lengths = torch.randint(5, 30, (15,), generator=g).tolist()
-    data = [torch.randint(1, CONFIG["vocab_size"], (n,), generator=g) for n in lengths]
-    loader = torch.utils.data.DataLoader(
-        data, batch_size=4, collate_fn=pad_collate, drop_last=False
-    )
+    loader = padded_epoch(3)
     batches = list(loader)
     assert [b["input_ids"].shape[0] for b in batches] == [4, 4, 4, 3]  # the last one partial
     torch.manual_seed(0)
