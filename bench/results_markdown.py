@@ -601,6 +601,8 @@ def render_markdown(results: dict) -> str:
             L += [f"## {TITLES.get(name, name)}", "", f"**failed**: `{a['error'][:2000]}`", ""]
             continue
         L += RENDER[name](a)
+        for note in a.get("notes", []):  # a measurement taken apart from the area's run
+            L += ["", note]
         if (w := a.get("measured")) and name != "pipeline":  # md_pipeline says it itself
             L += [
                 "",
