@@ -259,3 +259,19 @@ def test_padded_tokens_in_micro_batches_of_a_dataloader_epoch_equal_eager(client
     for name, p in eager_model.named_parameters():
         # AdamW: compared to 1% of a step (lr 1e-3), as test_shape_jobs' epoch
         torch.testing.assert_close(r.state[name], p.detach(), rtol=RTOL, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("world", [2, 3], ids=["N2", "N3-uneven"])
+def test_a_symbolic_job_reading_a_dataset_of_mixed_shapes_equals_one_device(data, client, world):
+    """The symbolic micro-batch job above, its steps of 8, 6, 10 and 6 rows read by the workers from
+    a dataset directory (rank 0 reports each entry's shape; each step runs its shape's program):
+    each worker must cut its share of each micro-batch of that step's size from the entry, as the
+    server does for streamed batches."""
+    step, batches = _symbolic_job([8, 6, 10, 6])
+    path = data["dir"] / f"mixed{world}"
+    assert fxdp.write_dataset(path, batches) == len(batches)
+    r = client.train(step, world_size=world, data_path=path, steps=len(batches))
+    want_state, want = _run_local(step, batches)
+    assert r.losses == pytest.approx(want, rel=RTOL, abs=ATOL)
+    for name, t in want_state.items():
+        torch.testing.assert_close(r.state[name], t, rtol=RTOL, atol=ATOL, msg=name)
