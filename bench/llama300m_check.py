@@ -326,17 +326,11 @@ def _load(a) -> dict:
     ours = CheckpointState(os.path.join(a.ck, "step-3"))
     sd = model.state_dict()
     unequal = [n for n in sd if n in ours and not torch.equal(sd[n], ours[n])]
-    # The export writes every buffer: the checkpoint's index does not say which are persistent,
-    # so a non-persistent one (rotary original_inv_freq) is "unexpected" to from_pretrained.
-    persistent = set(sd)
-    buffers = {n for n, _ in model.named_buffers()}
-    unexpected = sorted(info["unexpected_keys"])
+    # The export leaves the non-persistent rotary buffers out (the tracer records them).
     return {
         "missing": sorted(info["missing_keys"]),
-        "unexpected": [n for n in unexpected if not (n in buffers and n not in persistent)],
-        "unexpected_non_persistent_buffers": [
-            n for n in unexpected if n in buffers and n not in persistent
-        ],
+        "unexpected": sorted(info["unexpected_keys"]),
+        "mismatched": sorted(str(m) for m in info["mismatched_keys"]),
         "tensors": len(sd),
         "not_in_checkpoint": [n for n in sd if n not in ours],
         "unequal": unequal,
@@ -474,7 +468,13 @@ def checks(r: dict, size: str) -> list:
             "losses equal to one device",
         ),
         (cmp_["names_equal"] and cmp_["elements_outside_tolerance"] == 0, "resume equals"),
-        (not ld["missing"] and not ld["unexpected"] and not ld["unequal"], "export loads"),
+        (
+            not ld["missing"]
+            and not ld["unexpected"]
+            and not ld["mismatched"]
+            and not ld["unequal"],
+            "export loads",
+        ),
     ]
     return out
 

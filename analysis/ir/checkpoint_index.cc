@@ -41,6 +41,11 @@ absl::StatusOr<CheckpointTensorEntry> ParseEntry(const nlohmann::json& j, const 
   if (!dt.ok()) return bad(std::string(dt.status().message()));
   e.dtype = *dt;
   if (j.contains("role") && j["role"].is_string()) e.role = j["role"].get<std::string>();
+  if (j.contains("persistent")) {
+    if (!j["persistent"].is_boolean())
+      return bad(absl::StrCat("\"persistent\" is ", j["persistent"].dump(), ", not true or false"));
+    e.persistent = j["persistent"].get<bool>();
+  }
   int64_t numel = 1;
   for (const auto& d : j["shape"]) {
     if (!d.is_number_integer() || d.get<int64_t>() < 0 || e.shape.size() >= 64)
@@ -93,7 +98,7 @@ CheckpointIndex PlanCheckpoint(const std::map<std::string, CheckpointStateTensor
   for (int r = 0; r < world; ++r) out.files.push_back(CheckpointRankFile(r, world));
   int whole = 0;  // the tensors held whole so far, in name order
   for (const auto& [name, t] : state) {
-    CheckpointTensorEntry e{t.dtype, t.shape, t.role, {}};
+    CheckpointTensorEntry e{t.dtype, t.shape, t.role, {}, t.persistent};
     const int64_t numel = NumelOf(t.shape);
     if (t.sharded) {
       for (int r = 0; r < world; ++r) {
@@ -123,6 +128,7 @@ std::string CheckpointIndexJson(const CheckpointIndex& index) {
     t["dtype"] = std::string(DTypeSafetensorsName(e.dtype));
     t["shape"] = e.shape;
     t["role"] = e.role;
+    if (!e.persistent) t["persistent"] = false;
     nlohmann::ordered_json parts = nlohmann::ordered_json::array();
     for (const CheckpointPart& p : e.parts) parts.push_back({p.file, p.begin, p.end});
     t["parts"] = std::move(parts);

@@ -18,8 +18,13 @@
 // the padding not written); every other tensor whole by one rank, the i-th
 // of them in name order by rank i mod N, so that the ranks write about as
 // much each. A reader on any world size and style takes any range of a
-// tensor from the parts that hold it. Torch-free: the worker writes and
-// reads it, `fxdp export` consolidates it.
+// tensor from the parts that hold it. A BUFFER that is not in the model's
+// state_dict (registered with persistent=False, e.g. a rotary embedding's
+// inv_freq) has "persistent": false, when the graph's metadata
+// kNonPersistentBuffersKey names it (the tracer records it since issue 27);
+// every other entry has no such field: an index of a graph without the key
+// says nothing of its buffers. Torch-free: the worker writes and reads it,
+// `fxdp export` consolidates it (leaving out the non-persistent buffers).
 #ifndef FXDP_ANALYSIS_IR_CHECKPOINT_INDEX_H_
 #define FXDP_ANALYSIS_IR_CHECKPOINT_INDEX_H_
 
@@ -35,6 +40,9 @@
 namespace fxdp::ir {
 
 inline constexpr char kCheckpointIndexName[] = "fxdp-checkpoint.json";
+// Graph metadata: the state names of the model's non-persistent buffers, one
+// a line (client/python/fxdp/tracer.py; absent when the model has none).
+inline constexpr char kNonPersistentBuffersKey[] = "fxdp.non_persistent_buffers";
 // The largest index read (100k tensors of a few ranks' parts is ~20 MB).
 inline constexpr uint64_t kMaxCheckpointIndexBytes = uint64_t{256} << 20;
 
@@ -54,6 +62,7 @@ struct CheckpointTensorEntry {
   std::vector<int64_t> shape;         // whole
   std::string role;                   // "PARAMETER", ... (graph.h's PlaceholderRoleName)
   std::vector<CheckpointPart> parts;  // by begin, covering [0, numel) exactly
+  bool persistent = true;             // false: a non-persistent BUFFER
   int64_t numel() const;
 };
 
@@ -70,7 +79,8 @@ struct CheckpointStateTensor {
   DType dtype = DType::kFloat32;
   std::vector<int64_t> shape;  // whole
   std::string role;
-  bool sharded = false;  // FULLY_SHARD: every rank holds its flat shard
+  bool sharded = false;    // FULLY_SHARD: every rank holds its flat shard
+  bool persistent = true;  // false: a BUFFER not in the model's state_dict
 };
 
 // The index of a checkpoint of `state` written by `world` ranks after
@@ -80,9 +90,9 @@ CheckpointIndex PlanCheckpoint(const std::map<std::string, CheckpointStateTensor
 
 std::string CheckpointIndexJson(const CheckpointIndex& index);
 // INVALID_ARGUMENT "checkpoint index 'PATH': ..." naming what is wrong: not
-// this format or version, a file name that is not a plain name, a dtype or
-// shape that is not one, parts that overlap, leave a gap, pass the tensor's
-// end or name a file it does not list.
+// this format or version, a "persistent" that is not a boolean, a file name that is not a plain
+// name, a dtype or shape that is not one, parts that overlap, leave a gap, pass the tensor's end or
+// name a file it does not list.
 absl::StatusOr<CheckpointIndex> ParseCheckpointIndex(absl::string_view json,
                                                      const std::string& path);
 

@@ -2,10 +2,11 @@
 // (docs/checkpoints.md: DIR/step-K/, rank files and fxdp-checkpoint.json),
 // or the newest one of a job (JobInfo.checkpoint_path), consolidated into a
 // Hugging Face model.safetensors that `from_pretrained` loads: every
-// PARAMETER and BUFFER tensor whole, under its state name (the model's
-// state_dict name; a tied weight once, under the name the graph holds it
-// by), in its dtype. Each tensor is read from the parts that hold it
-// (ir::CheckpointReader), whatever world size or style wrote them.
+// PARAMETER and persistent BUFFER tensor whole, under its state name (the
+// model's state_dict name; a tied weight once, under the name the graph holds
+// it by), in its dtype; a buffer the index marks "persistent": false (not in
+// the model's state_dict) is left out. Each tensor is read from the parts that
+// hold it (ir::CheckpointReader), whatever world size or style wrote them.
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -35,9 +36,10 @@ constexpr char kExportUsage[] =
     "\n"
     "Consolidates a checkpoint the workers wrote (fxdp run --checkpoint-dir;\n"
     "docs/checkpoints.md) into OUT/model.safetensors for Hugging Face's\n"
-    "from_pretrained: every parameter and buffer whole, under the model's state_dict\n"
-    "names (a tied weight once), in its dtype; optimizer state, hyper-parameters and\n"
-    "constants are left out. CHECKPOINT is the checkpoint's directory (DIR/step-K) or\n"
+    "from_pretrained: every parameter and buffer of the model's state_dict whole,\n"
+    "under its name (a tied weight once), in its dtype; non-persistent buffers (not\n"
+    "in the state_dict, as the tracer recorded), optimizer state, hyper-parameters\n"
+    "and constants are left out. CHECKPOINT is the checkpoint's directory (DIR/step-K) or\n"
     "its fxdp-checkpoint.json, or a job ID whose newest complete checkpoint is read\n"
     "(JobInfo.checkpoint_path): the files are read on this machine, which must see\n"
     "the workers' filesystem.\n"
@@ -85,13 +87,19 @@ int IndexPath(const std::string& given, const std::string& server,
   return -1;
 }
 
-// The parameters and buffers, whole, streamed into `out` after their header:
-// one tensor at a time is held (read from the parts that hold it, written).
+// What a state_dict holds: parameters and persistent buffers.
+bool InStateDict(const ir::CheckpointTensorEntry& e) {
+  return e.role == "PARAMETER" || (e.role == "BUFFER" && e.persistent);
+}
+
+// The parameters and persistent buffers, whole, streamed into `out` after
+// their header: one tensor at a time is held (read from the parts that hold
+// it, written).
 absl::Status Consolidate(ir::CheckpointReader& reader, const std::string& out, int* count) {
   std::vector<ir::TensorBytes> tensors;
   size_t largest = 0;
   for (const auto& [name, e] : reader.index().tensors) {
-    if (e.role != "PARAMETER" && e.role != "BUFFER") continue;
+    if (!InStateDict(e)) continue;
     largest = std::max(largest, static_cast<size_t>(e.numel() * ir::DTypeItemSize(e.dtype)));
     tensors.push_back(ir::TensorBytes{name, e.dtype, e.shape, {}});
   }
@@ -157,9 +165,14 @@ int ExportCommand(const std::vector<std::string>& args) {
         !s.ok())
       return ReportError("export", s);
   }
-  std::printf("exported %d tensors of the checkpoint of step %lld (%d ranks, %s) to %s\n", count,
+  int left_out = 0;
+  for (const auto& [name, e] : reader->index().tensors) left_out += e.persistent ? 0 : 1;
+  std::printf("exported %d tensors of the checkpoint of step %lld (%d ranks, %s) to %s%s\n", count,
               static_cast<long long>(reader->index().step), reader->index().world_size,
-              reader->index().style.c_str(), out.c_str());
+              reader->index().style.c_str(), out.c_str(),
+              left_out > 0
+                  ? absl::StrCat(" (", left_out, " non-persistent buffers left out)").c_str()
+                  : "");
   return kExitOk;
 }
 

@@ -55,7 +55,7 @@ absl::Status AttachedWorker::MaybeCheckpoint(AssignedJob& job, const StepRunner&
   // StepRunner::program() has no const overload; RolesOf only reads its inputs.
   const Program& program = const_cast<StepRunner&>(runner).program();
   absl::StatusOr<WrittenPart> part =
-      WriteCheckpointPart(policy, k, layout, runner.state(), RolesOf(program));
+      WriteCheckpointPart(policy, k, layout, runner.state(), RolesOf(program), job.non_persistent);
   const double timeout_s =
       job.assign.collective_timeout_s() > 0 ? job.assign.collective_timeout_s() : 60.0;
   FXDP_ASSIGN_OR_RETURN(const int wrote, RanksThatWrote(comm, part.ok(), timeout_s));

@@ -20,6 +20,7 @@
 #include "executor/torch_types.h"
 #include "executor/worker/attach_worker.h"
 #include "executor/worker/checkpoint_read.h"
+#include "executor/worker/checkpoint_write.h"
 #include "executor/worker/common.h"
 #include "executor/worker/named_outputs.h"
 #include "util/status_macros.h"
@@ -289,6 +290,7 @@ absl::Status AttachedWorker::JobBody(AssignedJob& job, std::unique_ptr<Communica
   FXDP_ASSIGN_OR_RETURN(const uint64_t step_offset,
                         ir::MetadataNumber(*graph, ir::kStepOffsetKey, 0));
   job.step_offset = static_cast<int64_t>(step_offset);
+  job.non_persistent = NonPersistentBuffers(*graph);
   const GraphMetadata shared = SharedMetadata(*graph);  // LoadGraph's programs match it
   graph = absl::StatusOr<ir::Graph>();                  // the program holds what it needs
   job.assign.clear_graph();

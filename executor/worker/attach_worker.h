@@ -30,6 +30,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -187,6 +188,9 @@ struct AssignedJob {
   std::unique_ptr<Evaluation> eval;
   uint64_t data_bytes = 0;
   int64_t step_offset = 0;
+  // The graph's non-persistent buffers (checkpoint_write.h's NonPersistentBuffers), which its
+  // checkpoints mark so that `fxdp export` leaves them out.
+  std::set<std::string> non_persistent;
 
   // Progress, for heartbeats and log lines.
   std::atomic<int64_t> steps_done{0};

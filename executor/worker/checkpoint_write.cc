@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "analysis/ir/checkpoint_index.h"
 #include "analysis/ir/declared_tensors.h"
 #include "analysis/ir/safetensors.h"
@@ -24,12 +25,14 @@ const util::DataRoots& RootsOf(const RankStateLayout& layout) {
 
 // Every state tensor of the job as the index lists it: whole shapes.
 std::map<std::string, ir::CheckpointStateTensor> IndexedState(
-    const RankStateLayout& layout, const std::map<std::string, std::string>& roles) {
+    const RankStateLayout& layout, const std::map<std::string, std::string>& roles,
+    const std::set<std::string>& non_persistent) {
   std::map<std::string, ir::CheckpointStateTensor> out;
   for (const std::string& name : layout.declared->names()) {
     const ir::DeclaredTensors::Tensor* d = layout.declared->Find(name);
     ir::CheckpointStateTensor t{d->dtype, d->shape, "", false};
     if (auto r = roles.find(name); r != roles.end()) t.role = r->second;
+    t.persistent = !(t.role == "BUFFER" && non_persistent.count(name) > 0);
     if (auto s = layout.sharded.find(name); s != layout.sharded.end()) {
       t.sharded = true;
       t.shape.assign(s->second->shape().begin(), s->second->shape().end());
@@ -93,6 +96,13 @@ absl::StatusOr<util::NewFile> WriteNew(const util::DataRoots& roots, const std::
 
 }  // namespace
 
+std::set<std::string> NonPersistentBuffers(const ir::Graph& graph) {
+  std::set<std::string> out;
+  for (const auto& [k, v] : graph.header().metadata)
+    if (k == ir::kNonPersistentBuffersKey && !v.empty()) out = absl::StrSplit(v, '\n');
+  return out;
+}
+
 bool CheckpointDue(const v1::CheckpointPolicy& policy, int64_t step, bool last) {
   return last || (policy.every() > 0 && step % policy.every() == 0);
 }
@@ -100,9 +110,10 @@ bool CheckpointDue(const v1::CheckpointPolicy& policy, int64_t step, bool last) 
 absl::StatusOr<WrittenPart> WriteCheckpointPart(const v1::CheckpointPolicy& policy, int64_t step,
                                                 const RankStateLayout& layout,
                                                 const TensorMap& state,
-                                                const std::map<std::string, std::string>& roles) {
+                                                const std::map<std::string, std::string>& roles,
+                                                const std::set<std::string>& non_persistent) {
   const ir::CheckpointIndex index =
-      ir::PlanCheckpoint(IndexedState(layout, roles), layout.world, step,
+      ir::PlanCheckpoint(IndexedState(layout, roles, non_persistent), layout.world, step,
                          layout.sharded.empty() ? "replicate" : "fully_shard");
   WrittenPart out;
   out.dir = ir::JoinCheckpointPath(policy.dir(), ir::CheckpointStepDir(step));

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -35,17 +36,23 @@ struct WrittenPart {
   std::optional<util::NewFile> index;
 };
 
+// The state names of the model's non-persistent buffers, as the graph's
+// metadata ir::kNonPersistentBuffersKey lists them (empty without the key).
+std::set<std::string> NonPersistentBuffers(const ir::Graph& graph);
+
 // This rank's part of the checkpoint after job step `step` (its file, and
 // on rank 0 the index, uncommitted): `state` is what
 // the rank holds (its flat shards as [shard_numel]), `roles` each state
-// name's placeholder role ("PARAMETER", ...). Errors name the file: the
+// name's placeholder role ("PARAMETER", ...), `non_persistent` the buffers
+// the index marks "persistent": false. Errors name the file: the
 // errors of DataRoots::CreateFile (PERMISSION_DENIED outside the roots or
 // through a link, ALREADY_EXISTS for a file there already, INVALID_ARGUMENT
 // for '.' or '..'), a full disk RESOURCE_EXHAUSTED.
 absl::StatusOr<WrittenPart> WriteCheckpointPart(const v1::CheckpointPolicy& policy, int64_t step,
                                                 const RankStateLayout& layout,
                                                 const TensorMap& state,
-                                                const std::map<std::string, std::string>& roles);
+                                                const std::map<std::string, std::string>& roles,
+                                                const std::set<std::string>& non_persistent);
 
 // Deletes this rank's files of the checkpoint after `step` (rank 0 its index
 // first), then the step's directory once it is empty. Files already gone are

@@ -1,12 +1,14 @@
 // analysis/ir/checkpoint_index.h: where each rank's part of each tensor goes
 // (FULLY_SHARD's flat shards, the rest spread over the ranks), the index's
-// JSON both ways, and the refusal of an index whose parts do not cover a
-// tensor exactly or that names files outside its directory.
+// JSON both ways (non-persistent buffers marked), and the refusal of an index
+// whose parts do not cover a tensor exactly or that names files outside its
+// directory.
 #include "analysis/ir/checkpoint_index.h"
 
 #include <string>
 
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
@@ -77,6 +79,30 @@ TEST(CheckpointIndex, RefusesPartsThatDoNotCoverATensorAndForeignFiles) {
               StatusIs(kInvalid, "not a file name in its directory"));
   EXPECT_THAT(parse(absl::StrReplaceAll(good, {{"\"world_size\": 2", "\"world_size\": 3"}})),
               StatusIs(kInvalid, "world_size 3 with 2 files"));
+}
+
+// A non-persistent buffer (not in the model's state_dict) is marked and
+// read back as such; every other entry carries no field, and an index
+// without it (written before the tracer recorded persistence) reads as
+// persistent. A field that is not a boolean is refused.
+TEST(CheckpointIndex, MarksNonPersistentBuffersOnly) {
+  std::map<std::string, CheckpointStateTensor> state = State();
+  state["b"].persistent = false;
+  const std::string json = CheckpointIndexJson(PlanCheckpoint(state, 2, 3, "replicate"));
+  EXPECT_EQ(std::vector<std::string>(absl::StrSplit(json, "\"persistent\"")).size(), 2u) << json;
+  const CheckpointIndex y = ValueOrDie(ParseCheckpointIndex(json, "i.json"));
+  EXPECT_FALSE(y.tensors.at("b").persistent);
+  EXPECT_TRUE(y.tensors.at("a.weight").persistent);
+  EXPECT_EQ(CheckpointIndexJson(y), json);
+  const CheckpointIndex old = ValueOrDie(ParseCheckpointIndex(
+      absl::StrReplaceAll(json, {{",\n   \"persistent\": false", ""}}), "i.json"));
+  EXPECT_TRUE(old.tensors.at("b").persistent);
+  EXPECT_THAT(
+      ParseCheckpointIndex(
+          absl::StrReplaceAll(json, {{"\"persistent\": false", "\"persistent\": 0"}}), "D/i.json")
+          .status(),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               "tensor 'b': \"persistent\" is 0, not true or false"));
 }
 
 }  // namespace

@@ -252,8 +252,8 @@ def initial_checkpoint(
 
     Parameters and buffers are read from the checkpoint, under their own names or ``names[state
     name]``; a tied weight under whichever of its names (``model``) the checkpoint lists when this
-    machine can read the checkpoint. Non-persistent buffers (not in ``model.state_dict()``), the
-    hyper-parameters and the graph's constants are sent (from ``state``, else the step's own state);
+    machine can read the checkpoint. Non-persistent buffers (not in ``model.state_dict()``; the
+    step records them, so ``model`` is not needed for that), the hyper-parameters and the graph's constants are sent (from ``state``, else the step's own state);
     so is anything in ``state``. Optimizer state is created by the workers: its constant comes from
     the step's state, or from ``optimizer`` for a step traced on ``meta``. A sent tensor on
     ``meta`` is a ValueError naming it."""
@@ -264,6 +264,7 @@ def initial_checkpoint(
     if _is_fxdp_checkpoint(path):
         return _fxdp_plan(step, path, given, own)
     persistent = set(model.state_dict()) if model is not None else None
+    non_persistent = set(step.non_persistent_buffers())
     aliases = _aliases(model) if model is not None else {}
     listed = local_checkpoint_names(path)
     fills = _optimizer_fills(model, optimizer) if model is not None and optimizer else {}
@@ -271,6 +272,7 @@ def initial_checkpoint(
     def place(plan, role, sn):
         if role == gpb.PARAMETER or (
             role == gpb.BUFFER
+            and sn not in non_persistent
             and (persistent is None or sn in persistent)
             and (listed is None or sn in listed or sn in names)
         ):

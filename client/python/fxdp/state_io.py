@@ -20,6 +20,7 @@ import torch.nn as nn
 
 from . import optimizers as optim_table
 from .errors import TraceError
+from .step_signature import non_persistent_buffers
 
 __all__ = ["load_into", "state_of"]
 
@@ -44,6 +45,8 @@ class _Targets:
     def __init__(self, model: nn.Module, optimizer):
         self.params: "OrderedDict[str, torch.Tensor]" = OrderedDict(model.named_parameters())
         self.buffers: "OrderedDict[str, torch.Tensor]" = OrderedDict(model.named_buffers())
+        # not in model.state_dict(): restored when the state has them, never missing
+        self.non_persistent = set(non_persistent_buffers(model, list(self.buffers)))
         canonical = {id(p): n for n, p in self.params.items()}
         self.aliases = {
             n: canonical[id(p)]
@@ -76,7 +79,7 @@ class _Targets:
 def _check_names(targets: _Targets, state: Mapping[str, torch.Tensor]) -> None:
     want = targets.names()
     want_set = set(want)
-    missing = [n for n in want if n not in state]
+    missing = [n for n in want if n not in state and n not in targets.non_persistent]
     unexpected = [n for n in state if n not in want_set and not n.startswith(CONSTANT_PREFIX)]
     if not missing and not unexpected:
         return
@@ -108,6 +111,8 @@ def _check_shapes(targets: _Targets, state: Mapping[str, torch.Tensor]) -> None:
     ]
     pairs += [(n, p) for n, (p, _, _) in targets.ostate.items()]
     for n, ref in pairs:
+        if n not in state:  # a non-persistent buffer (_check_names)
+            continue
         t = state[n]
         if not isinstance(t, torch.Tensor):
             bad.append(f"'{n}' is a {type(t).__name__}, not a tensor")
@@ -166,7 +171,9 @@ def load_into(model: nn.Module, optimizer, state: Mapping[str, torch.Tensor]) ->
     state's ``optim.*`` entries are then unexpected).
 
     Every name the model and optimizer need must be in ``state`` and every name in ``state`` must be
-    theirs (``const.*`` aside); otherwise nothing is changed and a ValueError lists the missing and
+    theirs (``const.*`` aside); a non-persistent buffer (not in ``model.state_dict()``, e.g. a
+    rotary ``inv_freq``) is restored when ``state`` holds it (a job's state does) and left as the
+    model has it when it does not (as ``load_state_dict`` does); otherwise nothing is changed and a ValueError lists the missing and
     the unexpected names. A shape that differs is a ValueError naming both shapes.
     """
     targets = _Targets(model, optimizer)
@@ -176,7 +183,8 @@ def load_into(model: nn.Module, optimizer, state: Mapping[str, torch.Tensor]) ->
         for n, p in targets.params.items():
             p.copy_(state[n])
         for n, b in targets.buffers.items():
-            b.copy_(state[n])
+            if n in state:  # else a non-persistent buffer the state does not hold
+                b.copy_(state[n])
         if optimizer is None:
             return
         new: Dict[torch.Tensor, "OrderedDict[str, torch.Tensor]"] = {}

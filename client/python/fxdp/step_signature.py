@@ -139,6 +139,17 @@ def _trace_device(model_device: torch.device, device) -> torch.device:
     return out
 
 
+def non_persistent_buffers(model: nn.Module, names: List[str]) -> List[str]:
+    """The buffers among ``names`` (``named_buffers()`` names) registered with
+    ``persistent=False``: not in ``model.state_dict()`` (a rotary embedding's ``inv_freq``)."""
+    out = []
+    for n in names:
+        owner, _, leaf = n.rpartition(".")
+        if leaf in model.get_submodule(owner)._non_persistent_buffers_set:
+            out.append(n)
+    return out
+
+
 class Signature:
     """What each position of the flat step ``step(*params, *buffers, *optimizer_state,
     *hyperparameters, *inputs)`` holds, and the example tensors that feed it. Built from the model,
@@ -192,6 +203,7 @@ class Signature:
             list(self.buffers),
             list(self.hyper),
         )
+        self.non_persistent = non_persistent_buffers(model, self.bnames)
         self.state_names = [(pn, k) for pn, st in self.ostate.items() for k in st]
         in_optimizer = {self.pname_of[id(p)] for ps in group_params for p in ps}
         # the graph differentiates w.r.t. the parameters the optimizer updates

@@ -145,6 +145,14 @@ class TracedStep:
             if n.placeholder.role == pb.HYPERPARAMETER
         ]
 
+    def non_persistent_buffers(self) -> List[str]:
+        """The model's buffers that are not in its ``state_dict()`` (registered with
+        ``persistent=False``, e.g. a rotary embedding's ``inv_freq``), as the tracer recorded them
+        (metadata ``fxdp.non_persistent_buffers``; empty for a graph traced without it).
+        ``fxdp export`` leaves them out of a Hugging Face checkpoint."""
+        text = self.metadata().get("fxdp.non_persistent_buffers", "")
+        return text.split("\n") if text else []
+
     def random_nodes(self) -> List[str]:
         """Names of the nodes that draw random values (dropout...: fxdp.random_ops.TABLE)."""
         from .random_ops import TABLE

@@ -300,6 +300,8 @@ def _metadata(
         ("device", str(sig.trace_device)),
         ("train_step", getattr(train_step, "__qualname__", type(train_step).__name__)),
     ]
+    if sig.non_persistent:  # not in model.state_dict(): fxdp export leaves them out
+        meta.append(("fxdp.non_persistent_buffers", "\n".join(sig.non_persistent)))
     if report["extras"]:
         meta.append(("extra_outputs", json.dumps(report["extras"])))
     if report["guards"]:
