@@ -71,10 +71,13 @@ def _train(model, opt, batch):
     return loss
 
 
-def _tiny_clip():
+def _tiny_clip(**text):
+    """A tiny CLIPModel (`text`: more text_config fields). Its text is pooled at each sequence's
+    first eos_token_id, which is outside the vocabulary by default: there, at position 0."""
     T = pytest.importorskip("transformers")
     cfg = T.CLIPConfig(
         text_config=dict(
+            **text,
             vocab_size=50,
             hidden_size=16,
             intermediate_size=32,

@@ -77,8 +77,8 @@ def check_against_one_device(
 
     ref = step.initial_state()
     ref_losses = []
-    for b in batches:
-        ref, loss = step.run_local(ref, b)
+    for i, b in enumerate(batches):  # step i + 1: the key of its random draws, as the ranks'
+        ref, loss = step.run_local(ref, b, step=i + 1)
         ref_losses.append(loss)
     for name, want in ref.items():
         got = results[0]["state"][name]

@@ -46,7 +46,10 @@ class _DroplessMoE(torch.nn.Module):
         ids, weights = top_i.reshape(-1), top_w.reshape(-1)
         keys = ids - 1 if self.offsets == "shifted" else ids  # "shifted": key -1 is no group
         ids_g, perm = torch.sort(keys, descending=self.offsets == "descending")
-        rows = torch.index_select(h, 0, perm // K) if self.select else h[perm // K]
+        if self.select == "gather":  # torch.gather of each row's token, scatter to put back
+            rows = torch.gather(h, 0, (perm // K).unsqueeze(1).expand(-1, D))
+        else:
+            rows = torch.index_select(h, 0, perm // K) if self.select else h[perm // K]
         # the bug this refuses: the routing weights in token order against rows in expert order
         w_g = weights if self.mix_orders else weights[perm]
         counts = (ids_g.unsqueeze(1) == torch.arange(E)).sum(0)
@@ -57,6 +60,9 @@ class _DroplessMoE(torch.nn.Module):
             F.silu(torch._grouped_mm(rows, self.w1, offs=offs)), self.w2, offs=offs
         )
         y = y * w_g.unsqueeze(-1)
+        if self.select == "gather":
+            back = torch.zeros_like(y).scatter(0, perm.unsqueeze(1).expand(-1, D), y)
+            return self.head((h + back.view(b * t, K, D).sum(1)).view(b, t, D).mean(1))
         inv = torch.empty_like(perm)
         inv[perm] = torch.arange(perm.size(0))
         y = y[inv].view(b * t, K, D).sum(1)
@@ -87,15 +93,19 @@ def _analyze(tmp_path, step, world=2):
 
 @pytest.mark.parametrize(
     "world,optim,b,select",
-    [(2, "sgd", 6, False), (3, "adamw", 7, False), (2, "sgd", 6, True)],
+    [
+        (2, "sgd", 6, False),
+        (3, "adamw", 7, False),
+        (2, "sgd", 6, True),
+    ],
     ids=["N2", "N3-uneven", "N2-index_select"],
 )
 def test_dropless_moe_sorts_within_each_rank_and_trains_like_one_device(
     tmp_path, world, optim, b, select
 ):
-    """sort/index (or index_select)/index_put/_grouped_mm along the token dim: every op has a rule,
-    the sort is noted in the report, and B=6 over 2 ranks (3,3) or B=7 over 3 ranks (3,2,2) equals
-    one device."""
+    """sort/index (or index_select)/index_put/_grouped_mm along the token dim: every op has a
+    rule, the sort is noted in the report, and B=6 over 2 ranks (3,3) or B=7 over 3 ranks (3,2,2)
+    equals one device."""
     torch.manual_seed(0)
     model = _DroplessMoE(select=select)
     opt = (
@@ -114,6 +124,25 @@ def test_dropless_moe_sorts_within_each_rank_and_trains_like_one_device(
     (tmp_path / "run").mkdir()
     report = check_against_one_device(tmp_path / "run", step, _batches(b), world)
     assert [s["size"] for s in report["slices"]] == ([3, 3] if world == 2 else [3, 2, 2])
+
+
+def test_gather_with_positions_expanded_over_the_features_is_refused(tmp_path):
+    """torch.gather(h, 0, (perm // K).unsqueeze(1).expand(-1, D)) (and a scatter to put the rows
+    back): the positions reach gather through unsqueeze/expand, which the analysis does not follow
+    as an index yet (only x[p], index_select(x, 0, p) and index_put take a sort's positions), so
+    it is refused at compile time naming the op and the user's line rather than trained as a
+    guess."""
+    torch.manual_seed(0)
+    model = _DroplessMoE(select="gather")
+    step = _trace(model, torch.optim.SGD(model.parameters(), lr=0.05))
+    assert {"aten::gather", "aten::scatter"} <= {n.target.name for n in step.graph.nodes}
+    r = _analyze(tmp_path, step)
+    assert r.returncode != 0, f"accepted: {r.stdout[:300]}"
+    assert "node 'unsqueeze' (aten::unsqueeze) [" in r.stderr, r.stderr
+    assert (
+        "in model: rows = torch.gather(h, 0, (perm // K).unsqueeze(1).expand(-1, D))]" in r.stderr
+    )
+    assert "row positions from sort 'sort', as values" in r.stderr, r.stderr
 
 
 def test_rows_of_two_orders_are_refused(tmp_path):

@@ -107,6 +107,29 @@ def assert_names_the_op_and_line(msg: str) -> None:
     assert '{"aten::logcumsumexp", "*", F::' in msg and "analysis/op_rules.cc" in msg, msg
 
 
+class ExpertCounts(nn.Module):
+    """Tokens per expert counted with bincount, whose output size is the data's largest id + 1."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(5, 4)
+
+    def forward(self, x):
+        h = self.fc(x)
+        return h * torch.bincount(h.argmax(1), minlength=4)[:4].float()
+
+
+def test_bincount_is_refused_at_trace_naming_the_op_and_line():
+    """bincount (issue 23 lists it beside histc): its size depends on the data, so the trace
+    refuses it, naming the op and the user's line (histc with fixed bins is the counted form)."""
+    with pytest.raises(fxdp.TraceError) as err:
+        traced(ExpertCounts())
+    line = line_of(ExpertCounts, "bincount")
+    msg = str(err.value)
+    assert f"test_never_guess.py:{line} (return h * torch.bincount(" in msg, msg
+    assert "aten.bincount.default makes the step depend on tensor values" in msg, msg
+
+
 def test_every_node_records_the_users_line():
     step = traced(BatchSoftmax())
     calls = [n for n in step.graph.nodes if n.kind == pb.CALL_FUNCTION]
