@@ -193,6 +193,46 @@ def test_capacity_limit_over_the_tokens_trains_like_one_device(tmp_path):
     assert [c["purpose"] for c in report["collectives"]][0] == "gather _to_copy for cumsum"
 
 
+class _SortedCapacity(torch.nn.Module):
+    """Tokens sorted by expert, then a capacity limit counted along the sorted rows (each token's
+    place in its expert's queue: cumsum), or the top 3 sorted rows kept (topk along the tokens)."""
+
+    def __init__(self, op):
+        super().__init__()
+        self.op = op
+        self.router = torch.nn.Linear(D, E, bias=False)
+        self.head = torch.nn.Linear(D, 3)
+
+    def forward(self, x):
+        h = x.reshape(-1, D)
+        ids, perm = torch.sort(torch.softmax(self.router(h), -1).argmax(-1))
+        rows = h[perm]
+        onehot = (ids.unsqueeze(1) == torch.arange(E)).float()
+        if self.op == "cumsum":
+            keep = ((torch.cumsum(onehot, 0) * onehot).sum(-1) <= 4.0).float()
+        else:
+            keep = torch.zeros(rows.shape[0]).index_fill(0, torch.topk(rows[:, 0], 3).indices, 1.0)
+        inv = torch.empty_like(perm)
+        inv[perm] = torch.arange(perm.size(0))
+        return self.head((rows * keep.unsqueeze(-1))[inv].view(x.shape).mean(1))
+
+
+@pytest.mark.parametrize("op", ["cumsum", "topk"])
+def test_capacity_over_rows_in_a_ranks_sorted_order_is_refused(tmp_path, op):
+    """Work along the tokens after each rank sorted its own: the sorted rows are not a slice of
+    one device's order, so they cannot be all-gathered into it; refused naming the op, the user's
+    line and why (in batch order the same count is exact:
+    test_capacity_limit_over_the_tokens_trains_like_one_device)."""
+    torch.manual_seed(0)
+    model = _SortedCapacity(op)
+    step = _trace(model, torch.optim.SGD(model.parameters(), lr=0.05))
+    r = _analyze(tmp_path, step)
+    assert r.returncode != 0, f"accepted: {r.stdout[:300]}"
+    assert f"node '{op}' (aten::{op}) [" in r.stderr, r.stderr
+    assert "test_moe_dispatch.py:" in r.stderr and "in model: keep = " in r.stderr, r.stderr
+    assert "cannot be all-gathered for it: its rows are in a rank-local order" in r.stderr, r.stderr
+
+
 class _SortedRows(torch.nn.Module):
     """Tokens sorted by a router score, a row-wise layer in that order, put back; `use` picks a
     way to read the sort's positions (or its values) that is not a row permutation."""
