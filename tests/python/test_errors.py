@@ -66,6 +66,33 @@ def test_item_names_the_module_and_op():
         fxdp.trace(model, opt, nn.MSELoss(), _batch())
 
 
+_GENERATED = {}
+exec("def flip(x):\n    return x if x.sum() > 0 else -x\n", _GENERATED)  # code without a file
+
+
+class GeneratedCodeUser(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(10, 5)
+
+    def forward(self, x):
+        return self.fc(_GENERATED["flip"](x))
+
+
+def test_control_flow_in_generated_code_names_the_users_line():
+    """A branch on a tensor inside exec'd code (what a generated __init__ or forward is): the
+    error names the user's line that called it, the generated frame after it (it named only
+    '<string>:2 ()', issue 23)."""
+    model = GeneratedCodeUser()
+    with pytest.raises(fxdp.TraceError) as err:
+        fxdp.trace(model, torch.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), _batch())
+    msg = str(err.value)
+    assert (
+        "test_errors.py:" in msg
+        and '(return self.fc(_GENERATED["flip"](x))) in <string>:2 at' in msg
+    ), msg
+
+
 def test_data_dependent_loss_is_rejected():
     torch.manual_seed(0)
     model = nn.Linear(10, 5)

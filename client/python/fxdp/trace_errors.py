@@ -244,16 +244,18 @@ def node_source(node: torch.fx.Node) -> str:
 
 def user_frame(tb) -> str:
     """The innermost traceback frame outside torch and fxdp, as 'file:line (source)'; when it is
-    in an installed package (transformers), the innermost outside installed packages, with the
-    package's frame after it: 'train.py:12 (out = model(ids)) in transformers/...:340 (...)'."""
+    in an installed package (transformers) or in code without a file (exec'd or generated:
+    '<string>'), the innermost outside both, with that frame after it: 'train.py:12 (out =
+    model(ids)) in transformers/...:340 (...)', 'train.py:9 (h = gen(x)) in <string>:2'."""
     torch_dir = os.path.dirname(torch.__file__)
     fxdp_dir = os.path.dirname(__file__)
     best, lib = "", ""
     for fr in traceback.extract_tb(tb):
         if fr.filename.startswith(torch_dir) or fr.filename.startswith(fxdp_dir):
             continue
-        text = f"{_short_path(fr.filename) if _is_installed(fr.filename) else fr.filename}:{fr.lineno} ({fr.line})"
-        if _is_installed(fr.filename):
+        name = _short_path(fr.filename) if _is_installed(fr.filename) else fr.filename
+        text = f"{name}:{fr.lineno}" + (f" ({fr.line})" if fr.line else "")
+        if _is_installed(fr.filename) or fr.filename.startswith("<"):
             lib = text
         else:
             best, lib = text, ""
