@@ -7,7 +7,9 @@ torch.nn (issue 23's final audit), under AdamW on N=2 and N=3 real `fxdp-worker 
 - the seq2seq translation tutorial's GRU encoder and attention decoder (Bahdanau attention,
   teacher forcing, a loop over the target positions);
 - the language-modeling tutorial's TransformerModel: seq-first [S, B] tokens (batch_dim=1), sine
-  positional encoding as a buffer, a causal mask.
+  positional encoding as a buffer, a causal mask;
+- torch.nn.Transformer translating padded sources to padded targets (three padding masks, a causal
+  target mask, cross-entropy with ignore_index=0, dropout).
 
 Each has biases whose gradient is zero but for rounding: a key bias (in_proj_bias[d:2d]) adds one
 number to each row of attention scores, and so does Bahdanau attention's Va.bias, which a softmax
@@ -163,7 +165,56 @@ def _word_lm():
     return _WordLanguageModel(), _lm_loss, batches, dict(batch_dim=1), skip
 
 
-MODELS = {"padded_classifier": _padded_classifier, "seq2seq": _seq2seq, "word_lm": _word_lm}
+class _TranslationTransformer(nn.Module):
+    """torch.nn.Transformer (encoder-decoder) with padded sources and targets: the three padding
+    masks, a causal target mask, dropout 0.1."""
+
+    def __init__(self):
+        super().__init__()
+        self.src = nn.Embedding(V, 16, padding_idx=0)
+        self.tgt = nn.Embedding(V, 16, padding_idx=0)
+        self.transformer = nn.Transformer(16, 2, 1, 1, 32, dropout=0.1, batch_first=True)
+        self.out = nn.Linear(16, V)
+
+    def forward(self, src, tgt_in, src_pad, tgt_pad):
+        h = self.transformer(
+            self.src(src),
+            self.tgt(tgt_in),
+            tgt_mask=nn.Transformer.generate_square_subsequent_mask(tgt_in.shape[1]),
+            src_key_padding_mask=src_pad,
+            tgt_key_padding_mask=tgt_pad,
+            memory_key_padding_mask=src_pad,
+            tgt_is_causal=True,
+        )
+        return self.out(h)
+
+
+def _translation():
+    g = torch.Generator().manual_seed(1)
+    batches = []
+    for _ in range(3):
+        src_pad = torch.arange(S) >= torch.randint(2, S + 1, (B,), generator=g).unsqueeze(1)
+        tgt_pad = torch.arange(5) >= torch.randint(2, 6, (B,), generator=g).unsqueeze(1)
+        src = torch.randint(1, V, (B, S), generator=g).masked_fill(src_pad, 0)
+        tgt = torch.randint(1, V, (B, 5), generator=g).masked_fill(tgt_pad, 0)
+        tgt_in = torch.cat([torch.ones(B, 1, dtype=torch.long), tgt[:, :-1]], 1)
+        batches.append((src, tgt_in, src_pad, tgt_pad, tgt))
+    attention = [f"{p}.layers.0.self_attn" for p in ("encoder", "decoder")]
+    attention.append("decoder.layers.0.multihead_attn")
+    skip = {f"transformer.{a}.in_proj_bias": slice(16, 32) for a in attention}
+    return _TranslationTransformer(), _translation_loss, batches, {}, skip
+
+
+def _translation_loss(logits, tgt):
+    return F.cross_entropy(logits.reshape(-1, V), tgt.reshape(-1), ignore_index=0)
+
+
+MODELS = {
+    "padded_classifier": _padded_classifier,
+    "seq2seq": _seq2seq,
+    "word_lm": _word_lm,
+    "translation": _translation,
+}
 
 
 @pytest.mark.parametrize("world", [2, 3])
