@@ -349,123 +349,160 @@ def test_only_its_owner_or_an_admin_may_resume_a_job(tmp_path):
             assert e.code == grpc.StatusCode.FAILED_PRECONDITION and "is SUCCEEDED" in str(e), e
 
 
-def test_fxdp_run_resume_continues_a_job_whose_worker_was_lost(tmp_path):
-    """The CLI: ``fxdp run --json`` streams batches from 4 ``--data`` files with a ``--schedule``
-    file; a worker is SIGKILLed once step 7 is printed, the run exits 1; ``fxdp run --resume JOB``
-    (same arguments, no ``--state``) says where it continues, prints the uninterrupted run's
-    losses from there and writes its final state, equal bit for bit; ``fxdp job`` shows the link."""
+def _cli_files(tmp_path):
+    """The traced step, its initial state, 4 batch files (as ``--data`` arguments) and the
+    learning-rate schedule, written for ``fxdp run``."""
     import json
-    import subprocess
 
-    from _util import fxdp_binary
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
     step = traced(MODEL, OPTIM)
-    graph = tmp_path / "g.pb"
-    graph.write_bytes(step.graph.SerializeToString())
-    state = tmp_path / "s.safetensors"
-    save_file(dict(step.initial_state()), str(state))
+    (tmp_path / "g.pb").write_bytes(step.graph.SerializeToString())
+    save_file(dict(step.initial_state()), str(tmp_path / "s.safetensors"))
     data = []
     for i in range(4):
         save_file(zoo.get(MODEL).named_batch(i), str(tmp_path / f"b{i}.safetensors"))
         data += ["--data", str(tmp_path / f"b{i}.safetensors")]
     (tmp_path / "lr.json").write_text(json.dumps({LR: [d[LR] for d in schedule()]}))
+    return data
+
+
+def _fxdp_run(tmp_path, data, address, *args):
+    """``fxdp run`` of the step in tmp_path on 2 ranks for STEPS steps, events as JSON lines."""
+    from _util import fxdp_binary
+
+    return [
+        fxdp_binary("FXDP_BIN", "fxdp"),
+        "run",
+        str(tmp_path / "g.pb"),
+        "--world-size",
+        "2",
+        "--steps",
+        str(STEPS),
+        *data,
+        "--schedule",
+        str(tmp_path / "lr.json"),
+        "--json",
+        "--server",
+        address,
+        *args,
+    ]
+
+
+def _cli(argv, timeout=120):
+    import subprocess
+
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+
+
+def _events(stdout):
+    import json
+
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+
+
+def _cli_losses(evs):
+    return [e["loss"] for e in evs if e.get("state") == "RUNNING" and "loss" in e]
+
+
+def _run_and_kill_a_worker_at_step_7(client, argv):
+    """Starts ``argv`` (an ``fxdp run --json``), SIGKILLs a worker once step 7 is printed; the
+    run exits 1 saying so. Returns the job's id and its checkpoint's step."""
+    import json
+    import subprocess
+
+    wait_idle(client)
+    victim = int(client.workers()[0]["pid"])
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in p.stdout:
+        ev = json.loads(line)
+        if ev.get("state") == "RUNNING" and ev.get("step", 0) >= 7:
+            job = ev["job_id"]
+            os.kill(victim, signal.SIGKILL)
+            break
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 1 and "was lost" in err, (p.returncode, err)
+    k = client.job(job).checkpoint_step
+    assert k >= 2 and k % 2 == 0, client.job(job)
+    wait_idle(client)
+    return job, k
+
+
+def _assert_fxdp_job_shows_the_link(address, job, resumed, k):
+    from _util import fxdp_binary
+
     fxdp_cli = fxdp_binary("FXDP_BIN", "fxdp")
+    shown = _cli([fxdp_cli, "job", resumed, "--server", address], timeout=30)
+    assert f"resumes    {job}" in shown.stdout, shown.stdout
+    shown = _cli([fxdp_cli, "job", job, "--server", address], timeout=30)
+    assert (
+        f"checkpoint step {k} (fxdp run ... --resume {job} continues from it)" in shown.stdout
+    ), shown.stdout
 
-    def run(*args):
-        return [
-            fxdp_cli,
-            "run",
-            str(graph),
-            "--world-size",
-            "2",
-            "--steps",
-            str(STEPS),
-            *data,
-            "--schedule",
-            str(tmp_path / "lr.json"),
-            "--json",
-            "--server",
-            server.address,
-            *args,
-        ]
 
-    def events(stdout):
-        return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+def test_fxdp_run_resume_continues_a_job_whose_worker_was_lost(tmp_path):
+    """The CLI: ``fxdp run --json`` streams batches from 4 ``--data`` files with a ``--schedule``
+    file; a worker is SIGKILLed once step 7 is printed, the run exits 1; ``fxdp run --resume JOB``
+    (same arguments, no ``--state``) says where it continues, prints the uninterrupted run's
+    losses from there and writes its final state, equal bit for bit; ``fxdp job`` shows the link."""
+    from _util import fxdp_binary
+    from safetensors.torch import load_file
 
-    def losses(evs):
-        return [e["loss"] for e in evs if e.get("state") == "RUNNING" and "loss" in e]
-
+    data = _cli_files(tmp_path)
+    state = str(tmp_path / "s.safetensors")
     with ServerProcess("--state-dir", tmp_path / "state", "--checkpoint-every", "2") as server:
         address = server.address
-        plain = subprocess.run(
-            run("--state", str(state), "--out", str(tmp_path / "plain.safetensors")),
-            capture_output=True,
-            text=True,
-            timeout=120,
+        plain = _cli(
+            _fxdp_run(
+                tmp_path,
+                data,
+                address,
+                "--state",
+                state,
+                "--out",
+                str(tmp_path / "plain.safetensors"),
+            )
         )
         assert plain.returncode == 0, plain.stderr
-        plain_losses = losses(events(plain.stdout))
+        plain_losses = _cli_losses(_events(plain.stdout))
         assert len(plain_losses) == STEPS
-
         with fxdp.Client(address, timeout=60) as client:
-            wait_idle(client)
-            victim = int(client.workers()[0]["pid"])
-            p = subprocess.Popen(
-                run("--state", str(state)),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
+            job, k = _run_and_kill_a_worker_at_step_7(
+                client, _fxdp_run(tmp_path, data, address, "--state", state)
             )
-            for line in p.stdout:
-                ev = json.loads(line)
-                if ev.get("state") == "RUNNING" and ev.get("step", 0) >= 7:
-                    job = ev["job_id"]
-                    os.kill(victim, signal.SIGKILL)
-                    break
-            out, err = p.communicate(timeout=60)
-            assert p.returncode == 1 and "was lost" in err, (p.returncode, err)
-            k = client.job(job).checkpoint_step
-            assert k >= 2 and k % 2 == 0, client.job(job)
-            wait_idle(client)
 
-        r = subprocess.run(
-            run("--resume", job, "--out", str(tmp_path / "resumed.safetensors")),
-            capture_output=True,
-            text=True,
-            timeout=120,
+        r = _cli(
+            _fxdp_run(
+                tmp_path,
+                data,
+                address,
+                "--resume",
+                job,
+                "--out",
+                str(tmp_path / "resumed.safetensors"),
+            )
         )
         assert r.returncode == 0, r.stderr
-        evs = events(r.stdout)
+        evs = _events(r.stdout)
         assert evs[0]["first_step"] == k and evs[0]["job_id"] != job, evs[0]
-        assert losses(evs) == plain_losses[k:]
+        assert _cli_losses(evs) == plain_losses[k:]
         assert [e["step"] for e in evs if "loss" in e] == list(range(k + 1, STEPS + 1))
-        a, b = (
-            load_file(str(tmp_path / "plain.safetensors")),
-            load_file(str(tmp_path / "resumed.safetensors")),
-        )
+        a = load_file(str(tmp_path / "plain.safetensors"))
+        b = load_file(str(tmp_path / "resumed.safetensors"))
         assert set(a) == set(b)
         for name, v in a.items():
             assert torch.equal(b[name], v), name
-
-        shown = subprocess.run(
-            [fxdp_cli, "job", evs[0]["job_id"], "--server", address],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        assert f"resumes    {job}" in shown.stdout, shown.stdout
-        shown = subprocess.run(
-            [fxdp_cli, "job", job, "--server", address], capture_output=True, text=True, timeout=30
-        )
-        assert (
-            f"checkpoint step {k} (fxdp run ... --resume {job} continues from it)" in shown.stdout
-        ), shown.stdout
+        _assert_fxdp_job_shows_the_link(address, job, evs[0]["job_id"], k)
         # Without --state or --resume: a usage error.
-        bad = subprocess.run(
-            [fxdp_cli, "run", str(graph), *data, "--server", address],
-            capture_output=True,
-            text=True,
+        bad = _cli(
+            [
+                fxdp_binary("FXDP_BIN", "fxdp"),
+                "run",
+                str(tmp_path / "g.pb"),
+                *data,
+                "--server",
+                address,
+            ],
             timeout=30,
         )
         assert (
