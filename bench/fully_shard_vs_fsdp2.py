@@ -286,7 +286,6 @@ def bench(args) -> dict:
     build = pathlib.Path(args.build).resolve()
     fxdp_bin = str(build / "bin" / "fxdp")
     steps, warm = args.steps, args.warmup
-    med = lambda xs: statistics.median(xs[warm:] or xs)  # noqa: E731
     out = {
         "model": args.model,
         "world_size": WORLD,
@@ -325,41 +324,14 @@ def bench(args) -> dict:
             "fxdp replicate": lambda: run_fxdp(build, files["replicate"], steps),
             "FSDP2": lambda: run_fsdp2(args.model, steps, tiny=False),
         }
-        ms = {k: [] for k in systems}
-        peak = {k: [] for k in systems}
-        loads = []
-        for rep in range(args.reps):
-            loads.append(os.getloadavg()[0])
-            order = systems[rep % len(systems) :] + systems[: rep % len(systems)]
-            for k in order:
-                r = runners[k]()
-                ms[k].append(med(r["ms"]))
-                peak[k].append(r["peak_rss"])
-                if k == "FSDP2":
-                    out["state_bytes"]["FSDP2"] = r["state_bytes"]
-            print(
-                f"  rep {rep + 1} (load {loads[-1]:.1f}): "
-                + ", ".join(f"{k} {ms[k][-1]:.1f} ms" for k in systems),
-                flush=True,
-            )
+        ms, peak, loads = _timed_reps(args, systems, runners, out)
         # Live tensor bytes, counted at the CPU allocator, in a separate short run per style.
         out["memory"] = {}
         for st in styles:
             with tempfile.TemporaryDirectory() as td:
                 out["memory"][f"fxdp {st}"] = run_fxdp(build, files[st], 3, trace_dir=td)["memory"]
         out["formula"] = formula(out, files, styles)
-        # The runtime's own footprint: the same programs training the tiny GPT-2.
-        base = {}
-        if not args.quick and args.model == "gpt2":
-            sv.GPT2_SIZE = sv.GPT2_QUICK
-            tiny_dir = os.path.join(d, "tiny")
-            os.makedirs(tiny_dir)
-            tiny = {s: sv.prepare("gpt2", tiny_dir, fxdp_bin, cap(s), style=s) for s in styles}
-            for s in styles:
-                base[f"fxdp {s}"] = run_fxdp(build, tiny[s], 2)["peak_rss"]
-            if "FSDP2" in systems:
-                base["FSDP2"] = run_fsdp2("gpt2", 2, tiny=True)["peak_rss"]
-            sv.GPT2_SIZE = sv.GPT2_FULL
+        base = _baseline_peak_rss(args, d, fxdp_bin, styles, systems, cap)
     out["load average"] = loads
     out["ms_per_step"] = {k: summary(v) for k, v in ms.items()}
     # per rank: the median over repetitions of the peak RSS
@@ -370,6 +342,56 @@ def bench(args) -> dict:
     out["peak_rss_delta"] = {
         k: [out["peak_rss"][k][r] - base[k][r] for r in range(WORLD)] for k in base
     }
+    _print_table(out, systems)
+    print_memory(out)
+    return out
+
+
+def _timed_reps(args, systems, runners, out):
+    """args.reps repetitions, each system once per repetition in rotating order: per system the
+    median ms per step after the warm-up and the peak RSS per rank of each run; the load average
+    as each repetition starts."""
+    med = lambda xs: statistics.median(xs[args.warmup :] or xs)  # noqa: E731
+    ms = {k: [] for k in systems}
+    peak = {k: [] for k in systems}
+    loads = []
+    for rep in range(args.reps):
+        loads.append(os.getloadavg()[0])
+        order = systems[rep % len(systems) :] + systems[: rep % len(systems)]
+        for k in order:
+            r = runners[k]()
+            ms[k].append(med(r["ms"]))
+            peak[k].append(r["peak_rss"])
+            if k == "FSDP2":
+                out["state_bytes"]["FSDP2"] = r["state_bytes"]
+        print(
+            f"  rep {rep + 1} (load {loads[-1]:.1f}): "
+            + ", ".join(f"{k} {ms[k][-1]:.1f} ms" for k in systems),
+            flush=True,
+        )
+    return ms, peak, loads
+
+
+def _baseline_peak_rss(args, d, fxdp_bin, styles, systems, cap) -> dict:
+    """The runtime's own footprint: the same programs training the tiny GPT-2 (gpt2, full mode
+    only; else {})."""
+    base = {}
+    if args.quick or args.model != "gpt2":
+        return base
+    build = pathlib.Path(args.build).resolve()
+    sv.GPT2_SIZE = sv.GPT2_QUICK
+    tiny_dir = os.path.join(d, "tiny")
+    os.makedirs(tiny_dir)
+    tiny = {s: sv.prepare("gpt2", tiny_dir, fxdp_bin, cap(s), style=s) for s in styles}
+    for s in styles:
+        base[f"fxdp {s}"] = run_fxdp(build, tiny[s], 2)["peak_rss"]
+    if "FSDP2" in systems:
+        base["FSDP2"] = run_fsdp2("gpt2", 2, tiny=True)["peak_rss"]
+    sv.GPT2_SIZE = sv.GPT2_FULL
+    return base
+
+
+def _print_table(out: dict, systems: list) -> None:
     MB = 1e6
     print(
         f"| {'N=2, per rank':<18} | ms/step | peak RSS MB (rank 0, 1) | delta over tiny MB | "
@@ -386,8 +408,6 @@ def bench(args) -> dict:
             f"{', '.join(f'{x / MB:.1f}' for x in out['state_bytes'].get(k, []))} |",
             flush=True,
         )
-    print_memory(out)
-    return out
 
 
 def formula(out: dict, files: dict, styles: list) -> dict:
