@@ -222,13 +222,20 @@ def assert_step_semantics(
     r, g = a.r, a.g
     partial = f"P({reduce})"
     grad_reduce = grad_reduce or reduce
-    grad_partial = f"P({grad_reduce})"
     assert r["world_size"] == world_size
     assert r["batch_size"] == batch_size
     assert r["warnings"] == [], f"ops fell back to size matching: {r['warnings']}"
     bad = []
+    _check_nodes(a, g, bad)
+    _check_placeholders(a, g, bad)
+    _check_gradients(a, r, g, grad_reduce, bad)
+    _check_reductions(a, r, bad)
+    _check_outputs(a, g, partial, bad)
+    assert not bad, f"{len(bad)} problem(s):\n  " + "\n  ".join(bad)
 
-    # every node: the target, and batch_dim consistent with the placement
+
+def _check_nodes(a, g, bad) -> None:
+    """Every node: the target, and batch_dim consistent with the placement."""
     for n in g.nodes:
         j = a.json[n.name]
         want = {pb.PLACEHOLDER: "placeholder", pb.OUTPUT: "output"}.get(n.kind) or target_str(n)
@@ -240,7 +247,10 @@ def assert_step_semantics(
             if j["batch_dim"] != want_bd:
                 bad.append(f"{n.name}: batch_dim {j['batch_dim']!r} with placement {p}")
 
-    # placeholders
+
+def _check_placeholders(a, g, bad) -> None:
+    """Placeholders: role and state name as the graph says; inputs sharded on their batch dim,
+    state replicated."""
     for n in g.nodes:
         if n.kind != pb.PLACEHOLDER:
             continue
@@ -258,7 +268,10 @@ def assert_step_semantics(
         if j["placement"] != want:
             bad.append(f"{a.describe(n.name)}: expected {want} ({ROLE_NAMES[spec.role]})")
 
-    # gradients: partial, and each all-reduced with its parameter's name
+
+def _check_gradients(a, r, g, grad_reduce, bad) -> None:
+    """Gradients: partial, and each all-reduced with its parameter's name."""
+    grad_partial = f"P({grad_reduce})"
     red = {}
     for x in r["reductions"]:
         red.setdefault((x["value"], x["output"]), []).append(x)
@@ -282,7 +295,9 @@ def assert_step_semantics(
         n.grad_of for n in grads
     }, "JSON grad_of marks differ from the graph's"
 
-    # every reduction: a partial value with that reduce op, first needed by a later node
+
+def _check_reductions(a, r, bad) -> None:
+    """Every reduction: a partial value with that reduce op, first needed by a later node."""
     for x in r["reductions"]:
         if x["value"] not in a.index or x["first_use"] not in a.index:
             bad.append(f"reduction {x}: unknown node")
@@ -293,7 +308,9 @@ def assert_step_semantics(
         if a.index[x["first_use"]] <= a.index[x["value"]]:
             bad.append(f"reduction {x}: first use precedes the value")
 
-    # outputs: the loss is partial, updated parameters and optimizer state replicated
+
+def _check_outputs(a, g, partial, bad) -> None:
+    """Outputs: the loss is partial, updated parameters and optimizer state replicated."""
     out = output_node(g)
     refs = [item.ref for item in out.args[0].list.items]
     assert len(refs) == len(out.output_specs)
@@ -306,4 +323,3 @@ def assert_step_semantics(
             bad.append(f"loss: {a.describe(src)} output {ref.output}: expected {partial}")
         if spec.role in (pb.UPDATED_PARAMETER, pb.UPDATED_OPTIMIZER_STATE) and got != "R":
             bad.append(f"new {spec.state_name}: {a.describe(src)} output {ref.output}: expected R")
-    assert not bad, f"{len(bad)} problem(s):\n  " + "\n  ".join(bad)
