@@ -26,7 +26,10 @@
 // the ranks before they are let go when they can give it (they are alive and
 // between steps: the runner lets the steps sent finish first), else its last
 // checkpoint; kept as its checkpoint (JobInfo.checkpoint_step names the
-// step, has_state says it can be fetched).
+// step, has_state says it can be fetched). A job whose workers write its
+// checkpoints (JobSpec.checkpoints) keeps the newest checkpoint they
+// completed instead, on their filesystem (JobInfo.checkpoint_path): none of
+// its state is collected, and its error names the steps after it as lost.
 //
 // SUCCEEDED, FAILED and CANCELLED are terminal: no change leaves them. Only
 // a SUCCEEDED job has a final state; a FAILED or CANCELLED one keeps its

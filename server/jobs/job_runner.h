@@ -214,6 +214,11 @@ class JobRunner {
   // Every step sent finished, then the state after the last one collected
   // (job step `*step`), within --keep-state-s.
   absl::Status CollectLastState(int64_t* step, StateStore::State* state);
+  // A job whose workers write its checkpoints (JobSpec.checkpoints), its
+  // ranks alive: the steps sent finish and the checkpoint due after the last
+  // of them is complete (within --keep-state-s), so the checkpoint named is
+  // the newest the workers keep; none of the state comes to the server.
+  absl::Status AwaitSentCheckpoints();
   // The ranks' results already delivered, recorded.
   void TakeDelivered();
   absl::Status KeptSaid(const absl::Status& status, const std::string& kept) const;

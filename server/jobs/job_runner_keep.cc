@@ -8,7 +8,11 @@
 // --keep-state-s, then kept as the job's checkpoint (JobTable::KeepLastState).
 // A rank that failed or was lost takes its state with it and the others are
 // mid-step with it: the job keeps its last checkpoint, if any, and its error
-// says which state is kept or why none is.
+// says which state is kept or why none is. A job whose workers write its
+// checkpoints (JobSpec.checkpoints) collects nothing: the steps sent finish,
+// the checkpoint due after them completes, and its newest checkpoint on the
+// workers is what it keeps (issue 27: its state never passes through the
+// server); its error names it and the completed steps after it, lost.
 #include <memory>
 #include <optional>
 #include <string>
@@ -72,6 +76,32 @@ absl::Status JobRunner::CollectLastState(int64_t* step, StateStore::State* state
   }
 }
 
+absl::Status JobRunner::AwaitSentCheckpoints() {
+  const int64_t every = job_->plan().spec.checkpoints().every();
+  const int64_t last = first_ + sent_;
+  const int64_t due = steps_ > 0 && sent_ == steps_ ? last : every > 0 ? last / every * every : 0;
+  const double wait_s = ctx_.options.keep_state_s;
+  const auto deadline = Clock::now() + Seconds(wait_s);
+  Job::Msg msg;
+  while (!pending_.empty() || (due > first_ && last_checkpoint_ < due)) {
+    if (!job_->NextRank(deadline, &msg)) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(pending_.empty() ? absl::StrCat("the checkpoint of step ", due)
+                                        : absl::StrCat("step ", last),
+                       " did not complete within ", wait_s, " s (fxdp-server --keep-state-s)"));
+    }
+    if (msg.lost || msg.m.has_job_failed()) {
+      return absl::UnavailableError(
+          absl::StrCat("rank ", msg.rank, " (worker ", ranks_->worker(msg.rank), ") ",
+                       msg.lost ? "was lost" : absl::StrCat("failed: ", msg.m.job_failed().error()),
+                       " while it finished step ", last));
+    }
+    if (msg.m.has_step_result()) OnStepResult(msg);
+    if (msg.m.has_checkpoint_written()) OnCheckpointWritten(msg);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status JobRunner::KeepLastState(const absl::Status& status, int except) {
   stepping_ = false;
   const bool sharded = job_->plan().expanded.sharded_state_size() > 0;
@@ -85,6 +115,15 @@ absl::Status JobRunner::KeepLastState(const absl::Status& status, int except) {
                              : "a REPLICATE job's state needs a living rank between steps");
   } else if (first_ + sent_ == 0) {
     return status;  // no step ran: the client has the initial state
+  } else if (job_->plan().spec.has_checkpoints()) {
+    // Its workers write its checkpoints (JobSpec.checkpoints): its state
+    // never passes through the server, not even when it ends early (issue
+    // 27); its work is kept at the last checkpoint they completed.
+    why_not = "its workers write its checkpoints (JobSpec.checkpoints): the server collects none";
+    if (absl::Status s = AwaitSentCheckpoints(); !s.ok()) {
+      TakeDelivered();  // the results already in: steps_done says which steps are lost
+      absl::StrAppend(&why_not, "; ", s.message());
+    }
   } else {
     int64_t step = 0;
     StateStore::State state;
@@ -100,11 +139,29 @@ absl::Status JobRunner::KeepLastState(const absl::Status& status, int except) {
   }
   const v1::JobInfo info = job_->Info();
   const int64_t checkpoint = info.checkpoint_step();
+  const bool on_workers = job_->plan().spec.has_checkpoints();
+  const int64_t done = info.steps_done();
+  const std::string lost =
+      done > checkpoint
+          ? absl::StrCat(done == checkpoint + 1 ? "step " : "steps ", checkpoint + 1,
+                         done == checkpoint + 1 ? "" : absl::StrCat(" to ", done), " of the ", done,
+                         " completed ", done == checkpoint + 1 ? "is" : "are", " lost")
+          : std::string("it is the last completed step");
   if (checkpoint > 0 && !info.checkpoint_path().empty()) {
-    return absl::Status(status.code(),
-                        absl::StrCat(status.message(), "; the server keeps no state (", why_not,
-                                     "); the workers' checkpoint of step ", checkpoint, " is '",
-                                     info.checkpoint_path(), "' (JobSpec.initial_checkpoint)"));
+    return absl::Status(
+        status.code(),
+        absl::StrCat(status.message(), "; the server keeps no state (", why_not,
+                     "); its work is kept in the workers' checkpoint of step ", checkpoint, ", '",
+                     info.checkpoint_path(), "' (", lost, "): resume from it with ",
+                     "initial_checkpoint (JobSpec.initial_checkpoint)"));
+  }
+  if (on_workers) {
+    return absl::Status(
+        status.code(),
+        absl::StrCat(status.message(), "; no state is kept (", why_not, ") and its workers ",
+                     "completed no checkpoint (JobSpec.checkpoints.every ",
+                     job_->plan().spec.checkpoints().every(), "): its ", done,
+                     " completed steps are lost"));
   }
   if (checkpoint > 0) {
     job_->SetHasState(true);

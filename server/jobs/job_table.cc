@@ -264,6 +264,16 @@ absl::StatusOr<std::shared_ptr<const StateStore::State>> JobTable::Kept(const st
           " --hf DIR), or start a job from it "
           "(initial_checkpoint)"));
     }
+    // Nor did a FAILED or CANCELLED one's (JobRunner::KeepLastState): its
+    // work is kept in the newest checkpoint its workers completed.
+    if (Terminal(state) && !info.has_state() && !info.checkpoint_path().empty() &&
+        !states_.Has(id)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", id, " is ", v1::JobState_Name(state), " and its work is kept in the checkpoint ",
+          "its workers wrote, ", info.checkpoint_path(), " (step ", info.checkpoint_step(), " of ",
+          info.steps_done(), " completed, JobSpec.checkpoints): it stays on their filesystem, ",
+          "the server holds no copy; start a job from it (initial_checkpoint)"));
+    }
     // With a store, a job that failed because its state could not be saved
     // keeps it (Succeed).
     if (!HasFinalState(state) && !checkpoint && !(store_ != nullptr && states_.Has(id))) {

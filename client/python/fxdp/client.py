@@ -97,7 +97,9 @@ class Expanded:
 class TrainResult:
     job_id: str
     losses: List[float]  # the global loss of every step this call ran
-    state: Mapping[str, torch.Tensor]
+    # None: train(fetch_state=False), the final state left on the server (Client.fetch_state(job_id),
+    # fxdp fetch)
+    state: Optional[Mapping[str, torch.Tensor]]
     # resume=: the step of the checkpoint the job continued from (``losses`` are those of steps
     # first_step + 1, ...); 0 for a job that started from its initial state
     first_step: int = 0
@@ -283,6 +285,7 @@ class Client:
         eval_every: int = 0,
         max_shapes: int = 0,
         checkpoints=None,
+        fetch_state: bool = True,
     ) -> TrainResult:
         """Train on ``world_size`` of the server's workers; returns the per-step global losses and
         the final state.
@@ -378,7 +381,14 @@ class Client:
         naming it), ``TrainResult.checkpoint`` names it and ``TrainResult.state`` reads it from
         the workers' filesystem one tensor at a time as it is looked up
         (``fxdp.checkpoints.CheckpointState``), so the state never passes through this
-        process whole."""
+        process whole. Nor when the job fails or is cancelled: it keeps the newest checkpoint its
+        workers completed, and the ``ServerError`` names its path and step and the completed steps
+        after it, which are lost (resume with ``initial_checkpoint=``).
+
+        ``fetch_state=False``: the final state is not fetched (``TrainResult.state`` is None); the
+        server keeps it for a later ``fetch_state(job_id)``, ``fxdp fetch``, ``evaluate`` or
+        ``resume=`` (as ``fxdp run`` without ``--out``). A job whose workers wrote
+        the checkpoint of its last step still gets its lazy ``CheckpointState``."""
         step = train_job.traced_step(step)
         if seed is not None:
             step = train_job.with_seed(step, seed)
@@ -426,21 +436,23 @@ class Client:
             self._jobs.Submit, timeout, self.address, on_event, reported
         )
         left = None if deadline is None else max(deadline - time.monotonic(), 1e-3)
-        final, checkpoint = self._final_state(job_id, spec, init, left)
+        final, checkpoint = self._final_state(job_id, spec, init, left, fetch_state)
         evals = [evaluation.Evaluated.of(m) for m in submission.evals]
         return TrainResult(
             job_id, losses, final, submission.first_step, shown.overall, outputs, evals, checkpoint
         )
 
-    def _final_state(self, job_id: str, spec, init, timeout: Optional[float]):
+    def _final_state(self, job_id: str, spec, init, timeout: Optional[float], fetch: bool):
         """(the job's final state, the checkpoint holding it): a job whose workers wrote its last
         step's checkpoint has its state there, which the server did not collect (read from the
-        workers' filesystem when looked up); any other's is fetched, whole."""
+        workers' filesystem when looked up); any other's is fetched, whole (None: not ``fetch``)."""
         if spec.HasField("checkpoints"):
             info = self.job(job_id, timeout=timeout)
             if info.checkpoint_path and not info.has_state:
                 path = info.checkpoint_path
                 return worker_checkpoints.CheckpointState(path), path
+        if not fetch:
+            return None, ""
         final = OrderedDict(init.items())
         final.update(self.fetch_state(job_id, timeout=timeout))
         return final, ""
