@@ -2,7 +2,8 @@
 of 5 with a checkpoint every 2 steps, it keeps its work in the workers' checkpoint of step 2, which
 its error, JobInfo and FetchState name with step 3 lost; the server collects no state (has_state
 false, checkpoint_step 2, no state to fetch); resumed from that checkpoint (initial_checkpoint=) it
-ends like an uninterrupted run. And ``Client.train(fetch_state=False)``: the final state of a job
+ends like an uninterrupted run. A job failing on a bad batch at step 4 (checkpoint every 3) waits
+for the checkpoint due after step 3 and keeps that, not a collected state. And ``Client.train(fetch_state=False)``: the final state of a job
 without worker checkpoints stays on the server, fetched later equal to what train would have
 returned."""
 
@@ -122,3 +123,35 @@ def test_train_without_fetching_leaves_the_final_state_on_the_server(setup):
     # FetchState gives what train would have returned (its initial-state-only tensors aside).
     assert set(fetched) <= set(whole.state)
     assert_close(fetched, {n: whole.state[n] for n in fetched})
+
+
+def test_a_job_failing_on_bad_input_keeps_the_checkpoint_due_after_its_last_step(setup):
+    c, step, root, whole = setup
+    ck = root / "bad-input"
+    data = batches(STEPS)
+    data[3] = tuple(t[:5] for t in data[3])  # step 4's batch: 5 samples, not 6
+    seen = {}
+    with pytest.raises(fxdp.ServerError) as e:
+        c.train(
+            step,
+            2,
+            batches=data,
+            style="fully_shard",
+            checkpoints={"dir": str(ck), "every": 3},
+            on_event=lambda ev: seen.setdefault("id", ev.job_id),
+        )
+    err, path = e.value, str(ck / "step-3")
+    assert err.code == grpc.StatusCode.INVALID_ARGUMENT, err
+    # The checkpoint due after step 3 (the last completed) is awaited, not collected.
+    assert f"workers' checkpoint of step 3, '{path}' (it is the last completed step)" in str(err)
+    info = c.job(seen["id"])
+    assert (info.steps_done, info.checkpoint_step, info.checkpoint_path) == (3, 3, path), info
+    assert not info.has_state, info
+    r = c.train(
+        step,
+        2,
+        batches=batches(STEPS)[3:],
+        style="fully_shard",
+        initial_checkpoint=fxdp.initial_checkpoint(step, path),
+    )
+    assert_close(r.state, whole.state)
