@@ -317,17 +317,30 @@ bool BatchDimAnalyzer::KeysAreGroups(int32_t order, int64_t groups) const {
   return xt->rank() > 0 && xt->shape[NormDim(dim.value_or(-1), xt->rank())] == groups;
 }
 
-// The group sizes of sort `order`'s values: histc(keys, bins=G, min=0, max=G-1), or
+// The group sizes of sort `order`'s values (its output 0, or keys[perm] of its own keys and
+// indices: argsort's form): histc(keys, bins=G, min=0, max=G-1), or
 // (keys.unsqueeze(1) == arange(G)).sum(0); G, or -1.
 int64_t BatchDimAnalyzer::GroupCounts(ValueRef r, int32_t order) const {
+  auto sort_output = [&](const ValueRef& k, int64_t which) {
+    const Node& m = g_.node(k.node);
+    const int64_t* out =
+        m.is_getitem() && m.args.size() > 1 ? m.args[1].get_if<int64_t>() : nullptr;
+    return out != nullptr && *out == which && m.args[0].as<ValueRef>().node.value == order - 1;
+  };
   auto sorted_keys = [&](const Argument& a) {
     const ValueRef* v = a.get_if<ValueRef>();
     if (v == nullptr) return false;
     const ValueRef k = ThroughCasts(*v, false);
-    const Node& m = g_.node(k.node);
-    const int64_t* out =
-        m.is_getitem() && m.args.size() > 1 ? m.args[1].get_if<int64_t>() : nullptr;
-    return out != nullptr && *out == 0 && m.args[0].as<ValueRef>().node.value == order - 1;
+    if (sort_output(k, 0)) return true;
+    const Node& m = g_.node(k.node);  // keys[perm], perm the sort's indices of those keys
+    const Node& sort = g_.node(NodeId{order - 1});
+    if (!Is(m, "aten::index") || m.args.size() < 2 || !m.args[0].is_ref() || sort.args.empty() ||
+        !sort.args[0].is_ref() || !(m.args[0].as<ValueRef>() == sort.args[0].as<ValueRef>())) {
+      return false;
+    }
+    const auto* list = m.args[1].get_if<Argument::List>();
+    return list != nullptr && list->size() == 1 && (*list)[0].is_ref() &&
+           sort_output((*list)[0].as<ValueRef>(), 1);
   };
   const Node& c = g_.node(r.node);
   if (Is(c, "aten::histc") && !c.args.empty() && sorted_keys(c.args[0])) {

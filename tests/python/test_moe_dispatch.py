@@ -28,8 +28,9 @@ E, K, D, H = 4, 2, 8, 16
 class _DroplessMoE(torch.nn.Module):
     """The grouped_mm experts path written out (transformers.integrations.moe)."""
 
-    def __init__(self, mix_orders=False, select=False, offsets="counts"):
+    def __init__(self, mix_orders=False, select=False, offsets="counts", argsort=False):
         super().__init__()
+        self.argsort = argsort
         self.select = select
         self.offsets = offsets
         self.router = torch.nn.Linear(D, E, bias=False)
@@ -45,7 +46,11 @@ class _DroplessMoE(torch.nn.Module):
         top_w = top_w / top_w.sum(-1, keepdim=True)
         ids, weights = top_i.reshape(-1), top_w.reshape(-1)
         keys = ids - 1 if self.offsets == "shifted" else ids  # "shifted": key -1 is no group
-        ids_g, perm = torch.sort(keys, descending=self.offsets == "descending")
+        if self.argsort:  # the sorted keys read back through the permutation
+            perm = torch.argsort(keys, stable=True)
+            ids_g = keys[perm]
+        else:
+            ids_g, perm = torch.sort(keys, descending=self.offsets == "descending")
         if self.select == "gather":  # torch.gather of each row's token, scatter to put back
             rows = torch.gather(h, 0, (perm // K).unsqueeze(1).expand(-1, D))
         else:
@@ -124,6 +129,21 @@ def test_dropless_moe_sorts_within_each_rank_and_trains_like_one_device(
     (tmp_path / "run").mkdir()
     report = check_against_one_device(tmp_path / "run", step, _batches(b), world)
     assert [s["size"] for s in report["slices"]] == ([3, 3] if world == 2 else [3, 2, 2])
+
+
+@pytest.mark.parametrize("world,b", [(2, 6), (3, 7)], ids=["N2", "N3-uneven"])
+def test_argsort_dispatch_trains_like_one_device(tmp_path, world, b):
+    """perm = keys.argsort(stable=True) and the group counts taken from keys[perm] (not from the
+    sort's values output): keys[perm] of the sort's own keys and indices is its values, so the
+    offsets group every row by its key. It was refused ('offsets ... not cumsum(histc(keys ...))
+    of the values of sort')."""
+    torch.manual_seed(0)
+    model = _DroplessMoE(argsort=True)
+    step = _trace(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), b)
+    r = _analyze(tmp_path, step, world)
+    assert r.returncode == 0, r.stderr
+    (tmp_path / "run").mkdir()
+    check_against_one_device(tmp_path / "run", step, _batches(b), world)
 
 
 def test_gather_with_positions_expanded_over_the_features_is_refused(tmp_path):
