@@ -120,6 +120,35 @@ def _graph(g: Graphish) -> "gpb.GraphDef":
     return g.graph if isinstance(g, TracedStep) else g
 
 
+def _train_inputs(step, seed, batches, data_path, steps, style, state, resume, initial_checkpoint):
+    """What ``Client.train`` submits, its arguments checked: (the traced step with ``seed``, the
+    wire style, the batch source, the data paths, the number of steps, the worker-checkpoint plan
+    of ``initial_checkpoint`` (None: none), the state sent)."""
+    step = train_job.traced_step(step)
+    if seed is not None:
+        step = train_job.with_seed(step, seed)
+    if (batches is None) == (data_path is None):
+        raise ValueError("train needs either batches or data_path")
+    wire_style = _style(style)
+    source, paths, steps = train_job.batch_source(batches, data_path, steps)
+    plan = worker_checkpoints.plan_for_train(step, initial_checkpoint, state, resume)
+    init = plan.sent if plan is not None else train_job.initial_state(step, state, resume)
+    return step, wire_style, source, paths, steps, plan, init
+
+
+def _add_policies(spec, step, init, plan, checkpoints, eval_step, eval_every, eval_data) -> None:
+    """Adds to ``spec`` the initial checkpoint's plan, the workers' checkpoint policy and the
+    evaluation policy (``eval_step`` None: none) of a ``Client.train``."""
+    worker_checkpoints.add_to_spec(spec, plan)
+    worker_checkpoints.add_policy(spec, checkpoints)
+    if eval_step is not None:
+        spec.eval.CopyFrom(
+            evaluation.eval_policy(
+                eval_step, {**step.initial_state(), **init}, eval_every, eval_data
+            )
+        )
+
+
 class Client:
     """A connection to one fxdp-server (``address`` is ``host:port``; default ``$FXDP_SERVER``, else
     ``127.0.0.1:50051``, as for the ``fxdp`` CLI).
@@ -389,15 +418,9 @@ class Client:
         server keeps it for a later ``fetch_state(job_id)``, ``fxdp fetch``, ``evaluate`` or
         ``resume=`` (as ``fxdp run`` without ``--out``). A job whose workers wrote
         the checkpoint of its last step still gets its lazy ``CheckpointState``."""
-        step = train_job.traced_step(step)
-        if seed is not None:
-            step = train_job.with_seed(step, seed)
-        if (batches is None) == (data_path is None):
-            raise ValueError("train needs either batches or data_path")
-        wire_style = _style(style)
-        source, paths, steps = train_job.batch_source(batches, data_path, steps)
-        plan = worker_checkpoints.plan_for_train(step, initial_checkpoint, state, resume)
-        init = plan.sent if plan is not None else train_job.initial_state(step, state, resume)
+        step, wire_style, source, paths, steps, plan, init = _train_inputs(
+            step, seed, batches, data_path, steps, style, state, resume, initial_checkpoint
+        )
         spec = jpb.JobSpec(
             graph=step.graph,
             world_size=world_size,
@@ -412,14 +435,7 @@ class Client:
             resume_job=resume or "",
             max_shapes=max_shapes,
         )
-        worker_checkpoints.add_to_spec(spec, plan)
-        worker_checkpoints.add_policy(spec, checkpoints)
-        if eval is not None:
-            spec.eval.CopyFrom(
-                evaluation.eval_policy(
-                    eval, {**step.initial_state(), **init}, eval_every, eval_data
-                )
-            )
+        _add_policies(spec, step, init, plan, checkpoints, eval, eval_every, eval_data)
         per_step = train_job.schedule_per_step(spec, step, schedule, steps, paths)
         submission = train_job.Submission(
             spec, init, source, step.input_names(), per_step, self.chunk_bytes
