@@ -9,40 +9,7 @@ from __future__ import annotations
 
 import statistics
 
-
-def f(x, digits=2) -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, str):
-        return x
-    if abs(x) >= 1000:
-        return f"{x:,.0f}"
-    if abs(x) >= 100:
-        return f"{x:.0f}"
-    return f"{x:.{digits}f}"
-
-
-def mm(s: dict, digits=2) -> str:
-    """median (min-max) of a summary: ours (n, values) or step_vs_ddp.py's (runs)."""
-    if not s or s.get("median") is None:
-        return "-"
-    n = s.get("n") or len(s.get("runs") or s.get("values") or [])
-    if n <= 1:
-        return f"{f(s['median'], digits)} (1 run)"
-    return f"{f(s['median'], digits)} ({f(s['min'], digits)}-{f(s['max'], digits)})"
-
-
-def ratio(a, b) -> str:
-    if a is None or b in (None, 0):
-        return "-"
-    return f"{a / b:.2f}x"
-
-
-def bytes_str(n: int) -> str:
-    for unit, k in (("MB", 1 << 20), ("KB", 1 << 10)):
-        if n >= k and n % k == 0:
-            return f"{n // k} {unit}"
-    return f"{n} B"
+from md_numbers import bytes_str, f, mm, ratio
 
 
 def md_pipeline(r: dict) -> list:
@@ -281,6 +248,45 @@ def md_allreduce(r: dict) -> list:
     return L
 
 
+def _md_fsdp_live_bytes(fm: dict, mem: dict) -> list:
+    """md_fsdp's table of live tensor bytes per rank next to issue 15's formula (none: either
+    is missing)."""
+    if not fm or not mem:
+        return []
+    MB = 1e6
+    L = [
+        "",
+        "**Live tensor bytes** per rank (rank 0, rank 1), counted at LibTorch's CPU allocator "
+        "(`FXDP_MEMORY_TRACE`, a separate 3-step run per style), next to issue 15's formula: "
+        f"P = {fm['P'] / MB:.1f} MB of parameters, k = {fm['k']} optimizer states per parameter, "
+        f"N = {fm['N']}, U = {fm['U'] / MB:.1f} MB (the largest unit fully_shard gathers), A = "
+        f"{fm['A'] / MB:.1f} MB (activations, measured separately: REPLICATE's peak minus the state "
+        "it holds; its peak is at the loss, before any gradient exists). *state*: what a rank holds "
+        "between steps, formula (1+k)P, /N sharded; *params + grads + optimizer state*: live bytes "
+        "before the first gradient bucket's wait (every gradient exists, the activations are "
+        "gone), formula (2+k)P, (2+k)P/N + U sharded; *peak*: the step's peak, formula "
+        "(1+k)P + A, (1+k)P/N + A + U sharded.",
+        "",
+        "| N=2 | state MB: measured / formula | params + grads + optimizer state MB: measured / "
+        "formula | peak MB: measured / formula | peak at node | peak RSS MB (traced run) |",
+        "|---|---:|---:|---:|---|---:|",
+    ]
+    for k in ("fxdp replicate", "fxdp fully_shard"):
+        ms, g = mem.get(k), fm.get(k)
+        if not ms or not g:
+            continue
+        eob = [m["end_of_backward"] for m in ms if m.get("end_of_backward") is not None]
+        one = lambda xs: ", ".join(f"{x / MB:.1f}" for x in xs)  # noqa: E731
+        L.append(
+            f"| {'**' + k + '**' if k == 'fxdp fully_shard' else k} | "
+            f"{one(m['state'] for m in ms)} / {g['state'] / MB:.1f} | "
+            f"{one(eob) or '-'} / {g['pgo'] / MB:.1f} | "
+            f"{one(m['peak'] for m in ms)} / {g['peak'] / MB:.1f} | "
+            f"{ms[0]['peak_node']} | {', '.join(str(round(m['rss_peak'] / MB)) for m in ms)} |"
+        )
+    return L
+
+
 def md_fsdp(r: dict) -> list:
     raw = r["raw"]
     info = raw.get("info", {})
@@ -321,38 +327,7 @@ def md_fsdp(r: dict) -> list:
             f"{', '.join(f(x / MB, 0) for x in raw.get('peak_rss', {}).get(k, []))} | "
             f"{', '.join(f(x / MB, 1) for x in raw.get('state_bytes', {}).get(k, []))} |"
         )
-    fm, mem = raw.get("formula") or {}, raw.get("memory") or {}
-    if fm and mem:
-        L += [
-            "",
-            "**Live tensor bytes** per rank (rank 0, rank 1), counted at LibTorch's CPU allocator "
-            "(`FXDP_MEMORY_TRACE`, a separate 3-step run per style), next to issue 15's formula: "
-            f"P = {fm['P'] / MB:.1f} MB of parameters, k = {fm['k']} optimizer states per parameter, "
-            f"N = {fm['N']}, U = {fm['U'] / MB:.1f} MB (the largest unit fully_shard gathers), A = "
-            f"{fm['A'] / MB:.1f} MB (activations, measured separately: REPLICATE's peak minus the state "
-            "it holds; its peak is at the loss, before any gradient exists). *state*: what a rank holds "
-            "between steps, formula (1+k)P, /N sharded; *params + grads + optimizer state*: live bytes "
-            "before the first gradient bucket's wait (every gradient exists, the activations are "
-            "gone), formula (2+k)P, (2+k)P/N + U sharded; *peak*: the step's peak, formula "
-            "(1+k)P + A, (1+k)P/N + A + U sharded.",
-            "",
-            "| N=2 | state MB: measured / formula | params + grads + optimizer state MB: measured / "
-            "formula | peak MB: measured / formula | peak at node | peak RSS MB (traced run) |",
-            "|---|---:|---:|---:|---|---:|",
-        ]
-        for k in ("fxdp replicate", "fxdp fully_shard"):
-            ms, g = mem.get(k), fm.get(k)
-            if not ms or not g:
-                continue
-            eob = [m["end_of_backward"] for m in ms if m.get("end_of_backward") is not None]
-            one = lambda xs: ", ".join(f"{x / MB:.1f}" for x in xs)  # noqa: E731
-            L.append(
-                f"| {'**' + k + '**' if k == 'fxdp fully_shard' else k} | "
-                f"{one(m['state'] for m in ms)} / {g['state'] / MB:.1f} | "
-                f"{one(eob) or '-'} / {g['pgo'] / MB:.1f} | "
-                f"{one(m['peak'] for m in ms)} / {g['peak'] / MB:.1f} | "
-                f"{ms[0]['peak_node']} | {', '.join(str(round(m['rss_peak'] / MB)) for m in ms)} |"
-            )
+    L += _md_fsdp_live_bytes(raw.get("formula") or {}, raw.get("memory") or {})
     missing = [k for k in ("fxdp fully_shard", "fxdp replicate", "FSDP2") if k not in systems]
     if missing:
         L += ["", f"Not run: {', '.join(missing)}."]
