@@ -108,6 +108,28 @@ def _resolve(name: str, overload: str):
     return fn, seq
 
 
+def _rare_argument(a, w):
+    """decode's argument kinds past the common ones (a ref, an int, a list, a float, a bool, None,
+    a string), so those pay no extra call."""
+    if w == "scalar":
+        s = a.scalar
+        k = s.WhichOneof("value")
+        return (
+            complex(s.complex_value.real, s.complex_value.imag)
+            if k == "complex_value"
+            else getattr(s, k)
+        )
+    if w == "dtype":
+        return ("dtype", a.dtype)
+    if w == "device":
+        return ("device", a.device.type, a.device.index)
+    if w == "layout":
+        return ("layout", a.layout)
+    if w == "memory_format":
+        return ("memory_format", a.memory_format)
+    raise ValueError("empty argument")
+
+
 def decode(data: bytes):
     """GraphDef bytes -> (fx.Graph, nodes in order, graph metadata). Tensor metadata per node:
     ``meta["tm"]``: a list (one per output) of (shape, stride, dtype) or None."""
@@ -147,23 +169,7 @@ def decode(data: bytes):
             return None
         if w == "string_value":
             return a.string_value
-        if w == "scalar":
-            s = a.scalar
-            k = s.WhichOneof("value")
-            return (
-                complex(s.complex_value.real, s.complex_value.imag)
-                if k == "complex_value"
-                else getattr(s, k)
-            )
-        if w == "dtype":
-            return ("dtype", a.dtype)
-        if w == "device":
-            return ("device", a.device.type, a.device.index)
-        if w == "layout":
-            return ("layout", a.layout)
-        if w == "memory_format":
-            return ("memory_format", a.memory_format)
-        raise ValueError("empty argument")
+        return _rare_argument(a, w)
 
     for n in g.nodes:
         kind = n.kind
