@@ -122,6 +122,82 @@ TensorMap DeclaredInputs(const ir::SafetensorsView& header, const std::set<std::
   return out;
 }
 
+// The rank's RankSetup from its AssignJob (as `fxdp-worker run`'s flags,
+// common.h): device (default: the worker's), rendezvous, output checks.
+absl::StatusOr<RankSetup> JobRankSetup(const v1::AssignJob& a, const c10::Device& worker_device,
+                                       int rank, int world_size) {
+  RankSetup setup;
+  FXDP_ASSIGN_OR_RETURN(
+      setup.device,
+      ParseWorkerDevice(a.device().empty() ? worker_device.str() : a.device(),
+                        worker_device.is_cuda() ? worker_device.index() : 0, "AssignJob.device"));
+  const double timeout_s = a.collective_timeout_s() > 0 ? a.collective_timeout_s() : 60.0;
+  setup.rendezvous.host = a.rendezvous_host().empty() ? "127.0.0.1" : a.rendezvous_host();
+  setup.rendezvous.port = a.rendezvous_port();
+  setup.rendezvous.rank = rank;
+  setup.rendezvous.world_size = world_size;
+  setup.rendezvous.timeout =
+      std::chrono::milliseconds(std::max<int64_t>(1, std::llround(timeout_s * 1000)));
+  setup.check_outputs = a.check_outputs();
+  return setup;
+}
+
+// This rank's rows of Batch event `e`: read from the dataset, or the event's
+// tensors (sharded here unless the server did), checked against the program;
+// empty when the job reads data_paths files (`from_files`, read at set-up).
+absl::StatusOr<TensorMap> RankBatch(const AssignedJob& job, JobTask& e, const Program& program,
+                                    bool from_files, DatasetReader* dataset,
+                                    const std::string& worker_id) {
+  const int64_t step = e.step;
+  TensorMap shard;
+  if (dataset != nullptr) {
+    if (!e.tensors.empty())
+      return absl::InvalidArgumentError(
+          "a Batch with tensors for a job that reads its batches from a dataset directory");
+    absl::StatusOr<TensorMap> read = dataset->ReadStep(step, program);
+    if (!read.ok()) return DataFileError(read.status(), worker_id);
+    shard = *std::move(read);
+  } else if (!from_files) {
+    if (job.assign.batches_sharded()) {
+      shard = std::move(e.tensors);
+    } else {
+      FXDP_ASSIGN_OR_RETURN(shard, ShardBatch(e.tensors, program, job.rank, job.world_size));
+    }
+    if (absl::Status s = CheckBatch(shard, program); !s.ok())
+      return absl::InvalidArgumentError(
+          absl::StrCat("the batch of step ", step, ": ", s.message()));
+  } else if (!e.tensors.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a Batch with tensors for a job that reads its batches from AssignJob.data_paths"));
+  } else if (e.graph_id != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the batch of step ", step, " names graph_id ", e.graph_id,
+        ", but the job's data_paths files were read for graph 0 at set-up: files of another "
+        "shape need a dataset directory (docs/datasets.md)"));
+  }
+  return shard;
+}
+
+// A run step's StepResult: its global and local loss, named outputs and times.
+WorkerMessage StepResultMessage(const AssignedJob& job, int64_t step, uint32_t graph_id,
+                                double loss, double local, double ms, const CollectiveStats& cs,
+                                const std::vector<std::pair<std::string, double>>& named) {
+  WorkerMessage m;
+  v1::StepResult* r = m.mutable_step_result();
+  r->set_job_id(job.id);
+  r->set_rank(job.rank);
+  r->set_step(step);
+  r->set_loss(loss);
+  r->set_local_loss(local);
+  r->set_step_ms(ms);
+  r->set_comm_wait_ms(cs.wait_ms);
+  r->set_collectives(static_cast<int32_t>(cs.collectives));
+  r->set_comm_bytes(cs.bytes);
+  AddNamedValues(named, r->mutable_outputs());
+  r->set_graph_id(graph_id);
+  return m;
+}
+
 }  // namespace
 
 // Each file's header is read and checked against the rank's graph first;
@@ -266,22 +342,11 @@ absl::Status AttachedWorker::JobBody(AssignedJob& job, std::unique_ptr<Communica
   const v1::AssignJob& a = job.assign;
   // The rank's set-up, as `fxdp-worker run`'s (common.h): device, graph,
   // rendezvous (an abort of the job's connections ends it), program.
-  RankSetup setup;
-  FXDP_ASSIGN_OR_RETURN(
-      setup.device, ParseWorkerDevice(a.device().empty() ? device_.str() : a.device(),
-                                      device_.is_cuda() ? device_.index() : 0, "AssignJob.device"));
+  FXDP_ASSIGN_OR_RETURN(RankSetup setup, JobRankSetup(a, device_, job.rank, job.world_size));
   absl::StatusOr<ir::Graph> graph = ir::DecodeGraph(a.graph());
   if (!graph.ok())
     return absl::Status(graph.status().code(), absl::StrCat("the graph does not decode or verify: ",
                                                             graph.status().message()));
-  const double timeout_s = a.collective_timeout_s() > 0 ? a.collective_timeout_s() : 60.0;
-  setup.rendezvous.host = a.rendezvous_host().empty() ? "127.0.0.1" : a.rendezvous_host();
-  setup.rendezvous.port = a.rendezvous_port();
-  setup.rendezvous.rank = job.rank;
-  setup.rendezvous.world_size = job.world_size;
-  setup.rendezvous.timeout =
-      std::chrono::milliseconds(std::max<int64_t>(1, std::llround(timeout_s * 1000)));
-  setup.check_outputs = a.check_outputs();
   FXDP_ASSIGN_OR_RETURN(comm, Rendezvous(setup, job.Prefix(), &job.connections));
   if (job.cancel) return EndJob(job, true, "before the first step");
   TimedCommunicator timed(comm.get());
@@ -408,32 +473,8 @@ absl::Status AttachedWorker::RunBatch(AssignedJob& job, JobTask& e, StepRunner& 
                                                    e.graph_id, "; the worker holds ",
                                                    runner.ProgramIds()));
   const auto t0 = Clock::now();
-  TensorMap shard;
-  if (dataset != nullptr) {
-    if (!e.tensors.empty())
-      return absl::InvalidArgumentError(
-          "a Batch with tensors for a job that reads its batches from a dataset directory");
-    absl::StatusOr<TensorMap> read = dataset->ReadStep(step, *program);
-    if (!read.ok()) return DataFileError(read.status(), worker_id_);
-    shard = *std::move(read);
-  } else if (files.empty()) {
-    if (job.assign.batches_sharded()) {
-      shard = std::move(e.tensors);
-    } else {
-      FXDP_ASSIGN_OR_RETURN(shard, ShardBatch(e.tensors, *program, job.rank, job.world_size));
-    }
-    if (absl::Status s = CheckBatch(shard, *program); !s.ok())
-      return absl::InvalidArgumentError(
-          absl::StrCat("the batch of step ", step, ": ", s.message()));
-  } else if (!e.tensors.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a Batch with tensors for a job that reads its batches from AssignJob.data_paths"));
-  } else if (e.graph_id != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the batch of step ", step, " names graph_id ", e.graph_id,
-        ", but the job's data_paths files were read for graph 0 at set-up: files of another "
-        "shape need a dataset directory (docs/datasets.md)"));
-  }
+  FXDP_ASSIGN_OR_RETURN(TensorMap shard,
+                        RankBatch(job, e, *program, !files.empty(), dataset, worker_id_));
   e.tensors.clear();
   // Batch.hyperparameters; the error's prefix names the job, rank and step.
   FXDP_RETURN_IF_ERROR(runner.SetHyperparameters(e.hyperparameters));
@@ -459,20 +500,7 @@ absl::Status AttachedWorker::RunBatch(AssignedJob& job, JobTask& e, StepRunner& 
   const CollectiveStats cs = timed.TakeStats();
   job.steps_done = step;
   job.in_step = false;
-  WorkerMessage m;
-  v1::StepResult* r = m.mutable_step_result();
-  r->set_job_id(job.id);
-  r->set_rank(job.rank);
-  r->set_step(step);
-  r->set_loss(value);
-  r->set_local_loss(local);
-  r->set_step_ms(ms);
-  r->set_comm_wait_ms(cs.wait_ms);
-  r->set_collectives(static_cast<int32_t>(cs.collectives));
-  r->set_comm_bytes(cs.bytes);
-  AddNamedValues(named, r->mutable_outputs());
-  r->set_graph_id(e.graph_id);
-  job.session->Write(m);
+  job.session->Write(StepResultMessage(job, step, e.graph_id, value, local, ms, cs, named));
   util::Log(job.Prefix(), "loss ", absl::StrFormat("%.8g", value), NamedValuesText(named),
             " (local ", absl::StrFormat("%.8g", local), ", ", absl::StrFormat("%.1f", ms),
             " ms, comm wait ", absl::StrFormat("%.1f", cs.wait_ms), " ms)");
