@@ -166,6 +166,8 @@ class BatchDimAnalyzer {
                            absl::string_view why);
   absl::StatusOr<Special> Linear(ir::NodeId id, const ir::Node& n, const LinearIn& linear,
                                  std::vector<Operand>& ops, int exempt_arg = -1);
+  absl::Status ScaledShards(ir::NodeId id, const ir::Node& n, const LinearIn& linear,
+                            std::vector<Operand>& ops, int exempt_arg, Special& s);
 
   // ---- sharding a replicated operand (shard_upgrade.cc) ----------------------
   void NeedShard(const Operand& o, int32_t dim, int64_t outer, ir::NodeId user);

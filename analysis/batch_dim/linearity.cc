@@ -43,6 +43,44 @@ absl::Status BatchDimAnalyzer::ScaledError(NodeId id, const Node& n, const Opera
       ir::NodeLabel(n), o.arg, g_.node(o.ref.node).name, why));
 }
 
+// Linear's mean-scaled shard operands: two multiplied together are an error;
+// added to a value at true scale (or a number), each is read times B_r/B (a
+// sharded read) and the result is at true scale; else the result is scaled.
+absl::Status BatchDimAnalyzer::ScaledShards(NodeId id, const Node& n, const LinearIn& linear,
+                                            std::vector<Operand>& ops, int exempt_arg, Special& s) {
+  int n_scaled = 0;
+  for (const Operand& o : ops) {
+    if (o.arg == exempt_arg || !IsSpecial(o.info)) continue;
+    ++n_scaled;
+    if (linear.kind == Linearity::kMultilinear && n_scaled > 1) {
+      return ScaledError(id, n, o, "it is multiplied by another mean-scaled value");
+    }
+  }
+  bool true_scale_term = linear.kind == Linearity::kAdditive && AddsNumber(n, linear);
+  for (const Operand& o : ops) {
+    true_scale_term |= linear.kind == Linearity::kAdditive && o.arg != exempt_arg &&
+                       InMask(linear, o.arg) && !IsSpecial(o.info) && o.type->numel() > 0 &&
+                       !IsZeros(o.ref);
+  }
+  if (true_scale_term) {
+    // Added to a value at true scale (or a number): this use reads each mean-scaled shard
+    // times B_r/B (the rank's rows at one device's scale), and the sum is at true scale.
+    for (Operand& o : ops) {
+      if (o.arg == exempt_arg || !IsSpecial(o.info)) continue;
+      a_.sharded_reads_.push_back(
+          ShardedRead{o.ref, o.info.placement.dim, o.info.outer, id, o.arg, /*unscale=*/true});
+      a_.notes_.push_back(absl::StrFormat(
+          "%s: reads %s (mean-scaled: rank r holds B/B_r times its rows) times B_r/B, the one "
+          "device's scale, to add it to a value at that scale",
+          n.name, g_.node(o.ref.node).name));
+      o.info.mean_scaled = false;
+    }
+  } else {
+    s.scaled = true;
+  }
+  return absl::OkStatus();
+}
+
 // Applies the op's linearity to its operands. Partial operands that may not
 // flow through are all-reduced (and read replicated from then on); a
 // mean-scaled operand the op is not linear in is an error.
@@ -103,38 +141,7 @@ absl::StatusOr<BatchDimAnalyzer::Special> BatchDimAnalyzer::Linear(NodeId id, co
     }
     any_partial = false;
   }
-  if (any_scaled_shard) {
-    int n_scaled = 0;
-    for (const Operand& o : ops) {
-      if (o.arg == exempt_arg || !IsSpecial(o.info)) continue;
-      ++n_scaled;
-      if (linear.kind == Linearity::kMultilinear && n_scaled > 1) {
-        return ScaledError(id, n, o, "it is multiplied by another mean-scaled value");
-      }
-    }
-    bool true_scale_term = linear.kind == Linearity::kAdditive && AddsNumber(n, linear);
-    for (const Operand& o : ops) {
-      true_scale_term |= linear.kind == Linearity::kAdditive && o.arg != exempt_arg &&
-                         InMask(linear, o.arg) && !IsSpecial(o.info) && o.type->numel() > 0 &&
-                         !IsZeros(o.ref);
-    }
-    if (true_scale_term) {
-      // Added to a value at true scale (or a number): this use reads each mean-scaled shard
-      // times B_r/B (the rank's rows at one device's scale), and the sum is at true scale.
-      for (Operand& o : ops) {
-        if (o.arg == exempt_arg || !IsSpecial(o.info)) continue;
-        a_.sharded_reads_.push_back(
-            ShardedRead{o.ref, o.info.placement.dim, o.info.outer, id, o.arg, /*unscale=*/true});
-        a_.notes_.push_back(absl::StrFormat(
-            "%s: reads %s (mean-scaled: rank r holds B/B_r times its rows) times B_r/B, the one "
-            "device's scale, to add it to a value at that scale",
-            n.name, g_.node(o.ref.node).name));
-        o.info.mean_scaled = false;
-      }
-    } else {
-      s.scaled = true;
-    }
-  }
+  if (any_scaled_shard) FXDP_RETURN_IF_ERROR(ScaledShards(id, n, linear, ops, exempt_arg, s));
   if (any_partial) {
     s.partial = true;
     s.scaled = avg;
