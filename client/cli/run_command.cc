@@ -8,6 +8,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <limits>
@@ -27,6 +28,7 @@
 #include "analysis/ir/hyperparameters.h"
 #include "analysis/ir/random_ops.h"
 #include "analysis/ir/safetensors.h"
+#include "analysis/ir/tensor_chunks.h"
 #include "client/cli/commands.h"
 #include "client/cli/connect.h"
 #include "client/cli/job_format.h"
@@ -136,29 +138,20 @@ constexpr char kRunUsage[] =
 
 constexpr size_t kChunkBytes = size_t{1} << 20;
 
-// Calls `emit` with `t` as TensorChunks of at most kChunkBytes; false when
-// `emit` does.
+// Calls `emit` with `t` as TensorChunks of at most kChunkBytes (the
+// protocol's spans, ir::ChunkSpans); false when `emit` does.
 template <typename Emit>
 bool EmitChunks(const RawTensor& t, Emit emit) {
-  v1::TensorChunk head;
-  head.set_name(t.name);
-  head.set_dtype(static_cast<v1::DType>(ir::DTypeToWire(t.dtype)));
-  for (int64_t d : t.shape) head.add_shape(d);
-  size_t off = 0;
-  do {
-    const size_t n = std::min(kChunkBytes, t.data.size() - off);
-    v1::TensorChunk c = head;  // `emit` may take it apart
+  for (const auto& [off, n] : ir::ChunkSpans(t.data.size(), kChunkBytes)) {
+    v1::TensorChunk c;  // `emit` may take it apart
+    c.set_name(t.name);
+    c.set_dtype(static_cast<v1::DType>(ir::DTypeToWire(t.dtype)));
+    for (int64_t d : t.shape) c.add_shape(d);
     c.set_offset(off);
     c.set_data(t.data.substr(off, n));
     if (!emit(c)) return false;
-    off += n;
-  } while (off < t.data.size());
+  }
   return true;
-}
-
-std::string Basename(const std::string& p) {
-  const size_t s = p.find_last_of('/');
-  return s == std::string::npos ? p : p.substr(s + 1);
 }
 
 // --resume: the step the resumed job continues from, as its first event
@@ -472,7 +465,7 @@ int BuildJob(const RunArgs& a, v1::JobSpec* spec, std::vector<RawTensor>* state,
   spec->set_sync_batchnorm(a.sync_bn);
   spec->set_style(StyleToProto(a.style));
   spec->set_collective_timeout_s(a.timeout_s);
-  spec->set_name(a.name.empty() ? Basename(a.graph) : a.name);
+  spec->set_name(a.name.empty() ? std::filesystem::path(a.graph).filename().string() : a.name);
   spec->set_resume_job(a.resume);
   AddCheckpointSpec(a.initial_checkpoint, a.checkpoint_dir, a.checkpoint_every, a.keep_checkpoints,
                     *state, spec);
