@@ -189,11 +189,9 @@ def test_results_md_has_every_table(quick_run):
     assert run_all.render_markdown(results) == md
 
 
-def test_results_md_step_and_executor_tables():
-    """The tables of the two areas whose programs are too slow for the test suite, rendered from
-    results in the shape bench/step_vs_ddp.py and bench/executor_baselines.py write."""
-    s = lambda *v: run_all.summ(list(v))  # noqa: E731
-    step = {
+def _step_area_result(s) -> dict:
+    """A step area result in the shape bench/step_vs_ddp.py writes (`s`: run_all.summ)."""
+    return {
         "raw": {
             "torch": "2.13.0",
             "steps": 30,
@@ -228,7 +226,11 @@ def test_results_md_step_and_executor_tables():
         "load": [1, 1],
         "wall_s": 1,
     }
-    executor = {
+
+
+def _executor_area_result(s) -> dict:
+    """An executor area result in the shape bench/executor_baselines.py writes."""
+    return {
         "nodes": 10000,
         "command": "bench/executor_baselines.py",
         "load": [1, 1],
@@ -239,7 +241,11 @@ def test_results_md_step_and_executor_tables():
             "torch.fx.Interpreter": s(5200, 5300),
         },
     }
-    meta = {
+
+
+def _bench_meta() -> dict:
+    """results.json's machine and run record, as run_all.py writes it."""
+    return {
         "date": "2026-01-01 00:00 UTC",
         "git_commit": "0" * 40,
         "git_dirty": False,
@@ -257,12 +263,18 @@ def test_results_md_step_and_executor_tables():
         "load_end": [1, 1, 1],
         "wall_s": 60,
     }
+
+
+def test_results_md_step_and_executor_tables():
+    """The tables of the two areas whose programs are too slow for the test suite, rendered from
+    results in the shape bench/step_vs_ddp.py and bench/executor_baselines.py write."""
+    s = lambda *v: run_all.summ(list(v))  # noqa: E731
     md = run_all.render_markdown(
         {
-            "meta": meta,
+            "meta": _bench_meta(),
             "areas": {
-                "executor": executor,
-                "step": step,
+                "executor": _executor_area_result(s),
+                "step": _step_area_result(s),
                 "pipeline": {"error": "boom", "wall_s": 0},
             },
         }
