@@ -343,10 +343,9 @@ def submit_error(jobs, reqs) -> grpc.RpcError:
     return ei.value
 
 
-def test_malformed_submissions(server):
-    jobs, workers, _ = server
-    step = traced(MODEL, OPTIM)
-    good = list(requests(2, 1))
+def _bad_spec_submissions(good: list, step) -> list:
+    """(requests, what the INVALID_ARGUMENT names) for Submits whose JobSpec is wrong: `good` is a
+    valid Submit, `step` its traced step."""
     spec = good[0].spec
 
     def with_spec(**kw):
@@ -374,26 +373,15 @@ def test_malformed_submissions(server):
     paths.CopyFrom(spec)
     paths.data_paths.append("")
     cases.append(([jpb.SubmitJobRequest(spec=paths)], "JobSpec.data_paths[0] is empty"))
-    for reqs, want in cases:
-        err = submit_error(jobs, reqs)
-        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and want in err.details(), (want, err)
-    # More ranks than the batch has samples: the expansion's error (a Submit for 13 ranks on these
-    # 2 workers is refused before its graph is expanded once the server is up --queue-grace-s).
-    with grpc.insecure_channel(server[2]) as ch:
-        with pytest.raises(grpc.RpcError) as ei:
-            cgrpc.CompileServiceStub(ch).Expand(
-                cpb.ExpandRequest(graph=spec.graph, world_size=13), timeout=60
-            )
-    assert (
-        ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        and "larger than the batch" in ei.value.details()
-    )
+    return cases
 
-    # Errors in the stream once the job runs: INVALID_ARGUMENT naming the step and tensor.
+
+def _bad_stream_submissions(state: dict) -> list:
+    """(requests, what the INVALID_ARGUMENT names) for Submits whose stream goes wrong once the job
+    runs (a batch, its end, the initial state): the error names the step and tensor."""
     e = zoo.get(MODEL)
     wrong = dict(e.named_batch(0), x=torch.zeros(12, 9))
     odd_name = dict(e.named_batch(0), y=torch.zeros(12, 5))
-    state = step.initial_state()
     cases = [
         (
             requests(2, 1, batches=[wrong]),
@@ -419,7 +407,32 @@ def test_malformed_submissions(server):
             "initial-state tensors (JobSpec.num_state_tensors)",
         ),
     ]
-    for reqs, want in cases:
+    return cases
+
+
+def test_malformed_submissions(server):
+    jobs, workers, _ = server
+    step = traced(MODEL, OPTIM)
+    good = list(requests(2, 1))
+    spec = good[0].spec
+    for reqs, want in _bad_spec_submissions(good, step):
+        err = submit_error(jobs, reqs)
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and want in err.details(), (want, err)
+    # More ranks than the batch has samples: the expansion's error (a Submit for 13 ranks on these
+    # 2 workers is refused before its graph is expanded once the server is up --queue-grace-s).
+    with grpc.insecure_channel(server[2]) as ch:
+        with pytest.raises(grpc.RpcError) as ei:
+            cgrpc.CompileServiceStub(ch).Expand(
+                cpb.ExpandRequest(graph=spec.graph, world_size=13), timeout=60
+            )
+    assert (
+        ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        and "larger than the batch" in ei.value.details()
+    )
+
+    # Errors in the stream once the job runs: INVALID_ARGUMENT naming the step and tensor.
+    state = step.initial_state()
+    for reqs, want in _bad_stream_submissions(state):
         wait_idle(workers)
         err = submit_error(jobs, list(reqs))
         assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and want in err.details(), (want, err)
