@@ -184,22 +184,19 @@ def test_killed_rank_fails_the_job_and_the_survivor_is_reusable(lab):
     print(f"\nsurvivor reported the lost rank after {elapsed:.2f} s")
 
 
-def test_bad_jobs_fail_clearly_and_the_worker_stays_attached(lab):
-    model, optim = "mlp", "sgd"
-    step, single, _ = lab.graphs(model, optim, 2)
-    state = step.initial_state()
-    server = lab.server()
-    proc = lab.start_worker(server.port, "b0")
-    conn = server.accept(1)["b0"]
+def _expect_failure(conn, job_id, code, *words, rank=0):
+    """The worker's JobFailed for `job_id`: its rank, gRPC code and words; then it is idle."""
+    f = conn.recv("job_failed")
+    assert f.job_id == job_id and f.rank == rank and f.code == code, f
+    for w in words:
+        assert w in f.error, f"{w!r} not in {f.error!r}"
+    conn.wait_heartbeat(idle)
+    return f
 
-    def expect_failure(job_id, code, *words, rank=0):
-        f = conn.recv("job_failed")
-        assert f.job_id == job_id and f.rank == rank and f.code == code, f
-        for w in words:
-            assert w in f.error, f"{w!r} not in {f.error!r}"
-        conn.wait_heartbeat(idle)
-        return f
 
+def _jobs_refused_before_their_first_step(conn, single, state):
+    """A bad graph, a rank outside the world, a missing or short state, a rendezvous nobody joins:
+    each fails clearly and the worker stays attached."""
     # A graph that does not verify: an argument refers to its own node.
     bad = gpb.GraphDef()
     bad.CopyFrom(single)
@@ -210,32 +207,51 @@ def test_bad_jobs_fail_clearly_and_the_worker_stays_attached(lab):
     )
     next(a for a in node.args if a.HasField("ref")).ref.node = idx
     assign(conn, "badgraph", bad, state)
-    expect_failure(
-        "badgraph", 3, "job badgraph rank 0 step 0/3", "does not decode or verify", node.name
+    _expect_failure(
+        conn, "badgraph", 3, "job badgraph rank 0 step 0/3", "does not decode or verify", node.name
     )
 
     # A rank outside the world.
     assign(conn, "badrank", single, state, rank=2, world=2, port=free_port())
-    expect_failure("badrank", 3, "rank 2 is not in [0, world_size 2)", rank=-1)
+    _expect_failure(conn, "badrank", 3, "rank 2 is not in [0, world_size 2)", rank=-1)
 
     # State without one of the entries the graph reads.
     missing = next(iter(state))
     assign(conn, "nostate", single, {k: v for k, v in state.items() if k != missing})
-    expect_failure("nostate", 5, "initial state", missing)
+    _expect_failure(conn, "nostate", 5, "initial state", missing)
 
     # State that announces more tensors than it sends.
     assign(conn, "short", single, state, num_state=len(state) + 1)
-    expect_failure(
-        "short", 3, f"got {len(state)} tensors, AssignJob.num_state_tensors says {len(state) + 1}"
+    _expect_failure(
+        conn,
+        "short",
+        3,
+        f"got {len(state)} tensors, AssignJob.num_state_tensors says {len(state) + 1}",
     )
 
     # A 2-rank job whose other rank never shows up: the rendezvous times out naming it.
     t0 = time.monotonic()
     assign(conn, "alone", single, state, rank=0, world=2, port=free_port(), timeout_s=1.0)
-    expect_failure(
-        "alone", 14, "job alone rank 0 step 0/3", "Gloo rendezvous failed", "no word from rank 1"
+    _expect_failure(
+        conn,
+        "alone",
+        14,
+        "job alone rank 0 step 0/3",
+        "Gloo rendezvous failed",
+        "no word from rank 1",
     )
     assert time.monotonic() - t0 < 10
+
+
+def test_bad_jobs_fail_clearly_and_the_worker_stays_attached(lab):
+    model, optim = "mlp", "sgd"
+    step, single, _ = lab.graphs(model, optim, 2)
+    state = step.initial_state()
+    server = lab.server()
+    proc = lab.start_worker(server.port, "b0")
+    conn = server.accept(1)["b0"]
+
+    _jobs_refused_before_their_first_step(conn, single, state)
 
     # A good job; a second AssignJob while it runs is refused, the first goes on.
     assign(conn, "good", single, state, steps=2)
@@ -251,13 +267,13 @@ def test_bad_jobs_fail_clearly_and_the_worker_stays_attached(lab):
     assert conn.recv("step_result").step == 1
     # A batch for the wrong step fails the job, naming the step.
     send_batch(conn, "good", 3, dict(batch))
-    expect_failure("good", 3, "job good rank 0 step 3/2", "expected step 2")
+    _expect_failure(conn, "good", 3, "job good rank 0 step 3/2", "expected step 2")
 
     # A bad batch: a tensor of the wrong shape.
     assign(conn, "badbatch", single, state)
     conn.recv("job_started")
     send_batch(conn, "badbatch", 1, {k: v[:, :1] if v.dim() > 1 else v for k, v in batch.items()})
-    expect_failure("badbatch", 3, "job badbatch rank 0 step 1/3")
+    _expect_failure(conn, "badbatch", 3, "job badbatch rank 0 step 1/3")
 
     # Messages for a job the worker does not hold are ignored.
     conn.send(batch=wpb.Batch(job_id="nosuchjob", step=1))
