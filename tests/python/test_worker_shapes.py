@@ -211,9 +211,10 @@ def assign_only(conn, job: str, graph, state, *, max_graphs: int) -> None:
     )
 
 
-def test_what_a_job_cannot_load_or_run_is_refused_naming_it(lab, shapes):
-    g6, g5, g3 = (shapes.rank_graph(b, 1, 0) for b in SIZES)
-    state = shapes.step.initial_state()
+def _refused_load_cases(lab, shapes, g5, g3) -> list:
+    """(AssignJob.max_graphs, the messages after the initial state, the error naming it) for each
+    LoadGraph or Batch a job refuses: too many programs, an id held or unknown, graph 0, a graph
+    whose state or seed differs from graph 0's."""
     load = lambda i, g, evict=0: {  # noqa: E731
         "load_graph": wpb.LoadGraph(graph_id=i, graph=g, evict_graph_id=evict)
     }
@@ -277,6 +278,13 @@ def test_what_a_job_cannot_load_or_run_is_refused_naming_it(lab, shapes):
             "(absent): every program of a job shares it",
         ),
     ]
+    return cases
+
+
+def test_what_a_job_cannot_load_or_run_is_refused_naming_it(lab, shapes):
+    g6, g5, g3 = (shapes.rank_graph(b, 1, 0) for b in SIZES)
+    state = shapes.step.initial_state()
+    cases = _refused_load_cases(lab, shapes, g5, g3)
     server = lab.server()
     lab.start_worker(server.port, "r0")
     conn = server.accept(1)["r0"]
