@@ -491,6 +491,32 @@ def main() -> int:
     return 0
 
 
+def _print_model_table(runs: dict, res: dict, detail: list, loads: list) -> None:
+    """bench_model's summary: ms per step per run kind, the last repetition's collectives and the
+    fxdp-worker / DDP ratio."""
+    print(f"| {'ms per step':<22} | median | min | max |")
+    print(f"|{'-' * 24}|---:|---:|---:|")
+    for k in runs:
+        s = res[k]
+        print(f"| {k:<22} | {s['median']:.1f} | {s['min']:.1f} | {s['max']:.1f} |")
+    r = res["fxdp-worker / DDP (per repetition)"]
+    if detail:
+        print(
+            "fxdp collectives (rank 0, last repetition): "
+            + ", ".join(
+                f"{c['bytes']:,} B {c['in_flight_ms']:.1f} ms in flight, "
+                f"{c['wait_ms']:.1f} ms waited"
+                for c in detail[-1]
+            )
+        )
+    print(
+        f"fxdp-worker / DDP: median of medians {res['fxdp-worker N=2']['median'] / res['DDP N=2']['median']:.2f}, "
+        f"per repetition median {r['median']:.2f} (min {r['min']:.2f}, max {r['max']:.2f}); "
+        f"target <= 0.95; load average {min(loads):.1f}-{max(loads):.1f}\n",
+        flush=True,
+    )
+
+
 def bench_model(name: str, build: pathlib.Path, d: str, args, cfg: dict) -> dict:
     steps, w = cfg["steps"], cfg["warmup"]
     med = lambda xs: statistics.median(xs[w:])  # noqa: E731
@@ -551,27 +577,7 @@ def bench_model(name: str, build: pathlib.Path, d: str, args, cfg: dict) -> dict
     res["info"] = info
     res["config"] = cfg
     res["collectives_per_step"] = sb[0]["collectives"] if sb else None
-    print(f"| {'ms per step':<22} | median | min | max |")
-    print(f"|{'-' * 24}|---:|---:|---:|")
-    for k in runs:
-        s = res[k]
-        print(f"| {k:<22} | {s['median']:.1f} | {s['min']:.1f} | {s['max']:.1f} |")
-    r = res["fxdp-worker / DDP (per repetition)"]
-    if detail:
-        print(
-            "fxdp collectives (rank 0, last repetition): "
-            + ", ".join(
-                f"{c['bytes']:,} B {c['in_flight_ms']:.1f} ms in flight, "
-                f"{c['wait_ms']:.1f} ms waited"
-                for c in detail[-1]
-            )
-        )
-    print(
-        f"fxdp-worker / DDP: median of medians {res['fxdp-worker N=2']['median'] / res['DDP N=2']['median']:.2f}, "
-        f"per repetition median {r['median']:.2f} (min {r['min']:.2f}, max {r['max']:.2f}); "
-        f"target <= 0.95; load average {min(loads):.1f}-{max(loads):.1f}\n",
-        flush=True,
-    )
+    _print_model_table(runs, res, detail, loads)
     return res
 
 
