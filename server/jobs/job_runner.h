@@ -219,6 +219,8 @@ class JobRunner {
   // of them is complete (within --keep-state-s), so the checkpoint named is
   // the newest the workers keep; none of the state comes to the server.
   absl::Status AwaitSentCheckpoints();
+  // UNAVAILABLE: rank msg.rank was lost or failed while it finished `step`.
+  absl::Status RankEnded(const Job::Msg& msg, int64_t step) const;
   // The ranks' results already delivered, recorded.
   void TakeDelivered();
   absl::Status KeptSaid(const absl::Status& status, const std::string& kept) const;

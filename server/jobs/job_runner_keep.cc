@@ -24,6 +24,14 @@
 
 namespace fxdp::server {
 
+// A rank lost or failing while the job waits for its last steps.
+absl::Status JobRunner::RankEnded(const Job::Msg& msg, int64_t step) const {
+  return absl::UnavailableError(
+      absl::StrCat("rank ", msg.rank, " (worker ", ranks_->worker(msg.rank), ") ",
+                   msg.lost ? "was lost" : absl::StrCat("failed: ", msg.m.job_failed().error()),
+                   " while it finished step ", step));
+}
+
 void JobRunner::TakeDelivered() {
   Job::Msg msg;
   while (job_->NextRank(Clock::now(), &msg)) {
@@ -55,10 +63,7 @@ absl::Status JobRunner::CollectLastState(int64_t* step, StateStore::State* state
                        " within ", wait_s, " s (fxdp-server --keep-state-s)"));
     }
     if (msg.lost || msg.m.has_job_failed()) {
-      return absl::UnavailableError(
-          absl::StrCat("rank ", msg.rank, " (worker ", ranks_->worker(msg.rank), ") ",
-                       msg.lost ? "was lost" : absl::StrCat("failed: ", msg.m.job_failed().error()),
-                       " while it finished step ", want));
+      return RankEnded(msg, want);
     }
     if (msg.m.has_step_result()) OnStepResult(msg);
     if (!msg.m.has_state_chunk()) continue;
@@ -91,10 +96,7 @@ absl::Status JobRunner::AwaitSentCheckpoints() {
                        " did not complete within ", wait_s, " s (fxdp-server --keep-state-s)"));
     }
     if (msg.lost || msg.m.has_job_failed()) {
-      return absl::UnavailableError(
-          absl::StrCat("rank ", msg.rank, " (worker ", ranks_->worker(msg.rank), ") ",
-                       msg.lost ? "was lost" : absl::StrCat("failed: ", msg.m.job_failed().error()),
-                       " while it finished step ", last));
+      return RankEnded(msg, last);
     }
     if (msg.m.has_step_result()) OnStepResult(msg);
     if (msg.m.has_checkpoint_written()) OnCheckpointWritten(msg);

@@ -16,7 +16,6 @@ import fxdp
 import pytest
 import torch
 import torch.nn.functional as F
-from _hf_call import KeywordCall
 from test_coupled_batch import _clip_step, _InfoNCE, _tiny_clip, _train
 from test_expand_oracle import STEPS, _RnnClassifier
 from test_op_rule_models import (
@@ -33,19 +32,10 @@ from test_text_bags import trace as trace_bags
 
 
 def _moe(name):
-    from test_moe_dispatch import V, _hf_moe
+    from test_moe_dispatch import hf_moe_traced
 
     def make(b, optim):
-        model = KeywordCall(_hf_moe(name), ("input_ids", "labels")).train()
-        opt, tol = optimizer(model, optim)
-        g = torch.Generator().manual_seed(1)
-        batches = []
-        for _ in range(STEPS):
-            ids = torch.randint(0, V, (b, 8), generator=g)
-            batches.append((ids, ids.clone()))
-        step = fxdp.trace(model, opt, None, batches[0])
-        assert {"aten::sort", "aten::_grouped_mm", "aten::histc"} <= _ops(step)
-        return step, batches, tol
+        return hf_moe_traced(name, b, lambda model: optimizer(model, optim))
 
     return make
 

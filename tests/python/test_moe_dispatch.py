@@ -399,15 +399,12 @@ def _hf_optimizer(model, optim):
     return cls(model.parameters(), lr=1e-2), dict(rtol=1e-4, atol=5e-5)
 
 
-@pytest.mark.parametrize("name,world,b,optim", HF, ids=[f"{m}-N{n}-{o}" for m, n, _, o in HF])
-def test_hugging_face_moe_trains_like_one_device(tmp_path, name, world, b, optim):
-    """transformers' Mixtral and Qwen2-MoE, default (grouped_mm) experts, output_router_logits=True
-    (the load-balancing loss counts tokens per expert with histc), under AdamW, Adam and SGD with
-    momentum: B=6 over 2 ranks and B=7 over 3 (3,2,2) equal one device."""
-    torch.manual_seed(0)
-    # the model's own loss: cross-entropy plus the router's load-balancing loss
+def hf_moe_traced(name, b, make_optimizer):
+    """The HF MoE model with its own loss (cross-entropy plus the router's load-balancing loss),
+    traced on STEPS batches of b x 8 tokens (labels = inputs); the default experts path (sort,
+    grouped_mm, histc) asserted. Returns (step, batches, tolerances of make_optimizer)."""
     model = KeywordCall(_hf_moe(name), ("input_ids", "labels")).train()
-    opt, tol = _hf_optimizer(model, optim)
+    opt, tol = make_optimizer(model)
     g = torch.Generator().manual_seed(1)
     batches = []
     for _ in range(STEPS):
@@ -417,6 +414,16 @@ def test_hugging_face_moe_trains_like_one_device(tmp_path, name, world, b, optim
     assert {"aten::sort", "aten::_grouped_mm", "aten::histc"} <= {
         n.target.name for n in step.graph.nodes
     }
+    return step, batches, tol
+
+
+@pytest.mark.parametrize("name,world,b,optim", HF, ids=[f"{m}-N{n}-{o}" for m, n, _, o in HF])
+def test_hugging_face_moe_trains_like_one_device(tmp_path, name, world, b, optim):
+    """transformers' Mixtral and Qwen2-MoE, default (grouped_mm) experts, output_router_logits=True
+    (the load-balancing loss counts tokens per expert with histc), under AdamW, Adam and SGD with
+    momentum: B=6 over 2 ranks and B=7 over 3 (3,2,2) equal one device."""
+    torch.manual_seed(0)
+    step, batches, tol = hf_moe_traced(name, b, lambda model: _hf_optimizer(model, optim))
     r = _analyze(tmp_path, step, world)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["warnings"] == []
