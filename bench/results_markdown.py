@@ -10,6 +10,7 @@ from __future__ import annotations
 import statistics
 
 from md_numbers import bytes_str, f, mm, ratio
+from results_llama import md_llama
 
 
 def md_pipeline(r: dict) -> list:
@@ -362,67 +363,6 @@ def md_trace(r: dict) -> list:
             f"| {x['hidden']} | {x['params']:,} | {x['nodes']} | {x['seconds']:.1f} | "
             f"{x['rss_before'] / MB:.0f} | {x['growth'] / MB:.0f} |"
         )
-    L += ["", f"Command: `{r['command']}`."]
-    return L
-
-
-def md_llama(r: dict) -> list:
-    raw = r["raw"]
-    t, res, ref, cmp_ = raw["train"], raw["resume"], raw["reference"], raw["compare"]
-    diffs = ", ".join(f"{k} {v:.2g}" for k, v in ref["max_abs_diff"].items())
-    w = raw.get("phase_wall_seconds", {})
-    L = [
-        "## 9. A Llama from a Hugging Face checkpoint: FULLY_SHARD, resume, export (issue 27)",
-        "",
-        f"`bench/llama300m_check.py`: a Llama of {raw['save']['params']:,} parameters saved by "
-        f"`save_pretrained` in {raw['save']['shards']} shards, traced on `meta`, "
-        f"{raw['steps']} steps (AdamW, batch {raw['batch']} x {raw['seq']}) FULLY_SHARD on 2 "
-        "`fxdp-worker`s reading it, the workers writing checkpoints; the checkpoint of step 2 "
-        "resumed on 1 REPLICATE rank; `fxdp export --hf`; one device is eager PyTorch from the "
-        "same checkpoint. Each phase a process of its own: peak RSS is `ru_maxrss`, growth the "
-        "peak (VmHWM, reset before the call) over the RSS before `Client.train`.",
-        "",
-        "| phase | s | peak RSS MB | notes |",
-        "|---|---:|---:|---|",
-        f"| save_pretrained (a process) | {w.get('save', 0):.0f} | - | |",
-        f"| client (a process): trace on meta | {t['trace_seconds']:.0f} | "
-        f"{t['peak_trace_mb']:.0f} | {t['graph_nodes']:,} nodes |",
-        f"| client: train, 2 FULLY_SHARD workers | {t['seconds']:.0f} | {t['peak_rss_mb']:.0f} | "
-        f"growth {t['growth_mb']:.0f} MB, the server's {t['server_growth_mb']:.0f} MB; sent "
-        f"{t['sent_bytes']} bytes of state |",
-        f"| client: resume on 1 REPLICATE rank | {res['seconds']:.0f} | {res['peak_rss_mb']:.0f} | "
-        f"growth {res['growth_mb']:.0f} MB, the server's {res['server_growth_mb']:.0f} MB |",
-        f"| fxdp export --hf | {raw['export']['seconds']:.0f} | "
-        f"{raw['export']['peak_rss_mb']:.0f} | |",
-        f"| one device, eager, 3 steps (a process) | {ref['seconds_3_steps']:.0f} | "
-        f"{ref['peak_rss_mb']:.0f} | with the comparisons: {w.get('check', 0):.0f} s |",
-        "",
-        "Peak RSS over the run: "
-        + ", ".join(f"{k} {v:.0f} MB" for k, v in raw["server_peak_mb"].items())
-        + f" (the state: {raw['save']['params'] * 12 / 2**20:.0f} MB). Against one device, max "
-        f"abs difference: {diffs}; {ref['elements_outside_tolerance']} elements outside rtol "
-        f"1e-4 / atol 5e-5. Resumed against uninterrupted: {cmp_['max_abs_diff']:.2g} over "
-        f"{cmp_['tensors']} tensors. Checks: "
-        + "; ".join(("ok " if ok else "**FAILED** ") + what for ok, what in raw["checks"])
-        + ".",
-    ]
-    bad = ref.get("outside_tolerance", [])
-    if bad:
-        L += [
-            "",
-            "The parameter elements outside the tolerance, with AdamW's moments of both runs there "
-            "(Adam moves an element by about lr whatever its gradient's size: a gradient at "
-            "rounding level, now or at an earlier step, is where 2 ranks' summation order shows):",
-            "",
-            "| tensor | element | fxdp | eager | exp_avg fxdp / eager | exp_avg_sq fxdp / eager |",
-            "|---|---:|---:|---:|---|---|",
-        ]
-        for x in bad:
-            L.append(
-                f"| {x['tensor']} | {x['index']} | {x['fxdp']:.7g} | {x['eager']:.7g} | "
-                f"{x['exp_avg fxdp']:.4g} / {x['exp_avg eager']:.4g} | "
-                f"{x['exp_avg_sq fxdp']:.4g} / {x['exp_avg_sq eager']:.4g} |"
-            )
     L += ["", f"Command: `{r['command']}`."]
     return L
 
