@@ -2,7 +2,7 @@
 
 A traced step takes each optimizer hyper-parameter that a schedule may change (``lr``,
 ``momentum``, ``betas``, ``weight_decay``... see :data:`fxdp.optimizers.HYPERPARAMETER_KEYS`) as a
-HYPERPARAMETER placeholder: a 0-d float32 tensor (on the parameters' device) named ``optim.group<g>.<key>`` (``optim.group0.lr``,
+HYPERPARAMETER placeholder: a 0-d float64 tensor (on the parameters' device) named ``optim.group<g>.<key>`` (``optim.group0.lr``,
 ``optim.group0.beta1``) whose trace-time value is in ``TracedStep.initial_state()``. One graph
 serves every step; a schedule only changes what is fed.
 

@@ -139,7 +139,7 @@ def _state_tensor(
     return t.detach().to(device=device, copy=True)
 
 
-def _as_float32(v) -> float:
+def _as_fed(v) -> float:
     return float(torch.tensor(float(v), dtype=optim_table.HYPERPARAMETER_DTYPE))
 
 
@@ -157,8 +157,8 @@ def _set_hyperparameters(optimizer, state: Mapping[str, torch.Tensor]) -> None:
                 if isinstance(o, torch.Tensor):
                     o.fill_(v)
                     new.append(o)
-                elif _as_float32(o) == v:
-                    new.append(o)  # the group's own value, which the graph holds rounded to float32
+                elif _as_fed(o) == v:
+                    new.append(o)  # the group's own value, as the graph holds it
                 else:
                     new.append(v)
             group[key] = type(old)(new) if isinstance(old, (tuple, list)) else new[0]

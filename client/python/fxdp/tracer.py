@@ -56,7 +56,7 @@ gradients and is identical on every rank.
 Hyper-parameters
 ----------------
 Each param group's ``lr``, ``momentum``, ``betas`` and ``weight_decay`` (whichever the optimizer
-has) is a HYPERPARAMETER placeholder, a 0-d float32 tensor named ``optim.group<g>.<key>``; the
+has) is a HYPERPARAMETER placeholder, a 0-d float64 tensor named ``optim.group<g>.<key>``; the
 trace-time values are in ``initial_state()`` and a schedule feeds others per step
 (:mod:`fxdp.schedule`). One graph serves every step.
 
