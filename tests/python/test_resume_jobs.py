@@ -90,7 +90,7 @@ def assert_resumed_like(r, plain, old_id, k, client):
     assert set(r.state) == set(plain.state)
     for name, v in plain.state.items():
         assert torch.equal(r.state[name], v), name
-    assert r.state[LR].item() == torch.tensor(schedule()[-1][LR]).item()  # the schedule went on
+    assert r.state[LR].item() == schedule()[-1][LR]  # the schedule went on (a float64 value)
     info = client.job(r.job_id)
     assert info.resumed_from == old_id and info.state == jpb.JOB_STATE_SUCCEEDED
     assert list(info.losses) == plain.losses and info.steps_done == STEPS
