@@ -16,6 +16,7 @@ import torch.nn as nn
 
 from . import optimizers as optim_table
 from .errors import TraceError
+from .hyperparameter_mode import SCALAR_STATE_KEYS, HyperparameterMode
 from .step_signature import Signature
 from .trace_errors import DataDependenceGuard
 
@@ -68,7 +69,7 @@ class StepHook:
     """Wraps ``optimizer.step`` on the instance: takes the gradients, counts calls, and runs torch's
     code in its compile-friendly path with hyper-parameter tensors."""
 
-    def __init__(self, optimizer, taps: GradientTaps, hmode: optim_table.HyperparameterMode):
+    def __init__(self, optimizer, taps: GradientTaps, hmode: HyperparameterMode):
         self.opt, self.taps, self.hmode = optimizer, taps, hmode
         self.calls = 0
 
@@ -162,7 +163,11 @@ def flat_step(
             (pn, OrderedDict((k, next(it).clone()) for k in st)) for pn, st in sig.ostate.items()
         )
         htensors = OrderedDict(zip(sig.hnames, h_in))
-        hmode = optim_table.HyperparameterMode(htensors, sig.hvalues)
+        hmode = HyperparameterMode(
+            htensors,
+            sig.hvalues,
+            [t for st in st_tensors.values() for k, t in st.items() if k in SCALAR_STATE_KEYS],
+        )
         taps = GradientTaps(OrderedDict((n, leaves[n]) for n in sig.trainable))
         bound = optim_table.BoundOptimizer(
             optimizer, leaves, sig.pname_of, st_tensors, htensors, sig.foreach

@@ -18,8 +18,9 @@ trace, re-pointed at the traced parameters, state tensors and hyper-parameter te
   capturable path divides by ``lr`` (``exp_avg_sq.sqrt() / (bias_correction2_sqrt * -step_size)``),
   which is 0/0 = NaN at ``lr = 0`` (a warmup's first step) wherever ``exp_avg_sq`` is 0; the default
   path multiplies by ``lr``, as eager does. Their foreach path needs capturable for a tensor ``lr``
-  and is finite at ``lr = 0``. Adamax's single-tensor groups keep the default path too: it is
-  eager's (on the CPU), operation for operation ("Exactness" below).
+  and is finite at ``lr = 0``. Adamax's and NAdam's single-tensor groups keep the default path too
+  (finite at ``lr = 0``): it is eager's on the CPU, operation for operation
+  (:mod:`fxdp.hyperparameter_mode`, "Exactness").
 
 Hyper-parameters
 ----------------
@@ -31,41 +32,18 @@ change ``lr``; ``OneCycleLR``/``CyclicLR`` change ``momentum`` or ``betas[0]``; 
 schedules change ``weight_decay``). Every other group entry (``eps``, ``dampening``,
 ``alpha``...) is a trace-time constant.
 
-torch.optim code was written for Python-number hyper-parameters in places (``alpha=lr`` in
-``add_``, ``value=1 - beta2`` in ``addcmul_``, ``if weight_decay != 0:``).
-:class:`HyperparameterMode` (a TorchFunctionMode active during ``step()``) rewrites the first
-kind into the tensor form, and answers the second from the trace-time value:
-such a comparison fixes the graph's structure, so it is recorded as a *guard*
-(``optim.group0.weight_decay != 0``) that every fed value must keep (checked by
-:mod:`fxdp.schedule` and ``run_local``).
-
-Exactness: the step computes what eager computes. Eager's non-capturable single-tensor code computes
-``1 - lr * weight_decay``, ``1 - beta1``, ``lr / (1 - beta1 ** step)``, ``(1 - beta2 ** step) ** 0.5``
-in Python doubles (``step`` = ``step_t.item()``) and hands the result to a float32 kernel, which
-rounds it once. So the hyper-parameters are float64 and the mode keeps every 0-d tensor computed
-from them (its *scalars*) float64: ``Tensor.to(dtype=...)`` of a scalar keeps the dtype (Adam's
-``beta1.to(param.dtype)`` before ``1 - beta1``), ``scalar ** 0.5`` is ``pow`` as Python's (not
-torch's ``sqrt``, 1 ulp apart in double), ``lerp``'s weight is rounded to ``self``'s dtype, and a
-binary op on a float32 tensor rounds the scalar as the kernel rounds a Python number. A scalar in
-a Scalar slot: ``add(a, b, alpha=t)`` becomes ``addcmul(a, b, t)`` (eager's ``a + alpha * b`` is
-one fused multiply-add, as addcmul's ``a + b * t``; ``sub``: ``-t``), ``addcmul``/``addcdiv``'s
-``value=t`` multiplies ``tensor1`` (``self + (value * t1) * t2``, the same products). With this a
-single-tensor SGD, Adam, AdamW, Adamax, RAdam, RMSprop, Adagrad or Rprop step on the CPU equals
-eager's bit for bit (tests/python/test_optimizer_bits.py). Agreeing to rounding only: foreach
-groups (the capturable path: other operations than eager's non-capturable foreach code), NAdam
-(eager's ``mu``/``mu_product`` are doubles from ``.item()``, the trace's float32 tensors) and ASGD
-(capturable path).
+The tracer runs ``step()`` under :class:`fxdp.hyperparameter_mode.HyperparameterMode`, which lets
+torch.optim's code written for Python numbers run on these tensors and compute what eager computes
+(its module docstring: guards, exactness).
 """
 
 from __future__ import annotations
 
-import operator
 from collections import OrderedDict, defaultdict
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Sequence, Tuple
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 from .errors import TraceError
 
@@ -211,6 +189,7 @@ OPTIMIZERS: Dict[type, OptimizerSpec] = {
         },
         ("step", "mu_product", "exp_avg", "exp_avg_sq"),
         True,
+        False,
     ),
     O.RAdam: OptimizerSpec(
         lambda p, g, n: {"step": _scalar(0, p), "exp_avg": _zeros(p), "exp_avg_sq": _zeros(p)},
@@ -333,202 +312,6 @@ def hyperparameter_tensors(optimizer, device) -> "OrderedDict[str, torch.Tensor]
         (n, torch.full((), v, dtype=HYPERPARAMETER_DTYPE, device=device))
         for n, v in optimizer_hyperparameters(optimizer).items()
     )
-
-
-# --------------------------------------------------------------------------- hyper-parameter mode
-
-_COMPARE = {
-    "__eq__": operator.eq,
-    "eq": operator.eq,
-    "__ne__": operator.ne,
-    "ne": operator.ne,
-    "__lt__": operator.lt,
-    "lt": operator.lt,
-    "__le__": operator.le,
-    "le": operator.le,
-    "__gt__": operator.gt,
-    "gt": operator.gt,
-    "__ge__": operator.ge,
-    "ge": operator.ge,
-}
-_SYMBOL = {
-    operator.eq: "==",
-    operator.ne: "!=",
-    operator.lt: "<",
-    operator.le: "<=",
-    operator.gt: ">",
-    operator.ge: ">=",
-}
-_FLIP = {
-    operator.lt: operator.gt,
-    operator.le: operator.ge,
-    operator.gt: operator.lt,
-    operator.ge: operator.le,
-    operator.eq: operator.eq,
-    operator.ne: operator.ne,
-}
-# per-tensor ops whose Scalar argument (alpha= / value=) torch.optim fills with a hyper-parameter:
-# the tensor form scales the argument it multiplies (position 1) instead
-_SCALED_BY = {
-    "add": "alpha",
-    "add_": "alpha",
-    "sub": "alpha",
-    "sub_": "alpha",
-    "addcmul": "value",
-    "addcmul_": "value",
-    "addcdiv": "value",
-    "addcdiv_": "value",
-}
-# foreach ops whose Tensor overload the Python binding picks for a 0-d tensor (for _foreach_add it picks
-# the Scalar overload and calls .item())
-_FOREACH_TENSOR_OK = {"_foreach_mul", "_foreach_mul_", "_foreach_div", "_foreach_div_"}
-# Tensor.pow with a Python exponent: on a float64 scalar it is computed as Python computes it
-_POW = {"__pow__", "pow"}
-# ops that take a 0-d weight of self's dtype only: a float64 scalar is rounded to it there
-_WEIGHT_OF_SELF_DTYPE = {"lerp", "lerp_"}
-
-
-def func_of(fname: str):
-    return getattr(torch.Tensor, fname)
-
-
-def _is_scalar_tensor(x) -> bool:
-    return isinstance(x, torch.Tensor) and x.dim() == 0
-
-
-def _single(op: str, args: list, kwargs: dict):
-    """Call the per-tensor op ``op``, moving a tensor alpha=/value= onto the argument it scales."""
-    key = _SCALED_BY.get(op)
-    n_pos = 3 if op.startswith("addc") else 2
-    if key is not None and len(args) > n_pos:  # foreach ops take alpha/value positionally
-        kwargs = {**kwargs, key: args[n_pos]}
-        args = list(args[:n_pos])
-    if key is not None and _is_scalar_tensor(kwargs.get(key)):
-        kwargs = dict(kwargs)
-        s = kwargs.pop(key)
-        args = list(args)
-        if (
-            key == "alpha"
-        ):  # a + alpha * b is one fused multiply-add in eager's kernel, as in addcmul's
-            s = -s if op.startswith("sub") else s
-            return getattr(torch.Tensor, "addcmul_" if op.endswith("_") else "addcmul")(
-                args[0], args[1], s, **kwargs
-            )
-        args[1] = args[1] * s
-    return getattr(torch.Tensor, op)(*args, **kwargs)
-
-
-def _needs_rewrite(fname: str, args, kwargs) -> bool:
-    if fname in _SCALED_BY:
-        return _is_scalar_tensor(kwargs.get(_SCALED_BY[fname]))
-    if not fname.startswith("_foreach_"):
-        return False
-    scalars = [a for a in list(args) + list(kwargs.values()) if _is_scalar_tensor(a)]
-    if not scalars:
-        return False
-    return fname not in _FOREACH_TENSOR_OK
-
-
-def _unrolled(fname: str, args, kwargs):
-    """A foreach op with a 0-d tensor in a Scalar slot, as one per-tensor op per list element."""
-    op = fname[len("_foreach_") :]
-    n = next(len(a) for a in args if isinstance(a, (list, tuple)))
-    pick = lambda v, i: v[i] if isinstance(v, (list, tuple)) else v  # noqa: E731
-    outs = [
-        _single(op, [pick(a, i) for a in args], {k: pick(v, i) for k, v in kwargs.items()})
-        for i in range(n)
-    ]
-    return None if op.endswith("_") else outs
-
-
-def _to_keeping_dtype(args, kwargs):
-    """``Tensor.to(...)`` of a scalar without its dtype change (a device move stays)."""
-    rest = [a.device if isinstance(a, torch.Tensor) else a for a in args[1:]]
-    rest = [a for a in rest if not isinstance(a, torch.dtype)]
-    return args[0].to(*rest, **{k: v for k, v in kwargs.items() if k != "dtype"})
-
-
-class HyperparameterMode(TorchFunctionMode):
-    """Lets torch.optim code written for Python numbers run on hyper-parameter tensors (see module doc)."""
-
-    def __init__(self, tensors: Mapping[str, torch.Tensor], values: Mapping[str, float]):
-        super().__init__()
-        self.name_of = {id(t): n for n, t in tensors.items()}
-        self.values = dict(values)
-        self.guards: "OrderedDict[str, bool]" = OrderedDict()
-        # the hyper-parameters and the 0-d tensors computed from them (kept alive: ids stay unique)
-        self.scalars: Dict[int, torch.Tensor] = {id(t): t for t in tensors.values()}
-
-    def _hyper(self, x) -> Optional[str]:
-        return self.name_of.get(id(x)) if isinstance(x, torch.Tensor) else None
-
-    def _is_scalar(self, x) -> bool:
-        return isinstance(x, torch.Tensor) and self.scalars.get(id(x)) is x
-
-    def _scalar_math(self, fname: str, args, kwargs):
-        """The float64 forms of what torch.optim computes on a scalar (module doc), or None."""
-        if fname == "to" and self._is_scalar(args[0]):
-            return _to_keeping_dtype(args, kwargs)
-        if fname in _POW and len(args) == 2 and self._is_scalar(args[0]):
-            if isinstance(args[1], float):  # Python's x ** 0.5 is pow(), not torch's sqrt()
-                return torch.pow(args[0], torch.full_like(args[0], args[1]))
-        if fname in _WEIGHT_OF_SELF_DTYPE and len(args) == 3 and self._is_scalar(args[2]):
-            return func_of(fname)(args[0], args[1], args[2].to(args[0].dtype), **kwargs)
-        return None
-
-    def _tracked(self, out, args, kwargs):
-        if _is_scalar_tensor(out) and any(
-            self._is_scalar(a) for a in list(args) + list(kwargs.values())
-        ):
-            self.scalars[id(out)] = out
-        return out
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = dict(kwargs or {})
-        fname = getattr(func, "__name__", "")
-        if fname in _COMPARE and len(args) == 2:
-            a, b = args
-            op = _COMPARE[fname]
-            if self._hyper(a) and isinstance(b, (int, float)) and not isinstance(b, bool):
-                return self._guard(self._hyper(a), op, b)
-            if self._hyper(b) and isinstance(a, (int, float)) and not isinstance(a, bool):
-                return self._guard(self._hyper(b), _FLIP[op], a)
-        if fname == "__bool__" and args and self._hyper(args[0]):
-            return self._guard(self._hyper(args[0]), operator.ne, 0)
-        if fname in ("__float__", "__int__", "item") and args and self._hyper(args[0]):
-            raise TraceError(
-                f"the optimizer uses hyper-parameter '{self._hyper(args[0])}' as a Python number ({fname}): it "
-                "would be a constant of the graph"
-            )
-        if args:
-            out = self._scalar_math(fname, args, kwargs)
-            if out is not None:
-                return self._tracked(out, args, kwargs)
-        if _needs_rewrite(fname, args, kwargs):
-            if fname.startswith("_foreach_"):
-                return _unrolled(fname, args, kwargs)
-            return _single(fname, list(args), kwargs)
-        return self._tracked(func(*args, **kwargs), args, kwargs)
-
-    def _guard(self, name: str, op, other) -> bool:
-        res = bool(op(self.values[name], other))
-        key = f"{name} {_SYMBOL[op]} {other!r}"
-        self.guards[key] = res
-        return res
-
-
-def check_guards(guards: Mapping[str, bool], values: Mapping[str, float], where: str = "") -> None:
-    """Raise ValueError when a fed value flips a comparison the graph's structure depends on."""
-    for expr, expected in guards.items():
-        name, sym, other = expr.split(" ", 2)
-        if name not in values:
-            continue
-        op = next(o for o, s in _SYMBOL.items() if s == sym)
-        if bool(op(float(values[name]), float(other))) != expected:
-            raise ValueError(
-                f"{where}{name} = {values[name]} makes '{expr}' {not expected}: the graph was traced with it "
-                f"{expected} (torch.optim takes a different code path); trace with a value on the same side"
-            )
 
 
 class BoundOptimizer:

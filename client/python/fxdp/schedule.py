@@ -31,7 +31,8 @@ import warnings
 from collections import OrderedDict
 from typing import Any, Dict, List, Mapping, Sequence, Union
 
-from .optimizers import check_guards, optimizer_hyperparameters
+from .hyperparameter_mode import check_guards
+from .optimizers import optimizer_hyperparameters
 from .v1 import graph_pb2 as pb
 
 __all__ = [

@@ -221,7 +221,7 @@ class TracedStep:
                 outputs=outputs,
                 seed=seed,
             )
-        from .optimizers import check_guards
+        from .hyperparameter_mode import check_guards
         from .schedule import hyperparameter_guards
 
         init_kernel_libraries()
