@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "analysis/ir/declared_tensors.h"
 #include "expansion/style_proto.h"
 #include "server/audit.h"
 #include "server/jobs/raw_tensors.h"
@@ -122,18 +123,25 @@ std::string GraphDifference(const v1::GraphDef& before, const v1::GraphDef& now)
 namespace {
 
 // "" when `spec` may continue the job that ran as `was` (no state of its own, the same world
-// size, style, batch norm and graph), else what differs.
-std::string SpecDifference(const v1::JobSpec& spec, const v1::JobSpec& was) {
+// size, style, batch norm and graph), else what differs. From a checkpoint on the workers
+// (`reshards`) the world size and style may differ: each rank reads its part.
+std::string SpecDifference(const v1::JobSpec& spec, const v1::JobSpec& was, bool reshards) {
   if (spec.num_state_tensors() != 0) {
     return absl::StrCat(
         "a resumed job starts from its checkpoint's state; JobSpec.num_state_tensors must "
         "be 0, got ",
         spec.num_state_tensors());
   }
-  if (spec.world_size() != was.world_size()) {
-    return absl::StrCat("world_size is ", spec.world_size(), ", the job ran on ", was.world_size());
+  if (spec.has_initial_checkpoint()) {
+    return "JobSpec.initial_checkpoint and resume_job exclude each other: a resumed job starts "
+           "from its checkpoint's state";
   }
-  if (StyleName(spec.style()) != StyleName(was.style())) {
+  if (!reshards && spec.world_size() != was.world_size()) {
+    return absl::StrCat("world_size is ", spec.world_size(), ", the job ran on ", was.world_size(),
+                        " (its state is on the server, whole per rank: only a checkpoint its "
+                        "workers wrote, JobSpec.checkpoints, is read on another world size)");
+  }
+  if (!reshards && StyleName(spec.style()) != StyleName(was.style())) {
     return absl::StrCat("style is ", StyleName(spec.style()), ", the job ran ",
                         StyleName(was.style()));
   }
@@ -145,6 +153,33 @@ std::string SpecDifference(const v1::JobSpec& spec, const v1::JobSpec& was) {
     return absl::StrCat("the graph differs: ", d);
   }
   return "";
+}
+
+// The checkpoint at `path` as the initial_checkpoint of every state tensor of
+// `graph` (a checkpoint the workers wrote holds each under its state name).
+v1::CheckpointSource WholeStateFrom(const std::string& path, const v1::GraphDef& graph) {
+  v1::CheckpointSource source;
+  source.set_path(path);
+  const ir::DeclaredTensors state =
+      ir::DeclaredTensors::Of(graph, ir::DeclaredTensors::Kind::kState);
+  for (const std::string& name : state.names()) {
+    v1::CheckpointTensor* t = source.add_tensors();
+    t->set_state_name(name);
+    t->set_checkpoint_name(name);
+  }
+  return source;
+}
+
+// FAILED_PRECONDITION: `id` cannot be resumed (why), and what can be done instead.
+absl::Status NotResumable(const std::string& id, const v1::JobInfo& info, bool on_workers,
+                          const std::string& why) {
+  const std::string instead =
+      on_workers ? absl::StrCat("its work is in its workers' checkpoint '", info.checkpoint_path(),
+                                "' (step ", info.checkpoint_step(),
+                                "): start a job from it with JobSpec.initial_checkpoint")
+                 : absl::StrCat("the state it kept can be fetched: fxdp fetch ", id);
+  return absl::FailedPreconditionError(
+      absl::StrCat("job '", id, "' cannot be resumed: ", why, " (", instead, ")"));
 }
 
 }  // namespace
@@ -168,12 +203,11 @@ absl::StatusOr<ResumeStart> PrepareResume(const JobTable& table, JobStore* store
     return table.NotFound(id);
   }
   const v1::JobInfo info = old->Info();
+  // Its workers wrote its checkpoints and the server kept no state of it.
+  const bool on_workers = !info.has_state() && !info.checkpoint_path().empty();
   if (store == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job '", id,
-        "' cannot be resumed: this server keeps no job records (start it with --state-dir DIR; "
-        "the state it kept can be fetched: fxdp fetch ",
-        id, ")"));
+    return NotResumable(id, info, on_workers,
+                        "this server keeps no job records (start it with --state-dir DIR)");
   }
   if (!Resumable(info.state())) {
     return absl::FailedPreconditionError(absl::StrCat("job '", id, "' is ", StateName(info.state()),
@@ -182,36 +216,41 @@ absl::StatusOr<ResumeStart> PrepareResume(const JobTable& table, JobStore* store
   }
   absl::StatusOr<JobStore::ResumePoint> point = store->ReadResumePoint(id);
   if (!point.ok()) return point.status();
-  const int64_t k = point->checkpoint_step;
+  const int64_t k = on_workers ? info.checkpoint_step() : point->checkpoint_step;
   if (k <= 0 || !point->spec.has_graph()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "job '", id, "' has no checkpoint to resume from: it ended after ", info.steps_done(),
         " steps without a state to keep (its error says why) and before its first checkpoint "
         "(fxdp-server --checkpoint-every ",
-        checkpoint_every > 0 ? absl::StrCat(checkpoint_every) : "is off", ")"));
+        checkpoint_every > 0 ? absl::StrCat(checkpoint_every) : "is off",
+        ", or JobSpec.checkpoints)"));
   }
-  const v1::JobSpec& was = point->spec;
   auto differs = [&](const std::string& what) {
     return absl::InvalidArgumentError(absl::StrCat("cannot resume job '", id, "': ", what));
   };
-  if (const std::string d = SpecDifference(spec, was); !d.empty()) return differs(d);
-  // The file's step holds (the database's may lag it by one checkpoint).
-  absl::StatusOr<JobStore::Checkpoint> checkpoint = store->ReadCheckpoint(id);
-  if (!checkpoint.ok()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("job '", id, "': its checkpoint of step ", k, " ('", store->CheckpointPath(id),
-                     "') cannot be read: ", checkpoint.status().message()));
+  if (const std::string d = SpecDifference(spec, point->spec, on_workers); !d.empty())
+    return differs(d);
+  ResumeStart out;
+  if (on_workers) {
+    out.step = k;
+    out.on_workers = WholeStateFrom(info.checkpoint_path(), spec.graph());
+  } else {
+    // The file's step holds (the database's may lag it by one checkpoint).
+    absl::StatusOr<JobStore::Checkpoint> checkpoint = store->ReadCheckpoint(id);
+    if (!checkpoint.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job '", id, "': its checkpoint of step ", k, " ('", store->CheckpointPath(id),
+          "') cannot be read: ", checkpoint.status().message()));
+    }
+    out.step = checkpoint->step;
+    out.state = std::move(checkpoint->state);
   }
-  if (spec.steps() > 0 && spec.steps() <= checkpoint->step) {
-    return differs(absl::StrCat("its checkpoint is at step ", checkpoint->step,
-                                " and JobSpec.steps is ", spec.steps(),
-                                ": no step is left to run"));
+  if (spec.steps() > 0 && spec.steps() <= out.step) {
+    return differs(absl::StrCat("its checkpoint is at step ", out.step, " and JobSpec.steps is ",
+                                spec.steps(), ": no step is left to run"));
   }
   if (absl::Status s = ClaimResume(table, old, id, self); !s.ok()) return s;
-  ResumeStart out;
   out.from = id;
-  out.step = checkpoint->step;
-  out.state = std::move(checkpoint->state);
   const int n = static_cast<int>(std::min<int64_t>(out.step, info.losses_size()));
   out.losses.assign(info.losses().begin(), info.losses().begin() + n);
   for (const v1::EvalMetrics& e : info.evals()) {

@@ -4,17 +4,24 @@
 // Submit passes (the job exists, the caller may act on it, it FAILED and
 // kept a checkpoint, the new spec runs the same graph the same way) and what
 // the new job starts from: the checkpoint's state, its step, and the resumed
-// job's losses up to it. The new job has its own id (JobInfo.resumed_from
+// job's losses up to it. A job whose workers wrote its checkpoints
+// (JobSpec.checkpoints) and that kept no state on the server resumes from the
+// newest one they completed (JobInfo.checkpoint_path), read by the new job's
+// workers as an initial_checkpoint of every state tensor: on any world size
+// and style (resharded as read), its step counter, schedule position and
+// random draws going on from that step. The new job has its own id (JobInfo.resumed_from
 // names the old one; the old one stays FAILED, with its checkpoint, until it
 // leaves the history). No gRPC here.
 #ifndef FXDP_SERVER_JOBS_JOB_RESUME_H_
 #define FXDP_SERVER_JOBS_JOB_RESUME_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "proto/fxdp/v1/checkpoint.pb.h"
 #include "proto/fxdp/v1/graph.pb.h"
 #include "proto/fxdp/v1/jobs.pb.h"
 #include "proto/fxdp/v1/worker.pb.h"
@@ -28,6 +35,9 @@ struct ResumeStart {
   std::string from;                    // the resumed job
   int64_t step = 0;                    // its checkpoint's step
   std::vector<v1::TensorChunk> state;  // the checkpoint (whole tensors)
+  // Or the checkpoint the resumed job's workers wrote: every state tensor
+  // read from it by the new job's workers (`state` empty).
+  std::optional<v1::CheckpointSource> on_workers;
   std::vector<double> losses;          // the resumed job's losses of steps 1 ... step
   std::vector<v1::EvalMetrics> evals;  // its evaluations after steps <= step (JobSpec.eval)
 };
@@ -37,12 +47,11 @@ struct ResumeStart {
 // (another identity's, docs/security.md), FAILED_PRECONDITION (no
 // --state-dir, a job that did not fail and was not cancelled, no checkpoint), INVALID_ARGUMENT
 // (state sent, a different graph, world size, style or sync_batchnorm, no
-// step left), naming what differs; last, FAILED_PRECONDITION when another
-// job resumes it already (queued, running, or its Submit not yet queued) or
-// resumed it and SUCCEEDED, naming that job; a resume that FAILED or was
-// CANCELLED leaves the job resumable. Passing claims the job for `self`
-// (the new job). `checkpoint_every` (the server's flag) only words the
-// messages.
+// step left; world size and style may differ for a checkpoint on the workers), naming what differs;
+// last, FAILED_PRECONDITION when another job resumes it already (queued, running, or its Submit not
+// yet queued) or resumed it and SUCCEEDED, naming that job; a resume that FAILED or was CANCELLED
+// leaves the job resumable. Passing claims the job for `self` (the new job). `checkpoint_every`
+// (the server's flag) only words the messages.
 absl::StatusOr<ResumeStart> PrepareResume(const JobTable& table, JobStore* store,
                                           const JobOwner& caller, const v1::JobSpec& spec,
                                           int64_t checkpoint_every,

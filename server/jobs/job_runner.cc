@@ -75,7 +75,11 @@ absl::Status JobRunner::Serve() {
 void JobRunner::RecordStart() {
   const JobPlan& plan = job_->plan();
   if (ctx_.store == nullptr || plan.recovered) return;
-  if (!plan.resumed_from.empty()) {
+  if (!plan.resumed_from.empty() && plan.spec.has_initial_checkpoint()) {
+    // Until its own first checkpoint, the workers' checkpoint it started from
+    // is where its work is (a resume of it starts there too).
+    job_->SetWorkerCheckpoint(plan.first_step, plan.spec.initial_checkpoint().path());
+  } else if (!plan.resumed_from.empty()) {
     // Its state is the resumed job's checkpoint: its own from the start, so
     // that it can be resumed (or, reading files, run after a restart) too.
     if (absl::Status s = ctx_.store->ShareCheckpoint(plan.resumed_from, id_, plan.first_step);
@@ -201,6 +205,11 @@ absl::Status JobRunner::TakeSpec() {
                                                   ctx_.options.checkpoint_every, job_);
     if (!r.ok()) return r.status();
     start = *std::move(r);
+    if (start->on_workers) {
+      // Its workers read the checkpoint as a job started from it does (checked as one).
+      *first.mutable_spec()->mutable_initial_checkpoint() = *std::move(start->on_workers);
+      first.mutable_spec()->clear_resume_job();
+    }
   }
   absl::StatusOr<PreparedSpec> p = PrepareJobSpec(std::move(*first.mutable_spec()), ctx_.expand);
   if (!p.ok()) return p.status();
@@ -223,11 +232,12 @@ absl::Status JobRunner::TakeSpec() {
 }
 
 void JobRunner::StartFromCheckpoint(JobPlan plan, ResumeStart start) {
-  plan.spec.set_num_state_tensors(static_cast<uint32_t>(start.state.size()));
+  const bool on_workers = plan.spec.has_initial_checkpoint();
+  if (!on_workers) plan.spec.set_num_state_tensors(static_cast<uint32_t>(start.state.size()));
   plan.first_step = start.step;
   plan.resumed_from = start.from;
   job_->SetPlan(std::move(plan));
-  job_->HoldInitialState(std::move(start.state));
+  if (!on_workers) job_->HoldInitialState(std::move(start.state));
   job_->StartAt(start.from, start.step, start.losses, start.evals);
 }
 

@@ -154,8 +154,13 @@ absl::Status JobRunner::KeepLastState(const absl::Status& status, int except) {
         status.code(),
         absl::StrCat(status.message(), "; the server keeps no state (", why_not,
                      "); its work is kept in the workers' checkpoint of step ", checkpoint, ", '",
-                     info.checkpoint_path(), "' (", lost, "): resume from it with ",
-                     "initial_checkpoint (JobSpec.initial_checkpoint)"));
+                     info.checkpoint_path(), "' (", lost, "): ",
+                     ctx_.store != nullptr
+                         ? absl::StrCat("resume it (JobSpec.resume_job '", id_,
+                                        "', on any world size and style) or start a job from "
+                                        "it with initial_checkpoint")
+                         : "start a job from it with initial_checkpoint (JobSpec."
+                           "initial_checkpoint; a resume needs fxdp-server --state-dir)"));
   }
   if (on_workers) {
     return absl::Status(

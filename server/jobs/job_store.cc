@@ -161,10 +161,13 @@ absl::Status JobStore::UpdateLocked(const v1::JobInfo& info, bool ended) {
   // written leaves them as they were).
   if (KeepsCheckpoint(info.state())) {  // FAILED, CANCELLED (job_lifecycle.h)
     // An ended job's checkpoint (and the spec a resume is checked against)
-    // stay; without a checkpoint the spec goes.
+    // stay; without a checkpoint the spec goes. A checkpoint its workers
+    // wrote (JobInfo.checkpoint_path) keeps the spec too.
+    const bool on_workers = !info.checkpoint_path().empty();
     absl::Status s = Exec(
-        "UPDATE jobs SET info = ?, initial_state = 0, "
-        "spec = CASE WHEN checkpoint_step > 0 THEN spec ELSE NULL END WHERE id = ?",
+        on_workers ? "UPDATE jobs SET info = ?, initial_state = 0 WHERE id = ?"
+                   : "UPDATE jobs SET info = ?, initial_state = 0, "
+                     "spec = CASE WHEN checkpoint_step > 0 THEN spec ELSE NULL END WHERE id = ?",
         {{info_bytes, true}, {info.job_id()}});
     if (s.ok()) std::remove(InitialStatePath(info.job_id()).c_str());
     return s;

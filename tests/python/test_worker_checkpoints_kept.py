@@ -85,7 +85,7 @@ def test_a_cancelled_job_keeps_its_work_on_the_workers_and_resumes(setup, style)
     assert f"its work is kept in the workers' checkpoint of step 2, '{path}' (step 3 of the 3 " in (
         str(err)
     ), err
-    assert "completed is lost): resume from it with initial_checkpoint" in str(err), err
+    assert "completed is lost): start a job from it with initial_checkpoint" in str(err), err
     # No state was collected through the server: it names the workers' checkpoint, holds none.
     info = c.job(job)
     assert (info.steps_done, info.checkpoint_step, info.checkpoint_path) == (3, 2, path), info

@@ -186,6 +186,25 @@ TEST(JobStore, AFailedJobKeepsItsCheckpointAndSpecToBeResumed) {
   EXPECT_TRUE(std::ifstream(store->CheckpointPath("job-1-f")).good());
 }
 
+// A job whose workers wrote its checkpoints keeps its spec when it fails
+// (a resume is checked against it); the server holds no checkpoint of it.
+TEST(JobStore, AFailedJobWithAWorkersCheckpointKeepsItsSpec) {
+  const std::string dir = TempDir();
+  v1::JobSpec spec;
+  *spec.mutable_graph() = MlpGraph();
+  spec.set_world_size(2);
+  spec.mutable_checkpoints()->set_dir("/data/ck");
+  auto store = ValueOrDie(server::JobStore::Open(dir));
+  ASSERT_TRUE(store->Insert(1, Info("job-1-w", v1::JOB_STATE_RUNNING), spec).ok());
+  v1::JobInfo failed = Info("job-1-w", v1::JOB_STATE_CANCELLED);
+  failed.set_checkpoint_step(2);
+  failed.set_checkpoint_path("/data/ck/step-2");
+  ASSERT_TRUE(store->Update(failed, true).ok());
+  const server::JobStore::ResumePoint p = ValueOrDie(store->ReadResumePoint("job-1-w"));
+  EXPECT_EQ(p.checkpoint_step, 0);  // none on the server
+  EXPECT_EQ(p.spec.graph().nodes_size(), spec.graph().nodes_size());
+}
+
 // A SIGKILL after a checkpoint's file was renamed into place and before the
 // database recorded its step: the file's step holds.
 TEST(JobStore, ACheckpointFileNewerThanItsRecordedStepIsTakenAtItsOwnStep) {

@@ -412,7 +412,8 @@ class Client:
         (``fxdp.checkpoints.CheckpointState``), so the state never passes through this
         process whole. Nor when the job fails or is cancelled: it keeps the newest checkpoint its
         workers completed, and the ``ServerError`` names its path and step and the completed steps
-        after it, which are lost (resume with ``initial_checkpoint=``).
+        after it, which are lost (``resume=`` the job, on any world size and style, or start
+        from it with ``initial_checkpoint=``).
 
         ``fetch_state=False``: the final state is not fetched (``TrainResult.state`` is None); the
         server keeps it for a later ``fetch_state(job_id)``, ``fxdp fetch``, ``evaluate`` or
