@@ -19,6 +19,7 @@
 //   shape_ops.cc    cat, stack, split, slice, select, scatter into a slice
 //   indexing.cc     index, index_put, embedding, embedding bag
 //   row_order.cc    rows each rank sorts itself (dropless MoE dispatch), _grouped_mm
+//   row_order_gather.cc  the same dispatch with gather/scatter over an expanded index
 //   views.cc        view ops (dim maps) and as_strided
 //   inputs.cc       the batch size and micro-batches, from the INPUT placeholders
 //   args.cc         reading a node's int/bool/dims arguments
@@ -299,6 +300,17 @@ class BatchDimAnalyzer {
                          std::vector<Operand>& ops, const Operand& p);
   absl::Status IndexPutRows(ir::NodeId id, const ir::Node& n, const OpRule& rule,
                             std::vector<Operand>& ops, const Operand& p);
+  // x[p] = v (accumulate: +=) with v's rows in the order p gathers into, or in batch order.
+  absl::Status PutRows(ir::NodeId id, const ir::Node& n, const Operand& self, const Operand& vals,
+                       const Operand& p, int32_t d, bool accumulate, bool scaled);
+  absl::Status PutInto(ir::NodeId id, const ir::Node& n, const Operand& self, int32_t d,
+                       int64_t outer, int32_t order);
+  // gather / scatter / scatter_add along dim d with positions expanded over the other dims
+  // (row_order_gather.cc); unsqueeze/expand carry positions (FollowPositions).
+  absl::Status AlignedRows(ir::NodeId id, const ir::Node& n, const OpRule& rule,
+                           std::vector<Operand>& ops, const Operand& p);
+  bool IsPositionsView(const ir::Node& n) const;
+  void FollowPositions(ir::NodeId id, const ir::Node& n);
   absl::Status GroupedMm(ir::NodeId id, const ir::Node& n, const OpRule& rule);
   absl::Status CheckGroupOffsets(const ir::Node& n, const Operand& offs, int32_t order) const;
   ir::ValueRef ThroughCasts(ir::ValueRef r, bool views) const;

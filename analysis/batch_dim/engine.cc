@@ -158,6 +158,7 @@ absl::Status BatchDimAnalyzer::Visit(NodeId id, const Node& n) {
     FXDP_RETURN_IF_ERROR(VisitRule(id, n, *rule));
   }
   if (!order_set_) FXDP_RETURN_IF_ERROR(OrderRows(id, n, rule));
+  FollowPositions(id, n);
   FXDP_RETURN_IF_ERROR(CheckPositionsUse(id, n, rule));
   PropagateRankLocal(id, n);
   return absl::OkStatus();

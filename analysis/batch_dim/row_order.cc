@@ -138,8 +138,9 @@ absl::Status BatchDimAnalyzer::IndexRows(NodeId id, const Node& n, const OpRule&
                                             self ? self->type->rank() : 0))
              : p.elem;
   if ((!select && !OnlyIndex(ArgOf(n, rule.param(ParamRole::kIndices)), d)) ||
-      p.type->rank() != 1 || self == nullptr || !self->info.placement.is_shard() ||
-      self->info.placement.dim != d || self->info.outer != p.info.outer) {
+      (p.type->rank() != 1 && !rule.has(kAligned)) || self == nullptr ||
+      !self->info.placement.is_shard() || self->info.placement.dim != d ||
+      self->info.outer != p.info.outer) {
     return Error(
         n,
         absl::StrFormat(
@@ -147,7 +148,7 @@ absl::Status BatchDimAnalyzer::IndexRows(NodeId id, const Node& n, const OpRule&
             "alone (the only form whose rows stay within each rank)",
             g_.node(p.ref.node).name, d));
   }
-  const int64_t rows = p.type->shape[0];
+  const int64_t rows = p.type->shape[p.info.placement.dim];  // gather's index: its rows' dim d
   const int64_t extent = self->type->shape[d];
   ValueInfo v = Shard(d, p.info.outer, s.scaled);
   if (p.info.positions == Positions::kGather) {
@@ -206,63 +207,30 @@ absl::Status BatchDimAnalyzer::IndexPutRows(NodeId id, const Node& n, const OpRu
   const bool accumulate = BoolArg(n, 3, "accumulate").value_or(false);
   const int64_t rows = p.type->shape[0];
   const int64_t extent = self->type->shape[d];
-  const ValueInfo& sv = self->info;
-  auto self_in = [&](int32_t order) -> absl::Status {
-    if (sv.placement.is_replicate()) {
-      NeedShard(*self, d, outer, id);
-      return absl::OkStatus();
-    }
-    if (sv.placement.is_shard() && sv.placement.dim == d && (sv.order == order || sv.order == -1)) {
-      return absl::OkStatus();
-    }
-    return Error(n, absl::StrFormat("puts rows into %s (%s), which is not in %s",
-                                    g_.node(self->ref.node).name, sv.placement.ToString(),
-                                    OrderName(order)));
-  };
-  ValueInfo out = Shard(d, outer, s.scaled);
-  if (p.info.positions == Positions::kGather && p.info.repeat == 1 && !accumulate &&
-      IsPositionsOf(vals->ref, rows) && extent == rows) {
-    // The inverse permutation: arange(n) becomes each rank's arange(n_r), so nothing else may read
-    // it.
-    if (const Node* other = OtherReader(g_, vals->ref, id)) {
-      return Error(
-          n, absl::StrFormat("builds the inverse of %s from %s, which %s also reads: each rank's "
-                             "inverse needs its own arange(n_r), where %s needs the batch's "
-                             "positions (use a separate arange)",
-                             g_.node(p.ref.node).name, g_.node(vals->ref.node).name, other->name,
-                             other->name));
-    }
-    if (vals->info.placement.is_replicate() &&
-        upgrades_.emplace(vals->ref.node.value, Upgrade{0, outer, id}).second) {
-      MarkChanged(id);
-    }
-    if (!sv.placement.is_replicate()) FXDP_RETURN_IF_ERROR(self_in(sv.order));
-    out = Shard(d, outer, false);
-    out.positions = Positions::kRestore;
-    out.restores = p.info.order;
-  } else {
-    const bool gather = p.info.positions == Positions::kGather;
-    const int32_t from = gather ? p.info.order : 0;   // the values' order
-    const int32_t to = gather ? 0 : p.info.restores;  // the result's
-    const ValueInfo& vv = vals->info;
-    if (!vv.placement.is_shard() || vv.placement.dim != d ||
-        vals->type->rank() != self->type->rank() || vv.order != from ||
-        vals->type->shape[d] != rows || extent * (gather ? p.info.repeat : 1) != rows) {
-      return Error(n,
-                   absl::StrFormat("puts %s (%s, %s) at %s, positions of %d batch rows in %s, into "
-                                   "%s (%d rows): the values must be those rows, in that order",
-                                   g_.node(vals->ref.node).name, vv.placement.ToString(),
-                                   OrderName(vv.order), g_.node(p.ref.node).name, rows,
-                                   OrderName(p.info.order), g_.node(self->ref.node).name, extent));
-    }
-    if (!accumulate && gather && p.info.repeat > 1) {
-      return Error(n, absl::StrFormat("writes each row %d times without accumulate: which write "
-                                      "wins depends on the rows' order",
-                                      p.info.repeat));
-    }
-    FXDP_RETURN_IF_ERROR(self_in(to));
-    out.order = to;
+  if (p.info.positions != Positions::kGather || p.info.repeat != 1 || accumulate ||
+      !IsPositionsOf(vals->ref, rows) || extent != rows) {
+    return PutRows(id, n, *self, *vals, p, d, accumulate, s.scaled);
   }
+  // The inverse permutation: arange(n) becomes each rank's arange(n_r), so nothing else may read
+  // it.
+  if (const Node* other = OtherReader(g_, vals->ref, id)) {
+    return Error(
+        n, absl::StrFormat("builds the inverse of %s from %s, which %s also reads: each rank's "
+                           "inverse needs its own arange(n_r), where %s needs the batch's "
+                           "positions (use a separate arange)",
+                           g_.node(p.ref.node).name, g_.node(vals->ref.node).name, other->name,
+                           other->name));
+  }
+  if (vals->info.placement.is_replicate() &&
+      upgrades_.emplace(vals->ref.node.value, Upgrade{0, outer, id}).second) {
+    MarkChanged(id);
+  }
+  if (!self->info.placement.is_replicate()) {
+    FXDP_RETURN_IF_ERROR(PutInto(id, n, *self, d, outer, self->info.order));
+  }
+  ValueInfo out = Shard(d, outer, false);
+  out.positions = Positions::kRestore;
+  out.restores = p.info.order;
   SetAllOut(id, out);
   order_set_ = true;
   NodeInfo& info = a_.nodes_[id.value];
@@ -474,7 +442,8 @@ absl::Status BatchDimAnalyzer::GroupedMm(NodeId id, const Node& n, const OpRule&
 
 // Positions (a sort's indices, p // k, the inverse permutation) hold each rank's own row numbers,
 // 0..n_r-1, where one device has 0..B-1: exact as the index of x[p] or x[p] = v, as p // k
-// (coarser positions), or as the shape of empty_like(p); any other read uses them as values.
+// (coarser positions), through unsqueeze/expand (row_order_gather.cc), or as the shape of
+// empty_like(p); any other read uses them as values.
 absl::Status BatchDimAnalyzer::CheckPositionsUse(NodeId id, const Node& n,
                                                  const OpRule* rule) const {
   if (rule != nullptr && rule->family == OpFamily::kLike) return absl::OkStatus();
@@ -484,7 +453,8 @@ absl::Status BatchDimAnalyzer::CheckPositionsUse(NodeId id, const Node& n,
     const ValueInfo& v = a_.values_[base + k];
     if (v.placement.is_shard() && v.positions == Positions::kNone) outputs_positions = false;
   }
-  const bool divides = rule != nullptr && rule->has(kDividesPositions) && outputs_positions;
+  const bool divides = ((rule != nullptr && rule->has(kDividesPositions)) || IsPositionsView(n)) &&
+                       outputs_positions;
   absl::Status st;
   n.ForEachInput([&](ValueRef r) {
     if (!st.ok() || TypeOf(r) == nullptr || (positions_index_ && r == *positions_index_) || divides)

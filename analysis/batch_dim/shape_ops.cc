@@ -72,6 +72,9 @@ absl::Status BatchDimAnalyzer::DimOp(NodeId id, const Node& n, const OpRule& rul
       !rule.has(kAligned)) {  // index_select(x, dim, positions)
     if (const Operand* p = PositionsOperand(ops, 2)) return IndexRows(id, n, rule, ops, *p);
   }
+  if (rule.family == OpFamily::kIndexWithDim && rule.has(kAligned)) {  // gather(x, dim, positions)
+    if (const Operand* p = PositionsOperand(ops, 2)) return AlignedRows(id, n, rule, ops, *p);
+  }
   FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule.linear, ops));
   const Operand* self = Find(ops, 0);
   if (self == nullptr) return Error(n, "arg 0 must be a tensor");
