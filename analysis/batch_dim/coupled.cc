@@ -143,6 +143,7 @@ absl::Status BatchDimAnalyzer::GatherCoupled(
 // segment sum). With the batch in self and source on another dim, it is per sample.
 absl::Status BatchDimAnalyzer::IndexAdd(NodeId id, const Node& n, const OpRule& rule) {
   std::vector<Operand> ops = Operands(n);
+  if (const Operand* p = PositionsOperand(ops, 2)) return AlignedRows(id, n, rule, ops, *p);
   FXDP_ASSIGN_OR_RETURN(Special s, Linear(id, n, rule.linear, ops));
   const Operand* self = Find(ops, 0);
   const Operand* index = Find(ops, 2);

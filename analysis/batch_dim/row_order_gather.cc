@@ -4,14 +4,16 @@
 //   rows = torch.gather(h, 0, (perm // k).unsqueeze(1).expand(-1, D))       # h[perm // k]
 //   back = zeros.scatter(0, perm.unsqueeze(1).expand(-1, D), y)            # back[perm] = y
 //   back = zeros.scatter_add(0, (perm // k).unsqueeze(1).expand(-1, D), y) # back[perm // k] += y
+//   back = zeros.index_add(0, perm // k, y)                                # back[perm // k] += y
 //
 //   * unsqueeze and expand of a sort's positions carry them (kPositionsViews): the rows stay on
 //     the positions' dim and every other dim is a broadcast of size 1, so every column holds the
 //     same positions;
 //   * gather / scatter / scatter_add along that dim with such an index, and every other dim the
-//     whole of x's, are x[p] / x[p] = v / x[p] += v (kAlignedRows): row_order.cc's IndexRows and
-//     PutRows decide them, backwards included (gather's backward is a scatter_add into new_zeros,
-//     scatter's is a gather);
+//     whole of x's, and index_add with the positions themselves, are x[p] / x[p] = v / x[p] += v
+//     (kAlignedRows): row_order.cc's IndexRows and PutRows decide them, backwards included
+//     (gather's backward is a scatter_add into new_zeros, scatter's a gather, index_add's an
+//     index_select);
 //   * anything else (positions on another dim than the one indexed, an index not made of a sort's
 //     positions, a scatter with a reduction or a scalar) stays refused.
 #include <cstdint>
@@ -40,17 +42,19 @@ constexpr absl::string_view kPositionsViews[] = {
     "aten::expand",     // .expand(-1, D): [n, 1] -> [n, D] (a broadcast; the rows' dim keeps n)
 };
 
-// gather / scatter along the positions' dim: x[p], x[p] = v, x[p] += v.
+// Ops that take a sort's positions along one dim: x[p], x[p] = v, x[p] += v.
 struct AlignedRowsOp {
   absl::string_view op;
   absl::string_view overload;
   int src_arg;      // the values put at the positions; -1: a gather.
   bool accumulate;  // repeated positions add up (scatter_add), else each is written once.
+  bool expanded;    // the index has x's rank (positions expanded over the other dims), else 1-D.
 };
 constexpr AlignedRowsOp kAlignedRows[] = {
-    {"aten::gather", "", -1, false},
-    {"aten::scatter", "src", 3, false},
-    {"aten::scatter_add", "", 3, true},
+    {"aten::gather", "", -1, false, true},
+    {"aten::scatter", "src", 3, false, true},
+    {"aten::scatter_add", "", 3, true, true},
+    {"aten::index_add", "", 3, true, false},  // x.index_add(d, p, v): x[p] += v (alpha: row-wise)
 };
 
 const AlignedRowsOp* FindAlignedRows(const ir::Target& t) {
@@ -97,27 +101,29 @@ absl::Status BatchDimAnalyzer::AlignedRows(NodeId id, const Node& n, const OpRul
   const Operand* self = Find(ops, 0);
   if (form == nullptr || self == nullptr) {
     return Error(n, absl::StrFormat("indexes with %s, positions of batch rows from a sort, in a "
-                                    "form without a rule (only gather, scatter.src and "
-                                    "scatter_add follow positions: x[p], x[p] = v, x[p] += v)",
+                                    "form without a rule (only gather, scatter.src, scatter_add "
+                                    "and index_add follow positions: x[p], x[p] = v, x[p] += v)",
                                     g_.node(p.ref.node).name));
   }
   const int64_t rank = self->type->rank();
   const int32_t d =
       static_cast<int32_t>(NormDim(IntArg(n, rule.param(ParamRole::kDim)).value_or(-1), rank));
   const Operand* src = form->src_arg < 0 ? nullptr : Find(ops, form->src_arg);
-  bool whole = p.type->rank() == rank && p.info.placement.dim == d &&
-               (form->src_arg < 0 || (src != nullptr && src->type->shape == p.type->shape));
+  const TensorType* shape = form->expanded ? p.type : src ? src->type : nullptr;
+  bool whole = shape != nullptr && shape->rank() == rank &&
+               (form->expanded ? p.info.placement.dim == d : p.type->rank() == 1) &&
+               (form->src_arg < 0 || (src != nullptr && src->type->shape == shape->shape));
   for (int64_t k = 0; whole && k < rank; ++k) {
-    whole = k == d || p.type->shape[k] == self->type->shape[k];
+    whole = k == d || shape->shape[k] == self->type->shape[k];
   }
   if (!whole) {
     return Error(
         n,
         absl::StrFormat(
             "indexes along dim %d with %s (%s), positions of batch rows on its dim %d: exact "
-            "only as x.gather(%d, p.unsqueeze(..).expand(..)) (or scatter/scatter_add) with the "
-            "positions on the dim indexed and every other dim of x (%s) and of the values whole, "
-            "so that each column picks the same rows",
+            "only as x.gather(%d, p.unsqueeze(..).expand(..)) (or scatter/scatter_add; index_add "
+            "with p itself) with the positions on the dim indexed and every other dim of x (%s) "
+            "and of the values whole, so that each column picks the same rows",
             d, g_.node(p.ref.node).name, p.type->ToString(), p.info.placement.dim, d,
             self->type->ToString()));
   }

@@ -55,7 +55,7 @@ class _DroplessMoE(torch.nn.Module):
             ids_g = keys[perm]
         else:
             ids_g, perm = torch.sort(keys, descending=self.offsets == "descending")
-        if self.select in ("gather", "scatter_add"):  # torch.gather of each row's token
+        if self.select in ("gather", "scatter_add", "index_add", "scatter_twice"):  # h[perm // K]
             rows = torch.gather(h, 0, (perm // K).unsqueeze(1).expand(-1, D))
         elif self.select == "gather_ids":  # the bug: expert ids used as row numbers
             rows = torch.gather(h, 0, ids.unsqueeze(1).expand(-1, D))
@@ -74,8 +74,15 @@ class _DroplessMoE(torch.nn.Module):
             F.silu(torch._grouped_mm(rows, self.w1, offs=offs)), self.w2, offs=offs
         )
         y = y * w_g.unsqueeze(-1)
-        if self.select == "scatter_add":  # each token's K rows summed back into it
-            back = torch.zeros_like(h).scatter_add(0, (perm // K).unsqueeze(1).expand(-1, D), y)
+        if self.select in ("scatter_add", "index_add", "scatter_twice"):  # K rows into a token
+            tok = (perm // K).unsqueeze(1).expand(-1, D)
+            back = torch.zeros_like(h)
+            if self.select == "index_add":
+                back = back.index_add(0, perm // K, y)
+            elif self.select == "scatter_add":
+                back = back.scatter_add(0, tok, y)
+            else:  # the bug: K writes to each token, the last one wins
+                back = back.scatter(0, tok, y)
             return self.head((h + back).view(b, t, D).mean(1))
         if isinstance(self.select, str):  # scatter to put the rows back in token order
             back = torch.zeros_like(y).scatter(0, perm.unsqueeze(1).expand(-1, D), y)
@@ -159,7 +166,8 @@ def test_argsort_dispatch_trains_like_one_device(tmp_path, world, b):
 
 
 GATHER = [(2, "sgd", 6, "gather"), (3, "adamw", 7, "gather"), (2, "adamw", 6, "scatter_add")]
-GATHER += [(3, "sgd", 7, "scatter_add")]
+GATHER += [(3, "sgd", 7, "scatter_add"), (2, "sgd", 6, "index_add")]
+GATHER += [(3, "adamw", 7, "index_add")]
 
 
 @pytest.mark.parametrize(
@@ -170,10 +178,11 @@ def test_gather_scatter_over_expanded_positions_trains_like_one_device(
 ):
     """rows = torch.gather(h, 0, (perm // K).unsqueeze(1).expand(-1, D)) and the rows put back with
     zeros.scatter(0, perm.unsqueeze(1).expand(-1, D), y) (or summed into their tokens with
-    scatter_add over perm // K): the expanded index is the sort's positions in every column, so
-    gather/scatter are x[p] / x[p] = v; gather's backward (scatter_add into new_zeros) and
-    scatter's (a gather) too. B=6 over 2 ranks and B=7 over 3 (3,2,2) equal one device. It was
-    refused at the unsqueeze ("row positions from sort 'sort', as values")."""
+    scatter_add over perm // K, or index_add(0, perm // K, y)): the expanded index is the sort's
+    positions in every column, so gather/scatter are x[p] / x[p] = v; gather's backward
+    (scatter_add into new_zeros), scatter's (a gather) and index_add's (index_select) too. B=6
+    over 2 ranks and B=7 over 3 (3,2,2) equal one device. It was refused at the unsqueeze ("row
+    positions from sort 'sort', as values"); index_add as "not a fresh zero tensor"."""
     torch.manual_seed(0)
     model = _DroplessMoE(select=select)
     if optim == "sgd":
@@ -181,7 +190,7 @@ def test_gather_scatter_over_expanded_positions_trains_like_one_device(
     else:
         opt, tol = torch.optim.AdamW(model.parameters(), lr=1e-2), dict(rtol=1e-4, atol=5e-5)
     step = _trace(model, opt, b)
-    put_back = "aten::scatter" if select == "gather" else "aten::scatter_add"
+    put_back = "aten::scatter" if select == "gather" else f"aten::{select}"
     ops = {n.target.name for n in step.graph.nodes}
     assert {"aten::gather", "aten::expand", put_back} <= ops, ops
     r = _analyze(tmp_path, step, world)
@@ -197,21 +206,24 @@ def test_gather_scatter_over_expanded_positions_trains_like_one_device(
     [
         ("gather_ids", "indexes along dim 0, which holds the batch"),
         ("gather_rowdim", "positions of batch rows on its dim 1"),
+        ("scatter_twice", "writes each row 2 times without accumulate"),
     ],
 )
 def test_gather_over_an_index_that_is_not_rank_local_is_refused(tmp_path, select, needle):
     """torch.gather along the tokens with an index that is not a sort's positions (the expert ids
     used as row numbers), or with the positions broadcast over the dim gathered (column j of the
     result reads feature j of token p[j]: j numbers the rank's rows, not the batch's): refused at
-    compile time naming the gather and the user's line."""
+    compile time naming the gather and the user's line; so is a scatter (no accumulate) of each
+    token's K rows into it, where which write wins depends on the rows' order."""
     torch.manual_seed(0)
     model = _DroplessMoE(select=select)
     step = _trace(model, torch.optim.SGD(model.parameters(), lr=0.05))
     r = _analyze(tmp_path, step)
     assert r.returncode != 0, f"accepted: {r.stdout[:300]}"
-    assert (
-        "(aten::gather) [" in r.stderr and "in model: rows = torch.gather(h" in r.stderr
-    ), r.stderr
+    op, line = ("gather", "rows = torch.gather(h")
+    if select == "scatter_twice":
+        op, line = ("scatter", "back = back.scatter(")
+    assert f"(aten::{op}" in r.stderr and f"in model: {line}" in r.stderr, r.stderr
     assert needle in r.stderr, r.stderr
 
 
