@@ -6,9 +6,9 @@
 //   back = zeros.scatter_add(0, (perm // k).unsqueeze(1).expand(-1, D), y) # back[perm // k] += y
 //   back = zeros.index_add(0, perm // k, y)                                # back[perm // k] += y
 //
-//   * unsqueeze and expand of a sort's positions carry them (kPositionsViews): the rows stay on
-//     the positions' dim and every other dim is a broadcast of size 1, so every column holds the
-//     same positions;
+//   * unsqueeze, expand and a view as a column ([n] -> [n, 1]) of a sort's positions carry them
+//     (kPositionsViews): the rows stay on the positions' dim and every other dim is a broadcast of
+//     size 1, so every column holds the same positions;
 //   * gather / scatter / scatter_add along that dim with such an index, and every other dim the
 //     whole of x's, and index_add with the positions themselves, are x[p] / x[p] = v / x[p] += v
 //     (kAlignedRows): row_order.cc's IndexRows and PutRows decide them, backwards included
@@ -37,10 +37,23 @@ namespace {
 
 // View ops whose output carries the positions its input holds: each only adds or broadcasts dims
 // of size 1, so the rows stay on one dim and every column holds the same positions.
-constexpr absl::string_view kPositionsViews[] = {
-    "aten::unsqueeze",  // p.unsqueeze(1): [n] -> [n, 1]
-    "aten::expand",     // .expand(-1, D): [n, 1] -> [n, D] (a broadcast; the rows' dim keeps n)
+struct PositionsView {
+  absl::string_view op;
+  bool column;  // only a column of positions ([n] <-> [n, 1]: every other dim of size 1)
 };
+constexpr PositionsView kPositionsViews[] = {
+    {"aten::unsqueeze", false},  // p.unsqueeze(1): [n] -> [n, 1]
+    {"aten::expand", false},     // .expand(-1, D): [n, 1] -> [n, D] (the rows' dim keeps n)
+    {"aten::view", true},        // p.view(-1, 1)
+    {"aten::reshape", true},    {"aten::_unsafe_view", true},
+};
+
+const PositionsView* FindPositionsView(const Node& n) {
+  for (const PositionsView& v : kPositionsViews) {
+    if (n.is_call() && v.op == n.target.name) return &v;
+  }
+  return nullptr;
+}
 
 // Ops that take a sort's positions along one dim: x[p], x[p] = v, x[p] += v.
 struct AlignedRowsOp {
@@ -67,17 +80,15 @@ const AlignedRowsOp* FindAlignedRows(const ir::Target& t) {
 }  // namespace
 
 bool BatchDimAnalyzer::IsPositionsView(const Node& n) const {
-  if (!n.is_call()) return false;
-  for (absl::string_view op : kPositionsViews) {
-    if (op == n.target.name) return true;
-  }
-  return false;
+  return FindPositionsView(n) != nullptr;
 }
 
 // After the view's placement and order: its output holds the same positions when the rows keep
-// their dim's extent (an expand never broadcasts them: they are not of size 1).
+// their dim's extent (an expand never broadcasts them: they are not of size 1), and a view is one
+// column of them.
 void BatchDimAnalyzer::FollowPositions(NodeId id, const Node& n) {
-  if (!IsPositionsView(n) || a_.num_outputs(id) != 1) return;
+  const PositionsView* view = FindPositionsView(n);
+  if (view == nullptr || a_.num_outputs(id) != 1) return;
   const ValueRef* in = n.args.empty() ? nullptr : n.args[0].get_if<ValueRef>();
   const TensorType* it = in ? TypeOf(*in) : nullptr;
   const TensorType* ot = OutType(n, 0);
@@ -88,6 +99,8 @@ void BatchDimAnalyzer::FollowPositions(NodeId id, const Node& n) {
       v.outer != src.outer || ot->shape[v.placement.dim] != it->shape[src.placement.dim]) {
     return;
   }
+  const int64_t rows = it->shape[src.placement.dim];
+  if (view->column && (it->numel() != rows || ot->numel() != rows)) return;
   v.positions = src.positions;
   v.restores = src.restores;
   v.repeat = src.repeat;

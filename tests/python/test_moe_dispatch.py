@@ -75,7 +75,7 @@ class _DroplessMoE(torch.nn.Module):
         )
         y = y * w_g.unsqueeze(-1)
         if self.select in ("scatter_add", "index_add", "scatter_twice"):  # K rows into a token
-            tok = (perm // K).unsqueeze(1).expand(-1, D)
+            tok = (perm // K).view(-1, 1).expand(-1, D)
             back = torch.zeros_like(h)
             if self.select == "index_add":
                 back = back.index_add(0, perm // K, y)
