@@ -74,15 +74,23 @@ std::shared_ptr<Job> RecoverCutShort(JobStore* store, const Expander& expand, Jo
     }
   }
   const int64_t k = checkpoint ? checkpoint->step : 0;
-  info->set_checkpoint_step(k);
+  // A checkpoint its workers wrote (JobSpec.checkpoints) stays where it is:
+  // the job fails naming it, for a resume (job_resume.h) to read it.
+  const bool on_workers = k == 0 && info->checkpoint_step() > 0 && !info->checkpoint_path().empty();
+  if (!on_workers) info->set_checkpoint_step(k);
   // A data_paths job with a checkpoint resumes from it (a job queued as a
   // resume of another has that one's checkpoint as its own).
   const bool resume = r.spec.data_paths_size() > 0 && k > 0;
   // A streamed one fails; with a checkpoint its client can resume it.
-  const std::string again =
+  std::string again =
       k > 0 ? absl::StrCat("resume it from its checkpoint of step ", k, " (fxdp run --resume ", id,
                            ", or fxdp.Client.train(resume=...))")
             : "submit it again";
+  if (on_workers) {
+    again = absl::StrCat("resume it from its workers' checkpoint of step ", info->checkpoint_step(),
+                         ", '", info->checkpoint_path(), "' (fxdp.Client.train(resume='", id,
+                         "'), on any world size and style)");
+  }
   if (const std::string why = WhyNotAgain(state, r, resume, again); !why.empty()) {
     FailRecovered(store, info, why);
     return nullptr;
@@ -135,7 +143,8 @@ absl::StatusOr<RecoveredJobs> RecoverJobs(JobStore* store, const Expander& expan
   for (JobStore::Record& r : *records) {
     v1::JobInfo info = std::move(r.info);
     info.set_has_state(r.has_final_state);
-    info.set_checkpoint_step(r.checkpoint_step);
+    // The server's checkpoint; one its workers wrote is the info's (checkpoint_path).
+    if (info.checkpoint_path().empty()) info.set_checkpoint_step(r.checkpoint_step);
     out.last_seq = std::max(out.last_seq, r.seq);
     std::shared_ptr<Job> run;
     if (!Terminal(info.state())) run = RecoverCutShort(store, expand, r, &info);

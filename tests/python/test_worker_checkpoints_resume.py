@@ -3,21 +3,24 @@ with a checkpoint every 2 steps, FULLY_SHARD on 2 ranks, keeps its work in the w
 of step 2; ``Client.train(..., resume=JOB)`` runs it on 1 REPLICATE rank from that checkpoint (the
 new job's workers read it, resharded), going on at step 3 with the schedule's value of step 3, and
 ends like the uninterrupted run. A resume that is itself cancelled before its first checkpoint
-keeps the checkpoint it started from and is resumed from it again. The server needs --state-dir
+keeps the checkpoint it started from and is resumed from it again. A job running when the server is
+SIGKILLed is FAILED after the restart naming its workers' checkpoint, and resumed from it. The
+server needs --state-dir
 for the job records (the graph a resume is checked against), never for the state."""
 
 from __future__ import annotations
 
 import math
+import threading
 
 import fxdp
 import grpc
 import pytest
 import torch
-from _util import ATOL, RTOL, local_server, traced_mlp_adamw
+from _util import ATOL, RTOL, ServerProcess, local_server, traced_mlp_adamw
 from fxdp.v1 import jobs_pb2 as jpb
 from test_worker_checkpoints import batches
-from test_worker_checkpoints_kept import STEPS, assert_close, cancelled_at
+from test_worker_checkpoints_kept import STEPS, assert_close, cancelled_at, held
 
 LR = "optim.group0.lr"
 
@@ -86,3 +89,40 @@ def test_a_cancelled_resume_keeps_the_checkpoint_it_started_from(setup):
     assert not info.has_state, info
     r = c.train(step, 2, batches=batches(STEPS), schedule=schedule(), resume=mid)
     assert_resumed_like(c, r, mid, 2, plain)
+
+
+def test_a_job_running_at_a_server_restart_resumes_from_its_workers_checkpoint(setup, tmp_path):
+    _, step, root, plain, _ = setup
+    args = ["--data-root", str(root), "--state-dir", str(tmp_path / "state")]
+    policy = {"dir": str(root / "c"), "every": 2}
+    seen, gate = {}, threading.Event()
+    with ServerProcess(*args) as server, fxdp.Client(server.address, timeout=60) as c:
+
+        def on_step(s, loss):
+            if s == 3:
+                server.kill()  # SIGKILL: nothing is flushed or closed
+                gate.set()
+
+        with pytest.raises(fxdp.ServerError):
+            c.train(
+                step,
+                2,
+                batches=held(3, gate),
+                steps=STEPS,
+                checkpoints=policy,
+                schedule=schedule(),
+                on_step=on_step,
+                on_event=lambda ev: seen.setdefault("id", ev.job_id),
+            )
+    job, path = seen["id"], str(root / "c" / "step-2")
+    with ServerProcess(*args) as server, fxdp.Client(server.address, timeout=60) as c:
+        info = c.job(job)
+        assert info.state == jpb.JOB_STATE_FAILED, info
+        assert (info.checkpoint_step, info.checkpoint_path) == (2, path), info
+        assert f"resume it from its workers' checkpoint of step 2, '{path}'" in info.error, info
+    # Ended before this restart, it still names that checkpoint, and resumes from it.
+    with ServerProcess(*args) as server, fxdp.Client(server.address, timeout=60) as c:
+        info = c.job(job)
+        assert (info.checkpoint_step, info.checkpoint_path) == (2, path), info
+        r = c.train(step, 1, batches=batches(STEPS), schedule=schedule(), resume=job)
+        assert_resumed_like(c, r, job, 2, plain)
