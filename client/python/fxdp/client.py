@@ -349,7 +349,8 @@ class Client:
         ``resume``: the id of a FAILED or CANCELLED job to continue from the state it kept (its
         last completed step's, or its last checkpoint; a server with ``--state-dir DIR``;
         docs/jobs.md). Pass the same step, world size,
-        style, batches, steps and schedule as the first run: the server starts a new job from the
+        style, batches, steps and schedule as the first run (world size and style may differ
+        when its workers wrote the checkpoint, ``checkpoints=``: they read it, resharded): the server starts a new job from the
         checkpoint's state (``state`` with ``resume`` is a ValueError), with the step counter and the schedule where
         they were, and says which step that is; ``batches`` and ``schedule`` are skipped up to it
         (a generator's first items are consumed and dropped). ``TrainResult.first_step`` is that
