@@ -2,6 +2,10 @@
 
 #include <algorithm>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
 namespace fxdp::ir {
 
 RankSlice SliceForRank(int64_t batch, int32_t world, int32_t rank) {
@@ -32,6 +36,57 @@ int64_t RowCount(const std::vector<RankSlice>& rows) {
   int64_t n = 0;
   for (const RankSlice& s : rows) n += s.size;
   return n;
+}
+
+std::string FormatRagged(const RaggedInputs& inputs) {
+  std::string out;
+  for (const auto& [input, offsets] : inputs) absl::StrAppend(&out, input, " ", offsets, "\n");
+  return out;
+}
+
+absl::StatusOr<RaggedInputs> ParseRagged(const std::string& value) {
+  RaggedInputs out;
+  for (absl::string_view line : absl::StrSplit(value, '\n', absl::SkipEmpty())) {
+    std::vector<std::string> names = absl::StrSplit(line, ' ');
+    if (names.size() != 2 || names[0].empty() || names[1].empty())
+      return absl::InternalError(absl::StrCat("graph metadata ", kRaggedKey, ": line '", line,
+                                              "' is not 'INPUT OFFSETS'"));
+    out.emplace_back(names[0], names[1]);
+  }
+  return out;
+}
+
+int64_t RaggedCut::length() const {
+  int64_t n = 0;
+  for (const auto& [begin, end] : spans) n += end - begin;
+  return n;
+}
+
+absl::StatusOr<RaggedCut> CutRagged(const std::vector<int64_t>& offsets, int64_t length,
+                                    const std::vector<RankSlice>& rows) {
+  const int64_t b = static_cast<int64_t>(offsets.size());
+  for (int64_t i = 0; i < b; ++i) {
+    const int64_t lo = i == 0 ? 0 : offsets[i - 1];
+    if (offsets[i] < lo || offsets[i] > length)
+      return absl::InvalidArgumentError(
+          absl::StrCat("offsets[", i, "] is ", offsets[i], ", outside [", lo, ", ", length,
+                       "]: offsets start at 0 or more, never decrease and stay within the input's ",
+                       length, " elements"));
+  }
+  RaggedCut cut;
+  for (const RankSlice& s : rows) {
+    if (s.start < 0 || s.size < 0 || s.start + s.size > b)
+      return absl::InvalidArgumentError(
+          absl::StrCat("rows [", s.start, ", ", s.start + s.size, ") pass the ", b, " offsets"));
+    if (s.size == 0) continue;
+    const int64_t begin = offsets[s.start];
+    const int64_t end = s.start + s.size < b ? offsets[s.start + s.size] : length;
+    const int64_t base = cut.length();
+    for (int64_t i = s.start; i < s.start + s.size; ++i)
+      cut.offsets.push_back(offsets[i] - begin + base);
+    cut.spans.emplace_back(begin, end);
+  }
+  return cut;
 }
 
 }  // namespace fxdp::ir

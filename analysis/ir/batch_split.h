@@ -15,7 +15,11 @@
 #define FXDP_ANALYSIS_IR_BATCH_SPLIT_H_
 
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
+
+#include "absl/status/statusor.h"
 
 namespace fxdp::ir {
 
@@ -42,6 +46,38 @@ inline constexpr char kMicroBatchKey[] = "fxdp.micro_batch";
 std::vector<RankSlice> RankRows(int64_t batch, int64_t micro, int32_t world, int32_t rank);
 // The number of rows RankRows gives: sum of the sizes.
 int64_t RowCount(const std::vector<RankSlice>& rows);
+
+// Ragged inputs (issue 23): a flat 1-D INPUT whose samples are bags of
+// varying length, sample i being [offsets[i], offsets[i + 1]) and the last
+// one running to the input's end (the text classification tutorial's text,
+// offsets = cumsum([0] + lengths[:-1]), read by _embedding_bag). The input has
+// no batch dim of its own; the analysis finds it (BatchDimAnalysis::ragged)
+// and the expansion lists it in every rank graph's metadata under this key, one
+// line per input: "INPUT OFFSETS" (the two INPUTs' names). A rank then reads
+// only its bags' part of INPUT and its rows of OFFSETS rebased to that part
+// (CutRagged); its graph declares INPUT at the global length, an upper bound.
+inline constexpr char kRaggedKey[] = "fxdp.ragged";
+
+// (INPUT, OFFSETS) pairs, in order.
+using RaggedInputs = std::vector<std::pair<std::string, std::string>>;
+// The metadata value of `inputs`, and back. ParseRagged: INTERNAL naming the
+// line that is not two names.
+std::string FormatRagged(const RaggedInputs& inputs);
+absl::StatusOr<RaggedInputs> ParseRagged(const std::string& value);
+
+// A rank's part of a ragged input of `length` elements whose global offsets
+// are `offsets` (one per sample), for the rows `rows` (RankRows): the spans
+// of the input it reads, concatenated in order, and its offsets into that
+// concatenation (one per row).
+struct RaggedCut {
+  std::vector<std::pair<int64_t, int64_t>> spans;  // [begin, end) of the input
+  std::vector<int64_t> offsets;
+  int64_t length() const;  // of the concatenated spans
+};
+// INVALID_ARGUMENT, naming the element, when the offsets decrease, are
+// negative or pass `length`, or `rows` pass the offsets.
+absl::StatusOr<RaggedCut> CutRagged(const std::vector<int64_t>& offsets, int64_t length,
+                                    const std::vector<RankSlice>& rows);
 
 }  // namespace fxdp::ir
 

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -80,6 +81,48 @@ TEST(RankRows, TheRanksTogetherHoldEveryRowOnce) {
       }
     }
   }
+}
+
+// Ragged inputs: 7 bags of 17 tokens (lengths 4 1 3 2 3 2 2) over 3 ranks (3, 2, 2 bags): each
+// rank reads the tokens of its bags, its offsets rebased to 0; together they are the whole text.
+TEST(CutRagged, EachRankReadsItsBagsTokens) {
+  const std::vector<int64_t> offsets = {0, 4, 5, 8, 10, 13, 15};
+  using Spans = std::vector<std::pair<int64_t, int64_t>>;
+  const auto cut = [&](int32_t r) { return CutRagged(offsets, 17, RankRows(7, 0, 3, r)); };
+  ASSERT_TRUE(cut(0).ok()) << cut(0).status();
+  EXPECT_EQ(cut(0)->spans, (Spans{{0, 8}}));
+  EXPECT_EQ(cut(0)->offsets, (std::vector<int64_t>{0, 4, 5}));
+  EXPECT_EQ(cut(1)->spans, (Spans{{8, 13}}));
+  EXPECT_EQ(cut(1)->offsets, (std::vector<int64_t>{0, 2}));
+  EXPECT_EQ(cut(2)->spans, (Spans{{13, 17}}));  // the last bag runs to the input's end
+  EXPECT_EQ(cut(2)->offsets, (std::vector<int64_t>{0, 2}));
+  EXPECT_EQ(cut(2)->length(), 4);
+  // Micro-batches of 4 rows over 2 ranks: rows 0-1 and 4-5, concatenated.
+  const auto micro = CutRagged(offsets, 17, RankRows(7, 4, 2, 0));
+  ASSERT_TRUE(micro.ok());
+  EXPECT_EQ(micro->spans, (Spans{{0, 5}, {10, 15}}));
+  EXPECT_EQ(micro->offsets, (std::vector<int64_t>{0, 4, 5, 8}));
+  // A first offset above 0 (tokens before it belong to no bag) cuts from it.
+  EXPECT_EQ(CutRagged({2, 5}, 9, RankRows(2, 0, 2, 0))->spans, (Spans{{2, 5}}));
+}
+
+TEST(CutRagged, OffsetsThatDecreaseOrPassTheInputAreRefusedByElement) {
+  const auto one = RankRows(3, 0, 1, 0);
+  const absl::Status down = CutRagged({0, 5, 3}, 9, one).status();
+  EXPECT_EQ(down.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(down.message().find("offsets[2] is 3, outside [5, 9]"), std::string::npos) << down;
+  EXPECT_NE(CutRagged({0, 5, 10}, 9, one).status().message().find("offsets[2] is 10"),
+            std::string::npos);
+  EXPECT_NE(CutRagged({-1, 5, 6}, 9, one).status().message().find("offsets[0] is -1"),
+            std::string::npos);
+  EXPECT_FALSE(CutRagged({0, 5}, 9, one).ok());  // rows [0, 3) pass 2 offsets
+}
+
+TEST(RaggedKey, FormatAndParseRoundTrip) {
+  const RaggedInputs in = {{"text", "offsets"}, {"weights", "offsets"}};
+  EXPECT_EQ(FormatRagged(in), "text offsets\nweights offsets\n");
+  EXPECT_EQ(*ParseRagged(FormatRagged(in)), in);
+  EXPECT_EQ(ParseRagged("text\n").status().code(), absl::StatusCode::kInternal);
 }
 
 }  // namespace
