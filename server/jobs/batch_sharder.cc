@@ -171,7 +171,7 @@ absl::StatusOr<bool> BatchSharder::Add(int64_t step, const v1::SubmitJobRequest&
   if (batch_ == nullptr) {
     batch_ = std::make_unique<ChunkStream>(what, /*keep_data=*/true);
     step_hyper_.clear();
-    tensors_.clear();
+    Clear();
     shapes_.clear();
     step_bytes_ = 0;
   }
@@ -237,6 +237,16 @@ absl::Status BatchSharder::CountBytes(const std::string& what, const std::string
       max_batch_bytes_ >> 20, " MiB per step (fxdp-server --max-batch-mb)"));
 }
 
+absl::Status BatchSharder::CutRagged(const ir::RaggedInputs& ragged, const RankRows& rows) {
+  absl::StatusOr<RaggedCuts> cuts = CutRaggedBatch(ragged, tensors_, rows, world_);
+  if (!cuts.ok()) {
+    return absl::Status(cuts.status().code(), absl::StrCat("step ", first_ + step_,
+                                                           "'s batch: ", cuts.status().message()));
+  }
+  ragged_ = *std::move(cuts);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<v1::ServerMessage>> BatchSharder::RankBatch(int rank,
                                                                        const RankRows& rows,
                                                                        uint32_t graph_id) {
@@ -246,6 +256,15 @@ absl::StatusOr<std::vector<v1::ServerMessage>> BatchSharder::RankBatch(int rank,
     v1::TensorChunk c;
     c.set_name(t.name);
     c.set_dtype(static_cast<v1::DType>(ir::DTypeToWire(t.dtype)));
+    absl::StatusOr<bool> cut = RaggedRankTensor(ragged_, t, rank, &c);
+    if (!cut.ok()) {
+      return absl::Status(cut.status().code(), absl::StrCat("step ", first_ + step_,
+                                                            "'s batch: ", cut.status().message()));
+    }
+    if (*cut) {
+      RechunkTensor(c, chunk_bytes_, &chunks);
+      continue;
+    }
     std::vector<int64_t> shape = t.shape;
     if (in.batch_dim >= 0 && in.batch_dim < static_cast<int>(shape.size())) {
       auto it = rows.find(t.name);

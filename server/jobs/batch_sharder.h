@@ -10,8 +10,10 @@
 // without a batch dim), as Batch messages of at most chunk_bytes of tensor
 // data (`more` on all but the last) that carry the step's hyper-parameters
 // (the schedule's, overridden by the batch's) and the program that runs it
-// (Batch.graph_id). Errors are INVALID_ARGUMENT naming the step, the tensor
-// and what was expected. Not thread-safe (one per job runner). No gRPC here.
+// (Batch.graph_id). A ragged input (ragged_batch.h) goes to each rank as its
+// bags' part, its offsets rebased (CutRagged). Errors are INVALID_ARGUMENT
+// naming the step, the tensor and what was expected. Not thread-safe (one per job runner). No gRPC
+// here.
 #ifndef FXDP_SERVER_JOBS_BATCH_SHARDER_H_
 #define FXDP_SERVER_JOBS_BATCH_SHARDER_H_
 
@@ -31,6 +33,7 @@
 #include "proto/fxdp/v1/jobs.pb.h"
 #include "proto/fxdp/v1/worker.pb.h"
 #include "server/jobs/job_spec.h"
+#include "server/jobs/ragged_batch.h"
 #include "server/jobs/raw_tensors.h"
 
 namespace fxdp::server {
@@ -47,7 +50,7 @@ absl::StatusOr<int64_t> MicroBatchOf(const v1::ExpandResponse& expanded);
 // `expanded` (MicroBatchOf), checked against the rows each rank graph of
 // `expanded` declares (its INPUT placeholder's size along the batch dim).
 // INTERNAL when a rank graph lacks the input or declares other rows.
-using RankRows = std::map<std::string, std::vector<std::vector<ir::RankSlice>>>;
+// (RankRows: ragged_batch.h.)
 absl::StatusOr<RankRows> RankRowsOf(const v1::ExpandResponse& expanded, int world,
                                     const std::vector<InputSpec>& inputs,
                                     const ir::InputShapes& shapes);
@@ -87,12 +90,23 @@ class BatchSharder {
   bool in_step() const { return batch_ != nullptr; }
   // The completed step's global batch shapes (every INPUT by name).
   const ir::InputShapes& shapes() const { return shapes_; }
+  // The completed step's ragged inputs `ragged` (RaggedOf of its shape's
+  // rank graphs) cut for each rank by its `rows` of their offsets
+  // (CutRaggedBatch): RankBatch then sends each rank its bags' part of each
+  // and its offsets rebased. INVALID_ARGUMENT naming the step, the inputs and
+  // the element. Before the step's first RankBatch, so that no rank gets a
+  // message of a step refused.
+  absl::Status CutRagged(const ir::RaggedInputs& ragged, const RankRows& rows);
   // The completed step's Batch messages for `rank`: its `rows`
-  // (RankRowsOf), run by program `graph_id`.
+  // (RankRowsOf) and its part of the ragged inputs (CutRagged), run by
+  // program `graph_id`.
   absl::StatusOr<std::vector<v1::ServerMessage>> RankBatch(int rank, const RankRows& rows,
                                                            uint32_t graph_id = 0);
   // The completed step's global tensors are no longer needed.
-  void Clear() { tensors_.clear(); }
+  void Clear() {
+    tensors_.clear();
+    ragged_ = {};
+  }
 
   // The Batch of a data_paths job's step: no tensors (the workers read their
   // files), the schedule's hyper-parameters of step `schedule_step` (the
@@ -117,6 +131,7 @@ class BatchSharder {
   int64_t first_ = 0;                         // steps done before this run
   std::vector<RawTensor> tensors_;            // its global tensors
   ir::InputShapes shapes_;                    // their shapes
+  RaggedCuts ragged_;                         // its ragged inputs' cuts
   uint64_t step_bytes_ = 0;                   // of the step being read
   uint64_t max_batch_bytes_ = UINT64_MAX;
   ir::HyperparameterValues hyper_;  // its hyper-parameters

@@ -215,6 +215,10 @@ absl::Status JobRunner::SendStep(int64_t step, std::string* shape) {
   absl::StatusOr<RankRows> rows =
       RankRowsOf(expanded, world_, job_->plan().inputs, sharder_->shapes());
   if (!rows.ok()) return Finish(JobChange::kFail, rows.status(), -1);
+  absl::StatusOr<ir::RaggedInputs> ragged = RaggedOf(expanded);
+  if (!ragged.ok()) return Finish(JobChange::kFail, ragged.status(), -1);
+  // Before any rank gets a message: a refused step sends nothing.
+  if (absl::Status s = sharder_->CutRagged(*ragged, *rows); !s.ok()) return BadInput(s);
   for (int r = 0; r < world_; ++r) {
     absl::StatusOr<std::vector<v1::ServerMessage>> batch =
         sharder_->RankBatch(r, *rows, variant.graph_id);

@@ -4,6 +4,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -15,6 +17,7 @@
 #include "server/jobs/job.h"
 #include "server/jobs/job_spec.h"
 #include "server/jobs/job_table.h"
+#include "server/jobs/ragged_batch.h"
 #include "tests/server/mlp_job.h"
 #include "tests/test_util.h"
 #include "util/status_macros.h"
@@ -167,6 +170,166 @@ TEST(RankRowsOf, EachRankItsShareOfEachMicroBatchCheckedAgainstItsGraph) {
   EXPECT_THAT(
       Rank1Rows("four").status(),
       StatusIs(absl::StatusCode::kInternal, "fxdp.micro_batch is 'four', not a number of rows"));
+}
+
+// Ragged inputs (issue 23): 7 bags of 17 tokens (lengths 4 1 3 2 3 2 2), the text i64[17] and
+// per-sample weights f32[17] (no batch dim, cut by bags) sharing offsets i64[7] (batch dim 0).
+constexpr int64_t kBags = 7, kTokens = 17;
+const std::vector<int64_t> kOffsets = {0, 4, 5, 8, 10, 13, 15};
+
+std::vector<server::InputSpec> RaggedInputs(v1::DType offsets) {
+  return {{"text", v1::INT64, {kTokens}, -1, {}},
+          {"offsets", offsets, {kBags}, 0, {}},
+          {"weights", v1::FLOAT32, {kTokens}, -1, {}}};
+}
+
+// A 1-D integer tensor of `values`, int64 or int32.
+v1::TensorChunk Ints(const std::string& name, const std::vector<int64_t>& values, v1::DType dtype) {
+  v1::TensorChunk c;
+  c.set_name(name);
+  c.set_dtype(dtype);
+  c.add_shape(static_cast<int64_t>(values.size()));
+  for (int64_t v : values) {
+    const int32_t n = static_cast<int32_t>(v);
+    c.mutable_data()->append(
+        dtype == v1::INT64 ? reinterpret_cast<const char*>(&v) : reinterpret_cast<const char*>(&n),
+        dtype == v1::INT64 ? 8 : 4);
+  }
+  return c;
+}
+
+// The values of an integer tensor's bytes (8 or 4 bytes each).
+std::vector<int64_t> Values(const std::string& data, size_t item) {
+  std::vector<int64_t> out;
+  for (size_t i = 0; i < data.size(); i += item) {
+    int64_t v = 0;
+    if (item == 8) std::memcpy(&v, data.data() + i, 8);
+    int32_t n = 0;
+    if (item == 4) std::memcpy(&n, data.data() + i, 4);
+    out.push_back(item == 8 ? v : n);
+  }
+  return out;
+}
+
+// `world` rank graphs listing text and weights as ragged by offsets (graph r's value: `pairs(r)`).
+v1::ExpandResponse RaggedExpand(int world, const std::function<std::string(int)>& pairs) {
+  v1::ExpandResponse x;
+  for (int r = 0; r < world; ++r) {
+    v1::StringPair* m = x.add_graphs()->add_metadata();
+    m->set_key(ir::kRaggedKey);
+    m->set_value(pairs(r));
+  }
+  return x;
+}
+const char kPairs[] = "text offsets\nweights offsets\n";
+
+struct RankPart {
+  std::map<std::string, std::string> data;
+  std::map<std::string, std::vector<int64_t>> shape;
+};
+
+// Each rank's tensors of the ragged step (text 100 + i, weights i, `offsets`) sharded over `world`
+// ranks with micro-batches of `micro` rows, in messages of <= `chunk` bytes.
+absl::StatusOr<std::vector<RankPart>> ShardRagged(int world, const std::vector<int64_t>& offsets,
+                                                  v1::DType dtype, int64_t micro = 0,
+                                                  size_t chunk = 1 << 20) {
+  const std::vector<server::InputSpec> inputs = RaggedInputs(dtype);
+  const ir::PlaceholderNames names;
+  const ir::Schedule schedule;
+  server::BatchSharder sharder("job-x", world, chunk, &inputs, &names, &schedule);
+  std::vector<int64_t> text(kTokens);
+  for (int64_t i = 0; i < kTokens; ++i) text[i] = 100 + i;
+  EXPECT_TRUE(sharder.Add(1, BatchMessage(1, Ints("text", text, v1::INT64), true)).ok());
+  EXPECT_TRUE(sharder.Add(1, BatchMessage(1, F32("weights", {kTokens}, 0), true)).ok());
+  absl::StatusOr<bool> done =
+      sharder.Add(1, BatchMessage(1, Ints("offsets", offsets, dtype), false));
+  EXPECT_TRUE(done.ok() && *done) << done.status();
+  server::RankRows rows;
+  for (int r = 0; r < world; ++r) rows["offsets"].push_back(ir::RankRows(kBags, micro, world, r));
+  FXDP_ASSIGN_OR_RETURN(const ir::RaggedInputs ragged,
+                        server::RaggedOf(RaggedExpand(world, [](int) { return kPairs; })));
+  FXDP_RETURN_IF_ERROR(sharder.CutRagged(ragged, rows));
+  std::vector<RankPart> out(world);
+  for (int r = 0; r < world; ++r) {
+    FXDP_ASSIGN_OR_RETURN(const std::vector<v1::ServerMessage> msgs, sharder.RankBatch(r, rows));
+    for (const v1::ServerMessage& m : msgs) {
+      for (const v1::TensorChunk& c : m.batch().tensors()) {
+        EXPECT_LE(c.data().size(), chunk);
+        out[r].data[c.name()] += c.data();
+        out[r].shape[c.name()].assign(c.shape().begin(), c.shape().end());
+      }
+    }
+  }
+  return out;
+}
+
+// Rank r's text (100 + token) and weights (token) for tokens [begin, end) of each span, its
+// offsets rebased.
+void ExpectRank(const RankPart& got, const std::vector<std::pair<int64_t, int64_t>>& spans,
+                const std::vector<int64_t>& offsets, size_t offset_item, int rank) {
+  std::vector<int64_t> text;
+  std::vector<float> weights;
+  for (const auto& [begin, end] : spans) {
+    for (int64_t i = begin; i < end; ++i) {
+      text.push_back(100 + i);
+      weights.push_back(static_cast<float>(i));
+    }
+  }
+  const int64_t n = static_cast<int64_t>(text.size());
+  EXPECT_EQ(Values(got.data.at("text"), 8), text) << "rank " << rank;
+  EXPECT_EQ(got.shape.at("text"), std::vector<int64_t>{n}) << "rank " << rank;
+  EXPECT_EQ(got.data.at("weights"),
+            std::string(reinterpret_cast<const char*>(weights.data()), weights.size() * 4))
+      << "rank " << rank;
+  EXPECT_EQ(got.shape.at("weights"), std::vector<int64_t>{n}) << "rank " << rank;
+  EXPECT_EQ(Values(got.data.at("offsets"), offset_item), offsets) << "rank " << rank;
+  EXPECT_EQ(got.shape.at("offsets"), std::vector<int64_t>{static_cast<int64_t>(offsets.size())});
+}
+
+// Each rank gets only its bags' tokens of the text and of the weights, and its rows of the
+// offsets rebased to them: 2 ranks (4 + 3 bags), 3 ranks (3 + 2 + 2), in messages of <= 16 bytes.
+TEST(BatchSharder, CutsRaggedInputsByBagsAndRebasesTheOffsets) {
+  const std::vector<RankPart> two = ValueOrDie(ShardRagged(2, kOffsets, v1::INT64, 0, 16));
+  ExpectRank(two[0], {{0, 10}}, {0, 4, 5, 8}, 8, 0);
+  ExpectRank(two[1], {{10, 17}}, {0, 3, 5}, 8, 1);
+  const std::vector<RankPart> three = ValueOrDie(ShardRagged(3, kOffsets, v1::INT64));
+  ExpectRank(three[0], {{0, 8}}, {0, 4, 5}, 8, 0);
+  ExpectRank(three[1], {{8, 13}}, {0, 2}, 8, 1);
+  ExpectRank(three[2], {{13, 17}}, {0, 2}, 8, 2);  // the last bag runs to the text's end
+  // Micro-batches of 4 rows on 2 ranks: rank 0 holds bags 0-1 and 4-5, rank 1 bags 2-3 and 6.
+  const std::vector<RankPart> micro = ValueOrDie(ShardRagged(2, kOffsets, v1::INT64, 4));
+  ExpectRank(micro[0], {{0, 5}, {10, 15}}, {0, 4, 5, 8}, 8, 0);
+  ExpectRank(micro[1], {{5, 10}, {15, 17}}, {0, 3, 5}, 8, 1);
+}
+
+// int32 offsets stay int32, rebased.
+TEST(BatchSharder, RaggedOffsetsKeepTheirInt32Dtype) {
+  const std::vector<RankPart> three = ValueOrDie(ShardRagged(3, kOffsets, v1::INT32));
+  ExpectRank(three[1], {{8, 13}}, {0, 2}, 4, 1);
+  ExpectRank(three[2], {{13, 17}}, {0, 2}, 4, 2);
+}
+
+// Offsets that decrease or pass the text: refused naming the step, the inputs and the element,
+// before any rank gets a message; rank graphs that disagree: INTERNAL.
+TEST(BatchSharder, RefusesRaggedOffsetsThatDecreaseNamingTheElement) {
+  EXPECT_THAT(ShardRagged(3, {0, 4, 5, 3, 10, 13, 15}, v1::INT64).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "step 1's batch: input 'offsets' (the offsets of the bags of input 'text' "
+                       "i64[17]): offsets[3] is 3, outside [5, 17]"));
+  EXPECT_THAT(ShardRagged(2, {0, 4, 5, 8, 10, 13, 18}, v1::INT32).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "offsets[6] is 18, outside [13, 17]"));
+  EXPECT_THAT(server::RaggedOf(RaggedExpand(2, [](int r) { return r ? "text offsets\n" : kPairs; }))
+                  .status(),
+              StatusIs(absl::StatusCode::kInternal,
+                       "the rank graphs list different ragged inputs (fxdp.ragged): rank 0 "));
+  const ir::RawTensor f{"offsets", ir::DType::kFloat32, {kBags}, std::string(kBags * 4, '\0')};
+  const ir::RawTensor text{"text", ir::DType::kInt64, {kTokens}, std::string(kTokens * 8, '\0')};
+  server::RankRows rows;
+  rows["offsets"] = {ir::RankRows(kBags, 0, 1, 0)};
+  EXPECT_THAT(server::CutRaggedBatch({{"text", "offsets"}}, {text, f}, rows, 1).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "input 'offsets' (the offsets of the bags of input 'text') is f32[7]; "
+                       "offsets are int64 or int32"));
 }
 
 TEST(JobSpec, ValidationNamesTheFieldAndTheValue) {
