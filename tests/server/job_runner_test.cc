@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "analysis/ir/batch_split.h"
 #include "server/compile/compile_service.h"
 #include "server/jobs/job.h"
 #include "server/jobs/job_runner.h"
@@ -26,6 +27,7 @@
 #include "server/workers/worker_pool.h"
 #include "tests/server/mlp_job.h"
 #include "tests/test_util.h"
+#include "util/status_macros.h"
 
 namespace fxdp::testing {
 namespace {
@@ -329,6 +331,67 @@ TEST(JobRunner, ALostRankFailsTheJobUnavailableNamingIt) {
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(s.message(), HasSubstr("rank 1 (worker w1) was lost"));
   EXPECT_EQ(job->state(), v1::JOB_STATE_FAILED);
+}
+
+// Ragged inputs (issue 23): the MLP with a flat text i64[17] (no batch dim) and its offsets
+// i64[8] (8 bags, batch dim 0), listed as ragged in the rank graphs (fxdp.ragged, written here
+// by the expander): each rank gets its bags' tokens and its offsets rebased; a step whose
+// offsets decrease fails the job INVALID_ARGUMENT naming the element, no rank getting any of it.
+TEST(JobRunner, SendsEachRankItsBagsOfARaggedInput) {
+  std::string text = ReadTestData("mlp_sgd.txt");
+  const std::string y = "batch_dim=0}\n  %t:";
+  text.replace(text.find(y), y.size(),
+               "batch_dim=0}\n"
+               "  %text: i64[17] = placeholder() {role=INPUT, state=\"text\", batch_dim=-1}\n"
+               "  %offsets: i64[8] = placeholder() {role=INPUT, state=\"offsets\", batch_dim=0}\n"
+               "  %t:");
+  std::vector<v1::SubmitJobRequest> req = Requests(2, 2);
+  *req[0].mutable_spec()->mutable_graph() = ir::EncodeGraph(ValueOrDie(ir::ParseGraphText(text)));
+  auto ints = [](const char* name, std::vector<int64_t> v) {
+    v1::TensorChunk c;
+    c.set_name(name);
+    c.set_dtype(v1::INT64);
+    c.add_shape(static_cast<int64_t>(v.size()));
+    c.set_data(std::string(reinterpret_cast<const char*>(v.data()), v.size() * 8));
+    return c;
+  };
+  std::vector<int64_t> tokens(17);
+  for (int i = 0; i < 17; ++i) tokens[i] = 100 + i;
+  // Step 1's offsets, then step 2's (bag 5 starts before bag 4), before each step's last message.
+  const std::vector<int64_t> good = {0, 4, 5, 8, 10, 13, 15, 16}, bad = {0, 4, 5, 8, 10, 9, 15, 16};
+  for (int64_t step : {1, 2}) {
+    auto at =
+        req.insert(req.end() - (step == 1 ? 3 : 1), BatchMessage(step, ints("text", tokens), true));
+    req.insert(at + 1, BatchMessage(step, ints("offsets", step == 1 ? good : bad), true));
+  }
+  Parts parts(2);
+  parts.context.expand = [](const v1::ExpandRequest& r) -> absl::StatusOr<v1::ExpandResponse> {
+    FXDP_ASSIGN_OR_RETURN(v1::ExpandResponse x, server::RunExpand(r));
+    for (v1::GraphDef& g : *x.mutable_graphs()) {
+      v1::StringPair* m = g.add_metadata();
+      m->set_key(ir::kRaggedKey);
+      m->set_value("text offsets\n");
+    }
+    return x;
+  };
+  QueuedClient client;
+  const absl::Status s = parts.Run(req, &client);
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument,
+                          "step 2's batch: input 'offsets' (the offsets of the bags of input "
+                          "'text' i64[17]): offsets[5] is 9, outside [10, 17]"));
+  const std::vector<std::vector<int64_t>> spans = {{0, 10}, {10, 17}},
+                                          offsets = {{0, 4, 5, 8}, {0, 3, 5, 6}};
+  for (int r = 0; r < 2; ++r) {
+    const auto jobs = parts.pool.jobs("w" + std::to_string(r));
+    ASSERT_EQ(jobs.size(), 1u);
+    EXPECT_EQ(jobs[0].batches.count(2), 0u) << "rank " << r << " got some of step 2";
+    const auto& got = jobs[0].batches.at(1);
+    const int64_t n = spans[r][1] - spans[r][0];
+    EXPECT_THAT(got.at("text").shape(), ElementsAre(n));
+    EXPECT_EQ(got.at("text").data(), ints("text", tokens).data().substr(spans[r][0] * 8, n * 8));
+    EXPECT_EQ(got.at("offsets").data(), ints("offsets", offsets[r]).data()) << "rank " << r;
+    EXPECT_THAT(got.at("input.0").shape(), ElementsAre(4, 4));
+  }
 }
 
 TEST(JobRunner, ABadSpecIsRefusedBeforeItIsQueued) {
