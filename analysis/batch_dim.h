@@ -214,6 +214,9 @@ class BatchDimAnalysis {
   const std::vector<std::string>& warnings() const { return warnings_; }
   // Notes about semantics the user should know (local batch statistics, ...).
   const std::vector<std::string>& notes() const { return notes_; }
+  // Flat inputs split by bags (ragged inputs, ir::kRaggedKey): (input, its offsets) INPUT
+  // placeholders; each rank reads its bags' part of the input and its offsets rebased to it.
+  const std::vector<std::pair<ir::NodeId, ir::NodeId>>& ragged() const { return ragged_; }
 
   // The placement a use of `r` sees: R when the value is all-reduced first.
   Placement ReadPlacement(ir::ValueRef r) const;
@@ -235,6 +238,7 @@ class BatchDimAnalysis {
   std::vector<ShardedRead> gathered_reads_;
   std::vector<std::string> warnings_;
   std::vector<std::string> notes_;
+  std::vector<std::pair<ir::NodeId, ir::NodeId>> ragged_;
 };
 
 // Analyses `graph`. INVALID_ARGUMENT naming the node for: an op or arguments

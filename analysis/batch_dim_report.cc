@@ -64,6 +64,11 @@ std::string DescribeDecision(const Graph& g, const BatchDimAnalysis& a, NodeId i
       s = n.placeholder.batch_dim >= 0 ? absl::StrFormat("input, batch dim %d (B=%d)",
                                                          n.placeholder.batch_dim, a.batch_size())
                                        : "input without a batch dim";
+      for (const auto& [input, offsets] : a.ragged()) {
+        if (input == id)
+          s = absl::StrCat("input split by the bags of ", g.node(offsets).name,
+                           " (ragged: each rank reads its bags' elements)");
+      }
       break;
     case Decision::kState:
       if (n.is_placeholder() && n.placeholder.role == ir::PlaceholderRole::kHyperparameter) {

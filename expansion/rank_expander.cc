@@ -89,10 +89,20 @@ absl::StatusOr<RankNodes> RankExpander::Run(std::vector<Collective>* collectives
   // Micro-batches: the rows each rank holds are ir::RankRows(B, this, N, r), which the server
   // and the workers read from here (a key the input graph carried is not the analysis').
   auto& meta = r.header.metadata;
+  // Ragged inputs likewise: each splitter cuts them at the rank's bags (ir::CutRagged).
   meta.erase(std::remove_if(meta.begin(), meta.end(),
-                            [](const auto& kv) { return kv.first == ir::kMicroBatchKey; }),
+                            [](const auto& kv) {
+                              return kv.first == ir::kMicroBatchKey || kv.first == ir::kRaggedKey;
+                            }),
              meta.end());
   if (a_.micro_batches() > 1) meta.emplace_back(ir::kMicroBatchKey, absl::StrCat(batch_));
+  if (!a_.ragged().empty()) {
+    ir::RaggedInputs ragged;
+    for (const auto& [input, offsets] : a_.ragged())
+      ragged.emplace_back(g_.node(input).placeholder.state_name,
+                          g_.node(offsets).placeholder.state_name);
+    meta.emplace_back(ir::kRaggedKey, ir::FormatRagged(ragged));
+  }
   FXDP_RETURN_IF_ERROR(AddRandomLayouts(g_, a_, r.header));
   if (fs_ != nullptr) FullyShardMetadata(r.header);
   r.nodes = std::move(out_);

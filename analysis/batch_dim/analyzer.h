@@ -264,6 +264,15 @@ class BatchDimAnalyzer {
   absl::Status WholeInputBags(ir::NodeId id, const ir::Node& n, const OpRule& rule,
                               const std::vector<Operand>& ops);
   bool IsBagOffsets(const ir::Argument& a, int64_t bag) const;
+  // Flat inputs split by bags (ragged_bags.cc).
+  void FindRaggedInputs();
+  bool OnlyBagsRead(const ir::UseMap& uses, ir::ValueRef text, ir::ValueRef offsets,
+                    const ir::ValueRef* weights) const;
+  // `n` is a bags' op over a ragged input.
+  bool IsRagged(const ir::Node& n) const;
+  void RaggedBags(ir::NodeId id, const ir::Node& n, const Special& s);
+  absl::Status RaggedBagsBackward(ir::NodeId id, const ir::Node& n, const OpRule& rule,
+                                  std::vector<Operand>& ops);
   bool OnlyOffsets(ir::ValueRef r) const;
   bool IsBatchPositions(const ir::Argument& a) const;
   bool OnlyIndexesDim(ir::ValueRef r, int64_t pos) const;
@@ -328,6 +337,8 @@ class BatchDimAnalyzer {
   const ir::Graph& g_;
   const AnalyzeOptions options_;
   BatchDimAnalysis a_;
+  // Ragged inputs (FindRaggedInputs): input node -> its offsets' node.
+  absl::flat_hash_map<int32_t, int32_t> ragged_;
   bool changed_ = false;
   ir::NodeId last_change_{0};  // the node whose use made the last change (for errors).
   absl::flat_hash_map<int32_t, Upgrade> upgrades_;

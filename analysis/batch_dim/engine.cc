@@ -64,6 +64,7 @@ absl::StatusOr<BatchDimAnalysis> BatchDimAnalyzer::Run() {
   a_.reduced_.assign(off, 0);
   SeedReductions();
   FXDP_RETURN_IF_ERROR(FindBatchSize());
+  FindRaggedInputs();
   // Each pass may discover values that must be all-reduced or factories
   // that must be built sharded; both sets only grow, so this converges.
   constexpr int kMaxPasses = 32;

@@ -30,6 +30,7 @@ absl::Status BatchDimAnalyzer::Embedding(NodeId id, const Node& n, const OpRule&
 
 absl::Status BatchDimAnalyzer::EmbeddingBackward(NodeId id, const Node& n, const OpRule& rule) {
   std::vector<Operand> ops = Operands(n);
+  if (IsRagged(n)) return RaggedBagsBackward(id, n, rule, ops);
   const Operand* g = Find(ops, 0);
   const Operand* idx = Find(ops, 1);
   if (rule.param(ParamRole::kOffsets) != nullptr && idx != nullptr &&
@@ -106,8 +107,9 @@ bool BatchDimAnalyzer::OnlyOffsets(ValueRef r) const {
 // offsets arange(0, B * bag, bag) each rank builds as arange(0, B_r * bag, bag).
 // Offsets from the data (bags of varying length) into a flat input that holds
 // the batch would give each rank a share of the input whose size depends on
-// the data: refused. Into a whole flat input (batch_dim=-1, the text
-// classification tutorial), see WholeInputBags.
+// the data: refused. A flat input without a batch dim (batch_dim=-1, the text
+// classification tutorial) is split by its offsets (ragged_bags.cc) or, where
+// something else reads it, read whole (WholeInputBags).
 absl::Status BatchDimAnalyzer::EmbeddingBag(NodeId id, const Node& n, const OpRule& rule) {
   std::vector<Operand> ops = Operands(n);
   Special s;
@@ -119,6 +121,10 @@ absl::Status BatchDimAnalyzer::EmbeddingBag(NodeId id, const Node& n, const OpRu
   const bool idx_sharded = idx != nullptr && idx->info.placement.is_shard();
   if (!idx_sharded && (offsets == nullptr || !offsets->info.placement.is_shard())) {
     SetCombined(id, Combined{}, s);
+    return absl::OkStatus();
+  }
+  if (IsRagged(n)) {
+    RaggedBags(id, n, s);
     return absl::OkStatus();
   }
   if (!idx_sharded) return WholeInputBags(id, n, rule, ops);
@@ -133,7 +139,8 @@ absl::Status BatchDimAnalyzer::EmbeddingBag(NodeId id, const Node& n, const OpRu
             "splits the batch by bags of a flat 1-D input (indices %s: %s, offsets %s: %s): unless "
             "every bag has the same length (a 2-D input [batch, bag length]), a rank's share of "
             "the input depends on the data, which a static per-rank graph cannot hold; give the "
-            "flat input batch_dim=-1 (every rank reads it whole and computes every bag, exact) "
+            "flat input batch_dim=-1 (it is then split by the offsets: each rank reads its own "
+            "bags' elements) "
             "or pass a 2-D input (pad the bags to one length with padding_idx, or with "
             "per_sample_weights 0 in mode='sum')",
             idx ? g_.node(idx->ref.node).name : "?", idx ? idx->info.placement.ToString() : "-",

@@ -53,7 +53,8 @@ int64_t RowCount(const std::vector<RankSlice>& rows);
 // offsets = cumsum([0] + lengths[:-1]), read by _embedding_bag). The input has
 // no batch dim of its own; the analysis finds it (BatchDimAnalysis::ragged)
 // and the expansion lists it in every rank graph's metadata under this key, one
-// line per input: "INPUT OFFSETS" (the two INPUTs' names). A rank then reads
+// line per input: "INPUT OFFSETS" (the two INPUTs' state names, the batch's
+// tensor names: "input.0 input.1"). A rank then reads
 // only its bags' part of INPUT and its rows of OFFSETS rebased to that part
 // (CutRagged); its graph declares INPUT at the global length, an upper bound.
 inline constexpr char kRaggedKey[] = "fxdp.ragged";

@@ -54,6 +54,52 @@ def rank_rows(b: int, micro: int, world: int, rank: int):
     return out
 
 
+def ragged_cut(offsets, length: int, rows):
+    """A rank's part of a ragged input (a flat 1-D input of bags: sample i is
+    [offsets[i], offsets[i + 1]), the last up to `length`; the rank graph's "fxdp.ragged"):
+    ([(begin, end)] spans of the input it reads, concatenated in order, and its offsets into
+    them). The same cut as analysis/ir/batch_split.h's CutRagged, restated as rank_rows is."""
+    offsets = [int(o) for o in offsets]
+    spans, out = [], []
+    for start, size in rows:
+        if size == 0:
+            continue
+        begin = offsets[start]
+        end = offsets[start + size] if start + size < len(offsets) else length
+        base = sum(e - b for b, e in spans)
+        out += [o - begin + base for o in offsets[start : start + size]]
+        spans.append((begin, end))
+    return spans, out
+
+
+def shard_batch(step, full, world: int, rank: int):
+    """Rank `rank`'s part of one global batch (a tuple of INPUT tensors in graph order): its rows
+    along each input's batch dim (rank_rows), and of each ragged input ("fxdp.ragged") its bags'
+    spans, with its offsets rebased to them."""
+    meta = step.metadata()
+    micro = int(meta.get("fxdp.micro_batch", "0"))
+    ragged = dict(line.split(" ") for line in meta.get("fxdp.ragged", "").splitlines())
+    inputs = [p.placeholder for p in step.placeholders if p.placeholder.role == pb.INPUT]
+    by_name = dict(zip((p.state_name for p in inputs), full))
+    shard = []
+    for ph, x in zip(inputs, full):
+        d = ph.batch_dim
+        if ph.state_name in ragged:
+            offsets = by_name[ragged[ph.state_name]]
+            rows = rank_rows(offsets.shape[0], micro, world, rank)
+            spans, _ = ragged_cut(offsets, x.shape[0], rows)
+            x = torch.cat([x[b:e] for b, e in spans])
+        elif d >= 0:
+            rows = rank_rows(x.shape[d], micro, world, rank)
+            if ph.state_name in ragged.values():
+                length = by_name[next(k for k, v in ragged.items() if v == ph.state_name)].shape[0]
+                x = torch.tensor(ragged_cut(x, length, rows)[1], dtype=x.dtype)
+            else:
+                x = torch.cat([x.narrow(d, start, size) for start, size in rows], d)
+        shard.append(x)
+    return shard
+
+
 def ddp_params(model_name: str, optim: str, shards) -> dict:
     """Eager DDP (Gloo) training of the zoo entry on this rank's shards: final parameters."""
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -110,18 +156,9 @@ def main() -> None:
     for k in sharded:
         state[k] = flat_shard(state[k], world, rank)
     batches = torch.load(data_path)
-    micro = int(meta.get("fxdp.micro_batch", "0"))
-    inputs = [p for p in step.placeholders if p.placeholder.role == pb.INPUT]
     losses, local_losses, shards = [], [], []
     for full in batches:
-        shard = []
-        for ph, x in zip(inputs, full):
-            d = ph.placeholder.batch_dim
-            if d < 0:
-                shard.append(x)
-                continue
-            rows = rank_rows(x.shape[d], micro, world, rank)
-            shard.append(torch.cat([x.narrow(d, start, size) for start, size in rows], d))
+        shard = shard_batch(step, full, world, rank)
         shards.append(list(shard))
         outs = step.graph_module()(
             *[
