@@ -268,6 +268,13 @@ class BatchDimAnalyzer {
   void FindRaggedInputs();
   bool OnlyBagsRead(const ir::UseMap& uses, ir::ValueRef text, ir::ValueRef offsets,
                     const ir::ValueRef* weights) const;
+  struct BagBytes {
+    int64_t split = 0, whole = 0;
+  };
+  BagBytes BagBytesOf(const ir::UseMap& uses, const ir::Node& fwd, ir::ValueRef text,
+                      const ir::ValueRef* weights) const;
+  // The note on how the bags of forward node `id` are computed, split or whole, and why.
+  void NoteBagChoice(ir::NodeId id);
   // `n` is a bags' op over a ragged input.
   bool IsRagged(const ir::Node& n) const;
   void RaggedBags(ir::NodeId id, const ir::Node& n, const Special& s);
@@ -339,6 +346,7 @@ class BatchDimAnalyzer {
   BatchDimAnalysis a_;
   // Ragged inputs (FindRaggedInputs): input node -> its offsets' node.
   absl::flat_hash_map<int32_t, int32_t> ragged_;
+  absl::flat_hash_map<int32_t, std::string> bag_notes_;  // forward bags' node -> its choice
   bool changed_ = false;
   ir::NodeId last_change_{0};  // the node whose use made the last change (for errors).
   absl::flat_hash_map<int32_t, Upgrade> upgrades_;

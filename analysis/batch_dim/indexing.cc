@@ -200,6 +200,7 @@ absl::Status BatchDimAnalyzer::WholeInputBags(NodeId id, const Node& n, const Op
   if (!gathered) {
     return Error(n, "its offsets hold the batch on another dim than 0");
   }
+  NoteBagChoice(id);
   return absl::OkStatus();
 }
 

@@ -150,12 +150,41 @@ bool BatchDimAnalyzer::OnlyBagsRead(const ir::UseMap& uses, ValueRef text, Value
   return true;
 }
 
-// Before the passes: the flat inputs that can be split by bags (OnlyBagsRead). Not with
-// micro-batches (a rank's share of each micro-batch's bags), where the whole-input path stays.
+// Bytes each rank receives per step both ways for the bags of `fwd` (forward) over `text`
+// (with `weights`), at world size N: split, the ring all-reduce of the table's gradient
+// (2 (N-1)/N of it; nothing when nothing trains the table); whole, the (N-1)/N of the input
+// (and weights) it reads beyond its own bags, and the others' rows of the offsets and of the
+// bags' gradient that it all-gathers.
+BatchDimAnalyzer::BagBytes BatchDimAnalyzer::BagBytesOf(const ir::UseMap& uses, const Node& fwd,
+                                                        ValueRef text,
+                                                        const ValueRef* weights) const {
+  const int64_t n = options_.world_size;
+  auto bytes = [&](ValueRef r) {
+    const ir::TensorType* t = TypeOf(r);
+    return t == nullptr ? 0 : t->numel() * ir::DTypeItemSize(t->dtype);
+  };
+  bool trains = false;
+  for (const ir::Use& u : uses[text.node.value][text.output])
+    trains |= IsBackward(*FindBagOp(g_.node(u.user)));
+  const ValueRef* table = fwd.args.empty() ? nullptr : fwd.args[0].get_if<ValueRef>();
+  const ir::TensorType* bags = OutType(fwd, 0);
+  BagBytes b;
+  b.split = trains && table != nullptr ? 2 * (n - 1) * bytes(*table) / n : 0;
+  const int64_t offsets = bytes(*RefAt(fwd, kBagOps[0].offsets));
+  const int64_t grad_rows =
+      bags == nullptr || !trains ? 0 : bags->numel() * ir::DTypeItemSize(bags->dtype);
+  b.whole = (n - 1) * (bytes(text) + (weights ? bytes(*weights) : 0) + offsets + grad_rows) / n;
+  return b;
+}
+
+// Before the passes: the flat inputs that can be split by bags (OnlyBagsRead), split where that
+// moves fewer bytes per rank (BagBytesOf). Not with micro-batches (a rank's share of each
+// micro-batch's bags), where the whole-input path stays.
 void BatchDimAnalyzer::FindRaggedInputs() {
-  if (a_.micro_batches_ > 1) return;
+  if (a_.micro_batches_ > 1 || options_.world_size < 2) return;
   const ir::UseMap uses = ir::ComputeUses(g_);
-  for (const Node& n : g_.nodes()) {
+  for (int32_t i = 0; i < g_.size(); ++i) {
+    const Node& n = g_.nodes()[i];
     const BagOp* op = FindBagOp(n);
     if (op == nullptr || IsBackward(*op)) continue;
     const ValueRef* text = RefAt(n, op->indices);
@@ -163,13 +192,38 @@ void BatchDimAnalyzer::FindRaggedInputs() {
     const ValueRef* weights = RefAt(n, op->per_sample_weights);
     if (!IsFlatInput(g_, text, false) || !IsFlatInput(g_, offsets, true)) continue;
     if (weights != nullptr && !IsFlatInput(g_, weights, false)) continue;
-    if (ragged_.count(text->node.value) > 0) continue;
     if (!OnlyBagsRead(uses, *text, *offsets, weights)) continue;
+    const BagBytes b = BagBytesOf(uses, n, *text, weights);
+    const std::string names =
+        absl::StrCat(g_.node(text->node).name,
+                     weights ? absl::StrCat(" and ", g_.node(weights->node).name) : "");
+    const bool split = b.split < b.whole;
+    bag_notes_[i] = absl::StrFormat(
+        "%s: %s %s: each rank %s (%d bytes per rank per step) rather than %s (%d bytes)", n.name,
+        names,
+        split ? absl::StrCat("split by the bags of ", g_.node(offsets->node).name, " (metadata ",
+                             ir::kRaggedKey, ")")
+              : "read whole by every rank",
+        split
+            ? "reads only its bags' elements and its offsets rebased to them, computes its own "
+              "bags, and all-reduces the table's gradient"
+            : "reads every bag's elements and all-gathers the offsets and the bags' gradient rows",
+        split ? b.split : b.whole,
+        split ? "reading every bag's elements and all-gathering the offsets and the bags' "
+                "gradient rows"
+              : "splitting by bags and all-reducing the table's gradient",
+        split ? b.whole : b.split);
+    if (!split) continue;
     for (const ValueRef* in : {text, weights}) {
       if (in == nullptr || !ragged_.emplace(in->node.value, offsets->node.value).second) continue;
       a_.ragged_.emplace_back(in->node, offsets->node);
     }
   }
+}
+
+void BatchDimAnalyzer::NoteBagChoice(NodeId id) {
+  auto it = bag_notes_.find(id.value);
+  if (it != bag_notes_.end()) a_.notes_.push_back(it->second);
 }
 
 bool BatchDimAnalyzer::IsRagged(const Node& n) const {
@@ -182,15 +236,7 @@ bool BatchDimAnalyzer::IsRagged(const Node& n) const {
 // hold the batch on dim 0, as does max_indices where it is per bag; offset2bag (per element of
 // the rank's part) stays unlabelled (R), read only by the backward.
 void BatchDimAnalyzer::RaggedBags(NodeId id, const Node& n, const Special& s) {
-  const BagOp& op = *FindBagOp(n);
-  const ValueRef* weights = RefAt(n, op.per_sample_weights);
-  a_.notes_.push_back(absl::StrFormat(
-      "%s: %s%s split by the bags of %s: each rank reads only its bags' elements and its offsets "
-      "rebased to them (metadata %s), computes its own bags, and the table's gradient is "
-      "all-reduced",
-      n.name, g_.node(RefAt(n, op.indices)->node).name,
-      weights ? absl::StrCat(" and ", g_.node(weights->node).name) : "",
-      g_.node(RefAt(n, op.offsets)->node).name, ir::kRaggedKey));
+  NoteBagChoice(id);
   NodeInfo& info = a_.nodes_[id.value];
   info.detail = Detail::kFromArg;
   info.arg = 2;

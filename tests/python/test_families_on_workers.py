@@ -27,7 +27,7 @@ from test_op_rule_models import (
     randn,
     tiny_whisper,
 )
-from test_text_bags import _TextClassifier, batches_of_total
+from test_text_bags import TOKENS, _TextClassifier, batches_of_total
 from test_text_bags import trace as trace_bags
 
 
@@ -95,7 +95,7 @@ def _spatial(b, optim):
 def _text_bags(b, optim):
     model = _TextClassifier()
     opt, tol = optimizer(model, optim)
-    batches = batches_of_total(17, b)
+    batches = batches_of_total(TOKENS, b)
     return trace_bags(model, opt, batches[0]), batches, tol
 
 
