@@ -205,8 +205,9 @@ void BatchDimAnalyzer::FindRaggedInputs() {
                              ir::kRaggedKey, ")")
               : "read whole by every rank",
         split
-            ? "reads only its bags' elements and its offsets rebased to them, computes its own "
-              "bags, and all-reduces the table's gradient"
+            ? absl::StrCat("reads only its bags' elements and its offsets rebased to them, "
+                           "computes its own bags",
+                           b.split > 0 ? ", and all-reduces the table's gradient" : "")
             : "reads every bag's elements and all-gathers the offsets and the bags' gradient rows",
         split ? b.split : b.whole,
         split ? "reading every bag's elements and all-gathering the offsets and the bags' "

@@ -251,3 +251,27 @@ def test_analyze_places_every_node(tmp_path):
     assert r.returncode == 0, r.stderr
     j = json.loads(r.stdout)
     assert j["warnings"] == []
+
+
+def test_an_evaluation_step_is_split_by_bags(tmp_path):
+    """fxdp.trace_eval of the classifier: no table gradient, so splitting moves nothing and the
+    text is split even at 17 tokens; the note says no all-reduce."""
+    torch.manual_seed(0)
+    model = _TextClassifier().eval()
+    batch = batches_of_total(17, B)[0]
+    step = fxdp.trace_eval(
+        lambda m, b: F.cross_entropy(m(b[0], b[1]), b[2]), model, batch, batch_dim=[-1, 0, 0]
+    )
+    step.save(str(tmp_path / "e.pb"))
+    r = subprocess.run(
+        [FXDP, "expand", str(tmp_path / "e.pb"), "--world-size", "2", "-o", str(tmp_path / "x.pb")]
+        + ["--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    notes = " ".join(report["notes"])
+    assert "computes its own bags (0 bytes per rank per step) rather than reading" in notes, notes
+    assert fxdp.load(report["files"][-1]["path"]).metadata()["fxdp.ragged"] == "input.0 input.1\n"
