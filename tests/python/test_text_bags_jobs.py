@@ -163,3 +163,26 @@ def test_one_symbolic_job_runs_every_total_length():
         r = c.train(step, 3, batches)
         assert_equal(r, state, losses)
         assert len(c.job(r.job_id).shapes) == 2
+
+
+@WORKERS_CUT
+def test_evaluating_the_kept_state_splits_the_bags():
+    """Client.evaluate of the state a 3-worker job kept (fxdp.trace_eval: no table gradient, so
+    even 17 tokens are split by bags), 2 streamed batches on 3 workers: each batch's loss equals
+    one device's evaluation of that state."""
+    step, batches = classifier_step()
+    model = _TextClassifier().eval()
+    eval_step = fxdp.trace_eval(
+        lambda m, b: F.cross_entropy(m(b[0], b[1]), b[2]),
+        model,
+        batches_of_total(17, B)[0],
+        batch_dim=[-1, 0, 0],
+    )
+    evals = batches_of_total(17, B, seed=9)[:2]
+    with local_server(workers=3) as (address, _), fxdp.Client(address) as c:
+        assert ragged_pairs(c.expand(eval_step, 3)), "no fxdp.ragged"
+        trained = c.train(step, 3, batches)
+        r = c.evaluate(eval_step, trained.job_id, 3, evals)
+    state = {n: trained.state[n] for n in eval_step.initial_state()}
+    want = [float(eval_step.run_local(state, b)[1]) for b in evals]
+    assert r.losses == pytest.approx(want, rel=RTOL, abs=ATOL)
