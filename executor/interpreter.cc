@@ -182,12 +182,26 @@ absl::Status Program::CheckInputs(const std::vector<c10::IValue>& inputs) const 
     const ProgramInput& in = want[i];
     if (!in.type.is_tensor()) continue;
     const c10::IValue& v = inputs[i];
-    if (!v.isTensor() || !Fits(v.toTensor(), in.type.tensor))
+    if (!v.isTensor() || !InputFits(v.toTensor(), in))
       return absl::InvalidArgumentError(absl::StrCat(
           "placeholder '", in.node, "' (", ir::PlaceholderRoleName(in.role), " '", in.state_name,
-          "'): expected ", TypeForMessage(in.type.tensor), ", got ", DescribeIValue(v)));
+          "'): expected ", InputTypeText(in), ", got ", DescribeIValue(v)));
   }
   return absl::OkStatus();
+}
+
+bool InputFits(const at::Tensor& t, const ProgramInput& in) {
+  const ir::TensorType& want = in.type.tensor;
+  if (in.ragged_offsets.empty() || want.shape.size() != 1) return Fits(t, want);
+  return t.defined() && t.scalar_type() == ToTorch(want.dtype) && t.dim() == 1 &&
+         t.size(0) <= want.shape[0];
+}
+
+std::string InputTypeText(const ProgramInput& in) {
+  const ir::TensorType& t = in.type.tensor;
+  if (in.ragged_offsets.empty() || t.shape.size() != 1) return TypeForMessage(t);
+  return absl::StrCat(ir::DTypeShortName(t.dtype), "[<= ", t.shape[0],
+                      "] (ragged: bags by the offsets '", in.ragged_offsets, "')");
 }
 
 namespace {

@@ -125,7 +125,19 @@ struct ProgramInput {
   std::string state_name;
   int32_t batch_dim = -1;  // INPUT only: the batch dim, -1 for none
   ir::ValueType type;
+  // A ragged INPUT (graph metadata ir::kRaggedKey, issue 23): the name of
+  // the INPUT holding its offsets; empty for any other input. Its type is
+  // 1-D at the global length, an upper bound: a rank gets only its bags'
+  // elements (ir::CutRagged), any length from 0 up to it.
+  std::string ragged_offsets;
 };
+
+// Whether `t` may be given for `in`: the graph's dtype and sizes, or for a
+// ragged input 1-D of the graph's dtype and at most its length.
+bool InputFits(const at::Tensor& t, const ProgramInput& in);
+// What `in` takes, for errors: "i64[40]", or "i64[<= 40] (ragged: bags by
+// the offsets 'offsets')".
+std::string InputTypeText(const ProgramInput& in);
 
 class Program {
  public:
@@ -150,7 +162,8 @@ class Program {
   // none): which global rows this rank holds is ir::RankRows(B, it, N, r).
   int64_t micro_batch() const;
 
-  // Checks `inputs` against inputs() (count, dtype, sizes) without running.
+  // Checks `inputs` against inputs() (count, dtype, sizes; a ragged input's
+  // length up to the graph's, InputFits) without running.
   absl::Status CheckInputs(const std::vector<c10::IValue>& inputs) const;
   // Runs the graph once. Tensors on another device are copied to device().
   // The program holds the only references it is given: pass inputs by move

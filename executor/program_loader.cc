@@ -262,6 +262,55 @@ class Loader {
   int32_t next_slot_ = 0;
 };
 
+// The INPUT placeholder whose input name is `name`, or nullptr.
+ProgramInput* FindInput(Program::Impl& impl, const std::string& name) {
+  for (ProgramInput& in : impl.inputs)
+    if (in.role == ir::PlaceholderRole::kInput && in.state_name == name) return &in;
+  return nullptr;
+}
+
+std::string InputText(const ProgramInput& in) {
+  return absl::StrCat(in.type.ToString(), in.batch_dim < 0
+                                              ? std::string(" without a batch dim")
+                                              : absl::StrCat(" batched on dim ", in.batch_dim));
+}
+
+// Graph metadata ir::kRaggedKey (issue 23): each ragged INPUT is marked with
+// its offsets INPUT (ProgramInput::ragged_offsets), both checked first: the
+// input 1-D without a batch dim, the offsets 1-D int64 or int32 with batch
+// dim 0. INVALID_ARGUMENT naming the line and what does not fit.
+absl::Status PlanRagged(const ir::Graph& graph, Program::Impl& impl) {
+  for (const auto& [key, value] : graph.header().metadata) {
+    if (key != ir::kRaggedKey) continue;
+    FXDP_ASSIGN_OR_RETURN(const ir::RaggedInputs pairs, ir::ParseRagged(value));
+    for (const auto& [input, offsets] : pairs) {
+      const std::string where =
+          absl::StrCat("graph metadata ", ir::kRaggedKey, " line '", input, " ", offsets, "': ");
+      ProgramInput* in = FindInput(impl, input);
+      ProgramInput* off = FindInput(impl, offsets);
+      if (in == nullptr || off == nullptr)
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, "the graph has no INPUT placeholder '", in == nullptr ? input : offsets, "'"));
+      const ir::ValueType& t = in->type;
+      if (!t.is_tensor() || t.tensor.shape.size() != 1 || in->batch_dim != -1)
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, "input '", input, "' is ", InputText(*in),
+                         "; a ragged input is a 1-D tensor without a batch dim"));
+      const ir::ValueType& o = off->type;
+      if (!o.is_tensor() || o.tensor.shape.size() != 1 || off->batch_dim != 0 ||
+          (o.tensor.dtype != ir::DType::kInt64 && o.tensor.dtype != ir::DType::kInt32))
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, "its offsets '", offsets, "' are ", InputText(*off),
+                         "; offsets are a 1-D int64 or int32 tensor batched on dim 0"));
+      if (!in->ragged_offsets.empty() && in->ragged_offsets != offsets)
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, "input '", input, "' is already cut by the offsets '", in->ragged_offsets, "'"));
+      in->ragged_offsets = offsets;
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status LoadPlan(const ir::Graph& graph, Program::Impl& impl) {
@@ -280,7 +329,8 @@ absl::Status LoadPlan(const ir::Graph& graph, Program::Impl& impl) {
       FXDP_ASSIGN_OR_RETURN(impl.random_layouts, ir::ParseRandomLayouts(value));
     }
   }
-  return Loader(graph, impl).Load();
+  FXDP_RETURN_IF_ERROR(Loader(graph, impl).Load());
+  return PlanRagged(graph, impl);
 }
 
 }  // namespace fxdp::executor

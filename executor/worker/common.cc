@@ -123,9 +123,79 @@ std::string DeviceMemorySummary(const c10::Device& device) {
   }
 }
 
+namespace {
+
+// The values of a 1-D int64 or int32 tensor.
+absl::StatusOr<std::vector<int64_t>> OffsetValues(const at::Tensor& t) {
+  if (t.dim() != 1 || (t.scalar_type() != at::kLong && t.scalar_type() != at::kInt))
+    return absl::InvalidArgumentError(absl::StrCat("the offsets are ", DescribeTorchTensor(t),
+                                                   "; offsets are a 1-D int64 or int32 tensor"));
+  const at::Tensor v = t.to(at::kCPU, at::kLong).contiguous();
+  const int64_t* p = v.data_ptr<int64_t>();
+  return std::vector<int64_t>(p, p + v.numel());
+}
+
+// The graph's rows of INPUT `name` (its dim 0), -1 when it has none.
+int64_t GraphRows(const Program& program, const std::string& name) {
+  for (const ProgramInput& in : program.inputs())
+    if (in.role == ir::PlaceholderRole::kInput && in.state_name == name && in.type.is_tensor() &&
+        !in.type.tensor.shape.empty())
+      return in.type.tensor.shape[0];
+  return -1;
+}
+
+// The spans of `t` (dim 0), concatenated.
+at::Tensor Gather(const at::Tensor& t, const ir::RaggedCut& cut) {
+  std::vector<at::Tensor> pieces;
+  for (const auto& [begin, end] : cut.spans) pieces.push_back(t.narrow(0, begin, end - begin));
+  if (pieces.empty()) return t.narrow(0, 0, 0).contiguous();
+  return pieces.size() == 1 ? pieces[0].contiguous() : at::cat(pieces, 0);
+}
+
+// Ragged inputs of a global batch (issue 23): each becomes this rank's bags'
+// elements (ir::CutRagged by its offsets' global values) and its offsets
+// this rank's rows rebased to them, in `out`; read from `batch`, before any
+// offsets are narrowed. Offsets that already have the graph's rows (this
+// rank's batch) or hold no values (meta tensors: shapes checked before a
+// file is read) are left to the plain narrowing.
+absl::Status CutRaggedInputs(const TensorMap& batch, const Program& program, int rank,
+                             int world_size, TensorMap& out) {
+  for (const ProgramInput& in : program.inputs()) {
+    if (in.ragged_offsets.empty()) continue;
+    auto text = batch.find(in.state_name);
+    auto offs = batch.find(in.ragged_offsets);
+    if (text == batch.end() || offs == batch.end()) continue;  // reported by the step
+    const at::Tensor& o = offs->second;
+    if (o.dim() != 1 || o.size(0) == GraphRows(program, in.ragged_offsets) || o.is_meta() ||
+        text->second.is_meta())
+      continue;
+    const std::vector<ir::RankSlice> rows =
+        ir::RankRows(o.size(0), program.micro_batch(), world_size, rank);
+    // Rows the graph does not take: the plain narrowing says so.
+    if (ir::RowCount(rows) != GraphRows(program, in.ragged_offsets)) continue;
+    const std::string what =
+        absl::StrCat("input '", in.state_name, "' cut by the offsets '", in.ragged_offsets,
+                     "' for rank ", rank, " of ", world_size, ": ");
+    if (text->second.dim() != 1)
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, "it is ", DescribeTorchTensor(text->second), ", a ragged input is 1-D"));
+    absl::StatusOr<std::vector<int64_t>> values = OffsetValues(o);
+    if (!values.ok())
+      return absl::InvalidArgumentError(absl::StrCat(what, values.status().message()));
+    absl::StatusOr<ir::RaggedCut> cut = ir::CutRagged(*values, text->second.size(0), rows);
+    if (!cut.ok()) return absl::InvalidArgumentError(absl::StrCat(what, cut.status().message()));
+    out[in.state_name] = Gather(text->second, *cut);
+    out[in.ragged_offsets] = at::tensor(cut->offsets, at::kLong).to(o.device(), o.scalar_type());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<TensorMap> ShardBatch(const TensorMap& batch, const Program& program, int rank,
                                      int world_size) {
   TensorMap out = batch;
+  FXDP_RETURN_IF_ERROR(CutRaggedInputs(batch, program, rank, world_size, out));
   for (const ProgramInput& in : program.inputs()) {
     if (in.role != ir::PlaceholderRole::kInput || !in.type.is_tensor()) continue;
     auto it = out.find(in.state_name);
@@ -157,15 +227,13 @@ absl::StatusOr<TensorMap> ShardBatch(const TensorMap& batch, const Program& prog
 absl::Status CheckBatch(const TensorMap& batch, const Program& program) {
   for (const ProgramInput& in : program.inputs()) {
     if (in.role != ir::PlaceholderRole::kInput || !in.type.is_tensor()) continue;
-    const ir::TensorType& want = in.type.tensor;
-    const std::string expected = TypeForMessage(want);
+    const std::string expected = InputTypeText(in);
     auto it = batch.find(in.state_name);
     if (it == batch.end() || !it->second.defined())
       return absl::InvalidArgumentError(absl::StrCat("no tensor for input '", in.state_name,
                                                      "' (the graph expects ", expected, ")"));
     const at::Tensor& t = it->second;
-    absl::StatusOr<ir::DType> dtype = FromTorch(t.scalar_type());
-    if (!dtype.ok() || *dtype != want.dtype || t.sizes().vec() != want.shape)
+    if (!InputFits(t, in))
       return absl::InvalidArgumentError(absl::StrCat("input '", in.state_name, "' is ",
                                                      DescribeTorchTensor(t),
                                                      ", this rank's graph expects ", expected));

@@ -88,13 +88,18 @@ std::string DeviceMemorySummary(const c10::Device& device);
 // differs from the graph's becomes this rank's rows (ir::RankRows: its
 // balanced contiguous slice, the first B % N ranks getting one extra sample,
 // or with micro-batches, Program::micro_batch, its share of each); tensors
-// that already have the graph's size are used as they are. INVALID_ARGUMENT
-// when the rows would not have the graph's size.
+// that already have the graph's size are used as they are. A ragged input
+// (ProgramInput::ragged_offsets) of a global batch becomes its rows' bags
+// (ir::CutRagged by its offsets' values) and its offsets those rows rebased
+// to them. INVALID_ARGUMENT when the rows would not have the graph's size,
+// and naming both inputs and the element for offsets that decrease or pass
+// the input's end.
 absl::StatusOr<TensorMap> ShardBatch(const TensorMap& batch, const Program& program, int rank,
                                      int world_size);
 
 // Every INPUT tensor placeholder of `program` is in `batch` with the graph's
-// dtype and shape (this rank's shard): INVALID_ARGUMENT naming the input,
+// dtype and shape (this rank's shard; a ragged input at most the graph's
+// length, InputFits): INVALID_ARGUMENT naming the input,
 // what the graph expects and what came, else.
 absl::Status CheckBatch(const TensorMap& batch, const Program& program);
 

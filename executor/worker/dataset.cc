@@ -159,8 +159,12 @@ absl::StatusOr<DatasetReader> DatasetReader::Open(const std::string& dir, const 
     if (in.batch_dim != 0)
       return absl::InvalidArgumentError(absl::StrCat(
           "dataset directory '", dir, "': input '", in.state_name, "' has ",
-          in.batch_dim < 0 ? std::string("no batch dim")
-                           : absl::StrCat("its batch on dim ", in.batch_dim),
+          !in.ragged_offsets.empty()
+              ? absl::StrCat("no batch dim (it is ragged: its samples are bags delimited by the "
+                             "offsets '",
+                             in.ragged_offsets, "')")
+          : in.batch_dim < 0 ? std::string("no batch dim")
+                             : absl::StrCat("its batch on dim ", in.batch_dim),
           "; a dataset holds samples as rows along dim 0 (stream such batches from the client, "
           "or give files with --data / data_paths)"));
   }
