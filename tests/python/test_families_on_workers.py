@@ -139,18 +139,7 @@ RUNS = [(2, 6, "sgd"), (2, 7, "adamw"), (3, 7, "sgd"), (3, 7, "adamw")]
 HF = {"mixtral", "qwen2_moe", "whisper", "clip"}  # marker real_models: transformers' models
 CASES = [
     pytest.param(
-        f,
-        *r,
-        id=f"{f}-N{r[0]}-B{r[1]}-{r[2]}",
-        marks=[pytest.mark.real_models]
-        if f in HF
-        else [
-            pytest.mark.xfail(
-                strict=True, reason="the workers do not cut ragged inputs yet (ragged-exec)"
-            )
-        ]
-        if f == "embedding_bag_text"
-        else [],
+        f, *r, id=f"{f}-N{r[0]}-B{r[1]}-{r[2]}", marks=[pytest.mark.real_models] if f in HF else []
     )
     for f in FAMILIES
     for r in RUNS

@@ -204,9 +204,10 @@ def test_one_symbolic_trace_for_every_total_length(tmp_path):
         check_against_one_device(tmp_path / str(total), step.instantiate(batches[0]), batches, 2)
 
 
-@pytest.mark.xfail(strict=True, reason="the workers do not cut ragged inputs yet (ragged-exec)")
 def test_on_real_workers(tmp_path):
-    """3 real fxdp-worker processes (LibTorch), B=7 (3,2,2), split by bags: equal to one device."""
+    """3 real fxdp-worker processes (LibTorch), B=7 (3,2,2), each slicing the global batch files
+    itself (ShardBatch): a rank reads only its bags' tokens, its offsets rebased to them; equal
+    to one device."""
     torch.manual_seed(0)
     model = _TextClassifier()
     opt, _ = optimizer(model, "sgd")
