@@ -14,6 +14,7 @@
 #include <string>
 
 #include "absl/strings/str_format.h"
+#include "analysis/ir/checkpoint_index.h"
 #include "executor/torch_types.h"
 #include "executor/worker/attach_worker.h"
 #include "executor/worker/checkpoint_write.h"
@@ -32,6 +33,16 @@ absl::StatusOr<int> RanksThatWrote(Communicator& comm, bool wrote, double timeou
       std::chrono::milliseconds(std::max<int64_t>(1, std::llround(timeout_s * 1000)));
   FXDP_ASSIGN_OR_RETURN(at::Tensor sum, work->Wait(timeout));
   return static_cast<int>(std::lround(sum.item<double>()));
+}
+
+// Whether the job goes on from a checkpoint in its own checkpoint directory
+// (a job re-queued after a server restart, or resumed with the same policy):
+// the checkpoints that directory holds of later steps, written by the run cut
+// short, are superseded by the ones this run writes (the same steps again).
+bool GoesOnInItsOwnDir(const v1::AssignJob& a, int64_t first_step) {
+  return first_step > 0 && a.has_initial_checkpoint() &&
+         a.initial_checkpoint().path() ==
+             ir::JoinCheckpointPath(a.checkpoints().dir(), ir::CheckpointStepDir(first_step));
 }
 
 std::map<std::string, std::string> RolesOf(const Program& program) {
@@ -54,6 +65,12 @@ absl::Status AttachedWorker::MaybeCheckpoint(AssignedJob& job, const StepRunner&
       LayoutOf(job.assign, &job.declared_state, o_.data_roots_opened.get());
   // StepRunner::program() has no const overload; RolesOf only reads its inputs.
   const Program& program = const_cast<StepRunner&>(runner).program();
+  if (GoesOnInItsOwnDir(job.assign, job.step_offset)) {
+    // Files only: another rank may be writing into the directory already.
+    if (absl::Status s = RemoveCheckpointPart(policy, k, layout, /*directory=*/false); !s.ok())
+      util::Log(job.Prefix(), "could not remove the superseded checkpoint of step ", k, ": ",
+                s.message());
+  }
   absl::StatusOr<WrittenPart> part =
       WriteCheckpointPart(policy, k, layout, runner.state(), RolesOf(program), job.non_persistent);
   const double timeout_s =

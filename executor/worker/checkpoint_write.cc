@@ -145,7 +145,7 @@ absl::StatusOr<WrittenPart> WriteCheckpointPart(const v1::CheckpointPolicy& poli
 }
 
 absl::Status RemoveCheckpointPart(const v1::CheckpointPolicy& policy, int64_t step,
-                                  const RankStateLayout& layout) {
+                                  const RankStateLayout& layout, bool directory) {
   const util::DataRoots& roots = RootsOf(layout);
   const std::string dir = ir::JoinCheckpointPath(policy.dir(), ir::CheckpointStepDir(step));
   auto gone = [](const absl::Status& s) {
@@ -156,6 +156,7 @@ absl::Status RemoveCheckpointPart(const v1::CheckpointPolicy& policy, int64_t st
         gone(roots.Remove(ir::JoinCheckpointPath(dir, ir::kCheckpointIndexName), false)));
   FXDP_RETURN_IF_ERROR(gone(roots.Remove(
       ir::JoinCheckpointPath(dir, ir::CheckpointRankFile(layout.rank, layout.world)), false)));
+  if (!directory) return absl::OkStatus();
   // The last rank to get here removes the directory; the others find files in it.
   const absl::Status s = roots.Remove(dir, true);
   return s.code() == absl::StatusCode::kFailedPrecondition ? absl::OkStatus() : gone(s);

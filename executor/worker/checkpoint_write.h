@@ -55,10 +55,10 @@ absl::StatusOr<WrittenPart> WriteCheckpointPart(const v1::CheckpointPolicy& poli
                                                 const std::set<std::string>& non_persistent);
 
 // Deletes this rank's files of the checkpoint after `step` (rank 0 its index
-// first), then the step's directory once it is empty. Files already gone are
-// not an error.
+// first), then (`directory`) the step's directory once it is empty. Files
+// already gone are not an error.
 absl::Status RemoveCheckpointPart(const v1::CheckpointPolicy& policy, int64_t step,
-                                  const RankStateLayout& layout);
+                                  const RankStateLayout& layout, bool directory = true);
 
 }  // namespace fxdp::executor
 

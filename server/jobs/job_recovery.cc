@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/jobs/job_resume.h"
 #include "server/log.h"
 
 namespace fxdp::server {
@@ -79,8 +80,10 @@ std::shared_ptr<Job> RecoverCutShort(JobStore* store, const Expander& expand, Jo
   const bool on_workers = k == 0 && info->checkpoint_step() > 0 && !info->checkpoint_path().empty();
   if (!on_workers) info->set_checkpoint_step(k);
   // A data_paths job with a checkpoint resumes from it (a job queued as a
-  // resume of another has that one's checkpoint as its own).
-  const bool resume = r.spec.data_paths_size() > 0 && k > 0;
+  // resume of another has that one's checkpoint as its own), its workers'
+  // one read by the new workers (every state tensor, as a resume of it).
+  const bool from_workers = on_workers && r.spec.data_paths_size() > 0;
+  const bool resume = r.spec.data_paths_size() > 0 && (k > 0 || from_workers);
   // A streamed one fails; with a checkpoint its client can resume it.
   std::string again =
       k > 0 ? absl::StrCat("resume it from its checkpoint of step ", k, " (fxdp run --resume ", id,
@@ -96,8 +99,13 @@ std::shared_ptr<Job> RecoverCutShort(JobStore* store, const Expander& expand, Jo
     return nullptr;
   }
   // A running job resumes from its checkpoint, a queued one starts.
-  absl::StatusOr<JobStore::Tensors> initial =
-      resume ? std::move(checkpoint->state) : store->ReadInitialState(id);
+  absl::StatusOr<JobStore::Tensors> initial = from_workers ? JobStore::Tensors{}
+                                              : resume     ? std::move(checkpoint->state)
+                                                           : store->ReadInitialState(id);
+  if (from_workers) {
+    *r.spec.mutable_initial_checkpoint() = WholeStateFrom(info->checkpoint_path(), r.spec.graph());
+    r.spec.set_num_state_tensors(0);
+  }
   absl::StatusOr<PreparedSpec> p = initial.ok() ? PrepareJobSpec(std::move(r.spec), expand)
                                                 : absl::StatusOr<PreparedSpec>(initial.status());
   if (!p.ok()) {
@@ -113,19 +121,26 @@ std::shared_ptr<Job> RecoverCutShort(JobStore* store, const Expander& expand, Jo
   info->set_queue_position(0);
   info->set_message("queued again after a server restart");
   if (resume) {
-    plan.first_step = k;
-    plan.spec.set_num_state_tensors(static_cast<uint32_t>(initial->size()));
-    // The checkpoint holds the whole state: nothing is read by the workers.
-    plan.spec.clear_initial_checkpoint();
-    plan.declared_sent = plan.declared_state;
+    const int64_t at = from_workers ? info->checkpoint_step() : k;
+    plan.first_step = at;
+    if (!from_workers) {
+      // The checkpoint holds the whole state: nothing is read by the workers.
+      plan.spec.set_num_state_tensors(static_cast<uint32_t>(initial->size()));
+      plan.spec.clear_initial_checkpoint();
+      plan.declared_sent = plan.declared_state;
+    }
     if (state == v1::JOB_STATE_RUNNING) {
       ApplyChange(info, JobChange::kRequeue, absl::OkStatus()).IgnoreError();
     }
-    info->set_steps_done(k);
-    info->mutable_losses()->Truncate(static_cast<int>(std::min<int64_t>(k, info->losses_size())));
+    info->set_steps_done(at);
+    info->mutable_losses()->Truncate(static_cast<int>(std::min<int64_t>(at, info->losses_size())));
     info->clear_workers();
-    info->set_message(
-        absl::StrCat("resumed from the checkpoint of step ", k, " after a server restart"));
+    info->set_message(absl::StrCat("resumed from ",
+                                   from_workers
+                                       ? absl::StrCat("its workers' checkpoint of step ", at, ", '",
+                                                      info->checkpoint_path(), "',")
+                                       : absl::StrCat("the checkpoint of step ", at),
+                                   " after a server restart"));
     Log(absl::StrCat(id, ": ", info->message()));
   }
   auto job = std::make_shared<Job>(RecordedOwner(*info), *info);

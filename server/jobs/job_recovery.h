@@ -7,7 +7,8 @@
 //     data_paths jobs with a checkpoint (--checkpoint-every), which are
 //     queued again to resume after the checkpoint's step (first_step) from
 //     its state (a QUEUED resume of another job too: its checkpoint is that
-//     job's);
+//     job's), or with one their workers wrote (JobSpec.checkpoints), which
+//     the new workers read (every state tensor, job_resume.h's WholeStateFrom);
 //   - QUEUED jobs whose batches came over their Submit stream are FAILED
 //     (UNAVAILABLE): that stream ended with the server; a FAILED job with a
 //     checkpoint keeps it, and its error says how to resume it

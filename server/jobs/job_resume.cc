@@ -155,6 +155,20 @@ std::string SpecDifference(const v1::JobSpec& spec, const v1::JobSpec& was, bool
   return "";
 }
 
+// FAILED_PRECONDITION: `id` cannot be resumed (why), and what can be done instead.
+absl::Status NotResumable(const std::string& id, const v1::JobInfo& info, bool on_workers,
+                          const std::string& why) {
+  const std::string instead =
+      on_workers ? absl::StrCat("its work is in its workers' checkpoint '", info.checkpoint_path(),
+                                "' (step ", info.checkpoint_step(),
+                                "): start a job from it with JobSpec.initial_checkpoint")
+                 : absl::StrCat("the state it kept can be fetched: fxdp fetch ", id);
+  return absl::FailedPreconditionError(
+      absl::StrCat("job '", id, "' cannot be resumed: ", why, " (", instead, ")"));
+}
+
+}  // namespace
+
 // The checkpoint at `path` as the initial_checkpoint of every state tensor of
 // `graph` (a checkpoint the workers wrote holds each under its state name).
 v1::CheckpointSource WholeStateFrom(const std::string& path, const v1::GraphDef& graph) {
@@ -169,20 +183,6 @@ v1::CheckpointSource WholeStateFrom(const std::string& path, const v1::GraphDef&
   }
   return source;
 }
-
-// FAILED_PRECONDITION: `id` cannot be resumed (why), and what can be done instead.
-absl::Status NotResumable(const std::string& id, const v1::JobInfo& info, bool on_workers,
-                          const std::string& why) {
-  const std::string instead =
-      on_workers ? absl::StrCat("its work is in its workers' checkpoint '", info.checkpoint_path(),
-                                "' (step ", info.checkpoint_step(),
-                                "): start a job from it with JobSpec.initial_checkpoint")
-                 : absl::StrCat("the state it kept can be fetched: fxdp fetch ", id);
-  return absl::FailedPreconditionError(
-      absl::StrCat("job '", id, "' cannot be resumed: ", why, " (", instead, ")"));
-}
-
-}  // namespace
 
 absl::StatusOr<ResumeStart> PrepareResume(const JobTable& table, JobStore* store,
                                           const JobOwner& caller, const v1::JobSpec& spec,

@@ -57,6 +57,10 @@ absl::StatusOr<ResumeStart> PrepareResume(const JobTable& table, JobStore* store
                                           int64_t checkpoint_every,
                                           const std::shared_ptr<Job>& self);
 
+// The checkpoint at `path` as the initial_checkpoint of every state tensor of
+// `graph` (a checkpoint the workers wrote holds each under its state name).
+v1::CheckpointSource WholeStateFrom(const std::string& path, const v1::GraphDef& graph);
+
 // "" when the two graphs have the same nodes (producer and metadata are not
 // compared), else what differs first: a state tensor or input (its name and
 // both types), the number of nodes, or the first node that differs (its

@@ -38,8 +38,9 @@ from _util import (
     wait_for,
 )
 from fxdp import zoo
+from fxdp.v1 import checkpoint_pb2 as ckpb
 from fxdp.v1 import jobs_pb2 as jpb
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from test_server_jobs import LONG, requests
 
 MODEL, OPTIM = "mlp", "adamw"
@@ -142,3 +143,30 @@ def test_a_running_data_paths_job_resumes_from_its_checkpoint(tmp_path):
         with fxdp.Client(server.address) as client:
             plain = client.train(step, world_size=2, data_path=files, steps=steps)
         assert_same_run(info.losses, final, plain)
+
+
+def test_a_running_data_paths_job_resumes_from_its_workers_checkpoint(tmp_path):
+    """A data_paths job whose workers write its checkpoints (every 5 steps), killed mid-run with the
+    server (SIGKILL): after the restart it goes on by itself from its workers' newest complete
+    checkpoint (read by its new workers, every state tensor, at that step) and ends bit for bit like
+    an uninterrupted run. Before, it was FAILED naming the checkpoint, for a resume by hand."""
+    files = batch_files(tmp_path, MODEL, 3)
+    step = traced(MODEL, OPTIM)
+    steps, policy = 200, ckpb.CheckpointPolicy(dir=str(tmp_path / "c"), every=5, keep=2)
+    requests = data_paths_requests(step, files, steps, checkpoints=policy)
+    root = ("--data-root", str(tmp_path))
+    with resumed_after_sigkill(tmp_path / "state", requests, 23, *root) as (server, job, info, at):
+        line = next(x for x in server.log if "resumed from its workers' checkpoint of step" in x)
+        k = int(re.search(r"checkpoint of step (\d+)", line).group(1))
+        assert k % 5 == 0 and 0 < k <= at + 5, (k, at, line)
+        assert f"'{tmp_path / 'c' / f'step-{k}'}'" in line, line
+        assert info.steps_done == steps and len(info.losses) == steps, info
+        assert info.checkpoint_step == steps, info  # its own checkpoints went on
+        with fxdp.Client(server.address) as client:
+            plain = client.train(step, world_size=2, data_path=files, steps=steps)
+    # Its final state is its last checkpoint (REPLICATE: each tensor whole in one rank's file).
+    final = {}
+    for f in sorted((tmp_path / "c" / f"step-{steps}").glob("rank-*-of-2.safetensors")):
+        final.update(load_file(str(f)))
+    assert sorted(final) == sorted(plain.state)
+    assert_same_run(info.losses, final, plain)
