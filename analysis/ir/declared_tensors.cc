@@ -1,10 +1,13 @@
 #include "analysis/ir/declared_tensors.h"
 
 #include <limits>
+#include <set>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "analysis/ir/batch_split.h"
 #include "analysis/ir/type_text.h"
 
 namespace fxdp::ir {
@@ -27,9 +30,24 @@ uint64_t TensorByteSize(DType dtype, const std::vector<int64_t>& shape) {
   return bytes;
 }
 
+// The INPUTs the graph's metadata kRaggedKey lists (a line that does not
+// parse lists none: Program::Load reports it).
+std::set<std::string> RaggedNames(const v1::GraphDef& g) {
+  std::set<std::string> out;
+  for (const v1::StringPair& kv : g.metadata()) {
+    if (kv.key() != kRaggedKey) continue;
+    absl::StatusOr<RaggedInputs> pairs = ParseRagged(kv.value());
+    if (!pairs.ok()) continue;
+    for (const auto& [input, offsets] : *pairs) out.insert(input);
+  }
+  return out;
+}
+
 DeclaredTensors DeclaredTensors::Of(const v1::GraphDef& g, Kind kind) {
   DeclaredTensors out;
   out.kind_ = kind;
+  const std::set<std::string> ragged =
+      kind == Kind::kBatch ? RaggedNames(g) : std::set<std::string>();
   for (const v1::Node& n : g.nodes()) {
     if (n.kind() != v1::PLACEHOLDER || n.outputs_size() == 0 || n.outputs(0).kind() != v1::TENSOR)
       continue;
@@ -44,6 +62,7 @@ DeclaredTensors DeclaredTensors::Of(const v1::GraphDef& g, Kind kind) {
     d.dtype = dtype.ok() ? *dtype : DType::kFloat32;  // a decoded graph has known dtypes
     d.shape.assign(t.shape().begin(), t.shape().end());
     d.batch_dim = input ? n.placeholder().batch_dim() : -1;
+    d.ragged = ragged.count(name) > 0 && d.shape.size() == 1;
     d.bytes = TensorByteSize(d.dtype, d.shape);
     out.bytes_ = SaturatingAdd(out.bytes_, d.bytes);
     out.order_.push_back(name);
@@ -92,7 +111,9 @@ absl::Status DeclaredTensors::CheckFirstChunk(const v1::TensorChunk& c, absl::st
   bool fits = dtype.ok() && c.dtype() != v1::DTYPE_UNSPECIFIED && *dtype == want->dtype &&
               shape.size() == want->shape.size();
   for (size_t d = 0; fits && d < shape.size(); ++d) {
-    if (static_cast<int>(d) == want->batch_dim && world_size > 1) {
+    if (want->ragged) {
+      fits = shape[d] >= 0 && shape[d] <= want->shape[d];
+    } else if (static_cast<int>(d) == want->batch_dim && world_size > 1) {
       const int64_t n = want->shape[d];
       fits = shape[d] >= 0 && (n >= std::numeric_limits<int64_t>::max() / world_size - 1 ||
                                shape[d] <= static_cast<int64_t>(world_size) * (n + 1) - 1);
@@ -106,7 +127,10 @@ absl::Status DeclaredTensors::CheckFirstChunk(const v1::TensorChunk& c, absl::st
                               : TypeText(absl::StrCat("dtype", static_cast<int>(c.dtype())), shape);
   return absl::InvalidArgumentError(
       absl::StrCat(prefix, "tensor '", c.name(), "' is ", got, ", the graph's placeholder '",
-                   want->node, "' declares ", TypeText(want->dtype, want->shape),
+                   want->node, "' declares ",
+                   want->ragged ? absl::StrCat(DTypeShortName(want->dtype), "[<= ", want->shape[0],
+                                               "] (ragged: this rank's bags of it)")
+                                : TypeText(want->dtype, want->shape),
                    world_size > 1 && want->batch_dim >= 0
                        ? absl::StrCat(" (this rank's shard of dim ", want->batch_dim,
                                       " of a global batch over ", world_size, " ranks)")

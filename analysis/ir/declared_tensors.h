@@ -31,6 +31,9 @@ class DeclaredTensors {
     DType dtype = DType::kFloat32;
     std::vector<int64_t> shape;
     int batch_dim = -1;  // INPUTs
+    // A ragged INPUT (the graph's metadata kRaggedKey, batch_split.h): 1-D,
+    // `shape` its global length, an upper bound; a rank gets its bags' part.
+    bool ragged = false;
     uint64_t bytes = 0;  // saturating
   };
 
@@ -53,8 +56,8 @@ class DeclaredTensors {
   // A tensor's first chunk: its name is declared, its dtype and shape are
   // the placeholder's. With `world_size` > 1 the batch dim of an INPUT may
   // hold a global batch (up to world_size * (n + 1) - 1 samples for the
-  // rank's n). INVALID_ARGUMENT "<what>: tensor 'x' is not ... of the graph
-  // (its N ...: a, b)" or "<what>: tensor 'x' is f32[3, 5], the graph's
+  // rank's n); a ragged INPUT any length up to the declared. INVALID_ARGUMENT "<what>: tensor 'x'
+  // is not ... of the graph (its N ...: a, b)" or "<what>: tensor 'x' is f32[3, 5], the graph's
   // placeholder 'w' declares f32[3, 4]" (no "<what>: " when `what` is empty).
   absl::Status CheckFirstChunk(const v1::TensorChunk& c, absl::string_view what,
                                int world_size = 1) const;

@@ -3,7 +3,8 @@
 // records them; CheckInputs and CheckBatch take any text length up to the graph's (the global
 // one, an upper bound); ShardBatch gives each rank its bags' tokens and its offsets rebased to
 // them (ir::CutRagged), per_sample_weights cut by the same spans; together the ranks compute the
-// global batch's bags.
+// global batch's bags. A streamed batch's chunks (already cut by the server) are checked likewise
+// (ir::DeclaredTensors).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -11,6 +12,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "analysis/ir/declared_tensors.h"
+#include "analysis/ir/proto_codec.h"
 #include "executor/interpreter.h"
 #include "executor/worker/common.h"
 #include "tests/executor/interpreter_test_util.h"
@@ -206,6 +209,39 @@ TEST(RaggedShardBatch, RefusesOffsetsThatDecreaseOrPassTheText) {
   bad["offsets"] = at::tensor({0, 4, 5, 8, 10, 12, 14}, at::kLong);
   EXPECT_THAT(ShardBatch(bad, p, 1, 2).status(),
               StatusIs(kBad, "input 'offsets' has 7 samples on dim 0; rank 1 of 2 would get 3"));
+}
+
+// A streamed batch's first chunk (attach mode, the server's BatchSharder cut it): the rank graph's
+// ragged INPUTs take any length up to the declared, every other INPUT its declared shape.
+TEST(RaggedStreamedBatch, FirstChunksTakeARanksBagsOnly) {
+  const v1::GraphDef g = ir::EncodeGraph(BagsGraph(2));
+  const ir::DeclaredTensors declared =
+      ir::DeclaredTensors::Of(g, ir::DeclaredTensors::Kind::kBatch);
+  auto chunk = [](const std::string& name, v1::DType dtype, int64_t n) {
+    v1::TensorChunk c;
+    c.set_name(name);
+    c.set_dtype(dtype);
+    c.add_shape(n);
+    return c;
+  };
+  EXPECT_TRUE(declared.CheckFirstChunk(chunk("text", v1::INT64, 9), "", 2).ok());
+  EXPECT_TRUE(declared.CheckFirstChunk(chunk("text", v1::INT64, 0), "").ok());
+  EXPECT_TRUE(declared.CheckFirstChunk(chunk("weights", v1::FLOAT32, 17), "").ok());
+  EXPECT_THAT(declared.CheckFirstChunk(chunk("text", v1::INT64, 18), "step 1's batch", 2),
+              StatusIs(kBad,
+                       "step 1's batch: tensor 'text' is i64[18], the graph's placeholder "
+                       "'text' declares i64[<= 17] (ragged: this rank's bags of it)"));
+  EXPECT_THAT(declared.CheckFirstChunk(chunk("text", v1::INT32, 9), ""),
+              StatusIs(kBad, "is i32[9]"));
+  EXPECT_THAT(declared.CheckFirstChunk(chunk("offsets", v1::INT64, 3), ""),
+              StatusIs(kBad,
+                       "tensor 'offsets' is i64[3], the graph's placeholder 'offsets' "
+                       "declares i64[2]"));
+  // Without the metadata the text is exact.
+  const ir::DeclaredTensors plain =
+      ir::DeclaredTensors::Of(ir::EncodeGraph(BagsGraph(2, "")), ir::DeclaredTensors::Kind::kBatch);
+  EXPECT_THAT(plain.CheckFirstChunk(chunk("text", v1::INT64, 9), ""),
+              StatusIs(kBad, "declares i64[17]"));
 }
 
 }  // namespace

@@ -24,9 +24,6 @@ from test_text_bags import (
 )
 
 RAGGED_KEY = "fxdp.ragged"
-# Until the workers take a ragged input shorter than its declared global length (ragged-exec):
-# not strict, so that their landing does not break this file; removed once it has landed.
-WORKERS_CUT = pytest.mark.xfail(reason="the workers do not take ragged inputs yet", strict=False)
 
 
 def ragged_pairs(expanded) -> list:
@@ -73,7 +70,6 @@ def classifier_step():
     return trace(model, opt, batches[0]), batches
 
 
-@WORKERS_CUT
 def test_text_split_by_bags_trains_like_one_device_on_2_and_3_workers():
     """B=7 bags of 170 tokens (more bytes than the table's gradient: split by bags): 4+3 bags on
     2 workers, 3+2+2 on 3 (uneven); SGD, 3 steps."""
@@ -84,7 +80,6 @@ def test_text_split_by_bags_trains_like_one_device_on_2_and_3_workers():
             assert len(pairs) == 1, pairs
 
 
-@WORKERS_CUT
 def test_per_sample_weights_are_cut_with_the_text():
     """per_sample_weights (one per token, batch_dim=-1 like the text) shares the text's offsets:
     both ragged, cut by the same bags; 3 workers equal one device."""
@@ -101,7 +96,6 @@ def test_per_sample_weights_are_cut_with_the_text():
     assert len(pairs) == 2 and pairs[0][1] == pairs[1][1], pairs
 
 
-@WORKERS_CUT
 def test_int32_offsets_train_like_one_device():
     """int32 offsets (EmbeddingBag takes them with int32 text): rebased and sent as int32. Twice
     the tokens: int32 text moves half the bytes, so 170 tokens would be read whole."""
@@ -147,7 +141,6 @@ def test_a_text_read_besides_the_bags_stays_whole():
         assert_equal(c.train(step, 3, batches), state, losses)
 
 
-@WORKERS_CUT
 def test_one_symbolic_job_runs_every_total_length():
     """dynamic=True: one job of batches of 170 tokens in 7 bags and 230 tokens in 6 bags (each
     shape its own rank graphs, each listing the text as ragged) on 3 workers equals one device."""
@@ -165,7 +158,6 @@ def test_one_symbolic_job_runs_every_total_length():
         assert len(c.job(r.job_id).shapes) == 2
 
 
-@WORKERS_CUT
 def test_evaluating_the_kept_state_splits_the_bags():
     """Client.evaluate of the state a 3-worker job kept (fxdp.trace_eval: no table gradient, so
     even 17 tokens are split by bags), 2 streamed batches on 3 workers: each batch's loss equals
