@@ -55,6 +55,21 @@ absl::Status Program::Impl::Push(const ArgPlan& a, const Step& s) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// ProgramOptions::check_outputs with ragged inputs: their length is an upper
+// bound, and so is every size computed from them.
+bool FitsAtMost(const at::Tensor& t, const ir::TensorType& want) {
+  if (!t.defined() || t.scalar_type() != ToTorch(want.dtype) ||
+      t.dim() != static_cast<int64_t>(want.shape.size()))
+    return false;
+  for (size_t d = 0; d < want.shape.size(); ++d)
+    if (t.size(static_cast<int64_t>(d)) > want.shape[d]) return false;
+  return true;
+}
+
+}  // namespace
+
 absl::Status Program::Impl::TakeReturns(Step& s) {
   auto error = [&](const std::string& what) {
     return absl::InternalError(absl::StrCat(s.label, ": ", what));
@@ -84,9 +99,10 @@ absl::Status Program::Impl::TakeReturns(Step& s) {
       const ir::ValueType& want = s.out_types[k];
       if (!want.is_tensor()) continue;
       const c10::IValue& v = slots[s.out_slots[k]];
-      if (!v.isTensor() || !Fits(v.toTensor(), want.tensor))
+      if (!v.isTensor() ||
+          !(ragged ? FitsAtMost(v.toTensor(), want.tensor) : Fits(v.toTensor(), want.tensor)))
         return error(absl::StrCat("output ", k, " is ", DescribeIValue(v), ", the graph says ",
-                                  TypeForMessage(want.tensor)));
+                                  TypeForMessage(want.tensor), ragged ? " at most" : ""));
     }
   }
   return absl::OkStatus();

@@ -80,8 +80,9 @@ struct ProgramOptions {
   std::chrono::milliseconds collective_timeout{std::chrono::minutes(5)};
   bool inference_mode = true;
   // After every node, compare each tensor output's dtype and sizes with the
-  // graph's metadata (INTERNAL naming the node on a mismatch). Costs a little
-  // host time per node; meant for checking rewritten graphs.
+  // graph's metadata (INTERNAL naming the node on a mismatch; with ragged
+  // inputs, whose length is an upper bound, each size at most the graph's).
+  // Costs a little host time per node; meant for checking rewritten graphs.
   bool check_outputs = false;
   // Tests: record the number of live values after every node (live_trace()).
   bool record_live = false;

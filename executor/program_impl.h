@@ -94,6 +94,7 @@ struct Program::Impl {
   std::vector<ir::RandomLayout> random_layouts;
   int64_t random_world = 1;        // the graph's "fxdp.world_size"
   int64_t micro_batch = 0;         // the graph's ir::kMicroBatchKey (0: none)
+  bool ragged = false;             // some input is ragged (ir::kRaggedKey)
   int64_t random_step_offset = 0;  // the graph's "fxdp.step_offset" (a resumed job)
   bool random_slice_set = false;
   RandomContext random;

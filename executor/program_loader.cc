@@ -306,6 +306,7 @@ absl::Status PlanRagged(const ir::Graph& graph, Program::Impl& impl) {
         return absl::InvalidArgumentError(absl::StrCat(
             where, "input '", input, "' is already cut by the offsets '", in->ragged_offsets, "'"));
       in->ragged_offsets = offsets;
+      impl.ragged = true;
     }
   }
   return absl::OkStatus();

@@ -123,6 +123,12 @@ TEST(RaggedInputs, TakeAnyLengthUpToTheGraphs) {
   // Run: the bags of 5 tokens.
   auto out = ValueOrDie(p.Run(values(five, at::ones({5}))));
   EXPECT_EQ(out[0].toTensor().sizes(), (std::vector<int64_t>{2, 3}));
+  // --check-outputs: _embedding_bag's offset2bag follows the text (i64[0] here against the
+  // declared i64[17]): with ragged inputs every size is at most the graph's.
+  ProgramOptions checked;
+  checked.check_outputs = true;
+  Program c = LoadCpu(BagsGraph(2), checked);
+  ValueOrDie(c.Run(values(five, at::ones({5}))));
 }
 
 // Each rank's shard of the global batch, run through its graph: its offsets rebased to its
