@@ -271,8 +271,10 @@ class BatchDimAnalyzer {
   struct BagBytes {
     int64_t split = 0, whole = 0;
   };
-  BagBytes BagBytesOf(const ir::UseMap& uses, const ir::Node& fwd, ir::ValueRef text,
+  BagBytes BagBytesOf(const ir::UseMap& uses, ir::ValueRef text, ir::ValueRef offsets,
                       const ir::ValueRef* weights) const;
+  std::string BagChoiceNote(ir::ValueRef text, ir::ValueRef offsets, const ir::ValueRef* weights,
+                            const BagBytes& b) const;
   // The note on how the bags of forward node `id` are computed, split or whole, and why.
   void NoteBagChoice(ir::NodeId id);
   // `n` is a bags' op over a ragged input.

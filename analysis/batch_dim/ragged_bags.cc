@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "analysis/batch_dim/analyzer.h"
@@ -36,11 +37,12 @@ struct Param {
 // the forward's per-bag and per-element outputs (offset2bag, bag_size, maximum_indices).
 struct BagOp {
   absl::string_view op;
-  Param indices, offsets, per_sample_weights, scale_grad_by_freq, include_last_offset;
+  Param weight, indices, offsets, per_sample_weights, scale_grad_by_freq, include_last_offset;
   Param saved[3];  // backward only
 };
 constexpr BagOp kBagOps[] = {
     {"aten::_embedding_bag",
+     {0, "weight"},
      {1, "indices"},
      {2, "offsets"},
      {6, "per_sample_weights"},
@@ -48,6 +50,7 @@ constexpr BagOp kBagOps[] = {
      {7, "include_last_offset"},
      {{-1, ""}, {-1, ""}, {-1, ""}}},
     {"aten::_embedding_bag_backward",
+     {0, "grad"},
      {1, "indices"},
      {2, "offsets"},
      {10, "per_sample_weights"},
@@ -150,39 +153,66 @@ bool BatchDimAnalyzer::OnlyBagsRead(const ir::UseMap& uses, ValueRef text, Value
   return true;
 }
 
-// Bytes each rank receives per step both ways for the bags of `fwd` (forward) over `text`
-// (with `weights`), at world size N: split, the ring all-reduce of the table's gradient
-// (2 (N-1)/N of it; nothing when nothing trains the table); whole, the (N-1)/N of the input
-// (and weights) it reads beyond its own bags, and the others' rows of the offsets and of the
-// bags' gradient that it all-gathers.
-BatchDimAnalyzer::BagBytes BatchDimAnalyzer::BagBytesOf(const ir::UseMap& uses, const Node& fwd,
-                                                        ValueRef text,
+// Bytes each rank receives per step both ways for the bags over `text` (with `weights`), at
+// world size N, summed over its forward ops (several tables may read one text): split, the ring
+// all-reduce of each table's gradient (2 (N-1)/N of it; nothing when nothing trains the tables);
+// whole, the (N-1)/N of the input (and weights) it reads beyond its own bags, and the others' rows
+// of the offsets (once) and of each table's bags' gradient that it all-gathers.
+BatchDimAnalyzer::BagBytes BatchDimAnalyzer::BagBytesOf(const ir::UseMap& uses, ValueRef text,
+                                                        ValueRef offsets,
                                                         const ValueRef* weights) const {
   const int64_t n = options_.world_size;
-  auto bytes = [&](ValueRef r) {
-    const ir::TensorType* t = TypeOf(r);
+  auto bytes = [&](const ValueRef* r) {
+    const ir::TensorType* t = r != nullptr ? TypeOf(*r) : nullptr;
     return t == nullptr ? 0 : t->numel() * ir::DTypeItemSize(t->dtype);
   };
   bool trains = false;
   for (const ir::Use& u : uses[text.node.value][text.output])
     trains |= IsBackward(*FindBagOp(g_.node(u.user)));
-  const ValueRef* table = fwd.args.empty() ? nullptr : fwd.args[0].get_if<ValueRef>();
-  const ir::TensorType* bags = OutType(fwd, 0);
   BagBytes b;
-  b.split = trains && table != nullptr ? 2 * (n - 1) * bytes(*table) / n : 0;
-  const int64_t offsets = bytes(*RefAt(fwd, kBagOps[0].offsets));
-  const int64_t grad_rows =
-      bags == nullptr || !trains ? 0 : bags->numel() * ir::DTypeItemSize(bags->dtype);
-  b.whole = (n - 1) * (bytes(text) + (weights ? bytes(*weights) : 0) + offsets + grad_rows) / n;
+  int64_t gathered = 0;
+  for (const ir::Use& u : uses[text.node.value][text.output]) {
+    const Node& fwd = g_.node(u.user);
+    if (IsBackward(*FindBagOp(fwd))) continue;
+    const ir::TensorType* bags = OutType(fwd, 0);
+    if (trains) b.split += 2 * (n - 1) * bytes(RefAt(fwd, kBagOps[0].weight)) / n;
+    if (trains && bags != nullptr) gathered += bags->numel() * ir::DTypeItemSize(bags->dtype);
+  }
+  // One gather of the offsets serves every op reading them (gathered_reads: one per value).
+  gathered += bytes(&offsets);
+  b.whole = (n - 1) * (bytes(&text) + bytes(weights) + gathered) / n;
   return b;
 }
 
+// The note on the choice for `text`'s bags, the same on each of its forward ops.
+std::string BatchDimAnalyzer::BagChoiceNote(ValueRef text, ValueRef offsets,
+                                            const ValueRef* weights, const BagBytes& b) const {
+  const bool split = b.split < b.whole;
+  const std::string names = absl::StrCat(
+      g_.node(text.node).name, weights ? absl::StrCat(" and ", g_.node(weights->node).name) : "");
+  return absl::StrFormat(
+      "%s %s: each rank %s (%d bytes per rank per step) rather than %s (%d bytes)", names,
+      split ? absl::StrCat("split by the bags of ", g_.node(offsets.node).name, " (metadata ",
+                           ir::kRaggedKey, ")")
+            : "read whole by every rank",
+      split ? absl::StrCat("reads only its bags' elements and its offsets rebased to them, "
+                           "computes its own bags",
+                           b.split > 0 ? ", and all-reduces the table's gradient" : "")
+            : "reads every bag's elements and all-gathers the offsets and the bags' gradient rows",
+      split ? b.split : b.whole,
+      split ? "reading every bag's elements and all-gathering the offsets and the bags' gradient "
+              "rows"
+            : "splitting by bags and all-reducing the table's gradient",
+      split ? b.whole : b.split);
+}
+
 // Before the passes: the flat inputs that can be split by bags (OnlyBagsRead), split where that
-// moves fewer bytes per rank (BagBytesOf). Not with micro-batches (a rank's share of each
-// micro-batch's bags), where the whole-input path stays.
+// moves fewer bytes per rank (BagBytesOf), one choice per input for all its bags' ops. Not with
+// micro-batches (a rank's share of each micro-batch's bags), where the whole-input path stays.
 void BatchDimAnalyzer::FindRaggedInputs() {
   if (a_.micro_batches_ > 1 || options_.world_size < 2) return;
   const ir::UseMap uses = ir::ComputeUses(g_);
+  absl::flat_hash_set<int32_t> decided;
   for (int32_t i = 0; i < g_.size(); ++i) {
     const Node& n = g_.nodes()[i];
     const BagOp* op = FindBagOp(n);
@@ -192,29 +222,16 @@ void BatchDimAnalyzer::FindRaggedInputs() {
     const ValueRef* weights = RefAt(n, op->per_sample_weights);
     if (!IsFlatInput(g_, text, false) || !IsFlatInput(g_, offsets, true)) continue;
     if (weights != nullptr && !IsFlatInput(g_, weights, false)) continue;
+    if (!decided.insert(text->node.value).second) continue;
     if (!OnlyBagsRead(uses, *text, *offsets, weights)) continue;
-    const BagBytes b = BagBytesOf(uses, n, *text, weights);
-    const std::string names =
-        absl::StrCat(g_.node(text->node).name,
-                     weights ? absl::StrCat(" and ", g_.node(weights->node).name) : "");
-    const bool split = b.split < b.whole;
-    bag_notes_[i] = absl::StrFormat(
-        "%s: %s %s: each rank %s (%d bytes per rank per step) rather than %s (%d bytes)", n.name,
-        names,
-        split ? absl::StrCat("split by the bags of ", g_.node(offsets->node).name, " (metadata ",
-                             ir::kRaggedKey, ")")
-              : "read whole by every rank",
-        split
-            ? absl::StrCat("reads only its bags' elements and its offsets rebased to them, "
-                           "computes its own bags",
-                           b.split > 0 ? ", and all-reduces the table's gradient" : "")
-            : "reads every bag's elements and all-gathers the offsets and the bags' gradient rows",
-        split ? b.split : b.whole,
-        split ? "reading every bag's elements and all-gathering the offsets and the bags' "
-                "gradient rows"
-              : "splitting by bags and all-reducing the table's gradient",
-        split ? b.whole : b.split);
-    if (!split) continue;
+    const BagBytes b = BagBytesOf(uses, *text, *offsets, weights);
+    const std::string note = BagChoiceNote(*text, *offsets, weights, b);
+    for (const ir::Use& u : uses[text->node.value][text->output]) {
+      const Node& user = g_.node(u.user);
+      if (!IsBackward(*FindBagOp(user)))
+        bag_notes_[u.user.value] = absl::StrCat(user.name, ": ", note);
+    }
+    if (b.split >= b.whole) continue;
     for (const ValueRef* in : {text, weights}) {
       if (in == nullptr || !ragged_.emplace(in->node.value, offsets->node.value).second) continue;
       a_.ragged_.emplace_back(in->node, offsets->node);

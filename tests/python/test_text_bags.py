@@ -111,6 +111,38 @@ def test_a_short_text_is_read_whole(tmp_path):
     assert all("embedding.weight" not in b["gradients"] for b in report["buckets"]), report
 
 
+class _TwoTables(nn.Module):
+    """Two bags' ops over one text and offsets (a mean and a max table, concatenated)."""
+
+    def __init__(self):
+        super().__init__()
+        self.mean = nn.EmbeddingBag(V, 6)
+        self.max = nn.EmbeddingBag(V, 6, mode="max")
+        self.fc = nn.Linear(12, 3)
+
+    def forward(self, text, offsets):
+        return self.fc(torch.cat([self.mean(text, offsets), self.max(text, offsets)], 1))
+
+
+@pytest.mark.parametrize("tokens,split", [(400, True), (170, False)])
+def test_two_tables_over_one_text_make_one_choice(tmp_path, tokens, split):
+    """N=3: the choice is the text's, for both tables: splitting all-reduces both tables'
+    gradients (2 x 480 bytes x 4/3), so 400 tokens are split and 170 read whole (which one table
+    alone would split); either way equal to one device, and both ops' notes say the same."""
+    torch.manual_seed(0)
+    model = _TwoTables()
+    opt, tol = optimizer(model, "sgd")
+    batches = batches_of_total(tokens, B)
+    step = trace(model, opt, batches[0])
+    report = check_against_one_device(
+        tmp_path, step, batches, 3, reductions=0 if split else 3, **tol
+    )
+    choice = "split by the bags of x_input_1" if split else "read whole by every rank"
+    notes = [n for n in report["notes"] if "x_input_0" in n and "rather than" in n]
+    assert len(notes) == 2 and all(choice in n for n in notes), notes
+    assert ("fxdp.ragged" in fxdp.load(report["files"][-1]["path"]).metadata()) == split
+
+
 class _TokensToo(nn.Module):
     """The text read besides the bags (a mean of its tokens' embeddings added to every bag):
     each rank needs all of it, so it is not split."""
