@@ -139,8 +139,8 @@ absl::Status BatchDimAnalyzer::EmbeddingBag(NodeId id, const Node& n, const OpRu
             "splits the batch by bags of a flat 1-D input (indices %s: %s, offsets %s: %s): unless "
             "every bag has the same length (a 2-D input [batch, bag length]), a rank's share of "
             "the input depends on the data, which a static per-rank graph cannot hold; give the "
-            "flat input batch_dim=-1 (it is then split by the offsets: each rank reads its own "
-            "bags' elements) "
+            "flat input batch_dim=-1 (each rank then reads its own bags' elements or the whole "
+            "input, whichever moves fewer bytes; exact either way) "
             "or pass a 2-D input (pad the bags to one length with padding_idx, or with "
             "per_sample_weights 0 in mode='sum')",
             idx ? g_.node(idx->ref.node).name : "?", idx ? idx->info.placement.ToString() : "-",
