@@ -209,8 +209,7 @@ absl::Status Program::CheckInputs(const std::vector<c10::IValue>& inputs) const 
 bool InputFits(const at::Tensor& t, const ProgramInput& in) {
   const ir::TensorType& want = in.type.tensor;
   if (in.ragged_offsets.empty() || want.shape.size() != 1) return Fits(t, want);
-  return t.defined() && t.scalar_type() == ToTorch(want.dtype) && t.dim() == 1 &&
-         t.size(0) <= want.shape[0];
+  return FitsAtMost(t, want);
 }
 
 std::string InputTypeText(const ProgramInput& in) {

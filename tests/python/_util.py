@@ -121,6 +121,16 @@ def eager_steps(model_name: str, optim: str, steps: int, overrides=(), warmup: i
     return model, opt, losses
 
 
+def one_device(step: fxdp.TracedStep, batches):
+    """run_local over `batches` (step i + 1 for batch i: the key of its random draws, as the
+    ranks'): the final state and the losses."""
+    state, losses = step.initial_state(), []
+    for i, b in enumerate(batches, 1):
+        state, loss = step.run_local(state, b, step=i)
+        losses.append(float(loss))
+    return state, losses
+
+
 def local_steps(step: fxdp.TracedStep, model_name: str, steps: int, start: int = 0, state=None):
     e = zoo.get(model_name)
     state = step.initial_state() if state is None else state

@@ -23,7 +23,7 @@ import grpc
 import pytest
 import torch
 import torch.nn.functional as F
-from _util import expand_json, fxdp_binary, local_server, run_worker_ranks
+from _util import expand_json, fxdp_binary, local_server, one_device, run_worker_ranks
 from safetensors.torch import save_file
 from test_expand_oracle import STEPS, check_against_one_device
 
@@ -156,14 +156,6 @@ def _symbolic_job(rows):
     return step, batches
 
 
-def _run_local(step, batches):
-    state, losses = step.initial_state(), []
-    for i, b in enumerate(batches, 1):
-        state, loss = step.run_local(state, b, step=i)
-        losses.append(float(loss))
-    return state, losses
-
-
 @pytest.mark.parametrize("world", [2, 3], ids=["N2", "N3-uneven"])
 def test_a_symbolic_job_gives_each_shape_its_own_micro_batch_rows(client, world):
     """Traced once at 8 rows (micro-batches of 4), run at 8, 6, 10 and 6 rows: each shape's rank
@@ -174,7 +166,7 @@ def test_a_symbolic_job_gives_each_shape_its_own_micro_batch_rows(client, world)
     one device, with other counts of real targets."""
     step, batches = _symbolic_job([8, 6, 10, 6])
     r = client.train(step, world_size=world, batches=batches)
-    want_state, want = _run_local(step, batches)
+    want_state, want = one_device(step, batches)
     assert r.losses == pytest.approx(want, rel=RTOL, abs=ATOL)
     for name, t in want_state.items():
         torch.testing.assert_close(r.state[name], t, rtol=RTOL, atol=ATOL, msg=name)
@@ -205,7 +197,7 @@ def test_a_step_whose_batch_the_micro_batch_count_does_not_divide_fails_and_keep
     assert f"its state after step 2 is kept (fxdp fetch {seen['id']}" in msg, msg
     info = client.job(seen["id"])
     assert (info.steps_done, info.has_state) == (2, True), info
-    want_state, _ = _run_local(step, batches[:2])
+    want_state, _ = one_device(step, batches[:2])
     got = client.fetch_state(seen["id"])
     for name, t in want_state.items():
         torch.testing.assert_close(got[name], t, rtol=RTOL, atol=ATOL, msg=name)
@@ -271,7 +263,7 @@ def test_a_symbolic_job_reading_a_dataset_of_mixed_shapes_equals_one_device(data
     path = data["dir"] / f"mixed{world}"
     assert fxdp.write_dataset(path, batches) == len(batches)
     r = client.train(step, world_size=world, data_path=path, steps=len(batches))
-    want_state, want = _run_local(step, batches)
+    want_state, want = one_device(step, batches)
     assert r.losses == pytest.approx(want, rel=RTOL, abs=ATOL)
     for name, t in want_state.items():
         torch.testing.assert_close(r.state[name], t, rtol=RTOL, atol=ATOL, msg=name)

@@ -206,9 +206,9 @@ class _WeightedBags(nn.Module):
         return self.fc(self.embedding(text, offsets, per_sample_weights=weights))
 
 
-def test_per_sample_weights_read_whole_with_the_text(tmp_path):
-    """per_sample_weights, one per token, batch_dim=-1 like the text: split by the same bags;
-    N=3 equals one device."""
+def weighted_bags():
+    """_WeightedBags under SGD traced over TOKENS-token batches with one weight per token
+    (per_sample_weights batch_dim=-1 like the text): (step, batches)."""
     torch.manual_seed(0)
     model = _WeightedBags()
     opt, _ = optimizer(model, "sgd")
@@ -216,7 +216,13 @@ def test_per_sample_weights_read_whole_with_the_text(tmp_path):
     batches = [
         (t, o, torch.rand(t.shape[0], generator=g), y) for t, o, y in batches_of_total(TOKENS, B)
     ]
-    step = fxdp.trace(model, opt, F.cross_entropy, batches[0], batch_dim=[-1, 0, -1, 0])
+    return fxdp.trace(model, opt, F.cross_entropy, batches[0], batch_dim=[-1, 0, -1, 0]), batches
+
+
+def test_per_sample_weights_are_split_with_the_text(tmp_path):
+    """per_sample_weights, one per token, batch_dim=-1 like the text: split by the same bags;
+    N=3 equals one device."""
+    step, batches = weighted_bags()
     report = check_against_one_device(tmp_path, step, batches, 3)
     notes = " ".join(report["notes"])
     assert "x_input_0 and x_input_2 split by the bags of x_input_1" in notes, notes

@@ -12,15 +12,15 @@ import grpc
 import pytest
 import torch
 import torch.nn.functional as F
-from _util import ATOL, RTOL, local_server
+from _util import ATOL, RTOL, local_server, one_device
 from test_op_rule_models import B, optimizer
 from test_text_bags import (
     TOKENS,
     _TextClassifier,
     _TokensToo,
-    _WeightedBags,
     batches_of_total,
     trace,
+    weighted_bags,
 )
 
 RAGGED_KEY = "fxdp.ragged"
@@ -34,15 +34,6 @@ def ragged_pairs(expanded) -> list:
         per_rank.append([tuple(line.split(" ")) for line in value.splitlines() if line])
     assert all(p == per_rank[0] for p in per_rank), per_rank
     return per_rank[0]
-
-
-def one_device(step, batches):
-    """run_local over the batches: the final state and the losses."""
-    state, losses = step.initial_state(), []
-    for i, b in enumerate(batches, 1):
-        state, loss = step.run_local(state, b, step=i)
-        losses.append(float(loss))
-    return state, losses
 
 
 def assert_equal(r, state, losses):
@@ -83,14 +74,7 @@ def test_text_split_by_bags_trains_like_one_device_on_2_and_3_workers():
 def test_per_sample_weights_are_cut_with_the_text():
     """per_sample_weights (one per token, batch_dim=-1 like the text) shares the text's offsets:
     both ragged, cut by the same bags; 3 workers equal one device."""
-    torch.manual_seed(0)
-    model = _WeightedBags()
-    opt, _ = optimizer(model, "sgd")
-    g = torch.Generator().manual_seed(4)
-    batches = [
-        (t, o, torch.rand(t.shape[0], generator=g), y) for t, o, y in batches_of_total(TOKENS, B)
-    ]
-    step = fxdp.trace(model, opt, F.cross_entropy, batches[0], batch_dim=[-1, 0, -1, 0])
+    step, batches = weighted_bags()
     with local_server(workers=3) as (address, _), fxdp.Client(address) as c:
         pairs = assert_trains_like_one_device(c, step, batches, 3)
     assert len(pairs) == 2 and pairs[0][1] == pairs[1][1], pairs
