@@ -41,12 +41,10 @@ DEB_PACKAGES = [
 ]
 ZOO_OPTIMS = ["sgd", "adam", "adamw"]
 # cases also expanded for N=2 (even global batches: one graph for both ranks), and how. The cnn's
-# BatchNorm equals one device only with --sync-batchnorm, which `fxdp expand --style fully_shard`
-# refuses for it ("operands [8], [4] do not broadcast" in the synced batch norm; seen with this
-# check, left to the expansion): replicate only.
+# BatchNorm equals one device only with --sync-batchnorm, in both styles.
 N2_CASES = {
     "zoo_mlp_adam": {"replicate": [], "fully_shard": []},
-    "zoo_cnn_sgd": {"replicate": ["--sync-batchnorm"]},
+    "zoo_cnn_sgd": {"replicate": ["--sync-batchnorm"], "fully_shard": ["--sync-batchnorm"]},
     "zoo_transformer_adamw": {"replicate": [], "fully_shard": []},
     "gpt2_tiny": {"replicate": [], "fully_shard": []},
 }
