@@ -26,18 +26,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import build_step as bs  # noqa: E402
 import worker_runs as wr  # noqa: E402
 from report import write_report  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(HERE))
-TARGETS = [
-    "fxdp-worker",
-    "torch_types_test",
-    "interpreter_test",
-    "random_ops_test",
-    "nccl_info_test",
-    "nccl_communicator_test",
-]
 GPU_TESTS = ["nccl_info_test", "nccl_communicator_test"]
 # The executor's own tests, against the machine's LibTorch: every test FXDP_WORKER_ONLY builds.
 UNIT_TESTS = ["torch_types_test", "interpreter_test", "random_ops_test"]
@@ -65,7 +58,7 @@ class Check:
         self.cases = {c["name"]: c for c in self.manifest["cases"]}
         self.worker = os.path.join(self.build, "bin", "fxdp-worker")
         if args.ld_path:  # every command (builds, workers, python) inherits it
-            add_ld_path(args.ld_path)
+            bs.add_ld_path(args.ld_path)
         os.makedirs(self.out, exist_ok=True)
         os.makedirs(self.work, exist_ok=True)
         self.log = open(os.path.join(self.out, "steps.log"), "w")
@@ -130,79 +123,50 @@ class Check:
             raise RuntimeError(f"torch {torch.__version__} sees no CUDA device")
         return info
 
-    def torch_dir(self) -> str:
-        if self.a.torch_dir:
-            return os.path.abspath(self.a.torch_dir)
-        import torch
-
-        return os.path.dirname(torch.__file__)
-
-    def nccl_dir(self) -> str | None:
-        if self.a.nccl_dir:
-            return self.a.nccl_dir
-        import importlib.util
-
-        spec = importlib.util.find_spec("nvidia.nccl")
-        return list(spec.submodule_search_locations)[0] if spec else None
+    def torch_cuda(self) -> str:
+        """FXDP_TORCH_CUDA: a dry run links the CPU libraries only, unless --link-cuda."""
+        return "ON" if self.a.link_cuda else "OFF" if self.a.dry_run else "AUTO"
 
     def step_build(self) -> dict:
-        deps = os.path.abspath(self.a.deps_dir or os.path.join(self.build, "deps"))
-        shutil.rmtree(deps, ignore_errors=True)
-        os.makedirs(deps)
         t0 = time.time()
-        subprocess.run(["tar", "-C", deps, "-xJf", self.path("deps.tar.xz")], check=True)
-        usr, arch = os.path.join(deps, "usr"), "x86_64-linux-gnu"
-        lib = os.path.join(usr, "lib", arch)
-        add_ld_path(lib)  # protoc, and the worker's Protobuf and Abseil
-        cfg = [
-            "cmake",
-            "-S",
-            REPO,
-            "-B",
-            self.build,
-            "-G",
-            "Ninja",
-            "-DCMAKE_BUILD_TYPE=Release",
-            "-DFXDP_WORKER_ONLY=ON",
-            "-DFXDP_BUILD_BENCH=OFF",
-            f"-DFXDP_TORCH_DIR={self.torch_dir()}",
-            f"-DCMAKE_PREFIX_PATH={usr};{lib}/cmake",
-            f"-DProtobuf_INCLUDE_DIR={usr}/include",
-            f"-DProtobuf_LIBRARY={lib}/libprotobuf.so",
-            f"-DProtobuf_PROTOC_EXECUTABLE={usr}/bin/protoc",
-            f"-DFXDP_TORCH_CUDA={'OFF' if self.a.dry_run else 'AUTO'}",
-        ]
-        nccl = self.nccl_dir()
-        if nccl:
-            cfg.append(f"-DFXDP_NCCL_DIR={nccl}")
-        if self.a.dry_run:  # only the carried folder may provide the dependencies
-            cfg.append("-DCMAKE_IGNORE_PREFIX_PATH=/usr")
+        deps = os.path.abspath(self.a.deps_dir or os.path.join(self.build, "deps"))
+        usr, lib = bs.unpack_deps(self.path("deps.tar.xz"), deps)
+        bs.add_ld_path(lib)  # protoc, and the worker's Protobuf and Abseil
+        torch, nccl = bs.torch_dir(self.a.torch_dir), bs.nccl_dir(self.a.nccl_dir)
+        cfg = bs.configure_command(
+            REPO, self.build, usr, lib, torch, nccl, self.torch_cuda(), self.a.dry_run
+        )
         blog = open(os.path.join(self.out, "build.log"), "w")
         r = self.sh(cfg, log=blog)
         configure_s = time.time() - t0
         if r.returncode != 0:
             raise RuntimeError("cmake configure failed: " + (r.stdout + r.stderr).strip()[-1500:])
         jobs = str(self.a.jobs or os.cpu_count())
-        targets = [t for t in TARGETS if t in open(os.path.join(self.build, "build.ninja")).read()]
+        with open(os.path.join(self.build, "build.ninja")) as fh:
+            ninja_file = fh.read()
+        targets = [t for t in bs.TARGETS if t in ninja_file]
         # The device builds with every core in minutes; a dry run's fresh build with one job on 2
         # loaded cores took over 30 minutes (34 LibTorch translation units).
         build_s = 4 * 3600 if self.a.dry_run else 1800
-        r = self.sh(["ninja", "-C", self.build, "-j", jobs, *targets], log=blog, timeout=build_s)
+        r = self.sh(bs.ninja_command(self.build, jobs, targets), log=blog, timeout=build_s)
+        missing = bs.unresolved_libs(self.worker) if os.path.exists(self.worker) else []
+        no_libs = f"fxdp-worker cannot start: ldd finds no {', '.join(missing)}" if missing else ""
         if r.returncode != 0:
-            raise RuntimeError(
-                "ninja failed: "
-                + "\n".join(l for l in (r.stdout + r.stderr).splitlines() if "error" in l.lower())[
-                    -2000:
-                ]
-            )
+            errors = bs.build_errors(r.stdout + r.stderr)
+            raise RuntimeError(f"ninja failed:\n{errors}\n{no_libs}".strip())
+        if missing and not self.a.link_cuda:
+            raise StepFailed(no_libs, {"unresolved_libs": missing})
         return {
             "configure_s": round(configure_s, 1),
             "targets": targets,
             "jobs": jobs,
-            "torch_dir": self.torch_dir(),
+            "torch_dir": torch,
             "nccl_dir": nccl,
             "nccl_path": "nccl_communicator_test" in targets,
-            "missing_targets": sorted(set(TARGETS) - set(targets)),
+            "missing_targets": sorted(set(bs.TARGETS) - set(targets)),
+            "torch_cuda": self.torch_cuda(),
+            # --link-cuda: what the device's nvidia-* wheels provide (libtorch_cuda's RPATH).
+            "unresolved_libs": missing,
         }
 
     def need_worker(self):
@@ -492,11 +456,6 @@ def within(row: dict, tol: dict) -> bool:
     return row.get("loss_rel_diff", 1) <= tol["loss"] and row.get("max_rel_err", 1) <= tol["state"]
 
 
-def add_ld_path(d: str) -> None:
-    old = os.environ.get("LD_LIBRARY_PATH")
-    os.environ["LD_LIBRARY_PATH"] = d + (":" + old if old else "")
-
-
 class SkipStep(Exception):
     pass
 
@@ -532,6 +491,12 @@ def main(argv=None) -> int:
     ap.add_argument("--build", default=os.path.join(REPO, "build-gpukit"))
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--dry-run", action="store_true", help="on the CPU: every step, no GPU")
+    ap.add_argument(
+        "--link-cuda",
+        action="store_true",
+        help="link libtorch_cuda even in a dry run (the link the device makes; the binaries then "
+        "cannot start without the nvidia-* wheels: give it its own --build, --steps env,build)",
+    )
     ap.add_argument("--torch-dir", help="LibTorch to build against (default: this python's torch)")
     ap.add_argument("--nccl-dir", help="NCCL (include/, lib/); default: this python's nvidia.nccl")
     ap.add_argument("--ld-path", help="prepended to LD_LIBRARY_PATH (a LibTorch's CUDA runtime)")

@@ -119,3 +119,30 @@ def test_dry_run_builds_against_another_libtorch_and_runs_every_step():
     assert steps["build"]["status"] == "ok"
     assert steps["nccl_ws1"]["status"] == "skipped"  # no GPU here
     assert all(s["status"] == "ok" for n, s in steps.items() if n != "nccl_ws1"), steps
+
+
+def test_the_build_step_names_what_the_loader_would_miss(tmp_path):
+    """The device's first sign of a missing CUDA library: ldd's "not found", named in the report
+    (a worker linked against libtorch_cuda starts only where the nvidia-* wheels are)."""
+    sys.path.insert(0, str(GPU))
+    import build_step
+
+    (tmp_path / "gone.c").write_text("int gone(void) { return 7; }\n")
+    (tmp_path / "main.c").write_text("int gone(void);\nint main(void) { return gone(); }\n")
+    cc = ["cc", "-o"]
+    assert (
+        _run(
+            [*cc, str(tmp_path / "libfxdpgone.so"), "-shared", "-fPIC", str(tmp_path / "gone.c")]
+        ).returncode
+        == 0
+    )
+    r = _run([*cc, str(tmp_path / "main"), str(tmp_path / "main.c"), f"-L{tmp_path}", "-lfxdpgone"])
+    assert r.returncode == 0, r.stderr
+    (tmp_path / "libfxdpgone.so").unlink()
+    assert build_step.unresolved_libs(str(tmp_path / "main")) == ["libfxdpgone.so"]
+    assert build_step.unresolved_libs(fxdp_binary("FXDP_WORKER", "fxdp-worker")) == []
+    link = "FAILED: tests/nccl_info_test " + "-Wl,--as-needed lib.so " * 200
+    out = "\n".join(
+        ["[1/3] Building CXX object a.o", link, "x.cc:3:1: error: 'foo' was not declared"]
+    )
+    assert build_step.build_errors(out).splitlines() == [link[:300], out.splitlines()[2]]
