@@ -82,11 +82,11 @@ demo: build
 	@bash scripts/demo.sh
 
 # make bench: every benchmark next to its baseline, measured in the same run
-# (bench/run_all.py, ~10 min on 2 cores); writes bench/RESULTS.md and
+# (bench/run_all.py, ~28 min on 2 cores); writes bench/RESULTS.md and
 # bench/results.json, raw outputs under bench/out/latest. Not part of `make test`.
 # Builds only what it runs, in Release (BUILD=dir to use another build folder).
 BENCH_TARGETS := fxdp fxdp-server fxdp-worker fxdp_pipeline_bench fxdp_compile_load \
-	fxdp_allreduce_bench fxdp_executor_bench fxdp_step_bench fxdp_shape_bench
+	fxdp_allreduce_bench fxdp_executor_bench fxdp_random_bench fxdp_step_bench fxdp_shape_bench
 
 bench-build: setup
 	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DFXDP_WITH_TORCH=ON \

@@ -26,8 +26,7 @@ machinery, on the same file:
            first use, the uses redirected; the global loss all-reduced and the local loss
            added as an output; ``Graph.lint()`` again
 
-The rank graphs of an even split are identical, so one graph is built (fxdp materialises
-all N; see bench/README.md). The cyclic garbage collector is off while the pipeline runs (as
+The rank graphs of an even split are identical, so one graph is built (as fxdp does). The cyclic garbage collector is off while the pipeline runs (as
 any bulk fx construction should do: fx nodes form reference cycles) and on between reps.
 
 The analyze phase is bench/fx_baseline_analysis.py.

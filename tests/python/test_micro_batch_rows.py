@@ -113,6 +113,37 @@ def test_worker_run_files_and_dataset_equal_one_device(data, world, tmp_path):
         _assert_one_device(data, r["losses"], r["finals"][0])
 
 
+@pytest.mark.parametrize("world", [2, 3], ids=["N2", "N3-uneven"])
+def test_dropout_in_micro_batches_equals_one_device(world, tmp_path):
+    """A random op inside each micro-batch: the analysis' batch is the micro-batch (4 rows), so
+    rank r draws the rows of each micro-batch it holds (RankRows), as run_local draws them."""
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(6, 16), torch.nn.Dropout(0.3), torch.nn.Linear(16, 5)]
+    model = torch.nn.Sequential(*layers)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    batches = _batches()
+    step = fxdp.trace_step(_train_step, model, opt, batches[0], input_names=["x", "y"])
+    assert len(step.random_nodes()) == K
+    step.set_seed(7)
+    step.save(str(tmp_path / "g.pb"))
+    step.to_safetensors(str(tmp_path / "s.safetensors"))
+    files, state, losses = [], step.initial_state(), []
+    for i, (x, y) in enumerate(batches):
+        files.append(str(tmp_path / f"b{i}.safetensors"))
+        save_file({"x": x, "y": y}, files[-1])
+        state, loss = step.run_local(state, (x, y), step=i + 1)
+        losses.append(float(loss))
+    report, graph = expand_json(
+        fxdp_binary("FXDP_BIN", "fxdp"), str(tmp_path / "g.pb"), world, tmp_path / "x.pb"
+    )
+    assert report["micro_batches"] == K, report
+    worker = fxdp_binary("FXDP_WORKER", "fxdp-worker")
+    run = run_worker_ranks(
+        worker, graph, str(tmp_path / "s.safetensors"), files, world, STEPS, tmp_path, "drop"
+    )
+    _assert_one_device({"ref": (state, losses)}, run["losses"], run["finals"][0])
+
+
 @pytest.fixture(scope="module")
 def client(data):
     extra = ["--data-root", str(data["dir"])]
