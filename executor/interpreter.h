@@ -28,10 +28,10 @@
 //    records it) becomes a CPU "wrapped number" tensor, like torch's Python
 //    argument parser makes, so type promotion treats it as a scalar.
 //  * Devices: the program runs on one device (cpu or cuda:k). Input tensors on
-//    another device are copied there. A device *argument* (factory ops'
-//    `device=` kwarg, `_to_copy`) of the type the graph was traced on (the
-//    device type of its tensor placeholders, default cpu) is replaced by the
-//    program's device; other device arguments are kept as written.
+//    another device are copied there. Every device *argument* (factory ops'
+//    `device=` kwarg, `_to_copy`), whatever it names (cpu, meta, cuda:1), is
+//    replaced by the program's device (ArgBinder::MapDevice): a traced step's
+//    tensors all live on one device.
 //  * `_c10d_functional::all_reduce(t, reduce_op, group)` starts
 //    Communicator::AllReduceSum ("sum"; "avg" divides the sum by the world
 //    size) and keeps the Work in the value table;

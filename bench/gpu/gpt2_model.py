@@ -17,6 +17,10 @@ from torch import nn
 SIZES = {
     "gpt2_tiny": dict(layers=2, hidden=64, heads=4, seq=32, vocab=256, batch=4, attn="eager"),
     "gpt2_tiny_sdpa": dict(layers=2, hidden=64, heads=4, seq=32, vocab=256, batch=4, attn="sdpa"),
+    # dropout 0.1 (transformers' default): fxdp's Philox draws on the host, the same on any device
+    "gpt2_tiny_dropout": dict(
+        layers=2, hidden=64, heads=4, seq=32, vocab=256, batch=4, attn="eager", dropout=0.1
+    ),
     # the step timed on the GPU: 6 x 512, 8 heads, vocabulary 8192, 8 x 256 tokens (~23M params)
     "gpt2_step": dict(layers=6, hidden=512, heads=8, seq=256, vocab=8192, batch=8, attn="eager"),
 }
@@ -24,7 +28,7 @@ LR = 1e-3
 
 
 class GPT2(nn.Module):
-    def __init__(self, layers: int, hidden: int, heads: int, seq: int, vocab: int, attn: str, **_):
+    def __init__(self, layers: int, hidden: int, heads: int, seq: int, vocab: int, attn: str, **kw):
         super().__init__()
         from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -34,9 +38,9 @@ class GPT2(nn.Module):
             n_embd=hidden,
             n_layer=layers,
             n_head=heads,
-            resid_pdrop=0.0,
-            embd_pdrop=0.0,
-            attn_pdrop=0.0,
+            resid_pdrop=kw.get("dropout", 0.0),
+            embd_pdrop=kw.get("dropout", 0.0),
+            attn_pdrop=kw.get("dropout", 0.0),
             bos_token_id=0,
             eos_token_id=0,
         )

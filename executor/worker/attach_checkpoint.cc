@@ -24,10 +24,12 @@ namespace fxdp::executor::attach {
 namespace {
 
 // How many ranks wrote their part (`wrote` is this rank's): the sum over the
-// ranks of one flag each.
-absl::StatusOr<int> RanksThatWrote(Communicator& comm, bool wrote, double timeout_s) {
+// ranks of one flag each, on the job's device (NCCL sums CUDA tensors only).
+absl::StatusOr<int> RanksThatWrote(Communicator& comm, bool wrote, double timeout_s,
+                                   const c10::Device& device) {
   if (comm.world_size() <= 1) return wrote ? 1 : 0;
-  at::Tensor flag = at::full({1}, wrote ? 1.0 : 0.0, at::TensorOptions().dtype(at::kFloat));
+  at::Tensor flag =
+      at::full({1}, wrote ? 1.0 : 0.0, at::TensorOptions().dtype(at::kFloat).device(device));
   FXDP_ASSIGN_OR_RETURN(std::unique_ptr<Work> work, comm.AllReduceSum(flag));
   const auto timeout =
       std::chrono::milliseconds(std::max<int64_t>(1, std::llround(timeout_s * 1000)));
@@ -75,7 +77,8 @@ absl::Status AttachedWorker::MaybeCheckpoint(AssignedJob& job, const StepRunner&
       WriteCheckpointPart(policy, k, layout, runner.state(), RolesOf(program), job.non_persistent);
   const double timeout_s =
       job.assign.collective_timeout_s() > 0 ? job.assign.collective_timeout_s() : 60.0;
-  FXDP_ASSIGN_OR_RETURN(const int wrote, RanksThatWrote(comm, part.ok(), timeout_s));
+  FXDP_ASSIGN_OR_RETURN(const int wrote,
+                        RanksThatWrote(comm, part.ok(), timeout_s, program.device()));
   if (!part.ok()) {
     return absl::Status(part.status().code(),
                         absl::StrCat("writing its part of the checkpoint of step ", k,
