@@ -6,6 +6,7 @@ what the dynamic loader would miss when the worker starts."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 
 TARGETS = [
@@ -40,7 +41,7 @@ def nccl_dir(given: str | None) -> str | None:
 
 def unpack_deps(tarball: str, deps: str) -> tuple[str, str]:
     """Unpacks the carried packages into `deps` (emptied first); returns their usr/ and lib/."""
-    subprocess.run(["rm", "-rf", deps], check=True)
+    shutil.rmtree(deps, ignore_errors=True)
     os.makedirs(deps)
     subprocess.run(["tar", "-C", deps, "-xJf", tarball], check=True)
     usr = os.path.join(deps, "usr")

@@ -35,6 +35,7 @@ GPU_TESTS = ["nccl_info_test", "nccl_communicator_test"]
 # The executor's own tests, against the machine's LibTorch: every test FXDP_WORKER_ONLY builds.
 UNIT_TESTS = ["torch_types_test", "interpreter_test", "random_ops_test"]
 STEPS_N1 = 3  # steps of each equality run
+GTEST_TIMEOUT_S = 120  # a gtest binary still running then is killed (the device's minutes are few)
 # Equality: the losses of every step (max |a-b|/|b|) and the final state (per tensor max |a-b| /
 # max|b|, the worst tensor). Rounding differs between devices (cuDNN may use TF32 for
 # convolutions) and between N=1 and N=2 (summation order); AdamW then turns the rounding noise of
@@ -180,7 +181,7 @@ class Check:
 
     def gtests(self, binary: str, only: str = "*") -> list:
         """Each test of a gtest binary (`only`: a --gtest_filter): (name, PASSED/SKIPPED/FAILED,
-        message). A hung binary is killed after 120 s (the device's minutes are few)."""
+        message); TIMED OUT after GTEST_TIMEOUT_S."""
         path = os.path.join(self.build, "tests", binary)
         if not os.path.exists(path):
             return [(binary, "NOT BUILT", "")]
@@ -188,9 +189,14 @@ class Check:
         if os.path.exists(js):
             os.remove(js)
         try:
-            self.sh([path, f"--gtest_filter={only}", f"--gtest_output=json:{js}"], timeout=120)
+            self.sh(
+                [path, f"--gtest_filter={only}", f"--gtest_output=json:{js}"],
+                timeout=GTEST_TIMEOUT_S,
+            )
         except subprocess.TimeoutExpired:
-            return [(binary, "TIMED OUT", f"killed after 120 s (--gtest_filter={only})")]
+            return [
+                (binary, "TIMED OUT", f"killed after {GTEST_TIMEOUT_S} s (--gtest_filter={only})")
+            ]
         if not os.path.exists(js):
             return [(binary, "CRASHED", "no gtest report")]
         res = []

@@ -56,6 +56,17 @@ def _batches():
     return out
 
 
+def _save(step, batches, d) -> list:
+    """g.pb, s.safetensors and one batch file per step under `d`; the batch files' paths."""
+    step.save(str(d / "g.pb"))
+    step.to_safetensors(str(d / "s.safetensors"))
+    files = []
+    for i, (x, y) in enumerate(batches):
+        files.append(str(d / f"b{i}.safetensors"))
+        save_file({"x": x, "y": y}, files[-1])
+    return files
+
+
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     d = tmp_path_factory.mktemp("micro")
@@ -64,22 +75,14 @@ def data(tmp_path_factory):
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     batches = _batches()
     step = fxdp.trace_step(_train_step, model, opt, batches[0], input_names=["x", "y"])
-    step.save(str(d / "g.pb"))
-    step.to_safetensors(str(d / "s.safetensors"))
-    files = []
-    for i, (x, y) in enumerate(batches):
-        files.append(str(d / f"b{i}.safetensors"))
-        save_file({"x": x, "y": y}, files[-1])
+    files = _save(step, batches, d)
     fxdp.write_dataset(d / "ds", batches, step=step)
-    state, losses = step.initial_state(), []
-    for b in batches:
-        state, loss = step.run_local(state, b)
-        losses.append(float(loss))
-    return {"dir": d, "step": step, "batches": batches, "files": files, "ref": (state, losses)}
+    ref = one_device(step, batches)
+    return {"dir": d, "step": step, "batches": batches, "files": files, "ref": ref}
 
 
-def _assert_one_device(data, losses, state):
-    ref_state, ref_losses = data["ref"]
+def _assert_one_device(ref, losses, state):
+    ref_state, ref_losses = ref
     assert losses == pytest.approx(ref_losses, rel=RTOL, abs=ATOL)
     for name, want in ref_state.items():
         torch.testing.assert_close(state[name], want, rtol=RTOL, atol=ATOL, msg=name)
@@ -110,7 +113,7 @@ def test_worker_run_files_and_dataset_equal_one_device(data, world, tmp_path):
         r = run_worker_ranks(
             worker, graph, str(d / "s.safetensors"), paths, world, STEPS, tmp_path / name, name
         )
-        _assert_one_device(data, r["losses"], r["finals"][0])
+        _assert_one_device(data["ref"], r["losses"], r["finals"][0])
 
 
 @pytest.mark.parametrize("world", [2, 3], ids=["N2", "N3-uneven"])
@@ -125,14 +128,7 @@ def test_dropout_in_micro_batches_equals_one_device(world, tmp_path):
     step = fxdp.trace_step(_train_step, model, opt, batches[0], input_names=["x", "y"])
     assert len(step.random_nodes()) == K
     step.set_seed(7)
-    step.save(str(tmp_path / "g.pb"))
-    step.to_safetensors(str(tmp_path / "s.safetensors"))
-    files, state, losses = [], step.initial_state(), []
-    for i, (x, y) in enumerate(batches):
-        files.append(str(tmp_path / f"b{i}.safetensors"))
-        save_file({"x": x, "y": y}, files[-1])
-        state, loss = step.run_local(state, (x, y), step=i + 1)
-        losses.append(float(loss))
+    files = _save(step, batches, tmp_path)
     report, graph = expand_json(
         fxdp_binary("FXDP_BIN", "fxdp"), str(tmp_path / "g.pb"), world, tmp_path / "x.pb"
     )
@@ -141,7 +137,7 @@ def test_dropout_in_micro_batches_equals_one_device(world, tmp_path):
     run = run_worker_ranks(
         worker, graph, str(tmp_path / "s.safetensors"), files, world, STEPS, tmp_path, "drop"
     )
-    _assert_one_device({"ref": (state, losses)}, run["losses"], run["finals"][0])
+    _assert_one_device(one_device(step, batches), run["losses"], run["finals"][0])
 
 
 @pytest.fixture(scope="module")
@@ -156,9 +152,9 @@ def test_jobs_equal_one_device(data, client, world):
     """A job's streamed batches (sliced by the server's BatchSharder) and its dataset directory
     (read by each worker) equal one device."""
     streamed = client.train(data["step"], world_size=world, batches=data["batches"])
-    _assert_one_device(data, streamed.losses, streamed.state)
+    _assert_one_device(data["ref"], streamed.losses, streamed.state)
     ds = client.train(data["step"], world_size=world, data_path=data["dir"] / "ds", steps=STEPS)
-    _assert_one_device(data, ds.losses, ds.state)
+    _assert_one_device(data["ref"], ds.losses, ds.state)
 
 
 # ------------------------------------------ a symbolic graph: each shape its own micro-batch size
